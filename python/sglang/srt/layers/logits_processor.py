@@ -1,0 +1,83 @@
+"""Final projection to vocabulary logits, and input-token logprobs.
+
+Only the rows that are needed are projected: each request's last new token
+(for sampling) and, when asked, the rows that yield input logprobs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+
+@dataclass
+class LogitsProcessorOutput:
+    """Result of :class:`LogitsProcessor`.
+
+    next_token_logits: [bs, vocab] float32, logits at each request's last new token.
+    input_token_logprobs: per request, the log-probabilities (floats) of the
+        requested prompt tokens (``ForwardBatch.input_logprob_token_ids``), or None.
+    input_top_logprobs: per request, per requested row, ``top_logprobs_num``
+        (logprob, token_id) pairs, or None.
+    """
+
+    next_token_logits: torch.Tensor
+    input_token_logprobs: Optional[list[list[float]]] = None
+    input_top_logprobs: Optional[list[list[list[tuple[float, int]]]]] = None
+
+
+class LogitsProcessor(nn.Module):
+    """Projects hidden states to logits with the LM head weight ([vocab, hidden]).
+
+    ``logit_scale`` multiplies the logits (1.0 for most models).
+    """
+
+    def __init__(self, vocab_size: int, logit_scale: float = 1.0):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.logit_scale = logit_scale
+
+    def _project(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
+        logits = torch.matmul(hidden, lm_head_weight.t()).float()
+        logits = logits[:, : self.vocab_size]
+        return logits * self.logit_scale if self.logit_scale != 1.0 else logits
+
+    def forward(self, hidden_states: torch.Tensor, lm_head_weight: torch.Tensor, forward_batch) -> LogitsProcessorOutput:
+        """hidden_states: [N, hidden] (final-normed) -> :class:`LogitsProcessorOutput`."""
+        fb = forward_batch
+        if fb.forward_mode.is_decode():
+            last = hidden_states
+        else:
+            last_idx = fb.extend_start_loc + fb.extend_lens - 1
+            last = hidden_states[last_idx]
+        out = LogitsProcessorOutput(next_token_logits=self._project(last, lm_head_weight))
+        if not fb.return_logprob or not any(fb.input_logprob_indices):
+            return out
+        rows, targets, counts = [], [], []
+        starts = fb.extend_start_loc.tolist()
+        for i, idx in enumerate(fb.input_logprob_indices):
+            rows.extend(starts[i] + j for j in idx)
+            targets.extend(fb.input_logprob_token_ids[i])
+            counts.append(len(idx))
+        dev = hidden_states.device
+        logprobs = torch.log_softmax(self._project(hidden_states[torch.tensor(rows, device=dev)], lm_head_weight), dim=-1)
+        tgt = torch.tensor(targets, device=dev)
+        picked = logprobs.gather(1, tgt.unsqueeze(1)).squeeze(1).tolist()
+        k_max = max(fb.top_logprobs_nums) if fb.top_logprobs_nums else 0
+        top_v = top_i = None
+        if k_max > 0:
+            top_v, top_i = logprobs.topk(k_max, dim=-1)
+            top_v, top_i = top_v.tolist(), top_i.tolist()
+        out.input_token_logprobs, out.input_top_logprobs = [], []
+        pos = 0
+        for i, c in enumerate(counts):
+            out.input_token_logprobs.append(picked[pos:pos + c])
+            k = fb.top_logprobs_nums[i]
+            out.input_top_logprobs.append(
+                [list(zip(top_v[r][:k], top_i[r][:k])) for r in range(pos, pos + c)] if k > 0 else []
+            )
+            pos += c
+        return out

@@ -1,0 +1,394 @@
+"""The scheduler: continuous batching over a paged KV pool with a radix prefix cache.
+
+Each step (:meth:`Scheduler.step`):
+  1. every running request decodes one token (KV slots allocated first;
+     when the pool is full, prefix-cache entries are evicted and, if that is
+     not enough, the request with the most remaining work is retracted: its
+     KV goes into the prefix cache and it waits to be prefilled again);
+  2. waiting requests are admitted by policy (fcfs / lpm) while the step's
+     token budget (chunked prefill size) and the free KV (after reserving
+     room for the running requests' future tokens) allow; one request may be
+     split into chunks;
+  3. decodes and prefill chunks run together as one (mixed) batch;
+  4. tokens are sampled, finish conditions checked, finished requests return
+     their KV to the cache at once, outputs are streamed to the detokenizer.
+The ZMQ process loop around it lives in ``scheduler_process.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Optional
+
+import torch
+
+from sglang.srt.managers.io_struct import AbortReq, BatchTokenIDOut, SchedulerStats, TokenizedGenerateReqInput
+from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+from sglang.srt.managers.schedule_policy import PrefillBudget, order_waiting_queue
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.sampling.finish import check_finish
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = 0.1
+NEW_TOKEN_RATIO_DECAY = 0.001
+RESERVE_CLIP = 4096
+DEFAULT_CHUNKED_PREFILL_SIZE = 8192  # at most this many future tokens are reserved per request
+
+
+class Scheduler:
+    """Batches requests and drives a :class:`~sglang.srt.model_executor.model_runner.ModelRunner`.
+
+    Args:
+        server_args: the frozen :class:`ServerArgs`.
+        runner: owns the model and the KV pools (``req_to_token_pool``,
+            ``token_to_kv_pool``, ``allocator``, ``max_total_tokens``,
+            ``max_running_requests``, ``forward(ModelWorkerBatch)``).
+        tokenizer: used for stop strings (None with ``--skip-tokenizer-init``).
+    """
+
+    def __init__(self, server_args, runner, tokenizer=None):
+        from sglang.srt.mem_cache.chunk_cache import ChunkCache
+        from sglang.srt.mem_cache.radix_cache import RadixCache
+
+        self.args = server_args
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.model_config = runner.model_config
+        cache_cls = ChunkCache if server_args.disable_radix_cache else RadixCache
+        self.tree_cache = cache_cls(runner.req_to_token_pool, runner.allocator)
+        self.page_size = server_args.page_size
+        cps = server_args.chunked_prefill_size
+        if cps is None:
+            cps = DEFAULT_CHUNKED_PREFILL_SIZE
+        self.chunked_prefill_size = None if cps == -1 else cps
+        self.max_running = runner.max_running_requests
+
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.chunked_req: Optional[Req] = None
+        self.outputs: list[Req] = []  # requests with something to report after this step
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self.stats_prompt_tokens = 0
+        self.stats_cached_tokens = 0
+        self.stats_gen_tokens = 0
+        self.forward_ct = 0
+
+    # ---- requests in ---------------------------------------------------------
+    def add_request(self, msg: TokenizedGenerateReqInput) -> Optional[Req]:
+        """Queue a tokenized request. Invalid ones finish at once with an abort reason (HTTP 400)."""
+        params = SamplingParams.from_dict(msg.sampling_params)
+        mc = self.model_config
+        cap = mc.context_len - len(msg.input_ids)
+        req = Req(msg.rid, msg.input_ids, params, return_logprob=msg.return_logprob,
+                  logprob_start_len=msg.logprob_start_len, top_logprobs_num=msg.top_logprobs_num,
+                  stream=msg.stream, eos_token_ids=mc.eos_token_ids, max_new_tokens_cap=max(cap, 0))
+        error = None
+        if not msg.input_ids:
+            error = "the prompt is empty (input_ids has no tokens)"
+        elif cap <= 0:
+            error = f"The input ({len(msg.input_ids)} tokens) is longer than the model's context length ({mc.context_len} tokens)."
+        elif len(msg.input_ids) + 1 > self.runner.max_total_tokens:
+            error = f"The input ({len(msg.input_ids)} tokens) does not fit in the KV cache ({self.runner.max_total_tokens} tokens)."
+        elif max(msg.input_ids) >= mc.vocab_size or min(msg.input_ids) < 0:
+            error = f"input_ids contain a token id outside [0, {mc.vocab_size})"
+        if error:
+            req.finished_reason = {"type": "abort", "message": error, "status_code": 400}
+            self.outputs.append(req)
+            return req
+        if req.wants_input_logprobs() and req.logprob_start_len == 0:
+            req.input_token_logprobs.append((None, req.origin_input_ids[0]))
+            if req.top_logprobs_num:
+                req.input_top_logprobs.append([])
+        self.waiting.append(req)
+        return req
+
+    def abort(self, msg: AbortReq) -> None:
+        """Abort one or all requests; their KV is returned immediately."""
+        reason = {"type": "abort", "message": "aborted by the client", "status_code": 499}
+        for req in list(self.waiting):
+            if msg.abort_all or req.rid == msg.rid:
+                self.waiting.remove(req)
+                req.finished_reason = dict(reason)
+                self.outputs.append(req)
+        for req in list(self.running) + ([self.chunked_req] if self.chunked_req else []):
+            if msg.abort_all or req.rid == msg.rid:
+                req.finished_reason = dict(reason)
+                self._release(req)
+                self.outputs.append(req)
+
+    def _release(self, req: Req) -> None:
+        """Give a finished/aborted request's KV and pool slot back (through the prefix cache)."""
+        if req.req_pool_idx is not None:
+            self.tree_cache.cache_finished_req(req)
+            req.req_pool_idx = None
+        if req in self.running:
+            self.running.remove(req)
+        if self.chunked_req is req:
+            self.chunked_req = None
+
+    # ---- one step ------------------------------------------------------------
+    def step(self) -> list[BatchTokenIDOut]:
+        """Schedule and run one batch; return the outputs to stream (possibly empty)."""
+        batch = self.get_next_batch()
+        if batch is not None:
+            mwb = batch.to_model_worker_batch()
+            logits_out, sample_out = self.runner.forward(mwb)
+            self.process_batch_result(batch, logits_out, sample_out)
+            self.forward_ct += 1
+        return self.collect_outputs()
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.chunked_req)
+
+    def get_next_batch(self) -> Optional[ScheduleBatch]:
+        decode_reqs, decode_loc = self._prepare_decode()
+        prefill_reqs, prefill_locs = self._admit_prefills(len(decode_reqs))
+        reqs = prefill_reqs + decode_reqs
+        if not reqs:
+            return None
+        mode = ForwardMode.DECODE if not prefill_reqs else (ForwardMode.MIXED if decode_reqs else ForwardMode.EXTEND)
+        locs = prefill_locs + ([decode_loc] if decode_reqs else [])
+        out_loc = torch.cat(locs) if len(locs) > 1 else locs[0]
+        return ScheduleBatch(reqs=reqs, out_cache_loc=out_loc, forward_mode=mode,
+                             sampling_info=self.runner.make_sampling_info(reqs))
+
+    def _prepare_decode(self) -> tuple[list[Req], Optional[torch.Tensor]]:
+        """Allocate one KV slot per running request, retracting requests if the pool is full."""
+        while self.running:
+            reqs = self.running
+            for r in reqs:
+                r.extend_len = 1
+            loc = self._alloc_extend(reqs)
+            if loc is not None:
+                self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
+                return list(reqs), loc
+            self._retract_one()
+        return [], None
+
+    def _retract_one(self) -> None:
+        victim = max(self.running, key=lambda r: (r.remaining_new_tokens(), r.arrival_time))
+        logger.info("KV cache full: retracting %s (running=%d, free=%d)", victim.rid, len(self.running),
+                    self.runner.allocator.available_size())
+        self.running.remove(victim)
+        self.tree_cache.cache_finished_req(victim)
+        victim.reset_for_retract()
+        self.waiting.insert(0, victim)
+        self.new_token_ratio = min(1.0, self.new_token_ratio + 0.1)
+
+    def _alloc_extend(self, reqs: list[Req]) -> Optional[torch.Tensor]:
+        """KV slots for each request's next ``extend_len`` tokens; evicts cache entries if needed."""
+        r2t = self.runner.req_to_token_pool.req_to_token
+        prefix = [r.kv_len for r in reqs]
+        seq = [r.kv_len + r.extend_len for r in reqs]
+        last = [int(r2t[r.req_pool_idx, r.kv_len - 1]) if r.kv_len > 0 else -1 for r in reqs]
+        alloc = self.runner.allocator
+        for attempt in range(2):
+            loc = alloc.alloc_extend(prefix, seq, last)
+            if loc is not None:
+                self._write_req_to_token(reqs, loc)
+                return loc
+            if attempt == 0:
+                need = sum(seq) - sum(prefix) + self.page_size * len(reqs)
+                self.tree_cache.evict(need)
+        return None
+
+    def _write_req_to_token(self, reqs: list[Req], loc: torch.Tensor) -> None:
+        r2t = self.runner.req_to_token_pool.req_to_token
+        off = 0
+        for r in reqs:
+            r2t[r.req_pool_idx, r.kv_len:r.kv_len + r.extend_len] = loc[off:off + r.extend_len].to(r2t.dtype)
+            off += r.extend_len
+
+    def _budget(self, num_decode: int) -> PrefillBudget:
+        step = self.args.max_prefill_tokens
+        if self.chunked_prefill_size is not None:
+            step = min(step, max(self.chunked_prefill_size - num_decode, 0))
+        reserve = sum(min(r.remaining_new_tokens(), RESERVE_CLIP) for r in self.running) * self.new_token_ratio
+        free = self.runner.allocator.available_size() + self.tree_cache.evictable_size()
+        return PrefillBudget(step_tokens=step, kv_tokens=int(free - reserve),
+                             new_reqs=self.max_running - len(self.running) - (1 if self.chunked_req else 0),
+                             chunk=self.chunked_prefill_size is not None, page_size=self.page_size)
+
+    def _admit_prefills(self, num_decode: int) -> tuple[list[Req], list[torch.Tensor]]:
+        budget = self._budget(num_decode)
+        admitted: list[Req] = []
+        locs: list[torch.Tensor] = []
+        if self.chunked_req is not None:  # the split request continues first
+            req = self.chunked_req
+            budget.new_reqs += 1
+            n = budget.take(req.remaining_to_fill, self._reserve(req))
+            if n is None:
+                return [], []
+            req.extend_len = n
+            loc = self._alloc_extend([req])
+            if loc is None:
+                return [], []
+            admitted.append(req)
+            locs.append(loc)
+            self.chunked_req = None if n == req.remaining_to_fill else req
+            if self.chunked_req is not None:
+                return admitted, locs
+        for req in order_waiting_queue(self.args.schedule_policy, self.waiting, self.tree_cache):
+            if not self._admit_one(req, budget, admitted, locs):
+                break
+        return admitted, locs
+
+    def _reserve(self, req: Req) -> int:
+        return int(min(req.remaining_new_tokens(), RESERVE_CLIP) * self.new_token_ratio)
+
+    def _admit_one(self, req: Req, budget: PrefillBudget, admitted: list, locs: list) -> bool:
+        pool = self.runner.req_to_token_pool
+        slots = pool.alloc(1)
+        if slots is None:
+            return False
+        req.req_pool_idx = slots[0]
+        match = self.tree_cache.match_prefix(req.fill_ids[: req.max_prefix_len()])
+        prefix = match.device_indices
+        before = self.tree_cache.evictable_size()
+        self.tree_cache.inc_lock_ref(match.last_node)
+        budget.kv_tokens -= before - self.tree_cache.evictable_size()
+        req.prefix_indices, req.last_node, req.kv_len = prefix, match.last_node, len(prefix)
+        if len(prefix):
+            pool.req_to_token[req.req_pool_idx, : len(prefix)] = prefix.to(pool.req_to_token.dtype)
+        n = budget.take(req.remaining_to_fill, self._reserve(req))
+        loc = None
+        if n is not None:
+            req.extend_len = n
+            loc = self._alloc_extend([req])
+        if loc is None:  # undo: nothing admitted
+            budget.kv_tokens += before - self.tree_cache.evictable_size()
+            self.tree_cache.dec_lock_ref(match.last_node)
+            pool.free(req.req_pool_idx)
+            req.reset_for_retract()
+            req.num_retractions -= 1
+            return False
+        if not req.admitted_once:
+            req.admitted_once = True
+            req.cached_tokens = len(prefix)
+            self.stats_prompt_tokens += len(req.origin_input_ids)
+            self.stats_cached_tokens += len(prefix)
+        self.waiting.remove(req)
+        admitted.append(req)
+        locs.append(loc)
+        if n < req.remaining_to_fill:
+            self.chunked_req = req
+            return False  # one chunked request per step, and it ends the step's budget
+        return True
+
+    # ---- results -------------------------------------------------------------
+    def process_batch_result(self, batch: ScheduleBatch, logits_out, sample_out) -> None:
+        """Advance every request of the batch by its computed tokens and sample where due."""
+        next_ids = sample_out.next_token_ids.tolist()
+        lps = sample_out.logprobs.tolist() if sample_out.logprobs is not None else None
+        for i, req in enumerate(batch.reqs):
+            if logits_out.input_token_logprobs is not None and logits_out.input_token_logprobs[i]:
+                rows, ids = req.input_logprob_targets()
+                req.input_token_logprobs.extend(zip(logits_out.input_token_logprobs[i], ids))
+                if req.top_logprobs_num:
+                    req.input_top_logprobs.extend(logits_out.input_top_logprobs[i])
+            if req.finished():  # aborted while the step was being built
+                continue
+            req.kv_len += req.extend_len
+            req.extend_len = 0
+            if req.kv_len < req.seqlen:  # a prefill chunk that is not the last
+                self.tree_cache.cache_unfinished_req(req)
+                continue
+            if req.wants_input_logprobs():
+                req.sent_input_logprobs = True  # the prompt has been fully computed
+            tok = next_ids[i]
+            req.output_ids.append(tok)
+            self.stats_gen_tokens += 1
+            if req.return_logprob:
+                req.output_token_logprobs.append((lps[i] if lps else 0.0, tok))
+                if req.top_logprobs_num:
+                    req.output_top_logprobs.append(list(sample_out.top_logprobs[i][: req.top_logprobs_num]))
+            req.finished_reason = check_finish(req.output_ids, req.sampling_params, req.eos_token_ids,
+                                               self.tokenizer, req.max_new_tokens())
+            if req.finished():
+                self._release(req)
+            elif req not in self.running:
+                self.running.append(req)
+            if req.finished() or req.stream:
+                self.outputs.append(req)
+
+    def collect_outputs(self) -> list[BatchTokenIDOut]:
+        """Turn the requests with news into (at most) one BatchTokenIDOut."""
+        reqs, seen = [], set()
+        for r in self.outputs:
+            if id(r) in seen:
+                continue
+            seen.add(id(r))
+            new = len(r.output_ids) - r.sent_output_len
+            if r.finished() or (r.stream and new >= self.args.stream_interval) or (r.stream and new and r.sent_output_len == 0):
+                reqs.append(r)
+        self.outputs = [r for r in self.outputs if id(r) not in {id(x) for x in reqs} and not r.finished()]
+        if not reqs:
+            return []
+        return [build_token_id_out(reqs)]
+
+    def stats(self) -> SchedulerStats:
+        total = self.runner.max_total_tokens
+        free = self.runner.allocator.available_size() + self.tree_cache.evictable_size()
+        used = total - self.runner.allocator.available_size()
+        return SchedulerStats(
+            num_running_reqs=len(self.running) + (1 if self.chunked_req else 0),
+            num_queue_reqs=len(self.waiting), token_usage=(total - free) / max(total, 1),
+            used_tokens=used, max_total_tokens=total,
+            cache_hit_rate=self.stats_cached_tokens / max(self.stats_prompt_tokens, 1),
+        )
+
+    def flush_cache(self) -> tuple[bool, str]:
+        """Reset the prefix cache; refused while requests are in flight."""
+        if self.has_work():
+            return False, "cannot flush the cache while requests are running or waiting"
+        self.tree_cache.reset()
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        return True, ""
+
+    def internal_state(self) -> dict:
+        s = self.stats()
+        return {
+            "num_running_reqs": s.num_running_reqs, "num_waiting_reqs": s.num_queue_reqs,
+            "token_usage": s.token_usage, "used_tokens": s.used_tokens,
+            "available_tokens": self.runner.allocator.available_size(),
+            "evictable_tokens": self.tree_cache.evictable_size(),
+            "protected_tokens": self.tree_cache.protected_size(),
+            "max_total_tokens": s.max_total_tokens, "max_running_requests": self.max_running,
+            "cache_hit_rate": s.cache_hit_rate, "forward_ct": self.forward_ct,
+        }
+
+
+def build_token_id_out(reqs: list[Req]) -> BatchTokenIDOut:
+    """Deltas of several requests since their last report (advances their sent offsets)."""
+    out = BatchTokenIDOut(rids=[], finished_reasons=[], output_ids=[], prompt_tokens=[], completion_tokens=[],
+                          cached_tokens=[], skip_special_tokens=[], spaces_between_special_tokens=[],
+                          no_stop_trim=[], stop_strs=[])
+    any_lp = any(r.return_logprob for r in reqs)
+    if any_lp:
+        out.output_token_logprobs, out.output_top_logprobs = [], []
+        out.input_token_logprobs, out.input_top_logprobs = [], []
+    for r in reqs:
+        p = r.sampling_params
+        start = r.sent_output_len
+        out.rids.append(r.rid)
+        out.finished_reasons.append(r.finished_reason)
+        out.output_ids.append(r.output_ids[start:])
+        out.prompt_tokens.append(len(r.origin_input_ids))
+        out.completion_tokens.append(len(r.output_ids))
+        out.cached_tokens.append(r.cached_tokens)
+        out.skip_special_tokens.append(p.skip_special_tokens)
+        out.spaces_between_special_tokens.append(p.spaces_between_special_tokens)
+        out.no_stop_trim.append(p.no_stop_trim)
+        out.stop_strs.append(list(getattr(p, "stop_strs", None) or []))
+        if any_lp:
+            first = start == 0 and r.return_logprob
+            out.output_token_logprobs.append(r.output_token_logprobs[start:] if r.return_logprob else None)
+            out.output_top_logprobs.append(r.output_top_logprobs[start:] if r.top_logprobs_num else None)
+            out.input_token_logprobs.append(r.input_token_logprobs if first and r.wants_input_logprobs() else None)
+            out.input_top_logprobs.append(r.input_top_logprobs if first and r.top_logprobs_num and r.wants_input_logprobs() else None)
+        r.sent_output_len = len(r.output_ids)
+    return out

@@ -1,0 +1,1 @@
+"""sglang.srt.mem_cache package."""

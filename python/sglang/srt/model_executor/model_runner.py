@@ -1,0 +1,125 @@
+"""ModelRunner: owns the model, the KV pools, the attention backend and the sampler.
+
+It executes exactly what the scheduler decided (a
+:class:`~sglang.srt.model_executor.forward_batch_info.ModelWorkerBatch`) and
+returns logits-derived results; it makes no scheduling decisions.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.layers.attention import create_attention_backend
+from sglang.srt.layers.sampler import Sampler
+from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ModelWorkerBatch
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+
+if TYPE_CHECKING:
+    from sglang.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+CPU_DEFAULT_MAX_TOTAL_TOKENS = 65536
+CPU_DEFAULT_MAX_RUNNING = 256
+GPU_DEFAULT_MEM_FRACTION = 0.85
+GPU_DEFAULT_MAX_RUNNING = 1024
+REQ_TO_TOKEN_MAX_BYTES = 1 << 30
+
+
+class ModelRunner:
+    """Loads the model and sizes the KV cache.
+
+    Args:
+        model_config: the model's :class:`ModelConfig`.
+        server_args: sizing flags (``max_total_tokens``, ``mem_fraction_static``,
+            ``max_running_requests``, ``page_size``, ``load_format``, ``attention_backend``).
+        device: ``"cpu"`` or ``"cuda"`` (``"cuda:N"``).
+    Raises:
+        ValueError: the KV budget leaves no room for a single max-length request.
+    """
+
+    def __init__(self, model_config: ModelConfig, server_args: "ServerArgs", device: str):
+        from sglang.srt.model_loader.loader import load_model
+
+        self.model_config = model_config
+        self.device = torch.device(device)
+        self.page_size = server_args.page_size
+        torch.manual_seed(server_args.random_seed)
+        self.model = load_model(model_config, server_args.load_format, self.device)
+        mc = model_config
+        self.max_total_tokens = self._kv_budget_tokens(server_args)
+        if self.max_total_tokens < 2 * self.page_size:
+            raise ValueError(
+                f"the KV cache would hold only {self.max_total_tokens} tokens; raise --mem-fraction-static "
+                "or --max-total-tokens"
+            )
+        max_running = server_args.max_running_requests or (
+            GPU_DEFAULT_MAX_RUNNING if self.device.type == "cuda" else CPU_DEFAULT_MAX_RUNNING
+        )
+        row_bytes = 4 * (mc.context_len + 8)
+        max_running = max(1, min(max_running, REQ_TO_TOKEN_MAX_BYTES // row_bytes, self.max_total_tokens))
+        self.max_running_requests = max_running
+        self.req_to_token_pool = ReqToTokenPool(max_running + 1, mc.context_len + 8, self.device)
+        self.token_to_kv_pool = MHATokenToKVPool(
+            self.max_total_tokens, self.page_size, mc.dtype, mc.num_key_value_heads, mc.head_dim,
+            mc.num_hidden_layers, self.device,
+        )
+        self.allocator = TokenToKVPoolAllocator(self.max_total_tokens, self.page_size, self.device)
+        self.attn_backend = create_attention_backend(server_args.resolved_attention_backend)
+        self.sampler = Sampler(server_args.random_seed, self.device)
+        logger.info(
+            "model %s loaded on %s (%s); KV cache %d tokens (%.1f MiB), max running requests %d",
+            mc.architecture, self.device, mc.dtype, self.max_total_tokens,
+            self.token_to_kv_pool.kv_size_bytes() / 2**20, max_running,
+        )
+
+    def _kv_budget_tokens(self, args: "ServerArgs") -> int:
+        mc = self.model_config
+        per_token = MHATokenToKVPool.bytes_per_token(mc.num_key_value_heads, mc.head_dim, mc.num_hidden_layers,
+                                                     mc.dtype)
+        if args.max_total_tokens is not None:
+            tokens = args.max_total_tokens
+        elif self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            frac = args.mem_fraction_static or GPU_DEFAULT_MEM_FRACTION
+            budget = free - total * (1.0 - frac)
+            tokens = int(budget // per_token) if budget > 0 else 0
+        else:
+            tokens = CPU_DEFAULT_MAX_TOTAL_TOKENS
+        return tokens - tokens % self.page_size
+
+    def make_sampling_info(self, reqs) -> SamplingBatchInfo:
+        """Sampling tensors for the scheduler's requests (``Req`` objects), on this device."""
+        params = [r.sampling_params for r in reqs]
+        need_input = any(p.repetition_penalty != 1.0 for p in params)
+        banned = [
+            list(p.stop_token_ids or []) + ([] if p.ignore_eos else list(r.eos_token_ids))
+            for p, r in zip(params, reqs)
+        ]
+        return SamplingBatchInfo.from_reqs(
+            params, self.device, self.model_config.vocab_size, [r.output_ids for r in reqs],
+            [r.origin_input_ids for r in reqs] if need_input else None, banned,
+        )
+
+    @torch.inference_mode()
+    def forward(self, batch: ModelWorkerBatch):
+        """Run one step.
+
+        Returns:
+            (LogitsProcessorOutput, SamplerOutput): logits-derived outputs and
+            one sampled token per request (rows with ``sample[i] == False`` are
+            sampled too and ignored by the scheduler).
+        """
+        fb = ForwardBatch.init_new(batch, self.device, self.req_to_token_pool, self.token_to_kv_pool,
+                                   self.attn_backend)
+        self.attn_backend.init_forward_metadata(fb)
+        logits_out = self.model(fb.input_ids, fb.positions, fb)
+        sample_out = self.sampler.forward(logits_out.next_token_logits, batch.sampling_info, batch.return_logprob,
+                                          batch.top_logprobs_nums)
+        return logits_out, sample_out

@@ -1,0 +1,1 @@
+"""sglang.srt.model_loader package."""

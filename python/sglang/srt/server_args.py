@@ -1,0 +1,183 @@
+"""Command-line arguments of the server, as one frozen dataclass.
+
+``ServerArgs`` is built once (from the CLI or from keyword arguments) and
+passed explicitly to every component; nothing reads global arguments. Flag
+names and defaults follow SGLang's ``launch_server``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Optional
+
+DEFAULT_MODEL = "sglang-tw/tiny-random-llama"
+"""``--model-path`` value that selects the embedded default model (built locally, no download)."""
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    """All server settings. See ``python -m sglang.launch_server --help``.
+
+    Raises (from :meth:`__post_init__`):
+        ValueError: a setting is out of range; the message names the flag and the fix.
+    """
+
+    # Model and tokenizer
+    model_path: str = DEFAULT_MODEL
+    tokenizer_path: Optional[str] = None
+    served_model_name: Optional[str] = None
+    load_format: str = "auto"  # auto | safetensors | dummy
+    dtype: str = "auto"  # auto | float32 | float16 | bfloat16
+    device: str = "auto"  # auto | cpu | cuda
+    context_length: Optional[int] = None
+    trust_remote_code: bool = False
+    skip_tokenizer_init: bool = False
+
+    # HTTP
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: Optional[str] = None
+    enable_metrics: bool = False
+
+    # Memory and scheduling
+    mem_fraction_static: Optional[float] = None
+    max_total_tokens: Optional[int] = None
+    max_running_requests: Optional[int] = None
+    max_prefill_tokens: int = 16384
+    chunked_prefill_size: Optional[int] = None
+    schedule_policy: str = "fcfs"  # fcfs | lpm
+    schedule_conservativeness: float = 1.0
+    disable_radix_cache: bool = False
+    page_size: int = 1
+    attention_backend: Optional[str] = None  # torch_native (default here)
+    stream_interval: int = 1
+
+    # Parallelism (tensor parallelism arrives with its own issue)
+    tp_size: int = 1
+
+    # Misc
+    random_seed: int = 0
+    log_level: str = "info"
+    log_requests: bool = False
+
+    def __post_init__(self) -> None:
+        def bad(flag: str, value, fix: str) -> None:
+            raise ValueError(f"--{flag}={value!r} is invalid: {fix}")
+
+        if self.load_format not in ("auto", "safetensors", "dummy"):
+            bad("load-format", self.load_format, "use auto, safetensors or dummy")
+        if self.dtype not in ("auto", "float32", "float16", "bfloat16", "half", "float", "bf16", "fp16", "fp32"):
+            bad("dtype", self.dtype, "use auto, float32, float16 or bfloat16")
+        if self.device not in ("auto", "cpu", "cuda"):
+            bad("device", self.device, "use auto, cpu or cuda")
+        if self.schedule_policy not in ("fcfs", "lpm"):
+            bad("schedule-policy", self.schedule_policy, "use fcfs or lpm")
+        if self.mem_fraction_static is not None and not 0.0 < self.mem_fraction_static < 1.0:
+            bad("mem-fraction-static", self.mem_fraction_static, "use a fraction in (0, 1)")
+        for name in ("max_total_tokens", "max_running_requests", "context_length", "chunked_prefill_size"):
+            v = getattr(self, name)
+            if v is not None and v <= 0 and not (name == "chunked_prefill_size" and v == -1):
+                bad(name.replace("_", "-"), v, "use a positive integer")
+        if self.page_size < 1:
+            bad("page-size", self.page_size, "use a positive integer")
+        if self.tp_size < 1:
+            bad("tp-size", self.tp_size, "use a positive integer")
+        if self.attention_backend not in (None, "torch_native"):
+            bad("attention-backend", self.attention_backend, "use torch_native")
+        if self.stream_interval < 1:
+            bad("stream-interval", self.stream_interval, "use a positive integer")
+        if not 1 <= self.port <= 65535:
+            bad("port", self.port, "use a TCP port in 1..65535")
+
+    # ---- derived settings -------------------------------------------------
+    @property
+    def resolved_device(self) -> str:
+        """``cpu`` or ``cuda``: ``auto`` picks cuda when a GPU is visible."""
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    @property
+    def resolved_tokenizer_path(self) -> str:
+        return self.tokenizer_path or self.model_path
+
+    @property
+    def resolved_attention_backend(self) -> str:
+        return self.attention_backend or "torch_native"
+
+    @property
+    def model_name(self) -> str:
+        """Name reported by ``/v1/models`` and accepted as the OpenAI ``model`` field."""
+        return self.served_model_name or self.model_path
+
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def replace(self, **changes) -> "ServerArgs":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    # ---- CLI --------------------------------------------------------------
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        """Add every field as ``--flag-name`` (booleans as store_true)."""
+        helps = {
+            "model_path": "HF checkpoint folder, or the embedded default "
+            f"'{DEFAULT_MODEL}' (random weights; its text is not meaningful).",
+            "load_format": "auto|safetensors|dummy (dummy: random weights of the config's shape).",
+            "chunked_prefill_size": "Max prompt tokens per prefill chunk; -1 disables chunking.",
+            "mem_fraction_static": "Fraction of GPU memory for weights + KV cache (GPU only).",
+            "max_total_tokens": "KV cache size in tokens (overrides the memory-based size).",
+        }
+        for f in dataclasses.fields(ServerArgs):
+            flag = "--" + f.name.replace("_", "-")
+            default = f.default
+            if f.type in ("bool",) or isinstance(default, bool):
+                parser.add_argument(flag, action="store_true", default=default, help=helps.get(f.name))
+                continue
+            typ = {"int": int, "float": float, "Optional[int]": int, "Optional[float]": float}.get(str(f.type), str)
+            parser.add_argument(flag, type=typ, default=default, help=helps.get(f.name))
+        parser.add_argument("--tp", dest="tp_size", type=int, default=1, help="Alias of --tp-size.")
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in vars(args).items() if k in names})
+
+
+def prepare_server_args(argv: list[str]) -> ServerArgs:
+    """Parse a launch_server command line into :class:`ServerArgs`."""
+    parser = argparse.ArgumentParser(prog="python -m sglang.launch_server")
+    ServerArgs.add_cli_args(parser)
+    return ServerArgs.from_cli_args(parser.parse_args(argv))
+
+
+@dataclass(frozen=True)
+class PortArgs:
+    """ZMQ endpoints between the processes (IPC sockets in a private temp dir).
+
+    ``tokenizer_ipc``: bound (PULL) by the TokenizerManager; the detokenizer
+    and scheduler push to it. ``scheduler_input_ipc``: bound (PULL) by the
+    scheduler. ``detokenizer_ipc``: bound (PULL) by the detokenizer.
+    """
+
+    tokenizer_ipc: str
+    scheduler_input_ipc: str
+    detokenizer_ipc: str
+    ipc_dir: str = field(default="")
+
+    @classmethod
+    def init_new(cls) -> "PortArgs":
+        d = tempfile.mkdtemp(prefix="sglang-ipc-")
+        return cls(
+            tokenizer_ipc=f"ipc://{os.path.join(d, 'tokenizer')}",
+            scheduler_input_ipc=f"ipc://{os.path.join(d, 'scheduler')}",
+            detokenizer_ipc=f"ipc://{os.path.join(d, 'detokenizer')}",
+            ipc_dir=d,
+        )

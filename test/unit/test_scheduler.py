@@ -1,0 +1,339 @@
+"""Scheduler tests with a fake model runner that checks the KV bookkeeping.
+
+The fake "KV cache" stores, at each KV slot, the token id whose KV it holds.
+Before every step it checks that each request's ``req_to_token`` row points
+at slots holding exactly that request's tokens (so a wrong prefix share, a
+chunk boundary bug or a retraction that loses KV is caught), and it "samples"
+a deterministic function of the sequence, so outputs are checkable.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Optional
+
+import pytest
+import torch
+
+from sglang.srt.managers.io_struct import AbortReq, TokenizedGenerateReqInput
+from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.server_args import ServerArgs
+
+VOCAB = 97
+
+
+def next_token(seq: list[int]) -> int:
+    """The fake model's greedy choice: a hash of the whole sequence (depends on every token)."""
+    h = 7
+    for t in seq:
+        h = (h * 31 + t) % 1_000_003
+    return h % (VOCAB - 3) + 3  # never 0..2 (2 is EOS)
+
+
+@dataclass
+class _ModelConfig:
+    context_len: int = 256
+    vocab_size: int = VOCAB
+    eos_token_ids: tuple = (2,)
+
+
+@dataclass
+class _SampleOut:
+    next_token_ids: torch.Tensor
+    logprobs: Optional[torch.Tensor] = None
+    top_logprobs: Optional[list] = None
+
+
+@dataclass
+class _LogitsOut:
+    input_token_logprobs: Optional[list] = None
+    input_top_logprobs: Optional[list] = None
+
+
+class FakeRunner:
+    def __init__(self, max_total_tokens: int, max_running: int = 64, page_size: int = 1, context_len: int = 256):
+        self.model_config = _ModelConfig(context_len=context_len)
+        self.max_total_tokens = max_total_tokens
+        self.max_running_requests = max_running
+        self.req_to_token_pool = ReqToTokenPool(max_running + 1, context_len + 8, "cpu")
+        self.allocator = TokenToKVPoolAllocator(max_total_tokens, page_size, "cpu")
+        self.kv = torch.full((max_total_tokens + 2 * page_size,), -1, dtype=torch.int64)
+        self.batches: list = []
+        self.scheduler: Optional[Scheduler] = None
+
+    def make_sampling_info(self, reqs):
+        return None
+
+    def forward(self, batch):
+        r2t = self.req_to_token_pool.req_to_token
+        self.batches.append(batch)
+        # every prefix slot must hold the request's own earlier tokens
+        reqs = {r.req_pool_idx: r for r in self._all_reqs()}
+        off = 0
+        out = []
+        for i, row in enumerate(batch.req_pool_indices):
+            req = reqs[row]
+            fill = req.fill_ids
+            pre, ext = batch.prefix_lens[i], batch.extend_lens[i]
+            if pre:
+                held = self.kv[r2t[row, :pre].long()].tolist()
+                assert held == fill[:pre], f"{req}: prefix KV holds {held[:8]}.. expected {fill[:8]}.."
+            assert batch.input_ids[off:off + ext] == fill[pre:pre + ext]
+            assert batch.positions[off:off + ext] == list(range(pre, pre + ext))
+            locs = batch.out_cache_loc[off:off + ext]
+            assert torch.equal(r2t[row, pre:pre + ext].long(), locs.long())
+            self.kv[locs] = torch.tensor(fill[pre:pre + ext])
+            out.append(next_token(fill[:pre + ext]))
+            off += ext
+        assert off == len(batch.input_ids)
+        return _LogitsOut(), _SampleOut(torch.tensor(out))
+
+    def _all_reqs(self):
+        s = self.scheduler
+        return list(s.running) + ([s.chunked_req] if s.chunked_req else []) + [
+            r for r in s.waiting if r.req_pool_idx is not None] + self._admitting
+
+    _admitting: list = []
+
+
+def make(max_total_tokens=4096, **kw) -> tuple[Scheduler, FakeRunner]:
+    runner_kw = {k: kw.pop(k) for k in ("max_running", "context_len") if k in kw}
+    args = ServerArgs(**kw)
+    runner = FakeRunner(max_total_tokens, page_size=args.page_size, **runner_kw)
+    s = Scheduler(args, runner, tokenizer=None)
+    runner.scheduler = s
+    orig = s.get_next_batch
+
+    def get_next_batch():
+        b = orig()
+        runner._admitting = list(b.reqs) if b else []
+        return b
+
+    s.get_next_batch = get_next_batch
+    return s, runner
+
+
+def submit(s: Scheduler, rid: str, prompt: list[int], max_new_tokens=8, stream=False, **sp):
+    params = {"max_new_tokens": max_new_tokens, "temperature": 0.0, **sp}
+    return s.add_request(TokenizedGenerateReqInput(rid=rid, input_ids=prompt, sampling_params=params, stream=stream))
+
+
+def record(results: dict, outs) -> None:
+    for out in outs:
+        for i, rid in enumerate(out.rids):
+            d = results.setdefault(rid, {"ids": [], "finish": None, "cached": 0})
+            d["ids"].extend(out.output_ids[i])
+            d["finish"] = out.finished_reasons[i]
+            d["cached"] = out.cached_tokens[i]
+
+
+def run_all(s: Scheduler, max_steps=10_000, results=None) -> dict[str, dict]:
+    results = {} if results is None else results
+    for _ in range(max_steps):
+        record(results, s.step())
+        if not s.has_work():
+            return results
+    raise AssertionError("scheduler did not drain")
+
+
+def expected(prompt: list[int], n: int) -> list[int]:
+    seq = list(prompt)
+    out = []
+    for _ in range(n):
+        t = next_token(seq)
+        out.append(t)
+        seq.append(t)
+    return out
+
+
+def assert_kv_returned(s: Scheduler, runner: FakeRunner):
+    s.tree_cache.reset()
+    assert runner.allocator.available_size() == runner.max_total_tokens - runner.max_total_tokens % runner.allocator.page_size
+    assert runner.req_to_token_pool.available_size() == runner.max_running_requests + 1
+
+
+def rand_prompt(rng, n):
+    return [rng.randrange(3, VOCAB) for _ in range(n)]
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("radix", [True, False])
+def test_many_requests_exact_outputs(page_size, radix):
+    rng = random.Random(page_size * 10 + radix)
+    s, runner = make(page_size=page_size, disable_radix_cache=not radix)
+    shared = rand_prompt(rng, 40)
+    prompts = {f"r{i}": (shared[: rng.randrange(0, 40)] + rand_prompt(rng, rng.randrange(1, 30))) for i in range(20)}
+    for rid, p in prompts.items():
+        submit(s, rid, p, max_new_tokens=rng.randrange(1, 12))
+    res = run_all(s)
+    for rid, p in prompts.items():
+        n = len(res[rid]["ids"])
+        assert res[rid]["finish"]["type"] == "length"
+        assert res[rid]["ids"] == expected(p, n)
+    assert_kv_returned(s, runner)
+
+
+def test_prefix_cache_hit_reported():
+    s, runner = make()
+    p = list(range(3, 50))
+    submit(s, "a", p, max_new_tokens=3)
+    run_all(s)
+    submit(s, "b", p + [5, 6], max_new_tokens=3)
+    res = run_all(s)
+    assert res["b"]["cached"] >= len(p) - 1
+    assert res["b"]["ids"] == expected(p + [5, 6], 3)
+    assert_kv_returned(s, runner)
+
+
+def test_chunked_prefill_splits_and_matches():
+    s, runner = make(chunked_prefill_size=16)
+    p = list(range(3, 90))
+    submit(s, "long", p, max_new_tokens=5)
+    submit(s, "short", [5, 6, 7], max_new_tokens=5)
+    res = run_all(s)
+    extends = [b.extend_lens for b in runner.batches]
+    assert all(sum(e) <= 16 for e in extends), extends
+    assert sum(1 for b in runner.batches if b.forward_mode != ForwardMode.DECODE) >= 5
+    assert res["long"]["ids"] == expected(p, 5)
+    assert res["short"]["ids"] == expected([5, 6, 7], 5)
+    assert_kv_returned(s, runner)
+
+
+def test_mixed_batches_happen():
+    s, runner = make(chunked_prefill_size=32)
+    submit(s, "a", [3, 4, 5], max_new_tokens=20)
+    s.step()
+    s.step()
+    submit(s, "b", list(range(3, 40)), max_new_tokens=4)
+    res = run_all(s)
+    assert any(b.forward_mode == ForwardMode.MIXED for b in runner.batches)
+    assert res["a"]["ids"] == expected([3, 4, 5], 20)
+    assert_kv_returned(s, runner)
+
+
+def test_retraction_when_kv_runs_out():
+    # 6 requests x (10 prompt + 40 output) need 300 slots; the pool has 128.
+    s, runner = make(max_total_tokens=128, chunked_prefill_size=-1)
+    prompts = {f"r{i}": [3 + i] * 10 for i in range(6)}
+    for rid, p in prompts.items():
+        submit(s, rid, p, max_new_tokens=40)
+    res = run_all(s)
+    for rid, p in prompts.items():
+        assert res[rid]["ids"] == expected(p, 40), rid
+    assert_kv_returned(s, runner)
+
+
+def test_retraction_counted():
+    s, runner = make(max_total_tokens=96, chunked_prefill_size=-1)
+    reqs = [submit(s, f"r{i}", [10 + i] * 8, max_new_tokens=30) for i in range(5)]
+    res = run_all(s)
+    assert sum(r.num_retractions for r in reqs) > 0
+    for i, r in enumerate(reqs):
+        assert res[r.rid]["ids"] == expected([10 + i] * 8, 30)
+    assert_kv_returned(s, runner)
+
+
+def test_abort_frees_kv_immediately():
+    s, runner = make()
+    submit(s, "a", list(range(3, 30)), max_new_tokens=100)
+    submit(s, "b", list(range(3, 20)), max_new_tokens=100)
+    submit(s, "c", [4, 5], max_new_tokens=100)
+    for _ in range(3):
+        s.step()
+    s.abort(AbortReq(rid="a"))
+    s.abort(AbortReq(rid="c"))
+    outs = s.collect_outputs()
+    fin = {rid: fr for o in outs for rid, fr in zip(o.rids, o.finished_reasons)}
+    assert fin["a"]["type"] == "abort" and fin["c"]["type"] == "abort"
+    assert [r.rid for r in s.running] == ["b"]
+    s.abort(AbortReq(abort_all=True))
+    assert not s.has_work()
+    assert_kv_returned(s, runner)
+
+
+def test_invalid_requests_rejected_without_leak():
+    s, runner = make(context_len=64)
+    r1 = submit(s, "long", list(range(3, 80)))
+    r2 = submit(s, "badtok", [5, VOCAB + 3])
+    r3 = submit(s, "empty", [])
+    outs = s.collect_outputs()
+    fin = {rid: fr for o in outs for rid, fr in zip(o.rids, o.finished_reasons)}
+    assert "context length" in fin["long"]["message"] and fin["long"]["status_code"] == 400
+    assert "outside" in fin["badtok"]["message"]
+    assert "empty" in fin["empty"]["message"]
+    assert not s.has_work()
+    assert_kv_returned(s, runner)
+
+
+def test_output_capped_by_context():
+    s, runner = make(context_len=40)
+    submit(s, "a", list(range(3, 33)), max_new_tokens=100)
+    res = run_all(s)
+    assert len(res["a"]["ids"]) == 10 and res["a"]["finish"]["type"] == "length"
+    assert_kv_returned(s, runner)
+
+
+def test_stop_token_and_eos():
+    s, runner = make()
+    p = [3, 4, 5]
+    exp = expected(p, 10)
+    submit(s, "a", p, max_new_tokens=10, stop_token_ids=[exp[3]])
+    res = run_all(s)
+    assert res["a"]["ids"] == exp[:4]
+    assert res["a"]["finish"] == {"type": "stop", "matched": exp[3]}
+
+
+def test_lpm_prefers_cached_prefix():
+    s, runner = make(schedule_policy="lpm", max_running=1)
+    base = list(range(3, 60))
+    submit(s, "warm", base, max_new_tokens=1)
+    run_all(s)
+    submit(s, "cold", list(range(60, 90)), max_new_tokens=1)
+    submit(s, "hot", base + [7], max_new_tokens=1)
+    s.step()
+    first = runner.batches[-1]
+    # the request sharing the cached prefix is admitted first, extending only its new tokens
+    assert first.prefix_lens[0] >= len(base) - 1
+    run_all(s)
+    assert_kv_returned(s, runner)
+
+
+def test_streaming_sends_every_token():
+    s, runner = make()
+    submit(s, "a", [3, 4], max_new_tokens=5, stream=True)
+    deltas = []
+    while s.has_work():
+        for o in s.step():
+            deltas.append(o.output_ids[0])
+    assert [len(d) for d in deltas] == [1] * 5
+    assert sum(deltas, []) == expected([3, 4], 5)
+
+
+def test_fuzz_random_workload():
+    rng = random.Random(1234)
+    for trial in range(4):
+        s, runner = make(max_total_tokens=rng.choice([80, 160, 400]), page_size=rng.choice([1, 2, 4]),
+                         chunked_prefill_size=rng.choice([8, 32, -1]), schedule_policy=rng.choice(["fcfs", "lpm"]))
+        shared = rand_prompt(rng, 30)
+        prompts, aborted, results = {}, set(), {}
+        for step in range(150):
+            if rng.random() < 0.2 and len(prompts) < 25:
+                rid = f"t{trial}-{len(prompts)}"
+                p = shared[: rng.randrange(0, 30)] + rand_prompt(rng, rng.randrange(1, 20))
+                prompts[rid] = (p, rng.randrange(1, 25))
+                submit(s, rid, p, max_new_tokens=prompts[rid][1])
+            if rng.random() < 0.03 and prompts:
+                rid = rng.choice(list(prompts))
+                aborted.add(rid)
+                s.abort(AbortReq(rid=rid))
+            record(results, s.step())
+        res = run_all(s, results=results)
+        for rid, (p, n) in prompts.items():
+            if rid in aborted:
+                continue
+            assert res[rid]["ids"] == expected(p, n), rid
+        assert_kv_returned(s, runner)
