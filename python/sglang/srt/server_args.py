@@ -36,6 +36,7 @@ class ServerArgs:
     context_length: Optional[int] = None
     trust_remote_code: bool = False
     skip_tokenizer_init: bool = False
+    chat_template: Optional[str] = None  # a Jinja template string or a path to a .jinja file
 
     # HTTP
     host: str = "127.0.0.1"

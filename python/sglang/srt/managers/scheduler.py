@@ -80,8 +80,10 @@ class Scheduler:
     # ---- requests in ---------------------------------------------------------
     def add_request(self, msg: TokenizedGenerateReqInput) -> Optional[Req]:
         """Queue a tokenized request. Invalid ones finish at once with an abort reason (HTTP 400)."""
-        params = SamplingParams.from_dict(msg.sampling_params)
         mc = self.model_config
+        params = SamplingParams.from_dict(msg.sampling_params)
+        params.verify(mc.vocab_size)
+        params.normalize(self.tokenizer)
         cap = mc.context_len - len(msg.input_ids)
         req = Req(msg.rid, msg.input_ids, params, return_logprob=msg.return_logprob,
                   logprob_start_len=msg.logprob_start_len, top_logprobs_num=msg.top_logprobs_num,

@@ -8,6 +8,7 @@ returns logits-derived results; it makes no scheduling decisions.
 from __future__ import annotations
 
 import logging
+import os
 from typing import TYPE_CHECKING
 
 import torch
@@ -32,6 +33,19 @@ GPU_DEFAULT_MAX_RUNNING = 1024
 REQ_TO_TOKEN_MAX_BYTES = 1 << 30
 
 
+def set_cpu_threads(model_config: ModelConfig) -> None:
+    """Pick torch's intra-op thread count for CPU serving.
+
+    Small models run best on one thread: their ops take microseconds, and
+    OpenMP workers spin-waiting on a busy machine turn them into milliseconds.
+    ``SGLANG_CPU_THREADS`` overrides the choice.
+    """
+    env = os.environ.get("SGLANG_CPU_THREADS")
+    n = int(env) if env else (1 if model_config.hidden_size < 1024 else max(1, (os.cpu_count() or 1)))
+    torch.set_num_threads(n)
+    logger.info("CPU intra-op threads: %d", n)
+
+
 class ModelRunner:
     """Loads the model and sizes the KV cache.
 
@@ -49,6 +63,8 @@ class ModelRunner:
 
         self.model_config = model_config
         self.device = torch.device(device)
+        if self.device.type == "cpu":
+            set_cpu_threads(model_config)
         self.page_size = server_args.page_size
         torch.manual_seed(server_args.random_seed)
         self.model = load_model(model_config, server_args.load_format, self.device)

@@ -1,0 +1,123 @@
+"""The expert layer of a sparse MoE block: stacked SwiGLU experts and their torch reference.
+
+Each expert e computes ``w2[e] @ (silu(w1[e] @ x) * (w3[e] @ x))`` (SwiGLU,
+Shazeer 2020); a token's output is the routing-weighted sum over its top-k
+experts (Shazeer et al. 2017, eq. 1). ``w1`` (gate) and ``w3`` (up) are stacked
+into ``w13 = [w1; w3]`` so that a fused kernel runs one GEMM for both.
+Tensor parallelism splits the intermediate size I of every expert (like a
+column-then-row parallel MLP); the partial outputs are all-reduced.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sglang.srt.layers.linear import check_tp, copy_checked, divide, narrow_full
+from sglang.srt.layers.moe.router import select_experts
+
+logger = logging.getLogger(__name__)
+
+
+def fused_moe_ref(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                  topk_ids: torch.Tensor) -> torch.Tensor:
+    """Torch reference of the MoE expert computation.
+
+    Args:
+        x: [N, H] activations.
+        w13: [E, 2I, H] stacked gate (rows 0..I-1) and up (rows I..2I-1) weights.
+        w2: [E, H, I] down weights.
+        topk_weights: [N, k] routing weights (any float dtype; used in fp32).
+        topk_ids: [N, k] expert ids in ``[0, E)``.
+    Returns:
+        [N, H] in x.dtype: ``sum_j topk_weights[n, j] * expert_{topk_ids[n, j]}(x[n])``.
+        Loops over the experts that received tokens and runs each only on its
+        tokens; accumulation is in fp32.
+    Raises:
+        ValueError: inconsistent shapes.
+    """
+    n, h = x.shape
+    e, two_i, h2 = w13.shape
+    if h2 != h or w2.shape != (e, h, two_i // 2) or topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != n:
+        raise ValueError(f"fused_moe_ref: inconsistent shapes x={tuple(x.shape)} w13={tuple(w13.shape)} "
+                         f"w2={tuple(w2.shape)} topk_weights={tuple(topk_weights.shape)} topk_ids={tuple(topk_ids.shape)}")
+    out = torch.zeros(n, h, dtype=torch.float32, device=x.device)
+    flat_ids = topk_ids.reshape(-1)
+    flat_w = topk_weights.reshape(-1).float()
+    token_of = torch.arange(n, device=x.device).repeat_interleave(topk_ids.shape[1])
+    for expert in torch.unique(flat_ids).tolist():
+        sel = (flat_ids == expert).nonzero(as_tuple=True)[0]
+        tok = token_of[sel]
+        gate_up = F.linear(x[tok], w13[expert])
+        gate, up = gate_up.chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, w2[expert])
+        out.index_add_(0, tok, y.float() * flat_w[sel].unsqueeze(1))
+    return out.to(x.dtype)
+
+
+class FusedMoE(nn.Module):
+    """Stacked experts plus routing: ``forward(x [N, H], router_logits [N, E]) -> [N, H]``.
+
+    Args:
+        num_experts: E; top_k: experts per token; hidden_size: H;
+        intermediate_size: I per expert (full; this rank holds I/tp_size).
+        renormalize: renormalize the top-k weights (see :func:`select_experts`).
+        params_dtype: weight dtype. tp_rank/tp_size: split of I.
+        reduce_results: all-reduce the output over TP with ``comm.all_reduce`` (needed when tp_size > 1).
+    Parameters: ``w13_weight`` [E, 2I/tp, H], ``w2_weight`` [E, H, I/tp].
+    ``param.weight_loader(param, loaded_weight, shard_id, expert_id)`` takes one
+    HF expert tensor: shard_id "w1" (gate, [I, H]), "w3" (up, [I, H]) or "w2"
+    (down, [H, I]). ``param.expected_shards`` lists the (expert_id, shard_id)
+    pairs of a complete load.
+    """
+
+    def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
+                 renormalize: bool = True, params_dtype: Optional[torch.dtype] = None, tp_rank: int = 0,
+                 tp_size: int = 1, reduce_results: bool = True, comm: Any = None):
+        super().__init__()
+        check_tp(tp_rank, tp_size)
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"num_experts_per_tok={top_k} must be in [1, num_experts={num_experts}]")
+        self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
+        self.hidden_size = hidden_size
+        self.tp_rank, self.tp_size, self.reduce_results, self.comm = tp_rank, tp_size, reduce_results, comm
+        self.i_local = divide(intermediate_size, tp_size, "moe intermediate_size")
+        self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * self.i_local, hidden_size, dtype=params_dtype),
+                                       requires_grad=False)
+        self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, self.i_local, dtype=params_dtype),
+                                      requires_grad=False)
+        for p, shards in ((self.w13_weight, ("w1", "w3")), (self.w2_weight, ("w2",))):
+            p.weight_loader = self.weight_loader
+            p.expected_shards = tuple((e, s) for e in range(num_experts) for s in shards)
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str, expert_id: int) -> None:
+        if not 0 <= expert_id < self.num_experts:
+            raise ValueError(f"FusedMoE: expert_id={expert_id} outside [0, {self.num_experts})")
+        n, r, full = self.i_local, self.tp_rank, self.i_local * self.tp_size
+        dst = param[expert_id]
+        what = f"FusedMoE expert {expert_id} {shard_id}"
+        if shard_id == "w1":
+            copy_checked(dst[:n], narrow_full(loaded_weight, 0, r * n, n, full, what), what)
+        elif shard_id == "w3":
+            copy_checked(dst[n:], narrow_full(loaded_weight, 0, r * n, n, full, what), what)
+        elif shard_id == "w2":
+            copy_checked(dst, narrow_full(loaded_weight, 1, r * n, n, full, what), what)
+        else:
+            raise ValueError(f"FusedMoE: shard_id={shard_id!r} must be 'w1', 'w2' or 'w3'")
+
+    def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
+        out = fused_moe_ref(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
+        if self.tp_size > 1 and self.reduce_results:
+            if self.comm is None:
+                raise ValueError("FusedMoE with tp_size > 1 needs a comm object to all-reduce its output")
+            out = self.comm.all_reduce(out)
+        return out
+
+    def extra_repr(self) -> str:
+        return f"experts={self.num_experts}, top_k={self.top_k}, hidden={self.hidden_size}, " \
+               f"intermediate_local={self.i_local}, renormalize={self.renormalize}"

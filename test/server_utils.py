@@ -1,0 +1,90 @@
+"""Start a real ``python -m sglang.launch_server`` for tests, and stop it without orphans."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Optional
+
+import psutil
+import requests
+
+ENV = {**os.environ, "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+       "NVSHMEM_DISABLE_NVLS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """A server subprocess on a free port; ``url`` is its base URL.
+
+    Raises RuntimeError (with the server's log tail) if it exits or is not
+    healthy within ``timeout`` seconds.
+    """
+
+    def __init__(self, args: list[str], timeout: float = 240.0, api_key: Optional[str] = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.api_key = api_key
+        cmd = [sys.executable, "-m", "sglang.launch_server", "--port", str(self.port), *args]
+        if api_key:
+            cmd += ["--api-key", api_key]
+        self.log_path = f"/tmp/sglang-test-server-{self.port}.log"
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=ENV)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"server not healthy after {timeout}s:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 60) -> str:
+        with open(self.log_path) as f:
+            return "".join(f.readlines()[-n:])
+
+    def headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def internal_state(self) -> dict:
+        info = requests.get(self.url + "/get_server_info", headers=self.headers(), timeout=30).json()
+        return info["internal_states"][0]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> list[int]:
+        """Stop the server; returns the pids of descendants still alive afterwards (should be [])."""
+        try:
+            children = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            children = []
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        gone, alive = psutil.wait_procs(children, timeout=10)
+        for p in alive:
+            p.kill()
+        self._log.close()
+        return [p.pid for p in alive]
+
+    def __enter__(self) -> "ServerProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,106 @@
+"""Tests of ReqToTokenPool and MHATokenToKVPool (sglang.srt.mem_cache.memory_pool)."""
+
+import random
+
+import pytest
+import torch
+
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+
+
+def test_req_to_token_pool_alloc_free():
+    rng = random.Random(3)
+    pool = ReqToTokenPool(8, 32, "cpu")
+    assert pool.req_to_token.shape == (8, 32) and pool.req_to_token.dtype == torch.int32
+    held = set()
+    for _ in range(50):
+        if held and rng.random() < 0.5:
+            i = rng.choice(sorted(held))
+            pool.free(i)
+            held.remove(i)
+        else:
+            n = rng.randint(1, 3)
+            got = pool.alloc(n)
+            if n > 8 - len(held):
+                assert got is None
+            else:
+                assert len(got) == n and not set(got) & held
+                held |= set(got)
+        assert pool.available_size() == 8 - len(held)
+    pool.free(sorted(held))
+    assert pool.available_size() == 8
+
+
+def test_req_to_token_pool_double_free_and_range():
+    pool = ReqToTokenPool(4, 16, "cpu")
+    a, b = pool.alloc(2)
+    pool.free(a)
+    with pytest.raises(ValueError, match="double free"):
+        pool.free(a)
+    with pytest.raises(ValueError, match="double free"):
+        pool.free([b, b])
+    assert pool.available_size() == 3  # the failed call freed nothing
+    with pytest.raises(ValueError, match="out of range"):
+        pool.free(4)
+    with pytest.raises(ValueError):
+        ReqToTokenPool(0, 16, "cpu")
+
+
+def test_req_to_token_pool_write():
+    pool = ReqToTokenPool(2, 16, "cpu")
+    vals = torch.randint(1, 1000, (5,), dtype=torch.int64)
+    pool.write(1, 3, vals)
+    assert torch.equal(pool.req_to_token[1, 3:8], vals.to(torch.int32))
+    with pytest.raises(ValueError, match="max_context_len"):
+        pool.write(1, 14, vals)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_kv_pool_set_get(dtype, page_size):
+    torch.manual_seed(0)
+    H, D, L, size = 3, 8, 2, 24
+    pool = MHATokenToKVPool(size, page_size, dtype, H, D, L, "cpu")
+    assert pool.get_key_buffer(0).shape == (size + page_size, H, D)
+    ref_k = {l: {} for l in range(L)}
+    for layer in range(L):
+        loc = torch.randperm(size)[:7] + page_size
+        k = torch.randn(7, H, D, dtype=torch.float64)
+        v = torch.randn(7, H, D, dtype=torch.float64)
+        pool.set_kv_buffer(layer, loc, k, v)
+        kb, vb = pool.get_kv_buffer(layer)
+        assert kb.dtype == dtype
+        torch.testing.assert_close(kb[loc], k.to(dtype))
+        torch.testing.assert_close(vb[loc], v.to(dtype))
+        ref_k[layer] = (loc, k.to(dtype))
+    # layers are independent buffers
+    loc0, k0 = ref_k[0]
+    torch.testing.assert_close(pool.get_key_buffer(0)[loc0], k0)
+    with pytest.raises(ValueError):
+        pool.set_kv_buffer(0, torch.tensor([page_size]), torch.randn(1, H, D + 1), torch.randn(1, H, D + 1))
+    with pytest.raises(ValueError):
+        pool.get_key_buffer(L)
+
+
+@pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"), reason="torch build has no float8_e4m3fn")
+def test_kv_pool_fp8_storage():
+    pool = MHATokenToKVPool(8, 1, torch.float8_e4m3fn, 2, 4, 1, "cpu")
+    k = torch.randn(3, 2, 4)
+    v = torch.randn(3, 2, 4)
+    loc = torch.tensor([1, 5, 7])
+    pool.set_kv_buffer(0, loc, k, v)
+    kb = pool.get_key_buffer(0)
+    assert kb.dtype == torch.float8_e4m3fn
+    torch.testing.assert_close(kb[loc].float(), k.to(torch.float8_e4m3fn).float())
+
+
+def test_sizes():
+    H, D, L = 4, 16, 3
+    for dtype in (torch.float16, torch.float32):
+        pool = MHATokenToKVPool(10, 2, dtype, H, D, L, "cpu")
+        bpt = MHATokenToKVPool.bytes_per_token(H, D, L, dtype)
+        elem = torch.tensor([], dtype=dtype).element_size()
+        assert bpt == 2 * H * D * L * elem
+        assert pool.kv_size_bytes() == bpt * (10 + 2)
+    with pytest.raises(ValueError):
+        MHATokenToKVPool(10, 0, torch.float16, H, D, L, "cpu")
