@@ -24,6 +24,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from conftest import shared_path  # noqa: E402
 from server_utils import ENV, ServerProcess  # noqa: E402
 
+# SGLANG_TEST_DEVICE=cuda runs the same tests on a GPU (fp32, so greedy equals HF's fp32 reference).
+DEVICE = os.environ.get("SGLANG_TEST_DEVICE", "cpu")
+DEVICE_ARGS = ["--device", DEVICE] + (["--dtype", "float32"] if DEVICE == "cuda" else [])
 PROMPTS = ["Once upon a time", "The little dog", "Lily and Tom went to the park. They", "One day, a bird"]
 N_NEW = 40
 
@@ -65,7 +68,7 @@ def kv_back_to_zero(server: ServerProcess, timeout: float = 20.0) -> dict:
 @pytest.fixture(scope="module", params=["stories260K", "stories260K-moe"])
 def server(request):
     path = shared_path("models", request.param)
-    with ServerProcess(["--model-path", path, "--device", "cpu", "--chunked-prefill-size", "64"]) as s:
+    with ServerProcess(["--model-path", path, *DEVICE_ARGS, "--chunked-prefill-size", "64"]) as s:
         s.model_path = path
         yield s
         kv_back_to_zero(s)
@@ -215,7 +218,7 @@ def test_abort_on_disconnect_frees_kv(server):
 
 
 def _run_launch(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sglang.launch_server", "--device", "cpu", *args],
+    return subprocess.run([sys.executable, "-m", "sglang.launch_server", *DEVICE_ARGS, *args],
                           capture_output=True, text=True, timeout=timeout, env=ENV)
 
 
@@ -240,7 +243,7 @@ def test_startup_errors_are_clear(tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_shutdown_leaves_no_orphans(sig):
-    s = ServerProcess(["--model-path", shared_path("models", "stories260K"), "--device", "cpu"])
+    s = ServerProcess(["--model-path", shared_path("models", "stories260K"), *DEVICE_ARGS])
     generate(s, {"text": "hi", "sampling_params": {"max_new_tokens": 2}})
     assert s.stop(sig) == []
     assert s.proc.returncode is not None

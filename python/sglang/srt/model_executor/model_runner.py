@@ -30,6 +30,7 @@ CPU_DEFAULT_MAX_TOTAL_TOKENS = 65536
 CPU_DEFAULT_MAX_RUNNING = 256
 GPU_DEFAULT_MEM_FRACTION = 0.85
 GPU_DEFAULT_MAX_RUNNING = 1024
+GPU_MAX_DEFAULT_TOKENS = 1 << 22  # tiny models on big GPUs: a memory-derived pool is capped here
 REQ_TO_TOKEN_MAX_BYTES = 1 << 30
 
 
@@ -105,7 +106,7 @@ class ModelRunner:
             free, total = torch.cuda.mem_get_info(self.device)
             frac = args.mem_fraction_static or GPU_DEFAULT_MEM_FRACTION
             budget = free - total * (1.0 - frac)
-            tokens = int(budget // per_token) if budget > 0 else 0
+            tokens = min(int(budget // per_token) if budget > 0 else 0, GPU_MAX_DEFAULT_TOKENS)
         else:
             tokens = CPU_DEFAULT_MAX_TOTAL_TOKENS
         return tokens - tokens % self.page_size

@@ -1,0 +1,184 @@
+"""``POST /v1/chat/completions``: chat template -> prompt ids -> generation -> OpenAI chat responses.
+
+``max_completion_tokens`` (or the older ``max_tokens``) becomes
+``max_new_tokens``; when neither is given the reply may fill the rest of the
+context. ``response_format`` ``json_schema`` / ``json_object`` become SGLang's
+``json_schema`` constraint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from typing import Any, AsyncIterator
+
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from sglang.srt.entrypoints.openai.protocol import (
+    ChatCompletionChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionStreamChoice,
+    ChatCompletionStreamResponse,
+    ChatMessageOut,
+    ChoiceLogprobs,
+    DeltaMessage,
+    TokenLogprob,
+    TopLogprob,
+)
+from sglang.srt.entrypoints.openai.serving_completions import (
+    SSE_DONE,
+    build_sampling_params,
+    check_model,
+    finish_reason_of,
+    prefetch,
+    sse,
+    sse_error_tail,
+    usage_of,
+)
+from sglang.srt.managers.generate_req import GenerateReqInput
+from sglang.srt.managers.tokenizer_manager import RequestError
+
+logger = logging.getLogger(__name__)
+
+
+def messages_to_dicts(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """OpenAI messages as template-ready dicts, text parts joined into one ``content`` string.
+
+    Raises:
+        ValueError: no messages, or a non-text content part (names ``messages[i].content``).
+    """
+    if not req.messages:
+        raise ValueError("messages must not be empty")
+    out = []
+    for i, m in enumerate(req.messages):
+        d = m.model_dump(exclude_none=True)
+        if isinstance(m.content, list):
+            texts = []
+            for part in m.content:
+                if part.type != "text" or part.text is None:
+                    raise ValueError(f"messages[{i}].content: only text parts are supported, got type {part.type!r}")
+                texts.append(part.text)
+            d["content"] = "".join(texts)
+        elif m.content is None:
+            d["content"] = ""
+        out.append(d)
+    return out
+
+
+def chat_logprobs(meta: dict[str, Any], start: int) -> ChoiceLogprobs:
+    """OpenAI chat logprobs from SGLang ``meta_info`` output entries ``[start:]``."""
+    entries = list(meta.get("output_token_logprobs", []))[start:]
+    tops = list(meta.get("output_top_logprobs", []))[start:] or [None] * len(entries)
+    content = []
+    for (logprob, _tid, text), top in zip(entries, tops):
+        text = text or ""
+        tl = [TopLogprob(token=t or "", logprob=v, bytes=list((t or "").encode("utf-8"))) for v, _i, t in top or []]
+        content.append(TokenLogprob(token=text, logprob=logprob, bytes=list(text.encode("utf-8")), top_logprobs=tl))
+    return ChoiceLogprobs(content=content)
+
+
+class OpenAIServingChat:
+    """Serves ``/v1/chat/completions`` on a :class:`~sglang.srt.managers.tokenizer_manager.TokenizerManager`."""
+
+    def __init__(self, tokenizer_manager, server_args) -> None:
+        self.tm = tokenizer_manager
+        self.server_args = server_args
+
+    def _to_generate(self, req: ChatCompletionRequest) -> GenerateReqInput:
+        if req.n < 1:
+            raise ValueError(f"n must be >= 1, got {req.n}")
+        for name in ("max_tokens", "max_completion_tokens"):
+            v = getattr(req, name)
+            if v is not None and v < 0:
+                raise ValueError(f"{name} must be >= 0, got {v}")
+        prompt_ids = self.tm.apply_chat_template(messages_to_dicts(req), tools=req.tools)
+        max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        if max_new is None:
+            max_new = max(self.tm.context_len - len(prompt_ids), 0)
+        params = build_sampling_params(req, max_new)
+        rf = req.response_format
+        if rf is not None and rf.type == "json_schema":
+            if rf.json_schema is None or rf.json_schema.schema_ is None:
+                raise ValueError("response_format.json_schema.schema is required for type json_schema")
+            params["json_schema"] = json.dumps(rf.json_schema.schema_)
+        elif rf is not None and rf.type == "json_object":
+            params["json_schema"] = '{"type": "object"}'
+        return GenerateReqInput(
+            input_ids=prompt_ids,
+            sampling_params=params,
+            rid=req.rid,
+            return_logprob=req.logprobs,
+            top_logprobs_num=(req.top_logprobs or 0) if req.logprobs else 0,
+            return_text_in_logprobs=True,
+            stream=req.stream,
+        )
+
+    async def handle(self, req: ChatCompletionRequest, raw_request=None):
+        """Answer one request: a JSONResponse, or a StreamingResponse of SSE chunks ending in
+        ``data: [DONE]``.
+
+        Raises:
+            ValueError / RequestError: bad input or a failed request (before streaming starts).
+        """
+        bad_model = check_model(req.model, self.server_args)
+        if bad_model is not None:
+            return bad_model
+        obj = self._to_generate(req)
+        agen = self.tm.generate_request(obj, raw_request)
+        first = await prefetch(agen)
+        if req.stream:
+            return StreamingResponse(self._stream(req, first, agen), media_type="text/event-stream")
+        await agen.aclose()
+        outs = first if isinstance(first, list) else [first]
+        choices = []
+        for i, out in enumerate(outs):
+            reason, matched = finish_reason_of(out)
+            lp = chat_logprobs(out["meta_info"], 0) if req.logprobs else None
+            choices.append(ChatCompletionChoice(index=i, message=ChatMessageOut(content=out["text"]), logprobs=lp,
+                                                finish_reason=reason, matched_stop=matched))
+        resp = ChatCompletionResponse(model=req.model or self.server_args.model_name, choices=choices,
+                                      usage=usage_of(outs, req.n))
+        return JSONResponse(resp.model_dump())
+
+    async def _stream(self, req: ChatCompletionRequest, first, agen) -> AsyncIterator[str]:
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        model = req.model or self.server_args.model_name
+        sent_text: dict[int, int] = {}
+        sent_lp: dict[int, int] = {}
+        finals: dict[int, dict] = {}
+
+        def chunk(idx: int, delta: DeltaMessage, **kw) -> str:
+            choice = ChatCompletionStreamChoice(index=idx, delta=delta, **kw)
+            return sse(ChatCompletionStreamResponse(id=rid, model=model, choices=[choice]))
+
+        try:
+            out = first
+            while out is not None:
+                idx = out.get("index", 0)
+                if idx not in sent_text:
+                    sent_text[idx] = 0
+                    yield chunk(idx, DeltaMessage(role="assistant", content=""))
+                delta = out["text"][sent_text[idx]:]
+                sent_text[idx] = len(out["text"])
+                lp = None
+                if req.logprobs:
+                    lp = chat_logprobs(out["meta_info"], sent_lp.get(idx, 0))
+                    sent_lp[idx] = len(out["meta_info"]["output_token_logprobs"])
+                if delta or (lp is not None and lp.content):
+                    yield chunk(idx, DeltaMessage(content=delta), logprobs=lp)
+                reason, matched = finish_reason_of(out)
+                if reason is not None:
+                    finals[idx] = out
+                    yield chunk(idx, DeltaMessage(), finish_reason=reason, matched_stop=matched)
+                out = await prefetch(agen)
+            if req.stream_options is not None and req.stream_options.include_usage:
+                ordered = [finals[i] for i in sorted(finals)]
+                yield sse(ChatCompletionStreamResponse(id=rid, model=model, choices=[],
+                                                       usage=usage_of(ordered, req.n)))
+        except (ValueError, RequestError) as e:
+            yield sse_error_tail(e)
+        finally:
+            await agen.aclose()
+        yield SSE_DONE

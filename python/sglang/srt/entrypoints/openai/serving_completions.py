@@ -1,0 +1,255 @@
+"""``POST /v1/completions``, plus helpers shared with the chat endpoint.
+
+OpenAI fields map onto SGLang sampling params (``max_tokens`` ->
+``max_new_tokens``, ``min_tokens`` -> ``min_new_tokens``, the rest by name);
+the TokenizerManager validates them and its ValueErrors become 400s.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from typing import Any, AsyncIterator, Optional, Union
+
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from sglang.srt.entrypoints.openai.protocol import (
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    CompletionStreamResponse,
+    PromptTokensDetails,
+    UsageInfo,
+    error_body,
+)
+from sglang.srt.managers.generate_req import GenerateReqInput
+from sglang.srt.managers.tokenizer_manager import RequestError
+
+logger = logging.getLogger(__name__)
+
+_ACCEPTED_ALIASES = ("default",)
+"""``model`` values accepted besides the served model name (SGLang examples send ``"default"``)."""
+
+
+# ------------------------------------------------------------------ helpers
+def check_model(model: Optional[str], server_args) -> Optional[JSONResponse]:
+    """None when ``model`` names the served model (or is None), else a 404 ``model_not_found`` response."""
+    if model is None or model in (server_args.model_name, server_args.model_path) or model in _ACCEPTED_ALIASES:
+        return None
+    msg = f"The model `{model}` does not exist; this server serves `{server_args.model_name}`"
+    return JSONResponse(error_body(msg, 404, param="model", code="model_not_found"), status_code=404)
+
+
+def build_sampling_params(req, max_new_tokens: Optional[int]) -> dict[str, Any]:
+    """Map an OpenAI request (completion or chat) to an SGLang ``sampling_params`` dict.
+
+    Raises:
+        ValueError: an unsupported field (``logit_bias``) is set.
+    """
+    if getattr(req, "logit_bias", None):
+        raise ValueError("logit_bias is not supported by this server; remove it")
+    d = {
+        "max_new_tokens": max_new_tokens,
+        "stop": req.stop,
+        "stop_token_ids": req.stop_token_ids,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "top_k": req.top_k,
+        "min_p": req.min_p,
+        "presence_penalty": req.presence_penalty,
+        "frequency_penalty": req.frequency_penalty,
+        "repetition_penalty": req.repetition_penalty,
+        "min_new_tokens": req.min_tokens,
+        "ignore_eos": req.ignore_eos,
+        "skip_special_tokens": req.skip_special_tokens,
+        "spaces_between_special_tokens": req.spaces_between_special_tokens,
+        "no_stop_trim": req.no_stop_trim,
+        "n": req.n,
+        "seed": req.seed,
+        "regex": req.regex,
+        "json_schema": req.json_schema,
+        "ebnf": req.ebnf,
+    }
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def finish_reason_of(out: dict[str, Any]) -> tuple[Optional[str], Union[None, int, str]]:
+    """(OpenAI finish_reason, matched stop) of an SGLang output dict."""
+    fr = out["meta_info"].get("finish_reason")
+    if not fr:
+        return None, None
+    return fr.get("type"), fr.get("matched")
+
+
+def usage_of(outputs: list[dict[str, Any]], n: int) -> UsageInfo:
+    """Usage over outputs ordered prompt-major with ``n`` samples per prompt (prompt counted once)."""
+    prompt = sum(o["meta_info"]["prompt_tokens"] for o in outputs[::n])
+    cached = sum(o["meta_info"]["cached_tokens"] for o in outputs[::n])
+    completion = sum(o["meta_info"]["completion_tokens"] for o in outputs)
+    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+
+
+def sse(obj: Any) -> str:
+    """One server-sent event line: ``data: <json>\\n\\n``."""
+    if hasattr(obj, "model_dump"):
+        obj = obj.model_dump()
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+async def prefetch(agen: AsyncIterator[Any]) -> Optional[Any]:
+    """First item of ``agen`` (None if empty), so errors surface before a stream starts."""
+    try:
+        return await agen.__anext__()
+    except StopAsyncIteration:
+        return None
+
+
+def sse_error_tail(e: Exception) -> str:
+    """An SSE error event (OpenAI's error shape) for a failure after the stream started."""
+    status = e.status_code if isinstance(e, RequestError) else 400
+    return sse(error_body(str(e), status))
+
+
+# --------------------------------------------------------------- endpoint
+class OpenAIServingCompletion:
+    """Serves ``/v1/completions`` on a :class:`~sglang.srt.managers.tokenizer_manager.TokenizerManager`."""
+
+    def __init__(self, tokenizer_manager, server_args) -> None:
+        self.tm = tokenizer_manager
+        self.server_args = server_args
+
+    def _to_generate(self, req: CompletionRequest) -> tuple[GenerateReqInput, list[str]]:
+        p = req.prompt
+        if p == "" or p == []:
+            raise ValueError("prompt must not be empty")
+        if isinstance(p, list) and any(x == "" or x == [] for x in p):
+            raise ValueError("prompt must not contain an empty prompt")
+        if req.suffix:
+            raise ValueError("suffix is not supported by this server; remove it")
+        if req.best_of is not None and req.best_of != req.n:
+            raise ValueError("best_of is not supported by this server (only best_of == n)")
+        if req.logprobs is not None and req.logprobs < 0:
+            raise ValueError(f"logprobs must be >= 0, got {req.logprobs}")
+        if req.n < 1:
+            raise ValueError(f"n must be >= 1, got {req.n}")
+        if req.max_tokens is not None and req.max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {req.max_tokens}")
+        is_text = isinstance(p, str) or (isinstance(p, list) and p and isinstance(p[0], str))
+        if isinstance(p, str):
+            echo_texts = [p]
+        elif is_text:
+            echo_texts = list(p)
+        elif p and isinstance(p[0], list):
+            echo_texts = [self.tm.decode(x) for x in p] if req.echo else [""] * len(p)
+        else:
+            echo_texts = [self.tm.decode(p)] if req.echo else [""]
+        want_lp = req.logprobs is not None
+        obj = GenerateReqInput(
+            text=p if is_text else None,
+            input_ids=None if is_text else p,
+            sampling_params=build_sampling_params(req, req.max_tokens),
+            rid=req.rid,
+            return_logprob=want_lp,
+            logprob_start_len=0 if (want_lp and req.echo) else -1,
+            top_logprobs_num=req.logprobs or 0,
+            return_text_in_logprobs=True,
+            stream=req.stream,
+        )
+        return obj, echo_texts
+
+    async def handle(self, req: CompletionRequest, raw_request=None):
+        """Answer one request: a JSONResponse, or a StreamingResponse of SSE chunks ending in
+        ``data: [DONE]``.
+
+        Raises:
+            ValueError / RequestError: bad input or a failed request (before streaming starts).
+        """
+        bad_model = check_model(req.model, self.server_args)
+        if bad_model is not None:
+            return bad_model
+        obj, echo_texts = self._to_generate(req)
+        agen = self.tm.generate_request(obj, raw_request)
+        first = await prefetch(agen)
+        if req.stream:
+            return StreamingResponse(self._stream(req, first, agen, echo_texts), media_type="text/event-stream")
+        await agen.aclose()
+        outs = first if isinstance(first, list) else [first]
+        choices = []
+        for i, out in enumerate(outs):
+            echo = echo_texts[i // req.n] if req.echo else ""
+            reason, matched = finish_reason_of(out)
+            lp = None
+            if req.logprobs is not None:
+                lp = _completion_logprobs(out["meta_info"], 0, 0, req.echo)
+            choices.append(CompletionChoice(index=i, text=echo + out["text"], logprobs=lp,
+                                            finish_reason=reason, matched_stop=matched))
+        resp = CompletionResponse(model=req.model or self.server_args.model_name, choices=choices,
+                                  usage=usage_of(outs, req.n))
+        return JSONResponse(resp.model_dump())
+
+    async def _stream(self, req: CompletionRequest, first, agen, echo_texts) -> AsyncIterator[str]:
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        model = req.model or self.server_args.model_name
+        sent_text: dict[int, int] = {}
+        sent_lp: dict[int, int] = {}
+        text_offset: dict[int, int] = {}
+        finals: dict[int, dict] = {}
+        try:
+            out = first
+            while out is not None:
+                idx = out.get("index", 0)
+                delta = out["text"][sent_text.get(idx, 0):]
+                if idx not in sent_text and req.echo:
+                    delta = echo_texts[idx // req.n] + delta
+                sent_text[idx] = len(out["text"])
+                lp = None
+                if req.logprobs is not None:
+                    start = sent_lp.get(idx, 0)
+                    lp = _completion_logprobs(out["meta_info"], start, text_offset.get(idx, 0),
+                                              req.echo and idx not in sent_lp)
+                    sent_lp[idx] = len(out["meta_info"]["output_token_logprobs"])
+                    if lp.text_offset:
+                        text_offset[idx] = lp.text_offset[-1] + len(lp.tokens[-1])
+                reason, matched = finish_reason_of(out)
+                if reason is not None:
+                    finals[idx] = out
+                if delta or reason is not None or lp is not None:
+                    choice = CompletionChoice(index=idx, text=delta, logprobs=lp, finish_reason=reason,
+                                              matched_stop=matched)
+                    yield sse(CompletionStreamResponse(id=rid, model=model, choices=[choice]))
+                out = await prefetch(agen)
+            if req.stream_options is not None and req.stream_options.include_usage:
+                ordered = [finals[i] for i in sorted(finals)]
+                yield sse(CompletionStreamResponse(id=rid, model=model, choices=[],
+                                                   usage=usage_of(ordered, req.n)))
+        except (ValueError, RequestError) as e:
+            yield sse_error_tail(e)
+        finally:
+            await agen.aclose()
+        yield SSE_DONE
+
+
+def _completion_logprobs(meta: dict[str, Any], start: int, offset: int, with_input: bool) -> CompletionLogprobs:
+    """OpenAI completion logprobs from SGLang meta_info, output entries from ``start`` on
+    (input entries first when ``with_input``); ``offset`` is the first token's text offset."""
+    entries = list(meta.get("output_token_logprobs", []))[start:]
+    tops = list(meta.get("output_top_logprobs", []))[start:] or [None] * len(entries)
+    if with_input:
+        in_entries = list(meta.get("input_token_logprobs", []))
+        in_tops = list(meta.get("input_top_logprobs", [])) or [None] * len(in_entries)
+        entries, tops = in_entries + entries, in_tops + tops
+    lp = CompletionLogprobs()
+    for (logprob, _tid, text), top in zip(entries, tops):
+        text = text or ""
+        lp.tokens.append(text)
+        lp.token_logprobs.append(logprob)
+        lp.top_logprobs.append(None if top is None else {t or "": v for v, _i, t in top})
+        lp.text_offset.append(offset)
+        offset += len(text)
+    return lp

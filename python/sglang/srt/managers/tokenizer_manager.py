@@ -1,0 +1,531 @@
+"""TokenizerManager: the HTTP process's bridge to the scheduler.
+
+It tokenizes and validates requests (everything that can be checked is
+checked before anything is sent), ships them to the scheduler as
+:class:`~sglang.srt.managers.io_struct.TokenizedGenerateReqInput`, and runs one
+background asyncio task that receives detokenized deltas
+(:class:`~sglang.srt.managers.io_struct.BatchStrOut`) and control replies and
+hands them to the waiting request coroutines. Outputs are SGLang's
+``/generate`` dicts: cumulative ``text``/``output_ids`` and a ``meta_info``.
+
+Sockets: a PULL socket bound on ``port_args.tokenizer_ipc`` (zmq.asyncio),
+a plain PUSH socket connected to ``port_args.scheduler_input_ipc`` (sends
+never block: high-water marks are off, so they are safe in ``finally``
+blocks of cancelled tasks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Optional
+
+import zmq
+import zmq.asyncio
+
+from sglang.srt.managers.generate_req import GenerateReqInput, SingleGenerateReq
+from sglang.srt.managers.io_struct import (
+    AbortReq,
+    BatchStrOut,
+    FlushCacheReqInput,
+    FlushCacheReqOutput,
+    GetInternalStateReq,
+    GetInternalStateReqOutput,
+    SchedulerStats,
+    TokenizedGenerateReqInput,
+    decode_msg,
+    encode_msg,
+)
+from sglang.srt.utils.common import get_tokenizer, get_zmq_socket
+
+logger = logging.getLogger(__name__)
+
+
+def _load_chat_template(value: Optional[str]) -> Optional[str]:
+    """``--chat-template``: a path to a Jinja file (read) or a Jinja template string (kept); None stays None."""
+    if not value:
+        return None
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    if "{%" not in value and "{{" not in value:
+        raise ValueError(f"--chat-template={value!r} is neither a file nor a Jinja template; "
+                         "pass a path to a .jinja file or the template text")
+    return value
+
+
+class RequestError(Exception):
+    """A request failed with an HTTP status (e.g. the scheduler aborted it with ``status_code``).
+
+    Attributes:
+        status_code: HTTP status to answer with (400 bad input, 499 client gone, 503 unavailable).
+        message: human-readable reason.
+    """
+
+    def __init__(self, status_code: int, message: str) -> None:
+        super().__init__(message)
+        self.status_code = int(status_code)
+        self.message = message
+
+
+@dataclass
+class _ReqState:
+    """Accumulated output of one in-flight request (owned by the event loop thread)."""
+
+    req: SingleGenerateReq
+    input_ids: list[int]
+    event: asyncio.Event  # shared by all requests of one generate_request call
+    created_time: float
+    text: str = ""
+    output_ids: list[int] = field(default_factory=list)
+    finished: bool = False
+    finish_reason: Optional[dict[str, Any]] = None
+    finished_time: float = 0.0
+    dirty: bool = False
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    first_token_time: float = 0.0
+    last_token_time: float = 0.0
+    input_token_logprobs: list = field(default_factory=list)
+    output_token_logprobs: list = field(default_factory=list)
+    input_top_logprobs: list = field(default_factory=list)
+    output_top_logprobs: list = field(default_factory=list)
+
+
+class TokenizerManager:
+    """Tokenize, validate and forward requests; collect their outputs.
+
+    Args:
+        server_args: :class:`~sglang.srt.server_args.ServerArgs`.
+        port_args: :class:`~sglang.srt.server_args.PortArgs` (IPC endpoints).
+        scheduler_info: dict with ``context_len``, ``max_total_tokens``, ``vocab_size``,
+            ``max_req_input_len`` (ints) reported by the scheduler at startup.
+        disconnect_poll_s: how often (s) a waiting request checks whether its client left.
+        control_timeout_s: how long (s) flush_cache/get_internal_state wait for the scheduler.
+
+    Raises:
+        ValueError: the tokenizer cannot be loaded, or ``scheduler_info`` lacks a key.
+    """
+
+    def __init__(self, server_args, port_args, scheduler_info: dict, *,
+                 disconnect_poll_s: float = 1.0, control_timeout_s: float = 30.0) -> None:
+        for key in ("context_len", "max_total_tokens", "vocab_size", "max_req_input_len"):
+            if key not in scheduler_info:
+                raise ValueError(f"scheduler_info lacks {key!r}; the scheduler must report it at startup")
+        self.server_args = server_args
+        self.port_args = port_args
+        self.scheduler_info = dict(scheduler_info)
+        self.context_len = int(scheduler_info["context_len"])
+        self.vocab_size = int(scheduler_info["vocab_size"])
+        self.max_req_input_len = int(scheduler_info["max_req_input_len"] or self.context_len)
+        self.model_name = server_args.model_name
+        self.disconnect_poll_s = disconnect_poll_s
+        self.control_timeout_s = control_timeout_s
+        self.tokenizer = None
+        if not server_args.skip_tokenizer_init:
+            self.tokenizer = get_tokenizer(server_args.resolved_tokenizer_path, server_args.trust_remote_code)
+        self.chat_template = _load_chat_template(getattr(server_args, "chat_template", None))
+        self.metrics = None
+        if server_args.enable_metrics:
+            from sglang.srt.metrics.collector import MetricsCollector
+
+            self.metrics = MetricsCollector(self.model_name)
+        self.last_scheduler_stats: Optional[SchedulerStats] = None
+
+        self._recv_ctx = zmq.asyncio.Context()
+        self._send_ctx = zmq.Context()
+        self._recv_sock = get_zmq_socket(self._recv_ctx, zmq.PULL, port_args.tokenizer_ipc, bind=True)
+        self._send_sock = get_zmq_socket(self._send_ctx, zmq.PUSH, port_args.scheduler_input_ipc, bind=False)
+        self._states: dict[str, _ReqState] = {}
+        self._control_futs: dict[str, asyncio.Future] = {}
+        self._control_locks: dict[str, asyncio.Lock] = {}
+        self._recv_task: Optional[asyncio.Task] = None
+        self._token_text_cache: dict[int, str] = {}
+        self._closed = False
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Start the receive loop on the running event loop (idempotent).
+
+        Raises:
+            RuntimeError: no event loop is running, or the manager was closed.
+        """
+        if self._closed:
+            raise RuntimeError("TokenizerManager is closed")
+        if self._recv_task is not None and not self._recv_task.done():
+            return
+        self._recv_task = asyncio.get_running_loop().create_task(self._recv_loop(), name="tokenizer-recv")
+
+    def close(self) -> None:
+        """Stop the receive loop, fail in-flight requests with 503, close the sockets (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._recv_task is not None and not self._recv_task.done():
+            self._recv_task.cancel()
+        for s in list(self._states.values()):
+            self._finish_locally(s, {"type": "abort", "message": "the server is shutting down",
+                                     "status_code": 503})
+        for fut in self._control_futs.values():
+            if not fut.done():
+                fut.set_exception(RequestError(503, "the server is shutting down"))
+        self._recv_sock.close(linger=0)
+        self._send_sock.close(linger=0)
+        self._recv_ctx.term()
+        self._send_ctx.term()
+
+    @property
+    def num_inflight(self) -> int:
+        """Requests sent to the scheduler and not yet finished or dropped."""
+        return len(self._states)
+
+    # -------------------------------------------------------------- request
+    async def generate_request(self, obj: GenerateReqInput, request=None) -> AsyncIterator[Any]:
+        """Run one ``/generate`` request.
+
+        Args:
+            obj: the request; validated and expanded with :meth:`GenerateReqInput.normalize`.
+            request: the ``fastapi.Request`` (or None); polled for client disconnects.
+
+        Yields:
+            Single request: output dicts ``{"text", "output_ids", "meta_info"}``: every update
+            when ``obj.stream`` (cumulative text, ids and logprobs), else the final one only.
+            Batch (a list of prompts or ``n`` > 1): with ``stream``, output dicts carrying an
+            ``"index"`` (position in the batch); without, one list of final dicts in batch order.
+
+        Raises:
+            ValueError: invalid input (naming the field); nothing was sent to the scheduler.
+            RequestError: the scheduler aborted the request with a status code, or the client
+                disconnected (499). Unfinished requests are aborted (AbortReq) whenever this
+                generator exits early (error, cancellation, close).
+        """
+        self.start()
+        singles = obj.normalize()
+        prepared = [self._prepare(s) for s in singles]
+        for p in prepared:
+            if p.rid in self._states:
+                raise ValueError(f"rid {p.rid!r} is already used by a running request; use a unique rid")
+        event = asyncio.Event()
+        states = [_ReqState(req=s, input_ids=p.input_ids, event=event, created_time=p.created_time,
+                            prompt_tokens=len(p.input_ids)) for s, p in zip(singles, prepared)]
+        for s, p in zip(states, prepared):
+            self._states[p.rid] = s
+            self._send(p)
+            if self.server_args.log_requests:
+                logger.info("request %s: %d prompt tokens, %s", p.rid, len(p.input_ids), p.sampling_params)
+        try:
+            if not obj.is_batch:
+                async for _, out in self._consume(states, request, obj.stream):
+                    yield out
+            elif obj.stream:
+                async for i, out in self._consume(states, request, True):
+                    out["index"] = i
+                    yield out
+            else:
+                finals: list[Any] = [None] * len(states)
+                async for i, out in self._consume(states, request, False):
+                    finals[i] = out
+                yield finals
+        finally:
+            for s in states:
+                if not s.finished:
+                    self._send(AbortReq(rid=s.req.rid))
+                    s.finished = True
+                self._states.pop(s.req.rid, None)
+
+    def _prepare(self, req: SingleGenerateReq) -> TokenizedGenerateReqInput:
+        """Tokenize and validate one request (ValueError naming the field on bad input)."""
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        if req.input_ids is not None:
+            ids = req.input_ids
+            for t in ids:
+                if not 0 <= t < self.vocab_size:
+                    raise ValueError(f"input_ids must lie in [0, {self.vocab_size}) (the vocabulary size), got {t}")
+        else:
+            if self.tokenizer is None:
+                raise ValueError("text needs a tokenizer but the server runs with --skip-tokenizer-init; "
+                                 "send input_ids instead")
+            ids = self.tokenizer.encode(req.text)
+            if not ids:
+                raise ValueError("text tokenizes to zero tokens; send a non-empty prompt")
+        n = len(ids)
+        if n >= self.context_len:
+            raise ValueError(f"The input ({n} tokens) is longer than the model's context length "
+                             f"({self.context_len} tokens).")
+        if n > self.max_req_input_len:
+            raise ValueError(f"The input ({n} tokens) is longer than the longest prompt this server "
+                             f"accepts ({self.max_req_input_len} tokens); shorten the prompt.")
+        params = SamplingParams.from_dict(req.sampling_params)
+        params.verify(self.vocab_size)
+        params.normalize(self.tokenizer)
+        if params.max_new_tokens is not None and n + params.max_new_tokens > self.context_len:
+            raise ValueError(
+                f"Requested token count exceeds the model's maximum context length of {self.context_len} "
+                f"tokens: {n} tokens from the input plus max_new_tokens={params.max_new_tokens}. "
+                "Reduce max_new_tokens or the prompt.")
+        if req.return_logprob and req.logprob_start_len >= n:
+            raise ValueError(f"logprob_start_len ({req.logprob_start_len}) must be smaller than the "
+                             f"prompt length ({n} tokens), or -1 for no input logprobs")
+        if req.top_logprobs_num > self.vocab_size:
+            raise ValueError(f"top_logprobs_num must be <= the vocabulary size {self.vocab_size}, "
+                             f"got {req.top_logprobs_num}")
+        return TokenizedGenerateReqInput(
+            rid=req.rid, input_ids=list(ids), sampling_params=params.to_dict(), input_text=req.text,
+            return_logprob=req.return_logprob,
+            logprob_start_len=req.logprob_start_len if req.return_logprob else -1,
+            top_logprobs_num=req.top_logprobs_num if req.return_logprob else 0,
+            stream=req.stream, created_time=time.time())
+
+    async def _consume(self, states: list[_ReqState], request, stream: bool):
+        """Yield ``(index, output)`` as the states change: every update if ``stream``, else finals."""
+        pending = list(range(len(states)))
+        event = states[0].event
+        poll = [asyncio.get_running_loop().time()]
+        while pending:
+            await self._wait(event, states, request, poll)
+            event.clear()
+            for i in list(pending):
+                s = states[i]
+                if not s.dirty:
+                    continue
+                s.dirty = False
+                if s.finished:
+                    pending.remove(i)
+                    fr = s.finish_reason or {}
+                    if fr.get("type") == "abort" and fr.get("status_code"):
+                        raise RequestError(fr["status_code"], fr.get("message") or "request aborted")
+                    yield i, self._build_output(s)
+                elif stream:
+                    yield i, self._build_output(s)
+
+    async def _wait(self, event: asyncio.Event, states: list[_ReqState], request, poll: list[float]) -> None:
+        """Wait for ``event``; abort everything and raise RequestError(499) if the client left.
+
+        ``request.is_disconnected()`` is polled at most every ``disconnect_poll_s`` (``poll[0]`` holds
+        the loop time of the last poll), even while outputs keep arriving.
+        """
+        loop = asyncio.get_running_loop()
+        while True:
+            timeout = max(self.disconnect_poll_s - (loop.time() - poll[0]), 0.0)
+            try:
+                await asyncio.wait_for(event.wait(), timeout=timeout)
+                woke = True
+            except asyncio.TimeoutError:
+                woke = False
+            if request is not None and loop.time() - poll[0] >= self.disconnect_poll_s:
+                poll[0] = loop.time()
+                if await request.is_disconnected():
+                    for s in states:
+                        if not s.finished:
+                            logger.info("client disconnected; aborting request %s", s.req.rid)
+                            self._send(AbortReq(rid=s.req.rid))
+                            s.finished = True
+                    raise RequestError(499, "the client disconnected")
+            if woke:
+                return
+
+    def _build_output(self, s: _ReqState) -> dict[str, Any]:
+        end = s.finished_time if s.finished_time else time.time()
+        meta: dict[str, Any] = {
+            "id": s.req.rid,
+            "finish_reason": s.finish_reason,
+            "prompt_tokens": s.prompt_tokens,
+            "completion_tokens": s.completion_tokens,
+            "cached_tokens": s.cached_tokens,
+            "e2e_latency": end - s.created_time,
+        }
+        if s.req.return_logprob:
+            meta["input_token_logprobs"] = list(s.input_token_logprobs)
+            meta["output_token_logprobs"] = list(s.output_token_logprobs)
+            if s.req.top_logprobs_num > 0:
+                meta["input_top_logprobs"] = list(s.input_top_logprobs)
+                meta["output_top_logprobs"] = list(s.output_top_logprobs)
+        return {"text": s.text, "output_ids": list(s.output_ids), "meta_info": meta}
+
+    # ---------------------------------------------------------------- abort
+    async def abort_request(self, rid: str = "", abort_all: bool = False) -> int:
+        """Abort request ``rid`` (also every ``n``-sample of a request the client named ``rid``),
+        or all of them; the scheduler frees their KV at once. The waiting client gets its output
+        so far with ``finish_reason`` ``{"type": "abort", ...}``.
+
+        Returns:
+            How many in-flight requests matched.
+        """
+        if abort_all:
+            self._send(AbortReq(abort_all=True))
+            matched = list(self._states.values())
+        else:
+            matched = [s for s in self._states.values() if rid in (s.req.rid, s.req.parent_rid)]
+            for s in matched:
+                self._send(AbortReq(rid=s.req.rid))
+            if not matched:
+                self._send(AbortReq(rid=rid))
+        for s in matched:
+            self._finish_locally(s, {"type": "abort", "message": "aborted by /abort_request"})
+        return len(matched)
+
+    def _finish_locally(self, s: _ReqState, reason: dict[str, Any]) -> None:
+        if s.finished:
+            return
+        s.finished = True
+        s.finish_reason = reason
+        s.finished_time = time.time()
+        s.dirty = True
+        s.event.set()
+
+    # -------------------------------------------------------------- control
+    async def flush_cache(self) -> FlushCacheReqOutput:
+        """Ask the scheduler to drop its prefix cache (it refuses while requests run).
+
+        Raises:
+            RequestError(503): no answer within ``control_timeout_s``.
+        """
+        return await self._control("flush", FlushCacheReqInput())
+
+    async def get_internal_state(self) -> dict[str, Any]:
+        """The scheduler's state dict (KV usage, queue lengths, limits).
+
+        Raises:
+            RequestError(503): no answer within ``control_timeout_s``.
+        """
+        out = await self._control("state", GetInternalStateReq())
+        return dict(out.state)
+
+    async def _control(self, key: str, msg) -> Any:
+        self.start()
+        lock = self._control_locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            fut = asyncio.get_running_loop().create_future()
+            self._control_futs[key] = fut
+            self._send(msg)
+            try:
+                return await asyncio.wait_for(fut, timeout=self.control_timeout_s)
+            except asyncio.TimeoutError:
+                raise RequestError(503, f"the scheduler did not answer {type(msg).__name__} "
+                                        f"within {self.control_timeout_s} s") from None
+            finally:
+                self._control_futs.pop(key, None)
+
+    # ---------------------------------------------------------- chat prompt
+    def apply_chat_template(self, messages: list[dict[str, Any]], tools: Optional[list] = None,
+                            add_generation_prompt: bool = True) -> list[int]:
+        """Render chat ``messages`` (OpenAI dicts, ``content`` a string) to prompt token ids.
+
+        Uses ``--chat-template`` if given, else the tokenizer's chat template (its output already
+        holds any BOS, so it is encoded without adding special tokens). Without either (e.g. a base
+        model) it uses a plain fallback ``"role: content\\n"`` per message plus ``"assistant:"``,
+        encoded with the tokenizer's default special tokens.
+
+        Raises:
+            ValueError: no tokenizer (``--skip-tokenizer-init``) or the template fails on ``messages``.
+        """
+        if self.tokenizer is None:
+            raise ValueError("chat needs a tokenizer but the server runs with --skip-tokenizer-init")
+        template = self.chat_template or getattr(self.tokenizer, "chat_template", None)
+        if template:
+            try:
+                text = self.tokenizer.apply_chat_template(
+                    messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt,
+                    chat_template=template)
+            except Exception as e:  # jinja raises many types
+                raise ValueError(f"messages cannot be rendered by the chat template: {e}") from e
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
+        text = "".join(f"{m['role']}: {m.get('content') or ''}\n" for m in messages)
+        if add_generation_prompt:
+            text += "assistant:"
+        return list(self.tokenizer.encode(text))
+
+    def token_text(self, token_id: int) -> Optional[str]:
+        """Text of one token (decoded alone, cached), or None without a tokenizer."""
+        if self.tokenizer is None:
+            return None
+        t = self._token_text_cache.get(token_id)
+        if t is None:
+            t = self.tokenizer.decode([token_id])
+            self._token_text_cache[token_id] = t
+        return t
+
+    def decode(self, ids: list[int]) -> str:
+        """Decode token ids to text ('' without a tokenizer)."""
+        return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
+
+    # -------------------------------------------------------------- receive
+    def _send(self, msg) -> None:
+        if self._closed:
+            return
+        self._send_sock.send(encode_msg(msg))
+
+    async def _recv_loop(self) -> None:
+        while True:
+            data = await self._recv_sock.recv()
+            try:
+                msg = decode_msg(data)
+                self._dispatch(msg)
+            except Exception:  # a bad message must not kill the loop
+                logger.exception("failed to handle a message from the scheduler/detokenizer")
+
+    def _dispatch(self, msg) -> None:
+        if isinstance(msg, BatchStrOut):
+            self._handle_batch_str_out(msg)
+        elif isinstance(msg, SchedulerStats):
+            self.last_scheduler_stats = msg
+            if self.metrics is not None:
+                self.metrics.update_scheduler_stats(msg)
+        elif isinstance(msg, (FlushCacheReqOutput, GetInternalStateReqOutput)):
+            key = "flush" if isinstance(msg, FlushCacheReqOutput) else "state"
+            fut = self._control_futs.get(key)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+        else:
+            logger.warning("unexpected message %s", type(msg).__name__)
+
+    def _fmt_logprobs(self, entries, with_text: bool) -> list:
+        return [[lp, tid, self.token_text(tid) if with_text else None] for lp, tid in entries]
+
+    def _handle_batch_str_out(self, msg: BatchStrOut) -> None:
+        now = time.time()
+        for i, rid in enumerate(msg.rids):
+            s = self._states.get(rid)
+            if s is None or s.finished:
+                continue
+            new_ids = msg.output_ids[i]
+            s.text += msg.output_strs[i]
+            s.output_ids.extend(new_ids)
+            s.prompt_tokens = msg.prompt_tokens[i]
+            s.completion_tokens = msg.completion_tokens[i]
+            s.cached_tokens = msg.cached_tokens[i]
+            if s.req.return_logprob:
+                wt = s.req.return_text_in_logprobs
+                if msg.output_token_logprobs is not None and msg.output_token_logprobs[i] is not None:
+                    s.output_token_logprobs.extend(self._fmt_logprobs(msg.output_token_logprobs[i], wt))
+                if msg.output_top_logprobs is not None and msg.output_top_logprobs[i] is not None:
+                    s.output_top_logprobs.extend(
+                        None if e is None else self._fmt_logprobs(e, wt) for e in msg.output_top_logprobs[i])
+                if msg.input_token_logprobs is not None and msg.input_token_logprobs[i] is not None:
+                    s.input_token_logprobs.extend(self._fmt_logprobs(msg.input_token_logprobs[i], wt))
+                if msg.input_top_logprobs is not None and msg.input_top_logprobs[i] is not None:
+                    s.input_top_logprobs.extend(
+                        None if e is None else self._fmt_logprobs(e, wt) for e in msg.input_top_logprobs[i])
+            if new_ids and self.metrics is not None:
+                if not s.first_token_time:
+                    self.metrics.observe_time_to_first_token(now - s.created_time)
+                else:
+                    self.metrics.observe_inter_token_latency(now - s.last_token_time, len(new_ids))
+            if new_ids:
+                s.first_token_time = s.first_token_time or now
+                s.last_token_time = now
+            reason = msg.finished_reasons[i]
+            if reason is not None:
+                s.finished = True
+                s.finish_reason = dict(reason)
+                s.finished_time = now
+                if self.metrics is not None:
+                    self.metrics.observe_request_finished(now - s.created_time, s.prompt_tokens,
+                                                          s.completion_tokens)
+            s.dirty = True
+            s.event.set()

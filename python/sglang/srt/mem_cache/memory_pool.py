@@ -1,0 +1,206 @@
+"""KV memory pools: the request -> token map and the per-layer K/V buffers.
+
+Two-level mapping used by SGLang (and vLLM's PagedAttention, Kwon et al. 2023, section 4):
+
+* ``ReqToTokenPool``: one row per running request; entry ``[r, p]`` is the KV slot that
+  holds position ``p`` of request ``r``.
+* ``MHATokenToKVPool``: per layer, a K and a V buffer indexed by KV slot.
+
+Slot bookkeeping (which slots are free) lives in ``allocator.TokenToKVPoolAllocator``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import List, Optional, Tuple, Union
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_FP8_DTYPES = tuple(
+    getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+    if hasattr(torch, name)
+)
+
+
+class ReqToTokenPool:
+    """Maps (request slot, token position) -> KV slot.
+
+    Args:
+        size: number of request slots (max concurrently running requests), > 0.
+        max_context_len: longest sequence (tokens) a request may hold, > 0.
+        device: device of ``req_to_token``.
+
+    Attributes:
+        req_to_token: int32 tensor ``[size, max_context_len]`` on ``device``; row ``r`` is
+            only meaningful for the positions the owner of slot ``r`` has filled.
+
+    Raises:
+        ValueError: ``size`` or ``max_context_len`` is not positive.
+    """
+
+    def __init__(self, size: int, max_context_len: int, device: Union[str, torch.device]):
+        if size <= 0:
+            raise ValueError(f"ReqToTokenPool size={size} must be > 0; pass --max-running-requests >= 1")
+        if max_context_len <= 0:
+            raise ValueError(f"ReqToTokenPool max_context_len={max_context_len} must be > 0; pass --context-length >= 1")
+        self.size = size
+        self.max_context_len = max_context_len
+        self.device = torch.device(device)
+        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int32, device=self.device)
+        self._free_slots: List[int] = []
+        self._is_free: List[bool] = []
+        self.clear()
+
+    def available_size(self) -> int:
+        """Number of free request slots."""
+        return len(self._free_slots)
+
+    def alloc(self, n: int = 1) -> Optional[List[int]]:
+        """Take ``n`` free request slots; returns their row indices, or None (taking nothing) if fewer are free.
+
+        Raises:
+            ValueError: ``n`` is negative.
+        """
+        if n < 0:
+            raise ValueError(f"ReqToTokenPool.alloc(n={n}): n must be >= 0")
+        if n > len(self._free_slots):
+            return None
+        taken = self._free_slots[:n]
+        del self._free_slots[:n]
+        for i in taken:
+            self._is_free[i] = False
+        return taken
+
+    def free(self, idx: Union[int, List[int]]) -> None:
+        """Return request slot(s) to the pool.
+
+        Raises:
+            ValueError: an index is out of range or already free (double free); nothing is freed then.
+        """
+        items = [idx] if isinstance(idx, int) else list(idx)
+        seen = set()
+        for i in items:
+            if not 0 <= i < self.size:
+                raise ValueError(f"ReqToTokenPool.free: index {i} out of range [0, {self.size})")
+            if self._is_free[i] or i in seen:
+                raise ValueError(f"ReqToTokenPool.free: request slot {i} is already free (double free)")
+            seen.add(i)
+        for i in items:
+            self._is_free[i] = True
+            self._free_slots.append(i)
+
+    def write(self, idx: int, start: int, values: torch.Tensor) -> None:
+        """Set ``req_to_token[idx, start:start + len(values)] = values`` (any integer dtype, cast to int32).
+
+        Raises:
+            ValueError: the range runs past ``max_context_len``.
+        """
+        end = start + values.numel()
+        if start < 0 or end > self.max_context_len:
+            raise ValueError(
+                f"ReqToTokenPool.write: positions [{start}, {end}) exceed max_context_len={self.max_context_len}; "
+                "raise --context-length or shorten the request"
+            )
+        self.req_to_token[idx, start:end] = values.to(device=self.device, dtype=torch.int32)
+
+    def clear(self) -> None:
+        """Mark every request slot free (row contents are left as they are)."""
+        self._free_slots = list(range(self.size))
+        self._is_free = [True] * self.size
+
+
+class MHATokenToKVPool:
+    """Per-layer K and V buffers for multi-head (incl. grouped-query) attention.
+
+    Buffers: ``k_buffer[l]`` and ``v_buffer[l]`` have shape ``[size + page_size, head_num, head_dim]``,
+    dtype ``dtype`` (FP8 dtypes are stored as uint8 and viewed back on read, because indexed writes
+    into float8 tensors are not supported everywhere), on ``device``. Slots ``0 .. page_size-1`` form a
+    reserved dummy page used for padding writes; the allocator never hands them out.
+
+    Args:
+        size: number of usable token slots (the allocator uses ``size // page_size`` whole pages).
+        page_size: tokens per page, >= 1.
+        dtype: KV cache dtype (e.g. ``torch.bfloat16``).
+        head_num: KV heads held by this rank.
+        head_dim: head dimension.
+        layer_num: number of attention layers held by this rank.
+        device: buffer device.
+
+    Raises:
+        ValueError: any size argument is not positive.
+    """
+
+    def __init__(self, size: int, page_size: int, dtype: torch.dtype, head_num: int, head_dim: int,
+                 layer_num: int, device: Union[str, torch.device]):
+        for name, val in (("size", size), ("page_size", page_size), ("head_num", head_num),
+                          ("head_dim", head_dim), ("layer_num", layer_num)):
+            if val <= 0:
+                raise ValueError(f"MHATokenToKVPool {name}={val} must be > 0")
+        self.size = size
+        self.page_size = page_size
+        self.dtype = dtype
+        self.store_dtype = torch.uint8 if dtype in _FP8_DTYPES else dtype
+        self.head_num = head_num
+        self.head_dim = head_dim
+        self.layer_num = layer_num
+        self.device = torch.device(device)
+        shape = (size + page_size, head_num, head_dim)
+        self.k_buffer = [torch.zeros(shape, dtype=self.store_dtype, device=self.device) for _ in range(layer_num)]
+        self.v_buffer = [torch.zeros(shape, dtype=self.store_dtype, device=self.device) for _ in range(layer_num)]
+        logger.info("KV pool: %d slots x %d layers, %.2f GiB (%s)", size, layer_num,
+                    self.kv_size_bytes() / 2**30, dtype)
+
+    @staticmethod
+    def bytes_per_token(head_num: int, head_dim: int, layer_num: int, dtype: torch.dtype) -> int:
+        """Bytes of K plus V per token slot across all layers (use to size the pool from a memory budget)."""
+        elem = torch.empty((), dtype=dtype).element_size()
+        return 2 * head_num * head_dim * layer_num * elem
+
+    def kv_size_bytes(self) -> int:
+        """Total bytes of all K and V buffers (dummy page included)."""
+        return sum(b.numel() * b.element_size() for b in self.k_buffer + self.v_buffer)
+
+    def _check_layer(self, layer_id: int) -> None:
+        if not 0 <= layer_id < self.layer_num:
+            raise ValueError(f"layer_id={layer_id} out of range [0, {self.layer_num})")
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        """K buffer of a layer, ``[size + page_size, head_num, head_dim]`` in ``dtype``."""
+        self._check_layer(layer_id)
+        buf = self.k_buffer[layer_id]
+        return buf.view(self.dtype) if self.store_dtype != self.dtype else buf
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        """V buffer of a layer, ``[size + page_size, head_num, head_dim]`` in ``dtype``."""
+        self._check_layer(layer_id)
+        buf = self.v_buffer[layer_id]
+        return buf.view(self.dtype) if self.store_dtype != self.dtype else buf
+
+    def get_kv_buffer(self, layer_id: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(get_key_buffer(layer_id), get_value_buffer(layer_id))``."""
+        return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
+
+    def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write K/V of ``n`` tokens into slots ``loc``.
+
+        Args:
+            layer_id: layer index.
+            loc: int64 (or int32) ``[n]`` slot indices on ``device``.
+            k, v: ``[n, head_num, head_dim]`` (any float dtype; cast to the pool dtype).
+
+        Raises:
+            ValueError: shapes disagree with the pool.
+        """
+        self._check_layer(layer_id)
+        want = (loc.shape[0], self.head_num, self.head_dim)
+        if tuple(k.shape) != want or tuple(v.shape) != want:
+            raise ValueError(f"set_kv_buffer: k {tuple(k.shape)} / v {tuple(v.shape)} must both be {want}")
+        k = k.to(self.dtype)
+        v = v.to(self.dtype)
+        if self.store_dtype != self.dtype:
+            k = k.view(self.store_dtype)
+            v = v.view(self.store_dtype)
+        self.k_buffer[layer_id][loc] = k
+        self.v_buffer[layer_id][loc] = v
