@@ -54,11 +54,20 @@ class ServerArgs:
     schedule_conservativeness: float = 1.0
     disable_radix_cache: bool = False
     page_size: int = 1
-    attention_backend: Optional[str] = None  # torch_native (default here)
+    attention_backend: Optional[str] = None  # torch_native | triton | flashinfer
     stream_interval: int = 1
+    grammar_backend: str = "xgrammar"  # xgrammar | none
+    cuda_graph_max_bs: Optional[int] = None
+    disable_cuda_graph: bool = False
+    disable_overlap_schedule: bool = False
 
-    # Parallelism (tensor parallelism arrives with its own issue)
+    # Parallelism
     tp_size: int = 1
+    ep_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: Optional[str] = None  # host:port of rank 0 for multi-node
+    disable_custom_all_reduce: bool = False
 
     # Misc
     random_seed: int = 0
@@ -87,8 +96,16 @@ class ServerArgs:
             bad("page-size", self.page_size, "use a positive integer")
         if self.tp_size < 1:
             bad("tp-size", self.tp_size, "use a positive integer")
-        if self.attention_backend not in (None, "torch_native"):
-            bad("attention-backend", self.attention_backend, "use torch_native")
+        if self.attention_backend not in (None, "torch_native", "triton", "flashinfer"):
+            bad("attention-backend", self.attention_backend, "use torch_native, triton or flashinfer")
+        if self.grammar_backend not in ("xgrammar", "none"):
+            bad("grammar-backend", self.grammar_backend, "use xgrammar or none")
+        if self.ep_size < 1 or self.tp_size % self.ep_size:
+            bad("ep-size", self.ep_size, f"use a divisor of --tp-size ({self.tp_size})")
+        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+            bad("node-rank", self.node_rank, f"use 0..{self.nnodes - 1} (--nnodes={self.nnodes})")
+        if self.nnodes > 1 and not self.dist_init_addr:
+            bad("dist-init-addr", self.dist_init_addr, "multi-node runs need --dist-init-addr HOST:PORT of node 0")
         if self.stream_interval < 1:
             bad("stream-interval", self.stream_interval, "use a positive integer")
         if not 1 <= self.port <= 65535:
