@@ -353,3 +353,20 @@ def test_process_crash_terminates_parent(tmp_path):
     finally:
         if fake_parent.poll() is None:
             fake_parent.kill()
+
+
+def test_prompt_context_keeps_leading_space():
+    """With the prompt's tail as context, a SentencePiece word-initial token keeps its space (SGLang's output)."""
+    from conftest import shared_path  # noqa: F401  (skips when the data is absent)
+    from transformers import AutoTokenizer
+
+    from sglang.srt.managers.detokenizer_manager import IncrementalDetokenizer
+
+    tok = AutoTokenizer.from_pretrained(shared_path("models", "stories260K"))
+    prompt = tok("Once upon a time there").input_ids
+    out = tok(" was a little dog named Max.", add_special_tokens=False).input_ids
+    det = IncrementalDetokenizer(tok, prefix_ids=prompt[-5:])
+    text = "".join(det.step([t]) for t in out[:-1]) + det.step(out[-1:], {"type": "length"})
+    ctx = tok.decode(prompt[-5:], skip_special_tokens=True)
+    assert text == tok.decode(prompt[-5:] + out, skip_special_tokens=True)[len(ctx):]
+    assert text.startswith(" ")

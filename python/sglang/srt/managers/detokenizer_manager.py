@@ -54,6 +54,8 @@ class IncrementalDetokenizer:
         skip_special_tokens / spaces_between_special_tokens: passed to ``decode``.
         no_stop_trim: keep matched stop strings / stop token text in the output.
         stop_strs: the request's stop strings (may be empty).
+        prefix_ids: context tokens (the prompt's tail) decoded before the output but never
+            emitted, so the first output token keeps its word-initial space.
     """
 
     def __init__(
@@ -63,15 +65,16 @@ class IncrementalDetokenizer:
         spaces_between_special_tokens: bool = True,
         no_stop_trim: bool = False,
         stop_strs: Optional[list[str]] = None,
+        prefix_ids: Optional[list[int]] = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.spaces_between_special_tokens = spaces_between_special_tokens
         self.no_stop_trim = no_stop_trim
         self.stop_strs = list(stop_strs or [])
-        self.ids: list[int] = []
+        self.ids: list[int] = list(prefix_ids or [])
         self.prefix_offset = 0
-        self.read_offset = 0
+        self.read_offset = len(self.ids)
         self.decoded_text = ""  # confirmed text: only grows
         self.sent_offset = 0  # characters of decoded_text already emitted
         self.finished = False
@@ -200,6 +203,7 @@ class DetokenizerManager:
                 spaces_between_special_tokens=msg.spaces_between_special_tokens[i],
                 no_stop_trim=msg.no_stop_trim[i],
                 stop_strs=msg.stop_strs[i],
+                prefix_ids=msg.decode_prefix_ids[i] if msg.decode_prefix_ids else None,
             )
             self.decode_status[rid] = st
         return st

@@ -93,6 +93,10 @@ class BatchTokenIDOut(msgspec.Struct, tag=True):
     ``(logprob, token_id)``; top-logprob entries are lists of those.
     ``input_token_logprobs``/``input_top_logprobs`` are sent once, with the
     first message of a request that asked for them, else None.
+    ``decode_prefix_ids[i]`` (first message of a request only) holds the last
+    few prompt tokens, the context the detokenizer decodes the output against
+    (so SentencePiece vocabularies keep the first word's leading space, as in
+    SGLang).
     """
 
     rids: list[str]
@@ -109,6 +113,7 @@ class BatchTokenIDOut(msgspec.Struct, tag=True):
     output_top_logprobs: Optional[list[Optional[list[list[tuple[float, int]]]]]] = None
     input_token_logprobs: Optional[list[Optional[list[tuple[Optional[float], int]]]]] = None
     input_top_logprobs: Optional[list[Optional[list[list[tuple[float, int]]]]]] = None
+    decode_prefix_ids: Optional[list[Optional[list[int]]]] = None
 
 
 class BatchStrOut(msgspec.Struct, tag=True):

@@ -36,6 +36,7 @@ INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY = 0.001
 RESERVE_CLIP = 4096
+DECODE_CONTEXT_TOKENS = 5  # prompt tokens the detokenizer decodes the output against (SGLang's surrounding offset)
 DEFAULT_CHUNKED_PREFILL_SIZE = 8192  # at most this many future tokens are reserved per request
 
 
@@ -368,7 +369,7 @@ def build_token_id_out(reqs: list[Req]) -> BatchTokenIDOut:
     """Deltas of several requests since their last report (advances their sent offsets)."""
     out = BatchTokenIDOut(rids=[], finished_reasons=[], output_ids=[], prompt_tokens=[], completion_tokens=[],
                           cached_tokens=[], skip_special_tokens=[], spaces_between_special_tokens=[],
-                          no_stop_trim=[], stop_strs=[])
+                          no_stop_trim=[], stop_strs=[], decode_prefix_ids=[])
     any_lp = any(r.return_logprob for r in reqs)
     if any_lp:
         out.output_token_logprobs, out.output_top_logprobs = [], []
@@ -386,6 +387,7 @@ def build_token_id_out(reqs: list[Req]) -> BatchTokenIDOut:
         out.spaces_between_special_tokens.append(p.spaces_between_special_tokens)
         out.no_stop_trim.append(p.no_stop_trim)
         out.stop_strs.append(list(getattr(p, "stop_strs", None) or []))
+        out.decode_prefix_ids.append(r.origin_input_ids[-DECODE_CONTEXT_TOKENS:] if start == 0 else None)
         if any_lp:
             first = start == 0 and r.return_logprob
             out.output_token_logprobs.append(r.output_token_logprobs[start:] if r.return_logprob else None)
