@@ -337,3 +337,11 @@ def test_fuzz_random_workload():
                 continue
             assert res[rid]["ids"] == expected(p, n), rid
         assert_kv_returned(s, runner)
+
+
+def test_max_new_tokens_zero_generates_nothing():
+    s, runner = make()
+    submit(s, "score", [3, 4, 5, 6], max_new_tokens=0)
+    res = run_all(s)
+    assert res["score"]["ids"] == [] and res["score"]["finish"] == {"type": "length", "length": 0}
+    assert_kv_returned(s, runner)

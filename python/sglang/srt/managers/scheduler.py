@@ -302,6 +302,11 @@ class Scheduler:
                 continue
             if req.wants_input_logprobs():
                 req.sent_input_logprobs = True  # the prompt has been fully computed
+            if req.max_new_tokens() == 0:  # prefill only (scoring, input logprobs): nothing is generated
+                req.finished_reason = {"type": "length", "length": 0}
+                self._release(req)
+                self.outputs.append(req)
+                continue
             tok = next_ids[i]
             req.output_ids.append(tok)
             self.stats_gen_tokens += 1
