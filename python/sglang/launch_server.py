@@ -16,6 +16,7 @@ logger = logging.getLogger("sglang.launch_server")
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` and serve until SIGINT/SIGTERM. Returns the exit code (2: bad flags, 1: startup failed)."""
     try:
         args = prepare_server_args(sys.argv[1:] if argv is None else argv)
     except ValueError as e:

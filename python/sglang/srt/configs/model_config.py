@@ -111,6 +111,7 @@ class ModelConfig:
 
     @property
     def rope_theta(self) -> float:
+        """RoPE base frequency (``rope_theta``, also read from transformers 5's ``rope_parameters``)."""
         rp = self.hf_config.get("rope_parameters") or {}
         return float(self.hf_config.get("rope_theta", rp.get("rope_theta", 10000.0)))
 

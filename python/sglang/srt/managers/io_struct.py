@@ -55,6 +55,8 @@ class FlushCacheReqInput(msgspec.Struct, tag=True):
 
 
 class FlushCacheReqOutput(msgspec.Struct, tag=True):
+    """Reply to :class:`FlushCacheReqInput`; ``message`` says why it was refused."""
+
     success: bool
     message: str = ""
 
@@ -64,6 +66,8 @@ class GetInternalStateReq(msgspec.Struct, tag=True):
 
 
 class GetInternalStateReqOutput(msgspec.Struct, tag=True):
+    """Reply to :class:`GetInternalStateReq`: KV usage, queue lengths and limits (see ``Scheduler.internal_state``)."""
+
     state: dict[str, Any]
 
 
