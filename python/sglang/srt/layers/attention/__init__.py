@@ -6,6 +6,7 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 _REGISTRY = {
     "torch_native": ("sglang.srt.layers.attention.torch_native_backend", "TorchNativeAttnBackend"),
+    "triton": ("sglang.srt.layers.attention.triton_backend", "TritonAttnBackend"),
 }
 
 

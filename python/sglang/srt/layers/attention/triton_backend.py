@@ -1,0 +1,197 @@
+"""Triton attention backend over the paged KV pool (GPU default).
+
+Decode batches run the split-KV flash-decoding kernel
+(:mod:`.triton_ops.decode_attention`); extend batches run the prefix-aware
+FlashAttention-2 style kernel (:mod:`.triton_ops.extend_attention`); a mixed
+batch sends its one-token rows to the decode kernel and the rest to the extend
+kernel. Both read K/V through
+``req_to_token`` directly, so no per-batch KV index list is built.
+
+CUDA graphs: the decode path does no host synchronisation. The number of KV
+splits depends only on the batch size and the KV head count, and the split
+workspace can be preallocated with :meth:`TritonAttnBackend.init_cuda_graph_state`;
+the metadata keeps references to the ForwardBatch's device tensors, so a graph
+captured with a ForwardBatch built on static buffers replays with whatever
+those buffers hold.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang.srt.layers.attention.triton_ops.decode_attention import decode_attention_fwd, default_num_kv_splits
+from sglang.srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+if TYPE_CHECKING:
+    from sglang.srt.layers.radix_attention import RadixAttention
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+logger = logging.getLogger(__name__)
+
+MAX_KV_SPLITS = 16
+
+
+@dataclass(frozen=True)
+class TritonAttnMetadata:
+    """Per-batch launch data computed once by :meth:`TritonAttnBackend.init_forward_metadata`.
+
+    ``is_decode``: every request adds exactly one token (decode kernel only).
+    ``num_kv_splits``: splits per (request, KV head) of the decode kernel (from the decode row count only).
+    ``max_extend_len``: host int, largest extend length among the rows sent to the extend kernel.
+    Extend-kernel tensors ([rows] integer, device): ``req_pool_indices``, ``prefix_lens``, ``extend_lens``,
+    ``extend_start_loc`` (query row offsets into the batch's flat q). Decode-kernel tensors: ``decode_req_pool_indices``,
+    ``decode_seq_lens`` and, for a mixed batch, ``decode_token_index`` (the flat q row of each decode request;
+    None when the whole batch is decode, rows then being requests in order). Either group may be empty (None).
+    """
+
+    is_decode: bool
+    num_kv_splits: int
+    max_extend_len: int
+    num_decode: int
+    req_pool_indices: Optional[torch.Tensor]
+    prefix_lens: Optional[torch.Tensor]
+    extend_lens: Optional[torch.Tensor]
+    extend_start_loc: Optional[torch.Tensor]
+    decode_req_pool_indices: Optional[torch.Tensor]
+    decode_seq_lens: Optional[torch.Tensor]
+    decode_token_index: Optional[torch.Tensor]
+    batch_key: Optional[torch.Tensor]
+
+
+class TritonAttnBackend(AttentionBackend):
+    """Triton paged attention (see :class:`AttentionBackend` for the contract).
+
+    Supports any head_dim (fast tiles for 64/128/256; smaller or odd sizes are padded to a power of
+    two >= 16 inside the kernels by masks) and any GQA ratio. Tensors must be on CUDA (or CPU under
+    ``TRITON_INTERPRET=1`` for tests).
+    """
+
+    def __init__(self) -> None:
+        self._meta: Optional[TritonAttnMetadata] = None
+        self._workspace: dict[tuple[int, int, torch.device], torch.Tensor] = {}
+
+    @property
+    def metadata(self) -> Optional[TritonAttnMetadata]:
+        """The metadata of the current batch (None before the first :meth:`init_forward_metadata`)."""
+        return self._meta
+
+    # ----------------------------------------------------------------- metadata
+    def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
+        """Record the batch's index tensors and launch sizes.
+
+        Decode batches use the ForwardBatch's tensors as they are (no copies, no host sync: CUDA-graph
+        safe). Mixed batches split their rows by extend length from the ``*_cpu`` lists: rows with one new
+        token go to the decode kernel (K/V read once per query-head group), the others to the extend
+        kernel; the row index tensors are built here once per batch, not per layer.
+        """
+        fb = forward_batch
+        bs = fb.batch_size
+        pool = fb.token_to_kv_pool
+        if fb.forward_mode.is_decode():
+            self._meta = TritonAttnMetadata(
+                is_decode=True, num_kv_splits=default_num_kv_splits(bs, pool.head_num, pool.device, MAX_KV_SPLITS),
+                max_extend_len=1, num_decode=bs, req_pool_indices=None, prefix_lens=None, extend_lens=None,
+                extend_start_loc=None, decode_req_pool_indices=fb.req_pool_indices, decode_seq_lens=fb.seq_lens,
+                decode_token_index=None, batch_key=fb.req_pool_indices)
+            return
+        lens = fb.extend_lens_cpu
+        dec_rows = [i for i, e in enumerate(lens) if e == 1]
+        if fb.forward_mode != ForwardMode.MIXED or not dec_rows or len(dec_rows) == bs:
+            dec_rows = []  # plain extend (or all-ones extend): one extend launch, no index copies
+        ext_rows = [i for i, e in enumerate(lens) if e != 1] if dec_rows else list(range(bs))
+        dev = fb.req_pool_indices.device
+        if dec_rows:
+            dec = torch.tensor(dec_rows, dtype=torch.int64, device=dev)
+            ext = torch.tensor(ext_rows, dtype=torch.int64, device=dev)
+            self._meta = TritonAttnMetadata(
+                is_decode=False,
+                num_kv_splits=default_num_kv_splits(len(dec_rows), pool.head_num, pool.device, MAX_KV_SPLITS),
+                max_extend_len=max((lens[i] for i in ext_rows), default=0), num_decode=len(dec_rows),
+                req_pool_indices=fb.req_pool_indices[ext], prefix_lens=fb.prefix_lens[ext],
+                extend_lens=fb.extend_lens[ext], extend_start_loc=fb.extend_start_loc[ext],
+                decode_req_pool_indices=fb.req_pool_indices[dec], decode_seq_lens=fb.seq_lens[dec],
+                decode_token_index=fb.extend_start_loc[dec], batch_key=fb.req_pool_indices)
+            return
+        self._meta = TritonAttnMetadata(
+            is_decode=False, num_kv_splits=1, max_extend_len=max(lens, default=0), num_decode=0,
+            req_pool_indices=fb.req_pool_indices, prefix_lens=fb.prefix_lens, extend_lens=fb.extend_lens,
+            extend_start_loc=fb.extend_start_loc, decode_req_pool_indices=None, decode_seq_lens=None,
+            decode_token_index=None, batch_key=fb.req_pool_indices)
+
+    def init_cuda_graph_state(self, max_bs: int, num_heads: int, head_dim: int, num_kv_heads: int,
+                              device: torch.device) -> None:
+        """Preallocate the decode split workspace for every batch size up to ``max_bs``.
+
+        Call before capturing CUDA graphs so that no capture allocates it. ``num_heads``/``num_kv_heads``
+        are per rank. Raises ValueError for non-positive sizes.
+        """
+        if min(max_bs, num_heads, head_dim, num_kv_heads) <= 0:
+            raise ValueError(f"init_cuda_graph_state: sizes must be > 0, got max_bs={max_bs}, "
+                             f"num_heads={num_heads}, head_dim={head_dim}, num_kv_heads={num_kv_heads}")
+        device = torch.device(device)
+        need = max(bs * default_num_kv_splits(bs, num_kv_heads, device, MAX_KV_SPLITS) for bs in range(1, max_bs + 1))
+        self._get_workspace(need, num_heads, head_dim, device)
+
+    def _get_workspace(self, rows: int, num_heads: int, head_dim: int, device: torch.device) -> torch.Tensor:
+        """Flat fp32 buffer of at least ``rows * num_heads * (head_dim + 1)`` floats (grown on demand)."""
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        key = (num_heads, head_dim, device)
+        need = rows * num_heads * (head_dim + 1)
+        buf = self._workspace.get(key)
+        if buf is None or buf.numel() < need:
+            buf = torch.empty(need, dtype=torch.float32, device=device)
+            self._workspace[key] = buf
+        return buf
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: "RadixAttention",
+                forward_batch: "ForwardBatch") -> torch.Tensor:
+        """q [N, nh*hd], k/v [N, nkv*hd] -> [N, nh*hd] in q's dtype (writes k/v to the pool first).
+
+        Raises:
+            ValueError: :meth:`init_forward_metadata` was not called for this batch, or shapes disagree.
+        """
+        meta = self._meta
+        if meta is None or meta.batch_key is not forward_batch.req_pool_indices:
+            raise ValueError("TritonAttnBackend.forward: call init_forward_metadata(forward_batch) before the layers run")
+        nh, nkv, hd = layer.num_heads, layer.num_kv_heads, layer.head_dim
+        pool = forward_batch.token_to_kv_pool
+        pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k.view(-1, nkv, hd), v.view(-1, nkv, hd))
+        k_buf, v_buf = pool.get_kv_buffer(layer.layer_id)
+        req_to_token = forward_batch.req_to_token_pool.req_to_token
+        q3 = q.reshape(-1, nh, hd)
+        if q3.stride(-1) != 1:
+            q3 = q3.contiguous()
+        out = torch.empty(q3.shape, dtype=q.dtype, device=q.device)
+        if meta.is_decode:
+            if q3.shape[0] != meta.num_decode:
+                raise ValueError(f"TritonAttnBackend: decode batch has {meta.num_decode} requests but "
+                                 f"{q3.shape[0]} query rows")
+            self._decode(q3, out, k_buf, v_buf, req_to_token, meta, layer)
+            return out.view(-1, nh * hd)
+        if meta.req_pool_indices is not None and meta.max_extend_len > 0:
+            extend_attention_fwd(q3, out, k_buf, v_buf, req_to_token, meta.req_pool_indices, meta.prefix_lens,
+                                 meta.extend_lens, meta.extend_start_loc, meta.max_extend_len, layer.scaling)
+        if meta.num_decode:
+            qd = q3.index_select(0, meta.decode_token_index)
+            od = torch.empty_like(qd)
+            self._decode(qd, od, k_buf, v_buf, req_to_token, meta, layer)
+            out.index_copy_(0, meta.decode_token_index, od)
+        return out.view(-1, nh * hd)
+
+    def _decode(self, q3: torch.Tensor, out: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+                req_to_token: torch.Tensor, meta: TritonAttnMetadata, layer: "RadixAttention") -> None:
+        bs, nh, hd = q3.shape
+        splits = meta.num_kv_splits
+        ws = self._get_workspace(bs * splits, nh, hd, q3.device)
+        mid_o = ws[: bs * nh * splits * hd].view(bs, nh, splits, hd)
+        mid_lse = ws[bs * nh * splits * hd: bs * nh * splits * (hd + 1)].view(bs, nh, splits)
+        decode_attention_fwd(q3, k_buf, v_buf, out, req_to_token, meta.decode_req_pool_indices,
+                             meta.decode_seq_lens, layer.scaling, splits, mid_o, mid_lse)

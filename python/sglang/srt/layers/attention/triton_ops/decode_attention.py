@@ -1,0 +1,209 @@
+"""Split-KV paged decode attention (flash-decoding) with grouped-query heads.
+
+Technique: Dao et al., "Flash-Decoding for long-context inference" (2023): the
+keys of one request are cut into ``num_kv_splits`` chunks processed by
+separate programs, each producing a partial softmax-weighted output plus its
+log-sum-exp; a second kernel merges the partials (the online-softmax rescaling
+of Milakov & Gimelshein, "Online normalizer calculation for softmax", 2018).
+GQA (Ainslie et al., 2023): one program handles all ``num_heads //
+num_kv_heads`` query heads that share a KV head, so every K/V row is read from
+HBM once per split and the QK^T / PV products are small matrix multiplies.
+
+KV layout: the paged pool of :class:`~sglang.srt.mem_cache.memory_pool.MHATokenToKVPool`,
+``k_buf``/``v_buf`` ``[slots, kv_heads, head_dim]``; the slot of position ``p``
+of batch row ``b`` is ``req_to_token[req_pool_indices[b], p]``. The number of
+splits is fixed per launch (not derived from sequence lengths on the host), so
+a launch can be captured in a CUDA graph and replayed with other lengths.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from sglang.srt.layers.triton_ops.common import check_cuda_or_interpret, interpreting, next_pow2
+
+logger = logging.getLogger(__name__)
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _decode_split_kernel(
+    Q, K_buf, V_buf, Req_to_token, Req_pool_idx, Seq_lens, Mid_o, Mid_lse,
+    qk_scale,  # softmax scale * log2(e)
+    stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t,
+    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    req = tl.load(Req_pool_idx + b).to(tl.int64)
+    seq_len = tl.load(Seq_lens + b).to(tl.int32)
+    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+
+    offs_g = tl.arange(0, BLOCK_H)
+    mask_h = offs_g < GROUP
+    offs_h = kvh * GROUP + offs_g
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    q = tl.load(Q + b * stride_qb + offs_h[:, None] * stride_qh + offs_d[None, :],
+                mask=mask_h[:, None] & mask_d[None, :], other=0.0)
+    if DOT_F32:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    k_base = K_buf + kvh * stride_kh
+    v_base = V_buf + kvh * stride_vh
+    r2t = Req_to_token + req * stride_r2t
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < end
+        slots = tl.load(r2t + offs_n, mask=mask_n, other=0).to(tl.int64)
+        k = tl.load(k_base + slots[None, :] * stride_kt + offs_d[:, None],
+                    mask=mask_n[None, :] & mask_d[:, None], other=0.0).to(q.dtype)
+        qk = tl.dot(q, k) * qk_scale  # [BLOCK_H, BLOCK_N], log2 domain
+        qk = tl.where(mask_n[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.math.exp2(qk - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + slots[:, None] * stride_vt + offs_d[None, :],
+                    mask=mask_n[:, None] & mask_d[None, :], other=0.0).to(q.dtype)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
+        m_i = m_new
+
+    nonempty = end > start
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    lse = tl.where(nonempty, m_i + tl.math.log2(l_safe), float("-inf"))
+    tl.store(Mid_o + b * stride_mob + offs_h[:, None] * stride_moh + split * stride_mos + offs_d[None, :], out,
+             mask=mask_h[:, None] & mask_d[None, :])
+    tl.store(Mid_lse + b * stride_mlb + offs_h * stride_mlh + split, lse, mask=mask_h)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    Mid_o, Mid_lse, Out,
+    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    mask_s = offs_s < NUM_SPLITS
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    lse = tl.load(Mid_lse + b * stride_mlb + h * stride_mlh + offs_s, mask=mask_s, other=float("-inf"))
+    m = tl.max(lse, 0)
+    w = tl.where(lse > float("-inf"), tl.math.exp2(lse - m), 0.0)
+    o = tl.load(Mid_o + b * stride_mob + h * stride_moh + offs_s[:, None] * stride_mos + offs_d[None, :],
+                mask=mask_s[:, None] & mask_d[None, :], other=0.0)
+    out = tl.sum(o * w[:, None], 0) / tl.sum(w, 0)
+    tl.store(Out + b * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=mask_d)
+
+
+def default_num_kv_splits(batch_size: int, num_kv_heads: int, device: torch.device, max_splits: int = 16) -> int:
+    """Splits per (request, KV head): about 8 split programs per multiprocessor.
+
+    Several programs fit on one multiprocessor at once, so ~8 per SM gives several waves and a short
+    tail (wave quantization) while the partial results stay tiny next to the KV read.
+    Depends only on the batch shape (not on sequence lengths) so one value
+    serves every CUDA-graph replay of a captured batch size. Returns 1..max_splits (a power of 2).
+    """
+    if device.type != "cuda":
+        return 4
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    want = math.ceil(8 * sms / max(batch_size * num_kv_heads, 1))
+    return max(1, min(max_splits, next_pow2(want)))
+
+
+def decode_attention_workspace(batch_size: int, num_heads: int, head_dim: int, num_kv_splits: int,
+                               device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Allocate the partial-result buffers: ``mid_o`` [bs, num_heads, splits, head_dim] fp32 and
+    ``mid_lse`` [bs, num_heads, splits] fp32 (log2-domain log-sum-exp)."""
+    mid_o = torch.empty(batch_size, num_heads, num_kv_splits, head_dim, dtype=torch.float32, device=device)
+    mid_lse = torch.empty(batch_size, num_heads, num_kv_splits, dtype=torch.float32, device=device)
+    return mid_o, mid_lse
+
+
+def _decode_config(head_dim: int, group: int) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages) for the split kernel."""
+    if head_dim > 128:
+        return 32, 4, 2
+    if group > 16:
+        return 32, 4, 2
+    return 64, 4, 2
+
+
+def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, out: torch.Tensor,
+                         req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+                         sm_scale: float, num_kv_splits: int, mid_o: torch.Tensor, mid_lse: torch.Tensor,
+                         block_n: Optional[int] = None, num_warps: Optional[int] = None,
+                         num_stages: Optional[int] = None) -> None:
+    """Paged decode attention of one new token per request, written into ``out``.
+
+    Args:
+        q: [bs, num_heads, head_dim] (fp16/bf16/fp32; last dim contiguous).
+        k_buf, v_buf: [slots, num_kv_heads, head_dim] KV pool buffers (any float dtype incl. fp8,
+            cast to q's dtype on load); the new token's K/V must already be written.
+        out: [bs, num_heads, head_dim] output (any float dtype; last dim contiguous).
+        req_to_token: [rows, max_context] int32/int64; req_pool_indices [bs] and seq_lens [bs]
+            integer device tensors (seq_lens counts the new token; each >= 1).
+        sm_scale: softmax scale (usually head_dim**-0.5).
+        num_kv_splits: partial results per (request, KV head), >= 1 (see :func:`default_num_kv_splits`).
+        mid_o, mid_lse: workspaces at least ``[bs, num_heads, num_kv_splits, head_dim]`` and
+            ``[bs, num_heads, num_kv_splits]`` fp32 (see :func:`decode_attention_workspace`); only the
+            leading ``[:bs, :, :num_kv_splits]`` part is used.
+        block_n, num_warps, num_stages: tile/launch overrides for tuning sweeps (None: defaults per head_dim).
+    Raises:
+        ValueError: inconsistent shapes, num_heads not a multiple of num_kv_heads, non-CUDA tensors
+            outside the Triton interpreter.
+    Note: with fp32 inputs on a GPU the products run in TF32 (Triton's default dot precision).
+    """
+    bs, nh, hd = q.shape
+    nkv = k_buf.shape[1]
+    check_cuda_or_interpret(q, k_buf, v_buf, out, req_to_token, what="decode_attention_fwd")
+    if nh % nkv or k_buf.shape[2] != hd or v_buf.shape != k_buf.shape or tuple(out.shape) != (bs, nh, hd):
+        raise ValueError(f"decode_attention_fwd: q {tuple(q.shape)}, k_buf {tuple(k_buf.shape)}, "
+                         f"v_buf {tuple(v_buf.shape)}, out {tuple(out.shape)} are inconsistent")
+    if num_kv_splits < 1 or mid_o.shape[0] < bs or mid_o.shape[2] < num_kv_splits or mid_o.shape[1] != nh \
+            or mid_o.shape[3] != hd or mid_lse.shape[0] < bs or mid_lse.shape[2] < num_kv_splits:
+        raise ValueError(f"decode_attention_fwd: workspace {tuple(mid_o.shape)}/{tuple(mid_lse.shape)} too small "
+                         f"for bs={bs}, heads={nh}, splits={num_kv_splits}, head_dim={hd}")
+    if bs == 0:
+        return
+    group = nh // nkv
+    block_d = max(16, next_pow2(hd))
+    block_h = max(16, next_pow2(group))
+    block_n_d, warps_d, stages_d = _decode_config(hd, group)
+    block_n = block_n or block_n_d
+    warps = num_warps or warps_d
+    stages = num_stages or stages_d
+    _decode_split_kernel[(bs, nkv, num_kv_splits)](
+        q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse,
+        sm_scale * _LOG2E,
+        q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
+        req_to_token.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0),
+        mid_lse.stride(1),
+        GROUP=group, HEAD_DIM=hd, BLOCK_D=block_d, BLOCK_H=block_h, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits,
+        DOT_F32=interpreting(), num_warps=warps, num_stages=stages,
+    )
+    _decode_reduce_kernel[(bs, nh)](
+        mid_o, mid_lse, out,
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        out.stride(0), out.stride(1),
+        HEAD_DIM=hd, BLOCK_D=block_d, NUM_SPLITS=num_kv_splits, BLOCK_S=max(2, next_pow2(num_kv_splits)),
+        num_warps=4 if block_d >= 128 else 2,
+    )

@@ -1,0 +1,147 @@
+"""Fused per-token ops with one front end: Triton kernels on CUDA tensors, torch references elsewhere.
+
+Each function runs the kernel of :mod:`sglang.srt.layers.triton_ops` when its main tensor is
+on CUDA and ``triton`` imports; otherwise (CPU, or no Triton) the torch reference of the layer
+module that defines the op's semantics. Results agree within the rounding of the input dtype.
+Kernel modules are imported lazily, on the first CUDA call.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+from typing import Optional
+
+import torch
+
+from sglang.srt.layers.activation import silu_and_mul_ref
+from sglang.srt.layers.layernorm import rmsnorm_ref
+from sglang.srt.layers.moe.fused_moe import fused_moe_ref
+from sglang.srt.layers.moe.router import select_experts
+
+logger = logging.getLogger(__name__)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels(name: str):
+    """The Triton kernel module ``sglang.srt.layers.triton_ops.<name>``, or None when triton is unusable."""
+    try:
+        return importlib.import_module(f"sglang.srt.layers.triton_ops.{name}")
+    except ImportError as e:  # no triton: every op keeps its torch reference
+        logger.warning("Triton kernels unavailable (%s); using torch references", e)
+        return None
+
+
+def _triton(t: torch.Tensor, name: str):
+    return _kernels(name) if t.is_cuda else None
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of x [..., H] with weight [H] -> new tensor in x.dtype (see :func:`~sglang.srt.layers.layernorm.rmsnorm_ref`)."""
+    k = _triton(x, "fused_add_rmsnorm")
+    if k is None:
+        return rmsnorm_ref(x, weight, eps)
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    return k.rmsnorm(x2 if x2.stride(-1) == 1 else x2.contiguous(), weight, eps).view(shape)
+
+
+def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """In place: ``residual += x`` (rounded to x.dtype), ``x = rmsnorm(residual) * weight``; returns ``(x, residual)``.
+
+    Args:
+        x, residual: [..., H] same shape and dtype, contiguous (both are overwritten); weight: [H].
+    Raises:
+        ValueError: shapes disagree.
+    """
+    if residual.shape != x.shape:
+        raise ValueError(f"fused_add_rmsnorm: residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
+    k = _triton(x, "fused_add_rmsnorm")
+    if k is None or not (x.is_contiguous() and residual.is_contiguous()):
+        y, s = rmsnorm_ref(x, weight, eps, residual)
+        residual.copy_(s)
+        x.copy_(y)
+        return x, residual
+    h = x.shape[-1]
+    k.fused_add_rmsnorm(x.view(-1, h), residual.view(-1, h), weight, eps)
+    return x, residual
+
+
+def apply_rope_ref(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor,
+                   head_dim: int, is_neox_style: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch reference of RoPE (the math of :class:`~sglang.srt.layers.rotary_embedding.RotaryEmbedding`).
+
+    Args as :func:`apply_rope`. Returns new rotated ``(q, k)`` (inputs untouched), same shapes and dtypes.
+    """
+    rot = cos_sin_cache.shape[-1]
+    cos, sin = cos_sin_cache[positions].chunk(2, dim=-1)
+    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        x = x.reshape(n, -1, head_dim)
+        r = x[..., :rot].float()
+        x1, x2 = r.chunk(2, dim=-1) if is_neox_style else (r[..., 0::2], r[..., 1::2])
+        o1, o2 = x1 * c - x2 * s, x2 * c + x1 * s
+        out = torch.cat([o1, o2], dim=-1) if is_neox_style else torch.stack([o1, o2], dim=-1).flatten(-2)
+        out = torch.cat([out.to(x.dtype), x[..., rot:]], dim=-1)
+        return out.reshape(n, -1)
+
+    return rotate(q), rotate(k)
+
+
+def apply_rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor,
+               head_dim: int, is_neox_style: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q and k in place by their positions; returns ``(q, k)``.
+
+    Args:
+        positions: [N] int64; q: [N, nq*head_dim]; k: [N, nk*head_dim] (rows may be strided views).
+        cos_sin_cache: [max_pos, rotary_dim] fp32, cos half then sin half (``RotaryEmbedding.cos_sin_cache``).
+        is_neox_style: True pairs dims (i, i + rotary_dim/2); False pairs (2i, 2i+1) (GPT-J).
+    Raises:
+        ValueError: shapes disagree (Triton path).
+    """
+    kern = _triton(q, "rope")
+    if kern is None or q.stride(-1) != 1 or k.stride(-1) != 1:
+        rq, rk = apply_rope_ref(positions, q, k, cos_sin_cache, head_dim, is_neox_style)
+        q.copy_(rq)
+        k.copy_(rk)
+        return q, k
+    return kern.apply_rope(positions, q, k, cos_sin_cache, head_dim, is_neox_style)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``silu(x[..., :I]) * x[..., I:]`` for x [..., 2I] -> [..., I] in x.dtype."""
+    k = _triton(x, "activation")
+    if k is None:
+        return silu_and_mul_ref(x)
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    y = k.silu_and_mul(x2 if x2.stride(-1) == 1 else x2.contiguous())
+    return y.view(*shape[:-1], shape[-1] // 2)
+
+
+def fused_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k softmax routing; same contract as :func:`~sglang.srt.layers.moe.router.select_experts`
+    (weights [N, k] fp32, ids [N, k] int64, by decreasing weight)."""
+    k = _triton(router_logits, "moe")
+    if k is None or router_logits.dim() != 2:
+        return select_experts(router_logits, top_k, renormalize)
+    return k.fused_topk(router_logits.contiguous(), top_k, renormalize)
+
+
+def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """MoE experts; same contract as :func:`~sglang.srt.layers.moe.fused_moe.fused_moe_ref` ([N, H] in x.dtype).
+
+    ``out``: optional [N, H] tensor the result is copied into (returned).
+    """
+    k = _triton(x, "moe")
+    y = fused_moe_ref(x, w13, w2, topk_weights, topk_ids) if k is None else \
+        k.fused_moe(x, w13, w2, topk_weights, topk_ids)
+    if out is None:
+        return y
+    out.copy_(y)
+    return out

@@ -1,0 +1,208 @@
+"""Mixture-of-experts kernels: fused top-k softmax routing and a grouped expert GEMM.
+
+Routing (Shazeer et al., "Outrageously Large Neural Networks", 2017, sec. 2.1): one program
+per token computes the softmax over all experts in fp32 and picks the top k by repeated
+arg-max, optionally renormalizing (Mixtral, Jiang et al. 2024, sec. 2.1); same semantics as
+:func:`sglang.srt.layers.moe.router.select_experts`.
+
+Expert computation (semantics of :func:`sglang.srt.layers.moe.fused_moe.fused_moe_ref`): the
+(token, choice) pairs are sorted by expert and each expert's run is padded to a multiple of
+``BLOCK_M`` (the block-aligned layout of MegaBlocks, Gale et al. 2023, sec. 5, and of vLLM's
+``moe_align_block_size``), so every M tile of one grouped GEMM kernel belongs to one expert.
+The kernel gathers its A rows through the sorted ids (no permuted copy of x), runs
+``x @ w13[e]^T``, then SiLU-and-mul, then a second grouped GEMM ``h @ w2[e]^T`` scaled by the
+routing weight; the k partial outputs of each token are summed in fp32. The alignment runs
+as device tensor ops with sizes bounded from the shapes alone (no host synchronisation).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import triton
+import triton.language as tl
+
+from sglang.srt.layers.triton_ops.activation import silu_and_mul
+from sglang.srt.layers.triton_ops.common import check_cuda_or_interpret, interpreting, next_pow2
+
+logger = logging.getLogger(__name__)
+
+
+@triton.jit
+def _topk_softmax_kernel(Logits, W_out, Id_out, stride_l, E, TOPK: tl.constexpr, RENORM: tl.constexpr,
+                         BLOCK_E: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_E)
+    mask = offs < E
+    x = tl.load(Logits + row * stride_l + offs, mask=mask, other=float("-inf")).to(tl.float32)
+    x = x - tl.max(x, 0)
+    ex = tl.where(mask, tl.exp(x), 0.0)
+    p = ex / tl.sum(ex, 0)
+    p = tl.where(mask, p, -1.0)
+    denom = 1.0
+    if RENORM:  # first pass: the sum of the k largest probabilities
+        q = p
+        total = 0.0
+        for j in tl.static_range(TOPK):
+            best = tl.max(q, 0)
+            idx = tl.min(tl.where(q == best, offs, BLOCK_E), 0)
+            total += best
+            q = tl.where(offs == idx, -1.0, q)
+        denom = total
+    for j in tl.static_range(TOPK):
+        best = tl.max(p, 0)
+        idx = tl.min(tl.where(p == best, offs, BLOCK_E), 0)  # first index reaching the maximum
+        tl.store(W_out + row * TOPK + j, best / denom)
+        tl.store(Id_out + row * TOPK + j, idx.to(tl.int64))
+        p = tl.where(offs == idx, -1.0, p)
+
+
+def fused_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k softmax routing: router_logits [N, E] (CUDA, any float dtype) ->
+    (topk_weights [N, top_k] fp32, topk_ids [N, top_k] int64), by decreasing weight.
+
+    Raises:
+        ValueError: logits not 2-D, top_k outside [1, E], or CPU tensors outside the Triton interpreter.
+    """
+    check_cuda_or_interpret(router_logits, what="fused_topk")
+    if router_logits.dim() != 2 or router_logits.stride(-1) != 1:
+        raise ValueError(f"fused_topk: router_logits must be [N, E] with contiguous rows, got {tuple(router_logits.shape)}")
+    n, e = router_logits.shape
+    if not 1 <= top_k <= e:
+        raise ValueError(f"fused_topk: top_k={top_k} must be in [1, num_experts={e}]")
+    w = torch.empty(n, top_k, dtype=torch.float32, device=router_logits.device)
+    ids = torch.empty(n, top_k, dtype=torch.int64, device=router_logits.device)
+    if n:
+        _topk_softmax_kernel[(n,)](router_logits, w, ids, router_logits.stride(0), e, TOPK=top_k,
+                                   RENORM=renormalize, BLOCK_E=max(16, next_pow2(e)), num_warps=1 if e <= 128 else 4)
+    return w, ids
+
+
+def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sort (token, choice) pairs by expert and pad every expert's run to a multiple of ``block_m``.
+
+    Args:
+        topk_ids: [N, k] integer expert ids in ``[0, num_experts)``.
+    Returns:
+        sorted_ids: [P] int32, flat pair indices ``n * k + j`` grouped by expert (stable), padding
+            entries hold ``N * k``; P = ``N*k + min(N*k, E) * (block_m - 1)`` rounded up to block_m
+            (an upper bound computed from the shapes, so no host sync).
+        expert_ids: [P / block_m] int32, the expert of each M block, -1 for unused blocks.
+    """
+    flat = topk_ids.reshape(-1).to(torch.int64)
+    nk = flat.numel()
+    dev = flat.device
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    pad_end = torch.cumsum(padded, 0)
+    pad_start = pad_end - padded
+    cnt_start = torch.cumsum(counts, 0) - counts
+    order = torch.argsort(flat, stable=True)
+    e_sorted = flat[order]
+    dest = pad_start[e_sorted] + torch.arange(nk, device=dev) - cnt_start[e_sorted]
+    total = triton.cdiv(nk + min(nk, num_experts) * (block_m - 1), block_m) * block_m
+    sorted_ids = torch.full((total,), nk, dtype=torch.int32, device=dev)
+    sorted_ids[dest] = order.to(torch.int32)
+    block_start = torch.arange(0, total, block_m, device=dev)
+    expert_ids = torch.searchsorted(pad_end, block_start, right=True)
+    expert_ids = torch.where(block_start < pad_end[-1], expert_ids, -1).to(torch.int32)
+    return sorted_ids, expert_ids
+
+
+@triton.jit
+def _moe_gemm_kernel(A, B, C, TopkW, SortedIds, ExpertIds, N_out, K, num_valid, num_m_blocks,
+                     stride_am, stride_be, stride_bn, stride_cm,
+                     TOPK_DIV: tl.constexpr, MUL_W: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, DOT_F32: tl.constexpr):
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(N_out, BLOCK_N)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    gsize = tl.minimum(num_m_blocks - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % gsize
+    pid_n = (pid % per_group) // gsize
+    expert = tl.load(ExpertIds + pid_m).to(tl.int64)
+    if expert >= 0:
+        tok = tl.load(SortedIds + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        tmask = tok < num_valid
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        nmask = offs_n < N_out
+        offs_k = tl.arange(0, BLOCK_K)
+        a_ptrs = A + (tok // TOPK_DIV)[:, None] * stride_am + offs_k[None, :]
+        b_ptrs = B + expert * stride_be + offs_n[None, :].to(tl.int64) * stride_bn + offs_k[:, None]
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kmask = offs_k < K - k0
+            a = tl.load(a_ptrs, mask=tmask[:, None] & kmask[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=kmask[:, None] & nmask[None, :], other=0.0)
+            if DOT_F32:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc += tl.dot(a, b)
+            a_ptrs += BLOCK_K
+            b_ptrs += BLOCK_K
+        if MUL_W:
+            acc = acc * tl.load(TopkW + tok, mask=tmask, other=0.0).to(tl.float32)[:, None]
+        tl.store(C + tok[:, None] * stride_cm + offs_n[None, :], acc.to(C.dtype.element_ty),
+                 mask=tmask[:, None] & nmask[None, :])
+
+
+def _gemm_config(tokens_per_expert: float, on_gpu: bool) -> dict:
+    if not on_gpu:
+        return dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=4, num_warps=4, num_stages=1)
+    if tokens_per_expert <= 16:
+        return dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=4)
+    if tokens_per_expert <= 64:
+        return dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4)
+    return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
+
+
+def _grouped_gemm(a, b, c, topk_w, sorted_ids, expert_ids, topk_div, mul_w, cfg):
+    n_out, k = b.shape[1], b.shape[2]
+    num_m = expert_ids.shape[0]
+    grid = (num_m * triton.cdiv(n_out, cfg["BLOCK_N"]),)
+    _moe_gemm_kernel[grid](a, b, c, topk_w, sorted_ids, expert_ids, n_out, k, c.shape[0], num_m,
+                           a.stride(0), b.stride(0), b.stride(1), c.stride(0),
+                           TOPK_DIV=topk_div, MUL_W=mul_w, DOT_F32=interpreting(), **cfg)
+
+
+def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor) -> torch.Tensor:
+    """Grouped-GEMM MoE with the semantics of :func:`~sglang.srt.layers.moe.fused_moe.fused_moe_ref`.
+
+    Args:
+        x: [N, H] fp16/bf16/fp32 CUDA activations (contiguous rows).
+        w13: [E, 2I, H] stacked gate/up weights; w2: [E, H, I] down weights (x's dtype, contiguous).
+        topk_weights: [N, k] routing weights (used in fp32); topk_ids: [N, k] expert ids in [0, E).
+    Returns:
+        [N, H] in x.dtype.
+    Raises:
+        ValueError: inconsistent shapes/dtypes, or CPU tensors outside the Triton interpreter.
+    Note: fp32 inputs run the products in TF32 on a GPU.
+    """
+    check_cuda_or_interpret(x, w13, w2, topk_weights, topk_ids, what="fused_moe")
+    n, h = x.shape
+    e, two_i, h2 = w13.shape
+    if (h2 != h or w2.shape != (e, h, two_i // 2) or topk_ids.shape != topk_weights.shape
+            or topk_ids.shape[0] != n or w13.dtype != x.dtype or w2.dtype != x.dtype):
+        raise ValueError(f"fused_moe: inconsistent x={tuple(x.shape)} {x.dtype} w13={tuple(w13.shape)} {w13.dtype} "
+                         f"w2={tuple(w2.shape)} {w2.dtype} topk_weights={tuple(topk_weights.shape)} "
+                         f"topk_ids={tuple(topk_ids.shape)}")
+    if n == 0:
+        return torch.empty_like(x)
+    x = x.contiguous()
+    w13 = w13.contiguous()
+    w2 = w2.contiguous()
+    top_k = topk_ids.shape[1]
+    nk = n * top_k
+    cfg = _gemm_config(nk / e, x.is_cuda)
+    sorted_ids, expert_ids = moe_align_block_size(topk_ids, cfg["BLOCK_M"], e)
+    flat_w = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    inter1 = torch.empty(nk, two_i, dtype=x.dtype, device=x.device)
+    _grouped_gemm(x, w13, inter1, flat_w, sorted_ids, expert_ids, top_k, False, cfg)
+    act = silu_and_mul(inter1)
+    inter2 = torch.empty(nk, h, dtype=x.dtype, device=x.device)
+    _grouped_gemm(act, w2, inter2, flat_w, sorted_ids, expert_ids, 1, True, cfg)
+    return inter2.view(n, top_k, h).sum(dim=1, dtype=torch.float32).to(x.dtype)

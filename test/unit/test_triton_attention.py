@@ -1,0 +1,151 @@
+"""Triton attention backend vs the torch_native reference, on CPU under the Triton interpreter.
+
+Random paged layouts: shuffled KV slots, cached prefixes, GQA ratios 1/4/8,
+head_dim 8/64/128, decode, extend and mixed batches. On a CUDA host this module
+skips (``test/gpu/test_triton_kernels_gpu.py`` runs the compiled kernels), because
+``TRITON_INTERPRET`` must be set before any kernel module is imported.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if torch.cuda.is_available():
+    pytest.skip("CUDA host: the compiled kernels are tested in test/gpu/test_triton_kernels_gpu.py",
+                allow_module_level=True)
+os.environ["TRITON_INTERPRET"] = "1"
+pytest.importorskip("triton")
+
+from sglang.srt.layers.attention import create_attention_backend  # noqa: E402
+from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend  # noqa: E402
+from sglang.srt.layers.attention.triton_backend import TritonAttnBackend  # noqa: E402
+from sglang.srt.layers.radix_attention import RadixAttention  # noqa: E402
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool  # noqa: E402
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode  # noqa: E402
+
+TOL = {torch.float32: 2e-4, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+
+
+def build_case(gen: torch.Generator, prefix_lens: list[int], extend_lens: list[int], nh: int, nkv: int, hd: int,
+               dtype: torch.dtype, device: str = "cpu", layers: int = 2, layer_id: int = 1):
+    """Random paged batch: returns (q, k, v, layer, make_batch) where make_batch(backend) gives a ForwardBatch
+    over a fresh copy of the same random pool."""
+    bs = len(prefix_lens)
+    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
+    total = sum(seq_lens)
+    slots_total = total + 7
+    perm = torch.randperm(slots_total, generator=gen)[:total] + 1  # slot 0 is the dummy page
+    rows = torch.randperm(bs + 3, generator=gen)[:bs]
+    max_ctx = max(seq_lens) + 5
+    r2t = torch.randint(0, slots_total, (bs + 3, max_ctx), generator=gen, dtype=torch.int32)
+    out_loc, off = [], 0
+    for i in range(bs):
+        s = perm[off: off + seq_lens[i]]
+        r2t[rows[i], : seq_lens[i]] = s.to(torch.int32)
+        out_loc.append(s[prefix_lens[i]:])
+        off += seq_lens[i]
+    out_loc = torch.cat(out_loc)
+    k_init = [torch.randn(slots_total + 1, nkv, hd, generator=gen).to(dtype) for _ in range(layers)]
+    v_init = [torch.randn(slots_total + 1, nkv, hd, generator=gen).to(dtype) for _ in range(layers)]
+    n = sum(extend_lens)
+    q = torch.randn(n, nh * hd, generator=gen).to(dtype).to(device)
+    k = torch.randn(n, nkv * hd, generator=gen).to(dtype).to(device)
+    v = torch.randn(n, nkv * hd, generator=gen).to(dtype).to(device)
+    layer = RadixAttention(nh, hd, hd ** -0.5, nkv, layer_id)
+    if all(e == 1 for e in extend_lens):
+        mode = ForwardMode.DECODE
+    elif any(e == 1 for e in extend_lens):
+        mode = ForwardMode.MIXED
+    else:
+        mode = ForwardMode.EXTEND
+    starts = [sum(extend_lens[:i]) for i in range(bs)]
+
+    def make_batch(backend):
+        pool = MHATokenToKVPool(slots_total, 1, dtype, nkv, hd, layers, device)
+        for li in range(layers):
+            pool.k_buffer[li].copy_(k_init[li])
+            pool.v_buffer[li].copy_(v_init[li])
+        rpool = ReqToTokenPool(bs + 3, max_ctx, device)
+        rpool.req_to_token.copy_(r2t)
+
+        def t(x):
+            return torch.tensor(x, dtype=torch.int64, device=device)
+
+        fb = ForwardBatch(
+            forward_mode=mode, batch_size=bs, input_ids=t([1] * n), positions=t([0] * n),
+            out_cache_loc=out_loc.to(device), req_pool_indices=rows.to(device), seq_lens=t(seq_lens),
+            prefix_lens=t(prefix_lens), extend_lens=t(extend_lens), extend_start_loc=t(starts),
+            seq_lens_cpu=seq_lens, prefix_lens_cpu=prefix_lens, extend_lens_cpu=extend_lens,
+            req_to_token_pool=rpool, token_to_kv_pool=pool, attn_backend=backend)
+        backend.init_forward_metadata(fb)
+        return fb
+
+    return q, k, v, layer, make_batch
+
+
+def run_both(q, k, v, layer, make_batch):
+    ref_fb = make_batch(TorchNativeAttnBackend())
+    ref = ref_fb.attn_backend.forward(q, k, v, layer, ref_fb)
+    fb = make_batch(TritonAttnBackend())
+    out = fb.attn_backend.forward(q, k, v, layer, fb)
+    for a, b in ((fb.token_to_kv_pool.k_buffer, ref_fb.token_to_kv_pool.k_buffer),
+                 (fb.token_to_kv_pool.v_buffer, ref_fb.token_to_kv_pool.v_buffer)):
+        assert all(torch.equal(x, y) for x, y in zip(a, b)), "pool contents differ after the K/V write"
+    return out, ref
+
+
+def assert_close(out, ref, dtype):
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    err = (out.float() - ref.float()).abs().max().item()
+    assert err <= TOL[dtype] * max(1.0, ref.float().abs().max().item()), f"max abs err {err}"
+
+
+@pytest.mark.parametrize("nh,nkv,hd", [(4, 4, 8), (8, 2, 64), (16, 2, 128)])
+def test_decode_matches_torch_native(nh, nkv, hd):
+    gen = torch.Generator().manual_seed(100 + hd + nh)
+    prefix = [int(x) for x in torch.randint(1, 90, (3,), generator=gen)]
+    case = build_case(gen, prefix, [1] * 3, nh, nkv, hd, torch.float32)
+    out, ref = run_both(*case)
+    assert_close(out, ref, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decode_low_precision(dtype):
+    gen = torch.Generator().manual_seed(7)
+    case = build_case(gen, [70, 3, 129], [1, 1, 1], 8, 1, 64, dtype)
+    out, ref = run_both(*case)
+    assert_close(out, ref, dtype)
+
+
+@pytest.mark.parametrize("nh,nkv,hd", [(4, 4, 8), (8, 2, 64), (8, 1, 128)])
+def test_extend_with_cached_prefix(nh, nkv, hd):
+    gen = torch.Generator().manual_seed(200 + hd + nkv)
+    case = build_case(gen, [0, 37, 5], [45, 20, 3], nh, nkv, hd, torch.float32)
+    out, ref = run_both(*case)
+    assert_close(out, ref, torch.float32)
+
+
+@pytest.mark.parametrize("dtype,nh,nkv,hd", [(torch.float16, 8, 2, 64), (torch.bfloat16, 8, 2, 64),
+                                             (torch.float32, 16, 2, 128), (torch.float32, 2, 2, 8)])
+def test_mixed_decode_and_extend(dtype, nh, nkv, hd):
+    gen = torch.Generator().manual_seed(11 + hd)
+    q, k, v, layer, make_batch = build_case(gen, [40, 0, 17, 3, 90], [1, 33, 1, 9, 1], nh, nkv, hd, dtype)
+    out, ref = run_both(q, k, v, layer, make_batch)
+    assert_close(out, ref, dtype)
+    backend = TritonAttnBackend()
+    make_batch(backend)
+    meta = backend.metadata
+    assert meta.num_decode == 3 and meta.decode_token_index.tolist() == [0, 34, 44]  # decode rows use the decode kernel
+    assert meta.extend_lens.tolist() == [33, 9] and meta.max_extend_len == 33
+
+
+def test_registry_and_missing_metadata():
+    backend = create_attention_backend("triton")
+    assert isinstance(backend, TritonAttnBackend)
+    gen = torch.Generator().manual_seed(3)
+    q, k, v, layer, _ = build_case(gen, [4], [1], 2, 1, 8, torch.float32)
+    with pytest.raises(ValueError, match="init_forward_metadata"):
+        backend.forward(q, k, v, layer, object())
