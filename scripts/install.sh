@@ -5,5 +5,5 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 python3 -m pip install -q --disable-pip-version-check "torch==2.13.0" -e "$root/python[test]"
 if [ -f "$root/sgl-kernel/pyproject.toml" ]; then
-  python3 -m pip install -q --disable-pip-version-check --no-build-isolation -e "$root/sgl-kernel"
+  python3 -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e "$root/sgl-kernel"
 fi

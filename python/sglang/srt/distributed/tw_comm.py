@@ -1,0 +1,352 @@
+"""tw-comm workspace API: fused AllReduce + residual add + RMSNorm (TokenWeave, Gond et al. 2025, section 3.3).
+
+One long-lived :class:`TwCommWorkspace` per process group (symmetric staging buffers and signal pads, shared
+once over CUDA IPC; no multicast objects) and stateless calls :func:`allreduce_rmsnorm` / :func:`allreduce`
+taking tensors + workspace. The backend is chosen per call by size, world size and overlap mode
+(:func:`select_backend`) and logged:
+
+* ``p2p_oneshot``  small inputs: push to all peers, one barrier, local reduce + norm (lowest latency);
+* ``p2p_twoshot``  large inputs: ReduceScatter by peer stores -> residual + RMSNorm on own 1/N rows ->
+  AllGather by peer loads (line-rate traffic);
+* ``ce``           overlap mode, large inputs: copy engines move the data, the norm kernel uses <= ``ce_sms`` SMs;
+* ``nvls``         only where multicast is supported AND allowed (never on our hosts; tw-comm creates no
+  multicast objects, so it is never selected by this workspace);
+* ``nccl``         fallback (world not in {2, 4, 8}, capacity exceeded, no P2P); ``torch`` on CPU (gloo);
+  ``local``        world size 1.
+
+The caller's tensors are used in place (the kernels push x from wherever it lives and pull results straight into
+``out``/``residual``), so there is no symmetric input view to write into and no copy-in / copy-out.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import logging
+import os
+from dataclasses import dataclass
+from typing import Mapping, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+NVLS_ENV_VARS = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
+_FALSE = ("0", "false", "no", "off")
+_TRUE = ("1", "true", "yes", "on")
+
+
+class TwBackend(str, enum.Enum):
+    """Implementation chosen for one call."""
+
+    ONESHOT = "p2p_oneshot"
+    TWOSHOT = "p2p_twoshot"
+    CE = "ce"
+    NVLS = "nvls"
+    NCCL = "nccl"
+    TORCH = "torch"
+    LOCAL = "local"
+
+
+@dataclass(frozen=True)
+class TwCommConfig:
+    """Workspace sizing and backend thresholds.
+
+    max_bytes: largest input a call may stage, T * H * element size in bytes (the workspace allocates about
+      4x this per GPU: two slots of input + output regions). oneshot_max_bytes: per-world-size input bytes up to
+      which one-shot is used. *_sms: default SM (thread block) bounds. ce_min_bytes: smallest input sent to the
+      copy-engine variant in overlap mode. residual_sharded: two-shot/CE update only this rank's token range of
+      the residual (TokenWeave keeps the residual sharded between layers; saves one AllGather).
+    """
+
+    max_bytes: int = 64 << 20
+    # crossovers measured on 8x H200 (benchmark/results/tw_comm_allreduce_rmsnorm_20261120_2306.md, hidden 8192)
+    oneshot_max_bytes: Tuple[Tuple[int, int], ...] = ((2, 4 << 20), (4, 1 << 20), (8, 1 << 20))
+    oneshot_sms: int = 64
+    twoshot_sms: int = 128  # the two-shot copy phases are latency-bound per SM: time falls with SMs up to ~128
+    ce_sms: int = 8
+    ce_min_bytes: int = 32 << 20  # at >= 2048 tokens x 8192, CE on 8 SMs beat two-shot on 8 SMs (world 4, 8)
+    residual_sharded: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_bytes <= 0:
+            raise ValueError(f"max_bytes={self.max_bytes} must be > 0")
+        for name in ("oneshot_sms", "twoshot_sms", "ce_sms"):
+            v = getattr(self, name)
+            if not 1 <= v <= 256:
+                raise ValueError(f"{name}={v} must be in [1, 256]")
+
+    def oneshot_limit(self, world: int) -> int:
+        """One-shot byte threshold for ``world`` ranks (0 if none configured)."""
+        return dict(self.oneshot_max_bytes).get(world, 0)
+
+
+def nvls_env_allows(env: Optional[Mapping[str, str]] = None) -> Tuple[bool, str]:
+    """Whether the environment allows NVLink multicast: (allowed, reason).
+
+    Refused when NCCL_NVLS_ENABLE is false-like ("0"), or TORCH_SYMM_MEM_DISABLE_MULTICAST or
+    NVSHMEM_DISABLE_NVLS is true-like. Pure function of ``env`` (default ``os.environ``).
+    """
+    env = os.environ if env is None else env
+    v = env.get("NCCL_NVLS_ENABLE")
+    if v is not None and v.strip().lower() in _FALSE:
+        return False, f"NCCL_NVLS_ENABLE={v}"
+    for name in ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
+        v = env.get(name)
+        if v is not None and v.strip().lower() in _TRUE:
+            return False, f"{name}={v}"
+    return True, "environment allows multicast"
+
+
+def staging_bytes(tokens: int, hidden: int, world: int, elem: int = 2) -> Tuple[int, int]:
+    """(two-shot, one-shot) staging bytes a call needs: world*ceil(T/world)*H*elem and world*T*H*elem."""
+    stride = -(-tokens // world)
+    return world * stride * hidden * elem, world * tokens * hidden * elem
+
+
+def select_backend(
+    tokens: int,
+    hidden: int,
+    world: int,
+    *,
+    config: TwCommConfig,
+    overlap: bool = False,
+    p2p_available: bool = True,
+    on_cuda: bool = True,
+    nvls_available: bool = False,
+    capacity_bytes: int = 0,
+    elem: int = 2,
+) -> TwBackend:
+    """Pick the backend for a [tokens, hidden] call (pure; logged by the caller).
+
+    nvls_available must be True only when the gate passed AND a multicast mapping exists (never here).
+    capacity_bytes: the workspace's staging region size.
+    """
+    if world == 1:
+        return TwBackend.LOCAL
+    if not on_cuda:
+        return TwBackend.TORCH
+    if nvls_available:
+        return TwBackend.NVLS
+    if not p2p_available:
+        return TwBackend.NCCL
+    two_need, one_need = staging_bytes(tokens, hidden, world, elem)
+    if two_need > capacity_bytes:
+        return TwBackend.NCCL
+    nbytes = tokens * hidden * elem
+    if overlap and nbytes >= config.ce_min_bytes:
+        return TwBackend.CE
+    if nbytes <= config.oneshot_limit(world) and one_need <= capacity_bytes:
+        return TwBackend.ONESHOT
+    return TwBackend.TWOSHOT
+
+
+class TwCommWorkspace:
+    """Long-lived tw-comm state for one process group on one device.
+
+    Creating it is collective over ``group`` (every rank must construct it): each rank allocates its staging
+    buffers and signal pads, the CUDA IPC handles are all-gathered as uint8 tensors, and peers' buffers are
+    opened. On CPU, or for a world size tw-comm does not build for (not 2/4/8), no buffers are made and calls use
+    torch.distributed (``torch`` / ``nccl`` backends). ``close()`` (collective) frees everything.
+    """
+
+    def __init__(
+        self,
+        group: Optional[dist.ProcessGroup],
+        device: torch.device,
+        config: TwCommConfig = TwCommConfig(),
+    ):
+        self.group = group
+        self.device = torch.device(device)
+        self.config = config
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self._handle: Optional[int] = None
+        self._lib = None
+        self._logged: set = set()
+        self.capacity_bytes = 0
+        self.nvls_reason = nvls_env_allows()[1]
+        if self.device.type == "cuda" and self.world in (2, 4, 8):
+            self._open()
+
+    def _open(self) -> None:
+        from sgl_kernel.tw_comm_lib import IPC_HANDLE_BYTES, load_library
+
+        self._lib = lib = load_library()
+        dev = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        self.device = torch.device("cuda", dev)
+        h = ctypes.c_void_p()
+        lib.call("tw_workspace_create", dev, self.rank, self.world, self.config.max_bytes, ctypes.byref(h))
+        self._handle = h.value
+        buf = ctypes.create_string_buffer(IPC_HANDLE_BYTES)
+        lib.call("tw_workspace_ipc_handle", ctypes.c_void_p(self._handle), ctypes.cast(buf, ctypes.c_void_p))
+        mine = torch.frombuffer(bytearray(buf.raw), dtype=torch.uint8)
+        comm_dev = self.device if "nccl" in str(dist.get_backend(self.group)) else torch.device("cpu")
+        gathered = torch.empty(self.world * IPC_HANDLE_BYTES, dtype=torch.uint8, device=comm_dev)
+        dist.all_gather_into_tensor(gathered, mine.to(comm_dev), group=self.group)
+        all_bytes = ctypes.create_string_buffer(bytes(gathered.cpu().tolist()), self.world * IPC_HANDLE_BYTES)
+        lib.call("tw_workspace_open", ctypes.c_void_p(self._handle), ctypes.cast(all_bytes, ctypes.c_void_p))
+        self.capacity_bytes = int(lib.raw("tw_workspace_capacity", ctypes.c_void_p(self._handle)))
+        dist.barrier(group=self.group)
+        from sgl_kernel.tw_comm_ops import nvls_gate
+
+        self.nvls_reason = nvls_gate(dev)[1]
+        logger.info(
+            "tw-comm workspace: rank %d/%d on %s, staging capacity %d bytes; nvls: %s",
+            self.rank, self.world, self.device, self.capacity_bytes, self.nvls_reason,
+        )
+
+    @property
+    def handle(self) -> int:
+        """Opaque library handle for the sgl_kernel ops; ValueError if this workspace has no P2P buffers."""
+        if self._handle is None:
+            raise ValueError("this workspace has no tw-comm buffers (CPU, unsupported world size, or closed)")
+        return self._handle
+
+    def select(self, tokens: int, hidden: int, overlap: bool = False, elem: int = 2) -> TwBackend:
+        """Backend for a [tokens, hidden] call; logs the first use of each (backend, overlap) pair at INFO."""
+        b = select_backend(
+            tokens, hidden, self.world, config=self.config, overlap=overlap,
+            p2p_available=self._handle is not None, on_cuda=self.device.type == "cuda",
+            nvls_available=False, capacity_bytes=self.capacity_bytes, elem=elem,
+        )
+        key = (b, overlap)
+        if key not in self._logged:
+            self._logged.add(key)
+            logger.info("tw-comm: backend %s for T=%d H=%d world=%d overlap=%s", b.value, tokens, hidden,
+                        self.world, overlap)
+        else:
+            logger.debug("tw-comm: backend %s for T=%d H=%d", b.value, tokens, hidden)
+        return b
+
+    def close(self) -> None:
+        """Collective: wait for all ranks, then unmap peers and free this rank's buffers."""
+        if self._handle is not None:
+            torch.cuda.synchronize(self.device)
+            dist.barrier(group=self.group)
+            self._lib.call("tw_workspace_destroy", ctypes.c_void_p(self._handle))
+            self._handle = None
+
+    def __enter__(self) -> "TwCommWorkspace":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def allreduce_rmsnorm(self, x, residual, weight, eps, **kw) -> torch.Tensor:
+        """Method form of :func:`allreduce_rmsnorm`."""
+        return allreduce_rmsnorm(self, x, residual, weight, eps, **kw)
+
+    def allreduce(self, x, **kw) -> torch.Tensor:
+        """Method form of :func:`allreduce`."""
+        return allreduce(self, x, **kw)
+
+
+def _ops():
+    """Import (and thereby register) the sgl_kernel torch ops."""
+    from sgl_kernel import tw_comm_ops
+
+    return tw_comm_ops
+
+
+def _sms(ws: TwCommWorkspace, backend: TwBackend, max_sms: Optional[int]) -> int:
+    if max_sms is not None:
+        if not 1 <= max_sms <= 256:
+            raise ValueError(f"max_sms={max_sms} must be in [1, 256]")
+        return max_sms
+    c = ws.config
+    return {TwBackend.ONESHOT: c.oneshot_sms, TwBackend.CE: c.ce_sms}.get(backend, c.twoshot_sms)
+
+
+def allreduce_rmsnorm(
+    ws: TwCommWorkspace,
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    out: Optional[torch.Tensor] = None,
+    overlap: bool = False,
+    backend: Optional[TwBackend] = None,
+    max_sms: Optional[int] = None,
+    residual_sharded: Optional[bool] = None,
+) -> torch.Tensor:
+    """``residual += allreduce(x); out = rmsnorm(residual) * weight`` over ``ws.group`` (fp32 accumulation).
+
+    x, residual: [T, H] bf16/fp16 on ``ws.device`` (H % 8 == 0, H <= 16384); weight: [H]. residual is updated
+    in place (only this rank's token range when residual_sharded and the backend is two-shot/CE); returns
+    ``out`` ([T, H], allocated if None). All ranks must call with the same shapes, backend and max_sms.
+    CUDA-graph capturable on the P2P/CE backends. Raises ValueError on bad arguments.
+    """
+    from sgl_kernel.tw_comm_validate import validate_allreduce_rmsnorm
+
+    validate_allreduce_rmsnorm(x, residual, weight, out, eps)
+    if out is None:
+        out = torch.empty_like(x)
+    tokens, hidden = x.shape
+    b = backend or ws.select(tokens, hidden, overlap, x.element_size())
+    sharded = ws.config.residual_sharded if residual_sharded is None else residual_sharded
+    if tokens == 0:
+        return out
+    if b in (TwBackend.ONESHOT, TwBackend.TWOSHOT, TwBackend.CE):
+        ops = _ops()
+        variant = {TwBackend.ONESHOT: ops.ONESHOT, TwBackend.TWOSHOT: ops.TWOSHOT, TwBackend.CE: ops.CE}[b]
+        torch.ops.sgl_kernel.tw_allreduce_rmsnorm(ws.handle, x, residual, weight, out, float(eps), variant,
+                                                  _sms(ws, b, max_sms), bool(sharded))
+        return out
+    if b == TwBackend.NVLS:
+        raise ValueError("backend nvls is not available: tw-comm creates no multicast objects (" +
+                         ws.nvls_reason + ")")
+    if b == TwBackend.LOCAL:
+        total = x
+    else:
+        total = x.clone() if b == TwBackend.NCCL else x.float()
+        dist.all_reduce(total, group=ws.group)
+    if x.is_cuda and b in (TwBackend.NCCL, TwBackend.LOCAL):
+        _ops()
+        torch.ops.sgl_kernel.tw_fused_add_rmsnorm(total, residual, weight, out, float(eps),
+                                                  _sms(ws, TwBackend.TWOSHOT, max_sms))
+        return out
+    from sgl_kernel.reference import add_rmsnorm_fp32
+
+    new_res, normed = add_rmsnorm_fp32(total.float(), residual, weight, eps)
+    residual.copy_(new_res)
+    out.copy_(normed)
+    return out
+
+
+def allreduce(
+    ws: TwCommWorkspace,
+    x: torch.Tensor,
+    *,
+    out: Optional[torch.Tensor] = None,
+    backend: Optional[TwBackend] = None,
+    max_sms: Optional[int] = None,
+) -> torch.Tensor:
+    """Plain AllReduce (sum) of x [T, H] bf16/fp16 over ``ws.group`` into ``out`` (allocated if None)."""
+    from sgl_kernel.tw_comm_validate import validate_allreduce
+
+    validate_allreduce(x, out)
+    if out is None:
+        out = torch.empty_like(x)
+    tokens, hidden = x.shape
+    b = backend or ws.select(tokens, hidden, False, x.element_size())
+    if tokens == 0:
+        return out
+    if b in (TwBackend.ONESHOT, TwBackend.TWOSHOT):
+        variant = 0 if b == TwBackend.ONESHOT else 1
+        _ops()
+        torch.ops.sgl_kernel.tw_allreduce(ws.handle, x, out, variant, _sms(ws, b, max_sms))
+        return out
+    if b == TwBackend.CE:
+        raise ValueError("backend ce has no plain AllReduce form; use p2p_oneshot or p2p_twoshot")
+    if b == TwBackend.NVLS:
+        raise ValueError("backend nvls is not available: tw-comm creates no multicast objects")
+    if b == TwBackend.LOCAL:
+        out.copy_(x)
+        return out
+    total = x.clone() if b == TwBackend.NCCL else x.float()
+    dist.all_reduce(total, group=ws.group)
+    out.copy_(total)
+    return out

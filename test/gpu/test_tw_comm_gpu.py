@@ -1,0 +1,212 @@
+"""GPU correctness of tw-comm's fused AllReduce + residual + RMSNorm (2/4/8 ranks, one process per GPU).
+
+Each variant (one-shot, two-shot, two-shot with sharded residual, copy-engine, plain AllReduce, NCCL fallback)
+is compared with NCCL AllReduce in fp32 + fp32 RMSNorm on fresh random inputs, outputs poisoned with NaN first;
+token counts 1..16384 including ones not divisible by the world size; CUDA-graph capture + replay; thousands of
+back-to-back calls (signal reuse, no hang); and the NVLS gate refuses (never launching a multimem kernel).
+"""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+# NVLink multicast is forbidden on our hosts: every process started here inherits these.
+os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
+
+REPO = Path(__file__).resolve().parents[2]
+PATHS = [str(REPO / "sgl-kernel" / "python"), str(REPO / "python")]
+sys.path[:0] = PATHS
+
+pytestmark = pytest.mark.gpu
+
+EPS = 1e-5
+TOL = dict(rtol=2e-2, atol=2e-2)
+
+
+def _inputs(seed, rank, tokens, hidden, dtype, device):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    residual = (torch.randn(tokens, hidden, generator=g) * 2).to(dtype)
+    weight = (torch.rand(hidden, generator=g) + 0.5).to(dtype)
+    g.manual_seed(seed * 131 + rank + 1)
+    x = torch.randn(tokens, hidden, generator=g).to(dtype)
+    return x.to(device), residual.to(device), weight.to(device)
+
+
+def _reference(x, residual, weight):
+    import torch.distributed as dist
+    from sgl_kernel.reference import add_rmsnorm_fp32
+
+    total = x.float()
+    dist.all_reduce(total)
+    return add_rmsnorm_fp32(total, residual, weight, EPS), total
+
+
+def _check_variant(ws, backend, tokens, hidden, dtype, seed, sms=None, sharded=False):
+    from sgl_kernel.reference import owned_range
+    from sglang.srt.distributed.tw_comm import allreduce_rmsnorm
+
+    x, residual, weight = _inputs(seed, ws.rank, tokens, hidden, dtype, ws.device)
+    if backend == type(backend).NCCL:  # the fallback sums in x's dtype inside NCCL: compare with exactly that
+        import torch.distributed as dist
+        from sgl_kernel.reference import add_rmsnorm_fp32
+
+        total = x.clone()
+        dist.all_reduce(total)
+        res_ref, out_ref = add_rmsnorm_fp32(total.float(), residual, weight, EPS)
+    else:
+        (res_ref, out_ref), _ = _reference(x, residual, weight)
+    r = residual.clone()
+    out = torch.full_like(x, float("nan"))
+    allreduce_rmsnorm(ws, x, r, weight, EPS, out=out, backend=backend, max_sms=sms, residual_sharded=sharded)
+    torch.cuda.synchronize()
+    tag = f"{backend.value} T={tokens} H={hidden} {dtype} sms={sms} sharded={sharded}"
+    assert torch.isfinite(out).all(), f"{tag}: unwritten output rows"
+    torch.testing.assert_close(out.float(), out_ref.float(), **TOL, msg=lambda m: f"{tag}: out {m}")
+    if sharded:
+        s, e = owned_range(tokens, ws.world, ws.rank)
+        torch.testing.assert_close(r[s:e].float(), res_ref[s:e].float(), **TOL, msg=lambda m: f"{tag}: res {m}")
+        assert torch.equal(r[:s], residual[:s]) and torch.equal(r[e:], residual[e:]), f"{tag}: foreign rows"
+    else:
+        torch.testing.assert_close(r.float(), res_ref.float(), **TOL, msg=lambda m: f"{tag}: residual {m}")
+    return out
+
+
+def _check_consistent(out):
+    """Every rank must hold the bit-identical result."""
+    import torch.distributed as dist
+
+    ref = out.clone()
+    dist.broadcast(ref, 0)
+    assert torch.equal(ref, out), "ranks disagree on the AllReduce result"
+
+
+def _worker(rank, world, init_file, quick):
+    sys.path[:0] = PATHS
+    import torch.distributed as dist
+    from sgl_kernel import tw_comm_ops
+    from sgl_kernel.tw_comm_lib import TW_ERR_NVLS_REFUSED, load_library
+    from sglang.srt.distributed.tw_comm import TwBackend, TwCommConfig, TwCommWorkspace, allreduce, allreduce_rmsnorm
+
+    torch.cuda.set_device(rank)
+    dev = torch.device("cuda", rank)
+    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world, device_id=dev)
+    ws = TwCommWorkspace(None, dev, TwCommConfig(max_bytes=16384 * 2048 * 2))
+    try:
+        B = TwBackend
+        bf, fp = torch.bfloat16, torch.float16
+        # --- NVLS gate refuses, before any launch (env first)
+        ok, why = tw_comm_ops.nvls_gate(rank)
+        assert not ok and "NCCL_NVLS_ENABLE" in why, why
+        lib = load_library()
+        rc = lib.raw("tw_nvls_allreduce_rmsnorm", ws.handle, None, None, None, None, None, None, 8, 64, 0,
+                     EPS, 4, None)
+        assert rc == TW_ERR_NVLS_REFUSED, (rc, lib.last_error())
+        with pytest.raises(ValueError, match="nvls"):
+            x, r, w = _inputs(1, rank, 4, 64, bf, dev)
+            allreduce_rmsnorm(ws, x, r, w, EPS, backend=B.NVLS)
+        # --- correctness sweep
+        seed = 0
+        cases = [(1, 8192), (2, 64), (3, 4096), (5, 16384), (7, 2048), (13, 8), (64, 2048), (127, 1024),
+                 (1000, 2048), (2049, 2048), (4097, 1024), (16384, 2048), (16383, 256), (777, 16384)]
+        if quick:
+            cases = cases[::2]
+        for i, (T, H) in enumerate(cases):
+            dtype = bf if i % 3 else fp
+            variants = [(B.TWOSHOT, 32, False), (B.TWOSHOT, 3, True), (B.CE, 4, False), (B.CE, 8, True),
+                        (B.NCCL, None, False)]
+            if world * T * H * 2 <= ws.capacity_bytes:
+                variants.append((B.ONESHOT, 16, False))
+            for backend, sms, sharded in variants:
+                seed += 1
+                out = _check_variant(ws, backend, T, H, dtype, seed, sms, sharded)
+                if i % 4 == 0:
+                    _check_consistent(out)
+        # --- plain AllReduce
+        for T, H, variant in [(1, 4096, B.ONESHOT), (33, 1024, B.ONESHOT), (1001, 2048, B.TWOSHOT),
+                              (5, 8, B.TWOSHOT)]:
+            seed += 1
+            x, _, _ = _inputs(seed, rank, T, H, bf, dev)
+            total = x.float()
+            dist.all_reduce(total)
+            out = allreduce(ws, x, out=torch.full_like(x, float("nan")), backend=variant, max_sms=8)
+            torch.testing.assert_close(out.float(), total, **TOL)
+        # --- local fused add + RMSNorm op (baseline path)
+        x, r, w = _inputs(99, rank, 37, 8192, bf, dev)
+        from sgl_kernel.reference import add_rmsnorm_fp32
+
+        exp_r, exp_o = add_rmsnorm_fp32(x.float(), r, w, EPS)
+        o = torch.empty_like(x)
+        torch.ops.sgl_kernel.tw_fused_add_rmsnorm(x, r, w, o, EPS, 16)
+        torch.testing.assert_close(o.float(), exp_o.float(), **TOL)
+        torch.testing.assert_close(r.float(), exp_r.float(), **TOL)
+        # --- CUDA graphs: capture each variant, replay with fresh inputs
+        for backend, T, H, sms in [(B.ONESHOT, 5, 4096, 8), (B.TWOSHOT, 301, 2048, 16), (B.CE, 1031, 1024, 4)]:
+            x, residual, w = _inputs(500, rank, T, H, bf, dev)
+            r = residual.clone()
+            out = torch.empty_like(x)
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                allreduce_rmsnorm(ws, x, r, w, EPS, out=out, backend=backend, max_sms=sms)
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                allreduce_rmsnorm(ws, x, r, w, EPS, out=out, backend=backend, max_sms=sms)
+            for rep in range(4):
+                nx, nres, _ = _inputs(600 + rep, rank, T, H, bf, dev)
+                x.copy_(nx)
+                r.copy_(nres)
+                out.fill_(float("nan"))
+                (res_ref, out_ref), _ = _reference(nx, nres, w)
+                g.replay()
+                torch.cuda.synchronize()
+                torch.testing.assert_close(out.float(), out_ref.float(), **TOL, msg=lambda m: f"graph {backend}: {m}")
+                torch.testing.assert_close(r.float(), res_ref.float(), **TOL)
+            del g
+        # --- thousands of back-to-back calls, mixed variants and grids, then a checked call
+        x1, r1, w1 = _inputs(700, rank, 8, 4096, bf, dev)
+        x2, r2, w2 = _inputs(701, rank, 77, 2048, bf, dev)
+        o1, o2 = torch.empty_like(x1), torch.empty_like(x2)
+        n_calls = 600 if quick else 3000
+        t0 = time.time()
+        for it in range(n_calls):
+            allreduce_rmsnorm(ws, x1, r1, w1, EPS, out=o1, backend=B.ONESHOT, max_sms=8 if it % 2 else 3)
+            allreduce_rmsnorm(ws, x2, r2, w2, EPS, out=o2, backend=B.TWOSHOT, max_sms=1 + it % 32)
+            if it % 100 == 0:
+                allreduce_rmsnorm(ws, x2, r2, w2, EPS, out=o2, backend=B.CE, max_sms=2)
+        torch.cuda.synchronize()
+        elapsed = time.time() - t0
+        for backend in (B.ONESHOT, B.TWOSHOT, B.CE):
+            _check_variant(ws, backend, 77, 2048, bf, 800, 8)
+        if rank == 0:
+            print(f"[tw-comm gpu] world={world}: {n_calls * 2 + n_calls // 100} back-to-back calls in {elapsed:.2f}s")
+    finally:
+        ws.close()
+        dist.destroy_process_group()
+
+
+def _run(world, tmp_path, quick, timeout_s=150):
+    import torch.multiprocessing as mp
+
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs, found {torch.cuda.device_count()}")
+    from sgl_kernel.tw_comm_build import build_library
+
+    build_library()  # once, before the ranks start
+    ctx = mp.spawn(_worker, args=(world, str(tmp_path / "store"), quick), nprocs=world, join=False)
+    deadline = time.time() + timeout_s
+    while not ctx.join(timeout=5):
+        if time.time() > deadline:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+            pytest.fail(f"tw-comm GPU test hung for {timeout_s}s at world={world}")
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_tw_comm_gpu(world, tmp_path):
+    _run(world, tmp_path, quick=os.environ.get("TW_COMM_QUICK") == "1")

@@ -1,0 +1,115 @@
+"""Argument validation, token partition, NVLS environment gate and backend selection of tw-comm (CPU)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "sgl-kernel" / "python"))
+sys.path.insert(0, str(REPO / "python"))
+
+from sgl_kernel.reference import owned_range  # noqa: E402
+from sgl_kernel.tw_comm_validate import validate_allreduce, validate_allreduce_rmsnorm  # noqa: E402
+from sglang.srt.distributed.tw_comm import (  # noqa: E402
+    TwBackend,
+    TwCommConfig,
+    nvls_env_allows,
+    select_backend,
+    staging_bytes,
+)
+
+
+def _args(T=5, H=64, dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(T * 1000 + H)
+    x = torch.randn(T, H, generator=g).to(dtype)
+    return x, torch.randn(T, H, generator=g).to(dtype), torch.rand(H, generator=g).to(dtype) + 0.5
+
+
+def test_valid_arguments_pass():
+    for dtype in (torch.bfloat16, torch.float16):
+        x, r, w = _args(dtype=dtype)
+        validate_allreduce_rmsnorm(x, r, w, torch.empty_like(x))
+        validate_allreduce(x, torch.empty_like(x))
+    x, r, w = _args(H=16384, T=2)
+    validate_allreduce_rmsnorm(x, r, w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int8, torch.float64])
+def test_wrong_dtype_is_named(dtype):
+    x, r, w = _args()
+    with pytest.raises(ValueError, match=str(dtype)):
+        validate_allreduce_rmsnorm(x.to(dtype), r.to(dtype), w.to(dtype))
+    with pytest.raises(ValueError, match=str(dtype)):
+        validate_allreduce(x.to(dtype))
+
+
+@pytest.mark.parametrize("hidden", [12, 100, 16392, 20000])
+def test_bad_hidden_is_named(hidden):
+    x, r, w = _args(T=2, H=hidden)
+    with pytest.raises(ValueError, match=f"hidden={hidden}"):
+        validate_allreduce_rmsnorm(x, r, w)
+    with pytest.raises(ValueError, match=f"hidden={hidden}"):
+        validate_allreduce(x)
+
+
+def test_mismatched_shapes_are_named():
+    x, r, w = _args(T=6, H=64)
+    with pytest.raises(ValueError, match=r"residual.shape=\(5, 64\)"):
+        validate_allreduce_rmsnorm(x, r[:5], w)
+    with pytest.raises(ValueError, match=r"out.shape=\(6, 32\)"):
+        validate_allreduce_rmsnorm(x, r, w, torch.empty(6, 32, dtype=x.dtype))
+    with pytest.raises(ValueError, match=r"weight.shape=\(32,\)"):
+        validate_allreduce_rmsnorm(x, r, w[:32])
+    with pytest.raises(ValueError, match=r"shape \(384,\)"):
+        validate_allreduce_rmsnorm(x.reshape(-1), r, w)
+    with pytest.raises(ValueError, match="residual.dtype"):
+        validate_allreduce_rmsnorm(x, r.half(), w)
+    with pytest.raises(ValueError, match="contiguous"):
+        validate_allreduce_rmsnorm(x.t().contiguous().t(), r, w)
+    with pytest.raises(ValueError, match="eps=0"):
+        validate_allreduce_rmsnorm(x, r, w, eps=0)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
+def test_owned_ranges_partition_every_token_count(world):
+    g = torch.Generator().manual_seed(world)
+    for tokens in [0, 1, world - 1, world, world + 1] + torch.randint(1, 20000, (20,), generator=g).tolist():
+        ranges = [owned_range(tokens, world, q) for q in range(world)]
+        assert ranges[0][0] == 0 and ranges[-1][1] == tokens
+        for (s0, e0), (s1, e1) in zip(ranges, ranges[1:]):
+            assert e0 == s1
+        sizes = [e - s for s, e in ranges]
+        assert max(sizes) - min(sizes) <= 1 and max(sizes) <= -(-tokens // world)
+    with pytest.raises(ValueError, match=f"rank={5 + world}"):
+        owned_range(10, world, 5 + world)
+
+
+def test_nvls_env_gate():
+    assert nvls_env_allows({})[0]
+    safe = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+    ok, why = nvls_env_allows(safe)
+    assert not ok and "NCCL_NVLS_ENABLE=0" in why
+    for name, val in safe.items():
+        ok, why = nvls_env_allows({name: val})
+        assert not ok and name in why
+    assert nvls_env_allows({"NCCL_NVLS_ENABLE": "1", "NVSHMEM_DISABLE_NVLS": "0"})[0]
+
+
+def test_backend_selection():
+    cfg = TwCommConfig()
+    cap = staging_bytes(16384, 8192, 8)[0]
+    sel = lambda T, world=8, **kw: select_backend(T, 8192, world, config=cfg, capacity_bytes=cap, **kw)  # noqa
+    assert sel(1) == TwBackend.ONESHOT and sel(64) == TwBackend.ONESHOT  # 1 MiB at world 8
+    assert sel(65) == TwBackend.TWOSHOT and sel(16384) == TwBackend.TWOSHOT
+    assert sel(256, world=2) == TwBackend.ONESHOT and sel(257, world=2) == TwBackend.TWOSHOT
+    assert sel(4096, overlap=True) == TwBackend.CE and sel(8, overlap=True) == TwBackend.ONESHOT
+    assert sel(1024, overlap=True) == TwBackend.TWOSHOT and sel(2048, overlap=True) == TwBackend.CE
+    assert sel(16385) == TwBackend.NCCL  # beyond capacity
+    assert sel(8, p2p_available=False) == TwBackend.NCCL
+    assert sel(8, on_cuda=False) == TwBackend.TORCH
+    assert sel(8, world=1) == TwBackend.LOCAL
+    assert sel(8, nvls_available=True) == TwBackend.NVLS
+    with pytest.raises(ValueError, match="twoshot_sms=0"):
+        TwCommConfig(twoshot_sms=0)
