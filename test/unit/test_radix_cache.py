@@ -6,7 +6,7 @@ from typing import Any, List
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
@@ -38,6 +38,7 @@ class Env:
         self.cache = cache_cls(self.pool, self.alloc)
         self.rng = random.Random(seed)
         self.live: List[FakeReq] = []
+        self.evictions: List[tuple] = []  # (asked, freed) of evictions done by extend()
 
     def admit(self, tokens):
         idx = self.pool.alloc(1)
@@ -66,7 +67,7 @@ class Env:
             if out is not None:
                 break
             if attempt == 0:
-                self.cache.evict(n + self.P)
+                self.evictions.append((n + self.P, self.cache.evict(n + self.P)))
         if out is None:
             return False
         assert out.numel() == n
@@ -312,16 +313,29 @@ def _model_insert(model, tokens, row, P):
         model.setdefault(tuple(tokens[:j]), tuple(row[j - P:j].tolist()))
 
 
+def _check_eviction(env, model, asked, freed):
+    """Check one evict(asked) -> freed against the model before it; returns the model after it."""
+    c, P = env.cache, env.P
+    after = _tree_pages(c)
+    assert all(model.get(k) == v for k, v in after.items())  # retained pages keep their slots
+    assert all(k[:j] in after for k in after for j in range(P, len(k), P))  # only leaves went
+    assert freed == (len(model) - len(after)) * P
+    assert freed >= asked or c.evictable_size() == 0
+    for r in env.live:  # locked prefixes survive
+        assert _model_match(after, r.tokens()[:len(r.prefix_indices)], P) == r.prefix_indices.tolist()
+    return after
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), page_size=st.sampled_from([1, 4]))
 def test_property_random_interleavings(data, page_size):
-    env = Env(page_size, 48 // page_size if page_size == 1 else 14, max_reqs=4, ctx=96,
+    env = Env(page_size, 32 if page_size == 1 else 10, max_reqs=4, ctx=96,
               seed=data.draw(st.integers(0, 2**16)))
     c, P = env.cache, page_size
     model = {}
     seqs = []
     ops = data.draw(st.lists(st.sampled_from(["new", "extend", "extend", "unfinished", "finish", "evict", "match"]),
-                             min_size=5, max_size=30))
+                             min_size=20, max_size=60))
     for op in ops:
         if op == "new":
             base = data.draw(st.sampled_from(seqs)) if seqs and data.draw(st.booleans()) else []
@@ -331,11 +345,18 @@ def test_property_random_interleavings(data, page_size):
             r = env.admit(tokens)
             if r is not None:
                 assert r.prefix_indices.tolist() == expect
+                if expect:
+                    event("admitted with a cached prefix")
                 seqs.append(tokens)
         elif op in ("extend", "unfinished", "finish") and env.live:
             r = data.draw(st.sampled_from(env.live))
             if op == "extend":
-                env.extend(r, data.draw(st.integers(1, 9)))
+                if not env.extend(r, data.draw(st.integers(1, 9))):
+                    event("out of KV")
+                for n, freed in env.evictions:
+                    event("extend had to evict")
+                    model = _check_eviction(env, model, n, freed)
+                env.evictions.clear()
             else:
                 _model_insert(model, r.tokens()[:r.kv_len], env.row(r), P)
                 if op == "unfinished":
@@ -346,16 +367,10 @@ def test_property_random_interleavings(data, page_size):
                     env.finish(r)
                 assert _tree_pages(c) == model
         elif op == "evict":
-            n = data.draw(st.integers(0, 40))
-            freed = c.evict(n)
-            after = _tree_pages(c)
-            assert all(model.get(k) == v for k, v in after.items())  # retained pages keep their slots
-            assert all(k[:j] in after for k in after for j in range(P, len(k), P))  # only leaves went
-            assert freed == (len(model) - len(after)) * P
-            assert freed >= n or c.evictable_size() == 0
-            for r in env.live:  # locked prefixes survive
-                assert _model_match(after, r.tokens()[:len(r.prefix_indices)], P) == r.prefix_indices.tolist()
-            model = after
+            n = data.draw(st.integers(0, 64))
+            if c.protected_size():
+                event("evict with locked nodes")
+            model = _check_eviction(env, model, n, c.evict(n))
         elif op == "match":
             key = data.draw(st.sampled_from(seqs)) if seqs else []
             key = key[:data.draw(st.integers(0, len(key)))] + data.draw(st.lists(st.integers(1, 4), max_size=4))

@@ -68,6 +68,7 @@ class ServerArgs:
     node_rank: int = 0
     dist_init_addr: Optional[str] = None  # host:port of rank 0 for multi-node
     disable_custom_all_reduce: bool = False
+    comm_backend: str = "auto"  # auto | torch | custom | nocomm (benchmarks only) | module:factory
 
     # Misc
     random_seed: int = 0

@@ -3,8 +3,12 @@
 Process tree::
 
     main process: HTTP server (uvicorn) + TokenizerManager (asyncio)
-      |- Scheduler subprocess (model, KV cache, batching)
+      |- Scheduler subprocess per TP rank (model shard, KV cache, batching; rank 0 owns the sockets)
       |- DetokenizerManager subprocess (incremental detokenization)
+
+Multi-node TP (``--nnodes N --node-rank R --dist-init-addr HOST:PORT``): every node runs this launcher;
+node R starts its ``tp/N`` ranks; only node 0 serves HTTP. A watchdog thread stops the server with a
+clear error when any child dies.
 
 Children are ``spawn``-ed; each exits when it notices its parent is gone, and
 the parent kills them on SIGINT/SIGTERM or when startup fails.
@@ -16,33 +20,80 @@ import atexit
 import logging
 import multiprocessing as mp
 import os
-from dataclasses import dataclass
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Optional
 
 from sglang.srt.server_args import DEFAULT_MODEL, PortArgs, ServerArgs
 
 logger = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_S = 1800
+WATCHDOG_INTERVAL_S = 0.5
+NVLS_OFF_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 @dataclass
 class Subprocesses:
-    """Handles of the child processes plus what the scheduler reported at startup."""
+    """Handles of the child processes plus what the scheduler (rank 0) reported at startup.
+
+    ``schedulers``: one process per local TP rank (``scheduler`` is the first, rank 0 on node 0);
+    ``detokenizer`` is None on nodes other than 0. ``failure`` is set by :meth:`watch` when a child
+    died while serving.
+    """
 
     scheduler: mp.Process
-    detokenizer: mp.Process
+    detokenizer: Optional[mp.Process]
     scheduler_info: dict
+    schedulers: list = field(default_factory=list)
+    tp_ranks: list = field(default_factory=list)
+    failure: Optional[str] = None
+    _closing: threading.Event = field(default_factory=threading.Event)
+
+    def children(self) -> list:
+        return list(self.schedulers or [self.scheduler]) + ([self.detokenizer] if self.detokenizer else [])
 
     def shutdown(self, timeout: float = 5.0) -> None:
-        """Terminate both children (SIGTERM, then SIGKILL after ``timeout`` seconds)."""
-        for p in (self.scheduler, self.detokenizer):
+        """Terminate every child (SIGTERM, then SIGKILL after ``timeout`` seconds)."""
+        self._closing.set()
+        procs = self.children()
+        for p in procs:
             if p.is_alive():
                 p.terminate()
-        for p in (self.scheduler, self.detokenizer):
-            p.join(timeout)
+        deadline = time.monotonic() + timeout
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
             if p.is_alive():
                 p.kill()
                 p.join(1.0)
+
+    def dead_child(self) -> Optional[str]:
+        """A message naming the first child that exited, or None while all live."""
+        for p, rank in zip(self.schedulers, self.tp_ranks):
+            if not p.is_alive():
+                return f"scheduler TP rank {rank} (pid {p.pid}) exited unexpectedly with code {p.exitcode}"
+        if self.detokenizer is not None and not self.detokenizer.is_alive():
+            return f"detokenizer (pid {self.detokenizer.pid}) exited unexpectedly with code {self.detokenizer.exitcode}"
+        return None
+
+    def watch(self, on_failure) -> threading.Thread:
+        """Start a daemon thread that, when any child dies (and we are not shutting down), records
+        :attr:`failure`, logs it and calls ``on_failure()`` once."""
+
+        def loop() -> None:
+            while not self._closing.wait(WATCHDOG_INTERVAL_S):
+                why = self.dead_child()
+                if why and not self._closing.is_set():
+                    self.failure = why
+                    logger.error("%s; stopping the server", why)
+                    on_failure()
+                    return
+
+        t = threading.Thread(target=loop, name="sglang-child-watchdog", daemon=True)
+        t.start()
+        return t
 
 
 def resolve_model(server_args: ServerArgs) -> ServerArgs:
@@ -55,46 +106,133 @@ def resolve_model(server_args: ServerArgs) -> ServerArgs:
     return server_args.replace(model_path=path, served_model_name=server_args.served_model_name or DEFAULT_MODEL)
 
 
-def launch_subprocesses(server_args: ServerArgs, port_args: PortArgs) -> Subprocesses:
-    """Start the scheduler and detokenizer; wait until the model is loaded.
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_parallel_args(server_args: ServerArgs) -> None:
+    """Validate ``--tp-size/--ep-size/--nnodes`` against the model's config before any process starts.
 
     Raises:
-        RuntimeError: the scheduler failed to start (its message says why:
-            unknown architecture, missing or corrupt weights, ...).
+        ValueError: e.g. ``--tp-size=3`` with 8 attention heads (the message lists valid sizes).
     """
-    ctx = mp.get_context("spawn")
+    if server_args.tp_size == 1 and server_args.nnodes == 1 and server_args.ep_size == 1:
+        return
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.distributed.parallel_state import validate_tp_config
+
+    mc = ModelConfig.from_path(server_args.model_path, server_args.context_length, server_args.dtype,
+                               server_args.resolved_device)
+    validate_tp_config(mc, server_args.tp_size, server_args.ep_size, server_args.nnodes)
+
+
+def _wait_ready(procs: Subprocesses, pipes: list, deadline: float) -> dict:
+    """Wait for every local rank's ready message; the first error or dead rank aborts (message returned)."""
+    infos: dict[int, dict] = {}
+    while len(infos) < len(pipes):
+        if time.monotonic() > deadline:
+            return {"status": "error", "message": f"the scheduler did not start within {STARTUP_TIMEOUT_S} s"}
+        for (rank, reader), p in zip(pipes, procs.schedulers):
+            if rank in infos:
+                continue
+            try:
+                if reader.poll(0.1):
+                    info = reader.recv()
+                    if info.get("status") != "ready":
+                        return info
+                    infos[rank] = info
+                elif not p.is_alive():
+                    return {"status": "error", "message": f"the scheduler process of TP rank {rank} died during "
+                                                          f"startup (exit code {p.exitcode})"}
+            except EOFError:
+                return {"status": "error", "message": f"the scheduler process of TP rank {rank} died during "
+                                                      f"startup (exit code {p.exitcode})"}
+    return infos[min(infos)]
+
+
+def launch_subprocesses(server_args: ServerArgs, port_args: PortArgs) -> Subprocesses:
+    """Start this node's scheduler ranks (and, on node 0, the detokenizer); wait until every rank is ready.
+
+    TP: ranks ``node_rank * tp/nnodes ... + tp/nnodes - 1`` run here, one process each; they rendezvous at
+    ``--dist-init-addr`` (multi-node) or a free local port. Every child gets the no-NVLink-multicast
+    environment (``NCCL_NVLS_ENABLE=0`` ...).
+    Raises:
+        ValueError: ``--tp-size`` does not fit the model (checked before anything is spawned).
+        RuntimeError: a rank failed to start (its message says why: unknown architecture, missing or
+            corrupt weights, failed rendezvous, ...) or died during startup.
+    """
+    from sglang.srt.distributed.parallel_state import dist_init_method
     from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
     from sglang.srt.managers.scheduler_process import run_scheduler_process
 
-    reader, writer = ctx.Pipe(duplex=False)
+    check_parallel_args(server_args)
+    for k, v in NVLS_OFF_ENV.items():  # inherited by the spawned children
+        os.environ.setdefault(k, v)
+    ctx = mp.get_context("spawn")
+    tp, nnodes = server_args.tp_size, server_args.nnodes
+    per_node = tp // nnodes
+    ranks = list(range(server_args.node_rank * per_node, (server_args.node_rank + 1) * per_node))
+    init = None
+    if tp > 1:
+        init = dist_init_method(server_args.dist_init_addr, None if server_args.dist_init_addr else _free_port())
     parent = os.getpid()
-    sched = ctx.Process(target=run_scheduler_process, args=(server_args, port_args, writer, parent),
-                        name="sglang::scheduler", daemon=True)
-    detok = ctx.Process(target=run_detokenizer_process, args=(server_args, port_args, parent),
-                        name="sglang::detokenizer", daemon=True)
-    sched.start()
-    detok.start()
-    procs = Subprocesses(sched, detok, {})
+    pipes, scheds = [], []
+    for rank in ranks:
+        reader, writer = ctx.Pipe(duplex=False)
+        name = f"sglang::scheduler_TP{rank}" if tp > 1 else "sglang::scheduler"
+        p = ctx.Process(target=run_scheduler_process, args=(server_args, port_args, writer, parent, rank, init),
+                        name=name, daemon=True)
+        pipes.append((rank, reader))
+        scheds.append(p)
+    detok = None
+    if server_args.node_rank == 0:
+        detok = ctx.Process(target=run_detokenizer_process, args=(server_args, port_args, parent),
+                            name="sglang::detokenizer", daemon=True)
+    for p, rank in zip(scheds, ranks):
+        p.start()
+        if tp > 1:
+            logger.info("scheduler TP rank %d started (pid %d)", rank, p.pid)
+    if detok is not None:
+        detok.start()
+    procs = Subprocesses(scheds[0], detok, {}, schedulers=scheds, tp_ranks=ranks)
     atexit.register(procs.shutdown)
     try:
-        if not reader.poll(STARTUP_TIMEOUT_S):
-            raise RuntimeError(f"the scheduler did not start within {STARTUP_TIMEOUT_S} s")
-        info = reader.recv()
-    except EOFError:
-        info = {"status": "error", "message": f"the scheduler process died during startup (exit code {sched.exitcode})"}
+        info = _wait_ready(procs, pipes, time.monotonic() + STARTUP_TIMEOUT_S)
     except BaseException:
         procs.shutdown()
         raise
     if info.get("status") != "ready":
         procs.shutdown()
         raise RuntimeError(f"server startup failed: {info.get('message')}")
-    info.pop("status")
+    for key in ("status", "tp_rank", "pid"):
+        info.pop(key, None)
     procs.scheduler_info = info
     return procs
 
 
+def _serve_worker_node(server_args: ServerArgs, procs: Subprocesses) -> None:
+    """Nodes other than 0: no HTTP; keep the ranks alive until one exits or we are signalled."""
+    stop = threading.Event()
+    procs.watch(stop.set)
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    logger.info("node %d: TP ranks %s serving (HTTP is on node 0)", server_args.node_rank, procs.tp_ranks)
+    try:
+        stop.wait()
+    finally:
+        for sig, h in previous.items():
+            signal.signal(sig, h)
+
+
 def launch_server(server_args: ServerArgs) -> None:
-    """Run the whole server in the foreground until SIGINT/SIGTERM."""
+    """Run the whole server in the foreground until SIGINT/SIGTERM.
+
+    Raises:
+        RuntimeError: startup failed, or a child (e.g. a TP rank) died while serving.
+    """
     from sglang.srt.entrypoints.http_server import create_app, launch_http_server
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
@@ -102,14 +240,20 @@ def launch_server(server_args: ServerArgs) -> None:
     port_args = PortArgs.init_new()
     procs = launch_subprocesses(server_args, port_args)
     try:
-        tm = TokenizerManager(server_args, port_args, procs.scheduler_info)
-        app = create_app(tm, server_args)
-        logger.info("serving %s at %s", server_args.model_name, server_args.url())
-        launch_http_server(app, server_args)
+        if server_args.node_rank != 0:
+            _serve_worker_node(server_args, procs)
+        else:
+            tm = TokenizerManager(server_args, port_args, procs.scheduler_info)
+            app = create_app(tm, server_args)
+            procs.watch(lambda: os.kill(os.getpid(), signal.SIGTERM))
+            logger.info("serving %s at %s (tp_size=%d)", server_args.model_name, server_args.url(),
+                        server_args.tp_size)
+            launch_http_server(app, server_args)
     finally:
+        failure = procs.failure
         procs.shutdown()
         import shutil
 
         shutil.rmtree(port_args.ipc_dir, ignore_errors=True)
-
-
+    if failure:
+        raise RuntimeError(f"server stopped: {failure}")

@@ -55,18 +55,28 @@ class RMSNorm(nn.Module):
         hidden_size: normalized size H.
         eps: numerical epsilon (HF ``rms_norm_eps``).
         params_dtype: weight dtype (default: torch's default dtype).
+        comm: tensor parallelism's fused path. When set, ``forward(x, residual)`` treats ``x`` as this
+            rank's *partial sum* (the output of a ``RowParallelLinear``/``FusedMoE`` built with
+            ``reduce_results=False``) and returns ``comm.all_reduce_add_rmsnorm(x, residual, weight, eps)``:
+            AllReduce + residual add + RMSNorm in one call (TokenWeave, Gond et al. 2025, sec. 3.3), so a
+            fused kernel can replace the three steps without touching model code. ``forward(x)``
+            without a residual never communicates (its input is already complete).
     ``forward(x [.., H])`` -> normed x; ``forward(x, residual)`` -> ``(normed(x + residual), x + residual)``;
     see :func:`rmsnorm_ref` for the exact numerics.
     """
 
-    def __init__(self, hidden_size: int, eps: float = 1e-6, params_dtype: Optional[torch.dtype] = None):
+    def __init__(self, hidden_size: int, eps: float = 1e-6, params_dtype: Optional[torch.dtype] = None,
+                 comm=None):
         super().__init__()
         self.hidden_size = hidden_size
         self.eps = eps
+        self.comm = comm
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=params_dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
+        if residual is not None and self.comm is not None:
+            return self.comm.all_reduce_add_rmsnorm(x, residual, self.weight, self.eps)
         return rmsnorm_ref(x, self.weight, self.eps, residual)
 
     def extra_repr(self) -> str:
-        return f"{self.hidden_size}, eps={self.eps}"
+        return f"{self.hidden_size}, eps={self.eps}{', fused all-reduce' if self.comm is not None else ''}"

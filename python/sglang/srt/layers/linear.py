@@ -42,17 +42,31 @@ def check_tp(tp_rank: int, tp_size: int) -> None:
         raise ValueError(f"invalid tensor parallel rank/size: tp_rank={tp_rank}, tp_size={tp_size}")
 
 
-def copy_checked(param: torch.Tensor, loaded: torch.Tensor, what: str) -> None:
-    """``param.copy_(loaded)`` (casting dtype/device) after checking shapes; raises ValueError on mismatch."""
+def materialize(loaded: Any) -> torch.Tensor:
+    """A real tensor from ``loaded``: a tensor as is, or a lazy checkpoint tensor read in full.
+
+    Lazy tensors (e.g. :class:`~sglang.srt.model_loader.loader.SafetensorsSlice`) have ``shape``,
+    ``dim()``, ``narrow(dim, start, length) -> Tensor`` (reads only that slice) and
+    ``materialize() -> Tensor``; weight loaders narrow them first so a TP rank reads only its shard.
+    """
+    return loaded if isinstance(loaded, torch.Tensor) else loaded.materialize()
+
+
+def copy_checked(param: torch.Tensor, loaded: Any, what: str) -> None:
+    """``param.copy_(loaded)`` (casting dtype/device) after checking shapes; raises ValueError on mismatch.
+
+    ``loaded`` may be a lazy checkpoint tensor (see :func:`materialize`).
+    """
     if tuple(param.shape) != tuple(loaded.shape):
         raise ValueError(f"{what}: loaded shape {tuple(loaded.shape)} does not match parameter shape {tuple(param.shape)}")
     with torch.no_grad():
-        param.copy_(loaded)
+        param.copy_(materialize(loaded))
 
 
-def narrow_full(loaded: torch.Tensor, dim: int, start: int, length: int, full: int, what: str) -> torch.Tensor:
+def narrow_full(loaded: Any, dim: int, start: int, length: int, full: int, what: str) -> torch.Tensor:
     """``loaded.narrow(dim, start, length)`` after checking that ``loaded.shape[dim] == full`` (the unsharded size).
 
+    ``loaded`` may be lazy (see :func:`materialize`): then only the slice is read.
     Raises ValueError naming ``what`` and the shapes when the loaded tensor has the wrong size.
     """
     if loaded.dim() <= dim or loaded.shape[dim] != full:
@@ -138,6 +152,7 @@ class MergedColumnParallelLinear(LinearBase):
 
     def weight_loader(self, param, loaded_full_weight, shard_id=None):
         if shard_id is None:
+            loaded_full_weight = materialize(loaded_full_weight)
             if loaded_full_weight.shape[0] != sum(self.output_sizes):
                 raise ValueError(f"MergedColumnParallelLinear: packed weight has {loaded_full_weight.shape[0]} rows, "
                                  f"expected {sum(self.output_sizes)}")
@@ -190,6 +205,7 @@ class QKVParallelLinear(LinearBase):
     def weight_loader(self, param, loaded_full_weight, shard_id=None):
         hs = self.head_size
         if shard_id is None:
+            loaded_full_weight = materialize(loaded_full_weight)
             sizes = [self.total_num_heads * hs, self.total_num_kv_heads * hs, self.total_num_kv_heads * hs]
             if loaded_full_weight.shape[0] != sum(sizes):
                 raise ValueError(f"QKVParallelLinear: packed weight has {loaded_full_weight.shape[0]} rows, expected {sum(sizes)}")
@@ -215,7 +231,9 @@ class RowParallelLinear(LinearBase):
             ``[r*in/tp, (r+1)*in/tp)`` of the HF weight, x is ``[..., in/tp]``.
         bias: full ``[output_size]`` bias, added once (on rank 0 before the reduction).
         reduce_results: all-reduce the output (False when the caller fuses the
-            reduction, e.g. into AllReduce + residual + RMSNorm).
+            reduction, e.g. into AllReduce + residual + RMSNorm: the output is then this
+            rank's partial sum, and an :class:`~sglang.srt.layers.layernorm.RMSNorm` built
+            with ``comm`` reduces it in ``comm.all_reduce_add_rmsnorm``).
         comm: object with ``all_reduce(t: Tensor) -> Tensor`` (sum over the TP
             group); required when ``tp_size > 1`` and ``reduce_results``.
     Raises ValueError (at forward) when a reduction is needed and ``comm`` is None.

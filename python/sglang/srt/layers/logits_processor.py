@@ -33,16 +33,26 @@ class LogitsProcessor(nn.Module):
     """Projects hidden states to logits with the LM head weight ([vocab, hidden]).
 
     ``logit_scale`` multiplies the logits (1.0 for most models).
+    Tensor parallelism: with ``tp_size > 1`` the weight is this rank's vocabulary shard
+    ``[V_pad/tp, hidden]`` (:class:`~sglang.srt.layers.vocab_parallel_embedding.ParallelLMHead`);
+    the local logits are all-gathered over ``comm`` (in the model dtype, then cast to fp32) and the
+    padding columns dropped, so every rank holds the full ``[rows, vocab]`` logits.
+    Raises ValueError (at forward) when ``tp_size > 1`` and ``comm`` is None.
     """
 
-    def __init__(self, vocab_size: int, logit_scale: float = 1.0):
+    def __init__(self, vocab_size: int, logit_scale: float = 1.0, tp_size: int = 1, comm=None):
         super().__init__()
         self.vocab_size = vocab_size
         self.logit_scale = logit_scale
+        self.tp_size, self.comm = tp_size, comm
 
     def _project(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
-        logits = torch.matmul(hidden, lm_head_weight.t()).float()
-        logits = logits[:, : self.vocab_size]
+        logits = torch.matmul(hidden, lm_head_weight.t())
+        if self.tp_size > 1:
+            if self.comm is None:
+                raise ValueError("LogitsProcessor with tp_size > 1 needs a comm object to all-gather the logits")
+            logits = self.comm.all_gather(logits, dim=-1)
+        logits = logits.float()[:, : self.vocab_size]
         return logits * self.logit_scale if self.logit_scale != 1.0 else logits
 
     def forward(self, hidden_states: torch.Tensor, lm_head_weight: torch.Tensor, forward_batch) -> LogitsProcessorOutput:

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sglang.srt.layers.linear import check_tp, copy_checked
+from sglang.srt.layers.linear import check_tp, copy_checked, narrow_full
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,10 @@ class VocabParallelEmbedding(nn.Module):
         n = max(self.vocab_end - self.vocab_start, 0)
         with torch.no_grad():
             param[n:].zero_()
-        copy_checked(param[:n], loaded_full_weight[self.vocab_start:self.vocab_end], type(self).__name__)
+        if n:  # narrow: a lazy checkpoint tensor reads only this rank's rows
+            what = type(self).__name__
+            copy_checked(param[:n], narrow_full(loaded_full_weight, 0, self.vocab_start, n, self.num_embeddings, what),
+                         what)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
@@ -75,7 +78,7 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     It is not called directly: models pass ``lm_head.weight`` to
     :class:`~sglang.srt.layers.logits_processor.LogitsProcessor`, which with
-    tp_size > 1 must gather the per-rank logits (not done yet).
+    tp_size > 1 all-gathers the per-rank logits ``[bs, V_pad/tp]`` into ``[bs, V_pad]``.
     """
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,14 @@ The loop (nano-vllm style, one screen)::
         handle every message that arrived (requests, aborts, control)
         outputs = scheduler.step()          # no-op when idle
         push outputs to the detokenizer; push stats now and then
+
+Tensor parallelism: one such process per TP rank. Only rank 0 binds/connects the ZMQ sockets. Each
+iteration rank 0 drains its socket and broadcasts the raw message bytes over the CPU (gloo) group
+(:func:`~sglang.srt.distributed.parallel_state.broadcast_bytes_list`); every rank then handles the same
+messages in the same order and runs the same deterministic :meth:`Scheduler.step`, so all ranks build
+identical batches and enter the model's collectives together (sampled tokens are made identical by the
+ModelRunner). Only rank 0 sends outputs, replies and stats. A rank whose peer died gets an error from
+the next collective and exits; the launcher notices any dead rank and stops the server.
 """
 
 from __future__ import annotations
@@ -40,15 +48,27 @@ IDLE_POLL_MS = 500
 class SchedulerProcess:
     """Wires a :class:`Scheduler` to its sockets (see the module docstring)."""
 
-    def __init__(self, server_args, port_args, scheduler):
+    def __init__(self, server_args, port_args, scheduler, parallel_state=None):
         self.scheduler = scheduler
+        self.parallel_state = parallel_state
+        self.is_leader = parallel_state is None or parallel_state.tp_rank == 0
+        self.last_stats = 0.0
+        if not self.is_leader:
+            return
         ctx = zmq.Context(2)
         self.recv_sock = get_zmq_socket(ctx, zmq.PULL, port_args.scheduler_input_ipc, bind=True)
         self.to_detok = get_zmq_socket(ctx, zmq.PUSH, port_args.detokenizer_ipc, bind=False)
         self.to_tokenizer = get_zmq_socket(ctx, zmq.PUSH, port_args.tokenizer_ipc, bind=False)
         self.poller = zmq.Poller()
         self.poller.register(self.recv_sock, zmq.POLLIN)
-        self.last_stats = 0.0
+
+    def send_detok(self, msg) -> None:
+        if self.is_leader:
+            self.to_detok.send(encode_msg(msg))
+
+    def send_tokenizer(self, msg) -> None:
+        if self.is_leader:
+            self.to_tokenizer.send(encode_msg(msg))
 
     def handle(self, msg) -> None:
         s = self.scheduler
@@ -59,50 +79,68 @@ class SchedulerProcess:
                 from sglang.srt.managers.io_struct import BatchTokenIDOut
 
                 logger.warning("rejecting request %s: %s", msg.rid, e)
-                self.to_detok.send(encode_msg(BatchTokenIDOut(
+                self.send_detok(BatchTokenIDOut(
                     rids=[msg.rid], finished_reasons=[{"type": "abort", "message": str(e), "status_code": 400}],
                     output_ids=[[]], prompt_tokens=[len(msg.input_ids)], completion_tokens=[0], cached_tokens=[0],
                     skip_special_tokens=[True], spaces_between_special_tokens=[True], no_stop_trim=[False],
-                    stop_strs=[[]])))
+                    stop_strs=[[]]))
         elif isinstance(msg, AbortReq):
             s.abort(msg)
         elif isinstance(msg, FlushCacheReqInput):
             ok, why = s.flush_cache()
-            self.to_tokenizer.send(encode_msg(FlushCacheReqOutput(success=ok, message=why)))
+            self.send_tokenizer(FlushCacheReqOutput(success=ok, message=why))
         elif isinstance(msg, GetInternalStateReq):
-            self.to_tokenizer.send(encode_msg(GetInternalStateReqOutput(state=s.internal_state())))
+            self.send_tokenizer(GetInternalStateReqOutput(state=s.internal_state()))
         else:
             logger.warning("scheduler ignores unexpected message %s", type(msg).__name__)
 
-    def recv_all(self, block: bool) -> None:
+    def recv_raw(self, block: bool) -> list[bytes]:
+        """Rank 0: every message waiting on the input socket (waits up to IDLE_POLL_MS when ``block``)."""
         timeout = IDLE_POLL_MS if block else 0
+        raw = []
         while self.poller.poll(timeout):
-            self.handle(decode_msg(self.recv_sock.recv()))
+            raw.append(self.recv_sock.recv())
             timeout = 0
+        return raw
+
+    def recv_all(self, block: bool) -> None:
+        """Receive (rank 0) and share (TP) this iteration's messages, then handle them on every rank."""
+        raw = self.recv_raw(block) if self.is_leader else None
+        ps = self.parallel_state
+        if ps is not None and ps.tp_size > 1:
+            from sglang.srt.distributed.parallel_state import broadcast_bytes_list
+
+            raw = broadcast_bytes_list(raw, ps.cpu_group, src=0)
+        for data in raw:
+            self.handle(decode_msg(data))
 
     def event_loop(self, parent_pid: Optional[int]) -> None:
         s = self.scheduler
         while True:
             self.recv_all(block=not s.has_work())
             for out in s.step():
-                self.to_detok.send(encode_msg(out))
+                self.send_detok(out)
             now = time.monotonic()
             if now - self.last_stats > STATS_INTERVAL_S:
                 self.last_stats = now
-                self.to_tokenizer.send(encode_msg(s.stats()))
+                self.send_tokenizer(s.stats())
                 if parent_pid is not None and os.getppid() != parent_pid:
                     logger.error("parent process %d is gone; scheduler exits", parent_pid)
                     return
 
 
-def run_scheduler_process(server_args, port_args, ready_pipe, parent_pid: Optional[int] = None) -> None:
-    """Entry point of the scheduler subprocess.
+def run_scheduler_process(server_args, port_args, ready_pipe, parent_pid: Optional[int] = None, tp_rank: int = 0,
+                          dist_init_method: Optional[str] = None) -> None:
+    """Entry point of the scheduler subprocess of TP rank ``tp_rank``.
 
     Sends ``{"status": "ready", ...scheduler info}`` through ``ready_pipe`` once
     the model and KV cache are set up, or ``{"status": "error", "message": ...}``
-    if startup fails (unknown architecture, missing/corrupt weights, ...).
+    if startup fails (unknown architecture, missing/corrupt weights, a failed TP rendezvous, ...).
+    With ``server_args.tp_size > 1`` it first joins the TP group at ``dist_init_method``
+    (``tcp://HOST:PORT``).
     """
-    configure_logger(server_args.log_level, "Scheduler")
+    tp_size = server_args.tp_size
+    configure_logger(server_args.log_level, f"Scheduler TP{tp_rank}" if tp_size > 1 else "Scheduler")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent coordinates shutdown
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     try:
@@ -112,14 +150,25 @@ def run_scheduler_process(server_args, port_args, ready_pipe, parent_pid: Option
 
         device = server_args.resolved_device
         mc = ModelConfig.from_path(server_args.model_path, server_args.context_length, server_args.dtype, device)
-        runner = ModelRunner(mc, server_args, device)
+        ps = None
+        if tp_size > 1:
+            from sglang.srt.distributed.parallel_state import DistConfig, init_parallel_state, validate_tp_config
+
+            validate_tp_config(mc, tp_size, server_args.ep_size, server_args.nnodes)
+            ps = init_parallel_state(DistConfig(
+                tp_rank=tp_rank, tp_size=tp_size, init_method=dist_init_method or "", device=device,
+                ep_size=server_args.ep_size, nnodes=server_args.nnodes, node_rank=server_args.node_rank))
+            if device == "cuda":
+                device = str(ps.torch_device())
+        runner = ModelRunner(mc, server_args, device, tp_rank=tp_rank, tp_size=tp_size, parallel_state=ps)
         tokenizer = None if server_args.skip_tokenizer_init else get_tokenizer(
             server_args.resolved_tokenizer_path, server_args.trust_remote_code)
         scheduler = Scheduler(server_args, runner, tokenizer)
-        proc = SchedulerProcess(server_args, port_args, scheduler)
+        proc = SchedulerProcess(server_args, port_args, scheduler, ps)
     except Exception as e:  # report any startup failure to the launcher
-        logger.error("scheduler failed to start: %s\n%s", e, traceback.format_exc())
-        ready_pipe.send({"status": "error", "message": f"{type(e).__name__}: {e}"})
+        logger.error("scheduler (TP rank %d) failed to start: %s\n%s", tp_rank, e, traceback.format_exc())
+        ready_pipe.send({"status": "error", "message": f"TP rank {tp_rank}: {type(e).__name__}: {e}"
+                         if tp_size > 1 else f"{type(e).__name__}: {e}"})
         return
     ready_pipe.send({
         "status": "ready",
@@ -131,11 +180,14 @@ def run_scheduler_process(server_args, port_args, ready_pipe, parent_pid: Option
         "device": str(runner.device),
         "dtype": str(mc.dtype).replace("torch.", ""),
         "architecture": mc.architecture,
+        "tp_size": tp_size,
+        "tp_rank": tp_rank,
+        "pid": os.getpid(),
     })
     try:
         proc.event_loop(parent_pid)
     except Exception:
-        logger.error("scheduler crashed:\n%s", traceback.format_exc())
+        logger.error("scheduler (TP rank %d) crashed:\n%s", tp_rank, traceback.format_exc())
         if parent_pid is not None:
             try:
                 os.kill(parent_pid, signal.SIGTERM)

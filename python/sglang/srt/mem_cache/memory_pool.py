@@ -79,7 +79,7 @@ class ReqToTokenPool:
         Raises:
             ValueError: an index is out of range or already free (double free); nothing is freed then.
         """
-        items = [idx] if isinstance(idx, int) else list(idx)
+        items = [int(i) for i in idx] if isinstance(idx, (list, tuple)) else [int(idx)]
         seen = set()
         for i in items:
             if not 0 <= i < self.size:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import torch
+import torch.distributed as dist
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.attention import create_attention_backend
@@ -55,22 +56,49 @@ class ModelRunner:
         server_args: sizing flags (``max_total_tokens``, ``mem_fraction_static``,
             ``max_running_requests``, ``page_size``, ``load_format``, ``attention_backend``).
         device: ``"cpu"`` or ``"cuda"`` (``"cuda:N"``).
+        tp_rank, tp_size: tensor parallelism; ``tp_size > 1`` needs ``parallel_state``.
+        parallel_state: the rank's :class:`~sglang.srt.distributed.parallel_state.ParallelState`.
+        comm_backend: communicator backend name (default: ``server_args.comm_backend`` if that flag
+            exists, else "auto"; see :func:`~sglang.srt.distributed.communicator.create_communicator`).
+        comm: a ready communicator (overrides ``comm_backend``; benchmarks use it).
+    Tensor parallelism: each rank holds its weight shards and a KV pool of its local KV heads
+    (``num_key_value_heads / tp``, or 1 replicated head when ``tp >= num_key_value_heads``); the KV
+    budget in tokens is the minimum over ranks so every rank schedules the same. Sampling: every rank
+    samples from the same all-gathered logits, then rank 0's token ids are broadcast over the TP device
+    group, so all ranks continue with identical tokens even where reductions are not bitwise
+    reproducible across ranks (one tiny broadcast per step).
     Raises:
-        ValueError: the KV budget leaves no room for a single max-length request.
+        ValueError: the KV budget leaves no room for a single max-length request, or tp_size > 1
+            without a parallel_state.
     """
 
-    def __init__(self, model_config: ModelConfig, server_args: "ServerArgs", device: str):
+    def __init__(self, model_config: ModelConfig, server_args: "ServerArgs", device: str, tp_rank: int = 0,
+                 tp_size: int = 1, parallel_state=None, comm_backend: Optional[str] = None, comm=None):
+        from sglang.srt.distributed.communicator import create_communicator
+        from sglang.srt.distributed.parallel_state import all_reduce_min_int, local_kv_heads
         from sglang.srt.model_loader.loader import load_model
 
+        if tp_size > 1 and parallel_state is None:
+            raise ValueError(f"ModelRunner with tp_size={tp_size} needs a parallel_state (init_parallel_state)")
         self.model_config = model_config
         self.device = torch.device(device)
+        self.tp_rank, self.tp_size, self.parallel_state = tp_rank, tp_size, parallel_state
         if self.device.type == "cpu":
             set_cpu_threads(model_config)
         self.page_size = server_args.page_size
         torch.manual_seed(server_args.random_seed)
-        self.model = load_model(model_config, server_args.load_format, self.device)
+        if comm is None:
+            backend = comm_backend or getattr(server_args, "comm_backend", None) or "auto"
+            comm = create_communicator(parallel_state, backend, server_args.disable_custom_all_reduce)
+        self.comm = comm
+        self.model = load_model(model_config, server_args.load_format, self.device, tp_rank=tp_rank,
+                                tp_size=tp_size, comm=comm if tp_size > 1 else None,
+                                ep_size=getattr(server_args, "ep_size", 1))
         mc = model_config
+        self.num_kv_heads = local_kv_heads(mc.num_key_value_heads, tp_size)
         self.max_total_tokens = self._kv_budget_tokens(server_args)
+        if tp_size > 1:
+            self.max_total_tokens = all_reduce_min_int(self.max_total_tokens, parallel_state.cpu_group)
         if self.max_total_tokens < 2 * self.page_size:
             raise ValueError(
                 f"the KV cache would hold only {self.max_total_tokens} tokens; raise --mem-fraction-static "
@@ -84,21 +112,21 @@ class ModelRunner:
         self.max_running_requests = max_running
         self.req_to_token_pool = ReqToTokenPool(max_running + 1, mc.context_len + 8, self.device)
         self.token_to_kv_pool = MHATokenToKVPool(
-            self.max_total_tokens, self.page_size, mc.dtype, mc.num_key_value_heads, mc.head_dim,
+            self.max_total_tokens, self.page_size, mc.dtype, self.num_kv_heads, mc.head_dim,
             mc.num_hidden_layers, self.device,
         )
         self.allocator = TokenToKVPoolAllocator(self.max_total_tokens, self.page_size, self.device)
         self.attn_backend = create_attention_backend(server_args.resolved_attention_backend)
         self.sampler = Sampler(server_args.random_seed, self.device)
         logger.info(
-            "model %s loaded on %s (%s); KV cache %d tokens (%.1f MiB), max running requests %d",
-            mc.architecture, self.device, mc.dtype, self.max_total_tokens,
-            self.token_to_kv_pool.kv_size_bytes() / 2**20, max_running,
+            "model %s loaded on %s (%s, TP rank %d/%d, %d local KV heads); KV cache %d tokens (%.1f MiB), "
+            "max running requests %d", mc.architecture, self.device, mc.dtype, self.tp_rank, self.tp_size,
+            self.num_kv_heads, self.max_total_tokens, self.token_to_kv_pool.kv_size_bytes() / 2**20, max_running,
         )
 
     def _kv_budget_tokens(self, args: "ServerArgs") -> int:
         mc = self.model_config
-        per_token = MHATokenToKVPool.bytes_per_token(mc.num_key_value_heads, mc.head_dim, mc.num_hidden_layers,
+        per_token = MHATokenToKVPool.bytes_per_token(self.num_kv_heads, mc.head_dim, mc.num_hidden_layers,
                                                      mc.dtype)
         if args.max_total_tokens is not None:
             tokens = args.max_total_tokens
@@ -112,16 +140,22 @@ class ModelRunner:
         return tokens - tokens % self.page_size
 
     def make_sampling_info(self, reqs) -> SamplingBatchInfo:
-        """Sampling tensors for the scheduler's requests (``Req`` objects), on this device."""
+        """Sampling tensors for the scheduler's requests (``Req`` objects), on this device.
+
+        Requests with a grammar (``req.grammar``) contribute their allowed-token bitmask
+        (``SamplingBatchInfo.vocab_mask``); batches without grammars get none.
+        """
         params = [r.sampling_params for r in reqs]
         need_input = any(p.repetition_penalty != 1.0 for p in params)
         banned = [
             list(p.stop_token_ids or []) + ([] if p.ignore_eos else list(r.eos_token_ids))
             for p, r in zip(params, reqs)
         ]
+        grammars = [getattr(r, "grammar", None) for r in reqs]
         return SamplingBatchInfo.from_reqs(
             params, self.device, self.model_config.vocab_size, [r.output_ids for r in reqs],
             [r.origin_input_ids for r in reqs] if need_input else None, banned,
+            grammars if any(g is not None for g in grammars) else None,
         )
 
     @torch.inference_mode()
@@ -139,4 +173,8 @@ class ModelRunner:
         logits_out = self.model(fb.input_ids, fb.positions, fb)
         sample_out = self.sampler.forward(logits_out.next_token_logits, batch.sampling_info, batch.return_logprob,
                                           batch.top_logprobs_nums)
+        if self.tp_size > 1:  # every rank continues with rank 0's tokens (see the class docstring)
+            ids = sample_out.next_token_ids.contiguous()
+            dist.broadcast(ids, 0, group=self.parallel_state.device_group)
+            sample_out.next_token_ids = ids
         return logits_out, sample_out

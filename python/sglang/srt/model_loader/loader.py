@@ -6,6 +6,7 @@ import glob
 import json
 import logging
 import os
+import zlib
 from typing import Iterator, Union
 
 import torch
@@ -46,9 +47,64 @@ def safetensors_files(path: str) -> list[str]:
     return files
 
 
-def iterate_safetensors(files: list[str], dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+_FLOAT_CODES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
+
+
+class SafetensorsSlice:
+    """A checkpoint tensor that is not read yet (one rank reads only its shard of it).
+
+    ``shape`` (torch.Size) and ``dim()`` come from the file header; ``narrow(dim, start, length)`` reads
+    just that slice through ``safe_open(...).get_slice`` and returns a CPU tensor (floating tensors cast
+    to ``dtype``); ``materialize()`` reads it whole. Weight loaders narrow first (see
+    :func:`sglang.srt.layers.linear.materialize`), so a tensor-parallel rank never materializes a sharded
+    tensor in full.
+    Raises (from the readers): ValueError naming the tensor and the file when reading fails.
+    """
+
+    def __init__(self, handle, name: str, file: str, dtype: torch.dtype):
+        self.name, self.file, self.dtype = name, file, dtype
+        try:
+            self._slice = handle.get_slice(name)
+            self.shape = torch.Size(self._slice.get_shape())
+            self._float = self._slice.get_dtype() in _FLOAT_CODES
+        except Exception as e:
+            raise ValueError(f"cannot read tensor {name!r} from safetensors file {file}: {e}") from e
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def is_floating_point(self) -> bool:
+        return self._float
+
+    def _read(self, index) -> torch.Tensor:
+        try:
+            t = self._slice[index]
+        except Exception as e:
+            raise ValueError(f"cannot read tensor {self.name!r} from safetensors file {self.file}: {e}") from e
+        return t.to(self.dtype) if self._float else t
+
+    def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
+        """Rows ``[start, start+length)`` of dimension ``dim`` (ValueError when out of range)."""
+        if not 0 <= dim < self.dim() or start < 0 or start + length > self.shape[dim]:
+            raise ValueError(f"tensor {self.name!r}: narrow(dim={dim}, start={start}, length={length}) is outside "
+                             f"its shape {tuple(self.shape)}")
+        return self._read(tuple([slice(None)] * dim + [slice(start, start + length)]))
+
+    def materialize(self) -> torch.Tensor:
+        if self.dim() == 0:
+            return self._read(())
+        return self._read(tuple(slice(None) for _ in self.shape))
+
+    def __repr__(self) -> str:
+        return f"SafetensorsSlice({self.name!r}, shape={tuple(self.shape)}, file={os.path.basename(self.file)!r})"
+
+
+def iterate_safetensors(files: list[str], dtype: torch.dtype,
+                        lazy: bool = False) -> Iterator[tuple[str, Union[torch.Tensor, SafetensorsSlice]]]:
     """Yield ``(name, tensor)`` one tensor at a time (CPU), floating tensors cast to ``dtype``.
 
+    With ``lazy=True`` the tensors are :class:`SafetensorsSlice` objects read on demand (a TP rank
+    reads only its slice).
     Raises:
         ValueError: a file that cannot be opened or read (the message names the file).
     """
@@ -61,6 +117,9 @@ def iterate_safetensors(files: list[str], dtype: torch.dtype) -> Iterator[tuple[
         except Exception as e:  # safetensors raises its own error types
             raise ValueError(f"cannot read safetensors file {file}: {e}") from e
         for name in names:
+            if lazy:
+                yield name, SafetensorsSlice(handle, name, file, dtype)
+                continue
             try:
                 tensor = handle.get_tensor(name)
             except Exception as e:
@@ -69,25 +128,24 @@ def iterate_safetensors(files: list[str], dtype: torch.dtype) -> Iterator[tuple[
 
 
 def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
-    """Fill every parameter in place from a generator seeded with ``seed`` (deterministic per device):
-    RMSNorm weights 1.0, everything else uniform in ``[-1e-3, 1e-3]``."""
+    """Fill every parameter in place, deterministically per (seed, parameter name, shape, device):
+    RMSNorm weights 1.0, everything else uniform in ``[-1e-3, 1e-3]`` from a generator seeded with
+    ``seed + crc32(name)``. Replicated parameters (same name and shape on every TP rank) are thus equal on
+    all ranks; sharded ones differ per rank (random weights either way)."""
     norm_params = {id(m.weight) for m in model.modules() if isinstance(m, RMSNorm)}
-    gens: dict[torch.device, torch.Generator] = {}
     with torch.no_grad():
-        for _, p in model.named_parameters():
+        for name, p in model.named_parameters():
             if id(p) in norm_params:
                 p.fill_(1.0)
                 continue
-            gen = gens.get(p.device)
-            if gen is None:
-                gen = gens[p.device] = torch.Generator(device=p.device)
-                gen.manual_seed(seed)
             if p.is_floating_point():
+                gen = torch.Generator(device=p.device)
+                gen.manual_seed(seed + zlib.crc32(name.encode()))
                 p.uniform_(-DUMMY_RANGE, DUMMY_RANGE, generator=gen)
 
 
 def load_model(model_config: ModelConfig, load_format: str = "auto", device: Union[str, torch.device] = "cpu",
-               seed: int = 0) -> nn.Module:
+               seed: int = 0, tp_rank: int = 0, tp_size: int = 1, comm=None, ep_size: int = 1) -> nn.Module:
     """Build ``model_config.architecture`` with ``model_config.dtype`` directly on ``device`` and fill its weights.
 
     Args:
@@ -95,6 +153,8 @@ def load_model(model_config: ModelConfig, load_format: str = "auto", device: Uni
             (seeded random weights, any size; see :func:`init_dummy_weights`).
         device: where the parameters live.
         seed: dummy-weight seed.
+        tp_rank, tp_size, comm, ep_size: tensor/expert parallelism (see the model classes). Checkpoint
+            tensors are read lazily (:class:`SafetensorsSlice`): each rank reads only its slices.
     Returns:
         the model, in eval mode, on ``device``.
     Raises:
@@ -107,10 +167,13 @@ def load_model(model_config: ModelConfig, load_format: str = "auto", device: Uni
     files = [] if load_format == "dummy" else safetensors_files(model_config.path)
     device = torch.device(device)
     with torch.device(device):
-        model = cls(model_config)
+        if tp_size == 1 and ep_size == 1 and comm is None:
+            model = cls(model_config)
+        else:
+            model = cls(model_config, tp_rank=tp_rank, tp_size=tp_size, comm=comm, ep_size=ep_size)
     if load_format == "dummy":
         init_dummy_weights(model, seed)
     else:
         logger.info("loading %d safetensors file(s) from %s", len(files), model_config.path)
-        model.load_weights(iterate_safetensors(files, model_config.dtype))
+        model.load_weights(iterate_safetensors(files, model_config.dtype, lazy=True))
     return model.eval()

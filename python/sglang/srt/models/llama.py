@@ -19,7 +19,7 @@ from torch import nn
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.layernorm import RMSNorm
-from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear, materialize
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.layers.rotary_embedding import RotaryEmbedding, get_rope
@@ -35,13 +35,15 @@ class LlamaMLP(nn.Module):
     """
 
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, hidden_act: str = "silu",
-                 params_dtype: Optional[torch.dtype] = None, tp_rank: int = 0, tp_size: int = 1, comm: Any = None):
+                 params_dtype: Optional[torch.dtype] = None, tp_rank: int = 0, tp_size: int = 1, comm: Any = None,
+                 reduce_results: bool = True):
         super().__init__()
         if hidden_act != "silu":
             raise ValueError(f"hidden_act={hidden_act!r} is not supported; only 'silu'")
         tp = dict(params_dtype=params_dtype, tp_rank=tp_rank, tp_size=tp_size)
         self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias=bias, **tp)
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias, comm=comm, **tp)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias, comm=comm,
+                                           reduce_results=reduce_results, **tp)
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -51,11 +53,13 @@ class LlamaMLP(nn.Module):
 class LlamaAttention(nn.Module):
     """Self-attention: packed QKV projection, optional per-head RMSNorm of q and k (Qwen3), RoPE, paged attention.
 
-    ``forward(positions [N], hidden [N, H], forward_batch) -> [N, H]``.
+    ``forward(positions [N], hidden [N, H], forward_batch) -> [N, H]`` (a TP partial sum when
+    ``reduce_results`` is False).
     """
 
     def __init__(self, config: ModelConfig, layer_id: int, rotary_emb: RotaryEmbedding, qkv_bias: bool = False,
-                 o_bias: bool = False, qk_norm: bool = False, tp_rank: int = 0, tp_size: int = 1, comm: Any = None):
+                 o_bias: bool = False, qk_norm: bool = False, tp_rank: int = 0, tp_size: int = 1, comm: Any = None,
+                 reduce_results: bool = True):
         super().__init__()
         hd, dtype = config.head_dim, config.dtype
         tp = dict(params_dtype=dtype, tp_rank=tp_rank, tp_size=tp_size)
@@ -63,7 +67,7 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = QKVParallelLinear(config.hidden_size, hd, config.num_attention_heads,
                                           config.num_key_value_heads, bias=qkv_bias, **tp)
         self.o_proj = RowParallelLinear(config.num_attention_heads * hd, config.hidden_size, bias=o_bias,
-                                        comm=comm, **tp)
+                                        comm=comm, reduce_results=reduce_results, **tp)
         self.q_size, self.kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
         eps = float(config.get("rms_norm_eps", 1e-6))
         self.q_norm = RMSNorm(hd, eps, dtype) if qk_norm else None
@@ -85,16 +89,18 @@ class LlamaDecoderLayer(nn.Module):
 
     ``forward(positions, hidden, residual, forward_batch) -> (mlp_out, residual)``; pass
     ``residual=None`` to the first layer. The block's output is ``mlp_out + residual``.
+    ``norm_comm``: with TP, the attention and MLP outputs are partial sums and the norms reduce them
+    (fused AllReduce + add + RMSNorm, see :class:`RMSNorm`).
     """
 
     def __init__(self, config: ModelConfig, layer_id: int, rotary_emb: RotaryEmbedding, mlp: nn.Module,
-                 attn_options: dict[str, Any]):
+                 attn_options: dict[str, Any], norm_comm: Any = None):
         super().__init__()
         eps = float(config.get("rms_norm_eps", 1e-6))
         self.self_attn = LlamaAttention(config, layer_id, rotary_emb, **attn_options)
         self.mlp = mlp
-        self.input_layernorm = RMSNorm(config.hidden_size, eps, config.dtype)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, config.dtype)
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, config.dtype, comm=norm_comm)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, config.dtype, comm=norm_comm)
 
     def forward(self, positions, hidden, residual, forward_batch):
         if residual is None:
@@ -113,18 +119,23 @@ def make_rope(config: ModelConfig) -> RotaryEmbedding:
 
 
 class LlamaModel(nn.Module):
-    """Embedding, decoder layers, final norm: ``forward(input_ids [N], positions [N], fb) -> [N, H]`` (normed)."""
+    """Embedding, decoder layers, final norm: ``forward(input_ids [N], positions [N], fb) -> [N, H]`` (normed).
+
+    ``norm_comm``: passed to every residual norm (see :class:`LlamaDecoderLayer`).
+    """
 
     def __init__(self, config: ModelConfig, mlps: list[nn.Module], attn_options: dict[str, Any],
-                 tp_rank: int = 0, tp_size: int = 1, comm: Any = None):
+                 tp_rank: int = 0, tp_size: int = 1, comm: Any = None, norm_comm: Any = None):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, config.dtype,
                                                    tp_rank, tp_size, comm)
         rope = make_rope(config)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, rope, mlps[i], attn_options) for i in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, i, rope, mlps[i], attn_options, norm_comm)
+            for i in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, float(config.get("rms_norm_eps", 1e-6)), config.dtype)
+        self.norm = RMSNorm(config.hidden_size, float(config.get("rms_norm_eps", 1e-6)), config.dtype,
+                            comm=norm_comm)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch) -> torch.Tensor:
         hidden, residual = self.embed_tokens(input_ids), None
@@ -142,7 +153,11 @@ class LlamaForCausalLM(nn.Module):
     Args:
         config: the model config (``attention_bias``, ``mlp_bias``,
             ``tie_word_embeddings``, ``rope_scaling`` incl. llama3 are honoured).
-        tp_rank, tp_size, comm: tensor parallelism (tp_size 1 is the tested path).
+        tp_rank, tp_size, comm: tensor parallelism (``comm``: a
+            :class:`~sglang.srt.distributed.communicator.Communicator`, required when tp_size > 1).
+            With tp_size > 1 the row-parallel outputs are left as partial sums and reduced by the
+            following norm's ``comm.all_reduce_add_rmsnorm``.
+        ep_size: expert parallelism of MoE subclasses (a divisor of tp_size).
     ``forward(input_ids [N] int64, positions [N] int64, forward_batch) -> LogitsProcessorOutput``.
     ``load_weights(iterable of (HF name, tensor))`` (see its docstring).
     """
@@ -157,20 +172,23 @@ class LlamaForCausalLM(nn.Module):
     # (HF piece, our piece) renames applied before anything else
     name_renames: tuple[tuple[str, str], ...] = ()
 
-    def __init__(self, config: ModelConfig, tp_rank: int = 0, tp_size: int = 1, comm: Any = None):
+    def __init__(self, config: ModelConfig, tp_rank: int = 0, tp_size: int = 1, comm: Any = None,
+                 ep_size: int = 1):
         super().__init__()
         self.config = config
-        self.tp_rank, self.tp_size, self.comm = tp_rank, tp_size, comm
+        self.tp_rank, self.tp_size, self.comm, self.ep_size = tp_rank, tp_size, comm, ep_size
+        self.fuse_allreduce_norm = tp_size > 1
         if config.get("sliding_window") and config.get("use_sliding_window", True) is not False:
             logger.warning("sliding_window=%s is ignored: every layer uses full attention", config.get("sliding_window"))
         mlps = [self.make_mlp(config, i) for i in range(config.num_hidden_layers)]
-        self.model = LlamaModel(config, mlps, self.attention_options(config), tp_rank, tp_size, comm)
+        self.model = LlamaModel(config, mlps, self.attention_options(config), tp_rank, tp_size, comm,
+                                norm_comm=comm if self.fuse_allreduce_norm else None)
         self.tie_word_embeddings = bool(config.get("tie_word_embeddings", False))
         if self.tie_word_embeddings:
             self.lm_head = self.model.embed_tokens
         else:
             self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, config.dtype, tp_rank, tp_size)
-        self.logits_processor = LogitsProcessor(config.vocab_size)
+        self.logits_processor = LogitsProcessor(config.vocab_size, tp_size=tp_size, comm=comm)
 
     # ---- hooks for subclasses -------------------------------------------------------------------------
     def attention_options(self, config: ModelConfig) -> dict[str, Any]:
@@ -184,7 +202,10 @@ class LlamaForCausalLM(nn.Module):
                         config.get("hidden_act", "silu"), config.dtype, **self._tp())
 
     def _tp(self) -> dict[str, Any]:
-        return dict(tp_rank=self.tp_rank, tp_size=self.tp_size, comm=self.comm)
+        """Tensor-parallel keyword arguments of attention and MLP modules (their outputs stay partial
+        sums when the norms fuse the all-reduce)."""
+        return dict(tp_rank=self.tp_rank, tp_size=self.tp_size, comm=self.comm,
+                    reduce_results=not self.fuse_allreduce_norm)
 
     # ---- forward ---------------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch) -> LogitsProcessorOutput:
@@ -253,7 +274,7 @@ class LlamaForCausalLM(nn.Module):
             elif loader is not None:
                 loader(param, tensor, shard)
             else:
-                _copy_plain(param, tensor, hf_name)
+                _copy_plain(param, materialize(tensor), hf_name)
             loaded.add((pname, shard))
         if unexpected:
             raise ValueError(f"{type(self).__name__}: unexpected tensors in checkpoint: {sorted(unexpected)[:20]}"

@@ -23,19 +23,22 @@ class SparseMoeBlock(nn.Module):
 
     ``forward(x [N, H]) -> [N, H]``: ``experts(x, gate(x))`` plus, when a shared
     expert exists, ``sigmoid(shared_expert_gate(x)) * shared_expert(x)`` (Qwen2-MoE).
+    With ``reduce_results=False`` both terms are TP partial sums (the gate scale is replicated, so
+    the sum stays linear) and the following norm reduces them.
     """
 
     def __init__(self, hidden_size: int, num_experts: int, top_k: int, intermediate_size: int, renormalize: bool,
                  params_dtype: Optional[torch.dtype], shared_intermediate_size: int = 0, hidden_act: str = "silu",
-                 tp_rank: int = 0, tp_size: int = 1, comm: Any = None):
+                 tp_rank: int = 0, tp_size: int = 1, comm: Any = None, reduce_results: bool = True,
+                 ep_size: int = 1):
         super().__init__()
         self.gate = ReplicatedLinear(hidden_size, num_experts, bias=False, params_dtype=params_dtype)
         self.experts = FusedMoE(num_experts, top_k, hidden_size, intermediate_size, renormalize, params_dtype,
-                                tp_rank, tp_size, comm=comm)
+                                tp_rank, tp_size, comm=comm, reduce_results=reduce_results, ep_size=ep_size)
         self.shared_expert = self.shared_expert_gate = None
         if shared_intermediate_size > 0:
             self.shared_expert = LlamaMLP(hidden_size, shared_intermediate_size, False, hidden_act, params_dtype,
-                                          tp_rank, tp_size, comm)
+                                          tp_rank, tp_size, comm, reduce_results)
             self.shared_expert_gate = ReplicatedLinear(hidden_size, 1, bias=False, params_dtype=params_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -72,7 +75,7 @@ class MixtralForCausalLM(LlamaForCausalLM):
         """A :class:`SparseMoeBlock` sized from ``config`` (``num_experts_per_tok`` experts per token)."""
         return SparseMoeBlock(config.hidden_size, num_experts_of(config), int(config.get("num_experts_per_tok", 2)),
                               intermediate, renormalize, config.dtype, shared, config.get("hidden_act", "silu"),
-                              **self._tp())
+                              ep_size=self.ep_size, **self._tp())
 
 
 EntryClass = MixtralForCausalLM

@@ -6,6 +6,12 @@ experts (Shazeer et al. 2017, eq. 1). ``w1`` (gate) and ``w3`` (up) are stacked
 into ``w13 = [w1; w3]`` so that a fused kernel runs one GEMM for both.
 Tensor parallelism splits the intermediate size I of every expert (like a
 column-then-row parallel MLP); the partial outputs are all-reduced.
+Expert parallelism (``ep_size > 1``) splits the experts into ``ep_size`` contiguous
+groups; ``tp_size / ep_size`` ranks share a group and split its I. Every rank runs
+the router on all tokens and computes only its experts' (partial) contributions, so
+the sum over the whole TP group is the full output: token "routing" is one
+all-reduce of partial outputs (simple and exact; an all-to-all dispatch, as in
+GShard, Lepikhin et al. 2020, sec. 3.2, moves fewer bytes at large batch).
 """
 
 from __future__ import annotations
@@ -66,39 +72,55 @@ class FusedMoE(nn.Module):
         num_experts: E; top_k: experts per token; hidden_size: H;
         intermediate_size: I per expert (full; this rank holds I/tp_size).
         renormalize: renormalize the top-k weights (see :func:`select_experts`).
-        params_dtype: weight dtype. tp_rank/tp_size: split of I.
-        reduce_results: all-reduce the output over TP with ``comm.all_reduce`` (needed when tp_size > 1).
-    Parameters: ``w13_weight`` [E, 2I/tp, H], ``w2_weight`` [E, H, I/tp].
+        params_dtype: weight dtype. tp_rank/tp_size: the TP group.
+        reduce_results: all-reduce the output over TP with ``comm.all_reduce`` (needed when tp_size > 1;
+            False when a following RMSNorm fuses the reduction).
+        ep_size: expert-parallel groups (a divisor of tp_size and of num_experts). Rank r holds experts
+            ``[ep_rank*E/ep, (ep_rank+1)*E/ep)`` with ``ep_rank = r // (tp/ep)`` and the
+            ``r % (tp/ep)``-th slice of their I.
+    Parameters: ``w13_weight`` [E/ep, 2I/(tp/ep), H], ``w2_weight`` [E/ep, H, I/(tp/ep)].
     ``param.weight_loader(param, loaded_weight, shard_id, expert_id)`` takes one
-    HF expert tensor: shard_id "w1" (gate, [I, H]), "w3" (up, [I, H]) or "w2"
-    (down, [H, I]). ``param.expected_shards`` lists the (expert_id, shard_id)
-    pairs of a complete load.
+    HF expert tensor (global ``expert_id``): shard_id "w1" (gate, [I, H]), "w3" (up, [I, H]) or "w2"
+    (down, [H, I]); tensors of other ranks' experts are skipped without being read.
+    ``param.expected_shards`` lists the (expert_id, shard_id) pairs this rank needs.
     """
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
                  renormalize: bool = True, params_dtype: Optional[torch.dtype] = None, tp_rank: int = 0,
-                 tp_size: int = 1, reduce_results: bool = True, comm: Any = None):
+                 tp_size: int = 1, reduce_results: bool = True, comm: Any = None, ep_size: int = 1):
         super().__init__()
         check_tp(tp_rank, tp_size)
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"num_experts_per_tok={top_k} must be in [1, num_experts={num_experts}]")
+        if ep_size < 1 or tp_size % ep_size:
+            raise ValueError(f"ep_size={ep_size} must divide tp_size={tp_size}")
         self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
         self.hidden_size = hidden_size
         self.tp_rank, self.tp_size, self.reduce_results, self.comm = tp_rank, tp_size, reduce_results, comm
-        self.i_local = divide(intermediate_size, tp_size, "moe intermediate_size")
-        self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * self.i_local, hidden_size, dtype=params_dtype),
+        self.ep_size = ep_size
+        self.moe_tp_size = tp_size // ep_size
+        self.moe_tp_rank, self.ep_rank = tp_rank % self.moe_tp_size, tp_rank // self.moe_tp_size
+        self.num_local_experts = divide(num_experts, ep_size, "num_experts (by ep_size)")
+        self.expert_start = self.ep_rank * self.num_local_experts
+        self.i_local = divide(intermediate_size, self.moe_tp_size, "moe intermediate_size (by tp_size/ep_size)")
+        e_loc = self.num_local_experts
+        self.w13_weight = nn.Parameter(torch.empty(e_loc, 2 * self.i_local, hidden_size, dtype=params_dtype),
                                        requires_grad=False)
-        self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, self.i_local, dtype=params_dtype),
+        self.w2_weight = nn.Parameter(torch.empty(e_loc, hidden_size, self.i_local, dtype=params_dtype),
                                       requires_grad=False)
+        local = range(self.expert_start, self.expert_start + e_loc)
         for p, shards in ((self.w13_weight, ("w1", "w3")), (self.w2_weight, ("w2",))):
             p.weight_loader = self.weight_loader
-            p.expected_shards = tuple((e, s) for e in range(num_experts) for s in shards)
+            p.expected_shards = tuple((e, s) for e in local for s in shards)
 
-    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str, expert_id: int) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded_weight: Any, shard_id: str, expert_id: int) -> None:
         if not 0 <= expert_id < self.num_experts:
             raise ValueError(f"FusedMoE: expert_id={expert_id} outside [0, {self.num_experts})")
-        n, r, full = self.i_local, self.tp_rank, self.i_local * self.tp_size
-        dst = param[expert_id]
+        local_id = expert_id - self.expert_start
+        if not 0 <= local_id < self.num_local_experts:
+            return  # another EP rank's expert: not read
+        n, r, full = self.i_local, self.moe_tp_rank, self.i_local * self.moe_tp_size
+        dst = param[local_id]
         what = f"FusedMoE expert {expert_id} {shard_id}"
         if shard_id == "w1":
             copy_checked(dst[:n], narrow_full(loaded_weight, 0, r * n, n, full, what), what)
@@ -111,6 +133,11 @@ class FusedMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
+        if self.ep_size > 1:  # other ranks' experts get weight 0 (their rows add nothing here)
+            local_ids = topk_ids - self.expert_start
+            mine = (local_ids >= 0) & (local_ids < self.num_local_experts)
+            topk_weights = topk_weights.masked_fill(~mine, 0.0)
+            topk_ids = local_ids.clamp(0, self.num_local_experts - 1)
         out = fused_moe_ref(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
         if self.tp_size > 1 and self.reduce_results:
             if self.comm is None:
@@ -119,5 +146,6 @@ class FusedMoE(nn.Module):
         return out
 
     def extra_repr(self) -> str:
-        return f"experts={self.num_experts}, top_k={self.top_k}, hidden={self.hidden_size}, " \
-               f"intermediate_local={self.i_local}, renormalize={self.renormalize}"
+        return f"experts={self.num_experts} (local {self.expert_start}..{self.expert_start + self.num_local_experts - 1}), " \
+               f"top_k={self.top_k}, hidden={self.hidden_size}, intermediate_local={self.i_local}, " \
+               f"renormalize={self.renormalize}"
