@@ -2,7 +2,8 @@
 
 Pipeline per row (all rows vectorized; only seeded-noise generation loops over seeded rows):
 
-1. penalties (:meth:`SamplingBatchInfo.apply_penalties`, in place);
+1. penalties (:meth:`SamplingBatchInfo.apply_penalties`, in place), then the grammar bitmask
+   (constrained decoding: disallowed tokens get ``-inf``; only when ``info.vocab_mask`` is set);
 2. greedy rows (top_k == 1) take ``argmax`` (exact ties: lowest id, as ``torch.argmax``);
 3. other rows: ``softmax(logits / temperature)``, then
    top-k (keep the k most likely), renormalize, top-p (nucleus sampling, Holtzman et al. 2020,
@@ -16,7 +17,7 @@ Pipeline per row (all rows vectorized; only seeded-noise generation loops over s
    seeded by ``mix(seed, tokens generated so far)``, so a seeded request samples the same tokens
    whatever else is in the batch.
 
-Logprobs are ``log_softmax`` of the logits after penalties but before temperature, top-k, top-p and
+Logprobs are ``log_softmax`` of the logits after penalties and the grammar mask but before temperature, top-k, top-p and
 min-p (the model's own distribution, penalized), as SGLang reports by default.
 """
 
@@ -127,7 +128,8 @@ class Sampler:
         """Sample one token per row.
 
         Args:
-            logits: [bs, vocab] float32 on any device; penalties are applied to it in place.
+            logits: [bs, vocab] float32 on any device; penalties and the grammar mask are applied to it
+                in place.
             info: the batch's sampling tensors (same device as ``logits``).
             return_logprob: also return the chosen tokens' logprobs and the top logprobs.
             top_logprobs_nums: per row, how many top logprobs to return (None = 0 for all).
@@ -145,6 +147,11 @@ class Sampler:
         if top_logprobs_nums is not None and len(top_logprobs_nums) != bs:
             raise ValueError(f"top_logprobs_nums must have {bs} entries, got {len(top_logprobs_nums)}")
         info.apply_penalties(logits)
+        if info.vocab_mask is not None:
+            from sglang.srt.constrained.bitmask import apply_token_bitmask_, revive_dead_rows_
+
+            apply_token_bitmask_(logits, info.vocab_mask)
+            revive_dead_rows_(logits, info.vocab_mask)
 
         if info.is_all_greedy:
             next_ids = torch.argmax(logits, dim=-1)

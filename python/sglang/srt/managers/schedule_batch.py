@@ -31,6 +31,11 @@ class Req:
             tree (owned by the prefix cache's lock protocol).
         cached_tokens: prompt tokens reused from the prefix cache at first admission.
         finished_reason: None while running, else an SGLang finish-reason dict.
+        grammar_key: ``(kind, spec)`` of its regex / json_schema / ebnf constraint, or None.
+        grammar_future: the pending compilation (a ``concurrent.futures.Future``) while the
+            request waits in the scheduler's grammar queue; None afterwards.
+        grammar: its grammar matcher (:class:`~sglang.srt.constrained.base_grammar_backend.
+            BaseGrammarObject`) once compiled, or None for unconstrained requests.
     """
 
     def __init__(self, rid: str, origin_input_ids: list[int], sampling_params, *, return_logprob: bool = False,
@@ -67,6 +72,11 @@ class Req:
         self.output_top_logprobs: list[list[tuple[float, int]]] = []
         self.sent_output_len = 0
         self.sent_input_logprobs = False
+
+        # constrained decoding
+        self.grammar_key: Optional[tuple[str, str]] = None
+        self.grammar_future: Any = None
+        self.grammar: Any = None
 
     # ---- token views ------------------------------------------------------
     @property

@@ -12,17 +12,26 @@ Each step (:meth:`Scheduler.step`):
   3. decodes and prefill chunks run together as one (mixed) batch;
   4. tokens are sampled, finish conditions checked, finished requests return
      their KV to the cache at once, outputs are streamed to the detokenizer.
+
+Constrained decoding: a request with a regex / json_schema / ebnf waits in
+``grammar_queue`` (not ``waiting``) until its grammar, compiled on the grammar
+backend's threads, is ready; other requests keep running meanwhile. Its sampled
+tokens are fed to the grammar, and it finishes with ``{"type": "stop",
+"matched": <token>}`` once the grammar terminates (see
+``constrained/base_grammar_backend.py``).
 The ZMQ process loop around it lives in ``scheduler_process.py``.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import logging
 import time
 from typing import Optional
 
 import torch
 
+from sglang.srt.constrained.base_grammar_backend import create_grammar_backend, grammar_key
 from sglang.srt.managers.io_struct import AbortReq, BatchTokenIDOut, SchedulerStats, TokenizedGenerateReqInput
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import PrefillBudget, order_waiting_queue
@@ -38,6 +47,7 @@ NEW_TOKEN_RATIO_DECAY = 0.001
 RESERVE_CLIP = 4096
 DECODE_CONTEXT_TOKENS = 5  # prompt tokens the detokenizer decodes the output against (SGLang's surrounding offset)
 DEFAULT_CHUNKED_PREFILL_SIZE = 8192  # at most this many future tokens are reserved per request
+GRAMMAR_IDLE_WAIT_S = 0.005  # with nothing to run, wait this long for a grammar compilation per step
 
 
 class Scheduler:
@@ -48,10 +58,12 @@ class Scheduler:
         runner: owns the model and the KV pools (``req_to_token_pool``,
             ``token_to_kv_pool``, ``allocator``, ``max_total_tokens``,
             ``max_running_requests``, ``forward(ModelWorkerBatch)``).
-        tokenizer: used for stop strings (None with ``--skip-tokenizer-init``).
+        tokenizer: used for stop strings and grammars (None with ``--skip-tokenizer-init``).
+        grammar_backend: overrides the backend ``--grammar-backend`` selects (tests); by default
+            one is created from ``server_args``, the tokenizer and the model config.
     """
 
-    def __init__(self, server_args, runner, tokenizer=None):
+    def __init__(self, server_args, runner, tokenizer=None, grammar_backend=None):
         from sglang.srt.mem_cache.chunk_cache import ChunkCache
         from sglang.srt.mem_cache.radix_cache import RadixCache
 
@@ -69,6 +81,9 @@ class Scheduler:
         self.max_running = runner.max_running_requests
 
         self.waiting: list[Req] = []
+        self.grammar_queue: list[Req] = []  # requests whose grammar is still compiling
+        self.grammar_backend = grammar_backend if grammar_backend is not None else create_grammar_backend(
+            server_args, tokenizer, self.model_config.vocab_size, getattr(self.model_config, "eos_token_ids", ()))
         self.running: list[Req] = []
         self.chunked_req: Optional[Req] = None
         self.outputs: list[Req] = []  # requests with something to report after this step
@@ -98,6 +113,10 @@ class Scheduler:
             error = f"The input ({len(msg.input_ids)} tokens) does not fit in the KV cache ({self.runner.max_total_tokens} tokens)."
         elif max(msg.input_ids) >= mc.vocab_size or min(msg.input_ids) < 0:
             error = f"input_ids contain a token id outside [0, {mc.vocab_size})"
+        req.grammar_key = grammar_key(params)
+        if error is None and req.grammar_key is not None and self.grammar_backend is None:
+            error = (f"{req.grammar_key[0]} needs constrained decoding, which is disabled on this server "
+                     "(--grammar-backend none or no tokenizer); restart with --grammar-backend xgrammar")
         if error:
             req.finished_reason = {"type": "abort", "message": error, "status_code": 400}
             self.outputs.append(req)
@@ -106,17 +125,63 @@ class Scheduler:
             req.input_token_logprobs.append((None, req.origin_input_ids[0]))
             if req.top_logprobs_num:
                 req.input_top_logprobs.append([])
-        self.waiting.append(req)
+        if req.grammar_key is not None:
+            req.grammar_future = self.grammar_backend.get_future(req.grammar_key)
+            self.grammar_queue.append(req)  # admitted by the next step's _poll_grammar_queue
+        else:
+            self.waiting.append(req)
         return req
+
+    def _poll_grammar_queue(self) -> None:
+        """Move requests whose grammar compiled to ``waiting``; fail those whose grammar is invalid."""
+        if not self.grammar_queue:
+            return
+        ready = self._agree_ready([r.grammar_future.done() for r in self.grammar_queue])
+        still = []
+        for req, ok in zip(self.grammar_queue, ready):
+            fut = req.grammar_future
+            if not ok:
+                still.append(req)
+                continue
+            req.grammar_future = None
+            try:
+                req.grammar = fut.result()
+            except Exception as e:  # ValueError naming the problem, or an unexpected compile failure
+                req.finished_reason = {"type": "abort", "message": str(e), "status_code": 400}
+                self.outputs.append(req)
+                continue
+            self.waiting.append(req)
+        self.grammar_queue = still
+
+    def _agree_ready(self, ready: list[bool]) -> list[bool]:
+        """With tensor parallelism, a request leaves the grammar queue only once its grammar is ready
+        on every rank (compilation times differ per rank; batches must not). One small CPU all-reduce
+        per step while the queue is non-empty; a no-op on one rank."""
+        ps = getattr(self.runner, "parallel_state", None)
+        if ps is None or getattr(self.runner, "tp_size", 1) <= 1:
+            return ready
+        import torch.distributed as dist
+
+        flags = torch.tensor(ready, dtype=torch.int32)
+        dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=ps.cpu_group)
+        return [bool(x) for x in flags.tolist()]
+
+    def _wait_for_grammars(self, timeout: float) -> None:
+        """Block up to ``timeout`` s for a compilation to finish (only when nothing else can run)."""
+        futs = [r.grammar_future for r in self.grammar_queue if r.grammar_future is not None]
+        if futs:
+            cf.wait(futs, timeout=timeout, return_when=cf.FIRST_COMPLETED)
 
     def abort(self, msg: AbortReq) -> None:
         """Abort one or all requests; their KV is returned immediately."""
         reason = {"type": "abort", "message": "aborted by the client", "status_code": 499}
-        for req in list(self.waiting):
-            if msg.abort_all or req.rid == msg.rid:
-                self.waiting.remove(req)
-                req.finished_reason = dict(reason)
-                self.outputs.append(req)
+        for queue in (self.waiting, self.grammar_queue):
+            for req in list(queue):
+                if msg.abort_all or req.rid == msg.rid:
+                    queue.remove(req)
+                    req.grammar_future = None
+                    req.finished_reason = dict(reason)
+                    self.outputs.append(req)
         for req in list(self.running) + ([self.chunked_req] if self.chunked_req else []):
             if msg.abort_all or req.rid == msg.rid:
                 req.finished_reason = dict(reason)
@@ -142,12 +207,15 @@ class Scheduler:
             logits_out, sample_out = self.runner.forward(mwb)
             self.process_batch_result(batch, logits_out, sample_out)
             self.forward_ct += 1
+        elif self.grammar_queue:  # only compilations pending: do not spin (the next step admits them)
+            self._wait_for_grammars(GRAMMAR_IDLE_WAIT_S)
         return self.collect_outputs()
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.chunked_req)
+        return bool(self.waiting or self.running or self.chunked_req or self.grammar_queue)
 
     def get_next_batch(self) -> Optional[ScheduleBatch]:
+        self._poll_grammar_queue()
         decode_reqs, decode_loc = self._prepare_decode()
         prefill_reqs, prefill_locs = self._admit_prefills(len(decode_reqs))
         reqs = prefill_reqs + decode_reqs
@@ -316,12 +384,24 @@ class Scheduler:
                     req.output_top_logprobs.append(list(sample_out.top_logprobs[i][: req.top_logprobs_num]))
             req.finished_reason = check_finish(req.output_ids, req.sampling_params, req.eos_token_ids,
                                                self.tokenizer, req.max_new_tokens())
+            if req.grammar is not None:
+                self._advance_grammar(req, tok)
             if req.finished():
                 self._release(req)
             elif req not in self.running:
                 self.running.append(req)
             if req.finished() or req.stream:
                 self.outputs.append(req)
+
+    def _advance_grammar(self, req: Req, tok: int) -> None:
+        """Feed the sampled token to the request's grammar (xgrammar semantics, as SGLang):
+        a rejected token aborts the request; a terminated grammar finishes it, matched on the token."""
+        if not req.grammar.accept_token(tok):
+            logger.warning("request %s: grammar rejected token %d; aborting it", req.rid, tok)
+            req.finished_reason = {"type": "abort",
+                                   "message": f"the grammar ({req.grammar_key[0]}) rejected the sampled token {tok}"}
+        elif req.finished_reason is None and req.grammar.is_terminated():
+            req.finished_reason = {"type": "stop", "matched": tok}
 
     def collect_outputs(self) -> list[BatchTokenIDOut]:
         """Turn the requests with news into (at most) one BatchTokenIDOut."""
@@ -344,7 +424,7 @@ class Scheduler:
         used = total - self.runner.allocator.available_size()
         return SchedulerStats(
             num_running_reqs=len(self.running) + (1 if self.chunked_req else 0),
-            num_queue_reqs=len(self.waiting), token_usage=(total - free) / max(total, 1),
+            num_queue_reqs=len(self.waiting) + len(self.grammar_queue), token_usage=(total - free) / max(total, 1),
             used_tokens=used, max_total_tokens=total,
             cache_hit_rate=self.stats_cached_tokens / max(self.stats_prompt_tokens, 1),
         )
@@ -355,6 +435,8 @@ class Scheduler:
             return False, "cannot flush the cache while requests are running or waiting"
         self.tree_cache.reset()
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        if self.grammar_backend is not None:
+            self.grammar_backend.reset()
         return True, ""
 
     def internal_state(self) -> dict:
@@ -367,6 +449,7 @@ class Scheduler:
             "protected_tokens": self.tree_cache.protected_size(),
             "max_total_tokens": s.max_total_tokens, "max_running_requests": self.max_running,
             "cache_hit_rate": s.cache_hit_rate, "forward_ct": self.forward_ct,
+            "num_grammar_queue_reqs": len(self.grammar_queue),
         }
 
 

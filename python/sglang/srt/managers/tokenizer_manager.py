@@ -129,6 +129,13 @@ class TokenizerManager:
         if not server_args.skip_tokenizer_init:
             self.tokenizer = get_tokenizer(server_args.resolved_tokenizer_path, server_args.trust_remote_code)
         self.chat_template = _load_chat_template(getattr(server_args, "chat_template", None))
+        self.grammar_enabled = (getattr(server_args, "grammar_backend", "xgrammar") != "none"
+                                and self.tokenizer is not None)
+        self._grammar_validator = None
+        if self.grammar_enabled:
+            from sglang.srt.constrained.xgrammar_backend import GrammarValidator
+
+            self._grammar_validator = GrammarValidator()
         self.metrics = None
         if server_args.enable_metrics:
             from sglang.srt.metrics.collector import MetricsCollector
@@ -263,6 +270,7 @@ class TokenizerManager:
         params = SamplingParams.from_dict(req.sampling_params)
         params.verify(self.vocab_size)
         params.normalize(self.tokenizer)
+        self._check_grammar(params)
         if params.max_new_tokens is not None and n + params.max_new_tokens > self.context_len:
             raise ValueError(
                 f"Requested token count exceeds the model's maximum context length of {self.context_len} "
@@ -280,6 +288,20 @@ class TokenizerManager:
             logprob_start_len=req.logprob_start_len if req.return_logprob else -1,
             top_logprobs_num=req.top_logprobs_num if req.return_logprob else 0,
             stream=req.stream, created_time=time.time())
+
+    def _check_grammar(self, params) -> None:
+        """Reject a constrained request before it is queued: grammars disabled, or an invalid
+        regex / json_schema / ebnf (ValueError naming the problem; the HTTP layer answers 400)."""
+        from sglang.srt.constrained.base_grammar_backend import grammar_key
+
+        key = grammar_key(params)
+        if key is None:
+            return
+        if not self.grammar_enabled:
+            raise ValueError(f"{key[0]} needs constrained decoding, which is disabled on this server "
+                             "(--grammar-backend none or --skip-tokenizer-init); restart with "
+                             "--grammar-backend xgrammar")
+        self._grammar_validator.validate(key)
 
     async def _consume(self, states: list[_ReqState], request, stream: bool):
         """Yield ``(index, output)`` as the states change: every update if ``stream``, else finals."""

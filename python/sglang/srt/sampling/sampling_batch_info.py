@@ -12,19 +12,41 @@ Penalties (applied in this order by :meth:`SamplingBatchInfo.apply_penalties`):
   ``logit -= frequency_penalty * count(output) + presence_penalty * (count(output) > 0)``;
 * min_new_tokens: the request's banned ids (its stop tokens and EOS) get ``-inf`` while it has
   generated fewer than ``min_new_tokens`` tokens.
+
+Constrained decoding: when some request has a grammar, ``vocab_mask`` holds the packed bitmask of
+allowed next tokens (filled from each grammar matcher, all bits set for rows without a grammar);
+the sampler applies it after the penalties (:mod:`sglang.srt.constrained.bitmask`). Batches without
+grammars carry ``vocab_mask=None`` and pay nothing.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import torch
 
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+
+def build_vocab_mask(grammars: Optional[Sequence[Any]], vocab_size: int,
+                     device: torch.device) -> Optional[torch.Tensor]:
+    """The packed [bs, ceil(vocab_size / 32)] int32 bitmask of the rows' grammars on ``device``, or None.
+
+    Rows whose grammar is None allow every token (all bits set); None when no row has a grammar.
+    """
+    if grammars is None or all(g is None for g in grammars):
+        return None
+    from sglang.srt.constrained.bitmask import allocate_token_bitmask
+
+    mask = allocate_token_bitmask(len(grammars), vocab_size)
+    for i, g in enumerate(grammars):
+        if g is not None:
+            g.fill_vocab_mask(mask, i)
+    return mask.to(device, non_blocking=True)
 
 
 @dataclass
@@ -43,6 +65,10 @@ class SamplingBatchInfo:
         seeds: per-row seed (None = unseeded, sampled from the Sampler's generator).
         num_generated: per-row count of tokens generated so far (derives the seeded noise stream).
         min_tokens_banned: per-row list of ids banned while ``num_generated < min_new_tokens``.
+        vocab_mask: [bs, ceil(vocab_size / 32)] int32 on ``device``, the grammar bitmask of allowed
+            next tokens (bit j of word i = token 32 i + j; rows without a grammar all -1), or None
+            when no request has a grammar. It reflects the grammar state at build time and is not
+            advanced by :meth:`cumulate_output_tokens`.
     """
 
     vocab_size: int
@@ -63,6 +89,7 @@ class SamplingBatchInfo:
     frequency_penalties: Optional[torch.Tensor] = None
     presence_penalties: Optional[torch.Tensor] = None
     repetition_penalties: Optional[torch.Tensor] = None
+    vocab_mask: Optional[torch.Tensor] = None
     _output_ids: list[Sequence[int]] = field(default_factory=list, repr=False)
     _input_ids: Optional[list[Sequence[int]]] = field(default=None, repr=False)
     _output_counts: Optional[torch.Tensor] = field(default=None, repr=False)
@@ -94,6 +121,7 @@ class SamplingBatchInfo:
         output_ids: list[Sequence[int]],
         input_ids: Optional[list[Sequence[int]]] = None,
         min_tokens_banned: Optional[list[list[int]]] = None,
+        grammars: Optional[Sequence[Any]] = None,
     ) -> "SamplingBatchInfo":
         """Build the batch tensors.
 
@@ -107,6 +135,8 @@ class SamplingBatchInfo:
             min_tokens_banned: per request, the ids to ban while ``len(output_ids) < min_new_tokens``
                 (the scheduler passes stop_token_ids plus EOS ids unless ignore_eos). Default:
                 ``params.stop_token_ids``.
+            grammars: per request, its grammar object (:class:`~sglang.srt.constrained.base_grammar_backend.
+                BaseGrammarObject`) or None; builds ``vocab_mask`` when any is set.
         Raises:
             ValueError: list lengths differ, or input_ids is missing while a repetition penalty is set.
         """
@@ -118,6 +148,8 @@ class SamplingBatchInfo:
             )
         if min_tokens_banned is not None and len(min_tokens_banned) != bs:
             raise ValueError(f"min_tokens_banned must have {bs} entries, got {len(min_tokens_banned)}")
+        if grammars is not None and len(grammars) != bs:
+            raise ValueError(f"grammars must have {bs} entries, got {len(grammars)}")
         device = torch.device(device)
         top_ks_list = [vocab_size if (p.top_k < 0 or p.top_k > vocab_size) else p.top_k for p in params]
         greedy = [k == 1 for k in top_ks_list]
@@ -156,6 +188,7 @@ class SamplingBatchInfo:
             frequency_penalties=col(freq, torch.float32) if any(f != 0.0 for f in freq) else None,
             presence_penalties=col(pres, torch.float32) if any(f != 0.0 for f in pres) else None,
             repetition_penalties=col(rep, torch.float32) if use_rep else None,
+            vocab_mask=build_vocab_mask(grammars, vocab_size, device),
             _output_ids=list(output_ids),
             _input_ids=list(input_ids) if input_ids is not None else None,
         )

@@ -76,12 +76,28 @@ class _SamplingExtras(BaseModel):
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
     regex: Optional[str] = None
-    json_schema: Optional[str] = None
+    json_schema: Optional[Union[str, dict[str, Any]]] = None  # a dict is sent as its JSON text
     ebnf: Optional[str] = None
     rid: Optional[str] = None
 
 
 # ------------------------------------------------------------- completions
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    name: Optional[str] = None
+    schema_: Optional[dict[str, Any]] = Field(default=None, alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI ``response_format``: ``text`` (no constraint), ``json_object`` (any JSON object) or
+    ``json_schema`` (``json_schema.schema`` constrains the output)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaFormat] = None
+
+
 class CompletionRequest(_SamplingExtras):
     """``POST /v1/completions`` body. ``prompt``: text, token ids, or a batch of either."""
 
@@ -92,6 +108,7 @@ class CompletionRequest(_SamplingExtras):
     best_of: Optional[int] = None
     suffix: Optional[str] = None
     logit_bias: Optional[dict[str, float]] = None
+    response_format: Optional[ResponseFormat] = None  # SGLang accepts it on completions too
 
 
 class CompletionLogprobs(BaseModel):
@@ -145,19 +162,6 @@ class ChatMessage(BaseModel):
     name: Optional[str] = None
     tool_calls: Optional[list[dict[str, Any]]] = None
     tool_call_id: Optional[str] = None
-
-
-class JsonSchemaFormat(BaseModel):
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
-
-    name: Optional[str] = None
-    schema_: Optional[dict[str, Any]] = Field(default=None, alias="schema")
-    strict: Optional[bool] = None
-
-
-class ResponseFormat(BaseModel):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: Optional[JsonSchemaFormat] = None
 
 
 class ChatCompletionRequest(_SamplingExtras):

@@ -8,7 +8,6 @@ context. ``response_format`` ``json_schema`` / ``json_object`` become SGLang's
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from typing import Any, AsyncIterator
@@ -98,13 +97,6 @@ class OpenAIServingChat:
         if max_new is None:
             max_new = max(self.tm.context_len - len(prompt_ids), 0)
         params = build_sampling_params(req, max_new)
-        rf = req.response_format
-        if rf is not None and rf.type == "json_schema":
-            if rf.json_schema is None or rf.json_schema.schema_ is None:
-                raise ValueError("response_format.json_schema.schema is required for type json_schema")
-            params["json_schema"] = json.dumps(rf.json_schema.schema_)
-        elif rf is not None and rf.type == "json_object":
-            params["json_schema"] = '{"type": "object"}'
         return GenerateReqInput(
             input_ids=prompt_ids,
             sampling_params=params,

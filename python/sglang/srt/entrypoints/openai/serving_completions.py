@@ -45,8 +45,14 @@ def check_model(model: Optional[str], server_args) -> Optional[JSONResponse]:
 def build_sampling_params(req, max_new_tokens: Optional[int]) -> dict[str, Any]:
     """Map an OpenAI request (completion or chat) to an SGLang ``sampling_params`` dict.
 
+    ``response_format`` ``{"type": "json_schema", "json_schema": {"schema": S}}`` becomes
+    ``json_schema = json.dumps(S)``, ``{"type": "json_object"}`` becomes ``json_schema =
+    '{"type": "object"}'`` (as SGLang); ``{"type": "text"}`` adds nothing. A ``json_schema`` extra
+    given as a JSON object is sent as its JSON text.
+
     Raises:
-        ValueError: an unsupported field (``logit_bias``) is set.
+        ValueError: an unsupported field (``logit_bias``) is set, or ``response_format`` of type
+            json_schema lacks ``json_schema.schema``.
     """
     if getattr(req, "logit_bias", None):
         raise ValueError("logit_bias is not supported by this server; remove it")
@@ -69,9 +75,20 @@ def build_sampling_params(req, max_new_tokens: Optional[int]) -> dict[str, Any]:
         "n": req.n,
         "seed": req.seed,
         "regex": req.regex,
-        "json_schema": req.json_schema,
+        "json_schema": json.dumps(req.json_schema) if isinstance(req.json_schema, dict) else req.json_schema,
         "ebnf": req.ebnf,
     }
+    rf = getattr(req, "response_format", None)
+    if rf is not None and rf.type == "json_schema":
+        if rf.json_schema is None or rf.json_schema.schema_ is None:
+            raise ValueError("response_format.json_schema.schema is required for type json_schema")
+        if d["json_schema"] is not None:
+            raise ValueError("set either response_format or json_schema, not both")
+        d["json_schema"] = json.dumps(rf.json_schema.schema_)
+    elif rf is not None and rf.type == "json_object":
+        if d["json_schema"] is not None:
+            raise ValueError("set either response_format or json_schema, not both")
+        d["json_schema"] = '{"type": "object"}'
     return {k: v for k, v in d.items() if v is not None}
 
 

@@ -1,0 +1,153 @@
+"""CUDA graphs for decode batches (``--cuda-graph-max-bs``, ``--disable-cuda-graph``).
+
+Decode steps of small batches are launch-bound: dozens of kernels per layer
+each take a few microseconds to launch. We capture the model's forward once
+per padded batch size and replay it, copying the real batch into static
+input buffers first. Padding rows read and write only the reserved dummy KV
+slot 0 through a reserved ``req_to_token`` row, and their logits are dropped.
+
+Only the forward is captured; sampling runs eagerly on the logits. The
+attention backend must be graph-safe for decode (no host syncs, metadata
+read from the static tensors): the Triton backend is, ``torch_native`` is not.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, ModelWorkerBatch
+
+if TYPE_CHECKING:
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BS = 160
+
+
+def capture_batch_sizes(max_bs: int) -> list[int]:
+    """Padded batch sizes to capture: 1, 2, 4, 8, then every 8 up to ``max_bs`` (always included)."""
+    if max_bs < 1:
+        raise ValueError(f"--cuda-graph-max-bs must be >= 1, got {max_bs}")
+    sizes = [b for b in (1, 2, 4, 8) if b <= max_bs] + list(range(16, max_bs + 1, 8))
+    if sizes[-1] != max_bs:
+        sizes.append(max_bs)
+    return sizes
+
+
+class CudaGraphRunner:
+    """Captures and replays the decode forward of ``runner.model``.
+
+    Args:
+        runner: the :class:`ModelRunner` (model, pools, attention backend on a CUDA device).
+        max_bs: largest batch captured; larger decode batches run eagerly.
+        pad_req_idx: a ``req_to_token`` row reserved for padding, whose slot 0 is the dummy KV slot.
+    Raises:
+        RuntimeError: capture failed (e.g. an op synchronizes with the host); the caller
+            logs it and runs eagerly.
+    """
+
+    def __init__(self, runner: "ModelRunner", max_bs: int, pad_req_idx: int):
+        self.runner = runner
+        self.device = runner.device
+        self.batch_sizes = capture_batch_sizes(max_bs)
+        self.max_bs = self.batch_sizes[-1]
+        self.pad_req_idx = pad_req_idx
+        n = self.max_bs
+        i64 = dict(dtype=torch.int64, device=self.device)
+        self.input_ids = torch.zeros(n, **i64)
+        self.positions = torch.zeros(n, **i64)
+        self.out_cache_loc = torch.zeros(n, **i64)
+        self.req_pool_indices = torch.full((n,), pad_req_idx, **i64)
+        self.seq_lens = torch.ones(n, **i64)
+        self.zeros = torch.zeros(n, **i64)
+        self.ones = torch.ones(n, **i64)
+        self.arange = torch.arange(n, **i64)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.pool = None
+        mc = runner.model_config
+        backend = runner.attn_backend
+        if hasattr(backend, "init_cuda_graph_state"):
+            heads = getattr(runner, "local_num_heads", mc.num_attention_heads)
+            kv_heads = runner.token_to_kv_pool.head_num
+            backend.init_cuda_graph_state(self.max_bs, heads, mc.head_dim, kv_heads, self.device)
+        self._capture_all()
+
+    def _forward_batch(self, bs: int) -> ForwardBatch:
+        r = self.runner
+        return ForwardBatch(
+            forward_mode=ForwardMode.DECODE, batch_size=bs, input_ids=self.input_ids[:bs],
+            positions=self.positions[:bs], out_cache_loc=self.out_cache_loc[:bs],
+            req_pool_indices=self.req_pool_indices[:bs], seq_lens=self.seq_lens[:bs],
+            prefix_lens=self.seq_lens[:bs] - 1, extend_lens=self.ones[:bs], extend_start_loc=self.arange[:bs],
+            seq_lens_cpu=[1] * bs, prefix_lens_cpu=[0] * bs, extend_lens_cpu=[1] * bs,
+            req_to_token_pool=r.req_to_token_pool, token_to_kv_pool=r.token_to_kv_pool, attn_backend=r.attn_backend,
+        )
+
+    @torch.inference_mode()
+    def _capture_all(self) -> None:
+        stream = torch.cuda.Stream(self.device)
+        for bs in reversed(self.batch_sizes):  # largest first so smaller graphs reuse its memory pool
+            fb = self._forward_batch(bs)
+            self.runner.attn_backend.init_forward_metadata(fb)
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm up (Triton autotune/JIT, allocator)
+                    self.runner.model(fb.input_ids, fb.positions, fb)
+            stream.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                out = self.runner.model(fb.input_ids, fb.positions, fb)
+            self.pool = graph.pool()
+            self.graphs[bs] = graph
+            self.outputs[bs] = out.next_token_logits
+        torch.cuda.synchronize(self.device)
+        logger.info("captured CUDA graphs for decode batch sizes %s", self.batch_sizes)
+
+    def can_run(self, batch: ModelWorkerBatch) -> bool:
+        """Decode batches up to ``max_bs`` without input logprobs."""
+        return batch.forward_mode == ForwardMode.DECODE and batch.batch_size <= self.max_bs
+
+    @torch.inference_mode()
+    def replay(self, batch: ModelWorkerBatch) -> LogitsProcessorOutput:
+        """Run a decode batch through the captured graph of the next padded size.
+
+        Returns logits for the real rows only: ``[batch_size, vocab]`` float32.
+        """
+        bs = batch.batch_size
+        padded = self.batch_sizes[bisect.bisect_left(self.batch_sizes, bs)]
+        dev = self.device
+        self.input_ids[:bs].copy_(torch.tensor(batch.input_ids, dtype=torch.int64), non_blocking=True)
+        self.positions[:bs].copy_(torch.tensor(batch.positions, dtype=torch.int64), non_blocking=True)
+        self.out_cache_loc[:bs].copy_(batch.out_cache_loc.to(dev, torch.int64), non_blocking=True)
+        self.req_pool_indices[:bs].copy_(torch.tensor(batch.req_pool_indices, dtype=torch.int64), non_blocking=True)
+        self.seq_lens[:bs].copy_(torch.tensor(batch.seq_lens, dtype=torch.int64), non_blocking=True)
+        if padded > bs:
+            self.input_ids[bs:padded].zero_()
+            self.positions[bs:padded].zero_()
+            self.out_cache_loc[bs:padded].zero_()
+            self.req_pool_indices[bs:padded].fill_(self.pad_req_idx)
+            self.seq_lens[bs:padded].fill_(1)
+        self.graphs[padded].replay()
+        return LogitsProcessorOutput(next_token_logits=self.outputs[padded][:bs])
+
+
+def maybe_create_cuda_graph_runner(runner: "ModelRunner", server_args, pad_req_idx: Optional[int]):
+    """A :class:`CudaGraphRunner` when the device, backend and flags allow; else None (logged)."""
+    if runner.device.type != "cuda" or server_args.disable_cuda_graph or pad_req_idx is None:
+        return None
+    if server_args.resolved_attention_backend == "torch_native":
+        logger.info("CUDA graphs off: the torch_native attention backend is not graph-safe")
+        return None
+    max_bs = min(server_args.cuda_graph_max_bs or DEFAULT_MAX_BS, runner.max_running_requests)
+    try:
+        return CudaGraphRunner(runner, max_bs, pad_req_idx)
+    except Exception as e:  # capture is best effort: eager decode is always correct
+        logger.warning("CUDA graph capture failed (%s: %s); decode runs eagerly", type(e).__name__, e)
+        torch.cuda.synchronize(runner.device)
+        return None
