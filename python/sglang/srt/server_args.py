@@ -57,6 +57,7 @@ class ServerArgs:
     attention_backend: Optional[str] = None  # torch_native | triton | flashinfer
     stream_interval: int = 1
     grammar_backend: str = "xgrammar"  # xgrammar | none
+    constrained_json_disable_any_whitespace: bool = False
     cuda_graph_max_bs: Optional[int] = None
     disable_cuda_graph: bool = False
     disable_overlap_schedule: bool = False

@@ -69,7 +69,9 @@ class Engine:
         self._thread: Optional[threading.Thread] = None
         self.tokenizer_manager = None
         try:
-            self._procs = launch_subprocesses(self.server_args, self.port_args)
+            self._procs = launch_subprocesses(self.server_args, self.port_args, in_process_engine=True)
+            self._procs.watch(lambda: logger.error("an engine subprocess died: %s; shut the Engine down",
+                                                   self._procs.failure))
             self._loop = asyncio.new_event_loop()
             self._thread = threading.Thread(target=self._run_loop, name="sglang-engine-loop", daemon=True)
             self._thread.start()

@@ -200,8 +200,16 @@ def create_app(tokenizer_manager, server_args) -> FastAPI:
 
     @app.get("/get_model_info")
     async def get_model_info():
+        """Model facts, plus what a frontend needs to render chat roles exactly as the server does."""
+        tok = tm.tokenizer
+        template = tm.chat_template or getattr(tok, "chat_template", None)
+        add_bos = bool(tok is not None and tok.bos_token_id is not None
+                       and tok("x").input_ids[:1] == [tok.bos_token_id])
         return {"model_path": server_args.model_path, "tokenizer_path": server_args.resolved_tokenizer_path,
-                "is_generation": True}
+                "is_generation": True, "served_model_name": server_args.model_name,
+                "chat_template": template if isinstance(template, str) else None,
+                "bos_token": getattr(tok, "bos_token", None), "eos_token": getattr(tok, "eos_token", None),
+                "add_bos_token": add_bos}
 
     @app.get("/get_server_info")
     async def get_server_info():

@@ -154,12 +154,14 @@ def _wait_ready(procs: Subprocesses, pipes: list, deadline: float) -> dict:
     return infos[min(infos)]
 
 
-def launch_subprocesses(server_args: ServerArgs, port_args: PortArgs) -> Subprocesses:
+def launch_subprocesses(server_args: ServerArgs, port_args: PortArgs, in_process_engine: bool = False) -> Subprocesses:
     """Start this node's scheduler ranks (and, on node 0, the detokenizer); wait until every rank is ready.
 
     TP: ranks ``node_rank * tp/nnodes ... + tp/nnodes - 1`` run here, one process each; they rendezvous at
     ``--dist-init-addr`` (multi-node) or a free local port. Every child gets the no-NVLink-multicast
     environment (``NCCL_NVLS_ENABLE=0`` ...).
+    ``in_process_engine``: the parent is a user's program (``sgl.Engine``), so a crashed child must not
+    SIGTERM it; the Engine's watchdog reports the failure instead.
     Raises:
         ValueError: ``--tp-size`` does not fit the model (checked before anything is spawned).
         RuntimeError: a rank failed to start (its message says why: unknown architecture, missing or
@@ -184,14 +186,14 @@ def launch_subprocesses(server_args: ServerArgs, port_args: PortArgs) -> Subproc
     for rank in ranks:
         reader, writer = ctx.Pipe(duplex=False)
         name = f"sglang::scheduler_TP{rank}" if tp > 1 else "sglang::scheduler"
-        p = ctx.Process(target=run_scheduler_process, args=(server_args, port_args, writer, parent, rank, init),
-                        name=name, daemon=True)
+        p = ctx.Process(target=run_scheduler_process, name=name, daemon=True,
+                        args=(server_args, port_args, writer, parent, rank, init, not in_process_engine))
         pipes.append((rank, reader))
         scheds.append(p)
     detok = None
     if server_args.node_rank == 0:
-        detok = ctx.Process(target=run_detokenizer_process, args=(server_args, port_args, parent),
-                            name="sglang::detokenizer", daemon=True)
+        detok = ctx.Process(target=run_detokenizer_process, name="sglang::detokenizer", daemon=True,
+                            args=(server_args, port_args, parent, not in_process_engine))
     for p, rank in zip(scheds, ranks):
         p.start()
         if tp > 1:

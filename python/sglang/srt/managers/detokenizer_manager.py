@@ -291,7 +291,8 @@ class DetokenizerManager:
 
 
 def run_detokenizer_process(
-    server_args: ServerArgs, port_args: PortArgs, parent_pid: Optional[int] = None
+    server_args: ServerArgs, port_args: PortArgs, parent_pid: Optional[int] = None,
+    signal_parent_on_crash: bool = True,
 ) -> None:
     """Entry point of the detokenizer child process (``multiprocessing`` spawn target).
 
@@ -315,10 +316,11 @@ def run_detokenizer_process(
         manager.event_loop()
     except Exception:
         logger.error("DetokenizerManager crashed:\n%s", traceback.format_exc())
-        try:
-            os.kill(parent_pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        if signal_parent_on_crash:  # off for the in-process Engine: the parent is the user's program
+            try:
+                os.kill(parent_pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
         raise SystemExit(1)
     finally:
         if manager is not None:

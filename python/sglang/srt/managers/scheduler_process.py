@@ -130,7 +130,7 @@ class SchedulerProcess:
 
 
 def run_scheduler_process(server_args, port_args, ready_pipe, parent_pid: Optional[int] = None, tp_rank: int = 0,
-                          dist_init_method: Optional[str] = None) -> None:
+                          dist_init_method: Optional[str] = None, signal_parent_on_crash: bool = True) -> None:
     """Entry point of the scheduler subprocess of TP rank ``tp_rank``.
 
     Sends ``{"status": "ready", ...scheduler info}`` through ``ready_pipe`` once
@@ -188,7 +188,7 @@ def run_scheduler_process(server_args, port_args, ready_pipe, parent_pid: Option
         proc.event_loop(parent_pid)
     except Exception:
         logger.error("scheduler (TP rank %d) crashed:\n%s", tp_rank, traceback.format_exc())
-        if parent_pid is not None:
+        if parent_pid is not None and signal_parent_on_crash:  # off for the in-process Engine
             try:
                 os.kill(parent_pid, signal.SIGTERM)
             except ProcessLookupError:
