@@ -80,7 +80,7 @@ trap - EXIT
 for tp in $TPS; do
   echo "=== bench_one_batch TP=$tp ==="
   timeout 420 $PY -m sglang.bench_one_batch --model-path "$CFG" --load-format dummy --tokenizer-path "$TOK" \
-      --dtype bfloat16 --context-length 8200 --device cuda --tp "$tp" \
+      --dtype bfloat16 --context-length 8200 --device cuda --tp "$tp" --mem-fraction-static 0.75 \
       --batch-size 1 --input-len 1024 --output-len 8 \
       --profile-comm --profile-tokens 1 128 1024 4096 8192 --profile-repeats 3 \
       --run-name "issue5_tp$tp" --result-filename "$jsonl"
