@@ -160,8 +160,8 @@ def launch_subprocesses(server_args: ServerArgs, port_args: PortArgs, in_process
     TP: ranks ``node_rank * tp/nnodes ... + tp/nnodes - 1`` run here, one process each; they rendezvous at
     ``--dist-init-addr`` (multi-node) or a free local port. Every child gets the no-NVLink-multicast
     environment (``NCCL_NVLS_ENABLE=0`` ...).
-    ``in_process_engine``: the parent is a user's program (``sgl.Engine``), so a crashed child must not
-    SIGTERM it; the Engine's watchdog reports the failure instead.
+    ``in_process_engine``: the parent is a user's program (``sgl.Engine``). No child ever SIGTERMs its parent
+    on a crash: the caller's watchdog (:meth:`Subprocesses.watch`) reports the failure.
     Raises:
         ValueError: ``--tp-size`` does not fit the model (checked before anything is spawned).
         RuntimeError: a rank failed to start (its message says why: unknown architecture, missing or
@@ -182,18 +182,22 @@ def launch_subprocesses(server_args: ServerArgs, port_args: PortArgs, in_process
     if tp > 1:
         init = dist_init_method(server_args.dist_init_addr, None if server_args.dist_init_addr else _free_port())
     parent = os.getpid()
+    # A child that crashes while serving does not SIGTERM us: the watchdog (:meth:`Subprocesses.watch`, which
+    # both launch_server and the Engine start) notices the dead child, records why and stops the server. A
+    # crash-time SIGTERM would race the watchdog and the server could exit 0 without saying why.
+    signal_parent_on_crash = False
     pipes, scheds = [], []
     for rank in ranks:
         reader, writer = ctx.Pipe(duplex=False)
         name = f"sglang::scheduler_TP{rank}" if tp > 1 else "sglang::scheduler"
         p = ctx.Process(target=run_scheduler_process, name=name, daemon=True,
-                        args=(server_args, port_args, writer, parent, rank, init, not in_process_engine))
+                        args=(server_args, port_args, writer, parent, rank, init, signal_parent_on_crash))
         pipes.append((rank, reader))
         scheds.append(p)
     detok = None
     if server_args.node_rank == 0:
         detok = ctx.Process(target=run_detokenizer_process, name="sglang::detokenizer", daemon=True,
-                            args=(server_args, port_args, parent, not in_process_engine))
+                            args=(server_args, port_args, parent, signal_parent_on_crash))
     for p, rank in zip(scheds, ranks):
         p.start()
         if tp > 1:
@@ -221,7 +225,8 @@ def _serve_worker_node(server_args: ServerArgs, procs: Subprocesses) -> None:
     stop = threading.Event()
     procs.watch(stop.set)
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
-    logger.info("node %d: TP ranks %s serving (HTTP is on node 0)", server_args.node_rank, procs.tp_ranks)
+    logger.info("node %d is a worker node: TP ranks %s serving (no HTTP here; node 0 serves it)",
+                server_args.node_rank, procs.tp_ranks)
     try:
         stop.wait()
     finally:
@@ -258,4 +263,7 @@ def launch_server(server_args: ServerArgs) -> None:
 
         shutil.rmtree(port_args.ipc_dir, ignore_errors=True)
     if failure:
+        if server_args.nnodes > 1:
+            failure += (f" (node {server_args.node_rank} of {server_args.nnodes}: a TP rank on another node may have "
+                        f"stopped or crashed, which ends this node's ranks too; check every node's log)")
         raise RuntimeError(f"server stopped: {failure}")
