@@ -5,10 +5,17 @@ Before every step it checks that each request's ``req_to_token`` row points
 at slots holding exactly that request's tokens (so a wrong prefix share, a
 chunk boundary bug or a retraction that loses KV is caught), and it "samples"
 a deterministic function of the sequence, so outputs are checkable.
+
+Every scenario runs with overlap scheduling off and on (``overlap`` fixture): with overlap the
+fake runner is called on the overlap worker's thread while the scheduler already builds the next
+batch, so it checks each batch against a snapshot taken when the batch was built (the request's
+prompt and its ``req_to_token`` row) and against the request's true sequence (prompt + the fake
+model's greedy continuation), never against live scheduler state.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 from typing import Optional
@@ -17,6 +24,7 @@ import pytest
 import torch
 
 from sglang.srt.managers.io_struct import AbortReq, TokenizedGenerateReqInput
+from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
@@ -54,6 +62,12 @@ class _LogitsOut:
     input_top_logprobs: Optional[list] = None
 
 
+@functools.lru_cache(maxsize=None)
+def true_sequence(prompt: tuple[int, ...], total: int) -> list[int]:
+    """The prompt followed by the fake model's greedy continuation, ``total`` tokens in all."""
+    return list(prompt) + expected(list(prompt), max(total - len(prompt), 0))
+
+
 class FakeRunner:
     def __init__(self, max_total_tokens: int, max_running: int = 64, page_size: int = 1, context_len: int = 256):
         self.model_config = _ModelConfig(context_len=context_len)
@@ -63,54 +77,69 @@ class FakeRunner:
         self.allocator = TokenToKVPoolAllocator(max_total_tokens, page_size, "cpu")
         self.kv = torch.full((max_total_tokens + 2 * page_size,), -1, dtype=torch.int64)
         self.batches: list = []
-        self.scheduler: Optional[Scheduler] = None
 
     def make_sampling_info(self, reqs):
         return None
 
     def forward(self, batch):
-        r2t = self.req_to_token_pool.req_to_token
         self.batches.append(batch)
-        # every prefix slot must hold the request's own earlier tokens
-        reqs = {r.req_pool_idx: r for r in self._all_reqs()}
+        total = self.model_config.context_len + 8
         off = 0
         out = []
         for i, row in enumerate(batch.req_pool_indices):
-            req = reqs[row]
-            fill = req.fill_ids
+            truth = true_sequence(batch.fake_prompts[i], total)
+            r2t_row = batch.fake_rows[i]
             pre, ext = batch.prefix_lens[i], batch.extend_lens[i]
-            if pre:
-                held = self.kv[r2t[row, :pre].long()].tolist()
-                assert held == fill[:pre], f"{req}: prefix KV holds {held[:8]}.. expected {fill[:8]}.."
-            assert batch.input_ids[off:off + ext] == fill[pre:pre + ext]
+            # every prefix slot must hold the request's own earlier tokens
+            held = self.kv[r2t_row[:pre]].tolist()
+            assert held == truth[:pre], f"row {row}: prefix KV holds {held[:8]}.. expected {truth[:8]}.."
+            new = batch.input_ids[off:off + ext]
+            assert new == truth[pre:pre + ext], f"row {row}: inputs {new} expected {truth[pre:pre + ext]}"
             assert batch.positions[off:off + ext] == list(range(pre, pre + ext))
             locs = batch.out_cache_loc[off:off + ext]
-            assert torch.equal(r2t[row, pre:pre + ext].long(), locs.long())
-            self.kv[locs] = torch.tensor(fill[pre:pre + ext])
-            out.append(next_token(fill[:pre + ext]))
+            assert torch.equal(r2t_row[pre:pre + ext], locs.long())
+            self.kv[locs] = torch.tensor(new)
+            out.append(next_token(held + new))
             off += ext
         assert off == len(batch.input_ids)
         return _LogitsOut(), _SampleOut(torch.tensor(out))
 
-    def _all_reqs(self):
-        s = self.scheduler
-        return list(s.running) + ([s.chunked_req] if s.chunked_req else []) + [
-            r for r in s.waiting if r.req_pool_idx is not None] + self._admitting
 
-    _admitting: list = []
+@pytest.fixture(autouse=True, params=[False, True], ids=["sync", "overlap"])
+def overlap(request, monkeypatch):
+    """Run the test with overlap scheduling off and on; tag each worker batch with its snapshot."""
+    orig = ScheduleBatch.to_model_worker_batch
+
+    def tagged(self):
+        mwb = orig(self)
+        mwb.fake_prompts = [tuple(r.origin_input_ids) for r in self.reqs]
+        mwb.fake_rows = [self.fake_r2t[r.req_pool_idx, :n].long().clone() for r, n in zip(self.reqs, mwb.seq_lens)]
+        return mwb
+
+    monkeypatch.setattr(ScheduleBatch, "to_model_worker_batch", tagged)
+    _MODE["overlap"] = request.param
+    schedulers: list = []
+    _MODE["made"] = schedulers
+    yield request.param
+    for s in schedulers:
+        s.close()
+
+
+_MODE: dict = {"overlap": False, "made": []}
 
 
 def make(max_total_tokens=4096, **kw) -> tuple[Scheduler, FakeRunner]:
     runner_kw = {k: kw.pop(k) for k in ("max_running", "context_len") if k in kw}
     args = ServerArgs(**kw)
     runner = FakeRunner(max_total_tokens, page_size=args.page_size, **runner_kw)
-    s = Scheduler(args, runner, tokenizer=None)
-    runner.scheduler = s
+    s = Scheduler(args, runner, tokenizer=None, overlap=_MODE["overlap"])
+    _MODE["made"].append(s)
     orig = s.get_next_batch
 
-    def get_next_batch():
+    def get_next_batch():  # lets the snapshot read req_to_token
         b = orig()
-        runner._admitting = list(b.reqs) if b else []
+        if b is not None:
+            b.fake_r2t = runner.req_to_token_pool.req_to_token
         return b
 
     s.get_next_batch = get_next_batch
@@ -295,6 +324,7 @@ def test_lpm_prefers_cached_prefix():
     submit(s, "cold", list(range(60, 90)), max_new_tokens=1)
     submit(s, "hot", base + [7], max_new_tokens=1)
     s.step()
+    s.sync()  # with overlap the batch may still be running
     first = runner.batches[-1]
     # the request sharing the cached prefix is admitted first, extending only its new tokens
     assert first.prefix_lens[0] >= len(base) - 1

@@ -7,6 +7,14 @@ pool at ``req_to_token[req_pool_idx, :kv_len]``. A step computes the next
 logits of the last token are sampled and the new token is appended. Prefill,
 chunked prefill, extend after a cached prefix and decode are all this one
 rule with different ``extend_len``.
+
+Overlap scheduling (``model_executor/overlap_worker.py``) adds *pending* tokens: a launched batch
+that samples for a request adds one entry to ``pending_slots`` (the future-token ring slot its token
+will land in) until the scheduler processes that batch's result and appends the token to
+``output_ids``. ``kv_len`` counts the KV of every launched batch, so it may exceed ``len(fill_ids)``
+by the pending tokens; a batch built meanwhile feeds those tokens as placeholders
+(:func:`~sglang.srt.model_executor.overlap_worker.placeholder_id`). Without overlap, pending tokens
+exist only inside one step.
 """
 
 from __future__ import annotations
@@ -17,7 +25,11 @@ from typing import Any, Optional
 
 import torch
 
+from sglang.srt.managers.io_struct import BatchTokenIDOut
 from sglang.srt.model_executor.forward_batch_info import ForwardMode, ModelWorkerBatch
+from sglang.srt.model_executor.overlap_worker import placeholder_id
+
+DECODE_CONTEXT_TOKENS = 5  # prompt tokens the detokenizer decodes the output against (SGLang's surrounding offset)
 
 
 class Req:
@@ -26,7 +38,10 @@ class Req:
     Attributes:
         origin_input_ids: prompt token ids.
         output_ids: generated token ids (the last one has no KV yet).
-        kv_len: tokens of ``fill_ids`` whose KV sits in the pool (see module doc).
+        kv_len: tokens of ``fill_ids`` (then of the pending tokens) whose KV sits in the pool or is
+            written by a launched batch (see module doc).
+        pending_slots: future-token ring slots of tokens sampled by launched batches whose results
+            the scheduler has not processed yet (oldest first).
         prefix_indices / last_node: the cached prefix shared from the radix
             tree (owned by the prefix cache's lock protocol).
         cached_tokens: prompt tokens reused from the prefix cache at first admission.
@@ -59,6 +74,7 @@ class Req:
         self.prefix_indices = torch.empty(0, dtype=torch.int64)
         self.last_node: Any = None
         self.extend_len = 0
+        self.pending_slots: list[int] = []
         self.cached_tokens = 0
         self.admitted_once = False
         self.num_retractions = 0
@@ -89,8 +105,17 @@ class Req:
         return len(self.origin_input_ids) + len(self.output_ids)
 
     @property
+    def num_pending(self) -> int:
+        return len(self.pending_slots)
+
+    @property
+    def total_len(self) -> int:
+        """Known tokens plus pending ones (sampled by a launched batch, not yet processed)."""
+        return len(self.origin_input_ids) + len(self.output_ids) + len(self.pending_slots)
+
+    @property
     def remaining_to_fill(self) -> int:
-        return self.seqlen - self.kv_len
+        return self.total_len - self.kv_len
 
     def finished(self) -> bool:
         return self.finished_reason is not None
@@ -100,7 +125,15 @@ class Req:
         return self.max_new_tokens_cap if m is None else min(m, self.max_new_tokens_cap)
 
     def remaining_new_tokens(self) -> int:
-        return max(self.max_new_tokens() - len(self.output_ids), 0)
+        """Tokens it may still sample beyond the known and pending ones."""
+        return max(self.max_new_tokens() - len(self.output_ids) - len(self.pending_slots), 0)
+
+    def committed_kv_len(self) -> int:
+        """KV worth keeping when the request stops: what a non-overlapped scheduler would hold,
+        i.e. the known tokens except the newest output token (whose KV is computed by the step that
+        samples the next one), never more than ``kv_len``."""
+        known = self.seqlen - (1 if self.output_ids else 0)
+        return min(self.kv_len, known)
 
     def wants_input_logprobs(self) -> bool:
         return self.logprob_start_len >= 0 and self.logprob_start_len < len(self.origin_input_ids)
@@ -120,6 +153,7 @@ class Req:
         self.prefix_indices = torch.empty(0, dtype=torch.int64)
         self.last_node = None
         self.extend_len = 0
+        self.pending_slots = []
         self.num_retractions += 1
 
     def input_logprob_targets(self) -> tuple[list[int], list[int]]:
@@ -149,6 +183,12 @@ class ScheduleBatch:
 
     ``reqs[i].extend_len`` new tokens run for request i; ``out_cache_loc`` holds
     the KV slot of each of them, concatenated in request order.
+
+    :meth:`to_model_worker_batch` also records what the result processing needs once the requests
+    have moved on (overlap scheduling processes a batch after the next one was built):
+    ``sample[i]`` (row i samples a token), ``input_logprob_ids[i]`` (prompt ids its input logprobs
+    score). The scheduler fills ``future_slots[i]`` (ring slot of row i's token, -1 if none) and
+    ``handle`` (the overlap worker's future) or ``result`` (``(logits_out, sample_out)``) at launch.
     """
 
     reqs: list[Req]
@@ -156,19 +196,33 @@ class ScheduleBatch:
     forward_mode: ForwardMode
     sampling_info: Any = None
     created: float = field(default_factory=time.monotonic)
+    sample: list[bool] = field(default_factory=list)
+    input_logprob_ids: list[list[int]] = field(default_factory=list)
+    future_slots: list[int] = field(default_factory=list)
+    handle: Any = None
+    result: Any = None
 
     def to_model_worker_batch(self) -> ModelWorkerBatch:
-        """Flatten into the scheduler -> worker contract."""
+        """Flatten into the scheduler -> worker contract.
+
+        Input ids at positions past a request's known tokens (pending tokens) are placeholders
+        ``-(slot+1)`` that the overlap worker resolves before the forward.
+        """
         input_ids: list[int] = []
         positions: list[int] = []
         rows_all, ids_all = [], []
         for r in self.reqs:
             fill = r.fill_ids
-            input_ids.extend(fill[r.kv_len:r.kv_len + r.extend_len])
-            positions.extend(range(r.kv_len, r.kv_len + r.extend_len))
+            end = r.kv_len + r.extend_len
+            input_ids.extend(fill[r.kv_len:end])
+            for p in range(max(r.kv_len, len(fill)), end):
+                input_ids.append(placeholder_id(r.pending_slots[p - len(fill)]))
+            positions.extend(range(r.kv_len, end))
             rows, ids = r.input_logprob_targets()
             rows_all.append(rows)
             ids_all.append(ids)
+        self.sample = [r.kv_len + r.extend_len == r.total_len for r in self.reqs]
+        self.input_logprob_ids = ids_all
         return ModelWorkerBatch(
             forward_mode=self.forward_mode,
             input_ids=input_ids,
@@ -178,10 +232,57 @@ class ScheduleBatch:
             prefix_lens=[r.kv_len for r in self.reqs],
             extend_lens=[r.extend_len for r in self.reqs],
             seq_lens=[r.kv_len + r.extend_len for r in self.reqs],
-            sample=[r.kv_len + r.extend_len == r.seqlen for r in self.reqs],
+            sample=list(self.sample),
             return_logprob=any(r.return_logprob for r in self.reqs),
             input_logprob_indices=rows_all,
             input_logprob_token_ids=ids_all,
             top_logprobs_nums=[r.top_logprobs_num for r in self.reqs],
             sampling_info=self.sampling_info,
         )
+
+
+class PendingTokensView:
+    """A request as ``make_sampling_info`` sees it while it has pending tokens: ``output_ids``
+    padded with one placeholder value (0) per pending token (lengths drive seeded sampling and
+    min_new_tokens; values are never read: the scheduler builds batches of requests with penalties
+    only without pending tokens, see ``Scheduler._sampling_reqs``). Other attributes are the request's."""
+
+    def __init__(self, req: Req):
+        self._req = req
+        self.output_ids = req.output_ids + [0] * len(req.pending_slots)
+
+    def __getattr__(self, name: str):
+        return getattr(self._req, name)
+
+
+def build_token_id_out(reqs: list[Req]) -> BatchTokenIDOut:
+    """Deltas of several requests since their last report (advances their sent offsets)."""
+    out = BatchTokenIDOut(rids=[], finished_reasons=[], output_ids=[], prompt_tokens=[], completion_tokens=[],
+                          cached_tokens=[], skip_special_tokens=[], spaces_between_special_tokens=[],
+                          no_stop_trim=[], stop_strs=[], decode_prefix_ids=[])
+    any_lp = any(r.return_logprob for r in reqs)
+    if any_lp:
+        out.output_token_logprobs, out.output_top_logprobs = [], []
+        out.input_token_logprobs, out.input_top_logprobs = [], []
+    for r in reqs:
+        p = r.sampling_params
+        start = r.sent_output_len
+        out.rids.append(r.rid)
+        out.finished_reasons.append(r.finished_reason)
+        out.output_ids.append(r.output_ids[start:])
+        out.prompt_tokens.append(len(r.origin_input_ids))
+        out.completion_tokens.append(len(r.output_ids))
+        out.cached_tokens.append(r.cached_tokens)
+        out.skip_special_tokens.append(p.skip_special_tokens)
+        out.spaces_between_special_tokens.append(p.spaces_between_special_tokens)
+        out.no_stop_trim.append(p.no_stop_trim)
+        out.stop_strs.append(list(getattr(p, "stop_strs", None) or []))
+        out.decode_prefix_ids.append(r.origin_input_ids[-DECODE_CONTEXT_TOKENS:] if start == 0 else None)
+        if any_lp:
+            first = start == 0 and r.return_logprob
+            out.output_token_logprobs.append(r.output_token_logprobs[start:] if r.return_logprob else None)
+            out.output_top_logprobs.append(r.output_top_logprobs[start:] if r.top_logprobs_num else None)
+            out.input_token_logprobs.append(r.input_token_logprobs if first and r.wants_input_logprobs() else None)
+            out.input_top_logprobs.append(r.input_top_logprobs if first and r.top_logprobs_num and r.wants_input_logprobs() else None)
+        r.sent_output_len = len(r.output_ids)
+    return out

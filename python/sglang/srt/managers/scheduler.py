@@ -19,6 +19,21 @@ backend's threads, is ready; other requests keep running meanwhile. Its sampled
 tokens are fed to the grammar, and it finishes with ``{"type": "stop",
 "matched": <token>}`` once the grammar terminates (see
 ``constrained/base_grammar_backend.py``).
+Overlap scheduling (on by default on CUDA; ``--disable-overlap-schedule``; see
+``model_executor/overlap_worker.py`` for the policy and the future-token placeholders): each step
+builds and launches batch i+1 *before* processing batch i's result, so the CPU work of scheduling
+overlaps the forward. Consequences, all handled here:
+  * KV bookkeeping advances at launch (``kv_len``), tokens are appended at result time; meanwhile
+    they are *pending* (``Req.pending_slots``) and fed to the next batch as placeholders;
+  * results lag one step: a request found finished (EOS, stop string, abort) may already sit in the
+    next batch; that batch's token for it is discarded, and ``_release`` frees the KV computed past
+    ``Req.committed_kv_len()``, so the cache ends exactly as without overlap; a request that will
+    surely hit its length limit is not decoded again;
+  * the step falls back to processing the in-flight result *before* scheduling when the next batch
+    needs it: a request of the in-flight batch has a grammar (its next bitmask needs the accepted
+    token), frequency/presence/repetition penalties (they read the output tokens), or a prefill
+    chunk that is not its last (the prefix cache takes that chunk first); and when the KV pool is
+    full (retraction only happens with nothing in flight). Outputs are identical either way.
 The ZMQ process loop around it lives in ``scheduler_process.py``.
 """
 
@@ -26,16 +41,22 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
-import time
 from typing import Optional
 
 import torch
 
 from sglang.srt.constrained.base_grammar_backend import create_grammar_backend, grammar_key
 from sglang.srt.managers.io_struct import AbortReq, BatchTokenIDOut, SchedulerStats, TokenizedGenerateReqInput
-from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+from sglang.srt.managers.schedule_batch import (  # noqa: F401 (DECODE_CONTEXT_TOKENS, build_token_id_out: re-exported)
+    DECODE_CONTEXT_TOKENS,
+    PendingTokensView,
+    Req,
+    ScheduleBatch,
+    build_token_id_out,
+)
 from sglang.srt.managers.schedule_policy import PrefillBudget, order_waiting_queue
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.model_executor.overlap_worker import OverlapWorker, overlap_schedule_enabled
 from sglang.srt.sampling.finish import check_finish
 from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -45,7 +66,6 @@ INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY = 0.001
 RESERVE_CLIP = 4096
-DECODE_CONTEXT_TOKENS = 5  # prompt tokens the detokenizer decodes the output against (SGLang's surrounding offset)
 DEFAULT_CHUNKED_PREFILL_SIZE = 8192  # at most this many future tokens are reserved per request
 GRAMMAR_IDLE_WAIT_S = 0.005  # with nothing to run, wait this long for a grammar compilation per step
 
@@ -61,9 +81,12 @@ class Scheduler:
         tokenizer: used for stop strings and grammars (None with ``--skip-tokenizer-init``).
         grammar_backend: overrides the backend ``--grammar-backend`` selects (tests); by default
             one is created from ``server_args``, the tokenizer and the model config.
+        overlap: force overlap scheduling on or off (tests); None applies
+            :func:`~sglang.srt.model_executor.overlap_worker.overlap_schedule_enabled`.
+    Call :meth:`close` to stop the overlap worker thread.
     """
 
-    def __init__(self, server_args, runner, tokenizer=None, grammar_backend=None):
+    def __init__(self, server_args, runner, tokenizer=None, grammar_backend=None, overlap=None):
         from sglang.srt.mem_cache.chunk_cache import ChunkCache
         from sglang.srt.mem_cache.radix_cache import RadixCache
 
@@ -92,6 +115,36 @@ class Scheduler:
         self.stats_cached_tokens = 0
         self.stats_gen_tokens = 0
         self.forward_ct = 0
+
+        self.overlap = overlap_schedule_enabled(server_args, getattr(runner, "device", "cpu"), overlap)
+        self.inflight: Optional[ScheduleBatch] = None  # launched, result not processed yet (overlap)
+        self.future_ring_size = 4 * (self.max_running + 2)  # > the sampled rows of two batches
+        self.future_ct = 0
+        self.worker = OverlapWorker(runner, self.future_ring_size) if self.overlap else None
+        self.control_group = self._make_control_group()
+        logger.info("overlap schedule %s", "on" if self.overlap else "off")
+
+    def _make_control_group(self):
+        """The CPU group for the scheduler's own collectives (message broadcast, grammar agreement).
+
+        On CPU the TP device group is the gloo world group, which the overlap worker uses for the
+        model's collectives at the same time: ranks would interleave the two threads' collectives
+        differently. Overlap then gets a separate gloo group (created on every rank at the same point).
+        """
+        ps = getattr(self.runner, "parallel_state", None)
+        if ps is None or getattr(self.runner, "tp_size", 1) <= 1:
+            return None
+        if self.overlap and ps.cpu_group is ps.device_group:
+            import torch.distributed as dist
+
+            return dist.new_group(backend="gloo")
+        return ps.cpu_group
+
+    def close(self) -> None:
+        """Process the in-flight batch and stop the overlap worker thread."""
+        self.sync()
+        if self.worker is not None:
+            self.worker.close()
 
     # ---- requests in ---------------------------------------------------------
     def add_request(self, msg: TokenizedGenerateReqInput) -> Optional[Req]:
@@ -163,7 +216,7 @@ class Scheduler:
         import torch.distributed as dist
 
         flags = torch.tensor(ready, dtype=torch.int32)
-        dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=ps.cpu_group)
+        dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=getattr(self, "control_group", None) or ps.cpu_group)
         return [bool(x) for x in flags.tolist()]
 
     def _wait_for_grammars(self, timeout: float) -> None:
@@ -187,10 +240,13 @@ class Scheduler:
                 req.finished_reason = dict(reason)
                 self._release(req)
                 self.outputs.append(req)
+        if self.inflight is not None and all(r.finished() for r in self.inflight.reqs):
+            self.sync()  # nothing left to wait for but the forward itself
 
     def _release(self, req: Req) -> None:
         """Give a finished/aborted request's KV and pool slot back (through the prefix cache)."""
         if req.req_pool_idx is not None:
+            self._drop_uncommitted_kv(req)
             self.tree_cache.cache_finished_req(req)
             req.req_pool_idx = None
         if req in self.running:
@@ -198,21 +254,95 @@ class Scheduler:
         if self.chunked_req is req:
             self.chunked_req = None
 
+    def _drop_uncommitted_kv(self, req: Req) -> None:
+        """Free the KV that launched batches computed past :meth:`Req.committed_kv_len` (tokens that
+        overlap scheduling ran before the request was known to be finished). Whole pages past the
+        kept ones go back to the allocator; the kept partial page goes with the prefix cache's tail."""
+        keep = req.committed_kv_len()
+        if keep >= req.kv_len:
+            return
+        start = -(-keep // self.page_size) * self.page_size
+        if start < req.kv_len:
+            r2t = self.runner.req_to_token_pool.req_to_token
+            self.runner.allocator.free(r2t[req.req_pool_idx, start:req.kv_len])
+        req.kv_len = keep
+
     # ---- one step ------------------------------------------------------------
     def step(self) -> list[BatchTokenIDOut]:
-        """Schedule and run one batch; return the outputs to stream (possibly empty)."""
+        """Schedule and launch one batch, process the previous (overlap) or this batch's result,
+        and return the outputs to stream (possibly empty)."""
+        if self.inflight is not None and self._needs_result_first(self.inflight):
+            self.sync()
         batch = self.get_next_batch()
+        prev, self.inflight = self.inflight, None
         if batch is not None:
-            mwb = batch.to_model_worker_batch()
-            logits_out, sample_out = self.runner.forward(mwb)
-            self.process_batch_result(batch, logits_out, sample_out)
-            self.forward_ct += 1
-        elif self.grammar_queue:  # only compilations pending: do not spin (the next step admits them)
+            self._launch(batch)
+        if prev is not None:
+            self._process(prev)
+        if batch is not None and not self.overlap:
+            self._process(batch)
+        elif batch is not None:
+            self.inflight = batch
+        elif prev is None and self.grammar_queue:  # only compilations pending: do not spin
             self._wait_for_grammars(GRAMMAR_IDLE_WAIT_S)
         return self.collect_outputs()
 
+    def sync(self) -> None:
+        """Wait for the in-flight batch (overlap) and process its result; a no-op without one.
+        Its outputs are reported by the next :meth:`step` / :meth:`collect_outputs`."""
+        batch, self.inflight = self.inflight, None
+        if batch is not None:
+            self._process(batch)
+
+    def _needs_result_first(self, batch: ScheduleBatch) -> bool:
+        """Whether the next batch cannot be built before ``batch``'s result (see the module doc)."""
+        for req, sample in zip(batch.reqs, batch.sample):
+            if req.finished():
+                continue
+            p = req.sampling_params
+            if not sample or req.grammar is not None or p.frequency_penalty != 0.0 \
+                    or p.presence_penalty != 0.0 or p.repetition_penalty != 1.0:
+                return True
+        return False
+
+    def _launch(self, batch: ScheduleBatch) -> None:
+        """Hand ``batch`` to the runner (inline) or the overlap worker, then advance the bookkeeping:
+        KV counts as written, sampled tokens become pending, requests that will decode join ``running``."""
+        mwb = batch.to_model_worker_batch()
+        if not self.overlap:
+            batch.result = self.runner.forward(mwb)
+        batch.future_slots = [-1] * len(batch.reqs)
+        running = {id(r) for r in self.running}
+        for i, req in enumerate(batch.reqs):
+            req.kv_len += req.extend_len
+            req.extend_len = 0
+            if not batch.sample[i] or req.max_new_tokens() == 0:
+                continue
+            slot = self.future_ct % self.future_ring_size
+            self.future_ct += 1
+            batch.future_slots[i] = slot
+            req.pending_slots.append(slot)
+            if id(req) not in running:
+                self.running.append(req)
+        if self.overlap:
+            batch.handle = self.worker.submit(mwb, batch.future_slots)
+        self.forward_ct += 1
+
+    def _process(self, batch: ScheduleBatch) -> None:
+        logits_out, sample_out = batch.result if batch.handle is None else batch.handle.result()
+        batch.handle = batch.result = None
+        self.process_batch_result(batch, logits_out, sample_out)
+
+    def _sampling_reqs(self, reqs: list[Req]) -> list:
+        """What ``make_sampling_info`` reads per request; with pending tokens, a view whose
+        ``output_ids`` has the right length (their values matter only for penalties, and requests
+        with penalties are never built with pending tokens: see :meth:`_needs_result_first`)."""
+        if not any(r.pending_slots for r in reqs):
+            return reqs
+        return [PendingTokensView(r) if r.pending_slots else r for r in reqs]
+
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.chunked_req or self.grammar_queue)
+        return bool(self.waiting or self.running or self.chunked_req or self.grammar_queue or self.inflight)
 
     def get_next_batch(self) -> Optional[ScheduleBatch]:
         self._poll_grammar_queue()
@@ -225,26 +355,37 @@ class Scheduler:
         locs = prefill_locs + ([decode_loc] if decode_reqs else [])
         out_loc = torch.cat(locs) if len(locs) > 1 else locs[0]
         return ScheduleBatch(reqs=reqs, out_cache_loc=out_loc, forward_mode=mode,
-                             sampling_info=self.runner.make_sampling_info(reqs))
+                             sampling_info=self.runner.make_sampling_info(self._sampling_reqs(reqs)))
 
     def _prepare_decode(self) -> tuple[list[Req], Optional[torch.Tensor]]:
-        """Allocate one KV slot per running request, retracting requests if the pool is full."""
-        while self.running:
-            reqs = self.running
+        """Allocate one KV slot per running request, retracting requests if the pool is full.
+
+        Requests whose pending tokens reach their length limit are skipped (they finish when the
+        in-flight result arrives). A full pool with a batch in flight first processes that result
+        (it may finish requests); retraction happens only with nothing in flight."""
+        while True:
+            reqs = [r for r in self.running if r.remaining_new_tokens() > 0]
+            if not reqs:
+                return [], None
             for r in reqs:
                 r.extend_len = 1
             loc = self._alloc_extend(reqs)
             if loc is not None:
                 self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
-                return list(reqs), loc
-            self._retract_one()
-        return [], None
+                return reqs, loc
+            for r in reqs:
+                r.extend_len = 0
+            if self.inflight is not None:
+                self.sync()
+            else:
+                self._retract_one()
 
     def _retract_one(self) -> None:
         victim = max(self.running, key=lambda r: (r.remaining_new_tokens(), r.arrival_time))
         logger.info("KV cache full: retracting %s (running=%d, free=%d)", victim.rid, len(self.running),
                     self.runner.allocator.available_size())
         self.running.remove(victim)
+        self._drop_uncommitted_kv(victim)
         self.tree_cache.cache_finished_req(victim)
         victim.reset_for_retract()
         self.waiting.insert(0, victim)
@@ -352,20 +493,19 @@ class Scheduler:
 
     # ---- results -------------------------------------------------------------
     def process_batch_result(self, batch: ScheduleBatch, logits_out, sample_out) -> None:
-        """Advance every request of the batch by its computed tokens and sample where due."""
+        """Apply a launched batch's result: input logprobs, prefix caching of finished chunks, and
+        for sampling rows the new token (finish checks, grammar, release, streaming). Requests that
+        finished meanwhile (abort, or a finish found in the previous result) drop their token."""
         next_ids = sample_out.next_token_ids.tolist()
         lps = sample_out.logprobs.tolist() if sample_out.logprobs is not None else None
         for i, req in enumerate(batch.reqs):
             if logits_out.input_token_logprobs is not None and logits_out.input_token_logprobs[i]:
-                rows, ids = req.input_logprob_targets()
-                req.input_token_logprobs.extend(zip(logits_out.input_token_logprobs[i], ids))
+                req.input_token_logprobs.extend(zip(logits_out.input_token_logprobs[i], batch.input_logprob_ids[i]))
                 if req.top_logprobs_num:
                     req.input_top_logprobs.extend(logits_out.input_top_logprobs[i])
-            if req.finished():  # aborted while the step was being built
+            if req.finished():  # aborted while in flight, or finished by the previous result
                 continue
-            req.kv_len += req.extend_len
-            req.extend_len = 0
-            if req.kv_len < req.seqlen:  # a prefill chunk that is not the last
+            if not batch.sample[i]:  # a prefill chunk that is not the last
                 self.tree_cache.cache_unfinished_req(req)
                 continue
             if req.wants_input_logprobs():
@@ -375,6 +515,7 @@ class Scheduler:
                 self._release(req)
                 self.outputs.append(req)
                 continue
+            req.pending_slots.pop(0)
             tok = next_ids[i]
             req.output_ids.append(tok)
             self.stats_gen_tokens += 1
@@ -388,8 +529,6 @@ class Scheduler:
                 self._advance_grammar(req, tok)
             if req.finished():
                 self._release(req)
-            elif req not in self.running:
-                self.running.append(req)
             if req.finished() or req.stream:
                 self.outputs.append(req)
 
@@ -450,37 +589,5 @@ class Scheduler:
             "max_total_tokens": s.max_total_tokens, "max_running_requests": self.max_running,
             "cache_hit_rate": s.cache_hit_rate, "forward_ct": self.forward_ct,
             "num_grammar_queue_reqs": len(self.grammar_queue),
+            "overlap_schedule": self.overlap,
         }
-
-
-def build_token_id_out(reqs: list[Req]) -> BatchTokenIDOut:
-    """Deltas of several requests since their last report (advances their sent offsets)."""
-    out = BatchTokenIDOut(rids=[], finished_reasons=[], output_ids=[], prompt_tokens=[], completion_tokens=[],
-                          cached_tokens=[], skip_special_tokens=[], spaces_between_special_tokens=[],
-                          no_stop_trim=[], stop_strs=[], decode_prefix_ids=[])
-    any_lp = any(r.return_logprob for r in reqs)
-    if any_lp:
-        out.output_token_logprobs, out.output_top_logprobs = [], []
-        out.input_token_logprobs, out.input_top_logprobs = [], []
-    for r in reqs:
-        p = r.sampling_params
-        start = r.sent_output_len
-        out.rids.append(r.rid)
-        out.finished_reasons.append(r.finished_reason)
-        out.output_ids.append(r.output_ids[start:])
-        out.prompt_tokens.append(len(r.origin_input_ids))
-        out.completion_tokens.append(len(r.output_ids))
-        out.cached_tokens.append(r.cached_tokens)
-        out.skip_special_tokens.append(p.skip_special_tokens)
-        out.spaces_between_special_tokens.append(p.spaces_between_special_tokens)
-        out.no_stop_trim.append(p.no_stop_trim)
-        out.stop_strs.append(list(getattr(p, "stop_strs", None) or []))
-        out.decode_prefix_ids.append(r.origin_input_ids[-DECODE_CONTEXT_TOKENS:] if start == 0 else None)
-        if any_lp:
-            first = start == 0 and r.return_logprob
-            out.output_token_logprobs.append(r.output_token_logprobs[start:] if r.return_logprob else None)
-            out.output_top_logprobs.append(r.output_top_logprobs[start:] if r.top_logprobs_num else None)
-            out.input_token_logprobs.append(r.input_token_logprobs if first and r.wants_input_logprobs() else None)
-            out.input_top_logprobs.append(r.input_top_logprobs if first and r.top_logprobs_num and r.wants_input_logprobs() else None)
-        r.sent_output_len = len(r.output_ids)
-    return out

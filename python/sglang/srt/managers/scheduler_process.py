@@ -7,6 +7,10 @@ The loop (nano-vllm style, one screen)::
         outputs = scheduler.step()          # no-op when idle
         push outputs to the detokenizer; push stats now and then
 
+With overlap scheduling (``Scheduler.overlap``) ``step()`` returns while its batch is still running
+on the overlap worker's thread, so this loop's message handling and output sending also overlap the
+forward; the loop does not block for messages while a batch is in flight (``has_work()``).
+
 Tensor parallelism: one such process per TP rank. Only rank 0 binds/connects the ZMQ sockets. Each
 iteration rank 0 drains its socket and broadcasts the raw message bytes over the CPU (gloo) group
 (:func:`~sglang.srt.distributed.parallel_state.broadcast_bytes_list`); every rank then handles the same
@@ -110,7 +114,8 @@ class SchedulerProcess:
         if ps is not None and ps.tp_size > 1:
             from sglang.srt.distributed.parallel_state import broadcast_bytes_list
 
-            raw = broadcast_bytes_list(raw, ps.cpu_group, src=0)
+            group = getattr(self.scheduler, "control_group", None) or ps.cpu_group
+            raw = broadcast_bytes_list(raw, group, src=0)
         for data in raw:
             self.handle(decode_msg(data))
 
