@@ -61,6 +61,7 @@ class ServerArgs:
     cuda_graph_max_bs: Optional[int] = None
     disable_cuda_graph: bool = False
     disable_overlap_schedule: bool = False
+    enable_overlap_schedule: bool = False  # force overlap on CPU (it is on by default on CUDA)
 
     # Parallelism
     tp_size: int = 1
@@ -129,7 +130,17 @@ class ServerArgs:
 
     @property
     def resolved_attention_backend(self) -> str:
-        return self.attention_backend or "torch_native"
+        """``--attention-backend``, or the default: ``triton`` when the resolved device is cuda and
+        ``triton`` imports, else ``torch_native``."""
+        if self.attention_backend:
+            return self.attention_backend
+        if self.resolved_device == "cuda":
+            try:
+                import triton  # noqa: F401
+            except ImportError:
+                return "torch_native"
+            return "triton"
+        return "torch_native"
 
     @property
     def model_name(self) -> str:

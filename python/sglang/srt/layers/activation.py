@@ -24,7 +24,14 @@ def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
 
 
 class SiluAndMul(nn.Module):
-    """SwiGLU activation: x ``[N, 2I]`` (gate then up, as MergedColumnParallelLinear packs them) -> ``[N, I]``."""
+    """SwiGLU activation: x ``[N, 2I]`` (gate then up, as MergedColumnParallelLinear packs them) -> ``[N, I]``.
+
+    Runs :func:`sglang.srt.layers.ops.silu_and_mul` (a Triton kernel on CUDA, :func:`silu_and_mul_ref` elsewhere).
+    """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return silu_and_mul_ref(x)
+        return ops.silu_and_mul(x)
+
+
+# ops dispatches to this module's reference, so it is imported after the reference is defined.
+from sglang.srt.layers import ops  # noqa: E402

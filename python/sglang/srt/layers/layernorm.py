@@ -63,6 +63,10 @@ class RMSNorm(nn.Module):
             without a residual never communicates (its input is already complete).
     ``forward(x [.., H])`` -> normed x; ``forward(x, residual)`` -> ``(normed(x + residual), x + residual)``;
     see :func:`rmsnorm_ref` for the exact numerics.
+    Kernels: on CUDA tensors both forms run the fused Triton kernels of :mod:`sglang.srt.layers.ops`, and
+    ``forward(x, residual)`` then works *in place*: the results are written into ``x`` and ``residual``
+    and returned (callers use the returned tensors and do not reuse the inputs). Elsewhere (CPU) the torch
+    reference :func:`rmsnorm_ref` returns new tensors.
     """
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, params_dtype: Optional[torch.dtype] = None,
@@ -76,7 +80,15 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
         if residual is not None and self.comm is not None:
             return self.comm.all_reduce_add_rmsnorm(x, residual, self.weight, self.eps)
+        if residual is None:
+            return ops.rmsnorm(x, self.weight, self.eps)
+        if x.is_cuda:
+            return ops.fused_add_rmsnorm(x, residual, self.weight, self.eps)
         return rmsnorm_ref(x, self.weight, self.eps, residual)
 
     def extra_repr(self) -> str:
         return f"{self.hidden_size}, eps={self.eps}{', fused all-reduce' if self.comm is not None else ''}"
+
+
+# ops dispatches to this module's reference, so it is imported after the reference is defined.
+from sglang.srt.layers import ops  # noqa: E402

@@ -21,6 +21,8 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from sglang.srt.layers import ops
+
 logger = logging.getLogger(__name__)
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -93,8 +95,12 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [N] int64; q [N, nh*head_dim]; k [N, nkv*head_dim] -> rotated (q, k), same shapes and dtypes.
 
-        The rotation runs in fp32 and is cast back to the input dtype.
+        The rotation runs in fp32 and is cast back to the input dtype. On CUDA it is the Triton kernel of
+        :func:`sglang.srt.layers.ops.apply_rope`, which rotates q and k *in place* and returns them;
+        elsewhere new tensors are returned (the torch code below).
         """
+        if q.is_cuda:
+            return ops.apply_rope(positions, q, k, self.cos_sin_cache, self.head_dim, self.is_neox_style)
         cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 

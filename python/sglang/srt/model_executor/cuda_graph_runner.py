@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import time
 from typing import TYPE_CHECKING, Optional
 
 import torch
@@ -60,12 +61,11 @@ class CudaGraphRunner:
         self.pad_req_idx = pad_req_idx
         n = self.max_bs
         i64 = dict(dtype=torch.int64, device=self.device)
-        self.input_ids = torch.zeros(n, **i64)
-        self.positions = torch.zeros(n, **i64)
+        # rows: input_ids, positions, req_pool_indices, seq_lens (one host->device copy per replay)
+        self.host_pad = torch.tensor([[0], [0], [pad_req_idx], [1]], dtype=torch.int64).expand(4, n).contiguous()
+        self.static_ints = self.host_pad.to(self.device)
+        self.input_ids, self.positions, self.req_pool_indices, self.seq_lens = self.static_ints.unbind(0)
         self.out_cache_loc = torch.zeros(n, **i64)
-        self.req_pool_indices = torch.full((n,), pad_req_idx, **i64)
-        self.seq_lens = torch.ones(n, **i64)
-        self.zeros = torch.zeros(n, **i64)
         self.ones = torch.ones(n, **i64)
         self.arange = torch.arange(n, **i64)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -74,7 +74,7 @@ class CudaGraphRunner:
         mc = runner.model_config
         backend = runner.attn_backend
         if hasattr(backend, "init_cuda_graph_state"):
-            heads = getattr(runner, "local_num_heads", mc.num_attention_heads)
+            heads = getattr(runner, "local_num_heads", None) or mc.num_attention_heads
             kv_heads = runner.token_to_kv_pool.head_num
             backend.init_cuda_graph_state(self.max_bs, heads, mc.head_dim, kv_heads, self.device)
         self._capture_all()
@@ -92,6 +92,12 @@ class CudaGraphRunner:
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
+        with torch.cuda.device(self.device):
+            self._capture_sizes()
+
+    def _capture_sizes(self) -> None:
+        t0 = time.perf_counter()
+        free0 = torch.cuda.mem_get_info(self.device)[0]
         stream = torch.cuda.Stream(self.device)
         for bs in reversed(self.batch_sizes):  # largest first so smaller graphs reuse its memory pool
             fb = self._forward_batch(bs)
@@ -107,11 +113,20 @@ class CudaGraphRunner:
             self.graphs[bs] = graph
             self.outputs[bs] = out.next_token_logits
         torch.cuda.synchronize(self.device)
-        logger.info("captured CUDA graphs for decode batch sizes %s", self.batch_sizes)
+        used = (free0 - torch.cuda.mem_get_info(self.device)[0]) / 2**20
+        logger.info("captured CUDA graphs for decode batch sizes %s in %.1f s (%.0f MiB)", self.batch_sizes,
+                    time.perf_counter() - t0, used)
+
+    def padded_size(self, bs: int) -> int:
+        """The captured batch size a decode batch of ``bs`` requests replays (ValueError above ``max_bs``)."""
+        if not 1 <= bs <= self.max_bs:
+            raise ValueError(f"decode batch size {bs} is outside the captured range 1..{self.max_bs}")
+        return self.batch_sizes[bisect.bisect_left(self.batch_sizes, bs)]
 
     def can_run(self, batch: ModelWorkerBatch) -> bool:
-        """Decode batches up to ``max_bs`` without input logprobs."""
-        return batch.forward_mode == ForwardMode.DECODE and batch.batch_size <= self.max_bs
+        """Decode batches of 1..``max_bs`` requests that ask for no input logprobs."""
+        return (batch.forward_mode == ForwardMode.DECODE and 1 <= batch.batch_size <= self.max_bs
+                and not any(batch.input_logprob_indices))
 
     @torch.inference_mode()
     def replay(self, batch: ModelWorkerBatch) -> LogitsProcessorOutput:
@@ -120,28 +135,29 @@ class CudaGraphRunner:
         Returns logits for the real rows only: ``[batch_size, vocab]`` float32.
         """
         bs = batch.batch_size
-        padded = self.batch_sizes[bisect.bisect_left(self.batch_sizes, bs)]
-        dev = self.device
-        self.input_ids[:bs].copy_(torch.tensor(batch.input_ids, dtype=torch.int64), non_blocking=True)
-        self.positions[:bs].copy_(torch.tensor(batch.positions, dtype=torch.int64), non_blocking=True)
-        self.out_cache_loc[:bs].copy_(batch.out_cache_loc.to(dev, torch.int64), non_blocking=True)
-        self.req_pool_indices[:bs].copy_(torch.tensor(batch.req_pool_indices, dtype=torch.int64), non_blocking=True)
-        self.seq_lens[:bs].copy_(torch.tensor(batch.seq_lens, dtype=torch.int64), non_blocking=True)
+        padded = self.padded_size(bs)
+        host = self.host_pad.clone()  # padding rows: token 0 at position 0 of the pad row, seq_len 1
+        host[:, :bs] = torch.tensor([batch.input_ids, batch.positions, batch.req_pool_indices, batch.seq_lens],
+                                    dtype=torch.int64)
+        self.static_ints.copy_(host, non_blocking=True)
+        self.out_cache_loc[:bs].copy_(batch.out_cache_loc.to(self.device, torch.int64))
         if padded > bs:
-            self.input_ids[bs:padded].zero_()
-            self.positions[bs:padded].zero_()
-            self.out_cache_loc[bs:padded].zero_()
-            self.req_pool_indices[bs:padded].fill_(self.pad_req_idx)
-            self.seq_lens[bs:padded].fill_(1)
+            self.out_cache_loc[bs:padded].zero_()  # the dummy KV slot
         self.graphs[padded].replay()
         return LogitsProcessorOutput(next_token_logits=self.outputs[padded][:bs])
 
 
-def maybe_create_cuda_graph_runner(runner: "ModelRunner", server_args, pad_req_idx: Optional[int]):
-    """A :class:`CudaGraphRunner` when the device, backend and flags allow; else None (logged)."""
+def maybe_create_cuda_graph_runner(runner: "ModelRunner", server_args, pad_req_idx: Optional[int],
+                                   backend_name: Optional[str] = None):
+    """A :class:`CudaGraphRunner` when the device, backend and flags allow; else None (logged).
+
+    ``backend_name``: the runner's attention backend (default ``server_args.resolved_attention_backend``).
+    Graphs are off on non-CUDA devices, with ``--disable-cuda-graph``, without a pad row, with the
+    ``torch_native`` backend, or when capture fails (logged; decode then runs eagerly).
+    """
     if runner.device.type != "cuda" or server_args.disable_cuda_graph or pad_req_idx is None:
         return None
-    if server_args.resolved_attention_backend == "torch_native":
+    if (backend_name or server_args.resolved_attention_backend) == "torch_native":
         logger.info("CUDA graphs off: the torch_native attention backend is not graph-safe")
         return None
     max_bs = min(server_args.cuda_graph_max_bs or DEFAULT_MAX_BS, runner.max_running_requests)
@@ -149,5 +165,8 @@ def maybe_create_cuda_graph_runner(runner: "ModelRunner", server_args, pad_req_i
         return CudaGraphRunner(runner, max_bs, pad_req_idx)
     except Exception as e:  # capture is best effort: eager decode is always correct
         logger.warning("CUDA graph capture failed (%s: %s); decode runs eagerly", type(e).__name__, e)
-        torch.cuda.synchronize(runner.device)
+        try:
+            torch.cuda.synchronize(runner.device)
+        except RuntimeError as e2:  # a broken capture may leave an error behind; eager mode will surface it
+            logger.warning("CUDA synchronize after the failed capture: %s", e2)
         return None

@@ -19,6 +19,7 @@ from sglang.srt.layers.attention import create_attention_backend
 from sglang.srt.layers.sampler import Sampler
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.model_executor.cuda_graph_runner import maybe_create_cuda_graph_runner
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ModelWorkerBatch
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
@@ -67,6 +68,14 @@ class ModelRunner:
     samples from the same all-gathered logits, then rank 0's token ids are broadcast over the TP device
     group, so all ranks continue with identical tokens even where reductions are not bitwise
     reproducible across ranks (one tiny broadcast per step).
+    Attention backend: ``server_args.resolved_attention_backend`` (``triton`` by default on CUDA,
+    ``torch_native`` on CPU).
+    CUDA graphs: on CUDA, unless ``--disable-cuda-graph`` or the ``torch_native`` backend, decode batches
+    of up to ``--cuda-graph-max-bs`` requests (default 160, at most ``max_running_requests``) replay a
+    graph captured at init (:mod:`~sglang.srt.model_executor.cuda_graph_runner`); padding rows use
+    ``pad_req_idx``, a ``req_to_token`` row reserved here (on every device) whose slot 0 is the dummy KV
+    slot 0, so the scheduler's ``max_running_requests`` (+1 spare) rows never include it. With TP every
+    rank captures the same sizes and all ranks agree (MIN over the CPU group) before graphs are used.
     Raises:
         ValueError: the KV budget leaves no room for a single max-length request, or tp_size > 1
             without a parallel_state.
@@ -110,19 +119,53 @@ class ModelRunner:
         row_bytes = 4 * (mc.context_len + 8)
         max_running = max(1, min(max_running, REQ_TO_TOKEN_MAX_BYTES // row_bytes, self.max_total_tokens))
         self.max_running_requests = max_running
-        self.req_to_token_pool = ReqToTokenPool(max_running + 1, mc.context_len + 8, self.device)
+        # scheduler rows: max_running (+1 spare, as before); one more row reserved for CUDA-graph padding
+        self.req_to_token_pool = ReqToTokenPool(max_running + 2, mc.context_len + 8, self.device)
+        self.pad_req_idx = self._reserve_pad_row()
+        self.local_num_heads = mc.num_attention_heads // tp_size
         self.token_to_kv_pool = MHATokenToKVPool(
             self.max_total_tokens, self.page_size, mc.dtype, self.num_kv_heads, mc.head_dim,
             mc.num_hidden_layers, self.device,
         )
         self.allocator = TokenToKVPoolAllocator(self.max_total_tokens, self.page_size, self.device)
-        self.attn_backend = create_attention_backend(server_args.resolved_attention_backend)
+        self.attention_backend_name = self._attention_backend_name(server_args)
+        self.attn_backend = create_attention_backend(self.attention_backend_name)
         self.sampler = Sampler(server_args.random_seed, self.device)
+        self.cuda_graph_runner = self._init_cuda_graphs(server_args)
         logger.info(
             "model %s loaded on %s (%s, TP rank %d/%d, %d local KV heads); KV cache %d tokens (%.1f MiB), "
-            "max running requests %d", mc.architecture, self.device, mc.dtype, self.tp_rank, self.tp_size,
-            self.num_kv_heads, self.max_total_tokens, self.token_to_kv_pool.kv_size_bytes() / 2**20, max_running,
+            "max running requests %d; attention backend %s, CUDA graphs %s", mc.architecture, self.device, mc.dtype,
+            self.tp_rank, self.tp_size, self.num_kv_heads, self.max_total_tokens,
+            self.token_to_kv_pool.kv_size_bytes() / 2**20, max_running, self.attention_backend_name,
+            f"up to batch {self.cuda_graph_runner.max_bs}" if self.cuda_graph_runner else "off",
         )
+
+    def _reserve_pad_row(self) -> int:
+        """Take one ``req_to_token`` row out of the scheduler's reach and zero it (its slot 0 is the
+        dummy KV slot 0 that CUDA-graph padding rows read and write)."""
+        rows = self.req_to_token_pool.alloc(1)
+        if rows is None:  # cannot happen: the pool was just created with free rows
+            raise RuntimeError("ReqToTokenPool has no free row for the CUDA-graph padding row")
+        self.req_to_token_pool.req_to_token[rows[0]].zero_()
+        return rows[0]
+
+    def _attention_backend_name(self, args: "ServerArgs") -> str:
+        """The explicit ``--attention-backend``, else the default for this runner's device."""
+        if args.attention_backend is None and self.device.type != "cuda":
+            return "torch_native"
+        return args.resolved_attention_backend
+
+    def _init_cuda_graphs(self, args: "ServerArgs"):
+        """The :class:`CudaGraphRunner` or None; with TP, graphs are used only if every rank captured."""
+        from sglang.srt.distributed.parallel_state import all_reduce_min_int
+
+        runner = maybe_create_cuda_graph_runner(self, args, self.pad_req_idx,
+                                                backend_name=self.attention_backend_name)
+        if self.tp_size > 1:
+            if all_reduce_min_int(int(runner is not None), self.parallel_state.cpu_group) == 0 and runner:
+                logger.warning("CUDA graphs off: another TP rank did not capture them; decode runs eagerly")
+                runner = None
+        return runner
 
     def _kv_budget_tokens(self, args: "ServerArgs") -> int:
         mc = self.model_config
@@ -162,15 +205,23 @@ class ModelRunner:
     def forward(self, batch: ModelWorkerBatch):
         """Run one step.
 
+        Decode batches that fit a captured CUDA graph replay it (see the class docstring); everything
+        else runs eagerly.
+
         Returns:
             (LogitsProcessorOutput, SamplerOutput): logits-derived outputs and
             one sampled token per request (rows with ``sample[i] == False`` are
-            sampled too and ignored by the scheduler).
+            sampled too and ignored by the scheduler). After a graph replay,
+            ``next_token_logits`` is a view of the graph's static output: valid until the next step.
         """
-        fb = ForwardBatch.init_new(batch, self.device, self.req_to_token_pool, self.token_to_kv_pool,
-                                   self.attn_backend)
-        self.attn_backend.init_forward_metadata(fb)
-        logits_out = self.model(fb.input_ids, fb.positions, fb)
+        graphs = self.cuda_graph_runner
+        if graphs is not None and graphs.can_run(batch):
+            logits_out = graphs.replay(batch)
+        else:
+            fb = ForwardBatch.init_new(batch, self.device, self.req_to_token_pool, self.token_to_kv_pool,
+                                       self.attn_backend)
+            self.attn_backend.init_forward_metadata(fb)
+            logits_out = self.model(fb.input_ids, fb.positions, fb)
         sample_out = self.sampler.forward(logits_out.next_token_logits, batch.sampling_info, batch.return_logprob,
                                           batch.top_logprobs_nums)
         if self.tp_size > 1:  # every rank continues with rank 0's tokens (see the class docstring)

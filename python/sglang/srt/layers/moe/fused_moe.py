@@ -24,7 +24,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglang.srt.layers.linear import check_tp, copy_checked, divide, narrow_full
-from sglang.srt.layers.moe.router import select_experts
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +70,7 @@ class FusedMoE(nn.Module):
     Args:
         num_experts: E; top_k: experts per token; hidden_size: H;
         intermediate_size: I per expert (full; this rank holds I/tp_size).
-        renormalize: renormalize the top-k weights (see :func:`select_experts`).
+        renormalize: renormalize the top-k weights (see :func:`~sglang.srt.layers.moe.router.select_experts`).
         params_dtype: weight dtype. tp_rank/tp_size: the TP group.
         reduce_results: all-reduce the output over TP with ``comm.all_reduce`` (needed when tp_size > 1;
             False when a following RMSNorm fuses the reduction).
@@ -83,6 +82,9 @@ class FusedMoE(nn.Module):
     HF expert tensor (global ``expert_id``): shard_id "w1" (gate, [I, H]), "w3" (up, [I, H]) or "w2"
     (down, [H, I]); tensors of other ranks' experts are skipped without being read.
     ``param.expected_shards`` lists the (expert_id, shard_id) pairs this rank needs.
+    Kernels: routing and experts run :func:`sglang.srt.layers.ops.fused_topk` and
+    :func:`sglang.srt.layers.ops.fused_moe` (Triton on CUDA: no host synchronisation, so the layer can be
+    captured in a CUDA graph; :func:`~sglang.srt.layers.moe.router.select_experts` and :func:`fused_moe_ref` elsewhere).
     """
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
@@ -132,13 +134,13 @@ class FusedMoE(nn.Module):
             raise ValueError(f"FusedMoE: shard_id={shard_id!r} must be 'w1', 'w2' or 'w3'")
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
+        topk_weights, topk_ids = ops.fused_topk(router_logits, self.top_k, self.renormalize)
         if self.ep_size > 1:  # other ranks' experts get weight 0 (their rows add nothing here)
             local_ids = topk_ids - self.expert_start
             mine = (local_ids >= 0) & (local_ids < self.num_local_experts)
             topk_weights = topk_weights.masked_fill(~mine, 0.0)
             topk_ids = local_ids.clamp(0, self.num_local_experts - 1)
-        out = fused_moe_ref(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
+        out = ops.fused_moe(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
         if self.tp_size > 1 and self.reduce_results:
             if self.comm is None:
                 raise ValueError("FusedMoE with tp_size > 1 needs a comm object to all-reduce its output")
@@ -149,3 +151,7 @@ class FusedMoE(nn.Module):
         return f"experts={self.num_experts} (local {self.expert_start}..{self.expert_start + self.num_local_experts - 1}), " \
                f"top_k={self.top_k}, hidden={self.hidden_size}, intermediate_local={self.i_local}, " \
                f"renormalize={self.renormalize}"
+
+
+# ops dispatches to this module's reference, so it is imported after the reference is defined.
+from sglang.srt.layers import ops  # noqa: E402
