@@ -65,8 +65,8 @@ logger = logging.getLogger(__name__)
 INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY = 0.001
-RESERVE_CLIP = 4096
-DEFAULT_CHUNKED_PREFILL_SIZE = 8192  # at most this many future tokens are reserved per request
+RESERVE_CLIP = 4096  # at most this many future tokens are reserved per request
+DEFAULT_CHUNKED_PREFILL_SIZE = 8192  # --chunked-prefill-size when unset (-1 disables chunking)
 GRAMMAR_IDLE_WAIT_S = 0.005  # with nothing to run, wait this long for a grammar compilation per step
 
 
