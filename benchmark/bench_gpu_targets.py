@@ -50,13 +50,20 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO / "python") not in sys.path:
-    sys.path.insert(0, str(REPO / "python"))
+for _path in (REPO / "python", Path(__file__).resolve().parent):  # the sglang package; gpu_targets_lib
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+del _path
 
 from sglang.bench_one_batch import NVLS_OFF_ENV, run_latency  # noqa: E402
+from gpu_targets_lib import (  # noqa: E402,F401  (re-exported)
+    SERVING_KEYS, ParamStats, TargetRow, attention_flops, copy_bandwidth, format_table, kv_bytes, matmul_flops,
+    mean_decode_context, memory_floor_s, model_param_stats, param_stats, parse_attention_rows, prefill_flops, si,
+    summarize_serving,
+)
 
 logger = logging.getLogger("bench_gpu_targets")
 
@@ -72,151 +79,6 @@ SIZES = {
     "hbm_gib": (4.0, 1 / 16), "matmul_n": (8192, 256), "serving_prompts": (256, 8), "serving_concurrency": (64, 4),
     "serving_input_len": (1024, 64), "serving_output_len": (256, 8),
 }
-
-
-# ----------------------------------------------------------------------------- pure parts
-@dataclasses.dataclass(frozen=True)
-class ParamStats:
-    """Parameter counts/bytes of a causal LM (from ``named_parameters()``, shared tensors counted once)."""
-
-    total_bytes: int
-    embed_bytes: int
-    layer_matmul_params: int  # >= 2-D parameters outside the embedding and the LM head
-    lm_head_params: int  # the LM head's (the embedding's when tied)
-    tied: bool
-
-    @property
-    def decode_weight_bytes(self) -> int:
-        """Weight bytes a decode step reads: all but the embedding table (only B rows gathered) unless tied."""
-        return self.total_bytes - (0 if self.tied else self.embed_bytes)
-
-
-def param_stats(params: Iterable[tuple[str, tuple[int, ...], int]]) -> ParamStats:
-    """``params``: (name, shape, itemsize in bytes) per parameter. Raises ValueError without an embedding."""
-    total = embed_bytes = embed_n = layer = head = 0
-    has_head = False
-    for name, shape, itemsize in params:
-        n = 1
-        for s in shape:
-            n *= int(s)
-        total += n * itemsize
-        if "embed_tokens" in name:
-            embed_bytes += n * itemsize
-            embed_n += n
-        elif "lm_head" in name:
-            head += n
-            has_head = True
-        elif len(shape) >= 2:
-            layer += n
-    if embed_n == 0:
-        raise ValueError("no 'embed_tokens' parameter found: param_stats expects a Llama-style causal LM")
-    return ParamStats(total, embed_bytes, layer, head if has_head else embed_n, not has_head)
-
-
-def model_param_stats(model) -> ParamStats:
-    """:func:`param_stats` of a torch module."""
-    return param_stats((n, tuple(p.shape), p.element_size()) for n, p in model.named_parameters())
-
-
-def kv_bytes(tokens: float, layers: int, kv_heads: int, head_dim: int, itemsize: int) -> float:
-    """Bytes of K and V for ``tokens`` cached tokens over all layers."""
-    return tokens * 2 * layers * kv_heads * head_dim * itemsize
-
-
-def mean_decode_context(context: int, steps: int) -> float:
-    """Mean tokens attended per request over ``steps`` decode steps after a ``context``-token prefill
-    (step j attends context + j + 1 tokens)."""
-    return context + 1 + (steps - 1) / 2
-
-
-def memory_floor_s(weight_bytes: float, kv_read_bytes: float, bandwidth: float) -> float:
-    """Seconds to stream weights + KV once at ``bandwidth`` bytes/s."""
-    if bandwidth <= 0:
-        raise ValueError(f"bandwidth={bandwidth} must be positive")
-    return (weight_bytes + kv_read_bytes) / bandwidth
-
-
-def copy_bandwidth(nbytes: int, seconds: float) -> float:
-    """Bytes/s of a copy of ``nbytes`` (each byte read once and written once)."""
-    return 2 * nbytes / seconds
-
-
-def matmul_flops(n: int) -> float:
-    """FLOPs of an n x n x n matmul."""
-    return 2.0 * n ** 3
-
-
-def attention_flops(tokens: int, layers: int, heads: int, head_dim: int) -> float:
-    """Causal self-attention FLOPs of one T-token prefill: 4 * L * H * d per visible (query, key) pair."""
-    return 4.0 * layers * heads * head_dim * tokens * (tokens + 1) / 2
-
-
-def prefill_flops(tokens: int, stats: ParamStats, layers: int, heads: int, head_dim: int,
-                  logit_rows: int = 1) -> float:
-    """FLOPs of one prefill (see the module docstring)."""
-    return (2.0 * tokens * stats.layer_matmul_params + 2.0 * logit_rows * stats.lm_head_params
-            + attention_flops(tokens, layers, heads, head_dim))
-
-
-@dataclasses.dataclass(frozen=True)
-class TargetRow:
-    """One line of the ratio table; ``ratio`` None when the floor or measurement is missing."""
-
-    metric: str
-    floor: str
-    measured: str
-    ratio: Optional[float]
-    op: str  # "<=", ">=" or "" (report only)
-    target: Optional[float]
-
-    @property
-    def met(self) -> Optional[bool]:
-        if self.ratio is None or not self.op:
-            return None
-        return self.ratio <= self.target if self.op == "<=" else self.ratio >= self.target
-
-
-def format_table(rows: list[TargetRow]) -> str:
-    """Markdown table: metric | floor / baseline | measured | ratio | target | met?"""
-    out = ["| metric | floor / baseline | measured | ratio | target | met? |", "|---|---|---|---:|---|---|"]
-    for r in rows:
-        ratio = "" if r.ratio is None else f"{r.ratio:.2f}"
-        target = f"{r.op} {r.target:.2f}" if r.op else "report"
-        met = {None: "n/a", True: "yes", False: "NO"}[r.met]
-        out.append(f"| {r.metric} | {r.floor} | {r.measured} | {ratio} | {target} | {met} |")
-    return "\n".join(out)
-
-
-def si(value: float, unit: str) -> str:
-    """``value`` with a T/G/M/k prefix, e.g. ``si(4.1e12, "B/s") == "4.10 TB/s"``."""
-    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= scale:
-            return f"{value / scale:.2f} {prefix}{unit}"
-    return f"{value:.2f} {unit}"
-
-
-def parse_attention_rows(lines: list[str]) -> list[dict]:
-    """Rows of ``bench_triton_attention.bench_decode``'s table -> [{name, time_us}] (header lines skipped)."""
-    out = []
-    for line in lines:
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) < 2:
-            continue
-        try:
-            out.append({"name": cells[0], "time_us": float(cells[1])})
-        except ValueError:
-            continue
-    return out
-
-
-SERVING_KEYS = ("completed", "failed", "duration", "output_throughput", "total_throughput", "request_throughput",
-                "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "median_itl_ms", "p99_itl_ms",
-                "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms")
-
-
-def summarize_serving(record: dict) -> dict:
-    """The keys this report uses from one ``bench_serving --output-file`` JSON line. Raises KeyError if absent."""
-    return {k: record[k] for k in SERVING_KEYS}
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -275,6 +137,7 @@ class TargetsConfig:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of this script (sizes default to None: :data:`SIZES` fills them in)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-path", default=str(DEFAULT_MODEL))
     p.add_argument("--tokenizer-path", default=str(DEFAULT_TOKENIZER))
@@ -374,6 +237,7 @@ def build_runner(cfg: TargetsConfig):
 
 
 def runner_facts(runner) -> dict:
+    """Attention backend, CUDA-graph use and parameter statistics of a loaded runner, for the report."""
     stats = model_param_stats(runner.model)
     return {"attention_backend": getattr(runner, "attention_backend_name", type(runner.attn_backend).__name__),
             "cuda_graphs": getattr(runner, "cuda_graph_runner", None) is not None,
@@ -429,12 +293,14 @@ def _child_env() -> dict:
 
 
 def server_command(cfg: TargetsConfig, port: int) -> list[str]:
+    """argv of ``python -m sglang.launch_server`` with dummy weights on ``port`` for the serving part."""
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", cfg.model_path, "--load-format", "dummy",
            "--tokenizer-path", cfg.tokenizer_path, "--dtype", cfg.dtype, "--device", cfg.device, "--port", str(port)]
     return cmd + (["--attention-backend", cfg.attention_backend] if cfg.attention_backend else [])
 
 
 def bench_serving_command(cfg: TargetsConfig, port: int, jsonl: str) -> list[str]:
+    """argv of ``python -m sglang.bench_serving`` (random dataset, fixed lengths) writing its JSONL to ``jsonl``."""
     return [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--port", str(port),
             "--tokenizer", cfg.tokenizer_path, "--dataset-name", "random", "--random-input-len",
             str(cfg.serving_input_len), "--random-output-len", str(cfg.serving_output_len), "--random-range-ratio", "1",
@@ -534,6 +400,7 @@ def table_rows(res: dict) -> list[TargetRow]:
 
 
 def hardware() -> str:
+    """One line describing the GPU (nvidia-smi and torch), torch/CUDA versions and the host."""
     import torch
 
     parts = []
@@ -574,6 +441,7 @@ def render_markdown(res: dict) -> str:
 
 
 def write_results(res: dict, stem: Path) -> None:
+    """Write ``res`` to ``<stem>.json`` and its markdown rendering to ``<stem>.md``."""
     Path(f"{stem}.json").write_text(json.dumps(res, indent=1, default=str))
     Path(f"{stem}.md").write_text(render_markdown(res))
 
@@ -593,6 +461,8 @@ def run(cfg: TargetsConfig, command: str) -> dict:
            "config": dataclasses.asdict(cfg), "parts": {}}
 
     def part(name, fn, always: bool = False):
+        """Run one part (if selected or ``always``), store its result or error under ``res['parts']``, write the files;
+        returns its result or None."""
         if name not in cfg.parts and not always:
             return None
         logger.info("=== %s ===", name)
@@ -615,6 +485,7 @@ def run(cfg: TargetsConfig, command: str) -> dict:
         holder = {}
 
         def load():
+            """Build the runner into ``holder`` and return its facts."""
             holder["r"] = build_runner(cfg)
             return runner_facts(holder["r"])
 

@@ -83,6 +83,8 @@ def layout(kind: str, bs: int, ctx: int, gen: torch.Generator) -> torch.Tensor:
 
 
 def bench_decode(args, bw: float) -> tuple[list[str], list[str]]:
+    """Time Triton decode attention (bf16, CUDA) on the three KV layouts, then sweep KV splits and BLOCK_N/warps/stages
+    on 16-token pages; returns the (main, sweep) markdown table lines, KV GB/s vs ``bw`` (HBM bytes/s)."""
     from sglang.srt.layers.attention.triton_ops.decode_attention import (decode_attention_fwd,
                                                                           decode_attention_workspace,
                                                                           default_num_kv_splits)
@@ -102,10 +104,12 @@ def bench_decode(args, bw: float) -> tuple[list[str], list[str]]:
     mid_o, mid_lse = decode_attention_workspace(bs, nh, hd, 16, torch.device("cuda"))
 
     def run(r2t, splits, **kw):
+        """Milliseconds of one decode-attention call over ``r2t`` with ``splits`` KV splits (kernel options: kw)."""
         return time_ms(lambda: decode_attention_fwd(q, k_buf, v_buf, out, r2t, rows, seq, hd ** -0.5, splits,
                                                     mid_o, mid_lse, **kw))
 
     def row(name, t):
+        """A markdown row: time in us, achieved KV GB/s, the HBM copy GB/s and their ratio."""
         achieved = kv_bytes / (t * 1e-3)
         return f"| {name} | {t * 1e3:.1f} | {achieved / 1e9:.0f} | {bw / 1e9:.0f} | {achieved / bw:.2f} |"
 
@@ -134,6 +138,8 @@ def bench_decode(args, bw: float) -> tuple[list[str], list[str]]:
 
 
 def bench_extend(args, mm: float) -> list[str]:
+    """Time Triton extend attention (bf16, CUDA) for an 8K prefill and 4K new tokens after a 4K prefix; returns markdown
+    table lines, causal TFLOP/s vs ``mm`` (matmul FLOP/s)."""
     from sglang.srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
 
     nh, nkv, hd = args.heads, args.kv_heads, args.head_dim
@@ -148,6 +154,7 @@ def bench_extend(args, mm: float) -> list[str]:
         out = torch.empty_like(q)
 
         def t(x):
+            """A one-element int64 CUDA tensor holding ``x``."""
             return torch.tensor([x], device="cuda")
 
         ms = time_ms(lambda: extend_attention_fwd(q, out, k_buf, v_buf, r2t, t(0), t(prefix), t(new), t(0), new,
@@ -160,6 +167,8 @@ def bench_extend(args, mm: float) -> list[str]:
 
 
 def main() -> None:
+    """CLI entry: measure the floors, run the decode and extend benchmarks, write and log the markdown report. Exits if
+    no CUDA GPU."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--context", type=int, default=4096)

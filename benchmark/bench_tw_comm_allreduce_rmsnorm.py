@@ -104,6 +104,7 @@ def _worker(rank, world, init_file, args, result_file):
         scratch = x.clone()
 
         def measure(fn):
+            """Per-call microseconds of ``fn`` (graph-timed), max over ranks."""
             t = torch.tensor([_time_graph(fn, args.calls_per_graph, args.replays)], device=dev)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             return float(t.item())
@@ -111,6 +112,7 @@ def _worker(rank, world, init_file, args, result_file):
         row = {"world": world, "T": T, "bytes": T * H * 2, "floor_us": floor_us(world, T * H * 2)}
 
         def baseline():
+            """NCCL all-reduce in place, then the local fused add + RMSNorm."""
             dist.all_reduce(scratch)
             ops.tw_fused_add_rmsnorm(scratch, residual, weight, out, EPS, 132)
 
@@ -122,6 +124,7 @@ def _worker(rank, world, init_file, args, result_file):
                 buf.copy_(x)
 
                 def torch_symm():
+                    """Torch symmetric-memory two-shot all-reduce, then the local fused add + RMSNorm."""
                     torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", group_name)
                     ops.tw_fused_add_rmsnorm(buf, residual, weight, out, EPS, 132)
 
@@ -136,6 +139,7 @@ def _worker(rank, world, init_file, args, result_file):
             notes.add("flashinfer not importable: trtllm_allreduce_fusion not measured")
 
         def tw(backend, sms, sharded=False):
+            """A closure running tw-comm ``allreduce_rmsnorm`` with ``backend`` on at most ``sms`` SMs."""
             return lambda: allreduce_rmsnorm(ws, x, residual, weight, EPS, out=out, backend=backend, max_sms=sms,
                                              residual_sharded=sharded)
 
@@ -200,6 +204,8 @@ def render(rows, notes, command, hardware) -> str:
 
 
 def main() -> None:
+    """CLI entry: build the tw-comm library, run one worker per GPU for each world size, write and log the results
+    table."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worlds", default="2,4,8")
     p.add_argument("--tokens", default="1,8,32,128,512,1024,2048,4096,8192,16384")

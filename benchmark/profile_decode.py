@@ -29,6 +29,8 @@ DEFAULT_MODEL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__f
 
 
 def profile_batch(runner, bs: int, context: int, steps: int, top: int) -> None:
+    """Prefill a random ``bs`` x ``context`` batch, time ``steps`` decode steps (wall and CUDA events), profile three
+    more, and print the top ``top`` CUDA kernels and host ops. Needs CUDA."""
     gen = torch.Generator().manual_seed(bs)
     prompts = torch.randint(0, runner.model_config.vocab_size, (bs, context), generator=gen).tolist()
     batch = StaticBatch(runner, prompts, steps * 3 + 4)
@@ -71,6 +73,7 @@ def profile_batch(runner, bs: int, context: int, steps: int, top: int) -> None:
 
 
 def main() -> int:
+    """CLI entry: build a dummy-weight bf16 runner on CUDA and profile each batch size; returns 0."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-path", default=DEFAULT_MODEL)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 128])

@@ -158,26 +158,32 @@ def assistant(expr: Any = None) -> SglExpr:
 
 
 def system_begin() -> SglExpr:
+    """Opens a system turn (close it with :func:`system_end`)."""
     return SglRoleBegin("system")
 
 
 def system_end() -> SglExpr:
+    """Closes a system turn opened by :func:`system_begin`."""
     return SglRoleEnd("system")
 
 
 def user_begin() -> SglExpr:
+    """Opens a user turn (close it with :func:`user_end`)."""
     return SglRoleBegin("user")
 
 
 def user_end() -> SglExpr:
+    """Closes a user turn opened by :func:`user_begin`."""
     return SglRoleEnd("user")
 
 
 def assistant_begin() -> SglExpr:
+    """Opens an assistant turn (close it with :func:`assistant_end`)."""
     return SglRoleBegin("assistant")
 
 
 def assistant_end() -> SglExpr:
+    """Closes an assistant turn opened by :func:`assistant_begin`."""
     return SglRoleEnd("assistant")
 
 

@@ -136,6 +136,7 @@ class StaticBatch:
         return ids
 
     def free(self) -> None:
+        """Return the batch's KV slots and request rows to the runner's pools."""
         import torch
 
         if self.slots:
@@ -375,6 +376,7 @@ def parse_args(argv: list[str]):
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """CLI entry: parse the arguments and run the benchmark; returns 0, or 1 after logging a ValueError/RuntimeError."""
     from sglang.srt.utils.common import configure_logger
 
     configure_logger("info", "bench")

@@ -204,6 +204,7 @@ async def run_benchmark(rows: list[DatasetRow], base: RequestSpec, request_rate:
         pbar = None if disable_tqdm else tqdm(total=len(rows))
 
         async def one(i: int) -> RequestOutput:
+            """Send request ``i`` (under the concurrency semaphore, if any) and tick the progress bar."""
             if sem is None:
                 o = await fn(session, replace(base, row=rows[i]))
             else:

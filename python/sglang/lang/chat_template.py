@@ -153,6 +153,7 @@ def from_tokenizer(tokenizer: Any, chat_template: Optional[str] = None) -> ChatT
         return default_chat_template()
 
     def render(messages: list[dict[str, Any]]) -> str:
+        """The messages rendered by the tokenizer's chat template (no generation prompt)."""
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False,
                                              chat_template=template)
 
@@ -172,14 +173,17 @@ def _jinja_env():
         tags = {"generation"}
 
         def parse(self, parser):
+            """Parse ``{% generation %}`` up to ``{% endgeneration %}`` into a plain scope."""
             lineno = next(parser.stream).lineno
             body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
             return jinja2.nodes.Scope(body, lineno=lineno)
 
     def raise_exception(message: str):
+        """Template helper: raise a jinja2 TemplateError with ``message``."""
         raise jinja2.exceptions.TemplateError(message)
 
     def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        """Template filter: ``json.dumps`` keeping non-ASCII characters by default."""
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
@@ -211,6 +215,7 @@ def from_template(template: str, special_tokens: Optional[Mapping[str, Optional[
     tokens = {k: v for k, v in (special_tokens or {}).items() if v is not None}
 
     def render(messages: list[dict[str, Any]]) -> str:
+        """The messages rendered by the compiled template (no generation prompt)."""
         return compiled.render(messages=messages, add_generation_prompt=False, **tokens)
 
     return ChatTemplate(render=render, name=name, strip_prefix=strip_prefix)

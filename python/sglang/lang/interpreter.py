@@ -298,6 +298,7 @@ class StreamExecutor:
 
 class _AlwaysSet:
     def is_set(self) -> bool:
+        """Always True."""
         return True
 
 

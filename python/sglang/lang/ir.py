@@ -165,26 +165,31 @@ class SglSelect(SglExpr):
 
 @dataclass(eq=False)
 class SglRoleBegin(SglExpr):
+    """Opens a chat turn of ``role`` (rendered through the chat template)."""
     role: str
 
 
 @dataclass(eq=False)
 class SglRoleEnd(SglExpr):
+    """Closes the chat turn of ``role``."""
     role: str
 
 
 @dataclass(eq=False)
 class SglVarScopeBegin(SglExpr):
+    """Starts capturing the text appended from here into the variable ``name``."""
     name: str
 
 
 @dataclass(eq=False)
 class SglVarScopeEnd(SglExpr):
+    """Ends the capture into the variable ``name``."""
     name: str
 
 
 @dataclass(eq=False)
 class SglExprList(SglExpr):
+    """A sequence of expressions executed in order."""
     exprs: list[SglExpr]
 
 

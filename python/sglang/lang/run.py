@@ -139,6 +139,7 @@ def run_program_batch(program: SglFunction, backend: Any, batch_arguments: Seque
             logger.warning("progress_bar=True needs tqdm (pip install tqdm); running without a progress bar")
 
     def one(kwargs: dict[str, Any]) -> ProgramState:
+        """Run the program for one argument set (errors are logged and kept in the state, not raised)."""
         state = run_program(program, backend, (), {**program.bind_arguments, **kwargs}, default_sampling_params,
                             raise_errors=False)
         if state.error() is not None:

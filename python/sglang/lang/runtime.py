@@ -142,9 +142,11 @@ class Runtime:
         self.endpoint._request("POST", "/generate", {"text": prefix, "sampling_params": {"max_new_tokens": 0}})
 
     def flush_cache(self) -> Any:
+        """Clear the server's prefix cache (``/flush_cache``); returns the endpoint's answer."""
         return self.endpoint.flush_cache()
 
     def get_server_info(self) -> dict[str, Any]:
+        """The server's ``/get_server_info`` JSON."""
         return self.endpoint.get_server_info()
 
     def shutdown(self, timeout: float = 30.0) -> None:

@@ -79,6 +79,7 @@ class ServerArgs:
 
     def __post_init__(self) -> None:
         def bad(flag: str, value, fix: str) -> None:
+            """Raise ValueError naming ``--flag``, its value and the fix."""
             raise ValueError(f"--{flag}={value!r} is invalid: {fix}")
 
         if self.load_format not in ("auto", "safetensors", "dummy"):
@@ -126,6 +127,7 @@ class ServerArgs:
 
     @property
     def resolved_tokenizer_path(self) -> str:
+        """``tokenizer_path``, or ``model_path`` when unset."""
         return self.tokenizer_path or self.model_path
 
     @property
@@ -148,6 +150,7 @@ class ServerArgs:
         return self.served_model_name or self.model_path
 
     def url(self) -> str:
+        """Base URL of the HTTP server, ``http://<host>:<port>``."""
         return f"http://{self.host}:{self.port}"
 
     def replace(self, **changes) -> "ServerArgs":
@@ -178,6 +181,8 @@ class ServerArgs:
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":
+        """ServerArgs from a parsed namespace (attributes that are not fields are ignored); validated like the
+        constructor."""
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in vars(args).items() if k in names})
 
@@ -205,6 +210,7 @@ class PortArgs:
 
     @classmethod
     def init_new(cls) -> "PortArgs":
+        """IPC endpoints under a fresh temporary directory (``ipc://<dir>/{tokenizer,scheduler,detokenizer}``)."""
         d = tempfile.mkdtemp(prefix="sglang-ipc-")
         return cls(
             tokenizer_ipc=f"ipc://{os.path.join(d, 'tokenizer')}",

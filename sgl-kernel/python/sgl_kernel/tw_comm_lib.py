@@ -59,6 +59,7 @@ class TwCommLib:
             fn.restype = restype
 
     def last_error(self) -> str:
+        """The library's last error message (empty if none)."""
         return (self._lib.tw_last_error() or b"").decode(errors="replace")
 
     def raw(self, name: str, *args) -> int:
@@ -66,6 +67,8 @@ class TwCommLib:
         return getattr(self._lib, name)(*args)
 
     def call(self, name: str, *args) -> int:
+        """Call entry point ``name`` with ``args`` and return its status; a non-OK status raises ValueError (TW_ERR_ARG)
+        or TwCommError (``tw_workspace_capacity`` returns its value unchecked)."""
         rc = getattr(self._lib, name)(*args)
         if name != "tw_workspace_capacity" and rc != TW_OK:
             msg = f"{name}: {self.last_error()}"

@@ -159,4 +159,5 @@ class OpenAI(BaseBackend):
         return ChoicesDecision(text, {"method": "regex_constrained_greedy", **meta})
 
     def get_model_name(self) -> str:
+        """The OpenAI model name requests are sent with."""
         return self.model_name

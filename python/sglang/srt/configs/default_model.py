@@ -83,6 +83,7 @@ def _build_weights(out_dir: str) -> None:
     nh, nkv = c["num_attention_heads"], c["num_key_value_heads"]
 
     def rnd(*shape):
+        """A random float32 tensor of ``shape`` (std 0.08, from the seeded generator)."""
         return (torch.randn(*shape, generator=g) * 0.08).contiguous()
 
     w = {"model.embed_tokens.weight": rnd(c["vocab_size"], h), "model.norm.weight": torch.ones(h)}

@@ -126,12 +126,15 @@ class XGrammarGrammar(BaseGrammarObject):
         self.key = key
 
     def accept_token(self, token: int) -> bool:
+        """Advance the matcher by ``token``; False (state unchanged) if the grammar rejects it."""
         return bool(self.matcher.accept_token(int(token)))
 
     def is_terminated(self) -> bool:
+        """True once the matcher accepted a stop token after a complete match."""
         return bool(self.matcher.is_terminated())
 
     def fill_vocab_mask(self, vocab_mask: torch.Tensor, row: int) -> None:
+        """Write the allowed next tokens into bitmask row ``row`` (``[bs, ceil(vocab/32)]`` int32, CPU)."""
         self.matcher.fill_next_token_bitmask(vocab_mask, row)
 
     def __repr__(self) -> str:
@@ -193,10 +196,13 @@ class XGrammarBackend(BaseGrammarBackend):
             raise ValueError(f"invalid {_KIND_NAMES[kind]} {shown!r}: {_clean_error(e)}") from None
 
     def get_future(self, key: GrammarKey) -> "Future[BaseGrammarObject]":
+        """A future resolving to a new :class:`XGrammarGrammar` for ``key`` (compiled once, cached); it raises
+        ValueError if compilation fails."""
         out: Future = Future()
         compiled = self.cache.get(key)
 
         def done(f: Future) -> None:
+            """Wrap the compiled grammar in a matcher, or deliver the failure to ``out`` as ValueError."""
             try:
                 import xgrammar as xgr
 
@@ -209,10 +215,12 @@ class XGrammarBackend(BaseGrammarBackend):
         return out
 
     def reset(self) -> None:
+        """Drop the compile cache and xgrammar's compiler cache."""
         self.cache.clear()
         with self._compiler_lock:
             if self._compiler is not None:
                 self._compiler.clear_cache()
 
     def shutdown(self) -> None:
+        """Stop the compile threads."""
         self.cache.shutdown()

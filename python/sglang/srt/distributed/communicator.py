@@ -127,6 +127,7 @@ class TorchCommunicator(Communicator):
         return cls(ps.device_group, ps.tp_rank, ps.tp_size)
 
     def all_reduce(self, x):
+        """Sum of x over ranks with ``dist.all_reduce`` on a contiguous x (in place; returned)."""
         if self.world_size == 1:
             return x
         x = x.contiguous()
@@ -134,6 +135,8 @@ class TorchCommunicator(Communicator):
         return x
 
     def all_gather(self, x, dim=-1):
+        """Rank-ordered concatenation along ``dim``: ``all_gather_into_tensor`` on NCCL, ``dist.all_gather`` + cat on
+        gloo."""
         if self.world_size == 1:
             return x
         x = x.contiguous()
@@ -147,6 +150,8 @@ class TorchCommunicator(Communicator):
         return torch.cat(parts, dim=dim)
 
     def reduce_scatter(self, x):
+        """This rank's rows of the sum: ``reduce_scatter_tensor`` on NCCL, all-reduce + narrow on gloo. Raises
+        ValueError if ``x.shape[0] % world_size``."""
         n = _check_scatter(x, self.world_size)
         if self.world_size == 1:
             return x
@@ -159,6 +164,7 @@ class TorchCommunicator(Communicator):
         return x.narrow(0, self.rank * n, n)
 
     def describe(self) -> str:
+        """``TorchCommunicator(backend=..., world_size=...)`` for the startup log."""
         return f"TorchCommunicator(backend={self.backend}, world_size={self.world_size})"
 
 
@@ -180,12 +186,15 @@ class NoCommCommunicator(Communicator):
 
     @classmethod
     def create(cls, ps: Any) -> "NoCommCommunicator":
+        """Factory over a ParallelState (its TP rank and size; None: world 1)."""
         return cls(0, 1) if ps is None else cls(ps.tp_rank, ps.tp_size)
 
     def all_reduce(self, x):
+        """Returns x unchanged (the local partial sum; wrong by design)."""
         return x
 
     def all_gather(self, x, dim=-1):
+        """Local x repeated ``world_size`` times along ``dim`` (right shape, wrong values)."""
         if self.world_size == 1:
             return x
         reps = [1] * x.dim()
@@ -193,10 +202,12 @@ class NoCommCommunicator(Communicator):
         return x.repeat(*reps)
 
     def reduce_scatter(self, x):
+        """This rank's rows of the local x, no sum. Raises ValueError if ``x.shape[0] % world_size``."""
         n = _check_scatter(x, self.world_size)
         return x.narrow(0, self.rank * n, n)
 
     def describe(self) -> str:
+        """One log line, labelled as the no-communication counterfactual."""
         return f"NoCommCommunicator(world_size={self.world_size}) -- {NOCOMM_LABEL}"
 
 
@@ -216,18 +227,23 @@ class SwitchCommunicator(Communicator):
         return self.real if self.use_real else self.nocomm
 
     def all_reduce(self, x):
+        """Delegates to the active communicator (``real`` or ``nocomm``)."""
         return self._c().all_reduce(x)
 
     def all_gather(self, x, dim=-1):
+        """Delegates to the active communicator (``real`` or ``nocomm``)."""
         return self._c().all_gather(x, dim)
 
     def reduce_scatter(self, x):
+        """Delegates to the active communicator (``real`` or ``nocomm``)."""
         return self._c().reduce_scatter(x)
 
     def all_reduce_add_rmsnorm(self, x, residual, weight, eps):
+        """Delegates to the active communicator (``real`` or ``nocomm``)."""
         return self._c().all_reduce_add_rmsnorm(x, residual, weight, eps)
 
     def describe(self) -> str:
+        """One log line naming both wrapped communicators."""
         return f"SwitchCommunicator({self.real.describe()} | {self.nocomm.describe()})"
 
 

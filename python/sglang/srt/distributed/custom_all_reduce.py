@@ -43,6 +43,7 @@ class CustomAllReduceConfig:
     two_shot_max_bytes: int = 8 << 20
 
     def oneshot_limit(self, world: int) -> int:
+        """One-shot byte limit for ``world`` ranks (0, i.e. never one-shot, for world sizes not listed)."""
         return dict(self.oneshot_max_bytes).get(world, 0)
 
 
@@ -129,6 +130,8 @@ class CustomAllReduceCommunicator(Communicator):
         return "oneshot" if nbytes <= self.oneshot_limit else "twoshot"
 
     def all_reduce(self, x):
+        """Sum over ranks: staged in the symmetric buffer and reduced one-shot or two-shot by size, or through NCCL for
+        large, unaligned or unsupported-dtype inputs. Returns a new tensor of x's shape/dtype."""
         path = self._path(x)
         if path == "nccl":
             return self.fallback.all_reduce(x)
@@ -140,11 +143,14 @@ class CustomAllReduceCommunicator(Communicator):
         return self.ops.two_shot_all_reduce_out(staged, "sum", self.group_name, out)
 
     def all_gather(self, x, dim=-1):
+        """Delegates to the NCCL :class:`TorchCommunicator`."""
         return self.fallback.all_gather(x, dim)
 
     def reduce_scatter(self, x):
+        """Delegates to the NCCL :class:`TorchCommunicator`."""
         return self.fallback.reduce_scatter(x)
 
     def describe(self) -> str:
+        """One log line with the one-shot / two-shot byte limits."""
         return (f"CustomAllReduceCommunicator(world_size={self.world_size}, symm-mem P2P one-shot <= "
                 f"{self.oneshot_limit} B, two-shot <= {self.two_shot_limit} B, NCCL above; multicast off)")

@@ -76,6 +76,7 @@ class DistConfig:
 
     @property
     def ranks_per_node(self) -> int:
+        """TP ranks on each node (``tp_size // nnodes``)."""
         return self.tp_size // self.nnodes
 
     @property
@@ -100,18 +101,22 @@ class ParallelState:
 
     @property
     def moe_tp_size(self) -> int:
+        """TP size inside one expert-parallel group (``tp_size // ep_size``)."""
         return self.tp_size // self.ep_size
 
     @property
     def ep_rank(self) -> int:
+        """This rank's expert-parallel index (``tp_rank // moe_tp_size``)."""
         return self.tp_rank // self.moe_tp_size
 
     @property
     def moe_tp_rank(self) -> int:
+        """This rank's TP index inside its expert-parallel group (``tp_rank % moe_tp_size``)."""
         return self.tp_rank % self.moe_tp_size
 
     @property
     def device_backend(self) -> str:
+        """The torch.distributed backend of the device group (e.g. ``nccl`` or ``gloo``)."""
         return dist.get_backend(self.device_group)
 
     def torch_device(self) -> torch.device:

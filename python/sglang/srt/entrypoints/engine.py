@@ -252,6 +252,7 @@ class Engine:
         if loop is not None and thread is not None and thread.is_alive():
             if self.tokenizer_manager is not None:
                 async def close_tm() -> None:
+                    """Close the tokenizer manager on its own event loop."""
                     self.tokenizer_manager.close()
 
                 try:

@@ -124,6 +124,7 @@ def create_app(tokenizer_manager, server_args) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
+        """App lifespan: start the tokenizer manager's receive loop, close the manager at shutdown."""
         tm.start()
         try:
             yield
@@ -156,16 +157,20 @@ def create_app(tokenizer_manager, server_args) -> FastAPI:
     # ----------------------------------------------------------- native
     @app.get("/health")
     async def health() -> Response:
+        """``GET /health``: 200 while the HTTP server is up (no model call)."""
         return Response(status_code=200)
 
     @app.get("/health_generate")
     async def health_generate(request: Request) -> Response:
+        """``GET /health_generate``: 200 once a 1-token greedy generation finishes within ``HEALTH_GENERATE_TIMEOUT_S``,
+        else a 503 error."""
         tok = tm.tokenizer
         tid = getattr(tok, "bos_token_id", None) if tok is not None else None
         tid = tid if isinstance(tid, int) and 0 <= tid < tm.vocab_size else 0
         obj = GenerateReqInput(input_ids=[tid], sampling_params={"max_new_tokens": 1, "temperature": 0.0},
                                rid=f"HEALTH_CHECK_{uuid.uuid4().hex}")
         async def drain() -> None:
+            """Consume the health-check generation's outputs."""
             async for _ in tm.generate_request(obj, request):
                 pass
 
@@ -178,6 +183,7 @@ def create_app(tokenizer_manager, server_args) -> FastAPI:
 
     @app.post("/generate")
     async def generate(request: Request):
+        """``POST /generate`` (SGLang native): one JSON result, or an SSE stream when ``stream`` is true."""
         obj = GenerateReqInput.from_dict(await _json_body(request))
         agen = tm.generate_request(obj, request)
         first = await prefetch(agen)
@@ -213,6 +219,7 @@ def create_app(tokenizer_manager, server_args) -> FastAPI:
 
     @app.get("/get_server_info")
     async def get_server_info():
+        """``GET /get_server_info``: public server args, scheduler info, internal state and version."""
         state = await tm.get_internal_state()
         import sglang
 
@@ -221,6 +228,7 @@ def create_app(tokenizer_manager, server_args) -> FastAPI:
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache():
+        """``GET|POST /flush_cache``: clear the prefix cache; 400 when requests are still running or waiting."""
         out = await tm.flush_cache()
         msg = out.message or ("Cache flushed." if out.success else
                               "Cache not flushed: requests are running or waiting; retry when idle.")
@@ -228,6 +236,7 @@ def create_app(tokenizer_manager, server_args) -> FastAPI:
 
     @app.post("/abort_request")
     async def abort_request(request: Request):
+        """``POST /abort_request`` ``{"rid", "abort_all"}``: abort one request or all (400 on bad fields)."""
         body = await _json_body(request)
         if not isinstance(body, dict):
             raise ValueError("the request body must be a JSON object like {\"rid\": \"...\"}")
@@ -244,21 +253,25 @@ def create_app(tokenizer_manager, server_args) -> FastAPI:
     if server_args.enable_metrics and tm.metrics is not None:
         @app.get("/metrics")
         async def metrics():
+            """``GET /metrics``: Prometheus text exposition of the server metrics."""
             return Response(tm.metrics.render(), media_type=tm.metrics.content_type)
 
     # ----------------------------------------------------------- OpenAI
     @app.get("/v1/models")
     async def list_models():
+        """``GET /v1/models`` (OpenAI): the one served model."""
         card = ModelCard(id=server_args.model_name, root=server_args.model_path, max_model_len=tm.context_len)
         return ModelList(data=[card]).model_dump()
 
     @app.post("/v1/completions")
     async def v1_completions(request: Request):
+        """``POST /v1/completions`` (OpenAI): validate the body, delegate to the completions handler."""
         req = CompletionRequest.model_validate(await _json_body(request))
         return await serving_completion.handle(req, request)
 
     @app.post("/v1/chat/completions")
     async def v1_chat_completions(request: Request):
+        """``POST /v1/chat/completions`` (OpenAI): validate the body, delegate to the chat handler."""
         req = ChatCompletionRequest.model_validate(await _json_body(request))
         return await serving_chat.handle(req, request)
 

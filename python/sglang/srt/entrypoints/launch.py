@@ -53,6 +53,7 @@ class Subprocesses:
     _closing: threading.Event = field(default_factory=threading.Event)
 
     def children(self) -> list:
+        """Every child process: the scheduler(s), then the detokenizer when present."""
         return list(self.schedulers or [self.scheduler]) + ([self.detokenizer] if self.detokenizer else [])
 
     def shutdown(self, timeout: float = 5.0) -> None:
@@ -83,6 +84,8 @@ class Subprocesses:
         :attr:`failure`, logs it and calls ``on_failure()`` once."""
 
         def loop() -> None:
+            """Poll the children every ``WATCHDOG_INTERVAL_S``; on the first death record it, log it and call
+            ``on_failure``."""
             while not self._closing.wait(WATCHDOG_INTERVAL_S):
                 why = self.dead_child()
                 if why and not self._closing.is_set():

@@ -30,6 +30,7 @@ class SiluAndMul(nn.Module):
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x ``[N, 2I]`` -> ``silu(gate) * up`` ``[N, I]`` in x's dtype."""
         return ops.silu_and_mul(x)
 
 

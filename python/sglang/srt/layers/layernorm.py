@@ -78,6 +78,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=params_dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
+        """x ``[..., H]`` -> normed x, or with ``residual`` -> ``(normed(x + residual), x + residual)`` (fused
+        all-reduce first when ``comm`` is set); see the class docstring for in-place behaviour."""
         if residual is not None and self.comm is not None:
             return self.comm.all_reduce_add_rmsnorm(x, residual, self.weight, self.eps)
         if residual is None:
@@ -87,6 +89,7 @@ class RMSNorm(nn.Module):
         return rmsnorm_ref(x, self.weight, self.eps, residual)
 
     def extra_repr(self) -> str:
+        """Hidden size, eps and whether the all-reduce is fused, for ``repr``."""
         return f"{self.hidden_size}, eps={self.eps}{', fused all-reduce' if self.comm is not None else ''}"
 
 

@@ -97,12 +97,16 @@ class LinearBase(nn.Module):
             self.register_parameter("bias", None)
 
     def weight_loader(self, param: nn.Parameter, loaded_full_weight: torch.Tensor, shard_id: Any = None) -> None:
+        """Per-parameter loader hook (see the module docstring); subclasses implement it, the base raises
+        NotImplementedError."""
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``F.linear(x, weight, bias)``: x ``[..., in_local]`` -> ``[..., out_local]`` (weight's dtype/device)."""
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
+        """Local in/out sizes, bias presence and the TP rank/size for ``repr``."""
         return f"in={self.in_local}, out={self.out_local}, bias={self.bias is not None}, tp={self.tp_rank}/{self.tp_size}"
 
 
@@ -114,6 +118,7 @@ class ReplicatedLinear(LinearBase):
         super().__init__(input_size, output_size, bias, params_dtype, tp_rank, tp_size)
 
     def weight_loader(self, param, loaded_full_weight, shard_id=None):
+        """Copy the full tensor as is (no sharding); ValueError on a shape mismatch."""
         copy_checked(param, loaded_full_weight, type(self).__name__)
 
 
@@ -128,6 +133,7 @@ class ColumnParallelLinear(LinearBase):
         super().__init__(input_size, divide(output_size, tp_size, "output_size"), bias, params_dtype, tp_rank, tp_size)
 
     def weight_loader(self, param, loaded_full_weight, shard_id=None):
+        """Copy this rank's block of output rows (dim 0) of the full tensor; ValueError on a shape mismatch."""
         n = param.shape[0]
         what = type(self).__name__
         copy_checked(param, narrow_full(loaded_full_weight, 0, self.tp_rank * n, n, n * self.tp_size, what), what)
@@ -151,6 +157,8 @@ class MergedColumnParallelLinear(LinearBase):
                          shards=tuple(range(len(local))))
 
     def weight_loader(self, param, loaded_full_weight, shard_id=None):
+        """Copy this rank's rows of sub-matrix ``shard_id`` (int index into ``output_sizes``), or of every sub-matrix of
+        a packed tensor when ``shard_id`` is None. Raises ValueError on a bad shard_id or shape."""
         if shard_id is None:
             loaded_full_weight = materialize(loaded_full_weight)
             if loaded_full_weight.shape[0] != sum(self.output_sizes):
@@ -203,6 +211,8 @@ class QKVParallelLinear(LinearBase):
                          shards=("q", "k", "v"))
 
     def weight_loader(self, param, loaded_full_weight, shard_id=None):
+        """Copy this rank's heads of shard ``'q'``, ``'k'`` or ``'v'`` (or all three from a packed ``[q; k; v]`` tensor
+        when ``shard_id`` is None) into the fused weight/bias. Raises ValueError on a bad shard_id or shape."""
         hs = self.head_size
         if shard_id is None:
             loaded_full_weight = materialize(loaded_full_weight)
@@ -247,6 +257,8 @@ class RowParallelLinear(LinearBase):
         self.comm = comm
 
     def weight_loader(self, param, loaded_full_weight, shard_id=None):
+        """Copy this rank's block of input columns (dim 1) of the full weight; the 1-D bias is replicated. ValueError on
+        a shape mismatch."""
         if param.dim() == 1:  # bias is replicated
             copy_checked(param, loaded_full_weight, "RowParallelLinear bias")
             return
@@ -255,6 +267,8 @@ class RowParallelLinear(LinearBase):
         copy_checked(param, narrow_full(loaded_full_weight, 1, self.tp_rank * n, n, n * self.tp_size, what), what)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x ``[..., in_local]`` -> ``[..., out]``: the local partial product (bias added on rank 0 only), all-reduced
+        over TP when ``reduce_results``. Raises ValueError if tp_size > 1 and no ``comm`` is set."""
         out = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
         if self.tp_size > 1 and self.reduce_results:
             if self.comm is None:

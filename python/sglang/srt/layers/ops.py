@@ -80,6 +80,8 @@ def apply_rope_ref(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, co
     c, s = cos.unsqueeze(1), sin.unsqueeze(1)
 
     def rotate(x: torch.Tensor) -> torch.Tensor:
+        """Rotate the first ``rot`` dims of every head of x ``[N, heads*head_dim]`` (computed in fp32, returned in x's
+        dtype)."""
         n = x.shape[0]
         x = x.reshape(n, -1, head_dim)
         r = x[..., :rot].float()

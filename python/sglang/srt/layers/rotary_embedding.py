@@ -105,6 +105,7 @@ class RotaryEmbedding(nn.Module):
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
     def extra_repr(self) -> str:
+        """Head and rotary dims, max position and the NeoX flag for ``repr``."""
         return f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, max_position={self.max_position}, " \
                f"neox={self.is_neox_style}"
 

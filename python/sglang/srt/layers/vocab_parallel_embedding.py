@@ -48,6 +48,7 @@ class VocabParallelEmbedding(nn.Module):
         self.weight.expected_shards = (None,)
 
     def weight_loader(self, param: nn.Parameter, loaded_full_weight: torch.Tensor, shard_id: Any = None) -> None:
+        """Copy this rank's rows of the full ``[V, H]`` table and zero the padding rows; ValueError on a wrong shape."""
         if tuple(loaded_full_weight.shape) != (self.num_embeddings, self.embedding_dim):
             raise ValueError(f"{type(self).__name__}: loaded shape {tuple(loaded_full_weight.shape)} != "
                              f"({self.num_embeddings}, {self.embedding_dim})")
@@ -60,6 +61,8 @@ class VocabParallelEmbedding(nn.Module):
                          what)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``input_ids`` ``[N]`` int64 -> ``[N, H]`` in the weight dtype; with tp_size > 1 rows outside this shard are
+        zero and the result is all-reduced (ValueError without ``comm``)."""
         if self.tp_size == 1:
             return F.embedding(input_ids, self.weight)
         if self.comm is None:
@@ -70,6 +73,7 @@ class VocabParallelEmbedding(nn.Module):
         return self.comm.all_reduce(out)
 
     def extra_repr(self) -> str:
+        """Vocabulary size, this rank's row range and the embedding dim for ``repr``."""
         return f"vocab={self.num_embeddings} (rows {self.vocab_start}..{self.vocab_end}), dim={self.embedding_dim}"
 
 
@@ -82,4 +86,5 @@ class ParallelLMHead(VocabParallelEmbedding):
     """
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Not used: always raises RuntimeError (pass ``.weight`` to LogitsProcessor)."""
         raise RuntimeError("ParallelLMHead is not called; pass its .weight to LogitsProcessor")

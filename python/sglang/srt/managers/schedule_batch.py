@@ -102,10 +102,12 @@ class Req:
 
     @property
     def seqlen(self) -> int:
+        """Known tokens: prompt plus generated (pending ones excluded)."""
         return len(self.origin_input_ids) + len(self.output_ids)
 
     @property
     def num_pending(self) -> int:
+        """Tokens sampled by launched batches whose results are not processed yet."""
         return len(self.pending_slots)
 
     @property
@@ -115,12 +117,15 @@ class Req:
 
     @property
     def remaining_to_fill(self) -> int:
+        """Tokens of ``total_len`` whose KV is not yet in the pool or being written."""
         return self.total_len - self.kv_len
 
     def finished(self) -> bool:
+        """True once a finish reason is set."""
         return self.finished_reason is not None
 
     def max_new_tokens(self) -> int:
+        """The request's ``max_new_tokens`` (``max_new_tokens_cap`` when unset), capped at ``max_new_tokens_cap``."""
         m = self.sampling_params.max_new_tokens
         return self.max_new_tokens_cap if m is None else min(m, self.max_new_tokens_cap)
 
@@ -136,6 +141,7 @@ class Req:
         return min(self.kv_len, known)
 
     def wants_input_logprobs(self) -> bool:
+        """True when logprobs were asked for prompt positions (``0 <= logprob_start_len < prompt length``)."""
         return self.logprob_start_len >= 0 and self.logprob_start_len < len(self.origin_input_ids)
 
     def max_prefix_len(self) -> int:

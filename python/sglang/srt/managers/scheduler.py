@@ -342,9 +342,12 @@ class Scheduler:
         return [PendingTokensView(r) if r.pending_slots else r for r in reqs]
 
     def has_work(self) -> bool:
+        """True while requests are waiting, running, chunked, waiting for a grammar or in flight."""
         return bool(self.waiting or self.running or self.chunked_req or self.grammar_queue or self.inflight)
 
     def get_next_batch(self) -> Optional[ScheduleBatch]:
+        """The next batch: running requests' decode tokens plus newly admitted prefills (EXTEND, DECODE or MIXED), with
+        their KV slots and sampling info; None when there is nothing to run."""
         self._poll_grammar_queue()
         decode_reqs, decode_loc = self._prepare_decode()
         prefill_reqs, prefill_locs = self._admit_prefills(len(decode_reqs))
@@ -558,6 +561,8 @@ class Scheduler:
         return [build_token_id_out(reqs)]
 
     def stats(self) -> SchedulerStats:
+        """Current load for the TokenizerManager: running/queued requests, token usage (0..1), used and total KV tokens,
+        prefix-cache hit rate."""
         total = self.runner.max_total_tokens
         free = self.runner.allocator.available_size() + self.tree_cache.evictable_size()
         used = total - self.runner.allocator.available_size()
@@ -579,6 +584,7 @@ class Scheduler:
         return True, ""
 
     def internal_state(self) -> dict:
+        """``/get_server_info`` internal state: the stats plus pool/cache sizes in tokens, limits and counters."""
         s = self.stats()
         return {
             "num_running_reqs": s.num_running_reqs, "num_waiting_reqs": s.num_queue_reqs,

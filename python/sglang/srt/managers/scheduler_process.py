@@ -67,14 +67,18 @@ class SchedulerProcess:
         self.poller.register(self.recv_sock, zmq.POLLIN)
 
     def send_detok(self, msg) -> None:
+        """Rank 0 only: send ``msg`` to the detokenizer (other ranks drop it)."""
         if self.is_leader:
             self.to_detok.send(encode_msg(msg))
 
     def send_tokenizer(self, msg) -> None:
+        """Rank 0 only: send ``msg`` to the TokenizerManager (other ranks drop it)."""
         if self.is_leader:
             self.to_tokenizer.send(encode_msg(msg))
 
     def handle(self, msg) -> None:
+        """Dispatch one control/input message: add a request (a ValueError is reported back as a 400 abort), abort,
+        flush the cache, or report the internal state."""
         s = self.scheduler
         if isinstance(msg, TokenizedGenerateReqInput):
             try:
@@ -120,6 +124,8 @@ class SchedulerProcess:
             self.handle(decode_msg(data))
 
     def event_loop(self, parent_pid: Optional[int]) -> None:
+        """Receive messages, run one scheduler step, send its outputs, and send stats every ``STATS_INTERVAL_S``;
+        returns when the parent process ``parent_pid`` is gone."""
         s = self.scheduler
         while True:
             self.recv_all(block=not s.has_work())

@@ -68,12 +68,15 @@ class ChunkCache(BasePrefixCache):
         """No-op."""
 
     def evictable_size(self) -> int:
+        """Always 0 (nothing is cached)."""
         return 0
 
     def protected_size(self) -> int:
+        """Always 0 (nothing is cached)."""
         return 0
 
     def total_size(self) -> int:
+        """Always 0 (nothing is cached)."""
         return 0
 
     def held_indices(self) -> torch.Tensor:

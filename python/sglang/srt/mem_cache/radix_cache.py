@@ -280,9 +280,11 @@ class RadixCache(BasePrefixCache):
 
     # ---------------------------------------------------------------- sizes
     def evictable_size(self) -> int:
+        """Tokens held by unlocked nodes (evictable)."""
         return self._evictable
 
     def protected_size(self) -> int:
+        """Tokens held by locked nodes (in use by running requests)."""
         return self._protected
 
     def total_size(self) -> int:

@@ -59,6 +59,7 @@ class MetricsCollector:
 
     # ----------------------------------------------------------- per request
     def observe_time_to_first_token(self, seconds: float) -> None:
+        """Record one request's time to first token, in seconds."""
         self._ttft.labels(**self._labels).observe(seconds)
 
     def observe_inter_token_latency(self, seconds: float, num_tokens: int = 1) -> None:

@@ -30,9 +30,11 @@ class ForwardMode(IntEnum):
     IDLE = 4
 
     def is_decode(self) -> bool:
+        """True for DECODE."""
         return self == ForwardMode.DECODE
 
     def is_extend(self) -> bool:
+        """True for EXTEND and MIXED (batches holding prefill/extend tokens)."""
         return self in (ForwardMode.EXTEND, ForwardMode.MIXED)
 
 
@@ -76,10 +78,12 @@ class ModelWorkerBatch:
 
     @property
     def batch_size(self) -> int:
+        """Number of requests in the batch."""
         return len(self.req_pool_indices)
 
     @property
     def num_tokens(self) -> int:
+        """Number of new tokens over all requests (``sum(extend_lens)``)."""
         return len(self.input_ids)
 
 
@@ -122,6 +126,7 @@ class ForwardBatch:
         """Move a :class:`ModelWorkerBatch` to ``device``."""
 
         def t(x: list[int]) -> torch.Tensor:
+            """``x`` as an int64 tensor on ``device``."""
             return torch.tensor(x, dtype=torch.int64, device=device)
 
         starts = [0] * batch.batch_size

@@ -71,9 +71,11 @@ class SafetensorsSlice:
             raise ValueError(f"cannot read tensor {name!r} from safetensors file {file}: {e}") from e
 
     def dim(self) -> int:
+        """Number of dimensions (from the file header)."""
         return len(self.shape)
 
     def is_floating_point(self) -> bool:
+        """True for floating-point checkpoint dtypes (those are cast to ``dtype`` when read)."""
         return self._float
 
     def _read(self, index) -> torch.Tensor:
@@ -91,6 +93,7 @@ class SafetensorsSlice:
         return self._read(tuple([slice(None)] * dim + [slice(start, start + length)]))
 
     def materialize(self) -> torch.Tensor:
+        """The whole tensor as a CPU tensor (ValueError naming the tensor and file when reading fails)."""
         if self.dim() == 0:
             return self._read(())
         return self._read(tuple(slice(None) for _ in self.shape))

@@ -47,6 +47,7 @@ class LlamaMLP(nn.Module):
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x ``[N, H]`` -> ``[N, H]`` (a partial sum over TP ranks when ``reduce_results`` is False)."""
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
@@ -76,6 +77,8 @@ class LlamaAttention(nn.Module):
         self.attn = RadixAttention(self.qkv_proj.num_heads, hd, hd ** -0.5, self.qkv_proj.num_kv_heads, layer_id)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch) -> torch.Tensor:
+        """QKV projection, optional per-head q/k RMSNorm, RoPE at ``positions`` ``[N]`` int64, paged attention, output
+        projection: hidden ``[N, H]`` -> ``[N, H]``."""
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.q_norm is not None:
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(q.shape)
@@ -103,6 +106,8 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, config.dtype, comm=norm_comm)
 
     def forward(self, positions, hidden, residual, forward_batch):
+        """Pre-norm attention + MLP block: returns ``(mlp_out, residual)``, both ``[N, H]``; ``residual`` None on the
+        first layer."""
         if residual is None:
             residual = hidden
             hidden = self.input_layernorm(hidden)
@@ -138,6 +143,8 @@ class LlamaModel(nn.Module):
                             comm=norm_comm)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch) -> torch.Tensor:
+        """Embed ``input_ids`` ``[N]``, run every decoder layer, apply the final norm: returns hidden ``[N, H]`` in the
+        model dtype."""
         hidden, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual, forward_batch)
@@ -209,6 +216,7 @@ class LlamaForCausalLM(nn.Module):
 
     # ---- forward ---------------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch) -> LogitsProcessorOutput:
+        """``input_ids``, ``positions`` ``[N]`` int64 -> logits (and logprobs) of the rows ``forward_batch`` selects."""
         hidden = self.model(input_ids, positions, forward_batch)
         return self.logits_processor(hidden, self.lm_head.weight, forward_batch)
 

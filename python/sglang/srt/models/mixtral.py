@@ -42,6 +42,7 @@ class SparseMoeBlock(nn.Module):
             self.shared_expert_gate = ReplicatedLinear(hidden_size, 1, bias=False, params_dtype=params_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x ``[N, H]`` -> ``[N, H]``: routed experts plus the gated shared expert if any (see the class docstring)."""
         out = self.experts(x, self.gate(x))
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
@@ -66,9 +67,11 @@ class MixtralForCausalLM(LlamaForCausalLM):
     name_renames = ((".block_sparse_moe.", ".mlp."),)
 
     def attention_options(self, config: ModelConfig) -> dict[str, Any]:
+        """Mixtral attention: no q/k/v/o bias, no q/k norm."""
         return dict(qkv_bias=False, o_bias=False, qk_norm=False, **self._tp())
 
     def make_mlp(self, config: ModelConfig, layer_id: int) -> nn.Module:
+        """Every layer's MLP is a sparse MoE block with renormalized top-k weights and no shared expert."""
         return self.make_moe(config, int(config.get("intermediate_size")), renormalize=True, shared=0)
 
     def make_moe(self, config: ModelConfig, intermediate: int, renormalize: bool, shared: int) -> SparseMoeBlock:

@@ -12,6 +12,7 @@ class Qwen2ForCausalLM(LlamaForCausalLM):
     """:class:`LlamaForCausalLM` with ``qkv_proj`` bias and no ``o_proj`` bias (same API)."""
 
     def attention_options(self, config: ModelConfig) -> dict[str, Any]:
+        """Qwen2 attention: q/k/v bias, no o bias, no q/k norm."""
         return dict(qkv_bias=True, o_bias=False, qk_norm=False, **self._tp())
 
 

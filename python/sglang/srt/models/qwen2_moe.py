@@ -28,6 +28,7 @@ class Qwen2MoeForCausalLM(MixtralForCausalLM):
     name_renames = ()
 
     def attention_options(self, config: ModelConfig) -> dict[str, Any]:
+        """Qwen2 attention: q/k/v bias (``qkv_bias``, default on), no o bias, no q/k norm."""
         return dict(qkv_bias=bool(config.get("qkv_bias", True)), o_bias=False, qk_norm=False, **self._tp())
 
     def shared_expert_size(self, config: ModelConfig) -> int:
@@ -35,6 +36,8 @@ class Qwen2MoeForCausalLM(MixtralForCausalLM):
         return int(config.get("shared_expert_intermediate_size", 0) or 0)
 
     def make_mlp(self, config: ModelConfig, layer_id: int) -> nn.Module:
+        """A sparse MoE block on layers selected by ``decoder_sparse_step`` and not in ``mlp_only_layers`` (with the
+        shared expert if any), else a dense LlamaMLP."""
         step = int(config.get("decoder_sparse_step", 1) or 1)
         sparse = layer_id not in (config.get("mlp_only_layers") or []) and num_experts_of(config) > 0 \
             and (layer_id + 1) % step == 0

@@ -13,6 +13,7 @@ class Qwen3ForCausalLM(LlamaForCausalLM):
     """:class:`LlamaForCausalLM` with ``q_norm``/``k_norm`` ([head_dim] weights) and ``attention_bias`` (default off)."""
 
     def attention_options(self, config: ModelConfig) -> dict[str, Any]:
+        """Qwen3 attention: per-head q/k RMSNorm, bias from ``attention_bias`` (default none)."""
         bias = bool(config.get("attention_bias", False))
         return dict(qkv_bias=bias, o_bias=bias, qk_norm=True, **self._tp())
 

@@ -97,14 +97,17 @@ class SamplingBatchInfo:
 
     @property
     def batch_size(self) -> int:
+        """Number of rows (requests)."""
         return len(self.seeds)
 
     @property
     def has_seeded_rows(self) -> bool:
+        """True if any row has a per-request seed."""
         return any(s is not None for s in self.seeds)
 
     @property
     def need_penalties(self) -> bool:
+        """True if any row uses a frequency, presence or repetition penalty or is still under ``min_new_tokens``."""
         return (
             self.frequency_penalties is not None
             or self.presence_penalties is not None
@@ -158,6 +161,7 @@ class SamplingBatchInfo:
         min_ps = [p.min_p for p in params]
 
         def col(values, dtype):
+            """``values`` as a ``[bs]`` tensor of ``dtype`` on ``device`` (non-blocking copy)."""
             return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
         sampled = [i for i in range(bs) if not greedy[i]]

@@ -180,6 +180,7 @@ class SamplingParams:
             ValueError: a field is out of range; the message names the field, the value and the allowed range.
         """
         def bad(msg: str) -> None:
+            """Raise ValueError with ``msg``."""
             raise ValueError(msg)
 
         if self.max_new_tokens is not None and self.max_new_tokens < 0:

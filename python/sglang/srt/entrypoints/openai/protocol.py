@@ -21,6 +21,7 @@ def _now() -> int:
 
 # ------------------------------------------------------------------ shared
 class ErrorBody(BaseModel):
+    """The ``error`` object of an OpenAI error response: message, type, param, code."""
     message: str
     type: str
     param: Optional[str] = None
@@ -34,10 +35,12 @@ class ErrorResponse(BaseModel):
 
 
 class PromptTokensDetails(BaseModel):
+    """OpenAI ``usage.prompt_tokens_details``: ``cached_tokens`` = prompt tokens served from the prefix cache."""
     cached_tokens: int = 0
 
 
 class UsageInfo(BaseModel):
+    """OpenAI ``usage`` object: prompt / completion / total token counts."""
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
@@ -45,6 +48,8 @@ class UsageInfo(BaseModel):
 
 
 class StreamOptions(BaseModel):
+    """OpenAI ``stream_options``: ``include_usage`` adds a final usage chunk to a stream; ``continuous_usage_stats``
+    (SGLang extra) is accepted but not read."""
     include_usage: bool = False
     continuous_usage_stats: bool = False
 
@@ -83,6 +88,7 @@ class _SamplingExtras(BaseModel):
 
 # ------------------------------------------------------------- completions
 class JsonSchemaFormat(BaseModel):
+    """OpenAI ``response_format.json_schema``: name, the JSON schema (field ``schema``), strict; unknown fields kept."""
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
     name: Optional[str] = None
@@ -112,6 +118,7 @@ class CompletionRequest(_SamplingExtras):
 
 
 class CompletionLogprobs(BaseModel):
+    """OpenAI completions ``choices[i].logprobs``: per-token text, logprob, top alternatives and text offsets."""
     tokens: list[str] = Field(default_factory=list)
     token_logprobs: list[Optional[float]] = Field(default_factory=list)
     top_logprobs: list[Optional[dict[str, float]]] = Field(default_factory=list)
@@ -119,6 +126,7 @@ class CompletionLogprobs(BaseModel):
 
 
 class CompletionChoice(BaseModel):
+    """One OpenAI completions choice; ``matched_stop`` (SGLang extra) is the stop string or token id that ended it."""
     index: int
     text: str
     logprobs: Optional[CompletionLogprobs] = None
@@ -127,6 +135,7 @@ class CompletionChoice(BaseModel):
 
 
 class CompletionResponse(BaseModel):
+    """OpenAI ``text_completion`` object returned by a non-streamed ``POST /v1/completions``."""
     id: str = Field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex}")
     object: Literal["text_completion"] = "text_completion"
     created: int = Field(default_factory=_now)
@@ -148,6 +157,7 @@ class CompletionStreamResponse(BaseModel):
 
 # -------------------------------------------------------------------- chat
 class ChatContentPart(BaseModel):
+    """One part of an OpenAI chat message's list ``content`` (``type`` + ``text``; extra fields kept)."""
     model_config = ConfigDict(extra="allow")
 
     type: str
@@ -155,6 +165,7 @@ class ChatContentPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
+    """One OpenAI chat request message: role, content (string or list of parts), name, tool calls."""
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
@@ -179,12 +190,14 @@ class ChatCompletionRequest(_SamplingExtras):
 
 
 class TopLogprob(BaseModel):
+    """OpenAI chat ``top_logprobs`` entry: an alternative token, its logprob and UTF-8 bytes."""
     token: str
     logprob: float
     bytes: Optional[list[int]] = None
 
 
 class TokenLogprob(BaseModel):
+    """OpenAI chat ``logprobs.content`` entry: the sampled token, its logprob, bytes and top alternatives."""
     token: str
     logprob: float
     bytes: Optional[list[int]] = None
@@ -192,15 +205,18 @@ class TokenLogprob(BaseModel):
 
 
 class ChoiceLogprobs(BaseModel):
+    """OpenAI chat ``choices[i].logprobs``: the per-token ``content`` list."""
     content: Optional[list[TokenLogprob]] = None
 
 
 class ChatMessageOut(BaseModel):
+    """OpenAI chat response ``message`` (role ``assistant``, text content)."""
     role: Literal["assistant"] = "assistant"
     content: Optional[str] = None
 
 
 class ChatCompletionChoice(BaseModel):
+    """One OpenAI chat completion choice; ``matched_stop`` (SGLang extra): the stop string or token id that ended it."""
     index: int
     message: ChatMessageOut
     logprobs: Optional[ChoiceLogprobs] = None
@@ -209,6 +225,7 @@ class ChatCompletionChoice(BaseModel):
 
 
 class ChatCompletionResponse(BaseModel):
+    """OpenAI ``chat.completion`` object returned by a non-streamed ``POST /v1/chat/completions``."""
     id: str = Field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
     object: Literal["chat.completion"] = "chat.completion"
     created: int = Field(default_factory=_now)
@@ -218,11 +235,13 @@ class ChatCompletionResponse(BaseModel):
 
 
 class DeltaMessage(BaseModel):
+    """OpenAI ``chat.completion.chunk`` ``delta``: the role (first chunk) and/or new text."""
     role: Optional[Literal["assistant"]] = None
     content: Optional[str] = None
 
 
 class ChatCompletionStreamChoice(BaseModel):
+    """One choice of an OpenAI ``chat.completion.chunk``; ``delta`` is serialized without null fields."""
     index: int
     delta: DeltaMessage
     logprobs: Optional[ChoiceLogprobs] = None
@@ -247,6 +266,7 @@ class ChatCompletionStreamResponse(BaseModel):
 
 # ------------------------------------------------------------------ models
 class ModelCard(BaseModel):
+    """OpenAI ``model`` object (``GET /v1/models`` entry); ``root`` and ``max_model_len`` are SGLang extras."""
     id: str
     object: Literal["model"] = "model"
     created: int = Field(default_factory=_now)
@@ -256,6 +276,7 @@ class ModelCard(BaseModel):
 
 
 class ModelList(BaseModel):
+    """OpenAI ``GET /v1/models`` response: a ``list`` of model cards."""
     object: Literal["list"] = "list"
     data: list[ModelCard] = Field(default_factory=list)
 

@@ -142,6 +142,7 @@ class OpenAIServingChat:
         finals: dict[int, dict] = {}
 
         def chunk(idx: int, delta: DeltaMessage, **kw) -> str:
+            """One SSE ``chat.completion.chunk`` line for choice ``idx`` with ``delta``."""
             choice = ChatCompletionStreamChoice(index=idx, delta=delta, **kw)
             return sse(ChatCompletionStreamResponse(id=rid, model=model, choices=[choice]))
 

@@ -17,6 +17,9 @@ class TorchNativeAttnBackend(AttentionBackend):
     """Per-request SDPA over gathered KV (see :class:`AttentionBackend` for the contract)."""
 
     def forward(self, q, k, v, layer, forward_batch):
+        """Write k/v ``[N, num_kv_heads*head_dim]`` of the new tokens at ``out_cache_loc``, then per request run causal
+        SDPA of q ``[N, num_heads*head_dim]`` over its cached + new keys (GQA by repeating kv heads). Returns ``[N,
+        num_heads*head_dim]`` in q's dtype."""
         nh, nkv, hd = layer.num_heads, layer.num_kv_heads, layer.head_dim
         pool = forward_batch.token_to_kv_pool
         pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k.view(-1, nkv, hd), v.view(-1, nkv, hd))

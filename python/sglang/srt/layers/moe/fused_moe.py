@@ -116,6 +116,8 @@ class FusedMoE(nn.Module):
             p.expected_shards = tuple((e, s) for e in local for s in shards)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: Any, shard_id: str, expert_id: int) -> None:
+        """Copy this rank's slice of one HF expert tensor (see the class docstring); other ranks' experts are skipped
+        unread. Raises ValueError on a bad expert_id, shard_id or shape."""
         if not 0 <= expert_id < self.num_experts:
             raise ValueError(f"FusedMoE: expert_id={expert_id} outside [0, {self.num_experts})")
         local_id = expert_id - self.expert_start
@@ -134,6 +136,8 @@ class FusedMoE(nn.Module):
             raise ValueError(f"FusedMoE: shard_id={shard_id!r} must be 'w1', 'w2' or 'w3'")
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        """x ``[N, H]``, router_logits ``[N, E]`` -> ``[N, H]`` in x's dtype: top-k routing, this rank's experts, then
+        an all-reduce over TP when ``reduce_results`` (ValueError without ``comm``)."""
         topk_weights, topk_ids = ops.fused_topk(router_logits, self.top_k, self.renormalize)
         if self.ep_size > 1:  # other ranks' experts get weight 0 (their rows add nothing here)
             local_ids = topk_ids - self.expert_start
@@ -148,6 +152,7 @@ class FusedMoE(nn.Module):
         return out
 
     def extra_repr(self) -> str:
+        """Expert counts and range, top_k and sizes for ``repr``."""
         return f"experts={self.num_experts} (local {self.expert_start}..{self.expert_start + self.num_local_experts - 1}), " \
                f"top_k={self.top_k}, hidden={self.hidden_size}, intermediate_local={self.i_local}, " \
                f"renormalize={self.renormalize}"
