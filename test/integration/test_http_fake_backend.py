@@ -457,7 +457,9 @@ def test_info_routes_and_metrics(srv):
     assert requests.get(srv.url + "/health").status_code == 200
     assert requests.get(srv.url + "/health_generate").status_code == 200
     info = requests.get(srv.url + "/get_model_info").json()
-    assert info == {"model_path": MODEL, "tokenizer_path": MODEL, "is_generation": True}
+    assert info == {"model_path": MODEL, "tokenizer_path": MODEL, "is_generation": True,
+                    "served_model_name": srv.args.model_name, "chat_template": None,  # stories260K has none
+                    "bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True}
     si = requests.get(srv.url + "/get_server_info").json()
     assert si["context_len"] == CONTEXT_LEN and si["port"] == srv.args.port
     assert si["internal_states"][0]["num_running_reqs"] == 0
