@@ -189,3 +189,15 @@ def test_bad_multinode_args_fail_fast(args, code, message):
     assert p.returncode == code, p.stdout + p.stderr
     assert message in p.stdout + p.stderr
     assert time.monotonic() - t0 < 30  # fails before any rank waits on a rendezvous
+
+
+def test_missing_peer_node_times_out_with_dist_timeout():
+    """A node whose peer never starts fails after --dist-timeout seconds instead of hanging."""
+    t0 = time.time()
+    p = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--model-path",
+                        shared_path("models", "stories260K"), "--device", "cpu", "--tp", "2", "--nnodes", "2",
+                        "--node-rank", "0", "--dist-init-addr", f"127.0.0.1:{free_port()}", "--dist-timeout", "8",
+                        "--port", str(free_port())], capture_output=True, text=True, timeout=120, env=ENV)
+    assert p.returncode != 0
+    assert time.time() - t0 < 100
+    assert "rendezvous" in p.stdout + p.stderr and "1/2 clients joined" in p.stdout + p.stderr

@@ -69,6 +69,7 @@ class ServerArgs:
     nnodes: int = 1
     node_rank: int = 0
     dist_init_addr: Optional[str] = None  # host:port of rank 0 for multi-node
+    dist_timeout: Optional[int] = None  # seconds for rendezvous and collectives (default 1800)
     disable_custom_all_reduce: bool = False
     comm_backend: str = "auto"  # auto | torch | custom | nocomm (benchmarks only) | module:factory
 
@@ -108,6 +109,8 @@ class ServerArgs:
             bad("ep-size", self.ep_size, f"use a divisor of --tp-size ({self.tp_size})")
         if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
             bad("node-rank", self.node_rank, f"use 0..{self.nnodes - 1} (--nnodes={self.nnodes})")
+        if self.dist_timeout is not None and self.dist_timeout <= 0:
+            bad("dist-timeout", self.dist_timeout, "use a positive number of seconds")
         if self.nnodes > 1 and not self.dist_init_addr:
             bad("dist-init-addr", self.dist_init_addr, "multi-node runs need --dist-init-addr HOST:PORT of node 0")
         if self.stream_interval < 1:

@@ -168,7 +168,8 @@ def run_scheduler_process(server_args, port_args, ready_pipe, parent_pid: Option
             validate_tp_config(mc, tp_size, server_args.ep_size, server_args.nnodes)
             ps = init_parallel_state(DistConfig(
                 tp_rank=tp_rank, tp_size=tp_size, init_method=dist_init_method or "", device=device,
-                ep_size=server_args.ep_size, nnodes=server_args.nnodes, node_rank=server_args.node_rank))
+                ep_size=server_args.ep_size, nnodes=server_args.nnodes, node_rank=server_args.node_rank,
+                **({"timeout_s": float(server_args.dist_timeout)} if server_args.dist_timeout else {})))
             if device == "cuda":
                 device = str(ps.torch_device())
         runner = ModelRunner(mc, server_args, device, tp_rank=tp_rank, tp_size=tp_size, parallel_state=ps)
