@@ -65,6 +65,29 @@ def _sse_payloads(line: bytes) -> Optional[str]:
     return s[5:].strip()
 
 
+class _StreamError(Exception):
+    """The server answered with a non-200 status or streamed an error chunk (message: what it said)."""
+
+
+async def _stream_json(session, spec: RequestSpec, body: dict):
+    """POST ``body`` to ``spec.url`` and yield each streamed JSON chunk (``data: [DONE]`` ends it).
+
+    Raises:
+        _StreamError: a non-200 status (``"HTTP <code>: <body>"``) or a chunk carrying ``"error"``.
+    """
+    async with session.post(spec.url, json=body, headers=spec.headers) as resp:
+        if resp.status != 200:
+            raise _StreamError(f"HTTP {resp.status}: {(await resp.text())[:500]}")
+        async for line in resp.content:
+            payload = _sse_payloads(line)
+            if not payload or payload == "[DONE]":
+                continue
+            data = json.loads(payload)
+            if "error" in data:
+                raise _StreamError(str(data["error"]))
+            yield data
+
+
 async def request_sglang(session, spec: RequestSpec) -> RequestOutput:
     """Send one native ``/generate`` streaming request and time every chunk.
 
@@ -85,32 +108,23 @@ async def request_sglang(session, spec: RequestSpec) -> RequestOutput:
     start = last = time.perf_counter()
     n_prev = 0
     try:
-        async with session.post(spec.url, json=body, headers=spec.headers) as resp:
-            if resp.status != 200:
-                out.error = f"HTTP {resp.status}: {(await resp.text())[:500]}"
-                return out
-            async for line in resp.content:
-                payload = _sse_payloads(line)
-                if not payload or payload == "[DONE]":
-                    continue
-                data = json.loads(payload)
-                if "error" in data:
-                    out.error = str(data["error"])
-                    return out
-                now = time.perf_counter()
-                n = int(data.get("meta_info", {}).get("completion_tokens", len(data.get("output_ids", []))))
-                out.generated_text = data.get("text", out.generated_text)
-                if n > n_prev:
-                    if n_prev == 0:
-                        out.ttft = now - start
-                    else:
-                        gap = (now - last) / (n - n_prev)
-                        out.itl.extend([gap] * (n - n_prev))
-                    last = now
-                    n_prev = n
-            out.latency = time.perf_counter() - start
-            out.output_len = n_prev
-            out.success = True
+        async for data in _stream_json(session, spec, body):
+            now = time.perf_counter()
+            n = int(data.get("meta_info", {}).get("completion_tokens", len(data.get("output_ids", []))))
+            out.generated_text = data.get("text", out.generated_text)
+            if n > n_prev:
+                if n_prev == 0:
+                    out.ttft = now - start
+                else:
+                    gap = (now - last) / (n - n_prev)
+                    out.itl.extend([gap] * (n - n_prev))
+                last = now
+                n_prev = n
+        out.latency = time.perf_counter() - start
+        out.output_len = n_prev
+        out.success = True
+    except _StreamError as e:  # the server said no: keep its message
+        out.error = str(e)
     except Exception as e:  # network errors, bad JSON: the request counts as failed
         out.error = f"{type(e).__name__}: {e}"
     return out
@@ -129,34 +143,25 @@ async def request_openai_completions(session, spec: RequestSpec) -> RequestOutpu
     text: list[str] = []
     usage_tokens = 0
     try:
-        async with session.post(spec.url, json=body, headers=spec.headers) as resp:
-            if resp.status != 200:
-                out.error = f"HTTP {resp.status}: {(await resp.text())[:500]}"
-                return out
-            async for line in resp.content:
-                payload = _sse_payloads(line)
-                if not payload or payload == "[DONE]":
-                    continue
-                data = json.loads(payload)
-                if "error" in data:
-                    out.error = str(data["error"])
-                    return out
-                if data.get("usage"):
-                    usage_tokens = int(data["usage"].get("completion_tokens") or 0)
-                delta = "".join(c.get("text") or "" for c in data.get("choices") or [])
-                if not delta:
-                    continue
-                now = time.perf_counter()
-                if not text:
-                    out.ttft = now - start
-                else:
-                    out.itl.append(now - last)
-                last = now
-                text.append(delta)
-            out.latency = time.perf_counter() - start
-            out.generated_text = "".join(text)
-            out.output_len = usage_tokens
-            out.success = True
+        async for data in _stream_json(session, spec, body):
+            if data.get("usage"):
+                usage_tokens = int(data["usage"].get("completion_tokens") or 0)
+            delta = "".join(c.get("text") or "" for c in data.get("choices") or [])
+            if not delta:
+                continue
+            now = time.perf_counter()
+            if not text:
+                out.ttft = now - start
+            else:
+                out.itl.append(now - last)
+            last = now
+            text.append(delta)
+        out.latency = time.perf_counter() - start
+        out.generated_text = "".join(text)
+        out.output_len = usage_tokens
+        out.success = True
+    except _StreamError as e:  # the server said no: keep its message
+        out.error = str(e)
     except Exception as e:
         out.error = f"{type(e).__name__}: {e}"
     return out

@@ -11,7 +11,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 transformers = pytest.importorskip("transformers")
 
-from model_harness import ModelHarness  # noqa: E402
+from model_harness import ModelHarness, randomize_weights  # noqa: E402
 from sglang.srt.configs.model_config import ModelConfig  # noqa: E402
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 from sglang.srt.model_loader.loader import load_model  # noqa: E402
@@ -43,17 +43,6 @@ CASES = {
 }
 
 
-def _randomize(model: torch.nn.Module, seed: int) -> None:
-    """O(1) activations and logits (HF's init is too small for a meaningful 1e-4 check); norms near 1."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 1 and "norm" in name:
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
-            elif p.dim() == 1:
-                p.copy_(0.2 * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) / (p.shape[-1] ** 0.5 if "embed" not in name else 1.0))
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
@@ -63,7 +52,7 @@ def pair(request, tmp_path_factory):
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
     hf = getattr(transformers, model_cls)(cfg).float().eval()
-    _randomize(hf, seed=sum(map(ord, request.param)))
+    randomize_weights(hf, seed=sum(map(ord, request.param)))
     path = str(tmp_path_factory.mktemp(request.param))
     hf.save_pretrained(path)
     config = ModelConfig.from_path(path)

@@ -16,6 +16,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 transformers = pytest.importorskip("transformers")
 
+from model_harness import randomize_weights  # noqa: E402
 from tp_worker import run_steps, spawn_ranks, tp_models_logits  # noqa: E402
 from sglang.srt.configs.model_config import ModelConfig  # noqa: E402
 from sglang.srt.model_loader.loader import load_model  # noqa: E402
@@ -39,19 +40,6 @@ CASES = {
 ATOL, RTOL = 2e-5, 1e-5
 
 
-def _randomize(model: torch.nn.Module, seed: int) -> None:
-    """O(1) activations and logits; norms near 1 (so a wrong shard shows up far above tolerance)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 1 and "norm" in name:
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
-            elif p.dim() == 1:
-                p.copy_(0.2 * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) / (p.shape[-1] ** 0.5 if "embed" not in name else 1.0))
-
-
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     seed = int.from_bytes(os.urandom(2), "little")
@@ -60,7 +48,7 @@ def checkpoints(tmp_path_factory):
         cfg = getattr(transformers, cfg_cls)(**COMMON, **extra)
         torch.manual_seed(seed)
         hf = getattr(transformers, model_cls)(cfg).float().eval()
-        _randomize(hf, seed + sum(map(ord, name)))
+        randomize_weights(hf, seed + sum(map(ord, name)))
         path = str(tmp_path_factory.mktemp(name))
         hf.save_pretrained(path)
         paths[name] = path
