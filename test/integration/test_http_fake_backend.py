@@ -397,14 +397,20 @@ def test_openai_client_completions_and_chat(srv):
 
 
 # --------------------------------------------------------------------- aborts
-def _wait_for_abort(fake, rid_pred, timeout=5.0) -> list[str]:
+def _wait_for_abort(fake, rid_pred, timeout=5.0, count=1) -> list[str]:
+    """Wait until at least ``count`` AbortReqs matching ``rid_pred`` reached the fake scheduler.
+
+    The aborts of an n>1 request arrive as separate messages, so a caller expecting several
+    must say how many; returning on the first one races with the rest.
+    """
     deadline = time.time() + timeout
+    hits: list[str] = []
     while time.time() < deadline:
-        hits = [r for r in fake.aborts if rid_pred(r)]
-        if hits:
+        hits = [r for r in list(fake.aborts) if rid_pred(r)]
+        if len(hits) >= count:
             return hits
         time.sleep(0.02)
-    raise AssertionError(f"no AbortReq reached the scheduler; aborts={fake.aborts}")
+    raise AssertionError(f"expected {count} AbortReq(s) at the scheduler, got {hits}; aborts={fake.aborts}")
 
 
 def test_stream_disconnect_sends_abort(srv):
@@ -447,7 +453,7 @@ def test_abort_request_route(srv):
     t.join(timeout=10)
     outs = result["r"].json()
     assert [o["meta_info"]["finish_reason"]["type"] for o in outs] == ["abort", "abort"]
-    assert sorted(_wait_for_abort(srv.fake, lambda rid: rid.startswith("to-abort"))) == ["to-abort-0", "to-abort-1"]
+    assert sorted(_wait_for_abort(srv.fake, lambda rid: rid.startswith("to-abort"), count=2)) == ["to-abort-0", "to-abort-1"]
     assert requests.post(srv.url + "/abort_request", json={"rid": 5}).status_code == 400
     _wait_idle(srv.tm)
 
