@@ -34,12 +34,12 @@ overlaps the forward. Consequences, all handled here:
     token), frequency/presence/repetition penalties (they read the output tokens), or a prefill
     chunk that is not its last (the prefix cache takes that chunk first); and when the KV pool is
     full (retraction only happens with nothing in flight). Outputs are identical either way.
-The ZMQ process loop around it lives in ``scheduler_process.py``.
+The ZMQ process loop around it lives in ``scheduler_process.py``; result processing in
+``scheduler_output_processor.py``; the grammar queue in ``scheduler_grammar.py``.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import logging
 from typing import Optional
 
@@ -47,17 +47,12 @@ import torch
 
 from sglang.srt.constrained.base_grammar_backend import create_grammar_backend, grammar_key
 from sglang.srt.managers.io_struct import AbortReq, BatchTokenIDOut, SchedulerStats, TokenizedGenerateReqInput
-from sglang.srt.managers.schedule_batch import (  # noqa: F401 (DECODE_CONTEXT_TOKENS, build_token_id_out: re-exported)
-    DECODE_CONTEXT_TOKENS,
-    PendingTokensView,
-    Req,
-    ScheduleBatch,
-    build_token_id_out,
-)
+from sglang.srt.managers.schedule_batch import PendingTokensView, Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import PrefillBudget, order_waiting_queue
+from sglang.srt.managers.scheduler_grammar import SchedulerGrammarMixin
+from sglang.srt.managers.scheduler_output_processor import SchedulerOutputProcessorMixin
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.model_executor.overlap_worker import OverlapWorker, overlap_schedule_enabled
-from sglang.srt.sampling.finish import check_finish
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -70,7 +65,7 @@ DEFAULT_CHUNKED_PREFILL_SIZE = 8192  # --chunked-prefill-size when unset (-1 dis
 GRAMMAR_IDLE_WAIT_S = 0.005  # with nothing to run, wait this long for a grammar compilation per step
 
 
-class Scheduler:
+class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
     """Batches requests and drives a :class:`~sglang.srt.model_executor.model_runner.ModelRunner`.
 
     Args:
@@ -184,46 +179,6 @@ class Scheduler:
         else:
             self.waiting.append(req)
         return req
-
-    def _poll_grammar_queue(self) -> None:
-        """Move requests whose grammar compiled to ``waiting``; fail those whose grammar is invalid."""
-        if not self.grammar_queue:
-            return
-        ready = self._agree_ready([r.grammar_future.done() for r in self.grammar_queue])
-        still = []
-        for req, ok in zip(self.grammar_queue, ready):
-            fut = req.grammar_future
-            if not ok:
-                still.append(req)
-                continue
-            req.grammar_future = None
-            try:
-                req.grammar = fut.result()
-            except Exception as e:  # ValueError naming the problem, or an unexpected compile failure
-                req.finished_reason = {"type": "abort", "message": str(e), "status_code": 400}
-                self.outputs.append(req)
-                continue
-            self.waiting.append(req)
-        self.grammar_queue = still
-
-    def _agree_ready(self, ready: list[bool]) -> list[bool]:
-        """With tensor parallelism, a request leaves the grammar queue only once its grammar is ready
-        on every rank (compilation times differ per rank; batches must not). One small CPU all-reduce
-        per step while the queue is non-empty; a no-op on one rank."""
-        ps = getattr(self.runner, "parallel_state", None)
-        if ps is None or getattr(self.runner, "tp_size", 1) <= 1:
-            return ready
-        import torch.distributed as dist
-
-        flags = torch.tensor(ready, dtype=torch.int32)
-        dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=getattr(self, "control_group", None) or ps.cpu_group)
-        return [bool(x) for x in flags.tolist()]
-
-    def _wait_for_grammars(self, timeout: float) -> None:
-        """Block up to ``timeout`` s for a compilation to finish (only when nothing else can run)."""
-        futs = [r.grammar_future for r in self.grammar_queue if r.grammar_future is not None]
-        if futs:
-            cf.wait(futs, timeout=timeout, return_when=cf.FIRST_COMPLETED)
 
     def abort(self, msg: AbortReq) -> None:
         """Abort one or all requests; their KV is returned immediately."""
@@ -493,72 +448,6 @@ class Scheduler:
             self.chunked_req = req
             return False  # one chunked request per step, and it ends the step's budget
         return True
-
-    # ---- results -------------------------------------------------------------
-    def process_batch_result(self, batch: ScheduleBatch, logits_out, sample_out) -> None:
-        """Apply a launched batch's result: input logprobs, prefix caching of finished chunks, and
-        for sampling rows the new token (finish checks, grammar, release, streaming). Requests that
-        finished meanwhile (abort, or a finish found in the previous result) drop their token."""
-        next_ids = sample_out.next_token_ids.tolist()
-        lps = sample_out.logprobs.tolist() if sample_out.logprobs is not None else None
-        for i, req in enumerate(batch.reqs):
-            if logits_out.input_token_logprobs is not None and logits_out.input_token_logprobs[i]:
-                req.input_token_logprobs.extend(zip(logits_out.input_token_logprobs[i], batch.input_logprob_ids[i]))
-                if req.top_logprobs_num:
-                    req.input_top_logprobs.extend(logits_out.input_top_logprobs[i])
-            if req.finished():  # aborted while in flight, or finished by the previous result
-                continue
-            if not batch.sample[i]:  # a prefill chunk that is not the last
-                self.tree_cache.cache_unfinished_req(req)
-                continue
-            if req.wants_input_logprobs():
-                req.sent_input_logprobs = True  # the prompt has been fully computed
-            if req.max_new_tokens() == 0:  # prefill only (scoring, input logprobs): nothing is generated
-                req.finished_reason = {"type": "length", "length": 0}
-                self._release(req)
-                self.outputs.append(req)
-                continue
-            req.pending_slots.pop(0)
-            tok = next_ids[i]
-            req.output_ids.append(tok)
-            self.stats_gen_tokens += 1
-            if req.return_logprob:
-                req.output_token_logprobs.append((lps[i] if lps else 0.0, tok))
-                if req.top_logprobs_num:
-                    req.output_top_logprobs.append(list(sample_out.top_logprobs[i][: req.top_logprobs_num]))
-            req.finished_reason = check_finish(req.output_ids, req.sampling_params, req.eos_token_ids,
-                                               self.tokenizer, req.max_new_tokens())
-            if req.grammar is not None:
-                self._advance_grammar(req, tok)
-            if req.finished():
-                self._release(req)
-            if req.finished() or req.stream:
-                self.outputs.append(req)
-
-    def _advance_grammar(self, req: Req, tok: int) -> None:
-        """Feed the sampled token to the request's grammar (xgrammar semantics, as SGLang):
-        a rejected token aborts the request; a terminated grammar finishes it, matched on the token."""
-        if not req.grammar.accept_token(tok):
-            logger.warning("request %s: grammar rejected token %d; aborting it", req.rid, tok)
-            req.finished_reason = {"type": "abort",
-                                   "message": f"the grammar ({req.grammar_key[0]}) rejected the sampled token {tok}"}
-        elif req.finished_reason is None and req.grammar.is_terminated():
-            req.finished_reason = {"type": "stop", "matched": tok}
-
-    def collect_outputs(self) -> list[BatchTokenIDOut]:
-        """Turn the requests with news into (at most) one BatchTokenIDOut."""
-        reqs, seen = [], set()
-        for r in self.outputs:
-            if id(r) in seen:
-                continue
-            seen.add(id(r))
-            new = len(r.output_ids) - r.sent_output_len
-            if r.finished() or (r.stream and new >= self.args.stream_interval) or (r.stream and new and r.sent_output_len == 0):
-                reqs.append(r)
-        self.outputs = [r for r in self.outputs if id(r) not in {id(x) for x in reqs} and not r.finished()]
-        if not reqs:
-            return []
-        return [build_token_id_out(reqs)]
 
     def stats(self) -> SchedulerStats:
         """Current load for the TokenizerManager: running/queued requests, token usage (0..1), used and total KV tokens,

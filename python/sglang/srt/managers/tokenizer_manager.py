@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
-from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Optional
 
 import zmq
@@ -39,22 +37,11 @@ from sglang.srt.managers.io_struct import (
     decode_msg,
     encode_msg,
 )
+from sglang.srt.managers.req_state import ReqState
+from sglang.srt.managers.template_manager import load_chat_template, render_chat
 from sglang.srt.utils.common import get_tokenizer, get_zmq_socket
 
 logger = logging.getLogger(__name__)
-
-
-def _load_chat_template(value: Optional[str]) -> Optional[str]:
-    """``--chat-template``: a path to a Jinja file (read) or a Jinja template string (kept); None stays None."""
-    if not value:
-        return None
-    if os.path.isfile(value):
-        with open(value, encoding="utf-8") as f:
-            return f.read()
-    if "{%" not in value and "{{" not in value:
-        raise ValueError(f"--chat-template={value!r} is neither a file nor a Jinja template; "
-                         "pass a path to a .jinja file or the template text")
-    return value
 
 
 class RequestError(Exception):
@@ -69,31 +56,6 @@ class RequestError(Exception):
         super().__init__(message)
         self.status_code = int(status_code)
         self.message = message
-
-
-@dataclass
-class _ReqState:
-    """Accumulated output of one in-flight request (owned by the event loop thread)."""
-
-    req: SingleGenerateReq
-    input_ids: list[int]
-    event: asyncio.Event  # shared by all requests of one generate_request call
-    created_time: float
-    text: str = ""
-    output_ids: list[int] = field(default_factory=list)
-    finished: bool = False
-    finish_reason: Optional[dict[str, Any]] = None
-    finished_time: float = 0.0
-    dirty: bool = False
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    first_token_time: float = 0.0
-    last_token_time: float = 0.0
-    input_token_logprobs: list = field(default_factory=list)
-    output_token_logprobs: list = field(default_factory=list)
-    input_top_logprobs: list = field(default_factory=list)
-    output_top_logprobs: list = field(default_factory=list)
 
 
 class TokenizerManager:
@@ -128,7 +90,7 @@ class TokenizerManager:
         self.tokenizer = None
         if not server_args.skip_tokenizer_init:
             self.tokenizer = get_tokenizer(server_args.resolved_tokenizer_path, server_args.trust_remote_code)
-        self.chat_template = _load_chat_template(getattr(server_args, "chat_template", None))
+        self.chat_template = load_chat_template(getattr(server_args, "chat_template", None))
         self.grammar_enabled = (getattr(server_args, "grammar_backend", "xgrammar") != "none"
                                 and self.tokenizer is not None)
         self._grammar_validator = None
@@ -147,7 +109,7 @@ class TokenizerManager:
         self._send_ctx = zmq.Context()
         self._recv_sock = get_zmq_socket(self._recv_ctx, zmq.PULL, port_args.tokenizer_ipc, bind=True)
         self._send_sock = get_zmq_socket(self._send_ctx, zmq.PUSH, port_args.scheduler_input_ipc, bind=False)
-        self._states: dict[str, _ReqState] = {}
+        self._states: dict[str, ReqState] = {}
         self._control_futs: dict[str, asyncio.Future] = {}
         self._control_locks: dict[str, asyncio.Lock] = {}
         self._recv_task: Optional[asyncio.Task] = None
@@ -217,7 +179,7 @@ class TokenizerManager:
             if p.rid in self._states:
                 raise ValueError(f"rid {p.rid!r} is already used by a running request; use a unique rid")
         event = asyncio.Event()
-        states = [_ReqState(req=s, input_ids=p.input_ids, event=event, created_time=p.created_time,
+        states = [ReqState(req=s, input_ids=p.input_ids, event=event, created_time=p.created_time,
                             prompt_tokens=len(p.input_ids)) for s, p in zip(singles, prepared)]
         for s, p in zip(states, prepared):
             self._states[p.rid] = s
@@ -303,7 +265,7 @@ class TokenizerManager:
                              "--grammar-backend xgrammar")
         self._grammar_validator.validate(key)
 
-    async def _consume(self, states: list[_ReqState], request, stream: bool):
+    async def _consume(self, states: list[ReqState], request, stream: bool):
         """Yield ``(index, output)`` as the states change: every update if ``stream``, else finals."""
         pending = list(range(len(states)))
         event = states[0].event
@@ -321,11 +283,11 @@ class TokenizerManager:
                     fr = s.finish_reason or {}
                     if fr.get("type") == "abort" and fr.get("status_code"):
                         raise RequestError(fr["status_code"], fr.get("message") or "request aborted")
-                    yield i, self._build_output(s)
+                    yield i, s.to_output()
                 elif stream:
-                    yield i, self._build_output(s)
+                    yield i, s.to_output()
 
-    async def _wait(self, event: asyncio.Event, states: list[_ReqState], request, poll: list[float]) -> None:
+    async def _wait(self, event: asyncio.Event, states: list[ReqState], request, poll: list[float]) -> None:
         """Wait for ``event``; abort everything and raise RequestError(499) if the client left.
 
         ``request.is_disconnected()`` is polled at most every ``disconnect_poll_s`` (``poll[0]`` holds
@@ -351,24 +313,6 @@ class TokenizerManager:
             if woke:
                 return
 
-    def _build_output(self, s: _ReqState) -> dict[str, Any]:
-        end = s.finished_time if s.finished_time else time.time()
-        meta: dict[str, Any] = {
-            "id": s.req.rid,
-            "finish_reason": s.finish_reason,
-            "prompt_tokens": s.prompt_tokens,
-            "completion_tokens": s.completion_tokens,
-            "cached_tokens": s.cached_tokens,
-            "e2e_latency": end - s.created_time,
-        }
-        if s.req.return_logprob:
-            meta["input_token_logprobs"] = list(s.input_token_logprobs)
-            meta["output_token_logprobs"] = list(s.output_token_logprobs)
-            if s.req.top_logprobs_num > 0:
-                meta["input_top_logprobs"] = list(s.input_top_logprobs)
-                meta["output_top_logprobs"] = list(s.output_top_logprobs)
-        return {"text": s.text, "output_ids": list(s.output_ids), "meta_info": meta}
-
     # ---------------------------------------------------------------- abort
     async def abort_request(self, rid: str = "", abort_all: bool = False) -> int:
         """Abort request ``rid`` (also every ``n``-sample of a request the client named ``rid``),
@@ -391,7 +335,7 @@ class TokenizerManager:
             self._finish_locally(s, {"type": "abort", "message": "aborted by /abort_request"})
         return len(matched)
 
-    def _finish_locally(self, s: _ReqState, reason: dict[str, Any]) -> None:
+    def _finish_locally(self, s: ReqState, reason: dict[str, Any]) -> None:
         if s.finished:
             return
         s.finished = True
@@ -436,31 +380,12 @@ class TokenizerManager:
     # ---------------------------------------------------------- chat prompt
     def apply_chat_template(self, messages: list[dict[str, Any]], tools: Optional[list] = None,
                             add_generation_prompt: bool = True) -> list[int]:
-        """Render chat ``messages`` (OpenAI dicts, ``content`` a string) to prompt token ids.
-
-        Uses ``--chat-template`` if given, else the tokenizer's chat template (its output already
-        holds any BOS, so it is encoded without adding special tokens). Without either (e.g. a base
-        model) it uses a plain fallback ``"role: content\\n"`` per message plus ``"assistant:"``,
-        encoded with the tokenizer's default special tokens.
+        """Render chat ``messages`` to prompt token ids; see :func:`~sglang.srt.managers.template_manager.render_chat`.
 
         Raises:
             ValueError: no tokenizer (``--skip-tokenizer-init``) or the template fails on ``messages``.
         """
-        if self.tokenizer is None:
-            raise ValueError("chat needs a tokenizer but the server runs with --skip-tokenizer-init")
-        template = self.chat_template or getattr(self.tokenizer, "chat_template", None)
-        if template:
-            try:
-                text = self.tokenizer.apply_chat_template(
-                    messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt,
-                    chat_template=template)
-            except Exception as e:  # jinja raises many types
-                raise ValueError(f"messages cannot be rendered by the chat template: {e}") from e
-            return list(self.tokenizer.encode(text, add_special_tokens=False))
-        text = "".join(f"{m['role']}: {m.get('content') or ''}\n" for m in messages)
-        if add_generation_prompt:
-            text += "assistant:"
-        return list(self.tokenizer.encode(text))
+        return render_chat(self.tokenizer, self.chat_template, messages, tools, add_generation_prompt)
 
     def token_text(self, token_id: int) -> Optional[str]:
         """Text of one token (decoded alone, cached), or None without a tokenizer."""
@@ -506,9 +431,6 @@ class TokenizerManager:
         else:
             logger.warning("unexpected message %s", type(msg).__name__)
 
-    def _fmt_logprobs(self, entries, with_text: bool) -> list:
-        return [[lp, tid, self.token_text(tid) if with_text else None] for lp, tid in entries]
-
     def _handle_batch_str_out(self, msg: BatchStrOut) -> None:
         now = time.time()
         for i, rid in enumerate(msg.rids):
@@ -522,17 +444,7 @@ class TokenizerManager:
             s.completion_tokens = msg.completion_tokens[i]
             s.cached_tokens = msg.cached_tokens[i]
             if s.req.return_logprob:
-                wt = s.req.return_text_in_logprobs
-                if msg.output_token_logprobs is not None and msg.output_token_logprobs[i] is not None:
-                    s.output_token_logprobs.extend(self._fmt_logprobs(msg.output_token_logprobs[i], wt))
-                if msg.output_top_logprobs is not None and msg.output_top_logprobs[i] is not None:
-                    s.output_top_logprobs.extend(
-                        None if e is None else self._fmt_logprobs(e, wt) for e in msg.output_top_logprobs[i])
-                if msg.input_token_logprobs is not None and msg.input_token_logprobs[i] is not None:
-                    s.input_token_logprobs.extend(self._fmt_logprobs(msg.input_token_logprobs[i], wt))
-                if msg.input_top_logprobs is not None and msg.input_top_logprobs[i] is not None:
-                    s.input_top_logprobs.extend(
-                        None if e is None else self._fmt_logprobs(e, wt) for e in msg.input_top_logprobs[i])
+                s.add_logprobs(msg, i, self.token_text)
             if new_ids and self.metrics is not None:
                 if not s.first_token_time:
                     self.metrics.observe_time_to_first_token(now - s.created_time)
