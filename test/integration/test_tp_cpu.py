@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -107,11 +108,27 @@ def test_dead_rank_stops_server_with_clear_error():
         generate(s, {"text": "hi", "sampling_params": {"max_new_tokens": 2}})
         with open(s.log_path) as f:
             pid = int(re.search(r"scheduler TP rank 1 started \(pid (\d+)\)", f.read()).group(1))
+        result = {}
+
+        def in_flight() -> None:  # running when the rank dies: must get a 503 naming the cause
+            try:
+                r = requests.post(s.url + "/generate", timeout=90, json={
+                    "text": ["Once upon a time"] * 4, "sampling_params": {"max_new_tokens": 500, "ignore_eos": True}})
+                result["status"], result["body"] = r.status_code, r.text
+            except requests.RequestException as e:
+                result["status"] = type(e).__name__
+
+        t = threading.Thread(target=in_flight, daemon=True)
+        t.start()
+        time.sleep(0.3)
         os.kill(pid, signal.SIGKILL)
         s.proc.wait(timeout=60)  # no hang: the launcher notices and exits
         assert s.proc.returncode == 1
         log = s.log_tail(200)
-        assert "scheduler TP rank 1" in log and "exited unexpectedly" in log
+        assert "exited unexpectedly" in log and "scheduler TP rank" in log
+        t.join(30)
+        assert result.get("status") == 503, result
+        assert "exited unexpectedly" in result["body"], result
     finally:
         assert s.stop() == []
 

@@ -70,8 +70,7 @@ class Engine:
         self.tokenizer_manager = None
         try:
             self._procs = launch_subprocesses(self.server_args, self.port_args, in_process_engine=True)
-            self._procs.watch(lambda: logger.error("an engine subprocess died: %s; shut the Engine down",
-                                                   self._procs.failure))
+            self._procs.watch(self._on_child_death)
             self._loop = asyncio.new_event_loop()
             self._thread = threading.Thread(target=self._run_loop, name="sglang-engine-loop", daemon=True)
             self._thread.start()
@@ -83,6 +82,12 @@ class Engine:
         logger.info("engine ready: %s", self.server_args.model_name)
 
     # ------------------------------------------------------------ plumbing
+    def _on_child_death(self) -> None:
+        """Watchdog callback: a subprocess died; fail in-flight and later requests with its cause."""
+        logger.error("an engine subprocess died: %s; shut the Engine down", self._procs.failure)
+        if self.tokenizer_manager is not None:
+            self.tokenizer_manager.fail_all_threadsafe(f"an engine subprocess died: {self._procs.failure}")
+
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self._loop)
         self._loop.run_forever()

@@ -255,7 +255,13 @@ def launch_server(server_args: ServerArgs) -> None:
         else:
             tm = TokenizerManager(server_args, port_args, procs.scheduler_info)
             app = create_app(tm, server_args)
-            procs.watch(lambda: os.kill(os.getpid(), signal.SIGTERM))
+
+            def on_child_death() -> None:
+                tm.fail_all_threadsafe(f"the server is stopping: {procs.failure}")
+                time.sleep(0.5)  # let the failed requests' error responses go out first
+                os.kill(os.getpid(), signal.SIGTERM)
+
+            procs.watch(on_child_death)
             logger.info("serving %s at %s (tp_size=%d)", server_args.model_name, server_args.url(),
                         server_args.tp_size)
             launch_http_server(app, server_args)

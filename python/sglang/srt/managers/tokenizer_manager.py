@@ -113,6 +113,8 @@ class TokenizerManager:
         self._control_futs: dict[str, asyncio.Future] = {}
         self._control_locks: dict[str, asyncio.Lock] = {}
         self._recv_task: Optional[asyncio.Task] = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._failure: Optional[str] = None  # set once a child process died: new requests get 503
         self._token_text_cache: dict[int, str] = {}
         self._closed = False
 
@@ -127,7 +129,8 @@ class TokenizerManager:
             raise RuntimeError("TokenizerManager is closed")
         if self._recv_task is not None and not self._recv_task.done():
             return
-        self._recv_task = asyncio.get_running_loop().create_task(self._recv_loop(), name="tokenizer-recv")
+        self._loop = asyncio.get_running_loop()
+        self._recv_task = self._loop.create_task(self._recv_loop(), name="tokenizer-recv")
 
     def close(self) -> None:
         """Stop the receive loop, fail in-flight requests with 503, close the sockets (idempotent)."""
@@ -146,6 +149,27 @@ class TokenizerManager:
         self._send_sock.close(linger=0)
         self._recv_ctx.term()
         self._send_ctx.term()
+
+    def fail_all_threadsafe(self, message: str, status_code: int = 503) -> None:
+        """From any thread (the child watchdog): a child process died, so finish every in-flight
+        request now with ``status_code`` and ``message`` (the client gets an HTTP error naming the
+        cause instead of waiting forever), and refuse new requests the same way. Idempotent.
+        """
+        self._failure = message
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            loop.call_soon_threadsafe(self._fail_all, message, status_code)
+        except RuntimeError:  # the loop closed meanwhile
+            pass
+
+    def _fail_all(self, message: str, status_code: int) -> None:
+        for s in list(self._states.values()):
+            self._finish_locally(s, {"type": "abort", "message": message, "status_code": status_code})
+        for fut in self._control_futs.values():
+            if not fut.done():
+                fut.set_exception(RequestError(status_code, message))
 
     @property
     def num_inflight(self) -> int:
@@ -173,6 +197,8 @@ class TokenizerManager:
                 generator exits early (error, cancellation, close).
         """
         self.start()
+        if self._failure is not None:
+            raise RequestError(503, f"the server cannot serve requests: {self._failure}")
         singles = obj.normalize()
         prepared = [self._prepare(s) for s in singles]
         for p in prepared:
