@@ -98,17 +98,12 @@ class StaticBatch:
         self.seq_lens = [0] * len(input_ids)
 
     def _alloc(self, n_per_req: list[int]):
-        import torch
-
         locs = self.runner.allocator.alloc(sum(n_per_req))
         if locs is None:
             raise ValueError("the KV cache is too small for this batch; lower --batch-size/--input-len "
                              "or raise --max-total-tokens/--mem-fraction-static")
         self.slots.append(locs)
-        pos = 0
-        for i, n in enumerate(n_per_req):
-            self.runner.req_to_token_pool.write(self.rows[i], self.seq_lens[i], locs[pos:pos + n].to(torch.int32))
-            pos += n
+        self.runner.req_to_token_pool.write_batch(self.rows, self.seq_lens, n_per_req, locs)
         return locs
 
     def step(self, new_tokens: list[list[int]]):

@@ -104,3 +104,46 @@ def test_sizes():
         assert pool.kv_size_bytes() == bpt * (10 + 2)
     with pytest.raises(ValueError):
         MHATokenToKVPool(10, 0, torch.float16, H, D, L, "cpu")
+
+
+@pytest.mark.parametrize("lens_kind", ["decode", "extend"])
+def test_write_batch_equals_per_row_writes(lens_kind):
+    gen = torch.Generator().manual_seed(7 if lens_kind == "decode" else 8)
+    size, ctx = 9, 40
+    a, b = ReqToTokenPool(size, ctx, "cpu"), ReqToTokenPool(size, ctx, "cpu")
+    fill = torch.randint(1, 10_000, (size, ctx), generator=gen, dtype=torch.int32)
+    a.req_to_token.copy_(fill)
+    b.req_to_token.copy_(fill)
+    rows = torch.randperm(size, generator=gen)[:6].tolist()
+    if lens_kind == "decode":
+        lens = [1] * len(rows)
+    else:
+        lens = torch.randint(0, 8, (len(rows),), generator=gen).tolist()
+    starts = [int(torch.randint(0, ctx - ln + 1, (1,), generator=gen)) for ln in lens]
+    values = torch.randint(1, 1 << 20, (sum(lens),), generator=gen, dtype=torch.int64)
+    a.write_batch(rows, starts, lens, values)
+    off = 0
+    for r, st, ln in zip(rows, starts, lens):
+        b.write(r, st, values[off:off + ln])
+        off += ln
+    assert torch.equal(a.req_to_token, b.req_to_token)
+    assert not torch.equal(a.req_to_token, fill)  # something was written
+
+
+def test_write_batch_rejects_bad_arguments():
+    pool = ReqToTokenPool(4, 16, "cpu")
+    with pytest.raises(ValueError, match="same length"):
+        pool.write_batch([0, 1], [0], [1, 1], torch.arange(2))
+    with pytest.raises(ValueError, match="values for sum"):
+        pool.write_batch([0, 1], [0, 0], [2, 2], torch.arange(3))
+    with pytest.raises(ValueError, match="max_context_len"):
+        pool.write_batch([0], [10], [7], torch.arange(7))
+
+
+def test_host_to_device_on_cpu_keeps_values_and_casts():
+    from sglang.srt.utils.tensor_transfer import host_to_device, ints_to_device
+
+    x = torch.randint(-5, 5, (3, 4), generator=torch.Generator().manual_seed(3))
+    y = host_to_device(x, "cpu", torch.int32)
+    assert y.dtype == torch.int32 and torch.equal(y.to(torch.int64), x)
+    assert ints_to_device([3, -1, 7], "cpu").tolist() == [3, -1, 7]

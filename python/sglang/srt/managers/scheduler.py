@@ -351,10 +351,9 @@ class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
 
     def _alloc_extend(self, reqs: list[Req]) -> Optional[torch.Tensor]:
         """KV slots for each request's next ``extend_len`` tokens; evicts cache entries if needed."""
-        r2t = self.runner.req_to_token_pool.req_to_token
         prefix = [r.kv_len for r in reqs]
         seq = [r.kv_len + r.extend_len for r in reqs]
-        last = [int(r2t[r.req_pool_idx, r.kv_len - 1]) if r.kv_len > 0 else -1 for r in reqs]
+        last = self._last_locs(reqs)
         alloc = self.runner.allocator
         for attempt in range(2):
             loc = alloc.alloc_extend(prefix, seq, last)
@@ -366,12 +365,26 @@ class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
                 self.tree_cache.evict(need)
         return None
 
+    def _last_locs(self, reqs: list[Req]) -> list[int]:
+        """Slot of each request's position ``kv_len - 1`` when it sits inside a partly filled page (the
+        allocator continues that page), else -1. With ``page_size == 1`` no page is ever partly filled,
+        so nothing is read; otherwise one gather and one device-to-host copy for the whole batch."""
+        last = [-1] * len(reqs)
+        if self.page_size == 1:
+            return last
+        need = [i for i, r in enumerate(reqs) if r.kv_len % self.page_size != 0]
+        if need:
+            r2t = self.runner.req_to_token_pool.req_to_token
+            rows = torch.tensor([reqs[i].req_pool_idx for i in need], dtype=torch.int64)
+            cols = torch.tensor([reqs[i].kv_len - 1 for i in need], dtype=torch.int64)
+            for i, v in zip(need, r2t[rows.to(r2t.device), cols.to(r2t.device)].tolist()):
+                last[i] = v
+        return last
+
     def _write_req_to_token(self, reqs: list[Req], loc: torch.Tensor) -> None:
-        r2t = self.runner.req_to_token_pool.req_to_token
-        off = 0
-        for r in reqs:
-            r2t[r.req_pool_idx, r.kv_len:r.kv_len + r.extend_len] = loc[off:off + r.extend_len].to(r2t.dtype)
-            off += r.extend_len
+        """Record the slots ``loc`` of each request's next ``extend_len`` positions (one indexed store)."""
+        self.runner.req_to_token_pool.write_batch(
+            [r.req_pool_idx for r in reqs], [r.kv_len for r in reqs], [r.extend_len for r in reqs], loc)
 
     def _budget(self, num_decode: int) -> PrefillBudget:
         step = self.args.max_prefill_tokens

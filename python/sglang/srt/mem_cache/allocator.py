@@ -16,6 +16,8 @@ from typing import List, Optional, Sequence, Union
 
 import torch
 
+from sglang.srt.utils.tensor_transfer import host_to_device
+
 logger = logging.getLogger(__name__)
 
 
@@ -90,7 +92,7 @@ class TokenToKVPoolAllocator:
             return None
         pages = self._take_pages(n_pages)
         slots = pages if self.page_size == 1 else self._pages_to_slots(pages)
-        return slots.to(self.device)
+        return host_to_device(slots, self.device)
 
     def alloc_extend(self, prefix_lens: Sequence[int], seq_lens: Sequence[int],
                      last_locs: Sequence[int]) -> Optional[torch.Tensor]:
@@ -135,7 +137,7 @@ class TokenToKVPoolAllocator:
             return None
         pages = self._take_pages(total_fresh)
         if P == 1:
-            return pages.to(self.device)
+            return host_to_device(pages, self.device)
         parts: List[torch.Tensor] = []
         p0 = 0
         for i in range(n_req):
@@ -146,7 +148,7 @@ class TokenToKVPoolAllocator:
                 parts.append(self._pages_to_slots(pages[p0:p0 + fresh_pages[i]])[:n_fresh_tok])
             p0 += fresh_pages[i]
         out = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
-        return out.to(self.device)
+        return host_to_device(out, self.device)
 
     def alloc_decode(self, seq_lens: Sequence[int], last_locs: Sequence[int]) -> Optional[torch.Tensor]:
         """One slot per request for position ``seq_lens[i]-1``; int64 ``[bs]`` on ``device`` or None.

@@ -16,6 +16,8 @@ from typing import List, Optional, Tuple, Union
 
 import torch
 
+from sglang.srt.utils.tensor_transfer import host_to_device
+
 logger = logging.getLogger(__name__)
 
 _FP8_DTYPES = tuple(
@@ -104,6 +106,43 @@ class ReqToTokenPool:
                 "raise --context-length or shorten the request"
             )
         self.req_to_token[idx, start:end] = values.to(device=self.device, dtype=torch.int32)
+
+    def write_batch(self, rows: List[int], starts: List[int], lens: List[int], values: torch.Tensor) -> None:
+        """For every i, set ``req_to_token[rows[i], starts[i]:starts[i] + lens[i]]`` to the next ``lens[i]``
+        entries of ``values``, in one indexed store (one host-to-device copy of the indices).
+
+        Args:
+            rows, starts, lens: per request: its pool row, first position written, number written.
+            values: ``[sum(lens)]`` KV slots (any integer dtype, on any device), the requests' runs
+                concatenated in order.
+        Raises:
+            ValueError: the lists differ in length, ``values`` has the wrong size, or a range runs
+                outside ``[0, max_context_len)``.
+        """
+        n_req = len(rows)
+        if len(starts) != n_req or len(lens) != n_req:
+            raise ValueError(f"ReqToTokenPool.write_batch: rows ({n_req}), starts ({len(starts)}) and lens "
+                             f"({len(lens)}) must have the same length")
+        total = sum(lens)
+        if values.numel() != total:
+            raise ValueError(f"ReqToTokenPool.write_batch: {values.numel()} values for sum(lens)={total}")
+        for st, ln in zip(starts, lens):
+            if st < 0 or ln < 0 or st + ln > self.max_context_len:
+                raise ValueError(
+                    f"ReqToTokenPool.write_batch: positions [{st}, {st + ln}) exceed max_context_len="
+                    f"{self.max_context_len}; raise --context-length or shorten the request")
+        if total == 0:
+            return
+        if all(ln == 1 for ln in lens):  # decode: one position per request
+            idx = torch.tensor([rows, starts], dtype=torch.int64)
+        else:
+            ln_t = torch.tensor(lens, dtype=torch.int64)
+            first = torch.cumsum(ln_t, 0) - ln_t  # offset of each request's run in ``values``
+            col = torch.arange(total, dtype=torch.int64) + torch.repeat_interleave(
+                torch.tensor(starts, dtype=torch.int64) - first, ln_t)
+            idx = torch.stack([torch.repeat_interleave(torch.tensor(rows, dtype=torch.int64), ln_t), col])
+        idx = host_to_device(idx, self.device)
+        self.req_to_token[idx[0], idx[1]] = host_to_device(values.reshape(-1), self.device, torch.int32)
 
     def clear(self) -> None:
         """Mark every request slot free (row contents are left as they are)."""

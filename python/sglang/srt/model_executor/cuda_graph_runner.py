@@ -139,7 +139,7 @@ class CudaGraphRunner:
         host = self.host_pad.clone()  # padding rows: token 0 at position 0 of the pad row, seq_len 1
         host[:, :bs] = torch.tensor([batch.input_ids, batch.positions, batch.req_pool_indices, batch.seq_lens],
                                     dtype=torch.int64)
-        self.static_ints.copy_(host, non_blocking=True)
+        self.static_ints.copy_(host.pin_memory(), non_blocking=True)  # pinned: a true async copy
         self.out_cache_loc[:bs].copy_(batch.out_cache_loc.to(self.device, torch.int64))
         if padded > bs:
             self.out_cache_loc[bs:padded].zero_()  # the dummy KV slot

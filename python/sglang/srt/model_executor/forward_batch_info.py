@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
+from sglang.srt.utils.tensor_transfer import host_to_device, ints_to_device
+
 if TYPE_CHECKING:
     from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
@@ -125,24 +127,26 @@ class ForwardBatch:
                  attn_backend) -> "ForwardBatch":
         """Move a :class:`ModelWorkerBatch` to ``device``."""
 
-        def t(x: list[int]) -> torch.Tensor:
-            """``x`` as an int64 tensor on ``device``."""
-            return torch.tensor(x, dtype=torch.int64, device=device)
-
         starts = [0] * batch.batch_size
         for i in range(1, batch.batch_size):
             starts[i] = starts[i - 1] + batch.extend_lens[i - 1]
+        # one host-to-device copy for all integer metadata, then views into it
+        parts = (batch.input_ids, batch.positions, batch.req_pool_indices, batch.seq_lens, batch.prefix_lens,
+                 batch.extend_lens, starts)
+        flat = ints_to_device([v for p in parts for v in p], device)
+        (input_ids, positions, req_pool_indices, seq_lens, prefix_lens, extend_lens,
+         extend_start_loc) = torch.split(flat, [len(p) for p in parts])
         return cls(
             forward_mode=batch.forward_mode,
             batch_size=batch.batch_size,
-            input_ids=t(batch.input_ids),
-            positions=t(batch.positions),
-            out_cache_loc=batch.out_cache_loc.to(device=device, dtype=torch.int64),
-            req_pool_indices=t(batch.req_pool_indices),
-            seq_lens=t(batch.seq_lens),
-            prefix_lens=t(batch.prefix_lens),
-            extend_lens=t(batch.extend_lens),
-            extend_start_loc=t(starts),
+            input_ids=input_ids,
+            positions=positions,
+            out_cache_loc=host_to_device(batch.out_cache_loc, device, torch.int64),
+            req_pool_indices=req_pool_indices,
+            seq_lens=seq_lens,
+            prefix_lens=prefix_lens,
+            extend_lens=extend_lens,
+            extend_start_loc=extend_start_loc,
             seq_lens_cpu=list(batch.seq_lens),
             prefix_lens_cpu=list(batch.prefix_lens),
             extend_lens_cpu=list(batch.extend_lens),

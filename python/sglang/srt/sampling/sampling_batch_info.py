@@ -27,6 +27,8 @@ from typing import Any, Optional, Sequence, Union
 
 import torch
 
+from sglang.srt.utils.tensor_transfer import host_to_device
+
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -46,7 +48,7 @@ def build_vocab_mask(grammars: Optional[Sequence[Any]], vocab_size: int,
     for i, g in enumerate(grammars):
         if g is not None:
             g.fill_vocab_mask(mask, i)
-    return mask.to(device, non_blocking=True)
+    return host_to_device(mask, device)
 
 
 @dataclass
@@ -162,7 +164,7 @@ class SamplingBatchInfo:
 
         def col(values, dtype):
             """``values`` as a ``[bs]`` tensor of ``dtype`` on ``device`` (non-blocking copy)."""
-            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+            return host_to_device(torch.tensor(values, dtype=dtype), device)
 
         sampled = [i for i in range(bs) if not greedy[i]]
         freq = [p.frequency_penalty for p in params]
@@ -210,7 +212,7 @@ class SamplingBatchInfo:
                 out.index_put_((r, t), torch.ones(len(tok_idx)), accumulate=True)
             else:
                 out[r, t] = 1.0
-        return out.to(self.device, non_blocking=True)
+        return host_to_device(out, self.device)
 
     @property
     def output_counts(self) -> torch.Tensor:
