@@ -17,7 +17,7 @@ __version__ = "0.1.0"
 # public name -> (module, attribute)
 _LAZY = {
     **{name: ("sglang.api", name) for name in (
-        "function", "gen", "select", "system", "user", "assistant", "system_begin", "system_end",
+        "function", "gen", "gen_int", "gen_string", "select", "system", "user", "assistant", "system_begin", "system_end",
         "user_begin", "user_end", "assistant_begin", "assistant_end", "set_default_backend",
         "get_default_backend", "flush_cache", "get_server_info")},
     **{name: ("sglang.lang.choices", name) for name in (

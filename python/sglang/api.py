@@ -63,7 +63,17 @@ def _check_number(name: str, value: Any, lo: Optional[float] = None) -> None:
         raise ValueError(f"{name} must be >= {lo}, got {value}")
 
 
-def gen(name: Optional[str] = None, max_tokens: Optional[int] = None, stop: Union[str, Sequence[str], None] = None,
+# Output-type constraints of ``gen(dtype=...)`` (SGLang frontend semantics): the text stays a string.
+DTYPE_REGEX = {
+    int: r"[-+]?[0-9]+",
+    float: r"[-+]?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?",
+    bool: r"(True|False)",
+    str: r"\"[^\"\n]*\"",
+}
+
+
+def gen(name: Optional[str] = None, max_tokens: Optional[int] = None, min_tokens: Optional[int] = None,
+        stop: Union[str, Sequence[str], None] = None,
         stop_token_ids: Optional[Sequence[int]] = None, temperature: Optional[float] = None,
         top_p: Optional[float] = None, top_k: Optional[int] = None, min_p: Optional[float] = None,
         frequency_penalty: Optional[float] = None, presence_penalty: Optional[float] = None,
@@ -71,13 +81,16 @@ def gen(name: Optional[str] = None, max_tokens: Optional[int] = None, stop: Unio
         logprob_start_len: Optional[int] = None, top_logprobs_num: Optional[int] = None,
         return_text_in_logprobs: Optional[bool] = None, regex: Optional[str] = None, json_schema: Any = None,
         choices: Optional[Sequence[str]] = None,
-        choices_method: Optional[ChoicesSamplingMethod] = None) -> SglExpr:
+        choices_method: Optional[ChoicesSamplingMethod] = None, dtype: Optional[type] = None) -> SglExpr:
     """Generate text at this point of the program; stored as variable ``name`` if given.
 
     Arguments left None take the ``run`` defaults. ``max_tokens`` is in tokens; ``stop`` strings end
     generation (not included in the text); ``regex`` / ``json_schema`` (a dict, pydantic model or JSON
     string) constrain the output (server-side constrained decoding). With ``choices`` this is
-    :func:`select` (``temperature`` defaults to 0 there).
+    :func:`select` (``temperature`` defaults to 0 there). ``min_tokens`` is the server's
+    ``min_new_tokens`` (EOS and stop tokens are masked until then). ``dtype`` (``int``, ``float``,
+    ``bool`` or ``str``) constrains the output to a literal of that type through a regex (``str``: a
+    double-quoted string); the stored value stays text, as in SGLang.
 
     Raises:
         ValueError: bad values (negative ``max_tokens``, both ``regex`` and ``json_schema``, empty
@@ -89,6 +102,14 @@ def gen(name: Optional[str] = None, max_tokens: Optional[int] = None, stop: Unio
                       choices_method=choices_method or token_length_normalized)
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0):
         raise ValueError(f"max_tokens must be an integer >= 0, got {max_tokens!r}")
+    if min_tokens is not None and (not isinstance(min_tokens, int) or isinstance(min_tokens, bool) or min_tokens < 0):
+        raise ValueError(f"min_tokens must be an integer >= 0, got {min_tokens!r}")
+    if dtype is not None:
+        if dtype not in DTYPE_REGEX:
+            raise ValueError(f"dtype must be one of int, float, bool, str, got {dtype!r}")
+        if regex is not None or json_schema is not None:
+            raise ValueError("pass at most one of dtype, regex and json_schema")
+        regex = DTYPE_REGEX[dtype]
     if regex is not None and json_schema is not None:
         raise ValueError("pass at most one of regex and json_schema")
     if regex is not None and not isinstance(regex, str):
@@ -104,7 +125,7 @@ def gen(name: Optional[str] = None, max_tokens: Optional[int] = None, stop: Unio
         else:
             raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
     overrides = {
-        "max_new_tokens": max_tokens, "stop": stop,
+        "max_new_tokens": max_tokens, "min_new_tokens": min_tokens, "stop": stop,
         "stop_token_ids": tuple(stop_token_ids) if stop_token_ids is not None else None,
         "temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
         "frequency_penalty": frequency_penalty, "presence_penalty": presence_penalty, "ignore_eos": ignore_eos,
@@ -113,6 +134,17 @@ def gen(name: Optional[str] = None, max_tokens: Optional[int] = None, stop: Unio
         "regex": regex, "json_schema": normalize_json_schema(json_schema),
     }
     return SglGen(name, {k: v for k, v in overrides.items() if v is not None})
+
+
+
+def gen_int(name: Optional[str] = None, max_tokens: Optional[int] = None, **kwargs: Any) -> SglExpr:
+    """:func:`gen` constrained to an integer literal (``dtype=int``); other arguments as :func:`gen`."""
+    return gen(name, max_tokens=max_tokens, dtype=int, **kwargs)
+
+
+def gen_string(name: Optional[str] = None, max_tokens: Optional[int] = None, **kwargs: Any) -> SglExpr:
+    """:func:`gen` constrained to a double-quoted string literal (``dtype=str``); other arguments as :func:`gen`."""
+    return gen(name, max_tokens=max_tokens, dtype=str, **kwargs)
 
 
 def select(name: Optional[str] = None, choices: Optional[Sequence[str]] = None, temperature: float = 0.0,

@@ -319,3 +319,80 @@ def test_backend_errors_surface(backend):
         bad.run(backend=backend)
     states = bad.run_batch([{}, {}], backend=backend)
     assert all(isinstance(s.error(), ValueError) for s in states)
+
+
+def test_typed_gen_and_min_tokens_match_generate(server, backend, rng):
+    from sglang.api import DTYPE_REGEX
+
+    start = rng.choice(STARTS)
+
+    @sgl.function
+    def typed(s):
+        s += start + " She was "
+        s += sgl.gen_int("age", max_tokens=6, temperature=0)
+        s += " years old and said "
+        s += sgl.gen_string("said", max_tokens=12, temperature=0)
+        s += ". Then "
+        s += sgl.gen("more", max_tokens=6, min_tokens=6, temperature=0, stop_token_ids=[1, 2])
+
+    st = typed.run(backend=backend)
+    assert re.fullmatch(DTYPE_REGEX[int], st["age"]), st["age"]
+    int(st["age"])
+    assert st["age"] == gen_text(server, start + " She was ", max_new_tokens=6, regex=DTYPE_REGEX[int])
+    prefix = f"{start} She was {st['age']} years old and said "
+    assert st["said"] == gen_text(server, prefix, max_new_tokens=12, regex=DTYPE_REGEX[str])
+    prefix += st["said"] + ". Then "
+    out = generate(server, {"text": prefix, "sampling_params": {"temperature": 0, "max_new_tokens": 6,
+                                                                 "min_new_tokens": 6, "stop_token_ids": [1, 2]}})
+    assert st["more"] == out["text"] and out["meta_info"]["completion_tokens"] == 6
+    with pytest.raises(ValueError, match="dtype"):
+        sgl.gen("x", dtype=list)
+    with pytest.raises(ValueError, match="min_tokens"):
+        sgl.gen("x", min_tokens=-1)
+
+
+def test_run_batch_generator_style_yields_in_order(server, backend, rng):
+    @sgl.function
+    def cont(s, start):
+        s += start
+        s += sgl.gen("x", max_tokens=8)
+
+    args = [{"start": rng.choice(STARTS)} for _ in range(4)]
+    listed = cont.run_batch(args, backend=backend, temperature=0, num_threads=2)
+    it = cont.run_batch(args, backend=backend, temperature=0, num_threads=2, generator_style=True)
+    assert not isinstance(it, list)
+    assert [s["x"] for s in it] == [s["x"] for s in listed]
+
+
+def test_named_chat_template_renders_roles(server):
+    ep = sgl.RuntimeEndpoint(server.url, chat_template_name="chatml")
+
+    @sgl.function
+    def chat(s):
+        s += sgl.user("Hi")
+        s += sgl.assistant(sgl.gen("r", max_tokens=4, temperature=0))
+
+    st = chat.run(backend=ep)
+    assert st.text().startswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    reply = gen_text(server, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", max_new_tokens=4)
+    assert st["r"] == reply
+    with pytest.raises(ValueError, match="unknown chat_template_name"):
+        sgl.RuntimeEndpoint(server.url, chat_template_name="no-such-template")
+
+
+def test_runtime_generate_api_matches_sglang(server):
+    import asyncio
+
+    raw = server.generate("Once upon a time", {"max_new_tokens": 12, "temperature": 0})
+    assert isinstance(raw, str)  # SGLang's Runtime.generate returns the JSON text
+    out = json.loads(raw)
+    assert out["text"] == gen_text(server, "Once upon a time", max_new_tokens=12)
+
+    async def collect():
+        return [piece async for piece in server.async_generate("Once upon a time",
+                                                                {"max_new_tokens": 12, "temperature": 0})]
+
+    pieces = asyncio.run(collect())
+    assert "".join(pieces) == out["text"] and len(pieces) > 1
+    tok = server.get_tokenizer()
+    assert server.encode("Once upon a time") == list(tok.encode("Once upon a time"))

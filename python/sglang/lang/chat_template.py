@@ -219,3 +219,39 @@ def from_template(template: str, special_tokens: Optional[Mapping[str, Optional[
         return compiled.render(messages=messages, add_generation_prompt=False, **tokens)
 
     return ChatTemplate(render=render, name=name, strip_prefix=strip_prefix)
+
+
+def _render_chatml(messages: list[dict[str, Any]]) -> str:
+    return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+
+
+def _render_llama3(messages: list[dict[str, Any]]) -> str:
+    return "<|begin_of_text|>" + "".join(
+        f"<|start_header_id|>{m['role']}<|end_header_id|>\n\n{m['content']}<|eot_id|>" for m in messages)
+
+
+def _named_templates() -> dict[str, Callable[[], ChatTemplate]]:
+    return {
+        "default": default_chat_template,
+        "chatml": lambda: ChatTemplate(render=_render_chatml, name="chatml"),
+        "qwen": lambda: ChatTemplate(render=_render_chatml, name="qwen"),
+        "llama-3-instruct": lambda: ChatTemplate(render=_render_llama3, name="llama-3-instruct",
+                                                 strip_prefix="<|begin_of_text|>"),
+    }
+
+
+def get_chat_template_by_name(name: str) -> ChatTemplate:
+    """A built-in template by SGLang's name (``RuntimeEndpoint(chat_template_name=...)``).
+
+    Known names: ``default`` (``"role: content"`` lines), ``chatml`` and ``qwen``
+    (``<|im_start|>role ... <|im_end|>``), ``llama-3-instruct`` (Llama-3 headers; the BOS text is
+    stripped from prompts because the server's tokenizer adds the BOS token).
+
+    Raises:
+        ValueError: an unknown ``name`` (the message lists the known ones).
+    """
+    table = _named_templates()
+    if name not in table:
+        raise ValueError(f"unknown chat_template_name {name!r}; known: {', '.join(sorted(table))} "
+                         "(or pass chat_template=<jinja text>, or let the server's template be used)")
+    return table[name]()

@@ -26,7 +26,8 @@ class SglSamplingParams:
     """Sampling parameters of one ``gen`` (SGLang's frontend defaults).
 
     Attributes mirror ``/generate``'s ``sampling_params`` (see
-    :class:`sglang.srt.sampling.sampling_params.SamplingParams`): ``max_new_tokens`` (tokens),
+    :class:`sglang.srt.sampling.sampling_params.SamplingParams`): ``max_new_tokens`` and
+    ``min_new_tokens`` (tokens),
     ``stop`` (strings), ``stop_token_ids``, ``temperature`` (0 = greedy), ``top_p``, ``top_k``
     (-1 = off), ``min_p``, ``frequency_penalty``, ``presence_penalty``, ``ignore_eos``, ``regex``
     and ``json_schema`` (a JSON string) for constrained decoding. The logprob fields
@@ -35,6 +36,7 @@ class SglSamplingParams:
     """
 
     max_new_tokens: Optional[int] = 128
+    min_new_tokens: int = 0
     stop: Union[str, tuple[str, ...]] = ()
     stop_token_ids: tuple[int, ...] = ()
     temperature: float = 1.0
@@ -73,6 +75,8 @@ class SglSamplingParams:
             "presence_penalty": self.presence_penalty,
             "ignore_eos": self.ignore_eos,
         }
+        if self.min_new_tokens:
+            out["min_new_tokens"] = self.min_new_tokens
         if self.stop_list():
             out["stop"] = self.stop_list()
         if self.stop_token_ids:
@@ -302,13 +306,15 @@ class SglFunction:
                   frequency_penalty: float = 0.0, presence_penalty: float = 0.0, ignore_eos: bool = False,
                   return_logprob: bool = False, logprob_start_len: Optional[int] = None,
                   top_logprobs_num: Optional[int] = None, return_text_in_logprobs: Optional[bool] = None,
-                  backend: Any = None, num_threads: Union[str, int] = "auto", progress_bar: bool = False):
+                  backend: Any = None, num_threads: Union[str, int] = "auto", progress_bar: bool = False,
+                  generator_style: bool = False):
         """Run the program once per entry of ``batch_kwargs`` (a list of keyword-argument dicts).
 
         Programs run concurrently on ``num_threads`` threads (``"auto"``: ``max(96, 16 * CPUs)``,
         capped at the batch size; 1 runs them one after another), the server batches their
-        requests. Returns the states in input order; a program that failed has
-        ``state.error()`` set (and is logged) instead of raising, so the others' results survive.
+        requests. Returns the states in input order (``generator_style=True``: an iterator yielding
+        them in that order as they complete); a program that failed has ``state.error()`` set (and
+        is logged) instead of raising, so the others' results survive.
 
         Raises:
             ValueError: ``batch_kwargs`` is not a list of dicts, ``num_threads`` is invalid, no backend.
@@ -322,7 +328,7 @@ class SglFunction:
             logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
             return_text_in_logprobs=return_text_in_logprobs)
         return run_program_batch(self, backend, batch_kwargs, defaults, num_threads=num_threads,
-                                 progress_bar=progress_bar)
+                                 progress_bar=progress_bar, generator_style=generator_style)
 
     def __call__(self, *args: Any, **kwargs: Any):
         """Call the program inside another program: ``fn(s, ...)`` appends to the caller's state ``s``.

@@ -114,10 +114,12 @@ def _num_threads(num_threads: Union[str, int], batch_size: int) -> int:
 
 def run_program_batch(program: SglFunction, backend: Any, batch_arguments: Sequence[dict[str, Any]],
                       default_sampling_params: SglSamplingParams, num_threads: Union[str, int] = "auto",
-                      progress_bar: bool = False) -> list[ProgramState]:
+                      progress_bar: bool = False, generator_style: bool = False):
     """Run ``program`` once per keyword-argument dict, concurrently; states in input order.
 
     A failing program does not stop the batch: its state carries ``error()`` (also logged).
+    Returns a list of :class:`ProgramState`; with ``generator_style`` an iterator that yields each
+    state (in input order) as soon as it and all before it are done, as SGLang's does.
 
     Raises:
         ValueError: ``batch_arguments`` is not a list of dicts, bad ``num_threads``, no backend.
@@ -148,11 +150,17 @@ def run_program_batch(program: SglFunction, backend: Any, batch_arguments: Seque
             bar.update(1)
         return state
 
-    try:
-        if n == 1:
-            return [one(a) for a in batch_arguments]
-        with cf.ThreadPoolExecutor(n, thread_name_prefix="sgl-batch") as pool:
-            return list(pool.map(one, batch_arguments))
-    finally:
-        if bar is not None:
-            bar.close()
+    def iterate():
+        """Yield the states in input order while the pool runs them."""
+        try:
+            if n == 1:
+                for a in batch_arguments:
+                    yield one(a)
+                return
+            with cf.ThreadPoolExecutor(n, thread_name_prefix="sgl-batch") as pool:
+                yield from pool.map(one, batch_arguments)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    return iterate() if generator_style else list(iterate())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -132,10 +133,61 @@ class Runtime:
         except OSError:
             return "<no log>"
 
-    def generate(self, prompt: Any, sampling_params: Optional[dict[str, Any]] = None, **kwargs: Any) -> Any:
-        """A raw ``/generate`` call (``text`` = ``prompt``; extra fields such as ``return_logprob`` in kwargs)."""
-        return self.endpoint._request("POST", "/generate",
-                                      {"text": prompt, "sampling_params": sampling_params or {}, **kwargs})
+    def generate(self, prompt: Any, sampling_params: Optional[dict[str, Any]] = None, return_logprob: bool = False,
+                 logprob_start_len: int = -1, top_logprobs_num: int = 0, **kwargs: Any) -> str:
+        """A raw ``/generate`` call (``text`` = ``prompt``, a string or a list of strings); returns the
+        response as a JSON string, as SGLang's ``Runtime.generate`` does (``json.loads`` it).
+        Extra ``/generate`` fields (``rid``, ``return_text_in_logprobs``, ...) go in ``kwargs``.
+
+        Raises:
+            RuntimeError: the server answered with an error (its message included).
+        """
+        body = {"text": prompt, "sampling_params": sampling_params or {}, "return_logprob": return_logprob,
+                "logprob_start_len": logprob_start_len, "top_logprobs_num": top_logprobs_num, **kwargs}
+        return json.dumps(self.endpoint._request("POST", "/generate", body))
+
+    async def async_generate(self, prompt: str, sampling_params: Optional[dict[str, Any]] = None):
+        """Stream one generation: an async iterator of the new text pieces (``/generate`` SSE).
+
+        Raises:
+            RuntimeError: the server answered with an error.
+        """
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        body = {"text": prompt, "sampling_params": sampling_params or {}, "stream": True}
+        resp = await loop.run_in_executor(None, lambda: self.endpoint._request("POST", "/generate", body, stream=True))
+        lines = resp.iter_lines(decode_unicode=True)
+        sent = 0
+        try:
+            while True:
+                line = await loop.run_in_executor(None, next, lines, None)
+                if line is None:
+                    break
+                if not line.startswith("data:"):
+                    continue
+                data = line[len("data:"):].strip()
+                if data == "[DONE]":
+                    break
+                text = json.loads(data).get("text", "")
+                if len(text) > sent:
+                    yield text[sent:]
+                    sent = len(text)
+        finally:
+            resp.close()
+
+    def get_tokenizer(self):
+        """The served model's tokenizer (transformers), loaded from the server's tokenizer path."""
+        from transformers import AutoTokenizer
+
+        info = self.endpoint.model_info
+        return AutoTokenizer.from_pretrained(info.get("tokenizer_path") or info["model_path"])
+
+    def encode(self, prompt: str) -> list[int]:
+        """Token ids of ``prompt`` as the server tokenizes it (its tokenizer; special tokens added)."""
+        if getattr(self, "_tokenizer", None) is None:
+            self._tokenizer = self.get_tokenizer()
+        return list(self._tokenizer.encode(prompt))
 
     def cache_prefix(self, prefix: str) -> None:
         """Prefill ``prefix`` once so later requests share its KV."""

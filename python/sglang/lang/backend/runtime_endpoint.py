@@ -9,7 +9,13 @@ import threading
 from typing import Any, Iterator, Optional, Sequence, Union
 
 from sglang.lang.backend.base_backend import BaseBackend
-from sglang.lang.chat_template import ChatTemplate, default_chat_template, from_template, from_tokenizer
+from sglang.lang.chat_template import (
+    ChatTemplate,
+    default_chat_template,
+    from_template,
+    from_tokenizer,
+    get_chat_template_by_name,
+)
 from sglang.lang.choices import ChoicesDecision, mean_logprob, token_length_normalized
 from sglang.lang.ir import SglSamplingParams
 
@@ -26,16 +32,20 @@ class RuntimeEndpoint(BaseBackend):
         base_url: e.g. ``"http://127.0.0.1:30000"``.
         api_key: sent as ``Authorization: Bearer <api_key>`` (the server's ``--api-key``).
         verify: TLS verification for ``requests`` (a CA bundle path or bool); None = default.
+        chat_template_name: a built-in template by SGLang's name (``"llama-3-instruct"``, ``"chatml"``,
+            ``"qwen"``, ``"default"``; see :func:`~sglang.lang.chat_template.get_chat_template_by_name`).
         chat_template: how roles render: a :class:`~sglang.lang.chat_template.ChatTemplate`, a Jinja
             template string, or None to use the served model's template (see :meth:`get_chat_template`).
         timeout: per-request timeout in seconds (None: wait as long as generation takes).
 
     Raises:
         RuntimeError: the server cannot be reached or ``/get_model_info`` fails (checked at once).
+        ValueError: a bad ``base_url``, an unknown ``chat_template_name``, or both template arguments.
     """
 
     def __init__(self, base_url: str, api_key: Optional[str] = None, verify: Any = None,
-                 chat_template: Union[ChatTemplate, str, None] = None, timeout: Optional[float] = None) -> None:
+                 chat_template_name: Optional[str] = None, chat_template: Union[ChatTemplate, str, None] = None,
+                 timeout: Optional[float] = None) -> None:
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must be an http(s) URL such as 'http://127.0.0.1:30000', got {base_url!r}")
         self.base_url = base_url.rstrip("/")
@@ -44,6 +54,10 @@ class RuntimeEndpoint(BaseBackend):
         self.timeout = timeout
         self._local = threading.local()
         self._template_lock = threading.Lock()
+        if chat_template_name is not None and chat_template is not None:
+            raise ValueError("pass at most one of chat_template_name and chat_template")
+        if chat_template_name is not None:
+            chat_template = get_chat_template_by_name(chat_template_name)
         if isinstance(chat_template, str):
             chat_template = from_template(chat_template)
         self._chat_template: Optional[ChatTemplate] = chat_template

@@ -29,6 +29,11 @@ Prompt = Union[str, list[str], None]
 SamplingParamsArg = Union[dict[str, Any], list[dict[str, Any]], None]
 
 
+MAIN_GUARD_HINT = ("sgl.Engine was created while a subprocess was importing your script: the engine's subprocesses "
+                   "are spawned and re-import the main module, so create the Engine under "
+                   "`if __name__ == \"__main__\":`")
+
+
 class Engine:
     """An in-process inference engine (SGLang's ``sgl.Engine``).
 
@@ -50,9 +55,13 @@ class Engine:
     """
 
     def __init__(self, model_path: Optional[str] = None, **server_args_kwargs: Any) -> None:
+        import multiprocessing as mp
+
         from sglang.srt.entrypoints.launch import launch_subprocesses, resolve_model
         from sglang.srt.server_args import PortArgs, ServerArgs
 
+        if getattr(mp.current_process(), "_inheriting", False):
+            raise RuntimeError(MAIN_GUARD_HINT)
         if model_path is not None:
             server_args_kwargs["model_path"] = model_path
         known = {f.name for f in dataclasses.fields(ServerArgs)}

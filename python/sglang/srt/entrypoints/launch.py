@@ -216,7 +216,11 @@ def launch_subprocesses(server_args: ServerArgs, port_args: PortArgs, in_process
         raise
     if info.get("status") != "ready":
         procs.shutdown()
-        raise RuntimeError(f"server startup failed: {info.get('message')}")
+        msg = info.get("message")
+        if in_process_engine and "died during startup" in str(msg):
+            msg += ("; if this runs from a script, create the Engine under `if __name__ == \"__main__\":` "
+                    "(the subprocesses are spawned and re-import the main module)")
+        raise RuntimeError(f"server startup failed: {msg}")
     for key in ("status", "tp_rank", "pid"):
         info.pop(key, None)
     procs.scheduler_info = info
