@@ -118,3 +118,18 @@ def test_metrics(server):
                  "sglang:e2e_request_latency_seconds", "sglang:num_running_reqs", "sglang:num_queue_reqs",
                  "sglang:token_usage", "sglang:cache_hit_rate"):
         assert name in text, name
+
+    def metric(text: str, name: str) -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(name + "{") or line.startswith(name + " "))
+
+    # a non-streaming request: TTFT is the time to its first token, not its whole latency
+    body = {"text": "a long one", "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}}
+    post(server, "/generate", body)
+    after = requests.get(server.url + "/metrics", headers=server.headers(), timeout=10).text
+    d_ttft = metric(after, "sglang:time_to_first_token_seconds_sum") - metric(text, "sglang:time_to_first_token_seconds_sum")
+    d_e2e = metric(after, "sglang:e2e_request_latency_seconds_sum") - metric(text, "sglang:e2e_request_latency_seconds_sum")
+    d_itl = (metric(after, "sglang:inter_token_latency_seconds_count")
+             - metric(text, "sglang:inter_token_latency_seconds_count"))
+    assert 0 < d_ttft < d_e2e, (d_ttft, d_e2e)
+    assert d_itl > 0

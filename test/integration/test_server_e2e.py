@@ -15,6 +15,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -221,6 +222,32 @@ def test_abort_on_disconnect_frees_kv(server):
     it = r.iter_lines()
     next(it)
     r.close()  # client disconnects mid-stream
+    kv_back_to_zero(server)
+
+
+def test_abort_request_returns_output_so_far(server):
+    rid = f"abort-partial-{random.randrange(1 << 30)}"
+    result = {}
+
+    def run() -> None:
+        result["r"] = requests.post(server.url + "/generate", timeout=60, json={
+            "text": PROMPTS[0], "rid": rid, "sampling_params": {"max_new_tokens": 480, "ignore_eos": True}})
+
+    t = threading.Thread(target=run)
+    t.start()
+    deadline = time.time() + 30
+    while server.internal_state()["num_running_reqs"] == 0 and time.time() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)  # let it generate some tokens
+    r = requests.post(server.url + "/abort_request", json={"rid": rid}, timeout=10)
+    assert r.status_code == 200
+    t.join(30)
+    out = result["r"]
+    assert out.status_code == 200, out.text
+    meta = out.json()["meta_info"]
+    assert meta["finish_reason"]["type"] == "abort"
+    n = meta["completion_tokens"]
+    assert 0 < n < 480 and len(out.json()["output_ids"]) == n  # the partial output is returned
     kv_back_to_zero(server)
 
 

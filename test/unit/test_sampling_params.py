@@ -54,6 +54,12 @@ def test_defaults_match_sglang():
         ({"stop": ["ok", ""]}, "stop"),
         ({"stop": ""}, "stop"),
         ({"regex": "a+", "ebnf": "root ::= 'a'"}, "regex"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"temperature": float("inf")}, "temperature"),
+        ({"top_p": float("nan")}, "top_p"),
+        ({"frequency_penalty": float("-inf")}, "frequency_penalty"),
+        ({"seed": -1}, "seed"),
+        ({"seed": 1 << 63}, "seed"),
     ],
 )
 def test_verify_rejects_and_names_field(kwargs, field):
@@ -90,6 +96,11 @@ def test_from_dict_unknown_key_and_types():
         SamplingParams.from_dict({"ignore_eos": 1})
     with pytest.raises(ValueError, match="must be a JSON object"):
         SamplingParams.from_dict([("temperature", 1.0)])
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        with pytest.raises(ValueError, match="temperature must be a finite number"):
+            SamplingParams.from_dict({"temperature": bad})
+    with pytest.raises(ValueError, match="seed must fit in a signed 64-bit integer"):
+        SamplingParams.from_dict({"seed": 10 ** 23})
 
 
 def test_from_dict_null_means_default_and_ints_coerce():

@@ -235,10 +235,11 @@ def test_chunked_prefill_splits_and_matches():
 def test_mixed_batches_happen():
     s, runner = make(chunked_prefill_size=32)
     submit(s, "a", [3, 4, 5], max_new_tokens=20)
-    s.step()
-    s.step()
+    res: dict = {}
+    record(res, s.step())
+    record(res, s.step())
     submit(s, "b", list(range(3, 40)), max_new_tokens=4)
-    res = run_all(s)
+    res = run_all(s, results=res)
     assert any(b.forward_mode == ForwardMode.MIXED for b in runner.batches)
     assert res["a"]["ids"] == expected([3, 4, 5], 20)
     assert_kv_returned(s, runner)
@@ -374,4 +375,23 @@ def test_max_new_tokens_zero_generates_nothing():
     submit(s, "score", [3, 4, 5, 6], max_new_tokens=0)
     res = run_all(s)
     assert res["score"]["ids"] == [] and res["score"]["finish"] == {"type": "length", "length": 0}
+    assert_kv_returned(s, runner)
+
+
+def test_non_stream_reports_first_token_then_final_only():
+    s, runner = make()
+    submit(s, "a", [3, 4, 5, 6], max_new_tokens=12)
+    deliveries = []
+    for _ in range(1000):
+        for out in s.step():
+            for i, rid in enumerate(out.rids):
+                deliveries.append((len(out.output_ids[i]), out.finished_reasons[i] is not None))
+        if not s.has_work():
+            break
+    s.sync()
+    for out in s.collect_outputs():
+        for i, rid in enumerate(out.rids):
+            deliveries.append((len(out.output_ids[i]), out.finished_reasons[i] is not None))
+    # the first token alone (it times TTFT), then everything else with the finish
+    assert deliveries == [(1, False), (11, True)], deliveries
     assert_kv_returned(s, runner)

@@ -33,6 +33,7 @@ class ReqState:
     finish_reason: Optional[dict[str, Any]] = None
     finished_time: float = 0.0
     dirty: bool = False
+    abort_requested: bool = False  # /abort_request named it: its final output comes from the scheduler
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0

@@ -57,7 +57,7 @@ class SchedulerOutputProcessorMixin:
                 self._advance_grammar(req, tok)
             if req.finished():
                 self._release(req)
-            if req.finished() or req.stream:
+            if req.finished() or req.stream or req.sent_output_len == 0:  # first token: TTFT
                 self.outputs.append(req)
 
     def _advance_grammar(self, req: Req, tok: int) -> None:
@@ -78,7 +78,8 @@ class SchedulerOutputProcessorMixin:
                 continue
             seen.add(id(r))
             new = len(r.output_ids) - r.sent_output_len
-            if r.finished() or (r.stream and new >= self.args.stream_interval) or (r.stream and new and r.sent_output_len == 0):
+            # the first token is always reported (also without streaming): it times TTFT in /metrics
+            if r.finished() or (r.stream and new >= self.args.stream_interval) or (new and r.sent_output_len == 0):
                 reqs.append(r)
         self.outputs = [r for r in self.outputs if id(r) not in {id(x) for x in reqs} and not r.finished()]
         if not reqs:

@@ -43,6 +43,9 @@ from sglang.srt.utils.common import get_tokenizer, get_zmq_socket
 
 logger = logging.getLogger(__name__)
 
+ABORT_GRACE_S = 5.0  # how long an /abort_request'ed request waits for the scheduler's final output
+ABORTED_BY_ROUTE = {"type": "abort", "message": "aborted by /abort_request"}
+
 
 class RequestError(Exception):
     """A request failed with an HTTP status (e.g. the scheduler aborted it with ``status_code``).
@@ -357,8 +360,12 @@ class TokenizerManager:
                 self._send(AbortReq(rid=s.req.rid))
             if not matched:
                 self._send(AbortReq(rid=rid))
+        # The scheduler answers an abort with the request's output so far; wait for it, but not forever
+        # (a request the scheduler no longer knows gets no answer).
+        loop = asyncio.get_running_loop()
         for s in matched:
-            self._finish_locally(s, {"type": "abort", "message": "aborted by /abort_request"})
+            s.abort_requested = True
+            loop.call_later(ABORT_GRACE_S, self._finish_locally, s, dict(ABORTED_BY_ROUTE))
         return len(matched)
 
     def _finish_locally(self, s: ReqState, reason: dict[str, Any]) -> None:
@@ -480,6 +487,8 @@ class TokenizerManager:
                 s.first_token_time = s.first_token_time or now
                 s.last_token_time = now
             reason = msg.finished_reasons[i]
+            if reason is not None and s.abort_requested and reason.get("type") == "abort":
+                reason = ABORTED_BY_ROUTE  # an answer to /abort_request: output so far, not an error
             if reason is not None:
                 s.finished = True
                 s.finish_reason = dict(reason)

@@ -10,6 +10,7 @@ against the tokenizer (:meth:`normalize`) and shipped to the scheduler inside
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, Optional, Union
 
 logger = logging.getLogger(__name__)
@@ -56,12 +57,16 @@ def _check_type(name: str, kind: str, value: Any) -> Any:
     if base == "number":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{name} must be a number, got {value!r}")
+        if not math.isfinite(value):  # JSON's NaN / Infinity literals, or 1e400
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
         return float(value)
     if base == "int":
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"{name} must be an integer, got {value!r}")
+        if not -(1 << 63) <= value < (1 << 63):
+            raise ValueError(f"{name} must fit in a signed 64-bit integer, got {value}")
         return value
     if base == "bool":
         if not isinstance(value, bool):
@@ -185,8 +190,14 @@ class SamplingParams:
 
         if self.max_new_tokens is not None and self.max_new_tokens < 0:
             bad(f"max_new_tokens must be >= 0 (or null for 'until the context is full'), got {self.max_new_tokens}")
+        for fname in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"):
+            v = getattr(self, fname)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+                bad(f"{fname} must be a finite number, got {v!r}")
         if self.temperature < 0.0:
             bad(f"temperature must be >= 0, got {self.temperature}")
+        if self.seed is not None and not 0 <= self.seed < (1 << 63):
+            bad(f"seed must be in [0, 2**63 - 1] (or null for no seed), got {self.seed}")
         if not 0.0 < self.top_p <= 1.0:
             bad(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k != -1 and self.top_k < 1:

@@ -29,7 +29,7 @@ from sglang.srt.entrypoints.openai.protocol import (
 from sglang.srt.entrypoints.openai.serving_completions import (
     SSE_DONE,
     build_sampling_params,
-    check_model,
+    note_model,
     finish_reason_of,
     prefetch,
     sse,
@@ -114,9 +114,7 @@ class OpenAIServingChat:
         Raises:
             ValueError / RequestError: bad input or a failed request (before streaming starts).
         """
-        bad_model = check_model(req.model, self.server_args)
-        if bad_model is not None:
-            return bad_model
+        note_model(req.model, self.server_args)
         obj = self._to_generate(req)
         agen = self.tm.generate_request(obj, raw_request)
         first = await prefetch(agen)

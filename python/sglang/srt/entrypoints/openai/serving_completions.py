@@ -29,17 +29,14 @@ from sglang.srt.managers.tokenizer_manager import RequestError
 
 logger = logging.getLogger(__name__)
 
-_ACCEPTED_ALIASES = ("default",)
-"""``model`` values accepted besides the served model name (SGLang examples send ``"default"``)."""
-
 
 # ------------------------------------------------------------------ helpers
-def check_model(model: Optional[str], server_args) -> Optional[JSONResponse]:
-    """None when ``model`` names the served model (or is None), else a 404 ``model_not_found`` response."""
-    if model is None or model in (server_args.model_name, server_args.model_path) or model in _ACCEPTED_ALIASES:
-        return None
-    msg = f"The model `{model}` does not exist; this server serves `{server_args.model_name}`"
-    return JSONResponse(error_body(msg, 404, param="model", code="model_not_found"), status_code=404)
+def note_model(model: Optional[str], server_args) -> None:
+    """Accept any ``model`` value, as SGLang does (one server serves one model; clients often send
+    ``"default"``, a short name or another provider's name); a name that differs from the served
+    model is logged at debug level. The response echoes the request's ``model``."""
+    if model is not None and model not in (server_args.model_name, server_args.model_path, "default"):
+        logger.debug("request names model %r; serving %r", model, server_args.model_name)
 
 
 def build_sampling_params(req, max_new_tokens: Optional[int]) -> dict[str, Any]:
@@ -187,9 +184,7 @@ class OpenAIServingCompletion:
         Raises:
             ValueError / RequestError: bad input or a failed request (before streaming starts).
         """
-        bad_model = check_model(req.model, self.server_args)
-        if bad_model is not None:
-            return bad_model
+        note_model(req.model, self.server_args)
         obj, echo_texts = self._to_generate(req)
         agen = self.tm.generate_request(obj, raw_request)
         first = await prefetch(agen)
