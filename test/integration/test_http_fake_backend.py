@@ -379,7 +379,10 @@ def test_openai_client_completions_and_chat(srv):
     assert chat.choices[0].message.content == tok.decode(fake_ids(ids, 5))
     assert chat.choices[0].message.role == "assistant"
     assert chat.usage.prompt_tokens == len(ids) and chat.usage.completion_tokens == 5
-    assert [t.token for t in chat.choices[0].logprobs.content] == [tok.decode([t]) for t in fake_ids(ids, 5)]
+    pieces_of = srv.tm.token_pieces  # exact in-sequence text and bytes (leading spaces kept)
+    content = chat.choices[0].logprobs.content
+    assert [t.token for t in content] == [pieces_of.text_of(t) for t in fake_ids(ids, 5)]
+    assert b"".join(bytes(t.bytes) for t in content) == b"".join(pieces_of.bytes_of(t) for t in fake_ids(ids, 5))
     stream = client.chat.completions.create(model="stories", messages=msgs, max_tokens=5, stream=True, n=2)
     pieces: dict[int, str] = {}
     finish = {}

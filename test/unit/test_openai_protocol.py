@@ -142,7 +142,8 @@ def test_logprob_conversions():
     meta = {"output_token_logprobs": out, "output_top_logprobs": tops,
             "input_token_logprobs": [[None, 1, "<s>"]] + _rand_entries(rng, 2, texts),
             "input_top_logprobs": [None] + [_rand_entries(rng, 2, texts) for _ in range(2)]}
-    lp = _completion_logprobs(meta, 2, 10, False)
+    lp, end = _completion_logprobs(meta, 2, 10, False)
+    assert end == 10 + sum(len(e[2]) for e in out[2:])
     assert lp.tokens == [e[2] for e in out[2:]]
     assert lp.token_logprobs == [e[0] for e in out[2:]]
     assert lp.top_logprobs[0] == {t: v for v, _i, t in tops[2]}
@@ -150,12 +151,42 @@ def test_logprob_conversions():
     for e in out[2:-1]:
         offs.append(offs[-1] + len(e[2]))
     assert lp.text_offset == offs
-    lp_echo = _completion_logprobs(meta, 0, 0, True)
+    lp_echo, _ = _completion_logprobs(meta, 0, 0, True)
     assert lp_echo.token_logprobs[0] is None and len(lp_echo.tokens) == 3 + 6
     clp = chat_logprobs(meta, 1)
     assert [c.token for c in clp.content] == [e[2] for e in out[1:]]
     assert clp.content[0].bytes == list(out[1][2].encode())
     assert [t.logprob for t in clp.content[0].top_logprobs] == [v for v, _i, _t in tops[1]]
+
+
+def test_logprobs_with_token_pieces_keep_spaces_and_index_the_text():
+    from transformers import AutoTokenizer
+
+    from conftest import shared_path
+    from sglang.srt.managers.token_pieces import TokenPieces
+
+    tok = AutoTokenizer.from_pretrained(shared_path("models", "stories260K"))
+    pieces = TokenPieces(tok)
+    rng = random.Random(random.randrange(1 << 30))
+    prompt = "Once upon a time"
+    out_text = ", there was a little girl"
+    in_ids = tok.encode(prompt)  # BOS first
+    out_ids = tok.encode(prompt + out_text, add_special_tokens=False)[len(in_ids) - 1:]
+    assert tok.decode(out_ids).strip() == out_text.strip()
+    meta = {"input_token_logprobs": [[None, in_ids[0], None]] + [[-rng.random(), t, None] for t in in_ids[1:]],
+            "output_token_logprobs": [[-rng.random(), t, None] for t in out_ids]}
+    lp, end = _completion_logprobs(meta, 0, 0, True, pieces)
+    text = prompt + out_text  # what the echo response returns
+    assert end == len(text)
+    for t, off, tid in zip(lp.tokens, lp.text_offset, in_ids + out_ids):
+        if tid in pieces.special_ids:
+            assert off == 0  # BOS adds no text
+        elif off == 0:
+            assert t.lstrip(" ") == text[:len(t.lstrip(" "))]
+        else:
+            assert text[off:off + len(t)] == t
+    clp = chat_logprobs(meta, 0, pieces)
+    assert clp.content[1].token.startswith(" ") and bytes(clp.content[1].bytes) == clp.content[1].token.encode()
 
 
 def test_usage_counts_prompt_once_per_prompt():

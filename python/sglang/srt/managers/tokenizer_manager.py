@@ -430,6 +430,18 @@ class TokenizerManager:
             self._token_text_cache[token_id] = t
         return t
 
+    @property
+    def token_pieces(self):
+        """:class:`~sglang.srt.managers.token_pieces.TokenPieces` of the tokenizer (exact per-token
+        bytes for OpenAI logprobs), built on first use; None without a tokenizer."""
+        if self.tokenizer is None:
+            return None
+        if getattr(self, "_token_pieces", None) is None:
+            from sglang.srt.managers.token_pieces import TokenPieces
+
+            self._token_pieces = TokenPieces(self.tokenizer)
+        return self._token_pieces
+
     def decode(self, ids: list[int]) -> str:
         """Decode token ids to text ('' without a tokenizer)."""
         return self.tokenizer.decode(ids) if self.tokenizer is not None else ""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Optional
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -66,15 +66,28 @@ def messages_to_dicts(req: ChatCompletionRequest) -> list[dict[str, Any]]:
     return out
 
 
-def chat_logprobs(meta: dict[str, Any], start: int) -> ChoiceLogprobs:
-    """OpenAI chat logprobs from SGLang ``meta_info`` output entries ``[start:]``."""
+def chat_logprobs(meta: dict[str, Any], start: int, pieces=None) -> ChoiceLogprobs:
+    """OpenAI chat logprobs from SGLang ``meta_info`` output entries ``[start:]``.
+
+    ``pieces``: a :class:`~sglang.srt.managers.token_pieces.TokenPieces` giving each token's exact
+    text and UTF-8 ``bytes`` (None: the per-token texts in ``meta_info``)."""
     entries = list(meta.get("output_token_logprobs", []))[start:]
     tops = list(meta.get("output_top_logprobs", []))[start:] or [None] * len(entries)
+
+    def piece(tid: int, text: Optional[str]) -> tuple[str, list[int]]:
+        if pieces is not None:
+            b = pieces.bytes_of(tid)
+            return b.decode("utf-8", errors="replace"), list(b)
+        return text or "", list((text or "").encode("utf-8"))
+
     content = []
-    for (logprob, _tid, text), top in zip(entries, tops):
-        text = text or ""
-        tl = [TopLogprob(token=t or "", logprob=v, bytes=list((t or "").encode("utf-8"))) for v, _i, t in top or []]
-        content.append(TokenLogprob(token=text, logprob=logprob, bytes=list(text.encode("utf-8")), top_logprobs=tl))
+    for (logprob, tid, text), top in zip(entries, tops):
+        tok, b = piece(tid, text)
+        tl = []
+        for v, i, t in top or []:
+            ttok, tb = piece(i, t)
+            tl.append(TopLogprob(token=ttok, logprob=v, bytes=tb))
+        content.append(TokenLogprob(token=tok, logprob=logprob, bytes=b, top_logprobs=tl))
     return ChoiceLogprobs(content=content)
 
 
@@ -125,7 +138,7 @@ class OpenAIServingChat:
         choices = []
         for i, out in enumerate(outs):
             reason, matched = finish_reason_of(out)
-            lp = chat_logprobs(out["meta_info"], 0) if req.logprobs else None
+            lp = chat_logprobs(out["meta_info"], 0, self.tm.token_pieces) if req.logprobs else None
             choices.append(ChatCompletionChoice(index=i, message=ChatMessageOut(content=out["text"]), logprobs=lp,
                                                 finish_reason=reason, matched_stop=matched))
         resp = ChatCompletionResponse(model=req.model or self.server_args.model_name, choices=choices,
@@ -155,7 +168,7 @@ class OpenAIServingChat:
                 sent_text[idx] = len(out["text"])
                 lp = None
                 if req.logprobs:
-                    lp = chat_logprobs(out["meta_info"], sent_lp.get(idx, 0))
+                    lp = chat_logprobs(out["meta_info"], sent_lp.get(idx, 0), self.tm.token_pieces)
                     sent_lp[idx] = len(out["meta_info"]["output_token_logprobs"])
                 if delta or (lp is not None and lp.content):
                     yield chunk(idx, DeltaMessage(content=delta), logprobs=lp)

@@ -198,7 +198,7 @@ class OpenAIServingCompletion:
             reason, matched = finish_reason_of(out)
             lp = None
             if req.logprobs is not None:
-                lp = _completion_logprobs(out["meta_info"], 0, 0, req.echo)
+                lp, _ = _completion_logprobs(out["meta_info"], 0, 0, req.echo, self.tm.token_pieces)
             choices.append(CompletionChoice(index=i, text=echo + out["text"], logprobs=lp,
                                             finish_reason=reason, matched_stop=matched))
         resp = CompletionResponse(model=req.model or self.server_args.model_name, choices=choices,
@@ -223,11 +223,10 @@ class OpenAIServingCompletion:
                 lp = None
                 if req.logprobs is not None:
                     start = sent_lp.get(idx, 0)
-                    lp = _completion_logprobs(out["meta_info"], start, text_offset.get(idx, 0),
-                                              req.echo and idx not in sent_lp)
+                    lp, text_offset[idx] = _completion_logprobs(
+                        out["meta_info"], start, text_offset.get(idx, 0), req.echo and idx not in sent_lp,
+                        self.tm.token_pieces)
                     sent_lp[idx] = len(out["meta_info"]["output_token_logprobs"])
-                    if lp.text_offset:
-                        text_offset[idx] = lp.text_offset[-1] + len(lp.tokens[-1])
                 reason, matched = finish_reason_of(out)
                 if reason is not None:
                     finals[idx] = out
@@ -247,21 +246,35 @@ class OpenAIServingCompletion:
         yield SSE_DONE
 
 
-def _completion_logprobs(meta: dict[str, Any], start: int, offset: int, with_input: bool) -> CompletionLogprobs:
+def _completion_logprobs(meta: dict[str, Any], start: int, offset: int, with_input: bool,
+                         pieces=None) -> tuple[CompletionLogprobs, int]:
     """OpenAI completion logprobs from SGLang meta_info, output entries from ``start`` on
-    (input entries first when ``with_input``); ``offset`` is the first token's text offset."""
+    (input entries first when ``with_input``, i.e. echo); ``offset`` is the first token's text offset.
+
+    With ``pieces`` (:class:`~sglang.srt.managers.token_pieces.TokenPieces`) tokens keep their
+    leading spaces and ``text_offset`` indexes the returned text (special tokens such as BOS add
+    no text); without, the per-token texts of ``meta_info`` are used. Returns the logprobs and
+    the offset where the next chunk's tokens start."""
     entries = list(meta.get("output_token_logprobs", []))[start:]
     tops = list(meta.get("output_top_logprobs", []))[start:] or [None] * len(entries)
     if with_input:
         in_entries = list(meta.get("input_token_logprobs", []))
         in_tops = list(meta.get("input_top_logprobs", [])) or [None] * len(in_entries)
         entries, tops = in_entries + entries, in_tops + tops
+
+    def text_of(tid: int, text: Optional[str]) -> str:
+        return pieces.text_of(tid) if pieces is not None else (text or "")
+
     lp = CompletionLogprobs()
-    for (logprob, _tid, text), top in zip(entries, tops):
-        text = text or ""
-        lp.tokens.append(text)
+    for (logprob, tid, text), top in zip(entries, tops):
+        lp.tokens.append(text_of(tid, text))
         lp.token_logprobs.append(logprob)
-        lp.top_logprobs.append(None if top is None else {t or "": v for v, _i, t in top})
-        lp.text_offset.append(offset)
-        offset += len(text)
-    return lp
+        lp.top_logprobs.append(None if top is None else {text_of(i, t): v for v, i, t in top})
+    if pieces is not None:
+        offs = pieces.offsets([e[1] for e in entries], offset, at_sequence_start=with_input)
+    else:
+        offs = [offset]
+        for t in lp.tokens:
+            offs.append(offs[-1] + len(t))
+    lp.text_offset = offs[:-1]
+    return lp, offs[-1]
