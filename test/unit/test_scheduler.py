@@ -395,3 +395,16 @@ def test_non_stream_reports_first_token_then_final_only():
     # the first token alone (it times TTFT), then everything else with the finish
     assert deliveries == [(1, False), (11, True)], deliveries
     assert_kv_returned(s, runner)
+
+
+def test_retracted_request_is_not_readmitted_into_a_thrash():
+    # two requests of 10 + 220 tokens in a 400-token pool: one retraction is unavoidable, but the
+    # retracted request must not come back (chunk by chunk) before the other has room to finish
+    s, runner = make(400, max_running=2, context_len=256, chunked_prefill_size=16, disable_radix_cache=True)
+    prompts = {"a": list(range(3, 13)), "b": list(range(20, 30))}
+    reqs = [submit(s, rid, p, max_new_tokens=220, ignore_eos=True) for rid, p in prompts.items()]
+    res = run_all(s)
+    for rid, p in prompts.items():
+        assert res[rid]["ids"] == expected(p, 220), rid
+    assert sum(r.num_retractions for r in reqs) <= 1, [r.num_retractions for r in reqs]
+    assert_kv_returned(s, runner)
