@@ -141,6 +141,12 @@ def test_bad_input_raises_value_error(engine):
         engine.generate("Hi", {"temperature": -1})
     with pytest.raises(ValueError, match="unknown sampling parameter"):
         engine.generate("Hi", {"temprature": 0})
+    with pytest.raises(ValueError, match="temperature must be a finite number"):
+        engine.generate("Hi", {"temperature": float("nan")})
+    with pytest.raises(ValueError, match="image_data"):  # SGLang's 4th positional argument
+        engine.generate("Hi", GREEDY, None, ["img.png"])
+    with pytest.raises(TypeError):  # arguments after image_data are keyword-only
+        engine.generate("Hi", GREEDY, None, None, True)
 
     async def bad():
         await engine.async_generate("Hi", {"json_schema": '{"type": "foo"}'})

@@ -34,6 +34,11 @@ MAIN_GUARD_HINT = ("sgl.Engine was created while a subprocess was importing your
                    "`if __name__ == \"__main__\":`")
 
 
+
+def _no_images(image_data: Any) -> None:
+    if image_data is not None:
+        raise ValueError("image_data: this server runs text-only models; send text or input_ids")
+
 class Engine:
     """An in-process inference engine (SGLang's ``sgl.Engine``).
 
@@ -145,6 +150,8 @@ class Engine:
         prompt: Prompt = None,
         sampling_params: SamplingParamsArg = None,
         input_ids: Optional[Union[list[int], list[list[int]]]] = None,
+        image_data: Any = None,
+        *,
         return_logprob: Optional[Union[bool, list[bool]]] = None,
         logprob_start_len: Optional[Union[int, list[int]]] = None,
         top_logprobs_num: Optional[Union[int, list[int]]] = None,
@@ -158,6 +165,8 @@ class Engine:
             sampling_params: one dict for all prompts or a list (SGLang's keys: max_new_tokens,
                 temperature, top_p, top_k, stop, regex, json_schema, ebnf, n, seed, ...).
             input_ids: token ids of one prompt (list[int]) or a batch (list[list[int]]).
+            image_data: SGLang's multimodal input, in SGLang's position; this fork serves text
+                models only, so anything but None is a ValueError. Later arguments are keyword-only.
             return_logprob / logprob_start_len / top_logprobs_num: as in ``/generate``.
             stream: return an iterator of cumulative output dicts instead of the final output.
             rid: request id(s) (generated when absent).
@@ -170,6 +179,7 @@ class Engine:
             RequestError: the scheduler rejected or aborted the request (``status_code``, ``message``).
             RuntimeError: the engine is shut down.
         """
+        _no_images(image_data)
         obj = self._make_request(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
                                  top_logprobs_num, stream, rid)
         if not stream:
@@ -197,6 +207,8 @@ class Engine:
         prompt: Prompt = None,
         sampling_params: SamplingParamsArg = None,
         input_ids: Optional[Union[list[int], list[list[int]]]] = None,
+        image_data: Any = None,
+        *,
         return_logprob: Optional[Union[bool, list[bool]]] = None,
         logprob_start_len: Optional[Union[int, list[int]]] = None,
         top_logprobs_num: Optional[Union[int, list[int]]] = None,
@@ -212,6 +224,7 @@ class Engine:
         Raises:
             ValueError / RequestError / RuntimeError: as :meth:`generate`.
         """
+        _no_images(image_data)
         obj = self._make_request(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
                                  top_logprobs_num, stream, rid)
         if not stream:
