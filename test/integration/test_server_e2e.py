@@ -233,12 +233,13 @@ def test_abort_request_returns_output_so_far(server):
         result["r"] = requests.post(server.url + "/generate", timeout=60, json={
             "text": PROMPTS[0], "rid": rid, "sampling_params": {"max_new_tokens": 480, "ignore_eos": True}})
 
+    base = server.internal_state()["used_tokens"]
     t = threading.Thread(target=run)
     t.start()
     deadline = time.time() + 30
-    while server.internal_state()["num_running_reqs"] == 0 and time.time() < deadline:
-        time.sleep(0.02)
-    time.sleep(0.3)  # let it generate some tokens
+    # abort once it holds KV for some generated tokens (prompt + >= 16 outputs), not after a fixed delay
+    while server.internal_state()["used_tokens"] < base + 24 and time.time() < deadline:
+        time.sleep(0.01)
     r = requests.post(server.url + "/abort_request", json={"rid": rid}, timeout=10)
     assert r.status_code == 200
     t.join(30)
