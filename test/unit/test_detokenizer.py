@@ -370,3 +370,24 @@ def test_prompt_context_keeps_leading_space():
     ctx = tok.decode(prompt[-5:], skip_special_tokens=True)
     assert text == tok.decode(prompt[-5:] + out, skip_special_tokens=True)[len(ctx):]
     assert text.startswith(" ")
+
+
+def test_invalid_bytes_decode_the_same_whatever_the_chunking(stories):
+    # random ids, byte-fallback pieces included, form invalid UTF-8: a stream of one-token deltas and
+    # any chunking of the same ids must produce the same text
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    vocab = stories.vocab_size
+    byte_ids = [i for i in range(vocab) if stories.convert_ids_to_tokens(i).startswith("<0x")]
+    for _ in range(20):
+        ids = [rng.choice(byte_ids) if rng.random() < 0.4 else rng.randrange(3, vocab) for _ in range(40)]
+        one = IncrementalDetokenizer(stories)
+        streamed = "".join(one.step([t]) for t in ids[:-1]) + one.step(ids[-1:], {"type": "length"})
+        chunked = IncrementalDetokenizer(stories)
+        out, pos = [], 0
+        while pos < len(ids):
+            k = rng.randint(1, 12)
+            fin = {"type": "length"} if pos + k >= len(ids) else None
+            out.append(chunked.step(ids[pos:pos + k], fin))
+            pos += k
+        assert "".join(out) == streamed, (seed, ids)

@@ -87,17 +87,35 @@ class IncrementalDetokenizer:
         )
 
     def _advance(self, final: bool) -> None:
-        """Move newly decodable text of ``ids[read_offset:]`` into ``decoded_text``."""
-        if self.read_offset >= len(self.ids):
+        """Move newly decodable text of ``ids[read_offset:]`` into ``decoded_text``.
+
+        The result does not depend on how the ids were chunked: when a window of several new ids
+        decodes to a U+FFFD (invalid or split UTF-8 bytes, whose replacement depends on the window),
+        the ids are taken one at a time, exactly as a stream of one-token deltas would take them.
+        """
+        end = len(self.ids)
+        if self.read_offset >= end:
+            return
+        if end - self.read_offset > 1:
+            new_text = self._decode(self.ids[self.prefix_offset:end])
+            if REPLACEMENT_CHAR in new_text:
+                for stop in range(self.read_offset + 1, end + 1):
+                    self._advance_to(stop, final and stop == end)
+                return
+        self._advance_to(end, final)
+
+    def _advance_to(self, end: int, final: bool) -> None:
+        """:meth:`_advance` over ``ids[:end]`` only."""
+        if self.read_offset >= end:
             return
         prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
-        new_text = self._decode(self.ids[self.prefix_offset:])
+        new_text = self._decode(self.ids[self.prefix_offset:end])
         complete = len(new_text) > len(prefix_text) and not new_text.endswith(REPLACEMENT_CHAR)
         if complete or final:
             # At the end a dangling partial character is flushed as U+FFFD, like a full decode.
             self.decoded_text += new_text[len(prefix_text):]
             self.prefix_offset = self.read_offset
-            self.read_offset = len(self.ids)
+            self.read_offset = end
 
     def _stop_cut(self, stop: str) -> int:
         """Index in decoded_text where output must end for the matched stop string ``stop``."""
