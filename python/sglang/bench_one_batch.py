@@ -108,7 +108,7 @@ class StaticBatch:
 
     def step(self, new_tokens: list[list[int]]):
         """One forward over ``new_tokens[i]`` per request; returns the sampled ids (list) after sync."""
-        from sglang.srt.model_executor.forward_batch_info import ForwardMode, ModelWorkerBatch
+        from sglang.srt.forward_batch_info import ForwardMode, ModelWorkerBatch
 
         ext = [len(t) for t in new_tokens]
         decode = all(e == 1 and s > 0 for e, s in zip(ext, self.seq_lens))

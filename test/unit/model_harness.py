@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, ModelWorkerBatch
+from sglang.srt.forward_batch_info import ForwardBatch, ForwardMode, ModelWorkerBatch
 
 
 class TinyKVPool:
@@ -70,10 +70,32 @@ class ModelHarness:
         self.free_rows = list(range(max_reqs))[::-1]
         self.last_mode: ForwardMode | None = None
 
+    def adopt_prefix(self, rid, donor, n: int) -> None:
+        """Start request ``rid`` with the first ``n`` tokens (and KV slots) of ``donor``, as a radix-cache hit
+        does: the next ``prepare`` extends ``rid`` after a cached prefix of ``n`` tokens."""
+        src = self.reqs[donor]
+        req = self.reqs[rid] = _Req(self.free_rows.pop(), list(src.tokens[:n]))
+        r2t = self.req_to_token_pool.req_to_token
+        r2t[req.row, :n] = r2t[src.row, :n]
+
     def tokens(self, rid) -> list[int]:
         return list(self.reqs[rid].tokens)
 
-    def step(self, items: list[tuple[object, list[int]]]) -> torch.Tensor:
+    def step(self, items: list[tuple[object, list[int]]], executor=None) -> torch.Tensor:
+        """Append the items' tokens and run them (``executor``: a ModelExecutor, default the model's own
+        forward); returns next-token logits ``[bs, vocab]``."""
+        return self.run(self.prepare(items), executor)
+
+    def run(self, fb: ForwardBatch, executor=None) -> torch.Tensor:
+        """Run a prepared batch (again: KV writes are idempotent) with ``executor`` or the plain forward."""
+        with torch.inference_mode():
+            if executor is not None:
+                return executor.run(self.model, fb).next_token_logits
+            self.backend.init_forward_metadata(fb)
+            return self.model(fb.input_ids, fb.positions, fb).next_token_logits
+
+    def prepare(self, items: list[tuple[object, list[int]]]) -> ForwardBatch:
+        """Append the items' tokens (allocating KV slots) and build their ForwardBatch without running it."""
         ids, pos, locs, rows, prefix, ext = [], [], [], [], [], []
         for rid, new in items:
             if not new:
@@ -99,11 +121,7 @@ class ModelHarness:
             req_pool_indices=rows, prefix_lens=prefix, extend_lens=ext,
             seq_lens=[p + e for p, e in zip(prefix, ext)], sample=[True] * len(items),
         )
-        fb = ForwardBatch.init_new(batch, torch.device(self.device), self.req_to_token_pool, self.kv, self.backend)
-        self.backend.init_forward_metadata(fb)
-        with torch.inference_mode():
-            out = self.model(fb.input_ids, fb.positions, fb)
-        return out.next_token_logits
+        return ForwardBatch.init_new(batch, torch.device(self.device), self.req_to_token_pool, self.kv, self.backend)
 
 
 def randomize_weights(model: torch.nn.Module, seed: int) -> None:

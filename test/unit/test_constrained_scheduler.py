@@ -22,7 +22,8 @@ from sglang.srt.constrained.xgrammar_backend import XGrammarBackend  # noqa: E40
 from sglang.srt.layers.sampler import Sampler  # noqa: E402
 from sglang.srt.managers.io_struct import AbortReq, TokenizedGenerateReqInput  # noqa: E402
 from sglang.srt.managers.scheduler import Scheduler  # noqa: E402
-from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator  # noqa: E402
+from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.kv_cache import KVCache  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool  # noqa: E402
 from sglang.srt.model_executor.model_runner import ModelRunner  # noqa: E402
 from sglang.srt.server_args import ServerArgs  # noqa: E402
@@ -55,13 +56,14 @@ def fake_logits(seq: list[int]) -> torch.Tensor:
 class FakeRunner:
     """Pools + the real make_sampling_info and Sampler; logits come from :func:`fake_logits`."""
 
-    def __init__(self, max_total_tokens: int = 8192, max_running: int = 32):
+    def __init__(self, max_total_tokens: int = 8192, max_running: int = 32, disable_radix_cache: bool = False):
         self.model_config = _ModelConfig()
         self.device = torch.device("cpu")
         self.max_total_tokens = max_total_tokens
         self.max_running_requests = max_running
         self.req_to_token_pool = ReqToTokenPool(max_running + 1, 520, "cpu")
         self.allocator = TokenToKVPoolAllocator(max_total_tokens, 1, "cpu")
+        self.kv_cache = KVCache(self.req_to_token_pool, None, self.allocator, disable_radix_cache)
         self.sampler = Sampler(0, "cpu")
         self.batch_sizes: list[int] = []
         self.masked_batches = 0

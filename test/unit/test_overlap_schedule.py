@@ -24,7 +24,8 @@ from conftest import shared_path  # noqa: E402
 from sglang.srt.layers.sampler import Sampler  # noqa: E402
 from sglang.srt.managers.io_struct import AbortReq, TokenizedGenerateReqInput  # noqa: E402
 from sglang.srt.managers.scheduler import Scheduler  # noqa: E402
-from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator  # noqa: E402
+from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.kv_cache import KVCache  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool  # noqa: E402
 from sglang.srt.model_executor.model_runner import ModelRunner  # noqa: E402
 from sglang.srt.model_executor.overlap_worker import (  # noqa: E402
@@ -132,13 +133,15 @@ class FakeRunner:
     """KV pool that stores token ids; logits from :func:`fake_logits` of the sequence rebuilt from
     the KV the batch reads plus its inputs; the real ``make_sampling_info`` and ``Sampler``."""
 
-    def __init__(self, max_total_tokens: int = 8192, max_running: int = 32, page_size: int = 1):
+    def __init__(self, max_total_tokens: int = 8192, max_running: int = 32, page_size: int = 1,
+                 disable_radix_cache: bool = False):
         self.model_config = _ModelConfig()
         self.device = torch.device("cpu")
         self.max_total_tokens = max_total_tokens
         self.max_running_requests = max_running
         self.req_to_token_pool = ReqToTokenPool(max_running + 1, 520, "cpu")
         self.allocator = TokenToKVPoolAllocator(max_total_tokens, page_size, "cpu")
+        self.kv_cache = KVCache(self.req_to_token_pool, None, self.allocator, disable_radix_cache)
         self.kv = torch.full((max_total_tokens + 2 * page_size,), -1, dtype=torch.int64)
         self.sampler = Sampler(0, "cpu")
         self.num_batches = 0
@@ -175,7 +178,8 @@ class FakeRunner:
 
 
 def make(overlap: bool, tokenizer=None, max_total_tokens=8192, **kw):
-    runner = FakeRunner(max_total_tokens=max_total_tokens, page_size=kw.get("page_size", 1))
+    runner = FakeRunner(max_total_tokens=max_total_tokens, page_size=kw.get("page_size", 1),
+                        disable_radix_cache=kw.get("disable_radix_cache", False))
     grammar_backend = None
     if tokenizer is not None:
         from sglang.srt.constrained.xgrammar_backend import XGrammarBackend

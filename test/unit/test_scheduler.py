@@ -27,6 +27,7 @@ from sglang.srt.managers.io_struct import AbortReq, TokenizedGenerateReqInput
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.kv_cache import KVCache
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.server_args import ServerArgs
@@ -69,12 +70,14 @@ def true_sequence(prompt: tuple[int, ...], total: int) -> list[int]:
 
 
 class FakeRunner:
-    def __init__(self, max_total_tokens: int, max_running: int = 64, page_size: int = 1, context_len: int = 256):
+    def __init__(self, max_total_tokens: int, max_running: int = 64, page_size: int = 1, context_len: int = 256,
+                 disable_radix_cache: bool = False):
         self.model_config = _ModelConfig(context_len=context_len)
         self.max_total_tokens = max_total_tokens
         self.max_running_requests = max_running
         self.req_to_token_pool = ReqToTokenPool(max_running + 1, context_len + 8, "cpu")
         self.allocator = TokenToKVPoolAllocator(max_total_tokens, page_size, "cpu")
+        self.kv_cache = KVCache(self.req_to_token_pool, None, self.allocator, disable_radix_cache)
         self.kv = torch.full((max_total_tokens + 2 * page_size,), -1, dtype=torch.int64)
         self.batches: list = []
 
@@ -131,7 +134,8 @@ _MODE: dict = {"overlap": False, "made": []}
 def make(max_total_tokens=4096, **kw) -> tuple[Scheduler, FakeRunner]:
     runner_kw = {k: kw.pop(k) for k in ("max_running", "context_len") if k in kw}
     args = ServerArgs(**kw)
-    runner = FakeRunner(max_total_tokens, page_size=args.page_size, **runner_kw)
+    runner = FakeRunner(max_total_tokens, page_size=args.page_size, disable_radix_cache=args.disable_radix_cache,
+                        **runner_kw)
     s = Scheduler(args, runner, tokenizer=None, overlap=_MODE["overlap"])
     _MODE["made"].append(s)
     orig = s.get_next_batch

@@ -136,8 +136,7 @@ def test_mixed_decode_and_extend(dtype, nh, nkv, hd):
     out, ref = run_both(q, k, v, layer, make_batch)
     assert_close(out, ref, dtype)
     backend = TritonAttnBackend()
-    make_batch(backend)
-    meta = backend.metadata
+    meta = make_batch(backend).attn_metadata
     assert meta.num_decode == 3 and meta.decode_token_index.tolist() == [0, 34, 44]  # decode rows use the decode kernel
     assert meta.extend_lens.tolist() == [33, 9] and meta.max_extend_len == 33
 
@@ -146,6 +145,8 @@ def test_registry_and_missing_metadata():
     backend = create_attention_backend("triton")
     assert isinstance(backend, TritonAttnBackend)
     gen = torch.Generator().manual_seed(3)
-    q, k, v, layer, _ = build_case(gen, [4], [1], 2, 1, 8, torch.float32)
+    q, k, v, layer, make_batch = build_case(gen, [4], [1], 2, 1, 8, torch.float32)
+    fb = make_batch(backend)
+    fb.attn_metadata = None  # a batch whose metadata was never built on it (per-batch state)
     with pytest.raises(ValueError, match="init_forward_metadata"):
-        backend.forward(q, k, v, layer, object())
+        backend.forward(q, k, v, layer, fb)

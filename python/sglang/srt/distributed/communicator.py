@@ -26,7 +26,7 @@ from typing import Any, Mapping, Optional
 import torch
 import torch.distributed as dist
 
-from sglang.srt.layers.layernorm import rmsnorm_ref
+from sglang.srt.ops_ref import rmsnorm_ref
 
 logger = logging.getLogger(__name__)
 

@@ -5,22 +5,14 @@ from __future__ import annotations
 import logging
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from sglang.srt.layers import ops
+from sglang.srt.ops_ref import silu_and_mul_ref  # noqa: F401  (re-exported)
 
 logger = logging.getLogger(__name__)
 
 
-def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
-    """``silu(x[..., :I]) * x[..., I:]`` for x ``[..., 2I]`` -> ``[..., I]`` in x.dtype (torch reference).
-
-    Raises:
-        ValueError: the last dim of x is odd.
-    """
-    d = x.shape[-1]
-    if d % 2:
-        raise ValueError(f"SiluAndMul expects an even last dim (gate and up halves), got {d}")
-    return F.silu(x[..., : d // 2]) * x[..., d // 2:]
 
 
 class SiluAndMul(nn.Module):
@@ -34,5 +26,3 @@ class SiluAndMul(nn.Module):
         return ops.silu_and_mul(x)
 
 
-# ops dispatches to this module's reference, so it is imported after the reference is defined.
-from sglang.srt.layers import ops  # noqa: E402

@@ -8,44 +8,17 @@ The fused add + RMSNorm semantics below are the contract that faster kernels
 from __future__ import annotations
 
 import logging
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 from torch import nn
 
+from sglang.srt.layers import ops
+from sglang.srt.ops_ref import rmsnorm_ref
+
 logger = logging.getLogger(__name__)
 
 
-def rmsnorm_ref(
-    x: torch.Tensor, w: torch.Tensor, eps: float, residual: Optional[torch.Tensor] = None
-) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    """Torch reference of (fused add +) RMSNorm.
-
-    Args:
-        x: [..., H], any float dtype, any device.
-        w: [H] weight (any float dtype; used in fp32).
-        eps: added to the mean square before the reciprocal square root.
-        residual: optional [..., H] tensor of x's shape.
-    Returns:
-        Without ``residual``: ``y = x / sqrt(mean(x^2) + eps) * w`` in x.dtype.
-        With ``residual``: ``(y(s), s)`` where ``s = x + residual`` rounded to
-        x.dtype (the new residual stream) and ``y(s)`` is the norm of that
-        rounded sum; so ``rmsnorm_ref(x, w, eps, r)[0] == rmsnorm_ref(x + r, w, eps)``
-        exactly. The sum of squares, the normalization and the weight multiply
-        run in fp32; the result is cast to x.dtype once at the end.
-    Raises:
-        ValueError: last dims of x, w (or residual) disagree.
-    """
-    if x.shape[-1] != w.shape[-1]:
-        raise ValueError(f"rmsnorm: x last dim {x.shape[-1]} != weight size {w.shape[-1]}")
-    if residual is not None:
-        if residual.shape != x.shape:
-            raise ValueError(f"rmsnorm: residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
-        s = (x.float() + residual.float()).to(x.dtype)
-        return rmsnorm_ref(s, w, eps), s
-    xf = x.float()
-    inv = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
-    return (xf * inv * w.float()).to(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -93,5 +66,3 @@ class RMSNorm(nn.Module):
         return f"{self.hidden_size}, eps={self.eps}{', fused all-reduce' if self.comm is not None else ''}"
 
 
-# ops dispatches to this module's reference, so it is imported after the reference is defined.
-from sglang.srt.layers import ops  # noqa: E402

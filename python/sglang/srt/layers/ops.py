@@ -15,10 +15,7 @@ from typing import Optional
 
 import torch
 
-from sglang.srt.layers.activation import silu_and_mul_ref
-from sglang.srt.layers.layernorm import rmsnorm_ref
-from sglang.srt.layers.moe.fused_moe import fused_moe_ref
-from sglang.srt.layers.moe.router import select_experts
+from sglang.srt.ops_ref import fused_moe_ref, rmsnorm_ref, select_experts, silu_and_mul_ref
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from typing import Any, Optional
 import torch
 
 from sglang.srt.managers.io_struct import BatchTokenIDOut
-from sglang.srt.model_executor.forward_batch_info import ForwardMode, ModelWorkerBatch
+from sglang.srt.forward_batch_info import ForwardMode, ModelWorkerBatch
 from sglang.srt.model_executor.overlap_worker import placeholder_id
 
 DECODE_CONTEXT_TOKENS = 5  # prompt tokens the detokenizer decodes the output against (SGLang's surrounding offset)

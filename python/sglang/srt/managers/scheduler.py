@@ -51,7 +51,7 @@ from sglang.srt.managers.schedule_batch import PendingTokensView, Req, ScheduleB
 from sglang.srt.managers.schedule_policy import PrefillBudget, order_waiting_queue
 from sglang.srt.managers.scheduler_grammar import SchedulerGrammarMixin
 from sglang.srt.managers.scheduler_output_processor import SchedulerOutputProcessorMixin
-from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.forward_batch_info import ForwardMode
 from sglang.srt.model_executor.overlap_worker import OverlapWorker, overlap_schedule_enabled
 from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -70,9 +70,9 @@ class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
 
     Args:
         server_args: the frozen :class:`ServerArgs`.
-        runner: owns the model and the KV pools (``req_to_token_pool``,
-            ``token_to_kv_pool``, ``allocator``, ``max_total_tokens``,
-            ``max_running_requests``, ``forward(ModelWorkerBatch)``).
+        runner: the model worker: ``kv_cache`` (the :class:`~sglang.srt.mem_cache.kv_cache.KVCache`, the only
+            KV object the scheduler talks to), ``max_running_requests``, ``forward(ModelWorkerBatch)``,
+            ``make_sampling_info``.
         tokenizer: used for stop strings and grammars (None with ``--skip-tokenizer-init``).
         grammar_backend: overrides the backend ``--grammar-backend`` selects (tests); by default
             one is created from ``server_args``, the tokenizer and the model config.
@@ -82,15 +82,12 @@ class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
     """
 
     def __init__(self, server_args, runner, tokenizer=None, grammar_backend=None, overlap=None):
-        from sglang.srt.mem_cache.chunk_cache import ChunkCache
-        from sglang.srt.mem_cache.radix_cache import RadixCache
-
         self.args = server_args
         self.runner = runner
         self.tokenizer = tokenizer
         self.model_config = runner.model_config
-        cache_cls = ChunkCache if server_args.disable_radix_cache else RadixCache
-        self.tree_cache = cache_cls(runner.req_to_token_pool, runner.allocator)
+        self.kv = runner.kv_cache
+        self.tree_cache = self.kv.prefix_cache
         self.page_size = server_args.page_size
         cps = server_args.chunked_prefill_size
         if cps is None:
@@ -157,8 +154,8 @@ class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
             error = "the prompt is empty (input_ids has no tokens)"
         elif cap <= 0:
             error = f"The input ({len(msg.input_ids)} tokens) is longer than the model's context length ({mc.context_len} tokens)."
-        elif len(msg.input_ids) + 1 > self.runner.max_total_tokens:
-            error = f"The input ({len(msg.input_ids)} tokens) does not fit in the KV cache ({self.runner.max_total_tokens} tokens)."
+        elif len(msg.input_ids) + 1 > self.kv.max_total_tokens:
+            error = f"The input ({len(msg.input_ids)} tokens) does not fit in the KV cache ({self.kv.max_total_tokens} tokens)."
         elif max(msg.input_ids) >= mc.vocab_size or min(msg.input_ids) < 0:
             error = f"input_ids contain a token id outside [0, {mc.vocab_size})"
         req.grammar_key = grammar_key(params)
@@ -218,8 +215,7 @@ class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
             return
         start = -(-keep // self.page_size) * self.page_size
         if start < req.kv_len:
-            r2t = self.runner.req_to_token_pool.req_to_token
-            self.runner.allocator.free(r2t[req.req_pool_idx, start:req.kv_len])
+            self.kv.free_slots(self.kv.slots_of(req.req_pool_idx, start, req.kv_len))
         req.kv_len = keep
 
     # ---- one step ------------------------------------------------------------
@@ -341,7 +337,7 @@ class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
     def _retract_one(self) -> None:
         victim = max(self.running, key=lambda r: (r.remaining_new_tokens(), r.arrival_time))
         logger.info("KV cache full: retracting %s (running=%d, free=%d)", victim.rid, len(self.running),
-                    self.runner.allocator.available_size())
+                    self.kv.available_size())
         self.running.remove(victim)
         self._drop_uncommitted_kv(victim)
         self.tree_cache.cache_finished_req(victim)
@@ -353,17 +349,7 @@ class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
         """KV slots for each request's next ``extend_len`` tokens; evicts cache entries if needed."""
         prefix = [r.kv_len for r in reqs]
         seq = [r.kv_len + r.extend_len for r in reqs]
-        last = self._last_locs(reqs)
-        alloc = self.runner.allocator
-        for attempt in range(2):
-            loc = alloc.alloc_extend(prefix, seq, last)
-            if loc is not None:
-                self._write_req_to_token(reqs, loc)
-                return loc
-            if attempt == 0:
-                need = sum(seq) - sum(prefix) + self.page_size * len(reqs)
-                self.tree_cache.evict(need)
-        return None
+        return self.kv.alloc_extend([r.req_pool_idx for r in reqs], prefix, seq, self._last_locs(reqs))
 
     def _last_locs(self, reqs: list[Req]) -> list[int]:
         """Slot of each request's position ``kv_len - 1`` when it sits inside a partly filled page (the
@@ -374,24 +360,17 @@ class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
             return last
         need = [i for i, r in enumerate(reqs) if r.kv_len % self.page_size != 0]
         if need:
-            r2t = self.runner.req_to_token_pool.req_to_token
-            rows = torch.tensor([reqs[i].req_pool_idx for i in need], dtype=torch.int64)
-            cols = torch.tensor([reqs[i].kv_len - 1 for i in need], dtype=torch.int64)
-            for i, v in zip(need, r2t[rows.to(r2t.device), cols.to(r2t.device)].tolist()):
+            slots = self.kv.last_slots([reqs[i].req_pool_idx for i in need], [reqs[i].kv_len - 1 for i in need])
+            for i, v in zip(need, slots):
                 last[i] = v
         return last
-
-    def _write_req_to_token(self, reqs: list[Req], loc: torch.Tensor) -> None:
-        """Record the slots ``loc`` of each request's next ``extend_len`` positions (one indexed store)."""
-        self.runner.req_to_token_pool.write_batch(
-            [r.req_pool_idx for r in reqs], [r.kv_len for r in reqs], [r.extend_len for r in reqs], loc)
 
     def _budget(self, num_decode: int) -> PrefillBudget:
         step = self.args.max_prefill_tokens
         if self.chunked_prefill_size is not None:
             step = min(step, max(self.chunked_prefill_size - num_decode, 0))
         reserve = sum(min(r.remaining_new_tokens(), RESERVE_CLIP) for r in self.running) * self.new_token_ratio
-        free = self.runner.allocator.available_size() + self.tree_cache.evictable_size()
+        free = self.kv.available_size() + self.kv.evictable_size()
         return PrefillBudget(step_tokens=step, kv_tokens=int(free - reserve),
                              new_reqs=self.max_running - len(self.running) - (1 if self.chunked_req else 0),
                              chunk=self.chunked_prefill_size is not None, page_size=self.page_size)
@@ -424,19 +403,17 @@ class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
         return int(min(req.remaining_new_tokens(), RESERVE_CLIP) * self.new_token_ratio)
 
     def _admit_one(self, req: Req, budget: PrefillBudget, admitted: list, locs: list) -> bool:
-        pool = self.runner.req_to_token_pool
-        slots = pool.alloc(1)
-        if slots is None:
+        row = self.kv.alloc_req_slot()
+        if row is None:
             return False
-        req.req_pool_idx = slots[0]
+        req.req_pool_idx = row
         match = self.tree_cache.match_prefix(req.fill_ids[: req.max_prefix_len()])
         prefix = match.device_indices
         before = self.tree_cache.evictable_size()
         self.tree_cache.inc_lock_ref(match.last_node)
         budget.kv_tokens -= before - self.tree_cache.evictable_size()
         req.prefix_indices, req.last_node, req.kv_len = prefix, match.last_node, len(prefix)
-        if len(prefix):
-            pool.req_to_token[req.req_pool_idx, : len(prefix)] = prefix.to(pool.req_to_token.dtype)
+        self.kv.set_prefix(req.req_pool_idx, prefix)
         n = budget.take(req.remaining_to_fill, self._reserve(req))
         loc = None
         if n is not None:
@@ -445,7 +422,7 @@ class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
         if loc is None:  # undo: nothing admitted
             budget.kv_tokens += before - self.tree_cache.evictable_size()
             self.tree_cache.dec_lock_ref(match.last_node)
-            pool.free(req.req_pool_idx)
+            self.kv.free_req_slot(req.req_pool_idx)
             req.reset_for_retract()
             req.num_retractions -= 1
             return False
@@ -465,9 +442,9 @@ class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
     def stats(self) -> SchedulerStats:
         """Current load for the TokenizerManager: running/queued requests, token usage (0..1), used and total KV tokens,
         prefix-cache hit rate."""
-        total = self.runner.max_total_tokens
-        free = self.runner.allocator.available_size() + self.tree_cache.evictable_size()
-        used = total - self.runner.allocator.available_size()
+        total = self.kv.max_total_tokens
+        free = self.kv.available_size() + self.kv.evictable_size()
+        used = total - self.kv.available_size()
         return SchedulerStats(
             num_running_reqs=len(self.running) + (1 if self.chunked_req else 0),
             num_queue_reqs=len(self.waiting) + len(self.grammar_queue), token_usage=(total - free) / max(total, 1),
@@ -491,7 +468,7 @@ class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
         return {
             "num_running_reqs": s.num_running_reqs, "num_waiting_reqs": s.num_queue_reqs,
             "token_usage": s.token_usage, "used_tokens": s.used_tokens,
-            "available_tokens": self.runner.allocator.available_size(),
+            "available_tokens": self.kv.available_size(),
             "evictable_tokens": self.tree_cache.evictable_size(),
             "protected_tokens": self.tree_cache.protected_size(),
             "max_total_tokens": s.max_total_tokens, "max_running_requests": self.max_running,

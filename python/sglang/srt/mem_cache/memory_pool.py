@@ -12,11 +12,14 @@ Slot bookkeeping (which slots are free) lives in ``allocator.TokenToKVPoolAlloca
 from __future__ import annotations
 
 import logging
-from typing import List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, List, Optional, Tuple, Union
 
 import torch
 
 from sglang.srt.utils.tensor_transfer import host_to_device
+
+if TYPE_CHECKING:
+    from sglang.srt.mem_cache.kv_descriptor import KVRegionDescriptor
 
 logger = logging.getLogger(__name__)
 
@@ -151,9 +154,14 @@ class ReqToTokenPool:
 
 
 class MHATokenToKVPool:
-    """Per-layer K and V buffers for multi-head (incl. grouped-query) attention.
+    """Per-layer K and V buffers for multi-head (incl. grouped-query) attention, in one contiguous region.
 
-    Buffers: ``k_buffer[l]`` and ``v_buffer[l]`` have shape ``[size + page_size, head_num, head_dim]``,
+    Layout: one tensor ``kv_data`` of shape ``[layer_num, 2, size + page_size, head_num, head_dim]``
+    (dims ``layer, kv, slot, head, head_dim``; kv 0 = K, 1 = V), row-major, so the K (or V) of one page
+    of one layer is one contiguous run of ``page_size * head_num * head_dim`` elements and consecutive
+    pages are adjacent. :meth:`describe` publishes this layout (KVDirect's tensor-centric metadata).
+    Buffers: ``k_buffer[l] = kv_data[l, 0]`` and ``v_buffer[l] = kv_data[l, 1]`` are contiguous views of shape
+    ``[size + page_size, head_num, head_dim]``,
     dtype ``dtype`` (FP8 dtypes are stored as uint8 and viewed back on read, because indexed writes
     into float8 tensors are not supported everywhere), on ``device``. Slots ``0 .. page_size-1`` form a
     reserved dummy page used for padding writes; the allocator never hands them out.
@@ -185,9 +193,10 @@ class MHATokenToKVPool:
         self.head_dim = head_dim
         self.layer_num = layer_num
         self.device = torch.device(device)
-        shape = (size + page_size, head_num, head_dim)
-        self.k_buffer = [torch.zeros(shape, dtype=self.store_dtype, device=self.device) for _ in range(layer_num)]
-        self.v_buffer = [torch.zeros(shape, dtype=self.store_dtype, device=self.device) for _ in range(layer_num)]
+        self.kv_data = torch.zeros((layer_num, 2, size + page_size, head_num, head_dim), dtype=self.store_dtype,
+                                   device=self.device)
+        self.k_buffer = [self.kv_data[layer, 0] for layer in range(layer_num)]
+        self.v_buffer = [self.kv_data[layer, 1] for layer in range(layer_num)]
         logger.info("KV pool: %d slots x %d layers, %.2f GiB (%s)", size, layer_num,
                     self.kv_size_bytes() / 2**30, dtype)
 
@@ -199,7 +208,19 @@ class MHATokenToKVPool:
 
     def kv_size_bytes(self) -> int:
         """Total bytes of all K and V buffers (dummy page included)."""
-        return sum(b.numel() * b.element_size() for b in self.k_buffer + self.v_buffer)
+        return self.kv_data.numel() * self.kv_data.element_size()
+
+    def describe(self) -> "KVRegionDescriptor":
+        """KVDirect's tensor-centric description of the region (Chen et al. 2024, sec. 4.1, Fig. 5): base
+        address, dimension names, shape and strides, so a peer can compute the bytes of any
+        (page, layer, K/V, head range) itself (see :mod:`sglang.srt.mem_cache.kv_descriptor`)."""
+        from sglang.srt.mem_cache.kv_descriptor import KVRegionDescriptor
+
+        t = self.kv_data
+        return KVRegionDescriptor(
+            base_address=t.data_ptr(), device=str(self.device), dtype=str(self.store_dtype).replace("torch.", ""),
+            itemsize=t.element_size(), dims=("layer", "kv", "slot", "head", "head_dim"), shape=tuple(t.shape),
+            strides=tuple(t.stride()), page_size=self.page_size)
 
     def _check_layer(self, layer_id: int) -> None:
         if not 0 <= layer_id < self.layer_num:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, ModelWorkerBatch
+from sglang.srt.forward_batch_info import ForwardBatch, ForwardMode, ModelWorkerBatch
 
 if TYPE_CHECKING:
     from sglang.srt.model_executor.model_runner import ModelRunner
@@ -74,7 +74,7 @@ class CudaGraphRunner:
         mc = runner.model_config
         backend = runner.attn_backend
         if hasattr(backend, "init_cuda_graph_state"):
-            heads = getattr(runner, "local_num_heads", None) or mc.num_attention_heads
+            heads = runner.local_num_heads
             kv_heads = runner.token_to_kv_pool.head_num
             backend.init_cuda_graph_state(self.max_bs, heads, mc.head_dim, kv_heads, self.device)
         self._capture_all()

@@ -7,7 +7,7 @@ import json
 import logging
 import os
 import zlib
-from typing import Iterator, Union
+from typing import Callable, Optional, Iterator, Union
 
 import torch
 from torch import nn
@@ -148,7 +148,8 @@ def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
 
 
 def load_model(model_config: ModelConfig, load_format: str = "auto", device: Union[str, torch.device] = "cpu",
-               seed: int = 0, tp_rank: int = 0, tp_size: int = 1, comm=None, ep_size: int = 1) -> nn.Module:
+               seed: int = 0, tp_rank: int = 0, tp_size: int = 1, comm=None, ep_size: int = 1,
+               weight_filter: Optional[Callable[[str], bool]] = None) -> nn.Module:
     """Build ``model_config.architecture`` with ``model_config.dtype`` directly on ``device`` and fill its weights.
 
     Args:
@@ -158,6 +159,9 @@ def load_model(model_config: ModelConfig, load_format: str = "auto", device: Uni
         seed: dummy-weight seed.
         tp_rank, tp_size, comm, ep_size: tensor/expert parallelism (see the model classes). Checkpoint
             tensors are read lazily (:class:`SafetensorsSlice`): each rank reads only its slices.
+        weight_filter: HF tensor name -> whether this worker loads it (a role's part of the checkpoint,
+            see :mod:`sglang.srt.model_executor.worker_builder`); tensors filtered out are not read and
+            the parameters they would fill are not reported missing. None: load everything.
     Returns:
         the model, in eval mode, on ``device``.
     Raises:
@@ -178,5 +182,9 @@ def load_model(model_config: ModelConfig, load_format: str = "auto", device: Uni
         init_dummy_weights(model, seed)
     else:
         logger.info("loading %d safetensors file(s) from %s", len(files), model_config.path)
-        model.load_weights(iterate_safetensors(files, model_config.dtype, lazy=True))
+        weights = iterate_safetensors(files, model_config.dtype, lazy=True)
+        if weight_filter is None:
+            model.load_weights(weights)
+        else:
+            model.load_weights(((n, t) for n, t in weights if weight_filter(n)), weight_filter=weight_filter)
     return model.eval()

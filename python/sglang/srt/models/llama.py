@@ -11,44 +11,25 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 from torch import nn
 
 from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.layernorm import RMSNorm
-from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear, materialize
+from sglang.srt.layers.linear import QKVParallelLinear, RowParallelLinear, materialize
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
+from sglang.srt.layers.moe.sparse_moe_block import DenseMLP, SparseMoeBlock
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.layers.rotary_embedding import RotaryEmbedding, get_rope
+from sglang.srt.layers.stages import DENSE_STAGES, MOE_STAGES, LayerState
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
 logger = logging.getLogger(__name__)
 
 
-class LlamaMLP(nn.Module):
-    """SwiGLU MLP: ``down(silu(gate(x)) * up(x))``, x ``[N, H]`` -> ``[N, H]``.
-
-    Raises ValueError for a ``hidden_act`` other than "silu".
-    """
-
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, hidden_act: str = "silu",
-                 params_dtype: Optional[torch.dtype] = None, tp_rank: int = 0, tp_size: int = 1, comm: Any = None,
-                 reduce_results: bool = True):
-        super().__init__()
-        if hidden_act != "silu":
-            raise ValueError(f"hidden_act={hidden_act!r} is not supported; only 'silu'")
-        tp = dict(params_dtype=params_dtype, tp_rank=tp_rank, tp_size=tp_size)
-        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias=bias, **tp)
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias, comm=comm,
-                                           reduce_results=reduce_results, **tp)
-        self.act_fn = SiluAndMul()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x ``[N, H]`` -> ``[N, H]`` (a partial sum over TP ranks when ``reduce_results`` is False)."""
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+LlamaMLP = DenseMLP  # the SwiGLU MLP (its home is the layers package, shared by the MoE blocks)
 
 
 class LlamaAttention(nn.Module):
@@ -94,12 +75,15 @@ class LlamaDecoderLayer(nn.Module):
     ``residual=None`` to the first layer. The block's output is ``mlp_out + residual``.
     ``norm_comm``: with TP, the attention and MLP outputs are partial sums and the norms reduce them
     (fused AllReduce + add + RMSNorm, see :class:`RMSNorm`).
+    Stages (:mod:`sglang.srt.layers.stages`): :meth:`stage_names` lists them and :meth:`run_stage` runs
+    one on a :class:`LayerState`; running them all in order equals :meth:`forward`.
     """
 
     def __init__(self, config: ModelConfig, layer_id: int, rotary_emb: RotaryEmbedding, mlp: nn.Module,
                  attn_options: dict[str, Any], norm_comm: Any = None):
         super().__init__()
         eps = float(config.get("rms_norm_eps", 1e-6))
+        self.layer_id = layer_id
         self.self_attn = LlamaAttention(config, layer_id, rotary_emb, **attn_options)
         self.mlp = mlp
         self.input_layernorm = RMSNorm(config.hidden_size, eps, config.dtype, comm=norm_comm)
@@ -116,6 +100,56 @@ class LlamaDecoderLayer(nn.Module):
         hidden = self.self_attn(positions, hidden, forward_batch)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
+
+    # ---- stages --------------------------------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        """True when the MLP is a sparse MoE block (its stage is then route/dispatch/experts/combine)."""
+        return isinstance(self.mlp, SparseMoeBlock)
+
+    def stage_names(self) -> tuple[str, ...]:
+        """The layer's stages in execution order (see :mod:`sglang.srt.layers.stages`)."""
+        return DENSE_STAGES[:-1] + MOE_STAGES if self.is_moe else DENSE_STAGES
+
+    def norm_module(self, stage: str) -> RMSNorm:
+        """The RMSNorm of a norm+comm stage (``input_norm`` / ``post_attention_norm``), so an executor can run
+        the fused AllReduce + add + RMSNorm itself (e.g. on a communication stream) with its weight and eps.
+
+        Raises:
+            ValueError: ``stage`` is not a norm stage.
+        """
+        if stage == "input_norm":
+            return self.input_layernorm
+        if stage == "post_attention_norm":
+            return self.post_attention_layernorm
+        raise ValueError(f"norm_module: {stage!r} is not a norm stage (input_norm, post_attention_norm)")
+
+    def run_stage(self, stage: str, st: LayerState) -> None:
+        """Run one stage on ``st`` (updates it in place).
+
+        Raises:
+            ValueError: an unknown stage, or an MoE stage on a dense layer (and vice versa).
+        """
+        if stage not in self.stage_names():
+            raise ValueError(f"layer {self.layer_id}: unknown stage {stage!r}; stages are {self.stage_names()}")
+        if stage in ("input_norm", "post_attention_norm"):
+            norm = self.norm_module(stage)
+            if st.residual is None:
+                st.residual, st.hidden = st.hidden, norm(st.hidden)
+            else:
+                st.hidden, st.residual = norm(st.hidden, st.residual)
+        elif stage == "attention":
+            st.hidden = self.self_attn(st.positions, st.hidden, st.forward_batch)
+        elif stage == "mlp":
+            st.hidden = self.mlp(st.hidden)
+        elif stage == "moe_route":
+            self.mlp.route(st.hidden, st.moe)
+        elif stage == "moe_dispatch":
+            self.mlp.dispatch(st.moe)
+        elif stage == "moe_experts":
+            self.mlp.run_experts(st.moe)
+        else:  # moe_combine
+            st.hidden = self.mlp.combine(st.moe)
 
 
 def make_rope(config: ModelConfig) -> RotaryEmbedding:
@@ -220,6 +254,24 @@ class LlamaForCausalLM(nn.Module):
         hidden = self.model(input_ids, positions, forward_batch)
         return self.logits_processor(hidden, self.lm_head.weight, forward_batch)
 
+    # ---- the staged-model contract that executors use (sglang.srt.model_executor.executors) --------------
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings: ``input_ids`` [T] int64 -> [T, H] in the model dtype (complete, not a partial sum)."""
+        return self.model.embed_tokens(input_ids)
+
+    @property
+    def decoder_layers(self) -> nn.ModuleList:
+        """The decoder layers, each with ``stage_names()`` / ``run_stage()``."""
+        return self.model.layers
+
+    def final_norm(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """The last layer's residual add + final RMSNorm (all-reduce fused under TP): [T, H] -> [T, H]."""
+        return self.model.norm(hidden, residual)[0]
+
+    def compute_logits(self, hidden: torch.Tensor, forward_batch) -> LogitsProcessorOutput:
+        """Logits (and logprobs) of the rows ``forward_batch`` selects from the final hidden states [N, H]."""
+        return self.logits_processor(hidden, self.lm_head.weight, forward_batch)
+
     # ---- weights ---------------------------------------------------------------------------------------
     def map_weight_name(self, name: str) -> Optional[tuple[str, Any]]:
         """HF tensor name -> (our parameter name, shard key) or None for tensors to skip.
@@ -256,10 +308,13 @@ class LlamaForCausalLM(nn.Module):
             name = name.replace(ours, hf_piece)
         return name
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]],
+                     weight_filter: Optional[Callable[[str], bool]] = None) -> None:
         """Copy HF-named tensors into the model (q/k/v -> qkv_proj, gate/up -> gate_up_proj, experts -> FusedMoE).
 
         ``rotary_emb.inv_freq`` is ignored, and so is ``lm_head.weight`` when embeddings are tied.
+        ``weight_filter``: HF names this worker loads (a role's part); parameters whose HF name it rejects
+        are not reported missing.
         Raises:
             ValueError: names of tensors the model has no parameter for
                 (unexpected), of parameters no tensor filled (missing), or a shape mismatch.
@@ -288,7 +343,8 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(f"{type(self).__name__}: unexpected tensors in checkpoint: {sorted(unexpected)[:20]}"
                              f"{' ...' if len(unexpected) > 20 else ''}")
         expected = {(n, s) for n, p in params.items() for s in getattr(p, "expected_shards", (None,))}
-        missing = sorted(self.hf_weight_name(n, s) for n, s in expected - loaded)
+        missing = sorted(name for name in (self.hf_weight_name(n, s) for n, s in expected - loaded)
+                         if weight_filter is None or weight_filter(name))
         if missing:
             raise ValueError(f"{type(self).__name__}: missing tensors in checkpoint ({len(missing)}): "
                              f"{missing[:20]}{' ...' if len(missing) > 20 else ''}")

@@ -1,52 +1,19 @@
 """Mixtral sparse-MoE decoder (Jiang et al., "Mixtral of Experts", 2024, sec. 2.1) and the MoE block the
 Qwen MoE models reuse.
 
-Attention is Llama's; every layer's MLP is a :class:`SparseMoeBlock` (router ->
-top-k experts, optionally plus a sigmoid-gated shared expert).
+Attention is Llama's; every layer's MLP is a :class:`~sglang.srt.layers.moe.sparse_moe_block.SparseMoeBlock`
+(router -> top-k experts, optionally plus a sigmoid-gated shared expert), whose stages executors can run apart.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
-import torch
 from torch import nn
 
 from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.layers.linear import ReplicatedLinear
-from sglang.srt.layers.moe.fused_moe import FusedMoE
-from sglang.srt.models.llama import LlamaForCausalLM, LlamaMLP
-
-
-class SparseMoeBlock(nn.Module):
-    """Router (``gate``: [E, H]) + :class:`FusedMoE` ``experts`` (+ optional ``shared_expert``).
-
-    ``forward(x [N, H]) -> [N, H]``: ``experts(x, gate(x))`` plus, when a shared
-    expert exists, ``sigmoid(shared_expert_gate(x)) * shared_expert(x)`` (Qwen2-MoE).
-    With ``reduce_results=False`` both terms are TP partial sums (the gate scale is replicated, so
-    the sum stays linear) and the following norm reduces them.
-    """
-
-    def __init__(self, hidden_size: int, num_experts: int, top_k: int, intermediate_size: int, renormalize: bool,
-                 params_dtype: Optional[torch.dtype], shared_intermediate_size: int = 0, hidden_act: str = "silu",
-                 tp_rank: int = 0, tp_size: int = 1, comm: Any = None, reduce_results: bool = True,
-                 ep_size: int = 1):
-        super().__init__()
-        self.gate = ReplicatedLinear(hidden_size, num_experts, bias=False, params_dtype=params_dtype)
-        self.experts = FusedMoE(num_experts, top_k, hidden_size, intermediate_size, renormalize, params_dtype,
-                                tp_rank, tp_size, comm=comm, reduce_results=reduce_results, ep_size=ep_size)
-        self.shared_expert = self.shared_expert_gate = None
-        if shared_intermediate_size > 0:
-            self.shared_expert = LlamaMLP(hidden_size, shared_intermediate_size, False, hidden_act, params_dtype,
-                                          tp_rank, tp_size, comm, reduce_results)
-            self.shared_expert_gate = ReplicatedLinear(hidden_size, 1, bias=False, params_dtype=params_dtype)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x ``[N, H]`` -> ``[N, H]``: routed experts plus the gated shared expert if any (see the class docstring)."""
-        out = self.experts(x, self.gate(x))
-        if self.shared_expert is not None:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return out
+from sglang.srt.layers.moe.sparse_moe_block import SparseMoeBlock
+from sglang.srt.models.llama import LlamaForCausalLM
 
 
 def num_experts_of(config: ModelConfig) -> int:

@@ -1,7 +1,7 @@
 """Attention backend contract.
 
 A backend computes causal attention for the new tokens of a
-:class:`~sglang.srt.model_executor.forward_batch_info.ForwardBatch` over the
+:class:`~sglang.srt.forward_batch_info.ForwardBatch` over the
 paged KV pool. Contract for :meth:`AttentionBackend.forward`:
 
 1. write ``k``/``v`` of the new tokens into the pool at ``forward_batch.out_cache_loc``
@@ -16,20 +16,24 @@ GQA: query head h reads KV head ``h // (num_heads // num_kv_heads)``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
-    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+    from sglang.srt.forward_batch_info import ForwardBatch
 
 
 class AttentionBackend(ABC):
     """Base class of attention backends (see the module docstring for the contract)."""
 
-    def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
-        """Precompute per-batch metadata once, before the layers run (optional)."""
+    def init_forward_metadata(self, forward_batch: "ForwardBatch") -> Any:
+        """Precompute this batch's metadata once, before the layers run; store it as
+        ``forward_batch.attn_metadata`` (never on the backend, so several batches can be live) and
+        return it. The default needs none and stores None."""
+        forward_batch.attn_metadata = None
+        return None
 
     @abstractmethod
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: "RadixAttention",

@@ -7,6 +7,11 @@ batch sends its one-token rows to the decode kernel and the rest to the extend
 kernel. Both read K/V through
 ``req_to_token`` directly, so no per-batch KV index list is built.
 
+Per-batch state: the metadata is stored on the ForwardBatch (``forward_batch.attn_metadata``), never on
+the backend, so several batches (token splits, micro-batches) can be live on one backend. The decode
+split workspace is shared: kernels that use it must run in stream order (one compute stream), which
+every executor guarantees for attention.
+
 CUDA graphs: the decode path does no host synchronisation. The number of KV
 splits depends only on the batch size and the KV head count, and the split
 workspace can be preallocated with :meth:`TritonAttnBackend.init_cuda_graph_state`;
@@ -26,11 +31,11 @@ import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.layers.attention.triton_ops.decode_attention import decode_attention_fwd, default_num_kv_splits
 from sglang.srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
-from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.forward_batch_info import ForwardMode
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
-    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+    from sglang.srt.forward_batch_info import ForwardBatch
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +44,8 @@ MAX_KV_SPLITS = 16
 
 @dataclass(frozen=True)
 class TritonAttnMetadata:
-    """Per-batch launch data computed once by :meth:`TritonAttnBackend.init_forward_metadata`.
+    """Per-batch launch data computed once by :meth:`TritonAttnBackend.init_forward_metadata` and stored
+    as ``forward_batch.attn_metadata``.
 
     ``is_decode``: every request adds exactly one token (decode kernel only).
     ``num_kv_splits``: splits per (request, KV head) of the decode kernel (from the decode row count only).
@@ -61,7 +67,6 @@ class TritonAttnMetadata:
     decode_req_pool_indices: Optional[torch.Tensor]
     decode_seq_lens: Optional[torch.Tensor]
     decode_token_index: Optional[torch.Tensor]
-    batch_key: Optional[torch.Tensor]
 
 
 class TritonAttnBackend(AttentionBackend):
@@ -73,17 +78,12 @@ class TritonAttnBackend(AttentionBackend):
     """
 
     def __init__(self) -> None:
-        self._meta: Optional[TritonAttnMetadata] = None
         self._workspace: dict[tuple[int, int, torch.device], torch.Tensor] = {}
 
-    @property
-    def metadata(self) -> Optional[TritonAttnMetadata]:
-        """The metadata of the current batch (None before the first :meth:`init_forward_metadata`)."""
-        return self._meta
-
     # ----------------------------------------------------------------- metadata
-    def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
-        """Record the batch's index tensors and launch sizes.
+    def init_forward_metadata(self, forward_batch: "ForwardBatch") -> TritonAttnMetadata:
+        """Build the batch's :class:`TritonAttnMetadata`, store it as ``forward_batch.attn_metadata`` and
+        return it.
 
         Decode batches use the ForwardBatch's tensors as they are (no copies, no host sync: CUDA-graph
         safe). Mixed batches split their rows by extend length from the ``*_cpu`` lists: rows with one new
@@ -94,12 +94,13 @@ class TritonAttnBackend(AttentionBackend):
         bs = fb.batch_size
         pool = fb.token_to_kv_pool
         if fb.forward_mode.is_decode():
-            self._meta = TritonAttnMetadata(
+            meta = TritonAttnMetadata(
                 is_decode=True, num_kv_splits=default_num_kv_splits(bs, pool.head_num, pool.device, MAX_KV_SPLITS),
                 max_extend_len=1, num_decode=bs, req_pool_indices=None, prefix_lens=None, extend_lens=None,
                 extend_start_loc=None, decode_req_pool_indices=fb.req_pool_indices, decode_seq_lens=fb.seq_lens,
-                decode_token_index=None, batch_key=fb.req_pool_indices)
-            return
+                decode_token_index=None)
+            fb.attn_metadata = meta
+            return meta
         lens = fb.extend_lens_cpu
         dec_rows = [i for i, e in enumerate(lens) if e == 1]
         if fb.forward_mode != ForwardMode.MIXED or not dec_rows or len(dec_rows) == bs:
@@ -109,20 +110,23 @@ class TritonAttnBackend(AttentionBackend):
         if dec_rows:
             dec = torch.tensor(dec_rows, dtype=torch.int64, device=dev)
             ext = torch.tensor(ext_rows, dtype=torch.int64, device=dev)
-            self._meta = TritonAttnMetadata(
+            meta = TritonAttnMetadata(
                 is_decode=False,
                 num_kv_splits=default_num_kv_splits(len(dec_rows), pool.head_num, pool.device, MAX_KV_SPLITS),
                 max_extend_len=max((lens[i] for i in ext_rows), default=0), num_decode=len(dec_rows),
                 req_pool_indices=fb.req_pool_indices[ext], prefix_lens=fb.prefix_lens[ext],
                 extend_lens=fb.extend_lens[ext], extend_start_loc=fb.extend_start_loc[ext],
                 decode_req_pool_indices=fb.req_pool_indices[dec], decode_seq_lens=fb.seq_lens[dec],
-                decode_token_index=fb.extend_start_loc[dec], batch_key=fb.req_pool_indices)
-            return
-        self._meta = TritonAttnMetadata(
+                decode_token_index=fb.extend_start_loc[dec])
+            fb.attn_metadata = meta
+            return meta
+        meta = TritonAttnMetadata(
             is_decode=False, num_kv_splits=1, max_extend_len=max(lens, default=0), num_decode=0,
             req_pool_indices=fb.req_pool_indices, prefix_lens=fb.prefix_lens, extend_lens=fb.extend_lens,
             extend_start_loc=fb.extend_start_loc, decode_req_pool_indices=None, decode_seq_lens=None,
-            decode_token_index=None, batch_key=fb.req_pool_indices)
+            decode_token_index=None)
+        fb.attn_metadata = meta
+        return meta
 
     def init_cuda_graph_state(self, max_bs: int, num_heads: int, head_dim: int, num_kv_heads: int,
                               device: torch.device) -> None:
@@ -158,8 +162,8 @@ class TritonAttnBackend(AttentionBackend):
         Raises:
             ValueError: :meth:`init_forward_metadata` was not called for this batch, or shapes disagree.
         """
-        meta = self._meta
-        if meta is None or meta.batch_key is not forward_batch.req_pool_indices:
+        meta = forward_batch.attn_metadata
+        if not isinstance(meta, TritonAttnMetadata):
             raise ValueError("TritonAttnBackend.forward: call init_forward_metadata(forward_batch) before the layers run")
         nh, nkv, hd = layer.num_heads, layer.num_kv_heads, layer.head_dim
         pool = forward_batch.token_to_kv_pool

@@ -20,48 +20,15 @@ import logging
 from typing import Any, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from sglang.srt.layers import ops
+from sglang.srt.ops_ref import fused_moe_ref  # noqa: F401  (re-exported)
 from sglang.srt.layers.linear import check_tp, copy_checked, divide, narrow_full
 
 logger = logging.getLogger(__name__)
 
 
-def fused_moe_ref(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                  topk_ids: torch.Tensor) -> torch.Tensor:
-    """Torch reference of the MoE expert computation.
-
-    Args:
-        x: [N, H] activations.
-        w13: [E, 2I, H] stacked gate (rows 0..I-1) and up (rows I..2I-1) weights.
-        w2: [E, H, I] down weights.
-        topk_weights: [N, k] routing weights (any float dtype; used in fp32).
-        topk_ids: [N, k] expert ids in ``[0, E)``.
-    Returns:
-        [N, H] in x.dtype: ``sum_j topk_weights[n, j] * expert_{topk_ids[n, j]}(x[n])``.
-        Loops over the experts that received tokens and runs each only on its
-        tokens; accumulation is in fp32.
-    Raises:
-        ValueError: inconsistent shapes.
-    """
-    n, h = x.shape
-    e, two_i, h2 = w13.shape
-    if h2 != h or w2.shape != (e, h, two_i // 2) or topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != n:
-        raise ValueError(f"fused_moe_ref: inconsistent shapes x={tuple(x.shape)} w13={tuple(w13.shape)} "
-                         f"w2={tuple(w2.shape)} topk_weights={tuple(topk_weights.shape)} topk_ids={tuple(topk_ids.shape)}")
-    out = torch.zeros(n, h, dtype=torch.float32, device=x.device)
-    flat_ids = topk_ids.reshape(-1)
-    flat_w = topk_weights.reshape(-1).float()
-    token_of = torch.arange(n, device=x.device).repeat_interleave(topk_ids.shape[1])
-    for expert in torch.unique(flat_ids).tolist():
-        sel = (flat_ids == expert).nonzero(as_tuple=True)[0]
-        tok = token_of[sel]
-        gate_up = F.linear(x[tok], w13[expert])
-        gate, up = gate_up.chunk(2, dim=-1)
-        y = F.linear(F.silu(gate) * up, w2[expert])
-        out.index_add_(0, tok, y.float() * flat_w[sel].unsqueeze(1))
-    return out.to(x.dtype)
 
 
 class FusedMoE(nn.Module):
@@ -135,16 +102,27 @@ class FusedMoE(nn.Module):
         else:
             raise ValueError(f"FusedMoE: shard_id={shard_id!r} must be 'w1', 'w2' or 'w3'")
 
-    def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        """x ``[N, H]``, router_logits ``[N, E]`` -> ``[N, H]`` in x's dtype: top-k routing, this rank's experts, then
-        an all-reduce over TP when ``reduce_results`` (ValueError without ``comm``)."""
-        topk_weights, topk_ids = ops.fused_topk(router_logits, self.top_k, self.renormalize)
+    def route(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k routing of router_logits ``[N, E]``: ``(topk_weights [N, k] fp32, topk_ids [N, k] int64)`` with
+        global expert ids (see :func:`~sglang.srt.ops_ref.select_experts`)."""
+        return ops.fused_topk(router_logits, self.top_k, self.renormalize)
+
+    def compute(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        """This rank's experts: x ``[N, H]`` with global ``topk_ids``/``topk_weights`` ``[N, k]`` -> ``[N, H]`` in
+        x's dtype, the weighted sum over the local experts only (a partial sum over TP/EP ranks; other
+        ranks' experts get weight 0)."""
         if self.ep_size > 1:  # other ranks' experts get weight 0 (their rows add nothing here)
             local_ids = topk_ids - self.expert_start
             mine = (local_ids >= 0) & (local_ids < self.num_local_experts)
             topk_weights = topk_weights.masked_fill(~mine, 0.0)
             topk_ids = local_ids.clamp(0, self.num_local_experts - 1)
-        out = ops.fused_moe(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
+        return ops.fused_moe(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
+
+    def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        """x ``[N, H]``, router_logits ``[N, E]`` -> ``[N, H]`` in x's dtype: :meth:`route`, :meth:`compute`, then
+        an all-reduce over TP when ``reduce_results`` (ValueError without ``comm``)."""
+        topk_weights, topk_ids = self.route(router_logits)
+        out = self.compute(x, topk_weights, topk_ids)
         if self.tp_size > 1 and self.reduce_results:
             if self.comm is None:
                 raise ValueError("FusedMoE with tp_size > 1 needs a comm object to all-reduce its output")
@@ -158,5 +136,3 @@ class FusedMoE(nn.Module):
                f"renormalize={self.renormalize}"
 
 
-# ops dispatches to this module's reference, so it is imported after the reference is defined.
-from sglang.srt.layers import ops  # noqa: E402

@@ -1,0 +1,144 @@
+"""Tensor-centric metadata of a KV region (KVDirect, Chen et al. 2024, sec. 4.1, Fig. 5).
+
+A worker publishes, per KV region, its base address, dimension names, shape and strides. A peer then
+turns "page p of layer l, K or V, heads [h0, h1)" into byte ranges by index x stride arithmetic, with
+no round trip per block. This module is pure Python (no torch), so transfer engines and routers can use
+it without the model stack.
+
+Our pools use dims ``("layer", "kv", "slot", "head", "head_dim")`` (see
+:class:`~sglang.srt.mem_cache.memory_pool.MHATokenToKVPool`); pages are ``page_size`` consecutive slots,
+page 0 being the reserved dummy page.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+REQUIRED_DIMS = ("layer", "kv", "slot", "head", "head_dim")
+
+
+@dataclass(frozen=True)
+class KVRegionDescriptor:
+    """One contiguous KV region.
+
+    Attributes:
+        base_address: address of element ``[0, 0, 0, 0, 0]`` (host or device pointer, bytes).
+        device: "cpu" or "cuda:N" (where the address is valid).
+        dtype: storage dtype name ("bfloat16", "float32", "uint8" for FP8 caches, ...).
+        itemsize: bytes per element.
+        dims: dimension names, outermost first (must contain :data:`REQUIRED_DIMS`).
+        shape: size per dim; strides: elements per step along each dim.
+        page_size: slots per page (the unit blocks are addressed in).
+    Raises (``__post_init__``): ValueError on inconsistent dims/shape/strides or non-positive sizes.
+    """
+
+    base_address: int
+    device: str
+    dtype: str
+    itemsize: int
+    dims: tuple[str, ...]
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    page_size: int
+
+    def __post_init__(self) -> None:
+        if not (len(self.dims) == len(self.shape) == len(self.strides)):
+            raise ValueError(f"KVRegionDescriptor: dims {self.dims}, shape {self.shape} and strides {self.strides} "
+                             "must have the same length")
+        missing = [d for d in REQUIRED_DIMS if d not in self.dims]
+        if missing:
+            raise ValueError(f"KVRegionDescriptor: dims {self.dims} lack {missing}")
+        if self.itemsize <= 0 or self.page_size <= 0 or min(self.shape) <= 0:
+            raise ValueError(f"KVRegionDescriptor: itemsize={self.itemsize}, page_size={self.page_size} and "
+                             f"shape={self.shape} must be positive")
+
+    # ---- sizes ---------------------------------------------------------------------------------------
+    def size(self, dim: str) -> int:
+        """Extent of dimension ``dim`` (ValueError for an unknown name)."""
+        return self.shape[self._axis(dim)]
+
+    def stride_bytes(self, dim: str) -> int:
+        """Bytes between consecutive indices of ``dim``."""
+        return self.strides[self._axis(dim)] * self.itemsize
+
+    @property
+    def num_pages(self) -> int:
+        """Pages in the region, the dummy page 0 included."""
+        return self.size("slot") // self.page_size
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes spanned from the base address to the last element (inclusive)."""
+        return (sum((n - 1) * s for n, s in zip(self.shape, self.strides)) + 1) * self.itemsize
+
+    def _axis(self, dim: str) -> int:
+        try:
+            return self.dims.index(dim)
+        except ValueError:
+            raise ValueError(f"unknown KV dimension {dim!r}; dims are {self.dims}") from None
+
+    # ---- address arithmetic --------------------------------------------------------------------------
+    def element_address(self, **index: int) -> int:
+        """Address of one element; ``index`` names every dim (e.g. ``layer=3, kv=1, slot=17, head=2, head_dim=0``).
+
+        Raises:
+            ValueError: a missing/unknown dim or an index out of range.
+        """
+        if set(index) != set(self.dims):
+            raise ValueError(f"element_address needs exactly the dims {self.dims}, got {sorted(index)}")
+        off = 0
+        for d, n, s in zip(self.dims, self.shape, self.strides):
+            i = index[d]
+            if not 0 <= i < n:
+                raise ValueError(f"index {d}={i} outside [0, {n})")
+            off += i * s
+        return self.base_address + off * self.itemsize
+
+    def block_ranges(self, page: int, layer: int, kv: int, head_lo: int = 0, head_hi: int = -1
+                     ) -> list[tuple[int, int]]:
+        """Byte ranges ``[(address, nbytes), ...]`` holding page ``page`` of ``layer``, K (``kv=0``) or V (1),
+        heads ``[head_lo, head_hi)`` (``head_hi=-1``: all heads), in slot order.
+
+        A page of all heads in our layout is one range; a head sub-range is one range per slot (a
+        strided read), merged where the layout makes them adjacent.
+        Raises:
+            ValueError: an index or head range out of bounds.
+        """
+        heads = self.size("head")
+        head_hi = heads if head_hi == -1 else head_hi
+        if not 0 <= head_lo < head_hi <= heads:
+            raise ValueError(f"head range [{head_lo}, {head_hi}) outside [0, {heads})")
+        if not 0 <= page < self.num_pages:
+            raise ValueError(f"page {page} outside [0, {self.num_pages})")
+        run = (head_hi - head_lo) * self.stride_bytes("head")
+        if self.stride_bytes("head_dim") != self.itemsize or self.stride_bytes("head") != \
+                self.size("head_dim") * self.itemsize:
+            raise ValueError("block_ranges needs (head, head_dim) to be dense; read per element instead")
+        out: list[tuple[int, int]] = []
+        first = page * self.page_size
+        for slot in range(first, first + self.page_size):
+            addr = self.element_address(layer=layer, kv=kv, slot=slot, head=head_lo, head_dim=0,
+                                        **{d: 0 for d in self.dims if d not in REQUIRED_DIMS})
+            if out and out[-1][0] + out[-1][1] == addr:
+                out[-1] = (out[-1][0], out[-1][1] + run)
+            else:
+                out.append((addr, run))
+        return out
+
+    # ---- wire form -----------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (lists, ints, strs) for msgpack/JSON."""
+        d = asdict(self)
+        d["dims"], d["shape"], d["strides"] = list(self.dims), list(self.shape), list(self.strides)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "KVRegionDescriptor":
+        """Inverse of :meth:`to_dict` (ValueError on a malformed dict)."""
+        try:
+            return cls(base_address=int(d["base_address"]), device=str(d["device"]), dtype=str(d["dtype"]),
+                       itemsize=int(d["itemsize"]), dims=tuple(d["dims"]), shape=tuple(int(x) for x in d["shape"]),
+                       strides=tuple(int(x) for x in d["strides"]), page_size=int(d["page_size"]))
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"malformed KV region descriptor: {e}") from e

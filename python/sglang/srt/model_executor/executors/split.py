@@ -1,0 +1,114 @@
+"""Executors over sub-batches: the stages of each layer run interleaved over token splits or request
+micro-batches (on one stream here; overlapped executors such as TokenWeave's add streams and events on
+top of the same schedule).
+
+Schedule, per layer and per stage, sub-batch by sub-batch in order::
+
+    for layer in model.decoder_layers:
+        for stage in layer.stage_names():
+            for sub in sub_batches:          # split 1, split 2, ...
+                layer.run_stage(stage, state[sub])
+
+so a later token split's attention always runs after the earlier split's attention of the same layer
+has written its KV (a request straddling the cut reads it), and collectives are issued in the same
+order on every TP rank. Final hidden states are concatenated in token order and the final norm and
+logits run once on the parent batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from sglang.srt.forward_batch_info import ForwardBatch
+from sglang.srt.layers.stages import LayerState
+from sglang.srt.model_executor.executors.base import ModelExecutor
+from sglang.srt.model_executor.executors.sequential import SequentialExecutor
+
+
+class SubBatchExecutor(ModelExecutor):
+    """Runs a batch as the sub-batches ``plan(forward_batch)`` returns (one sub-batch: sequential).
+
+    Subclasses override :meth:`plan` (which sub-batches) and may override :meth:`run_stage` (where a
+    stage runs).
+    """
+
+    name = "sub_batch"
+
+    def __init__(self) -> None:
+        self._sequential = SequentialExecutor()
+
+    def plan(self, forward_batch: ForwardBatch) -> list[ForwardBatch]:
+        """The sub-batches, in token order, covering every token of ``forward_batch`` exactly once."""
+        return [forward_batch]
+
+    def run_stage(self, layer: Any, stage: str, state: LayerState) -> None:
+        """Run one stage of one sub-batch (default: on the current stream)."""
+        layer.run_stage(stage, state)
+
+    def run(self, model: Any, forward_batch: ForwardBatch) -> Any:
+        """Forward ``forward_batch`` as its planned sub-batches (see the module docstring)."""
+        subs = self.plan(forward_batch)
+        if len(subs) <= 1:
+            return self._sequential.run(model, forward_batch)
+        for sub in subs:
+            sub.attn_backend.init_forward_metadata(sub)
+        states = [LayerState(model.embed(s.input_ids), None, s.positions, s) for s in subs]
+        for layer in model.decoder_layers:
+            for stage in layer.stage_names():
+                for st in states:
+                    self.run_stage(layer, stage, st)
+        hidden = torch.cat([st.hidden for st in states])
+        residual = torch.cat([st.residual for st in states])
+        return model.compute_logits(model.final_norm(hidden, residual), forward_batch)
+
+
+class TokenSplitExecutor(SubBatchExecutor):
+    """Two token splits at ``boundary(num_tokens)`` (TokenWeave's split, Gond et al. 2025, sec. 3.1).
+
+    Args:
+        boundary: ``num_tokens -> cut`` (None: half, rounded down). A cut outside ``[1, N-1]`` runs the
+            batch unsplit.
+    """
+
+    name = "token_split"
+
+    def __init__(self, boundary: Optional[Callable[[int], int]] = None):
+        super().__init__()
+        self.boundary = boundary or (lambda n: n // 2)
+
+    def plan(self, forward_batch: ForwardBatch) -> list[ForwardBatch]:
+        """``[prefix split, suffix split]``, or ``[forward_batch]`` when the cut leaves one side empty."""
+        n = forward_batch.num_tokens
+        cut = int(self.boundary(n))
+        if not 1 <= cut <= n - 1:
+            return [forward_batch]
+        return list(forward_batch.split_tokens(cut))
+
+
+class MicroBatchExecutor(SubBatchExecutor):
+    """``num_micro_batches`` request micro-batches (MegaScale-Infer's m, Zhu et al. 2025, sec. 4.1); batches
+    with fewer requests use one micro-batch per request.
+
+    Raises:
+        ValueError: ``num_micro_batches < 1``.
+    """
+
+    name = "micro_batch"
+
+    def __init__(self, num_micro_batches: int):
+        super().__init__()
+        if num_micro_batches < 1:
+            raise ValueError(f"num_micro_batches={num_micro_batches} must be >= 1")
+        self.num_micro_batches = num_micro_batches
+
+    def plan(self, forward_batch: ForwardBatch) -> list[ForwardBatch]:
+        """``min(m, batch_size)`` micro-batches of near-equal request counts."""
+        m = min(self.num_micro_batches, forward_batch.batch_size)
+        return forward_batch.split_requests(m) if m > 1 else [forward_batch]
+
+
+def token_boundaries(n: int) -> Sequence[int]:
+    """Every valid token cut of an ``n``-token batch (``1 .. n-1``), for tests and sweeps."""
+    return range(1, n)
