@@ -27,7 +27,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
+from sglang.srt.utils.nvls_env import NVLS_OFF_ENV  # noqa: E402  (pure Python: no torch/CUDA import)
+
+os.environ.update(NVLS_OFF_ENV)
 
 import torch  # noqa: E402
 

@@ -35,7 +35,7 @@ from typing import Optional
 
 logger = logging.getLogger("sglang.bench_one_batch")
 
-NVLS_OFF_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+from sglang.srt.utils.nvls_env import NVLS_OFF_ENV  # noqa: E402  (re-exported for the benchmarks)
 DEFAULT_PROFILE_TOKENS = (1, 128, 1024, 4096, 8192)
 
 

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -289,26 +290,30 @@ def _sleeper():
 
 
 def test_process_round_trip_then_parent_death(stories):
+    """The launcher's liveness pipe closes (as when the launcher dies): the detokenizer exits on its own."""
+    from sglang.srt.entrypoints.worker_launcher import PipeParentWatch
+
     port_args = PortArgs.init_new()
-    fake_parent = _sleeper()
-    proc = mp.get_context("spawn").Process(
+    spawn = mp.get_context("spawn")
+    reader, writer = spawn.Pipe(duplex=False)
+    proc = spawn.Process(
         target=run_detokenizer_process,
-        args=(ServerArgs(tokenizer_path=str(STORIES), log_level="warning"), port_args, fake_parent.pid),
+        args=(ServerArgs(tokenizer_path=str(STORIES), log_level="warning"), port_args),
+        kwargs={"parent_watch": PipeParentWatch(reader)},
     )
     proc.start()
     ctx, pull, push = _client(port_args)
     try:
         _round_trip(stories, pull, push)
-        fake_parent.kill()
-        fake_parent.wait()
+        time.sleep(1.5)
+        assert proc.is_alive()  # the launcher still lives: the worker stays
+        writer.close()
         proc.join(timeout=30)  # the loop notices within its 1 s poll interval
         assert proc.exitcode == 0
     finally:
         for p in (proc,):
             if p.is_alive():
                 p.kill()
-        if fake_parent.poll() is None:
-            fake_parent.kill()
         pull.close(0)
         push.close(0)
         ctx.term()

@@ -15,12 +15,9 @@ import weakref
 from typing import Any, Optional
 
 from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
+from sglang.srt.utils.nvls_env import NVLS_OFF_ENV
 
 logger = logging.getLogger(__name__)
-
-NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-"""Our hosts forbid NVLink multicast; every server we start gets these (see docs/architecture.md)."""
-
 
 def _free_port(host: str) -> int:
     with socket.socket() as s:
@@ -101,7 +98,7 @@ class Runtime:
         cmd = [sys.executable, "-m", "sglang.launch_server", *server_cli_args(args)]
         fd, self.log_path = tempfile.mkstemp(prefix=f"sglang-runtime-{self.port}-", suffix=".log")
         self._log = os.fdopen(fd, "w")
-        env = {**os.environ, **NO_MULTICAST_ENV}
+        env = {**os.environ, **NVLS_OFF_ENV}
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self.pid = self.proc.pid
         self._finalizer = weakref.finalize(self, _stop_process, self.proc, 30.0)

@@ -72,6 +72,9 @@ class ServerArgs:
     dist_timeout: Optional[int] = None  # seconds for rendezvous and collectives (default 1800)
     disable_custom_all_reduce: bool = False
     comm_backend: str = "auto"  # auto | torch | custom | nocomm (benchmarks only) | module:factory
+    base_gpu_id: int = 0  # first GPU index of this node's workers
+    gpu_id_step: int = 1  # GPU index step between consecutive workers
+    zmq_transport: str = "ipc"  # ipc | tcp: transport of the inter-process sockets (tcp: workers may be remote)
 
     # Misc
     random_seed: int = 0
@@ -107,6 +110,12 @@ class ServerArgs:
             bad("grammar-backend", self.grammar_backend, "use xgrammar or none")
         if self.ep_size < 1 or self.tp_size % self.ep_size:
             bad("ep-size", self.ep_size, f"use a divisor of --tp-size ({self.tp_size})")
+        if self.base_gpu_id < 0:
+            bad("base-gpu-id", self.base_gpu_id, "use a GPU index >= 0")
+        if self.gpu_id_step < 1:
+            bad("gpu-id-step", self.gpu_id_step, "use a step >= 1")
+        if self.zmq_transport not in ("ipc", "tcp"):
+            bad("zmq-transport", self.zmq_transport, "use ipc or tcp")
         if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
             bad("node-rank", self.node_rank, f"use 0..{self.nnodes - 1} (--nnodes={self.nnodes})")
         if self.dist_timeout is not None and self.dist_timeout <= 0:
@@ -171,6 +180,10 @@ class ServerArgs:
             "chunked_prefill_size": "Max prompt tokens per prefill chunk; -1 disables chunking.",
             "mem_fraction_static": "Fraction of GPU memory for weights + KV cache (GPU only).",
             "max_total_tokens": "KV cache size in tokens (overrides the memory-based size).",
+            "base_gpu_id": "The first GPU index this node's workers use (worker i gets base + i * step).",
+            "gpu_id_step": "The GPU index step between consecutive workers on a node.",
+            "zmq_transport": "ipc|tcp: transport of the sockets between the server's processes (tcp on "
+            "127.0.0.1 ports, so a worker can live on another host).",
         }
         for f in dataclasses.fields(ServerArgs):
             flag = "--" + f.name.replace("_", "-")
@@ -212,8 +225,21 @@ class PortArgs:
     ipc_dir: str = field(default="")
 
     @classmethod
-    def init_new(cls) -> "PortArgs":
-        """IPC endpoints under a fresh temporary directory (``ipc://<dir>/{tokenizer,scheduler,detokenizer}``)."""
+    def init_new(cls, transport: str = "ipc", host: str = "127.0.0.1") -> "PortArgs":
+        """Fresh endpoints: ``transport="ipc"``: ``ipc://<private temp dir>/{tokenizer,scheduler,detokenizer}``;
+        ``"tcp"``: ``tcp://<host>:<free port>`` each (a worker on another host connects to them).
+
+        Raises:
+            ValueError: an unknown transport.
+        """
+        if transport == "tcp":
+            from sglang.srt.utils.common import free_tcp_ports
+
+            a, b, c = free_tcp_ports(3, host)
+            return cls(tokenizer_ipc=f"tcp://{host}:{a}", scheduler_input_ipc=f"tcp://{host}:{b}",
+                       detokenizer_ipc=f"tcp://{host}:{c}")
+        if transport != "ipc":
+            raise ValueError(f"zmq transport {transport!r} must be 'ipc' or 'tcp'")
         d = tempfile.mkdtemp(prefix="sglang-ipc-")
         return cls(
             tokenizer_ipc=f"ipc://{os.path.join(d, 'tokenizer')}",

@@ -44,6 +44,8 @@ class DistConfig:
         device: ``"cpu"`` (gloo everywhere) or ``"cuda"`` (NCCL for ``device_group``).
         timeout_s: init and collective timeout (seconds); a peer that died surfaces as an error
             after at most this long (usually at once: gloo sees the closed connection).
+        device_index: the explicit GPU index the launcher assigned (``--base-gpu-id`` + step); None falls
+            back to ``local_rank`` (contiguous GPUs).
     Raises:
         ValueError: any inconsistent value (the message names it and the fix).
     """
@@ -56,6 +58,7 @@ class DistConfig:
     nnodes: int = 1
     node_rank: int = 0
     timeout_s: float = DEFAULT_DIST_TIMEOUT_S
+    device_index: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.tp_size < 1 or not 0 <= self.tp_rank < self.tp_size:
@@ -81,8 +84,13 @@ class DistConfig:
 
     @property
     def local_rank(self) -> int:
-        """Index of this rank on its node (its GPU index)."""
+        """Index of this rank on its node."""
         return self.tp_rank % self.ranks_per_node
+
+    @property
+    def gpu_index(self) -> int:
+        """The GPU this rank uses: ``device_index`` when the launcher assigned one, else ``local_rank``."""
+        return self.local_rank if self.device_index is None else self.device_index
 
 
 @dataclass(frozen=True)
@@ -98,6 +106,8 @@ class ParallelState:
     device_group: Any
     cpu_group: Any
     ep_group: Optional[Any] = None
+    gpu_index: Optional[int] = None
+    role: str = "aggregated"
 
     @property
     def moe_tp_size(self) -> int:
@@ -120,8 +130,10 @@ class ParallelState:
         return dist.get_backend(self.device_group)
 
     def torch_device(self) -> torch.device:
-        """``cuda:<local_rank>`` on GPU, ``cpu`` otherwise."""
-        return torch.device(f"cuda:{self.local_rank}") if self.device == "cuda" else torch.device("cpu")
+        """``cuda:<gpu_index>`` on GPU (the launcher's explicit index, else ``local_rank``), ``cpu`` otherwise."""
+        if self.device != "cuda":
+            return torch.device("cpu")
+        return torch.device(f"cuda:{self.local_rank if self.gpu_index is None else self.gpu_index}")
 
 
 def dist_init_method(dist_init_addr: Optional[str], fallback_port: Optional[int] = None) -> str:
@@ -154,8 +166,8 @@ def init_parallel_state(cfg: DistConfig) -> ParallelState:
     timeout = timedelta(seconds=cfg.timeout_s)
     device_id = None
     if cfg.device == "cuda":
-        torch.cuda.set_device(cfg.local_rank)
-        device_id = torch.device(f"cuda:{cfg.local_rank}")
+        torch.cuda.set_device(cfg.gpu_index)
+        device_id = torch.device(f"cuda:{cfg.gpu_index}")
     backend = "nccl" if cfg.device == "cuda" else "gloo"
     logger.info("TP rank %d/%d joining %s (%s, timeout %.0f s)", cfg.tp_rank, cfg.tp_size, cfg.init_method,
                 backend, cfg.timeout_s)
@@ -178,10 +190,55 @@ def init_parallel_state(cfg: DistConfig) -> ParallelState:
             if cfg.tp_rank % moe_tp == m:
                 ep_group = g
     state = ParallelState(cfg.tp_rank, cfg.tp_size, cfg.ep_size, cfg.local_rank, cfg.device, world, cpu_group,
-                          ep_group)
+                          ep_group, gpu_index=cfg.gpu_index)
     logger.info("TP rank %d/%d ready (device group %s, EP %d x MoE-TP %d)", cfg.tp_rank, cfg.tp_size, backend,
                 cfg.ep_size, state.moe_tp_size)
     return state
+
+
+def init_role_parallel_state(world_rank: int, roles: Sequence[tuple[str, Sequence[int]]], init_method: str,
+                             device: str = "cpu", gpu_index: Optional[int] = None,
+                             timeout_s: float = DEFAULT_DIST_TIMEOUT_S) -> ParallelState:
+    """Join a job of several roles and build this rank's groups *inside its role* (collective over all ranks).
+
+    ``roles``: ``[(role name, world ranks), ...]`` partitioning ``0 .. world_size-1`` (e.g. attention workers
+    ``[0, 1]`` and FFN workers ``[2, 3]``). The returned state's ``tp_rank``/``tp_size``, ``device_group``
+    and ``cpu_group`` are those of the role's TP group, so a model worker's collectives never involve
+    another role; cross-role traffic goes through transports (M2N, KV transfer), not these groups.
+    Raises:
+        ValueError: the roles do not partition the ranks, or ``world_rank`` is in none.
+        RuntimeError: as :func:`init_parallel_state`.
+    """
+    ranks = sorted(r for _, rs in roles for r in rs)
+    world_size = len(ranks)
+    if ranks != list(range(world_size)) or len({name for name, _ in roles}) != len(roles):
+        raise ValueError(f"roles {list(roles)} must partition ranks 0..{world_size - 1} under distinct names")
+    if not 0 <= world_rank < world_size:
+        raise ValueError(f"world_rank={world_rank} outside [0, {world_size})")
+    if dist.is_initialized():
+        raise RuntimeError("torch.distributed is already initialized in this process; one rank per process")
+    timeout = timedelta(seconds=timeout_s)
+    backend = "nccl" if device == "cuda" else "gloo"
+    kwargs = dict(backend=backend, init_method=init_method, rank=world_rank, world_size=world_size, timeout=timeout)
+    if device == "cuda":
+        idx = 0 if gpu_index is None else gpu_index
+        torch.cuda.set_device(idx)
+        kwargs["device_id"] = torch.device(f"cuda:{idx}")
+    try:
+        dist.init_process_group(**kwargs)
+    except Exception as e:
+        raise RuntimeError(f"rank {world_rank}: torch.distributed rendezvous at {init_method} failed: "
+                           f"{type(e).__name__}: {e}") from e
+    mine = None
+    for name, rs in roles:  # every rank creates every group, in the same order
+        dev_g = dist.new_group(list(rs), backend=backend, timeout=timeout)
+        cpu_g = dev_g if backend == "gloo" else dist.new_group(list(rs), backend="gloo", timeout=timeout)
+        if world_rank in rs:
+            mine = (name, list(rs), dev_g, cpu_g)
+    name, rs, dev_g, cpu_g = mine
+    tp_rank = rs.index(world_rank)
+    logger.info("rank %d joined role %s as TP rank %d/%d", world_rank, name, tp_rank, len(rs))
+    return ParallelState(tp_rank, len(rs), 1, tp_rank, device, dev_g, cpu_g, None, gpu_index=gpu_index, role=name)
 
 
 def destroy_parallel_state() -> None:

@@ -30,9 +30,10 @@ from typing import Mapping, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from sglang.srt.utils.nvls_env import NVLS_ENV_VARS  # noqa: F401  (re-exported: tw-comm callers import it here)
+
 logger = logging.getLogger(__name__)
 
-NVLS_ENV_VARS = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
 _FALSE = ("0", "false", "no", "off")
 _TRUE = ("1", "true", "yes", "on")
 

@@ -77,7 +77,7 @@ class Engine:
         self._closed = False
         self._lock = threading.Lock()
         self.server_args = resolve_model(ServerArgs(**server_args_kwargs))
-        self.port_args = PortArgs.init_new()
+        self.port_args = PortArgs.init_new(self.server_args.zmq_transport)
         self._procs = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._thread: Optional[threading.Thread] = None

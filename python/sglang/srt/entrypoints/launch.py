@@ -10,8 +10,11 @@ Multi-node TP (``--nnodes N --node-rank R --dist-init-addr HOST:PORT``): every n
 node R starts its ``tp/N`` ranks; only node 0 serves HTTP. A watchdog thread stops the server with a
 clear error when any child dies.
 
-Children are ``spawn``-ed; each exits when it notices its parent is gone, and
-the parent kills them on SIGINT/SIGTERM or when startup fails.
+Children are started through a :class:`~sglang.srt.entrypoints.worker_launcher.WorkerLauncher`
+(``spawn``-ed processes today) with explicit devices (``--base-gpu-id``/``--gpu-id-step``); each exits when
+its :class:`~sglang.srt.entrypoints.worker_launcher.ParentWatch` reports the launcher gone, and the parent
+kills them on SIGINT/SIGTERM or when startup fails. ``--zmq-transport tcp`` puts the inter-process sockets
+on TCP ports instead of IPC paths.
 """
 
 from __future__ import annotations
@@ -24,15 +27,16 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
+from sglang.srt.entrypoints.worker_launcher import MultiprocessingLauncher, WorkerHandle, WorkerSpec, worker_device
 from sglang.srt.server_args import DEFAULT_MODEL, PortArgs, ServerArgs
+from sglang.srt.utils.nvls_env import apply_nvls_off_env
 
 logger = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_S = 1800
 WATCHDOG_INTERVAL_S = 0.5
-NVLS_OFF_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 @dataclass
@@ -44,12 +48,13 @@ class Subprocesses:
     died while serving.
     """
 
-    scheduler: mp.Process
-    detokenizer: Optional[mp.Process]
+    scheduler: WorkerHandle
+    detokenizer: Optional[WorkerHandle]
     scheduler_info: dict
     schedulers: list = field(default_factory=list)
     tp_ranks: list = field(default_factory=list)
     failure: Optional[str] = None
+    launcher: Any = None  # keeps the children's liveness pipe open for the server's lifetime
     _closing: threading.Event = field(default_factory=threading.Event)
 
     def children(self) -> list:
@@ -175,39 +180,38 @@ def launch_subprocesses(server_args: ServerArgs, port_args: PortArgs, in_process
     from sglang.srt.managers.scheduler_process import run_scheduler_process
 
     check_parallel_args(server_args)
-    for k, v in NVLS_OFF_ENV.items():  # inherited by the spawned children
-        os.environ.setdefault(k, v)
-    ctx = mp.get_context("spawn")
+    apply_nvls_off_env()  # inherited by the spawned children
+    launcher = MultiprocessingLauncher()
     tp, nnodes = server_args.tp_size, server_args.nnodes
     per_node = tp // nnodes
     ranks = list(range(server_args.node_rank * per_node, (server_args.node_rank + 1) * per_node))
     init = None
     if tp > 1:
         init = dist_init_method(server_args.dist_init_addr, None if server_args.dist_init_addr else _free_port())
-    parent = os.getpid()
     # A child that crashes while serving does not SIGTERM us: the watchdog (:meth:`Subprocesses.watch`, which
     # both launch_server and the Engine start) notices the dead child, records why and stops the server. A
     # crash-time SIGTERM would race the watchdog and the server could exit 0 without saying why.
     signal_parent_on_crash = False
+    device_type = server_args.resolved_device
     pipes, scheds = [], []
-    for rank in ranks:
-        reader, writer = ctx.Pipe(duplex=False)
-        name = f"sglang::scheduler_TP{rank}" if tp > 1 else "sglang::scheduler"
-        p = ctx.Process(target=run_scheduler_process, name=name, daemon=True,
-                        args=(server_args, port_args, writer, parent, rank, init, signal_parent_on_crash))
+    for local, rank in enumerate(ranks):
+        reader, writer = mp.get_context("spawn").Pipe(duplex=False)
+        device = worker_device(device_type, local, server_args.base_gpu_id, server_args.gpu_id_step)
+        spec = WorkerSpec(
+            name=f"sglang::scheduler_TP{rank}" if tp > 1 else "sglang::scheduler", target=run_scheduler_process,
+            args=(server_args, port_args, writer, None, rank, init, signal_parent_on_crash, device),
+            role="scheduler", rank=rank, device=device,
+            resources={"CPU": 1, **({"GPU": 1} if device_type == "cuda" else {})})
+        scheds.append(launcher.launch(spec))
         pipes.append((rank, reader))
-        scheds.append(p)
+        if tp > 1:
+            logger.info("scheduler TP rank %d started (pid %d, %s)", rank, scheds[-1].pid, device)
     detok = None
     if server_args.node_rank == 0:
-        detok = ctx.Process(target=run_detokenizer_process, name="sglang::detokenizer", daemon=True,
-                            args=(server_args, port_args, parent, signal_parent_on_crash))
-    for p, rank in zip(scheds, ranks):
-        p.start()
-        if tp > 1:
-            logger.info("scheduler TP rank %d started (pid %d)", rank, p.pid)
-    if detok is not None:
-        detok.start()
-    procs = Subprocesses(scheds[0], detok, {}, schedulers=scheds, tp_ranks=ranks)
+        detok = launcher.launch(WorkerSpec(
+            name="sglang::detokenizer", target=run_detokenizer_process,
+            args=(server_args, port_args, None, signal_parent_on_crash), role="detokenizer", resources={"CPU": 1}))
+    procs = Subprocesses(scheds[0], detok, {}, schedulers=scheds, tp_ranks=ranks, launcher=launcher)
     atexit.register(procs.shutdown)
     try:
         info = _wait_ready(procs, pipes, time.monotonic() + STARTUP_TIMEOUT_S)
@@ -251,7 +255,7 @@ def launch_server(server_args: ServerArgs) -> None:
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
     server_args = resolve_model(server_args)
-    port_args = PortArgs.init_new()
+    port_args = PortArgs.init_new(server_args.zmq_transport)
     procs = launch_subprocesses(server_args, port_args)
     try:
         if server_args.node_rank != 0:

@@ -179,7 +179,8 @@ class DetokenizerManager:
         server_args: uses ``resolved_tokenizer_path``, ``trust_remote_code``, ``skip_tokenizer_init``
             (then every output string is "").
         port_args: the IPC endpoints.
-        parent_pid: when set, :meth:`event_loop` returns once that process is gone.
+        parent_watch: the launcher's :class:`~sglang.srt.entrypoints.worker_launcher.ParentWatch`;
+            :meth:`event_loop` returns once it reports the launcher gone (None: never).
         poll_interval_s: how often the loop checks for stop requests and parent liveness.
     Raises:
         ValueError: the tokenizer cannot be loaded.
@@ -189,7 +190,7 @@ class DetokenizerManager:
         self,
         server_args: ServerArgs,
         port_args: PortArgs,
-        parent_pid: Optional[int] = None,
+        parent_watch: Any = None,
         poll_interval_s: float = 1.0,
     ) -> None:
         self.server_args = server_args
@@ -198,8 +199,7 @@ class DetokenizerManager:
             if server_args.skip_tokenizer_init
             else get_tokenizer(server_args.resolved_tokenizer_path, server_args.trust_remote_code)
         )
-        self.parent_pid = parent_pid
-        self._ppid_at_start = os.getppid()
+        self.parent_watch = parent_watch
         self.poll_interval_s = poll_interval_s
         self.decode_status: dict[str, IncrementalDetokenizer] = {}
         self._stop_event = threading.Event()
@@ -264,17 +264,8 @@ class DetokenizerManager:
 
     # ---------------------------------------------------------------- loop
     def parent_alive(self) -> bool:
-        """False once we were re-parented or ``parent_pid`` is gone (or a zombie)."""
-        if os.getppid() != self._ppid_at_start:
-            return False
-        if self.parent_pid is None:
-            return True
-        import psutil
-
-        try:
-            return psutil.Process(self.parent_pid).status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
+        """False once the launcher's watch reports it gone (always True without a watch)."""
+        return self.parent_watch is None or self.parent_watch.parent_alive()
 
     def stop(self) -> None:
         """Ask :meth:`event_loop` to return (thread-safe; takes effect within ``poll_interval_s``)."""
@@ -310,13 +301,14 @@ class DetokenizerManager:
 
 def run_detokenizer_process(
     server_args: ServerArgs, port_args: PortArgs, parent_pid: Optional[int] = None,
-    signal_parent_on_crash: bool = True,
+    signal_parent_on_crash: bool = True, parent_watch: Any = None,
 ) -> None:
     """Entry point of the detokenizer child process (``multiprocessing`` spawn target).
 
     SIGTERM/SIGINT exit cleanly (status 0). If the loop crashes, the traceback is logged, the parent
     (``parent_pid``, default the spawning process) gets SIGTERM so no half-dead server remains, and the
-    process exits with status 1. The loop also ends when the parent dies.
+    process exits with status 1. The loop also ends when ``parent_watch`` (a
+    :class:`~sglang.srt.entrypoints.worker_launcher.ParentWatch`) reports the launcher gone.
     """
     configure_logger(server_args.log_level, "Detokenizer")
     if parent_pid is None:
@@ -330,7 +322,7 @@ def run_detokenizer_process(
     signal.signal(signal.SIGINT, _on_signal)
     manager: Optional[DetokenizerManager] = None
     try:
-        manager = DetokenizerManager(server_args, port_args, parent_pid=parent_pid)
+        manager = DetokenizerManager(server_args, port_args, parent_watch=parent_watch)
         manager.event_loop()
     except Exception:
         logger.error("DetokenizerManager crashed:\n%s", traceback.format_exc())

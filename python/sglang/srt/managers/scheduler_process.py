@@ -123,9 +123,10 @@ class SchedulerProcess:
         for data in raw:
             self.handle(decode_msg(data))
 
-    def event_loop(self, parent_pid: Optional[int]) -> None:
+    def event_loop(self, parent_watch=None) -> None:
         """Receive messages, run one scheduler step, send its outputs, and send stats every ``STATS_INTERVAL_S``;
-        returns when the parent process ``parent_pid`` is gone."""
+        returns when ``parent_watch`` (a :class:`~sglang.srt.entrypoints.worker_launcher.ParentWatch`) reports the
+        launcher gone."""
         s = self.scheduler
         while True:
             self.recv_all(block=not s.has_work())
@@ -135,20 +136,29 @@ class SchedulerProcess:
             if now - self.last_stats > STATS_INTERVAL_S:
                 self.last_stats = now
                 self.send_tokenizer(s.stats())
-                if parent_pid is not None and os.getppid() != parent_pid:
-                    logger.error("parent process %d is gone; scheduler exits", parent_pid)
+                if parent_watch is not None and not parent_watch.parent_alive():
+                    logger.error("the launcher is gone; scheduler exits")
                     return
 
 
+def torch_device_index(device: str) -> Optional[int]:
+    """The index in an explicit device string (``"cuda:3"`` -> 3), None for ``"cuda"``/``"cpu"``."""
+    _, sep, idx = device.partition(":")
+    return int(idx) if sep and idx.isdigit() else None
+
+
 def run_scheduler_process(server_args, port_args, ready_pipe, parent_pid: Optional[int] = None, tp_rank: int = 0,
-                          dist_init_method: Optional[str] = None, signal_parent_on_crash: bool = True) -> None:
+                          dist_init_method: Optional[str] = None, signal_parent_on_crash: bool = True,
+                          device: Optional[str] = None, parent_watch=None) -> None:
     """Entry point of the scheduler subprocess of TP rank ``tp_rank``.
 
     Sends ``{"status": "ready", ...scheduler info}`` through ``ready_pipe`` once
     the model and KV cache are set up, or ``{"status": "error", "message": ...}``
     if startup fails (unknown architecture, missing/corrupt weights, a failed TP rendezvous, ...).
     With ``server_args.tp_size > 1`` it first joins the TP group at ``dist_init_method``
-    (``tcp://HOST:PORT``).
+    (``tcp://HOST:PORT``). ``device``: the explicit device the launcher assigned (e.g. ``cuda:3``; default
+    ``server_args.resolved_device``, i.e. ``cuda`` = the current device). ``parent_watch``: the launcher's
+    liveness (the loop returns when it is gone).
     """
     tp_size = server_args.tp_size
     configure_logger(server_args.log_level, f"Scheduler TP{tp_rank}" if tp_size > 1 else "Scheduler")
@@ -159,18 +169,20 @@ def run_scheduler_process(server_args, port_args, ready_pipe, parent_pid: Option
         from sglang.srt.managers.scheduler import Scheduler
         from sglang.srt.model_executor.model_runner import ModelRunner
 
-        device = server_args.resolved_device
-        mc = ModelConfig.from_path(server_args.model_path, server_args.context_length, server_args.dtype, device)
+        device_type = server_args.resolved_device
+        device = device or device_type
+        mc = ModelConfig.from_path(server_args.model_path, server_args.context_length, server_args.dtype, device_type)
         ps = None
         if tp_size > 1:
             from sglang.srt.distributed.parallel_state import DistConfig, init_parallel_state, validate_tp_config
 
             validate_tp_config(mc, tp_size, server_args.ep_size, server_args.nnodes)
             ps = init_parallel_state(DistConfig(
-                tp_rank=tp_rank, tp_size=tp_size, init_method=dist_init_method or "", device=device,
+                tp_rank=tp_rank, tp_size=tp_size, init_method=dist_init_method or "", device=device_type,
+                device_index=torch_device_index(device),
                 ep_size=server_args.ep_size, nnodes=server_args.nnodes, node_rank=server_args.node_rank,
                 **({"timeout_s": float(server_args.dist_timeout)} if server_args.dist_timeout else {})))
-            if device == "cuda":
+            if device_type == "cuda":
                 device = str(ps.torch_device())
         runner = ModelRunner(mc, server_args, device, tp_rank=tp_rank, tp_size=tp_size, parallel_state=ps)
         tokenizer = None if server_args.skip_tokenizer_init else get_tokenizer(
@@ -197,7 +209,7 @@ def run_scheduler_process(server_args, port_args, ready_pipe, parent_pid: Option
         "pid": os.getpid(),
     })
     try:
-        proc.event_loop(parent_pid)
+        proc.event_loop(parent_watch)
     except Exception:
         logger.error("scheduler (TP rank %d) crashed:\n%s", tp_rank, traceback.format_exc())
         if parent_pid is not None and signal_parent_on_crash:  # off for the in-process Engine

@@ -39,6 +39,22 @@ def get_zmq_socket(context: zmq.Context, socket_type: int, endpoint: str, bind: 
     return sock
 
 
+def free_tcp_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct TCP ports that were free on ``host`` a moment ago (bound together, then released)."""
+    import socket
+
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def get_tokenizer(path: str, trust_remote_code: bool = False):
     """Load a HF tokenizer from a local folder (no hub access is attempted).
 

@@ -1,0 +1,95 @@
+"""Import layering of the engine seams: model files never import executors (techniques are executors, not
+forks of model files), layers never import the model executor, the communicator is independent of layers,
+and CPU-only modules never import a CUDA-only one (Triton kernels, compiled extensions)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRT = Path(__file__).resolve().parents[2] / "python" / "sglang" / "srt"
+
+CPU_MODULES = [
+    "sglang.srt.models.llama", "sglang.srt.models.mixtral", "sglang.srt.models.qwen2_moe",
+    "sglang.srt.models.qwen3_moe", "sglang.srt.managers.scheduler", "sglang.srt.mem_cache.kv_cache",
+    "sglang.srt.mem_cache.kv_descriptor", "sglang.srt.model_executor.executors", "sglang.srt.forward_batch_info",
+    "sglang.srt.batch_split", "sglang.srt.ops_ref", "sglang.srt.distributed.communicator",
+    "sglang.srt.distributed.parallel_state", "sglang.srt.model_executor.worker_builder",
+    "sglang.srt.entrypoints.worker_launcher", "sglang.srt.layers.ops", "sglang.srt.layers.stages",
+]
+CUDA_ONLY_PREFIXES = ("triton", "sgl_kernel", "sglang.srt.layers.triton_ops", "sglang.srt.layers.attention.triton_ops",
+                      "sglang.srt.model_executor.cuda_graph_runner_cuda")
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module name a file imports (absolute names; relative imports are resolved against its package)."""
+    tree = ast.parse(path.read_text())
+    pkg = ".".join(path.relative_to(SRT.parents[1]).with_suffix("").parts[:-1])
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(pkg.split(".")[: len(pkg.split(".")) - node.level + 1] + ([base] if base else []))
+            names.add(base)
+            names.update(f"{base}.{a.name}" for a in node.names)
+    return names
+
+
+@pytest.mark.parametrize("path", sorted((SRT / "models").glob("*.py")), ids=lambda p: p.name)
+def test_model_files_do_not_import_executors(path):
+    bad = sorted(n for n in _imports(path) if n.startswith(("sglang.srt.model_executor", "sglang.srt.tokenweave",
+                                                            "sglang.srt.afd", "sglang.srt.disaggregation")))
+    assert not bad, f"{path.name} imports {bad}: techniques plug in as executors, never in model files"
+
+
+def test_layers_do_not_import_the_model_executor():
+    offenders = {p.relative_to(SRT).as_posix(): sorted(n for n in _imports(p) if n.startswith("sglang.srt.model_executor"))
+                 for p in (SRT / "layers").rglob("*.py")}
+    assert not {k: v for k, v in offenders.items() if v}
+
+
+def test_communicator_is_independent_of_layers():
+    for name in ("communicator.py", "parallel_state.py"):
+        bad = sorted(n for n in _imports(SRT / "distributed" / name) if n.startswith("sglang.srt.layers"))
+        assert not bad, f"distributed/{name} imports {bad}"
+
+
+def test_no_bottom_of_file_import_cycle():
+    """``layers/ops.py`` imports only the references; no layer module imports ``ops`` after its definitions."""
+    assert not any(n.startswith("sglang.srt.layers.") and n != "sglang.srt.layers.triton_ops"
+                   for n in _imports(SRT / "layers" / "ops.py")), "layers/ops.py must not import layer modules"
+    for p in (SRT / "layers").rglob("*.py"):
+        tree = ast.parse(p.read_text())
+        seen_def = False
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                seen_def = True
+            elif seen_def and isinstance(node, (ast.Import, ast.ImportFrom)):
+                pytest.fail(f"{p.relative_to(SRT)} imports after its definitions (an import cycle workaround)")
+
+
+def test_cpu_modules_import_no_cuda_only_module():
+    code = ("import sys, importlib\n"
+            f"for m in {CPU_MODULES!r}: importlib.import_module(m)\n"
+            f"bad = sorted(m for m in sys.modules if m.startswith({CUDA_ONLY_PREFIXES!r}))\n"
+            "print(','.join(bad))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "", f"CPU modules pulled in CUDA-only modules: {out.stdout.strip()}"
+
+
+def test_nvls_env_defined_once():
+    """The multicast-off environment is written in one place (utils/nvls_env.py)."""
+    root = SRT.parents[2]
+    hits = []
+    for p in list((root / "python").rglob("*.py")) + list((root / "benchmark").rglob("*.py")):
+        if p.name != "nvls_env.py" and '"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"' in p.read_text():
+            hits.append(str(p.relative_to(root)))
+    assert not hits, f"NVLS-off environment re-defined in {hits}; import it from sglang.srt.utils.nvls_env"

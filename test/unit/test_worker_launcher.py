@@ -1,0 +1,134 @@
+"""The WorkerLauncher protocol (multiprocessing implementation): explicit devices, the NVLS-off environment,
+liveness that survives a SIGKILLed launcher without os.getppid(), process groups by role, TCP sockets."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import socket
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import launcher_helpers  # noqa: E402
+
+from sglang.srt.entrypoints.worker_launcher import (  # noqa: E402
+    MultiprocessingLauncher, PipeParentWatch, WorkerSpec, worker_device,
+)
+from sglang.srt.server_args import PortArgs, ServerArgs  # noqa: E402
+
+
+def _wait_file(path, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.path.exists(path) and os.path.getsize(path) > 0:
+            time.sleep(0.05)
+            return open(path).read()
+        time.sleep(0.05)
+    raise TimeoutError(path)
+
+
+def test_worker_device_is_explicit():
+    assert [worker_device("cuda", i, base_gpu_id=2, gpu_id_step=2) for i in range(3)] == ["cuda:2", "cuda:4", "cuda:6"]
+    assert worker_device("cpu", 5) == "cpu"
+    with pytest.raises(ValueError, match="gpu_id_step"):
+        worker_device("cuda", 0, gpu_id_step=0)
+    with pytest.raises(ValueError, match="base-gpu-id"):
+        ServerArgs(base_gpu_id=-1)
+    with pytest.raises(ValueError, match="zmq-transport"):
+        ServerArgs(zmq_transport="udp")
+
+
+def test_launch_passes_env_and_device(tmp_path):
+    launcher = MultiprocessingLauncher()
+    out = str(tmp_path / "w.json")
+    h = launcher.launch(WorkerSpec(name="w", target=launcher_helpers.record_env, args=(out, "cuda:3"), device="cuda:3",
+                                   env={"SGLANG_TEST_EXTRA": "x"}))
+    h.join(60)
+    assert h.exitcode == 0
+    got = json.loads(open(out).read())
+    assert got["env"] == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+                          "SGLANG_TEST_EXTRA": "x"}
+    assert got["device"] == "cuda:3" and got["pid"] == h.pid and got["alive"] is True
+
+
+def test_worker_exits_when_its_launcher_is_sigkilled(tmp_path):
+    """No os.getppid(): the launcher dies by SIGKILL (no cleanup runs), the pipe closes, the worker leaves."""
+    out = str(tmp_path / "grandchild.pid")
+    middle = mp.get_context("spawn").Process(target=launcher_helpers.middle_launcher, args=(out,))
+    middle.start()
+    try:
+        pid = int(_wait_file(out))
+        time.sleep(0.5)
+        os.kill(pid, 0)  # alive while the launcher lives
+        os.kill(middle.pid, signal.SIGKILL)
+        middle.join(10)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            try:  # reap if it became our child's zombie (it is re-parented to init or a subreaper)
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            time.sleep(0.1)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            pytest.fail("the worker outlived its SIGKILLed launcher by 20 s")
+    finally:
+        if middle.is_alive():
+            middle.kill()
+
+
+def test_pipe_watch_sees_closed_writer():
+    reader, writer = mp.get_context("spawn").Pipe(duplex=False)
+    watch = PipeParentWatch(reader)
+    assert watch.parent_alive()
+    writer.close()
+    assert not watch.parent_alive() and not watch.parent_alive()
+
+
+def test_process_groups_by_role(tmp_path):
+    """Two roles of two ranks each: collectives stay inside a role; tp_rank/tp_size are role-local."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    roles = [("attention", [0, 1]), ("ffn", [2, 3])]
+    ctx = mp.get_context("spawn")
+    outs = [str(tmp_path / f"r{r}.json") for r in range(4)]
+    procs = [ctx.Process(target=launcher_helpers.role_allreduce, args=(r, f"tcp://127.0.0.1:{port}", roles, outs[r]))
+             for r in range(4)]
+    for p in procs:
+        p.start()
+    try:
+        for p in procs:
+            p.join(120)
+        assert [p.exitcode for p in procs] == [0] * 4
+        got = [json.loads(open(o).read()) for o in outs]
+        assert [(g["role"], g["tp_rank"], g["tp_size"], g["sum"]) for g in got] == [
+            ("attention", 0, 2, 3.0), ("attention", 1, 2, 3.0), ("ffn", 0, 2, 7.0), ("ffn", 1, 2, 7.0)]
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+
+
+def test_role_layout_validation():
+    from sglang.srt.distributed.parallel_state import init_role_parallel_state
+
+    with pytest.raises(ValueError, match="partition"):
+        init_role_parallel_state(0, [("a", [0, 2])], "tcp://127.0.0.1:1")
+
+
+def test_port_args_tcp():
+    pa = PortArgs.init_new("tcp")
+    eps = [pa.tokenizer_ipc, pa.scheduler_input_ipc, pa.detokenizer_ipc]
+    assert all(e.startswith("tcp://127.0.0.1:") for e in eps) and len(set(eps)) == 3 and pa.ipc_dir == ""
+    with pytest.raises(ValueError, match="transport"):
+        PortArgs.init_new("udp")
