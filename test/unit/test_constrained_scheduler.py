@@ -64,6 +64,7 @@ class FakeRunner:
         self.req_to_token_pool = ReqToTokenPool(max_running + 1, 520, "cpu")
         self.allocator = TokenToKVPoolAllocator(max_total_tokens, 1, "cpu")
         self.kv_cache = KVCache(self.req_to_token_pool, None, self.allocator, disable_radix_cache)
+        self.device, self.tp_size, self.parallel_state = torch.device("cpu"), 1, None
         self.sampler = Sampler(0, "cpu")
         self.batch_sizes: list[int] = []
         self.masked_batches = 0
@@ -269,7 +270,7 @@ def _agree_worker(rank: int, port: int, flags: list[list[bool]], out) -> None:
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        fake = types.SimpleNamespace(runner=types.SimpleNamespace(
+        fake = types.SimpleNamespace(control_group=None, runner=types.SimpleNamespace(
             tp_size=2, parallel_state=types.SimpleNamespace(cpu_group=dist.group.WORLD)))
         out.put((rank, Scheduler._agree_ready(fake, flags[rank])))
     finally:

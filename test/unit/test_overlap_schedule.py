@@ -71,6 +71,7 @@ class _Gated:
     """A runner whose forward waits for a gate; records the order of forwards."""
 
     def __init__(self):
+        self.device = "cpu"
         self.gate = threading.Event()
         self.seen: list[list[int]] = []
 
@@ -142,6 +143,7 @@ class FakeRunner:
         self.req_to_token_pool = ReqToTokenPool(max_running + 1, 520, "cpu")
         self.allocator = TokenToKVPoolAllocator(max_total_tokens, page_size, "cpu")
         self.kv_cache = KVCache(self.req_to_token_pool, None, self.allocator, disable_radix_cache)
+        self.device, self.tp_size, self.parallel_state = torch.device("cpu"), 1, None
         self.kv = torch.full((max_total_tokens + 2 * page_size,), -1, dtype=torch.int64)
         self.sampler = Sampler(0, "cpu")
         self.num_batches = 0

@@ -78,6 +78,7 @@ class FakeRunner:
         self.req_to_token_pool = ReqToTokenPool(max_running + 1, context_len + 8, "cpu")
         self.allocator = TokenToKVPoolAllocator(max_total_tokens, page_size, "cpu")
         self.kv_cache = KVCache(self.req_to_token_pool, None, self.allocator, disable_radix_cache)
+        self.device, self.tp_size, self.parallel_state = torch.device("cpu"), 1, None
         self.kv = torch.full((max_total_tokens + 2 * page_size,), -1, dtype=torch.int64)
         self.batches: list = []
 

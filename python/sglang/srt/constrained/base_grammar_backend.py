@@ -120,7 +120,7 @@ def create_grammar_backend(server_args: Any, tokenizer: Any, vocab_size: int,
     Raises:
         ValueError: an unknown backend name.
     """
-    name = getattr(server_args, "grammar_backend", "xgrammar") or "none"
+    name = server_args.grammar_backend or "none"
     if name == "none":
         return None
     if tokenizer is None:
@@ -131,5 +131,5 @@ def create_grammar_backend(server_args: Any, tokenizer: Any, vocab_size: int,
 
         return XGrammarBackend(
             tokenizer, vocab_size, list(eos_token_ids or ()),
-            json_any_whitespace=not getattr(server_args, "constrained_json_disable_any_whitespace", False))
+            json_any_whitespace=not server_args.constrained_json_disable_any_whitespace)
     raise ValueError(f"--grammar-backend={name!r} is invalid: use xgrammar or none")

@@ -72,7 +72,8 @@ class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
         server_args: the frozen :class:`ServerArgs`.
         runner: the model worker: ``kv_cache`` (the :class:`~sglang.srt.mem_cache.kv_cache.KVCache`, the only
             KV object the scheduler talks to), ``max_running_requests``, ``forward(ModelWorkerBatch)``,
-            ``make_sampling_info``.
+            ``make_sampling_info``, ``model_config``, ``device``, ``tp_size``, ``parallel_state`` (None
+            without TP).
         tokenizer: used for stop strings and grammars (None with ``--skip-tokenizer-init``).
         grammar_backend: overrides the backend ``--grammar-backend`` selects (tests); by default
             one is created from ``server_args``, the tokenizer and the model config.
@@ -98,7 +99,7 @@ class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
         self.waiting: list[Req] = []
         self.grammar_queue: list[Req] = []  # requests whose grammar is still compiling
         self.grammar_backend = grammar_backend if grammar_backend is not None else create_grammar_backend(
-            server_args, tokenizer, self.model_config.vocab_size, getattr(self.model_config, "eos_token_ids", ()))
+            server_args, tokenizer, self.model_config.vocab_size, self.model_config.eos_token_ids)
         self.running: list[Req] = []
         self.chunked_req: Optional[Req] = None
         self.outputs: list[Req] = []  # requests with something to report after this step
@@ -108,7 +109,7 @@ class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
         self.stats_gen_tokens = 0
         self.forward_ct = 0
 
-        self.overlap = overlap_schedule_enabled(server_args, getattr(runner, "device", "cpu"), overlap)
+        self.overlap = overlap_schedule_enabled(server_args, runner.device, overlap)
         self.inflight: Optional[ScheduleBatch] = None  # launched, result not processed yet (overlap)
         self.future_ring_size = 4 * (self.max_running + 2)  # > the sampled rows of two batches
         self.future_ct = 0
@@ -123,8 +124,8 @@ class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
         model's collectives at the same time: ranks would interleave the two threads' collectives
         differently. Overlap then gets a separate gloo group (created on every rank at the same point).
         """
-        ps = getattr(self.runner, "parallel_state", None)
-        if ps is None or getattr(self.runner, "tp_size", 1) <= 1:
+        ps = self.runner.parallel_state
+        if ps is None or self.runner.tp_size <= 1:
             return None
         if self.overlap and ps.cpu_group is ps.device_group:
             import torch.distributed as dist

@@ -41,13 +41,13 @@ class SchedulerGrammarMixin:
         """With tensor parallelism, a request leaves the grammar queue only once its grammar is ready
         on every rank (compilation times differ per rank; batches must not). One small CPU all-reduce
         per step while the queue is non-empty; a no-op on one rank."""
-        ps = getattr(self.runner, "parallel_state", None)
-        if ps is None or getattr(self.runner, "tp_size", 1) <= 1:
+        ps = self.runner.parallel_state
+        if ps is None or self.runner.tp_size <= 1:
             return ready
         import torch.distributed as dist
 
         flags = torch.tensor(ready, dtype=torch.int32)
-        dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=getattr(self, "control_group", None) or ps.cpu_group)
+        dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=self.control_group or ps.cpu_group)
         return [bool(x) for x in flags.tolist()]
 
     def _wait_for_grammars(self, timeout: float) -> None:

@@ -118,7 +118,7 @@ class SchedulerProcess:
         if ps is not None and ps.tp_size > 1:
             from sglang.srt.distributed.parallel_state import broadcast_bytes_list
 
-            group = getattr(self.scheduler, "control_group", None) or ps.cpu_group
+            group = self.scheduler.control_group or ps.cpu_group
             raw = broadcast_bytes_list(raw, group, src=0)
         for data in raw:
             self.handle(decode_msg(data))

@@ -91,18 +91,23 @@ class ModelRunner:
         self.model = self._load_model(server_args)
         self.num_kv_heads = local_kv_heads(model_config.num_key_value_heads, tp_size)
         self.local_num_heads = model_config.num_attention_heads // tp_size
-        self.kv_cache = self._create_kv_cache(server_args)
-        self.pad_req_idx = self._reserve_pad_row()
-        self.attention_backend_name = self._attention_backend_name(server_args)
-        self.attn_backend = create_attention_backend(self.attention_backend_name)
         self.executor: ModelExecutor = executor or SequentialExecutor()
         self.sampler = Sampler(server_args.random_seed, self.device)
-        self.cuda_graph_runner = self._init_cuda_graphs(server_args)
+        self.attention_backend_name = self._attention_backend_name(server_args)
+        self.attn_backend = create_attention_backend(self.attention_backend_name)
+        if self.role_spec.holds_kv:
+            self.kv_cache: Optional[KVCache] = self._create_kv_cache(server_args)
+            self.pad_req_idx: Optional[int] = self._reserve_pad_row()
+            self.cuda_graph_runner = self._init_cuda_graphs(server_args)
+        else:  # e.g. an FFN worker: experts only, no KV, no attention batches
+            self.kv_cache, self.pad_req_idx, self.cuda_graph_runner = None, None, None
+            self.max_running_requests = 0
         logger.info(
             "model %s loaded on %s (%s, role %s, TP rank %d/%d, %d local KV heads); KV cache %d tokens (%.1f MiB), "
             "max running requests %d; attention backend %s, executor %s, CUDA graphs %s", model_config.architecture,
             self.device, model_config.dtype, self.role_spec.role.value, self.tp_rank, self.tp_size, self.num_kv_heads,
-            self.max_total_tokens, self.token_to_kv_pool.kv_size_bytes() / 2**20, self.max_running_requests,
+            self.max_total_tokens, self.token_to_kv_pool.kv_size_bytes() / 2**20 if self.kv_cache else 0.0,
+            self.max_running_requests,
             self.attention_backend_name, self.executor.name,
             f"up to batch {self.cuda_graph_runner.max_bs}" if self.cuda_graph_runner else "off",
         )
@@ -141,23 +146,23 @@ class ModelRunner:
     # ---- the KV cache's parts, for worker-side code (CUDA graphs, bench_one_batch); the scheduler uses kv_cache
     @property
     def max_total_tokens(self) -> int:
-        """Usable KV slots (whole pages)."""
-        return self.kv_cache.max_total_tokens
+        """Usable KV slots (whole pages); 0 for a role without KV."""
+        return self.kv_cache.max_total_tokens if self.kv_cache else 0
 
     @property
     def req_to_token_pool(self):
-        """The KV cache's request rows."""
-        return self.kv_cache.req_to_token_pool
+        """The KV cache's request rows (None for a role without KV)."""
+        return self.kv_cache.req_to_token_pool if self.kv_cache else None
 
     @property
-    def token_to_kv_pool(self) -> MHATokenToKVPool:
-        """The KV cache's region."""
-        return self.kv_cache.token_to_kv_pool
+    def token_to_kv_pool(self) -> Optional[MHATokenToKVPool]:
+        """The KV cache's region (None for a role without KV)."""
+        return self.kv_cache.token_to_kv_pool if self.kv_cache else None
 
     @property
     def allocator(self):
-        """The KV cache's page allocator."""
-        return self.kv_cache.allocator
+        """The KV cache's page allocator (None for a role without KV)."""
+        return self.kv_cache.allocator if self.kv_cache else None
 
     def _reserve_pad_row(self) -> int:
         """Take one ``req_to_token`` row out of the scheduler's reach and zero it (its slot 0 is the
@@ -218,6 +223,8 @@ class ModelRunner:
             sampled too and ignored by the scheduler). After a graph replay,
             ``next_token_logits`` is a view of the graph's static output: valid until the next step.
         """
+        if self.kv_cache is None:
+            raise ValueError(f"a {self.role_spec.role.value} worker holds no KV cache and runs no attention batches")
         graphs = self.cuda_graph_runner
         if graphs is not None and graphs.can_run(batch):
             logits_out = graphs.replay(batch)

@@ -47,16 +47,16 @@ def overlap_schedule_enabled(server_args: Any, device: Any, override: Optional[b
     """Whether the scheduler overlaps CPU scheduling with the forward.
 
     Policy: ``override`` (tests) wins; then ``--disable-overlap-schedule`` turns it off; then
-    ``enable_overlap_schedule`` (a ServerArgs flag, if present) or the environment variable
+    ``enable_overlap_schedule`` (a ServerArgs flag) or the environment variable
     ``SGLANG_ENABLE_OVERLAP_SCHEDULE=1`` turn it on; otherwise it is on for CUDA devices only. On CPU
     the forward and the scheduler share the cores and the GIL, so overlap rarely pays; it is
     supported (and tested) there but off by default.
     """
     if override is not None:
         return bool(override)
-    if getattr(server_args, "disable_overlap_schedule", False):
+    if server_args.disable_overlap_schedule:
         return False
-    if getattr(server_args, "enable_overlap_schedule", False):
+    if server_args.enable_overlap_schedule:
         return True
     if os.environ.get(OVERLAP_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
         return True
@@ -106,7 +106,7 @@ class OverlapWorker:
 
     def __init__(self, runner: Any, ring_size: int):
         self.runner = runner
-        self.device = torch.device(getattr(runner, "device", "cpu"))
+        self.device = torch.device(runner.device)
         self.ring = FutureTokenRing(ring_size)
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._queue: "queue.Queue[Optional[tuple]]" = queue.Queue()
