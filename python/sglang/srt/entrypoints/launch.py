@@ -205,7 +205,7 @@ def launch_subprocesses(server_args: ServerArgs, port_args: PortArgs, in_process
         scheds.append(launcher.launch(spec))
         pipes.append((rank, reader))
         if tp > 1:
-            logger.info("scheduler TP rank %d started (pid %d, %s)", rank, scheds[-1].pid, device)
+            logger.info("scheduler TP rank %d started (pid %d) on %s", rank, scheds[-1].pid, device)
     detok = None
     if server_args.node_rank == 0:
         detok = launcher.launch(WorkerSpec(
