@@ -124,3 +124,35 @@ def tp_model_logits(ps, path: str, ep_size: int = 1) -> list[torch.Tensor]:
 def tp_models_logits(ps, jobs: list[tuple[str, int]]) -> list[list[torch.Tensor]]:
     """Rank body: :func:`tp_model_logits` for every ``(checkpoint path, ep_size)`` job."""
     return [tp_model_logits(ps, path, ep) for path, ep in jobs]
+
+
+def tokenweave_logits(ps, path: str) -> list[list[torch.Tensor]]:
+    """Rank body: the checkpoint sharded for this rank with the tw-comm communicator (RS -> add+RMSNorm -> AG
+    on gloo) and TokenWeave's executor forced to cut each of :data:`STEPS` at every token boundary; returns,
+    per step, the logits of every cut."""
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.distributed.tw_communicator import TwCommunicator
+    from sglang.srt.model_loader.loader import load_model
+    from sglang.srt.tokenweave import gemm_widths_of
+    from sglang.srt.tokenweave.executor import TokenWeaveConfig, TokenWeaveExecutor
+
+    class ForcedCut(TokenWeaveExecutor):
+        cut = 1
+
+        def plan(self, fb):
+            return list(fb.split_tokens(self.cut))
+
+    config = ModelConfig.from_path(path)
+    comm = TwCommunicator(ps)
+    model = load_model(config, "auto", "cpu", tp_rank=ps.tp_rank, tp_size=ps.tp_size, comm=comm)
+    ex = ForcedCut(TokenWeaveConfig(min_tokens=2, gemm_widths=gemm_widths_of(config, ps.tp_size)), torch.device("cpu"))
+    h = harness_for(model, config, ps.tp_size)
+    out = []
+    for items in STEPS:
+        fb = h.prepare(items)
+        per_cut = []
+        for cut in range(1, fb.num_tokens):
+            ex.cut = cut
+            per_cut.append(h.run(fb, ex).clone())
+        out.append(per_cut)
+    return out

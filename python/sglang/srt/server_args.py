@@ -76,6 +76,11 @@ class ServerArgs:
     gpu_id_step: int = 1  # GPU index step between consecutive workers
     zmq_transport: str = "ipc"  # ipc | tcp: transport of the inter-process sockets (tcp: workers may be remote)
 
+    # TokenWeave (compute-communication overlap of two token splits)
+    enable_tokenweave: bool = False
+    tokenweave_min_tokens: int = 1024
+    tokenweave_comm_sms: Optional[int] = None
+
     # Misc
     random_seed: int = 0
     log_level: str = "info"
@@ -114,6 +119,10 @@ class ServerArgs:
             bad("base-gpu-id", self.base_gpu_id, "use a GPU index >= 0")
         if self.gpu_id_step < 1:
             bad("gpu-id-step", self.gpu_id_step, "use a step >= 1")
+        if self.tokenweave_min_tokens < 2:
+            bad("tokenweave-min-tokens", self.tokenweave_min_tokens, "use >= 2 (a split needs two tokens)")
+        if self.tokenweave_comm_sms is not None and not 1 <= self.tokenweave_comm_sms <= 256:
+            bad("tokenweave-comm-sms", self.tokenweave_comm_sms, "use an SM count in [1, 256]")
         if self.zmq_transport not in ("ipc", "tcp"):
             bad("zmq-transport", self.zmq_transport, "use ipc or tcp")
         if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
@@ -182,6 +191,10 @@ class ServerArgs:
             "max_total_tokens": "KV cache size in tokens (overrides the memory-based size).",
             "base_gpu_id": "The first GPU index this node's workers use (worker i gets base + i * step).",
             "gpu_id_step": "The GPU index step between consecutive workers on a node.",
+            "enable_tokenweave": "TokenWeave: split large batches into two wave-aware token halves and overlap one "
+            "half's fused AllReduce + RMSNorm with the other half's compute (TP > 1; --comm-backend tw by default).",
+            "tokenweave_min_tokens": "Batches with fewer new tokens (and decode batches) run unsplit.",
+            "tokenweave_comm_sms": "SM budget of TokenWeave's overlapped communication kernel (default: tw-comm's).",
             "zmq_transport": "ipc|tcp: transport of the sockets between the server's processes (tcp on "
             "127.0.0.1 ports, so a worker can live on another host).",
         }

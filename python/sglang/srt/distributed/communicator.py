@@ -257,6 +257,7 @@ COMMUNICATOR_BACKENDS: Mapping[str, str] = MappingProxyType({
     "torch": "sglang.srt.distributed.communicator:TorchCommunicator.create",
     "custom": "sglang.srt.distributed.communicator:_create_custom",
     "nocomm": "sglang.srt.distributed.communicator:NoCommCommunicator.create",
+    "tw": "sglang.srt.distributed.tw_communicator:TwCommunicator.create",
 })
 """Backend name -> ``"module:factory"`` (a dotted attribute path is allowed after the colon)."""
 

@@ -86,11 +86,22 @@ class ModelRunner:
             set_cpu_threads(model_config)
         self.page_size = server_args.page_size
         torch.manual_seed(server_args.random_seed)
-        self.comm = comm if comm is not None else create_communicator(
-            parallel_state, comm_backend or server_args.comm_backend, server_args.disable_custom_all_reduce)
+        if comm is not None:
+            self.comm = comm
+        elif server_args.enable_tokenweave and comm_backend is None:
+            from sglang.srt.tokenweave import create_tokenweave_communicator
+
+            self.comm = create_tokenweave_communicator(parallel_state, server_args)
+        else:
+            self.comm = create_communicator(parallel_state, comm_backend or server_args.comm_backend,
+                                            server_args.disable_custom_all_reduce)
         self.model = self._load_model(server_args)
         self.num_kv_heads = local_kv_heads(model_config.num_key_value_heads, tp_size)
         self.local_num_heads = model_config.num_attention_heads // tp_size
+        if executor is None and server_args.enable_tokenweave:
+            from sglang.srt.tokenweave import create_tokenweave_executor
+
+            executor = create_tokenweave_executor(model_config, server_args, self.device, tp_size)
         self.executor: ModelExecutor = executor or SequentialExecutor()
         self.sampler = Sampler(server_args.random_seed, self.device)
         self.attention_backend_name = self._attention_backend_name(server_args)

@@ -47,6 +47,10 @@ class SubBatchExecutor(ModelExecutor):
         """Run one stage of one sub-batch (default: on the current stream)."""
         layer.run_stage(stage, state)
 
+    def finish(self, states: list[LayerState]) -> None:
+        """Called after the last layer, before the sub-batches' outputs are concatenated (default: nothing;
+        stream-based executors make the current stream wait for every sub-batch here)."""
+
     def run(self, model: Any, forward_batch: ForwardBatch) -> Any:
         """Forward ``forward_batch`` as its planned sub-batches (see the module docstring)."""
         subs = self.plan(forward_batch)
@@ -59,6 +63,7 @@ class SubBatchExecutor(ModelExecutor):
             for stage in layer.stage_names():
                 for st in states:
                     self.run_stage(layer, stage, st)
+        self.finish(states)
         hidden = torch.cat([st.hidden for st in states])
         residual = torch.cat([st.residual for st in states])
         return model.compute_logits(model.final_norm(hidden, residual), forward_batch)

@@ -1,0 +1,97 @@
+"""The tw-comm communicator (``--comm-backend tw``): TokenWeave's fused AllReduce + residual + RMSNorm.
+
+``all_reduce_add_rmsnorm`` is the call site TokenWeave replaces (Gond et al. 2025, sec. 3.2-3.3): on GPU
+it runs tw-comm's kernels over a long-lived :class:`~sglang.srt.distributed.tw_comm.TwCommWorkspace`
+(one-shot for small inputs; for large ones the *RMSNorm reordering* -- ReduceScatter, residual add +
+RMSNorm on this rank's 1/N of the tokens, AllGather -- fused in one kernel, or the copy-engine variant on
+few SMs when the call overlaps compute); on CPU (gloo) it runs the same ReduceScatter -> add + RMSNorm
+-> AllGather decomposition with torch collectives, so CPU tests exercise the reordered math. The other
+collectives are plain ``torch.distributed``.
+
+Calls are stream-ordered on the caller's current stream; an overlapped caller (TokenWeave's executor on
+its communication stream) passes ``overlap=True`` and the SM budget ``--tokenweave-comm-sms``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+import torch
+
+from sglang.srt.distributed.communicator import Communicator, TorchCommunicator
+
+logger = logging.getLogger(__name__)
+
+
+class TwCommunicator(Communicator):
+    """tw-comm collectives over a TP group (see the module docstring).
+
+    Args:
+        ps: the rank's :class:`~sglang.srt.distributed.parallel_state.ParallelState` (world >= 1).
+        comm_sms: SM budget of overlapped calls (None: the workspace's default for the chosen variant).
+    Raises:
+        ValueError: ``comm_sms`` outside [1, 256].
+    """
+
+    name = "tw"
+    supports_overlap = True
+
+    def __init__(self, ps: Any, comm_sms: Optional[int] = None):
+        world = 1 if ps is None else ps.tp_size
+        super().__init__(0 if ps is None else ps.tp_rank, world)
+        if comm_sms is not None and not 1 <= comm_sms <= 256:
+            raise ValueError(f"--tokenweave-comm-sms={comm_sms} must be in [1, 256]")
+        self.torch = TorchCommunicator.create(ps)
+        self.comm_sms = comm_sms
+        self.group = None if ps is None else ps.device_group
+        self.ws = None
+        if ps is not None and world > 1 and ps.device == "cuda":
+            from sglang.srt.distributed.tw_comm import TwCommWorkspace
+
+            self.ws = TwCommWorkspace(ps.device_group, ps.torch_device())
+
+    @classmethod
+    def create(cls, ps: Any) -> "TwCommunicator":
+        """Factory for :func:`~sglang.srt.distributed.communicator.create_communicator` (default SM budget)."""
+        return cls(ps)
+
+    def all_reduce(self, x):
+        """Sum over ranks (torch.distributed)."""
+        return self.torch.all_reduce(x)
+
+    def all_gather(self, x, dim=-1):
+        """Rank-ordered concatenation (torch.distributed)."""
+        return self.torch.all_gather(x, dim)
+
+    def reduce_scatter(self, x):
+        """This rank's rows of the sum (torch.distributed)."""
+        return self.torch.reduce_scatter(x)
+
+    def all_reduce_add_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                               overlap: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(rmsnorm(residual + allreduce(x)) * weight, residual + allreduce(x))``, x/residual ``[T, H]``.
+
+        GPU: tw-comm's fused kernel (bf16/fp16; variant by size, ``overlap`` selects the few-SM variant and
+        the ``comm_sms`` budget); CPU/other dtypes: ReduceScatter -> add + RMSNorm on owned rows -> AllGather.
+        """
+        if self.world_size == 1:
+            from sglang.srt.ops_ref import rmsnorm_ref
+
+            return rmsnorm_ref(x, weight, eps, residual)
+        if self.ws is not None and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
+            x, residual = x.contiguous(), residual.contiguous()
+            out = self.ws.allreduce_rmsnorm(x, residual, weight, eps, overlap=overlap,
+                                            max_sms=self.comm_sms if overlap else None)
+            return out, residual
+        if x.is_cuda:  # fp32 on GPU: no fused kernel; NCCL all-reduce, then the reference norm
+            return super().all_reduce_add_rmsnorm(x, residual, weight, eps)
+        from sgl_kernel.reference import rs_norm_ag_dist
+
+        new_res, out = rs_norm_ag_dist(x, residual, weight, eps, group=self.group)
+        return out.to(x.dtype), new_res.to(residual.dtype)
+
+    def describe(self) -> str:
+        """One log line: world size, workspace (GPU) or the torch reordered path (CPU), SM budget."""
+        where = "tw-comm workspace" if self.ws is not None else "RS -> add+RMSNorm -> AG over torch.distributed"
+        return f"TwCommunicator(world_size={self.world_size}, {where}, comm_sms={self.comm_sms})"

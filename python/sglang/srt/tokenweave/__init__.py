@@ -1,0 +1,67 @@
+"""TokenWeave (Gond et al., "TokenWeave: Efficient Compute-Communication Overlap for Distributed LLM
+Inference", 2025): wave-aware token splitting (:mod:`.planner`), the overlapped two-stream executor
+(:mod:`.executor`) and the tw-comm communicator it drives
+(:mod:`sglang.srt.distributed.tw_communicator`). Turned on with ``--enable-tokenweave``."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+
+def gemm_widths_of(model_config: "ModelConfig", tp_size: int) -> tuple[int, ...]:
+    """The planner's per-layer GEMM widths for a model config on one TP rank (MoE: experts per token x the
+    expert intermediate size, a dense-equivalent)."""
+    from sglang.srt.tokenweave.planner import layer_gemm_widths
+
+    mc = model_config
+    inter = mc.get("moe_intermediate_size") or mc.get("intermediate_size")
+    if mc.get("num_local_experts") or mc.get("num_experts"):
+        inter = int(inter) * int(mc.get("num_experts_per_tok", 2))
+    return layer_gemm_widths(mc.hidden_size, mc.num_attention_heads, mc.num_key_value_heads, mc.head_dim,
+                             int(inter), tp_size)
+
+
+def create_tokenweave_executor(model_config: "ModelConfig", server_args: "ServerArgs", device: torch.device,
+                               tp_size: int):
+    """The :class:`~sglang.srt.tokenweave.executor.TokenWeaveExecutor` for this worker (SM count of the GPU in
+    the wave model; the H100/H200 default on CPU)."""
+    from sglang.srt.tokenweave.executor import TokenWeaveConfig, TokenWeaveExecutor
+    from sglang.srt.tokenweave.planner import GemmShape
+
+    shape = GemmShape()
+    if device.type == "cuda":
+        shape = GemmShape(num_sms=torch.cuda.get_device_properties(device).multi_processor_count)
+    cfg = TokenWeaveConfig(min_tokens=server_args.tokenweave_min_tokens, comm_sms=server_args.tokenweave_comm_sms,
+                           gemm_widths=gemm_widths_of(model_config, tp_size), gemm_shape=shape)
+    logger.info("TokenWeave on: min tokens %d, comm SMs %s, GEMM widths %s, %d SMs", cfg.min_tokens,
+                cfg.comm_sms or "default", cfg.gemm_widths, shape.num_sms)
+    return TokenWeaveExecutor(cfg, device)
+
+
+def create_tokenweave_communicator(ps: Any, server_args: "ServerArgs"):
+    """The tw-comm communicator when ``--comm-backend`` is auto or tw and it can be built; else the requested
+    backend (NCCL/gloo torch by default), logged either way."""
+    from sglang.srt.distributed.communicator import create_communicator
+
+    backend = server_args.comm_backend
+    if backend not in ("auto", "tw") or ps is None or ps.tp_size == 1:
+        return create_communicator(ps, "torch" if backend == "auto" else backend,
+                                   server_args.disable_custom_all_reduce)
+    from sglang.srt.distributed.tw_communicator import TwCommunicator
+
+    try:
+        comm = TwCommunicator(ps, comm_sms=server_args.tokenweave_comm_sms)
+    except (ImportError, OSError, RuntimeError) as e:
+        logger.warning("TokenWeave: tw-comm is unavailable (%s); falling back to NCCL collectives", e)
+        return create_communicator(ps, "torch", server_args.disable_custom_all_reduce)
+    logger.info("TP communicator (rank %d/%d): %s [TokenWeave]", ps.tp_rank, ps.tp_size, comm.describe())
+    return comm

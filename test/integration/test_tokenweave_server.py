@@ -1,0 +1,40 @@
+"""``--enable-tokenweave`` through the HTTP server on gloo TP ranks: greedy tokens equal TP=1's on stories260K
+and its MoE twin, for long single prompts and batches whose prefill straddles the split (min tokens 8, so
+every prefill and mixed step is split), with chunked prefill and a cached prefix."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import requests
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "unit"))
+from conftest import shared_path  # noqa: E402
+from server_utils import ServerProcess  # noqa: E402
+from test_tp_cpu import N_NEW, generate, tokenize, tp1_greedy  # noqa: E402
+
+PROMPTS = ["Once upon a time, there was a little girl named Lily who loved to play outside in the sun",
+           "The little dog", "Lily and Tom went to the park. They", "One day, a bird"]
+
+
+@pytest.mark.parametrize("name,tp", [("stories260K", 2), ("stories260K-moe", 2), ("stories260K", 4)])
+def test_tokenweave_greedy_equals_tp1(name, tp):
+    path = shared_path("models", name)
+    with ServerProcess(["--model-path", path, "--device", "cpu", "--tp", str(tp), "--enable-tokenweave",
+                        "--tokenweave-min-tokens", "8", "--chunked-prefill-size", "32"]) as s:
+        sp = {"temperature": 0, "max_new_tokens": N_NEW, "ignore_eos": True}
+        single = generate(s, {"text": PROMPTS[0], "sampling_params": sp})
+        assert single["output_ids"] == tp1_greedy(path, tokenize(path, PROMPTS[0]))
+        batch = generate(s, {"text": PROMPTS, "sampling_params": sp})  # prefix of PROMPTS[0] is now cached
+        for p, o in zip(PROMPTS, batch):
+            assert o["output_ids"] == tp1_greedy(path, tokenize(path, p)), p
+        assert batch[0]["meta_info"]["cached_tokens"] > 0
+        log = s.log_tail(400)
+        assert "TokenWeave: " in log and " split " in log, "no batch was split"
+        info = requests.get(s.url + "/get_server_info", timeout=30).json()
+        assert info.get("enable_tokenweave") is True

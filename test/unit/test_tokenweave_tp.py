@@ -1,0 +1,56 @@
+"""TokenWeave on gloo TP ranks (CPU): the tw-comm communicator's reordered AllReduce (ReduceScatter ->
+residual add + RMSNorm on owned tokens -> AllGather) and the executor's two token splits, cut at every
+boundary of prefill, mixed and decode steps, give the single-process logits (fp32) on random configs of
+dense and MoE architectures at TP 2 and 4."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+transformers = pytest.importorskip("transformers")
+
+from test_tp_models import ATOL, RTOL, _reference, checkpoints  # noqa: E402,F401  (fixture)
+from tp_worker import spawn_ranks, tokenweave_logits  # noqa: E402
+
+
+@pytest.mark.parametrize("name,world", [("llama_bias_untied", 2), ("mixtral", 2), ("qwen3_moe", 2),
+                                        ("qwen2_moe_shared", 4)])
+def test_tokenweave_splits_equal_single_process(checkpoints, name, world):  # noqa: F811
+    ref = _reference(checkpoints[name])
+    results = spawn_ranks(tokenweave_logits, world, checkpoints[name], timeout=300)
+    for rank, per_rank in enumerate(results):
+        for step, (cuts, want) in enumerate(zip(per_rank, ref)):
+            assert len(cuts) >= 2 or step >= 2  # prefill and mixed steps have several cuts
+            for cut, got in enumerate(cuts, start=1):
+                torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL,
+                                           msg=lambda m: f"{name} tp{world} rank {rank} step {step} cut {cut}: {m}")
+
+
+def test_tw_communicator_matches_torch_reference():
+    from tp_worker import spawn_ranks as spawn
+
+    results = spawn(_rank_ar_norm, 2)
+    for got, want in results:
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+def _rank_ar_norm(ps):
+    from sglang.srt.distributed.communicator import TorchCommunicator
+    from sglang.srt.distributed.tw_communicator import TwCommunicator
+
+    gen = torch.Generator().manual_seed(100 + ps.tp_rank)
+    shared = torch.Generator().manual_seed(7)
+    got, want = [], []
+    for tokens in (1, 3, 8, 13):
+        x = torch.randn(tokens, 24, generator=gen)
+        res = torch.randn(tokens, 24, generator=shared)
+        w = torch.rand(24, generator=shared) + 0.5
+        got.append(torch.cat(TwCommunicator(ps).all_reduce_add_rmsnorm(x.clone(), res.clone(), w, 1e-6)))
+        want.append(torch.cat(TorchCommunicator.create(ps).all_reduce_add_rmsnorm(x.clone(), res.clone(), w, 1e-6)))
+    return got, want
