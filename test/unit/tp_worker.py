@@ -28,14 +28,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank: int, world: int, init: str, fn, args, pipe, ep_size: int, device: str = "cpu") -> None:
+def _entry(rank: int, world: int, init: str, fn, args, pipe, ep_size: int, device: str = "cpu",
+           share_gpu: bool = False) -> None:
     sys.path.insert(0, HERE)
     torch.set_num_threads(1)
     from sglang.srt.distributed.parallel_state import DistConfig, destroy_parallel_state, init_parallel_state
 
     try:
         ps = init_parallel_state(DistConfig(tp_rank=rank, tp_size=world, init_method=init, device=device,
-                                            ep_size=ep_size, timeout_s=120))
+                                            ep_size=ep_size, timeout_s=120,
+                                            device_index=0 if share_gpu else None,
+                                            device_backend="gloo" if share_gpu else None))
         result = ("ok", fn(ps, *args))
     except BaseException:
         result = ("error", traceback.format_exc())
@@ -46,15 +49,18 @@ def _entry(rank: int, world: int, init: str, fn, args, pipe, ep_size: int, devic
     pipe.send_bytes(pickle.dumps(result))
 
 
-def spawn_ranks(fn, world: int, *args, timeout: float = 180.0, ep_size: int = 1, device: str = "cpu") -> list:
-    """Run ``fn(parallel_state, *args)`` on ``world`` ranks (gloo on CPU, NCCL with ``device="cuda"``);
+def spawn_ranks(fn, world: int, *args, timeout: float = 180.0, ep_size: int = 1, device: str = "cpu",
+                share_gpu: bool = False) -> list:
+    """Run ``fn(parallel_state, *args)`` on ``world`` ranks (gloo on CPU, NCCL with ``device="cuda"``;
+    ``share_gpu=True``: every rank on cuda:0 with a gloo device group, the ``--tp-ranks-share-gpu`` test mode);
     results in rank order (see module doc)."""
     ctx = mp.get_context("spawn")
     init = f"tcp://127.0.0.1:{free_port()}"
     procs, pipes = [], []
     for rank in range(world):
         reader, writer = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_entry, args=(rank, world, init, fn, args, writer, ep_size, device), daemon=True)
+        p = ctx.Process(target=_entry, args=(rank, world, init, fn, args, writer, ep_size, device, share_gpu),
+                        daemon=True)
         p.start()
         procs.append(p)
         pipes.append(reader)
@@ -83,7 +89,7 @@ def spawn_ranks(fn, world: int, *args, timeout: float = 180.0, ep_size: int = 1,
     return [results[r] for r in range(world)]
 
 
-def harness_for(model, config, tp_size: int, seed: int = 0):
+def harness_for(model, config, tp_size: int, seed: int = 0, device: str = "cpu"):
     """A :class:`model_harness.ModelHarness` whose KV pool holds this rank's local KV heads."""
     from model_harness import ModelHarness
 
@@ -91,7 +97,7 @@ def harness_for(model, config, tp_size: int, seed: int = 0):
 
     shim = SimpleNamespace(num_hidden_layers=config.num_hidden_layers, head_dim=config.head_dim,
                            dtype=config.dtype, num_key_value_heads=local_kv_heads(config.num_key_value_heads, tp_size))
-    return ModelHarness(model, shim, seed=seed)
+    return ModelHarness(model, shim, seed=seed, device=device)
 
 
 # Steps every model test runs: two prompts, a mixed step (one decodes, one new prompt), two decodes.
@@ -126,10 +132,11 @@ def tp_models_logits(ps, jobs: list[tuple[str, int]]) -> list[list[torch.Tensor]
     return [tp_model_logits(ps, path, ep) for path, ep in jobs]
 
 
-def tokenweave_logits(ps, path: str) -> list[list[torch.Tensor]]:
+def tokenweave_logits(ps, path: str, dtype: str = "auto") -> list[list[torch.Tensor]]:
     """Rank body: the checkpoint sharded for this rank with the tw-comm communicator (RS -> add+RMSNorm -> AG
-    on gloo) and TokenWeave's executor forced to cut each of :data:`STEPS` at every token boundary; returns,
-    per step, the logits of every cut."""
+    on gloo; on a GPU rank tw-comm's fused kernels over CUDA IPC and the executor's two streams) and
+    TokenWeave's executor forced to cut each of :data:`STEPS` at every token boundary; returns, per step, the
+    fp32 CPU logits of every cut."""
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.distributed.tw_communicator import TwCommunicator
     from sglang.srt.model_loader.loader import load_model
@@ -142,17 +149,20 @@ def tokenweave_logits(ps, path: str) -> list[list[torch.Tensor]]:
         def plan(self, fb):
             return list(fb.split_tokens(self.cut))
 
-    config = ModelConfig.from_path(path)
+    dev = ps.torch_device()
+    config = ModelConfig.from_path(path, None, dtype, dev.type)
     comm = TwCommunicator(ps)
-    model = load_model(config, "auto", "cpu", tp_rank=ps.tp_rank, tp_size=ps.tp_size, comm=comm)
-    ex = ForcedCut(TokenWeaveConfig(min_tokens=2, gemm_widths=gemm_widths_of(config, ps.tp_size)), torch.device("cpu"))
-    h = harness_for(model, config, ps.tp_size)
+    model = load_model(config, "auto", str(dev), tp_rank=ps.tp_rank, tp_size=ps.tp_size, comm=comm)
+    ex = ForcedCut(TokenWeaveConfig(min_tokens=2, gemm_widths=gemm_widths_of(config, ps.tp_size)), dev)
+    h = harness_for(model, config, ps.tp_size, device=str(dev))
     out = []
     for items in STEPS:
         fb = h.prepare(items)
         per_cut = []
         for cut in range(1, fb.num_tokens):
             ex.cut = cut
-            per_cut.append(h.run(fb, ex).clone())
+            per_cut.append(h.run(fb, ex).float().cpu().clone())
         out.append(per_cut)
+    if comm.ws is not None:
+        comm.ws.close()
     return out

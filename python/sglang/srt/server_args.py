@@ -80,6 +80,9 @@ class ServerArgs:
     enable_tokenweave: bool = False
     tokenweave_min_tokens: int = 1024
     tokenweave_comm_sms: Optional[int] = None
+    # Correctness-only test mode: every TP rank of this node on --base-gpu-id, the device group over gloo
+    # (NCCL refuses two ranks per GPU), tw-comm over CUDA IPC within the device; no CUDA graphs, no custom AR.
+    tp_ranks_share_gpu: bool = False
 
     # Misc
     random_seed: int = 0
@@ -123,6 +126,10 @@ class ServerArgs:
             bad("tokenweave-min-tokens", self.tokenweave_min_tokens, "use >= 2 (a split needs two tokens)")
         if self.tokenweave_comm_sms is not None and not 1 <= self.tokenweave_comm_sms <= 256:
             bad("tokenweave-comm-sms", self.tokenweave_comm_sms, "use an SM count in [1, 256]")
+        if self.tp_ranks_share_gpu:
+            # the test mode's collectives run on gloo (not graph-capturable; no symmetric-memory custom AR)
+            object.__setattr__(self, "disable_cuda_graph", True)
+            object.__setattr__(self, "disable_custom_all_reduce", True)
         if self.zmq_transport not in ("ipc", "tcp"):
             bad("zmq-transport", self.zmq_transport, "use ipc or tcp")
         if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
@@ -195,6 +202,9 @@ class ServerArgs:
             "half's fused AllReduce + RMSNorm with the other half's compute (TP > 1; --comm-backend tw by default).",
             "tokenweave_min_tokens": "Batches with fewer new tokens (and decode batches) run unsplit.",
             "tokenweave_comm_sms": "SM budget of TokenWeave's overlapped communication kernel (default: tw-comm's).",
+            "tp_ranks_share_gpu": "Correctness test mode: all TP ranks run on --base-gpu-id as separate processes "
+            "(device group over gloo, tw-comm over CUDA IPC within the GPU; CUDA graphs and custom all-reduce off). "
+            "Never for speed.",
             "zmq_transport": "ipc|tcp: transport of the sockets between the server's processes (tcp on "
             "127.0.0.1 ports, so a worker can live on another host).",
         }

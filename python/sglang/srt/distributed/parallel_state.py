@@ -46,6 +46,9 @@ class DistConfig:
             after at most this long (usually at once: gloo sees the closed connection).
         device_index: the explicit GPU index the launcher assigned (``--base-gpu-id`` + step); None falls
             back to ``local_rank`` (contiguous GPUs).
+        device_backend: the device group's torch.distributed backend: None picks NCCL on GPU and gloo on CPU;
+            ``"gloo"`` on GPU is the correctness-only mode where several ranks share one GPU
+            (``--tp-ranks-share-gpu``: NCCL refuses two ranks per GPU; gloo moves CUDA tensors through host).
     Raises:
         ValueError: any inconsistent value (the message names it and the fix).
     """
@@ -59,6 +62,7 @@ class DistConfig:
     node_rank: int = 0
     timeout_s: float = DEFAULT_DIST_TIMEOUT_S
     device_index: Optional[int] = None
+    device_backend: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.tp_size < 1 or not 0 <= self.tp_rank < self.tp_size:
@@ -74,6 +78,10 @@ class DistConfig:
                              f"({self.ranks_per_node} ranks per node)")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device={self.device!r} must be 'cpu' or 'cuda'")
+        if self.device_backend not in (None, "nccl", "gloo"):
+            raise ValueError(f"device_backend={self.device_backend!r} must be None, 'nccl' or 'gloo'")
+        if self.device_backend == "nccl" and self.device != "cuda":
+            raise ValueError("device_backend='nccl' needs device='cuda'")
         if not self.init_method.startswith(("tcp://", "file://", "env://")):
             raise ValueError(f"init_method={self.init_method!r} must look like tcp://HOST:PORT")
 
@@ -168,7 +176,9 @@ def init_parallel_state(cfg: DistConfig) -> ParallelState:
     if cfg.device == "cuda":
         torch.cuda.set_device(cfg.gpu_index)
         device_id = torch.device(f"cuda:{cfg.gpu_index}")
-    backend = "nccl" if cfg.device == "cuda" else "gloo"
+    backend = cfg.device_backend or ("nccl" if cfg.device == "cuda" else "gloo")
+    if backend != "nccl":
+        device_id = None  # device_id binds NCCL communicators only
     logger.info("TP rank %d/%d joining %s (%s, timeout %.0f s)", cfg.tp_rank, cfg.tp_size, cfg.init_method,
                 backend, cfg.timeout_s)
     try:

@@ -196,7 +196,9 @@ def launch_subprocesses(server_args: ServerArgs, port_args: PortArgs, in_process
     pipes, scheds = [], []
     for local, rank in enumerate(ranks):
         reader, writer = mp.get_context("spawn").Pipe(duplex=False)
-        device = worker_device(device_type, local, server_args.base_gpu_id, server_args.gpu_id_step)
+        # --tp-ranks-share-gpu (correctness test mode): every rank on --base-gpu-id
+        device = worker_device(device_type, 0 if server_args.tp_ranks_share_gpu else local, server_args.base_gpu_id,
+                               server_args.gpu_id_step)
         spec = WorkerSpec(
             name=f"sglang::scheduler_TP{rank}" if tp > 1 else "sglang::scheduler", target=run_scheduler_process,
             args=(server_args, port_args, writer, None, rank, init, signal_parent_on_crash, device),

@@ -181,6 +181,7 @@ def run_scheduler_process(server_args, port_args, ready_pipe, parent_pid: Option
                 tp_rank=tp_rank, tp_size=tp_size, init_method=dist_init_method or "", device=device_type,
                 device_index=torch_device_index(device),
                 ep_size=server_args.ep_size, nnodes=server_args.nnodes, node_rank=server_args.node_rank,
+                device_backend="gloo" if server_args.tp_ranks_share_gpu else None,
                 **({"timeout_s": float(server_args.dist_timeout)} if server_args.dist_timeout else {})))
             if device_type == "cuda":
                 device = str(ps.torch_device())

@@ -1,0 +1,248 @@
+"""TokenWeave benchmark: one decoder layer of a real model shape at TP 2/4/8, and end-to-end throughput.
+
+Layer mode (default): every rank builds the model from a real ``config.json`` cut to ``--layers`` decoder
+layers with dummy weights, and times a prefill forward of T tokens (1K..16K) under each variant, in the
+same run:
+
+* ``nocomm``      every collective skipped: the no-communication counterfactual (TokenWeave sec. 2; outputs
+                  are wrong, it bounds what hiding communication can win);
+* ``nccl``        NCCL AllReduce + fused residual add + RMSNorm (today's path);
+* ``custom``      our symmetric-memory one/two-shot all-reduce (never multicast) + fused add + RMSNorm
+                  (the "NCCL-symmetric" class of baseline: P2P kernels on registered buffers);
+* ``tokenweave``  two wave-aware splits, tw-comm's fused AllReduce-RMSNorm on a second stream.
+
+It prints one table (median ms per forward and ratios against ``nccl`` and ``nocomm`` of the same run) and
+writes ``benchmark/results/<date>_tokenweave_<mode>.md`` (date, hardware, command). NVLink multicast stays
+off in every process. End-to-end mode (``--e2e``) runs ``sglang.bench_offline_throughput`` with TokenWeave
+off and on, same dataset, and reports the throughput ratio.
+
+Examples::
+
+    python benchmark/bench_tokenweave.py --model-path ../shared/data/configs/meta-llama--Llama-3.3-70B-Instruct \\
+        --tp 8 --tokens 1024 4096 16384
+    python benchmark/bench_tokenweave.py --smoke          # CPU, gloo, a shrunk shape (tests use this)
+    python benchmark/bench_tokenweave.py --e2e --model-path CONFIG --tokenizer-path TOK --tp 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel" / "python"), str(ROOT / "test" / "unit")]
+from sglang.srt.utils.nvls_env import NVLS_OFF_ENV  # noqa: E402  (pure Python)
+
+os.environ.update(NVLS_OFF_ENV)
+VARIANTS = ("nocomm", "nccl", "custom", "tokenweave")
+
+
+def _shrunk_config(src: str, layers: int, smoke: bool) -> str:
+    """A temp model folder whose config.json is ``src``'s with ``layers`` layers (and tiny sizes in smoke)."""
+    cfg = json.loads((Path(src) / "config.json").read_text()) if src else {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512, "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 4096, "rope_theta": 10000.0, "torch_dtype": "float32"}
+    cfg["num_hidden_layers"] = layers
+    if smoke:
+        cfg.update(hidden_size=128, intermediate_size=256, num_attention_heads=8, num_key_value_heads=4,
+                   head_dim=16, vocab_size=512, torch_dtype="float32")
+        for k in ("moe_intermediate_size",):
+            if k in cfg:
+                cfg[k] = 64
+    d = tempfile.mkdtemp(prefix="tw-bench-")
+    (Path(d) / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int, min_tokens: int,
+               comm_sms, device: str) -> dict:
+    """Per rank: build each variant's runner, time a prefill forward of every token count (median ms)."""
+    import torch
+    import torch.distributed as dist
+
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.distributed.communicator import NoCommCommunicator, create_communicator
+    from sglang.srt.forward_batch_info import ForwardBatch, ForwardMode, ModelWorkerBatch
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.server_args import ServerArgs
+
+    dev = ps.torch_device() if device == "cuda" else torch.device("cpu")
+    mc = ModelConfig.from_path(path, None, "bfloat16" if device == "cuda" else "float32", device)
+    out: dict = {}
+    for variant in variants:
+        args = ServerArgs(model_path=path, load_format="dummy", device=device, max_total_tokens=max(tokens) + 64,
+                          max_running_requests=4, disable_cuda_graph=True, enable_tokenweave=variant == "tokenweave",
+                          tokenweave_min_tokens=min_tokens, tokenweave_comm_sms=comm_sms,
+                          comm_backend="custom" if variant == "custom" and device == "cuda" else "auto")
+        comm = NoCommCommunicator.create(ps) if variant == "nocomm" else None
+        if variant == "nccl":
+            comm = create_communicator(ps, "torch")
+        runner = ModelRunner(mc, args, str(dev), tp_rank=ps.tp_rank, tp_size=ps.tp_size, parallel_state=ps, comm=comm)
+        for t in tokens:
+            row = runner.kv_cache.alloc_req_slot()
+            loc = runner.kv_cache.alloc_extend([row], [0], [t], [-1])
+            mwb = ModelWorkerBatch(forward_mode=ForwardMode.EXTEND, input_ids=[(7 * i) % mc.vocab_size for i in range(t)],
+                                   positions=list(range(t)), out_cache_loc=loc, req_pool_indices=[row],
+                                   prefix_lens=[0], extend_lens=[t], seq_lens=[t], sample=[True])
+            times = []
+            with torch.inference_mode():
+                for i in range(iters + 2):
+                    fb = ForwardBatch.init_new(mwb, dev, runner.req_to_token_pool, runner.token_to_kv_pool,
+                                               runner.attn_backend)
+                    if device == "cuda":
+                        torch.cuda.synchronize(dev)
+                    dist.barrier(group=ps.cpu_group)
+                    t0 = time.perf_counter()
+                    runner.executor.run(runner.model, fb)
+                    if device == "cuda":
+                        torch.cuda.synchronize(dev)
+                    if i >= 2:
+                        times.append((time.perf_counter() - t0) * 1e3)
+            out[(variant, t)] = statistics.median(times)
+            runner.kv_cache.free_slots(loc)
+            runner.kv_cache.free_req_slot(row)
+        del runner
+    return {f"{v}|{t}": ms for (v, t), ms in out.items()}
+
+
+def _table(results: dict, tokens: list[int], variants: list[str]) -> list[str]:
+    lines = ["| tokens | " + " | ".join(f"{v} ms" for v in variants) + " | tokenweave / nccl | tokenweave / nocomm |",
+             "|---:|" + "---:|" * (len(variants) + 2)]
+    for t in tokens:
+        ms = {v: results.get(f"{v}|{t}") for v in variants}
+        tw, base, nc = ms.get("tokenweave"), ms.get("nccl"), ms.get("nocomm")
+        ratio = lambda a, b: f"{a / b:.3f}" if a and b else "n/a"  # noqa: E731
+        lines.append(f"| {t} | " + " | ".join(f"{ms[v]:.3f}" if ms[v] else "n/a" for v in variants) +
+                     f" | {ratio(tw, base)} | {ratio(tw, nc)} |")
+    return lines
+
+
+def run_layer_mode(a) -> Path:
+    """Spawn ``--tp`` ranks, time every variant, print and write the table; returns the results file."""
+    from tp_worker import spawn_ranks
+
+    path = _shrunk_config(a.model_path, a.layers, a.smoke)
+    device = "cpu" if a.smoke or a.device == "cpu" else "cuda"
+    variants = [v for v in a.variants if not ((device == "cpu" or a.share_gpu) and v == "custom")]
+    per_rank = spawn_ranks(_rank_body, a.tp, path, a.tokens, variants, a.iters, a.min_tokens, a.comm_sms, device,
+                           timeout=a.timeout, device=device, share_gpu=a.share_gpu)
+    res = {k: max(r[k] for r in per_rank) for k in per_rank[0]}  # a step ends when the slowest rank ends
+    hw = _hardware(device)
+    lines = [f"# TokenWeave layer benchmark ({'smoke, ' if a.smoke else ''}{device})", "",
+             f"- date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
+             f"- hardware: {hw}", f"- command: `{' '.join([sys.executable] + sys.argv)}`",
+             f"- model: {a.model_path or 'synthetic'} cut to {a.layers} layer(s), TP {a.tp}, "
+             f"min tokens {a.min_tokens}, comm SMs {a.comm_sms or 'default'}",
+             *(["- SHARED-GPU SMOKE MODE: all ranks on one GPU, the `nccl` column is gloo; times mean nothing"]
+               if a.share_gpu else []),
+             "- baseline: `nccl` (NCCL AllReduce + fused add-RMSNorm) and the `nocomm` counterfactual, same run; "
+             "median of the timed iterations, slowest rank", "", *_table(res, a.tokens, variants)]
+    print("\n".join(lines))
+    out = _results_path(a, "layer")
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def run_e2e_mode(a) -> Path:
+    """``bench_offline_throughput`` with TokenWeave off then on (same flags); prints the throughput ratio."""
+    base = [sys.executable, "-m", "sglang.bench_offline_throughput", "--model-path", a.model_path, "--tp", str(a.tp),
+            "--dataset-name", a.dataset_name, "--num-prompts", str(a.num_prompts), "--random-input-len",
+            str(a.input_len), "--random-output-len", str(a.output_len)]
+    if a.dataset_path:
+        base += ["--dataset-path", a.dataset_path]
+    if a.tokenizer_path:
+        base += ["--tokenizer-path", a.tokenizer_path]
+    if a.smoke or a.device == "cpu":
+        base += ["--device", "cpu"]
+    else:
+        base += ["--load-format", "dummy", "--dtype", "bfloat16"]
+    rows = {}
+    for name, extra in (("off", []), ("on", ["--enable-tokenweave", "--tokenweave-min-tokens", str(a.min_tokens)])):
+        with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as f:
+            res_file = f.name
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "python"), str(ROOT / "sgl-kernel" / "python")]))
+        subprocess.run(base + extra + ["--result-filename", res_file], check=True, env=env, timeout=a.timeout)
+        rows[name] = json.loads(Path(res_file).read_text().strip().splitlines()[-1])
+    key = "output_throughput" if "output_throughput" in rows["off"] else "total_throughput"
+    ratio = rows["on"][key] / rows["off"][key]
+    lines = ["# TokenWeave end-to-end (bench_offline_throughput)", "",
+             f"- date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
+             f"- hardware: {_hardware('cpu' if a.smoke else 'cuda')}", f"- command: `{' '.join(sys.argv)}`", "",
+             f"| TokenWeave | {key} |", "|---|---:|", f"| off | {rows['off'][key]:.2f} |",
+             f"| on | {rows['on'][key]:.2f} |", f"| on / off | {ratio:.3f} |"]
+    print("\n".join(lines))
+    out = _results_path(a, "e2e")
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def _hardware(device: str) -> str:
+    if device == "cuda":
+        import torch
+
+        return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+    return f"CPU {platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
+
+
+def _results_path(a, mode: str) -> Path:
+    d = Path(a.results_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d_%H%M")
+    return d / f"{stamp}_tokenweave_{mode}{'_smoke' if a.smoke else ''}.md"
+
+
+def parse_args(argv=None):
+    """The benchmark's flags (see the module docstring); ValueError-style exits for bad values."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model-path", default="", help="folder with the real config.json (weights are dummy)")
+    p.add_argument("--tokenizer-path", default="")
+    p.add_argument("--tp", type=int, default=8)
+    p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--tokens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--min-tokens", type=int, default=1024)
+    p.add_argument("--comm-sms", type=int, default=None)
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--e2e", action="store_true", help="end-to-end mode (bench_offline_throughput off vs on)")
+    p.add_argument("--dataset-name", default="random")
+    p.add_argument("--dataset-path", default="")
+    p.add_argument("--num-prompts", type=int, default=256)
+    p.add_argument("--input-len", type=int, default=1024)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--smoke", action="store_true", help="CPU gloo, TP 2, shrunk shapes, few tokens (for tests)")
+    p.add_argument("--share-gpu", action="store_true",
+                   help="one-GPU smoke: all ranks on cuda:0, gloo device group (checks the script, not speed)")
+    p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument("--results-dir", default=str(ROOT / "benchmark" / "results"))
+    a = p.parse_args(argv)
+    if a.share_gpu:
+        a.iters = min(a.iters, 3)
+    if a.smoke:
+        a.tp, a.device, a.iters, a.min_tokens = 2, "cpu", 2, 8
+        if not a.e2e:
+            a.tokens = [t for t in a.tokens if t <= 256] or [64, 200]
+    if a.tp < 1 or a.layers < 1 or a.iters < 1 or any(t < 2 for t in a.tokens):
+        p.error("--tp, --layers, --iters must be >= 1 and every --tokens value >= 2")
+    if not a.smoke and not a.model_path:
+        p.error("--model-path is required (a folder with config.json), or use --smoke")
+    return a
+
+
+def main(argv=None) -> Path:
+    """Run the chosen mode; returns the results file written."""
+    a = parse_args(argv)
+    return run_e2e_mode(a) if a.e2e else run_layer_mode(a)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# TokenWeave on ONE GPU (issue 12): the GPU tests (two-stream executor vs unsplit on random shapes; tw-comm with
+# 2 ranks on one GPU; TP ranks sharing the GPU through the engine and the HTTP server), compute-sanitizer
+# racecheck on a small 2-rank case, and the benchmark's one-GPU smoke (layer mode, shared-GPU ranks).
+# Usage (repo root, shared data at ../shared/data): bash scripts/gpu/tokenweave_one_gpu.sh [seconds, default 540]
+set -uo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$root"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export PYTHONPATH="$root/python:$root/sgl-kernel/python${PYTHONPATH:+:$PYTHONPATH}"
+unset TRITON_INTERPRET
+budget="${1:-540}"; start=$SECONDS
+left() { echo $(( budget - (SECONDS - start) )); }
+out="${OUT:-/tmp}"
+echo "== TokenWeave GPU tests"
+timeout $(( $(left) * 55 / 100 )) python3 -m pytest -q -x test/gpu/test_tokenweave_gpu.py -p no:cacheprovider 2>&1 \
+  | tee "$out/tokenweave_gpu_tests.log" | tail -30
+echo "== compute-sanitizer racecheck (small 2-rank case)"
+if command -v compute-sanitizer >/dev/null; then
+  timeout $(( $(left) * 50 / 100 )) compute-sanitizer --tool racecheck --target-processes all \
+    python3 test/gpu/tokenweave_racecheck_case.py > "$out/tokenweave_racecheck.log" 2>&1
+  echo "racecheck exit $?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|hazard|racecheck case" "$out/tokenweave_racecheck.log" | tail -8
+else
+  echo "compute-sanitizer not found: racecheck not run"
+fi
+echo "== bench_tokenweave one-GPU smoke (Llama-3.3-70B layer, 2 ranks sharing the GPU)"
+timeout $(( $(left) - 10 )) python3 benchmark/bench_tokenweave.py --share-gpu --tp 2 \
+  --model-path ../shared/data/configs/meta-llama--Llama-3.3-70B-Instruct --tokens 1024 2048 --iters 3 \
+  --results-dir "$out" 2>&1 | tail -14

@@ -1,0 +1,46 @@
+"""The TokenWeave benchmark runs on CPU (smoke mode): the layer table has every variant for every token count
+with ratios, and the end-to-end mode reports TokenWeave on/off throughput from two real
+bench_offline_throughput runs at TP 2 (gloo). Times are not checked (they mean nothing on CPU)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(tmp_path, *args) -> str:
+    cmd = [sys.executable, str(ROOT / "benchmark" / "bench_tokenweave.py"), "--smoke", "--results-dir",
+           str(tmp_path), *args]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    files = list(tmp_path.glob("*_tokenweave_*_smoke.md"))
+    assert len(files) == 1, files
+    text = files[0].read_text()
+    assert "- date: " in text and "- hardware: " in text and "- command: " in text
+    return text
+
+
+def test_layer_mode_smoke(tmp_path):
+    text = _run(tmp_path, "--tokens", "16", "40")
+    rows = [line for line in text.splitlines() if re.match(r"\| \d+ \|", line)]
+    assert [r.split("|")[1].strip() for r in rows] == ["16", "40"]
+    for r in rows:
+        cells = [c.strip() for c in r.strip("|").split("|")]
+        assert len(cells) == 6 and all(float(c) > 0 for c in cells[1:]), r  # 3 variants + 2 ratios, all measured
+
+
+def test_e2e_mode_smoke(tmp_path):
+    from conftest import shared_path
+
+    model = shared_path("models", "stories260K")
+    text = _run(tmp_path, "--e2e", "--model-path", model, "--num-prompts", "6", "--input-len", "24",
+                "--output-len", "6")
+    got = dict(re.findall(r"\| (off|on|on / off) \| ([0-9.]+) \|", text))
+    assert set(got) == {"off", "on", "on / off"}, text
+    assert float(got["on / off"]) == pytest.approx(float(got["on"]) / float(got["off"]), rel=0.01)
