@@ -100,10 +100,10 @@ def _one_gpu_rank(rank: int, world: int, store: str, out: dict) -> None:
                 dist.all_reduce(total)  # gloo on CPU: the reference sum
                 res_ref, out_ref = add_rmsnorm_fp32(total, residual, weight, 1e-5)
                 xr, rr = x.cuda(), residual.cuda()
-                out = allreduce_rmsnorm(ws, xr, rr, weight.cuda(), 1e-5, overlap=overlap, backend=backend,
+                got = allreduce_rmsnorm(ws, xr, rr, weight.cuda(), 1e-5, overlap=overlap, backend=backend,
                                         max_sms=sms)
                 torch.cuda.synchronize()
-                errs[(tokens, str(backend), overlap)] = max((out.float().cpu() - out_ref.float()).abs().max().item(),
+                errs[(tokens, str(backend), overlap)] = max((got.float().cpu() - out_ref.float()).abs().max().item(),
                                                             (rr.float().cpu() - res_ref.float()).abs().max().item())
         ws.close()
         out[rank] = errs

@@ -177,3 +177,22 @@ def test_two_live_batches_and_token_splits_on_one_backend():
         outs = [backend.forward(q[a:b], k[a:b], v[a:b], layer, p)
                 for p, (a, b) in zip(parts, (p.token_range for p in parts))]
         assert_close(torch.cat(outs), ref, torch.float32)
+
+
+def test_decode_workspace_outlives_growth():
+    """A workspace buffer handed out (e.g. to a captured CUDA graph) is never freed when a larger batch grows the
+    workspace: on H100 a freed buffer was reused for KV slot indices while graph replays kept writing into it."""
+    import gc
+    import weakref
+
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    be = TritonAttnBackend()
+    small = be._get_workspace(4, 2, 8, torch.device("cpu"))
+    ref = weakref.ref(small)
+    del small
+    big = be._get_workspace(400, 2, 8, torch.device("cpu"))
+    assert big.numel() >= 400 * 2 * 9
+    gc.collect()
+    assert ref() is not None, "the smaller workspace was freed while a graph may still use it"
+    assert be._get_workspace(10, 2, 8, torch.device("cpu")) is big  # no growth: the same buffer

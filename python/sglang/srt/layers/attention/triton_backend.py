@@ -79,6 +79,10 @@ class TritonAttnBackend(AttentionBackend):
 
     def __init__(self) -> None:
         self._workspace: dict[tuple[int, int, torch.device], torch.Tensor] = {}
+        # Buffers replaced by a larger one stay alive: a captured CUDA graph keeps writing into the buffer it
+        # was captured with, and freeing it would hand that memory to other tensors (found on H100: graph
+        # replays overwrote the KV slot indices the radix cache was freeing).
+        self._retired: list[torch.Tensor] = []
 
     # ----------------------------------------------------------------- metadata
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> TritonAttnMetadata:
@@ -143,13 +147,16 @@ class TritonAttnBackend(AttentionBackend):
         self._get_workspace(need, num_heads, head_dim, device)
 
     def _get_workspace(self, rows: int, num_heads: int, head_dim: int, device: torch.device) -> torch.Tensor:
-        """Flat fp32 buffer of at least ``rows * num_heads * (head_dim + 1)`` floats (grown on demand)."""
+        """Flat fp32 buffer of at least ``rows * num_heads * (head_dim + 1)`` floats (grown on demand; a buffer
+        once handed out stays allocated for the backend's lifetime, since CUDA graphs may hold its address)."""
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         key = (num_heads, head_dim, device)
         need = rows * num_heads * (head_dim + 1)
         buf = self._workspace.get(key)
         if buf is None or buf.numel() < need:
+            if buf is not None:
+                self._retired.append(buf)  # never freed: graphs captured on it still replay into it
             buf = torch.empty(need, dtype=torch.float32, device=device)
             self._workspace[key] = buf
         return buf
