@@ -196,3 +196,57 @@ def test_decode_workspace_outlives_growth():
     gc.collect()
     assert ref() is not None, "the smaller workspace was freed while a graph may still use it"
     assert be._get_workspace(10, 2, 8, torch.device("cpu")) is big  # no growth: the same buffer
+
+
+def test_two_live_batches_on_the_triton_backend():
+    """Engine seam (per-batch attention state) on the Triton backend: metadata for two batches built before either
+    runs (a decode batch and a mixed extend batch over cached prefixes), then both run through a small Llama in
+    reverse order: logits equal running them one after the other, and equal the torch_native backend's."""
+    import sys as _sys
+
+    transformers = pytest.importorskip("transformers")
+    _sys.path.insert(0, os.path.dirname(__file__))
+    from model_harness import ModelHarness, randomize_weights
+
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_loader.loader import load_model
+
+    import tempfile
+
+    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    hf = transformers.LlamaForCausalLM(cfg).float().eval()
+    randomize_weights(hf, int.from_bytes(os.urandom(2), "little"))
+    d = tempfile.mkdtemp(prefix="two-live-")
+    hf.save_pretrained(d)
+    config = ModelConfig.from_path(d)
+    mdl = load_model(config, "auto", "cpu")
+    gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(2), "little"))
+    rand = lambda n: torch.randint(0, 97, (n,), generator=gen).tolist()  # noqa: E731
+    first = [("a", rand(5)), ("b", rand(7)), ("c", rand(3))]
+    decode = [("a", rand(1)), ("b", rand(1))]
+    mixed = [("c", rand(1)), ("d", rand(6))]
+
+    def fresh(backend):
+        h = ModelHarness(mdl, config)
+        h.backend = backend
+        h.kv = MHATokenToKVPool(size=8 * 96, page_size=1, dtype=torch.float32, head_num=2, head_dim=16, layer_num=2,
+                                device="cpu")  # the real pool (one region, as the engine uses)
+        h.step(first)
+        return h, h.prepare(decode), h.prepare(mixed)
+
+    results = {}
+    for name, make in (("triton", TritonAttnBackend), ("torch_native", TorchNativeAttnBackend)):
+        h, fb1, fb2 = fresh(make())
+        seq1, seq2 = h.run(fb1), h.run(fb2)
+        h, fb1, fb2 = fresh(make())
+        h.backend.init_forward_metadata(fb1)
+        h.backend.init_forward_metadata(fb2)
+        with torch.inference_mode():
+            live2 = mdl(fb2.input_ids, fb2.positions, fb2).next_token_logits
+            live1 = mdl(fb1.input_ids, fb1.positions, fb1).next_token_logits
+        torch.testing.assert_close(live1, seq1, atol=2e-4, rtol=1e-4)
+        torch.testing.assert_close(live2, seq2, atol=2e-4, rtol=1e-4)
+        results[name] = (live1, live2)
+    for a, b in zip(results["triton"], results["torch_native"]):
+        torch.testing.assert_close(a, b, atol=2e-4, rtol=1e-4)
