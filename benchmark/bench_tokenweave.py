@@ -7,8 +7,9 @@ same run:
 * ``nocomm``      every collective skipped: the no-communication counterfactual (TokenWeave sec. 2; outputs
                   are wrong, it bounds what hiding communication can win);
 * ``nccl``        NCCL AllReduce + fused residual add + RMSNorm (today's path);
-* ``custom``      our symmetric-memory one/two-shot all-reduce (never multicast) + fused add + RMSNorm
-                  (the "NCCL-symmetric" class of baseline: P2P kernels on registered buffers);
+* ``nccl_symm``   NCCL >= 2.27 symmetric kernels on a window-registered buffer (copy in, reduce, copy out) +
+                  fused add + RMSNorm: the strongest non-multicast NCCL baseline (``benchmark/nccl_symm.py``);
+* ``custom``      our symmetric-memory one/two-shot all-reduce (never multicast) + fused add + RMSNorm;
 * ``tokenweave``  two wave-aware splits, tw-comm's fused AllReduce-RMSNorm on a second stream.
 
 It prints one table (median ms per forward and ratios against ``nccl`` and ``nocomm`` of the same run) and
@@ -39,11 +40,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel" / "python"), str(ROOT / "test" / "unit")]
+sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel" / "python"), str(ROOT / "test" / "unit"),
+                str(ROOT / "benchmark")]
 from sglang.srt.utils.nvls_env import NVLS_OFF_ENV  # noqa: E402  (pure Python)
 
 os.environ.update(NVLS_OFF_ENV)
-VARIANTS = ("nocomm", "nccl", "custom", "tokenweave")
+VARIANTS = ("nocomm", "nccl", "nccl_symm", "custom", "tokenweave")
 
 
 def _shrunk_config(src: str, layers: int, smoke: bool) -> str:
@@ -86,6 +88,14 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
         comm = NoCommCommunicator.create(ps) if variant == "nocomm" else None
         if variant == "nccl":
             comm = create_communicator(ps, "torch")
+        if variant == "nccl_symm":
+            from nccl_symm import nccl_symm_communicator
+
+            notes: set = set()
+            comm = nccl_symm_communicator(ps, max(tokens) * mc.hidden_size, mc.dtype, notes)
+            if comm is None:
+                out["notes"] = sorted(notes)
+                continue
         runner = ModelRunner(mc, args, str(dev), tp_rank=ps.tp_rank, tp_size=ps.tp_size, parallel_state=ps, comm=comm)
         for t in tokens:
             row = runner.kv_cache.alloc_req_slot()
@@ -111,18 +121,23 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
             runner.kv_cache.free_slots(loc)
             runner.kv_cache.free_req_slot(row)
         del runner
-    return {f"{v}|{t}": ms for (v, t), ms in out.items()}
+    notes = out.pop("notes", [])
+    res = {f"{v}|{t}": ms for (v, t), ms in out.items()}
+    res["notes"] = notes
+    return res
 
 
 def _table(results: dict, tokens: list[int], variants: list[str]) -> list[str]:
-    lines = ["| tokens | " + " | ".join(f"{v} ms" for v in variants) + " | tokenweave / nccl | tokenweave / nocomm |",
-             "|---:|" + "---:|" * (len(variants) + 2)]
+    """Markdown rows: per token count, every variant's ms and TokenWeave's ratio to each baseline of the run."""
+    bases = [b for b in ("nccl", "nccl_symm", "custom", "nocomm") if b in variants]
+    lines = ["| tokens | " + " | ".join(f"{v} ms" for v in variants) + " | "
+             + " | ".join(f"tokenweave / {b}" for b in bases) + " |",
+             "|---:|" + "---:|" * (len(variants) + len(bases))]
+    ratio = lambda a, b: f"{a / b:.3f}" if a and b else "n/a"  # noqa: E731
     for t in tokens:
         ms = {v: results.get(f"{v}|{t}") for v in variants}
-        tw, base, nc = ms.get("tokenweave"), ms.get("nccl"), ms.get("nocomm")
-        ratio = lambda a, b: f"{a / b:.3f}" if a and b else "n/a"  # noqa: E731
-        lines.append(f"| {t} | " + " | ".join(f"{ms[v]:.3f}" if ms[v] else "n/a" for v in variants) +
-                     f" | {ratio(tw, base)} | {ratio(tw, nc)} |")
+        lines.append(f"| {t} | " + " | ".join(f"{ms[v]:.3f}" if ms[v] else "n/a" for v in variants) + " | "
+                     + " | ".join(ratio(ms.get("tokenweave"), ms[b]) for b in bases) + " |")
     return lines
 
 
@@ -132,10 +147,11 @@ def run_layer_mode(a) -> Path:
 
     path = _shrunk_config(a.model_path, a.layers, a.smoke)
     device = "cpu" if a.smoke or a.device == "cpu" else "cuda"
-    variants = [v for v in a.variants if not ((device == "cpu" or a.share_gpu) and v == "custom")]
+    variants = [v for v in a.variants if not ((device == "cpu" or a.share_gpu) and v in ("custom", "nccl_symm"))]
     per_rank = spawn_ranks(_rank_body, a.tp, path, a.tokens, variants, a.iters, a.min_tokens, a.comm_sms, device,
                            timeout=a.timeout, device=device, share_gpu=a.share_gpu)
-    res = {k: max(r[k] for r in per_rank) for k in per_rank[0]}  # a step ends when the slowest rank ends
+    notes = per_rank[0].get("notes", [])
+    res = {k: max(r[k] for r in per_rank) for k in per_rank[0] if k != "notes"}  # the slowest rank ends a step
     hw = _hardware(device)
     lines = [f"# TokenWeave layer benchmark ({'smoke, ' if a.smoke else ''}{device})", "",
              f"- date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
@@ -145,7 +161,8 @@ def run_layer_mode(a) -> Path:
              *(["- SHARED-GPU SMOKE MODE: all ranks on one GPU, the `nccl` column is gloo; times mean nothing"]
                if a.share_gpu else []),
              "- baseline: `nccl` (NCCL AllReduce + fused add-RMSNorm) and the `nocomm` counterfactual, same run; "
-             "median of the timed iterations, slowest rank", "", *_table(res, a.tokens, variants)]
+             "median of the timed iterations, slowest rank", "", *_table(res, a.tokens, variants),
+             *([""] + [f"- note: {n}" for n in notes] if notes else [])]
     print("\n".join(lines))
     out = _results_path(a, "layer")
     out.write_text("\n".join(lines) + "\n")

@@ -4,6 +4,8 @@ One process per GPU, for each world size in --worlds and each token count T (hid
 method is captured in a CUDA graph (--calls-per-graph calls per graph) and timed by replaying it; the per-call
 time is the median over replays, max over ranks. Methods:
   baseline      NCCL AllReduce (in place) + tw-comm's local fused add+RMSNorm kernel
+  nccl_symm     NCCL >= 2.27 symmetric kernels on a window-registered buffer (benchmark/nccl_symm.py) + the same
+                fused add+RMSNorm: the strongest non-multicast NCCL baseline (if this torch/NCCL can register it)
   torch_symm    torch symmetric-memory two_shot_all_reduce_ + the same fused add+RMSNorm (if available)
   flashinfer    trtllm_allreduce_fusion (only if flashinfer imports; not installed on our hosts)
   oneshot / twoshot / twoshot_sharded / ce  tw-comm variants at their default SM bounds
@@ -34,7 +36,7 @@ os.environ.update(NVLS_OFF_ENV)
 import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-PATHS = [str(REPO / "sgl-kernel" / "python"), str(REPO / "python")]
+PATHS = [str(REPO / "sgl-kernel" / "python"), str(REPO / "python"), str(REPO / "benchmark")]
 sys.path[:0] = PATHS
 logger = logging.getLogger(__name__)
 
@@ -96,6 +98,9 @@ def _worker(rank, world, init_file, args, result_file):
     rows = []
     notes = set()
     ops = torch.ops.sgl_kernel
+    from nccl_symm import make_window_or_note
+
+    window = make_window_or_note(max(tokens) * H, dtype, dev, notes)
     for T in tokens:
         g = torch.Generator(device="cpu").manual_seed(1000 + T)
         residual = torch.randn(T, H, generator=g).to(dtype).to(dev)
@@ -119,6 +124,19 @@ def _worker(rank, world, init_file, args, result_file):
             ops.tw_fused_add_rmsnorm(scratch, residual, weight, out, EPS, 132)
 
         row["baseline"] = measure(baseline)
+        if window is not None:
+            wbuf = window.buffer((T, H))
+            wbuf.copy_(x)
+
+            def nccl_symm():
+                """NCCL all-reduce on the symmetric window (symmetric kernels), then the local fused add + RMSNorm."""
+                dist.all_reduce(wbuf)
+                ops.tw_fused_add_rmsnorm(wbuf, residual, weight, out, EPS, 132)
+
+            try:
+                row["nccl_symm"] = measure(nccl_symm)
+            except Exception as e:  # pragma: no cover - host dependent
+                notes.add(f"nccl_symm failed: {type(e).__name__}: {str(e)[:120]}")
         if symm is not None:
             try:
                 buf = symm.empty((T, H), dtype=dtype, device=dev)
@@ -175,18 +193,20 @@ def render(rows, notes, command, hardware) -> str:
              f"hardware: {hardware}", f"command: `{command}`",
              "times: us per call, CUDA graph replay median, max over ranks. speed-up = baseline / best tw-comm; "
              "floor = 2(n-1)/n*S/450GB/s.", "",
-             "| world | T | floor | baseline | torch_symm | oneshot | twoshot | twoshot_sharded | ce(8 SMs) | "
-             "best tw | speed-up | best/floor | auto |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| world | T | floor | baseline | nccl_symm | torch_symm | oneshot | twoshot | twoshot_sharded | ce(8 SMs) | "
+             "best tw | speed-up | vs nccl_symm | best/floor | auto |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda v: f"{v:.1f}" if isinstance(v, float) else "n/a"  # noqa: E731
     for r in rows:
         tw = {m: r[m] for m in TW_METHODS if m in r}
         best_m = min(tw, key=tw.get)
         best = tw[best_m]
         lines.append(
-            f"| {r['world']} | {r['T']} | {r['floor_us']:.1f} | {fmt(r['baseline'])} | {fmt(r.get('torch_symm'))} | "
-            + " | ".join(fmt(r.get(m)) for m in TW_METHODS)
-            + f" | {best:.1f} ({best_m}) | {r['baseline'] / best:.2f}x | {best / r['floor_us']:.2f}x | {r['auto']} |"
+            f"| {r['world']} | {r['T']} | {r['floor_us']:.1f} | {fmt(r['baseline'])} | {fmt(r.get('nccl_symm'))} | "
+            f"{fmt(r.get('torch_symm'))} | " + " | ".join(fmt(r.get(m)) for m in TW_METHODS)
+            + f" | {best:.1f} ({best_m}) | {r['baseline'] / best:.2f}x | "
+            + (f"{r['nccl_symm'] / best:.2f}x" if r.get("nccl_symm") else "n/a")
+            + f" | {best / r['floor_us']:.2f}x | {r['auto']} |"
         )
     sweep = [r for r in rows if "ce@8" in r]
     sms = (2, 4, 8, 16, 32, 64, 128)

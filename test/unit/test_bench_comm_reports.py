@@ -1,0 +1,47 @@
+"""CPU checks of the communication benchmarks' plumbing: the AllReduce-RMSNorm report carries the NCCL
+symmetric-memory baseline column and its ratio (or n/a with the reason in the notes), and the NCCL window
+helper fails with a recorded reason, not an exception, where it cannot register (gloo on CPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmark"
+
+
+def _load(name):
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_report_has_nccl_symm_column_and_ratio():
+    b = _load("bench_tw_comm_allreduce_rmsnorm")
+    rows = [dict(world=8, T=128, floor_us=10.0, baseline=40.0, nccl_symm=30.0, oneshot=15.0, twoshot=20.0,
+                 twoshot_sharded=22.0, ce=50.0, auto="oneshot"),
+            dict(world=8, T=4096, floor_us=100.0, baseline=300.0, oneshot=290.0, twoshot=150.0,
+                 twoshot_sharded=140.0, ce=400.0, auto="twoshot")]
+    text = b.render(rows, ["nccl_symm unavailable: RuntimeError: x"], "cmd", "hw")
+    lines = [line for line in text.splitlines() if line.startswith("| 8 |")]
+    assert "| 30.0 |" in lines[0] and "| 2.67x | 2.00x |" in lines[0]  # 40/15 vs plain, 30/15 vs nccl_symm
+    assert "| 2.14x | n/a |" in lines[1]  # 300/140; no nccl_symm measured
+    assert "nccl_symm unavailable" in text and "| nccl_symm |" in text
+
+
+def test_nccl_window_records_why_on_gloo(tmp_path):
+    import torch.distributed as dist
+
+    ns = _load("nccl_symm")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        notes: set = set()
+        assert ns.make_window_or_note(64, torch.float32, torch.device("cpu"), notes) is None
+        assert len(notes) == 1 and next(iter(notes)).startswith("nccl_symm unavailable:")
+    finally:
+        dist.destroy_process_group()
