@@ -163,5 +163,8 @@ class MoEModelSpec:
                 cfg = json.load(f)
         except json.JSONDecodeError as e:
             raise ValueError(f"--model-path {path!r}: {cfg_file} is not valid JSON ({e})") from None
-        name = os.path.basename(os.path.normpath(path if os.path.isdir(path) else os.path.dirname(path) or path))
+        if os.path.isdir(path) or os.path.basename(path) == "config.json":
+            name = os.path.basename(os.path.normpath(os.path.dirname(cfg_file)))
+        else:
+            name = os.path.splitext(os.path.basename(path))[0]
         return cls.from_hf_config(cfg, name=name, dtype_bytes=dtype_bytes)
