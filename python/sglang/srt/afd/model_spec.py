@@ -157,7 +157,8 @@ class MoEModelSpec:
         """
         cfg_file = os.path.join(path, "config.json") if os.path.isdir(path) else path
         if not os.path.isfile(cfg_file):
-            raise ValueError(f"--model-path {path!r}: no config.json there; pass a HF checkpoint folder or a config file")
+            raise ValueError(f"--model-path {path!r}: no config.json there; "
+                             "pass a HF checkpoint folder or a config file")
         try:
             with open(cfg_file) as f:
                 cfg = json.load(f)

@@ -107,6 +107,7 @@ class DeploymentPlan:
     cost_per_hour: float
     tokens_per_s_per_gpu: float
     tokens_per_s_per_cost: float
+    cost_model: str = ""
 
     @property
     def total_gpus(self) -> int:
@@ -127,7 +128,9 @@ class DeploymentPlan:
             f"  TPOT={self.tpot_ms:.1f} ms  throughput={self.tokens_per_s:,.0f} tok/s on {self.total_gpus} GPUs "
             f"({self.attention_gpus} {self.attention_gpu} + {self.ffn_gpus} {self.ffn_gpu}), "
             f"cost {self.cost_per_hour:.2f}/h",
-            f"  per GPU {self.tokens_per_s_per_gpu:,.1f} tok/s   per cost {self.tokens_per_s_per_cost:,.1f} tok/s per unit/h",
+            f"  per GPU {self.tokens_per_s_per_gpu:,.1f} tok/s   "
+            f"per cost {self.tokens_per_s_per_cost:,.1f} tok/s per price unit/h",
+            f"  cost model: {self.cost_model}",
         ])
 
 
@@ -169,9 +172,10 @@ def search_plans(perf: PerfModel, lim: SearchLimits, top: int = 1) -> list[Deplo
     for tp_e in _pow2_upto(lim.max_gpus_per_node, model.moe_intermediate_size):
         for g in _divisors(model.num_experts):
             if float(perf.expert_weight_bytes(g)) > tp_e * mem_e:
-                mem_reason.append(f"{g} expert(s)/node need {float(perf.expert_weight_bytes(g)) / 1e9:.1f} GB "
-                                  f"> {tp_e}x{perf.expert.gpu.name}")
-                continue
+                if g == 1:
+                    mem_reason.append(f"one expert's weights need {float(perf.expert_weight_bytes(g)) / 1e9:.1f} GB"
+                                      f" > {tp_e}x{perf.expert.gpu.name} ({tp_e * mem_e / 1e9:.1f} GB usable)")
+                break  # more experts per node need even more
             n_e = model.num_experts // g
             for tp_a in _pow2_upto(lim.max_gpus_per_node, model.num_heads):
                 free_a = tp_a * mem_a - perf.attention_weight_bytes()
@@ -235,7 +239,8 @@ def _to_plan(perf: PerfModel, c: tuple) -> DeploymentPlan:
         tp_a=tp_a, n_a=n_a, tp_e=tp_e, n_e=n_e, experts_per_node=g, m=m, micro_batch_size=b,
         global_batch=n_a * m * b, t_a_ms=t_a * 1e3, t_e_ms=t_e * 1e3, t_c_ms=t_c * 1e3, tpot_ms=t_it * 1e3,
         tokens_per_s=tput, attention_gpus=n_a * tp_a, ffn_gpus=n_e * tp_e, cost_per_hour=cost,
-        tokens_per_s_per_gpu=tput / gpus, tokens_per_s_per_cost=tput / cost)
+        tokens_per_s_per_gpu=tput / gpus, tokens_per_s_per_cost=tput / cost,
+        cost_model=f"attention {perf.attn.source}, experts {perf.expert.source}, seq_len={perf.seq_len}")
 
 
 def plan_deployment(model: MoEModelSpec, attention_gpu: str, ffn_gpu: str, limits: SearchLimits,
