@@ -147,6 +147,8 @@ def test_infeasible_slo_and_memory_give_clear_errors():
     msg = r"fits in memory \(one expert.s weights need 84.6 GB > 1xL40S \(43.2 GB usable\)\)"
     with pytest.raises(PlanInfeasibleError, match=msg):
         plan_deployment(huge, "L40S", "L40S", SearchLimits(tpot_slo_s=1.0, max_gpus_per_node=1))
+    with pytest.raises(PlanInfeasibleError, match="hides communication.*--max-micro-batches=2"):
+        plan_deployment(model, "H20", "L40S", SearchLimits(tpot_slo_s=1.0, max_micro_batches=2))
     with pytest.raises(ValueError, match="unknown GPU kind 'A100'"):
         plan_deployment(model, "A100", "L40S", SearchLimits(tpot_slo_s=1.0))
     with pytest.raises(ValueError, match="tpot-slo-ms must be > 0"):

@@ -168,7 +168,7 @@ def search_plans(perf: PerfModel, lim: SearchLimits, top: int = 1) -> list[Deplo
     n_a = np.arange(1, lim.max_attention_nodes + 1)[:, None]          # [Na, 1]
     m = np.arange(1, lim.max_micro_batches + 1)[None, :]              # [1, M]
     cands: list[tuple] = []
-    best_tpot, mem_reason = np.inf, []
+    best_tpot, mem_reason, fits = np.inf, [], False
     for tp_e in _pow2_upto(lim.max_gpus_per_node, model.moe_intermediate_size):
         for g in _divisors(model.num_experts):
             if float(perf.expert_weight_bytes(g)) > tp_e * mem_e:
@@ -182,13 +182,16 @@ def search_plans(perf: PerfModel, lim: SearchLimits, top: int = 1) -> list[Deplo
                 if free_a < kv_req:
                     mem_reason.append(f"attention weights + one request's KV exceed {tp_a}x{perf.attn.gpu.name}")
                     continue
+                fits = True
                 gpus = n_a * tp_a + n_e * tp_e + 0 * m
                 ok_size = gpus <= lim.max_total_gpus
                 b_mem = np.floor(free_a / (m * kv_req)).astype(np.int64) + 0 * n_a
                 hi = np.minimum(b_mem, lim.max_micro_batch_size)
                 lo = np.zeros_like(hi)                                  # largest b meeting the SLO so far
-                *_, t1 = _evaluate(perf, lim, tp_a, tp_e, g, n_a, m, np.ones_like(hi))
-                best_tpot = min(best_tpot, float(np.where(ok_size, t1, np.inf).min()))
+                t_a1, t_e1, t_c1, t1 = _evaluate(perf, lim, tp_a, tp_e, g, n_a, m, np.ones_like(hi))
+                t_f1 = np.maximum(t_a1, t_e1)
+                pipe_ok = (t_c1 < t_f1) & (m >= min_micro_batches(t_c1, t_f1))
+                best_tpot = min(best_tpot, float(np.where(ok_size & pipe_ok, t1, np.inf).min()))
                 lo = np.where((t1 <= lim.tpot_slo_s) & (hi >= 1) & ok_size, 1, 0)
                 hi = np.where(lo == 1, hi, 0)
                 while np.any(hi > lo):
@@ -216,19 +219,24 @@ def search_plans(perf: PerfModel, lim: SearchLimits, top: int = 1) -> list[Deplo
                                   float(t_c[i, j]), float(t_it[i, j]), float(tput[i, j]), int(gpus[i, j]),
                                   float(cost[i, j])))
     if not cands:
-        raise PlanInfeasibleError(_infeasible_message(perf, lim, best_tpot, mem_reason))
+        raise PlanInfeasibleError(_infeasible_message(perf, lim, best_tpot, mem_reason, fits))
     cands.sort(key=lambda c: (c[0], c[1]), reverse=True)
     return [_to_plan(perf, c) for c in cands[:top]]
 
 
-def _infeasible_message(perf: PerfModel, lim: SearchLimits, best_tpot: float, mem_reason: list[str]) -> str:
+def _infeasible_message(perf: PerfModel, lim: SearchLimits, best_tpot: float, mem_reason: list[str],
+                        fits: bool) -> str:
     where = f"{perf.model.name} on {perf.attn.gpu.name} attention / {perf.expert.gpu.name} experts"
-    if not np.isfinite(best_tpot):
+    if fits and not np.isfinite(best_tpot):
+        return (f"no deployment of {where} hides communication: every plan breaks T_c < T_f or needs more than "
+                f"--max-micro-batches={lim.max_micro_batches} micro-batches (m >= 2(1+T_c/T_f)), or more than "
+                f"--max-total-gpus={lim.max_total_gpus}; raise those limits or use GPUs with faster NICs")
+    if not fits:
         why = "; ".join(dict.fromkeys(mem_reason)) or "no tensor-parallel size divides the model"
         return (f"no deployment of {where} fits in memory ({why}); raise --max-gpus-per-node, lower "
                 f"--avg-seq-len, or pick GPUs with more memory")
     return (f"no deployment of {where} meets --tpot-slo-ms={lim.tpot_slo_s * 1e3:g}: even one token per "
-            f"micro-batch needs TPOT >= {best_tpot * 1e3:.2f} ms (or breaks T_c < T_f / m >= 2(1+T_c/T_f)); "
+            f"micro-batch needs TPOT >= {best_tpot * 1e3:.2f} ms with T_c < T_f and m >= 2(1+T_c/T_f); "
             f"raise the SLO above that, or use faster GPUs / larger --max-gpus-per-node")
 
 
