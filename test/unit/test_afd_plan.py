@@ -164,6 +164,15 @@ def test_fleet_simulation_of_thousands_of_gpus():
     assert fr.idle_gpus == 8000 - fr.replicas * p.total_gpus
     with pytest.raises(ValueError, match="FFN pool"):
         simulate_fleet(p, attention_gpus=4096)
+    # the fleet objective: most tokens/s from a fixed heterogeneous fleet, at least the per-cost plan's
+    lim = SearchLimits(tpot_slo_s=0.1, max_attention_nodes=128, objective="fleet",
+                       fleet_attention_gpus=1000, fleet_ffn_gpus=3000)
+    best = plan_deployment(model, "H20", "L40S", lim)
+    fb = simulate_fleet(best, 1000, 3000)
+    assert fb.tokens_per_s >= simulate_fleet(p, 1000, 3000).tokens_per_s
+    assert fb.replicas * best.attention_gpus <= 1000 and fb.replicas * best.ffn_gpus <= 3000
+    with pytest.raises(ValueError, match="--objective fleet needs --fleet-gpus"):
+        SearchLimits(tpot_slo_s=0.1, objective="fleet")
 
 
 # ---------------------------------------------------------------- profiles

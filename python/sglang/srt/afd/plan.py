@@ -52,7 +52,10 @@ class SearchLimits:
         max_micro_batches: upper end of the ``m`` sweep.
         max_micro_batch_size: upper end of ``b_a`` (tokens per micro-batch per attention node).
         mem_fraction: usable fraction of device memory (the rest: activations, CUDA graphs, fragmentation).
-        objective: ``"per-cost"`` (tokens/s per price unit, the paper's) or ``"per-gpu"``.
+        objective: ``"per-cost"`` (tokens/s per price unit, the paper's), ``"per-gpu"``, or ``"fleet"``
+            (total tokens/s of as many units as fit in the fleet below).
+        fleet_attention_gpus: fleet GPUs of the attention kind (a shared pool when both kinds are equal).
+        fleet_ffn_gpus: fleet GPUs of the FFN kind (heterogeneous fleets).
         expert_imbalance: max/mean expert-node load (1.0 = uniform routing).
     """
 
@@ -65,14 +68,18 @@ class SearchLimits:
     mem_fraction: float = 0.9
     objective: str = "per-cost"
     expert_imbalance: float = 1.0
+    fleet_attention_gpus: int = 0
+    fleet_ffn_gpus: int = 0
 
     def __post_init__(self):
         if not self.tpot_slo_s > 0:
             raise ValueError(f"--tpot-slo-ms must be > 0, got {self.tpot_slo_s * 1e3:g}")
         if self.max_gpus_per_node < 1:
             raise ValueError(f"--max-gpus-per-node must be >= 1, got {self.max_gpus_per_node}")
-        if self.objective not in ("per-cost", "per-gpu"):
-            raise ValueError(f"--objective must be per-cost or per-gpu, got {self.objective!r}")
+        if self.objective not in ("per-cost", "per-gpu", "fleet"):
+            raise ValueError(f"--objective must be per-cost, per-gpu or fleet, got {self.objective!r}")
+        if self.objective == "fleet" and self.fleet_attention_gpus <= 0:
+            raise ValueError("--objective fleet needs --fleet-gpus N (or A,F for attention,FFN pools)")
         if not 0 < self.mem_fraction <= 1:
             raise ValueError(f"--mem-fraction must be in (0, 1], got {self.mem_fraction}")
         if self.expert_imbalance < 1:
@@ -206,7 +213,12 @@ def search_plans(perf: PerfModel, lim: SearchLimits, top: int = 1) -> list[Deplo
                 ok = (b >= 1) & (t_c < t_f) & (m >= min_micro_batches(t_c, t_f))
                 tput = np.where(ok, n_a * m * b / t_it, 0.0)
                 cost = n_a * tp_a * perf.attn.gpu.price_per_hour + n_e * tp_e * perf.expert.gpu.price_per_hour
-                score = tput / cost if lim.objective == "per-cost" else tput / gpus
+                if lim.objective == "per-cost":
+                    score = tput / cost
+                elif lim.objective == "per-gpu":
+                    score = tput / gpus
+                else:  # fleet: units that fit x unit throughput (a shared pool when both kinds are equal)
+                    score = tput * _fleet_units(perf, lim, n_a * tp_a, n_e * tp_e)
                 shape = score.shape
                 gpus, cost, b, t_a, t_e, t_c, t_it = (np.broadcast_to(v, shape)
                                                       for v in (gpus, cost, b, t_a, t_e, t_c, t_it))
@@ -222,6 +234,12 @@ def search_plans(perf: PerfModel, lim: SearchLimits, top: int = 1) -> list[Deplo
         raise PlanInfeasibleError(_infeasible_message(perf, lim, best_tpot, mem_reason, fits))
     cands.sort(key=lambda c: (c[0], c[1]), reverse=True)
     return [_to_plan(perf, c) for c in cands[:top]]
+
+
+def _fleet_units(perf: PerfModel, lim: SearchLimits, attn_gpus, ffn_gpus):
+    if not lim.fleet_ffn_gpus:  # N GPUs to split between the kinds (one pool when they are equal)
+        return lim.fleet_attention_gpus // (attn_gpus + ffn_gpus)
+    return np.minimum(lim.fleet_attention_gpus // attn_gpus, lim.fleet_ffn_gpus // ffn_gpus)
 
 
 def _infeasible_message(perf: PerfModel, lim: SearchLimits, best_tpot: float, mem_reason: list[str],
@@ -278,13 +296,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-micro-batches", type=int, default=16)
     p.add_argument("--max-micro-batch-size", type=int, default=1024)
     p.add_argument("--mem-fraction", type=float, default=0.9)
-    p.add_argument("--objective", choices=("per-cost", "per-gpu"), default="per-cost")
+    p.add_argument("--objective", choices=("per-cost", "per-gpu", "fleet"), default="per-cost",
+                   help="per-cost (the paper's), per-gpu, or fleet: most tokens/s on --fleet-gpus")
     p.add_argument("--expert-imbalance", type=float, default=1.0, help="max/mean expert-node load (>= 1)")
     p.add_argument("--dtype-bytes", type=int, default=2)
     p.add_argument("--top", type=int, default=1, help="print the best N plans")
     p.add_argument("--compare-homogeneous", action="store_true",
                    help="also plan attention and experts both on each of the two GPU kinds")
-    p.add_argument("--fleet-gpus", type=int, default=0, help="replicate the plan over a fleet of N GPUs")
+    p.add_argument("--fleet-gpus", type=_fleet_arg, default=(0, 0),
+                   help="a fleet: N GPUs (split between the kinds as the plan needs) or A,F (attention,FFN pools); "
+                        "the plan is replicated over it")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--log-level", default="warning")
     return p
@@ -301,7 +322,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                               max_total_gpus=args.max_total_gpus, max_attention_nodes=args.max_attention_nodes,
                               max_micro_batches=args.max_micro_batches,
                               max_micro_batch_size=args.max_micro_batch_size, mem_fraction=args.mem_fraction,
-                              objective=args.objective, expert_imbalance=args.expert_imbalance)
+                              objective=args.objective, expert_imbalance=args.expert_imbalance,
+                              fleet_attention_gpus=args.fleet_gpus[0], fleet_ffn_gpus=args.fleet_gpus[1])
         profiles = [load_profile(p) for p in args.profile]
         tps = _pow2_upto(args.max_gpus_per_node, 1 << 20)
         pairs = [(args.attention_gpu, args.ffn_gpu)]
@@ -328,9 +350,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             out.write(f"[{a_gpu} attention / {f_gpu} experts] infeasible: {err}\n")
         for k, plan in enumerate(plans):
             out.write((f"#{k + 1} " if args.top > 1 else "") + plan.format() + "\n")
-            if args.fleet_gpus:
-                fr = simulate_fleet(plan, *_fleet_pools(plan, args.fleet_gpus))
-                out.write(f"  fleet of {args.fleet_gpus} GPUs: {fr.replicas} units, {fr.tokens_per_s:,.0f} tok/s, "
+            if args.fleet_gpus[0]:
+                fr = simulate_fleet(plan, *_fleet_pools(plan, *args.fleet_gpus))
+                total = sum(args.fleet_gpus)
+                out.write(f"  fleet of {total} GPUs: {fr.replicas} units, {fr.tokens_per_s:,.0f} tok/s, "
                           f"{fr.idle_gpus} idle, cost {fr.cost_per_hour:,.1f}/h\n")
     if len(results) > 1 and results[0][2]:
         base = results[0][2][0].tokens_per_s_per_cost
@@ -341,7 +364,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-def _fleet_pools(plan: DeploymentPlan, total: int) -> tuple[int, Optional[int]]:
+def _fleet_arg(text: str) -> tuple[int, int]:
+    try:
+        vals = [int(v) for v in text.split(",")]
+    except ValueError:
+        vals = []
+    if len(vals) not in (1, 2) or min(vals) <= 0:
+        raise argparse.ArgumentTypeError(f"--fleet-gpus takes N or A,F (positive integers), got {text!r}")
+    return (vals[0], vals[1] if len(vals) == 2 else 0)
+
+
+def _fleet_pools(plan: DeploymentPlan, total: int, ffn: int = 0) -> tuple[int, Optional[int]]:
+    if ffn:
+        return total, ffn
     if plan.attention_gpu == plan.ffn_gpu:
         return total, None
     units = total // plan.total_gpus
