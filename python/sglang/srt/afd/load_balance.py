@@ -7,16 +7,12 @@ redundant replicas, we choose replicas and their workers to minimize ``max_j C_j
 number of tokens worker ``j`` computes when each expert's tokens are split evenly over its replicas
 (the assignment rule of :func:`assign_tokens`).
 
-Greedy (:func:`greedy_placement`):
-
-1. replica counts: ``R`` times, give one more replica to the expert with the largest ``c_e / r_e``
-   (this minimizes ``max_e c_e / r_e``, the best any placement can reach per replica);
-2. placement: replicas by decreasing ``c_e / r_e`` onto the least-loaded worker that has a free slot and
-   no replica of that expert yet (LPT), then moves/swaps of single replicas off the most loaded worker
-   while they lower it.
-
-With one slot per worker (the paper's one-expert-per-node layout) step 1 alone is optimal; with more
-slots the result is checked against exhaustive search in the tests.
+Greedy (:func:`greedy_placement`): replica counts by greedy apportionment (one more replica to the
+expert with the largest ``c_e / r_e``; optimal for ``max_e c_e / r_e``), replicas packed largest share
+first onto the least-loaded worker with a free slot (LPT), the best over budgets ``k <= R`` and an
+incremental variant (replicate an expert of the hottest worker while that helps), then single-replica
+moves/swaps off the hottest worker.  With one slot per worker (the paper's one-expert-per-node layout)
+it is optimal; with more slots it is checked against exhaustive search in the tests.
 """
 
 from __future__ import annotations
