@@ -129,6 +129,15 @@ def test_vectorized_search_equals_exhaustive_scalar_search():
     assert best.tokens_per_s_per_cost == pytest.approx(_scalar_best(perf, lim), rel=1e-9)
 
 
+def test_expert_imbalance_costs_throughput():
+    """A skewed router (max/mean expert-node load from load_balance) slows the expert side; never helps."""
+    model = _table4("DBRX")
+    rates = [plan_deployment(model, "H20", "L40S", SearchLimits(tpot_slo_s=0.15, max_attention_nodes=64,
+                                                                 expert_imbalance=x)).tokens_per_s_per_cost
+             for x in (1.0, 1.5, 3.0)]
+    assert rates[0] > rates[1] > rates[2]
+
+
 @pytest.mark.parametrize("name", list(TABLE4))
 def test_heterogeneous_h20_attention_l40s_experts_beats_homogeneous_per_cost(name):
     lim = SearchLimits(tpot_slo_s=0.15, max_attention_nodes=64)
