@@ -1,0 +1,1 @@
+"""MegaScale-Infer attention/FFN disaggregation (AFD): runtime, deployment planner, expert load balancing."""
