@@ -56,6 +56,9 @@ class IncrementalDetokenizer:
         stop_strs: the request's stop strings (may be empty).
         prefix_ids: context tokens (the prompt's tail) decoded before the output but never
             emitted, so the first output token keeps its word-initial space.
+        stop_regexes: the request's ``stop_regex`` patterns; when the finish reason's ``matched`` is
+            one of them, the text is cut where the pattern's first match starts (not held back while
+            running: a regex has no finite set of prefixes).
     """
 
     def __init__(
@@ -66,12 +69,14 @@ class IncrementalDetokenizer:
         no_stop_trim: bool = False,
         stop_strs: Optional[list[str]] = None,
         prefix_ids: Optional[list[int]] = None,
+        stop_regexes: Optional[list[str]] = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.spaces_between_special_tokens = spaces_between_special_tokens
         self.no_stop_trim = no_stop_trim
         self.stop_strs = list(stop_strs or [])
+        self.stop_regexes = list(stop_regexes or [])
         self.ids: list[int] = list(prefix_ids or [])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
@@ -118,7 +123,15 @@ class IncrementalDetokenizer:
             self.read_offset = end
 
     def _stop_cut(self, stop: str) -> int:
-        """Index in decoded_text where output must end for the matched stop string ``stop``."""
+        """Index in decoded_text where output must end for the matched stop string (or stop_regex) ``stop``."""
+        if stop in self.stop_regexes and stop not in self.stop_strs:
+            import re
+
+            m = re.search(stop, self.decoded_text)
+            if m is None:
+                logger.debug("matched stop_regex %r not found in the decoded text; not trimming", stop)
+                return len(self.decoded_text)
+            return max(m.start(), self.sent_offset)
         pos = self.decoded_text.find(stop, max(0, self.sent_offset - len(stop) + 1))
         if pos < 0:
             logger.debug("matched stop string %r not found in the decoded text; not trimming", stop)
@@ -222,6 +235,7 @@ class DetokenizerManager:
                 no_stop_trim=msg.no_stop_trim[i],
                 stop_strs=msg.stop_strs[i],
                 prefix_ids=msg.decode_prefix_ids[i] if msg.decode_prefix_ids else None,
+                stop_regexes=msg.stop_regexes[i] if msg.stop_regexes else None,
             )
             self.decode_status[rid] = st
         return st
@@ -249,6 +263,8 @@ class DetokenizerManager:
             output_top_logprobs=msg.output_top_logprobs,
             input_token_logprobs=msg.input_token_logprobs,
             input_top_logprobs=msg.input_top_logprobs,
+            output_token_ids_logprobs=msg.output_token_ids_logprobs,
+            input_token_ids_logprobs=msg.input_token_ids_logprobs,
         )
 
     def handle_bytes(self, data: bytes) -> bytes:

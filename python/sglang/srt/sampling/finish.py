@@ -1,12 +1,14 @@
 """Decide whether a request is finished after each new token (pure function, used by the scheduler).
 
 Finish reasons are SGLang's dicts (see :mod:`sglang.srt.managers.io_struct`):
-``{"type": "length", "length": n}`` and ``{"type": "stop", "matched": <token id | stop string>}``.
+``{"type": "length", "length": n}`` and ``{"type": "stop", "matched": <token id | stop string | stop_regex
+pattern>}``.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any, Optional
 
 from sglang.srt.sampling.sampling_params import SamplingParams
@@ -65,6 +67,30 @@ def _match_stop_str(output_ids: list[int], params: SamplingParams, tokenizer: An
     return None
 
 
+def _match_stop_regex(output_ids: list[int], params: SamplingParams, tokenizer: Any) -> Optional[str]:
+    """The first ``stop_regex`` pattern that matches the decoded output, or None.
+
+    Like SGLang, the tail searched covers the longest possible match (``max_regex_chars`` characters,
+    each at most 4 byte tokens, plus one token of context); an unbounded pattern (``\\d+``) searches
+    the whole output. A match that existed before the newest token would have ended the request at
+    that token, so any match now is the one the newest token completed (or, under
+    ``min_new_tokens``, one found as soon as matching is allowed).
+    """
+    from sglang.srt.sampling.sampling_params import max_regex_chars
+
+    widths = [max_regex_chars(r) for r in params.stop_regex_strs]
+    if any(w is None for w in widths):
+        start = 0
+    else:
+        start = max(0, len(output_ids) - (4 * max(widths) + 2))
+    tail = tokenizer.decode(output_ids[start:], skip_special_tokens=params.skip_special_tokens,
+                            spaces_between_special_tokens=params.spaces_between_special_tokens)
+    for pattern in params.stop_regex_strs:
+        if re.search(pattern, tail):
+            return pattern
+    return None
+
+
 def check_finish(
     output_ids: list[int],
     params: SamplingParams,
@@ -110,4 +136,8 @@ def check_finish(
         matched = _match_stop_str(output_ids, params, tokenizer)
         if matched is not None:
             return {"type": "stop", "matched": matched}
+    if getattr(params, "stop_regex_strs", None) and tokenizer is not None:
+        pattern = _match_stop_regex(output_ids, params, tokenizer)
+        if pattern is not None:
+            return {"type": "stop", "matched": pattern}
     return None
