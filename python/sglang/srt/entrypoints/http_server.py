@@ -34,12 +34,19 @@ from sglang.srt.entrypoints.openai.protocol import (
     error_body,
 )
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
+from sglang.srt.entrypoints.openai.serving_responses import register_responses_route
 from sglang.srt.entrypoints.openai.serving_completions import (
     SSE_DONE,
     OpenAIServingCompletion,
     prefetch,
     sse,
     sse_error_tail,
+)
+from sglang.srt.entrypoints.parity_routes import (
+    IncrementalLogprobs,
+    SafeJSONResponse,
+    register_parity_routes,
+    server_info_aliases,
 )
 from sglang.srt.managers.generate_req import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import RequestError
@@ -189,14 +196,15 @@ def create_app(tokenizer_manager, server_args) -> FastAPI:
         first = await prefetch(agen)
         if not obj.stream:
             await agen.aclose()
-            return JSONResponse(first)
+            return SafeJSONResponse(first)
         return StreamingResponse(_sse_stream(first, agen), media_type="text/event-stream")
 
     async def _sse_stream(first, agen) -> AsyncIterator[str]:
+        incremental = IncrementalLogprobs()
         try:
             out = first
             while out is not None:
-                yield sse(out)
+                yield sse(incremental(out))
                 out = await prefetch(agen)
         except (ValueError, RequestError) as e:
             yield sse_error_tail(e)
@@ -223,8 +231,8 @@ def create_app(tokenizer_manager, server_args) -> FastAPI:
         state = await tm.get_internal_state()
         import sglang
 
-        return {**_public_server_args(server_args), **tm.scheduler_info, "internal_states": [state],
-                "version": getattr(sglang, "__version__", "unknown")}
+        return server_info_aliases({**_public_server_args(server_args), **tm.scheduler_info,
+                                    "internal_states": [state], "version": getattr(sglang, "__version__", "unknown")})
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache():
@@ -249,6 +257,9 @@ def create_app(tokenizer_manager, server_args) -> FastAPI:
             raise ValueError("rid is required (or set abort_all to true)")
         n = await tm.abort_request(rid, abort_all=abort_all)
         return {"success": True, "num_aborted": n}
+
+    register_parity_routes(app, tm, server_args, get_server_info)
+    register_responses_route(app, tm, server_args)
 
     if server_args.enable_metrics and tm.metrics is not None:
         @app.get("/metrics")
