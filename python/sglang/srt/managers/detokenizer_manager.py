@@ -40,6 +40,23 @@ def stop_prefix_suffix_len(text: str, stop_strs: list[str]) -> int:
     return best
 
 
+def regex_partial_hold(text: str, patterns: list[str]) -> int:
+    """Length of the suffix of ``text`` to hold back because it is (the start of) a possible match
+    of one of the ``stop_regex`` patterns that more text could complete (partial matching of the
+    ``regex`` package; a pattern it cannot parse holds nothing)."""
+    import regex
+
+    best = 0
+    for p in patterns:
+        try:
+            m = regex.search(p, text, partial=True)
+        except (regex.error, RecursionError, OverflowError):
+            continue
+        if m is not None and m.partial:
+            best = max(best, len(text) - m.start())
+    return best
+
+
 class IncrementalDetokenizer:
     """Incremental detokenization of one request (SGLang's ``DecodeStatus``).
 
@@ -56,9 +73,9 @@ class IncrementalDetokenizer:
         stop_strs: the request's stop strings (may be empty).
         prefix_ids: context tokens (the prompt's tail) decoded before the output but never
             emitted, so the first output token keeps its word-initial space.
-        stop_regexes: the request's ``stop_regex`` patterns; when the finish reason's ``matched`` is
-            one of them, the text is cut where the pattern's first match starts (not held back while
-            running: a regex has no finite set of prefixes).
+        stop_regexes: the request's ``stop_regex`` patterns; while running, a suffix that may still grow
+            into a match is held back (:func:`regex_partial_hold`); when the finish reason's ``matched``
+            is one of them, the text is cut where the pattern's first match starts.
     """
 
     def __init__(
@@ -172,6 +189,8 @@ class IncrementalDetokenizer:
         else:
             pending = self.decoded_text[self.sent_offset:]
             hold = 0 if self.no_stop_trim else stop_prefix_suffix_len(pending, self.stop_strs)
+            if self.stop_regexes and not self.no_stop_trim:
+                hold = max(hold, regex_partial_hold(pending, self.stop_regexes))
             end = len(self.decoded_text) - hold
         out = self.decoded_text[self.sent_offset:end]
         self.sent_offset = max(self.sent_offset, end)
