@@ -24,11 +24,14 @@ from server_utils import ServerProcess  # noqa: E402
 
 PROMPT = "Once upon a time"
 FLAG = "--enable-custom-logit-processor"
+# SGLANG_TEST_DEVICE=cuda runs the same tests on a GPU (scripts/gpu/protocol_parity.sh).
+DEVICE = os.environ.get("SGLANG_TEST_DEVICE", "cpu")
+DEVICE_ARGS = ["--device", DEVICE] + (["--dtype", "float32"] if DEVICE == "cuda" else [])
 
 
 @pytest.fixture(scope="module")
 def server():
-    with ServerProcess(["--model-path", shared_path("models", "stories260K"), "--device", "cpu"]) as s:
+    with ServerProcess(["--model-path", shared_path("models", "stories260K"), *DEVICE_ARGS]) as s:
         yield s
 
 
@@ -319,7 +322,7 @@ def processor_str(name: str) -> str:
 
 def test_custom_logit_processor_with_the_flag():
     ban, broken = processor_str("BanToken"), processor_str("Broken")
-    with ServerProcess(["--model-path", shared_path("models", "stories260K"), "--device", "cpu", FLAG]) as s:
+    with ServerProcess(["--model-path", shared_path("models", "stories260K"), *DEVICE_ARGS, FLAG]) as s:
         ref = post(s, "/generate", {"text": PROMPT, "sampling_params": {"temperature": 0, "max_new_tokens": 6}})
         first = ref["output_ids"][0]
         out = post(s, "/generate", {"text": PROMPT, "custom_logit_processor": ban, "sampling_params": {

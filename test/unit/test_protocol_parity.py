@@ -79,27 +79,34 @@ def test_detokenizer_trims_at_the_regex_match(tok):
 
 
 # -------------------------------------------------- logit_bias / logprobs
-def _info(params, vocab, **kw):
-    return SamplingBatchInfo.from_reqs(params, "cpu", vocab, [[] for _ in params], **kw)
+def _info(params, vocab, device="cpu", **kw):
+    return SamplingBatchInfo.from_reqs(params, device, vocab, [[] for _ in params], **kw)
 
 
-def test_logit_bias_is_added_to_the_logits():
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_logit_bias_is_added_to_the_logits(device):
     g = torch.Generator().manual_seed(random.randrange(1 << 30))
     vocab = 50
     logits = torch.randn(3, vocab, generator=g)
     params = [_p(logit_bias={"4": 100.0}, temperature=0.0), _p(temperature=0.0),
               _p(logit_bias={"7": -1.5, "9": 2.0}, temperature=0.0)]
-    info = _info(params, vocab)
+    info = _info(params, vocab, device)
     ref = logits.clone()
     ref[0, 4] += 100.0
     ref[2, 7] -= 1.5
     ref[2, 9] += 2.0
-    out = Sampler().forward(logits.clone(), info, return_logprob=True, top_logprobs_nums=[0, 0, 0])
-    assert out.next_token_ids.tolist() == ref.argmax(-1).tolist() and out.next_token_ids[0] == 4
-    torch.testing.assert_close(out.logprobs, torch.log_softmax(ref, -1).gather(1, out.next_token_ids.view(-1, 1)).view(-1))
+    out = Sampler(device=device).forward(logits.clone().to(device), info, return_logprob=True,
+                                         top_logprobs_nums=[0, 0, 0])
+    ids = out.next_token_ids.cpu()
+    assert ids.tolist() == ref.argmax(-1).tolist() and ids[0] == 4
+    torch.testing.assert_close(out.logprobs.cpu(), torch.log_softmax(ref, -1).gather(1, ids.view(-1, 1)).view(-1))
 
 
-def test_token_ids_logprobs_and_masked_top_logprobs():
+@pytest.mark.parametrize("device", DEVICES)
+def test_token_ids_logprobs_and_masked_top_logprobs(device):
     from sglang.srt.constrained.bitmask import allocate_token_bitmask
 
     g = torch.Generator().manual_seed(random.randrange(1 << 30))
@@ -113,10 +120,11 @@ def test_token_ids_logprobs_and_masked_top_logprobs():
             for t in allowed:
                 mask[i, t // 32] |= (1 << (t % 32)) if t % 32 < 31 else -(1 << 31)
 
-    info = _info([_p(temperature=0.0), _p(temperature=0.0)], vocab, grammars=[OnlyTwo(), None],
+    info = _info([_p(temperature=0.0), _p(temperature=0.0)], vocab, device, grammars=[OnlyTwo(), None],
                  token_ids_logprobs=[[3, 5], [5, 60]])
     assert allocate_token_bitmask(1, vocab).shape[1] == 2
-    out = Sampler().forward(logits.clone(), info, return_logprob=True, top_logprobs_nums=[5, 5])
+    out = Sampler(device=device).forward(logits.clone().to(device), info, return_logprob=True,
+                                         top_logprobs_nums=[5, 5])
     ref0 = torch.log_softmax(logits[0, allowed], -1)
     assert len(out.top_logprobs[0]) == 2  # the 62 masked tokens are left out, not -inf
     assert sorted(t for _, t in out.top_logprobs[0]) == allowed
