@@ -336,3 +336,23 @@ def test_custom_logit_processor_with_the_flag():
         assert "boom" in err["error"]["message"]
         again = post(s, "/generate", {"text": PROMPT, "sampling_params": {"temperature": 0, "max_new_tokens": 6}})
         assert again["output_ids"] == ref["output_ids"]  # the server is unharmed
+
+
+def test_own_frontend_streaming_gen_accumulates_incremental_logprobs(server):
+    """This project's frontend (``import sglang as sgl``) reads the incremental stream back into full lists."""
+    import sglang as sgl
+
+    backend = sgl.RuntimeEndpoint(server.url)
+
+    @sgl.function
+    def story(s):
+        s += PROMPT
+        s += sgl.gen("a", max_tokens=10, temperature=0, ignore_eos=True, return_logprob=True, top_logprobs_num=2)
+
+    full = story.run(backend=backend)
+    streamed = story.run(backend=backend, stream=True)
+    assert "".join(streamed.text_iter()) == full.text()
+    a, b = full.get_meta_info("a"), streamed.get_meta_info("a")
+    assert len(b["output_token_logprobs"]) == 10 == b["output_token_logprobs_length"]
+    assert [e[1] for e in b["output_token_logprobs"]] == [e[1] for e in a["output_token_logprobs"]]
+    assert len(b["output_top_logprobs"]) == 10
