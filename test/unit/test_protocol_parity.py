@@ -58,6 +58,30 @@ def test_stop_regex_finishes_on_the_token_that_completes_the_first_match(tok):
     assert all(check_finish(ids[:k], p, EOS, tok) is None for k in range(1, len(ids) - 1))
 
 
+class _CharTok:
+    """One token per character (token id = code point)."""
+
+    def decode(self, ids, **kw):
+        return "".join(chr(i) for i in ids)
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) for c in text]
+
+
+def test_pathological_stop_regex_aborts_the_request_instead_of_stalling():
+    ct = _CharTok()
+    p = _p(ct, stop_regex=r"(a|aa)+c", max_new_tokens=1000)
+    assert p.stop_regex_max_len == 1 << 30  # unbounded: the whole output is searched
+    ids = [ord("a")] * 40 + [ord("b")]
+    reason = check_finish(ids, p, EOS, ct)
+    assert reason["type"] == "abort" and reason["status_code"] == 400 and "(a|aa)+c" in reason["message"]
+    bounded = _p(ct, stop_regex=r"x\d{3}", max_new_tokens=1000)
+    assert bounded.stop_regex_max_len == 4
+    ids = [ord(c) for c in "q" * 500 + "x12"]
+    assert check_finish(ids, bounded, EOS, ct) is None
+    assert check_finish(ids + [ord("7")], bounded, EOS, ct) == {"type": "stop", "matched": r"x\d{3}"}
+
+
 def test_detokenizer_trims_at_the_regex_match(tok):
     text = " Lily saw 3 cats and 12 dogs."
     ids = tok.encode(text, add_special_tokens=False)

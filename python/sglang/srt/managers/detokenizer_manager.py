@@ -49,8 +49,8 @@ def regex_partial_hold(text: str, patterns: list[str]) -> int:
     best = 0
     for p in patterns:
         try:
-            m = regex.search(p, text, partial=True)
-        except (regex.error, RecursionError, OverflowError):
+            m = regex.search(p, text, partial=True, timeout=0.1)
+        except (regex.error, RecursionError, OverflowError, TimeoutError):
             continue
         if m is not None and m.partial:
             best = max(best, len(text) - m.start())
@@ -142,9 +142,12 @@ class IncrementalDetokenizer:
     def _stop_cut(self, stop: str) -> int:
         """Index in decoded_text where output must end for the matched stop string (or stop_regex) ``stop``."""
         if stop in self.stop_regexes and stop not in self.stop_strs:
-            import re
+            import regex
 
-            m = re.search(stop, self.decoded_text)
+            try:
+                m = regex.search(stop, self.decoded_text, timeout=0.5)
+            except (regex.error, TimeoutError):
+                m = None
             if m is None:
                 logger.debug("matched stop_regex %r not found in the decoded text; not trimming", stop)
                 return len(self.decoded_text)

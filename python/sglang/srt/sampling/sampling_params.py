@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
-import re
+import regex
 from typing import Any, Optional, Union
 
 logger = logging.getLogger(__name__)
@@ -50,7 +50,11 @@ _DERIVED: dict[str, tuple[str, Any]] = {
     "stop_strs": ("str_list", None),
     "stop_str_max_len": ("int", 0),
     "stop_regex_strs": ("str_list", None),
+    "stop_regex_max_len": ("int", 0),
 }
+
+STOP_REGEX_UNBOUNDED = 1 << 30
+"""``stop_regex_max_len`` of an unbounded pattern (``\\d+``): the whole output is searched (SGLang's MAX_LEN)."""
 
 
 def _check_type(name: str, kind: str, value: Any) -> Any:
@@ -130,7 +134,8 @@ def parse_logit_bias(value: Any, name: str = "logit_bias") -> dict[str, float]:
 def max_regex_chars(pattern: str) -> Optional[int]:
     """Most characters one match of ``pattern`` can span, or None when unbounded (``\\d+``, ``.*``).
 
-    Uses the ``re`` module's own width analysis (``sre_parse`` ``getwidth``).
+    Uses the ``re`` module's own width analysis (``sre_parse`` ``getwidth``); a pattern it cannot
+    parse counts as unbounded.
     """
     try:
         from re import _constants as sre_constants, _parser as sre_parse  # Python >= 3.11
@@ -138,7 +143,10 @@ def max_regex_chars(pattern: str) -> Optional[int]:
         import sre_constants
         import sre_parse
 
-    hi = sre_parse.parse(pattern).getwidth()[1]
+    try:
+        hi = sre_parse.parse(pattern).getwidth()[1]
+    except Exception:  # valid for the regex package but not for re's parser
+        return None
     return None if hi >= sre_constants.MAXREPEAT or hi >= (1 << 20) else int(hi)
 
 
@@ -170,7 +178,8 @@ class SamplingParams:
             ``--enable-custom-logit-processor``).
 
     After :meth:`normalize`: ``stop_strs`` (list[str]), ``stop_str_max_len``
-    (int, most tokens any stop string takes when tokenized alone) and ``stop_regex_strs`` (list[str]).
+    (int, most tokens any stop string takes when tokenized alone), ``stop_regex_strs`` (list[str]) and
+    ``stop_regex_max_len`` (int, most characters one match spans; :data:`STOP_REGEX_UNBOUNDED` if unbounded).
     """
 
     def __init__(
@@ -226,6 +235,7 @@ class SamplingParams:
         self.stop_strs: Optional[list[str]] = None
         self.stop_str_max_len: int = 0
         self.stop_regex_strs: Optional[list[str]] = None
+        self.stop_regex_max_len: int = 0
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{k}={getattr(self, k)!r}" for k in _FIELDS)
@@ -291,8 +301,8 @@ class SamplingParams:
             if r == "":
                 bad("stop_regex must not contain an empty pattern; remove it")
             try:
-                re.compile(r)
-            except (re.error, RecursionError, OverflowError) as e:
+                regex.compile(r)
+            except (regex.error, RecursionError, OverflowError, ValueError) as e:
                 bad(f"stop_regex {r!r} is not a valid regular expression: {e}")
         stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         for s in stops:
@@ -331,6 +341,8 @@ class SamplingParams:
             self.stop_regex_strs = [self.stop_regex]
         else:
             self.stop_regex_strs = list(self.stop_regex)
+        widths = [max_regex_chars(r) for r in self.stop_regex_strs]
+        self.stop_regex_max_len = max((STOP_REGEX_UNBOUNDED if w is None else w for w in widths), default=0)
         if self.temperature < GREEDY_TEMPERATURE_EPS:
             # SGLang folds greedy into top-k 1 so one code path handles every row.
             self.temperature = 1.0
@@ -350,6 +362,7 @@ class SamplingParams:
         d["stop_strs"] = list(self.stop_strs) if self.stop_strs is not None else None
         d["stop_str_max_len"] = self.stop_str_max_len
         d["stop_regex_strs"] = list(self.stop_regex_strs) if self.stop_regex_strs is not None else None
+        d["stop_regex_max_len"] = self.stop_regex_max_len
         return d
 
     @classmethod
@@ -388,4 +401,6 @@ class SamplingParams:
             params.stop_str_max_len = derived["stop_str_max_len"]
         if "stop_regex_strs" in derived:
             params.stop_regex_strs = derived["stop_regex_strs"]
+        if "stop_regex_max_len" in derived:
+            params.stop_regex_max_len = derived["stop_regex_max_len"]
         return params
