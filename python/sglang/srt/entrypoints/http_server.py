@@ -124,7 +124,9 @@ def create_app(tokenizer_manager, server_args) -> FastAPI:
     Routes: ``POST /generate``, ``POST /v1/completions``, ``POST /v1/chat/completions``,
     ``GET /v1/models``, ``GET /health``, ``GET /health_generate``, ``GET /get_model_info``,
     ``GET /get_server_info``, ``GET|POST /flush_cache``, ``POST /abort_request``, and
-    ``GET /metrics`` when ``server_args.enable_metrics``. The lifespan starts the manager's
+    ``GET /metrics`` when ``server_args.enable_metrics``; SGLang's ``/server_info``, ``GET /v1/models/{model}``,
+    ``/tokenize``, ``/detokenize`` (:mod:`~sglang.srt.entrypoints.parity_routes`) and ``POST /v1/responses``
+    (:mod:`~sglang.srt.entrypoints.openai.serving_responses`). The lifespan starts the manager's
     receive loop and closes the manager at shutdown.
     """
     tm = tokenizer_manager
