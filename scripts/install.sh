@@ -3,7 +3,7 @@
 # On a CPU machine, `torch==2.13.0` resolves to the CPU build.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-python3 -m pip install -q --disable-pip-version-check "torch==2.13.0" -e "$root/python[test]"
+python3 -m pip install -q --disable-pip-version-check "torch==2.13.0" -e "$root/python[test,custom-logit-processor]"
 if [ -f "$root/sgl-kernel/pyproject.toml" ]; then
   python3 -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e "$root/sgl-kernel"
 fi

@@ -46,12 +46,16 @@ def test_completion_mapping_random():
         SamplingParams.from_dict(sp).verify(512)
 
 
-def test_unset_fields_are_left_to_defaults_and_logit_bias_rejected():
+def test_unset_fields_are_left_to_defaults_and_sglang_extras_pass_through():
     sp = build_sampling_params(CompletionRequest(model="m", prompt="x"), 16)
     assert sp == {"max_new_tokens": 16, "n": 1, "ignore_eos": False, "skip_special_tokens": True,
                   "spaces_between_special_tokens": True, "no_stop_trim": False}
-    with pytest.raises(ValueError, match="logit_bias"):
-        build_sampling_params(CompletionRequest(model="m", prompt="x", logit_bias={"5": 1.0}), 16)
+    sp = build_sampling_params(CompletionRequest(model="m", prompt="x", logit_bias={"5": 1.0}, stop_regex=[r"\d+"],
+                                                 custom_params={"k": 1}), 16)
+    assert (sp["logit_bias"], sp["stop_regex"], sp["custom_params"]) == ({"5": 1.0}, [r"\d+"], {"k": 1})
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    SamplingParams.from_dict(sp).verify(512)
 
 
 @pytest.mark.parametrize("prompt", ["abc", ["a", "b"], [1, 2, 3], [[1, 2], [3]]])
@@ -202,9 +206,11 @@ def test_usage_counts_prompt_once_per_prompt():
     assert u.prompt_tokens_details.cached_tokens == sum(range(prompts))
 
 
-def test_stream_delta_drops_nulls_and_error_shape():
+def test_stream_delta_has_sglang_keys_and_error_shape():
     c = ChatCompletionStreamChoice(index=0, delta=DeltaMessage(content="x"))
-    assert c.model_dump()["delta"] == {"content": "x"}
+    assert c.model_dump()["delta"] == {"role": None, "content": "x", "reasoning_content": None, "tool_calls": None}
+    assert ChatCompletionStreamChoice(index=0, delta=DeltaMessage()).model_dump()["delta"] == {
+        "role": None, "content": None, "reasoning_content": None, "tool_calls": None}
     assert c.model_dump()["finish_reason"] is None
     e = error_body("temperature must be >= 0", 400)
     assert e == {"error": {"message": "temperature must be >= 0", "type": "BadRequestError",

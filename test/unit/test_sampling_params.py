@@ -49,8 +49,10 @@ def test_defaults_match_sglang():
         ({"min_new_tokens": -1}, "min_new_tokens"),
         ({"min_new_tokens": 10, "max_new_tokens": 5}, "min_new_tokens"),
         ({"n": 0}, "n"),
-        ({"stop_token_ids": [5, VOCAB]}, "stop_token_ids"),
-        ({"stop_token_ids": [-1]}, "stop_token_ids"),
+        ({"logit_bias": {str(VOCAB): 1.0}}, "logit_bias"),
+        ({"logit_bias": {"-1": 1.0}}, "logit_bias"),
+        ({"stop_regex": "(unclosed"}, "stop_regex"),
+        ({"stop_regex": ["ok", ""]}, "stop_regex"),
         ({"stop": ["ok", ""]}, "stop"),
         ({"stop": ""}, "stop"),
         ({"regex": "a+", "ebnf": "root ::= 'a'"}, "regex"),
@@ -130,6 +132,9 @@ def _random_params(rng: random.Random) -> SamplingParams:
         n=rng.randint(1, 4),
         seed=rng.choice([None, rng.randint(0, 2**62)]),
         regex=rng.choice([None, "[a-z]+"]),
+        stop_regex=rng.choice([None, r"\d+", [r"The end\.", "a{2,3}"]]),
+        logit_bias=rng.choice([None, {str(rng.randrange(VOCAB)): rng.uniform(-100, 100)}]),
+        custom_params=rng.choice([None, {"k": [1, "x"]}]),
     )
 
 
@@ -146,6 +151,7 @@ def test_round_trip_through_msgpack_message():
         q = SamplingParams.from_dict(back.sampling_params)
         assert q == p
         assert q.stop_strs == p.stop_strs and q.stop_str_max_len == p.stop_str_max_len
+        assert q.stop_regex_strs == p.stop_regex_strs
         # only plain msgpack types inside
         assert msgspec.msgpack.decode(msgspec.msgpack.encode(p.to_dict())) == p.to_dict()
 
@@ -171,3 +177,31 @@ def test_normalize_stop_strings_and_greedy():
     r = SamplingParams()
     r.normalize(None)
     assert r.stop_strs == [] and r.stop_str_max_len == 0
+
+
+def test_out_of_vocab_stop_token_ids_are_accepted_with_a_warning(caplog):
+    """SGLang accepts stop_token_ids outside the vocabulary (they can never match)."""
+    with caplog.at_level("WARNING"):
+        SamplingParams(stop_token_ids=[5, VOCAB, VOCAB + 7, -1]).verify(VOCAB)
+    assert "outside the vocabulary" in caplog.text and str(VOCAB + 7) in caplog.text
+
+
+def test_stop_regex_and_logit_bias_parse_and_normalize():
+    p = SamplingParams.from_dict({"stop_regex": r"\d+", "logit_bias": {"7": -100, 3: 2.5}})
+    assert p.logit_bias == {"7": -100.0, "3": 2.5}
+    p.verify(VOCAB)
+    p.normalize(ByteTokenizer())
+    assert p.stop_regex_strs == [r"\d+"]
+    assert SamplingParams.from_dict({"stop_regex": []}).stop_regex == []  # what sgl.gen always sends
+    for bad, field in (({"stop_regex": 5}, "stop_regex"), ({"logit_bias": {"x": 1}}, "logit_bias"),
+                       ({"logit_bias": {"1": float("inf")}}, "logit_bias"), ({"logit_bias": [1]}, "logit_bias"),
+                       ({"custom_params": "x"}, "custom_params")):
+        with pytest.raises(ValueError, match=field):
+            SamplingParams.from_dict(bad)
+
+
+def test_max_regex_chars():
+    from sglang.srt.sampling.sampling_params import max_regex_chars
+
+    assert max_regex_chars(r"\d+") is None and max_regex_chars(".*") is None
+    assert max_regex_chars("ab(c|de)") == 4 and max_regex_chars(r"x{2,5}") == 5

@@ -136,6 +136,7 @@ class ForwardBatch:
     req_pool_indices_cpu: list[int] = field(default_factory=list)
     attn_metadata: Any = None
     token_range: Optional[tuple[int, int]] = None
+    token_ids_logprobs: Optional[list] = None  # per request, ids whose input logprobs are reported (or None)
 
     @property
     def num_tokens(self) -> int:
@@ -202,4 +203,5 @@ class ForwardBatch:
             input_logprob_token_ids=list(batch.input_logprob_token_ids) or [[] for _ in range(batch.batch_size)],
             top_logprobs_nums=list(batch.top_logprobs_nums) or [0] * batch.batch_size,
             req_pool_indices_cpu=list(batch.req_pool_indices),
+            token_ids_logprobs=getattr(batch.sampling_info, "token_ids_logprobs", None),
         )

@@ -43,6 +43,7 @@ class ServerArgs:
     port: int = 30000
     api_key: Optional[str] = None
     enable_metrics: bool = False
+    enable_custom_logit_processor: bool = False  # SECURITY: runs client-supplied code (trusted clients only)
 
     # Memory and scheduling
     mem_fraction_static: Optional[float] = None
@@ -205,6 +206,10 @@ class ServerArgs:
             "tp_ranks_share_gpu": "Correctness test mode: all TP ranks run on --base-gpu-id as separate processes "
             "(device group over gloo, tw-comm over CUDA IPC within the GPU; CUDA graphs and custom all-reduce off). "
             "Never for speed.",
+            "enable_custom_logit_processor": "Accept the custom_logit_processor request field. SECURITY: it is "
+            "client-supplied code (a dill-serialized Python class) that the scheduler deserializes and runs; "
+            "enable only when every client is trusted. Off: such requests get a 400. Needs the dill package "
+            "(pip install 'sglang[custom-logit-processor]').",
             "zmq_transport": "ipc|tcp: transport of the sockets between the server's processes (tcp on "
             "127.0.0.1 ports, so a worker can live on another host).",
         }

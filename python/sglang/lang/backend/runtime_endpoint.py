@@ -153,12 +153,17 @@ class RuntimeEndpoint(BaseBackend):
     def generate_stream(self, s: Any, sampling_params: SglSamplingParams) -> Iterator[tuple[str, Optional[dict]]]:
         """Streaming ``/generate``; yields (new text, meta_info so far).
 
+        The server streams per-output-token logprob lists incrementally (SGLang's shape, with
+        ``output_token_logprobs_length``); they are accumulated here, so each yielded meta_info holds
+        the full lists so far.
+
         Raises:
             ValueError / RuntimeError: the server rejected the request or reported an error mid-stream.
         """
         body = {**self._generate_body(s, sampling_params), "stream": True}
         resp = self._request("POST", "/generate", body, stream=True)
         prev = ""
+        acc: dict[str, list] = {}
         try:
             for line in resp.iter_lines():
                 if not line or not line.startswith(b"data:"):
@@ -173,7 +178,13 @@ class RuntimeEndpoint(BaseBackend):
                                        f"{err.get('message') if isinstance(err, dict) else err}")
                 text = obj.get("text", "")
                 delta, prev = text[len(prev):], text
-                yield delta, obj.get("meta_info")
+                meta = obj.get("meta_info")
+                if isinstance(meta, dict) and "output_token_logprobs_length" in meta:
+                    for key in ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs"):
+                        if key in meta:
+                            acc.setdefault(key, []).extend(meta[key])
+                            meta[key] = list(acc[key])
+                yield delta, meta
         finally:
             resp.close()
 

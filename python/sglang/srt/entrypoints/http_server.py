@@ -34,12 +34,19 @@ from sglang.srt.entrypoints.openai.protocol import (
     error_body,
 )
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
+from sglang.srt.entrypoints.openai.serving_responses import register_responses_route
 from sglang.srt.entrypoints.openai.serving_completions import (
     SSE_DONE,
     OpenAIServingCompletion,
     prefetch,
     sse,
     sse_error_tail,
+)
+from sglang.srt.entrypoints.parity_routes import (
+    IncrementalLogprobs,
+    SafeJSONResponse,
+    register_parity_routes,
+    server_info_aliases,
 )
 from sglang.srt.managers.generate_req import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import RequestError
@@ -117,7 +124,9 @@ def create_app(tokenizer_manager, server_args) -> FastAPI:
     Routes: ``POST /generate``, ``POST /v1/completions``, ``POST /v1/chat/completions``,
     ``GET /v1/models``, ``GET /health``, ``GET /health_generate``, ``GET /get_model_info``,
     ``GET /get_server_info``, ``GET|POST /flush_cache``, ``POST /abort_request``, and
-    ``GET /metrics`` when ``server_args.enable_metrics``. The lifespan starts the manager's
+    ``GET /metrics`` when ``server_args.enable_metrics``; SGLang's ``/server_info``, ``GET /v1/models/{model}``,
+    ``/tokenize``, ``/detokenize`` (:mod:`~sglang.srt.entrypoints.parity_routes`) and ``POST /v1/responses``
+    (:mod:`~sglang.srt.entrypoints.openai.serving_responses`). The lifespan starts the manager's
     receive loop and closes the manager at shutdown.
     """
     tm = tokenizer_manager
@@ -189,14 +198,15 @@ def create_app(tokenizer_manager, server_args) -> FastAPI:
         first = await prefetch(agen)
         if not obj.stream:
             await agen.aclose()
-            return JSONResponse(first)
+            return SafeJSONResponse(first)
         return StreamingResponse(_sse_stream(first, agen), media_type="text/event-stream")
 
     async def _sse_stream(first, agen) -> AsyncIterator[str]:
+        incremental = IncrementalLogprobs()
         try:
             out = first
             while out is not None:
-                yield sse(out)
+                yield sse(incremental(out))
                 out = await prefetch(agen)
         except (ValueError, RequestError) as e:
             yield sse_error_tail(e)
@@ -223,8 +233,8 @@ def create_app(tokenizer_manager, server_args) -> FastAPI:
         state = await tm.get_internal_state()
         import sglang
 
-        return {**_public_server_args(server_args), **tm.scheduler_info, "internal_states": [state],
-                "version": getattr(sglang, "__version__", "unknown")}
+        return server_info_aliases({**_public_server_args(server_args), **tm.scheduler_info,
+                                    "internal_states": [state], "version": getattr(sglang, "__version__", "unknown")})
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache():
@@ -249,6 +259,9 @@ def create_app(tokenizer_manager, server_args) -> FastAPI:
             raise ValueError("rid is required (or set abort_all to true)")
         n = await tm.abort_request(rid, abort_all=abort_all)
         return {"success": True, "num_aborted": n}
+
+    register_parity_routes(app, tm, server_args, get_server_info)
+    register_responses_route(app, tm, server_args)
 
     if server_args.enable_metrics and tm.metrics is not None:
         @app.get("/metrics")

@@ -22,11 +22,14 @@ class LogitsProcessorOutput:
         requested prompt tokens (``ForwardBatch.input_logprob_token_ids``), or None.
     input_top_logprobs: per request, per requested row, ``top_logprobs_num``
         (logprob, token_id) pairs, or None.
+    input_token_ids_logprobs: per request, per requested row, (logprob, token_id) pairs of the
+        request's ``token_ids_logprob`` ids (empty lists for requests without), or None.
     """
 
     next_token_logits: torch.Tensor
     input_token_logprobs: Optional[list[list[float]]] = None
     input_top_logprobs: Optional[list[list[list[tuple[float, int]]]]] = None
+    input_token_ids_logprobs: Optional[list[list[list[tuple[float, int]]]]] = None
 
 
 class LogitsProcessor(nn.Module):
@@ -90,4 +93,15 @@ class LogitsProcessor(nn.Module):
                 [list(zip(top_v[r][:k], top_i[r][:k])) for r in range(pos, pos + c)] if k > 0 else []
             )
             pos += c
+        wanted = getattr(fb, "token_ids_logprobs", None)
+        if wanted:
+            out.input_token_ids_logprobs, pos = [], 0
+            for i, c in enumerate(counts):
+                ids = wanted[i] if i < len(wanted) else None
+                if ids and c:
+                    vals = logprobs[pos:pos + c][:, torch.tensor(ids, device=dev)].tolist()
+                    out.input_token_ids_logprobs.append([list(zip(v, ids)) for v in vals])
+                else:
+                    out.input_token_ids_logprobs.append([])
+                pos += c
         return out

@@ -18,7 +18,14 @@ Pipeline per row (all rows vectorized; only seeded-noise generation loops over s
    whatever else is in the batch.
 
 Logprobs are ``log_softmax`` of the logits after penalties and the grammar mask but before temperature, top-k, top-p and
-min-p (the model's own distribution, penalized), as SGLang reports by default.
+min-p (the model's own distribution, penalized), as SGLang reports by default. Tokens the grammar
+masks out (logprob ``-inf``) are left out of the top-logprob lists (which may then be shorter than
+asked), so every reported value is finite JSON; a requested ``token_ids_logprob`` id that is masked
+reports ``None``.
+
+Custom logit processors (client code, only with ``--enable-custom-logit-processor``) run after the
+penalties and logit_bias and before the grammar mask; a processor that fails marks its rows in
+``SamplerOutput.row_errors`` (the scheduler aborts those requests with a 400) instead of failing the batch.
 """
 
 from __future__ import annotations
@@ -59,11 +66,17 @@ class SamplerOutput:
             None when logprobs were not requested.
         top_logprobs: per row, the ``top_logprobs_nums[i]`` most likely ``(logprob, token_id)`` pairs
             (descending; empty list where the row asked for 0), or None when logprobs were not requested.
+            Grammar-masked tokens (-inf) are left out.
+        token_ids_logprobs: per row, ``(logprob or None if masked, token_id)`` for the row's requested
+            ids (``SamplingBatchInfo.token_ids_logprobs``), None for rows without; None when no row asked.
+        row_errors: rows whose custom logit processor failed -> the error message (None: no failure).
     """
 
     next_token_ids: torch.Tensor
     logprobs: Optional[torch.Tensor] = None
     top_logprobs: Optional[list[list[tuple[float, int]]]] = None
+    token_ids_logprobs: Optional[list[Optional[list[tuple[Optional[float], int]]]]] = None
+    row_errors: Optional[dict[int, str]] = None
 
 
 def filter_probs(probs: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
@@ -147,6 +160,10 @@ class Sampler:
         if top_logprobs_nums is not None and len(top_logprobs_nums) != bs:
             raise ValueError(f"top_logprobs_nums must have {bs} entries, got {len(top_logprobs_nums)}")
         info.apply_penalties(logits)
+        row_errors = None
+        if info.custom_logit_processors is not None:
+            row_errors = self._custom_processors().apply(logits, info.custom_logit_processors,
+                                                         info.custom_params) or None
         if info.vocab_mask is not None:
             from sglang.srt.constrained.bitmask import apply_token_bitmask_, revive_dead_rows_
 
@@ -159,14 +176,24 @@ class Sampler:
             next_ids = self._sample(logits, info)
 
         if not return_logprob:
-            return SamplerOutput(next_token_ids=next_ids)
+            return SamplerOutput(next_token_ids=next_ids, row_errors=row_errors)
         logprobs_all = torch.log_softmax(logits, dim=-1)
         chosen = logprobs_all.gather(-1, next_ids.view(-1, 1)).view(-1)
         return SamplerOutput(
             next_token_ids=next_ids,
             logprobs=chosen,
             top_logprobs=_top_logprobs(logprobs_all, top_logprobs_nums or [0] * bs),
+            token_ids_logprobs=_token_ids_logprobs(logprobs_all, info.token_ids_logprobs),
+            row_errors=row_errors,
         )
+
+    def _custom_processors(self):
+        """The :class:`~sglang.srt.sampling.custom_logit_processor.ProcessorCache` (made on first use)."""
+        if getattr(self, "_processor_cache", None) is None:
+            from sglang.srt.sampling.custom_logit_processor import ProcessorCache
+
+            self._processor_cache = ProcessorCache()
+        return self._processor_cache
 
     __call__ = forward
 
@@ -195,4 +222,20 @@ def _top_logprobs(logprobs_all: torch.Tensor, nums: list[int]) -> list[list[tupl
         return [[] for _ in nums]
     values, ids = logprobs_all.topk(k, dim=-1)
     values, ids = values.tolist(), ids.tolist()
-    return [list(zip(values[i][: nums[i]], ids[i][: nums[i]])) for i in range(len(nums))]
+    return [[(v, t) for v, t in zip(values[i][: nums[i]], ids[i][: nums[i]]) if v != float("-inf")]
+            for i in range(len(nums))]
+
+
+def _token_ids_logprobs(logprobs_all: torch.Tensor,
+                        wanted: Optional[list[Optional[list[int]]]]) -> Optional[list]:
+    """Per row, ``(logprob, id)`` for the row's requested ids (None where the grammar masked the id)."""
+    if wanted is None:
+        return None
+    out: list = []
+    for i, ids in enumerate(wanted):
+        if not ids:
+            out.append(None)
+            continue
+        vals = logprobs_all[i, torch.tensor(ids, device=logprobs_all.device)].tolist()
+        out.append([(v if v != float("-inf") else None, t) for v, t in zip(vals, ids)])
+    return out

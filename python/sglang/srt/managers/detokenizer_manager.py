@@ -40,6 +40,23 @@ def stop_prefix_suffix_len(text: str, stop_strs: list[str]) -> int:
     return best
 
 
+def regex_partial_hold(text: str, patterns: list[str]) -> int:
+    """Length of the suffix of ``text`` to hold back because it is (the start of) a possible match
+    of one of the ``stop_regex`` patterns that more text could complete (partial matching of the
+    ``regex`` package; a pattern it cannot parse holds nothing)."""
+    import regex
+
+    best = 0
+    for p in patterns:
+        try:
+            m = regex.search(p, text, partial=True, timeout=0.1)
+        except (regex.error, RecursionError, OverflowError, TimeoutError):
+            continue
+        if m is not None and m.partial:
+            best = max(best, len(text) - m.start())
+    return best
+
+
 class IncrementalDetokenizer:
     """Incremental detokenization of one request (SGLang's ``DecodeStatus``).
 
@@ -56,6 +73,9 @@ class IncrementalDetokenizer:
         stop_strs: the request's stop strings (may be empty).
         prefix_ids: context tokens (the prompt's tail) decoded before the output but never
             emitted, so the first output token keeps its word-initial space.
+        stop_regexes: the request's ``stop_regex`` patterns; while running, a suffix that may still grow
+            into a match is held back (:func:`regex_partial_hold`); when the finish reason's ``matched``
+            is one of them, the text is cut where the pattern's first match starts.
     """
 
     def __init__(
@@ -66,12 +86,14 @@ class IncrementalDetokenizer:
         no_stop_trim: bool = False,
         stop_strs: Optional[list[str]] = None,
         prefix_ids: Optional[list[int]] = None,
+        stop_regexes: Optional[list[str]] = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.spaces_between_special_tokens = spaces_between_special_tokens
         self.no_stop_trim = no_stop_trim
         self.stop_strs = list(stop_strs or [])
+        self.stop_regexes = list(stop_regexes or [])
         self.ids: list[int] = list(prefix_ids or [])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
@@ -118,7 +140,18 @@ class IncrementalDetokenizer:
             self.read_offset = end
 
     def _stop_cut(self, stop: str) -> int:
-        """Index in decoded_text where output must end for the matched stop string ``stop``."""
+        """Index in decoded_text where output must end for the matched stop string (or stop_regex) ``stop``."""
+        if stop in self.stop_regexes and stop not in self.stop_strs:
+            import regex
+
+            try:
+                m = regex.search(stop, self.decoded_text, timeout=0.5)
+            except (regex.error, TimeoutError):
+                m = None
+            if m is None:
+                logger.debug("matched stop_regex %r not found in the decoded text; not trimming", stop)
+                return len(self.decoded_text)
+            return max(m.start(), self.sent_offset)
         pos = self.decoded_text.find(stop, max(0, self.sent_offset - len(stop) + 1))
         if pos < 0:
             logger.debug("matched stop string %r not found in the decoded text; not trimming", stop)
@@ -159,6 +192,8 @@ class IncrementalDetokenizer:
         else:
             pending = self.decoded_text[self.sent_offset:]
             hold = 0 if self.no_stop_trim else stop_prefix_suffix_len(pending, self.stop_strs)
+            if self.stop_regexes and not self.no_stop_trim:
+                hold = max(hold, regex_partial_hold(pending, self.stop_regexes))
             end = len(self.decoded_text) - hold
         out = self.decoded_text[self.sent_offset:end]
         self.sent_offset = max(self.sent_offset, end)
@@ -222,6 +257,7 @@ class DetokenizerManager:
                 no_stop_trim=msg.no_stop_trim[i],
                 stop_strs=msg.stop_strs[i],
                 prefix_ids=msg.decode_prefix_ids[i] if msg.decode_prefix_ids else None,
+                stop_regexes=msg.stop_regexes[i] if msg.stop_regexes else None,
             )
             self.decode_status[rid] = st
         return st
@@ -249,6 +285,8 @@ class DetokenizerManager:
             output_top_logprobs=msg.output_top_logprobs,
             input_token_logprobs=msg.input_token_logprobs,
             input_top_logprobs=msg.input_top_logprobs,
+            output_token_ids_logprobs=msg.output_token_ids_logprobs,
+            input_token_ids_logprobs=msg.input_token_ids_logprobs,
         )
 
     def handle_bytes(self, data: bytes) -> bytes:

@@ -22,11 +22,11 @@ logger = logging.getLogger(__name__)
 # SGLang fields that this fork does not implement: a non-null value is rejected, null is ignored.
 _UNSUPPORTED_FIELDS = (
     "image_data", "audio_data", "video_data", "input_embeds", "lora_path", "lora_id",
-    "custom_logit_processor", "return_hidden_states", "session_params", "bootstrap_host",
+    "return_hidden_states", "session_params", "bootstrap_host",
 )
 _KNOWN_FIELDS = (
     "text", "input_ids", "sampling_params", "rid", "return_logprob", "logprob_start_len",
-    "top_logprobs_num", "return_text_in_logprobs", "stream",
+    "top_logprobs_num", "return_text_in_logprobs", "stream", "token_ids_logprob", "custom_logit_processor",
 )
 
 
@@ -62,6 +62,8 @@ class SingleGenerateReq:
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
     stream: bool = False
+    token_ids_logprob: Optional[list[int]] = None
+    custom_logit_processor: Optional[str] = None
 
 
 @dataclass
@@ -77,6 +79,11 @@ class GenerateReqInput:
             ``logprob_start_len`` -1 means no input-token logprobs.
         return_text_in_logprobs: add each token's text to logprob entries.
         stream: stream cumulative outputs.
+        token_ids_logprob: token ids (list[int], or one list per prompt) whose logprobs are reported at
+            every position (``meta_info.input_token_ids_logprobs`` / ``output_token_ids_logprobs``;
+            needs ``return_logprob``).
+        custom_logit_processor: a serialized custom logit processor (str, or one per prompt); only
+            accepted with ``--enable-custom-logit-processor`` (checked by the TokenizerManager).
 
     The batch flag (:attr:`is_batch`) is set by :meth:`normalize`: true when the
     prompt is a list of prompts or when ``n`` > 1 (SGLang then answers with a list).
@@ -91,6 +98,8 @@ class GenerateReqInput:
     top_logprobs_num: Union[int, list[int]] = 0
     return_text_in_logprobs: bool = False
     stream: bool = False
+    token_ids_logprob: Optional[Union[list[int], list[list[int]]]] = None
+    custom_logit_processor: Optional[Union[str, list[Optional[str]]]] = None
     is_batch: bool = field(default=False, init=False)
 
     @classmethod
@@ -214,6 +223,15 @@ class GenerateReqInput:
             raise ValueError(f"return_text_in_logprobs must be a boolean, got {self.return_text_in_logprobs!r}")
         if not isinstance(self.stream, bool):
             raise ValueError(f"stream must be a boolean, got {self.stream!r}")
+        tids = self.token_ids_logprob
+        if tids is None or _is_id_list(tids):
+            tid_lists = [list(tids) if tids is not None else None] * size
+        elif isinstance(tids, list) and all(t is None or _is_id_list(t) for t in tids):
+            tid_lists = self._per_prompt("token_ids_logprob", tids, size, lambda v: True, "")
+        else:
+            raise ValueError("token_ids_logprob must be a list of integer token ids (or one such list per prompt)")
+        procs = self._per_prompt("custom_logit_processor", self.custom_logit_processor, size,
+                                 lambda v: v is None or isinstance(v, str), "a string")
 
         ns = []
         for p in sps:
@@ -248,6 +266,8 @@ class GenerateReqInput:
                     top_logprobs_num=top_nums[i],
                     return_text_in_logprobs=self.return_text_in_logprobs,
                     stream=self.stream,
+                    token_ids_logprob=list(tid_lists[i]) if tid_lists[i] else None,
+                    custom_logit_processor=procs[i],
                 ))
         self.is_batch = is_list or len(out) > 1
         return out

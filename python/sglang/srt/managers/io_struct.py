@@ -41,6 +41,8 @@ class TokenizedGenerateReqInput(msgspec.Struct, tag=True):
     top_logprobs_num: int = 0
     stream: bool = False
     created_time: float = 0.0
+    token_ids_logprob: Optional[list[int]] = None  # ids whose logprobs are reported at every output position
+    custom_logit_processor: Optional[str] = None  # serialized processor (only with --enable-custom-logit-processor)
 
 
 class AbortReq(msgspec.Struct, tag=True):
@@ -100,7 +102,10 @@ class BatchTokenIDOut(msgspec.Struct, tag=True):
     ``decode_prefix_ids[i]`` (first message of a request only) holds the last
     few prompt tokens, the context the detokenizer decodes the output against
     (so SentencePiece vocabularies keep the first word's leading space, as in
-    SGLang).
+    SGLang). ``stop_regexes[i]``: the request's ``stop_regex`` patterns (the
+    detokenizer trims at a matched one). ``output_token_ids_logprobs`` /
+    ``input_token_ids_logprobs``: per position, ``(logprob or None, id)`` for the
+    request's ``token_ids_logprob`` ids (deltas / sent once, like the others).
     """
 
     rids: list[str]
@@ -118,6 +123,9 @@ class BatchTokenIDOut(msgspec.Struct, tag=True):
     input_token_logprobs: Optional[list[Optional[list[tuple[Optional[float], int]]]]] = None
     input_top_logprobs: Optional[list[Optional[list[list[tuple[float, int]]]]]] = None
     decode_prefix_ids: Optional[list[Optional[list[int]]]] = None
+    stop_regexes: Optional[list[list[str]]] = None
+    output_token_ids_logprobs: Optional[list[Optional[list[list[tuple[Optional[float], int]]]]]] = None
+    input_token_ids_logprobs: Optional[list[Optional[list[list[tuple[Optional[float], int]]]]]] = None
 
 
 class BatchStrOut(msgspec.Struct, tag=True):
@@ -140,6 +148,8 @@ class BatchStrOut(msgspec.Struct, tag=True):
     output_top_logprobs: Optional[list[Optional[list[list[tuple[float, int]]]]]] = None
     input_token_logprobs: Optional[list[Optional[list[tuple[Optional[float], int]]]]] = None
     input_top_logprobs: Optional[list[Optional[list[list[tuple[float, int]]]]]] = None
+    output_token_ids_logprobs: Optional[list[Optional[list[list[tuple[Optional[float], int]]]]]] = None
+    input_token_ids_logprobs: Optional[list[Optional[list[list[tuple[Optional[float], int]]]]]] = None
 
 
 Message = Union[

@@ -43,6 +43,8 @@ class ReqState:
     output_token_logprobs: list = field(default_factory=list)
     input_top_logprobs: list = field(default_factory=list)
     output_top_logprobs: list = field(default_factory=list)
+    input_token_ids_logprobs: list = field(default_factory=list)
+    output_token_ids_logprobs: list = field(default_factory=list)
 
     def add_logprobs(self, msg: BatchStrOut, i: int, token_text: Callable[[int], Optional[str]]) -> None:
         """Append row ``i`` of ``msg``'s logprobs (``(logprob, token_id)`` pairs) in SGLang's format;
@@ -60,10 +62,17 @@ class ReqState:
             self.input_token_logprobs.extend(fmt(msg.input_token_logprobs[i]))
         if msg.input_top_logprobs is not None and msg.input_top_logprobs[i] is not None:
             self.input_top_logprobs.extend(None if e is None else fmt(e) for e in msg.input_top_logprobs[i])
+        for src, dst in ((getattr(msg, "output_token_ids_logprobs", None), self.output_token_ids_logprobs),
+                         (getattr(msg, "input_token_ids_logprobs", None), self.input_token_ids_logprobs)):
+            if src is not None and src[i] is not None:
+                dst.extend(None if e is None else fmt(e) for e in src[i])
 
     def to_output(self) -> dict[str, Any]:
         """SGLang's ``/generate`` dict: cumulative ``text`` and ``output_ids`` and a ``meta_info``
-        (id, finish_reason, prompt/completion/cached tokens, e2e_latency in s, logprobs if asked)."""
+        (id, finish_reason, prompt/completion/cached tokens, e2e_latency in s, logprobs if asked, with
+        ``output_token_logprobs_length`` = how many output logprob entries exist so far, and, for
+        ``token_ids_logprob``, ``input_token_ids_logprobs`` / ``output_token_ids_logprobs``: per position
+        the ``[logprob or None, id, text]`` entries of the requested ids))."""
         end = self.finished_time if self.finished_time else time.time()
         meta: dict[str, Any] = {
             "id": self.req.rid,
@@ -79,4 +88,8 @@ class ReqState:
             if self.req.top_logprobs_num > 0:
                 meta["input_top_logprobs"] = list(self.input_top_logprobs)
                 meta["output_top_logprobs"] = list(self.output_top_logprobs)
+            if getattr(self.req, "token_ids_logprob", None):
+                meta["input_token_ids_logprobs"] = list(self.input_token_ids_logprobs)
+                meta["output_token_ids_logprobs"] = list(self.output_token_ids_logprobs)
+            meta["output_token_logprobs_length"] = len(self.output_token_logprobs)
         return {"text": self.text, "output_ids": list(self.output_ids), "meta_info": meta}

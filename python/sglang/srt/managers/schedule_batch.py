@@ -86,6 +86,10 @@ class Req:
         self.input_top_logprobs: list[list[tuple[float, int]]] = []
         self.output_token_logprobs: list[tuple[float, int]] = []
         self.output_top_logprobs: list[list[tuple[float, int]]] = []
+        self.token_ids_logprob: Optional[list[int]] = None  # set by the scheduler from the request
+        self.output_token_ids_logprobs: list[list[tuple[Optional[float], int]]] = []
+        self.input_token_ids_logprobs: list[list[tuple[Optional[float], int]]] = []
+        self.custom_logit_processor: Optional[str] = None
         self.sent_output_len = 0
         self.sent_input_logprobs = False
 
@@ -265,10 +269,11 @@ def build_token_id_out(reqs: list[Req]) -> BatchTokenIDOut:
     """Deltas of several requests since their last report (advances their sent offsets)."""
     out = BatchTokenIDOut(rids=[], finished_reasons=[], output_ids=[], prompt_tokens=[], completion_tokens=[],
                           cached_tokens=[], skip_special_tokens=[], spaces_between_special_tokens=[],
-                          no_stop_trim=[], stop_strs=[], decode_prefix_ids=[])
+                          no_stop_trim=[], stop_strs=[], decode_prefix_ids=[], stop_regexes=[])
     any_lp = any(r.return_logprob for r in reqs)
     if any_lp:
         out.output_token_logprobs, out.output_top_logprobs = [], []
+        out.output_token_ids_logprobs, out.input_token_ids_logprobs = [], []
         out.input_token_logprobs, out.input_top_logprobs = [], []
     for r in reqs:
         p = r.sampling_params
@@ -283,11 +288,15 @@ def build_token_id_out(reqs: list[Req]) -> BatchTokenIDOut:
         out.spaces_between_special_tokens.append(p.spaces_between_special_tokens)
         out.no_stop_trim.append(p.no_stop_trim)
         out.stop_strs.append(list(getattr(p, "stop_strs", None) or []))
+        out.stop_regexes.append(list(getattr(p, "stop_regex_strs", None) or []))
         out.decode_prefix_ids.append(r.origin_input_ids[-DECODE_CONTEXT_TOKENS:] if start == 0 else None)
         if any_lp:
             first = start == 0 and r.return_logprob
             out.output_token_logprobs.append(r.output_token_logprobs[start:] if r.return_logprob else None)
             out.output_top_logprobs.append(r.output_top_logprobs[start:] if r.top_logprobs_num else None)
+            out.output_token_ids_logprobs.append(r.output_token_ids_logprobs[start:] if r.token_ids_logprob else None)
+            out.input_token_ids_logprobs.append(r.input_token_ids_logprobs if first and r.token_ids_logprob
+                                                and r.wants_input_logprobs() else None)
             out.input_token_logprobs.append(r.input_token_logprobs if first and r.wants_input_logprobs() else None)
             out.input_top_logprobs.append(r.input_top_logprobs if first and r.top_logprobs_num and r.wants_input_logprobs() else None)
         r.sent_output_len = len(r.output_ids)

@@ -150,6 +150,8 @@ class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
         req = Req(msg.rid, msg.input_ids, params, return_logprob=msg.return_logprob,
                   logprob_start_len=msg.logprob_start_len, top_logprobs_num=msg.top_logprobs_num,
                   stream=msg.stream, eos_token_ids=mc.eos_token_ids, max_new_tokens_cap=max(cap, 0))
+        req.token_ids_logprob = msg.token_ids_logprob if msg.return_logprob else None
+        req.custom_logit_processor = msg.custom_logit_processor
         error = None
         if not msg.input_ids:
             error = "the prompt is empty (input_ids has no tokens)"
@@ -171,6 +173,8 @@ class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
             req.input_token_logprobs.append((None, req.origin_input_ids[0]))
             if req.top_logprobs_num:
                 req.input_top_logprobs.append([])
+            if req.token_ids_logprob:
+                req.input_token_ids_logprobs.append([])
         if req.grammar_key is not None:
             req.grammar_future = self.grammar_backend.get_future(req.grammar_key)
             self.grammar_queue.append(req)  # admitted by the next step's _poll_grammar_queue

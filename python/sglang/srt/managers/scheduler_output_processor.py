@@ -31,6 +31,9 @@ class SchedulerOutputProcessorMixin:
                 req.input_token_logprobs.extend(zip(logits_out.input_token_logprobs[i], batch.input_logprob_ids[i]))
                 if req.top_logprobs_num:
                     req.input_top_logprobs.extend(logits_out.input_top_logprobs[i])
+                tids_in = getattr(logits_out, "input_token_ids_logprobs", None)
+                if req.token_ids_logprob and tids_in:
+                    req.input_token_ids_logprobs.extend(tids_in[i])
             if req.finished():  # aborted while in flight, or finished by the previous result
                 continue
             if not batch.sample[i]:  # a prefill chunk that is not the last
@@ -51,8 +54,14 @@ class SchedulerOutputProcessorMixin:
                 req.output_token_logprobs.append((lps[i] if lps else 0.0, tok))
                 if req.top_logprobs_num:
                     req.output_top_logprobs.append(list(sample_out.top_logprobs[i][: req.top_logprobs_num]))
+                if req.token_ids_logprob:
+                    tids = getattr(sample_out, "token_ids_logprobs", None)
+                    req.output_token_ids_logprobs.append(list(tids[i]) if tids and tids[i] is not None else [])
             req.finished_reason = check_finish(req.output_ids, req.sampling_params, req.eos_token_ids,
                                                self.tokenizer, req.max_new_tokens())
+            row_errors = getattr(sample_out, "row_errors", None)
+            if row_errors and i in row_errors:  # its custom logit processor failed: fail closed
+                req.finished_reason = {"type": "abort", "message": row_errors[i], "status_code": 400}
             if req.grammar is not None:
                 self._advance_grammar(req, tok)
             if req.finished():

@@ -38,7 +38,9 @@ from sglang.srt.managers.io_struct import (
     encode_msg,
 )
 from sglang.srt.managers.req_state import ReqState
-from sglang.srt.managers.template_manager import load_chat_template, render_chat
+from sglang.srt.managers.request_extras import extra_fields
+from sglang.srt.managers.template_manager import load_chat_template
+from sglang.srt.managers.tokenizer_text import TokenizerTextMixin
 from sglang.srt.utils.common import get_tokenizer, get_zmq_socket
 
 logger = logging.getLogger(__name__)
@@ -61,7 +63,7 @@ class RequestError(Exception):
         self.message = message
 
 
-class TokenizerManager:
+class TokenizerManager(TokenizerTextMixin):
     """Tokenize, validate and forward requests; collect their outputs.
 
     Args:
@@ -278,7 +280,7 @@ class TokenizerManager:
             return_logprob=req.return_logprob,
             logprob_start_len=req.logprob_start_len if req.return_logprob else -1,
             top_logprobs_num=req.top_logprobs_num if req.return_logprob else 0,
-            stream=req.stream, created_time=time.time())
+            stream=req.stream, created_time=time.time(), **extra_fields(req, self.vocab_size, self.server_args))
 
     def _check_grammar(self, params) -> None:
         """Reject a constrained request before it is queued: grammars disabled, or an invalid
@@ -409,42 +411,6 @@ class TokenizerManager:
                                         f"within {self.control_timeout_s} s") from None
             finally:
                 self._control_futs.pop(key, None)
-
-    # ---------------------------------------------------------- chat prompt
-    def apply_chat_template(self, messages: list[dict[str, Any]], tools: Optional[list] = None,
-                            add_generation_prompt: bool = True) -> list[int]:
-        """Render chat ``messages`` to prompt token ids; see :func:`~sglang.srt.managers.template_manager.render_chat`.
-
-        Raises:
-            ValueError: no tokenizer (``--skip-tokenizer-init``) or the template fails on ``messages``.
-        """
-        return render_chat(self.tokenizer, self.chat_template, messages, tools, add_generation_prompt)
-
-    def token_text(self, token_id: int) -> Optional[str]:
-        """Text of one token (decoded alone, cached), or None without a tokenizer."""
-        if self.tokenizer is None:
-            return None
-        t = self._token_text_cache.get(token_id)
-        if t is None:
-            t = self.tokenizer.decode([token_id])
-            self._token_text_cache[token_id] = t
-        return t
-
-    @property
-    def token_pieces(self):
-        """:class:`~sglang.srt.managers.token_pieces.TokenPieces` of the tokenizer (exact per-token
-        bytes for OpenAI logprobs), built on first use; None without a tokenizer."""
-        if self.tokenizer is None:
-            return None
-        if getattr(self, "_token_pieces", None) is None:
-            from sglang.srt.managers.token_pieces import TokenPieces
-
-            self._token_pieces = TokenPieces(self.tokenizer)
-        return self._token_pieces
-
-    def decode(self, ids: list[int]) -> str:
-        """Decode token ids to text ('' without a tokenizer)."""
-        return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
 
     # -------------------------------------------------------------- receive
     def _send(self, msg) -> None:

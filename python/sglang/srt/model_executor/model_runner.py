@@ -219,6 +219,8 @@ class ModelRunner:
             params, self.device, self.model_config.vocab_size, [r.output_ids for r in reqs],
             [r.origin_input_ids for r in reqs] if need_input else None, banned,
             grammars if any(g is not None for g in grammars) else None,
+            token_ids_logprobs=[getattr(r, "token_ids_logprob", None) for r in reqs],
+            custom_logit_processors=[getattr(r, "custom_logit_processor", None) for r in reqs],
         )
 
     @torch.inference_mode()

@@ -1,7 +1,8 @@
 """Decide whether a request is finished after each new token (pure function, used by the scheduler).
 
 Finish reasons are SGLang's dicts (see :mod:`sglang.srt.managers.io_struct`):
-``{"type": "length", "length": n}`` and ``{"type": "stop", "matched": <token id | stop string>}``.
+``{"type": "length", "length": n}`` and ``{"type": "stop", "matched": <token id | stop string | stop_regex
+pattern>}``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 REPLACEMENT_CHAR = "\ufffd"
+STOP_REGEX_TIMEOUT_S = 0.1
+"""Longest one ``stop_regex`` search may take per step before the request is aborted (400)."""
 
 
 def stop_str_window(params: SamplingParams) -> int:
@@ -65,6 +68,37 @@ def _match_stop_str(output_ids: list[int], params: SamplingParams, tokenizer: An
     return None
 
 
+def _match_stop_regex(output_ids: list[int], params: SamplingParams, tokenizer: Any) -> Optional[dict[str, Any]]:
+    """The finish reason of the first ``stop_regex`` pattern that matches the decoded output, or None.
+
+    Like SGLang, the tail searched covers the longest possible match (``stop_regex_max_len`` characters,
+    each at most 4 byte tokens, plus context); an unbounded pattern (``\\d+``) searches the whole output.
+    A match that existed before the newest token would have ended the request at that token, so any
+    match now is the one the newest token completed (or, under ``min_new_tokens``, one found as soon as
+    matching is allowed). Each search may take at most :data:`STOP_REGEX_TIMEOUT_S` (a pathological
+    pattern must not stall the scheduler): past that the request is aborted with a 400 naming the pattern.
+    """
+    import regex
+
+    from sglang.srt.sampling.sampling_params import STOP_REGEX_UNBOUNDED
+
+    width = getattr(params, "stop_regex_max_len", STOP_REGEX_UNBOUNDED) or STOP_REGEX_UNBOUNDED
+    start = 0 if width >= STOP_REGEX_UNBOUNDED else max(0, len(output_ids) - (4 * width + 2))
+    tail = tokenizer.decode(output_ids[start:], skip_special_tokens=params.skip_special_tokens,
+                            spaces_between_special_tokens=params.spaces_between_special_tokens)
+    for pattern in params.stop_regex_strs:
+        try:
+            hit = regex.search(pattern, tail, timeout=STOP_REGEX_TIMEOUT_S)
+        except TimeoutError:
+            logger.warning("stop_regex %r exceeded %.2f s; aborting the request", pattern, STOP_REGEX_TIMEOUT_S)
+            return {"type": "abort", "status_code": 400,
+                    "message": f"stop_regex {pattern!r} took longer than {STOP_REGEX_TIMEOUT_S} s to match; "
+                               "simplify the pattern"}
+        if hit:
+            return {"type": "stop", "matched": pattern}
+    return None
+
+
 def check_finish(
     output_ids: list[int],
     params: SamplingParams,
@@ -110,4 +144,8 @@ def check_finish(
         matched = _match_stop_str(output_ids, params, tokenizer)
         if matched is not None:
             return {"type": "stop", "matched": matched}
+    if getattr(params, "stop_regex_strs", None) and tokenizer is not None:
+        reason = _match_stop_regex(output_ids, params, tokenizer)
+        if reason is not None:
+            return reason
     return None

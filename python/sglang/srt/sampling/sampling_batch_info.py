@@ -11,7 +11,10 @@ Penalties (applied in this order by :meth:`SamplingBatchInfo.apply_penalties`):
 * frequency / presence penalties (OpenAI API semantics, as in SGLang and vLLM):
   ``logit -= frequency_penalty * count(output) + presence_penalty * (count(output) > 0)``;
 * min_new_tokens: the request's banned ids (its stop tokens and EOS) get ``-inf`` while it has
-  generated fewer than ``min_new_tokens`` tokens.
+  generated fewer than ``min_new_tokens`` tokens (ids outside the vocabulary are dropped);
+* logit_bias (OpenAI semantics): ``logit[token] += bias`` for the request's ``{token id: bias}`` map.
+
+Custom logit processors (``--enable-custom-logit-processor``) run after these, in the sampler.
 
 Constrained decoding: when some request has a grammar, ``vocab_mask`` holds the packed bitmask of
 allowed next tokens (filled from each grammar matcher, all bits set for rows without a grammar);
@@ -67,6 +70,10 @@ class SamplingBatchInfo:
         seeds: per-row seed (None = unseeded, sampled from the Sampler's generator).
         num_generated: per-row count of tokens generated so far (derives the seeded noise stream).
         min_tokens_banned: per-row list of ids banned while ``num_generated < min_new_tokens``.
+        logit_bias: [bs, vocab] float32 additive biases, or None when no row has a ``logit_bias``.
+        token_ids_logprobs: per row, the token ids whose logprobs are reported (None = none), or None.
+        custom_logit_processors / custom_params: per row, a serialized custom processor (or None) and
+            its ``custom_params``; None when no row has a processor.
         vocab_mask: [bs, ceil(vocab_size / 32)] int32 on ``device``, the grammar bitmask of allowed
             next tokens (bit j of word i = token 32 i + j; rows without a grammar all -1), or None
             when no request has a grammar. It reflects the grammar state at build time and is not
@@ -92,6 +99,10 @@ class SamplingBatchInfo:
     presence_penalties: Optional[torch.Tensor] = None
     repetition_penalties: Optional[torch.Tensor] = None
     vocab_mask: Optional[torch.Tensor] = None
+    logit_bias: Optional[torch.Tensor] = None
+    token_ids_logprobs: Optional[list[Optional[list[int]]]] = None
+    custom_logit_processors: Optional[list[Optional[str]]] = None
+    custom_params: Optional[list[Optional[dict]]] = None
     _output_ids: list[Sequence[int]] = field(default_factory=list, repr=False)
     _input_ids: Optional[list[Sequence[int]]] = field(default=None, repr=False)
     _output_counts: Optional[torch.Tensor] = field(default=None, repr=False)
@@ -115,6 +126,7 @@ class SamplingBatchInfo:
             or self.presence_penalties is not None
             or self.repetition_penalties is not None
             or self._min_tokens_rows() != []
+            or self.logit_bias is not None
         )
 
     @classmethod
@@ -127,6 +139,8 @@ class SamplingBatchInfo:
         input_ids: Optional[list[Sequence[int]]] = None,
         min_tokens_banned: Optional[list[list[int]]] = None,
         grammars: Optional[Sequence[Any]] = None,
+        token_ids_logprobs: Optional[list[Optional[list[int]]]] = None,
+        custom_logit_processors: Optional[list[Optional[str]]] = None,
     ) -> "SamplingBatchInfo":
         """Build the batch tensors.
 
@@ -142,6 +156,8 @@ class SamplingBatchInfo:
                 ``params.stop_token_ids``.
             grammars: per request, its grammar object (:class:`~sglang.srt.constrained.base_grammar_backend.
                 BaseGrammarObject`) or None; builds ``vocab_mask`` when any is set.
+            token_ids_logprobs: per request, ids whose logprobs to report at each sampled position.
+            custom_logit_processors: per request, a serialized custom logit processor or None.
         Raises:
             ValueError: list lengths differ, or input_ids is missing while a repetition penalty is set.
         """
@@ -175,6 +191,21 @@ class SamplingBatchInfo:
             raise ValueError("input_ids is required when a request sets repetition_penalty != 1")
         if min_tokens_banned is None:
             min_tokens_banned = [list(p.stop_token_ids or []) for p in params]
+        # stop_token_ids outside the vocabulary are accepted (they never match) but cannot be indexed
+        min_tokens_banned = [[t for t in b if 0 <= t < vocab_size] for b in min_tokens_banned]
+        bias = None
+        if any(getattr(p, "logit_bias", None) for p in params):
+            rows, cols, vals = [], [], []
+            for i, p in enumerate(params):
+                for k, v in (getattr(p, "logit_bias", None) or {}).items():
+                    if 0 <= int(k) < vocab_size:
+                        rows.append(i)
+                        cols.append(int(k))
+                        vals.append(float(v))
+            bias_cpu = torch.zeros(bs, vocab_size, dtype=torch.float32)
+            bias_cpu[torch.tensor(rows, dtype=torch.int64), torch.tensor(cols, dtype=torch.int64)] = torch.tensor(vals)
+            bias = host_to_device(bias_cpu, device)
+        has_custom = custom_logit_processors is not None and any(c is not None for c in custom_logit_processors)
         return cls(
             vocab_size=vocab_size,
             device=device,
@@ -195,6 +226,11 @@ class SamplingBatchInfo:
             presence_penalties=col(pres, torch.float32) if any(f != 0.0 for f in pres) else None,
             repetition_penalties=col(rep, torch.float32) if use_rep else None,
             vocab_mask=build_vocab_mask(grammars, vocab_size, device),
+            logit_bias=bias,
+            token_ids_logprobs=(list(token_ids_logprobs) if token_ids_logprobs is not None
+                                and any(t for t in token_ids_logprobs) else None),
+            custom_logit_processors=list(custom_logit_processors) if has_custom else None,
+            custom_params=[getattr(p, "custom_params", None) for p in params] if has_custom else None,
             _output_ids=list(output_ids),
             _input_ids=list(input_ids) if input_ids is not None else None,
         )
@@ -253,7 +289,7 @@ class SamplingBatchInfo:
 
     # ------------------------------------------------------------ penalties
     def apply_penalties(self, logits: torch.Tensor) -> None:
-        """Apply repetition, frequency, presence and min_new_tokens penalties in place.
+        """Apply repetition, frequency, presence and min_new_tokens penalties and logit_bias in place.
 
         Args:
             logits: [bs, vocab_size] float32 on ``device``; modified in place.
@@ -278,3 +314,5 @@ class SamplingBatchInfo:
             r = [i for i in rows for _ in self.min_tokens_banned[i]]
             t = [tid for i in rows for tid in self.min_tokens_banned[i]]
             logits[torch.tensor(r, device=logits.device), torch.tensor(t, device=logits.device)] = float("-inf")
+        if self.logit_bias is not None:
+            logits.add_(self.logit_bias)

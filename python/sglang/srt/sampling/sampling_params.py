@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import regex
 from typing import Any, Optional, Union
 
 logger = logging.getLogger(__name__)
@@ -40,12 +41,20 @@ _FIELDS: dict[str, tuple[str, Any]] = {
     "regex": ("str?", None),
     "json_schema": ("str?", None),
     "ebnf": ("str?", None),
+    "stop_regex": ("stop_regex", None),
+    "logit_bias": ("logit_bias?", None),
+    "custom_params": ("dict?", None),
 }
 # Derived by normalize(); they travel in to_dict() so the scheduler need not re-tokenize.
 _DERIVED: dict[str, tuple[str, Any]] = {
     "stop_strs": ("str_list", None),
     "stop_str_max_len": ("int", 0),
+    "stop_regex_strs": ("str_list", None),
+    "stop_regex_max_len": ("int", 0),
 }
+
+STOP_REGEX_UNBOUNDED = 1 << 30
+"""``stop_regex_max_len`` of an unbounded pattern (``\\d+``): the whole output is searched (SGLang's MAX_LEN)."""
 
 
 def _check_type(name: str, kind: str, value: Any) -> Any:
@@ -86,13 +95,59 @@ def _check_type(name: str, kind: str, value: Any) -> Any:
         if not isinstance(value, (list, tuple)) or any(not isinstance(v, str) for v in value):
             raise ValueError(f"{name} must be a list of strings, got {value!r}")
         return list(value)
-    if base == "stop":
+    if base in ("stop", "stop_regex"):
         if value is None or isinstance(value, str):
             return value
         if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
             return list(value)
-        raise ValueError(f"stop must be a string or a list of strings, got {value!r}")
+        raise ValueError(f"{name} must be a string or a list of strings, got {value!r}")
+    if base == "dict":
+        if not isinstance(value, dict):
+            raise ValueError(f"{name} must be a JSON object, got {value!r}")
+        return dict(value)
+    if base == "logit_bias":
+        return parse_logit_bias(value, name)
     raise AssertionError(f"unknown field kind {kind}")
+
+
+def parse_logit_bias(value: Any, name: str = "logit_bias") -> dict[str, float]:
+    """Check a logit bias map ``{token id (str or int): additive bias}`` and return it with string keys
+    (JSON object keys are strings; SGLang and OpenAI send ``{"50256": -100}``).
+
+    Raises:
+        ValueError: not an object, a key that is not an integer token id, or a non-finite bias (named).
+    """
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a JSON object mapping token ids to biases, got {value!r}")
+    out: dict[str, float] = {}
+    for k, v in value.items():
+        try:
+            tid = int(k)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} keys must be integer token ids, got {k!r}") from None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"{name}[{k!r}] must be a finite number, got {v!r}")
+        out[str(tid)] = float(v)
+    return out
+
+
+def max_regex_chars(pattern: str) -> Optional[int]:
+    """Most characters one match of ``pattern`` can span, or None when unbounded (``\\d+``, ``.*``).
+
+    Uses the ``re`` module's own width analysis (``sre_parse`` ``getwidth``); a pattern it cannot
+    parse counts as unbounded.
+    """
+    try:
+        from re import _constants as sre_constants, _parser as sre_parse  # Python >= 3.11
+    except ImportError:  # pragma: no cover - Python 3.10
+        import sre_constants
+        import sre_parse
+
+    try:
+        hi = sre_parse.parse(pattern).getwidth()[1]
+    except Exception:  # valid for the regex package but not for re's parser
+        return None
+    return None if hi >= sre_constants.MAXREPEAT or hi >= (1 << 20) else int(hi)
 
 
 class SamplingParams:
@@ -114,9 +169,17 @@ class SamplingParams:
         n: number of completions to sample for the prompt.
         seed: per-request seed; a seeded request samples the same tokens whatever batch it is in.
         regex / json_schema / ebnf: constrained decoding specs (stored only; at most one may be set).
+        stop_regex: regular expression(s) (Python ``re`` syntax); generation ends when one matches the
+            output text; the match and what follows are trimmed like a stop string, and the finish
+            reason's ``matched`` is the pattern.
+        logit_bias: ``{token id as str: bias}`` added to the logits before sampling (OpenAI semantics;
+            -100 bans a token in practice).
+        custom_params: free-form JSON object handed to a custom logit processor (see
+            ``--enable-custom-logit-processor``).
 
-    After :meth:`normalize`: ``stop_strs`` (list[str]) and ``stop_str_max_len``
-    (int, most tokens any stop string takes when tokenized alone).
+    After :meth:`normalize`: ``stop_strs`` (list[str]), ``stop_str_max_len``
+    (int, most tokens any stop string takes when tokenized alone), ``stop_regex_strs`` (list[str]) and
+    ``stop_regex_max_len`` (int, most characters one match spans; :data:`STOP_REGEX_UNBOUNDED` if unbounded).
     """
 
     def __init__(
@@ -141,6 +204,9 @@ class SamplingParams:
         regex: Optional[str] = None,
         json_schema: Optional[str] = None,
         ebnf: Optional[str] = None,
+        stop_regex: Optional[Union[str, list[str]]] = None,
+        logit_bias: Optional[dict[str, float]] = None,
+        custom_params: Optional[dict[str, Any]] = None,
     ) -> None:
         self.max_new_tokens = max_new_tokens
         self.stop = stop
@@ -162,9 +228,14 @@ class SamplingParams:
         self.regex = regex
         self.json_schema = json_schema
         self.ebnf = ebnf
+        self.stop_regex = stop_regex
+        self.logit_bias = logit_bias
+        self.custom_params = custom_params
         # derived by normalize()
         self.stop_strs: Optional[list[str]] = None
         self.stop_str_max_len: int = 0
+        self.stop_regex_strs: Optional[list[str]] = None
+        self.stop_regex_max_len: int = 0
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{k}={getattr(self, k)!r}" for k in _FIELDS)
@@ -180,7 +251,9 @@ class SamplingParams:
         """Check every field's range.
 
         Args:
-            vocab_size: the model's vocabulary size; stop_token_ids must lie in [0, vocab_size).
+            vocab_size: the model's vocabulary size; logit_bias keys must lie in [0, vocab_size).
+                ``stop_token_ids`` outside it are accepted as SGLang does (they can never match; a warning
+                is logged).
         Raises:
             ValueError: a field is out of range; the message names the field, the value and the allowed range.
         """
@@ -216,9 +289,21 @@ class SamplingParams:
             bad(f"min_new_tokens must be <= max_new_tokens ({self.max_new_tokens}), got {self.min_new_tokens}")
         if self.n < 1:
             bad(f"n must be >= 1, got {self.n}")
-        for tid in self.stop_token_ids or []:
-            if not 0 <= tid < vocab_size:
-                bad(f"stop_token_ids must lie in [0, {vocab_size}) (the vocabulary size), got {tid}")
+        outside = [t for t in self.stop_token_ids or [] if not 0 <= t < vocab_size]
+        if outside:
+            logger.warning("stop_token_ids %s lie outside the vocabulary [0, %d); they can never match",
+                           outside, vocab_size)
+        for k in self.logit_bias or {}:
+            if not 0 <= int(k) < vocab_size:
+                bad(f"logit_bias keys must be token ids in [0, {vocab_size}) (the vocabulary size), got {k}")
+        regexes = [self.stop_regex] if isinstance(self.stop_regex, str) else (self.stop_regex or [])
+        for r in regexes:
+            if r == "":
+                bad("stop_regex must not contain an empty pattern; remove it")
+            try:
+                regex.compile(r)
+            except (regex.error, RecursionError, OverflowError, ValueError) as e:
+                bad(f"stop_regex {r!r} is not a valid regular expression: {e}")
         stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         for s in stops:
             if s == "":
@@ -250,6 +335,14 @@ class SamplingParams:
                 n_tok = len(tokenizer.encode(s, add_special_tokens=False))
             max_len = max(max_len, n_tok)
         self.stop_str_max_len = max_len
+        if self.stop_regex is None:
+            self.stop_regex_strs = []
+        elif isinstance(self.stop_regex, str):
+            self.stop_regex_strs = [self.stop_regex]
+        else:
+            self.stop_regex_strs = list(self.stop_regex)
+        widths = [max_regex_chars(r) for r in self.stop_regex_strs]
+        self.stop_regex_max_len = max((STOP_REGEX_UNBOUNDED if w is None else w for w in widths), default=0)
         if self.temperature < GREEDY_TEMPERATURE_EPS:
             # SGLang folds greedy into top-k 1 so one code path handles every row.
             self.temperature = 1.0
@@ -268,6 +361,8 @@ class SamplingParams:
             d["stop"] = list(d["stop"])
         d["stop_strs"] = list(self.stop_strs) if self.stop_strs is not None else None
         d["stop_str_max_len"] = self.stop_str_max_len
+        d["stop_regex_strs"] = list(self.stop_regex_strs) if self.stop_regex_strs is not None else None
+        d["stop_regex_max_len"] = self.stop_regex_max_len
         return d
 
     @classmethod
@@ -304,4 +399,8 @@ class SamplingParams:
             params.stop_strs = derived["stop_strs"]
         if "stop_str_max_len" in derived:
             params.stop_str_max_len = derived["stop_str_max_len"]
+        if "stop_regex_strs" in derived:
+            params.stop_regex_strs = derived["stop_regex_strs"]
+        if "stop_regex_max_len" in derived:
+            params.stop_regex_max_len = derived["stop_regex_max_len"]
         return params

@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer
+from pydantic import BaseModel, ConfigDict, Field
 
 
 def _now() -> int:
@@ -84,6 +84,9 @@ class _SamplingExtras(BaseModel):
     json_schema: Optional[Union[str, dict[str, Any]]] = None  # a dict is sent as its JSON text
     ebnf: Optional[str] = None
     rid: Optional[str] = None
+    stop_regex: Optional[Union[str, list[str]]] = None
+    custom_logit_processor: Optional[str] = None  # needs --enable-custom-logit-processor
+    custom_params: Optional[dict[str, Any]] = None
 
 
 # ------------------------------------------------------------- completions
@@ -235,22 +238,21 @@ class ChatCompletionResponse(BaseModel):
 
 
 class DeltaMessage(BaseModel):
-    """OpenAI ``chat.completion.chunk`` ``delta``: the role (first chunk) and/or new text."""
+    """OpenAI ``chat.completion.chunk`` ``delta`` in SGLang's shape: ``role``, ``content``,
+    ``reasoning_content`` and ``tool_calls`` are always present (null when empty), the final chunk too."""
     role: Optional[Literal["assistant"]] = None
     content: Optional[str] = None
+    reasoning_content: Optional[str] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None
 
 
 class ChatCompletionStreamChoice(BaseModel):
-    """One choice of an OpenAI ``chat.completion.chunk``; ``delta`` is serialized without null fields."""
+    """One choice of an OpenAI ``chat.completion.chunk`` (every ``delta`` key present, see :class:`DeltaMessage`)."""
     index: int
     delta: DeltaMessage
     logprobs: Optional[ChoiceLogprobs] = None
     finish_reason: Optional[str] = None
     matched_stop: Union[None, int, str] = None
-
-    @field_serializer("delta")
-    def _delta_without_nulls(self, delta: DeltaMessage) -> dict[str, Any]:
-        return delta.model_dump(exclude_none=True)
 
 
 class ChatCompletionStreamResponse(BaseModel):

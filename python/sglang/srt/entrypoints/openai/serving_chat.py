@@ -12,7 +12,7 @@ import logging
 import uuid
 from typing import Any, AsyncIterator, Optional
 
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 
 from sglang.srt.entrypoints.openai.protocol import (
     ChatCompletionChoice,
@@ -36,6 +36,7 @@ from sglang.srt.entrypoints.openai.serving_completions import (
     sse_error_tail,
     usage_of,
 )
+from sglang.srt.entrypoints.parity_routes import SafeJSONResponse
 from sglang.srt.managers.generate_req import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import RequestError
 
@@ -118,6 +119,7 @@ class OpenAIServingChat:
             top_logprobs_num=(req.top_logprobs or 0) if req.logprobs else 0,
             return_text_in_logprobs=True,
             stream=req.stream,
+            custom_logit_processor=req.custom_logit_processor,
         )
 
     async def handle(self, req: ChatCompletionRequest, raw_request=None):
@@ -143,7 +145,7 @@ class OpenAIServingChat:
                                                 finish_reason=reason, matched_stop=matched))
         resp = ChatCompletionResponse(model=req.model or self.server_args.model_name, choices=choices,
                                       usage=usage_of(outs, req.n))
-        return JSONResponse(resp.model_dump())
+        return SafeJSONResponse(resp.model_dump())
 
     async def _stream(self, req: ChatCompletionRequest, first, agen) -> AsyncIterator[str]:
         rid = f"chatcmpl-{uuid.uuid4().hex}"

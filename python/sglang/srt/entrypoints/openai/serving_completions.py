@@ -12,7 +12,7 @@ import logging
 import uuid
 from typing import Any, AsyncIterator, Optional, Union
 
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 
 from sglang.srt.entrypoints.openai.protocol import (
     CompletionChoice,
@@ -24,6 +24,7 @@ from sglang.srt.entrypoints.openai.protocol import (
     UsageInfo,
     error_body,
 )
+from sglang.srt.entrypoints.parity_routes import SafeJSONResponse
 from sglang.srt.managers.generate_req import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import RequestError
 
@@ -47,12 +48,13 @@ def build_sampling_params(req, max_new_tokens: Optional[int]) -> dict[str, Any]:
     '{"type": "object"}'`` (as SGLang); ``{"type": "text"}`` adds nothing. A ``json_schema`` extra
     given as a JSON object is sent as its JSON text.
 
+    ``logit_bias`` (``{token id: bias}``), ``stop_regex`` and ``custom_params`` pass through as SGLang
+    sampling params.
+
     Raises:
-        ValueError: an unsupported field (``logit_bias``) is set, or ``response_format`` of type
-            json_schema lacks ``json_schema.schema``.
+        ValueError: ``response_format`` of type json_schema lacks ``json_schema.schema``, or both
+            ``response_format`` and ``json_schema`` are set.
     """
-    if getattr(req, "logit_bias", None):
-        raise ValueError("logit_bias is not supported by this server; remove it")
     d = {
         "max_new_tokens": max_new_tokens,
         "stop": req.stop,
@@ -74,6 +76,9 @@ def build_sampling_params(req, max_new_tokens: Optional[int]) -> dict[str, Any]:
         "regex": req.regex,
         "json_schema": json.dumps(req.json_schema) if isinstance(req.json_schema, dict) else req.json_schema,
         "ebnf": req.ebnf,
+        "stop_regex": req.stop_regex,
+        "logit_bias": getattr(req, "logit_bias", None) or None,
+        "custom_params": req.custom_params,
     }
     rf = getattr(req, "response_format", None)
     if rf is not None and rf.type == "json_schema":
@@ -108,9 +113,11 @@ def usage_of(outputs: list[dict[str, Any]], n: int) -> UsageInfo:
 
 def sse(obj: Any) -> str:
     """One server-sent event line: ``data: <json>\\n\\n``."""
+    from sglang.srt.entrypoints.parity_routes import dumps
+
     if hasattr(obj, "model_dump"):
         obj = obj.model_dump()
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+    return f"data: {dumps(obj)}\n\n"
 
 
 SSE_DONE = "data: [DONE]\n\n"
@@ -160,9 +167,9 @@ class OpenAIServingCompletion:
         elif is_text:
             echo_texts = list(p)
         elif p and isinstance(p[0], list):
-            echo_texts = [self.tm.decode(x) for x in p] if req.echo else [""] * len(p)
+            echo_texts = [self.tm.decode_ids(x) for x in p] if req.echo else [""] * len(p)
         else:
-            echo_texts = [self.tm.decode(p)] if req.echo else [""]
+            echo_texts = [self.tm.decode_ids(p)] if req.echo else [""]
         want_lp = req.logprobs is not None
         obj = GenerateReqInput(
             text=p if is_text else None,
@@ -174,6 +181,7 @@ class OpenAIServingCompletion:
             top_logprobs_num=req.logprobs or 0,
             return_text_in_logprobs=True,
             stream=req.stream,
+            custom_logit_processor=req.custom_logit_processor,
         )
         return obj, echo_texts
 
@@ -203,7 +211,7 @@ class OpenAIServingCompletion:
                                             finish_reason=reason, matched_stop=matched))
         resp = CompletionResponse(model=req.model or self.server_args.model_name, choices=choices,
                                   usage=usage_of(outs, req.n))
-        return JSONResponse(resp.model_dump())
+        return SafeJSONResponse(resp.model_dump())
 
     async def _stream(self, req: CompletionRequest, first, agen, echo_texts) -> AsyncIterator[str]:
         rid = f"cmpl-{uuid.uuid4().hex}"

@@ -1,0 +1,252 @@
+"""``POST /v1/responses``: OpenAI's Responses API (text in, text out) on the chat pipeline.
+
+Supported: ``input`` as a string (one user message) or a list of message items (``{"role", "content"}``
+with string content or ``input_text`` / ``output_text`` parts, optionally ``"type": "message"``),
+``instructions`` (a system message placed first), ``max_output_tokens``, ``temperature``, ``top_p``,
+``seed``, the server's chat template, ``stream`` (Server-Sent Events with OpenAI's event
+types: ``response.created``, ``response.in_progress``, ``response.output_item.added``,
+``response.content_part.added``, ``response.output_text.delta``, ``response.output_text.done``,
+``response.content_part.done``, ``response.output_item.done``, ``response.completed``; each event
+carries ``type`` and a ``sequence_number``), ``metadata`` / ``user`` (echoed).
+
+Rejected with a 400 in OpenAI's error shape (naming the field): ``tools`` (non-empty),
+``previous_response_id`` / ``conversation`` (no stored state: ``store`` is accepted but nothing is
+kept), ``background``, non-text input parts (images, files), ``text.format`` other than ``text``.
+A response cut by ``max_output_tokens`` has ``status: "incomplete"`` and
+``incomplete_details.reason: "max_output_tokens"``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any, AsyncIterator, Optional, Union
+
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict
+
+from sglang.srt.entrypoints.openai.serving_completions import note_model, prefetch
+from sglang.srt.entrypoints.parity_routes import SafeJSONResponse, dumps
+from sglang.srt.managers.generate_req import GenerateReqInput
+from sglang.srt.managers.tokenizer_manager import RequestError
+
+_ROLES = ("system", "developer", "user", "assistant")
+_TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+class ResponsesRequest(BaseModel):
+    """The ``POST /v1/responses`` body (fields this server reads; unknown fields are ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: Optional[str] = None
+    input: Union[str, list[dict[str, Any]]]
+    instructions: Optional[str] = None
+    max_output_tokens: Optional[int] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    stream: bool = False
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    previous_response_id: Optional[str] = None
+    conversation: Optional[Any] = None
+    background: Optional[bool] = None
+    store: Optional[bool] = None
+    metadata: Optional[dict[str, Any]] = None
+    user: Optional[str] = None
+    text: Optional[dict[str, Any]] = None
+    parallel_tool_calls: Optional[bool] = None
+    seed: Optional[int] = None
+
+
+def input_messages(req: ResponsesRequest) -> list[dict[str, str]]:
+    """Chat messages (``{"role", "content"}``) for the request: ``instructions`` as a system message,
+    then the input items.
+
+    Raises:
+        ValueError: naming ``input[i]...`` for an unsupported item, role or content part, or an empty input.
+    """
+    msgs: list[dict[str, str]] = []
+    if req.instructions:
+        msgs.append({"role": "system", "content": req.instructions})
+    if isinstance(req.input, str):
+        if req.input == "":
+            raise ValueError("input must not be empty")
+        msgs.append({"role": "user", "content": req.input})
+        return msgs
+    if not req.input:
+        raise ValueError("input must not be an empty list")
+    for i, item in enumerate(req.input):
+        if not isinstance(item, dict):
+            raise ValueError(f"input[{i}] must be a message object like {{\"role\": \"user\", \"content\": \"...\"}}")
+        kind = item.get("type", "message")
+        if kind != "message":
+            raise ValueError(f"input[{i}].type {kind!r} is not supported by this server; only message items are")
+        role = item.get("role")
+        if role not in _ROLES:
+            raise ValueError(f"input[{i}].role must be one of {', '.join(_ROLES)}, got {role!r}")
+        content = item.get("content")
+        if isinstance(content, str):
+            text = content
+        elif isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                ptype = part.get("type") if isinstance(part, dict) else None
+                if ptype not in _TEXT_PARTS or not isinstance(part.get("text"), str):
+                    raise ValueError(f"input[{i}].content[{j}]: only text parts (input_text) are supported, "
+                                     f"got type {ptype!r}")
+                texts.append(part["text"])
+            text = "".join(texts)
+        else:
+            raise ValueError(f"input[{i}].content must be a string or a list of input_text parts")
+        msgs.append({"role": "system" if role == "developer" else role, "content": text})
+    return msgs
+
+
+def _check_unsupported(req: ResponsesRequest) -> None:
+    if req.tools:
+        raise ValueError("tools are not supported by this server's /v1/responses (text generation only); "
+                         "remove tools or use /v1/chat/completions")
+    if req.previous_response_id is not None:
+        raise ValueError("previous_response_id is not supported: this server stores no responses; "
+                         "send the whole conversation in input")
+    if req.conversation is not None:
+        raise ValueError("conversation is not supported: this server stores no conversations")
+    if req.background:
+        raise ValueError("background is not supported by this server; set it to false")
+    fmt = (req.text or {}).get("format") if isinstance(req.text, dict) else None
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
+        raise ValueError("text.format: only {\"type\": \"text\"} is supported by this server")
+    if req.max_output_tokens is not None and req.max_output_tokens < 1:
+        raise ValueError(f"max_output_tokens must be >= 1, got {req.max_output_tokens}")
+
+
+def _item_status(out: dict[str, Any]) -> str:
+    """``incomplete`` for a message cut by ``max_output_tokens``, else ``completed``."""
+    fr = out["meta_info"].get("finish_reason") or {}
+    return "incomplete" if fr.get("type") == "length" else "completed"
+
+
+class OpenAIServingResponses:
+    """Serves ``/v1/responses`` on a :class:`~sglang.srt.managers.tokenizer_manager.TokenizerManager`."""
+
+    def __init__(self, tokenizer_manager, server_args) -> None:
+        self.tm = tokenizer_manager
+        self.server_args = server_args
+
+    def _to_generate(self, req: ResponsesRequest) -> GenerateReqInput:
+        _check_unsupported(req)
+        prompt_ids = self.tm.apply_chat_template(input_messages(req))
+        max_new = req.max_output_tokens
+        if max_new is None:
+            max_new = max(self.tm.context_len - len(prompt_ids), 0)
+        params = {"max_new_tokens": max_new, "temperature": req.temperature, "top_p": req.top_p, "seed": req.seed}
+        return GenerateReqInput(input_ids=prompt_ids, sampling_params={k: v for k, v in params.items() if v is not None},
+                                stream=req.stream)
+
+    def _response(self, req: ResponsesRequest, rid: str, created: int, status: str,
+                  output: list[dict[str, Any]], out: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+        """The ``response`` object (OpenAI's shape) in state ``status``."""
+        incomplete = None
+        usage = None
+        if out is not None:
+            meta = out["meta_info"]
+            fr = meta.get("finish_reason") or {}
+            if fr.get("type") == "length":
+                status, incomplete = "incomplete", {"reason": "max_output_tokens"}
+            p, c = meta["prompt_tokens"], meta["completion_tokens"]
+            usage = {"input_tokens": p, "input_tokens_details": {"cached_tokens": meta.get("cached_tokens", 0)},
+                     "output_tokens": c, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": p + c}
+        return {
+            "id": rid, "object": "response", "created_at": created, "status": status, "error": None,
+            "incomplete_details": incomplete, "instructions": req.instructions,
+            "max_output_tokens": req.max_output_tokens, "model": req.model or self.server_args.model_name,
+            "output": output, "parallel_tool_calls": True if req.parallel_tool_calls is None else req.parallel_tool_calls,
+            "previous_response_id": None, "reasoning": None, "store": False,
+            "temperature": 1.0 if req.temperature is None else req.temperature,
+            "text": {"format": {"type": "text"}}, "tool_choice": req.tool_choice or "auto", "tools": [],
+            "top_p": 1.0 if req.top_p is None else req.top_p, "truncation": "disabled", "usage": usage,
+            "user": req.user, "metadata": req.metadata or {},
+        }
+
+    @staticmethod
+    def _message(msg_id: str, text: Optional[str], status: str) -> dict[str, Any]:
+        content = [] if text is None else [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+        return {"type": "message", "id": msg_id, "status": status, "role": "assistant", "content": content}
+
+    async def handle(self, req: ResponsesRequest, raw_request=None):
+        """Answer one request: the ``response`` JSON, or an SSE stream of Responses events.
+
+        Raises:
+            ValueError / RequestError: bad input (400 naming the field) or a failed request.
+        """
+        note_model(req.model, self.server_args)
+        obj = self._to_generate(req)
+        agen = self.tm.generate_request(obj, raw_request)
+        first = await prefetch(agen)
+        rid, msg_id, created = f"resp_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}", int(time.time())
+        if req.stream:
+            return StreamingResponse(self._stream(req, first, agen, rid, msg_id, created),
+                                     media_type="text/event-stream")
+        await agen.aclose()
+        return SafeJSONResponse(self._response(req, rid, created, "completed",
+                                               [self._message(msg_id, first["text"], _item_status(first))], first))
+
+    async def _stream(self, req, first, agen, rid: str, msg_id: str, created: int) -> AsyncIterator[str]:
+        seq = [0]
+
+        def event(kind: str, **payload) -> str:
+            data = {"type": kind, "sequence_number": seq[0], **payload}
+            seq[0] += 1
+            return f"event: {kind}\ndata: {dumps(data)}\n\n"
+
+        loc = {"item_id": msg_id, "output_index": 0, "content_index": 0}
+        yield event("response.created", response=self._response(req, rid, created, "in_progress", []))
+        yield event("response.in_progress", response=self._response(req, rid, created, "in_progress", []))
+        yield event("response.output_item.added", output_index=0, item=self._message(msg_id, None, "in_progress"))
+        yield event("response.content_part.added", item_id=msg_id, output_index=0, content_index=0,
+                    part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
+        sent = 0
+        out = last = first
+        try:
+            while out is not None:
+                delta = out["text"][sent:]
+                sent = len(out["text"])
+                if delta:
+                    yield event("response.output_text.delta", **loc, delta=delta, logprobs=[])
+                last = out
+                out = await prefetch(agen)
+        except (ValueError, RequestError) as e:
+            status = e.status_code if isinstance(e, RequestError) else 400
+            err = {"code": str(status), "message": str(e)}
+            failed = self._response(req, rid, created, "failed", [])
+            failed["error"] = err
+            yield event("response.failed", response=failed)
+            return
+        finally:
+            await agen.aclose()
+        text = last["text"]
+        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+        yield event("response.output_text.done", **loc, text=text, logprobs=[])
+        yield event("response.content_part.done", **loc, part=part)
+        item = self._message(msg_id, text, _item_status(last))
+        yield event("response.output_item.done", output_index=0, item=item)
+        final = self._response(req, rid, created, "completed", [item], last)
+        yield event("response.incomplete" if final["status"] == "incomplete" else "response.completed",
+                    response=final)
+
+
+def register_responses_route(app: FastAPI, tm, server_args) -> None:
+    """Add ``POST /v1/responses`` to ``app``."""
+    serving = OpenAIServingResponses(tm, server_args)
+
+    @app.post("/v1/responses")
+    async def v1_responses(request: Request):
+        """``POST /v1/responses`` (OpenAI Responses API): validate the body, delegate to the handler."""
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"malformed JSON body: {e}") from None
+        return await serving.handle(ResponsesRequest.model_validate(body), request)
