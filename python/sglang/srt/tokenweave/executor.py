@@ -142,7 +142,7 @@ class TokenWeaveExecutor(SubBatchExecutor):
     def _norm_comm(self, layer: Any, stage: str, state: LayerState, overlap: bool) -> None:
         norm = layer.norm_module(stage)
         comm = norm.comm
-        if comm is not None and getattr(comm, "supports_overlap", False):
+        if comm is not None and comm.supports_overlap:
             state.hidden, state.residual = comm.all_reduce_add_rmsnorm(state.hidden, state.residual, norm.weight,
                                                                        norm.eps, overlap=overlap)
         else:
