@@ -85,11 +85,20 @@ def test_cpu_modules_import_no_cuda_only_module():
     assert out.stdout.strip() == "", f"CPU modules pulled in CUDA-only modules: {out.stdout.strip()}"
 
 
+NVLS_SETTERS = ('"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"', '"NCCL_NVLS_ENABLE": "0"', 'setdefault("NCCL_NVLS_ENABLE"',
+                'environ["NCCL_NVLS_ENABLE"]', 'setdefault("NVSHMEM_DISABLE_NVLS"', 'environ["NVSHMEM_DISABLE_NVLS"]')
+
+
 def test_nvls_env_defined_once():
-    """The multicast-off environment is written in one place (utils/nvls_env.py)."""
+    """The multicast-off environment is written in one place (utils/nvls_env.py): library, benchmarks and the
+    test helpers that start processes import it (tests may still spell the values out to check them)."""
     root = SRT.parents[2]
+    files = list((root / "python").rglob("*.py")) + list((root / "benchmark").rglob("*.py"))
+    files += [root / "test" / "conftest.py", root / "test" / "server_utils.py"]
+    files += list((root / "test" / "gpu").rglob("*.py"))
     hits = []
-    for p in list((root / "python").rglob("*.py")) + list((root / "benchmark").rglob("*.py")):
-        if p.name != "nvls_env.py" and '"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"' in p.read_text():
+    for p in files:
+        text = p.read_text()
+        if p.name != "nvls_env.py" and any(s in text for s in NVLS_SETTERS):
             hits.append(str(p.relative_to(root)))
     assert not hits, f"NVLS-off environment re-defined in {hits}; import it from sglang.srt.utils.nvls_env"
