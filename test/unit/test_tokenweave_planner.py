@@ -49,3 +49,37 @@ def test_bad_input():
         GemmShape(0, 128, 132)
     with pytest.raises(ValueError, match="no GEMM widths"):
         plan_split(10, ())
+
+
+def test_executor_decisions_logged_once_per_batch_size(caplog):
+    """The executor logs each (batch size, split or not) decision once: decode batches and batches below
+    --tokenweave-min-tokens run unsplit, larger prefill batches get the planner's cut."""
+    import logging
+
+    import torch
+
+    from sglang.srt.forward_batch_info import ForwardBatch, ForwardMode, ModelWorkerBatch
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    from sglang.srt.tokenweave.executor import TokenWeaveConfig, TokenWeaveExecutor
+
+    def batch(mode, extend_lens):
+        n = sum(extend_lens)
+        prefix = [3 if mode == ForwardMode.DECODE else 0] * len(extend_lens)
+        mwb = ModelWorkerBatch(forward_mode=mode, input_ids=list(range(n)), positions=list(range(n)),
+                               out_cache_loc=torch.arange(n), req_pool_indices=list(range(len(extend_lens))),
+                               prefix_lens=prefix, extend_lens=extend_lens,
+                               seq_lens=[p + e for p, e in zip(prefix, extend_lens)], sample=[True] * len(extend_lens))
+        return ForwardBatch.init_new(mwb, torch.device("cpu"), None, None, TorchNativeAttnBackend())
+
+    ex = TokenWeaveExecutor(TokenWeaveConfig(min_tokens=6, gemm_widths=(256, 128, 512, 128),
+                                             gemm_shape=GemmShape(4, 128, 8)), torch.device("cpu"))
+    decode, small, big = batch(ForwardMode.DECODE, [1] * 7), batch(ForwardMode.EXTEND, [5]), \
+        batch(ForwardMode.EXTEND, [4, 3])
+    with caplog.at_level(logging.INFO, logger="sglang.srt.tokenweave.executor"):
+        for _ in range(3):
+            assert [len(ex.plan(b)) for b in (decode, small, big)] == [1, 1, 2]
+    lines = [r.getMessage() for r in caplog.records if r.name == "sglang.srt.tokenweave.executor"]
+    assert len(lines) == 3, lines
+    assert sorted(line.split(" tokens ")[1].split(" ")[0] for line in lines) == ["run", "run", "split"], lines
+    assert any(line.startswith("TokenWeave: 7 tokens split ") for line in lines)
+    assert any(line.startswith("TokenWeave: 7 tokens run unsplit") for line in lines)
