@@ -20,6 +20,8 @@ CPU_MODULES = [
     "sglang.srt.batch_split", "sglang.srt.ops_ref", "sglang.srt.distributed.communicator",
     "sglang.srt.distributed.parallel_state", "sglang.srt.model_executor.worker_builder",
     "sglang.srt.entrypoints.worker_launcher", "sglang.srt.layers.ops", "sglang.srt.layers.stages",
+    "sglang.srt.models.qwen2", "sglang.srt.models.qwen3", "sglang.srt.tokenweave", "sglang.srt.tokenweave.planner",
+    "sglang.srt.tokenweave.executor", "sglang.srt.distributed.tw_communicator",
 ]
 CUDA_ONLY_PREFIXES = ("triton", "sgl_kernel", "sglang.srt.layers.triton_ops", "sglang.srt.layers.attention.triton_ops",
                       "sglang.srt.model_executor.cuda_graph_runner_cuda")
