@@ -21,7 +21,8 @@ dataset, and reports one table with the on/off ratios.
 Examples::
 
     python benchmark/bench_tokenweave.py --model-path ../shared/data/configs/meta-llama--Llama-3.3-70B-Instruct \\
-        --tp 8 --tokens 1024 4096 16384
+        ../shared/data/configs/Qwen--Qwen2.5-72B ../shared/data/configs/mistralai--Mixtral-8x22B-v0.1 \\
+        --tp 2 4 8 --tokens 1024 2048 4096 8192 16384       # the issue's sweep: one table
     python benchmark/bench_tokenweave.py --smoke          # CPU, gloo, a shrunk shape (tests use this)
     python benchmark/bench_tokenweave.py --e2e --model-path CONFIG --tokenizer-path TOK --tp 8
 """
@@ -129,41 +130,49 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
     return res
 
 
-def _table(results: dict, tokens: list[int], variants: list[str]) -> list[str]:
-    """Markdown rows: per token count, every variant's ms and TokenWeave's ratio to each baseline of the run."""
+def _table(cases: list[tuple[str, int, dict]], tokens: list[int], variants: list[str]) -> list[str]:
+    """Markdown rows, one table for every (model, TP) case of the run: per token count, every variant's ms and
+    TokenWeave's ratio to each baseline measured in the same case."""
     bases = [b for b in ("nccl", "nccl_symm", "custom", "nocomm") if b in variants]
-    lines = ["| tokens | " + " | ".join(f"{v} ms" for v in variants) + " | "
+    lines = ["| model | TP | tokens | " + " | ".join(f"{v} ms" for v in variants) + " | "
              + " | ".join(f"tokenweave / {b}" for b in bases) + " |",
-             "|---:|" + "---:|" * (len(variants) + len(bases))]
+             "|---|---:|---:|" + "---:|" * (len(variants) + len(bases))]
     ratio = lambda a, b: f"{a / b:.3f}" if a and b else "n/a"  # noqa: E731
-    for t in tokens:
-        ms = {v: results.get(f"{v}|{t}") for v in variants}
-        lines.append(f"| {t} | " + " | ".join(f"{ms[v]:.3f}" if ms[v] else "n/a" for v in variants) + " | "
-                     + " | ".join(ratio(ms.get("tokenweave"), ms[b]) for b in bases) + " |")
+    for model, tp, results in cases:
+        for t in tokens:
+            ms = {v: results.get(f"{v}|{t}") for v in variants}
+            lines.append(f"| {model} | {tp} | {t} | "
+                         + " | ".join(f"{ms[v]:.3f}" if ms[v] else "n/a" for v in variants) + " | "
+                         + " | ".join(ratio(ms.get("tokenweave"), ms[b]) for b in bases) + " |")
     return lines
 
 
 def run_layer_mode(a) -> Path:
-    """Spawn ``--tp`` ranks, time every variant, print and write the table; returns the results file."""
+    """For every ``--model-path`` and every ``--tp``: spawn the ranks and time every variant; print and write one
+    table; returns the results file."""
     from tp_worker import spawn_ranks
 
-    path = _shrunk_config(a.model_path, a.layers, a.smoke)
     device = "cpu" if a.smoke or a.device == "cpu" else "cuda"
     variants = [v for v in a.variants if not ((device == "cpu" or a.share_gpu) and v in ("custom", "nccl_symm"))]
-    per_rank = spawn_ranks(_rank_body, a.tp, path, a.tokens, variants, a.iters, a.min_tokens, a.comm_sms, device,
-                           timeout=a.timeout, device=device, share_gpu=a.share_gpu)
-    notes = per_rank[0].get("notes", [])
-    res = {k: max(r[k] for r in per_rank) for k in per_rank[0] if k != "notes"}  # the slowest rank ends a step
+    cases, notes = [], []
+    for model_path in a.model_paths:
+        path = _shrunk_config(model_path, a.layers, a.smoke)
+        for tp in a.tps:
+            per_rank = spawn_ranks(_rank_body, tp, path, a.tokens, variants, a.iters, a.min_tokens, a.comm_sms,
+                                   device, timeout=a.timeout, device=device, share_gpu=a.share_gpu)
+            notes += [n for n in per_rank[0].get("notes", []) if n not in notes]
+            res = {k: max(r[k] for r in per_rank) for k in per_rank[0] if k != "notes"}  # slowest rank ends a step
+            cases.append((Path(model_path).name or "synthetic", tp, res))
     hw = _hardware(device)
     lines = [f"# TokenWeave layer benchmark ({'smoke, ' if a.smoke else ''}{device})", "",
              f"- date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
              f"- hardware: {hw}", f"- command: `{' '.join([sys.executable] + sys.argv)}`",
-             f"- model: {a.model_path or 'synthetic'} cut to {a.layers} layer(s), TP {a.tp}, "
-             f"min tokens {a.min_tokens}, comm SMs {a.comm_sms or 'default'}",
+             f"- models: {', '.join(p or 'synthetic' for p in a.model_paths)} cut to {a.layers} layer(s), TP "
+             f"{', '.join(map(str, a.tps))}, min tokens {a.min_tokens}, comm SMs {a.comm_sms or 'default'}",
              *(["- SHARED-GPU SMOKE MODE: all ranks on one GPU, the `nccl` column is gloo; times mean nothing"]
                if a.share_gpu else []),
-             "- baseline: `nccl` (NCCL AllReduce + fused add-RMSNorm) and the `nocomm` counterfactual, same run; "
-             "median of the timed iterations, slowest rank", "", *_table(res, a.tokens, variants),
+             "- baseline: `nccl` (NCCL AllReduce + fused add-RMSNorm) and the `nocomm` counterfactual, same run and "
+             "case; median of the timed iterations, slowest rank", "", *_table(cases, a.tokens, variants),
              *([""] + [f"- note: {n}" for n in notes] if notes else [])]
     print("\n".join(lines))
     out = _results_path(a, "layer")
@@ -298,9 +307,11 @@ def _results_path(a, mode: str) -> Path:
 def parse_args(argv=None):
     """The benchmark's flags (see the module docstring); ValueError-style exits for bad values."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model-path", default="", help="folder with the real config.json (weights are dummy)")
+    p.add_argument("--model-path", nargs="+", default=[""],
+                   help="folder(s) with a real config.json (weights are dummy); layer mode: one table over all; "
+                        "end-to-end mode: exactly one")
     p.add_argument("--tokenizer-path", default="")
-    p.add_argument("--tp", type=int, default=8)
+    p.add_argument("--tp", type=int, nargs="+", default=[8], help="TP size(s); end-to-end mode: exactly one")
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--tokens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
@@ -322,13 +333,17 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--results-dir", default=str(ROOT / "benchmark" / "results"))
     a = p.parse_args(argv)
+    a.model_paths, a.tps = a.model_path, a.tp
+    if a.e2e and (len(a.model_paths) > 1 or len(a.tps) > 1):
+        p.error("--e2e takes one --model-path and one --tp")
+    a.model_path, a.tp = a.model_paths[0], a.tps[0]
     if a.share_gpu:
         a.iters = min(a.iters, 3)
     if a.smoke:
-        a.tp, a.device, a.iters, a.min_tokens = 2, "cpu", 2, 8
+        a.tp, a.tps, a.device, a.iters, a.min_tokens = 2, [2], "cpu", 2, 8
         if not a.e2e:
             a.tokens = [t for t in a.tokens if t <= 256] or [64, 200]
-    if a.tp < 1 or a.layers < 1 or a.iters < 1 or any(t < 2 for t in a.tokens):
+    if min(a.tps) < 1 or a.layers < 1 or a.iters < 1 or any(t < 2 for t in a.tokens):
         p.error("--tp, --layers, --iters must be >= 1 and every --tokens value >= 2")
     if not a.smoke and not a.model_path:
         p.error("--model-path is required (a folder with config.json), or use --smoke")

@@ -27,12 +27,19 @@ def _run(tmp_path, *args) -> str:
 
 
 def test_layer_mode_smoke(tmp_path):
-    text = _run(tmp_path, "--tokens", "16", "40")
-    rows = [line for line in text.splitlines() if re.match(r"\| \d+ \|", line)]
-    assert [r.split("|")[1].strip() for r in rows] == ["16", "40"]
+    """Two real model shapes (dense Llama-3.3-70B, MoE Mixtral-8x22B; shrunk in smoke mode) in one table."""
+    from conftest import shared_path
+
+    models = [shared_path("configs", "meta-llama--Llama-3.3-70B-Instruct"),
+              shared_path("configs", "mistralai--Mixtral-8x22B-v0.1")]
+    text = _run(tmp_path, "--tokens", "16", "40", "--model-path", *models)
+    rows = [line for line in text.splitlines() if re.match(r"\| \S+ \| \d+ \| \d+ \|", line)]
+    names = ("meta-llama--Llama-3.3-70B-Instruct", "mistralai--Mixtral-8x22B-v0.1")
+    assert [tuple(c.strip() for c in r.split("|")[1:4]) for r in rows] == [(m, "2", t) for m in names
+                                                                           for t in ("16", "40")]
     for r in rows:
         cells = [c.strip() for c in r.strip("|").split("|")]
-        assert len(cells) == 6 and all(float(c) > 0 for c in cells[1:]), r  # 3 variants + 2 ratios, all measured
+        assert len(cells) == 8 and all(float(c) > 0 for c in cells[3:]), r  # 3 variants + 2 ratios, all measured
 
 
 def test_e2e_mode_smoke(tmp_path):
