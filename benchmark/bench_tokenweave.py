@@ -14,13 +14,15 @@ same run:
 
 It prints one table (median ms per forward and ratios against ``nccl`` and ``nocomm`` of the same run) and
 writes ``benchmark/results/<date>_tokenweave_<mode>.md`` (date, hardware, command). NVLink multicast stays
-off in every process. End-to-end mode (``--e2e``) runs ``sglang.bench_offline_throughput`` with TokenWeave
-off and on, same dataset, and reports the throughput ratio.
+off in every process. End-to-end mode (``--e2e``) runs ``sglang.bench_offline_throughput`` and
+``sglang.bench_serving`` (against ``sglang.launch_server`` started here) with TokenWeave off and on, same
+dataset, and reports one table with the on/off ratios.
 
 Examples::
 
     python benchmark/bench_tokenweave.py --model-path ../shared/data/configs/meta-llama--Llama-3.3-70B-Instruct \\
-        --tp 8 --tokens 1024 4096 16384
+        ../shared/data/configs/Qwen--Qwen2.5-72B ../shared/data/configs/mistralai--Mixtral-8x22B-v0.1 \\
+        --tp 2 4 8 --tokens 1024 2048 4096 8192 16384       # the issue's sweep: one table
     python benchmark/bench_tokenweave.py --smoke          # CPU, gloo, a shrunk shape (tests use this)
     python benchmark/bench_tokenweave.py --e2e --model-path CONFIG --tokenizer-path TOK --tp 8
 """
@@ -37,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,41 +130,49 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
     return res
 
 
-def _table(results: dict, tokens: list[int], variants: list[str]) -> list[str]:
-    """Markdown rows: per token count, every variant's ms and TokenWeave's ratio to each baseline of the run."""
+def _table(cases: list[tuple[str, int, dict]], tokens: list[int], variants: list[str]) -> list[str]:
+    """Markdown rows, one table for every (model, TP) case of the run: per token count, every variant's ms and
+    TokenWeave's ratio to each baseline measured in the same case."""
     bases = [b for b in ("nccl", "nccl_symm", "custom", "nocomm") if b in variants]
-    lines = ["| tokens | " + " | ".join(f"{v} ms" for v in variants) + " | "
+    lines = ["| model | TP | tokens | " + " | ".join(f"{v} ms" for v in variants) + " | "
              + " | ".join(f"tokenweave / {b}" for b in bases) + " |",
-             "|---:|" + "---:|" * (len(variants) + len(bases))]
+             "|---|---:|---:|" + "---:|" * (len(variants) + len(bases))]
     ratio = lambda a, b: f"{a / b:.3f}" if a and b else "n/a"  # noqa: E731
-    for t in tokens:
-        ms = {v: results.get(f"{v}|{t}") for v in variants}
-        lines.append(f"| {t} | " + " | ".join(f"{ms[v]:.3f}" if ms[v] else "n/a" for v in variants) + " | "
-                     + " | ".join(ratio(ms.get("tokenweave"), ms[b]) for b in bases) + " |")
+    for model, tp, results in cases:
+        for t in tokens:
+            ms = {v: results.get(f"{v}|{t}") for v in variants}
+            lines.append(f"| {model} | {tp} | {t} | "
+                         + " | ".join(f"{ms[v]:.3f}" if ms[v] else "n/a" for v in variants) + " | "
+                         + " | ".join(ratio(ms.get("tokenweave"), ms[b]) for b in bases) + " |")
     return lines
 
 
 def run_layer_mode(a) -> Path:
-    """Spawn ``--tp`` ranks, time every variant, print and write the table; returns the results file."""
+    """For every ``--model-path`` and every ``--tp``: spawn the ranks and time every variant; print and write one
+    table; returns the results file."""
     from tp_worker import spawn_ranks
 
-    path = _shrunk_config(a.model_path, a.layers, a.smoke)
     device = "cpu" if a.smoke or a.device == "cpu" else "cuda"
     variants = [v for v in a.variants if not ((device == "cpu" or a.share_gpu) and v in ("custom", "nccl_symm"))]
-    per_rank = spawn_ranks(_rank_body, a.tp, path, a.tokens, variants, a.iters, a.min_tokens, a.comm_sms, device,
-                           timeout=a.timeout, device=device, share_gpu=a.share_gpu)
-    notes = per_rank[0].get("notes", [])
-    res = {k: max(r[k] for r in per_rank) for k in per_rank[0] if k != "notes"}  # the slowest rank ends a step
+    cases, notes = [], []
+    for model_path in a.model_paths:
+        path = _shrunk_config(model_path, a.layers, a.smoke)
+        for tp in a.tps:
+            per_rank = spawn_ranks(_rank_body, tp, path, a.tokens, variants, a.iters, a.min_tokens, a.comm_sms,
+                                   device, timeout=a.timeout, device=device, share_gpu=a.share_gpu)
+            notes += [n for n in per_rank[0].get("notes", []) if n not in notes]
+            res = {k: max(r[k] for r in per_rank) for k in per_rank[0] if k != "notes"}  # slowest rank ends a step
+            cases.append((Path(model_path).name or "synthetic", tp, res))
     hw = _hardware(device)
     lines = [f"# TokenWeave layer benchmark ({'smoke, ' if a.smoke else ''}{device})", "",
              f"- date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
              f"- hardware: {hw}", f"- command: `{' '.join([sys.executable] + sys.argv)}`",
-             f"- model: {a.model_path or 'synthetic'} cut to {a.layers} layer(s), TP {a.tp}, "
-             f"min tokens {a.min_tokens}, comm SMs {a.comm_sms or 'default'}",
+             f"- models: {', '.join(p or 'synthetic' for p in a.model_paths)} cut to {a.layers} layer(s), TP "
+             f"{', '.join(map(str, a.tps))}, min tokens {a.min_tokens}, comm SMs {a.comm_sms or 'default'}",
              *(["- SHARED-GPU SMOKE MODE: all ranks on one GPU, the `nccl` column is gloo; times mean nothing"]
                if a.share_gpu else []),
-             "- baseline: `nccl` (NCCL AllReduce + fused add-RMSNorm) and the `nocomm` counterfactual, same run; "
-             "median of the timed iterations, slowest rank", "", *_table(res, a.tokens, variants),
+             "- baseline: `nccl` (NCCL AllReduce + fused add-RMSNorm) and the `nocomm` counterfactual, same run and "
+             "case; median of the timed iterations, slowest rank", "", *_table(cases, a.tokens, variants),
              *([""] + [f"- note: {n}" for n in notes] if notes else [])]
     print("\n".join(lines))
     out = _results_path(a, "layer")
@@ -169,33 +180,109 @@ def run_layer_mode(a) -> Path:
     return out
 
 
-def run_e2e_mode(a) -> Path:
-    """``bench_offline_throughput`` with TokenWeave off then on (same flags); prints the throughput ratio."""
-    base = [sys.executable, "-m", "sglang.bench_offline_throughput", "--model-path", a.model_path, "--tp", str(a.tp),
-            "--dataset-name", a.dataset_name, "--num-prompts", str(a.num_prompts), "--random-input-len",
-            str(a.input_len), "--random-output-len", str(a.output_len)]
-    if a.dataset_path:
-        base += ["--dataset-path", a.dataset_path]
+def _server_flags(a) -> list[str]:
+    """Flags shared by the offline engine and the server of the end-to-end mode (model, TP, device, weights)."""
+    flags = ["--model-path", a.model_path, "--tp", str(a.tp)]
     if a.tokenizer_path:
-        base += ["--tokenizer-path", a.tokenizer_path]
+        flags += ["--tokenizer-path", a.tokenizer_path]
     if a.smoke or a.device == "cpu":
-        base += ["--device", "cpu"]
+        flags += ["--device", "cpu"]
     else:
-        base += ["--load-format", "dummy", "--dtype", "bfloat16"]
-    rows = {}
-    for name, extra in (("off", []), ("on", ["--enable-tokenweave", "--tokenweave-min-tokens", str(a.min_tokens)])):
-        with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as f:
-            res_file = f.name
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "python"), str(ROOT / "sgl-kernel" / "python")]))
-        subprocess.run(base + extra + ["--result-filename", res_file], check=True, env=env, timeout=a.timeout)
-        rows[name] = json.loads(Path(res_file).read_text().strip().splitlines()[-1])
-    key = "output_throughput" if "output_throughput" in rows["off"] else "total_throughput"
-    ratio = rows["on"][key] / rows["off"][key]
-    lines = ["# TokenWeave end-to-end (bench_offline_throughput)", "",
+        flags += ["--load-format", "dummy", "--dtype", "bfloat16"]
+    return flags
+
+
+def _child_env() -> dict:
+    return dict(os.environ, **NVLS_OFF_ENV, PYTHONUNBUFFERED="1",
+                PYTHONPATH=os.pathsep.join([str(ROOT / "python"), str(ROOT / "sgl-kernel" / "python")]))
+
+
+def _offline_run(a, tw_flags: list[str]) -> dict:
+    """One ``sglang.bench_offline_throughput`` run; its last JSONL record."""
+    cmd = [sys.executable, "-m", "sglang.bench_offline_throughput", *_server_flags(a), "--dataset-name",
+           a.dataset_name, "--num-prompts", str(a.num_prompts), "--random-input-len", str(a.input_len),
+           "--random-output-len", str(a.output_len)]
+    if a.dataset_path:
+        cmd += ["--dataset-path", a.dataset_path]
+    with tempfile.TemporaryDirectory() as d:
+        res_file = str(Path(d) / "offline.jsonl")
+        subprocess.run(cmd + tw_flags + ["--result-filename", res_file], check=True, env=_child_env(),
+                       timeout=a.timeout)
+        return json.loads(Path(res_file).read_text().strip().splitlines()[-1])
+
+
+def _serving_run(a, tw_flags: list[str]) -> dict:
+    """Start ``sglang.launch_server`` (TokenWeave flags ``tw_flags``), run ``sglang.bench_serving`` against it
+    (same dataset and lengths as the offline run, all requests at once), stop the server; the bench's record.
+
+    Raises:
+        RuntimeError: the server exited or was not healthy within ``--timeout``, or bench_serving failed
+            (the message carries the log tail).
+    """
+    from gpu_targets_serving import _free_port, _stop
+
+    port = _free_port()
+    with tempfile.TemporaryDirectory() as d:
+        log_path, jsonl = Path(d) / "server.log", Path(d) / "serving.jsonl"
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "sglang.launch_server", *_server_flags(a), *tw_flags,
+                                     "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, env=_child_env(),
+                                    start_new_session=True)
+        try:
+            deadline = time.monotonic() + a.timeout
+            while True:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the server {'exited' if proc.poll() is not None else 'is not healthy'}:\n"
+                                       + log_path.read_text()[-3000:])
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    time.sleep(1)
+            cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--port", str(port),
+                   "--dataset-name", a.dataset_name, "--num-prompts", str(a.num_prompts), "--random-input-len",
+                   str(a.input_len), "--random-output-len", str(a.output_len), "--disable-tqdm", "--output-file",
+                   str(jsonl)]
+            if a.dataset_path:
+                cmd += ["--dataset-path", a.dataset_path]
+            if a.tokenizer_path:
+                cmd += ["--tokenizer", a.tokenizer_path]
+            p = subprocess.run(cmd, capture_output=True, text=True, env=_child_env(), timeout=a.timeout)
+            if p.returncode != 0 or not jsonl.exists():
+                raise RuntimeError(f"bench_serving exited with code {p.returncode}:\n{(p.stdout + p.stderr)[-3000:]}")
+            return json.loads([ln for ln in jsonl.read_text().splitlines() if ln.strip()][-1])
+        finally:
+            _stop(proc)
+
+
+def run_e2e_mode(a) -> Path:
+    """TokenWeave off then on, same flags and dataset, in one run: ``bench_offline_throughput`` (the engine
+    in-process) and ``bench_serving`` against ``launch_server``; one table of throughputs and on/off ratios."""
+    tw = ["--enable-tokenweave", "--tokenweave-min-tokens", str(a.min_tokens)]
+    if a.comm_sms:
+        tw += ["--tokenweave-comm-sms", str(a.comm_sms)]
+    rows = {name: {"offline": _offline_run(a, flags)} for name, flags in (("off", []), ("on", tw))}
+    if not a.skip_serving:
+        for name, flags in (("off", []), ("on", tw)):
+            rows[name]["serving"] = _serving_run(a, flags)
+    key = "output_throughput" if "output_throughput" in rows["off"]["offline"] else "total_throughput"
+    cols = [("offline", key, f"offline {key} (tok/s)")]
+    if not a.skip_serving:
+        cols += [("serving", "output_throughput", "serving output_throughput (tok/s)"),
+                 ("serving", "mean_ttft_ms", "serving mean TTFT (ms)")]
+    fmt = lambda v: f"{v:.2f}"  # noqa: E731
+    lines = ["# TokenWeave end-to-end (bench_offline_throughput, bench_serving)", "",
              f"- date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
-             f"- hardware: {_hardware('cpu' if a.smoke else 'cuda')}", f"- command: `{' '.join(sys.argv)}`", "",
-             f"| TokenWeave | {key} |", "|---|---:|", f"| off | {rows['off'][key]:.2f} |",
-             f"| on | {rows['on'][key]:.2f} |", f"| on / off | {ratio:.3f} |"]
+             f"- hardware: {_hardware('cpu' if a.smoke or a.device == 'cpu' else 'cuda')}",
+             f"- command: `{' '.join([sys.executable] + sys.argv)}`",
+             f"- model: {a.model_path}, TP {a.tp}, dataset {a.dataset_name}, {a.num_prompts} prompts, input "
+             f"{a.input_len}, output {a.output_len}; TokenWeave flags: `{' '.join(tw)}`", "",
+             "| TokenWeave | " + " | ".join(c[2] for c in cols) + " |", "|---|" + "---:|" * len(cols)]
+    for name in ("off", "on"):
+        lines.append(f"| {name} | " + " | ".join(fmt(rows[name][m][k]) for m, k, _ in cols) + " |")
+    lines.append("| on / off | " + " | ".join(f"{rows['on'][m][k] / rows['off'][m][k]:.3f}" if rows["off"][m][k]
+                                             else "n/a" for m, k, _ in cols) + " |")
     print("\n".join(lines))
     out = _results_path(a, "e2e")
     out.write_text("\n".join(lines) + "\n")
@@ -220,9 +307,11 @@ def _results_path(a, mode: str) -> Path:
 def parse_args(argv=None):
     """The benchmark's flags (see the module docstring); ValueError-style exits for bad values."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model-path", default="", help="folder with the real config.json (weights are dummy)")
+    p.add_argument("--model-path", nargs="+", default=[""],
+                   help="folder(s) with a real config.json (weights are dummy); layer mode: one table over all; "
+                        "end-to-end mode: exactly one")
     p.add_argument("--tokenizer-path", default="")
-    p.add_argument("--tp", type=int, default=8)
+    p.add_argument("--tp", type=int, nargs="+", default=[8], help="TP size(s); end-to-end mode: exactly one")
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--tokens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
@@ -230,7 +319,9 @@ def parse_args(argv=None):
     p.add_argument("--min-tokens", type=int, default=1024)
     p.add_argument("--comm-sms", type=int, default=None)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    p.add_argument("--e2e", action="store_true", help="end-to-end mode (bench_offline_throughput off vs on)")
+    p.add_argument("--e2e", action="store_true",
+                   help="end-to-end mode (bench_offline_throughput and bench_serving, TokenWeave off vs on)")
+    p.add_argument("--skip-serving", action="store_true", help="end-to-end mode without the bench_serving part")
     p.add_argument("--dataset-name", default="random")
     p.add_argument("--dataset-path", default="")
     p.add_argument("--num-prompts", type=int, default=256)
@@ -242,13 +333,17 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--results-dir", default=str(ROOT / "benchmark" / "results"))
     a = p.parse_args(argv)
+    a.model_paths, a.tps = a.model_path, a.tp
+    if a.e2e and (len(a.model_paths) > 1 or len(a.tps) > 1):
+        p.error("--e2e takes one --model-path and one --tp")
+    a.model_path, a.tp = a.model_paths[0], a.tps[0]
     if a.share_gpu:
         a.iters = min(a.iters, 3)
     if a.smoke:
-        a.tp, a.device, a.iters, a.min_tokens = 2, "cpu", 2, 8
+        a.tp, a.tps, a.device, a.iters, a.min_tokens = 2, [2], "cpu", 2, 8
         if not a.e2e:
             a.tokens = [t for t in a.tokens if t <= 256] or [64, 200]
-    if a.tp < 1 or a.layers < 1 or a.iters < 1 or any(t < 2 for t in a.tokens):
+    if min(a.tps) < 1 or a.layers < 1 or a.iters < 1 or any(t < 2 for t in a.tokens):
         p.error("--tp, --layers, --iters must be >= 1 and every --tokens value >= 2")
     if not a.smoke and not a.model_path:
         p.error("--model-path is required (a folder with config.json), or use --smoke")

@@ -9,9 +9,20 @@ import pytest
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DATA = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
 
-os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+
+def _apply_nvls_off_env() -> None:
+    """NVLink multicast is forbidden on our hosts: set the multicast-off environment (defined once, in
+    ``sglang/srt/utils/nvls_env.py``, loaded by path so that this file imports no package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "_nvls_env", os.path.join(REPO_ROOT, "python", "sglang", "srt", "utils", "nvls_env.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.apply_nvls_off_env()
+
+
+_apply_nvls_off_env()
 
 
 try:  # small reference models: one thread avoids OpenMP spin contention with the servers under test

@@ -13,8 +13,9 @@ from typing import Optional
 import psutil
 import requests
 
-ENV = {**os.environ, "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-       "NVSHMEM_DISABLE_NVLS": "1", "PYTHONUNBUFFERED": "1"}
+from sglang.srt.utils.nvls_env import NVLS_OFF_ENV  # noqa: E402  (pure Python: the multicast-off env, defined once)
+
+ENV = {**os.environ, **NVLS_OFF_ENV, "PYTHONUNBUFFERED": "1"}
 
 
 def free_port() -> int:

@@ -196,11 +196,23 @@ def _emit(line: str, label: str) -> None:
     sys.stdout.flush()
 
 
+def bench_communicator(ps, server_args, bench: BenchArgs):
+    """The communicator a benchmark rank runs with: the no-communication counterfactual under
+    ``--debug-nocomm``, else exactly the server's choice (``--comm-backend``; with ``--enable-tokenweave``
+    tw-comm's communicator by default, see :func:`~sglang.srt.model_executor.model_runner.build_communicator`).
+    ``ps``: the rank's ParallelState (None at TP 1)."""
+    from sglang.srt.distributed.communicator import create_communicator
+    from sglang.srt.model_executor.model_runner import build_communicator
+
+    if bench.debug_nocomm:
+        return create_communicator(ps, "nocomm")
+    return build_communicator(ps, server_args)
+
+
 def _rank_main(tp_rank: int, server_args, bench: BenchArgs, init_method: Optional[str], pipe) -> None:
     """One rank: build the runner, run everything, rank 0 reports (also the entry of spawned ranks)."""
     from sglang.srt.configs.model_config import ModelConfig
-    from sglang.srt.distributed.communicator import (NOCOMM_LABEL, NoCommCommunicator, SwitchCommunicator,
-                                                     create_communicator)
+    from sglang.srt.distributed.communicator import NOCOMM_LABEL, NoCommCommunicator, SwitchCommunicator
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.utils.common import configure_logger
 
@@ -220,10 +232,7 @@ def _rank_main(tp_rank: int, server_args, bench: BenchArgs, init_method: Optiona
                                                 ep_size=server_args.ep_size))
             if device == "cuda":
                 device = str(ps.torch_device())
-        if bench.debug_nocomm:
-            comm = create_communicator(ps, "nocomm")
-        else:
-            comm = create_communicator(ps, "auto", server_args.disable_custom_all_reduce)
+        comm = bench_communicator(ps, server_args, bench)
         switch = None
         if bench.profile_comm:
             switch = SwitchCommunicator(comm, NoCommCommunicator.create(ps))

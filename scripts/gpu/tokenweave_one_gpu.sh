@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# TokenWeave on ONE GPU (issue 12): the GPU tests (two-stream executor vs unsplit on random shapes; tw-comm with
-# 2 ranks on one GPU; TP ranks sharing the GPU through the engine and the HTTP server), compute-sanitizer
-# racecheck on a small 2-rank case, and the benchmark's one-GPU smoke (layer mode, shared-GPU ranks).
+# TokenWeave on ONE GPU (issue 12): the GPU tests (two-stream executor vs unsplit on random shapes, the batch's KV
+# slots NaN-poisoned before every run so a suffix split reading KV before the prefix split wrote it fails; tw-comm
+# with 2 ranks on one GPU incl. CUDA-graph capture + replay of the fused call; TP ranks sharing the GPU through
+# the engine and the HTTP server), compute-sanitizer racecheck on a small 2-rank case, and the benchmark's
+# one-GPU smoke (layer mode, shared-GPU ranks). Re-run after the 2026-11-25 audit (graph replays, KV poisoning).
 # Usage (repo root, shared data at ../shared/data): bash scripts/gpu/tokenweave_one_gpu.sh [seconds, default 540]
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"

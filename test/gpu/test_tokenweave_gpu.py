@@ -105,10 +105,55 @@ def _one_gpu_rank(rank: int, world: int, store: str, out: dict) -> None:
                 torch.cuda.synchronize()
                 errs[(tokens, str(backend), overlap)] = max((got.float().cpu() - out_ref.float()).abs().max().item(),
                                                             (rr.float().cpu() - res_ref.float()).abs().max().item())
+        _graph_replays(ws, rank, errs)
         ws.close()
         out[rank] = errs
     finally:
         dist.destroy_process_group()
+
+
+def _graph_replays(ws, rank: int, errs: dict) -> None:
+    """The decode path's CUDA-graph property with 2 ranks on one GPU: capture tw-comm's fused call once (one-shot
+    at decode sizes, two-shot, and the few-SM overlap variant), then replay it with fresh inputs copied into the
+    captured buffers (output NaN-poisoned first); each replay must equal the torch reference."""
+    import torch.distributed as dist
+    from sgl_kernel.reference import add_rmsnorm_fp32
+
+    from sglang.srt.distributed.tw_comm import TwBackend, allreduce_rmsnorm
+
+    for tokens, backend, sms in ((4, TwBackend.ONESHOT, None), (96, TwBackend.TWOSHOT, None), (300, None, 8)):
+        gen = torch.Generator().manual_seed(tokens)
+        weight = (torch.rand(512, generator=gen) + 0.5).to(torch.bfloat16)
+        w = weight.cuda()
+        xs = torch.randn(tokens, 512, generator=gen).to(torch.bfloat16).cuda()
+        rs, outs = xs.clone(), torch.empty_like(xs)
+        kw = dict(out=outs, backend=backend, overlap=sms is not None, max_sms=sms)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up outside the capture (both ranks call it: a collective)
+            allreduce_rmsnorm(ws, xs, rs, w, 1e-5, **kw)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            allreduce_rmsnorm(ws, xs, rs, w, 1e-5, **kw)
+        for rep in range(3):
+            gen.manual_seed(10_000 * (rep + 1) + 100 * tokens + rank)
+            x = torch.randn(tokens, 512, generator=gen).to(torch.bfloat16)
+            gen.manual_seed(50_000 * (rep + 1) + tokens)  # the residual is the same on every rank
+            residual = torch.randn(tokens, 512, generator=gen).to(torch.bfloat16)
+            total = x.float().clone()
+            dist.all_reduce(total)
+            res_ref, out_ref = add_rmsnorm_fp32(total, residual, weight, 1e-5)
+            xs.copy_(x)
+            rs.copy_(residual)
+            outs.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            errs[("graph", tokens, str(backend), rep)] = max(
+                (outs.float().cpu() - out_ref.float()).abs().max().item(),
+                (rs.float().cpu() - res_ref.float()).abs().max().item())
+        del graph
 
 
 def _spawn_target(rank, world, store, q):
@@ -118,6 +163,7 @@ def _spawn_target(rank, world, store, q):
 
 
 def test_tw_comm_two_ranks_on_one_gpu(tmp_path):
+    """2 ranks as 2 processes on cuda:0: every variant (and its CUDA-graph replays) equals the torch reference."""
     if os.environ.get("SGLANG_SKIP_ONE_GPU_MULTIRANK") == "1":
         pytest.skip("disabled by SGLANG_SKIP_ONE_GPU_MULTIRANK")
     import multiprocessing as mp

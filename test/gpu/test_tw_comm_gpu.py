@@ -15,9 +15,11 @@ import pytest
 import torch
 
 # NVLink multicast is forbidden on our hosts: every process started here inherits these.
-os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
-
 REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO / "python")]
+from sglang.srt.utils.nvls_env import NVLS_OFF_ENV  # noqa: E402  (pure Python)
+
+os.environ.update(NVLS_OFF_ENV)
 PATHS = [str(REPO / "sgl-kernel" / "python"), str(REPO / "python")]
 sys.path[:0] = PATHS
 

@@ -1,10 +1,14 @@
 """``--enable-tokenweave`` through the HTTP server on gloo TP ranks: greedy tokens equal TP=1's on stories260K
 and its MoE twin, for long single prompts and batches whose prefill straddles the split (min tokens 8, so
-every prefill and mixed step is split), with chunked prefill and a cached prefix."""
+every prefill and mixed step is split), with chunked prefill and a cached prefix, at TP 2 and 4 on both models.
+The server's log shows tw-comm's communicator chosen by default and each batch size's split decision logged
+once per rank (decode batches: unsplit)."""
 
 from __future__ import annotations
 
+import collections
 import os
+import re
 import sys
 
 import pytest
@@ -22,7 +26,8 @@ PROMPTS = ["Once upon a time, there was a little girl named Lily who loved to pl
            "The little dog", "Lily and Tom went to the park. They", "One day, a bird"]
 
 
-@pytest.mark.parametrize("name,tp", [("stories260K", 2), ("stories260K-moe", 2), ("stories260K", 4)])
+@pytest.mark.parametrize("name,tp", [("stories260K", 2), ("stories260K-moe", 2), ("stories260K", 4),
+                                     ("stories260K-moe", 4)])
 def test_tokenweave_greedy_equals_tp1(name, tp):
     path = shared_path("models", name)
     with ServerProcess(["--model-path", path, "--device", "cpu", "--tp", str(tp), "--enable-tokenweave",
@@ -34,7 +39,16 @@ def test_tokenweave_greedy_equals_tp1(name, tp):
         for p, o in zip(PROMPTS, batch):
             assert o["output_ids"] == tp1_greedy(path, tokenize(path, p)), p
         assert batch[0]["meta_info"]["cached_tokens"] > 0
-        log = s.log_tail(400)
-        assert "TokenWeave: " in log and " split " in log, "no batch was split"
+        with open(s.log_path) as f:
+            log = f.read()
+        decisions = re.findall(r"Scheduler TP(\d+)\] INFO sglang\.srt\.tokenweave\.executor: TokenWeave: (\d+) tokens "
+                               r"(split|run unsplit)", log)
+        assert any(d[2] == "split" for d in decisions), "no batch was split"
+        assert any(d[2] == "run unsplit" for d in decisions), "decode batches should be logged as unsplit"
+        assert {d[0] for d in decisions} == {str(r) for r in range(tp)}, "every rank logs its decisions"
+        repeated = [k for k, c in collections.Counter(decisions).items() if c > 1]
+        assert not repeated, f"(rank, batch size, decision) logged more than once: {repeated}"
+        assert log.count("[TokenWeave]") == tp and log.count(f"TwCommunicator(world_size={tp}") == tp, \
+            "tw-comm's communicator is the default with --enable-tokenweave (logged per rank)"
         info = requests.get(s.url + "/get_server_info", timeout=30).json()
         assert info.get("enable_tokenweave") is True

@@ -60,6 +60,7 @@ class ModelHarness:
 
     def __init__(self, model, config, max_reqs: int = 8, max_len: int = 96, seed: int = 0, device: str = "cpu"):
         self.model, self.device = model, device
+        self.num_layers = config.num_hidden_layers
         self.kv = TinyKVPool(config.num_hidden_layers, max_reqs * max_len + 1, config.num_key_value_heads,
                              config.head_dim, config.dtype, device)
         self.req_to_token_pool = TinyReqToTokenPool(max_reqs, max_len, device)
@@ -86,9 +87,22 @@ class ModelHarness:
         forward); returns next-token logits ``[bs, vocab]``."""
         return self.run(self.prepare(items), executor)
 
-    def run(self, fb: ForwardBatch, executor=None) -> torch.Tensor:
-        """Run a prepared batch (again: KV writes are idempotent) with ``executor`` or the plain forward."""
+    def poison_kv(self, fb: ForwardBatch) -> None:
+        """Fill the KV slots ``fb`` is about to write with NaN in every layer, so a stage that reads a slot before
+        the batch (or, split, an earlier sub-batch) wrote it in the same layer shows up as NaN logits instead of
+        silently reading the KV left there by an earlier run of the same batch."""
+        loc = fb.out_cache_loc
+        pool = fb.token_to_kv_pool  # the tiny pool or a real MHATokenToKVPool a test swapped in
+        for layer in range(self.num_layers):
+            for buf in (pool.get_key_buffer(layer), pool.get_value_buffer(layer)):
+                buf[loc] = float("nan")
+
+    def run(self, fb: ForwardBatch, executor=None, poison: bool = True) -> torch.Tensor:
+        """Run a prepared batch (again: KV writes are idempotent) with ``executor`` or the plain forward.
+        ``poison``: first NaN-fill the slots the batch writes (:meth:`poison_kv`)."""
         with torch.inference_mode():
+            if poison:
+                self.poison_kv(fb)
             if executor is not None:
                 return executor.run(self.model, fb).next_token_logits
             self.backend.init_forward_metadata(fb)

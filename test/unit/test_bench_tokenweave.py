@@ -1,6 +1,6 @@
 """The TokenWeave benchmark runs on CPU (smoke mode): the layer table has every variant for every token count
-with ratios, and the end-to-end mode reports TokenWeave on/off throughput from two real
-bench_offline_throughput runs at TP 2 (gloo). Times are not checked (they mean nothing on CPU)."""
+with ratios, and the end-to-end mode reports TokenWeave on/off throughput from real bench_offline_throughput
+runs and bench_serving runs against launch_server, at TP 2 (gloo). Times are not checked (they mean nothing on CPU)."""
 
 from __future__ import annotations
 
@@ -27,20 +27,33 @@ def _run(tmp_path, *args) -> str:
 
 
 def test_layer_mode_smoke(tmp_path):
-    text = _run(tmp_path, "--tokens", "16", "40")
-    rows = [line for line in text.splitlines() if re.match(r"\| \d+ \|", line)]
-    assert [r.split("|")[1].strip() for r in rows] == ["16", "40"]
+    """Two real model shapes (dense Llama-3.3-70B, MoE Mixtral-8x22B; shrunk in smoke mode) in one table."""
+    from conftest import shared_path
+
+    models = [shared_path("configs", "meta-llama--Llama-3.3-70B-Instruct"),
+              shared_path("configs", "mistralai--Mixtral-8x22B-v0.1")]
+    text = _run(tmp_path, "--tokens", "16", "40", "--model-path", *models)
+    rows = [line for line in text.splitlines() if re.match(r"\| \S+ \| \d+ \| \d+ \|", line)]
+    names = ("meta-llama--Llama-3.3-70B-Instruct", "mistralai--Mixtral-8x22B-v0.1")
+    assert [tuple(c.strip() for c in r.split("|")[1:4]) for r in rows] == [(m, "2", t) for m in names
+                                                                           for t in ("16", "40")]
     for r in rows:
         cells = [c.strip() for c in r.strip("|").split("|")]
-        assert len(cells) == 6 and all(float(c) > 0 for c in cells[1:]), r  # 3 variants + 2 ratios, all measured
+        assert len(cells) == 8 and all(float(c) > 0 for c in cells[3:]), r  # 3 variants + 2 ratios, all measured
 
 
 def test_e2e_mode_smoke(tmp_path):
+    """Offline throughput and bench_serving against launch_server, TokenWeave off and on, one table."""
     from conftest import shared_path
 
     model = shared_path("models", "stories260K")
     text = _run(tmp_path, "--e2e", "--model-path", model, "--num-prompts", "6", "--input-len", "24",
                 "--output-len", "6")
-    got = dict(re.findall(r"\| (off|on|on / off) \| ([0-9.]+) \|", text))
-    assert set(got) == {"off", "on", "on / off"}, text
-    assert float(got["on / off"]) == pytest.approx(float(got["on"]) / float(got["off"]), rel=0.01)
+    header = next(line for line in text.splitlines() if line.startswith("| TokenWeave |"))
+    assert "offline" in header and "serving output_throughput" in header and "TTFT" in header, header
+    rows = {m.group(1): [float(v) for v in m.group(2).split(" | ")]
+            for m in re.finditer(r"^\| (off|on|on / off) \| ([0-9.| ]+) \|$", text, re.M)}
+    assert set(rows) == {"off", "on", "on / off"} and all(len(r) == 3 for r in rows.values()), text
+    assert all(v > 0 for r in rows.values() for v in r), text
+    for i in range(3):
+        assert rows["on / off"][i] == pytest.approx(rows["on"][i] / rows["off"][i], rel=0.01)

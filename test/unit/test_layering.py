@@ -20,6 +20,8 @@ CPU_MODULES = [
     "sglang.srt.batch_split", "sglang.srt.ops_ref", "sglang.srt.distributed.communicator",
     "sglang.srt.distributed.parallel_state", "sglang.srt.model_executor.worker_builder",
     "sglang.srt.entrypoints.worker_launcher", "sglang.srt.layers.ops", "sglang.srt.layers.stages",
+    "sglang.srt.models.qwen2", "sglang.srt.models.qwen3", "sglang.srt.tokenweave", "sglang.srt.tokenweave.planner",
+    "sglang.srt.tokenweave.executor", "sglang.srt.distributed.tw_communicator",
 ]
 CUDA_ONLY_PREFIXES = ("triton", "sgl_kernel", "sglang.srt.layers.triton_ops", "sglang.srt.layers.attention.triton_ops",
                       "sglang.srt.model_executor.cuda_graph_runner_cuda")
@@ -85,11 +87,20 @@ def test_cpu_modules_import_no_cuda_only_module():
     assert out.stdout.strip() == "", f"CPU modules pulled in CUDA-only modules: {out.stdout.strip()}"
 
 
+NVLS_SETTERS = ('"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"', '"NCCL_NVLS_ENABLE": "0"', 'setdefault("NCCL_NVLS_ENABLE"',
+                'environ["NCCL_NVLS_ENABLE"]', 'setdefault("NVSHMEM_DISABLE_NVLS"', 'environ["NVSHMEM_DISABLE_NVLS"]')
+
+
 def test_nvls_env_defined_once():
-    """The multicast-off environment is written in one place (utils/nvls_env.py)."""
+    """The multicast-off environment is written in one place (utils/nvls_env.py): library, benchmarks and the
+    test helpers that start processes import it (tests may still spell the values out to check them)."""
     root = SRT.parents[2]
+    files = list((root / "python").rglob("*.py")) + list((root / "benchmark").rglob("*.py"))
+    files += [root / "test" / "conftest.py", root / "test" / "server_utils.py"]
+    files += list((root / "test" / "gpu").rglob("*.py"))
     hits = []
-    for p in list((root / "python").rglob("*.py")) + list((root / "benchmark").rglob("*.py")):
-        if p.name != "nvls_env.py" and '"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"' in p.read_text():
+    for p in files:
+        text = p.read_text()
+        if p.name != "nvls_env.py" and any(s in text for s in NVLS_SETTERS):
             hits.append(str(p.relative_to(root)))
     assert not hits, f"NVLS-off environment re-defined in {hits}; import it from sglang.srt.utils.nvls_env"

@@ -1,4 +1,5 @@
-"""TokenWeave's wave-aware split planner against a brute-force search over every cut."""
+"""TokenWeave's wave-aware split planner against a brute-force search over every cut; the executor's decision log
+and its host-sync-free path."""
 
 from __future__ import annotations
 
@@ -49,3 +50,87 @@ def test_bad_input():
         GemmShape(0, 128, 132)
     with pytest.raises(ValueError, match="no GEMM widths"):
         plan_split(10, ())
+
+
+def test_executor_decisions_logged_once_per_batch_size(caplog):
+    """The executor logs each (batch size, split or not) decision once: decode batches and batches below
+    --tokenweave-min-tokens run unsplit, larger prefill batches get the planner's cut."""
+    import logging
+
+    import torch
+
+    from sglang.srt.forward_batch_info import ForwardBatch, ForwardMode, ModelWorkerBatch
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    from sglang.srt.tokenweave.executor import TokenWeaveConfig, TokenWeaveExecutor
+
+    def batch(mode, extend_lens):
+        n = sum(extend_lens)
+        prefix = [3 if mode == ForwardMode.DECODE else 0] * len(extend_lens)
+        mwb = ModelWorkerBatch(forward_mode=mode, input_ids=list(range(n)), positions=list(range(n)),
+                               out_cache_loc=torch.arange(n), req_pool_indices=list(range(len(extend_lens))),
+                               prefix_lens=prefix, extend_lens=extend_lens,
+                               seq_lens=[p + e for p, e in zip(prefix, extend_lens)], sample=[True] * len(extend_lens))
+        return ForwardBatch.init_new(mwb, torch.device("cpu"), None, None, TorchNativeAttnBackend())
+
+    ex = TokenWeaveExecutor(TokenWeaveConfig(min_tokens=6, gemm_widths=(256, 128, 512, 128),
+                                             gemm_shape=GemmShape(4, 128, 8)), torch.device("cpu"))
+    decode, small, big = batch(ForwardMode.DECODE, [1] * 7), batch(ForwardMode.EXTEND, [5]), \
+        batch(ForwardMode.EXTEND, [4, 3])
+    with caplog.at_level(logging.INFO, logger="sglang.srt.tokenweave.executor"):
+        for _ in range(3):
+            assert [len(ex.plan(b)) for b in (decode, small, big)] == [1, 1, 2]
+    lines = [r.getMessage() for r in caplog.records if r.name == "sglang.srt.tokenweave.executor"]
+    assert len(lines) == 3, lines
+    assert sorted(line.split(" tokens ")[1].split(" ")[0] for line in lines) == ["run", "run", "split"], lines
+    assert any(line.startswith("TokenWeave: 7 tokens split ") for line in lines)
+    assert any(line.startswith("TokenWeave: 7 tokens run unsplit") for line in lines)
+
+
+def test_executor_path_has_no_host_sync(monkeypatch, tmp_path):
+    """TokenWeave's executor (planning, splitting, per-split metadata, every layer stage of a dense model, final
+    norm and logits) never reads a tensor back to the host (``.item()``, ``.tolist()``, ``.cpu()``, ``.numpy()``,
+    ``torch.cuda.synchronize``): on a GPU that would stall the two streams. CPU proxy of the CUDA path; the MoE
+    experts' CPU reference is excluded (the GPU path runs the Triton kernel), so the model here is dense."""
+    import os
+    import sys
+
+    import torch
+
+    transformers = pytest.importorskip("transformers")
+    sys.path.insert(0, os.path.dirname(__file__))
+    from model_harness import ModelHarness, randomize_weights
+
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_loader.loader import load_model
+    from sglang.srt.tokenweave import gemm_widths_of
+    from sglang.srt.tokenweave.executor import TokenWeaveConfig, TokenWeaveExecutor
+
+    cfg = transformers.Qwen2Config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2)
+    hf = transformers.Qwen2ForCausalLM(cfg).float().eval()
+    randomize_weights(hf, 5)
+    hf.save_pretrained(str(tmp_path))
+    config = ModelConfig.from_path(str(tmp_path))
+    model = load_model(config, "auto", "cpu")
+    h = ModelHarness(model, config)
+    h.step([("a", list(range(5))), ("b", list(range(7)))])
+    fb = h.prepare([("a", [3]), ("b", list(range(9))), ("c", list(range(6)))])  # mixed: decode, chunk, prefill
+    ref = h.run(fb)
+    ex = TokenWeaveExecutor(TokenWeaveConfig(min_tokens=2, gemm_widths=gemm_widths_of(config, 1)), torch.device("cpu"))
+    syncs = []
+
+    def recorder(name, orig):
+        def call(*a, **k):
+            syncs.append(name)
+            return orig(*a, **k)
+        return call
+
+    h.poison_kv(fb)
+    for name in ("item", "tolist", "cpu", "numpy"):
+        monkeypatch.setattr(torch.Tensor, name, recorder(name, getattr(torch.Tensor, name)))
+    monkeypatch.setattr(torch.cuda, "synchronize", recorder("synchronize", torch.cuda.synchronize))
+    with torch.inference_mode():
+        out = ex.run(model, fb).next_token_logits
+    monkeypatch.undo()
+    assert not syncs, f"host syncs in the TokenWeave path: {syncs}"
+    assert (out - ref).abs().max().item() < 2e-5

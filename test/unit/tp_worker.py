@@ -166,3 +166,8 @@ def tokenweave_logits(ps, path: str, dtype: str = "auto") -> list[list[torch.Ten
     if comm.ws is not None:
         comm.ws.close()
     return out
+
+
+def tokenweave_logits_many(ps, paths: list[str], dtype: str = "auto") -> list[list[list[torch.Tensor]]]:
+    """Rank body: :func:`tokenweave_logits` for every checkpoint in ``paths`` (one process group for all)."""
+    return [tokenweave_logits(ps, path, dtype) for path in paths]

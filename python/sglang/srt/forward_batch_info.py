@@ -170,7 +170,13 @@ class ForwardBatch:
     @classmethod
     def init_new(cls, batch: ModelWorkerBatch, device: torch.device, req_to_token_pool, token_to_kv_pool,
                  attn_backend) -> "ForwardBatch":
-        """Move a :class:`ModelWorkerBatch` to ``device``."""
+        """Move a :class:`ModelWorkerBatch` to ``device``: its integer lists become int64 tensors on ``device``
+        (one asynchronous pinned host-to-device copy on CUDA, see :mod:`sglang.srt.utils.tensor_transfer`)
+        with the shapes of the class docstring, ``extend_start_loc`` computed from ``extend_lens``; the
+        ``*_cpu`` lists are copies of the batch's lists. ``req_to_token_pool`` / ``token_to_kv_pool`` /
+        ``attn_backend`` are shared, not copied; ``attn_metadata`` is None until the executor builds it.
+        Empty logprob fields get per-request defaults. Raises nothing itself (a malformed batch fails in
+        ``torch.split`` with a RuntimeError)."""
 
         starts = [0] * batch.batch_size
         for i in range(1, batch.batch_size):

@@ -56,9 +56,13 @@ class Communicator(ABC):
     Attributes:
         rank, world_size: this rank and the TP size.
         name: short name for logs ("torch", "custom", "nocomm", ...).
+        supports_overlap: True when ``all_reduce_add_rmsnorm`` also accepts ``overlap=True`` (the call runs on a
+            communication stream next to compute, on a bounded SM budget: TokenWeave, Gond et al. 2025,
+            sec. 3.1.2); False here.
     """
 
     name = "abstract"
+    supports_overlap = False
 
     def __init__(self, rank: int, world_size: int):
         if world_size < 1 or not 0 <= rank < world_size:

@@ -57,15 +57,18 @@ class TwCommunicator(Communicator):
         return cls(ps)
 
     def all_reduce(self, x):
-        """Sum over ranks (torch.distributed)."""
+        """Elementwise sum over the TP ranks, same shape/dtype/device as ``x`` (torch.distributed on the TP
+        device group; see the :class:`~sglang.srt.distributed.communicator.Communicator` contract)."""
         return self.torch.all_reduce(x)
 
     def all_gather(self, x, dim=-1):
-        """Rank-ordered concatenation (torch.distributed)."""
+        """Every rank's ``x`` concatenated along ``dim`` in rank order: ``[..., n, ...] -> [..., world*n, ...]``
+        (torch.distributed)."""
         return self.torch.all_gather(x, dim)
 
     def reduce_scatter(self, x):
-        """This rank's rows of the sum (torch.distributed)."""
+        """This rank's rows ``[rank*N/world, (rank+1)*N/world)`` of the elementwise sum of ``x`` ``[N, ...]``
+        (torch.distributed). Raises ValueError when ``N % world != 0``."""
         return self.torch.reduce_scatter(x)
 
     def all_reduce_add_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,

@@ -95,8 +95,8 @@ class TokenizerManager(TokenizerTextMixin):
         self.tokenizer = None
         if not server_args.skip_tokenizer_init:
             self.tokenizer = get_tokenizer(server_args.resolved_tokenizer_path, server_args.trust_remote_code)
-        self.chat_template = load_chat_template(getattr(server_args, "chat_template", None))
-        self.grammar_enabled = (getattr(server_args, "grammar_backend", "xgrammar") != "none"
+        self.chat_template = load_chat_template(server_args.chat_template)
+        self.grammar_enabled = (server_args.grammar_backend != "none"
                                 and self.tokenizer is not None)
         self._grammar_validator = None
         if self.grammar_enabled:

@@ -32,6 +32,31 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def build_communicator(parallel_state, server_args: "ServerArgs", comm_backend: Optional[str] = None):
+    """This rank's TP :class:`~sglang.srt.distributed.communicator.Communicator`, chosen as the server does (and
+    logged): with ``--enable-tokenweave`` and no explicit ``comm_backend``, tw-comm's communicator when
+    ``--comm-backend`` is ``auto`` or ``tw`` and it can be built, NCCL/gloo otherwise
+    (:func:`~sglang.srt.tokenweave.create_tokenweave_communicator`); else ``comm_backend or --comm-backend``
+    through :func:`~sglang.srt.distributed.communicator.create_communicator`.
+
+    Args:
+        parallel_state: the rank's ParallelState (None: a single rank).
+        server_args: the frozen ServerArgs (``enable_tokenweave``, ``comm_backend``, ``tokenweave_comm_sms``,
+            ``disable_custom_all_reduce``).
+        comm_backend: overrides ``server_args.comm_backend`` (and TokenWeave's default).
+    Raises:
+        ValueError: an unknown backend name.
+    """
+    from sglang.srt.distributed.communicator import create_communicator
+
+    if server_args.enable_tokenweave and comm_backend is None:
+        from sglang.srt.tokenweave import create_tokenweave_communicator
+
+        return create_tokenweave_communicator(parallel_state, server_args)
+    return create_communicator(parallel_state, comm_backend or server_args.comm_backend,
+                               server_args.disable_custom_all_reduce)
+
+
 class ModelRunner:
     """A model worker: the model (or a role's part of it), its KV cache, the attention backend, the executor
     and the sampler.
@@ -73,7 +98,6 @@ class ModelRunner:
     def __init__(self, model_config: ModelConfig, server_args: "ServerArgs", device: str, tp_rank: int = 0,
                  tp_size: int = 1, parallel_state=None, comm_backend: Optional[str] = None, comm=None,
                  role: "WorkerRole | str" = WorkerRole.AGGREGATED, executor: Optional[ModelExecutor] = None):
-        from sglang.srt.distributed.communicator import create_communicator
         from sglang.srt.distributed.parallel_state import local_kv_heads
 
         if tp_size > 1 and parallel_state is None:
@@ -86,15 +110,7 @@ class ModelRunner:
             set_cpu_threads(model_config)
         self.page_size = server_args.page_size
         torch.manual_seed(server_args.random_seed)
-        if comm is not None:
-            self.comm = comm
-        elif server_args.enable_tokenweave and comm_backend is None:
-            from sglang.srt.tokenweave import create_tokenweave_communicator
-
-            self.comm = create_tokenweave_communicator(parallel_state, server_args)
-        else:
-            self.comm = create_communicator(parallel_state, comm_backend or server_args.comm_backend,
-                                            server_args.disable_custom_all_reduce)
+        self.comm = comm if comm is not None else build_communicator(parallel_state, server_args, comm_backend)
         self.model = self._load_model(server_args)
         self.num_kv_heads = local_kv_heads(model_config.num_key_value_heads, tp_size)
         self.local_num_heads = model_config.num_attention_heads // tp_size

@@ -18,8 +18,13 @@ logger = logging.getLogger(__name__)
 
 
 def gemm_widths_of(model_config: "ModelConfig", tp_size: int) -> tuple[int, ...]:
-    """The planner's per-layer GEMM widths for a model config on one TP rank (MoE: experts per token x the
-    expert intermediate size, a dense-equivalent)."""
+    """The planner's per-layer GEMM output widths (QKV, O, gate+up, down; columns on one TP rank) for a model
+    config (MoE: experts per token x the expert intermediate size, a dense equivalent), from the config's own
+    sizes: TokenWeave's smart splitting (Gond et al. 2025, sec. 3.1.1) without a hand-written table per model.
+
+    Raises:
+        ValueError: a non-positive size (see :func:`~sglang.srt.tokenweave.planner.layer_gemm_widths`).
+    """
     from sglang.srt.tokenweave.planner import layer_gemm_widths
 
     mc = model_config

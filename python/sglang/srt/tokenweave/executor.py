@@ -66,7 +66,7 @@ class TokenWeaveExecutor(SubBatchExecutor):
         self.config = config
         self.device = torch.device(device)
         self.comm_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self._logged: set[int] = set()
+        self._logged: set[tuple[int, bool]] = set()
         self._events: dict[int, Any] = {}
 
     # ---- which sub-batches ------------------------------------------------------------------------------
@@ -81,9 +81,12 @@ class TokenWeaveExecutor(SubBatchExecutor):
         return list(forward_batch.split_tokens(plan.prefix))
 
     def _log_once(self, n: int, plan) -> None:
-        if n in self._logged or len(self._logged) > 4096:
+        """Log the decision for an ``n``-token batch the first time it is made (a size can be both a decode
+        batch, unsplit, and a prefill batch, split: each decision is logged once)."""
+        key = (n, plan is None)
+        if key in self._logged or len(self._logged) > 4096:
             return
-        self._logged.add(n)
+        self._logged.add(key)
         if plan is None:
             logger.info("TokenWeave: %d tokens run unsplit (below --tokenweave-min-tokens=%d or decode)", n,
                         self.config.min_tokens)
@@ -142,7 +145,7 @@ class TokenWeaveExecutor(SubBatchExecutor):
     def _norm_comm(self, layer: Any, stage: str, state: LayerState, overlap: bool) -> None:
         norm = layer.norm_module(stage)
         comm = norm.comm
-        if comm is not None and getattr(comm, "supports_overlap", False):
+        if comm is not None and comm.supports_overlap:
             state.hidden, state.residual = comm.all_reduce_add_rmsnorm(state.hidden, state.residual, norm.weight,
                                                                        norm.eps, overlap=overlap)
         else:

@@ -32,6 +32,7 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.layers.attention.triton_ops.decode_attention import decode_attention_fwd, default_num_kv_splits
 from sglang.srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
 from sglang.srt.forward_batch_info import ForwardMode
+from sglang.srt.utils.tensor_transfer import ints_to_device
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
@@ -92,7 +93,9 @@ class TritonAttnBackend(AttentionBackend):
         Decode batches use the ForwardBatch's tensors as they are (no copies, no host sync: CUDA-graph
         safe). Mixed batches split their rows by extend length from the ``*_cpu`` lists: rows with one new
         token go to the decode kernel (K/V read once per query-head group), the others to the extend
-        kernel; the row index tensors are built here once per batch, not per layer.
+        kernel; the row index tensors are built here once per batch, not per layer, with one asynchronous
+        pinned host-to-device copy (no host sync, so TokenWeave's second split can be prepared while the
+        device still runs earlier work).
         """
         fb = forward_batch
         bs = fb.batch_size
@@ -112,8 +115,7 @@ class TritonAttnBackend(AttentionBackend):
         ext_rows = [i for i, e in enumerate(lens) if e != 1] if dec_rows else list(range(bs))
         dev = fb.req_pool_indices.device
         if dec_rows:
-            dec = torch.tensor(dec_rows, dtype=torch.int64, device=dev)
-            ext = torch.tensor(ext_rows, dtype=torch.int64, device=dev)
+            dec, ext = torch.split(ints_to_device(dec_rows + ext_rows, dev), [len(dec_rows), len(ext_rows)])
             meta = TritonAttnMetadata(
                 is_decode=False,
                 num_kv_splits=default_num_kv_splits(len(dec_rows), pool.head_num, pool.device, MAX_KV_SPLITS),

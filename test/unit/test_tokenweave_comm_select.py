@@ -1,0 +1,100 @@
+"""TokenWeave flags on every CLI, and which TP communicator a TokenWeave rank gets on gloo TP 2 (CPU):
+``--enable-tokenweave`` makes tw-comm's communicator the default (``--comm-backend auto`` or ``tw``) in the
+server AND in ``bench_one_batch``; an explicit ``--comm-backend torch`` wins; when tw-comm cannot be built the
+rank falls back to NCCL/gloo and says so; ``--tokenweave-comm-sms`` reaches the communicator (its SM budget
+for overlapped calls)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+from tp_worker import spawn_ranks  # noqa: E402
+
+
+class _Collect(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def _rank_select(ps) -> dict:
+    import sglang.bench_one_batch as bob
+    import sglang.srt.distributed.tw_communicator as twc
+    from sglang.srt.model_executor.model_runner import build_communicator
+    from sglang.srt.server_args import ServerArgs
+
+    log = logging.getLogger("sglang")
+    log.setLevel(logging.INFO)
+    handler = _Collect()
+    log.addHandler(handler)
+    on = ServerArgs(model_path="unused", device="cpu", tp_size=2, enable_tokenweave=True, tokenweave_comm_sms=24)
+    off = on.replace(enable_tokenweave=False)
+
+    def kind(comm):
+        return type(comm).__name__
+
+    out = {"on_auto": kind(build_communicator(ps, on)),
+           "on_tw": kind(build_communicator(ps, on.replace(comm_backend="tw"))),
+           "on_torch": kind(build_communicator(ps, on.replace(comm_backend="torch"))),
+           "off_auto": kind(build_communicator(ps, off)),
+           "bench_on": kind(bob.bench_communicator(ps, on, bob.BenchArgs())),
+           "bench_off": kind(bob.bench_communicator(ps, off, bob.BenchArgs())),
+           "sms": build_communicator(ps, on).comm_sms}
+    out["ok_log"] = "\n".join(handler.lines)
+    handler.lines.clear()
+    real_init = twc.TwCommunicator.__init__
+
+    def unavailable(self, *a, **k):
+        raise ImportError("tw-comm ops not built (test)")
+
+    twc.TwCommunicator.__init__ = unavailable
+    try:
+        out["on_fallback"] = kind(build_communicator(ps, on))
+        out["bench_fallback"] = kind(bob.bench_communicator(ps, on, bob.BenchArgs()))
+    finally:
+        twc.TwCommunicator.__init__ = real_init
+    out["fallback_log"] = "\n".join(handler.lines)
+    log.removeHandler(handler)
+    return out
+
+
+def test_tokenweave_communicator_choice_tp2():
+    for rank, got in enumerate(spawn_ranks(_rank_select, 2, timeout=120)):
+        assert (got["on_auto"], got["on_tw"], got["bench_on"]) == ("TwCommunicator",) * 3, (rank, got)
+        assert got["sms"] == 24
+        assert (got["on_torch"], got["off_auto"], got["bench_off"]) == ("TorchCommunicator",) * 3, (rank, got)
+        assert (got["on_fallback"], got["bench_fallback"]) == ("TorchCommunicator",) * 2, (rank, got)
+        assert "[TokenWeave]" in got["ok_log"] and "TwCommunicator(world_size=2" in got["ok_log"], got["ok_log"]
+        assert got["fallback_log"].count("tw-comm is unavailable (tw-comm ops not built (test)); falling back") == 2, \
+            got["fallback_log"]
+
+
+def test_tokenweave_flags_on_every_cli():
+    """``--enable-tokenweave``, ``--tokenweave-min-tokens``, ``--tokenweave-comm-sms`` and ``--comm-backend`` parse
+    the same on launch_server, bench_offline_throughput and bench_one_batch (sgl.Engine takes the same ServerArgs
+    fields as keywords); bad values fail with a ValueError naming the flag and the fix."""
+    import pytest
+
+    import sglang.bench_offline_throughput as bot
+    import sglang.bench_one_batch as bob
+    from sglang.srt.server_args import ServerArgs, prepare_server_args
+
+    flags = ["--model-path", "m", "--enable-tokenweave", "--tokenweave-min-tokens", "512", "--tokenweave-comm-sms",
+             "16", "--comm-backend", "tw"]
+    parsed = [prepare_server_args(flags), ServerArgs.from_cli_args(bot.build_parser().parse_args(flags)),
+              bob.parse_args(flags)[0], ServerArgs(model_path="m", enable_tokenweave=True, tokenweave_min_tokens=512,
+                                                   tokenweave_comm_sms=16, comm_backend="tw")]
+    for sa in parsed:
+        assert (sa.enable_tokenweave, sa.tokenweave_min_tokens, sa.tokenweave_comm_sms, sa.comm_backend) == \
+            (True, 512, 16, "tw")
+    assert prepare_server_args(["--model-path", "m"]).tokenweave_min_tokens == 1024  # the paper's threshold
+    with pytest.raises(ValueError, match="tokenweave-min-tokens=1 is invalid: use >= 2"):
+        prepare_server_args(["--model-path", "m", "--tokenweave-min-tokens", "1"])
+    with pytest.raises(ValueError, match="tokenweave-comm-sms=0 is invalid"):
+        bob.parse_args(["--model-path", "m", "--tokenweave-comm-sms", "0"])
