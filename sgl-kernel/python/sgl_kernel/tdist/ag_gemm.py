@@ -130,9 +130,13 @@ class AgGemm:
         """
         plan = self.prepare(a, b, rows, out)
         dev = a.device
-        if dev.type != "cuda" or self.heap.world == 1 or self.producer == "ce":
+        if dev.type != "cuda" or self.heap.world == 1:
             self.produce(plan)
             self.consume(plan)
+        elif self.producer == "ce":
+            self.produce(plan)
+            self.consume(plan)
+            torch.cuda.current_stream(dev).wait_stream(self._side_stream(dev))
         else:
             # the producer is submitted before the consumer, so its few CTAs are dispatched first; it only waits on
             # releases of the previous call, so it always finishes (use producer="ce" to need no SMs at all)
@@ -182,7 +186,7 @@ class AgGemm:
         if self.producer == "ce":
             from sgl_kernel.tdist.stream_ops import ce_put_signal
 
-            ce_put_signal(h, a, self.gather, off, self.seg_sig, self.ready, plan["epoch"])
+            ce_put_signal(h, a, self.gather, off, self.seg_sig, self.ready, plan["epoch"], self._side_stream(a.device))
             return
         ag_producer_kernel[(h.world - 1, self.chunks)](h.meta, a, self.gather, self.seg_sig, self.ready, a.numel(),
                                                         off, plan["epoch"] - 1, CHUNKS=self.chunks, BLOCK=2048,

@@ -60,18 +60,16 @@ def a2a_recv_kernel(meta, slots, counts, arrive, out, recv_counts, target, H, ca
     """Receive side: program (s, c) copies chunk c of source s's slot to ``out`` at the source-ordered offset."""
     s = tl.program_id(0)
     c = tl.program_id(1)
-    start_row = 0
-    cnt = 0
+    start_row = tl.zeros((), tl.int64)
+    cnt = tl.zeros((), tl.int64)
     for p in range(0, s + 1):
         tok = P.wait(arrive + p, target)
         v = tl.load(P.consume_token(counts + p, tok), volatile=True)
         vv = tl.maximum(v, 0)
-        if p < s:
-            start_row += vv
-        else:
-            cnt = vv
-            if c == 0:
-                tl.store(recv_counts + s, v.to(tl.int32))
+        start_row += tl.where(p < s, vv, 0)
+        cnt = tl.where(p < s, cnt, vv)
+    if c == 0:
+        tl.store(recv_counts + s, tl.load(counts + s, volatile=True).to(tl.int32))
     n_elems = cnt * H
     per = tl.cdiv(n_elems, CHUNKS)
     lo = c * per

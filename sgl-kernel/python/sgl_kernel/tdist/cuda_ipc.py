@@ -87,3 +87,27 @@ def ipc_open(handle: bytes) -> int:
 def ipc_close(ptr: int) -> None:
     """Unmap a pointer from :func:`ipc_open`."""
     _check("cuIpcCloseMemHandle", _driver().cuIpcCloseMemHandle(ctypes.c_uint64(ptr)))
+
+
+# ---- stream memory operations (copy-engine producers) ------------------------------------------------------------
+_WAIT_GEQ = 0x0  # CU_STREAM_WAIT_VALUE_GEQ
+
+
+def memcpy_async(dst: int, src: int, nbytes: int, stream: int) -> None:
+    """cuMemcpyAsync between device addresses (unified addressing: peers' IPC mappings included): the copy engine
+    moves the data, no SM is used."""
+    _check("cuMemcpyAsync", _driver().cuMemcpyAsync(ctypes.c_uint64(dst), ctypes.c_uint64(src),
+                                                    ctypes.c_size_t(nbytes), ctypes.c_void_p(stream)))
+
+
+def stream_write_value64(addr: int, value: int, stream: int) -> None:
+    """cuStreamWriteValue64 with default flags: after the stream's earlier work, and preceded by a memory fence with
+    ``__threadfence_system()``-like semantics (CUDA driver API docs), i.e. a release store at system scope."""
+    _check("cuStreamWriteValue64", _driver().cuStreamWriteValue64_v2(
+        ctypes.c_void_p(stream), ctypes.c_uint64(addr), ctypes.c_uint64(value), ctypes.c_uint(0)))
+
+
+def stream_wait_value64(addr: int, value: int, stream: int) -> None:
+    """cuStreamWaitValue64 (GEQ): the stream's later work waits until ``*addr >= value``."""
+    _check("cuStreamWaitValue64", _driver().cuStreamWaitValue64_v2(
+        ctypes.c_void_p(stream), ctypes.c_uint64(addr), ctypes.c_uint64(value), ctypes.c_uint(_WAIT_GEQ)))
