@@ -110,3 +110,29 @@ def check_ptx(name: str, ptx: str) -> Tuple[list, list]:
     missing = [p for p in KERNELS[name].expect if not re.search(p, ptx)]
     found = [f for f in FORBIDDEN if f in ptx]
     return missing, found
+
+
+def report(arch: int = 90) -> Dict[str, dict]:
+    """Compile every kernel; per name: {"ok", "error", "missing", "forbidden", "cubin_bytes", "ptx_lines"}."""
+    out: Dict[str, dict] = {}
+    for name in KERNELS:
+        try:
+            k = compile_kernel(name, arch)
+            ptx = k.asm["ptx"]
+            missing, found = check_ptx(name, ptx)
+            out[name] = dict(ok=not missing and not found, error="", missing=missing, forbidden=found,
+                             cubin_bytes=len(k.asm.get("cubin", b"")), ptx_lines=ptx.count("\n"))
+        except Exception as e:  # reported per kernel, so one failure does not hide the others
+            out[name] = dict(ok=False, error=f"{type(e).__name__}: {e}"[:2000], missing=[], forbidden=[],
+                             cubin_bytes=0, ptx_lines=0)
+    return out
+
+
+if __name__ == "__main__":
+    import json
+    import os
+    import sys
+
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        sys.exit("unset TRITON_INTERPRET: AOT compilation needs the real Triton compiler")
+    print(json.dumps(report(int(sys.argv[1]) if len(sys.argv) > 1 else 90)))
