@@ -145,6 +145,7 @@ class AgGemm:
             side.wait_stream(main)
             with torch.cuda.stream(side):
                 self.produce(plan)
+            a.record_stream(side)
             self.consume(plan)
             main.wait_stream(side)
         self.release(plan)

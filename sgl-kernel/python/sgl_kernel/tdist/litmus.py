@@ -47,11 +47,12 @@ def pingpong_kernel(meta, sig, data, log, iters, base, peer, BLOCK: tl.constexpr
             tl.store(P.symm_at(data + offs, peer, meta), tl.full([BLOCK], 0, tl.int64) + e)
             P.notify(sig, peer, meta, e, P.SIGNAL_SET)
             tok = P.wait(sig, e)
+            got = tl.load(P.consume_token(data + offs, tok))
         else:
             tok = P.wait(sig, e)
+            got = tl.load(P.consume_token(data + offs, tok))  # read before answering: rank 0 overwrites it next
             tl.store(P.symm_at(data + offs, peer, meta), tl.full([BLOCK], 0, tl.int64) + e)
             P.notify(sig, peer, meta, e, P.SIGNAL_SET)
-        got = tl.load(P.consume_token(data + offs, tok))
         bad += tl.sum((got != e).to(tl.int32))
         last = tok
     tl.store(log, bad.to(tl.int64))
