@@ -29,7 +29,9 @@ for p in (str(ROOT / "benchmark"), str(ROOT / "sgl-kernel" / "python"), str(ROOT
         sys.path.insert(0, p)
 os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "benchmark"), str(ROOT / "sgl-kernel" / "python"),
                                             str(ROOT / "python"), os.environ.get("PYTHONPATH", "")])
-os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
+from sglang.srt.utils.nvls_env import NVLS_OFF_ENV  # noqa: E402
+
+os.environ.update(NVLS_OFF_ENV)
 os.environ.pop("TRITON_INTERPRET", None)
 
 DEFAULT_CONFIG = ROOT.parent / "shared" / "data" / "configs" / "meta-llama--Llama-3.3-70B-Instruct" / "config.json"

@@ -226,8 +226,47 @@ def case_all_to_all(heap, note):
     return fails
 
 
+def case_layers_sequence_parallel(heap, note):
+    """ColumnParallelLinear.forward_gathered + RowParallelLinear.forward_scattered with the Triton-distributed ops
+    (its own heap, copy-engine producer) equal the unsharded torch linears, uneven token splits, 3 calls each."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from sglang.srt.distributed.sequence_parallel import split_rows
+    from sglang.srt.distributed.tdist_overlap import TdistSequenceParallelOps
+    from sglang.srt.layers.linear import ColumnParallelLinear, RowParallelLinear
+
+    me, w = heap.rank, heap.world
+    ops = TdistSequenceParallelOps(dist.group.WORLD, heap.device, me, w, max_tokens=1024, heap_bytes=64 << 20)
+    h, inter = 256, 512
+    fails = []
+    with torch.device(heap.device):
+        col = ColumnParallelLinear(h, inter, bias=True, params_dtype=torch.bfloat16, tp_rank=me, tp_size=w)
+        row = RowParallelLinear(inter, h, bias=True, params_dtype=torch.bfloat16, tp_rank=me, tp_size=w)
+    w1, b1 = _randn(1, inter, h, dtype=torch.bfloat16), _randn(2, inter, dtype=torch.bfloat16)
+    w2, b2 = _randn(3, h, inter, dtype=torch.bfloat16), _randn(4, h, dtype=torch.bfloat16)
+    col.weight_loader(col.weight, w1)
+    col.weight_loader(col.bias, b1)
+    row.weight_loader(row.weight, w2)
+    row.weight_loader(row.bias, b2)
+    for total in (1000, 77, 5):
+        x = _randn(total, total, h, dtype=torch.bfloat16)
+        rows = split_rows(total, w)
+        s = sum(rows[:me])
+        mid = col.forward_gathered(x[s: s + rows[me]], rows, ops)
+        out = row.forward_scattered(mid, rows, ops)
+        torch.cuda.synchronize()
+        ref_mid = F.linear(x.float(), w1.float(), b1.float())
+        n = inter // w
+        fails += _close(mid, ref_mid[:, me * n:(me + 1) * n], f"forward_gathered T={total}")
+        ref = F.linear(ref_mid.to(torch.bfloat16).float(), w2.float(), b2.float())[s: s + rows[me]]
+        fails += _close(out, ref, f"forward_scattered T={total}")
+    ops.heap.close()
+    return fails
+
+
 CASES = ["case_message_passing", "case_pingpong_10000", "case_atomics", "case_put_get_barrier", "case_ag_gemm_sm",
-         "case_ag_gemm_ce", "case_gemm_rs", "case_all_to_all"]
+         "case_ag_gemm_ce", "case_gemm_rs", "case_all_to_all", "case_layers_sequence_parallel"]
 
 
 def run_all(heap, note, nccl, names):

@@ -105,6 +105,15 @@ class LinearBase(nn.Module):
         """``F.linear(x, weight, bias)``: x ``[..., in_local]`` -> ``[..., out_local]`` (weight's dtype/device)."""
         return F.linear(x, self.weight, self.bias)
 
+    def forward_gathered(self, x_shard: torch.Tensor, rows, sp_ops: Any) -> torch.Tensor:
+        """Sequence-parallel input (column-parallel layers): ``F.linear(all_gather(x_shard))``.
+
+        x_shard ``[rows[tp_rank], in]`` (this rank's tokens of a token-sharded activation) -> ``[sum(rows),
+        out_local]``. ``sp_ops``: a :class:`~sglang.srt.distributed.sequence_parallel.SequenceParallelOps` (torch
+        collective + GEMM, or the fused Triton-distributed AG-GEMM with ``--enable-tdist-overlap``).
+        """
+        return sp_ops.ag_linear(x_shard, self.weight, self.bias, rows)
+
     def extra_repr(self) -> str:
         """Local in/out sizes, bias presence and the TP rank/size for ``repr``."""
         return f"in={self.in_local}, out={self.out_local}, bias={self.bias is not None}, tp={self.tp_rank}/{self.tp_size}"
@@ -275,3 +284,13 @@ class RowParallelLinear(LinearBase):
                 raise ValueError("RowParallelLinear with tp_size > 1 needs a comm object to all-reduce its output")
             out = self.comm.all_reduce(out)
         return out
+
+    def forward_gathered(self, x_shard, rows, sp_ops):
+        """Not defined for a row-parallel layer (its input is already feature-sharded): ValueError."""
+        raise ValueError("RowParallelLinear has no gathered form; use forward_scattered (GEMM + ReduceScatter)")
+
+    def forward_scattered(self, x: torch.Tensor, rows, sp_ops: Any) -> torch.Tensor:
+        """Sequence-parallel output: this rank's token rows of the summed output, x ``[sum(rows), in_local]`` ->
+        ``[rows[tp_rank], out]`` (bias added once). ``sp_ops``: see :meth:`LinearBase.forward_gathered` (the fused
+        path is the Triton-distributed GEMM-ReduceScatter)."""
+        return sp_ops.linear_rs(x, self.weight, self.bias, rows)

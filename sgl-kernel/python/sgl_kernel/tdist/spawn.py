@@ -18,7 +18,6 @@ import time
 import traceback
 from typing import Any, Callable, Dict, List, Tuple
 
-NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 def _free_port() -> int:
@@ -28,7 +27,9 @@ def _free_port() -> int:
 
 
 def _child(rank: int, world: int, port: int, fn: Callable, args: Tuple, cfg, q, with_nccl: bool) -> None:
-    os.environ.update(NVLS_OFF)
+    from sglang.srt.utils.nvls_env import NVLS_OFF_ENV
+
+    os.environ.update(NVLS_OFF_ENV)
     note = lambda msg: q.put(("note", rank, str(msg)))  # noqa: E731
     try:
         import torch
