@@ -69,7 +69,8 @@ def ipc_get_handle(ptr: int) -> bytes:
     """The 64-byte IPC handle of the allocation starting at ``ptr``."""
     h = _Handle()
     _check("cuIpcGetMemHandle", _driver().cuIpcGetMemHandle(ctypes.byref(h), ctypes.c_uint64(ptr)))
-    return bytes(h.reserved)
+    # bytes(h) copies all 64 bytes; h.reserved (a c_char array) would stop at the first NUL byte
+    return ctypes.string_at(ctypes.addressof(h), IPC_HANDLE_BYTES)
 
 
 def ipc_open(handle: bytes) -> int:
