@@ -88,13 +88,14 @@ def main(argv=None) -> Path:
     hw = f"{ngpu} x {torch.cuda.get_device_name(0)}"
     lines = [f"# tdist benchmark ({'shared-GPU smoke' if share else 'one GPU per rank'})", "",
              f"- date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
-             f"- hardware: {hw}; ranks: {a.world}{' on one GPU (time-sliced: not a speed measurement)' if share else ''}",
+             f"- hardware: {hw}; ranks: {a.world}"
+             f"{' on one GPU (time-sliced: not a speed measurement)' if share else ''}",
              f"- command: python {' '.join(sys.argv)}",
              f"- shapes: {a.config} at TP {a.tp_shapes}; heap {heap_mib} MiB/rank; iters {a.iters}",
              "- ratios: baseline ms / best tdist ms (> 1: tdist faster); times are the max over ranks", ""]
     if share:
-        lines.append(f"- NCCL + cuBLAS and symmetric-memory baselines: unavailable with ranks sharing one GPU "
-                     f"(NCCL refuses duplicate GPUs); 'cuBLAS only' is the compute-only lower bound.")
+        lines.append("- NCCL + cuBLAS and symmetric-memory baselines: unavailable with ranks sharing one GPU "
+                     "(NCCL refuses duplicate GPUs); 'cuBLAS only' is the compute-only lower bound.")
         lines.append("")
     if all(r is not None for r in results):
         lines += table(results)

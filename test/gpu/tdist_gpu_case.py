@@ -33,9 +33,9 @@ def _close(got, ref, tag):
 
 
 def case_message_passing(heap, note):
-    """200 rounds of put + st.release / ld.acquire + read between ring neighbours, 1M floats, signal slot reused."""
+    """200 rounds of put + st.release / ld.acquire + read between ring neighbours, 256K floats, signal slot reused."""
     me, w = heap.rank, heap.world
-    n = 1 << 20
+    n = 1 << 18
     data = heap.tensor("mp.data", (n,), torch.float32)
     sig = heap.signals("mp.sig", 1)
     out = torch.empty(n, device=heap.device)
@@ -144,21 +144,21 @@ def _case_ag(heap, producer):
         op(shards[me], wt.t(), rows, out=out)
         torch.cuda.synchronize()
         fails += _close(out, ag_gemm_ref(shards, wt.t()), f"ag_gemm[{producer}] rows={rows}")
-    # 200 back-to-back calls, no host sync: the buffer-release protocol must keep results right
+    # 100 back-to-back calls, no host sync: the buffer-release protocol must keep results right
     rows = [100 + 3 * r for r in range(w)]
     shards = [_randn(50 + r, rows[r], k, dtype=torch.bfloat16) for r in range(w)]
     wt = _randn(51, n, k, dtype=torch.bfloat16)
     ref = ag_gemm_ref(shards, wt.t())
-    outs = [op(shards[me], wt.t(), rows) for _ in range(200)]
+    outs = [op(shards[me], wt.t(), rows) for _ in range(100)]
     torch.cuda.synchronize()
-    for j in (0, 99, 199):
+    for j in (0, 49, 99):
         fails += _close(outs[j], ref, f"ag_gemm[{producer}] back-to-back call {j}")
     heap.barrier()
     return fails
 
 
 def case_ag_gemm_sm(heap, note):
-    """AG-GEMM, SM producer: uneven/empty segments vs torch; 200 back-to-back calls."""
+    """AG-GEMM, SM producer: uneven/empty segments vs torch; 100 back-to-back calls."""
     return _case_ag(heap, "sm")
 
 
@@ -168,7 +168,7 @@ def case_ag_gemm_ce(heap, note):
 
 
 def case_gemm_rs(heap, note):
-    """GEMM-RS: uneven/empty segments vs torch; 200 back-to-back calls."""
+    """GEMM-RS: uneven/empty segments vs torch; 100 back-to-back calls."""
     me, w = heap.rank, heap.world
     k, n = 320, 448
     op = GemmRs(heap, 512, n, torch.bfloat16)
@@ -186,9 +186,9 @@ def case_gemm_rs(heap, note):
     a = [_randn(70 + r, m, k, dtype=torch.bfloat16) for r in range(w)]
     b = [_randn(80 + r, n, k, dtype=torch.bfloat16).t() for r in range(w)]
     ref = gemm_rs_ref(a, b, rows)[me]
-    outs = [op(a[me], b[me], rows) for _ in range(200)]
+    outs = [op(a[me], b[me], rows) for _ in range(100)]
     torch.cuda.synchronize()
-    for j in (0, 199):
+    for j in (0, 99):
         fails += _close(outs[j], ref, f"gemm_rs back-to-back call {j}")
     heap.barrier()
     return fails
@@ -205,7 +205,7 @@ def case_all_to_all(heap, note):
         g = torch.Generator().manual_seed(4242 + it)
         sc = torch.randint(0, cap + 1, (w, w), generator=g)
         if it % 7 == 3:
-            sc[me % w] = 0
+            sc[it % w] = 0  # one source sends nothing (the same on every rank)
         sc = sc.tolist()
         xs = [_randn(9000 + it * 16 + r, sum(sc[r]), h, dtype=torch.bfloat16) for r in range(w)]
         out, rc = op(xs[me], torch.tensor(sc[me], dtype=torch.int32, device=heap.device))

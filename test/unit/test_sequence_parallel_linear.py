@@ -6,7 +6,6 @@ back to torch where the fused Triton-distributed path cannot run (CPU)."""
 from __future__ import annotations
 
 import logging
-import os
 import socket
 
 import pytest

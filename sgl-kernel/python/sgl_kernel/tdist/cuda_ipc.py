@@ -62,7 +62,8 @@ def mem_free(ptr: int) -> None:
 
 def memset_d8(ptr: int, value: int, nbytes: int) -> None:
     """Synchronous byte memset (used once, to zero a fresh heap before any peer can signal into it)."""
-    _check("cuMemsetD8_v2", _driver().cuMemsetD8_v2(ctypes.c_uint64(ptr), ctypes.c_ubyte(value), ctypes.c_size_t(nbytes)))
+    _check("cuMemsetD8_v2", _driver().cuMemsetD8_v2(ctypes.c_uint64(ptr), ctypes.c_ubyte(value),
+                                                    ctypes.c_size_t(nbytes)))
 
 
 def ipc_get_handle(ptr: int) -> bytes:

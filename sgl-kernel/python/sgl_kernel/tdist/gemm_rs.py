@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from sgl_kernel.tdist import primitives as P
-from sgl_kernel.tdist.common import cdiv, check_rows, check_tensor, release_kernel
+from sgl_kernel.tdist.common import cdiv, check_tensor, release_kernel
 
 
 @triton.jit

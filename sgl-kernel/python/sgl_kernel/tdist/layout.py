@@ -96,7 +96,8 @@ class HeapLayout:
         have = self._signals.get(name)
         if have is not None:
             if have[1] < n:
-                raise ValueError(f"signals {name!r} were allocated with {have[1]} slots, {n} requested: use a new name")
+                raise ValueError(f"signals {name!r} were allocated with {have[1]} slots, {n} requested: "
+                                 "use a new name")
             return have[0]
         if self._slots_used + n > self.config.signal_slots:
             raise ValueError(f"signal region full: {name!r} needs {n} slots, {self.config.signal_slots - self._slots_used}"
