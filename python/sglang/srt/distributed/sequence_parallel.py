@@ -66,6 +66,10 @@ class SequenceParallelOps(ABC):
                   rows: Sequence[int]) -> torch.Tensor:
         """This rank's rows of ``sum_ranks F.linear(x, weight)`` (+ bias): [sum(rows), K_local] -> [rows[rank], N]."""
 
+    @abstractmethod
+    def gather_rows(self, x_shard: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+        """All-gather token shards: [rows[rank], H] -> [sum(rows), H] in rank order."""
+
 
 class TorchSequenceParallelOps(SequenceParallelOps):
     """Collective then GEMM (or GEMM then collective) with torch.distributed over ``group`` (NCCL or gloo).
@@ -80,20 +84,23 @@ class TorchSequenceParallelOps(SequenceParallelOps):
         super().__init__(rank, world_size)
         self.group = group
 
-    def ag_linear(self, x_shard, weight, bias, rows):
-        """See :class:`SequenceParallelOps`."""
+    def gather_rows(self, x_shard, rows):
+        """See :class:`SequenceParallelOps` (shards padded to max(rows), one all_gather_into_tensor)."""
         rows = _check_rows(rows, self.world_size)
         if x_shard.shape[0] != rows[self.rank]:
-            raise ValueError(f"ag_linear: x_shard has {x_shard.shape[0]} rows, rows[{self.rank}]={rows[self.rank]}")
+            raise ValueError(f"gather_rows: x_shard has {x_shard.shape[0]} rows, rows[{self.rank}]={rows[self.rank]}")
         if self.world_size == 1:
-            return F.linear(x_shard, weight, bias)
+            return x_shard
         mx = max(rows)
-        padded = torch.zeros(mx, x_shard.shape[1], dtype=x_shard.dtype, device=x_shard.device)
+        padded = torch.zeros(mx, *x_shard.shape[1:], dtype=x_shard.dtype, device=x_shard.device)
         padded[: x_shard.shape[0]] = x_shard
-        out = torch.empty(self.world_size * mx, x_shard.shape[1], dtype=x_shard.dtype, device=x_shard.device)
+        out = torch.empty(self.world_size * mx, *x_shard.shape[1:], dtype=x_shard.dtype, device=x_shard.device)
         dist.all_gather_into_tensor(out, padded, group=self.group)
-        full = torch.cat([out[r * mx: r * mx + rows[r]] for r in range(self.world_size)])
-        return F.linear(full, weight, bias)
+        return torch.cat([out[r * mx: r * mx + rows[r]] for r in range(self.world_size)])
+
+    def ag_linear(self, x_shard, weight, bias, rows):
+        """See :class:`SequenceParallelOps`."""
+        return F.linear(self.gather_rows(x_shard, rows), weight, bias)
 
     def linear_rs(self, x, weight, bias, rows):
         """See :class:`SequenceParallelOps`."""
@@ -127,7 +134,8 @@ def create_sequence_parallel_ops(ps: Optional[Any], enable_tdist_overlap: bool =
             try:
                 from sglang.srt.distributed.tdist_overlap import TdistSequenceParallelOps
 
-                ops = TdistSequenceParallelOps(ps.cpu_group, ps.torch_device(), ps.tp_rank, ps.tp_size, max_tokens)
+                ops = TdistSequenceParallelOps(ps.cpu_group, ps.torch_device(), ps.tp_rank, ps.tp_size, max_tokens,
+                                               gather_group=group)
                 logger.info("sequence-parallel linears: Triton-distributed AG-GEMM / GEMM-RS (tp=%d, max_tokens=%d)",
                             ps.tp_size, max_tokens)
                 return ops

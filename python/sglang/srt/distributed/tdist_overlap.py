@@ -28,14 +28,19 @@ class TdistSequenceParallelOps(SequenceParallelOps):
     name = "tdist"
 
     def __init__(self, group, device: torch.device, rank: int, world_size: int, max_tokens: int,
-                 heap_bytes: int = 1 << 30, producer: str = "ce"):
+                 heap_bytes: int = 1 << 30, producer: str = "ce", gather_group=None):
         super().__init__(rank, world_size)
+        from sglang.srt.distributed.sequence_parallel import TorchSequenceParallelOps
+
+        # the final all-gather of rows (once per forward) goes through torch.distributed on the device group
+        self._torch = TorchSequenceParallelOps(gather_group if gather_group is not None else group, rank, world_size)
         from sgl_kernel.tdist.heap import SymmetricHeap
         from sgl_kernel.tdist.layout import HeapConfig
 
         self.max_tokens, self.producer = max_tokens, producer
         self.heap = SymmetricHeap.create(group, device, HeapConfig(data_bytes=heap_bytes, signal_slots=16384))
         self._ops: Dict[Tuple, object] = {}
+        self._warned = False
 
     def _op(self, kind: str, k: int, n: int, dtype: torch.dtype):
         key = (kind, k, n, dtype)
@@ -56,16 +61,33 @@ class TdistSequenceParallelOps(SequenceParallelOps):
             logger.info("tdist: built %s op K=%d N=%d %s", kind, k, n, dtype)
         return op
 
+    def _too_big(self, rows) -> bool:
+        if sum(rows) <= self.max_tokens:
+            return False
+        if not self._warned:
+            self._warned = True
+            logger.warning("tdist: a batch of %d tokens exceeds max_tokens=%d: torch collectives for such batches",
+                           sum(rows), self.max_tokens)
+        return True
+
     def ag_linear(self, x_shard, weight, bias, rows):
-        """See :class:`SequenceParallelOps` (fused AllGather-GEMM)."""
+        """See :class:`SequenceParallelOps` (fused AllGather-GEMM; the torch sequence above max_tokens)."""
         rows = _check_rows(rows, self.world_size)
+        if self._too_big(rows):
+            return self._torch.ag_linear(x_shard, weight, bias, rows)
         op = self._op("ag", weight.shape[1], weight.shape[0], x_shard.dtype)
         out = op(x_shard.contiguous(), weight.t(), rows)
         return out + bias if bias is not None else out
 
+    def gather_rows(self, x_shard, rows):
+        """See :class:`SequenceParallelOps` (torch.distributed all-gather)."""
+        return self._torch.gather_rows(x_shard, rows)
+
     def linear_rs(self, x, weight, bias, rows):
-        """See :class:`SequenceParallelOps` (fused GEMM-ReduceScatter)."""
+        """See :class:`SequenceParallelOps` (fused GEMM-ReduceScatter; the torch sequence above max_tokens)."""
         rows = _check_rows(rows, self.world_size)
+        if self._too_big(rows):
+            return self._torch.linear_rs(x, weight, bias, rows)
         op = self._op("rs", weight.shape[1], weight.shape[0], x.dtype)
         out = op(x.contiguous(), weight.t(), rows)
         return out + bias if bias is not None else out

@@ -91,6 +91,8 @@ class LinearBase(nn.Module):
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.in_local, self.out_local = in_local, out_local
         self.weight = _new_param((out_local, in_local), params_dtype, self.weight_loader, shards)
+        # (sp_ops, rows) while a sequence-parallel executor runs this layer (see forward); None otherwise
+        self.sequence_parallel: Optional[tuple] = None
         if bias:
             self.bias = _new_param((bias_shape or out_local,), params_dtype, self.weight_loader, shards)
         else:
@@ -102,7 +104,13 @@ class LinearBase(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``F.linear(x, weight, bias)``: x ``[..., in_local]`` -> ``[..., out_local]`` (weight's dtype/device)."""
+        """``F.linear(x, weight, bias)``: x ``[..., in_local]`` -> ``[..., out_local]`` (weight's dtype/device).
+
+        While ``self.sequence_parallel = (sp_ops, rows)`` is set (only a sequence-parallel executor sets it, for
+        column-parallel layers), x is this rank's token shard and the result is :meth:`forward_gathered`."""
+        if self.sequence_parallel is not None:
+            sp_ops, rows = self.sequence_parallel
+            return self.forward_gathered(x, rows, sp_ops)
         return F.linear(x, self.weight, self.bias)
 
     def forward_gathered(self, x_shard: torch.Tensor, rows, sp_ops: Any) -> torch.Tensor:
@@ -277,7 +285,11 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x ``[..., in_local]`` -> ``[..., out]``: the local partial product (bias added on rank 0 only), all-reduced
-        over TP when ``reduce_results``. Raises ValueError if tp_size > 1 and no ``comm`` is set."""
+        over TP when ``reduce_results``. Raises ValueError if tp_size > 1 and no ``comm`` is set. While
+        ``self.sequence_parallel = (sp_ops, rows)`` is set: :meth:`forward_scattered` (this rank's token rows)."""
+        if self.sequence_parallel is not None:
+            sp_ops, rows = self.sequence_parallel
+            return self.forward_scattered(x, rows, sp_ops)
         out = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
         if self.tp_size > 1 and self.reduce_results:
             if self.comm is None:
