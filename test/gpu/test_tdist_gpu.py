@@ -64,3 +64,56 @@ def test_tdist_case(world, case):
     if any(res is None for res in results) and problems:
         msgs.append("group problems: " + " | ".join(problems))
     assert not msgs, f"world {world} {case}: " + "\n".join(msgs)
+
+
+def _sp_greedy(ps, path, prompt, steps, tdist):
+    """Rank body (tp_worker.spawn_ranks, ranks sharing cuda:0): greedy tokens + first logits with the
+    sequence-parallel executor on the fused Triton-distributed ops (tdist=True) or the plain forward (ps.tp_size 1)."""
+    import torch
+
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.distributed.communicator import create_communicator
+    from sglang.srt.model_loader.loader import load_model
+    from sglang.srt.model_executor.executors.sequence_parallel import SequenceParallelExecutor
+    from tp_worker import harness_for
+
+    config = ModelConfig.from_path(path, None, "float32", "cuda")
+    model = load_model(config, "auto", "cuda", tp_rank=ps.tp_rank, tp_size=ps.tp_size,
+                       comm=create_communicator(ps, "auto"))
+    ex = None
+    if tdist:
+        from sglang.srt.distributed.tdist_overlap import TdistSequenceParallelOps
+
+        ops = TdistSequenceParallelOps(ps.cpu_group, ps.torch_device(), ps.tp_rank, ps.tp_size, max_tokens=256,
+                                       heap_bytes=64 << 20, gather_group=ps.device_group)
+        ex = SequenceParallelExecutor(ops)
+    h = harness_for(model, config, ps.tp_size, device="cuda")
+    out, first, new = [], None, list(prompt)
+    for _ in range(steps):
+        logits = h.run(h.prepare([("r", new)]), ex)[0].float().cpu()
+        first = logits if first is None else first
+        tok = int(logits.argmax())
+        out.append(tok)
+        new = [tok]
+    torch.cuda.synchronize()
+    return out, first
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_sequence_parallel_executor_with_tdist_equals_single_process(world):
+    """--enable-tdist-overlap's executor on the fused AG-GEMM / GEMM-RS (fp32, IEEE products; ranks sharing the
+    GPU): greedy tokens of stories260K equal the single process's, first-step logits to 1e-3."""
+    import torch
+
+    sys.path.insert(0, str(REPO / "test" / "unit"))
+    from conftest import shared_path
+    from tp_worker import spawn_ranks
+
+    path = shared_path("models", "stories260K")
+    prompt = [1, 403, 407, 261, 378, 300, 305, 290, 411]
+    (want, want_logits), = spawn_ranks(_sp_greedy, 1, path, prompt, 12, False, device="cuda", share_gpu=True,
+                                       timeout=300)
+    for rank, (got, logits) in enumerate(spawn_ranks(_sp_greedy, world, path, prompt, 12, True, device="cuda",
+                                                     share_gpu=True, timeout=400)):
+        assert got == want, f"tp{world} rank {rank}: {got} != single process {want}"
+        torch.testing.assert_close(logits, want_logits, atol=1e-3, rtol=1e-3)

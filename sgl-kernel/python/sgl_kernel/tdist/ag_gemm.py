@@ -47,7 +47,7 @@ def ag_producer_kernel(meta, a_local, gather, seg_sig, ready, n_elems, dst_off, 
 @triton.jit
 def ag_gemm_consumer_kernel(meta, a_local, gather, b, c, seg_sig, row_off, tiles, target, N, K,
                             stride_bk, stride_bn, stride_cm,
-                            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr = False):
     """Consumer GEMM. ``pid = m_tile * n_tiles + n_tile`` with m tiles numbered in swizzled segment order (own
     segment first). A tile of segment s != me waits ``seg_sig[s] >= target`` (ld.acquire.sys) and reads its A rows
     from ``gather`` through consume_token'd pointers; own-segment tiles read ``a_local``. fp32 accumulation."""
@@ -85,7 +85,10 @@ def ag_gemm_consumer_kernel(meta, a_local, gather, b, c, seg_sig, row_off, tiles
         k_mask = (k0 + ks) < K
         a = tl.load(a_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         bb = tl.load(b_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
-        acc = tl.dot(a, bb, acc)
+        if IEEE:  # fp32 inputs: full fp32 products (no TF32), like torch's default matmul
+            acc = tl.dot(a, bb, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, bb, acc)
         a_ptrs += BK
         b_ptrs += BK * stride_bk
     c_ptrs = c + (r0 + rows_local[:, None]).to(tl.int64) * stride_cm + cols[None, :]
@@ -206,7 +209,7 @@ class AgGemm:
         grid = (n_m * triton.cdiv(n, self.tile["BN"]),)
         ag_gemm_consumer_kernel[grid](h.meta, plan["a"], self.gather, b, out, self.seg_sig, row_off_t, tiles_t,
                                       plan["target"], n, self.k, b.stride(0), b.stride(1), out.stride(0),
-                                      **self.tile, **self.launch)
+                                      IEEE=self.dtype == torch.float32, **self.tile, **self.launch)
 
     def release(self, plan) -> None:
         """Tell every peer this rank's gather buffer may be overwritten by the next call."""

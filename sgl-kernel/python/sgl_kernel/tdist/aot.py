@@ -68,13 +68,14 @@ KERNELS: Dict[str, KernelSpec] = {
                                     "c": "*bf16", "seg_sig": "*i64", "row_off": "*i32", "tiles": "*i32",
                                     "target": "i64", "N": "i32", "K": "i32", "stride_bk": "i32",
                                     "stride_bn": "i32", "stride_cm": "i32", "BM": "constexpr", "BN": "constexpr",
-                                    "BK": "constexpr"}, dict(_GEMM_TILE), (ACQ, r"consume_token")),
+                                    "BK": "constexpr", "IEEE": "constexpr"}, dict(_GEMM_TILE, IEEE=False),
+                                   (ACQ, r"consume_token")),
     "gemm_rs": KernelSpec("gemm_rs", "gemm_rs_kernel",
                           {"meta": "*i64", "a": "*bf16", "b": "*bf16", "partial": "*bf16", "arrive": "*i64",
                            "ready": "*i64", "row_off": "*i32", "tiles": "*i32", "ready_epoch": "i64", "N": "i32",
                            "K": "i32", "max_rows": "i32", "stride_am": "i32", "stride_bk": "i32",
-                           "stride_bn": "i32", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr"},
-                          dict(_GEMM_TILE), (ACQ, RED)),
+                           "stride_bn": "i32", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr",
+                           "IEEE": "constexpr"}, dict(_GEMM_TILE, IEEE=False), (ACQ, RED)),
     "rs_reduce": KernelSpec("gemm_rs", "rs_reduce_kernel",
                             {"meta": "*i64", "partial": "*bf16", "arrive": "*i64", "out": "*bf16", "target": "i64",
                              "M": "i32", "N": "i32", "max_rows": "i32", "stride_om": "i32", "BM": "constexpr",
@@ -88,6 +89,13 @@ KERNELS: Dict[str, KernelSpec] = {
                             "recv_counts": "*i32", "target": "i64", "H": "i32", "capacity": "i32",
                             "CHUNKS": "constexpr", "BLOCK": "constexpr"}, {"CHUNKS": 4, "BLOCK": 2048}, (ACQ,)),
 }
+
+# fp32 variants (IEEE products, used by fp32 models under --enable-tdist-overlap)
+for _name in ("ag_gemm_consumer", "gemm_rs"):
+    _k = KERNELS[_name]
+    KERNELS[_name + "_f32"] = KernelSpec(_k.module, _k.fn,
+                                         {a: t.replace("bf16", "fp32") for a, t in _k.signature.items()},
+                                         dict(_k.constexprs, IEEE=True, BK=32), _k.expect)
 
 
 def compile_kernel(name: str, arch: int = 90, num_warps: int = 4):

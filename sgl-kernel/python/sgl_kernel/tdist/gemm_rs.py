@@ -26,7 +26,7 @@ from sgl_kernel.tdist.common import cdiv, check_tensor, release_kernel
 @triton.jit
 def gemm_rs_kernel(meta, a, b, partial, arrive, ready, row_off, tiles, ready_epoch, N, K, max_rows,
                    stride_am, stride_bk, stride_bn,
-                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr = False):
     """GEMM + scatter. ``pid = m_tile * n_tiles + n_tile``; m tiles in ring order starting at segment me+1. Tile of
     segment s: compute fp32, wait ``ready[s] >= ready_epoch`` (owner released its partial buffer), store into
     owner's ``partial[me, rows - row_off[s], cols]`` ([world, max_rows, N] in the heap), add 1 to owner's
@@ -61,7 +61,10 @@ def gemm_rs_kernel(meta, a, b, partial, arrive, ready, row_off, tiles, ready_epo
         k_mask = (k0 + ks) < K
         x = tl.load(a_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         y = tl.load(b_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
-        acc = tl.dot(x, y, acc)
+        if IEEE:  # fp32 inputs: full fp32 products (no TF32), like torch's default matmul
+            acc = tl.dot(x, y, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, y, acc)
         a_ptrs += BK
         b_ptrs += BK * stride_bk
     P.wait(ready + seg, ready_epoch)
@@ -165,7 +168,7 @@ class GemmRs:
                              torch.tensor(plan["row_off"], dtype=torch.int32, device=dev),
                              torch.tensor(plan["tiles"], dtype=torch.int32, device=dev), plan["epoch"] - 1,
                              self.n, a.shape[1], self.max_rows, a.stride(0), b.stride(0), b.stride(1),
-                             **self.tile, **self.launch)
+                             IEEE=self.dtype == torch.float32, **self.tile, **self.launch)
 
     def reduce(self, plan) -> None:
         """Sum the partials of every source for this rank's rows (waits on the arrive counters)."""
