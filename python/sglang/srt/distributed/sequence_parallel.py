@@ -85,7 +85,7 @@ class TorchSequenceParallelOps(SequenceParallelOps):
         self.group = group
 
     def gather_rows(self, x_shard, rows):
-        """See :class:`SequenceParallelOps` (shards padded to max(rows), one all_gather_into_tensor)."""
+        """See :class:`SequenceParallelOps` (shards padded to max(rows), one all_gather)."""
         rows = _check_rows(rows, self.world_size)
         if x_shard.shape[0] != rows[self.rank]:
             raise ValueError(f"gather_rows: x_shard has {x_shard.shape[0]} rows, rows[{self.rank}]={rows[self.rank]}")
@@ -94,9 +94,9 @@ class TorchSequenceParallelOps(SequenceParallelOps):
         mx = max(rows)
         padded = torch.zeros(mx, *x_shard.shape[1:], dtype=x_shard.dtype, device=x_shard.device)
         padded[: x_shard.shape[0]] = x_shard
-        out = torch.empty(self.world_size * mx, *x_shard.shape[1:], dtype=x_shard.dtype, device=x_shard.device)
-        dist.all_gather_into_tensor(out, padded, group=self.group)
-        return torch.cat([out[r * mx: r * mx + rows[r]] for r in range(self.world_size)])
+        parts = [torch.empty_like(padded) for _ in range(self.world_size)]
+        dist.all_gather(parts, padded, group=self.group)  # the list form: NCCL, and gloo with CPU or CUDA tensors
+        return torch.cat([p[: rows[r]] for r, p in enumerate(parts)])
 
     def ag_linear(self, x_shard, weight, bias, rows):
         """See :class:`SequenceParallelOps`."""
