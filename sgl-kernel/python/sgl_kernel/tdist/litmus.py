@@ -33,17 +33,17 @@ def mp_consumer_kernel(meta, data, out, sig, n, epoch, BLOCK: tl.constexpr):
 
 @triton.jit
 def pingpong_kernel(meta, sig, data, log, iters, base, peer, BLOCK: tl.constexpr):
-    """Signal reuse: ``iters`` rounds between this rank and ``peer`` in one launch. Round i (epoch e = base + i):
-    rank 0 writes e into peer's ``data[0:BLOCK]`` and SETs peer's ``sig`` to e, then waits for its own ``sig >= e``
-    (the answer); rank 1 waits for e, checks the data is exactly e (acquire makes the put visible) and answers the same
-    way. ``log[0]`` counts rounds whose data was stale (must stay 0); ``log[1]`` gets the last epoch seen."""
+    """Signal reuse: ``iters`` rounds between this rank and ``peer`` in one launch. Round i (epoch e = base + 1 + i):
+    the lower rank of the pair writes e into peer's ``data[0:BLOCK]`` and SETs peer's ``sig`` to e, then waits for its
+    own ``sig >= e`` (the answer); the higher rank waits for e, checks the data is exactly e (acquire makes the put
+    visible) and answers the same way. ``log[0]`` counts rounds whose data was stale (must stay 0); ``log[1]`` gets the last epoch seen."""
     me = P.rank(meta)
     offs = tl.arange(0, BLOCK)
     bad = 0
     last = base
     for i in range(0, iters):
         e = base + 1 + i
-        if me == 0:
+        if me < peer:
             tl.store(P.symm_at(data + offs, peer, meta), tl.full([BLOCK], 0, tl.int64) + e)
             P.notify(sig, peer, meta, e, P.SIGNAL_SET)
             tok = P.wait(sig, e)
