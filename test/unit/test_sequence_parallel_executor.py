@@ -18,8 +18,26 @@ sys.path.insert(0, os.path.dirname(__file__))
 transformers = pytest.importorskip("transformers")
 
 from conftest import shared_path  # noqa: E402
-from test_tp_models import ATOL, RTOL, _reference, checkpoints  # noqa: E402,F401  (fixture)
+from model_harness import randomize_weights  # noqa: E402
+from test_tp_models import ATOL, CASES, COMMON, RTOL, _reference  # noqa: E402
 from tp_worker import STEPS, harness_for, spawn_ranks  # noqa: E402
+
+NEEDED = ("llama_bias_untied", "llama_tied", "mixtral")
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """Random HF checkpoints (fresh seed) of the architectures this module needs (see test_tp_models.CASES)."""
+    seed = int.from_bytes(os.urandom(2), "little")
+    paths = {}
+    for name in NEEDED:
+        cfg_cls, model_cls, extra = CASES[name]
+        torch.manual_seed(seed)
+        hf = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**COMMON, **extra)).float().eval()
+        randomize_weights(hf, seed + sum(map(ord, name)))
+        paths[name] = str(tmp_path_factory.mktemp(name))
+        hf.save_pretrained(paths[name])
+    return paths
 
 
 def _executor(ps, model):
@@ -63,7 +81,7 @@ def greedy_tokens(ps, path: str, prompt: list, steps: int) -> list:
 
 
 @pytest.mark.parametrize("name,world", [("llama_bias_untied", 2), ("llama_tied", 4)])
-def test_sequence_parallel_logits_equal_single_process(checkpoints, name, world):  # noqa: F811
+def test_sequence_parallel_logits_equal_single_process(checkpoints, name, world):
     ref = _reference(checkpoints[name])
     results = spawn_ranks(sp_logits, world, checkpoints[name], timeout=300)
     for rank, per_rank in enumerate(results):
@@ -80,7 +98,7 @@ def test_sequence_parallel_stories260k_tokens_equal_single_process():
         assert got == want, f"rank {rank}: {got} != single process {want}"
 
 
-def test_moe_models_are_refused(checkpoints):  # noqa: F811
+def test_moe_models_are_refused(checkpoints):
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.model_loader.loader import load_model
 
