@@ -75,6 +75,24 @@ def case_pingpong_10000(heap, note):
     return fails
 
 
+def case_pingpong_cta_10000(heap, note):
+    """10,000 signal reuses between two concurrently running CTAs of one launch (each rank runs its own pair; real
+    SM-to-SM concurrency, unlike the time-sliced cross-process run): 4096 int64 per message, never stale."""
+    sig = torch.zeros(2, dtype=torch.int64, device=heap.device)
+    data = torch.zeros(2 * 4096, dtype=torch.int64, device=heap.device)
+    log = torch.full((2,), -1, dtype=torch.int64, device=heap.device)
+    t = time.time()
+    L.pingpong_cta_kernel[(2,)](sig, data, log, 10_000, BLOCK=4096, num_warps=4)
+    torch.cuda.synchronize()
+    note(f"pingpong_cta 10000 rounds in {time.time() - t:.2f} s")
+    fails = []
+    if log.tolist() != [0, 0]:
+        fails.append(f"stale elements per CTA {log.tolist()} (expected [0, 0])")
+    if sig.tolist() != [10_000, 10_000]:
+        fails.append(f"final signals {sig.tolist()}")
+    return fails
+
+
 def case_atomics(heap, note):
     """8 CTAs per rank: atomic_add / CAS / red.release on rank 0's counters."""
     import torch.distributed as dist
@@ -266,8 +284,9 @@ def case_layers_sequence_parallel(heap, note):
     return fails
 
 
-CASES = ["case_message_passing", "case_pingpong_10000", "case_atomics", "case_put_get_barrier", "case_ag_gemm_sm",
-         "case_ag_gemm_ce", "case_gemm_rs", "case_all_to_all", "case_layers_sequence_parallel"]
+CASES = ["case_message_passing", "case_pingpong_10000", "case_pingpong_cta_10000", "case_atomics",
+         "case_put_get_barrier", "case_ag_gemm_sm", "case_ag_gemm_ce", "case_gemm_rs", "case_all_to_all",
+         "case_layers_sequence_parallel"]
 
 
 def run_all(heap, note, nccl, names):

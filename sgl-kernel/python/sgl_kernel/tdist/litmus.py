@@ -91,3 +91,31 @@ def barrier_kernel(meta, sig, epoch, out):
     P.barrier_all(meta, sig, epoch)
     tl.store(out, P.rank(meta).to(tl.int64))
     tl.store(out + 1, P.num_ranks(meta).to(tl.int64))
+
+
+@triton.jit
+def pingpong_cta_kernel(sig, data, log, iters, BLOCK: tl.constexpr):
+    """Message-passing litmus at full concurrency: launch with grid (2,); CTA 0 and CTA 1 (resident together on two
+    SMs) play the two sides of :func:`pingpong_kernel` on local memory: per round e, a side writes ``BLOCK`` int64
+    (every thread several elements) into the other's mailbox ``data[other]``, SETs ``sig[other] = e``
+    (bar.sync + st.release.sys), and the other side waits (ld.acquire.sys) and checks every element is e. Unlike the
+    cross-process version on a shared GPU (where contexts take turns), the two CTAs really run at the same time, so
+    a missing barrier or a weak release would show up as stale elements. ``log[pid]`` = stale elements seen."""
+    pid = tl.program_id(0)
+    other = 1 - pid
+    offs = tl.arange(0, BLOCK)
+    bad = 0
+    for i in range(0, iters):
+        e = i + 1
+        if pid == 0:
+            tl.store(data + other * BLOCK + offs, tl.full([BLOCK], 0, tl.int64) + e)
+            P.signal_op(sig + other, e, P.SIGNAL_SET)
+            tok = P.wait(sig + pid, e)
+            got = tl.load(P.consume_token(data + pid * BLOCK + offs, tok))
+        else:
+            tok = P.wait(sig + pid, e)
+            got = tl.load(P.consume_token(data + pid * BLOCK + offs, tok))
+            tl.store(data + other * BLOCK + offs, tl.full([BLOCK], 0, tl.int64) + e)
+            P.signal_op(sig + other, e, P.SIGNAL_SET)
+        bad += tl.sum((got != e).to(tl.int32))
+    tl.store(log + pid, bad.to(tl.int64))
