@@ -117,3 +117,28 @@ def test_sequence_parallel_executor_with_tdist_equals_single_process(world):
                                                      share_gpu=True, timeout=400)):
         assert got == want, f"tp{world} rank {rank}: {got} != single process {want}"
         torch.testing.assert_close(logits, want_logits, atol=1e-3, rtol=1e-3)
+
+
+def test_server_tp2_shared_gpu_tdist_overlap_equals_tp1():
+    """Through HTTP: ``--tp 2 --tp-ranks-share-gpu --enable-tdist-overlap`` on the real stories260K checkpoint (fp32
+    on the GPU: the heap over CUDA IPC within the device, fused AG-GEMM / GEMM-RS with IEEE products) gives TP=1's
+    greedy tokens."""
+    sys.path.insert(0, str(REPO / "test"))
+    from conftest import shared_path
+    from server_utils import ServerProcess
+
+    import requests
+
+    model = shared_path("models", "stories260K")
+    prompts = ["Once upon a time, there was a little girl named Lily. She loved to play with her toys",
+               "The cat sat on the mat and looked at the dog. The dog was big and brown and"]
+    common = ["--model-path", model, "--device", "cuda", "--dtype", "float32", "--max-total-tokens", "4096",
+              "--mem-fraction-static", "0.2"]
+    outs = {}
+    for name, extra in (("tp1", []), ("tdist", ["--tp", "2", "--tp-ranks-share-gpu", "--enable-tdist-overlap"])):
+        with ServerProcess(common + extra) as srv:
+            r = requests.post(f"{srv.url}/generate", json={
+                "text": prompts, "sampling_params": {"temperature": 0, "max_new_tokens": 24}}, timeout=120)
+            assert r.status_code == 200, r.text
+            outs[name] = [o["output_ids"] for o in r.json()]
+    assert outs["tdist"] == outs["tp1"]
