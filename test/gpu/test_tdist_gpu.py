@@ -141,4 +141,9 @@ def test_server_tp2_shared_gpu_tdist_overlap_equals_tp1():
                 "text": prompts, "sampling_params": {"temperature": 0, "max_new_tokens": 24}}, timeout=120)
             assert r.status_code == 200, r.text
             outs[name] = [o["output_ids"] for o in r.json()]
+            if name == "tdist":  # the fused path must really have been chosen (not the logged torch fallback)
+                with open(srv.log_path) as f:
+                    log = f.read()
+                assert "Triton-distributed AG-GEMM / GEMM-RS" in log and "tdist overlap unavailable" not in log, \
+                    srv.log_tail()
     assert outs["tdist"] == outs["tp1"]
