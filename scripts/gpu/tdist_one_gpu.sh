@@ -6,6 +6,7 @@
 # step's exit code is printed at the end and written to $OUT/tdist_summary.txt. Logs: $OUT (default /tmp/tdist_gpu_logs).
 # The CPU parts (AOT sm_90a compile + PTX checks, interpreter runs, bookkeeping) run in CI: test/unit/test_tdist_*.py.
 # Usage (repo root, shared data at ../shared/data): bash scripts/gpu/tdist_one_gpu.sh [seconds, default 560]
+# (560 fits one 10-minute command; every limit scales with it, so give 1200 where a command may run longer).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
@@ -35,13 +36,16 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=cs
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'gpus', torch.cuda.device_count())" 2>&1
 env | grep -E "NVLS|MULTICAST" | sort
 
-# GPU tests: one rank group per world size (2, 4) runs every case; a hang is reported with each rank's last progress
-step gpu_tests $(( $(left) * 62 / 100 )) env TDIST_GPU_TIMEOUT=$(( $(left) * 22 / 100 )) \
-  python3 -m pytest -q -rA test/gpu/test_tdist_gpu.py -p no:cacheprovider
-grep -E "case seconds|pingpong|^(PASSED|FAILED|ERROR)|timed out|raised" "$out/tdist_gpu_tests.log" | head -40
+# kernels + primitives: one rank group per world size (2, 4) runs every case; a hang names each rank's last progress
+step gpu_kernels $(( $(left) * 42 / 100 )) env TDIST_GPU_TIMEOUT=$(( $(left) * 19 / 100 )) \
+  python3 -m pytest -v -rA test/gpu/test_tdist_gpu.py -k test_tdist_case -p no:cacheprovider
+grep -E "case seconds|pingpong|PASSED|FAILED|ERROR|timed out|raised" "$out/tdist_gpu_kernels.log" | head -40
+# the engine path: the sequence-parallel executor on the fused ops (TP 2, 4 sharing the GPU) and the HTTP server
+step gpu_engine $(( $(left) * 45 / 100 )) python3 -m pytest -v -rA test/gpu/test_tdist_gpu.py \
+  -k "executor or server" -p no:cacheprovider
 
-step bench_smoke $(( $(left) * 60 / 100 )) python3 benchmark/bench_tdist.py --world 2 --share-gpu --tokens 1024 4096 \
-  --a2a-tokens 128 1024 --iters 5 --results-dir "$out" --timeout $(( $(left) * 55 / 100 ))
+step bench_smoke $(( $(left) * 55 / 100 )) python3 benchmark/bench_tdist.py --world 2 --share-gpu --tokens 1024 \
+  --a2a-tokens 256 --iters 3 --results-dir "$out" --timeout $(( $(left) * 45 / 100 ))
 
 if command -v compute-sanitizer >/dev/null; then
   step memcheck $(( $(left) - 10 )) compute-sanitizer --tool memcheck --target-processes all \
