@@ -35,7 +35,9 @@ def small(heap, note, nccl):
     a = [g(10 + r, sum(rows), 40) for r in range(w)]
     b = [g(20 + r, 72, 40).t() for r in range(w)]
     out = GemmRs(heap, 16, 72)(a[me], b[me], rows)
-    if (out.float() - gemm_rs_ref(a, b, rows)[me].float()).abs().max() > 0.1:
+    ref = gemm_rs_ref(a, b, rows)[me].float()
+    # bf16 partials are rounded before the fp32 sum: allow a relative error (|values| reach ~30, 1 bf16 ulp = 0.125)
+    if (out.float() - ref).abs().max() > 2e-2 * max(1.0, float(ref.abs().max())):
         fails.append("gemm_rs")
     sc = [[1, 3], [2, 0]]
     xs = [g(30 + r, sum(sc[r]), 32) for r in range(w)]
