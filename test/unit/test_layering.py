@@ -18,6 +18,7 @@ CPU_MODULES = [
     "sglang.srt.models.qwen3_moe", "sglang.srt.managers.scheduler", "sglang.srt.mem_cache.kv_cache",
     "sglang.srt.mem_cache.kv_descriptor", "sglang.srt.model_executor.executors", "sglang.srt.forward_batch_info",
     "sglang.srt.batch_split", "sglang.srt.ops_ref", "sglang.srt.distributed.communicator",
+    "sglang.srt.distributed.sequence_parallel", "sglang.srt.model_executor.executors.sequence_parallel",
     "sglang.srt.distributed.parallel_state", "sglang.srt.model_executor.worker_builder",
     "sglang.srt.entrypoints.worker_launcher", "sglang.srt.layers.ops", "sglang.srt.layers.stages",
     "sglang.srt.models.qwen2", "sglang.srt.models.qwen3", "sglang.srt.tokenweave", "sglang.srt.tokenweave.planner",

@@ -81,6 +81,8 @@ class ServerArgs:
     enable_tokenweave: bool = False
     tokenweave_min_tokens: int = 1024
     tokenweave_comm_sms: Optional[int] = None
+    # Triton-distributed: sequence-parallel layout with fused AG-GEMM / GEMM-RS (dense decoders, TP > 1)
+    enable_tdist_overlap: bool = False
     # Correctness-only test mode: every TP rank of this node on --base-gpu-id, the device group over gloo
     # (NCCL refuses two ranks per GPU), tw-comm over CUDA IPC within the device; no CUDA graphs, no custom AR.
     tp_ranks_share_gpu: bool = False
@@ -127,6 +129,8 @@ class ServerArgs:
             bad("tokenweave-min-tokens", self.tokenweave_min_tokens, "use >= 2 (a split needs two tokens)")
         if self.tokenweave_comm_sms is not None and not 1 <= self.tokenweave_comm_sms <= 256:
             bad("tokenweave-comm-sms", self.tokenweave_comm_sms, "use an SM count in [1, 256]")
+        if self.enable_tdist_overlap and self.enable_tokenweave:
+            bad("enable-tdist-overlap", True, "use either --enable-tdist-overlap or --enable-tokenweave, not both")
         if self.tp_ranks_share_gpu:
             # the test mode's collectives run on gloo (not graph-capturable; no symmetric-memory custom AR)
             object.__setattr__(self, "disable_cuda_graph", True)
@@ -202,6 +206,9 @@ class ServerArgs:
             "enable_tokenweave": "TokenWeave: split large batches into two wave-aware token halves and overlap one "
             "half's fused AllReduce + RMSNorm with the other half's compute (TP > 1; --comm-backend tw by default).",
             "tokenweave_min_tokens": "Batches with fewer new tokens (and decode batches) run unsplit.",
+            "enable_tdist_overlap": "Triton-distributed: keep the residual token-sharded across TP ranks (sequence "
+            "parallel) and run column/row-parallel linears as fused AllGather-GEMM / GEMM-ReduceScatter on a CUDA-IPC "
+            "symmetric heap (no multicast); the torch collectives on CPU. Dense decoders only. See docs/tdist.md.",
             "tokenweave_comm_sms": "SM budget of TokenWeave's overlapped communication kernel (default: tw-comm's).",
             "tp_ranks_share_gpu": "Correctness test mode: all TP ranks run on --base-gpu-id as separate processes "
             "(device group over gloo, tw-comm over CUDA IPC within the GPU; CUDA graphs and custom all-reduce off). "

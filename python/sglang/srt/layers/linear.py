@@ -91,6 +91,8 @@ class LinearBase(nn.Module):
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.in_local, self.out_local = in_local, out_local
         self.weight = _new_param((out_local, in_local), params_dtype, self.weight_loader, shards)
+        # (sp_ops, rows) while a sequence-parallel executor runs this layer (see forward); None otherwise
+        self.sequence_parallel: Optional[tuple] = None
         if bias:
             self.bias = _new_param((bias_shape or out_local,), params_dtype, self.weight_loader, shards)
         else:
@@ -102,8 +104,23 @@ class LinearBase(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``F.linear(x, weight, bias)``: x ``[..., in_local]`` -> ``[..., out_local]`` (weight's dtype/device)."""
+        """``F.linear(x, weight, bias)``: x ``[..., in_local]`` -> ``[..., out_local]`` (weight's dtype/device).
+
+        While ``self.sequence_parallel = (sp_ops, rows)`` is set (only a sequence-parallel executor sets it, for
+        column-parallel layers), x is this rank's token shard and the result is :meth:`forward_gathered`."""
+        if self.sequence_parallel is not None:
+            sp_ops, rows = self.sequence_parallel
+            return self.forward_gathered(x, rows, sp_ops)
         return F.linear(x, self.weight, self.bias)
+
+    def forward_gathered(self, x_shard: torch.Tensor, rows, sp_ops: Any) -> torch.Tensor:
+        """Sequence-parallel input (column-parallel layers): ``F.linear(all_gather(x_shard))``.
+
+        x_shard ``[rows[tp_rank], in]`` (this rank's tokens of a token-sharded activation) -> ``[sum(rows),
+        out_local]``. ``sp_ops``: a :class:`~sglang.srt.distributed.sequence_parallel.SequenceParallelOps` (torch
+        collective + GEMM, or the fused Triton-distributed AG-GEMM with ``--enable-tdist-overlap``).
+        """
+        return sp_ops.ag_linear(x_shard, self.weight, self.bias, rows)
 
     def extra_repr(self) -> str:
         """Local in/out sizes, bias presence and the TP rank/size for ``repr``."""
@@ -268,10 +285,24 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x ``[..., in_local]`` -> ``[..., out]``: the local partial product (bias added on rank 0 only), all-reduced
-        over TP when ``reduce_results``. Raises ValueError if tp_size > 1 and no ``comm`` is set."""
+        over TP when ``reduce_results``. Raises ValueError if tp_size > 1 and no ``comm`` is set. While
+        ``self.sequence_parallel = (sp_ops, rows)`` is set: :meth:`forward_scattered` (this rank's token rows)."""
+        if self.sequence_parallel is not None:
+            sp_ops, rows = self.sequence_parallel
+            return self.forward_scattered(x, rows, sp_ops)
         out = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
         if self.tp_size > 1 and self.reduce_results:
             if self.comm is None:
                 raise ValueError("RowParallelLinear with tp_size > 1 needs a comm object to all-reduce its output")
             out = self.comm.all_reduce(out)
         return out
+
+    def forward_gathered(self, x_shard, rows, sp_ops):
+        """Not defined for a row-parallel layer (its input is already feature-sharded): ValueError."""
+        raise ValueError("RowParallelLinear has no gathered form; use forward_scattered (GEMM + ReduceScatter)")
+
+    def forward_scattered(self, x: torch.Tensor, rows, sp_ops: Any) -> torch.Tensor:
+        """Sequence-parallel output: this rank's token rows of the summed output, x ``[sum(rows), in_local]`` ->
+        ``[rows[tp_rank], out]`` (bias added once). ``sp_ops``: see :meth:`LinearBase.forward_gathered` (the fused
+        path is the Triton-distributed GEMM-ReduceScatter)."""
+        return sp_ops.linear_rs(x, self.weight, self.bias, rows)

@@ -118,6 +118,10 @@ class ModelRunner:
             from sglang.srt.tokenweave import create_tokenweave_executor
 
             executor = create_tokenweave_executor(model_config, server_args, self.device, tp_size)
+        if executor is None and server_args.enable_tdist_overlap:
+            from sglang.srt.model_executor.executors.sequence_parallel import create_sequence_parallel_executor
+
+            executor = create_sequence_parallel_executor(self.model, parallel_state, server_args)
         self.executor: ModelExecutor = executor or SequentialExecutor()
         self.sampler = Sampler(server_args.random_seed, self.device)
         self.attention_backend_name = self._attention_backend_name(server_args)

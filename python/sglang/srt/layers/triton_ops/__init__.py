@@ -1,5 +1,16 @@
-"""Triton kernels of the fused per-token ops (add+RMSNorm, RoPE, SiLU-and-mul, MoE routing and grouped GEMM).
+"""Alias of :mod:`sgl_kernel.triton` (the Triton kernels moved there; see docs/architecture.md).
 
-Import this package only where ``triton`` is importable; :mod:`sglang.srt.layers.ops`
-is the dispatching front end that falls back to the torch references.
+``sglang.srt.layers.triton_ops.<name>`` is the *same module object* as ``sgl_kernel.triton.<name>`` (registered in
+``sys.modules``), so old imports, ``importlib.import_module`` and monkeypatching keep working. Import only where
+``triton`` is importable; :mod:`sglang.srt.layers.ops` is the dispatching front end.
 """
+
+import importlib as _importlib
+import sys as _sys
+
+_MODULES = ("activation", "common", "fused_add_rmsnorm", "moe", "rope")
+
+for _name in _MODULES:
+    _mod = _importlib.import_module(f"sgl_kernel.triton.{_name}")
+    _sys.modules[f"{__name__}.{_name}"] = _mod
+    globals()[_name] = _mod

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang.srt.layers.triton_ops.common import check_cuda_or_interpret, next_pow2
+from sgl_kernel.triton.common import check_cuda_or_interpret, next_pow2
 
 logger = logging.getLogger(__name__)
 

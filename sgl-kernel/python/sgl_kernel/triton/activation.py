@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang.srt.layers.triton_ops.common import check_cuda_or_interpret
+from sgl_kernel.triton.common import check_cuda_or_interpret
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,93 @@
+"""Triton-distributed sequence-parallel linears (CUDA only): AG-GEMM for column-parallel and GEMM-RS for
+row-parallel layers (Zheng et al., "Triton-distributed", 2025, sec. 3.2-3.3), behind
+:class:`~sglang.srt.distributed.sequence_parallel.SequenceParallelOps`.
+
+One :class:`~sgl_kernel.tdist.heap.SymmetricHeap` per TP group (CUDA IPC, no multicast). Fused ops are built lazily
+per (kind, K, N, dtype) on first use; every rank runs the same layers in the same order, so the heap's bookkeeping
+stays symmetric. Buffers are sized for ``max_tokens`` rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Dict, Tuple
+
+import torch
+
+from sglang.srt.distributed.sequence_parallel import SequenceParallelOps, _check_rows
+
+logger = logging.getLogger(__name__)
+
+
+class TdistSequenceParallelOps(SequenceParallelOps):
+    """AG-GEMM / GEMM-RS on a symmetric heap. Args: group (torch.distributed group for the handle exchange, gloo
+    is fine), device (this rank's CUDA device), rank, world_size, max_tokens (largest T per call), heap_bytes
+    (data bytes per rank; default sized lazily-safe at 1 GiB). Raises on heap creation failure (the factory falls
+    back to torch)."""
+
+    name = "tdist"
+
+    def __init__(self, group, device: torch.device, rank: int, world_size: int, max_tokens: int,
+                 heap_bytes: int = 1 << 30, producer: str = "ce", gather_group=None):
+        super().__init__(rank, world_size)
+        from sglang.srt.distributed.sequence_parallel import TorchSequenceParallelOps
+
+        # the final all-gather of rows (once per forward) goes through torch.distributed on the device group
+        self._torch = TorchSequenceParallelOps(gather_group if gather_group is not None else group, rank, world_size)
+        from sgl_kernel.tdist.heap import SymmetricHeap
+        from sgl_kernel.tdist.layout import HeapConfig
+
+        self.max_tokens, self.producer = max_tokens, producer
+        self.heap = SymmetricHeap.create(group, device, HeapConfig(data_bytes=heap_bytes, signal_slots=16384))
+        self._ops: Dict[Tuple, object] = {}
+        self._warned = False
+
+    def _op(self, kind: str, k: int, n: int, dtype: torch.dtype):
+        key = (kind, k, n, dtype)
+        op = self._ops.get(key)
+        if op is None:
+            from sgl_kernel.tdist.ag_gemm import AgGemm
+            from sgl_kernel.tdist.gemm_rs import GemmRs
+
+            # buffers depend on K (gather) or N (partials) only: ops of the same K / N share them (they run in stream
+            # order, and the signal epochs are kept per name on the heap)
+            dt = str(dtype).split(".")[-1]
+            name = f"sp.ag.k{k}.{dt}" if kind == "ag" else f"sp.rs.n{n}.{dt}"
+            if kind == "ag":
+                op = AgGemm(self.heap, self.max_tokens, k, dtype, name=name, producer=self.producer)
+            else:
+                op = GemmRs(self.heap, -(-self.max_tokens // self.world_size), n, dtype, name=name)
+            self._ops[key] = op
+            logger.info("tdist: built %s op K=%d N=%d %s", kind, k, n, dtype)
+        return op
+
+    def _too_big(self, rows) -> bool:
+        if sum(rows) <= self.max_tokens:
+            return False
+        if not self._warned:
+            self._warned = True
+            logger.warning("tdist: a batch of %d tokens exceeds max_tokens=%d: torch collectives for such batches",
+                           sum(rows), self.max_tokens)
+        return True
+
+    def ag_linear(self, x_shard, weight, bias, rows):
+        """See :class:`SequenceParallelOps` (fused AllGather-GEMM; the torch sequence above max_tokens)."""
+        rows = _check_rows(rows, self.world_size)
+        if self._too_big(rows):
+            return self._torch.ag_linear(x_shard, weight, bias, rows)
+        op = self._op("ag", weight.shape[1], weight.shape[0], x_shard.dtype)
+        out = op(x_shard.contiguous(), weight.t(), rows)
+        return out + bias if bias is not None else out
+
+    def gather_rows(self, x_shard, rows):
+        """See :class:`SequenceParallelOps` (torch.distributed all-gather)."""
+        return self._torch.gather_rows(x_shard, rows)
+
+    def linear_rs(self, x, weight, bias, rows):
+        """See :class:`SequenceParallelOps` (fused GEMM-ReduceScatter; the torch sequence above max_tokens)."""
+        rows = _check_rows(rows, self.world_size)
+        if self._too_big(rows):
+            return self._torch.linear_rs(x, weight, bias, rows)
+        op = self._op("rs", weight.shape[1], weight.shape[0], x.dtype)
+        out = op(x.contiguous(), weight.t(), rows)
+        return out + bias if bias is not None else out

@@ -1,0 +1,149 @@
+"""Ahead-of-time compilation of every tdist kernel for Hopper (sm_90a) without a GPU, and PTX checks.
+
+``compile_kernel(name)`` runs ``triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))`` (Triton 3.x API)
+down to PTX and cubin (ptxas from the CUDA toolkit), so CI on a CPU machine proves the kernels build for the H100 /
+H200 and that the scoped instructions the memory-ordering argument relies on are really emitted. ``KERNELS`` maps
+each kernel to its signature, constexprs and the PTX fragments it must contain.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Dict, Tuple
+
+FORBIDDEN = ("multimem",)  # NVLink multicast instructions: never emitted by tdist
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """module: tdist submodule; fn: kernel name; signature: Triton type per argument ("*bf16", "i32",
+    "constexpr"); constexprs: values of constexpr args; expect: regexes the PTX must match."""
+
+    module: str
+    fn: str
+    signature: Dict[str, str]
+    constexprs: Dict[str, object] = field(default_factory=dict)
+    expect: Tuple[str, ...] = ()
+
+
+ACQ = r"ld\.acquire\.sys\.global"
+REL = r"st\.release\.sys\.global"
+RED = r"red\.release\.sys\.global\.add"
+ATOM = r"atom\.global\.(sys\.acq_rel|acq_rel\.sys)"
+
+_GEMM_TILE = {"BM": 128, "BN": 128, "BK": 64}
+
+KERNELS: Dict[str, KernelSpec] = {
+    "release": KernelSpec("common", "release_kernel", {"meta": "*i64", "ready": "*i64", "epoch": "i64"},
+                          expect=(REL,)),
+    "mp_producer": KernelSpec("litmus", "mp_producer_kernel",
+                              {"meta": "*i64", "data": "*fp32", "src": "*fp32", "sig": "*i64", "n": "i32",
+                               "epoch": "i64", "peer": "i32", "BLOCK": "constexpr"}, {"BLOCK": 1024}, (REL,)),
+    "mp_consumer": KernelSpec("litmus", "mp_consumer_kernel",
+                              {"meta": "*i64", "data": "*fp32", "out": "*fp32", "sig": "*i64", "n": "i32",
+                               "epoch": "i64", "BLOCK": "constexpr"}, {"BLOCK": 1024}, (ACQ,)),
+    "pingpong": KernelSpec("litmus", "pingpong_kernel",
+                           {"meta": "*i64", "sig": "*i64", "data": "*i64", "log": "*i64", "iters": "i32",
+                            "base": "i64", "peer": "i32", "BLOCK": "constexpr"}, {"BLOCK": 128}, (ACQ, REL)),
+    "pingpong_cta": KernelSpec("litmus", "pingpong_cta_kernel",
+                               {"sig": "*i64", "data": "*i64", "log": "*i64", "iters": "i32", "BLOCK": "constexpr"},
+                               {"BLOCK": 4096}, (ACQ, REL)),
+    "counter": KernelSpec("litmus", "counter_kernel",
+                          {"meta": "*i64", "counter": "*i64", "old_out": "*i64", "cas_out": "*i64", "peer": "i32",
+                           "compare": "i64", "value": "i64"}, {},
+                          (ATOM, r"atom\.global.*cas", RED, r"fence\.acq_rel\.sys", r"fence\.sc\.sys")),
+    "put": KernelSpec("litmus", "put_kernel", {"meta": "*i64", "dst": "*i64", "src": "*i64", "n": "i32",
+                                               "peer": "i32", "BLOCK": "constexpr"}, {"BLOCK": 1024},
+                      (r"fence\.sc\.sys",)),
+    "get": KernelSpec("litmus", "get_kernel", {"meta": "*i64", "dst": "*i64", "src": "*i64", "n": "i32",
+                                               "peer": "i32", "BLOCK": "constexpr"}, {"BLOCK": 1024},
+                      (r"fence\.sc\.sys",)),
+    "barrier": KernelSpec("litmus", "barrier_kernel", {"meta": "*i64", "sig": "*i64", "epoch": "i64", "out": "*i64"},
+                          {}, (ACQ, REL)),
+    "ag_producer": KernelSpec("ag_gemm", "ag_producer_kernel",
+                              {"meta": "*i64", "a_local": "*bf16", "gather": "*bf16", "seg_sig": "*i64",
+                               "ready": "*i64", "n_elems": "i64", "dst_off": "i64", "ready_epoch": "i64",
+                               "CHUNKS": "constexpr", "BLOCK": "constexpr"}, {"CHUNKS": 4, "BLOCK": 2048},
+                              (ACQ, RED)),
+    "ag_gemm_consumer": KernelSpec("ag_gemm", "ag_gemm_consumer_kernel",
+                                   {"meta": "*i64", "a_local": "*bf16", "gather": "*bf16", "b": "*bf16",
+                                    "c": "*bf16", "seg_sig": "*i64", "row_off": "*i32", "tiles": "*i32",
+                                    "target": "i64", "N": "i32", "K": "i32", "stride_bk": "i32",
+                                    "stride_bn": "i32", "stride_cm": "i32", "BM": "constexpr", "BN": "constexpr",
+                                    "BK": "constexpr", "IEEE": "constexpr"}, dict(_GEMM_TILE, IEEE=False),
+                                   (ACQ, r"consume_token")),
+    "gemm_rs": KernelSpec("gemm_rs", "gemm_rs_kernel",
+                          {"meta": "*i64", "a": "*bf16", "b": "*bf16", "partial": "*bf16", "arrive": "*i64",
+                           "ready": "*i64", "row_off": "*i32", "tiles": "*i32", "ready_epoch": "i64", "N": "i32",
+                           "K": "i32", "max_rows": "i32", "stride_am": "i32", "stride_bk": "i32",
+                           "stride_bn": "i32", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr",
+                           "IEEE": "constexpr"}, dict(_GEMM_TILE, IEEE=False), (ACQ, RED)),
+    "rs_reduce": KernelSpec("gemm_rs", "rs_reduce_kernel",
+                            {"meta": "*i64", "partial": "*bf16", "arrive": "*i64", "out": "*bf16", "target": "i64",
+                             "M": "i32", "N": "i32", "max_rows": "i32", "stride_om": "i32", "BM": "constexpr",
+                             "BN": "constexpr"}, {"BM": 64, "BN": 128}, (ACQ, r"consume_token")),
+    "a2a_send": KernelSpec("all_to_all", "a2a_send_kernel",
+                           {"meta": "*i64", "x": "*bf16", "send_counts": "*i32", "slots": "*bf16", "counts": "*i64",
+                            "arrive": "*i64", "ready": "*i64", "ready_epoch": "i64", "H": "i32", "capacity": "i32",
+                            "CHUNKS": "constexpr", "BLOCK": "constexpr"}, {"CHUNKS": 4, "BLOCK": 2048}, (ACQ, RED)),
+    "a2a_recv": KernelSpec("all_to_all", "a2a_recv_kernel",
+                           {"meta": "*i64", "slots": "*bf16", "counts": "*i64", "arrive": "*i64", "out": "*bf16",
+                            "recv_counts": "*i32", "target": "i64", "H": "i32", "capacity": "i32",
+                            "CHUNKS": "constexpr", "BLOCK": "constexpr"}, {"CHUNKS": 4, "BLOCK": 2048}, (ACQ,)),
+}
+
+# fp32 variants (IEEE products, used by fp32 models under --enable-tdist-overlap)
+for _name in ("ag_gemm_consumer", "gemm_rs"):
+    _k = KERNELS[_name]
+    KERNELS[_name + "_f32"] = KernelSpec(_k.module, _k.fn,
+                                         {a: t.replace("bf16", "fp32") for a, t in _k.signature.items()},
+                                         dict(_k.constexprs, IEEE=True, BK=32), _k.expect)
+
+
+def compile_kernel(name: str, arch: int = 90, num_warps: int = 4):
+    """Compile ``KERNELS[name]`` for ``sm_{arch}`` (90 -> sm_90a) with no GPU; returns Triton's CompiledKernel
+    (``.asm["ptx"]``, ``.asm["cubin"]``). Raises KeyError for an unknown name, Triton's CompilationError on failure."""
+    import importlib
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    spec = KERNELS[name]
+    fn = getattr(importlib.import_module(f"sgl_kernel.tdist.{spec.module}"), spec.fn)
+    src = ASTSource(fn=fn, signature=dict(spec.signature), constexprs=dict(spec.constexprs))
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+
+
+def check_ptx(name: str, ptx: str) -> Tuple[list, list]:
+    """(missing expected patterns, forbidden instructions found) for kernel ``name``'s PTX."""
+    missing = [p for p in KERNELS[name].expect if not re.search(p, ptx)]
+    found = [f for f in FORBIDDEN if f in ptx]
+    return missing, found
+
+
+def report(arch: int = 90) -> Dict[str, dict]:
+    """Compile every kernel; per name: {"ok", "error", "missing", "forbidden", "cubin_bytes", "ptx_lines"}."""
+    out: Dict[str, dict] = {}
+    for name in KERNELS:
+        try:
+            k = compile_kernel(name, arch)
+            ptx = k.asm["ptx"]
+            missing, found = check_ptx(name, ptx)
+            out[name] = dict(ok=not missing and not found, error="", missing=missing, forbidden=found,
+                             cubin_bytes=len(k.asm.get("cubin", b"")), ptx_lines=ptx.count("\n"))
+        except Exception as e:  # reported per kernel, so one failure does not hide the others
+            out[name] = dict(ok=False, error=f"{type(e).__name__}: {e}"[:2000], missing=[], forbidden=[],
+                             cubin_bytes=0, ptx_lines=0)
+    return out
+
+
+if __name__ == "__main__":
+    import json
+    import os
+    import sys
+
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        sys.exit("unset TRITON_INTERPRET: AOT compilation needs the real Triton compiler")
+    print(json.dumps(report(int(sys.argv[1]) if len(sys.argv) > 1 else 90)))

@@ -1,0 +1,62 @@
+"""Small 2-rank Triton-distributed run for compute-sanitizer (memcheck): message passing, AG-GEMM (SM and CE
+producers), GEMM-RS and all-to-all once each on tiny shapes, ranks as processes sharing the GPU. Prints
+'sanitizer case: ok' or the problems, exits non-zero on failure."""
+
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+for p in (str(REPO / "sgl-kernel" / "python"), str(REPO / "python"), str(HERE)):
+    sys.path.insert(0, p)
+os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "sgl-kernel" / "python"), str(REPO / "python"), str(HERE),
+                                            os.environ.get("PYTHONPATH", "")])
+
+
+def small(heap, note, nccl):
+    import torch
+
+    from sgl_kernel.tdist.ag_gemm import AgGemm
+    from sgl_kernel.tdist.all_to_all import AllToAll
+    from sgl_kernel.tdist.gemm_rs import GemmRs
+    from sgl_kernel.tdist.reference import ag_gemm_ref, all_to_all_ref, gemm_rs_ref
+
+    w, me, dev = heap.world, heap.rank, heap.device
+    fails = []
+    rows = [5, 11][:w]
+    g = lambda s, *sh: torch.randn(*sh, generator=torch.Generator().manual_seed(s)).to(torch.bfloat16).to(dev)  # noqa
+    shards = [g(r, rows[r], 64) for r in range(w)]
+    wt = g(99, 48, 64)
+    for prod in ("sm", "ce"):
+        out = AgGemm(heap, 32, 64, name=f"s.{prod}", producer=prod)(shards[me], wt.t(), rows)
+        if (out.float() - ag_gemm_ref(shards, wt.t()).float()).abs().max() > 0.1:
+            fails.append(f"ag_gemm {prod}")
+    a = [g(10 + r, sum(rows), 40) for r in range(w)]
+    b = [g(20 + r, 72, 40).t() for r in range(w)]
+    out = GemmRs(heap, 16, 72)(a[me], b[me], rows)
+    ref = gemm_rs_ref(a, b, rows)[me].float()
+    # bf16 partials are rounded before the fp32 sum: allow a relative error (|values| reach ~30, 1 bf16 ulp = 0.125)
+    if (out.float() - ref).abs().max() > 2e-2 * max(1.0, float(ref.abs().max())):
+        fails.append("gemm_rs")
+    sc = [[1, 3], [2, 0]]
+    xs = [g(30 + r, sum(sc[r]), 32) for r in range(w)]
+    o, rc = AllToAll(heap, 4, 32)(xs[me], torch.tensor(sc[me], dtype=torch.int32, device=dev))
+    ref, rcr = all_to_all_ref(xs, sc)
+    if rc.tolist() != rcr[me] or not torch.equal(o[: ref[me].shape[0]], ref[me]):
+        fails.append("all_to_all")
+    heap.barrier()
+    return fails
+
+
+if __name__ == "__main__":
+    from sgl_kernel.tdist.layout import HeapConfig
+    from sgl_kernel.tdist.spawn import run_ranks
+
+    import tdist_sanitizer_case as me_mod
+
+    res, problems = run_ranks(2, me_mod.small, heap_config=HeapConfig(data_bytes=8 << 20, signal_slots=256),
+                              timeout=600)
+    bad = problems + [f"rank {r}: {f}" for r, x in enumerate(res) if x for f in x]
+    print("sanitizer case:", "ok" if not bad else bad)
+    sys.exit(1 if bad else 0)

@@ -1,0 +1,55 @@
+"""bench_tdist on CPU: argument validation, Llama TP shapes from the real config, and the ratio table (max over
+ranks, baseline / best tdist, unavailable baselines shown as '-' with the reason)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmark"))
+
+import bench_tdist  # noqa: E402
+from tdist_bench_lib import UNAVAILABLE_SHARED, llama_shapes, table  # noqa: E402
+
+
+def test_llama_tp8_shapes(tmp_path):
+    cfg = Path(bench_tdist.DEFAULT_CONFIG)
+    if not cfg.is_file():
+        cfg = tmp_path / "config.json"
+        cfg.write_text('{"hidden_size": 8192, "intermediate_size": 28672, "num_attention_heads": 64, '
+                       '"num_key_value_heads": 8}')
+    s = llama_shapes(str(cfg), 8)
+    assert s == {"qkv": ("ag", 8192, 1280), "gate_up": ("ag", 8192, 7168), "o_proj": ("rs", 1024, 8192),
+                 "down": ("rs", 3584, 8192)}
+
+
+def test_parse_args_rejects_bad_values(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text("{}")
+    with pytest.raises(SystemExit):
+        bench_tdist.parse_args(["--world", "1", "--config", str(cfg)])
+    with pytest.raises(SystemExit):
+        bench_tdist.parse_args(["--world", "4", "--tokens", "2", "--config", str(cfg)])
+    with pytest.raises(SystemExit):
+        bench_tdist.parse_args(["--config", str(tmp_path / "missing.json")])
+    a = bench_tdist.parse_args(["--world", "2", "--share-gpu", "--config", str(cfg)])
+    assert a.world == 2 and a.share_gpu
+
+
+def test_table_ratios_use_slowest_rank_and_best_tdist():
+    r0 = [{"op": "AG-GEMM", "shape": "qkv", "M": 1024, "tdist_sm": 1.0, "tdist_ce": 0.5, "torch_seq": 0.9,
+           "symm_fused": 1.2, "cublas_only": 0.3},
+          {"op": "all-to-all", "shape": "H=7168", "M": 128, "tdist_sm": 0.2, "torch_seq_note": UNAVAILABLE_SHARED}]
+    r1 = [{"op": "AG-GEMM", "shape": "qkv", "M": 1024, "tdist_sm": 1.1, "tdist_ce": 0.6, "torch_seq": 1.2,
+           "symm_fused": 1.5, "cublas_only": 0.4},
+          {"op": "all-to-all", "shape": "H=7168", "M": 128, "tdist_sm": 0.25, "torch_seq_note": UNAVAILABLE_SHARED}]
+    lines = table([r0, r1])
+    assert len(lines) == 4
+    ag = lines[2].split("|")
+    assert ag[4].strip() == "1.100" and ag[5].strip() == "0.600" and ag[6].strip() == "1.200"
+    assert ag[9].strip() == "2.00x" and ag[10].strip() == "2.50x"
+    a2a = lines[3]
+    assert "| - |" in a2a and "NCCL refuses duplicate GPUs" in a2a
