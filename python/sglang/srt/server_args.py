@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -43,6 +42,8 @@ class ServerArgs:
     port: int = 30000
     api_key: Optional[str] = None
     enable_metrics: bool = False
+    max_request_body_mb: float = 32.0  # larger bodies get HTTP 413
+    max_n: int = 128  # most samples per prompt (`n`); larger gets HTTP 400
 
     # Memory and scheduling
     mem_fraction_static: Optional[float] = None
@@ -86,6 +87,7 @@ class ServerArgs:
 
     # Misc
     random_seed: int = 0
+    watchdog_timeout: float = 300.0  # seconds a scheduler loop iteration may take before the server stops
     log_level: str = "info"
     log_requests: bool = False
 
@@ -140,6 +142,12 @@ class ServerArgs:
             bad("dist-init-addr", self.dist_init_addr, "multi-node runs need --dist-init-addr HOST:PORT of node 0")
         if self.stream_interval < 1:
             bad("stream-interval", self.stream_interval, "use a positive integer")
+        if not self.max_request_body_mb > 0:
+            bad("max-request-body-mb", self.max_request_body_mb, "use a positive size in MiB")
+        if self.max_n < 1:
+            bad("max-n", self.max_n, "use a positive integer")
+        if not self.watchdog_timeout > 0:
+            bad("watchdog-timeout", self.watchdog_timeout, "use a positive number of seconds")
         if not 1 <= self.port <= 65535:
             bad("port", self.port, "use a TCP port in 1..65535")
 
@@ -263,7 +271,9 @@ class PortArgs:
                        detokenizer_ipc=f"tcp://{host}:{c}")
         if transport != "ipc":
             raise ValueError(f"zmq transport {transport!r} must be 'ipc' or 'tcp'")
-        d = tempfile.mkdtemp(prefix="sglang-ipc-")
+        from sglang.srt.utils.ipc_dirs import make_ipc_dir
+
+        d = make_ipc_dir()  # also removes the folders of servers that died without cleaning up
         return cls(
             tokenizer_ipc=f"ipc://{os.path.join(d, 'tokenizer')}",
             scheduler_input_ipc=f"ipc://{os.path.join(d, 'scheduler')}",

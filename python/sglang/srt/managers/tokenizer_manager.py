@@ -38,6 +38,7 @@ from sglang.srt.managers.io_struct import (
     encode_msg,
 )
 from sglang.srt.managers.req_state import ReqState
+from sglang.srt.managers.request_preparer import RequestPreparer
 from sglang.srt.managers.template_manager import load_chat_template, render_chat
 from sglang.srt.utils.common import get_tokenizer, get_zmq_socket
 
@@ -101,6 +102,8 @@ class TokenizerManager:
             from sglang.srt.constrained.xgrammar_backend import GrammarValidator
 
             self._grammar_validator = GrammarValidator()
+        self.preparer = RequestPreparer(self._prepare, self.tokenizer, self.context_len,
+                                        getattr(server_args, "max_n", 128))
         self.metrics = None
         if server_args.enable_metrics:
             from sglang.srt.metrics.collector import MetricsCollector
@@ -140,6 +143,7 @@ class TokenizerManager:
         if self._closed:
             return
         self._closed = True
+        self.preparer.close()
         if self._recv_task is not None and not self._recv_task.done():
             self._recv_task.cancel()
         for s in list(self._states.values()):
@@ -175,6 +179,11 @@ class TokenizerManager:
                 fut.set_exception(RequestError(status_code, message))
 
     @property
+    def failure(self) -> Optional[str]:
+        """Why the server cannot serve (a child died, the watchdog fired, shutdown), or None."""
+        return self._failure
+
+    @property
     def num_inflight(self) -> int:
         """Requests sent to the scheduler and not yet finished or dropped."""
         return len(self._states)
@@ -202,20 +211,22 @@ class TokenizerManager:
         self.start()
         if self._failure is not None:
             raise RequestError(503, f"the server cannot serve requests: {self._failure}")
-        singles = obj.normalize()
-        prepared = [self._prepare(s) for s in singles]
+        singles, prepared, encoded = await self.preparer.prepare(obj)  # off the loop; all or nothing
         for p in prepared:
             if p.rid in self._states:
                 raise ValueError(f"rid {p.rid!r} is already used by a running request; use a unique rid")
         event = asyncio.Event()
         states = [ReqState(req=s, input_ids=p.input_ids, event=event, created_time=p.created_time,
                             prompt_tokens=len(p.input_ids)) for s, p in zip(singles, prepared)]
-        for s, p in zip(states, prepared):
-            self._states[p.rid] = s
-            self._send(p)
-            if self.server_args.log_requests:
-                logger.info("request %s: %d prompt tokens, %s", p.rid, len(p.input_ids), p.sampling_params)
+        self._states.update((p.rid, s) for s, p in zip(states, prepared))
         try:
+            for i, p in enumerate(prepared):
+                if not self._closed:
+                    self._send_sock.send(encoded[i])
+                if self.server_args.log_requests:
+                    logger.info("request %s: %d prompt tokens, %s", p.rid, len(p.input_ids), p.sampling_params)
+                if i % 256 == 255:
+                    await asyncio.sleep(0)  # a large batch never holds the loop for long
             if not obj.is_batch:
                 async for _, out in self._consume(states, request, obj.stream):
                     yield out
@@ -233,7 +244,8 @@ class TokenizerManager:
                 if not s.finished:
                     self._send(AbortReq(rid=s.req.rid))
                     s.finished = True
-                self._states.pop(s.req.rid, None)
+                if self._states.get(s.req.rid) is s:
+                    del self._states[s.req.rid]
 
     def _prepare(self, req: SingleGenerateReq) -> TokenizedGenerateReqInput:
         """Tokenize and validate one request (ValueError naming the field on bad input)."""
@@ -248,6 +260,7 @@ class TokenizerManager:
             if self.tokenizer is None:
                 raise ValueError("text needs a tokenizer but the server runs with --skip-tokenizer-init; "
                                  "send input_ids instead")
+            self.preparer.check_text_bound(req.text)
             ids = self.tokenizer.encode(req.text)
             if not ids:
                 raise ValueError("text tokenizes to zero tokens; send a non-empty prompt")
