@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
+from sglang.srt.server_args_help import SERVER_ARGS_HELP
+
 DEFAULT_MODEL = "sglang-tw/tiny-random-llama"
 """``--model-path`` value that selects the embedded default model (built locally, no download)."""
 
@@ -220,10 +222,11 @@ class ServerArgs:
             flag = "--" + f.name.replace("_", "-")
             default = f.default
             if f.type in ("bool",) or isinstance(default, bool):
-                parser.add_argument(flag, action="store_true", default=default, help=helps.get(f.name))
+                parser.add_argument(flag, action="store_true", default=default,
+                                    help=helps.get(f.name) or SERVER_ARGS_HELP.get(f.name))
                 continue
             typ = {"int": int, "float": float, "Optional[int]": int, "Optional[float]": float}.get(str(f.type), str)
-            parser.add_argument(flag, type=typ, default=default, help=helps.get(f.name))
+            parser.add_argument(flag, type=typ, default=default, help=helps.get(f.name) or SERVER_ARGS_HELP.get(f.name))
         parser.add_argument("--tp", dest="tp_size", type=int, default=1, help="Alias of --tp-size.")
 
     @classmethod
@@ -236,7 +239,8 @@ class ServerArgs:
 
 def prepare_server_args(argv: list[str]) -> ServerArgs:
     """Parse a launch_server command line into :class:`ServerArgs`."""
-    parser = argparse.ArgumentParser(prog="python -m sglang.launch_server")
+    parser = argparse.ArgumentParser(prog="python -m sglang.launch_server",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ServerArgs.add_cli_args(parser)
     return ServerArgs.from_cli_args(parser.parse_args(argv))
 

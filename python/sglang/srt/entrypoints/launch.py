@@ -258,6 +258,9 @@ def launch_server(server_args: ServerArgs) -> None:
     Raises:
         RuntimeError: startup failed, or a child (e.g. a TP rank) died while serving.
     """
+    from sglang.srt.entrypoints.preflight import preflight
+
+    preflight(server_args, serve_http=server_args.node_rank == 0)  # port, model path, device: before anything loads
     from sglang.srt.entrypoints.http_server import create_app, launch_http_server
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
