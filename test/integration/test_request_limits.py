@@ -266,10 +266,15 @@ def test_shutdown_ends_open_streams_with_error_event_and_done(caplog):
         time.sleep(0.05)
     time.sleep(0.3)
     caplog.set_level(logging.INFO)
+    uv = logging.getLogger("uvicorn")  # uvicorn's loggers do not propagate to the root logger
+    uv.addHandler(caplog.handler)
     t0 = time.monotonic()
-    s.close()  # what SIGTERM does: uvicorn's graceful shutdown
-    for t in threads:
-        t.join(10)
+    try:
+        s.close()  # what SIGTERM does: uvicorn's graceful shutdown
+        for t in threads:
+            t.join(10)
+    finally:
+        uv.removeHandler(caplog.handler)
     assert time.monotonic() - t0 < 4.0
     for route, body in bodies.items():
         text = body.decode()
@@ -278,4 +283,5 @@ def test_shutdown_ends_open_streams_with_error_event_and_done(caplog):
         assert last["error"]["code"] == 503 and "shutting down" in last["error"]["message"], (route, last)
     assert len(bodies) == 3
     logged = caplog.text
+    assert "Shutting down" in logged  # the capture works
     assert "Traceback" not in logged and "CancelledError" not in logged and "Cancel " not in logged, logged[-2000:]

@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 from sglang.srt.entrypoints.request_limits import check_n
 from sglang.srt.managers.generate_req import GenerateReqInput, SingleGenerateReq
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput, encode_msg
+from sglang.srt.managers.req_state import ReqState
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +57,15 @@ class RequestPreparer:
         tokenizer: the HF tokenizer, or None (``--skip-tokenizer-init``).
         context_len: the model's context length in tokens.
         max_n: the most samples per prompt (``--max-n``).
+        grammar_enabled / grammar_validator: whether constrained decoding is on, and the
+            :class:`~sglang.srt.constrained.xgrammar_backend.GrammarValidator` that checks specs.
     """
 
     def __init__(self, prepare_one: Callable[[SingleGenerateReq], TokenizedGenerateReqInput], tokenizer,
-                 context_len: int, max_n: int) -> None:
+                 context_len: int, max_n: int, grammar_enabled: bool = False, grammar_validator=None) -> None:
         self.prepare_one = prepare_one
+        self.grammar_enabled = grammar_enabled
+        self.grammar_validator = grammar_validator
         self.tokenizer = tokenizer
         self.context_len = int(context_len)
         self.max_n = int(max_n)
@@ -82,13 +87,28 @@ class RequestPreparer:
             raise ValueError(f"{field}: the prompt ({len(text)} characters) is longer than the model's context "
                              f"length ({self.context_len} tokens) could hold; shorten the prompt")
 
-    def prepare_sync(self, obj: GenerateReqInput) -> tuple[list[SingleGenerateReq],
-                                                           list[TokenizedGenerateReqInput], list[bytes]]:
-        """Validate and expand ``obj``, tokenize every sequence and encode every message (on the calling thread).
+    def check_grammar(self, params) -> None:
+        """Reject a constrained request before it is queued: grammars disabled, or an invalid
+        regex / json_schema / ebnf (ValueError naming the problem; the HTTP layer answers 400)."""
+        from sglang.srt.constrained.base_grammar_backend import grammar_key
+
+        key = grammar_key(params)
+        if key is None:
+            return
+        if not self.grammar_enabled:
+            raise ValueError(f"{key[0]} needs constrained decoding, which is disabled on this server "
+                             "(--grammar-backend none or --skip-tokenizer-init); restart with "
+                             "--grammar-backend xgrammar")
+        self.grammar_validator.validate(key)
+
+    def prepare_sync(self, obj: GenerateReqInput) -> tuple[list[ReqState], list[TokenizedGenerateReqInput],
+                                                           list[bytes]]:
+        """Validate and expand ``obj``, tokenize every sequence, encode every message and build the output
+        states (on the calling thread).
 
         Returns:
-            ``(singles, prepared, encoded)``: one entry per sequence, ``encoded[i]`` the wire bytes of
-            ``prepared[i]``.
+            ``(states, prepared, encoded)``: one entry per sequence (the states share one ``asyncio.Event``),
+            ``encoded[i]`` the wire bytes of ``prepared[i]``.
         Raises:
             ValueError: the first problem (naming the field); nothing is registered or sent.
         """
@@ -102,7 +122,10 @@ class RequestPreparer:
             encoded = [encode_msg(p) for p in prepared]
         except (UnicodeEncodeError, OverflowError, TypeError) as e:  # the body checks make this rare
             raise ValueError(f"the request cannot be sent to the scheduler: {e}") from None
-        return singles, prepared, encoded
+        event = asyncio.Event()  # binds to the loop on first use (Python >= 3.10)
+        states = [ReqState(req=s, input_ids=p.input_ids, event=event, created_time=p.created_time,
+                           prompt_tokens=len(p.input_ids)) for s, p in zip(singles, prepared)]
+        return states, prepared, encoded
 
     async def prepare(self, obj: GenerateReqInput):
         """:meth:`prepare_sync` on the worker thread (the event loop stays free)."""

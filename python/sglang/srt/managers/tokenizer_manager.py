@@ -103,7 +103,8 @@ class TokenizerManager:
 
             self._grammar_validator = GrammarValidator()
         self.preparer = RequestPreparer(self._prepare, self.tokenizer, self.context_len,
-                                        getattr(server_args, "max_n", 128))
+                                        getattr(server_args, "max_n", 128), self.grammar_enabled,
+                                        self._grammar_validator)
         self.metrics = None
         if server_args.enable_metrics:
             from sglang.srt.metrics.collector import MetricsCollector
@@ -211,13 +212,10 @@ class TokenizerManager:
         self.start()
         if self._failure is not None:
             raise RequestError(503, f"the server cannot serve requests: {self._failure}")
-        singles, prepared, encoded = await self.preparer.prepare(obj)  # off the loop; all or nothing
+        states, prepared, encoded = await self.preparer.prepare(obj)  # off the loop; all or nothing
         for p in prepared:
             if p.rid in self._states:
                 raise ValueError(f"rid {p.rid!r} is already used by a running request; use a unique rid")
-        event = asyncio.Event()
-        states = [ReqState(req=s, input_ids=p.input_ids, event=event, created_time=p.created_time,
-                            prompt_tokens=len(p.input_ids)) for s, p in zip(singles, prepared)]
         self._states.update((p.rid, s) for s, p in zip(states, prepared))
         try:
             for i, p in enumerate(prepared):
@@ -274,7 +272,7 @@ class TokenizerManager:
         params = SamplingParams.from_dict(req.sampling_params)
         params.verify(self.vocab_size)
         params.normalize(self.tokenizer)
-        self._check_grammar(params)
+        self.preparer.check_grammar(params)
         if params.max_new_tokens is not None and n + params.max_new_tokens > self.context_len:
             raise ValueError(
                 f"Requested token count exceeds the model's maximum context length of {self.context_len} "
@@ -292,20 +290,6 @@ class TokenizerManager:
             logprob_start_len=req.logprob_start_len if req.return_logprob else -1,
             top_logprobs_num=req.top_logprobs_num if req.return_logprob else 0,
             stream=req.stream, created_time=time.time())
-
-    def _check_grammar(self, params) -> None:
-        """Reject a constrained request before it is queued: grammars disabled, or an invalid
-        regex / json_schema / ebnf (ValueError naming the problem; the HTTP layer answers 400)."""
-        from sglang.srt.constrained.base_grammar_backend import grammar_key
-
-        key = grammar_key(params)
-        if key is None:
-            return
-        if not self.grammar_enabled:
-            raise ValueError(f"{key[0]} needs constrained decoding, which is disabled on this server "
-                             "(--grammar-backend none or --skip-tokenizer-init); restart with "
-                             "--grammar-backend xgrammar")
-        self._grammar_validator.validate(key)
 
     async def _consume(self, states: list[ReqState], request, stream: bool):
         """Yield ``(index, output)`` as the states change: every update if ``stream``, else finals."""
