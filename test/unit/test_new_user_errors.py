@@ -20,6 +20,12 @@ from conftest import REPO_ROOT, shared_path
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _launch(args: list[str], timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "sglang.launch_server", *args], capture_output=True, text=True,
@@ -46,7 +52,7 @@ def test_port_in_use_fails_before_the_model_loads():
 ])
 def test_wrong_model_path_is_checked_by_the_launcher(tmp_path, make, expect):
     path = make(tmp_path)
-    p, _ = _launch(["--model-path", path, "--device", "cpu", "--port", "1"])
+    p, _ = _launch(["--model-path", path, "--device", "cpu", "--port", str(_free_port())])
     out = p.stdout + p.stderr
     assert p.returncode == 1
     assert f"--model-path={path!r} {expect}" in out, out[-2000:]
@@ -58,7 +64,7 @@ def test_device_cuda_without_gpu_is_one_line():
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is usable here")
-    p, _ = _launch(["--model-path", shared_path("models", "stories260K"), "--device", "cuda", "--port", "1"])
+    p, _ = _launch(["--model-path", shared_path("models", "stories260K"), "--device", "cuda", "--port", str(_free_port())])
     out = p.stdout + p.stderr
     assert p.returncode == 1
     assert "--device=cuda is unusable" in out and "use --device cpu" in out, out[-2000:]

@@ -20,7 +20,7 @@ def check_port_free(host: str, port: int) -> None:
     """Raise if ``host:port`` cannot be bound for the HTTP server.
 
     Raises:
-        ValueError: the port is in use (or the host is not an address of this machine), naming ``--port``/``--host``.
+        ValueError: the port is in use, or the host is not an address of this machine (naming ``--port``/``--host``).
     """
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -35,7 +35,10 @@ def check_port_free(host: str, port: int) -> None:
             if e.errno == errno.EADDRINUSE:
                 raise ValueError(f"--port={port} is already in use on {host} (another server?); stop it or choose "
                                  "another port with --port") from None
-            raise ValueError(f"cannot listen on --host={host!r} --port={port}: {e.strerror or e}") from None
+            if e.errno == errno.EADDRNOTAVAIL:
+                raise ValueError(f"--host={host!r} is not an address of this machine; use 127.0.0.1, 0.0.0.0 or "
+                                 "one of its interfaces") from None
+            # anything else (e.g. a privileged port without the right): uvicorn reports it when it binds
 
 
 def check_model_path(server_args: ServerArgs) -> None:
