@@ -30,8 +30,13 @@ def _listening(pid: int) -> list[tuple[str, int]]:
     return [(c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN]
 
 
+# SGLANG_TEST_DEVICE=cuda (scripts/gpu/watchdog_tp2.sh): both ranks on one GPU (--tp-ranks-share-gpu)
+DEVICE_ARGS = (["--device", "cuda", "--tp-ranks-share-gpu"] if os.environ.get("SGLANG_TEST_DEVICE") == "cuda"
+               else ["--device", "cpu"])
+
+
 def test_stalled_rank_stops_server_and_store_listens_on_loopback_only():
-    s = ServerProcess(["--model-path", shared_path("models", "stories260K"), "--device", "cpu", "--tp", "2",
+    s = ServerProcess(["--model-path", shared_path("models", "stories260K"), *DEVICE_ARGS, "--tp", "2",
                        "--watchdog-timeout", "4"])
     rank1 = None
     try:
@@ -43,6 +48,9 @@ def test_stalled_rank_stops_server_and_store_listens_on_loopback_only():
             assert all(ip in ("127.0.0.1", "::1") for ip, _ in socks), (rank, socks)
         assert _listening(pids[0]), "rank 0 serves the rendezvous store"
 
+        warm = requests.post(s.url + "/generate", timeout=120, json={  # compile/warm every kernel first
+            "text": "Once upon a time", "sampling_params": {"max_new_tokens": 8, "ignore_eos": True}})
+        assert warm.status_code == 200, warm.text
         health: list[int] = []
         stop_probe = threading.Event()
 
