@@ -7,7 +7,9 @@
 seconds). Errors are JSON in OpenAI's shape
 ``{"error": {"message", "type", "param", "code"}}``: bad input (malformed
 JSON, wrong types, out-of-range values) is 400 with a message naming the field,
-a missing/invalid API key 401, an unknown model 404.
+a missing/invalid API key 401, an unknown model 404, a body over ``--max-request-body-mb`` 413 (limits:
+:mod:`~sglang.srt.entrypoints.request_limits`, ``docs/limits_and_failures.md``). On shutdown, requests still
+open near the end of the grace period end with a 503 error (streams: an error event + ``[DONE]``).
 """
 
 from __future__ import annotations
