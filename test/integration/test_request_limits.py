@@ -285,3 +285,25 @@ def test_shutdown_ends_open_streams_with_error_event_and_done(caplog):
     logged = caplog.text
     assert "Shutting down" in logged  # the capture works
     assert "Traceback" not in logged and "CancelledError" not in logged and "Cancel " not in logged, logged[-2000:]
+
+
+# ------------------------------------------------------- no client to poll
+def test_request_without_client_outlives_the_disconnect_poll(srv):
+    """Engine / health_generate requests (``request=None``) longer than ``disconnect_poll_s`` (0.2 s here) finish:
+    the wait once degenerated to ``wait_for(event.wait(), 0)``, which can never see the event (a hang)."""
+    import asyncio
+
+    from sglang.srt.managers.generate_req import GenerateReqInput
+
+    async def run():
+        out = None
+        obj = GenerateReqInput(text="Once upon a time", sampling_params={"max_new_tokens": 100, "ignore_eos": True})
+        async for o in srv.tm.generate_request(obj, None):
+            out = o
+        return out
+
+    t0 = time.monotonic()
+    out = asyncio.run_coroutine_threadsafe(run(), srv.tm._loop).result(timeout=60)
+    assert len(out["output_ids"]) == 100 and out["meta_info"]["finish_reason"]["type"] == "length"
+    assert time.monotonic() - t0 > 0.2  # it did outlive one poll period
+    _wait_idle(srv.tm)

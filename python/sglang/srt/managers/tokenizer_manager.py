@@ -321,7 +321,8 @@ class TokenizerManager:
         """
         loop = asyncio.get_running_loop()
         while True:
-            timeout = max(self.disconnect_poll_s - (loop.time() - poll[0]), 0.0)
+            # no client to poll (Engine, /health_generate): wait for the event alone (a 0 timeout never saw it)
+            timeout = None if request is None else max(self.disconnect_poll_s - (loop.time() - poll[0]), 0.0)
             try:
                 await asyncio.wait_for(event.wait(), timeout=timeout)
                 woke = True
