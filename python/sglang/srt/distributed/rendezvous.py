@@ -70,4 +70,4 @@ def create_store(init_method: str, rank: int, world_size: int, timeout: timedelt
     sock = bind_listener(host, port)
     fd = sock.detach()  # the store owns the descriptor from now on
     logger.info("rendezvous store listening on %s:%d only", host, port)
-    return dist.TCPStore(host, port, world_size, True, timeout, wait_for_workers=False, master_listen_fd=fd)
+    return dist.TCPStore(host, port, world_size, True, timeout, wait_for_workers=True, master_listen_fd=fd)
