@@ -17,7 +17,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || echo "nv
 rc=0
 SGLANG_TEST_DEVICE=cuda timeout 300 "$PY" -m pytest -x -q -rs test/integration/test_watchdog_tp_cpu.py \
     2>&1 | tee "$logdir/watchdog_gpu.log" || rc=1
-timeout 240 "$PY" -m pytest -x -q test/integration/test_request_limits.py test/unit/test_request_limits.py \
+timeout 240 "$PY" -m pytest -x -q test/integration/test_request_limits.py test/unit/test_request_limit_helpers.py \
     test/unit/test_new_user_errors.py 2>&1 | tee "$logdir/limits.log" || rc=1
 cp /tmp/sglang-test-server-*.log "$logdir/" 2>/dev/null || true
 echo "issue9 GPU script: rc=$rc (logs in $logdir)"

@@ -288,8 +288,8 @@ def test_shutdown_ends_open_streams_with_error_event_and_done(caplog):
 
 
 # ------------------------------------------------------- no client to poll
-def test_request_without_client_outlives_the_disconnect_poll(srv):
-    """Engine / health_generate requests (``request=None``) longer than ``disconnect_poll_s`` (0.2 s here) finish:
+def test_request_without_client_outlives_the_disconnect_poll(srv, monkeypatch):
+    """Engine / health_generate requests (``request=None``) longer than ``disconnect_poll_s`` (5 ms here) finish:
     the wait once degenerated to ``wait_for(event.wait(), 0)``, which can never see the event (a hang)."""
     import asyncio
 
@@ -297,13 +297,14 @@ def test_request_without_client_outlives_the_disconnect_poll(srv):
 
     async def run():
         out = None
-        obj = GenerateReqInput(text="Once upon a time", sampling_params={"max_new_tokens": 100, "ignore_eos": True})
+        obj = GenerateReqInput(text="Once upon a time", sampling_params={"max_new_tokens": 199, "ignore_eos": True})
         async for o in srv.tm.generate_request(obj, None):
             out = o
         return out
 
+    monkeypatch.setattr(srv.tm, "disconnect_poll_s", 0.005)
     t0 = time.monotonic()
     out = asyncio.run_coroutine_threadsafe(run(), srv.tm._loop).result(timeout=60)
-    assert len(out["output_ids"]) == 100 and out["meta_info"]["finish_reason"]["type"] == "length"
-    assert time.monotonic() - t0 > 0.2  # it did outlive one poll period
+    assert len(out["output_ids"]) == 199 and out["meta_info"]["finish_reason"]["type"] == "length"
+    assert time.monotonic() - t0 > 0.005  # it did outlive one poll period
     _wait_idle(srv.tm)
