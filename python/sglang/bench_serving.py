@@ -333,6 +333,28 @@ def _record(args, m: dict, rate: float, conc: Optional[int]) -> dict:
     return rec
 
 
+def _dataset_config(args) -> DatasetConfig:
+    """The dataset settings, validated. ``--dataset-name sharegpt`` (the default) without ``--dataset-path``
+    uses random prompts instead, with a warning (SGLang would download ShareGPT; this benchmark never
+    downloads).
+
+    Raises:
+        ValueError: a bad dataset flag, or a ``--dataset-path`` that does not exist (named).
+    """
+    name = args.dataset_name
+    if name == "sharegpt" and not args.dataset_path:
+        logger.warning("no --dataset-path for the sharegpt dataset (nothing is downloaded): using --dataset-name "
+                       "random (--random-input-len %d, --random-output-len %d)", args.random_input_len,
+                       args.random_output_len)
+        name = "random"
+    if name == "sharegpt" and not os.path.exists(args.dataset_path):
+        raise ValueError(f"--dataset-path={args.dataset_path!r} does not exist: pass a ShareGPT JSON file or folder")
+    return DatasetConfig(name=name, num_prompts=args.num_prompts, seed=args.seed, dataset_path=args.dataset_path,
+                         random_input_len=args.random_input_len, random_output_len=args.random_output_len,
+                         random_range_ratio=args.random_range_ratio, sharegpt_output_len=args.sharegpt_output_len,
+                         sharegpt_context_len=args.sharegpt_context_len)
+
+
 def main(argv: Optional[list[str]] = None) -> list[dict]:
     """Run the benchmark(s) described by ``argv``; returns one result dict per (rate, concurrency).
 
@@ -348,17 +370,14 @@ def main(argv: Optional[list[str]] = None) -> list[dict]:
     extra = json.loads(args.extra_request_body) if args.extra_request_body else {}
     if not isinstance(extra, dict):
         raise ValueError("--extra-request-body must be a JSON object")
+    cfg = _dataset_config(args)  # every flag is checked before the server is contacted or a tokenizer loads
+    args.dataset_name = cfg.name  # what the results record
     base_url = _base_url(args)
     headers = _headers()
     model, tok_path = _resolve_model_and_tokenizer(args, base_url, headers)
     from sglang.srt.utils.common import get_tokenizer
 
     tokenizer = get_tokenizer(tok_path)
-    cfg = DatasetConfig(name=args.dataset_name, num_prompts=args.num_prompts, seed=args.seed,
-                        dataset_path=args.dataset_path, random_input_len=args.random_input_len,
-                        random_output_len=args.random_output_len, random_range_ratio=args.random_range_ratio,
-                        sharegpt_output_len=args.sharegpt_output_len,
-                        sharegpt_context_len=args.sharegpt_context_len)
     rows = get_dataset(cfg, tokenizer)
     print(f"#Input tokens: {sum(r.prompt_len for r in rows)}\n#Output tokens: {sum(r.output_len for r in rows)}")
     base = RequestSpec(url=base_url + _route(args.backend), backend=args.backend, model=model, row=rows[0],

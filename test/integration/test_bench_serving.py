@@ -144,3 +144,28 @@ def test_unreachable_server_fails_clearly(model_dir):
                    "random", "--num-prompts", "2", "--random-input-len", "8", "--random-output-len", "4"], timeout=120)
     assert proc.returncode != 0
     assert "warmup request failed" in proc.stderr
+
+
+def test_readme_sweep_command_works_without_dataset_flags(server, tmp_path):
+    """README: ``python -m sglang.bench_serving --request-rate 4,8,16,inf --plot latency.png`` (plus the test
+    server's port and small sizes): no ShareGPT path, so random prompts, with a warning."""
+    pytest.importorskip("matplotlib")
+    png, out_file = tmp_path / "latency.png", tmp_path / "r.jsonl"
+    proc = _bench(["--port", str(server.port), "--request-rate", "4,8,16,inf", "--plot", str(png), "--num-prompts",
+                   "3", "--random-input-len", "8", "--random-output-len", "4", "--output-file", str(out_file)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "no --dataset-path" in proc.stderr
+    recs = _read_jsonl(out_file)
+    assert [r["request_rate"] for r in recs] == [4.0, 8.0, 16.0, float("inf")]
+    assert all(r["dataset_name"] == "random" and r["completed"] == 3 for r in recs)
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("args,flag", [(["--dataset-name", "sharegpt", "--dataset-path", "/nonexistent/sg.json"],
+                                        "--dataset-path"),
+                                       (["--num-prompts", "0"], "--num-prompts"),
+                                       (["--request-rate", "4,x"], "--request-rate")])
+def test_bad_bench_args_fail_before_contacting_the_server(args, flag):
+    proc = _bench(["--port", "1", *args], timeout=60)  # nothing listens on port 1: contacting it would fail otherwise
+    assert proc.returncode == 2
+    assert f"error: {flag}" in proc.stderr and "/v1/models" not in proc.stderr, proc.stderr[-1500:]

@@ -23,7 +23,7 @@ import requests
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from conftest import shared_path  # noqa: E402
-from server_utils import ENV, ServerProcess  # noqa: E402
+from server_utils import ENV, ServerProcess, free_port  # noqa: E402
 
 # SGLANG_TEST_DEVICE=cuda runs the same tests on a GPU (fp32, so greedy equals HF's fp32 reference).
 DEVICE = os.environ.get("SGLANG_TEST_DEVICE", "cpu")
@@ -253,7 +253,7 @@ def test_abort_request_returns_output_so_far(server):
 
 
 def _run_launch(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sglang.launch_server", *DEVICE_ARGS, *args],
+    return subprocess.run([sys.executable, "-m", "sglang.launch_server", *DEVICE_ARGS, "--port", str(free_port()), *args],
                           capture_output=True, text=True, timeout=timeout, env=ENV)
 
 

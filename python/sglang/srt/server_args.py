@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Optional
+
+from sglang.srt.server_args_help import SERVER_ARGS_HELP
 
 DEFAULT_MODEL = "sglang-tw/tiny-random-llama"
 """``--model-path`` value that selects the embedded default model (built locally, no download)."""
@@ -44,6 +45,8 @@ class ServerArgs:
     api_key: Optional[str] = None
     enable_metrics: bool = False
     enable_custom_logit_processor: bool = False  # SECURITY: runs client-supplied code (trusted clients only)
+    max_request_body_mb: float = 32.0  # larger bodies get HTTP 413
+    max_n: int = 128  # most samples per prompt (`n`); larger gets HTTP 400
 
     # Memory and scheduling
     mem_fraction_static: Optional[float] = None
@@ -89,6 +92,7 @@ class ServerArgs:
 
     # Misc
     random_seed: int = 0
+    watchdog_timeout: float = 300.0  # seconds a scheduler loop iteration may take before the server stops
     log_level: str = "info"
     log_requests: bool = False
 
@@ -145,6 +149,12 @@ class ServerArgs:
             bad("dist-init-addr", self.dist_init_addr, "multi-node runs need --dist-init-addr HOST:PORT of node 0")
         if self.stream_interval < 1:
             bad("stream-interval", self.stream_interval, "use a positive integer")
+        if not self.max_request_body_mb > 0:
+            bad("max-request-body-mb", self.max_request_body_mb, "use a positive size in MiB")
+        if self.max_n < 1:
+            bad("max-n", self.max_n, "use a positive integer")
+        if not self.watchdog_timeout > 0:
+            bad("watchdog-timeout", self.watchdog_timeout, "use a positive number of seconds")
         if not 1 <= self.port <= 65535:
             bad("port", self.port, "use a TCP port in 1..65535")
 
@@ -224,10 +234,11 @@ class ServerArgs:
             flag = "--" + f.name.replace("_", "-")
             default = f.default
             if f.type in ("bool",) or isinstance(default, bool):
-                parser.add_argument(flag, action="store_true", default=default, help=helps.get(f.name))
+                parser.add_argument(flag, action="store_true", default=default,
+                                    help=helps.get(f.name) or SERVER_ARGS_HELP.get(f.name))
                 continue
             typ = {"int": int, "float": float, "Optional[int]": int, "Optional[float]": float}.get(str(f.type), str)
-            parser.add_argument(flag, type=typ, default=default, help=helps.get(f.name))
+            parser.add_argument(flag, type=typ, default=default, help=helps.get(f.name) or SERVER_ARGS_HELP.get(f.name))
         parser.add_argument("--tp", dest="tp_size", type=int, default=1, help="Alias of --tp-size.")
 
     @classmethod
@@ -240,7 +251,8 @@ class ServerArgs:
 
 def prepare_server_args(argv: list[str]) -> ServerArgs:
     """Parse a launch_server command line into :class:`ServerArgs`."""
-    parser = argparse.ArgumentParser(prog="python -m sglang.launch_server")
+    parser = argparse.ArgumentParser(prog="python -m sglang.launch_server",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ServerArgs.add_cli_args(parser)
     return ServerArgs.from_cli_args(parser.parse_args(argv))
 
@@ -275,7 +287,9 @@ class PortArgs:
                        detokenizer_ipc=f"tcp://{host}:{c}")
         if transport != "ipc":
             raise ValueError(f"zmq transport {transport!r} must be 'ipc' or 'tcp'")
-        d = tempfile.mkdtemp(prefix="sglang-ipc-")
+        from sglang.srt.utils.ipc_dirs import make_ipc_dir
+
+        d = make_ipc_dir()  # also removes the folders of servers that died without cleaning up
         return cls(
             tokenizer_ipc=f"ipc://{os.path.join(d, 'tokenizer')}",
             scheduler_input_ipc=f"ipc://{os.path.join(d, 'scheduler')}",

@@ -35,6 +35,7 @@ from sglang.srt.constrained.base_grammar_backend import (
     GrammarKey,
 )
 from sglang.srt.constrained.compile_cache import CompileCache
+from sglang.srt.constrained.schema_refs import check_schema_refs
 
 logger = logging.getLogger(__name__)
 
@@ -74,9 +75,12 @@ def validate_grammar_spec(kind: str, spec: str) -> None:
             schema = json.loads(spec)
         except json.JSONDecodeError as e:
             raise ValueError(f"invalid json_schema: not valid JSON ({e})") from None
+        except RecursionError:
+            raise ValueError("invalid json_schema: nested too deeply to parse") from None
         if not isinstance(schema, (dict, bool)):
             raise ValueError(f"invalid json_schema: a schema must be a JSON object or boolean, "
                              f"got {type(schema).__name__}")
+        check_schema_refs(schema)
     try:
         if kind == "regex":
             xgr.Grammar.from_regex(spec)

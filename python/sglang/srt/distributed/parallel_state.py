@@ -26,6 +26,8 @@ from typing import Any, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from sglang.srt.distributed.rendezvous import create_store
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_DIST_TIMEOUT_S = 1800.0
@@ -182,8 +184,8 @@ def init_parallel_state(cfg: DistConfig) -> ParallelState:
     logger.info("TP rank %d/%d joining %s (%s, timeout %.0f s)", cfg.tp_rank, cfg.tp_size, cfg.init_method,
                 backend, cfg.timeout_s)
     try:
-        kwargs = dict(backend=backend, init_method=cfg.init_method, rank=cfg.tp_rank, world_size=cfg.tp_size,
-                      timeout=timeout)
+        store = create_store(cfg.init_method, cfg.tp_rank, cfg.tp_size, timeout)  # listens on HOST only
+        kwargs = dict(backend=backend, store=store, rank=cfg.tp_rank, world_size=cfg.tp_size, timeout=timeout)
         if device_id is not None:
             kwargs["device_id"] = device_id
         dist.init_process_group(**kwargs)
@@ -229,12 +231,13 @@ def init_role_parallel_state(world_rank: int, roles: Sequence[tuple[str, Sequenc
         raise RuntimeError("torch.distributed is already initialized in this process; one rank per process")
     timeout = timedelta(seconds=timeout_s)
     backend = "nccl" if device == "cuda" else "gloo"
-    kwargs = dict(backend=backend, init_method=init_method, rank=world_rank, world_size=world_size, timeout=timeout)
+    kwargs = dict(backend=backend, rank=world_rank, world_size=world_size, timeout=timeout)
     if device == "cuda":
         idx = 0 if gpu_index is None else gpu_index
         torch.cuda.set_device(idx)
         kwargs["device_id"] = torch.device(f"cuda:{idx}")
     try:
+        kwargs["store"] = create_store(init_method, world_rank, world_size, timeout)  # listens on HOST only
         dist.init_process_group(**kwargs)
     except Exception as e:
         raise RuntimeError(f"rank {world_rank}: torch.distributed rendezvous at {init_method} failed: "

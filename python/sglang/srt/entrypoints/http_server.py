@@ -7,7 +7,9 @@
 seconds). Errors are JSON in OpenAI's shape
 ``{"error": {"message", "type", "param", "code"}}``: bad input (malformed
 JSON, wrong types, out-of-range values) is 400 with a message naming the field,
-a missing/invalid API key 401, an unknown model 404.
+a missing/invalid API key 401, an unknown model 404, a body over ``--max-request-body-mb`` 413 (limits:
+:mod:`~sglang.srt.entrypoints.request_limits`, ``docs/limits_and_failures.md``). On shutdown, requests still
+open near the end of the grace period end with a 503 error (streams: an error event + ``[DONE]``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hmac
-import json
 import logging
 import uuid
 from contextlib import asynccontextmanager
@@ -47,6 +48,13 @@ from sglang.srt.entrypoints.parity_routes import (
     SafeJSONResponse,
     register_parity_routes,
     server_info_aliases,
+)
+from sglang.srt.entrypoints.request_limits import (
+    OFFLOAD_PARSE_BYTES,
+    BodySizeLimitMiddleware,
+    BodyTooLarge,
+    openai_field_names,
+    parse_json_body,
 )
 from sglang.srt.managers.generate_req import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import RequestError
@@ -85,10 +93,9 @@ def format_validation_error(e: pydantic.ValidationError | RequestValidationError
 
 async def _json_body(request: Request) -> Any:
     raw = await request.body()
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"malformed JSON body: {e}") from None
+    if len(raw) >= OFFLOAD_PARSE_BYTES:  # parse + check large bodies off the event loop
+        return await asyncio.to_thread(parse_json_body, raw)
+    return parse_json_body(raw)
 
 
 class _ApiKeyMiddleware:
@@ -141,15 +148,22 @@ def create_app(tokenizer_manager, server_args) -> FastAPI:
             tm.close()
 
     app = FastAPI(title="sglang-tw", lifespan=lifespan)
+    app.state.tokenizer_manager = tm
     if server_args.api_key:
         app.add_middleware(_ApiKeyMiddleware, api_key=server_args.api_key)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=int(server_args.max_request_body_mb * (1 << 20)),
+                       error_response=lambda e: _error(413, str(e)))
     serving_completion = OpenAIServingCompletion(tm, server_args)
     serving_chat = OpenAIServingChat(tm, server_args)
 
     # ------------------------------------------------------------ errors
     @app.exception_handler(ValueError)
     async def _value_error(_req: Request, e: ValueError):
-        return _error(400, str(e))
+        return _error(400, openai_field_names(str(e)) if _req.url.path.startswith("/v1/") else str(e))
+
+    @app.exception_handler(BodyTooLarge)
+    async def _body_too_large(_req: Request, e: BodyTooLarge):
+        return _error(413, str(e))
 
     @app.exception_handler(pydantic.ValidationError)
     async def _pydantic_error(_req: Request, e: pydantic.ValidationError):
@@ -166,7 +180,10 @@ def create_app(tokenizer_manager, server_args) -> FastAPI:
     # ----------------------------------------------------------- native
     @app.get("/health")
     async def health() -> Response:
-        """``GET /health``: 200 while the HTTP server is up (no model call)."""
+        """``GET /health``: 200 while the HTTP server is up (no model call); 503 once a child process died or
+        the scheduler watchdog fired (the server is about to exit)."""
+        if tm.failure is not None:
+            return _error(503, f"the server cannot serve requests: {tm.failure}")
         return Response(status_code=200)
 
     @app.get("/health_generate")
@@ -306,13 +323,17 @@ def launch_http_server(app: FastAPI, server_args, timeout_graceful_shutdown: flo
 
     import uvicorn
 
+    from sglang.srt.entrypoints.graceful_shutdown import GracefulServer
+
     level = server_args.log_level.lower()
     if level not in ("critical", "error", "warning", "info", "debug", "trace"):
         level = "info"
     config = uvicorn.Config(app, host=server_args.host, port=server_args.port, log_level=level,
                             timeout_keep_alive=5, timeout_graceful_shutdown=timeout_graceful_shutdown,
                             lifespan="on")
-    server = uvicorn.Server(config)
+    tm = getattr(app.state, "tokenizer_manager", None)
+    server = GracefulServer(config, None if tm is None else
+                            (lambda: tm.fail_all_threadsafe("the server is shutting down", 503)))
     previous = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -79,6 +79,11 @@ class Subprocesses:
         """A message naming the first child that exited, or None while all live."""
         for p, rank in zip(self.schedulers, self.tp_ranks):
             if not p.is_alive():
+                from sglang.srt.managers.watchdog import WATCHDOG_EXIT_CODE
+
+                if p.exitcode == WATCHDOG_EXIT_CODE:
+                    return (f"scheduler TP rank {rank} (pid {p.pid}) was stopped by its watchdog: no scheduler step "
+                            "finished within --watchdog-timeout (a TP rank or the device stalled)")
                 return f"scheduler TP rank {rank} (pid {p.pid}) exited unexpectedly with code {p.exitcode}"
         if self.detokenizer is not None and not self.detokenizer.is_alive():
             return f"detokenizer (pid {self.detokenizer.pid}) exited unexpectedly with code {self.detokenizer.exitcode}"
@@ -253,6 +258,9 @@ def launch_server(server_args: ServerArgs) -> None:
     Raises:
         RuntimeError: startup failed, or a child (e.g. a TP rank) died while serving.
     """
+    from sglang.srt.entrypoints.preflight import preflight
+
+    preflight(server_args, serve_http=server_args.node_rank == 0)  # port, model path, device: before anything loads
     from sglang.srt.entrypoints.http_server import create_app, launch_http_server
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
@@ -268,7 +276,7 @@ def launch_server(server_args: ServerArgs) -> None:
 
             def on_child_death() -> None:
                 tm.fail_all_threadsafe(f"the server is stopping: {procs.failure}")
-                time.sleep(0.5)  # let the failed requests' error responses go out first
+                time.sleep(1.0)  # let the failed requests' error responses (and /health 503s) go out first
                 os.kill(os.getpid(), signal.SIGTERM)
 
             procs.watch(on_child_death)

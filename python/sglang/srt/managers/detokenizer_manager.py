@@ -356,11 +356,15 @@ def run_detokenizer_process(
         logger.info("received signal %d; exiting", signum)
         raise SystemExit(0)
 
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
+    # While imports and the tokenizer load run (C/C++ code), a SystemExit raised by a signal handler surfaces as a
+    # pybind11/ctypes error dump: during setup a stop request just ends the process quietly.
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    signal.signal(signal.SIGINT, lambda *_: os._exit(0))
     manager: Optional[DetokenizerManager] = None
     try:
         manager = DetokenizerManager(server_args, port_args, parent_watch=parent_watch)
+        signal.signal(signal.SIGTERM, _on_signal)
+        signal.signal(signal.SIGINT, _on_signal)
         manager.event_loop()
     except Exception:
         logger.error("DetokenizerManager crashed:\n%s", traceback.format_exc())

@@ -57,6 +57,7 @@ class SchedulerProcess:
         self.parallel_state = parallel_state
         self.is_leader = parallel_state is None or parallel_state.tp_rank == 0
         self.last_stats = 0.0
+        self.watchdog = None  # a SchedulerWatchdog, started by run_scheduler_process
         if not self.is_leader:
             return
         ctx = zmq.Context(2)
@@ -128,7 +129,10 @@ class SchedulerProcess:
         returns when ``parent_watch`` (a :class:`~sglang.srt.entrypoints.worker_launcher.ParentWatch`) reports the
         launcher gone."""
         s = self.scheduler
+        watchdog = self.watchdog
         while True:
+            if watchdog is not None:
+                watchdog.beat()
             self.recv_all(block=not s.has_work())
             for out in s.step():
                 self.send_detok(out)
@@ -209,6 +213,10 @@ def run_scheduler_process(server_args, port_args, ready_pipe, parent_pid: Option
         "tp_rank": tp_rank,
         "pid": os.getpid(),
     })
+    from sglang.srt.managers.watchdog import SchedulerWatchdog
+
+    proc.watchdog = SchedulerWatchdog(getattr(server_args, "watchdog_timeout", 300.0),
+                                      f"TP rank {tp_rank}" if tp_size > 1 else "scheduler").start()
     try:
         proc.event_loop(parent_watch)
     except Exception:

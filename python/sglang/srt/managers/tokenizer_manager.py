@@ -39,6 +39,7 @@ from sglang.srt.managers.io_struct import (
 )
 from sglang.srt.managers.req_state import ReqState
 from sglang.srt.managers.request_extras import extra_fields
+from sglang.srt.managers.request_preparer import RequestPreparer
 from sglang.srt.managers.template_manager import load_chat_template
 from sglang.srt.managers.tokenizer_text import TokenizerTextMixin
 from sglang.srt.utils.common import get_tokenizer, get_zmq_socket
@@ -103,6 +104,9 @@ class TokenizerManager(TokenizerTextMixin):
             from sglang.srt.constrained.xgrammar_backend import GrammarValidator
 
             self._grammar_validator = GrammarValidator()
+        self.preparer = RequestPreparer(self._prepare, self.tokenizer, self.context_len,
+                                        getattr(server_args, "max_n", 128), self.grammar_enabled,
+                                        self._grammar_validator)
         self.metrics = None
         if server_args.enable_metrics:
             from sglang.srt.metrics.collector import MetricsCollector
@@ -142,6 +146,7 @@ class TokenizerManager(TokenizerTextMixin):
         if self._closed:
             return
         self._closed = True
+        self.preparer.close()
         if self._recv_task is not None and not self._recv_task.done():
             self._recv_task.cancel()
         for s in list(self._states.values()):
@@ -177,6 +182,11 @@ class TokenizerManager(TokenizerTextMixin):
                 fut.set_exception(RequestError(status_code, message))
 
     @property
+    def failure(self) -> Optional[str]:
+        """Why the server cannot serve (a child died, the watchdog fired, shutdown), or None."""
+        return self._failure
+
+    @property
     def num_inflight(self) -> int:
         """Requests sent to the scheduler and not yet finished or dropped."""
         return len(self._states)
@@ -204,20 +214,19 @@ class TokenizerManager(TokenizerTextMixin):
         self.start()
         if self._failure is not None:
             raise RequestError(503, f"the server cannot serve requests: {self._failure}")
-        singles = obj.normalize()
-        prepared = [self._prepare(s) for s in singles]
+        states, prepared, encoded = await self.preparer.prepare(obj)  # off the loop; all or nothing
         for p in prepared:
             if p.rid in self._states:
                 raise ValueError(f"rid {p.rid!r} is already used by a running request; use a unique rid")
-        event = asyncio.Event()
-        states = [ReqState(req=s, input_ids=p.input_ids, event=event, created_time=p.created_time,
-                            prompt_tokens=len(p.input_ids)) for s, p in zip(singles, prepared)]
-        for s, p in zip(states, prepared):
-            self._states[p.rid] = s
-            self._send(p)
-            if self.server_args.log_requests:
-                logger.info("request %s: %d prompt tokens, %s", p.rid, len(p.input_ids), p.sampling_params)
+        self._states.update((p.rid, s) for s, p in zip(states, prepared))
         try:
+            for i, p in enumerate(prepared):
+                if not self._closed:
+                    self._send_sock.send(encoded[i])
+                if self.server_args.log_requests:
+                    logger.info("request %s: %d prompt tokens, %s", p.rid, len(p.input_ids), p.sampling_params)
+                if i % 256 == 255:
+                    await asyncio.sleep(0)  # a large batch never holds the loop for long
             if not obj.is_batch:
                 async for _, out in self._consume(states, request, obj.stream):
                     yield out
@@ -235,7 +244,8 @@ class TokenizerManager(TokenizerTextMixin):
                 if not s.finished:
                     self._send(AbortReq(rid=s.req.rid))
                     s.finished = True
-                self._states.pop(s.req.rid, None)
+                if self._states.get(s.req.rid) is s:
+                    del self._states[s.req.rid]
 
     def _prepare(self, req: SingleGenerateReq) -> TokenizedGenerateReqInput:
         """Tokenize and validate one request (ValueError naming the field on bad input)."""
@@ -250,6 +260,7 @@ class TokenizerManager(TokenizerTextMixin):
             if self.tokenizer is None:
                 raise ValueError("text needs a tokenizer but the server runs with --skip-tokenizer-init; "
                                  "send input_ids instead")
+            self.preparer.check_text_bound(req.text)
             ids = self.tokenizer.encode(req.text)
             if not ids:
                 raise ValueError("text tokenizes to zero tokens; send a non-empty prompt")
@@ -263,7 +274,7 @@ class TokenizerManager(TokenizerTextMixin):
         params = SamplingParams.from_dict(req.sampling_params)
         params.verify(self.vocab_size)
         params.normalize(self.tokenizer)
-        self._check_grammar(params)
+        self.preparer.check_grammar(params)
         if params.max_new_tokens is not None and n + params.max_new_tokens > self.context_len:
             raise ValueError(
                 f"Requested token count exceeds the model's maximum context length of {self.context_len} "
@@ -281,20 +292,6 @@ class TokenizerManager(TokenizerTextMixin):
             logprob_start_len=req.logprob_start_len if req.return_logprob else -1,
             top_logprobs_num=req.top_logprobs_num if req.return_logprob else 0,
             stream=req.stream, created_time=time.time(), **extra_fields(req, self.vocab_size, self.server_args))
-
-    def _check_grammar(self, params) -> None:
-        """Reject a constrained request before it is queued: grammars disabled, or an invalid
-        regex / json_schema / ebnf (ValueError naming the problem; the HTTP layer answers 400)."""
-        from sglang.srt.constrained.base_grammar_backend import grammar_key
-
-        key = grammar_key(params)
-        if key is None:
-            return
-        if not self.grammar_enabled:
-            raise ValueError(f"{key[0]} needs constrained decoding, which is disabled on this server "
-                             "(--grammar-backend none or --skip-tokenizer-init); restart with "
-                             "--grammar-backend xgrammar")
-        self._grammar_validator.validate(key)
 
     async def _consume(self, states: list[ReqState], request, stream: bool):
         """Yield ``(index, output)`` as the states change: every update if ``stream``, else finals."""
@@ -326,7 +323,8 @@ class TokenizerManager(TokenizerTextMixin):
         """
         loop = asyncio.get_running_loop()
         while True:
-            timeout = max(self.disconnect_poll_s - (loop.time() - poll[0]), 0.0)
+            # no client to poll (Engine, /health_generate): wait for the event alone (a 0 timeout never saw it)
+            timeout = None if request is None else max(self.disconnect_poll_s - (loop.time() - poll[0]), 0.0)
             try:
                 await asyncio.wait_for(event.wait(), timeout=timeout)
                 woke = True

@@ -106,7 +106,9 @@ class OpenAIServingChat:
             v = getattr(req, name)
             if v is not None and v < 0:
                 raise ValueError(f"{name} must be >= 0, got {v}")
-        prompt_ids = self.tm.apply_chat_template(messages_to_dicts(req), tools=req.tools)
+        messages = messages_to_dicts(req)
+        self.tm.preparer.check_text_bound("".join(str(m.get("content") or "") for m in messages), "messages")
+        prompt_ids = self.tm.apply_chat_template(messages, tools=req.tools)
         max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if max_new is None:
             max_new = max(self.tm.context_len - len(prompt_ids), 0)
@@ -130,7 +132,7 @@ class OpenAIServingChat:
             ValueError / RequestError: bad input or a failed request (before streaming starts).
         """
         note_model(req.model, self.server_args)
-        obj = self._to_generate(req)
+        obj = await self.tm.preparer.run(self._to_generate, req)  # chat template + tokenization off the loop
         agen = self.tm.generate_request(obj, raw_request)
         first = await prefetch(agen)
         if req.stream:

@@ -25,6 +25,7 @@ from sglang.srt.entrypoints.openai.protocol import (
     error_body,
 )
 from sglang.srt.entrypoints.parity_routes import SafeJSONResponse
+from sglang.srt.entrypoints.request_limits import check_token_ids
 from sglang.srt.managers.generate_req import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import RequestError
 
@@ -162,6 +163,8 @@ class OpenAIServingCompletion:
         if req.max_tokens is not None and req.max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0, got {req.max_tokens}")
         is_text = isinstance(p, str) or (isinstance(p, list) and p and isinstance(p[0], str))
+        if not is_text:  # ids are checked before anything decodes them (echo)
+            check_token_ids(p, self.tm.vocab_size, "prompt")
         if isinstance(p, str):
             echo_texts = [p]
         elif is_text:
@@ -193,7 +196,7 @@ class OpenAIServingCompletion:
             ValueError / RequestError: bad input or a failed request (before streaming starts).
         """
         note_model(req.model, self.server_args)
-        obj, echo_texts = self._to_generate(req)
+        obj, echo_texts = await self.tm.preparer.run(self._to_generate, req)  # echo decodes off the loop
         agen = self.tm.generate_request(obj, raw_request)
         first = await prefetch(agen)
         if req.stream:

@@ -1,0 +1,94 @@
+"""Checks the launcher runs before anything heavy starts, so a new user's first mistakes fail in about a second
+with one line that names the flag and the fix (instead of after the model loaded, or as a traceback).
+
+* :func:`check_port_free`: ``--host:--port`` can be bound (it was found busy only after the model loaded);
+* :func:`check_model_path`: ``--model-path`` (and ``--tokenizer-path``) is a local HF checkpoint folder
+  (it was found wrong inside the scheduler process, 8-17 s later);
+* :func:`check_device`: ``--device cuda`` has a usable GPU (it ended in a 35-line traceback).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+
+from sglang.srt.server_args import DEFAULT_MODEL, ServerArgs
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raise if ``host:port`` cannot be bound for the HTTP server.
+
+    Raises:
+        ValueError: the port is in use, or the host is not an address of this machine (naming ``--port``/``--host``).
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        raise ValueError(f"--host={host!r} cannot be resolved ({e}); use an address of this machine") from None
+    family, type_, proto, _, addr = infos[0]
+    with socket.socket(family, type_, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is not "in use"
+        try:
+            s.bind(addr)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise ValueError(f"--port={port} is already in use on {host} (another server?); stop it or choose "
+                                 "another port with --port") from None
+            if e.errno == errno.EADDRNOTAVAIL:
+                raise ValueError(f"--host={host!r} is not an address of this machine; use 127.0.0.1, 0.0.0.0 or "
+                                 "one of its interfaces") from None
+            # anything else (e.g. a privileged port without the right): uvicorn reports it when it binds
+
+
+def check_model_path(server_args: ServerArgs) -> None:
+    """Raise unless ``--model-path`` is the embedded default model or a folder holding ``config.json``
+    (this server loads local checkpoints only); likewise a given ``--tokenizer-path`` must be a folder.
+
+    Raises:
+        ValueError: naming the flag, the path and what is missing.
+    """
+    path = server_args.model_path
+    if path != DEFAULT_MODEL:
+        if not os.path.exists(path):
+            raise ValueError(f"--model-path={path!r} does not exist; pass a local HF checkpoint folder (this server "
+                             "does not download models), or omit it to serve the embedded default model")
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise ValueError(f"--model-path={path!r} has no config.json; pass a HF checkpoint folder "
+                             "(config.json, *.safetensors, tokenizer files)")
+    tok = server_args.tokenizer_path
+    if tok and not server_args.skip_tokenizer_init and not os.path.isdir(tok):
+        raise ValueError(f"--tokenizer-path={tok!r} is not a folder; pass a folder with tokenizer.json or "
+                         "tokenizer.model")
+
+
+def check_device(server_args: ServerArgs) -> None:
+    """Raise if ``--device cuda`` was asked for and no CUDA GPU is usable.
+
+    Raises:
+        ValueError: one line saying why (torch built without CUDA, or no GPU visible) and the fix.
+    """
+    if server_args.device != "cuda":
+        return
+    import torch
+
+    if torch.version.cuda is None:
+        why = f"this torch ({torch.__version__}) was built without CUDA"
+    elif not torch.cuda.is_available():
+        why = "no CUDA GPU is visible (check the driver and CUDA_VISIBLE_DEVICES)"
+    else:
+        return
+    raise ValueError(f"--device=cuda is unusable: {why}; use --device cpu (or auto, which picks the GPU when "
+                     "there is one)")
+
+
+def preflight(server_args: ServerArgs, serve_http: bool = True) -> None:
+    """Every check above (the port only when this node serves HTTP), cheapest first.
+
+    Raises:
+        ValueError: the first failed check.
+    """
+    if serve_http:
+        check_port_free(server_args.host, server_args.port)
+    check_model_path(server_args)
+    check_device(server_args)
