@@ -76,6 +76,13 @@ class ServerArgs:
     gpu_id_step: int = 1  # GPU index step between consecutive workers
     zmq_transport: str = "ipc"  # ipc | tcp: transport of the inter-process sockets (tcp: workers may be remote)
 
+    # Ray (--use-ray: every worker is a Ray actor placed by placement groups; needs the `ray` extra)
+    use_ray: bool = False
+    ray_address: str = "auto"  # the cluster to join: auto = the running one (ray start / ray job submit)
+    ray_spread_roles: bool = False  # all role groups in one STRICT_SPREAD placement group (roles on distinct nodes)
+    ray_cpus_per_worker: float = 1.0  # Ray CPUs each TP rank reserves (plus one GPU on CUDA)
+    ray_placement_timeout: float = 300.0  # seconds to wait for the placement groups before failing
+
     # TokenWeave (compute-communication overlap of two token splits)
     enable_tokenweave: bool = False
     tokenweave_min_tokens: int = 1024
@@ -136,7 +143,11 @@ class ServerArgs:
             bad("node-rank", self.node_rank, f"use 0..{self.nnodes - 1} (--nnodes={self.nnodes})")
         if self.dist_timeout is not None and self.dist_timeout <= 0:
             bad("dist-timeout", self.dist_timeout, "use a positive number of seconds")
-        if self.nnodes > 1 and not self.dist_init_addr:
+        if self.ray_cpus_per_worker < 0:
+            bad("ray-cpus-per-worker", self.ray_cpus_per_worker, "use a number of CPUs >= 0")
+        if self.ray_placement_timeout <= 0:
+            bad("ray-placement-timeout", self.ray_placement_timeout, "use a positive number of seconds")
+        if self.nnodes > 1 and not self.dist_init_addr and not self.use_ray:
             bad("dist-init-addr", self.dist_init_addr, "multi-node runs need --dist-init-addr HOST:PORT of node 0")
         if self.stream_interval < 1:
             bad("stream-interval", self.stream_interval, "use a positive integer")
@@ -205,6 +216,12 @@ class ServerArgs:
             "tp_ranks_share_gpu": "Correctness test mode: all TP ranks run on --base-gpu-id as separate processes "
             "(device group over gloo, tw-comm over CUDA IPC within the GPU; CUDA graphs and custom all-reduce off). "
             "Never for speed.",
+            "use_ray": "Start every worker (TP ranks, detokenizer) as a Ray actor placed by placement groups "
+            "(pip install 'sglang[ray]'); --nnodes N spreads the TP group over N nodes.",
+            "ray_address": "Ray cluster to join with --use-ray (default auto: the running cluster).",
+            "ray_spread_roles": "Put every role group in one STRICT_SPREAD placement group (roles on distinct nodes).",
+            "ray_cpus_per_worker": "Ray CPUs each worker reserves (plus one GPU per worker on CUDA).",
+            "ray_placement_timeout": "Seconds to wait for Ray to place the workers before failing.",
             "zmq_transport": "ipc|tcp: transport of the sockets between the server's processes (tcp on "
             "127.0.0.1 ports, so a worker can live on another host).",
         }

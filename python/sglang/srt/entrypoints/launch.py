@@ -55,14 +55,20 @@ class Subprocesses:
     tp_ranks: list = field(default_factory=list)
     failure: Optional[str] = None
     launcher: Any = None  # keeps the children's liveness pipe open for the server's lifetime
+    port_args: Optional[PortArgs] = None  # set when the launcher chose the endpoints (--use-ray)
     _closing: threading.Event = field(default_factory=threading.Event)
+    _shut_down: bool = False
 
     def children(self) -> list:
         """Every child process: the scheduler(s), then the detokenizer when present."""
         return list(self.schedulers or [self.scheduler]) + ([self.detokenizer] if self.detokenizer else [])
 
     def shutdown(self, timeout: float = 5.0) -> None:
-        """Terminate every child (SIGTERM, then SIGKILL after ``timeout`` seconds)."""
+        """Terminate every child (SIGTERM, then SIGKILL after ``timeout`` seconds), then close the launcher;
+        a second call does nothing."""
+        if self._shut_down:
+            return
+        self._shut_down = True
         self._closing.set()
         procs = self.children()
         for p in procs:
@@ -74,13 +80,18 @@ class Subprocesses:
             if p.is_alive():
                 p.kill()
                 p.join(1.0)
+        if self.launcher is not None:
+            self.launcher.close()
 
     def dead_child(self) -> Optional[str]:
         """A message naming the first child that exited, or None while all live."""
         for p, rank in zip(self.schedulers, self.tp_ranks):
             if not p.is_alive():
-                return f"scheduler TP rank {rank} (pid {p.pid}) exited unexpectedly with code {p.exitcode}"
+                return (f"scheduler TP rank {rank} (pid {p.pid}) exited unexpectedly with code {p.exitcode}"
+                        + (f" ({p.death_reason})" if getattr(p, "death_reason", None) else ""))
         if self.detokenizer is not None and not self.detokenizer.is_alive():
+            if getattr(self.detokenizer, "death_reason", None):
+                return f"detokenizer exited unexpectedly: {self.detokenizer.death_reason}"
             return f"detokenizer (pid {self.detokenizer.pid}) exited unexpectedly with code {self.detokenizer.exitcode}"
         return None
 
@@ -180,6 +191,10 @@ def launch_subprocesses(server_args: ServerArgs, port_args: PortArgs, in_process
     from sglang.srt.managers.scheduler_process import run_scheduler_process
 
     check_parallel_args(server_args)
+    if server_args.use_ray:  # workers as Ray actors; the only path that imports ray
+        from sglang.srt.ray.launch import launch_ray_workers
+
+        return launch_ray_workers(server_args, in_process_engine)
     apply_nvls_off_env()  # inherited by the spawned children
     launcher = MultiprocessingLauncher()
     tp, nnodes = server_args.tp_size, server_args.nnodes
@@ -257,8 +272,9 @@ def launch_server(server_args: ServerArgs) -> None:
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
     server_args = resolve_model(server_args)
-    port_args = PortArgs.init_new(server_args.zmq_transport)
+    port_args = PortArgs.init_new("tcp" if server_args.use_ray else server_args.zmq_transport)
     procs = launch_subprocesses(server_args, port_args)
+    port_args = procs.port_args or port_args  # --use-ray: endpoints on the nodes Ray chose
     try:
         if server_args.node_rank != 0:
             _serve_worker_node(server_args, procs)

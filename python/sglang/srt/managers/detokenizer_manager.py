@@ -318,8 +318,9 @@ def run_detokenizer_process(
         logger.info("received signal %d; exiting", signum)
         raise SystemExit(0)
 
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
+    if threading.current_thread() is threading.main_thread():  # a Ray actor runs us on one of its threads
+        signal.signal(signal.SIGTERM, _on_signal)
+        signal.signal(signal.SIGINT, _on_signal)
     manager: Optional[DetokenizerManager] = None
     try:
         manager = DetokenizerManager(server_args, port_args, parent_watch=parent_watch)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 import traceback
 from typing import Optional
@@ -162,8 +163,9 @@ def run_scheduler_process(server_args, port_args, ready_pipe, parent_pid: Option
     """
     tp_size = server_args.tp_size
     configure_logger(server_args.log_level, f"Scheduler TP{tp_rank}" if tp_size > 1 else "Scheduler")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent coordinates shutdown
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    if threading.current_thread() is threading.main_thread():  # a Ray actor runs us on one of its threads
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent coordinates shutdown
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     try:
         from sglang.srt.configs.model_config import ModelConfig
         from sglang.srt.managers.scheduler import Scheduler

@@ -1,0 +1,147 @@
+"""``--use-ray`` startup: place, create and start the server's workers as Ray actors.
+
+Called by :func:`sglang.srt.entrypoints.launch.launch_subprocesses` instead of the ``spawn`` path. The driver
+(this process: HTTP + TokenizerManager, or the user's ``sgl.Engine``) connects to the Ray cluster at
+``--ray-address`` (default ``auto``: the running cluster, e.g. inside ``ray job submit``), reserves one placement
+group per role group (:mod:`sglang.srt.ray.placement`), starts one actor per TP rank plus the detokenizer (in
+rank 0's bundle), then wires them with TCP sockets on the IPs Ray reports: the TokenizerManager binds on the
+driver's node, the scheduler input and detokenizer on rank 0's node, and the TP rendezvous is rank 0's node.
+``--nnodes N`` splits the TP group into N node slices on N distinct nodes (no ``--node-rank`` /
+``--dist-init-addr``: Ray places every slice).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import time
+
+import ray
+from ray.exceptions import RayActorError, RayError
+
+from sglang.srt.entrypoints.launch import STARTUP_TIMEOUT_S, Subprocesses
+from sglang.srt.entrypoints.worker_launcher import WorkerSpec
+from sglang.srt.ray.launcher import READY_CHANNEL, RayLauncher
+from sglang.srt.ray.placement import RoleGroup, plan_placement
+from sglang.srt.server_args import PortArgs, ServerArgs
+
+logger = logging.getLogger(__name__)
+
+
+def connect(address: str) -> bool:
+    """``ray.init`` at ``address`` unless already connected; True when this call connected.
+
+    Raises:
+        RuntimeError: no cluster there (the message says how to start one).
+    """
+    if ray.is_initialized():
+        return False
+    try:
+        ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise RuntimeError(f"--use-ray: no Ray cluster at --ray-address={address!r} ({e}); start one with "
+                           f"`ray start --head` (and `ray start --address HEAD:6379` on other nodes) or run "
+                           f"under `ray job submit`") from e
+    return True
+
+
+def worker_resources(server_args: ServerArgs) -> dict:
+    """What one TP rank reserves: ``--ray-cpus-per-worker`` CPUs and, on CUDA, one GPU."""
+    res = {"CPU": float(server_args.ray_cpus_per_worker)}
+    if server_args.resolved_device == "cuda":
+        res["GPU"] = 1.0
+    return res
+
+
+def launch_ray_workers(server_args: ServerArgs, in_process_engine: bool = False) -> Subprocesses:
+    """Start every TP rank and the detokenizer as Ray actors and wait until all ranks are ready.
+
+    Returns:
+        the :class:`Subprocesses` whose ``port_args`` the TokenizerManager must use (TCP endpoints on the
+        nodes Ray chose) and whose ``launcher`` owns the actors and placement groups.
+    Raises:
+        RuntimeError: no cluster, resources not placeable, or a rank failed/died during startup.
+    """
+    from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
+    from sglang.srt.managers.scheduler_process import run_scheduler_process
+    from sglang.srt.utils.common import free_tcp_ports
+
+    if server_args.node_rank != 0:
+        raise ValueError(f"--node-rank={server_args.node_rank} is invalid with --use-ray: one launcher places every "
+                         f"node; drop --node-rank (and --dist-init-addr)")
+    launcher = RayLauncher(server_args.log_level, owns_connection=connect(server_args.ray_address))
+    try:
+        procs = _launch(server_args, launcher, run_scheduler_process, run_detokenizer_process, free_tcp_ports)
+    except BaseException:
+        launcher.close()
+        raise
+    atexit.register(procs.shutdown)
+    return procs
+
+
+def _launch(server_args, launcher, run_scheduler_process, run_detokenizer_process, free_tcp_ports):
+    tp, nnodes = server_args.tp_size, server_args.nnodes
+    res = worker_resources(server_args)
+    group = RoleGroup("scheduler", tp, nnodes, res, extra={"CPU": 1.0})
+    launcher.reserve(plan_placement([group], spread_roles=server_args.ray_spread_roles),
+                     server_args.ray_placement_timeout)
+    launcher.add_slot(("detokenizer", 0), ("scheduler", 0))
+    infos = {}
+    for rank in range(tp):
+        name = f"sglang::scheduler_TP{rank}" if tp > 1 else "sglang::scheduler"
+        infos[rank] = launcher.create_actor("scheduler", rank, name, res, {}, n_ports=2 if rank == 0 else 0)
+    detok_info = launcher.create_actor("detokenizer", 0, "sglang::detokenizer", {"CPU": 1.0}, {}, n_ports=1)
+    driver_ip = ray.util.get_node_ip_address()
+    ip0 = infos[0]["ip"]
+    sched_port, dist_port = infos[0]["ports"]
+    port_args = PortArgs(tokenizer_ipc=f"tcp://{driver_ip}:{free_tcp_ports(1, driver_ip)[0]}",
+                         scheduler_input_ipc=f"tcp://{ip0}:{sched_port}",
+                         detokenizer_ipc=f"tcp://{detok_info['ip']}:{detok_info['ports'][0]}")
+    init = f"tcp://{ip0}:{dist_port}" if tp > 1 else None
+    handles = []
+    for rank in range(tp):
+        node_slice = group.slice_of(rank)
+        args = server_args.replace(node_rank=node_slice, dist_init_addr=f"{ip0}:{dist_port}" if tp > 1 else None)
+        device = "cuda:0" if res.get("GPU") else "cpu"  # the actor's CUDA_VISIBLE_DEVICES is Ray's assignment
+        spec = WorkerSpec(name=f"sglang::scheduler_TP{rank}" if tp > 1 else "sglang::scheduler",
+                          target=run_scheduler_process,
+                          args=(args, port_args, READY_CHANNEL, None, rank, init, False, device),
+                          role="scheduler", rank=rank, device=device, resources=res)
+        handles.append(launcher.launch(spec))
+    detok = launcher.launch(WorkerSpec(name="sglang::detokenizer", target=run_detokenizer_process,
+                                       args=(server_args, port_args, None, False), role="detokenizer",
+                                       resources={"CPU": 1.0}))
+    procs = Subprocesses(handles[0], detok, {}, schedulers=handles, tp_ranks=list(range(tp)), launcher=launcher,
+                         port_args=port_args)
+    info = _wait_ready(launcher, handles, STARTUP_TIMEOUT_S)
+    if info.get("status") != "ready":
+        raise RuntimeError(f"server startup failed: {info.get('message')}")
+    for key in ("status", "tp_rank", "pid"):
+        info.pop(key, None)
+    info["ray_nodes"] = [{"tp_rank": r, "ip": infos[r]["ip"], "node_id": infos[r]["node_id"],
+                          "gpu_ids": infos[r]["gpu_ids"]} for r in range(tp)]
+    procs.scheduler_info = info
+    logger.info("Ray: %d TP rank(s) ready on node(s) %s (scheduler input %s)", tp,
+                [infos[r]["ip"] for r in range(tp)], port_args.scheduler_input_ipc)
+    return procs
+
+
+def _wait_ready(launcher: RayLauncher, handles: list, timeout_s: float) -> dict:
+    """Rank 0's ready message once every rank is ready; the first error (or dead actor) otherwise."""
+    refs = {launcher.wait_ready(h, timeout_s): (rank, h) for rank, h in enumerate(handles)}
+    infos = {}
+    deadline = time.monotonic() + timeout_s
+    while refs:
+        done, _ = ray.wait(list(refs), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        if not done:
+            return {"status": "error", "message": f"the scheduler did not start within {timeout_s:.0f} s"}
+        rank, h = refs.pop(done[0])
+        try:
+            info = ray.get(done[0])
+        except (RayActorError, RayError) as e:
+            return {"status": "error", "message": f"the Ray actor of TP rank {rank} died during startup on "
+                                                  f"node {h.info.get('ip')}: {str(e).splitlines()[0]}"}
+        if info.get("status") != "ready":
+            return info
+        infos[rank] = info
+    return infos[0]
