@@ -25,10 +25,25 @@ def greedy_payload() -> dict:
     return {"text": PROMPTS, "sampling_params": {"temperature": 0, "max_new_tokens": N_NEW}}
 
 
+def loaded_ray(pid: int) -> bool:
+    """True when process ``pid`` has Ray's core library mapped (i.e. imported ``ray``)."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return "_raylet" in f.read()
+    except OSError:
+        return False
+
+
 def single_process_reference(model_path: str) -> list[list[int]]:
-    """Greedy output ids of :data:`PROMPTS` from the plain single-process server (no Ray, TP 1)."""
+    """Greedy output ids of :data:`PROMPTS` from the plain single-process server (no Ray, TP 1); also checks
+    that neither it nor its children imported ``ray`` (the server without ``--use-ray`` never does)."""
+    import psutil
+
     with ServerProcess(["--model-path", model_path, "--device", "cpu"], timeout=180) as srv:
-        return [o["output_ids"] for o in generate(srv.url, greedy_payload())]
+        outs = [o["output_ids"] for o in generate(srv.url, greedy_payload())]
+        pids = [srv.proc.pid] + [c.pid for c in psutil.Process(srv.proc.pid).children(recursive=True)]
+        assert len(pids) >= 3 and not any(loaded_ray(p) for p in pids), "the plain server imported ray"
+        return outs
 
 
 def wait_healthy(url: str, timeout: float, alive=lambda: True, log=lambda: "") -> None:

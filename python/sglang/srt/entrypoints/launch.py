@@ -192,7 +192,11 @@ def launch_subprocesses(server_args: ServerArgs, port_args: PortArgs, in_process
 
     check_parallel_args(server_args)
     if server_args.use_ray:  # workers as Ray actors; the only path that imports ray
-        from sglang.srt.ray.launch import launch_ray_workers
+        try:
+            from sglang.srt.ray.launch import launch_ray_workers
+        except ImportError as e:
+            raise RuntimeError(f"--use-ray needs Ray ({e}); install the extra: pip install 'sglang[ray]' "
+                               f"(from a checkout: pip install './python[ray]')") from e
 
         return launch_ray_workers(server_args, in_process_engine)
     apply_nvls_off_env()  # inherited by the spawned children
