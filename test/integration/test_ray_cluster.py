@@ -123,6 +123,22 @@ def test_ray_job_submit_readme_example(cluster, model_path, reference, tmp_path)
     assert wait_no_actors(cluster) == [], log_path.read_text()[-3000:]
 
 
+def test_engine_use_ray_tp2_equals_single_process(cluster, model_path, reference):
+    import sglang as sgl
+
+    engine = sgl.Engine(model_path=model_path, device="cpu", tp_size=2, nnodes=2, use_ray=True,
+                        ray_address=cluster.address)
+    try:
+        outs = engine.generate(PROMPTS, {"temperature": 0, "max_new_tokens": N_NEW})
+        assert [o["output_ids"] for o in outs] == reference
+    finally:
+        engine.shutdown()
+    import ray
+
+    assert not ray.is_initialized()  # the Engine connected, so it disconnected
+    assert wait_no_actors(cluster) == []
+
+
 def test_kill_raylet_mid_request_fails_fast_without_leftovers(cluster, model_path):
     srv = ray_server(cluster, model_path)
     result = {}

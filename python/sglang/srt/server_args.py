@@ -80,7 +80,8 @@ class ServerArgs:
     use_ray: bool = False
     ray_address: str = "auto"  # the cluster to join: auto = the running one (ray start / ray job submit)
     ray_spread_roles: bool = False  # all role groups in one STRICT_SPREAD placement group (roles on distinct nodes)
-    ray_cpus_per_worker: float = 1.0  # Ray CPUs each TP rank reserves (plus one GPU on CUDA)
+    ray_cpus_per_worker: float = 1.0  # Ray CPUs each TP rank reserves
+    ray_gpus_per_worker: float = 1.0  # Ray GPUs each TP rank reserves on CUDA (< 1: ranks share a GPU, tests only)
     ray_placement_timeout: float = 300.0  # seconds to wait for the placement groups before failing
 
     # TokenWeave (compute-communication overlap of two token splits)
@@ -145,6 +146,9 @@ class ServerArgs:
             bad("dist-timeout", self.dist_timeout, "use a positive number of seconds")
         if self.ray_cpus_per_worker < 0:
             bad("ray-cpus-per-worker", self.ray_cpus_per_worker, "use a number of CPUs >= 0")
+        if not 0 < self.ray_gpus_per_worker <= 1:
+            bad("ray-gpus-per-worker", self.ray_gpus_per_worker, "use a fraction in (0, 1] (one GPU per worker at "
+                "most; < 1 only with --tp-ranks-share-gpu)")
         if self.ray_placement_timeout <= 0:
             bad("ray-placement-timeout", self.ray_placement_timeout, "use a positive number of seconds")
         if self.nnodes > 1 and not self.dist_init_addr and not self.use_ray:
@@ -220,7 +224,9 @@ class ServerArgs:
             "(pip install 'sglang[ray]'); --nnodes N spreads the TP group over N nodes.",
             "ray_address": "Ray cluster to join with --use-ray (default auto: the running cluster).",
             "ray_spread_roles": "Put every role group in one STRICT_SPREAD placement group (roles on distinct nodes).",
-            "ray_cpus_per_worker": "Ray CPUs each worker reserves (plus one GPU per worker on CUDA).",
+            "ray_cpus_per_worker": "Ray CPUs each worker reserves.",
+            "ray_gpus_per_worker": "Ray GPUs each worker reserves on CUDA (default 1; a fraction lets ranks share a "
+            "GPU, for --tp-ranks-share-gpu tests only).",
             "ray_placement_timeout": "Seconds to wait for Ray to place the workers before failing.",
             "zmq_transport": "ipc|tcp: transport of the sockets between the server's processes (tcp on "
             "127.0.0.1 ports, so a worker can live on another host).",

@@ -46,10 +46,10 @@ def connect(address: str) -> bool:
 
 
 def worker_resources(server_args: ServerArgs) -> dict:
-    """What one TP rank reserves: ``--ray-cpus-per-worker`` CPUs and, on CUDA, one GPU."""
+    """What one TP rank reserves: ``--ray-cpus-per-worker`` CPUs and, on CUDA, ``--ray-gpus-per-worker`` GPUs."""
     res = {"CPU": float(server_args.ray_cpus_per_worker)}
     if server_args.resolved_device == "cuda":
-        res["GPU"] = 1.0
+        res["GPU"] = float(server_args.ray_gpus_per_worker)
     return res
 
 

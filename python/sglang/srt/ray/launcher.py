@@ -88,7 +88,12 @@ class _WorkerActor:
         from sglang.srt.utils.common import free_tcp_ports
 
         ip = ray.util.get_node_ip_address()
-        return {"ip": ip, "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
+        iface = _interface_of(ip)
+        if iface and "GLOO_SOCKET_IFNAME" not in os.environ:
+            # gloo otherwise binds the address the hostname resolves to (often 127.0.0.1): peers on other
+            # nodes could not connect back. Use the interface that carries the IP Ray knows this node by.
+            os.environ["GLOO_SOCKET_IFNAME"] = iface
+        return {"iface": iface, "ip": ip, "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
                 "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
                 "ports": free_tcp_ports(n_ports, ip) if n_ports else []}
@@ -122,6 +127,16 @@ class _WorkerActor:
     def stop(self) -> None:
         """Ask the entry point to return (its ``parent_watch`` turns False)."""
         self._stop.set()
+
+
+def _interface_of(ip: str) -> Optional[str]:
+    """The network interface that holds ``ip`` on this host, or None."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address == ip for a in addrs):
+            return name
+    return None
 
 
 class RayWorkerHandle:
