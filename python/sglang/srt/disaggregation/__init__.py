@@ -1,0 +1,1 @@
+"""Prefill/decode disaggregation (KVDirect-style pull transfer; SGLang PD interface)."""
