@@ -511,7 +511,7 @@ class TokenizerManager:
                 if self.metrics is not None:
                     self.metrics.observe_request_finished(now - s.created_time, s.prompt_tokens,
                                                           s.completion_tokens)
-                if s.disagg_info is not None:
+                if s.disagg_info is not None and self.metrics is not None:
                     self.metrics.observe_kv_transfer(s.disagg_info)
             s.dirty = True
             s.event.set()
