@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import logging
 import random
 from dataclasses import dataclass, field
@@ -96,6 +97,7 @@ def create_app(state: RouterState, timeout_s: float = 600.0) -> FastAPI:
     """The router's FastAPI app over ``state``."""
     app = FastAPI()
     holder: dict[str, aiohttp.ClientSession] = {}
+    background: set = set()
 
     def session() -> aiohttp.ClientSession:
         s = holder.get("s")
@@ -132,17 +134,21 @@ def create_app(state: RouterState, timeout_s: float = 600.0) -> FastAPI:
         n = _num_prompts(path, body)
         body = dict(body, bootstrap_host=pw.bootstrap_host, bootstrap_port=pw.bootstrap_port,
                     bootstrap_room=new_room(state.rng) if n is None else [new_room(state.rng) for _ in range(n)])
-        prefill_task = asyncio.ensure_future(_drain_prefill(pw.url + path, body))
+        prefill_task = asyncio.ensure_future(_drain_prefill(pw.url + path, body))  # never awaited by the answer:
+        background.add(prefill_task)  # a frozen prefill server must not hold up the decode side's answer
+        prefill_task.add_done_callback(background.discard)
         stream = bool(body.get("stream"))
         try:
             resp = await session().post(dw + path, json=body)
         except aiohttp.ClientError as e:
-            await prefill_task
             return JSONResponse({"error": {"message": f"decode server {dw} failed: {e}"}}, status_code=502)
         if not stream or resp.status != 200:
-            data = await resp.read()
-            resp.release()
-            await prefill_task
+            try:
+                data = await resp.read()
+            except aiohttp.ClientError as e:
+                return JSONResponse({"error": {"message": f"decode server {dw} failed: {e}"}}, status_code=502)
+            finally:
+                resp.release()
             return Response(content=data, status_code=resp.status,
                             media_type=resp.headers.get("Content-Type", "application/json"))
 
@@ -150,9 +156,12 @@ def create_app(state: RouterState, timeout_s: float = 600.0) -> FastAPI:
             try:
                 async for chunk in resp.content.iter_any():
                     yield chunk
+            except aiohttp.ClientError as e:  # the decode server died mid-stream: end with an error event
+                logger.warning("decode server %s failed mid-stream: %s", dw, e)
+                msg = json.dumps({"error": {"message": f"decode server {dw} failed: {e}", "code": 502}})
+                yield f"data: {msg}\n\n".encode()
             finally:
                 resp.release()
-                await prefill_task
 
         return StreamingResponse(relay(), status_code=200, media_type="text/event-stream")
 
