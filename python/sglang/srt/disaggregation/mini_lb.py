@@ -184,6 +184,22 @@ def create_app(state: RouterState, timeout_s: float = 600.0) -> FastAPI:
         async with session().get(state.decode[0] + "/v1/models") as r:
             return Response(content=await r.read(), status_code=r.status, media_type="application/json")
 
+    @app.get("/get_model_info")
+    async def model_info():
+        if not state.decode:
+            return JSONResponse({"error": {"message": "no decode worker"}}, status_code=503)
+        async with session().get(state.decode[0] + "/get_model_info") as r:
+            return Response(content=await r.read(), status_code=r.status, media_type="application/json")
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache():
+        codes = []
+        for url in [p.url for p in state.prefill] + state.decode:
+            async with session().post(url + "/flush_cache") as r:
+                codes.append(r.status)
+        ok = all(c == 200 for c in codes)
+        return JSONResponse({"success": ok}, status_code=200 if ok else 400)
+
     @app.get("/health")
     async def health():
         return Response(status_code=200)
