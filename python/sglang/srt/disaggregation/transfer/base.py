@@ -21,7 +21,9 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
+
+import numpy as np
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +72,29 @@ class ReadOp:
     remote_addr: int
     local_addr: int
     nbytes: int
+
+
+OpsLike = Union[Sequence[ReadOp], np.ndarray]
+"""``list[ReadOp]`` or an ``int64 [N, 3]`` array of ``(remote_addr, local_addr, nbytes)`` rows (the fast
+form for thousands of blocks; see :mod:`.kv_plan`)."""
+
+
+def as_op_array(ops: OpsLike) -> np.ndarray:
+    """``ops`` as a C-contiguous ``int64 [N, 3]`` array (ValueError for another shape)."""
+    if isinstance(ops, np.ndarray):
+        arr = np.ascontiguousarray(ops, dtype=np.int64)
+        if arr.ndim != 2 or arr.shape[1] != 3:
+            raise ValueError(f"an ops array must be [N, 3] (remote_addr, local_addr, nbytes), got {arr.shape}")
+        return arr
+    return np.array([(o.remote_addr, o.local_addr, o.nbytes) for o in ops], dtype=np.int64).reshape(-1, 3)
+
+
+def _inside(addr: np.ndarray, nbytes: np.ndarray, regions: Sequence["MemRegion"]) -> np.ndarray:
+    """Bool mask: range ``[addr, addr + nbytes)`` lies inside one of ``regions``."""
+    ok = np.zeros(addr.shape, dtype=bool)
+    for r in regions:
+        ok |= (addr >= r.addr) & (addr + nbytes <= r.addr + r.nbytes)
+    return ok
 
 
 class TransferState(enum.Enum):
@@ -187,14 +212,20 @@ class TransferBackend(ABC):
         """Regions registered so far."""
         return tuple(self._regions)
 
-    def _check_local(self, ops: Sequence[ReadOp]) -> None:
-        """ValueError when an op is empty or its local range is outside every registered region."""
-        for op in ops:
-            if op.nbytes <= 0:
-                raise ValueError(f"ReadOp nbytes={op.nbytes} must be > 0")
-            if not any(r.contains(op.local_addr, op.nbytes) for r in self._regions):
-                raise ValueError(f"local range [{op.local_addr:#x}, +{op.nbytes}) is not inside a registered region; "
-                                 "register() it first")
+    def _check_local(self, ops: "OpsLike") -> np.ndarray:
+        """Ops as ``int64 [N, 3]`` (remote, local, nbytes); ValueError when empty, an op is empty or its
+        local range is outside every registered region."""
+        arr = as_op_array(ops)
+        if len(arr) == 0:
+            raise ValueError("ops is empty")
+        if (arr[:, 2] <= 0).any():
+            raise ValueError(f"every op needs nbytes > 0; got {int(arr[:, 2].min())}")
+        bad = ~_inside(arr[:, 1], arr[:, 2], self._regions)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"local range [{int(arr[i, 1]):#x}, +{int(arr[i, 2])}) is not inside a registered "
+                             "region; register() it first")
+        return arr
 
     # ---- peers -----------------------------------------------------------------------------------
     @abstractmethod
@@ -212,13 +243,14 @@ class TransferBackend(ABC):
 
     # ---- data ------------------------------------------------------------------------------------
     @abstractmethod
-    def read(self, peer: str, ops: list[ReadOp], notif: Optional[bytes] = None) -> TransferHandle:
+    def read(self, peer: str, ops: OpsLike, notif: Optional[bytes] = None) -> TransferHandle:
         """Post a one-sided READ: for each op copy ``nbytes`` from ``peer``'s ``remote_addr`` to local
-        ``local_addr``. Returns at once. Raises ValueError for empty ops / unregistered local ranges and
+        ``local_addr`` (``ops``: ``list[ReadOp]`` or an ``int64 [N, 3]`` array). Returns at once; a dead peer
+        gives a handle that polls FAILED. Raises ValueError for empty ops / unregistered local ranges and
         TransferError for an unknown peer."""
 
     @abstractmethod
-    def write(self, peer: str, ops: list[ReadOp], notif: Optional[bytes] = None) -> TransferHandle:
+    def write(self, peer: str, ops: OpsLike, notif: Optional[bytes] = None) -> TransferHandle:
         """Post a one-sided WRITE (push mode): copy local ``local_addr`` to ``peer``'s ``remote_addr``."""
 
     @abstractmethod
@@ -250,8 +282,8 @@ class TransferBackend(ABC):
             return True
         return False
 
-    def _new_handle(self, peer: str, op: str, ops: Sequence[ReadOp]) -> TransferHandle:
-        return TransferHandle(peer=peer, op=op, nbytes=sum(o.nbytes for o in ops), num_ops=len(ops),
+    def _new_handle(self, peer: str, op: str, arr: np.ndarray) -> TransferHandle:
+        return TransferHandle(peer=peer, op=op, nbytes=int(arr[:, 2].sum()), num_ops=len(arr),
                               deadline=time.monotonic() + self.config.transfer_timeout_s)
 
     # ---- control messages ------------------------------------------------------------------------

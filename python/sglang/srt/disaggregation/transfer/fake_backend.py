@@ -23,8 +23,9 @@ import time
 from typing import Optional
 
 import msgspec
+import numpy as np
 
-from sglang.srt.disaggregation.transfer.base import (MemRegion, ReadOp, TransferBackend, TransferConfig,
+from sglang.srt.disaggregation.transfer.base import (MemRegion, OpsLike, TransferBackend, TransferConfig,
                                                      TransferError, TransferHandle, TransferState)
 
 logger = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ class _Peer:
                 with self.lock:
                     self.pending.discard(handle)
 
-    def _do(self, handle: TransferHandle, op: str, ops: list[ReadOp]) -> None:
+    def _do(self, handle: TransferHandle, op: str, ops: np.ndarray) -> None:
         if handle.state is not TransferState.PENDING:  # timed out / cancelled before it started
             return
         remaining = handle.deadline - time.monotonic()
@@ -127,9 +128,8 @@ class _Peer:
             raise TimeoutError("deadline passed before the transfer started")
         sock = self._connect()
         sock.settimeout(remaining)
-        hdr = {"t": op, "from": self.owner.agent_name, "ops": [[o.remote_addr, o.nbytes] for o in ops],
-               "notif": handle.impl}
-        payload = _gather((o.local_addr, o.nbytes) for o in ops) if op == "write" else b""
+        hdr = {"t": op, "from": self.owner.agent_name, "ops": ops[:, [0, 2]].tolist(), "notif": handle.impl}
+        payload = _gather(ops[:, [1, 2]].tolist()) if op == "write" else b""
         _send_frame(sock, hdr, payload)
         reply, data = _recv_frame(sock)
         if reply.get("t") != "ok":
@@ -140,7 +140,7 @@ class _Peer:
             if op == "read":
                 if len(data) != handle.nbytes:
                     raise ValueError(f"peer {self.name} sent {len(data)} bytes, expected {handle.nbytes}")
-                _scatter(((o.local_addr, o.nbytes) for o in ops), data)
+                _scatter(ops[:, [1, 2]].tolist(), data)
             handle.finish(TransferState.DONE)
 
     def send_notif(self, msg: bytes) -> None:
@@ -160,7 +160,7 @@ class _Peer:
                     if attempt:
                         raise TransferError(f"cannot send a notification to {self.name!r}: {e}") from e
 
-    def submit(self, handle: TransferHandle, op: str, ops: list[ReadOp]) -> None:
+    def submit(self, handle: TransferHandle, op: str, ops: np.ndarray) -> None:
         with self.lock:
             self.pending.add(handle)
         self.jobs.put((handle, op, ops))
@@ -315,20 +315,18 @@ class FakeTransferBackend(TransferBackend):
             raise TransferError(f"unknown peer {peer!r}; connect() it first") from None
 
     # ---- data ------------------------------------------------------------------------------------
-    def _post(self, op: str, peer: str, ops: list[ReadOp], notif: Optional[bytes]) -> TransferHandle:
-        if not ops:
-            raise ValueError(f"{op}: ops is empty")
-        self._check_local(ops)
+    def _post(self, op: str, peer: str, ops: OpsLike, notif: Optional[bytes]) -> TransferHandle:
+        arr = self._check_local(ops)
         p = self._peer(peer)
-        handle = self._new_handle(peer, op.upper(), ops)
+        handle = self._new_handle(peer, op.upper(), arr)
         handle.impl = None if notif is None else bytes(notif)
-        p.submit(handle, op, list(ops))
+        p.submit(handle, op, arr)
         return handle
 
-    def read(self, peer: str, ops: list[ReadOp], notif: Optional[bytes] = None) -> TransferHandle:
+    def read(self, peer: str, ops: OpsLike, notif: Optional[bytes] = None) -> TransferHandle:
         return self._post("read", peer, ops, notif)
 
-    def write(self, peer: str, ops: list[ReadOp], notif: Optional[bytes] = None) -> TransferHandle:
+    def write(self, peer: str, ops: OpsLike, notif: Optional[bytes] = None) -> TransferHandle:
         return self._post("write", peer, ops, notif)
 
     def poll(self, handle: TransferHandle) -> TransferState:

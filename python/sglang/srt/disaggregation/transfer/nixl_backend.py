@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Optional, Sequence
+from typing import Optional
 
 import msgspec
 import numpy as np
 
-from sglang.srt.disaggregation.transfer.base import (MemRegion, ReadOp, TransferBackend, TransferConfig,
+from sglang.srt.disaggregation.transfer.base import (MemRegion, OpsLike, TransferBackend, TransferConfig,
                                                      TransferError, TransferHandle, TransferState)
 
 logger = logging.getLogger(__name__)
@@ -131,38 +131,37 @@ class NixlTransferBackend(TransferBackend):
             logger.warning("nixl remove_remote_agent(%s) failed: %s", peer, e)
 
     # ---- data ------------------------------------------------------------------------------------
-    def _descs(self, peer: str, ops: Sequence[ReadOp]):
-        """(local Nx3, local mem type, remote Nx3, remote mem type) numpy descriptor arrays."""
+    def _descs(self, peer: str, ops: OpsLike):
+        """(Nx3 array, local Nx3 descs, local mem type, remote Nx3 descs, remote mem type)."""
         regions = self._peer_regions.get(peer)
         if regions is None:
             raise TransferError(f"unknown peer {peer!r}; connect() it first")
-        self._check_local(ops)
-        arr = np.array([(o.remote_addr, o.local_addr, o.nbytes) for o in ops], dtype=np.uint64).reshape(-1, 3)
+        arr = self._check_local(ops)
 
-        def devices(addrs_lens, regs, side):
-            devs = set()
-            for a, n in addrs_lens:
-                r = next((r for r in regs if r.contains(a, n)), None)
-                if r is None:
-                    raise ValueError(f"{side} range [{a:#x}, +{n}) is outside the regions {side} registered")
-                devs.add(r.device)
+        def device(addr: np.ndarray, regs: list[MemRegion], side: str) -> str:
+            which = np.full(len(arr), -1)
+            for i, r in enumerate(regs):
+                which[(which < 0) & (addr >= r.addr) & (addr + arr[:, 2] <= r.addr + r.nbytes)] = i
+            if (which < 0).any():
+                k = int(np.flatnonzero(which < 0)[0])
+                raise ValueError(f"{side} range [{int(addr[k]):#x}, +{int(arr[k, 2])}) is outside the regions "
+                                 f"{side} registered")
+            devs = {regs[i].device for i in np.unique(which)}
             if len(devs) != 1:
                 raise ValueError(f"one transfer must stay on one {side} device, got {sorted(devs)}; split it")
             return devs.pop()
 
-        ldev = devices(((o.local_addr, o.nbytes) for o in ops), self._regions, "local")
-        rdev = devices(((o.remote_addr, o.nbytes) for o in ops), regions, "remote")
-        local = np.stack([arr[:, 1], arr[:, 2], np.full(len(ops), _dev_id(ldev), np.uint64)], axis=1)
-        remote = np.stack([arr[:, 0], arr[:, 2], np.full(len(ops), _dev_id(rdev), np.uint64)], axis=1)
-        return local, _mem_type(ldev), remote, _mem_type(rdev)
+        ldev, rdev = device(arr[:, 1], self._regions, "local"), device(arr[:, 0], regions, "remote")
+        n = len(arr)
+        local = np.stack([arr[:, 1], arr[:, 2], np.full(n, _dev_id(ldev), np.int64)], axis=1).astype(np.uint64)
+        remote = np.stack([arr[:, 0], arr[:, 2], np.full(n, _dev_id(rdev), np.int64)], axis=1).astype(np.uint64)
+        return arr, local, _mem_type(ldev), remote, _mem_type(rdev)
 
-    def _post(self, op: str, peer: str, ops: list[ReadOp], notif: Optional[bytes]) -> TransferHandle:
+    def _post(self, op: str, peer: str, ops: OpsLike, notif: Optional[bytes]) -> TransferHandle:
         if self._closed:
             raise TransferError("agent is closed")
-        if not ops:
-            raise ValueError(f"{op}: ops is empty")
-        local, lmt, remote, rmt = self._descs(peer, ops)
-        handle = self._new_handle(peer, op, ops)
+        arr, local, lmt, remote, rmt = self._descs(peer, ops)
+        handle = self._new_handle(peer, op, arr)
         with self._lock:
             self._pending.add(handle)
         try:
@@ -200,10 +199,10 @@ class NixlTransferBackend(TransferBackend):
         if handle.impl is not None:
             self._release(handle)
 
-    def read(self, peer: str, ops: list[ReadOp], notif: Optional[bytes] = None) -> TransferHandle:
+    def read(self, peer: str, ops: OpsLike, notif: Optional[bytes] = None) -> TransferHandle:
         return self._post("READ", peer, ops, notif)
 
-    def write(self, peer: str, ops: list[ReadOp], notif: Optional[bytes] = None) -> TransferHandle:
+    def write(self, peer: str, ops: OpsLike, notif: Optional[bytes] = None) -> TransferHandle:
         return self._post("WRITE", peer, ops, notif)
 
     def poll(self, handle: TransferHandle) -> TransferState:
