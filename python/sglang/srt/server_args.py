@@ -84,7 +84,7 @@ class ServerArgs:
     # (NCCL refuses two ranks per GPU), tw-comm over CUDA IPC within the device; no CUDA graphs, no custom AR.
     tp_ranks_share_gpu: bool = False
 
-    # Prefill/decode disaggregation (KVDirect; see docs/disaggregation.md)
+    # Prefill/decode disaggregation (KVDirect; see docs/pd_disaggregation.md)
     disaggregation_mode: str = "null"  # null | prefill | decode
     disaggregation_bootstrap_port: int = 8998
     disaggregation_transfer_backend: str = "nixl"  # nixl | fake

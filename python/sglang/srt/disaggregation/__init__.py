@@ -1,7 +1,7 @@
 """Prefill/decode disaggregation (KVDirect, Chen et al. 2024): prefill and decode run in separate servers and
 the decode side pulls (or, in push mode, receives) the prompt's KV with one-sided transfers.
 
-Layout (see ``docs/disaggregation.md``):
+Layout (see ``docs/pd_disaggregation.md``):
 
 * ``transfer/``: the transport (``TransferBackend``: nixl, fake) and the KV address arithmetic.
 * ``messages.py``: the msgspec control messages between prefill and decode schedulers.
