@@ -140,6 +140,9 @@ class DecodeConnector(BaseConnector):
             r = self.rooms.get(msg.room)
             if r is not None and r.state == "wait_ready":
                 r.ready = msg
+                srv = self.servers.get(r.server)
+                if srv is not None:
+                    srv.last_seen = now()
         elif isinstance(msg, RoomFailed):
             r = self.rooms.get(msg.room)
             if r is not None:
@@ -250,8 +253,6 @@ class DecodeConnector(BaseConnector):
             return
         if r.loc is None and not self._alloc(r):
             return  # pull mode: allocate only when the pool has room; stays queued
-        from sglang.srt.disaggregation.transfer.base import ReadOp
-
         srv = self.servers[r.server]
         dst_slots = r.loc.tolist()
         r.t_post = time.monotonic()
@@ -260,11 +261,10 @@ class DecodeConnector(BaseConnector):
                 src = KVRegionDescriptor.from_dict(info["kv"])
                 copies = plan_slot_copies(src, (info["head_lo"], info["head_hi"]), ready.slots,
                                           self.agent.desc, self.agent.heads, dst_slots)
-                if copies:
-                    ops = [ReadOp(remote_addr=s, local_addr=d, nbytes=n) for s, d, n in copies]
-                    r.handles.append(self.agent.backend.read(info["agent"], ops))
-                    r.reads += len(ops)
-                    r.nbytes += sum(n for _, _, n in copies)
+                if len(copies):  # rows (prefill address, decode address, nbytes) = (remote, local, nbytes)
+                    r.handles.append(self.agent.backend.read(info["agent"], copies))
+                    r.reads += len(copies)
+                    r.nbytes += int(copies[:, 2].sum())
         except Exception as e:  # noqa: BLE001 - agreed below; fails this room only
             logger.warning("room %d: posting reads failed: %s", r.room, e)
             r.fail_reason = f"posting KV reads failed: {e}"

@@ -171,22 +171,19 @@ class PrefillConnector(BaseConnector):
             if peer.dst_slots is None or len(peer.dst_slots) != len(slots):
                 raise ValueError(f"push needs {len(slots)} decode slots, got "
                                  f"{None if peer.dst_slots is None else len(peer.dst_slots)}")
-            from sglang.srt.disaggregation.transfer.base import ReadOp
-
             r.push_start = time.monotonic()
             for info in peer.decode_ranks:
                 dst = KVRegionDescriptor.from_dict(info["kv"])
                 copies = plan_slot_copies(self.agent.desc, self.agent.heads, slots, dst,
                                           (info["head_lo"], info["head_hi"]), peer.dst_slots)
-                if not copies:
+                if not len(copies):
                     continue
                 name = self.agent.ensure_connected(info)
                 for layer_copies in copies_by_layer(copies, self.agent.desc, side=0):
-                    if layer_copies:
-                        ops = [ReadOp(remote_addr=d, local_addr=s, nbytes=n) for s, d, n in layer_copies]
-                        r.handles.append(self.agent.backend.write(name, ops))
-                        r.push_bytes += sum(n for _, _, n in layer_copies)
-                        r.push_reads += len(ops)
+                    if len(layer_copies):  # a write's rows are (remote = decode, local = prefill, nbytes)
+                        r.handles.append(self.agent.backend.write(name, layer_copies[:, [1, 0, 2]]))
+                        r.push_bytes += int(layer_copies[:, 2].sum())
+                        r.push_reads += len(layer_copies)
             r.state = "pushing"
         except Exception as e:  # noqa: BLE001 - any local failure fails this room only (agreed in _poll_pushes)
             logger.warning("room %d: push failed to start: %s", r.room, e)
@@ -295,12 +292,14 @@ class PrefillConnector(BaseConnector):
         """Leader: rooms whose decode side never asked, or went silent, fail (injected for every rank)."""
         t = now()
         hb = self.args.disaggregation_heartbeat_timeout
+        queued = set(self.rid_room.values())  # rooms whose prefill request is queued or running here
         for r in list(self.rooms.values()):
             reason = None
             if r.req is not None and r.peer is None and t - r.created > self.args.disaggregation_bootstrap_timeout:
                 reason = (f"no decode server asked for bootstrap_room {r.room} within "
                           f"--disaggregation-bootstrap-timeout={self.args.disaggregation_bootstrap_timeout}s")
-            elif r.req is None and r.peer is not None and t - r.created > self.args.disaggregation_bootstrap_timeout:
+            elif r.req is None and r.peer is not None and r.room not in queued \
+                    and t - r.created > self.args.disaggregation_bootstrap_timeout:
                 reason = f"the prefill request of bootstrap_room {r.room} never arrived"
             elif r.peer is not None and r.state == "wait_ack" and t - self.peer_seen.get(r.peer.endpoint, t) > hb:
                 reason = (f"the decode server {r.peer.endpoint} went silent (no heartbeat for "
