@@ -92,6 +92,17 @@ class ServerArgs:
     # (NCCL refuses two ranks per GPU), tw-comm over CUDA IPC within the device; no CUDA graphs, no custom AR.
     tp_ranks_share_gpu: bool = False
 
+    # Prefill/decode disaggregation (KVDirect; see docs/pd_disaggregation.md)
+    disaggregation_mode: str = "null"  # null | prefill | decode
+    disaggregation_bootstrap_port: int = 8998
+    disaggregation_transfer_backend: str = "nixl"  # nixl | fake
+    disaggregation_transfer_mode: str = "pull"  # pull | push
+    disaggregation_bootstrap_timeout: float = 30.0  # s a decode request waits for its prefill (CONNECT + ready)
+    disaggregation_transfer_timeout: float = 30.0  # s a posted KV transfer may take
+    disaggregation_heartbeat_interval: float = 1.0  # s between heartbeats to peers with open rooms
+    disaggregation_heartbeat_timeout: float = 5.0  # s of silence after which a peer's rooms are failed/freed
+    disaggregation_verify: bool = False  # checksum each transferred request's KV (tests)
+
     # Misc
     random_seed: int = 0
     log_level: str = "info"
@@ -155,6 +166,20 @@ class ServerArgs:
             bad("dist-init-addr", self.dist_init_addr, "multi-node runs need --dist-init-addr HOST:PORT of node 0")
         if self.stream_interval < 1:
             bad("stream-interval", self.stream_interval, "use a positive integer")
+        if self.disaggregation_mode not in ("null", "prefill", "decode"):
+            bad("disaggregation-mode", self.disaggregation_mode, "use null, prefill or decode")
+        if self.disaggregation_transfer_backend not in ("nixl", "fake"):
+            bad("disaggregation-transfer-backend", self.disaggregation_transfer_backend, "use nixl or fake")
+        if self.disaggregation_transfer_mode not in ("pull", "push"):
+            bad("disaggregation-transfer-mode", self.disaggregation_transfer_mode, "use pull or push")
+        if not 1 <= self.disaggregation_bootstrap_port <= 65535:
+            bad("disaggregation-bootstrap-port", self.disaggregation_bootstrap_port, "use a TCP port in 1..65535")
+        for name in ("disaggregation_bootstrap_timeout", "disaggregation_transfer_timeout",
+                     "disaggregation_heartbeat_interval", "disaggregation_heartbeat_timeout"):
+            if getattr(self, name) <= 0:
+                bad(name.replace("_", "-"), getattr(self, name), "use a positive number of seconds")
+        if self.disaggregation_mode != "null" and self.enable_overlap_schedule:
+            bad("enable-overlap-schedule", True, "overlap scheduling is not supported with --disaggregation-mode yet")
         if not 1 <= self.port <= 65535:
             bad("port", self.port, "use a TCP port in 1..65535")
 
@@ -228,6 +253,16 @@ class ServerArgs:
             "ray_gpus_per_worker": "Ray GPUs each worker reserves on CUDA (default 1; a fraction lets ranks share a "
             "GPU, for --tp-ranks-share-gpu tests only).",
             "ray_placement_timeout": "Seconds to wait for Ray to place the workers before failing.",
+            "disaggregation_mode": "null|prefill|decode: run as an aggregated server, a prefill server (computes the "
+            "prompt's KV and the first token, serves them to decode servers) or a decode server (pulls the KV and "
+            "decodes). Put python -m sglang.srt.disaggregation.mini_lb in front.",
+            "disaggregation_bootstrap_port": "Prefill servers: HTTP port of the bootstrap server where decode ranks fetch "
+            "the prefill ranks' transfer metadata and KV descriptors.",
+            "disaggregation_transfer_backend": "nixl|fake: the one-sided KV transport (fake: in-host test transport).",
+            "disaggregation_transfer_mode": "pull (decode reads the KV once the prefill is done; KVDirect) or push "
+            "(prefill writes into blocks the decode side preallocated). Both sides must agree.",
+            "disaggregation_verify": "Checksum every transferred request's KV per (layer, K/V, head) on both sides; a "
+            "mismatch fails the request.",
             "zmq_transport": "ipc|tcp: transport of the sockets between the server's processes (tcp on "
             "127.0.0.1 ports, so a worker can live on another host).",
         }

@@ -249,6 +249,7 @@ class DetokenizerManager:
             output_top_logprobs=msg.output_top_logprobs,
             input_token_logprobs=msg.input_token_logprobs,
             input_top_logprobs=msg.input_top_logprobs,
+            disagg_info=msg.disagg_info,
         )
 
     def handle_bytes(self, data: bytes) -> bytes:

@@ -22,11 +22,11 @@ logger = logging.getLogger(__name__)
 # SGLang fields that this fork does not implement: a non-null value is rejected, null is ignored.
 _UNSUPPORTED_FIELDS = (
     "image_data", "audio_data", "video_data", "input_embeds", "lora_path", "lora_id",
-    "custom_logit_processor", "return_hidden_states", "session_params", "bootstrap_host",
+    "custom_logit_processor", "return_hidden_states", "session_params",
 )
 _KNOWN_FIELDS = (
     "text", "input_ids", "sampling_params", "rid", "return_logprob", "logprob_start_len",
-    "top_logprobs_num", "return_text_in_logprobs", "stream",
+    "top_logprobs_num", "return_text_in_logprobs", "stream", "bootstrap_host", "bootstrap_port", "bootstrap_room",
 )
 
 
@@ -62,6 +62,9 @@ class SingleGenerateReq:
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
     stream: bool = False
+    bootstrap_host: Optional[str] = None
+    bootstrap_port: Optional[int] = None
+    bootstrap_room: Optional[int] = None
 
 
 @dataclass
@@ -91,6 +94,11 @@ class GenerateReqInput:
     top_logprobs_num: Union[int, list[int]] = 0
     return_text_in_logprobs: bool = False
     stream: bool = False
+    # prefill/decode disaggregation (set by the mini_lb router): the prefill server's bootstrap address and the
+    # room pairing the two halves; scalars or one per prompt. Samples j > 0 of n > 1 use derive_room(room, j).
+    bootstrap_host: Optional[Union[str, list[str]]] = None
+    bootstrap_port: Optional[Union[int, list[int]]] = None
+    bootstrap_room: Optional[Union[int, list[int]]] = None
     is_batch: bool = field(default=False, init=False)
 
     @classmethod
@@ -215,6 +223,16 @@ class GenerateReqInput:
         if not isinstance(self.stream, bool):
             raise ValueError(f"stream must be a boolean, got {self.stream!r}")
 
+        hosts = self._per_prompt("bootstrap_host", self.bootstrap_host, size,
+                                 lambda v: v is None or isinstance(v, str), "a host name")
+        ports = self._per_prompt("bootstrap_port", self.bootstrap_port, size,
+                                 lambda v: v is None or (_is_int(v) and 1 <= v <= 65535), "a TCP port in 1..65535")
+        rooms = self._per_prompt("bootstrap_room", self.bootstrap_room, size,
+                                 lambda v: v is None or (_is_int(v) and 0 <= v < (1 << 63)), "an integer in [0, 2**63)")
+        if size > 1 and self.bootstrap_room is not None and not isinstance(self.bootstrap_room, list):
+            raise ValueError("bootstrap_room must be a list with one room per prompt for a batch request")
+        from sglang.srt.disaggregation.rooms import derive_room
+
         ns = []
         for p in sps:
             n = p.get("n", 1)
@@ -248,6 +266,8 @@ class GenerateReqInput:
                     top_logprobs_num=top_nums[i],
                     return_text_in_logprobs=self.return_text_in_logprobs,
                     stream=self.stream,
+                    bootstrap_host=hosts[i], bootstrap_port=ports[i],
+                    bootstrap_room=None if rooms[i] is None else derive_room(rooms[i], j),
                 ))
         self.is_batch = is_list or len(out) > 1
         return out

@@ -41,6 +41,10 @@ class TokenizedGenerateReqInput(msgspec.Struct, tag=True):
     top_logprobs_num: int = 0
     stream: bool = False
     created_time: float = 0.0
+    # prefill/decode disaggregation (SGLang's request fields; None on an aggregated server)
+    bootstrap_host: Optional[str] = None
+    bootstrap_port: Optional[int] = None
+    bootstrap_room: Optional[int] = None
 
 
 class AbortReq(msgspec.Struct, tag=True):
@@ -118,6 +122,7 @@ class BatchTokenIDOut(msgspec.Struct, tag=True):
     input_token_logprobs: Optional[list[Optional[list[tuple[Optional[float], int]]]]] = None
     input_top_logprobs: Optional[list[Optional[list[list[tuple[float, int]]]]]] = None
     decode_prefix_ids: Optional[list[Optional[list[int]]]] = None
+    disagg_info: Optional[list[Optional[dict[str, Any]]]] = None  # disaggregated servers: transfer facts
 
 
 class BatchStrOut(msgspec.Struct, tag=True):
@@ -140,6 +145,7 @@ class BatchStrOut(msgspec.Struct, tag=True):
     output_top_logprobs: Optional[list[Optional[list[list[tuple[float, int]]]]]] = None
     input_token_logprobs: Optional[list[Optional[list[tuple[Optional[float], int]]]]] = None
     input_top_logprobs: Optional[list[Optional[list[list[tuple[float, int]]]]]] = None
+    disagg_info: Optional[list[Optional[dict[str, Any]]]] = None
 
 
 Message = Union[

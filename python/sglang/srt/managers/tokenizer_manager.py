@@ -278,7 +278,8 @@ class TokenizerManager:
             return_logprob=req.return_logprob,
             logprob_start_len=req.logprob_start_len if req.return_logprob else -1,
             top_logprobs_num=req.top_logprobs_num if req.return_logprob else 0,
-            stream=req.stream, created_time=time.time())
+            stream=req.stream, created_time=time.time(), bootstrap_host=req.bootstrap_host,
+            bootstrap_port=req.bootstrap_port, bootstrap_room=req.bootstrap_room)
 
     def _check_grammar(self, params) -> None:
         """Reject a constrained request before it is queued: grammars disabled, or an invalid
@@ -488,6 +489,8 @@ class TokenizerManager:
             s.prompt_tokens = msg.prompt_tokens[i]
             s.completion_tokens = msg.completion_tokens[i]
             s.cached_tokens = msg.cached_tokens[i]
+            if msg.disagg_info is not None and msg.disagg_info[i] is not None:
+                s.disagg_info = msg.disagg_info[i]
             if s.req.return_logprob:
                 s.add_logprobs(msg, i, self.token_text)
             if new_ids and self.metrics is not None:
@@ -508,5 +511,7 @@ class TokenizerManager:
                 if self.metrics is not None:
                     self.metrics.observe_request_finished(now - s.created_time, s.prompt_tokens,
                                                           s.completion_tokens)
+                if s.disagg_info is not None and self.metrics is not None:
+                    self.metrics.observe_kv_transfer(s.disagg_info)
             s.dirty = True
             s.event.set()

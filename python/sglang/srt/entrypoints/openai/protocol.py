@@ -84,6 +84,10 @@ class _SamplingExtras(BaseModel):
     json_schema: Optional[Union[str, dict[str, Any]]] = None  # a dict is sent as its JSON text
     ebnf: Optional[str] = None
     rid: Optional[str] = None
+    # prefill/decode disaggregation (set by the mini_lb router; see GenerateReqInput)
+    bootstrap_host: Optional[Union[str, list[str]]] = None
+    bootstrap_port: Optional[Union[int, list[int]]] = None
+    bootstrap_room: Optional[Union[int, list[int]]] = None
 
 
 # ------------------------------------------------------------- completions

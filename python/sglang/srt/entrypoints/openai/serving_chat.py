@@ -118,6 +118,7 @@ class OpenAIServingChat:
             top_logprobs_num=(req.top_logprobs or 0) if req.logprobs else 0,
             return_text_in_logprobs=True,
             stream=req.stream,
+            bootstrap_host=req.bootstrap_host, bootstrap_port=req.bootstrap_port, bootstrap_room=req.bootstrap_room,
         )
 
     async def handle(self, req: ChatCompletionRequest, raw_request=None):

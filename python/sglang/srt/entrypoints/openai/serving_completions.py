@@ -174,6 +174,7 @@ class OpenAIServingCompletion:
             top_logprobs_num=req.logprobs or 0,
             return_text_in_logprobs=True,
             stream=req.stream,
+            bootstrap_host=req.bootstrap_host, bootstrap_port=req.bootstrap_port, bootstrap_room=req.bootstrap_room,
         )
         return obj, echo_texts
 
