@@ -47,11 +47,11 @@ def cluster():
     """Head (3 CPUs, dashboard for jobs and the state API) + one worker node (2 CPUs); fast node-death checks."""
     dash = free_port()
     c = ray_cluster_utils.Cluster(initialize_head=True, connect=False, head_node_args={
-        "num_cpus": 3, "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": dash,
+        "num_cpus": 3, "resources": {"node_a": 4}, "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": dash,
         "_system_config": {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,
                            "health_check_initial_delay_ms": 0}})
     try:
-        worker = c.add_node(num_cpus=2)
+        worker = c.add_node(num_cpus=2, resources={"node_b": 4})
         c.wait_for_nodes()
         c.dashboard_url = f"http://127.0.0.1:{dash}"
         c.worker = worker
@@ -136,6 +136,38 @@ def test_engine_use_ray_tp2_equals_single_process(cluster, model_path, reference
     import ray
 
     assert not ray.is_initialized()  # the Engine connected, so it disconnected
+    assert wait_no_actors(cluster) == []
+
+
+def test_pd_prefill_on_node_a_decode_on_node_b_equals_single_process(cluster, model_path, reference):
+    """PD (KVDirect): the prefill instance pinned to node A and the decode instance to node B through
+    --ray-worker-resources; the router learns the bootstrap host from the prefill server."""
+    from pd_utils import Router, pd_args
+
+    def side(mode: str, node: str) -> ServerProcess:
+        return ServerProcess(pd_args(mode, model_path, ["--use-ray", "--ray-address", cluster.address,
+                                                        "--ray-worker-resources", '{"%s": 0.01}' % node]),
+                             timeout=240)
+
+    prefill = side("prefill", "node_a")
+    decode = router = None
+    try:
+        decode = side("decode", "node_b")
+        router = Router([prefill.url], [decode.url])
+        outs = generate(router.url, greedy_payload())
+        assert [o["output_ids"] for o in outs] == reference
+        pinfo = requests.get(prefill.url + "/get_server_info", timeout=30).json()
+        dinfo = requests.get(decode.url + "/get_server_info", timeout=30).json()
+        head_id = cluster.head_node.node_id
+        assert [n["node_id"] for n in pinfo["ray_nodes"]] == [head_id]
+        assert [n["node_id"] for n in dinfo["ray_nodes"]] == [cluster.worker.node_id]
+        assert pinfo["disaggregation_bootstrap_host"] == pinfo["ray_nodes"][0]["ip"]
+    finally:
+        if router is not None:
+            router.stop()
+        for srv in (decode, prefill):
+            if srv is not None:
+                assert srv.stop() == []
     assert wait_no_actors(cluster) == []
 
 

@@ -90,3 +90,14 @@ def test_use_ray_without_ray_says_how_to_install():
             "PortArgs.init_new('tcp'))\nexcept RuntimeError as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=300)
     assert "--use-ray needs Ray" in out.stdout and "sglang[ray]" in out.stdout, out.stdout + out.stderr
+
+
+def test_worker_resources_pin_instances_and_are_validated():
+    a = ServerArgs(use_ray=True, ray_worker_resources='{"node_a": 0.01}', device="cpu")
+    assert a.ray_extra_resources() == {"node_a": 0.01}
+    assert ServerArgs().ray_extra_resources() == {}
+    for bad in ('{"node_a": -1}', "[1]", "node_a", '{"GPU": 1}'):
+        with pytest.raises(ValueError, match="ray-worker-resources"):
+            ServerArgs(ray_worker_resources=bad)
+    (plan,) = plan_placement([RoleGroup("prefill", 2, 1, {"CPU": 1, **a.ray_extra_resources()}, extra={"CPU": 1})])
+    assert plan.bundles == ({"CPU": 3, "node_a": 0.02},)  # the bundle (and so the node) must offer node_a

@@ -82,6 +82,7 @@ class ServerArgs:
     ray_spread_roles: bool = False  # all role groups in one STRICT_SPREAD placement group (roles on distinct nodes)
     ray_cpus_per_worker: float = 1.0  # Ray CPUs each TP rank reserves
     ray_gpus_per_worker: float = 1.0  # Ray GPUs each TP rank reserves on CUDA (< 1: ranks share a GPU, tests only)
+    ray_worker_resources: Optional[str] = None  # JSON dict of extra Ray resources per worker, e.g. '{"node_a": 0.01}'
     ray_placement_timeout: float = 300.0  # seconds to wait for the placement groups before failing
 
     # TokenWeave (compute-communication overlap of two token splits)
@@ -160,6 +161,8 @@ class ServerArgs:
         if not 0 < self.ray_gpus_per_worker <= 1:
             bad("ray-gpus-per-worker", self.ray_gpus_per_worker, "use a fraction in (0, 1] (one GPU per worker at "
                 "most; < 1 only with --tp-ranks-share-gpu)")
+        if self.ray_worker_resources is not None:
+            self.ray_extra_resources()  # validates
         if self.ray_placement_timeout <= 0:
             bad("ray-placement-timeout", self.ray_placement_timeout, "use a positive number of seconds")
         if self.nnodes > 1 and not self.dist_init_addr and not self.use_ray:
@@ -184,6 +187,29 @@ class ServerArgs:
             bad("port", self.port, "use a TCP port in 1..65535")
 
     # ---- derived settings -------------------------------------------------
+    def ray_extra_resources(self) -> dict:
+        """``--ray-worker-resources`` parsed: ``{name: amount}`` (empty when unset).
+
+        Raises:
+            ValueError: not a JSON object of non-negative numbers, or it names CPU/GPU (use
+                --ray-cpus-per-worker / --ray-gpus-per-worker).
+        """
+        import json
+
+        if not self.ray_worker_resources:
+            return {}
+        fix = "use a JSON object of custom Ray resources, e.g. '{\"node_a\": 0.01}'"
+        try:
+            res = json.loads(self.ray_worker_resources)
+        except json.JSONDecodeError:
+            raise ValueError(f"--ray-worker-resources={self.ray_worker_resources!r} is invalid: {fix}") from None
+        if not isinstance(res, dict) or not all(isinstance(v, (int, float)) and v >= 0 for v in res.values()):
+            raise ValueError(f"--ray-worker-resources={self.ray_worker_resources!r} is invalid: {fix}")
+        if {"CPU", "GPU"} & set(res):
+            raise ValueError(f"--ray-worker-resources={self.ray_worker_resources!r} is invalid: set CPU/GPU with "
+                             f"--ray-cpus-per-worker / --ray-gpus-per-worker")
+        return {k: float(v) for k, v in res.items()}
+
     @property
     def resolved_device(self) -> str:
         """``cpu`` or ``cuda``: ``auto`` picks cuda when a GPU is visible."""
@@ -252,6 +278,9 @@ class ServerArgs:
             "ray_cpus_per_worker": "Ray CPUs each worker reserves.",
             "ray_gpus_per_worker": "Ray GPUs each worker reserves on CUDA (default 1; a fraction lets ranks share a "
             "GPU, for --tp-ranks-share-gpu tests only).",
+            "ray_worker_resources": "JSON dict of custom Ray resources each worker also reserves, e.g. "
+            "'{\"node_a\": 0.01}' to pin this instance (say a prefill server) to nodes started with --resources "
+            "'{\"node_a\": 1}'.",
             "ray_placement_timeout": "Seconds to wait for Ray to place the workers before failing.",
             "disaggregation_mode": "null|prefill|decode: run as an aggregated server, a prefill server (computes the "
             "prompt's KV and the first token, serves them to decode servers) or a decode server (pulls the KV and "

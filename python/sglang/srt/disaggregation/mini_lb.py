@@ -61,6 +61,26 @@ class RouterState:
         return self.prefill[i % len(self.prefill)], self.decode[i % len(self.decode)]
 
 
+async def learn_bootstrap_address(session: aiohttp.ClientSession, url: str,
+                                  timeout_s: float = 30.0) -> tuple[str, int]:
+    """``(host, port)`` of a prefill server's bootstrap server: the port from ``/get_server_info``, the host from
+    its ``disaggregation_bootstrap_host`` when reported (``--use-ray``: the bootstrap server lives on prefill
+    rank 0's node, which need not be the HTTP server's), else the URL's host.
+
+    Raises:
+        ValueError: the server is not a prefill server or does not answer (the message names the URL).
+    """
+    try:
+        async with session.get(url + "/get_server_info", timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+            info = await r.json()
+    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        raise ValueError(f"prefill server {url} did not answer /get_server_info: {e}") from e
+    if info.get("disaggregation_mode") != "prefill":
+        raise ValueError(f"{url} runs --disaggregation-mode {info.get('disaggregation_mode')!r}, not prefill")
+    return (info.get("disaggregation_bootstrap_host") or urlparse(url).hostname,
+            int(info["disaggregation_bootstrap_port"]))
+
+
 async def learn_bootstrap_port(session: aiohttp.ClientSession, url: str, timeout_s: float = 30.0) -> int:
     """The ``disaggregation_bootstrap_port`` a prefill server reports in ``/get_server_info``.
 
@@ -219,11 +239,12 @@ def create_app(state: RouterState, timeout_s: float = 600.0) -> FastAPI:
                 state.decode.append(url)
             return {"success": True, "decode": state.decode}
         try:
-            port = bootstrap_port or await learn_bootstrap_port(session(), url)
+            host, port = ((urlparse(url).hostname, bootstrap_port) if bootstrap_port
+                          else await learn_bootstrap_address(session(), url))
         except ValueError as e:
             return JSONResponse({"error": {"message": str(e)}}, status_code=400)
         if all(p.url != url for p in state.prefill):
-            state.prefill.append(PrefillWorker(url, urlparse(url).hostname, port))
+            state.prefill.append(PrefillWorker(url, host, port))
         return {"success": True, "prefill": [p.url for p in state.prefill]}
 
     @app.post("/remove_worker")
@@ -263,8 +284,11 @@ def main(argv: Optional[list[str]] = None) -> None:
         async with aiohttp.ClientSession() as s:
             for i, url in enumerate(a.prefill):
                 url = url.rstrip("/")
-                port = a.prefill_bootstrap_ports[i] if a.prefill_bootstrap_ports else await learn_bootstrap_port(s, url)
-                state.prefill.append(PrefillWorker(url, urlparse(url).hostname, port))
+                if a.prefill_bootstrap_ports:
+                    host, port = urlparse(url).hostname, a.prefill_bootstrap_ports[i]
+                else:
+                    host, port = await learn_bootstrap_address(s, url)
+                state.prefill.append(PrefillWorker(url, host, port))
 
     try:
         asyncio.run(learn())

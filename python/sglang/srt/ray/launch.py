@@ -46,8 +46,9 @@ def connect(address: str) -> bool:
 
 
 def worker_resources(server_args: ServerArgs) -> dict:
-    """What one TP rank reserves: ``--ray-cpus-per-worker`` CPUs and, on CUDA, ``--ray-gpus-per-worker`` GPUs."""
-    res = {"CPU": float(server_args.ray_cpus_per_worker)}
+    """What one TP rank reserves: ``--ray-cpus-per-worker`` CPUs, on CUDA ``--ray-gpus-per-worker`` GPUs, plus the
+    custom resources of ``--ray-worker-resources`` (which pin an instance to the nodes that offer them)."""
+    res = {"CPU": float(server_args.ray_cpus_per_worker), **server_args.ray_extra_resources()}
     if server_args.resolved_device == "cuda":
         res["GPU"] = float(server_args.ray_gpus_per_worker)
     return res
@@ -101,7 +102,9 @@ def _launch(server_args, launcher, run_scheduler_process, run_detokenizer_proces
     handles = []
     for rank in range(tp):
         node_slice = group.slice_of(rank)
-        args = server_args.replace(node_rank=node_slice, dist_init_addr=f"{ip0}:{dist_port}" if tp > 1 else None)
+        # host: worker-side sockets (PD bootstrap server and KV transfer agents) bind the IP Ray knows the node by
+        args = server_args.replace(node_rank=node_slice, dist_init_addr=f"{ip0}:{dist_port}" if tp > 1 else None,
+                                   host=infos[rank]["ip"])
         device = "cuda:0" if res.get("GPU") else "cpu"  # the actor's CUDA_VISIBLE_DEVICES is Ray's assignment
         spec = WorkerSpec(name=f"sglang::scheduler_TP{rank}" if tp > 1 else "sglang::scheduler",
                           target=run_scheduler_process,
@@ -120,6 +123,8 @@ def _launch(server_args, launcher, run_scheduler_process, run_detokenizer_proces
         info.pop(key, None)
     info["ray_nodes"] = [{"tp_rank": r, "ip": infos[r]["ip"], "node_id": infos[r]["node_id"],
                           "gpu_ids": infos[r]["gpu_ids"]} for r in range(tp)]
+    if server_args.disaggregation_mode == "prefill":  # the bootstrap server runs in rank 0's actor
+        info["disaggregation_bootstrap_host"] = ip0
     procs.scheduler_info = info
     logger.info("Ray: %d TP rank(s) ready on node(s) %s (scheduler input %s)", tp,
                 [infos[r]["ip"] for r in range(tp)], port_args.scheduler_input_ipc)
