@@ -3,7 +3,9 @@ own network namespace and the two talk only over a veth pair (like two hosts on 
 
 Node A (head, 10.215.X.1) and node B (10.215.X.2) run ``ray start --block`` inside ``ip netns exec``; the
 server runs in A with ``--use-ray --tp 2 --nnodes 2`` so one TP rank lives in each namespace (every socket
-between them crosses the veth); its greedy tokens must equal the single-process server's. Skipped, with the
+between them crosses the veth); its greedy tokens must equal the single-process server's. Then PD (KVDirect):
+the prefill instance pinned to A and the decode instance to B (``--ray-worker-resources``), behind the mini_lb
+router, must give the same tokens. Skipped, with the
 reason, where namespaces cannot be created (no root / CAP_NET_ADMIN, no ``ip``). Only addresses inside the two
 namespaces this module creates are used; both are deleted afterwards.
 """
@@ -95,8 +97,9 @@ def netns_cluster(tmp_path_factory):
         ray_bin = shutil.which("ray") or "ray"
         common = ["--block", "--disable-usage-stats"]
         for ns, extra, cpus, name in ((NS_A, ["--head", "--port", "6379", f"--node-ip-address={IP_A}",
-                                              "--include-dashboard=false"], 3, "a"),
-                                      (NS_B, [f"--address={IP_A}:6379", f"--node-ip-address={IP_B}"], 2, "b")):
+                                              "--include-dashboard=false", '--resources={"node_a": 4}'], 3, "a"),
+                                      (NS_B, [f"--address={IP_A}:6379", f"--node-ip-address={IP_B}",
+                                              '--resources={"node_b": 4}'], 2, "b")):
             out = open(logs / f"ray-{name}.log", "w")
             procs.append(subprocess.Popen(_in_ns(ns, [ray_bin, "start", *extra, *common, f"--num-cpus={cpus}"]),
                                           stdout=out, stderr=subprocess.STDOUT, env=ENV, start_new_session=True))
@@ -139,13 +142,13 @@ class _NsClient:
         self._pool.shutdown(wait=False)
 
 
-def _wait_healthy(client: _NsClient, srv: subprocess.Popen, log_path, timeout: float = 300) -> None:
+def _wait_healthy(client: _NsClient, srv: subprocess.Popen, log_path, timeout: float = 300, port: int = PORT) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
         if srv.poll() is not None:
             pytest.fail(f"server exited with {srv.returncode}:\n{open(log_path).read()[-4000:]}")
         try:
-            if client.get(f"http://{IP_A}:{PORT}/health").status_code == 200:
+            if client.get(f"http://{IP_A}:{port}/health").status_code == 200:
                 return
         except requests.RequestException:
             pass
@@ -153,15 +156,25 @@ def _wait_healthy(client: _NsClient, srv: subprocess.Popen, log_path, timeout: f
     pytest.fail(f"server not healthy after {timeout} s:\n{open(log_path).read()[-4000:]}")
 
 
-def test_tp2_across_namespaced_nodes_equals_single_process(netns_cluster):
-    reference = single_process_reference(netns_cluster["model"])
-    log_path = netns_cluster["logs"] / "server.log"
+@pytest.fixture(scope="module")
+def reference(netns_cluster):
+    return single_process_reference(netns_cluster["model"])
+
+
+def _popen_in_a(cmd: list[str], log_path) -> subprocess.Popen:
     with open(log_path, "w") as log:
-        srv = subprocess.Popen(_in_ns(NS_A, [sys.executable, "-m", "sglang.launch_server", "--model-path",
-                                             netns_cluster["model"], "--device", "cpu", "--use-ray", "--ray-address",
-                                             f"{IP_A}:6379", "--tp", "2", "--nnodes", "2", "--host", IP_A,
-                                             "--port", str(PORT)]),
-                               stdout=log, stderr=subprocess.STDOUT, env=ENV)
+        return subprocess.Popen(_in_ns(NS_A, [sys.executable, "-m", *cmd]), stdout=log, stderr=subprocess.STDOUT,
+                                env=ENV)
+
+
+def _server(model: str, port: int, extra: list[str], log_path) -> subprocess.Popen:
+    return _popen_in_a(["sglang.launch_server", "--model-path", model, "--use-ray", "--ray-address", f"{IP_A}:6379",
+                        "--host", IP_A, "--port", str(port), *extra], log_path)
+
+
+def test_tp2_across_namespaced_nodes_equals_single_process(netns_cluster, reference):
+    log_path = netns_cluster["logs"] / "server.log"
+    srv = _server(netns_cluster["model"], PORT, ["--device", "cpu", "--tp", "2", "--nnodes", "2"], log_path)
     client = _NsClient(NS_A)
     try:
         _wait_healthy(client, srv, log_path)
@@ -174,3 +187,33 @@ def test_tp2_across_namespaced_nodes_equals_single_process(netns_cluster):
         client.close()
         _stop(srv)
     assert srv.returncode == 0, open(log_path).read()[-4000:]
+
+
+def test_pd_prefill_in_a_decode_in_b_equals_single_process(netns_cluster, reference):
+    """KVDirect PD across the veth: prefill workers pinned to node A, decode workers to node B (bootstrap HTTP,
+    control ZMQ and the fake transfer backend's data all cross namespaces); drivers and router run in A."""
+    from pd_utils import pd_args
+
+    logs, model = netns_cluster["logs"], netns_cluster["model"]
+    pp, dp, rp = PORT + 1, PORT + 2, PORT + 3
+    procs, client = [], _NsClient(NS_A)
+    try:
+        for mode, port, node in (("prefill", pp, "node_a"), ("decode", dp, "node_b")):
+            args = pd_args(mode, model, ["--ray-worker-resources", '{"%s": 0.01}' % node], bootstrap_port=PORT + 4)
+            procs.append(_server(model, port, args[2:], logs / f"{mode}.log"))  # args[:2] is --model-path M
+            _wait_healthy(client, procs[-1], logs / f"{mode}.log", port=port)
+        procs.append(_popen_in_a(["sglang.srt.disaggregation.mini_lb", "--prefill", f"http://{IP_A}:{pp}",
+                                  "--decode", f"http://{IP_A}:{dp}", "--host", IP_A, "--port", str(rp)],
+                                 logs / "router.log"))
+        _wait_healthy(client, procs[-1], logs / "router.log", port=rp)
+        r = client.post(f"http://{IP_A}:{rp}/generate", greedy_payload())
+        assert r.status_code == 200, r.text
+        assert [o["output_ids"] for o in r.json()] == reference
+        pinfo = client.get(f"http://{IP_A}:{pp}/get_server_info", timeout=30).json()
+        dinfo = client.get(f"http://{IP_A}:{dp}/get_server_info", timeout=30).json()
+        assert [n["ip"] for n in pinfo["ray_nodes"]] == [IP_A] and [n["ip"] for n in dinfo["ray_nodes"]] == [IP_B]
+        assert pinfo["disaggregation_bootstrap_host"] == IP_A
+    finally:
+        client.close()
+        for p in reversed(procs):
+            _stop(p)

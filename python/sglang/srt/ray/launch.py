@@ -21,7 +21,7 @@ from ray.exceptions import RayActorError, RayError
 
 from sglang.srt.entrypoints.launch import STARTUP_TIMEOUT_S, Subprocesses
 from sglang.srt.entrypoints.worker_launcher import WorkerSpec
-from sglang.srt.ray.launcher import READY_CHANNEL, RayLauncher
+from sglang.srt.ray.launcher import READY_CHANNEL, ActorRequest, RayLauncher
 from sglang.srt.ray.placement import RoleGroup, plan_placement
 from sglang.srt.server_args import PortArgs, ServerArgs
 
@@ -63,16 +63,12 @@ def launch_ray_workers(server_args: ServerArgs, in_process_engine: bool = False)
     Raises:
         RuntimeError: no cluster, resources not placeable, or a rank failed/died during startup.
     """
-    from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
-    from sglang.srt.managers.scheduler_process import run_scheduler_process
-    from sglang.srt.utils.common import free_tcp_ports
-
     if server_args.node_rank != 0:
         raise ValueError(f"--node-rank={server_args.node_rank} is invalid with --use-ray: one launcher places every "
                          f"node; drop --node-rank (and --dist-init-addr)")
     launcher = RayLauncher(server_args.log_level, owns_connection=connect(server_args.ray_address))
     try:
-        procs = _launch(server_args, launcher, run_scheduler_process, run_detokenizer_process, free_tcp_ports)
+        procs = _launch(server_args, launcher)
     except BaseException:
         launcher.close()
         raise
@@ -80,18 +76,24 @@ def launch_ray_workers(server_args: ServerArgs, in_process_engine: bool = False)
     return procs
 
 
-def _launch(server_args, launcher, run_scheduler_process, run_detokenizer_process, free_tcp_ports):
+def _launch(server_args: ServerArgs, launcher: RayLauncher) -> Subprocesses:
+    """Plan and reserve the placement, create the actors, wire their TCP endpoints, start the entry points and
+    wait until every rank is ready (see :func:`launch_ray_workers`)."""
+    from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
+    from sglang.srt.managers.scheduler_process import run_scheduler_process
+    from sglang.srt.utils.common import free_tcp_ports
+
     tp, nnodes = server_args.tp_size, server_args.nnodes
     res = worker_resources(server_args)
     group = RoleGroup("scheduler", tp, nnodes, res, extra={"CPU": 1.0})
     launcher.reserve(plan_placement([group], spread_roles=server_args.ray_spread_roles),
                      server_args.ray_placement_timeout)
     launcher.add_slot(("detokenizer", 0), ("scheduler", 0))
-    infos = {}
-    for rank in range(tp):
-        name = f"sglang::scheduler_TP{rank}" if tp > 1 else "sglang::scheduler"
-        infos[rank] = launcher.create_actor("scheduler", rank, name, res, {}, n_ports=2 if rank == 0 else 0)
-    detok_info = launcher.create_actor("detokenizer", 0, "sglang::detokenizer", {"CPU": 1.0}, {}, n_ports=1)
+    names = [f"sglang::scheduler_TP{rank}" if tp > 1 else "sglang::scheduler" for rank in range(tp)]
+    *sched_infos, detok_info = launcher.create_actors(
+        [ActorRequest("scheduler", r, names[r], res, n_ports=2 if r == 0 else 0) for r in range(tp)]
+        + [ActorRequest("detokenizer", 0, "sglang::detokenizer", {"CPU": 1.0}, n_ports=1)])
+    infos = dict(enumerate(sched_infos))
     driver_ip = ray.util.get_node_ip_address()
     ip0 = infos[0]["ip"]
     sched_port, dist_port = infos[0]["ports"]
@@ -106,7 +108,7 @@ def _launch(server_args, launcher, run_scheduler_process, run_detokenizer_proces
         args = server_args.replace(node_rank=node_slice, dist_init_addr=f"{ip0}:{dist_port}" if tp > 1 else None,
                                    host=infos[rank]["ip"])
         device = "cuda:0" if res.get("GPU") else "cpu"  # the actor's CUDA_VISIBLE_DEVICES is Ray's assignment
-        spec = WorkerSpec(name=f"sglang::scheduler_TP{rank}" if tp > 1 else "sglang::scheduler",
+        spec = WorkerSpec(name=names[rank],
                           target=run_scheduler_process,
                           args=(args, port_args, READY_CHANNEL, None, rank, init, False, device),
                           role="scheduler", rank=rank, device=device, resources=res)

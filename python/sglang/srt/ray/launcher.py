@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 import ray
@@ -139,6 +140,19 @@ def _interface_of(ip: str) -> Optional[str]:
     return None
 
 
+@dataclass(frozen=True)
+class ActorRequest:
+    """One actor to create: worker ``(role, rank)`` named ``name``, reserving ``resources`` from its bundle, with
+    ``env`` added to its environment and ``n_ports`` free TCP ports probed on its node."""
+
+    role: str
+    rank: int
+    name: str
+    resources: Mapping[str, float]
+    env: Mapping[str, str] = field(default_factory=dict)
+    n_ports: int = 0
+
+
 class RayWorkerHandle:
     """:class:`~sglang.srt.entrypoints.worker_launcher.WorkerHandle` over an actor and its ``run`` call."""
 
@@ -205,7 +219,7 @@ class RayWorkerHandle:
 class RayLauncher(WorkerLauncher):
     """Creates placement groups from plans, then one :class:`_WorkerActor` per worker in its bundle.
 
-    Use: :meth:`reserve` (placement groups ready) -> :meth:`create_actor` per worker (returns its node info:
+    Use: :meth:`reserve` (placement groups ready) -> :meth:`create_actors` (returns each worker's node info:
     IP, GPU ids, free ports) -> :meth:`launch` per :class:`WorkerSpec` (starts the entry point in the actor
     created for ``(spec.role, spec.rank)``) -> :meth:`close` (kills every actor, removes the groups).
     """
@@ -246,29 +260,38 @@ class RayLauncher(WorkerLauncher):
         """Place worker ``key`` in the same bundle as ``same_as`` (e.g. the detokenizer with TP rank 0)."""
         self._slot[key] = self._slot[same_as]
 
-    def create_actor(self, role: str, rank: int, name: str, resources: Mapping[str, float],
-                     env: Mapping[str, str], n_ports: int = 0, timeout_s: float = 300.0) -> dict:
-        """Start the actor of ``(role, rank)`` in its bundle; returns its :meth:`_WorkerActor.node_info`.
+    def create_actors(self, requests: Sequence[ActorRequest], timeout_s: float = 300.0) -> list[dict]:
+        """Start the actors of ``requests`` (all at once) in their bundles; returns each one's
+        :meth:`_WorkerActor.node_info` (IP, node id, pid, Ray GPU ids, ``n_ports`` free ports), in order.
 
         Raises:
-            KeyError: no bundle was planned for ``(role, rank)``.
-            RuntimeError: the actor died or did not start within ``timeout_s``.
+            KeyError: no bundle was planned for a request's ``(role, rank)``.
+            RuntimeError: an actor died or did not start within ``timeout_s`` (the others are killed by
+                :meth:`close`).
         """
-        pg, idx = self._slot[(role, rank)]
-        opts = dict(num_cpus=resources.get("CPU", 0), num_gpus=resources.get("GPU", 0),
-                    resources={k: v for k, v in resources.items() if k not in ("CPU", "GPU")} or None,
-                    max_concurrency=4, max_restarts=0, name=None,
-                    scheduling_strategy=PlacementGroupSchedulingStrategy(
-                        placement_group=pg, placement_group_bundle_index=idx,
-                        placement_group_capture_child_tasks=True))
-        actor = ray.remote(_WorkerActor).options(**opts).remote(name, {**NVLS_OFF_ENV, **env}, self._log_level)
-        try:
-            info = ray.get(actor.node_info.remote(n_ports), timeout=timeout_s)
-        except (RayError, GetTimeoutError) as e:
-            ray.kill(actor, no_restart=True)
-            raise RuntimeError(f"Ray actor {name} did not start: {e}") from e
-        self._actors[(role, rank)] = (actor, info)
-        return info
+        started = []
+        for r in requests:
+            pg, idx = self._slot[(r.role, r.rank)]
+            res = r.resources
+            opts = dict(num_cpus=res.get("CPU", 0), num_gpus=res.get("GPU", 0),
+                        resources={k: v for k, v in res.items() if k not in ("CPU", "GPU")} or None,
+                        max_concurrency=4, max_restarts=0,
+                        scheduling_strategy=PlacementGroupSchedulingStrategy(
+                            placement_group=pg, placement_group_bundle_index=idx,
+                            placement_group_capture_child_tasks=True))
+            actor = ray.remote(_WorkerActor).options(**opts).remote(r.name, {**NVLS_OFF_ENV, **r.env},
+                                                                     self._log_level)
+            self._actors[(r.role, r.rank)] = (actor, {})
+            started.append((r, actor, actor.node_info.remote(r.n_ports)))
+        infos = []
+        for r, actor, ref in started:
+            try:
+                info = ray.get(ref, timeout=timeout_s)
+            except (RayError, GetTimeoutError) as e:
+                raise RuntimeError(f"Ray actor {r.name} did not start: {str(e).splitlines()[0]}") from e
+            self._actors[(r.role, r.rank)] = (actor, info)
+            infos.append(info)
+        return infos
 
     def launch(self, spec: WorkerSpec) -> RayWorkerHandle:
         """Run ``spec.target(*spec.args, parent_watch=...)`` in the actor created for ``(spec.role, spec.rank)``;
