@@ -302,7 +302,7 @@ def launch_server(server_args: ServerArgs) -> None:
 
         shutil.rmtree(port_args.ipc_dir, ignore_errors=True)
     if failure:
-        if server_args.nnodes > 1:
+        if server_args.nnodes > 1 and not server_args.use_ray:
             failure += (f" (node {server_args.node_rank} of {server_args.nnodes}: a TP rank on another node may have "
                         f"stopped or crashed, which ends this node's ranks too; check every node's log)")
         raise RuntimeError(f"server stopped: {failure}")
