@@ -152,7 +152,8 @@ def run_ffn_worker(server_args, topo: AfdTopology, index: int, device: str, read
         ready_pipe.send({"status": "error", "message": f"FFN worker {index}: {type(e).__name__}: {e}"})
         return
     ready_pipe.send({"status": "ready", "experts": held, "pid": os.getpid()})
-    logger.info("FFN worker %d serving experts %s of %d MoE layers on %s", index, held, len(specs), device)
+    logger.info("FFN worker %d (pid %d) serving experts %s of %d MoE layers on %s", index, os.getpid(), held,
+                len(specs), device)
     try:
         while parent_watch is None or parent_watch.parent_alive():
             server.serve_once(timeout_s=1.0)

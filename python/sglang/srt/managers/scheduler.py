@@ -476,4 +476,5 @@ class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
             "cache_hit_rate": s.cache_hit_rate, "forward_ct": self.forward_ct,
             "num_grammar_queue_reqs": len(self.grammar_queue),
             "overlap_schedule": self.overlap,
+            **({"afd": self.runner.executor.state()} if hasattr(self.runner.executor, "state") else {}),
         }
