@@ -22,7 +22,15 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "unit"))
 from conftest import shared_path  # noqa: E402
 from server_utils import ENV, ServerProcess  # noqa: E402
-from test_tp_cpu import N_NEW, generate, tokenize, tp1_greedy  # noqa: E402
+from test_tp_cpu import tokenize, tp1_greedy  # noqa: E402
+
+N_NEW = 12  # tokens per request (the CI machine is small; every token crosses 5 MoE layers x m micro-batches)
+
+
+def generate(server, payload):
+    r = requests.post(server.url + "/generate", json=payload, timeout=600)
+    assert r.status_code == 200, r.text
+    return r.json()
 
 PROMPTS = ["Once upon a time", "The little dog", "Lily wanted to"]
 
@@ -40,13 +48,13 @@ def test_afd_1_attention_2_ffn_greedy_equals_colocated(m):
         out = generate(s, {"text": PROMPTS, "sampling_params": {"temperature": 0, "max_new_tokens": N_NEW,
                                                                 "ignore_eos": True}})
         for p, o in zip(PROMPTS, out):
-            assert o["output_ids"] == tp1_greedy(path, tokenize(path, p)), (m, p)
+            assert o["output_ids"] == tp1_greedy(path, tokenize(path, p), N_NEW), (m, p)
         afd = s.internal_state()["afd"]
         assert afd["micro_batches"] == m and afd["pipeline"]["m_min"] >= 2.0
         assert re.search(r"AFD ping-pong: Ta=.* -> m >= 2\(1\+Tc/Tf\) = ", s.log_tail(400))
         if m == 3:  # the placement changed between steps in the running system and tokens stayed equal
             assert afd["placement_version"] >= 1, afd
-            assert sorted(e for w in afd["placement"] for e in w)[:4] != [] and len(afd["placement"]) == 2
+            assert len(afd["placement"]) == 2 and {e for w in afd["placement"] for e in w} == {0, 1, 2, 3}
             assert "placement v1" in s.log_tail(400)
 
 
@@ -59,7 +67,7 @@ def test_afd_2_attention_2_ffn_concurrent_load_then_ffn_killed():
             p = PROMPTS[i % len(PROMPTS)]
             try:
                 r = requests.post(s.url + "/generate", json={"text": p, "sampling_params": {
-                    "temperature": 0, "max_new_tokens": N_NEW, "ignore_eos": True}}, timeout=300)
+                    "temperature": 0, "max_new_tokens": N_NEW, "ignore_eos": True}}, timeout=600)
                 results[i] = (p, r.status_code, r.json())
             except Exception as e:  # reported below
                 errors.append(e)
@@ -68,11 +76,11 @@ def test_afd_2_attention_2_ffn_concurrent_load_then_ffn_killed():
         for t in threads:
             t.start()
         for t in threads:
-            t.join(300)
+            t.join(600)
         assert not errors and len(results) == 8
         for p, code, body in results.values():
             assert code == 200, body
-            assert body["output_ids"] == tp1_greedy(path, tokenize(path, p)), p
+            assert body["output_ids"] == tp1_greedy(path, tokenize(path, p), N_NEW), p
         states = requests.get(s.url + "/get_server_info", timeout=30).json()["internal_states"]
         assert states[0]["afd"]["placement"] == [[0, 1], [2, 3]]
 
