@@ -147,3 +147,52 @@ def test_cuda_ipc_transport_refuses_cpu_buffers():
 
     with pytest.raises(RuntimeError, match="CUDA"):
         M2NEndpoint(M2NConfig(0, _addrs(1), max_rows=4), COMBINE, transport=CudaIpcTransport())
+
+
+def _p2p_rank(rank: int, addrs, init: str, q) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    ep = M2NEndpoint(M2NConfig(rank, addrs, max_rows=32, timeout_s=30), DISPATCH if rank == 0 else COMBINE,
+                     recv_layout=COMBINE if rank == 0 else DISPATCH, transport=create_transport("nccl"))
+    try:
+        g = torch.Generator().manual_seed(3)
+        for r in range(20):
+            if rank == 0:
+                n = int(torch.randint(0, 33, (1,), generator=g))
+                x, ids, w = torch.randn(n, H, generator=g), torch.randint(0, 8, (n, K), dtype=torch.int32), torch.rand(n, K)
+                ep.send(1, [x, ids, w], (r,))
+                msg = ep.recv()
+                assert msg.meta[0] == r and torch.equal(msg.tensors[0], _expert_fn(x, ids, w, 1))
+            else:
+                msg = ep.recv()
+                ep.send(0, [_expert_fn(*msg.tensors, 1)], msg.meta)
+        if rank == 0:
+            q.put("ok")
+    except BaseException as e:
+        q.put(repr(e))
+    finally:
+        ep.transport.close()
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def test_p2p_baseline_transport_round_trips_equal_reference():
+    """The NCCL-baseline transport's code path (isend/irecv of exact byte counts, header over ZMQ) on a gloo group."""
+    import torch.multiprocessing as mp
+
+    from sglang.srt.utils.common import free_tcp_ports
+
+    addrs = _addrs(2)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    init = f"tcp://127.0.0.1:{free_tcp_ports(1)[0]}"
+    ps = [ctx.Process(target=_p2p_rank, args=(r, addrs, init, q)) for r in range(2)]
+    for p in ps:
+        p.start()
+    res = q.get(timeout=120)
+    for p in ps:
+        p.join(30)
+        if p.is_alive():
+            p.kill()
+    assert res == "ok", res
