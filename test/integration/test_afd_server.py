@@ -119,3 +119,16 @@ def test_afd_refuses_a_dense_model():
                        timeout=180)
     assert r.returncode != 0
     assert "--enable-afd needs a MoE model" in r.stderr + r.stdout
+
+
+def test_afd_sgl_engine_greedy_equals_colocated_and_refuses_dense():
+    from sglang.srt.entrypoints.engine import Engine
+
+    path = shared_path("models", "stories260K-moe")
+    with Engine(model_path=path, device="cpu", enable_afd=True, afd_ffn_workers=2, afd_micro_batches=2,
+                chunked_prefill_size=16) as e:
+        outs = e.generate(PROMPTS[:2], {"temperature": 0, "max_new_tokens": N_NEW, "ignore_eos": True})
+        for p, o in zip(PROMPTS, outs):
+            assert o["output_ids"] == tp1_greedy(path, tokenize(path, p), N_NEW), p
+    with pytest.raises(ValueError, match="needs a MoE model"):
+        Engine(model_path=shared_path("models", "stories260K"), device="cpu", enable_afd=True)
