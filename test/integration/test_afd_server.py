@@ -58,6 +58,16 @@ def test_afd_1_attention_2_ffn_greedy_equals_colocated(m):
             assert "placement v1" in s.log_tail(400)
 
 
+def test_afd_tp2_attention_worker_greedy_equals_colocated():
+    """``--tp 2`` inside the attention worker: only TP rank 0 talks to the FFN workers."""
+    path = shared_path("models", "stories260K-moe")
+    with ServerProcess(_afd_args(path, 1, 2, 2, "--tp", "2")) as s:
+        out = generate(s, {"text": PROMPTS[:2], "sampling_params": {"temperature": 0, "max_new_tokens": N_NEW,
+                                                                    "ignore_eos": True}})
+        for p, o in zip(PROMPTS, out):
+            assert o["output_ids"] == tp1_greedy(path, tokenize(path, p), N_NEW), p
+
+
 def test_afd_2_attention_2_ffn_concurrent_load_then_ffn_killed():
     path = shared_path("models", "stories260K-moe")
     with ServerProcess(_afd_args(path, 2, 2, 2, "--afd-timeout-s", "15")) as s:

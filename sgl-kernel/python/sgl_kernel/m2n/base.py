@@ -160,6 +160,10 @@ class PayloadTransport(ABC):
     def wait_send_slot(self, peer: int, slot: int) -> None:
         """Block until send slot ``slot`` to ``peer`` may be overwritten (default: at once)."""
 
+    def on_control(self, frames) -> None:
+        """A transport message (kind other than data/close) arrived, e.g. a peer's registered-buffer handles
+        (default: ignored)."""
+
     def close(self) -> None:
         """Release transport resources."""
 
@@ -170,8 +174,7 @@ class M2NEndpoint:
     Args:
         config: :class:`M2NConfig`.
         layout: the :class:`RowLayout` of data messages this endpoint sends.
-        recv_layouts: ``{meta[0] value -> RowLayout}`` or one layout for every message it receives
-            (default: ``layout``).
+        recv_layout: the :class:`RowLayout` of the data messages it receives (default: ``layout``).
         transport: the :class:`PayloadTransport` (default :class:`~sgl_kernel.m2n.zmq_transport.InlineTransport`).
         alive: optional ``() -> bool`` polled while waiting (False: raise ConnectionError at once).
     Raises:
@@ -270,8 +273,8 @@ class M2NEndpoint:
                 kind = int(header[0])
                 if kind == KIND_CLOSE:
                     raise ConnectionError(f"M2N peer {int(header[1])} closed the group")
-                if kind != KIND_DATA:
-                    self.transport.on_control(frames) if hasattr(self.transport, "on_control") else None
+                if kind != KIND_DATA:  # a transport's own message (e.g. CUDA IPC handles)
+                    self.transport.on_control(frames)
                     continue
                 src, n, slot, _seq, nbytes = (int(v) for v in header[1:6])
                 out = self.recv_buf[:nbytes]
