@@ -103,6 +103,16 @@ class ServerArgs:
     disaggregation_heartbeat_interval: float = 1.0  # s between heartbeats to peers with open rooms
     disaggregation_heartbeat_timeout: float = 5.0  # s of silence after which a peer's rooms are failed/freed
     disaggregation_verify: bool = False  # checksum each transferred request's KV (tests)
+    # MegaScale-Infer attention/FFN disaggregation (MoE decode; docs/afd.md)
+    enable_afd: bool = False
+    afd_attention_workers: int = 1  # data parallel attention workers (each --tp ranks, its own requests and KV)
+    afd_ffn_workers: int = 1  # expert-parallel FFN workers (routed experts only)
+    afd_micro_batches: int = 2  # m of the ping-pong pipeline
+    afd_max_tokens: int = 4096  # most tokens of one micro-batch (sizes the M2N registered buffers)
+    afd_transport: str = "auto"  # auto | inline | cuda_ipc | nccl
+    afd_timeout_s: float = 60.0  # an FFN answer later than this fails the batch (never a hang)
+    afd_redundant_experts: int = 0  # replicas of hot experts the load balancer may add (over all FFN workers)
+    afd_rebalance_interval: int = 0  # steps between expert placement updates (0: static placement)
 
     # Misc
     random_seed: int = 0
@@ -183,8 +193,35 @@ class ServerArgs:
                 bad(name.replace("_", "-"), getattr(self, name), "use a positive number of seconds")
         if self.disaggregation_mode != "null" and self.enable_overlap_schedule:
             bad("enable-overlap-schedule", True, "overlap scheduling is not supported with --disaggregation-mode yet")
+        if self.enable_afd:
+            self._check_afd(bad)
         if not 1 <= self.port <= 65535:
             bad("port", self.port, "use a TCP port in 1..65535")
+
+    def _check_afd(self, bad) -> None:
+        """Validate the ``--afd-*`` flags and set what AFD needs (no CUDA graphs: the executor dispatches remotely;
+        prefill chunks that fit one micro-batch)."""
+        for name in ("afd_attention_workers", "afd_ffn_workers", "afd_micro_batches", "afd_max_tokens"):
+            if getattr(self, name) < 1:
+                bad(name.replace("_", "-"), getattr(self, name), "use a positive integer")
+        if self.afd_transport not in ("auto", "inline", "cuda_ipc", "nccl"):
+            bad("afd-transport", self.afd_transport, "use auto, inline, cuda_ipc or nccl")
+        if self.afd_timeout_s <= 0:
+            bad("afd-timeout-s", self.afd_timeout_s, "use a positive number of seconds")
+        if self.afd_redundant_experts < 0 or self.afd_rebalance_interval < 0:
+            bad("afd-redundant-experts", self.afd_redundant_experts, "use counts >= 0")
+        if self.afd_rebalance_interval and self.afd_attention_workers > 1:
+            bad("afd-rebalance-interval", self.afd_rebalance_interval,
+                "live expert rebalancing needs --afd-attention-workers 1 (one placement owner); use 0")
+        if self.nnodes > 1:
+            bad("nnodes", self.nnodes, "--enable-afd runs on one node here (multi-node placement comes with --use-ray)")
+        if self.enable_tokenweave:
+            bad("enable-tokenweave", True, "TokenWeave and AFD executors cannot be combined; drop one")
+        object.__setattr__(self, "disable_cuda_graph", True)
+        if self.chunked_prefill_size is None or self.chunked_prefill_size > self.afd_max_tokens // 2:
+            object.__setattr__(self, "chunked_prefill_size", max(1, self.afd_max_tokens // 2))
+        if self.max_running_requests is None or self.max_running_requests > self.afd_max_tokens // 2:
+            object.__setattr__(self, "max_running_requests", max(1, self.afd_max_tokens // 2))
 
     # ---- derived settings -------------------------------------------------
     def ray_extra_resources(self) -> dict:
@@ -292,6 +329,15 @@ class ServerArgs:
             "(prefill writes into blocks the decode side preallocated). Both sides must agree.",
             "disaggregation_verify": "Checksum every transferred request's KV per (layer, K/V, head) on both sides; a "
             "mismatch fails the request.",
+            "enable_afd": "MegaScale-Infer attention/FFN disaggregation for MoE models: attention workers (attention, "
+            "dense parts, KV) and FFN workers (routed experts) in separate processes, a ping-pong pipeline over "
+            "--afd-micro-batches, M2N transfers (docs/afd.md).",
+            "afd_attention_workers": "Attention workers N_A (data parallel; each runs --tp ranks and its own requests).",
+            "afd_ffn_workers": "FFN workers N_E (expert parallel over the routed experts).",
+            "afd_micro_batches": "m: request micro-batches of the ping-pong pipeline (hides transfers when "
+            "m >= 2(1+Tc/Tf), logged).",
+            "afd_transport": "M2N payload transport: inline (CPU, ZMQ), cuda_ipc (same-node GPUs), nccl (baseline); "
+            "auto = cuda_ipc on GPU, inline on CPU.",
             "zmq_transport": "ipc|tcp: transport of the sockets between the server's processes (tcp on "
             "127.0.0.1 ports, so a worker can live on another host).",
         }
@@ -333,6 +379,8 @@ class PortArgs:
     scheduler_input_ipc: str
     detokenizer_ipc: str
     ipc_dir: str = field(default="")
+    # data-parallel schedulers (AFD attention workers): scheduler a binds dp_scheduler_inputs[a]
+    dp_scheduler_inputs: tuple = ()
 
     @classmethod
     def init_new(cls, transport: str = "ipc", host: str = "127.0.0.1") -> "PortArgs":

@@ -110,7 +110,7 @@ class Engine:
     async def _make_tokenizer_manager(self):
         from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
-        tm = TokenizerManager(self.server_args, self.port_args, self._procs.scheduler_info)
+        tm = TokenizerManager(self.server_args, self._procs.port_args or self.port_args, self._procs.scheduler_info)
         tm.start()
         return tm
 

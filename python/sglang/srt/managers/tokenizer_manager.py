@@ -112,6 +112,11 @@ class TokenizerManager:
         self._send_ctx = zmq.Context()
         self._recv_sock = get_zmq_socket(self._recv_ctx, zmq.PULL, port_args.tokenizer_ipc, bind=True)
         self._send_sock = get_zmq_socket(self._send_ctx, zmq.PUSH, port_args.scheduler_input_ipc, bind=False)
+        # data-parallel schedulers (AFD attention workers): a request goes to one, round robin; its aborts follow it
+        self._dp_socks = [get_zmq_socket(self._send_ctx, zmq.PUSH, a, bind=False)
+                          for a in port_args.dp_scheduler_inputs]
+        self._dp_owner: dict[str, int] = {}
+        self._dp_next = 0
         self._states: dict[str, ReqState] = {}
         self._control_futs: dict[str, asyncio.Future] = {}
         self._control_locks: dict[str, asyncio.Lock] = {}
@@ -150,6 +155,8 @@ class TokenizerManager:
                 fut.set_exception(RequestError(503, "the server is shutting down"))
         self._recv_sock.close(linger=0)
         self._send_sock.close(linger=0)
+        for sock in self._dp_socks:
+            sock.close(linger=0)
         self._recv_ctx.term()
         self._send_ctx.term()
 
@@ -234,6 +241,7 @@ class TokenizerManager:
                     self._send(AbortReq(rid=s.req.rid))
                     s.finished = True
                 self._states.pop(s.req.rid, None)
+                self._dp_owner.pop(s.req.rid, None)
 
     def _prepare(self, req: SingleGenerateReq) -> TokenizedGenerateReqInput:
         """Tokenize and validate one request (ValueError naming the field on bad input)."""
@@ -451,7 +459,26 @@ class TokenizerManager:
     def _send(self, msg) -> None:
         if self._closed:
             return
-        self._send_sock.send(encode_msg(msg))
+        if not self._dp_socks:
+            self._send_sock.send(encode_msg(msg))
+            return
+        data = encode_msg(msg)
+        if isinstance(msg, TokenizedGenerateReqInput):  # data parallel: round robin, remembered for aborts
+            idx = self._dp_owner[msg.rid] = self._dp_next % len(self._dp_socks)
+            self._dp_next += 1
+            self._dp_socks[idx].send(data)
+        elif isinstance(msg, AbortReq) and not msg.abort_all and msg.rid in self._dp_owner:
+            self._dp_socks[self._dp_owner[msg.rid]].send(data)
+        elif isinstance(msg, AbortReq):  # abort_all, or a rid not (or no longer) placed: every scheduler
+            for sock in self._dp_socks:
+                sock.send(data)
+        else:  # control requests (flush cache, internal state) are answered by the first scheduler
+            self._dp_socks[0].send(data)
+
+    @property
+    def failure(self) -> Optional[str]:
+        """Why the server cannot serve (a child process died), or None while healthy."""
+        return self._failure
 
     async def _recv_loop(self) -> None:
         while True:
