@@ -171,6 +171,27 @@ def test_pd_prefill_on_node_a_decode_on_node_b_equals_single_process(cluster, mo
     assert wait_no_actors(cluster) == []
 
 
+def test_afd_attention_and_ffn_on_distinct_nodes_equals_single_process(cluster):
+    """MegaScale-Infer AFD: one attention worker and two FFN workers with --ray-spread-roles (one STRICT_SPREAD
+    placement group: the attention bundle and the FFN pool on different nodes; M2N over TCP between them)."""
+    moe = shared_path("models", "stories260K-moe")
+    reference = single_process_reference(moe)
+    srv = ServerProcess(["--model-path", moe, "--device", "cpu", "--enable-afd", "--afd-attention-workers", "1",
+                         "--afd-ffn-workers", "2", "--afd-micro-batches", "2", "--chunked-prefill-size", "16",
+                         "--use-ray", "--ray-address", cluster.address, "--ray-spread-roles"], timeout=240)
+    try:
+        outs = generate(srv.url, greedy_payload())
+        assert [o["output_ids"] for o in outs] == reference
+        nodes = requests.get(srv.url + "/get_server_info", timeout=30).json()["afd_ray_nodes"]
+        att, ffn = {n["node_id"] for n in nodes["attention"]}, {n["node_id"] for n in nodes["ffn"]}
+        assert len(att) == 1 and len(ffn) == 1 and att != ffn, nodes
+        assert nodes["transport"] == "inline"
+        assert len(alive_worker_actors(cluster)) == 4  # attention rank, two FFN workers, detokenizer
+    finally:
+        assert srv.stop() == []
+    assert wait_no_actors(cluster) == []
+
+
 def test_kill_raylet_mid_request_fails_fast_without_leftovers(cluster, model_path):
     srv = ray_server(cluster, model_path)
     result = {}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 import traceback
 from collections import defaultdict
@@ -133,8 +134,9 @@ def run_ffn_worker(server_args, topo: AfdTopology, index: int, device: str, read
     from sglang.srt.utils.common import configure_logger
 
     configure_logger(server_args.log_level, f"FFN{index}")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    if threading.current_thread() is threading.main_thread():  # a Ray actor runs us on one of its threads
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     try:
         from sglang.srt.afd.experts import moe_layer_specs
         from sglang.srt.afd.load_balance import static_placement

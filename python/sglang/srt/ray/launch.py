@@ -85,6 +85,12 @@ def _launch(server_args: ServerArgs, launcher: RayLauncher) -> Subprocesses:
 
     tp, nnodes = server_args.tp_size, server_args.nnodes
     res = worker_resources(server_args)
+    if server_args.enable_afd:
+        from sglang.srt.ray.afd import launch_afd_actors
+
+        procs, node_infos = launch_afd_actors(server_args, launcher, res)
+        info = _wait_ready(launcher, procs.schedulers + procs.ffn_workers, STARTUP_TIMEOUT_S)
+        return _finish(server_args, procs, info, node_infos)
     group = RoleGroup("scheduler", tp, nnodes, res, extra={"CPU": 1.0})
     launcher.reserve(plan_placement([group], spread_roles=server_args.ray_spread_roles),
                      server_args.ray_placement_timeout)
@@ -119,22 +125,33 @@ def _launch(server_args: ServerArgs, launcher: RayLauncher) -> Subprocesses:
     procs = Subprocesses(handles[0], detok, {}, schedulers=handles, tp_ranks=list(range(tp)), launcher=launcher,
                          port_args=port_args)
     info = _wait_ready(launcher, handles, STARTUP_TIMEOUT_S)
+    if info.get("status") == "ready" and server_args.disaggregation_mode == "prefill":
+        info["disaggregation_bootstrap_host"] = ip0  # the bootstrap server runs in rank 0's actor
+    return _finish(server_args, procs, info, [infos[r] for r in range(tp)])
+
+
+def _finish(server_args: ServerArgs, procs: Subprocesses, info: dict, node_infos: list) -> Subprocesses:
+    """Record rank 0's ready message (plus where every scheduler rank runs) as ``procs.scheduler_info``.
+
+    Raises:
+        RuntimeError: ``info`` is an error (the startup failed).
+    """
     if info.get("status") != "ready":
         raise RuntimeError(f"server startup failed: {info.get('message')}")
     for key in ("status", "tp_rank", "pid"):
         info.pop(key, None)
-    info["ray_nodes"] = [{"tp_rank": r, "ip": infos[r]["ip"], "node_id": infos[r]["node_id"],
-                          "gpu_ids": infos[r]["gpu_ids"]} for r in range(tp)]
-    if server_args.disaggregation_mode == "prefill":  # the bootstrap server runs in rank 0's actor
-        info["disaggregation_bootstrap_host"] = ip0
+    info["ray_nodes"] = [{"tp_rank": r % server_args.tp_size, "ip": n["ip"], "node_id": n["node_id"],
+                          "gpu_ids": n["gpu_ids"]} for r, n in enumerate(node_infos)]
+    info.update(procs.scheduler_info)  # AFD: where the attention and FFN workers run
     procs.scheduler_info = info
-    logger.info("Ray: %d TP rank(s) ready on node(s) %s (scheduler input %s)", tp,
-                [infos[r]["ip"] for r in range(tp)], port_args.scheduler_input_ipc)
+    logger.info("Ray: %d scheduler rank(s) ready on node(s) %s (scheduler input %s)", len(node_infos),
+                [n["ip"] for n in node_infos], procs.port_args.scheduler_input_ipc)
     return procs
 
 
 def _wait_ready(launcher: RayLauncher, handles: list, timeout_s: float) -> dict:
-    """Rank 0's ready message once every rank is ready; the first error (or dead actor) otherwise."""
+    """The first handle's (rank 0's) ready message once every worker is ready; the first error (or dead actor)
+    otherwise."""
     refs = {launcher.wait_ready(h, timeout_s): (rank, h) for rank, h in enumerate(handles)}
     infos = {}
     deadline = time.monotonic() + timeout_s
@@ -146,7 +163,7 @@ def _wait_ready(launcher: RayLauncher, handles: list, timeout_s: float) -> dict:
         try:
             info = ray.get(done[0])
         except (RayActorError, RayError) as e:
-            return {"status": "error", "message": f"the Ray actor of TP rank {rank} died during startup on "
+            return {"status": "error", "message": f"the Ray actor {h.name} died during startup on "
                                                   f"node {h.info.get('ip')}: {str(e).splitlines()[0]}"}
         if info.get("status") != "ready":
             return info
