@@ -30,6 +30,7 @@ from server_utils import ENV, ServerProcess, free_port  # noqa: E402
 
 ray_cluster_utils = pytest.importorskip("ray.cluster_utils", reason="ray is not installed (pip install '.[ray]')")
 EXIT_WITHIN_S = 60
+pytestmark = pytest.mark.timeout(1500)  # a hang fails the module instead of stalling CI
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +130,13 @@ def test_engine_use_ray_tp2_equals_single_process(cluster, model_path, reference
     engine = sgl.Engine(model_path=model_path, device="cpu", tp_size=2, nnodes=2, use_ray=True,
                         ray_address=cluster.address)
     try:
-        outs = engine.generate(PROMPTS, {"temperature": 0, "max_new_tokens": N_NEW})
+        import concurrent.futures as cf
+
+        pool = cf.ThreadPoolExecutor(1)  # bounded: a lost request must fail the test, not hang it
+        try:
+            outs = pool.submit(engine.generate, PROMPTS, {"temperature": 0, "max_new_tokens": N_NEW}).result(180)
+        finally:
+            pool.shutdown(wait=False)
         assert [o["output_ids"] for o in outs] == reference
     finally:
         engine.shutdown()

@@ -34,6 +34,7 @@ ENV = {**_ENV, "RAY_AUTH_MODE": "disabled"}
 
 pytest.importorskip("ray", reason="ray is not installed (pip install '.[ray]')")
 
+pytestmark = pytest.mark.timeout(900)  # a hang fails the module instead of stalling CI
 TAG = f"sg15{os.getpid() % 100000}"
 NS_A, NS_B = f"{TAG}a", f"{TAG}b"
 SUBNET = f"10.215.{os.getpid() % 250}"
