@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Install sglang-tw and its test dependencies into the current Python.
+# Install sglang-tw, its test dependencies and the optional extras CI tests (ray) into the current Python.
 # On a CPU machine, `torch==2.13.0` resolves to the CPU build.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-python3 -m pip install -q --disable-pip-version-check "torch==2.13.0" -e "$root/python[test,custom-logit-processor]"
+python3 -m pip install -q --disable-pip-version-check "torch==2.13.0" -e "$root/python[test,custom-logit-processor,ray]"
 if [ -f "$root/sgl-kernel/pyproject.toml" ]; then
   python3 -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e "$root/sgl-kernel"
 fi

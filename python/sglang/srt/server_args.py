@@ -80,6 +80,15 @@ class ServerArgs:
     gpu_id_step: int = 1  # GPU index step between consecutive workers
     zmq_transport: str = "ipc"  # ipc | tcp: transport of the inter-process sockets (tcp: workers may be remote)
 
+    # Ray (--use-ray: every worker is a Ray actor placed by placement groups; needs the `ray` extra)
+    use_ray: bool = False
+    ray_address: str = "auto"  # the cluster to join: auto = the running one (ray start / ray job submit)
+    ray_spread_roles: bool = False  # all role groups in one STRICT_SPREAD placement group (roles on distinct nodes)
+    ray_cpus_per_worker: float = 1.0  # Ray CPUs each TP rank reserves
+    ray_gpus_per_worker: float = 1.0  # Ray GPUs each TP rank reserves on CUDA (< 1: ranks share a GPU, tests only)
+    ray_worker_resources: Optional[str] = None  # JSON dict of extra Ray resources per worker, e.g. '{"node_a": 0.01}'
+    ray_placement_timeout: float = 300.0  # seconds to wait for the placement groups before failing
+
     # TokenWeave (compute-communication overlap of two token splits)
     enable_tokenweave: bool = False
     tokenweave_min_tokens: int = 1024
@@ -89,6 +98,27 @@ class ServerArgs:
     # Correctness-only test mode: every TP rank of this node on --base-gpu-id, the device group over gloo
     # (NCCL refuses two ranks per GPU), tw-comm over CUDA IPC within the device; no CUDA graphs, no custom AR.
     tp_ranks_share_gpu: bool = False
+
+    # Prefill/decode disaggregation (KVDirect; see docs/pd_disaggregation.md)
+    disaggregation_mode: str = "null"  # null | prefill | decode
+    disaggregation_bootstrap_port: int = 8998
+    disaggregation_transfer_backend: str = "nixl"  # nixl | fake
+    disaggregation_transfer_mode: str = "pull"  # pull | push
+    disaggregation_bootstrap_timeout: float = 30.0  # s a decode request waits for its prefill (CONNECT + ready)
+    disaggregation_transfer_timeout: float = 30.0  # s a posted KV transfer may take
+    disaggregation_heartbeat_interval: float = 1.0  # s between heartbeats to peers with open rooms
+    disaggregation_heartbeat_timeout: float = 5.0  # s of silence after which a peer's rooms are failed/freed
+    disaggregation_verify: bool = False  # checksum each transferred request's KV (tests)
+    # MegaScale-Infer attention/FFN disaggregation (MoE decode; docs/afd.md)
+    enable_afd: bool = False
+    afd_attention_workers: int = 1  # data parallel attention workers (each --tp ranks, its own requests and KV)
+    afd_ffn_workers: int = 1  # expert-parallel FFN workers (routed experts only)
+    afd_micro_batches: int = 2  # m of the ping-pong pipeline
+    afd_max_tokens: int = 4096  # most tokens of one micro-batch (sizes the M2N registered buffers)
+    afd_transport: str = "auto"  # auto | inline | cuda_ipc | nccl
+    afd_timeout_s: float = 60.0  # an FFN answer later than this fails the batch (never a hang)
+    afd_redundant_experts: int = 0  # replicas of hot experts the load balancer may add (over all FFN workers)
+    afd_rebalance_interval: int = 0  # steps between expert placement updates (0: static placement)
 
     # Misc
     random_seed: int = 0
@@ -145,7 +175,16 @@ class ServerArgs:
             bad("node-rank", self.node_rank, f"use 0..{self.nnodes - 1} (--nnodes={self.nnodes})")
         if self.dist_timeout is not None and self.dist_timeout <= 0:
             bad("dist-timeout", self.dist_timeout, "use a positive number of seconds")
-        if self.nnodes > 1 and not self.dist_init_addr:
+        if self.ray_cpus_per_worker < 0:
+            bad("ray-cpus-per-worker", self.ray_cpus_per_worker, "use a number of CPUs >= 0")
+        if not 0 < self.ray_gpus_per_worker <= 1:
+            bad("ray-gpus-per-worker", self.ray_gpus_per_worker, "use a fraction in (0, 1] (one GPU per worker at "
+                "most; < 1 only with --tp-ranks-share-gpu)")
+        if self.ray_worker_resources is not None:
+            self.ray_extra_resources()  # validates
+        if self.ray_placement_timeout <= 0:
+            bad("ray-placement-timeout", self.ray_placement_timeout, "use a positive number of seconds")
+        if self.nnodes > 1 and not self.dist_init_addr and not self.use_ray:
             bad("dist-init-addr", self.dist_init_addr, "multi-node runs need --dist-init-addr HOST:PORT of node 0")
         if self.stream_interval < 1:
             bad("stream-interval", self.stream_interval, "use a positive integer")
@@ -155,10 +194,74 @@ class ServerArgs:
             bad("max-n", self.max_n, "use a positive integer")
         if not self.watchdog_timeout > 0:
             bad("watchdog-timeout", self.watchdog_timeout, "use a positive number of seconds")
+        if self.disaggregation_mode not in ("null", "prefill", "decode"):
+            bad("disaggregation-mode", self.disaggregation_mode, "use null, prefill or decode")
+        if self.disaggregation_transfer_backend not in ("nixl", "fake"):
+            bad("disaggregation-transfer-backend", self.disaggregation_transfer_backend, "use nixl or fake")
+        if self.disaggregation_transfer_mode not in ("pull", "push"):
+            bad("disaggregation-transfer-mode", self.disaggregation_transfer_mode, "use pull or push")
+        if not 1 <= self.disaggregation_bootstrap_port <= 65535:
+            bad("disaggregation-bootstrap-port", self.disaggregation_bootstrap_port, "use a TCP port in 1..65535")
+        for name in ("disaggregation_bootstrap_timeout", "disaggregation_transfer_timeout",
+                     "disaggregation_heartbeat_interval", "disaggregation_heartbeat_timeout"):
+            if getattr(self, name) <= 0:
+                bad(name.replace("_", "-"), getattr(self, name), "use a positive number of seconds")
+        if self.disaggregation_mode != "null" and self.enable_overlap_schedule:
+            bad("enable-overlap-schedule", True, "overlap scheduling is not supported with --disaggregation-mode yet")
+        if self.enable_afd:
+            self._check_afd(bad)
         if not 1 <= self.port <= 65535:
             bad("port", self.port, "use a TCP port in 1..65535")
 
+    def _check_afd(self, bad) -> None:
+        """Validate the ``--afd-*`` flags and set what AFD needs (no CUDA graphs: the executor dispatches remotely;
+        prefill chunks that fit one micro-batch)."""
+        for name in ("afd_attention_workers", "afd_ffn_workers", "afd_micro_batches", "afd_max_tokens"):
+            if getattr(self, name) < 1:
+                bad(name.replace("_", "-"), getattr(self, name), "use a positive integer")
+        if self.afd_transport not in ("auto", "inline", "cuda_ipc", "nccl"):
+            bad("afd-transport", self.afd_transport, "use auto, inline, cuda_ipc or nccl")
+        if self.afd_timeout_s <= 0:
+            bad("afd-timeout-s", self.afd_timeout_s, "use a positive number of seconds")
+        if self.afd_redundant_experts < 0 or self.afd_rebalance_interval < 0:
+            bad("afd-redundant-experts", self.afd_redundant_experts, "use counts >= 0")
+        if self.afd_rebalance_interval and self.afd_attention_workers > 1:
+            bad("afd-rebalance-interval", self.afd_rebalance_interval,
+                "live expert rebalancing needs --afd-attention-workers 1 (one placement owner); use 0")
+        if self.nnodes > 1:
+            bad("nnodes", self.nnodes, "--enable-afd runs on one node here (multi-node placement comes with --use-ray)")
+        if self.enable_tokenweave:
+            bad("enable-tokenweave", True, "TokenWeave and AFD executors cannot be combined; drop one")
+        object.__setattr__(self, "disable_cuda_graph", True)
+        if self.chunked_prefill_size is None or self.chunked_prefill_size > self.afd_max_tokens // 2:
+            object.__setattr__(self, "chunked_prefill_size", max(1, self.afd_max_tokens // 2))
+        if self.max_running_requests is None or self.max_running_requests > self.afd_max_tokens // 2:
+            object.__setattr__(self, "max_running_requests", max(1, self.afd_max_tokens // 2))
+
     # ---- derived settings -------------------------------------------------
+    def ray_extra_resources(self) -> dict:
+        """``--ray-worker-resources`` parsed: ``{name: amount}`` (empty when unset).
+
+        Raises:
+            ValueError: not a JSON object of non-negative numbers, or it names CPU/GPU (use
+                --ray-cpus-per-worker / --ray-gpus-per-worker).
+        """
+        import json
+
+        if not self.ray_worker_resources:
+            return {}
+        fix = "use a JSON object of custom Ray resources, e.g. '{\"node_a\": 0.01}'"
+        try:
+            res = json.loads(self.ray_worker_resources)
+        except json.JSONDecodeError:
+            raise ValueError(f"--ray-worker-resources={self.ray_worker_resources!r} is invalid: {fix}") from None
+        if not isinstance(res, dict) or not all(isinstance(v, (int, float)) and v >= 0 for v in res.values()):
+            raise ValueError(f"--ray-worker-resources={self.ray_worker_resources!r} is invalid: {fix}")
+        if {"CPU", "GPU"} & set(res):
+            raise ValueError(f"--ray-worker-resources={self.ray_worker_resources!r} is invalid: set CPU/GPU with "
+                             f"--ray-cpus-per-worker / --ray-gpus-per-worker")
+        return {k: float(v) for k, v in res.items()}
+
     @property
     def resolved_device(self) -> str:
         """``cpu`` or ``cuda``: ``auto`` picks cuda when a GPU is visible."""
@@ -227,6 +330,36 @@ class ServerArgs:
             "client-supplied code (a dill-serialized Python class) that the scheduler deserializes and runs; "
             "enable only when every client is trusted. Off: such requests get a 400. Needs the dill package "
             "(pip install 'sglang[custom-logit-processor]').",
+            "use_ray": "Start every worker (TP ranks, detokenizer) as a Ray actor placed by placement groups "
+            "(pip install 'sglang[ray]'); --nnodes N spreads the TP group over N nodes.",
+            "ray_address": "Ray cluster to join with --use-ray (default auto: the running cluster).",
+            "ray_spread_roles": "Put every role group in one STRICT_SPREAD placement group (roles on distinct nodes).",
+            "ray_cpus_per_worker": "Ray CPUs each worker reserves.",
+            "ray_gpus_per_worker": "Ray GPUs each worker reserves on CUDA (default 1; a fraction lets ranks share a "
+            "GPU, for --tp-ranks-share-gpu tests only).",
+            "ray_worker_resources": "JSON dict of custom Ray resources each worker also reserves, e.g. "
+            "'{\"node_a\": 0.01}' to pin this instance (say a prefill server) to nodes started with --resources "
+            "'{\"node_a\": 1}'.",
+            "ray_placement_timeout": "Seconds to wait for Ray to place the workers before failing.",
+            "disaggregation_mode": "null|prefill|decode: run as an aggregated server, a prefill server (computes the "
+            "prompt's KV and the first token, serves them to decode servers) or a decode server (pulls the KV and "
+            "decodes). Put python -m sglang.srt.disaggregation.mini_lb in front.",
+            "disaggregation_bootstrap_port": "Prefill servers: HTTP port of the bootstrap server where decode ranks fetch "
+            "the prefill ranks' transfer metadata and KV descriptors.",
+            "disaggregation_transfer_backend": "nixl|fake: the one-sided KV transport (fake: in-host test transport).",
+            "disaggregation_transfer_mode": "pull (decode reads the KV once the prefill is done; KVDirect) or push "
+            "(prefill writes into blocks the decode side preallocated). Both sides must agree.",
+            "disaggregation_verify": "Checksum every transferred request's KV per (layer, K/V, head) on both sides; a "
+            "mismatch fails the request.",
+            "enable_afd": "MegaScale-Infer attention/FFN disaggregation for MoE models: attention workers (attention, "
+            "dense parts, KV) and FFN workers (routed experts) in separate processes, a ping-pong pipeline over "
+            "--afd-micro-batches, M2N transfers (docs/afd.md).",
+            "afd_attention_workers": "Attention workers N_A (data parallel; each runs --tp ranks and its own requests).",
+            "afd_ffn_workers": "FFN workers N_E (expert parallel over the routed experts).",
+            "afd_micro_batches": "m: request micro-batches of the ping-pong pipeline (hides transfers when "
+            "m >= 2(1+Tc/Tf), logged).",
+            "afd_transport": "M2N payload transport: inline (CPU, ZMQ), cuda_ipc (same-node GPUs), nccl (baseline); "
+            "auto = cuda_ipc on GPU, inline on CPU.",
             "zmq_transport": "ipc|tcp: transport of the sockets between the server's processes (tcp on "
             "127.0.0.1 ports, so a worker can live on another host).",
         }
@@ -270,6 +403,8 @@ class PortArgs:
     scheduler_input_ipc: str
     detokenizer_ipc: str
     ipc_dir: str = field(default="")
+    # data-parallel schedulers (AFD attention workers): scheduler a binds dp_scheduler_inputs[a]
+    dp_scheduler_inputs: tuple = ()
 
     @classmethod
     def init_new(cls, transport: str = "ipc", host: str = "127.0.0.1") -> "PortArgs":

@@ -77,13 +77,14 @@ class Engine:
         self._closed = False
         self._lock = threading.Lock()
         self.server_args = resolve_model(ServerArgs(**server_args_kwargs))
-        self.port_args = PortArgs.init_new(self.server_args.zmq_transport)
+        self.port_args = PortArgs.init_new("tcp" if self.server_args.use_ray else self.server_args.zmq_transport)
         self._procs = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._thread: Optional[threading.Thread] = None
         self.tokenizer_manager = None
         try:
             self._procs = launch_subprocesses(self.server_args, self.port_args, in_process_engine=True)
+            self.port_args = self._procs.port_args or self.port_args  # --use-ray: endpoints Ray's nodes chose
             self._procs.watch(self._on_child_death)
             self._loop = asyncio.new_event_loop()
             self._thread = threading.Thread(target=self._run_loop, name="sglang-engine-loop", daemon=True)
@@ -109,7 +110,7 @@ class Engine:
     async def _make_tokenizer_manager(self):
         from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
-        tm = TokenizerManager(self.server_args, self.port_args, self._procs.scheduler_info)
+        tm = TokenizerManager(self.server_args, self._procs.port_args or self.port_args, self._procs.scheduler_info)
         tm.start()
         return tm
 

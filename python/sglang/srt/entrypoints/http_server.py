@@ -180,10 +180,10 @@ def create_app(tokenizer_manager, server_args) -> FastAPI:
     # ----------------------------------------------------------- native
     @app.get("/health")
     async def health() -> Response:
-        """``GET /health``: 200 while the HTTP server is up (no model call); 503 once a child process died or
-        the scheduler watchdog fired (the server is about to exit)."""
-        if tm.failure is not None:
-            return _error(503, f"the server cannot serve requests: {tm.failure}")
+        """``GET /health``: 200 while the HTTP server is up and every worker lives (no model call); 503 naming the
+        cause once a worker died (e.g. an AFD FFN worker)."""
+        if tm.failure:
+            return _error(503, f"unhealthy: {tm.failure}")
         return Response(status_code=200)
 
     @app.get("/health_generate")

@@ -54,15 +54,24 @@ class Subprocesses:
     schedulers: list = field(default_factory=list)
     tp_ranks: list = field(default_factory=list)
     failure: Optional[str] = None
+    ffn_workers: list = field(default_factory=list)  # AFD FFN workers (--enable-afd)
+    # the front end's PortArgs when it differs: AFD data-parallel scheduler inputs, or --use-ray's endpoints
+    port_args: Any = None
     launcher: Any = None  # keeps the children's liveness pipe open for the server's lifetime
     _closing: threading.Event = field(default_factory=threading.Event)
+    _shut_down: bool = False
 
     def children(self) -> list:
         """Every child process: the scheduler(s), then the detokenizer when present."""
-        return list(self.schedulers or [self.scheduler]) + ([self.detokenizer] if self.detokenizer else [])
+        return list(self.schedulers or [self.scheduler]) + list(self.ffn_workers) + \
+            ([self.detokenizer] if self.detokenizer else [])
 
     def shutdown(self, timeout: float = 5.0) -> None:
-        """Terminate every child (SIGTERM, then SIGKILL after ``timeout`` seconds)."""
+        """Terminate every child (SIGTERM, then SIGKILL after ``timeout`` seconds), then close the launcher;
+        a second call does nothing."""
+        if self._shut_down:
+            return
+        self._shut_down = True
         self._closing.set()
         procs = self.children()
         for p in procs:
@@ -74,6 +83,8 @@ class Subprocesses:
             if p.is_alive():
                 p.kill()
                 p.join(1.0)
+        if self.launcher is not None:
+            self.launcher.close()
 
     def dead_child(self) -> Optional[str]:
         """A message naming the first child that exited, or None while all live."""
@@ -84,8 +95,15 @@ class Subprocesses:
                 if p.exitcode == WATCHDOG_EXIT_CODE:
                     return (f"scheduler TP rank {rank} (pid {p.pid}) was stopped by its watchdog: no scheduler step "
                             "finished within --watchdog-timeout (a TP rank or the device stalled)")
-                return f"scheduler TP rank {rank} (pid {p.pid}) exited unexpectedly with code {p.exitcode}"
+                return (f"scheduler TP rank {rank} (pid {p.pid}) exited unexpectedly with code {p.exitcode}"
+                        + (f" ({p.death_reason})" if getattr(p, "death_reason", None) else ""))
+        for j, p in enumerate(self.ffn_workers):
+            if not p.is_alive():
+                return (f"AFD FFN worker {j} (pid {p.pid}) exited unexpectedly with code {p.exitcode}"
+                        + (f" ({p.death_reason})" if getattr(p, "death_reason", None) else ""))
         if self.detokenizer is not None and not self.detokenizer.is_alive():
+            if getattr(self.detokenizer, "death_reason", None):
+                return f"detokenizer exited unexpectedly: {self.detokenizer.death_reason}"
             return f"detokenizer (pid {self.detokenizer.pid}) exited unexpectedly with code {self.detokenizer.exitcode}"
         return None
 
@@ -143,9 +161,27 @@ def check_parallel_args(server_args: ServerArgs) -> None:
     validate_tp_config(mc, server_args.tp_size, server_args.ep_size, server_args.nnodes)
 
 
-def _wait_ready(procs: Subprocesses, pipes: list, deadline: float) -> dict:
-    """Wait for every local rank's ready message; the first error or dead rank aborts (message returned)."""
+def _wait_ready(procs: Subprocesses, pipes: list, deadline: float, ffn_pipes: tuple = ()) -> dict:
+    """Wait for every local rank's (and AFD FFN worker's) ready message; the first error or dead process aborts
+    (message returned)."""
     infos: dict[int, dict] = {}
+    ffn_ready: set[int] = set()
+    while len(ffn_ready) < len(ffn_pipes):
+        if time.monotonic() > deadline:
+            return {"status": "error", "message": f"the FFN workers did not start within {STARTUP_TIMEOUT_S} s"}
+        for (j, reader), p in zip(ffn_pipes, procs.ffn_workers):
+            if j in ffn_ready:
+                continue
+            try:
+                if reader.poll(0.1):
+                    info = reader.recv()
+                    if info.get("status") != "ready":
+                        return info
+                    ffn_ready.add(j)
+                elif not p.is_alive():
+                    return {"status": "error", "message": f"FFN worker {j} died during startup (exit code {p.exitcode})"}
+            except EOFError:
+                return {"status": "error", "message": f"FFN worker {j} died during startup (exit code {p.exitcode})"}
     while len(infos) < len(pipes):
         if time.monotonic() > deadline:
             return {"status": "error", "message": f"the scheduler did not start within {STARTUP_TIMEOUT_S} s"}
@@ -185,6 +221,18 @@ def launch_subprocesses(server_args: ServerArgs, port_args: PortArgs, in_process
     from sglang.srt.managers.scheduler_process import run_scheduler_process
 
     check_parallel_args(server_args)
+    if server_args.enable_afd:
+        from sglang.srt.afd.launch import check_afd_model
+
+        check_afd_model(server_args)  # a dense model is refused before anything is spawned
+    if server_args.use_ray:  # workers as Ray actors; the only path that imports ray
+        try:
+            from sglang.srt.ray.launch import launch_ray_workers
+        except ImportError as e:
+            raise RuntimeError(f"--use-ray needs Ray ({e}); install the extra: pip install 'sglang[ray]' "
+                               f"(from a checkout: pip install './python[ray]')") from e
+
+        return launch_ray_workers(server_args, in_process_engine)
     apply_nvls_off_env()  # inherited by the spawned children
     launcher = MultiprocessingLauncher()
     tp, nnodes = server_args.tp_size, server_args.nnodes
@@ -198,8 +246,13 @@ def launch_subprocesses(server_args: ServerArgs, port_args: PortArgs, in_process
     # crash-time SIGTERM would race the watchdog and the server could exit 0 without saying why.
     signal_parent_on_crash = False
     device_type = server_args.resolved_device
-    pipes, scheds = [], []
-    for local, rank in enumerate(ranks):
+    pipes, scheds, afd = [], [], None
+    if server_args.enable_afd:
+        from sglang.srt.afd.launch import launch_afd_workers
+
+        afd = launch_afd_workers(server_args, port_args, launcher, _free_port, False)
+        pipes, scheds, ranks = afd.pipes, afd.schedulers, afd.ranks
+    for local, rank in enumerate([] if afd else ranks):
         reader, writer = mp.get_context("spawn").Pipe(duplex=False)
         # --tp-ranks-share-gpu (correctness test mode): every rank on --base-gpu-id
         device = worker_device(device_type, 0 if server_args.tp_ranks_share_gpu else local, server_args.base_gpu_id,
@@ -218,10 +271,11 @@ def launch_subprocesses(server_args: ServerArgs, port_args: PortArgs, in_process
         detok = launcher.launch(WorkerSpec(
             name="sglang::detokenizer", target=run_detokenizer_process,
             args=(server_args, port_args, None, signal_parent_on_crash), role="detokenizer", resources={"CPU": 1}))
-    procs = Subprocesses(scheds[0], detok, {}, schedulers=scheds, tp_ranks=ranks, launcher=launcher)
+    procs = Subprocesses(scheds[0], detok, {}, schedulers=scheds, tp_ranks=ranks, launcher=launcher,
+                         ffn_workers=afd.ffn if afd else [], port_args=afd.port_args if afd else None)
     atexit.register(procs.shutdown)
     try:
-        info = _wait_ready(procs, pipes, time.monotonic() + STARTUP_TIMEOUT_S)
+        info = _wait_ready(procs, pipes, time.monotonic() + STARTUP_TIMEOUT_S, afd.ffn_pipes if afd else ())
     except BaseException:
         procs.shutdown()
         raise
@@ -265,16 +319,20 @@ def launch_server(server_args: ServerArgs) -> None:
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
     server_args = resolve_model(server_args)
-    port_args = PortArgs.init_new(server_args.zmq_transport)
+    port_args = PortArgs.init_new("tcp" if server_args.use_ray else server_args.zmq_transport)
     procs = launch_subprocesses(server_args, port_args)
+    port_args = procs.port_args or port_args  # --use-ray: endpoints on the nodes Ray chose
     try:
         if server_args.node_rank != 0:
             _serve_worker_node(server_args, procs)
         else:
-            tm = TokenizerManager(server_args, port_args, procs.scheduler_info)
+            tm = TokenizerManager(server_args, procs.port_args or port_args, procs.scheduler_info)
             app = create_app(tm, server_args)
 
             def on_child_death() -> None:
+                if server_args.enable_afd:  # AFD: fail in-flight requests, stay up answering 503 (/health too)
+                    tm.fail_all_threadsafe(f"the server is unhealthy: {procs.failure}")
+                    return
                 tm.fail_all_threadsafe(f"the server is stopping: {procs.failure}")
                 time.sleep(1.0)  # let the failed requests' error responses (and /health 503s) go out first
                 os.kill(os.getpid(), signal.SIGTERM)
@@ -290,7 +348,7 @@ def launch_server(server_args: ServerArgs) -> None:
 
         shutil.rmtree(port_args.ipc_dir, ignore_errors=True)
     if failure:
-        if server_args.nnodes > 1:
+        if server_args.nnodes > 1 and not server_args.use_ray:
             failure += (f" (node {server_args.node_rank} of {server_args.nnodes}: a TP rank on another node may have "
                         f"stopped or crashed, which ends this node's ranks too; check every node's log)")
         raise RuntimeError(f"server stopped: {failure}")

@@ -287,6 +287,7 @@ class DetokenizerManager:
             input_top_logprobs=msg.input_top_logprobs,
             output_token_ids_logprobs=msg.output_token_ids_logprobs,
             input_token_ids_logprobs=msg.input_token_ids_logprobs,
+            disagg_info=msg.disagg_info,
         )
 
     def handle_bytes(self, data: bytes) -> bytes:
@@ -358,13 +359,16 @@ def run_detokenizer_process(
 
     # While imports and the tokenizer load run (C/C++ code), a SystemExit raised by a signal handler surfaces as a
     # pybind11/ctypes error dump: during setup a stop request just ends the process quietly.
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    signal.signal(signal.SIGINT, lambda *_: os._exit(0))
+    main_thread = threading.current_thread() is threading.main_thread()  # a Ray actor runs us on one of its threads
+    if main_thread:
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+        signal.signal(signal.SIGINT, lambda *_: os._exit(0))
     manager: Optional[DetokenizerManager] = None
     try:
         manager = DetokenizerManager(server_args, port_args, parent_watch=parent_watch)
-        signal.signal(signal.SIGTERM, _on_signal)
-        signal.signal(signal.SIGINT, _on_signal)
+        if main_thread:
+            signal.signal(signal.SIGTERM, _on_signal)
+            signal.signal(signal.SIGINT, _on_signal)
         manager.event_loop()
     except Exception:
         logger.error("DetokenizerManager crashed:\n%s", traceback.format_exc())

@@ -22,11 +22,12 @@ logger = logging.getLogger(__name__)
 # SGLang fields that this fork does not implement: a non-null value is rejected, null is ignored.
 _UNSUPPORTED_FIELDS = (
     "image_data", "audio_data", "video_data", "input_embeds", "lora_path", "lora_id",
-    "return_hidden_states", "session_params", "bootstrap_host",
+    "return_hidden_states", "session_params",
 )
 _KNOWN_FIELDS = (
     "text", "input_ids", "sampling_params", "rid", "return_logprob", "logprob_start_len",
     "top_logprobs_num", "return_text_in_logprobs", "stream", "token_ids_logprob", "custom_logit_processor",
+    "bootstrap_host", "bootstrap_port", "bootstrap_room",
 )
 
 
@@ -64,6 +65,9 @@ class SingleGenerateReq:
     stream: bool = False
     token_ids_logprob: Optional[list[int]] = None
     custom_logit_processor: Optional[str] = None
+    bootstrap_host: Optional[str] = None
+    bootstrap_port: Optional[int] = None
+    bootstrap_room: Optional[int] = None
 
 
 @dataclass
@@ -100,6 +104,11 @@ class GenerateReqInput:
     stream: bool = False
     token_ids_logprob: Optional[Union[list[int], list[list[int]]]] = None
     custom_logit_processor: Optional[Union[str, list[Optional[str]]]] = None
+    # prefill/decode disaggregation (set by the mini_lb router): the prefill server's bootstrap address and the
+    # room pairing the two halves; scalars or one per prompt. Samples j > 0 of n > 1 use derive_room(room, j).
+    bootstrap_host: Optional[Union[str, list[str]]] = None
+    bootstrap_port: Optional[Union[int, list[int]]] = None
+    bootstrap_room: Optional[Union[int, list[int]]] = None
     is_batch: bool = field(default=False, init=False)
 
     @classmethod
@@ -233,6 +242,16 @@ class GenerateReqInput:
         procs = self._per_prompt("custom_logit_processor", self.custom_logit_processor, size,
                                  lambda v: v is None or isinstance(v, str), "a string")
 
+        hosts = self._per_prompt("bootstrap_host", self.bootstrap_host, size,
+                                 lambda v: v is None or isinstance(v, str), "a host name")
+        ports = self._per_prompt("bootstrap_port", self.bootstrap_port, size,
+                                 lambda v: v is None or (_is_int(v) and 1 <= v <= 65535), "a TCP port in 1..65535")
+        rooms = self._per_prompt("bootstrap_room", self.bootstrap_room, size,
+                                 lambda v: v is None or (_is_int(v) and 0 <= v < (1 << 63)), "an integer in [0, 2**63)")
+        if size > 1 and self.bootstrap_room is not None and not isinstance(self.bootstrap_room, list):
+            raise ValueError("bootstrap_room must be a list with one room per prompt for a batch request")
+        from sglang.srt.disaggregation.rooms import derive_room
+
         ns = []
         for p in sps:
             n = p.get("n", 1)
@@ -268,6 +287,8 @@ class GenerateReqInput:
                     stream=self.stream,
                     token_ids_logprob=list(tid_lists[i]) if tid_lists[i] else None,
                     custom_logit_processor=procs[i],
+                    bootstrap_host=hosts[i], bootstrap_port=ports[i],
+                    bootstrap_room=None if rooms[i] is None else derive_room(rooms[i], j),
                 ))
         self.is_batch = is_list or len(out) > 1
         return out

@@ -43,6 +43,10 @@ class TokenizedGenerateReqInput(msgspec.Struct, tag=True):
     created_time: float = 0.0
     token_ids_logprob: Optional[list[int]] = None  # ids whose logprobs are reported at every output position
     custom_logit_processor: Optional[str] = None  # serialized processor (only with --enable-custom-logit-processor)
+    # prefill/decode disaggregation (SGLang's request fields; None on an aggregated server)
+    bootstrap_host: Optional[str] = None
+    bootstrap_port: Optional[int] = None
+    bootstrap_room: Optional[int] = None
 
 
 class AbortReq(msgspec.Struct, tag=True):
@@ -126,6 +130,7 @@ class BatchTokenIDOut(msgspec.Struct, tag=True):
     stop_regexes: Optional[list[list[str]]] = None
     output_token_ids_logprobs: Optional[list[Optional[list[list[tuple[Optional[float], int]]]]]] = None
     input_token_ids_logprobs: Optional[list[Optional[list[list[tuple[Optional[float], int]]]]]] = None
+    disagg_info: Optional[list[Optional[dict[str, Any]]]] = None  # disaggregated servers: transfer facts
 
 
 class BatchStrOut(msgspec.Struct, tag=True):
@@ -150,6 +155,7 @@ class BatchStrOut(msgspec.Struct, tag=True):
     input_top_logprobs: Optional[list[Optional[list[list[tuple[float, int]]]]]] = None
     output_token_ids_logprobs: Optional[list[Optional[list[list[tuple[Optional[float], int]]]]]] = None
     input_token_ids_logprobs: Optional[list[Optional[list[list[tuple[Optional[float], int]]]]]] = None
+    disagg_info: Optional[list[Optional[dict[str, Any]]]] = None
 
 
 Message = Union[

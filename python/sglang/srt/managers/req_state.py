@@ -45,6 +45,7 @@ class ReqState:
     output_top_logprobs: list = field(default_factory=list)
     input_token_ids_logprobs: list = field(default_factory=list)
     output_token_ids_logprobs: list = field(default_factory=list)
+    disagg_info: Optional[dict[str, Any]] = None  # disaggregated servers: transfer facts of the KV hand-off
 
     def add_logprobs(self, msg: BatchStrOut, i: int, token_text: Callable[[int], Optional[str]]) -> None:
         """Append row ``i`` of ``msg``'s logprobs (``(logprob, token_id)`` pairs) in SGLang's format;
@@ -82,6 +83,8 @@ class ReqState:
             "cached_tokens": self.cached_tokens,
             "e2e_latency": end - self.created_time,
         }
+        if self.disagg_info is not None:
+            meta["disaggregation"] = dict(self.disagg_info)
         if self.req.return_logprob:
             meta["input_token_logprobs"] = list(self.input_token_logprobs)
             meta["output_token_logprobs"] = list(self.output_token_logprobs)

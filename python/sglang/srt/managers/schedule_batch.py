@@ -93,6 +93,12 @@ class Req:
         self.sent_output_len = 0
         self.sent_input_logprobs = False
 
+        # prefill/decode disaggregation (``disaggregation/``): the request's room and its hand-off facts
+        # (transfer bytes / reads / time, queue times) reported in meta_info["disaggregation"]
+        self.bootstrap_room: Optional[int] = None
+        self.disagg_info: Optional[dict[str, Any]] = None
+        self.admit_time: float = 0.0
+
         # constrained decoding
         self.grammar_key: Optional[tuple[str, str]] = None
         self.grammar_future: Any = None
@@ -270,6 +276,8 @@ def build_token_id_out(reqs: list[Req]) -> BatchTokenIDOut:
     out = BatchTokenIDOut(rids=[], finished_reasons=[], output_ids=[], prompt_tokens=[], completion_tokens=[],
                           cached_tokens=[], skip_special_tokens=[], spaces_between_special_tokens=[],
                           no_stop_trim=[], stop_strs=[], decode_prefix_ids=[], stop_regexes=[])
+    if any(r.disagg_info is not None for r in reqs):
+        out.disagg_info = [r.disagg_info if r.finished() or r.sent_output_len == 0 else None for r in reqs]
     any_lp = any(r.return_logprob for r in reqs)
     if any_lp:
         out.output_token_logprobs, out.output_top_logprobs = [], []

@@ -41,6 +41,7 @@ The ZMQ process loop around it lives in ``scheduler_process.py``; result process
 from __future__ import annotations
 
 import logging
+import time
 from typing import Optional
 
 import torch
@@ -116,6 +117,12 @@ class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
         self.worker = OverlapWorker(runner, self.future_ring_size) if self.overlap else None
         self.control_group = self._make_control_group()
         logger.info("overlap schedule %s", "on" if self.overlap else "off")
+        # prefill/decode disaggregation: the scheduler side of the KV connector (None when aggregated)
+        self.disagg = None
+        if server_args.disaggregation_mode != "null":
+            from sglang.srt.disaggregation.connector import create_connector
+
+            self.disagg = create_connector(self)
 
     def _make_control_group(self):
         """The CPU group for the scheduler's own collectives (message broadcast, grammar agreement).
@@ -138,6 +145,8 @@ class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
         self.sync()
         if self.worker is not None:
             self.worker.close()
+        if self.disagg is not None:
+            self.disagg.close()
 
     # ---- requests in ---------------------------------------------------------
     def add_request(self, msg: TokenizedGenerateReqInput) -> Optional[Req]:
@@ -175,6 +184,8 @@ class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
                 req.input_top_logprobs.append([])
             if req.token_ids_logprob:
                 req.input_token_ids_logprobs.append([])
+        if self.disagg is not None and self.disagg.intercept(req, msg):
+            return req  # the decode side's transfer queue took it (or its bootstrap fields were rejected)
         if req.grammar_key is not None:
             req.grammar_future = self.grammar_backend.get_future(req.grammar_key)
             self.grammar_queue.append(req)  # admitted by the next step's _poll_grammar_queue
@@ -197,6 +208,11 @@ class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
                 req.finished_reason = dict(reason)
                 self._release(req)
                 self.outputs.append(req)
+        if self.disagg is not None and not msg.abort_all:
+            self.disagg.abort(msg.rid)
+        elif self.disagg is not None:
+            for rid in self.disagg.open_rids():
+                self.disagg.abort(rid)
         if self.inflight is not None and all(r.finished() for r in self.inflight.reqs):
             self.sync()  # nothing left to wait for but the forward itself
 
@@ -227,6 +243,8 @@ class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
     def step(self) -> list[BatchTokenIDOut]:
         """Schedule and launch one batch, process the previous (overlap) or this batch's result,
         and return the outputs to stream (possibly empty)."""
+        if self.disagg is not None:
+            self.disagg.poll()  # KV hand-offs: control messages, transfers, timeouts (see disaggregation/)
         if self.inflight is not None and self._needs_result_first(self.inflight):
             self.sync()
         batch = self.get_next_batch()
@@ -299,7 +317,8 @@ class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
 
     def has_work(self) -> bool:
         """True while requests are waiting, running, chunked, waiting for a grammar or in flight."""
-        return bool(self.waiting or self.running or self.chunked_req or self.grammar_queue or self.inflight)
+        return bool(self.waiting or self.running or self.chunked_req or self.grammar_queue or self.inflight
+                    or (self.disagg is not None and self.disagg.has_work()))
 
     def get_next_batch(self) -> Optional[ScheduleBatch]:
         """The next batch: running requests' decode tokens plus newly admitted prefills (EXTEND, DECODE or MIXED), with
@@ -433,6 +452,7 @@ class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
             return False
         if not req.admitted_once:
             req.admitted_once = True
+            req.admit_time = time.monotonic()
             req.cached_tokens = len(prefix)
             self.stats_prompt_tokens += len(req.origin_input_ids)
             self.stats_cached_tokens += len(prefix)
@@ -480,4 +500,6 @@ class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
             "cache_hit_rate": s.cache_hit_rate, "forward_ct": self.forward_ct,
             "num_grammar_queue_reqs": len(self.grammar_queue),
             "overlap_schedule": self.overlap,
+            **(self.disagg.internal_state() if self.disagg is not None else {}),
+            **({"afd": self.runner.executor.state()} if hasattr(self.runner.executor, "state") else {}),
         }

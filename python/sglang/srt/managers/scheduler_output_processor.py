@@ -65,6 +65,8 @@ class SchedulerOutputProcessorMixin:
             if req.grammar is not None:
                 self._advance_grammar(req, tok)
             if req.finished():
+                if self.disagg is not None and self.disagg.hold(req):
+                    continue  # prefill role: the KV stays until the decode side has it (disaggregation/prefill.py)
                 self._release(req)
             if req.finished() or req.stream or req.sent_output_len == 0:  # first token: TTFT
                 self.outputs.append(req)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 import traceback
 from typing import Optional
@@ -145,6 +146,13 @@ class SchedulerProcess:
                     return
 
 
+def torch_device(device: str):
+    """``torch.device(device)`` (imported lazily)."""
+    import torch
+
+    return torch.device(device)
+
+
 def torch_device_index(device: str) -> Optional[int]:
     """The index in an explicit device string (``"cuda:3"`` -> 3), None for ``"cuda"``/``"cpu"``."""
     _, sep, idx = device.partition(":")
@@ -153,7 +161,7 @@ def torch_device_index(device: str) -> Optional[int]:
 
 def run_scheduler_process(server_args, port_args, ready_pipe, parent_pid: Optional[int] = None, tp_rank: int = 0,
                           dist_init_method: Optional[str] = None, signal_parent_on_crash: bool = True,
-                          device: Optional[str] = None, parent_watch=None) -> None:
+                          device: Optional[str] = None, afd=None, parent_watch=None) -> None:
     """Entry point of the scheduler subprocess of TP rank ``tp_rank``.
 
     Sends ``{"status": "ready", ...scheduler info}`` through ``ready_pipe`` once
@@ -162,12 +170,14 @@ def run_scheduler_process(server_args, port_args, ready_pipe, parent_pid: Option
     With ``server_args.tp_size > 1`` it first joins the TP group at ``dist_init_method``
     (``tcp://HOST:PORT``). ``device``: the explicit device the launcher assigned (e.g. ``cuda:3``; default
     ``server_args.resolved_device``, i.e. ``cuda`` = the current device). ``parent_watch``: the launcher's
-    liveness (the loop returns when it is gone).
+    liveness (the loop returns when it is gone). ``afd``: ``(AfdTopology, attention index)`` when this is an
+    attention worker of ``--enable-afd`` (role ``attention``, the ping-pong :class:`~sglang.srt.afd.executor.AfdExecutor`).
     """
     tp_size = server_args.tp_size
     configure_logger(server_args.log_level, f"Scheduler TP{tp_rank}" if tp_size > 1 else "Scheduler")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent coordinates shutdown
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    if threading.current_thread() is threading.main_thread():  # a Ray actor runs us on one of its threads
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent coordinates shutdown
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     try:
         from sglang.srt.configs.model_config import ModelConfig
         from sglang.srt.managers.scheduler import Scheduler
@@ -189,7 +199,18 @@ def run_scheduler_process(server_args, port_args, ready_pipe, parent_pid: Option
                 **({"timeout_s": float(server_args.dist_timeout)} if server_args.dist_timeout else {})))
             if device_type == "cuda":
                 device = str(ps.torch_device())
-        runner = ModelRunner(mc, server_args, device, tp_rank=tp_rank, tp_size=tp_size, parallel_state=ps)
+        role, executor = "aggregated", None
+        if afd is not None:
+            from sglang.srt.afd.executor import AfdExecutor
+
+            topo, index = afd
+            role = "attention"
+            executor = AfdExecutor(mc, topo, index, server_args.afd_micro_batches, torch_device(device), tp_rank,
+                                   alive=parent_watch.parent_alive if parent_watch is not None else None,
+                                   redundant_experts=server_args.afd_redundant_experts,
+                                   rebalance_interval=server_args.afd_rebalance_interval)
+        runner = ModelRunner(mc, server_args, device, tp_rank=tp_rank, tp_size=tp_size, parallel_state=ps, role=role,
+                             executor=executor)
         tokenizer = None if server_args.skip_tokenizer_init else get_tokenizer(
             server_args.resolved_tokenizer_path, server_args.trust_remote_code)
         scheduler = Scheduler(server_args, runner, tokenizer)

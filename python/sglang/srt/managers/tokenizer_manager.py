@@ -118,6 +118,11 @@ class TokenizerManager(TokenizerTextMixin):
         self._send_ctx = zmq.Context()
         self._recv_sock = get_zmq_socket(self._recv_ctx, zmq.PULL, port_args.tokenizer_ipc, bind=True)
         self._send_sock = get_zmq_socket(self._send_ctx, zmq.PUSH, port_args.scheduler_input_ipc, bind=False)
+        # data-parallel schedulers (AFD attention workers): a request goes to one, round robin; its aborts follow it
+        self._dp_socks = [get_zmq_socket(self._send_ctx, zmq.PUSH, a, bind=False)
+                          for a in port_args.dp_scheduler_inputs]
+        self._dp_owner: dict[str, int] = {}
+        self._dp_next = 0
         self._states: dict[str, ReqState] = {}
         self._control_futs: dict[str, asyncio.Future] = {}
         self._control_locks: dict[str, asyncio.Lock] = {}
@@ -157,6 +162,8 @@ class TokenizerManager(TokenizerTextMixin):
                 fut.set_exception(RequestError(503, "the server is shutting down"))
         self._recv_sock.close(linger=0)
         self._send_sock.close(linger=0)
+        for sock in self._dp_socks:
+            sock.close(linger=0)
         self._recv_ctx.term()
         self._send_ctx.term()
 
@@ -246,6 +253,7 @@ class TokenizerManager(TokenizerTextMixin):
                     s.finished = True
                 if self._states.get(s.req.rid) is s:
                     del self._states[s.req.rid]
+                    self._dp_owner.pop(s.req.rid, None)
 
     def _prepare(self, req: SingleGenerateReq) -> TokenizedGenerateReqInput:
         """Tokenize and validate one request (ValueError naming the field on bad input)."""
@@ -291,7 +299,9 @@ class TokenizerManager(TokenizerTextMixin):
             return_logprob=req.return_logprob,
             logprob_start_len=req.logprob_start_len if req.return_logprob else -1,
             top_logprobs_num=req.top_logprobs_num if req.return_logprob else 0,
-            stream=req.stream, created_time=time.time(), **extra_fields(req, self.vocab_size, self.server_args))
+            stream=req.stream, created_time=time.time(), bootstrap_host=req.bootstrap_host,
+            bootstrap_port=req.bootstrap_port, bootstrap_room=req.bootstrap_room,
+            **extra_fields(req, self.vocab_size, self.server_args))
 
     async def _consume(self, states: list[ReqState], request, stream: bool):
         """Yield ``(index, output)`` as the states change: every update if ``stream``, else finals."""
@@ -414,7 +424,21 @@ class TokenizerManager(TokenizerTextMixin):
     def _send(self, msg) -> None:
         if self._closed:
             return
-        self._send_sock.send(encode_msg(msg))
+        if not self._dp_socks:
+            self._send_sock.send(encode_msg(msg))
+            return
+        data = encode_msg(msg)
+        if isinstance(msg, TokenizedGenerateReqInput):  # data parallel: round robin, remembered for aborts
+            idx = self._dp_owner[msg.rid] = self._dp_next % len(self._dp_socks)
+            self._dp_next += 1
+            self._dp_socks[idx].send(data)
+        elif isinstance(msg, AbortReq) and not msg.abort_all and msg.rid in self._dp_owner:
+            self._dp_socks[self._dp_owner[msg.rid]].send(data)
+        elif isinstance(msg, AbortReq):  # abort_all, or a rid not (or no longer) placed: every scheduler
+            for sock in self._dp_socks:
+                sock.send(data)
+        else:  # control requests (flush cache, internal state) are answered by the first scheduler
+            self._dp_socks[0].send(data)
 
     async def _recv_loop(self) -> None:
         while True:
@@ -452,6 +476,8 @@ class TokenizerManager(TokenizerTextMixin):
             s.prompt_tokens = msg.prompt_tokens[i]
             s.completion_tokens = msg.completion_tokens[i]
             s.cached_tokens = msg.cached_tokens[i]
+            if msg.disagg_info is not None and msg.disagg_info[i] is not None:
+                s.disagg_info = msg.disagg_info[i]
             if s.req.return_logprob:
                 s.add_logprobs(msg, i, self.token_text)
             if new_ids and self.metrics is not None:
@@ -472,5 +498,7 @@ class TokenizerManager(TokenizerTextMixin):
                 if self.metrics is not None:
                     self.metrics.observe_request_finished(now - s.created_time, s.prompt_tokens,
                                                           s.completion_tokens)
+                if s.disagg_info is not None and self.metrics is not None:
+                    self.metrics.observe_kv_transfer(s.disagg_info)
             s.dirty = True
             s.event.set()

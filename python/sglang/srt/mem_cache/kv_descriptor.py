@@ -30,6 +30,11 @@ class KVRegionDescriptor:
         dims: dimension names, outermost first (must contain :data:`REQUIRED_DIMS`).
         shape: size per dim; strides: elements per step along each dim.
         page_size: slots per page (the unit blocks are addressed in).
+        head_offset: global KV-head index of this region's head 0 (tensor parallelism shards KV heads:
+            TP rank r of a model with ``total_heads`` KV heads holds heads ``[head_offset, head_offset +
+            shape[head])``). Default 0.
+        total_heads: KV heads of the whole model (0: this region holds them all). Lets a peer with another
+            TP size pick exactly the heads it owns (KVDirect sec. 4.1 with heterogeneous TP).
     Raises (``__post_init__``): ValueError on inconsistent dims/shape/strides or non-positive sizes.
     """
 
@@ -41,6 +46,8 @@ class KVRegionDescriptor:
     shape: tuple[int, ...]
     strides: tuple[int, ...]
     page_size: int
+    head_offset: int = 0
+    total_heads: int = 0
 
     def __post_init__(self) -> None:
         if not (len(self.dims) == len(self.shape) == len(self.strides)):
@@ -52,6 +59,20 @@ class KVRegionDescriptor:
         if self.itemsize <= 0 or self.page_size <= 0 or min(self.shape) <= 0:
             raise ValueError(f"KVRegionDescriptor: itemsize={self.itemsize}, page_size={self.page_size} and "
                              f"shape={self.shape} must be positive")
+        if self.head_offset < 0 or self.total_heads < 0 or (
+                self.total_heads and self.head_offset + self.size("head") > self.total_heads):
+            raise ValueError(f"KVRegionDescriptor: heads [{self.head_offset}, +{self.size('head')}) do not fit "
+                             f"total_heads={self.total_heads}")
+
+    @property
+    def global_heads(self) -> tuple[int, int]:
+        """Global KV-head range ``[lo, hi)`` this region holds."""
+        return self.head_offset, self.head_offset + self.size("head")
+
+    @property
+    def model_heads(self) -> int:
+        """KV heads of the whole model (``total_heads``, or the local count when 0)."""
+        return self.total_heads or self.size("head")
 
     # ---- sizes ---------------------------------------------------------------------------------------
     def size(self, dim: str) -> int:
@@ -139,6 +160,7 @@ class KVRegionDescriptor:
         try:
             return cls(base_address=int(d["base_address"]), device=str(d["device"]), dtype=str(d["dtype"]),
                        itemsize=int(d["itemsize"]), dims=tuple(d["dims"]), shape=tuple(int(x) for x in d["shape"]),
-                       strides=tuple(int(x) for x in d["strides"]), page_size=int(d["page_size"]))
+                       strides=tuple(int(x) for x in d["strides"]), page_size=int(d["page_size"]),
+                       head_offset=int(d.get("head_offset", 0)), total_heads=int(d.get("total_heads", 0)))
         except (KeyError, TypeError) as e:
             raise ValueError(f"malformed KV region descriptor: {e}") from e

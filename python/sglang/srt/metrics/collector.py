@@ -55,6 +55,14 @@ class MetricsCollector:
         self._usage = Gauge("sglang:token_usage", "Fraction of KV slots in use (0..1).", lab, registry=reg)
         self._used = Gauge("sglang:num_used_tokens", "KV slots in use.", lab, registry=reg)
         self._hit = Gauge("sglang:cache_hit_rate", "Prefix-cache hit rate (0..1).", lab, registry=reg)
+        self._xfer_bytes = Counter("sglang:kv_transfer_bytes", "KV bytes moved between prefill and decode.", lab,
+                                   registry=reg)
+        self._xfer_reads = Counter("sglang:kv_transfer_reads", "KV transfer operations posted (after coalescing).",
+                                   lab, registry=reg)
+        self._xfer_time = Histogram("sglang:kv_transfer_seconds", "KV transfer time per request (s).", lab,
+                                    buckets=_TTFT_BUCKETS, registry=reg)
+        self._pd_queue = Histogram("sglang:disagg_queue_seconds", "Queue time per request and side (s).",
+                                   lab + ["side"], buckets=_TTFT_BUCKETS, registry=reg)
         self._tput = Gauge("sglang:gen_throughput", "Generation throughput (token/s).", lab, registry=reg)
 
     # ----------------------------------------------------------- per request
@@ -78,6 +86,17 @@ class MetricsCollector:
         self._prompt_tokens.labels(**self._labels).inc(max(prompt_tokens, 0))
         self._gen_tokens.labels(**self._labels).inc(max(completion_tokens, 0))
         self._num_requests.labels(**self._labels).inc()
+
+    def observe_kv_transfer(self, info: dict) -> None:
+        """Record one disaggregated request's KV hand-off: ``transfer_bytes``, ``transfer_reads``,
+        ``transfer_time_s``, ``prefill_queue_s`` / ``decode_queue_s`` (seconds; absent keys are skipped)."""
+        if "transfer_bytes" in info:
+            self._xfer_bytes.labels(**self._labels).inc(max(int(info["transfer_bytes"]), 0))
+            self._xfer_reads.labels(**self._labels).inc(max(int(info.get("transfer_reads", 0)), 0))
+            self._xfer_time.labels(**self._labels).observe(max(float(info.get("transfer_time_s", 0.0)), 0.0))
+        for side in ("prefill", "decode"):
+            if f"{side}_queue_s" in info:
+                self._pd_queue.labels(**self._labels, side=side).observe(max(float(info[f"{side}_queue_s"]), 0.0))
 
     # ---------------------------------------------------------------- gauges
     def update_scheduler_stats(self, stats) -> None:

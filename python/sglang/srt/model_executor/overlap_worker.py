@@ -54,8 +54,8 @@ def overlap_schedule_enabled(server_args: Any, device: Any, override: Optional[b
     """
     if override is not None:
         return bool(override)
-    if server_args.disable_overlap_schedule:
-        return False
+    if server_args.disable_overlap_schedule or getattr(server_args, "disaggregation_mode", "null") != "null":
+        return False  # prefill/decode disaggregation runs without overlap (its connector hooks assume it)
     if server_args.enable_overlap_schedule:
         return True
     if os.environ.get(OVERLAP_ENV, "").strip().lower() in ("1", "true", "yes", "on"):

@@ -87,6 +87,10 @@ class _SamplingExtras(BaseModel):
     stop_regex: Optional[Union[str, list[str]]] = None
     custom_logit_processor: Optional[str] = None  # needs --enable-custom-logit-processor
     custom_params: Optional[dict[str, Any]] = None
+    # prefill/decode disaggregation (set by the mini_lb router; see GenerateReqInput)
+    bootstrap_host: Optional[Union[str, list[str]]] = None
+    bootstrap_port: Optional[Union[int, list[int]]] = None
+    bootstrap_room: Optional[Union[int, list[int]]] = None
 
 
 # ------------------------------------------------------------- completions

@@ -122,6 +122,7 @@ class OpenAIServingChat:
             return_text_in_logprobs=True,
             stream=req.stream,
             custom_logit_processor=req.custom_logit_processor,
+            bootstrap_host=req.bootstrap_host, bootstrap_port=req.bootstrap_port, bootstrap_room=req.bootstrap_room,
         )
 
     async def handle(self, req: ChatCompletionRequest, raw_request=None):

@@ -185,6 +185,7 @@ class OpenAIServingCompletion:
             return_text_in_logprobs=True,
             stream=req.stream,
             custom_logit_processor=req.custom_logit_processor,
+            bootstrap_host=req.bootstrap_host, bootstrap_port=req.bootstrap_port, bootstrap_room=req.bootstrap_room,
         )
         return obj, echo_texts
 

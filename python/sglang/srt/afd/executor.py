@@ -1,0 +1,274 @@
+"""The attention side of attention/FFN disaggregation: MegaScale-Infer's ping-pong pipeline (Zhu et al. 2025,
+sec. 4.1, Fig. 4) as an executor over the layer stages -- no model file changes.
+
+The batch is split by requests into ``m`` micro-batches (:meth:`ForwardBatch.split_requests`). Per layer, each
+micro-batch runs ``input_norm -> attention -> post_attention_norm -> moe_route`` here, then its gated tokens
+(top-k ids and weights) are dispatched to the FFN workers owning those experts (M2N) and the next
+micro-batch's attention starts at once; a micro-batch's results are received and combined (N2M,
+``moe_combine``: weighted sum + shared expert + residual) just before its next layer. So while micro-batch
+``i`` is on the FFN workers, micro-batches ``i+1..m-1`` compute attention -- the ping-pong::
+
+    for layer l:
+        for micro-batch i:
+            if i has a layer l-1 in flight: receive its N_E results, moe_combine      (N2M)
+            attention stages of layer l for i; moe_route; send to every FFN worker   (M2N)
+    receive and combine the last layer of every micro-batch
+
+Dense layers (Qwen2-MoE's ``mlp_only_layers``/``decoder_sparse_step``) run their MLP here. The pipeline
+hides communication when ``m >= 2 (1 + Tc / Tf)`` (sec. 4.1, with Ta ~ Tf); the executor measures
+``Ta`` (attention stages per micro-batch), ``Tf`` (expert compute, reported by FFN workers) and ``Tc``
+(``(round trip - Tf) / 2``, an upper bound when results wait in the inbox) and logs the bound against ``m``.
+
+Tensor parallelism inside an attention worker: only TP rank 0 talks to FFN workers; other ranks contribute a
+zero expert output, and the following norm's all-reduce (or ``moe_combine``'s) sums the full result.
+Load balancing (sec. 6): router counts feed an :class:`~sglang.srt.afd.load_balance.ExpertRebalancer`;
+between steps a new placement is sent to the FFN workers (``PLACE``), acknowledged, then used.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+
+from sglang.srt.afd.experts import moe_layer_specs
+from sglang.srt.afd.load_balance import ExpertLoadCollector, ExpertRebalancer, assign_tokens, static_placement
+from sglang.srt.afd.protocol import DISPATCH, ERROR, PLACE, PLACED, RESULT, AfdTopology, dispatch_layout, \
+    result_layout
+from sglang.srt.forward_batch_info import ForwardBatch
+from sglang.srt.layers.stages import LayerState
+from sglang.srt.model_executor.executors.base import ModelExecutor
+
+logger = logging.getLogger(__name__)
+
+PRE_MOE = ("input_norm", "attention", "post_attention_norm", "moe_route")
+LOG_EVERY_STEPS = 200
+
+
+def refuse_dense(mc) -> list:
+    """The MoE layer specs of ``mc``; ValueError naming the architecture for a dense model."""
+    specs = moe_layer_specs(mc)
+    if not specs:
+        raise ValueError(f"--enable-afd needs a MoE model (Mixtral, Qwen2-MoE, Qwen3-MoE); {mc.architecture} at "
+                         f"{mc.path} has no routed experts to put on FFN workers")
+    return specs
+
+
+class AfdExecutor(ModelExecutor):
+    """See the module docstring.
+
+    Args:
+        mc: the model config (MoE; ValueError otherwise).
+        topo: the :class:`AfdTopology`; index: this attention worker's index a.
+        num_micro_batches: m (>= 1); device: the worker's device; tp_rank: rank inside the attention worker.
+        alive: ``() -> bool`` liveness of the launcher (waits fail at once when False).
+        redundant_experts: replicas beyond one per expert the rebalancer may place (0: static EP).
+        rebalance_interval: steps between placement updates (0: never).
+    Raises (from ``run``):
+        RuntimeError: an FFN worker reported an error; TimeoutError/ConnectionError: an FFN worker did not
+        answer (dead or gone) -- the scheduler fails the batch instead of hanging.
+    """
+
+    name = "afd"
+
+    def __init__(self, mc, topo: AfdTopology, index: int, num_micro_batches: int, device: torch.device,
+                 tp_rank: int = 0, alive: Optional[Callable[[], bool]] = None, redundant_experts: int = 0,
+                 rebalance_interval: int = 0):
+        from sgl_kernel.m2n import M2NConfig, M2NEndpoint, create_transport
+
+        if num_micro_batches < 1:
+            raise ValueError(f"--afd-micro-batches={num_micro_batches} must be >= 1")
+        self.specs = refuse_dense(mc)
+        self.topo, self.index, self.m = topo, index, num_micro_batches
+        s0 = self.specs[0]
+        self.num_experts, self.hidden, self.dtype = s0.num_experts, s0.hidden, mc.dtype
+        self.placement = static_placement(self.num_experts, topo.num_ffn)
+        self.version = 0
+        self.ep = None
+        if tp_rank == 0:
+            self.ep = M2NEndpoint(
+                M2NConfig(index, topo.addresses, topo.max_rows, device=str(device), timeout_s=topo.timeout_s),
+                dispatch_layout(s0.hidden, s0.top_k, mc.dtype), recv_layout=result_layout(s0.hidden, mc.dtype),
+                transport=create_transport(topo.transport), alive=alive)
+        self.collector = ExpertLoadCollector(self.num_experts, 1)
+        self.rebalancer = None
+        if rebalance_interval > 0:
+            slots = self.num_experts // topo.num_ffn + redundant_experts
+            self.rebalancer = ExpertRebalancer(self.placement, redundant_experts, slots, rebalance_interval)
+        self.step = 0
+        self._stash: dict[tuple[int, int], list] = {}
+        self._ta: list[float] = []
+        self._tf: list[float] = []
+        self._rtt: list[float] = []
+        self._freed = False
+        self.last_constraint: Optional[dict] = None
+
+    # ---- the pipeline ----------------------------------------------------------------------------------
+    def plan(self, fb: ForwardBatch) -> list[ForwardBatch]:
+        """``min(m, batch_size)`` request micro-batches."""
+        m = min(self.m, fb.batch_size)
+        return fb.split_requests(m) if m > 1 else [fb]
+
+    def run(self, model: Any, forward_batch: ForwardBatch) -> Any:
+        """Forward ``forward_batch`` with remote experts (see the module docstring)."""
+        self._free_local_experts(model)
+        subs = self.plan(forward_batch)
+        for s in subs:
+            s.attn_backend.init_forward_metadata(s)
+        states = [LayerState(model.embed(s.input_ids), None, s.positions, s) for s in subs]
+        pending: list[Optional[tuple]] = [None] * len(states)
+        for li, layer in enumerate(model.decoder_layers):
+            names = layer.stage_names()
+            moe = "moe_route" in names
+            for k, st in enumerate(states):
+                if pending[k] is not None:
+                    self._finish(pending[k], st)
+                    pending[k] = None
+                t0 = time.perf_counter()
+                if not moe:
+                    for name in names:
+                        layer.run_stage(name, st)
+                    continue
+                for name in PRE_MOE:
+                    layer.run_stage(name, st)
+                self._ta.append(time.perf_counter() - t0)
+                pending[k] = (li, layer, self._dispatch(li, k, st))
+        for k, st in enumerate(states):
+            if pending[k] is not None:
+                self._finish(pending[k], st)
+        self.step += 1
+        self._between_steps()
+        hidden = torch.cat([st.hidden for st in states])
+        residual = torch.cat([st.residual for st in states])
+        return model.compute_logits(model.final_norm(hidden, residual), forward_batch)
+
+    def _key(self, k: int) -> int:
+        return (self.step << 8) | k
+
+    def _dispatch(self, li: int, k: int, st: LayerState):
+        """M2N: each FFN worker gets the rows with a (token, slot) routed to it; returns the rows sent per worker."""
+        moe = st.moe
+        self.collector.record(moe.topk_ids, 0)
+        if self.ep is None:
+            return None
+        n = moe.x.shape[0]
+        if n > self.topo.max_rows:
+            raise ValueError(f"a micro-batch of {n} tokens exceeds --afd-max-tokens={self.topo.max_rows}; raise it or "
+                             "lower --chunked-prefill-size")
+        worker, _ = assign_tokens(moe.topk_ids, self.placement)
+        rows_per = []
+        t_send = time.perf_counter()
+        for j in range(self.topo.num_ffn):
+            sel = worker == j
+            rows = sel.any(1).nonzero().squeeze(1)
+            w = (moe.topk_weights * sel)[rows].float().contiguous()
+            self.ep.send(self.topo.ffn_rank(j), [moe.x[rows].contiguous(), moe.topk_ids[rows].int().contiguous(), w],
+                         (DISPATCH, li, self._key(k), self.version))
+            rows_per.append(rows)
+        return rows_per, t_send, self._key(k)
+
+    def _finish(self, pend: tuple, st: LayerState) -> None:
+        """N2M: receive the N_E results of ``pend``, scatter-add them, run ``moe_combine``."""
+        li, layer, sent = pend
+        moe = st.moe
+        out = torch.zeros_like(moe.x)
+        if sent is not None:
+            rows_per, t_send, key = sent
+            for reply in self._results(li, key):
+                j = reply.src - self.topo.num_attention
+                if reply.tensors[0].shape[0] != rows_per[j].numel():
+                    raise RuntimeError(f"FFN worker {j} returned {reply.tensors[0].shape[0]} rows for layer {li}, "
+                                       f"expected {rows_per[j].numel()}")
+                out.index_add_(0, rows_per[j], reply.tensors[0])
+                self._tf.append(reply.meta[4] * 1e-6)
+            self._rtt.append(time.perf_counter() - t_send)
+        moe.expert_out = out
+        layer.run_stage("moe_combine", st)
+
+    def _results(self, li: int, key: int) -> list:
+        """The N_E RESULT messages of (layer, key), from the stash or the inbox (others are stashed, copied)."""
+        want = (li, key)
+        got = self._stash.pop(want, [])
+        while len(got) < self.topo.num_ffn:
+            msg = self.ep.recv()
+            op = msg.meta[0]
+            if op == ERROR:
+                raise RuntimeError(f"FFN worker {msg.src - self.topo.num_attention} failed on layer {msg.meta[1]} "
+                                   "(see its log)")
+            if op != RESULT:
+                raise RuntimeError(f"unexpected AFD op {op} from rank {msg.src} while waiting for results")
+            if (msg.meta[1], msg.meta[2]) == want:
+                msg.tensors = [t.clone() for t in msg.tensors]
+                got.append(msg)
+            else:
+                msg.tensors = [t.clone() for t in msg.tensors]
+                self._stash.setdefault((msg.meta[1], msg.meta[2]), []).append(msg)
+        return got
+
+    # ---- between steps: constraint log, load balancing -----------------------------------------------
+    def _between_steps(self) -> None:
+        if self.ep is not None and self._tf and (self.step <= 3 or self.step % LOG_EVERY_STEPS == 0):
+            self.last_constraint = self.pipeline_constraint()
+            c = self.last_constraint
+            logger.info("AFD ping-pong: Ta=%.3f ms, Tf=%.3f ms, Tc=%.3f ms -> m >= 2(1+Tc/Tf) = %.2f; m=%d (%s)",
+                        c["ta_ms"], c["tf_ms"], c["tc_ms"], c["m_min"], self.m,
+                        "communication hidden" if self.m >= c["m_min"] else "communication NOT hidden: raise m")
+        if self.rebalancer is not None and self.ep is not None:
+            self.collector.end_step()
+            moves = self.rebalancer.maybe_rebalance(self.collector.counts().sum(0), self.step)
+            if moves is not None:
+                self.apply_placement(self.rebalancer.placement)
+
+    def pipeline_constraint(self) -> dict:
+        """Median ``ta_ms``, ``tf_ms``, ``tc_ms`` over recent steps and ``m_min = 2 (1 + Tc / Tf)`` (sec. 4.1)."""
+        ta, tf, rtt = (float(np.median(v[-512:])) for v in (self._ta, self._tf, self._rtt))
+        tc = max(0.0, (rtt - tf) / 2)
+        return {"ta_ms": ta * 1e3, "tf_ms": tf * 1e3, "tc_ms": tc * 1e3, "m_min": 2 * (1 + tc / max(tf, 1e-9)),
+                "m": self.m}
+
+    def apply_placement(self, placement) -> None:
+        """Send every FFN worker its experts under ``placement``, wait for all acknowledgements, then route by it.
+
+        Raises:
+            RuntimeError: an FFN worker answered something else; TimeoutError/ConnectionError: it did not answer.
+        """
+        version = self.version + 1
+        for j, experts in enumerate(placement.worker_experts()):
+            n = len(experts)
+            ids = torch.zeros(n, self.specs[0].top_k, dtype=torch.int32, device=self.ep.device)
+            ids[:, 0] = torch.tensor(experts, dtype=torch.int32)
+            self.ep.send(self.topo.ffn_rank(j), [torch.zeros(n, self.hidden, dtype=self.dtype, device=self.ep.device),
+                                                 ids, torch.zeros(n, self.specs[0].top_k, device=self.ep.device)],
+                         (PLACE, 0, 0, version))
+        acks = 0
+        while acks < self.topo.num_ffn:
+            msg = self.ep.recv()
+            if msg.meta[0] != PLACED or msg.meta[3] != version:
+                raise RuntimeError(f"expected PLACED v{version}, got op {msg.meta[0]} v{msg.meta[3]}")
+            acks += 1
+        self.placement, self.version = placement, version
+        logger.info("AFD placement v%d applied: %s", version, placement.worker_experts())
+
+    def _free_local_experts(self, model: Any) -> None:
+        """The attention worker never runs experts: drop their (unloaded) parameters once."""
+        if self._freed:
+            return
+        self._freed = True
+        for layer in model.decoder_layers:
+            experts = getattr(getattr(layer, "mlp", None), "experts", None)
+            if experts is not None and hasattr(experts, "w13_weight"):
+                experts.w13_weight.data = torch.empty(0, dtype=experts.w13_weight.dtype)
+                experts.w2_weight.data = torch.empty(0, dtype=experts.w2_weight.dtype)
+
+    def state(self) -> dict:
+        """For ``/get_internal_state``: placement version and experts per FFN worker, the last constraint log."""
+        return {"placement_version": self.version, "placement": self.placement.worker_experts(),
+                "micro_batches": self.m, "pipeline": self.last_constraint}
+
+    def close(self) -> None:
+        """Close the M2N endpoint."""
+        if self.ep is not None:
+            self.ep.close()

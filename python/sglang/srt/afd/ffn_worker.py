@@ -1,0 +1,165 @@
+"""The FFN worker process of attention/FFN disaggregation (MegaScale-Infer, Zhu et al. 2025, sec. 3-4).
+
+It holds routed experts only (expert parallel over FFN workers: contiguous blocks at start, any redundant
+placement after load balancing) and loops::
+
+    receive every DISPATCH waiting from all attention workers (at least one)
+    per MoE layer: concatenate their rows (tokens of many attention workers and micro-batches aggregated
+        per expert: one grouped expert computation), compute, split, send each RESULT back (N2M)
+    apply PLACE messages (load the newly assigned experts) and acknowledge them
+
+Entry point :func:`run_ffn_worker` takes only picklable arguments and a ``parent_watch``, so any
+:class:`~sglang.srt.entrypoints.worker_launcher.WorkerLauncher` (multiprocessing, Ray) can start it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+import traceback
+from collections import defaultdict
+from typing import Optional
+
+import torch
+
+from sglang.srt.afd.protocol import DISPATCH, ERROR, PLACE, PLACED, RESULT, AfdTopology, dispatch_layout, \
+    result_layout
+
+logger = logging.getLogger(__name__)
+
+
+class FfnServer:
+    """The FFN worker's state: its expert shards (one per MoE layer), the M2N endpoint, the placement version.
+
+    Args:
+        mc: model config; specs: MoE layers; expert_ids: experts held at start; load_format, device, seed: how
+        to load them; topo: the group; index: this FFN worker's index j; alive: liveness of the launcher.
+    """
+
+    def __init__(self, mc, specs, expert_ids, load_format: str, device: torch.device, topo: AfdTopology, index: int,
+                 alive=None, seed: int = 0):
+        from sgl_kernel.m2n import M2NConfig, M2NEndpoint, create_transport
+
+        from sglang.srt.afd.experts import load_expert_weights
+
+        self.mc, self.specs, self.load_format, self.device, self.seed = mc, specs, load_format, device, seed
+        self.index, self.topo = index, topo
+        self.layers = {s.layer: s for s in specs}
+        self.shards = {sh.spec.layer: sh for sh in load_expert_weights(mc, specs, expert_ids, load_format, device,
+                                                                       seed)}
+        self.version = 0
+        s0 = specs[0]
+        self.ep = M2NEndpoint(
+            M2NConfig(topo.ffn_rank(index), topo.addresses, topo.max_rows, device=str(device), timeout_s=topo.timeout_s),
+            result_layout(s0.hidden, mc.dtype), recv_layout=dispatch_layout(s0.hidden, s0.top_k, mc.dtype),
+            transport=create_transport(topo.transport), alive=alive)
+        self.steps = 0
+
+    @property
+    def expert_ids(self) -> list[int]:
+        """Experts held now (the same for every layer)."""
+        return next(iter(self.shards.values())).expert_ids
+
+    def place(self, expert_ids: list[int], version: int) -> None:
+        """Hold exactly ``expert_ids`` from now on (weights of experts already held are kept, new ones loaded)."""
+        from sglang.srt.afd.experts import ExpertShard, load_expert_weights
+
+        old = self.expert_ids
+        new = [e for e in expert_ids if e not in old]
+        fresh = {sh.spec.layer: sh for sh in load_expert_weights(self.mc, self.specs, new, self.load_format,
+                                                                 self.device, self.seed)} if new else {}
+        for layer, sh in list(self.shards.items()):
+            w13, w2 = [], []
+            for e in expert_ids:
+                src, i = (sh, old.index(e)) if e in old else (fresh[layer], new.index(e))
+                w13.append(src.w13[i])
+                w2.append(src.w2[i])
+            self.shards[layer] = ExpertShard(sh.spec, expert_ids, torch.stack(w13), torch.stack(w2))
+        self.version = version
+        logger.info("FFN worker %d: placement v%d, experts %s (loaded %s)", self.index, version, expert_ids, new)
+
+    def serve_once(self, timeout_s: float = 1.0) -> bool:
+        """Receive and answer everything waiting (see the module docstring); False when nothing came."""
+        try:
+            first = self.ep.recv(timeout_s=timeout_s)
+        except TimeoutError:
+            return False
+        first.tensors = [t.clone() for t in first.tensors]  # the receive buffer is reused by the next recv
+        msgs = [first]
+        while self.ep.poll(0):
+            msgs.append(self.ep.recv())
+            msgs[-1].tensors = [t.clone() for t in msgs[-1].tensors]
+        by_layer = defaultdict(list)
+        for m in msgs:
+            op = m.meta[0]
+            if op == DISPATCH:
+                by_layer[m.meta[1]].append(m)
+            elif op == PLACE:
+                self.place([int(e) for e in m.tensors[1][:, 0].tolist()], m.meta[3])
+                self._reply(m.src, [torch.zeros(0, self.specs[0].hidden, dtype=self.mc.dtype, device=self.device)],
+                            (PLACED, 0, 0, self.version))
+            else:
+                logger.warning("FFN worker %d ignores op %d from %d", self.index, op, m.src)
+        for layer, group in by_layer.items():
+            t0 = time.perf_counter()
+            try:
+                shard = self.shards.get(layer)
+                if shard is None:
+                    raise ValueError(f"layer {layer} is not a MoE layer of this model")
+                x = torch.cat([m.tensors[0] for m in group])
+                out = shard.compute(x, torch.cat([m.tensors[1] for m in group]), torch.cat([m.tensors[2] for m in group]))
+                us = int((time.perf_counter() - t0) * 1e6)
+                for m, o in zip(group, torch.split(out, [m.tensors[0].shape[0] for m in group])):
+                    self._reply(m.src, [o], (RESULT, layer, m.meta[2], self.version, us))
+            except ValueError as e:
+                logger.error("FFN worker %d: %s", self.index, e)
+                for m in group:
+                    self._reply(m.src, [torch.zeros(0, self.specs[0].hidden, dtype=self.mc.dtype,
+                                                    device=self.device)], (ERROR, layer, m.meta[2], self.version))
+        self.steps += 1
+        return True
+
+    def _reply(self, dst: int, tensors, meta) -> None:
+        self.ep.send(dst, tensors, meta)
+
+
+def run_ffn_worker(server_args, topo: AfdTopology, index: int, device: str, ready_pipe,
+                   parent_watch=None) -> None:
+    """Entry point of FFN worker ``index``: load its experts (the static EP block, ``E / N_E`` experts), report
+    ``{"status": "ready"|"error", ...}`` on ``ready_pipe``, then serve until the launcher is gone or the group
+    closes. Any failure after start exits the process (the launcher's watchdog reports it)."""
+    from sglang.srt.utils.common import configure_logger
+
+    configure_logger(server_args.log_level, f"FFN{index}")
+    if threading.current_thread() is threading.main_thread():  # a Ray actor runs us on one of its threads
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    try:
+        from sglang.srt.afd.experts import moe_layer_specs
+        from sglang.srt.afd.load_balance import static_placement
+        from sglang.srt.configs.model_config import ModelConfig
+
+        mc = ModelConfig.from_path(server_args.model_path, server_args.context_length, server_args.dtype,
+                                   server_args.resolved_device)
+        specs = moe_layer_specs(mc)
+        held = static_placement(specs[0].num_experts, topo.num_ffn).worker_experts()[index]
+        torch.manual_seed(server_args.random_seed)
+        alive = parent_watch.parent_alive if parent_watch is not None else None
+        server = FfnServer(mc, specs, held, server_args.load_format, torch.device(device), topo, index, alive)
+    except Exception as e:
+        logger.error("FFN worker %d failed to start: %s\n%s", index, e, traceback.format_exc())
+        ready_pipe.send({"status": "error", "message": f"FFN worker {index}: {type(e).__name__}: {e}"})
+        return
+    ready_pipe.send({"status": "ready", "experts": held, "pid": os.getpid()})
+    logger.info("FFN worker %d (pid %d) serving experts %s of %d MoE layers on %s", index, os.getpid(), held,
+                len(specs), device)
+    try:
+        while parent_watch is None or parent_watch.parent_alive():
+            server.serve_once(timeout_s=1.0)
+    except ConnectionError as e:
+        logger.info("FFN worker %d stops: %s", index, e)
+    finally:
+        server.ep.close()

@@ -1,0 +1,370 @@
+"""The decode role's connector: take requests into a transfer queue, get their prompt KV from the prefill
+server named by ``bootstrap_host:bootstrap_port``, then let them decode as if they had prefilled here.
+
+Pull mode (default, KVDirect sec. 4.3): KV is allocated only once the prefill side reports the prompt
+done (``RoomReady``) *and* the pool has room, so decode KV lifetime excludes prefill queuing; the
+decode ranks then post one-sided READs of exactly the KV heads each holds and acknowledge (``RoomAck``)
+after all ranks' reads completed (and verified with ``--disaggregation-verify``).
+Push mode: KV is allocated when the request arrives; the slots travel in ``RoomRequest`` and the
+prefill ranks write into them; ``RoomReady`` then means written.
+
+Faults fail closed: an unreachable bootstrap server or no ``RoomReady`` within
+``--disaggregation-bootstrap-timeout``, a failed/timed-out transfer, a checksum mismatch or a prefill
+leader silent past ``--disaggregation-heartbeat-timeout`` finish the request with an error and free
+its KV; other requests continue.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import msgspec
+
+from sglang.srt.disaggregation.agent import now
+from sglang.srt.disaggregation.bootstrap import fetch_route
+from sglang.srt.disaggregation.connector import BaseConnector, bootstrap_fields_error
+from sglang.srt.disaggregation.messages import (
+    BootstrapRoute,
+    Heartbeat,
+    HeartbeatAck,
+    RoomAck,
+    RoomFailed,
+    RoomReady,
+    RoomRequest,
+)
+from sglang.srt.disaggregation.slot_plan import plan_slot_copies
+from sglang.srt.mem_cache.kv_descriptor import KVRegionDescriptor
+from sglang.srt.sampling.finish import check_finish
+
+logger = logging.getLogger(__name__)
+
+ROUTE_RETRY_S = 0.5
+
+
+@dataclass
+class DecodeRoom:
+    """One request waiting for its KV on the decode side."""
+
+    room: int
+    req: Any
+    server: tuple[str, int]  # (bootstrap host, bootstrap port)
+    state: str = "connect"  # connect | wait_ready | transfer
+    created: float = field(default_factory=now)
+    ready: Optional[RoomReady] = None
+    row: Optional[int] = None
+    loc: Any = None  # allocated KV slots (int64 tensor) or None
+    handles: list = field(default_factory=list)
+    reads: int = 0
+    nbytes: int = 0
+    t_alloc: float = 0.0
+    t_post: float = 0.0
+    fail_reason: str = ""
+    expiring: bool = False
+
+
+@dataclass
+class PrefillServer:
+    """A prefill server this decode server talks to (learned lazily from its bootstrap server)."""
+
+    route: dict
+    endpoint: str
+    last_seen: float = field(default_factory=now)
+    last_ping: float = 0.0
+
+
+class DecodeConnector(BaseConnector):
+    """Decode role (see the module doc)."""
+
+    def __init__(self, scheduler):
+        super().__init__(scheduler)
+        self.rooms: dict[int, DecodeRoom] = {}
+        self.servers: dict[tuple[str, int], PrefillServer] = {}
+        self.last_route_try: dict[tuple[str, int], float] = {}
+
+    # ---- scheduler hooks -----------------------------------------------------------------------------
+    def intercept(self, req, msg) -> bool:
+        """Take every valid request into the transfer queue (returns True: the scheduler must not queue it)."""
+        req.bootstrap_room = msg.bootstrap_room
+        err = bootstrap_fields_error(req)
+        if err is None and (not msg.bootstrap_host or not msg.bootstrap_port):
+            err = "bootstrap_host and bootstrap_port are required on a decode server (use the mini_lb router)"
+        if err is None and msg.bootstrap_room in self.rooms:
+            err = f"bootstrap_room {msg.bootstrap_room} is already in use"
+        if err:
+            req.finished_reason = {"type": "abort", "message": err, "status_code": 400}
+            self.s.outputs.append(req)
+            return True
+        req.disagg_info = {"bootstrap_room": req.bootstrap_room}
+        self.rooms[req.bootstrap_room] = DecodeRoom(req.bootstrap_room, req, (msg.bootstrap_host, msg.bootstrap_port))
+        return True
+
+    def hold(self, req) -> bool:
+        """Decode requests finish normally."""
+        return False
+
+    def abort(self, rid: str) -> None:
+        """Drop a waiting request (its KV, if allocated, is freed; the prefill side is told)."""
+        for r in list(self.rooms.values()):
+            if r.req.rid == rid:
+                self._fail(r, "aborted by the client", notify=True, status_code=499)
+
+    def open_rids(self) -> list[str]:
+        """Requests waiting for their KV."""
+        return [r.req.rid for r in self.rooms.values()]
+
+    def has_work(self) -> bool:
+        return bool(self.rooms)
+
+    def num_open(self) -> int:
+        return len(self.rooms)
+
+    # ---- one poll per scheduler step ----------------------------------------------------------------
+    def poll(self) -> None:
+        """Control messages, CONNECT, allocation + READs, completion, heartbeats and timeouts."""
+        if self.agent.is_leader:
+            self._leader_duties()
+        for msg in self.agent.recv():
+            self._on_message(msg)
+        self._connect()
+        for room in sorted(self.rooms):
+            r = self.rooms.get(room)
+            if r is not None and r.state == "wait_ready" and r.ready is not None:
+                self._start_transfer(r)
+        self._poll_transfers()
+
+    def _on_message(self, msg) -> None:
+        if isinstance(msg, RoomReady):
+            r = self.rooms.get(msg.room)
+            if r is not None and r.state == "wait_ready":
+                r.ready = msg
+                srv = self.servers.get(r.server)
+                if srv is not None:
+                    srv.last_seen = now()
+        elif isinstance(msg, RoomFailed):
+            r = self.rooms.get(msg.room)
+            if r is not None:
+                self._fail(r, msg.reason, notify=msg.local)
+        elif isinstance(msg, HeartbeatAck):
+            for srv in self.servers.values():
+                if srv.endpoint == msg.endpoint:
+                    srv.last_seen = now()
+        elif isinstance(msg, BootstrapRoute):
+            self._on_route(msg)
+        elif isinstance(msg, Heartbeat):
+            self.agent.send(msg.endpoint, HeartbeatAck(self.agent.endpoint))
+
+    # ---- CONNECT -------------------------------------------------------------------------------------
+    def _leader_duties(self) -> None:
+        t = now()
+        a = self.args
+        wanted = {r.server for r in self.rooms.values() if r.state == "connect"} - set(self.servers)
+        for key in wanted:  # lazy CONNECT: fetch the route once per prefill server, share it with every rank
+            if t - self.last_route_try.get(key, 0.0) < ROUTE_RETRY_S:
+                continue
+            self.last_route_try[key] = t
+            try:
+                route = fetch_route(key[0], key[1], timeout_s=min(2.0, a.disaggregation_bootstrap_timeout))
+                self.agent.inject(BootstrapRoute(key[0], key[1], msgspec.json.encode(route)))
+            except ConnectionError as e:
+                logger.warning("%s", e)
+        for r in self.rooms.values():
+            reason = None
+            if r.state in ("connect", "wait_ready") and r.ready is None \
+                    and t - r.created > a.disaggregation_bootstrap_timeout:
+                reason = (f"the prefill server {r.server[0]}:{r.server[1]} did not hand over bootstrap_room {r.room} "
+                          f"within --disaggregation-bootstrap-timeout={a.disaggregation_bootstrap_timeout}s")
+            srv = self.servers.get(r.server)
+            if reason is None and srv is not None and r.state != "connect" \
+                    and t - srv.last_seen > a.disaggregation_heartbeat_timeout:
+                reason = (f"the prefill server {r.server[0]}:{r.server[1]} went silent (no heartbeat answer for "
+                          f"{a.disaggregation_heartbeat_timeout}s, --disaggregation-heartbeat-timeout)")
+            if reason is not None and not r.expiring:
+                r.expiring = True
+                self.agent.inject(RoomFailed(r.room, reason, local=True))
+        busy = {r.server for r in self.rooms.values() if r.state != "connect"}
+        for key in busy:
+            srv = self.servers.get(key)
+            if srv is not None and t - srv.last_ping > a.disaggregation_heartbeat_interval:
+                srv.last_ping = t
+                self.agent.send(srv.endpoint, Heartbeat(self.agent.endpoint))
+
+    def _on_route(self, msg: BootstrapRoute) -> None:
+        route = msgspec.json.decode(msg.route)
+        key = (msg.host, msg.port)
+        self.servers[key] = PrefillServer(route=route, endpoint=route["endpoint"])
+        logger.info("connected to prefill server %s:%d (tp %d, control %s)", msg.host, msg.port,
+                    route["tp_size"], route["endpoint"])
+
+    def _connect(self) -> None:
+        for room in sorted(self.rooms):
+            r = self.rooms.get(room)
+            if r is None or r.state != "connect" or r.server not in self.servers:
+                continue
+            srv = self.servers[r.server]
+            try:
+                for info in self._peer_ranks(srv):
+                    self.agent.ensure_connected(info)
+            except Exception as e:  # noqa: BLE001 - bad metadata fails this request only
+                self._fail(r, f"cannot connect to the prefill ranks of {r.server[0]}:{r.server[1]}: {e}")
+                continue
+            dst_slots = None
+            if self.transfer_mode == "push":
+                if not self._alloc(r):
+                    continue  # no room yet: retry next step
+                dst_slots = r.loc.tolist()
+            mine = [{k: i[k] for k in ("rank", "agent", "metadata", "kv", "head_lo", "head_hi")}
+                    for i in self.agent.ranks]
+            self.agent.send(srv.endpoint, RoomRequest(room=r.room, endpoint=self.agent.endpoint,
+                                                      mode=self.transfer_mode, decode_ranks=mine, dst_slots=dst_slots))
+            srv.last_seen = max(srv.last_seen, now())
+            r.state = "wait_ready"
+
+    def _peer_ranks(self, srv: PrefillServer) -> list[dict]:
+        """The prefill ranks holding some of this rank's KV heads."""
+        lo, hi = self.agent.heads
+        return [i for i in srv.route["ranks"] if i["head_lo"] < hi and lo < i["head_hi"]]
+
+    # ---- KV ------------------------------------------------------------------------------------------
+    def _alloc(self, r: DecodeRoom) -> bool:
+        """Allocate a request row and KV slots for the prompt; False (nothing taken) when the pool is full."""
+        n = len(r.req.origin_input_ids)
+        row = self.s.kv.alloc_req_slot()
+        if row is None:
+            return False
+        loc = self.s.kv.alloc_extend([row], [0], [n], [-1])
+        if loc is None:
+            self.s.kv.free_req_slot(row)
+            return False
+        r.row, r.loc, r.t_alloc = row, loc, time.monotonic()
+        return True
+
+    def _start_transfer(self, r: DecodeRoom) -> None:
+        ready = r.ready
+        if len(ready.slots) != len(r.req.origin_input_ids):
+            self._fail(r, f"prefill sent {len(ready.slots)} slots for a {len(r.req.origin_input_ids)}-token prompt "
+                          "(the prefill and decode servers tokenized the prompt differently?)", notify=True)
+            return
+        if self.transfer_mode == "push":
+            r.state = "transfer"  # written already: completion is immediate
+            r.nbytes, r.reads = ready.push_bytes, ready.push_reads
+            return
+        if r.loc is None and not self._alloc(r):
+            return  # pull mode: allocate only when the pool has room; stays queued
+        srv = self.servers[r.server]
+        dst_slots = r.loc.tolist()
+        r.t_post = time.monotonic()
+        try:
+            for info in self._peer_ranks(srv):
+                src = KVRegionDescriptor.from_dict(info["kv"])
+                copies = plan_slot_copies(src, (info["head_lo"], info["head_hi"]), ready.slots,
+                                          self.agent.desc, self.agent.heads, dst_slots)
+                if len(copies):  # rows (prefill address, decode address, nbytes) = (remote, local, nbytes)
+                    r.handles.append(self.agent.backend.read(info["agent"], copies))
+                    r.reads += len(copies)
+                    r.nbytes += int(copies[:, 2].sum())
+        except Exception as e:  # noqa: BLE001 - agreed below; fails this room only
+            logger.warning("room %d: posting reads failed: %s", r.room, e)
+            r.fail_reason = f"posting KV reads failed: {e}"
+        r.state = "transfer"
+
+    def _poll_transfers(self) -> None:
+        from sglang.srt.disaggregation.transfer.base import TransferState
+
+        active = sorted(room for room, r in self.rooms.items() if r.state == "transfer")
+        codes = []
+        for room in active:
+            r = self.rooms[room]
+            states = [self.agent.backend.poll(h) for h in r.handles]
+            codes.append(0 if r.fail_reason or TransferState.FAILED in states
+                         else (1 if TransferState.PENDING in states else 2))
+        agreed = self.agent.agree(codes)
+        done = [room for room, c in zip(active, agreed) if c == 2]
+        if done and self.args.disaggregation_verify:
+            oks = self.agent.agree([1 if self._verify(self.rooms[room]) else 0 for room in done])
+            for room, ok in zip(done, oks):
+                if not ok:
+                    self._fail(self.rooms[room], "KV checksum mismatch after the transfer (--disaggregation-verify)",
+                               notify=True)
+            done = [room for room, ok in zip(done, oks) if ok]
+        for room, code in zip(active, agreed):
+            if code == 0:
+                r = self.rooms[room]
+                errs = [h.error for h in r.handles if getattr(h, "error", "")]
+                self._fail(r, r.fail_reason or f"KV transfer failed: {'; '.join(errs) or 'backend error'}", notify=True)
+        for room in done:
+            self._activate(self.rooms.pop(room))
+
+    def _verify(self, r: DecodeRoom) -> bool:
+        want = r.ready.checksums
+        if not want:
+            return False
+        got = self.agent.checksums(r.loc.tolist())
+        total, (lo, hi) = self.agent.total_kv_heads, self.agent.heads
+        nh = hi - lo
+        for i, c in enumerate(got):
+            layer, rest = divmod(i, 2 * nh)
+            kv, h = divmod(rest, nh)
+            if want[(layer * 2 + kv) * total + lo + h] != c:
+                logger.error("room %d: checksum mismatch at layer %d kv %d head %d", r.room, layer, kv, lo + h)
+                return False
+        return True
+
+    def _activate(self, r: DecodeRoom) -> None:
+        """The KV is here: the request continues as if it had prefilled locally, with the prefill's first token."""
+        req, ready = r.req, r.ready
+        srv = self.servers.get(r.server)
+        if srv is not None:
+            self.agent.send(srv.endpoint, RoomAck(r.room))
+        n = len(req.origin_input_ids)
+        req.req_pool_idx, req.kv_len = r.row, n
+        match = self.s.tree_cache.match_prefix([])  # the root: the pulled KV joins the tree when the request ends
+        self.s.tree_cache.inc_lock_ref(match.last_node)
+        req.prefix_indices, req.last_node = match.device_indices, match.last_node
+        req.admitted_once = True
+        req.cached_tokens = ready.cached_tokens
+        req.output_ids.append(ready.first_token)
+        if req.return_logprob:
+            if ready.input_token_logprobs is not None:
+                req.input_token_logprobs = [tuple(x) for x in ready.input_token_logprobs]
+                req.input_top_logprobs = [[tuple(y) for y in x] for x in (ready.input_top_logprobs or [])]
+            req.sent_input_logprobs = True
+            if ready.output_logprob is not None:
+                req.output_token_logprobs.append(tuple(ready.output_logprob))
+                if req.top_logprobs_num:
+                    req.output_top_logprobs.append([tuple(x) for x in (ready.output_top_logprobs or [])])
+        t = time.monotonic()
+        req.disagg_info.update(
+            transfer_bytes=r.nbytes, transfer_reads=r.reads,
+            transfer_time_s=(t - r.t_post) if self.transfer_mode == "pull" else ready.push_time_s,
+            prefill_queue_s=ready.prefill_queue_s, decode_queue_s=r.t_alloc - req.arrival_time)
+        self.stats["rooms_done"] += 1
+        self.stats["transfer_bytes"] += r.nbytes
+        self.stats["transfer_reads"] += r.reads
+        self.s.stats_prompt_tokens += n
+        self.s.stats_cached_tokens += ready.cached_tokens
+        req.finished_reason = check_finish(req.output_ids, req.sampling_params, req.eos_token_ids,
+                                           self.s.tokenizer, req.max_new_tokens())
+        self.s.outputs.append(req)
+        if req.finished():
+            self.s._release(req)
+        else:
+            self.s.running.append(req)
+
+    def _fail(self, r: DecodeRoom, reason: str, notify: bool = False, status_code: int = 500) -> None:
+        """Fail one room: free its KV (if allocated), tell the prefill side when ``notify``, report the error."""
+        self.rooms.pop(r.room, None)
+        if notify:
+            srv = self.servers.get(r.server)
+            if srv is not None:
+                self.agent.send(srv.endpoint, RoomFailed(r.room, reason))
+        req = r.req
+        if r.row is not None:
+            req.req_pool_idx, req.kv_len = r.row, 0
+            self.s.kv.free_slots(r.loc)
+            self.s.kv.free_req_slot(r.row)
+            req.req_pool_idx = None
+        logger.warning("request %s (room %d) failed: %s", req.rid, r.room, reason)
+        self.fail_request(req, reason, status_code)

@@ -1,0 +1,111 @@
+"""Control messages between prefill and decode schedulers (msgspec/msgpack over ZMQ, never pickle).
+
+One *room* (``bootstrap_room``, a 63-bit id the router draws) names one request's KV hand-off.
+Pull mode (KVDirect sec. 4.3)::
+
+    decode leader  --RoomRequest(room, decode endpoint)-->           prefill leader
+    prefill leader --RoomReady(room, slots, first token, ...)-->     decode leader   (prefill done)
+    decode ranks   ==one-sided READs of the prompt's KV==>           (prefill memory)
+    decode leader  --RoomAck(room)-->                                prefill leader  (prefill frees the KV)
+
+Push mode: ``RoomRequest`` carries the decode-preallocated slots; the prefill ranks WRITE into them and
+``RoomReady`` then means "your KV is written". ``RoomFailed`` aborts a room from either side;
+``Heartbeat`` / ``HeartbeatAck`` detect dead peers (``--disaggregation-heartbeat-timeout``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+import msgspec
+
+
+class RoomRequest(msgspec.Struct, tag=True):
+    """Decode -> prefill: decode rank(s) want room ``room``'s KV.
+
+    ``endpoint``: the decode leader's control socket (``tcp://host:port``) for replies.
+    ``decode_ranks``: per decode rank ``{"agent", "metadata" (bytes), "kv" (KVRegionDescriptor dict),
+    "head_lo", "head_hi" (global KV heads it holds)}``, needed by the prefill ranks in push mode.
+    ``dst_slots``: push mode only, the decode slots of prompt positions ``0..len-1`` (same on every decode rank).
+    """
+
+    room: int
+    endpoint: str
+    mode: str
+    decode_ranks: list[dict[str, Any]] = []
+    dst_slots: Optional[list[int]] = None
+
+
+class RoomReady(msgspec.Struct, tag=True):
+    """Prefill -> decode: the prompt's KV is computed (pull: readable at ``slots``; push: written).
+
+    ``slots``: prefill KV slots of prompt positions ``0..prompt_len-1``. ``first_token``: sampled on the
+    prefill side; its logprob entries and the prompt's input logprobs travel along. ``checksums``: per
+    (layer, K/V, global head) crc32 of the request's KV when ``--disaggregation-verify``, else empty.
+    ``prefill_queue_s``: time the request waited on the prefill side before its prefill ran.
+    """
+
+    room: int
+    slots: list[int]
+    first_token: int
+    cached_tokens: int = 0
+    output_logprob: Optional[tuple[float, int]] = None
+    output_top_logprobs: Optional[list[tuple[float, int]]] = None
+    input_token_logprobs: Optional[list[tuple[Optional[float], int]]] = None
+    input_top_logprobs: Optional[list[list[tuple[float, int]]]] = None
+    checksums: list[int] = []
+    prefill_queue_s: float = 0.0
+    push_bytes: int = 0
+    push_reads: int = 0
+    push_time_s: float = 0.0
+
+
+class RoomAck(msgspec.Struct, tag=True):
+    """Decode -> prefill: the room's KV arrived (and verified); the prefill side may free it."""
+
+    room: int
+
+
+class RoomFailed(msgspec.Struct, tag=True):
+    """Either direction: the room cannot complete (``reason`` says why); the receiver frees its side.
+    ``local``: injected by the receiver's own leader (a timeout it detected): tell the peer too."""
+
+    room: int
+    reason: str
+    local: bool = False
+
+
+class Heartbeat(msgspec.Struct, tag=True):
+    """Liveness ping from ``endpoint`` (a leader's control socket); answered with :class:`HeartbeatAck`."""
+
+    endpoint: str
+
+
+class HeartbeatAck(msgspec.Struct, tag=True):
+    """Reply to :class:`Heartbeat` from ``endpoint``."""
+
+    endpoint: str
+
+
+class BootstrapRoute(msgspec.Struct, tag=True):
+    """Decode-internal: the route a decode leader fetched from ``host:port``'s bootstrap server (JSON bytes of
+    ``GET /route``), injected so that every decode rank connects at the same step."""
+
+    host: str
+    port: int
+    route: bytes
+
+
+ControlMsg = Union[RoomRequest, RoomReady, RoomAck, RoomFailed, Heartbeat, HeartbeatAck, BootstrapRoute]
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(ControlMsg)
+
+
+def encode_control(msg: ControlMsg) -> bytes:
+    """msgpack bytes of one control message (tagged with its type)."""
+    return _encoder.encode(msg)
+
+
+def decode_control(data: bytes) -> ControlMsg:
+    """Inverse of :func:`encode_control`. Raises msgspec.DecodeError / ValidationError on bad bytes."""
+    return _decoder.decode(data)

@@ -1,0 +1,314 @@
+"""The prefill role's connector: run the prompt, sample the first token, hold the KV until the decode
+side has it (KVDirect sec. 4.3), then free it through the prefix cache (so later prompts hit it).
+
+Room life cycle on the prefill side (all ranks change state at the same step; see ``agent.py``)::
+
+    request arrives  ->  prefill runs like aggregated (max one new token)  ->  hold(req): KV kept
+    RoomRequest from the decode leader (may come before or after the prefill)
+    pull: send RoomReady(slots, first token, ...)           push: WRITE layer by layer, then RoomReady
+    RoomAck  -> release: KV to the prefix cache, the request finishes with its one token
+    RoomFailed, no RoomRequest within the bootstrap timeout, or a silent decode peer past the heartbeat
+    timeout -> the request fails (its KV is freed)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from sglang.srt.disaggregation.agent import now
+from sglang.srt.disaggregation.bootstrap import BootstrapServer
+from sglang.srt.disaggregation.connector import BaseConnector, bootstrap_fields_error
+from sglang.srt.disaggregation.messages import (
+    Heartbeat,
+    HeartbeatAck,
+    RoomAck,
+    RoomFailed,
+    RoomReady,
+    RoomRequest,
+)
+from sglang.srt.disaggregation.slot_plan import plan_slot_copies, copies_by_layer
+from sglang.srt.mem_cache.kv_descriptor import KVRegionDescriptor
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PrefillRoom:
+    """One room on the prefill side: the held request and/or the decode side's request for it."""
+
+    room: int
+    req: Any = None  # the finished-prefill Req whose KV is held (None until hold())
+    peer: Optional[RoomRequest] = None  # the decode side's RoomRequest (None until it arrives)
+    state: str = "wait"  # wait | pushing | wait_ack
+    created: float = field(default_factory=now)
+    handles: list = field(default_factory=list)
+    push_start: float = 0.0
+    push_bytes: int = 0
+    push_reads: int = 0
+    fail_reason: str = ""
+    expiring: bool = False  # the leader injected its failure already
+
+
+class PrefillConnector(BaseConnector):
+    """Prefill role (see the module doc). The leader rank also runs the bootstrap server."""
+
+    def __init__(self, scheduler):
+        super().__init__(scheduler)
+        self.rooms: dict[int, PrefillRoom] = {}
+        self.peer_seen: dict[str, float] = {}
+        self.failed_rooms: dict[int, str] = {}
+        self.rid_room: dict[str, int] = {}  # requests not finished yet -> their room  # rooms that failed before the decode side asked for them
+        self.bootstrap = None
+        if self.agent.is_leader:
+            route = {"endpoint": self.agent.endpoint, "tp_size": self.agent.tp_size, "ranks": self.agent.ranks,
+                     "total_kv_heads": self.agent.total_kv_heads, "page_size": self.args.page_size,
+                     "transfer_mode": self.transfer_mode, "backend": self.args.disaggregation_transfer_backend}
+            self.bootstrap = BootstrapServer(self.args.host, self.args.disaggregation_bootstrap_port, route)
+
+    # ---- scheduler hooks -----------------------------------------------------------------------------
+    def intercept(self, req, msg) -> bool:
+        """Record the room of a new request; it then prefills like an aggregated request with one new token.
+        Returns True (taken: finished with a 400) only when its bootstrap fields are unusable."""
+        req.bootstrap_room = msg.bootstrap_room
+        err = bootstrap_fields_error(req)
+        if err:
+            req.finished_reason = {"type": "abort", "message": err, "status_code": 400}
+            self.s.outputs.append(req)
+            return True
+        if req.bootstrap_room in self.rooms and self.rooms[req.bootstrap_room].req is not None:
+            req.finished_reason = {"type": "abort", "status_code": 400,
+                                   "message": f"bootstrap_room {req.bootstrap_room} is already in use"}
+            self.s.outputs.append(req)
+            return True
+        self.rid_room[req.rid] = req.bootstrap_room
+        req.max_new_tokens_cap = 1  # the first token is sampled here, the rest on the decode side
+        req.disagg_info = {"bootstrap_room": req.bootstrap_room}
+        return False
+
+    def hold(self, req) -> bool:
+        """Called when ``req`` finished; keep its KV for the decode side unless it was aborted."""
+        room = req.bootstrap_room
+        if room is None or req.finished_reason is None or req.finished_reason.get("type") == "abort":
+            if room is not None:
+                self.rid_room.pop(req.rid, None)
+                self._forget(room, "the prefill request was aborted")
+            return False
+        self.rid_room.pop(req.rid, None)
+        if req in self.s.running:
+            self.s.running.remove(req)
+        r = self.rooms.setdefault(room, PrefillRoom(room))
+        r.req, r.created = req, now()
+        req.disagg_info["prefill_queue_s"] = (req.admit_time - req.arrival_time) if req.admit_time else 0.0
+        return True
+
+    def abort(self, rid: str) -> None:
+        """The client went away: drop the held KV of its room (the decode side gets RoomFailed)."""
+        for r in list(self.rooms.values()):
+            if r.req is not None and r.req.rid == rid:
+                self._finish(r, "aborted by the client", notify=True, status_code=499)
+        room = self.rid_room.pop(rid, None)
+        if room is not None:  # aborted before its prefill finished (the scheduler freed its KV)
+            self._forget(room, "the prefill request was aborted by the client")
+
+    def open_rids(self) -> list[str]:
+        """Requests with an open room."""
+        return [r.req.rid for r in self.rooms.values() if r.req is not None] + list(self.rid_room)
+
+    def has_work(self) -> bool:
+        """Rooms whose KV is held or being pushed keep the loop spinning (heartbeats, timeouts)."""
+        return any(r.req is not None for r in self.rooms.values())
+
+    def num_open(self) -> int:
+        return sum(1 for r in self.rooms.values() if r.req is not None)
+
+    # ---- one poll per scheduler step ----------------------------------------------------------------
+    def poll(self) -> None:
+        """Handle control messages, advance pushes, send RoomReady, expire rooms (see the module doc)."""
+        if self.agent.is_leader:
+            self._check_timeouts()
+        for msg in self.agent.recv():
+            self._on_message(msg)
+        for r in list(self.rooms.values()):
+            if r.state == "wait" and r.req is not None and r.peer is not None:
+                self._start(r)
+        self._poll_pushes()
+
+    def _on_message(self, msg) -> None:
+        if isinstance(msg, RoomRequest):
+            self.peer_seen[msg.endpoint] = now()
+            if msg.room in self.failed_rooms:
+                self.agent.send(msg.endpoint, RoomFailed(msg.room, self.failed_rooms.pop(msg.room)))
+                return
+            r = self.rooms.setdefault(msg.room, PrefillRoom(msg.room))
+            r.peer = msg
+        elif isinstance(msg, RoomAck):
+            r = self.rooms.get(msg.room)
+            if r is not None and r.state == "wait_ack":
+                self._finish(r, None)
+        elif isinstance(msg, RoomFailed):
+            r = self.rooms.get(msg.room)
+            if r is not None:
+                self._finish(r, msg.reason, notify=msg.local)
+        elif isinstance(msg, Heartbeat):
+            self.peer_seen[msg.endpoint] = now()
+            self.agent.send(msg.endpoint, HeartbeatAck(self.agent.endpoint))
+
+    def _start(self, r: PrefillRoom) -> None:
+        req, peer = r.req, r.peer
+        if peer.mode != self.transfer_mode:
+            self._finish(r, f"transfer mode mismatch: prefill runs --disaggregation-transfer-mode "
+                            f"{self.transfer_mode}, decode {peer.mode}")
+            return
+        if self.transfer_mode == "pull":
+            self._send_ready(r)
+            return
+        # push: WRITE this rank's heads into every decode rank that holds some of them, layer by layer
+        try:
+            slots = self._slots(req)
+            if peer.dst_slots is None or len(peer.dst_slots) != len(slots):
+                raise ValueError(f"push needs {len(slots)} decode slots, got "
+                                 f"{None if peer.dst_slots is None else len(peer.dst_slots)}")
+            r.push_start = time.monotonic()
+            for info in peer.decode_ranks:
+                dst = KVRegionDescriptor.from_dict(info["kv"])
+                copies = plan_slot_copies(self.agent.desc, self.agent.heads, slots, dst,
+                                          (info["head_lo"], info["head_hi"]), peer.dst_slots)
+                if not len(copies):
+                    continue
+                name = self.agent.ensure_connected(info)
+                for layer_copies in copies_by_layer(copies, self.agent.desc, side=0):
+                    if len(layer_copies):  # a write's rows are (remote = decode, local = prefill, nbytes)
+                        r.handles.append(self.agent.backend.write(name, layer_copies[:, [1, 0, 2]]))
+                        r.push_bytes += int(layer_copies[:, 2].sum())
+                        r.push_reads += len(layer_copies)
+            r.state = "pushing"
+        except Exception as e:  # noqa: BLE001 - any local failure fails this room only (agreed in _poll_pushes)
+            logger.warning("room %d: push failed to start: %s", r.room, e)
+            r.fail_reason = f"push failed to start on the prefill side: {e}"
+            r.state = "pushing"
+
+    def _poll_pushes(self) -> None:
+        from sglang.srt.disaggregation.transfer.base import TransferState
+
+        pushing = sorted(r.room for r in self.rooms.values() if r.state == "pushing")
+        codes = []
+        for room in pushing:
+            r = self.rooms[room]
+            if r.fail_reason:
+                codes.append(0)
+                continue
+            states = [self.agent.backend.poll(h) for h in r.handles]
+            codes.append(0 if TransferState.FAILED in states else (1 if TransferState.PENDING in states else 2))
+        for room, code in zip(pushing, self.agent.agree(codes)):
+            r = self.rooms[room]
+            if code == 0:
+                reason = r.fail_reason or "a KV WRITE to the decode side failed"
+                self.agent.send(r.peer.endpoint, RoomFailed(room, reason))
+                self._finish(r, reason)
+            elif code == 2:
+                self._send_ready(r, push_time=time.monotonic() - r.push_start)
+
+    def _send_ready(self, r: PrefillRoom, push_time: float = 0.0) -> None:
+        req = r.req
+        slots = self._slots(req)
+        checksums: list[int] = []
+        if self.args.disaggregation_verify:
+            checksums = self._global_checksums(slots)
+        lp = top = None
+        if req.return_logprob and req.output_token_logprobs:
+            lp = tuple(req.output_token_logprobs[0])
+            if req.top_logprobs_num and req.output_top_logprobs:
+                top = [tuple(x) for x in req.output_top_logprobs[0]]
+        per_rank = self.agent.gather_concat([r.push_bytes, r.push_reads])  # push: every rank wrote its heads
+        bytes_, reads = sum(per_rank[0::2]), sum(per_rank[1::2])
+        self.agent.send(r.peer.endpoint, RoomReady(
+            room=r.room, slots=slots, first_token=req.output_ids[0], cached_tokens=req.cached_tokens,
+            output_logprob=lp, output_top_logprobs=top,
+            input_token_logprobs=[tuple(x) for x in req.input_token_logprobs] if req.wants_input_logprobs() else None,
+            input_top_logprobs=([[tuple(y) for y in x] for x in req.input_top_logprobs]
+                                if req.wants_input_logprobs() and req.top_logprobs_num else None),
+            checksums=checksums, prefill_queue_s=req.disagg_info.get("prefill_queue_s", 0.0),
+            push_bytes=bytes_, push_reads=reads, push_time_s=push_time))
+        req.disagg_info.update(transfer_bytes=bytes_, transfer_reads=reads, transfer_time_s=push_time)
+        r.state = "wait_ack"
+        r.created = now()
+
+    def _global_checksums(self, slots: list[int]) -> list[int]:
+        """crc32 per (layer, K/V, global head), layer-major: every rank's heads, gathered (collective)."""
+        mine = self.agent.checksums(slots)
+        allc = self.agent.gather_concat(mine)
+        layers = self.agent.desc.size("layer")
+        total = self.agent.total_kv_heads
+        out = [0] * (layers * 2 * total)
+        per_rank = len(mine)
+        for info in self.agent.ranks:
+            part = allc[info["rank"] * per_rank:(info["rank"] + 1) * per_rank]
+            nh = info["head_hi"] - info["head_lo"]
+            for i, c in enumerate(part):
+                layer, rest = divmod(i, 2 * nh)
+                kv, h = divmod(rest, nh)
+                out[(layer * 2 + kv) * total + info["head_lo"] + h] = c
+        return out
+
+    def _slots(self, req) -> list[int]:
+        return self.s.kv.slots_of(req.req_pool_idx, 0, len(req.origin_input_ids)).tolist()
+
+    # ---- endings -------------------------------------------------------------------------------------
+    def _finish(self, r: PrefillRoom, error: Optional[str], notify: bool = False, status_code: int = 500) -> None:
+        """Close a room: success (``error`` None) finishes the request with its token; else it fails."""
+        self.rooms.pop(r.room, None)
+        if notify and r.peer is not None:
+            self.agent.send(r.peer.endpoint, RoomFailed(r.room, error or "failed"))
+        req = r.req
+        if req is None:
+            if error:
+                self._remember_failed(r.room, error)
+            return
+        if error is None:
+            self.stats["rooms_done"] += 1
+            self.stats["transfer_bytes"] += req.disagg_info.get("transfer_bytes", 0)
+            self.s._release(req)
+            self.s.outputs.append(req)
+        else:
+            logger.warning("room %d (request %s) failed: %s", r.room, req.rid, error)
+            self.fail_request(req, f"KV transfer failed: {error}", status_code)
+
+    def _forget(self, room: int, reason: str) -> None:
+        r = self.rooms.pop(room, None)
+        if r is not None and r.peer is not None:
+            self.agent.send(r.peer.endpoint, RoomFailed(room, reason))
+        else:
+            self._remember_failed(room, reason)
+
+    def _remember_failed(self, room: int, reason: str) -> None:
+        self.failed_rooms[room] = reason
+        while len(self.failed_rooms) > 10000:
+            self.failed_rooms.pop(next(iter(self.failed_rooms)))
+
+    def _check_timeouts(self) -> None:
+        """Leader: rooms whose decode side never asked, or went silent, fail (injected for every rank)."""
+        t = now()
+        hb = self.args.disaggregation_heartbeat_timeout
+        queued = set(self.rid_room.values())  # rooms whose prefill request is queued or running here
+        for r in list(self.rooms.values()):
+            reason = None
+            if r.req is not None and r.peer is None and t - r.created > self.args.disaggregation_bootstrap_timeout:
+                reason = (f"no decode server asked for bootstrap_room {r.room} within "
+                          f"--disaggregation-bootstrap-timeout={self.args.disaggregation_bootstrap_timeout}s")
+            elif r.req is None and r.peer is not None and r.room not in queued \
+                    and t - r.created > self.args.disaggregation_bootstrap_timeout:
+                reason = f"the prefill request of bootstrap_room {r.room} never arrived"
+            elif r.peer is not None and r.state == "wait_ack" and t - self.peer_seen.get(r.peer.endpoint, t) > hb:
+                reason = (f"the decode server {r.peer.endpoint} went silent (no heartbeat for "
+                          f"{hb}s, --disaggregation-heartbeat-timeout)")
+            if reason is not None and not r.expiring:
+                r.expiring = True
+                self.agent.inject(RoomFailed(r.room, reason, local=True))
+
+    def close(self) -> None:
+        if self.bootstrap is not None:
+            self.bootstrap.close()
+        super().close()

@@ -1,0 +1,99 @@
+"""Which bytes move for one request: (prefill rank, decode rank) pairs, their shared KV heads, and the byte
+ranges of every (layer, K/V, token) by index x stride arithmetic on the two sides' published
+:class:`~sglang.srt.mem_cache.kv_descriptor.KVRegionDescriptor` (KVDirect sec. 4.1, Fig. 5).
+
+Requests are addressed by *token slots*, not pages: the prefill side publishes the slot of each prompt
+position and the decode side has its own slots, so the two sides may use different page sizes (a page
+is just a run of consecutive slots; runs that are contiguous on both sides merge into one range, sec. 4.2).
+Heterogeneous TP: each side's rank holds a range of global KV heads; a decode rank reads exactly the
+heads it holds from every prefill rank holding some of them (strided ranges, no staging buffer, no
+re-layout). numpy only, no torch.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from sglang.srt.mem_cache.kv_descriptor import KVRegionDescriptor
+
+
+def kv_head_range(rank: int, tp_size: int, total_kv_heads: int) -> tuple[int, int]:
+    """Global KV heads ``[lo, hi)`` that TP rank ``rank`` of ``tp_size`` holds (the layout of
+    :class:`~sglang.srt.layers.linear.QKVParallelLinear`: ``total/tp`` consecutive heads each, or one
+    replicated head ``rank // (tp / total)`` when ``tp > total``).
+
+    Raises:
+        ValueError: ``rank`` outside ``[0, tp_size)`` or sizes that do not divide.
+    """
+    if not 0 <= rank < tp_size:
+        raise ValueError(f"rank {rank} outside [0, {tp_size})")
+    if tp_size <= total_kv_heads:
+        if total_kv_heads % tp_size:
+            raise ValueError(f"{total_kv_heads} KV heads do not split over tp_size={tp_size}")
+        per = total_kv_heads // tp_size
+        return rank * per, (rank + 1) * per
+    if tp_size % total_kv_heads:
+        raise ValueError(f"tp_size={tp_size} is not a multiple of the {total_kv_heads} KV heads")
+    h = rank // (tp_size // total_kv_heads)
+    return h, h + 1
+
+
+def plan_slot_copies(src: KVRegionDescriptor, src_heads: tuple[int, int], src_slots: Sequence[int],
+                     dst: KVRegionDescriptor, dst_heads: tuple[int, int], dst_slots: Sequence[int]) -> np.ndarray:
+    """Byte copies ``int64 [N, 3] = (src_addr, dst_addr, nbytes)`` that move the KV of every layer, K and V, of
+    the tokens at ``src_slots[i] -> dst_slots[i]``, for the global KV heads both sides hold.
+
+    ``src_heads`` / ``dst_heads``: global head ranges ``[lo, hi)`` of the two regions (local head 0 is
+    global head ``lo``). Rows are layer-major (all of layer 0 first, which push mode writes first), then
+    K/V, then token order, and merged by :func:`~sglang.srt.disaggregation.transfer.kv_plan.coalesce_array`
+    when both the source and the destination continue the previous copy (KVDirect sec. 4.2's rule).
+    Vectorized (numpy): thousands of tokens x layers cost milliseconds. Empty ``[0, 3]`` when the head
+    ranges do not overlap. For a read, pass the rows as ``(remote, local, nbytes)``; for a write, swap the
+    first two columns.
+
+    Raises:
+        ValueError: mismatched slot lists, a different layer count / head_dim / dtype on the two sides,
+            a non-dense (head, head_dim) layout, or a slot outside a region.
+    """
+    from sglang.srt.disaggregation.transfer.kv_plan import coalesce_array
+
+    if len(src_slots) != len(dst_slots):
+        raise ValueError(f"src_slots ({len(src_slots)}) and dst_slots ({len(dst_slots)}) must have the same length")
+    for d in ("layer", "kv", "head_dim"):
+        if src.size(d) != dst.size(d):
+            raise ValueError(f"KV regions differ in {d}: {src.size(d)} vs {dst.size(d)}")
+    if src.itemsize != dst.itemsize or src.dtype != dst.dtype:
+        raise ValueError(f"KV dtypes differ: {src.dtype} vs {dst.dtype}")
+    for d in (src, dst):
+        if d.stride_bytes("head_dim") != d.itemsize or d.stride_bytes("head") != d.size("head_dim") * d.itemsize:
+            raise ValueError("plan_slot_copies needs (head, head_dim) dense in each slot on both sides")
+    lo, hi = max(src_heads[0], dst_heads[0]), min(src_heads[1], dst_heads[1])
+    if lo >= hi or len(src_slots) == 0:
+        return np.zeros((0, 3), dtype=np.int64)
+    ss = np.asarray(src_slots, dtype=np.int64)
+    ds = np.asarray(dst_slots, dtype=np.int64)
+    for arr, d, side in ((ss, src, "source"), (ds, dst, "destination")):
+        if arr.min() < 0 or arr.max() >= d.size("slot"):
+            raise ValueError(f"{side} slots must lie in [0, {d.size('slot')}); got [{arr.min()}, {arr.max()}]")
+    layers = np.arange(src.size("layer"), dtype=np.int64)
+
+    def addrs(d: KVRegionDescriptor, heads_lo: int, slots: np.ndarray) -> np.ndarray:  # [L * 2 * T]
+        base = d.base_address + (lo - heads_lo) * d.stride_bytes("head")
+        return (base + layers[:, None, None] * d.stride_bytes("layer")
+                + np.arange(2, dtype=np.int64)[None, :, None] * d.stride_bytes("kv")
+                + slots[None, None, :] * d.stride_bytes("slot")).reshape(-1)
+
+    nbytes = (hi - lo) * src.stride_bytes("head")
+    rows = np.stack([addrs(src, src_heads[0], ss), addrs(dst, dst_heads[0], ds),
+                     np.full(len(layers) * 2 * len(ss), nbytes, dtype=np.int64)], axis=1)
+    return coalesce_array(rows)
+
+
+def copies_by_layer(copies: np.ndarray, desc: KVRegionDescriptor, side: int = 0) -> list[np.ndarray]:
+    """Split the rows of :func:`plan_slot_copies` per layer of ``desc`` (the region of column ``side``:
+    0 = source, 1 = destination), by each row's start address."""
+    per = desc.stride_bytes("layer")
+    layer = np.minimum((copies[:, side] - desc.base_address) // per, desc.size("layer") - 1)
+    return [copies[layer == i] for i in range(desc.size("layer"))]

@@ -1,0 +1,29 @@
+"""M2N: MegaScale-Infer's many-to-many row exchange (Zhu et al. 2025, sec. 5) -- tw-comm's Python API.
+
+``M2NEndpoint(M2NConfig(rank, addresses, max_rows), RowLayout(...), transport=...)``; ``send(peer, tensors,
+meta)``, ``recv() -> Message``. Transports: :class:`InlineTransport` (CPU), :class:`NcclP2PTransport`
+(baseline), :class:`CudaIpcTransport` (same-node GPUs). See :mod:`sgl_kernel.m2n.base` and ``docs/afd.md``.
+"""
+
+from sgl_kernel.m2n.base import M2NConfig, M2NEndpoint, Message, PayloadTransport, RowLayout
+from sgl_kernel.m2n.zmq_transport import InlineTransport
+
+
+def create_transport(name: str, group=None) -> PayloadTransport:
+    """The payload transport called ``name``: ``inline`` | ``nccl`` (``group``: the p2p process group) |
+    ``cuda_ipc``. Raises ValueError for another name."""
+    if name == "inline":
+        return InlineTransport()
+    if name == "nccl":
+        from sgl_kernel.m2n.nccl_p2p import NcclP2PTransport
+
+        return NcclP2PTransport(group)
+    if name == "cuda_ipc":
+        from sgl_kernel.m2n.cuda_ipc import CudaIpcTransport
+
+        return CudaIpcTransport()
+    raise ValueError(f"unknown M2N transport {name!r}; use inline, nccl or cuda_ipc")
+
+
+__all__ = ["M2NConfig", "M2NEndpoint", "Message", "PayloadTransport", "RowLayout", "InlineTransport",
+           "create_transport"]

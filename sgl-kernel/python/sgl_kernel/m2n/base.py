@@ -1,0 +1,306 @@
+"""M2N: persistent point-to-point row exchange between M senders and N receivers (MegaScale-Infer, Zhu et al.
+2025, sec. 5).
+
+An :class:`M2NEndpoint` is one rank of a fixed group (attention workers and FFN workers alike). It owns
+persistent, registered staging buffers (one send ring per peer, one receive buffer), sends a variable number
+of rows to any peer, and receives from any peer (or a given one) -- no group set-up per call, no collective:
+exactly the M-to-N / N-to-M pattern of dispatch and combine.
+
+A message is ``n`` rows of a fixed :class:`RowLayout` (e.g. hidden state [H] + top-k ids [k] + weights [k])
+plus a small integer ``meta`` tuple (e.g. layer, micro-batch, version). It travels as
+
+* a **header** (``int64 [HEADER_LEN]``: kind, source rank, n, slot, sequence, meta...) on the control
+  channel (ZMQ PUSH/PULL over IPC or TCP: any source, polling with timeouts, never a hang), and
+* a **payload** of ``n * layout.row_bytes`` bytes, moved by a :class:`PayloadTransport`:
+  ``inline`` (the payload rides the ZMQ message, CPU), ``nccl`` (NCCL ``isend/irecv`` on a group made once:
+  the point-to-point baseline), ``cuda_ipc`` (same-node GPUs: the receiver copies from the sender's
+  IPC-mapped registered buffer with the copy engine after waiting on the sender's inter-process event --
+  stream-ordered, no host synchronization on the data). An RDMA transport (NIXL READ from the peer's
+  registered buffer, descriptors exchanged once) is the same pull shape as ``cuda_ipc`` and plugs in as
+  another :class:`PayloadTransport`; callers do not change.
+
+Row counts are known on the host when a message is sent (the header carries them); on GPU the payload's
+bytes are never synchronized to the host.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+HEADER_LEN = 12
+META_LEN = 6
+KIND_DATA, KIND_CLOSE = 1, 2
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """The columns of one row: ``((dtype, width), ...)``; a message of n rows carries, per column, a
+    ``[n, width]`` tensor of that dtype. Columns are packed one after another (column-major blocks), each
+    block padded to 16 bytes.
+
+    Raises:
+        ValueError: an empty layout or a non-positive width.
+    """
+
+    columns: tuple[tuple[torch.dtype, int], ...]
+
+    def __post_init__(self):
+        if not self.columns or any(w <= 0 for _, w in self.columns):
+            raise ValueError(f"RowLayout columns {self.columns} must be non-empty with positive widths")
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes per row over all columns (before padding)."""
+        return sum(torch.empty(0, dtype=d).element_size() * w for d, w in self.columns)
+
+    def nbytes(self, n: int) -> int:
+        """Payload bytes of ``n`` rows (each column block rounded up to 16 bytes)."""
+        return sum(_pad16(n * torch.empty(0, dtype=d).element_size() * w) for d, w in self.columns)
+
+    def pack(self, buf: torch.Tensor, tensors: Sequence[torch.Tensor]) -> int:
+        """Copy ``tensors`` (column i: ``[n, width_i]`` of dtype_i, any layout) into the uint8 buffer ``buf``
+        (same device); returns the payload's bytes. Raises ValueError on a shape/dtype mismatch or overflow."""
+        if len(tensors) != len(self.columns):
+            raise ValueError(f"expected {len(self.columns)} tensors, got {len(tensors)}")
+        n = tensors[0].shape[0]
+        if self.nbytes(n) > buf.numel():
+            raise ValueError(f"{n} rows ({self.nbytes(n)} bytes) exceed the registered buffer ({buf.numel()} bytes); "
+                             "raise max_rows")
+        off = 0
+        for t, (d, w) in zip(tensors, self.columns):
+            if t.dtype != d or tuple(t.shape) != (n, w):
+                raise ValueError(f"column of shape {tuple(t.shape)} {t.dtype} does not match ({n}, {w}) {d}")
+            size = n * w * t.element_size()
+            if size:
+                buf[off:off + size].view(d).view(n, w).copy_(t, non_blocking=True)
+            off += _pad16(size)
+        return off
+
+    def unpack(self, buf: torch.Tensor, n: int) -> list[torch.Tensor]:
+        """Views ``[n, width_i]`` of dtype_i into the uint8 buffer ``buf`` (valid until it is reused)."""
+        out, off = [], 0
+        for d, w in self.columns:
+            size = n * w * torch.empty(0, dtype=d).element_size()
+            out.append(buf[off:off + size].view(d).view(n, w) if size else torch.empty(0, w, dtype=d,
+                                                                                        device=buf.device))
+            off += _pad16(size)
+        return out
+
+
+def _pad16(x: int) -> int:
+    return (x + 15) // 16 * 16
+
+
+@dataclass(frozen=True)
+class M2NConfig:
+    """One endpoint's view of the group.
+
+    Attributes:
+        rank: this endpoint's index in ``addresses``.
+        addresses: the control inbox of every rank (``ipc:///path`` or ``tcp://host:port``), fixed at launch.
+        max_rows: the most rows one message carries (sizes the registered buffers).
+        slots: send-ring depth per peer: at most this many messages to one peer may be unconsumed at once
+            (in dispatch/combine every message is answered before its slot comes round again).
+        device: where rows live (``cpu`` or ``cuda:N``).
+        timeout_s: a receive waiting longer raises TimeoutError (a dead peer never hangs the caller).
+    """
+
+    rank: int
+    addresses: tuple[str, ...]
+    max_rows: int
+    slots: int = 4
+    device: str = "cpu"
+    timeout_s: float = 60.0
+
+    def __post_init__(self):
+        if not 0 <= self.rank < len(self.addresses):
+            raise ValueError(f"M2N rank={self.rank} outside [0, {len(self.addresses)})")
+        if self.max_rows < 1 or self.slots < 1 or self.timeout_s <= 0:
+            raise ValueError(f"M2N max_rows={self.max_rows}, slots={self.slots} must be >= 1 and timeout_s > 0")
+
+
+@dataclass
+class Message:
+    """A received message: ``src`` rank, ``meta`` (ints), ``tensors`` (views into the receive buffer, valid until
+    the next receive from the same endpoint unless copied)."""
+
+    src: int
+    meta: tuple[int, ...]
+    tensors: list[torch.Tensor]
+
+
+class PayloadTransport(ABC):
+    """Moves a packed payload from the sender's registered send slot to the receiver's registered receive
+    buffer. ``inline`` transports return the bytes to ship with the header; pull/push transports return None
+    and move them themselves (stream-ordered on GPU)."""
+
+    name = "abstract"
+
+    def attach(self, endpoint: "M2NEndpoint") -> None:
+        """Called once when the endpoint has allocated its buffers (register them, exchange handles)."""
+
+    @abstractmethod
+    def post_send(self, peer: int, slot: int, view: torch.Tensor) -> Optional[bytes]:
+        """Start moving ``view`` (uint8, a prefix of send slot ``slot`` to ``peer``); returns inline bytes or None."""
+
+    @abstractmethod
+    def complete_recv(self, src: int, slot: int, nbytes: int, inline: Optional[bytes], out: torch.Tensor) -> None:
+        """Land the payload of a message whose header arrived into ``out`` (uint8, ``nbytes`` long), stream-ordered
+        (on GPU the caller's current stream sees the data)."""
+
+    def wait_send_slot(self, peer: int, slot: int) -> None:
+        """Block until send slot ``slot`` to ``peer`` may be overwritten (default: at once)."""
+
+    def on_control(self, frames) -> None:
+        """A transport message (kind other than data/close) arrived, e.g. a peer's registered-buffer handles
+        (default: ignored)."""
+
+    def close(self) -> None:
+        """Release transport resources."""
+
+
+class M2NEndpoint:
+    """One rank of an M2N group (see the module docstring).
+
+    Args:
+        config: :class:`M2NConfig`.
+        layout: the :class:`RowLayout` of data messages this endpoint sends.
+        recv_layout: the :class:`RowLayout` of the data messages it receives (default: ``layout``).
+        transport: the :class:`PayloadTransport` (default :class:`~sgl_kernel.m2n.zmq_transport.InlineTransport`).
+        alive: optional ``() -> bool`` polled while waiting (False: raise ConnectionError at once).
+    Raises:
+        ValueError: bad config.
+    """
+
+    def __init__(self, config: M2NConfig, layout: RowLayout, recv_layout: Optional[RowLayout] = None,
+                 transport: Optional[PayloadTransport] = None, alive: Optional[Callable[[], bool]] = None):
+        import zmq
+
+        from sgl_kernel.m2n.zmq_transport import InlineTransport
+
+        self.config, self.layout = config, layout
+        self.recv_layout = recv_layout or layout
+        self.rank, self.world = config.rank, len(config.addresses)
+        self.device = torch.device(config.device)
+        self.alive = alive
+        cap_send = layout.nbytes(config.max_rows)
+        cap_recv = self.recv_layout.nbytes(config.max_rows)
+        # persistent registered buffers: a send ring per peer, one receive buffer
+        self.send_bufs = torch.empty(self.world, config.slots, cap_send, dtype=torch.uint8, device=self.device)
+        self.recv_buf = torch.empty(cap_recv, dtype=torch.uint8, device=self.device)
+        self._seq = np.zeros(self.world, dtype=np.int64)
+        self._ctx = zmq.Context(1)
+        self._inbox = self._ctx.socket(zmq.PULL)
+        self._inbox.setsockopt(zmq.LINGER, 0)
+        self._inbox.bind(config.addresses[config.rank])
+        self._out: dict[int, object] = {}
+        self._poller = zmq.Poller()
+        self._poller.register(self._inbox, zmq.POLLIN)
+        self.transport = transport or InlineTransport()
+        self.transport.attach(self)
+        self.closed = False
+
+    # ---- sockets ---------------------------------------------------------------------------------------
+    def _sock(self, peer: int):
+        import zmq
+
+        s = self._out.get(peer)
+        if s is None:
+            s = self._ctx.socket(zmq.PUSH)
+            s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.SNDHWM, 0)
+            s.connect(self.config.addresses[peer])
+            self._out[peer] = s
+        return s
+
+    def send_control(self, peer: int, frames: Sequence[bytes]) -> None:
+        """Send raw frames to ``peer``'s inbox (transports use it for handle exchange)."""
+        self._sock(peer).send_multipart(list(frames), copy=False)
+
+    # ---- data ------------------------------------------------------------------------------------------
+    def send(self, peer: int, tensors: Sequence[torch.Tensor], meta: Sequence[int] = ()) -> None:
+        """Send ``n`` rows (``tensors`` per :attr:`layout`, on :attr:`device`) and ``meta`` (<= META_LEN ints) to
+        ``peer``. Returns once the payload is packed into the persistent send slot and posted (asynchronous on GPU).
+
+        Raises:
+            ValueError: bad peer, shapes, too many rows or meta values.
+        """
+        if not 0 <= peer < self.world:
+            raise ValueError(f"peer={peer} outside [0, {self.world})")
+        if len(meta) > META_LEN:
+            raise ValueError(f"meta has {len(meta)} values; at most {META_LEN}")
+        n = int(tensors[0].shape[0])
+        if n > self.config.max_rows:
+            raise ValueError(f"{n} rows exceed max_rows={self.config.max_rows}")
+        seq = int(self._seq[peer])
+        self._seq[peer] += 1
+        slot = seq % self.config.slots
+        self.transport.wait_send_slot(peer, slot)
+        nbytes = self.layout.pack(self.send_bufs[peer, slot], tensors)
+        inline = self.transport.post_send(peer, slot, self.send_bufs[peer, slot, :nbytes])
+        header = np.zeros(HEADER_LEN, dtype=np.int64)
+        header[:6] = (KIND_DATA, self.rank, n, slot, seq, nbytes)
+        header[6:6 + len(meta)] = list(meta)
+        frames = [header.tobytes()] + ([inline] if inline is not None else [])
+        self._sock(peer).send_multipart(frames, copy=False)
+
+    def poll(self, timeout_ms: int) -> bool:
+        """True when a message is waiting (waits up to ``timeout_ms``)."""
+        return bool(self._poller.poll(timeout_ms))
+
+    def recv(self, timeout_s: Optional[float] = None) -> Message:
+        """The next message from any peer, its payload landed in the receive buffer (views: copy them before the
+        next ``recv``).
+
+        Raises:
+            TimeoutError: nothing within ``timeout_s`` (default ``config.timeout_s``).
+            ConnectionError: ``alive()`` turned False while waiting, or a peer closed the group.
+        """
+        deadline = time.monotonic() + (self.config.timeout_s if timeout_s is None else timeout_s)
+        while True:
+            if self.poll(50):
+                frames = self._inbox.recv_multipart(copy=False)
+                header = np.frombuffer(frames[0].buffer, dtype=np.int64)
+                kind = int(header[0])
+                if kind == KIND_CLOSE:
+                    raise ConnectionError(f"M2N peer {int(header[1])} closed the group")
+                if kind != KIND_DATA:  # a transport's own message (e.g. CUDA IPC handles)
+                    self.transport.on_control(frames)
+                    continue
+                src, n, slot, _seq, nbytes = (int(v) for v in header[1:6])
+                out = self.recv_buf[:nbytes]
+                self.transport.complete_recv(src, slot, nbytes, frames[1].buffer if len(frames) > 1 else None, out)
+                meta = tuple(int(v) for v in header[6:6 + META_LEN])
+                return Message(src, meta, self.recv_layout.unpack(self.recv_buf, n))
+            if self.alive is not None and not self.alive():
+                raise ConnectionError("M2N: the peer group is gone (liveness check failed)")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"M2N rank {self.rank}: no message within "
+                                   f"{self.config.timeout_s if timeout_s is None else timeout_s:.1f} s")
+
+    def close(self, notify: Sequence[int] = ()) -> None:
+        """Tell ``notify`` peers the group is closing (their ``recv`` raises ConnectionError) and free the sockets."""
+        if self.closed:
+            return
+        self.closed = True
+        header = np.zeros(HEADER_LEN, dtype=np.int64)
+        header[:2] = (KIND_CLOSE, self.rank)
+        for p in notify:
+            try:
+                self._sock(p).send(header.tobytes())
+            except Exception:  # a peer already gone
+                pass
+        self.transport.close()
+        for s in self._out.values():
+            s.close(linger=200 if notify else 0)  # let the close notices go out
+        self._inbox.close(0)
+        self._ctx.term()

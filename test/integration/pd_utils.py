@@ -1,0 +1,75 @@
+"""Helpers for the prefill/decode disaggregation tests: a prefill server, a decode server and the mini_lb
+router as separate processes (stopped without orphans)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from typing import Optional
+
+import requests
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from server_utils import ENV, ServerProcess, free_port  # noqa: E402
+
+FAST = ["--device", "cpu", "--max-total-tokens", "2048", "--max-running-requests", "8",
+        "--disaggregation-transfer-backend", "fake", "--disaggregation-verify"]
+
+
+def pd_args(mode: str, model: str, extra: Optional[list[str]] = None, bootstrap_port: Optional[int] = None,
+            timeouts: float = 20.0) -> list[str]:
+    """launch_server arguments of one side."""
+    args = ["--model-path", model, *FAST, "--disaggregation-mode", mode,
+            "--disaggregation-bootstrap-timeout", str(timeouts), "--disaggregation-transfer-timeout", str(timeouts),
+            "--disaggregation-heartbeat-timeout", "3", "--disaggregation-heartbeat-interval", "0.5"]
+    if mode == "prefill":
+        args += ["--disaggregation-bootstrap-port", str(bootstrap_port or free_port())]
+    return args + list(extra or [])
+
+
+class Router:
+    """``python -m sglang.srt.disaggregation.mini_lb`` on a free port."""
+
+    def __init__(self, prefill: list[str], decode: list[str], extra: Optional[list[str]] = None,
+                 timeout: float = 60.0):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = f"/tmp/sglang-test-router-{self.port}.log"
+        self._log = open(self.log_path, "w")
+        cmd = [sys.executable, "-m", "sglang.srt.disaggregation.mini_lb", "--port", str(self.port)]
+        if prefill:
+            cmd += ["--prefill", *prefill]
+        if decode:
+            cmd += ["--decode", *decode]
+        self.proc = subprocess.Popen(cmd + list(extra or []), stdout=self._log, stderr=subprocess.STDOUT, env=ENV)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"router exited {self.proc.returncode}:\n{open(self.log_path).read()[-3000:]}")
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise RuntimeError("router not healthy")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()
+
+
+def kv_in_use(server: ServerProcess) -> int:
+    """KV slots held by requests (not free and not reclaimable from the prefix cache)."""
+    st = server.internal_state()
+    return st["max_total_tokens"] - st["available_tokens"] - st["evictable_tokens"]

@@ -1,0 +1,72 @@
+"""Heterogeneous prefill/decode: prefill TP != decode TP (1->2 and 2->1, gloo ranks on CPU) and different page
+sizes (1 and 16) on the two sides. Each decode rank reads exactly its KV heads from the prefill ranks that
+hold them (strided ranges, no staging); the output equals the aggregated TP=1 server token for token and
+``--disaggregation-verify`` checksums every request's KV per (layer, K/V, head)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import requests
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+from conftest import shared_path  # noqa: E402
+from pd_utils import FAST, Router, kv_in_use, pd_args  # noqa: E402
+from server_utils import ServerProcess  # noqa: E402
+
+pytestmark = pytest.mark.timeout(900)
+
+PROMPTS = ["Once upon a time", "Lily and Tom went to the park. They saw a big red ball and a little"]
+GREEDY = {"max_new_tokens": 24, "temperature": 0.0}
+
+
+@pytest.fixture(scope="module")
+def model():
+    path = shared_path("models", "stories260K")
+    if path is None or not os.path.isdir(path):
+        pytest.skip("stories260K is not in the shared data folder")
+    return path
+
+
+@pytest.fixture(scope="module")
+def expected(model):
+    agg = ServerProcess(["--model-path", model, *FAST[:6]])
+    try:
+        return [requests.post(agg.url + "/generate", json={"text": p, "sampling_params": GREEDY},
+                              timeout=120).json()["output_ids"] for p in PROMPTS]
+    finally:
+        agg.stop()
+
+
+@pytest.mark.parametrize("p_tp,p_page,d_tp,d_page,mode", [
+    (1, 1, 2, 16, "pull"),
+    (2, 16, 1, 1, "pull"),
+    (2, 1, 1, 16, "push"),
+], ids=["tp1p1-to-tp2p16-pull", "tp2p16-to-tp1p1-pull", "tp2p1-to-tp1p16-push"])
+def test_hetero_tp_and_page_size(model, expected, p_tp, p_page, d_tp, d_page, mode):
+    m = ["--disaggregation-transfer-mode", mode]
+    servers = []
+    try:
+        prefill = ServerProcess(pd_args("prefill", model, ["--tp", str(p_tp), "--page-size", str(p_page), *m]), timeout=600)
+        servers.append(prefill)
+        decode = ServerProcess(pd_args("decode", model, ["--tp", str(d_tp), "--page-size", str(d_page), *m]), timeout=600)
+        servers.append(decode)
+        router = Router([prefill.url], [decode.url])
+        try:
+            outs = requests.post(router.url + "/generate", json={"text": PROMPTS, "sampling_params": GREEDY},
+                                 timeout=300)
+            assert outs.status_code == 200, outs.text
+            got = [o["output_ids"] for o in outs.json()]
+            assert got == expected
+            for o in outs.json():
+                assert o["meta_info"]["disaggregation"]["transfer_bytes"] > 0
+        finally:
+            router.stop()
+        assert kv_in_use(prefill) == 0 and kv_in_use(decode) == 0
+    finally:
+        for s in servers:
+            s.stop()

@@ -1,0 +1,27 @@
+"""bench_afd.py smoke on CPU: both modes run end to end and write a results file with the date, hardware,
+command, the decode table (colocated vs AFD per worker, measured m bound) and the M2N latency table."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "benchmark"))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from conftest import shared_path  # noqa: E402
+
+
+def test_bench_afd_smoke_writes_both_tables(tmp_path):
+    import bench_afd
+
+    path = shared_path("models", "stories260K-moe")
+    out = bench_afd.main(["--smoke", "--model-path", path, "--results-dir", str(tmp_path)])
+    text = out.read_text()
+    assert "- hardware: CPU" in text and "- command:" in text and "- date:" in text
+    assert "| colocated | 1 |" in text and "| AFD m=2, 1 attention + 2 FFN | 3 |" in text
+    assert "m >= 2(1+Tc/Tf) =" in text
+    for kb in (32, 512):
+        assert f"| {kb} | " in text
+    assert "gloo send/recv median us" in text

@@ -1,0 +1,110 @@
+"""Server-side pieces of PD disaggregation, without servers: the slot planner's byte copies equal direct tensor
+indexing for any TP split / page size / slot lists (property test, executed with ctypes memmove between two
+real KV pools), KV head ranges, the coalescing rule (merge only when both sides continue), room derivation
+for n > 1, the bootstrap request fields' validation, the control messages' wire form and the flags."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang.srt.disaggregation.messages import RoomFailed, RoomReady, decode_control, encode_control
+from sglang.srt.disaggregation.rooms import derive_room
+from sglang.srt.disaggregation.slot_plan import copies_by_layer, kv_head_range, plan_slot_copies
+from sglang.srt.managers.generate_req import GenerateReqInput
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+from sglang.srt.server_args import ServerArgs
+
+LAYERS, HEADS, HD = 3, 4, 8
+
+
+def _pool(tp: int, page: int, slots: int = 64) -> MHATokenToKVPool:
+    return MHATokenToKVPool(slots, page, torch.float32, HEADS // tp if tp <= HEADS else 1, HD, LAYERS, "cpu")
+
+
+def test_kv_head_range():
+    assert [kv_head_range(r, 2, 4) for r in range(2)] == [(0, 2), (2, 4)]
+    assert [kv_head_range(r, 8, 4) for r in range(8)] == [(r // 2, r // 2 + 1) for r in range(8)]
+    with pytest.raises(ValueError):
+        kv_head_range(2, 2, 4)
+    with pytest.raises(ValueError):
+        kv_head_range(0, 3, 4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(p_tp=st.sampled_from([1, 2, 4]), d_tp=st.sampled_from([1, 2, 4]), p_page=st.sampled_from([1, 4, 16]),
+       d_page=st.sampled_from([1, 4, 16]), n=st.integers(1, 30), seed=st.integers(0, 1000))
+def test_copies_equal_direct_indexing(p_tp, d_tp, p_page, d_page, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    full = torch.randn(LAYERS, 2, n, HEADS, HD, generator=g)  # the prompt's KV of all heads
+    src_pools = [_pool(p_tp, p_page) for _ in range(p_tp)]
+    dst_pools = [_pool(d_tp, d_page) for _ in range(d_tp)]
+    src_slots = (torch.randperm(60, generator=g)[:n] + p_page).tolist()  # any slots past the dummy page
+    dst_slots = (torch.randperm(60, generator=g)[:n] + d_page).tolist()
+    for r, pool in enumerate(src_pools):
+        lo, hi = kv_head_range(r, p_tp, HEADS)
+        pool.kv_data[:, :, src_slots] = full[:, :, :, lo:hi]
+    for d, dpool in enumerate(dst_pools):
+        dh = kv_head_range(d, d_tp, HEADS)
+        for r, spool in enumerate(src_pools):
+            for s_addr, d_addr, nbytes in plan_slot_copies(spool.describe(), kv_head_range(r, p_tp, HEADS),
+                                                           src_slots, dpool.describe(), dh, dst_slots).tolist():
+                ctypes.memmove(d_addr, s_addr, nbytes)
+        torch.testing.assert_close(dpool.kv_data[:, :, dst_slots], full[:, :, :, dh[0]:dh[1]], rtol=0, atol=0)
+
+
+def test_coalescing_needs_both_sides_contiguous():
+    src, dst = _pool(1, 1), _pool(1, 1)
+    both = plan_slot_copies(src.describe(), (0, 4), [5, 6, 7], dst.describe(), (0, 4), [9, 10, 11])
+    assert len(both) == LAYERS * 2  # one range per (layer, K/V)
+    only_src = plan_slot_copies(src.describe(), (0, 4), [5, 6, 7], dst.describe(), (0, 4), [9, 11, 12])
+    assert len(only_src) == LAYERS * 2 * 2
+    half = plan_slot_copies(src.describe(), (0, 4), [5, 6, 7], _pool(2, 1).describe(), (2, 4), [9, 10, 11])
+    assert len(half) == LAYERS * 2 * 3  # a head sub-range of the source is strided: one range per token
+    assert set(half[:, 2].tolist()) == {2 * HD * 4}
+    per_layer = copies_by_layer(both, src.describe())
+    assert [len(x) for x in per_layer] == [2] * LAYERS
+    assert plan_slot_copies(src.describe(), (0, 2), [5], dst.describe(), (2, 4), [9]).shape == (0, 3)
+    with pytest.raises(ValueError):
+        plan_slot_copies(src.describe(), (0, 4), [5, 6], dst.describe(), (0, 4), [9])
+    with pytest.raises(ValueError):
+        plan_slot_copies(src.describe(), (0, 4), [10_000], dst.describe(), (0, 4), [9])
+
+
+def test_derive_room_and_bootstrap_fields():
+    assert derive_room(123, 0) == 123
+    rooms = {derive_room(123, j) for j in range(100)}
+    assert len(rooms) == 100 and all(0 <= r < 2 ** 63 for r in rooms)
+    reqs = GenerateReqInput(text="hi", sampling_params={"n": 3}, bootstrap_host="h", bootstrap_port=8998,
+                            bootstrap_room=7).normalize()
+    assert [r.bootstrap_room for r in reqs] == [7, derive_room(7, 1), derive_room(7, 2)]
+    assert {r.bootstrap_host for r in reqs} == {"h"}
+    batch = GenerateReqInput(text=["a", "b"], bootstrap_room=[1, 2], bootstrap_host="h", bootstrap_port=1).normalize()
+    assert [r.bootstrap_room for r in batch] == [1, 2]
+    for bad in ({"bootstrap_room": -1}, {"bootstrap_room": "x"}, {"bootstrap_port": 0}):
+        with pytest.raises(ValueError, match=list(bad)[0]):
+            GenerateReqInput(text="hi", **bad).normalize()
+    with pytest.raises(ValueError, match="bootstrap_room"):
+        GenerateReqInput(text=["a", "b"], bootstrap_room=3).normalize()
+    assert GenerateReqInput.from_dict({"text": "x", "bootstrap_host": "h"}).bootstrap_host == "h"
+
+
+def test_control_messages_roundtrip():
+    m = RoomReady(room=5, slots=[1, 2], first_token=9, output_logprob=(-0.5, 9), checksums=[1, 2, 3])
+    assert decode_control(encode_control(m)) == m
+    f = RoomFailed(room=5, reason="x", local=True)
+    assert decode_control(encode_control(f)) == f
+
+
+def test_flags_validated():
+    assert ServerArgs().disaggregation_bootstrap_port == 8998
+    for kw, flag in [({"disaggregation_mode": "x"}, "disaggregation-mode"),
+                     ({"disaggregation_transfer_backend": "ucx"}, "disaggregation-transfer-backend"),
+                     ({"disaggregation_transfer_mode": "both"}, "disaggregation-transfer-mode"),
+                     ({"disaggregation_heartbeat_timeout": 0}, "disaggregation-heartbeat-timeout")]:
+        with pytest.raises(ValueError, match=flag):
+            ServerArgs(**kw)

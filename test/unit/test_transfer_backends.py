@@ -1,0 +1,140 @@
+"""Transfer backends across two real processes (nixl when it imports, and fake): one-sided reads of random
+non-contiguous ranges return the source bytes, writes land, notifications flow both ways, and a peer that
+dies or freezes mid-transfer turns transfers into FAILED within the timeout, never a hang."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from sglang.srt.disaggregation.transfer import (MemRegion, ReadOp, TransferConfig, TransferError, TransferState,
+                                                make_transfer_backend)
+from sglang.srt.disaggregation.transfer.base import nixl_available
+from transfer_peer import Peer, peer_buffer
+
+pytestmark = pytest.mark.timeout(300)  # a hang fails the test instead of CI
+NBYTES = 1 << 20
+_NIXL_OK, _NIXL_WHY = nixl_available()
+BACKENDS = ["fake", pytest.param("nixl", marks=pytest.mark.skipif(not _NIXL_OK, reason=f"nixl: {_NIXL_WHY}"))]
+
+
+def _random_ops(rng, remote_base, local_base, n, nbytes=NBYTES):
+    """``n`` non-overlapping ranges at random offsets on both sides (random order, random sizes)."""
+    cuts = np.sort(rng.choice(np.arange(1, nbytes // 64), 2 * n, replace=False)) * 64
+    spans = [(int(a), int(b - a)) for a, b in zip(cuts[0::2], cuts[1::2])]
+    ops, off = [], 0
+    for i in rng.permutation(len(spans)):  # packed locally in a shuffled order, with 64-byte gaps
+        a, s = spans[i]
+        ops.append(ReadOp(remote_base + a, local_base + off, s))
+        off += s + 64
+    assert off <= nbytes
+    return ops
+
+
+def _pair(backend):
+    peer = Peer(backend, "prefill0", seed=7, nbytes=NBYTES, timeout_s=2.0)
+    me = make_transfer_backend(backend, "decode0", TransferConfig(transfer_timeout_s=2.0, connect_timeout_s=2.0))
+    local = np.zeros(NBYTES, dtype=np.uint8)
+    me.register([MemRegion(local.ctypes.data, NBYTES, "cpu")])
+    me.connect("prefill0", peer.metadata)
+    me.connect("prefill0", peer.metadata)  # idempotent
+    peer.call("connect", "decode0", me.local_metadata())
+    return backend, peer, me, local
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def setup(request):
+    """One live pair per backend, shared by the non-destructive tests (agent start-up is slow)."""
+    pair = _pair(request.param)
+    yield pair
+    pair[2].close()
+    pair[1].stop()
+
+
+@pytest.fixture(params=BACKENDS)
+def fresh(request):
+    pair = _pair(request.param)
+    yield pair
+    pair[2].close()
+    pair[1].stop()
+
+
+def test_read_noncontiguous_equals_source(setup):
+    backend, peer, me, local = setup
+    src = peer_buffer(7, NBYTES)
+    rng = np.random.default_rng(1)
+    for rnd in range(3):
+        local[:] = 0
+        ops = _random_ops(rng, peer.src_addr, local.ctypes.data, n=50)
+        h = me.read("prefill0", ops, notif=b"COMPLETE:%d" % rnd)
+        assert me.wait(h, 10) is TransferState.DONE, h.error
+        assert h.nbytes == sum(o.nbytes for o in ops) and h.num_ops == 50
+        for o in ops:
+            lo, ro = o.local_addr - local.ctypes.data, o.remote_addr - peer.src_addr
+            assert np.array_equal(local[lo:lo + o.nbytes], src[ro:ro + o.nbytes])
+        assert peer.call("notifs", 5.0, 1) == {"decode0": [b"COMPLETE:%d" % rnd]}  # notif after the data
+
+
+def test_write_mode_and_notifs(setup):
+    backend, peer, me, local = setup
+    local[:] = np.random.default_rng(3).integers(0, 256, NBYTES, dtype=np.uint8)
+    ops = _random_ops(np.random.default_rng(4), peer.scratch_addr, local.ctypes.data, n=20)
+    h = me.write("prefill0", np.array([(o.remote_addr, o.local_addr, o.nbytes) for o in ops]), notif=b"W")
+    assert me.wait(h, 10) is TransferState.DONE, h.error
+    assert peer.call("notifs", 5.0, 1) == {"decode0": [b"W"]}
+    for o in ops:
+        lo = o.local_addr - local.ctypes.data
+        assert peer.call("peek", o.remote_addr - peer.scratch_addr, o.nbytes) == local[lo:lo + o.nbytes].tobytes()
+    me.send_notif("prefill0", b"C|1")
+    me.send_notif("prefill0", b"C|2")
+    assert peer.call("notifs", 5.0, 2) == {"decode0": [b"C|1", b"C|2"]}  # in order
+    peer.call("send_notif", "decode0", b"A|1")
+    got, end = {}, time.monotonic() + 5
+    while not got and time.monotonic() < end:
+        got = me.get_notifs()
+        time.sleep(0.005)
+    assert got == {"prefill0": [b"A|1"]}
+
+
+def test_bad_requests_rejected(setup):
+    backend, peer, me, local = setup
+    with pytest.raises(ValueError, match="registered"):
+        me.read("prefill0", [ReadOp(peer.src_addr, 12345, 8)])
+    with pytest.raises(ValueError, match="empty"):
+        me.read("prefill0", [])
+    with pytest.raises(TransferError, match="unknown peer"):
+        me.read("nobody", [ReadOp(peer.src_addr, local.ctypes.data, 8)])
+    with pytest.raises(TransferError):
+        me.connect("other", peer.metadata)  # metadata names prefill0
+    if backend == "fake":  # the fake target checks remote ranges; nixl/UCX rejects them at post
+        h = me.read("prefill0", [ReadOp(16, local.ctypes.data, 8)])
+        assert me.wait(h, 10) is TransferState.FAILED and "registered" in h.error
+    with pytest.raises(ValueError):
+        make_transfer_backend("rdma", "x")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP])
+def test_peer_dies_mid_transfer_fails_closed(fresh, sig):
+    """Reads in flight when the peer is SIGKILLed/SIGSTOPped end DONE or FAILED within the timeout; later
+    reads of a dead peer are FAILED. (A stopped peer can still be read one-sidedly by nixl: DONE is fine.)"""
+    backend, peer, me, local = fresh
+    ops = [ReadOp(peer.src_addr + i * 4096, local.ctypes.data + i * 4096, 2048) for i in range(NBYTES // 4096)]
+    handles = [me.read("prefill0", ops) for _ in range(4)]
+    os.kill(peer.proc.pid, sig)
+    handles += [me.read("prefill0", ops) for _ in range(4)]
+    t0 = time.monotonic()
+    try:
+        states = [me.wait(h, timeout_s=20) for h in handles]
+        assert time.monotonic() - t0 < 10  # transfer_timeout_s=2 bounds every handle
+        assert all(s in (TransferState.DONE, TransferState.FAILED) for s in states)
+        if sig == signal.SIGKILL or backend == "fake":
+            time.sleep(0.2)
+            late = me.read("prefill0", ops)
+            assert me.wait(late, timeout_s=20) is TransferState.FAILED and late.error
+    finally:
+        if sig == signal.SIGSTOP:
+            os.kill(peer.proc.pid, signal.SIGCONT)
