@@ -17,7 +17,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from conftest import shared_path  # noqa: E402
-from pd_utils import FAST, Router, kv_in_use, pd_args  # noqa: E402
+from pd_utils import AGG, FAST, Router, kv_in_use, pd_args  # noqa: E402
 from server_utils import ServerProcess  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
@@ -40,7 +40,7 @@ def cluster(request):
     extra = ["--disaggregation-transfer-mode", mode]
     servers = []
     try:
-        agg = ServerProcess(["--model-path", model, *FAST[:6]])
+        agg = ServerProcess(["--model-path", model, *AGG])
         servers.append(agg)
         prefill = ServerProcess(pd_args("prefill", model, extra))
         servers.append(prefill)

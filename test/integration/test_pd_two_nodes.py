@@ -18,7 +18,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from conftest import shared_path  # noqa: E402
-from pd_utils import FAST, pd_args  # noqa: E402
+from pd_utils import AGG, FAST, pd_args  # noqa: E402
 from server_utils import ENV, ServerProcess  # noqa: E402
 
 pytestmark = pytest.mark.timeout(900)
@@ -108,7 +108,7 @@ def test_prefill_and_decode_on_two_emulated_nodes(netns):
     model = shared_path("models", "stories260K")
     if model is None or not os.path.isdir(model):
         pytest.skip("stories260K is not in the shared data folder")
-    agg = ServerProcess(["--model-path", model, *FAST[:6]], timeout=600)
+    agg = ServerProcess(["--model-path", model, *AGG], timeout=600)
     try:
         want = [requests.post(agg.url + "/generate", json={"text": p, "sampling_params": GREEDY},
                               timeout=60).json()["output_ids"] for p in PROMPTS]
