@@ -35,8 +35,9 @@ import time
 import requests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = {**os.environ, "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
-       "PYTHONUNBUFFERED": "1"}
+from sglang.srt.utils.nvls_env import apply_nvls_off_env  # noqa: E402
+
+ENV = apply_nvls_off_env({**os.environ, "PYTHONUNBUFFERED": "1"})
 METRICS = ["mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "mean_itl_ms",
            "output_throughput", "request_throughput", "completed"]
 

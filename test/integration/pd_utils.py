@@ -29,7 +29,7 @@ def pd_args(mode: str, model: str, extra: Optional[list[str]] = None, bootstrap_
     """launch_server arguments of one side."""
     args = ["--model-path", model, *FAST, "--disaggregation-mode", mode,
             "--disaggregation-bootstrap-timeout", str(timeouts), "--disaggregation-transfer-timeout", str(timeouts),
-            "--disaggregation-heartbeat-timeout", "3", "--disaggregation-heartbeat-interval", "0.5"]
+            "--disaggregation-heartbeat-timeout", "3", "--disaggregation-heartbeat-interval", "0.5", "--enable-metrics"]
     if mode == "prefill":
         args += ["--disaggregation-bootstrap-port", str(bootstrap_port or free_port())]
     return args + list(extra or [])

@@ -73,6 +73,7 @@ class PrefillServer:
     endpoint: str
     last_seen: float = field(default_factory=now)
     last_ping: float = 0.0
+    forgetting: bool = False
 
 
 class DecodeConnector(BaseConnector):
@@ -184,6 +185,12 @@ class DecodeConnector(BaseConnector):
             if reason is not None and not r.expiring:
                 r.expiring = True
                 self.agent.inject(RoomFailed(r.room, reason, local=True))
+        for key, srv in self.servers.items():  # a silent prefill server is forgotten: the next request naming
+            if t - srv.last_seen > a.disaggregation_heartbeat_timeout and not srv.forgetting:  # it CONNECTs anew
+                busy_rooms = [r for r in self.rooms.values() if r.server == key and r.state != "connect"]
+                if busy_rooms or t - srv.last_seen > 10 * a.disaggregation_heartbeat_timeout:
+                    srv.forgetting = True
+                    self.agent.inject(BootstrapRoute(key[0], key[1], b""))
         busy = {r.server for r in self.rooms.values() if r.state != "connect"}
         for key in busy:
             srv = self.servers.get(key)
@@ -192,8 +199,16 @@ class DecodeConnector(BaseConnector):
                 self.agent.send(srv.endpoint, Heartbeat(self.agent.endpoint))
 
     def _on_route(self, msg: BootstrapRoute) -> None:
-        route = msgspec.json.decode(msg.route)
         key = (msg.host, msg.port)
+        if not msg.route:  # forget a dead prefill server (see _leader_duties)
+            srv = self.servers.pop(key, None)
+            if srv is not None:
+                for info in srv.route["ranks"]:
+                    self.agent.drop_peer(info["agent"])
+                self.agent.forget(srv.endpoint)
+                logger.warning("forgot prefill server %s:%d (silent)", *key)
+            return
+        route = msgspec.json.decode(msg.route)
         self.servers[key] = PrefillServer(route=route, endpoint=route["endpoint"])
         logger.info("connected to prefill server %s:%d (tp %d, control %s)", msg.host, msg.port,
                     route["tp_size"], route["endpoint"])
