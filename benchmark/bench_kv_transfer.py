@@ -260,7 +260,7 @@ def _hardware(device: str) -> str:
                 break
     except OSError:
         pass
-    hw = f"{cpu}, {os.cpu_count()} cores"
+    hw = f"{cpu}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start"
     if device != "cpu":
         import torch
 
@@ -294,7 +294,7 @@ def main(argv=None) -> dict:
     shape = model_shape(args.model_config)
     if args.smoke:
         shape = dict(num_hidden_layers=2, num_key_value_heads=2, head_dim=64, source="smoke shape")
-        args.block_kb, args.blocks, args.reps = [1, 4], [16, 64], 2
+        args.block_kb, args.blocks, args.reps = [4], [16, 64], 2
     rng = np.random.default_rng(args.seed)
     token_bytes = shape["num_key_value_heads"] * shape["head_dim"] * 2
     print(f"# KV layout: {shape['num_hidden_layers']} layers x {shape['num_key_value_heads']} KV heads x "
