@@ -75,11 +75,12 @@ def _make_pool(shape: dict, page_size: int, n_pages: int, device: str, seed: int
 
 
 def _block_view(data, n_pages_total: int):
-    """Pool bytes as ``[layers * 2 * pages, block_bytes]``: row ``(l * 2 + kv) * pages + p`` is one block."""
+    """Pool as ``int64 [layers * 2 * pages, block_bytes / 8]``: row ``(l * 2 + kv) * pages + p`` is one block.
+    (int64 rows: torch's CPU index_select/index_copy_ on uint8 rows is tens of times slower, which would
+    make the message-passing baseline look worse than it is.)"""
     import torch
 
-    u8 = data.view(torch.uint8)
-    return u8.reshape(data.shape[0] * 2 * n_pages_total, -1)
+    return data.view(torch.int64).reshape(data.shape[0] * 2 * n_pages_total, -1)
 
 
 def _recv(conn, proc, timeout: float = 300.0):
@@ -113,11 +114,11 @@ def _child(conn, backend: str, shape: dict, page_size: int, n_pages_total: int, 
 
     kv, data = _make_pool(shape, page_size, n_pages_total, device, seed=1234)
     blocks = _block_view(data, n_pages_total)
-    staging = torch.empty((max_blocks, blocks.shape[1]), dtype=torch.uint8, device=device)
+    staging = torch.empty((max_blocks, blocks.shape[1]), dtype=torch.int64, device=device)
     agent = make_transfer_backend(backend, "bench-prefill", TransferConfig(transfer_timeout_s=120.0))
     dev = "cpu" if device == "cpu" else f"cuda:{torch.device(device).index or 0}"
     agent.register([MemRegion(data.data_ptr(), data.numel() * data.element_size(), dev),
-                    MemRegion(staging.data_ptr(), staging.numel(), dev)])
+                    MemRegion(staging.data_ptr(), staging.numel() * 8, dev)])
     conn.send((agent.local_metadata(), kv.describe().to_dict(), staging.data_ptr()))
     while True:
         cmd, arg = conn.recv()
@@ -172,11 +173,11 @@ def run_block_size(args, shape, block_kb: int, counts: list[int], rng) -> list[d
         rdesc = KVRegionDescriptor.from_dict(rdesc)
         kv, data = _make_pool(shape, page_size, n_pages_total, args.device, seed=-1)
         blocks = _block_view(data, n_pages_total)
-        staging = torch.empty((max(counts), blocks.shape[1]), dtype=torch.uint8, device=args.device)
+        staging = torch.empty((max(counts), blocks.shape[1]), dtype=torch.int64, device=args.device)
         me = make_transfer_backend(args.backend, "bench-decode", TransferConfig(transfer_timeout_s=120.0))
         dev = "cpu" if args.device == "cpu" else f"cuda:{torch.device(args.device).index or 0}"
         me.register([MemRegion(data.data_ptr(), data.numel() * data.element_size(), dev),
-                     MemRegion(staging.data_ptr(), staging.numel(), dev)])
+                     MemRegion(staging.data_ptr(), staging.numel() * 8, dev)])
         me.connect("bench-prefill", md)
         ldesc = kv.describe()
         sync = (lambda: torch.cuda.synchronize()) if args.device != "cpu" else (lambda: None)
