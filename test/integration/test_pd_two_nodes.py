@@ -124,9 +124,11 @@ def test_prefill_and_decode_on_two_emulated_nodes(netns):
         procs.append(dec)
         wait_healthy(NS_P, f"http://{IP_P}:30000", pre)
         wait_healthy(NS_D, f"http://{IP_D}:30000", dec)
-        # the router sits on the decode node; it reaches the prefill node over the veth pair
+        # the router sits on the decode node; it reaches the prefill node over the veth pair (bootstrap port given
+        # with --prefill-bootstrap-ports here; the other tests let the router learn it from the server)
         lb = NsProcess(NS_D, ["-m", "sglang.srt.disaggregation.mini_lb", "--prefill", f"http://{IP_P}:30000",
-                              "--decode", f"http://{IP_D}:30000", "--host", IP_D, "--port", "8000"], "router")
+                              "--decode", f"http://{IP_D}:30000", "--prefill-bootstrap-ports", "8998",
+                              "--host", IP_D, "--port", "8000"], "router")
         procs.append(lb)
         wait_healthy(NS_D, f"http://{IP_D}:8000", lb, timeout=120)
         code, text = ns_http(NS_D, "POST", f"http://{IP_D}:8000/generate", {"text": PROMPTS, "sampling_params": GREEDY})
