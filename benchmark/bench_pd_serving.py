@@ -5,7 +5,7 @@ mini_lb router (``--disaggregation-transfer-backend``, ``--disaggregation-transf
 ``python -m sglang.bench_serving`` workload (ShareGPT from the shared data folder by default) against each;
 prints a table of TTFT / TPOT / throughput with the ratio router / aggregated, and the transfer share of TTFT
 (mean ``sglang:kv_transfer_seconds`` of the decode server / mean TTFT through the router). Writes
-``benchmark/results/<date>_pd_serving_<mode>.md`` and ``.json`` (date, hardware, command).
+``benchmark/results/<date>_pd_serving_<backend>_<mode>.md`` and ``.json`` (date, hardware, command).
 
 CPU smoke run::
 
@@ -35,8 +35,9 @@ import time
 import requests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = {**os.environ, "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
-       "PYTHONUNBUFFERED": "1"}
+from sglang.srt.utils.nvls_env import apply_nvls_off_env  # noqa: E402
+
+ENV = apply_nvls_off_env({**os.environ, "PYTHONUNBUFFERED": "1"})
 METRICS = ["mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "mean_itl_ms",
            "output_throughput", "request_throughput", "completed"]
 
@@ -186,7 +187,7 @@ def main() -> None:
         lines.append(f"| {m} | {x:.3f} | {y:.3f} | {y / x if x else float('nan'):.3f} |")
     text = "\n".join(lines) + "\n"
     print(text)
-    base = os.path.join(a.out_dir, f"{date}_pd_serving_{a.transfer_mode}")
+    base = os.path.join(a.out_dir, f"{date}_pd_serving_{a.transfer_backend}_{a.transfer_mode}")
     with open(base + ".md", "w") as f:
         f.write(text)
     with open(base + ".json", "w") as f:

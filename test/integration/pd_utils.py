@@ -15,8 +15,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from server_utils import ENV, ServerProcess, free_port  # noqa: E402
 
-FAST = ["--device", "cpu", "--max-total-tokens", "2048", "--max-running-requests", "8",
-        "--disaggregation-transfer-backend", "fake", "--disaggregation-verify"]
+# SGLANG_PD_TEST_DEVICE=cuda SGLANG_PD_TEST_BACKEND=nixl run the same tests on a GPU (scripts/gpu/pd_disaggregation.sh)
+DEVICE = os.environ.get("SGLANG_PD_TEST_DEVICE", "cpu")
+BACKEND = os.environ.get("SGLANG_PD_TEST_BACKEND", "fake")
+_GPU = ["--mem-fraction-static", "0.2"] if DEVICE == "cuda" else []
+FAST = ["--device", DEVICE, "--max-total-tokens", "2048", "--max-running-requests", "8",
+        "--disaggregation-transfer-backend", BACKEND, "--disaggregation-verify", *_GPU]
+AGG = [*FAST[:6], *_GPU]  # the aggregated baseline's flags (no disaggregation flags)
 
 
 def pd_args(mode: str, model: str, extra: Optional[list[str]] = None, bootstrap_port: Optional[int] = None,
@@ -24,7 +29,7 @@ def pd_args(mode: str, model: str, extra: Optional[list[str]] = None, bootstrap_
     """launch_server arguments of one side."""
     args = ["--model-path", model, *FAST, "--disaggregation-mode", mode,
             "--disaggregation-bootstrap-timeout", str(timeouts), "--disaggregation-transfer-timeout", str(timeouts),
-            "--disaggregation-heartbeat-timeout", "3", "--disaggregation-heartbeat-interval", "0.5"]
+            "--disaggregation-heartbeat-timeout", "3", "--disaggregation-heartbeat-interval", "0.5", "--enable-metrics"]
     if mode == "prefill":
         args += ["--disaggregation-bootstrap-port", str(bootstrap_port or free_port())]
     return args + list(extra or [])

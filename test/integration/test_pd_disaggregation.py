@@ -17,7 +17,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from conftest import shared_path  # noqa: E402
-from pd_utils import FAST, Router, kv_in_use, pd_args  # noqa: E402
+from pd_utils import AGG, FAST, Router, kv_in_use, pd_args  # noqa: E402
 from server_utils import ServerProcess  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
@@ -40,7 +40,7 @@ def cluster(request):
     extra = ["--disaggregation-transfer-mode", mode]
     servers = []
     try:
-        agg = ServerProcess(["--model-path", model, *FAST[:6]])
+        agg = ServerProcess(["--model-path", model, *AGG])
         servers.append(agg)
         prefill = ServerProcess(pd_args("prefill", model, extra))
         servers.append(prefill)
@@ -148,3 +148,9 @@ def test_kv_back_to_zero_and_bad_fields(cluster):
     assert kv_in_use(prefill) == 0 and kv_in_use(decode) == 0
     st = decode.internal_state()
     assert st["disagg_rooms_done"] > 0 and st["disagg_open_rooms"] == 0
+    metrics = requests.get(decode.url + "/metrics", timeout=30).text
+    for name in ("sglang:kv_transfer_bytes_total", "sglang:kv_transfer_reads_total", "sglang:kv_transfer_seconds_count",
+                 'sglang:disagg_queue_seconds_count{model_name'):
+        assert name in metrics, name
+    line = next(ln for ln in metrics.splitlines() if ln.startswith("sglang:kv_transfer_bytes_total"))
+    assert float(line.split()[-1]) > 0

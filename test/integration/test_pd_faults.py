@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from conftest import shared_path  # noqa: E402
-from pd_utils import FAST, Router, kv_in_use, pd_args  # noqa: E402
+from pd_utils import AGG, FAST, Router, kv_in_use, pd_args  # noqa: E402
 from server_utils import ServerProcess  # noqa: E402
 
 pytestmark = pytest.mark.timeout(900)
@@ -66,7 +66,7 @@ def test_prefill_killed_with_requests_in_flight(model):
     mode = ["--disaggregation-transfer-mode", "push"]
     servers = []
     try:
-        agg = ServerProcess(["--model-path", model, *FAST[:6]], timeout=600)
+        agg = ServerProcess(["--model-path", model, *AGG], timeout=600)
         servers.append(agg)
         want = requests.post(agg.url + "/generate", json={"text": PROMPT, "sampling_params": GREEDY},
                              timeout=60).json()["output_ids"]

@@ -15,7 +15,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from conftest import shared_path  # noqa: E402
-from pd_utils import FAST, Router, kv_in_use, pd_args  # noqa: E402
+from pd_utils import AGG, FAST, Router, kv_in_use, pd_args  # noqa: E402
 from server_utils import ServerProcess  # noqa: E402
 
 pytestmark = pytest.mark.timeout(900)
@@ -34,7 +34,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def expected(model):
-    agg = ServerProcess(["--model-path", model, *FAST[:6]])
+    agg = ServerProcess(["--model-path", model, *AGG])
     try:
         return [requests.post(agg.url + "/generate", json={"text": p, "sampling_params": GREEDY},
                               timeout=120).json()["output_ids"] for p in PROMPTS]

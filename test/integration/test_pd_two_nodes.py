@@ -18,7 +18,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from conftest import shared_path  # noqa: E402
-from pd_utils import FAST, pd_args  # noqa: E402
+from pd_utils import AGG, FAST, pd_args  # noqa: E402
 from server_utils import ENV, ServerProcess  # noqa: E402
 
 pytestmark = pytest.mark.timeout(900)
@@ -108,7 +108,7 @@ def test_prefill_and_decode_on_two_emulated_nodes(netns):
     model = shared_path("models", "stories260K")
     if model is None or not os.path.isdir(model):
         pytest.skip("stories260K is not in the shared data folder")
-    agg = ServerProcess(["--model-path", model, *FAST[:6]], timeout=600)
+    agg = ServerProcess(["--model-path", model, *AGG], timeout=600)
     try:
         want = [requests.post(agg.url + "/generate", json={"text": p, "sampling_params": GREEDY},
                               timeout=60).json()["output_ids"] for p in PROMPTS]
@@ -124,9 +124,11 @@ def test_prefill_and_decode_on_two_emulated_nodes(netns):
         procs.append(dec)
         wait_healthy(NS_P, f"http://{IP_P}:30000", pre)
         wait_healthy(NS_D, f"http://{IP_D}:30000", dec)
-        # the router sits on the decode node; it reaches the prefill node over the veth pair
+        # the router sits on the decode node; it reaches the prefill node over the veth pair (bootstrap port given
+        # with --prefill-bootstrap-ports here; the other tests let the router learn it from the server)
         lb = NsProcess(NS_D, ["-m", "sglang.srt.disaggregation.mini_lb", "--prefill", f"http://{IP_P}:30000",
-                              "--decode", f"http://{IP_D}:30000", "--host", IP_D, "--port", "8000"], "router")
+                              "--decode", f"http://{IP_D}:30000", "--prefill-bootstrap-ports", "8998",
+                              "--host", IP_D, "--port", "8000"], "router")
         procs.append(lb)
         wait_healthy(NS_D, f"http://{IP_D}:8000", lb, timeout=120)
         code, text = ns_http(NS_D, "POST", f"http://{IP_D}:8000/generate", {"text": PROMPTS, "sampling_params": GREEDY})

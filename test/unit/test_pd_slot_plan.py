@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from sglang.srt.disaggregation.messages import RoomFailed, RoomReady, decode_control, encode_control
 from sglang.srt.disaggregation.rooms import derive_room
-from sglang.srt.disaggregation.slot_plan import copies_by_layer, kv_head_range, plan_slot_copies
+from sglang.srt.disaggregation.slot_plan import assign_sources, copies_by_layer, kv_head_range, plan_slot_copies
 from sglang.srt.managers.generate_req import GenerateReqInput
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang.srt.server_args import ServerArgs
@@ -35,8 +35,18 @@ def test_kv_head_range():
         kv_head_range(0, 3, 4)
 
 
+def test_assign_sources_reads_each_head_once():
+    ranks = [{"rank": r, "head_lo": kv_head_range(r, 8, 4)[0], "head_hi": kv_head_range(r, 8, 4)[1]} for r in range(8)]
+    got = assign_sources(ranks, (0, 4))  # replicated heads: rank 2h holds head h first
+    assert [(i["rank"], h) for i, h in got] == [(0, (0, 1)), (2, (1, 2)), (4, (2, 3)), (6, (3, 4))]
+    two = [{"rank": r, "head_lo": 2 * r, "head_hi": 2 * r + 2} for r in range(2)]
+    assert [(i["rank"], h) for i, h in assign_sources(two, (1, 3))] == [(0, (1, 2)), (1, (2, 3))]
+    with pytest.raises(ValueError, match="held by no"):
+        assign_sources(two[:1], (0, 4))
+
+
 @settings(max_examples=40, deadline=None)
-@given(p_tp=st.sampled_from([1, 2, 4]), d_tp=st.sampled_from([1, 2, 4]), p_page=st.sampled_from([1, 4, 16]),
+@given(p_tp=st.sampled_from([1, 2, 4, 8]), d_tp=st.sampled_from([1, 2, 4, 8]), p_page=st.sampled_from([1, 4, 16]),
        d_page=st.sampled_from([1, 4, 16]), n=st.integers(1, 30), seed=st.integers(0, 1000))
 def test_copies_equal_direct_indexing(p_tp, d_tp, p_page, d_page, n, seed):
     g = torch.Generator().manual_seed(seed)
@@ -48,11 +58,15 @@ def test_copies_equal_direct_indexing(p_tp, d_tp, p_page, d_page, n, seed):
     for r, pool in enumerate(src_pools):
         lo, hi = kv_head_range(r, p_tp, HEADS)
         pool.kv_data[:, :, src_slots] = full[:, :, :, lo:hi]
+    infos = [{"rank": r, "head_lo": kv_head_range(r, p_tp, HEADS)[0], "head_hi": kv_head_range(r, p_tp, HEADS)[1]}
+             for r in range(p_tp)]
     for d, dpool in enumerate(dst_pools):
         dh = kv_head_range(d, d_tp, HEADS)
-        for r, spool in enumerate(src_pools):
-            for s_addr, d_addr, nbytes in plan_slot_copies(spool.describe(), kv_head_range(r, p_tp, HEADS),
-                                                           src_slots, dpool.describe(), dh, dst_slots).tolist():
+        for info, heads in assign_sources(infos, dh):
+            spool = src_pools[info["rank"]]
+            for s_addr, d_addr, nbytes in plan_slot_copies(spool.describe(), (info["head_lo"], info["head_hi"]),
+                                                           src_slots, dpool.describe(), dh, dst_slots,
+                                                           heads=heads).tolist():
                 ctypes.memmove(d_addr, s_addr, nbytes)
         torch.testing.assert_close(dpool.kv_data[:, :, dst_slots], full[:, :, :, dh[0]:dh[1]], rtol=0, atol=0)
 

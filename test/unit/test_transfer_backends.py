@@ -55,7 +55,7 @@ def setup(request):
     pair[1].stop()
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture
 def fresh(request):
     pair = _pair(request.param)
     yield pair
@@ -117,7 +117,13 @@ def test_bad_requests_rejected(setup):
         make_transfer_backend("rdma", "x")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP])
+_NIXL_SKIP = pytest.mark.skipif(not _NIXL_OK, reason=f"nixl: {_NIXL_WHY}")
+
+
+@pytest.mark.parametrize("fresh,sig", [("fake", signal.SIGKILL), ("fake", signal.SIGSTOP),
+                                       pytest.param("nixl", signal.SIGKILL, marks=_NIXL_SKIP),
+                                       pytest.param("nixl", signal.SIGSTOP, marks=_NIXL_SKIP)],
+                         indirect=["fresh"])
 def test_peer_dies_mid_transfer_fails_closed(fresh, sig):
     """Reads in flight when the peer is SIGKILLed/SIGSTOPped end DONE or FAILED within the timeout; later
     reads of a dead peer are FAILED. (A stopped peer can still be read one-sidedly by nixl: DONE is fine.)"""

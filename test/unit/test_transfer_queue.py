@@ -156,3 +156,16 @@ def test_bad_arguments(pair):
         TransferQueue(dec, "copy")
     with pytest.raises(ValueError, match="max_unacked"):
         TransferQueue(dec, "read", max_unacked_completes=0)
+
+
+def test_transfer_package_never_imports_nixl_or_cuda_modules():
+    """The plain server path (contract, fake backend, planner, queue) imports neither nixl nor torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import sglang.srt.disaggregation.transfer as t, sglang.srt.disaggregation.transfer.queue, "
+            "sglang.srt.disaggregation.transfer.kv_plan, sglang.srt.disaggregation.transfer.fake_backend; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('nixl', 'nixl_cu13', 'nixl_cu12', 'torch', "
+            "'triton')]; print(bad); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr

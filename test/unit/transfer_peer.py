@@ -58,7 +58,7 @@ class Peer:
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_main, args=(child, backend, name, seed, nbytes, timeout_s), daemon=True)
         self.proc.start()
-        if not self.conn.poll(60):
+        if not self.conn.poll(180):  # generous: CI machines can be heavily loaded
             self.proc.kill()
             raise RuntimeError(f"transfer peer {name} did not start")
         self.metadata, self.src_addr, self.scratch_addr = self.conn.recv()

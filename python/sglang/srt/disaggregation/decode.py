@@ -35,7 +35,7 @@ from sglang.srt.disaggregation.messages import (
     RoomReady,
     RoomRequest,
 )
-from sglang.srt.disaggregation.slot_plan import plan_slot_copies
+from sglang.srt.disaggregation.slot_plan import assign_sources, plan_slot_copies
 from sglang.srt.mem_cache.kv_descriptor import KVRegionDescriptor
 from sglang.srt.sampling.finish import check_finish
 
@@ -73,6 +73,7 @@ class PrefillServer:
     endpoint: str
     last_seen: float = field(default_factory=now)
     last_ping: float = 0.0
+    forgetting: bool = False
 
 
 class DecodeConnector(BaseConnector):
@@ -184,6 +185,12 @@ class DecodeConnector(BaseConnector):
             if reason is not None and not r.expiring:
                 r.expiring = True
                 self.agent.inject(RoomFailed(r.room, reason, local=True))
+        for key, srv in self.servers.items():  # a silent prefill server is forgotten: the next request naming
+            if t - srv.last_seen > a.disaggregation_heartbeat_timeout and not srv.forgetting:  # it CONNECTs anew
+                busy_rooms = [r for r in self.rooms.values() if r.server == key and r.state != "connect"]
+                if busy_rooms or t - srv.last_seen > 10 * a.disaggregation_heartbeat_timeout:
+                    srv.forgetting = True
+                    self.agent.inject(BootstrapRoute(key[0], key[1], b""))
         busy = {r.server for r in self.rooms.values() if r.state != "connect"}
         for key in busy:
             srv = self.servers.get(key)
@@ -192,8 +199,16 @@ class DecodeConnector(BaseConnector):
                 self.agent.send(srv.endpoint, Heartbeat(self.agent.endpoint))
 
     def _on_route(self, msg: BootstrapRoute) -> None:
-        route = msgspec.json.decode(msg.route)
         key = (msg.host, msg.port)
+        if not msg.route:  # forget a dead prefill server (see _leader_duties)
+            srv = self.servers.pop(key, None)
+            if srv is not None:
+                for info in srv.route["ranks"]:
+                    self.agent.drop_peer(info["agent"])
+                self.agent.forget(srv.endpoint)
+                logger.warning("forgot prefill server %s:%d (silent)", *key)
+            return
+        route = msgspec.json.decode(msg.route)
         self.servers[key] = PrefillServer(route=route, endpoint=route["endpoint"])
         logger.info("connected to prefill server %s:%d (tp %d, control %s)", msg.host, msg.port,
                     route["tp_size"], route["endpoint"])
@@ -205,7 +220,7 @@ class DecodeConnector(BaseConnector):
                 continue
             srv = self.servers[r.server]
             try:
-                for info in self._peer_ranks(srv):
+                for info, _ in self._sources(srv):
                     self.agent.ensure_connected(info)
             except Exception as e:  # noqa: BLE001 - bad metadata fails this request only
                 self._fail(r, f"cannot connect to the prefill ranks of {r.server[0]}:{r.server[1]}: {e}")
@@ -222,10 +237,9 @@ class DecodeConnector(BaseConnector):
             srv.last_seen = max(srv.last_seen, now())
             r.state = "wait_ready"
 
-    def _peer_ranks(self, srv: PrefillServer) -> list[dict]:
-        """The prefill ranks holding some of this rank's KV heads."""
-        lo, hi = self.agent.heads
-        return [i for i in srv.route["ranks"] if i["head_lo"] < hi and lo < i["head_hi"]]
+    def _sources(self, srv: PrefillServer) -> list[tuple[dict, tuple[int, int]]]:
+        """The prefill ranks this rank reads and the global heads from each (a replicated head is read once)."""
+        return assign_sources(srv.route["ranks"], self.agent.heads)
 
     # ---- KV ------------------------------------------------------------------------------------------
     def _alloc(self, r: DecodeRoom) -> bool:
@@ -257,10 +271,10 @@ class DecodeConnector(BaseConnector):
         dst_slots = r.loc.tolist()
         r.t_post = time.monotonic()
         try:
-            for info in self._peer_ranks(srv):
+            for info, heads in self._sources(srv):
                 src = KVRegionDescriptor.from_dict(info["kv"])
                 copies = plan_slot_copies(src, (info["head_lo"], info["head_hi"]), ready.slots,
-                                          self.agent.desc, self.agent.heads, dst_slots)
+                                          self.agent.desc, self.agent.heads, dst_slots, heads=heads)
                 if len(copies):  # rows (prefill address, decode address, nbytes) = (remote, local, nbytes)
                     r.handles.append(self.agent.backend.read(info["agent"], copies))
                     r.reads += len(copies)

@@ -89,7 +89,8 @@ class HeartbeatAck(msgspec.Struct, tag=True):
 
 class BootstrapRoute(msgspec.Struct, tag=True):
     """Decode-internal: the route a decode leader fetched from ``host:port``'s bootstrap server (JSON bytes of
-    ``GET /route``), injected so that every decode rank connects at the same step."""
+    ``GET /route``; empty: forget that server, it went silent), injected so that every decode rank connects
+    (or disconnects) at the same step."""
 
     host: str
     port: int

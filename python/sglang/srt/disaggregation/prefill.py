@@ -29,7 +29,7 @@ from sglang.srt.disaggregation.messages import (
     RoomReady,
     RoomRequest,
 )
-from sglang.srt.disaggregation.slot_plan import plan_slot_copies, copies_by_layer
+from sglang.srt.disaggregation.slot_plan import assign_sources, copies_by_layer, plan_slot_copies
 from sglang.srt.mem_cache.kv_descriptor import KVRegionDescriptor
 
 logger = logging.getLogger(__name__)
@@ -174,8 +174,12 @@ class PrefillConnector(BaseConnector):
             r.push_start = time.monotonic()
             for info in peer.decode_ranks:
                 dst = KVRegionDescriptor.from_dict(info["kv"])
+                mine = [h for src, h in assign_sources(self.agent.ranks, (info["head_lo"], info["head_hi"]))
+                        if src["rank"] == self.agent.tp_rank]  # heads this rank writes to that decode rank
+                if not mine:
+                    continue
                 copies = plan_slot_copies(self.agent.desc, self.agent.heads, slots, dst,
-                                          (info["head_lo"], info["head_hi"]), peer.dst_slots)
+                                          (info["head_lo"], info["head_hi"]), peer.dst_slots, heads=mine[0])
                 if not len(copies):
                     continue
                 name = self.agent.ensure_connected(info)

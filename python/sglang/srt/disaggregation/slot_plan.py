@@ -12,7 +12,7 @@ re-layout). numpy only, no torch.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -40,13 +40,40 @@ def kv_head_range(rank: int, tp_size: int, total_kv_heads: int) -> tuple[int, in
     return h, h + 1
 
 
+def assign_sources(src_ranks: Sequence[dict], dst_heads: tuple[int, int]) -> list[tuple[dict, tuple[int, int]]]:
+    """Which source ranks provide which of the global KV heads ``dst_heads``: each head from the first rank (in
+    rank order) holding it, so a head replicated on several source ranks (TP > KV heads) moves once.
+
+    Args:
+        src_ranks: rank infos with ``"rank"``, ``"head_lo"``, ``"head_hi"`` (as the bootstrap route lists them).
+    Returns:
+        ``[(rank_info, (lo, hi)), ...]`` covering ``dst_heads`` exactly once.
+    Raises:
+        ValueError: some head is held by no source rank.
+    """
+    out: list[tuple[dict, tuple[int, int]]] = []
+    h, hi = dst_heads
+    ranks = sorted(src_ranks, key=lambda i: i["rank"])
+    while h < hi:
+        for info in ranks:
+            if info["head_lo"] <= h < info["head_hi"]:
+                end = min(info["head_hi"], hi)
+                out.append((info, (h, end)))
+                h = end
+                break
+        else:
+            raise ValueError(f"KV head {h} is held by no source rank")
+    return out
+
+
 def plan_slot_copies(src: KVRegionDescriptor, src_heads: tuple[int, int], src_slots: Sequence[int],
-                     dst: KVRegionDescriptor, dst_heads: tuple[int, int], dst_slots: Sequence[int]) -> np.ndarray:
+                     dst: KVRegionDescriptor, dst_heads: tuple[int, int], dst_slots: Sequence[int],
+                     heads: Optional[tuple[int, int]] = None) -> np.ndarray:
     """Byte copies ``int64 [N, 3] = (src_addr, dst_addr, nbytes)`` that move the KV of every layer, K and V, of
     the tokens at ``src_slots[i] -> dst_slots[i]``, for the global KV heads both sides hold.
 
     ``src_heads`` / ``dst_heads``: global head ranges ``[lo, hi)`` of the two regions (local head 0 is
-    global head ``lo``). Rows are layer-major (all of layer 0 first, which push mode writes first), then
+    global head ``lo``); ``heads``: move only these global heads (default: all both hold). Rows are layer-major (all of layer 0 first, which push mode writes first), then
     K/V, then token order, and merged by :func:`~sglang.srt.disaggregation.transfer.kv_plan.coalesce_array`
     when both the source and the destination continue the previous copy (KVDirect sec. 4.2's rule).
     Vectorized (numpy): thousands of tokens x layers cost milliseconds. Empty ``[0, 3]`` when the head
@@ -70,6 +97,8 @@ def plan_slot_copies(src: KVRegionDescriptor, src_heads: tuple[int, int], src_sl
         if d.stride_bytes("head_dim") != d.itemsize or d.stride_bytes("head") != d.size("head_dim") * d.itemsize:
             raise ValueError("plan_slot_copies needs (head, head_dim) dense in each slot on both sides")
     lo, hi = max(src_heads[0], dst_heads[0]), min(src_heads[1], dst_heads[1])
+    if heads is not None:
+        lo, hi = max(lo, heads[0]), min(hi, heads[1])
     if lo >= hi or len(src_slots) == 0:
         return np.zeros((0, 3), dtype=np.int64)
     ss = np.asarray(src_slots, dtype=np.int64)

@@ -113,7 +113,7 @@ class _Peer:
             handle, op, ops = job
             try:
                 self._do(handle, op, ops)
-            except (OSError, ConnectionError, ValueError, msgspec.DecodeError) as e:
+            except Exception as e:  # noqa: BLE001 -- any failure ends this transfer, never the worker thread
                 self._drop()  # the stream may be out of sync; reconnect on the next job
                 self.owner._fail(handle, f"{type(e).__name__}: {e}")
             finally:

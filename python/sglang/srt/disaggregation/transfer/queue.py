@@ -39,6 +39,7 @@ from sglang.srt.disaggregation.transfer.kv_plan import coalesce_array
 logger = logging.getLogger(__name__)
 
 _PREFIX = b"kvd|"
+_MAX_FINISHED = 10_000  # finished requests whose stats are kept until pop_stats (oldest dropped first)
 Room = Union[int, str]
 
 
@@ -335,6 +336,8 @@ class TransferQueue:
             req.stats.done_at = time.monotonic()
         self._reqs.pop(req.stats.room, None)
         self._done_stats[req.stats.room] = req.stats
+        while len(self._done_stats) > _MAX_FINISHED:  # callers pop_stats; bound what they forget
+            self._done_stats.pop(next(iter(self._done_stats)))
 
 
 def checksum_ranges(ranges) -> int:
