@@ -149,3 +149,19 @@ def test_afd_refuses_dense_model():
     cfg.save_pretrained(d)
     with pytest.raises(ValueError, match="needs a MoE model"):
         AfdExecutor(ModelConfig.from_path(d), _topo(1, 1), 0, 2, torch.device("cpu"))
+
+
+def test_afd_flags_are_validated_and_parsed():
+    from sglang.srt.server_args import ServerArgs, prepare_server_args
+
+    for kw, flag in ((dict(afd_micro_batches=0), "afd-micro-batches"), (dict(afd_transport="pigeon"), "afd-transport"),
+                     (dict(afd_attention_workers=2, afd_rebalance_interval=5), "afd-rebalance-interval"),
+                     (dict(enable_tokenweave=True), "enable-tokenweave")):
+        with pytest.raises(ValueError, match=flag):
+            ServerArgs(enable_afd=True, **kw)
+    a = prepare_server_args(["--enable-afd", "--afd-attention-workers", "2", "--afd-ffn-workers", "4",
+                             "--afd-micro-batches", "3", "--afd-timeout-s", "5.5", "--tp", "2"])
+    assert (a.enable_afd, a.afd_attention_workers, a.afd_ffn_workers, a.afd_micro_batches, a.afd_timeout_s,
+            a.tp_size) == (True, 2, 4, 3, 5.5, 2)
+    assert a.disable_cuda_graph and a.chunked_prefill_size == a.afd_max_tokens // 2
+    ServerArgs(afd_micro_batches=0)  # ignored without --enable-afd

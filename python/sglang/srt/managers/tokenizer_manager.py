@@ -340,9 +340,11 @@ class TokenizerManager(TokenizerTextMixin):
                 woke = True
             except asyncio.TimeoutError:
                 woke = False
-            if request is not None and loop.time() - poll[0] >= self.disconnect_poll_s:
+            if loop.time() - poll[0] >= self.disconnect_poll_s:
+                # restart the poll window even without a request (the in-process Engine): otherwise the
+                # timeout stays 0 and wait_for(event.wait(), 0) never sees the event (a busy loop, no wake-up)
                 poll[0] = loop.time()
-                if await request.is_disconnected():
+                if request is not None and await request.is_disconnected():
                     for s in states:
                         if not s.finished:
                             logger.info("client disconnected; aborting request %s", s.req.rid)
