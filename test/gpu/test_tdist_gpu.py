@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
+from sglang.srt.utils.nvls_env import apply_nvls_off_env  # noqa: E402
+
+apply_nvls_off_env(os.environ)
 os.environ.pop("TRITON_INTERPRET", None)
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
