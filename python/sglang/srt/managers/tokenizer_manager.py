@@ -229,7 +229,7 @@ class TokenizerManager(TokenizerTextMixin):
         try:
             for i, p in enumerate(prepared):
                 if not self._closed:
-                    self._send_sock.send(encoded[i])
+                    self._send(p, encoded[i])
                 if self.server_args.log_requests:
                     logger.info("request %s: %d prompt tokens, %s", p.rid, len(p.input_ids), p.sampling_params)
                 if i % 256 == 255:
@@ -423,13 +423,15 @@ class TokenizerManager(TokenizerTextMixin):
                 self._control_futs.pop(key, None)
 
     # -------------------------------------------------------------- receive
-    def _send(self, msg) -> None:
+    def _send(self, msg, data: Optional[bytes] = None) -> None:
+        """Send ``msg`` (``data``: its encoding when already made) to the scheduler, or with several
+        data-parallel schedulers (AFD attention workers) to the one owning its request."""
         if self._closed:
             return
+        data = encode_msg(msg) if data is None else data
         if not self._dp_socks:
-            self._send_sock.send(encode_msg(msg))
+            self._send_sock.send(data)
             return
-        data = encode_msg(msg)
         if isinstance(msg, TokenizedGenerateReqInput):  # data parallel: round robin, remembered for aborts
             idx = self._dp_owner[msg.rid] = self._dp_next % len(self._dp_socks)
             self._dp_next += 1
