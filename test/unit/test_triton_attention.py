@@ -9,6 +9,7 @@ skips (``test/gpu/test_triton_kernels_gpu.py`` runs the compiled kernels), becau
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
@@ -16,6 +17,9 @@ import torch
 if torch.cuda.is_available():
     pytest.skip("CUDA host: the compiled kernels are tested in test/gpu/test_triton_kernels_gpu.py",
                 allow_module_level=True)
+if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.fail("triton was imported (by an earlier-collected test module) before TRITON_INTERPRET=1 was set, so its "
+                "library functions are compiled-mode; import triton lazily in that module", pytrace=False)
 os.environ["TRITON_INTERPRET"] = "1"
 pytest.importorskip("triton")
 

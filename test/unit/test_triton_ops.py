@@ -8,6 +8,7 @@ kernel with explicit split counts. Skips on CUDA hosts (see test/gpu/test_triton
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
@@ -15,6 +16,9 @@ import torch
 if torch.cuda.is_available():
     pytest.skip("CUDA host: the compiled kernels are tested in test/gpu/test_triton_kernels_gpu.py",
                 allow_module_level=True)
+if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.fail("triton was imported (by an earlier-collected test module) before TRITON_INTERPRET=1 was set, so its "
+                "library functions are compiled-mode; import triton lazily in that module", pytrace=False)
 os.environ["TRITON_INTERPRET"] = "1"
 pytest.importorskip("triton")
 

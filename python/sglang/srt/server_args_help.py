@@ -75,6 +75,16 @@ SERVER_ARGS_HELP: dict[str, str] = {
     "tokenweave_min_tokens": "Batches with fewer new tokens run unsplit.",
     "tokenweave_comm_sms": "SM budget of TokenWeave's overlapped communication kernel.",
     "tp_ranks_share_gpu": "Correctness test mode: all TP ranks on one GPU.",
+    # disaggregation (KVDirect) and attention/FFN disaggregation (MegaScale-Infer)
+    "disaggregation_bootstrap_timeout": "Seconds a decode request waits for its prefill peer (connect + KV ready) "
+    "before it fails.",
+    "disaggregation_transfer_timeout": "Seconds one posted KV transfer may take before the request fails.",
+    "disaggregation_heartbeat_interval": "Seconds between heartbeats to peers with open transfers.",
+    "disaggregation_heartbeat_timeout": "Seconds of peer silence after which its transfers fail and their KV is freed.",
+    "afd_max_tokens": "Most tokens of one AFD micro-batch (sizes the M2N registered buffers).",
+    "afd_timeout_s": "Seconds an FFN worker may take to answer; later fails the batch (never a hang).",
+    "afd_redundant_experts": "Replicas of hot experts the expert load balancer may add across the FFN workers.",
+    "afd_rebalance_interval": "Decode steps between expert placement updates (0: static placement).",
     # misc
     "random_seed": "The random seed.",
     "watchdog_timeout": "Set watchdog timeout in seconds. If a forward batch takes longer than this, the server "

@@ -501,5 +501,5 @@ class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
             "num_grammar_queue_reqs": len(self.grammar_queue),
             "overlap_schedule": self.overlap,
             **(self.disagg.internal_state() if self.disagg is not None else {}),
-            **({"afd": self.runner.executor.state()} if hasattr(self.runner.executor, "state") else {}),
+            **({"afd": ex.state()} if hasattr(ex := getattr(self.runner, "executor", None), "state") else {}),
         }
