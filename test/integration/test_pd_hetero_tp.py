@@ -1,7 +1,9 @@
-"""Heterogeneous prefill/decode: prefill TP != decode TP (1->2 and 2->1, gloo ranks on CPU) and different page
-sizes (1 and 16) on the two sides. Each decode rank reads exactly its KV heads from the prefill ranks that
-hold them (strided ranges, no staging); the output equals the aggregated TP=1 server token for token and
-``--disaggregation-verify`` checksums every request's KV per (layer, K/V, head)."""
+"""Heterogeneous prefill/decode: prefill TP != decode TP (1->2, 2->1 and 2->4, gloo ranks on CPU) and different
+page sizes (1 and 16) on the two sides. Each decode rank reads exactly its KV heads from the prefill ranks that
+hold them (strided ranges, no staging) through its TransferQueue (per-token ops coalesced, COMPLETE/ACK over
+the backend's notifications, the prefill KV released on COMPLETE); the output equals the aggregated TP=1
+server token for token, ``--disaggregation-verify`` checksums every request's KV per (layer, K/V, head), and
+KV is back to zero on both sides. stories260K has 4 KV heads: decode TP 4 holds one head per rank."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ pytestmark = pytest.mark.timeout(900)
 
 PROMPTS = ["Once upon a time", "Lily and Tom went to the park. They saw a big red ball and a little"]
 GREEDY = {"max_new_tokens": 24, "temperature": 0.0}
+LAYERS = 5  # stories260K
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +48,9 @@ def expected(model):
 @pytest.mark.parametrize("p_tp,p_page,d_tp,d_page,mode", [
     (1, 1, 2, 16, "pull"),
     (2, 16, 1, 1, "pull"),
+    (2, 1, 4, 16, "pull"),
     (2, 1, 1, 16, "push"),
-], ids=["tp1p1-to-tp2p16-pull", "tp2p16-to-tp1p1-pull", "tp2p1-to-tp1p16-push"])
+], ids=["tp1p1-to-tp2p16-pull", "tp2p16-to-tp1p1-pull", "tp2p1-to-tp4p16-pull", "tp2p1-to-tp1p16-push"])
 def test_hetero_tp_and_page_size(model, expected, p_tp, p_page, d_tp, d_page, mode):
     m = ["--disaggregation-transfer-mode", mode]
     servers = []
@@ -63,7 +67,12 @@ def test_hetero_tp_and_page_size(model, expected, p_tp, p_page, d_tp, d_page, mo
             got = [o["output_ids"] for o in outs.json()]
             assert got == expected
             for o in outs.json():
-                assert o["meta_info"]["disaggregation"]["transfer_bytes"] > 0
+                info = o["meta_info"]["disaggregation"]
+                assert info["transfer_bytes"] > 0
+                if mode == "pull":  # ops per (source rank, layer, K/V, token) of every decode rank; reads coalesced
+                    pairs = max(p_tp, d_tp)  # (prefill rank, decode rank) pairs that share heads (4 KV heads)
+                    assert info["transfer_ops_planned"] == pairs * LAYERS * 2 * o["meta_info"]["prompt_tokens"]
+                    assert pairs * LAYERS * 2 <= info["transfer_reads"] <= info["transfer_ops_planned"]
         finally:
             router.stop()
         assert kv_in_use(prefill) == 0 and kv_in_use(decode) == 0

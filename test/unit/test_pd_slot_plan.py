@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 
 from sglang.srt.disaggregation.messages import RoomFailed, RoomReady, decode_control, encode_control
 from sglang.srt.disaggregation.rooms import derive_room
-from sglang.srt.disaggregation.slot_plan import assign_sources, copies_by_layer, kv_head_range, plan_slot_copies
+from sglang.srt.disaggregation.slot_plan import (assign_sources, copies_by_layer, kv_head_range, plan_slot_copies,
+                                                 readers_of)
+from sglang.srt.disaggregation.transfer.kv_plan import coalesce_array
 from sglang.srt.managers.generate_req import GenerateReqInput
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang.srt.server_args import ServerArgs
@@ -87,6 +89,43 @@ def test_coalescing_needs_both_sides_contiguous():
         plan_slot_copies(src.describe(), (0, 4), [5, 6], dst.describe(), (0, 4), [9])
     with pytest.raises(ValueError):
         plan_slot_copies(src.describe(), (0, 4), [10_000], dst.describe(), (0, 4), [9])
+
+
+def _infos(tp: int) -> list[dict]:
+    return [{"rank": r, "agent": f"a{r}", "head_lo": kv_head_range(r, tp, HEADS)[0],
+             "head_hi": kv_head_range(r, tp, HEADS)[1]} for r in range(tp)]
+
+
+@pytest.mark.parametrize("p_tp,d_tp", [(1, 2), (2, 1), (2, 4), (4, 2), (2, 8), (8, 2), (8, 8)])
+def test_readers_of_matches_assign_sources(p_tp, d_tp):
+    """Whose COMPLETE each prefill rank waits for: exactly the decode ranks that read from it (heads replicated
+    on TP > KV heads are read from their first holder only, so the other holders wait for nobody)."""
+    src, dst = _infos(p_tp), _infos(d_tp)
+    readers = {p: [d["agent"] for d in readers_of(p, src, dst)] for p in range(p_tp)}
+    reads = {p: [] for p in range(p_tp)}
+    for d in dst:
+        for info, _ in assign_sources(src, (d["head_lo"], d["head_hi"])):
+            reads[info["rank"]].append(d["agent"])
+    assert readers == reads
+    assert sorted(a for v in readers.values() for a in v) == sorted(  # every decode rank completes >= once
+        a for d in dst for a in [d["agent"]] * len(assign_sources(src, (d["head_lo"], d["head_hi"]))))
+    if (p_tp, d_tp) == (2, 4):  # decode ranks 0, 1 hold heads 0, 1 (prefill rank 0); 2, 3 hold 2, 3 (rank 1)
+        assert readers == {0: ["a0", "a1"], 1: ["a2", "a3"]}
+    if (p_tp, d_tp) == (8, 2):  # prefill ranks 2h and 2h+1 both hold head h: only 2h is read
+        assert readers == {0: ["a0"], 1: [], 2: ["a0"], 3: [], 4: ["a1"], 5: [], 6: ["a1"], 7: []}
+
+
+def test_uncoalesced_plan_coalesces_to_the_plan():
+    """The pull path hands per-(layer, K/V, token) ops to the TransferQueue, which coalesces them: the result
+    is the coalesced plan, and the op count is layers x 2 x tokens."""
+    src, dst = _pool(1, 1), _pool(2, 16)
+    slots_s, slots_d = [5, 6, 7, 9, 10], [16, 17, 18, 19, 33]
+    raw = plan_slot_copies(src.describe(), (0, 4), slots_s, dst.describe(), (0, 2), slots_d, coalesce=False)
+    assert len(raw) == LAYERS * 2 * len(slots_s)
+    merged = plan_slot_copies(src.describe(), (0, 4), slots_s, dst.describe(), (0, 2), slots_d)
+    assert (coalesce_array(raw) == merged).all()
+    full = plan_slot_copies(src.describe(), (0, 4), slots_s, _pool(1, 16).describe(), (0, 4), slots_d)
+    assert len(full) == LAYERS * 2 * 3  # runs contiguous on both sides: [5-7 -> 16-18], [9 -> 19], [10 -> 33]
 
 
 def test_derive_room_and_bootstrap_fields():

@@ -38,6 +38,9 @@ class DisaggAgent:
     Attributes:
         ranks: per rank of this server ``{"rank", "agent", "metadata" (b64 str), "kv" (descriptor dict),
             "head_lo", "head_hi"}``; endpoint: the leader's control socket (``tcp://host:port``).
+        queue: this rank's :class:`~sglang.srt.disaggregation.transfer.queue.TransferQueue` (KVDirect sec. 4.2)
+            over ``backend``: the decode side posts its pull-mode READs and COMPLETEs through it, the prefill
+            side ACKs COMPLETEs with it; ``progress()`` once per scheduler step.
     Raises:
         ImportError: the nixl backend was asked for but is not installed.
     """
@@ -59,6 +62,10 @@ class DisaggAgent:
         self.backend = make_transfer_backend(server_args.disaggregation_transfer_backend, self.agent_name, cfg)
         self.backend.register([MemRegion(addr=self.desc.base_address, nbytes=self.desc.nbytes,
                                          device=self.desc.device)])
+        from sglang.srt.disaggregation.transfer.queue import TransferQueue
+
+        # the initiator's operation: decode reads (pull), prefill writes (push); either side may be the target
+        self.queue = TransferQueue(self.backend, mode="read" if mode == "decode" else "write")
         self.connected: set[str] = set()
         mine = {"rank": tp_rank, "agent": self.agent_name, "metadata": encode_metadata(self.backend.local_metadata()),
                 "kv": self.desc.to_dict(), "head_lo": self.heads[0], "head_hi": self.heads[1]}

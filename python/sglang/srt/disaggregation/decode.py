@@ -2,11 +2,17 @@
 server named by ``bootstrap_host:bootstrap_port``, then let them decode as if they had prefilled here.
 
 Pull mode (default, KVDirect sec. 4.3): KV is allocated only once the prefill side reports the prompt
-done (``RoomReady``) *and* the pool has room, so decode KV lifetime excludes prefill queuing; the
-decode ranks then post one-sided READs of exactly the KV heads each holds and acknowledge (``RoomAck``)
-after all ranks' reads completed (and verified with ``--disaggregation-verify``).
+done (``RoomReady``) *and* the pool has room, so decode KV lifetime excludes prefill queuing. Each decode
+rank then submits, per prefill rank it reads from, the per-(layer, K/V, token) READs of exactly the KV
+heads it holds plus a COMPLETE to its :class:`~sglang.srt.disaggregation.transfer.queue.TransferQueue`
+(KVDirect sec. 4.2: popped up to the first COMPLETE, coalesced where both sides are contiguous; the
+COMPLETE goes over the transfer backend's notification channel once that rank's reads are done, one
+unacknowledged COMPLETE per peer pair). The prefill ranks ACK it and release the KV on it (prefill.py).
+A room is activated here only when every decode rank's reads are done (agreed; and verified with
+``--disaggregation-verify``).
 Push mode: KV is allocated when the request arrives; the slots travel in ``RoomRequest`` and the
-prefill ranks write into them; ``RoomReady`` then means written.
+prefill ranks write into them; ``RoomReady`` then means written, and ``RoomAck`` (ZMQ) releases the
+prefill KV once the request is activated here.
 
 Faults fail closed: an unreachable bootstrap server or no ``RoomReady`` within
 ``--disaggregation-bootstrap-timeout``, a failed/timed-out transfer, a checksum mismatch or a prefill
@@ -56,11 +62,15 @@ class DecodeRoom:
     ready: Optional[RoomReady] = None
     row: Optional[int] = None
     loc: Any = None  # allocated KV slots (int64 tensor) or None
-    handles: list = field(default_factory=list)
-    reads: int = 0
+    keys: list = field(default_factory=list)  # this rank's TransferQueue requests: "<room>:<prefill rank>"
+    done_keys: set = field(default_factory=set)
+    reads: int = 0  # READs posted after coalescing (this rank; summed over ranks at activation)
+    ops: int = 0  # per-(layer, K/V, token) ops planned before coalescing
     nbytes: int = 0
     t_alloc: float = 0.0
     t_post: float = 0.0
+    t_done: float = 0.0
+    queue_s: float = 0.0
     fail_reason: str = ""
     expiring: bool = False
 
@@ -84,6 +94,7 @@ class DecodeConnector(BaseConnector):
         self.rooms: dict[int, DecodeRoom] = {}
         self.servers: dict[tuple[str, int], PrefillServer] = {}
         self.last_route_try: dict[tuple[str, int], float] = {}
+        self.stats["transfer_ops_planned"] = 0
 
     # ---- scheduler hooks -----------------------------------------------------------------------------
     def intercept(self, req, msg) -> bool:
@@ -117,7 +128,8 @@ class DecodeConnector(BaseConnector):
         return [r.req.rid for r in self.rooms.values()]
 
     def has_work(self) -> bool:
-        return bool(self.rooms)
+        """Open rooms, or COMPLETEs still waiting for a completion slot / an ACK (they must keep flowing)."""
+        return bool(self.rooms) or self.agent.queue.has_pending()
 
     def num_open(self) -> int:
         return len(self.rooms)
@@ -134,7 +146,33 @@ class DecodeConnector(BaseConnector):
             r = self.rooms.get(room)
             if r is not None and r.state == "wait_ready" and r.ready is not None:
                 self._start_transfer(r)
+        self._progress_queue()
         self._poll_transfers()
+
+    def _progress_queue(self) -> None:
+        """Post queued READs, poll them, send COMPLETEs and take ACKs (this rank's TransferQueue); record which
+        of each room's per-prefill-rank requests are done or failed."""
+        for ev in self.agent.queue.progress():
+            room = _room_of(ev.room)
+            r = self.rooms.get(room) if room is not None else None
+            if ev.kind in ("done", "failed"):
+                st = self.agent.queue.pop_stats(ev.room)
+                if r is None or ev.room not in r.keys:
+                    continue
+                if st is not None:
+                    r.reads += st.reads_posted
+                    r.ops += st.ops_planned
+                    r.nbytes += st.bytes
+                    r.queue_s = max(r.queue_s, st.queue_time_s)
+                    r.t_done = max(r.t_done, st.done_at or 0.0)
+                if ev.kind == "done":
+                    r.done_keys.add(ev.room)
+                elif not r.fail_reason:
+                    r.fail_reason = f"KV transfer failed: {ev.detail or 'backend error'}"
+            elif ev.kind == "ack_timeout":  # the data is here already; the prefill side frees by its own timeout
+                logger.warning("prefill agent %s did not ACK the COMPLETE of %s: %s", ev.peer, ev.room, ev.detail)
+            elif ev.kind == "notif":
+                logger.debug("ignoring notification %r from %s", ev.msg, ev.peer)
 
     def _on_message(self, msg) -> None:
         if isinstance(msg, RoomReady):
@@ -271,31 +309,42 @@ class DecodeConnector(BaseConnector):
         dst_slots = r.loc.tolist()
         r.t_post = time.monotonic()
         try:
-            for info, heads in self._sources(srv):
+            plans = []
+            for info, heads in self._sources(srv):  # plan every source first: a bad plan posts nothing
                 src = KVRegionDescriptor.from_dict(info["kv"])
                 copies = plan_slot_copies(src, (info["head_lo"], info["head_hi"]), ready.slots,
-                                          self.agent.desc, self.agent.heads, dst_slots, heads=heads)
-                if len(copies):  # rows (prefill address, decode address, nbytes) = (remote, local, nbytes)
-                    r.handles.append(self.agent.backend.read(info["agent"], copies))
-                    r.reads += len(copies)
-                    r.nbytes += int(copies[:, 2].sum())
+                                          self.agent.desc, self.agent.heads, dst_slots, heads=heads, coalesce=False)
+                plans.append((info, copies))
+            for info, copies in plans:
+                # rows (prefill address, decode address, nbytes) = (remote, local, nbytes); the queue coalesces
+                # them and sends COMPLETE once they are done (also for an empty plan: the prefill rank waits for it)
+                key = f"{r.room}:{info['rank']}"
+                self.agent.queue.submit(info["agent"], key, copies)
+                r.keys.append(key)
         except Exception as e:  # noqa: BLE001 - agreed below; fails this room only
             logger.warning("room %d: posting reads failed: %s", r.room, e)
             r.fail_reason = f"posting KV reads failed: {e}"
         r.state = "transfer"
 
     def _poll_transfers(self) -> None:
-        from sglang.srt.disaggregation.transfer.base import TransferState
-
+        """Agree over the decode ranks which rooms' transfers are failed (0), pending (1) or done (2) on every
+        rank; verify and activate the done ones, fail the failed ones (every rank at the same step)."""
         active = sorted(room for room, r in self.rooms.items() if r.state == "transfer")
         codes = []
         for room in active:
             r = self.rooms[room]
-            states = [self.agent.backend.poll(h) for h in r.handles]
-            codes.append(0 if r.fail_reason or TransferState.FAILED in states
-                         else (1 if TransferState.PENDING in states else 2))
+            codes.append(0 if r.fail_reason else (2 if r.done_keys.issuperset(r.keys) else 1))
         agreed = self.agent.agree(codes)
         done = [room for room, c in zip(active, agreed) if c == 2]
+        if done and self.transfer_mode == "pull":  # per-request stats summed over the decode ranks
+            per_rank = self.agent.gather_concat([v for room in done for v in (self.rooms[room].reads,
+                                                                                 self.rooms[room].ops,
+                                                                                 self.rooms[room].nbytes)])
+            width = 3 * len(done)
+            for i, room in enumerate(done):
+                r = self.rooms[room]
+                r.reads, r.ops, r.nbytes = (sum(per_rank[k * width + 3 * i + j] for k in range(len(per_rank) // width))
+                                            for j in range(3))
         if done and self.args.disaggregation_verify:
             oks = self.agent.agree([1 if self._verify(self.rooms[room]) else 0 for room in done])
             for room, ok in zip(done, oks):
@@ -306,8 +355,7 @@ class DecodeConnector(BaseConnector):
         for room, code in zip(active, agreed):
             if code == 0:
                 r = self.rooms[room]
-                errs = [h.error for h in r.handles if getattr(h, "error", "")]
-                self._fail(r, r.fail_reason or f"KV transfer failed: {'; '.join(errs) or 'backend error'}", notify=True)
+                self._fail(r, r.fail_reason or "KV transfer failed on another decode rank", notify=True)
         for room in done:
             self._activate(self.rooms.pop(room))
 
@@ -330,7 +378,7 @@ class DecodeConnector(BaseConnector):
         """The KV is here: the request continues as if it had prefilled locally, with the prefill's first token."""
         req, ready = r.req, r.ready
         srv = self.servers.get(r.server)
-        if srv is not None:
+        if srv is not None and self.transfer_mode == "push":  # pull: the prefill side releases on COMPLETE/ACK
             self.agent.send(srv.endpoint, RoomAck(r.room))
         n = len(req.origin_input_ids)
         req.req_pool_idx, req.kv_len = r.row, n
@@ -350,13 +398,17 @@ class DecodeConnector(BaseConnector):
                 if req.top_logprobs_num:
                     req.output_top_logprobs.append([tuple(x) for x in (ready.output_top_logprobs or [])])
         t = time.monotonic()
+        pull = self.transfer_mode == "pull"
         req.disagg_info.update(
             transfer_bytes=r.nbytes, transfer_reads=r.reads,
-            transfer_time_s=(t - r.t_post) if self.transfer_mode == "pull" else ready.push_time_s,
+            transfer_time_s=((r.t_done or t) - r.t_post) if pull else ready.push_time_s,
             prefill_queue_s=ready.prefill_queue_s, decode_queue_s=r.t_alloc - req.arrival_time)
+        if pull:  # ops before coalescing and the time the reads waited in the transfer queue (this rank's)
+            req.disagg_info.update(transfer_ops_planned=r.ops, transfer_queue_s=r.queue_s)
         self.stats["rooms_done"] += 1
         self.stats["transfer_bytes"] += r.nbytes
         self.stats["transfer_reads"] += r.reads
+        self.stats["transfer_ops_planned"] += r.ops
         self.s.stats_prompt_tokens += n
         self.s.stats_cached_tokens += ready.cached_tokens
         req.finished_reason = check_finish(req.output_ids, req.sampling_params, req.eos_token_ids,
@@ -370,6 +422,9 @@ class DecodeConnector(BaseConnector):
     def _fail(self, r: DecodeRoom, reason: str, notify: bool = False, status_code: int = 500) -> None:
         """Fail one room: free its KV (if allocated), tell the prefill side when ``notify``, report the error."""
         self.rooms.pop(r.room, None)
+        for key in r.keys:  # drop its queued READs (no COMPLETE is sent for a failed request)
+            self.agent.queue.abort(key, reason)
+            self.agent.queue.pop_stats(key)
         if notify:
             srv = self.servers.get(r.server)
             if srv is not None:
@@ -382,3 +437,11 @@ class DecodeConnector(BaseConnector):
             req.req_pool_idx = None
         logger.warning("request %s (room %d) failed: %s", req.rid, r.room, reason)
         self.fail_request(req, reason, status_code)
+
+
+def _room_of(key: str) -> Optional[int]:
+    """The room of a TransferQueue request key ``"<room>:<prefill rank>"`` (None for a foreign key)."""
+    try:
+        return int(str(key).split(":", 1)[0])
+    except ValueError:
+        return None

@@ -6,7 +6,10 @@ Room life cycle on the prefill side (all ranks change state at the same step; se
     request arrives  ->  prefill runs like aggregated (max one new token)  ->  hold(req): KV kept
     RoomRequest from the decode leader (may come before or after the prefill)
     pull: send RoomReady(slots, first token, ...)           push: WRITE layer by layer, then RoomReady
-    RoomAck  -> release: KV to the prefix cache, the request finishes with its one token
+    pull: every decode rank that reads from this rank sends a COMPLETE (backend notification, through the
+          TransferQueue, KVDirect sec. 4.2); the queue ACKs it, and once every prefill rank got all of its
+          COMPLETEs (agreed) -> release: KV to the prefix cache, the request finishes with its one token
+    push: RoomAck (ZMQ) from the decode leader -> release
     RoomFailed, no RoomRequest within the bootstrap timeout, or a silent decode peer past the heartbeat
     timeout -> the request fails (its KV is freed)
 """
@@ -29,7 +32,7 @@ from sglang.srt.disaggregation.messages import (
     RoomReady,
     RoomRequest,
 )
-from sglang.srt.disaggregation.slot_plan import assign_sources, copies_by_layer, plan_slot_copies
+from sglang.srt.disaggregation.slot_plan import assign_sources, copies_by_layer, plan_slot_copies, readers_of
 from sglang.srt.mem_cache.kv_descriptor import KVRegionDescriptor
 
 logger = logging.getLogger(__name__)
@@ -50,6 +53,8 @@ class PrefillRoom:
     push_reads: int = 0
     fail_reason: str = ""
     expiring: bool = False  # the leader injected its failure already
+    expect: set = field(default_factory=set)  # pull: decode agents whose COMPLETE this rank waits for
+    completes: set = field(default_factory=set)  # pull: decode agents whose COMPLETE arrived (and was ACKed)
 
 
 class PrefillConnector(BaseConnector):
@@ -135,6 +140,7 @@ class PrefillConnector(BaseConnector):
             if r.state == "wait" and r.req is not None and r.peer is not None:
                 self._start(r)
         self._poll_pushes()
+        self._poll_completes()
 
     def _on_message(self, msg) -> None:
         if isinstance(msg, RoomRequest):
@@ -144,9 +150,9 @@ class PrefillConnector(BaseConnector):
                 return
             r = self.rooms.setdefault(msg.room, PrefillRoom(msg.room))
             r.peer = msg
-        elif isinstance(msg, RoomAck):
+        elif isinstance(msg, RoomAck):  # push mode only; pull releases on the queue's COMPLETE (_poll_completes)
             r = self.rooms.get(msg.room)
-            if r is not None and r.state == "wait_ack":
+            if r is not None and r.state == "wait_ack" and self.transfer_mode == "push":
                 self._finish(r, None)
         elif isinstance(msg, RoomFailed):
             r = self.rooms.get(msg.room)
@@ -163,6 +169,13 @@ class PrefillConnector(BaseConnector):
                             f"{self.transfer_mode}, decode {peer.mode}")
             return
         if self.transfer_mode == "pull":
+            try:
+                if not peer.decode_ranks:
+                    raise ValueError("the decode side's RoomRequest lists no decode ranks")
+                r.expect = self._completers(peer)
+            except ValueError as e:  # same on every rank (same RoomRequest, same route)
+                self._finish(r, f"bad RoomRequest: {e}", notify=True)
+                return
             self._send_ready(r)
             return
         # push: WRITE this rank's heads into every decode rank that holds some of them, layer by layer
@@ -214,6 +227,45 @@ class PrefillConnector(BaseConnector):
                 self._finish(r, reason)
             elif code == 2:
                 self._send_ready(r, push_time=time.monotonic() - r.push_start)
+
+    def _completers(self, peer: RoomRequest) -> set[str]:
+        """Pull mode: the decode agents that read heads from this rank (as decode's ``assign_sources`` picks
+        them), each of which sends one COMPLETE for the room. Connects to them so the ACK can be sent (NIXL
+        addresses notifications by loaded metadata); a failed connect only loses the ACK (logged)."""
+        out = set()
+        for info in readers_of(self.agent.tp_rank, self.agent.ranks, peer.decode_ranks):
+            out.add(info["agent"])
+            try:
+                self.agent.ensure_connected(info)
+            except Exception as e:  # noqa: BLE001 - the decode side then sees an ACK timeout, nothing else
+                logger.warning("cannot connect to decode agent %s for ACKs: %s", info["agent"], e)
+        return out
+
+    def _poll_completes(self) -> None:
+        """Pull mode: ACK the COMPLETEs that arrived (this rank's TransferQueue, KVDirect sec. 4.2), then release
+        the rooms for which every prefill rank has all of its COMPLETEs (min-agreed: all ranks release together)."""
+        for ev in self.agent.queue.progress():
+            if ev.kind != "complete":
+                if ev.kind != "notif":
+                    logger.debug("transfer queue event %s of %s from %s", ev.kind, ev.room, ev.peer)
+                continue
+            try:
+                room = int(ev.room.split(":", 1)[0])
+            except ValueError:
+                logger.warning("COMPLETE with a malformed room %r from %s", ev.room, ev.peer)
+                continue
+            r = self.rooms.get(room)
+            if r is not None:
+                r.completes.add(ev.peer)
+            else:
+                logger.debug("COMPLETE of room %d from %s after the room closed", room, ev.peer)
+        if self.transfer_mode != "pull":
+            return
+        waiting = sorted(r.room for r in self.rooms.values() if r.state == "wait_ack")
+        codes = [2 if self.rooms[room].completes >= self.rooms[room].expect else 1 for room in waiting]
+        for room, code in zip(waiting, self.agent.agree(codes)):
+            if code == 2:
+                self._finish(self.rooms[room], None)
 
     def _send_ready(self, r: PrefillRoom, push_time: float = 0.0) -> None:
         req = r.req

@@ -66,16 +66,33 @@ def assign_sources(src_ranks: Sequence[dict], dst_heads: tuple[int, int]) -> lis
     return out
 
 
+def readers_of(src_rank: int, src_ranks: Sequence[dict], dst_ranks: Sequence[dict]) -> list[dict]:
+    """The destination ranks that read (pull) some KV heads from source rank ``src_rank``, by the same
+    :func:`assign_sources` choice the readers make (so a replicated head's second holder is read by nobody).
+    The prefill side uses it to know whose COMPLETE it waits for before releasing a request's KV.
+
+    Args:
+        src_rank: the source (prefill) rank; src_ranks / dst_ranks: rank infos with ``"rank"``, ``"head_lo"``,
+            ``"head_hi"`` (and whatever else, returned unchanged).
+    Raises:
+        ValueError: some destination head is held by no source rank.
+    """
+    return [d for d in dst_ranks
+            if any(info["rank"] == src_rank for info, _ in assign_sources(src_ranks, (d["head_lo"], d["head_hi"])))]
+
+
 def plan_slot_copies(src: KVRegionDescriptor, src_heads: tuple[int, int], src_slots: Sequence[int],
                      dst: KVRegionDescriptor, dst_heads: tuple[int, int], dst_slots: Sequence[int],
-                     heads: Optional[tuple[int, int]] = None) -> np.ndarray:
+                     heads: Optional[tuple[int, int]] = None, coalesce: bool = True) -> np.ndarray:
     """Byte copies ``int64 [N, 3] = (src_addr, dst_addr, nbytes)`` that move the KV of every layer, K and V, of
     the tokens at ``src_slots[i] -> dst_slots[i]``, for the global KV heads both sides hold.
 
     ``src_heads`` / ``dst_heads``: global head ranges ``[lo, hi)`` of the two regions (local head 0 is
     global head ``lo``); ``heads``: move only these global heads (default: all both hold). Rows are layer-major (all of layer 0 first, which push mode writes first), then
     K/V, then token order, and merged by :func:`~sglang.srt.disaggregation.transfer.kv_plan.coalesce_array`
-    when both the source and the destination continue the previous copy (KVDirect sec. 4.2's rule).
+    when both the source and the destination continue the previous copy (KVDirect sec. 4.2's rule);
+    ``coalesce=False`` keeps one row per (layer, K/V, token) (the pull path hands those per-block ops to the
+    :class:`~sglang.srt.disaggregation.transfer.queue.TransferQueue`, which coalesces when it pops them).
     Vectorized (numpy): thousands of tokens x layers cost milliseconds. Empty ``[0, 3]`` when the head
     ranges do not overlap. For a read, pass the rows as ``(remote, local, nbytes)``; for a write, swap the
     first two columns.
@@ -117,7 +134,7 @@ def plan_slot_copies(src: KVRegionDescriptor, src_heads: tuple[int, int], src_sl
     nbytes = (hi - lo) * src.stride_bytes("head")
     rows = np.stack([addrs(src, src_heads[0], ss), addrs(dst, dst_heads[0], ds),
                      np.full(len(layers) * 2 * len(ss), nbytes, dtype=np.int64)], axis=1)
-    return coalesce_array(rows)
+    return coalesce_array(rows) if coalesce else rows
 
 
 def copies_by_layer(copies: np.ndarray, desc: KVRegionDescriptor, side: int = 0) -> list[np.ndarray]:

@@ -206,6 +206,12 @@ class TransferQueue:
         busy = {k for k, r in self._reqs.items() if any(h.state is TransferState.PENDING for h in r.handles)}
         return busy | {e[1] for dq in self._pending.values() for e in dq}
 
+    def has_pending(self) -> bool:
+        """True while ops are queued, requests are in flight, or COMPLETEs wait for a slot or an ACK (the owner
+        keeps calling :meth:`progress` until False)."""
+        return bool(self._reqs or any(self._pending.values()) or any(self._unacked.values())
+                    or any(self._waiting_complete.values()))
+
     # ---- the loop --------------------------------------------------------------------------------
     def progress(self, notifs: Optional[dict[str, list[bytes]]] = None) -> list[TransferEvent]:
         """Post queued ops, poll posted transfers, handle COMPLETE/ACK. ``notifs``: already-drained
