@@ -150,6 +150,46 @@ def test_failed_peer_gives_failed_event(pair):
         q.enqueue("prefill", 7, ops)
 
 
+def test_abort_cancels_posted_reads_no_late_bytes(pair):
+    """An aborted request's READ that the peer answers later never lands (the decode side frees and reuses that
+    KV right after the abort); has_pending() tracks queued work, in-flight requests and unACKed COMPLETEs."""
+    import socket
+    import threading
+
+    from sglang.srt.disaggregation.transfer.fake_backend import _enc, _recv_frame, _send_frame
+
+    dec, dt = pair[1], pair[5]
+    lst = socket.create_server(("127.0.0.1", 0))
+    got_req, answer = threading.Event(), threading.Event()
+
+    def slow_peer():  # answers the read only after the test aborted it
+        conn, _ = lst.accept()
+        hdr, _ = _recv_frame(conn)
+        got_req.set()
+        answer.wait(10)
+        _send_frame(conn, {"t": "ok"}, b"\xab" * sum(n for _, n in hdr["ops"]))
+        time.sleep(0.5)
+        conn.close()
+
+    threading.Thread(target=slow_peer, daemon=True).start()
+    dec.connect("slow", _enc.encode({"backend": "fake", "name": "slow", "host": "127.0.0.1",
+                                     "port": lst.getsockname()[1]}))
+    q = TransferQueue(dec, "read")
+    assert not q.has_pending()
+    before = dt.clone()
+    q.submit("slow", 5, [ReadOp(0x1000, dt.data_ptr() + 64, 256)])  # remote address: the peer's business
+    assert q.has_pending()
+    q.progress()
+    assert got_req.wait(5) and q.busy_rooms() == {"5"}
+    q.abort(5, "client went away")
+    assert q.stats(5).state == "aborted" and not q.has_pending() and not q.busy_rooms()
+    answer.set()
+    time.sleep(0.3)
+    assert not [e for e in q.progress() if e.kind in ("done", "complete")]
+    assert torch.equal(dt, before)  # the late answer was dropped, not copied
+    lst.close()
+
+
 def test_bad_arguments(pair):
     dec = pair[1]
     with pytest.raises(ValueError, match="mode"):

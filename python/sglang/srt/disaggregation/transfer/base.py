@@ -271,6 +271,12 @@ class TransferBackend(ABC):
             if sleep_s:
                 time.sleep(sleep_s)
 
+    def cancel(self, handle: TransferHandle, reason: str = "cancelled") -> None:
+        """Give up a PENDING transfer: it becomes FAILED and no byte of it lands locally afterwards where the
+        backend can guarantee it (fake: yes; NIXL: the handle is released, which aborts where the plugin can).
+        A finished handle is left as it is."""
+        self._fail(handle, reason)
+
     def _fail(self, handle: TransferHandle, reason: str) -> None:
         """Mark FAILED (backends override to also cancel)."""
         if handle.finish(TransferState.FAILED, reason):

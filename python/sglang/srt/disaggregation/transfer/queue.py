@@ -179,8 +179,9 @@ class TransferQueue:
         self.complete(peer, room)
 
     def abort(self, room: Room, reason: str = "aborted") -> None:
-        """Stop request ``room``: drop its pending ops; posted transfers are left to finish or time out
-        (their bytes land in memory the caller must not reuse before :meth:`busy_rooms` drops it)."""
+        """Stop request ``room``: drop its pending ops and cancel its posted transfers that are still PENDING
+        (:meth:`~.base.TransferBackend.cancel`: the fake backend never copies after that; NIXL aborts the
+        transfer where the plugin can), so the caller may reuse the memory. No COMPLETE is sent."""
         key = str(room)
         req = self._reqs.get(key)
         if req is None:
@@ -189,6 +190,9 @@ class TransferQueue:
             kept = [e for e in dq if e[1] != key]
             dq.clear()
             dq.extend(kept)
+        for h in req.handles:
+            if h.state is TransferState.PENDING:
+                self.backend.cancel(h, f"aborted: {reason}")
         self._finish(req, "aborted", reason)
 
     def stats(self, room: Room) -> Optional[TransferStats]:
