@@ -6,7 +6,11 @@ Pull mode (KVDirect sec. 4.3)::
     decode leader  --RoomRequest(room, decode endpoint)-->           prefill leader
     prefill leader --RoomReady(room, slots, first token, ...)-->     decode leader   (prefill done)
     decode ranks   ==one-sided READs of the prompt's KV==>           (prefill memory)
-    decode leader  --RoomAck(room)-->                                prefill leader  (prefill frees the KV)
+    decode ranks   --COMPLETE (transfer backend notification)-->     prefill ranks   (ACK, then free the KV)
+
+The COMPLETE/ACK is not a ZMQ message: it goes through each rank's
+:class:`~sglang.srt.disaggregation.transfer.queue.TransferQueue` (KVDirect sec. 4.2). ``RoomAck`` is push mode's
+release message.
 
 Push mode: ``RoomRequest`` carries the decode-preallocated slots; the prefill ranks WRITE into them and
 ``RoomReady`` then means "your KV is written". ``RoomFailed`` aborts a room from either side;
@@ -61,7 +65,8 @@ class RoomReady(msgspec.Struct, tag=True):
 
 
 class RoomAck(msgspec.Struct, tag=True):
-    """Decode -> prefill: the room's KV arrived (and verified); the prefill side may free it."""
+    """Decode -> prefill, push mode: the room's KV arrived (and verified); the prefill side may free it (pull mode
+    releases on the transfer queue's COMPLETE instead)."""
 
     room: int
 
