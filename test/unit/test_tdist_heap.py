@@ -94,7 +94,8 @@ def test_simulated_heaps_are_symmetric_views():
     hs = simulate_group(3, CFG)
     assert [h.rank for h in hs] == [0, 1, 2] and all(h.world == 3 for h in hs)
     assert all(b % 512 == 0 for b in hs[0].bases)
-    assert all(h.meta.tolist() == [h.rank, 3, *hs[0].bases] for h in hs)
+    assert all(h.meta.tolist() == [h.rank, 3, *hs[0].bases, CFG.wait_timeout_ns] for h in hs)
+    assert all(h.layout.signals("tdist.error", 8) == 0 for h in hs)  # the error record is slots 0..7
     ts = [h.tensor("g", (4, 5), torch.float32) for h in hs]
     offs = [t.data_ptr() - h.bases[h.rank] for t, h in zip(ts, hs)]
     assert len(set(offs)) == 1 and offs[0] >= CFG.signal_bytes

@@ -35,7 +35,7 @@ def ag_producer_kernel(meta, a_local, gather, seg_sig, ready, n_elems, dst_off, 
     me = P.rank(meta)
     world = P.num_ranks(meta)
     dest = (me + 1 + j) % world
-    P.wait(ready + dest, ready_epoch)
+    P.wait(ready + dest, ready_epoch, meta, 3)
     per = tl.cdiv(n_elems, CHUNKS)
     start = c * per
     n = tl.minimum(per, n_elems - start)
@@ -77,7 +77,7 @@ def ag_gemm_consumer_kernel(meta, a_local, gather, b, c, seg_sig, row_off, tiles
     if seg == me:
         a_ptrs = a_local + rows_local[:, None].to(tl.int64) * K + ks[None, :]
     else:
-        tok = P.wait(seg_sig + seg, target)
+        tok = P.wait(seg_sig + seg, target, meta, 4)
         a_ptrs = P.consume_token(gather + (r0 + rows_local[:, None]).to(tl.int64) * K + ks[None, :], tok)
     b_ptrs = b + ks[:, None].to(tl.int64) * stride_bk + cols[None, :].to(tl.int64) * stride_bn
     acc = tl.zeros((BM, BN), dtype=tl.float32)
