@@ -288,17 +288,38 @@ CASES = ["case_message_passing", "case_pingpong_10000", "case_pingpong_cta_10000
 
 
 def run_all(heap, note, nccl, names):
-    """Run the named cases in order; returns {case: [failures]} plus per-case seconds under '_time'."""
+    """Run the named cases in order on this rank; returns {case: [failures]} plus per-case seconds under '_time'.
+
+    Each case's outcome goes to the parent as soon as it is known (``note.result(case, {"fails", "seconds",
+    "raised"})``), so a later hang or timeout does not lose it. After every case the device error record is checked
+    (a bounded wait that gave up raises TdistWaitError naming kernel, rank and signal) and the ranks agree over a
+    separate gloo group whether any of them raised: a raise leaves the ranks out of step (one left a collective the
+    others are still in, or the heap is poisoned), so the group then stops and reports the rest as not run; the
+    test driver continues with them in a fresh group."""
+    import torch.distributed as dist
+
+    ctl = dist.new_group(backend="gloo")  # consensus only: never paired with a case's own collectives
     res, times = {}, {}
     for name in names:
         note(f"{name} start")
         t = time.time()
+        raised = False
         try:
-            res[name] = globals()[name](heap, note)
+            fails = globals()[name](heap, note)
+            torch.cuda.synchronize()
+            heap.check()
         except Exception:
-            res[name] = [traceback.format_exc()[-3000:]]
-        torch.cuda.synchronize()
+            fails, raised = [traceback.format_exc()[-3000:]], True
         times[name] = round(time.time() - t, 2)
+        res[name] = fails
+        note.result(name, {"fails": fails, "seconds": times[name], "raised": raised})
         note(f"{name} done in {times[name]} s")
+        flags = [None] * heap.world
+        dist.all_gather_object(flags, raised, group=ctl)
+        if any(flags):
+            bad = [r for r, f in enumerate(flags) if f]
+            note(f"group stops after {name}: ranks {bad} raised")
+            res["_stopped"] = {"after": name, "ranks": bad}
+            break
     res["_time"] = times
     return res
