@@ -160,3 +160,28 @@ def test_op_argument_validation():
         a2a.prepare(torch.randn(4, 7), torch.tensor([2, 2], dtype=torch.int32))
     with pytest.raises(ValueError, match="capacity"):
         AllToAll(h, 0, 8)
+
+
+def test_wait_error_record_decodes_kernel_rank_signal():
+    from sgl_kernel.tdist.heap import TdistWaitError
+    from sgl_kernel.tdist.layout import ERR_CMP, ERR_EXPECT, ERR_NS, ERR_REASON, ERR_SEEN, ERR_SIG, ERR_SITE
+
+    hs = simulate_group(2, CFG)
+    arrive = [h.signals("gemm_rs.arrive", 2) for h in hs]
+    hs[1].check()  # clean record: no error
+    idx = hs[1].layout.signals("gemm_rs.arrive", 2)
+    rec = hs[1].error
+    rec[0] = 2  # abort word: rank 1 timed out first
+    rec[ERR_SITE], rec[ERR_SIG], rec[ERR_EXPECT], rec[ERR_SEEN] = 6, (idx + 0) * 8, 12, 8
+    rec[ERR_REASON], rec[ERR_CMP], rec[ERR_NS] = 1, 3, 30_000_000_000
+    with pytest.raises(TdistWaitError) as e:
+        hs[1].check()
+    msg = str(e.value)
+    for part in ("rank 1 of 2", "rs_reduce_kernel", "gemm_rs.arrive[0]", ">= 12", "last value 8", "timed out",
+                 "after 30.000 s", "HeapConfig.wait_timeout_s"):
+        assert part in msg, (part, msg)
+    hs[0].error[0] = 2  # the peer only saw the abort word
+    with pytest.raises(TdistWaitError, match="aborted by rank 1"):
+        hs[0].barrier()
+    assert arrive[0].abs().sum() == 0
+    assert "not a heap signal" in hs[0].signal_name(-4096)
