@@ -3,7 +3,8 @@
 Each rank allocates one heap (:class:`~sgl_kernel.tdist.layout.HeapConfig`: int64 signal slots, then data regions)
 and maps every peer's heap into its address space through CUDA IPC (:mod:`sgl_kernel.tdist.cuda_ipc`). Kernels get
 one small int64 tensor, ``heap.meta = [rank, world, base_0, ..., base_{world-1}, wait_budget_ns]`` (bases as mapped
-in *this* process; the budget bounds every device wait, see primitives.signal_wait_until), and translate a local heap address to a peer's with ``ptr + (base[peer] - base[rank])`` (the ``symm_at``
+in *this* process; the budget bounds every device wait, see primitives.signal_wait_until), and translate a local
+heap address to a peer's with ``ptr + (base[peer] - base[rank])`` (the ``symm_at``
 primitive). Multicast objects are never created. The handle exchange follows tw-comm's workspace
 (``sglang.srt.distributed.tw_comm``): allocate, export, all-gather the 64-byte handles over the group, open the peers;
 it works with a gloo group, so several ranks can share one GPU (CUDA IPC maps within a device across processes).

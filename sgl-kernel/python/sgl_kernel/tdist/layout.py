@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, Sequence, Tuple
 
-# ---- device error record (the first ERROR_SLOTS int64 signal slots of every rank's heap) ------------------------------
+# ---- device error record (the first ERROR_SLOTS int64 signal slots of every rank's heap) ---------------------------
 # A bounded wait that gives up writes, in its own rank's heap: [ERR_ABORT] = 1 + rank of the first rank that timed
 # out (also written into every peer's heap, so their waits give up at once instead of each burning the full budget);
 # the first failing wait of the rank (CAS of [ERR_SITE] from 0) fills [ERR_SITE] = kernel site code (WAIT_SITES),

@@ -1,7 +1,8 @@
 """OpenSHMEM-style device primitives for Triton kernels (Zheng et al., "Triton-distributed", 2025, sec. 2-3, Table 1).
 
 All are ``@triton.jit`` device functions over the symmetric heap of :mod:`sgl_kernel.tdist.heap`. A kernel receives
-``meta`` (int64 ``[rank, world, base_0 .. base_{world-1}, wait_budget_ns]``) and calls these functions with *local* heap pointers;
+``meta`` (int64 ``[rank, world, base_0 .. base_{world-1}, wait_budget_ns]``) and calls these functions with *local*
+heap pointers;
 ``symm_at`` turns them into a peer's. Signals are int64 slots (``*i64``) that are set to an epoch or counted up, never
 reset (see layout.py).
 

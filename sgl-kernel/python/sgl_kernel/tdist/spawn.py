@@ -30,7 +30,8 @@ def _free_port() -> int:
 
 
 class _Note:
-    """The child's reporting handle: ``note(msg)`` (progress), ``note.result(key, value)`` (a partial result, picklable)."""
+    """The child's reporting handle: ``note(msg)`` (progress), ``note.result(key, value)`` (a partial result,
+    picklable)."""
 
     def __init__(self, q, rank: int):
         self._q, self._rank = q, rank
