@@ -296,9 +296,13 @@ def run_all(heap, note, nccl, names):
     separate gloo group whether any of them raised: a raise leaves the ranks out of step (one left a collective the
     others are still in, or the heap is poisoned), so the group then stops and reports the rest as not run; the
     test driver continues with them in a fresh group."""
+    import datetime
+
     import torch.distributed as dist
 
-    ctl = dist.new_group(backend="gloo")  # consensus only: never paired with a case's own collectives
+    # consensus only: never paired with a case's own collectives; outlives the world group's timeout, so a rank stuck
+    # in a case's barrier (its peer raised and left) times out there first and still joins the consensus
+    ctl = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=600))
     res, times = {}, {}
     for name in names:
         note(f"{name} start")

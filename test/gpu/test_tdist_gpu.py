@@ -91,7 +91,7 @@ def _group(world):
     todo = list(CASES)
     while todo and time.time() < t_end - 10:
         results, probs = run_ranks(world, C.run_all, (todo,), timeout=t_end - time.time(), heap_config=cfg,
-                                   on_result=on_result, stall_timeout=stall, gloo_timeout=min(90.0, stall))
+                                   on_result=on_result, stall_timeout=stall, gloo_timeout=max(30.0, stall / 2))
         done = [c for c in todo if len(outcomes.get(c, {})) == world]
         nxt = [c for c in todo if c not in done]
         if nxt and probs:  # the group died in nxt[0] (no complete outcome): blame it, go on with the rest
