@@ -185,3 +185,23 @@ def test_wait_error_record_decodes_kernel_rank_signal():
         hs[0].barrier()
     assert arrive[0].abs().sum() == 0
     assert "not a heap signal" in hs[0].signal_name(-4096)
+
+
+def test_compare_accepts_a_rank_without_rows():
+    """Regression of the 2026-11-25 GPU group stall: the old helper took ``ref.abs().max()`` of the empty reference
+    of the rank that owns no rows, which raises, so only that rank left case_gemm_rs and its peers waited for it."""
+    from sgl_kernel.tdist.reference import compare, gemm_rs_ref
+
+    with pytest.raises(RuntimeError):
+        torch.empty(0, 448).abs().max()  # what the old helper did
+    a = [torch.randn(129, 32) for _ in range(2)]
+    b = [torch.randn(48, 32).t() for _ in range(2)]
+    ref = gemm_rs_ref(a, b, [0, 129])
+    assert ref[0].shape == (0, 48) and compare(torch.empty(0, 48), ref[0], "rank 0") == []
+    assert compare(ref[1].clone(), ref[1], "rank 1") == []
+    bad = ref[1].clone()
+    bad[3, 4] += 100.0
+    assert "max error" in compare(bad, ref[1], "rank 1")[0]
+    bad[0, 0] = float("nan")
+    assert "non-finite" in compare(bad, ref[1], "rank 1")[0]
+    assert "shape" in compare(torch.empty(1, 48), ref[0], "rank 0")[0]
