@@ -282,9 +282,41 @@ def case_layers_sequence_parallel(heap, note):
     return fails
 
 
+def case_wait_timeout_fails_closed(heap, note):
+    """The bounded wait on real hardware: every rank waits (mp_consumer_kernel) for a signal nobody sets, with a
+    0.2 s budget in a copy of meta. The launch must end (no hang), and every rank's error record must name the kernel
+    and the signal (the first rank to time out aborts the others). The record is then cleared on every rank."""
+    import torch.distributed as dist
+
+    sig = heap.signals("wt.never", 1)
+    data = heap.tensor("wt.data", (256,), torch.float32)
+    out = torch.empty(256, device=heap.device)
+    meta = heap.meta.clone()
+    meta[-1] = 200_000_000  # 0.2 s
+    dist.barrier()
+    t = time.time()
+    L.mp_consumer_kernel[(2,)](meta, data, out, sig, 256, 1, BLOCK=256, num_warps=4)
+    torch.cuda.synchronize()
+    waited = time.time() - t
+    msg = heap.wait_error() or ""
+    note(f"wait timeout case: {waited:.2f} s: {msg[:300]}")
+    fails = []
+    for part in ("mp_consumer_kernel", "wt.never[0]", f"rank {heap.rank} of {heap.world}", ">= 1, last value 0"):
+        if part not in msg:
+            fails.append(f"error record lacks {part!r}: {msg!r}")
+    if waited > 20:
+        fails.append(f"the bounded wait took {waited:.1f} s for a 0.2 s budget")
+    dist.barrier()  # every rank's kernel (and its abort writes into peers) is finished
+    heap.error.zero_()
+    torch.cuda.synchronize()
+    dist.barrier()
+    heap.check()
+    return fails
+
+
 CASES = ["case_message_passing", "case_pingpong_10000", "case_pingpong_cta_10000", "case_atomics",
          "case_put_get_barrier", "case_ag_gemm_sm", "case_ag_gemm_ce", "case_gemm_rs", "case_all_to_all",
-         "case_layers_sequence_parallel"]
+         "case_layers_sequence_parallel", "case_wait_timeout_fails_closed"]
 
 
 def run_all(heap, note, nccl, names):
