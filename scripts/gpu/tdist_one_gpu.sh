@@ -1,59 +1,98 @@
 #!/usr/bin/env bash
-# Triton-distributed on ONE GPU (issue 16): the GPU tests (2 and 4 ranks as processes sharing the GPU, the symmetric
-# heap mapped through CUDA IPC within the device; every primitive and kernel vs torch; the sequence-parallel executor
-# on the fused ops vs the single process), the benchmark's one-GPU smoke, and a compute-sanitizer memcheck of a small
-# 2-rank case. Every step runs even when an earlier one fails or hangs (each has a time limit); a summary with each
-# step's exit code is printed at the end and written to $OUT/tdist_summary.txt. Logs: $OUT (default /tmp/tdist_gpu_logs).
-# The CPU parts (AOT sm_90a compile + PTX checks, interpreter runs, bookkeeping) run in CI: test/unit/test_tdist_*.py.
-# Usage (repo root, shared data at ../shared/data): bash scripts/gpu/tdist_one_gpu.sh [seconds, default 560]
-# (560 fits one 10-minute command; every limit scales with it, so give 1200 where a command may run longer).
+# Triton-distributed on ONE GPU (issue 16), one device call of <= 9 minutes (H100 or H200; ranks are processes
+# sharing the GPU, the symmetric heap mapped through CUDA IPC within the device, contexts time-sliced):
+#   1. cpu_tests  AOT sm_90a compile + PTX checks (scoped acquire/release, bounded waits, no multimem) and the heap
+#                 bookkeeping tests (CPU, as in CI);
+#   2. gpu_cases  every primitive and kernel vs torch at world 2 and 4 (test_tdist_gpu.py::test_tdist_case), bounded:
+#                 device waits give up after TDIST_WAIT_TIMEOUT_S and raise TdistWaitError naming kernel/rank/signal;
+#                 each case's outcome is appended to $OUT/tdist_cases.jsonl as soon as all ranks reported it; a case
+#                 that raises stops its group and the rest go on in a fresh group; a silent group is killed after
+#                 TDIST_STALL_S;
+#   3. engine     the sequence-parallel executor on the fused AG-GEMM / GEMM-RS (TP 2 and 4 sharing the GPU) equals
+#                 the single process on stories260K;
+#   4. bench      benchmark/bench_tdist.py smoke (2 ranks sharing the GPU; writes its table under $OUT);
+#   5. server     (if >= 100 s are left) HTTP --tp 2 --tp-ranks-share-gpu --enable-tdist-overlap equals TP 1;
+#   6. memcheck   (if >= 60 s are left) compute-sanitizer on the small 2-rank case; only its summary lines are kept.
+# Every step has a time limit and runs even when an earlier one failed; $OUT/tdist_summary.txt lists each step's exit
+# code (124 = hit its limit). Files in $OUT (<= 8): tdist_summary.txt, tdist_cpu_tests.log, tdist_gpu_cases.log,
+# tdist_cases.jsonl, tdist_engine.log, tdist_bench.log, the bench's <date>_tdist_share_gpu.md, tdist_server.log.
+# Usage (repo root; shared data at ../shared/data, or carried as .sd/ with scripts/gpu/device_preamble.sh, which
+# this script sources when present): bash scripts/gpu/tdist_one_gpu.sh [seconds, default 530]
+# Run one case alone: TDIST_CASES=case_gemm_rs python3 -m pytest -v test/gpu/test_tdist_gpu.py -k test_tdist_case
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
+if [ -f scripts/gpu/device_preamble.sh ]; then source scripts/gpu/device_preamble.sh; fi
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH="$root/python:$root/sgl-kernel/python${PYTHONPATH:+:$PYTHONPATH}"
 export TRITON_DEFAULT_FP_FUSION=1
-unset TRITON_INTERPRET
-budget="${1:-560}"; start=$SECONDS
-left() { local l=$(( budget - (SECONDS - start) )); (( l < 20 )) && l=20; echo $l; }
+unset TRITON_INTERPRET TDIST_CASES
+budget="${1:-530}"; start=$SECONDS
+left() { echo $(( budget - (SECONDS - start) )); }
 out="${OUT:-/tmp/tdist_gpu_logs}"; mkdir -p "$out"
+rm -f "$out/tdist_cases.jsonl"
 summary=()
 step() {  # step NAME SECONDS CMD...: run with a limit, keep the log, record the exit code, never stop the script
   local name="$1" secs="$2"; shift 2
-  echo; echo "== $name (limit ${secs}s)"
+  (( secs < 10 )) && { summary+=("$name: not run (no time left)"); return; }
+  echo; echo "== $name (limit ${secs}s, $(left)s left)"
   local t0=$SECONDS
   timeout --kill-after=10 "$secs" "$@" > "$out/tdist_$name.log" 2>&1
   local rc=$?
-  tail -25 "$out/tdist_$name.log"
-  if (( rc == 124 || rc == 137 )); then
-    echo "!! $name TIMED OUT after ${secs}s (device-side hang or slow time-slicing): see $out/tdist_$name.log"
-  fi
+  tail -15 "$out/tdist_$name.log"
+  (( rc == 124 || rc == 137 )) && echo "!! $name hit its ${secs}s limit: see $out/tdist_$name.log"
   summary+=("$name: exit $rc in $(( SECONDS - t0 ))s")
 }
 
-echo "== environment"
-nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=csv 2>&1 | head -3
-python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'gpus', torch.cuda.device_count())" 2>&1
-env | grep -E "NVLS|MULTICAST" | sort
+{
+  echo "== environment"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=csv 2>&1 | head -3
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'gpus', torch.cuda.device_count())" 2>&1
+  env | grep -E "NVLS|MULTICAST" | sort
+} | tee "$out/tdist_summary.txt"
 
-# kernels + primitives: one rank group per world size (2, 4) runs every case; a hang names each rank's last progress
-step gpu_kernels $(( $(left) * 42 / 100 )) env TDIST_GPU_TIMEOUT=$(( $(left) * 19 / 100 )) \
-  python3 -m pytest -v -rA test/gpu/test_tdist_gpu.py -k test_tdist_case -p no:cacheprovider
-grep -E "case seconds|pingpong|PASSED|FAILED|ERROR|timed out|raised" "$out/tdist_gpu_kernels.log" | head -40
-# the engine path: the sequence-parallel executor on the fused ops (TP 2, 4 sharing the GPU) and the HTTP server
-step gpu_engine $(( $(left) * 45 / 100 )) python3 -m pytest -v -rA test/gpu/test_tdist_gpu.py \
-  -k "executor or server" -p no:cacheprovider
+step cpu_tests 100 python3 -m pytest -q -p no:cacheprovider test/unit/test_tdist_aot.py test/unit/test_tdist_heap.py
 
-step bench_smoke $(( $(left) * 55 / 100 )) python3 benchmark/bench_tdist.py --world 2 --share-gpu --tokens 1024 \
-  --a2a-tokens 256 --iters 3 --results-dir "$out" --timeout $(( $(left) * 45 / 100 ))
+# per world size: TDIST_GPU_TIMEOUT for its groups (restarts included); device waits give up after 25 s
+per_world=$(( ($(left) - 230) / 2 )); (( per_world > 150 )) && per_world=150; (( per_world < 60 )) && per_world=60
+step gpu_cases $(( 2 * per_world + 25 )) env TDIST_RESULTS="$out/tdist_cases.jsonl" TDIST_GPU_TIMEOUT=$per_world \
+  TDIST_STALL_S=70 TDIST_WAIT_TIMEOUT_S=25 python3 -m pytest -v -rA -p no:cacheprovider test/gpu/test_tdist_gpu.py \
+  -k "test_tdist_case or test_case_selection"
+echo "-- per-case results ($out/tdist_cases.jsonl)"
+python3 - "$out/tdist_cases.jsonl" <<'EOF' 2>&1 | tee -a "$out/tdist_summary.txt"
+import json, sys
+try:
+    lines = [json.loads(x) for x in open(sys.argv[1])]
+except FileNotFoundError:
+    lines = []
+for d in lines:
+    what = "ok" if d.get("ok") else "FAIL " + json.dumps(d.get("failures") or d.get("problems"))[:400]
+    print(f"world {d['world']} {d['case']}: {what} ({d.get('seconds', '-')} s)")
+print(f"{len(lines)} case results")
+EOF
 
-if command -v compute-sanitizer >/dev/null; then
-  step memcheck $(( $(left) - 10 )) compute-sanitizer --tool memcheck --target-processes all \
-    python3 test/gpu/tdist_sanitizer_case.py
-  grep -E "ERROR SUMMARY|Invalid|sanitizer case" "$out/tdist_memcheck.log" | head -10
+step engine $(( $(left) > 300 ? 150 : $(left) / 2 )) python3 -m pytest -v -rA -p no:cacheprovider \
+  test/gpu/test_tdist_gpu.py -k "test_sequence_parallel_executor"
+
+step bench $(( $(left) > 150 ? 75 : $(left) / 2 )) python3 benchmark/bench_tdist.py --world 2 --share-gpu \
+  --tokens 1024 --a2a-tokens 256 --iters 3 --results-dir "$out" --timeout 60
+
+if (( $(left) >= 100 )); then
+  step server $(( $(left) - 15 )) python3 -m pytest -v -rA -p no:cacheprovider test/gpu/test_tdist_gpu.py \
+    -k "test_server_tp2"
 else
-  echo "compute-sanitizer not found: memcheck not run"; summary+=("memcheck: not run (no compute-sanitizer)")
+  summary+=("server: not run ($(left)s left < 100s)")
+fi
+
+if command -v compute-sanitizer >/dev/null && (( $(left) >= 60 )); then
+  t0=$SECONDS
+  timeout --kill-after=5 $(( $(left) - 10 )) compute-sanitizer --tool memcheck --target-processes all \
+    python3 test/gpu/tdist_sanitizer_case.py > /tmp/tdist_memcheck.log 2>&1
+  rc=$?
+  summary+=("memcheck: exit $rc in $(( SECONDS - t0 ))s: $(grep -E 'ERROR SUMMARY|sanitizer case' /tmp/tdist_memcheck.log | sort | uniq -c | tr '\n' ' ')")
+else
+  summary+=("memcheck: not run (no compute-sanitizer or < 60s left)")
 fi
 
 echo; echo "== summary (logs in $out)"
-printf '%s\n' "${summary[@]}" | tee "$out/tdist_summary.txt"
+printf '%s\n' "${summary[@]}" | tee -a "$out/tdist_summary.txt"

@@ -16,7 +16,7 @@ from sgl_kernel.tdist import litmus as L
 from sgl_kernel.tdist.ag_gemm import AgGemm
 from sgl_kernel.tdist.all_to_all import AllToAll
 from sgl_kernel.tdist.gemm_rs import GemmRs
-from sgl_kernel.tdist.reference import ag_gemm_ref, all_to_all_ref, gemm_rs_ref
+from sgl_kernel.tdist.reference import ag_gemm_ref, all_to_all_ref, compare, gemm_rs_ref
 
 
 def _randn(seed, *shape, dtype=torch.float32, device="cuda"):
@@ -25,11 +25,9 @@ def _randn(seed, *shape, dtype=torch.float32, device="cuda"):
 
 
 def _close(got, ref, tag):
-    scale = max(1.0, float(ref.float().abs().max()))
-    err = float((got.float() - ref.float()).abs().max()) if got.numel() else 0.0
-    if not torch.isfinite(got.float()).all():
-        return [f"{tag}: non-finite output (unwritten rows?)"]
-    return [] if err <= 2e-2 * scale else [f"{tag}: max error {err:.4g} (scale {scale:.3g})"]
+    # reference.compare handles a rank with no rows (the old helper's .max() on an empty reference raised on that
+    # rank only: it left case_gemm_rs early and its peers waited forever for its tiles: the 2026-11-25 "stall")
+    return compare(got, ref, tag)
 
 
 def case_message_passing(heap, note):
@@ -82,7 +80,7 @@ def case_pingpong_cta_10000(heap, note):
     data = torch.zeros(2 * 4096, dtype=torch.int64, device=heap.device)
     log = torch.full((2,), -1, dtype=torch.int64, device=heap.device)
     t = time.time()
-    L.pingpong_cta_kernel[(2,)](sig, data, log, 10_000, BLOCK=4096, num_warps=4)
+    L.pingpong_cta_kernel[(2,)](heap.meta, sig, data, log, 10_000, BLOCK=4096, num_warps=4)
     torch.cuda.synchronize()
     note(f"pingpong_cta 10000 rounds in {time.time() - t:.2f} s")
     fails = []
@@ -284,23 +282,80 @@ def case_layers_sequence_parallel(heap, note):
     return fails
 
 
+def case_wait_timeout_fails_closed(heap, note):
+    """The bounded wait on real hardware: every rank waits (mp_consumer_kernel) for a signal nobody sets, with a
+    0.2 s budget in a copy of meta. The launch must end (no hang), and every rank's error record must name the kernel
+    and the signal (the first rank to time out aborts the others). The record is then cleared on every rank."""
+    import torch.distributed as dist
+
+    sig = heap.signals("wt.never", 1)
+    data = heap.tensor("wt.data", (256,), torch.float32)
+    out = torch.empty(256, device=heap.device)
+    meta = heap.meta.clone()
+    meta[-1] = 200_000_000  # 0.2 s
+    dist.barrier()
+    t = time.time()
+    L.mp_consumer_kernel[(2,)](meta, data, out, sig, 256, 1, BLOCK=256, num_warps=4)
+    torch.cuda.synchronize()
+    waited = time.time() - t
+    msg = heap.wait_error() or ""
+    note(f"wait timeout case: {waited:.2f} s: {msg[:300]}")
+    fails = []
+    for part in ("mp_consumer_kernel", "wt.never[0]", f"rank {heap.rank} of {heap.world}", ">= 1, last value 0"):
+        if part not in msg:
+            fails.append(f"error record lacks {part!r}: {msg!r}")
+    if waited > 20:
+        fails.append(f"the bounded wait took {waited:.1f} s for a 0.2 s budget")
+    dist.barrier()  # every rank's kernel (and its abort writes into peers) is finished
+    heap.error.zero_()
+    torch.cuda.synchronize()
+    dist.barrier()
+    heap.check()
+    return fails
+
+
 CASES = ["case_message_passing", "case_pingpong_10000", "case_pingpong_cta_10000", "case_atomics",
          "case_put_get_barrier", "case_ag_gemm_sm", "case_ag_gemm_ce", "case_gemm_rs", "case_all_to_all",
-         "case_layers_sequence_parallel"]
+         "case_layers_sequence_parallel", "case_wait_timeout_fails_closed"]
 
 
 def run_all(heap, note, nccl, names):
-    """Run the named cases in order; returns {case: [failures]} plus per-case seconds under '_time'."""
+    """Run the named cases in order on this rank; returns {case: [failures]} plus per-case seconds under '_time'.
+
+    Each case's outcome goes to the parent as soon as it is known (``note.result(case, {"fails", "seconds",
+    "raised"})``), so a later hang or timeout does not lose it. After every case the device error record is checked
+    (a bounded wait that gave up raises TdistWaitError naming kernel, rank and signal) and the ranks agree over a
+    separate gloo group whether any of them raised: a raise leaves the ranks out of step (one left a collective the
+    others are still in, or the heap is poisoned), so the group then stops and reports the rest as not run; the
+    test driver continues with them in a fresh group."""
+    import datetime
+
+    import torch.distributed as dist
+
+    # consensus only: never paired with a case's own collectives; outlives the world group's timeout, so a rank stuck
+    # in a case's barrier (its peer raised and left) times out there first and still joins the consensus
+    ctl = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=600))
     res, times = {}, {}
     for name in names:
         note(f"{name} start")
         t = time.time()
+        raised = False
         try:
-            res[name] = globals()[name](heap, note)
+            fails = globals()[name](heap, note)
+            torch.cuda.synchronize()
+            heap.check()
         except Exception:
-            res[name] = [traceback.format_exc()[-3000:]]
-        torch.cuda.synchronize()
+            fails, raised = [traceback.format_exc()[-3000:]], True
         times[name] = round(time.time() - t, 2)
+        res[name] = fails
+        note.result(name, {"fails": fails, "seconds": times[name], "raised": raised})
         note(f"{name} done in {times[name]} s")
+        flags = [None] * heap.world
+        dist.all_gather_object(flags, raised, group=ctl)
+        if any(flags):
+            bad = [r for r, f in enumerate(flags) if f]
+            note(f"group stops after {name}: ranks {bad} raised")
+            res["_stopped"] = {"after": name, "ranks": bad}
+            break
     res["_time"] = times
     return res

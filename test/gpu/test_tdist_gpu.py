@@ -4,16 +4,26 @@ acquire/release, 10,000 signal reuses in one launch, atomics, put/get, barrier_a
 the SM and the copy-engine producer, GEMM-RS, all-to-all dispatch + combine) against torch references on random
 inputs with uneven and empty segments, plus 100 back-to-back calls (buffer reuse without host barriers).
 
-The ranks run all cases in one group per world size (cases in tdist_gpu_case.py); a hang is reported with each
-rank's last progress note. Multicast stays off (the environment below, inherited by the ranks).
+The ranks run the cases in one group per world size (cases in tdist_gpu_case.py), fail closed and informative:
+* device waits are bounded (TDIST_WAIT_TIMEOUT_S, default 30 s): a wait that gives up aborts the group on the device
+  and its rank raises TdistWaitError naming kernel, rank and signal;
+* every case's outcome is appended to TDIST_RESULTS (a JSON-lines file; default: none) the moment all ranks reported
+  it, so a later hang or timeout keeps the earlier results;
+* when a case raises on any rank the group stops and the remaining cases run in a fresh group; a group that sends
+  nothing for TDIST_STALL_S seconds (default 150) or runs past TDIST_GPU_TIMEOUT (default 900) is killed, the case
+  it was in is reported with each rank's last progress note, and the cases after it run in a fresh group;
+* TDIST_CASES=case_a,case_b runs only those cases (e.g. TDIST_CASES=case_gemm_rs).
+Multicast stays off (the environment below, inherited by the ranks).
 """
 
 from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -39,40 +49,85 @@ _CASE_SRC = (HERE / "tdist_gpu_case.py").read_text()
 CASES = next(ast.literal_eval(n.value) for n in ast.parse(_CASE_SRC).body
              if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "CASES")
 
+_SELECTED = [c.strip() for c in os.environ.get("TDIST_CASES", "").split(",") if c.strip()]
+_UNKNOWN = [c for c in _SELECTED if c not in CASES]
+if _SELECTED:
+    CASES = _SELECTED  # an unknown name fails its test (and test_case_selection_is_valid)
 _RESULTS = {}
 
 
-def _group(world):
-    if world not in _RESULTS:
-        os.environ.pop("TRITON_INTERPRET", None)  # real kernels (the CPU tests may have set the interpreter)
-        import tdist_gpu_case as C
-        from sgl_kernel.tdist.layout import HeapConfig
-        from sgl_kernel.tdist.spawn import run_ranks
+def _write(line: dict) -> None:
+    path = os.environ.get("TDIST_RESULTS")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+            f.flush()
 
-        timeout = float(os.environ.get("TDIST_GPU_TIMEOUT", "900"))
-        results, problems = run_ranks(world, C.run_all, (CASES,), timeout=timeout,
-                                      heap_config=HeapConfig(data_bytes=192 << 20, signal_slots=4096))
+
+def _group(world):
+    """{case: {rank: outcome}} and problems for ``world`` ranks; groups are restarted after a stop or a hang."""
+    if world in _RESULTS:
+        return _RESULTS[world]
+    os.environ.pop("TRITON_INTERPRET", None)  # real kernels (the CPU tests may have set the interpreter)
+    import tdist_gpu_case as C
+    from sgl_kernel.tdist.layout import HeapConfig
+    from sgl_kernel.tdist.spawn import run_ranks
+
+    group_timeout = float(os.environ.get("TDIST_GPU_TIMEOUT", "900"))
+    stall = float(os.environ.get("TDIST_STALL_S", "150"))
+    cfg = HeapConfig(data_bytes=192 << 20, signal_slots=4096,
+                     wait_timeout_s=float(os.environ.get("TDIST_WAIT_TIMEOUT_S", "30")))
+    outcomes, problems = {}, {}
+    t_end = time.time() + group_timeout
+
+    def on_result(rank, case, out):
+        outcomes.setdefault(case, {})[rank] = out
+        if len(outcomes[case]) == world:
+            o = outcomes[case]
+            _write({"world": world, "case": case, "ok": not any(o[r]["fails"] for r in o),
+                    "seconds": max(o[r]["seconds"] for r in o), "failures": {r: o[r]["fails"] for r in o if
+                                                                             o[r]["fails"]}})
+
+    todo = list(CASES)
+    while todo and time.time() < t_end - 10:
+        results, probs = run_ranks(world, C.run_all, (todo,), timeout=t_end - time.time(), heap_config=cfg,
+                                   on_result=on_result, stall_timeout=stall, gloo_timeout=max(30.0, stall / 2))
+        done = [c for c in todo if len(outcomes.get(c, {})) == world]
+        nxt = [c for c in todo if c not in done]
+        if nxt and probs:  # the group died in nxt[0] (no complete outcome): blame it, go on with the rest
+            problems[nxt[0]] = probs
+            _write({"world": world, "case": nxt[0], "ok": False, "problems": probs,
+                    "partial": {r: o for r, o in outcomes.get(nxt[0], {}).items()}})
+            nxt = nxt[1:]
+        elif nxt and len(nxt) == len(todo):  # no progress and no problem: do not loop
+            problems[nxt[0]] = ["group ended without running it"]
+            nxt = nxt[1:]
         for r, res in enumerate(results):
             if res:
-                print(f"world {world} rank {r} case seconds: {res['_time']}")
-        _RESULTS[world] = (results, problems)
+                print(f"world {world} rank {r} case seconds: {res['_time']}" +
+                      (f" (stopped: {res['_stopped']})" if "_stopped" in res else ""))
+        todo = nxt
+    for c in todo:
+        problems.setdefault(c, []).append("not run: the world's time budget (TDIST_GPU_TIMEOUT) ran out")
+    _RESULTS[world] = (outcomes, problems)
     return _RESULTS[world]
+
+
+def test_case_selection_is_valid():
+    assert not _UNKNOWN, f"TDIST_CASES names unknown cases {_UNKNOWN}; known: {CASES}"
 
 
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("case", CASES)
 def test_tdist_case(world, case):
-    results, problems = _group(world)
-    msgs = []
-    for r, res in enumerate(results):
-        if res is None:
-            continue
-        if case not in res:
-            msgs.append(f"rank {r}: {case} did not run")
-        elif res[case]:
-            msgs.append(f"rank {r}: " + "; ".join(res[case]))
-    if any(res is None for res in results) and problems:
-        msgs.append("group problems: " + " | ".join(problems))
+    outcomes, problems = _group(world)
+    got = outcomes.get(case, {})
+    msgs = [f"rank {r}: " + "; ".join(got[r]["fails"]) for r in sorted(got) if got[r]["fails"]]
+    missing = [r for r in range(world) if r not in got]
+    if missing:
+        msgs.append(f"ranks {missing} did not report {case}")
+    if case in problems:
+        msgs.append("group problems: " + " | ".join(problems[case]))
     assert not msgs, f"world {world} {case}: " + "\n".join(msgs)
 
 

@@ -81,6 +81,12 @@ def _ag(world, rows_list, k, n, producer_chunks=2):
         ref = ag_gemm_ref(shards, b)
         for r, p in enumerate(plans):
             torch.testing.assert_close(p["out"], ref, rtol=1e-4, atol=1e-4, msg=lambda m: f"rank {r} rows {rows}: {m}")
+    _no_wait_errors(hs)
+
+
+def _no_wait_errors(hs):
+    for h in hs:
+        h.check()  # a wait the simulation order could not satisfy would be recorded (and raise here)
 
 
 def case_ag_gemm_world1():
@@ -106,6 +112,7 @@ def _rs(world, rows_list, n):
             op.release(p)
         for r, (p, ref) in enumerate(zip(plans, gemm_rs_ref(a, b, rows))):
             torch.testing.assert_close(p["out"], ref, rtol=1e-4, atol=1e-4, msg=lambda m: f"rank {r} rows {rows}: {m}")
+    _no_wait_errors(hs)
 
 
 def case_gemm_rs_uneven():
@@ -146,6 +153,7 @@ def case_all_to_all():
             op.release(p)
         for r, p in enumerate(back):
             assert torch.equal(p["out"][: xs[r].shape[0]], xs[r]), f"combine rank {r}"
+    _no_wait_errors(hs)
 
 
 def case_all_to_all_overflow_fails_closed():

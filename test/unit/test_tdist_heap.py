@@ -94,7 +94,8 @@ def test_simulated_heaps_are_symmetric_views():
     hs = simulate_group(3, CFG)
     assert [h.rank for h in hs] == [0, 1, 2] and all(h.world == 3 for h in hs)
     assert all(b % 512 == 0 for b in hs[0].bases)
-    assert all(h.meta.tolist() == [h.rank, 3, *hs[0].bases] for h in hs)
+    assert all(h.meta.tolist() == [h.rank, 3, *hs[0].bases, CFG.wait_timeout_ns] for h in hs)
+    assert all(h.layout.signals("tdist.error", 8) == 0 for h in hs)  # the error record is slots 0..7
     ts = [h.tensor("g", (4, 5), torch.float32) for h in hs]
     offs = [t.data_ptr() - h.bases[h.rank] for t, h in zip(ts, hs)]
     assert len(set(offs)) == 1 and offs[0] >= CFG.signal_bytes
@@ -159,3 +160,48 @@ def test_op_argument_validation():
         a2a.prepare(torch.randn(4, 7), torch.tensor([2, 2], dtype=torch.int32))
     with pytest.raises(ValueError, match="capacity"):
         AllToAll(h, 0, 8)
+
+
+def test_wait_error_record_decodes_kernel_rank_signal():
+    from sgl_kernel.tdist.heap import TdistWaitError
+    from sgl_kernel.tdist.layout import ERR_CMP, ERR_EXPECT, ERR_NS, ERR_REASON, ERR_SEEN, ERR_SIG, ERR_SITE
+
+    hs = simulate_group(2, CFG)
+    arrive = [h.signals("gemm_rs.arrive", 2) for h in hs]
+    hs[1].check()  # clean record: no error
+    idx = hs[1].layout.signals("gemm_rs.arrive", 2)
+    rec = hs[1].error
+    rec[0] = 2  # abort word: rank 1 timed out first
+    rec[ERR_SITE], rec[ERR_SIG], rec[ERR_EXPECT], rec[ERR_SEEN] = 6, (idx + 0) * 8, 12, 8
+    rec[ERR_REASON], rec[ERR_CMP], rec[ERR_NS] = 1, 3, 30_000_000_000
+    with pytest.raises(TdistWaitError) as e:
+        hs[1].check()
+    msg = str(e.value)
+    for part in ("rank 1 of 2", "rs_reduce_kernel", "gemm_rs.arrive[0]", ">= 12", "last value 8", "timed out",
+                 "after 30.000 s", "HeapConfig.wait_timeout_s"):
+        assert part in msg, (part, msg)
+    hs[0].error[0] = 2  # the peer only saw the abort word
+    with pytest.raises(TdistWaitError, match="aborted by rank 1"):
+        hs[0].barrier()
+    assert arrive[0].abs().sum() == 0
+    assert "not a heap signal" in hs[0].signal_name(-4096)
+
+
+def test_compare_accepts_a_rank_without_rows():
+    """Regression of the 2026-11-25 GPU group stall: the old helper took ``ref.abs().max()`` of the empty reference
+    of the rank that owns no rows, which raises, so only that rank left case_gemm_rs and its peers waited for it."""
+    from sgl_kernel.tdist.reference import compare, gemm_rs_ref
+
+    with pytest.raises(RuntimeError):
+        torch.empty(0, 448).abs().max()  # what the old helper did
+    a = [torch.randn(129, 32) for _ in range(2)]
+    b = [torch.randn(48, 32).t() for _ in range(2)]
+    ref = gemm_rs_ref(a, b, [0, 129])
+    assert ref[0].shape == (0, 48) and compare(torch.empty(0, 48), ref[0], "rank 0") == []
+    assert compare(ref[1].clone(), ref[1], "rank 1") == []
+    bad = ref[1].clone()
+    bad[3, 4] += 100.0
+    assert "max error" in compare(bad, ref[1], "rank 1")[0]
+    bad[0, 0] = float("nan")
+    assert "non-finite" in compare(bad, ref[1], "rank 1")[0]
+    assert "shape" in compare(torch.empty(1, 48), ref[0], "rank 0")[0]

@@ -5,6 +5,11 @@ row-parallel layers (Zheng et al., "Triton-distributed", 2025, sec. 3.2-3.3), be
 One :class:`~sgl_kernel.tdist.heap.SymmetricHeap` per TP group (CUDA IPC, no multicast). Fused ops are built lazily
 per (kind, K, N, dtype) on first use; every rank runs the same layers in the same order, so the heap's bookkeeping
 stays symmetric. Buffers are sized for ``max_tokens`` rows.
+
+Fail closed: the kernels' device waits are bounded (HeapConfig.wait_timeout_s); after every fused op the heap's error
+word is copied asynchronously to pinned host memory, and the next op raises
+:class:`~sgl_kernel.tdist.heap.TdistWaitError` (kernel, rank, signal) once it shows a failed wait, so a stuck peer
+turns into an error within one forward instead of a hang or silently wrong tokens.
 """
 
 from __future__ import annotations
@@ -41,6 +46,16 @@ class TdistSequenceParallelOps(SequenceParallelOps):
         self.heap = SymmetricHeap.create(group, device, HeapConfig(data_bytes=heap_bytes, signal_slots=16384))
         self._ops: Dict[Tuple, object] = {}
         self._warned = False
+        # abort word + first failing site of the error record, polled without a device sync
+        self._err_host = torch.zeros(2, dtype=torch.int64, pin_memory=True)
+
+    def _poll_error(self) -> None:
+        """Raise TdistWaitError (synchronizing, full message) if an earlier op's device wait gave up."""
+        if int(self._err_host[0]) or int(self._err_host[1]):
+            self.heap.check()
+
+    def _track_error(self) -> None:
+        self._err_host.copy_(self.heap.error[:2], non_blocking=True)
 
     def _op(self, kind: str, k: int, n: int, dtype: torch.dtype):
         key = (kind, k, n, dtype)
@@ -75,8 +90,10 @@ class TdistSequenceParallelOps(SequenceParallelOps):
         rows = _check_rows(rows, self.world_size)
         if self._too_big(rows):
             return self._torch.ag_linear(x_shard, weight, bias, rows)
+        self._poll_error()
         op = self._op("ag", weight.shape[1], weight.shape[0], x_shard.dtype)
         out = op(x_shard.contiguous(), weight.t(), rows)
+        self._track_error()
         return out + bias if bias is not None else out
 
     def gather_rows(self, x_shard, rows):
@@ -88,6 +105,8 @@ class TdistSequenceParallelOps(SequenceParallelOps):
         rows = _check_rows(rows, self.world_size)
         if self._too_big(rows):
             return self._torch.linear_rs(x, weight, bias, rows)
+        self._poll_error()
         op = self._op("rs", weight.shape[1], weight.shape[0], x.dtype)
         out = op(x.contiguous(), weight.t(), rows)
+        self._track_error()
         return out + bias if bias is not None else out

@@ -35,7 +35,7 @@ def ag_producer_kernel(meta, a_local, gather, seg_sig, ready, n_elems, dst_off, 
     me = P.rank(meta)
     world = P.num_ranks(meta)
     dest = (me + 1 + j) % world
-    P.wait(ready + dest, ready_epoch)
+    P.wait(ready + dest, ready_epoch, meta, 3)
     per = tl.cdiv(n_elems, CHUNKS)
     start = c * per
     n = tl.minimum(per, n_elems - start)
@@ -77,7 +77,7 @@ def ag_gemm_consumer_kernel(meta, a_local, gather, b, c, seg_sig, row_off, tiles
     if seg == me:
         a_ptrs = a_local + rows_local[:, None].to(tl.int64) * K + ks[None, :]
     else:
-        tok = P.wait(seg_sig + seg, target)
+        tok = P.wait(seg_sig + seg, target, meta, 4)
         a_ptrs = P.consume_token(gather + (r0 + rows_local[:, None]).to(tl.int64) * K + ks[None, :], tok)
     b_ptrs = b + ks[:, None].to(tl.int64) * stride_bk + cols[None, :].to(tl.int64) * stride_bn
     acc = tl.zeros((BM, BN), dtype=tl.float32)
@@ -141,8 +141,10 @@ class AgGemm:
             self.consume(plan)
             torch.cuda.current_stream(dev).wait_stream(self._side_stream(dev))
         else:
-            # the producer is submitted before the consumer, so its few CTAs are dispatched first; it only waits on
-            # releases of the previous call, so it always finishes (use producer="ce" to need no SMs at all)
+            # the producer is submitted before the consumer on a high-priority stream, so its few CTAs are dispatched
+            # first even when the consumer grid exceeds the resident capacity (consumer CTAs spinning on a peer's
+            # segment must not keep this rank's producer off the SMs: with every rank doing so that is a cycle); it
+            # only waits on releases of the previous call, so it always finishes (producer="ce" needs no SMs at all)
             main = torch.cuda.current_stream(dev)
             side = self._side_stream(dev)
             side.wait_stream(main)
@@ -218,5 +220,5 @@ class AgGemm:
 
     def _side_stream(self, dev) -> "torch.cuda.Stream":
         if self._side is None:
-            self._side = torch.cuda.Stream(dev)
+            self._side = torch.cuda.Stream(dev, priority=-1)  # high priority: producer CTAs are dispatched first
         return self._side

@@ -42,7 +42,7 @@ def a2a_send_kernel(meta, x, send_counts, slots, counts, arrive, ready, ready_ep
         start_row += tl.where(d < dest, tl.load(send_counts + d), 0)
     cnt = tl.load(send_counts + dest)
     ok = cnt <= capacity
-    P.wait(ready + dest, ready_epoch)
+    P.wait(ready + dest, ready_epoch, meta, 7)
     n_elems = tl.where(ok, cnt, 0).to(tl.int64) * H
     per = tl.cdiv(n_elems, CHUNKS)
     lo = c * per
@@ -63,7 +63,7 @@ def a2a_recv_kernel(meta, slots, counts, arrive, out, recv_counts, target, H, ca
     start_row = tl.zeros((), tl.int64)
     cnt = tl.zeros((), tl.int64)
     for p in range(0, s + 1):
-        tok = P.wait(arrive + p, target)
+        tok = P.wait(arrive + p, target, meta, 8)
         v = tl.load(P.consume_token(counts + p, tok), volatile=True)
         vv = tl.maximum(v, 0)
         start_row += tl.where(p < s, vv, 0)

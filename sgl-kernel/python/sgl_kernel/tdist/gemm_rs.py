@@ -67,7 +67,7 @@ def gemm_rs_kernel(meta, a, b, partial, arrive, ready, row_off, tiles, ready_epo
             acc = tl.dot(x, y, acc)
         a_ptrs += BK
         b_ptrs += BK * stride_bk
-    P.wait(ready + seg, ready_epoch)
+    P.wait(ready + seg, ready_epoch, meta, 5)
     dst = partial + (me * max_rows + rows_local[:, None]).to(tl.int64) * N + cols[None, :]
     tl.store(P.symm_at(dst, seg, meta), acc.to(partial.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
     P.notify(arrive + me, seg, meta, 1, P.SIGNAL_ADD)
@@ -86,7 +86,7 @@ def rs_reduce_kernel(meta, partial, arrive, out, target, M, N, max_rows, stride_
     mask = (rows[:, None] < M) & (cols[None, :] < N)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for s in range(0, world):
-        tok = P.wait(arrive + s, target)
+        tok = P.wait(arrive + s, target, meta, 6)
         ptrs = P.consume_token(partial + (s * max_rows + rows[:, None]).to(tl.int64) * N + cols[None, :], tok)
         acc += tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out + rows[:, None].to(tl.int64) * stride_om + cols[None, :], acc.to(out.dtype.element_ty), mask=mask)

@@ -2,8 +2,9 @@
 
 Each rank allocates one heap (:class:`~sgl_kernel.tdist.layout.HeapConfig`: int64 signal slots, then data regions)
 and maps every peer's heap into its address space through CUDA IPC (:mod:`sgl_kernel.tdist.cuda_ipc`). Kernels get
-one small int64 tensor, ``heap.meta = [rank, world, base_0, ..., base_{world-1}]`` (bases as mapped in *this*
-process), and translate a local heap address to a peer's with ``ptr + (base[peer] - base[rank])`` (the ``symm_at``
+one small int64 tensor, ``heap.meta = [rank, world, base_0, ..., base_{world-1}, wait_budget_ns]`` (bases as mapped
+in *this* process; the budget bounds every device wait, see primitives.signal_wait_until), and translate a local
+heap address to a peer's with ``ptr + (base[peer] - base[rank])`` (the ``symm_at``
 primitive). Multicast objects are never created. The handle exchange follows tw-comm's workspace
 (``sglang.srt.distributed.tw_comm``): allocate, export, all-gather the 64-byte handles over the group, open the peers;
 it works with a gloo group, so several ranks can share one GPU (CUDA IPC maps within a device across processes).
@@ -26,9 +27,16 @@ from typing import Callable, List, Optional, Sequence
 
 import torch
 
-from sgl_kernel.tdist.layout import HeapConfig, HeapLayout, SIGNAL_BYTES, SignalEpochs
+from sgl_kernel.tdist.layout import (ERR_ABORT, ERR_CMP, ERR_EXPECT, ERR_NS, ERR_REASON, ERR_SEEN, ERR_SIG, ERR_SITE,
+                                     ERROR_SLOTS, HeapConfig, HeapLayout, SIGNAL_BYTES, SignalEpochs, WAIT_CMPS,
+                                     WAIT_REASONS, WAIT_SITES)
 
 logger = logging.getLogger(__name__)
+
+
+class TdistWaitError(RuntimeError):
+    """A device-side wait of a tdist kernel gave up (timed out, or its group was aborted by a peer that timed out).
+    The message names the kernel, the rank, the signal (heap name and index), the awaited and the last seen value."""
 
 
 class _DevicePointer:
@@ -44,8 +52,9 @@ class SymmetricHeap:
 
     Attributes: rank, world (ints); device (torch.device); config (HeapConfig); layout (HeapLayout, same calls on
     every rank); epochs (SignalEpochs, same calls on every rank); local (uint8 [total_bytes] tensor on device: this
-    rank's heap); meta (int64 [2 + world] on device: rank, world, peer base addresses); signal (int64
-    [signal_slots] view of the signal region). Build it with :meth:`create` (collective) or :func:`simulate_group`.
+    rank's heap); meta (int64 [3 + world] on device: rank, world, peer base addresses, wait budget in ns); signal
+    (int64 [signal_slots] view of the signal region; slots 0..7 are the device error record, see :meth:`check`).
+    Build it with :meth:`create` (collective) or :func:`simulate_group`.
     """
 
     def __init__(self, rank: int, world: int, local: torch.Tensor, bases: Sequence[int], config: HeapConfig,
@@ -60,9 +69,13 @@ class SymmetricHeap:
         self.local = local
         self.device = local.device
         self.bases = tuple(int(b) for b in bases)
-        self.meta = torch.tensor([rank, world, *self.bases], dtype=torch.int64, device=self.device)
+        self.meta = torch.tensor([rank, world, *self.bases, config.wait_timeout_ns], dtype=torch.int64,
+                                 device=self.device)
         self.signal = local[: config.signal_slots * SIGNAL_BYTES].view(torch.int64)
         self.layout = HeapLayout(config)
+        self.error = self.signals("tdist.error", ERROR_SLOTS)  # first allocation: slots 0..7 on every rank
+        if self.layout._signals["tdist.error"][0] != 0:
+            raise RuntimeError("the error record must be the heap's first signal allocation")
         self.epochs = SignalEpochs()
         self._barrier = barrier
         self._closer = closer
@@ -84,15 +97,57 @@ class SymmetricHeap:
         return self.signal[i: i + n]
 
     def barrier(self) -> None:
-        """Host barrier: this rank's device work is finished and every rank reached this point."""
+        """Host barrier: this rank's device work is finished and every rank reached this point. Raises
+        :class:`TdistWaitError` (before the host barrier) if a device wait of this rank gave up."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+        self.check()
         self._barrier()
 
+    def signal_name(self, byte_offset: int) -> str:
+        """Human name of the signal at ``byte_offset`` from the heap base: ``"name[i]"`` of its signals() block, or
+        a description when the address is not a named heap signal."""
+        if byte_offset % SIGNAL_BYTES == 0 and 0 <= byte_offset < self.config.signal_slots * SIGNAL_BYTES:
+            slot = byte_offset // SIGNAL_BYTES
+            for name, (i, n) in self.layout._signals.items():
+                if i <= slot < i + n:
+                    return f"{name}[{slot - i}] (slot {slot})"
+            return f"unallocated signal slot {slot}"
+        return f"address heap_base{byte_offset:+d} (not a heap signal)"
+
+    def wait_error(self) -> Optional[str]:
+        """The decoded device error record of this rank (None when no wait gave up). Synchronizing (reads 8 int64
+        from the device)."""
+        rec = [int(v) for v in self.error.tolist()]
+        if rec[ERR_ABORT] == 0 and rec[ERR_SITE] == 0:
+            return None
+        first = rec[ERR_ABORT] - 1
+        head = f"tdist device wait failed on rank {self.rank} of {self.world}"
+        if rec[ERR_SITE] == 0:
+            return (f"{head}: the group was aborted by rank {first} (one of its waits gave up); no wait of this "
+                    "rank failed yet")
+        site = WAIT_SITES.get(rec[ERR_SITE], f"site {rec[ERR_SITE]}")
+        reason = WAIT_REASONS.get(rec[ERR_REASON], f"reason {rec[ERR_REASON]}")
+        cmp = WAIT_CMPS.get(rec[ERR_CMP], "?")
+        return (f"{head}: kernel {site} waited for signal {self.signal_name(rec[ERR_SIG])} {cmp} {rec[ERR_EXPECT]}, "
+                f"last value {rec[ERR_SEEN]}, after {rec[ERR_NS] / 1e9:.3f} s: {reason}"
+                + (f"; group aborted by rank {first}" if first >= 0 else "")
+                + f" (budget {self.config.wait_timeout_s} s: HeapConfig.wait_timeout_s)")
+
+    def check(self) -> None:
+        """Raise :class:`TdistWaitError` naming kernel, rank and signal if a device wait of this rank gave up (its
+        results since then are garbage; the heap stays poisoned: rebuild the group). Synchronizing."""
+        msg = self.wait_error()
+        if msg is not None:
+            raise TdistWaitError(msg)
+
     def close(self) -> None:
-        """Collective: barrier, then unmap peers and free this rank's heap. Idempotent."""
+        """Collective: barrier, then unmap peers and free this rank's heap. Idempotent. Does not raise for a
+        recorded wait error (call :meth:`check` first to see it)."""
         if self._closer is not None:
-            self.barrier()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self._barrier()
             closer, self._closer = self._closer, None
             closer()
 

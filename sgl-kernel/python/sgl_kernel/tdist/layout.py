@@ -17,6 +17,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, Sequence, Tuple
 
+# ---- device error record (the first ERROR_SLOTS int64 signal slots of every rank's heap) ---------------------------
+# A bounded wait that gives up writes, in its own rank's heap: [ERR_ABORT] = 1 + rank of the first rank that timed
+# out (also written into every peer's heap, so their waits give up at once instead of each burning the full budget);
+# the first failing wait of the rank (CAS of [ERR_SITE] from 0) fills [ERR_SITE] = kernel site code (WAIT_SITES),
+# [ERR_SIG] = byte offset of the awaited signal from the heap base (outside [0, signal bytes) = not a heap signal),
+# [ERR_EXPECT] = awaited value, [ERR_SEEN] = last value read, [ERR_REASON] (WAIT_REASONS), [ERR_CMP] (comparison
+# code), [ERR_NS] = nanoseconds waited. The host decodes it with SymmetricHeap.check().
+ERROR_SLOTS = 8
+ERR_ABORT, ERR_SITE, ERR_SIG, ERR_EXPECT, ERR_SEEN, ERR_REASON, ERR_CMP, ERR_NS = range(8)
+WAIT_REASONS = {1: "timed out", 2: "gave up: a peer rank timed out first (group aborted)",
+                3: "can never be satisfied in this one-process simulation (a rank would wait forever)"}
+WAIT_CMPS = {0: "==", 1: "!=", 2: ">", 3: ">=", 4: "<", 5: "<="}
+# site codes passed (constexpr) by every kernel's waits, so the host error names the kernel
+WAIT_SITES = {1: "test/user kernel", 2: "barrier_all", 3: "ag_producer_kernel", 4: "ag_gemm_consumer_kernel",
+              5: "gemm_rs_kernel", 6: "rs_reduce_kernel", 7: "a2a_send_kernel", 8: "a2a_recv_kernel",
+              9: "mp_consumer_kernel", 10: "pingpong_kernel", 11: "pingpong_cta_kernel"}
+
 ALIGN = 256  # bytes: every region starts on a 256-byte boundary (vectorized 16-byte accesses, TMA-friendly)
 SIGNAL_BYTES = 8  # one signal slot: int64
 
@@ -37,12 +54,20 @@ class HeapConfig:
 
     data_bytes: int = 256 << 20
     signal_slots: int = 8192
+    wait_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.data_bytes <= 0:
             raise ValueError(f"data_bytes={self.data_bytes} must be > 0; give the heap some data space")
         if self.signal_slots <= 0:
             raise ValueError(f"signal_slots={self.signal_slots} must be > 0")
+        if not self.wait_timeout_s > 0:
+            raise ValueError(f"wait_timeout_s={self.wait_timeout_s} must be > 0 seconds (device waits are bounded)")
+
+    @property
+    def wait_timeout_ns(self) -> int:
+        """:attr:`wait_timeout_s` in nanoseconds (``%globaltimer`` units), the last entry of ``heap.meta``."""
+        return int(self.wait_timeout_s * 1e9)
 
     @property
     def signal_bytes(self) -> int:

@@ -23,7 +23,7 @@ def mp_producer_kernel(meta, data, src, sig, n, epoch, peer, BLOCK: tl.constexpr
 def mp_consumer_kernel(meta, data, out, sig, n, epoch, BLOCK: tl.constexpr):
     """Message passing, reader side: wait (ld.acquire.sys) until local ``sig >= epoch``, then copy local ``data`` to
     ``out`` through consume_token'd pointers. Correct ordering means ``out`` never holds stale data."""
-    tok = P.wait(sig, epoch)
+    tok = P.wait(sig, epoch, meta, 9)
     for start in range(0, n, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         m = offs < n
@@ -46,10 +46,10 @@ def pingpong_kernel(meta, sig, data, log, iters, base, peer, BLOCK: tl.constexpr
         if me < peer:
             tl.store(P.symm_at(data + offs, peer, meta), tl.full([BLOCK], 0, tl.int64) + e)
             P.notify(sig, peer, meta, e, P.SIGNAL_SET)
-            tok = P.wait(sig, e)
+            tok = P.wait(sig, e, meta, 10)
             got = tl.load(P.consume_token(data + offs, tok))
         else:
-            tok = P.wait(sig, e)
+            tok = P.wait(sig, e, meta, 10)
             got = tl.load(P.consume_token(data + offs, tok))  # read before answering: rank 0 overwrites it next
             tl.store(P.symm_at(data + offs, peer, meta), tl.full([BLOCK], 0, tl.int64) + e)
             P.notify(sig, peer, meta, e, P.SIGNAL_SET)
@@ -94,13 +94,14 @@ def barrier_kernel(meta, sig, epoch, out):
 
 
 @triton.jit
-def pingpong_cta_kernel(sig, data, log, iters, BLOCK: tl.constexpr):
+def pingpong_cta_kernel(meta, sig, data, log, iters, BLOCK: tl.constexpr):
     """Message-passing litmus at full concurrency: launch with grid (2,); CTA 0 and CTA 1 (resident together on two
     SMs) play the two sides of :func:`pingpong_kernel` on local memory: per round e, a side writes ``BLOCK`` int64
     (every thread several elements) into the other's mailbox ``data[other]``, SETs ``sig[other] = e``
     (bar.sync + st.release.sys), and the other side waits (ld.acquire.sys) and checks every element is e. Unlike the
     cross-process version on a shared GPU (where contexts take turns), the two CTAs really run at the same time, so
-    a missing barrier or a weak release would show up as stale elements. ``log[pid]`` = stale elements seen."""
+    a missing barrier or a weak release would show up as stale elements. ``log[pid]`` = stale elements seen.
+    ``meta`` is only used by the bounded waits (budget, error record of the calling rank)."""
     pid = tl.program_id(0)
     other = 1 - pid
     offs = tl.arange(0, BLOCK)
@@ -110,10 +111,10 @@ def pingpong_cta_kernel(sig, data, log, iters, BLOCK: tl.constexpr):
         if pid == 0:
             tl.store(data + other * BLOCK + offs, tl.full([BLOCK], 0, tl.int64) + e)
             P.signal_op(sig + other, e, P.SIGNAL_SET)
-            tok = P.wait(sig + pid, e)
+            tok = P.wait(sig + pid, e, meta, 11)
             got = tl.load(P.consume_token(data + pid * BLOCK + offs, tok))
         else:
-            tok = P.wait(sig + pid, e)
+            tok = P.wait(sig + pid, e, meta, 11)
             got = tl.load(P.consume_token(data + pid * BLOCK + offs, tok))
             tl.store(data + other * BLOCK + offs, tl.full([BLOCK], 0, tl.int64) + e)
             P.signal_op(sig + other, e, P.SIGNAL_SET)

@@ -1,7 +1,8 @@
 """OpenSHMEM-style device primitives for Triton kernels (Zheng et al., "Triton-distributed", 2025, sec. 2-3, Table 1).
 
 All are ``@triton.jit`` device functions over the symmetric heap of :mod:`sgl_kernel.tdist.heap`. A kernel receives
-``meta`` (int64 ``[rank, world, base_0 .. base_{world-1}]``) and calls these functions with *local* heap pointers;
+``meta`` (int64 ``[rank, world, base_0 .. base_{world-1}, wait_budget_ns]``) and calls these functions with *local*
+heap pointers;
 ``symm_at`` turns them into a peer's. Signals are int64 slots (``*i64``) that are set to an epoch or counted up, never
 reset (see layout.py).
 
@@ -18,6 +19,10 @@ other GPUs, so ``.gpu`` scope would not be enough):
   is applied exactly once per CTA.
 * ``fence``: ``fence.acq_rel.sys``; ``quiet``: ``bar.sync`` + ``fence.sc.sys``: all puts issued by the CTA so far
   are ordered before anything after it (our puts are plain stores, so this is completion in the OpenSHMEM sense).
+
+Waits are bounded (fail closed, never a hang): ``meta`` ends with a budget in nanoseconds; a wait that runs out
+records kernel site, signal and values in its rank's error record (heap slot 0..7, layout.py ``ERR_*``), aborts the
+group (every rank's waits then give up at once) and returns; the host raises from ``SymmetricHeap.check()``.
 
 Triton has no scoped acquire load / release store, so those are ``tl.inline_asm_elementwise``. Under
 ``TRITON_INTERPRET=1`` (numpy, one program at a time, sequentially consistent) each primitive falls back to plain
@@ -129,14 +134,16 @@ def red_release(ptr, value):
 def atomic_add(ptr, value):
     """``atom.acq_rel.sys.global.add`` (Triton's ``tl.atomic_add`` with sem="acq_rel", scope="sys"): returns the old
     value; acquire and release at system scope. One thread performs a scalar atomic (Triton's masking)."""
-    return tl.atomic_add(ptr, value, sem="acq_rel", scope="sys")
+    return tl.atomic_add(ptr, tl.cast(value, ptr.dtype.element_ty), sem="acq_rel", scope="sys")
 
 
 @triton.jit
 def atomic_cas(ptr, compare, value):
     """``atom.acq_rel.sys.global.cas``: if ``*ptr == compare`` store ``value``; returns the old value; acquire and
-    release at system scope."""
-    return tl.atomic_cas(ptr, compare, value, sem="acq_rel", scope="sys")
+    release at system scope. ``compare`` / ``value`` are cast to the pointed-to type first (an int launch argument
+    arrives as i32 while signals are i64; Triton's atomic_cas rejects mixed types)."""
+    elt = ptr.dtype.element_ty
+    return tl.atomic_cas(ptr, tl.cast(compare, elt), tl.cast(value, elt), sem="acq_rel", scope="sys")
 
 
 @triton.jit
@@ -192,19 +199,108 @@ def _cmp(v, value, cmp: tl.constexpr):
 
 
 @triton.jit
-def signal_wait_until(sig, cmp: tl.constexpr, value):
+def _globaltimer():
+    """``%globaltimer``: the GPU's wall clock in nanoseconds (keeps running while the context is switched out)."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def _error_record(errp, site, off, value, seen, reason, cmp, ns):
+    """Fill this rank's error record (layout.py ERR_*) once: every calling thread CASes ``errp[1]`` (site) from 0;
+    only the winner stores the details. Inline PTX without barriers, so it is safe on a divergent path (only the
+    threads whose wait failed execute it)."""
+    if _INTERPRET:
+        if tl.load(errp + 1) == 0:
+            tl.store(errp + 1, tl.cast(site, tl.int64))
+            tl.store(errp + 2, tl.cast(off, tl.int64))
+            tl.store(errp + 3, tl.cast(value, tl.int64))
+            tl.store(errp + 4, tl.cast(seen, tl.int64))
+            tl.store(errp + 5, tl.cast(reason, tl.int64))
+            tl.store(errp + 6, tl.cast(cmp, tl.int64))
+            tl.store(errp + 7, tl.cast(ns, tl.int64))
+    else:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; .reg .b64 old, zero; mov.b64 zero, 0; "
+            "atom.relaxed.sys.global.cas.b64 old, [$1+8], zero, $2; setp.eq.s64 p, old, 0; "
+            "@p st.relaxed.sys.global.b64 [$1+16], $3; @p st.relaxed.sys.global.b64 [$1+24], $4; "
+            "@p st.relaxed.sys.global.b64 [$1+32], $5; @p st.relaxed.sys.global.b64 [$1+40], $6; "
+            "@p st.relaxed.sys.global.b64 [$1+48], $7; @p st.relaxed.sys.global.b64 [$1+56], $8; mov.b32 $0, 0; }",
+            "=r,l,l,l,l,l,l,l,l",
+            [errp, tl.cast(site, tl.int64), tl.cast(off, tl.int64), tl.cast(value, tl.int64),
+             tl.cast(seen, tl.int64), tl.cast(reason, tl.int64), tl.cast(cmp, tl.int64), tl.cast(ns, tl.int64)],
+            dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _store_sys(ptr, value):
+    """``st.relaxed.sys.global.b64`` by every calling thread, no barrier (safe on a divergent path)."""
+    if _INTERPRET:
+        tl.store(ptr, tl.cast(value, tl.int64))
+    else:
+        tl.inline_asm_elementwise("st.relaxed.sys.global.b64 [$1], $2; mov.b32 $0, 0;", "=r,l,l",
+                                  [ptr, tl.cast(value, tl.int64)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _wait_failed(errp, meta, me, world, site, sig, value, seen, reason, cmp, ns):
+    """A wait gave up: record it in this rank's error record; if it timed out (reason 1) and no rank aborted the
+    group yet, set the abort word ``1 + me`` in every rank's record (so their waits give up too)."""
+    off = sig.to(tl.int64) - tl.load(meta + 2 + me)
+    _error_record(errp, site, off, value, seen, reason, cmp, ns)
+    if (reason == 1) | (reason == 3):
+        for p in range(0, world):
+            _store_sys(symm_at(errp, p, meta), me + 1)
+
+
+@triton.jit
+def signal_wait_until(sig, cmp: tl.constexpr, value, meta, site: tl.constexpr):
     """Spin with :func:`ld_acquire` (every thread) until ``*sig <cmp> value``; returns the last value read (the
-    token for :func:`consume_token`). Acquire at system scope: the data the signaller released is visible after it."""
+    token for :func:`consume_token`). Acquire at system scope: the data the signaller released is visible after it.
+
+    Bounded (fail closed): ``meta[2 + world]`` is the budget in nanoseconds of ``%globaltimer`` (wall clock, so time
+    spent switched out on a time-sliced GPU counts). Every 1024 polls the thread also reads its rank's abort word
+    (heap slot 0). On expiry, or when a peer aborted the group, the wait records ``site`` (constexpr kernel code of
+    layout.WAIT_SITES), the signal's heap offset, the awaited and last values in its rank's error record, sets the
+    abort word on every rank (expiry only) and returns the unsatisfied value; the kernel then runs on with garbage
+    and the host's :meth:`SymmetricHeap.check` raises naming kernel, rank and signal. ``sig`` may be any global
+    int64 address (a heap signal is named by the host; another address is reported by offset).
+    Under ``TRITON_INTERPRET=1`` (one thread, nothing else can change ``*sig`` during the wait) an unsatisfied
+    condition is recorded at once (reason 3: would wait forever) instead of spinning forever."""
+    me = tl.load(meta).to(tl.int32)
+    world = tl.load(meta + 1).to(tl.int32)
+    errp = tl.load(meta + 2 + me).to(tl.pointer_type(tl.int64))
     v = ld_acquire(sig)
-    while not _cmp(v, value, cmp):
-        v = ld_acquire(sig)
+    if _INTERPRET:
+        if not _cmp(v, value, cmp):
+            reason = 3
+            if tl.load(errp) != 0:
+                reason = 2
+            _wait_failed(errp, meta, me, world, site, sig, value, v, reason, cmp, 0)
+    else:
+        done = _cmp(v, value, cmp)
+        t0 = _globaltimer()
+        budget = tl.load(meta + 2 + world)
+        it = 0
+        while not done:
+            v = ld_acquire(sig)
+            done = _cmp(v, value, cmp)
+            it += 1
+            if (it & 1023) == 0:
+                aborted = tl.load(errp, volatile=True) != 0
+                ns = _globaltimer() - t0
+                late = ns > budget
+                if (aborted | late) & (not done):
+                    reason = tl.where(aborted, 2, 1)
+                    _wait_failed(errp, meta, me, world, site, sig, value, v, reason, cmp, ns)
+                done = done | aborted | late
     return v
 
 
 @triton.jit
-def wait(sig, value):
-    """:func:`signal_wait_until` with ``>=`` (the epoch/counter convention of layout.py); returns the token."""
-    return signal_wait_until(sig, 3, value)
+def wait(sig, value, meta, site: tl.constexpr):
+    """:func:`signal_wait_until` with ``>=`` (the epoch/counter convention of layout.py); returns the token.
+    Bounded: see :func:`signal_wait_until` (``site`` names the calling kernel in the host's error)."""
+    return signal_wait_until(sig, 3, value, meta, site)
 
 
 @triton.jit
@@ -276,4 +372,4 @@ def barrier_all(meta, sig, epoch):
     for p in range(0, world):
         st_release(symm_at(sig + me, p, meta), epoch)
     for p in range(0, world):
-        wait(sig + p, epoch)
+        wait(sig + p, epoch, meta, 2)

@@ -31,3 +31,21 @@ def all_to_all_ref(xs: Sequence[torch.Tensor], send_counts: Sequence[Sequence[in
     outs = [torch.cat([pieces[s][d] for s in range(world)]) for d in range(world)]
     recv = [[int(send_counts[s][d]) for s in range(world)] for d in range(world)]
     return outs, recv
+
+
+def compare(got: torch.Tensor, ref: torch.Tensor, tag: str, rel: float = 2e-2) -> List[str]:
+    """Failures (empty list = pass) of ``got`` vs ``ref``: shape mismatch, non-finite values (unwritten rows), or
+    max abs error above ``rel * max(1, max|ref|)``. Empty tensors (a rank that owns no rows) compare equal when the
+    shapes match: the GPU group of 2026-11-25 stalled because the old test helper called ``.max()`` on an empty
+    reference, which raised on that rank only, so it abandoned the remaining collective calls and its peers waited
+    forever for its GEMM-RS tiles."""
+    if tuple(got.shape) != tuple(ref.shape):
+        return [f"{tag}: shape {tuple(got.shape)} != reference {tuple(ref.shape)}"]
+    if got.numel() == 0:
+        return []
+    g, r = got.float(), ref.float().to(got.device)
+    if not torch.isfinite(g).all():
+        return [f"{tag}: non-finite output (unwritten rows?)"]
+    scale = max(1.0, float(r.abs().max()))
+    err = float((g - r).abs().max())
+    return [] if err <= rel * scale else [f"{tag}: max error {err:.4g} (scale {scale:.3g})"]

@@ -3,9 +3,12 @@
 Used by the GPU tests and ``benchmark/bench_tdist.py``. Each rank: sets the multicast-off environment, joins a gloo
 process group (host control only; several ranks may share one GPU, which NCCL refuses), builds the
 :class:`~sgl_kernel.tdist.heap.SymmetricHeap` on ``cuda:(rank % device_count)`` and calls
-``fn(heap, *args) -> dict``. The parent collects the dicts; a rank that does not finish within ``timeout`` seconds is
-reported with the last progress note it sent (``note(msg)`` in the child) and all ranks are killed, so a device-side
-hang becomes an error, never a stuck run.
+``fn(heap, note, nccl, *args) -> dict``. The parent collects the dicts; a rank that does not finish within ``timeout``
+seconds (or, with ``stall_timeout``, sends nothing for that long) is reported with the last progress note it sent
+(``note(msg)`` in the child) and all ranks are killed, so a hang becomes an error, never a stuck run. Partial results
+are not lost: ``note.result(key, value)`` in the child reaches the parent's ``on_result(rank, key, value)`` at once
+(the GPU tests report each case as it finishes). Device-side waits are bounded as well (HeapConfig.wait_timeout_s),
+so a device hang surfaces as a TdistWaitError in the rank long before the host timeouts.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import queue
 import socket
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 
 
@@ -26,28 +29,59 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _child(rank: int, world: int, port: int, fn: Callable, args: Tuple, cfg, q, with_nccl: bool) -> None:
+class _Note:
+    """The child's reporting handle: ``note(msg)`` (progress), ``note.result(key, value)`` (a partial result,
+    picklable)."""
+
+    def __init__(self, q, rank: int):
+        self._q, self._rank = q, rank
+
+    def __call__(self, msg) -> None:
+        self._q.put(("note", self._rank, str(msg)))
+
+    def result(self, key: str, value: Any) -> None:
+        self._q.put(("result", self._rank, (key, value)))
+
+
+def _cpu_heap(rank: int, world: int, cfg, group):
+    """A host-memory stand-in heap (no peer mapping: kernels cannot use it) for tests of this harness on CPU."""
+    import torch
+    import torch.distributed as dist
+
+    from sgl_kernel.tdist.heap import SymmetricHeap
+
+    local = torch.zeros(cfg.total_bytes, dtype=torch.uint8)
+    return SymmetricHeap(rank, world, local, [local.data_ptr()] * world, cfg,
+                         barrier=lambda: dist.barrier(group=group), backend="cpu-test")
+
+
+def _child(rank: int, world: int, port: int, fn: Callable, args: Tuple, cfg, q, with_nccl: bool,
+           gloo_timeout: float, cpu_heap: bool = False) -> None:
     from sglang.srt.utils.nvls_env import NVLS_OFF_ENV
 
     os.environ.update(NVLS_OFF_ENV)
-    note = lambda msg: q.put(("note", rank, str(msg)))  # noqa: E731
+    note = _Note(q, rank)
     try:
         import torch
         import torch.distributed as dist
 
         from sgl_kernel.tdist.heap import SymmetricHeap
 
-        dev = torch.device("cuda", rank % torch.cuda.device_count())
-        torch.cuda.set_device(dev)
+        if not cpu_heap:
+            dev = torch.device("cuda", rank % torch.cuda.device_count())
+            torch.cuda.set_device(dev)
         import datetime
 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=600))
+                                timeout=datetime.timedelta(seconds=gloo_timeout))
         nccl = None
         if with_nccl:
             nccl = dist.new_group(backend="nccl")
         note("heap create")
-        heap = SymmetricHeap.create(dist.group.WORLD, dev, cfg)
+        if cpu_heap:
+            heap = _cpu_heap(rank, world, cfg, dist.group.WORLD)
+        else:
+            heap = SymmetricHeap.create(dist.group.WORLD, dev, cfg)
         out = fn(heap, note, nccl, *args)
         heap.close()
         q.put(("done", rank, out))
@@ -57,18 +91,23 @@ def _child(rank: int, world: int, port: int, fn: Callable, args: Tuple, cfg, q, 
 
 
 def run_ranks(world: int, fn: Callable, args: Tuple = (), *, heap_config=None, timeout: float = 600.0,
-              with_nccl: bool = False) -> Tuple[List[Any], List[str]]:
+              with_nccl: bool = False, on_result: Optional[Callable[[int, str, Any], None]] = None,
+              stall_timeout: Optional[float] = None, gloo_timeout: float = 600.0,
+              cpu_heap: bool = False) -> Tuple[List[Any], List[str]]:
     """Run ``fn(heap, note, nccl_group_or_None, *args)`` on ``world`` ranks; returns (per-rank results or None,
     problems). ``fn`` must be importable (module level). with_nccl: also create an NCCL group (needs one GPU per
-    rank). Problems name the rank and its last note (where it hung) or its traceback."""
+    rank). on_result(rank, key, value): called in this process for every ``note.result`` of a child, as it arrives.
+    stall_timeout: end the group when no rank sent anything for that many seconds. gloo_timeout: seconds of the
+    ranks' host collectives. cpu_heap: give ``fn`` a host-memory stand-in heap (tests of this harness without a
+    GPU; no kernel can use it). Problems name the rank and its last note (where it hung) or its traceback."""
     from sgl_kernel.tdist.layout import HeapConfig
 
     cfg = heap_config or HeapConfig()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_child, args=(r, world, port, fn, args, cfg, q, with_nccl), daemon=True)
-             for r in range(world)]
+    procs = [ctx.Process(target=_child, args=(r, world, port, fn, args, cfg, q, with_nccl, gloo_timeout, cpu_heap),
+                         daemon=True) for r in range(world)]
     for p in procs:
         p.start()
     results: List[Any] = [None] * world
@@ -76,7 +115,28 @@ def run_ranks(world: int, fn: Callable, args: Tuple = (), *, heap_config=None, t
     problems: List[str] = []
     finished = set()
     deadline = time.time() + timeout
+    last_msg = time.time()
+    stalled = False
+
+    def handle(kind, rank, payload) -> None:
+        nonlocal deadline
+        if kind == "note":
+            last[rank] = payload
+        elif kind == "result":
+            if on_result is not None:
+                on_result(rank, *payload)
+        elif kind == "done":
+            results[rank] = payload
+            finished.add(rank)
+        else:
+            problems.append(f"rank {rank} raised:\n{payload}")
+            finished.add(rank)
+            deadline = min(deadline, time.time() + 30.0)  # its peers may now wait on the device (bounded) or host
+
     while len(finished) < world and time.time() < deadline:
+        if stall_timeout is not None and time.time() - last_msg > stall_timeout:
+            stalled = True
+            break
         try:
             kind, rank, payload = q.get(timeout=1.0)
         except queue.Empty:
@@ -84,32 +144,23 @@ def run_ranks(world: int, fn: Callable, args: Tuple = (), *, heap_config=None, t
             if dead:
                 time.sleep(2.0)
                 while not q.empty():
-                    kind, rank, payload = q.get()
-                    if kind == "note":
-                        last[rank] = payload
-                    else:
-                        finished.add(rank)
-                        if kind == "done":
-                            results[rank] = payload
-                        else:
-                            problems.append(f"rank {rank} raised:\n{payload}")
+                    handle(*q.get())
                 for r in dead:
                     if r not in finished:
                         problems.append(f"rank {r} died (exit code {procs[r].exitcode}) after: {last[r]}")
                         finished.add(r)
             continue
-        if kind == "note":
-            last[rank] = payload
-        elif kind == "done":
-            results[rank] = payload
-            finished.add(rank)
-        else:
-            problems.append(f"rank {rank} raised:\n{payload}")
-            finished.add(rank)
-            deadline = min(deadline, time.time() + 30.0)  # its peers may now wait forever on the device
+        last_msg = time.time()
+        handle(kind, rank, payload)
+    while not q.empty():  # results that arrived with the deadline
+        try:
+            handle(*q.get(timeout=0.1))
+        except queue.Empty:
+            break
     for r in range(world):
         if r not in finished:
-            problems.append(f"rank {r} timed out after {timeout:.0f} s; last progress: {last[r]}")
+            why = (f"sent nothing for {stall_timeout:.0f} s" if stalled else f"timed out after {timeout:.0f} s")
+            problems.append(f"rank {r} {why}; last progress: {last[r]}")
     for p in procs:
         p.join(timeout=5 if not problems else 0.5)
         if p.is_alive():
