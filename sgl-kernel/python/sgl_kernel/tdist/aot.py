@@ -48,6 +48,11 @@ KERNELS: Dict[str, KernelSpec] = {
     "pingpong": KernelSpec("litmus", "pingpong_kernel",
                            {"meta": "*i64", "sig": "*i64", "data": "*i64", "log": "*i64", "iters": "i32",
                             "base": "i64", "peer": "i32", "BLOCK": "constexpr"}, {"BLOCK": 128}, (ACQ, REL) + BOUND),
+    # a small base is passed as i32 at run time (the GPU run's loop-carried type error of 2026-11-25)
+    "pingpong_i32": KernelSpec("litmus", "pingpong_kernel",
+                               {"meta": "*i64", "sig": "*i64", "data": "*i64", "log": "*i64", "iters": "i32",
+                                "base": "i32", "peer": "i32", "BLOCK": "constexpr"}, {"BLOCK": 128},
+                               (ACQ, REL) + BOUND),
     "pingpong_cta": KernelSpec("litmus", "pingpong_cta_kernel",
                                {"meta": "*i64", "sig": "*i64", "data": "*i64", "log": "*i64", "iters": "i32",
                                 "BLOCK": "constexpr"},

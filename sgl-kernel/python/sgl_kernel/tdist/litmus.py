@@ -40,7 +40,7 @@ def pingpong_kernel(meta, sig, data, log, iters, base, peer, BLOCK: tl.constexpr
     me = P.rank(meta)
     offs = tl.arange(0, BLOCK)
     bad = 0
-    last = base
+    last = tl.full((), 0, tl.int64) + base  # int64 whatever width the launcher gives base (0 -> i32)
     for i in range(0, iters):
         e = base + 1 + i
         if me < peer:
