@@ -254,3 +254,55 @@ def test_two_live_batches_on_the_triton_backend():
         results[name] = (live1, live2)
     for a, b in zip(results["triton"], results["torch_native"]):
         torch.testing.assert_close(a, b, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("prefix,extend,dtype", [([40, 7, 90], [1, 1, 1], torch.float32),
+                                                 ([40, 0, 17], [1, 12, 1], torch.float32),
+                                                 ([30, 65], [1, 1], torch.bfloat16)])
+def test_fused_rope_kv_store_through_radix_attention(monkeypatch, prefix, extend, dtype):
+    """RadixAttention with rotary_emb: the Triton backend's fused RoPE + KV store (kernel forced on CPU tensors under
+    the interpreter) equals RoPE-then-attention on torch_native and on the Triton backend with fused_rope=False:
+    outputs within rounding, pools equal (fp32: bit for bit up to RoPE rounding), q/k/v inputs usable as strided
+    views of one qkv tensor."""
+    from sglang.srt.layers import ops
+    from sglang.srt.layers.rotary_embedding import get_rope
+
+    gen = torch.Generator().manual_seed(sum(prefix) + len(extend))
+    nh, nkv, hd = 8, 2, 64
+    q, k, v, layer, make_batch = build_case(gen, prefix, extend, nh, nkv, hd, dtype)
+    qkv = torch.cat([q, k, v], dim=1)  # strided views, as after the fused qkv GEMM
+    rot = get_rope(hd, hd, 512, 10000.0)
+    positions = torch.cat([torch.arange(p, p + e) for p, e in zip(prefix, extend)])
+
+    def run(backend, force_kernel):
+        with monkeypatch.context() as m:
+            if force_kernel:
+                m.setattr(ops, "_triton", lambda t, name: ops._kernels(name))
+            fb = make_batch(backend)
+            x = qkv.clone()
+            qv, kv_, vv = x[:, : nh * hd], x[:, nh * hd: (nh + nkv) * hd], x[:, (nh + nkv) * hd:]
+            out = layer(qv, kv_, vv, fb, positions=positions, rotary_emb=rot)
+            assert torch.equal(x[:, nh * hd:], qkv[:, nh * hd:]) or not force_kernel  # fused path leaves k, v as is
+            return out, fb.token_to_kv_pool
+
+    ref, ref_pool = run(TorchNativeAttnBackend(), False)
+    fused, fused_pool = run(TritonAttnBackend(fused_rope=True), True)
+    plain, plain_pool = run(TritonAttnBackend(fused_rope=False), False)
+    assert_close(fused, ref, dtype)
+    assert_close(plain, ref, dtype)
+    for a, b in ((fused_pool.k_buffer[1], ref_pool.k_buffer[1]), (fused_pool.v_buffer[1], ref_pool.v_buffer[1]),
+                 (plain_pool.k_buffer[1], ref_pool.k_buffer[1])):
+        assert_close(a, b, dtype)
+    assert torch.equal(fused_pool.v_buffer[1], ref_pool.v_buffer[1])
+    assert torch.equal(fused_pool.k_buffer[0], ref_pool.k_buffer[0])  # other layers untouched
+
+
+def test_legacy_and_new_decode_agree():
+    """SGLANG_TRITON_DECODE_LEGACY's kernel variant and the default give the same decode output (within rounding)."""
+    gen = torch.Generator().manual_seed(21)
+    q, k, v, layer, make_batch = build_case(gen, [33, 120, 4], [1, 1, 1], 8, 2, 64, torch.float32)
+    outs = []
+    for legacy in (True, False):
+        fb = make_batch(TritonAttnBackend(legacy_decode=legacy))
+        outs.append(fb.attn_backend.forward(q, k, v, layer, fb))
+    assert_close(outs[1], outs[0], torch.float32)

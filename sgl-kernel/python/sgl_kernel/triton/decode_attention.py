@@ -14,6 +14,12 @@ KV layout: the paged pool of :class:`~sglang.srt.mem_cache.memory_pool.MHATokenT
 of batch row ``b`` is ``req_to_token[req_pool_indices[b], p]``. The number of
 splits is fixed per launch (not derived from sequence lengths on the host), so
 a launch can be captured in a CUDA graph and replayed with other lengths.
+
+Issue 19 (decode step within 1.3x of the memory floor): the split count now follows the grid-size rule of
+:func:`default_num_kv_splits` (one wave of resident programs: long splits, few partials); at one split the split
+kernel normalises and writes the output itself (no partials, no reduce launch); K tiles are loaded as contiguous
+``[BLOCK_N, head_dim]`` rows (16-byte vector loads, one offset tensor shared with V, both issued before the first
+product). ``legacy=True`` / ``policy="legacy"`` keep the previous kernel and rule for side-by-side benchmarks.
 """
 
 from __future__ import annotations
@@ -76,9 +82,12 @@ def _decode_split_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < end
         slots = tl.load(r2t + offs_n, mask=mask_n, other=0).to(tl.int64)
-        if K_ROWS:
-            k = tl.load(k_base + slots[:, None] * stride_kt + offs_d[None, :],
-                        mask=mask_n[:, None] & mask_d[None, :], other=0.0).to(q.dtype)
+        if K_ROWS:  # K and V tiles share one offset tensor (the wrapper checks equal slot strides) and are
+            # issued together, so both are in flight before the first dot
+            offs_kv = slots[:, None] * stride_kt + offs_d[None, :]
+            mask_kv = mask_n[:, None] & mask_d[None, :]
+            k = tl.load(k_base + offs_kv, mask=mask_kv, other=0.0).to(q.dtype)
+            v = tl.load(v_base + offs_kv, mask=mask_kv, other=0.0).to(q.dtype)
             qk = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_H, BLOCK_N], log2 domain
         else:
             k = tl.load(k_base + slots[None, :] * stride_kt + offs_d[:, None],
@@ -89,8 +98,9 @@ def _decode_split_kernel(
         p = tl.math.exp2(qk - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + slots[:, None] * stride_vt + offs_d[None, :],
-                    mask=mask_n[:, None] & mask_d[None, :], other=0.0).to(q.dtype)
+        if not K_ROWS:
+            v = tl.load(v_base + slots[:, None] * stride_vt + offs_d[None, :],
+                        mask=mask_n[:, None] & mask_d[None, :], other=0.0).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
         m_i = m_new
 
@@ -132,19 +142,21 @@ SPLIT_POLICIES = ("wave", "legacy")
 
 
 def default_num_kv_splits(batch_size: int, num_kv_heads: int, device: torch.device, max_splits: int = 16,
-                          policy: str = "wave", num_sms: Optional[int] = None, programs_per_sm: int = 3) -> int:
+                          policy: str = "wave", num_sms: Optional[int] = None, programs_per_sm: int = 5) -> int:
     """Splits per (request, KV head) of the split kernel; depends only on the batch shape (never on sequence
     lengths), so one value serves every CUDA-graph replay of a captured batch size.
 
-    ``policy="wave"`` (default): the smallest count whose grid ``batch_size * num_kv_heads * splits`` fills the
-    GPU about once, i.e. ``ceil(programs_per_sm * num_sms / (batch_size * num_kv_heads))`` clamped to
-    ``1..max_splits``. About 3 split programs (4 warps, 2-stage 64x128 bf16 K and V tiles: ~64 KiB of shared
-    memory each) are resident per Hopper multiprocessor, so 3 per SM is one full wave; larger batches get
-    fewer, longer splits (less partial-result traffic, no reduce launch at 1 split), small batches more.
-    ``policy="legacy"``: the earlier rule, ``next_pow2(ceil(8 * num_sms / (batch_size * num_kv_heads)))``
-    (several waves of short programs).
+    ``policy="wave"`` (default): the largest count whose grid ``batch_size * num_kv_heads * splits`` still fits in
+    one wave of resident programs, ``floor(programs_per_sm * num_sms / (batch_size * num_kv_heads))``, clamped to
+    ``1..max_splits``: the grid fills the GPU about once, each program walks one long stretch of the sequence,
+    and at one split there are no partial results and no reduce launch. ``programs_per_sm=5``: on Hopper a split
+    program (4 warps, BLOCK_N=64, head_dim 128, bf16) uses ~39 KiB of shared memory (two cp.async stages of its K
+    and V tiles) and 80 registers per thread (both read from the sm_90a AOT build, ``sgl_kernel.triton.aot``), so
+    5 fit in the 228 KiB of a multiprocessor.
+    ``policy="legacy"``: the rule before issue 19, ``next_pow2(ceil(8 * num_sms / (batch_size * num_kv_heads)))``
+    (several waves of short programs), kept for old-vs-new benchmarks.
     Args:
-        num_sms: multiprocessor count (None: read from ``device``; CPU devices return 4 without it).
+        num_sms: multiprocessor count (None: read from ``device``; CPU devices return ``min(4, max_splits)``).
     Returns 1..max_splits. Raises ValueError for an unknown policy or non-positive sizes.
     """
     if policy not in SPLIT_POLICIES:
@@ -159,7 +171,7 @@ def default_num_kv_splits(batch_size: int, num_kv_heads: int, device: torch.devi
     rows = batch_size * num_kv_heads
     if policy == "legacy":
         return max(1, min(max_splits, next_pow2(math.ceil(8 * num_sms / rows))))
-    return max(1, min(max_splits, math.ceil(programs_per_sm * num_sms / rows)))
+    return max(1, min(max_splits, (programs_per_sm * num_sms) // rows))
 
 
 def decode_attention_workspace(batch_size: int, num_heads: int, head_dim: int, num_kv_splits: int,
@@ -228,6 +240,7 @@ def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tens
     warps = num_warps or warps_d
     stages = num_stages or stages_d
     direct = num_kv_splits == 1 and not legacy
+    k_rows = not legacy and k_buf.stride(0) == v_buf.stride(0)  # K and V tiles share one offset tensor
     _decode_split_kernel[(bs, nkv, num_kv_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse, out,
         sm_scale * _LOG2E,
@@ -235,7 +248,7 @@ def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tens
         req_to_token.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0),
         mid_lse.stride(1), out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=hd, BLOCK_D=block_d, BLOCK_H=block_h, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits,
-        DOT_F32=interpreting(), K_ROWS=not legacy, DIRECT_OUT=direct, num_warps=warps, num_stages=stages,
+        DOT_F32=interpreting(), K_ROWS=k_rows, DIRECT_OUT=direct, num_warps=warps, num_stages=stages,
     )
     if direct:
         return
