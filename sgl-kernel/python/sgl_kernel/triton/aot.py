@@ -10,6 +10,7 @@ Must run with ``TRITON_INTERPRET`` unset.
 
 from __future__ import annotations
 
+import re
 from typing import Dict, Tuple
 
 _I32 = "i32"
@@ -50,6 +51,14 @@ def _rope_kv_store(neox: bool) -> Tuple[str, str, Dict[str, str], Dict[str, obje
     return "rope_kv_store", "_rope_kv_store_kernel", sig, const, 4
 
 
+def _rope(neox: bool) -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
+    sig = {"Pos": "*i64", "Q": "*bf16", "K": "*bf16", "Cache": "*fp32", "stride_q": _I32, "stride_k": _I32,
+           "stride_c": _I32, "num_q_heads": _I32, "num_k_heads": _I32}
+    const = dict(HEAD_DIM=128, HALF=64, BLOCK_HALF=64, NEOX=neox, BLOCK_HQ=32, BLOCK_HK=8)
+    sig.update({n: "constexpr" for n in const})
+    return "rope", "_rope_kernel", sig, const, 4
+
+
 KERNELS = {
     "decode_split_rows_2": _decode_split(True, False, 2),
     "decode_split_rows_direct": _decode_split(True, True, 1),
@@ -57,6 +66,7 @@ KERNELS = {
     "decode_reduce": _decode_reduce(),
     "rope_kv_store_neox": _rope_kv_store(True),
     "rope_kv_store_gptj": _rope_kv_store(False),
+    "rope_neox": _rope(True),  # the unfused kernel, for comparison
 }
 
 
@@ -89,14 +99,19 @@ def compile_kernel(name: str, arch: int = 90):
 
 
 def report(arch: int = 90) -> Dict[str, dict]:
-    """Compile every kernel; per name: {"error", "cubin_bytes", "ptx_lines", "shared"} (shared memory bytes)."""
+    """Compile every kernel; per name: {"error", "cubin_bytes", "ptx_lines", "shared" (shared memory bytes),
+    "v4_loads" (16-byte global loads), "scalar_b16_loads", "cp_async16" (16-byte asynchronous copies to shared memory:
+    loads pipelined over ``num_stages``)}."""
     out: Dict[str, dict] = {}
     for name in KERNELS:
         try:
             k = compile_kernel(name, arch)
             ptx = k.asm["ptx"]
             out[name] = dict(error="", cubin_bytes=len(k.asm.get("cubin", b"")), ptx_lines=ptx.count("\n"),
-                             shared=int(getattr(k.metadata, "shared", 0) or 0))
+                             shared=int(getattr(k.metadata, "shared", 0) or 0),
+                             v4_loads=len(re.findall(r"ld\.global(\.\w+)*\.v4\.", ptx)),
+                             scalar_b16_loads=ptx.count("ld.global.b16"),
+                             cp_async16=len(re.findall(r"cp\.async\.\w+\.shared\.global[^;]*, 0x10", ptx)))
         except Exception as e:  # reported per kernel, so one failure does not hide the others
             out[name] = dict(error=f"{type(e).__name__}: {e}"[:2000], cubin_bytes=0, ptx_lines=0, shared=0)
     return out
