@@ -31,6 +31,7 @@ import torch
 
 from sglang.srt.layers import ops
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang.srt.layers.rotary_embedding import RotaryEmbedding
 from sglang.srt.layers.attention.triton_ops.decode_attention import decode_attention_fwd, default_num_kv_splits
 from sglang.srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
 from sglang.srt.forward_batch_info import ForwardMode
@@ -45,6 +46,12 @@ logger = logging.getLogger(__name__)
 MAX_KV_SPLITS = 16
 LEGACY_DECODE_ENV = "SGLANG_TRITON_DECODE_LEGACY"
 FUSED_ROPE_ENV = "SGLANG_FUSED_ROPE_KV"
+
+
+def _plain_rope(rotary) -> bool:
+    """True when ``rotary`` is a :class:`RotaryEmbedding` whose rotation is exactly its ``cos_sin_cache`` (no subclass
+    overriding ``forward``), i.e. what the fused RoPE + KV-store kernel computes."""
+    return isinstance(rotary, RotaryEmbedding) and type(rotary).forward is RotaryEmbedding.forward
 
 
 @dataclass(frozen=True)
@@ -205,7 +212,7 @@ class TritonAttnBackend(AttentionBackend):
             raise ValueError("TritonAttnBackend.forward: call init_forward_metadata(forward_batch) before the layers run")
         nh, nkv, hd = layer.num_heads, layer.num_kv_heads, layer.head_dim
         pool = forward_batch.token_to_kv_pool
-        if rope is not None and self.fused_rope and pool.store_dtype == pool.dtype:
+        if rope is not None and self.fused_rope and pool.store_dtype == pool.dtype and _plain_rope(rope[1]):
             positions, rotary = rope
             k_buf, v_buf = pool.get_kv_buffer(layer.layer_id)
             if k.shape[0] != forward_batch.out_cache_loc.shape[0]:
