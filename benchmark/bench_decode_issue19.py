@@ -8,6 +8,8 @@ tiles can be re-tuned from this one run. Columns: microseconds, KV GB/s (K and V
 HBM device-to-device copy bandwidth measured in the same run, and the speed-up over legacy.
 RoPE + KV store (per layer call, N new tokens, positions random, slots shuffled): the unfused sequence
 (Triton RoPE in place, ``v.contiguous()``, two indexed stores into the pool) vs the fused kernel.
+Decode-batch GEMMs (1 and 16 rows, the Llama-3.1-8B projections): cuBLAS vs the skinny weight-streaming Triton
+kernel (``sgl_kernel.triton.skinny_gemm``, measured only, not called by the layers), each config.
 Sampling columns: host microseconds per step to ship the five per-request sampling columns (five pinned copies vs
 one packed copy).
 
@@ -109,6 +111,44 @@ def rope_kv_rows(n: int) -> list[str]:
     return [f"| {n} | {t_old * 1e3:.1f} | {t_new * 1e3:.1f} | {t_old / t_new:.2f} | {32 * (t_old - t_new):.1f} |"]
 
 
+GEMM_SHAPES = (("qkv_proj", 6144, 4096), ("o_proj", 4096, 4096), ("gate_up_proj", 28672, 4096),
+               ("down_proj", 4096, 14336), ("lm_head", 128256, 4096))
+GEMM_CONFIGS = ((16, 256, 4, 4), (16, 512, 4, 4), (16, 512, 4, 3), (32, 256, 4, 4), (64, 128, 4, 4))
+
+
+def gemm_rows(m: int, bw: float) -> list[str]:
+    """Markdown rows: cuBLAS (F.linear) vs the skinny weight-streaming Triton GEMM (each config) at ``m`` rows, for the
+    Llama-3.1-8B projections; weight GB/s over the HBM copy bandwidth."""
+    from sgl_kernel.triton.skinny_gemm import skinny_gemm
+
+    lines = []
+    for name, n, k in GEMM_SHAPES:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+        wbytes = n * k * 2
+        t_ref = time_ms(lambda: torch.nn.functional.linear(x, w), iters=11, inner=20)
+        best, cfg_best, err = float("inf"), None, 0.0
+        for bn, bk, warps, stages in GEMM_CONFIGS:
+            try:
+                t = time_ms(lambda: skinny_gemm(x, w, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages),
+                            iters=11, inner=20)
+            except Exception as e:  # out of resources: skip the config
+                lines.append(f"| {m} | {name} {n}x{k} | config {bn}/{bk}/{warps}/{stages} failed: {type(e).__name__} "
+                             "| | | | |")
+                continue
+            if t < best:
+                best, cfg_best = t, (bn, bk, warps, stages)
+        if cfg_best is not None:
+            y = skinny_gemm(x, w, block_n=cfg_best[0], block_k=cfg_best[1], num_warps=cfg_best[2],
+                            num_stages=cfg_best[3])
+            ref = torch.nn.functional.linear(x, w)
+            err = ((y.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+        lines.append(f"| {m} | {name} {n}x{k} | {t_ref * 1e3:.1f} ({wbytes / (t_ref * 1e-3) / bw:.2f}) | "
+                     f"{best * 1e3:.1f} ({wbytes / (best * 1e-3) / bw:.2f}) | {cfg_best} | {t_ref / best:.2f} | "
+                     f"{err:.1e} |")
+    return lines
+
+
 def sampling_rows(bs: int) -> list[str]:
     """Markdown row: host microseconds to ship the five sampling columns, five pinned copies vs one packed copy."""
     from sglang.srt.utils.tensor_transfer import columns_to_device, host_to_device
@@ -164,6 +204,13 @@ def main() -> int:
              "saved per 32-layer step (us) |", "|---:|---:|---:|---:|---:|"]
     for n in a.batches:
         text += rope_kv_rows(n)
+    text += ["", "## Decode-batch GEMMs: cuBLAS vs the skinny weight-streaming Triton kernel (not wired yet)", "",
+             "BLOCK_N/BLOCK_K/warps/stages of the best config; (x.xx) = weight bytes / time over the HBM copy "
+             "bandwidth; err = max abs difference / max abs value vs cuBLAS.", "",
+             "| rows | projection | cuBLAS us (of HBM) | skinny us (of HBM) | best config | speed-up | err |",
+             "|---:|---|---:|---:|---|---:|---:|"]
+    for m in (1, 16):
+        text += gemm_rows(m, bw)
     text += ["", "## Sampling columns, host time per step", "",
              "| batch | five pinned copies (us) | one packed copy (us) | saved (us) |", "|---:|---:|---:|---:|"]
     for bs in a.batches:

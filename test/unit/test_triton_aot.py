@@ -22,7 +22,7 @@ if importlib.util.find_spec("triton") is None:  # not imported here: the interpr
 REPO = Path(__file__).resolve().parents[2]
 KP = str(REPO / "sgl-kernel" / "python")
 NAMES = ("decode_split_rows_2", "decode_split_rows_direct", "decode_split_legacy_8", "decode_reduce",
-         "rope_kv_store_neox", "rope_kv_store_gptj", "rope_neox")
+         "rope_kv_store_neox", "rope_kv_store_gptj", "rope_neox", "skinny_gemm")
 
 
 @pytest.fixture(scope="module")
@@ -54,3 +54,8 @@ def test_decode_kv_tiles_use_pipelined_16_byte_copies(aot_report, name):
 def test_rope_kv_store_neox_is_vectorized(aot_report):
     rep = aot_report["rope_kv_store_neox"]
     assert rep["v4_loads"] > 0 and rep["scalar_b16_loads"] == 0, rep
+
+
+def test_skinny_gemm_streams_weights_with_pipelined_copies(aot_report):
+    rep = aot_report["skinny_gemm"]
+    assert rep["cp_async16"] > 0 and rep["scalar_b16_loads"] == 0, rep

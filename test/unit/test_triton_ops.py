@@ -31,6 +31,7 @@ from sglang.srt.layers.moe.fused_moe import fused_moe_ref  # noqa: E402
 from sglang.srt.layers.moe.router import select_experts  # noqa: E402
 from sglang.srt.layers.rotary_embedding import get_rope  # noqa: E402
 from sglang.srt.layers.triton_ops import activation, fused_add_rmsnorm, moe, rope, rope_kv_store  # noqa: E402
+from sgl_kernel.triton import skinny_gemm  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # one to two roundings of the dtype, relative to the output scale
@@ -257,3 +258,17 @@ def test_ops_cpu_fallback_uses_references():
     assert torch.equal(ops.silu_and_mul(torch.cat([x, r], -1)), silu_and_mul_ref(torch.cat([x, r], -1)))
     logits = torch.randn(4, 8, generator=gen)
     assert all(torch.equal(a, b) for a, b in zip(ops.fused_topk(logits, 2, True), select_experts(logits, 2, True)))
+
+
+@pytest.mark.parametrize("m,n,k,bias", [(1, 40, 96, False), (5, 33, 100, True), (16, 64, 1030, False)])
+def test_skinny_gemm_matches_linear(m, n, k, bias):
+    """The decode-batch weight-streaming GEMM equals F.linear (ragged N and K, optional bias); M outside 1..16
+    raises."""
+    gen = torch.Generator().manual_seed(m + n + k)
+    x = torch.randn(m, k, generator=gen)
+    w = torch.randn(n, k, generator=gen) / k ** 0.5
+    b = torch.randn(n, generator=gen) if bias else None
+    got = skinny_gemm.skinny_gemm(x, w, b, block_k=64)
+    close(got, torch.nn.functional.linear(x, w, b), torch.float32, scale=10.0)
+    with pytest.raises(ValueError, match="skinny_gemm"):
+        skinny_gemm.skinny_gemm(torch.randn(17, k), w)

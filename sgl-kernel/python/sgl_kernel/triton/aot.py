@@ -4,7 +4,8 @@
 ``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))`` down to PTX and cubin (ptxas from the CUDA
 toolkit) and prints one JSON line ``{name: {"error", "cubin_bytes", "ptx_lines", "shared"}}``, so a CPU machine
 proves that each kernel variant the decode step launches (the issue 19 and the legacy decode kernel, the one-split
-direct-output variant, the reduce, fused RoPE + KV store) builds for the H100/H200 at the Llama-3.1-8B shapes.
+direct-output variant, the reduce, fused RoPE + KV store; the skinny GEMM under evaluation) builds for the
+H100/H200 at the Llama-3.1-8B shapes.
 Must run with ``TRITON_INTERPRET`` unset.
 """
 
@@ -59,6 +60,15 @@ def _rope(neox: bool) -> Tuple[str, str, Dict[str, str], Dict[str, object], int]
     return "rope", "_rope_kernel", sig, const, 4
 
 
+def _skinny_gemm() -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
+    sig = {"X": "*bf16", "W": "*bf16", "B": "*bf16", "Y": "*bf16"}
+    for n in ("M", "N", "K", "stride_xm", "stride_wn", "stride_ym"):
+        sig[n] = _I32
+    const = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, HAS_BIAS=False, DOT_F32=False)
+    sig.update({n: "constexpr" for n in const})
+    return "skinny_gemm", "_skinny_gemm_kernel", sig, const, 4
+
+
 KERNELS = {
     "decode_split_rows_2": _decode_split(True, False, 2),
     "decode_split_rows_direct": _decode_split(True, True, 1),
@@ -67,6 +77,7 @@ KERNELS = {
     "rope_kv_store_neox": _rope_kv_store(True),
     "rope_kv_store_gptj": _rope_kv_store(False),
     "rope_neox": _rope(True),  # the unfused kernel, for comparison
+    "skinny_gemm": _skinny_gemm(),
 }
 
 
@@ -74,7 +85,8 @@ KERNELS = {
 # 16-byte aligned pointers, as ``tt.divisibility = 16``; AOT must say so or it compiles scalar loads)
 _DIV16_INTS = {"stride_qb", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_mob",
                "stride_moh", "stride_mos", "stride_mlb", "stride_mlh", "stride_ob", "stride_oh", "stride_q", "stride_k",
-               "stride_v", "stride_c", "stride_kbt", "stride_kbh", "stride_vbt", "stride_vbh", "num_q_heads"}
+               "stride_v", "stride_c", "stride_kbt", "stride_kbh", "stride_vbt", "stride_vbh", "num_q_heads",
+               "stride_xm", "stride_wn", "stride_ym", "K", "N"}
 
 
 def runtime_attrs(fn, sig: Dict[str, str]) -> Dict[tuple, list]:
