@@ -7,6 +7,7 @@
 #      skinny Triton GEMM at 1 / 16 rows (measured only, not wired), sampling copies.
 #   3. bench_gpu_targets --only decode with the OLD paths (SGLANG_TRITON_DECODE_LEGACY=1 SGLANG_FUSED_ROPE_KV=0),
 #      then --only floors,attention,decode with the new defaults (same machine, same run).
+#      3c, only if time is left: decode at batch 1 / 16 with SGLANG_SKINNY_GEMM=1 (experimental, log only).
 #   4. profile_decode.py --batches 1 32 128 (new defaults): kernel table + host ops per step.
 #   5. A summary: decode step old vs new, ratio to the floor measured in step 3 (target <= 1.30).
 # Usage (repo root): bash scripts/gpu/issue19_decode.sh      Every stage has its own timeout, so one hang cannot
@@ -57,6 +58,14 @@ stage "3b. floors + attention + decode steps, NEW defaults"
 timeout -k 10 100 $PY benchmark/bench_gpu_targets.py --only floors,attention,decode --skip-serving \
   --out "$OUT/new" --time-budget-s 95 2>&1 | grep -v "^\s*$" | tail -n 20
 rc_new=${PIPESTATUS[0]}
+
+stage "3c. (if time is left) decode steps at batch 1 and 16 with the experimental skinny GEMM (SGLANG_SKINNY_GEMM=1)"
+if (( $(date +%s) - t_start < 330 )); then
+  SGLANG_SKINNY_GEMM=1 timeout -k 10 80 $PY benchmark/bench_gpu_targets.py --only decode --decode-batches 1,16 \
+    --skip-serving --out /tmp/issue19_skinny --time-budget-s 75 2>&1 | grep -E "decode bs=|decode step" | tail -n 6
+else
+  echo "skipped: $(( $(date +%s) - t_start )) s elapsed"
+fi
 
 stage "4. profile_decode (new defaults)"
 timeout -k 10 $(( 520 - ($(date +%s) - t_start) > 30 ? 520 - ($(date +%s) - t_start) : 30 )) \

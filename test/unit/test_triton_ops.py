@@ -272,3 +272,23 @@ def test_skinny_gemm_matches_linear(m, n, k, bias):
     close(got, torch.nn.functional.linear(x, w, b), torch.float32, scale=10.0)
     with pytest.raises(ValueError, match="skinny_gemm"):
         skinny_gemm.skinny_gemm(torch.randn(17, k), w)
+
+
+def test_ops_linear_skinny_dispatch(monkeypatch):
+    """ops.linear(skinny=True): 1..16-row bf16 inputs take the skinny kernel (forced on CPU under the interpreter) and
+    match F.linear within bf16 rounding; other shapes/dtypes and skinny=False stay F.linear bit for bit."""
+    gen = torch.Generator().manual_seed(4)
+    w = (torch.randn(24, 40, generator=gen) / 40 ** 0.5).to(torch.bfloat16)
+    b = torch.randn(24, generator=gen).to(torch.bfloat16)
+    calls = []
+    real = skinny_gemm.skinny_gemm
+    monkeypatch.setattr(ops, "_triton", lambda t, name: ops._kernels(name))
+    monkeypatch.setattr(skinny_gemm, "skinny_gemm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for m in (1, 16, 17):
+        x = torch.randn(m, 40, generator=gen).to(torch.bfloat16)
+        close(ops.linear(x, w, b, skinny=True), torch.nn.functional.linear(x, w, b), torch.bfloat16)
+        assert torch.equal(ops.linear(x, w, b), torch.nn.functional.linear(x, w, b))
+    assert len(calls) == 2  # m = 1 and 16 only
+    xf = torch.randn(3, 40, generator=gen)
+    assert torch.equal(ops.linear(xf, w.float(), None, skinny=True), torch.nn.functional.linear(xf, w.float()))
+    assert len(calls) == 2

@@ -140,6 +140,19 @@ def rope_and_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     return kern.rope_and_store_kv(positions, q, k, v, cos_sin_cache, head_dim, is_neox_style, k_buf, v_buf, loc)
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, skinny: bool = False
+           ) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``; with ``skinny=True`` a 2-D CUDA bf16/fp16 ``x`` of 1..16 rows runs the
+    weight-streaming Triton GEMM (:func:`sgl_kernel.triton.skinny_gemm.skinny_gemm`, experimental, issue 19) instead
+    of cuBLAS. x ``[..., in]``, weight ``[out, in]``, bias ``[out]`` -> ``[..., out]`` in x's dtype."""
+    if skinny and x.dim() == 2 and 1 <= x.shape[0] <= 16 and x.dtype in (torch.bfloat16, torch.float16) \
+            and x.dtype == weight.dtype and x.stride(-1) == 1 and weight.stride(-1) == 1:
+        kern = _triton(x, "skinny_gemm")
+        if kern is not None:
+            return kern.skinny_gemm(x, weight, bias)
+    return torch.nn.functional.linear(x, weight, bias)
+
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``silu(x[..., :I]) * x[..., I:]`` for x [..., 2I] -> [..., I] in x.dtype."""
     k = _triton(x, "activation")
