@@ -109,11 +109,116 @@ def test_extend_and_mixed_vs_torch_native(nh, nkv, hd):
     close(out, ref, torch.bfloat16)
 
 
-def test_decode_cuda_graph_replay_equals_eager():
+@pytest.mark.parametrize("legacy", [False, True])
+@pytest.mark.parametrize("bs", [1, 40, 128])
+def test_decode_split_rules_vs_torch_native(bs, legacy):
+    """Issue 19: the default decode kernel + 'wave' split rule (bs 128 on 132 SMs: one split, direct output, no
+    reduce) and the legacy kernel + rule (SGLANG_TRITON_DECODE_LEGACY=1) both match torch_native at Llama-8B heads."""
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    gen = torch.Generator().manual_seed(bs + legacy)
+    prefix = [int(x) for x in torch.randint(1, 1100, (bs,), generator=gen)]
+    q, k, v, layer, make_batch = build_case(gen, prefix, [1] * bs, 32, 8, 128, torch.bfloat16)
+    rfb = make_batch(TorchNativeAttnBackend())
+    ref = rfb.attn_backend.forward(q, k, v, layer, rfb)
+    backend = TritonAttnBackend(legacy_decode=legacy)
+    fb = make_batch(backend)
+    out = backend.forward(q, k, v, layer, fb)
+    close(out, ref, torch.bfloat16)
+    splits = fb.attn_metadata.num_kv_splits
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if not legacy:
+        assert splits == max(1, min(16, 5 * sms // (bs * 8)))
+
+
+def test_rope_and_store_kv_equals_rope_then_store_on_gpu():
+    """The fused RoPE + KV-store kernel writes the same pool bytes and q as apply_rope + indexed stores (bf16, fp32
+    compute with a bf16 pool, Neox and GPT-J, partial rotary), leaves k/v alone, and the backend path through
+    RadixAttention gives bit-identical attention with fused_rope on and off."""
+    from sglang.srt.layers.rotary_embedding import get_rope
+    from sglang.srt.layers.triton_ops import rope, rope_kv_store
+
+    gen = torch.Generator().manual_seed(19)
+    n, nq, nkv, slots = 300, 32, 8, 4096
+    for dtype, pool_dtype, hd, rot, neox in [(torch.bfloat16, torch.bfloat16, 128, 128, True),
+                                             (torch.bfloat16, torch.bfloat16, 128, 128, False),
+                                             (torch.float32, torch.bfloat16, 128, 64, True),
+                                             (torch.float16, torch.float16, 64, 32, False)]:
+        emb = get_rope(hd, rot, 8192, 500000.0, is_neox_style=neox).to(DEV)
+        pos = torch.randint(0, 8192, (n,), generator=gen).to(DEV)
+        qkv = torch.randn(n, (nq + 2 * nkv) * hd, generator=gen).to(dtype).to(DEV)
+        q, kk, vv = qkv[:, : nq * hd], qkv[:, nq * hd: (nq + nkv) * hd], qkv[:, (nq + nkv) * hd:]
+        loc = torch.randperm(slots, generator=gen)[:n].to(DEV)
+        kb = torch.randn(slots, nkv, hd, generator=gen).to(pool_dtype).to(DEV)
+        vb = torch.randn(slots, nkv, hd, generator=gen).to(pool_dtype).to(DEV)
+        q2, k2, kb2, vb2 = q.clone(), kk.clone(), kb.clone(), vb.clone()
+        rope.apply_rope(pos, q2, k2, emb.cos_sin_cache, hd, neox)
+        kb2[loc] = k2.view(-1, nkv, hd).to(pool_dtype)
+        vb2[loc] = vv.reshape(-1, nkv, hd).to(pool_dtype)
+        kv_before = qkv[:, nq * hd:].clone()
+        rope_kv_store.rope_and_store_kv(pos, q, kk, vv, emb.cos_sin_cache, hd, neox, kb, vb, loc)
+        assert torch.equal(qkv[:, nq * hd:], kv_before)
+        assert torch.equal(q, q2) and torch.equal(kb, kb2) and torch.equal(vb, vb2), (dtype, pool_dtype, hd, rot)
+    _fused_backend_matches_unfused()
+
+
+def _fused_backend_matches_unfused():
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+    from sglang.srt.layers.rotary_embedding import get_rope
+
+    gen = torch.Generator().manual_seed(7)
+    prefix, extend = [300, 0, 17, 1000], [1, 129, 1, 1]
+    q, k, v, layer, make_batch = build_case(gen, prefix, extend, 32, 8, 128, torch.bfloat16)
+    qkv = torch.cat([q, k, v], dim=1)
+    emb = get_rope(128, 128, 4096, 500000.0).to(DEV)
+    positions = torch.cat([torch.arange(p, p + e) for p, e in zip(prefix, extend)]).to(DEV)
+    outs, pools = [], []
+    for fused in (True, False):
+        fb = make_batch(TritonAttnBackend(fused_rope=fused))
+        x = qkv.clone()
+        out = layer(x[:, : 32 * 128], x[:, 32 * 128: 40 * 128], x[:, 40 * 128:], fb, positions=positions,
+                    rotary_emb=emb)
+        outs.append(out)
+        pools.append(fb.token_to_kv_pool)
+    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(pools[0].kv_data, pools[1].kv_data)
+
+
+def test_sampling_columns_packed_copy_on_gpu():
+    """columns_to_device on CUDA: one pinned copy, typed views with the values of separate tensors (odd sizes)."""
+    from sglang.srt.utils.tensor_transfer import columns_to_device
+
+    for bs in (1, 7, 128):
+        cols = [(list(range(bs)), torch.float32), ([3 * i + 1 for i in range(bs)], torch.int64),
+                ([i % 2 == 0 for i in range(bs)], torch.bool), ([0.5] * bs, torch.float32)]
+        got = columns_to_device(cols, DEV)
+        torch.cuda.synchronize()
+        for t, (vals, dt) in zip(got, cols):
+            assert t.is_cuda and t.dtype == dt and t.tolist() == torch.tensor(vals, dtype=dt).tolist()
+
+
+@pytest.mark.parametrize("m", [1, 7, 16])
+def test_skinny_gemm_vs_cublas(m):
+    """The decode-batch weight-streaming GEMM (measured in bench_decode_issue19, not wired) equals F.linear within
+    bf16 rounding at the Llama-3.1-8B qkv and down-projection shapes, with and without bias."""
+    from sgl_kernel.triton.skinny_gemm import skinny_gemm
+
+    gen = torch.Generator().manual_seed(m)
+    for n, k, bias in ((6144, 4096, False), (4096, 14336, True)):
+        x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEV)
+        w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(torch.bfloat16).to(DEV)
+        b = torch.randn(n, generator=gen).to(torch.bfloat16).to(DEV) if bias else None
+        close(skinny_gemm(x, w, b), torch.nn.functional.linear(x, w, b), torch.bfloat16)
+
+
+@pytest.mark.parametrize("bs", [16, 96])
+def test_decode_cuda_graph_replay_equals_eager(bs):
+    """Graph replay equals eager at a multi-split size (16) and, on 132-SM parts, a one-split direct-output size
+    (96)."""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
     gen = torch.Generator().manual_seed(0)
-    bs = 16
     q, k, v, layer, make_batch = build_case(gen, [int(x) for x in torch.randint(1, 900, (bs,), generator=gen)],
                                             [1] * bs, 32, 8, 128, torch.bfloat16)
     backend = TritonAttnBackend()

@@ -147,3 +147,23 @@ def test_host_to_device_on_cpu_keeps_values_and_casts():
     y = host_to_device(x, "cpu", torch.int32)
     assert y.dtype == torch.int32 and torch.equal(y.to(torch.int64), x)
     assert ints_to_device([3, -1, 7], "cpu").tolist() == [3, -1, 7]
+
+
+@pytest.mark.parametrize("bs", [1, 3, 8])
+def test_columns_to_device_packed_equals_separate(bs):
+    """The packed one-copy transfer of the sampling columns (used on CUDA) gives the same dtypes, shapes and values
+    as separate tensors, for odd batch sizes too (alignment of the int64 / float32 / bool views)."""
+    from sglang.srt.utils.tensor_transfer import columns_to_device
+
+    rnd = torch.Generator().manual_seed(bs)
+    cols = [(torch.rand(bs, generator=rnd).tolist(), torch.float32),
+            (torch.randint(1, 128256, (bs,), generator=rnd).tolist(), torch.int64),
+            ((torch.rand(bs, generator=rnd) > 0.5).tolist(), torch.bool),
+            (torch.rand(bs, generator=rnd).tolist(), torch.float32),
+            (torch.randint(-5, 5, (bs + 1,), generator=rnd).tolist(), torch.int32)]
+    packed = columns_to_device(cols, "cpu", pack=True)
+    plain = columns_to_device(cols, "cpu")
+    for a, b, (vals, dt) in zip(packed, plain, cols):
+        assert a.dtype == b.dtype == dt and a.shape == b.shape == (len(vals),)
+        assert torch.equal(a, b) and a.tolist() == torch.tensor(vals, dtype=dt).tolist()
+    assert len({t.untyped_storage().data_ptr() for t in packed}) == 1  # one buffer, one copy

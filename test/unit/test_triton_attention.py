@@ -254,3 +254,113 @@ def test_two_live_batches_on_the_triton_backend():
         results[name] = (live1, live2)
     for a, b in zip(results["triton"], results["torch_native"]):
         torch.testing.assert_close(a, b, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("prefix,extend,dtype", [([40, 7, 90], [1, 1, 1], torch.float32),
+                                                 ([40, 0, 17], [1, 12, 1], torch.float32),
+                                                 ([30, 65], [1, 1], torch.bfloat16)])
+def test_fused_rope_kv_store_through_radix_attention(monkeypatch, prefix, extend, dtype):
+    """RadixAttention with rotary_emb: the Triton backend's fused RoPE + KV store (kernel forced on CPU tensors under
+    the interpreter) equals RoPE-then-attention on torch_native and on the Triton backend with fused_rope=False:
+    outputs within rounding, pools equal (fp32: bit for bit up to RoPE rounding), q/k/v inputs usable as strided
+    views of one qkv tensor."""
+    from sglang.srt.layers import ops
+    from sglang.srt.layers.rotary_embedding import get_rope
+
+    gen = torch.Generator().manual_seed(sum(prefix) + len(extend))
+    nh, nkv, hd = 8, 2, 64
+    q, k, v, layer, make_batch = build_case(gen, prefix, extend, nh, nkv, hd, dtype)
+    qkv = torch.cat([q, k, v], dim=1)  # strided views, as after the fused qkv GEMM
+    rot = get_rope(hd, hd, 512, 10000.0)
+    positions = torch.cat([torch.arange(p, p + e) for p, e in zip(prefix, extend)])
+
+    def run(backend, force_kernel):
+        with monkeypatch.context() as m:
+            if force_kernel:
+                m.setattr(ops, "_triton", lambda t, name: ops._kernels(name))
+            fb = make_batch(backend)
+            x = qkv.clone()
+            qv, kv_, vv = x[:, : nh * hd], x[:, nh * hd: (nh + nkv) * hd], x[:, (nh + nkv) * hd:]
+            out = layer(qv, kv_, vv, fb, positions=positions, rotary_emb=rot)
+            assert torch.equal(x[:, nh * hd:], qkv[:, nh * hd:]) or not force_kernel  # fused path leaves k, v as is
+            return out, fb.token_to_kv_pool
+
+    ref, ref_pool = run(TorchNativeAttnBackend(), False)
+    fused, fused_pool = run(TritonAttnBackend(fused_rope=True), True)
+    plain, plain_pool = run(TritonAttnBackend(fused_rope=False), False)
+    assert_close(fused, ref, dtype)
+    assert_close(plain, ref, dtype)
+    for a, b in ((fused_pool.k_buffer[1], ref_pool.k_buffer[1]), (fused_pool.v_buffer[1], ref_pool.v_buffer[1]),
+                 (plain_pool.k_buffer[1], ref_pool.k_buffer[1])):
+        assert_close(a, b, dtype)
+    assert torch.equal(fused_pool.v_buffer[1], ref_pool.v_buffer[1])
+    assert torch.equal(fused_pool.k_buffer[0], ref_pool.k_buffer[0])  # other layers untouched
+
+
+def test_legacy_and_new_decode_agree():
+    """SGLANG_TRITON_DECODE_LEGACY's kernel variant and the default give the same decode output (within rounding)."""
+    gen = torch.Generator().manual_seed(21)
+    q, k, v, layer, make_batch = build_case(gen, [33, 120, 4], [1, 1, 1], 8, 2, 64, torch.float32)
+    outs = []
+    for legacy in (True, False):
+        fb = make_batch(TritonAttnBackend(legacy_decode=legacy))
+        outs.append(fb.attn_backend.forward(q, k, v, layer, fb))
+    assert_close(outs[1], outs[0], torch.float32)
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+def test_model_level_triton_fused_path_matches_torch_native(tmp_path, monkeypatch, splits):
+    """A tiny Llama through ModelRunner (prefill of 3 requests of different lengths, then 3 decode steps): the Triton
+    backend with every kernel forced on CPU tensors under the interpreter (fused RoPE + KV store, decode at 1 split =
+    direct output or 4 splits + reduce) gives the torch_native runner's logits within fp32 rounding, step by step."""
+    import json
+
+    from sglang.bench_one_batch import StaticBatch
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.layers import ops
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.server_args import ServerArgs
+
+    (tmp_path / "config.json").write_text(json.dumps(dict(
+        architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=64, hidden_size=64, intermediate_size=96,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        rms_norm_eps=1e-6, torch_dtype="float32")))
+
+    def build(backend):
+        args = ServerArgs(model_path=str(tmp_path), load_format="dummy", device="cpu", max_total_tokens=512,
+                          max_running_requests=5, attention_backend=backend)
+        r = ModelRunner(ModelConfig.from_path(str(tmp_path), None, "auto", "cpu"), args, "cpu")
+        with torch.no_grad():
+            g = torch.Generator().manual_seed(0)
+            for p in r.model.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) / (p.shape[-1] ** 0.5 if p.dim() > 1 else 4.0)
+                        + (p.dim() == 1))
+        logits = []
+        real = r.forward
+
+        def forward(batch):
+            out = real(batch)
+            logits.append(out[0].next_token_logits.clone())
+            return out
+
+        r.forward = forward
+        return r, logits
+
+    prompts = [[3, 9, 27, 1, 5], [7] * 11, [2, 4]]
+    results = []
+    for backend in ("torch_native", "triton"):
+        with monkeypatch.context() as m:
+            if backend == "triton":
+                m.setattr(ops, "_triton", lambda t, name: ops._kernels(name))
+            r, logits = build(backend)
+            if backend == "triton":
+                assert r.attn_backend.fuses_rope_kv_store and r.attn_backend.fused_rope
+                m.setattr(r.attn_backend, "num_kv_splits", lambda *a: splits)
+            b = StaticBatch(r, prompts, 8)
+            ids = b.step(prompts)
+            for _ in range(3):
+                ids = b.step([[t] for t in ids])
+            b.free()
+            results.append(logits)
+    for want, got in zip(*results):
+        assert_close(got, want, torch.float32)

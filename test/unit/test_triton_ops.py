@@ -24,12 +24,14 @@ pytest.importorskip("triton")
 
 from sglang.srt.layers import ops  # noqa: E402
 from sglang.srt.layers.activation import silu_and_mul_ref  # noqa: E402
-from sglang.srt.layers.attention.triton_ops import decode_attention_fwd, decode_attention_workspace  # noqa: E402
+from sglang.srt.layers.attention.triton_ops import (decode_attention_fwd, decode_attention_workspace,  # noqa: E402
+                                                     default_num_kv_splits)
 from sglang.srt.layers.layernorm import rmsnorm_ref  # noqa: E402
 from sglang.srt.layers.moe.fused_moe import fused_moe_ref  # noqa: E402
 from sglang.srt.layers.moe.router import select_experts  # noqa: E402
 from sglang.srt.layers.rotary_embedding import get_rope  # noqa: E402
-from sglang.srt.layers.triton_ops import activation, fused_add_rmsnorm, moe, rope  # noqa: E402
+from sglang.srt.layers.triton_ops import activation, fused_add_rmsnorm, moe, rope, rope_kv_store  # noqa: E402
+from sgl_kernel.triton import skinny_gemm  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # one to two roundings of the dtype, relative to the output scale
@@ -93,6 +95,65 @@ def test_rope_reference_in_ops_matches_module():
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+def _rope_kv_case(gen, dtype, pool_dtype, hd, rotary_dim, neox, nq=4, nkv=2, n=6, slots=40):
+    """Random fused-qkv rows (strided q/k/v views), positions, distinct shuffled slots and a random pool."""
+    emb = get_rope(hd, rotary_dim, 64, 10000.0, is_neox_style=neox)
+    pos = torch.randint(0, 64, (n,), generator=gen)
+    qkv = torch.randn(n, (nq + 2 * nkv) * hd, generator=gen).to(dtype)
+    loc = torch.randperm(slots, generator=gen)[:n]
+    kb = torch.randn(slots, nkv, hd, generator=gen).to(pool_dtype)
+    vb = torch.randn(slots, nkv, hd, generator=gen).to(pool_dtype)
+    return emb, pos, qkv, loc, kb, vb
+
+
+@pytest.mark.parametrize("dtype,pool_dtype", [(torch.float32, torch.float32), (torch.float16, torch.float16),
+                                              (torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16)])
+@pytest.mark.parametrize("neox,hd,rotary_dim", [(True, 16, 16), (False, 16, 16), (True, 16, 8), (False, 12, 8)])
+def test_rope_and_store_kv_matches_rope_then_store(dtype, pool_dtype, neox, hd, rotary_dim):
+    """The fused kernel equals apply_rope (Triton) + indexed stores bit for bit (same rounding: rotated k rounded to
+    k's dtype, then cast to the pool's), and the torch reference within rounding; k and v stay untouched, slots
+    outside ``loc`` keep their bytes."""
+    gen = torch.Generator().manual_seed(hd + rotary_dim + 2 * neox)
+    nq, nkv = 4, 2
+    emb, pos, qkv, loc, kb, vb = _rope_kv_case(gen, dtype, pool_dtype, hd, rotary_dim, neox, nq, nkv)
+    q, k, v = qkv[:, : nq * hd], qkv[:, nq * hd: (nq + nkv) * hd], qkv[:, (nq + nkv) * hd:]
+    kv_before = qkv[:, nq * hd:].clone()
+    # unfused: Triton RoPE in place on copies, then the pool's indexed stores
+    q2, k2 = q.clone(), k.clone()
+    rope.apply_rope(pos, q2, k2, emb.cos_sin_cache, hd, neox)
+    kb2, vb2 = kb.clone(), vb.clone()
+    kb2[loc] = k2.view(-1, nkv, hd).to(pool_dtype)
+    vb2[loc] = v.reshape(-1, nkv, hd).to(pool_dtype)
+    # torch reference
+    q3, kb3, vb3 = q.clone(), kb.clone(), vb.clone()
+    ops.rope_and_store_kv_ref(pos, q3, k, v, emb.cos_sin_cache, hd, neox, kb3, vb3, loc)
+    rope_kv_store.rope_and_store_kv(pos, q, k, v, emb.cos_sin_cache, hd, neox, kb, vb, loc)
+    assert torch.equal(qkv[:, nq * hd:], kv_before)  # k and v not modified
+    assert torch.equal(q, q2)
+    if pool_dtype == dtype:
+        assert torch.equal(kb, kb2) and torch.equal(vb, vb2)
+        assert torch.equal(vb, vb3)
+    else:  # the 3.9 interpreter truncates fp32 -> bf16 where torch rounds (the GPU test checks equality there)
+        close(kb, kb2, pool_dtype)
+        close(vb, vb2, pool_dtype)
+    untouched = torch.ones(kb.shape[0], dtype=torch.bool)
+    untouched[loc] = False
+    assert torch.equal(kb[untouched], kb3[untouched]) and torch.equal(vb[untouched], vb3[untouched])
+    close(q, q3, dtype)
+    close(kb, kb3, pool_dtype)
+    close(vb, vb3, pool_dtype)
+
+
+def test_rope_and_store_kv_rejects_bad_shapes():
+    gen = torch.Generator().manual_seed(3)
+    emb, pos, qkv, loc, kb, vb = _rope_kv_case(gen, torch.float32, torch.float32, 16, 16, True)
+    q, k, v = qkv[:, :64], qkv[:, 64:96], qkv[:, 96:]
+    with pytest.raises(ValueError, match="inconsistent"):
+        rope_kv_store.rope_and_store_kv(pos, q, k, v, emb.cos_sin_cache, 16, True, kb[:, :1], vb[:, :1], loc)
+    with pytest.raises(ValueError, match="inconsistent"):
+        rope_kv_store.rope_and_store_kv(pos, q, k, v, emb.cos_sin_cache, 16, True, kb, vb, loc[:-1])
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_and_mul(dtype):
     gen = torch.Generator().manual_seed(9)
@@ -147,9 +208,12 @@ def test_fused_moe_matches_reference(dtype, n, e, k):
     close(moe.fused_moe(x, w13, w2, tw, tid), fused_moe_ref(x, w13, w2, tw, tid), dtype, scale=2.0)
 
 
+@pytest.mark.parametrize("legacy", [False, True])
 @pytest.mark.parametrize("splits", [1, 3, 16])
-def test_decode_kernel_split_counts(splits):
-    gen = torch.Generator().manual_seed(splits)
+def test_decode_kernel_split_counts(splits, legacy):
+    """Both kernel variants (contiguous K rows + direct output at one split; legacy transposed K + reduce) at
+    1/3/16 splits vs a dense softmax reference."""
+    gen = torch.Generator().manual_seed(splits + 100 * legacy)
     bs, nh, nkv, hd, slots, ctx = 3, 8, 2, 32, 300, 128
     seq = torch.tensor([1, 77, 128])
     r2t = torch.randperm(bs * ctx, generator=gen)[: bs * ctx].view(bs, ctx).remainder(slots).to(torch.int32)
@@ -157,13 +221,31 @@ def test_decode_kernel_split_counts(splits):
     q = torch.randn(bs, nh, hd, generator=gen)
     out = torch.empty_like(q)
     mid_o, mid_lse = decode_attention_workspace(bs, nh, hd, splits, torch.device("cpu"))
-    decode_attention_fwd(q, kb, vb, out, r2t, torch.arange(bs), seq, 0.3, splits, mid_o, mid_lse)
+    mid_o.fill_(float("nan"))  # the direct path must not read the workspace; the split path must overwrite it
+    mid_lse.fill_(float("nan"))
+    decode_attention_fwd(q, kb, vb, out, r2t, torch.arange(bs), seq, 0.3, splits, mid_o, mid_lse, legacy=legacy)
     for b in range(bs):
         s = r2t[b, : seq[b]].long()
         kk = kb[s].repeat_interleave(nh // nkv, 1)  # [seq, nh, hd]
         vv = vb[s].repeat_interleave(nh // nkv, 1)
         p = torch.softmax(torch.einsum("hd,shd->hs", q[b], kk) * 0.3, -1)
         close(out[b], torch.einsum("hs,shd->hd", p, vv), torch.float32, scale=10.0)
+
+
+def test_decode_split_policy_fills_the_gpu_about_once():
+    """The 'wave' rule: largest split count whose grid fits one wave of 5 programs per SM (132-SM H200, 8 KV heads),
+    clamped to 1..max; the legacy rule is kept for old-vs-new benchmarks; bad input raises."""
+    cpu = torch.device("cpu")
+    want = {1: 16, 8: 10, 16: 5, 32: 2, 64: 1, 128: 1}
+    for bs, s in want.items():
+        assert default_num_kv_splits(bs, 8, cpu, 16, num_sms=132) == s
+        assert s == 1 or bs * 8 * s <= 5 * 132 < bs * 8 * (s + 1) or s == 16  # one wave, as full as splits allow
+    assert [default_num_kv_splits(bs, 8, cpu, 16, "legacy", num_sms=132) for bs in (1, 32, 128)] == [16, 8, 2]
+    assert default_num_kv_splits(32, 8, cpu) == 4  # CPU without an SM count: fixed small count (interpreter tests)
+    with pytest.raises(ValueError, match="policy"):
+        default_num_kv_splits(1, 8, cpu, policy="fast")
+    with pytest.raises(ValueError, match="batch_size=0"):
+        default_num_kv_splits(0, 8, cpu, num_sms=132)
 
 
 def test_ops_cpu_fallback_uses_references():
@@ -176,3 +258,37 @@ def test_ops_cpu_fallback_uses_references():
     assert torch.equal(ops.silu_and_mul(torch.cat([x, r], -1)), silu_and_mul_ref(torch.cat([x, r], -1)))
     logits = torch.randn(4, 8, generator=gen)
     assert all(torch.equal(a, b) for a, b in zip(ops.fused_topk(logits, 2, True), select_experts(logits, 2, True)))
+
+
+@pytest.mark.parametrize("m,n,k,bias", [(1, 40, 96, False), (5, 33, 100, True), (16, 64, 1030, False)])
+def test_skinny_gemm_matches_linear(m, n, k, bias):
+    """The decode-batch weight-streaming GEMM equals F.linear (ragged N and K, optional bias); M outside 1..16
+    raises."""
+    gen = torch.Generator().manual_seed(m + n + k)
+    x = torch.randn(m, k, generator=gen)
+    w = torch.randn(n, k, generator=gen) / k ** 0.5
+    b = torch.randn(n, generator=gen) if bias else None
+    got = skinny_gemm.skinny_gemm(x, w, b, block_k=64)
+    close(got, torch.nn.functional.linear(x, w, b), torch.float32, scale=10.0)
+    with pytest.raises(ValueError, match="skinny_gemm"):
+        skinny_gemm.skinny_gemm(torch.randn(17, k), w)
+
+
+def test_ops_linear_skinny_dispatch(monkeypatch):
+    """ops.linear(skinny=True): 1..16-row bf16 inputs take the skinny kernel (forced on CPU under the interpreter) and
+    match F.linear within bf16 rounding; other shapes/dtypes and skinny=False stay F.linear bit for bit."""
+    gen = torch.Generator().manual_seed(4)
+    w = (torch.randn(24, 40, generator=gen) / 40 ** 0.5).to(torch.bfloat16)
+    b = torch.randn(24, generator=gen).to(torch.bfloat16)
+    calls = []
+    real = skinny_gemm.skinny_gemm
+    monkeypatch.setattr(ops, "_triton", lambda t, name: ops._kernels(name))
+    monkeypatch.setattr(skinny_gemm, "skinny_gemm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for m in (1, 16, 17):
+        x = torch.randn(m, 40, generator=gen).to(torch.bfloat16)
+        close(ops.linear(x, w, b, skinny=True), torch.nn.functional.linear(x, w, b), torch.bfloat16)
+        assert torch.equal(ops.linear(x, w, b), torch.nn.functional.linear(x, w, b))
+    assert len(calls) == 2  # m = 1 and 16 only
+    xf = torch.randn(3, 40, generator=gen)
+    assert torch.equal(ops.linear(xf, w.float(), None, skinny=True), torch.nn.functional.linear(xf, w.float()))
+    assert len(calls) == 2

@@ -20,13 +20,17 @@ default device (build under ``with torch.device(...)``); ``forward`` is
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang.srt.layers import ops
+
 logger = logging.getLogger(__name__)
+SKINNY_GEMM_ENV = "SGLANG_SKINNY_GEMM"
 
 
 def divide(numerator: int, denominator: int, what: str) -> int:
@@ -91,6 +95,9 @@ class LinearBase(nn.Module):
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.in_local, self.out_local = in_local, out_local
         self.weight = _new_param((out_local, in_local), params_dtype, self.weight_loader, shards)
+        # experimental (issue 19): decode batches of <= 16 rows through the skinny Triton GEMM; off by default,
+        # read once here (SGLANG_SKINNY_GEMM=1), see sglang.srt.layers.ops.linear
+        self.skinny_gemm = os.environ.get(SKINNY_GEMM_ENV, "0") not in ("", "0")
         # (sp_ops, rows) while a sequence-parallel executor runs this layer (see forward); None otherwise
         self.sequence_parallel: Optional[tuple] = None
         if bias:
@@ -111,6 +118,8 @@ class LinearBase(nn.Module):
         if self.sequence_parallel is not None:
             sp_ops, rows = self.sequence_parallel
             return self.forward_gathered(x, rows, sp_ops)
+        if self.skinny_gemm:
+            return ops.linear(x, self.weight, self.bias, skinny=True)
         return F.linear(x, self.weight, self.bias)
 
     def forward_gathered(self, x_shard: torch.Tensor, rows, sp_ops: Any) -> torch.Tensor:
@@ -290,7 +299,8 @@ class RowParallelLinear(LinearBase):
         if self.sequence_parallel is not None:
             sp_ops, rows = self.sequence_parallel
             return self.forward_scattered(x, rows, sp_ops)
-        out = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
+        bias = self.bias if self.tp_rank == 0 else None
+        out = ops.linear(x, self.weight, bias, skinny=True) if self.skinny_gemm else F.linear(x, self.weight, bias)
         if self.tp_size > 1 and self.reduce_results:
             if self.comm is None:
                 raise ValueError("RowParallelLinear with tp_size > 1 needs a comm object to all-reduce its output")

@@ -111,6 +111,48 @@ def apply_rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_si
     return kern.apply_rope(positions, q, k, cos_sin_cache, head_dim, is_neox_style)
 
 
+def rope_and_store_kv_ref(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          cos_sin_cache: torch.Tensor, head_dim: int, is_neox_style: bool, k_buf: torch.Tensor,
+                          v_buf: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
+    """Torch reference of :func:`rope_and_store_kv`: :func:`apply_rope_ref`, q overwritten with its rotation, then
+    ``k_buf[loc] = rotated k`` and ``v_buf[loc] = v`` (each rounded to its own dtype, then cast to the buffer's).
+    k and v are not modified. Returns q."""
+    rq, rk = apply_rope_ref(positions, q, k, cos_sin_cache, head_dim, is_neox_style)
+    q.copy_(rq)
+    nkv = k_buf.shape[1]
+    k_buf[loc] = rk.reshape(-1, nkv, head_dim).to(k_buf.dtype)
+    v_buf[loc] = v.reshape(-1, nkv, head_dim).to(v_buf.dtype)
+    return q
+
+
+def rope_and_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      cos_sin_cache: torch.Tensor, head_dim: int, is_neox_style: bool, k_buf: torch.Tensor,
+                      v_buf: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
+    """RoPE on q (in place) and k, and the KV-cache store of rotated k and v into slots ``loc``, in one kernel on CUDA
+    (:func:`sgl_kernel.triton.rope_kv_store.rope_and_store_kv`, whose docstring gives shapes and dtypes); the torch
+    reference :func:`rope_and_store_kv_ref` elsewhere or for rows that are not contiguous. Returns q.
+    Raises:
+        ValueError: shapes disagree (Triton path).
+    """
+    kern = _triton(q, "rope_kv_store")
+    if kern is None or q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        return rope_and_store_kv_ref(positions, q, k, v, cos_sin_cache, head_dim, is_neox_style, k_buf, v_buf, loc)
+    return kern.rope_and_store_kv(positions, q, k, v, cos_sin_cache, head_dim, is_neox_style, k_buf, v_buf, loc)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, skinny: bool = False
+           ) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``; with ``skinny=True`` a 2-D CUDA bf16/fp16 ``x`` of 1..16 rows runs the
+    weight-streaming Triton GEMM (:func:`sgl_kernel.triton.skinny_gemm.skinny_gemm`, experimental, issue 19) instead
+    of cuBLAS. x ``[..., in]``, weight ``[out, in]``, bias ``[out]`` -> ``[..., out]`` in x's dtype."""
+    if skinny and x.dim() == 2 and 1 <= x.shape[0] <= 16 and x.dtype in (torch.bfloat16, torch.float16) \
+            and x.dtype == weight.dtype and x.stride(-1) == 1 and weight.stride(-1) == 1:
+        kern = _triton(x, "skinny_gemm")
+        if kern is not None:
+            return kern.skinny_gemm(x, weight, bias)
+    return torch.nn.functional.linear(x, weight, bias)
+
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``silu(x[..., :I]) * x[..., I:]`` for x [..., 2I] -> [..., I] in x.dtype."""
     k = _triton(x, "activation")

@@ -64,8 +64,8 @@ class LlamaAttention(nn.Module):
         if self.q_norm is not None:
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(q.shape)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(k.shape)
-        q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v.contiguous(), forward_batch))
+        # RoPE is applied by the attention layer (fused with the KV-cache store where the backend can)
+        return self.o_proj(self.attn(q, k, v, forward_batch, positions=positions, rotary_emb=self.rotary_emb))
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -30,7 +30,7 @@ from typing import Any, Optional, Sequence, Union
 
 import torch
 
-from sglang.srt.utils.tensor_transfer import host_to_device
+from sglang.srt.utils.tensor_transfer import columns_to_device, host_to_device
 
 from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -206,14 +206,18 @@ class SamplingBatchInfo:
             bias_cpu[torch.tensor(rows, dtype=torch.int64), torch.tensor(cols, dtype=torch.int64)] = torch.tensor(vals)
             bias = host_to_device(bias_cpu, device)
         has_custom = custom_logit_processors is not None and any(c is not None for c in custom_logit_processors)
+        # the five columns every batch has: one host-to-device copy (typed views of one device buffer)
+        temps_t, top_ps_t, top_ks_t, min_ps_t, greedy_t = columns_to_device(
+            [(temps, torch.float32), (top_ps, torch.float32), (top_ks_list, torch.int64), (min_ps, torch.float32),
+             (greedy, torch.bool)], device)
         return cls(
             vocab_size=vocab_size,
             device=device,
-            temperatures=col(temps, torch.float32).view(bs, 1),
-            top_ps=col(top_ps, torch.float32),
-            top_ks=col(top_ks_list, torch.int64),
-            min_ps=col(min_ps, torch.float32),
-            greedy_mask=col(greedy, torch.bool),
+            temperatures=temps_t.view(bs, 1),
+            top_ps=top_ps_t,
+            top_ks=top_ks_t,
+            min_ps=min_ps_t,
+            greedy_mask=greedy_t,
             is_all_greedy=all(greedy),
             need_top_p=any(top_ps[i] < 1.0 for i in sampled),
             need_top_k=any(top_ks_list[i] < vocab_size for i in sampled),

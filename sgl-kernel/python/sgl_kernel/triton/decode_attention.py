@@ -14,6 +14,12 @@ KV layout: the paged pool of :class:`~sglang.srt.mem_cache.memory_pool.MHATokenT
 of batch row ``b`` is ``req_to_token[req_pool_indices[b], p]``. The number of
 splits is fixed per launch (not derived from sequence lengths on the host), so
 a launch can be captured in a CUDA graph and replayed with other lengths.
+
+Issue 19 (decode step within 1.3x of the memory floor): the split count now follows the grid-size rule of
+:func:`default_num_kv_splits` (one wave of resident programs: long splits, few partials); at one split the split
+kernel normalises and writes the output itself (no partials, no reduce launch); K tiles are loaded as contiguous
+``[BLOCK_N, head_dim]`` rows (16-byte vector loads, one offset tensor shared with V, both issued before the first
+product). ``legacy=True`` / ``policy="legacy"`` keep the previous kernel and rule for side-by-side benchmarks.
 """
 
 from __future__ import annotations
@@ -35,13 +41,18 @@ _LOG2E = 1.4426950408889634
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K_buf, V_buf, Req_to_token, Req_pool_idx, Seq_lens, Mid_o, Mid_lse,
+    Q, K_buf, V_buf, Req_to_token, Req_pool_idx, Seq_lens, Mid_o, Mid_lse, Out,
     qk_scale,  # softmax scale * log2(e)
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t,
-    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
+    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_F32: tl.constexpr,
+    K_ROWS: tl.constexpr, DIRECT_OUT: tl.constexpr,
 ):
+    # K_ROWS: load each K tile as [BLOCK_N, BLOCK_D] (one contiguous head_dim row per slot: 16-byte vector loads)
+    # and transpose in registers for QK^T; False keeps the original [BLOCK_D, BLOCK_N] gather.
+    # DIRECT_OUT (only with NUM_SPLITS == 1): write the normalised output straight into Out in its dtype, so no
+    # partial results and no reduce launch.
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -71,26 +82,39 @@ def _decode_split_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < end
         slots = tl.load(r2t + offs_n, mask=mask_n, other=0).to(tl.int64)
-        k = tl.load(k_base + slots[None, :] * stride_kt + offs_d[:, None],
-                    mask=mask_n[None, :] & mask_d[:, None], other=0.0).to(q.dtype)
-        qk = tl.dot(q, k) * qk_scale  # [BLOCK_H, BLOCK_N], log2 domain
+        if K_ROWS:  # K and V tiles share one offset tensor (the wrapper checks equal slot strides) and are
+            # issued together, so both are in flight before the first dot
+            offs_kv = slots[:, None] * stride_kt + offs_d[None, :]
+            mask_kv = mask_n[:, None] & mask_d[None, :]
+            k = tl.load(k_base + offs_kv, mask=mask_kv, other=0.0).to(q.dtype)
+            v = tl.load(v_base + offs_kv, mask=mask_kv, other=0.0).to(q.dtype)
+            qk = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_H, BLOCK_N], log2 domain
+        else:
+            k = tl.load(k_base + slots[None, :] * stride_kt + offs_d[:, None],
+                        mask=mask_n[None, :] & mask_d[:, None], other=0.0).to(q.dtype)
+            qk = tl.dot(q, k) * qk_scale  # [BLOCK_H, BLOCK_N], log2 domain
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         p = tl.math.exp2(qk - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + slots[:, None] * stride_vt + offs_d[None, :],
-                    mask=mask_n[:, None] & mask_d[None, :], other=0.0).to(q.dtype)
+        if not K_ROWS:
+            v = tl.load(v_base + slots[:, None] * stride_vt + offs_d[None, :],
+                        mask=mask_n[:, None] & mask_d[None, :], other=0.0).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
         m_i = m_new
 
     nonempty = end > start
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     out = acc / l_safe[:, None]
-    lse = tl.where(nonempty, m_i + tl.math.log2(l_safe), float("-inf"))
-    tl.store(Mid_o + b * stride_mob + offs_h[:, None] * stride_moh + split * stride_mos + offs_d[None, :], out,
-             mask=mask_h[:, None] & mask_d[None, :])
-    tl.store(Mid_lse + b * stride_mlb + offs_h * stride_mlh + split, lse, mask=mask_h)
+    if DIRECT_OUT:
+        tl.store(Out + b * stride_ob + offs_h[:, None] * stride_oh + offs_d[None, :], out.to(Out.dtype.element_ty),
+                 mask=mask_h[:, None] & mask_d[None, :])
+    else:
+        lse = tl.where(nonempty, m_i + tl.math.log2(l_safe), float("-inf"))
+        tl.store(Mid_o + b * stride_mob + offs_h[:, None] * stride_moh + split * stride_mos + offs_d[None, :], out,
+                 mask=mask_h[:, None] & mask_d[None, :])
+        tl.store(Mid_lse + b * stride_mlb + offs_h * stride_mlh + split, lse, mask=mask_h)
 
 
 @triton.jit
@@ -114,19 +138,40 @@ def _decode_reduce_kernel(
     tl.store(Out + b * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=mask_d)
 
 
-def default_num_kv_splits(batch_size: int, num_kv_heads: int, device: torch.device, max_splits: int = 16) -> int:
-    """Splits per (request, KV head): about 8 split programs per multiprocessor.
+SPLIT_POLICIES = ("wave", "legacy")
 
-    Several programs fit on one multiprocessor at once, so ~8 per SM gives several waves and a short
-    tail (wave quantization) while the partial results stay tiny next to the KV read.
-    Depends only on the batch shape (not on sequence lengths) so one value
-    serves every CUDA-graph replay of a captured batch size. Returns 1..max_splits (a power of 2).
+
+def default_num_kv_splits(batch_size: int, num_kv_heads: int, device: torch.device, max_splits: int = 16,
+                          policy: str = "wave", num_sms: Optional[int] = None, programs_per_sm: int = 5) -> int:
+    """Splits per (request, KV head) of the split kernel; depends only on the batch shape (never on sequence
+    lengths), so one value serves every CUDA-graph replay of a captured batch size.
+
+    ``policy="wave"`` (default): the largest count whose grid ``batch_size * num_kv_heads * splits`` still fits in
+    one wave of resident programs, ``floor(programs_per_sm * num_sms / (batch_size * num_kv_heads))``, clamped to
+    ``1..max_splits``: the grid fills the GPU about once, each program walks one long stretch of the sequence,
+    and at one split there are no partial results and no reduce launch. ``programs_per_sm=5``: on Hopper a split
+    program (4 warps, BLOCK_N=64, head_dim 128, bf16) uses ~39 KiB of shared memory (two cp.async stages of its K
+    and V tiles) and 80 registers per thread (both read from the sm_90a AOT build, ``sgl_kernel.triton.aot``), so
+    5 fit in the 228 KiB of a multiprocessor.
+    ``policy="legacy"``: the rule before issue 19, ``next_pow2(ceil(8 * num_sms / (batch_size * num_kv_heads)))``
+    (several waves of short programs), kept for old-vs-new benchmarks.
+    Args:
+        num_sms: multiprocessor count (None: read from ``device``; CPU devices return ``min(4, max_splits)``).
+    Returns 1..max_splits. Raises ValueError for an unknown policy or non-positive sizes.
     """
-    if device.type != "cuda":
-        return 4
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    want = math.ceil(8 * sms / max(batch_size * num_kv_heads, 1))
-    return max(1, min(max_splits, next_pow2(want)))
+    if policy not in SPLIT_POLICIES:
+        raise ValueError(f"default_num_kv_splits: policy={policy!r}; use one of {SPLIT_POLICIES}")
+    if batch_size < 1 or num_kv_heads < 1 or max_splits < 1 or programs_per_sm < 1:
+        raise ValueError(f"default_num_kv_splits: sizes must be >= 1, got batch_size={batch_size}, "
+                         f"num_kv_heads={num_kv_heads}, max_splits={max_splits}, programs_per_sm={programs_per_sm}")
+    if num_sms is None:
+        if device.type != "cuda":
+            return min(4, max_splits)
+        num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+    rows = batch_size * num_kv_heads
+    if policy == "legacy":
+        return max(1, min(max_splits, next_pow2(math.ceil(8 * num_sms / rows))))
+    return max(1, min(max_splits, (programs_per_sm * num_sms) // rows))
 
 
 def decode_attention_workspace(batch_size: int, num_heads: int, head_dim: int, num_kv_splits: int,
@@ -151,7 +196,7 @@ def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tens
                          req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
                          sm_scale: float, num_kv_splits: int, mid_o: torch.Tensor, mid_lse: torch.Tensor,
                          block_n: Optional[int] = None, num_warps: Optional[int] = None,
-                         num_stages: Optional[int] = None) -> None:
+                         num_stages: Optional[int] = None, legacy: bool = False) -> None:
     """Paged decode attention of one new token per request, written into ``out``.
 
     Args:
@@ -167,6 +212,9 @@ def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tens
             ``[bs, num_heads, num_kv_splits]`` fp32 (see :func:`decode_attention_workspace`); only the
             leading ``[:bs, :, :num_kv_splits]`` part is used.
         block_n, num_warps, num_stages: tile/launch overrides for tuning sweeps (None: defaults per head_dim).
+        legacy: True runs the kernel as before issue 19 (K tiles gathered transposed, a reduce launch even
+            at one split), for old-vs-new benchmarks; False (default) loads K rows contiguously and, at
+            ``num_kv_splits == 1``, writes ``out`` directly without the reduce kernel.
     Raises:
         ValueError: inconsistent shapes, num_heads not a multiple of num_kv_heads, non-CUDA tensors
             outside the Triton interpreter.
@@ -191,15 +239,19 @@ def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tens
     block_n = block_n or block_n_d
     warps = num_warps or warps_d
     stages = num_stages or stages_d
+    direct = num_kv_splits == 1 and not legacy
+    k_rows = not legacy and k_buf.stride(0) == v_buf.stride(0)  # K and V tiles share one offset tensor
     _decode_split_kernel[(bs, nkv, num_kv_splits)](
-        q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse,
+        q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse, out,
         sm_scale * _LOG2E,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
         req_to_token.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0),
-        mid_lse.stride(1),
+        mid_lse.stride(1), out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=hd, BLOCK_D=block_d, BLOCK_H=block_h, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits,
-        DOT_F32=interpreting(), num_warps=warps, num_stages=stages,
+        DOT_F32=interpreting(), K_ROWS=k_rows, DIRECT_OUT=direct, num_warps=warps, num_stages=stages,
     )
+    if direct:
+        return
     _decode_reduce_kernel[(bs, nh)](
         mid_o, mid_lse, out,
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),

@@ -23,12 +23,15 @@ those buffers hold.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 import torch
 
+from sglang.srt.layers import ops
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang.srt.layers.rotary_embedding import RotaryEmbedding
 from sglang.srt.layers.attention.triton_ops.decode_attention import decode_attention_fwd, default_num_kv_splits
 from sglang.srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
 from sglang.srt.forward_batch_info import ForwardMode
@@ -41,6 +44,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_KV_SPLITS = 16
+LEGACY_DECODE_ENV = "SGLANG_TRITON_DECODE_LEGACY"
+FUSED_ROPE_ENV = "SGLANG_FUSED_ROPE_KV"
+
+
+def _plain_rope(rotary) -> bool:
+    """True when ``rotary`` is a :class:`RotaryEmbedding` whose rotation is exactly its ``cos_sin_cache`` (no subclass
+    overriding ``forward``), i.e. what the fused RoPE + KV-store kernel computes."""
+    return isinstance(rotary, RotaryEmbedding) and type(rotary).forward is RotaryEmbedding.forward
 
 
 @dataclass(frozen=True)
@@ -78,7 +89,21 @@ class TritonAttnBackend(AttentionBackend):
     ``TRITON_INTERPRET=1`` for tests).
     """
 
-    def __init__(self) -> None:
+    fuses_rope_kv_store = True  # RadixAttention hands RoPE to forward() (see its ``rope`` argument)
+
+    def __init__(self, legacy_decode: Optional[bool] = None, fused_rope: Optional[bool] = None) -> None:
+        """``legacy_decode``: run the decode kernel and split-count rule as before issue 19 (see
+        :func:`~sgl_kernel.triton.decode_attention.decode_attention_fwd`); None reads the environment variable
+        ``SGLANG_TRITON_DECODE_LEGACY`` (``1`` = legacy). ``fused_rope``: RoPE fused with the KV-cache store (see
+        :meth:`forward`); None reads ``SGLANG_FUSED_ROPE_KV`` (``0`` = separate RoPE kernel and indexed stores, as
+        before). Both are read once, here, so benchmarks can compare old and new in one run."""
+        if legacy_decode is None:
+            legacy_decode = os.environ.get(LEGACY_DECODE_ENV, "0") not in ("", "0")
+        self.legacy_decode = bool(legacy_decode)
+        if fused_rope is None:
+            fused_rope = os.environ.get(FUSED_ROPE_ENV, "1") not in ("", "0")
+        self.fused_rope = bool(fused_rope)
+        self.split_policy = "legacy" if self.legacy_decode else "wave"
         self._workspace: dict[tuple[int, int, torch.device], torch.Tensor] = {}
         # Buffers replaced by a larger one stay alive: a captured CUDA graph keeps writing into the buffer it
         # was captured with, and freeing it would hand that memory to other tensors (found on H100: graph
@@ -102,7 +127,7 @@ class TritonAttnBackend(AttentionBackend):
         pool = fb.token_to_kv_pool
         if fb.forward_mode.is_decode():
             meta = TritonAttnMetadata(
-                is_decode=True, num_kv_splits=default_num_kv_splits(bs, pool.head_num, pool.device, MAX_KV_SPLITS),
+                is_decode=True, num_kv_splits=self.num_kv_splits(bs, pool.head_num, pool.device),
                 max_extend_len=1, num_decode=bs, req_pool_indices=None, prefix_lens=None, extend_lens=None,
                 extend_start_loc=None, decode_req_pool_indices=fb.req_pool_indices, decode_seq_lens=fb.seq_lens,
                 decode_token_index=None)
@@ -118,7 +143,7 @@ class TritonAttnBackend(AttentionBackend):
             dec, ext = torch.split(ints_to_device(dec_rows + ext_rows, dev), [len(dec_rows), len(ext_rows)])
             meta = TritonAttnMetadata(
                 is_decode=False,
-                num_kv_splits=default_num_kv_splits(len(dec_rows), pool.head_num, pool.device, MAX_KV_SPLITS),
+                num_kv_splits=self.num_kv_splits(len(dec_rows), pool.head_num, pool.device),
                 max_extend_len=max((lens[i] for i in ext_rows), default=0), num_decode=len(dec_rows),
                 req_pool_indices=fb.req_pool_indices[ext], prefix_lens=fb.prefix_lens[ext],
                 extend_lens=fb.extend_lens[ext], extend_start_loc=fb.extend_start_loc[ext],
@@ -134,6 +159,12 @@ class TritonAttnBackend(AttentionBackend):
         fb.attn_metadata = meta
         return meta
 
+    def num_kv_splits(self, batch_size: int, num_kv_heads: int, device: torch.device) -> int:
+        """Decode splits per (request, KV head) for a batch of ``batch_size`` decode rows (this backend's policy,
+        see :func:`~sgl_kernel.triton.decode_attention.default_num_kv_splits`); fixed per batch size, so CUDA
+        graphs captured at that size replay with it."""
+        return default_num_kv_splits(batch_size, num_kv_heads, device, MAX_KV_SPLITS, policy=self.split_policy)
+
     def init_cuda_graph_state(self, max_bs: int, num_heads: int, head_dim: int, num_kv_heads: int,
                               device: torch.device) -> None:
         """Preallocate the decode split workspace for every batch size up to ``max_bs``.
@@ -145,7 +176,7 @@ class TritonAttnBackend(AttentionBackend):
             raise ValueError(f"init_cuda_graph_state: sizes must be > 0, got max_bs={max_bs}, "
                              f"num_heads={num_heads}, head_dim={head_dim}, num_kv_heads={num_kv_heads}")
         device = torch.device(device)
-        need = max(bs * default_num_kv_splits(bs, num_kv_heads, device, MAX_KV_SPLITS) for bs in range(1, max_bs + 1))
+        need = max(bs * self.num_kv_splits(bs, num_kv_heads, device) for bs in range(1, max_bs + 1))
         self._get_workspace(need, num_heads, head_dim, device)
 
     def _get_workspace(self, rows: int, num_heads: int, head_dim: int, device: torch.device) -> torch.Tensor:
@@ -165,9 +196,14 @@ class TritonAttnBackend(AttentionBackend):
 
     # ------------------------------------------------------------------ forward
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: "RadixAttention",
-                forward_batch: "ForwardBatch") -> torch.Tensor:
-        """q [N, nh*hd], k/v [N, nkv*hd] -> [N, nh*hd] in q's dtype (writes k/v to the pool first).
+                forward_batch: "ForwardBatch", rope: Optional[tuple] = None) -> torch.Tensor:
+        """q [N, nh*hd], k/v [N, nkv*hd] (row-strided views allowed) -> [N, nh*hd] in q's dtype (writes k/v to the
+        pool first).
 
+        ``rope``: ``(positions [N] int64, RotaryEmbedding)`` when q and k are not rotated yet (see
+        :meth:`RadixAttention.forward`): RoPE and the KV-cache store then run as one kernel
+        (:func:`sglang.srt.layers.ops.rope_and_store_kv`) unless this backend was built with ``fused_rope=False``
+        or the pool stores another dtype than it computes in (fp8: view-typed storage), where RoPE runs first.
         Raises:
             ValueError: :meth:`init_forward_metadata` was not called for this batch, or shapes disagree.
         """
@@ -176,8 +212,20 @@ class TritonAttnBackend(AttentionBackend):
             raise ValueError("TritonAttnBackend.forward: call init_forward_metadata(forward_batch) before the layers run")
         nh, nkv, hd = layer.num_heads, layer.num_kv_heads, layer.head_dim
         pool = forward_batch.token_to_kv_pool
-        pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k.view(-1, nkv, hd), v.view(-1, nkv, hd))
-        k_buf, v_buf = pool.get_kv_buffer(layer.layer_id)
+        if rope is not None and self.fused_rope and pool.store_dtype == pool.dtype and _plain_rope(rope[1]):
+            positions, rotary = rope
+            k_buf, v_buf = pool.get_kv_buffer(layer.layer_id)
+            if k.shape[0] != forward_batch.out_cache_loc.shape[0]:
+                raise ValueError(f"TritonAttnBackend: {k.shape[0]} new tokens but out_cache_loc has "
+                                 f"{forward_batch.out_cache_loc.shape[0]} slots")
+            ops.rope_and_store_kv(positions, q, k, v, rotary.cos_sin_cache, rotary.head_dim, rotary.is_neox_style,
+                                  k_buf, v_buf, forward_batch.out_cache_loc)
+        else:
+            if rope is not None:
+                q, k = rope[1](rope[0], q, k)
+            pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k.reshape(-1, nkv, hd),
+                               v.reshape(-1, nkv, hd))
+            k_buf, v_buf = pool.get_kv_buffer(layer.layer_id)
         req_to_token = forward_batch.req_to_token_pool.req_to_token
         q3 = q.reshape(-1, nh, hd)
         if q3.stride(-1) != 1:
@@ -207,4 +255,4 @@ class TritonAttnBackend(AttentionBackend):
         mid_o = ws[: bs * nh * splits * hd].view(bs, nh, splits, hd)
         mid_lse = ws[bs * nh * splits * hd: bs * nh * splits * (hd + 1)].view(bs, nh, splits)
         decode_attention_fwd(q3, k_buf, v_buf, out, req_to_token, meta.decode_req_pool_indices,
-                             meta.decode_seq_lens, layer.scaling, splits, mid_o, mid_lse)
+                             meta.decode_seq_lens, layer.scaling, splits, mid_o, mid_lse, legacy=self.legacy_decode)

@@ -1,0 +1,139 @@
+"""Ahead-of-time compilation of the decode-path Triton kernels for Hopper (sm_90a) without a GPU.
+
+``python -m sgl_kernel.triton.aot [arch]`` compiles every entry of :data:`KERNELS` with
+``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))`` down to PTX and cubin (ptxas from the CUDA
+toolkit) and prints one JSON line ``{name: {"error", "cubin_bytes", "ptx_lines", "shared"}}``, so a CPU machine
+proves that each kernel variant the decode step launches (the issue 19 and the legacy decode kernel, the one-split
+direct-output variant, the reduce, fused RoPE + KV store; the skinny GEMM under evaluation) builds for the
+H100/H200 at the Llama-3.1-8B shapes.
+Must run with ``TRITON_INTERPRET`` unset.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Dict, Tuple
+
+_I32 = "i32"
+
+
+def _decode_split(k_rows: bool, direct: bool, splits: int) -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
+    sig = {n: t for n, t in (
+        ("Q", "*bf16"), ("K_buf", "*bf16"), ("V_buf", "*bf16"), ("Req_to_token", "*i32"), ("Req_pool_idx", "*i64"),
+        ("Seq_lens", "*i64"), ("Mid_o", "*fp32"), ("Mid_lse", "*fp32"), ("Out", "*bf16"), ("qk_scale", "fp32"))}
+    for n in ("stride_qb", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_r2t",
+              "stride_mob", "stride_moh", "stride_mos", "stride_mlb", "stride_mlh", "stride_ob", "stride_oh"):
+        sig[n] = _I32
+    const = dict(GROUP=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=16, BLOCK_N=64, NUM_SPLITS=splits, DOT_F32=False,
+                 K_ROWS=k_rows, DIRECT_OUT=direct)
+    for n in const:
+        sig[n] = "constexpr"
+    return "decode_attention", "_decode_split_kernel", sig, const, 4
+
+
+def _decode_reduce() -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
+    sig = {"Mid_o": "*fp32", "Mid_lse": "*fp32", "Out": "*bf16"}
+    for n in ("stride_mob", "stride_moh", "stride_mos", "stride_mlb", "stride_mlh", "stride_ob", "stride_oh"):
+        sig[n] = _I32
+    const = dict(HEAD_DIM=128, BLOCK_D=128, NUM_SPLITS=2, BLOCK_S=2)
+    sig.update({n: "constexpr" for n in const})
+    return "decode_attention", "_decode_reduce_kernel", sig, const, 4
+
+
+def _rope_kv_store(neox: bool) -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
+    sig = {"Pos": "*i64", "Q": "*bf16", "K": "*bf16", "V": "*bf16", "Cache": "*fp32", "K_buf": "*bf16",
+           "V_buf": "*bf16", "Loc": "*i64"}
+    for n in ("stride_q", "stride_k", "stride_v", "stride_c", "stride_kbt", "stride_kbh", "stride_vbt", "stride_vbh",
+              "num_q_heads", "num_kv_heads"):
+        sig[n] = _I32
+    const = dict(HEAD_DIM=128, HALF=64, BLOCK_HALF=64, BLOCK_D=128, NEOX=neox, BLOCK_HQ=32, BLOCK_HK=8,
+                 PASS_THROUGH=False)
+    sig.update({n: "constexpr" for n in const})
+    return "rope_kv_store", "_rope_kv_store_kernel", sig, const, 4
+
+
+def _rope(neox: bool) -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
+    sig = {"Pos": "*i64", "Q": "*bf16", "K": "*bf16", "Cache": "*fp32", "stride_q": _I32, "stride_k": _I32,
+           "stride_c": _I32, "num_q_heads": _I32, "num_k_heads": _I32}
+    const = dict(HEAD_DIM=128, HALF=64, BLOCK_HALF=64, NEOX=neox, BLOCK_HQ=32, BLOCK_HK=8)
+    sig.update({n: "constexpr" for n in const})
+    return "rope", "_rope_kernel", sig, const, 4
+
+
+def _skinny_gemm() -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
+    sig = {"X": "*bf16", "W": "*bf16", "B": "*bf16", "Y": "*bf16"}
+    for n in ("M", "N", "K", "stride_xm", "stride_wn", "stride_ym"):
+        sig[n] = _I32
+    const = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, HAS_BIAS=False, DOT_F32=False)
+    sig.update({n: "constexpr" for n in const})
+    return "skinny_gemm", "_skinny_gemm_kernel", sig, const, 4
+
+
+KERNELS = {
+    "decode_split_rows_2": _decode_split(True, False, 2),
+    "decode_split_rows_direct": _decode_split(True, True, 1),
+    "decode_split_legacy_8": _decode_split(False, False, 8),
+    "decode_reduce": _decode_reduce(),
+    "rope_kv_store_neox": _rope_kv_store(True),
+    "rope_kv_store_gptj": _rope_kv_store(False),
+    "rope_neox": _rope(True),  # the unfused kernel, for comparison
+    "skinny_gemm": _skinny_gemm(),
+}
+
+
+# integer arguments that are multiples of 16 at the Llama-3.1-8B shapes (Triton's JIT specialises such values, and
+# 16-byte aligned pointers, as ``tt.divisibility = 16``; AOT must say so or it compiles scalar loads)
+_DIV16_INTS = {"stride_qb", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_mob",
+               "stride_moh", "stride_mos", "stride_mlb", "stride_mlh", "stride_ob", "stride_oh", "stride_q", "stride_k",
+               "stride_v", "stride_c", "stride_kbt", "stride_kbh", "stride_vbt", "stride_vbh", "num_q_heads",
+               "stride_xm", "stride_wn", "stride_ym", "K", "N"}
+
+
+def runtime_attrs(fn, sig: Dict[str, str]) -> Dict[tuple, list]:
+    """``tt.divisibility = 16`` for every pointer and every :data:`_DIV16_INTS` argument, as the runtime JIT gives."""
+    return {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items()
+            if t.startswith("*") or n in _DIV16_INTS}
+
+
+def compile_kernel(name: str, arch: int = 90):
+    """Compile ``KERNELS[name]`` for ``sm_{arch}`` (90 -> sm_90a) with no GPU; returns Triton's CompiledKernel.
+    Raises KeyError for an unknown name, Triton's CompilationError on failure."""
+    import importlib
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    module, fn_name, sig, const, warps = KERNELS[name]
+    fn = getattr(importlib.import_module(f"sgl_kernel.triton.{module}"), fn_name)
+    src = ASTSource(fn=fn, signature=dict(sig), constexprs=dict(const), attrs=runtime_attrs(fn, sig))
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps, "num_stages": 2})
+
+
+def report(arch: int = 90) -> Dict[str, dict]:
+    """Compile every kernel; per name: {"error", "cubin_bytes", "ptx_lines", "shared" (shared memory bytes),
+    "v4_loads" (16-byte global loads), "scalar_b16_loads", "cp_async16" (16-byte asynchronous copies to shared memory:
+    loads pipelined over ``num_stages``)}."""
+    out: Dict[str, dict] = {}
+    for name in KERNELS:
+        try:
+            k = compile_kernel(name, arch)
+            ptx = k.asm["ptx"]
+            out[name] = dict(error="", cubin_bytes=len(k.asm.get("cubin", b"")), ptx_lines=ptx.count("\n"),
+                             shared=int(getattr(k.metadata, "shared", 0) or 0),
+                             v4_loads=len(re.findall(r"ld\.global(\.\w+)*\.v4\.", ptx)),
+                             scalar_b16_loads=ptx.count("ld.global.b16"),
+                             cp_async16=len(re.findall(r"cp\.async\.\w+\.shared\.global[^;]*, 0x10", ptx)))
+        except Exception as e:  # reported per kernel, so one failure does not hide the others
+            out[name] = dict(error=f"{type(e).__name__}: {e}"[:2000], cubin_bytes=0, ptx_lines=0, shared=0)
+    return out
+
+
+if __name__ == "__main__":
+    import json
+    import os
+    import sys
+
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        sys.exit("unset TRITON_INTERPRET: AOT compilation needs the real Triton compiler")
+    print(json.dumps(report(int(sys.argv[1]) if len(sys.argv) > 1 else 90)))
