@@ -233,13 +233,13 @@ def test_decode_kernel_split_counts(splits, legacy):
 
 
 def test_decode_split_policy_fills_the_gpu_about_once():
-    """The 'wave' rule: largest split count whose grid fits one wave of 5 programs per SM (132-SM H200, 8 KV heads),
+    """The 'wave' rule: largest split count whose grid fits one wave of 2 programs per SM (132-SM H100/H200, 8 KV heads),
     clamped to 1..max; the legacy rule is kept for old-vs-new benchmarks; bad input raises."""
     cpu = torch.device("cpu")
-    want = {1: 16, 8: 10, 16: 5, 32: 2, 64: 1, 128: 1}
+    want = {1: 16, 8: 4, 16: 2, 32: 1, 64: 1, 128: 1}
     for bs, s in want.items():
         assert default_num_kv_splits(bs, 8, cpu, 16, num_sms=132) == s
-        assert s == 1 or bs * 8 * s <= 5 * 132 < bs * 8 * (s + 1) or s == 16  # one wave, as full as splits allow
+        assert s == 1 or bs * 8 * s <= 2 * 132 < bs * 8 * (s + 1) or s == 16  # one wave, as full as splits allow
     assert [default_num_kv_splits(bs, 8, cpu, 16, "legacy", num_sms=132) for bs in (1, 32, 128)] == [16, 8, 2]
     assert default_num_kv_splits(32, 8, cpu) == 4  # CPU without an SM count: fixed small count (interpreter tests)
     with pytest.raises(ValueError, match="policy"):

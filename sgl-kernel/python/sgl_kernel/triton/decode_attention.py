@@ -142,17 +142,19 @@ SPLIT_POLICIES = ("wave", "legacy")
 
 
 def default_num_kv_splits(batch_size: int, num_kv_heads: int, device: torch.device, max_splits: int = 16,
-                          policy: str = "wave", num_sms: Optional[int] = None, programs_per_sm: int = 5) -> int:
+                          policy: str = "wave", num_sms: Optional[int] = None, programs_per_sm: int = 2) -> int:
     """Splits per (request, KV head) of the split kernel; depends only on the batch shape (never on sequence
     lengths), so one value serves every CUDA-graph replay of a captured batch size.
 
     ``policy="wave"`` (default): the largest count whose grid ``batch_size * num_kv_heads * splits`` still fits in
     one wave of resident programs, ``floor(programs_per_sm * num_sms / (batch_size * num_kv_heads))``, clamped to
     ``1..max_splits``: the grid fills the GPU about once, each program walks one long stretch of the sequence,
-    and at one split there are no partial results and no reduce launch. ``programs_per_sm=5``: on Hopper a split
-    program (4 warps, BLOCK_N=64, head_dim 128, bf16) uses ~39 KiB of shared memory (two cp.async stages of its K
-    and V tiles) and 80 registers per thread (both read from the sm_90a AOT build, ``sgl_kernel.triton.aot``), so
-    5 fit in the 228 KiB of a multiprocessor.
+    and at one split there are no partial results and no reduce launch. ``programs_per_sm=2``: measured on one
+    H100 (132 SMs, Llama-3.1-8B decode, 1K context, 2026-11-25, ``benchmark/bench_decode_issue19.py``): at batch 32
+    one split (256 programs) reads KV at 0.80 of the HBM copy bandwidth, two splits at 0.67 and 3-16 splits at
+    0.68-0.70; at batch 128 one split is best (0.95). A split program uses ~39 KiB of shared memory and 80
+    registers (sm_90a AOT build), so up to 5 could be resident per SM, but filling that many with short splits
+    costs more in partial results and the reduce than it gains in occupancy.
     ``policy="legacy"``: the rule before issue 19, ``next_pow2(ceil(8 * num_sms / (batch_size * num_kv_heads)))``
     (several waves of short programs), kept for old-vs-new benchmarks.
     Args:
