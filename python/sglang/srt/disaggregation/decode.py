@@ -354,6 +354,8 @@ class DecodeConnector(BaseConnector):
             transfer_bytes=r.nbytes, transfer_reads=r.reads,
             transfer_time_s=(t - r.t_post) if self.transfer_mode == "pull" else ready.push_time_s,
             prefill_queue_s=ready.prefill_queue_s, decode_queue_s=r.t_alloc - req.arrival_time)
+        if self.transfer_mode == "push":
+            req.disagg_info["push_layerwise"] = ready.push_layerwise
         self.stats["rooms_done"] += 1
         self.stats["transfer_bytes"] += r.nbytes
         self.stats["transfer_reads"] += r.reads

@@ -6,6 +6,8 @@ Room life cycle on the prefill side (all ranks change state at the same step; se
     request arrives  ->  prefill runs like aggregated (max one new token)  ->  hold(req): KV kept
     RoomRequest from the decode leader (may come before or after the prefill)
     pull: send RoomReady(slots, first token, ...)           push: WRITE layer by layer, then RoomReady
+    (push, RoomRequest before the forward of the request's last chunk: each layer's WRITEs are posted while the
+    forward runs, see ``layerwise.py``; RoomRequest after it: every layer's WRITEs are posted at once)
     RoomAck  -> release: KV to the prefix cache, the request finishes with its one token
     RoomFailed, no RoomRequest within the bootstrap timeout, or a silent decode peer past the heartbeat
     timeout -> the request fails (its KV is freed)
@@ -21,6 +23,7 @@ from typing import Any, Optional
 from sglang.srt.disaggregation.agent import now
 from sglang.srt.disaggregation.bootstrap import BootstrapServer
 from sglang.srt.disaggregation.connector import BaseConnector, bootstrap_fields_error
+from sglang.srt.disaggregation.layerwise import LayerwisePush, LayerwisePushListener
 from sglang.srt.disaggregation.messages import (
     Heartbeat,
     HeartbeatAck,
@@ -50,6 +53,7 @@ class PrefillRoom:
     push_reads: int = 0
     fail_reason: str = ""
     expiring: bool = False  # the leader injected its failure already
+    layerwise: Optional[LayerwisePush] = None  # push planned before the forward (posted layer by layer)
 
 
 class PrefillConnector(BaseConnector):
@@ -67,6 +71,16 @@ class PrefillConnector(BaseConnector):
                      "total_kv_heads": self.agent.total_kv_heads, "page_size": self.args.page_size,
                      "transfer_mode": self.transfer_mode, "backend": self.args.disaggregation_transfer_backend}
             self.bootstrap = BootstrapServer(self.args.host, self.args.disaggregation_bootstrap_port, route)
+        self.stats.update(push_layerwise=0, push_after_forward=0)
+        self.listener: Optional[LayerwisePushListener] = None
+        executor = getattr(scheduler.runner, "executor", None)
+        if self.transfer_mode == "push" and executor is not None:
+            if executor.supports_kv_layer_listener:
+                self.listener = LayerwisePushListener(self.agent.backend)
+                executor.set_kv_layer_listener(self.listener)
+            else:
+                logger.info("push mode: the %s executor reports no KV layers; every push is posted after the "
+                            "forward", executor.name)
 
     # ---- scheduler hooks -----------------------------------------------------------------------------
     def intercept(self, req, msg) -> bool:
@@ -124,9 +138,44 @@ class PrefillConnector(BaseConnector):
     def num_open(self) -> int:
         return sum(1 for r in self.rooms.values() if r.req is not None)
 
+    def internal_state(self) -> dict[str, Any]:
+        """Counters for ``/get_server_info`` (plus rooms the decode side asked for whose prefill has not finished)."""
+        return {**super().internal_state(),
+                "disagg_rooms_awaiting_prefill": sum(1 for r in self.rooms.values() if r.req is None and r.peer)}
+
+    def before_forward(self, batch, mwb) -> None:
+        """Push mode: plan the layerwise WRITEs of every request whose last chunk runs in ``batch`` and whose
+        decode side already sent its RoomRequest (with ``dst_slots``), and arm the listener with them. The last
+        chunk's WRITEs cover every prompt position (earlier chunks and prefix hits were stored before), so
+        chunked requests take the layerwise path too. A request whose plan fails here falls back to the
+        after-the-fact push, which fails its room closed with the same error."""
+        if self.listener is None:
+            return
+        self.listener.disarm()
+        jobs = []
+        layers = self.agent.desc.size("layer")
+        for req in batch.reqs:
+            room = self.rid_room.get(req.rid)
+            r = self.rooms.get(room) if room is not None else None
+            if r is None or r.peer is None or r.req is not None or r.layerwise is not None \
+                    or r.peer.mode != "push" or r.expiring:
+                continue
+            if req.kv_len + req.extend_len < len(req.origin_input_ids):
+                continue  # not its last chunk
+            try:
+                r.layerwise = LayerwisePush(room, self._plan_push(req, r.peer), layers)
+            except Exception as e:  # noqa: BLE001 - the after-the-fact push reports it (fail closed there)
+                logger.info("room %d: no layerwise push (%s); pushing after the forward", room, e)
+                continue
+            jobs.append(r.layerwise)
+        if jobs:
+            self.listener.arm(list(mwb.req_pool_indices), jobs)
+
     # ---- one poll per scheduler step ----------------------------------------------------------------
     def poll(self) -> None:
         """Handle control messages, advance pushes, send RoomReady, expire rooms (see the module doc)."""
+        if self.listener is not None:
+            self.listener.disarm()  # jobs armed for a forward that did not report layers fall back
         if self.agent.is_leader:
             self._check_timeouts()
         for msg in self.agent.recv():
@@ -165,34 +214,56 @@ class PrefillConnector(BaseConnector):
         if self.transfer_mode == "pull":
             self._send_ready(r)
             return
-        # push: WRITE this rank's heads into every decode rank that holds some of them, layer by layer
+        job = r.layerwise
+        if job is not None and job.started:  # posted layer by layer during the forward (layerwise.py)
+            r.push_start, r.push_bytes, r.push_reads = job.start, job.nbytes, job.num_ops
+            r.handles = job.handles  # complete once job.done (_poll_pushes waits for that)
+            req.disagg_info["push_layerwise"] = True
+            self.stats["push_layerwise"] += 1
+            r.state = "pushing"
+            return
+        r.layerwise = None  # armed for a forward that never reported its layers
+        req.disagg_info["push_layerwise"] = False
+        self.stats["push_after_forward"] += 1
+        # push after the forward: WRITE this rank's heads into every decode rank that holds some of them, layer
+        # by layer (all posted now)
         try:
-            slots = self._slots(req)
-            if peer.dst_slots is None or len(peer.dst_slots) != len(slots):
-                raise ValueError(f"push needs {len(slots)} decode slots, got "
-                                 f"{None if peer.dst_slots is None else len(peer.dst_slots)}")
             r.push_start = time.monotonic()
-            for info in peer.decode_ranks:
-                dst = KVRegionDescriptor.from_dict(info["kv"])
-                mine = [h for src, h in assign_sources(self.agent.ranks, (info["head_lo"], info["head_hi"]))
-                        if src["rank"] == self.agent.tp_rank]  # heads this rank writes to that decode rank
-                if not mine:
-                    continue
-                copies = plan_slot_copies(self.agent.desc, self.agent.heads, slots, dst,
-                                          (info["head_lo"], info["head_hi"]), peer.dst_slots, heads=mine[0])
-                if not len(copies):
-                    continue
-                name = self.agent.ensure_connected(info)
-                for layer_copies in copies_by_layer(copies, self.agent.desc, side=0):
-                    if len(layer_copies):  # a write's rows are (remote = decode, local = prefill, nbytes)
-                        r.handles.append(self.agent.backend.write(name, layer_copies[:, [1, 0, 2]]))
-                        r.push_bytes += int(layer_copies[:, 2].sum())
-                        r.push_reads += len(layer_copies)
+            for name, layers in self._plan_push(req, peer):
+                for rows in layers:
+                    if len(rows):
+                        r.handles.append(self.agent.backend.write(name, rows))
+                        r.push_bytes += int(rows[:, 2].sum())
+                        r.push_reads += len(rows)
             r.state = "pushing"
         except Exception as e:  # noqa: BLE001 - any local failure fails this room only (agreed in _poll_pushes)
             logger.warning("room %d: push failed to start: %s", r.room, e)
             r.fail_reason = f"push failed to start on the prefill side: {e}"
             r.state = "pushing"
+
+    def _plan_push(self, req, peer: RoomRequest) -> list[tuple[str, list]]:
+        """This rank's WRITEs of ``req``'s prompt KV into the decode side's ``peer.dst_slots``:
+        ``[(decode agent name, [int64 [N, 3] rows (remote = decode, local = prefill, nbytes) per layer])]``,
+        planned once (index x stride, coalesced; ``plan_slot_copies`` + ``copies_by_layer``). Connects to
+        the decode ranks lazily. Raises ValueError for a wrong number of decode slots or unusable layouts."""
+        slots = self._slots(req)
+        if peer.dst_slots is None or len(peer.dst_slots) != len(slots):
+            raise ValueError(f"push needs {len(slots)} decode slots, got "
+                             f"{None if peer.dst_slots is None else len(peer.dst_slots)}")
+        out = []
+        for info in peer.decode_ranks:
+            dst = KVRegionDescriptor.from_dict(info["kv"])
+            mine = [h for src, h in assign_sources(self.agent.ranks, (info["head_lo"], info["head_hi"]))
+                    if src["rank"] == self.agent.tp_rank]  # heads this rank writes to that decode rank
+            if not mine:
+                continue
+            copies = plan_slot_copies(self.agent.desc, self.agent.heads, slots, dst,
+                                      (info["head_lo"], info["head_hi"]), peer.dst_slots, heads=mine[0])
+            if not len(copies):
+                continue
+            name = self.agent.ensure_connected(info)
+            out.append((name, [c[:, [1, 0, 2]] for c in copies_by_layer(copies, self.agent.desc, side=0)]))
+        return out
 
     def _poll_pushes(self) -> None:
         from sglang.srt.disaggregation.transfer.base import TransferState
@@ -204,7 +275,19 @@ class PrefillConnector(BaseConnector):
             if r.fail_reason:
                 codes.append(0)
                 continue
-            states = [self.agent.backend.poll(h) for h in r.handles]
+            job = r.layerwise
+            if job is not None and not job.done:  # CUDA: the posting thread still waits on later layers
+                codes.append(1)
+                continue
+            if job is not None and job.error:
+                r.fail_reason = job.error
+                codes.append(0)
+                continue
+            if self.listener is not None:
+                with self.listener.lock:
+                    states = [self.agent.backend.poll(h) for h in r.handles]
+            else:
+                states = [self.agent.backend.poll(h) for h in r.handles]
             codes.append(0 if TransferState.FAILED in states else (1 if TransferState.PENDING in states else 2))
         for room, code in zip(pushing, self.agent.agree(codes)):
             r = self.rooms[room]
@@ -213,9 +296,9 @@ class PrefillConnector(BaseConnector):
                 self.agent.send(r.peer.endpoint, RoomFailed(room, reason))
                 self._finish(r, reason)
             elif code == 2:
-                self._send_ready(r, push_time=time.monotonic() - r.push_start)
+                self._send_ready(r, push_time=time.monotonic() - r.push_start, layerwise=r.layerwise is not None)
 
-    def _send_ready(self, r: PrefillRoom, push_time: float = 0.0) -> None:
+    def _send_ready(self, r: PrefillRoom, push_time: float = 0.0, layerwise: bool = False) -> None:
         req = r.req
         slots = self._slots(req)
         checksums: list[int] = []
@@ -235,7 +318,7 @@ class PrefillConnector(BaseConnector):
             input_top_logprobs=([[tuple(y) for y in x] for x in req.input_top_logprobs]
                                 if req.wants_input_logprobs() and req.top_logprobs_num else None),
             checksums=checksums, prefill_queue_s=req.disagg_info.get("prefill_queue_s", 0.0),
-            push_bytes=bytes_, push_reads=reads, push_time_s=push_time))
+            push_bytes=bytes_, push_reads=reads, push_time_s=push_time, push_layerwise=layerwise))
         req.disagg_info.update(transfer_bytes=bytes_, transfer_reads=reads, transfer_time_s=push_time)
         r.state = "wait_ack"
         r.created = now()
@@ -264,6 +347,8 @@ class PrefillConnector(BaseConnector):
     def _finish(self, r: PrefillRoom, error: Optional[str], notify: bool = False, status_code: int = 500) -> None:
         """Close a room: success (``error`` None) finishes the request with its token; else it fails."""
         self.rooms.pop(r.room, None)
+        if r.layerwise is not None and error is not None and not r.layerwise.error:
+            r.layerwise.error = f"room closed: {error}"  # the posting thread posts no further layers
         if notify and r.peer is not None:
             self.agent.send(r.peer.endpoint, RoomFailed(r.room, error or "failed"))
         req = r.req
@@ -313,6 +398,8 @@ class PrefillConnector(BaseConnector):
                 self.agent.inject(RoomFailed(r.room, reason, local=True))
 
     def close(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
         if self.bootstrap is not None:
             self.bootstrap.close()
         super().close()

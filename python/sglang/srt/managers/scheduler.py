@@ -283,6 +283,8 @@ class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
         """Hand ``batch`` to the runner (inline) or the overlap worker, then advance the bookkeeping:
         KV counts as written, sampled tokens become pending, requests that will decode join ``running``."""
         mwb = batch.to_model_worker_batch()
+        if self.disagg is not None:
+            self.disagg.before_forward(batch, mwb)  # push mode arms the layerwise KV writes of this forward
         if not self.overlap:
             batch.result = self.runner.forward(mwb)
         batch.future_slots = [-1] * len(batch.reqs)
