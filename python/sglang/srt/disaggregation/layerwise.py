@@ -35,7 +35,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -81,12 +81,16 @@ class LayerwisePushListener(KVLayerListener):
 
     Args:
         backend: the :class:`~sglang.srt.disaggregation.transfer.base.TransferBackend` that posts the WRITEs.
+        event_factory: ``device -> event`` with ``synchronize()``, recorded at each layer's call; default: a
+            ``torch.cuda.Event`` recorded on the current stream for CUDA forwards and direct posting (no event) for
+            CPU ones. Given, it is used on every device (tests drive the posting thread on CPU with it).
     ``lock`` serializes every call into ``backend`` between the posting thread and the scheduler thread (the
     connector takes it around ``poll``).
     """
 
-    def __init__(self, backend: Any):
+    def __init__(self, backend: Any, event_factory: Optional[Callable[[Any], Any]] = None):
         self.backend = backend
+        self.event_factory = event_factory
         self.lock = threading.Lock()
         self._armed: Optional[tuple[list[int], list[LayerwisePush]]] = None
         self._queue: Optional[queue.Queue] = None
@@ -117,7 +121,9 @@ class LayerwisePushListener(KVLayerListener):
             if not job.started:
                 job.started, job.start = True, t
         device = forward_batch.input_ids.device
-        if device.type == "cuda":
+        if self.event_factory is not None:
+            self._submit((layer_id, self.event_factory(device), jobs))
+        elif device.type == "cuda":
             import torch
 
             event = torch.cuda.Event()
@@ -132,7 +138,7 @@ class LayerwisePushListener(KVLayerListener):
             return
         jobs = self._armed[1]
         self._armed = None
-        if forward_batch.input_ids.device.type == "cuda":
+        if self.event_factory is not None or forward_batch.input_ids.device.type == "cuda":
             self._submit((None, None, jobs))
         else:
             self._finish(jobs)
