@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -241,3 +242,65 @@ def test_failures_mark_the_job_failed():
     with pytest.raises(RuntimeError, match="attention failed"):
         ex.run(s.model, _batch(s.src_slots))
     assert s.job.done and "2 of 4 layers" in s.job.error
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_events_order_the_writes_behind_each_layers_kv_store():
+    """On a GPU: each layer's attention is slow (a chain of GEMMs before its KV store) so the host runs far ahead.
+    The posting thread's WRITE of layer l snapshots layer l on a side stream (which does not wait for the compute
+    stream): the snapshot equals the final KV only if the thread waited on layer l's event. The forward returns
+    before the last layer is posted (the host never blocks per layer)."""
+    dev = torch.device("cuda")
+    pool = MHATokenToKVPool(64, 1, torch.float32, HEADS, HD, LAYERS, "cuda")
+    pool.kv_data.fill_(-1.0)  # stale values
+    slots = list(range(5, 17))
+    snaps: dict[int, torch.Tensor] = {}
+    side = torch.cuda.Stream(dev)
+    posted_at: list[float] = []
+
+    class SnapBackend:
+        def write(self, name, rows):
+            layer = int((rows[0, 1] - pool.describe().base_address) // pool.describe().stride_bytes("layer"))
+            with torch.cuda.stream(side):
+                snaps[layer] = pool.kv_data[layer][:, slots].to("cpu")
+            posted_at.append(time.monotonic())
+            return SimpleNamespace()
+
+    class SlowLayer(FakeLayer):
+        def run_stage(self, stage, st):
+            if stage == "attention":
+                x = torch.randn(2048, 2048, device=dev)
+                for _ in range(40):
+                    x = torch.tanh(x @ x)
+                pool.kv_data[self.i, :, slots] = x[: 2 * len(slots) * HEADS * HD // 2048 + 1].flatten()[
+                    : 2 * len(slots) * HEADS * HD].view(2, len(slots), HEADS, HD) + self.i
+                st.hidden = st.hidden * 2 + self.i
+                return
+            super().run_stage(stage, st)
+
+    model = FakeModel(pool, [])
+    model.decoder_layers = [SlowLayer(i, model) for i in range(LAYERS)]
+    src = pool.describe()
+    copies = plan_slot_copies(src, (0, HEADS), slots, src, (0, HEADS), list(range(30, 30 + len(slots))))
+    job = LayerwisePush(room=1, peers=[("d", [c[:, [1, 0, 2]] for c in copies_by_layer(copies, src)])],
+                        num_layers=LAYERS)
+    listener = LayerwisePushListener(SnapBackend())
+    ex = SequentialExecutor()
+    ex.set_kv_layer_listener(listener)
+    listener.arm([3], [job])
+    ids = torch.arange(len(slots), device=dev)
+    fb = SimpleNamespace(input_ids=ids, positions=ids.clone(), slots=slots, req_pool_indices_cpu=[3],
+                         attn_backend=SimpleNamespace(init_forward_metadata=lambda fb: None))
+    ex.run(model, fb)
+    returned = time.monotonic()
+    for _ in range(1000):
+        if job.done:
+            break
+        time.sleep(0.01)
+    torch.cuda.synchronize()
+    assert job.done and not job.error and sorted(snaps) == list(range(LAYERS))
+    for layer in range(LAYERS):
+        torch.testing.assert_close(snaps[layer], pool.kv_data[layer][:, slots].cpu(), rtol=0, atol=0)
+    assert posted_at[-1] > returned
+    listener.close()
