@@ -15,6 +15,7 @@ Room life cycle on the prefill side (all ranks change state at the same step; se
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -163,7 +164,9 @@ class PrefillConnector(BaseConnector):
             if req.kv_len + req.extend_len < len(req.origin_input_ids):
                 continue  # not its last chunk
             try:
-                r.layerwise = LayerwisePush(room, self._plan_push(req, r.peer), layers)
+                with self.listener.lock:  # connect() may run while the posting thread posts earlier layers
+                    plan = self._plan_push(req, r.peer)
+                r.layerwise = LayerwisePush(room, plan, layers)
             except Exception as e:  # noqa: BLE001 - the after-the-fact push reports it (fail closed there)
                 logger.info("room %d: no layerwise push (%s); pushing after the forward", room, e)
                 continue
@@ -229,17 +232,22 @@ class PrefillConnector(BaseConnector):
         # by layer (all posted now)
         try:
             r.push_start = time.monotonic()
-            for name, layers in self._plan_push(req, peer):
-                for rows in layers:
-                    if len(rows):
-                        r.handles.append(self.agent.backend.write(name, rows))
-                        r.push_bytes += int(rows[:, 2].sum())
-                        r.push_reads += len(rows)
+            with self._backend_lock():
+                for name, layers in self._plan_push(req, peer):
+                    for rows in layers:
+                        if len(rows):
+                            r.handles.append(self.agent.backend.write(name, rows))
+                            r.push_bytes += int(rows[:, 2].sum())
+                            r.push_reads += len(rows)
             r.state = "pushing"
         except Exception as e:  # noqa: BLE001 - any local failure fails this room only (agreed in _poll_pushes)
             logger.warning("room %d: push failed to start: %s", r.room, e)
             r.fail_reason = f"push failed to start on the prefill side: {e}"
             r.state = "pushing"
+
+    def _backend_lock(self):
+        """The lock shared with the layerwise posting thread (a no-op context without a listener)."""
+        return self.listener.lock if self.listener is not None else contextlib.nullcontext()
 
     def _plan_push(self, req, peer: RoomRequest) -> list[tuple[str, list]]:
         """This rank's WRITEs of ``req``'s prompt KV into the decode side's ``peer.dst_slots``:
@@ -283,10 +291,7 @@ class PrefillConnector(BaseConnector):
                 r.fail_reason = job.error
                 codes.append(0)
                 continue
-            if self.listener is not None:
-                with self.listener.lock:
-                    states = [self.agent.backend.poll(h) for h in r.handles]
-            else:
+            with self._backend_lock():
                 states = [self.agent.backend.poll(h) for h in r.handles]
             codes.append(0 if TransferState.FAILED in states else (1 if TransferState.PENDING in states else 2))
         for room, code in zip(pushing, self.agent.agree(codes)):
