@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
-import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
@@ -24,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from conftest import shared_path  # noqa: E402
-from pd_utils import AGG, kv_in_use, pd_args  # noqa: E402
+from pd_utils import AGG, generate_in_order, kv_in_use, pd_args, wait_for  # noqa: E402
 from server_utils import ServerProcess, free_port  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -42,52 +41,30 @@ def servers():
         pytest.skip("stories260K is not in the shared data folder")
     port = free_port()
     extra = ["--disaggregation-transfer-mode", "push"]
-    started = []
+    argv = {"agg": ["--model-path", path, *AGG],
+            "prefill": pd_args("prefill", path, extra + ["--chunked-prefill-size", "16"], bootstrap_port=port),
+            "decode": pd_args("decode", path, extra)}
+    with ThreadPoolExecutor(3) as pool:  # the three servers start side by side (stopped even if one fails)
+        futures = {k: pool.submit(ServerProcess, v) for k, v in argv.items()}
+    started, errors = {}, []
+    for k, f in futures.items():
+        try:
+            started[k] = f.result()
+        except Exception as e:  # noqa: BLE001 - re-raised below after the others are stopped
+            errors.append(e)
     try:
-        agg = ServerProcess(["--model-path", path, *AGG])
-        started.append(agg)
-        prefill = ServerProcess(pd_args("prefill", path, extra + ["--chunked-prefill-size", "16"], bootstrap_port=port))
-        started.append(prefill)
-        decode = ServerProcess(pd_args("decode", path, extra))
-        started.append(decode)
-        yield {"agg": agg, "prefill": prefill, "decode": decode, "bootstrap_port": port}
+        if errors:
+            raise errors[0]
+        yield {**started, "bootstrap_port": port}
     finally:
-        for s in started:
-            s.stop()
+        with ThreadPoolExecutor(3) as pool:
+            list(pool.map(lambda srv: srv.stop(), started.values()))
 
 
 def _post(url: str, body: dict) -> dict:
     r = requests.post(url + "/generate", json=body, timeout=60)
     assert r.status_code == 200, r.text
     return r.json()
-
-
-def _wait(cond, what: str, timeout: float = 20.0) -> None:
-    end = time.time() + timeout
-    while time.time() < end:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _disagg(servers, prompt: str, room: int, decode_first: bool) -> dict:
-    """One request through both sides, in the given order; returns the decode side's answer."""
-    prefill, decode = servers["prefill"], servers["decode"]
-    body = {"text": prompt, "sampling_params": GREEDY, "bootstrap_host": "127.0.0.1",
-            "bootstrap_port": servers["bootstrap_port"], "bootstrap_room": room}
-    out: dict = {}
-    first, second = (decode, prefill) if decode_first else (prefill, decode)
-    t = threading.Thread(target=lambda: out.setdefault("first", _post(first.url, body)))
-    t.start()
-    if decode_first:  # the prefill side has the RoomRequest (dst_slots) before the request arrives there
-        _wait(lambda: prefill.internal_state()["disagg_rooms_awaiting_prefill"] >= 1, "the RoomRequest")
-    else:  # the prefill forward ran and its KV is held before the decode side asks
-        _wait(lambda: prefill.internal_state()["disagg_open_rooms"] >= 1, "the held prefill")
-    out["second"] = _post(second.url, body)
-    t.join(60)
-    assert "first" in out, "the first request did not finish"
-    return out["first"] if decode_first else out["second"]
 
 
 def test_layerwise_and_after_the_fact_equal_aggregated(servers):
@@ -97,7 +74,8 @@ def test_layerwise_and_after_the_fact_equal_aggregated(servers):
     nbytes = []
     for i, (prompt, decode_first) in enumerate(cases):
         ref = _post(agg.url, {"text": prompt, "sampling_params": GREEDY})
-        got = _disagg(servers, prompt, 7000 + i, decode_first)
+        got = generate_in_order(prefill, decode, servers["bootstrap_port"], {"text": prompt, "sampling_params": GREEDY},
+                                7000 + i, decode_first)
         assert got["output_ids"] == ref["output_ids"] and len(ref["output_ids"]) > 1, (prompt, decode_first)
         assert got["text"] == ref["text"]
         info = got["meta_info"]["disaggregation"]
@@ -112,4 +90,4 @@ def test_layerwise_and_after_the_fact_equal_aggregated(servers):
     assert after["disagg_push_layerwise"] - before["disagg_push_layerwise"] == 3
     assert after["disagg_push_after_forward"] - before["disagg_push_after_forward"] == 1
     assert after["disagg_rooms_failed"] == before["disagg_rooms_failed"]
-    _wait(lambda: kv_in_use(prefill) == 0 and kv_in_use(decode) == 0, "KV back to zero")
+    wait_for(lambda: kv_in_use(prefill) == 0 and kv_in_use(decode) == 0, "KV back to zero")
