@@ -91,12 +91,14 @@ def wait_for(cond, what: str, timeout: float = 20.0) -> None:
 
 
 def generate_in_order(prefill: ServerProcess, decode: ServerProcess, bootstrap_port: int, body: dict, room: int,
-                      decode_first: bool) -> dict:
+                      decode_first: bool, wait_key: Optional[str] = None) -> dict:
     """One /generate through both sides without the router, in a known order; returns the decode side's answer.
 
     ``decode_first``: the decode side's RoomRequest (push: with its preallocated slots) reaches the prefill side
     before the request does (push mode then writes layer by layer during the forward); else the prefill forward
-    ran and its KV is held before the decode side asks (push: written after the forward)."""
+    ran and its KV is held before the decode side asks (push: written after the forward). ``wait_key``: the
+    prefill server's ``/get_server_info`` counter that must reach 1 before the second side gets the request
+    (default ``disagg_rooms_awaiting_prefill`` / ``disagg_open_rooms``)."""
     import threading
 
     body = {**body, "bootstrap_host": "127.0.0.1", "bootstrap_port": bootstrap_port, "bootstrap_room": room}
@@ -110,10 +112,8 @@ def generate_in_order(prefill: ServerProcess, decode: ServerProcess, bootstrap_p
     first, second = (decode, prefill) if decode_first else (prefill, decode)
     t = threading.Thread(target=lambda: out.setdefault("first", post(first)))
     t.start()
-    if decode_first:
-        wait_for(lambda: prefill.internal_state()["disagg_rooms_awaiting_prefill"] >= 1, "the RoomRequest")
-    else:
-        wait_for(lambda: prefill.internal_state()["disagg_open_rooms"] >= 1, "the held prefill")
+    key = wait_key or ("disagg_rooms_awaiting_prefill" if decode_first else "disagg_open_rooms")
+    wait_for(lambda: prefill.internal_state()[key] >= 1, key)
     out["second"] = post(second)
     t.join(120)
     assert "first" in out, "the first request did not finish"

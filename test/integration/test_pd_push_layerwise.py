@@ -1,10 +1,12 @@
-"""Push mode's layerwise path end to end on CPU: a prefill server (chunked prefill of 16 tokens) and a decode server
-as separate processes, driven directly (no router) so that the order of the two sides is known:
+"""Push mode's layerwise path end to end on CPU: a prefill server (chunked prefill of 16 tokens, push wait of 3 s)
+and a decode server as separate processes, driven directly (no router) so that the order of the two sides is known:
 
 * decode first (its RoomRequest with the preallocated ``dst_slots`` reaches the prefill side before the forward):
   the prefill side posts each layer's WRITEs right after the layer's attention (``push_layerwise: true``), also for
   a prompt prefilled in several chunks and for a prefix-cache hit;
-* prefill first (the forward ran before the RoomRequest): every layer is written after the fact
+* prefill first, decode while the prefill request waits for its RoomRequest (``--disaggregation-push-wait-timeout``):
+  layerwise too;
+* prefill first, decode only after the wait expired and the forward ran: every layer is written after the fact
   (``push_layerwise: false``).
 
 Greedy output equals the aggregated server token for token, ``--disaggregation-verify`` checksums every request's
@@ -42,7 +44,8 @@ def servers():
     port = free_port()
     extra = ["--disaggregation-transfer-mode", "push"]
     argv = {"agg": ["--model-path", path, *AGG],
-            "prefill": pd_args("prefill", path, extra + ["--chunked-prefill-size", "16"], bootstrap_port=port),
+            "prefill": pd_args("prefill", path, extra + ["--chunked-prefill-size", "16",
+                                                        "--disaggregation-push-wait-timeout", "3"], bootstrap_port=port),
             "decode": pd_args("decode", path, extra)}
     with ThreadPoolExecutor(3) as pool:  # the three servers start side by side (stopped even if one fails)
         futures = {k: pool.submit(ServerProcess, v) for k, v in argv.items()}
@@ -70,24 +73,27 @@ def _post(url: str, body: dict) -> dict:
 def test_layerwise_and_after_the_fact_equal_aggregated(servers):
     agg, prefill, decode = servers["agg"], servers["prefill"], servers["decode"]
     before = prefill.internal_state()
-    cases = [(SHORT, True), (LONG, True), (LONG, True), (SHORT, False)]  # LONG twice: chunked, then a prefix hit
+    # (prompt, decode first, counter to wait for before the second side, layerwise expected); LONG twice: chunked,
+    # then a prefix hit
+    cases = [(SHORT, True, None, True), (LONG, True, None, True), (LONG, True, None, True),
+             (SHORT, False, "disagg_push_waiting", True), (SHORT, False, "disagg_open_rooms", False)]
     nbytes = []
-    for i, (prompt, decode_first) in enumerate(cases):
+    for i, (prompt, decode_first, key, layerwise) in enumerate(cases):
         ref = _post(agg.url, {"text": prompt, "sampling_params": GREEDY})
         got = generate_in_order(prefill, decode, servers["bootstrap_port"], {"text": prompt, "sampling_params": GREEDY},
-                                7000 + i, decode_first)
+                                7000 + i, decode_first, wait_key=key)
         assert got["output_ids"] == ref["output_ids"] and len(ref["output_ids"]) > 1, (prompt, decode_first)
         assert got["text"] == ref["text"]
         info = got["meta_info"]["disaggregation"]
-        assert info["push_layerwise"] is decode_first, (i, info)
+        assert info["push_layerwise"] is layerwise, (i, info)
         assert info["transfer_bytes"] > 0 and info["transfer_reads"] >= 1
         nbytes.append(info["transfer_bytes"])
         if i == 2:
             assert got["meta_info"]["cached_tokens"] > 0  # the prefill side's prefix hit is in the layerwise rows
-    assert nbytes[0] == nbytes[3] and nbytes[1] == nbytes[2]  # both paths move the same bytes
+    assert nbytes[0] == nbytes[3] == nbytes[4] and nbytes[1] == nbytes[2]  # both paths move the same bytes
     assert got["meta_info"]["prompt_tokens"] > 0
     after = prefill.internal_state()
-    assert after["disagg_push_layerwise"] - before["disagg_push_layerwise"] == 3
+    assert after["disagg_push_layerwise"] - before["disagg_push_layerwise"] == 4
     assert after["disagg_push_after_forward"] - before["disagg_push_after_forward"] == 1
-    assert after["disagg_rooms_failed"] == before["disagg_rooms_failed"]
+    assert after["disagg_rooms_failed"] == before["disagg_rooms_failed"] and after["disagg_push_waiting"] == 0
     wait_for(lambda: kv_in_use(prefill) == 0 and kv_in_use(decode) == 0, "KV back to zero")

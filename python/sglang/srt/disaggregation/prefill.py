@@ -73,6 +73,8 @@ class PrefillConnector(BaseConnector):
                      "transfer_mode": self.transfer_mode, "backend": self.args.disaggregation_transfer_backend}
             self.bootstrap = BootstrapServer(self.args.host, self.args.disaggregation_bootstrap_port, route)
         self.stats.update(push_layerwise=0, push_after_forward=0)
+        # push mode: requests waiting for their RoomRequest before they prefill, room -> (req, since), arrival order
+        self.push_waiting: dict[int, tuple[Any, float]] = {}
         self.listener: Optional[LayerwisePushListener] = None
         executor = getattr(scheduler.runner, "executor", None)
         if self.transfer_mode == "push" and executor is not None:
@@ -101,6 +103,11 @@ class PrefillConnector(BaseConnector):
         self.rid_room[req.rid] = req.bootstrap_room
         req.max_new_tokens_cap = 1  # the first token is sampled here, the rest on the decode side
         req.disagg_info = {"bootstrap_room": req.bootstrap_room}
+        r = self.rooms.get(req.bootstrap_room)
+        if self.listener is not None and self.args.disaggregation_push_wait_timeout > 0 \
+                and (r is None or r.peer is None):
+            self.push_waiting[req.bootstrap_room] = (req, now())  # released by _poll_push_waiting
+            return True
         return False
 
     def hold(self, req) -> bool:
@@ -121,6 +128,11 @@ class PrefillConnector(BaseConnector):
 
     def abort(self, rid: str) -> None:
         """The client went away: drop the held KV of its room (the decode side gets RoomFailed)."""
+        for room, (req, _) in list(self.push_waiting.items()):
+            if req.rid == rid:  # still waiting for its RoomRequest: it holds no KV
+                del self.push_waiting[room]
+                req.finished_reason = {"type": "abort", "message": "aborted by the client", "status_code": 499}
+                self.s.outputs.append(req)
         for r in list(self.rooms.values()):
             if r.req is not None and r.req.rid == rid:
                 self._finish(r, "aborted by the client", notify=True, status_code=499)
@@ -133,8 +145,9 @@ class PrefillConnector(BaseConnector):
         return [r.req.rid for r in self.rooms.values() if r.req is not None] + list(self.rid_room)
 
     def has_work(self) -> bool:
-        """Rooms whose KV is held or being pushed keep the loop spinning (heartbeats, timeouts)."""
-        return any(r.req is not None for r in self.rooms.values())
+        """Rooms whose KV is held or being pushed, and requests waiting for their RoomRequest, keep the loop
+        spinning (heartbeats, timeouts)."""
+        return bool(self.push_waiting) or any(r.req is not None for r in self.rooms.values())
 
     def num_open(self) -> int:
         return sum(1 for r in self.rooms.values() if r.req is not None)
@@ -142,7 +155,8 @@ class PrefillConnector(BaseConnector):
     def internal_state(self) -> dict[str, Any]:
         """Counters for ``/get_server_info`` (plus rooms the decode side asked for whose prefill has not finished)."""
         return {**super().internal_state(),
-                "disagg_rooms_awaiting_prefill": sum(1 for r in self.rooms.values() if r.req is None and r.peer)}
+                "disagg_rooms_awaiting_prefill": sum(1 for r in self.rooms.values() if r.req is None and r.peer),
+                "disagg_push_waiting": len(self.push_waiting)}
 
     def before_forward(self, batch, mwb) -> None:
         """Push mode: plan the layerwise WRITEs of every request whose last chunk runs in ``batch`` and whose
@@ -183,10 +197,27 @@ class PrefillConnector(BaseConnector):
             self._check_timeouts()
         for msg in self.agent.recv():
             self._on_message(msg)
+        if self.push_waiting:
+            self._poll_push_waiting()
         for r in list(self.rooms.values()):
             if r.state == "wait" and r.req is not None and r.peer is not None:
                 self._start(r)
         self._poll_pushes()
+
+    def _poll_push_waiting(self) -> None:
+        """Push mode: hand requests to the scheduler once their RoomRequest arrived (their forward then writes each
+        layer's KV to the decode side as it goes) or after ``--disaggregation-push-wait-timeout`` (written after the
+        forward). Like SGLang's prefill bootstrap queue, but bounded. Every rank releases the same requests at the
+        same step (the arrival of a RoomRequest is seen by all ranks at once; expiry is agreed, min over ranks)."""
+        t, wait = now(), self.args.disaggregation_push_wait_timeout
+        rooms = list(self.push_waiting)
+        ready = [1 if (room in self.rooms and self.rooms[room].peer is not None)
+                 or t - self.push_waiting[room][1] > wait else 0 for room in rooms]
+        for room, ok in zip(rooms, self.agent.agree(ready)):
+            if ok:
+                req, since = self.push_waiting.pop(room)
+                req.disagg_info["push_wait_s"] = t - since
+                self.s.enqueue(req)
 
     def _on_message(self, msg) -> None:
         if isinstance(msg, RoomRequest):
