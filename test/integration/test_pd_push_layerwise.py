@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -96,4 +97,26 @@ def test_layerwise_and_after_the_fact_equal_aggregated(servers):
     assert after["disagg_push_layerwise"] - before["disagg_push_layerwise"] == 4
     assert after["disagg_push_after_forward"] - before["disagg_push_after_forward"] == 1
     assert after["disagg_rooms_failed"] == before["disagg_rooms_failed"] and after["disagg_push_waiting"] == 0
+    wait_for(lambda: kv_in_use(prefill) == 0 and kv_in_use(decode) == 0, "KV back to zero")
+
+
+def test_abort_while_waiting_for_the_room_request(servers):
+    """A push-mode prefill request aborted while it waits for its RoomRequest finishes at once (finish_reason
+    abort, no tokens), holds no KV, and a decode request for its room then fails (never hangs, never HTTP 200)."""
+    prefill, decode = servers["prefill"], servers["decode"]
+    body = {"text": SHORT, "sampling_params": GREEDY, "rid": "push-wait-abort", "bootstrap_host": "127.0.0.1",
+            "bootstrap_port": servers["bootstrap_port"], "bootstrap_room": 7100}
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", requests.post(prefill.url + "/generate", json=body,
+                                                                          timeout=60)))
+    t.start()
+    wait_for(lambda: prefill.internal_state()["disagg_push_waiting"] >= 1, "the waiting request")
+    requests.post(prefill.url + "/abort_request", json={"rid": "push-wait-abort"}, timeout=30).raise_for_status()
+    t.join(30)
+    res = out["r"]  # /abort_request answers like SGLang: the request ends with finish_reason abort, no tokens
+    assert res.status_code != 200 or (res.json()["meta_info"]["finish_reason"]["type"] == "abort"
+                                      and res.json()["output_ids"] == []), res.text
+    assert prefill.internal_state()["disagg_push_waiting"] == 0
+    r = requests.post(decode.url + "/generate", json={**body, "rid": "push-wait-abort-d"}, timeout=60)
+    assert r.status_code >= 400, r.text
     wait_for(lambda: kv_in_use(prefill) == 0 and kv_in_use(decode) == 0, "KV back to zero")

@@ -304,3 +304,12 @@ def test_cuda_events_order_the_writes_behind_each_layers_kv_store():
         torch.testing.assert_close(snaps[layer], pool.kv_data[layer][:, slots].cpu(), rtol=0, atol=0)
     assert posted_at[-1] > returned
     listener.close()
+
+
+def test_push_wait_timeout_flag_validated():
+    from sglang.srt.server_args import ServerArgs
+
+    assert ServerArgs().disaggregation_push_wait_timeout == 0.5
+    assert ServerArgs(disaggregation_push_wait_timeout=0).disaggregation_push_wait_timeout == 0
+    with pytest.raises(ValueError, match="disaggregation-push-wait-timeout"):
+        ServerArgs(disaggregation_push_wait_timeout=-1)
