@@ -24,3 +24,11 @@ if python3 -c "from sglang.srt.disaggregation.transfer.base import nixl_availabl
 else
   echo "== SKIP end to end on cuda: nixl does not import (pip install nixl-cu12 or nixl-cu13)"
 fi
+echo "== bench_push_layerwise (layerwise vs after the forward, synthetic staged model)"
+bk=fake; dev=cpu
+if python3 -c "from sglang.srt.disaggregation.transfer.base import nixl_available as a; import sys; sys.exit(0 if a()[0] else 1)"; then
+  bk=nixl; dev=cuda
+fi
+for cfg in "--tokens 2048 --hidden 1024 --mlp-iters 1" "--tokens 4096 --hidden 2048 --mlp-iters 1"; do
+  timeout 120 python3 benchmark/bench_push_layerwise.py --device $dev --backend $bk $cfg --out-dir "$out" 2>&1 | tail -12
+done
