@@ -78,3 +78,43 @@ def kv_in_use(server: ServerProcess) -> int:
     """KV slots held by requests (not free and not reclaimable from the prefix cache)."""
     st = server.internal_state()
     return st["max_total_tokens"] - st["available_tokens"] - st["evictable_tokens"]
+
+
+def wait_for(cond, what: str, timeout: float = 20.0) -> None:
+    """Poll ``cond()`` every 50 ms; AssertionError naming ``what`` after ``timeout`` seconds."""
+    end = time.time() + timeout
+    while time.time() < end:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def generate_in_order(prefill: ServerProcess, decode: ServerProcess, bootstrap_port: int, body: dict, room: int,
+                      decode_first: bool, wait_key: Optional[str] = None) -> dict:
+    """One /generate through both sides without the router, in a known order; returns the decode side's answer.
+
+    ``decode_first``: the decode side's RoomRequest (push: with its preallocated slots) reaches the prefill side
+    before the request does (push mode then writes layer by layer during the forward); else the prefill forward
+    ran and its KV is held before the decode side asks (push: written after the forward). ``wait_key``: the
+    prefill server's ``/get_server_info`` counter that must reach 1 before the second side gets the request
+    (default ``disagg_rooms_awaiting_prefill`` / ``disagg_open_rooms``)."""
+    import threading
+
+    body = {**body, "bootstrap_host": "127.0.0.1", "bootstrap_port": bootstrap_port, "bootstrap_room": room}
+
+    def post(server: ServerProcess) -> dict:
+        r = requests.post(server.url + "/generate", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    out: dict = {}
+    first, second = (decode, prefill) if decode_first else (prefill, decode)
+    t = threading.Thread(target=lambda: out.setdefault("first", post(first)))
+    t.start()
+    key = wait_key or ("disagg_rooms_awaiting_prefill" if decode_first else "disagg_open_rooms")
+    wait_for(lambda: prefill.internal_state()[key] >= 1, key)
+    out["second"] = post(second)
+    t.join(120)
+    assert "first" in out, "the first request did not finish"
+    return out["first"] if decode_first else out["second"]

@@ -148,6 +148,9 @@ def test_kv_back_to_zero_and_bad_fields(cluster):
     assert kv_in_use(prefill) == 0 and kv_in_use(decode) == 0
     st = decode.internal_state()
     assert st["disagg_rooms_done"] > 0 and st["disagg_open_rooms"] == 0
+    if cluster["mode"] == "push":  # with the push wait, the router's requests were written layer by layer
+        pst = prefill.internal_state()
+        assert pst["disagg_push_layerwise"] > 0 and pst["disagg_push_waiting"] == 0, pst
     metrics = requests.get(decode.url + "/metrics", timeout=30).text
     for name in ("sglang:kv_transfer_bytes_total", "sglang:kv_transfer_reads_total", "sglang:kv_transfer_seconds_count",
                  'sglang:disagg_queue_seconds_count{model_name'):

@@ -17,8 +17,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from conftest import shared_path  # noqa: E402
-from pd_utils import AGG, FAST, Router, kv_in_use, pd_args  # noqa: E402
-from server_utils import ServerProcess  # noqa: E402
+from pd_utils import AGG, FAST, Router, generate_in_order, kv_in_use, pd_args  # noqa: E402
+from server_utils import ServerProcess, free_port  # noqa: E402
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -55,7 +55,9 @@ def test_hetero_tp_and_page_size(model, expected, p_tp, p_page, d_tp, d_page, mo
     m = ["--disaggregation-transfer-mode", mode]
     servers = []
     try:
-        prefill = ServerProcess(pd_args("prefill", model, ["--tp", str(p_tp), "--page-size", str(p_page), *m]), timeout=600)
+        port = free_port()
+        prefill = ServerProcess(pd_args("prefill", model, ["--tp", str(p_tp), "--page-size", str(p_page), *m],
+                                        bootstrap_port=port), timeout=600)
         servers.append(prefill)
         decode = ServerProcess(pd_args("decode", model, ["--tp", str(d_tp), "--page-size", str(d_page), *m]), timeout=600)
         servers.append(decode)
@@ -75,6 +77,13 @@ def test_hetero_tp_and_page_size(model, expected, p_tp, p_page, d_tp, d_page, mo
                     assert pairs * LAYERS * 2 <= info["transfer_reads"] <= info["transfer_ops_planned"]
         finally:
             router.stop()
+        if mode == "push":  # every prefill rank writes its heads layer by layer during the forward
+            out = generate_in_order(prefill, decode, port, {"text": PROMPTS[1], "sampling_params": GREEDY}, 4242,
+                                    decode_first=True)
+            assert out["output_ids"] == expected[1] and out["meta_info"]["disaggregation"]["push_layerwise"] is True
+            st = prefill.internal_state()
+            assert st["disagg_push_layerwise"] >= 1
+            assert st["disagg_push_layerwise"] + st["disagg_push_after_forward"] == len(PROMPTS) + 1
         assert kv_in_use(prefill) == 0 and kv_in_use(decode) == 0
         st = prefill.internal_state()  # released on the decode side's COMPLETE (pull) / RoomAck (push), not expired
         assert st["disagg_rooms_done"] == len(PROMPTS) and st["disagg_rooms_failed"] == 0, st

@@ -108,6 +108,7 @@ class ServerArgs:
     disaggregation_transfer_timeout: float = 30.0  # s a posted KV transfer may take
     disaggregation_heartbeat_interval: float = 1.0  # s between heartbeats to peers with open rooms
     disaggregation_heartbeat_timeout: float = 5.0  # s of silence after which a peer's rooms are failed/freed
+    disaggregation_push_wait_timeout: float = 0.5  # push: s a prefill request waits for its RoomRequest (0: never)
     disaggregation_verify: bool = False  # checksum each transferred request's KV (tests)
     # MegaScale-Infer attention/FFN disaggregation (MoE decode; docs/afd.md)
     enable_afd: bool = False
@@ -206,6 +207,9 @@ class ServerArgs:
                      "disaggregation_heartbeat_interval", "disaggregation_heartbeat_timeout"):
             if getattr(self, name) <= 0:
                 bad(name.replace("_", "-"), getattr(self, name), "use a positive number of seconds")
+        if self.disaggregation_push_wait_timeout < 0:
+            bad("disaggregation-push-wait-timeout", self.disaggregation_push_wait_timeout,
+                "use a number of seconds >= 0 (0: prefill push-mode requests without waiting)")
         if self.disaggregation_mode != "null" and self.enable_overlap_schedule:
             bad("enable-overlap-schedule", True, "overlap scheduling is not supported with --disaggregation-mode yet")
         if self.enable_afd:

@@ -81,6 +81,9 @@ SERVER_ARGS_HELP: dict[str, str] = {
     "disaggregation_transfer_timeout": "Seconds one posted KV transfer may take before the request fails.",
     "disaggregation_heartbeat_interval": "Seconds between heartbeats to peers with open transfers.",
     "disaggregation_heartbeat_timeout": "Seconds of peer silence after which its transfers fail and their KV is freed.",
+    "disaggregation_push_wait_timeout": "Push mode, prefill side: seconds a request waits for the decode side's "
+    "preallocated KV slots before it prefills anyway (with them, each layer's KV is written during the forward; "
+    "without, after it). 0: never wait.",
     "afd_max_tokens": "Most tokens of one AFD micro-batch (sizes the M2N registered buffers).",
     "afd_timeout_s": "Seconds an FFN worker may take to answer; later fails the batch (never a hang).",
     "afd_redundant_experts": "Replicas of hot experts the expert load balancer may add across the FFN workers.",

@@ -1,10 +1,12 @@
 """The scheduler side of the KV connector (the vLLM v1 / SGLang split: a scheduler-side object decides
 *which* KV moves *when*; the worker-side :class:`~sglang.srt.disaggregation.agent.DisaggAgent` moves it).
 
-The scheduler calls a connector at four points and nowhere else (``managers/scheduler.py``):
+The scheduler calls a connector at five points and nowhere else (``managers/scheduler.py``):
 
 * ``intercept(req, msg)`` when a request arrives (the decode side takes it into its transfer queue);
 * ``poll()`` at the start of every step (control messages, transfers, timeouts);
+* ``before_forward(batch, model_worker_batch)`` right before a batch's forward (push mode arms its
+  layerwise KV writes, ``layerwise.py``);
 * ``hold(req)`` when a request finishes (the prefill side keeps its KV until the decode side has it);
 * ``abort(rid)``.
 
@@ -58,6 +60,9 @@ class BaseConnector:
         """Counters for ``/get_server_info``."""
         return {"disaggregation_mode": self.mode, "disaggregation_transfer_mode": self.transfer_mode,
                 **{f"disagg_{k}": v for k, v in self.stats.items()}, "disagg_open_rooms": self.num_open()}
+
+    def before_forward(self, batch, mwb) -> None:
+        """Called right before ``batch``'s forward (``mwb``: its ModelWorkerBatch); default: nothing."""
 
     def num_open(self) -> int:  # pragma: no cover - overridden
         return 0

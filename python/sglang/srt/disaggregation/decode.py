@@ -405,6 +405,8 @@ class DecodeConnector(BaseConnector):
             prefill_queue_s=ready.prefill_queue_s, decode_queue_s=r.t_alloc - req.arrival_time)
         if pull:  # ops before coalescing and the time the reads waited in the transfer queue (this rank's)
             req.disagg_info.update(transfer_ops_planned=r.ops, transfer_queue_s=r.queue_s)
+        else:
+            req.disagg_info["push_layerwise"] = ready.push_layerwise
         self.stats["rooms_done"] += 1
         self.stats["transfer_bytes"] += r.nbytes
         self.stats["transfer_reads"] += r.reads

@@ -47,6 +47,7 @@ class RoomReady(msgspec.Struct, tag=True):
     prefill side; its logprob entries and the prompt's input logprobs travel along. ``checksums``: per
     (layer, K/V, global head) crc32 of the request's KV when ``--disaggregation-verify``, else empty.
     ``prefill_queue_s``: time the request waited on the prefill side before its prefill ran.
+    ``push_*``: push mode's transfer facts (bytes, WRITE rows, time, whether posted layer by layer).
     """
 
     room: int
@@ -62,6 +63,7 @@ class RoomReady(msgspec.Struct, tag=True):
     push_bytes: int = 0
     push_reads: int = 0
     push_time_s: float = 0.0
+    push_layerwise: bool = False  # push: the WRITEs were posted layer by layer during the forward
 
 
 class RoomAck(msgspec.Struct, tag=True):

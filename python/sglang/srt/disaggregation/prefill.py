@@ -6,6 +6,8 @@ Room life cycle on the prefill side (all ranks change state at the same step; se
     request arrives  ->  prefill runs like aggregated (max one new token)  ->  hold(req): KV kept
     RoomRequest from the decode leader (may come before or after the prefill)
     pull: send RoomReady(slots, first token, ...)           push: WRITE layer by layer, then RoomReady
+    (push, RoomRequest before the forward of the request's last chunk: each layer's WRITEs are posted while the
+    forward runs, see ``layerwise.py``; RoomRequest after it: every layer's WRITEs are posted at once)
     pull: every decode rank that reads from this rank sends a COMPLETE (backend notification, through the
           TransferQueue, KVDirect sec. 4.2); the queue ACKs it, and once every prefill rank got all of its
           COMPLETEs (agreed) -> release: KV to the prefix cache, the request finishes with its one token
@@ -16,6 +18,7 @@ Room life cycle on the prefill side (all ranks change state at the same step; se
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -24,6 +27,7 @@ from typing import Any, Optional
 from sglang.srt.disaggregation.agent import now
 from sglang.srt.disaggregation.bootstrap import BootstrapServer
 from sglang.srt.disaggregation.connector import BaseConnector, bootstrap_fields_error
+from sglang.srt.disaggregation.layerwise import LayerwisePush, LayerwisePushListener
 from sglang.srt.disaggregation.messages import (
     Heartbeat,
     HeartbeatAck,
@@ -55,6 +59,7 @@ class PrefillRoom:
     expiring: bool = False  # the leader injected its failure already
     expect: set = field(default_factory=set)  # pull: decode agents whose COMPLETE this rank waits for
     completes: set = field(default_factory=set)  # pull: decode agents whose COMPLETE arrived (and was ACKed)
+    layerwise: Optional[LayerwisePush] = None  # push planned before the forward (posted layer by layer)
 
 
 class PrefillConnector(BaseConnector):
@@ -72,6 +77,18 @@ class PrefillConnector(BaseConnector):
                      "total_kv_heads": self.agent.total_kv_heads, "page_size": self.args.page_size,
                      "transfer_mode": self.transfer_mode, "backend": self.args.disaggregation_transfer_backend}
             self.bootstrap = BootstrapServer(self.args.host, self.args.disaggregation_bootstrap_port, route)
+        self.stats.update(push_layerwise=0, push_after_forward=0)
+        # push mode: requests waiting for their RoomRequest before they prefill, room -> (req, since), arrival order
+        self.push_waiting: dict[int, tuple[Any, float]] = {}
+        self.listener: Optional[LayerwisePushListener] = None
+        executor = getattr(scheduler.runner, "executor", None)
+        if self.transfer_mode == "push" and executor is not None:
+            if executor.supports_kv_layer_listener:
+                self.listener = LayerwisePushListener(self.agent.backend)
+                executor.set_kv_layer_listener(self.listener)
+            else:
+                logger.info("push mode: the %s executor reports no KV layers; every push is posted after the "
+                            "forward", executor.name)
 
     # ---- scheduler hooks -----------------------------------------------------------------------------
     def intercept(self, req, msg) -> bool:
@@ -91,6 +108,11 @@ class PrefillConnector(BaseConnector):
         self.rid_room[req.rid] = req.bootstrap_room
         req.max_new_tokens_cap = 1  # the first token is sampled here, the rest on the decode side
         req.disagg_info = {"bootstrap_room": req.bootstrap_room}
+        r = self.rooms.get(req.bootstrap_room)
+        if self.listener is not None and self.args.disaggregation_push_wait_timeout > 0 \
+                and (r is None or r.peer is None):
+            self.push_waiting[req.bootstrap_room] = (req, now())  # released by _poll_push_waiting
+            return True
         return False
 
     def hold(self, req) -> bool:
@@ -111,6 +133,11 @@ class PrefillConnector(BaseConnector):
 
     def abort(self, rid: str) -> None:
         """The client went away: drop the held KV of its room (the decode side gets RoomFailed)."""
+        for room, (req, _) in list(self.push_waiting.items()):
+            if req.rid == rid:  # still waiting for its RoomRequest: it holds no KV
+                del self.push_waiting[room]
+                req.finished_reason = {"type": "abort", "message": "aborted by the client", "status_code": 499}
+                self.s.outputs.append(req)
         for r in list(self.rooms.values()):
             if r.req is not None and r.req.rid == rid:
                 self._finish(r, "aborted by the client", notify=True, status_code=499)
@@ -123,24 +150,80 @@ class PrefillConnector(BaseConnector):
         return [r.req.rid for r in self.rooms.values() if r.req is not None] + list(self.rid_room)
 
     def has_work(self) -> bool:
-        """Rooms whose KV is held or being pushed keep the loop spinning (heartbeats, timeouts)."""
-        return any(r.req is not None for r in self.rooms.values())
+        """Rooms whose KV is held or being pushed, and requests waiting for their RoomRequest, keep the loop
+        spinning (heartbeats, timeouts)."""
+        return bool(self.push_waiting) or any(r.req is not None for r in self.rooms.values())
 
     def num_open(self) -> int:
         return sum(1 for r in self.rooms.values() if r.req is not None)
 
+    def internal_state(self) -> dict[str, Any]:
+        """Counters for ``/get_server_info`` (plus rooms the decode side asked for whose prefill has not finished)."""
+        return {**super().internal_state(),
+                "disagg_rooms_awaiting_prefill": sum(1 for r in self.rooms.values() if r.req is None and r.peer),
+                "disagg_push_waiting": len(self.push_waiting)}
+
+    def before_forward(self, batch, mwb) -> None:
+        """Push mode: plan the layerwise WRITEs of every request whose last chunk runs in ``batch`` and whose
+        decode side already sent its RoomRequest (with ``dst_slots``), and arm the listener with them. The last
+        chunk's WRITEs cover every prompt position (earlier chunks and prefix hits were stored before), so
+        chunked requests take the layerwise path too. A request whose plan fails here falls back to the
+        after-the-fact push, which fails its room closed with the same error."""
+        if self.listener is None:
+            return
+        self.listener.disarm()
+        jobs = []
+        layers = self.agent.desc.size("layer")
+        for req in batch.reqs:
+            room = self.rid_room.get(req.rid)
+            r = self.rooms.get(room) if room is not None else None
+            if r is None or r.peer is None or r.req is not None or r.layerwise is not None \
+                    or r.peer.mode != "push" or r.expiring:
+                continue
+            if req.kv_len + req.extend_len < len(req.origin_input_ids):
+                continue  # not its last chunk
+            try:
+                with self.listener.lock:  # connect() may run while the posting thread posts earlier layers
+                    plan = self._plan_push(req, r.peer)
+                r.layerwise = LayerwisePush(room, plan, layers)
+            except Exception as e:  # noqa: BLE001 - the after-the-fact push reports it (fail closed there)
+                logger.info("room %d: no layerwise push (%s); pushing after the forward", room, e)
+                continue
+            jobs.append(r.layerwise)
+        if jobs:
+            self.listener.arm(list(mwb.req_pool_indices), jobs)
+
     # ---- one poll per scheduler step ----------------------------------------------------------------
     def poll(self) -> None:
         """Handle control messages, advance pushes, send RoomReady, expire rooms (see the module doc)."""
+        if self.listener is not None:
+            self.listener.disarm()  # jobs armed for a forward that did not report layers fall back
         if self.agent.is_leader:
             self._check_timeouts()
         for msg in self.agent.recv():
             self._on_message(msg)
+        if self.push_waiting:
+            self._poll_push_waiting()
         for r in list(self.rooms.values()):
             if r.state == "wait" and r.req is not None and r.peer is not None:
                 self._start(r)
         self._poll_pushes()
         self._poll_completes()
+
+    def _poll_push_waiting(self) -> None:
+        """Push mode: hand requests to the scheduler once their RoomRequest arrived (their forward then writes each
+        layer's KV to the decode side as it goes) or after ``--disaggregation-push-wait-timeout`` (written after the
+        forward). Like SGLang's prefill bootstrap queue, but bounded. Every rank releases the same requests at the
+        same step (the arrival of a RoomRequest is seen by all ranks at once; expiry is agreed, min over ranks)."""
+        t, wait = now(), self.args.disaggregation_push_wait_timeout
+        rooms = list(self.push_waiting)
+        ready = [1 if (room in self.rooms and self.rooms[room].peer is not None)
+                 or t - self.push_waiting[room][1] > wait else 0 for room in rooms]
+        for room, ok in zip(rooms, self.agent.agree(ready)):
+            if ok:
+                req, since = self.push_waiting.pop(room)
+                req.disagg_info["push_wait_s"] = t - since
+                self.s.enqueue(req)
 
     def _on_message(self, msg) -> None:
         if isinstance(msg, RoomRequest):
@@ -178,34 +261,61 @@ class PrefillConnector(BaseConnector):
                 return
             self._send_ready(r)
             return
-        # push: WRITE this rank's heads into every decode rank that holds some of them, layer by layer
+        job = r.layerwise
+        if job is not None and job.started:  # posted layer by layer during the forward (layerwise.py)
+            r.push_start, r.push_bytes, r.push_reads = job.start, job.nbytes, job.num_ops
+            r.handles = job.handles  # complete once job.done (_poll_pushes waits for that)
+            req.disagg_info["push_layerwise"] = True
+            self.stats["push_layerwise"] += 1
+            r.state = "pushing"
+            return
+        r.layerwise = None  # armed for a forward that never reported its layers
+        req.disagg_info["push_layerwise"] = False
+        self.stats["push_after_forward"] += 1
+        # push after the forward: WRITE this rank's heads into every decode rank that holds some of them, layer
+        # by layer (all posted now)
         try:
-            slots = self._slots(req)
-            if peer.dst_slots is None or len(peer.dst_slots) != len(slots):
-                raise ValueError(f"push needs {len(slots)} decode slots, got "
-                                 f"{None if peer.dst_slots is None else len(peer.dst_slots)}")
             r.push_start = time.monotonic()
-            for info in peer.decode_ranks:
-                dst = KVRegionDescriptor.from_dict(info["kv"])
-                mine = [h for src, h in assign_sources(self.agent.ranks, (info["head_lo"], info["head_hi"]))
-                        if src["rank"] == self.agent.tp_rank]  # heads this rank writes to that decode rank
-                if not mine:
-                    continue
-                copies = plan_slot_copies(self.agent.desc, self.agent.heads, slots, dst,
-                                          (info["head_lo"], info["head_hi"]), peer.dst_slots, heads=mine[0])
-                if not len(copies):
-                    continue
-                name = self.agent.ensure_connected(info)
-                for layer_copies in copies_by_layer(copies, self.agent.desc, side=0):
-                    if len(layer_copies):  # a write's rows are (remote = decode, local = prefill, nbytes)
-                        r.handles.append(self.agent.backend.write(name, layer_copies[:, [1, 0, 2]]))
-                        r.push_bytes += int(layer_copies[:, 2].sum())
-                        r.push_reads += len(layer_copies)
+            with self._backend_lock():
+                for name, layers in self._plan_push(req, peer):
+                    for rows in layers:
+                        if len(rows):
+                            r.handles.append(self.agent.backend.write(name, rows))
+                            r.push_bytes += int(rows[:, 2].sum())
+                            r.push_reads += len(rows)
             r.state = "pushing"
         except Exception as e:  # noqa: BLE001 - any local failure fails this room only (agreed in _poll_pushes)
             logger.warning("room %d: push failed to start: %s", r.room, e)
             r.fail_reason = f"push failed to start on the prefill side: {e}"
             r.state = "pushing"
+
+    def _backend_lock(self):
+        """The lock shared with the layerwise posting thread (a no-op context without a listener)."""
+        return self.listener.lock if self.listener is not None else contextlib.nullcontext()
+
+    def _plan_push(self, req, peer: RoomRequest) -> list[tuple[str, list]]:
+        """This rank's WRITEs of ``req``'s prompt KV into the decode side's ``peer.dst_slots``:
+        ``[(decode agent name, [int64 [N, 3] rows (remote = decode, local = prefill, nbytes) per layer])]``,
+        planned once (index x stride, coalesced; ``plan_slot_copies`` + ``copies_by_layer``). Connects to
+        the decode ranks lazily. Raises ValueError for a wrong number of decode slots or unusable layouts."""
+        slots = self._slots(req)
+        if peer.dst_slots is None or len(peer.dst_slots) != len(slots):
+            raise ValueError(f"push needs {len(slots)} decode slots, got "
+                             f"{None if peer.dst_slots is None else len(peer.dst_slots)}")
+        out = []
+        for info in peer.decode_ranks:
+            dst = KVRegionDescriptor.from_dict(info["kv"])
+            mine = [h for src, h in assign_sources(self.agent.ranks, (info["head_lo"], info["head_hi"]))
+                    if src["rank"] == self.agent.tp_rank]  # heads this rank writes to that decode rank
+            if not mine:
+                continue
+            copies = plan_slot_copies(self.agent.desc, self.agent.heads, slots, dst,
+                                      (info["head_lo"], info["head_hi"]), peer.dst_slots, heads=mine[0])
+            if not len(copies):
+                continue
+            name = self.agent.ensure_connected(info)
+            out.append((name, [c[:, [1, 0, 2]] for c in copies_by_layer(copies, self.agent.desc, side=0)]))
+        return out
 
     def _poll_pushes(self) -> None:
         from sglang.srt.disaggregation.transfer.base import TransferState
@@ -217,7 +327,16 @@ class PrefillConnector(BaseConnector):
             if r.fail_reason:
                 codes.append(0)
                 continue
-            states = [self.agent.backend.poll(h) for h in r.handles]
+            job = r.layerwise
+            if job is not None and not job.done:  # CUDA: the posting thread still waits on later layers
+                codes.append(1)
+                continue
+            if job is not None and job.error:
+                r.fail_reason = job.error
+                codes.append(0)
+                continue
+            with self._backend_lock():
+                states = [self.agent.backend.poll(h) for h in r.handles]
             codes.append(0 if TransferState.FAILED in states else (1 if TransferState.PENDING in states else 2))
         for room, code in zip(pushing, self.agent.agree(codes)):
             r = self.rooms[room]
@@ -226,7 +345,7 @@ class PrefillConnector(BaseConnector):
                 self.agent.send(r.peer.endpoint, RoomFailed(room, reason))
                 self._finish(r, reason)
             elif code == 2:
-                self._send_ready(r, push_time=time.monotonic() - r.push_start)
+                self._send_ready(r, push_time=time.monotonic() - r.push_start, layerwise=r.layerwise is not None)
 
     def _completers(self, peer: RoomRequest) -> set[str]:
         """Pull mode: the decode agents that read heads from this rank (as decode's ``assign_sources`` picks
@@ -267,7 +386,7 @@ class PrefillConnector(BaseConnector):
             if code == 2:
                 self._finish(self.rooms[room], None)
 
-    def _send_ready(self, r: PrefillRoom, push_time: float = 0.0) -> None:
+    def _send_ready(self, r: PrefillRoom, push_time: float = 0.0, layerwise: bool = False) -> None:
         req = r.req
         slots = self._slots(req)
         checksums: list[int] = []
@@ -287,7 +406,7 @@ class PrefillConnector(BaseConnector):
             input_top_logprobs=([[tuple(y) for y in x] for x in req.input_top_logprobs]
                                 if req.wants_input_logprobs() and req.top_logprobs_num else None),
             checksums=checksums, prefill_queue_s=req.disagg_info.get("prefill_queue_s", 0.0),
-            push_bytes=bytes_, push_reads=reads, push_time_s=push_time))
+            push_bytes=bytes_, push_reads=reads, push_time_s=push_time, push_layerwise=layerwise))
         req.disagg_info.update(transfer_bytes=bytes_, transfer_reads=reads, transfer_time_s=push_time)
         r.state = "wait_ack"
         r.created = now()
@@ -316,6 +435,8 @@ class PrefillConnector(BaseConnector):
     def _finish(self, r: PrefillRoom, error: Optional[str], notify: bool = False, status_code: int = 500) -> None:
         """Close a room: success (``error`` None) finishes the request with its token; else it fails."""
         self.rooms.pop(r.room, None)
+        if r.layerwise is not None and error is not None and not r.layerwise.error:
+            r.layerwise.error = f"room closed: {error}"  # the posting thread posts no further layers
         if notify and r.peer is not None:
             self.agent.send(r.peer.endpoint, RoomFailed(r.room, error or "failed"))
         req = r.req
@@ -365,6 +486,8 @@ class PrefillConnector(BaseConnector):
                 self.agent.inject(RoomFailed(r.room, reason, local=True))
 
     def close(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
         if self.bootstrap is not None:
             self.bootstrap.close()
         super().close()

@@ -185,13 +185,17 @@ class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
             if req.token_ids_logprob:
                 req.input_token_ids_logprobs.append([])
         if self.disagg is not None and self.disagg.intercept(req, msg):
-            return req  # the decode side's transfer queue took it (or its bootstrap fields were rejected)
+            return req  # the connector took it (decode transfer queue, push-mode wait, rejected bootstrap fields)
+        self.enqueue(req)
+        return req
+
+    def enqueue(self, req: Req) -> None:
+        """Queue an accepted request: behind its grammar's compilation, or straight into ``waiting``."""
         if req.grammar_key is not None:
             req.grammar_future = self.grammar_backend.get_future(req.grammar_key)
             self.grammar_queue.append(req)  # admitted by the next step's _poll_grammar_queue
         else:
             self.waiting.append(req)
-        return req
 
     def abort(self, msg: AbortReq) -> None:
         """Abort one or all requests; their KV is returned immediately."""
@@ -283,6 +287,8 @@ class Scheduler(SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
         """Hand ``batch`` to the runner (inline) or the overlap worker, then advance the bookkeeping:
         KV counts as written, sampled tokens become pending, requests that will decode join ``running``."""
         mwb = batch.to_model_worker_batch()
+        if self.disagg is not None:
+            self.disagg.before_forward(batch, mwb)  # push mode arms the layerwise KV writes of this forward
         if not self.overlap:
             batch.result = self.runner.forward(mwb)
         batch.future_slots = [-1] * len(batch.reqs)

@@ -18,9 +18,43 @@ Staged-model contract (every ``*ForCausalLM`` in ``sglang.srt.models`` implement
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, Optional
 
 from sglang.srt.forward_batch_info import ForwardBatch
+
+
+class KVLayerListener(ABC):
+    """Told, layer by layer, when a forward's KV is stored (the per-layer seam of layerwise KV transfer:
+    prefill/decode disaggregation's push mode writes layer ``l`` to the decode side while layers ``> l`` run,
+    as SGLang's and vLLM's layerwise KV connectors do).
+
+    Contract with the executors that support it (``ModelExecutor.supports_kv_layer_listener``):
+
+    * ``wants(forward_batch)`` is asked once per eager forward, before anything runs; False (or no listener
+      registered) runs the forward exactly as without a listener, so an idle listener costs one call.
+    * ``on_layer_kv_written(layer_id, forward_batch)`` is called on the host thread that runs the forward,
+      right after layer ``layer_id``'s attention stage was issued for every token of ``forward_batch`` (all
+      sub-batches). ``layer_id`` is the decoder layer's index, which is its KV cache layer. On CUDA the KV store
+      is only *enqueued* on the current stream at that point: a listener must not read the KV from the host
+      before an event recorded on the current stream (``torch.cuda.current_stream()``) completes, and must not
+      synchronize the host per layer (record the event, let another thread wait on it).
+    * ``on_forward_done(forward_batch)`` is called once after the last layer (also when the forward raised:
+      then fewer than ``num_layers`` layer calls were made, which the listener treats as a failure).
+
+    Decode CUDA graph replays never run the executor and never call a listener.
+    """
+
+    def wants(self, forward_batch: ForwardBatch) -> bool:
+        """Whether this forward needs per-layer calls (default True). Must be cheap and must not sync."""
+        return True
+
+    @abstractmethod
+    def on_layer_kv_written(self, layer_id: int, forward_batch: ForwardBatch) -> None:
+        """Layer ``layer_id``'s KV of every token of ``forward_batch`` is stored (enqueued, on CUDA)."""
+
+    @abstractmethod
+    def on_forward_done(self, forward_batch: ForwardBatch) -> None:
+        """The forward of ``forward_batch`` issued its last layer (or raised)."""
 
 
 class ModelExecutor(ABC):
@@ -33,6 +67,26 @@ class ModelExecutor(ABC):
     """
 
     name = "abstract"
+    supports_kv_layer_listener = False  # executors that call a KVLayerListener set this True
+    kv_layer_listener: Optional[KVLayerListener] = None
+
+    def set_kv_layer_listener(self, listener: Optional[KVLayerListener]) -> None:
+        """Register ``listener`` (None removes it) for the following forwards.
+
+        Raises:
+            ValueError: this executor does not call listeners (``supports_kv_layer_listener`` False).
+        """
+        if listener is not None and not self.supports_kv_layer_listener:
+            raise ValueError(f"the {self.name!r} executor does not support KV layer listeners "
+                             "(layerwise KV transfer); use the sequential executor")
+        self.kv_layer_listener = listener
+
+    def active_listener(self, forward_batch: ForwardBatch) -> Optional[KVLayerListener]:
+        """The registered listener when it wants ``forward_batch``'s layers, else None (the plain path)."""
+        listener = self.kv_layer_listener
+        if listener is None or not listener.wants(forward_batch):
+            return None
+        return listener
 
     @abstractmethod
     def run(self, model: Any, forward_batch: ForwardBatch) -> Any:

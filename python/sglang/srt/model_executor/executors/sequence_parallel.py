@@ -55,6 +55,7 @@ class SequenceParallelExecutor(ModelExecutor):
     """
 
     name = "sequence_parallel"
+    supports_kv_layer_listener = True
 
     def __init__(self, sp_ops: SequenceParallelOps):
         self.sp_ops = sp_ops
@@ -73,11 +74,18 @@ class SequenceParallelExecutor(ModelExecutor):
         start = sum(rows[: ops.rank])
         hidden = model.embed(forward_batch.input_ids)[start: start + rows[ops.rank]]
         st = LayerState(hidden, None, forward_batch.positions, forward_batch)
-        with sequence_parallel_mode(model, ops, rows):
-            for layer in layers:
-                for stage in layer.stage_names():
-                    layer.run_stage(stage, st)
-            normed = model.final_norm(st.hidden, st.residual)
+        listener = self.active_listener(forward_batch) if self.kv_layer_listener is not None else None
+        try:
+            with sequence_parallel_mode(model, ops, rows):
+                for i, layer in enumerate(layers):
+                    for stage in layer.stage_names():
+                        layer.run_stage(stage, st)
+                        if listener is not None and stage == "attention":  # attention saw every token's K/V
+                            listener.on_layer_kv_written(i, forward_batch)
+                normed = model.final_norm(st.hidden, st.residual)
+        finally:
+            if listener is not None:
+                listener.on_forward_done(forward_batch)
         full = ops.gather_rows(normed, rows)
         return model.compute_logits(full, forward_batch)
 

@@ -35,9 +35,15 @@ class SubBatchExecutor(ModelExecutor):
     """
 
     name = "sub_batch"
+    supports_kv_layer_listener = True
 
     def __init__(self) -> None:
         self._sequential = SequentialExecutor()
+
+    def set_kv_layer_listener(self, listener) -> None:
+        """Register a KV layer listener (see the base class); unsplit batches hand it to the sequential path."""
+        super().set_kv_layer_listener(listener)
+        self._sequential.set_kv_layer_listener(listener)
 
     def plan(self, forward_batch: ForwardBatch) -> list[ForwardBatch]:
         """The sub-batches, in token order, covering every token of ``forward_batch`` exactly once."""
@@ -56,14 +62,21 @@ class SubBatchExecutor(ModelExecutor):
         subs = self.plan(forward_batch)
         if len(subs) <= 1:
             return self._sequential.run(model, forward_batch)
+        listener = self.active_listener(forward_batch) if self.kv_layer_listener is not None else None
         for sub in subs:
             sub.attn_backend.init_forward_metadata(sub)
-        states = [LayerState(model.embed(s.input_ids), None, s.positions, s) for s in subs]
-        for layer in model.decoder_layers:
-            for stage in layer.stage_names():
-                for st in states:
-                    self.run_stage(layer, stage, st)
-        self.finish(states)
+        try:
+            states = [LayerState(model.embed(s.input_ids), None, s.positions, s) for s in subs]
+            for i, layer in enumerate(model.decoder_layers):
+                for stage in layer.stage_names():
+                    for st in states:
+                        self.run_stage(layer, stage, st)
+                    if listener is not None and stage == "attention":  # every sub-batch stored layer i's KV
+                        listener.on_layer_kv_written(i, forward_batch)
+            self.finish(states)
+        finally:
+            if listener is not None:
+                listener.on_forward_done(forward_batch)
         hidden = torch.cat([st.hidden for st in states])
         residual = torch.cat([st.residual for st in states])
         return model.compute_logits(model.final_norm(hidden, residual), forward_batch)
