@@ -129,7 +129,7 @@ def test_decode_split_rules_vs_torch_native(bs, legacy):
     splits = fb.attn_metadata.num_kv_splits
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     if not legacy:
-        assert splits == max(1, min(16, 5 * sms // (bs * 8)))
+        assert splits == max(1, min(16, 2 * sms // (bs * 8)))  # 2 programs per SM (decode_attention.py)
 
 
 def test_rope_and_store_kv_equals_rope_then_store_on_gpu():

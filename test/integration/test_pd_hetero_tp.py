@@ -86,7 +86,8 @@ def test_hetero_tp_and_page_size(model, expected, p_tp, p_page, d_tp, d_page, mo
             assert st["disagg_push_layerwise"] + st["disagg_push_after_forward"] == len(PROMPTS) + 1
         assert kv_in_use(prefill) == 0 and kv_in_use(decode) == 0
         st = prefill.internal_state()  # released on the decode side's COMPLETE (pull) / RoomAck (push), not expired
-        assert st["disagg_rooms_done"] == len(PROMPTS) and st["disagg_rooms_failed"] == 0, st
+        sent = len(PROMPTS) + (1 if mode == "push" else 0)  # push also sent one decode-first request
+        assert st["disagg_rooms_done"] == sent and st["disagg_rooms_failed"] == 0, st
     finally:
         for s in servers:
             s.stop()
