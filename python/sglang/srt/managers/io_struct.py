@@ -57,14 +57,20 @@ class AbortReq(msgspec.Struct, tag=True):
 
 
 class FlushCacheReqInput(msgspec.Struct, tag=True):
-    """Ask the scheduler to drop the prefix cache (only succeeds when idle)."""
+    """Ask the scheduler to drop the prefix cache (only succeeds when idle).
+
+    ``dp_rank``: which data-parallel scheduler (AFD attention worker) it is sent to; echoed in the reply.
+    """
+
+    dp_rank: int = 0
 
 
 class FlushCacheReqOutput(msgspec.Struct, tag=True):
-    """Reply to :class:`FlushCacheReqInput`; ``message`` says why it was refused."""
+    """Reply to :class:`FlushCacheReqInput`; ``message`` says why it was refused; ``dp_rank`` echoes the request's."""
 
     success: bool
     message: str = ""
+    dp_rank: int = 0
 
 
 class GetInternalStateReq(msgspec.Struct, tag=True):

@@ -98,7 +98,7 @@ class SchedulerProcess:
             s.abort(msg)
         elif isinstance(msg, FlushCacheReqInput):
             ok, why = s.flush_cache()
-            self.send_tokenizer(FlushCacheReqOutput(success=ok, message=why))
+            self.send_tokenizer(FlushCacheReqOutput(success=ok, message=why, dp_rank=msg.dp_rank))
         elif isinstance(msg, GetInternalStateReq):
             self.send_tokenizer(GetInternalStateReqOutput(state=s.internal_state()))
         else:

@@ -126,6 +126,7 @@ class TokenizerManager(TokenizerTextMixin):
         self._states: dict[str, ReqState] = {}
         self._control_futs: dict[str, asyncio.Future] = {}
         self._control_locks: dict[str, asyncio.Lock] = {}
+        self._control_replies: dict[str, tuple[int, list]] = {}  # key -> (replies awaited, replies so far)
         self._recv_task: Optional[asyncio.Task] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._failure: Optional[str] = None  # set once a child process died: new requests get 503
@@ -391,36 +392,54 @@ class TokenizerManager(TokenizerTextMixin):
 
     # -------------------------------------------------------------- control
     async def flush_cache(self) -> FlushCacheReqOutput:
-        """Ask the scheduler to drop its prefix cache (it refuses while requests run).
+        """Ask every scheduler (each data-parallel AFD attention worker) to drop its prefix cache; a
+        scheduler refuses while it has requests.
 
+        Returns:
+            ``success`` only when every scheduler flushed; otherwise ``message`` names each one that
+            refused and why (the others did flush).
         Raises:
-            RequestError(503): no answer within ``control_timeout_s``.
+            RequestError(503): some scheduler gave no answer within ``control_timeout_s``.
         """
-        return await self._control("flush", FlushCacheReqInput())
+        n = max(len(self._dp_socks), 1)
+        replies = await self._control("flush", [FlushCacheReqInput(dp_rank=a) for a in range(n)])
+        if n == 1:
+            return replies[0]
+        refused = sorted((r for r in replies if not r.success), key=lambda r: r.dp_rank)
+        if not refused:
+            return FlushCacheReqOutput(success=True)
+        why = "; ".join(f"data-parallel scheduler {r.dp_rank}: {r.message or 'refused'}" for r in refused)
+        return FlushCacheReqOutput(success=False, message=f"Cache not flushed on {len(refused)} of {n} "
+                                                          f"data-parallel schedulers ({why}); the others flushed.")
 
     async def get_internal_state(self) -> dict[str, Any]:
-        """The scheduler's state dict (KV usage, queue lengths, limits).
+        """The (first) scheduler's state dict (KV usage, queue lengths, limits).
 
         Raises:
             RequestError(503): no answer within ``control_timeout_s``.
         """
-        out = await self._control("state", GetInternalStateReq())
-        return dict(out.state)
+        out = await self._control("state", [GetInternalStateReq()])
+        return dict(out[0].state)
 
-    async def _control(self, key: str, msg) -> Any:
+    async def _control(self, key: str, msgs: list) -> list:
+        """Send the control messages ``msgs`` and wait for one reply to each (replies in arrival order)."""
         self.start()
         lock = self._control_locks.setdefault(key, asyncio.Lock())
         async with lock:
             fut = asyncio.get_running_loop().create_future()
             self._control_futs[key] = fut
-            self._send(msg)
+            self._control_replies[key] = (len(msgs), [])
+            for msg in msgs:
+                self._send(msg)
             try:
                 return await asyncio.wait_for(fut, timeout=self.control_timeout_s)
             except asyncio.TimeoutError:
-                raise RequestError(503, f"the scheduler did not answer {type(msg).__name__} "
-                                        f"within {self.control_timeout_s} s") from None
+                got = len(self._control_replies[key][1])
+                raise RequestError(503, f"the scheduler did not answer {type(msgs[0]).__name__} within "
+                                        f"{self.control_timeout_s} s ({got} of {len(msgs)} answered)") from None
             finally:
                 self._control_futs.pop(key, None)
+                self._control_replies.pop(key, None)
 
     # -------------------------------------------------------------- receive
     def _send(self, msg, data: Optional[bytes] = None) -> None:
@@ -441,7 +460,9 @@ class TokenizerManager(TokenizerTextMixin):
         elif isinstance(msg, AbortReq):  # abort_all, or a rid not (or no longer) placed: every scheduler
             for sock in self._dp_socks:
                 sock.send(data)
-        else:  # control requests (flush cache, internal state) are answered by the first scheduler
+        elif isinstance(msg, FlushCacheReqInput):  # one per scheduler: every one must flush
+            self._dp_socks[msg.dp_rank].send(data)
+        else:  # the internal state is answered by the first scheduler
             self._dp_socks[0].send(data)
 
     async def _recv_loop(self) -> None:
@@ -464,7 +485,10 @@ class TokenizerManager(TokenizerTextMixin):
             key = "flush" if isinstance(msg, FlushCacheReqOutput) else "state"
             fut = self._control_futs.get(key)
             if fut is not None and not fut.done():
-                fut.set_result(msg)
+                want, got = self._control_replies[key]
+                got.append(msg)
+                if len(got) >= want:
+                    fut.set_result(got)
         else:
             logger.warning("unexpected message %s", type(msg).__name__)
 

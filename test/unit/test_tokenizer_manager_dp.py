@@ -1,0 +1,101 @@
+"""Control requests with several data-parallel schedulers (AFD attention workers): ``/flush_cache`` reaches
+every one of them, and the reply says which ones refused. Fake schedulers on the TokenizerManager's real
+ZMQ endpoints; no model runs."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import threading
+
+import pytest
+import zmq
+
+from sglang.srt.managers.io_struct import FlushCacheReqInput, FlushCacheReqOutput, decode_msg, encode_msg
+from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
+from sglang.srt.server_args import PortArgs, ServerArgs
+
+N_DP = 3
+
+
+class FakeDpSchedulers(threading.Thread):
+    """``N_DP`` schedulers: each answers FlushCacheReqInput with success unless its rank is in ``busy``,
+    and stays silent when its rank is in ``mute``."""
+
+    def __init__(self, port_args: PortArgs, busy=(), mute=()) -> None:
+        super().__init__(daemon=True)
+        self.ctx = zmq.Context()
+        self.pulls = []
+        for addr in port_args.dp_scheduler_inputs:
+            s = self.ctx.socket(zmq.PULL)
+            s.bind(addr)
+            self.pulls.append(s)
+        self.push = self.ctx.socket(zmq.PUSH)
+        self.push.connect(port_args.tokenizer_ipc)
+        self.busy, self.mute = set(busy), set(mute)
+        self.flushed: list[int] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        poller = zmq.Poller()
+        for s in self.pulls:
+            poller.register(s, zmq.POLLIN)
+        while not self.stop.is_set():
+            for sock, _ in poller.poll(50):
+                rank = self.pulls.index(sock)
+                msg = decode_msg(sock.recv())
+                assert isinstance(msg, FlushCacheReqInput) and msg.dp_rank == rank, (rank, msg)
+                if rank in self.mute:
+                    continue
+                ok = rank not in self.busy
+                if ok:
+                    self.flushed.append(rank)
+                self.push.send(encode_msg(FlushCacheReqOutput(
+                    success=ok, message="" if ok else "cannot flush the cache while requests are running",
+                    dp_rank=msg.dp_rank)))
+        for s in self.pulls + [self.push]:
+            s.close(linger=0)
+        self.ctx.term()
+
+
+def _flush(busy=(), mute=()):
+    pa = PortArgs.init_new()
+    pa = dataclasses.replace(pa, dp_scheduler_inputs=tuple(f"{pa.scheduler_input_ipc}-dp{a}" for a in range(N_DP)))
+    args = ServerArgs(model_path=os.devnull, skip_tokenizer_init=True)
+    fake = FakeDpSchedulers(pa, busy, mute)
+    fake.start()
+    info = {"context_len": 64, "max_total_tokens": 256, "vocab_size": 512, "max_req_input_len": 63}
+
+    async def go():
+        tm = TokenizerManager(args, pa, info, control_timeout_s=2.0)
+        try:
+            return await tm.flush_cache()
+        finally:
+            tm.close()
+
+    try:
+        return asyncio.run(go()), fake
+    finally:
+        fake.stop.set()
+        fake.join(5)
+
+
+def test_flush_reaches_every_data_parallel_scheduler():
+    out, fake = _flush()
+    assert out.success, out
+    assert sorted(fake.flushed) == list(range(N_DP))
+
+
+def test_flush_reply_names_each_refusing_scheduler():
+    out, fake = _flush(busy={1, 2})
+    assert not out.success
+    assert "2 of 3" in out.message and "scheduler 1:" in out.message and "scheduler 2:" in out.message, out.message
+    assert "scheduler 0:" not in out.message and "requests are running" in out.message
+    assert fake.flushed == [0]
+
+
+def test_flush_without_an_answer_from_one_scheduler_is_503():
+    with pytest.raises(RequestError) as e:
+        _flush(mute={2})
+    assert e.value.status_code == 503 and "2 of 3 answered" in e.value.message
