@@ -38,8 +38,7 @@ from sglang.srt.managers.io_struct import (
     encode_msg,
 )
 from sglang.srt.managers.req_state import ReqState
-from sglang.srt.managers.request_extras import extra_fields
-from sglang.srt.managers.request_preparer import RequestPreparer
+from sglang.srt.managers.request_preparer import RequestPreparer, tokenize_one
 from sglang.srt.managers.template_manager import load_chat_template
 from sglang.srt.managers.tokenizer_text import TokenizerTextMixin
 from sglang.srt.utils.common import get_tokenizer, get_zmq_socket
@@ -257,52 +256,11 @@ class TokenizerManager(TokenizerTextMixin):
                     self._dp_owner.pop(s.req.rid, None)
 
     def _prepare(self, req: SingleGenerateReq) -> TokenizedGenerateReqInput:
-        """Tokenize and validate one request (ValueError naming the field on bad input)."""
-        from sglang.srt.sampling.sampling_params import SamplingParams
-
-        if req.input_ids is not None:
-            ids = req.input_ids
-            for t in ids:
-                if not 0 <= t < self.vocab_size:
-                    raise ValueError(f"input_ids must lie in [0, {self.vocab_size}) (the vocabulary size), got {t}")
-        else:
-            if self.tokenizer is None:
-                raise ValueError("text needs a tokenizer but the server runs with --skip-tokenizer-init; "
-                                 "send input_ids instead")
-            self.preparer.check_text_bound(req.text)
-            ids = self.tokenizer.encode(req.text)
-            if not ids:
-                raise ValueError("text tokenizes to zero tokens; send a non-empty prompt")
-        n = len(ids)
-        if n >= self.context_len:
-            raise ValueError(f"The input ({n} tokens) is longer than the model's context length "
-                             f"({self.context_len} tokens).")
-        if n > self.max_req_input_len:
-            raise ValueError(f"The input ({n} tokens) is longer than the longest prompt this server "
-                             f"accepts ({self.max_req_input_len} tokens); shorten the prompt.")
-        params = SamplingParams.from_dict(req.sampling_params)
-        params.verify(self.vocab_size)
-        params.normalize(self.tokenizer)
-        self.preparer.check_grammar(params)
-        if params.max_new_tokens is not None and n + params.max_new_tokens > self.context_len:
-            raise ValueError(
-                f"Requested token count exceeds the model's maximum context length of {self.context_len} "
-                f"tokens: {n} tokens from the input plus max_new_tokens={params.max_new_tokens}. "
-                "Reduce max_new_tokens or the prompt.")
-        if req.return_logprob and req.logprob_start_len >= n:
-            raise ValueError(f"logprob_start_len ({req.logprob_start_len}) must be smaller than the "
-                             f"prompt length ({n} tokens), or -1 for no input logprobs")
-        if req.top_logprobs_num > self.vocab_size:
-            raise ValueError(f"top_logprobs_num must be <= the vocabulary size {self.vocab_size}, "
-                             f"got {req.top_logprobs_num}")
-        return TokenizedGenerateReqInput(
-            rid=req.rid, input_ids=list(ids), sampling_params=params.to_dict(), input_text=req.text,
-            return_logprob=req.return_logprob,
-            logprob_start_len=req.logprob_start_len if req.return_logprob else -1,
-            top_logprobs_num=req.top_logprobs_num if req.return_logprob else 0,
-            stream=req.stream, created_time=time.time(), bootstrap_host=req.bootstrap_host,
-            bootstrap_port=req.bootstrap_port, bootstrap_room=req.bootstrap_room,
-            **extra_fields(req, self.vocab_size, self.server_args))
+        """Tokenize and validate one request (ValueError naming the field on bad input); see
+        :func:`~sglang.srt.managers.request_preparer.tokenize_one`."""
+        return tokenize_one(req, self.tokenizer, self.preparer, vocab_size=self.vocab_size,
+                            context_len=self.context_len, max_req_input_len=self.max_req_input_len,
+                            server_args=self.server_args)
 
     async def _consume(self, states: list[ReqState], request, stream: bool):
         """Yield ``(index, output)`` as the states change: every update if ``stream``, else finals."""
