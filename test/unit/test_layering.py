@@ -125,3 +125,15 @@ def test_benchmarks_and_the_library_do_not_import_tests():
         if names:
             bad[p.relative_to(root).as_posix()] = sorted(names)
     assert not bad, f"imports from test/: {bad}"
+
+
+def test_gpu_scripts_set_the_nvls_off_environment():
+    """Every ``scripts/gpu/*.sh`` run sets NVLS/multicast off: through ``device_preamble.sh`` (the common start) or,
+    for a script that does not source it yet, by itself."""
+    gpu = SRT.parents[2] / "scripts" / "gpu"
+    preamble = (gpu / "device_preamble.sh").read_text()
+    settings = ("NCCL_NVLS_ENABLE=0", "TORCH_SYMM_MEM_DISABLE_MULTICAST=1", "NVSHMEM_DISABLE_NVLS=1")
+    assert all(s in preamble for s in settings)
+    missing = [p.name for p in sorted(gpu.glob("*.sh")) if p.name not in ("device_preamble.sh", "stage_shared_data.sh")
+               and 'device_preamble.sh"' not in p.read_text() and not all(s in p.read_text() for s in settings)]
+    assert not missing, f"{missing}: source device_preamble.sh first"
