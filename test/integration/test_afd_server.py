@@ -93,7 +93,7 @@ def test_afd_2_attention_2_ffn_concurrent_load_then_ffn_killed():
             assert code == 200, body
             assert body["output_ids"] == tp1_greedy(path, tokenize(path, p), N_NEW), p
         states = requests.get(s.url + "/get_server_info", timeout=30).json()["internal_states"]
-        assert states[0]["afd"]["placement"] == [[0, 1], [2, 3]]
+        assert len(states) == 2 and all(st["afd"]["placement"] == [[0, 1], [2, 3]] for st in states)  # one per worker
 
         # /flush_cache reaches both attention workers: a prompt cached on both misses on both after it
         def cached_tokens() -> int:

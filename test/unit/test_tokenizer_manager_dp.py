@@ -1,5 +1,5 @@
 """Control requests with several data-parallel schedulers (AFD attention workers): ``/flush_cache`` reaches
-every one of them, and the reply says which ones refused. Fake schedulers on the TokenizerManager's real
+every one of them, and the reply says which ones refused; the internal states come from every one. Fake schedulers on the TokenizerManager's real
 ZMQ endpoints; no model runs."""
 
 from __future__ import annotations
@@ -12,7 +12,14 @@ import threading
 import pytest
 import zmq
 
-from sglang.srt.managers.io_struct import FlushCacheReqInput, FlushCacheReqOutput, decode_msg, encode_msg
+from sglang.srt.managers.io_struct import (
+    FlushCacheReqInput,
+    FlushCacheReqOutput,
+    GetInternalStateReq,
+    GetInternalStateReqOutput,
+    decode_msg,
+    encode_msg,
+)
 from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
 from sglang.srt.server_args import PortArgs, ServerArgs
 
@@ -45,8 +52,11 @@ class FakeDpSchedulers(threading.Thread):
             for sock, _ in poller.poll(50):
                 rank = self.pulls.index(sock)
                 msg = decode_msg(sock.recv())
-                assert isinstance(msg, FlushCacheReqInput) and msg.dp_rank == rank, (rank, msg)
+                assert isinstance(msg, (FlushCacheReqInput, GetInternalStateReq)) and msg.dp_rank == rank, (rank, msg)
                 if rank in self.mute:
+                    continue
+                if isinstance(msg, GetInternalStateReq):
+                    self.push.send(encode_msg(GetInternalStateReqOutput(state={"worker": rank}, dp_rank=rank)))
                     continue
                 ok = rank not in self.busy
                 if ok:
@@ -59,7 +69,7 @@ class FakeDpSchedulers(threading.Thread):
         self.ctx.term()
 
 
-def _flush(busy=(), mute=()):
+def _control(call, busy=(), mute=()):
     pa = PortArgs.init_new()
     pa = dataclasses.replace(pa, dp_scheduler_inputs=tuple(f"{pa.scheduler_input_ipc}-dp{a}" for a in range(N_DP)))
     args = ServerArgs(model_path=os.devnull, skip_tokenizer_init=True)
@@ -70,7 +80,7 @@ def _flush(busy=(), mute=()):
     async def go():
         tm = TokenizerManager(args, pa, info, control_timeout_s=2.0)
         try:
-            return await tm.flush_cache()
+            return await call(tm)
         finally:
             tm.close()
 
@@ -81,8 +91,14 @@ def _flush(busy=(), mute=()):
         fake.join(5)
 
 
-def test_flush_reaches_every_data_parallel_scheduler():
+def _flush(busy=(), mute=()):
+    return _control(lambda tm: tm.flush_cache(), busy, mute)
+
+
+def test_flush_and_internal_state_reach_every_data_parallel_scheduler():
     out, fake = _flush()
+    states, _ = _control(lambda tm: tm.get_internal_states())
+    assert states == [{"worker": a} for a in range(N_DP)]
     assert out.success, out
     assert sorted(fake.flushed) == list(range(N_DP))
 

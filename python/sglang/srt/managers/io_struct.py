@@ -74,13 +74,17 @@ class FlushCacheReqOutput(msgspec.Struct, tag=True):
 
 
 class GetInternalStateReq(msgspec.Struct, tag=True):
-    """Ask the scheduler for its state (KV usage, queue lengths, limits)."""
+    """Ask the scheduler for its state (KV usage, queue lengths, limits); ``dp_rank`` as in :class:`FlushCacheReqInput`."""
+
+    dp_rank: int = 0
 
 
 class GetInternalStateReqOutput(msgspec.Struct, tag=True):
-    """Reply to :class:`GetInternalStateReq`: KV usage, queue lengths and limits (see ``Scheduler.internal_state``)."""
+    """Reply to :class:`GetInternalStateReq`: KV usage, queue lengths and limits (see ``Scheduler.internal_state``);
+    ``dp_rank`` echoes the request's."""
 
     state: dict[str, Any]
+    dp_rank: int = 0
 
 
 class SchedulerStats(msgspec.Struct, tag=True):

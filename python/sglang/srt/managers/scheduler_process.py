@@ -100,7 +100,7 @@ class SchedulerProcess:
             ok, why = s.flush_cache()
             self.send_tokenizer(FlushCacheReqOutput(success=ok, message=why, dp_rank=msg.dp_rank))
         elif isinstance(msg, GetInternalStateReq):
-            self.send_tokenizer(GetInternalStateReqOutput(state=s.internal_state()))
+            self.send_tokenizer(GetInternalStateReqOutput(state=s.internal_state(), dp_rank=msg.dp_rank))
         else:
             logger.warning("scheduler ignores unexpected message %s", type(msg).__name__)
 

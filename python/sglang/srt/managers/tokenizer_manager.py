@@ -371,13 +371,19 @@ class TokenizerManager(TokenizerTextMixin):
                                                           f"data-parallel schedulers ({why}); the others flushed.")
 
     async def get_internal_state(self) -> dict[str, Any]:
-        """The (first) scheduler's state dict (KV usage, queue lengths, limits).
+        """The first scheduler's state dict (KV usage, queue lengths, limits); see :meth:`get_internal_states`."""
+        return (await self.get_internal_states())[0]
+
+    async def get_internal_states(self) -> list[dict[str, Any]]:
+        """Every scheduler's state dict (one per data-parallel AFD attention worker, in worker order; one
+        without data parallelism), as SGLang's ``/get_server_info`` ``internal_states``.
 
         Raises:
-            RequestError(503): no answer within ``control_timeout_s``.
+            RequestError(503): some scheduler gave no answer within ``control_timeout_s``.
         """
-        out = await self._control("state", [GetInternalStateReq()])
-        return dict(out[0].state)
+        n = max(len(self._dp_socks), 1)
+        out = await self._control("state", [GetInternalStateReq(dp_rank=a) for a in range(n)])
+        return [dict(r.state) for r in sorted(out, key=lambda r: r.dp_rank)]
 
     async def _control(self, key: str, msgs: list) -> list:
         """Send the control messages ``msgs`` and wait for one reply to each (replies in arrival order)."""
@@ -418,10 +424,8 @@ class TokenizerManager(TokenizerTextMixin):
         elif isinstance(msg, AbortReq):  # abort_all, or a rid not (or no longer) placed: every scheduler
             for sock in self._dp_socks:
                 sock.send(data)
-        elif isinstance(msg, FlushCacheReqInput):  # one per scheduler: every one must flush
+        else:  # control requests (flush cache, internal state): one per scheduler, addressed by dp_rank
             self._dp_socks[msg.dp_rank].send(data)
-        else:  # the internal state is answered by the first scheduler
-            self._dp_socks[0].send(data)
 
     async def _recv_loop(self) -> None:
         while True:
