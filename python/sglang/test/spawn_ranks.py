@@ -62,9 +62,8 @@ def spawn_ranks(fn, world: int, *args, timeout: float = 180.0, ep_size: int = 1,
     procs, pipes = [], []
     for rank in range(world):
         reader, writer = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_entry, args=(rank, world, init, fn, args, writer, ep_size, device, share_gpu,
-                                                 tuple(sys_path)),
-                        daemon=True)
+        p = ctx.Process(target=_entry, daemon=True,
+                        args=(rank, world, init, fn, args, writer, ep_size, device, share_gpu, tuple(sys_path)))
         p.start()
         procs.append(p)
         pipes.append(reader)
