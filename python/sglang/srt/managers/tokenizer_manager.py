@@ -28,9 +28,7 @@ from sglang.srt.managers.generate_req import GenerateReqInput, SingleGenerateReq
 from sglang.srt.managers.io_struct import (
     AbortReq,
     BatchStrOut,
-    FlushCacheReqInput,
     FlushCacheReqOutput,
-    GetInternalStateReq,
     GetInternalStateReqOutput,
     SchedulerStats,
     TokenizedGenerateReqInput,
@@ -40,6 +38,7 @@ from sglang.srt.managers.io_struct import (
 from sglang.srt.managers.req_state import ReqState
 from sglang.srt.managers.request_preparer import RequestPreparer, tokenize_one
 from sglang.srt.managers.template_manager import load_chat_template
+from sglang.srt.managers.tokenizer_control import TokenizerControlMixin
 from sglang.srt.managers.tokenizer_text import TokenizerTextMixin
 from sglang.srt.utils.common import get_tokenizer, get_zmq_socket
 
@@ -63,7 +62,7 @@ class RequestError(Exception):
         self.message = message
 
 
-class TokenizerManager(TokenizerTextMixin):
+class TokenizerManager(TokenizerControlMixin, TokenizerTextMixin):
     """Tokenize, validate and forward requests; collect their outputs.
 
     Args:
@@ -348,63 +347,6 @@ class TokenizerManager(TokenizerTextMixin):
         s.dirty = True
         s.event.set()
 
-    # -------------------------------------------------------------- control
-    async def flush_cache(self) -> FlushCacheReqOutput:
-        """Ask every scheduler (each data-parallel AFD attention worker) to drop its prefix cache; a
-        scheduler refuses while it has requests.
-
-        Returns:
-            ``success`` only when every scheduler flushed; otherwise ``message`` names each one that
-            refused and why (the others did flush).
-        Raises:
-            RequestError(503): some scheduler gave no answer within ``control_timeout_s``.
-        """
-        n = max(len(self._dp_socks), 1)
-        replies = await self._control("flush", [FlushCacheReqInput(dp_rank=a) for a in range(n)])
-        if n == 1:
-            return replies[0]
-        refused = sorted((r for r in replies if not r.success), key=lambda r: r.dp_rank)
-        if not refused:
-            return FlushCacheReqOutput(success=True)
-        why = "; ".join(f"data-parallel scheduler {r.dp_rank}: {r.message or 'refused'}" for r in refused)
-        return FlushCacheReqOutput(success=False, message=f"Cache not flushed on {len(refused)} of {n} "
-                                                          f"data-parallel schedulers ({why}); the others flushed.")
-
-    async def get_internal_state(self) -> dict[str, Any]:
-        """The first scheduler's state dict (KV usage, queue lengths, limits); see :meth:`get_internal_states`."""
-        return (await self.get_internal_states())[0]
-
-    async def get_internal_states(self) -> list[dict[str, Any]]:
-        """Every scheduler's state dict (one per data-parallel AFD attention worker, in worker order; one
-        without data parallelism), as SGLang's ``/get_server_info`` ``internal_states``.
-
-        Raises:
-            RequestError(503): some scheduler gave no answer within ``control_timeout_s``.
-        """
-        n = max(len(self._dp_socks), 1)
-        out = await self._control("state", [GetInternalStateReq(dp_rank=a) for a in range(n)])
-        return [dict(r.state) for r in sorted(out, key=lambda r: r.dp_rank)]
-
-    async def _control(self, key: str, msgs: list) -> list:
-        """Send the control messages ``msgs`` and wait for one reply to each (replies in arrival order)."""
-        self.start()
-        lock = self._control_locks.setdefault(key, asyncio.Lock())
-        async with lock:
-            fut = asyncio.get_running_loop().create_future()
-            self._control_futs[key] = fut
-            self._control_replies[key] = (len(msgs), [])
-            for msg in msgs:
-                self._send(msg)
-            try:
-                return await asyncio.wait_for(fut, timeout=self.control_timeout_s)
-            except asyncio.TimeoutError:
-                got = len(self._control_replies[key][1])
-                raise RequestError(503, f"the scheduler did not answer {type(msgs[0]).__name__} within "
-                                        f"{self.control_timeout_s} s ({got} of {len(msgs)} answered)") from None
-            finally:
-                self._control_futs.pop(key, None)
-                self._control_replies.pop(key, None)
-
     # -------------------------------------------------------------- receive
     def _send(self, msg, data: Optional[bytes] = None) -> None:
         """Send ``msg`` (``data``: its encoding when already made) to the scheduler, or with several
@@ -444,13 +386,7 @@ class TokenizerManager(TokenizerTextMixin):
             if self.metrics is not None:
                 self.metrics.update_scheduler_stats(msg)
         elif isinstance(msg, (FlushCacheReqOutput, GetInternalStateReqOutput)):
-            key = "flush" if isinstance(msg, FlushCacheReqOutput) else "state"
-            fut = self._control_futs.get(key)
-            if fut is not None and not fut.done():
-                want, got = self._control_replies[key]
-                got.append(msg)
-                if len(got) >= want:
-                    fut.set_result(got)
+            self._on_control_reply(msg)
         else:
             logger.warning("unexpected message %s", type(msg).__name__)
 
