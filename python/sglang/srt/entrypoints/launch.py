@@ -31,7 +31,7 @@ from typing import Any, Optional
 from sglang.srt.entrypoints.worker_launcher import (
     MultiprocessingLauncher,
     WorkerHandle,
-    WorkerSpec,
+    detokenizer_spec,
     launch_scheduler_rank,
     worker_device,
 )
@@ -218,8 +218,6 @@ def launch_subprocesses(server_args: ServerArgs, port_args: PortArgs, in_process
             corrupt weights, failed rendezvous, ...) or died during startup.
     """
     from sglang.srt.distributed.parallel_state import dist_init_method
-    from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
-
     check_parallel_args(server_args)
     if server_args.enable_afd:
         from sglang.srt.afd.launch import check_afd_model
@@ -265,9 +263,7 @@ def launch_subprocesses(server_args: ServerArgs, port_args: PortArgs, in_process
             logger.info("scheduler TP rank %d started (pid %d) on %s", rank, handle.pid, device)
     detok = None
     if server_args.node_rank == 0:
-        detok = launcher.launch(WorkerSpec(
-            name="sglang::detokenizer", target=run_detokenizer_process,
-            args=(server_args, port_args, None, signal_parent_on_crash), role="detokenizer", resources={"CPU": 1}))
+        detok = launcher.launch(detokenizer_spec(server_args, port_args, signal_parent_on_crash))
     procs = Subprocesses(scheds[0], detok, {}, schedulers=scheds, tp_ranks=ranks, launcher=launcher,
                          ffn_workers=afd.ffn if afd else [], port_args=afd.port_args if afd else None)
     atexit.register(procs.shutdown)

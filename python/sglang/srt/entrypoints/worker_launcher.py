@@ -235,3 +235,12 @@ def launch_scheduler_rank(launcher: WorkerLauncher, server_args, port_args, *, n
         rank=tp_rank if spec_rank is None else spec_rank, device=device,
         resources=worker_resources(device.split(":")[0])))
     return handle, reader
+
+
+def detokenizer_spec(server_args, port_args, signal_parent_on_crash: bool = False) -> WorkerSpec:
+    """The :class:`WorkerSpec` of the detokenizer process (one CPU; node 0 / the driver's side only)."""
+    from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
+
+    return WorkerSpec(name="sglang::detokenizer", target=run_detokenizer_process,
+                      args=(server_args, port_args, None, signal_parent_on_crash), role="detokenizer",
+                      resources={"CPU": 1.0})
