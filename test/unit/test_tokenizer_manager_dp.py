@@ -28,9 +28,10 @@ N_DP = 3
 
 class FakeDpSchedulers(threading.Thread):
     """``N_DP`` schedulers: each answers FlushCacheReqInput with success unless its rank is in ``busy``,
-    and stays silent when its rank is in ``mute``."""
+    stays silent when its rank is in ``mute``, and answers its first request only after the next one arrives
+    when its rank is in ``late`` (a reply that comes after its round timed out)."""
 
-    def __init__(self, port_args: PortArgs, busy=(), mute=()) -> None:
+    def __init__(self, port_args: PortArgs, busy=(), mute=(), late=()) -> None:
         super().__init__(daemon=True)
         self.ctx = zmq.Context()
         self.pulls = []
@@ -40,7 +41,8 @@ class FakeDpSchedulers(threading.Thread):
             self.pulls.append(s)
         self.push = self.ctx.socket(zmq.PUSH)
         self.push.connect(port_args.tokenizer_ipc)
-        self.busy, self.mute = set(busy), set(mute)
+        self.busy, self.mute, self.late = set(busy), set(mute), set(late)
+        self.held: dict[int, bytes] = {}
         self.flushed: list[int] = []
         self.stop = threading.Event()
 
@@ -56,24 +58,33 @@ class FakeDpSchedulers(threading.Thread):
                 if rank in self.mute:
                     continue
                 if isinstance(msg, GetInternalStateReq):
-                    self.push.send(encode_msg(GetInternalStateReqOutput(state={"worker": rank}, dp_rank=rank)))
+                    self.push.send(encode_msg(GetInternalStateReqOutput(state={"worker": rank}, dp_rank=rank,
+                                                                        seq=msg.seq)))
                     continue
                 ok = rank not in self.busy
+                reply = encode_msg(FlushCacheReqOutput(
+                    success=ok, message="" if ok else "cannot flush the cache while requests are running",
+                    dp_rank=msg.dp_rank, seq=msg.seq))
+                if rank in self.late:  # answer this one only when the next request comes (after its timeout)
+                    self.late.discard(rank)
+                    self.held[rank] = reply
+                    self.busy.discard(rank)  # idle by then
+                    continue
+                if rank in self.held:
+                    self.push.send(self.held.pop(rank))  # the stale answer first, as a slow scheduler sends it
                 if ok:
                     self.flushed.append(rank)
-                self.push.send(encode_msg(FlushCacheReqOutput(
-                    success=ok, message="" if ok else "cannot flush the cache while requests are running",
-                    dp_rank=msg.dp_rank)))
+                self.push.send(reply)
         for s in self.pulls + [self.push]:
             s.close(linger=0)
         self.ctx.term()
 
 
-def _control(call, busy=(), mute=()):
+def _control(call, busy=(), mute=(), late=()):
     pa = PortArgs.init_new()
     pa = dataclasses.replace(pa, dp_scheduler_inputs=tuple(f"{pa.scheduler_input_ipc}-dp{a}" for a in range(N_DP)))
     args = ServerArgs(model_path=os.devnull, skip_tokenizer_init=True)
-    fake = FakeDpSchedulers(pa, busy, mute)
+    fake = FakeDpSchedulers(pa, busy, mute, late)
     fake.start()
     info = {"context_len": 64, "max_total_tokens": 256, "vocab_size": 512, "max_req_input_len": 63}
 
@@ -115,3 +126,14 @@ def test_flush_without_an_answer_from_one_scheduler_is_503():
     with pytest.raises(RequestError) as e:
         _flush(mute={2})
     assert e.value.status_code == 503 and "2 of 3 answered" in e.value.message
+
+
+def test_a_late_reply_is_not_taken_for_the_next_round():
+    async def two_rounds(tm):
+        with pytest.raises(RequestError):  # scheduler 1 answers (refusing) only after this round timed out
+            await tm.flush_cache()
+        return await tm.flush_cache()
+
+    out, fake = _control(two_rounds, busy={1}, late={1})
+    assert out.success, out.message  # round 2: scheduler 1's fresh answer, not its stale refusal
+    assert sorted(fake.flushed) == [0, 0, 1, 2, 2]

@@ -3,15 +3,17 @@
 
 CPU-only. :class:`TokenizerControlMixin` is mixed into
 :class:`~sglang.srt.managers.tokenizer_manager.TokenizerManager`; the host provides ``start()``, ``_send(msg)``,
-``_dp_socks`` (the data-parallel scheduler sockets, empty without data parallelism), ``control_timeout_s`` and the
-dicts ``_control_futs``, ``_control_locks``, ``_control_replies``; its receive loop hands every
-:class:`FlushCacheReqOutput` / :class:`GetInternalStateReqOutput` to :meth:`_on_control_reply`.
+``_dp_socks`` (the data-parallel scheduler sockets, empty without data parallelism), ``control_timeout_s``, the
+dicts ``_control_futs``, ``_control_locks``, ``_control_replies`` and the round counter ``_control_seq``; its
+receive loop hands every :class:`FlushCacheReqOutput` / :class:`GetInternalStateReqOutput` to
+:meth:`_on_control_reply`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Union
+import logging
+from typing import Any, Callable, Union
 
 from sglang.srt.managers.io_struct import (
     FlushCacheReqInput,
@@ -19,6 +21,8 @@ from sglang.srt.managers.io_struct import (
     GetInternalStateReq,
     GetInternalStateReqOutput,
 )
+
+logger = logging.getLogger(__name__)
 
 
 class TokenizerControlMixin:
@@ -35,7 +39,7 @@ class TokenizerControlMixin:
             RequestError(503): some scheduler gave no answer within ``control_timeout_s``.
         """
         n = max(len(self._dp_socks), 1)
-        replies = await self._control("flush", [FlushCacheReqInput(dp_rank=a) for a in range(n)])
+        replies = await self._control("flush", lambda seq: [FlushCacheReqInput(dp_rank=a, seq=seq) for a in range(n)])
         if n == 1:
             return replies[0]
         refused = sorted((r for r in replies if not r.success), key=lambda r: r.dp_rank)
@@ -57,17 +61,20 @@ class TokenizerControlMixin:
             RequestError(503): some scheduler gave no answer within ``control_timeout_s``.
         """
         n = max(len(self._dp_socks), 1)
-        out = await self._control("state", [GetInternalStateReq(dp_rank=a) for a in range(n)])
+        out = await self._control("state", lambda seq: [GetInternalStateReq(dp_rank=a, seq=seq) for a in range(n)])
         return [dict(r.state) for r in sorted(out, key=lambda r: r.dp_rank)]
 
-    async def _control(self, key: str, msgs: list) -> list:
-        """Send the control messages ``msgs`` and wait for one reply to each (replies in arrival order)."""
+    async def _control(self, key: str, make_msgs: Callable[[int], list]) -> list:
+        """Send the control messages ``make_msgs(seq)`` of a new round ``seq`` and wait for one reply to each
+        (replies in arrival order; replies of earlier rounds, e.g. one that timed out, are dropped)."""
         self.start()
         lock = self._control_locks.setdefault(key, asyncio.Lock())
         async with lock:
+            self._control_seq += 1
+            msgs = make_msgs(self._control_seq)
             fut = asyncio.get_running_loop().create_future()
             self._control_futs[key] = fut
-            self._control_replies[key] = (len(msgs), [])
+            self._control_replies[key] = (self._control_seq, len(msgs), [])
             for msg in msgs:
                 self._send(msg)
             try:
@@ -75,7 +82,7 @@ class TokenizerControlMixin:
             except asyncio.TimeoutError:
                 from sglang.srt.managers.tokenizer_manager import RequestError  # the host module (no cycle)
 
-                got = len(self._control_replies[key][1])
+                got = len(self._control_replies[key][2])
                 raise RequestError(503, f"the scheduler did not answer {type(msgs[0]).__name__} within "
                                         f"{self.control_timeout_s} s ({got} of {len(msgs)} answered)") from None
             finally:
@@ -86,8 +93,13 @@ class TokenizerControlMixin:
         """A scheduler's reply: resolve the waiting call once every scheduler asked has answered."""
         key = "flush" if isinstance(msg, FlushCacheReqOutput) else "state"
         fut = self._control_futs.get(key)
-        if fut is not None and not fut.done():
-            want, got = self._control_replies[key]
-            got.append(msg)
-            if len(got) >= want:
-                fut.set_result(got)
+        if fut is None or fut.done():
+            return
+        seq, want, got = self._control_replies[key]
+        if msg.seq != seq:
+            logger.warning("dropping a %s of an earlier round (%d, now %d): it came after its round timed out",
+                           type(msg).__name__, msg.seq, seq)
+            return
+        got.append(msg)
+        if len(got) >= want:
+            fut.set_result(got)

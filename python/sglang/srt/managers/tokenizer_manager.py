@@ -124,7 +124,8 @@ class TokenizerManager(TokenizerControlMixin, TokenizerTextMixin):
         self._states: dict[str, ReqState] = {}
         self._control_futs: dict[str, asyncio.Future] = {}
         self._control_locks: dict[str, asyncio.Lock] = {}
-        self._control_replies: dict[str, tuple[int, list]] = {}  # key -> (replies awaited, replies so far)
+        self._control_replies: dict[str, tuple[int, int, list]] = {}  # key -> (round, replies awaited, so far)
+        self._control_seq = 0  # the last control round sent
         self._recv_task: Optional[asyncio.Task] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._failure: Optional[str] = None  # set once a child process died: new requests get 503
