@@ -11,19 +11,18 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import pickle
-import socket
 import sys
 import time
 import traceback
 
 import torch
 
+from sglang.srt.utils.common import free_tcp_ports
+
 
 def free_port() -> int:
     """A free local TCP port (the ranks' rendezvous)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_tcp_ports(1)[0]
 
 
 def _entry(rank: int, world: int, init: str, fn, args, pipe, ep_size: int, device: str = "cpu",

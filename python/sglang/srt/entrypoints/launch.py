@@ -143,11 +143,10 @@ def resolve_model(server_args: ServerArgs) -> ServerArgs:
 
 
 def _free_port() -> int:
-    import socket
+    """A free local TCP port (a TP rendezvous)."""
+    from sglang.srt.utils.common import free_tcp_ports
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_tcp_ports(1)[0]
 
 
 def check_parallel_args(server_args: ServerArgs) -> None:
