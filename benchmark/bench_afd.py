@@ -31,7 +31,6 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "test" / "unit"))  # ModelHarness: the stand-in runtime of the model tests
 
 
 # ---- M2N latency -------------------------------------------------------------------------------------------
@@ -151,13 +150,12 @@ def _decode(h, batch: int, input_len: int, steps: int, executor, vocab: int, syn
 def run_decode(a) -> list[str]:
     """Colocated vs AFD decode tokens/s on the same model; the markdown table lines."""
     import torch.multiprocessing as mp
-    from model_harness import ModelHarness
-
     from sglang.srt.afd.executor import AfdExecutor
     from sglang.srt.afd.protocol import AfdTopology
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.model_executor.worker_builder import role_spec
     from sglang.srt.model_loader.loader import load_model
+    from sglang.test.model_harness import ModelHarness
 
     dev = "cuda:0" if a.device == "cuda" else "cpu"
     sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)

@@ -43,8 +43,7 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel" / "python"), str(ROOT / "test" / "unit"),
-                str(ROOT / "benchmark")]
+sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel" / "python"), str(ROOT / "benchmark")]
 from sglang.srt.utils.nvls_env import NVLS_OFF_ENV  # noqa: E402  (pure Python)
 
 os.environ.update(NVLS_OFF_ENV)
@@ -150,7 +149,7 @@ def _table(cases: list[tuple[str, int, dict]], tokens: list[int], variants: list
 def run_layer_mode(a) -> Path:
     """For every ``--model-path`` and every ``--tp``: spawn the ranks and time every variant; print and write one
     table; returns the results file."""
-    from tp_worker import spawn_ranks
+    from sglang.test.spawn_ranks import spawn_ranks
 
     device = "cpu" if a.smoke or a.device == "cpu" else "cuda"
     variants = [v for v in a.variants if not ((device == "cpu" or a.share_gpu) and v in ("custom", "nccl_symm"))]

@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any, Optional
 
-from sglang.benchmark_datasets import DATASET_NAMES, DatasetConfig, DatasetRow, get_dataset
+from sglang.benchmark_datasets import DatasetConfig, DatasetRow, add_dataset_args, get_dataset
 from sglang.benchmark_utils import append_jsonl, format_offline_result
 
 logger = logging.getLogger(__name__)
@@ -35,15 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sglang.bench_offline_throughput", description=__doc__.split("\n")[0])
     p.add_argument("--backend", choices=("engine",), default="engine")
     p.add_argument("--result-filename", default="", help="Append the result dict as one JSON line.")
-    p.add_argument("--dataset-name", choices=DATASET_NAMES, default="sharegpt")
-    p.add_argument("--dataset-path", default="")
-    p.add_argument("--num-prompts", type=int, default=1000)
-    p.add_argument("--sharegpt-output-len", type=int, default=None)
-    p.add_argument("--sharegpt-context-len", type=int, default=None)
-    p.add_argument("--random-input-len", type=int, default=1024)
-    p.add_argument("--random-output-len", type=int, default=1024)
-    p.add_argument("--random-range-ratio", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=1, help="Dataset sampling seed.")
+    add_dataset_args(p)
     p.add_argument("--disable-ignore-eos", action="store_true")
     p.add_argument("--extra-request-body", default=None, help="JSON merged into every request's sampling params.")
     p.add_argument("--skip-warmup", action="store_true")
@@ -124,11 +116,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     from sglang.srt.utils.common import get_tokenizer
 
     tokenizer = get_tokenizer(resolve_model(server_args).resolved_tokenizer_path, server_args.trust_remote_code)
-    cfg = DatasetConfig(name=args.dataset_name, num_prompts=args.num_prompts, seed=args.seed,
-                        dataset_path=args.dataset_path, random_input_len=args.random_input_len,
-                        random_output_len=args.random_output_len, random_range_ratio=args.random_range_ratio,
-                        sharegpt_output_len=args.sharegpt_output_len,
-                        sharegpt_context_len=args.sharegpt_context_len)
+    cfg = DatasetConfig.from_args(args)
     rows = get_dataset(cfg, tokenizer)
     from sglang.srt.entrypoints.engine import Engine
 

@@ -27,7 +27,6 @@ import json
 import logging
 import multiprocessing as mp
 import os
-import socket
 import statistics
 import sys
 import time
@@ -293,9 +292,9 @@ def _rank_main(tp_rank: int, server_args, bench: BenchArgs, init_method: Optiona
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from sglang.srt.utils.common import free_tcp_ports
+
+    return free_tcp_ports(1)[0]
 
 
 def run(server_args, bench: BenchArgs, timeout_s: float = 3600.0) -> list[dict]:

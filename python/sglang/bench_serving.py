@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
-from sglang.benchmark_datasets import DATASET_NAMES, DatasetConfig, DatasetRow, count_tokens, get_dataset
+from sglang.benchmark_datasets import DatasetConfig, DatasetRow, add_dataset_args, count_tokens, get_dataset
 from sglang.benchmark_utils import (RequestOutput, append_jsonl, compute_metrics, format_serving_result,
                                     plot_latency_vs_load)
 
@@ -265,19 +265,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="Model name; default: the server's (/v1/models).")
     p.add_argument("--tokenizer", default=None,
                    help="Tokenizer folder; default: --model if a folder, else the server's tokenizer path.")
-    p.add_argument("--dataset-name", choices=DATASET_NAMES, default="sharegpt")
-    p.add_argument("--dataset-path", default="", help="ShareGPT JSON file or folder of them.")
-    p.add_argument("--num-prompts", type=int, default=1000)
-    p.add_argument("--sharegpt-output-len", type=int, default=None)
-    p.add_argument("--sharegpt-context-len", type=int, default=None)
-    p.add_argument("--random-input-len", type=int, default=1024)
-    p.add_argument("--random-output-len", type=int, default=1024)
-    p.add_argument("--random-range-ratio", type=float, default=0.0)
+    add_dataset_args(p, seed_help="Dataset sampling and arrival-time seed.")
     p.add_argument("--request-rate", nargs="+", default=["inf"],
                    help="Requests/s (Poisson arrivals) or inf; several values sweep the load.")
     p.add_argument("--max-concurrency", nargs="+", default=None,
                    help="Max requests in flight; several values sweep the load.")
-    p.add_argument("--seed", type=int, default=1)
     p.add_argument("--warmup-requests", type=int, default=1)
     p.add_argument("--disable-tqdm", action="store_true")
     p.add_argument("--disable-ignore-eos", action="store_true", help="Let requests stop at EOS.")
@@ -349,10 +341,7 @@ def _dataset_config(args) -> DatasetConfig:
         name = "random"
     if name == "sharegpt" and not os.path.exists(args.dataset_path):
         raise ValueError(f"--dataset-path={args.dataset_path!r} does not exist: pass a ShareGPT JSON file or folder")
-    return DatasetConfig(name=name, num_prompts=args.num_prompts, seed=args.seed, dataset_path=args.dataset_path,
-                         random_input_len=args.random_input_len, random_output_len=args.random_output_len,
-                         random_range_ratio=args.random_range_ratio, sharegpt_output_len=args.sharegpt_output_len,
-                         sharegpt_context_len=args.sharegpt_context_len)
+    return DatasetConfig.from_args(args, name)
 
 
 def main(argv: Optional[list[str]] = None) -> list[dict]:

@@ -87,6 +87,32 @@ class DatasetConfig:
         if self.sharegpt_context_len is not None and self.sharegpt_context_len < 2:
             raise ValueError(f"--sharegpt-context-len={self.sharegpt_context_len} is invalid: use an integer >= 2")
 
+    @classmethod
+    def from_args(cls, args: Any, name: Optional[str] = None) -> "DatasetConfig":
+        """The config of the flags :func:`add_dataset_args` added (``name`` overrides ``--dataset-name``).
+
+        Raises:
+            ValueError: a bad flag value (named, see the class).
+        """
+        return cls(name=name or args.dataset_name, num_prompts=args.num_prompts, seed=args.seed,
+                   dataset_path=args.dataset_path, random_input_len=args.random_input_len,
+                   random_output_len=args.random_output_len, random_range_ratio=args.random_range_ratio,
+                   sharegpt_output_len=args.sharegpt_output_len, sharegpt_context_len=args.sharegpt_context_len)
+
+
+def add_dataset_args(p: Any, seed_help: str = "Dataset sampling seed.") -> None:
+    """Add SGLang's dataset flags (``--dataset-name``, ``--dataset-path``, ``--num-prompts``, ``--sharegpt-*``,
+    ``--random-*``, ``--seed``) to the ``argparse`` parser ``p``; :meth:`DatasetConfig.from_args` reads them."""
+    p.add_argument("--dataset-name", choices=DATASET_NAMES, default="sharegpt")
+    p.add_argument("--dataset-path", default="", help="ShareGPT JSON file or folder of them.")
+    p.add_argument("--num-prompts", type=int, default=1000)
+    p.add_argument("--sharegpt-output-len", type=int, default=None)
+    p.add_argument("--sharegpt-context-len", type=int, default=None)
+    p.add_argument("--random-input-len", type=int, default=1024)
+    p.add_argument("--random-output-len", type=int, default=1024)
+    p.add_argument("--random-range-ratio", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=1, help=seed_help)
+
 
 def get_dataset(cfg: DatasetConfig, tokenizer: Any) -> list[DatasetRow]:
     """Sample ``cfg.num_prompts`` rows (fewer for ShareGPT if the file has fewer usable rows).

@@ -5,11 +5,7 @@
 # on one GPU the NCCL baseline needs two GPUs, so m2n mode runs only where torch.cuda.device_count() >= 2).
 # Usage (repo root, shared data at ../shared/data): bash scripts/gpu/afd_one_gpu.sh [seconds, default 540]
 set -uo pipefail
-root="$(cd "$(dirname "$0")/../.." && pwd)"
-cd "$root"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export PYTHONPATH="$root/python:$root/sgl-kernel/python${PYTHONPATH:+:$PYTHONPATH}"
-unset TRITON_INTERPRET
+. "$(dirname "$0")/device_preamble.sh"
 budget="${1:-540}"; start=$SECONDS
 left() { echo $(( budget - (SECONDS - start) )); }
 out="${OUT:-/tmp}"

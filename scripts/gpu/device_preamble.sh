@@ -1,14 +1,25 @@
 #!/usr/bin/env bash
-# Source this at the start of a device-machine run (repo root): installs the carried wheels (.whl/) into
-# /tmp/site, links carried test data (.sd/ -> ../shared/data) and sets the NVLS-off environment.
+# The common start of every scripts/gpu/*.sh and of a device-machine run. Source it, from anywhere:
+#   . "$(dirname "$0")/device_preamble.sh"          (in a script)      . scripts/gpu/device_preamble.sh   (a run)
+# It sets root (the repo root) and cds there, exports the NVLS-off environment (NCCL_NVLS_ENABLE=0
+# TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1) and PYTHONUNBUFFERED=1, unsets TRITON_INTERPRET, sets
+# PY="${PYTHON:-python3}", puts python/ and sgl-kernel/python first on PYTHONPATH and creates $OUT when set. Once
+# per environment (SGLANG_DEVICE_PREAMBLE marks it done) it installs the carried wheels (.whl/) into /tmp/site and
+# links the carried test data (.sd/ -> ../shared/data).
 # Prepare here first: scripts/build_wheelhouse.sh -o .whl; scripts/gpu/stage_shared_data.sh
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$root" || return 1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-_root="$(pwd)"
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || echo "WHEEL INSTALL FAILED"
-  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+unset TRITON_INTERPRET
+PY="${PYTHON:-python3}"
+if [ -z "${SGLANG_DEVICE_PREAMBLE:-}" ]; then
+  export SGLANG_DEVICE_PREAMBLE=1
+  if compgen -G ".whl/*.whl" >/dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+      || echo "WHEEL INSTALL FAILED"
+    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+  fi
+  if [ -d .sd ] && [ ! -e ../shared/data ]; then mkdir -p ../shared && ln -s "$root/.sd" ../shared/data; fi
 fi
-export PYTHONPATH="$_root/python:$_root/sgl-kernel/python${PYTHONPATH:+:$PYTHONPATH}"
-if [ -d .sd ] && [ ! -e ../shared/data ]; then mkdir -p ../shared && ln -s "$_root/.sd" ../shared/data; fi
-export OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+export PYTHONPATH="$root/python:$root/sgl-kernel/python${PYTHONPATH:+:$PYTHONPATH}"
+if [ -n "${OUT:-}" ]; then mkdir -p "$OUT"; fi

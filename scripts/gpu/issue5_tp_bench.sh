@@ -10,12 +10,7 @@
 # (device runner) copies them there too.
 # Usage (repo root): bash scripts/gpu/issue5_tp_bench.sh      [TPS="2 4 8"] [PYTHON=python3]
 set -uo pipefail
-root="$(cd "$(dirname "$0")/../.." && pwd)"
-cd "$root"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1
-PY="${PYTHON:-python3}"
+. "$(dirname "$0")/device_preamble.sh"
 TPS="${TPS:-2 4 8}"
 DATA="$root/../shared/data"
 CFG="$DATA/configs/meta-llama--Llama-3.3-70B-Instruct"

@@ -5,12 +5,7 @@
 # check the same code with CUDA torch installed).
 # Usage (repo root): bash scripts/gpu/issue9_watchdog.sh   (logs under $OUT when set)
 set -uo pipefail
-root="$(cd "$(dirname "$0")/../.." && pwd)"
-cd "$root"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONPATH="$root/python:$root/sgl-kernel/python${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1
-PY="${PYTHON:-python3}"
+. "$(dirname "$0")/device_preamble.sh"
 logdir="${OUT:-$(mktemp -d /tmp/issue9.XXXXXX)}"
 mkdir -p "$logdir"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || echo "nvidia-smi failed"

@@ -4,12 +4,7 @@
 # coalesced >= 3x per-block at 4 KB blocks). Usage (repo root): bash scripts/gpu/kv_transfer.sh
 # Needs nixl (pip install 'sglang[pd]' / nixl-cu13, or nixl-cu12 for a CUDA-12 torch). Logs go to $OUT if set.
 set -uo pipefail
-root="$(cd "$(dirname "$0")/../.." && pwd)"
-cd "$root"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONPATH="$root/python:$root/sgl-kernel/python${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1
-PY="${PYTHON:-python3}"
+. "$(dirname "$0")/device_preamble.sh"
 out="${OUT:-$(mktemp -d /tmp/kv-transfer.XXXXXX)}"
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/env.log"

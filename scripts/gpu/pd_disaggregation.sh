@@ -5,10 +5,7 @@
 # then bench_pd_serving.py (router vs aggregated: TTFT, TPOT, transfer share of TTFT) on stories260K.
 # Usage (repo root, shared data at ../shared/data): bash scripts/gpu/pd_disaggregation.sh [seconds, default 540]
 set -uo pipefail
-root="$(cd "$(dirname "$0")/../.." && pwd)"
-cd "$root"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export PYTHONPATH="$root/python:$root/sgl-kernel/python${PYTHONPATH:+:$PYTHONPATH}"
+. "$(dirname "$0")/device_preamble.sh"
 budget="${1:-540}"; start=$SECONDS
 left() { echo $(( budget - (SECONDS - start) )); }
 out="${OUT:-/tmp}"

@@ -4,12 +4,8 @@
 # (pip install "./python[ray]", done by scripts/install.sh). Usage (repo root): bash scripts/gpu/ray_gpu.sh
 # Logs go to $OUT when set (device runner).
 set -uo pipefail
-root="$(cd "$(dirname "$0")/../.." && pwd)"
-cd "$root"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONPATH="$root/python:$root/sgl-kernel/python${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled
-PY="${PYTHON:-python3}"
+. "$(dirname "$0")/device_preamble.sh"
+export RAY_AUTH_MODE=disabled
 "$PY" -c "import ray" 2>/dev/null || "$PY" -m pip install -q "ray[default]>=2.40"
 nvidia-smi --query-gpu=name,memory.total --format=csv || true
 log="${OUT:-/tmp}/ray_gpu.log"

@@ -6,11 +6,7 @@
 # one-GPU smoke (layer mode, shared-GPU ranks). Re-run after the 2026-11-25 audit (graph replays, KV poisoning).
 # Usage (repo root, shared data at ../shared/data): bash scripts/gpu/tokenweave_one_gpu.sh [seconds, default 540]
 set -uo pipefail
-root="$(cd "$(dirname "$0")/../.." && pwd)"
-cd "$root"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export PYTHONPATH="$root/python:$root/sgl-kernel/python${PYTHONPATH:+:$PYTHONPATH}"
-unset TRITON_INTERPRET
+. "$(dirname "$0")/device_preamble.sh"
 budget="${1:-540}"; start=$SECONDS
 left() { echo $(( budget - (SECONDS - start) )); }
 out="${OUT:-/tmp}"

@@ -89,9 +89,10 @@ class FakeScheduler(threading.Thread):
             if st is not None:
                 self._out(st["req"], [], "", {"type": "abort", "message": "aborted"})
         elif isinstance(msg, FlushCacheReqInput):
-            self._send(FlushCacheReqOutput(success=not self.active))
+            self._send(FlushCacheReqOutput(success=not self.active, seq=msg.seq))
         elif isinstance(msg, GetInternalStateReq):
-            self._send(GetInternalStateReqOutput(state={"num_running_reqs": len(self.active), "used_tokens": 0}))
+            self._send(GetInternalStateReqOutput(state={"num_running_reqs": len(self.active), "used_tokens": 0},
+                                                 seq=msg.seq))
 
     def _out(self, req, ids, text, reason, st=None) -> None:
         base = 0 if st is None else st["done"] - len(ids)  # position of ids[0] in the output

@@ -1,7 +1,8 @@
 """MegaScale-Infer attention/FFN disaggregation through HTTP on stories260K-moe: greedy tokens equal the
 colocated engine's with 1 attention + 2 FFN workers for m = 1, 2, 3 (m = 3 also rebalances experts live, with
-redundant copies, every few steps); 2 attention + 2 FFN workers under concurrent load; an FFN worker killed
--> in-flight requests get an error, /health answers 503, nothing hangs; a dense model is refused."""
+redundant copies, every few steps); 2 attention + 2 FFN workers under concurrent load, then ``/flush_cache``
+empties both workers' caches; an FFN worker killed -> in-flight requests get an error, /health answers 503,
+nothing hangs; a dense model is refused."""
 
 from __future__ import annotations
 
@@ -92,7 +93,18 @@ def test_afd_2_attention_2_ffn_concurrent_load_then_ffn_killed():
             assert code == 200, body
             assert body["output_ids"] == tp1_greedy(path, tokenize(path, p), N_NEW), p
         states = requests.get(s.url + "/get_server_info", timeout=30).json()["internal_states"]
-        assert states[0]["afd"]["placement"] == [[0, 1], [2, 3]]
+        assert len(states) == 2 and all(st["afd"]["placement"] == [[0, 1], [2, 3]] for st in states)  # one per worker
+
+        # /flush_cache reaches both attention workers: a prompt cached on both misses on both after it
+        def cached_tokens() -> int:
+            return generate(s, {"text": PROMPTS[0] * 3, "sampling_params": {"max_new_tokens": 1}}
+                            )["meta_info"]["cached_tokens"]
+
+        before = [cached_tokens() for _ in range(4)]  # one after another: round robin, two on each worker
+        assert min(before[2:]) > 0, before
+        r = requests.post(s.url + "/flush_cache", timeout=60)
+        assert r.status_code == 200 and r.json()["success"], r.text
+        assert [cached_tokens(), cached_tokens()] == [0, 0]
 
         # kill FFN worker 1 while long requests are in flight
         pid = int(re.search(r"FFN worker 1 \(pid (\d+)\)", open(s.log_path).read()).group(1))

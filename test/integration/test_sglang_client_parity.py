@@ -132,6 +132,21 @@ def test_streamed_generate_logprobs_are_incremental(server):
     assert ref["output_token_logprobs_length"] == 12
 
 
+def test_streamed_generate_sends_input_logprobs_once(server):
+    # SGLang sends the prompt's logprobs in the first chunk only; the output logprobs stay incremental
+    body = {"text": PROMPT, "sampling_params": {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True},
+            "stream": True, "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 2}
+    chunks = sse_events(requests.post(server.url + "/generate", json=body, stream=True, timeout=120))
+    ref = post(server, "/generate", {**body, "stream": False})["meta_info"]
+    assert len(chunks) >= 2 and len(ref["input_token_logprobs"]) == ref["prompt_tokens"] > 1
+    first = chunks[0]["meta_info"]
+    assert [t for _, t, _ in first["input_token_logprobs"]] == [t for _, t, _ in ref["input_token_logprobs"]]
+    assert len(first["input_top_logprobs"]) == len(ref["input_top_logprobs"])
+    for c in chunks[1:]:
+        assert c["meta_info"]["input_token_logprobs"] == [] == c["meta_info"]["input_top_logprobs"], c
+    assert sum(len(c["meta_info"]["output_token_logprobs"]) for c in chunks) == 12
+
+
 # ----------------------------------------------------------- 4 chat deltas
 def test_chat_stream_deltas_have_sglang_keys(server, client):
     body = {"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 6, "stream": True}

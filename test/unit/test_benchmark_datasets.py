@@ -258,3 +258,19 @@ def test_bench_serving_bad_load_flags(flag, value):
 
     with pytest.raises(ValueError, match=flag):
         bench_serving.main(["--port", "1", "--model", "m", "--tokenizer", "t", flag, value])
+
+
+def test_both_benchmarks_parse_the_same_dataset_flags():
+    """bench_serving and bench_offline_throughput share add_dataset_args / DatasetConfig.from_args."""
+    from sglang.bench_offline_throughput import build_parser as offline_parser
+    from sglang.bench_serving import build_parser as serving_parser
+
+    argv = ["--dataset-name", "random-ids", "--num-prompts", "7", "--random-input-len", "5", "--random-output-len",
+            "3", "--random-range-ratio", "0.5", "--seed", "9", "--sharegpt-context-len", "100"]
+    serving = DatasetConfig.from_args(serving_parser().parse_args(argv))
+    offline = DatasetConfig.from_args(offline_parser().parse_args(argv + ["--model-path", "m"]))
+    assert serving == offline == DatasetConfig(name="random-ids", num_prompts=7, seed=9, random_input_len=5,
+                                               random_output_len=3, random_range_ratio=0.5, sharegpt_context_len=100)
+    assert DatasetConfig.from_args(serving_parser().parse_args([]), "random").name == "random"
+    with pytest.raises(ValueError, match="--num-prompts=0"):
+        DatasetConfig.from_args(serving_parser().parse_args(["--num-prompts", "0"]))

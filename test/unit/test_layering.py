@@ -105,3 +105,35 @@ def test_nvls_env_defined_once():
         if p.name != "nvls_env.py" and any(s in text for s in NVLS_SETTERS):
             hits.append(str(p.relative_to(root)))
     assert not hits, f"NVLS-off environment re-defined in {hits}; import it from sglang.srt.utils.nvls_env"
+
+
+def test_benchmarks_and_the_library_do_not_import_tests():
+    """Benchmarks and ``sglang`` import shared helpers from :mod:`sglang.test`, never from ``test/`` (which may be
+    absent where the package is installed): no import of a ``test/`` module, no ``test`` folder path."""
+    root = SRT.parents[2]
+    test_modules = {p.stem for p in (root / "test").rglob("*.py")} - {"__init__"}
+    files = sorted((root / "benchmark").glob("*.py")) + sorted((root / "python" / "sglang").rglob("*.py"))
+    bad = {}
+    for p in files:
+        tree = ast.parse(p.read_text())
+        names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module.split(".")[0] for n in ast.walk(tree)
+                  if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module}
+        names &= test_modules
+        if any(isinstance(n, ast.Constant) and n.value == "test" for n in ast.walk(tree)):  # ROOT / "test" / ...
+            names.add('a "test" path')
+        if names:
+            bad[p.relative_to(root).as_posix()] = sorted(names)
+    assert not bad, f"imports from test/: {bad}"
+
+
+def test_gpu_scripts_set_the_nvls_off_environment():
+    """Every ``scripts/gpu/*.sh`` run sets NVLS/multicast off: through ``device_preamble.sh`` (the common start) or,
+    for a script that does not source it yet, by itself."""
+    gpu = SRT.parents[2] / "scripts" / "gpu"
+    preamble = (gpu / "device_preamble.sh").read_text()
+    settings = ("NCCL_NVLS_ENABLE=0", "TORCH_SYMM_MEM_DISABLE_MULTICAST=1", "NVSHMEM_DISABLE_NVLS=1")
+    assert all(s in preamble for s in settings)
+    missing = [p.name for p in sorted(gpu.glob("*.sh")) if p.name not in ("device_preamble.sh", "stage_shared_data.sh")
+               and 'device_preamble.sh"' not in p.read_text() and not all(s in p.read_text() for s in settings)]
+    assert not missing, f"{missing}: source device_preamble.sh first"

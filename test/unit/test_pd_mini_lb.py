@@ -47,3 +47,62 @@ def test_router_errors_without_servers():
 def test_cli_bootstrap_ports_must_match():
     with pytest.raises(SystemExit):
         main(["--prefill", "http://a", "http://b", "--decode", "http://c", "--prefill-bootstrap-ports", "1"])
+
+
+class _Worker:
+    """A stdlib HTTP server standing in for a worker: ``/flush_cache`` answers ``flush_status``, ``/v1/models`` 200."""
+
+    def __init__(self, flush_status: int) -> None:
+        import http.server
+        import threading
+
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self, status: int, body: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self):  # noqa: N802
+                outer.flushes += self.path == "/flush_cache"
+                self._answer(flush_status, b'{"success": %s}' % (b"true" if flush_status == 200 else b"false"))
+
+            def do_GET(self):  # noqa: N802
+                self._answer(200, b'{"data": [{"id": "m"}]}')
+
+            def log_message(self, *args):
+                pass
+
+        self.flushes = 0
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_flush_cache_and_decode_proxies_name_the_failing_worker():
+    ok_p, ok_d, busy_d = _Worker(200), _Worker(200), _Worker(400)
+    dead = "http://127.0.0.1:9"  # nothing listens
+    try:
+        st = RouterState(prefill=[PrefillWorker(ok_p.url, "127.0.0.1", 1)], decode=[ok_d.url])
+        with TestClient(create_app(st)) as client:  # one event loop for the router's aiohttp session
+            assert client.post("/flush_cache").json() == {"success": True}
+            assert ok_p.flushes == ok_d.flushes == 1
+            assert client.get("/v1/models").json()["data"][0]["id"] == "m"
+            st.decode += [busy_d.url, dead]
+            r = client.post("/flush_cache")
+            assert r.status_code == 400 and "2 of 4 workers" in r.json()["message"], r.text
+            msg = r.json()["message"]
+            assert f"{busy_d.url}: " in msg and f"{dead}: " in msg and f"{ok_d.url}: " not in msg, msg
+            st.decode = [dead]
+            for path in ("/v1/models", "/get_model_info"):
+                r = client.get(path)
+                assert r.status_code == 502 and dead in r.text, (path, r.text)
+    finally:
+        for w in (ok_p, ok_d, busy_d):
+            w.close()

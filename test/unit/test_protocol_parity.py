@@ -231,5 +231,12 @@ def test_incremental_logprobs_and_finite_json():
         assert m["output_token_logprobs_length"] - len(m["output_token_logprobs"]) == len(rebuilt)
         rebuilt += m["output_token_logprobs"]
     assert rebuilt == lp
+    # the prompt's logprobs: sent once, in the first chunk that has them (per batch index)
+    inc, ilp = IncrementalLogprobs(), [[None, 1, None], [-1.5, 5, None]]
+    sent = [inc({"index": i % 2, "meta_info": {"input_token_logprobs": ilp, "input_top_logprobs": [None, [ilp[1]]],
+                                               "output_token_logprobs": [], "output_token_logprobs_length": 0}})
+            for i in range(4)]
+    assert [c["meta_info"]["input_token_logprobs"] for c in sent] == [ilp, ilp, [], []]
+    assert [c["meta_info"]["input_top_logprobs"] for c in sent] == [[None, [ilp[1]]]] * 2 + [[], []]
     assert finite_json({"a": [float("-inf"), 1.5, (float("nan"),)]}) == {"a": [None, 1.5, [None]]}
     assert json.loads(dumps({"x": float("inf")})) == {"x": None}

@@ -132,3 +132,42 @@ def test_port_args_tcp():
     assert all(e.startswith("tcp://127.0.0.1:") for e in eps) and len(set(eps)) == 3 and pa.ipc_dir == ""
     with pytest.raises(ValueError, match="transport"):
         PortArgs.init_new("udp")
+
+
+def test_wait_ready_reports_the_first_failure_by_name():
+    from types import SimpleNamespace
+
+    from sglang.srt.entrypoints.launch import _wait_ready
+
+    def proc(alive=True, code=None):
+        return SimpleNamespace(is_alive=lambda: alive, exitcode=code)
+
+    def pipe(*msgs):
+        r, w = mp.Pipe(duplex=False)
+        for m in msgs:
+            w.send(m)
+        if not msgs:
+            w.close()  # EOF: the worker died before answering
+        return r, w
+
+    ready = {"status": "ready", "tp_rank": 0, "max_total_tokens": 7}
+    later = time.monotonic() + 5
+    (r0, w0), (r1, w1) = pipe(ready), pipe(dict(ready, tp_rank=1))
+    procs = SimpleNamespace(schedulers=[proc(), proc()], ffn_workers=[proc()])
+    (f0, wf) = pipe({"status": "ready"})
+    assert _wait_ready(procs, [(0, r0), (1, r1)], later, ((0, f0),))["max_total_tokens"] == 7
+    bad = {"status": "error", "message": "no such architecture"}
+    (r0, w0), (r1, w1) = pipe(ready), pipe(bad)
+    assert _wait_ready(procs, [(0, r0), (1, r1)], later) == bad
+    (r0, w0), (r1, w1b) = pipe(ready), pipe()
+    procs.schedulers[1] = proc(alive=False, code=-9)
+    out = _wait_ready(procs, [(0, r0), (1, r1)], later)
+    assert out["message"] == "the scheduler process of TP rank 1 died during startup (exit code -9)"
+    (f0, wf) = pipe()
+    procs.ffn_workers[0] = proc(alive=False, code=3)
+    out = _wait_ready(procs, [(0, r0)], later, ((0, f0),))
+    assert out["message"] == "FFN worker 0 died during startup (exit code 3)"
+    (r0, w0) = mp.Pipe(duplex=False)  # says nothing while alive: the deadline ends the wait
+    procs.schedulers[0] = proc()
+    out = _wait_ready(procs, [(0, r0)], time.monotonic() + 0.3)
+    assert out["status"] == "error" and "the scheduler did not start within" in out["message"]

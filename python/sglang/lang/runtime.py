@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,9 +19,9 @@ from sglang.srt.utils.nvls_env import NVLS_OFF_ENV
 logger = logging.getLogger(__name__)
 
 def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    from sglang.srt.utils.common import free_tcp_ports
+
+    return free_tcp_ports(1, host)[0]
 
 
 def server_cli_args(server_args: dict[str, Any]) -> list[str]:

@@ -17,7 +17,13 @@ import os
 from dataclasses import dataclass, field
 
 from sglang.srt.afd.protocol import AfdTopology
-from sglang.srt.entrypoints.worker_launcher import WorkerLauncher, WorkerSpec, worker_device
+from sglang.srt.entrypoints.worker_launcher import (
+    WorkerLauncher,
+    WorkerSpec,
+    launch_scheduler_rank,
+    worker_device,
+    worker_resources,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +78,6 @@ def launch_afd_workers(server_args, port_args, launcher: WorkerLauncher, free_po
     the ready pipes). ``free_port()``: a free local TCP port (each attention worker's TP rendezvous)."""
     from sglang.srt.afd.ffn_worker import run_ffn_worker
     from sglang.srt.distributed.parallel_state import dist_init_method
-    from sglang.srt.managers.scheduler_process import run_scheduler_process
 
     out = AfdWorkers()
     topo = out.topo = afd_topology(server_args, port_args)
@@ -89,7 +94,7 @@ def launch_afd_workers(server_args, port_args, launcher: WorkerLauncher, free_po
         dev = device(topo.num_attention * tp + j)
         out.ffn.append(launcher.launch(WorkerSpec(
             name=f"sglang::ffn{j}", target=run_ffn_worker, args=(server_args, topo, j, dev, writer), role="ffn",
-            rank=j, device=dev, resources={"CPU": 1, **({"GPU": 1} if dev_type == "cuda" else {})})))
+            rank=j, device=dev, resources=worker_resources(dev_type))))
         out.ffn_pipes.append((j, reader))
     inputs = []
     for a in range(topo.num_attention):
@@ -99,13 +104,11 @@ def launch_afd_workers(server_args, port_args, launcher: WorkerLauncher, free_po
             inputs.append(pa.scheduler_input_ipc)
         init = dist_init_method(None, free_port()) if tp > 1 else None
         for r in range(tp):
-            reader, writer = ctx.Pipe(duplex=False)
-            dev = device(a * tp + r)
-            out.schedulers.append(launcher.launch(WorkerSpec(
-                name=f"sglang::attention{a}" + (f"_TP{r}" if tp > 1 else ""), target=run_scheduler_process,
-                args=(server_args, pa, writer, None, r, init, signal_parent_on_crash, dev, (topo, a)),
-                role="attention", rank=a * tp + r, device=dev,
-                resources={"CPU": 1, **({"GPU": 1} if dev_type == "cuda" else {})})))
+            handle, reader = launch_scheduler_rank(
+                launcher, server_args, pa, name=f"sglang::attention{a}" + (f"_TP{r}" if tp > 1 else ""), tp_rank=r,
+                device=device(a * tp + r), init=init, role="attention", spec_rank=a * tp + r, afd=(topo, a),
+                signal_parent_on_crash=signal_parent_on_crash)
+            out.schedulers.append(handle)
             out.ranks.append(a * tp + r)
             out.pipes.append((a * tp + r, reader))
     out.port_args = dataclasses.replace(port_args, dp_scheduler_inputs=tuple(inputs)) if inputs else port_args

@@ -82,19 +82,13 @@ async def learn_bootstrap_address(session: aiohttp.ClientSession, url: str,
 
 
 async def learn_bootstrap_port(session: aiohttp.ClientSession, url: str, timeout_s: float = 30.0) -> int:
-    """The ``disaggregation_bootstrap_port`` a prefill server reports in ``/get_server_info``.
+    """The ``disaggregation_bootstrap_port`` a prefill server reports in ``/get_server_info`` (the port of
+    :func:`learn_bootstrap_address`).
 
     Raises:
         ValueError: the server is not a prefill server or does not answer (the message names the URL).
     """
-    try:
-        async with session.get(url + "/get_server_info", timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
-            info = await r.json()
-    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-        raise ValueError(f"prefill server {url} did not answer /get_server_info: {e}") from e
-    if info.get("disaggregation_mode") != "prefill":
-        raise ValueError(f"{url} runs --disaggregation-mode {info.get('disaggregation_mode')!r}, not prefill")
-    return int(info["disaggregation_bootstrap_port"])
+    return (await learn_bootstrap_address(session, url, timeout_s))[1]
 
 
 def _num_prompts(path: str, body: dict) -> Optional[int]:
@@ -185,40 +179,49 @@ def create_app(state: RouterState, timeout_s: float = 600.0) -> FastAPI:
 
         return StreamingResponse(relay(), status_code=200, media_type="text/event-stream")
 
-    @app.post("/generate")
-    async def generate(request: Request):
-        return await _route("/generate", request)
+    def _route_post(path: str) -> None:
+        async def handler(request: Request):
+            return await _route(path, request)
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        return await _route("/v1/completions", request)
+        app.post(path, name=path.strip("/").replace("/", "_"))(handler)
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request):
-        return await _route("/v1/chat/completions", request)
+    for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
+        _route_post(path)
+
+    async def _call(method: str, url: str) -> tuple[int, bytes]:
+        """``(status, body)`` of one request to a worker; ``(502, message)`` when it cannot be reached."""
+        try:
+            async with session().request(method, url) as r:
+                return r.status, await r.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            return 502, json.dumps({"error": {"message": f"worker {url} failed: {e!r}"}}).encode()
+
+    async def _from_decode(path: str) -> Response:
+        """The first decode worker's answer to ``GET path`` (503 without one, 502 when it cannot be reached)."""
+        if not state.decode:
+            return JSONResponse({"error": {"message": "no decode worker"}}, status_code=503)
+        status, data = await _call("GET", state.decode[0] + path)
+        return Response(content=data, status_code=status, media_type="application/json")
 
     @app.get("/v1/models")
     async def models():
-        if not state.decode:
-            return JSONResponse({"error": {"message": "no decode worker"}}, status_code=503)
-        async with session().get(state.decode[0] + "/v1/models") as r:
-            return Response(content=await r.read(), status_code=r.status, media_type="application/json")
+        return await _from_decode("/v1/models")
 
     @app.get("/get_model_info")
     async def model_info():
-        if not state.decode:
-            return JSONResponse({"error": {"message": "no decode worker"}}, status_code=503)
-        async with session().get(state.decode[0] + "/get_model_info") as r:
-            return Response(content=await r.read(), status_code=r.status, media_type="application/json")
+        return await _from_decode("/get_model_info")
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache():
-        codes = []
-        for url in [p.url for p in state.prefill] + state.decode:
-            async with session().post(url + "/flush_cache") as r:
-                codes.append(r.status)
-        ok = all(c == 200 for c in codes)
-        return JSONResponse({"success": ok}, status_code=200 if ok else 400)
+        """Flush every worker's cache; 200 only when all did, else 400 naming each worker that did not."""
+        urls = [p.url for p in state.prefill] + state.decode
+        answers = await asyncio.gather(*(_call("POST", u + "/flush_cache") for u in urls))
+        failed = {u: data.decode(errors="replace")[:300] for u, (status, data) in zip(urls, answers) if status != 200}
+        if not failed:
+            return JSONResponse({"success": True})
+        why = "; ".join(f"{u}: {m}" for u, m in failed.items())
+        return JSONResponse({"success": False, "message": f"Cache not flushed on {len(failed)} of {len(urls)} "
+                                                          f"workers ({why})."}, status_code=400)
 
     @app.get("/health")
     async def health():

@@ -259,14 +259,15 @@ class Engine:
 
     def get_server_info(self) -> dict[str, Any]:
         """Server settings, what the scheduler reported at startup, and its live state
-        (``internal_states[0]``: KV usage, queue lengths), as ``/get_server_info`` returns."""
+        (``internal_states``: KV usage, queue lengths; one per data-parallel scheduler), as ``/get_server_info``
+        returns."""
         import sglang
 
-        state = self._run(self.tokenizer_manager.get_internal_state())
+        states = self._run(self.tokenizer_manager.get_internal_states())
         args = dataclasses.asdict(self.server_args)
         if args.get("api_key"):
             args["api_key"] = "<redacted>"
-        return {**args, **self.tokenizer_manager.scheduler_info, "internal_states": [state],
+        return {**args, **self.tokenizer_manager.scheduler_info, "internal_states": states,
                 "version": getattr(sglang, "__version__", "unknown")}
 
     def shutdown(self) -> None:

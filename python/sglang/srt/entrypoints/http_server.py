@@ -246,12 +246,13 @@ def create_app(tokenizer_manager, server_args) -> FastAPI:
 
     @app.get("/get_server_info")
     async def get_server_info():
-        """``GET /get_server_info``: public server args, scheduler info, internal state and version."""
-        state = await tm.get_internal_state()
+        """``GET /get_server_info``: public server args, scheduler info, internal states (one per data-parallel
+        scheduler) and version."""
+        states = await tm.get_internal_states()
         import sglang
 
         return server_info_aliases({**_public_server_args(server_args), **tm.scheduler_info,
-                                    "internal_states": [state], "version": getattr(sglang, "__version__", "unknown")})
+                                    "internal_states": states, "version": getattr(sglang, "__version__", "unknown")})
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache():

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import multiprocessing as mp
 import os
 import signal
 import threading
@@ -29,7 +28,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from sglang.srt.entrypoints.worker_launcher import MultiprocessingLauncher, WorkerHandle, WorkerSpec, worker_device
+from sglang.srt.entrypoints.worker_launcher import (
+    MultiprocessingLauncher,
+    WorkerHandle,
+    detokenizer_spec,
+    launch_scheduler_rank,
+    worker_device,
+)
 from sglang.srt.server_args import DEFAULT_MODEL, PortArgs, ServerArgs
 from sglang.srt.utils.nvls_env import apply_nvls_off_env
 
@@ -138,11 +143,10 @@ def resolve_model(server_args: ServerArgs) -> ServerArgs:
 
 
 def _free_port() -> int:
-    import socket
+    """A free local TCP port (a TP rendezvous)."""
+    from sglang.srt.utils.common import free_tcp_ports
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_tcp_ports(1)[0]
 
 
 def check_parallel_args(server_args: ServerArgs) -> None:
@@ -161,46 +165,42 @@ def check_parallel_args(server_args: ServerArgs) -> None:
     validate_tp_config(mc, server_args.tp_size, server_args.ep_size, server_args.nnodes)
 
 
+def _await_ready(pipes: list, handles: list, deadline: float, who, infos: dict) -> Optional[dict]:
+    """Collect the ready message of every ``(key, reader)`` in ``pipes`` (``handles``: their processes, same order)
+    into ``infos``; the first error message, a death (``who(key)`` names the worker) or the deadline is returned
+    as an error dict, None when all are ready."""
+    while len(infos) < len(pipes):
+        if time.monotonic() > deadline:
+            return {"status": "error", "message": f"{who(None)} did not start within {STARTUP_TIMEOUT_S} s"}
+        for (key, reader), p in zip(pipes, handles):
+            if key in infos:
+                continue
+            try:
+                if reader.poll(0.1):
+                    info = reader.recv()
+                    if info.get("status") != "ready":
+                        return info
+                    infos[key] = info
+                    continue
+                if p.is_alive():
+                    continue
+            except EOFError:
+                pass
+            return {"status": "error", "message": f"{who(key)} died during startup (exit code {p.exitcode})"}
+    return None
+
+
 def _wait_ready(procs: Subprocesses, pipes: list, deadline: float, ffn_pipes: tuple = ()) -> dict:
     """Wait for every local rank's (and AFD FFN worker's) ready message; the first error or dead process aborts
     (message returned)."""
+    error = _await_ready(list(ffn_pipes), procs.ffn_workers, deadline,
+                         lambda j: "the FFN workers" if j is None else f"FFN worker {j}", {})
+    if error is not None:
+        return error
     infos: dict[int, dict] = {}
-    ffn_ready: set[int] = set()
-    while len(ffn_ready) < len(ffn_pipes):
-        if time.monotonic() > deadline:
-            return {"status": "error", "message": f"the FFN workers did not start within {STARTUP_TIMEOUT_S} s"}
-        for (j, reader), p in zip(ffn_pipes, procs.ffn_workers):
-            if j in ffn_ready:
-                continue
-            try:
-                if reader.poll(0.1):
-                    info = reader.recv()
-                    if info.get("status") != "ready":
-                        return info
-                    ffn_ready.add(j)
-                elif not p.is_alive():
-                    return {"status": "error", "message": f"FFN worker {j} died during startup (exit code {p.exitcode})"}
-            except EOFError:
-                return {"status": "error", "message": f"FFN worker {j} died during startup (exit code {p.exitcode})"}
-    while len(infos) < len(pipes):
-        if time.monotonic() > deadline:
-            return {"status": "error", "message": f"the scheduler did not start within {STARTUP_TIMEOUT_S} s"}
-        for (rank, reader), p in zip(pipes, procs.schedulers):
-            if rank in infos:
-                continue
-            try:
-                if reader.poll(0.1):
-                    info = reader.recv()
-                    if info.get("status") != "ready":
-                        return info
-                    infos[rank] = info
-                elif not p.is_alive():
-                    return {"status": "error", "message": f"the scheduler process of TP rank {rank} died during "
-                                                          f"startup (exit code {p.exitcode})"}
-            except EOFError:
-                return {"status": "error", "message": f"the scheduler process of TP rank {rank} died during "
-                                                      f"startup (exit code {p.exitcode})"}
-    return infos[min(infos)]
+    error = _await_ready(pipes, procs.schedulers, deadline,
+                         lambda r: "the scheduler" if r is None else f"the scheduler process of TP rank {r}", infos)
+    return error if error is not None else infos[min(infos)]
 
 
 def launch_subprocesses(server_args: ServerArgs, port_args: PortArgs, in_process_engine: bool = False) -> Subprocesses:
@@ -217,9 +217,6 @@ def launch_subprocesses(server_args: ServerArgs, port_args: PortArgs, in_process
             corrupt weights, failed rendezvous, ...) or died during startup.
     """
     from sglang.srt.distributed.parallel_state import dist_init_method
-    from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
-    from sglang.srt.managers.scheduler_process import run_scheduler_process
-
     check_parallel_args(server_args)
     if server_args.enable_afd:
         from sglang.srt.afd.launch import check_afd_model
@@ -253,24 +250,19 @@ def launch_subprocesses(server_args: ServerArgs, port_args: PortArgs, in_process
         afd = launch_afd_workers(server_args, port_args, launcher, _free_port, False)
         pipes, scheds, ranks = afd.pipes, afd.schedulers, afd.ranks
     for local, rank in enumerate([] if afd else ranks):
-        reader, writer = mp.get_context("spawn").Pipe(duplex=False)
         # --tp-ranks-share-gpu (correctness test mode): every rank on --base-gpu-id
         device = worker_device(device_type, 0 if server_args.tp_ranks_share_gpu else local, server_args.base_gpu_id,
                                server_args.gpu_id_step)
-        spec = WorkerSpec(
-            name=f"sglang::scheduler_TP{rank}" if tp > 1 else "sglang::scheduler", target=run_scheduler_process,
-            args=(server_args, port_args, writer, None, rank, init, signal_parent_on_crash, device),
-            role="scheduler", rank=rank, device=device,
-            resources={"CPU": 1, **({"GPU": 1} if device_type == "cuda" else {})})
-        scheds.append(launcher.launch(spec))
+        handle, reader = launch_scheduler_rank(
+            launcher, server_args, port_args, name=f"sglang::scheduler_TP{rank}" if tp > 1 else "sglang::scheduler",
+            tp_rank=rank, device=device, init=init, signal_parent_on_crash=signal_parent_on_crash)
+        scheds.append(handle)
         pipes.append((rank, reader))
         if tp > 1:
-            logger.info("scheduler TP rank %d started (pid %d) on %s", rank, scheds[-1].pid, device)
+            logger.info("scheduler TP rank %d started (pid %d) on %s", rank, handle.pid, device)
     detok = None
     if server_args.node_rank == 0:
-        detok = launcher.launch(WorkerSpec(
-            name="sglang::detokenizer", target=run_detokenizer_process,
-            args=(server_args, port_args, None, signal_parent_on_crash), role="detokenizer", resources={"CPU": 1}))
+        detok = launcher.launch(detokenizer_spec(server_args, port_args, signal_parent_on_crash))
     procs = Subprocesses(scheds[0], detok, {}, schedulers=scheds, tp_ranks=ranks, launcher=launcher,
                          ffn_workers=afd.ffn if afd else [], port_args=afd.port_args if afd else None)
     atexit.register(procs.shutdown)

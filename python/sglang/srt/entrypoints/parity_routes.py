@@ -23,6 +23,10 @@ INCREMENTAL_META_KEYS = ("output_token_logprobs", "output_top_logprobs", "output
 """``meta_info`` lists that a streamed ``/generate`` sends as deltas (new positions only), as SGLang does;
 ``output_token_logprobs_length`` stays the running total, so ``length - len(delta)`` is the delta's offset."""
 
+SEND_ONCE_META_KEYS = ("input_token_logprobs", "input_top_logprobs", "input_token_ids_logprobs")
+"""``meta_info`` lists of the prompt that a streamed ``/generate`` sends once (in the chunk where they first
+appear, normally the first), as SGLang does; later chunks carry them empty."""
+
 
 # ------------------------------------------------------------------ JSON
 def finite_json(obj: Any) -> Any:
@@ -55,10 +59,12 @@ class SafeJSONResponse(JSONResponse):
 # ------------------------------------------------------- streamed /generate
 class IncrementalLogprobs:
     """Turns cumulative ``/generate`` outputs into SGLang's streamed shape: the per-output-token
-    logprob lists of each chunk hold only positions not sent before (per batch ``index``)."""
+    logprob lists of each chunk hold only positions not sent before, and the prompt's logprob lists are
+    sent once (both per batch ``index``)."""
 
     def __init__(self) -> None:
         self._sent: dict[int, int] = {}
+        self._sent_input: dict[tuple[int, str], int] = {}
 
     def __call__(self, out: Any) -> Any:
         """Rewrite one streamed output dict (others are returned unchanged)."""
@@ -74,6 +80,11 @@ class IncrementalLogprobs:
             if key in meta:
                 meta[key] = meta[key][start:]
         self._sent[idx] = meta.get("output_token_logprobs_length", start + len(meta["output_token_logprobs"]))
+        for key in SEND_ONCE_META_KEYS:
+            if key in meta:
+                done = self._sent_input.get((idx, key), 0)
+                self._sent_input[(idx, key)] = max(done, len(meta[key]))
+                meta[key] = meta[key][done:]
         return {**out, "meta_info": meta}
 
 

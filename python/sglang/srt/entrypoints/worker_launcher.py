@@ -202,3 +202,45 @@ def worker_device(device_type: str, local_index: int, base_gpu_id: int = 0, gpu_
     if device_type != "cuda":
         return "cpu"
     return f"cuda:{base_gpu_id + local_index * gpu_id_step}"
+
+
+def worker_resources(device_type: str) -> dict[str, float]:
+    """What a placement-aware launcher reserves for one model worker: one CPU, and one GPU on ``cuda``."""
+    return {"CPU": 1, **({"GPU": 1} if device_type == "cuda" else {})}
+
+
+def launch_scheduler_rank(launcher: WorkerLauncher, server_args, port_args, *, name: str, tp_rank: int,
+                          device: str, init: Optional[str], role: str = "scheduler", spec_rank: Optional[int] = None,
+                          afd: Any = None, signal_parent_on_crash: bool = False) -> tuple[WorkerHandle, Any]:
+    """Start one scheduler rank (:func:`~sglang.srt.managers.scheduler_process.run_scheduler_process`) with a
+    ready pipe.
+
+    Args:
+        launcher: where it runs.
+        server_args / port_args: the frozen ``ServerArgs`` and the IPC endpoints this rank binds / connects.
+        name: process name (e.g. ``sglang::scheduler_TP1``).
+        tp_rank: its TP rank inside its group; ``spec_rank`` (default ``tp_rank``): its rank inside ``role``.
+        device: explicit device (:func:`worker_device`); init: the TP rendezvous (None without TP).
+        afd: ``(topology, attention worker index)`` for an AFD attention worker, else None.
+        signal_parent_on_crash: whether the rank SIGTERMs its parent when it crashes.
+    Returns:
+        ``(handle, reader)``: ``reader.recv()`` gives the rank's ``{"status": "ready", ...}`` or error dict.
+    """
+    from sglang.srt.managers.scheduler_process import run_scheduler_process
+
+    reader, writer = mp.get_context("spawn").Pipe(duplex=False)
+    args = (server_args, port_args, writer, None, tp_rank, init, signal_parent_on_crash, device)
+    handle = launcher.launch(WorkerSpec(
+        name=name, target=run_scheduler_process, args=args + ((afd,) if afd is not None else ()), role=role,
+        rank=tp_rank if spec_rank is None else spec_rank, device=device,
+        resources=worker_resources(device.split(":")[0])))
+    return handle, reader
+
+
+def detokenizer_spec(server_args, port_args, signal_parent_on_crash: bool = False) -> WorkerSpec:
+    """The :class:`WorkerSpec` of the detokenizer process (one CPU; node 0 / the driver's side only)."""
+    from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
+
+    return WorkerSpec(name="sglang::detokenizer", target=run_detokenizer_process,
+                      args=(server_args, port_args, None, signal_parent_on_crash), role="detokenizer",
+                      resources={"CPU": 1.0})

@@ -100,6 +100,7 @@ class IncrementalDetokenizer:
         self.decoded_text = ""  # confirmed text: only grows
         self.sent_offset = 0  # characters of decoded_text already emitted
         self.finished = False
+        self._special_ids = frozenset(getattr(tokenizer, "all_special_ids", None) or ())
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(
@@ -108,22 +109,40 @@ class IncrementalDetokenizer:
             spaces_between_special_tokens=self.spaces_between_special_tokens,
         )
 
+    def _is_byte_fallback(self, token_id: int) -> bool:
+        """Whether ``token_id`` is a SentencePiece byte-fallback piece (``<0xNN>``), or a special token
+        that decoding skips (transparent between two byte pieces)."""
+        if self.skip_special_tokens and token_id in self._special_ids:
+            return True
+        convert = getattr(self.tokenizer, "convert_ids_to_tokens", None)
+        if convert is None:
+            return False
+        piece = convert(token_id)
+        return isinstance(piece, str) and len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">")
+
+    def _stable_end(self, end: int) -> int:
+        """End of the part of ``ids[:end]`` whose text can no longer change when more ids come.
+
+        HF's ``ByteFallback`` decoder decodes a whole run of ``<0xNN>`` pieces at once and, when the run
+        is not valid UTF-8, replaces *every* byte of it by U+FFFD, so a run that decodes cleanly now may
+        turn into U+FFFDs when a later byte piece joins it. A trailing run of byte pieces is therefore
+        held back until a non-byte piece ends it (or the request finishes).
+        """
+        stable = end
+        while stable > self.read_offset and self._is_byte_fallback(self.ids[stable - 1]):
+            stable -= 1
+        return stable
+
     def _advance(self, final: bool) -> None:
         """Move newly decodable text of ``ids[read_offset:]`` into ``decoded_text``.
 
-        The result does not depend on how the ids were chunked: when a window of several new ids
-        decodes to a U+FFFD (invalid or split UTF-8 bytes, whose replacement depends on the window),
-        the ids are taken one at a time, exactly as a stream of one-token deltas would take them.
+        The concatenated text equals the one-shot decode ``decode(prefix_ids + ids)`` past the prefix,
+        whatever the chunking: confirmation points never fall inside a run of byte-fallback pieces
+        (:meth:`_stable_end`) nor after a trailing partial character (U+FFFD at the end, see
+        :meth:`_advance_to`), and at both kinds of points the decoders (``ByteFallback`` runs,
+        ``ByteLevel``'s lossy UTF-8) are prefix-stable.
         """
-        end = len(self.ids)
-        if self.read_offset >= end:
-            return
-        if end - self.read_offset > 1:
-            new_text = self._decode(self.ids[self.prefix_offset:end])
-            if REPLACEMENT_CHAR in new_text:
-                for stop in range(self.read_offset + 1, end + 1):
-                    self._advance_to(stop, final and stop == end)
-                return
+        end = len(self.ids) if final else self._stable_end(len(self.ids))
         self._advance_to(end, final)
 
     def _advance_to(self, end: int, final: bool) -> None:

@@ -57,24 +57,41 @@ class AbortReq(msgspec.Struct, tag=True):
 
 
 class FlushCacheReqInput(msgspec.Struct, tag=True):
-    """Ask the scheduler to drop the prefix cache (only succeeds when idle)."""
+    """Ask the scheduler to drop the prefix cache (only succeeds when idle).
+
+    ``dp_rank``: which data-parallel scheduler (AFD attention worker) it is sent to; ``seq``: the asking round
+    (a reply that comes after its round timed out is not taken for a later round's). Both are echoed in the reply.
+    """
+
+    dp_rank: int = 0
+    seq: int = 0
 
 
 class FlushCacheReqOutput(msgspec.Struct, tag=True):
-    """Reply to :class:`FlushCacheReqInput`; ``message`` says why it was refused."""
+    """Reply to :class:`FlushCacheReqInput`; ``message`` says why it was refused; ``dp_rank``, ``seq`` echo the
+    request's."""
 
     success: bool
     message: str = ""
+    dp_rank: int = 0
+    seq: int = 0
 
 
 class GetInternalStateReq(msgspec.Struct, tag=True):
-    """Ask the scheduler for its state (KV usage, queue lengths, limits)."""
+    """Ask the scheduler for its state (KV usage, queue lengths, limits); ``dp_rank``, ``seq`` as in
+    :class:`FlushCacheReqInput`."""
+
+    dp_rank: int = 0
+    seq: int = 0
 
 
 class GetInternalStateReqOutput(msgspec.Struct, tag=True):
-    """Reply to :class:`GetInternalStateReq`: KV usage, queue lengths and limits (see ``Scheduler.internal_state``)."""
+    """Reply to :class:`GetInternalStateReq`: KV usage, queue lengths and limits (see ``Scheduler.internal_state``);
+    ``dp_rank``, ``seq`` echo the request's."""
 
     state: dict[str, Any]
+    dp_rank: int = 0
+    seq: int = 0
 
 
 class SchedulerStats(msgspec.Struct, tag=True):

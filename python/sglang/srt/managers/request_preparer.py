@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional
 
@@ -25,6 +26,7 @@ from sglang.srt.entrypoints.request_limits import check_n
 from sglang.srt.managers.generate_req import GenerateReqInput, SingleGenerateReq
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput, encode_msg
 from sglang.srt.managers.req_state import ReqState
+from sglang.srt.managers.request_extras import extra_fields
 
 logger = logging.getLogger(__name__)
 
@@ -138,3 +140,65 @@ class RequestPreparer:
     def close(self) -> None:
         """Stop the worker thread (a running preparation finishes; queued ones are dropped)."""
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def tokenize_one(req: SingleGenerateReq, tokenizer, preparer: "RequestPreparer", *, vocab_size: int,
+                 context_len: int, max_req_input_len: int, server_args) -> TokenizedGenerateReqInput:
+    """Tokenize and validate one sequence of a ``/generate`` request (the TokenizerManager's ``prepare_one``).
+
+    Args:
+        req: one normalized sequence (text or ``input_ids``, sampling params, logprob options).
+        tokenizer: the HF tokenizer, or None (``--skip-tokenizer-init``: only ``input_ids`` are accepted).
+        preparer: the :class:`RequestPreparer` whose text bound and grammar checks apply.
+        vocab_size / context_len / max_req_input_len: the scheduler's limits, in tokens.
+        server_args: the frozen ``ServerArgs`` (for the optional request fields).
+    Returns:
+        The scheduler message, ``created_time`` in ``time.time()`` seconds.
+    Raises:
+        ValueError: bad input, naming the field and the limit.
+    """
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    if req.input_ids is not None:
+        ids = req.input_ids
+        for t in ids:
+            if not 0 <= t < vocab_size:
+                raise ValueError(f"input_ids must lie in [0, {vocab_size}) (the vocabulary size), got {t}")
+    else:
+        if tokenizer is None:
+            raise ValueError("text needs a tokenizer but the server runs with --skip-tokenizer-init; "
+                             "send input_ids instead")
+        preparer.check_text_bound(req.text)
+        ids = tokenizer.encode(req.text)
+        if not ids:
+            raise ValueError("text tokenizes to zero tokens; send a non-empty prompt")
+    n = len(ids)
+    if n >= context_len:
+        raise ValueError(f"The input ({n} tokens) is longer than the model's context length "
+                         f"({context_len} tokens).")
+    if n > max_req_input_len:
+        raise ValueError(f"The input ({n} tokens) is longer than the longest prompt this server "
+                         f"accepts ({max_req_input_len} tokens); shorten the prompt.")
+    params = SamplingParams.from_dict(req.sampling_params)
+    params.verify(vocab_size)
+    params.normalize(tokenizer)
+    preparer.check_grammar(params)
+    if params.max_new_tokens is not None and n + params.max_new_tokens > context_len:
+        raise ValueError(
+            f"Requested token count exceeds the model's maximum context length of {context_len} "
+            f"tokens: {n} tokens from the input plus max_new_tokens={params.max_new_tokens}. "
+            "Reduce max_new_tokens or the prompt.")
+    if req.return_logprob and req.logprob_start_len >= n:
+        raise ValueError(f"logprob_start_len ({req.logprob_start_len}) must be smaller than the "
+                         f"prompt length ({n} tokens), or -1 for no input logprobs")
+    if req.top_logprobs_num > vocab_size:
+        raise ValueError(f"top_logprobs_num must be <= the vocabulary size {vocab_size}, "
+                         f"got {req.top_logprobs_num}")
+    return TokenizedGenerateReqInput(
+        rid=req.rid, input_ids=list(ids), sampling_params=params.to_dict(), input_text=req.text,
+        return_logprob=req.return_logprob,
+        logprob_start_len=req.logprob_start_len if req.return_logprob else -1,
+        top_logprobs_num=req.top_logprobs_num if req.return_logprob else 0,
+        stream=req.stream, created_time=time.time(), bootstrap_host=req.bootstrap_host,
+        bootstrap_port=req.bootstrap_port, bootstrap_room=req.bootstrap_room,
+        **extra_fields(req, vocab_size, server_args))

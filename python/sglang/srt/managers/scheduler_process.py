@@ -98,9 +98,10 @@ class SchedulerProcess:
             s.abort(msg)
         elif isinstance(msg, FlushCacheReqInput):
             ok, why = s.flush_cache()
-            self.send_tokenizer(FlushCacheReqOutput(success=ok, message=why))
+            self.send_tokenizer(FlushCacheReqOutput(success=ok, message=why, dp_rank=msg.dp_rank, seq=msg.seq))
         elif isinstance(msg, GetInternalStateReq):
-            self.send_tokenizer(GetInternalStateReqOutput(state=s.internal_state()))
+            self.send_tokenizer(GetInternalStateReqOutput(state=s.internal_state(), dp_rank=msg.dp_rank,
+                                                        seq=msg.seq))
         else:
             logger.warning("scheduler ignores unexpected message %s", type(msg).__name__)
 

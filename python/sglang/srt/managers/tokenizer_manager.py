@@ -28,9 +28,7 @@ from sglang.srt.managers.generate_req import GenerateReqInput, SingleGenerateReq
 from sglang.srt.managers.io_struct import (
     AbortReq,
     BatchStrOut,
-    FlushCacheReqInput,
     FlushCacheReqOutput,
-    GetInternalStateReq,
     GetInternalStateReqOutput,
     SchedulerStats,
     TokenizedGenerateReqInput,
@@ -38,9 +36,9 @@ from sglang.srt.managers.io_struct import (
     encode_msg,
 )
 from sglang.srt.managers.req_state import ReqState
-from sglang.srt.managers.request_extras import extra_fields
-from sglang.srt.managers.request_preparer import RequestPreparer
+from sglang.srt.managers.request_preparer import RequestPreparer, tokenize_one
 from sglang.srt.managers.template_manager import load_chat_template
+from sglang.srt.managers.tokenizer_control import TokenizerControlMixin
 from sglang.srt.managers.tokenizer_text import TokenizerTextMixin
 from sglang.srt.utils.common import get_tokenizer, get_zmq_socket
 
@@ -64,7 +62,7 @@ class RequestError(Exception):
         self.message = message
 
 
-class TokenizerManager(TokenizerTextMixin):
+class TokenizerManager(TokenizerControlMixin, TokenizerTextMixin):
     """Tokenize, validate and forward requests; collect their outputs.
 
     Args:
@@ -126,6 +124,8 @@ class TokenizerManager(TokenizerTextMixin):
         self._states: dict[str, ReqState] = {}
         self._control_futs: dict[str, asyncio.Future] = {}
         self._control_locks: dict[str, asyncio.Lock] = {}
+        self._control_replies: dict[str, tuple[int, int, list]] = {}  # key -> (round, replies awaited, so far)
+        self._control_seq = 0  # the last control round sent
         self._recv_task: Optional[asyncio.Task] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._failure: Optional[str] = None  # set once a child process died: new requests get 503
@@ -256,52 +256,11 @@ class TokenizerManager(TokenizerTextMixin):
                     self._dp_owner.pop(s.req.rid, None)
 
     def _prepare(self, req: SingleGenerateReq) -> TokenizedGenerateReqInput:
-        """Tokenize and validate one request (ValueError naming the field on bad input)."""
-        from sglang.srt.sampling.sampling_params import SamplingParams
-
-        if req.input_ids is not None:
-            ids = req.input_ids
-            for t in ids:
-                if not 0 <= t < self.vocab_size:
-                    raise ValueError(f"input_ids must lie in [0, {self.vocab_size}) (the vocabulary size), got {t}")
-        else:
-            if self.tokenizer is None:
-                raise ValueError("text needs a tokenizer but the server runs with --skip-tokenizer-init; "
-                                 "send input_ids instead")
-            self.preparer.check_text_bound(req.text)
-            ids = self.tokenizer.encode(req.text)
-            if not ids:
-                raise ValueError("text tokenizes to zero tokens; send a non-empty prompt")
-        n = len(ids)
-        if n >= self.context_len:
-            raise ValueError(f"The input ({n} tokens) is longer than the model's context length "
-                             f"({self.context_len} tokens).")
-        if n > self.max_req_input_len:
-            raise ValueError(f"The input ({n} tokens) is longer than the longest prompt this server "
-                             f"accepts ({self.max_req_input_len} tokens); shorten the prompt.")
-        params = SamplingParams.from_dict(req.sampling_params)
-        params.verify(self.vocab_size)
-        params.normalize(self.tokenizer)
-        self.preparer.check_grammar(params)
-        if params.max_new_tokens is not None and n + params.max_new_tokens > self.context_len:
-            raise ValueError(
-                f"Requested token count exceeds the model's maximum context length of {self.context_len} "
-                f"tokens: {n} tokens from the input plus max_new_tokens={params.max_new_tokens}. "
-                "Reduce max_new_tokens or the prompt.")
-        if req.return_logprob and req.logprob_start_len >= n:
-            raise ValueError(f"logprob_start_len ({req.logprob_start_len}) must be smaller than the "
-                             f"prompt length ({n} tokens), or -1 for no input logprobs")
-        if req.top_logprobs_num > self.vocab_size:
-            raise ValueError(f"top_logprobs_num must be <= the vocabulary size {self.vocab_size}, "
-                             f"got {req.top_logprobs_num}")
-        return TokenizedGenerateReqInput(
-            rid=req.rid, input_ids=list(ids), sampling_params=params.to_dict(), input_text=req.text,
-            return_logprob=req.return_logprob,
-            logprob_start_len=req.logprob_start_len if req.return_logprob else -1,
-            top_logprobs_num=req.top_logprobs_num if req.return_logprob else 0,
-            stream=req.stream, created_time=time.time(), bootstrap_host=req.bootstrap_host,
-            bootstrap_port=req.bootstrap_port, bootstrap_room=req.bootstrap_room,
-            **extra_fields(req, self.vocab_size, self.server_args))
+        """Tokenize and validate one request (ValueError naming the field on bad input); see
+        :func:`~sglang.srt.managers.request_preparer.tokenize_one`."""
+        return tokenize_one(req, self.tokenizer, self.preparer, vocab_size=self.vocab_size,
+                            context_len=self.context_len, max_req_input_len=self.max_req_input_len,
+                            server_args=self.server_args)
 
     async def _consume(self, states: list[ReqState], request, stream: bool):
         """Yield ``(index, output)`` as the states change: every update if ``stream``, else finals."""
@@ -389,39 +348,6 @@ class TokenizerManager(TokenizerTextMixin):
         s.dirty = True
         s.event.set()
 
-    # -------------------------------------------------------------- control
-    async def flush_cache(self) -> FlushCacheReqOutput:
-        """Ask the scheduler to drop its prefix cache (it refuses while requests run).
-
-        Raises:
-            RequestError(503): no answer within ``control_timeout_s``.
-        """
-        return await self._control("flush", FlushCacheReqInput())
-
-    async def get_internal_state(self) -> dict[str, Any]:
-        """The scheduler's state dict (KV usage, queue lengths, limits).
-
-        Raises:
-            RequestError(503): no answer within ``control_timeout_s``.
-        """
-        out = await self._control("state", GetInternalStateReq())
-        return dict(out.state)
-
-    async def _control(self, key: str, msg) -> Any:
-        self.start()
-        lock = self._control_locks.setdefault(key, asyncio.Lock())
-        async with lock:
-            fut = asyncio.get_running_loop().create_future()
-            self._control_futs[key] = fut
-            self._send(msg)
-            try:
-                return await asyncio.wait_for(fut, timeout=self.control_timeout_s)
-            except asyncio.TimeoutError:
-                raise RequestError(503, f"the scheduler did not answer {type(msg).__name__} "
-                                        f"within {self.control_timeout_s} s") from None
-            finally:
-                self._control_futs.pop(key, None)
-
     # -------------------------------------------------------------- receive
     def _send(self, msg, data: Optional[bytes] = None) -> None:
         """Send ``msg`` (``data``: its encoding when already made) to the scheduler, or with several
@@ -441,8 +367,8 @@ class TokenizerManager(TokenizerTextMixin):
         elif isinstance(msg, AbortReq):  # abort_all, or a rid not (or no longer) placed: every scheduler
             for sock in self._dp_socks:
                 sock.send(data)
-        else:  # control requests (flush cache, internal state) are answered by the first scheduler
-            self._dp_socks[0].send(data)
+        else:  # control requests (flush cache, internal state): one per scheduler, addressed by dp_rank
+            self._dp_socks[msg.dp_rank].send(data)
 
     async def _recv_loop(self) -> None:
         while True:
@@ -461,10 +387,7 @@ class TokenizerManager(TokenizerTextMixin):
             if self.metrics is not None:
                 self.metrics.update_scheduler_stats(msg)
         elif isinstance(msg, (FlushCacheReqOutput, GetInternalStateReqOutput)):
-            key = "flush" if isinstance(msg, FlushCacheReqOutput) else "state"
-            fut = self._control_futs.get(key)
-            if fut is not None and not fut.done():
-                fut.set_result(msg)
+            self._on_control_reply(msg)
         else:
             logger.warning("unexpected message %s", type(msg).__name__)
 

@@ -18,7 +18,7 @@ import dataclasses
 import ray
 
 from sglang.srt.entrypoints.launch import Subprocesses
-from sglang.srt.entrypoints.worker_launcher import WorkerSpec
+from sglang.srt.entrypoints.worker_launcher import WorkerSpec, detokenizer_spec
 from sglang.srt.ray.launcher import READY_CHANNEL, ActorRequest, RayLauncher
 from sglang.srt.ray.placement import RoleGroup, plan_placement
 from sglang.srt.server_args import PortArgs, ServerArgs
@@ -34,7 +34,6 @@ def launch_afd_actors(server_args: ServerArgs, launcher: RayLauncher, res: dict)
     """
     from sglang.srt.afd.ffn_worker import run_ffn_worker
     from sglang.srt.afd.protocol import AfdTopology
-    from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
     from sglang.srt.managers.scheduler_process import run_scheduler_process
     from sglang.srt.utils.common import free_tcp_ports
 
@@ -82,9 +81,7 @@ def launch_afd_actors(server_args: ServerArgs, launcher: RayLauncher, res: dict)
                 args=(args, pa, READY_CHANNEL, None, r, init, False, device, (topo, a)),
                 role=f"attention{a}", rank=r, device=device, resources=res)))
             ranks.append(a * tp + r)
-    detok_h = launcher.launch(WorkerSpec(name="sglang::detokenizer", target=run_detokenizer_process,
-                                         args=(server_args, port_args, None, False), role="detokenizer",
-                                         resources={"CPU": 1.0}))
+    detok_h = launcher.launch(detokenizer_spec(server_args, port_args))
     procs = Subprocesses(scheds[0], detok_h, {}, schedulers=scheds, tp_ranks=ranks, launcher=launcher,
                          ffn_workers=ffn_handles, port_args=port_args)
     node_infos = [i for a in att for i in a]

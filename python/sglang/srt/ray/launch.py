@@ -20,7 +20,7 @@ import ray
 from ray.exceptions import RayActorError, RayError
 
 from sglang.srt.entrypoints.launch import STARTUP_TIMEOUT_S, Subprocesses
-from sglang.srt.entrypoints.worker_launcher import WorkerSpec
+from sglang.srt.entrypoints.worker_launcher import WorkerSpec, detokenizer_spec
 from sglang.srt.ray.launcher import READY_CHANNEL, ActorRequest, RayLauncher
 from sglang.srt.ray.placement import RoleGroup, plan_placement
 from sglang.srt.server_args import PortArgs, ServerArgs
@@ -79,7 +79,6 @@ def launch_ray_workers(server_args: ServerArgs, in_process_engine: bool = False)
 def _launch(server_args: ServerArgs, launcher: RayLauncher) -> Subprocesses:
     """Plan and reserve the placement, create the actors, wire their TCP endpoints, start the entry points and
     wait until every rank is ready (see :func:`launch_ray_workers`)."""
-    from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
     from sglang.srt.managers.scheduler_process import run_scheduler_process
     from sglang.srt.utils.common import free_tcp_ports
 
@@ -119,9 +118,7 @@ def _launch(server_args: ServerArgs, launcher: RayLauncher) -> Subprocesses:
                           args=(args, port_args, READY_CHANNEL, None, rank, init, False, device),
                           role="scheduler", rank=rank, device=device, resources=res)
         handles.append(launcher.launch(spec))
-    detok = launcher.launch(WorkerSpec(name="sglang::detokenizer", target=run_detokenizer_process,
-                                       args=(server_args, port_args, None, False), role="detokenizer",
-                                       resources={"CPU": 1.0}))
+    detok = launcher.launch(detokenizer_spec(server_args, port_args))
     procs = Subprocesses(handles[0], detok, {}, schedulers=handles, tp_ranks=list(range(tp)), launcher=launcher,
                          port_args=port_args)
     info = _wait_ready(launcher, handles, STARTUP_TIMEOUT_S)

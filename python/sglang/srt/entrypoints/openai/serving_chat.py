@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Iterator, Optional
 
 from fastapi.responses import StreamingResponse
 
@@ -27,18 +27,16 @@ from sglang.srt.entrypoints.openai.protocol import (
     TopLogprob,
 )
 from sglang.srt.entrypoints.openai.serving_completions import (
-    SSE_DONE,
     build_sampling_params,
     note_model,
     finish_reason_of,
     prefetch,
     sse,
-    sse_error_tail,
+    stream_sse,
     usage_of,
 )
 from sglang.srt.entrypoints.parity_routes import SafeJSONResponse
 from sglang.srt.managers.generate_req import GenerateReqInput
-from sglang.srt.managers.tokenizer_manager import RequestError
 
 logger = logging.getLogger(__name__)
 
@@ -150,44 +148,36 @@ class OpenAIServingChat:
                                       usage=usage_of(outs, req.n))
         return SafeJSONResponse(resp.model_dump())
 
-    async def _stream(self, req: ChatCompletionRequest, first, agen) -> AsyncIterator[str]:
+    def _stream(self, req: ChatCompletionRequest, first, agen) -> AsyncIterator[str]:
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         model = req.model or self.server_args.model_name
         sent_text: dict[int, int] = {}
         sent_lp: dict[int, int] = {}
-        finals: dict[int, dict] = {}
 
         def chunk(idx: int, delta: DeltaMessage, **kw) -> str:
             """One SSE ``chat.completion.chunk`` line for choice ``idx`` with ``delta``."""
             choice = ChatCompletionStreamChoice(index=idx, delta=delta, **kw)
             return sse(ChatCompletionStreamResponse(id=rid, model=model, choices=[choice]))
 
-        try:
-            out = first
-            while out is not None:
-                idx = out.get("index", 0)
-                if idx not in sent_text:
-                    sent_text[idx] = 0
-                    yield chunk(idx, DeltaMessage(role="assistant", content=""))
-                delta = out["text"][sent_text[idx]:]
-                sent_text[idx] = len(out["text"])
-                lp = None
-                if req.logprobs:
-                    lp = chat_logprobs(out["meta_info"], sent_lp.get(idx, 0), self.tm.token_pieces)
-                    sent_lp[idx] = len(out["meta_info"]["output_token_logprobs"])
-                if delta or (lp is not None and lp.content):
-                    yield chunk(idx, DeltaMessage(content=delta), logprobs=lp)
-                reason, matched = finish_reason_of(out)
-                if reason is not None:
-                    finals[idx] = out
-                    yield chunk(idx, DeltaMessage(), finish_reason=reason, matched_stop=matched)
-                out = await prefetch(agen)
-            if req.stream_options is not None and req.stream_options.include_usage:
-                ordered = [finals[i] for i in sorted(finals)]
-                yield sse(ChatCompletionStreamResponse(id=rid, model=model, choices=[],
-                                                       usage=usage_of(ordered, req.n)))
-        except (ValueError, RequestError) as e:
-            yield sse_error_tail(e)
-        finally:
-            await agen.aclose()
-        yield SSE_DONE
+        def on_output(out: dict[str, Any]) -> Iterator[str]:
+            idx = out.get("index", 0)
+            if idx not in sent_text:
+                sent_text[idx] = 0
+                yield chunk(idx, DeltaMessage(role="assistant", content=""))
+            delta = out["text"][sent_text[idx]:]
+            sent_text[idx] = len(out["text"])
+            lp = None
+            if req.logprobs:
+                lp = chat_logprobs(out["meta_info"], sent_lp.get(idx, 0), self.tm.token_pieces)
+                sent_lp[idx] = len(out["meta_info"]["output_token_logprobs"])
+            if delta or (lp is not None and lp.content):
+                yield chunk(idx, DeltaMessage(content=delta), logprobs=lp)
+            reason, matched = finish_reason_of(out)
+            if reason is not None:
+                yield chunk(idx, DeltaMessage(), finish_reason=reason, matched_stop=matched)
+
+        def usage_chunk(finals: list[dict[str, Any]]) -> str:
+            return sse(ChatCompletionStreamResponse(id=rid, model=model, choices=[], usage=usage_of(finals, req.n)))
+
+        include_usage = req.stream_options is not None and req.stream_options.include_usage
+        return stream_sse(first, agen, on_output, usage_chunk if include_usage else None)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from typing import Any, AsyncIterator, Optional, Union
+from typing import Any, AsyncIterator, Callable, Iterator, Optional, Union
 
 from fastapi.responses import StreamingResponse
 
@@ -138,6 +138,31 @@ def sse_error_tail(e: Exception) -> str:
     return sse(error_body(str(e), status))
 
 
+async def stream_sse(first: Any, agen: AsyncIterator[Any], on_output: Callable[[dict[str, Any]], Iterator[str]],
+                     usage_chunk: Optional[Callable[[list[dict[str, Any]]], str]]) -> AsyncIterator[str]:
+    """Drive one streamed OpenAI response over ``generate_request`` outputs (``first`` already fetched, the rest
+    from ``agen``): ``on_output(out)`` yields the SSE lines of each output; then ``usage_chunk(finals)`` (finished
+    outputs in batch ``index`` order) when the client asked for usage; an error after the stream started becomes
+    an SSE error event (:func:`sse_error_tail`); ``agen`` is closed (aborting unfinished requests); ``[DONE]`` last.
+    """
+    finals: dict[int, dict] = {}
+    try:
+        out = first
+        while out is not None:
+            for line in on_output(out):
+                yield line
+            if finish_reason_of(out)[0] is not None:
+                finals[out.get("index", 0)] = out
+            out = await prefetch(agen)
+        if usage_chunk is not None:
+            yield usage_chunk([finals[i] for i in sorted(finals)])
+    except (ValueError, RequestError) as e:
+        yield sse_error_tail(e)
+    finally:
+        await agen.aclose()
+    yield SSE_DONE
+
+
 # --------------------------------------------------------------- endpoint
 class OpenAIServingCompletion:
     """Serves ``/v1/completions`` on a :class:`~sglang.srt.managers.tokenizer_manager.TokenizerManager`."""
@@ -217,45 +242,37 @@ class OpenAIServingCompletion:
                                   usage=usage_of(outs, req.n))
         return SafeJSONResponse(resp.model_dump())
 
-    async def _stream(self, req: CompletionRequest, first, agen, echo_texts) -> AsyncIterator[str]:
+    def _stream(self, req: CompletionRequest, first, agen, echo_texts) -> AsyncIterator[str]:
         rid = f"cmpl-{uuid.uuid4().hex}"
         model = req.model or self.server_args.model_name
         sent_text: dict[int, int] = {}
         sent_lp: dict[int, int] = {}
         text_offset: dict[int, int] = {}
-        finals: dict[int, dict] = {}
-        try:
-            out = first
-            while out is not None:
-                idx = out.get("index", 0)
-                delta = out["text"][sent_text.get(idx, 0):]
-                if idx not in sent_text and req.echo:
-                    delta = echo_texts[idx // req.n] + delta
-                sent_text[idx] = len(out["text"])
-                lp = None
-                if req.logprobs is not None:
-                    start = sent_lp.get(idx, 0)
-                    lp, text_offset[idx] = _completion_logprobs(
-                        out["meta_info"], start, text_offset.get(idx, 0), req.echo and idx not in sent_lp,
-                        self.tm.token_pieces)
-                    sent_lp[idx] = len(out["meta_info"]["output_token_logprobs"])
-                reason, matched = finish_reason_of(out)
-                if reason is not None:
-                    finals[idx] = out
-                if delta or reason is not None or lp is not None:
-                    choice = CompletionChoice(index=idx, text=delta, logprobs=lp, finish_reason=reason,
-                                              matched_stop=matched)
-                    yield sse(CompletionStreamResponse(id=rid, model=model, choices=[choice]))
-                out = await prefetch(agen)
-            if req.stream_options is not None and req.stream_options.include_usage:
-                ordered = [finals[i] for i in sorted(finals)]
-                yield sse(CompletionStreamResponse(id=rid, model=model, choices=[],
-                                                   usage=usage_of(ordered, req.n)))
-        except (ValueError, RequestError) as e:
-            yield sse_error_tail(e)
-        finally:
-            await agen.aclose()
-        yield SSE_DONE
+
+        def on_output(out: dict[str, Any]) -> Iterator[str]:
+            idx = out.get("index", 0)
+            delta = out["text"][sent_text.get(idx, 0):]
+            if idx not in sent_text and req.echo:
+                delta = echo_texts[idx // req.n] + delta
+            sent_text[idx] = len(out["text"])
+            lp = None
+            if req.logprobs is not None:
+                start = sent_lp.get(idx, 0)
+                lp, text_offset[idx] = _completion_logprobs(
+                    out["meta_info"], start, text_offset.get(idx, 0), req.echo and idx not in sent_lp,
+                    self.tm.token_pieces)
+                sent_lp[idx] = len(out["meta_info"]["output_token_logprobs"])
+            reason, matched = finish_reason_of(out)
+            if delta or reason is not None or lp is not None:
+                choice = CompletionChoice(index=idx, text=delta, logprobs=lp, finish_reason=reason,
+                                          matched_stop=matched)
+                yield sse(CompletionStreamResponse(id=rid, model=model, choices=[choice]))
+
+        def usage_chunk(finals: list[dict[str, Any]]) -> str:
+            return sse(CompletionStreamResponse(id=rid, model=model, choices=[], usage=usage_of(finals, req.n)))
+
+        include_usage = req.stream_options is not None and req.stream_options.include_usage
+        return stream_sse(first, agen, on_output, usage_chunk if include_usage else None)
 
 
 def _completion_logprobs(meta: dict[str, Any], start: int, offset: int, with_input: bool,

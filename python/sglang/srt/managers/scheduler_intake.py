@@ -1,0 +1,93 @@
+"""Request intake of :class:`~sglang.srt.managers.scheduler.Scheduler`: a tokenized request is validated
+and queued (``waiting``, or ``grammar_queue`` while its grammar compiles, or the disaggregation connector's
+transfer queue), and aborts take requests out of every queue, their KV returned at once.
+
+Contract with the scheduler (the mixin's host must provide): ``model_config`` (``vocab_size``,
+``context_len``, ``eos_token_ids``), ``tokenizer``, ``kv`` (``max_total_tokens``), ``grammar_backend``,
+``waiting``, ``grammar_queue``, ``running``, ``chunked_req``, ``outputs``, ``disagg``, ``inflight``,
+``_release(req)`` and ``sync()``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from sglang.srt.constrained.base_grammar_backend import grammar_key
+from sglang.srt.managers.io_struct import AbortReq, TokenizedGenerateReqInput
+from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+
+class SchedulerIntakeMixin:
+    """Adds requests to the scheduler's queues and aborts them."""
+
+    def add_request(self, msg: TokenizedGenerateReqInput) -> Optional[Req]:
+        """Queue a tokenized request. Invalid ones finish at once with an abort reason (HTTP 400)."""
+        mc = self.model_config
+        params = SamplingParams.from_dict(msg.sampling_params)
+        params.verify(mc.vocab_size)
+        params.normalize(self.tokenizer)
+        cap = mc.context_len - len(msg.input_ids)
+        req = Req(msg.rid, msg.input_ids, params, return_logprob=msg.return_logprob,
+                  logprob_start_len=msg.logprob_start_len, top_logprobs_num=msg.top_logprobs_num,
+                  stream=msg.stream, eos_token_ids=mc.eos_token_ids, max_new_tokens_cap=max(cap, 0))
+        req.token_ids_logprob = msg.token_ids_logprob if msg.return_logprob else None
+        req.custom_logit_processor = msg.custom_logit_processor
+        error = None
+        if not msg.input_ids:
+            error = "the prompt is empty (input_ids has no tokens)"
+        elif cap <= 0:
+            error = f"The input ({len(msg.input_ids)} tokens) is longer than the model's context length ({mc.context_len} tokens)."
+        elif len(msg.input_ids) + 1 > self.kv.max_total_tokens:
+            error = f"The input ({len(msg.input_ids)} tokens) does not fit in the KV cache ({self.kv.max_total_tokens} tokens)."
+        elif max(msg.input_ids) >= mc.vocab_size or min(msg.input_ids) < 0:
+            error = f"input_ids contain a token id outside [0, {mc.vocab_size})"
+        req.grammar_key = grammar_key(params)
+        if error is None and req.grammar_key is not None and self.grammar_backend is None:
+            error = (f"{req.grammar_key[0]} needs constrained decoding, which is disabled on this server "
+                     "(--grammar-backend none or no tokenizer); restart with --grammar-backend xgrammar")
+        if error:
+            req.finished_reason = {"type": "abort", "message": error, "status_code": 400}
+            self.outputs.append(req)
+            return req
+        if req.wants_input_logprobs() and req.logprob_start_len == 0:
+            req.input_token_logprobs.append((None, req.origin_input_ids[0]))
+            if req.top_logprobs_num:
+                req.input_top_logprobs.append([])
+            if req.token_ids_logprob:
+                req.input_token_ids_logprobs.append([])
+        if self.disagg is not None and self.disagg.intercept(req, msg):
+            return req  # the connector took it (decode transfer queue, push-mode wait, rejected bootstrap fields)
+        self.enqueue(req)
+        return req
+
+    def enqueue(self, req: Req) -> None:
+        """Queue an accepted request: behind its grammar's compilation, or straight into ``waiting``."""
+        if req.grammar_key is not None:
+            req.grammar_future = self.grammar_backend.get_future(req.grammar_key)
+            self.grammar_queue.append(req)  # admitted by the next step's _poll_grammar_queue
+        else:
+            self.waiting.append(req)
+
+    def abort(self, msg: AbortReq) -> None:
+        """Abort one or all requests; their KV is returned immediately."""
+        reason = {"type": "abort", "message": "aborted by the client", "status_code": 499}
+        for queue in (self.waiting, self.grammar_queue):
+            for req in list(queue):
+                if msg.abort_all or req.rid == msg.rid:
+                    queue.remove(req)
+                    req.grammar_future = None
+                    req.finished_reason = dict(reason)
+                    self.outputs.append(req)
+        for req in list(self.running) + ([self.chunked_req] if self.chunked_req else []):
+            if msg.abort_all or req.rid == msg.rid:
+                req.finished_reason = dict(reason)
+                self._release(req)
+                self.outputs.append(req)
+        if self.disagg is not None and not msg.abort_all:
+            self.disagg.abort(msg.rid)
+        elif self.disagg is not None:
+            for rid in self.disagg.open_rids():
+                self.disagg.abort(rid)
+        if self.inflight is not None and all(r.finished() for r in self.inflight.reqs):
+            self.sync()  # nothing left to wait for but the forward itself

@@ -1,0 +1,1 @@
+"""Helpers shared by the tests and the benchmarks (library code: nothing here imports from ``test/``)."""
