@@ -3,7 +3,9 @@
 The decode step replays a CUDA graph, so host launch cost does not count there; timing single launches from Python
 (as ``bench_decode_issue19.py`` does) mostly measures the Triton launcher for the small projections. Here each
 variant is captured ``--inner`` times back to back in one CUDA graph and the graph is replayed; the time per call
-is the replay time / inner. Variants, for ``y = x @ w.T`` with x ``[M, K]``, w ``[N, K]`` (Llama-3.1-8B shapes, bf16):
+is the replay time / inner. The calls cycle over enough copies of the weight (>= ``--rotate-mib`` in all) that a
+call never finds its weight in L2 (an H100 has 50 MiB: a 32 MiB o_proj repeated back to back would be read from
+L2, as in this benchmark's first run of 2026-11-25 08:10, which reported o_proj above the HBM bandwidth). Variants, for ``y = x @ w.T`` with x ``[M, K]``, w ``[N, K]`` (Llama-3.1-8B shapes, bf16):
 
 * ``cublas``   ``F.linear(x, w)`` (what the layers call today);
 * ``cublas_t`` ``(w @ x.T).T``: the same product with the roles swapped, so cuBLAS picks another kernel family;
@@ -50,17 +52,18 @@ def copy_bandwidth(nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / sorted(times[2:])[len(times[2:]) // 2]
 
 
-def graph_time_us(fn, inner: int, replays: int = 20) -> float:
-    """Microseconds per call of ``fn`` captured ``inner`` times in one CUDA graph (median over replays)."""
+def graph_time_us(fn, inner: int, copies: int = 1, replays: int = 20) -> float:
+    """Microseconds per call of ``fn(i)`` captured ``inner`` times in one CUDA graph, call j using weight copy
+    ``j % copies`` (median over replays)."""
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
+        for i in range(min(3, copies)):
+            fn(i)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=stream):
-        for _ in range(inner):
-            fn()
+        for j in range(inner):
+            fn(j % copies)
     times = []
     for _ in range(replays):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -72,35 +75,37 @@ def graph_time_us(fn, inner: int, replays: int = 20) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def rows_for(m: int, inner: int, bw: float) -> list[str]:
+def rows_for(m: int, inner: int, bw: float, rotate_bytes: int) -> list[str]:
     """Markdown rows for ``m`` input rows over every projection; each variant checked against cuBLAS."""
     from sgl_kernel.triton.skinny_gemm import MAX_M, skinny_gemm
 
     out = []
     gen = torch.Generator(device="cuda").manual_seed(m)
     for name, (n, k) in SHAPES.items():
-        w = (torch.randn(n, k, generator=gen, device="cuda") * 0.02).to(torch.bfloat16)
+        wbytes = n * k * 2
+        copies = max(1, -(-rotate_bytes // wbytes))
+        ws = [(torch.randn(n, k, generator=gen, device="cuda") * 0.02).to(torch.bfloat16) for _ in range(copies)]
+        w = ws[0]
         x = torch.randn(m, k, generator=gen, device="cuda").to(torch.bfloat16)
         ref = torch.nn.functional.linear(x, w).float()
-        wbytes = n * k * 2
 
         def share(us: float) -> str:
             return f"{us:.1f} ({wbytes / (us * 1e-6) / bw:.2f})"
 
-        res = {"cublas": graph_time_us(lambda: torch.nn.functional.linear(x, w), inner)}
+        res = {"cublas": graph_time_us(lambda i: torch.nn.functional.linear(x, ws[i]), inner, copies)}
         err = {}
-        res["cublas_t"] = graph_time_us(lambda: (w @ x.T).T, inner)
+        res["cublas_t"] = graph_time_us(lambda i: (ws[i] @ x.T).T, inner, copies)
         err["cublas_t"] = ((w @ x.T).T.float() - ref).abs().max().item()
         if m == 1:
-            res["mv"] = graph_time_us(lambda: torch.mv(w, x[0]), inner)
+            res["mv"] = graph_time_us(lambda i: torch.mv(ws[i], x[0]), inner, copies)
             err["mv"] = (torch.mv(w, x[0]).float() - ref[0]).abs().max().item()
         best_skinny, best_cfg = None, None
         if m <= MAX_M:
             for bn, bk, warps, stages in SKINNY_TILES:
-                def call(bn=bn, bk=bk, warps=warps, stages=stages):
-                    return skinny_gemm(x, w, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages)
+                def call(i=0, bn=bn, bk=bk, warps=warps, stages=stages):
+                    return skinny_gemm(x, ws[i], block_n=bn, block_k=bk, num_warps=warps, num_stages=stages)
                 try:
-                    t = graph_time_us(call, inner)
+                    t = graph_time_us(call, inner, copies)
                 except Exception as e:  # noqa: BLE001 - a tile that does not compile is skipped, named
                     out.append(f"<!-- skinny {bn, bk, warps, stages} at {name} m={m} failed: {type(e).__name__} -->")
                     continue
@@ -123,6 +128,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, nargs="+", default=[1, 16, 32])
     p.add_argument("--inner", type=int, default=20)
+    p.add_argument("--rotate-mib", type=int, default=256, help="weight copies cycled per shape, in MiB (beats L2)")
     p.add_argument("--out", default=str(REPO / "benchmark" / "results"))
     ns = p.parse_args()
     if not torch.cuda.is_available():
@@ -133,13 +139,13 @@ def main() -> int:
     text = [f"# Decode-sized GEMMs inside CUDA graphs ({now:%Y-%m-%d %H:%M} UTC)", "",
             f"- hardware: {torch.cuda.get_device_name()}; torch {torch.__version__}",
             f"- command: python benchmark/bench_decode_gemms.py --rows {' '.join(map(str, ns.rows))} "
-            f"--inner {ns.inner}",
+            f"--inner {ns.inner} --rotate-mib {ns.rotate_mib}",
             f"- HBM copy bandwidth (same run): {bw / 1e12:.2f} TB/s; (x.xx) = weight bytes / time / that bandwidth",
             "- err: max |variant - cuBLAS| / max |cuBLAS| (bf16 outputs)", "",
             "| rows | projection | cublas us | cublas_t us | mv us | skinny us (tile) | best | cublas / best | err |",
             "|---:|---|---:|---:|---:|---:|---|---:|---|"]
     for m in ns.rows:
-        text += rows_for(m, ns.inner, bw)
+        text += rows_for(m, ns.inner, bw, ns.rotate_mib << 20)
     body = "\n".join(text) + "\n"
     os.makedirs(ns.out, exist_ok=True)
     path = Path(ns.out) / f"{now:%Y-%m-%d_%H%M}_decode_gemms.md"
