@@ -222,3 +222,16 @@ def test_plain_m2n_import_does_not_import_nixl():
             "assert not any(k == 'nixl' or k.startswith(('nixl.', 'nixl_cu')) for k in sys.modules), 'nixl imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=os.environ)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_afd_transport_flag_accepts_nixl_and_refuses_it_without_nixl(monkeypatch):
+    import sglang.srt.disaggregation.transfer.base as tb
+    from sglang.srt.server_args import ServerArgs, prepare_server_args
+
+    if not _WHY:
+        a = prepare_server_args(["--enable-afd", "--afd-transport", "nixl"])
+        assert a.afd_transport == "nixl"
+    monkeypatch.setattr(tb, "nixl_available", lambda: (False, "No module named 'nixl'"))
+    with pytest.raises(ValueError, match=r"afd-transport.*pip install 'sglang\[pd\]'"):
+        ServerArgs(enable_afd=True, afd_transport="nixl")
+    ServerArgs(afd_transport="nixl")  # ignored without --enable-afd

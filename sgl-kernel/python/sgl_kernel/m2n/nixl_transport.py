@@ -139,6 +139,9 @@ class NixlTransport(PayloadTransport):
         Raises:
             RuntimeError: data from ``src`` before its hello, or inline bytes on a NIXL group.
             ConnectionError: the READ failed or did not finish within ``M2NConfig.timeout_s`` (peer named).
+
+        On GPU the current stream is synchronized first (the READ is not stream-ordered and must not overwrite the
+        receive buffer under kernels still reading the previous message); the data is in place on return.
         """
         if src not in self._peers:
             raise RuntimeError(f"NIXL M2N: data from rank {src} before its hello (agent metadata)")
@@ -146,6 +149,8 @@ class NixlTransport(PayloadTransport):
             raise RuntimeError(f"NIXL M2N: rank {src} sent inline bytes; every rank must use --afd-transport nixl")
         if not nbytes:
             return
+        if out.is_cuda:  # kernels queued on the stream may still read the previous message's views of this buffer
+            torch.cuda.current_stream(out.device).synchronize()
         name, base, cap = self._peers[src]
         remote = base + (self.ep.rank * self.ep.config.slots + slot) * cap
         handle = self.agent.read(name, np.array([[remote, out.data_ptr(), nbytes]], dtype=np.int64))
