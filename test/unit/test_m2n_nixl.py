@@ -149,9 +149,11 @@ def test_nixl_read_from_dead_peer_fails_closed():
         p.kill()
         p.join(10)
         t0 = time.monotonic()
-        with pytest.raises(ConnectionError, match="from rank 1"):
+        with pytest.raises(ConnectionError, match="from rank 1") as err:
             ep.recv(timeout_s=3)
-        assert time.monotonic() - t0 < 15, "a READ from a dead peer must fail within the timeout"
+        took = time.monotonic() - t0
+        print(f"dead-peer READ failed after {took:.2f} s: {err.value}")
+        assert took < 15, "a READ from a dead peer must fail within the timeout"
     finally:
         if p.is_alive():
             p.kill()
@@ -235,3 +237,33 @@ def test_afd_transport_flag_accepts_nixl_and_refuses_it_without_nixl(monkeypatch
     with pytest.raises(ValueError, match=r"afd-transport.*pip install 'sglang\[pd\]'"):
         ServerArgs(enable_afd=True, afd_transport="nixl")
     ServerArgs(afd_transport="nixl")  # ignored without --enable-afd
+
+
+@needs_nixl
+@pytest.mark.parametrize("why", ["timeout", "liveness"])
+def test_nixl_pending_read_fails_closed(why):
+    """A READ that never completes: ConnectionError naming the peer after ``timeout_s`` (or at once when ``alive()``
+    turns False), never a hang. The stuck READ is simulated by NIXL reporting it in progress forever."""
+    addrs = _addrs(2)
+    state = {"alive": True}
+    a = M2NEndpoint(M2NConfig(0, addrs, max_rows=8, timeout_s=1.0), COMBINE, transport=create_transport("nixl"),
+                    alive=lambda: state["alive"])
+    b = M2NEndpoint(M2NConfig(1, addrs, max_rows=8, timeout_s=5), COMBINE, transport=create_transport("nixl"))
+    try:
+        agent = a.transport.agent._agent
+        agent.transfer = lambda handle: "PROC"  # posted, never done
+        agent.check_xfer_state = lambda handle: "PROC"
+        b.send(0, [torch.randn(5, H)])
+        if why == "liveness":
+            state["alive"] = False
+        t0 = time.monotonic()
+        with pytest.raises(ConnectionError, match="from rank 1") as err:
+            a.recv(timeout_s=10)
+        took = time.monotonic() - t0
+        assert ("liveness" in str(err.value)) == (why == "liveness"), err.value
+        assert ("within" in str(err.value)) == (why == "timeout"), err.value
+        assert took < (0.9 if why == "liveness" else 5), took
+        assert not a.transport.agent._pending, "the stuck READ was not released"
+    finally:
+        a.close()
+        b.close()

@@ -138,7 +138,8 @@ class NixlTransport(PayloadTransport):
 
         Raises:
             RuntimeError: data from ``src`` before its hello, or inline bytes on a NIXL group.
-            ConnectionError: the READ failed or did not finish within ``M2NConfig.timeout_s`` (peer named).
+            ConnectionError: the READ failed, did not finish within ``M2NConfig.timeout_s`` or the endpoint's
+                ``alive()`` turned False while it was pending (peer named).
 
         On GPU the current stream is synchronized first (the READ is not stream-ordered and must not overwrite the
         receive buffer under kernels still reading the previous message); the data is in place on return.
@@ -154,8 +155,14 @@ class NixlTransport(PayloadTransport):
         name, base, cap = self._peers[src]
         remote = base + (self.ep.rank * self.ep.config.slots + slot) * cap
         handle = self.agent.read(name, np.array([[remote, out.data_ptr(), nbytes]], dtype=np.int64))
+        next_alive = time.monotonic() + 0.05
         while True:
             state = self.agent.poll(handle)  # FAILED past transfer_timeout_s (= M2NConfig.timeout_s)
+            if state is self._state.PENDING and self.ep.alive is not None and time.monotonic() > next_alive:
+                next_alive = time.monotonic() + 0.05
+                if not self.ep.alive():
+                    self.agent.cancel(handle, "the peer group is gone (liveness check failed)")
+                    state = self._state.FAILED
             if state is self._state.DONE:
                 return
             if state is self._state.FAILED:
