@@ -163,7 +163,8 @@ def test_nixl_read_from_dead_peer_fails_closed():
 def _late_sender(addrs, q) -> None:
     ep = M2NEndpoint(M2NConfig(1, addrs, max_rows=8, timeout_s=20), DISPATCH, transport=create_transport("nixl"))
     q.put("attached")
-    time.sleep(60)
+    time.sleep(60)  # killed by the test
+    ep.close()
 
 
 @needs_nixl
