@@ -1,7 +1,8 @@
-"""AFD on ONE GPU (issue 14): the M2N CUDA-IPC transport between two processes on the same GPU equals a torch
-reference on random variable-size dispatch/combine round trips (stream-ordered: no host sync on the data), the
-NCCL-baseline transport too where NCCL allows it, and an AFD server whose attention and FFN workers are separate
-processes on the one GPU gives the colocated engine's greedy tokens on stories260K-moe."""
+"""AFD on ONE GPU (issue 14): the M2N CUDA-IPC transport between two processes on the same GPU (and the NIXL
+transport, VRAM READs over UCX, where nixl imports) equals a torch reference on random variable-size
+dispatch/combine round trips (stream-ordered: no host sync on the data), the NCCL-baseline transport too where
+NCCL allows it, and an AFD server whose attention and FFN workers are separate processes on the one GPU gives the
+colocated engine's greedy tokens on stories260K-moe."""
 
 from __future__ import annotations
 
@@ -65,9 +66,16 @@ def _rank(rank: int, addrs, transport: str, rounds: int, q) -> None:
         q.put(("error", repr(e)))
 
 
-@pytest.mark.parametrize("transport", ["cuda_ipc", "inline"])
+@pytest.mark.parametrize("transport", ["cuda_ipc", "inline", "nixl"])
 def test_m2n_gpu_round_trips_equal_reference(transport):
     import torch.multiprocessing as mp
+
+    if transport == "nixl":  # NIXL READ VRAM -> VRAM (UCX cuda_ipc / cuda_copy); the pd extra provides it
+        from sglang.srt.disaggregation.transfer.base import nixl_available
+
+        ok, why = nixl_available()
+        if not ok:
+            pytest.skip(f"nixl does not import ({why}); pip install 'sglang[pd]'")
 
     d = tempfile.mkdtemp()
     addrs = (f"ipc://{d}/0", f"ipc://{d}/1")

@@ -1,8 +1,8 @@
 """MegaScale-Infer attention/FFN disaggregation through HTTP on stories260K-moe: greedy tokens equal the
 colocated engine's with 1 attention + 2 FFN workers for m = 1, 2, 3 (m = 3 also rebalances experts live, with
-redundant copies, every few steps); 2 attention + 2 FFN workers under concurrent load, then ``/flush_cache``
-empties both workers' caches; an FFN worker killed -> in-flight requests get an error, /health answers 503,
-nothing hangs; a dense model is refused."""
+redundant copies, every few steps), and with ``--afd-transport nixl``; 2 attention + 2 FFN workers under
+concurrent load, then ``/flush_cache`` empties both workers' caches; an FFN worker killed -> in-flight requests
+get an error, /health answers 503, nothing hangs; a dense model is refused."""
 
 from __future__ import annotations
 
@@ -57,6 +57,22 @@ def test_afd_1_attention_2_ffn_greedy_equals_colocated(m):
             assert afd["placement_version"] >= 1, afd
             assert len(afd["placement"]) == 2 and {e for w in afd["placement"] for e in w} == {0, 1, 2, 3}
             assert "placement v1" in s.log_tail(400)
+
+
+def test_afd_nixl_transport_greedy_equals_colocated():
+    """``--afd-transport nixl``: every M2N payload is a NIXL READ (UCX, host memory) from the sender's ring."""
+    from sglang.srt.disaggregation.transfer.base import nixl_available
+
+    ok, why = nixl_available()
+    if not ok:
+        pytest.skip(f"nixl does not import ({why}); pip install 'sglang[pd]'")
+    path = shared_path("models", "stories260K-moe")
+    with ServerProcess(_afd_args(path, 1, 2, 2, "--afd-transport", "nixl")) as s:
+        out = generate(s, {"text": PROMPTS, "sampling_params": {"temperature": 0, "max_new_tokens": N_NEW,
+                                                                "ignore_eos": True}})
+        for p, o in zip(PROMPTS, out):
+            assert o["output_ids"] == tp1_greedy(path, tokenize(path, p), N_NEW), p
+        assert "M2N transport nixl" in s.log_tail(400)
 
 
 def test_afd_tp2_attention_worker_greedy_equals_colocated():

@@ -116,7 +116,7 @@ class ServerArgs:
     afd_ffn_workers: int = 1  # expert-parallel FFN workers (routed experts only)
     afd_micro_batches: int = 2  # m of the ping-pong pipeline
     afd_max_tokens: int = 4096  # most tokens of one micro-batch (sizes the M2N registered buffers)
-    afd_transport: str = "auto"  # auto | inline | cuda_ipc | nccl
+    afd_transport: str = "auto"  # auto | inline | cuda_ipc | nccl | nixl
     afd_timeout_s: float = 60.0  # an FFN answer later than this fails the batch (never a hang)
     afd_redundant_experts: int = 0  # replicas of hot experts the load balancer may add (over all FFN workers)
     afd_rebalance_interval: int = 0  # steps between expert placement updates (0: static placement)
@@ -223,8 +223,14 @@ class ServerArgs:
         for name in ("afd_attention_workers", "afd_ffn_workers", "afd_micro_batches", "afd_max_tokens"):
             if getattr(self, name) < 1:
                 bad(name.replace("_", "-"), getattr(self, name), "use a positive integer")
-        if self.afd_transport not in ("auto", "inline", "cuda_ipc", "nccl"):
-            bad("afd-transport", self.afd_transport, "use auto, inline, cuda_ipc or nccl")
+        if self.afd_transport not in ("auto", "inline", "cuda_ipc", "nccl", "nixl"):
+            bad("afd-transport", self.afd_transport, "use auto, inline, cuda_ipc, nccl or nixl")
+        if self.afd_transport == "nixl":
+            from sglang.srt.disaggregation.transfer.base import nixl_available
+
+            ok, why = nixl_available()
+            if not ok:
+                bad("afd-transport", self.afd_transport, f"nixl does not import ({why}); pip install 'sglang[pd]'")
         if self.afd_timeout_s <= 0:
             bad("afd-timeout-s", self.afd_timeout_s, "use a positive number of seconds")
         if self.afd_redundant_experts < 0 or self.afd_rebalance_interval < 0:
@@ -362,7 +368,8 @@ class ServerArgs:
             "afd_ffn_workers": "FFN workers N_E (expert parallel over the routed experts).",
             "afd_micro_batches": "m: request micro-batches of the ping-pong pipeline (hides transfers when "
             "m >= 2(1+Tc/Tf), logged).",
-            "afd_transport": "M2N payload transport: inline (CPU, ZMQ), cuda_ipc (same-node GPUs), nccl (baseline); "
+            "afd_transport": "M2N payload transport: inline (CPU, ZMQ), cuda_ipc (same-node GPUs), nccl (baseline), "
+            "nixl (one-sided NIXL READ over UCX/RDMA, across nodes; needs pip install 'sglang[pd]'); "
             "auto = cuda_ipc on GPU, inline on CPU.",
             "zmq_transport": "ipc|tcp: transport of the sockets between the server's processes (tcp on "
             "127.0.0.1 ports, so a worker can live on another host).",

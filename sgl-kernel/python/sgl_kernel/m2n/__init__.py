@@ -2,7 +2,8 @@
 
 ``M2NEndpoint(M2NConfig(rank, addresses, max_rows), RowLayout(...), transport=...)``; ``send(peer, tensors,
 meta)``, ``recv() -> Message``. Transports: :class:`InlineTransport` (CPU), :class:`NcclP2PTransport`
-(baseline), :class:`CudaIpcTransport` (same-node GPUs). See :mod:`sgl_kernel.m2n.base` and ``docs/afd.md``.
+(baseline), :class:`CudaIpcTransport` (same-node GPUs), :class:`NixlTransport` (RDMA/UCX READ, any node; needs
+``pip install 'sglang[pd]'``). See :mod:`sgl_kernel.m2n.base` and ``docs/afd.md``.
 """
 
 from sgl_kernel.m2n.base import M2NConfig, M2NEndpoint, Message, PayloadTransport, RowLayout
@@ -11,7 +12,7 @@ from sgl_kernel.m2n.zmq_transport import InlineTransport
 
 def create_transport(name: str, group=None) -> PayloadTransport:
     """The payload transport called ``name``: ``inline`` | ``nccl`` (``group``: the p2p process group) |
-    ``cuda_ipc``. Raises ValueError for another name."""
+    ``cuda_ipc`` | ``nixl`` (nixl itself is imported at attach). Raises ValueError for another name."""
     if name == "inline":
         return InlineTransport()
     if name == "nccl":
@@ -22,7 +23,11 @@ def create_transport(name: str, group=None) -> PayloadTransport:
         from sgl_kernel.m2n.cuda_ipc import CudaIpcTransport
 
         return CudaIpcTransport()
-    raise ValueError(f"unknown M2N transport {name!r}; use inline, nccl or cuda_ipc")
+    if name == "nixl":
+        from sgl_kernel.m2n.nixl_transport import NixlTransport
+
+        return NixlTransport()
+    raise ValueError(f"unknown M2N transport {name!r}; use inline, nccl, cuda_ipc or nixl")
 
 
 __all__ = ["M2NConfig", "M2NEndpoint", "Message", "PayloadTransport", "RowLayout", "InlineTransport",
