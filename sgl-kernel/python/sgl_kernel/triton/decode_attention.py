@@ -20,6 +20,8 @@ Issue 19 (decode step within 1.3x of the memory floor): the split count now foll
 kernel normalises and writes the output itself (no partials, no reduce launch); K tiles are loaded as contiguous
 ``[BLOCK_N, head_dim]`` rows (16-byte vector loads, one offset tensor shared with V, both issued before the first
 product). ``legacy=True`` / ``policy="legacy"`` keep the previous kernel and rule for side-by-side benchmarks.
+With ``counters=`` (``SGLANG_DECODE_FUSED_REDUCE=1`` in the backend; off by default) the last split program of each
+(request, KV head) merges the partials itself, so more than one split also needs one launch only.
 """
 
 from __future__ import annotations
