@@ -279,7 +279,8 @@ def test_graph_greedy_switch_defaults_off(monkeypatch, env, expect):
         monkeypatch.setenv("SGLANG_GRAPH_GREEDY", env)
     monkeypatch.setattr(CudaGraphRunner, "_capture_all", lambda self: None)
     fake_runner = SimpleNamespace(device=torch.device("cpu"), model_config=SimpleNamespace(head_dim=8),
-                                  attn_backend=object(), local_num_heads=4, token_to_kv_pool=SimpleNamespace(head_num=2))
+                                  attn_backend=object(), local_num_heads=4,
+                                  token_to_kv_pool=SimpleNamespace(head_num=2))
     g = CudaGraphRunner(fake_runner, 4, 0)
     assert g.graph_greedy is expect and g.greedy_outputs == {}
     assert CudaGraphRunner(fake_runner, 4, 0, graph_greedy=not expect).graph_greedy is (not expect)

@@ -1,6 +1,7 @@
 """The decode-path Triton kernels (split-KV decode attention in its issue-19 and legacy variants, the reduce, fused
-RoPE + KV-cache store, the fused split reduce) compile ahead of time for sm_90a on this CPU machine (Triton + ptxas, no GPU), and the
-decode kernels' K/V tiles are moved by 16-byte pipelined copies (never 2-byte scalar loads).
+RoPE + KV-cache store, the fused split reduce) compile ahead of time for sm_90a on this CPU machine (Triton + ptxas,
+no GPU), the decode kernels' K/V tiles are moved by 16-byte pipelined copies (never 2-byte scalar loads), and the fused
+reduce's arrival counter is an acq_rel gpu-scope atomic behind a CTA barrier.
 
 Compilation runs in one subprocess with TRITON_INTERPRET unset (other test modules set it process-wide).
 """

@@ -4,8 +4,8 @@
 ``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))`` down to PTX and cubin (ptxas from the CUDA
 toolkit) and prints one JSON line ``{name: {"error", "cubin_bytes", "ptx_lines", "shared"}}``, so a CPU machine
 proves that each kernel variant the decode step launches (the issue 19 and the legacy decode kernel, the one-split
-direct-output variant, the fused-reduce variant of ``SGLANG_DECODE_FUSED_REDUCE=1``, the reduce, fused RoPE + KV store; the skinny GEMM under evaluation) builds for the
-H100/H200 at the Llama-3.1-8B shapes.
+direct-output variant, the fused-reduce variant of ``SGLANG_DECODE_FUSED_REDUCE=1``, the reduce, fused RoPE + KV
+store; the skinny GEMM under evaluation) builds for the H100/H200 at the Llama-3.1-8B shapes.
 Must run with ``TRITON_INTERPRET`` unset.
 """
 
@@ -17,7 +17,8 @@ from typing import Dict, Tuple
 _I32 = "i32"
 
 
-def _decode_split(k_rows: bool, direct: bool, splits: int, fused: bool = False) -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
+def _decode_split(k_rows: bool, direct: bool, splits: int,
+                  fused: bool = False) -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
     sig = {n: t for n, t in (
         ("Q", "*bf16"), ("K_buf", "*bf16"), ("V_buf", "*bf16"), ("Req_to_token", "*i32"), ("Req_pool_idx", "*i64"),
         ("Seq_lens", "*i64"), ("Mid_o", "*fp32"), ("Mid_lse", "*fp32"), ("Out", "*bf16"), ("Counters", "*i32"),

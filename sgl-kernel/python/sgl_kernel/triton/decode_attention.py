@@ -136,7 +136,8 @@ def _merge_partials_if_last(Mid_o, Mid_lse, Out, Counter, b, offs_h, mask_h, off
     * release: every thread of this program stored its part of the partial (mid_o, mid_lse) above. The CTA barrier
       (``tl.debug_barrier``, ``bar.sync``) orders those stores before the atomic, which Triton issues from one
       thread; the atomic's release half (``atom.acq_rel.gpu``) then makes all of them (barrier-ordered, hence
-      covered by release cumulativity) visible at gpu scope before the incremented count is.
+      covered by release cumulativity) visible at gpu scope before the incremented count is. This barrier + one-thread
+      gpu-scope atomic is the same pattern as CUDA cooperative groups' grid barrier.
     * acquire: the program that reads ``old == NUM_SPLITS - 1`` has synchronised with the release of every earlier
       arrival (the counter's read-modify-write chain is one release sequence), so all partials are visible to the
       atomic's thread; Triton broadcasts the atomic's result through shared memory behind a barrier, which orders

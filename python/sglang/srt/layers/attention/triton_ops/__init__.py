@@ -14,4 +14,5 @@ from sgl_kernel.triton.decode_attention import (decode_attention_fwd, decode_att
                                                 decode_reduce_counters, default_num_kv_splits)
 from sgl_kernel.triton.extend_attention import extend_attention_fwd  # noqa: E402
 
-__all__ = ["decode_attention_fwd", "decode_attention_workspace", "decode_reduce_counters", "default_num_kv_splits", "extend_attention_fwd"]
+__all__ = ["decode_attention_fwd", "decode_attention_workspace", "decode_reduce_counters", "default_num_kv_splits",
+           "extend_attention_fwd"]
