@@ -347,6 +347,29 @@ def test_cuda_graph_replay_equals_eager(arch, tmp_path):
     print(f"{arch}: {res}")
 
 
+def test_graph_greedy_ids_equal_the_sampler(tmp_path, monkeypatch):
+    """SGLANG_GRAPH_GREEDY=1: decode steps of greedy batches (sizes 1..16, padded) take their ids from the argmax
+    captured in the graph, and those equal the sampler's argmax on the same logits; the sampler is not called."""
+    monkeypatch.setenv("SGLANG_GRAPH_GREEDY", "1")
+    runner = make_runner(write_config(tmp_path, "llama", "bfloat16"), "triton", "bfloat16", "cuda", graphs=True)
+    gr = runner.cuda_graph_runner
+    assert gr is not None and gr.graph_greedy and set(gr.greedy_outputs) == set(gr.batch_sizes)
+    drv = Driver(runner)
+    gen = torch.Generator().manual_seed(5)
+    rids = [f"g{i}" for i in range(16)]
+    drv.step([(rid, torch.randint(3, VOCAB, (9,), generator=gen).tolist()) for rid in rids])
+    calls = []
+    real = runner.sampler.forward
+    monkeypatch.setattr(runner.sampler, "forward", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for size in (1, 3, 8, 13, 16):
+        batch = drv.batch([(rid, torch.randint(3, VOCAB, (1,), generator=gen).tolist()) for rid in rids[:size]])
+        logits_out, sample_out = runner.forward(batch)
+        ids = sample_out.next_token_ids.clone()
+        ref = real(logits_out.next_token_logits.clone(), batch.sampling_info).next_token_ids
+        assert torch.equal(ids, ref), f"batch {size}: graph argmax {ids.tolist()} != sampler {ref.tolist()}"
+    assert calls == []
+
+
 # ------------------------------------------------------------------------------- end to end vs the CPU run
 PROMPTS = ["Once upon a time", "Lily and Tom went to the park", "The little dog", "One day, a big bird",
            "Tim had a red ball.", "Mom said", "There was a tree", "Sue liked to", "The sun was",

@@ -18,7 +18,7 @@ from sglang.srt.layers.layernorm import RMSNorm, rmsnorm_ref
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.moe.fused_moe import FusedMoE, fused_moe_ref
 from sglang.srt.layers.moe.router import select_experts
-from sglang.srt.model_executor.cuda_graph_runner import (CudaGraphRunner, capture_batch_sizes,
+from sglang.srt.model_executor.cuda_graph_runner import (CudaGraphRunner, capture_batch_sizes, graph_greedy_eligible,
                                                          maybe_create_cuda_graph_runner)
 from sglang.srt.model_executor.forward_batch_info import ForwardMode, ModelWorkerBatch
 from sglang.srt.model_executor.model_runner import ModelRunner
@@ -177,6 +177,9 @@ class _FakeGraphs:
         self.replayed.append(batch.batch_size)
         return LogitsProcessorOutput(next_token_logits=self.logits.clone())
 
+    def greedy_ids(self, batch):
+        return None
+
 
 def test_forward_replays_graphs_for_decode_batches_that_fit(runner, gen):
     batch, cleanup = _prefill_then_decode(runner, gen)
@@ -195,6 +198,92 @@ def test_forward_replays_graphs_for_decode_batches_that_fit(runner, gen):
     finally:
         runner.cuda_graph_runner = None
         cleanup()
+
+
+# ------------------------------------------------------------------------------------- SGLANG_GRAPH_GREEDY
+def _info(**kw):
+    params = [SamplingParams(temperature=0.0), SamplingParams(**{"temperature": 0.0, **kw})]
+    for p in params:
+        p.normalize(None)
+    return SamplingBatchInfo.from_reqs(params, "cpu", VOCAB, [[], []], input_ids=[[1, 2], [3]])
+
+
+def test_graph_greedy_eligible_only_for_plain_greedy_batches():
+    batch = _decode_batch(2)
+    batch.sampling_info = _info()
+    assert graph_greedy_eligible(batch)
+    batch.return_logprob = True
+    assert not graph_greedy_eligible(batch)
+    for kw in (dict(temperature=0.7), dict(frequency_penalty=0.5), dict(presence_penalty=0.5),
+               dict(repetition_penalty=1.2), dict(min_new_tokens=3, stop_token_ids=[7]), dict(logit_bias={"3": 2.0})):
+        b = _decode_batch(2)
+        b.sampling_info = _info(**kw)
+        assert not graph_greedy_eligible(b), kw
+    b = _decode_batch(2)
+    b.sampling_info = _info()
+    b.sampling_info.vocab_mask = torch.full((2, 2), -1, dtype=torch.int32)
+    assert not graph_greedy_eligible(b)
+    b.sampling_info = _info()
+    b.sampling_info.custom_logit_processors = [None, "x"]
+    assert not graph_greedy_eligible(b)
+    assert not graph_greedy_eligible(_decode_batch(2))  # no sampling info
+
+
+class _GreedyFakeGraphs(_FakeGraphs):
+    """Replays "the graph" eagerly: like a capture with graph_greedy, the argmax of the padded batch's logits (the real
+    rows plus two padding rows: padded size 4) sits in a static buffer read through CudaGraphRunner.greedy_ids."""
+
+    def __init__(self, logits, graph_greedy: bool):
+        super().__init__(logits, runs=True)
+        self.graph = _bare_graph_runner(4)
+        self.graph.batch_sizes = [1, 4]
+        self.graph.graph_greedy = graph_greedy
+        padded = torch.cat([logits, torch.randn(2, logits.shape[1])])
+        self.graph.greedy_outputs = {4: torch.argmax(padded, dim=-1)}
+
+    def greedy_ids(self, batch):
+        return CudaGraphRunner.greedy_ids(self.graph, batch)
+
+
+@pytest.mark.parametrize("graph_greedy", [True, False])
+def test_forward_takes_graph_greedy_ids_and_equals_the_sampler(runner, gen, monkeypatch, graph_greedy):
+    """With the graph's argmax available (SGLANG_GRAPH_GREEDY=1) and an all-greedy batch, ModelRunner.forward returns
+    those ids without calling the sampler, and they equal the sampler's ids on the same logits (the eager path);
+    with the switch off, or a batch that asks for logprobs, the sampler runs as before."""
+    batch, cleanup = _prefill_then_decode(runner, gen)
+    try:
+        eager_logits, eager_sample = runner.forward(batch)
+        runner.cuda_graph_runner = _GreedyFakeGraphs(eager_logits.next_token_logits.clone(), graph_greedy)
+        calls = []
+        real = runner.sampler.forward
+        monkeypatch.setattr(runner.sampler, "forward", lambda *a, **k: calls.append(1) or real(*a, **k))
+        logits, sample = runner.forward(batch)
+        assert calls == ([] if graph_greedy else [1])
+        assert torch.equal(sample.next_token_ids, eager_sample.next_token_ids)
+        assert sample.next_token_ids.dtype == torch.int64 and sample.logprobs is None
+        batch.return_logprob = True
+        logits, sample = runner.forward(batch)
+        assert len(calls) == (1 if graph_greedy else 2) and sample.logprobs is not None
+        assert torch.equal(sample.next_token_ids, eager_sample.next_token_ids)
+    finally:
+        runner.cuda_graph_runner = None
+        cleanup()
+
+
+@pytest.mark.parametrize("env,expect", [(None, False), ("0", False), ("1", True)])
+def test_graph_greedy_switch_defaults_off(monkeypatch, env, expect):
+    """CudaGraphRunner reads SGLANG_GRAPH_GREEDY once when built (capture stubbed out: no CUDA here)."""
+    if env is None:
+        monkeypatch.delenv("SGLANG_GRAPH_GREEDY", raising=False)
+    else:
+        monkeypatch.setenv("SGLANG_GRAPH_GREEDY", env)
+    monkeypatch.setattr(CudaGraphRunner, "_capture_all", lambda self: None)
+    fake_runner = SimpleNamespace(device=torch.device("cpu"), model_config=SimpleNamespace(head_dim=8),
+                                  attn_backend=object(), local_num_heads=4,
+                                  token_to_kv_pool=SimpleNamespace(head_num=2))
+    g = CudaGraphRunner(fake_runner, 4, 0)
+    assert g.graph_greedy is expect and g.greedy_outputs == {}
+    assert CudaGraphRunner(fake_runner, 4, 0, graph_greedy=not expect).graph_greedy is (not expect)
 
 
 # ------------------------------------------------------------------------------------- layers -> ops

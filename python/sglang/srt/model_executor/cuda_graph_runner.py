@@ -6,8 +6,12 @@ per padded batch size and replay it, copying the real batch into static
 input buffers first. Padding rows read and write only the reserved dummy KV
 slot 0 through a reserved ``req_to_token`` row, and their logits are dropped.
 
-Only the forward is captured; sampling runs eagerly on the logits. The
-attention backend must be graph-safe for decode (no host syncs, metadata
+Only the forward is captured; sampling runs eagerly on the logits, except with
+``SGLANG_GRAPH_GREEDY=1`` (issue 19, experimental, off by default): each graph then also
+computes the argmax of its logits into a static int64 buffer, and
+:meth:`CudaGraphRunner.greedy_ids` hands those ids to the runner for batches whose
+every row is plain greedy (:func:`graph_greedy_eligible`), so the sampler's launches
+are skipped for them. The attention backend must be graph-safe for decode (no host syncs, metadata
 read from the static tensors): the Triton backend is, ``torch_native`` is not.
 """
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
 import time
 from typing import TYPE_CHECKING, Optional
 
@@ -29,6 +34,17 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BS = 160
+GRAPH_GREEDY_ENV = "SGLANG_GRAPH_GREEDY"
+
+
+def graph_greedy_eligible(batch: ModelWorkerBatch) -> bool:
+    """True when the sampler would return exactly ``argmax(logits)`` for every row of ``batch``: all rows greedy
+    (temperature 0 / top_k 1), no penalty, ``min_new_tokens`` ban or ``logit_bias`` (``need_penalties``), no custom
+    logit processor, no grammar mask, no logprobs requested. Then the argmax captured in the graph is the
+    sampler's result (same op on the same logits)."""
+    info = batch.sampling_info
+    return (info is not None and info.is_all_greedy and not info.need_penalties
+            and info.custom_logit_processors is None and info.vocab_mask is None and not batch.return_logprob)
 
 
 def capture_batch_sizes(max_bs: int) -> list[int]:
@@ -48,13 +64,19 @@ class CudaGraphRunner:
         runner: the :class:`ModelRunner` (model, pools, attention backend on a CUDA device).
         max_bs: largest batch captured; larger decode batches run eagerly.
         pad_req_idx: a ``req_to_token`` row reserved for padding, whose slot 0 is the dummy KV slot.
+        graph_greedy: also capture ``argmax(logits)`` per graph (see the module docstring); None reads
+            ``SGLANG_GRAPH_GREEDY`` (``1`` = on; default off).
     Raises:
         RuntimeError: capture failed (e.g. an op synchronizes with the host); the caller
             logs it and runs eagerly.
     """
 
-    def __init__(self, runner: "ModelRunner", max_bs: int, pad_req_idx: int):
+    def __init__(self, runner: "ModelRunner", max_bs: int, pad_req_idx: int, graph_greedy: Optional[bool] = None):
         self.runner = runner
+        if graph_greedy is None:
+            graph_greedy = os.environ.get(GRAPH_GREEDY_ENV, "0") not in ("", "0")
+        self.graph_greedy = bool(graph_greedy)
+        self.greedy_outputs: dict[int, torch.Tensor] = {}  # padded bs -> [bs] int64 argmax, written by replays
         self.device = runner.device
         self.batch_sizes = capture_batch_sizes(max_bs)
         self.max_bs = self.batch_sizes[-1]
@@ -109,9 +131,12 @@ class CudaGraphRunner:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool, stream=stream):
                 out = self.runner.model(fb.input_ids, fb.positions, fb)
+                ids = torch.argmax(out.next_token_logits, dim=-1) if self.graph_greedy else None
             self.pool = graph.pool()
             self.graphs[bs] = graph
             self.outputs[bs] = out.next_token_logits
+            if self.graph_greedy:
+                self.greedy_outputs[bs] = ids
         torch.cuda.synchronize(self.device)
         used = (free0 - torch.cuda.mem_get_info(self.device)[0]) / 2**20
         logger.info("captured CUDA graphs for decode batch sizes %s in %.1f s (%.0f MiB)", self.batch_sizes,
@@ -145,6 +170,15 @@ class CudaGraphRunner:
             self.out_cache_loc[bs:padded].zero_()  # the dummy KV slot
         self.graphs[padded].replay()
         return LogitsProcessorOutput(next_token_logits=self.outputs[padded][:bs])
+
+    def greedy_ids(self, batch: ModelWorkerBatch) -> Optional[torch.Tensor]:
+        """After :meth:`replay` of ``batch``: its next token ids ``[batch_size]`` int64 on the device (a view of the
+        graph's static argmax output, valid until the next replay, like the logits) when this runner captured the
+        argmax (``graph_greedy``) and :func:`graph_greedy_eligible` holds; else None (sample from the logits)."""
+        if not self.graph_greedy or not graph_greedy_eligible(batch):
+            return None
+        bs = batch.batch_size
+        return self.greedy_outputs[self.padded_size(bs)][:bs]
 
 
 def maybe_create_cuda_graph_runner(runner: "ModelRunner", server_args, pad_req_idx: Optional[int],

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.attention import create_attention_backend
 from sglang.srt.forward_batch_info import ForwardBatch, ModelWorkerBatch
-from sglang.srt.layers.sampler import Sampler
+from sglang.srt.layers.sampler import Sampler, SamplerOutput
 from sglang.srt.mem_cache.kv_cache import KVCache
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang.srt.model_executor.cuda_graph_runner import maybe_create_cuda_graph_runner
@@ -259,14 +259,19 @@ class ModelRunner:
         if self.kv_cache is None:
             raise ValueError(f"a {self.role_spec.role.value} worker holds no KV cache and runs no attention batches")
         graphs = self.cuda_graph_runner
+        greedy_ids = None
         if graphs is not None and graphs.can_run(batch):
             logits_out = graphs.replay(batch)
+            greedy_ids = graphs.greedy_ids(batch)  # SGLANG_GRAPH_GREEDY=1 and an all-greedy batch: argmax in graph
         else:
             fb = ForwardBatch.init_new(batch, self.device, self.req_to_token_pool, self.token_to_kv_pool,
                                        self.attn_backend)
             logits_out = self.executor.run(self.model, fb)
-        sample_out = self.sampler.forward(logits_out.next_token_logits, batch.sampling_info, batch.return_logprob,
-                                          batch.top_logprobs_nums)
+        if greedy_ids is not None:
+            sample_out = SamplerOutput(next_token_ids=greedy_ids)
+        else:
+            sample_out = self.sampler.forward(logits_out.next_token_logits, batch.sampling_info,
+                                              batch.return_logprob, batch.top_logprobs_nums)
         if self.tp_size > 1:  # every rank continues with rank 0's tokens (see the class docstring)
             ids = sample_out.next_token_ids.contiguous()
             dist.broadcast(ids, 0, group=self.parallel_state.device_group)
