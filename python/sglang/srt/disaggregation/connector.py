@@ -65,6 +65,7 @@ class BaseConnector:
         """Called right before ``batch``'s forward (``mwb``: its ModelWorkerBatch); default: nothing."""
 
     def num_open(self) -> int:  # pragma: no cover - overridden
+        """Requests this connector holds (rooms with a request), for ``/get_server_info``; default 0."""
         return 0
 
     def close(self) -> None:

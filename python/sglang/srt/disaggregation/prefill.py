@@ -486,6 +486,7 @@ class PrefillConnector(BaseConnector):
                 self.agent.inject(RoomFailed(r.room, reason, local=True))
 
     def close(self) -> None:
+        """Stop the layerwise posting thread and the bootstrap server, then the agent (base class)."""
         if self.listener is not None:
             self.listener.close()
         if self.bootstrap is not None:

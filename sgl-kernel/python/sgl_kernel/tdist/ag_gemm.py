@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from sgl_kernel.tdist import primitives as P
-from sgl_kernel.tdist.common import cdiv, check_rows, check_tensor, copy_span, release_kernel
+from sgl_kernel.tdist.common import cdiv, check_rows, check_tensor, copy_span, release_kernel, ring_tile_segment
 
 
 @triton.jit
@@ -57,16 +57,7 @@ def ag_gemm_consumer_kernel(meta, a_local, gather, b, c, seg_sig, row_off, tiles
     pid_n = pid % n_tiles
     me = P.rank(meta)
     world = P.num_ranks(meta)
-    seg = me
-    lt = 0
-    acc_t = 0
-    for j in range(0, world):
-        s = (me + j) % world
-        nt = tl.load(tiles + s)
-        hit = (pid_m >= acc_t) & (pid_m < acc_t + nt)
-        seg = tl.where(hit, s, seg)
-        lt = tl.where(hit, pid_m - acc_t, lt)
-        acc_t += nt
+    seg, lt = ring_tile_segment(pid_m, tiles, me, world, 0)
     r0 = tl.load(row_off + seg)
     r1 = tl.load(row_off + seg + 1)
     rows_local = lt * BM + tl.arange(0, BM)

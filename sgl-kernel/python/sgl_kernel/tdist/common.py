@@ -26,6 +26,24 @@ def release_kernel(meta, ready, epoch):
 
 
 @triton.jit
+def ring_tile_segment(pid_m, tiles, me, world, first):
+    """Which row segment an m tile belongs to when tiles go round the ring starting at segment ``me + first``
+    (AG-GEMM: first=0, own data first; GEMM-RS: first=1, own segment last; Triton-distributed sec. 3.7 swizzle).
+    ``tiles`` [world] int32: m tiles per segment. Returns (segment, tile index within it)."""
+    seg = me
+    lt = 0
+    acc_t = 0
+    for j in range(0, world):
+        s = (me + first + j) % world
+        nt = tl.load(tiles + s)
+        hit = (pid_m >= acc_t) & (pid_m < acc_t + nt)
+        seg = tl.where(hit, s, seg)
+        lt = tl.where(hit, pid_m - acc_t, lt)
+        acc_t += nt
+    return seg, lt
+
+
+@triton.jit
 def copy_span(dst, src, n, BLOCK: tl.constexpr):
     """Copy ``n`` elements ``src[0:n] -> dst[0:n]`` with the whole CTA (weak loads/stores)."""
     for start in range(0, n, BLOCK):

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from sgl_kernel.tdist import primitives as P
-from sgl_kernel.tdist.common import cdiv, check_tensor, release_kernel
+from sgl_kernel.tdist.common import cdiv, check_tensor, release_kernel, ring_tile_segment
 
 
 @triton.jit
@@ -37,16 +37,7 @@ def gemm_rs_kernel(meta, a, b, partial, arrive, ready, row_off, tiles, ready_epo
     pid_n = pid % n_tiles
     me = P.rank(meta)
     world = P.num_ranks(meta)
-    seg = me
-    lt = 0
-    acc_t = 0
-    for j in range(0, world):
-        s = (me + 1 + j) % world
-        nt = tl.load(tiles + s)
-        hit = (pid_m >= acc_t) & (pid_m < acc_t + nt)
-        seg = tl.where(hit, s, seg)
-        lt = tl.where(hit, pid_m - acc_t, lt)
-        acc_t += nt
+    seg, lt = ring_tile_segment(pid_m, tiles, me, world, 1)
     r0 = tl.load(row_off + seg)
     r1 = tl.load(row_off + seg + 1)
     rows_local = lt * BM + tl.arange(0, BM)
