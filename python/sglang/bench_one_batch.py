@@ -76,6 +76,50 @@ def _barrier(runner) -> None:
         dist.barrier(group=runner.parallel_state.cpu_group)
 
 
+def prefill_chunks(input_lens: list[int], chunk_tokens: Optional[int]) -> list[list[tuple[int, int, int]]]:
+    """Split a static batch's prefill into forwards of at most ``chunk_tokens`` tokens, as the scheduler's chunked
+    prefill does: requests in order, a request longer than the room left is split and continues first in the next
+    forward. Each forward is a list of ``(request index, start, end)`` token ranges; ``chunk_tokens`` None (chunking
+    off, ``--chunked-prefill-size -1``) gives one forward of everything.
+
+    Raises:
+        ValueError: ``chunk_tokens < 1`` or an input length < 1.
+    """
+    if chunk_tokens is not None and chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1 or None, got {chunk_tokens}")
+    if any(n < 1 for n in input_lens):
+        raise ValueError(f"input lengths must be >= 1, got {input_lens}")
+    if chunk_tokens is None:
+        return [[(i, 0, n) for i, n in enumerate(input_lens)]] if input_lens else []
+    out: list[list[tuple[int, int, int]]] = []
+    cur: list[tuple[int, int, int]] = []
+    room = chunk_tokens
+    for i, n in enumerate(input_lens):
+        start = 0
+        while start < n:
+            take = min(room, n - start)
+            cur.append((i, start, start + take))
+            start += take
+            room -= take
+            if room == 0:
+                out.append(cur)
+                cur, room = [], chunk_tokens
+    if cur:
+        out.append(cur)
+    return out
+
+
+def chunk_size(server_args) -> Optional[int]:
+    """Tokens per prefill forward: ``--chunked-prefill-size`` (unset: the scheduler's default 8192; -1: None, no
+    chunking)."""
+    from sglang.srt.managers.scheduler import DEFAULT_CHUNKED_PREFILL_SIZE
+
+    cps = server_args.chunked_prefill_size
+    if cps is None:
+        return DEFAULT_CHUNKED_PREFILL_SIZE
+    return None if cps == -1 else cps
+
+
 class StaticBatch:
     """Requests of one static batch: KV rows/slots taken from the runner's pools, freed by :meth:`free`."""
 
@@ -96,38 +140,55 @@ class StaticBatch:
         self.slots = []
         self.seq_lens = [0] * len(input_ids)
 
-    def _alloc(self, n_per_req: list[int]):
+    def _alloc(self, idx: list[int], n_per_req: list[int]):
         locs = self.runner.allocator.alloc(sum(n_per_req))
         if locs is None:
             raise ValueError("the KV cache is too small for this batch; lower --batch-size/--input-len "
                              "or raise --max-total-tokens/--mem-fraction-static")
         self.slots.append(locs)
-        self.runner.req_to_token_pool.write_batch(self.rows, self.seq_lens, n_per_req, locs)
+        self.runner.req_to_token_pool.write_batch([self.rows[i] for i in idx], [self.seq_lens[i] for i in idx],
+                                                  n_per_req, locs)
         return locs
 
-    def step(self, new_tokens: list[list[int]]):
-        """One forward over ``new_tokens[i]`` per request; returns the sampled ids (list) after sync."""
+    def step(self, new_tokens: list[list[int]], idx: Optional[list[int]] = None):
+        """One forward over ``new_tokens[j]`` for request ``idx[j]`` (default: every request, in order); returns
+        the sampled ids (list, one per forwarded request) after sync. A request whose prompt is not complete after
+        this step (a prefill chunk) gets no output token."""
         from sglang.srt.forward_batch_info import ForwardMode, ModelWorkerBatch
 
+        idx = list(range(len(self.reqs))) if idx is None else idx
         ext = [len(t) for t in new_tokens]
-        decode = all(e == 1 and s > 0 for e, s in zip(ext, self.seq_lens))
-        locs = self._alloc(ext)
-        prefix = list(self.seq_lens)
+        prefix = [self.seq_lens[i] for i in idx]
+        decode = all(e == 1 and s > 0 for e, s in zip(ext, prefix))
+        locs = self._alloc(idx, ext)
         seq = [p + e for p, e in zip(prefix, ext)]
+        reqs = [self.reqs[i] for i in idx]
         batch = ModelWorkerBatch(
             forward_mode=ForwardMode.DECODE if decode else ForwardMode.EXTEND,
             input_ids=[t for ts in new_tokens for t in ts],
             positions=[p for s, e in zip(prefix, ext) for p in range(s, s + e)],
-            out_cache_loc=locs, req_pool_indices=self.rows, prefix_lens=prefix, extend_lens=ext, seq_lens=seq,
-            sample=[True] * len(ext), top_logprobs_nums=[0] * len(ext),
-            sampling_info=self.runner.make_sampling_info(self.reqs),
+            out_cache_loc=locs, req_pool_indices=[self.rows[i] for i in idx], prefix_lens=prefix, extend_lens=ext,
+            seq_lens=seq, sample=[True] * len(ext), top_logprobs_nums=[0] * len(ext),
+            sampling_info=self.runner.make_sampling_info(reqs),
         )
         _, sample_out = self.runner.forward(batch)
         ids = sample_out.next_token_ids.tolist()
-        self.seq_lens = seq
-        for r, t in zip(self.reqs, ids):
-            r.output_ids.append(t)
+        for i, n, r, t in zip(idx, seq, reqs, ids):
+            self.seq_lens[i] = n
+            if n >= len(r.origin_input_ids):
+                r.output_ids.append(t)
         return ids
+
+    def prefill(self, prompts: list[list[int]], chunk_tokens: Optional[int]) -> list[int]:
+        """Prefill every request in forwards of at most ``chunk_tokens`` tokens (:func:`prefill_chunks`; None:
+        one forward); returns each request's first sampled id."""
+        first = [0] * len(prompts)
+        for piece in prefill_chunks([len(p) for p in prompts], chunk_tokens):
+            ids = self.step([prompts[i][a:b] for i, a, b in piece], [i for i, _, _ in piece])
+            for (i, _, b), t in zip(piece, ids):
+                if b == len(prompts[i]):
+                    first[i] = t
+        return first
 
     def free(self) -> None:
         """Return the batch's KV slots and request rows to the runner's pools."""
@@ -148,8 +209,10 @@ def _timed(runner, fn):
     return time.perf_counter() - t0, out
 
 
-def run_latency(runner, bs: int, input_len: int, output_len: int, seed: int) -> dict:
-    """Prefill + ``output_len - 1`` decode steps of a random static batch; timings in seconds."""
+def run_latency(runner, bs: int, input_len: int, output_len: int, seed: int,
+                chunk_tokens: Optional[int] = None) -> dict:
+    """Prefill (in forwards of at most ``chunk_tokens`` tokens, see :func:`prefill_chunks`) + ``output_len - 1``
+    decode steps of a random static batch; timings in seconds."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
@@ -157,7 +220,7 @@ def run_latency(runner, bs: int, input_len: int, output_len: int, seed: int) -> 
     prompts = torch.randint(0, vocab, (bs, input_len), generator=gen).tolist()
     batch = StaticBatch(runner, prompts, output_len)
     try:
-        prefill_s, ids = _timed(runner, lambda: batch.step(prompts))
+        prefill_s, ids = _timed(runner, lambda: batch.prefill(prompts, chunk_tokens))
         decode_s = []
         for _ in range(output_len - 1):
             dt, ids = _timed(runner, lambda: batch.step([[t] for t in ids]))
@@ -241,7 +304,7 @@ def _rank_main(tp_rank: int, server_args, bench: BenchArgs, init_method: Optiona
         lead = tp_rank == 0
         results = []
         for bs, il, ol in itertools.product(bench.batch_size, bench.input_len, bench.output_len):
-            r = run_latency(runner, bs, il, ol, bench.seed)
+            r = run_latency(runner, bs, il, ol, bench.seed, chunk_size(server_args))
             pre, dec = r["prefill_latency"], r["decode_latencies"]
             med = statistics.median(dec) if dec else 0.0
             total = pre + sum(dec)

@@ -18,11 +18,13 @@ from sglang.srt.layers.attention import create_attention_backend
 from sglang.srt.forward_batch_info import ForwardBatch, ModelWorkerBatch
 from sglang.srt.layers.sampler import Sampler, SamplerOutput
 from sglang.srt.mem_cache.kv_cache import KVCache
+from sglang.srt.mem_cache.memory_budget import measure_activation_reserve, req_to_token_bytes
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang.srt.model_executor.cuda_graph_runner import maybe_create_cuda_graph_runner
 from sglang.srt.model_executor.executors import ModelExecutor, SequentialExecutor
 from sglang.srt.model_executor.worker_builder import (
-    RoleSpec, WorkerRole, kv_budget_tokens, max_running_requests, role_spec, set_cpu_threads,
+    GPU_MAX_DEFAULT_TOKENS, RoleSpec, WorkerRole, kv_budget_tokens, max_running_requests, role_spec,
+    set_cpu_threads,
 )
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
@@ -156,13 +158,18 @@ class ModelRunner:
         """Size the KV budget (minimum over TP ranks) and allocate the :class:`KVCache`.
 
         Rows: ``max_running`` for the scheduler (+1 spare, as before) and one reserved for CUDA-graph padding.
+        On CUDA the budget keeps the activation memory measured by profiling forwards free
+        (:mod:`~sglang.srt.mem_cache.memory_budget`).
         Raises ValueError when the budget holds fewer than two pages.
         """
         from sglang.srt.distributed.parallel_state import all_reduce_min_int
 
         mc = self.model_config
         per_token = MHATokenToKVPool.bytes_per_token(self.num_kv_heads, mc.head_dim, mc.num_hidden_layers, mc.dtype)
-        tokens = kv_budget_tokens(args, self.device, per_token, self.page_size)
+        rows = max_running_requests(args, self.device, mc.context_len, GPU_MAX_DEFAULT_TOKENS)  # before the KV cap
+        reserve = measure_activation_reserve(self, args, rows)  # issue 27: profiling forwards (0 off CUDA)
+        tokens = kv_budget_tokens(args, self.device, per_token, self.page_size, reserve,
+                                  req_to_token_bytes(rows + 2, mc.context_len))
         if self.tp_size > 1:
             tokens = all_reduce_min_int(tokens, self.parallel_state.cpu_group)
         if tokens < 2 * self.page_size:

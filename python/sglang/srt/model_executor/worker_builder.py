@@ -104,17 +104,22 @@ def set_cpu_threads(model_config: ModelConfig) -> None:
     logger.info("CPU intra-op threads: %d", n)
 
 
-def kv_budget_tokens(args: "ServerArgs", device: torch.device, bytes_per_token: int, page_size: int) -> int:
-    """KV slots this device can hold: ``--max-total-tokens`` if given; else on CUDA the free memory beyond
-    ``(1 - --mem-fraction-static)`` of the total divided by ``bytes_per_token`` (capped at
-    ``GPU_MAX_DEFAULT_TOKENS``); else ``CPU_DEFAULT_MAX_TOTAL_TOKENS``. Rounded down to whole pages."""
+def kv_budget_tokens(args: "ServerArgs", device: torch.device, bytes_per_token: int, page_size: int,
+                     reserve_bytes: int = 0, fixed_bytes: int = 0) -> int:
+    """KV slots this device can hold: ``--max-total-tokens`` if given; else on CUDA
+    :func:`~sglang.srt.mem_cache.memory_budget.kv_pool_bytes` (free memory minus ``fixed_bytes`` minus the larger
+    of ``(1 - --mem-fraction-static)`` of the total and the measured activation ``reserve_bytes``) divided by
+    ``bytes_per_token`` (capped at ``GPU_MAX_DEFAULT_TOKENS``); else ``CPU_DEFAULT_MAX_TOTAL_TOKENS``. Rounded down
+    to whole pages."""
+    from sglang.srt.mem_cache.memory_budget import kv_pool_bytes
+
     if args.max_total_tokens is not None:
         tokens = args.max_total_tokens
     elif device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         frac = args.mem_fraction_static or GPU_DEFAULT_MEM_FRACTION
-        budget = free - total * (1.0 - frac)
-        tokens = min(int(budget // bytes_per_token) if budget > 0 else 0, GPU_MAX_DEFAULT_TOKENS)
+        budget = kv_pool_bytes(free, total, frac, reserve_bytes, fixed_bytes)
+        tokens = min(budget // bytes_per_token, GPU_MAX_DEFAULT_TOKENS)
     else:
         tokens = CPU_DEFAULT_MAX_TOTAL_TOKENS
     return tokens - tokens % page_size
