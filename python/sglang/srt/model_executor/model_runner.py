@@ -168,6 +168,7 @@ class ModelRunner:
         per_token = MHATokenToKVPool.bytes_per_token(self.num_kv_heads, mc.head_dim, mc.num_hidden_layers, mc.dtype)
         rows = max_running_requests(args, self.device, mc.context_len, GPU_MAX_DEFAULT_TOKENS)  # before the KV cap
         reserve = measure_activation_reserve(self, args, rows)  # issue 27: profiling forwards (0 off CUDA)
+        self.activation_reserve_bytes = reserve
         tokens = kv_budget_tokens(args, self.device, per_token, self.page_size, reserve,
                                   req_to_token_bytes(rows + 2, mc.context_len))
         if self.tp_size > 1:

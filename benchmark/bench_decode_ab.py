@@ -1,0 +1,317 @@
+"""Issue 27 on one GPU: the decode step against the memory floor with the two graph-node switches A/B'd in ONE
+process, the 8K-token prefill against the matmul rate, and floors for ``bench_one_batch`` results of the same call.
+
+One runner (dummy weights, ``--max-total-tokens`` sized for the largest batch) holds one
+:class:`~sglang.srt.model_executor.cuda_graph_runner.CudaGraphRunner` per switch setting, each captured with its
+setting (``off``; ``fr`` = fused split reduce, ``SGLANG_DECODE_FUSED_REDUCE``; ``gg`` = argmax in the graph,
+``SGLANG_GRAPH_GREEDY``; ``both``) for the measured batch sizes only. Per batch size one static batch (1K-token
+prompts, prefilled in 8192-token chunks) then decodes in blocks of ``--steps`` timed steps per setting, the setting
+order alternating between repetitions (A B C D, D C B A, ...), so every setting sees the same contexts and machine
+state. Per setting and batch it reports:
+
+* step: wall time of one synchronized decode step through ``ModelRunner.forward`` (graph replay + sampling, as
+  ``bench_one_batch`` times it), median; ratio = step / memory floor at the step's context;
+* host: CPU time inside ``ModelRunner.forward`` (static-input copies, replay launch, sampler launches; not
+  synchronized), median;
+* replay: GPU time of ``graph.replay()`` alone, back to back (CUDA events), median;
+* nodes: the captured graph's node count by type (``cuGraphGetNodes`` through the driver; needs
+  ``torch.cuda.CUDAGraph(keep_graph=True)``).
+
+Memory floor = (weight bytes read per step + KV bytes read) / device-to-device copy bandwidth measured first in this
+process. Usage (repo root, one GPU)::
+
+    python benchmark/bench_decode_ab.py --out /tmp/out [--batches 1,32,128] [--cli-results result.jsonl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import ctypes
+import datetime
+import json
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+REPO = Path(__file__).resolve().parents[1]
+for _path in (REPO / "python", Path(__file__).resolve().parent):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+del _path
+
+import torch  # noqa: E402
+
+from gpu_targets_lib import (  # noqa: E402
+    kv_bytes, mean_decode_context, memory_floor_s, model_param_stats, prefill_flops,
+)
+
+logger = logging.getLogger("bench_decode_ab")
+DATA = REPO.parent / "shared" / "data"
+SETTINGS = {"off": (False, False), "fr": (True, False), "gg": (False, True), "both": (True, True)}
+NODE_TYPES = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "graph", 5: "empty", 6: "wait", 7: "record"}
+
+
+def graph_node_counts(graph) -> Optional[dict]:
+    """``{"total": n, "kernel": k, ...}`` of a graph captured with ``keep_graph=True``; None when unavailable."""
+    try:
+        handle = ctypes.c_void_p(graph.raw_cuda_graph())
+        lib = ctypes.CDLL("libcuda.so.1")
+        n = ctypes.c_size_t(0)
+        if lib.cuGraphGetNodes(handle, None, ctypes.byref(n)) != 0:
+            return None
+        nodes = (ctypes.c_void_p * n.value)()
+        if lib.cuGraphGetNodes(handle, nodes, ctypes.byref(n)) != 0:
+            return None
+        kinds = collections.Counter()
+        for node in nodes:
+            t = ctypes.c_int(-1)
+            lib.cuGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(t))
+            kinds[NODE_TYPES.get(t.value, str(t.value))] += 1
+        return {"total": int(n.value), **kinds}
+    except Exception as e:  # older torch (no keep_graph/raw_cuda_graph) or no driver library
+        logger.warning("graph node count unavailable: %s: %s", type(e).__name__, e)
+        return None
+
+
+def capture_setting(runner, name: str, sizes: list[int]):
+    """A CudaGraphRunner for switch setting ``name`` capturing exactly ``sizes`` (graphs kept for node counts)."""
+    from sglang.srt.model_executor import cuda_graph_runner as cgr
+
+    fused_reduce, greedy = SETTINGS[name]
+    runner.attn_backend.fused_reduce = fused_reduce  # read when the decode kernels are launched (i.e. captured)
+    orig_sizes, orig_graph = cgr.capture_batch_sizes, torch.cuda.CUDAGraph
+
+    def keep_graph():
+        try:
+            return orig_graph(keep_graph=True)
+        except TypeError:
+            return orig_graph()
+
+    cgr.capture_batch_sizes = lambda max_bs: list(sizes)
+    torch.cuda.CUDAGraph = keep_graph
+    try:
+        g = cgr.CudaGraphRunner(runner, max(sizes), runner.pad_req_idx, graph_greedy=greedy)
+    finally:
+        cgr.capture_batch_sizes, torch.cuda.CUDAGraph = orig_sizes, orig_graph
+    for graph in g.graphs.values():
+        if hasattr(graph, "instantiate"):
+            try:
+                graph.instantiate()
+            except RuntimeError:  # already instantiated (keep_graph unsupported)
+                pass
+    return g
+
+
+class ForwardTimer:
+    """Wraps ``runner.forward`` to record the host time spent inside it (seconds, not synchronized)."""
+
+    def __init__(self, runner):
+        self.runner, self.inner, self.host_s = runner, type(runner).forward, []
+
+    def __call__(self, batch):
+        t0 = time.perf_counter()
+        out = self.inner(self.runner, batch)
+        self.host_s.append(time.perf_counter() - t0)
+        return out
+
+
+def replay_only_ms(graphs, bs: int, reps: int = 10) -> float:
+    """GPU ms of the padded-``bs`` graph replayed back to back (inputs as last copied in), median of ``reps``."""
+    graph = graphs.graphs[graphs.padded_size(bs)]
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def decode_ab(runner, graphs: dict, bs: int, cfg, bw: float, weight_bytes: int) -> list[dict]:
+    """Alternating-order decode blocks of every setting on one static batch of ``bs`` x ``cfg.context``."""
+    from sglang.bench_one_batch import StaticBatch
+
+    mc = runner.model_config
+    names = list(graphs)
+    total_steps = cfg.reps * len(names) * (cfg.steps + cfg.warmup) + 1
+    gen = torch.Generator().manual_seed(cfg.seed + bs)
+    prompts = torch.randint(0, mc.vocab_size, (bs, cfg.context), generator=gen).tolist()
+    batch = StaticBatch(runner, prompts, total_steps + 1)
+    acc = {n: {"step": [], "host": [], "floor": [], "replay": []} for n in names}
+    timer = ForwardTimer(runner)
+    runner.forward = timer
+    try:
+        ids = batch.prefill(prompts, 8192)
+        for rep in range(cfg.reps):
+            for name in (names if rep % 2 == 0 else names[::-1]):
+                runner.cuda_graph_runner = graphs[name]
+                for _ in range(cfg.warmup):
+                    ids = batch.step([[t] for t in ids])
+                for _ in range(cfg.steps):
+                    torch.cuda.synchronize()
+                    ctx = batch.seq_lens[0] + 1
+                    t0 = time.perf_counter()
+                    ids = batch.step([[t] for t in ids])  # .tolist() inside synchronizes
+                    acc[name]["step"].append(time.perf_counter() - t0)
+                    acc[name]["host"].append(timer.host_s[-1])
+                    kvr = kv_bytes(bs * ctx, mc.num_hidden_layers, runner.num_kv_heads, mc.head_dim,
+                                   mc.dtype.itemsize)
+                    acc[name]["floor"].append(memory_floor_s(weight_bytes, kvr, bw))
+                acc[name]["replay"].append(replay_only_ms(graphs[name], bs))
+    finally:
+        del runner.forward
+        batch.free()
+    rows = []
+    for name in names:
+        a = acc[name]
+        step, floor = statistics.median(a["step"]), statistics.median(a["floor"])
+        rows.append({"batch": bs, "setting": name, "step_ms": step * 1e3, "floor_ms": floor * 1e3,
+                     "ratio": step / floor, "host_ms": statistics.median(a["host"]) * 1e3,
+                     "replay_ms": statistics.median(a["replay"]), "steps": len(a["step"]),
+                     "nodes": graph_node_counts(graphs[name].graphs[graphs[name].padded_size(bs)])})
+        logger.info("bs %d %s: step %.3f ms (floor %.3f, x%.3f), host %.3f ms, replay %.3f ms, nodes %s", bs, name,
+                    step * 1e3, floor * 1e3, step / floor, rows[-1]["host_ms"], rows[-1]["replay_ms"],
+                    rows[-1]["nodes"])
+    return rows
+
+
+def prefill_rate(runner, tokens: int, reps: int, mm: float, seed: int) -> dict:
+    """Median latency of a one-request ``tokens``-token prefill (after a warm-up) vs the matmul rate ``mm``."""
+    from sglang.bench_one_batch import run_latency
+
+    mc = runner.model_config
+    lat = [run_latency(runner, 1, tokens, 1, seed + i)["prefill_latency"] for i in range(reps + 1)][1:]
+    med = statistics.median(lat)
+    flops = prefill_flops(tokens, model_param_stats(runner.model), mc.num_hidden_layers, mc.num_attention_heads,
+                          mc.head_dim)
+    return {"tokens": tokens, "median_s": med, "flops_per_s": flops / med, "matmul_flops_per_s": mm,
+            "ratio": flops / med / mm}
+
+
+def cli_floors(path: str, bw: float, weight_bytes: int, mc, kv_heads: int) -> list[dict]:
+    """Memory floors for ``bench_one_batch`` JSON lines (median decode latency vs the floor at the mean context)."""
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        r = json.loads(line)
+        if "median_decode_latency" not in r or not r["median_decode_latency"]:
+            continue
+        ctx = mean_decode_context(r["input_len"], r["output_len"] - 1)
+        floor = memory_floor_s(weight_bytes, kv_bytes(r["batch_size"] * ctx, mc.num_hidden_layers, kv_heads,
+                                                      mc.head_dim, mc.dtype.itemsize), bw)
+        rows.append({"batch": r["batch_size"], "input_len": r["input_len"], "output_len": r["output_len"],
+                     "median_decode_ms": r["median_decode_latency"] * 1e3, "floor_ms": floor * 1e3,
+                     "ratio": r["median_decode_latency"] / floor, "prefill_s": r["prefill_latency"]})
+    return rows
+
+
+def build_runner(cfg):
+    """Dummy-weight runner, CUDA graphs off (each setting captures its own), pool sized for the largest batch."""
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.server_args import ServerArgs
+
+    need = max(cfg.batches) * (cfg.context + cfg.reps * len(cfg.settings) * (cfg.steps + cfg.warmup) + 8)
+    sa = ServerArgs(model_path=cfg.model_path, load_format="dummy", dtype="bfloat16", device="cuda",
+                    max_total_tokens=max(need, cfg.prefill_tokens + 64) + 1024, disable_cuda_graph=True,
+                    random_seed=cfg.seed, context_length=max(cfg.context + 1024, cfg.prefill_tokens + 64))
+    return ModelRunner(ModelConfig.from_path(sa.model_path, sa.context_length, sa.dtype, "cuda"), sa, "cuda:0")
+
+
+def render(res: dict) -> str:
+    """Markdown tables of ``res``."""
+    out = [f"# Issue 27 decode A/B ({res['date']}, {res['gpu']})", "", f"Command: `{res['command']}`",
+           f"Copy bandwidth {res['hbm_bytes_per_s'] / 1e12:.3f} TB/s, bf16 matmul "
+           f"{res['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s (same process).", ""]
+    if res.get("cli"):
+        out += ["## bench_one_batch (same device call) vs the floor", "",
+                "| batch | in | out | median decode (ms) | floor (ms) | ratio | prefill (s) |",
+                "|---:|---:|---:|---:|---:|---:|---:|"]
+        out += [f"| {r['batch']} | {r['input_len']} | {r['output_len']} | {r['median_decode_ms']:.3f} | "
+                f"{r['floor_ms']:.3f} | {r['ratio']:.3f} | {r['prefill_s']:.3f} |" for r in res["cli"]]
+        out.append("")
+    out += ["## Decode A/B, one process, order alternated", "",
+            "| batch | setting | step (ms) | floor (ms) | step/floor | host in forward (ms) | graph replay (ms) "
+            "| nodes |",
+            "|---:|---|---:|---:|---:|---:|---:|---|"]
+    for r in res.get("decode", []):
+        nodes = r["nodes"] or {}
+        nd = f"{nodes.get('total', 'n/a')} ({nodes.get('kernel', '?')} kernels)" if nodes else "n/a"
+        out.append(f"| {r['batch']} | {r['setting']} | {r['step_ms']:.3f} | {r['floor_ms']:.3f} | {r['ratio']:.3f} |"
+                   f" {r['host_ms']:.3f} | {r['replay_ms']:.3f} | {nd} |")
+    if res.get("prefill"):
+        p = res["prefill"]
+        out += ["", f"Prefill {p['tokens']} tokens: {p['median_s'] * 1e3:.1f} ms, "
+                f"{p['flops_per_s'] / 1e12:.0f} TFLOP/s = {p['ratio']:.2f} of the matmul rate (target >= 0.70)."]
+    return "\n".join(out) + "\n"
+
+
+def parse_args(argv):
+    """Command line -> argparse namespace (``batches``/``settings`` as lists)."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-path", default=str(DATA / "configs" / "meta-llama--Meta-Llama-3.1-8B"))
+    p.add_argument("--batches", default="1,32,128")
+    p.add_argument("--settings", default="off,fr,gg,both")
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--prefill-tokens", type=int, default=8192)
+    p.add_argument("--prefill-reps", type=int, default=3)
+    p.add_argument("--cli-results", default=None, help="bench_one_batch result.jsonl to put beside the floor")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="/tmp/out")
+    ns = p.parse_args(argv)
+    ns.batches = [int(b) for b in ns.batches.split(",") if b.strip()]
+    ns.settings = [s.strip() for s in ns.settings.split(",") if s.strip()]
+    bad = [s for s in ns.settings if s not in SETTINGS]
+    if bad or not ns.batches or min(ns.batches) < 1 or min(ns.steps, ns.reps) < 1:
+        raise SystemExit(f"bad --settings {bad} (choose from {list(SETTINGS)}) or --batches/--steps/--reps < 1")
+    return ns
+
+
+def main(argv=None) -> int:
+    """Floors, runner, per-setting graphs, decode A/B, prefill; writes ``<out>/issue27_decode_ab.{md,json}``."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    cfg = parse_args(sys.argv[1:] if argv is None else argv)
+    bta = __import__("bench_triton_attention")
+    res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+           "command": "python benchmark/bench_decode_ab.py " + " ".join(sys.argv[1:] if argv is None else argv),
+           "hbm_bytes_per_s": bta.hbm_bandwidth(4.0), "matmul_flops_per_s": bta.matmul_rate(8192)}
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def write():
+        (out / "issue27_decode_ab.json").write_text(json.dumps(res, indent=1, default=str))
+        (out / "issue27_decode_ab.md").write_text(render(res))
+
+    runner = build_runner(cfg)
+    weight_bytes = model_param_stats(runner.model).decode_weight_bytes
+    if cfg.cli_results and Path(cfg.cli_results).exists():
+        res["cli"] = cli_floors(cfg.cli_results, res["hbm_bytes_per_s"], weight_bytes, runner.model_config,
+                                runner.num_kv_heads)
+    write()
+    t0 = time.monotonic()
+    graphs = {name: capture_setting(runner, name, sorted(set(cfg.batches))) for name in cfg.settings}
+    logger.info("captured %d settings in %.1f s", len(graphs), time.monotonic() - t0)
+    res["decode"] = []
+    for bs in cfg.batches:
+        res["decode"] += decode_ab(runner, graphs, bs, cfg, res["hbm_bytes_per_s"], weight_bytes)
+        write()
+    if cfg.prefill_tokens:
+        res["prefill"] = prefill_rate(runner, cfg.prefill_tokens, cfg.prefill_reps, res["matmul_flops_per_s"],
+                                      cfg.seed)
+    write()
+    sys.stdout.write(render(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
