@@ -65,7 +65,7 @@ def test_forward_limits_follow_the_scheduler_rules():
 
 def test_graph_reserve_counts_kept_logits():
     lim = mb.ForwardLimits(8192, 1024, 160, 1000)
-    assert mb.graph_reserve_bytes(5 << 20, lim, 128256) == (5 << 20) + 1000 * 128256 * 4
+    assert mb.graph_reserve_bytes(5 << 20, lim, 128256) == 2 * (5 << 20) + 1000 * 128256 * 4
     assert mb.graph_reserve_bytes(5 << 20, mb.ForwardLimits(8192, 1024), 128256) == 0
 
 
@@ -99,7 +99,7 @@ def test_measure_activation_reserve_sums_its_parts(monkeypatch):
     got = mb.measure_activation_reserve(FakeRunner(), args, 1024)
     assert calls == [(8192, 1024, True), (160, 160, False)]
     rows_total = sum(capture_batch_sizes(160))
-    assert got == 3 * GiB + (100 << 20) + rows_total * 1000 * 4 + mb.HEADROOM_BYTES
+    assert got == 3 * GiB + 2 * (100 << 20) + rows_total * 1000 * 4 + mb.HEADROOM_BYTES
     calls.clear()
     off = ServerArgs(model_path="x", disable_cuda_graph=True)
     assert mb.measure_activation_reserve(FakeRunner(), off, 1024) == 3 * GiB + mb.HEADROOM_BYTES

@@ -9,8 +9,9 @@ PagedAttention", sec. 4.3 sizes the block pool from the memory left after a prof
 * the eager peak: one forward of ``max_tokens`` tokens over ``max_rows`` requests (one prefill chunk plus
   single-token rows, as a mixed chunked-prefill step), followed by the sampler on all rows with top-k/top-p/min-p
   set (its sort is the largest sampling buffer);
-* the CUDA-graph pool: one forward of ``graph_max_bs`` single-token rows (the largest captured decode graph),
-  plus the float32 logits every captured graph keeps alive (``graph_rows_total x vocab x 4`` bytes);
+* the CUDA graphs: one forward of ``graph_max_bs`` single-token rows (the largest captured decode graph), counted
+  twice (graph pool + warm-up blocks cached on the capture stream), plus the float32 logits every captured graph
+  keeps alive (``graph_rows_total x vocab x 4`` bytes);
 * :data:`HEADROOM_BYTES` for allocator fragmentation and non-PyTorch allocations made later (cuBLAS/NCCL
   workspaces of other streams).
 
@@ -110,11 +111,12 @@ def kv_pool_bytes(free_bytes: int, total_bytes: int, mem_fraction: float, reserv
 
 
 def graph_reserve_bytes(graph_peak_bytes: int, limits: ForwardLimits, vocab_size: int) -> int:
-    """The CUDA-graph pool estimate: the largest graph's forward peak plus the float32 logits
-    (``[bs, vocab_size]``) every captured graph keeps alive. 0 when graphs are off."""
+    """The CUDA-graph estimate: twice the largest graph's forward peak (its private pool, and the blocks its eager
+    warm-up forwards leave cached on the capture stream, which the default stream cannot reuse) plus the float32
+    logits (``[bs, vocab_size]``) every captured graph keeps alive. 0 when graphs are off."""
     if limits.graph_max_bs == 0:
         return 0
-    return graph_peak_bytes + limits.graph_rows_total * vocab_size * 4
+    return 2 * graph_peak_bytes + limits.graph_rows_total * vocab_size * 4
 
 
 def profiling_applies(runner: "ModelRunner", args: "ServerArgs") -> bool:
