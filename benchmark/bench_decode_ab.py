@@ -11,8 +11,8 @@ state. Per setting and batch it reports:
 
 * step: wall time of one synchronized decode step through ``ModelRunner.forward`` (graph replay + sampling, as
   ``bench_one_batch`` times it), median; ratio = step / memory floor at the step's context;
-* host: CPU time inside ``ModelRunner.forward`` (static-input copies, replay launch, sampler launches; not
-  synchronized), median;
+* host: CPU time before ``ModelRunner.forward`` (``bench_one_batch``'s batch building: KV slots, sampling
+  tensors) and inside it (static-input copies, replay launch, sampler launches; not synchronized), medians;
 * replay: GPU time of ``graph.replay()`` alone, back to back (CUDA events), median;
 * nodes: the captured graph's node count by type (``cuGraphGetNodes`` through the driver; needs
   ``torch.cuda.CUDAGraph(keep_graph=True)``).
@@ -107,13 +107,15 @@ def capture_setting(runner, name: str, sizes: list[int]):
 
 
 class ForwardTimer:
-    """Wraps ``runner.forward`` to record the host time spent inside it (seconds, not synchronized)."""
+    """Wraps ``runner.forward`` to record when it is entered (``perf_counter``) and the host time spent inside it
+    (seconds, not synchronized)."""
 
     def __init__(self, runner):
-        self.runner, self.inner, self.host_s = runner, type(runner).forward, []
+        self.runner, self.inner, self.host_s, self.enter_s = runner, type(runner).forward, [], []
 
     def __call__(self, batch):
         t0 = time.perf_counter()
+        self.enter_s.append(t0)
         out = self.inner(self.runner, batch)
         self.host_s.append(time.perf_counter() - t0)
         return out
@@ -144,7 +146,7 @@ def decode_ab(runner, graphs: dict, bs: int, cfg, bw: float, weight_bytes: int) 
     gen = torch.Generator().manual_seed(cfg.seed + bs)
     prompts = torch.randint(0, mc.vocab_size, (bs, cfg.context), generator=gen).tolist()
     batch = StaticBatch(runner, prompts, total_steps + 1)
-    acc = {n: {"step": [], "host": [], "floor": [], "replay": []} for n in names}
+    acc = {n: {"step": [], "host": [], "pre": [], "floor": [], "replay": []} for n in names}
     timer = ForwardTimer(runner)
     runner.forward = timer
     try:
@@ -161,6 +163,7 @@ def decode_ab(runner, graphs: dict, bs: int, cfg, bw: float, weight_bytes: int) 
                     ids = batch.step([[t] for t in ids])  # .tolist() inside synchronizes
                     acc[name]["step"].append(time.perf_counter() - t0)
                     acc[name]["host"].append(timer.host_s[-1])
+                    acc[name]["pre"].append(timer.enter_s[-1] - t0)  # batch building before forward()
                     kvr = kv_bytes(bs * ctx, mc.num_hidden_layers, runner.num_kv_heads, mc.head_dim,
                                    mc.dtype.itemsize)
                     acc[name]["floor"].append(memory_floor_s(weight_bytes, kvr, bw))
@@ -174,6 +177,7 @@ def decode_ab(runner, graphs: dict, bs: int, cfg, bw: float, weight_bytes: int) 
         step, floor = statistics.median(a["step"]), statistics.median(a["floor"])
         rows.append({"batch": bs, "setting": name, "step_ms": step * 1e3, "floor_ms": floor * 1e3,
                      "ratio": step / floor, "host_ms": statistics.median(a["host"]) * 1e3,
+                     "pre_ms": statistics.median(a["pre"]) * 1e3,
                      "replay_ms": statistics.median(a["replay"]), "steps": len(a["step"]),
                      "nodes": graph_node_counts(graphs[name].graphs[graphs[name].padded_size(bs)])})
         logger.info("bs %d %s: step %.3f ms (floor %.3f, x%.3f), host %.3f ms, replay %.3f ms, nodes %s", bs, name,
@@ -237,14 +241,14 @@ def render(res: dict) -> str:
                 f"{r['floor_ms']:.3f} | {r['ratio']:.3f} | {r['prefill_s']:.3f} |" for r in res["cli"]]
         out.append("")
     out += ["## Decode A/B, one process, order alternated", "",
-            "| batch | setting | step (ms) | floor (ms) | step/floor | host in forward (ms) | graph replay (ms) "
-            "| nodes |",
-            "|---:|---|---:|---:|---:|---:|---:|---|"]
+            "| batch | setting | step (ms) | floor (ms) | step/floor | host before forward (ms) | host in forward (ms) "
+            "| graph replay (ms) | nodes |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in res.get("decode", []):
         nodes = r["nodes"] or {}
         nd = f"{nodes.get('total', 'n/a')} ({nodes.get('kernel', '?')} kernels)" if nodes else "n/a"
         out.append(f"| {r['batch']} | {r['setting']} | {r['step_ms']:.3f} | {r['floor_ms']:.3f} | {r['ratio']:.3f} |"
-                   f" {r['host_ms']:.3f} | {r['replay_ms']:.3f} | {nd} |")
+                   f" {r['pre_ms']:.3f} | {r['host_ms']:.3f} | {r['replay_ms']:.3f} | {nd} |")
     if res.get("prefill"):
         p = res["prefill"]
         out += ["", f"Prefill {p['tokens']} tokens: {p['median_s'] * 1e3:.1f} ms, "
