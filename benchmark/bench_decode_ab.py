@@ -101,8 +101,8 @@ def capture_setting(runner, name: str, sizes: list[int]):
         if hasattr(graph, "instantiate"):
             try:
                 graph.instantiate()
-            except RuntimeError:  # already instantiated (keep_graph unsupported)
-                pass
+            except Exception as e:  # already instantiated (keep_graph unsupported): replay works as is
+                logger.info("graph.instantiate(): %s: %s", type(e).__name__, e)
     return g
 
 
