@@ -34,7 +34,7 @@ stage "1. GPU test: batch 128 x 1K at the defaults (Llama-3.1-8B config, dummy w
 timeout -k 10 "$(cap 130)" $PY -m pytest -q -s -p no:cacheprovider test/gpu/test_memory_budget_gpu.py -m gpu \
   > "$OUT/issue27_gpu_test.log" 2>&1
 rc[test]=$?
-grep -E "KV pool|batch 128|activation reserve|passed|failed|skipped|Error|error" "$OUT/issue27_gpu_test.log" | tail -n 12
+grep -E "KV pool|batch 128|largest step|passed|failed|skipped|Error|error" "$OUT/issue27_gpu_test.log" | tail -n 12
 
 stage "2. bench_one_batch at the defaults, batch 1 32 128 x 1024 in / 32 out"
 rm -f "$OUT/issue27_cli.jsonl"
@@ -87,7 +87,7 @@ stage "summary"
   echo
   echo "rc: gpu_test=${rc[test]} bench_one_batch=${rc[cli]} decode_ab=${rc[ab]} serving=${rc[serving]}"
   echo
-  grep -E "KV pool|batch 128 x 1024" "$OUT/issue27_gpu_test.log" | sed 's/^/    /'
+  grep -E "KV pool|batch 128 x 1024|largest step" "$OUT/issue27_gpu_test.log" | sed 's/^/    /'
   echo
   if [[ -f "$OUT/issue27_decode_ab.md" ]]; then cat "$OUT/issue27_decode_ab.md"; else
     echo "(no decode A/B table; bench_one_batch lines:)"; grep -E "median" "$OUT/issue27_cli.log"; fi

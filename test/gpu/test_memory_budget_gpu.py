@@ -50,6 +50,11 @@ def test_llama8b_batch128_x_1k_fits_at_the_defaults():
 
     # the largest forward the scheduler can form at these flags (chunk + decode rows + sampling) runs beside the pool
     lim = mb.forward_limits(args, runner.max_running_requests, graphs_on=True)
-    ids = mb.run_dummy_forward(runner, lim.max_tokens, lim.max_rows, sampled=True)
+    torch.cuda.reset_peak_memory_stats(dev)
+    res0 = torch.cuda.memory_reserved(dev)
+    ids = mb.run_dummy_forward(runner, lim.max_tokens, lim.max_rows, sampled=True, kv=runner.kv_cache)
     assert ids.shape == (lim.max_rows,)
     torch.cuda.synchronize(dev)
+    grew = torch.cuda.max_memory_reserved(dev) - res0
+    print(f"largest step ({lim.max_tokens} tokens, {lim.max_rows} rows, sampled): peak {grew / 2**20:.0f} MiB")
+    assert grew <= reserve

@@ -126,6 +126,14 @@ def test_dummy_forward_runs_and_leaves_the_runner_untouched(cpu_runner):
     assert 0 <= int(ids.min()) and int(ids.max()) < cpu_runner.model_config.vocab_size
     assert mb.run_dummy_forward(cpu_runner, 16, 16, sampled=False).shape == (16,)
     assert cpu_runner.kv_cache.available_size() == free0
+    # on the runner's own pool: its slots and rows come back
+    rows0 = cpu_runner.req_to_token_pool.available_size()
+    assert mb.run_dummy_forward(cpu_runner, 64, 8, sampled=True, kv=cpu_runner.kv_cache).shape == (8,)
+    assert cpu_runner.kv_cache.available_size() == free0
+    assert cpu_runner.req_to_token_pool.available_size() == rows0
+    with pytest.raises(RuntimeError, match="free slots"):
+        mb.run_dummy_forward(cpu_runner, free0 + 1, 1, sampled=False, kv=cpu_runner.kv_cache)
+    assert cpu_runner.req_to_token_pool.available_size() == rows0
     assert torch.equal(cpu_runner.sampler._generator(cpu_runner.device).get_state(), gen_state)
     with pytest.raises(ValueError, match="rows"):
         mb.run_dummy_forward(cpu_runner, 4, 5, sampled=False)

@@ -137,7 +137,12 @@ def _dummy_batch(runner: "ModelRunner", kv, tokens: int, rows: int, sampled: boo
 
     lens = [tokens - rows + 1] + [1] * (rows - 1)
     req_rows = kv.req_to_token_pool.alloc(rows)
+    if req_rows is None:
+        raise RuntimeError(f"the KV cache has fewer than {rows} free request rows for the profiling forward")
     locs = kv.allocator.alloc(tokens)
+    if locs is None:
+        kv.req_to_token_pool.free(list(req_rows))
+        raise RuntimeError(f"the KV cache has fewer than {tokens} free slots for the profiling forward")
     kv.req_to_token_pool.write_batch(list(req_rows), [0] * rows, lens, locs)
     params = []
     for _ in range(rows):
@@ -156,15 +161,17 @@ def _dummy_batch(runner: "ModelRunner", kv, tokens: int, rows: int, sampled: boo
 
 @torch.inference_mode()
 def run_dummy_forward(runner: "ModelRunner", tokens: int, rows: int, sampled: bool,
-                      on_ready: Optional[Callable[[], None]] = None) -> torch.Tensor:
+                      on_ready: Optional[Callable[[], None]] = None, kv=None) -> torch.Tensor:
     """One forward of ``tokens`` tokens over ``rows`` requests (see :func:`_dummy_batch`), + a fresh sampler's step
-    when ``sampled``, on a temporary KV cache of ``tokens`` slots (freed on return; the runner's own KV cache and
-    sampler generator are untouched). ``on_ready`` runs once the inputs are built, just before the forward (the
-    profiler resets its peak counters there). Returns the sampled (``sampled``) or argmax ids, ``[rows]`` int64.
-    Works on any device; :func:`profile_peak_bytes` wraps it on CUDA.
+    when ``sampled``. ``kv``: a :class:`~sglang.srt.mem_cache.kv_cache.KVCache` to take the slots and rows from (they
+    are returned afterwards); None: a temporary one of ``tokens`` slots, freed on return. The runner's sampler
+    generator is untouched. ``on_ready`` runs once the inputs are built, just before the forward (the profiler resets
+    its peak counters there). Returns the sampled (``sampled``) or argmax ids, ``[rows]`` int64. Works on any
+    device; :func:`profile_peak_bytes` wraps it on CUDA.
 
     Raises:
         ValueError: ``rows`` outside ``1..tokens``.
+        RuntimeError: ``kv`` has too few free slots or rows.
     """
     from sglang.srt.forward_batch_info import ForwardBatch
     from sglang.srt.layers.sampler import Sampler
@@ -173,19 +180,26 @@ def run_dummy_forward(runner: "ModelRunner", tokens: int, rows: int, sampled: bo
     if not 1 <= rows <= tokens:
         raise ValueError(f"profiling forward needs 1 <= rows <= tokens, got rows={rows} tokens={tokens}")
     mc, dev, page = runner.model_config, runner.device, runner.page_size
-    kv = KVCache.create(max_total_tokens=tokens + 2 * page - tokens % page, page_size=page, dtype=mc.dtype,
-                        head_num=runner.num_kv_heads, head_dim=mc.head_dim, layer_num=mc.num_hidden_layers,
-                        req_rows=rows + 1, max_context_len=tokens + 8, device=dev, disable_radix_cache=True)
+    own = kv is None
+    if own:
+        kv = KVCache.create(max_total_tokens=tokens + 2 * page - tokens % page, page_size=page, dtype=mc.dtype,
+                            head_num=runner.num_kv_heads, head_dim=mc.head_dim, layer_num=mc.num_hidden_layers,
+                            req_rows=rows + 1, max_context_len=tokens + 8, device=dev, disable_radix_cache=True)
     batch = _dummy_batch(runner, kv, tokens, rows, sampled)
-    if on_ready is not None:
-        on_ready()
-    fb = ForwardBatch.init_new(batch, dev, kv.req_to_token_pool, kv.token_to_kv_pool, runner.attn_backend)
-    out = runner.executor.run(runner.model, fb)
-    if not sampled:
-        return torch.argmax(out.next_token_logits, dim=-1)
-    # a fresh Sampler: the runner's generator must not advance (seeded outputs stay as without profiling)
-    return Sampler(0, dev).forward(out.next_token_logits, batch.sampling_info, False,
-                                   batch.top_logprobs_nums).next_token_ids
+    try:
+        if on_ready is not None:
+            on_ready()
+        fb = ForwardBatch.init_new(batch, dev, kv.req_to_token_pool, kv.token_to_kv_pool, runner.attn_backend)
+        out = runner.executor.run(runner.model, fb)
+        if not sampled:
+            return torch.argmax(out.next_token_logits, dim=-1)
+        # a fresh Sampler: the runner's generator must not advance (seeded outputs stay as without profiling)
+        return Sampler(0, dev).forward(out.next_token_logits, batch.sampling_info, False,
+                                       batch.top_logprobs_nums).next_token_ids
+    finally:
+        if not own:
+            kv.allocator.free(batch.out_cache_loc)
+            kv.req_to_token_pool.free(batch.req_pool_indices)
 
 
 def profile_peak_bytes(runner: "ModelRunner", tokens: int, rows: int, sampled: bool) -> int:
