@@ -49,11 +49,10 @@ def test_kv_pool_bytes_rejects_bad_fraction(bad):
 
 
 def test_forward_limits_follow_the_scheduler_rules():
-    assert mb.DEFAULT_GRAPH_MAX_BS == DEFAULT_MAX_BS
     args = ServerArgs(model_path="x")
     lim = mb.forward_limits(args, 1024, graphs_on=True)  # defaults: chunk 8192, graphs up to 160
-    assert (lim.max_tokens, lim.max_rows, lim.graph_max_bs) == (8192, 1024, 160)
-    assert lim.graph_rows_total == sum(capture_batch_sizes(160))
+    assert (lim.max_tokens, lim.max_rows, lim.graph_max_bs) == (8192, 1024, DEFAULT_MAX_BS)
+    assert lim.graph_rows_total == sum(capture_batch_sizes(DEFAULT_MAX_BS))
     assert mb.forward_limits(args, 20000, graphs_on=False) == mb.ForwardLimits(20000, 20000)  # decode > chunk
     assert mb.forward_limits(ServerArgs(model_path="x", chunked_prefill_size=-1), 64, False).max_tokens == 16384 + 64
     small = mb.forward_limits(ServerArgs(model_path="x", chunked_prefill_size=512, cuda_graph_max_bs=24), 48, True)
@@ -97,8 +96,8 @@ def test_measure_activation_reserve_sums_its_parts(monkeypatch):
     monkeypatch.setattr(mb, "profiling_applies", lambda runner, args: True)
     args = ServerArgs(model_path="x")
     got = mb.measure_activation_reserve(FakeRunner(), args, 1024)
-    assert calls == [(8192, 1024, True), (160, 160, False)]
-    rows_total = sum(capture_batch_sizes(160))
+    assert calls == [(8192, 1024, True), (DEFAULT_MAX_BS, DEFAULT_MAX_BS, False)]
+    rows_total = sum(capture_batch_sizes(DEFAULT_MAX_BS))
     assert got == 3 * GiB + 2 * (100 << 20) + rows_total * 1000 * 4 + mb.HEADROOM_BYTES
     calls.clear()
     off = ServerArgs(model_path="x", disable_cuda_graph=True)

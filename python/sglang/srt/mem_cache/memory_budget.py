@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 HEADROOM_BYTES = 512 << 20  # fragmentation + non-PyTorch allocations after start (cuBLAS/NCCL workspaces)
-DEFAULT_GRAPH_MAX_BS = 160  # cuda_graph_runner.DEFAULT_MAX_BS (kept equal; a unit test checks)
 
 
 @dataclass(frozen=True)
@@ -67,7 +66,7 @@ def forward_limits(args: "ServerArgs", max_running: int, graphs_on: bool) -> For
     Raises:
         ValueError: ``max_running < 1``.
     """
-    from sglang.srt.model_executor.cuda_graph_runner import capture_batch_sizes
+    from sglang.srt.model_executor.cuda_graph_runner import DEFAULT_MAX_BS, capture_batch_sizes
 
     if max_running < 1:
         raise ValueError(f"max_running must be >= 1, got {max_running}")
@@ -83,7 +82,7 @@ def forward_limits(args: "ServerArgs", max_running: int, graphs_on: bool) -> For
     rows = min(max_running, max_tokens)
     if not graphs_on:
         return ForwardLimits(max_tokens, rows)
-    sizes = capture_batch_sizes(min(args.cuda_graph_max_bs or DEFAULT_GRAPH_MAX_BS, max_running))
+    sizes = capture_batch_sizes(min(args.cuda_graph_max_bs or DEFAULT_MAX_BS, max_running))
     return ForwardLimits(max_tokens, rows, sizes[-1], sum(sizes))
 
 
