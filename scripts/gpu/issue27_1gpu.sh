@@ -9,8 +9,9 @@
 #      decode A/B of SGLANG_DECODE_FUSED_REDUCE / SGLANG_GRAPH_GREEDY (off, fr, gg, both; order alternated) with
 #      per-step graph-node counts, host time inside ModelRunner.forward and replay-only GPU time; 8K-token prefill
 #      vs the matmul rate.
-#   4. If >= 110 s are left: one server at the defaults + bench_serving random 1024/256 @64 (needs the carried
-#      wheels in .whl/ for fastapi/uvicorn/...; installed by device_preamble.sh).
+#   4. If >= 110 s are left: one server at the defaults + bench_serving random 1024/256 @64 (128 prompts), then
+#      ShareGPT @64 (200 prompts) if >= 45 s are left (needs the carried wheels in .whl/ for fastapi/uvicorn/...,
+#      installed by device_preamble.sh, and the data in ../shared/data or .sd/).
 # Usage (repo root; data at ../shared/data or carried as .sd/): bash scripts/gpu/issue27_1gpu.sh
 # Writes under $OUT: issue27_summary.md (the tables), issue27_decode_ab.{md,json}, issue27_cli.jsonl, issue27_*.log.
 set -uo pipefail
@@ -71,6 +72,13 @@ if (( $(left) >= 110 )); then
       > "$OUT/issue27_serving.log" 2>&1
     rc[serving]=$?
     tail -n 22 "$OUT/issue27_serving.log"
+    if (( $(left) >= 45 )); then
+      echo "== 4b. ShareGPT, 200 prompts @64 ($(left) s left)"
+      timeout -k 5 "$(cap 60)" $PY -m sglang.bench_serving --backend sglang --port "$port" --tokenizer "$tok" \
+        --dataset-name sharegpt --dataset-path "$data/datasets/sharegpt/ShareGPT_V3_filtered_1000.json" \
+        --num-prompts 200 --max-concurrency 64 --disable-tqdm --output-file "$OUT/issue27_serving_sharegpt.jsonl" \
+        > "$OUT/issue27_serving_sharegpt.log" 2>&1 || echo "sharegpt rc=$?"
+    fi
   else
     rc[serving]=unhealthy
     tail -n 30 "$OUT/issue27_server.log"
@@ -91,15 +99,20 @@ stage "summary"
   echo
   if [[ -f "$OUT/issue27_decode_ab.md" ]]; then cat "$OUT/issue27_decode_ab.md"; else
     echo "(no decode A/B table; bench_one_batch lines:)"; grep -E "median" "$OUT/issue27_cli.log"; fi
-  if [[ -f "$OUT/issue27_serving_random.jsonl" ]]; then
-    echo; echo "## bench_serving random 1024/256 @64 (128 prompts)"
-    $PY - "$OUT/issue27_serving_random.jsonl" <<'PYEOF'
-import json, sys
-r = json.loads([l for l in open(sys.argv[1]) if l.strip()][-1])
+  if compgen -G "$OUT/issue27_serving_*.jsonl" > /dev/null; then
+    echo; echo "## bench_serving @64 (random 1024/256: 128 prompts; ShareGPT: 200 prompts), server at the defaults"
+    $PY - "$OUT"/issue27_serving_*.jsonl <<'PYEOF'
+import json, os, sys
 keys = ["completed", "output_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms",
         "p99_itl_ms", "mean_tpot_ms"]
-print("| " + " | ".join(keys) + " |"); print("|" + "---:|" * len(keys))
-print("| " + " | ".join(f"{r[k]:.1f}" if isinstance(r.get(k), float) else str(r.get(k, "n/a")) for k in keys) + " |")
+print("| workload | " + " | ".join(keys) + " |"); print("|---|" + "---:|" * len(keys))
+for path in sys.argv[1:]:
+    lines = [l for l in open(path) if l.strip()]
+    if not lines:
+        continue
+    r = json.loads(lines[-1])
+    cells = [f"{r[k]:.1f}" if isinstance(r.get(k), float) else str(r.get(k, "n/a")) for k in keys]
+    print(f"| {os.path.basename(path)[len('issue27_serving_'):-6]} | " + " | ".join(cells) + " |")
 PYEOF
   fi
 } > "$OUT/issue27_summary.md" 2>&1
