@@ -2,9 +2,10 @@
 
 Before the KV pool is allocated, :func:`measure_activation_reserve` runs profiling forwards of the largest
 shapes the scheduler can form (:func:`forward_limits`) on a small temporary KV cache and reads the peak of
-PyTorch's caching allocator (``torch.cuda.max_memory_allocated`` / ``max_memory_reserved``), as vLLM's
-``profile_run`` does (Kwon et al. 2023, "Efficient Memory Management for Large Language Model Serving with
-PagedAttention", sec. 4.3 sizes the block pool from the memory left after a profiling run):
+PyTorch's caching allocator (``torch.cuda.max_memory_allocated`` / ``max_memory_reserved``), as vLLM's worker
+does before it sizes its KV block pool (``profile_run`` / ``determine_num_available_blocks`` in vLLM, the engine of
+Kwon et al. 2023, "Efficient Memory Management for Large Language Model Serving with PagedAttention"; the paper
+itself does not describe the profiling step):
 
 * the eager peak: one forward of ``max_tokens`` tokens over ``max_rows`` requests (one prefill chunk plus
   single-token rows, as a mixed chunked-prefill step), followed by the sampler on all rows with top-k/top-p/min-p
