@@ -241,47 +241,6 @@ def test_decode_cuda_graph_replay_equals_eager(bs):
         assert torch.equal(out, eager)
 
 
-@pytest.mark.parametrize("bs", [1, 4, 16])
-def test_fused_split_reduce_vs_torch_native_and_replays(bs):
-    """SGLANG_DECODE_FUSED_REDUCE=1 (last split program merges; 16/8/2 splits at bs 1/4/16 on 132 SMs) matches
-    torch_native and the two-launch path; 200 CUDA-graph replays give bit-identical output (the merge order is fixed
-    by split index whoever merges, so any difference is a memory-ordering race) and leave the counters at zero."""
-    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
-    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
-
-    gen = torch.Generator().manual_seed(bs + 1000)
-    prefix = [int(x) for x in torch.randint(1, 4000, (bs,), generator=gen)]
-    q, k, v, layer, make_batch = build_case(gen, prefix, [1] * bs, 32, 8, 128, torch.bfloat16)
-    rfb = make_batch(TorchNativeAttnBackend())
-    ref = rfb.attn_backend.forward(q, k, v, layer, rfb)
-    plain = make_batch(TritonAttnBackend(fused_reduce=False))
-    two_launch = plain.attn_backend.forward(q, k, v, layer, plain)
-    backend = TritonAttnBackend(fused_reduce=True)
-    backend.init_cuda_graph_state(bs, 32, 128, 8, torch.device(DEV))
-    fb = make_batch(backend)
-    assert fb.attn_metadata.num_kv_splits > 1
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        eager = backend.forward(q, k, v, layer, fb)
-    torch.cuda.current_stream().wait_stream(stream)
-    close(eager, ref, torch.bfloat16)
-    close(eager, two_launch, torch.bfloat16, scale=0.5)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = backend.forward(q, k, v, layer, fb)
-    first = None
-    for _ in range(200):
-        graph.replay()
-        if first is None:
-            first = out.clone()
-        elif not torch.equal(out, first):
-            pytest.fail("fused split reduce: replays of one input differ (memory-ordering race)")
-    torch.cuda.synchronize()
-    assert torch.equal(first, eager)
-    assert not any(c.any() for c in backend._counters.values())
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_fused_ops_vs_references(dtype):
     from sglang.srt.layers import ops

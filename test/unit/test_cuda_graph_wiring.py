@@ -200,7 +200,7 @@ def test_forward_replays_graphs_for_decode_batches_that_fit(runner, gen):
         cleanup()
 
 
-# ------------------------------------------------------------------------------------- SGLANG_GRAPH_GREEDY
+# ------------------------------------------------------------------------------------- argmax in the graph
 def _info(**kw):
     params = [SamplingParams(temperature=0.0), SamplingParams(**{"temperature": 0.0, **kw})]
     for p in params:
@@ -230,14 +230,13 @@ def test_graph_greedy_eligible_only_for_plain_greedy_batches():
 
 
 class _GreedyFakeGraphs(_FakeGraphs):
-    """Replays "the graph" eagerly: like a capture with graph_greedy, the argmax of the padded batch's logits (the real
-    rows plus two padding rows: padded size 4) sits in a static buffer read through CudaGraphRunner.greedy_ids."""
+    """Replays "the graph" eagerly: like a capture, the argmax of the padded batch's logits (the real rows plus two
+    padding rows: padded size 4) sits in a static buffer read through CudaGraphRunner.greedy_ids."""
 
-    def __init__(self, logits, graph_greedy: bool):
+    def __init__(self, logits):
         super().__init__(logits, runs=True)
         self.graph = _bare_graph_runner(4)
         self.graph.batch_sizes = [1, 4]
-        self.graph.graph_greedy = graph_greedy
         padded = torch.cat([logits, torch.randn(2, logits.shape[1])])
         self.graph.greedy_outputs = {4: torch.argmax(padded, dim=-1)}
 
@@ -245,45 +244,62 @@ class _GreedyFakeGraphs(_FakeGraphs):
         return CudaGraphRunner.greedy_ids(self.graph, batch)
 
 
-@pytest.mark.parametrize("graph_greedy", [True, False])
-def test_forward_takes_graph_greedy_ids_and_equals_the_sampler(runner, gen, monkeypatch, graph_greedy):
-    """With the graph's argmax available (SGLANG_GRAPH_GREEDY=1) and an all-greedy batch, ModelRunner.forward returns
+def test_forward_takes_graph_greedy_ids_and_equals_the_sampler(runner, gen, monkeypatch):
+    """With the graph's argmax (always captured since issue 27) and an all-greedy batch, ModelRunner.forward returns
     those ids without calling the sampler, and they equal the sampler's ids on the same logits (the eager path);
-    with the switch off, or a batch that asks for logprobs, the sampler runs as before."""
+    for a batch that asks for logprobs the sampler runs as before."""
     batch, cleanup = _prefill_then_decode(runner, gen)
     try:
         eager_logits, eager_sample = runner.forward(batch)
-        runner.cuda_graph_runner = _GreedyFakeGraphs(eager_logits.next_token_logits.clone(), graph_greedy)
+        runner.cuda_graph_runner = _GreedyFakeGraphs(eager_logits.next_token_logits.clone())
         calls = []
         real = runner.sampler.forward
         monkeypatch.setattr(runner.sampler, "forward", lambda *a, **k: calls.append(1) or real(*a, **k))
         logits, sample = runner.forward(batch)
-        assert calls == ([] if graph_greedy else [1])
+        assert calls == []
         assert torch.equal(sample.next_token_ids, eager_sample.next_token_ids)
         assert sample.next_token_ids.dtype == torch.int64 and sample.logprobs is None
         batch.return_logprob = True
         logits, sample = runner.forward(batch)
-        assert len(calls) == (1 if graph_greedy else 2) and sample.logprobs is not None
+        assert len(calls) == 1 and sample.logprobs is not None
         assert torch.equal(sample.next_token_ids, eager_sample.next_token_ids)
     finally:
         runner.cuda_graph_runner = None
         cleanup()
 
 
-@pytest.mark.parametrize("env,expect", [(None, False), ("0", False), ("1", True)])
-def test_graph_greedy_switch_defaults_off(monkeypatch, env, expect):
-    """CudaGraphRunner reads SGLANG_GRAPH_GREEDY once when built (capture stubbed out: no CUDA here)."""
-    if env is None:
-        monkeypatch.delenv("SGLANG_GRAPH_GREEDY", raising=False)
-    else:
-        monkeypatch.setenv("SGLANG_GRAPH_GREEDY", env)
-    monkeypatch.setattr(CudaGraphRunner, "_capture_all", lambda self: None)
-    fake_runner = SimpleNamespace(device=torch.device("cpu"), model_config=SimpleNamespace(head_dim=8),
-                                  attn_backend=object(), local_num_heads=4,
-                                  token_to_kv_pool=SimpleNamespace(head_num=2))
-    g = CudaGraphRunner(fake_runner, 4, 0)
-    assert g.graph_greedy is expect and g.greedy_outputs == {}
-    assert CudaGraphRunner(fake_runner, 4, 0, graph_greedy=not expect).graph_greedy is (not expect)
+@pytest.mark.parametrize("loc_as_list", [False, True])
+def test_decode_input_stager_packs_rows_and_padding(gen, loc_as_list):
+    """DecodeInputStager (one packed copy per replay, issue 27): columns [:bs] hold the batch, [bs:padded] the padding
+    (token 0, position 0, the pad row, seq_len 1, KV slot 0), for batches of changing size through alternating host
+    buffers; it equals the pre-issue-27 staging on the same batches; bad sizes raise."""
+    from sglang.srt.model_executor.graph_inputs import DecodeInputStager, stage_decode_inputs_legacy
+
+    st = DecodeInputStager(16, 7, "cpu")
+    legacy_static = torch.zeros(5, 16, dtype=torch.int64)
+    legacy_pad = torch.tensor([[0], [0], [7], [1]], dtype=torch.int64).expand(4, 16).contiguous()
+    for bs, padded in ((5, 8), (16, 16), (1, 1), (3, 4)):
+        b = _decode_batch(bs, rows=torch.randint(0, 9, (bs,), generator=gen).tolist())
+        b.input_ids = torch.randint(0, VOCAB, (bs,), generator=gen).tolist()
+        b.positions = torch.randint(0, 50, (bs,), generator=gen).tolist()
+        b.seq_lens = [p + 1 for p in b.positions]
+        b.out_cache_loc = torch.randint(1, 999, (bs,), generator=gen)
+        if loc_as_list:
+            b.out_cache_loc = b.out_cache_loc.tolist()
+        st.stage(b, padded)
+        want = torch.tensor([b.input_ids, b.positions, b.req_pool_indices, b.seq_lens, list(b.out_cache_loc)])
+        assert torch.equal(st.static[:, :bs], want)
+        pad = torch.tensor([[0], [0], [7], [1], [0]]).expand(5, padded - bs)
+        assert torch.equal(st.static[:, bs:padded], pad)
+        if not loc_as_list:
+            stage_decode_inputs_legacy(legacy_static, legacy_pad, b, padded)
+            assert torch.equal(legacy_static[:, :padded], st.static[:, :padded])
+    ids, pos, rows, seq, loc = st.views()
+    assert ids.data_ptr() == st.static.data_ptr() and loc.shape == (16,)
+    with pytest.raises(ValueError, match="padded"):
+        st.stage(_decode_batch(5), 4)
+    with pytest.raises(ValueError, match="max_bs"):
+        DecodeInputStager(0, 0, "cpu")
 
 
 # ------------------------------------------------------------------------------------- layers -> ops

@@ -308,28 +308,6 @@ def test_legacy_and_new_decode_agree():
     assert_close(outs[1], outs[0], torch.float32)
 
 
-@pytest.mark.parametrize("mixed", [False, True])
-def test_fused_reduce_backend_matches_torch_native(monkeypatch, mixed):
-    """SGLANG_DECODE_FUSED_REDUCE=1: the backend (4 splits on CPU) gives torch_native's decode output, for a decode
-    batch and for the decode rows of a mixed batch, twice in a row on one backend (counters reused), and its
-    counters are zero afterwards."""
-    monkeypatch.setenv("SGLANG_DECODE_FUSED_REDUCE", "1")
-    gen = torch.Generator().manual_seed(77 + mixed)
-    ext = [1, 5, 1, 1] if mixed else [1, 1, 1, 1]
-    q, k, v, layer, make_batch = build_case(gen, [40, 7, 130, 3], ext, 16, 4, 64, torch.float32)
-    ref_fb = make_batch(TorchNativeAttnBackend())
-    ref = ref_fb.attn_backend.forward(q, k, v, layer, ref_fb)
-    backend = TritonAttnBackend()
-    assert backend.fused_reduce
-    for _ in range(2):
-        fb = make_batch(backend)
-        assert fb.attn_metadata.num_kv_splits > 1
-        assert_close(fb.attn_backend.forward(q, k, v, layer, fb), ref, torch.float32)
-    (counters,) = backend._counters.values()
-    assert counters.numel() >= 3 * 4 and not counters.any()
-    assert not TritonAttnBackend(legacy_decode=True, fused_reduce=True).fused_reduce
-
-
 @pytest.mark.parametrize("splits", [1, 4])
 def test_model_level_triton_fused_path_matches_torch_native(tmp_path, monkeypatch, splits):
     """A tiny Llama through ModelRunner (prefill of 3 requests of different lengths, then 3 decode steps): the Triton

@@ -6,12 +6,15 @@ per padded batch size and replay it, copying the real batch into static
 input buffers first. Padding rows read and write only the reserved dummy KV
 slot 0 through a reserved ``req_to_token`` row, and their logits are dropped.
 
-Only the forward is captured; sampling runs eagerly on the logits, except with
-``SGLANG_GRAPH_GREEDY=1`` (issue 19, experimental, off by default): each graph then also
-computes the argmax of its logits into a static int64 buffer, and
+Each graph also computes the argmax of its logits into a static int64 buffer (issue 19's
+``SGLANG_GRAPH_GREEDY``, the default since issue 27: on one H100 it cut the host time in
+``ModelRunner.forward`` at batch 1/32/128 with no cost in the replay; the switch is gone), and
 :meth:`CudaGraphRunner.greedy_ids` hands those ids to the runner for batches whose
 every row is plain greedy (:func:`graph_greedy_eligible`), so the sampler's launches
-are skipped for them. The attention backend must be graph-safe for decode (no host syncs, metadata
+are skipped for them; other batches are sampled eagerly from the logits.
+
+Inputs: one packed host-to-device copy per replay from a persistent pinned buffer
+(:class:`~sglang.srt.model_executor.graph_inputs.DecodeInputStager`, issue 27). The attention backend must be graph-safe for decode (no host syncs, metadata
 read from the static tensors): the Triton backend is, ``torch_native`` is not.
 """
 
@@ -19,7 +22,6 @@ from __future__ import annotations
 
 import bisect
 import logging
-import os
 import time
 from typing import TYPE_CHECKING, Optional
 
@@ -27,6 +29,7 @@ import torch
 
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.forward_batch_info import ForwardBatch, ForwardMode, ModelWorkerBatch
+from sglang.srt.model_executor.graph_inputs import DecodeInputStager
 
 if TYPE_CHECKING:
     from sglang.srt.model_executor.model_runner import ModelRunner
@@ -34,7 +37,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BS = 160
-GRAPH_GREEDY_ENV = "SGLANG_GRAPH_GREEDY"
 
 
 def graph_greedy_eligible(batch: ModelWorkerBatch) -> bool:
@@ -64,18 +66,13 @@ class CudaGraphRunner:
         runner: the :class:`ModelRunner` (model, pools, attention backend on a CUDA device).
         max_bs: largest batch captured; larger decode batches run eagerly.
         pad_req_idx: a ``req_to_token`` row reserved for padding, whose slot 0 is the dummy KV slot.
-        graph_greedy: also capture ``argmax(logits)`` per graph (see the module docstring); None reads
-            ``SGLANG_GRAPH_GREEDY`` (``1`` = on; default off).
     Raises:
         RuntimeError: capture failed (e.g. an op synchronizes with the host); the caller
             logs it and runs eagerly.
     """
 
-    def __init__(self, runner: "ModelRunner", max_bs: int, pad_req_idx: int, graph_greedy: Optional[bool] = None):
+    def __init__(self, runner: "ModelRunner", max_bs: int, pad_req_idx: int):
         self.runner = runner
-        if graph_greedy is None:
-            graph_greedy = os.environ.get(GRAPH_GREEDY_ENV, "0") not in ("", "0")
-        self.graph_greedy = bool(graph_greedy)
         self.greedy_outputs: dict[int, torch.Tensor] = {}  # padded bs -> [bs] int64 argmax, written by replays
         self.device = runner.device
         self.batch_sizes = capture_batch_sizes(max_bs)
@@ -83,11 +80,8 @@ class CudaGraphRunner:
         self.pad_req_idx = pad_req_idx
         n = self.max_bs
         i64 = dict(dtype=torch.int64, device=self.device)
-        # rows: input_ids, positions, req_pool_indices, seq_lens (one host->device copy per replay)
-        self.host_pad = torch.tensor([[0], [0], [pad_req_idx], [1]], dtype=torch.int64).expand(4, n).contiguous()
-        self.static_ints = self.host_pad.to(self.device)
-        self.input_ids, self.positions, self.req_pool_indices, self.seq_lens = self.static_ints.unbind(0)
-        self.out_cache_loc = torch.zeros(n, **i64)
+        self.inputs = DecodeInputStager(n, pad_req_idx, self.device)  # one host->device copy per replay
+        self.input_ids, self.positions, self.req_pool_indices, self.seq_lens, self.out_cache_loc = self.inputs.views()
         self.ones = torch.ones(n, **i64)
         self.arange = torch.arange(n, **i64)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -131,12 +125,11 @@ class CudaGraphRunner:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool, stream=stream):
                 out = self.runner.model(fb.input_ids, fb.positions, fb)
-                ids = torch.argmax(out.next_token_logits, dim=-1) if self.graph_greedy else None
+                ids = torch.argmax(out.next_token_logits, dim=-1)
             self.pool = graph.pool()
             self.graphs[bs] = graph
             self.outputs[bs] = out.next_token_logits
-            if self.graph_greedy:
-                self.greedy_outputs[bs] = ids
+            self.greedy_outputs[bs] = ids
         torch.cuda.synchronize(self.device)
         used = (free0 - torch.cuda.mem_get_info(self.device)[0]) / 2**20
         logger.info("captured CUDA graphs for decode batch sizes %s in %.1f s (%.0f MiB)", self.batch_sizes,
@@ -161,21 +154,15 @@ class CudaGraphRunner:
         """
         bs = batch.batch_size
         padded = self.padded_size(bs)
-        host = self.host_pad.clone()  # padding rows: token 0 at position 0 of the pad row, seq_len 1
-        host[:, :bs] = torch.tensor([batch.input_ids, batch.positions, batch.req_pool_indices, batch.seq_lens],
-                                    dtype=torch.int64)
-        self.static_ints.copy_(host.pin_memory(), non_blocking=True)  # pinned: a true async copy
-        self.out_cache_loc[:bs].copy_(batch.out_cache_loc.to(self.device, torch.int64))
-        if padded > bs:
-            self.out_cache_loc[bs:padded].zero_()  # the dummy KV slot
+        self.inputs.stage(batch, padded)  # padding rows: token 0 at position 0 of the pad row, KV slot 0
         self.graphs[padded].replay()
         return LogitsProcessorOutput(next_token_logits=self.outputs[padded][:bs])
 
     def greedy_ids(self, batch: ModelWorkerBatch) -> Optional[torch.Tensor]:
         """After :meth:`replay` of ``batch``: its next token ids ``[batch_size]`` int64 on the device (a view of the
-        graph's static argmax output, valid until the next replay, like the logits) when this runner captured the
-        argmax (``graph_greedy``) and :func:`graph_greedy_eligible` holds; else None (sample from the logits)."""
-        if not self.graph_greedy or not graph_greedy_eligible(batch):
+        graph's static argmax output, valid until the next replay, like the logits) when
+        :func:`graph_greedy_eligible` holds; else None (sample from the logits)."""
+        if not graph_greedy_eligible(batch):
             return None
         bs = batch.batch_size
         return self.greedy_outputs[self.padded_size(bs)][:bs]

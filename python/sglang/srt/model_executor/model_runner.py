@@ -270,7 +270,7 @@ class ModelRunner:
         greedy_ids = None
         if graphs is not None and graphs.can_run(batch):
             logits_out = graphs.replay(batch)
-            greedy_ids = graphs.greedy_ids(batch)  # SGLANG_GRAPH_GREEDY=1 and an all-greedy batch: argmax in graph
+            greedy_ids = graphs.greedy_ids(batch)  # an all-greedy batch: the argmax captured in the graph
         else:
             fb = ForwardBatch.init_new(batch, self.device, self.req_to_token_pool, self.token_to_kv_pool,
                                        self.attn_backend)

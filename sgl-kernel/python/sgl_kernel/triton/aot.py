@@ -4,8 +4,8 @@
 ``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))`` down to PTX and cubin (ptxas from the CUDA
 toolkit) and prints one JSON line ``{name: {"error", "cubin_bytes", "ptx_lines", "shared"}}``, so a CPU machine
 proves that each kernel variant the decode step launches (the issue 19 and the legacy decode kernel, the one-split
-direct-output variant, the fused-reduce variant of ``SGLANG_DECODE_FUSED_REDUCE=1``, the reduce, fused RoPE + KV
-store; the skinny GEMM under evaluation) builds for the H100/H200 at the Llama-3.1-8B shapes.
+direct-output variant, the reduce, fused RoPE + KV store; the skinny GEMM under evaluation) builds for the
+H100/H200 at the Llama-3.1-8B shapes.
 Must run with ``TRITON_INTERPRET`` unset.
 """
 
@@ -17,17 +17,16 @@ from typing import Dict, Tuple
 _I32 = "i32"
 
 
-def _decode_split(k_rows: bool, direct: bool, splits: int,
-                  fused: bool = False) -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
+def _decode_split(k_rows: bool, direct: bool, splits: int) -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
     sig = {n: t for n, t in (
         ("Q", "*bf16"), ("K_buf", "*bf16"), ("V_buf", "*bf16"), ("Req_to_token", "*i32"), ("Req_pool_idx", "*i64"),
-        ("Seq_lens", "*i64"), ("Mid_o", "*fp32"), ("Mid_lse", "*fp32"), ("Out", "*bf16"), ("Counters", "*i32"),
+        ("Seq_lens", "*i64"), ("Mid_o", "*fp32"), ("Mid_lse", "*fp32"), ("Out", "*bf16"),
         ("qk_scale", "fp32"))}
     for n in ("stride_qb", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_r2t",
               "stride_mob", "stride_moh", "stride_mos", "stride_mlb", "stride_mlh", "stride_ob", "stride_oh"):
         sig[n] = _I32
     const = dict(GROUP=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=16, BLOCK_N=64, NUM_SPLITS=splits, DOT_F32=False,
-                 K_ROWS=k_rows, DIRECT_OUT=direct, FUSED_REDUCE=fused)
+                 K_ROWS=k_rows, DIRECT_OUT=direct)
     for n in const:
         sig[n] = "constexpr"
     return "decode_attention", "_decode_split_kernel", sig, const, 4
@@ -75,7 +74,6 @@ KERNELS = {
     "decode_split_rows_2": _decode_split(True, False, 2),
     "decode_split_rows_direct": _decode_split(True, True, 1),
     "decode_split_legacy_8": _decode_split(False, False, 8),
-    "decode_split_fused_4": _decode_split(True, False, 4, fused=True),  # SGLANG_DECODE_FUSED_REDUCE=1
     "decode_reduce": _decode_reduce(),
     "rope_kv_store_neox": _rope_kv_store(True),
     "rope_kv_store_gptj": _rope_kv_store(False),
@@ -113,26 +111,11 @@ def compile_kernel(name: str, arch: int = 90):
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps, "num_stages": 2})
 
 
-def _atom_after_barrier(ptx: str) -> bool:
-    """True when the PTX has an atomic and a CTA barrier sits between the last global store before the first atomic
-    and that atomic (so every thread's stores are ordered before the one-thread release atomic)."""
-    lines = ptx.splitlines()
-    at = next((i for i, line in enumerate(lines) if re.search(r"\batom\.", line)), None)
-    if at is None:
-        return False
-    for line in reversed(lines[:at]):
-        if re.search(r"\b(bar\.sync|barrier\.sync)", line):
-            return True
-        if re.search(r"\bst\.global", line):
-            return False
-    return False
-
-
 def report(arch: int = 90) -> Dict[str, dict]:
     """Compile every kernel; per name: {"error", "cubin_bytes", "ptx_lines", "shared" (shared memory bytes),
     "v4_loads" (16-byte global loads), "scalar_b16_loads", "cp_async16" (16-byte asynchronous copies to shared memory:
-    loads pipelined over ``num_stages``), "atom_acq_rel_gpu" (acquire-release atomics at gpu scope: the fused split
-    reduce's arrival counter), "bar_sync" (CTA barriers), "atom_after_barrier" (see :func:`_atom_after_barrier`)}."""
+    loads pipelined over ``num_stages``), "atom_acq_rel_gpu" (acquire-release atomics at gpu scope; none of the
+    kernels should have any), "bar_sync" (CTA barriers)}."""
     out: Dict[str, dict] = {}
     for name in KERNELS:
         try:
@@ -145,8 +128,7 @@ def report(arch: int = 90) -> Dict[str, dict]:
                              cp_async16=len(re.findall(r"cp\.async\.\w+\.shared\.global[^;]*, 0x10", ptx)),
                              atom_acq_rel_gpu=len(re.findall(r"atom(\.\w+)*\.acq_rel(\.\w+)*\.gpu\b|"
                                                              r"atom(\.\w+)*\.gpu(\.\w+)*\.acq_rel\b", ptx)),
-                             bar_sync=len(re.findall(r"\b(bar\.sync|barrier\.sync)", ptx)),
-                             atom_after_barrier=_atom_after_barrier(ptx))
+                             bar_sync=len(re.findall(r"\b(bar\.sync|barrier\.sync)", ptx)))
         except Exception as e:  # reported per kernel, so one failure does not hide the others
             out[name] = dict(error=f"{type(e).__name__}: {e}"[:2000], cubin_bytes=0, ptx_lines=0, shared=0)
     return out

@@ -20,8 +20,9 @@ Issue 19 (decode step within 1.3x of the memory floor): the split count now foll
 kernel normalises and writes the output itself (no partials, no reduce launch); K tiles are loaded as contiguous
 ``[BLOCK_N, head_dim]`` rows (16-byte vector loads, one offset tensor shared with V, both issued before the first
 product). ``legacy=True`` / ``policy="legacy"`` keep the previous kernel and rule for side-by-side benchmarks.
-With ``counters=`` (``SGLANG_DECODE_FUSED_REDUCE=1`` in the backend; off by default) the last split program of each
-(request, KV head) merges the partials itself, so more than one split also needs one launch only.
+Issue 27 removed the fused split reduce (``SGLANG_DECODE_FUSED_REDUCE``, last split program merges via an arrival
+counter): on one H100 its graph replay was within noise of the two-launch reduce at batch 1/32/128
+(benchmark/results/2026-11-26_issue27_round1_h100.md), so the simpler path stays.
 """
 
 from __future__ import annotations
@@ -43,20 +44,18 @@ _LOG2E = 1.4426950408889634
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K_buf, V_buf, Req_to_token, Req_pool_idx, Seq_lens, Mid_o, Mid_lse, Out, Counters,
+    Q, K_buf, V_buf, Req_to_token, Req_pool_idx, Seq_lens, Mid_o, Mid_lse, Out,
     qk_scale,  # softmax scale * log2(e)
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t,
     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_F32: tl.constexpr,
-    K_ROWS: tl.constexpr, DIRECT_OUT: tl.constexpr, FUSED_REDUCE: tl.constexpr,
+    K_ROWS: tl.constexpr, DIRECT_OUT: tl.constexpr,
 ):
     # K_ROWS: load each K tile as [BLOCK_N, BLOCK_D] (one contiguous head_dim row per slot: 16-byte vector loads)
     # and transpose in registers for QK^T; False keeps the original [BLOCK_D, BLOCK_N] gather.
     # DIRECT_OUT (only with NUM_SPLITS == 1): write the normalised output straight into Out in its dtype, so no
     # partial results and no reduce launch.
-    # FUSED_REDUCE (only with NUM_SPLITS > 1): the last split program of each (request, KV head) to finish merges
-    # the partials itself (see _merge_partials_if_last), so no reduce launch.
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -119,56 +118,6 @@ def _decode_split_kernel(
         tl.store(Mid_o + b * stride_mob + offs_h[:, None] * stride_moh + split * stride_mos + offs_d[None, :], out,
                  mask=mask_h[:, None] & mask_d[None, :])
         tl.store(Mid_lse + b * stride_mlb + offs_h * stride_mlh + split, lse, mask=mask_h)
-        if FUSED_REDUCE:
-            _merge_partials_if_last(Mid_o, Mid_lse, Out, Counters + b * tl.num_programs(1) + kvh, b, offs_h,
-                                    mask_h, offs_d, mask_d, stride_mob, stride_moh, stride_mos, stride_mlb,
-                                    stride_mlh, stride_ob, stride_oh, NUM_SPLITS, BLOCK_H, BLOCK_D)
-
-
-@triton.jit
-def _merge_partials_if_last(Mid_o, Mid_lse, Out, Counter, b, offs_h, mask_h, offs_d, mask_d,
-                            stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
-                            NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Arrival counter + in-kernel reduce of one (request, KV head group) (the "last block" pattern, as in CUDA's
-    threadFenceReduction sample, with acquire/release atomics instead of ``__threadfence``).
-
-    Memory ordering (PTX memory model, scope gpu):
-    * release: every thread of this program stored its part of the partial (mid_o, mid_lse) above. The CTA barrier
-      (``tl.debug_barrier``, ``bar.sync``) orders those stores before the atomic, which Triton issues from one
-      thread; the atomic's release half (``atom.acq_rel.gpu``) then makes all of them (barrier-ordered, hence
-      covered by release cumulativity) visible at gpu scope before the incremented count is. This barrier + one-thread
-      gpu-scope atomic is the same pattern as CUDA cooperative groups' grid barrier.
-    * acquire: the program that reads ``old == NUM_SPLITS - 1`` has synchronised with the release of every earlier
-      arrival (the counter's read-modify-write chain is one release sequence), so all partials are visible to the
-      atomic's thread; Triton broadcasts the atomic's result through shared memory behind a barrier, which orders
-      the other threads' partial loads after the acquire. The loads also use ``.cg`` (L2, bypass L1) so no stale
-      L1 line can be served.
-    * reset: the merging program stores 0 into the counter; the next launch (e.g. the next CUDA-graph replay) is
-      ordered after this one by the stream, so it starts from zero. Exactly one program per counter sees the
-      last value, so every counter returns to zero at the end of each launch.
-    """
-    tl.debug_barrier()
-    old = tl.atomic_add(Counter, 1, sem="acq_rel", scope="gpu")
-    if old == NUM_SPLITS - 1:
-        mask_hd = mask_h[:, None] & mask_d[None, :]
-        lse_base = Mid_lse + b * stride_mlb + offs_h * stride_mlh
-        m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-        for s in tl.static_range(NUM_SPLITS):
-            m = tl.maximum(m, tl.load(lse_base + s, mask=mask_h, other=float("-inf"), cache_modifier=".cg"))
-        m = tl.where(m > float("-inf"), m, 0.0)  # padded heads only (split 0 is never empty)
-        acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-        wsum = tl.zeros([BLOCK_H], dtype=tl.float32)
-        o_base = Mid_o + b * stride_mob + offs_h[:, None] * stride_moh + offs_d[None, :]
-        for s in tl.static_range(NUM_SPLITS):
-            lse = tl.load(lse_base + s, mask=mask_h, other=float("-inf"), cache_modifier=".cg")
-            w = tl.where(lse > float("-inf"), tl.math.exp2(lse - m), 0.0)
-            o = tl.load(o_base + s * stride_mos, mask=mask_hd, other=0.0, cache_modifier=".cg")
-            acc += o * w[:, None]
-            wsum += w
-        wsum = tl.where(wsum > 0.0, wsum, 1.0)
-        tl.store(Out + b * stride_ob + offs_h[:, None] * stride_oh + offs_d[None, :],
-                 (acc / wsum[:, None]).to(Out.dtype.element_ty), mask=mask_hd)
-        tl.store(Counter, 0)
 
 
 @triton.jit
@@ -239,13 +188,6 @@ def decode_attention_workspace(batch_size: int, num_heads: int, head_dim: int, n
     return mid_o, mid_lse
 
 
-def decode_reduce_counters(batch_size: int, num_kv_heads: int, device: torch.device) -> torch.Tensor:
-    """Arrival counters for ``decode_attention_fwd(..., counters=...)`` (the fused split reduce): int32 zeros
-    ``[batch_size * num_kv_heads]`` on ``device``. Zero them once; every launch leaves them at zero again, so one
-    buffer serves every later launch and CUDA-graph replay (keep it alive as long as graphs captured on it)."""
-    return torch.zeros(batch_size * num_kv_heads, dtype=torch.int32, device=device)
-
-
 def _decode_config(head_dim: int, group: int) -> tuple[int, int, int]:
     """(BLOCK_N, num_warps, num_stages) for the split kernel."""
     if head_dim > 128:
@@ -259,8 +201,7 @@ def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tens
                          req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
                          sm_scale: float, num_kv_splits: int, mid_o: torch.Tensor, mid_lse: torch.Tensor,
                          block_n: Optional[int] = None, num_warps: Optional[int] = None,
-                         num_stages: Optional[int] = None, legacy: bool = False,
-                         counters: Optional[torch.Tensor] = None) -> None:
+                         num_stages: Optional[int] = None, legacy: bool = False) -> None:
     """Paged decode attention of one new token per request, written into ``out``.
 
     Args:
@@ -279,12 +220,6 @@ def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tens
         legacy: True runs the kernel as before issue 19 (K tiles gathered transposed, a reduce launch even
             at one split), for old-vs-new benchmarks; False (default) loads K rows contiguously and, at
             ``num_kv_splits == 1``, writes ``out`` directly without the reduce kernel.
-        counters: None (default): at more than one split a second kernel merges the partials. An int32 tensor of
-            at least ``bs * num_kv_heads`` elements, all zero (see :func:`decode_reduce_counters`): the fused split
-            reduce (issue 19, ``SGLANG_DECODE_FUSED_REDUCE=1`` in the Triton backend): the last split program of
-            each (request, KV head) to finish merges the partials in the same launch (acq_rel arrival counter,
-            see ``_merge_partials_if_last``), one launch instead of two; the counters are zero again on return.
-            Ignored at one split (direct output) and with ``legacy=True``.
     Raises:
         ValueError: inconsistent shapes, num_heads not a multiple of num_kv_heads, non-CUDA tensors
             outside the Triton interpreter.
@@ -300,11 +235,6 @@ def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tens
             or mid_o.shape[3] != hd or mid_lse.shape[0] < bs or mid_lse.shape[2] < num_kv_splits:
         raise ValueError(f"decode_attention_fwd: workspace {tuple(mid_o.shape)}/{tuple(mid_lse.shape)} too small "
                          f"for bs={bs}, heads={nh}, splits={num_kv_splits}, head_dim={hd}")
-    if counters is not None and (counters.dtype != torch.int32 or counters.device != q.device
-                                 or counters.numel() < bs * nkv or not counters.is_contiguous()):
-        raise ValueError(f"decode_attention_fwd: counters must be a contiguous int32 tensor on {q.device} with at "
-                         f">= {bs * nkv} elements (bs * num_kv_heads), got {counters.dtype} {tuple(counters.shape)} "
-                         f"on {counters.device}; allocate it with decode_reduce_counters()")
     if bs == 0:
         return
     group = nh // nkv
@@ -315,19 +245,18 @@ def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tens
     warps = num_warps or warps_d
     stages = num_stages or stages_d
     direct = num_kv_splits == 1 and not legacy
-    fused = counters is not None and not direct and not legacy
     k_rows = not legacy and k_buf.stride(0) == v_buf.stride(0)  # K and V tiles share one offset tensor
     _decode_split_kernel[(bs, nkv, num_kv_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse, out,
-        counters if fused else seq_lens, sm_scale * _LOG2E,
+        sm_scale * _LOG2E,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
         req_to_token.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0),
         mid_lse.stride(1), out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=hd, BLOCK_D=block_d, BLOCK_H=block_h, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits,
-        DOT_F32=interpreting(), K_ROWS=k_rows, DIRECT_OUT=direct, FUSED_REDUCE=fused,
+        DOT_F32=interpreting(), K_ROWS=k_rows, DIRECT_OUT=direct,
         num_warps=warps, num_stages=stages,
     )
-    if direct or fused:
+    if direct:
         return
     _decode_reduce_kernel[(bs, nh)](
         mid_o, mid_lse, out,

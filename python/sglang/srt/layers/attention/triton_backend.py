@@ -32,8 +32,7 @@ import torch
 from sglang.srt.layers import ops
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.layers.rotary_embedding import RotaryEmbedding
-from sglang.srt.layers.attention.triton_ops.decode_attention import (decode_attention_fwd, decode_reduce_counters,
-                                                                    default_num_kv_splits)
+from sglang.srt.layers.attention.triton_ops.decode_attention import decode_attention_fwd, default_num_kv_splits
 from sglang.srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
 from sglang.srt.forward_batch_info import ForwardMode
 from sglang.srt.utils.tensor_transfer import ints_to_device
@@ -47,7 +46,6 @@ logger = logging.getLogger(__name__)
 MAX_KV_SPLITS = 16
 LEGACY_DECODE_ENV = "SGLANG_TRITON_DECODE_LEGACY"
 FUSED_ROPE_ENV = "SGLANG_FUSED_ROPE_KV"
-FUSED_REDUCE_ENV = "SGLANG_DECODE_FUSED_REDUCE"
 
 
 def _plain_rope(rotary) -> bool:
@@ -93,29 +91,21 @@ class TritonAttnBackend(AttentionBackend):
 
     fuses_rope_kv_store = True  # RadixAttention hands RoPE to forward() (see its ``rope`` argument)
 
-    def __init__(self, legacy_decode: Optional[bool] = None, fused_rope: Optional[bool] = None,
-                 fused_reduce: Optional[bool] = None) -> None:
+    def __init__(self, legacy_decode: Optional[bool] = None, fused_rope: Optional[bool] = None) -> None:
         """``legacy_decode``: run the decode kernel and split-count rule as before issue 19 (see
         :func:`~sgl_kernel.triton.decode_attention.decode_attention_fwd`); None reads the environment variable
         ``SGLANG_TRITON_DECODE_LEGACY`` (``1`` = legacy). ``fused_rope``: RoPE fused with the KV-cache store (see
         :meth:`forward`); None reads ``SGLANG_FUSED_ROPE_KV`` (``0`` = separate RoPE kernel and indexed stores, as
-        before). ``fused_reduce``: at more than one KV split, the last split program of each (request, KV head)
-        merges the partials in the same launch (no reduce launch; see ``counters`` of
-        :func:`~sgl_kernel.triton.decode_attention.decode_attention_fwd`); None reads ``SGLANG_DECODE_FUSED_REDUCE``
-        (``1`` = fused, default ``0``); no effect with ``legacy_decode``. All are read once, here, so benchmarks can
-        compare old and new in one run."""
+        before). Both are read once, here, so benchmarks can compare old and new in one run. (The fused split
+        reduce, ``SGLANG_DECODE_FUSED_REDUCE``, was removed in issue 27: no measurable gain on an H100.)"""
         if legacy_decode is None:
             legacy_decode = os.environ.get(LEGACY_DECODE_ENV, "0") not in ("", "0")
         self.legacy_decode = bool(legacy_decode)
         if fused_rope is None:
             fused_rope = os.environ.get(FUSED_ROPE_ENV, "1") not in ("", "0")
         self.fused_rope = bool(fused_rope)
-        if fused_reduce is None:
-            fused_reduce = os.environ.get(FUSED_REDUCE_ENV, "0") not in ("", "0")
-        self.fused_reduce = bool(fused_reduce) and not self.legacy_decode
         self.split_policy = "legacy" if self.legacy_decode else "wave"
         self._workspace: dict[tuple[int, int, torch.device], torch.Tensor] = {}
-        self._counters: dict[torch.device, torch.Tensor] = {}  # fused reduce: int32 zeros, grown on demand
         # Buffers replaced by a larger one stay alive: a captured CUDA graph keeps writing into the buffer it
         # was captured with, and freeing it would hand that memory to other tensors (found on H100: graph
         # replays overwrote the KV slot indices the radix cache was freeing).
@@ -189,21 +179,6 @@ class TritonAttnBackend(AttentionBackend):
         device = torch.device(device)
         need = max(bs * self.num_kv_splits(bs, num_kv_heads, device) for bs in range(1, max_bs + 1))
         self._get_workspace(need, num_heads, head_dim, device)
-        if self.fused_reduce:
-            self._get_counters(max_bs * num_kv_heads, device)
-
-    def _get_counters(self, n: int, device: torch.device) -> torch.Tensor:
-        """Fused-reduce arrival counters: int32, at least ``n`` elements, zero between launches (each launch
-        resets the ones it used); grown on demand, and a replaced buffer stays alive like the split workspace."""
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        buf = self._counters.get(device)
-        if buf is None or buf.numel() < n:
-            if buf is not None:
-                self._retired.append(buf)
-            buf = decode_reduce_counters(n, 1, device)
-            self._counters[device] = buf
-        return buf
 
     def _get_workspace(self, rows: int, num_heads: int, head_dim: int, device: torch.device) -> torch.Tensor:
         """Flat fp32 buffer of at least ``rows * num_heads * (head_dim + 1)`` floats (grown on demand; a buffer
@@ -280,7 +255,5 @@ class TritonAttnBackend(AttentionBackend):
         ws = self._get_workspace(bs * splits, nh, hd, q3.device)
         mid_o = ws[: bs * nh * splits * hd].view(bs, nh, splits, hd)
         mid_lse = ws[bs * nh * splits * hd: bs * nh * splits * (hd + 1)].view(bs, nh, splits)
-        counters = self._get_counters(bs * layer.num_kv_heads, q3.device) if self.fused_reduce and splits > 1 else None
         decode_attention_fwd(q3, k_buf, v_buf, out, req_to_token, meta.decode_req_pool_indices,
-                             meta.decode_seq_lens, layer.scaling, splits, mid_o, mid_lse, legacy=self.legacy_decode,
-                             counters=counters)
+                             meta.decode_seq_lens, layer.scaling, splits, mid_o, mid_lse, legacy=self.legacy_decode)

@@ -11,8 +11,8 @@ for _name in ("decode_attention", "extend_attention"):
     globals()[_name] = _mod
 
 from sgl_kernel.triton.decode_attention import (decode_attention_fwd, decode_attention_workspace,  # noqa: E402
-                                                decode_reduce_counters, default_num_kv_splits)
+                                                default_num_kv_splits)
 from sgl_kernel.triton.extend_attention import extend_attention_fwd  # noqa: E402
 
-__all__ = ["decode_attention_fwd", "decode_attention_workspace", "decode_reduce_counters", "default_num_kv_splits",
+__all__ = ["decode_attention_fwd", "decode_attention_workspace", "default_num_kv_splits",
            "extend_attention_fwd"]
