@@ -339,3 +339,40 @@ def test_layers_call_ops_and_keep_cpu_references_bit_exact(monkeypatch, gen):
     xm, lg = torch.randn(7, 8, generator=gen), torch.randn(7, 4, generator=gen)
     assert torch.equal(moe(xm, lg), fused_moe_ref(xm, moe.w13_weight, moe.w2_weight, *select_experts(lg, 2, True)))
     assert all(calls), calls  # every layer went through ops
+
+
+# ------------------------------------------------------------------------------------- sampling-info reuse (issue 27)
+def _reqs(n: int, **kw):
+    from sglang.srt.managers.schedule_batch import Req
+
+    out = []
+    for i in range(n):
+        p = SamplingParams(**{"temperature": 0.0, "max_new_tokens": 8, **kw})
+        p.normalize(None)
+        out.append(Req(f"r{i}-{sorted(kw.items())}", [1, 2, 3], p, eos_token_ids=(2,)))
+    return out
+
+
+def test_make_sampling_info_reuses_step_independent_batches(runner):
+    """The same requests in the same order get the same SamplingBatchInfo object while nothing in it depends on the
+    step; its tensors equal a fresh build after tokens were generated; another order, another request set, or rows
+    whose info depends on the generated tokens (penalties, seeds, min_new_tokens) rebuild it every time."""
+    from sglang.srt.model_executor.model_runner import build_sampling_info
+
+    reqs = _reqs(3)
+    a = runner.make_sampling_info(reqs)
+    reqs[0].output_ids.append(5)
+    assert runner.make_sampling_info(reqs) is a
+    fresh = build_sampling_info(reqs, runner.device, VOCAB)
+    for name in ("temperatures", "top_ps", "top_ks", "min_ps", "greedy_mask"):
+        assert torch.equal(getattr(a, name), getattr(fresh, name)), name
+    assert a.is_all_greedy == fresh.is_all_greedy and not fresh.need_penalties
+    assert runner.make_sampling_info(reqs[::-1]) is not a
+    assert runner.make_sampling_info(reqs[:2]) is not a
+    for kw in (dict(frequency_penalty=0.5), dict(temperature=0.7, seed=3), dict(min_new_tokens=4)):
+        r = _reqs(2, **kw)
+        first = runner.make_sampling_info(r)
+        r[0].output_ids.append(7)
+        second = runner.make_sampling_info(r)
+        assert second is not first, kw
+        assert second.num_generated == [1, 0], kw
