@@ -1,13 +1,21 @@
-"""Issue 27 on one GPU: the decode step against the memory floor with the two graph-node switches A/B'd in ONE
-process, the 8K-token prefill against the matmul rate, and floors for ``bench_one_batch`` results of the same call.
+"""Issue 27 on one GPU: the decode step against the memory floor with the host path around the graph replay A/B'd
+in ONE process (``old`` = before issue 27, ``new`` = now), the 8K-token prefill against the matmul rate with its GPU
+time split by kernel category, and floors for ``bench_one_batch`` results of the same call.
 
-One runner (dummy weights, ``--max-total-tokens`` sized for the largest batch) holds one
-:class:`~sglang.srt.model_executor.cuda_graph_runner.CudaGraphRunner` per switch setting, each captured with its
-setting (``off``; ``fr`` = fused split reduce, ``SGLANG_DECODE_FUSED_REDUCE``; ``gg`` = argmax in the graph,
-``SGLANG_GRAPH_GREEDY``; ``both``) for the measured batch sizes only. Per batch size one static batch (1K-token
-prompts, prefilled in 8192-token chunks) then decodes in blocks of ``--steps`` timed steps per setting, the setting
-order alternating between repetitions (A B C D, D C B A, ...), so every setting sees the same contexts and machine
-state. Per setting and batch it reports:
+One runner (dummy weights, ``--max-total-tokens`` sized for the largest batch) captures one
+:class:`~sglang.srt.model_executor.cuda_graph_runner.CudaGraphRunner` for the measured batch sizes. The two settings
+share its graphs and differ on the host only (round 1 on an H100 settled the graph-node switches: the fused split
+reduce was removed, the in-graph argmax is the default):
+
+* ``old``: the pre-issue-27 host path: a fresh ``SamplingBatchInfo`` every step, the replay inputs staged by
+  :func:`~sglang.srt.model_executor.graph_inputs.stage_decode_inputs_legacy` (two copies, a pinned block per
+  step), greedy ids from the sampler after the replay;
+* ``new``: the sampling info reused for the same requests, one packed copy from a persistent pinned buffer
+  (:class:`~sglang.srt.model_executor.graph_inputs.DecodeInputStager`), greedy ids from the graph's argmax.
+
+Per batch size one static batch (1K-token prompts, prefilled in 8192-token chunks) then decodes in blocks of
+``--steps`` timed steps per setting, the order alternating between repetitions, so both settings see the same
+contexts and machine state. Per setting and batch it reports:
 
 * step: wall time of one synchronized decode step through ``ModelRunner.forward`` (graph replay + sampling, as
   ``bench_one_batch`` times it), median; ratio = step / memory floor at the step's context;
@@ -17,10 +25,13 @@ state. Per setting and batch it reports:
 * nodes: the captured graph's node count by type (``cuGraphGetNodes`` through the driver; needs
   ``torch.cuda.CUDAGraph(keep_graph=True)``).
 
+With ``--breakdown`` one replay per batch size and one prefill are profiled (:mod:`kernel_breakdown`): GPU time
+per kernel category and the GEMM-only rate of the prefill against the matmul rate.
+
 Memory floor = (weight bytes read per step + KV bytes read) / device-to-device copy bandwidth measured first in this
 process. Usage (repo root, one GPU)::
 
-    python benchmark/bench_decode_ab.py --out /tmp/out [--batches 1,32,128] [--cli-results result.jsonl]
+    python benchmark/bench_decode_ab.py --out /tmp/out [--batches 1,32,128] [--cli-results result.jsonl] [--breakdown]
 """
 
 from __future__ import annotations
@@ -51,7 +62,7 @@ from gpu_targets_lib import (  # noqa: E402
 
 logger = logging.getLogger("bench_decode_ab")
 DATA = REPO.parent / "shared" / "data"
-SETTINGS = {"off": (False, False), "fr": (True, False), "gg": (False, True), "both": (True, True)}
+SETTINGS = ("old", "new")
 NODE_TYPES = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "graph", 5: "empty", 6: "wait", 7: "record"}
 
 
@@ -77,12 +88,10 @@ def graph_node_counts(graph) -> Optional[dict]:
         return None
 
 
-def capture_setting(runner, name: str, sizes: list[int]):
-    """A CudaGraphRunner for switch setting ``name`` capturing exactly ``sizes`` (graphs kept for node counts)."""
+def capture_graphs(runner, sizes: list[int]):
+    """A CudaGraphRunner capturing exactly ``sizes`` (graphs kept for node counts)."""
     from sglang.srt.model_executor import cuda_graph_runner as cgr
 
-    fused_reduce, greedy = SETTINGS[name]
-    runner.attn_backend.fused_reduce = fused_reduce  # read when the decode kernels are launched (i.e. captured)
     orig_sizes, orig_graph = cgr.capture_batch_sizes, torch.cuda.CUDAGraph
 
     def keep_graph():
@@ -94,7 +103,7 @@ def capture_setting(runner, name: str, sizes: list[int]):
     cgr.capture_batch_sizes = lambda max_bs: list(sizes)
     torch.cuda.CUDAGraph = keep_graph
     try:
-        g = cgr.CudaGraphRunner(runner, max(sizes), runner.pad_req_idx, graph_greedy=greedy)
+        g = cgr.CudaGraphRunner(runner, max(sizes), runner.pad_req_idx)
     finally:
         cgr.capture_batch_sizes, torch.cuda.CUDAGraph = orig_sizes, orig_graph
     for graph in g.graphs.values():
@@ -104,6 +113,24 @@ def capture_setting(runner, name: str, sizes: list[int]):
             except Exception as e:  # already instantiated (keep_graph unsupported): replay works as is
                 logger.info("graph.instantiate(): %s: %s", type(e).__name__, e)
     return g
+
+
+def set_host_path(runner, graphs, name: str) -> None:
+    """Switch ``runner`` (and its graphs) to the ``old`` or ``new`` host path (see the module docstring) by
+    instance attributes; ``new`` removes them (the class methods are the new path)."""
+    from sglang.srt.model_executor.graph_inputs import stage_decode_inputs_legacy
+    from sglang.srt.model_executor.model_runner import build_sampling_info
+
+    for obj, attr in ((runner, "make_sampling_info"), (graphs, "greedy_ids"), (graphs.inputs, "stage")):
+        obj.__dict__.pop(attr, None)
+    runner._sampling_cache = None
+    if name == "old":
+        pad = torch.from_numpy(graphs.inputs._pad[:4].copy())
+        runner.make_sampling_info = lambda reqs: build_sampling_info(reqs, runner.device,
+                                                                     runner.model_config.vocab_size)
+        graphs.greedy_ids = lambda batch: None
+        graphs.inputs.stage = lambda batch, padded: stage_decode_inputs_legacy(graphs.inputs.static, pad, batch,
+                                                                               padded)
 
 
 class ForwardTimer:
@@ -136,12 +163,12 @@ def replay_only_ms(graphs, bs: int, reps: int = 10) -> float:
     return statistics.median(times)
 
 
-def decode_ab(runner, graphs: dict, bs: int, cfg, bw: float, weight_bytes: int) -> list[dict]:
+def decode_ab(runner, graphs, bs: int, cfg, bw: float, weight_bytes: int) -> list[dict]:
     """Alternating-order decode blocks of every setting on one static batch of ``bs`` x ``cfg.context``."""
     from sglang.bench_one_batch import StaticBatch
 
     mc = runner.model_config
-    names = list(graphs)
+    names = list(cfg.settings)
     total_steps = cfg.reps * len(names) * (cfg.steps + cfg.warmup) + 1
     gen = torch.Generator().manual_seed(cfg.seed + bs)
     prompts = torch.randint(0, mc.vocab_size, (bs, cfg.context), generator=gen).tolist()
@@ -153,7 +180,7 @@ def decode_ab(runner, graphs: dict, bs: int, cfg, bw: float, weight_bytes: int) 
         ids = batch.prefill(prompts, 8192)
         for rep in range(cfg.reps):
             for name in (names if rep % 2 == 0 else names[::-1]):
-                runner.cuda_graph_runner = graphs[name]
+                set_host_path(runner, graphs, name)
                 for _ in range(cfg.warmup):
                     ids = batch.step([[t] for t in ids])
                 for _ in range(cfg.steps):
@@ -167,9 +194,10 @@ def decode_ab(runner, graphs: dict, bs: int, cfg, bw: float, weight_bytes: int) 
                     kvr = kv_bytes(bs * ctx, mc.num_hidden_layers, runner.num_kv_heads, mc.head_dim,
                                    mc.dtype.itemsize)
                     acc[name]["floor"].append(memory_floor_s(weight_bytes, kvr, bw))
-                acc[name]["replay"].append(replay_only_ms(graphs[name], bs))
+                acc[name]["replay"].append(replay_only_ms(graphs, bs))
     finally:
         del runner.forward
+        set_host_path(runner, graphs, "new")
         batch.free()
     rows = []
     for name in names:
@@ -179,7 +207,7 @@ def decode_ab(runner, graphs: dict, bs: int, cfg, bw: float, weight_bytes: int) 
                      "ratio": step / floor, "host_ms": statistics.median(a["host"]) * 1e3,
                      "pre_ms": statistics.median(a["pre"]) * 1e3,
                      "replay_ms": statistics.median(a["replay"]), "steps": len(a["step"]),
-                     "nodes": graph_node_counts(graphs[name].graphs[graphs[name].padded_size(bs)])})
+                     "nodes": graph_node_counts(graphs.graphs[graphs.padded_size(bs)])})
         logger.info("bs %d %s: step %.3f ms (floor %.3f, x%.3f), host %.3f ms, replay %.3f ms, nodes %s", bs, name,
                     step * 1e3, floor * 1e3, step / floor, rows[-1]["host_ms"], rows[-1]["replay_ms"],
                     rows[-1]["nodes"])
@@ -197,6 +225,33 @@ def prefill_rate(runner, tokens: int, reps: int, mm: float, seed: int) -> dict:
                           mc.head_dim)
     return {"tokens": tokens, "median_s": med, "flops_per_s": flops / med, "matmul_flops_per_s": mm,
             "ratio": flops / med / mm}
+
+
+def breakdowns(runner, graphs, cfg, mm: float) -> list[dict]:
+    """Kernel-category split of one replay per batch size (inputs as last staged) and of one prefill of
+    ``cfg.prefill_tokens`` tokens (with the GEMM-only rate vs the matmul rate ``mm``)."""
+    from kernel_breakdown import kernel_breakdown
+
+    from sglang.bench_one_batch import run_latency
+
+    rows = []
+    for bs in cfg.batches:
+        graph = graphs.graphs[graphs.padded_size(bs)]
+        graph.replay()
+        rows.append({"label": f"decode replay bs {bs}", "breakdown": kernel_breakdown(graph.replay)})
+    if cfg.prefill_tokens:
+        mc, stats = runner.model_config, model_param_stats(runner.model)
+        label = f"prefill {cfg.prefill_tokens} tokens"
+        b = kernel_breakdown(lambda: run_latency(runner, 1, cfg.prefill_tokens, 1, cfg.seed + 99))
+        gemm_ms = b.get("by_category", {}).get("gemm", 0.0)
+        if gemm_ms:
+            flops = 2.0 * cfg.prefill_tokens * stats.layer_matmul_params + 2.0 * stats.lm_head_params
+            b["gemm_rate_ratio"] = flops / (gemm_ms / 1e3) / mm
+            label += f" (GEMMs at {b['gemm_rate_ratio']:.2f} of the matmul rate)"
+        rows.append({"label": label, "breakdown": b})
+    for r in rows:
+        logger.info("breakdown %s: %s", r["label"], {k: v for k, v in r["breakdown"].items() if k != "top"})
+    return rows
 
 
 def cli_floors(path: str, bw: float, weight_bytes: int, mc, kv_heads: int) -> list[dict]:
@@ -240,7 +295,7 @@ def render(res: dict) -> str:
         out += [f"| {r['batch']} | {r['input_len']} | {r['output_len']} | {r['median_decode_ms']:.3f} | "
                 f"{r['floor_ms']:.3f} | {r['ratio']:.3f} | {r['prefill_s']:.3f} |" for r in res["cli"]]
         out.append("")
-    out += ["## Decode A/B, one process, order alternated", "",
+    out += ["## Decode, host path old vs new (same graphs), one process, order alternated", "",
             "| batch | setting | step (ms) | floor (ms) | step/floor | host before forward (ms) | host in forward (ms) "
             "| graph replay (ms) | nodes |",
             "|---:|---|---:|---:|---:|---:|---:|---:|---|"]
@@ -253,6 +308,10 @@ def render(res: dict) -> str:
         p = res["prefill"]
         out += ["", f"Prefill {p['tokens']} tokens: {p['median_s'] * 1e3:.1f} ms, "
                 f"{p['flops_per_s'] / 1e12:.0f} TFLOP/s = {p['ratio']:.2f} of the matmul rate (target >= 0.70)."]
+    if res.get("breakdown"):
+        from kernel_breakdown import render_breakdowns
+
+        out += ["", "## GPU time by kernel category (torch.profiler)", ""] + render_breakdowns(res["breakdown"])
     return "\n".join(out) + "\n"
 
 
@@ -261,7 +320,8 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-path", default=str(DATA / "configs" / "meta-llama--Meta-Llama-3.1-8B"))
     p.add_argument("--batches", default="1,32,128")
-    p.add_argument("--settings", default="off,fr,gg,both")
+    p.add_argument("--settings", default="old,new")
+    p.add_argument("--breakdown", action="store_true", help="profile one replay per batch and one prefill")
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2)
@@ -303,8 +363,9 @@ def main(argv=None) -> int:
                                 runner.num_kv_heads)
     write()
     t0 = time.monotonic()
-    graphs = {name: capture_setting(runner, name, sorted(set(cfg.batches))) for name in cfg.settings}
-    logger.info("captured %d settings in %.1f s", len(graphs), time.monotonic() - t0)
+    graphs = capture_graphs(runner, sorted(set(cfg.batches)))
+    runner.cuda_graph_runner = graphs
+    logger.info("captured graphs in %.1f s", time.monotonic() - t0)
     res["decode"] = []
     for bs in cfg.batches:
         res["decode"] += decode_ab(runner, graphs, bs, cfg, res["hbm_bytes_per_s"], weight_bytes)
@@ -312,6 +373,9 @@ def main(argv=None) -> int:
     if cfg.prefill_tokens:
         res["prefill"] = prefill_rate(runner, cfg.prefill_tokens, cfg.prefill_reps, res["matmul_flops_per_s"],
                                       cfg.seed)
+        write()
+    if cfg.breakdown:
+        res["breakdown"] = breakdowns(runner, graphs, cfg, res["matmul_flops_per_s"])
     write()
     sys.stdout.write(render(res))
     return 0

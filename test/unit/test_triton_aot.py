@@ -21,7 +21,7 @@ if importlib.util.find_spec("triton") is None:  # not imported here: the interpr
 
 REPO = Path(__file__).resolve().parents[2]
 KP = str(REPO / "sgl-kernel" / "python")
-NAMES = ("decode_split_rows_2", "decode_split_rows_direct", "decode_split_legacy_8", "decode_reduce",
+NAMES = ("decode_split_rows_2", "decode_split_rows_direct", "decode_split_legacy_8", "decode_reduce", "extend",
          "rope_kv_store_neox", "rope_kv_store_gptj", "rope_neox", "skinny_gemm")
 
 
@@ -50,6 +50,14 @@ def test_decode_kv_tiles_use_pipelined_16_byte_copies(aot_report, name):
     assert rep["cp_async16"] >= 16 and rep["scalar_b16_loads"] == 0, rep
     assert rep["shared"] <= 228 * 1024 // 5, rep  # 5 programs per SM: the premise of default_num_kv_splits
     assert rep["atom_acq_rel_gpu"] == 0, rep  # the fused split reduce (an arrival counter) was removed in issue 27
+
+
+def test_extend_attention_streams_kv_with_pipelined_copies(aot_report):
+    """The prefill/extend kernel (issue 27: 8K prefill) moves K/V tiles by 16-byte asynchronous copies, never 2-byte
+    scalar loads, and fits two programs per SM (BLOCK_M 128, BLOCK_N 64, head_dim 128, 2 stages)."""
+    rep = aot_report["extend"]
+    assert rep["cp_async16"] >= 16 and rep["scalar_b16_loads"] == 0, rep
+    assert rep["shared"] <= 228 * 1024 // 2, rep
 
 
 def test_rope_kv_store_neox_is_vectorized(aot_report):

@@ -23,7 +23,7 @@ def _decode_split(k_rows: bool, direct: bool, splits: int) -> Tuple[str, str, Di
         ("Seq_lens", "*i64"), ("Mid_o", "*fp32"), ("Mid_lse", "*fp32"), ("Out", "*bf16"),
         ("qk_scale", "fp32"))}
     for n in ("stride_qb", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_r2t",
-              "stride_mob", "stride_moh", "stride_mos", "stride_mlb", "stride_mlh", "stride_ob", "stride_oh"):
+              "stride_mob", "stride_moh", "stride_mos", "stride_qt", "stride_ot", "stride_mlb", "stride_mlh", "stride_ob", "stride_oh"):
         sig[n] = _I32
     const = dict(GROUP=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=16, BLOCK_N=64, NUM_SPLITS=splits, DOT_F32=False,
                  K_ROWS=k_rows, DIRECT_OUT=direct)
@@ -34,7 +34,7 @@ def _decode_split(k_rows: bool, direct: bool, splits: int) -> Tuple[str, str, Di
 
 def _decode_reduce() -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
     sig = {"Mid_o": "*fp32", "Mid_lse": "*fp32", "Out": "*bf16"}
-    for n in ("stride_mob", "stride_moh", "stride_mos", "stride_mlb", "stride_mlh", "stride_ob", "stride_oh"):
+    for n in ("stride_mob", "stride_moh", "stride_mos", "stride_qt", "stride_ot", "stride_mlb", "stride_mlh", "stride_ob", "stride_oh"):
         sig[n] = _I32
     const = dict(HEAD_DIM=128, BLOCK_D=128, NUM_SPLITS=2, BLOCK_S=2)
     sig.update({n: "constexpr" for n in const})
@@ -51,6 +51,18 @@ def _rope_kv_store(neox: bool) -> Tuple[str, str, Dict[str, str], Dict[str, obje
                  PASS_THROUGH=False)
     sig.update({n: "constexpr" for n in const})
     return "rope_kv_store", "_rope_kv_store_kernel", sig, const, 4
+
+
+def _extend() -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
+    sig = {"Q": "*bf16", "Out": "*bf16", "K_buf": "*bf16", "V_buf": "*bf16", "Req_to_token": "*i32",
+           "Req_pool_idx": "*i64", "Prefix_lens": "*i64", "Extend_lens": "*i64", "Extend_start": "*i64",
+           "qk_scale": "fp32"}
+    for n in ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kt", "stride_kh", "stride_vt", "stride_vh",
+              "stride_r2t"):
+        sig[n] = _I32
+    const = dict(GROUP=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=128, BLOCK_N=64, DOT_F32=False)
+    sig.update({n: "constexpr" for n in const})
+    return "extend_attention", "_extend_kernel", sig, const, 8
 
 
 def _rope(neox: bool) -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
@@ -75,6 +87,7 @@ KERNELS = {
     "decode_split_rows_direct": _decode_split(True, True, 1),
     "decode_split_legacy_8": _decode_split(False, False, 8),
     "decode_reduce": _decode_reduce(),
+    "extend": _extend(),  # prefill / extend attention at the Llama-3.1-8B shapes (issue 27: 8K prefill)
     "rope_kv_store_neox": _rope_kv_store(True),
     "rope_kv_store_gptj": _rope_kv_store(False),
     "rope_neox": _rope(True),  # the unfused kernel, for comparison
@@ -85,7 +98,7 @@ KERNELS = {
 # integer arguments that are multiples of 16 at the Llama-3.1-8B shapes (Triton's JIT specialises such values, and
 # 16-byte aligned pointers, as ``tt.divisibility = 16``; AOT must say so or it compiles scalar loads)
 _DIV16_INTS = {"stride_qb", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_mob",
-               "stride_moh", "stride_mos", "stride_mlb", "stride_mlh", "stride_ob", "stride_oh", "stride_q", "stride_k",
+               "stride_moh", "stride_mos", "stride_qt", "stride_ot", "stride_mlb", "stride_mlh", "stride_ob", "stride_oh", "stride_q", "stride_k",
                "stride_v", "stride_c", "stride_kbt", "stride_kbh", "stride_vbt", "stride_vbh", "num_q_heads",
                "stride_xm", "stride_wn", "stride_ym", "K", "N"}
 

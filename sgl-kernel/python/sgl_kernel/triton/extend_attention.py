@@ -6,7 +6,8 @@ streams key/value tiles of ``BLOCK_N`` rows, so the score matrix never reaches
 HBM. The keys come from the paged pool through ``req_to_token`` (the new tokens'
 K/V are written to the pool before the call), in two phases: tiles that every
 query row of the block may see (the cached prefix and earlier new tokens, no
-mask) and the diagonal tiles with the causal mask.
+mask) and the diagonal tiles with the causal mask. Query blocks are scheduled longest first (the causal work of
+block ``m`` grows with ``m``), so a prefill does not end on a tail wave of the longest blocks.
 
 Rows with ``extend_len == 1`` are decode rows; a mixed batch therefore runs
 through this kernel unchanged.
@@ -61,7 +62,9 @@ def _extend_kernel(
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
-    mblk = tl.program_id(2)
+    # heaviest query blocks first (issue 27): block m of a causal prefill reads m + 1 key tiles and the hardware
+    # launches programs in grid order, so the long blocks start in the first waves and the short ones fill the tail
+    mblk = tl.num_programs(2) - 1 - tl.program_id(2)
     ext_len = tl.load(Extend_lens + b).to(tl.int32)
     if mblk * BLOCK_M < ext_len:
         prefix = tl.load(Prefix_lens + b).to(tl.int32)
