@@ -23,7 +23,7 @@ def _decode_split(k_rows: bool, direct: bool, splits: int) -> Tuple[str, str, Di
         ("Seq_lens", "*i64"), ("Mid_o", "*fp32"), ("Mid_lse", "*fp32"), ("Out", "*bf16"),
         ("qk_scale", "fp32"))}
     for n in ("stride_qb", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_r2t",
-              "stride_mob", "stride_moh", "stride_mos", "stride_qt", "stride_ot", "stride_mlb", "stride_mlh", "stride_ob", "stride_oh"):
+              "stride_mob", "stride_moh", "stride_mos", "stride_mlb", "stride_mlh", "stride_ob", "stride_oh"):
         sig[n] = _I32
     const = dict(GROUP=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=16, BLOCK_N=64, NUM_SPLITS=splits, DOT_F32=False,
                  K_ROWS=k_rows, DIRECT_OUT=direct)
@@ -34,7 +34,7 @@ def _decode_split(k_rows: bool, direct: bool, splits: int) -> Tuple[str, str, Di
 
 def _decode_reduce() -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
     sig = {"Mid_o": "*fp32", "Mid_lse": "*fp32", "Out": "*bf16"}
-    for n in ("stride_mob", "stride_moh", "stride_mos", "stride_qt", "stride_ot", "stride_mlb", "stride_mlh", "stride_ob", "stride_oh"):
+    for n in ("stride_mob", "stride_moh", "stride_mos", "stride_mlb", "stride_mlh", "stride_ob", "stride_oh"):
         sig[n] = _I32
     const = dict(HEAD_DIM=128, BLOCK_D=128, NUM_SPLITS=2, BLOCK_S=2)
     sig.update({n: "constexpr" for n in const})
@@ -98,8 +98,9 @@ KERNELS = {
 # integer arguments that are multiples of 16 at the Llama-3.1-8B shapes (Triton's JIT specialises such values, and
 # 16-byte aligned pointers, as ``tt.divisibility = 16``; AOT must say so or it compiles scalar loads)
 _DIV16_INTS = {"stride_qb", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_mob",
-               "stride_moh", "stride_mos", "stride_qt", "stride_ot", "stride_mlb", "stride_mlh", "stride_ob", "stride_oh", "stride_q", "stride_k",
-               "stride_v", "stride_c", "stride_kbt", "stride_kbh", "stride_vbt", "stride_vbh", "num_q_heads",
+               "stride_moh", "stride_mos", "stride_mlb", "stride_mlh", "stride_ob", "stride_oh", "stride_q", "stride_k",
+               "stride_qt", "stride_ot", "stride_v", "stride_c", "stride_kbt", "stride_kbh", "stride_vbt", "stride_vbh",
+               "num_q_heads",
                "stride_xm", "stride_wn", "stride_ym", "K", "N"}
 
 
