@@ -14,8 +14,9 @@ every row is plain greedy (:func:`graph_greedy_eligible`), so the sampler's laun
 are skipped for them; other batches are sampled eagerly from the logits.
 
 Inputs: one packed host-to-device copy per replay from a persistent pinned buffer
-(:class:`~sglang.srt.model_executor.graph_inputs.DecodeInputStager`, issue 27). The attention backend must be graph-safe for decode (no host syncs, metadata
-read from the static tensors): the Triton backend is, ``torch_native`` is not.
+(:class:`~sglang.srt.model_executor.graph_inputs.DecodeInputStager`, issue 27). The attention backend
+must be graph-safe for decode (no host syncs, metadata read from the static tensors): the Triton
+backend is, ``torch_native`` is not.
 """
 
 from __future__ import annotations
