@@ -348,12 +348,11 @@ def test_cuda_graph_replay_equals_eager(arch, tmp_path):
 
 
 def test_graph_greedy_ids_equal_the_sampler(tmp_path, monkeypatch):
-    """SGLANG_GRAPH_GREEDY=1: decode steps of greedy batches (sizes 1..16, padded) take their ids from the argmax
-    captured in the graph, and those equal the sampler's argmax on the same logits; the sampler is not called."""
-    monkeypatch.setenv("SGLANG_GRAPH_GREEDY", "1")
+    """Decode steps of greedy batches (sizes 1..16, padded) take their ids from the argmax captured in the graph (the
+    default since issue 27), and those equal the sampler's argmax on the same logits; the sampler is not called."""
     runner = make_runner(write_config(tmp_path, "llama", "bfloat16"), "triton", "bfloat16", "cuda", graphs=True)
     gr = runner.cuda_graph_runner
-    assert gr is not None and gr.graph_greedy and set(gr.greedy_outputs) == set(gr.batch_sizes)
+    assert gr is not None and set(gr.greedy_outputs) == set(gr.batch_sizes)
     drv = Driver(runner)
     gen = torch.Generator().manual_seed(5)
     rids = [f"g{i}" for i in range(16)]
