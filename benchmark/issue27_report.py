@@ -2,7 +2,8 @@
 
 Reads what ``scripts/gpu/issue27_1gpu.sh`` leaves under ``--out``: ``issue27_decode_ab.json``
 (``benchmark/bench_decode_ab.py``: floors, ``bench_one_batch`` rows, decode old/new, prefill, kernel breakdown),
-``host_cuda/decode_host.json`` (``benchmark/bench_decode_host.py --device cuda``), ``issue27_serving_*.jsonl``
+``host_cuda/decode_host.json`` (``benchmark/bench_decode_host.py --device cuda``), ``extend_configs.md``
+(``benchmark/bench_extend_configs.py``), ``issue27_serving_*.jsonl``
 (``bench_serving``), ``issue27_gpu_test.log`` / ``issue27_pytest.log``; any missing part is reported as missing.
 
 Usage: ``python benchmark/issue27_report.py --out DIR --command "..." --commit SHA [--round 2]``; writes
@@ -135,7 +136,11 @@ def render(out_dir: Path, command: str, commit: str, round_no: int) -> str:
     else:
         head.append("- issue27_decode_ab.json missing: no floors, decode or prefill numbers this round.")
     body = head + ["", "## Correctness (GPU tests of this round)", ""] + _tests(out_dir) + [""]
-    body += _cli(res) + _decode(res) + _host(out_dir) + _prefill(res) + _serving(out_dir)
+    body += _cli(res) + _decode(res) + _host(out_dir) + _prefill(res)
+    ext = out_dir / "extend_configs.md"
+    body += (["## " + ext.read_text().strip(), ""] if ext.exists()
+             else ["Extend attention config sweep: missing.", ""])
+    body += _serving(out_dir)
     return "\n".join(body) + "\n"
 
 

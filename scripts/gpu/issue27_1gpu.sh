@@ -9,7 +9,8 @@
 #      decode with the host path old (before issue 27) vs new on the same graphs (order alternated) with graph-node
 #      counts, host time before/inside ModelRunner.forward and replay-only GPU time; 8K-token prefill vs the matmul
 #      rate; GPU time by kernel category of one replay per batch and of the prefill (--breakdown).
-#   4. benchmark/bench_decode_host.py --device cuda: the host part of a step, old vs new, with real pinned copies.
+#   4. benchmark/bench_decode_host.py --device cuda: the host part of a step, old vs new, with real pinned copies;
+#      benchmark/bench_extend_configs.py: the prefill attention kernel's tile configs at 8K vs torch SDPA.
 #   5. If >= 80 s are left: the memory GPU test of round 1 (batch 128 x 1K at the defaults, largest step).
 #   6. If >= 110 s are left: one server at the defaults + bench_serving random 1024/256 @64 (128 prompts), then
 #      ShareGPT @64 (200 prompts) if >= 45 s are left (needs the carried wheels in .whl/ for fastapi/uvicorn/...,
@@ -64,6 +65,11 @@ timeout -k 5 "$(cap 30)" $PY benchmark/bench_decode_host.py --device cuda --iter
 rc[host]=$?
 tail -n 6 "$OUT/issue27_host.log"
 
+stage "4b. extend attention tile configs at one 8K causal prefill vs torch SDPA (same run)"
+timeout -k 5 "$(cap 45)" $PY benchmark/bench_extend_configs.py --out "$OUT" > "$OUT/issue27_extend.log" 2>&1
+rc[extend]=$?
+tail -n 11 "$OUT/issue27_extend.log"
+
 if (( $(left) >= 80 )); then
   stage "5. memory GPU test: batch 128 x 1K at the defaults ($(left) s left)"
   timeout -k 10 "$(cap 45)" $PY -m pytest -q -s -p no:cacheprovider test/gpu/test_memory_budget_gpu.py -m gpu \
@@ -115,11 +121,12 @@ stage "7. summary and results file"
   echo "# Issue 27 round 2 ($(date -u +%FT%TZ), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $commit)"
   echo
   echo "rc: tests=${rc[tests]} bench_one_batch=${rc[cli]} decode_ab=${rc[ab]} host=${rc[host]}" \
-    "memory_test=${rc[memtest]} serving=${rc[serving]}"
+    "extend=${rc[extend]} memory_test=${rc[memtest]} serving=${rc[serving]}"
   echo
   if [[ -f "$OUT/issue27_decode_ab.md" ]]; then cat "$OUT/issue27_decode_ab.md"; else
     echo "(no decode table; bench_one_batch lines:)"; grep -E "median" "$OUT/issue27_cli.log"; fi
   echo; cat "$OUT/host_cuda/decode_host.md" 2>/dev/null || echo "(no host micro-benchmark table)"
+  echo; cat "$OUT/extend_configs.md" 2>/dev/null || echo "(no extend config table)"
 } > "$OUT/issue27_summary.md" 2>&1
 cat "$OUT/issue27_summary.md"
 $PY benchmark/issue27_report.py --out "$OUT" --commit "$commit" --round 2 \
