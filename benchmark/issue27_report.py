@@ -13,6 +13,7 @@ Usage: ``python benchmark/issue27_report.py --out DIR --command "..." --commit S
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import re
 import sys
@@ -155,7 +156,7 @@ def main(argv=None) -> int:
     out = Path(cfg.out)
     text = render(out, cfg.command, cfg.commit, cfg.round)
     res = _load(out / "issue27_decode_ab.json") or {}
-    day = str(res.get("date", "0000-00-00"))[:10]
+    day = str(res.get("date") or datetime.date.today().isoformat())[:10]
     path = out / f"{day}_issue27_one_gpu.md"
     path.write_text(text)
     sys.stdout.write(f"{path}\n")
