@@ -325,7 +325,7 @@ def parse_args(argv):
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--reps", type=int, default=4)
     p.add_argument("--prefill-tokens", type=int, default=8192)
     p.add_argument("--prefill-reps", type=int, default=3)
     p.add_argument("--cli-results", default=None, help="bench_one_batch result.jsonl to put beside the floor")
@@ -341,7 +341,7 @@ def parse_args(argv):
 
 
 def main(argv=None) -> int:
-    """Floors, runner, per-setting graphs, decode A/B, prefill; writes ``<out>/issue27_decode_ab.{md,json}``."""
+    """Floors, runner, graphs, decode old vs new, prefill, breakdown; writes ``<out>/issue27_decode_ab.{md,json}``."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     cfg = parse_args(sys.argv[1:] if argv is None else argv)
     bta = __import__("bench_triton_attention")
