@@ -162,8 +162,9 @@ class _Group:
 
     def serve(self, cmd: str, timeout: float = 240.0) -> None:
         log = self.tmp / f"server{len(self.procs)}.log"
-        proc = subprocess.Popen(["bash", "-c", cmd], stdout=open(log, "w"), stderr=subprocess.STDOUT, env=self.env,
-                                cwd=self.cwd, start_new_session=True)
+        with open(log, "w") as f:
+            proc = subprocess.Popen(["bash", "-c", cmd], stdout=f, stderr=subprocess.STDOUT, env=self.env,
+                                    cwd=self.cwd, start_new_session=True)
         self.procs.append((proc, log))
         port = re.search(r"--port (\d+)", cmd).group(1)
         deadline = time.time() + timeout
