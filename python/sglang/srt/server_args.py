@@ -13,10 +13,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
+from sglang.srt.configs.default_model import DEFAULT_MODEL, EMBEDDED_MODELS, TINY_RANDOM_MODEL  # noqa: F401
 from sglang.srt.server_args_help import SERVER_ARGS_HELP
-
-DEFAULT_MODEL = "sglang-tw/tiny-random-llama"
-"""``--model-path`` value that selects the embedded default model (built locally, no download)."""
 
 
 @dataclass(frozen=True)
@@ -318,8 +316,9 @@ class ServerArgs:
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
         """Add every field as ``--flag-name`` (booleans as store_true)."""
         helps = {
-            "model_path": "HF checkpoint folder, or the embedded default "
-            f"'{DEFAULT_MODEL}' (random weights; its text is not meaningful).",
+            "model_path": f"HF checkpoint folder, or an embedded model: '{DEFAULT_MODEL}' (the default: the "
+            f"trained 260K-parameter TinyStories Llama, shipped with the package) or '{TINY_RANDOM_MODEL}' "
+            "(random weights; its text is not meaningful).",
             "load_format": "auto|safetensors|dummy (dummy: random weights of the config's shape).",
             "chunked_prefill_size": "Max prompt tokens per prefill chunk; -1 disables chunking.",
             "mem_fraction_static": "Fraction of GPU memory for weights + KV cache (GPU only).",

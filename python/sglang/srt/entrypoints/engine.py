@@ -43,7 +43,7 @@ class Engine:
     """An in-process inference engine (SGLang's ``sgl.Engine``).
 
     Args:
-        model_path: HF checkpoint folder (or the embedded default model's name). May also be
+        model_path: HF checkpoint folder (or an embedded model's name, e.g. ``sglang-tw/stories260K``). May also be
             passed as a keyword in ``server_args_kwargs``.
         **server_args_kwargs: any :class:`~sglang.srt.server_args.ServerArgs` field by its Python
             name (``device="cpu"``, ``max_total_tokens=4096``, ``grammar_backend="none"``, ...);
