@@ -90,12 +90,32 @@ class IncrementalLogprobs:
 
 # ---------------------------------------------------------- tokenize API
 class TokenizeRequest(BaseModel):
-    """SGLang's ``/tokenize`` body: ``prompt`` (a string or a list of strings), ``add_special_tokens``."""
+    """SGLang's ``/tokenize`` body: ``prompt`` (a string or a list of strings) with ``add_special_tokens``, or
+    chat ``messages`` (OpenAI message objects, rendered with the server's chat template, plus ``tools`` and
+    ``add_generation_prompt``, default true)."""
 
     model_config = ConfigDict(extra="ignore")
     model: Optional[str] = None
-    prompt: Union[str, list[str]]
+    prompt: Optional[Union[str, list[str]]] = None
+    messages: Optional[list[dict[str, Any]]] = None
+    tools: Optional[list[dict[str, Any]]] = None
+    add_generation_prompt: bool = True
     add_special_tokens: bool = True
+
+
+def chat_prompt_ids(tm, req: TokenizeRequest) -> list[int]:
+    """Token ids of ``req.messages`` rendered by the chat template exactly as ``/v1/chat/completions`` does.
+
+    Raises:
+        ValueError / pydantic.ValidationError: a malformed message (naming ``messages[i]...``) or a template
+            that fails on them.
+    """
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+    from sglang.srt.entrypoints.openai.serving_chat import messages_to_dicts
+
+    chat = ChatCompletionRequest.model_validate({"messages": req.messages, "tools": req.tools})
+    return tm.apply_chat_template(messages_to_dicts(chat), tools=req.tools,
+                                  add_generation_prompt=req.add_generation_prompt)
 
 
 class DetokenizeRequest(BaseModel):
@@ -143,9 +163,14 @@ def register_parity_routes(app: FastAPI, tm, server_args, server_info_fn) -> Non
 
     async def tokenize(request: Request):
         """``POST /tokenize`` / ``/v1/tokenize``: ``{"tokens", "count", "max_model_len"}`` (lists for a
-        list prompt)."""
+        list prompt; chat ``messages`` give the ids of the rendered chat template)."""
         req = TokenizeRequest.model_validate(await _json(request))
         tok = need_tokenizer()
+        if (req.prompt is None) == (req.messages is None):
+            raise ValueError("set exactly one of prompt (text) and messages (chat messages)")
+        if req.messages is not None:
+            ids = chat_prompt_ids(tm, req)
+            return {"tokens": ids, "count": len(ids), "max_model_len": tm.context_len}
         prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
         ids = [tok.encode(p, add_special_tokens=req.add_special_tokens) for p in prompts]
         if isinstance(req.prompt, str):
