@@ -221,7 +221,7 @@ def create_app(tokenizer_manager, server_args) -> FastAPI:
         return StreamingResponse(_sse_stream(first, agen), media_type="text/event-stream")
 
     async def _sse_stream(first, agen) -> AsyncIterator[str]:
-        incremental = IncrementalLogprobs()
+        incremental = IncrementalLogprobs(server_args.incremental_streaming_output)
         try:
             out = first
             while out is not None:

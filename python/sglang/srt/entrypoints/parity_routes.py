@@ -20,12 +20,14 @@ from pydantic import BaseModel, ConfigDict
 from sglang.srt.entrypoints.openai.protocol import ModelCard, error_body
 
 INCREMENTAL_META_KEYS = ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")
-"""``meta_info`` lists that a streamed ``/generate`` sends as deltas (new positions only), as SGLang does;
-``output_token_logprobs_length`` stays the running total, so ``length - len(delta)`` is the delta's offset."""
+"""``meta_info`` lists of the output tokens. A streamed ``/generate`` sends them cumulative by default (like
+``text`` and ``output_ids``, SGLang's default); with ``--incremental-streaming-output`` each chunk holds only the
+entries of the chunk's new tokens (exactly one per token of its ``output_ids`` delta). ``output_token_logprobs_length``
+is always the running total, so ``length - len(chunk list)`` is the chunk's offset (0 for a cumulative list)."""
 
 SEND_ONCE_META_KEYS = ("input_token_logprobs", "input_top_logprobs", "input_token_ids_logprobs")
-"""``meta_info`` lists of the prompt that a streamed ``/generate`` sends once (in the chunk where they first
-appear, normally the first), as SGLang does; later chunks carry them empty."""
+"""``meta_info`` lists of the prompt that an incremental stream sends once (in the chunk where they first appear,
+normally the first); later chunks carry them empty."""
 
 
 # ------------------------------------------------------------------ JSON
@@ -58,34 +60,42 @@ class SafeJSONResponse(JSONResponse):
 
 # ------------------------------------------------------- streamed /generate
 class IncrementalLogprobs:
-    """Turns cumulative ``/generate`` outputs into SGLang's streamed shape: the per-output-token
-    logprob lists of each chunk hold only positions not sent before, and the prompt's logprob lists are
-    sent once (both per batch ``index``)."""
+    """Shapes the cumulative ``/generate`` outputs of one stream into its chunks.
 
-    def __init__(self) -> None:
-        self._sent: dict[int, int] = {}
+    Cumulative mode (``incremental=False``, SGLang's default): outputs pass unchanged, so every chunk's output
+    logprob lists cover exactly the tokens of its (cumulative) ``output_ids``, whatever the chunking.
+    Incremental mode (``--incremental-streaming-output``): per batch ``index``, ``text``, ``output_ids`` and the
+    output logprob lists hold only what is new since the previous chunk, all cut at the same token offset (one
+    logprob entry per new token), and the prompt's logprob lists are sent once.
+
+    Args:
+        incremental: the server's ``incremental_streaming_output``.
+    """
+
+    def __init__(self, incremental: bool = False) -> None:
+        self.incremental = incremental
+        self._sent_tokens: dict[int, int] = {}
+        self._sent_chars: dict[int, int] = {}
         self._sent_input: dict[tuple[int, str], int] = {}
 
     def __call__(self, out: Any) -> Any:
-        """Rewrite one streamed output dict (others are returned unchanged)."""
-        if not isinstance(out, dict) or "meta_info" not in out:
-            return out
-        meta = out["meta_info"]
-        if "output_token_logprobs" not in meta:
+        """Shape one streamed output dict (anything else is returned unchanged)."""
+        if not self.incremental or not isinstance(out, dict) or "meta_info" not in out:
             return out
         idx = out.get("index", 0)
-        start = self._sent.get(idx, 0)
-        meta = dict(meta)
+        start, chars = self._sent_tokens.get(idx, 0), self._sent_chars.get(idx, 0)
+        ids, text = out.get("output_ids") or [], out.get("text") or ""
+        self._sent_tokens[idx], self._sent_chars[idx] = len(ids), len(text)
+        meta = dict(out["meta_info"])
         for key in INCREMENTAL_META_KEYS:
             if key in meta:
-                meta[key] = meta[key][start:]
-        self._sent[idx] = meta.get("output_token_logprobs_length", start + len(meta["output_token_logprobs"]))
+                meta[key] = meta[key][start:len(ids)]
         for key in SEND_ONCE_META_KEYS:
             if key in meta:
                 done = self._sent_input.get((idx, key), 0)
                 self._sent_input[(idx, key)] = max(done, len(meta[key]))
                 meta[key] = meta[key][done:]
-        return {**out, "meta_info": meta}
+        return {**out, "text": text[chars:], "output_ids": list(ids[start:]), "meta_info": meta}
 
 
 # ---------------------------------------------------------- tokenize API
