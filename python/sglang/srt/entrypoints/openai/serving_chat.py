@@ -48,7 +48,7 @@ def messages_to_dicts(req: ChatCompletionRequest) -> list[dict[str, Any]]:
         ValueError: no messages, or a non-text content part (names ``messages[i].content``).
     """
     if not req.messages:
-        raise ValueError("Messages cannot be empty.")
+        raise ValueError("messages must not be empty")
     out = []
     for i, m in enumerate(req.messages):
         d = m.model_dump(exclude_none=True)
