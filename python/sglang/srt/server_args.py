@@ -58,6 +58,7 @@ class ServerArgs:
     page_size: int = 1
     attention_backend: Optional[str] = None  # torch_native | triton | flashinfer
     stream_interval: int = 1
+    incremental_streaming_output: bool = False  # streamed /generate chunks carry deltas (SGLang's flag)
     grammar_backend: str = "xgrammar"  # xgrammar | none
     constrained_json_disable_any_whitespace: bool = False
     cuda_graph_max_bs: Optional[int] = None

@@ -45,6 +45,9 @@ SERVER_ARGS_HELP: dict[str, str] = {
     "page_size": "The number of tokens in a page.",
     "attention_backend": "Choose the kernels for attention layers: torch_native | triton | flashinfer "
     "(default: triton on CUDA, torch_native on CPU).",
+    "incremental_streaming_output": "Streamed /generate chunks carry only what is new: text, output_ids and the "
+    "output-token logprob lists (one entry per token of the chunk), the prompt's logprobs once. Off (SGLang's "
+    "default): every chunk is cumulative.",
     "stream_interval": "The interval (or buffer size) for streaming in terms of the token length. A smaller value "
     "makes streaming smoother, while a larger value makes the throughput higher.",
     "grammar_backend": "Choose the backend for grammar-guided decoding: xgrammar | none.",
