@@ -176,6 +176,8 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
                                    positions=list(range(t)), out_cache_loc=loc, req_pool_indices=[row],
                                    prefix_lens=[0], extend_lens=[t], seq_lens=[t], sample=[True])
             out[(variant, t)] = statistics.median(_time_forward(runner, mwb, dev, ps, warmup, iters))
+            if ps.tp_rank == 0:  # CLI progress: a run cut short by a timeout still shows what it measured
+                print(f"[partial] rank 0: {variant} T={t} {out[(variant, t)]:.3f} ms", file=sys.stderr, flush=True)
             if variant == "tokenweave" and t == profile_tokens and profile_dir:  # every rank runs the forward
                 _profile_forward(runner, mwb, dev, str(Path(profile_dir) / f"tokenweave_profile_T{t}.txt")
                                  if ps.tp_rank == 0 else "")

@@ -6,7 +6,7 @@ Inference", 2025): wave-aware token splitting (:mod:`.planner`), the overlapped 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
@@ -52,19 +52,29 @@ def create_tokenweave_executor(model_config: "ModelConfig", server_args: "Server
     return TokenWeaveExecutor(cfg, device)
 
 
-def create_tokenweave_communicator(ps: Any, server_args: "ServerArgs"):
+def max_prefill_tokens_of(server_args: "ServerArgs") -> int:
+    """The most new tokens one forward can carry: the chunked-prefill size when set (> 0), else
+    ``--max-prefill-tokens``."""
+    chunk = server_args.chunked_prefill_size
+    return chunk if chunk is not None and chunk > 0 else server_args.max_prefill_tokens
+
+
+def create_tokenweave_communicator(ps: Any, server_args: "ServerArgs", hidden_size: Optional[int] = None):
     """The tw-comm communicator when ``--comm-backend`` is auto or tw and it can be built; else the requested
-    backend (NCCL/gloo torch by default), logged either way."""
+    backend (NCCL/gloo torch by default), logged either way. With ``hidden_size`` the workspace is sized for
+    the largest prefill (:func:`max_prefill_tokens_of` x ``hidden_size`` x 2 bytes) so overlapped calls never
+    fall back to NCCL; without it, tw-comm's 64 MiB default."""
     from sglang.srt.distributed.communicator import create_communicator
 
     backend = server_args.comm_backend
     if backend not in ("auto", "tw") or ps is None or ps.tp_size == 1:
         return create_communicator(ps, "torch" if backend == "auto" else backend,
                                    server_args.disable_custom_all_reduce)
-    from sglang.srt.distributed.tw_communicator import TwCommunicator
+    from sglang.srt.distributed.tw_communicator import TwCommunicator, workspace_bytes
 
+    max_bytes = workspace_bytes(max_prefill_tokens_of(server_args), hidden_size) if hidden_size else None
     try:
-        comm = TwCommunicator(ps, comm_sms=server_args.tokenweave_comm_sms)
+        comm = TwCommunicator(ps, comm_sms=server_args.tokenweave_comm_sms, max_bytes=max_bytes)
     except (ImportError, OSError, RuntimeError) as e:
         logger.warning("TokenWeave: tw-comm is unavailable (%s); falling back to NCCL collectives", e)
         return create_communicator(ps, "torch", server_args.disable_custom_all_reduce)
