@@ -85,8 +85,11 @@ class SubBatchExecutor(ModelExecutor):
         """Every sub-batch's input embeddings ``[T_i, H]``: views of ONE embedding of the whole batch, so a
         TP-sharded vocabulary runs one all-reduce per forward, not one per sub-batch (sub-batches are
         contiguous token ranges of ``forward_batch``, see :mod:`sglang.srt.batch_split`)."""
+        if any(getattr(s, "token_range", None) is None for s in subs):  # not cut by batch_split: embed each
+            return [model.embed(s.input_ids) for s in subs]
         emb = model.embed(forward_batch.input_ids)
-        base = forward_batch.token_range[0] if forward_batch.token_range is not None else 0
+        parent = getattr(forward_batch, "token_range", None)
+        base = parent[0] if parent is not None else 0
         return [emb[s.token_range[0] - base:s.token_range[1] - base] for s in subs]
 
     def final_hidden(self, model: Any, states: list[LayerState]) -> torch.Tensor:
