@@ -334,7 +334,7 @@ def run_e2e_mode(a) -> Path:
     """TokenWeave off and on, alternated ``--rounds`` times, same flags and dataset: ``bench_offline_throughput``
     (the engine in-process) and ``bench_serving`` against ``launch_server``; one table of the median throughputs
     and on/off ratios of the medians."""
-    tw = ["--enable-tokenweave", "--tokenweave-min-tokens", str(a.min_tokens)]
+    tw = ["--enable-tokenweave"] + (["--tokenweave-min-tokens", str(a.min_tokens)] if a.min_tokens else [])
     if a.comm_sms:
         tw += ["--tokenweave-comm-sms", str(a.comm_sms)]
     runs = _alternate(a, tw)
@@ -396,7 +396,9 @@ def parse_args(argv=None):
     p.add_argument("--profile-tokens", type=int, default=0,
                    help="layer mode: rank 0 writes a torch-profiler summary of one TokenWeave forward at this T")
     p.add_argument("--profile-dir", default="", help="where the profile summary goes (default: --results-dir)")
-    p.add_argument("--min-tokens", type=int, default=1024)
+    p.add_argument("--min-tokens", type=int, default=None,
+                   help="--tokenweave-min-tokens (layer mode default 1024, so every T splits; end-to-end default: "
+                        "the server's auto-off per TP size)")
     p.add_argument("--comm-sms", type=int, default=None)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--e2e", action="store_true",
@@ -430,6 +432,8 @@ def parse_args(argv=None):
     if a.warmup < 0:
         p.error(f"--warmup={a.warmup} must be >= 0")
     a.profile_dir = a.profile_dir or a.results_dir
+    if a.min_tokens is None and not a.e2e:
+        a.min_tokens = 1024
     if not a.smoke and not a.model_path:
         p.error("--model-path is required (a folder with config.json), or use --smoke")
     return a

@@ -35,6 +35,22 @@ def gemm_widths_of(model_config: "ModelConfig", tp_size: int) -> tuple[int, ...]
                              int(inter), tp_size)
 
 
+# Auto-off: the smallest batch TokenWeave splits when --tokenweave-min-tokens is not given, per TP size. From the
+# issue-25 measurements on H100 (4-layer Llama-3.3-70B, TP2: 1.26x slower than NCCL at 1024 tokens, 0.83x at
+# 4096; TP4: slower up to 4096, 0.90x at 8192); other sizes keep the paper's 1024 (set on 8 H200s). Replace with
+# the calibrated break-even once bench_tokenweave.py has measured it after the fixed-cost removal.
+AUTO_MIN_TOKENS = {2: 4096, 4: 8192}
+DEFAULT_MIN_TOKENS = 1024
+
+
+def resolve_min_tokens(requested: Optional[int], tp_size: int) -> int:
+    """``--tokenweave-min-tokens`` when given, else the auto-off threshold of ``tp_size``
+    (:data:`AUTO_MIN_TOKENS`, :data:`DEFAULT_MIN_TOKENS` for other sizes)."""
+    if requested is not None:
+        return requested
+    return AUTO_MIN_TOKENS.get(tp_size, DEFAULT_MIN_TOKENS)
+
+
 def create_tokenweave_executor(model_config: "ModelConfig", server_args: "ServerArgs", device: torch.device,
                                tp_size: int):
     """The :class:`~sglang.srt.tokenweave.executor.TokenWeaveExecutor` for this worker (SM count of the GPU in
@@ -45,7 +61,8 @@ def create_tokenweave_executor(model_config: "ModelConfig", server_args: "Server
     shape = GemmShape()
     if device.type == "cuda":
         shape = GemmShape(num_sms=torch.cuda.get_device_properties(device).multi_processor_count)
-    cfg = TokenWeaveConfig(min_tokens=server_args.tokenweave_min_tokens, comm_sms=server_args.tokenweave_comm_sms,
+    cfg = TokenWeaveConfig(min_tokens=resolve_min_tokens(server_args.tokenweave_min_tokens, tp_size),
+                           comm_sms=server_args.tokenweave_comm_sms,
                            gemm_widths=gemm_widths_of(model_config, tp_size), gemm_shape=shape)
     logger.info("TokenWeave on: min tokens %d, comm SMs %s, GEMM widths %s, %d SMs", cfg.min_tokens,
                 cfg.comm_sms or "default", cfg.gemm_widths, shape.num_sms)
