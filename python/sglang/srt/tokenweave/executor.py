@@ -139,8 +139,8 @@ class TokenWeaveExecutor(SubBatchExecutor):
         fused = getattr(norm, "comm", None) is not None and norm.comm.supports_overlap
         for st in states:
             def final(overlap, st=st):
-                if fused:
-                    self._norm_comm(norm, st, overlap, None)
+                if fused:  # the last split's final norm overlaps nothing: it may use every SM
+                    self._norm_comm(norm, st, overlap and st is not states[-1], None)
                 else:  # no overlap-capable fused norm: the model's final norm of this split, on the compute stream
                     st.hidden = model.final_norm(st.hidden, st.residual)
             self._on_stream(fused, st, final)
