@@ -118,3 +118,22 @@ def test_backend_selection():
     assert sel(8, nvls_available=True) == TwBackend.NVLS
     with pytest.raises(ValueError, match="twoshot_sms=0"):
         TwCommConfig(twoshot_sms=0)
+
+
+def test_workspace_sized_from_largest_prefill():
+    """TokenWeave's workspace holds the largest prefill chunk (no NCCL fallback inside the model), never less
+    than tw-comm's 64 MiB default; overlapped calls default to the bounded overlap SM budget."""
+    from sglang.srt.distributed.tw_comm import TwCommConfig
+    from sglang.srt.distributed.tw_communicator import workspace_bytes
+
+    assert workspace_bytes(8192, 8192) == 8192 * 8192 * 2
+    assert workspace_bytes(16, 64) == 64 << 20
+    with pytest.raises(ValueError, match="max_tokens=0"):
+        workspace_bytes(0, 8192)
+    cap = staging_bytes(8192, 8192, 2)[0]
+    cfg = TwCommConfig(max_bytes=workspace_bytes(8192, 8192))
+    assert select_backend(4096, 8192, 2, config=cfg, capacity_bytes=cap, overlap=True) == TwBackend.TWOSHOT
+    assert select_backend(8192, 8192, 2, config=cfg, capacity_bytes=cap) == TwBackend.TWOSHOT
+    assert TwCommConfig().overlap_sms == 16
+    with pytest.raises(ValueError, match="overlap_sms=0"):
+        TwCommConfig(overlap_sms=0)
