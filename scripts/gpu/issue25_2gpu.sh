@@ -2,7 +2,8 @@
 # Issue 25, round 1 on 2 H100s (budget 150 s incl. compile): correctness first, then the benchmarks.
 #  1. build libtwcomm (nvcc, sm_90a; cached by content hash)
 #  2. tw-comm GPU test at world 2 (quick: every variant vs the torch reference on fresh random inputs, graph replay,
-#     back-to-back calls)
+#     back-to-back calls); 2b. TokenWeave's executor (two streams, per-split final norm, one embedding) with 2 TP
+#     ranks on one GPU vs the fp32 single-process reference at every cut
 #  3. nccl_symm self-check: the symmetric window registers (register_mem_pool(pool, True)) and its all-reduce
 #     equals plain NCCL; NCCL_DEBUG=INFO lines naming [Symmetric] are counted (proof the symmetric kernels ran)
 #  4. bench_tw_comm_allreduce_rmsnorm.py: world 2, hidden 8192 bf16, T = 1 32 128 1024 8192; NCCL + fused norm,
@@ -27,9 +28,15 @@ timeout "$(cap 100)" "$PY" -c "from sgl_kernel.tw_comm_build import build_librar
 rc=$?; tail -2 "$out/issue25_build.log"; step build "rc=$rc"
 
 echo "== 2. tw-comm GPU correctness, world 2 (vs torch reference)"
-TW_COMM_QUICK=1 timeout "$(cap 35)" "$PY" -m pytest -q -x "test/gpu/test_tw_comm_gpu.py::test_tw_comm_gpu[2]" \
+TW_COMM_QUICK=1 timeout "$(cap 30)" "$PY" -m pytest -q -x "test/gpu/test_tw_comm_gpu.py::test_tw_comm_gpu[2]" \
   -p no:cacheprovider > "$out/issue25_tw_comm_gpu_test.log" 2>&1
 rc=$?; tail -3 "$out/issue25_tw_comm_gpu_test.log"; step tw_comm_gpu_test "rc=$rc"
+
+echo "== 2b. TokenWeave executor on GPU (2 TP ranks, tw-comm + two streams, per-split final norm) vs fp32 reference"
+timeout "$(cap 40)" "$PY" -m pytest -q -x \
+  "test/gpu/test_tokenweave_gpu.py::test_tokenweave_tp_ranks_share_one_gpu[llama_bias_untied-2]" \
+  -p no:cacheprovider > "$out/issue25_tokenweave_gpu_test.log" 2>&1
+rc=$?; tail -3 "$out/issue25_tokenweave_gpu_test.log"; step tokenweave_executor_gpu_test "rc=$rc"
 
 echo "== 3. nccl_symm self-check (window registration + equality with plain NCCL)"
 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL,TUNING timeout "$(cap 25)" "$PY" benchmark/nccl_symm.py 2 \
