@@ -234,7 +234,8 @@ def run_layer_mode(a) -> Path:
              "- baselines: `nccl` (NCCL AllReduce), `nccl_symm` (NCCL symmetric window, copy in/out), `nocomm` "
              "(no collectives), each with the fused add-RMSNorm kernel TokenWeave uses; same run and case", 
              f"- timing: {a.warmup} warm-up forwards, then the median of {a.iters} "
-             f"{'CUDA-event' if device == 'cuda' else 'perf_counter'} timings per forward, slowest rank", "", *_table(cases, a.tokens, variants),
+             f"{'CUDA-event' if device == 'cuda' else 'perf_counter'} timings per forward, slowest rank", "",
+             *_table(cases, a.tokens, variants),
              *([""] + [f"- note: {n}" for n in notes] if notes else [])]
     print("\n".join(lines))
     out = _results_path(a, "layer")
