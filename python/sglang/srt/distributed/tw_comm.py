@@ -58,7 +58,8 @@ class TwCommConfig:
       4x this per GPU: two slots of input + output regions). oneshot_max_bytes: per-world-size input bytes up to
       which one-shot is used. *_sms: default SM (thread block) bounds (overlap_sms: of overlapped calls).
       ce_min_bytes: smallest input sent to the copy-engine variant in overlap mode (0: never).
-      residual_sharded: two-shot/CE update only this rank's token range of the residual (TokenWeave keeps the residual sharded between layers; saves one AllGather).
+      residual_sharded: two-shot/CE update only this rank's token range of the residual (TokenWeave keeps the
+      residual sharded between layers; saves one AllGather).
     """
 
     max_bytes: int = 64 << 20
