@@ -90,7 +90,7 @@ class ServerArgs:
 
     # TokenWeave (compute-communication overlap of two token splits)
     enable_tokenweave: bool = False
-    tokenweave_min_tokens: int = 1024
+    tokenweave_min_tokens: Optional[int] = None  # None: auto per TP size (sglang.srt.tokenweave)
     tokenweave_comm_sms: Optional[int] = None
     # Triton-distributed: sequence-parallel layout with fused AG-GEMM / GEMM-RS (dense decoders, TP > 1)
     enable_tdist_overlap: bool = False
@@ -159,7 +159,7 @@ class ServerArgs:
             bad("base-gpu-id", self.base_gpu_id, "use a GPU index >= 0")
         if self.gpu_id_step < 1:
             bad("gpu-id-step", self.gpu_id_step, "use a step >= 1")
-        if self.tokenweave_min_tokens < 2:
+        if self.tokenweave_min_tokens is not None and self.tokenweave_min_tokens < 2:
             bad("tokenweave-min-tokens", self.tokenweave_min_tokens, "use >= 2 (a split needs two tokens)")
         if self.tokenweave_comm_sms is not None and not 1 <= self.tokenweave_comm_sms <= 256:
             bad("tokenweave-comm-sms", self.tokenweave_comm_sms, "use an SM count in [1, 256]")
@@ -328,7 +328,8 @@ class ServerArgs:
             "gpu_id_step": "The GPU index step between consecutive workers on a node.",
             "enable_tokenweave": "TokenWeave: split large batches into two wave-aware token halves and overlap one "
             "half's fused AllReduce + RMSNorm with the other half's compute (TP > 1; --comm-backend tw by default).",
-            "tokenweave_min_tokens": "Batches with fewer new tokens (and decode batches) run unsplit.",
+            "tokenweave_min_tokens": "Batches with fewer new tokens (and decode batches) run unsplit (default: auto, "
+            "the measured break-even of the TP size: 4096 at TP2, 8192 at TP4, 1024 otherwise).",
             "enable_tdist_overlap": "Triton-distributed: keep the residual token-sharded across TP ranks (sequence "
             "parallel) and run column/row-parallel linears as fused AllGather-GEMM / GEMM-ReduceScatter on a CUDA-IPC "
             "symmetric heap (no multicast); the torch collectives on CPU. Dense decoders only. See docs/tdist.md.",

@@ -75,7 +75,7 @@ SERVER_ARGS_HELP: dict[str, str] = {
     "GPU 0,2,4,...",
     "zmq_transport": "ipc | tcp: transport of the sockets between the server's processes.",
     "enable_tokenweave": "TokenWeave: overlap one token split's AllReduce + RMSNorm with the other's compute.",
-    "tokenweave_min_tokens": "Batches with fewer new tokens run unsplit.",
+    "tokenweave_min_tokens": "Batches with fewer new tokens run unsplit (default: auto per TP size).",
     "tokenweave_comm_sms": "SM budget of TokenWeave's overlapped communication kernel.",
     "tp_ranks_share_gpu": "Correctness test mode: all TP ranks on one GPU.",
     # disaggregation (KVDirect) and attention/FFN disaggregation (MegaScale-Infer)
