@@ -21,10 +21,11 @@ import triton
 import triton.language as tl
 
 from sgl_kernel.tdist import primitives as P
-from sgl_kernel.tdist.common import cdiv, check_rows, check_tensor, copy_span, release_kernel, ring_tile_segment
+from sgl_kernel.tdist.common import (cached_i32, cdiv, check_rows, check_tensor, copy_span, release_kernel,
+                                     ring_tile_segment)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["ready_epoch"])
 def ag_producer_kernel(meta, a_local, gather, seg_sig, ready, n_elems, dst_off, ready_epoch,
                        CHUNKS: tl.constexpr, BLOCK: tl.constexpr):
     """SM producer. Program (j, c): destination ``(me + 1 + j) % world``; wait until it released its gather buffer
@@ -36,7 +37,7 @@ def ag_producer_kernel(meta, a_local, gather, seg_sig, ready, n_elems, dst_off, 
     world = P.num_ranks(meta)
     dest = (me + 1 + j) % world
     P.wait(ready + dest, ready_epoch, meta, 3)
-    per = tl.cdiv(n_elems, CHUNKS)
+    per = tl.cdiv(tl.cdiv(n_elems, CHUNKS), 16) * 16  # chunks start on 16-element boundaries (vector copies)
     start = c * per
     n = tl.minimum(per, n_elems - start)
     n = tl.maximum(n, 0)
@@ -44,7 +45,7 @@ def ag_producer_kernel(meta, a_local, gather, seg_sig, ready, n_elems, dst_off, 
     P.notify(seg_sig + me, dest, meta, 1, P.SIGNAL_ADD)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["target"])
 def ag_gemm_consumer_kernel(meta, a_local, gather, b, c, seg_sig, row_off, tiles, target, N, K,
                             stride_bk, stride_bn, stride_cm,
                             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr = False):
@@ -112,6 +113,7 @@ class AgGemm:
         self.seg_sig = heap.signals(f"{name}.seg.{producer}", heap.world)
         self.ready = heap.signals(f"{name}.ready", heap.world)
         self._side = None
+        self._dev_meta: dict = {}  # row offsets / tile counts per shape, on the device (cached_i32)
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, rows: Sequence[int], out: Optional[torch.Tensor] = None):
         """``all_gather(a) @ b`` -> [sum(rows), N] in a's dtype.
@@ -196,8 +198,8 @@ class AgGemm:
         if n_m == 0 or n == 0:
             return
         dev = plan["a"].device
-        row_off_t = torch.tensor(plan["row_off"], dtype=torch.int32, device=dev)
-        tiles_t = torch.tensor(tiles, dtype=torch.int32, device=dev)
+        row_off_t = cached_i32(self._dev_meta, plan["row_off"], dev)
+        tiles_t = cached_i32(self._dev_meta, tiles, dev)
         b, out = plan["b"], plan["out"]
         grid = (n_m * triton.cdiv(n, self.tile["BN"]),)
         ag_gemm_consumer_kernel[grid](h.meta, plan["a"], self.gather, b, out, self.seg_sig, row_off_t, tiles_t,

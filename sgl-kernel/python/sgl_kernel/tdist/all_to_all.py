@@ -28,7 +28,7 @@ from sgl_kernel.tdist import primitives as P
 from sgl_kernel.tdist.common import check_tensor, copy_span, release_kernel
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["ready_epoch"])
 def a2a_send_kernel(meta, x, send_counts, slots, counts, arrive, ready, ready_epoch, H, capacity,
                     CHUNKS: tl.constexpr, BLOCK: tl.constexpr):
     """Dispatch side: see module docstring. x: [S, H] contiguous; send_counts: int32 [world]."""
@@ -44,7 +44,7 @@ def a2a_send_kernel(meta, x, send_counts, slots, counts, arrive, ready, ready_ep
     ok = cnt <= capacity
     P.wait(ready + dest, ready_epoch, meta, 7)
     n_elems = tl.where(ok, cnt, 0).to(tl.int64) * H
-    per = tl.cdiv(n_elems, CHUNKS)
+    per = tl.cdiv(tl.cdiv(n_elems, CHUNKS), 16) * 16  # chunks start on 16-element boundaries (vector copies)
     lo = c * per
     n = tl.maximum(tl.minimum(per, n_elems - lo), 0)
     dst = slots + me.to(tl.int64) * capacity * H + lo
@@ -54,7 +54,7 @@ def a2a_send_kernel(meta, x, send_counts, slots, counts, arrive, ready, ready_ep
     P.notify(arrive + me, dest, meta, 1, P.SIGNAL_ADD)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["target"])
 def a2a_recv_kernel(meta, slots, counts, arrive, out, recv_counts, target, H, capacity,
                     CHUNKS: tl.constexpr, BLOCK: tl.constexpr):
     """Receive side: program (s, c) copies chunk c of source s's slot to ``out`` at the source-ordered offset."""
@@ -71,7 +71,7 @@ def a2a_recv_kernel(meta, slots, counts, arrive, out, recv_counts, target, H, ca
     if c == 0:
         tl.store(recv_counts + s, tl.load(counts + s, volatile=True).to(tl.int32))
     n_elems = cnt * H
-    per = tl.cdiv(n_elems, CHUNKS)
+    per = tl.cdiv(tl.cdiv(n_elems, CHUNKS), 16) * 16  # chunks start on 16-element boundaries (vector copies)
     lo = c * per
     n = tl.maximum(tl.minimum(per, n_elems - lo), 0)
     copy_span(out + start_row * H + lo, slots + s.to(tl.int64) * capacity * H + lo, n, BLOCK)

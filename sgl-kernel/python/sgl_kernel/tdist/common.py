@@ -13,7 +13,7 @@ from sgl_kernel.tdist import primitives as P
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["epoch"])
 def release_kernel(meta, ready, epoch):
     """Tell every peer that this rank is done reading the buffers they write into for call ``epoch``: SET (release,
     .sys) slot ``ready[me]`` on every rank to ``epoch``. A writer of call ``epoch + 1`` waits for ``ready[dest] >=
@@ -76,6 +76,18 @@ def check_rows(rows: Sequence[int], world: int, rank: int, have: int, what: str)
     if rows[rank] != have:
         raise ValueError(f"{what}: rows[{rank}]={rows[rank]} but this rank's tensor has {have} rows")
     return rows
+
+
+def cached_i32(cache: dict, values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """Device int32 tensor of ``values``, uploaded once per distinct tuple and kept in ``cache`` (the op's own dict),
+    so a call with a shape seen before does no host-to-device copy (no host sync, CUDA-graph capturable). Upload a
+    new shape outside graph capture (warm up every shape first)."""
+    key = (tuple(int(v) for v in values), str(device))
+    t = cache.get(key)
+    if t is None:
+        t = torch.tensor(key[0], dtype=torch.int32, device=device)
+        cache[key] = t
+    return t
 
 
 def cdiv(a: int, b: int) -> int:

@@ -20,10 +20,10 @@ import triton
 import triton.language as tl
 
 from sgl_kernel.tdist import primitives as P
-from sgl_kernel.tdist.common import cdiv, check_tensor, release_kernel, ring_tile_segment
+from sgl_kernel.tdist.common import cached_i32, cdiv, check_tensor, release_kernel, ring_tile_segment
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["ready_epoch"])
 def gemm_rs_kernel(meta, a, b, partial, arrive, ready, row_off, tiles, ready_epoch, N, K, max_rows,
                    stride_am, stride_bk, stride_bn,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr = False):
@@ -64,7 +64,7 @@ def gemm_rs_kernel(meta, a, b, partial, arrive, ready, row_off, tiles, ready_epo
     P.notify(arrive + me, seg, meta, 1, P.SIGNAL_ADD)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["target"])
 def rs_reduce_kernel(meta, partial, arrive, out, target, M, N, max_rows, stride_om,
                      BM: tl.constexpr, BN: tl.constexpr):
     """Reduce. Program (m, n) of this rank's [M, N] rows: for every source s wait ``arrive[s] >= target``, then
@@ -101,6 +101,7 @@ class GemmRs:
         self.partial = heap.tensor(f"{name}.partial", (heap.world, max_rows, n), dtype)
         self.arrive = heap.signals(f"{name}.arrive", heap.world)
         self.ready = heap.signals(f"{name}.ready", heap.world)
+        self._dev_meta: dict = {}  # row offsets / tile counts per shape, on the device (cached_i32)
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, rows: Sequence[int], out: Optional[torch.Tensor] = None):
         """Reduce-scattered ``a @ b`` over the group: returns this rank's [rows[rank], N] rows of the sum.
@@ -156,8 +157,8 @@ class GemmRs:
         dev = a.device
         grid = (n_m * cdiv(self.n, self.tile["BN"]),)
         gemm_rs_kernel[grid](h.meta, a, b, self.partial, self.arrive, self.ready,
-                             torch.tensor(plan["row_off"], dtype=torch.int32, device=dev),
-                             torch.tensor(plan["tiles"], dtype=torch.int32, device=dev), plan["epoch"] - 1,
+                             cached_i32(self._dev_meta, plan["row_off"], dev),
+                             cached_i32(self._dev_meta, plan["tiles"], dev), plan["epoch"] - 1,
                              self.n, a.shape[1], self.max_rows, a.stride(0), b.stride(0), b.stride(1),
                              IEEE=self.dtype == torch.float32, **self.tile, **self.launch)
 

@@ -32,6 +32,7 @@ from sgl_kernel.tdist.layout import (ERR_ABORT, ERR_CMP, ERR_EXPECT, ERR_NS, ERR
                                      WAIT_REASONS, WAIT_SITES)
 
 logger = logging.getLogger(__name__)
+BASE_ALIGN = 256  # bytes; cuMemAlloc guarantees it, simulate_group aligns to 512
 
 
 class TdistWaitError(RuntimeError):
@@ -65,6 +66,9 @@ class SymmetricHeap:
             raise ValueError(f"got {len(bases)} base addresses for world={world}")
         if local.dtype != torch.uint8 or local.numel() < config.total_bytes:
             raise ValueError(f"local heap must be uint8 with >= {config.total_bytes} bytes")
+        if any(int(b) % BASE_ALIGN for b in bases):
+            raise ValueError(f"heap bases {[hex(int(b)) for b in bases]} must be {BASE_ALIGN}-byte aligned "
+                             "(symm_at's alignment hint relies on it); allocate with cuMemAlloc or simulate_group")
         self.rank, self.world, self.config, self.backend = rank, world, config, backend
         self.local = local
         self.device = local.device

@@ -1,0 +1,57 @@
+"""Decomposition AG-GEMM / GEMM-RS (sgl_kernel/tdist/decomp.py), their NCCL fallback (auto.py) and the SM kernels'
+cached metadata on 2 GPUs, one rank per GPU (cases in tdist_decomp_case.py): results vs torch references on random
+inputs, back-to-back reuse, CUDA-graph capture and replay. Skips without 2 CUDA GPUs. Multicast stays off.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from sglang.srt.utils.nvls_env import apply_nvls_off_env
+
+apply_nvls_off_env(os.environ)
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+for p in (str(REPO / "sgl-kernel" / "python"), str(REPO / "python"), str(HERE)):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "sgl-kernel" / "python"), str(REPO / "python"), str(HERE),
+                                            os.environ.get("PYTHONPATH", "")])
+
+pytestmark = pytest.mark.gpu
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed", allow_module_level=True)
+
+CASES = ("decomp", "graph", "auto", "sm_cached")
+_RESULTS = {}
+
+
+def _run():
+    if "r" not in _RESULTS:
+        import torch
+
+        if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+            pytest.skip("needs 2 CUDA GPUs (one rank per GPU)")
+        os.environ.pop("TRITON_INTERPRET", None)
+        import tdist_decomp_case as C
+        from sgl_kernel.tdist.layout import HeapConfig
+        from sgl_kernel.tdist.spawn import run_ranks
+
+        cfg = HeapConfig(data_bytes=64 << 20, signal_slots=1024, wait_timeout_s=20)
+        _RESULTS["r"] = run_ranks(2, C.run, (CASES,), heap_config=cfg, with_nccl=True,
+                                  timeout=float(os.environ.get("TDIST_GPU_TIMEOUT", "240")), stall_timeout=90)
+    return _RESULTS["r"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_decomp_case(case):
+    results, problems = _run()
+    assert not problems, "group problems: " + " | ".join(problems)
+    msgs = [f"rank {r}: " + "; ".join(res[case]) for r, res in enumerate(results) if res and res.get(case)]
+    assert all(res is not None and case in res for res in results), f"{case}: a rank returned nothing"
+    assert not msgs, "\n".join(msgs)
