@@ -70,7 +70,7 @@ def main(argv=None) -> Path:
 
     from sgl_kernel.tdist.layout import HeapConfig, split_rows
     from sgl_kernel.tdist.spawn import run_ranks
-    from tdist_bench_lib import calibration, llama_shapes, rank_body, table
+    from tdist_bench_lib import calibration, llama_shapes, partial_rows, rank_body, table
 
     if not torch.cuda.is_available():
         sys.exit("bench_tdist needs CUDA GPUs")
@@ -86,9 +86,11 @@ def main(argv=None) -> Path:
     need += sum(a.world * t * a.a2a_hidden * 2 for t in a.a2a_tokens)
     heap_mib = a.heap_mib or (need >> 20) + 64
     cfg = HeapConfig(data_bytes=heap_mib << 20, signal_slots=4096)
+    got: dict = {}  # rows as each rank finishes them (kept when a later row fails or the run times out)
     results, problems = run_ranks(a.world, rank_body, (shapes, a.tokens, a.iters, a.a2a_hidden, a.a2a_tokens,
                                                        tuple(a.variants)),
-                                  heap_config=cfg, timeout=a.timeout, with_nccl=not share)
+                                  heap_config=cfg, timeout=a.timeout, with_nccl=not share,
+                                  on_result=lambda r, key, row: got.setdefault(r, {}).__setitem__(key, row))
     hw = f"{ngpu} x {torch.cuda.get_device_name(0)}"
     lines = [f"# tdist benchmark ({'shared-GPU smoke' if share else 'one GPU per rank'})", "",
              f"- date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
@@ -103,12 +105,13 @@ def main(argv=None) -> Path:
         lines.append("- NCCL + cuBLAS and symmetric-memory baselines: unavailable with ranks sharing one GPU "
                      "(NCCL refuses duplicate GPUs); 'cuBLAS only' is the compute-only lower bound.")
         lines.append("")
-    if all(r is not None for r in results):
+    if not all(r is not None for r in results):
+        lines.append("**run failed**: " + " | ".join(problems) + "; rows finished by every rank before that:")
+        results = partial_rows(got, a.world)
+    if results and results[0]:
         lines += table(results)
         lines += ["", f"calibration (break-even M per shape, sgl_kernel.tdist.auto.CalibrationTable): "
                   f"`{calibration(results).to_json()}`"]
-    else:
-        lines.append("**run failed**: " + " | ".join(problems))
     if problems:
         lines += ["", "problems:", *[f"- {p}" for p in problems]]
     text = "\n".join(lines) + "\n"

@@ -210,11 +210,25 @@ def rank_body(heap, note, nccl, shapes: Dict[str, tuple], tokens: List[int], ite
         for m in tokens:
             row = _ag_row if kind == "ag" else _rs_row
             rows_out.append(row(heap, note, nccl, symm, name, k, n, m, max_m, iters, variants, i % 2 == 1))
+            _report(note, len(rows_out) - 1, rows_out[-1])
             i += 1
     for t in a2a_tokens:
         note(f"all-to-all T={t}")
         rows_out.append(_a2a_row(heap, note, nccl, t, a2a_hidden, iters))
+        _report(note, len(rows_out) - 1, rows_out[-1])
     return rows_out
+
+
+def _report(note, i, row):
+    """Send a finished row to the parent at once (kept if a later row hangs or the run times out)."""
+    if hasattr(note, "result"):
+        note.result(f"row{i:03d}", row)
+
+
+def partial_rows(got: Dict[int, Dict[str, dict]], world: int) -> List[List[dict]]:
+    """Per-rank row lists from the rows every rank reported (``got[rank][key] = row``), in order."""
+    keys = sorted(set.intersection(*[set(got.get(r, {})) for r in range(world)])) if got else []
+    return [[got[r][k] for k in keys] for r in range(world)]
 
 
 def _fmt(v: Optional[float]) -> str:
@@ -239,7 +253,8 @@ def table(per_rank: List[List[dict]]) -> List[str]:
         ts, sf = _mx(per_rank, i, "torch_seq"), _mx(per_rank, i, "symm_fused")
         r1 = f"{ts / best:.2f}x" if ts and best else "-"
         r2 = f"{sf / best:.2f}x" if sf and best else "-"
-        comp = [max((r[i].get("compile", {}).get(k) or 0.0) for r in per_rank) for k in ("tdist_sm", "tdist_decomp")]
+        comp = [max((r[i].get("compile", {}).get(k) or 0.0) for r in per_rank)
+                for k in ("tdist_sm", "tdist_decomp")]
         notes = "; ".join(str(v) for key, v in row.items() if key.endswith("_note") and v)
         lines.append(f"| {row['op']} | {row['shape']} | {row['M']} | {_fmt(sm)} | {_fmt(dc)} | {_fmt(ts)} | "
                      f"{_fmt(sf)} | {_fmt(_mx(per_rank, i, 'cublas_only'))} | {r1} | {r2} | "

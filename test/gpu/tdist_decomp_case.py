@@ -6,7 +6,7 @@ so it can build the whole group's reference without communication): the decompos
 reuse without host barriers); CUDA-graph capture of one call of each op and 5 replays with new inputs copied into
 the static tensors; the Auto* ops on both sides of the break-even M (NCCL fallback and decomposition); the Triton SM
 AG-GEMM / GEMM-RS (tdist/ag_gemm.py, gemm_rs.py) with cached device metadata (their host epochs make them not
-graph-capturable; the decomposition is).
+graph-capturable; the decomposition is); the low-latency all-to-all (tdist_gpu_case.case_all_to_all).
 Returns a list of failure strings (empty = pass); never raises on a wrong result.
 """
 
@@ -112,7 +112,7 @@ def _guard(fn, *args):
 
 
 def run(heap, note, nccl, cases):
-    """Every case named in ``cases`` ("decomp", "graph", "auto", "sm_cached"); returns {case: failures}."""
+    """Every case named in ``cases`` ("decomp", "graph", "auto", "a2a", "sm_cached"); returns {case: failures}."""
     w = heap.world
     k, n = 512, 384
     even = [256] * w
@@ -151,6 +151,11 @@ def run(heap, note, nccl, cases):
             if rs.last_path != want:
                 f.append(f"auto RS M={per * w}: path {rs.last_path}, expected {want}")
         res["auto"] = f
+    if "a2a" in cases:  # the low-latency all-to-all (its copy loops changed with the 16-byte chunking)
+        note("a2a")
+        import tdist_gpu_case as G
+
+        res["a2a"] = _guard(G.case_all_to_all, heap, note)
     if "sm_cached" in cases:
         note("sm_cached")
         res["sm_cached"] = _sm_cases(heap, k, n, even, uneven)

@@ -31,7 +31,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from sgl_kernel.tdist import cuda_ipc
-from sgl_kernel.tdist.common import check_rows, check_tensor
+from sgl_kernel.tdist.checks import check_rows, check_tensor
 
 
 def _peer_addr(heap, t: torch.Tensor, peer: int) -> int:
