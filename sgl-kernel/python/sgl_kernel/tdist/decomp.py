@@ -7,8 +7,9 @@ No SM does any communication and the host only enqueues: every dependency is a s
 
 * Data signal ``sig[src]`` (in the receiver's heap): the sender's per-peer stream copies (``cuMemcpyAsync`` into the
   receiver's IPC-mapped heap) then writes 1 with ``cuStreamWriteValue64`` (preceded by a system-scope fence, so a
-  release). The receiver's stream waits ``sig[src] >= 1`` (``cuStreamWaitValue64``), resets it to 0, then runs the
-  dependent cuBLAS GEMM (AG-GEMM) or addition (GEMM-RS).
+  release). The receiver waits ``sig[src] >= 1`` (``cuStreamWaitValue64``) and resets it to 0 on the stream of the
+  same ring step, after that step's own push, and records an event; the consumer stream waits on the event, then
+  runs the dependent cuBLAS GEMM (AG-GEMM) or addition (GEMM-RS).
 * Credit ``ready[dst]`` (in the sender's heap, 1 at construction): the receiver writes 1 into the sender's
   ``ready[me]`` once it finished reading the buffer the sender writes; the sender's stream waits for it and resets it
   before the next push.
@@ -50,22 +51,30 @@ class _Handshake:
         self.sig = heap.signals(f"{name}.sig", heap.world)
         self.ready = heap.signals(f"{name}.ready", heap.world)
         self.streams: dict = {}
+        self.events: dict = {}
         if heap.device.type == "cuda":
             self.ready.fill_(1)  # every receiver starts with its buffers free
             heap.barrier()  # nobody writes a peer's ready before that peer's fill
 
-    def stream(self, peer: int) -> "torch.cuda.Stream":
-        """The copy stream for pushes to ``peer`` (high priority: a copy is never queued behind GEMMs)."""
-        s = self.streams.get(peer)
+    def stream(self, j: int) -> "torch.cuda.Stream":
+        """The copy stream of ring step ``j`` (high priority: a copy is never queued behind GEMMs)."""
+        s = self.streams.get(j)
         if s is None:
             s = torch.cuda.Stream(self.heap.device, priority=-1)
-            self.streams[peer] = s
+            self.streams[j] = s
+            self.events[j] = torch.cuda.Event()
         return s
 
-    def push(self, peer: int, dst_local: torch.Tensor, src: torch.Tensor, after: torch.cuda.Event) -> None:
-        """On ``peer``'s stream: wait for ``after`` and the peer's credit, copy ``src`` into the peer's copy of
-        ``dst_local`` (same byte size), signal the peer's ``sig[me]``."""
-        h, s = self.heap, self.stream(peer)
+    def exchange(self, j: int, dst_local: torch.Tensor, src: torch.Tensor, after: torch.cuda.Event,
+                 sender: int) -> torch.cuda.Event:
+        """Ring step ``j`` on its own stream: wait for ``after`` and the credit of ``peer = me + j``, copy ``src``
+        into the peer's copy of ``dst_local`` (same byte size), signal the peer's ``sig[me]``; then wait for this
+        rank's ``sig[sender]`` and reset it. Returns an event the consumer's stream waits on, so every dependency of
+        the consumer is CUDA-visible (stream waits only sit behind this step's own push: no serialization of graph
+        branches or of aliased hardware queues can order a wait before the push the peer waits for)."""
+        h = self.heap
+        peer = (h.rank + j) % h.world
+        s = self.stream(j)
         s.wait_event(after)
         cs = s.cuda_stream
         cuda_ipc.stream_wait_value64(self.ready[peer].data_ptr(), 1, cs)
@@ -74,13 +83,11 @@ class _Handshake:
         if nbytes:
             cuda_ipc.memcpy_async(_peer_addr(h, dst_local, peer), src.data_ptr(), nbytes, cs)
         cuda_ipc.stream_write_value64(_peer_addr(h, self.sig[h.rank], peer), 1, cs)
-        src.record_stream(s)
-
-    def wait_from(self, src: int, stream: "torch.cuda.Stream") -> None:
-        """``stream`` waits for ``sig[src]`` and resets it (the data of ``src`` is then visible to later work)."""
-        cs = stream.cuda_stream
-        cuda_ipc.stream_wait_value64(self.sig[src].data_ptr(), 1, cs)
-        cuda_ipc.stream_write_value64(self.sig[src].data_ptr(), 0, cs)
+        cuda_ipc.stream_wait_value64(self.sig[sender].data_ptr(), 1, cs)
+        cuda_ipc.stream_write_value64(self.sig[sender].data_ptr(), 0, cs)
+        ev = self.events[j]
+        ev.record(s)
+        return ev
 
     def credit(self, src: int, stream: "torch.cuda.Stream") -> None:
         """After ``stream``'s earlier work: tell ``src`` its buffer here may be overwritten (its ``ready[me]`` = 1)."""
@@ -88,7 +95,8 @@ class _Handshake:
         cuda_ipc.stream_write_value64(_peer_addr(h, self.ready[h.rank], src), 1, stream.cuda_stream)
 
     def join(self, main: "torch.cuda.Stream") -> None:
-        """``main`` waits for every per-peer stream (their copies have left this rank's buffers)."""
+        """``main`` waits for every step stream (their copies have left this rank's buffers). This is also why no
+        ``record_stream`` is needed: memory freed after the call is reused behind this join on ``main``."""
         for s in self.streams.values():
             main.wait_stream(s)
 
@@ -139,13 +147,14 @@ class DecompAgGemm:
         main = torch.cuda.current_stream(h.device)
         me, w = h.rank, h.world
         self._done.record(main)  # a is ready
-        for j in range(1, w):
-            p = (me + j) % w
-            self.hs.push(p, self.gather[off[me]: off[me + 1]], a, self._done)
-        torch.mm(a, b, out=out[off[me]: off[me + 1]])
-        for j in range(1, w):  # peer s pushes to me at its step (me - s) % w: s = me - 1 arrives first
+        arrived = []
+        for j in range(1, w):  # step j pushes to me + j and receives from me - j (which pushes at its step j)
             s = (me - j) % w
-            self.hs.wait_from(s, main)
+            arrived.append(self.hs.exchange(j, self.gather[off[me]: off[me + 1]], a, self._done, s))
+        torch.mm(a, b, out=out[off[me]: off[me + 1]])
+        for j in range(1, w):
+            s = (me - j) % w
+            main.wait_event(arrived[j - 1])
             if rows[s]:
                 torch.mm(self.gather[off[s]: off[s + 1]], b, out=out[off[s]: off[s + 1]])
             self.hs.credit(s, main)
@@ -192,16 +201,17 @@ class DecompGemmRs:
         elif tuple(out.shape) != (rows[me], self.n) or out.dtype != a.dtype or not out.is_contiguous():
             raise ValueError(f"decomp gemm_rs: out must be contiguous [{rows[me]}, {self.n}] {a.dtype}")
         main = torch.cuda.current_stream(h.device)
-        for j in range(1, w):  # peers' partials first, each pushed as soon as its GEMM is done
-            d = (me + j) % w
+        arrived = []
+        for j in range(1, w):  # peers' partials first, each pushed as soon as its GEMM is done; step j receives
+            d = (me + j) % w  # from me - j, which pushes to me at its step j
             part = self.stage[j - 1, : rows[d]]
             torch.mm(a[off[d]: off[d + 1]], b, out=part)
             self._events[j].record(main)
-            self.hs.push(d, self.recv[me, : rows[d]], part, self._events[j])
+            arrived.append(self.hs.exchange(j, self.recv[me, : rows[d]], part, self._events[j], (me - j) % w))
         torch.mm(a[off[me]: off[me + 1]], b, out=out)
-        for j in range(1, w):  # source s pushes to me at its step (me - s) % w: s = me - 1 arrives first
+        for j in range(1, w):  # reduce each source's partial as soon as it is here
             s = (me - j) % w
-            self.hs.wait_from(s, main)
+            main.wait_event(arrived[j - 1])
             out.add_(self.recv[s, : rows[me]])
             self.hs.credit(s, main)
         self.hs.join(main)
