@@ -86,7 +86,7 @@ class AllToAll:
     """
 
     def __init__(self, heap, capacity: int, hidden: int, dtype: torch.dtype = torch.bfloat16, *,
-                 name: str = "a2a", chunks: int = 4):
+                 name: str = "a2a", chunks: int = 16):
         if capacity < 1 or hidden < 1 or chunks < 1:
             raise ValueError(f"capacity={capacity}, hidden={hidden}, chunks={chunks} must all be >= 1")
         self.heap, self.capacity, self.hidden, self.dtype, self.name, self.chunks = (
