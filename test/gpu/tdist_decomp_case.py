@@ -5,8 +5,8 @@ so it can build the whole group's reference without communication): the decompos
 (tdist/decomp.py) with even, uneven and empty segments; 30 back-to-back calls with new inputs (signal and buffer
 reuse without host barriers); CUDA-graph capture of one call of each op and 5 replays with new inputs copied into
 the static tensors; the Auto* ops on both sides of the break-even M (NCCL fallback and decomposition); the Triton SM
-AG-GEMM / GEMM-RS (tdist/ag_gemm.py, gemm_rs.py) with cached device metadata (their host epochs make them not
-graph-capturable; the decomposition is); the low-latency all-to-all (tdist_gpu_case.case_all_to_all).
+AG-GEMM / GEMM-RS (tdist/ag_gemm.py, gemm_rs.py) with cached device metadata, eager and captured in a CUDA graph
+(their epochs live in device memory); the low-latency all-to-all (tdist_gpu_case.case_all_to_all).
 Returns a list of failure strings (empty = pass); never raises on a wrong result.
 """
 
@@ -112,7 +112,8 @@ def _guard(fn, *args):
 
 
 def run(heap, note, nccl, cases):
-    """Every case named in ``cases`` ("decomp", "graph", "auto", "a2a", "sm_cached"); returns {case: failures}."""
+    """Every case named in ``cases`` ("decomp", "graph", "auto", "a2a", "sm_cached", "sm_graph"); returns
+    {case: failures}."""
     w = heap.world
     k, n = 512, 384
     even = [256] * w
@@ -159,6 +160,15 @@ def run(heap, note, nccl, cases):
     if "sm_cached" in cases:
         note("sm_cached")
         res["sm_cached"] = _sm_cases(heap, k, n, even, uneven)
+    if "sm_graph" in cases:  # the SM kernels read their epochs from device memory: capturable as well
+        note("sm_graph")
+        from sgl_kernel.tdist.ag_gemm import AgGemm
+        from sgl_kernel.tdist.gemm_rs import GemmRs
+
+        ag = AgGemm(heap, 2048, k, DT, name="t.gsmag")
+        rs = GemmRs(heap, 512, n, DT, name="t.gsmrs")
+        res["sm_graph"] = (_guard(_graph_ag, ag, heap, uneven, k, n, "SM AG")
+                           + _guard(_graph_rs, rs, heap, even, k, n, "SM RS"))
     heap.barrier()
     return res
 

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.gpu
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 
-CASES = ("decomp", "graph", "auto", "a2a", "sm_cached")
+CASES = ("decomp", "graph", "auto", "a2a", "sm_cached", "sm_graph")
 _RESULTS = {}
 
 

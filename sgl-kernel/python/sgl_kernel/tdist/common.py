@@ -12,16 +12,25 @@ from sgl_kernel.tdist import primitives as P
 from sgl_kernel.tdist.checks import DTYPES, check_rows, check_tensor  # noqa: F401  (re-exported)
 
 
-@triton.jit(do_not_specialize=["epoch"])
-def release_kernel(meta, ready, epoch):
-    """Tell every peer that this rank is done reading the buffers they write into for call ``epoch``: SET (release,
-    .sys) slot ``ready[me]`` on every rank to ``epoch``. A writer of call ``epoch + 1`` waits for ``ready[dest] >=
-    epoch`` in its own heap before touching ``dest``'s buffer, so buffers are reused without a host barrier.
+@triton.jit(do_not_specialize=["inc"])
+def release_kernel(meta, ready, state, inc):
+    """End of a call. ``state`` (int64 [2], this rank's SymmetricHeap.counters of the op: [0] calls completed,
+    [1] cumulative arrival target) holds the epochs on the device, so no launch argument changes from call to call
+    (no host work per call; CUDA-graph capturable). The call's epoch is ``state[0] + 1``: tell every peer that this
+    rank is done reading the buffers they write into for it: SET (release, .sys) slot ``ready[me]`` on every rank to
+    the epoch; a writer of the next call waits for ``ready[dest] >= epoch`` in its own heap before touching
+    ``dest``'s buffer, so buffers are reused without a host barrier. Then ``state[0] += 1`` and ``state[1] += inc``
+    (the arrivals one call adds); every kernel of the next call is stream-ordered after this one.
     Launch with grid (1,) on the stream after the kernels that read the buffers."""
     me = P.rank(meta)
     world = P.num_ranks(meta)
+    epoch = tl.load(state) + 1
+    total = tl.load(state + 1) + inc
     for p in range(0, world):
         P.notify(ready + me, p, meta, epoch, P.SIGNAL_SET)
+    tl.debug_barrier()
+    tl.store(state, epoch)
+    tl.store(state + 1, total)
 
 
 @triton.jit
