@@ -112,8 +112,18 @@ def _guard(fn, *args):
 
 
 def run(heap, note, nccl, cases):
-    """Every case named in ``cases`` ("decomp", "graph", "auto", "a2a", "sm_cached", "sm_graph"); returns
-    {case: failures}."""
+    """Every case named in ``cases`` ("decomp", "graph", "auto", "a2a", "sm_cached", "sm_graph") in that order;
+    returns {case: failures}. Each case's failures also go to the parent as soon as the case ends
+    (``note.result``), so a later hang or timeout keeps them."""
+    res = {}
+    for case in cases:
+        res.update(_run_cases(heap, note, nccl, (case,)))
+        note.result(case, res.get(case, [f"{case}: not a known case"]))
+    return res
+
+
+def _run_cases(heap, note, nccl, cases):
+    """The named cases (see :func:`run`); returns {case: failures}."""
     w = heap.world
     k, n = 512, 384
     even = [256] * w
