@@ -48,7 +48,10 @@ def parse_args(argv=None):
     p.add_argument("--a2a-tokens", type=int, nargs="+", default=[128, 1024, 4096])
     p.add_argument("--a2a-hidden", type=int, default=7168)
     p.add_argument("--ops", nargs="+", default=["qkv", "gate_up", "o_proj", "down"])
-    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--iters", type=int, default=30, help="timed calls per variant (after 1 first call + 20 "
+                   "warm-ups); the median of per-call CUDA-event times is reported")
+    p.add_argument("--variants", nargs="+", default=["sm", "decomp"], choices=["sm", "decomp"],
+                   help="tdist variants: sm (Triton kernels), decomp (cuBLAS + copy engine decomposition)")
     p.add_argument("--heap-mib", type=int, default=0, help="heap data MiB per rank (default: sized from shapes)")
     p.add_argument("--timeout", type=float, default=1500)
     p.add_argument("--results-dir", default=str(ROOT / "benchmark" / "results"))
@@ -67,7 +70,7 @@ def main(argv=None) -> Path:
 
     from sgl_kernel.tdist.layout import HeapConfig, split_rows
     from sgl_kernel.tdist.spawn import run_ranks
-    from tdist_bench_lib import llama_shapes, rank_body, table
+    from tdist_bench_lib import calibration, llama_shapes, partial_rows, rank_body, table
 
     if not torch.cuda.is_available():
         sys.exit("bench_tdist needs CUDA GPUs")
@@ -78,13 +81,16 @@ def main(argv=None) -> Path:
     shapes = {k: v for k, v in llama_shapes(a.config, a.tp_shapes).items() if k in a.ops}
     m = max(a.tokens)
     need = 0
-    for kind, k, n in shapes.values():
-        need += (m * k if kind == "ag" else a.world * max(split_rows(m, a.world)) * n) * 2 * (2 if kind == "ag" else 1)
+    for kind, k, n in shapes.values():  # one buffer per variant and op
+        need += (m * k if kind == "ag" else a.world * max(split_rows(m, a.world)) * n) * 2 * len(a.variants)
     need += sum(a.world * t * a.a2a_hidden * 2 for t in a.a2a_tokens)
     heap_mib = a.heap_mib or (need >> 20) + 64
     cfg = HeapConfig(data_bytes=heap_mib << 20, signal_slots=4096)
-    results, problems = run_ranks(a.world, rank_body, (shapes, a.tokens, a.iters, a.a2a_hidden, a.a2a_tokens),
-                                  heap_config=cfg, timeout=a.timeout, with_nccl=not share)
+    got: dict = {}  # rows as each rank finishes them (kept when a later row fails or the run times out)
+    results, problems = run_ranks(a.world, rank_body, (shapes, a.tokens, a.iters, a.a2a_hidden, a.a2a_tokens,
+                                                       tuple(a.variants)),
+                                  heap_config=cfg, timeout=a.timeout, with_nccl=not share,
+                                  on_result=lambda r, key, row: got.setdefault(r, {}).__setitem__(key, row))
     hw = f"{ngpu} x {torch.cuda.get_device_name(0)}"
     lines = [f"# tdist benchmark ({'shared-GPU smoke' if share else 'one GPU per rank'})", "",
              f"- date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
@@ -92,15 +98,20 @@ def main(argv=None) -> Path:
              f"{' on one GPU (time-sliced: not a speed measurement)' if share else ''}",
              f"- command: python {' '.join(sys.argv)}",
              f"- shapes: {a.config} at TP {a.tp_shapes}; heap {heap_mib} MiB/rank; iters {a.iters}",
-             "- ratios: baseline ms / best tdist ms (> 1: tdist faster); times are the max over ranks", ""]
+             "- times: median of per-call CUDA events on each rank (1 first call, timed apart as 'first call s', "
+             "then 20 warm-ups, then the timed calls), max over ranks; ratios: baseline ms / best tdist ms "
+             "(> 1: tdist faster); variants of a row run in alternating order", ""]
     if share:
         lines.append("- NCCL + cuBLAS and symmetric-memory baselines: unavailable with ranks sharing one GPU "
                      "(NCCL refuses duplicate GPUs); 'cuBLAS only' is the compute-only lower bound.")
         lines.append("")
-    if all(r is not None for r in results):
+    if not all(r is not None for r in results):
+        lines.append("**run failed**: " + " | ".join(problems) + "; rows finished by every rank before that:")
+        results = partial_rows(got, a.world)
+    if results and results[0]:
         lines += table(results)
-    else:
-        lines.append("**run failed**: " + " | ".join(problems))
+        lines += ["", f"calibration (break-even M per shape, sgl_kernel.tdist.auto.CalibrationTable): "
+                  f"`{calibration(results).to_json()}`"]
     if problems:
         lines += ["", "problems:", *[f"- {p}" for p in problems]]
     text = "\n".join(lines) + "\n"

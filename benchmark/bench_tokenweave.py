@@ -15,8 +15,10 @@ same run:
 It prints one table (median ms per forward and ratios against ``nccl`` and ``nocomm`` of the same run) and
 writes ``benchmark/results/<date>_tokenweave_<mode>.md`` (date, hardware, command). NVLink multicast stays
 off in every process. End-to-end mode (``--e2e``) runs ``sglang.bench_offline_throughput`` and
-``sglang.bench_serving`` (against ``sglang.launch_server`` started here) with TokenWeave off and on, same
-dataset, and reports one table with the on/off ratios.
+``sglang.bench_serving`` (against ``sglang.launch_server`` started here) with TokenWeave off and on alternated
+(off, on, off, on for ``--rounds 2``), same dataset, and reports the median of each side and the on/off ratios.
+Every baseline (``nocomm``, ``nccl``, ``nccl_symm``, ``custom``) runs the same fused add-RMSNorm kernel as
+``tokenweave``; ``--layers`` defaults to 4, ``--warmup`` to 5 forwards, times are medians of CUDA events.
 
 Examples::
 
@@ -67,37 +69,105 @@ def _shrunk_config(src: str, layers: int, smoke: bool) -> str:
     return d
 
 
-def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int, min_tokens: int,
-               comm_sms, device: str) -> dict:
-    """Per rank: build each variant's runner, time a prefill forward of every token count (median ms)."""
+def _variant_comm(variant: str, ps, mc, tokens: list[int], device: str, notes: set):
+    """The communicator the variant's runner gets (None: the runner builds its own), every baseline's norm
+    being the fused add-RMSNorm kernel TokenWeave runs (:func:`nccl_symm.fused_norm`); ``False`` when the
+    variant cannot run here (reason in ``notes``)."""
+    from nccl_symm import fused_norm, nccl_symm_communicator
+    from sglang.srt.distributed.communicator import NoCommCommunicator, create_communicator
+
+    if variant == "nocomm":
+        return fused_norm(NoCommCommunicator.create(ps))
+    if variant == "nccl":
+        return fused_norm(create_communicator(ps, "torch"))
+    if variant == "custom" and device == "cuda":
+        return fused_norm(create_communicator(ps, "custom"))
+    if variant == "nccl_symm":
+        comm = nccl_symm_communicator(ps, max(tokens) * mc.hidden_size, mc.dtype, notes)
+        return False if comm is None else fused_norm(comm)
+    return None
+
+
+def _time_forward(runner, mwb, dev, ps, warmup: int, iters: int) -> list[float]:
+    """ms of ``iters`` prefill forwards after ``warmup`` untimed ones: CUDA events around each forward on the
+    GPU (ranks aligned by a barrier before each), ``perf_counter`` on CPU."""
     import torch
     import torch.distributed as dist
 
+    from sglang.srt.forward_batch_info import ForwardBatch
+
+    times = []
+    with torch.inference_mode():
+        for i in range(warmup + iters):
+            fb = ForwardBatch.init_new(mwb, dev, runner.req_to_token_pool, runner.token_to_kv_pool,
+                                       runner.attn_backend)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            dist.barrier(group=ps.cpu_group)
+            if dev.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                runner.executor.run(runner.model, fb)
+                end.record()
+                end.synchronize()
+                ms = start.elapsed_time(end)
+            else:
+                t0 = time.perf_counter()
+                runner.executor.run(runner.model, fb)
+                ms = (time.perf_counter() - t0) * 1e3
+            if i >= warmup:
+                times.append(ms)
+    return times
+
+
+def _profile_forward(runner, mwb, dev, path: str) -> None:
+    """One forward under the torch profiler (collective: every rank calls it); writes the top ops by CUDA time
+    and by host time to ``path`` (nothing when empty)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from sglang.srt.forward_batch_info import ForwardBatch
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with torch.inference_mode():
+        fb = ForwardBatch.init_new(mwb, dev, runner.req_to_token_pool, runner.token_to_kv_pool, runner.attn_backend)
+        with profile(activities=acts) as prof:
+            runner.executor.run(runner.model, fb)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+    if not path:
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    ka = prof.key_averages()
+    by_dev = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+    Path(path).write_text(f"## top ops by {by_dev}\n" + ka.table(sort_by=by_dev, row_limit=25, max_name_column_width=60)
+                          + "\n## top ops by self_cpu_time_total (host)\n"
+                          + ka.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
+
+
+def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int, min_tokens: int,
+               comm_sms, device: str, warmup: int = 5, profile_tokens: int = 0, profile_dir: str = "") -> dict:
+    """Per rank: build each variant's runner, time a prefill forward of every token count (median ms of CUDA
+    events); with ``profile_tokens``, rank 0 also writes a torch-profiler summary of one TokenWeave forward."""
+    import torch
+
     from sglang.srt.configs.model_config import ModelConfig
-    from sglang.srt.distributed.communicator import NoCommCommunicator, create_communicator
-    from sglang.srt.forward_batch_info import ForwardBatch, ForwardMode, ModelWorkerBatch
+    from sglang.srt.forward_batch_info import ForwardMode, ModelWorkerBatch
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.server_args import ServerArgs
 
     dev = ps.torch_device() if device == "cuda" else torch.device("cpu")
     mc = ModelConfig.from_path(path, None, "bfloat16" if device == "cuda" else "float32", device)
     out: dict = {}
+    notes: set = set()
     for variant in variants:
         args = ServerArgs(model_path=path, load_format="dummy", device=device, max_total_tokens=max(tokens) + 64,
                           max_running_requests=4, disable_cuda_graph=True, enable_tokenweave=variant == "tokenweave",
                           tokenweave_min_tokens=min_tokens, tokenweave_comm_sms=comm_sms,
                           comm_backend="custom" if variant == "custom" and device == "cuda" else "auto")
-        comm = NoCommCommunicator.create(ps) if variant == "nocomm" else None
-        if variant == "nccl":
-            comm = create_communicator(ps, "torch")
-        if variant == "nccl_symm":
-            from nccl_symm import nccl_symm_communicator
-
-            notes: set = set()
-            comm = nccl_symm_communicator(ps, max(tokens) * mc.hidden_size, mc.dtype, notes)
-            if comm is None:
-                out["notes"] = sorted(notes)
-                continue
+        comm = _variant_comm(variant, ps, mc, tokens, device, notes)
+        if comm is False:
+            continue
         runner = ModelRunner(mc, args, str(dev), tp_rank=ps.tp_rank, tp_size=ps.tp_size, parallel_state=ps, comm=comm)
         for t in tokens:
             row = runner.kv_cache.alloc_req_slot()
@@ -105,27 +175,17 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
             mwb = ModelWorkerBatch(forward_mode=ForwardMode.EXTEND, input_ids=[(7 * i) % mc.vocab_size for i in range(t)],
                                    positions=list(range(t)), out_cache_loc=loc, req_pool_indices=[row],
                                    prefix_lens=[0], extend_lens=[t], seq_lens=[t], sample=[True])
-            times = []
-            with torch.inference_mode():
-                for i in range(iters + 2):
-                    fb = ForwardBatch.init_new(mwb, dev, runner.req_to_token_pool, runner.token_to_kv_pool,
-                                               runner.attn_backend)
-                    if device == "cuda":
-                        torch.cuda.synchronize(dev)
-                    dist.barrier(group=ps.cpu_group)
-                    t0 = time.perf_counter()
-                    runner.executor.run(runner.model, fb)
-                    if device == "cuda":
-                        torch.cuda.synchronize(dev)
-                    if i >= 2:
-                        times.append((time.perf_counter() - t0) * 1e3)
-            out[(variant, t)] = statistics.median(times)
+            out[(variant, t)] = statistics.median(_time_forward(runner, mwb, dev, ps, warmup, iters))
+            if ps.tp_rank == 0:  # CLI progress: a run cut short by a timeout still shows what it measured
+                print(f"[partial] rank 0: {variant} T={t} {out[(variant, t)]:.3f} ms", file=sys.stderr, flush=True)
+            if variant == "tokenweave" and t == profile_tokens and profile_dir:  # every rank runs the forward
+                _profile_forward(runner, mwb, dev, str(Path(profile_dir) / f"tokenweave_profile_T{t}.txt")
+                                 if ps.tp_rank == 0 else "")
             runner.kv_cache.free_slots(loc)
             runner.kv_cache.free_req_slot(row)
         del runner
-    notes = out.pop("notes", [])
     res = {f"{v}|{t}": ms for (v, t), ms in out.items()}
-    res["notes"] = notes
+    res["notes"] = sorted(notes)
     return res
 
 
@@ -158,7 +218,8 @@ def run_layer_mode(a) -> Path:
         path = _shrunk_config(model_path, a.layers, a.smoke)
         for tp in a.tps:
             per_rank = spawn_ranks(_rank_body, tp, path, a.tokens, variants, a.iters, a.min_tokens, a.comm_sms,
-                                   device, timeout=a.timeout, device=device, share_gpu=a.share_gpu)
+                                   device, a.warmup, a.profile_tokens, a.profile_dir, timeout=a.timeout, device=device,
+                                   share_gpu=a.share_gpu)
             notes += [n for n in per_rank[0].get("notes", []) if n not in notes]
             res = {k: max(r[k] for r in per_rank) for k in per_rank[0] if k != "notes"}  # slowest rank ends a step
             cases.append((Path(model_path).name or "synthetic", tp, res))
@@ -170,8 +231,11 @@ def run_layer_mode(a) -> Path:
              f"{', '.join(map(str, a.tps))}, min tokens {a.min_tokens}, comm SMs {a.comm_sms or 'default'}",
              *(["- SHARED-GPU SMOKE MODE: all ranks on one GPU, the `nccl` column is gloo; times mean nothing"]
                if a.share_gpu else []),
-             "- baseline: `nccl` (NCCL AllReduce + fused add-RMSNorm) and the `nocomm` counterfactual, same run and "
-             "case; median of the timed iterations, slowest rank", "", *_table(cases, a.tokens, variants),
+             "- baselines: `nccl` (NCCL AllReduce), `nccl_symm` (NCCL symmetric window, copy in/out), `nocomm` "
+             "(no collectives), each with the fused add-RMSNorm kernel TokenWeave uses; same run and case", 
+             f"- timing: {a.warmup} warm-up forwards, then the median of {a.iters} "
+             f"{'CUDA-event' if device == 'cuda' else 'perf_counter'} timings per forward, slowest rank", "",
+             *_table(cases, a.tokens, variants),
              *([""] + [f"- note: {n}" for n in notes] if notes else [])]
     print("\n".join(lines))
     out = _results_path(a, "layer")
@@ -255,32 +319,46 @@ def _serving_run(a, tw_flags: list[str]) -> dict:
             _stop(proc)
 
 
+def _alternate(a, tw: list[str]) -> dict:
+    """``--rounds`` off/on pairs in alternating order (off, on, off, on, ...), so compile and warm-up costs fall
+    on both sides; per side and mode (offline, serving) the list of records."""
+    runs: dict = {name: {"offline": [], "serving": []} for name in ("off", "on")}
+    for _ in range(a.rounds):
+        for name, flags in (("off", []), ("on", tw)):
+            runs[name]["offline"].append(_offline_run(a, flags))
+            if not a.skip_serving:
+                runs[name]["serving"].append(_serving_run(a, flags))
+    return runs
+
+
 def run_e2e_mode(a) -> Path:
-    """TokenWeave off then on, same flags and dataset, in one run: ``bench_offline_throughput`` (the engine
-    in-process) and ``bench_serving`` against ``launch_server``; one table of throughputs and on/off ratios."""
-    tw = ["--enable-tokenweave", "--tokenweave-min-tokens", str(a.min_tokens)]
+    """TokenWeave off and on, alternated ``--rounds`` times, same flags and dataset: ``bench_offline_throughput``
+    (the engine in-process) and ``bench_serving`` against ``launch_server``; one table of the median throughputs
+    and on/off ratios of the medians."""
+    tw = ["--enable-tokenweave"] + (["--tokenweave-min-tokens", str(a.min_tokens)] if a.min_tokens else [])
     if a.comm_sms:
         tw += ["--tokenweave-comm-sms", str(a.comm_sms)]
-    rows = {name: {"offline": _offline_run(a, flags)} for name, flags in (("off", []), ("on", tw))}
-    if not a.skip_serving:
-        for name, flags in (("off", []), ("on", tw)):
-            rows[name]["serving"] = _serving_run(a, flags)
-    key = "output_throughput" if "output_throughput" in rows["off"]["offline"] else "total_throughput"
+    runs = _alternate(a, tw)
+    key = "output_throughput" if "output_throughput" in runs["off"]["offline"][0] else "total_throughput"
     cols = [("offline", key, f"offline {key} (tok/s)")]
     if not a.skip_serving:
         cols += [("serving", "output_throughput", "serving output_throughput (tok/s)"),
                  ("serving", "mean_ttft_ms", "serving mean TTFT (ms)")]
+    med = {(n, m, k): statistics.median(r[k] for r in runs[n][m]) for n in ("off", "on") for m, k, _ in cols}
     fmt = lambda v: f"{v:.2f}"  # noqa: E731
     lines = ["# TokenWeave end-to-end (bench_offline_throughput, bench_serving)", "",
              f"- date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
              f"- hardware: {_hardware('cpu' if a.smoke or a.device == 'cpu' else 'cuda')}",
              f"- command: `{' '.join([sys.executable] + sys.argv)}`",
              f"- model: {a.model_path}, TP {a.tp}, dataset {a.dataset_name}, {a.num_prompts} prompts, input "
-             f"{a.input_len}, output {a.output_len}; TokenWeave flags: `{' '.join(tw)}`", "",
+             f"{a.input_len}, output {a.output_len}; TokenWeave flags: `{' '.join(tw)}`",
+             f"- order: off, on alternated {a.rounds} time(s); each cell is the median over the rounds; per-round "
+             "offline values: " + "; ".join(f"{n} " + ", ".join(fmt(r[key]) for r in runs[n]["offline"])
+                                            for n in ("off", "on")), "",
              "| TokenWeave | " + " | ".join(c[2] for c in cols) + " |", "|---|" + "---:|" * len(cols)]
     for name in ("off", "on"):
-        lines.append(f"| {name} | " + " | ".join(fmt(rows[name][m][k]) for m, k, _ in cols) + " |")
-    lines.append("| on / off | " + " | ".join(f"{rows['on'][m][k] / rows['off'][m][k]:.3f}" if rows["off"][m][k]
+        lines.append(f"| {name} | " + " | ".join(fmt(med[name, m, k]) for m, k, _ in cols) + " |")
+    lines.append("| on / off | " + " | ".join(f"{med['on', m, k] / med['off', m, k]:.3f}" if med["off", m, k]
                                              else "n/a" for m, k, _ in cols) + " |")
     print("\n".join(lines))
     out = _results_path(a, "e2e")
@@ -311,16 +389,24 @@ def parse_args(argv=None):
                         "end-to-end mode: exactly one")
     p.add_argument("--tokenizer-path", default="")
     p.add_argument("--tp", type=int, nargs="+", default=[8], help="TP size(s); end-to-end mode: exactly one")
-    p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--layers", type=int, default=4, help="decoder layers (>= 4 amortizes the per-forward costs)")
     p.add_argument("--tokens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--min-tokens", type=int, default=1024)
+    p.add_argument("--warmup", type=int, default=5, help="untimed forwards before the timed ones (>= 5 on GPU)")
+    p.add_argument("--profile-tokens", type=int, default=0,
+                   help="layer mode: rank 0 writes a torch-profiler summary of one TokenWeave forward at this T")
+    p.add_argument("--profile-dir", default="", help="where the profile summary goes (default: --results-dir)")
+    p.add_argument("--min-tokens", type=int, default=None,
+                   help="--tokenweave-min-tokens (layer mode default 1024, so every T splits; end-to-end default: "
+                        "the server's auto-off per TP size)")
     p.add_argument("--comm-sms", type=int, default=None)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--e2e", action="store_true",
                    help="end-to-end mode (bench_offline_throughput and bench_serving, TokenWeave off vs on)")
     p.add_argument("--skip-serving", action="store_true", help="end-to-end mode without the bench_serving part")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="end-to-end mode: off/on pairs run alternately (off, on, off, on, ...); medians reported")
     p.add_argument("--dataset-name", default="random")
     p.add_argument("--dataset-path", default="")
     p.add_argument("--num-prompts", type=int, default=256)
@@ -337,13 +423,18 @@ def parse_args(argv=None):
         p.error("--e2e takes one --model-path and one --tp")
     a.model_path, a.tp = a.model_paths[0], a.tps[0]
     if a.share_gpu:
-        a.iters = min(a.iters, 3)
+        a.iters, a.warmup = min(a.iters, 3), min(a.warmup, 2)
     if a.smoke:
-        a.tp, a.tps, a.device, a.iters, a.min_tokens = 2, [2], "cpu", 2, 8
+        a.tp, a.tps, a.device, a.iters, a.min_tokens, a.warmup, a.rounds = 2, [2], "cpu", 2, 8, 1, 1
         if not a.e2e:
             a.tokens = [t for t in a.tokens if t <= 256] or [64, 200]
-    if min(a.tps) < 1 or a.layers < 1 or a.iters < 1 or any(t < 2 for t in a.tokens):
-        p.error("--tp, --layers, --iters must be >= 1 and every --tokens value >= 2")
+    if min(a.tps) < 1 or a.layers < 1 or a.iters < 1 or a.rounds < 1 or any(t < 2 for t in a.tokens):
+        p.error("--tp, --layers, --iters, --rounds must be >= 1 and every --tokens value >= 2")
+    if a.warmup < 0:
+        p.error(f"--warmup={a.warmup} must be >= 0")
+    a.profile_dir = a.profile_dir or a.results_dir
+    if a.min_tokens is None and not a.e2e:
+        a.min_tokens = 1024
     if not a.smoke and not a.model_path:
         p.error("--model-path is required (a folder with config.json), or use --smoke")
     return a

@@ -24,147 +24,251 @@ def llama_shapes(config_path: str, tp: int) -> Dict[str, tuple]:
             "o_proj": ("rs", heads * d // tp, h), "down": ("rs", i // tp, h)}
 
 
-def _timer(heap, fn, iters: int) -> float:
-    """ms per call of ``fn`` (2 warm-up calls; all ranks start together)."""
-    for _ in range(2):
+def _timer(heap, fn, iters: int, warmup: int = 20) -> tuple:
+    """(median ms per call, first-call seconds) of ``fn``. The first call (compilation, autotuning, per-shape
+    metadata upload) is timed apart on the host; then ``warmup`` calls; then ``iters`` calls back to back, each
+    between its own pair of CUDA events on the current stream; the median of the per-call times is returned. All
+    ranks start each phase together (host barrier)."""
+    import time
+
+    heap.barrier()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    first = time.perf_counter() - t0
+    heap.barrier()
+    for _ in range(warmup):
         fn()
     heap.barrier()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(iters):
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for s, e in ev:
+        s.record()
         fn()
-    e.record()
+        e.record()
     torch.cuda.synchronize()
-    return s.elapsed_time(e) / iters
+    times = sorted(s.elapsed_time(e) for s, e in ev)
+    heap.barrier()
+    return times[len(times) // 2], first
 
 
-def _try(heap, note, label, fn, iters):
+def _try(heap, note, label, fn, iters, res=None, key=None):
+    """Time ``fn``; on success store the median in ``res[key]`` and the first-call seconds in ``res['compile']``."""
     try:
-        return _timer(heap, fn, iters), ""
+        ms, first = _timer(heap, fn, iters)
+        if res is not None:
+            res.setdefault("compile", {})[key] = first
+        return ms, ""
     except Exception as ex:  # a baseline that cannot run is reported, never fatal
         note(f"{label} unavailable: {type(ex).__name__}: {ex}")
         heap.barrier()
         return None, f"{type(ex).__name__}: {str(ex)[:120]}"
 
 
-def rank_body(heap, note, nccl, shapes: Dict[str, tuple], tokens: List[int], iters: int, a2a_hidden: int,
-              a2a_tokens: List[int]) -> List[dict]:
-    """Time every op on this rank; returns rows {op, shape, M, variant -> ms or None, notes}."""
+def _symm_group(nccl, note):
+    """The NCCL group's name with torch symmetric memory enabled (multicast stays off by environment), or None."""
+    if nccl is None:
+        return None
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        if hasattr(symm_mem, "enable_symm_mem_for_group"):
+            symm_mem.enable_symm_mem_for_group(nccl.group_name)
+        return nccl.group_name
+    except Exception as ex:
+        note(f"symmetric memory unavailable: {ex}")
+        return None
+
+
+def _ag_row(heap, note, nccl, symm, name, k, n, m, max_m, iters, variants, flip):
+    """One AG-GEMM row: tdist SM (Triton), tdist decomposition (cuBLAS + copy engine), NCCL + cuBLAS, torch
+    symm-mem fused, cuBLAS alone on the gathered M. ``flip`` reverses the order the variants run in (A/B order)."""
     import torch.distributed as dist
 
     from sgl_kernel.tdist.ag_gemm import AgGemm
-    from sgl_kernel.tdist.all_to_all import AllToAll
+    from sgl_kernel.tdist.decomp import DecompAgGemm
+    from sgl_kernel.tdist.layout import split_rows
+
+    w, me, dev, dt = heap.world, heap.rank, heap.device, torch.bfloat16
+    rows = split_rows(m, w)
+    res = {"op": "AG-GEMM", "kind": "ag", "name": name, "k": k, "n": n, "world": w,
+           "shape": f"{name} K={k} N={n}", "M": m}
+    g = torch.Generator(device="cpu").manual_seed(m + me)
+    a = torch.randn(rows[me], k, generator=g).to(dt).to(dev)
+    wt = torch.randn(n, k, generator=g).to(dt).to(dev) / k ** 0.5
+    full = torch.randn(m, k, generator=g).to(dt).to(dev)
+    jobs = []
+    if "sm" in variants:
+        op_sm = AgGemm(heap, max_m, k, dt, name=f"b.{name}.sm", producer="sm")
+        jobs.append(("tdist_sm", "tdist SM", lambda: op_sm(a, wt.t(), rows)))
+    if "decomp" in variants:
+        op_d = DecompAgGemm(heap, max_m, k, dt, name=f"b.{name}.decomp")
+        out_d = torch.empty(m, n, dtype=dt, device=dev)
+        jobs.append(("tdist_decomp", "tdist decomposition", lambda: op_d(a, wt.t(), rows, out_d)))
+    jobs.append(("cublas_only", "cuBLAS", lambda: full @ wt.t()))
+    if nccl is not None and len(set(rows)) == 1:
+        gathered = torch.empty(m, k, dtype=dt, device=dev)
+
+        def seq():
+            dist.all_gather_into_tensor(gathered, a, group=nccl)
+            return gathered @ wt.t()
+
+        jobs.append(("torch_seq", "NCCL + cuBLAS", seq))
+        if symm is not None:
+            jobs.append(("symm_fused", "symm fused_all_gather_matmul",
+                         lambda: torch.ops.symm_mem.fused_all_gather_matmul(a, [wt.t()], 0, symm)))
+    else:
+        res["torch_seq_note"] = UNAVAILABLE_SHARED if nccl is None else "uneven rows"
+    _run_jobs(heap, note, res, jobs[::-1] if flip else jobs, iters)
+    return res
+
+
+def _rs_row(heap, note, nccl, symm, name, k, n, m, max_m, iters, variants, flip):
+    """One GEMM-RS row (same variants as :func:`_ag_row`; cuBLAS alone is the full [M, K_local] GEMM)."""
+    import torch.distributed as dist
+
+    from sgl_kernel.tdist.decomp import DecompGemmRs
     from sgl_kernel.tdist.gemm_rs import GemmRs
     from sgl_kernel.tdist.layout import split_rows
 
-    w, me, dev = heap.world, heap.rank, heap.device
-    dt = torch.bfloat16
-    rows_out = []
-    symm_group = None
-    if nccl is not None:
-        try:
-            import torch.distributed._symmetric_memory as symm_mem
+    w, me, dev, dt = heap.world, heap.rank, heap.device, torch.bfloat16
+    rows = split_rows(m, w)
+    max_rows = max(split_rows(max_m, w))
+    res = {"op": "GEMM-RS", "kind": "rs", "name": name, "k": k, "n": n, "world": w,
+           "shape": f"{name} K={k} N={n}", "M": m}
+    g = torch.Generator(device="cpu").manual_seed(m + me)
+    a = torch.randn(m, k, generator=g).to(dt).to(dev)
+    wt = torch.randn(n, k, generator=g).to(dt).to(dev) / k ** 0.5
+    jobs = []
+    if "sm" in variants:
+        op_sm = GemmRs(heap, max_rows, n, dt, name=f"b.{name}.sm")
+        jobs.append(("tdist_sm", "tdist SM", lambda: op_sm(a, wt.t(), rows)))
+    if "decomp" in variants:
+        op_d = DecompGemmRs(heap, max_rows, n, dt, name=f"b.{name}.decomp")
+        out_d = torch.empty(rows[me], n, dtype=dt, device=dev)
+        jobs.append(("tdist_decomp", "tdist decomposition", lambda: op_d(a, wt.t(), rows, out_d)))
+    jobs.append(("cublas_only", "cuBLAS", lambda: a @ wt.t()))
+    if nccl is not None and m % w == 0:
+        out = torch.empty(m // w, n, dtype=dt, device=dev)
 
-            symm_group = nccl.group_name
-            if hasattr(symm_mem, "enable_symm_mem_for_group"):
-                symm_mem.enable_symm_mem_for_group(symm_group)
-        except Exception as ex:
-            note(f"symmetric memory unavailable: {ex}")
-            symm_group = None
+        def seq():
+            dist.reduce_scatter_tensor(out, a @ wt.t(), group=nccl)
+            return out
+
+        jobs.append(("torch_seq", "cuBLAS + NCCL", seq))
+        if symm is not None:
+            jobs.append(("symm_fused", "symm fused_matmul_reduce_scatter",
+                         lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, wt.t(), "sum", 0, symm)))
+    else:
+        res["torch_seq_note"] = UNAVAILABLE_SHARED if nccl is None else "M not divisible by world"
+    _run_jobs(heap, note, res, jobs[::-1] if flip else jobs, iters)
+    return res
+
+
+def _run_jobs(heap, note, res, jobs, iters):
+    for key, label, fn in jobs:
+        note(f"{res['shape']} M={res['M']}: {label}")
+        res[key], err = _try(heap, note, label, fn, iters, res, key)
+        if err:
+            res[f"{key}_note"] = err
+
+
+def _a2a_row(heap, note, nccl, t, hidden, iters):
+    """One all-to-all row: tdist low-latency all-to-all vs NCCL all_to_all_single, random counts."""
+    import torch.distributed as dist
+
+    from sgl_kernel.tdist.all_to_all import AllToAll
+
+    w, dev, dt = heap.world, heap.device, torch.bfloat16
+    op = AllToAll(heap, t, hidden, dt, name=f"b.a2a.{t}")
+    g = torch.Generator(device="cpu").manual_seed(t + 7)
+    counts = torch.multinomial(torch.ones(w), t, replacement=True, generator=g).bincount(minlength=w)
+    x = torch.randn(t, hidden).to(dt).to(dev)
+    sc = counts.to(torch.int32).to(dev)
+    res = {"op": "all-to-all", "kind": "a2a", "shape": f"H={hidden} random counts", "M": t}
+    res["tdist_sm"], _ = _try(heap, note, "tdist a2a", lambda: op(x, sc), iters, res, "tdist_sm")
+    if nccl is not None:
+        recv = torch.zeros(w, dtype=torch.int64, device=dev)
+        dist.all_to_all_single(recv, counts.to(dev), group=nccl)
+        out = torch.empty(int(recv.sum()), hidden, dtype=dt, device=dev)
+        in_s, out_s = counts.tolist(), recv.tolist()
+        res["torch_seq"], res["torch_seq_note"] = _try(
+            heap, note, "nccl all_to_all_single", lambda: dist.all_to_all_single(out, x, out_s, in_s, group=nccl),
+            iters, res, "torch_seq")
+    else:
+        res["torch_seq_note"] = UNAVAILABLE_SHARED
+    return res
+
+
+def rank_body(heap, note, nccl, shapes: Dict[str, tuple], tokens: List[int], iters: int, a2a_hidden: int,
+              a2a_tokens: List[int], variants=("sm", "decomp")) -> List[dict]:
+    """Time every op on this rank; returns rows {op, shape, M, variant -> median ms or None, compile, notes}."""
+    symm = _symm_group(nccl, note)
     max_m = max(tokens)
+    rows_out = []
+    i = 0
     for name, (kind, k, n) in shapes.items():
         for m in tokens:
-            note(f"{name} M={m}")
-            rows = split_rows(m, w)
-            res = {"op": "AG-GEMM" if kind == "ag" else "GEMM-RS", "shape": f"{name} K={k} N={n}", "M": m}
-            g = torch.Generator(device="cpu").manual_seed(m + me)
-            if kind == "ag":
-                a = torch.randn(rows[me], k, generator=g).to(dt).to(dev)
-                wt = torch.randn(n, k, generator=g).to(dt).to(dev) / k ** 0.5
-                for prod in ("sm", "ce"):
-                    op = AgGemm(heap, max_m, k, dt, name=f"b.{name}.{prod}", producer=prod)
-                    res[f"tdist_{prod}"], _ = _try(heap, note, f"tdist {prod}", lambda: op(a, wt.t(), rows), iters)
-                full = torch.randn(m, k, generator=g).to(dt).to(dev)
-                res["cublas_only"], _ = _try(heap, note, "cublas", lambda: full @ wt.t(), iters)
-                if nccl is not None and len(set(rows)) == 1:
-                    gathered = torch.empty(m, k, dtype=dt, device=dev)
-
-                    def seq():
-                        dist.all_gather_into_tensor(gathered, a, group=nccl)
-                        return gathered @ wt.t()
-
-                    res["torch_seq"], res["torch_seq_note"] = _try(heap, note, "nccl+cublas", seq, iters)
-                    if symm_group is not None:
-                        res["symm_fused"], res["symm_note"] = _try(
-                            heap, note, "symm fused_all_gather_matmul",
-                            lambda: torch.ops.symm_mem.fused_all_gather_matmul(a, [wt.t()], 0, symm_group), iters)
-                else:
-                    res["torch_seq_note"] = UNAVAILABLE_SHARED if nccl is None else "uneven rows"
-            else:
-                a = torch.randn(m, k, generator=g).to(dt).to(dev)
-                wt = torch.randn(n, k, generator=g).to(dt).to(dev) / k ** 0.5
-                op = GemmRs(heap, max(split_rows(max_m, w)), n, dt, name=f"b.{name}")
-                res["tdist_sm"], _ = _try(heap, note, "tdist gemm_rs", lambda: op(a, wt.t(), rows), iters)
-                res["cublas_only"], _ = _try(heap, note, "cublas", lambda: a @ wt.t(), iters)
-                if nccl is not None and m % w == 0:
-                    out = torch.empty(m // w, n, dtype=dt, device=dev)
-
-                    def seq():
-                        dist.reduce_scatter_tensor(out, a @ wt.t(), group=nccl)
-                        return out
-
-                    res["torch_seq"], res["torch_seq_note"] = _try(heap, note, "cublas+nccl", seq, iters)
-                    if symm_group is not None:
-                        res["symm_fused"], res["symm_note"] = _try(
-                            heap, note, "symm fused_matmul_reduce_scatter",
-                            lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, wt.t(), "sum", 0, symm_group),
-                            iters)
-                else:
-                    res["torch_seq_note"] = UNAVAILABLE_SHARED if nccl is None else "M not divisible by world"
-            rows_out.append(res)
+            row = _ag_row if kind == "ag" else _rs_row
+            rows_out.append(row(heap, note, nccl, symm, name, k, n, m, max_m, iters, variants, i % 2 == 1))
+            _report(note, len(rows_out) - 1, rows_out[-1])
+            i += 1
     for t in a2a_tokens:
         note(f"all-to-all T={t}")
-        cap = t  # a source may send all its tokens to one destination
-        op = AllToAll(heap, cap, a2a_hidden, dt, name=f"b.a2a.{t}")
-        g = torch.Generator(device="cpu").manual_seed(t + 7)
-        counts = torch.multinomial(torch.ones(w), t, replacement=True, generator=g).bincount(minlength=w)
-        x = torch.randn(t, a2a_hidden).to(dt).to(dev)
-        sc = counts.to(torch.int32).to(dev)
-        res = {"op": "all-to-all", "shape": f"H={a2a_hidden} random counts", "M": t}
-        res["tdist_sm"], _ = _try(heap, note, "tdist a2a", lambda: op(x, sc), iters)
-        if nccl is not None:
-            recv = torch.zeros(w, dtype=torch.int64, device=dev)
-            dist.all_to_all_single(recv, counts.to(dev), group=nccl)
-            out = torch.empty(int(recv.sum()), a2a_hidden, dtype=dt, device=dev)
-            in_s, out_s = counts.tolist(), recv.tolist()
-            res["torch_seq"], res["torch_seq_note"] = _try(
-                heap, note, "nccl all_to_all_single",
-                lambda: dist.all_to_all_single(out, x, out_s, in_s, group=nccl), iters)
-        else:
-            res["torch_seq_note"] = UNAVAILABLE_SHARED
-        rows_out.append(res)
+        rows_out.append(_a2a_row(heap, note, nccl, t, a2a_hidden, iters))
+        _report(note, len(rows_out) - 1, rows_out[-1])
     return rows_out
+
+
+def _report(note, i, row):
+    """Send a finished row to the parent at once (kept if a later row hangs or the run times out)."""
+    if hasattr(note, "result"):
+        note.result(f"row{i:03d}", row)
+
+
+def partial_rows(got: Dict[int, Dict[str, dict]], world: int) -> List[List[dict]]:
+    """Per-rank row lists from the rows every rank reported (``got[rank][key] = row``), in order."""
+    keys = sorted(set.intersection(*[set(got.get(r, {})) for r in range(world)])) if got else []
+    return [[got[r][k] for k in keys] for r in range(world)]
 
 
 def _fmt(v: Optional[float]) -> str:
     return "-" if v is None else f"{v:.3f}"
 
 
-def table(per_rank: List[List[dict]]) -> List[str]:
-    """Markdown ratio table; times are the max over ranks (a collective ends when its slowest rank does).
-    Ratio columns: baseline ms / best tdist ms (> 1 means tdist is faster)."""
-    lines = ["| op | shape | M | tdist SM ms | tdist CE ms | NCCL+cuBLAS ms | symm-mem fused ms | cuBLAS only ms | "
-             "torch/tdist | symm/tdist | notes |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for i, row in enumerate(per_rank[0]):
-        def mx(key):
-            vals = [r[i].get(key) for r in per_rank if r and len(r) > i]
-            return None if not vals or any(v is None for v in vals) else max(vals)
+def _mx(per_rank, i, key):
+    vals = [r[i].get(key) for r in per_rank if r and len(r) > i]
+    return None if not vals or any(v is None for v in vals) else max(vals)
 
-        best = min([v for v in (mx("tdist_sm"), mx("tdist_ce")) if v is not None], default=None)
-        ts, sf = mx("torch_seq"), mx("symm_fused")
+
+def table(per_rank: List[List[dict]]) -> List[str]:
+    """Markdown table; times are medians per rank, then the max over ranks (a collective ends when its slowest rank
+    does). Ratio columns: baseline ms / best tdist ms (> 1 means tdist is faster). First-call seconds (compile,
+    autotune, metadata upload) are reported apart and never enter the times."""
+    lines = ["| op | shape | M | tdist SM ms | tdist decomp/CE ms | NCCL+cuBLAS ms | symm-mem fused ms | cuBLAS only ms "
+             "| NCCL/tdist | symm/tdist | first call s (SM / decomp) | notes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for i, row in enumerate(per_rank[0]):
+        sm, dc = _mx(per_rank, i, "tdist_sm"), _mx(per_rank, i, "tdist_decomp")
+        best = min([v for v in (sm, dc) if v is not None], default=None)
+        ts, sf = _mx(per_rank, i, "torch_seq"), _mx(per_rank, i, "symm_fused")
         r1 = f"{ts / best:.2f}x" if ts and best else "-"
         r2 = f"{sf / best:.2f}x" if sf and best else "-"
-        notes = "; ".join(x for x in (row.get("torch_seq_note", ""), row.get("symm_note", "")) if x)
-        lines.append(f"| {row['op']} | {row['shape']} | {row['M']} | {_fmt(mx('tdist_sm'))} | {_fmt(mx('tdist_ce'))} "
-                     f"| {_fmt(ts)} | {_fmt(sf)} | {_fmt(mx('cublas_only'))} | {r1} | {r2} | {notes} |")
+        comp = [max((r[i].get("compile", {}).get(k) or 0.0) for r in per_rank)
+                for k in ("tdist_sm", "tdist_decomp")]
+        notes = "; ".join(str(v) for key, v in row.items() if key.endswith("_note") and v)
+        lines.append(f"| {row['op']} | {row['shape']} | {row['M']} | {_fmt(sm)} | {_fmt(dc)} | {_fmt(ts)} | "
+                     f"{_fmt(sf)} | {_fmt(_mx(per_rank, i, 'cublas_only'))} | {r1} | {r2} | "
+                     f"{comp[0]:.1f} / {comp[1]:.1f} | {notes} |")
     return lines
+
+
+def calibration(per_rank: List[List[dict]]):
+    """CalibrationTable (sgl_kernel.tdist.auto) from the measured decomposition vs NCCL + cuBLAS times."""
+    from sgl_kernel.tdist.auto import CalibrationTable
+
+    pts = []
+    for i, row in enumerate(per_rank[0]):
+        if row.get("kind") in ("ag", "rs"):
+            pts.append(dict(kind=row["kind"], k=row["k"], n=row["n"], world=row["world"], m=row["M"],
+                            decomp_ms=_mx(per_rank, i, "tdist_decomp"), nccl_ms=_mx(per_rank, i, "torch_seq")))
+    return CalibrationTable.from_timings(pts)

@@ -43,6 +43,10 @@ except ImportError:  # Python < 3.11
     tomllib = None
 
 
+IN_REPO_PACKAGES = {"sglang", "sgl-kernel"}
+"""Canonical names of the packages this repo builds itself (never fetched into a wheelhouse)."""
+
+
 def read_pyproject_requirements(path: str, extras: list[str]) -> list[str]:
     """``[project].dependencies`` plus the named optional-dependency groups of ``path``."""
     with open(path, "rb") as f:
@@ -197,6 +201,8 @@ def main() -> None:
     if os.path.exists(kernel):
         top += read_pyproject_requirements(kernel, [])
     top += args.extra_req
+    # the repo's own packages (sglang pins sgl-kernel) are installed from the checkout, not from an index
+    top = [r for r in top if canonicalize_name(Requirement(r).name) not in IN_REPO_PACKAGES]
     present = read_present(args.present)
     os.makedirs(args.dest, exist_ok=True)
     glibc_minor = int(args.glibc.split(".")[1])

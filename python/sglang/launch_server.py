@@ -1,7 +1,7 @@
 """``python -m sglang.launch_server [--model-path PATH] ...``: start an HTTP server.
 
-Without ``--model-path`` it serves the embedded default model (random
-weights built locally; its text is not meaningful).
+Without ``--model-path`` it serves the embedded default model ``sglang-tw/stories260K``
+(a trained 260K-parameter TinyStories Llama shipped with the package).
 """
 
 from __future__ import annotations

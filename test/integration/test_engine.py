@@ -155,6 +155,24 @@ def test_bad_input_raises_value_error(engine):
         asyncio.run(bad())
 
 
+def test_out_of_vocab_ids_raise_value_error_naming_the_field(engine):
+    for params, field in (({"stop_token_ids": [-1]}, "stop_token_ids"), ({"stop_token_ids": [2 ** 70]}, "stop_token_ids"),
+                          ({"logit_bias": {str(2 ** 70): 1.0}}, "logit_bias")):
+        with pytest.raises(ValueError, match=f"^{field}"):
+            engine.generate("Hi", params)
+
+
+def test_engine_score_matches_server(server, engine):
+    body = {"query": "Once upon a time", "items": [" there", " a"], "label_token_ids": [278, 263], "apply_softmax": True}
+    ref = requests.post(server.url + "/v1/score", json=body, timeout=120).json()["scores"]
+    got = engine.score(**body)
+    assert len(got) == 2 and all(sum(r) == pytest.approx(1.0, abs=1e-6) for r in got)
+    for a, b in zip(got, ref):
+        assert a == pytest.approx(b, rel=1e-5)
+    with pytest.raises(ValueError, match="Token ID 999999 is out of vocabulary"):
+        engine.score(query="q", items=["a"], label_token_ids=[999999])
+
+
 def test_unknown_engine_argument_is_named():
     from sglang.srt.entrypoints.engine import Engine
 

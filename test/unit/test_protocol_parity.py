@@ -163,9 +163,13 @@ def test_token_ids_logprobs_and_masked_top_logprobs(device):
     json.dumps(out.top_logprobs, allow_nan=False)
 
 
-def test_out_of_vocab_stop_token_ids_do_not_break_min_new_tokens():
+def test_out_of_vocab_stop_token_ids_are_a_400_and_do_not_break_min_new_tokens():
+    with pytest.raises(ValueError, match="^stop_token_ids must be token ids"):
+        _p(stop_token_ids=[5, 1000])
     vocab = 40
-    info = _info([_p(stop_token_ids=[5, 1000, -3], min_new_tokens=2, temperature=0.0)], vocab,
+    raw = SamplingParams(stop_token_ids=[5, 1000, -3], min_new_tokens=2, temperature=0.0)  # past verify()
+    raw.normalize(None)
+    info = _info([raw], vocab,
                  min_tokens_banned=[[5, 1000, -3, 2]])
     logits = torch.zeros(1, vocab)
     logits[0, 5] = 10.0
@@ -215,27 +219,42 @@ def test_custom_logit_processor_gate_and_application():
 
 
 # ------------------------------------------------------------ HTTP shapes
-def test_incremental_logprobs_and_finite_json():
-    inc = IncrementalLogprobs()
-    lp = [[-0.1, 5, None], [-0.2, 6, None], [-0.3, 7, None]]
-    chunks = []
-    for n in (1, 1, 3):
-        meta = {"output_token_logprobs": lp[:n], "output_top_logprobs": [[x] for x in lp[:n]],
-                "output_token_logprobs_length": n}
-        chunks.append(inc({"text": "", "meta_info": meta}))
-    assert [c["meta_info"]["output_token_logprobs"] for c in chunks] == [lp[:1], [], lp[1:3]]
-    assert [c["meta_info"]["output_token_logprobs_length"] for c in chunks] == [1, 1, 3]
-    rebuilt = []
-    for c in chunks:
-        m = c["meta_info"]
-        assert m["output_token_logprobs_length"] - len(m["output_token_logprobs"]) == len(rebuilt)
-        rebuilt += m["output_token_logprobs"]
-    assert rebuilt == lp
+def _cumulative_outputs(lp: list, cuts: list[int], index: int = 0) -> list[dict]:
+    """The cumulative /generate outputs a stream of ``lp``'s tokens produces when chunked at ``cuts``."""
+    return [{"index": index, "text": "".join(f"t{e[1]}" for e in lp[:n]), "output_ids": [e[1] for e in lp[:n]],
+             "meta_info": {"output_token_logprobs": lp[:n], "output_top_logprobs": [[x] for x in lp[:n]],
+                           "output_token_logprobs_length": n}} for n in cuts]
+
+
+def test_streamed_logprobs_one_per_token_under_any_chunking():
+    import random
+
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randint(1, 30)
+        lp = [[-0.1 * k, 100 + k, None] for k in range(n)]
+        cuts = sorted({rng.randint(0, n) for _ in range(rng.randint(1, 6))} | {n})
+        # cumulative (default): every chunk's lists cover exactly its output_ids
+        plain = IncrementalLogprobs()
+        for c in map(plain, _cumulative_outputs(lp, cuts)):
+            assert len(c["meta_info"]["output_token_logprobs"]) == len(c["output_ids"])
+            assert len(c["meta_info"]["output_top_logprobs"]) == len(c["output_ids"])
+        # incremental: each chunk holds exactly its new tokens' entries; the pieces rebuild everything
+        inc, ids, text, rebuilt = IncrementalLogprobs(incremental=True), [], "", []
+        for c in map(inc, _cumulative_outputs(lp, cuts)):
+            m = c["meta_info"]
+            assert len(m["output_token_logprobs"]) == len(c["output_ids"]) == len(m["output_top_logprobs"])
+            assert m["output_token_logprobs_length"] - len(m["output_token_logprobs"]) == len(rebuilt)
+            ids, text, rebuilt = ids + c["output_ids"], text + c["text"], rebuilt + m["output_token_logprobs"]
+        assert rebuilt == lp and ids == [e[1] for e in lp] and text == "".join(f"t{e[1]}" for e in lp)
+
+
+def test_incremental_stream_sends_input_logprobs_once_and_finite_json():
     # the prompt's logprobs: sent once, in the first chunk that has them (per batch index)
-    inc, ilp = IncrementalLogprobs(), [[None, 1, None], [-1.5, 5, None]]
-    sent = [inc({"index": i % 2, "meta_info": {"input_token_logprobs": ilp, "input_top_logprobs": [None, [ilp[1]]],
-                                               "output_token_logprobs": [], "output_token_logprobs_length": 0}})
-            for i in range(4)]
+    inc, ilp = IncrementalLogprobs(incremental=True), [[None, 1, None], [-1.5, 5, None]]
+    sent = [inc({"index": i % 2, "text": "", "output_ids": [], "meta_info": {
+        "input_token_logprobs": ilp, "input_top_logprobs": [None, [ilp[1]]], "output_token_logprobs": [],
+        "output_token_logprobs_length": 0}}) for i in range(4)]
     assert [c["meta_info"]["input_token_logprobs"] for c in sent] == [ilp, ilp, [], []]
     assert [c["meta_info"]["input_top_logprobs"] for c in sent] == [[None, [ilp[1]]]] * 2 + [[], []]
     assert finite_json({"a": [float("-inf"), 1.5, (float("nan"),)]}) == {"a": [None, 1.5, [None]]}

@@ -179,11 +179,20 @@ def test_normalize_stop_strings_and_greedy():
     assert r.stop_strs == [] and r.stop_str_max_len == 0
 
 
-def test_out_of_vocab_stop_token_ids_are_accepted_with_a_warning(caplog):
-    """SGLang accepts stop_token_ids outside the vocabulary (they can never match)."""
-    with caplog.at_level("WARNING"):
-        SamplingParams(stop_token_ids=[5, VOCAB, VOCAB + 7, -1]).verify(VOCAB)
-    assert "outside the vocabulary" in caplog.text and str(VOCAB + 7) in caplog.text
+@pytest.mark.parametrize("bad", [-1, VOCAB, VOCAB + 7, 2**64 + 1, 2**70])
+def test_out_of_vocab_stop_token_ids_are_rejected_naming_the_field(bad):
+    """A stop id outside [0, vocab) could never match (and would index past the logits): 400 naming it."""
+    p = SamplingParams.from_dict({"stop_token_ids": [5, bad]})
+    with pytest.raises(ValueError, match=r"^stop_token_ids must be token ids in \[0, " + str(VOCAB)):
+        p.verify(VOCAB)
+    SamplingParams(stop_token_ids=[0, 5, VOCAB - 1]).verify(VOCAB)  # the edges are fine
+
+
+@pytest.mark.parametrize("bad", ["-1", str(VOCAB), str(2**70)])
+def test_out_of_vocab_logit_bias_keys_are_rejected_naming_the_field(bad):
+    p = SamplingParams.from_dict({"logit_bias": {bad: 1.0}})
+    with pytest.raises(ValueError, match=r"^logit_bias keys must be token ids"):
+        p.verify(VOCAB)
 
 
 def test_stop_regex_and_logit_bias_parse_and_normalize():

@@ -117,6 +117,16 @@ def test_heap_constructor_validation():
         SymmetricHeap(0, 1, buf[:10], [0], CFG, barrier=lambda: None)
     with pytest.raises(ValueError, match="CUDA device"):
         SymmetricHeap.create(None, torch.device("cpu"), CFG)
+    with pytest.raises(ValueError, match="256-byte aligned"):  # symm_at's alignment hint relies on it
+        SymmetricHeap(0, 2, buf, [0, 4096 + 16], CFG, barrier=lambda: None)
+
+
+def test_device_counters_are_per_name_and_shared():
+    h = simulate_group(1, CFG)[0]
+    c = h.counters("op.a")
+    assert c.dtype == torch.int64 and tuple(c.shape) == (2,) and int(c.abs().sum()) == 0
+    c += 3
+    assert h.counters("op.a") is c and int(h.counters("op.b").sum()) == 0
 
 
 def test_op_argument_validation():

@@ -93,7 +93,11 @@ def test_tokenweave_flags_on_every_cli():
     for sa in parsed:
         assert (sa.enable_tokenweave, sa.tokenweave_min_tokens, sa.tokenweave_comm_sms, sa.comm_backend) == \
             (True, 512, 16, "tw")
-    assert prepare_server_args(["--model-path", "m"]).tokenweave_min_tokens == 1024  # the paper's threshold
+    assert prepare_server_args(["--model-path", "m"]).tokenweave_min_tokens is None  # auto per TP size
+    from sglang.srt.tokenweave import resolve_min_tokens
+
+    assert [resolve_min_tokens(None, tp) for tp in (2, 4, 8)] == [4096, 8192, 1024]
+    assert resolve_min_tokens(512, 4) == 512
     with pytest.raises(ValueError, match="tokenweave-min-tokens=1 is invalid: use >= 2"):
         prepare_server_args(["--model-path", "m", "--tokenweave-min-tokens", "1"])
     with pytest.raises(ValueError, match="tokenweave-comm-sms=0 is invalid"):

@@ -104,8 +104,13 @@ def test_backend_selection():
     assert sel(1) == TwBackend.ONESHOT and sel(64) == TwBackend.ONESHOT  # 1 MiB at world 8
     assert sel(65) == TwBackend.TWOSHOT and sel(16384) == TwBackend.TWOSHOT
     assert sel(256, world=2) == TwBackend.ONESHOT and sel(257, world=2) == TwBackend.TWOSHOT
-    assert sel(4096, overlap=True) == TwBackend.CE and sel(8, overlap=True) == TwBackend.ONESHOT
-    assert sel(1024, overlap=True) == TwBackend.TWOSHOT and sel(2048, overlap=True) == TwBackend.CE
+    # CE is off by default (slower than NCCL everywhere measured): overlapped calls stay on one/two-shot
+    assert sel(4096, overlap=True) == TwBackend.TWOSHOT and sel(8, overlap=True) == TwBackend.ONESHOT
+    ce_cfg = TwCommConfig(ce_min_bytes=32 << 20)
+    sel_ce = lambda T, **kw: select_backend(T, 8192, 8, config=ce_cfg, capacity_bytes=cap, **kw)  # noqa
+    assert sel_ce(4096, overlap=True) == TwBackend.CE and sel_ce(8, overlap=True) == TwBackend.ONESHOT
+    assert sel_ce(1024, overlap=True) == TwBackend.TWOSHOT and sel_ce(2048, overlap=True) == TwBackend.CE
+    assert sel_ce(4096) == TwBackend.TWOSHOT  # CE only for overlapped calls
     assert sel(16385) == TwBackend.NCCL  # beyond capacity
     assert sel(8, p2p_available=False) == TwBackend.NCCL
     assert sel(8, on_cuda=False) == TwBackend.TORCH
@@ -113,3 +118,22 @@ def test_backend_selection():
     assert sel(8, nvls_available=True) == TwBackend.NVLS
     with pytest.raises(ValueError, match="twoshot_sms=0"):
         TwCommConfig(twoshot_sms=0)
+
+
+def test_workspace_sized_from_largest_prefill():
+    """TokenWeave's workspace holds the largest prefill chunk (no NCCL fallback inside the model), never less
+    than tw-comm's 64 MiB default; overlapped calls default to the bounded overlap SM budget."""
+    from sglang.srt.distributed.tw_comm import TwCommConfig
+    from sglang.srt.distributed.tw_communicator import workspace_bytes
+
+    assert workspace_bytes(8192, 8192) == 8192 * 8192 * 2
+    assert workspace_bytes(16, 64) == 64 << 20
+    with pytest.raises(ValueError, match="max_tokens=0"):
+        workspace_bytes(0, 8192)
+    cap = staging_bytes(8192, 8192, 2)[0]
+    cfg = TwCommConfig(max_bytes=workspace_bytes(8192, 8192))
+    assert select_backend(4096, 8192, 2, config=cfg, capacity_bytes=cap, overlap=True) == TwBackend.TWOSHOT
+    assert select_backend(8192, 8192, 2, config=cfg, capacity_bytes=cap) == TwBackend.TWOSHOT
+    assert TwCommConfig().overlap_sms == 16
+    with pytest.raises(ValueError, match="overlap_sms=0"):
+        TwCommConfig(overlap_sms=0)

@@ -13,10 +13,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
+from sglang.srt.configs.default_model import DEFAULT_MODEL, EMBEDDED_MODELS, TINY_RANDOM_MODEL  # noqa: F401
 from sglang.srt.server_args_help import SERVER_ARGS_HELP
-
-DEFAULT_MODEL = "sglang-tw/tiny-random-llama"
-"""``--model-path`` value that selects the embedded default model (built locally, no download)."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +58,7 @@ class ServerArgs:
     page_size: int = 1
     attention_backend: Optional[str] = None  # torch_native | triton | flashinfer
     stream_interval: int = 1
+    incremental_streaming_output: bool = False  # streamed /generate chunks carry deltas (SGLang's flag)
     grammar_backend: str = "xgrammar"  # xgrammar | none
     constrained_json_disable_any_whitespace: bool = False
     cuda_graph_max_bs: Optional[int] = None
@@ -91,7 +90,7 @@ class ServerArgs:
 
     # TokenWeave (compute-communication overlap of two token splits)
     enable_tokenweave: bool = False
-    tokenweave_min_tokens: int = 1024
+    tokenweave_min_tokens: Optional[int] = None  # None: auto per TP size (sglang.srt.tokenweave)
     tokenweave_comm_sms: Optional[int] = None
     # Triton-distributed: sequence-parallel layout with fused AG-GEMM / GEMM-RS (dense decoders, TP > 1)
     enable_tdist_overlap: bool = False
@@ -160,7 +159,7 @@ class ServerArgs:
             bad("base-gpu-id", self.base_gpu_id, "use a GPU index >= 0")
         if self.gpu_id_step < 1:
             bad("gpu-id-step", self.gpu_id_step, "use a step >= 1")
-        if self.tokenweave_min_tokens < 2:
+        if self.tokenweave_min_tokens is not None and self.tokenweave_min_tokens < 2:
             bad("tokenweave-min-tokens", self.tokenweave_min_tokens, "use >= 2 (a split needs two tokens)")
         if self.tokenweave_comm_sms is not None and not 1 <= self.tokenweave_comm_sms <= 256:
             bad("tokenweave-comm-sms", self.tokenweave_comm_sms, "use an SM count in [1, 256]")
@@ -318,8 +317,9 @@ class ServerArgs:
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
         """Add every field as ``--flag-name`` (booleans as store_true)."""
         helps = {
-            "model_path": "HF checkpoint folder, or the embedded default "
-            f"'{DEFAULT_MODEL}' (random weights; its text is not meaningful).",
+            "model_path": f"HF checkpoint folder, or an embedded model: '{DEFAULT_MODEL}' (the default: the "
+            f"trained 260K-parameter TinyStories Llama, shipped with the package) or '{TINY_RANDOM_MODEL}' "
+            "(random weights; its text is not meaningful).",
             "load_format": "auto|safetensors|dummy (dummy: random weights of the config's shape).",
             "chunked_prefill_size": "Max prompt tokens per prefill chunk; -1 disables chunking.",
             "mem_fraction_static": "Fraction of GPU memory for weights + KV cache (GPU only).",
@@ -328,7 +328,8 @@ class ServerArgs:
             "gpu_id_step": "The GPU index step between consecutive workers on a node.",
             "enable_tokenweave": "TokenWeave: split large batches into two wave-aware token halves and overlap one "
             "half's fused AllReduce + RMSNorm with the other half's compute (TP > 1; --comm-backend tw by default).",
-            "tokenweave_min_tokens": "Batches with fewer new tokens (and decode batches) run unsplit.",
+            "tokenweave_min_tokens": "Batches with fewer new tokens (and decode batches) run unsplit (default: auto, "
+            "the measured break-even of the TP size: 4096 at TP2, 8192 at TP4, 1024 otherwise).",
             "enable_tdist_overlap": "Triton-distributed: keep the residual token-sharded across TP ranks (sequence "
             "parallel) and run column/row-parallel linears as fused AllGather-GEMM / GEMM-ReduceScatter on a CUDA-IPC "
             "symmetric heap (no multicast); the torch collectives on CPU. Dense decoders only. See docs/tdist.md.",

@@ -45,6 +45,9 @@ SERVER_ARGS_HELP: dict[str, str] = {
     "page_size": "The number of tokens in a page.",
     "attention_backend": "Choose the kernels for attention layers: torch_native | triton | flashinfer "
     "(default: triton on CUDA, torch_native on CPU).",
+    "incremental_streaming_output": "Streamed /generate chunks carry only what is new: text, output_ids and the "
+    "output-token logprob lists (one entry per token of the chunk), the prompt's logprobs once. Off (SGLang's "
+    "default): every chunk is cumulative.",
     "stream_interval": "The interval (or buffer size) for streaming in terms of the token length. A smaller value "
     "makes streaming smoother, while a larger value makes the throughput higher.",
     "grammar_backend": "Choose the backend for grammar-guided decoding: xgrammar | none.",
@@ -72,7 +75,7 @@ SERVER_ARGS_HELP: dict[str, str] = {
     "GPU 0,2,4,...",
     "zmq_transport": "ipc | tcp: transport of the sockets between the server's processes.",
     "enable_tokenweave": "TokenWeave: overlap one token split's AllReduce + RMSNorm with the other's compute.",
-    "tokenweave_min_tokens": "Batches with fewer new tokens run unsplit.",
+    "tokenweave_min_tokens": "Batches with fewer new tokens run unsplit (default: auto per TP size).",
     "tokenweave_comm_sms": "SM budget of TokenWeave's overlapped communication kernel.",
     "tp_ranks_share_gpu": "Correctness test mode: all TP ranks on one GPU.",
     # disaggregation (KVDirect) and attention/FFN disaggregation (MegaScale-Infer)

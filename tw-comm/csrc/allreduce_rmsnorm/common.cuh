@@ -88,13 +88,15 @@ __device__ __forceinline__ void finish_epoch(uint32_t* ctrl, uint32_t epoch) {
   }
 }
 
-// Cross-rank barrier of block blockIdx.x with the same block index on every rank. Each thread first fences its
-// own (possibly remote) stores at system scope, so the flag release covers all data the block wrote.
+// Cross-rank barrier of block blockIdx.x with the same block index on every rank. __syncthreads() orders every
+// thread's (possibly remote) stores before the signalling threads' system-scope fence + release (PTX release is
+// cumulative over what bar.sync made visible to the releasing thread), so one fence per signalling thread -- not
+// one per thread of the block -- makes the flag release cover all data the block wrote.
 __device__ __forceinline__ void block_barrier(const KParams& p, int barrier, uint32_t epoch) {
-  fence_sys();
   __syncthreads();
   const int t = threadIdx.x;
   if (t < p.world) {
+    fence_sys();
     st_release_sys(flag_ptr(p.peer_base[t], barrier, blockIdx.x, p.rank), epoch);
     const uint32_t* mine = flag_ptr(p.peer_base[p.rank], barrier, blockIdx.x, t);
     while ((int)(ld_acquire_sys(mine) - epoch) < 0) {

@@ -153,9 +153,9 @@ class RuntimeEndpoint(BaseBackend):
     def generate_stream(self, s: Any, sampling_params: SglSamplingParams) -> Iterator[tuple[str, Optional[dict]]]:
         """Streaming ``/generate``; yields (new text, meta_info so far).
 
-        The server streams per-output-token logprob lists incrementally (SGLang's shape, with
-        ``output_token_logprobs_length``); they are accumulated here, so each yielded meta_info holds
-        the full lists so far.
+        The server streams the per-output-token logprob lists cumulatively (its default) or as deltas
+        (``--incremental-streaming-output``); ``output_token_logprobs_length`` places each chunk's list, so each
+        yielded meta_info holds the full lists so far either way.
 
         Raises:
             ValueError / RuntimeError: the server rejected the request or reported an error mid-stream.
@@ -180,9 +180,12 @@ class RuntimeEndpoint(BaseBackend):
                 delta, prev = text[len(prev):], text
                 meta = obj.get("meta_info")
                 if isinstance(meta, dict) and "output_token_logprobs_length" in meta:
+                    # a cumulative list (offset 0, the server's default) replaces; a delta is placed at its offset
+                    total = meta["output_token_logprobs_length"]
                     for key in ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs"):
                         if key in meta:
-                            acc.setdefault(key, []).extend(meta[key])
+                            offset = max(total - len(meta[key]), 0)
+                            acc[key] = acc.get(key, [])[:offset] + list(meta[key])
                             meta[key] = list(acc[key])
                 yield delta, meta
         finally:

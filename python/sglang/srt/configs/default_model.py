@@ -1,11 +1,12 @@
-"""The embedded default model: a tiny Llama with seeded random weights, built locally.
+"""The embedded models: served by name, with no download.
 
-``python -m sglang.launch_server`` with no ``--model-path`` serves it, so a
-fresh machine needs no download. Its weights are random (seed 0): the text it
-writes is **not meaningful**; it exists to exercise the whole serving stack.
-The tokenizer is byte-level (256 byte tokens + Llama-3 style special tokens,
-no merges) with a Llama-3 style chat template. Everything is deterministic:
-two builds produce identical files.
+* ``sglang-tw/stories260K`` (the default: ``python -m sglang.launch_server`` with no ``--model-path``):
+  Andrej Karpathy's trained 260K-parameter TinyStories Llama (llama2.c ``stories260K``, MIT licence), shipped
+  as package data in ``sglang/data/stories260K`` with its ``LICENSE``. It writes simple English stories.
+* ``sglang-tw/tiny-random-llama``: a tiny Llama with seeded random weights, built locally on first use. Its
+  text is **not meaningful**; stack tests use it. Its tokenizer is byte-level (256 byte tokens + Llama-3 style
+  special tokens, no merges) with a Llama-3 style chat template. Everything is deterministic: two builds
+  produce identical files.
 """
 
 from __future__ import annotations
@@ -17,6 +18,14 @@ import shutil
 import tempfile
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "sglang-tw/stories260K"
+"""``--model-path`` value (and the default) that serves the packaged trained stories260K."""
+TINY_RANDOM_MODEL = "sglang-tw/tiny-random-llama"
+"""``--model-path`` value that serves the locally built random-weight Llama (stack tests)."""
+EMBEDDED_MODELS = (DEFAULT_MODEL, TINY_RANDOM_MODEL)
+STORIES260K_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                     "tokenizer_config.json", "LICENSE")
 
 VERSION = "v1"
 SPECIAL_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
@@ -46,8 +55,36 @@ CONFIG = {
 }
 
 
+def stories260k_dir() -> str:
+    """The packaged ``stories260K`` folder (``sglang/data/stories260K`` inside the installed package)."""
+    import sglang
+
+    return os.path.join(os.path.dirname(os.path.abspath(sglang.__file__)), "data", "stories260K")
+
+
+def embedded_model_path(name: str) -> str:
+    """The local folder that serves the embedded model ``name`` (building the random one if needed).
+
+    Raises:
+        ValueError: ``name`` is not an embedded model, or the packaged stories260K files are missing
+            (an install without package data); the message names the fix.
+    """
+    if name == TINY_RANDOM_MODEL:
+        return ensure_default_model()
+    if name != DEFAULT_MODEL:
+        raise ValueError(f"--model-path={name!r} is not an embedded model; use one of {', '.join(EMBEDDED_MODELS)} "
+                         "or a local HF checkpoint folder")
+    path = stories260k_dir()
+    missing = [f for f in STORIES260K_FILES if not os.path.isfile(os.path.join(path, f))]
+    if missing:
+        raise ValueError(f"the embedded default model {DEFAULT_MODEL!r} is incomplete in {path} (missing "
+                         f"{', '.join(missing)}): reinstall sglang with its package data, e.g. "
+                         "pip install -e ./python, or pass --model-path to a local HF checkpoint folder")
+    return path
+
+
 def default_cache_dir() -> str:
-    """Where the default model is materialized (``$SGLANG_TW_CACHE`` or ``~/.cache/sglang-tw``)."""
+    """Where the random-weight model is materialized (``$SGLANG_TW_CACHE`` or ``~/.cache/sglang-tw``)."""
     root = os.environ.get("SGLANG_TW_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "sglang-tw")
     return os.path.join(root, f"tiny-random-llama-{VERSION}")
 
@@ -104,7 +141,7 @@ def _build_weights(out_dir: str) -> None:
 
 
 def ensure_default_model(path: str | None = None) -> str:
-    """Build the default model folder if it is missing; return its path.
+    """Build the random-weight ``sglang-tw/tiny-random-llama`` folder if it is missing; return its path.
 
     The build goes to a temporary folder renamed into place, so concurrent
     launches never see a half-written model.
@@ -125,7 +162,7 @@ def ensure_default_model(path: str | None = None) -> str:
             os.rename(tmp, path)
         except OSError:  # another process won the race
             shutil.rmtree(tmp, ignore_errors=True)
-        logger.info("built the embedded default model at %s (random weights: text is not meaningful)", path)
+        logger.info("built the embedded %s at %s (random weights: text is not meaningful)", TINY_RANDOM_MODEL, path)
     finally:
         if os.path.isdir(tmp):
             shutil.rmtree(tmp, ignore_errors=True)

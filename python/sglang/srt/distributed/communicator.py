@@ -83,8 +83,15 @@ class Communicator(ABC):
 
     def all_reduce_add_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fused AllReduce + residual add + RMSNorm; default: :meth:`all_reduce` then :func:`rmsnorm_ref`."""
-        return rmsnorm_ref(self.all_reduce(x), weight, eps, residual)
+        """Fused AllReduce + residual add + RMSNorm; default: :meth:`all_reduce`, then on CUDA the fused add +
+        RMSNorm kernel (:func:`sglang.srt.layers.ops.fused_add_rmsnorm`, in place on the reduced tensor and
+        ``residual``), elsewhere :func:`rmsnorm_ref` (same numerics: fp32 sum of squares, sum rounded first)."""
+        total = self.all_reduce(x)
+        if total.is_cuda and residual.dtype == total.dtype and residual.shape == total.shape:
+            from sglang.srt.layers import ops  # lazy: layers import this module
+
+            return ops.fused_add_rmsnorm(total.contiguous(), residual.contiguous(), weight, eps)
+        return rmsnorm_ref(total, weight, eps, residual)
 
     def describe(self) -> str:
         """One line for the startup log."""

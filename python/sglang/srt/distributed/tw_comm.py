@@ -56,9 +56,10 @@ class TwCommConfig:
 
     max_bytes: largest input a call may stage, T * H * element size in bytes (the workspace allocates about
       4x this per GPU: two slots of input + output regions). oneshot_max_bytes: per-world-size input bytes up to
-      which one-shot is used. *_sms: default SM (thread block) bounds. ce_min_bytes: smallest input sent to the
-      copy-engine variant in overlap mode. residual_sharded: two-shot/CE update only this rank's token range of
-      the residual (TokenWeave keeps the residual sharded between layers; saves one AllGather).
+      which one-shot is used. *_sms: default SM (thread block) bounds (overlap_sms: of overlapped calls).
+      ce_min_bytes: smallest input sent to the copy-engine variant in overlap mode (0: never).
+      residual_sharded: two-shot/CE update only this rank's token range of the residual (TokenWeave keeps the
+      residual sharded between layers; saves one AllGather).
     """
 
     max_bytes: int = 64 << 20
@@ -67,13 +68,18 @@ class TwCommConfig:
     oneshot_sms: int = 64
     twoshot_sms: int = 128  # the two-shot copy phases are latency-bound per SM: time falls with SMs up to ~128
     ce_sms: int = 8
-    ce_min_bytes: int = 32 << 20  # at >= 2048 tokens x 8192, CE on 8 SMs beat two-shot on 8 SMs (world 4, 8)
+    # 0: never. CE on 8 SMs was 3-5x slower than NCCL at every size on 4 H100s (issue 25), so overlapped calls
+    # use the two-shot kernel on overlap_sms SMs unless a calibrated config turns CE on from this many bytes.
+    ce_min_bytes: int = 0
+    # overlapped calls (TokenWeave) without an explicit budget: few CTAs, so the other split's GEMMs keep the
+    # rest of the GPU (TokenWeave sec. 3.3 runs its fused kernel on 16-32 SMs)
+    overlap_sms: int = 16
     residual_sharded: bool = False
 
     def __post_init__(self) -> None:
         if self.max_bytes <= 0:
             raise ValueError(f"max_bytes={self.max_bytes} must be > 0")
-        for name in ("oneshot_sms", "twoshot_sms", "ce_sms"):
+        for name in ("oneshot_sms", "twoshot_sms", "ce_sms", "overlap_sms"):
             v = getattr(self, name)
             if not 1 <= v <= 256:
                 raise ValueError(f"{name}={v} must be in [1, 256]")
@@ -136,7 +142,7 @@ def select_backend(
     if two_need > capacity_bytes:
         return TwBackend.NCCL
     nbytes = tokens * hidden * elem
-    if overlap and nbytes >= config.ce_min_bytes:
+    if overlap and config.ce_min_bytes and nbytes >= config.ce_min_bytes:
         return TwBackend.CE
     if nbytes <= config.oneshot_limit(world) and one_need <= capacity_bytes:
         return TwBackend.ONESHOT
@@ -251,12 +257,14 @@ def _ops():
     return tw_comm_ops
 
 
-def _sms(ws: TwCommWorkspace, backend: TwBackend, max_sms: Optional[int]) -> int:
+def _sms(ws: TwCommWorkspace, backend: TwBackend, max_sms: Optional[int], overlap: bool = False) -> int:
     if max_sms is not None:
         if not 1 <= max_sms <= 256:
             raise ValueError(f"max_sms={max_sms} must be in [1, 256]")
         return max_sms
     c = ws.config
+    if overlap and backend in (TwBackend.ONESHOT, TwBackend.TWOSHOT):
+        return c.overlap_sms
     return {TwBackend.ONESHOT: c.oneshot_sms, TwBackend.CE: c.ce_sms}.get(backend, c.twoshot_sms)
 
 
@@ -278,6 +286,7 @@ def allreduce_rmsnorm(
     x, residual: [T, H] bf16/fp16 on ``ws.device`` (H % 8 == 0, H <= 16384); weight: [H]. residual is updated
     in place (only this rank's token range when residual_sharded and the backend is two-shot/CE); returns
     ``out`` ([T, H], allocated if None). All ranks must call with the same shapes, backend and max_sms.
+    ``overlap``: the call runs beside compute (TokenWeave); without ``max_sms`` it uses ``config.overlap_sms``.
     CUDA-graph capturable on the P2P/CE backends. Raises ValueError on bad arguments.
     """
     from sgl_kernel.tw_comm_validate import validate_allreduce_rmsnorm
@@ -294,7 +303,7 @@ def allreduce_rmsnorm(
         ops = _ops()
         variant = {TwBackend.ONESHOT: ops.ONESHOT, TwBackend.TWOSHOT: ops.TWOSHOT, TwBackend.CE: ops.CE}[b]
         torch.ops.sgl_kernel.tw_allreduce_rmsnorm(ws.handle, x, residual, weight, out, float(eps), variant,
-                                                  _sms(ws, b, max_sms), bool(sharded))
+                                                  _sms(ws, b, max_sms, overlap), bool(sharded))
         return out
     if b == TwBackend.NVLS:
         raise ValueError("backend nvls is not available: tw-comm creates no multicast objects (" +

@@ -24,20 +24,36 @@ from sglang.srt.distributed.communicator import Communicator, TorchCommunicator
 logger = logging.getLogger(__name__)
 
 
+DEFAULT_WORKSPACE_BYTES = 64 << 20
+
+
+def workspace_bytes(max_tokens: int, hidden_size: int, elem_size: int = 2) -> int:
+    """Workspace input capacity in bytes for calls of up to ``max_tokens`` x ``hidden_size`` elements of
+    ``elem_size`` bytes (the largest prefill chunk), at least tw-comm's 64 MiB default: with it no call of the
+    model -- split or unsplit -- falls back to NCCL + copy + a separate norm (TokenWeave sec. 3.3). Raises
+    ValueError for non-positive sizes."""
+    if min(max_tokens, hidden_size, elem_size) <= 0:
+        raise ValueError(f"workspace_bytes: max_tokens={max_tokens}, hidden_size={hidden_size}, "
+                         f"elem_size={elem_size} must be positive")
+    return max(DEFAULT_WORKSPACE_BYTES, max_tokens * hidden_size * elem_size)
+
+
 class TwCommunicator(Communicator):
     """tw-comm collectives over a TP group (see the module docstring).
 
     Args:
         ps: the rank's :class:`~sglang.srt.distributed.parallel_state.ParallelState` (world >= 1).
-        comm_sms: SM budget of overlapped calls (None: the workspace's default for the chosen variant).
+        comm_sms: SM budget of overlapped calls (None: the workspace's ``overlap_sms``).
+        max_bytes: the largest ``[T, H]`` input in bytes the workspace stages (None: tw-comm's 64 MiB default);
+            size it from the largest prefill (:func:`workspace_bytes`) so no call falls back to NCCL.
     Raises:
-        ValueError: ``comm_sms`` outside [1, 256].
+        ValueError: ``comm_sms`` outside [1, 256] or ``max_bytes <= 0``.
     """
 
     name = "tw"
     supports_overlap = True
 
-    def __init__(self, ps: Any, comm_sms: Optional[int] = None):
+    def __init__(self, ps: Any, comm_sms: Optional[int] = None, max_bytes: Optional[int] = None):
         world = 1 if ps is None else ps.tp_size
         super().__init__(0 if ps is None else ps.tp_rank, world)
         if comm_sms is not None and not 1 <= comm_sms <= 256:
@@ -47,9 +63,10 @@ class TwCommunicator(Communicator):
         self.group = None if ps is None else ps.device_group
         self.ws = None
         if ps is not None and world > 1 and ps.device == "cuda":
-            from sglang.srt.distributed.tw_comm import TwCommWorkspace
+            from sglang.srt.distributed.tw_comm import TwCommConfig, TwCommWorkspace
 
-            self.ws = TwCommWorkspace(ps.device_group, ps.torch_device())
+            cfg = TwCommConfig() if max_bytes is None else TwCommConfig(max_bytes=max_bytes)
+            self.ws = TwCommWorkspace(ps.device_group, ps.torch_device(), cfg)
 
     @classmethod
     def create(cls, ps: Any) -> "TwCommunicator":

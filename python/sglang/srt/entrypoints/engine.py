@@ -43,7 +43,7 @@ class Engine:
     """An in-process inference engine (SGLang's ``sgl.Engine``).
 
     Args:
-        model_path: HF checkpoint folder (or the embedded default model's name). May also be
+        model_path: HF checkpoint folder (or an embedded model's name, e.g. ``sglang-tw/stories260K``). May also be
             passed as a keyword in ``server_args_kwargs``.
         **server_args_kwargs: any :class:`~sglang.srt.server_args.ServerArgs` field by its Python
             name (``device="cpu"``, ``max_total_tokens=4096``, ``grammar_backend="none"``, ...);
@@ -247,6 +247,25 @@ class Engine:
                     await asyncio.wrap_future(self._submit(agen.aclose()))
                 except Exception:  # noqa: BLE001 - best effort abort of unfinished requests
                     logger.debug("closing a stream failed", exc_info=True)
+
+    def score(self, query: Optional[Union[str, list[int]]] = None,
+              items: Optional[Union[str, list[str], list[list[int]]]] = None,
+              label_token_ids: Optional[list[int]] = None, apply_softmax: bool = False,
+              item_first: bool = False) -> list[list[float]]:
+        """SGLang's ``Engine.score``: per item, the probabilities of ``label_token_ids`` as the next token after
+        ``query + item`` (``item + query`` with ``item_first``); see
+        :mod:`~sglang.srt.entrypoints.openai.serving_score` (``/v1/score``).
+
+        Returns:
+            ``[[float per label] per item]``.
+        Raises:
+            ValueError: bad input (e.g. ``Token ID 999999 is out of vocabulary (vocab size: V)``).
+        """
+        from sglang.srt.entrypoints.openai.serving_score import ScoringRequest, score_request
+
+        req = ScoringRequest(query=query, items=items, label_token_ids=label_token_ids,
+                             apply_softmax=apply_softmax, item_first=item_first)
+        return self._run(score_request(self.tokenizer_manager, req))["scores"]
 
     # ------------------------------------------------------------ control
     def flush_cache(self):

@@ -36,6 +36,7 @@ from sglang.srt.entrypoints.openai.protocol import (
 )
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_responses import register_responses_route
+from sglang.srt.entrypoints.openai.serving_score import register_score_route
 from sglang.srt.entrypoints.openai.serving_completions import (
     SSE_DONE,
     OpenAIServingCompletion,
@@ -132,8 +133,9 @@ def create_app(tokenizer_manager, server_args) -> FastAPI:
     ``GET /v1/models``, ``GET /health``, ``GET /health_generate``, ``GET /get_model_info``,
     ``GET /get_server_info``, ``GET|POST /flush_cache``, ``POST /abort_request``, and
     ``GET /metrics`` when ``server_args.enable_metrics``; SGLang's ``/server_info``, ``GET /v1/models/{model}``,
-    ``/tokenize``, ``/detokenize`` (:mod:`~sglang.srt.entrypoints.parity_routes`) and ``POST /v1/responses``
-    (:mod:`~sglang.srt.entrypoints.openai.serving_responses`). The lifespan starts the manager's
+    ``/tokenize``, ``/detokenize`` (:mod:`~sglang.srt.entrypoints.parity_routes`), ``POST /v1/responses``
+    (:mod:`~sglang.srt.entrypoints.openai.serving_responses`) and ``POST /v1/score``
+    (:mod:`~sglang.srt.entrypoints.openai.serving_score`). The lifespan starts the manager's
     receive loop and closes the manager at shutdown.
     """
     tm = tokenizer_manager
@@ -219,7 +221,7 @@ def create_app(tokenizer_manager, server_args) -> FastAPI:
         return StreamingResponse(_sse_stream(first, agen), media_type="text/event-stream")
 
     async def _sse_stream(first, agen) -> AsyncIterator[str]:
-        incremental = IncrementalLogprobs()
+        incremental = IncrementalLogprobs(server_args.incremental_streaming_output)
         try:
             out = first
             while out is not None:
@@ -280,6 +282,7 @@ def create_app(tokenizer_manager, server_args) -> FastAPI:
 
     register_parity_routes(app, tm, server_args, get_server_info)
     register_responses_route(app, tm, server_args)
+    register_score_route(app, tm, format_validation_error)
 
     if server_args.enable_metrics and tm.metrics is not None:
         @app.get("/metrics")

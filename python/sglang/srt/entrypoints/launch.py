@@ -35,7 +35,7 @@ from sglang.srt.entrypoints.worker_launcher import (
     launch_scheduler_rank,
     worker_device,
 )
-from sglang.srt.server_args import DEFAULT_MODEL, PortArgs, ServerArgs
+from sglang.srt.server_args import EMBEDDED_MODELS, PortArgs, ServerArgs
 from sglang.srt.utils.nvls_env import apply_nvls_off_env
 
 logger = logging.getLogger(__name__)
@@ -133,13 +133,19 @@ class Subprocesses:
 
 
 def resolve_model(server_args: ServerArgs) -> ServerArgs:
-    """Replace the embedded default model's name by the folder it is built into."""
-    if server_args.model_path != DEFAULT_MODEL:
-        return server_args
-    from sglang.srt.configs.default_model import ensure_default_model
+    """Replace an embedded model's name (``sglang-tw/stories260K``, the default, or ``sglang-tw/tiny-random-llama``)
+    by its local folder; the name stays the served model name.
 
-    path = ensure_default_model()
-    return server_args.replace(model_path=path, served_model_name=server_args.served_model_name or DEFAULT_MODEL)
+    Raises:
+        ValueError: the packaged default model's files are missing (see :func:`embedded_model_path`).
+    """
+    name = server_args.model_path
+    if name not in EMBEDDED_MODELS:
+        return server_args
+    from sglang.srt.configs.default_model import embedded_model_path
+
+    served = server_args.served_model_name or name
+    return server_args.replace(model_path=embedded_model_path(name), served_model_name=served)
 
 
 def _free_port() -> int:

@@ -20,12 +20,14 @@ from pydantic import BaseModel, ConfigDict
 from sglang.srt.entrypoints.openai.protocol import ModelCard, error_body
 
 INCREMENTAL_META_KEYS = ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")
-"""``meta_info`` lists that a streamed ``/generate`` sends as deltas (new positions only), as SGLang does;
-``output_token_logprobs_length`` stays the running total, so ``length - len(delta)`` is the delta's offset."""
+"""``meta_info`` lists of the output tokens. A streamed ``/generate`` sends them cumulative by default (like
+``text`` and ``output_ids``, SGLang's default); with ``--incremental-streaming-output`` each chunk holds only the
+entries of the chunk's new tokens (exactly one per token of its ``output_ids`` delta). ``output_token_logprobs_length``
+is always the running total, so ``length - len(chunk list)`` is the chunk's offset (0 for a cumulative list)."""
 
 SEND_ONCE_META_KEYS = ("input_token_logprobs", "input_top_logprobs", "input_token_ids_logprobs")
-"""``meta_info`` lists of the prompt that a streamed ``/generate`` sends once (in the chunk where they first
-appear, normally the first), as SGLang does; later chunks carry them empty."""
+"""``meta_info`` lists of the prompt that an incremental stream sends once (in the chunk where they first appear,
+normally the first); later chunks carry them empty."""
 
 
 # ------------------------------------------------------------------ JSON
@@ -58,44 +60,72 @@ class SafeJSONResponse(JSONResponse):
 
 # ------------------------------------------------------- streamed /generate
 class IncrementalLogprobs:
-    """Turns cumulative ``/generate`` outputs into SGLang's streamed shape: the per-output-token
-    logprob lists of each chunk hold only positions not sent before, and the prompt's logprob lists are
-    sent once (both per batch ``index``)."""
+    """Shapes the cumulative ``/generate`` outputs of one stream into its chunks.
 
-    def __init__(self) -> None:
-        self._sent: dict[int, int] = {}
+    Cumulative mode (``incremental=False``, SGLang's default): outputs pass unchanged, so every chunk's output
+    logprob lists cover exactly the tokens of its (cumulative) ``output_ids``, whatever the chunking.
+    Incremental mode (``--incremental-streaming-output``): per batch ``index``, ``text``, ``output_ids`` and the
+    output logprob lists hold only what is new since the previous chunk, all cut at the same token offset (one
+    logprob entry per new token), and the prompt's logprob lists are sent once.
+
+    Args:
+        incremental: the server's ``incremental_streaming_output``.
+    """
+
+    def __init__(self, incremental: bool = False) -> None:
+        self.incremental = incremental
+        self._sent_tokens: dict[int, int] = {}
+        self._sent_chars: dict[int, int] = {}
         self._sent_input: dict[tuple[int, str], int] = {}
 
     def __call__(self, out: Any) -> Any:
-        """Rewrite one streamed output dict (others are returned unchanged)."""
-        if not isinstance(out, dict) or "meta_info" not in out:
-            return out
-        meta = out["meta_info"]
-        if "output_token_logprobs" not in meta:
+        """Shape one streamed output dict (anything else is returned unchanged)."""
+        if not self.incremental or not isinstance(out, dict) or "meta_info" not in out:
             return out
         idx = out.get("index", 0)
-        start = self._sent.get(idx, 0)
-        meta = dict(meta)
+        start, chars = self._sent_tokens.get(idx, 0), self._sent_chars.get(idx, 0)
+        ids, text = out.get("output_ids") or [], out.get("text") or ""
+        self._sent_tokens[idx], self._sent_chars[idx] = len(ids), len(text)
+        meta = dict(out["meta_info"])
         for key in INCREMENTAL_META_KEYS:
             if key in meta:
-                meta[key] = meta[key][start:]
-        self._sent[idx] = meta.get("output_token_logprobs_length", start + len(meta["output_token_logprobs"]))
+                meta[key] = meta[key][start:len(ids)]
         for key in SEND_ONCE_META_KEYS:
             if key in meta:
                 done = self._sent_input.get((idx, key), 0)
                 self._sent_input[(idx, key)] = max(done, len(meta[key]))
                 meta[key] = meta[key][done:]
-        return {**out, "meta_info": meta}
+        return {**out, "text": text[chars:], "output_ids": list(ids[start:]), "meta_info": meta}
 
 
 # ---------------------------------------------------------- tokenize API
 class TokenizeRequest(BaseModel):
-    """SGLang's ``/tokenize`` body: ``prompt`` (a string or a list of strings), ``add_special_tokens``."""
+    """SGLang's ``/tokenize`` body: ``prompt`` (a string or a list of strings) with ``add_special_tokens``, or
+    chat ``messages`` (OpenAI message objects, rendered with the server's chat template, plus ``tools`` and
+    ``add_generation_prompt``, default true)."""
 
     model_config = ConfigDict(extra="ignore")
     model: Optional[str] = None
-    prompt: Union[str, list[str]]
+    prompt: Optional[Union[str, list[str]]] = None
+    messages: Optional[list[dict[str, Any]]] = None
+    tools: Optional[list[dict[str, Any]]] = None
+    add_generation_prompt: bool = True
     add_special_tokens: bool = True
+
+
+def chat_prompt_ids(tm, req: TokenizeRequest) -> list[int]:
+    """Token ids of ``req.messages`` rendered by the chat template exactly as ``/v1/chat/completions`` does.
+
+    Raises:
+        ValueError / pydantic.ValidationError: a malformed message (naming ``messages[i]...``) or a template
+            that fails on them.
+    """
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+    from sglang.srt.entrypoints.openai.serving_chat import messages_to_dicts
+
+    chat = ChatCompletionRequest.model_validate({"messages": req.messages, "tools": req.tools})
+    return tm.apply_chat_template(messages_to_dicts(chat), tools=req.tools,
+                                  add_generation_prompt=req.add_generation_prompt)
 
 
 class DetokenizeRequest(BaseModel):
@@ -143,9 +173,14 @@ def register_parity_routes(app: FastAPI, tm, server_args, server_info_fn) -> Non
 
     async def tokenize(request: Request):
         """``POST /tokenize`` / ``/v1/tokenize``: ``{"tokens", "count", "max_model_len"}`` (lists for a
-        list prompt)."""
+        list prompt; chat ``messages`` give the ids of the rendered chat template)."""
         req = TokenizeRequest.model_validate(await _json(request))
         tok = need_tokenizer()
+        if (req.prompt is None) == (req.messages is None):
+            raise ValueError("set exactly one of prompt (text) and messages (chat messages)")
+        if req.messages is not None:
+            ids = chat_prompt_ids(tm, req)
+            return {"tokens": ids, "count": len(ids), "max_model_len": tm.context_len}
         prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
         ids = [tok.encode(p, add_special_tokens=req.add_special_tokens) for p in prompts]
         if isinstance(req.prompt, str):

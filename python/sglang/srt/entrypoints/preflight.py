@@ -13,7 +13,7 @@ import errno
 import os
 import socket
 
-from sglang.srt.server_args import DEFAULT_MODEL, ServerArgs
+from sglang.srt.server_args import EMBEDDED_MODELS, ServerArgs
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -42,14 +42,14 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def check_model_path(server_args: ServerArgs) -> None:
-    """Raise unless ``--model-path`` is the embedded default model or a folder holding ``config.json``
+    """Raise unless ``--model-path`` is an embedded model's name or a folder holding ``config.json``
     (this server loads local checkpoints only); likewise a given ``--tokenizer-path`` must be a folder.
 
     Raises:
         ValueError: naming the flag, the path and what is missing.
     """
     path = server_args.model_path
-    if path != DEFAULT_MODEL:
+    if path not in EMBEDDED_MODELS:
         if not os.path.exists(path):
             raise ValueError(f"--model-path={path!r} does not exist; pass a local HF checkpoint folder (this server "
                              "does not download models), or omit it to serve the embedded default model")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from sglang.srt.sampling.custom_logit_processor import check_allowed
+from sglang.srt.sampling.sampling_params import shown_id
 
 
 def extra_fields(req, vocab_size: int, server_args) -> dict[str, Any]:
@@ -26,7 +27,8 @@ def extra_fields(req, vocab_size: int, server_args) -> dict[str, Any]:
     tids = getattr(req, "token_ids_logprob", None)
     for t in tids or []:
         if not 0 <= t < vocab_size:
-            raise ValueError(f"token_ids_logprob must lie in [0, {vocab_size}) (the vocabulary size), got {t}")
+            raise ValueError(f"token_ids_logprob must lie in [0, {vocab_size}) (the vocabulary size), "
+                             f"got {shown_id(t)}")
     proc = check_allowed(getattr(req, "custom_logit_processor", None),
                          bool(getattr(server_args, "enable_custom_logit_processor", False)))
     return {"token_ids_logprob": list(tids) if tids and req.return_logprob else None,

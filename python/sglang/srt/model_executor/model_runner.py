@@ -64,7 +64,8 @@ def step_independent(info: SamplingBatchInfo) -> bool:
             and not any(t for t in (info.token_ids_logprobs or [])))
 
 
-def build_communicator(parallel_state, server_args: "ServerArgs", comm_backend: Optional[str] = None):
+def build_communicator(parallel_state, server_args: "ServerArgs", comm_backend: Optional[str] = None,
+                       hidden_size: Optional[int] = None):
     """This rank's TP :class:`~sglang.srt.distributed.communicator.Communicator`, chosen as the server does (and
     logged): with ``--enable-tokenweave`` and no explicit ``comm_backend``, tw-comm's communicator when
     ``--comm-backend`` is ``auto`` or ``tw`` and it can be built, NCCL/gloo otherwise
@@ -76,6 +77,7 @@ def build_communicator(parallel_state, server_args: "ServerArgs", comm_backend: 
         server_args: the frozen ServerArgs (``enable_tokenweave``, ``comm_backend``, ``tokenweave_comm_sms``,
             ``disable_custom_all_reduce``).
         comm_backend: overrides ``server_args.comm_backend`` (and TokenWeave's default).
+        hidden_size: the model's hidden size; sizes tw-comm's workspace for the largest prefill (TokenWeave).
     Raises:
         ValueError: an unknown backend name.
     """
@@ -84,7 +86,7 @@ def build_communicator(parallel_state, server_args: "ServerArgs", comm_backend: 
     if server_args.enable_tokenweave and comm_backend is None:
         from sglang.srt.tokenweave import create_tokenweave_communicator
 
-        return create_tokenweave_communicator(parallel_state, server_args)
+        return create_tokenweave_communicator(parallel_state, server_args, hidden_size)
     return create_communicator(parallel_state, comm_backend or server_args.comm_backend,
                                server_args.disable_custom_all_reduce)
 
@@ -142,7 +144,8 @@ class ModelRunner:
             set_cpu_threads(model_config)
         self.page_size = server_args.page_size
         torch.manual_seed(server_args.random_seed)
-        self.comm = comm if comm is not None else build_communicator(parallel_state, server_args, comm_backend)
+        self.comm = comm if comm is not None else build_communicator(parallel_state, server_args, comm_backend,
+                                                                        model_config.hidden_size)
         self.model = self._load_model(server_args)
         self.num_kv_heads = local_kv_heads(model_config.num_key_value_heads, tp_size)
         self.local_num_heads = model_config.num_attention_heads // tp_size

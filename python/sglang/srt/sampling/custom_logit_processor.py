@@ -6,18 +6,21 @@ process. The server only accepts the field when started with ``--enable-custom-l
 (off by default; a request carrying it otherwise gets a 400 naming the flag and is never
 deserialized), and that flag must only be used when every client is trusted.
 
-The processor protocol (SGLang's ``CustomLogitProcessor``): the deserialized object is a class;
-an instance is called as ``processor(logits, custom_param_list)`` with ``logits`` the
+The processor protocol (SGLang's ``CustomLogitProcessor``, defined here under SGLang's module path
+``sglang.srt.sampling.custom_logit_processor`` so that processors written for SGLang, which dill serializes
+with a by-reference link to this base class, load unchanged): the deserialized object is a class (or an
+instance); an instance is called as ``processor(logits, custom_param_list)`` with ``logits`` the
 ``[rows, vocab]`` float32 rows of the requests that named this processor (on the logits' device)
 and ``custom_param_list`` one ``custom_params`` dict (or None) per row; it returns the new logits
-for those rows (same shape). This module needs the optional ``dill`` package
-(``pip install 'sglang[custom-logit-processor]'``).
+for those rows (same shape). Serializing and deserializing need the optional ``dill`` package
+(``pip install 'sglang[custom-logit-processor]'``); importing this module does not.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from typing import Any, Callable, Optional
 
@@ -28,6 +31,72 @@ logger = logging.getLogger(__name__)
 FLAG = "--enable-custom-logit-processor"
 MAX_CACHED = 64
 """Deserialized processors kept per process (least recently used dropped first)."""
+
+
+class CustomLogitProcessor(ABC):
+    """Base class of client-defined logit processors (SGLang's API, same module path and wire format).
+
+    Subclass it, implement :meth:`__call__`, and send ``MyProcessor.to_str()`` (or ``MyProcessor().to_str()``)
+    as a request's ``custom_logit_processor`` with per-request ``custom_params``; the server must run with
+    ``--enable-custom-logit-processor``.
+    """
+
+    @abstractmethod
+    def __call__(self, logits: torch.Tensor,
+                 custom_param_list: Optional[list[Optional[dict[str, Any]]]] = None) -> torch.Tensor:
+        """Return new logits for the rows of the requests that use this processor.
+
+        Args:
+            logits: [rows, vocab] float32 on the model's device (may be modified in place).
+            custom_param_list: per row, the request's ``custom_params`` dict (or None).
+        Returns:
+            [rows, vocab] tensor (same shape).
+        """
+
+    @classmethod
+    def to_str(cls) -> str:
+        """The wire format: ``'{"callable": "<hex of dill.dumps(cls)>"}'`` (needs ``dill``)."""
+        import dill
+
+        return json.dumps({"callable": dill.dumps(cls).hex()})
+
+    @classmethod
+    def from_str(cls, json_str: str) -> "CustomLogitProcessor":
+        """An instance of the processor class serialized in ``json_str`` (:meth:`to_str`'s format).
+
+        Raises:
+            ValueError: ``json_str`` is not ``{"callable": <hex>}`` or does not deserialize to a processor.
+        """
+        return _load(json_str)
+
+
+class DisallowedTokensLogitsProcessor(CustomLogitProcessor):
+    """Bans ``custom_params["token_ids"]`` (a list of ids, the same for every row using it): logits -inf."""
+
+    def __call__(self, logits: torch.Tensor,
+                 custom_param_list: Optional[list[Optional[dict[str, Any]]]] = None) -> torch.Tensor:
+        for i, params in enumerate(custom_param_list or []):
+            if params and params.get("token_ids"):
+                logits[i, list(params["token_ids"])] = float("-inf")
+        return logits
+
+
+def _load(processor_str: str) -> Callable:
+    """Deserialize ``processor_str`` (``{"callable": <hex of dill.dumps(obj)>}``); a class is instantiated.
+
+    Raises:
+        ValueError: anything fails (names the cause), or the result is not callable.
+    """
+    import dill
+
+    try:
+        obj = dill.loads(bytes.fromhex(json.loads(processor_str)["callable"]))
+        fn = obj() if isinstance(obj, type) else obj
+    except Exception as e:
+        raise ValueError(f"custom_logit_processor could not be loaded: {type(e).__name__}: {e}") from None
+    if not callable(fn):
+        raise ValueError("custom_logit_processor did not deserialize to a callable")
+    return fn
 
 
 def check_allowed(value: Any, enabled: bool) -> Optional[str]:
@@ -83,15 +152,7 @@ class ProcessorCache:
         if fn is not None:
             self._cache.move_to_end(processor_str)
             return fn
-        import dill
-
-        try:
-            obj = dill.loads(bytes.fromhex(json.loads(processor_str)["callable"]))
-            fn = obj() if isinstance(obj, type) else obj
-        except Exception as e:
-            raise ValueError(f"custom_logit_processor could not be loaded: {type(e).__name__}: {e}") from None
-        if not callable(fn):
-            raise ValueError("custom_logit_processor did not deserialize to a callable")
+        fn = _load(processor_str)
         self._cache[processor_str] = fn
         if len(self._cache) > MAX_CACHED:
             self._cache.popitem(last=False)

@@ -110,6 +110,11 @@ def _check_type(name: str, kind: str, value: Any) -> Any:
     raise AssertionError(f"unknown field kind {kind}")
 
 
+def shown_id(t: int) -> str:
+    """A token id for an error message: huge values (``2**70``) in short scientific notation."""
+    return str(t) if abs(t) < 10**12 else f"{float(t):g}"
+
+
 def parse_logit_bias(value: Any, name: str = "logit_bias") -> dict[str, float]:
     """Check a logit bias map ``{token id (str or int): additive bias}`` and return it with string keys
     (JSON object keys are strings; SGLang and OpenAI send ``{"50256": -100}``).
@@ -251,9 +256,8 @@ class SamplingParams:
         """Check every field's range.
 
         Args:
-            vocab_size: the model's vocabulary size; logit_bias keys must lie in [0, vocab_size).
-                ``stop_token_ids`` outside it are accepted as SGLang does (they can never match; a warning
-                is logged).
+            vocab_size: the model's vocabulary size; ``stop_token_ids`` and ``logit_bias`` keys must lie in
+                ``[0, vocab_size)`` (an id outside could never match, and would index past the logits).
         Raises:
             ValueError: a field is out of range; the message names the field, the value and the allowed range.
         """
@@ -289,13 +293,14 @@ class SamplingParams:
             bad(f"min_new_tokens must be <= max_new_tokens ({self.max_new_tokens}), got {self.min_new_tokens}")
         if self.n < 1:
             bad(f"n must be >= 1, got {self.n}")
-        outside = [t for t in self.stop_token_ids or [] if not 0 <= t < vocab_size]
-        if outside:
-            logger.warning("stop_token_ids %s lie outside the vocabulary [0, %d); they can never match",
-                           outside, vocab_size)
+        for t in self.stop_token_ids or []:
+            if not 0 <= t < vocab_size:
+                bad(f"stop_token_ids must be token ids in [0, {vocab_size}) (the vocabulary size), "
+                    f"got {shown_id(t)}")
         for k in self.logit_bias or {}:
             if not 0 <= int(k) < vocab_size:
-                bad(f"logit_bias keys must be token ids in [0, {vocab_size}) (the vocabulary size), got {k}")
+                bad(f"logit_bias keys must be token ids in [0, {vocab_size}) (the vocabulary size), "
+                    f"got {shown_id(int(k))}")
         regexes = [self.stop_regex] if isinstance(self.stop_regex, str) else (self.stop_regex or [])
         for r in regexes:
             if r == "":

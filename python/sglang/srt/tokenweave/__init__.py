@@ -6,7 +6,7 @@ Inference", 2025): wave-aware token splitting (:mod:`.planner`), the overlapped 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
@@ -35,6 +35,22 @@ def gemm_widths_of(model_config: "ModelConfig", tp_size: int) -> tuple[int, ...]
                              int(inter), tp_size)
 
 
+# Auto-off: the smallest batch TokenWeave splits when --tokenweave-min-tokens is not given, per TP size. From the
+# issue-25 measurements on H100 (4-layer Llama-3.3-70B, TP2: 1.26x slower than NCCL at 1024 tokens, 0.83x at
+# 4096; TP4: slower up to 4096, 0.90x at 8192); other sizes keep the paper's 1024 (set on 8 H200s). Replace with
+# the calibrated break-even once bench_tokenweave.py has measured it after the fixed-cost removal.
+AUTO_MIN_TOKENS = {2: 4096, 4: 8192}
+DEFAULT_MIN_TOKENS = 1024
+
+
+def resolve_min_tokens(requested: Optional[int], tp_size: int) -> int:
+    """``--tokenweave-min-tokens`` when given, else the auto-off threshold of ``tp_size``
+    (:data:`AUTO_MIN_TOKENS`, :data:`DEFAULT_MIN_TOKENS` for other sizes)."""
+    if requested is not None:
+        return requested
+    return AUTO_MIN_TOKENS.get(tp_size, DEFAULT_MIN_TOKENS)
+
+
 def create_tokenweave_executor(model_config: "ModelConfig", server_args: "ServerArgs", device: torch.device,
                                tp_size: int):
     """The :class:`~sglang.srt.tokenweave.executor.TokenWeaveExecutor` for this worker (SM count of the GPU in
@@ -45,26 +61,37 @@ def create_tokenweave_executor(model_config: "ModelConfig", server_args: "Server
     shape = GemmShape()
     if device.type == "cuda":
         shape = GemmShape(num_sms=torch.cuda.get_device_properties(device).multi_processor_count)
-    cfg = TokenWeaveConfig(min_tokens=server_args.tokenweave_min_tokens, comm_sms=server_args.tokenweave_comm_sms,
+    cfg = TokenWeaveConfig(min_tokens=resolve_min_tokens(server_args.tokenweave_min_tokens, tp_size),
+                           comm_sms=server_args.tokenweave_comm_sms,
                            gemm_widths=gemm_widths_of(model_config, tp_size), gemm_shape=shape)
     logger.info("TokenWeave on: min tokens %d, comm SMs %s, GEMM widths %s, %d SMs", cfg.min_tokens,
                 cfg.comm_sms or "default", cfg.gemm_widths, shape.num_sms)
     return TokenWeaveExecutor(cfg, device)
 
 
-def create_tokenweave_communicator(ps: Any, server_args: "ServerArgs"):
+def max_prefill_tokens_of(server_args: "ServerArgs") -> int:
+    """The most new tokens one forward can carry: the chunked-prefill size when set (> 0), else
+    ``--max-prefill-tokens``."""
+    chunk = server_args.chunked_prefill_size
+    return chunk if chunk is not None and chunk > 0 else server_args.max_prefill_tokens
+
+
+def create_tokenweave_communicator(ps: Any, server_args: "ServerArgs", hidden_size: Optional[int] = None):
     """The tw-comm communicator when ``--comm-backend`` is auto or tw and it can be built; else the requested
-    backend (NCCL/gloo torch by default), logged either way."""
+    backend (NCCL/gloo torch by default), logged either way. With ``hidden_size`` the workspace is sized for
+    the largest prefill (:func:`max_prefill_tokens_of` x ``hidden_size`` x 2 bytes) so overlapped calls never
+    fall back to NCCL; without it, tw-comm's 64 MiB default."""
     from sglang.srt.distributed.communicator import create_communicator
 
     backend = server_args.comm_backend
     if backend not in ("auto", "tw") or ps is None or ps.tp_size == 1:
         return create_communicator(ps, "torch" if backend == "auto" else backend,
                                    server_args.disable_custom_all_reduce)
-    from sglang.srt.distributed.tw_communicator import TwCommunicator
+    from sglang.srt.distributed.tw_communicator import TwCommunicator, workspace_bytes
 
+    max_bytes = workspace_bytes(max_prefill_tokens_of(server_args), hidden_size) if hidden_size else None
     try:
-        comm = TwCommunicator(ps, comm_sms=server_args.tokenweave_comm_sms)
+        comm = TwCommunicator(ps, comm_sms=server_args.tokenweave_comm_sms, max_bytes=max_bytes)
     except (ImportError, OSError, RuntimeError) as e:
         logger.warning("TokenWeave: tw-comm is unavailable (%s); falling back to NCCL collectives", e)
         return create_communicator(ps, "torch", server_args.disable_custom_all_reduce)

@@ -65,9 +65,13 @@ class TokenWeaveExecutor(SubBatchExecutor):
         super().__init__()
         self.config = config
         self.device = torch.device(device)
-        self.comm_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        # high priority: the communication kernel's few CTAs get scheduled as soon as they are ready instead of
+        # queueing behind the other split's GEMM waves (TokenWeave sec. 3.2)
+        self.comm_stream = (torch.cuda.Stream(self.device, priority=torch.cuda.Stream.priority_range()[1])
+                            if self.device.type == "cuda" else None)
         self._logged: set[tuple[int, bool]] = set()
         self._events: dict[int, Any] = {}
+        self._plans: dict[int, Any] = {}  # planner result per token count (a pure function of T)
 
     # ---- which sub-batches ------------------------------------------------------------------------------
     def plan(self, forward_batch: ForwardBatch) -> list[ForwardBatch]:
@@ -76,7 +80,11 @@ class TokenWeaveExecutor(SubBatchExecutor):
         if forward_batch.forward_mode.is_decode() or n < self.config.min_tokens:
             self._log_once(n, None)
             return [forward_batch]
-        plan = plan_split(n, self.config.gemm_widths, self.config.gemm_shape)
+        plan = self._plans.get(n)
+        if plan is None:
+            plan = plan_split(n, self.config.gemm_widths, self.config.gemm_shape)
+            if len(self._plans) < 65536:
+                self._plans[n] = plan
         self._log_once(n, plan)
         return list(forward_batch.split_tokens(plan.prefix))
 
@@ -96,7 +104,8 @@ class TokenWeaveExecutor(SubBatchExecutor):
 
     # ---- where each stage runs --------------------------------------------------------------------------
     def run(self, model: Any, forward_batch: ForwardBatch) -> Any:
-        """Forward the batch as planned; on CUDA, wait for every split's last event before the final norm."""
+        """Forward the batch as planned (per-split final norms, :meth:`final_hidden`); on CUDA the compute
+        stream waits for every split's last event before the concatenation."""
         if self.comm_stream is None:
             return super().run(model, forward_batch)
         self._events: dict[int, torch.cuda.Event] = {}
@@ -116,11 +125,34 @@ class TokenWeaveExecutor(SubBatchExecutor):
         """Norm+comm stages on the communication stream (fused AllReduce + add + RMSNorm with the overlap SM
         budget), compute stages on the current stream; each waits on its split's previous stage."""
         comm_stage = stage in NORM_STAGES and state.residual is not None
+        if comm_stage:
+            self._on_stream(True, state, lambda overlap: self._norm_comm(layer.norm_module(stage), state, overlap,
+                                                                         lambda: layer.run_stage(stage, state)))
+        else:
+            self._on_stream(False, state, lambda overlap: layer.run_stage(stage, state))
+
+    def final_hidden(self, model: Any, states: list[LayerState]) -> torch.Tensor:
+        """The final norm per split (its fused AllReduce on the communication stream, so the prefix split's
+        overlaps the suffix split's last MLP), then one concatenation of the normed halves: no concatenation
+        of the partial sums and residuals and no unsplit all-reduce on the compute stream."""
+        norm = getattr(getattr(model, "model", None), "norm", None)
+        fused = getattr(norm, "comm", None) is not None and norm.comm.supports_overlap
+        for st in states:
+            def final(overlap, st=st):
+                if fused:  # the last split's final norm overlaps nothing: it may use every SM
+                    self._norm_comm(norm, st, overlap and st is not states[-1], None)
+                else:  # no overlap-capable fused norm: the model's final norm of this split, on the compute stream
+                    st.hidden = model.final_norm(st.hidden, st.residual)
+            self._on_stream(fused, st, final)
+        self.finish(states)
+        return torch.cat([st.hidden for st in states])
+
+    def _on_stream(self, comm_stage: bool, state: LayerState, fn) -> None:
+        """Run ``fn(overlap)`` for ``state``'s split: on CUDA on the communication stream (``comm_stage``) or the
+        compute stream, after the split's previous stage's event, recording the split's next event; on CPU in
+        order (``overlap=False``)."""
         if self.comm_stream is None:
-            if comm_stage:
-                self._norm_comm(layer, stage, state, overlap=False)
-            else:
-                layer.run_stage(stage, state)
+            fn(False)
             return
         compute = torch.cuda.current_stream(self.device)
         stream = self.comm_stream if comm_stage else compute
@@ -130,10 +162,7 @@ class TokenWeaveExecutor(SubBatchExecutor):
         elif stream is not compute:
             stream.wait_stream(compute)  # the split's inputs were produced on the compute stream
         with torch.cuda.stream(stream):
-            if comm_stage:
-                self._norm_comm(layer, stage, state, overlap=True)
-            else:
-                layer.run_stage(stage, state)
+            fn(comm_stage)
             ev = torch.cuda.Event()
             ev.record(stream)
         other = compute if stream is not compute else self.comm_stream
@@ -142,11 +171,13 @@ class TokenWeaveExecutor(SubBatchExecutor):
                 t.record_stream(other)  # the other stream reads it next: keep the allocator from reusing it
         self._events[id(state)] = ev
 
-    def _norm_comm(self, layer: Any, stage: str, state: LayerState, overlap: bool) -> None:
-        norm = layer.norm_module(stage)
+    @staticmethod
+    def _norm_comm(norm: Any, state: LayerState, overlap: bool, fallback) -> None:
+        """``state.hidden, state.residual =`` the norm's fused AllReduce + add + RMSNorm (``overlap``: the
+        communicator's overlap SM budget), or ``fallback()`` when its communicator cannot overlap."""
         comm = norm.comm
         if comm is not None and comm.supports_overlap:
             state.hidden, state.residual = comm.all_reduce_add_rmsnorm(state.hidden, state.residual, norm.weight,
                                                                        norm.eps, overlap=overlap)
         else:
-            layer.run_stage(stage, state)
+            fallback()

@@ -21,22 +21,24 @@ import triton
 import triton.language as tl
 
 from sgl_kernel.tdist import primitives as P
-from sgl_kernel.tdist.common import cdiv, check_rows, check_tensor, copy_span, release_kernel, ring_tile_segment
+from sgl_kernel.tdist.common import (cached_i32, cdiv, check_rows, check_tensor, copy_span, release_kernel,
+                                     ring_tile_segment)
 
 
 @triton.jit
-def ag_producer_kernel(meta, a_local, gather, seg_sig, ready, n_elems, dst_off, ready_epoch,
+def ag_producer_kernel(meta, a_local, gather, seg_sig, ready, n_elems, dst_off, state,
                        CHUNKS: tl.constexpr, BLOCK: tl.constexpr):
     """SM producer. Program (j, c): destination ``(me + 1 + j) % world``; wait until it released its gather buffer
-    (``ready[dest] >= ready_epoch``), copy chunk ``c`` of the ``n_elems`` contiguous elements of ``a_local`` to the
-    destination's ``gather + dst_off``, then add 1 (red.release.sys) to the destination's ``seg_sig[me]``."""
+    (``ready[dest] >= state[0]``, the previous call's epoch), copy chunk ``c`` of the ``n_elems`` contiguous
+    elements of ``a_local`` to the destination's ``gather + dst_off``, then add 1 (red.release.sys) to the
+    destination's ``seg_sig[me]``."""
     j = tl.program_id(0)
     c = tl.program_id(1)
     me = P.rank(meta)
     world = P.num_ranks(meta)
     dest = (me + 1 + j) % world
-    P.wait(ready + dest, ready_epoch, meta, 3)
-    per = tl.cdiv(n_elems, CHUNKS)
+    P.wait(ready + dest, tl.load(state), meta, 3)
+    per = tl.cdiv(tl.cdiv(n_elems, CHUNKS), 16) * 16  # chunks start on 16-element boundaries (vector copies)
     start = c * per
     n = tl.minimum(per, n_elems - start)
     n = tl.maximum(n, 0)
@@ -44,12 +46,14 @@ def ag_producer_kernel(meta, a_local, gather, seg_sig, ready, n_elems, dst_off, 
     P.notify(seg_sig + me, dest, meta, 1, P.SIGNAL_ADD)
 
 
-@triton.jit
-def ag_gemm_consumer_kernel(meta, a_local, gather, b, c, seg_sig, row_off, tiles, target, N, K,
+@triton.jit(do_not_specialize=["tsel", "tinc"])
+def ag_gemm_consumer_kernel(meta, a_local, gather, b, c, seg_sig, row_off, tiles, state, tsel, tinc, N, K,
                             stride_bk, stride_bn, stride_cm,
                             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr = False):
     """Consumer GEMM. ``pid = m_tile * n_tiles + n_tile`` with m tiles numbered in swizzled segment order (own
-    segment first). A tile of segment s != me waits ``seg_sig[s] >= target`` (ld.acquire.sys) and reads its A rows
+    segment first). A tile of segment s != me waits ``seg_sig[s] >= state[tsel] + tinc`` (the SM producer's
+    cumulative chunk count: tsel=1, tinc=chunks; the copy engine's epoch: tsel=0, tinc=1; ld.acquire.sys) and reads
+    its A rows
     from ``gather`` through consume_token'd pointers; own-segment tiles read ``a_local``. fp32 accumulation."""
     pid = tl.program_id(0)
     n_tiles = tl.cdiv(N, BN)
@@ -68,7 +72,7 @@ def ag_gemm_consumer_kernel(meta, a_local, gather, b, c, seg_sig, row_off, tiles
     if seg == me:
         a_ptrs = a_local + rows_local[:, None].to(tl.int64) * K + ks[None, :]
     else:
-        tok = P.wait(seg_sig + seg, target, meta, 4)
+        tok = P.wait(seg_sig + seg, tl.load(state + tsel) + tinc, meta, 4)
         a_ptrs = P.consume_token(gather + (r0 + rows_local[:, None]).to(tl.int64) * K + ks[None, :], tok)
     b_ptrs = b + ks[:, None].to(tl.int64) * stride_bk + cols[None, :].to(tl.int64) * stride_bn
     acc = tl.zeros((BM, BN), dtype=tl.float32)
@@ -112,6 +116,9 @@ class AgGemm:
         self.seg_sig = heap.signals(f"{name}.seg.{producer}", heap.world)
         self.ready = heap.signals(f"{name}.ready", heap.world)
         self._side = None
+        self._dev_meta: dict = {}  # row offsets / tile counts per shape, on the device (cached_i32)
+        self.state = heap.counters(name)  # device epochs (common.release_kernel), shared by ops of this name
+        self._target = (1, chunks) if producer == "sm" else (0, 1)  # consumer's (tsel, tinc)
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, rows: Sequence[int], out: Optional[torch.Tensor] = None):
         """``all_gather(a) @ b`` -> [sum(rows), N] in a's dtype.
@@ -141,8 +148,7 @@ class AgGemm:
             side.wait_stream(main)
             with torch.cuda.stream(side):
                 self.produce(plan)
-            a.record_stream(side)
-            self.consume(plan)
+            self.consume(plan)  # no record_stream for a: main joins side below, before a can be freed
             main.wait_stream(side)
         self.release(plan)
         return plan["out"]
@@ -186,7 +192,7 @@ class AgGemm:
             ce_put_signal(h, a, self.gather, off, self.seg_sig, self.ready, plan["epoch"], self._side_stream(a.device))
             return
         ag_producer_kernel[(h.world - 1, self.chunks)](h.meta, a, self.gather, self.seg_sig, self.ready, a.numel(),
-                                                        off, plan["epoch"] - 1, CHUNKS=self.chunks, BLOCK=2048,
+                                                        off, self.state, CHUNKS=self.chunks, BLOCK=2048,
                                                         num_warps=4)
 
     def consume(self, plan) -> None:
@@ -196,18 +202,18 @@ class AgGemm:
         if n_m == 0 or n == 0:
             return
         dev = plan["a"].device
-        row_off_t = torch.tensor(plan["row_off"], dtype=torch.int32, device=dev)
-        tiles_t = torch.tensor(tiles, dtype=torch.int32, device=dev)
+        row_off_t = cached_i32(self._dev_meta, plan["row_off"], dev)
+        tiles_t = cached_i32(self._dev_meta, tiles, dev)
         b, out = plan["b"], plan["out"]
         grid = (n_m * triton.cdiv(n, self.tile["BN"]),)
         ag_gemm_consumer_kernel[grid](h.meta, plan["a"], self.gather, b, out, self.seg_sig, row_off_t, tiles_t,
-                                      plan["target"], n, self.k, b.stride(0), b.stride(1), out.stride(0),
+                                      self.state, *self._target, n, self.k, b.stride(0), b.stride(1), out.stride(0),
                                       IEEE=self.dtype == torch.float32, **self.tile, **self.launch)
 
     def release(self, plan) -> None:
         """Tell every peer this rank's gather buffer may be overwritten by the next call."""
         if self.heap.world > 1:
-            release_kernel[(1,)](self.heap.meta, self.ready, plan["epoch"])
+            release_kernel[(1,)](self.heap.meta, self.ready, self.state, self._target[1] if self._target[0] else 0)
 
     def _side_stream(self, dev) -> "torch.cuda.Stream":
         if self._side is None:

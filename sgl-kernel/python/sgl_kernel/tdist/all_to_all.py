@@ -29,7 +29,7 @@ from sgl_kernel.tdist.common import check_tensor, copy_span, release_kernel
 
 
 @triton.jit
-def a2a_send_kernel(meta, x, send_counts, slots, counts, arrive, ready, ready_epoch, H, capacity,
+def a2a_send_kernel(meta, x, send_counts, slots, counts, arrive, ready, state, H, capacity,
                     CHUNKS: tl.constexpr, BLOCK: tl.constexpr):
     """Dispatch side: see module docstring. x: [S, H] contiguous; send_counts: int32 [world]."""
     j = tl.program_id(0)
@@ -42,9 +42,9 @@ def a2a_send_kernel(meta, x, send_counts, slots, counts, arrive, ready, ready_ep
         start_row += tl.where(d < dest, tl.load(send_counts + d), 0)
     cnt = tl.load(send_counts + dest)
     ok = cnt <= capacity
-    P.wait(ready + dest, ready_epoch, meta, 7)
+    P.wait(ready + dest, tl.load(state), meta, 7)
     n_elems = tl.where(ok, cnt, 0).to(tl.int64) * H
-    per = tl.cdiv(n_elems, CHUNKS)
+    per = tl.cdiv(tl.cdiv(n_elems, CHUNKS), 16) * 16  # chunks start on 16-element boundaries (vector copies)
     lo = c * per
     n = tl.maximum(tl.minimum(per, n_elems - lo), 0)
     dst = slots + me.to(tl.int64) * capacity * H + lo
@@ -55,13 +55,14 @@ def a2a_send_kernel(meta, x, send_counts, slots, counts, arrive, ready, ready_ep
 
 
 @triton.jit
-def a2a_recv_kernel(meta, slots, counts, arrive, out, recv_counts, target, H, capacity,
+def a2a_recv_kernel(meta, slots, counts, arrive, out, recv_counts, state, H, capacity,
                     CHUNKS: tl.constexpr, BLOCK: tl.constexpr):
     """Receive side: program (s, c) copies chunk c of source s's slot to ``out`` at the source-ordered offset."""
     s = tl.program_id(0)
     c = tl.program_id(1)
     start_row = tl.zeros((), tl.int64)
     cnt = tl.zeros((), tl.int64)
+    target = tl.load(state + 1) + CHUNKS  # every source adds CHUNKS per call (cumulative, never reset)
     for p in range(0, s + 1):
         tok = P.wait(arrive + p, target, meta, 8)
         v = tl.load(P.consume_token(counts + p, tok), volatile=True)
@@ -71,7 +72,7 @@ def a2a_recv_kernel(meta, slots, counts, arrive, out, recv_counts, target, H, ca
     if c == 0:
         tl.store(recv_counts + s, tl.load(counts + s, volatile=True).to(tl.int32))
     n_elems = cnt * H
-    per = tl.cdiv(n_elems, CHUNKS)
+    per = tl.cdiv(tl.cdiv(n_elems, CHUNKS), 16) * 16  # chunks start on 16-element boundaries (vector copies)
     lo = c * per
     n = tl.maximum(tl.minimum(per, n_elems - lo), 0)
     copy_span(out + start_row * H + lo, slots + s.to(tl.int64) * capacity * H + lo, n, BLOCK)
@@ -86,7 +87,7 @@ class AllToAll:
     """
 
     def __init__(self, heap, capacity: int, hidden: int, dtype: torch.dtype = torch.bfloat16, *,
-                 name: str = "a2a", chunks: int = 4):
+                 name: str = "a2a", chunks: int = 16):
         if capacity < 1 or hidden < 1 or chunks < 1:
             raise ValueError(f"capacity={capacity}, hidden={hidden}, chunks={chunks} must all be >= 1")
         self.heap, self.capacity, self.hidden, self.dtype, self.name, self.chunks = (
@@ -95,6 +96,7 @@ class AllToAll:
         self.counts = heap.signals(f"{name}.counts", heap.world)
         self.arrive = heap.signals(f"{name}.arrive", heap.world)
         self.ready = heap.signals(f"{name}.ready", heap.world)
+        self.state = heap.counters(name)  # device epochs (common.release_kernel), shared by ops of this name
 
     def __call__(self, x: torch.Tensor, send_counts: torch.Tensor, out: Optional[torch.Tensor] = None,
                  check: bool = False):
@@ -137,19 +139,19 @@ class AllToAll:
         """Put this rank's rows into every destination's slot and signal."""
         h = self.heap
         a2a_send_kernel[(h.world, self.chunks)](h.meta, plan["x"], plan["send_counts"], self.slots, self.counts,
-                                                self.arrive, self.ready, plan["epoch"] - 1, self.hidden,
+                                                self.arrive, self.ready, self.state, self.hidden,
                                                 self.capacity, CHUNKS=self.chunks, BLOCK=2048, num_warps=4)
 
     def recv(self, plan) -> None:
         """Wait for every source and compact the received rows into ``out``."""
         h = self.heap
         a2a_recv_kernel[(h.world, self.chunks)](h.meta, self.slots, self.counts, self.arrive, plan["out"],
-                                                plan["recv_counts"], plan["target"], self.hidden, self.capacity,
+                                                plan["recv_counts"], self.state, self.hidden, self.capacity,
                                                 CHUNKS=self.chunks, BLOCK=2048, num_warps=4)
 
     def release(self, plan) -> None:
         """Tell every source its slot here may be overwritten by the next call."""
-        release_kernel[(1,)](self.heap.meta, self.ready, plan["epoch"])
+        release_kernel[(1,)](self.heap.meta, self.ready, self.state, self.chunks)
 
     def check(self, plan) -> None:
         """Synchronizing check (fail closed): ValueError if a source's count exceeded capacity or the send counts

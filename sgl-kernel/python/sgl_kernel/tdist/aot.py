@@ -37,7 +37,7 @@ BOUND = (r"%globaltimer", r"atom\.relaxed\.sys\.global\.cas\.b64")
 _GEMM_TILE = {"BM": 128, "BN": 128, "BK": 64}
 
 KERNELS: Dict[str, KernelSpec] = {
-    "release": KernelSpec("common", "release_kernel", {"meta": "*i64", "ready": "*i64", "epoch": "i64"},
+    "release": KernelSpec("common", "release_kernel", {"meta": "*i64", "ready": "*i64", "state": "*i64", "inc": "i32"},
                           expect=(REL,)),
     "mp_producer": KernelSpec("litmus", "mp_producer_kernel",
                               {"meta": "*i64", "data": "*fp32", "src": "*fp32", "sig": "*i64", "n": "i32",
@@ -76,34 +76,36 @@ KERNELS: Dict[str, KernelSpec] = {
                           {}, (ACQ, REL) + BOUND),
     "ag_producer": KernelSpec("ag_gemm", "ag_producer_kernel",
                               {"meta": "*i64", "a_local": "*bf16", "gather": "*bf16", "seg_sig": "*i64",
-                               "ready": "*i64", "n_elems": "i64", "dst_off": "i64", "ready_epoch": "i64",
+                               "ready": "*i64", "n_elems": "i64", "dst_off": "i64", "state": "*i64",
                                "CHUNKS": "constexpr", "BLOCK": "constexpr"}, {"CHUNKS": 4, "BLOCK": 2048},
                               (ACQ, RED) + BOUND),
     "ag_gemm_consumer": KernelSpec("ag_gemm", "ag_gemm_consumer_kernel",
                                    {"meta": "*i64", "a_local": "*bf16", "gather": "*bf16", "b": "*bf16",
                                     "c": "*bf16", "seg_sig": "*i64", "row_off": "*i32", "tiles": "*i32",
-                                    "target": "i64", "N": "i32", "K": "i32", "stride_bk": "i32",
+                                    "state": "*i64", "tsel": "i32", "tinc": "i32", "N": "i32", "K": "i32",
+                                    "stride_bk": "i32",
                                     "stride_bn": "i32", "stride_cm": "i32", "BM": "constexpr", "BN": "constexpr",
                                     "BK": "constexpr", "IEEE": "constexpr"}, dict(_GEMM_TILE, IEEE=False),
                                    (ACQ, r"consume_token") + BOUND),
     "gemm_rs": KernelSpec("gemm_rs", "gemm_rs_kernel",
                           {"meta": "*i64", "a": "*bf16", "b": "*bf16", "partial": "*bf16", "arrive": "*i64",
-                           "ready": "*i64", "row_off": "*i32", "tiles": "*i32", "ready_epoch": "i64", "N": "i32",
+                           "ready": "*i64", "row_off": "*i32", "tiles": "*i32", "state": "*i64", "N": "i32",
                            "K": "i32", "max_rows": "i32", "stride_am": "i32", "stride_bk": "i32",
                            "stride_bn": "i32", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr",
                            "IEEE": "constexpr"}, dict(_GEMM_TILE, IEEE=False), (ACQ, RED) + BOUND),
     "rs_reduce": KernelSpec("gemm_rs", "rs_reduce_kernel",
-                            {"meta": "*i64", "partial": "*bf16", "arrive": "*i64", "out": "*bf16", "target": "i64",
+                            {"meta": "*i64", "partial": "*bf16", "arrive": "*i64", "out": "*bf16", "state": "*i64",
+                             "inc": "i32",
                              "M": "i32", "N": "i32", "max_rows": "i32", "stride_om": "i32", "BM": "constexpr",
                              "BN": "constexpr"}, {"BM": 64, "BN": 128}, (ACQ, r"consume_token") + BOUND),
     "a2a_send": KernelSpec("all_to_all", "a2a_send_kernel",
                            {"meta": "*i64", "x": "*bf16", "send_counts": "*i32", "slots": "*bf16", "counts": "*i64",
-                            "arrive": "*i64", "ready": "*i64", "ready_epoch": "i64", "H": "i32", "capacity": "i32",
+                            "arrive": "*i64", "ready": "*i64", "state": "*i64", "H": "i32", "capacity": "i32",
                             "CHUNKS": "constexpr", "BLOCK": "constexpr"}, {"CHUNKS": 4, "BLOCK": 2048},
                            (ACQ, RED) + BOUND),
     "a2a_recv": KernelSpec("all_to_all", "a2a_recv_kernel",
                            {"meta": "*i64", "slots": "*bf16", "counts": "*i64", "arrive": "*i64", "out": "*bf16",
-                            "recv_counts": "*i32", "target": "i64", "H": "i32", "capacity": "i32",
+                            "recv_counts": "*i32", "state": "*i64", "H": "i32", "capacity": "i32",
                             "CHUNKS": "constexpr", "BLOCK": "constexpr"}, {"CHUNKS": 4, "BLOCK": 2048},
                            (ACQ,) + BOUND),
 }
@@ -114,6 +116,31 @@ for _name in ("ag_gemm_consumer", "gemm_rs"):
     KERNELS[_name + "_f32"] = KernelSpec(_k.module, _k.fn,
                                          {a: t.replace("bf16", "fp32") for a, t in _k.signature.items()},
                                          dict(_k.constexprs, IEEE=True, BK=32), _k.expect)
+
+
+# int arguments that are multiples of 16 in the real launches (Llama / DeepSeek shapes, heap offsets); the launcher
+# specializes them as such (``tt.divisibility = 16``), so the AOT compile does too. Epochs and targets are not
+# specialized (``do_not_specialize``) and are never listed here.
+DIV16_INTS = frozenset({"N", "K", "H", "n", "n_elems", "dst_off", "max_rows", "stride_am", "stride_bk", "stride_cm",
+                        "stride_om", "capacity"})
+
+
+def launch_attrs(fn, signature: Dict[str, str]) -> dict:
+    """``tt.divisibility = 16`` for every pointer argument (torch and heap buffers are >= 16-byte aligned) and for
+    the :data:`DIV16_INTS` int arguments: what Triton's launcher specializes at run time for these shapes."""
+    attrs = {}
+    for name, ty in signature.items():
+        if ty.startswith("*") or (ty in ("i32", "i64") and name in DIV16_INTS):
+            attrs[(fn.arg_names.index(name),)] = [["tt.divisibility", 16]]
+    return attrs
+
+
+def vector_ops(ptx: str) -> Dict[str, int]:
+    """Counts of 16-byte global accesses in ``ptx``: ``ld.global...v4`` / ``st.global...v4`` (b32 x 4) and
+    ``cp.async...16`` (async copies to shared memory, which Triton uses for pipelined GEMM operands)."""
+    return {"ld_v4": len(re.findall(r"ld\.global(\.[a-z0-9_]+)*\.v4\.", ptx)),
+            "st_v4": len(re.findall(r"st\.global(\.[a-z0-9_]+)*\.v4\.", ptx)),
+            "cp_async": len(re.findall(r"cp\.async\.c[ag]\.shared\.global \[[^]]+\], \[[^]]+\], (16|0x10)", ptx))}
 
 
 def compile_kernel(name: str, arch: int = 90, num_warps: int = 4):
@@ -127,8 +154,18 @@ def compile_kernel(name: str, arch: int = 90, num_warps: int = 4):
 
     spec = KERNELS[name]
     fn = getattr(importlib.import_module(f"sgl_kernel.tdist.{spec.module}"), spec.fn)
-    src = ASTSource(fn=fn, signature=dict(spec.signature), constexprs=dict(spec.constexprs))
+    src = ASTSource(fn=fn, signature=dict(spec.signature), constexprs=dict(spec.constexprs),
+                    attrs=launch_attrs(fn, spec.signature))
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+
+
+# 16-byte accesses each kernel's main data path must use (vector_ops keys): GEMM operands through cp.async into
+# shared memory and v4 epilogue stores; copy and reduce loops through ld/st.global.v4
+VECTOR_EXPECT: Dict[str, Tuple[str, ...]] = {
+    "ag_producer": ("ld_v4", "st_v4"), "ag_gemm_consumer": ("cp_async", "st_v4"), "gemm_rs": ("cp_async", "st_v4"),
+    "rs_reduce": ("ld_v4", "st_v4"), "a2a_send": ("ld_v4", "st_v4"), "a2a_recv": ("ld_v4", "st_v4"),
+    "ag_gemm_consumer_f32": ("cp_async", "st_v4"), "gemm_rs_f32": ("cp_async", "st_v4"),
+}
 
 
 def check_ptx(name: str, ptx: str) -> Tuple[list, list]:
@@ -139,18 +176,22 @@ def check_ptx(name: str, ptx: str) -> Tuple[list, list]:
 
 
 def report(arch: int = 90) -> Dict[str, dict]:
-    """Compile every kernel; per name: {"ok", "error", "missing", "forbidden", "cubin_bytes", "ptx_lines"}."""
+    """Compile every kernel; per name: {"ok", "error", "missing", "forbidden", "scalar" (VECTOR_EXPECT kinds with no
+    16-byte access in the PTX), "vector" (vector_ops counts), "cubin_bytes", "ptx_lines"}."""
     out: Dict[str, dict] = {}
     for name in KERNELS:
         try:
             k = compile_kernel(name, arch)
             ptx = k.asm["ptx"]
             missing, found = check_ptx(name, ptx)
-            out[name] = dict(ok=not missing and not found, error="", missing=missing, forbidden=found,
+            vec = vector_ops(ptx)
+            scalar = [v for v in VECTOR_EXPECT.get(name, ()) if vec[v] == 0]
+            out[name] = dict(ok=not missing and not found and not scalar, error="", missing=missing,
+                             forbidden=found, scalar=scalar, vector=vec,
                              cubin_bytes=len(k.asm.get("cubin", b"")), ptx_lines=ptx.count("\n"))
         except Exception as e:  # reported per kernel, so one failure does not hide the others
             out[name] = dict(ok=False, error=f"{type(e).__name__}: {e}"[:2000], missing=[], forbidden=[],
-                             cubin_bytes=0, ptx_lines=0)
+                             scalar=[], vector={}, cubin_bytes=0, ptx_lines=0)
     return out
 
 

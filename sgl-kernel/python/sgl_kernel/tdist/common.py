@@ -9,20 +9,28 @@ import triton
 import triton.language as tl
 
 from sgl_kernel.tdist import primitives as P
+from sgl_kernel.tdist.checks import DTYPES, check_rows, check_tensor  # noqa: F401  (re-exported)
 
-DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
-
-@triton.jit
-def release_kernel(meta, ready, epoch):
-    """Tell every peer that this rank is done reading the buffers they write into for call ``epoch``: SET (release,
-    .sys) slot ``ready[me]`` on every rank to ``epoch``. A writer of call ``epoch + 1`` waits for ``ready[dest] >=
-    epoch`` in its own heap before touching ``dest``'s buffer, so buffers are reused without a host barrier.
+@triton.jit(do_not_specialize=["inc"])
+def release_kernel(meta, ready, state, inc):
+    """End of a call. ``state`` (int64 [2], this rank's SymmetricHeap.counters of the op: [0] calls completed,
+    [1] cumulative arrival target) holds the epochs on the device, so no launch argument changes from call to call
+    (no host work per call; CUDA-graph capturable). The call's epoch is ``state[0] + 1``: tell every peer that this
+    rank is done reading the buffers they write into for it: SET (release, .sys) slot ``ready[me]`` on every rank to
+    the epoch; a writer of the next call waits for ``ready[dest] >= epoch`` in its own heap before touching
+    ``dest``'s buffer, so buffers are reused without a host barrier. Then ``state[0] += 1`` and ``state[1] += inc``
+    (the arrivals one call adds); every kernel of the next call is stream-ordered after this one.
     Launch with grid (1,) on the stream after the kernels that read the buffers."""
     me = P.rank(meta)
     world = P.num_ranks(meta)
+    epoch = tl.load(state) + 1
+    total = tl.load(state + 1) + inc
     for p in range(0, world):
         P.notify(ready + me, p, meta, epoch, P.SIGNAL_SET)
+    tl.debug_barrier()
+    tl.store(state, epoch)
+    tl.store(state + 1, total)
 
 
 @triton.jit
@@ -52,30 +60,16 @@ def copy_span(dst, src, n, BLOCK: tl.constexpr):
         tl.store(dst + offs, tl.load(src + offs, mask=m), mask=m)
 
 
-def check_tensor(name: str, t: torch.Tensor, ndim: int, device: torch.device, dtype=None) -> None:
-    """ValueError naming ``name`` unless ``t`` is a ``ndim``-D tensor on ``device`` (and of ``dtype`` if given)."""
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dim() != ndim:
-        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device}, the heap on {device}: move it to the heap's device")
-    if dtype is not None and t.dtype != dtype:
-        raise ValueError(f"{name} has dtype {t.dtype}, expected {dtype}")
-    if t.dtype not in DTYPES and dtype is None:
-        raise ValueError(f"{name} has dtype {t.dtype}; use one of {DTYPES}")
-
-
-def check_rows(rows: Sequence[int], world: int, rank: int, have: int, what: str) -> tuple:
-    """Validate per-rank row counts: ``world`` non-negative ints, this rank's equal to ``have``."""
-    rows = tuple(int(r) for r in rows)
-    if len(rows) != world:
-        raise ValueError(f"{what}: rows has {len(rows)} entries, expected world={world}")
-    if any(r < 0 for r in rows):
-        raise ValueError(f"{what}: rows={rows} must be >= 0")
-    if rows[rank] != have:
-        raise ValueError(f"{what}: rows[{rank}]={rows[rank]} but this rank's tensor has {have} rows")
-    return rows
+def cached_i32(cache: dict, values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """Device int32 tensor of ``values``, uploaded once per distinct tuple and kept in ``cache`` (the op's own dict),
+    so a call with a shape seen before does no host-to-device copy (no host sync, CUDA-graph capturable). Upload a
+    new shape outside graph capture (warm up every shape first)."""
+    key = (tuple(int(v) for v in values), str(device))
+    t = cache.get(key)
+    if t is None:
+        t = torch.tensor(key[0], dtype=torch.int32, device=device)
+        cache[key] = t
+    return t
 
 
 def cdiv(a: int, b: int) -> int:

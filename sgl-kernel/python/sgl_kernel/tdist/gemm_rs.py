@@ -20,15 +20,15 @@ import triton
 import triton.language as tl
 
 from sgl_kernel.tdist import primitives as P
-from sgl_kernel.tdist.common import cdiv, check_tensor, release_kernel, ring_tile_segment
+from sgl_kernel.tdist.common import cached_i32, cdiv, check_tensor, release_kernel, ring_tile_segment
 
 
 @triton.jit
-def gemm_rs_kernel(meta, a, b, partial, arrive, ready, row_off, tiles, ready_epoch, N, K, max_rows,
+def gemm_rs_kernel(meta, a, b, partial, arrive, ready, row_off, tiles, state, N, K, max_rows,
                    stride_am, stride_bk, stride_bn,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr = False):
     """GEMM + scatter. ``pid = m_tile * n_tiles + n_tile``; m tiles in ring order starting at segment me+1. Tile of
-    segment s: compute fp32, wait ``ready[s] >= ready_epoch`` (owner released its partial buffer), store into
+    segment s: compute fp32, wait ``ready[s] >= state[0]`` (owner released its partial buffer), store into
     owner's ``partial[me, rows - row_off[s], cols]`` ([world, max_rows, N] in the heap), add 1 to owner's
     ``arrive[me]``."""
     pid = tl.program_id(0)
@@ -58,16 +58,17 @@ def gemm_rs_kernel(meta, a, b, partial, arrive, ready, row_off, tiles, ready_epo
             acc = tl.dot(x, y, acc)
         a_ptrs += BK
         b_ptrs += BK * stride_bk
-    P.wait(ready + seg, ready_epoch, meta, 5)
+    P.wait(ready + seg, tl.load(state), meta, 5)
     dst = partial + (me * max_rows + rows_local[:, None]).to(tl.int64) * N + cols[None, :]
     tl.store(P.symm_at(dst, seg, meta), acc.to(partial.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
     P.notify(arrive + me, seg, meta, 1, P.SIGNAL_ADD)
 
 
-@triton.jit
-def rs_reduce_kernel(meta, partial, arrive, out, target, M, N, max_rows, stride_om,
+@triton.jit(do_not_specialize=["inc"])
+def rs_reduce_kernel(meta, partial, arrive, out, state, inc, M, N, max_rows, stride_om,
                      BM: tl.constexpr, BN: tl.constexpr):
-    """Reduce. Program (m, n) of this rank's [M, N] rows: for every source s wait ``arrive[s] >= target``, then
+    """Reduce. Program (m, n) of this rank's [M, N] rows: for every source s wait ``arrive[s] >= state[1] + inc``
+    (cumulative: ``inc`` tiles arrive per source per call), then
     sum ``partial[s]`` tiles in fp32 and store to ``out``."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -76,6 +77,7 @@ def rs_reduce_kernel(meta, partial, arrive, out, target, M, N, max_rows, stride_
     cols = pid_n * BN + tl.arange(0, BN)
     mask = (rows[:, None] < M) & (cols[None, :] < N)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
+    target = tl.load(state + 1) + inc
     for s in range(0, world):
         tok = P.wait(arrive + s, target, meta, 6)
         ptrs = P.consume_token(partial + (s * max_rows + rows[:, None]).to(tl.int64) * N + cols[None, :], tok)
@@ -101,6 +103,8 @@ class GemmRs:
         self.partial = heap.tensor(f"{name}.partial", (heap.world, max_rows, n), dtype)
         self.arrive = heap.signals(f"{name}.arrive", heap.world)
         self.ready = heap.signals(f"{name}.ready", heap.world)
+        self._dev_meta: dict = {}  # row offsets / tile counts per shape, on the device (cached_i32)
+        self.state = heap.counters(name)  # device epochs (common.release_kernel), shared by ops of this name
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, rows: Sequence[int], out: Optional[torch.Tensor] = None):
         """Reduce-scattered ``a @ b`` over the group: returns this rank's [rows[rank], N] rows of the sum.
@@ -144,8 +148,9 @@ class GemmRs:
         tiles = [cdiv(r, bm) for r in rows]
         epoch = h.epochs.next(f"{self.name}.call")
         # every source delivers tiles(mine) * n_tiles adds to this rank's arrive[src] per call
-        target = h.epochs.advance(f"{self.name}.arrive", cdiv(mine, bm) * cdiv(self.n, bn))
-        return dict(a=a, b=b, out=out, rows=rows, row_off=row_off, tiles=tiles, epoch=epoch, target=target)
+        inc = cdiv(mine, bm) * cdiv(self.n, bn)
+        target = h.epochs.advance(f"{self.name}.arrive", inc)
+        return dict(a=a, b=b, out=out, rows=rows, row_off=row_off, tiles=tiles, epoch=epoch, target=target, inc=inc)
 
     def gemm(self, plan) -> None:
         """GEMM tiles with the remote-store epilogue (current stream)."""
@@ -156,8 +161,8 @@ class GemmRs:
         dev = a.device
         grid = (n_m * cdiv(self.n, self.tile["BN"]),)
         gemm_rs_kernel[grid](h.meta, a, b, self.partial, self.arrive, self.ready,
-                             torch.tensor(plan["row_off"], dtype=torch.int32, device=dev),
-                             torch.tensor(plan["tiles"], dtype=torch.int32, device=dev), plan["epoch"] - 1,
+                             cached_i32(self._dev_meta, plan["row_off"], dev),
+                             cached_i32(self._dev_meta, plan["tiles"], dev), self.state,
                              self.n, a.shape[1], self.max_rows, a.stride(0), b.stride(0), b.stride(1),
                              IEEE=self.dtype == torch.float32, **self.tile, **self.launch)
 
@@ -168,9 +173,10 @@ class GemmRs:
         if mine == 0:
             return
         grid = (cdiv(mine, 64), cdiv(self.n, 128))
-        rs_reduce_kernel[grid](h.meta, self.partial, self.arrive, out, plan["target"], mine, self.n, self.max_rows,
+        rs_reduce_kernel[grid](h.meta, self.partial, self.arrive, out, self.state, plan["inc"], mine, self.n,
+                               self.max_rows,
                                out.stride(0), BM=64, BN=128, num_warps=4)
 
     def release(self, plan) -> None:
         """Tell every peer this rank's partial buffer may be overwritten by the next call."""
-        release_kernel[(1,)](self.heap.meta, self.ready, plan["epoch"])
+        release_kernel[(1,)](self.heap.meta, self.ready, self.state, plan["inc"])

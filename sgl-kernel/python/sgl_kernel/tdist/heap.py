@@ -32,6 +32,7 @@ from sgl_kernel.tdist.layout import (ERR_ABORT, ERR_CMP, ERR_EXPECT, ERR_NS, ERR
                                      WAIT_REASONS, WAIT_SITES)
 
 logger = logging.getLogger(__name__)
+BASE_ALIGN = 256  # bytes; cuMemAlloc guarantees it, simulate_group aligns to 512
 
 
 class TdistWaitError(RuntimeError):
@@ -65,6 +66,9 @@ class SymmetricHeap:
             raise ValueError(f"got {len(bases)} base addresses for world={world}")
         if local.dtype != torch.uint8 or local.numel() < config.total_bytes:
             raise ValueError(f"local heap must be uint8 with >= {config.total_bytes} bytes")
+        if any(int(b) % BASE_ALIGN for b in bases):
+            raise ValueError(f"heap bases {[hex(int(b)) for b in bases]} must be {BASE_ALIGN}-byte aligned "
+                             "(symm_at's alignment hint relies on it); allocate with cuMemAlloc or simulate_group")
         self.rank, self.world, self.config, self.backend = rank, world, config, backend
         self.local = local
         self.device = local.device
@@ -77,6 +81,7 @@ class SymmetricHeap:
         if self.layout._signals["tdist.error"][0] != 0:
             raise RuntimeError("the error record must be the heap's first signal allocation")
         self.epochs = SignalEpochs()
+        self._counters: dict = {}
         self._barrier = barrier
         self._closer = closer
 
@@ -95,6 +100,17 @@ class SymmetricHeap:
         """int64 view of ``n`` signal slots named ``name`` (zero at heap creation; never reset, see layout.py)."""
         i = self.layout.signals(name, n)
         return self.signal[i: i + n]
+
+    def counters(self, name: str) -> torch.Tensor:
+        """int64 [2] tensor (this rank's device, zero at first use) of op ``name``'s device-side epochs: [0] calls
+        completed, [1] cumulative arrival target; advanced only by common.release_kernel at the end of each call, so
+        kernels read their epoch from memory instead of a launch argument (CUDA-graph capturable). Not in the
+        heap (peers never read it); one per name, shared by every op object of that name."""
+        t = self._counters.get(name)
+        if t is None:
+            t = torch.zeros(2, dtype=torch.int64, device=self.device)
+            self._counters[name] = t
+        return t
 
     def barrier(self) -> None:
         """Host barrier: this rank's device work is finished and every rank reached this point. Raises

@@ -66,13 +66,15 @@ def num_ranks(meta):
 def symm_at(ptr, peer, meta):
     """Peer ``peer``'s address of the symmetric object at local heap address ``ptr`` (scalar or block of pointers).
 
-    ``ptr + (base[peer] - base[me]) / sizeof(elem)``: heap bases are 512-byte aligned, so the byte delta divides
-    every element size. Pure address arithmetic, no memory access to the target, no ordering.
+    ``ptr + (base[peer] - base[me]) / sizeof(elem)``: heap bases are 256-byte aligned (checked by SymmetricHeap),
+    so the byte delta divides every element size and the element delta is a multiple of 16; the
+    ``tl.multiple_of`` hint says so, so the translated pointer keeps the alignment of ``ptr`` and 16-byte vector
+    loads/stores stay vectorized. Pure address arithmetic, no memory access to the target, no ordering.
     """
     me = tl.load(meta).to(tl.int32)
     delta = tl.load(meta + 2 + peer) - tl.load(meta + 2 + me)
     esize: tl.constexpr = ptr.dtype.element_ty.primitive_bitwidth // 8
-    return ptr + delta // esize
+    return ptr + tl.multiple_of(delta // esize, 16)
 
 
 @triton.jit
@@ -313,7 +315,7 @@ def consume_token(x, token):
     else:
         z = tl.inline_asm_elementwise("mov.b32 $0, 0; // consume_token $1", "=r,l", [tl.cast(token, tl.int64)],
                                       dtype=tl.int32, is_pure=False, pack=1)
-        return x + z
+        return x + tl.multiple_of(z, 16)  # z == 0: keeps x's alignment, so loads through x stay vectorized
 
 
 # ---- one-sided block copies (every thread of the CTA takes part) -----------------------------------------------------

@@ -50,7 +50,9 @@ def _cpu_heap(rank: int, world: int, cfg, group):
 
     from sgl_kernel.tdist.heap import SymmetricHeap
 
-    local = torch.zeros(cfg.total_bytes, dtype=torch.uint8)
+    buf = torch.zeros(cfg.total_bytes + 512, dtype=torch.uint8)
+    skip = (-buf.data_ptr()) % 512  # heap bases must be 256-byte aligned (heap.BASE_ALIGN)
+    local = buf[skip: skip + cfg.total_bytes]
     return SymmetricHeap(rank, world, local, [local.data_ptr()] * world, cfg,
                          barrier=lambda: dist.barrier(group=group), backend="cpu-test")
 

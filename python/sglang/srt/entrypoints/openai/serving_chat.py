@@ -65,6 +65,48 @@ def messages_to_dicts(req: ChatCompletionRequest) -> list[dict[str, Any]]:
     return out
 
 
+def check_tools(req: ChatCompletionRequest) -> None:
+    """Validate ``tools`` / ``tool_choice`` with SGLang's checks and error texts.
+
+    Raises:
+        ValueError: ``tool_choice`` "required" or a named function without ``tools``; a named function that is
+            not among ``tools`` (``"Tool 'f' not found in tools list."``); a tool without ``function.name``; a
+            ``function.parameters`` that is not a valid JSON Schema (``"Tool i function has invalid 'parameters'
+            schema: ..."``, checked against Draft 2020-12 with ``jsonschema``).
+    """
+    tools, choice = req.tools, req.tool_choice
+    if isinstance(choice, str) and choice.lower() == "required" and not tools:
+        raise ValueError("Tools cannot be empty if tool choice is set to required.")
+    names = []
+    for i, tool in enumerate(tools or []):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ValueError(f"tools[{i}].function.name is required: each tool is "
+                             '{"type": "function", "function": {"name": ..., "parameters": {...}}}')
+        names.append(fn["name"])
+    if choice is not None and not isinstance(choice, str):
+        if not tools:
+            raise ValueError("Tools cannot be empty if tool choice is set to a specific tool.")
+        fn = choice.get("function") if isinstance(choice, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if name not in names:
+            raise ValueError(f"Tool '{name}' not found in tools list.")
+    for i, tool in enumerate(tools or []):
+        params = tool["function"].get("parameters")
+        if params is None:
+            continue
+        from jsonschema import Draft202012Validator
+        from jsonschema.exceptions import SchemaError
+
+        try:
+            Draft202012Validator.check_schema(params)
+        except SchemaError as e:
+            raise ValueError(f"Tool {i} function has invalid 'parameters' schema: {e.message}") from None
+        except RecursionError:
+            raise ValueError(f"Tool {i} function 'parameters' schema is too deeply nested or contains a "
+                             "cycle.") from None
+
+
 def chat_logprobs(meta: dict[str, Any], start: int, pieces=None) -> ChoiceLogprobs:
     """OpenAI chat logprobs from SGLang ``meta_info`` output entries ``[start:]``.
 
@@ -104,6 +146,7 @@ class OpenAIServingChat:
             v = getattr(req, name)
             if v is not None and v < 0:
                 raise ValueError(f"{name} must be >= 0, got {v}")
+        check_tools(req)
         messages = messages_to_dicts(req)
         self.tm.preparer.check_text_bound("".join(str(m.get("content") or "") for m in messages), "messages")
         prompt_ids = self.tm.apply_chat_template(messages, tools=req.tools)

@@ -12,8 +12,10 @@ carries ``type`` and a ``sequence_number``), ``metadata`` / ``user`` (echoed).
 Rejected with a 400 in OpenAI's error shape (naming the field): ``tools`` (non-empty),
 ``previous_response_id`` / ``conversation`` (no stored state: ``store`` is accepted but nothing is
 kept), ``background``, non-text input parts (images, files), ``text.format`` other than ``text``.
-A response cut by ``max_output_tokens`` has ``status: "incomplete"`` and
-``incomplete_details.reason: "max_output_tokens"``.
+A finished response has ``status: "completed"`` and ``incomplete_details: null``, also when
+``max_output_tokens`` cut it (SGLang reports it so; the stream ends with ``response.completed``). ``usage``
+carries OpenAI's ``input_tokens`` / ``output_tokens`` / ``total_tokens`` and SGLang's ``prompt_tokens`` /
+``completion_tokens``.
 """
 
 from __future__ import annotations
@@ -122,10 +124,13 @@ def _check_unsupported(req: ResponsesRequest) -> None:
         raise ValueError(f"max_output_tokens must be >= 1, got {req.max_output_tokens}")
 
 
-def _item_status(out: dict[str, Any]) -> str:
-    """``incomplete`` for a message cut by ``max_output_tokens``, else ``completed``."""
-    fr = out["meta_info"].get("finish_reason") or {}
-    return "incomplete" if fr.get("type") == "length" else "completed"
+def usage_of_output(meta: dict[str, Any]) -> dict[str, Any]:
+    """The response ``usage`` of a finished output's ``meta_info``: OpenAI's fields plus SGLang's
+    ``prompt_tokens`` / ``completion_tokens`` (token counts)."""
+    p, c = meta["prompt_tokens"], meta["completion_tokens"]
+    return {"input_tokens": p, "input_tokens_details": {"cached_tokens": meta.get("cached_tokens", 0)},
+            "output_tokens": c, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": p + c,
+            "prompt_tokens": p, "completion_tokens": c}
 
 
 class OpenAIServingResponses:
@@ -148,16 +153,8 @@ class OpenAIServingResponses:
     def _response(self, req: ResponsesRequest, rid: str, created: int, status: str,
                   output: list[dict[str, Any]], out: Optional[dict[str, Any]] = None) -> dict[str, Any]:
         """The ``response`` object (OpenAI's shape) in state ``status``."""
-        incomplete = None
-        usage = None
-        if out is not None:
-            meta = out["meta_info"]
-            fr = meta.get("finish_reason") or {}
-            if fr.get("type") == "length":
-                status, incomplete = "incomplete", {"reason": "max_output_tokens"}
-            p, c = meta["prompt_tokens"], meta["completion_tokens"]
-            usage = {"input_tokens": p, "input_tokens_details": {"cached_tokens": meta.get("cached_tokens", 0)},
-                     "output_tokens": c, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": p + c}
+        incomplete = None  # SGLang reports a max_output_tokens cut as completed, without details
+        usage = usage_of_output(out["meta_info"]) if out is not None else None
         return {
             "id": rid, "object": "response", "created_at": created, "status": status, "error": None,
             "incomplete_details": incomplete, "instructions": req.instructions,
@@ -191,7 +188,7 @@ class OpenAIServingResponses:
                                      media_type="text/event-stream")
         await agen.aclose()
         return SafeJSONResponse(self._response(req, rid, created, "completed",
-                                               [self._message(msg_id, first["text"], _item_status(first))], first))
+                                               [self._message(msg_id, first["text"], "completed")], first))
 
     async def _stream(self, req, first, agen, rid: str, msg_id: str, created: int) -> AsyncIterator[str]:
         seq = [0]
@@ -230,11 +227,10 @@ class OpenAIServingResponses:
         part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
         yield event("response.output_text.done", **loc, text=text, logprobs=[])
         yield event("response.content_part.done", **loc, part=part)
-        item = self._message(msg_id, text, _item_status(last))
+        item = self._message(msg_id, text, "completed")
         yield event("response.output_item.done", output_index=0, item=item)
         final = self._response(req, rid, created, "completed", [item], last)
-        yield event("response.incomplete" if final["status"] == "incomplete" else "response.completed",
-                    response=final)
+        yield event("response.completed", response=final)
 
 
 def register_responses_route(app: FastAPI, tm, server_args) -> None:

@@ -11,8 +11,9 @@ Schedule, per layer and per stage, sub-batch by sub-batch in order::
 
 so a later token split's attention always runs after the earlier split's attention of the same layer
 has written its KV (a request straddling the cut reads it), and collectives are issued in the same
-order on every TP rank. Final hidden states are concatenated in token order and the final norm and
-logits run once on the parent batch.
+order on every TP rank. The embedding runs once on the parent batch (sub-batches start from views of it);
+final hidden states are concatenated in token order and the final norm and logits run once on the parent
+batch (executors may override :meth:`SubBatchExecutor.final_hidden`, e.g. a final norm per sub-batch).
 """
 
 from __future__ import annotations
@@ -66,20 +67,38 @@ class SubBatchExecutor(ModelExecutor):
         for sub in subs:
             sub.attn_backend.init_forward_metadata(sub)
         try:
-            states = [LayerState(model.embed(s.input_ids), None, s.positions, s) for s in subs]
+            states = [LayerState(h, None, s.positions, s) for h, s in zip(self.embed(model, forward_batch, subs), subs)]
             for i, layer in enumerate(model.decoder_layers):
                 for stage in layer.stage_names():
                     for st in states:
                         self.run_stage(layer, stage, st)
                     if listener is not None and stage == "attention":  # every sub-batch stored layer i's KV
                         listener.on_layer_kv_written(i, forward_batch)
-            self.finish(states)
+            hidden = self.final_hidden(model, states)
         finally:
             if listener is not None:
                 listener.on_forward_done(forward_batch)
+        return model.compute_logits(hidden, forward_batch)
+
+    @staticmethod
+    def embed(model: Any, forward_batch: ForwardBatch, subs: list[ForwardBatch]) -> list[torch.Tensor]:
+        """Every sub-batch's input embeddings ``[T_i, H]``: views of ONE embedding of the whole batch, so a
+        TP-sharded vocabulary runs one all-reduce per forward, not one per sub-batch (sub-batches are
+        contiguous token ranges of ``forward_batch``, see :mod:`sglang.srt.batch_split`)."""
+        if any(getattr(s, "token_range", None) is None for s in subs):  # not cut by batch_split: embed each
+            return [model.embed(s.input_ids) for s in subs]
+        emb = model.embed(forward_batch.input_ids)
+        parent = getattr(forward_batch, "token_range", None)
+        base = parent[0] if parent is not None else 0
+        return [emb[s.token_range[0] - base:s.token_range[1] - base] for s in subs]
+
+    def final_hidden(self, model: Any, states: list[LayerState]) -> torch.Tensor:
+        """The final normed hidden states ``[N, H]`` in token order (default: :meth:`finish`, then the
+        sub-batches' hidden and residual concatenated and the final norm run once)."""
+        self.finish(states)
         hidden = torch.cat([st.hidden for st in states])
         residual = torch.cat([st.residual for st in states])
-        return model.compute_logits(model.final_norm(hidden, residual), forward_batch)
+        return model.final_norm(hidden, residual)
 
 
 class TokenSplitExecutor(SubBatchExecutor):

@@ -1,0 +1,201 @@
+"""Rank body of test_tdist_decomp_gpu.py (run by sgl_kernel.tdist.spawn.run_ranks, one rank per GPU, NCCL group).
+
+Checks, against torch references on fresh random bf16 inputs (every rank regenerates every rank's inputs from seeds,
+so it can build the whole group's reference without communication): the decomposition AG-GEMM and GEMM-RS
+(tdist/decomp.py) with even, uneven and empty segments; 30 back-to-back calls with new inputs (signal and buffer
+reuse without host barriers); CUDA-graph capture of one call of each op and 5 replays with new inputs copied into
+the static tensors; the Auto* ops on both sides of the break-even M (NCCL fallback and decomposition); the Triton SM
+AG-GEMM / GEMM-RS (tdist/ag_gemm.py, gemm_rs.py) with cached device metadata, eager and captured in a CUDA graph
+(their epochs live in device memory); the low-latency all-to-all (tdist_gpu_case.case_all_to_all).
+Returns a list of failure strings (empty = pass); never raises on a wrong result.
+"""
+
+from __future__ import annotations
+
+import traceback
+
+import torch
+
+from sgl_kernel.tdist.auto import AutoAgGemm, AutoGemmRs, CalibrationTable
+from sgl_kernel.tdist.decomp import DecompAgGemm, DecompGemmRs
+from sgl_kernel.tdist.reference import ag_gemm_ref, compare, gemm_rs_ref
+
+DT = torch.bfloat16
+
+
+def _randn(seed, *shape, device="cuda"):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(DT).to(device)
+
+
+def _ag_inputs(seed, rows, k, n, dev):
+    shards = [_randn(seed * 100 + r, rows[r], k, device=dev) for r in range(len(rows))]
+    wt = _randn(seed * 100 + 99, n, k, device=dev) / k ** 0.5
+    return shards, wt
+
+
+def _rs_inputs(seed, rows, k, n, dev, world):
+    m = sum(rows)
+    a = [_randn(seed * 100 + r, m, k, device=dev) for r in range(world)]
+    wt = [_randn(seed * 100 + 50 + r, n, k, device=dev) / k ** 0.5 for r in range(world)]
+    return a, wt
+
+
+def _check_ag(op, heap, rows, k, n, seeds, tag):
+    fails = []
+    for seed in seeds:
+        shards, wt = _ag_inputs(seed, rows, k, n, heap.device)
+        got = op(shards[heap.rank], wt.t(), rows)
+        fails += compare(got, ag_gemm_ref(shards, wt.t()), f"{tag} seed {seed}")
+    return fails
+
+
+def _check_rs(op, heap, rows, k, n, seeds, tag):
+    fails = []
+    for seed in seeds:
+        a, wt = _rs_inputs(seed, rows, k, n, heap.device, heap.world)
+        got = op(a[heap.rank], wt[heap.rank].t(), rows)
+        ref = gemm_rs_ref(a, [w.t() for w in wt], rows)[heap.rank]
+        fails += compare(got, ref, f"{tag} seed {seed}")
+    return fails
+
+
+def _graph_ag(op, heap, rows, k, n, tag):
+    """Capture one call with static inputs, replay with new inputs copied in."""
+    shards, wt = _ag_inputs(1000, rows, k, n, heap.device)
+    a_s, b_s = shards[heap.rank].clone(), wt.clone()
+    out = torch.empty(sum(rows), n, dtype=DT, device=heap.device)
+    op(a_s, b_s.t(), rows, out)  # warm-up outside capture (uploads any per-shape metadata)
+    torch.cuda.synchronize()
+    heap.barrier()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        op(a_s, b_s.t(), rows, out)
+    fails = []
+    for seed in range(1001, 1006):
+        shards, wt = _ag_inputs(seed, rows, k, n, heap.device)
+        a_s.copy_(shards[heap.rank])
+        b_s.copy_(wt)
+        g.replay()
+        fails += compare(out, ag_gemm_ref(shards, wt.t()), f"{tag} graph replay seed {seed}")
+    torch.cuda.synchronize()
+    return fails
+
+
+def _graph_rs(op, heap, rows, k, n, tag):
+    a, wt = _rs_inputs(2000, rows, k, n, heap.device, heap.world)
+    a_s, b_s = a[heap.rank].clone(), wt[heap.rank].clone()
+    out = torch.empty(rows[heap.rank], n, dtype=DT, device=heap.device)
+    op(a_s, b_s.t(), rows, out)
+    torch.cuda.synchronize()
+    heap.barrier()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        op(a_s, b_s.t(), rows, out)
+    fails = []
+    for seed in range(2001, 2006):
+        a, wt = _rs_inputs(seed, rows, k, n, heap.device, heap.world)
+        a_s.copy_(a[heap.rank])
+        b_s.copy_(wt[heap.rank])
+        g.replay()
+        ref = gemm_rs_ref(a, [w.t() for w in wt], rows)[heap.rank]
+        fails += compare(out, ref, f"{tag} graph replay seed {seed}")
+    torch.cuda.synchronize()
+    return fails
+
+
+def _guard(fn, *args):
+    try:
+        return fn(*args)
+    except Exception:
+        return [f"{getattr(fn, '__name__', fn)} raised: {traceback.format_exc()[-1500:]}"]
+
+
+def run(heap, note, nccl, cases):
+    """Every case named in ``cases`` ("decomp", "graph", "auto", "a2a", "sm_cached", "sm_graph") in that order;
+    returns {case: failures}. Each case's failures also go to the parent as soon as the case ends
+    (``note.result``), so a later hang or timeout keeps them."""
+    res = {}
+    for case in cases:
+        res.update(_run_cases(heap, note, nccl, (case,)))
+        note.result(case, res.get(case, [f"{case}: not a known case"]))
+    return res
+
+
+def _run_cases(heap, note, nccl, cases):
+    """The named cases (see :func:`run`); returns {case: failures}."""
+    w = heap.world
+    k, n = 512, 384
+    even = [256] * w
+    uneven = [200 + 64 * r for r in range(w)]
+    uneven[-1] = 0
+    res = {}
+    if "decomp" in cases:
+        note("decomp")
+        ag = DecompAgGemm(heap, 2048, k, DT, name="t.dag")
+        rs = DecompGemmRs(heap, 512, n, DT, name="t.drs")
+        f = []
+        for rows in (even, uneven):
+            f += _guard(_check_ag, ag, heap, rows, k, n, range(3), f"decomp AG rows={rows}")
+            f += _guard(_check_rs, rs, heap, rows, k, n, range(3), f"decomp RS rows={rows}")
+        f += _guard(_check_ag, ag, heap, even, k, n, range(10, 40), "decomp AG back-to-back")
+        f += _guard(_check_rs, rs, heap, even, k, n, range(10, 40), "decomp RS back-to-back")
+        res["decomp"] = f
+    if "graph" in cases:
+        note("graph")
+        ag = DecompAgGemm(heap, 2048, k, DT, name="t.gdag")
+        rs = DecompGemmRs(heap, 512, n, DT, name="t.gdrs")
+        res["graph"] = (_guard(_graph_ag, ag, heap, even, k, n, "decomp AG")
+                        + _guard(_graph_rs, rs, heap, uneven, k, n, "decomp RS"))
+    if "auto" in cases:
+        note("auto")
+        table = CalibrationTable((("ag", k, n, w, 1024), ("rs", k, n, w, 1024)))
+        ag = AutoAgGemm(DecompAgGemm(heap, 4096, k, DT, name="t.aag"), nccl, table)
+        rs = AutoGemmRs(DecompGemmRs(heap, 1024, n, DT, name="t.ars"), nccl, table)
+        f = []
+        for per, want in ((256, "nccl"), (1024, "decomp")):
+            rows = [per] * w
+            f += _guard(_check_ag, ag, heap, rows, k, n, range(2), f"auto AG M={per * w}")
+            if ag.last_path != want:
+                f.append(f"auto AG M={per * w}: path {ag.last_path}, expected {want}")
+            f += _guard(_check_rs, rs, heap, rows, k, n, range(2), f"auto RS M={per * w}")
+            if rs.last_path != want:
+                f.append(f"auto RS M={per * w}: path {rs.last_path}, expected {want}")
+        res["auto"] = f
+    if "a2a" in cases:  # the low-latency all-to-all (its copy loops changed with the 16-byte chunking)
+        note("a2a")
+        import tdist_gpu_case as G
+
+        res["a2a"] = _guard(G.case_all_to_all, heap, note)
+    if "sm_cached" in cases:
+        note("sm_cached")
+        res["sm_cached"] = _sm_cases(heap, k, n, even, uneven)
+    if "sm_graph" in cases:  # the SM kernels read their epochs from device memory: capturable as well
+        note("sm_graph")
+        from sgl_kernel.tdist.ag_gemm import AgGemm
+        from sgl_kernel.tdist.gemm_rs import GemmRs
+
+        ag = AgGemm(heap, 2048, k, DT, name="t.gsmag")
+        rs = GemmRs(heap, 512, n, DT, name="t.gsmrs")
+        res["sm_graph"] = (_guard(_graph_ag, ag, heap, uneven, k, n, "SM AG")
+                           + _guard(_graph_rs, rs, heap, even, k, n, "SM RS"))
+    heap.barrier()
+    return res
+
+
+def _sm_cases(heap, k, n, even, uneven):
+    """The Triton SM kernels with cached metadata: eager on uneven rows, then 3 eager calls after a warm-up must do
+    no host-to-device upload (the metadata cache does not grow)."""
+    from sgl_kernel.tdist.ag_gemm import AgGemm
+    from sgl_kernel.tdist.gemm_rs import GemmRs
+
+    ag = AgGemm(heap, 2048, k, DT, name="t.smag")
+    rs = GemmRs(heap, 512, n, DT, name="t.smrs")
+    f = _guard(_check_ag, ag, heap, uneven, k, n, range(2), "SM AG uneven")
+    f += _guard(_check_rs, rs, heap, uneven, k, n, range(2), "SM RS uneven")
+    sizes = (len(ag._dev_meta), len(rs._dev_meta))
+    f += _guard(_check_ag, ag, heap, uneven, k, n, range(5, 8), "SM AG repeat")
+    f += _guard(_check_rs, rs, heap, uneven, k, n, range(5, 8), "SM RS repeat")
+    if (len(ag._dev_meta), len(rs._dev_meta)) != sizes:
+        f.append(f"SM metadata cache grew on repeated shapes: {sizes} -> {(len(ag._dev_meta), len(rs._dev_meta))}")
+    return f

@@ -1,0 +1,83 @@
+"""CPU tests of the per-shape path choice (sgl_kernel/tdist/auto.py) and of the decomposition ops' argument checks
+(sgl_kernel/tdist/decomp.py; their GPU behaviour is tested in test/gpu/test_tdist_decomp_gpu.py).
+
+Imports no Triton (decomp/auto do not), so the interpreter tests in the same process are unaffected.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sgl-kernel" / "python"))
+
+from sgl_kernel.tdist.auto import NEVER, CalibrationTable  # noqa: E402
+
+
+def test_choose_uses_table_entry_and_default():
+    t = CalibrationTable((("ag", 8192, 2560, 2, 2048), ("rs", 2048, 8192, 2, 8192)), default_min_m=4096)
+    assert t.choose("ag", 8192, 2560, 2, 2048) == "decomp"
+    assert t.choose("ag", 8192, 2560, 2, 1024) == "nccl"
+    assert t.choose("rs", 2048, 8192, 2, 4096) == "nccl"
+    assert t.choose("rs", 2048, 8192, 4, 4096) == "decomp"  # other world: the default applies
+    assert t.choose("ag", 1, 1, 2, 4095) == "nccl"
+
+
+def test_from_timings_takes_smallest_m_that_wins_from_there_on():
+    pts = [dict(kind="ag", k=8, n=16, world=2, m=m, decomp_ms=d, nccl_ms=1.0)
+           for m, d in ((512, 0.5), (1024, 1.5), (2048, 0.9), (8192, 0.8))]
+    pts += [dict(kind="rs", k=8, n=16, world=2, m=m, decomp_ms=2.0, nccl_ms=1.0) for m in (2048, 8192)]
+    pts += [dict(kind="rs", k=9, n=16, world=2, m=2048, decomp_ms=None, nccl_ms=1.0)]  # skipped
+    t = CalibrationTable.from_timings(pts)
+    assert t.min_m("ag", 8, 16, 2) == 2048  # 512 won, but 1024 lost: not trusted below 2048
+    assert t.min_m("rs", 8, 16, 2) == NEVER
+    assert t.min_m("rs", 9, 16, 2) == t.default_min_m
+    assert CalibrationTable.from_json(t.to_json()) == t
+
+
+@pytest.mark.parametrize("bad", [("xx", 1, 1, 2, 1), ("ag", 0, 1, 2, 1), ("ag", 1, 1, 2)])
+def test_bad_entries_and_json_raise(bad):
+    with pytest.raises(ValueError):
+        CalibrationTable((bad,))
+    with pytest.raises(ValueError, match="calibration table JSON"):
+        CalibrationTable.from_json('{"entries": 3}')
+    with pytest.raises(ValueError, match="kind"):
+        CalibrationTable().choose("bogus", 1, 1, 2, 1)
+
+
+def test_decomp_ops_reject_bad_arguments_before_any_device_work():
+    from sgl_kernel.tdist.decomp import DecompAgGemm, DecompGemmRs
+    from sgl_kernel.tdist.heap import simulate_group
+    from sgl_kernel.tdist.layout import HeapConfig
+
+    heap = simulate_group(2, HeapConfig(data_bytes=1 << 20, signal_slots=64))[0]
+    ag = DecompAgGemm(heap, 64, 16, torch.float32)
+    with pytest.raises(ValueError, match="rows"):
+        ag(torch.zeros(4, 16), torch.zeros(16, 8), [4, 4, 4])
+    with pytest.raises(ValueError, match="K=16"):
+        ag(torch.zeros(4, 15), torch.zeros(15, 8), [4, 4])
+    with pytest.raises(ValueError, match="max_rows"):
+        ag(torch.zeros(40, 16), torch.zeros(16, 8), [40, 40])
+    with pytest.raises(ValueError, match="dtype"):
+        ag(torch.zeros(4, 16, dtype=torch.float16), torch.zeros(16, 8), [4, 4])
+    rs = DecompGemmRs(heap, 8, 8, torch.float32)
+    with pytest.raises(ValueError, match="rows"):
+        rs(torch.zeros(18, 4), torch.zeros(4, 8), [9, 9])
+    with pytest.raises(ValueError, match="N=8"):
+        rs(torch.zeros(8, 4), torch.zeros(4, 7), [4, 4])
+    with pytest.raises(ValueError, match="max_rows"):
+        DecompGemmRs(heap, 0, 8)
+
+
+def test_decomp_and_auto_import_no_triton():
+    import subprocess
+
+    code = "import sys; import sgl_kernel.tdist.decomp, sgl_kernel.tdist.auto; print('triton' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={"PYTHONPATH": str(Path(__file__).resolve().parents[2] / "sgl-kernel" / "python"),
+                            "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "False"

@@ -1,0 +1,190 @@
+"""The decomposition ops' signal / credit protocol (sgl_kernel/tdist/decomp.py) on CPU, with real concurrency.
+
+Two ranks run as host threads on simulate_group heaps (real host memory, so peer addresses are real addresses). Each
+rank's current stream executes eagerly on its thread; every side stream is a worker thread running its queue in
+order; events, ``cuStreamWaitValue64`` (a bounded spin), ``cuStreamWriteValue64`` and ``cuMemcpyAsync`` (memmove)
+are emulated with the same ordering semantics. Back-to-back calls with fresh inputs must give the torch reference
+and never deadlock (every wait is bounded: a protocol deadlock fails the test with the signal it waited on).
+The real streams are tested on GPUs by test/gpu/test_tdist_decomp_gpu.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import queue
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sgl-kernel" / "python"))
+
+from sgl_kernel.tdist import cuda_ipc, decomp  # noqa: E402
+from sgl_kernel.tdist.heap import simulate_group  # noqa: E402
+from sgl_kernel.tdist.layout import HeapConfig  # noqa: E402
+from sgl_kernel.tdist.reference import ag_gemm_ref, gemm_rs_ref  # noqa: E402
+
+WAIT_S = 20.0
+_local = threading.local()
+
+
+class _Main:
+    """A rank's current stream: runs everything at once on the calling thread."""
+
+    def __init__(self):
+        self.cuda_stream = self
+
+    def run(self, fn):
+        fn()
+
+    def wait_event(self, ev):
+        if not ev.done.wait(WAIT_S):
+            raise TimeoutError("main stream: event never completed (deadlock)")
+
+    def wait_stream(self, s):
+        done = threading.Event()
+        s.run(done.set)
+        if not done.wait(WAIT_S):
+            raise TimeoutError("main stream: side stream never drained (deadlock)")
+
+
+class _Side:
+    """A side stream: a worker thread running its queue in order."""
+
+    def __init__(self, *args, **kwargs):
+        self.cuda_stream = self
+        self.q: queue.Queue = queue.Queue()
+        self.error = None
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self):
+        while True:
+            fn = self.q.get()
+            try:
+                fn()
+            except Exception as e:  # surfaced by the rank thread through _Event / wait_stream timeouts
+                self.error = e
+
+    def run(self, fn):
+        self.q.put(fn)
+
+    def wait_event(self, ev):
+        done = ev.done
+        self.run(lambda: done.wait(WAIT_S) or (_ for _ in ()).throw(TimeoutError("side stream: event")))
+
+    def wait_stream(self, s):
+        raise AssertionError("not used by decomp")
+
+
+class _Event:
+    def __init__(self, *args, **kwargs):
+        self.done = threading.Event()
+        self.done.set()
+
+    def record(self, stream=None):
+        stream = stream or _local.main
+        done = threading.Event()
+        self.done = done
+        stream.run(done.set)
+
+
+def _write(addr, value, stream):
+    stream.run(lambda: setattr(ctypes.c_int64.from_address(addr), "value", value))
+
+
+def _wait(addr, value, stream):
+    def spin():
+        t0 = time.time()
+        while ctypes.c_int64.from_address(addr).value < value:
+            if time.time() - t0 > WAIT_S:
+                raise TimeoutError(f"stream wait for *{addr:#x} >= {value} never satisfied (deadlock)")
+            time.sleep(0)
+    stream.run(spin)
+
+
+def _memcpy(dst, src, nbytes, stream):
+    stream.run(lambda: ctypes.memmove(dst, src, nbytes))
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Stream", _Side)
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: _local.main)
+    monkeypatch.setattr(cuda_ipc, "stream_write_value64", _write)
+    monkeypatch.setattr(cuda_ipc, "stream_wait_value64", _wait)
+    monkeypatch.setattr(cuda_ipc, "memcpy_async", _memcpy)
+
+
+def _ranks(body, world):
+    errors = [None] * world
+
+    def run(r):
+        _local.main = _Main()
+        try:
+            body(r)
+        except Exception as e:
+            errors[r] = e
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "a rank never finished"
+    for e in errors:
+        if e is not None:
+            raise e
+
+
+def _cpu_ops(cls, heaps, *args, name):
+    ops = [cls(h, *args, torch.float32, name=name) for h in heaps]
+    for op in ops:
+        op.hs.ready.fill_(1)  # what the constructor does on CUDA (before its host barrier)
+        if hasattr(op, "_done"):
+            op._done = _Event()
+        if hasattr(op, "_events"):
+            op._events = [_Event() for _ in range(len(heaps))]
+    return ops
+
+
+@pytest.mark.parametrize("rows", [[48, 48], [40, 0], [0, 24]])
+def test_ag_gemm_protocol_back_to_back(fake_cuda, rows):
+    heaps = simulate_group(2, HeapConfig(data_bytes=1 << 20, signal_slots=64))
+    ops = _cpu_ops(decomp.DecompAgGemm, heaps, 128, 32, name="sim.ag")
+    calls = 25
+    shards = [[torch.randn(rows[r], 32) for r in range(2)] for _ in range(calls)]
+    bs = [torch.randn(32, 24) for _ in range(calls)]
+    got = [[None] * calls for _ in range(2)]
+
+    def body(r):
+        for i in range(calls):
+            got[r][i] = ops[r](shards[i][r], bs[i], rows).clone()
+            _local.main.wait_stream(ops[r].hs.stream(1))
+    _ranks(body, 2)
+    for i in range(calls):
+        ref = ag_gemm_ref(shards[i], bs[i])
+        for r in range(2):
+            torch.testing.assert_close(got[r][i], ref, atol=1e-4, rtol=1e-4, msg=f"call {i} rank {r}")
+
+
+@pytest.mark.parametrize("rows", [[32, 32], [40, 0]])
+def test_gemm_rs_protocol_back_to_back(fake_cuda, rows):
+    heaps = simulate_group(2, HeapConfig(data_bytes=1 << 20, signal_slots=64))
+    ops = _cpu_ops(decomp.DecompGemmRs, heaps, 64, 24, name="sim.rs")
+    calls = 25
+    m = sum(rows)
+    a = [[torch.randn(m, 16) for _ in range(2)] for _ in range(calls)]
+    b = [[torch.randn(16, 24) for _ in range(2)] for _ in range(calls)]
+    got = [[None] * calls for _ in range(2)]
+
+    def body(r):
+        for i in range(calls):
+            got[r][i] = ops[r](a[i][r], b[i][r], rows).clone()
+    _ranks(body, 2)
+    for i in range(calls):
+        ref = gemm_rs_ref(a[i], b[i], rows)
+        for r in range(2):
+            torch.testing.assert_close(got[r][i], ref[r], atol=1e-4, rtol=1e-4, msg=f"call {i} rank {r}")
