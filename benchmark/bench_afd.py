@@ -7,9 +7,10 @@ Modes (both by default):
   ``--batch`` requests for ``--steps`` steps (after a prefill of ``--input-len`` tokens) (a) colocated in this
   process and (b) with AFD: this process is the attention worker (:class:`~sglang.srt.afd.executor.AfdExecutor`,
   m = ``--micro-batches``) and ``--ffn-workers`` FFN worker processes hold the experts. Reported: decode
-  tokens/s, and tokens/s per worker (AFD uses 1 + N_E workers; colocated 1), and their ratio.
+  tokens/s, and tokens/s per worker (AFD uses 1 + N_E workers; colocated 1), and their ratio. Each of (a) and
+  (b) runs in its own process, so neither holds the other's memory; the attention worker constructs no experts.
 * ``--mode m2n``: two processes; rank 0 sends ``--sizes-kb`` per message to rank 1, which echoes it; one-way
-  latency = round trip / 2, median and p99 over ``--iters``. M2N (transport ``inline`` on CPU, ``cuda_ipc`` on
+  latency = round trip / 2 (CUDA events on GPU, rank r on cuda:r), median and p99 over ``--iters``. M2N (transport ``inline`` on CPU, ``cuda_ipc`` on
   GPU) vs the baseline ``torch.distributed`` send/recv (gloo on CPU, NCCL on GPU) of the same bytes.
 
 Writes ``benchmark/results/<date>_afd_<mode>[_smoke].md`` with the date, hardware and command. ``--smoke``: CPU,
@@ -54,9 +55,12 @@ def _m2n_rank(rank: int, a, addrs, init: str, q) -> None:
         buf = torch.empty(rows * 256, device=dev)
         for name in ("m2n", "p2p"):
             lat = []
+            cuda = a.device == "cuda"
             for it in range(a.iters + a.warmup):
-                if a.device == "cuda":
+                if cuda:
                     torch.cuda.synchronize()
+                    ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    ev0.record()
                 t0 = time.perf_counter()
                 if name == "m2n":
                     if rank == 0:
@@ -72,10 +76,11 @@ def _m2n_rank(rank: int, a, addrs, init: str, q) -> None:
                     else:
                         dist.recv(buf, 0)
                         dist.send(buf, 0)
-                if a.device == "cuda":
+                if cuda:
+                    ev1.record()
                     torch.cuda.synchronize()
-                if it >= a.warmup:
-                    lat.append((time.perf_counter() - t0) / 2)
+                if it >= a.warmup:  # CUDA events on GPU (the stream's view, incl. waits for the peer's data)
+                    lat.append((ev0.elapsed_time(ev1) * 1e-3 if cuda else time.perf_counter() - t0) / 2)
             res[(name, kb)] = lat
         dist.barrier()
         ep.close()
@@ -147,24 +152,47 @@ def _decode(h, batch: int, input_len: int, steps: int, executor, vocab: int, syn
     return batch * steps / (time.perf_counter() - t0)
 
 
-def run_decode(a) -> list[str]:
-    """Colocated vs AFD decode tokens/s on the same model; the markdown table lines."""
+def _measure(kind: str, a, q) -> None:
+    """One measurement in its own process (so colocated and AFD never share memory): ``colocated`` decodes the
+    whole model on cuda:0; ``afd`` builds the attention role on cuda:0 (no experts constructed) and spawns
+    ``--ffn-workers`` FFN worker processes on the next GPUs. Puts ``{"tps": ..., "constraint": ...}`` or
+    ``{"error": ...}`` on ``q``."""
+    try:
+        q.put(_measure_colocated(a) if kind == "colocated" else _measure_afd(a))
+    except Exception as e:  # reported by the parent
+        q.put({"error": f"{kind}: {type(e).__name__}: {e}"})
+
+
+def _setup(a):
+    from sglang.srt.configs.model_config import ModelConfig
+
+    dev = "cuda:0" if a.device == "cuda" else "cpu"
+    if a.device == "cuda":
+        torch.cuda.set_device(0)
+    sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
+    return dev, sync, ModelConfig.from_path(a.model_path, None, "auto", a.device), a.input_len + a.steps + 2
+
+
+def _measure_colocated(a) -> dict:
+    from sglang.srt.model_loader.loader import load_model
+    from sglang.test.model_harness import ModelHarness
+
+    dev, sync, mc, max_len = _setup(a)
+    colo = load_model(mc, a.load_format, dev)
+    return {"tps": _decode(ModelHarness(colo, mc, a.batch, max_len, device=dev), a.batch, a.input_len, a.steps,
+                           None, mc.vocab_size, sync)}
+
+
+def _measure_afd(a) -> dict:
     import torch.multiprocessing as mp
+
     from sglang.srt.afd.executor import AfdExecutor
     from sglang.srt.afd.protocol import AfdTopology
-    from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.model_executor.worker_builder import role_spec
     from sglang.srt.model_loader.loader import load_model
     from sglang.test.model_harness import ModelHarness
 
-    dev = "cuda:0" if a.device == "cuda" else "cpu"
-    sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
-    mc = ModelConfig.from_path(a.model_path, None, "auto", a.device)
-    max_len = a.input_len + a.steps + 2
-    colo = load_model(mc, a.load_format, dev)
-    tps_colo = _decode(ModelHarness(colo, mc, a.batch, max_len, device=dev), a.batch, a.input_len, a.steps, None,
-                       mc.vocab_size, sync)
-    del colo
+    dev, sync, mc, max_len = _setup(a)
     d = tempfile.mkdtemp(prefix="bench-afd-")
     topo = AfdTopology(1, a.ffn_workers, tuple(f"ipc://{d}/{i}" for i in range(1 + a.ffn_workers)),
                        max_rows=max(a.batch * a.input_len, 1024), transport=a.transport, timeout_s=a.timeout)
@@ -176,20 +204,51 @@ def run_decode(a) -> list[str]:
              for j in range(a.ffn_workers)]
     for p in procs:
         p.start()
-    for _ in procs:
-        ready.get(timeout=a.timeout)
-    attn = load_model(mc, a.load_format, dev, weight_filter=role_spec("attention").weight_filter)
-    ex = AfdExecutor(mc, topo, 0, a.micro_batches, torch.device(dev))
+    ex = None
     try:
-        tps_afd = _decode(ModelHarness(attn, mc, a.batch, max_len, device=dev), a.batch, a.input_len, a.steps, ex,
-                          mc.vocab_size, sync)
-        c = ex.pipeline_constraint()
+        for _ in procs:
+            ready.get(timeout=a.timeout)
+        spec = role_spec("attention")
+        attn = load_model(mc, a.load_format, dev, weight_filter=spec.weight_filter, holds_param=spec.holds_param)
+        ex = AfdExecutor(mc, topo, 0, a.micro_batches, torch.device(dev))
+        tps = _decode(ModelHarness(attn, mc, a.batch, max_len, device=dev), a.batch, a.input_len, a.steps, ex,
+                      mc.vocab_size, sync)
+        return {"tps": tps, "constraint": ex.pipeline_constraint()}
     finally:
-        ex.ep.close(notify=[topo.ffn_rank(j) for j in range(a.ffn_workers)])
+        if ex is not None:
+            ex.ep.close(notify=[topo.ffn_rank(j) for j in range(a.ffn_workers)])
         for p in procs:
             p.join(10)
             if p.is_alive():
                 p.kill()
+
+
+def _in_process(kind: str, a) -> dict:
+    """Run :func:`_measure` ``kind`` in a fresh spawned process; raises RuntimeError on its error or silence."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_measure, args=(kind, a, q))
+    p.start()
+    try:
+        res = q.get(timeout=a.timeout)
+    except Exception:
+        raise RuntimeError(f"the {kind} measurement gave no result within {a.timeout:.0f} s") from None
+    finally:
+        p.join(30)
+        if p.is_alive():
+            p.kill()
+    if "error" in res:
+        raise RuntimeError(res["error"])
+    return res
+
+
+def run_decode(a) -> list[str]:
+    """Colocated vs AFD decode tokens/s on the same model, each measured in its own process; the table lines."""
+    tps_colo = _in_process("colocated", a)["tps"]
+    afd = _in_process("afd", a)
+    tps_afd, c = afd["tps"], afd["constraint"]
     workers = 1 + a.ffn_workers
     return ["| setup | workers | decode tok/s | tok/s per worker | per-worker ratio |", "|---|---|---|---|---|",
             f"| colocated | 1 | {tps_colo:.1f} | {tps_colo:.1f} | 1.00x |",
