@@ -128,7 +128,8 @@ def _ffn_proc(path: str, load_format: str, device: str, topo, j: int, ready) -> 
     specs = moe_layer_specs(mc)
     held = static_placement(specs[0].num_experts, topo.num_ffn).worker_experts()[j]
     s = FfnServer(mc, specs, held, load_format, torch.device(device), topo, j)
-    ready.put(j)
+    ready.put(sum(sh.w13.numel() * sh.w13.element_size() + sh.w2.numel() * sh.w2.element_size()
+                  for sh in s.shards.values()))
     try:
         while True:
             s.serve_once(timeout_s=5.0)
@@ -178,9 +179,16 @@ def _measure_colocated(a) -> dict:
     from sglang.test.model_harness import ModelHarness
 
     dev, sync, mc, max_len = _setup(a)
+    from sglang.srt.model_loader.role_build import param_bytes
+
     colo = load_model(mc, a.load_format, dev)
-    return {"tps": _decode(ModelHarness(colo, mc, a.batch, max_len, device=dev), a.batch, a.input_len, a.steps,
-                           None, mc.vocab_size, sync)}
+    tps = _decode(ModelHarness(colo, mc, a.batch, max_len, device=dev), a.batch, a.input_len, a.steps, None,
+                  mc.vocab_size, sync)
+    return {"tps": tps, "param_bytes": param_bytes(colo), "peak": _peak(a)}
+
+
+def _peak(a) -> int:
+    return torch.cuda.max_memory_allocated(0) if a.device == "cuda" else 0
 
 
 def _measure_afd(a) -> dict:
@@ -204,16 +212,18 @@ def _measure_afd(a) -> dict:
              for j in range(a.ffn_workers)]
     for p in procs:
         p.start()
+    from sglang.srt.model_loader.role_build import param_bytes
+
     ex = None
     try:
-        for _ in procs:
-            ready.get(timeout=a.timeout)
+        ffn_bytes = [ready.get(timeout=a.timeout) for _ in procs]
         spec = role_spec("attention")
         attn = load_model(mc, a.load_format, dev, weight_filter=spec.weight_filter, holds_param=spec.holds_param)
         ex = AfdExecutor(mc, topo, 0, a.micro_batches, torch.device(dev))
         tps = _decode(ModelHarness(attn, mc, a.batch, max_len, device=dev), a.batch, a.input_len, a.steps, ex,
                       mc.vocab_size, sync)
-        return {"tps": tps, "constraint": ex.pipeline_constraint()}
+        return {"tps": tps, "constraint": ex.pipeline_constraint(), "param_bytes": param_bytes(attn),
+                "ffn_param_bytes": ffn_bytes, "peak": _peak(a)}
     finally:
         if ex is not None:
             ex.ep.close(notify=[topo.ffn_rank(j) for j in range(a.ffn_workers)])
@@ -245,17 +255,27 @@ def _in_process(kind: str, a) -> dict:
 
 
 def run_decode(a) -> list[str]:
-    """Colocated vs AFD decode tokens/s on the same model, each measured in its own process; the table lines."""
-    tps_colo = _in_process("colocated", a)["tps"]
-    afd = _in_process("afd", a)
-    tps_afd, c = afd["tps"], afd["constraint"]
+    """Colocated vs AFD decode tokens/s on the same model, each measured in its own process (``--setups``
+    picks them); the table lines."""
+    res = {k: _in_process(k, a) for k in a.setups}
     workers = 1 + a.ffn_workers
-    return ["| setup | workers | decode tok/s | tok/s per worker | per-worker ratio |", "|---|---|---|---|---|",
-            f"| colocated | 1 | {tps_colo:.1f} | {tps_colo:.1f} | 1.00x |",
-            f"| AFD m={a.micro_batches}, 1 attention + {a.ffn_workers} FFN | {workers} | {tps_afd:.1f} | "
-            f"{tps_afd / workers:.1f} | {tps_afd / workers / tps_colo:.2f}x |", "",
-            f"Measured pipeline: Ta={c['ta_ms']:.3f} ms, Tf={c['tf_ms']:.3f} ms, Tc={c['tc_ms']:.3f} ms -> "
-            f"m >= 2(1+Tc/Tf) = {c['m_min']:.2f} (m = {a.micro_batches})."]
+    gib = 2**30
+    lines = ["| setup | workers | decode tok/s | tok/s per worker | per-worker ratio | parameter GiB per worker | "
+             "peak GiB (GPU 0) |", "|---|---|---|---|---|---|---|"]
+    colo = res.get("colocated")
+    if colo:
+        lines.append(f"| colocated | 1 | {colo['tps']:.1f} | {colo['tps']:.1f} | 1.00x | "
+                     f"{colo['param_bytes'] / gib:.2f} | {colo['peak'] / gib:.2f} |")
+    afd = res.get("afd")
+    if afd:
+        ratio = f"{afd['tps'] / workers / colo['tps']:.2f}x" if colo else "n/a"
+        per = " + ".join(f"{b / gib:.2f}" for b in [afd["param_bytes"]] + afd["ffn_param_bytes"])
+        lines.append(f"| AFD m={a.micro_batches}, 1 attention + {a.ffn_workers} FFN | {workers} | {afd['tps']:.1f} | "
+                     f"{afd['tps'] / workers:.1f} | {ratio} | {per} | {afd['peak'] / gib:.2f} |")
+        c = afd["constraint"]
+        lines += ["", f"Measured pipeline: Ta={c['ta_ms']:.3f} ms, Tf={c['tf_ms']:.3f} ms, Tc={c['tc_ms']:.3f} ms -> "
+                  f"m >= 2(1+Tc/Tf) = {c['m_min']:.2f} (m = {a.micro_batches})."]
+    return lines
 
 
 def _hardware(device: str) -> str:
@@ -280,6 +300,8 @@ def parse_args(argv=None):
     p.add_argument("--sizes-kb", type=int, nargs="+", default=[32, 64, 128, 256, 512])
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--setups", default="colocated,afd",
+                   help="decode measurements to run, comma-separated: colocated, afd (each in its own process)")
     p.add_argument("--smoke", action="store_true", help="CPU, few iterations (for the CPU test)")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--results-dir", default=str(ROOT / "benchmark" / "results"))
@@ -287,6 +309,9 @@ def parse_args(argv=None):
     if a.smoke:
         a.device, a.iters, a.warmup, a.batch, a.steps, a.input_len = "cpu", 5, 1, 4, 3, 4
         a.sizes_kb = [32, 512]
+    a.setups = [x for x in a.setups.split(",") if x]
+    if not a.setups or set(a.setups) - {"colocated", "afd"}:
+        p.error(f"--setups={','.join(a.setups)!r}: choose from colocated, afd")
     a.transport = a.transport or ("cuda_ipc" if a.device == "cuda" else "inline")
     if min(a.batch, a.steps, a.input_len, a.ffn_workers, a.micro_batches, a.iters) < 1:
         p.error("--batch, --steps, --input-len, --ffn-workers, --micro-batches, --iters must be >= 1")
