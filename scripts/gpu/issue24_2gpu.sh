@@ -25,7 +25,7 @@ step() {  # step NAME TIMEOUT_S CMD... : run, log to $out/NAME.log, record the e
   status[$name]=$([ $rc -eq 0 ] && echo ok || echo "FAILED rc=$rc (see $name.log)")
   tail -n 12 "$out/$name.log"
 }
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>&1 | head -4
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -4
 step m2n_test 45 "$PY" -m pytest -q -x test/gpu/test_m2n_multi_gpu.py -p no:cacheprovider
 step afd_qwen3 $(( $(left) * 55 / 100 )) "$PY" benchmark/bench_afd.py --mode decode --setups afd "${shape[@]}" \
   --results-dir "$out"
@@ -34,11 +34,12 @@ step m2n_latency $(( $(left) * 45 / 100 )) "$PY" benchmark/bench_afd.py --mode m
 step colocated_qwen3 $(( $(left) - 3 )) "$PY" benchmark/bench_afd.py --mode decode --setups colocated "${shape[@]}" \
   --results-dir "$out"
 {
-  echo "# Issue 24 round 1 ($(date -u +%F' '%H:%M) UTC, $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x$(nvidia-smi -L | wc -l))"
+  echo "# Issue 24 round 1 ($(date -u +%F' '%H:%M) UTC, $("$PY" -c 'import torch; n = torch.cuda.device_count()
+print(f"{n} x {torch.cuda.get_device_name(0)}" if n else "no GPU")' 2>&1 | tail -1))"
   echo; echo "| step | status |"; echo "|---|---|"
   for k in m2n_test afd_qwen3 m2n_latency colocated_qwen3; do echo "| $k | ${status[$k]:-not run} |"; done
-  echo; grep -h -E "passed|failed|skipped|error" "$out/m2n_test.log" | tail -3
-  for k in afd_qwen3 m2n_latency colocated_qwen3; do echo; echo "## $k"; grep -h "^|" "$out/$k.log"
-    grep -h "Measured pipeline" "$out/$k.log"; done
+  echo; grep -h -E "passed|failed|skipped|error|Error" "$out/m2n_test.log" 2>/dev/null | tail -5
+  for k in afd_qwen3 m2n_latency colocated_qwen3; do echo; echo "## $k"; grep -h "^|" "$out/$k.log" 2>/dev/null
+    grep -h "Measured pipeline" "$out/$k.log" 2>/dev/null; grep -h "Error" "$out/$k.log" 2>/dev/null | tail -2; done
 } > "$out/issue24_round1.md"
 echo "== summary ($(( SECONDS - start )) s)"; cat "$out/issue24_round1.md"
