@@ -26,7 +26,7 @@ step() {  # step NAME TIMEOUT_S CMD... : run, log to $out/NAME.log, record the e
   tail -n 12 "$out/$name.log"
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -4
-step m2n_test 45 "$PY" -m pytest -q -x test/gpu/test_m2n_multi_gpu.py -p no:cacheprovider
+step m2n_test 50 "$PY" -m pytest -q -x test/gpu/test_m2n_multi_gpu.py -p no:cacheprovider
 step afd_qwen3 $(( $(left) * 55 / 100 )) "$PY" benchmark/bench_afd.py --mode decode --setups afd "${shape[@]}" \
   --results-dir "$out"
 step m2n_latency $(( $(left) * 45 / 100 )) "$PY" benchmark/bench_afd.py --mode m2n --device cuda --iters 50 \

@@ -2,7 +2,7 @@
 
 * The CUDA-IPC transport delivers the same bytes as the inline (ZMQ) transport over random row counts incl. 0 and
   ``max_rows`` (rank 0 on cuda:0 exchanges with every peer on its own GPU; peers echo with ids + 1).
-* 10,000 back-to-back messages (a window of ``slots`` in flight per peer, round-robin over peers) arrive intact;
+* 10,000 back-to-back messages (up to ``slots`` unanswered per peer, round-robin over peers) arrive intact;
   the check accumulates on the device (no host sync per message).
 * A killed peer fails closed: rank 0's receive raises within seconds (no hang).
 """
@@ -86,12 +86,17 @@ def _driver(addrs, transport, n_msgs, q) -> None:
         x, ids, w = _msg(g, 8)
         mism = torch.zeros((), dtype=torch.int64, device="cuda")
         sent = got = 0
+        pending = [0] * world  # per peer at most SLOTS unanswered (the slot-reuse rule)
         t0 = time.perf_counter()
         while got < n_msgs:
-            while sent < n_msgs and sent - got < SLOTS * (world - 1):
-                ep.send(1 + sent % (world - 1), [x * (sent % 7), ids, w], (OP_ECHO, sent))
+            peer = 1 + sent % (world - 1)
+            if sent < n_msgs and pending[peer] < SLOTS:
+                ep.send(peer, [x * (sent % 7), ids, w], (OP_ECHO, sent))
+                pending[peer] += 1
                 sent += 1
+                continue
             r = ep.recv()
+            pending[r.src] -= 1
             j = r.meta[1]
             mism += (r.tensors[0] != x * (j % 7)).sum() + (r.tensors[1] != ids + 1).sum()
             got += 1
