@@ -26,6 +26,8 @@ step() {  # step NAME TIMEOUT_S CMD... : run, log to $out/NAME.log, record the e
   tail -n 12 "$out/$name.log"
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -4
+nixl=$("$PY" -c "from sglang.srt.disaggregation.transfer.base import nixl_available as a; print(a())" 2>&1 | tail -1)
+echo "nixl: $nixl"
 step m2n_test 50 "$PY" -m pytest -q -x test/gpu/test_m2n_multi_gpu.py -p no:cacheprovider
 step afd_qwen3 $(( $(left) * 55 / 100 )) "$PY" benchmark/bench_afd.py --mode decode --setups afd "${shape[@]}" \
   --results-dir "$out"
@@ -36,7 +38,7 @@ step colocated_qwen3 $(( $(left) - 3 )) "$PY" benchmark/bench_afd.py --mode deco
 {
   echo "# Issue 24 round 1 ($(date -u +%F' '%H:%M) UTC, $("$PY" -c 'import torch; n = torch.cuda.device_count()
 print(f"{n} x {torch.cuda.get_device_name(0)}" if n else "no GPU")' 2>&1 | tail -1))"
-  echo; echo "| step | status |"; echo "|---|---|"
+  echo; echo "nixl available: $nixl"; echo; echo "| step | status |"; echo "|---|---|"
   for k in m2n_test afd_qwen3 m2n_latency colocated_qwen3; do echo "| $k | ${status[$k]:-not run} |"; done
   echo; grep -h -E "passed|failed|skipped|error|Error" "$out/m2n_test.log" 2>/dev/null | tail -5
   for k in afd_qwen3 m2n_latency colocated_qwen3; do echo; echo "## $k"; grep -h "^|" "$out/$k.log" 2>/dev/null
