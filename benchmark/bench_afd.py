@@ -10,8 +10,8 @@ Modes (both by default):
   tokens/s, and tokens/s per worker (AFD uses 1 + N_E workers; colocated 1), and their ratio. Each of (a) and
   (b) runs in its own process, so neither holds the other's memory; the attention worker constructs no experts.
 * ``--mode m2n``: two processes; rank 0 sends ``--sizes-kb`` per message to rank 1, which echoes it; one-way
-  latency = round trip / 2 (CUDA events on GPU, rank r on cuda:r), median and p99 over ``--iters``. M2N (transport ``inline`` on CPU, ``cuda_ipc`` on
-  GPU) vs the baseline ``torch.distributed`` send/recv (gloo on CPU, NCCL on GPU) of the same bytes.
+  latency = round trip / 2 (CUDA events on GPU, rank r on cuda:r), median and p99 over ``--iters``.
+  M2N (transport ``inline`` on CPU, ``cuda_ipc`` on GPU) vs the baseline ``torch.distributed`` send/recv (gloo on CPU, NCCL on GPU) of the same bytes.
 
 Writes ``benchmark/results/<date>_afd_<mode>[_smoke].md`` with the date, hardware and command. ``--smoke``: CPU,
 stories260K-moe-sized shapes, few iterations (for the CPU test; CPU numbers say nothing about GPUs).

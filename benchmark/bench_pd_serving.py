@@ -89,7 +89,8 @@ def server(args, extra: list[str], tag: str, logdir: str) -> Proc:
 
 def bench(args, url: str, out: str) -> dict:
     cmd = [sys.executable, "-m", "sglang.bench_serving", "--disable-tqdm", "--backend", "sglang", "--base-url", url,
-           "--tokenizer", args.tokenizer_path or args.model_path, "--model", args.model_path, "--num-prompts", str(args.num_prompts),
+           "--tokenizer", args.tokenizer_path or args.model_path, "--model", args.model_path,
+           "--num-prompts", str(args.num_prompts),
            "--seed", str(args.seed), "--output-file", out, "--warmup-requests", "1"]
     if args.dataset == "sharegpt":
         cmd += ["--dataset-name", "sharegpt", "--dataset-path", args.dataset_path, "--sharegpt-output-len",
@@ -124,8 +125,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-path", required=True)
     ap.add_argument("--tokenizer-path", default=None,
-                    help="tokenizer folder for the servers and the client (default: --model-path); lets a dummy-weight "
-                         "config folder (../shared/data/configs/...) be benchmarked without copying a tokenizer beside it")
+                    help="tokenizer folder for the servers and the client (default: --model-path); lets a "
+                         "dummy-weight config folder (../shared/data/configs/...) be benchmarked without copying a "
+                         "tokenizer beside it")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--transfer-backend", default="fake", choices=["fake", "nixl"])
     ap.add_argument("--transfer-mode", default="pull", choices=["pull", "push"])

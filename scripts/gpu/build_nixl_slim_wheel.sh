@@ -14,7 +14,8 @@
 # cuda_copy / rc). The script keeps nixl_cu13/ (Python API and bindings), libnixl*, the UCX plugin, all UCX
 # transport modules, and exactly the bundled libraries those ELF files need (DT_NEEDED closure via readelf);
 # everything else is dropped and RECORD is rewritten (same name and version, so `nixl-cu13>=X` resolves to it).
-# libnixl itself links gRPC/etcd (kept). The result is ~12 MiB. Check on the device: python -c "import nixl_cu13._api as n; print(n.nixl_agent)".
+# libnixl itself links gRPC/etcd (kept). The result is ~12.8 MiB.
+# Check on the device: python -c "import nixl_cu13._api as n; print(n.nixl_agent)".
 #
 # Fallback without slimming (two calls): call 1 carries only the stock wheel in .whl/ and pip-installs it
 # (`pip install --no-deps .whl/nixl_cu13-*.whl`); it stays installed while the machine is warm, so call 2
@@ -29,7 +30,7 @@ while [ $# -gt 0 ]; do
     -o|--output) out="$2"; shift 2 ;;
     --wheel) wheel="$2"; shift 2 ;;
     --version) version="$2"; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "error: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done

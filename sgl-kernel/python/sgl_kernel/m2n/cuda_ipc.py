@@ -8,8 +8,8 @@ ring into its registered receive buffer (``cudaMemcpyAsync``, i.e. the copy engi
 stream see the data in order. Ranks may sit on different GPUs of the node: a peer's ring and events are opened
 on the peer's device (the index it published; every rank must see the same CUDA devices, i.e. the same
 ``CUDA_VISIBLE_DEVICES``), and the cross-device copy is ordered by events on both devices' current streams
-(torch's peer copy: a two-way event barrier, no host synchronization). Slot reuse relies on ``slots`` >= the messages a peer may leave unconsumed
-(dispatch/combine answers every message first).
+(torch's peer copy: a two-way event barrier, no host synchronization). Slot reuse relies on ``slots`` >= the
+messages a peer may leave unconsumed (dispatch/combine answers every message first).
 
 Handles are msgpack'd bytes/ints, never pickles. GPU only: importing this module on a CPU machine is fine,
 attaching raises RuntimeError.
