@@ -7,10 +7,11 @@ Modes (both by default):
   ``--batch`` requests for ``--steps`` steps (after a prefill of ``--input-len`` tokens) (a) colocated in this
   process and (b) with AFD: this process is the attention worker (:class:`~sglang.srt.afd.executor.AfdExecutor`,
   m = ``--micro-batches``) and ``--ffn-workers`` FFN worker processes hold the experts. Reported: decode
-  tokens/s, and tokens/s per worker (AFD uses 1 + N_E workers; colocated 1), and their ratio.
+  tokens/s, and tokens/s per worker (AFD uses 1 + N_E workers; colocated 1), and their ratio. Each of (a) and
+  (b) runs in its own process, so neither holds the other's memory; the attention worker constructs no experts.
 * ``--mode m2n``: two processes; rank 0 sends ``--sizes-kb`` per message to rank 1, which echoes it; one-way
-  latency = round trip / 2, median and p99 over ``--iters``. M2N (transport ``inline`` on CPU, ``cuda_ipc`` on
-  GPU) vs the baseline ``torch.distributed`` send/recv (gloo on CPU, NCCL on GPU) of the same bytes.
+  latency = round trip / 2 (CUDA events on GPU, rank r on cuda:r), median and p99 over ``--iters``.
+  M2N (transport ``inline`` on CPU, ``cuda_ipc`` on GPU) vs the baseline ``torch.distributed`` send/recv (gloo on CPU, NCCL on GPU) of the same bytes.
 
 Writes ``benchmark/results/<date>_afd_<mode>[_smoke].md`` with the date, hardware and command. ``--smoke``: CPU,
 stories260K-moe-sized shapes, few iterations (for the CPU test; CPU numbers say nothing about GPUs).
@@ -54,9 +55,12 @@ def _m2n_rank(rank: int, a, addrs, init: str, q) -> None:
         buf = torch.empty(rows * 256, device=dev)
         for name in ("m2n", "p2p"):
             lat = []
+            cuda = a.device == "cuda"
             for it in range(a.iters + a.warmup):
-                if a.device == "cuda":
+                if cuda:
                     torch.cuda.synchronize()
+                    ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    ev0.record()
                 t0 = time.perf_counter()
                 if name == "m2n":
                     if rank == 0:
@@ -72,10 +76,11 @@ def _m2n_rank(rank: int, a, addrs, init: str, q) -> None:
                     else:
                         dist.recv(buf, 0)
                         dist.send(buf, 0)
-                if a.device == "cuda":
+                if cuda:
+                    ev1.record()
                     torch.cuda.synchronize()
-                if it >= a.warmup:
-                    lat.append((time.perf_counter() - t0) / 2)
+                if it >= a.warmup:  # CUDA events on GPU (the stream's view, incl. waits for the peer's data)
+                    lat.append((ev0.elapsed_time(ev1) * 1e-3 if cuda else time.perf_counter() - t0) / 2)
             res[(name, kb)] = lat
         dist.barrier()
         ep.close()
@@ -123,7 +128,8 @@ def _ffn_proc(path: str, load_format: str, device: str, topo, j: int, ready) -> 
     specs = moe_layer_specs(mc)
     held = static_placement(specs[0].num_experts, topo.num_ffn).worker_experts()[j]
     s = FfnServer(mc, specs, held, load_format, torch.device(device), topo, j)
-    ready.put(j)
+    ready.put(sum(sh.w13.numel() * sh.w13.element_size() + sh.w2.numel() * sh.w2.element_size()
+                  for sh in s.shards.values()))
     try:
         while True:
             s.serve_once(timeout_s=5.0)
@@ -147,24 +153,54 @@ def _decode(h, batch: int, input_len: int, steps: int, executor, vocab: int, syn
     return batch * steps / (time.perf_counter() - t0)
 
 
-def run_decode(a) -> list[str]:
-    """Colocated vs AFD decode tokens/s on the same model; the markdown table lines."""
+def _measure(kind: str, a, q) -> None:
+    """One measurement in its own process (so colocated and AFD never share memory): ``colocated`` decodes the
+    whole model on cuda:0; ``afd`` builds the attention role on cuda:0 (no experts constructed) and spawns
+    ``--ffn-workers`` FFN worker processes on the next GPUs. Puts ``{"tps": ..., "constraint": ...}`` or
+    ``{"error": ...}`` on ``q``."""
+    try:
+        q.put(_measure_colocated(a) if kind == "colocated" else _measure_afd(a))
+    except Exception as e:  # reported by the parent
+        q.put({"error": f"{kind}: {type(e).__name__}: {e}"})
+
+
+def _setup(a):
+    from sglang.srt.configs.model_config import ModelConfig
+
+    dev = "cuda:0" if a.device == "cuda" else "cpu"
+    if a.device == "cuda":
+        torch.cuda.set_device(0)
+    sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
+    return dev, sync, ModelConfig.from_path(a.model_path, None, "auto", a.device), a.input_len + a.steps + 2
+
+
+def _measure_colocated(a) -> dict:
+    from sglang.srt.model_loader.loader import load_model
+    from sglang.test.model_harness import ModelHarness
+
+    dev, sync, mc, max_len = _setup(a)
+    from sglang.srt.model_loader.role_build import param_bytes
+
+    colo = load_model(mc, a.load_format, dev)
+    tps = _decode(ModelHarness(colo, mc, a.batch, max_len, device=dev), a.batch, a.input_len, a.steps, None,
+                  mc.vocab_size, sync)
+    return {"tps": tps, "param_bytes": param_bytes(colo), "peak": _peak(a)}
+
+
+def _peak(a) -> int:
+    return torch.cuda.max_memory_allocated(0) if a.device == "cuda" else 0
+
+
+def _measure_afd(a) -> dict:
     import torch.multiprocessing as mp
+
     from sglang.srt.afd.executor import AfdExecutor
     from sglang.srt.afd.protocol import AfdTopology
-    from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.model_executor.worker_builder import role_spec
     from sglang.srt.model_loader.loader import load_model
     from sglang.test.model_harness import ModelHarness
 
-    dev = "cuda:0" if a.device == "cuda" else "cpu"
-    sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
-    mc = ModelConfig.from_path(a.model_path, None, "auto", a.device)
-    max_len = a.input_len + a.steps + 2
-    colo = load_model(mc, a.load_format, dev)
-    tps_colo = _decode(ModelHarness(colo, mc, a.batch, max_len, device=dev), a.batch, a.input_len, a.steps, None,
-                       mc.vocab_size, sync)
-    del colo
+    dev, sync, mc, max_len = _setup(a)
     d = tempfile.mkdtemp(prefix="bench-afd-")
     topo = AfdTopology(1, a.ffn_workers, tuple(f"ipc://{d}/{i}" for i in range(1 + a.ffn_workers)),
                        max_rows=max(a.batch * a.input_len, 1024), transport=a.transport, timeout_s=a.timeout)
@@ -176,27 +212,70 @@ def run_decode(a) -> list[str]:
              for j in range(a.ffn_workers)]
     for p in procs:
         p.start()
-    for _ in procs:
-        ready.get(timeout=a.timeout)
-    attn = load_model(mc, a.load_format, dev, weight_filter=role_spec("attention").weight_filter)
-    ex = AfdExecutor(mc, topo, 0, a.micro_batches, torch.device(dev))
+    from sglang.srt.model_loader.role_build import param_bytes
+
+    ex = None
     try:
-        tps_afd = _decode(ModelHarness(attn, mc, a.batch, max_len, device=dev), a.batch, a.input_len, a.steps, ex,
-                          mc.vocab_size, sync)
-        c = ex.pipeline_constraint()
+        ffn_bytes = [ready.get(timeout=a.timeout) for _ in procs]
+        spec = role_spec("attention")
+        attn = load_model(mc, a.load_format, dev, weight_filter=spec.weight_filter, holds_param=spec.holds_param)
+        ex = AfdExecutor(mc, topo, 0, a.micro_batches, torch.device(dev))
+        tps = _decode(ModelHarness(attn, mc, a.batch, max_len, device=dev), a.batch, a.input_len, a.steps, ex,
+                      mc.vocab_size, sync)
+        return {"tps": tps, "constraint": ex.pipeline_constraint(), "param_bytes": param_bytes(attn),
+                "ffn_param_bytes": ffn_bytes, "peak": _peak(a)}
     finally:
-        ex.ep.close(notify=[topo.ffn_rank(j) for j in range(a.ffn_workers)])
+        if ex is not None:
+            ex.ep.close(notify=[topo.ffn_rank(j) for j in range(a.ffn_workers)])
         for p in procs:
             p.join(10)
             if p.is_alive():
                 p.kill()
+
+
+def _in_process(kind: str, a) -> dict:
+    """Run :func:`_measure` ``kind`` in a fresh spawned process; raises RuntimeError on its error or silence."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_measure, args=(kind, a, q))
+    p.start()
+    try:
+        res = q.get(timeout=a.timeout)
+    except Exception:
+        raise RuntimeError(f"the {kind} measurement gave no result within {a.timeout:.0f} s") from None
+    finally:
+        p.join(30)
+        if p.is_alive():
+            p.kill()
+    if "error" in res:
+        raise RuntimeError(res["error"])
+    return res
+
+
+def run_decode(a) -> list[str]:
+    """Colocated vs AFD decode tokens/s on the same model, each measured in its own process (``--setups``
+    picks them); the table lines."""
+    res = {k: _in_process(k, a) for k in a.setups}
     workers = 1 + a.ffn_workers
-    return ["| setup | workers | decode tok/s | tok/s per worker | per-worker ratio |", "|---|---|---|---|---|",
-            f"| colocated | 1 | {tps_colo:.1f} | {tps_colo:.1f} | 1.00x |",
-            f"| AFD m={a.micro_batches}, 1 attention + {a.ffn_workers} FFN | {workers} | {tps_afd:.1f} | "
-            f"{tps_afd / workers:.1f} | {tps_afd / workers / tps_colo:.2f}x |", "",
-            f"Measured pipeline: Ta={c['ta_ms']:.3f} ms, Tf={c['tf_ms']:.3f} ms, Tc={c['tc_ms']:.3f} ms -> "
-            f"m >= 2(1+Tc/Tf) = {c['m_min']:.2f} (m = {a.micro_batches})."]
+    gib = 2**30
+    lines = ["| setup | workers | decode tok/s | tok/s per worker | per-worker ratio | parameter GiB per worker | "
+             "peak GiB (GPU 0) |", "|---|---|---|---|---|---|---|"]
+    colo = res.get("colocated")
+    if colo:
+        lines.append(f"| colocated | 1 | {colo['tps']:.1f} | {colo['tps']:.1f} | 1.00x | "
+                     f"{colo['param_bytes'] / gib:.2f} | {colo['peak'] / gib:.2f} |")
+    afd = res.get("afd")
+    if afd:
+        ratio = f"{afd['tps'] / workers / colo['tps']:.2f}x" if colo else "n/a"
+        per = " + ".join(f"{b / gib:.2f}" for b in [afd["param_bytes"]] + afd["ffn_param_bytes"])
+        lines.append(f"| AFD m={a.micro_batches}, 1 attention + {a.ffn_workers} FFN | {workers} | {afd['tps']:.1f} | "
+                     f"{afd['tps'] / workers:.1f} | {ratio} | {per} | {afd['peak'] / gib:.2f} |")
+        c = afd["constraint"]
+        lines += ["", f"Measured pipeline: Ta={c['ta_ms']:.3f} ms, Tf={c['tf_ms']:.3f} ms, Tc={c['tc_ms']:.3f} ms -> "
+                  f"m >= 2(1+Tc/Tf) = {c['m_min']:.2f} (m = {a.micro_batches})."]
+    return lines
 
 
 def _hardware(device: str) -> str:
@@ -221,6 +300,8 @@ def parse_args(argv=None):
     p.add_argument("--sizes-kb", type=int, nargs="+", default=[32, 64, 128, 256, 512])
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--setups", default="colocated,afd",
+                   help="decode measurements to run, comma-separated: colocated, afd (each in its own process)")
     p.add_argument("--smoke", action="store_true", help="CPU, few iterations (for the CPU test)")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--results-dir", default=str(ROOT / "benchmark" / "results"))
@@ -228,6 +309,9 @@ def parse_args(argv=None):
     if a.smoke:
         a.device, a.iters, a.warmup, a.batch, a.steps, a.input_len = "cpu", 5, 1, 4, 3, 4
         a.sizes_kb = [32, 512]
+    a.setups = [x for x in a.setups.split(",") if x]
+    if not a.setups or set(a.setups) - {"colocated", "afd"}:
+        p.error(f"--setups={','.join(a.setups)!r}: choose from colocated, afd")
     a.transport = a.transport or ("cuda_ipc" if a.device == "cuda" else "inline")
     if min(a.batch, a.steps, a.input_len, a.ffn_workers, a.micro_batches, a.iters) < 1:
         p.error("--batch, --steps, --input-len, --ffn-workers, --micro-batches, --iters must be >= 1")

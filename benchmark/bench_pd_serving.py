@@ -82,12 +82,15 @@ def server(args, extra: list[str], tag: str, logdir: str) -> Proc:
     port = free_port()
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", args.model_path, "--device", args.device,
            "--port", str(port), "--enable-metrics", *shlex.split(args.server_extra), *extra]
+    if args.tokenizer_path:
+        cmd += ["--tokenizer-path", args.tokenizer_path]
     return Proc(cmd, f"http://127.0.0.1:{port}", os.path.join(logdir, f"{tag}.log"), args.startup_timeout)
 
 
 def bench(args, url: str, out: str) -> dict:
     cmd = [sys.executable, "-m", "sglang.bench_serving", "--disable-tqdm", "--backend", "sglang", "--base-url", url,
-           "--tokenizer", args.model_path, "--model", args.model_path, "--num-prompts", str(args.num_prompts),
+           "--tokenizer", args.tokenizer_path or args.model_path, "--model", args.model_path,
+           "--num-prompts", str(args.num_prompts),
            "--seed", str(args.seed), "--output-file", out, "--warmup-requests", "1"]
     if args.dataset == "sharegpt":
         cmd += ["--dataset-name", "sharegpt", "--dataset-path", args.dataset_path, "--sharegpt-output-len",
@@ -121,6 +124,10 @@ def transfer_seconds(url: str) -> tuple[float, float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-path", required=True)
+    ap.add_argument("--tokenizer-path", default=None,
+                    help="tokenizer folder for the servers and the client (default: --model-path); lets a "
+                         "dummy-weight config folder (../shared/data/configs/...) be benchmarked without copying a "
+                         "tokenizer beside it")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--transfer-backend", default="fake", choices=["fake", "nixl"])
     ap.add_argument("--transfer-mode", default="pull", choices=["pull", "push"])

@@ -103,7 +103,6 @@ class AfdExecutor(ModelExecutor):
         self._ta: list[float] = []
         self._tf: list[float] = []
         self._rtt: list[float] = []
-        self._freed = False
         self.last_constraint: Optional[dict] = None
 
     # ---- the pipeline ----------------------------------------------------------------------------------
@@ -114,7 +113,6 @@ class AfdExecutor(ModelExecutor):
 
     def run(self, model: Any, forward_batch: ForwardBatch) -> Any:
         """Forward ``forward_batch`` with remote experts (see the module docstring)."""
-        self._free_local_experts(model)
         subs = self.plan(forward_batch)
         for s in subs:
             s.attn_backend.init_forward_metadata(s)
@@ -149,7 +147,10 @@ class AfdExecutor(ModelExecutor):
         return (self.step << 8) | k
 
     def _dispatch(self, li: int, k: int, st: LayerState):
-        """M2N: each FFN worker gets the rows with a (token, slot) routed to it; returns the rows sent per worker."""
+        """M2N: every FFN worker gets the micro-batch's ``n`` rows, the top-k weights of (token, slot) pairs
+        routed elsewhere zeroed on the device. ``n`` (the micro-batch's token count) is known on the host, so no
+        row selection is synchronized to the host (no ``nonzero``); the FFN worker skips zero-weight pairs'
+        contributions. Returns ``(n, send time, key)``."""
         moe = st.moe
         self.collector.record(moe.topk_ids, 0)
         if self.ep is None:
@@ -159,30 +160,27 @@ class AfdExecutor(ModelExecutor):
             raise ValueError(f"a micro-batch of {n} tokens exceeds --afd-max-tokens={self.topo.max_rows}; raise it or "
                              "lower --chunked-prefill-size")
         worker, _ = assign_tokens(moe.topk_ids, self.placement)
-        rows_per = []
+        x, ids = moe.x.contiguous(), moe.topk_ids.int().contiguous()
+        weights = moe.topk_weights.float()
         t_send = time.perf_counter()
         for j in range(self.topo.num_ffn):
-            sel = worker == j
-            rows = sel.any(1).nonzero().squeeze(1)
-            w = (moe.topk_weights * sel)[rows].float().contiguous()
-            self.ep.send(self.topo.ffn_rank(j), [moe.x[rows].contiguous(), moe.topk_ids[rows].int().contiguous(), w],
-                         (DISPATCH, li, self._key(k), self.version))
-            rows_per.append(rows)
-        return rows_per, t_send, self._key(k)
+            w = weights if self.topo.num_ffn == 1 else torch.where(worker == j, weights, 0.0).contiguous()
+            self.ep.send(self.topo.ffn_rank(j), [x, ids, w.contiguous()], (DISPATCH, li, self._key(k), self.version))
+        return n, t_send, self._key(k)
 
     def _finish(self, pend: tuple, st: LayerState) -> None:
-        """N2M: receive the N_E results of ``pend``, scatter-add them, run ``moe_combine``."""
+        """N2M: receive the N_E results of ``pend`` (``n`` rows each), sum them, run ``moe_combine``."""
         li, layer, sent = pend
         moe = st.moe
         out = torch.zeros_like(moe.x)
         if sent is not None:
-            rows_per, t_send, key = sent
+            n, t_send, key = sent
             for reply in self._results(li, key):
                 j = reply.src - self.topo.num_attention
-                if reply.tensors[0].shape[0] != rows_per[j].numel():
+                if reply.tensors[0].shape[0] != n:
                     raise RuntimeError(f"FFN worker {j} returned {reply.tensors[0].shape[0]} rows for layer {li}, "
-                                       f"expected {rows_per[j].numel()}")
-                out.index_add_(0, rows_per[j], reply.tensors[0])
+                                       f"expected {n}")
+                out += reply.tensors[0]
                 self._tf.append(reply.meta[4] * 1e-6)
             self._rtt.append(time.perf_counter() - t_send)
         moe.expert_out = out
@@ -251,17 +249,6 @@ class AfdExecutor(ModelExecutor):
             acks += 1
         self.placement, self.version = placement, version
         logger.info("AFD placement v%d applied: %s", version, placement.worker_experts())
-
-    def _free_local_experts(self, model: Any) -> None:
-        """The attention worker never runs experts: drop their (unloaded) parameters once."""
-        if self._freed:
-            return
-        self._freed = True
-        for layer in model.decoder_layers:
-            experts = getattr(getattr(layer, "mlp", None), "experts", None)
-            if experts is not None and hasattr(experts, "w13_weight"):
-                experts.w13_weight.data = torch.empty(0, dtype=experts.w13_weight.dtype)
-                experts.w2_weight.data = torch.empty(0, dtype=experts.w2_weight.dtype)
 
     def state(self) -> dict:
         """For ``/get_internal_state``: placement version and experts per FFN worker, the last constraint log."""

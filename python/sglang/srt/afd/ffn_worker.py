@@ -153,7 +153,11 @@ def run_ffn_worker(server_args, topo: AfdTopology, index: int, device: str, read
         logger.error("FFN worker %d failed to start: %s\n%s", index, e, traceback.format_exc())
         ready_pipe.send({"status": "error", "message": f"FFN worker {index}: {type(e).__name__}: {e}"})
         return
-    ready_pipe.send({"status": "ready", "experts": held, "pid": os.getpid()})
+    nbytes = sum(sh.w13.numel() * sh.w13.element_size() + sh.w2.numel() * sh.w2.element_size()
+                 for sh in server.shards.values())
+    logger.info("role ffn holds %d parameter bytes (%.1f MiB, routed experts only) and 0 KV bytes", nbytes,
+                nbytes / 2**20)
+    ready_pipe.send({"status": "ready", "experts": held, "pid": os.getpid(), "param_bytes": nbytes})
     logger.info("FFN worker %d (pid %d) serving experts %s of %d MoE layers on %s", index, os.getpid(), held,
                 len(specs), device)
     try:

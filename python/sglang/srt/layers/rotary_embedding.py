@@ -30,7 +30,7 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 def default_inv_freq(rotary_dim: int, base: float) -> torch.Tensor:
     """``base ** (-2i / rotary_dim)`` for i in ``0 .. rotary_dim/2 - 1``: [rotary_dim/2] fp32 (RoFormer eq. 15)."""
-    return 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim))
+    return 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64, device="cpu").float() / rotary_dim))
 
 
 def llama3_inv_freq(inv_freq: torch.Tensor, factor: float, low_freq_factor: float, high_freq_factor: float,
@@ -73,9 +73,18 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"rotary_dim={rotary_dim} must be even and <= head_dim={head_dim}")
         self.head_dim, self.rotary_dim, self.max_position = head_dim, rotary_dim, max_position
         self.is_neox_style = is_neox_style
-        t = torch.arange(max_position, dtype=torch.float32)
-        freqs = torch.outer(t, inv_freq.float().to(t.device))
-        self.register_buffer("cos_sin_cache", torch.cat([freqs.cos(), freqs.sin()], dim=-1), persistent=False)
+        self._inv_freq = inv_freq.detach().float()
+        self.register_buffer("cos_sin_cache", self._cache(torch.get_default_device()), persistent=False)
+
+    def _cache(self, device: torch.device) -> torch.Tensor:
+        t = torch.arange(self.max_position, dtype=torch.float32, device=device)
+        freqs = torch.outer(t, self._inv_freq.to(device))
+        return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+
+    def reset_buffers(self, device: torch.device) -> None:
+        """Recompute ``cos_sin_cache`` on ``device`` (after construction on ``meta``; see
+        :func:`~sglang.srt.model_loader.role_build.build_for_role`)."""
+        self.cos_sin_cache = self._cache(torch.device(device))
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         n = x.shape[0]

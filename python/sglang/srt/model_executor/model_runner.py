@@ -169,6 +169,13 @@ class ModelRunner:
         else:  # e.g. an FFN worker: experts only, no KV, no attention batches
             self.kv_cache, self.pad_req_idx, self.cuda_graph_runner = None, None, None
             self.max_running_requests = 0
+        from sglang.srt.model_loader.role_build import param_bytes
+
+        self.param_bytes = param_bytes(self.model)
+        self.kv_bytes = self.token_to_kv_pool.kv_size_bytes() if self.kv_cache else 0
+        logger.info("role %s holds %d parameter bytes (%.1f MiB) and %d KV bytes (%.1f MiB)",
+                    self.role_spec.role.value, self.param_bytes, self.param_bytes / 2**20, self.kv_bytes,
+                    self.kv_bytes / 2**20)
         logger.info(
             "model %s loaded on %s (%s, role %s, TP rank %d/%d, %d local KV heads); KV cache %d tokens (%.1f MiB), "
             "max running requests %d; attention backend %s, executor %s, CUDA graphs %s", model_config.architecture,
@@ -186,7 +193,7 @@ class ModelRunner:
 
         return load_model(self.model_config, args.load_format, self.device, tp_rank=self.tp_rank,
                           tp_size=self.tp_size, comm=self.comm if self.tp_size > 1 else None, ep_size=args.ep_size,
-                          weight_filter=self.role_spec.weight_filter)
+                          weight_filter=self.role_spec.weight_filter, holds_param=self.role_spec.holds_param)
 
     def _create_kv_cache(self, args: "ServerArgs") -> KVCache:
         """Size the KV budget (minimum over TP ranks) and allocate the :class:`KVCache`.

@@ -41,6 +41,8 @@ REQ_TO_TOKEN_MAX_BYTES = 1 << 30
 
 # HF names of routed-expert tensors (Mixtral ``block_sparse_moe.experts.N.*``, Qwen-MoE ``mlp.experts.N.*``)
 _ROUTED_EXPERT_RE = re.compile(r"\.experts\.\d+\.")
+# our names of routed-expert parameters (FusedMoE's stacked ``w13_weight`` / ``w2_weight``)
+_ROUTED_EXPERT_PARAM_RE = re.compile(r"\.experts\.(w13|w2)_weight$")
 
 
 class WorkerRole(str, Enum):
@@ -58,6 +60,15 @@ def is_routed_expert_weight(hf_name: str) -> bool:
     return _ROUTED_EXPERT_RE.search(hf_name) is not None
 
 
+def is_routed_expert_param(name: str) -> bool:
+    """True for our routed-expert parameters (``...mlp.experts.w13_weight`` / ``w2_weight``)."""
+    return _ROUTED_EXPERT_PARAM_RE.search(name) is not None
+
+
+def _not_routed_expert_param(name: str) -> bool:
+    return not is_routed_expert_param(name)
+
+
 @dataclass(frozen=True)
 class RoleSpec:
     """What a role loads and allocates.
@@ -66,6 +77,8 @@ class RoleSpec:
         role: the :class:`WorkerRole`.
         holds_kv: allocates a KV cache (and request rows).
         weight_filter: HF tensor name -> loaded by this role; None loads everything.
+        holds_param: our parameter name -> constructed by this role (others stay on ``meta``, no memory);
+            None constructs everything.
         publishes_kv: exposes its KV region to peers (``KVCache.describe()`` sent at connect).
     """
 
@@ -73,6 +86,7 @@ class RoleSpec:
     holds_kv: bool
     weight_filter: Optional[Callable[[str], bool]]
     publishes_kv: bool = False
+    holds_param: Optional[Callable[[str], bool]] = None
 
 
 def role_spec(role: "WorkerRole | str") -> RoleSpec:
@@ -86,9 +100,10 @@ def role_spec(role: "WorkerRole | str") -> RoleSpec:
     except ValueError:
         raise ValueError(f"unknown worker role {role!r}; choose one of {[x.value for x in WorkerRole]}") from None
     if r is WorkerRole.ATTENTION:
-        return RoleSpec(r, holds_kv=True, weight_filter=lambda n: not is_routed_expert_weight(n))
+        return RoleSpec(r, holds_kv=True, weight_filter=lambda n: not is_routed_expert_weight(n),
+                        holds_param=_not_routed_expert_param)
     if r is WorkerRole.FFN:
-        return RoleSpec(r, holds_kv=False, weight_filter=is_routed_expert_weight)
+        return RoleSpec(r, holds_kv=False, weight_filter=is_routed_expert_weight, holds_param=is_routed_expert_param)
     return RoleSpec(r, holds_kv=True, weight_filter=None, publishes_kv=r is WorkerRole.PREFILL)
 
 

@@ -138,6 +138,8 @@ def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
     norm_params = {id(m.weight) for m in model.modules() if isinstance(m, RMSNorm)}
     with torch.no_grad():
         for name, p in model.named_parameters():
+            if p.is_meta:  # not held by this worker's role (see role_build)
+                continue
             if id(p) in norm_params:
                 p.fill_(1.0)
                 continue
@@ -149,7 +151,8 @@ def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
 
 def load_model(model_config: ModelConfig, load_format: str = "auto", device: Union[str, torch.device] = "cpu",
                seed: int = 0, tp_rank: int = 0, tp_size: int = 1, comm=None, ep_size: int = 1,
-               weight_filter: Optional[Callable[[str], bool]] = None) -> nn.Module:
+               weight_filter: Optional[Callable[[str], bool]] = None,
+               holds_param: Optional[Callable[[str], bool]] = None) -> nn.Module:
     """Build ``model_config.architecture`` with ``model_config.dtype`` directly on ``device`` and fill its weights.
 
     Args:
@@ -162,6 +165,9 @@ def load_model(model_config: ModelConfig, load_format: str = "auto", device: Uni
         weight_filter: HF tensor name -> whether this worker loads it (a role's part of the checkpoint,
             see :mod:`sglang.srt.model_executor.worker_builder`); tensors filtered out are not read and
             the parameters they would fill are not reported missing. None: load everything.
+        holds_param: our parameter name -> whether this worker's role holds it; given, the model is built on
+            ``meta`` and only held parameters are allocated (:func:`~sglang.srt.model_loader.role_build.
+            build_for_role`), e.g. an attention worker never allocates routed experts. None: build everything.
     Returns:
         the model, in eval mode, on ``device``.
     Raises:
@@ -173,11 +179,18 @@ def load_model(model_config: ModelConfig, load_format: str = "auto", device: Uni
     cls = get_model_class(model_config.architecture)
     files = [] if load_format == "dummy" else safetensors_files(model_config.path)
     device = torch.device(device)
-    with torch.device(device):
+    def construct() -> nn.Module:
         if tp_size == 1 and ep_size == 1 and comm is None:
-            model = cls(model_config)
-        else:
-            model = cls(model_config, tp_rank=tp_rank, tp_size=tp_size, comm=comm, ep_size=ep_size)
+            return cls(model_config)
+        return cls(model_config, tp_rank=tp_rank, tp_size=tp_size, comm=comm, ep_size=ep_size)
+
+    if holds_param is not None:
+        from sglang.srt.model_loader.role_build import build_for_role
+
+        model = build_for_role(construct, device, holds_param)
+    else:
+        with torch.device(device):
+            model = construct()
     if load_format == "dummy":
         init_dummy_weights(model, seed)
     else:

@@ -5,8 +5,11 @@ At attach, every endpoint publishes to every peer the CUDA IPC handle of its reg
 the slot on the caller's stream and records that slot's event -- nothing waits on the host. The receiver,
 on its header, makes its current stream wait for the sender's event and copies the bytes from the mapped
 ring into its registered receive buffer (``cudaMemcpyAsync``, i.e. the copy engine), so consumers on that
-stream see the data in order. Slot reuse relies on ``slots`` >= the messages a peer may leave unconsumed
-(dispatch/combine answers every message first).
+stream see the data in order. Ranks may sit on different GPUs of the node: a peer's ring and events are opened
+on the peer's device (the index it published; every rank must see the same CUDA devices, i.e. the same
+``CUDA_VISIBLE_DEVICES``), and the cross-device copy is ordered by events on both devices' current streams
+(torch's peer copy: a two-way event barrier, no host synchronization). Slot reuse relies on ``slots`` >= the
+messages a peer may leave unconsumed (dispatch/combine answers every message first).
 
 Handles are msgpack'd bytes/ints, never pickles. GPU only: importing this module on a CPU machine is fine,
 attaching raises RuntimeError.
@@ -62,21 +65,32 @@ class CudaIpcTransport(PayloadTransport):
             endpoint.send_control(peer, [header.tobytes(), body])
 
     def on_control(self, frames) -> None:
-        """Open a peer's published ring and events (the hello message)."""
+        """Open a peer's published ring and events (the hello message) on the peer's device.
+
+        Raises:
+            RuntimeError: the peer's device index does not exist in this process (different
+                ``CUDA_VISIBLE_DEVICES`` across ranks).
+        """
         header = np.frombuffer(frames[0].buffer, dtype=np.int64)
         if int(header[0]) != KIND_IPC_HELLO:
             return
         src = int(header[1])
         d = msgspec.msgpack.decode(bytes(frames[1].buffer))
-        storage = torch.UntypedStorage._new_shared_cuda(*d["share"])
-        buf = torch.empty(0, dtype=torch.uint8, device=self.ep.device)
-        buf.set_(storage, 0, d["shape"])
+        peer_dev = int(d["device"])
+        if peer_dev >= torch.cuda.device_count():
+            raise RuntimeError(f"CUDA IPC: rank {src} is on cuda:{peer_dev} but this process sees "
+                               f"{torch.cuda.device_count()} device(s); give every rank the same CUDA_VISIBLE_DEVICES")
+        with torch.cuda.device(peer_dev):
+            storage = torch.UntypedStorage._new_shared_cuda(*d["share"])
+            buf = torch.empty(0, dtype=torch.uint8, device=storage.device)
+            buf.set_(storage, 0, d["shape"])
+            events = [torch.cuda.Event.from_ipc_handle(torch.device("cuda", peer_dev), h) for h in d["events"]]
         self._peer_bufs[src] = buf
-        self._peer_events[src] = [torch.cuda.Event.from_ipc_handle(self.ep.device, h) for h in d["events"]]
+        self._peer_events[src] = events
 
     def post_send(self, peer: int, slot: int, view: torch.Tensor) -> Optional[bytes]:
         """Record the slot's event on the current stream (after the pack); the receiver pulls."""
-        self._events[peer][slot].record(torch.cuda.current_stream())
+        self._events[peer][slot].record(torch.cuda.current_stream(self.ep.device))
         return None
 
     def complete_recv(self, src: int, slot: int, nbytes: int, inline: Optional[bytes], out: torch.Tensor) -> None:
@@ -87,6 +101,7 @@ class CudaIpcTransport(PayloadTransport):
         """
         if src not in self._peer_bufs:
             raise RuntimeError(f"CUDA IPC: data from rank {src} before its handles")
-        torch.cuda.current_stream().wait_event(self._peer_events[src][slot])
-        if nbytes:
-            out.copy_(self._peer_bufs[src][self.ep.rank, slot, :nbytes], non_blocking=True)
+        torch.cuda.current_stream(self.ep.device).wait_event(self._peer_events[src][slot])
+        if nbytes:  # same GPU: one cudaMemcpyAsync; another GPU: a peer copy ordered on both devices' streams
+            with torch.cuda.device(self.ep.device):
+                out.copy_(self._peer_bufs[src][self.ep.rank, slot, :nbytes], non_blocking=True)

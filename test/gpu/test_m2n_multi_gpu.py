@@ -1,0 +1,176 @@
+"""M2N between GPUs (issue 24, item 1): one rank per GPU (2 GPUs, or 4 when present; skipped with fewer).
+
+* The CUDA-IPC transport delivers the same bytes as the inline (ZMQ) transport over random row counts incl. 0 and
+  ``max_rows`` (rank 0 on cuda:0 exchanges with every peer on its own GPU; peers echo with ids + 1).
+* 10,000 back-to-back messages (up to ``slots`` unanswered per peer, round-robin over peers) arrive intact;
+  the check accumulates on the device (no host sync per message).
+* A killed peer fails closed: rank 0's receive raises within seconds (no hang).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import time
+
+import numpy as np
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+H, K, MAX_ROWS, SLOTS = 256, 4, 300, 4
+OP_ECHO, OP_DIE = 0, 1
+
+
+def _ngpu() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _layout():
+    from sgl_kernel.m2n import RowLayout
+
+    return RowLayout(((torch.bfloat16, H), (torch.int32, K), (torch.float32, K)))
+
+
+def _endpoint(rank, addrs, transport, timeout_s):
+    from sgl_kernel.m2n import M2NConfig, M2NEndpoint, create_transport
+
+    torch.cuda.set_device(rank)
+    return M2NEndpoint(M2NConfig(rank, addrs, MAX_ROWS, slots=SLOTS, device=f"cuda:{rank}", timeout_s=timeout_s),
+                       _layout(), transport=create_transport(transport))
+
+
+def _peer(rank, addrs, transport, q) -> None:
+    """Echo every message (ids + 1) to rank 0 until closed; OP_DIE: exit at once, as a crash would."""
+    try:
+        ep = _endpoint(rank, addrs, transport, 120)
+        while True:
+            msg = ep.recv()
+            if msg.meta[0] == OP_DIE:
+                os._exit(3)
+            x, ids, w = msg.tensors
+            ep.send(0, [x, ids + 1, w], msg.meta)
+    except ConnectionError:
+        q.put((rank, "closed"))
+    except Exception as e:  # reported to the test
+        q.put((rank, f"error {e!r}"))
+
+
+def _msg(g, n):
+    x = torch.randn(n, H, device="cuda", generator=g).bfloat16()
+    ids = torch.randint(0, 64, (n, K), device="cuda", dtype=torch.int32, generator=g)
+    return x, ids, torch.rand(n, K, device="cuda", generator=g)
+
+
+def _driver(addrs, transport, n_msgs, q) -> None:
+    """Rank 0: phase 1 random sizes (digest of received bytes), phase 2 ``n_msgs`` back-to-back, phase 3 kill."""
+    try:
+        world = len(addrs)
+        ep = _endpoint(0, addrs, transport, 120)
+        g = torch.Generator(device="cuda").manual_seed(7)
+        sizes = [0, MAX_ROWS, 1] + [int(v) for v in np.random.default_rng(3).integers(0, MAX_ROWS + 1, 45)]
+        digest, bad = hashlib.sha256(), 0
+        for i, n in enumerate(sizes):
+            peer = 1 + i % (world - 1)
+            x, ids, w = _msg(g, n)
+            ep.send(peer, [x, ids, w], (OP_ECHO, i))
+            r = ep.recv()
+            ok = r.src == peer and r.meta[1] == i and torch.equal(r.tensors[0], x) and \
+                torch.equal(r.tensors[1], ids + 1) and torch.equal(r.tensors[2], w)
+            bad += not ok
+            for t in r.tensors:
+                digest.update(t.cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        # phase 2: back-to-back, SLOTS in flight per peer; mismatches summed on the device
+        x, ids, w = _msg(g, 8)
+        mism = torch.zeros((), dtype=torch.int64, device="cuda")
+        sent = got = 0
+        pending = [0] * world  # per peer at most SLOTS unanswered (the slot-reuse rule)
+        t0 = time.perf_counter()
+        while got < n_msgs:
+            peer = 1 + sent % (world - 1)
+            if sent < n_msgs and pending[peer] < SLOTS:
+                ep.send(peer, [x * (sent % 7), ids, w], (OP_ECHO, sent))
+                pending[peer] += 1
+                sent += 1
+                continue
+            r = ep.recv()
+            pending[r.src] -= 1
+            j = r.meta[1]
+            mism += (r.tensors[0] != x * (j % 7)).sum() + (r.tensors[1] != ids + 1).sum()
+            got += 1
+        torch.cuda.synchronize()
+        rate = n_msgs / (time.perf_counter() - t0)
+        # phase 3: peer 1 dies; the next receive must fail within the timeout
+        ep.send(1, [x, ids, w], (OP_DIE, 0))
+        ep.send(1, [x, ids, w], (OP_ECHO, -1))
+        t0 = time.perf_counter()
+        try:
+            ep.recv(timeout_s=3.0)
+            died = "no error"
+        except (TimeoutError, ConnectionError) as e:
+            died = f"{type(e).__name__} after {time.perf_counter() - t0:.1f} s"
+        ep.close(notify=list(range(2, world)))
+        q.put((0, {"bad": bad, "digest": digest.hexdigest(), "mismatch": int(mism), "rate": rate, "died": died}))
+    except Exception as e:  # reported to the test
+        q.put((0, f"error {e!r}"))
+
+
+def run_group(transport: str, world: int, n_msgs: int) -> dict:
+    """Spawn ``world`` ranks (rank r on cuda:r) and return rank 0's report; raises AssertionError on a hang."""
+    import torch.multiprocessing as mp
+
+    d = tempfile.mkdtemp()
+    addrs = tuple(f"ipc://{d}/m2n{r}" for r in range(world))
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_driver, args=(addrs, transport, n_msgs, q))]
+    procs += [ctx.Process(target=_peer, args=(r, addrs, transport, q)) for r in range(1, world)]
+    for p in procs:
+        p.start()
+    try:
+        reports = {}
+        deadline = time.monotonic() + 240
+        while 0 not in reports and time.monotonic() < deadline:
+            try:
+                rank, rep = q.get(timeout=5)
+                reports[rank] = rep
+            except Exception:
+                if not procs[0].is_alive():
+                    break
+        assert 0 in reports, f"rank 0 gave no report ({transport}, {world} GPUs): hang or crash"
+        return reports[0]
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_m2n_cuda_ipc_one_rank_per_gpu(world):
+    if _ngpu() < world:
+        pytest.skip(f"needs {world} GPUs, found {_ngpu()}")
+    ipc = run_group("cuda_ipc", world, 10_000)
+    ref = run_group("inline", world, 200)
+    assert isinstance(ipc, dict), ipc
+    assert isinstance(ref, dict), ref
+    assert ipc["bad"] == 0 and ref["bad"] == 0, (ipc, ref)
+    assert ipc["digest"] == ref["digest"], "cuda_ipc and inline delivered different bytes"
+    assert ipc["mismatch"] == 0, ipc
+    assert ipc["died"].startswith(("TimeoutError", "ConnectionError")), ipc["died"]
+
+
+def test_m2n_nixl_one_rank_per_gpu():
+    if _ngpu() < 2:
+        pytest.skip(f"needs 2 GPUs, found {_ngpu()}")
+    from sglang.srt.disaggregation.transfer.base import nixl_available
+
+    ok, why = nixl_available()
+    if not ok:
+        pytest.skip(f"nixl does not import ({why}); pip install 'sglang[pd]'")
+    rep = run_group("nixl", 2, 500)
+    assert isinstance(rep, dict), rep
+    assert rep["bad"] == 0 and rep["mismatch"] == 0, rep
+    assert rep["died"].startswith(("TimeoutError", "ConnectionError")), rep["died"]
