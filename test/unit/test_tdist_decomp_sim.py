@@ -139,8 +139,8 @@ def _ranks(body, world):
             raise e
 
 
-def _cpu_ops(cls, heaps, *args, name):
-    ops = [cls(h, *args, torch.float32, name=name) for h in heaps]
+def _cpu_ops(cls, heaps, *args, name, chunks=None):
+    ops = [cls(h, *args, torch.float32, name=name, chunks=chunks) for h in heaps]
     for op in ops:
         op.hs.ready.fill_(1)  # what the constructor does on CUDA (before its host barrier)
         if hasattr(op, "_done"):
@@ -150,10 +150,11 @@ def _cpu_ops(cls, heaps, *args, name):
     return ops
 
 
+@pytest.mark.parametrize("chunks", [None, 3])
 @pytest.mark.parametrize("rows", [[48, 48], [40, 0], [0, 24]])
-def test_ag_gemm_protocol_back_to_back(fake_cuda, rows):
+def test_ag_gemm_protocol_back_to_back(fake_cuda, rows, chunks):
     heaps = simulate_group(2, HeapConfig(data_bytes=1 << 20, signal_slots=64))
-    ops = _cpu_ops(decomp.DecompAgGemm, heaps, 128, 32, name="sim.ag")
+    ops = _cpu_ops(decomp.DecompAgGemm, heaps, 128, 32, name="sim.ag", chunks=chunks)
     calls = 25
     shards = [[torch.randn(rows[r], 32) for r in range(2)] for _ in range(calls)]
     bs = [torch.randn(32, 24) for _ in range(calls)]
@@ -170,10 +171,11 @@ def test_ag_gemm_protocol_back_to_back(fake_cuda, rows):
             torch.testing.assert_close(got[r][i], ref, atol=1e-4, rtol=1e-4, msg=f"call {i} rank {r}")
 
 
-@pytest.mark.parametrize("rows", [[32, 32], [40, 0]])
-def test_gemm_rs_protocol_back_to_back(fake_cuda, rows):
+@pytest.mark.parametrize("chunks", [None, 4])
+@pytest.mark.parametrize("rows", [[32, 32], [40, 0], [50, 34]])
+def test_gemm_rs_protocol_back_to_back(fake_cuda, rows, chunks):
     heaps = simulate_group(2, HeapConfig(data_bytes=1 << 20, signal_slots=64))
-    ops = _cpu_ops(decomp.DecompGemmRs, heaps, 64, 24, name="sim.rs")
+    ops = _cpu_ops(decomp.DecompGemmRs, heaps, 64, 24, name="sim.rs", chunks=chunks)
     calls = 25
     m = sum(rows)
     a = [[torch.randn(m, 16) for _ in range(2)] for _ in range(calls)]
@@ -188,3 +190,20 @@ def test_gemm_rs_protocol_back_to_back(fake_cuda, rows):
         ref = gemm_rs_ref(a[i], b[i], rows)
         for r in range(2):
             torch.testing.assert_close(got[r][i], ref[r], atol=1e-4, rtol=1e-4, msg=f"call {i} rank {r}")
+
+
+def test_plan_chunks_follows_gemm_to_transfer_ratio():
+    """Llama-3.3-70B TP4 shapes: qkv (N=2560) and o_proj (K=2048) are transfer-bound -> 4 pieces; gate_up
+    (N=14336) hides its transfer -> 1; down (K=7168) -> 2; GEMM-RS never 1; small segments cap the count."""
+    big = [4096, 4096]
+    assert decomp.plan_chunks("ag", big, 8192, 2560) == 4
+    assert decomp.plan_chunks("ag", big, 8192, 14336) == 1
+    assert decomp.plan_chunks("rs", big, 2048, 8192) == 4
+    assert decomp.plan_chunks("rs", big, 7168, 8192) == 2
+    assert decomp.plan_chunks("rs", big, 16384, 8192) == 2
+    assert decomp.plan_chunks("ag", [300, 300], 8192, 2560) == 1
+    assert decomp.plan_chunks("ag", [600, 0], 8192, 2560) == 2
+    pieces = decomp._pieces(50, 4)
+    assert pieces[0][0] == 0 and pieces[-1][1] == 50 and all(a[1] == b[0] for a, b in zip(pieces, pieces[1:]))
+    with pytest.raises(ValueError, match="chunks=5"):
+        decomp._check_chunks(5)
