@@ -207,3 +207,51 @@ def test_plan_chunks_follows_gemm_to_transfer_ratio():
     assert pieces[0][0] == 0 and pieces[-1][1] == 50 and all(a[1] == b[0] for a, b in zip(pieces, pieces[1:]))
     with pytest.raises(ValueError, match="chunks=5"):
         decomp._check_chunks(5)
+
+
+
+def test_enable_tdist_overlap_ops_on_the_decomposition(fake_cuda):
+    """--enable-tdist-overlap's TdistSequenceParallelOps (default producer "decomp", a table forcing the
+    decomposition) on two simulated ranks: ag_linear (column-parallel) equals F.linear on the gathered input and
+    linear_rs (row-parallel) the own rows of the summed partials, back-to-back, with two weight shapes sharing one
+    op per buffer name (like qkv / gate_up sharing K, o_proj / down sharing N)."""
+    from sgl_kernel.tdist.auto import CalibrationTable
+    from sglang.srt.distributed.tdist_overlap import TdistSequenceParallelOps
+
+    heaps = simulate_group(2, HeapConfig(data_bytes=4 << 20, signal_slots=256))
+    table = CalibrationTable(default_min_m=1)
+    ops = [TdistSequenceParallelOps(None, torch.device("cpu"), r, 2, max_tokens=128, heap=heaps[r], table=table)
+           for r in range(2)]
+    assert all(op.producer == "decomp" for op in ops)
+    rows, h, kl = [40, 24], 32, 16
+    off = [0, rows[0], sum(rows)]
+    x = torch.randn(sum(rows), h)
+    w_cols = [torch.randn(48, h), torch.randn(20, h)]  # column-parallel shards, same K = h
+    ks = (kl, 2 * kl)  # two row-parallel shapes with N = h and different K_local; inputs and weights per rank
+    x_rows = [[torch.randn(sum(rows), k) for _ in range(2)] for k in ks]
+    w_rows = [[torch.randn(h, k) for _ in range(2)] for k in ks]
+    for op in ops:  # build the ops eagerly (one per name) and give them their initial credits (CUDA does that)
+        for wc in w_cols:
+            op._op("ag", h, wc.shape[0], torch.float32)
+        op._op("rs", kl, h, torch.float32)
+        assert len(op._ops) == 2
+        for auto in op._ops.values():
+            auto.decomp.hs.ready.fill_(1)
+    got = [[] for _ in range(2)]
+
+    def body(r):
+        for _ in range(3):
+            for wc in w_cols:
+                got[r].append(ops[r].ag_linear(x[off[r]: off[r + 1]].contiguous(), wc, None, rows).clone())
+            for xr, wr in zip(x_rows, w_rows):
+                got[r].append(ops[r].linear_rs(xr[r], wr[r], None, rows).clone())
+    _ranks(body, 2)
+    for r in range(2):
+        want = []
+        for wc in w_cols:
+            want.append(x @ wc.t())
+        for xr, wr in zip(x_rows, w_rows):
+            want.append((xr[0] @ wr[0].t() + xr[1] @ wr[1].t())[off[r]: off[r + 1]])
+        for i, g in enumerate(got[r]):
+            torch.testing.assert_close(g, want[i % 4], atol=1e-4, rtol=1e-4, msg=f"rank {r} call {i}")
+        assert all(op.last_path == "decomp" for op in ops[r]._ops.values())

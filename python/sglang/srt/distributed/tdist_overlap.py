@@ -49,12 +49,13 @@ class TdistSequenceParallelOps(SequenceParallelOps):
     (data bytes per rank; default sized lazily-safe at 1 GiB), producer ("decomp" default, "ce", "sm"; see the
     module docstring), gather_group (the device group: row gathers, and the NCCL fallback of the decomposition when
     it is an NCCL group), table (a CalibrationTable for the decomposition's fallback; default H100_TABLE). Raises
-    ValueError on an unknown producer and on heap creation failure (the factory falls back to torch)."""
+    ValueError on an unknown producer and on heap creation failure (the factory falls back to torch). heap: an
+    existing SymmetricHeap of the group (tests: ``simulate_group``); None creates one."""
 
     name = "tdist"
 
     def __init__(self, group, device: torch.device, rank: int, world_size: int, max_tokens: int,
-                 heap_bytes: int = 1 << 30, producer: str = "decomp", gather_group=None, table=None):
+                 heap_bytes: int = 1 << 30, producer: str = "decomp", gather_group=None, table=None, heap=None):
         super().__init__(rank, world_size)
         if producer not in ("decomp", "ce", "sm"):
             raise ValueError(f"producer={producer!r} must be 'decomp', 'ce' or 'sm'")
@@ -67,11 +68,12 @@ class TdistSequenceParallelOps(SequenceParallelOps):
 
         self.max_tokens, self.producer, self.table = max_tokens, producer, table
         self._nccl = _nccl_or_none(gather_group)  # the fallback's collectives need NCCL (gloo: always decomp)
-        self.heap = SymmetricHeap.create(group, device, HeapConfig(data_bytes=heap_bytes, signal_slots=16384))
+        self.heap = heap if heap is not None else SymmetricHeap.create(
+            group, device, HeapConfig(data_bytes=heap_bytes, signal_slots=16384))
         self._ops: Dict[Tuple, object] = {}
         self._warned = False
         # abort word + first failing site of the error record, polled without a device sync
-        self._err_host = torch.zeros(2, dtype=torch.int64, pin_memory=True)
+        self._err_host = torch.zeros(2, dtype=torch.int64, pin_memory=torch.cuda.is_available())
 
     def _poll_error(self) -> None:
         """Raise TdistWaitError (synchronizing, full message) if an earlier op's device wait gave up."""
