@@ -85,7 +85,7 @@ def _ag_row(heap, note, nccl, symm, name, k, n, m, max_m, iters, variants, flip)
     import torch.distributed as dist
 
     from sgl_kernel.tdist.ag_gemm import AgGemm
-    from sgl_kernel.tdist.decomp import DecompAgGemm
+    from sgl_kernel.tdist.decomp import DecompAgGemm, plan_chunks
     from sgl_kernel.tdist.layout import split_rows
 
     w, me, dev, dt = heap.world, heap.rank, heap.device, torch.bfloat16
@@ -104,6 +104,8 @@ def _ag_row(heap, note, nccl, symm, name, k, n, m, max_m, iters, variants, flip)
         op_d = DecompAgGemm(heap, max_m, k, dt, name=f"b.{name}.decomp")
         out_d = torch.empty(m, n, dtype=dt, device=dev)
         jobs.append(("tdist_decomp", "tdist decomposition", lambda: op_d(a, wt.t(), rows, out_d)))
+        jobs += _pieces_jobs(res, variants, lambda c: op_d(a, wt.t(), rows, out_d, chunks=c),
+                             plan_chunks("ag", rows, k, n))
     jobs.append(("cublas_only", "cuBLAS", lambda: full @ wt.t()))
     if nccl is not None and len(set(rows)) == 1:
         gathered = torch.empty(m, k, dtype=dt, device=dev)
@@ -126,7 +128,7 @@ def _rs_row(heap, note, nccl, symm, name, k, n, m, max_m, iters, variants, flip)
     """One GEMM-RS row (same variants as :func:`_ag_row`; cuBLAS alone is the full [M, K_local] GEMM)."""
     import torch.distributed as dist
 
-    from sgl_kernel.tdist.decomp import DecompGemmRs
+    from sgl_kernel.tdist.decomp import DecompGemmRs, plan_chunks
     from sgl_kernel.tdist.gemm_rs import GemmRs
     from sgl_kernel.tdist.layout import split_rows
 
@@ -146,6 +148,8 @@ def _rs_row(heap, note, nccl, symm, name, k, n, m, max_m, iters, variants, flip)
         op_d = DecompGemmRs(heap, max_rows, n, dt, name=f"b.{name}.decomp")
         out_d = torch.empty(rows[me], n, dtype=dt, device=dev)
         jobs.append(("tdist_decomp", "tdist decomposition", lambda: op_d(a, wt.t(), rows, out_d)))
+        jobs += _pieces_jobs(res, variants, lambda c: op_d(a, wt.t(), rows, out_d, chunks=c),
+                             plan_chunks("rs", rows, k, n))
     jobs.append(("cublas_only", "cuBLAS", lambda: a @ wt.t()))
     if nccl is not None and m % w == 0:
         out = torch.empty(m // w, n, dtype=dt, device=dev)
@@ -162,6 +166,19 @@ def _rs_row(heap, note, nccl, symm, name, k, n, m, max_m, iters, variants, flip)
         res["torch_seq_note"] = UNAVAILABLE_SHARED if nccl is None else "M not divisible by world"
     _run_jobs(heap, note, res, jobs[::-1] if flip else jobs, iters)
     return res
+
+
+PIECES = (1, 2, 4)
+
+
+def _pieces_jobs(res, variants, call, planned):
+    """With variant ``pieces``: the decomposition at every other piece count of :data:`PIECES` (keys
+    ``decomp_p<c>``, shown in the notes column) to check :func:`~sgl_kernel.tdist.decomp.plan_chunks`."""
+    res["plan"] = planned
+    if "pieces" not in variants:
+        return []
+    return [(f"decomp_p{c}", f"tdist decomposition, {c} pieces", (lambda c=c: call(c))) for c in PIECES
+            if c != planned]
 
 
 def _run_jobs(heap, note, res, jobs, iters):
@@ -255,7 +272,11 @@ def table(per_rank: List[List[dict]]) -> List[str]:
         r2 = f"{sf / best:.2f}x" if sf and best else "-"
         comp = [max((r[i].get("compile", {}).get(k) or 0.0) for r in per_rank)
                 for k in ("tdist_sm", "tdist_decomp")]
-        notes = "; ".join(str(v) for key, v in row.items() if key.endswith("_note") and v)
+        notes = [str(v) for key, v in row.items() if key.endswith("_note") and v]
+        if row.get("plan"):
+            notes.append(f"{row['plan']} pieces" + "".join(
+                f", {c}: {_fmt(_mx(per_rank, i, f'decomp_p{c}'))}" for c in PIECES if f"decomp_p{c}" in row))
+        notes = "; ".join(notes)
         lines.append(f"| {row['op']} | {row['shape']} | {row['M']} | {_fmt(sm)} | {_fmt(dc)} | {_fmt(ts)} | "
                      f"{_fmt(sf)} | {_fmt(_mx(per_rank, i, 'cublas_only'))} | {r1} | {r2} | "
                      f"{comp[0]:.1f} / {comp[1]:.1f} | {notes} |")

@@ -182,10 +182,12 @@ class DecompAgGemm:
         self.gather = heap.tensor(f"{name}.gather", (max_rows, k), dtype)
         self.hs = _Handshake(heap, name)
 
-    def __call__(self, a: torch.Tensor, b: torch.Tensor, rows: Sequence[int], out: Optional[torch.Tensor] = None):
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, rows: Sequence[int], out: Optional[torch.Tensor] = None,
+                 chunks: Optional[int] = None):
         """a: [rows[rank], K] contiguous (this rank's shard, self.dtype, on the heap's CUDA device); b: [K, N] (any
         strides, e.g. ``weight.t()``); rows: every rank's row count (same on all ranks, sum <= max_rows); out:
-        optional [sum(rows), N] contiguous. Returns ``out`` = all_gather(a) @ b. Enqueues only (no host sync).
+        optional [sum(rows), N] contiguous; chunks: pieces for this call (same on all ranks; default: the constructor's, else
+        planned). Returns ``out`` = all_gather(a) @ b. Enqueues only (no host sync).
         All ranks call together. Raises ValueError on bad shapes, dtypes or devices."""
         h = self.heap
         check_tensor("a", a, 2, h.device, self.dtype)
@@ -204,7 +206,8 @@ class DecompAgGemm:
             raise ValueError(f"decomp ag_gemm: out must be contiguous [{off[-1]}, {n}] {a.dtype}")
         main = torch.cuda.current_stream(h.device)
         me, w = h.rank, h.world
-        c = self.chunks or plan_chunks("ag", rows, self.k, n)
+        _check_chunks(chunks)
+        c = chunks or self.chunks or plan_chunks("ag", rows, self.k, n)
         done = self.hs.event("a")
         done.record(main)  # a is ready
         mine = self.gather[off[me]: off[me + 1]]
@@ -244,9 +247,11 @@ class DecompGemmRs:
         self.stage = torch.empty(max(heap.world - 1, 1), max_rows, n, dtype=dtype, device=heap.device)
         self.hs = _Handshake(heap, name)
 
-    def __call__(self, a: torch.Tensor, b: torch.Tensor, rows: Sequence[int], out: Optional[torch.Tensor] = None):
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, rows: Sequence[int], out: Optional[torch.Tensor] = None,
+                 chunks: Optional[int] = None):
         """a: [sum(rows), K_local] contiguous (self.dtype); b: [K_local, N] (any strides); rows: rows owned per rank
-        (same on all ranks, each <= max_rows); out: optional [rows[rank], N] contiguous. Returns ``out``.
+        (same on all ranks, each <= max_rows); out: optional [rows[rank], N] contiguous; chunks: as in
+        DecompAgGemm. Returns ``out``.
         Enqueues only (no host sync). All ranks call together. Raises ValueError on bad input.
 
         Schedule: the peers' partials first, piece by piece, each piece pushed as soon as its GEMM is done; the
@@ -271,7 +276,8 @@ class DecompGemmRs:
         if w == 1:
             return torch.mm(a, b, out=out)
         main = torch.cuda.current_stream(h.device)
-        c = self.chunks or plan_chunks("rs", rows, a.shape[1], self.n)
+        _check_chunks(chunks)
+        c = chunks or self.chunks or plan_chunks("rs", rows, a.shape[1], self.n)
         mine = _pieces(rows[me], c)
         arrived = []
         for j in range(1, w):  # step j pushes to d = me + j and receives from me - j (which pushes at its step j)
