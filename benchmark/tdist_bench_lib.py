@@ -189,8 +189,12 @@ def _run_jobs(heap, note, res, jobs, iters):
             res[f"{key}_note"] = err
 
 
-def _a2a_row(heap, note, nccl, t, hidden, iters):
-    """One all-to-all row: tdist low-latency all-to-all vs NCCL all_to_all_single, random counts."""
+A2A_CTAS = (32, 64)  # CTAs per peer tried besides the default with variant ``pieces``
+
+
+def _a2a_row(heap, note, nccl, t, hidden, iters, variants=()):
+    """One all-to-all row: tdist low-latency all-to-all vs NCCL all_to_all_single, random counts; with variant
+    ``pieces`` also the all-to-all at :data:`A2A_CTAS` CTAs per peer (keys ``a2a_c<n>``, in the notes column)."""
     import torch.distributed as dist
 
     from sgl_kernel.tdist.all_to_all import AllToAll
@@ -203,6 +207,11 @@ def _a2a_row(heap, note, nccl, t, hidden, iters):
     sc = counts.to(torch.int32).to(dev)
     res = {"op": "all-to-all", "kind": "a2a", "shape": f"H={hidden} random counts", "M": t}
     res["tdist_sm"], _ = _try(heap, note, "tdist a2a", lambda: op(x, sc), iters, res, "tdist_sm")
+    res["ctas"] = op.chunks
+    for ch in A2A_CTAS if "pieces" in variants else ():
+        op_c = AllToAll(heap, t, hidden, dt, name=f"b.a2a.{t}.c{ch}", chunks=ch)
+        res[f"a2a_c{ch}"], _ = _try(heap, note, f"tdist a2a {ch} CTAs/peer", lambda op_c=op_c: op_c(x, sc), iters,
+                                    res, f"a2a_c{ch}")
     if nccl is not None:
         recv = torch.zeros(w, dtype=torch.int64, device=dev)
         dist.all_to_all_single(recv, counts.to(dev), group=nccl)
@@ -231,7 +240,7 @@ def rank_body(heap, note, nccl, shapes: Dict[str, tuple], tokens: List[int], ite
             i += 1
     for t in a2a_tokens:
         note(f"all-to-all T={t}")
-        rows_out.append(_a2a_row(heap, note, nccl, t, a2a_hidden, iters))
+        rows_out.append(_a2a_row(heap, note, nccl, t, a2a_hidden, iters, variants))
         _report(note, len(rows_out) - 1, rows_out[-1])
     return rows_out
 
@@ -276,6 +285,9 @@ def table(per_rank: List[List[dict]]) -> List[str]:
         if row.get("plan"):
             notes.append(f"{row['plan']} pieces" + "".join(
                 f", {c}: {_fmt(_mx(per_rank, i, f'decomp_p{c}'))}" for c in PIECES if f"decomp_p{c}" in row))
+        if row.get("ctas"):
+            notes.append(f"{row['ctas']} CTAs/peer" + "".join(
+                f", {c}: {_fmt(_mx(per_rank, i, f'a2a_c{c}'))}" for c in A2A_CTAS if f"a2a_c{c}" in row))
         notes = "; ".join(notes)
         lines.append(f"| {row['op']} | {row['shape']} | {row['M']} | {_fmt(sm)} | {_fmt(dc)} | {_fmt(ts)} | "
                      f"{_fmt(sf)} | {_fmt(_mx(per_rank, i, 'cublas_only'))} | {r1} | {r2} | "
