@@ -220,9 +220,42 @@ def _a2a_row(heap, note, nccl, t, hidden, iters, variants=()):
         res["torch_seq"], res["torch_seq_note"] = _try(
             heap, note, "nccl all_to_all_single", lambda: dist.all_to_all_single(out, x, out_s, in_s, group=nccl),
             iters, res, "torch_seq")
+        if "graph" in variants:
+            _a2a_graphs(heap, note, res, iters, lambda: op(x, sc),
+                        lambda: dist.all_to_all_single(out, x, out_s, in_s, group=nccl))
     else:
         res["torch_seq_note"] = UNAVAILABLE_SHARED
     return res
+
+
+def _graphed(fn):
+    """``fn`` captured in a CUDA graph (after one eager call on a side stream, as torch.cuda.graph requires);
+    returns the replay callable. Collective: every rank captures the same calls."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    torch.cuda.synchronize()
+    return g.replay
+
+
+def _a2a_graphs(heap, note, res, iters, tdist_fn, nccl_fn):
+    """With variant ``graph``: the tdist all-to-all and NCCL all_to_all_single each captured in a CUDA graph and
+    timed as replays (keys ``a2a_graph`` / ``nccl_graph``, in the notes column): launch overhead out of both, as in
+    decode CUDA graphs. A capture that fails is reported in the notes."""
+    for key, label, fn in (("a2a_graph", "tdist a2a graph", tdist_fn), ("nccl_graph", "nccl a2a graph", nccl_fn)):
+        try:
+            replay = _graphed(fn)
+        except Exception as ex:  # reported, never fatal
+            note(f"{label} capture failed: {type(ex).__name__}: {ex}")
+            res[f"{key}_note"] = f"{label} capture failed: {type(ex).__name__}"
+            heap.barrier()
+            continue
+        res[key], _ = _try(heap, note, label, replay, iters, res, key)
 
 
 def rank_body(heap, note, nccl, shapes: Dict[str, tuple], tokens: List[int], iters: int, a2a_hidden: int,
@@ -288,6 +321,9 @@ def table(per_rank: List[List[dict]]) -> List[str]:
         if row.get("ctas"):
             notes.append(f"{row['ctas']} CTAs/peer" + "".join(
                 f", {c}: {_fmt(_mx(per_rank, i, f'a2a_c{c}'))}" for c in A2A_CTAS if f"a2a_c{c}" in row))
+        if "a2a_graph" in row or "nccl_graph" in row:
+            notes.append(f"CUDA graph: tdist {_fmt(_mx(per_rank, i, 'a2a_graph'))}, "
+                         f"NCCL {_fmt(_mx(per_rank, i, 'nccl_graph'))}")
         notes = "; ".join(notes)
         lines.append(f"| {row['op']} | {row['shape']} | {row['M']} | {_fmt(sm)} | {_fmt(dc)} | {_fmt(ts)} | "
                      f"{_fmt(sf)} | {_fmt(_mx(per_rank, i, 'cublas_only'))} | {r1} | {r2} | "

@@ -9,6 +9,7 @@
 #   3. bench     benchmark/bench_tdist.py --world 2, Llama-3.3-70B TP4 shapes, M = 2048 / 8192, all-to-all 1024 x
 #                7168; tdist SM, decomposition (planned pieces), NCCL + cuBLAS, torch symm-mem fused, cuBLAS alone;
 #                variant 'pieces': the other piece counts (1/2/4) and all-to-all at 32/64 CTAs per peer in notes;
+#                variant 'graph': the all-to-all (tdist and NCCL) also as CUDA-graph replays (no launch overhead);
 #   4. layers    benchmark/bench_tokenweave.py: Llama-3.3-70B config cut to 4 layers, TP2, 4096 / 8192 tokens,
 #                plain TP ('tp') vs --enable-tdist-overlap ('tdist'), median of CUDA-event timed prefill forwards;
 #   5. memcheck  compute-sanitizer memcheck on the 2-rank decomposition case (test/gpu/tdist_sanitizer_case.py
@@ -54,7 +55,7 @@ step equal 45 python3 -m pytest -v -rA -p no:cacheprovider test/gpu/test_tdist_g
   -k "one_rank_per_gpu and decomp"
 
 step bench 45 python3 benchmark/bench_tdist.py --world 2 --tp-shapes 4 --tokens 2048 8192 \
-  --a2a-tokens 1024 --a2a-hidden 7168 --iters 20 --variants sm decomp pieces --results-dir "$out" --timeout 40
+  --a2a-tokens 1024 --a2a-hidden 7168 --iters 20 --variants sm decomp pieces graph --results-dir "$out" --timeout 40
 for f in "$out"/*_tdist.md; do [ -f "$f" ] && mv "$f" "$out/issue26_bench.md"; done
 
 step layers 50 python3 benchmark/bench_tokenweave.py --model-path "$cfg70" --tp 2 --layers 4 --tokens 4096 8192 \

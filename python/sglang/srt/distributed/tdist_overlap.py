@@ -13,8 +13,8 @@ pushes, stream waits on signals; Wang et al., ASPLOS 2023, sec. 3) behind ``sgl_
 K / N share buffers and credits. Its stream waits have no device timeout (a dead peer hangs like NCCL does; the
 process-level watchdog applies). Producers ``"ce"`` / ``"sm"``: the Triton kernels (AgGemm / GemmRs).
 
-Fail closed (Triton producers): the kernels' device waits are bounded (HeapConfig.wait_timeout_s); after every fused op the heap's error
-word is copied asynchronously to pinned host memory, and the next op raises
+Fail closed (Triton producers): the kernels' device waits are bounded (HeapConfig.wait_timeout_s); after every fused
+op the heap's error word is copied asynchronously to pinned host memory, and the next op raises
 :class:`~sgl_kernel.tdist.heap.TdistWaitError` (kernel, rank, signal) once it shows a failed wait, so a stuck peer
 turns into an error within one forward instead of a hang or silently wrong tokens.
 """

@@ -186,8 +186,8 @@ class DecompAgGemm:
                  chunks: Optional[int] = None):
         """a: [rows[rank], K] contiguous (this rank's shard, self.dtype, on the heap's CUDA device); b: [K, N] (any
         strides, e.g. ``weight.t()``); rows: every rank's row count (same on all ranks, sum <= max_rows); out:
-        optional [sum(rows), N] contiguous; chunks: pieces for this call (same on all ranks; default: the constructor's, else
-        planned). Returns ``out`` = all_gather(a) @ b. Enqueues only (no host sync).
+        optional [sum(rows), N] contiguous; chunks: pieces for this call (same on all ranks; default: the
+        constructor's, else planned). Returns ``out`` = all_gather(a) @ b. Enqueues only (no host sync).
         All ranks call together. Raises ValueError on bad shapes, dtypes or devices."""
         h = self.heap
         check_tensor("a", a, 2, h.device, self.dtype)
