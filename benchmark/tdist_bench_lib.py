@@ -106,6 +106,9 @@ def _ag_row(heap, note, nccl, symm, name, k, n, m, max_m, iters, variants, flip)
         jobs.append(("tdist_decomp", "tdist decomposition", lambda: op_d(a, wt.t(), rows, out_d)))
         jobs += _pieces_jobs(res, variants, lambda c: op_d(a, wt.t(), rows, out_d, chunks=c),
                              plan_chunks("ag", rows, k, n))
+        if "pieces" in variants and w == 2:
+            jobs.append(("decomp_bulk", "tdist decomposition, bulk",
+                         lambda: op_d(a, wt.t(), rows, out_d, chunks=1, bulk=True)))
     jobs.append(("cublas_only", "cuBLAS", lambda: full @ wt.t()))
     if nccl is not None and len(set(rows)) == 1:
         gathered = torch.empty(m, k, dtype=dt, device=dev)
@@ -317,7 +320,8 @@ def table(per_rank: List[List[dict]]) -> List[str]:
         notes = [str(v) for key, v in row.items() if key.endswith("_note") and v]
         if row.get("plan"):
             notes.append(f"{row['plan']} pieces" + "".join(
-                f", {c}: {_fmt(_mx(per_rank, i, f'decomp_p{c}'))}" for c in PIECES if f"decomp_p{c}" in row))
+                f", {c}: {_fmt(_mx(per_rank, i, f'decomp_p{c}'))}" for c in PIECES if f"decomp_p{c}" in row)
+                + (f", bulk: {_fmt(_mx(per_rank, i, 'decomp_bulk'))}" if "decomp_bulk" in row else ""))
         if row.get("ctas"):
             notes.append(f"{row['ctas']} CTAs/peer" + "".join(
                 f", {c}: {_fmt(_mx(per_rank, i, f'a2a_c{c}'))}" for c in A2A_CTAS if f"a2a_c{c}" in row))

@@ -145,6 +145,10 @@ def _run_cases(heap, note, nccl, cases):
         for rows in (even, uneven):
             f += _guard(_check_ag, ag3, heap, rows, k, n, range(50, 60), f"decomp AG 3 pieces rows={rows}")
             f += _guard(_check_rs, rs4, heap, rows, k, n, range(50, 60), f"decomp RS 4 pieces rows={rows}")
+        if w == 2:  # bulk: head GEMM + one GEMM over the rest (wide N so the head is 256 of 512 rows)
+            agb = DecompAgGemm(heap, 1024, k, DT, name="t.dagb", chunks=1)
+            bulk = lambda a_, b_, rows_: agb(a_, b_, rows_, bulk=True)  # noqa: E731
+            f += _guard(_check_ag, bulk, heap, [512, 512], k, 8192, range(60, 65), "decomp AG bulk")
         res["decomp"] = f
     if "graph" in cases:
         note("graph")

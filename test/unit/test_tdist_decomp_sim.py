@@ -150,9 +150,11 @@ def _cpu_ops(cls, heaps, *args, name, chunks=None):
     return ops
 
 
-@pytest.mark.parametrize("chunks", [None, 3])
+@pytest.mark.parametrize("chunks", [None, 3, "bulk"])
 @pytest.mark.parametrize("rows", [[48, 48], [40, 0], [0, 24]])
 def test_ag_gemm_protocol_back_to_back(fake_cuda, rows, chunks):
+    bulk = chunks == "bulk"  # too few rows for a head: the ordinary path
+    chunks = 1 if bulk else chunks
     heaps = simulate_group(2, HeapConfig(data_bytes=1 << 20, signal_slots=64))
     ops = _cpu_ops(decomp.DecompAgGemm, heaps, 128, 32, name="sim.ag", chunks=chunks)
     calls = 25
@@ -162,7 +164,7 @@ def test_ag_gemm_protocol_back_to_back(fake_cuda, rows, chunks):
 
     def body(r):
         for i in range(calls):
-            got[r][i] = ops[r](shards[i][r], bs[i], rows).clone()
+            got[r][i] = ops[r](shards[i][r], bs[i], rows, bulk=bulk).clone()
             _local.main.wait_stream(ops[r].hs.stream(1))
     _ranks(body, 2)
     for i in range(calls):
@@ -255,3 +257,31 @@ def test_enable_tdist_overlap_ops_on_the_decomposition(fake_cuda):
         for i, g in enumerate(got[r]):
             torch.testing.assert_close(g, want[i % 4], atol=1e-4, rtol=1e-4, msg=f"rank {r} call {i}")
         assert all(op.last_path == "decomp" for op in ops[r]._ops.values())
+
+
+@pytest.mark.parametrize("rows", [[300, 260], [200, 400]])
+def test_ag_gemm_bulk_head_then_one_gemm(fake_cuda, monkeypatch, rows):
+    """bulk=True at world 2 with a wide N (head of 128 or 256 rows < own rows): head GEMM, copy-engine copy of the own shard
+    into the gather buffer, one GEMM over the rest; back-to-back calls equal the reference and the bulk path ran."""
+    heaps = simulate_group(2, HeapConfig(data_bytes=4 << 20, signal_slots=64))
+    ops = _cpu_ops(decomp.DecompAgGemm, heaps, 1024, 16, name="sim.bulk", chunks=1)
+    ran = []
+    orig = decomp.DecompAgGemm._bulk
+    monkeypatch.setattr(decomp.DecompAgGemm, "_bulk", lambda self, *a: ran.append(a[4]) or orig(self, *a))
+    calls, n = 4, 8192
+    shards = [[torch.randn(rows[r], 16) for r in range(2)] for _ in range(calls)]
+    bs = [torch.randn(16, n) for _ in range(calls)]
+    got = [[None] * calls for _ in range(2)]
+
+    def body(r):
+        for i in range(calls):
+            got[r][i] = ops[r](shards[i][r], bs[i], rows, bulk=True).clone()
+            _local.main.wait_stream(ops[r].hs.stream(1))
+    _ranks(body, 2)
+    # [200, 400]: rank 0's head would cover all its rows, so only rank 1 takes the bulk path (the exchange is the
+    # same one-piece exchange on both paths, so ranks may differ)
+    assert len(ran) == (2 if rows[0] > 256 else 1) * calls and all(h % 128 == 0 for h in ran), ran
+    for i in range(calls):
+        ref = ag_gemm_ref(shards[i], bs[i])
+        for r in range(2):
+            torch.testing.assert_close(got[r][i], ref, atol=1e-4, rtol=1e-4, msg=f"call {i} rank {r}")

@@ -183,12 +183,13 @@ class DecompAgGemm:
         self.hs = _Handshake(heap, name)
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, rows: Sequence[int], out: Optional[torch.Tensor] = None,
-                 chunks: Optional[int] = None):
+                 chunks: Optional[int] = None, bulk: bool = False):
         """a: [rows[rank], K] contiguous (this rank's shard, self.dtype, on the heap's CUDA device); b: [K, N] (any
         strides, e.g. ``weight.t()``); rows: every rank's row count (same on all ranks, sum <= max_rows); out:
         optional [sum(rows), N] contiguous; chunks: pieces for this call (same on all ranks; default: the
-        constructor's, else planned). Returns ``out`` = all_gather(a) @ b. Enqueues only (no host sync).
-        All ranks call together. Raises ValueError on bad shapes, dtypes or devices."""
+        constructor's, else planned); bulk: world 2 with one piece only (else ignored), see :meth:`_bulk`.
+        Returns ``out`` = all_gather(a) @ b. Enqueues only (no host sync). All ranks call together (same ``chunks``
+        and ``bulk``). Raises ValueError on bad shapes, dtypes or devices."""
         h = self.heap
         check_tensor("a", a, 2, h.device, self.dtype)
         check_tensor("b", b, 2, h.device, self.dtype)
@@ -211,6 +212,10 @@ class DecompAgGemm:
         done = self.hs.event("a")
         done.record(main)  # a is ready
         mine = self.gather[off[me]: off[me + 1]]
+        if bulk and w == 2 and c == 1:
+            head = min(rows[me], -(-rows[1 - me] * 3900 // (n * 128)) * 128)
+            if 0 < head < rows[me] and rows[1 - me]:
+                return self._bulk(a, b, off, out, head, done, mine)
         sends = [(mine[lo:hi], a[lo:hi]) for lo, hi in _pieces(rows[me], c)]
         arrived = []
         for j in range(1, w):  # step j pushes to me + j and receives from me - j (which pushes at its step j)
@@ -223,6 +228,26 @@ class DecompAgGemm:
                 if hi > lo:
                     torch.mm(self.gather[off[s] + lo: off[s] + hi], b, out=out[off[s] + lo: off[s] + hi])
             self.hs.credit(s, main)
+        self.hs.join(main)
+        return out
+
+
+    def _bulk(self, a, b, off, out, head, done, mine):
+        """World 2, one piece: the GEMM of ``head`` own rows (sized so it outlasts the push: ~1.3x the transfer at
+        the B/F ratio of :func:`plan_chunks`) while the shard goes out and the copy engine also copies ``a`` into
+        this rank's own rows of the gather buffer; then ONE GEMM over every other row, which is contiguous in the
+        gather buffer (rank 0: head = its first rows; rank 1: its last rows): one large GEMM instead of two halves
+        when the GEMM hides the transfer anyway. The exchange is the ordinary one-piece exchange, so a rank whose
+        head would cover all its rows may take the ordinary path while its peer takes this one."""
+        main = torch.cuda.current_stream(self.heap.device)
+        me, total = self.heap.rank, off[-1]
+        ev = self.hs.exchange(1, [(mine, a)], [done], 1 - me, [(mine, a)])[0]
+        lo, hi = (0, head) if me == 0 else (a.shape[0] - head, a.shape[0])
+        torch.mm(a[lo:hi], b, out=out[off[me] + lo: off[me] + hi])
+        rest = (head, total) if me == 0 else (0, total - head)
+        main.wait_event(ev)
+        torch.mm(self.gather[rest[0]: rest[1]], b, out=out[rest[0]: rest[1]])
+        self.hs.credit(1 - me, main)
         self.hs.join(main)
         return out
 
