@@ -12,8 +12,8 @@
 #                variant 'graph': the all-to-all (tdist and NCCL) also as CUDA-graph replays (no launch overhead);
 #   4. layers    benchmark/bench_tokenweave.py: Llama-3.3-70B config cut to 4 layers, TP2, 4096 / 8192 tokens,
 #                plain TP ('tp') vs --enable-tdist-overlap ('tdist'), median of CUDA-event timed prefill forwards;
-#   5. memcheck  compute-sanitizer memcheck on the 2-rank decomposition case (test/gpu/tdist_sanitizer_case.py
-#                decomp), then racecheck on it if >= 30 s are left.
+#   memcheck     (after step 2) compute-sanitizer memcheck on the 2-rank decomposition case
+#                (test/gpu/tdist_sanitizer_case.py decomp); racecheck on it last, if >= 30 s are left.
 # Outputs in $OUT: issue26_summary.md (step exit codes, test results, tables), issue26_bench.md, issue26_layers.md
 # and one log per step. Usage (repo root): bash scripts/gpu/issue26_2gpu.sh [seconds, default 200]
 set -uo pipefail
@@ -36,7 +36,7 @@ step() {  # step NAME SECONDS CMD...: run with a limit, keep the log, record the
   local t0=$SECONDS
   timeout --kill-after=5 "$secs" "$@" > "$out/issue26_$name.log" 2>&1
   local rc=$?
-  grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed|^\| |Error|ERROR SUMMARY|sanitizer case" "$out/issue26_$name.log" | tail -30
+  grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed|^\| |Error|ERROR SUMMARY|sanitizer case|\[partial\]" "$out/issue26_$name.log" | tail -30
   (( rc == 124 || rc == 137 )) && echo "!! $name hit its ${secs}s limit"
   summary+=("- $name: exit $rc in $(( SECONDS - t0 ))s")
 }
@@ -54,6 +54,12 @@ step decomp 35 env TDIST_GPU_TIMEOUT=30 python3 -m pytest -v -rA -p no:cacheprov
 step equal 45 python3 -m pytest -v -rA -p no:cacheprovider test/gpu/test_tdist_gpu.py \
   -k "one_rank_per_gpu and decomp"
 
+if command -v compute-sanitizer >/dev/null; then
+  step memcheck 30 compute-sanitizer --tool memcheck --target-processes all python3 test/gpu/tdist_sanitizer_case.py decomp
+else
+  summary+=("- memcheck: not run (no compute-sanitizer on PATH)")
+fi
+
 step bench 45 python3 benchmark/bench_tdist.py --world 2 --tp-shapes 4 --tokens 2048 8192 \
   --a2a-tokens 1024 --a2a-hidden 7168 --iters 20 --variants sm decomp pieces graph --results-dir "$out" --timeout 40
 for f in "$out"/*_tdist.md; do [ -f "$f" ] && mv "$f" "$out/issue26_bench.md"; done
@@ -63,16 +69,11 @@ step layers 50 python3 benchmark/bench_tokenweave.py --model-path "$cfg70" --tp 
 for f in "$out"/layers/*_tokenweave_layer.md; do [ -f "$f" ] && mv "$f" "$out/issue26_layers.md"; done
 rmdir "$out/layers" 2>/dev/null
 
-if command -v compute-sanitizer >/dev/null; then
-  step memcheck 30 compute-sanitizer --tool memcheck --target-processes all python3 test/gpu/tdist_sanitizer_case.py decomp
-  if (( $(left) >= 30 )); then
-    step racecheck $(( $(left) - 3 )) compute-sanitizer --tool racecheck --target-processes all \
-      python3 test/gpu/tdist_sanitizer_case.py decomp
-  else
-    summary+=("- racecheck: not run ($(left)s left < 30s)")
-  fi
+if command -v compute-sanitizer >/dev/null && (( $(left) >= 30 )); then
+  step racecheck $(( $(left) - 3 )) compute-sanitizer --tool racecheck --target-processes all \
+    python3 test/gpu/tdist_sanitizer_case.py decomp
 else
-  summary+=("- memcheck / racecheck: not run (no compute-sanitizer on PATH)")
+  summary+=("- racecheck: not run (no compute-sanitizer or $(left)s left < 30s)")
 fi
 
 {
@@ -87,5 +88,6 @@ fi
   echo; echo "## bench (issue26_bench.md)"
   grep -E "^\| |^calibration|^- (date|hardware|command)" "$out/issue26_bench.md" 2>/dev/null || echo "no table (see issue26_bench.log)"
   echo; echo "## layer stack (issue26_layers.md)"
-  grep -E "^\| |^- (date|hardware|command|note)" "$out/issue26_layers.md" 2>/dev/null || echo "no table (see issue26_layers.log)"
+  grep -E "^\| |^- (date|hardware|command|note)" "$out/issue26_layers.md" 2>/dev/null \
+    || { echo "no table (see issue26_layers.log); rows measured:"; grep "\[partial\]" "$out/issue26_layers.log" 2>/dev/null; }
 } | tee -a "$out/issue26_summary.md"
