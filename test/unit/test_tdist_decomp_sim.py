@@ -204,7 +204,7 @@ def test_plan_chunks_follows_gemm_to_transfer_ratio():
     assert decomp.plan_chunks("rs", big, 7168, 8192) == 2
     assert decomp.plan_chunks("rs", big, 16384, 8192) == 2
     assert decomp.plan_chunks("ag", [300, 300], 8192, 2560) == 1
-    assert decomp.plan_chunks("ag", [600, 0], 8192, 2560) == 2
+    assert decomp.plan_chunks("ag", [1100, 0], 8192, 2560) == 2
     pieces = decomp._pieces(50, 4)
     assert pieces[0][0] == 0 and pieces[-1][1] == 50 and all(a[1] == b[0] for a, b in zip(pieces, pieces[1:]))
     with pytest.raises(ValueError, match="chunks=5"):

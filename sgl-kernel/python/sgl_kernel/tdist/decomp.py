@@ -49,7 +49,7 @@ MAX_CHUNKS = 4  # pieces per ring step (signal slots per source)
 _BYTES_PER_FLOP = 1.0 / 3000.0  # copy-engine push bandwidth / dense bf16 GEMM rate on H100 (~200 GB/s / ~600 TFLOP/s)
 
 
-def plan_chunks(kind: str, rows: Sequence[int], k: int, n: int, min_rows: int = 256) -> int:
+def plan_chunks(kind: str, rows: Sequence[int], k: int, n: int, min_rows: int = 512) -> int:
     """Pieces per ring step: how finely each segment is pushed and consumed. The GEMM time per row over the push
     time per row is ``n * B / F`` for AG-GEMM (a row of ``a`` is ``2k`` bytes and ``2kn`` flops) and ``k * B / F``
     for GEMM-RS; when the GEMM hides the transfer (ratio >= 3) one piece keeps the GEMMs large, else 2 or 4 pieces
