@@ -262,7 +262,8 @@ def test_enable_tdist_overlap_ops_on_the_decomposition(fake_cuda):
 @pytest.mark.parametrize("rows", [[300, 260], [200, 400]])
 def test_ag_gemm_bulk_head_then_one_gemm(fake_cuda, monkeypatch, rows):
     """bulk=True at world 2 with a wide N (head of 128 or 256 rows < own rows): head GEMM, copy-engine copy of the
-    own shard into the gather buffer, one GEMM over the rest; back-to-back calls equal the reference and the bulk path ran."""
+    own shard into the gather buffer, one GEMM over the rest; back-to-back calls equal the reference and the bulk
+    path ran."""
     heaps = simulate_group(2, HeapConfig(data_bytes=4 << 20, signal_slots=64))
     ops = _cpu_ops(decomp.DecompAgGemm, heaps, 1024, 16, name="sim.bulk", chunks=1)
     ran = []
