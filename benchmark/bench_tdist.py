@@ -50,8 +50,10 @@ def parse_args(argv=None):
     p.add_argument("--ops", nargs="+", default=["qkv", "gate_up", "o_proj", "down"])
     p.add_argument("--iters", type=int, default=30, help="timed calls per variant (after 1 first call + 20 "
                    "warm-ups); the median of per-call CUDA-event times is reported")
-    p.add_argument("--variants", nargs="+", default=["sm", "decomp"], choices=["sm", "decomp"],
-                   help="tdist variants: sm (Triton kernels), decomp (cuBLAS + copy engine decomposition)")
+    p.add_argument("--variants", nargs="+", default=["sm", "decomp"], choices=["sm", "decomp", "pieces", "graph"],
+                   help="tdist variants: sm (Triton kernels), decomp (cuBLAS + copy engine decomposition), pieces "
+                        "(with decomp: also every other piece count, in the notes column), graph (the all-to-all "
+                        "also as CUDA-graph replays, tdist and NCCL)")
     p.add_argument("--heap-mib", type=int, default=0, help="heap data MiB per rank (default: sized from shapes)")
     p.add_argument("--timeout", type=float, default=1500)
     p.add_argument("--results-dir", default=str(ROOT / "benchmark" / "results"))

@@ -26,6 +26,8 @@ Examples::
         ../shared/data/configs/Qwen--Qwen2.5-72B ../shared/data/configs/mistralai--Mixtral-8x22B-v0.1 \\
         --tp 2 4 8 --tokens 1024 2048 4096 8192 16384       # the issue's sweep: one table
     python benchmark/bench_tokenweave.py --smoke          # CPU, gloo, a shrunk shape (tests use this)
+    python benchmark/bench_tokenweave.py --model-path ../shared/data/configs/meta-llama--Llama-3.3-70B-Instruct \
+        --tp 2 --tokens 4096 8192 --variants tp tdist     # --enable-tdist-overlap vs plain TP (issue 26)
     python benchmark/bench_tokenweave.py --e2e --model-path CONFIG --tokenizer-path TOK --tp 8
 """
 
@@ -50,6 +52,10 @@ from sglang.srt.utils.nvls_env import NVLS_OFF_ENV  # noqa: E402  (pure Python)
 
 os.environ.update(NVLS_OFF_ENV)
 VARIANTS = ("nocomm", "nccl", "nccl_symm", "custom", "tokenweave")
+# Triton-distributed rows (issue 26; not in the default set): ``tp`` the plain TP forward (the server's default
+# communicator, no overlap), ``tdist`` the same with ``--enable-tdist-overlap`` (sequence-parallel residual,
+# AG-GEMM / GEMM-RS by decomposition with the NCCL fallback); the table adds ``tdist / tp``.
+EXTRA_VARIANTS = ("tp", "tdist")
 
 
 def _shrunk_config(src: str, layers: int, smoke: bool) -> str:
@@ -76,6 +82,8 @@ def _variant_comm(variant: str, ps, mc, tokens: list[int], device: str, notes: s
     from nccl_symm import fused_norm, nccl_symm_communicator
     from sglang.srt.distributed.communicator import NoCommCommunicator, create_communicator
 
+    if variant in EXTRA_VARIANTS:
+        return None
     if variant == "nocomm":
         return fused_norm(NoCommCommunicator.create(ps))
     if variant == "nccl":
@@ -163,6 +171,7 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
     for variant in variants:
         args = ServerArgs(model_path=path, load_format="dummy", device=device, max_total_tokens=max(tokens) + 64,
                           max_running_requests=4, disable_cuda_graph=True, enable_tokenweave=variant == "tokenweave",
+                          enable_tdist_overlap=variant == "tdist",
                           tokenweave_min_tokens=min_tokens, tokenweave_comm_sms=comm_sms,
                           comm_backend="custom" if variant == "custom" and device == "cuda" else "auto")
         comm = _variant_comm(variant, ps, mc, tokens, device, notes)
@@ -192,17 +201,18 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
 def _table(cases: list[tuple[str, int, dict]], tokens: list[int], variants: list[str]) -> list[str]:
     """Markdown rows, one table for every (model, TP) case of the run: per token count, every variant's ms and
     TokenWeave's ratio to each baseline measured in the same case."""
-    bases = [b for b in ("nccl", "nccl_symm", "custom", "nocomm") if b in variants]
+    bases = [b for b in ("nccl", "nccl_symm", "custom", "nocomm") if b in variants and "tokenweave" in variants]
+    pairs = [("tokenweave", b) for b in bases] + ([("tdist", "tp")] if {"tdist", "tp"} <= set(variants) else [])
     lines = ["| model | TP | tokens | " + " | ".join(f"{v} ms" for v in variants) + " | "
-             + " | ".join(f"tokenweave / {b}" for b in bases) + " |",
-             "|---|---:|---:|" + "---:|" * (len(variants) + len(bases))]
+             + " | ".join(f"{a} / {b}" for a, b in pairs) + " |",
+             "|---|---:|---:|" + "---:|" * (len(variants) + len(pairs))]
     ratio = lambda a, b: f"{a / b:.3f}" if a and b else "n/a"  # noqa: E731
     for model, tp, results in cases:
         for t in tokens:
             ms = {v: results.get(f"{v}|{t}") for v in variants}
             lines.append(f"| {model} | {tp} | {t} | "
                          + " | ".join(f"{ms[v]:.3f}" if ms[v] else "n/a" for v in variants) + " | "
-                         + " | ".join(ratio(ms.get("tokenweave"), ms[b]) for b in bases) + " |")
+                         + " | ".join(ratio(ms.get(a), ms[b]) for a, b in pairs) + " |")
     return lines
 
 
@@ -391,7 +401,7 @@ def parse_args(argv=None):
     p.add_argument("--tp", type=int, nargs="+", default=[8], help="TP size(s); end-to-end mode: exactly one")
     p.add_argument("--layers", type=int, default=4, help="decoder layers (>= 4 amortizes the per-forward costs)")
     p.add_argument("--tokens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS + EXTRA_VARIANTS)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=5, help="untimed forwards before the timed ones (>= 5 on GPU)")
     p.add_argument("--profile-tokens", type=int, default=0,

@@ -85,7 +85,7 @@ def _ag_row(heap, note, nccl, symm, name, k, n, m, max_m, iters, variants, flip)
     import torch.distributed as dist
 
     from sgl_kernel.tdist.ag_gemm import AgGemm
-    from sgl_kernel.tdist.decomp import DecompAgGemm
+    from sgl_kernel.tdist.decomp import DecompAgGemm, plan_chunks
     from sgl_kernel.tdist.layout import split_rows
 
     w, me, dev, dt = heap.world, heap.rank, heap.device, torch.bfloat16
@@ -104,6 +104,11 @@ def _ag_row(heap, note, nccl, symm, name, k, n, m, max_m, iters, variants, flip)
         op_d = DecompAgGemm(heap, max_m, k, dt, name=f"b.{name}.decomp")
         out_d = torch.empty(m, n, dtype=dt, device=dev)
         jobs.append(("tdist_decomp", "tdist decomposition", lambda: op_d(a, wt.t(), rows, out_d)))
+        jobs += _pieces_jobs(res, variants, lambda c: op_d(a, wt.t(), rows, out_d, chunks=c),
+                             plan_chunks("ag", rows, k, n))
+        if "pieces" in variants and w == 2:
+            jobs.append(("decomp_bulk", "tdist decomposition, bulk",
+                         lambda: op_d(a, wt.t(), rows, out_d, chunks=1, bulk=True)))
     jobs.append(("cublas_only", "cuBLAS", lambda: full @ wt.t()))
     if nccl is not None and len(set(rows)) == 1:
         gathered = torch.empty(m, k, dtype=dt, device=dev)
@@ -126,7 +131,7 @@ def _rs_row(heap, note, nccl, symm, name, k, n, m, max_m, iters, variants, flip)
     """One GEMM-RS row (same variants as :func:`_ag_row`; cuBLAS alone is the full [M, K_local] GEMM)."""
     import torch.distributed as dist
 
-    from sgl_kernel.tdist.decomp import DecompGemmRs
+    from sgl_kernel.tdist.decomp import DecompGemmRs, plan_chunks
     from sgl_kernel.tdist.gemm_rs import GemmRs
     from sgl_kernel.tdist.layout import split_rows
 
@@ -146,6 +151,8 @@ def _rs_row(heap, note, nccl, symm, name, k, n, m, max_m, iters, variants, flip)
         op_d = DecompGemmRs(heap, max_rows, n, dt, name=f"b.{name}.decomp")
         out_d = torch.empty(rows[me], n, dtype=dt, device=dev)
         jobs.append(("tdist_decomp", "tdist decomposition", lambda: op_d(a, wt.t(), rows, out_d)))
+        jobs += _pieces_jobs(res, variants, lambda c: op_d(a, wt.t(), rows, out_d, chunks=c),
+                             plan_chunks("rs", rows, k, n))
     jobs.append(("cublas_only", "cuBLAS", lambda: a @ wt.t()))
     if nccl is not None and m % w == 0:
         out = torch.empty(m // w, n, dtype=dt, device=dev)
@@ -164,6 +171,19 @@ def _rs_row(heap, note, nccl, symm, name, k, n, m, max_m, iters, variants, flip)
     return res
 
 
+PIECES = (1, 2, 4)
+
+
+def _pieces_jobs(res, variants, call, planned):
+    """With variant ``pieces``: the decomposition at every other piece count of :data:`PIECES` (keys
+    ``decomp_p<c>``, shown in the notes column) to check :func:`~sgl_kernel.tdist.decomp.plan_chunks`."""
+    res["plan"] = planned
+    if "pieces" not in variants:
+        return []
+    return [(f"decomp_p{c}", f"tdist decomposition, {c} pieces", (lambda c=c: call(c))) for c in PIECES
+            if c != planned]
+
+
 def _run_jobs(heap, note, res, jobs, iters):
     for key, label, fn in jobs:
         note(f"{res['shape']} M={res['M']}: {label}")
@@ -172,8 +192,12 @@ def _run_jobs(heap, note, res, jobs, iters):
             res[f"{key}_note"] = err
 
 
-def _a2a_row(heap, note, nccl, t, hidden, iters):
-    """One all-to-all row: tdist low-latency all-to-all vs NCCL all_to_all_single, random counts."""
+A2A_CTAS = (32, 64)  # CTAs per peer tried besides the default with variant ``pieces``
+
+
+def _a2a_row(heap, note, nccl, t, hidden, iters, variants=()):
+    """One all-to-all row: tdist low-latency all-to-all vs NCCL all_to_all_single, random counts; with variant
+    ``pieces`` also the all-to-all at :data:`A2A_CTAS` CTAs per peer (keys ``a2a_c<n>``, in the notes column)."""
     import torch.distributed as dist
 
     from sgl_kernel.tdist.all_to_all import AllToAll
@@ -186,6 +210,11 @@ def _a2a_row(heap, note, nccl, t, hidden, iters):
     sc = counts.to(torch.int32).to(dev)
     res = {"op": "all-to-all", "kind": "a2a", "shape": f"H={hidden} random counts", "M": t}
     res["tdist_sm"], _ = _try(heap, note, "tdist a2a", lambda: op(x, sc), iters, res, "tdist_sm")
+    res["ctas"] = op.chunks
+    for ch in A2A_CTAS if "pieces" in variants else ():
+        op_c = AllToAll(heap, t, hidden, dt, name=f"b.a2a.{t}.c{ch}", chunks=ch)
+        res[f"a2a_c{ch}"], _ = _try(heap, note, f"tdist a2a {ch} CTAs/peer", lambda op_c=op_c: op_c(x, sc), iters,
+                                    res, f"a2a_c{ch}")
     if nccl is not None:
         recv = torch.zeros(w, dtype=torch.int64, device=dev)
         dist.all_to_all_single(recv, counts.to(dev), group=nccl)
@@ -194,9 +223,42 @@ def _a2a_row(heap, note, nccl, t, hidden, iters):
         res["torch_seq"], res["torch_seq_note"] = _try(
             heap, note, "nccl all_to_all_single", lambda: dist.all_to_all_single(out, x, out_s, in_s, group=nccl),
             iters, res, "torch_seq")
+        if "graph" in variants:
+            _a2a_graphs(heap, note, res, iters, lambda: op(x, sc),
+                        lambda: dist.all_to_all_single(out, x, out_s, in_s, group=nccl))
     else:
         res["torch_seq_note"] = UNAVAILABLE_SHARED
     return res
+
+
+def _graphed(fn):
+    """``fn`` captured in a CUDA graph (after one eager call on a side stream, as torch.cuda.graph requires);
+    returns the replay callable. Collective: every rank captures the same calls."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    torch.cuda.synchronize()
+    return g.replay
+
+
+def _a2a_graphs(heap, note, res, iters, tdist_fn, nccl_fn):
+    """With variant ``graph``: the tdist all-to-all and NCCL all_to_all_single each captured in a CUDA graph and
+    timed as replays (keys ``a2a_graph`` / ``nccl_graph``, in the notes column): launch overhead out of both, as in
+    decode CUDA graphs. A capture that fails is reported in the notes."""
+    for key, label, fn in (("a2a_graph", "tdist a2a graph", tdist_fn), ("nccl_graph", "nccl a2a graph", nccl_fn)):
+        try:
+            replay = _graphed(fn)
+        except Exception as ex:  # reported, never fatal
+            note(f"{label} capture failed: {type(ex).__name__}: {ex}")
+            res[f"{key}_note"] = f"{label} capture failed: {type(ex).__name__}"
+            heap.barrier()
+            continue
+        res[key], _ = _try(heap, note, label, replay, iters, res, key)
 
 
 def rank_body(heap, note, nccl, shapes: Dict[str, tuple], tokens: List[int], iters: int, a2a_hidden: int,
@@ -214,7 +276,7 @@ def rank_body(heap, note, nccl, shapes: Dict[str, tuple], tokens: List[int], ite
             i += 1
     for t in a2a_tokens:
         note(f"all-to-all T={t}")
-        rows_out.append(_a2a_row(heap, note, nccl, t, a2a_hidden, iters))
+        rows_out.append(_a2a_row(heap, note, nccl, t, a2a_hidden, iters, variants))
         _report(note, len(rows_out) - 1, rows_out[-1])
     return rows_out
 
@@ -255,7 +317,18 @@ def table(per_rank: List[List[dict]]) -> List[str]:
         r2 = f"{sf / best:.2f}x" if sf and best else "-"
         comp = [max((r[i].get("compile", {}).get(k) or 0.0) for r in per_rank)
                 for k in ("tdist_sm", "tdist_decomp")]
-        notes = "; ".join(str(v) for key, v in row.items() if key.endswith("_note") and v)
+        notes = [str(v) for key, v in row.items() if key.endswith("_note") and v]
+        if row.get("plan"):
+            notes.append(f"{row['plan']} pieces" + "".join(
+                f", {c}: {_fmt(_mx(per_rank, i, f'decomp_p{c}'))}" for c in PIECES if f"decomp_p{c}" in row)
+                + (f", bulk: {_fmt(_mx(per_rank, i, 'decomp_bulk'))}" if "decomp_bulk" in row else ""))
+        if row.get("ctas"):
+            notes.append(f"{row['ctas']} CTAs/peer" + "".join(
+                f", {c}: {_fmt(_mx(per_rank, i, f'a2a_c{c}'))}" for c in A2A_CTAS if f"a2a_c{c}" in row))
+        if "a2a_graph" in row or "nccl_graph" in row:
+            notes.append(f"CUDA graph: tdist {_fmt(_mx(per_rank, i, 'a2a_graph'))}, "
+                         f"NCCL {_fmt(_mx(per_rank, i, 'nccl_graph'))}")
+        notes = "; ".join(notes)
         lines.append(f"| {row['op']} | {row['shape']} | {row['M']} | {_fmt(sm)} | {_fmt(dc)} | {_fmt(ts)} | "
                      f"{_fmt(sf)} | {_fmt(_mx(per_rank, i, 'cublas_only'))} | {r1} | {r2} | "
                      f"{comp[0]:.1f} / {comp[1]:.1f} | {notes} |")

@@ -140,11 +140,20 @@ def _run_cases(heap, note, nccl, cases):
             f += _guard(_check_rs, rs, heap, rows, k, n, range(3), f"decomp RS rows={rows}")
         f += _guard(_check_ag, ag, heap, even, k, n, range(10, 40), "decomp AG back-to-back")
         f += _guard(_check_rs, rs, heap, even, k, n, range(10, 40), "decomp RS back-to-back")
+        ag3 = DecompAgGemm(heap, 2048, k, DT, name="t.dag3", chunks=3)  # pieces (uneven, some empty)
+        rs4 = DecompGemmRs(heap, 512, n, DT, name="t.drs4", chunks=4)
+        for rows in (even, uneven):
+            f += _guard(_check_ag, ag3, heap, rows, k, n, range(50, 60), f"decomp AG 3 pieces rows={rows}")
+            f += _guard(_check_rs, rs4, heap, rows, k, n, range(50, 60), f"decomp RS 4 pieces rows={rows}")
+        if w == 2:  # bulk: head GEMM + one GEMM over the rest (wide N so the head is 256 of 512 rows)
+            agb = DecompAgGemm(heap, 1024, k, DT, name="t.dagb", chunks=1)
+            bulk = lambda a_, b_, rows_: agb(a_, b_, rows_, bulk=True)  # noqa: E731
+            f += _guard(_check_ag, bulk, heap, [512, 512], k, 8192, range(60, 65), "decomp AG bulk")
         res["decomp"] = f
     if "graph" in cases:
         note("graph")
-        ag = DecompAgGemm(heap, 2048, k, DT, name="t.gdag")
-        rs = DecompGemmRs(heap, 512, n, DT, name="t.gdrs")
+        ag = DecompAgGemm(heap, 2048, k, DT, name="t.gdag", chunks=2)
+        rs = DecompGemmRs(heap, 512, n, DT, name="t.gdrs", chunks=3)
         res["graph"] = (_guard(_graph_ag, ag, heap, even, k, n, "decomp AG")
                         + _guard(_graph_rs, rs, heap, uneven, k, n, "decomp RS"))
     if "auto" in cases:

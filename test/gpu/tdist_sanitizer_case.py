@@ -1,6 +1,9 @@
-"""Small 2-rank Triton-distributed run for compute-sanitizer (memcheck): message passing, AG-GEMM (SM and CE
-producers), GEMM-RS and all-to-all once each on tiny shapes, ranks as processes sharing the GPU. Prints
-'sanitizer case: ok' or the problems, exits non-zero on failure."""
+"""Small 2-rank Triton-distributed run for compute-sanitizer (memcheck / racecheck): message passing, AG-GEMM (SM
+and CE producers), GEMM-RS and all-to-all once each on tiny shapes; with argument ``decomp`` only the decomposition
+(DecompAgGemm / DecompGemmRs in 2 and 3 pieces, uneven rows, 3 back-to-back calls each: copy-engine pushes into the
+peer's IPC-mapped heap, stream-op signals, cuBLAS, the fused addmm_ reduction). Ranks are processes on
+``cuda:(rank % device_count)`` (one per GPU when there are two). Prints 'sanitizer case: ok' or the problems, exits
+non-zero on failure."""
 
 import os
 import sys
@@ -49,13 +52,45 @@ def small(heap, note, nccl):
     return fails
 
 
+def small_decomp(heap, note, nccl):
+    """The decomposition ops on tiny uneven shapes vs the torch references; returns failures."""
+    import torch
+
+    from sgl_kernel.tdist.decomp import DecompAgGemm, DecompGemmRs
+    from sgl_kernel.tdist.reference import ag_gemm_ref, gemm_rs_ref
+
+    w, me, dev = heap.world, heap.rank, heap.device
+    fails = []
+    rows = [37, 20, 9, 50][:w]
+    g = lambda s, *sh: torch.randn(*sh, generator=torch.Generator().manual_seed(s)).to(torch.bfloat16).to(dev)  # noqa
+    for c in (2, 3):
+        ag = DecompAgGemm(heap, 128, 64, name=f"s.dag{c}", chunks=c)
+        rs = DecompGemmRs(heap, 64, 72, name=f"s.drs{c}", chunks=c)
+        for it in range(3):
+            shards = [g(100 * c + 10 * it + r, rows[r], 64) for r in range(w)]
+            wt = g(7 + it, 48, 64)
+            out = ag(shards[me], wt.t(), rows)
+            if (out.float() - ag_gemm_ref(shards, wt.t()).float()).abs().max() > 0.1:
+                fails.append(f"decomp ag_gemm chunks={c} call {it}")
+            a = [g(500 + 10 * it + r, sum(rows), 40) for r in range(w)]
+            b = [g(600 + 10 * it + r, 72, 40).t() for r in range(w)]
+            ref = gemm_rs_ref(a, b, rows)[me].float()
+            out = rs(a[me], b[me], rows)
+            if (out.float() - ref).abs().max() > 2e-2 * max(1.0, float(ref.abs().max())):
+                fails.append(f"decomp gemm_rs chunks={c} call {it}")
+    torch.cuda.synchronize(dev)
+    heap.barrier()
+    return fails
+
+
 if __name__ == "__main__":
     from sgl_kernel.tdist.layout import HeapConfig
     from sgl_kernel.tdist.spawn import run_ranks
 
     import tdist_sanitizer_case as me_mod
 
-    res, problems = run_ranks(2, me_mod.small, heap_config=HeapConfig(data_bytes=8 << 20, signal_slots=256),
+    body = me_mod.small_decomp if sys.argv[1:] == ["decomp"] else me_mod.small
+    res, problems = run_ranks(2, body, heap_config=HeapConfig(data_bytes=8 << 20, signal_slots=256),
                               timeout=600)
     bad = problems + [f"rank {r}: {f}" for r, x in enumerate(res) if x for f in x]
     print("sanitizer case:", "ok" if not bad else bad)

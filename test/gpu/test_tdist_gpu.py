@@ -132,8 +132,8 @@ def test_tdist_case(world, case):
 
 
 def _sp_greedy(ps, path, prompt, steps, tdist):
-    """Rank body (tp_worker.spawn_ranks, ranks sharing cuda:0): greedy tokens + first logits with the
-    sequence-parallel executor on the fused Triton-distributed ops (tdist=True) or the plain forward (ps.tp_size 1)."""
+    """Rank body (tp_worker.spawn_ranks): greedy tokens + first logits with the sequence-parallel executor on the
+    Triton-distributed ops of producer ``tdist`` ("decomp", "ce" or "sm") or the plain forward (tdist "")."""
     import torch
 
     from sglang.srt.configs.model_config import ModelConfig
@@ -149,8 +149,12 @@ def _sp_greedy(ps, path, prompt, steps, tdist):
     if tdist:
         from sglang.srt.distributed.tdist_overlap import TdistSequenceParallelOps
 
+        from sgl_kernel.tdist.auto import CalibrationTable
+
+        # default_min_m=1: the decomposition on every call (the NCCL fallback is covered by the auto case)
         ops = TdistSequenceParallelOps(ps.cpu_group, ps.torch_device(), ps.tp_rank, ps.tp_size, max_tokens=256,
-                                       heap_bytes=64 << 20, gather_group=ps.device_group)
+                                       heap_bytes=64 << 20, gather_group=ps.device_group, producer=tdist,
+                                       table=CalibrationTable(default_min_m=1))
         ex = SequenceParallelExecutor(ops)
     h = harness_for(model, config, ps.tp_size, device="cuda")
     out, first, new = [], None, list(prompt)
@@ -166,6 +170,22 @@ def _sp_greedy(ps, path, prompt, steps, tdist):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_sequence_parallel_executor_with_tdist_equals_single_process(world):
+    _check_sp_greedy(world, "ce", share_gpu=True)
+
+
+@pytest.mark.parametrize("producer", ["decomp", "sm"])
+def test_sequence_parallel_executor_one_rank_per_gpu_equals_single_process(producer):
+    """--enable-tdist-overlap's default path (the decomposition behind AutoAgGemm / AutoGemmRs) and the Triton SM
+    kernels with one rank per GPU (NCCL device group, CUDA IPC across GPUs): greedy tokens of stories260K equal the
+    single process's, first-step logits to 1e-3."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    _check_sp_greedy(2, producer, share_gpu=False)
+
+
+def _check_sp_greedy(world, producer, share_gpu):
     """--enable-tdist-overlap's executor on the fused AG-GEMM / GEMM-RS (fp32, IEEE products; ranks sharing the
     GPU): greedy tokens of stories260K equal the single process's, first-step logits to 1e-3."""
     import torch
@@ -176,10 +196,10 @@ def test_sequence_parallel_executor_with_tdist_equals_single_process(world):
 
     path = shared_path("models", "stories260K")
     prompt = [1, 403, 407, 261, 378, 300, 305, 290, 411]
-    (want, want_logits), = spawn_ranks(_sp_greedy, 1, path, prompt, 12, False, device="cuda", share_gpu=True,
+    (want, want_logits), = spawn_ranks(_sp_greedy, 1, path, prompt, 12, "", device="cuda", share_gpu=True,
                                        timeout=300)
-    for rank, (got, logits) in enumerate(spawn_ranks(_sp_greedy, world, path, prompt, 12, True, device="cuda",
-                                                     share_gpu=True, timeout=400)):
+    for rank, (got, logits) in enumerate(spawn_ranks(_sp_greedy, world, path, prompt, 12, producer, device="cuda",
+                                                     share_gpu=share_gpu, timeout=400)):
         assert got == want, f"tp{world} rank {rank}: {got} != single process {want}"
         torch.testing.assert_close(logits, want_logits, atol=1e-3, rtol=1e-3)
 

@@ -40,16 +40,17 @@ def test_parse_args_rejects_bad_values(tmp_path):
 
 
 def test_table_ratios_use_slowest_rank_and_best_tdist():
-    r0 = [{"op": "AG-GEMM", "shape": "qkv", "M": 1024, "tdist_sm": 1.0, "tdist_ce": 0.5, "torch_seq": 0.9,
-           "symm_fused": 1.2, "cublas_only": 0.3},
+    r0 = [{"op": "AG-GEMM", "shape": "qkv", "M": 1024, "tdist_sm": 1.0, "tdist_decomp": 0.5, "torch_seq": 0.9,
+           "symm_fused": 1.2, "cublas_only": 0.3, "plan": 4, "decomp_p1": 0.7},
           {"op": "all-to-all", "shape": "H=7168", "M": 128, "tdist_sm": 0.2, "torch_seq_note": UNAVAILABLE_SHARED}]
-    r1 = [{"op": "AG-GEMM", "shape": "qkv", "M": 1024, "tdist_sm": 1.1, "tdist_ce": 0.6, "torch_seq": 1.2,
-           "symm_fused": 1.5, "cublas_only": 0.4},
+    r1 = [{"op": "AG-GEMM", "shape": "qkv", "M": 1024, "tdist_sm": 1.1, "tdist_decomp": 0.6, "torch_seq": 1.2,
+           "symm_fused": 1.5, "cublas_only": 0.4, "plan": 4, "decomp_p1": 0.8},
           {"op": "all-to-all", "shape": "H=7168", "M": 128, "tdist_sm": 0.25, "torch_seq_note": UNAVAILABLE_SHARED}]
     lines = table([r0, r1])
     assert len(lines) == 4
     ag = lines[2].split("|")
     assert ag[4].strip() == "1.100" and ag[5].strip() == "0.600" and ag[6].strip() == "1.200"
     assert ag[9].strip() == "2.00x" and ag[10].strip() == "2.50x"
+    assert ag[12].strip() == "4 pieces, 1: 0.800"  # the planned piece count, other counts' slowest-rank ms
     a2a = lines[3]
     assert "| - |" in a2a and "NCCL refuses duplicate GPUs" in a2a

@@ -139,8 +139,8 @@ def _ranks(body, world):
             raise e
 
 
-def _cpu_ops(cls, heaps, *args, name):
-    ops = [cls(h, *args, torch.float32, name=name) for h in heaps]
+def _cpu_ops(cls, heaps, *args, name, chunks=None):
+    ops = [cls(h, *args, torch.float32, name=name, chunks=chunks) for h in heaps]
     for op in ops:
         op.hs.ready.fill_(1)  # what the constructor does on CUDA (before its host barrier)
         if hasattr(op, "_done"):
@@ -150,10 +150,13 @@ def _cpu_ops(cls, heaps, *args, name):
     return ops
 
 
+@pytest.mark.parametrize("chunks", [None, 3, "bulk"])
 @pytest.mark.parametrize("rows", [[48, 48], [40, 0], [0, 24]])
-def test_ag_gemm_protocol_back_to_back(fake_cuda, rows):
+def test_ag_gemm_protocol_back_to_back(fake_cuda, rows, chunks):
+    bulk = chunks == "bulk"  # too few rows for a head: the ordinary path
+    chunks = 1 if bulk else chunks
     heaps = simulate_group(2, HeapConfig(data_bytes=1 << 20, signal_slots=64))
-    ops = _cpu_ops(decomp.DecompAgGemm, heaps, 128, 32, name="sim.ag")
+    ops = _cpu_ops(decomp.DecompAgGemm, heaps, 128, 32, name="sim.ag", chunks=chunks)
     calls = 25
     shards = [[torch.randn(rows[r], 32) for r in range(2)] for _ in range(calls)]
     bs = [torch.randn(32, 24) for _ in range(calls)]
@@ -161,7 +164,7 @@ def test_ag_gemm_protocol_back_to_back(fake_cuda, rows):
 
     def body(r):
         for i in range(calls):
-            got[r][i] = ops[r](shards[i][r], bs[i], rows).clone()
+            got[r][i] = ops[r](shards[i][r], bs[i], rows, bulk=bulk).clone()
             _local.main.wait_stream(ops[r].hs.stream(1))
     _ranks(body, 2)
     for i in range(calls):
@@ -170,10 +173,11 @@ def test_ag_gemm_protocol_back_to_back(fake_cuda, rows):
             torch.testing.assert_close(got[r][i], ref, atol=1e-4, rtol=1e-4, msg=f"call {i} rank {r}")
 
 
-@pytest.mark.parametrize("rows", [[32, 32], [40, 0]])
-def test_gemm_rs_protocol_back_to_back(fake_cuda, rows):
+@pytest.mark.parametrize("chunks", [None, 4])
+@pytest.mark.parametrize("rows", [[32, 32], [40, 0], [50, 34]])
+def test_gemm_rs_protocol_back_to_back(fake_cuda, rows, chunks):
     heaps = simulate_group(2, HeapConfig(data_bytes=1 << 20, signal_slots=64))
-    ops = _cpu_ops(decomp.DecompGemmRs, heaps, 64, 24, name="sim.rs")
+    ops = _cpu_ops(decomp.DecompGemmRs, heaps, 64, 24, name="sim.rs", chunks=chunks)
     calls = 25
     m = sum(rows)
     a = [[torch.randn(m, 16) for _ in range(2)] for _ in range(calls)]
@@ -188,3 +192,97 @@ def test_gemm_rs_protocol_back_to_back(fake_cuda, rows):
         ref = gemm_rs_ref(a[i], b[i], rows)
         for r in range(2):
             torch.testing.assert_close(got[r][i], ref[r], atol=1e-4, rtol=1e-4, msg=f"call {i} rank {r}")
+
+
+def test_plan_chunks_follows_gemm_to_transfer_ratio():
+    """Llama-3.3-70B TP4 shapes: qkv (N=2560) and o_proj (K=2048) are transfer-bound -> 4 pieces; gate_up
+    (N=14336) hides its transfer -> 1; down (K=7168) -> 2; GEMM-RS never 1; small segments cap the count."""
+    big = [4096, 4096]
+    assert decomp.plan_chunks("ag", big, 8192, 2560) == 4
+    assert decomp.plan_chunks("ag", big, 8192, 14336) == 1
+    assert decomp.plan_chunks("rs", big, 2048, 8192) == 4
+    assert decomp.plan_chunks("rs", big, 7168, 8192) == 2
+    assert decomp.plan_chunks("rs", big, 16384, 8192) == 2
+    assert decomp.plan_chunks("ag", [300, 300], 8192, 2560) == 1
+    assert decomp.plan_chunks("ag", [1100, 0], 8192, 2560) == 2
+    pieces = decomp._pieces(50, 4)
+    assert pieces[0][0] == 0 and pieces[-1][1] == 50 and all(a[1] == b[0] for a, b in zip(pieces, pieces[1:]))
+    with pytest.raises(ValueError, match="chunks=5"):
+        decomp._check_chunks(5)
+
+
+
+def test_enable_tdist_overlap_ops_on_the_decomposition(fake_cuda):
+    """--enable-tdist-overlap's TdistSequenceParallelOps (default producer "decomp", a table forcing the
+    decomposition) on two simulated ranks: ag_linear (column-parallel) equals F.linear on the gathered input and
+    linear_rs (row-parallel) the own rows of the summed partials, back-to-back, with two weight shapes sharing one
+    op per buffer name (like qkv / gate_up sharing K, o_proj / down sharing N)."""
+    from sgl_kernel.tdist.auto import CalibrationTable
+    from sglang.srt.distributed.tdist_overlap import TdistSequenceParallelOps
+
+    heaps = simulate_group(2, HeapConfig(data_bytes=4 << 20, signal_slots=256))
+    table = CalibrationTable(default_min_m=1)
+    ops = [TdistSequenceParallelOps(None, torch.device("cpu"), r, 2, max_tokens=128, heap=heaps[r], table=table)
+           for r in range(2)]
+    assert all(op.producer == "decomp" for op in ops)
+    rows, h, kl = [40, 24], 32, 16
+    off = [0, rows[0], sum(rows)]
+    x = torch.randn(sum(rows), h)
+    w_cols = [torch.randn(48, h), torch.randn(20, h)]  # column-parallel shards, same K = h
+    ks = (kl, 2 * kl)  # two row-parallel shapes with N = h and different K_local; inputs and weights per rank
+    x_rows = [[torch.randn(sum(rows), k) for _ in range(2)] for k in ks]
+    w_rows = [[torch.randn(h, k) for _ in range(2)] for k in ks]
+    for op in ops:  # build the ops eagerly (one per name) and give them their initial credits (CUDA does that)
+        for wc in w_cols:
+            op._op("ag", h, wc.shape[0], torch.float32)
+        op._op("rs", kl, h, torch.float32)
+        assert len(op._ops) == 2
+        for auto in op._ops.values():
+            auto.decomp.hs.ready.fill_(1)
+    got = [[] for _ in range(2)]
+
+    def body(r):
+        for _ in range(3):
+            for wc in w_cols:
+                got[r].append(ops[r].ag_linear(x[off[r]: off[r + 1]].contiguous(), wc, None, rows).clone())
+            for xr, wr in zip(x_rows, w_rows):
+                got[r].append(ops[r].linear_rs(xr[r], wr[r], None, rows).clone())
+    _ranks(body, 2)
+    for r in range(2):
+        want = []
+        for wc in w_cols:
+            want.append(x @ wc.t())
+        for xr, wr in zip(x_rows, w_rows):
+            want.append((xr[0] @ wr[0].t() + xr[1] @ wr[1].t())[off[r]: off[r + 1]])
+        for i, g in enumerate(got[r]):
+            torch.testing.assert_close(g, want[i % 4], atol=1e-4, rtol=1e-4, msg=f"rank {r} call {i}")
+        assert all(op.last_path == "decomp" for op in ops[r]._ops.values())
+
+
+@pytest.mark.parametrize("rows", [[300, 260], [200, 400]])
+def test_ag_gemm_bulk_head_then_one_gemm(fake_cuda, monkeypatch, rows):
+    """bulk=True at world 2 with a wide N (head of 128 or 256 rows < own rows): head GEMM, copy-engine copy of the
+    own shard into the gather buffer, one GEMM over the rest; back-to-back calls equal the reference and the bulk
+    path ran."""
+    heaps = simulate_group(2, HeapConfig(data_bytes=4 << 20, signal_slots=64))
+    ops = _cpu_ops(decomp.DecompAgGemm, heaps, 1024, 16, name="sim.bulk", chunks=1)
+    ran = []
+    orig = decomp.DecompAgGemm._bulk
+    monkeypatch.setattr(decomp.DecompAgGemm, "_bulk", lambda self, *a: ran.append(a[4]) or orig(self, *a))
+    calls, n = 4, 8192
+    shards = [[torch.randn(rows[r], 16) for r in range(2)] for _ in range(calls)]
+    bs = [torch.randn(16, n) for _ in range(calls)]
+    got = [[None] * calls for _ in range(2)]
+
+    def body(r):
+        for i in range(calls):
+            got[r][i] = ops[r](shards[i][r], bs[i], rows, bulk=True).clone()
+            _local.main.wait_stream(ops[r].hs.stream(1))
+    _ranks(body, 2)
+    # [200, 400]: rank 0's head would cover all its rows, so only rank 1 takes the bulk path (the exchange is the
+    # same one-piece exchange on both paths, so ranks may differ)
+    assert len(ran) == (2 if rows[0] > 256 else 1) * calls and all(h % 128 == 0 for h in ran), ran
+    for i in range(calls):
+        ref = ag_gemm_ref(shards[i], bs[i])
+        for r in range(2):
+            torch.testing.assert_close(got[r][i], ref, atol=1e-4, rtol=1e-4, msg=f"call {i} rank {r}")

@@ -3,11 +3,18 @@ row-parallel layers (Zheng et al., "Triton-distributed", 2025, sec. 3.2-3.3), be
 :class:`~sglang.srt.distributed.sequence_parallel.SequenceParallelOps`.
 
 One :class:`~sgl_kernel.tdist.heap.SymmetricHeap` per TP group (CUDA IPC, no multicast). Fused ops are built lazily
-per (kind, K, N, dtype) on first use; every rank runs the same layers in the same order, so the heap's bookkeeping
-stays symmetric. Buffers are sized for ``max_tokens`` rows.
+on first use; every rank runs the same layers in the same order, so the heap's bookkeeping stays symmetric. Buffers
+are sized for ``max_tokens`` rows.
 
-Fail closed: the kernels' device waits are bounded (HeapConfig.wait_timeout_s); after every fused op the heap's error
-word is copied asynchronously to pinned host memory, and the next op raises
+Producer ``"decomp"`` (default): the decomposition of ``sgl_kernel.tdist.decomp`` (cuBLAS per piece, copy-engine
+pushes, stream waits on signals; Wang et al., ASPLOS 2023, sec. 3) behind ``sgl_kernel.tdist.auto.AutoAgGemm`` /
+``AutoGemmRs``, which fall back to NCCL + cuBLAS below the calibration table's break-even M (``table``, default
+:data:`sgl_kernel.tdist.auto.H100_TABLE`). One op object per buffer name (AG: per K, RS: per N), so ops of the same
+K / N share buffers and credits. Its stream waits have no device timeout (a dead peer hangs like NCCL does; the
+process-level watchdog applies). Producers ``"ce"`` / ``"sm"``: the Triton kernels (AgGemm / GemmRs).
+
+Fail closed (Triton producers): the kernels' device waits are bounded (HeapConfig.wait_timeout_s); after every fused
+op the heap's error word is copied asynchronously to pinned host memory, and the next op raises
 :class:`~sgl_kernel.tdist.heap.TdistWaitError` (kernel, rank, signal) once it shows a failed wait, so a stuck peer
 turns into an error within one forward instead of a hang or silently wrong tokens.
 """
@@ -24,17 +31,34 @@ from sglang.srt.distributed.sequence_parallel import SequenceParallelOps, _check
 logger = logging.getLogger(__name__)
 
 
+def _nccl_or_none(group):
+    """``group`` when it is an NCCL process group, else None (AutoAgGemm / AutoGemmRs then never fall back)."""
+    if group is None:
+        return None
+    import torch.distributed as dist
+
+    try:
+        return group if dist.get_backend(group) == "nccl" else None
+    except (RuntimeError, ValueError):
+        return None
+
+
 class TdistSequenceParallelOps(SequenceParallelOps):
     """AG-GEMM / GEMM-RS on a symmetric heap. Args: group (torch.distributed group for the handle exchange, gloo
     is fine), device (this rank's CUDA device), rank, world_size, max_tokens (largest T per call), heap_bytes
-    (data bytes per rank; default sized lazily-safe at 1 GiB). Raises on heap creation failure (the factory falls
-    back to torch)."""
+    (data bytes per rank; default sized lazily-safe at 1 GiB), producer ("decomp" default, "ce", "sm"; see the
+    module docstring), gather_group (the device group: row gathers, and the NCCL fallback of the decomposition when
+    it is an NCCL group), table (a CalibrationTable for the decomposition's fallback; default H100_TABLE). Raises
+    ValueError on an unknown producer and on heap creation failure (the factory falls back to torch). heap: an
+    existing SymmetricHeap of the group (tests: ``simulate_group``); None creates one."""
 
     name = "tdist"
 
     def __init__(self, group, device: torch.device, rank: int, world_size: int, max_tokens: int,
-                 heap_bytes: int = 1 << 30, producer: str = "ce", gather_group=None):
+                 heap_bytes: int = 1 << 30, producer: str = "decomp", gather_group=None, table=None, heap=None):
         super().__init__(rank, world_size)
+        if producer not in ("decomp", "ce", "sm"):
+            raise ValueError(f"producer={producer!r} must be 'decomp', 'ce' or 'sm'")
         from sglang.srt.distributed.sequence_parallel import TorchSequenceParallelOps
 
         # the final all-gather of rows (once per forward) goes through torch.distributed on the device group
@@ -42,12 +66,14 @@ class TdistSequenceParallelOps(SequenceParallelOps):
         from sgl_kernel.tdist.heap import SymmetricHeap
         from sgl_kernel.tdist.layout import HeapConfig
 
-        self.max_tokens, self.producer = max_tokens, producer
-        self.heap = SymmetricHeap.create(group, device, HeapConfig(data_bytes=heap_bytes, signal_slots=16384))
+        self.max_tokens, self.producer, self.table = max_tokens, producer, table
+        self._nccl = _nccl_or_none(gather_group)  # the fallback's collectives need NCCL (gloo: always decomp)
+        self.heap = heap if heap is not None else SymmetricHeap.create(
+            group, device, HeapConfig(data_bytes=heap_bytes, signal_slots=16384))
         self._ops: Dict[Tuple, object] = {}
         self._warned = False
         # abort word + first failing site of the error record, polled without a device sync
-        self._err_host = torch.zeros(2, dtype=torch.int64, pin_memory=True)
+        self._err_host = torch.zeros(2, dtype=torch.int64, pin_memory=torch.cuda.is_available())
 
     def _poll_error(self) -> None:
         """Raise TdistWaitError (synchronizing, full message) if an earlier op's device wait gave up."""
@@ -58,23 +84,34 @@ class TdistSequenceParallelOps(SequenceParallelOps):
         self._err_host.copy_(self.heap.error[:2], non_blocking=True)
 
     def _op(self, kind: str, k: int, n: int, dtype: torch.dtype):
-        key = (kind, k, n, dtype)
+        # buffers depend on K (gather) or N (partials) only: ops of the same K / N share them (they run in stream
+        # order, and signals / credits are kept per name on the heap), so one op object per name
+        dt = str(dtype).split(".")[-1]
+        name = f"sp.ag.k{k}.{dt}" if kind == "ag" else f"sp.rs.n{n}.{dt}"
+        key = (name,) if self.producer == "decomp" else (name, k, n)
         op = self._ops.get(key)
         if op is None:
-            from sgl_kernel.tdist.ag_gemm import AgGemm
-            from sgl_kernel.tdist.gemm_rs import GemmRs
-
-            # buffers depend on K (gather) or N (partials) only: ops of the same K / N share them (they run in stream
-            # order, and the signal epochs are kept per name on the heap)
-            dt = str(dtype).split(".")[-1]
-            name = f"sp.ag.k{k}.{dt}" if kind == "ag" else f"sp.rs.n{n}.{dt}"
-            if kind == "ag":
-                op = AgGemm(self.heap, self.max_tokens, k, dtype, name=name, producer=self.producer)
-            else:
-                op = GemmRs(self.heap, -(-self.max_tokens // self.world_size), n, dtype, name=name)
+            op = self._build(kind, k, n, dtype, name)
             self._ops[key] = op
-            logger.info("tdist: built %s op K=%d N=%d %s", kind, k, n, dtype)
+            logger.info("tdist: built %s op (%s) K=%d N=%d %s", kind, self.producer, k, n, dtype)
         return op
+
+    def _build(self, kind: str, k: int, n: int, dtype: torch.dtype, name: str):
+        rs_rows = -(-self.max_tokens // self.world_size)
+        if self.producer == "decomp":
+            from sgl_kernel.tdist.auto import H100_TABLE, AutoAgGemm, AutoGemmRs
+            from sgl_kernel.tdist.decomp import DecompAgGemm, DecompGemmRs
+
+            table = self.table if self.table is not None else H100_TABLE
+            if kind == "ag":
+                return AutoAgGemm(DecompAgGemm(self.heap, self.max_tokens, k, dtype, name=name), self._nccl, table)
+            return AutoGemmRs(DecompGemmRs(self.heap, rs_rows, n, dtype, name=name), self._nccl, table)
+        from sgl_kernel.tdist.ag_gemm import AgGemm
+        from sgl_kernel.tdist.gemm_rs import GemmRs
+
+        if kind == "ag":
+            return AgGemm(self.heap, self.max_tokens, k, dtype, name=name, producer=self.producer)
+        return GemmRs(self.heap, rs_rows, n, dtype, name=name)
 
     def _too_big(self, rows) -> bool:
         if sum(rows) <= self.max_tokens:
@@ -93,7 +130,8 @@ class TdistSequenceParallelOps(SequenceParallelOps):
         self._poll_error()
         op = self._op("ag", weight.shape[1], weight.shape[0], x_shard.dtype)
         out = op(x_shard.contiguous(), weight.t(), rows)
-        self._track_error()
+        if self.producer != "decomp":
+            self._track_error()
         return out + bias if bias is not None else out
 
     def gather_rows(self, x_shard, rows):
@@ -108,5 +146,6 @@ class TdistSequenceParallelOps(SequenceParallelOps):
         self._poll_error()
         op = self._op("rs", weight.shape[1], weight.shape[0], x.dtype)
         out = op(x.contiguous(), weight.t(), rows)
-        self._track_error()
+        if self.producer != "decomp":
+            self._track_error()
         return out + bias if bias is not None else out

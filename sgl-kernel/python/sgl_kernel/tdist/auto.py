@@ -83,6 +83,13 @@ class CalibrationTable:
             raise ValueError(f"bad calibration table JSON: {e}") from e
 
 
+# Break-even M measured on 2 x H100 80GB HBM3 (NVLink, multicast off), 2026-11-26 round 1 of issue 26
+# (benchmark/results/2026-11-26_issue26_round1_2xh100.md), Llama-3.3-70B TP4 shapes; other shapes and worlds use
+# default_min_m (the decomposition won at M = 8192 on every measured shape).
+H100_TABLE = CalibrationTable((("ag", 8192, 2560, 2, 2048), ("ag", 8192, 14336, 2, 2048), ("rs", 2048, 8192, 2, 8192),
+                               ("rs", 7168, 8192, 2, 2048)), default_min_m=4096)
+
+
 class AutoAgGemm:
     """AG-GEMM that uses ``decomp`` (a :class:`~sgl_kernel.tdist.decomp.DecompAgGemm`) at or above the table's
     break-even M and NCCL ``all_gather_into_tensor`` + cuBLAS below it (or when rows are uneven, which the NCCL call

@@ -18,16 +18,18 @@ Signal values are constants (1 / 0), not epochs, so a call is host-sync free and
 replayed (every replay runs the same handshake). A wait never times out on the device (stream waits have no budget):
 callers bound the whole run on the host (spawn.run_ranks timeouts).
 
-AG-GEMM, rank ``me``: push ``a`` to every peer (one stream per peer), compute ``a @ b`` into its rows of ``out``
-meanwhile, then each peer segment's GEMM as soon as its signal arrives (ring order ``me-1, me-2, ...``: the order in
-which the pushes of the peers arrive). GEMM-RS: compute the partial of each peer's rows first (ring order ``me+1,
-...``) and push it from a per-peer stream as soon as it is done, then the own rows into ``out``; then add every
-received partial to ``out`` as it arrives (``out`` accumulates in the output dtype, as NCCL's reduce-scatter does).
+AG-GEMM, rank ``me``: push ``a`` to every peer (one stream per peer) in :func:`plan_chunks` pieces, compute ``a @ b``
+into its rows of ``out`` meanwhile, then each peer piece's GEMM as soon as its signal arrives (ring order ``me-1,
+me-2, ...``: the order in which the pushes of the peers arrive). GEMM-RS: compute the partial of each peer's rows
+first (ring order ``me+1, ...``), piece by piece, each piece pushed from a per-peer stream as soon as it is done; the
+first source's pieces are copied into ``out`` by the copy engine as they land, and the own rows' GEMM accumulates
+into them (``out += a @ b``, cuBLAS beta = 1: the reduction rides in the GEMM epilogue; ``out`` accumulates in the
+output dtype, as NCCL's reduce-scatter does).
 """
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -43,12 +45,47 @@ def _peer_addr(heap, t: torch.Tensor, peer: int) -> int:
     return heap.bases[peer] + off
 
 
+MAX_CHUNKS = 4  # pieces per ring step (signal slots per source)
+_BYTES_PER_FLOP = 1.0 / 3000.0  # copy-engine push bandwidth / dense bf16 GEMM rate on H100 (~200 GB/s / ~600 TFLOP/s)
+
+
+def plan_chunks(kind: str, rows: Sequence[int], k: int, n: int, min_rows: int = 512) -> int:
+    """Pieces per ring step: how finely each segment is pushed and consumed. The GEMM time per row over the push
+    time per row is ``n * B / F`` for AG-GEMM (a row of ``a`` is ``2k`` bytes and ``2kn`` flops) and ``k * B / F``
+    for GEMM-RS; when the GEMM hides the transfer (ratio >= 3) one piece keeps the GEMMs large, else 2 or 4 pieces
+    let the consumer start on the first piece while the rest is in flight. GEMM-RS uses >= 2 pieces: the own rows'
+    GEMM adds each received piece in its epilogue, so it must not wait for the whole transfer. Capped so a piece
+    has >= ``min_rows`` rows (of the largest segment). Same on every rank (a function of the shared ``rows``)."""
+    ratio = (n if kind == "ag" else k) * _BYTES_PER_FLOP
+    c = 1 if ratio >= 3 else 2 if ratio >= 1.5 else 4
+    if kind == "rs":
+        c = max(c, 2)
+    return max(1, min(c, max(rows) // min_rows if rows else 1))
+
+
+def _pieces(total: int, c: int) -> List[Tuple[int, int]]:
+    """``c`` row ranges [lo, hi) covering ``total`` rows, multiples of 16 rows except the last."""
+    step = -(-total // c)
+    step = -(-step // 16) * 16 if total >= 16 * c else step
+    out, lo = [], 0
+    for _ in range(c):
+        hi = min(total, lo + step)
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
 class _Handshake:
-    """Per-op signals and per-peer streams of the decomposition (see the module docstring)."""
+    """Per-op signals and per-peer streams of the decomposition (see the module docstring). Signal slot
+    ``sig[src * MAX_CHUNKS + c]`` carries piece ``c`` from ``src``."""
 
     def __init__(self, heap, name: str):
         self.heap = heap
-        self.sig = heap.signals(f"{name}.sig", heap.world)
+        self.sig = heap.signals(f"{name}.sig", heap.world * MAX_CHUNKS)
         self.ready = heap.signals(f"{name}.ready", heap.world)
         self.streams: dict = {}
         self.events: dict = {}
@@ -62,32 +99,46 @@ class _Handshake:
         if s is None:
             s = torch.cuda.Stream(self.heap.device, priority=-1)
             self.streams[j] = s
-            self.events[j] = torch.cuda.Event()
         return s
 
-    def exchange(self, j: int, dst_local: torch.Tensor, src: torch.Tensor, after: torch.cuda.Event,
-                 sender: int) -> torch.cuda.Event:
-        """Ring step ``j`` on its own stream: wait for ``after`` and the credit of ``peer = me + j``, copy ``src``
-        into the peer's copy of ``dst_local`` (same byte size), signal the peer's ``sig[me]``; then wait for this
-        rank's ``sig[sender]`` and reset it. Returns an event the consumer's stream waits on, so every dependency of
-        the consumer is CUDA-visible (stream waits only sit behind this step's own push: no serialization of graph
-        branches or of aliased hardware queues can order a wait before the push the peer waits for)."""
+    def event(self, key) -> "torch.cuda.Event":
+        """A cached event (one per ``key``; reused by every call: CUDA-graph friendly)."""
+        ev = self.events.get(key)
+        if ev is None:
+            ev = self.events[key] = torch.cuda.Event()
+        return ev
+
+    def exchange(self, j: int, sends, afters, sender: int, land=None) -> List["torch.cuda.Event"]:
+        """Ring step ``j`` on its own stream, piece by piece: wait for the credit of ``peer = me + j``; then for
+        each piece ``c``: wait ``afters[c]``, copy ``sends[c] = (dst_local, src)`` into the peer's copy of
+        ``dst_local``, signal the peer's ``sig[me, c]``, wait for this rank's ``sig[sender, c]`` and reset it,
+        optionally copy the received piece locally (``land[c] = (dst, src)``, a copy-engine copy off the SMs),
+        record event ``c``. Returns the per-piece events the consumer's stream waits on (every dependency of the
+        consumer is CUDA-visible; a wait for piece ``c`` sits only behind this rank's own push of piece ``c``, and
+        the sender pushes piece ``c`` behind waits for pieces ``< c`` only: no cycle)."""
         h = self.heap
         peer = (h.rank + j) % h.world
         s = self.stream(j)
-        s.wait_event(after)
         cs = s.cuda_stream
+        s.wait_event(afters[0])
         cuda_ipc.stream_wait_value64(self.ready[peer].data_ptr(), 1, cs)
         cuda_ipc.stream_write_value64(self.ready[peer].data_ptr(), 0, cs)
-        nbytes = src.numel() * src.element_size()
-        if nbytes:
-            cuda_ipc.memcpy_async(_peer_addr(h, dst_local, peer), src.data_ptr(), nbytes, cs)
-        cuda_ipc.stream_write_value64(_peer_addr(h, self.sig[h.rank], peer), 1, cs)
-        cuda_ipc.stream_wait_value64(self.sig[sender].data_ptr(), 1, cs)
-        cuda_ipc.stream_write_value64(self.sig[sender].data_ptr(), 0, cs)
-        ev = self.events[j]
-        ev.record(s)
-        return ev
+        evs = []
+        for c, (dst_local, src) in enumerate(sends):
+            if c and afters[c] is not afters[c - 1]:
+                s.wait_event(afters[c])
+            if _nbytes(src):
+                cuda_ipc.memcpy_async(_peer_addr(h, dst_local, peer), src.data_ptr(), _nbytes(src), cs)
+            cuda_ipc.stream_write_value64(_peer_addr(h, self.sig[h.rank * MAX_CHUNKS + c], peer), 1, cs)
+            mine = self.sig[sender * MAX_CHUNKS + c].data_ptr()
+            cuda_ipc.stream_wait_value64(mine, 1, cs)
+            cuda_ipc.stream_write_value64(mine, 0, cs)
+            if land is not None and _nbytes(land[c][1]):
+                cuda_ipc.memcpy_async(land[c][0].data_ptr(), land[c][1].data_ptr(), _nbytes(land[c][1]), cs)
+            ev = self.event((j, c))
+            ev.record(s)
+            evs.append(ev)
+        return evs
 
     def credit(self, src: int, stream: "torch.cuda.Stream") -> None:
         """After ``stream``'s earlier work: tell ``src`` its buffer here may be overwritten (its ``ready[me]`` = 1)."""
@@ -108,27 +159,37 @@ def _offsets(rows: Sequence[int]) -> List[int]:
     return off
 
 
+def _check_chunks(chunks: Optional[int]) -> None:
+    if chunks is not None and not 1 <= chunks <= MAX_CHUNKS:
+        raise ValueError(f"chunks={chunks} must be None (planned per shape) or in [1, {MAX_CHUNKS}]")
+
+
 class DecompAgGemm:
     """``all_gather(a) @ b`` by decomposition (module docstring) on a :class:`~sgl_kernel.tdist.heap.SymmetricHeap`.
 
     Args: heap (CUDA IPC heap, one GPU per rank or shared); max_rows (largest total M) and k size the gather buffer
-    (``max_rows * k`` elements of ``dtype`` per rank); name (unique per op site). Construction is collective (it
-    allocates heap signals, sets the credits and runs a host barrier). Raises ValueError on bad sizes.
+    (``max_rows * k`` elements of ``dtype`` per rank); name (unique per op site); chunks (pieces per segment, None:
+    :func:`plan_chunks` per call). Construction is collective (it allocates heap signals, sets the credits and runs
+    a host barrier). Raises ValueError on bad sizes.
     """
 
-    def __init__(self, heap, max_rows: int, k: int, dtype: torch.dtype = torch.bfloat16, *, name: str = "dag"):
+    def __init__(self, heap, max_rows: int, k: int, dtype: torch.dtype = torch.bfloat16, *, name: str = "dag",
+                 chunks: Optional[int] = None):
         if max_rows < 1 or k < 1:
             raise ValueError(f"max_rows={max_rows} and k={k} must be >= 1")
-        self.heap, self.max_rows, self.k, self.dtype = heap, max_rows, k, dtype
+        _check_chunks(chunks)
+        self.heap, self.max_rows, self.k, self.dtype, self.chunks = heap, max_rows, k, dtype, chunks
         self.gather = heap.tensor(f"{name}.gather", (max_rows, k), dtype)
         self.hs = _Handshake(heap, name)
-        self._done = torch.cuda.Event() if heap.device.type == "cuda" else None
 
-    def __call__(self, a: torch.Tensor, b: torch.Tensor, rows: Sequence[int], out: Optional[torch.Tensor] = None):
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, rows: Sequence[int], out: Optional[torch.Tensor] = None,
+                 chunks: Optional[int] = None, bulk: bool = False):
         """a: [rows[rank], K] contiguous (this rank's shard, self.dtype, on the heap's CUDA device); b: [K, N] (any
         strides, e.g. ``weight.t()``); rows: every rank's row count (same on all ranks, sum <= max_rows); out:
-        optional [sum(rows), N] contiguous. Returns ``out`` = all_gather(a) @ b. Enqueues only (no host sync).
-        All ranks call together. Raises ValueError on bad shapes, dtypes or devices."""
+        optional [sum(rows), N] contiguous; chunks: pieces for this call (same on all ranks; default: the
+        constructor's, else planned); bulk: world 2 with one piece only (else ignored), see :meth:`_bulk`.
+        Returns ``out`` = all_gather(a) @ b. Enqueues only (no host sync). All ranks call together (same ``chunks``
+        and ``bulk``). Raises ValueError on bad shapes, dtypes or devices."""
         h = self.heap
         check_tensor("a", a, 2, h.device, self.dtype)
         check_tensor("b", b, 2, h.device, self.dtype)
@@ -146,18 +207,47 @@ class DecompAgGemm:
             raise ValueError(f"decomp ag_gemm: out must be contiguous [{off[-1]}, {n}] {a.dtype}")
         main = torch.cuda.current_stream(h.device)
         me, w = h.rank, h.world
-        self._done.record(main)  # a is ready
+        _check_chunks(chunks)
+        c = chunks or self.chunks or plan_chunks("ag", rows, self.k, n)
+        done = self.hs.event("a")
+        done.record(main)  # a is ready
+        mine = self.gather[off[me]: off[me + 1]]
+        if bulk and w == 2 and c == 1:
+            head = min(rows[me], -(-rows[1 - me] * 3900 // (n * 128)) * 128)
+            if 0 < head < rows[me] and rows[1 - me]:
+                return self._bulk(a, b, off, out, head, done, mine)
+        sends = [(mine[lo:hi], a[lo:hi]) for lo, hi in _pieces(rows[me], c)]
         arrived = []
         for j in range(1, w):  # step j pushes to me + j and receives from me - j (which pushes at its step j)
-            s = (me - j) % w
-            arrived.append(self.hs.exchange(j, self.gather[off[me]: off[me + 1]], a, self._done, s))
-        torch.mm(a, b, out=out[off[me]: off[me + 1]])
+            arrived.append(self.hs.exchange(j, sends, [done] * c, (me - j) % w))
+        torch.mm(a, b, out=out[off[me]: off[me + 1]])  # the own rows while the first pieces are in flight
         for j in range(1, w):
             s = (me - j) % w
-            main.wait_event(arrived[j - 1])
-            if rows[s]:
-                torch.mm(self.gather[off[s]: off[s + 1]], b, out=out[off[s]: off[s + 1]])
+            for (lo, hi), ev in zip(_pieces(rows[s], c), arrived[j - 1]):
+                main.wait_event(ev)
+                if hi > lo:
+                    torch.mm(self.gather[off[s] + lo: off[s] + hi], b, out=out[off[s] + lo: off[s] + hi])
             self.hs.credit(s, main)
+        self.hs.join(main)
+        return out
+
+
+    def _bulk(self, a, b, off, out, head, done, mine):
+        """World 2, one piece: the GEMM of ``head`` own rows (sized so it outlasts the push: ~1.3x the transfer at
+        the B/F ratio of :func:`plan_chunks`) while the shard goes out and the copy engine also copies ``a`` into
+        this rank's own rows of the gather buffer; then ONE GEMM over every other row, which is contiguous in the
+        gather buffer (rank 0: head = its first rows; rank 1: its last rows): one large GEMM instead of two halves
+        when the GEMM hides the transfer anyway. The exchange is the ordinary one-piece exchange, so a rank whose
+        head would cover all its rows may take the ordinary path while its peer takes this one."""
+        main = torch.cuda.current_stream(self.heap.device)
+        me, total = self.heap.rank, off[-1]
+        ev = self.hs.exchange(1, [(mine, a)], [done], 1 - me, [(mine, a)])[0]
+        lo, hi = (0, head) if me == 0 else (a.shape[0] - head, a.shape[0])
+        torch.mm(a[lo:hi], b, out=out[off[me] + lo: off[me] + hi])
+        rest = (head, total) if me == 0 else (0, total - head)
+        main.wait_event(ev)
+        torch.mm(self.gather[rest[0]: rest[1]], b, out=out[rest[0]: rest[1]])
+        self.hs.credit(1 - me, main)
         self.hs.join(main)
         return out
 
@@ -168,23 +258,31 @@ class DecompGemmRs:
 
     Args: heap; max_rows (largest segment any rank owns) and n (output columns) size the receive buffer
     (``world * max_rows * n`` elements of ``dtype`` per rank) and the local staging buffers; name (unique per op
-    site). Construction is collective. Raises ValueError on bad sizes.
+    site); chunks (pieces per segment, None: :func:`plan_chunks` per call). Construction is collective. Raises
+    ValueError on bad sizes.
     """
 
-    def __init__(self, heap, max_rows: int, n: int, dtype: torch.dtype = torch.bfloat16, *, name: str = "drs"):
+    def __init__(self, heap, max_rows: int, n: int, dtype: torch.dtype = torch.bfloat16, *, name: str = "drs",
+                 chunks: Optional[int] = None):
         if max_rows < 1 or n < 1:
             raise ValueError(f"max_rows={max_rows} and n={n} must be >= 1")
-        self.heap, self.max_rows, self.n, self.dtype = heap, max_rows, n, dtype
+        _check_chunks(chunks)
+        self.heap, self.max_rows, self.n, self.dtype, self.chunks = heap, max_rows, n, dtype, chunks
         self.recv = heap.tensor(f"{name}.recv", (heap.world, max_rows, n), dtype)
         self.stage = torch.empty(max(heap.world - 1, 1), max_rows, n, dtype=dtype, device=heap.device)
         self.hs = _Handshake(heap, name)
-        cuda = heap.device.type == "cuda"
-        self._events = [torch.cuda.Event() for _ in range(heap.world)] if cuda else []
 
-    def __call__(self, a: torch.Tensor, b: torch.Tensor, rows: Sequence[int], out: Optional[torch.Tensor] = None):
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, rows: Sequence[int], out: Optional[torch.Tensor] = None,
+                 chunks: Optional[int] = None):
         """a: [sum(rows), K_local] contiguous (self.dtype); b: [K_local, N] (any strides); rows: rows owned per rank
-        (same on all ranks, each <= max_rows); out: optional [rows[rank], N] contiguous. Returns ``out``.
-        Enqueues only (no host sync). All ranks call together. Raises ValueError on bad input."""
+        (same on all ranks, each <= max_rows); out: optional [rows[rank], N] contiguous; chunks: as in
+        DecompAgGemm. Returns ``out``.
+        Enqueues only (no host sync). All ranks call together. Raises ValueError on bad input.
+
+        Schedule: the peers' partials first, piece by piece, each piece pushed as soon as its GEMM is done; the
+        first source's pieces are copied into ``out`` by the copy engine as they land; the own rows' GEMM then runs
+        piece by piece as ``out += a @ b`` (cuBLAS beta = 1: the reduction is fused into the GEMM epilogue, no
+        separate add kernel); further sources (world > 2) are added per piece."""
         h = self.heap
         check_tensor("a", a, 2, h.device, self.dtype)
         check_tensor("b", b, 2, h.device, self.dtype)
@@ -200,19 +298,34 @@ class DecompGemmRs:
             out = torch.empty(rows[me], self.n, dtype=a.dtype, device=a.device)
         elif tuple(out.shape) != (rows[me], self.n) or out.dtype != a.dtype or not out.is_contiguous():
             raise ValueError(f"decomp gemm_rs: out must be contiguous [{rows[me]}, {self.n}] {a.dtype}")
+        if w == 1:
+            return torch.mm(a, b, out=out)
         main = torch.cuda.current_stream(h.device)
+        _check_chunks(chunks)
+        c = chunks or self.chunks or plan_chunks("rs", rows, a.shape[1], self.n)
+        mine = _pieces(rows[me], c)
         arrived = []
-        for j in range(1, w):  # peers' partials first, each pushed as soon as its GEMM is done; step j receives
-            d = (me + j) % w  # from me - j, which pushes to me at its step j
-            part = self.stage[j - 1, : rows[d]]
-            torch.mm(a[off[d]: off[d + 1]], b, out=part)
-            self._events[j].record(main)
-            arrived.append(self.hs.exchange(j, self.recv[me, : rows[d]], part, self._events[j], (me - j) % w))
-        torch.mm(a[off[me]: off[me + 1]], b, out=out)
-        for j in range(1, w):  # reduce each source's partial as soon as it is here
-            s = (me - j) % w
-            main.wait_event(arrived[j - 1])
-            out.add_(self.recv[s, : rows[me]])
-            self.hs.credit(s, main)
+        for j in range(1, w):  # step j pushes to d = me + j and receives from me - j (which pushes at its step j)
+            d = (me + j) % w
+            sends, afters = [], []
+            for p, (lo, hi) in enumerate(_pieces(rows[d], c)):
+                part = self.stage[j - 1, lo:hi]
+                torch.mm(a[off[d] + lo: off[d] + hi], b, out=part)
+                ev = self.hs.event(("p", j, p))
+                ev.record(main)
+                sends.append((self.recv[me, lo:hi], part))
+                afters.append(ev)
+            src = self.recv[(me - j) % w]
+            land = [(out[lo:hi], src[lo:hi]) for lo, hi in mine] if j == 1 else None
+            arrived.append(self.hs.exchange(j, sends, afters, (me - j) % w, land))
+        for p, (lo, hi) in enumerate(mine):  # own rows: out += a @ b per piece, once the piece has landed
+            for j in range(1, w):
+                main.wait_event(arrived[j - 1][p])
+            if hi > lo:
+                out[lo:hi].addmm_(a[off[me] + lo: off[me] + hi], b)  # in place: no copy of out into C
+                for j in range(2, w):
+                    out[lo:hi].add_(self.recv[(me - j) % w, lo:hi])
+        for j in range(1, w):
+            self.hs.credit((me - j) % w, main)
         self.hs.join(main)
         return out
