@@ -10,7 +10,8 @@
 #      --output-len 32.
 #   4. benchmark/bench_decode_ab.py in one process: copy-bandwidth floor + matmul rate (floors beside step 3's lines);
 #      8K-token prefill vs the matmul rate with the kernel breakdown (--breakdown); decode host path old vs new on
-#      the same graphs, order alternated.
+#      the same graphs, order alternated; cProfile of 16 decode steps per batch (issue27_host_profile_bs*.txt: where
+#      the ~0.4 ms of host time before the forward goes).
 #   5. If time is left: benchmark/bench_decode_host.py --device cuda; the memory GPU test (batch 128 x 1K).
 #   6. benchmark/issue27_report.py writes $OUT/<date>_issue27_one_gpu.md (the results file, for benchmark/results/).
 # Usage (repo root; data at ../shared/data or carried as .sd/): bash scripts/gpu/issue27_1gpu.sh
@@ -59,10 +60,11 @@ rc[cli]=$?
 grep -E "activation reserve|KV cache|Prefill\.|median|Error|error" "$OUT/issue27_cli.log" | tail -n 12
 
 stage "4. floors + 8K prefill vs matmul rate + kernel breakdown + decode host path old vs new (one process)"
-timeout -k 10 "$(cap 90)" $PY benchmark/bench_decode_ab.py --out "$OUT" --breakdown \
+timeout -k 10 "$(cap 90)" $PY benchmark/bench_decode_ab.py --out "$OUT" --breakdown --host-profile \
   --cli-results "$OUT/issue27_cli.jsonl" > "$OUT/issue27_decode_ab.log" 2>&1
 rc[ab]=$?
 grep -E "captured|bs [0-9]+ |breakdown|prefill|Error|error" "$OUT/issue27_decode_ab.log" | tail -n 14
+for f in "$OUT"/issue27_host_profile_bs1.txt; do [[ -f "$f" ]] && sed -n 1,16p "$f"; done
 
 rc[host]=skipped
 if (( $(left) >= 40 )); then
