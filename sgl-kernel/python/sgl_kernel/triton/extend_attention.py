@@ -126,8 +126,9 @@ def extend_config(head_dim: int, arch: Optional[Tuple[int, int]]) -> ExtendConfi
         head_dim: per-head dimension.
         arch: CUDA compute capability ``(major, minor)``; ``None`` for the Triton CPU interpreter (small tiles).
     Hopper/Blackwell (major >= 9, ~228 KB shared memory per SM): 128 x 128 tiles, 8 warps, 3 stages at head_dim
-    <= 128 (issue 27 sweep: the 8K causal prefill at 32/8 heads, d 128 on an H100). Ampere/Ada keep 128 x 64 with
-    2 stages (100-164 KB shared memory).
+    in (64, 128]: the issue-27 round-2 sweep (8K causal prefill, 32/8 heads, d 128, H100) had 128 x 128 tiles fastest,
+    3 stages beat 2 at 128 x 64; the AOT build for sm_90a with Triton 3.6 uses 164 KB of shared memory and 255
+    registers without spills. Round 3 of issue 27 measures it beside the alternatives. Ampere/Ada and the other head dims keep the earlier tiles.
     """
     if arch is None:
         return 32, 32, 4, 1
@@ -135,7 +136,7 @@ def extend_config(head_dim: int, arch: Optional[Tuple[int, int]]) -> ExtendConfi
         return 64, 32, 4, 2
     if head_dim > 64:
         return (128, 128, 8, 3) if arch[0] >= 9 else (128, 64, 8, 2)
-    return (128, 64, 4, 3) if arch[0] >= 9 else (128, 64, 4, 2)
+    return 128, 64, 4, 2  # not re-measured in issue 27 (only head_dim 128 was)
 
 
 @functools.lru_cache(maxsize=16)
