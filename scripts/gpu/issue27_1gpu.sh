@@ -49,7 +49,7 @@ grep -E "passed|failed|skipped|Error" "$OUT/issue27_pytest.log" | tail -n 8
 stage "2. extend attention tile configs at one 8K causal prefill vs torch SDPA (same run)"
 timeout -k 5 "$(cap 50)" $PY benchmark/bench_extend_configs.py --out "$OUT" > "$OUT/issue27_extend.log" 2>&1
 rc[extend]=$?
-tail -n 10 "$OUT/issue27_extend.log"
+tail -n 14 "$OUT/issue27_extend.log"
 
 stage "3. bench_one_batch at the defaults, batch 1 32 128 x 1024 in / 32 out"
 rm -f "$OUT/issue27_cli.jsonl"
