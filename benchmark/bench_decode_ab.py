@@ -163,13 +163,34 @@ def replay_only_ms(graphs, bs: int, reps: int = 10) -> float:
     return statistics.median(times)
 
 
+def profile_host(batch, ids: list, steps: int, path: Path) -> list:
+    """cProfile of ``steps`` decode steps of ``batch`` (whatever host path is set): the 25 functions with the most
+    own time and the 25 with the most cumulative time, as text in ``path`` (``list.tolist`` / ``Tensor.tolist`` own
+    time there is the wait for the GPU). Returns the last sampled ids."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        ids = batch.step([[t] for t in ids])
+    prof.disable()
+    buf = io.StringIO()
+    stats = pstats.Stats(prof, stream=buf).strip_dirs()
+    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumulative").print_stats(25)
+    path.write_text(f"{steps} decode steps, batch {len(ids)}\n" + buf.getvalue())
+    return ids
+
+
 def decode_ab(runner, graphs, bs: int, cfg, bw: float, weight_bytes: int) -> list[dict]:
     """Alternating-order decode blocks of every setting on one static batch of ``bs`` x ``cfg.context``."""
     from sglang.bench_one_batch import StaticBatch
 
     mc = runner.model_config
     names = list(cfg.settings)
-    total_steps = cfg.reps * len(names) * (cfg.steps + cfg.warmup) + 1
+    total_steps = cfg.reps * len(names) * (cfg.steps + cfg.warmup) + 1 + (2 * cfg.steps if cfg.host_profile else 0)
     gen = torch.Generator().manual_seed(cfg.seed + bs)
     prompts = torch.randint(0, mc.vocab_size, (bs, cfg.context), generator=gen).tolist()
     batch = StaticBatch(runner, prompts, total_steps + 1)
@@ -195,6 +216,9 @@ def decode_ab(runner, graphs, bs: int, cfg, bw: float, weight_bytes: int) -> lis
                                    mc.dtype.itemsize)
                     acc[name]["floor"].append(memory_floor_s(weight_bytes, kvr, bw))
                 acc[name]["replay"].append(replay_only_ms(graphs, bs))
+        if cfg.host_profile:
+            set_host_path(runner, graphs, "new")
+            profile_host(batch, ids, 2 * cfg.steps, Path(cfg.out) / f"issue27_host_profile_bs{bs}.txt")
     finally:
         del runner.forward
         set_host_path(runner, graphs, "new")
@@ -322,6 +346,8 @@ def parse_args(argv):
     p.add_argument("--batches", default="1,32,128")
     p.add_argument("--settings", default="old,new")
     p.add_argument("--breakdown", action="store_true", help="profile one replay per batch and one prefill")
+    p.add_argument("--host-profile", action="store_true",
+                   help="cProfile 2 x --steps decode steps per batch (new path) -> <out>/issue27_host_profile_bs*.txt")
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2)

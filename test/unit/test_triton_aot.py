@@ -54,10 +54,11 @@ def test_decode_kv_tiles_use_pipelined_16_byte_copies(aot_report, name):
 
 def test_extend_attention_streams_kv_with_pipelined_copies(aot_report):
     """The prefill/extend kernel (issue 27: 8K prefill) moves K/V tiles by 16-byte asynchronous copies, never 2-byte
-    scalar loads, and fits two programs per SM (BLOCK_M 128, BLOCK_N 64, head_dim 128, 2 stages)."""
+    scalar loads, and its Hopper config (BLOCK_M 128, BLOCK_N 128, head_dim 128, 8 warps, 3 stages) fits the 227 KB
+    of shared memory one program may use on sm_90."""
     rep = aot_report["extend"]
     assert rep["cp_async16"] >= 16 and rep["scalar_b16_loads"] == 0, rep
-    assert rep["shared"] <= 228 * 1024 // 2, rep
+    assert rep["shared"] <= 227 * 1024, rep
 
 
 def test_rope_kv_store_neox_is_vectorized(aot_report):

@@ -60,9 +60,9 @@ def _extend() -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
     for n in ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kt", "stride_kh", "stride_vt", "stride_vh",
               "stride_r2t"):
         sig[n] = _I32
-    const = dict(GROUP=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=128, BLOCK_N=64, DOT_F32=False)
+    const = dict(GROUP=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=128, BLOCK_N=128, DOT_F32=False)
     sig.update({n: "constexpr" for n in const})
-    return "extend_attention", "_extend_kernel", sig, const, 8
+    return "extend_attention", "_extend_kernel", sig, const, 8  # extend_config(128, (9, 0)): 8 warps, 3 stages
 
 
 def _rope(neox: bool) -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
@@ -95,6 +95,9 @@ KERNELS = {
 }
 
 
+# num_stages where the kernel's launcher does not use 2 (the extend kernel: extend_config on Hopper)
+_STAGES = {"extend": 3}
+
 # integer arguments that are multiples of 16 at the Llama-3.1-8B shapes (Triton's JIT specialises such values, and
 # 16-byte aligned pointers, as ``tt.divisibility = 16``; AOT must say so or it compiles scalar loads)
 _DIV16_INTS = {"stride_qb", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_mob",
@@ -122,7 +125,8 @@ def compile_kernel(name: str, arch: int = 90):
     module, fn_name, sig, const, warps = KERNELS[name]
     fn = getattr(importlib.import_module(f"sgl_kernel.triton.{module}"), fn_name)
     src = ASTSource(fn=fn, signature=dict(sig), constexprs=dict(const), attrs=runtime_attrs(fn, sig))
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps, "num_stages": 2})
+    stages = _STAGES.get(name, 2)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps, "num_stages": stages})
 
 
 def report(arch: int = 90) -> Dict[str, dict]:

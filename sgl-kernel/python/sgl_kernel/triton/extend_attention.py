@@ -1,13 +1,15 @@
 """Paged prefill/extend attention: new tokens attend to a cached prefix plus, causally, to each other.
 
 Technique: FlashAttention-2 tiling with an online softmax (Dao, "FlashAttention-2",
-2023, alg. 1): a program owns ``BLOCK_M`` query rows of one (request, head) and
-streams key/value tiles of ``BLOCK_N`` rows, so the score matrix never reaches
-HBM. The keys come from the paged pool through ``req_to_token`` (the new tokens'
-K/V are written to the pool before the call), in two phases: tiles that every
-query row of the block may see (the cached prefix and earlier new tokens, no
-mask) and the diagonal tiles with the causal mask. Query blocks are scheduled longest first (the causal work of
-block ``m`` grows with ``m``), so a prefill does not end on a tail wave of the longest blocks.
+2023, alg. 1 and sec. 3.1.1, causal masking only on the diagonal blocks): a program owns ``BLOCK_M`` query rows of
+one (request, head), keeps its Q tile on chip for the whole loop and streams key/value tiles of ``BLOCK_N`` rows, so
+the score matrix never reaches HBM. The keys come from the paged pool through ``req_to_token`` (the new tokens' K/V
+are written to the pool before the call), in two loops: whole tiles that every query row of the block may see (the
+radix-cached prefix and the earlier new tokens) with no mask and no bounds check at all, then the few tiles that
+straddle the diagonal (or the end of the keys) with the causal mask. The softmax runs in base 2 with ``log2(e)``
+folded into the scale (one FMA + ``exp2`` per score). Query blocks are scheduled longest first (the causal work of
+block ``m`` grows with ``m``), so a prefill does not end on a tail wave of the longest blocks. Tile sizes are chosen
+per GPU architecture in :func:`extend_config` (the only place).
 
 Rows with ``extend_len == 1`` are decode rows; a mixed batch therefore runs
 through this kernel unchanged.
@@ -15,7 +17,9 @@ through this kernel unchanged.
 
 from __future__ import annotations
 
+import functools
 import logging
+from typing import Optional, Tuple
 
 import torch
 import triton
@@ -30,25 +34,34 @@ _LOG2E = 1.4426950408889634
 
 @triton.jit
 def _attend_tile(q, acc, m_i, l_i, n0, kv_end, qpos, k_base, v_base, r2t, stride_kt, stride_vt, offs_d, mask_d,
-                 qk_scale, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr):
+                 qk_scale, MASKED: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr):
     offs_n = n0 + tl.arange(0, BLOCK_N)
     mask_n = offs_n < kv_end
-    slots = tl.load(r2t + offs_n, mask=mask_n, other=0).to(tl.int64)
-    k = tl.load(k_base + slots[None, :] * stride_kt + offs_d[:, None],
-                mask=mask_n[None, :] & mask_d[:, None], other=0.0).to(q.dtype)
-    qk = tl.dot(q, k) * qk_scale
-    if CAUSAL:
-        visible = mask_n[None, :] & (offs_n[None, :] <= qpos[:, None])
+    if MASKED:
+        slots = tl.load(r2t + offs_n, mask=mask_n, other=0).to(tl.int64)
+        if EVEN_D:
+            kv_mask = mask_n[:, None]
+        else:
+            kv_mask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(k_base + slots[:, None] * stride_kt + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + slots[:, None] * stride_vt + offs_d[None, :], mask=kv_mask, other=0.0)
     else:
-        visible = mask_n[None, :]
-    qk = tl.where(visible, qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    p = tl.math.exp2(qk - m_new[:, None])
+        slots = tl.load(r2t + offs_n).to(tl.int64)
+        if EVEN_D:
+            k = tl.load(k_base + slots[:, None] * stride_kt + offs_d[None, :])
+            v = tl.load(v_base + slots[:, None] * stride_vt + offs_d[None, :])
+        else:
+            k = tl.load(k_base + slots[:, None] * stride_kt + offs_d[None, :], mask=mask_d[None, :], other=0.0)
+            v = tl.load(v_base + slots[:, None] * stride_vt + offs_d[None, :], mask=mask_d[None, :], other=0.0)
+    qk = tl.dot(q, tl.trans(k.to(q.dtype)))
+    if MASKED:
+        qk = tl.where(mask_n[None, :] & (offs_n[None, :] <= qpos[:, None]), qk, float("-inf"))
+    # every row sees >= 1 key of the first tile it visits, so m_new is finite and no row produces NaN
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+    p = tl.math.exp2(qk * qk_scale - m_new[:, None])
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(v_base + slots[:, None] * stride_vt + offs_d[None, :],
-                mask=mask_n[:, None] & mask_d[None, :], other=0.0).to(q.dtype)
-    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
     return acc, m_new, l_i
 
 
@@ -87,36 +100,54 @@ def _extend_kernel(
         k_base = K_buf + kvh * stride_kh
         v_base = V_buf + kvh * stride_vh
         r2t = Req_to_token + req * stride_r2t
-        # keys every row of this block sees: positions < prefix + first row of the block
+        # whole tiles every row of this block sees (keys < prefix + first row of the block): no mask
         full_end = prefix + mblk * BLOCK_M
-        for n0 in range(0, full_end, BLOCK_N):
-            acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, n0, full_end, qpos, k_base, v_base, r2t, stride_kt,
-                                         stride_vt, offs_d, mask_d, qk_scale, False, BLOCK_N)
-        # diagonal: keys up to the block's last row, causal mask
+        unmasked_end = (full_end // BLOCK_N) * BLOCK_N
+        for n0 in range(0, unmasked_end, BLOCK_N):
+            acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, n0, unmasked_end, qpos, k_base, v_base, r2t, stride_kt,
+                                         stride_vt, offs_d, mask_d, qk_scale, False, HEAD_DIM == BLOCK_D, BLOCK_N)
+        # tiles straddling the diagonal, up to the block's last row: causal mask and key bound
         diag_end = tl.minimum(prefix + (mblk + 1) * BLOCK_M, prefix + ext_len)
-        for n0 in range(full_end, diag_end, BLOCK_N):
+        for n0 in range(unmasked_end, diag_end, BLOCK_N):
             acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, n0, diag_end, qpos, k_base, v_base, r2t, stride_kt,
-                                         stride_vt, offs_d, mask_d, qk_scale, True, BLOCK_N)
+                                         stride_vt, offs_d, mask_d, qk_scale, True, HEAD_DIM == BLOCK_D, BLOCK_N)
         out = acc / l_i[:, None]
         tl.store(Out + (q_start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
                  out.to(Out.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
 
 
-def _extend_config(head_dim: int, on_gpu: bool) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages); sized for Hopper's 228 KB shared memory."""
-    if not on_gpu:
+ExtendConfig = Tuple[int, int, int, int]
+
+
+def extend_config(head_dim: int, arch: Optional[Tuple[int, int]]) -> ExtendConfig:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of :func:`extend_attention_fwd`: the one place tiles are chosen.
+
+    Args:
+        head_dim: per-head dimension.
+        arch: CUDA compute capability ``(major, minor)``; ``None`` for the Triton CPU interpreter (small tiles).
+    Hopper/Blackwell (major >= 9, ~228 KB shared memory per SM): 128 x 128 tiles, 8 warps, 3 stages at head_dim
+    in (64, 128]: the issue-27 round-2 sweep (8K causal prefill, 32/8 heads, d 128, H100) had 128 x 128 tiles fastest,
+    3 stages beat 2 at 128 x 64; the AOT build for sm_90a with Triton 3.6 uses 164 KB of shared memory and 255
+    registers without spills. Round 3 of issue 27 measures it beside the alternatives. Ampere/Ada and the other head dims keep the earlier tiles.
+    """
+    if arch is None:
         return 32, 32, 4, 1
     if head_dim > 128:
         return 64, 32, 4, 2
     if head_dim > 64:
-        return 128, 64, 8, 2
-    return 128, 64, 4, 2
+        return (128, 128, 8, 3) if arch[0] >= 9 else (128, 64, 8, 2)
+    return 128, 64, 4, 2  # not re-measured in issue 27 (only head_dim 128 was)
+
+
+@functools.lru_cache(maxsize=16)
+def _arch(device_index: int) -> Tuple[int, int]:
+    return torch.cuda.get_device_capability(device_index)
 
 
 def extend_attention_fwd(q: torch.Tensor, out: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
                          req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor,
                          extend_lens: torch.Tensor, extend_start_loc: torch.Tensor, max_extend_len: int,
-                         sm_scale: float) -> None:
+                         sm_scale: float, config: Optional[ExtendConfig] = None) -> None:
     """Causal attention of every request's new tokens over its paged KV, written into ``out``.
 
     Args:
@@ -130,9 +161,11 @@ def extend_attention_fwd(q: torch.Tensor, out: torch.Tensor, k_buf: torch.Tensor
             ``prefix_lens[i] ..``.
         max_extend_len: host int >= max(extend_lens) (sizes the grid; extra programs exit at once).
         sm_scale: softmax scale.
+        config: (BLOCK_M, BLOCK_N, num_warps, num_stages) override (benchmarks, tests); default
+            :func:`extend_config` for this device. BLOCK_M and BLOCK_N must be powers of two >= 16.
     Raises:
         ValueError: inconsistent shapes, num_heads not a multiple of num_kv_heads, non-CUDA tensors
-            outside the Triton interpreter.
+            outside the Triton interpreter, a config whose tiles are not powers of two >= 16.
     Note: with fp32 inputs on a GPU the products run in TF32 (Triton's default dot precision).
     """
     n, nh, hd = q.shape
@@ -141,10 +174,15 @@ def extend_attention_fwd(q: torch.Tensor, out: torch.Tensor, k_buf: torch.Tensor
     if nh % nkv or k_buf.shape[2] != hd or v_buf.shape != k_buf.shape or tuple(out.shape) != (n, nh, hd):
         raise ValueError(f"extend_attention_fwd: q {tuple(q.shape)}, out {tuple(out.shape)}, "
                          f"k_buf {tuple(k_buf.shape)}, v_buf {tuple(v_buf.shape)} are inconsistent")
+    if config is None:
+        config = extend_config(hd, _arch(q.device.index if q.device.index is not None else torch.cuda.current_device())
+                               if q.is_cuda else None)
+    block_m, block_n, warps, stages = config
+    if any(x < 16 or x & (x - 1) for x in (block_m, block_n)):
+        raise ValueError(f"extend_attention_fwd: config {config}: BLOCK_M and BLOCK_N must be powers of two >= 16")
     bs = req_pool_indices.shape[0]
     if n == 0 or bs == 0 or max_extend_len <= 0:
         return
-    block_m, block_n, warps, stages = _extend_config(hd, q.is_cuda)
     block_m = min(block_m, max(16, next_pow2(max_extend_len)))
     grid = (bs, nh, triton.cdiv(max_extend_len, block_m))
     _extend_kernel[grid](
