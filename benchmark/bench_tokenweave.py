@@ -10,7 +10,14 @@ same run:
 * ``nccl_symm``   NCCL >= 2.27 symmetric kernels on a window-registered buffer (copy in, reduce, copy out) +
                   fused add + RMSNorm: the strongest non-multicast NCCL baseline (``benchmark/nccl_symm.py``);
 * ``custom``      our symmetric-memory one/two-shot all-reduce (never multicast) + fused add + RMSNorm;
-* ``tokenweave``  two wave-aware splits, tw-comm's fused AllReduce-RMSNorm on a second stream.
+* ``tokenweave``  two wave-aware splits, tw-comm's fused AllReduce-RMSNorm on a second stream;
+* ``split_nocomm`` TokenWeave's split executor (two splits, two streams, events) with every collective skipped:
+                  ``split_nocomm - nocomm`` is the cost of splitting (half-size GEMMs, twice the launches),
+                  ``tokenweave - split_nocomm`` the communication left unhidden (not in the default set).
+
+A second table splits each forward into GPU time (CUDA events) and host enqueue time (``perf_counter`` until
+the forward returned, before any sync) with the kernel launches of one profiled forward (``--profile-tokens``);
+a third gives the auto-off decision per T (TokenWeave on only where it beats ``nccl`` and ``nccl_symm``).
 
 It prints one table (median ms per forward and ratios against ``nccl`` and ``nocomm`` of the same run) and
 writes ``benchmark/results/<date>_tokenweave_<mode>.md`` (date, hardware, command). NVLink multicast stays
@@ -43,6 +50,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel" / "python"), str(ROOT / "benchmark")]
@@ -50,6 +58,7 @@ from sglang.srt.utils.nvls_env import NVLS_OFF_ENV  # noqa: E402  (pure Python)
 
 os.environ.update(NVLS_OFF_ENV)
 VARIANTS = ("nocomm", "nccl", "nccl_symm", "custom", "tokenweave")
+EXTRA_VARIANTS = ("split_nocomm",)
 
 
 def _shrunk_config(src: str, layers: int, smoke: bool) -> str:
@@ -76,7 +85,7 @@ def _variant_comm(variant: str, ps, mc, tokens: list[int], device: str, notes: s
     from nccl_symm import fused_norm, nccl_symm_communicator
     from sglang.srt.distributed.communicator import NoCommCommunicator, create_communicator
 
-    if variant == "nocomm":
+    if variant in ("nocomm", "split_nocomm"):
         return fused_norm(NoCommCommunicator.create(ps))
     if variant == "nccl":
         return fused_norm(create_communicator(ps, "torch"))
@@ -88,9 +97,11 @@ def _variant_comm(variant: str, ps, mc, tokens: list[int], device: str, notes: s
     return None
 
 
-def _time_forward(runner, mwb, dev, ps, warmup: int, iters: int) -> list[float]:
-    """ms of ``iters`` prefill forwards after ``warmup`` untimed ones: CUDA events around each forward on the
-    GPU (ranks aligned by a barrier before each), ``perf_counter`` on CPU."""
+def _time_forward(runner, mwb, dev, ps, warmup: int, iters: int) -> list[tuple[float, float]]:
+    """(GPU ms, host ms) of ``iters`` prefill forwards after ``warmup`` untimed ones. GPU: CUDA events around
+    each forward (ranks aligned by a barrier before each); host: ``perf_counter`` from before the forward is
+    issued until ``run`` returns (the launch/enqueue time; a forward whose host ms reaches its GPU ms is
+    launch-bound). CPU: ``perf_counter`` for both."""
     import torch
     import torch.distributed as dist
 
@@ -106,23 +117,31 @@ def _time_forward(runner, mwb, dev, ps, warmup: int, iters: int) -> list[float]:
             dist.barrier(group=ps.cpu_group)
             if dev.type == "cuda":
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                t0 = time.perf_counter()
                 start.record()
                 runner.executor.run(runner.model, fb)
                 end.record()
+                host = (time.perf_counter() - t0) * 1e3
                 end.synchronize()
                 ms = start.elapsed_time(end)
             else:
                 t0 = time.perf_counter()
                 runner.executor.run(runner.model, fb)
-                ms = (time.perf_counter() - t0) * 1e3
+                ms = host = (time.perf_counter() - t0) * 1e3
             if i >= warmup:
-                times.append(ms)
+                times.append((ms, host))
     return times
 
 
-def _profile_forward(runner, mwb, dev, path: str) -> None:
+def _launch_count(prof) -> int:
+    """Kernel launches (runtime + driver launch calls) recorded by a torch profiler run."""
+    names = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel")
+    return sum(e.count for e in prof.key_averages() if e.key in names)
+
+
+def _profile_forward(runner, mwb, dev, path: str) -> int:
     """One forward under the torch profiler (collective: every rank calls it); writes the top ops by CUDA time
-    and by host time to ``path`` (nothing when empty)."""
+    and by host time to ``path`` (nothing when empty); returns the forward's kernel-launch count."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -135,14 +154,16 @@ def _profile_forward(runner, mwb, dev, path: str) -> None:
             runner.executor.run(runner.model, fb)
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
+    launches = _launch_count(prof)
     if not path:
-        return
+        return launches
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     ka = prof.key_averages()
     by_dev = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
     Path(path).write_text(f"## top ops by {by_dev}\n" + ka.table(sort_by=by_dev, row_limit=25, max_name_column_width=60)
                           + "\n## top ops by self_cpu_time_total (host)\n"
                           + ka.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
+    return launches
 
 
 def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int, min_tokens: int,
@@ -162,7 +183,7 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
     notes: set = set()
     for variant in variants:
         args = ServerArgs(model_path=path, load_format="dummy", device=device, max_total_tokens=max(tokens) + 64,
-                          max_running_requests=4, disable_cuda_graph=True, enable_tokenweave=variant == "tokenweave",
+                          max_running_requests=4, disable_cuda_graph=True, enable_tokenweave=variant in ("tokenweave", "split_nocomm"),
                           tokenweave_min_tokens=min_tokens, tokenweave_comm_sms=comm_sms,
                           comm_backend="custom" if variant == "custom" and device == "cuda" else "auto")
         comm = _variant_comm(variant, ps, mc, tokens, device, notes)
@@ -175,16 +196,20 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
             mwb = ModelWorkerBatch(forward_mode=ForwardMode.EXTEND, input_ids=[(7 * i) % mc.vocab_size for i in range(t)],
                                    positions=list(range(t)), out_cache_loc=loc, req_pool_indices=[row],
                                    prefix_lens=[0], extend_lens=[t], seq_lens=[t], sample=[True])
-            out[(variant, t)] = statistics.median(_time_forward(runner, mwb, dev, ps, warmup, iters))
+            timed = _time_forward(runner, mwb, dev, ps, warmup, iters)
+            out[(variant, t)] = statistics.median(g for g, _ in timed)
+            out[("host", variant, t)] = statistics.median(h for _, h in timed)
             if ps.tp_rank == 0:  # CLI progress: a run cut short by a timeout still shows what it measured
-                print(f"[partial] rank 0: {variant} T={t} {out[(variant, t)]:.3f} ms", file=sys.stderr, flush=True)
-            if variant == "tokenweave" and t == profile_tokens and profile_dir:  # every rank runs the forward
-                _profile_forward(runner, mwb, dev, str(Path(profile_dir) / f"tokenweave_profile_T{t}.txt")
-                                 if ps.tp_rank == 0 else "")
+                print(f"[partial] rank 0: {variant} T={t} {out[(variant, t)]:.3f} ms (host "
+                      f"{out[('host', variant, t)]:.3f} ms)", file=sys.stderr, flush=True)
+            if t == profile_tokens and profile_dir and variant in ("tokenweave", "nccl"):  # every rank runs it
+                keep = ps.tp_rank == 0 and variant == "tokenweave"
+                out[("launches", variant, t)] = _profile_forward(
+                    runner, mwb, dev, str(Path(profile_dir) / f"tokenweave_profile_T{t}.txt") if keep else "")
             runner.kv_cache.free_slots(loc)
             runner.kv_cache.free_req_slot(row)
         del runner
-    res = {f"{v}|{t}": ms for (v, t), ms in out.items()}
+    res = {"|".join(map(str, k)): ms for k, ms in out.items()}
     res["notes"] = sorted(notes)
     return res
 
@@ -204,6 +229,37 @@ def _table(cases: list[tuple[str, int, dict]], tokens: list[int], variants: list
                          + " | ".join(f"{ms[v]:.3f}" if ms[v] else "n/a" for v in variants) + " | "
                          + " | ".join(ratio(ms.get("tokenweave"), ms[b]) for b in bases) + " |")
     return lines
+
+
+def _host_table(cases: list[tuple[str, int, dict]], tokens: list[int], variants: list[str]) -> list[str]:
+    """Markdown rows: per case and token count, each variant's GPU ms (CUDA events), host enqueue ms (until
+    ``run`` returned) and host / GPU; kernel launches per forward where profiled (``--profile-tokens``)."""
+    lines = ["| model | TP | tokens | variant | GPU ms | host ms | host / GPU | launches |", "|---|---:|---:|---|---:|---:|---:|---:|"]
+    for model, tp, res in cases:
+        for t in tokens:
+            for v in variants:
+                g, h, n = res.get(f"{v}|{t}"), res.get(f"host|{v}|{t}"), res.get(f"launches|{v}|{t}")
+                if g and h:
+                    lines.append(f"| {model} | {tp} | {t} | {v} | {g:.3f} | {h:.3f} | {h / g:.2f} | "
+                                 f"{int(n) if n else '-'} |")
+    return lines
+
+
+def auto_off_decision(results: dict, tokens: list[int]) -> tuple[list[str], Optional[int]]:
+    """Per token count: TokenWeave on when its ms is below ``nccl`` (and ``nccl_symm`` where measured), and the
+    smallest measured T from which it stays on at every larger measured T (the ``--tokenweave-min-tokens``
+    these numbers support; None: off at every T measured). Returns (markdown lines, that T or None)."""
+    on = {}
+    for t in tokens:
+        tw, base = results.get(f"tokenweave|{t}"), [results.get(f"{b}|{t}") for b in ("nccl", "nccl_symm")]
+        base = [b for b in base if b]
+        on[t] = bool(tw and base and tw < min(base))
+    ok = [t for t in sorted(tokens) if all(on[u] for u in tokens if u >= t)]
+    best = ok[0] if ok else None
+    lines = [f"- auto-off at T={t}: TokenWeave {'ON' if on[t] else 'OFF'}" for t in sorted(tokens)]
+    lines.append(f"- supported --tokenweave-min-tokens: {best}" if best else
+                 "- supported --tokenweave-min-tokens: none (TokenWeave loses at every T measured: keep it off)")
+    return lines, best
 
 
 def run_layer_mode(a) -> Path:
@@ -235,7 +291,9 @@ def run_layer_mode(a) -> Path:
              "(no collectives), each with the fused add-RMSNorm kernel TokenWeave uses; same run and case", 
              f"- timing: {a.warmup} warm-up forwards, then the median of {a.iters} "
              f"{'CUDA-event' if device == 'cuda' else 'perf_counter'} timings per forward, slowest rank", "",
-             *_table(cases, a.tokens, variants),
+             *_table(cases, a.tokens, variants), "", "## host vs GPU time per forward", "",
+             *_host_table(cases, a.tokens, variants), "", "## auto-off decision (TokenWeave vs the best baseline)", "",
+             *[ln for model, tp, res in cases for ln in [f"- {model} TP{tp}:"] + auto_off_decision(res, a.tokens)[0]],
              *([""] + [f"- note: {n}" for n in notes] if notes else [])]
     print("\n".join(lines))
     out = _results_path(a, "layer")
@@ -391,7 +449,7 @@ def parse_args(argv=None):
     p.add_argument("--tp", type=int, nargs="+", default=[8], help="TP size(s); end-to-end mode: exactly one")
     p.add_argument("--layers", type=int, default=4, help="decoder layers (>= 4 amortizes the per-forward costs)")
     p.add_argument("--tokens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS + EXTRA_VARIANTS)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=5, help="untimed forwards before the timed ones (>= 5 on GPU)")
     p.add_argument("--profile-tokens", type=int, default=0,

@@ -302,8 +302,10 @@ def allreduce_rmsnorm(
     if b in (TwBackend.ONESHOT, TwBackend.TWOSHOT, TwBackend.CE):
         ops = _ops()
         variant = {TwBackend.ONESHOT: ops.ONESHOT, TwBackend.TWOSHOT: ops.TWOSHOT, TwBackend.CE: ops.CE}[b]
-        torch.ops.sgl_kernel.tw_allreduce_rmsnorm(ws.handle, x, residual, weight, out, float(eps), variant,
-                                                  _sms(ws, b, max_sms, overlap), bool(sharded))
+        # eager: the launcher directly (no custom-op dispatch per call); under torch.compile: the registered op
+        launch = (torch.ops.sgl_kernel.tw_allreduce_rmsnorm if torch.compiler.is_compiling()
+                  else ops.launch_allreduce_rmsnorm)
+        launch(ws.handle, x, residual, weight, out, float(eps), variant, _sms(ws, b, max_sms, overlap), bool(sharded))
         return out
     if b == TwBackend.NVLS:
         raise ValueError("backend nvls is not available: tw-comm creates no multicast objects (" +
