@@ -5,8 +5,11 @@
 #     back-to-back calls); 2b. TokenWeave's executor with 2 TP ranks on one GPU vs the fp32 single-process
 #     reference at every cut (exercises this round's executor changes: reused per-split events, no per-stage
 #     record_stream, held split outputs; and the eager tw-comm launch without the custom-op dispatcher)
+#  2c. the Lamport one-shot (new: flag in the data, no barrier) alone: every shape vs the torch reference,
+#     bit-identical ranks, negative zeros in x, graph replay, 2000+ back-to-back calls interleaved with one-shot
 #  3. bench_tw_comm_allreduce_rmsnorm.py: world 2, hidden 8192 bf16, T = 1 32 128 1024 8192; NCCL + fused norm,
-#     nccl_symm + fused norm, torch symm-mem + fused norm, tw-comm oneshot / twoshot / twoshot_sharded / ce
+#     nccl_symm + fused norm, torch symm-mem + fused norm, tw-comm oneshot / lamport (only if 2c passed) /
+#     twoshot / twoshot_sharded / ce
 #  4. bench_tokenweave.py: Llama-3.3-70B config, TP2, 4 layers, T = 1024 2048 4096 8192; nocomm / nccl /
 #     nccl_symm / tokenweave / split_nocomm (TokenWeave's split executor with no collectives: the split's own cost);
 #     per variant GPU ms (CUDA events) vs host enqueue ms, kernel launches per forward (profiled at 1024 tokens,
@@ -44,9 +47,15 @@ timeout "$(cap 45)" "$PY" -m pytest -q -x \
   -p no:cacheprovider > "$out/issue25_tokenweave_gpu_test.log" 2>&1
 rc=$?; tail -3 "$out/issue25_tokenweave_gpu_test.log"; step tokenweave_executor_gpu_test "rc=$rc"
 
+echo "== 2c. Lamport one-shot (flag in the data) GPU correctness, world 2 (vs torch reference, graphs, back-to-back)"
+TW_COMM_QUICK=1 timeout "$(cap 40)" "$PY" -m pytest -q -x "test/gpu/test_tw_comm_gpu.py::test_tw_comm_lamport_gpu[2]" \
+  -p no:cacheprovider > "$out/issue25_lamport_gpu_test.log" 2>&1
+lamport_rc=$?; tail -3 "$out/issue25_lamport_gpu_test.log"; step lamport_gpu_test "rc=$lamport_rc"
+lamport_flag=(); [ "$lamport_rc" -eq 0 ] && lamport_flag=(--lamport)  # a hanging kernel must not cost the table
+
 echo "== 3. fused AllReduce + RMSNorm, world 2, hidden 8192 bf16"
 timeout "$(cap 40)" "$PY" benchmark/bench_tw_comm_allreduce_rmsnorm.py --worlds 2 --tokens 1,32,128,1024,8192 \
-  --sweep-min-tokens 100000000 --calls-per-graph 10 --replays 5 --out "$out" --tag _issue25 \
+  --sweep-min-tokens 100000000 --calls-per-graph 10 --replays 5 --out "$out" --tag _issue25 "${lamport_flag[@]}" \
   > "$out/issue25_ar_rmsnorm.log" 2>&1
 rc=$?; grep -E "^\|" "$out/issue25_ar_rmsnorm.log"; grep -E "^- " "$out/issue25_ar_rmsnorm.log" | head -5
 cp "$out"/tw_comm_allreduce_rmsnorm_*_issue25.md "$out/issue25_ar_rmsnorm.md" 2>/dev/null

@@ -22,7 +22,8 @@ from sgl_kernel.tw_comm_lib import TW_OK, load_library
 ONESHOT = 0
 TWOSHOT = 1
 CE = 2
-VARIANT_NAMES = {ONESHOT: "oneshot", TWOSHOT: "twoshot", CE: "ce"}
+LAMPORT = 3
+VARIANT_NAMES = {ONESHOT: "oneshot", TWOSHOT: "twoshot", CE: "ce", LAMPORT: "lamport"}
 
 
 def dtype_code(dtype: torch.dtype) -> int:
@@ -78,8 +79,10 @@ def launch_allreduce_rmsnorm(handle: int, x: torch.Tensor, residual: torch.Tenso
         lib.call("tw_twoshot_allreduce_rmsnorm", *args, int(residual_sharded), _stream(x))
     elif variant == CE:
         lib.call("tw_ce_allreduce_rmsnorm", *args, int(residual_sharded), _stream(x))
+    elif variant == LAMPORT:
+        lib.call("tw_lamport_allreduce_rmsnorm", *args, _stream(x))
     else:
-        raise ValueError(f"variant={variant} must be ONESHOT (0), TWOSHOT (1) or CE (2)")
+        raise ValueError(f"variant={variant} must be ONESHOT (0), TWOSHOT (1), CE (2) or LAMPORT (3)")
 
 
 @tw_allreduce_rmsnorm.register_fake
