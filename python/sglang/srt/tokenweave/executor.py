@@ -72,7 +72,7 @@ class TokenWeaveExecutor(SubBatchExecutor):
         self._logged: set[tuple[int, bool]] = set()
         self._events: dict[int, Any] = {}  # per split: its last stage's event (re-recorded, never re-created)
         self._pool: list[Any] = []  # the events, one per split, reused across stages and forwards
-        self._hold: dict[int, list[torch.Tensor]] = {}  # per split: the last two stages' outputs (see _on_stream)
+        self._hold: dict[int, list[tuple]] = {}  # per split: the last two stages' (hidden, residual) (_on_stream)
         self._plans: dict[int, Any] = {}  # planner result per token count (a pure function of T)
 
     # ---- which sub-batches ------------------------------------------------------------------------------
@@ -160,10 +160,11 @@ class TokenWeaveExecutor(SubBatchExecutor):
         order (``overlap=False``).
 
         No ``record_stream`` per stage (each costs an allocator event and later ``cudaEventQuery`` polls): a
-        stage's output is read by the split's next stage, possibly on the other stream, and the stage after that
-        waits (through the split's event chain) for that read, so holding each split's last two outputs keeps the
-        caching allocator from handing a block to its stream while the other stream still reads it. ``finish``
-        drops the holds after the compute stream has waited for every split."""
+        stage's outputs (hidden, residual) are read by the split's next stage, possibly on the other stream, and
+        the stage after that waits (through the split's event chain) for that read, so holding each split's last
+        two (hidden, residual) pairs keeps the caching allocator from handing a block back to its stream while the
+        other stream still reads it. ``finish`` drops the holds after the compute stream has waited for every
+        split."""
         if self.comm_stream is None:
             fn(False)
             return
@@ -182,7 +183,7 @@ class TokenWeaveExecutor(SubBatchExecutor):
             ev.record(stream)  # a wait enqueued earlier keeps the previous record: re-recording is safe
         self._events[key] = ev
         hold = self._hold.setdefault(key, [])
-        hold.append(state.hidden)
+        hold.append((state.hidden, state.residual))  # a replaced residual (fallback norms) is held the same way
         if len(hold) > 2:
             del hold[0]
 
