@@ -50,11 +50,11 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel" / "python"), str(ROOT / "benchmark")]
 from sglang.srt.utils.nvls_env import NVLS_OFF_ENV  # noqa: E402  (pure Python)
+from tokenweave_report import auto_off_decision, host_table  # noqa: E402
 
 os.environ.update(NVLS_OFF_ENV)
 VARIANTS = ("nocomm", "nccl", "nccl_symm", "custom", "tokenweave")
@@ -133,15 +133,19 @@ def _time_forward(runner, mwb, dev, ps, warmup: int, iters: int) -> list[tuple[f
     return times
 
 
-def _launch_count(prof) -> int:
-    """Kernel launches (runtime + driver launch calls) recorded by a torch profiler run."""
-    names = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel")
-    return sum(e.count for e in prof.key_averages() if e.key in names)
+def _launch_count(prof) -> tuple[int, int]:
+    """(kernel launches (runtime + driver launch calls), tensor allocations (aten::empty*)) recorded by a torch
+    profiler run."""
+    names = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC",
+             "cudaLaunchCooperativeKernel")
+    ka = prof.key_averages()
+    return (sum(e.count for e in ka if e.key in names),
+            sum(e.count for e in ka if e.key in ("aten::empty", "aten::empty_strided")))
 
 
-def _profile_forward(runner, mwb, dev, path: str) -> int:
+def _profile_forward(runner, mwb, dev, path: str) -> tuple[int, int]:
     """One forward under the torch profiler (collective: every rank calls it); writes the top ops by CUDA time
-    and by host time to ``path`` (nothing when empty); returns the forward's kernel-launch count."""
+    and by host time to ``path`` (nothing when empty); returns the forward's (kernel launches, allocations)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -183,7 +187,8 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
     notes: set = set()
     for variant in variants:
         args = ServerArgs(model_path=path, load_format="dummy", device=device, max_total_tokens=max(tokens) + 64,
-                          max_running_requests=4, disable_cuda_graph=True, enable_tokenweave=variant in ("tokenweave", "split_nocomm"),
+                          max_running_requests=4, disable_cuda_graph=True,
+                          enable_tokenweave=variant in ("tokenweave", "split_nocomm"),
                           tokenweave_min_tokens=min_tokens, tokenweave_comm_sms=comm_sms,
                           comm_backend="custom" if variant == "custom" and device == "cuda" else "auto")
         comm = _variant_comm(variant, ps, mc, tokens, device, notes)
@@ -202,9 +207,9 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
             if ps.tp_rank == 0:  # CLI progress: a run cut short by a timeout still shows what it measured
                 print(f"[partial] rank 0: {variant} T={t} {out[(variant, t)]:.3f} ms (host "
                       f"{out[('host', variant, t)]:.3f} ms)", file=sys.stderr, flush=True)
-            if t == profile_tokens and profile_dir and variant in ("tokenweave", "nccl"):  # every rank runs it
+            if t == profile_tokens and profile_dir and variant in ("tokenweave", "nccl", "split_nocomm"):  # all ranks
                 keep = ps.tp_rank == 0 and variant == "tokenweave"
-                out[("launches", variant, t)] = _profile_forward(
+                out[("launches", variant, t)], out[("allocs", variant, t)] = _profile_forward(
                     runner, mwb, dev, str(Path(profile_dir) / f"tokenweave_profile_T{t}.txt") if keep else "")
             runner.kv_cache.free_slots(loc)
             runner.kv_cache.free_req_slot(row)
@@ -229,37 +234,6 @@ def _table(cases: list[tuple[str, int, dict]], tokens: list[int], variants: list
                          + " | ".join(f"{ms[v]:.3f}" if ms[v] else "n/a" for v in variants) + " | "
                          + " | ".join(ratio(ms.get("tokenweave"), ms[b]) for b in bases) + " |")
     return lines
-
-
-def _host_table(cases: list[tuple[str, int, dict]], tokens: list[int], variants: list[str]) -> list[str]:
-    """Markdown rows: per case and token count, each variant's GPU ms (CUDA events), host enqueue ms (until
-    ``run`` returned) and host / GPU; kernel launches per forward where profiled (``--profile-tokens``)."""
-    lines = ["| model | TP | tokens | variant | GPU ms | host ms | host / GPU | launches |", "|---|---:|---:|---|---:|---:|---:|---:|"]
-    for model, tp, res in cases:
-        for t in tokens:
-            for v in variants:
-                g, h, n = res.get(f"{v}|{t}"), res.get(f"host|{v}|{t}"), res.get(f"launches|{v}|{t}")
-                if g and h:
-                    lines.append(f"| {model} | {tp} | {t} | {v} | {g:.3f} | {h:.3f} | {h / g:.2f} | "
-                                 f"{int(n) if n else '-'} |")
-    return lines
-
-
-def auto_off_decision(results: dict, tokens: list[int]) -> tuple[list[str], Optional[int]]:
-    """Per token count: TokenWeave on when its ms is below ``nccl`` (and ``nccl_symm`` where measured), and the
-    smallest measured T from which it stays on at every larger measured T (the ``--tokenweave-min-tokens``
-    these numbers support; None: off at every T measured). Returns (markdown lines, that T or None)."""
-    on = {}
-    for t in tokens:
-        tw, base = results.get(f"tokenweave|{t}"), [results.get(f"{b}|{t}") for b in ("nccl", "nccl_symm")]
-        base = [b for b in base if b]
-        on[t] = bool(tw and base and tw < min(base))
-    ok = [t for t in sorted(tokens) if all(on[u] for u in tokens if u >= t)]
-    best = ok[0] if ok else None
-    lines = [f"- auto-off at T={t}: TokenWeave {'ON' if on[t] else 'OFF'}" for t in sorted(tokens)]
-    lines.append(f"- supported --tokenweave-min-tokens: {best}" if best else
-                 "- supported --tokenweave-min-tokens: none (TokenWeave loses at every T measured: keep it off)")
-    return lines, best
 
 
 def run_layer_mode(a) -> Path:
@@ -292,7 +266,7 @@ def run_layer_mode(a) -> Path:
              f"- timing: {a.warmup} warm-up forwards, then the median of {a.iters} "
              f"{'CUDA-event' if device == 'cuda' else 'perf_counter'} timings per forward, slowest rank", "",
              *_table(cases, a.tokens, variants), "", "## host vs GPU time per forward", "",
-             *_host_table(cases, a.tokens, variants), "", "## auto-off decision (TokenWeave vs the best baseline)", "",
+             *host_table(cases, a.tokens, variants), "", "## auto-off decision (TokenWeave vs the best baseline)", "",
              *[ln for model, tp, res in cases for ln in [f"- {model} TP{tp}:"] + auto_off_decision(res, a.tokens)[0]],
              *([""] + [f"- note: {n}" for n in notes] if notes else [])]
     print("\n".join(lines))

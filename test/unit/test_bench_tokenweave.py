@@ -44,7 +44,8 @@ def test_layer_mode_smoke(tmp_path):
     host_rows = [line for line in host_table.splitlines() if re.match(r"\| \S+ \| 2 \| \d+ \| \w+ \|", line)]
     assert len(host_rows) == 2 * 2 * 3, host_table  # models x T x variants: GPU and host ms both measured
     assert all(float(c) > 0 for r in host_rows for c in r.strip("|").split("|")[4:6])
-    assert host_table.count("- auto-off at T=16: TokenWeave ") == 2 and "supported --tokenweave-min-tokens" in host_table
+    assert host_table.count("- auto-off at T=16: TokenWeave ") == 2
+    assert "supported --tokenweave-min-tokens" in host_table
 
 
 def test_e2e_mode_smoke(tmp_path):
