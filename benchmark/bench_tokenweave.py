@@ -10,7 +10,14 @@ same run:
 * ``nccl_symm``   NCCL >= 2.27 symmetric kernels on a window-registered buffer (copy in, reduce, copy out) +
                   fused add + RMSNorm: the strongest non-multicast NCCL baseline (``benchmark/nccl_symm.py``);
 * ``custom``      our symmetric-memory one/two-shot all-reduce (never multicast) + fused add + RMSNorm;
-* ``tokenweave``  two wave-aware splits, tw-comm's fused AllReduce-RMSNorm on a second stream.
+* ``tokenweave``  two wave-aware splits, tw-comm's fused AllReduce-RMSNorm on a second stream;
+* ``split_nocomm`` TokenWeave's split executor (two splits, two streams, events) with every collective skipped:
+                  ``split_nocomm - nocomm`` is the cost of splitting (half-size GEMMs, twice the launches),
+                  ``tokenweave - split_nocomm`` the communication left unhidden (not in the default set).
+
+A second table splits each forward into GPU time (CUDA events) and host enqueue time (``perf_counter`` until
+the forward returned, before any sync) with the kernel launches of one profiled forward (``--profile-tokens``);
+a third gives the auto-off decision per T (TokenWeave on only where it beats ``nccl`` and ``nccl_symm``).
 
 It prints one table (median ms per forward and ratios against ``nccl`` and ``nocomm`` of the same run) and
 writes ``benchmark/results/<date>_tokenweave_<mode>.md`` (date, hardware, command). NVLink multicast stays
@@ -49,13 +56,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel" / "python"), str(ROOT / "benchmark")]
 from sglang.srt.utils.nvls_env import NVLS_OFF_ENV  # noqa: E402  (pure Python)
+from tokenweave_report import auto_off_decision, host_table  # noqa: E402
 
 os.environ.update(NVLS_OFF_ENV)
 VARIANTS = ("nocomm", "nccl", "nccl_symm", "custom", "tokenweave")
-# Triton-distributed rows (issue 26; not in the default set): ``tp`` the plain TP forward (the server's default
-# communicator, no overlap), ``tdist`` the same with ``--enable-tdist-overlap`` (sequence-parallel residual,
-# AG-GEMM / GEMM-RS by decomposition with the NCCL fallback); the table adds ``tdist / tp``.
-EXTRA_VARIANTS = ("tp", "tdist")
+# Extra rows (not in the default set): ``split_nocomm`` the TokenWeave split with no collectives (issue 25: the
+# cost of splitting itself); ``tp`` the plain TP forward (the server's default communicator, no overlap) and
+# ``tdist`` the same with ``--enable-tdist-overlap`` (issue 26: sequence-parallel residual, AG-GEMM / GEMM-RS by
+# decomposition with the NCCL fallback); the table adds ``tdist / tp``.
+EXTRA_VARIANTS = ("split_nocomm", "tp", "tdist")
 
 
 def _shrunk_config(src: str, layers: int, smoke: bool) -> str:
@@ -82,9 +91,9 @@ def _variant_comm(variant: str, ps, mc, tokens: list[int], device: str, notes: s
     from nccl_symm import fused_norm, nccl_symm_communicator
     from sglang.srt.distributed.communicator import NoCommCommunicator, create_communicator
 
-    if variant in EXTRA_VARIANTS:
+    if variant in ("tp", "tdist"):
         return None
-    if variant == "nocomm":
+    if variant in ("nocomm", "split_nocomm"):
         return fused_norm(NoCommCommunicator.create(ps))
     if variant == "nccl":
         return fused_norm(create_communicator(ps, "torch"))
@@ -96,9 +105,11 @@ def _variant_comm(variant: str, ps, mc, tokens: list[int], device: str, notes: s
     return None
 
 
-def _time_forward(runner, mwb, dev, ps, warmup: int, iters: int) -> list[float]:
-    """ms of ``iters`` prefill forwards after ``warmup`` untimed ones: CUDA events around each forward on the
-    GPU (ranks aligned by a barrier before each), ``perf_counter`` on CPU."""
+def _time_forward(runner, mwb, dev, ps, warmup: int, iters: int) -> list[tuple[float, float]]:
+    """(GPU ms, host ms) of ``iters`` prefill forwards after ``warmup`` untimed ones. GPU: CUDA events around
+    each forward (ranks aligned by a barrier before each); host: ``perf_counter`` from before the forward is
+    issued until ``run`` returns (the launch/enqueue time; a forward whose host ms reaches its GPU ms is
+    launch-bound). CPU: ``perf_counter`` for both."""
     import torch
     import torch.distributed as dist
 
@@ -114,23 +125,35 @@ def _time_forward(runner, mwb, dev, ps, warmup: int, iters: int) -> list[float]:
             dist.barrier(group=ps.cpu_group)
             if dev.type == "cuda":
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                t0 = time.perf_counter()
                 start.record()
                 runner.executor.run(runner.model, fb)
                 end.record()
+                host = (time.perf_counter() - t0) * 1e3
                 end.synchronize()
                 ms = start.elapsed_time(end)
             else:
                 t0 = time.perf_counter()
                 runner.executor.run(runner.model, fb)
-                ms = (time.perf_counter() - t0) * 1e3
+                ms = host = (time.perf_counter() - t0) * 1e3
             if i >= warmup:
-                times.append(ms)
+                times.append((ms, host))
     return times
 
 
-def _profile_forward(runner, mwb, dev, path: str) -> None:
+def _launch_count(prof) -> tuple[int, int]:
+    """(kernel launches (runtime + driver launch calls), tensor allocations (aten::empty*)) recorded by a torch
+    profiler run."""
+    names = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC",
+             "cudaLaunchCooperativeKernel")
+    ka = prof.key_averages()
+    return (sum(e.count for e in ka if e.key in names),
+            sum(e.count for e in ka if e.key in ("aten::empty", "aten::empty_strided")))
+
+
+def _profile_forward(runner, mwb, dev, path: str) -> tuple[int, int]:
     """One forward under the torch profiler (collective: every rank calls it); writes the top ops by CUDA time
-    and by host time to ``path`` (nothing when empty)."""
+    and by host time to ``path`` (nothing when empty); returns the forward's (kernel launches, allocations)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -143,14 +166,16 @@ def _profile_forward(runner, mwb, dev, path: str) -> None:
             runner.executor.run(runner.model, fb)
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
+    launches = _launch_count(prof)
     if not path:
-        return
+        return launches
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     ka = prof.key_averages()
     by_dev = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
     Path(path).write_text(f"## top ops by {by_dev}\n" + ka.table(sort_by=by_dev, row_limit=25, max_name_column_width=60)
                           + "\n## top ops by self_cpu_time_total (host)\n"
                           + ka.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
+    return launches
 
 
 def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int, min_tokens: int,
@@ -170,7 +195,8 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
     notes: set = set()
     for variant in variants:
         args = ServerArgs(model_path=path, load_format="dummy", device=device, max_total_tokens=max(tokens) + 64,
-                          max_running_requests=4, disable_cuda_graph=True, enable_tokenweave=variant == "tokenweave",
+                          max_running_requests=4, disable_cuda_graph=True,
+                          enable_tokenweave=variant in ("tokenweave", "split_nocomm"),
                           enable_tdist_overlap=variant == "tdist",
                           tokenweave_min_tokens=min_tokens, tokenweave_comm_sms=comm_sms,
                           comm_backend="custom" if variant == "custom" and device == "cuda" else "auto")
@@ -184,16 +210,20 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
             mwb = ModelWorkerBatch(forward_mode=ForwardMode.EXTEND, input_ids=[(7 * i) % mc.vocab_size for i in range(t)],
                                    positions=list(range(t)), out_cache_loc=loc, req_pool_indices=[row],
                                    prefix_lens=[0], extend_lens=[t], seq_lens=[t], sample=[True])
-            out[(variant, t)] = statistics.median(_time_forward(runner, mwb, dev, ps, warmup, iters))
+            timed = _time_forward(runner, mwb, dev, ps, warmup, iters)
+            out[(variant, t)] = statistics.median(g for g, _ in timed)
+            out[("host", variant, t)] = statistics.median(h for _, h in timed)
             if ps.tp_rank == 0:  # CLI progress: a run cut short by a timeout still shows what it measured
-                print(f"[partial] rank 0: {variant} T={t} {out[(variant, t)]:.3f} ms", file=sys.stderr, flush=True)
-            if variant == "tokenweave" and t == profile_tokens and profile_dir:  # every rank runs the forward
-                _profile_forward(runner, mwb, dev, str(Path(profile_dir) / f"tokenweave_profile_T{t}.txt")
-                                 if ps.tp_rank == 0 else "")
+                print(f"[partial] rank 0: {variant} T={t} {out[(variant, t)]:.3f} ms (host "
+                      f"{out[('host', variant, t)]:.3f} ms)", file=sys.stderr, flush=True)
+            if t == profile_tokens and profile_dir and variant in ("tokenweave", "nccl", "split_nocomm"):  # all ranks
+                keep = ps.tp_rank == 0 and variant == "tokenweave"
+                out[("launches", variant, t)], out[("allocs", variant, t)] = _profile_forward(
+                    runner, mwb, dev, str(Path(profile_dir) / f"tokenweave_profile_T{t}.txt") if keep else "")
             runner.kv_cache.free_slots(loc)
             runner.kv_cache.free_req_slot(row)
         del runner
-    res = {f"{v}|{t}": ms for (v, t), ms in out.items()}
+    res = {"|".join(map(str, k)): ms for k, ms in out.items()}
     res["notes"] = sorted(notes)
     return res
 
@@ -245,7 +275,9 @@ def run_layer_mode(a) -> Path:
              "(no collectives), each with the fused add-RMSNorm kernel TokenWeave uses; same run and case", 
              f"- timing: {a.warmup} warm-up forwards, then the median of {a.iters} "
              f"{'CUDA-event' if device == 'cuda' else 'perf_counter'} timings per forward, slowest rank", "",
-             *_table(cases, a.tokens, variants),
+             *_table(cases, a.tokens, variants), "", "## host vs GPU time per forward", "",
+             *host_table(cases, a.tokens, variants), "", "## auto-off decision (TokenWeave vs the best baseline)", "",
+             *[ln for model, tp, res in cases for ln in [f"- {model} TP{tp}:"] + auto_off_decision(res, a.tokens)[0]],
              *([""] + [f"- note: {n}" for n in notes] if notes else [])]
     print("\n".join(lines))
     out = _results_path(a, "layer")

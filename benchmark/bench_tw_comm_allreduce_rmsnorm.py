@@ -9,6 +9,7 @@ time is the median over replays, max over ranks. Methods:
   torch_symm    torch symmetric-memory two_shot_all_reduce_ + the same fused add+RMSNorm (if available)
   flashinfer    trtllm_allreduce_fusion (only if flashinfer imports; not installed on our hosts)
   oneshot / twoshot / twoshot_sharded / ce  tw-comm variants at their default SM bounds
+  lamport       (--lamport) the flag-in-data one-shot, where world*T*H*2 fits its buffer (world x 2 MiB)
   SM sweep      twoshot and ce at 2, 4, 8, 16, 32 SMs (T >= --sweep-min-tokens)
 Ratios: baseline / method (speed-up) and method / line-rate floor, floor = 2(n-1)/n * S / 450 GB/s.
 
@@ -165,6 +166,8 @@ def _worker(rank, world, init_file, args, result_file):
 
         if world * T * H * 2 <= ws.capacity_bytes:
             row["oneshot"] = measure(tw(TwBackend.ONESHOT, ws.config.oneshot_sms))
+        if args.lamport and T * H * 2 <= 2 << 20:
+            row["lamport"] = measure(tw(TwBackend.LAMPORT, ws.config.oneshot_sms))
         row["twoshot"] = measure(tw(TwBackend.TWOSHOT, ws.config.twoshot_sms))
         row["twoshot_sharded"] = measure(tw(TwBackend.TWOSHOT, ws.config.twoshot_sms, True))
         row["ce"] = measure(tw(TwBackend.CE, ws.config.ce_sms))
@@ -183,7 +186,7 @@ def _worker(rank, world, init_file, args, result_file):
     dist.destroy_process_group()
 
 
-TW_METHODS = ("oneshot", "twoshot", "twoshot_sharded", "ce")
+TW_METHODS = ("oneshot", "lamport", "twoshot", "twoshot_sharded", "ce")
 
 
 def render(rows, notes, command, hardware) -> str:
@@ -193,9 +196,9 @@ def render(rows, notes, command, hardware) -> str:
              f"hardware: {hardware}", f"command: `{command}`",
              "times: us per call, CUDA graph replay median, max over ranks. speed-up = baseline / best tw-comm; "
              "floor = 2(n-1)/n*S/450GB/s.", "",
-             "| world | T | floor | baseline | nccl_symm | torch_symm | oneshot | twoshot | twoshot_sharded | ce(8 SMs) | "
-             "best tw | speed-up | vs nccl_symm | best/floor | auto |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| world | T | floor | baseline | nccl_symm | torch_symm | oneshot | lamport | twoshot | twoshot_sharded | "
+             "ce(8 SMs) | best tw | speed-up | vs nccl_symm | vs torch_symm | best/floor | auto |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda v: f"{v:.1f}" if isinstance(v, float) else "n/a"  # noqa: E731
     for r in rows:
         tw = {m: r[m] for m in TW_METHODS if m in r}
@@ -205,7 +208,8 @@ def render(rows, notes, command, hardware) -> str:
             f"| {r['world']} | {r['T']} | {r['floor_us']:.1f} | {fmt(r['baseline'])} | {fmt(r.get('nccl_symm'))} | "
             f"{fmt(r.get('torch_symm'))} | " + " | ".join(fmt(r.get(m)) for m in TW_METHODS)
             + f" | {best:.1f} ({best_m}) | {r['baseline'] / best:.2f}x | "
-            + (f"{r['nccl_symm'] / best:.2f}x" if r.get("nccl_symm") else "n/a")
+            + (f"{r['nccl_symm'] / best:.2f}x" if r.get("nccl_symm") else "n/a") + " | "
+            + (f"{r['torch_symm'] / best:.2f}x" if r.get("torch_symm") else "n/a")
             + f" | {best / r['floor_us']:.2f}x | {r['auto']} |"
         )
     sweep = [r for r in rows if "ce@8" in r]
@@ -237,6 +241,7 @@ def main() -> None:
     p.add_argument("--sweep-min-tokens", type=int, default=2048)
     p.add_argument("--out", default=str(REPO / "benchmark" / "results"))
     p.add_argument("--tag", default="")
+    p.add_argument("--lamport", action="store_true", help="also time the Lamport one-shot (p2p_lamport)")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     import torch.multiprocessing as mp

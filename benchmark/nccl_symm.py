@@ -94,6 +94,8 @@ def fused_norm(comm: Any) -> Any:
     class FusedNorm(base):
         """``{base}`` with the fused add-RMSNorm kernel after its all-reduce (benchmark baseline)."""
 
+        fuses_add_rmsnorm = True
+
         def all_reduce_add_rmsnorm(self, x, residual, weight, eps):
             if not (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and residual.dtype == x.dtype):
                 return super().all_reduce_add_rmsnorm(x, residual, weight, eps)

@@ -191,7 +191,80 @@ def _worker(rank, world, init_file, quick):
         dist.destroy_process_group()
 
 
-def _run(world, tmp_path, quick, timeout_s=150):
+def _lamport_worker(rank, world, init_file, quick):
+    """The Lamport one-shot (flag in the data): every shape vs the fp32 reference with NaN-poisoned outputs,
+    bit-identical across ranks, negative zeros in x (the sentinel value must not stall or corrupt a call),
+    interleaved with barrier-based variants (the epoch, hence the buffer, advances by other kernels too),
+    CUDA-graph replay, and back-to-back calls reusing the three buffers, then a checked call."""
+    sys.path[:0] = PATHS
+    import torch.distributed as dist
+    from sglang.srt.distributed.tw_comm import TwBackend, TwCommConfig, TwCommWorkspace, allreduce_rmsnorm
+
+    torch.cuda.set_device(rank)
+    dev = torch.device("cuda", rank)
+    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world, device_id=dev)
+    ws = TwCommWorkspace(None, dev, TwCommConfig(max_bytes=4096 * 2048 * 2))
+    B = TwBackend
+    try:
+        seed = 1000
+        for i, (T, H) in enumerate([(1, 8192), (2, 64), (3, 4096), (7, 2048), (13, 8), (32, 8192), (64, 2048),
+                                    (127, 1024), (128, 8192), (5, 16384)]):
+            dtype = torch.bfloat16 if i % 3 else torch.float16
+            for sms in (64, 3):
+                seed += 1
+                _check_consistent(_check_variant(ws, B.LAMPORT, T, H, dtype, seed, sms))
+            _check_variant(ws, B.ONESHOT if i % 2 else B.TWOSHOT, T, H, dtype, seed + 500, 8)
+        # negative zeros in the payload: canonicalized to +0 on the wire, the result is unchanged
+        x, r, w = _inputs(77, rank, 16, 4096, torch.bfloat16, dev)
+        x[:, ::3] = -0.0
+        (res_ref, out_ref), _ = _reference(x, r, w)
+        out = torch.full_like(x, float("nan"))
+        allreduce_rmsnorm(ws, x, r, w, EPS, out=out, backend=B.LAMPORT, max_sms=16)
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out.float(), out_ref.float(), **TOL)
+        torch.testing.assert_close(r.float(), res_ref.float(), **TOL)
+        # CUDA graph: capture, replay with fresh inputs
+        x, residual, w = _inputs(500, rank, 9, 8192, torch.bfloat16, dev)
+        r, out = residual.clone(), torch.empty_like(x)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            allreduce_rmsnorm(ws, x, r, w, EPS, out=out, backend=B.LAMPORT, max_sms=8)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            allreduce_rmsnorm(ws, x, r, w, EPS, out=out, backend=B.LAMPORT, max_sms=8)
+        for rep in range(5):
+            nx, nres, _ = _inputs(600 + rep, rank, 9, 8192, torch.bfloat16, dev)
+            x.copy_(nx)
+            r.copy_(nres)
+            out.fill_(float("nan"))
+            (res_ref, out_ref), _ = _reference(nx, nres, w)
+            g.replay()
+            torch.cuda.synchronize()
+            torch.testing.assert_close(out.float(), out_ref.float(), **TOL, msg=lambda m: f"lamport graph: {m}")
+            torch.testing.assert_close(r.float(), res_ref.float(), **TOL)
+        del g
+        # back-to-back: Lamport calls of changing sizes and grids, some interleaved with the barrier one-shot
+        x1, r1, w1 = _inputs(700, rank, 8, 4096, torch.bfloat16, dev)
+        x2, r2, w2 = _inputs(701, rank, 100, 2048, torch.bfloat16, dev)
+        o1, o2 = torch.empty_like(x1), torch.empty_like(x2)
+        n_calls = 1000 if quick else 20000
+        for it in range(n_calls):
+            allreduce_rmsnorm(ws, x1, r1, w1, EPS, out=o1, backend=B.LAMPORT, max_sms=1 + it % 8)
+            allreduce_rmsnorm(ws, x2, r2, w2, EPS, out=o2, backend=B.LAMPORT, max_sms=1 + it % 64)
+            if it % 7 == 0:
+                allreduce_rmsnorm(ws, x1, r1, w1, EPS, out=o1, backend=B.ONESHOT, max_sms=4)
+        torch.cuda.synchronize()
+        _check_consistent(_check_variant(ws, B.LAMPORT, 100, 2048, torch.bfloat16, 800, 16))
+        if rank == 0:
+            print(f"[tw-comm gpu] lamport world={world}: {n_calls * 2 + n_calls // 7} back-to-back calls passed")
+    finally:
+        ws.close()
+        dist.destroy_process_group()
+
+
+def _run(world, tmp_path, quick, timeout_s=150, worker=None):
     import torch.multiprocessing as mp
 
     if torch.cuda.device_count() < world:
@@ -199,7 +272,7 @@ def _run(world, tmp_path, quick, timeout_s=150):
     from sgl_kernel.tw_comm_build import build_library
 
     build_library()  # once, before the ranks start
-    ctx = mp.spawn(_worker, args=(world, str(tmp_path / "store"), quick), nprocs=world, join=False)
+    ctx = mp.spawn(worker or _worker, args=(world, str(tmp_path / "store"), quick), nprocs=world, join=False)
     deadline = time.time() + timeout_s
     while not ctx.join(timeout=5):
         if time.time() > deadline:
@@ -212,3 +285,9 @@ def _run(world, tmp_path, quick, timeout_s=150):
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_tw_comm_gpu(world, tmp_path):
     _run(world, tmp_path, quick=os.environ.get("TW_COMM_QUICK") == "1")
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_tw_comm_lamport_gpu(world, tmp_path):
+    """The Lamport one-shot alone (a hang here cannot hide the other variants' results)."""
+    _run(world, tmp_path, quick=os.environ.get("TW_COMM_QUICK") == "1", timeout_s=90, worker=_lamport_worker)

@@ -33,13 +33,19 @@ def test_layer_mode_smoke(tmp_path):
     models = [shared_path("configs", "meta-llama--Llama-3.3-70B-Instruct"),
               shared_path("configs", "mistralai--Mixtral-8x22B-v0.1")]
     text = _run(tmp_path, "--tokens", "16", "40", "--model-path", *models)
-    rows = [line for line in text.splitlines() if re.match(r"\| \S+ \| \d+ \| \d+ \|", line)]
+    main_table, host_table = text.split("## host vs GPU time per forward")
+    rows = [line for line in main_table.splitlines() if re.match(r"\| \S+ \| \d+ \| \d+ \|", line)]
     names = ("meta-llama--Llama-3.3-70B-Instruct", "mistralai--Mixtral-8x22B-v0.1")
     assert [tuple(c.strip() for c in r.split("|")[1:4]) for r in rows] == [(m, "2", t) for m in names
                                                                            for t in ("16", "40")]
     for r in rows:
         cells = [c.strip() for c in r.strip("|").split("|")]
         assert len(cells) == 8 and all(float(c) > 0 for c in cells[3:]), r  # 3 variants + 2 ratios, all measured
+    host_rows = [line for line in host_table.splitlines() if re.match(r"\| \S+ \| 2 \| \d+ \| \w+ \|", line)]
+    assert len(host_rows) == 2 * 2 * 3, host_table  # models x T x variants: GPU and host ms both measured
+    assert all(float(c) > 0 for r in host_rows for c in r.strip("|").split("|")[4:6])
+    assert host_table.count("- auto-off at T=16: TokenWeave ") == 2
+    assert "supported --tokenweave-min-tokens" in host_table
 
 
 def test_e2e_mode_smoke(tmp_path):

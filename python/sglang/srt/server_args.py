@@ -329,7 +329,8 @@ class ServerArgs:
             "enable_tokenweave": "TokenWeave: split large batches into two wave-aware token halves and overlap one "
             "half's fused AllReduce + RMSNorm with the other half's compute (TP > 1; --comm-backend tw by default).",
             "tokenweave_min_tokens": "Batches with fewer new tokens (and decode batches) run unsplit (default: auto, "
-            "the measured break-even of the TP size: 4096 at TP2, 8192 at TP4, 1024 otherwise).",
+            "the measured break-even per GPU and TP size: off at TP2 on H100, where it lost at every size "
+            "measured; 8192 at TP4; 1024 otherwise).",
             "enable_tdist_overlap": "Triton-distributed: keep the residual token-sharded across TP ranks (sequence "
             "parallel) and run column/row-parallel linears as fused AllGather-GEMM / GEMM-ReduceScatter on a CUDA-IPC "
             "symmetric heap (no multicast); the torch collectives on CPU. Dense decoders only. See docs/tdist.md.",

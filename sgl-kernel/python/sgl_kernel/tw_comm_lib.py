@@ -27,6 +27,7 @@ _SIGNATURES = {
     "tw_workspace_destroy": ([_vp], _i),
     "tw_workspace_capacity": ([_vp], _sz),
     "tw_oneshot_allreduce_rmsnorm": ([_vp, _vp, _vp, _vp, _vp, _i, _i, _i, _f, _i, _vp], _i),
+    "tw_lamport_allreduce_rmsnorm": ([_vp, _vp, _vp, _vp, _vp, _i, _i, _i, _f, _i, _vp], _i),
     "tw_twoshot_allreduce_rmsnorm": ([_vp, _vp, _vp, _vp, _vp, _i, _i, _i, _f, _i, _i, _vp], _i),
     "tw_ce_allreduce_rmsnorm": ([_vp, _vp, _vp, _vp, _vp, _i, _i, _i, _f, _i, _i, _vp], _i),
     "tw_allreduce": ([_vp, _vp, _vp, _i, _i, _i, _i, _i, _vp], _i),

@@ -23,6 +23,9 @@ namespace twcomm {
 constexpr int kThreads = 512;       // threads per block of the data kernels
 constexpr int kNumBarriers = 4;     // barrier ids: 0 = data pushed, 1 = rows normed, 2 = standalone barrier
 constexpr size_t kPadBytes = 64 * 1024;
+constexpr size_t kLamportRankBytes = 2u << 20;  // Lamport one-shot: payload bytes per source rank and buffer
+constexpr int kLamportBuffers = 3;              // buffer = epoch % 3 (see lamport.cu)
+constexpr uint32_t kLamportEmpty = 0x80008000u;  // two 16-bit negative zeros: "no data yet" (bf16 and fp16)
 static_assert(sizeof(uint32_t) * kNumBarriers * TW_MAX_BLOCKS * TW_MAX_RANKS <= kPadBytes, "pad too small");
 
 // Everything a kernel needs; passed by value so CUDA-graph replays reuse it unchanged.
@@ -44,6 +47,8 @@ struct KParams {
   int residual_sharded;
   int chunk;    // reduce only chunk `chunk` of `nchunks` of this rank's token range (copy-engine pipelining)
   int nchunks;  // 1 = the whole range
+  size_t lamport_off;    // offset of the Lamport region (3 buffers) in every rank's allocation
+  size_t lamport_bytes;  // bytes of one Lamport buffer (world x tokens x hidden x 2 at most)
 };
 
 __device__ __forceinline__ uint32_t* flag_ptr(char* base, int barrier, int block, int src) {

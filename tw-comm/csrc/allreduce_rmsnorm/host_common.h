@@ -19,7 +19,8 @@ struct tw_workspace {
   size_t max_bytes = 0;
   size_t region_bytes = 0;  // one staging region (input or output half of a slot)
   size_t slot_bytes = 0;    // 2 * region_bytes
-  char* base = nullptr;     // own allocation: [pads | slot 0 | slot 1]
+  size_t lamport_bytes = 0;  // one Lamport buffer (world * kLamportRankBytes)
+  char* base = nullptr;     // own allocation: [pads | slot 0 | slot 1 | Lamport buffers 0..2]
   char* peer_base[TW_MAX_RANKS] = {};
   uint32_t* ctrl = nullptr;  // local epoch + arrival counter
   bool opened = false;

@@ -38,6 +38,10 @@ int check_common(int tokens, int hidden, int dtype, int max_blocks, const void* 
   return TW_OK;
 }
 
+__global__ void fill_u32_kernel(uint32_t* p, size_t n, uint32_t v) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) p[i] = v;
+}
+
 KParams make_params(const tw_workspace* ws) {
   KParams p;
   memset(&p, 0, sizeof(p));
@@ -50,6 +54,8 @@ KParams make_params(const tw_workspace* ws) {
   p.fixed_slot = -1;
   p.chunk = 0;
   p.nchunks = 1;
+  p.lamport_off = kPadBytes + 2 * ws->slot_bytes;
+  p.lamport_bytes = ws->lamport_bytes;
   return p;
 }
 
@@ -91,7 +97,8 @@ int tw_workspace_create(int device, int rank, int world, size_t max_bytes, tw_wo
   const size_t slack = (size_t)TW_MAX_RANKS * TW_MAX_HIDDEN * 2;
   ws->region_bytes = ((max_bytes + slack + 4095) / 4096) * 4096;
   ws->slot_bytes = 2 * ws->region_bytes;
-  const size_t total = kPadBytes + 2 * ws->slot_bytes;
+  ws->lamport_bytes = (size_t)world * kLamportRankBytes;
+  const size_t total = kPadBytes + 2 * ws->slot_bytes + kLamportBuffers * ws->lamport_bytes;
   auto fail = [&](int code) {
     tw_workspace_destroy(ws);
     return code;
@@ -101,6 +108,12 @@ int tw_workspace_create(int device, int rank, int world, size_t max_bytes, tw_wo
     return fail(set_error(TW_ERR_CUDA, "cudaMalloc(%zu) failed: %s", total, cudaGetErrorString(e)));
   ws->peer_base[rank] = ws->base;
   e = cudaMemset(ws->base, 0, kPadBytes);
+  if (e == cudaSuccess) {  // every Lamport slot starts empty: the negative-zero sentinel in each 16-bit lane
+    const size_t words = kLamportBuffers * ws->lamport_bytes / 4;
+    fill_u32_kernel<<<256, 256>>>(reinterpret_cast<uint32_t*>(ws->base + kPadBytes + 2 * ws->slot_bytes), words,
+                                  kLamportEmpty);
+    e = cudaGetLastError();
+  }
   if (e == cudaSuccess) e = cudaMalloc(&ws->ctrl, 256);
   const uint32_t init[2] = {1u, 0u};
   if (e == cudaSuccess) e = cudaMemcpy(ws->ctrl, init, sizeof(init), cudaMemcpyHostToDevice);

@@ -56,6 +56,10 @@ size_t tw_workspace_capacity(const tw_workspace* ws);
 // (a) P2P one-shot: every rank pushes its rows to all peers, one epoch-tagged flag barrier, local reduce+norm.
 int tw_oneshot_allreduce_rmsnorm(tw_workspace* ws, const void* x, void* residual, const void* weight, void* out,
                                  int tokens, int hidden, int dtype, float eps, int max_blocks, void* stream);
+// (a') Lamport one-shot (flag in the data, no barrier; small T: world*tokens*hidden*2 <= world * 2 MiB), same
+// arguments and result as (a).
+int tw_lamport_allreduce_rmsnorm(tw_workspace* ws, const void* x, void* residual, const void* weight, void* out,
+                                 int tokens, int hidden, int dtype, float eps, int max_blocks, void* stream);
 // (b) P2P two-shot: ReduceScatter by peer stores -> residual+RMSNorm on own 1/N tokens -> AllGather by peer loads.
 // residual_sharded != 0: only this rank's token range of `residual` is updated (TokenWeave's sharded residual;
 // saves one AllGather); else the whole residual is gathered too.

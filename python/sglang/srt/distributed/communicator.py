@@ -59,10 +59,13 @@ class Communicator(ABC):
         supports_overlap: True when ``all_reduce_add_rmsnorm`` also accepts ``overlap=True`` (the call runs on a
             communication stream next to compute, on a bounded SM budget: TokenWeave, Gond et al. 2025,
             sec. 3.1.2); False here.
+        fuses_add_rmsnorm: True when ``all_reduce_add_rmsnorm`` is a fused kernel; False here (its default is
+            ``all_reduce`` + the torch reference norm, and ``RMSNorm`` runs its own fused kernel instead).
     """
 
     name = "abstract"
     supports_overlap = False
+    fuses_add_rmsnorm = False  # True: all_reduce_add_rmsnorm is one fused kernel, callers use it as is
 
     def __init__(self, rank: int, world_size: int):
         if world_size < 1 or not 0 <= rank < world_size:
@@ -83,15 +86,11 @@ class Communicator(ABC):
 
     def all_reduce_add_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fused AllReduce + residual add + RMSNorm; default: :meth:`all_reduce`, then on CUDA the fused add +
-        RMSNorm kernel (:func:`sglang.srt.layers.ops.fused_add_rmsnorm`, in place on the reduced tensor and
-        ``residual``), elsewhere :func:`rmsnorm_ref` (same numerics: fp32 sum of squares, sum rounded first)."""
-        total = self.all_reduce(x)
-        if total.is_cuda and residual.dtype == total.dtype and residual.shape == total.shape:
-            from sglang.srt.layers import ops  # lazy: layers import this module
-
-            return ops.fused_add_rmsnorm(total.contiguous(), residual.contiguous(), weight, eps)
-        return rmsnorm_ref(total, weight, eps, residual)
+        """Fused AllReduce + residual add + RMSNorm; default: :meth:`all_reduce`, then :func:`rmsnorm_ref` (fp32
+        sum of squares, sum rounded first). Communicators without a fused kernel keep ``fuses_add_rmsnorm``
+        False, and :class:`~sglang.srt.layers.layernorm.RMSNorm` then runs :meth:`all_reduce` followed by its
+        own fused add + RMSNorm kernel on CUDA (this module stays independent of the layers)."""
+        return rmsnorm_ref(self.all_reduce(x), weight, eps, residual)
 
     def describe(self) -> str:
         """One line for the startup log."""
@@ -248,6 +247,11 @@ class SwitchCommunicator(Communicator):
     def reduce_scatter(self, x):
         """Delegates to the active communicator (``real`` or ``nocomm``)."""
         return self._c().reduce_scatter(x)
+
+    @property
+    def fuses_add_rmsnorm(self) -> bool:  # type: ignore[override]
+        """The active communicator's ``fuses_add_rmsnorm``."""
+        return self._c().fuses_add_rmsnorm
 
     def all_reduce_add_rmsnorm(self, x, residual, weight, eps):
         """Delegates to the active communicator (``real`` or ``nocomm``)."""

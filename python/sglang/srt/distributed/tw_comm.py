@@ -6,6 +6,8 @@ taking tensors + workspace. The backend is chosen per call by size, world size a
 (:func:`select_backend`) and logged:
 
 * ``p2p_oneshot``  small inputs: push to all peers, one barrier, local reduce + norm (lowest latency);
+* ``p2p_lamport``  explicit only (not auto-selected until measured): the one-shot with the flag in the data (empty
+  slots hold negative zero, readers spin on the data; no barrier), world*T*H*2 <= world * 2 MiB;
 * ``p2p_twoshot``  large inputs: ReduceScatter by peer stores -> residual + RMSNorm on own 1/N rows ->
   AllGather by peer loads (line-rate traffic);
 * ``ce``           overlap mode, large inputs: copy engines move the data, the norm kernel uses <= ``ce_sms`` SMs;
@@ -42,6 +44,7 @@ class TwBackend(str, enum.Enum):
     """Implementation chosen for one call."""
 
     ONESHOT = "p2p_oneshot"
+    LAMPORT = "p2p_lamport"
     TWOSHOT = "p2p_twoshot"
     CE = "ce"
     NVLS = "nvls"
@@ -263,9 +266,10 @@ def _sms(ws: TwCommWorkspace, backend: TwBackend, max_sms: Optional[int], overla
             raise ValueError(f"max_sms={max_sms} must be in [1, 256]")
         return max_sms
     c = ws.config
-    if overlap and backend in (TwBackend.ONESHOT, TwBackend.TWOSHOT):
+    if overlap and backend in (TwBackend.ONESHOT, TwBackend.TWOSHOT, TwBackend.LAMPORT):
         return c.overlap_sms
-    return {TwBackend.ONESHOT: c.oneshot_sms, TwBackend.CE: c.ce_sms}.get(backend, c.twoshot_sms)
+    return {TwBackend.ONESHOT: c.oneshot_sms, TwBackend.LAMPORT: c.oneshot_sms,
+            TwBackend.CE: c.ce_sms}.get(backend, c.twoshot_sms)
 
 
 def allreduce_rmsnorm(
@@ -299,11 +303,14 @@ def allreduce_rmsnorm(
     sharded = ws.config.residual_sharded if residual_sharded is None else residual_sharded
     if tokens == 0:
         return out
-    if b in (TwBackend.ONESHOT, TwBackend.TWOSHOT, TwBackend.CE):
+    if b in (TwBackend.ONESHOT, TwBackend.TWOSHOT, TwBackend.CE, TwBackend.LAMPORT):
         ops = _ops()
-        variant = {TwBackend.ONESHOT: ops.ONESHOT, TwBackend.TWOSHOT: ops.TWOSHOT, TwBackend.CE: ops.CE}[b]
-        torch.ops.sgl_kernel.tw_allreduce_rmsnorm(ws.handle, x, residual, weight, out, float(eps), variant,
-                                                  _sms(ws, b, max_sms, overlap), bool(sharded))
+        variant = {TwBackend.ONESHOT: ops.ONESHOT, TwBackend.TWOSHOT: ops.TWOSHOT, TwBackend.CE: ops.CE,
+                   TwBackend.LAMPORT: ops.LAMPORT}[b]
+        # eager: the launcher directly (no custom-op dispatch per call); under torch.compile: the registered op
+        launch = (torch.ops.sgl_kernel.tw_allreduce_rmsnorm if torch.compiler.is_compiling()
+                  else ops.launch_allreduce_rmsnorm)
+        launch(ws.handle, x, residual, weight, out, float(eps), variant, _sms(ws, b, max_sms, overlap), bool(sharded))
         return out
     if b == TwBackend.NVLS:
         raise ValueError("backend nvls is not available: tw-comm creates no multicast objects (" +

@@ -52,6 +52,7 @@ class TwCommunicator(Communicator):
 
     name = "tw"
     supports_overlap = True
+    fuses_add_rmsnorm = True
 
     def __init__(self, ps: Any, comm_sms: Optional[int] = None, max_bytes: Optional[int] = None):
         world = 1 if ps is None else ps.tp_size

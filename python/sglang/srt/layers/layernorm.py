@@ -54,7 +54,9 @@ class RMSNorm(nn.Module):
         """x ``[..., H]`` -> normed x, or with ``residual`` -> ``(normed(x + residual), x + residual)`` (fused
         all-reduce first when ``comm`` is set); see the class docstring for in-place behaviour."""
         if residual is not None and self.comm is not None:
-            return self.comm.all_reduce_add_rmsnorm(x, residual, self.weight, self.eps)
+            if self.comm.fuses_add_rmsnorm or not x.is_cuda or residual.dtype != x.dtype:
+                return self.comm.all_reduce_add_rmsnorm(x, residual, self.weight, self.eps)
+            x = self.comm.all_reduce(x)  # no fused communicator kernel: the fused add + RMSNorm kernel below
         if residual is None:
             return ops.rmsnorm(x, self.weight, self.eps)
         if x.is_cuda:

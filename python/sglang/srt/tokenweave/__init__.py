@@ -35,20 +35,28 @@ def gemm_widths_of(model_config: "ModelConfig", tp_size: int) -> tuple[int, ...]
                              int(inter), tp_size)
 
 
-# Auto-off: the smallest batch TokenWeave splits when --tokenweave-min-tokens is not given, per TP size. From the
-# issue-25 measurements on H100 (4-layer Llama-3.3-70B, TP2: 1.26x slower than NCCL at 1024 tokens, 0.83x at
-# 4096; TP4: slower up to 4096, 0.90x at 8192); other sizes keep the paper's 1024 (set on 8 H200s). Replace with
-# the calibrated break-even once bench_tokenweave.py has measured it after the fixed-cost removal.
-AUTO_MIN_TOKENS = {2: 4096, 4: 8192}
+# Auto-off: the smallest batch TokenWeave splits when --tokenweave-min-tokens is not given, per (GPU model, TP size),
+# from bench_tokenweave.py (4 layers of Llama-3.3-70B, dummy bf16, same-run NCCL / NCCL-symmetric baselines with the
+# same fused norm). H100 TP2 (issue 25 round 1, 2026-11-26, benchmark/results/2026-11-26_issue25_round1_2xh100.md):
+# TokenWeave / NCCL = 1.56 at 1024 tokens, 1.10 at 2048, 1.05 at 4096, 1.015 at 8192: it loses at every T measured,
+# so it stays off (TOKENWEAVE_OFF is above any prefill chunk). H100 TP4 (issue 25's table, 1 layer): 0.90 at 8192.
+# Unknown GPUs use the H100 row of their TP size; other TP sizes keep the paper's 1024 (set on 8 H200s).
+TOKENWEAVE_OFF = 1 << 30
+AUTO_MIN_TOKENS = {("H100", 2): TOKENWEAVE_OFF, ("H100", 4): 8192}
 DEFAULT_MIN_TOKENS = 1024
 
 
-def resolve_min_tokens(requested: Optional[int], tp_size: int) -> int:
-    """``--tokenweave-min-tokens`` when given, else the auto-off threshold of ``tp_size``
-    (:data:`AUTO_MIN_TOKENS`, :data:`DEFAULT_MIN_TOKENS` for other sizes)."""
+def resolve_min_tokens(requested: Optional[int], tp_size: int, gpu_name: str = "") -> int:
+    """``--tokenweave-min-tokens`` when given, else the auto-off threshold of (``gpu_name``, ``tp_size``) in
+    :data:`AUTO_MIN_TOKENS` (the GPU model matched as a substring of ``gpu_name``, e.g. ``"NVIDIA H100 80GB
+    HBM3"``; an unknown GPU uses the H100 row of its TP size; :data:`DEFAULT_MIN_TOKENS` for other TP sizes).
+    :data:`TOKENWEAVE_OFF` means TokenWeave never splits (every batch runs the sequential executor)."""
     if requested is not None:
         return requested
-    return AUTO_MIN_TOKENS.get(tp_size, DEFAULT_MIN_TOKENS)
+    for (gpu, tp), t in AUTO_MIN_TOKENS.items():
+        if tp == tp_size and gpu in gpu_name:
+            return t
+    return AUTO_MIN_TOKENS.get(("H100", tp_size), DEFAULT_MIN_TOKENS)
 
 
 def create_tokenweave_executor(model_config: "ModelConfig", server_args: "ServerArgs", device: torch.device,
@@ -58,12 +66,16 @@ def create_tokenweave_executor(model_config: "ModelConfig", server_args: "Server
     from sglang.srt.tokenweave.executor import TokenWeaveConfig, TokenWeaveExecutor
     from sglang.srt.tokenweave.planner import GemmShape
 
-    shape = GemmShape()
+    shape, gpu = GemmShape(), ""
     if device.type == "cuda":
-        shape = GemmShape(num_sms=torch.cuda.get_device_properties(device).multi_processor_count)
-    cfg = TokenWeaveConfig(min_tokens=resolve_min_tokens(server_args.tokenweave_min_tokens, tp_size),
+        props = torch.cuda.get_device_properties(device)
+        shape, gpu = GemmShape(num_sms=props.multi_processor_count), props.name
+    cfg = TokenWeaveConfig(min_tokens=resolve_min_tokens(server_args.tokenweave_min_tokens, tp_size, gpu),
                            comm_sms=server_args.tokenweave_comm_sms,
                            gemm_widths=gemm_widths_of(model_config, tp_size), gemm_shape=shape)
+    if cfg.min_tokens >= TOKENWEAVE_OFF:
+        logger.info("TokenWeave auto-off on %s at TP%d: it lost to NCCL at every measured size (pass "
+                    "--tokenweave-min-tokens to force it on)", gpu or device.type, tp_size)
     logger.info("TokenWeave on: min tokens %d, comm SMs %s, GEMM widths %s, %d SMs", cfg.min_tokens,
                 cfg.comm_sms or "default", cfg.gemm_widths, shape.num_sms)
     return TokenWeaveExecutor(cfg, device)

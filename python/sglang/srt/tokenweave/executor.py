@@ -70,7 +70,9 @@ class TokenWeaveExecutor(SubBatchExecutor):
         self.comm_stream = (torch.cuda.Stream(self.device, priority=torch.cuda.Stream.priority_range()[1])
                             if self.device.type == "cuda" else None)
         self._logged: set[tuple[int, bool]] = set()
-        self._events: dict[int, Any] = {}
+        self._events: dict[int, Any] = {}  # per split: its last stage's event (re-recorded, never re-created)
+        self._pool: list[Any] = []  # the events, one per split, reused across stages and forwards
+        self._hold: dict[int, list[tuple]] = {}  # per split: the last two stages' (hidden, residual) (_on_stream)
         self._plans: dict[int, Any] = {}  # planner result per token count (a pure function of T)
 
     # ---- which sub-batches ------------------------------------------------------------------------------
@@ -108,7 +110,7 @@ class TokenWeaveExecutor(SubBatchExecutor):
         stream waits for every split's last event before the concatenation."""
         if self.comm_stream is None:
             return super().run(model, forward_batch)
-        self._events: dict[int, torch.cuda.Event] = {}
+        self._events, self._hold = {}, {}
         return super().run(model, forward_batch)
 
     def finish(self, states: list[LayerState]) -> None:
@@ -120,6 +122,11 @@ class TokenWeaveExecutor(SubBatchExecutor):
             ev = self._events.pop(id(st), None)
             if ev is not None:
                 cur.wait_event(ev)
+            if st.hidden is not None and st.hidden.is_cuda:
+                # the normed split was allocated on the communication stream and is read by the compute stream's
+                # cat; the only record_stream per split per forward
+                st.hidden.record_stream(cur)
+        self._hold = {}  # the compute stream now waits for every communication stage: held inputs may be reused
 
     def run_stage(self, layer: Any, stage: str, state: LayerState) -> None:
         """Norm+comm stages on the communication stream (fused AllReduce + add + RMSNorm with the overlap SM
@@ -149,27 +156,42 @@ class TokenWeaveExecutor(SubBatchExecutor):
 
     def _on_stream(self, comm_stage: bool, state: LayerState, fn) -> None:
         """Run ``fn(overlap)`` for ``state``'s split: on CUDA on the communication stream (``comm_stage``) or the
-        compute stream, after the split's previous stage's event, recording the split's next event; on CPU in
-        order (``overlap=False``)."""
+        compute stream, after the split's previous stage's event, re-recording the split's one event; on CPU in
+        order (``overlap=False``).
+
+        No ``record_stream`` per stage (each costs an allocator event and later ``cudaEventQuery`` polls): a
+        stage's outputs (hidden, residual) are read by the split's next stage, possibly on the other stream, and
+        the stage after that waits (through the split's event chain) for that read, so holding each split's last
+        two (hidden, residual) pairs keeps the caching allocator from handing a block back to its stream while the
+        other stream still reads it. ``finish`` drops the holds after the compute stream has waited for every
+        split."""
         if self.comm_stream is None:
             fn(False)
             return
         compute = torch.cuda.current_stream(self.device)
         stream = self.comm_stream if comm_stage else compute
-        prev = self._events.get(id(state))
-        if prev is not None:
-            stream.wait_event(prev)
-        elif stream is not compute:
-            stream.wait_stream(compute)  # the split's inputs were produced on the compute stream
+        key = id(state)
+        ev = self._events.get(key)
+        if ev is not None:
+            stream.wait_event(ev)
+        else:
+            if stream is not compute:
+                stream.wait_stream(compute)  # the split's inputs were produced on the compute stream
+            ev = self._event(len(self._events))
         with torch.cuda.stream(stream):
             fn(comm_stage)
-            ev = torch.cuda.Event()
-            ev.record(stream)
-        other = compute if stream is not compute else self.comm_stream
-        for t in (state.hidden, state.residual):
-            if t is not None and t.is_cuda:
-                t.record_stream(other)  # the other stream reads it next: keep the allocator from reusing it
-        self._events[id(state)] = ev
+            ev.record(stream)  # a wait enqueued earlier keeps the previous record: re-recording is safe
+        self._events[key] = ev
+        hold = self._hold.setdefault(key, [])
+        hold.append((state.hidden, state.residual))  # a replaced residual (fallback norms) is held the same way
+        if len(hold) > 2:
+            del hold[0]
+
+    def _event(self, i: int) -> Any:
+        """The ``i``-th split's reusable event (created once)."""
+        while len(self._pool) <= i:
+            self._pool.append(torch.cuda.Event())
+        return self._pool[i]
 
     @staticmethod
     def _norm_comm(norm: Any, state: LayerState, overlap: bool, fallback) -> None:
