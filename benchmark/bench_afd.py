@@ -195,7 +195,8 @@ def _setup(a):
     if a.device == "cuda":
         torch.cuda.set_device(0)
     sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
-    return dev, sync, ModelConfig.from_path(a.model_path, None, "auto", a.device), a.input_len + a.steps + a.decode_warmup + 2
+    max_len = a.input_len + a.steps + a.decode_warmup + 2
+    return dev, sync, ModelConfig.from_path(a.model_path, None, "auto", a.device), max_len
 
 
 def _measure_colocated(a) -> dict:
