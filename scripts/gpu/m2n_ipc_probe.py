@@ -33,7 +33,7 @@ import torch
 
 MEMS = ("own_torch", "peer_torch", "own_raw")
 EVENTS = ("own", "peer", "sync")
-NBYTES = 4 << 20
+NBYTES = 22 << 20  # >= 20 MiB: the caching allocator gives every sender buffer its own segment (own IPC handle)
 STEP_S = 10.0
 # the transport's strategies (sgl_kernel/m2n/cuda_ipc.py), best first: no host sync, then the sync fallback
 PREFERENCE = (("own_torch", "own"), ("peer_torch", "peer"), ("own_torch", "peer"), ("peer_torch", "own"),
@@ -66,14 +66,16 @@ def _check(rc, what):
         raise RuntimeError(f"{what} returned cudaError {rc}")
 
 
-def _pattern(i, dev):
-    return ((torch.arange(NBYTES, device=dev, dtype=torch.int64) * (i + 3) + 1) % 251).to(torch.uint8)
+def _base(dev):
+    return (torch.arange(NBYTES, device=dev, dtype=torch.int64) % 251).to(torch.uint8)
 
 
 def _sender(conn, variants) -> None:
     dev = torch.device("cuda", 1 % torch.cuda.device_count())
     torch.cuda.set_device(dev)
-    keep = []
+    base = _base(dev)
+    torch.cuda.synchronize()
+    keep = []  # no sender buffer is ever freed: no two variants share an allocation (and an IPC handle)
     for i, (mem, event) in enumerate(variants):
         try:
             buf = torch.zeros(NBYTES, dtype=torch.uint8, device=dev)
@@ -93,7 +95,7 @@ def _sender(conn, variants) -> None:
                 continue
             s = torch.cuda.current_stream()
             torch.cuda._sleep(50_000_000)  # ~30 ms: a copy that ignores the event reads zeros
-            buf.copy_(_pattern(i, dev))
+            torch.add(base, i + 1, out=buf)  # no temporaries on the sender
             if event == "sync":
                 s.synchronize()
             else:
@@ -125,6 +127,7 @@ def _open(mem, event, share, raw, evh, peer_dev, own):
                    "cudaMemcpyAsync")
     else:
         share[0] = own if mem == "own_torch" else peer_dev
+        share[7] = False  # torch's own producer-event wait off (the sender synchronized): only `event` is tested
         with torch.cuda.device(share[0]):
             st = torch.UntypedStorage._new_shared_cuda(*share)
             src_t = torch.empty(0, dtype=torch.uint8, device=st.device).set_(st, 0, (NBYTES,))
@@ -165,7 +168,7 @@ def _receiver(conn, variants, q) -> None:
                     torch.cuda.current_stream(own).wait_event(ev)
                 copy(out)
                 torch.cuda.synchronize(own)
-            res["equal"] = str(bool(torch.equal(out, _pattern(i, own))))
+            res["equal"] = str(bool(torch.equal(out, _base(own) + (i + 1))))
             res["result"] = "ok"
             conn.send(("copied", i))
         except Exception as e:
@@ -191,6 +194,8 @@ def main(argv=None) -> int:
         variants = [tuple(a.only.split(","))]
         if variants[0][0] not in MEMS or variants[0][1] not in EVENTS:
             ap.error(f"--only={a.only!r}: MEM in {MEMS}, EVENT in {EVENTS}")
+    if not torch.cuda.is_available():
+        ap.error("needs CUDA (2 GPUs for the cross-device case)")
     print(f"GPUs: {torch.cuda.device_count()} ({torch.cuda.get_device_name(0)}); torch {torch.__version__}; "
           f"peer access 0->1: {torch.cuda.can_device_access_peer(0, 1) if torch.cuda.device_count() > 1 else 'n/a'}",
           flush=True)

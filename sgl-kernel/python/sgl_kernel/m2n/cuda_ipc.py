@@ -113,6 +113,7 @@ class CudaIpcTransport(PayloadTransport):
         share = list(d["share"])
         mem_dev = own if self.mem == "own" else peer_dev
         share[0] = mem_dev  # torch opens the handle under this device (cudaIpcMemLazyEnablePeerAccess)
+        share[7] = False  # no wait on torch's producer event: the ring's bytes are ordered by the slot events
         with torch.cuda.device(mem_dev):
             storage = torch.UntypedStorage._new_shared_cuda(*share)
             buf = torch.empty(0, dtype=torch.uint8, device=storage.device)
