@@ -32,7 +32,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | hea
 nixl=$("$PY" -c "from sglang.srt.disaggregation.transfer.base import nixl_available as a; print(a())" 2>&1 | tail -1)
 echo "nixl: $nixl"
 step m2n_test 38 "$PY" -m pytest -s -q test/gpu/test_m2n_multi_gpu.py -p no:cacheprovider
-step ipc_probe 28 "$PY" scripts/gpu/m2n_ipc_probe.py --out "$out/issue24_ipc_probe.md"
+step ipc_probe 28 "$PY" scripts/gpu/m2n_ipc_probe.py --budget-s 22 --out "$out/issue24_ipc_probe.md"
 rec=$(grep -h "^RECOMMEND SGL" "$out/ipc_probe.log" 2>/dev/null | tail -1 | sed 's/^RECOMMEND //')
 [ -n "$rec" ] && export $rec  # the probe's best working strategy (own/own first) for the steps below
 echo "CUDA IPC strategy for the next steps: mem=${SGL_M2N_IPC_MEM:-own} event=${SGL_M2N_IPC_EVENT:-own}"
