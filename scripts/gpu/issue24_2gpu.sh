@@ -50,7 +50,7 @@ print(f"{n} x {torch.cuda.get_device_name(0)}" if n else "no GPU")' 2>&1 | tail 
   echo; echo "| step | status |"; echo "|---|---|"
   for k in m2n_test ipc_probe afd_qwen3 m2n_latency colocated_qwen3; do echo "| $k | ${status[$k]:-not run} |"; done
   echo; grep -h -E "^\[m2n|passed|failed|skipped|Error" "$out/m2n_test.log" 2>/dev/null | tail -12
-  echo; grep -h -E "^\||^RECOMMEND" "$out/ipc_probe.log" 2>/dev/null | tail -13
+  echo; grep -h -E "^\||^RECOMMEND" "$out/ipc_probe.log" 2>/dev/null | tail -12
   for k in afd_qwen3 m2n_latency colocated_qwen3; do echo; echo "## $k"; grep -h "^|" "$out/$k.log" 2>/dev/null
     grep -h "Measured pipeline" "$out/$k.log" 2>/dev/null; grep -h "Error" "$out/$k.log" 2>/dev/null | tail -3; done
 } > "$out/issue24_round2.md"

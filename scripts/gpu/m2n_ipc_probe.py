@@ -224,7 +224,7 @@ def main(argv=None) -> int:
         if r["result"] == "ok" and r["equal"] == "True":
             good.add((r["mem"], r["event"]))
     for p in procs:
-        p.join(5)
+        p.join(2)
         if p.is_alive():
             p.kill()
     pick = next((p for p in PREFERENCE if p in good), None)
