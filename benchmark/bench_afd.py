@@ -25,6 +25,7 @@ import os
 import platform
 import sys
 import tempfile
+import traceback
 import time
 from pathlib import Path
 
@@ -36,6 +37,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # ---- M2N latency -------------------------------------------------------------------------------------------
 def _m2n_rank(rank: int, a, addrs, init: str, q) -> None:
+    """One rank of the latency benchmark; any error goes to ``q`` with its full traceback (never a silent hang)."""
+    try:
+        _m2n_rank_body(rank, a, addrs, init, q)
+    except Exception as e:
+        q.put({"error": f"rank {rank}: {type(e).__name__}: {e}\n--- rank {rank} traceback ---\n"
+                        f"{traceback.format_exc()}"})
+
+
+def _m2n_rank_body(rank: int, a, addrs, init: str, q) -> None:
     import torch.distributed as dist
 
     from sgl_kernel.m2n import M2NConfig, M2NEndpoint, RowLayout, create_transport
@@ -103,9 +113,18 @@ def run_m2n(a) -> list[str]:
     procs = [ctx.Process(target=_m2n_rank, args=(r, a, addrs, init, q)) for r in range(2)]
     for p in procs:
         p.start()
-    res = q.get(timeout=a.timeout)
-    for p in procs:
-        p.join(60)
+    res = {"error": f"no result within {a.timeout:.0f} s"}
+    try:
+        res = q.get(timeout=a.timeout)
+    except Exception:
+        pass
+    finally:
+        for p in procs:  # a failed rank's peer may block in NCCL: do not wait long for it
+            p.join(10 if "error" in res else 60)
+            if p.is_alive():
+                p.kill()
+    if "error" in res:
+        raise RuntimeError(f"m2n: {res['error']}")
     base = "NCCL send/recv" if a.device == "cuda" else "gloo send/recv"
     lines = [f"| KB per pair | M2N ({a.transport}) median us | p99 us | {base} median us | p99 us | median ratio |",
              "|---|---|---|---|---|---|"]
@@ -124,6 +143,8 @@ def _ffn_proc(path: str, load_format: str, device: str, topo, j: int, ready) -> 
     from sglang.srt.configs.model_config import ModelConfig
 
     torch.set_num_threads(1)
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))  # events/streams of this worker live on its own GPU
     mc = ModelConfig.from_path(path, None, "auto", device.split(":")[0])
     specs = moe_layer_specs(mc)
     held = static_placement(specs[0].num_experts, topo.num_ffn).worker_experts()[j]
@@ -139,14 +160,17 @@ def _ffn_proc(path: str, load_format: str, device: str, topo, j: int, ready) -> 
         s.ep.close()
 
 
-def _decode(h, batch: int, input_len: int, steps: int, executor, vocab: int, sync) -> float:
-    """Prefill ``batch`` requests, then time ``steps`` decode steps; returns decode tokens/s."""
+def _decode(h, batch: int, input_len: int, steps: int, executor, vocab: int, sync, warmup: int = 0) -> float:
+    """Prefill ``batch`` requests, run ``warmup`` untimed decode steps (first-call/compile costs), then time
+    ``steps`` decode steps; returns decode tokens/s."""
     gen = torch.Generator().manual_seed(0)
     h.step([(i, torch.randint(0, vocab, (input_len,), generator=gen).tolist()) for i in range(batch)], executor)
     nxt = [[1]] * batch
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(steps):
+    t0 = 0.0
+    for it in range(warmup + steps):
+        if it == warmup:
+            sync()
+            t0 = time.perf_counter()
         logits = h.step([(i, nxt[i]) for i in range(batch)], executor)
         nxt = [[int(t)] for t in logits.argmax(-1).tolist()]
     sync()
@@ -160,8 +184,8 @@ def _measure(kind: str, a, q) -> None:
     ``{"error": ...}`` on ``q``."""
     try:
         q.put(_measure_colocated(a) if kind == "colocated" else _measure_afd(a))
-    except Exception as e:  # reported by the parent
-        q.put({"error": f"{kind}: {type(e).__name__}: {e}"})
+    except Exception as e:  # reported by the parent, with the child's full traceback
+        q.put({"error": f"{kind}: {type(e).__name__}: {e}\n--- child traceback ---\n{traceback.format_exc()}"})
 
 
 def _setup(a):
@@ -171,7 +195,8 @@ def _setup(a):
     if a.device == "cuda":
         torch.cuda.set_device(0)
     sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
-    return dev, sync, ModelConfig.from_path(a.model_path, None, "auto", a.device), a.input_len + a.steps + 2
+    max_len = a.input_len + a.steps + a.decode_warmup + 2
+    return dev, sync, ModelConfig.from_path(a.model_path, None, "auto", a.device), max_len
 
 
 def _measure_colocated(a) -> dict:
@@ -183,7 +208,7 @@ def _measure_colocated(a) -> dict:
 
     colo = load_model(mc, a.load_format, dev)
     tps = _decode(ModelHarness(colo, mc, a.batch, max_len, device=dev), a.batch, a.input_len, a.steps, None,
-                  mc.vocab_size, sync)
+                  mc.vocab_size, sync, a.decode_warmup)
     return {"tps": tps, "param_bytes": param_bytes(colo), "peak": _peak(a)}
 
 
@@ -221,7 +246,7 @@ def _measure_afd(a) -> dict:
         attn = load_model(mc, a.load_format, dev, weight_filter=spec.weight_filter, holds_param=spec.holds_param)
         ex = AfdExecutor(mc, topo, 0, a.micro_batches, torch.device(dev))
         tps = _decode(ModelHarness(attn, mc, a.batch, max_len, device=dev), a.batch, a.input_len, a.steps, ex,
-                      mc.vocab_size, sync)
+                      mc.vocab_size, sync, a.decode_warmup)
         return {"tps": tps, "constraint": ex.pipeline_constraint(), "param_bytes": param_bytes(attn),
                 "ffn_param_bytes": ffn_bytes, "peak": _peak(a)}
     finally:
@@ -300,6 +325,7 @@ def parse_args(argv=None):
     p.add_argument("--sizes-kb", type=int, nargs="+", default=[32, 64, 128, 256, 512])
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--decode-warmup", type=int, default=2, help="untimed decode steps before the timed ones")
     p.add_argument("--setups", default="colocated,afd",
                    help="decode measurements to run, comma-separated: colocated, afd (each in its own process)")
     p.add_argument("--smoke", action="store_true", help="CPU, few iterations (for the CPU test)")
@@ -308,11 +334,14 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     if a.smoke:
         a.device, a.iters, a.warmup, a.batch, a.steps, a.input_len = "cpu", 5, 1, 4, 3, 4
+        a.decode_warmup = 1
         a.sizes_kb = [32, 512]
     a.setups = [x for x in a.setups.split(",") if x]
     if not a.setups or set(a.setups) - {"colocated", "afd"}:
         p.error(f"--setups={','.join(a.setups)!r}: choose from colocated, afd")
     a.transport = a.transport or ("cuda_ipc" if a.device == "cuda" else "inline")
+    if a.decode_warmup < 0:
+        p.error(f"--decode-warmup={a.decode_warmup}: must be >= 0")
     if min(a.batch, a.steps, a.input_len, a.ffn_workers, a.micro_batches, a.iters) < 1:
         p.error("--batch, --steps, --input-len, --ffn-workers, --micro-batches, --iters must be >= 1")
     return a

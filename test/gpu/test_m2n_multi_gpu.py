@@ -13,6 +13,7 @@ import hashlib
 import os
 import tempfile
 import time
+import traceback
 
 import numpy as np
 import pytest
@@ -22,6 +23,13 @@ pytestmark = pytest.mark.gpu
 
 H, K, MAX_ROWS, SLOTS = 256, 4, 300, 4
 OP_ECHO, OP_DIE = 0, 1
+RECV_TIMEOUT_S = 15.0  # every receive is bounded: a lost message fails the phase, never hangs it
+GROUP_TIMEOUT_S = 60.0
+
+
+def _progress(rank: int, transport: str, what: str, t0: float) -> None:
+    """Per-phase progress on stdout (run pytest with -s), flushed so a killed run still shows where it was."""
+    print(f"[m2n {transport} rank {rank} +{time.perf_counter() - t0:.1f}s] {what}", flush=True)
 
 
 def _ngpu() -> int:
@@ -45,7 +53,7 @@ def _endpoint(rank, addrs, transport, timeout_s):
 def _peer(rank, addrs, transport, q) -> None:
     """Echo every message (ids + 1) to rank 0 until closed; OP_DIE: exit at once, as a crash would."""
     try:
-        ep = _endpoint(rank, addrs, transport, 120)
+        ep = _endpoint(rank, addrs, transport, GROUP_TIMEOUT_S)
         while True:
             msg = ep.recv()
             if msg.meta[0] == OP_DIE:
@@ -55,7 +63,7 @@ def _peer(rank, addrs, transport, q) -> None:
     except ConnectionError:
         q.put((rank, "closed"))
     except Exception as e:  # reported to the test
-        q.put((rank, f"error {e!r}"))
+        q.put((rank, f"error {e!r}\n{traceback.format_exc()}"))
 
 
 def _msg(g, n):
@@ -67,8 +75,9 @@ def _msg(g, n):
 def _driver(addrs, transport, n_msgs, q) -> None:
     """Rank 0: phase 1 random sizes (digest of received bytes), phase 2 ``n_msgs`` back-to-back, phase 3 kill."""
     try:
-        world = len(addrs)
-        ep = _endpoint(0, addrs, transport, 120)
+        world, t00 = len(addrs), time.perf_counter()
+        ep = _endpoint(0, addrs, transport, RECV_TIMEOUT_S)
+        _progress(0, transport, "endpoint up; phase 1 (random sizes)", t00)
         g = torch.Generator(device="cuda").manual_seed(7)
         sizes = [0, MAX_ROWS, 1] + [int(v) for v in np.random.default_rng(3).integers(0, MAX_ROWS + 1, 45)]
         digest, bad = hashlib.sha256(), 0
@@ -82,6 +91,7 @@ def _driver(addrs, transport, n_msgs, q) -> None:
             bad += not ok
             for t in r.tensors:
                 digest.update(t.cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        _progress(0, transport, f"phase 1 done (bad={bad}); phase 2 ({n_msgs} back-to-back)", t00)
         # phase 2: back-to-back, SLOTS in flight per peer; mismatches summed on the device
         x, ids, w = _msg(g, 8)
         mism = torch.zeros((), dtype=torch.int64, device="cuda")
@@ -102,6 +112,7 @@ def _driver(addrs, transport, n_msgs, q) -> None:
             got += 1
         torch.cuda.synchronize()
         rate = n_msgs / (time.perf_counter() - t0)
+        _progress(0, transport, f"phase 2 done ({rate:.0f} msg/s); phase 3 (killed peer)", t00)
         # phase 3: peer 1 dies; the next receive must fail within the timeout
         ep.send(1, [x, ids, w], (OP_DIE, 0))
         ep.send(1, [x, ids, w], (OP_ECHO, -1))
@@ -112,9 +123,10 @@ def _driver(addrs, transport, n_msgs, q) -> None:
         except (TimeoutError, ConnectionError) as e:
             died = f"{type(e).__name__} after {time.perf_counter() - t0:.1f} s"
         ep.close(notify=list(range(2, world)))
+        _progress(0, transport, f"phase 3 done ({died})", t00)
         q.put((0, {"bad": bad, "digest": digest.hexdigest(), "mismatch": int(mism), "rate": rate, "died": died}))
     except Exception as e:  # reported to the test
-        q.put((0, f"error {e!r}"))
+        q.put((0, f"error {e!r}\n{traceback.format_exc()}"))
 
 
 def run_group(transport: str, world: int, n_msgs: int) -> dict:
@@ -131,19 +143,24 @@ def run_group(transport: str, world: int, n_msgs: int) -> dict:
         p.start()
     try:
         reports = {}
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + GROUP_TIMEOUT_S
         while 0 not in reports and time.monotonic() < deadline:
             try:
-                rank, rep = q.get(timeout=5)
-                reports[rank] = rep
+                rank, rep = q.get(timeout=2)
             except Exception:
                 if not procs[0].is_alive():
                     break
-        assert 0 in reports, f"rank 0 gave no report ({transport}, {world} GPUs): hang or crash"
+                continue
+            reports[rank] = rep
+            if isinstance(rep, str) and rep.startswith("error"):
+                print(f"[m2n {transport}] rank {rank} reported: {rep}", flush=True)
+                if rank != 0:  # a dead peer: rank 0 would only time out later
+                    break
+        assert 0 in reports, f"rank 0 gave no report ({transport}, {world} GPUs): hang or crash; others: {reports}"
         return reports[0]
     finally:
         for p in procs:
-            p.join(timeout=10)
+            p.join(timeout=5)
             if p.is_alive():
                 p.kill()
 

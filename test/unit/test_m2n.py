@@ -149,6 +149,23 @@ def test_cuda_ipc_transport_refuses_cpu_buffers():
         M2NEndpoint(M2NConfig(0, _addrs(1), max_rows=4), COMBINE, transport=CudaIpcTransport())
 
 
+def test_cuda_ipc_strategy_switch(monkeypatch):
+    from sgl_kernel.m2n.cuda_ipc import CudaIpcTransport
+
+    t = CudaIpcTransport()
+    assert (t.mem, t.event) == ("own", "own")  # the receiver's device context (CUDA simpleIPC)
+    monkeypatch.setenv("SGL_M2N_IPC_MEM", "peer")
+    monkeypatch.setenv("SGL_M2N_IPC_EVENT", "sync")
+    t = CudaIpcTransport()
+    assert (t.mem, t.event) == ("peer", "sync")
+    assert CudaIpcTransport(mem="own", event="peer").event == "peer"  # explicit arguments beat the environment
+    monkeypatch.setenv("SGL_M2N_IPC_EVENT", "later")
+    with pytest.raises(ValueError, match="SGL_M2N_IPC_EVENT='later'"):
+        CudaIpcTransport()
+    with pytest.raises(ValueError, match="SGL_M2N_IPC_MEM='gpu9'"):
+        CudaIpcTransport(mem="gpu9")
+
+
 def _p2p_rank(rank: int, addrs, init: str, q) -> None:
     import torch.distributed as dist
 

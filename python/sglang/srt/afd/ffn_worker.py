@@ -45,6 +45,8 @@ class FfnServer:
 
         from sglang.srt.afd.experts import load_expert_weights
 
+        if device.type == "cuda":  # kernels (Triton launches on the current device) and IPC events of this worker
+            torch.cuda.set_device(device)
         self.mc, self.specs, self.load_format, self.device, self.seed = mc, specs, load_format, device, seed
         self.index, self.topo = index, topo
         self.layers = {s.layer: s for s in specs}
