@@ -31,7 +31,12 @@ step() {  # step NAME TIMEOUT_S CMD... : run, log to $out/NAME.log, record the e
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -4
 nixl=$("$PY" -c "from sglang.srt.disaggregation.transfer.base import nixl_available as a; print(a())" 2>&1 | tail -1)
 echo "nixl: $nixl"
-step m2n_test 38 "$PY" -m pytest -s -q test/gpu/test_m2n_multi_gpu.py -p no:cacheprovider
+m2n=test/gpu/test_m2n_multi_gpu.py::test_m2n_one_rank_per_gpu
+# one step per transport, each with its own bound (the test's BOUNDS + pytest start-up), so one cannot eat the others'
+step m2n_cuda_ipc 36 "$PY" -m pytest -s -q "$m2n[cuda_ipc-2gpu]" -p no:cacheprovider
+step m2n_inline 22 "$PY" -m pytest -s -q "$m2n[inline-2gpu]" -p no:cacheprovider
+step m2n_nixl 30 "$PY" -m pytest -s -q "$m2n[nixl-2gpu]" -p no:cacheprovider
+cat "$out"/m2n_cuda_ipc.log "$out"/m2n_inline.log "$out"/m2n_nixl.log > "$out/m2n_test.log" 2>/dev/null
 step ipc_probe 28 "$PY" scripts/gpu/m2n_ipc_probe.py --budget-s 22 --out "$out/issue24_ipc_probe.md"
 rec=$(grep -h "^RECOMMEND SGL" "$out/ipc_probe.log" 2>/dev/null | tail -1 | sed 's/^RECOMMEND //')
 [ -n "$rec" ] && export $rec  # the probe's best working strategy (own/own first) for the steps below
@@ -48,7 +53,7 @@ print(f"{n} x {torch.cuda.get_device_name(0)}" if n else "no GPU")' 2>&1 | tail 
   echo; echo "nixl available: $nixl; CUDA IPC strategy after the probe: mem=${SGL_M2N_IPC_MEM:-own}" \
     "event=${SGL_M2N_IPC_EVENT:-own}"
   echo; echo "| step | status |"; echo "|---|---|"
-  for k in m2n_test ipc_probe afd_qwen3 m2n_latency colocated_qwen3; do echo "| $k | ${status[$k]:-not run} |"; done
+  for k in m2n_cuda_ipc m2n_inline m2n_nixl ipc_probe afd_qwen3 m2n_latency colocated_qwen3; do echo "| $k | ${status[$k]:-not run} |"; done
   echo; grep -h -E "^\[m2n|passed|failed|skipped|Error" "$out/m2n_test.log" 2>/dev/null | tail -12
   echo; grep -h -E "^\||^RECOMMEND" "$out/ipc_probe.log" 2>/dev/null | tail -12
   for k in afd_qwen3 m2n_latency colocated_qwen3; do echo; echo "## $k"; grep -h "^|" "$out/$k.log" 2>/dev/null

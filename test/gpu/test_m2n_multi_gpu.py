@@ -1,14 +1,19 @@
 """M2N between GPUs (issue 24, item 1): one rank per GPU (2 GPUs, or 4 when present; skipped with fewer).
 
-* The CUDA-IPC transport delivers the same bytes as the inline (ZMQ) transport over random row counts incl. 0 and
-  ``max_rows`` (rank 0 on cuda:0 exchanges with every peer on its own GPU; peers echo with ids + 1).
+* Every transport (CUDA IPC, inline ZMQ, NIXL) delivers exactly the bytes of a torch reference (what was sent, ids
+  + 1) over random row counts incl. 0 and ``max_rows`` (rank 0 on cuda:0 exchanges with every peer on its own GPU;
+  peers echo with ids + 1), so all deliver the same bytes.
 * 10,000 back-to-back messages (up to ``slots`` unanswered per peer, round-robin over peers) arrive intact;
   the check accumulates on the device (no host sync per message).
-* A killed peer fails closed: rank 0's receive raises within seconds (no hang).
+* A killed peer fails closed: rank 0's receive raises within seconds and its close returns (no hang).
+
+Each (transport, world) is its own test case with its own time bound (:data:`BOUNDS`), so a hang in one transport
+cannot eat the others' time.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import os
 import tempfile
@@ -24,7 +29,9 @@ pytestmark = pytest.mark.gpu
 H, K, MAX_ROWS, SLOTS = 256, 4, 300, 4
 OP_ECHO, OP_DIE = 0, 1
 RECV_TIMEOUT_S = 15.0  # every receive is bounded: a lost message fails the phase, never hangs it
-GROUP_TIMEOUT_S = 60.0
+GROUP_TIMEOUT_S = 60.0  # peers' own receive timeout (they wait for rank 0's next message)
+# per transport: (back-to-back messages of phase 2, seconds the whole group may take: spawn + attach + 3 phases)
+BOUNDS = {"cuda_ipc": (10_000, 30.0), "inline": (200, 15.0), "nixl": (500, 25.0)}
 
 
 def _progress(rank: int, transport: str, what: str, t0: float) -> None:
@@ -74,13 +81,15 @@ def _msg(g, n):
 
 def _driver(addrs, transport, n_msgs, q) -> None:
     """Rank 0: phase 1 random sizes (digest of received bytes), phase 2 ``n_msgs`` back-to-back, phase 3 kill."""
+    # a hang prints every thread's Python stack (stderr, kept by pytest -s) shortly before the case's bound
+    faulthandler.dump_traceback_later(max(1.0, BOUNDS[transport][1] - 8.0), exit=False)
     try:
         world, t00 = len(addrs), time.perf_counter()
         ep = _endpoint(0, addrs, transport, RECV_TIMEOUT_S)
         _progress(0, transport, "endpoint up; phase 1 (random sizes)", t00)
         g = torch.Generator(device="cuda").manual_seed(7)
         sizes = [0, MAX_ROWS, 1] + [int(v) for v in np.random.default_rng(3).integers(0, MAX_ROWS + 1, 45)]
-        digest, bad = hashlib.sha256(), 0
+        digest, ref_digest, bad = hashlib.sha256(), hashlib.sha256(), 0
         for i, n in enumerate(sizes):
             peer = 1 + i % (world - 1)
             x, ids, w = _msg(g, n)
@@ -89,8 +98,9 @@ def _driver(addrs, transport, n_msgs, q) -> None:
             ok = r.src == peer and r.meta[1] == i and torch.equal(r.tensors[0], x) and \
                 torch.equal(r.tensors[1], ids + 1) and torch.equal(r.tensors[2], w)
             bad += not ok
-            for t in r.tensors:
+            for t, ref in zip(r.tensors, (x, ids + 1, w)):  # received bytes vs the torch reference (sent, ids + 1)
                 digest.update(t.cpu().contiguous().view(torch.uint8).numpy().tobytes())
+                ref_digest.update(ref.cpu().contiguous().view(torch.uint8).numpy().tobytes())
         _progress(0, transport, f"phase 1 done (bad={bad}); phase 2 ({n_msgs} back-to-back)", t00)
         # phase 2: back-to-back, SLOTS in flight per peer; mismatches summed on the device
         x, ids, w = _msg(g, 8)
@@ -122,15 +132,21 @@ def _driver(addrs, transport, n_msgs, q) -> None:
             died = "no error"
         except (TimeoutError, ConnectionError) as e:
             died = f"{type(e).__name__} after {time.perf_counter() - t0:.1f} s"
+        _progress(0, transport, f"phase 3 receive: {died}; closing", t00)
+        t1 = time.perf_counter()
         ep.close(notify=list(range(2, world)))
-        _progress(0, transport, f"phase 3 done ({died})", t00)
-        q.put((0, {"bad": bad, "digest": digest.hexdigest(), "mismatch": int(mism), "rate": rate, "died": died}))
+        closed = time.perf_counter() - t1
+        _progress(0, transport, f"phase 3 done ({died}; close {closed:.1f} s)", t00)
+        q.put((0, {"bad": bad, "digest": digest.hexdigest(), "ref_digest": ref_digest.hexdigest(),
+                   "mismatch": int(mism), "rate": rate, "died": died, "close_s": closed}))
+        faulthandler.cancel_dump_traceback_later()
     except Exception as e:  # reported to the test
         q.put((0, f"error {e!r}\n{traceback.format_exc()}"))
 
 
-def run_group(transport: str, world: int, n_msgs: int) -> dict:
-    """Spawn ``world`` ranks (rank r on cuda:r) and return rank 0's report; raises AssertionError on a hang."""
+def run_group(transport: str, world: int, n_msgs: int, bound_s: float) -> dict:
+    """Spawn ``world`` ranks (rank r on cuda:r) and return rank 0's report; raises AssertionError when rank 0 has not
+    reported within ``bound_s`` seconds (a hang), after killing every rank."""
     import torch.multiprocessing as mp
 
     d = tempfile.mkdtemp()
@@ -143,7 +159,7 @@ def run_group(transport: str, world: int, n_msgs: int) -> dict:
         p.start()
     try:
         reports = {}
-        deadline = time.monotonic() + GROUP_TIMEOUT_S
+        deadline = time.monotonic() + bound_s
         while 0 not in reports and time.monotonic() < deadline:
             try:
                 rank, rep = q.get(timeout=2)
@@ -156,38 +172,34 @@ def run_group(transport: str, world: int, n_msgs: int) -> dict:
                 print(f"[m2n {transport}] rank {rank} reported: {rep}", flush=True)
                 if rank != 0:  # a dead peer: rank 0 would only time out later
                     break
-        assert 0 in reports, f"rank 0 gave no report ({transport}, {world} GPUs): hang or crash; others: {reports}"
+        assert 0 in reports, (f"rank 0 gave no report within {bound_s:.0f} s ({transport}, {world} GPUs): hang or "
+                              f"crash; others: {reports}")
         return reports[0]
     finally:
         for p in procs:
-            p.join(timeout=5)
+            p.join(timeout=2 if 0 in reports else 0.1)
             if p.is_alive():
                 p.kill()
+                p.join(timeout=5)
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_m2n_cuda_ipc_one_rank_per_gpu(world):
+CASES = [("cuda_ipc", 2), ("inline", 2), ("nixl", 2), ("cuda_ipc", 4), ("inline", 4)]
+
+
+@pytest.mark.parametrize("transport,world", CASES, ids=[f"{t}-{w}gpu" for t, w in CASES])
+def test_m2n_one_rank_per_gpu(transport, world):
     if _ngpu() < world:
         pytest.skip(f"needs {world} GPUs, found {_ngpu()}")
-    ipc = run_group("cuda_ipc", world, 10_000)
-    ref = run_group("inline", world, 200)
-    assert isinstance(ipc, dict), ipc
-    assert isinstance(ref, dict), ref
-    assert ipc["bad"] == 0 and ref["bad"] == 0, (ipc, ref)
-    assert ipc["digest"] == ref["digest"], "cuda_ipc and inline delivered different bytes"
-    assert ipc["mismatch"] == 0, ipc
-    assert ipc["died"].startswith(("TimeoutError", "ConnectionError")), ipc["died"]
+    if transport == "nixl":
+        from sglang.srt.disaggregation.transfer.base import nixl_available
 
-
-def test_m2n_nixl_one_rank_per_gpu():
-    if _ngpu() < 2:
-        pytest.skip(f"needs 2 GPUs, found {_ngpu()}")
-    from sglang.srt.disaggregation.transfer.base import nixl_available
-
-    ok, why = nixl_available()
-    if not ok:
-        pytest.skip(f"nixl does not import ({why}); pip install 'sglang[pd]'")
-    rep = run_group("nixl", 2, 500)
+        ok, why = nixl_available()
+        if not ok:
+            pytest.skip(f"nixl does not import ({why}); pip install 'sglang[pd]'")
+    n_msgs, bound_s = BOUNDS[transport]
+    rep = run_group(transport, world, n_msgs, bound_s)
     assert isinstance(rep, dict), rep
     assert rep["bad"] == 0 and rep["mismatch"] == 0, rep
+    assert rep["digest"] == rep["ref_digest"], f"{transport} delivered other bytes than the torch reference"
     assert rep["died"].startswith(("TimeoutError", "ConnectionError")), rep["died"]
+    assert rep["close_s"] < 5.0, f"close after the killed peer took {rep['close_s']:.1f} s"

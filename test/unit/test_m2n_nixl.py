@@ -268,3 +268,92 @@ def test_nixl_pending_read_fails_closed(why):
     finally:
         a.close()
         b.close()
+
+
+def _streaming_peer(addrs, q) -> None:
+    """Echo rank 0's rows + 1 back-to-back (each side READs the other's ring) until the test SIGKILLs it."""
+    ep = M2NEndpoint(M2NConfig(1, addrs, max_rows=8, slots=4, timeout_s=30), COMBINE,
+                     transport=create_transport("nixl"))
+    q.put("attached")
+    while True:
+        msg = ep.recv()
+        ep.send(0, [msg.tensors[0] + 1], meta=msg.meta)
+
+
+@needs_nixl
+def test_nixl_peer_sigkilled_mid_stream_fails_closed_and_close_returns():
+    """The 2-GPU killed-peer phase on CPU: a peer SIGKILLed while messages stream both ways (2 in flight). Rank 0's
+    next receives fail (TimeoutError or ConnectionError) within the receive timeout, and ``close`` returns within
+    seconds instead of waiting on the dead peer in NIXL/UCX teardown (issue 24 round 2: it never returned)."""
+    import signal
+
+    import torch.multiprocessing as mp
+
+    addrs = _addrs(2)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    ep = M2NEndpoint(M2NConfig(0, addrs, max_rows=8, slots=4, timeout_s=3), COMBINE,
+                     transport=create_transport("nixl"))
+    p = ctx.Process(target=_streaming_peer, args=(addrs, q))
+    p.start()
+    closed = False
+    try:
+        assert q.get(timeout=60) == "attached"
+        g = torch.Generator().manual_seed(5)
+        xs, got, sent, killed, err = {}, 0, 0, None, None
+        while err is None:
+            while sent - got < 2:
+                xs[sent] = torch.randn(1 + sent % 8, H, generator=g)
+                ep.send(1, [xs[sent]], meta=(sent,))
+                sent += 1
+            try:
+                msg = ep.recv(timeout_s=3)
+            except (TimeoutError, ConnectionError) as e:
+                err = e
+                break
+            j = msg.meta[0]
+            torch.testing.assert_close(msg.tensors[0], xs.pop(j) + 1, rtol=0, atol=0)
+            got += 1
+            if got == 200:
+                os.kill(p.pid, signal.SIGKILL)  # mid-stream: a message is in flight each way
+                killed = time.monotonic()
+            assert got < 400, "messages still arrive long after the peer was killed"
+        took = time.monotonic() - killed
+        assert killed is not None and took < 10, (took, err)
+        t0 = time.monotonic()
+        ep.close()
+        closed = True
+        assert time.monotonic() - t0 < 5, f"close after the killed peer took {time.monotonic() - t0:.1f} s"
+    finally:
+        if p.is_alive():
+            p.kill()
+        p.join(10)
+        if not closed:
+            ep.close()
+
+
+@needs_nixl
+def test_nixl_close_after_fault_makes_no_teardown_call():
+    """After a receive timeout (a peer may be dead) ``close`` abandons the agent: no NIXL call that could wait on a
+    dead peer (remote-agent removal, transfer release, deregistration); a clean group still tears down fully."""
+    addrs = _addrs(2)
+    a = M2NEndpoint(M2NConfig(0, addrs, max_rows=8, timeout_s=2), COMBINE, transport=create_transport("nixl"))
+    b = M2NEndpoint(M2NConfig(1, addrs, max_rows=8, timeout_s=2), COMBINE, transport=create_transport("nixl"))
+    calls = []
+    try:
+        b.send(0, [torch.randn(3, H)])
+        assert a.recv(timeout_s=5).tensors[0].shape == (3, H)  # a has loaded b's agent and READ from it
+        with pytest.raises(TimeoutError):
+            a.recv(timeout_s=0.3)
+        backend = a.transport.agent
+        for name in ("remove_remote_agent", "deregister_memory", "release_xfer_handle"):
+            setattr(backend._agent, name, lambda *args, _n=name: calls.append(_n))
+        t0 = time.monotonic()
+        a.close()
+        assert calls == [] and time.monotonic() - t0 < 1.0, calls
+        assert backend._closed and a.transport.agent is None
+    finally:
+        a.close()
+        b_backend = b.transport.agent
+        b.close()  # no fault on b: the ordinary teardown (deregistration) ran
+        assert b_backend._closed and not b_backend._reg_dlists

@@ -81,3 +81,50 @@ def test_decomp_and_auto_import_no_triton():
                             "PATH": "/usr/bin:/bin"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "False"
+
+
+def test_h100_table_holds_the_round2_measurements():
+    """Issue 26 round 2 (2 H100s, Llama-3.3-70B TP4 shapes): o_proj and down fall back to NCCL + cuBLAS at M 2048,
+    qkv and gate_up use the decomposition there; the piece count is the measured best per M."""
+    from sgl_kernel.tdist.auto import H100_TABLE as t
+
+    assert t.choose("rs", 2048, 8192, 2, 2048) == "nccl" and t.choose("rs", 7168, 8192, 2, 2048) == "nccl"
+    assert t.choose("rs", 2048, 8192, 2, 8192) == "decomp" and t.choose("rs", 7168, 8192, 2, 8192) == "decomp"
+    assert t.choose("ag", 8192, 2560, 2, 2048) == "decomp" and t.choose("ag", 8192, 14336, 2, 2048) == "decomp"
+    assert [t.pieces_for("ag", 8192, 2560, 2, m) for m in (1024, 2048, 4096, 8192, 16384)] == [1, 1, 1, 2, 2]
+    assert t.pieces_for("ag", 8192, 14336, 2, 8192) == 2 and t.pieces_for("rs", 7168, 8192, 2, 8192) == 2
+    assert t.pieces_for("ag", 8192, 2560, 4, 8192) is None  # world 4 not measured: the decomposition plans
+    assert CalibrationTable.from_json(t.to_json()) == t
+
+
+def test_pieces_entries_are_checked():
+    with pytest.raises(ValueError, match="pieces entry"):
+        CalibrationTable(pieces=(("ag", 1, 1, 2, 1, 5),))
+    with pytest.raises(ValueError, match="pieces entry"):
+        CalibrationTable(pieces=(("ag", 1, 1, 2, 1),))
+
+
+class _FakeDecomp:
+    def __init__(self, k=8192, n=8192, chunks=None):
+        self.k, self.n, self.chunks = k, n, chunks
+        self.heap = type("H", (), {"world": 2, "rank": 0})()
+        self.calls = []
+
+    def __call__(self, a, b, rows, out=None, chunks=None):
+        self.calls.append(chunks)
+        return out
+
+
+def test_auto_ops_pass_the_measured_piece_count():
+    from sgl_kernel.tdist.auto import H100_TABLE, AutoAgGemm, AutoGemmRs
+
+    ag = AutoAgGemm(_FakeDecomp(k=8192), None, H100_TABLE)
+    ag(torch.zeros(4096, 1), torch.zeros(1, 2560), [4096, 4096])
+    ag(torch.zeros(1024, 1), torch.zeros(1, 2560), [1024, 1024])
+    assert ag.decomp.calls == [2, 1] and ag.last_path == "decomp"
+    rs = AutoGemmRs(_FakeDecomp(n=8192), None, H100_TABLE)
+    rs(torch.zeros(1).expand(8192, 7168), torch.zeros(7168, 1), [4096, 4096])
+    assert rs.decomp.calls == [2]
+    fixed = AutoAgGemm(_FakeDecomp(k=8192, chunks=4), None, H100_TABLE)  # an op built with explicit chunks keeps them
+    fixed(torch.zeros(4096, 1), torch.zeros(1, 2560), [4096, 4096])
+    assert fixed.decomp.calls == [None]

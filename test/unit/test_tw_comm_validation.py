@@ -101,9 +101,19 @@ def test_backend_selection():
     cfg = TwCommConfig()
     cap = staging_bytes(16384, 8192, 8)[0]
     sel = lambda T, world=8, **kw: select_backend(T, 8192, world, config=cfg, capacity_bytes=cap, **kw)  # noqa
-    assert sel(1) == TwBackend.ONESHOT and sel(64) == TwBackend.ONESHOT  # 1 MiB at world 8
-    assert sel(65) == TwBackend.TWOSHOT and sel(16384) == TwBackend.TWOSHOT
-    assert sel(256, world=2) == TwBackend.ONESHOT and sel(257, world=2) == TwBackend.TWOSHOT
+    # Lamport one-shot for fused non-overlapped calls within its buffer: T*H*2 <= 2 MiB, T <= 128 at H 8192
+    for world in (2, 4, 8):
+        assert sel(1, world=world) == TwBackend.LAMPORT and sel(128, world=world) == TwBackend.LAMPORT
+    assert sel(129, world=2) == TwBackend.ONESHOT and sel(256, world=2) == TwBackend.ONESHOT
+    assert sel(257, world=2) == TwBackend.TWOSHOT and sel(129) == TwBackend.TWOSHOT  # 1 MiB one-shot at world 8
+    assert sel(65, world=4, fused=False) == TwBackend.TWOSHOT and sel(16384) == TwBackend.TWOSHOT
+    # kept paths: plain AllReduce (no Lamport form), overlapped calls, 4-byte elements, lamport_auto off
+    assert sel(1, fused=False) == TwBackend.ONESHOT and sel(64, fused=False) == TwBackend.ONESHOT
+    assert sel(8, world=2, overlap=True) == TwBackend.ONESHOT
+    assert sel(8, world=2, elem=4) == TwBackend.ONESHOT
+    no_lamport = TwCommConfig(lamport_auto=False)
+    assert select_backend(8, 8192, 2, config=no_lamport, capacity_bytes=cap) == TwBackend.ONESHOT
+    assert sel(8, world=2, on_cuda=False) == TwBackend.TORCH and sel(8, world=2, p2p_available=False) == TwBackend.NCCL
     # CE is off by default (slower than NCCL everywhere measured): overlapped calls stay on one/two-shot
     assert sel(4096, overlap=True) == TwBackend.TWOSHOT and sel(8, overlap=True) == TwBackend.ONESHOT
     ce_cfg = TwCommConfig(ce_min_bytes=32 << 20)

@@ -6,8 +6,10 @@ taking tensors + workspace. The backend is chosen per call by size, world size a
 (:func:`select_backend`) and logged:
 
 * ``p2p_oneshot``  small inputs: push to all peers, one barrier, local reduce + norm (lowest latency);
-* ``p2p_lamport``  explicit only (not auto-selected until measured): the one-shot with the flag in the data (empty
-  slots hold negative zero, readers spin on the data; no barrier), world*T*H*2 <= world * 2 MiB;
+* ``p2p_lamport``  the one-shot with the flag in the data (empty slots hold negative zero, readers spin on the data;
+  no barrier), world*T*H*2 <= world * 2 MiB: auto-selected for fused, non-overlapped calls that fit (2 H100s,
+  hidden 8192, issue 25 round 2: 7.2 / 9.9 / 15.9 us at T 1 / 32 / 128 vs one-shot 10.0 / 11.6 / 17.9, NCCL
+  symmetric 9.4 / 19.6 / 26.5, torch symmetric memory 11.7 / 13.4 / 17.9);
 * ``p2p_twoshot``  large inputs: ReduceScatter by peer stores -> residual + RMSNorm on own 1/N rows ->
   AllGather by peer loads (line-rate traffic);
 * ``ce``           overlap mode, large inputs: copy engines move the data, the norm kernel uses <= ``ce_sms`` SMs;
@@ -78,6 +80,8 @@ class TwCommConfig:
     # rest of the GPU (TokenWeave sec. 3.3 runs its fused kernel on 16-32 SMs)
     overlap_sms: int = 16
     residual_sharded: bool = False
+    # auto-select p2p_lamport for fused non-overlapped calls that fit its buffer (False: one-shot as before)
+    lamport_auto: bool = True
 
     def __post_init__(self) -> None:
         if self.max_bytes <= 0:
@@ -109,6 +113,10 @@ def nvls_env_allows(env: Optional[Mapping[str, str]] = None) -> Tuple[bool, str]
     return True, "environment allows multicast"
 
 
+# payload bytes per source rank of one Lamport buffer (tw-comm/csrc/allreduce_rmsnorm/common.cuh kLamportRankBytes)
+LAMPORT_RANK_BYTES = 2 << 20
+
+
 def staging_bytes(tokens: int, hidden: int, world: int, elem: int = 2) -> Tuple[int, int]:
     """(two-shot, one-shot) staging bytes a call needs: world*ceil(T/world)*H*elem and world*T*H*elem."""
     stride = -(-tokens // world)
@@ -127,11 +135,14 @@ def select_backend(
     nvls_available: bool = False,
     capacity_bytes: int = 0,
     elem: int = 2,
+    fused: bool = True,
 ) -> TwBackend:
     """Pick the backend for a [tokens, hidden] call (pure; logged by the caller).
 
     nvls_available must be True only when the gate passed AND a multicast mapping exists (never here).
-    capacity_bytes: the workspace's staging region size.
+    capacity_bytes: the workspace's staging region size. fused: the call is AllReduce + RMSNorm (plain AllReduce
+    has no Lamport form). Lamport is chosen for fused, non-overlapped 2-byte calls with
+    ``world * T * H * 2 <= world * LAMPORT_RANK_BYTES`` (T <= 128 at H 8192) when ``config.lamport_auto``.
     """
     if world == 1:
         return TwBackend.LOCAL
@@ -147,6 +158,8 @@ def select_backend(
     nbytes = tokens * hidden * elem
     if overlap and config.ce_min_bytes and nbytes >= config.ce_min_bytes:
         return TwBackend.CE
+    if fused and not overlap and config.lamport_auto and elem == 2 and nbytes <= LAMPORT_RANK_BYTES:
+        return TwBackend.LAMPORT
     if nbytes <= config.oneshot_limit(world) and one_need <= capacity_bytes:
         return TwBackend.ONESHOT
     return TwBackend.TWOSHOT
@@ -214,12 +227,13 @@ class TwCommWorkspace:
             raise ValueError("this workspace has no tw-comm buffers (CPU, unsupported world size, or closed)")
         return self._handle
 
-    def select(self, tokens: int, hidden: int, overlap: bool = False, elem: int = 2) -> TwBackend:
-        """Backend for a [tokens, hidden] call; logs the first use of each (backend, overlap) pair at INFO."""
+    def select(self, tokens: int, hidden: int, overlap: bool = False, elem: int = 2, fused: bool = True) -> TwBackend:
+        """Backend for a [tokens, hidden] call (``fused``: AllReduce + RMSNorm, else plain AllReduce); logs the first
+        use of each (backend, overlap) pair at INFO."""
         b = select_backend(
             tokens, hidden, self.world, config=self.config, overlap=overlap,
             p2p_available=self._handle is not None, on_cuda=self.device.type == "cuda",
-            nvls_available=False, capacity_bytes=self.capacity_bytes, elem=elem,
+            nvls_available=False, capacity_bytes=self.capacity_bytes, elem=elem, fused=fused,
         )
         key = (b, overlap)
         if key not in self._logged:
@@ -348,7 +362,7 @@ def allreduce(
     if out is None:
         out = torch.empty_like(x)
     tokens, hidden = x.shape
-    b = backend or ws.select(tokens, hidden, False, x.element_size())
+    b = backend or ws.select(tokens, hidden, False, x.element_size(), fused=False)
     if tokens == 0:
         return out
     if b in (TwBackend.ONESHOT, TwBackend.TWOSHOT):

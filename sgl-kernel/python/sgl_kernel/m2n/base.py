@@ -164,6 +164,10 @@ class PayloadTransport(ABC):
         """A transport message (kind other than data/close) arrived, e.g. a peer's registered-buffer handles
         (default: ignored)."""
 
+    def on_fault(self, reason: str) -> None:
+        """The endpoint gave up waiting (receive timeout or failed liveness check): a peer may be dead, so
+        :meth:`close` must not wait on peers (default: nothing to do)."""
+
     def close(self) -> None:
         """Release transport resources."""
 
@@ -282,8 +286,10 @@ class M2NEndpoint:
                 meta = tuple(int(v) for v in header[6:6 + META_LEN])
                 return Message(src, meta, self.recv_layout.unpack(self.recv_buf, n))
             if self.alive is not None and not self.alive():
+                self.transport.on_fault("liveness check failed")
                 raise ConnectionError("M2N: the peer group is gone (liveness check failed)")
             if time.monotonic() > deadline:
+                self.transport.on_fault("receive timed out")
                 raise TimeoutError(f"M2N rank {self.rank}: no message within "
                                    f"{self.config.timeout_s if timeout_s is None else timeout_s:.1f} s")
 

@@ -12,6 +12,10 @@ receiver pulls from the sender's registered buffer; descriptors are exchanged on
   ``[my rank, slot]``) into its registered receive buffer and polls it to completion within
   ``M2NConfig.timeout_s``; a failed or late READ raises ConnectionError naming the peer (fails closed,
   never a hang). Messages of 0 rows (0 bytes) move nothing.
+* :meth:`close` after a fault (a failed READ, a receive timeout or a failed liveness check of the endpoint: a peer
+  may be dead) abandons the agent instead of tearing it down: NIXL/UCX teardown can wait without bound on a
+  SIGKILLed peer (issue 24 round 2: the 2-H100 killed-peer phase never returned from ``close``), so a dead peer
+  fails the group closed within the receive timeout and close returns at once.
 
 Slot reuse follows :mod:`~sgl_kernel.m2n.cuda_ipc`: ``slots`` must be >= the messages a peer may leave
 unconsumed (dispatch/combine answers every message before its slot comes round again), so the sender never
@@ -78,6 +82,7 @@ class NixlTransport(PayloadTransport):
         self.agent = None
         self._state = None
         self._peers: dict[int, tuple[str, int, int]] = {}  # rank -> (agent name, ring base address, slot bytes)
+        self._fault: Optional[str] = None  # set once a peer may be dead: close() then never waits on peers
 
     def attach(self, endpoint) -> None:
         """Create the agent, register the endpoint's send ring and receive buffer, send every peer the hello.
@@ -166,14 +171,24 @@ class NixlTransport(PayloadTransport):
             if state is self._state.DONE:
                 return
             if state is self._state.FAILED:
+                self._fault = f"READ from rank {src} failed"
                 raise ConnectionError(f"NIXL M2N rank {self.ep.rank}: READ of {nbytes} bytes from rank {src} "
                                       f"(agent {name}) failed: {handle.error}")
             if self.poll_sleep_s:
                 time.sleep(self.poll_sleep_s)
 
+    def on_fault(self, reason: str) -> None:
+        """Remember that a peer may be dead (see :meth:`close`)."""
+        self._fault = self._fault or reason
+
     def close(self) -> None:
-        """Deregister the buffers and forget the peers (pending READs fail). Idempotent."""
+        """Deregister the buffers and forget the peers (pending READs fail). After a fault (:meth:`on_fault`, a
+        failed READ) the agent is abandoned instead (no call that could wait on a dead peer; its registrations are
+        kept until the process exits). Never blocks on a peer after a fault. Idempotent."""
         if self.agent is not None:
-            self.agent.close()
+            if self._fault is not None:
+                self.agent.abandon(self._fault)
+            else:
+                self.agent.close()
             self.agent = None
         self._peers.clear()

@@ -129,6 +129,27 @@ def compile_kernel(name: str, arch: int = 90):
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps, "num_stages": stages})
 
 
+def compile_extend(head_dim: int, dtype: str = "bf16", arch: int = 90):
+    """Compile the extend kernel for ``sm_{arch}`` at ``head_dim`` and ``dtype`` ("bf16", "fp16", "fp32") with the
+    config :func:`sgl_kernel.triton.extend_attention.extend_config` picks for that arch (table shared-memory limit);
+    returns ``(config, CompiledKernel)``. Raises Triton's errors on failure."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from sgl_kernel.triton.common import next_pow2
+    from sgl_kernel.triton.extend_attention import _extend_kernel, extend_config
+
+    config = extend_config(head_dim, (arch // 10, arch % 10), 4 if dtype == "fp32" else 2)
+    block_m, block_n, warps, stages = config
+    _, _, sig, const, _ = _extend()
+    sig = {n: (f"*{dtype}" if n in ("Q", "Out", "K_buf", "V_buf") else t) for n, t in sig.items()}
+    const = dict(const, HEAD_DIM=head_dim, BLOCK_D=max(16, next_pow2(head_dim)), BLOCK_M=block_m, BLOCK_N=block_n)
+    src = ASTSource(fn=_extend_kernel, signature=sig, constexprs=const, attrs=runtime_attrs(_extend_kernel, sig))
+    return config, triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                                  options={"num_warps": warps, "num_stages": stages})
+
+
 def report(arch: int = 90) -> Dict[str, dict]:
     """Compile every kernel; per name: {"error", "cubin_bytes", "ptx_lines", "shared" (shared memory bytes),
     "v4_loads" (16-byte global loads), "scalar_b16_loads", "cp_async16" (16-byte asynchronous copies to shared memory:
@@ -159,4 +180,14 @@ if __name__ == "__main__":
 
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         sys.exit("unset TRITON_INTERPRET: AOT compilation needs the real Triton compiler")
-    print(json.dumps(report(int(sys.argv[1]) if len(sys.argv) > 1 else 90)))
+    if len(sys.argv) > 1 and sys.argv[1] == "extend":  # aot extend ARCH DTYPE HEAD_DIM...: chosen config's smem
+        res = {}
+        for hd in sys.argv[4:]:
+            try:
+                cfg, k = compile_extend(int(hd), sys.argv[3], int(sys.argv[2]))
+                res[hd] = dict(config=list(cfg), shared=int(k.metadata.shared), error="")
+            except Exception as e:  # reported per head dim
+                res[hd] = dict(config=None, shared=0, error=f"{type(e).__name__}: {e}"[:2000])
+        print(json.dumps(res))
+    else:
+        print(json.dumps(report(int(sys.argv[1]) if len(sys.argv) > 1 else 90)))

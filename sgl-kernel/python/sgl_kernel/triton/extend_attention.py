@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from sgl_kernel.triton.common import check_cuda_or_interpret, interpreting, next_pow2
 
@@ -118,30 +119,82 @@ def _extend_kernel(
 
 ExtendConfig = Tuple[int, int, int, int]
 
+# opt-in shared memory one program (CTA) may use, bytes, by compute-capability major (minor where it differs): the
+# CUDA programming guide's table "Technical Specifications per Compute Capability"; used when no device is at hand
+# (AOT builds) - on a live GPU ``shared_memory_per_block_optin`` of its properties is taken instead
+SMEM_OPTIN_BY_ARCH: Dict[Tuple[int, int], int] = {(8, 0): 166912, (8, 6): 101376, (8, 7): 166912, (8, 9): 101376,
+                                                   (9, 0): 232448, (10, 0): 232448, (12, 0): 101376}
 
-def extend_config(head_dim: int, arch: Optional[Tuple[int, int]]) -> ExtendConfig:
+# candidates per head-dim class, fastest first (issue-27 round 2/3 sweeps on the H100 at head_dim 128, bf16), ending
+# with tiles that fit any listed GPU in fp32
+_HOPPER_D128 = ((128, 128, 8, 3), (128, 64, 8, 2), (64, 64, 4, 2), (32, 32, 4, 1))
+_AMPERE_D128 = ((128, 64, 8, 2), (64, 64, 4, 2), (32, 32, 4, 1))
+_D64 = ((128, 64, 4, 2), (64, 64, 4, 2), (32, 32, 4, 1))
+_D256 = ((64, 32, 4, 2), (32, 32, 4, 1), (16, 16, 4, 1))
+
+
+def smem_limit_for_arch(arch: Tuple[int, int]) -> int:
+    """Opt-in shared memory per program in bytes for compute capability ``arch`` from
+    :data:`SMEM_OPTIN_BY_ARCH` (unknown minor -> the major's ``.0`` entry; unknown major -> 101376, the smallest)."""
+    return SMEM_OPTIN_BY_ARCH.get(tuple(arch), SMEM_OPTIN_BY_ARCH.get((arch[0], 0), 101376))
+
+
+def extend_smem_bytes(config: ExtendConfig, head_dim: int, dtype_bytes: int) -> int:
+    """Upper estimate of the shared memory of :func:`_extend_kernel` under ``config``, bytes: the Q tile
+    (BLOCK_M x BLOCK_D) plus ``num_stages`` buffers of one K and one V tile (BLOCK_N x BLOCK_D each), at the padded
+    head dim ``BLOCK_D = max(16, next_pow2(head_dim))`` and ``dtype_bytes`` per element (4 for fp32, 2 for bf16/fp16).
+    Triton's pipeliner keeps at most that many buffers and the softmax works in registers, so the compiled kernel
+    needs no more (AOT sm_90a, d 128: 164 KB compiled vs 224 KB estimated in bf16; 289 KB vs 448 KB in fp32)."""
+    block_m, block_n, _, stages = config
+    block_d = max(16, next_pow2(head_dim))
+    return (block_m * block_d + max(1, stages) * 2 * block_n * block_d) * dtype_bytes
+
+
+def extend_configs(head_dim: int, arch: Optional[Tuple[int, int]], dtype_bytes: int = 2,
+                   smem_limit: Optional[int] = None) -> Tuple[ExtendConfig, ...]:
+    """The candidate configs of :func:`extend_attention_fwd` for this shape and GPU, fastest first, keeping only those
+    whose :func:`extend_smem_bytes` fits ``smem_limit`` (default :func:`smem_limit_for_arch`); the smallest candidate
+    is kept if none fits. ``arch=None`` (Triton CPU interpreter): ``((32, 32, 4, 1),)``."""
+    if arch is None:
+        return ((32, 32, 4, 1),)
+    if head_dim > 128:
+        cands = _D256
+    elif head_dim > 64:
+        cands = _HOPPER_D128 if arch[0] >= 9 else _AMPERE_D128
+    else:
+        cands = _D64
+    limit = smem_limit if smem_limit is not None else smem_limit_for_arch(arch)
+    fit = tuple(c for c in cands if extend_smem_bytes(c, head_dim, dtype_bytes) <= limit)
+    return fit or cands[-1:]
+
+
+def extend_config(head_dim: int, arch: Optional[Tuple[int, int]], dtype_bytes: int = 2,
+                  smem_limit: Optional[int] = None) -> ExtendConfig:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) of :func:`extend_attention_fwd`: the one place tiles are chosen.
 
     Args:
         head_dim: per-head dimension.
         arch: CUDA compute capability ``(major, minor)``; ``None`` for the Triton CPU interpreter (small tiles).
-    Hopper/Blackwell (major >= 9, ~228 KB shared memory per SM): 128 x 128 tiles, 8 warps, 3 stages at head_dim
-    in (64, 128]: the issue-27 round-2 sweep (8K causal prefill, 32/8 heads, d 128, H100) had 128 x 128 tiles fastest,
-    3 stages beat 2 at 128 x 64; the AOT build for sm_90a with Triton 3.6 uses 164 KB of shared memory and 255
-    registers without spills. Round 3 of issue 27 measures it beside the alternatives. Ampere/Ada and the other head dims keep the earlier tiles.
+        dtype_bytes: element size of q/K/V (2 for bf16/fp16, 4 for fp32).
+        smem_limit: opt-in shared memory per program in bytes (default: by ``arch``, :data:`SMEM_OPTIN_BY_ARCH`).
+    Returns the fastest of :func:`extend_configs` that fits the shared memory. Hopper/Blackwell at head_dim in
+    (64, 128], bf16: 128 x 128 tiles, 8 warps, 3 stages (issue-27 sweeps, 8K causal prefill, d 128, H100: fastest;
+    164 KB compiled for sm_90a); in fp32 that config needs 289 KB (> 227 KB, the OutOfResources of the issue-27
+    round-3 qwen3 test), so (128, 64, 8, 2) is chosen. Ampere/Ada and the other head dims keep the earlier tiles.
     """
-    if arch is None:
-        return 32, 32, 4, 1
-    if head_dim > 128:
-        return 64, 32, 4, 2
-    if head_dim > 64:
-        return (128, 128, 8, 3) if arch[0] >= 9 else (128, 64, 8, 2)
-    return 128, 64, 4, 2  # not re-measured in issue 27 (only head_dim 128 was)
+    return extend_configs(head_dim, arch, dtype_bytes, smem_limit)[0]
 
 
 @functools.lru_cache(maxsize=16)
-def _arch(device_index: int) -> Tuple[int, int]:
-    return torch.cuda.get_device_capability(device_index)
+def _smem_optin(device_index: int) -> int:
+    props = torch.cuda.get_device_properties(device_index)
+    optin = getattr(props, "shared_memory_per_block_optin", 0)  # absent from old torch builds: the arch table
+    return int(optin) if optin else smem_limit_for_arch((props.major, props.minor))
+
+
+# per (device, head_dim, dtype): index into extend_configs() after a launch raised OutOfResources (the estimate is an
+# upper bound, so this is a safety net for a future Triton that allocates more; at most one step down per shape)
+_FALLBACK: Dict[tuple, int] = {}
 
 
 def extend_attention_fwd(q: torch.Tensor, out: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
@@ -162,10 +215,14 @@ def extend_attention_fwd(q: torch.Tensor, out: torch.Tensor, k_buf: torch.Tensor
         max_extend_len: host int >= max(extend_lens) (sizes the grid; extra programs exit at once).
         sm_scale: softmax scale.
         config: (BLOCK_M, BLOCK_N, num_warps, num_stages) override (benchmarks, tests); default
-            :func:`extend_config` for this device. BLOCK_M and BLOCK_N must be powers of two >= 16.
+            :func:`extend_config` for this device, head dim and dtype (fits the device's
+            ``shared_memory_per_block_optin``); if its first launch raises ``OutOfResources`` the next candidate of
+            :func:`extend_configs` is used from then on for that (device, head_dim, dtype).
+            BLOCK_M and BLOCK_N must be powers of two >= 16.
     Raises:
         ValueError: inconsistent shapes, num_heads not a multiple of num_kv_heads, non-CUDA tensors
             outside the Triton interpreter, a config whose tiles are not powers of two >= 16.
+        triton.runtime.errors.OutOfResources: an explicit ``config`` that does not fit, or the fallback neither.
     Note: with fp32 inputs on a GPU the products run in TF32 (Triton's default dot precision).
     """
     n, nh, hd = q.shape
@@ -174,15 +231,37 @@ def extend_attention_fwd(q: torch.Tensor, out: torch.Tensor, k_buf: torch.Tensor
     if nh % nkv or k_buf.shape[2] != hd or v_buf.shape != k_buf.shape or tuple(out.shape) != (n, nh, hd):
         raise ValueError(f"extend_attention_fwd: q {tuple(q.shape)}, out {tuple(out.shape)}, "
                          f"k_buf {tuple(k_buf.shape)}, v_buf {tuple(v_buf.shape)} are inconsistent")
-    if config is None:
-        config = extend_config(hd, _arch(q.device.index if q.device.index is not None else torch.cuda.current_device())
-                               if q.is_cuda else None)
+    auto = config is None
+    if auto:
+        dev = (q.device.index if q.device.index is not None else torch.cuda.current_device()) if q.is_cuda else -1
+        key = (dev, hd, q.dtype)
+        cands = (extend_configs(hd, _arch(dev), q.element_size(), _smem_optin(dev)) if q.is_cuda
+                 else extend_configs(hd, None))
+        config = cands[min(_FALLBACK.get(key, 0), len(cands) - 1)]
     block_m, block_n, warps, stages = config
     if any(x < 16 or x & (x - 1) for x in (block_m, block_n)):
         raise ValueError(f"extend_attention_fwd: config {config}: BLOCK_M and BLOCK_N must be powers of two >= 16")
     bs = req_pool_indices.shape[0]
     if n == 0 or bs == 0 or max_extend_len <= 0:
         return
+    args = (q, out, k_buf, v_buf, req_to_token, req_pool_indices, prefix_lens, extend_lens, extend_start_loc, bs,
+            max_extend_len, sm_scale)
+    try:
+        _launch(args, config)
+    except OutOfResources as e:
+        if not auto or key in _FALLBACK or len(cands) < 2:
+            raise
+        _FALLBACK[key] = 1
+        logger.warning("extend_attention_fwd: config %s of head_dim %d %s is out of resources (%s); using %s",
+                       config, hd, q.dtype, e, cands[1])
+        _launch(args, cands[1])
+
+
+def _launch(args: tuple, config: ExtendConfig) -> None:
+    (q, out, k_buf, v_buf, req_to_token, req_pool_indices, prefix_lens, extend_lens, extend_start_loc, bs,
+     max_extend_len, sm_scale) = args
+    block_m, block_n, warps, stages = config
+    nh, hd, nkv = q.shape[1], q.shape[2], k_buf.shape[1]
     block_m = min(block_m, max(16, next_pow2(max_extend_len)))
     grid = (bs, nh, triton.cdiv(max_extend_len, block_m))
     _extend_kernel[grid](

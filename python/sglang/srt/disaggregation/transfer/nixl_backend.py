@@ -26,6 +26,10 @@ from sglang.srt.disaggregation.transfer.base import (MemRegion, OpsLike, Transfe
 
 logger = logging.getLogger(__name__)
 
+# agents given up by NixlTransferBackend.abandon(): kept referenced so their destructor (which closes UCX endpoints
+# and may wait on a dead peer) never runs while the process serves; the process exit reclaims them
+_ABANDONED: list = []
+
 _NIXL_MODULES = ("nixl._api", "nixl_cu13._api", "nixl_cu12._api")
 
 
@@ -245,3 +249,24 @@ class NixlTransferBackend(TransferBackend):
                 logger.warning("nixl deregister_memory failed: %s", e)
         self._reg_dlists.clear()
         self._closed = True
+
+    def abandon(self, reason: str) -> None:
+        """Give the agent up without talking to any peer (after a peer fault: a SIGKILLed peer can make NIXL/UCX
+        teardown - ``remove_remote_agent``, releasing transfers, deregistration, the agent's destructor - wait
+        without bound on that peer). Pending handles become FAILED without a NIXL call, the agent stays referenced
+        until the process exits (its registrations are not returned), and every later call fails with
+        TransferError ("agent is closed"). Never blocks. Idempotent; a no-op after :meth:`close`."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            pending, self._pending = list(self._pending), set()
+        for h in pending:
+            h.impl = None
+            TransferBackend._fail(self, h, f"agent abandoned: {reason}")
+        _ABANDONED.append(self._agent)
+        self._peer_md.clear()
+        self._peer_regions.clear()
+        self._reg_dlists = []
+        logger.warning("nixl agent %s abandoned without teardown (%s); its memory stays registered until exit",
+                       self.agent_name, reason)
