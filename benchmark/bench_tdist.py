@@ -84,7 +84,8 @@ def main(argv=None) -> Path:
     heap_mib = a.heap_mib or (need >> 20) + 64
     cfg = HeapConfig(data_bytes=heap_mib << 20, signal_slots=4096)
     results, problems = run_ranks(a.world, rank_body, (shapes, a.tokens, a.iters, a.a2a_hidden, a.a2a_tokens),
-                                  heap_config=cfg, timeout=a.timeout, with_nccl=not share)
+                                  heap_config=cfg, timeout=a.timeout, with_nccl=not share,
+                                  env=NVLS_OFF_ENV)
     hw = f"{ngpu} x {torch.cuda.get_device_name(0)}"
     lines = [f"# tdist benchmark ({'shared-GPU smoke' if share else 'one GPU per rank'})", "",
              f"- date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",

@@ -53,9 +53,12 @@ if __name__ == "__main__":
     from sgl_kernel.tdist.layout import HeapConfig
     from sgl_kernel.tdist.spawn import run_ranks
 
+    from sglang.srt.utils.nvls_env import NVLS_OFF_ENV
+
     import tdist_sanitizer_case as me_mod
 
-    res, problems = run_ranks(2, me_mod.small, heap_config=HeapConfig(data_bytes=8 << 20, signal_slots=256),
+    res, problems = run_ranks(2, me_mod.small, env=NVLS_OFF_ENV,
+                              heap_config=HeapConfig(data_bytes=8 << 20, signal_slots=256),
                               timeout=600)
     bad = problems + [f"rank {r}: {f}" for r, x in enumerate(res) if x for f in x]
     print("sanitizer case:", "ok" if not bad else bad)

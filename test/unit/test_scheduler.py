@@ -29,7 +29,7 @@ from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.kv_cache import KVCache
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
-from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.forward_batch_info import ForwardMode
 from sglang.srt.server_args import ServerArgs
 
 VOCAB = 97

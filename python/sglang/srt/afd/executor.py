@@ -36,8 +36,8 @@ import torch
 
 from sglang.srt.afd.experts import moe_layer_specs
 from sglang.srt.afd.load_balance import ExpertLoadCollector, ExpertRebalancer, assign_tokens, static_placement
-from sglang.srt.afd.protocol import DISPATCH, ERROR, PLACE, PLACED, RESULT, AfdTopology, dispatch_layout, \
-    result_layout
+from sglang.srt.afd.protocol import DISPATCH, ERROR, PLACE, PLACED, RESULT, AfdTopology, create_afd_transport, \
+    dispatch_layout, result_layout
 from sglang.srt.forward_batch_info import ForwardBatch
 from sglang.srt.layers.stages import LayerState
 from sglang.srt.model_executor.executors.base import ModelExecutor
@@ -77,7 +77,7 @@ class AfdExecutor(ModelExecutor):
     def __init__(self, mc, topo: AfdTopology, index: int, num_micro_batches: int, device: torch.device,
                  tp_rank: int = 0, alive: Optional[Callable[[], bool]] = None, redundant_experts: int = 0,
                  rebalance_interval: int = 0):
-        from sgl_kernel.m2n import M2NConfig, M2NEndpoint, create_transport
+        from sgl_kernel.m2n import M2NConfig, M2NEndpoint
 
         if num_micro_batches < 1:
             raise ValueError(f"--afd-micro-batches={num_micro_batches} must be >= 1")
@@ -92,7 +92,7 @@ class AfdExecutor(ModelExecutor):
             self.ep = M2NEndpoint(
                 M2NConfig(index, topo.addresses, topo.max_rows, device=str(device), timeout_s=topo.timeout_s),
                 dispatch_layout(s0.hidden, s0.top_k, mc.dtype), recv_layout=result_layout(s0.hidden, mc.dtype),
-                transport=create_transport(topo.transport), alive=alive)
+                transport=create_afd_transport(topo.transport), alive=alive)
         self.collector = ExpertLoadCollector(self.num_experts, 1)
         self.rebalancer = None
         if rebalance_interval > 0:
