@@ -105,7 +105,6 @@ class NixlTransport(PayloadTransport):
         Raises:
             ImportError: nixl missing. RuntimeError: NIXL could not register the memory (from NIXL).
         """
-        self.ep = endpoint
         name = f"m2n-r{endpoint.rank}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         sb, rb = endpoint.send_bufs, endpoint.recv_buf
         regions = [(sb.data_ptr(), sb.numel(), _device_str(sb)), (rb.data_ptr(), rb.numel(), _device_str(rb))]
@@ -113,6 +112,7 @@ class NixlTransport(PayloadTransport):
             self.agent = self.agent_factory(name, endpoint.config.timeout_s, self.backends, regions)
         except ImportError as e:
             raise ImportError(f"--afd-transport nixl needs the nixl package ({INSTALL_HINT}): {e}") from e
+        self.ep = endpoint
         body = msgspec.msgpack.encode({"name": name, "md": self.agent.local_metadata(), "ring": sb.data_ptr(),
                                        "shape": list(sb.shape)})
         header = np.zeros(HEADER_LEN, dtype=np.int64)
