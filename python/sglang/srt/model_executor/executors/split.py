@@ -19,23 +19,20 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
-import torch
-
 from sglang.srt.forward_batch_info import ForwardBatch
-from sglang.srt.layers.stages import LayerState
-from sglang.srt.model_executor.executors.base import ModelExecutor
+from sglang.srt.model_executor.executors.base import StagedExecutor
 from sglang.srt.model_executor.executors.sequential import SequentialExecutor
 
 
-class SubBatchExecutor(ModelExecutor):
-    """Runs a batch as the sub-batches ``plan(forward_batch)`` returns (one sub-batch: sequential).
+class SubBatchExecutor(StagedExecutor):
+    """Runs a batch as the sub-batches ``plan(forward_batch)`` returns (one sub-batch: the sequential executor,
+    i.e. the model's own forward).
 
     Subclasses override :meth:`plan` (which sub-batches) and may override :meth:`run_stage` (where a
-    stage runs).
+    stage runs) and :meth:`finish`; the skeleton is :class:`StagedExecutor`'s.
     """
 
     name = "sub_batch"
-    supports_kv_layer_listener = True
 
     def __init__(self) -> None:
         self._sequential = SequentialExecutor()
@@ -45,41 +42,13 @@ class SubBatchExecutor(ModelExecutor):
         super().set_kv_layer_listener(listener)
         self._sequential.set_kv_layer_listener(listener)
 
-    def plan(self, forward_batch: ForwardBatch) -> list[ForwardBatch]:
-        """The sub-batches, in token order, covering every token of ``forward_batch`` exactly once."""
-        return [forward_batch]
-
-    def run_stage(self, layer: Any, stage: str, state: LayerState) -> None:
-        """Run one stage of one sub-batch (default: on the current stream)."""
-        layer.run_stage(stage, state)
-
-    def finish(self, states: list[LayerState]) -> None:
-        """Called after the last layer, before the sub-batches' outputs are concatenated (default: nothing;
-        stream-based executors make the current stream wait for every sub-batch here)."""
-
     def run(self, model: Any, forward_batch: ForwardBatch) -> Any:
         """Forward ``forward_batch`` as its planned sub-batches (see the module docstring)."""
         subs = self.plan(forward_batch)
         if len(subs) <= 1:
             return self._sequential.run(model, forward_batch)
         listener = self.active_listener(forward_batch) if self.kv_layer_listener is not None else None
-        for sub in subs:
-            sub.attn_backend.init_forward_metadata(sub)
-        try:
-            states = [LayerState(model.embed(s.input_ids), None, s.positions, s) for s in subs]
-            for i, layer in enumerate(model.decoder_layers):
-                for stage in layer.stage_names():
-                    for st in states:
-                        self.run_stage(layer, stage, st)
-                    if listener is not None and stage == "attention":  # every sub-batch stored layer i's KV
-                        listener.on_layer_kv_written(i, forward_batch)
-            self.finish(states)
-        finally:
-            if listener is not None:
-                listener.on_forward_done(forward_batch)
-        hidden = torch.cat([st.hidden for st in states])
-        residual = torch.cat([st.residual for st in states])
-        return model.compute_logits(model.final_norm(hidden, residual), forward_batch)
+        return self.run_layers(model, forward_batch, subs, listener)
 
 
 class TokenSplitExecutor(SubBatchExecutor):
