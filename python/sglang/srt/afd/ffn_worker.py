@@ -25,8 +25,8 @@ from typing import Optional
 
 import torch
 
-from sglang.srt.afd.protocol import DISPATCH, ERROR, PLACE, PLACED, RESULT, AfdTopology, dispatch_layout, \
-    result_layout
+from sglang.srt.afd.protocol import DISPATCH, ERROR, PLACE, PLACED, RESULT, AfdTopology, create_afd_transport, \
+    dispatch_layout, result_layout
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class FfnServer:
 
     def __init__(self, mc, specs, expert_ids, load_format: str, device: torch.device, topo: AfdTopology, index: int,
                  alive=None, seed: int = 0):
-        from sgl_kernel.m2n import M2NConfig, M2NEndpoint, create_transport
+        from sgl_kernel.m2n import M2NConfig, M2NEndpoint
 
         from sglang.srt.afd.experts import load_expert_weights
 
@@ -57,7 +57,7 @@ class FfnServer:
         self.ep = M2NEndpoint(
             M2NConfig(topo.ffn_rank(index), topo.addresses, topo.max_rows, device=str(device), timeout_s=topo.timeout_s),
             result_layout(s0.hidden, mc.dtype), recv_layout=dispatch_layout(s0.hidden, s0.top_k, mc.dtype),
-            transport=create_transport(topo.transport), alive=alive)
+            transport=create_afd_transport(topo.transport), alive=alive)
         self.steps = 0
 
     @property

@@ -177,7 +177,7 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
         """Schedule and launch one batch, process the previous (overlap) or this batch's result,
         and return the outputs to stream (possibly empty)."""
         if self.disagg is not None:
-            self.disagg.poll()  # KV hand-offs: control messages, transfers, timeouts (see disaggregation/)
+            self.apply_connector(self.disagg.poll())  # KV hand-offs: messages, transfers, timeouts (disaggregation/)
         if self.inflight is not None and self._needs_result_first(self.inflight):
             self.sync()
         batch = self.get_next_batch()

@@ -114,6 +114,10 @@ class TokenWeaveExecutor(SubBatchExecutor):
         return super().run(model, forward_batch)
 
     def finish(self, states: list[LayerState]) -> None:
+        """Nothing: the skeleton calls this before :meth:`final_hidden`, whose per-split final norms still run on
+        the communication stream; :meth:`_join` runs once after them."""
+
+    def _join(self, states: list[LayerState]) -> None:
         """Make the compute stream wait for every split's last stage before the concatenation."""
         if self.comm_stream is None:
             return
@@ -151,7 +155,7 @@ class TokenWeaveExecutor(SubBatchExecutor):
                 else:  # no overlap-capable fused norm: the model's final norm of this split, on the compute stream
                     st.hidden = model.final_norm(st.hidden, st.residual)
             self._on_stream(fused, st, final)
-        self.finish(states)
+        self._join(states)
         return torch.cat([st.hidden for st in states])
 
     def _on_stream(self, comm_stage: bool, state: LayerState, fn) -> None:
@@ -163,7 +167,7 @@ class TokenWeaveExecutor(SubBatchExecutor):
         stage's outputs (hidden, residual) are read by the split's next stage, possibly on the other stream, and
         the stage after that waits (through the split's event chain) for that read, so holding each split's last
         two (hidden, residual) pairs keeps the caching allocator from handing a block back to its stream while the
-        other stream still reads it. ``finish`` drops the holds after the compute stream has waited for every
+        other stream still reads it. ``_join`` drops the holds after the compute stream has waited for every
         split."""
         if self.comm_stream is None:
             fn(False)

@@ -7,7 +7,7 @@ MegaScale-Infer) register here too; model files never import this package.
 
 from __future__ import annotations
 
-from sglang.srt.model_executor.executors.base import KVLayerListener, ModelExecutor
+from sglang.srt.model_executor.executors.base import KVLayerListener, ModelExecutor, StagedExecutor
 from sglang.srt.model_executor.executors.sequential import SequentialExecutor
 from sglang.srt.model_executor.executors.split import MicroBatchExecutor, SubBatchExecutor, TokenSplitExecutor
 
@@ -29,5 +29,5 @@ def create_executor(name: str = "sequential", **options) -> ModelExecutor:
     return _EXECUTORS[name](**options)
 
 
-__all__ = ["KVLayerListener", "ModelExecutor", "SequentialExecutor", "SubBatchExecutor", "TokenSplitExecutor", "MicroBatchExecutor",
-           "create_executor"]
+__all__ = ["KVLayerListener", "ModelExecutor", "StagedExecutor", "SequentialExecutor", "SubBatchExecutor",
+           "TokenSplitExecutor", "MicroBatchExecutor", "create_executor"]
