@@ -148,7 +148,8 @@ def test_combinations_refused_by_server_args_name_both_flags(kw):
 ])
 def test_missing_optional_package_fails_with_one_line(kw, flag, module, monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == module else real(name, *a))
+    missing = {module} | ({"nixl_cu13", "nixl_cu12"} if module == "nixl" else set())
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in missing else real(name, *a))
     with pytest.raises(MissingPackageError) as e:
         _plan(**kw)
     msg = str(e.value)
@@ -158,11 +159,15 @@ def test_missing_optional_package_fails_with_one_line(kw, flag, module, monkeypa
 
 def test_afd_nixl_transport_needs_nixl(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "nixl" else real(name, *a))
+    missing = {"nixl", "nixl_cu13", "nixl_cu12"}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in missing else real(name, *a))
     import sglang.srt.disaggregation.transfer.base as tb
 
     monkeypatch.setattr(tb, "nixl_available", lambda: (True, ""))  # ServerArgs' own check passes
     with pytest.raises(MissingPackageError, match=r"^--afd-transport nixl needs NIXL.*pip install 'sglang\[pd\]'"):
+        _plan(enable_afd=True, afd_transport="nixl")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "nixl" else real(name, *a))
+    if any(real(n) for n in ("nixl_cu13", "nixl_cu12")):  # a CUDA-specific NIXL wheel alone is enough
         _plan(enable_afd=True, afd_transport="nixl")
 
 

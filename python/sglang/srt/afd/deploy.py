@@ -14,7 +14,7 @@ import os
 from typing import Any, Callable, Optional
 
 from sglang.srt.deployment.plan import ExecutorSpec, WorkerRole, WorkerSpec
-from sglang.srt.deployment.techniques import SGL_KERNEL_INSTALL, require_package
+from sglang.srt.deployment.techniques import NIXL_INSTALL, NIXL_MODULES, SGL_KERNEL_INSTALL, require_package
 
 NAME = "afd"
 STAY_UP_ON_WORKER_DEATH = True  # an FFN worker's death fails in-flight requests (503), the server stays up
@@ -38,7 +38,7 @@ def validate(args: Any) -> None:
                          "(attention/FFN and prefill/decode disaggregation are separate deployments); drop one")
     require_package("--enable-afd", "sgl_kernel", SGL_KERNEL_INSTALL, "sgl-kernel (the M2N library)")
     if args.afd_transport == "nixl":
-        require_package("--afd-transport nixl", "nixl", "pip install 'sglang[pd]'", "NIXL")
+        require_package("--afd-transport nixl", NIXL_MODULES, NIXL_INSTALL, "NIXL")
 
 
 def role(args: Any) -> WorkerRole:

@@ -33,26 +33,34 @@ class MissingPackageError(ValueError, RuntimeError):
     RuntimeError (what a launcher raises when it cannot start); the message is one line: the flag and the fix."""
 
 
-def require_package(flag: str, module: str, install: str, what: str = "") -> None:
+def require_package(flag: str, module: "str | tuple[str, ...]", install: str, what: str = "") -> None:
     """Raise :class:`MissingPackageError` when ``module`` cannot be found (``importlib.util.find_spec``; nothing is
     imported).
 
     Args:
         flag: the flag as typed, e.g. ``--enable-afd``.
-        module: the top-level module, e.g. ``sgl_kernel``.
+        module: the top-level module, e.g. ``sgl_kernel``, or alternatives (any one found is enough), e.g.
+            NIXL's ``("nixl", "nixl_cu13", "nixl_cu12")`` wheels.
         install: the install command, e.g. ``pip install 'sglang[ray]'``.
         what: the package's name for people (default ``module``), e.g. ``Ray``.
     """
+    names = (module,) if isinstance(module, str) else tuple(module)
+    if not any(_found(name) for name in names):
+        raise MissingPackageError(f"{flag} needs {what or names[0]} (module {' / '.join(map(repr, names))} is not "
+                                  f"installed); install it: {install}")
+
+
+def _found(name: str) -> bool:
+    """``name`` can be imported (found on the path; not imported)."""
     try:
-        found = importlib.util.find_spec(module) is not None
+        return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
-        found = False
-    if not found:
-        raise MissingPackageError(f"{flag} needs {what or module} (module {module!r} is not installed); install it: "
-                                  f"{install}")
+        return False
 
 
 SGL_KERNEL_INSTALL = "pip install ./sgl-kernel (from a checkout; or the sgl-kernel wheel)"
+NIXL_MODULES = ("nixl", "nixl_cu13", "nixl_cu12")  # the nixl meta package or a CUDA-specific wheel
+NIXL_INSTALL = "pip install 'sglang[pd]'"
 
 
 def technique_modules() -> list[ModuleType]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from sglang.srt.deployment.plan import ConnectorSpec, WorkerRole
-from sglang.srt.deployment.techniques import require_package
+from sglang.srt.deployment.techniques import NIXL_INSTALL, NIXL_MODULES, require_package
 
 NAME = "pd"
 
@@ -24,7 +24,7 @@ def validate(args: Any) -> None:
         MissingPackageError: ``--disaggregation-transfer-backend nixl`` without ``nixl``.
     """
     if args.disaggregation_transfer_backend == "nixl":
-        require_package("--disaggregation-transfer-backend nixl", "nixl", "pip install 'sglang[pd]'", "NIXL")
+        require_package("--disaggregation-transfer-backend nixl", NIXL_MODULES, NIXL_INSTALL, "NIXL")
 
 
 def role(args: Any) -> WorkerRole:

@@ -3,7 +3,8 @@
 Process tree::
 
     main process: HTTP server (uvicorn) + TokenizerManager (asyncio)
-      |- Scheduler subprocess per TP rank (model shard, KV cache, batching; rank 0 owns the sockets)
+      |- Scheduler subprocess per TP rank (model shard, KV cache, batching; rank 0 owns the sockets);
+      |    with --enable-afd: each attention worker's TP ranks, plus the FFN worker subprocesses
       |- DetokenizerManager subprocess (incremental detokenization)
 
 Multi-node TP (``--nnodes N --node-rank R --dist-init-addr HOST:PORT``): every node runs this launcher;
