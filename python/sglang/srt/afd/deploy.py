@@ -10,11 +10,14 @@ Devices (multiprocessing, GPU): attention worker a, TP rank r -> device slot ``a
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from typing import Any, Callable, Optional
 
 from sglang.srt.deployment.plan import ExecutorSpec, WorkerRole, WorkerSpec
 from sglang.srt.deployment.techniques import NIXL_INSTALL, NIXL_MODULES, SGL_KERNEL_INSTALL, require_package
+
+logger = logging.getLogger(__name__)
 
 NAME = "afd"
 STAY_UP_ON_WORKER_DEATH = True  # an FFN worker's death fails in-flight requests (503), the server stays up
@@ -92,12 +95,16 @@ def workers(args: Any, base: WorkerSpec, device: Optional[Callable[[int], str]] 
 
 
 def topology(args: Any, addresses: tuple, one_node: bool):
-    """The :class:`~sglang.srt.afd.protocol.AfdTopology`: ``addresses`` = the N_A + N_E M2N control inboxes."""
+    """The :class:`~sglang.srt.afd.protocol.AfdTopology` (logged): ``addresses`` = the N_A + N_E M2N control
+    inboxes; ``one_node``: every worker shares a node (decides ``--afd-transport auto``)."""
     from sglang.srt.afd.protocol import AfdTopology
 
-    return AfdTopology(args.afd_attention_workers, args.afd_ffn_workers, tuple(addresses),
+    topo = AfdTopology(args.afd_attention_workers, args.afd_ffn_workers, tuple(addresses),
                        max_rows=max(args.afd_max_tokens, 1024), transport=transport(args, one_node),
                        timeout_s=args.afd_timeout_s)
+    logger.info("AFD: %d attention worker(s) x TP %d, %d FFN worker(s), m=%d, M2N transport %s", topo.num_attention,
+                args.tp_size, topo.num_ffn, args.afd_micro_batches, topo.transport)
+    return topo
 
 
 def local_inboxes(args: Any, port_args: Any) -> tuple:
