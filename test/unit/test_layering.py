@@ -24,6 +24,9 @@ CPU_MODULES = [
     "sglang.srt.entrypoints.worker_launcher", "sglang.srt.layers.ops", "sglang.srt.layers.stages",
     "sglang.srt.models.qwen2", "sglang.srt.models.qwen3", "sglang.srt.tokenweave", "sglang.srt.tokenweave.planner",
     "sglang.srt.tokenweave.executor", "sglang.srt.distributed.tw_communicator",
+    "sglang.srt.deployment", "sglang.srt.deployment.communicator", "sglang.srt.deployment.wiring",
+    "sglang.srt.tokenweave.deploy", "sglang.srt.afd.deploy", "sglang.srt.disaggregation.deploy",
+    "sglang.srt.distributed.tdist_deploy", "sglang.srt.ray.deploy", "sglang.srt.model_executor.executors.registry",
 ]
 CUDA_ONLY_PREFIXES = ("triton", "sgl_kernel", "sglang.srt.layers.triton_ops", "sglang.srt.layers.attention.triton_ops",
                       "sglang.srt.model_executor.cuda_graph_runner_cuda")

@@ -128,12 +128,15 @@ class FfnServer:
         self.ep.send(dst, tensors, meta)
 
 
-def run_ffn_worker(server_args, topo: AfdTopology, index: int, device: str, ready_pipe,
-                   parent_watch=None) -> None:
-    """Entry point of FFN worker ``index``: load its experts (the static EP block, ``E / N_E`` experts), report
-    ``{"status": "ready"|"error", ...}`` on ``ready_pipe``, then serve until the launcher is gone or the group
-    closes. Any failure after start exits the process (the launcher's watchdog reports it)."""
+def run_ffn_worker(spec, ready_pipe, parent_watch=None) -> None:
+    """Entry point of an FFN worker, carrying out its :class:`~sglang.srt.deployment.plan.WorkerSpec` (role ``ffn``,
+    index ``spec.rank``, ``spec.device``, the topology in ``spec.wiring.afd_topology``): load its experts (the static
+    EP block, ``E / N_E`` experts), report ``{"status": "ready"|"error", ...}`` on ``ready_pipe``, then serve until
+    the launcher is gone or the group closes. Any failure after start exits the process (the launcher's watchdog
+    reports it)."""
     from sglang.srt.utils.common import configure_logger
+
+    server_args, topo, index, device = spec.args, spec.wiring.afd_topology, spec.rank, spec.device
 
     configure_logger(server_args.log_level, f"FFN{index}")
     if threading.current_thread() is threading.main_thread():  # a Ray actor runs us on one of its threads

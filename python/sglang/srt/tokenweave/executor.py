@@ -35,7 +35,8 @@ logger = logging.getLogger(__name__)
 class TokenWeaveConfig:
     """``--tokenweave-min-tokens`` (batches with fewer new tokens run unsplit; >= 2), ``--tokenweave-comm-sms``
     (SM budget of the overlapped communication kernel; None: tw-comm's default), the layer's GEMM output
-    widths for the planner, and the device's GEMM wave model. Raises ValueError on bad values."""
+    widths for the planner, and the device's GEMM wave model. The two flags are validated once, by ``ServerArgs``;
+    raises ValueError when the GEMM widths are missing."""
 
     min_tokens: int = 1024
     comm_sms: Optional[int] = None
@@ -43,10 +44,6 @@ class TokenWeaveConfig:
     gemm_shape: GemmShape = GemmShape()
 
     def __post_init__(self) -> None:
-        if self.min_tokens < 2:
-            raise ValueError(f"--tokenweave-min-tokens={self.min_tokens} must be >= 2 (a split needs two tokens)")
-        if self.comm_sms is not None and not 1 <= self.comm_sms <= 256:
-            raise ValueError(f"--tokenweave-comm-sms={self.comm_sms} must be in [1, 256]")
         if not self.gemm_widths:
             raise ValueError("TokenWeaveConfig needs the layer's GEMM widths (layer_gemm_widths)")
 
