@@ -329,12 +329,12 @@ def launch_server(server_args: ServerArgs) -> None:
 
     from sglang.srt.deployment.compose import plan_deployment
 
+    server_args = resolve_model(server_args)  # an embedded model's name -> its folder, which the worker specs carry
     plan = plan_deployment(server_args)  # every technique validated, before anything loads or starts
     preflight(server_args, serve_http=server_args.node_rank == 0)  # port, model path, device: before anything loads
     from sglang.srt.entrypoints.http_server import create_app, launch_http_server
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
-    server_args = resolve_model(server_args)
     port_args = PortArgs.init_new(plan.zmq_transport)
     procs = launch_subprocesses(server_args, port_args, plan=plan)
     port_args = procs.port_args or port_args  # several scheduler groups, or --use-ray's endpoints
