@@ -48,7 +48,9 @@ def _m2n_rank(rank: int, a, addrs, init: str, q) -> None:
 def _m2n_rank_body(rank: int, a, addrs, init: str, q) -> None:
     import torch.distributed as dist
 
-    from sgl_kernel.m2n import M2NConfig, M2NEndpoint, RowLayout, create_transport
+    from sgl_kernel.m2n import M2NConfig, M2NEndpoint, RowLayout
+
+    from sglang.srt.afd.protocol import create_afd_transport
 
     dev = f"cuda:{rank if torch.cuda.device_count() > 1 else 0}" if a.device == "cuda" else "cpu"
     if a.device == "cuda":
@@ -60,7 +62,7 @@ def _m2n_rank_body(rank: int, a, addrs, init: str, q) -> None:
         layout = RowLayout(((torch.float32, 256),))
         rows = max(1, n // 256)
         ep = M2NEndpoint(M2NConfig(rank, tuple(f"{x}-{kb}" for x in addrs), rows, device=dev),
-                         layout, transport=create_transport(a.transport))
+                         layout, transport=create_afd_transport(a.transport))
         x = torch.randn(rows, 256, device=dev)
         buf = torch.empty(rows * 256, device=dev)
         for name in ("m2n", "p2p"):

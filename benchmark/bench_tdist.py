@@ -91,7 +91,7 @@ def main(argv=None) -> Path:
     got: dict = {}  # rows as each rank finishes them (kept when a later row fails or the run times out)
     results, problems = run_ranks(a.world, rank_body, (shapes, a.tokens, a.iters, a.a2a_hidden, a.a2a_tokens,
                                                        tuple(a.variants)),
-                                  heap_config=cfg, timeout=a.timeout, with_nccl=not share,
+                                  heap_config=cfg, timeout=a.timeout, with_nccl=not share, env=NVLS_OFF_ENV,
                                   on_result=lambda r, key, row: got.setdefault(r, {}).__setitem__(key, row))
     hw = f"{ngpu} x {torch.cuda.get_device_name(0)}"
     lines = [f"# tdist benchmark ({'shared-GPU smoke' if share else 'one GPU per rank'})", "",

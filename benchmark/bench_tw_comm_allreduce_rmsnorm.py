@@ -245,7 +245,7 @@ def main() -> None:
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     import torch.multiprocessing as mp
-    from sgl_kernel.tw_comm_build import build_library
+    from sgl_kernel.tw_comm.build import build_library
 
     build_library()
     rows, notes = [], set()

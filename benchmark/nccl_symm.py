@@ -99,7 +99,7 @@ def fused_norm(comm: Any) -> Any:
         def all_reduce_add_rmsnorm(self, x, residual, weight, eps):
             if not (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and residual.dtype == x.dtype):
                 return super().all_reduce_add_rmsnorm(x, residual, weight, eps)
-            from sgl_kernel import tw_comm_ops  # noqa: F401  (registers torch.ops.sgl_kernel.tw_*)
+            from sgl_kernel.tw_comm import ops as _tw_ops  # noqa: F401  (registers torch.ops.sgl_kernel.tw_*)
 
             total = self.all_reduce(x.contiguous())
             residual = residual.contiguous()

@@ -261,10 +261,10 @@ def _emit(line: str, label: str) -> None:
 def bench_communicator(ps, server_args, bench: BenchArgs):
     """The communicator a benchmark rank runs with: the no-communication counterfactual under
     ``--debug-nocomm``, else exactly the server's choice (``--comm-backend``; with ``--enable-tokenweave``
-    tw-comm's communicator by default, see :func:`~sglang.srt.model_executor.model_runner.build_communicator`).
+    tw-comm's communicator by default, see :func:`~sglang.srt.deployment.communicator.build_communicator`).
     ``ps``: the rank's ParallelState (None at TP 1)."""
+    from sglang.srt.deployment.communicator import build_communicator
     from sglang.srt.distributed.communicator import create_communicator
-    from sglang.srt.model_executor.model_runner import build_communicator
 
     if bench.debug_nocomm:
         return create_communicator(ps, "nocomm")

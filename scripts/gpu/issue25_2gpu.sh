@@ -32,7 +32,7 @@ echo "$ngpu x $gpu, commit $commit"
 m70=../shared/data/configs/meta-llama--Llama-3.3-70B-Instruct
 
 echo "== 1. build libtwcomm"
-timeout "$(cap 100)" "$PY" -c "from sgl_kernel.tw_comm_build import build_library; print(build_library())" \
+timeout "$(cap 100)" "$PY" -c "from sgl_kernel.tw_comm.build import build_library; print(build_library())" \
   > "$out/issue25_build.log" 2>&1
 rc=$?; tail -2 "$out/issue25_build.log"; step build "rc=$rc"
 

@@ -87,10 +87,13 @@ if __name__ == "__main__":
     from sgl_kernel.tdist.layout import HeapConfig
     from sgl_kernel.tdist.spawn import run_ranks
 
+    from sglang.srt.utils.nvls_env import NVLS_OFF_ENV
+
     import tdist_sanitizer_case as me_mod
 
     body = me_mod.small_decomp if sys.argv[1:] == ["decomp"] else me_mod.small
-    res, problems = run_ranks(2, body, heap_config=HeapConfig(data_bytes=8 << 20, signal_slots=256),
+    res, problems = run_ranks(2, body, env=NVLS_OFF_ENV,
+                              heap_config=HeapConfig(data_bytes=8 << 20, signal_slots=256),
                               timeout=600)
     bad = problems + [f"rank {r}: {f}" for r, x in enumerate(res) if x for f in x]
     print("sanitizer case:", "ok" if not bad else bad)

@@ -28,7 +28,9 @@ def _expert(x, ids, w, j):
 
 
 def _rank(rank: int, addrs, transport: str, rounds: int, q) -> None:
-    from sgl_kernel.m2n import M2NConfig, M2NEndpoint, RowLayout, create_transport
+    from sgl_kernel.m2n import M2NConfig, M2NEndpoint, RowLayout
+
+    from sglang.srt.afd.protocol import create_afd_transport
 
     torch.cuda.set_device(0)
     disp = RowLayout(((torch.bfloat16, H), (torch.int32, K), (torch.float32, K)))
@@ -36,7 +38,7 @@ def _rank(rank: int, addrs, transport: str, rounds: int, q) -> None:
     try:
         if rank == 0:
             ep = M2NEndpoint(M2NConfig(0, addrs, 512, device="cuda:0", timeout_s=60), disp, comb,
-                             transport=create_transport(transport))
+                             transport=create_afd_transport(transport))
             g = torch.Generator(device="cuda").manual_seed(1)
             worst = 0.0
             for r in range(rounds):
@@ -53,7 +55,7 @@ def _rank(rank: int, addrs, transport: str, rounds: int, q) -> None:
             ep.close(notify=[1])
         else:
             ep = M2NEndpoint(M2NConfig(1, addrs, 512, device="cuda:0", timeout_s=60), comb, disp,
-                             transport=create_transport(transport))
+                             transport=create_afd_transport(transport))
             try:
                 while True:
                     msg = ep.recv()

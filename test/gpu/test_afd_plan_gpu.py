@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from conftest import shared_path
-from sglang.srt.afd import plan as plan_mod
-from sglang.srt.afd import profiler
+from sglang.srt.afd.planner import plan as plan_mod
+from sglang.srt.afd.planner import profiler
 from sglang.srt.afd.load_balance import ExpertLoadCollector, assign_tokens, greedy_placement
-from sglang.srt.afd.perf_model import load_profile
+from sglang.srt.afd.planner.perf_model import load_profile
 
 pytestmark = pytest.mark.gpu
 

@@ -123,7 +123,7 @@ class Driver:
         self.lens: dict = {}
 
     def batch(self, items):
-        from sglang.srt.model_executor.forward_batch_info import ForwardMode, ModelWorkerBatch
+        from sglang.srt.forward_batch_info import ForwardMode, ModelWorkerBatch
         from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
         from sglang.srt.sampling.sampling_params import SamplingParams
 

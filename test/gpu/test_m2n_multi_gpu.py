@@ -50,11 +50,13 @@ def _layout():
 
 
 def _endpoint(rank, addrs, transport, timeout_s):
-    from sgl_kernel.m2n import M2NConfig, M2NEndpoint, create_transport
+    from sgl_kernel.m2n import M2NConfig, M2NEndpoint
+
+    from sglang.srt.afd.protocol import create_afd_transport  # injects the NIXL agent factory for "nixl"
 
     torch.cuda.set_device(rank)
     return M2NEndpoint(M2NConfig(rank, addrs, MAX_ROWS, slots=SLOTS, device=f"cuda:{rank}", timeout_s=timeout_s),
-                       _layout(), transport=create_transport(transport))
+                       _layout(), transport=create_afd_transport(transport))
 
 
 def _peer(rank, addrs, transport, q) -> None:

@@ -42,9 +42,11 @@ def _run():
         from sgl_kernel.tdist.layout import HeapConfig
         from sgl_kernel.tdist.spawn import run_ranks
 
+        from sglang.srt.utils.nvls_env import NVLS_OFF_ENV
+
         cfg = HeapConfig(data_bytes=64 << 20, signal_slots=1024, wait_timeout_s=20)
         got = {}  # case -> {rank: failures}, filled as each case ends on each rank
-        _, problems = run_ranks(2, C.run, (CASES,), heap_config=cfg, with_nccl=True,
+        _, problems = run_ranks(2, C.run, (CASES,), env=NVLS_OFF_ENV, heap_config=cfg, with_nccl=True,
                                 timeout=float(os.environ.get("TDIST_GPU_TIMEOUT", "240")), stall_timeout=90,
                                 on_result=lambda r, case, fails: got.setdefault(case, {}).__setitem__(r, fails))
         _RESULTS["r"] = (got, problems)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang.srt.utils.nvls_env import apply_nvls_off_env  # noqa: E402
+from sglang.srt.utils.nvls_env import NVLS_OFF_ENV, apply_nvls_off_env  # noqa: E402
 
 apply_nvls_off_env(os.environ)
 HERE = Path(__file__).resolve().parent
@@ -90,7 +90,8 @@ def _group(world):
 
     todo = list(CASES)
     while todo and time.time() < t_end - 10:
-        results, probs = run_ranks(world, C.run_all, (todo,), timeout=t_end - time.time(), heap_config=cfg,
+        results, probs = run_ranks(world, C.run_all, (todo,), env=NVLS_OFF_ENV, timeout=t_end - time.time(),
+                                   heap_config=cfg,
                                    on_result=on_result, stall_timeout=stall, gloo_timeout=max(30.0, stall / 2))
         done = [c for c in todo if len(outcomes.get(c, {})) == world]
         nxt = [c for c in todo if c not in done]

@@ -80,7 +80,7 @@ def test_two_stream_executor_equals_unsplit(tmp_path, moe):
 
 def _one_gpu_rank(rank: int, world: int, store: str, out: dict) -> None:
     import torch.distributed as dist
-    from sgl_kernel.reference import add_rmsnorm_fp32
+    from sgl_kernel.tw_comm.reference import add_rmsnorm_fp32
 
     from sglang.srt.distributed.tw_comm import TwBackend, TwCommWorkspace, allreduce_rmsnorm
 
@@ -117,7 +117,7 @@ def _graph_replays(ws, rank: int, errs: dict) -> None:
     at decode sizes, two-shot, and the few-SM overlap variant), then replay it with fresh inputs copied into the
     captured buffers (output NaN-poisoned first); each replay must equal the torch reference."""
     import torch.distributed as dist
-    from sgl_kernel.reference import add_rmsnorm_fp32
+    from sgl_kernel.tw_comm.reference import add_rmsnorm_fp32
 
     from sglang.srt.distributed.tw_comm import TwBackend, allreduce_rmsnorm
 

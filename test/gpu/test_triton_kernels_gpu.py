@@ -33,7 +33,7 @@ def build_case(gen, prefix_lens, extend_lens, nh, nkv, hd, dtype, mode=None):
     """Random paged batch on CUDA: (q, k, v, layer, make_batch(backend) -> ForwardBatch on a fresh pool copy)."""
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+    from sglang.srt.forward_batch_info import ForwardBatch, ForwardMode
 
     bs = len(prefix_lens)
     seq = [p + e for p, e in zip(prefix_lens, extend_lens)]

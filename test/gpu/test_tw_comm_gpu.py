@@ -40,7 +40,7 @@ def _inputs(seed, rank, tokens, hidden, dtype, device):
 
 def _reference(x, residual, weight):
     import torch.distributed as dist
-    from sgl_kernel.reference import add_rmsnorm_fp32
+    from sgl_kernel.tw_comm.reference import add_rmsnorm_fp32
 
     total = x.float()
     dist.all_reduce(total)
@@ -48,13 +48,13 @@ def _reference(x, residual, weight):
 
 
 def _check_variant(ws, backend, tokens, hidden, dtype, seed, sms=None, sharded=False):
-    from sgl_kernel.reference import owned_range
+    from sgl_kernel.tw_comm.reference import owned_range
     from sglang.srt.distributed.tw_comm import allreduce_rmsnorm
 
     x, residual, weight = _inputs(seed, ws.rank, tokens, hidden, dtype, ws.device)
     if backend == type(backend).NCCL:  # the fallback sums in x's dtype inside NCCL: compare with exactly that
         import torch.distributed as dist
-        from sgl_kernel.reference import add_rmsnorm_fp32
+        from sgl_kernel.tw_comm.reference import add_rmsnorm_fp32
 
         total = x.clone()
         dist.all_reduce(total)
@@ -89,8 +89,8 @@ def _check_consistent(out):
 def _worker(rank, world, init_file, quick):
     sys.path[:0] = PATHS
     import torch.distributed as dist
-    from sgl_kernel import tw_comm_ops
-    from sgl_kernel.tw_comm_lib import TW_ERR_NVLS_REFUSED, load_library
+    from sgl_kernel.tw_comm import ops as tw_comm_ops
+    from sgl_kernel.tw_comm.lib import TW_ERR_NVLS_REFUSED, load_library
     from sglang.srt.distributed.tw_comm import TwBackend, TwCommConfig, TwCommWorkspace, allreduce, allreduce_rmsnorm
 
     torch.cuda.set_device(rank)
@@ -138,7 +138,7 @@ def _worker(rank, world, init_file, quick):
             torch.testing.assert_close(out.float(), total, **TOL)
         # --- local fused add + RMSNorm op (baseline path)
         x, r, w = _inputs(99, rank, 37, 8192, bf, dev)
-        from sgl_kernel.reference import add_rmsnorm_fp32
+        from sgl_kernel.tw_comm.reference import add_rmsnorm_fp32
 
         exp_r, exp_o = add_rmsnorm_fp32(x.float(), r, w, EPS)
         o = torch.empty_like(x)
@@ -269,7 +269,7 @@ def _run(world, tmp_path, quick, timeout_s=150, worker=None):
 
     if torch.cuda.device_count() < world:
         pytest.skip(f"needs {world} GPUs, found {torch.cuda.device_count()}")
-    from sgl_kernel.tw_comm_build import build_library
+    from sgl_kernel.tw_comm.build import build_library
 
     build_library()  # once, before the ranks start
     ctx = mp.spawn(worker or _worker, args=(world, str(tmp_path / "store"), quick), nprocs=world, join=False)

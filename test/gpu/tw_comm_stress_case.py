@@ -20,7 +20,7 @@ sys.path[:0] = [str(REPO / "sgl-kernel" / "python"), str(REPO / "python"), str(R
 def _rank(ps, calls: int):
     import torch
     import torch.distributed as dist
-    from sgl_kernel.reference import add_rmsnorm_fp32
+    from sgl_kernel.tw_comm.reference import add_rmsnorm_fp32
 
     from sglang.srt.distributed.tw_comm import TwBackend, TwCommWorkspace, allreduce_rmsnorm
 

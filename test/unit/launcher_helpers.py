@@ -31,10 +31,10 @@ def wait_for_parent(path: str, parent_watch=None) -> None:
 def middle_launcher(path: str) -> None:
     """A launcher process: start one worker that watches us, then sleep until killed."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from sglang.srt.entrypoints.worker_launcher import MultiprocessingLauncher, WorkerSpec
+    from sglang.srt.entrypoints.worker_launcher import MultiprocessingLauncher, ProcessSpec
 
     launcher = MultiprocessingLauncher()
-    launcher.launch(WorkerSpec(name="grandchild", target=wait_for_parent, args=(path,)))
+    launcher.launch(ProcessSpec(name="grandchild", target=wait_for_parent, args=(path,)))
     time.sleep(120)
 
 

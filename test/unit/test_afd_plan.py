@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from conftest import shared_path
-from sglang.srt.afd import plan as plan_mod
-from sglang.srt.afd import profiler
-from sglang.srt.afd.gpu_specs import get_gpu_spec
-from sglang.srt.afd.model_spec import MoEModelSpec
-from sglang.srt.afd.perf_model import PROFILE_SCHEMA, build_perf_model, fit_linear, load_profile
-from sglang.srt.afd.plan import PlanInfeasibleError, SearchLimits, plan_deployment, search_plans
-from sglang.srt.afd.simulator import iteration_time, min_micro_batches, simulate_fleet, simulate_pipeline
+from sglang.srt.afd.planner import plan as plan_mod
+from sglang.srt.afd.planner import profiler
+from sglang.srt.afd.planner.gpu_specs import get_gpu_spec
+from sglang.srt.afd.planner.model_spec import MoEModelSpec
+from sglang.srt.afd.planner.perf_model import PROFILE_SCHEMA, build_perf_model, fit_linear, load_profile
+from sglang.srt.afd.planner.plan import PlanInfeasibleError, SearchLimits, plan_deployment, search_plans
+from sglang.srt.afd.planner.simulator import iteration_time, min_micro_batches, simulate_fleet, simulate_pipeline
 
 # Table 4 of the paper (layers, hidden, experts, top-k, intermediate); attention shapes from the public
 # Mixtral-8x22B / DBRX configs, Scaled-MoE's assumed (64 heads, 8 KV heads, head_dim 128).

@@ -20,7 +20,7 @@ from sglang.srt.layers.moe.fused_moe import FusedMoE, fused_moe_ref
 from sglang.srt.layers.moe.router import select_experts
 from sglang.srt.model_executor.cuda_graph_runner import (CudaGraphRunner, capture_batch_sizes, graph_greedy_eligible,
                                                          maybe_create_cuda_graph_runner)
-from sglang.srt.model_executor.forward_batch_info import ForwardMode, ModelWorkerBatch
+from sglang.srt.forward_batch_info import ForwardMode, ModelWorkerBatch
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.sampling.sampling_params import SamplingParams

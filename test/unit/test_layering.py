@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 SRT = Path(__file__).resolve().parents[2] / "python" / "sglang" / "srt"
+SGL_KERNEL = Path(__file__).resolve().parents[2] / "sgl-kernel" / "python" / "sgl_kernel"
 
 CPU_MODULES = [
     "sglang.srt.models.llama", "sglang.srt.models.mixtral", "sglang.srt.models.qwen2_moe",
@@ -23,6 +24,9 @@ CPU_MODULES = [
     "sglang.srt.entrypoints.worker_launcher", "sglang.srt.layers.ops", "sglang.srt.layers.stages",
     "sglang.srt.models.qwen2", "sglang.srt.models.qwen3", "sglang.srt.tokenweave", "sglang.srt.tokenweave.planner",
     "sglang.srt.tokenweave.executor", "sglang.srt.distributed.tw_communicator",
+    "sglang.srt.deployment", "sglang.srt.deployment.communicator", "sglang.srt.deployment.wiring",
+    "sglang.srt.tokenweave.deploy", "sglang.srt.afd.deploy", "sglang.srt.disaggregation.deploy",
+    "sglang.srt.distributed.tdist_deploy", "sglang.srt.ray.deploy", "sglang.srt.model_executor.executors.registry",
 ]
 CUDA_ONLY_PREFIXES = ("triton", "sgl_kernel", "sglang.srt.layers.triton_ops", "sglang.srt.layers.attention.triton_ops",
                       "sglang.srt.model_executor.cuda_graph_runner_cuda")
@@ -31,7 +35,8 @@ CUDA_ONLY_PREFIXES = ("triton", "sgl_kernel", "sglang.srt.layers.triton_ops", "s
 def _imports(path: Path) -> set[str]:
     """Every module name a file imports (absolute names; relative imports are resolved against its package)."""
     tree = ast.parse(path.read_text())
-    pkg = ".".join(path.relative_to(SRT.parents[1]).with_suffix("").parts[:-1])
+    root = SGL_KERNEL.parent if path.is_relative_to(SGL_KERNEL) else SRT.parents[1]
+    pkg = ".".join(path.relative_to(root).with_suffix("").parts[:-1])
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -55,6 +60,27 @@ def test_model_files_do_not_import_executors(path):
 def test_layers_do_not_import_the_model_executor():
     offenders = {p.relative_to(SRT).as_posix(): sorted(n for n in _imports(p) if n.startswith("sglang.srt.model_executor"))
                  for p in (SRT / "layers").rglob("*.py")}
+    assert not {k: v for k, v in offenders.items() if v}
+
+
+@pytest.mark.parametrize("path", sorted(SGL_KERNEL.rglob("*.py")), ids=lambda p: p.relative_to(SGL_KERNEL).as_posix())
+def test_sgl_kernel_imports_nothing_from_sglang(path):
+    """``sgl_kernel`` sits below ``sglang``: whatever it needs from the serving layer is passed in (the NIXL agent of
+    the M2N NIXL transport, the environment of the tdist rank launcher)."""
+    bad = sorted(n for n in _imports(path) if n == "sglang" or n.startswith("sglang."))
+    assert not bad, f"sgl_kernel/{path.relative_to(SGL_KERNEL).as_posix()} imports {bad}"
+
+
+def test_sgl_kernel_layering_check_sees_imports():
+    """The check above reads absolute and function-local imports (it would catch the old lazy import)."""
+    probe = SGL_KERNEL / "m2n" / "nixl_transport.py"
+    assert "sgl_kernel.m2n.base" in _imports(probe)
+
+
+def test_serving_code_does_not_import_the_afd_planner():
+    """The offline deployment-plan search (``afd/planner/``) is apart from the runtime: no serving module imports it."""
+    offenders = {p.relative_to(SRT).as_posix(): sorted(n for n in _imports(p) if n.startswith("sglang.srt.afd.planner"))
+                 for p in SRT.rglob("*.py") if "planner" not in p.relative_to(SRT).parts}
     assert not {k: v for k, v in offenders.items() if v}
 
 
@@ -134,6 +160,7 @@ def test_gpu_scripts_set_the_nvls_off_environment():
     preamble = (gpu / "device_preamble.sh").read_text()
     settings = ("NCCL_NVLS_ENABLE=0", "TORCH_SYMM_MEM_DISABLE_MULTICAST=1", "NVSHMEM_DISABLE_NVLS=1")
     assert all(s in preamble for s in settings)
-    missing = [p.name for p in sorted(gpu.glob("*.sh")) if p.name not in ("device_preamble.sh", "stage_shared_data.sh")
+    host_only = ("device_preamble.sh", "stage_shared_data.sh", "build_nixl_slim_wheel.sh")  # not run on the device
+    missing = [p.name for p in sorted(gpu.glob("*.sh")) if p.name not in host_only
                and 'device_preamble.sh"' not in p.read_text() and not all(s in p.read_text() for s in settings)]
     assert not missing, f"{missing}: source device_preamble.sh first"

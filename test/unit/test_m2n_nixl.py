@@ -12,6 +12,8 @@ import torch
 
 from sgl_kernel.m2n import M2NConfig, M2NEndpoint, RowLayout, create_transport
 
+from sglang.srt.afd.protocol import create_afd_transport
+
 
 def _nixl_reason() -> str:
     try:
@@ -48,7 +50,7 @@ def _rank(rank: int, addrs, transport: str, q) -> None:
     try:
         ep = M2NEndpoint(M2NConfig(rank, addrs, max_rows=MAX_ROWS, timeout_s=20),
                          DISPATCH if rank == 0 else COMBINE, recv_layout=COMBINE if rank == 0 else DISPATCH,
-                         transport=create_transport(transport))
+                         transport=create_afd_transport(transport))
         if rank == 0:
             g = torch.Generator().manual_seed(7)
             got, sent = [], []
@@ -119,7 +121,7 @@ def test_nixl_m2n_three_processes_equal_inline_and_reference():
 
 def _dying_sender(addrs, q, go) -> None:
     ep = M2NEndpoint(M2NConfig(1, addrs, max_rows=8, timeout_s=20), DISPATCH, recv_layout=COMBINE,
-                     transport=create_transport("nixl"))
+                     transport=create_afd_transport("nixl"))
     q.put("attached")
     go.wait(60)
     ep.send(0, [torch.randn(8, H), torch.zeros(8, K, dtype=torch.int32), torch.rand(8, K)], meta=(1,))
@@ -135,7 +137,7 @@ def test_nixl_read_from_dead_peer_fails_closed():
     ctx = mp.get_context("spawn")
     q, go = ctx.Queue(), ctx.Event()
     ep = M2NEndpoint(M2NConfig(0, addrs, max_rows=8, timeout_s=3), COMBINE, recv_layout=DISPATCH,
-                     transport=create_transport("nixl"))
+                     transport=create_afd_transport("nixl"))
     p = ctx.Process(target=_dying_sender, args=(addrs, q, go))
     p.start()
     try:
@@ -161,7 +163,7 @@ def test_nixl_read_from_dead_peer_fails_closed():
 
 
 def _late_sender(addrs, q) -> None:
-    ep = M2NEndpoint(M2NConfig(1, addrs, max_rows=8, timeout_s=20), DISPATCH, transport=create_transport("nixl"))
+    ep = M2NEndpoint(M2NConfig(1, addrs, max_rows=8, timeout_s=20), DISPATCH, transport=create_afd_transport("nixl"))
     q.put("attached")
     time.sleep(60)  # killed by the test
     ep.close()
@@ -175,7 +177,7 @@ def test_nixl_hello_from_dead_peer_fails_closed():
     addrs = _addrs(2)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    ep = M2NEndpoint(M2NConfig(0, addrs, max_rows=8, timeout_s=3), DISPATCH, transport=create_transport("nixl"))
+    ep = M2NEndpoint(M2NConfig(0, addrs, max_rows=8, timeout_s=3), DISPATCH, transport=create_afd_transport("nixl"))
     p = ctx.Process(target=_late_sender, args=(addrs, q))
     p.start()
     try:
@@ -195,7 +197,9 @@ def test_nixl_hello_from_dead_peer_fails_closed():
 def test_nixl_data_before_hello_is_refused():
     from sgl_kernel.m2n.nixl_transport import NixlTransport
 
-    ep = M2NEndpoint(M2NConfig(0, _addrs(2), max_rows=4, timeout_s=2), COMBINE, transport=NixlTransport())
+    from sglang.srt.disaggregation.transfer.nixl_backend import m2n_read_agent
+
+    ep = M2NEndpoint(M2NConfig(0, _addrs(2), max_rows=4, timeout_s=2), COMBINE, transport=NixlTransport(m2n_read_agent))
     try:
         out = ep.recv_buf[:16]
         with pytest.raises(RuntimeError, match="before its hello"):
@@ -214,14 +218,20 @@ def test_nixl_missing_names_the_extra(monkeypatch):
 
     monkeypatch.setattr(nb, "import_nixl", missing)
     with pytest.raises(ImportError, match=r"pip install 'sglang\[pd\]'"):
-        M2NEndpoint(M2NConfig(0, _addrs(1), max_rows=4), COMBINE, transport=NixlTransport())
+        M2NEndpoint(M2NConfig(0, _addrs(1), max_rows=4), COMBINE, transport=NixlTransport(nb.m2n_read_agent))
+
+
+def test_nixl_transport_needs_an_injected_agent():
+    """sgl_kernel never imports sglang: without the injected NIXL agent factory the transport refuses at once."""
+    with pytest.raises(ValueError, match="nixl_agent_factory|agent_factory"):
+        create_transport("nixl")
 
 
 def test_plain_m2n_import_does_not_import_nixl():
     import subprocess
     import sys
 
-    code = ("import sys, sgl_kernel.m2n as m; m.create_transport('nixl'); "
+    code = ("import sys; from sglang.srt.afd.protocol import create_afd_transport; create_afd_transport('nixl'); "
             "assert not any(k == 'nixl' or k.startswith(('nixl.', 'nixl_cu')) for k in sys.modules), 'nixl imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=os.environ)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -247,9 +257,9 @@ def test_nixl_pending_read_fails_closed(why):
     turns False), never a hang. The stuck READ is simulated by NIXL reporting it in progress forever."""
     addrs = _addrs(2)
     state = {"alive": True}
-    a = M2NEndpoint(M2NConfig(0, addrs, max_rows=8, timeout_s=1.0), COMBINE, transport=create_transport("nixl"),
+    a = M2NEndpoint(M2NConfig(0, addrs, max_rows=8, timeout_s=1.0), COMBINE, transport=create_afd_transport("nixl"),
                     alive=lambda: state["alive"])
-    b = M2NEndpoint(M2NConfig(1, addrs, max_rows=8, timeout_s=5), COMBINE, transport=create_transport("nixl"))
+    b = M2NEndpoint(M2NConfig(1, addrs, max_rows=8, timeout_s=5), COMBINE, transport=create_afd_transport("nixl"))
     try:
         agent = a.transport.agent._agent
         agent.transfer = lambda handle: "PROC"  # posted, never done
@@ -273,7 +283,7 @@ def test_nixl_pending_read_fails_closed(why):
 def _streaming_peer(addrs, q) -> None:
     """Echo rank 0's rows + 1 back-to-back (each side READs the other's ring) until the test SIGKILLs it."""
     ep = M2NEndpoint(M2NConfig(1, addrs, max_rows=8, slots=4, timeout_s=30), COMBINE,
-                     transport=create_transport("nixl"))
+                     transport=create_afd_transport("nixl"))
     q.put("attached")
     while True:
         msg = ep.recv()
@@ -293,7 +303,7 @@ def test_nixl_peer_sigkilled_mid_stream_fails_closed_and_close_returns():
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     ep = M2NEndpoint(M2NConfig(0, addrs, max_rows=8, slots=4, timeout_s=3), COMBINE,
-                     transport=create_transport("nixl"))
+                     transport=create_afd_transport("nixl"))
     p = ctx.Process(target=_streaming_peer, args=(addrs, q))
     p.start()
     closed = False
@@ -337,8 +347,8 @@ def test_nixl_close_after_fault_makes_no_teardown_call():
     """After a receive timeout (a peer may be dead) ``close`` abandons the agent: no NIXL call that could wait on a
     dead peer (remote-agent removal, transfer release, deregistration); a clean group still tears down fully."""
     addrs = _addrs(2)
-    a = M2NEndpoint(M2NConfig(0, addrs, max_rows=8, timeout_s=2), COMBINE, transport=create_transport("nixl"))
-    b = M2NEndpoint(M2NConfig(1, addrs, max_rows=8, timeout_s=2), COMBINE, transport=create_transport("nixl"))
+    a = M2NEndpoint(M2NConfig(0, addrs, max_rows=8, timeout_s=2), COMBINE, transport=create_afd_transport("nixl"))
+    b = M2NEndpoint(M2NConfig(1, addrs, max_rows=8, timeout_s=2), COMBINE, transport=create_afd_transport("nixl"))
     calls = []
     try:
         b.send(0, [torch.randn(3, H)])

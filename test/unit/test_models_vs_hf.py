@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 
 from model_harness import ModelHarness, randomize_weights  # noqa: E402
 from sglang.srt.configs.model_config import ModelConfig  # noqa: E402
-from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
+from sglang.srt.forward_batch_info import ForwardMode  # noqa: E402
 from sglang.srt.model_loader.loader import load_model  # noqa: E402
 
 DATA = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "models"))

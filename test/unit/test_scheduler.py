@@ -23,13 +23,14 @@ from typing import Optional
 import pytest
 import torch
 
+from sglang.srt.disaggregation.connector import FinishRequest, KVConnector, QueueRequest, StartDecode
 from sglang.srt.managers.io_struct import AbortReq, TokenizedGenerateReqInput
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.kv_cache import KVCache
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
-from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.forward_batch_info import ForwardMode
 from sglang.srt.server_args import ServerArgs
 
 VOCAB = 97
@@ -413,3 +414,83 @@ def test_retracted_request_is_not_readmitted_into_a_thrash():
         assert res[rid]["ids"] == expected(p, 220), rid
     assert sum(r.num_retractions for r in reqs) <= 1, [r.num_retractions for r in reqs]
     assert_kv_returned(s, runner)
+
+
+# ---- the PD connector contract: the scheduler carries out the connector's decisions ------------------------------
+class _ScriptedConnector(KVConnector):
+    """A decode-side stand-in: keeps every ``pd-*`` request, and at the next poll "receives" its prompt KV
+    (allocates a row and slots and writes the fake KV, as a transfer would) and returns StartDecode; ``fail-*``
+    requests fail instead (FinishRequest, no KV); other requests are queued as aggregated ones."""
+
+    def __init__(self, kv, runner):
+        self.kv, self.runner, self.held = kv, runner, []
+
+    def intercept(self, req, msg):
+        if req.rid.startswith(("pd-", "fail-")):
+            self.held.append(req)
+            return []
+        return [QueueRequest(req)]
+
+    def poll(self):
+        out = []
+        for req in self.held:
+            if req.rid.startswith("fail-"):
+                req.finished_reason = {"type": "abort", "message": "KV transfer failed", "status_code": 500}
+                out.append(FinishRequest(req))
+                continue
+            n = len(req.origin_input_ids)
+            row = self.kv.alloc_req_slot()
+            loc = self.kv.alloc_extend([row], [0], [n], [-1])
+            self.runner.kv[loc] = torch.tensor(req.origin_input_ids)
+            req.req_pool_idx, req.kv_len, req.admitted_once = row, n, True
+            req.output_ids.append(next_token(list(req.origin_input_ids)))
+            out.append(StartDecode(req, prompt_tokens=n, cached_tokens=0))
+        self.held = []
+        return out
+
+    def before_forward(self, batch, mwb):
+        pass
+
+    def hold(self, req):
+        return False
+
+    def abort(self, rid):
+        return []
+
+    def open_rids(self):
+        return [r.rid for r in self.held]
+
+    def has_work(self):
+        return bool(self.held)
+
+    def internal_state(self):
+        return {}
+
+    def close(self):
+        pass
+
+
+def test_connector_decisions_drive_the_scheduler():
+    """Requests whose prompt KV "arrives" through the connector (StartDecode) decode exactly as if prefilled here
+    and count their prompt tokens; a failed hand-off (FinishRequest) is reported with its error; aggregated
+    requests (QueueRequest) run normally; every KV slot comes back."""
+    s, runner = make(max_total_tokens=512)
+    s.disagg = _ScriptedConnector(s.kv, runner)
+    rng = random.Random(5)
+    prompts = {rid: rand_prompt(rng, 9 + i) for i, rid in enumerate(["pd-a", "pd-b", "agg-c", "fail-d"])}
+    for rid, p in prompts.items():
+        submit(s, rid, p, max_new_tokens=6)
+    out = run_all(s)
+    for rid in ("pd-a", "pd-b", "agg-c"):
+        assert out[rid]["ids"] == expected(prompts[rid], 6), rid
+        assert out[rid]["finish"]["type"] == "length"
+    assert out["fail-d"]["finish"]["type"] == "abort" and "KV transfer failed" in out["fail-d"]["finish"]["message"]
+    assert out["fail-d"]["ids"] == []
+    assert s.stats_prompt_tokens >= len(prompts["pd-a"]) + len(prompts["pd-b"])
+    assert_kv_returned(s, runner)
+
+
+def test_unknown_connector_decision_is_refused():
+    s, _ = make()
+    with pytest.raises(TypeError, match="unknown connector decision"):
+        s.apply_connector(["carry on"])

@@ -105,3 +105,41 @@ def test_moe_models_are_refused(checkpoints):
     model = load_model(ModelConfig.from_path(checkpoints["mixtral"]), "auto", "cpu")
     with pytest.raises(ValueError, match="dense decoders only"):
         _executor(None, model)
+
+
+def test_layout_installed_once_and_active_only_during_a_forward(checkpoints):
+    """The linears and residual norms get the executor's layout once (first forward); later forwards assign no
+    module attribute (only the layout's rows change, and they are None outside a forward, so the plain path -- e.g.
+    CUDA graph capture -- is untouched); results equal the plain forward (one rank)."""
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.layers.linear import LinearBase
+    from sglang.srt.model_loader.loader import load_model
+
+    path = checkpoints["llama_tied"]
+    config = ModelConfig.from_path(path)
+    model = load_model(config, "auto", "cpu")
+    ex = _executor(None, model)
+    plain = harness_for(model, config, 1)
+    want = [plain.run(plain.prepare(items), None).float().clone() for items in STEPS]
+    h = harness_for(model, config, 1)  # its own KV cache: the steps continue each other
+    got = [h.run(h.prepare(STEPS[0]), ex).float().clone()]
+    holders = [m for m in model.modules() if getattr(m, "sequence_parallel", None) is not None]
+    assert holders and all(m.sequence_parallel is ex.layout for m in holders)
+    assert any(isinstance(m, LinearBase) for m in holders) and ex.layout.rows is None
+    seen = []
+    orig = torch.nn.Module.__setattr__
+
+    def spy(self, name, value):
+        if name == "sequence_parallel":
+            seen.append(type(self).__name__)
+        orig(self, name, value)
+
+    torch.nn.Module.__setattr__ = spy
+    try:
+        got += [h.run(h.prepare(items), ex).float().clone() for items in STEPS[1:]]
+    finally:
+        torch.nn.Module.__setattr__ = orig
+    assert not seen, f"a forward re-assigned sequence_parallel on {seen[:3]}"
+    assert ex.layout.rows is None
+    for step, (g, w) in enumerate(zip(got, want)):
+        torch.testing.assert_close(g, w, atol=ATOL, rtol=RTOL, msg=lambda m: f"step {step}: {m}")

@@ -20,6 +20,8 @@ for p in (str(HERE), str(REPO / "sgl-kernel" / "python"), str(REPO / "python")):
 from sgl_kernel.tdist.layout import HeapConfig  # noqa: E402
 from sgl_kernel.tdist.spawn import run_ranks  # noqa: E402
 
+from sglang.srt.utils.nvls_env import NVLS_OFF_ENV  # noqa: E402
+
 import tdist_spawn_case as C  # noqa: E402
 
 CFG = HeapConfig(data_bytes=1 << 12, signal_slots=16)
@@ -28,6 +30,7 @@ CFG = HeapConfig(data_bytes=1 << 12, signal_slots=16)
 def _run(hang_in, raise_in, stall):
     got = []
     results, problems = run_ranks(2, C.three_cases, (hang_in, raise_in), heap_config=CFG, timeout=120,
+                                  env=NVLS_OFF_ENV,
                                   stall_timeout=stall, gloo_timeout=30, cpu_heap=True,
                                   on_result=lambda r, k, v: got.append((r, k, v["rank"])))
     return results, problems, got

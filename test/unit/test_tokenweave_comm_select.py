@@ -26,7 +26,7 @@ class _Collect(logging.Handler):
 def _rank_select(ps) -> dict:
     import sglang.bench_one_batch as bob
     import sglang.srt.distributed.tw_communicator as twc
-    from sglang.srt.model_executor.model_runner import build_communicator
+    from sglang.srt.deployment.communicator import build_communicator
     from sglang.srt.server_args import ServerArgs
 
     log = logging.getLogger("sglang")

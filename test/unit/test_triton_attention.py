@@ -28,7 +28,7 @@ from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBack
 from sglang.srt.layers.attention.triton_backend import TritonAttnBackend  # noqa: E402
 from sglang.srt.layers.radix_attention import RadixAttention  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool  # noqa: E402
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode  # noqa: E402
+from sglang.srt.forward_batch_info import ForwardBatch, ForwardMode  # noqa: E402
 
 TOL = {torch.float32: 2e-4, torch.float16: 3e-3, torch.bfloat16: 2e-2}
 

@@ -12,7 +12,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "sgl-kernel" / "python"))
 
-from sgl_kernel.tw_comm_build import BuildConfig, compile_command, cuda_sources, find_nvcc  # noqa: E402
+from sgl_kernel.tw_comm.build import BuildConfig, compile_command, cuda_sources, find_nvcc  # noqa: E402
 
 TW = REPO / "tw-comm"
 

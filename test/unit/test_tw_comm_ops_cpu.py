@@ -10,7 +10,7 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "sgl-kernel" / "python"))
 
-from sgl_kernel import tw_comm_ops  # noqa: E402,F401  (registers torch.ops.sgl_kernel.*)
+from sgl_kernel.tw_comm import ops as tw_comm_ops  # noqa: E402,F401  (registers torch.ops.sgl_kernel.*)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

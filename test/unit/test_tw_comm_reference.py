@@ -31,7 +31,7 @@ def _inputs(seed, tokens, world, dtype):
 
 def _worker(rank, world, init_file):
     sys.path[:0] = PATHS
-    from sgl_kernel.reference import allreduce_add_rmsnorm_ref, ar_norm_dist, rs_norm_ag_dist
+    from sgl_kernel.tw_comm.reference import allreduce_add_rmsnorm_ref, ar_norm_dist, rs_norm_ag_dist
     from sglang.srt.distributed.tw_comm import TwBackend, TwCommWorkspace, allreduce, allreduce_rmsnorm
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)

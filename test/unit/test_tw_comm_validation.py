@@ -10,8 +10,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "sgl-kernel" / "python"))
 sys.path.insert(0, str(REPO / "python"))
 
-from sgl_kernel.reference import owned_range  # noqa: E402
-from sgl_kernel.tw_comm_validate import validate_allreduce, validate_allreduce_rmsnorm  # noqa: E402
+from sgl_kernel.tw_comm.reference import owned_range  # noqa: E402
+from sgl_kernel.tw_comm.validate import validate_allreduce, validate_allreduce_rmsnorm  # noqa: E402
 from sglang.srt.distributed.tw_comm import (  # noqa: E402
     TwBackend,
     TwCommConfig,

@@ -17,8 +17,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 import launcher_helpers  # noqa: E402
 
 from sglang.srt.entrypoints.worker_launcher import (  # noqa: E402
-    MultiprocessingLauncher, PipeParentWatch, WorkerSpec, worker_device,
+    MultiprocessingLauncher, PipeParentWatch, ProcessSpec,
 )
+from sglang.srt.deployment import worker_device  # noqa: E402
 from sglang.srt.server_args import PortArgs, ServerArgs  # noqa: E402
 
 
@@ -46,7 +47,7 @@ def test_worker_device_is_explicit():
 def test_launch_passes_env_and_device(tmp_path):
     launcher = MultiprocessingLauncher()
     out = str(tmp_path / "w.json")
-    h = launcher.launch(WorkerSpec(name="w", target=launcher_helpers.record_env, args=(out, "cuda:3"), device="cuda:3",
+    h = launcher.launch(ProcessSpec(name="w", target=launcher_helpers.record_env, args=(out, "cuda:3"), device="cuda:3",
                                    env={"SGLANG_TEST_EXTRA": "x"}))
     h.join(60)
     assert h.exitcode == 0
@@ -137,6 +138,7 @@ def test_port_args_tcp():
 def test_wait_ready_reports_the_first_failure_by_name():
     from types import SimpleNamespace
 
+    from sglang.srt.deployment.plan import WorkerRole, WorkerSpec
     from sglang.srt.entrypoints.launch import _wait_ready
 
     def proc(alive=True, code=None):
@@ -150,24 +152,27 @@ def test_wait_ready_reports_the_first_failure_by_name():
             w.close()  # EOF: the worker died before answering
         return r, w
 
+    sched = [WorkerSpec(WorkerRole.AGGREGATED, f"s{r}", rank=r, tp_size=2, index=r) for r in range(2)]
+    ffn = WorkerSpec(WorkerRole.FFN, "f0", rank=0, index=2)
     ready = {"status": "ready", "tp_rank": 0, "max_total_tokens": 7}
     later = time.monotonic() + 5
     (r0, w0), (r1, w1) = pipe(ready), pipe(dict(ready, tp_rank=1))
-    procs = SimpleNamespace(schedulers=[proc(), proc()], ffn_workers=[proc()])
+    procs = SimpleNamespace(workers=[proc(), proc(), proc()], specs=sched + [ffn])
     (f0, wf) = pipe({"status": "ready"})
-    assert _wait_ready(procs, [(0, r0), (1, r1)], later, ((0, f0),))["max_total_tokens"] == 7
+    assert _wait_ready(procs, [r0, r1, f0], later)["max_total_tokens"] == 7
     bad = {"status": "error", "message": "no such architecture"}
     (r0, w0), (r1, w1) = pipe(ready), pipe(bad)
-    assert _wait_ready(procs, [(0, r0), (1, r1)], later) == bad
+    two = SimpleNamespace(workers=procs.workers[:2], specs=sched)
+    assert _wait_ready(two, [r0, r1], later) == bad
     (r0, w0), (r1, w1b) = pipe(ready), pipe()
-    procs.schedulers[1] = proc(alive=False, code=-9)
-    out = _wait_ready(procs, [(0, r0), (1, r1)], later)
+    two.workers[1] = proc(alive=False, code=-9)
+    out = _wait_ready(two, [r0, r1], later)
     assert out["message"] == "the scheduler process of TP rank 1 died during startup (exit code -9)"
     (f0, wf) = pipe()
-    procs.ffn_workers[0] = proc(alive=False, code=3)
-    out = _wait_ready(procs, [(0, r0)], later, ((0, f0),))
+    (r0, w0) = pipe(ready)
+    one = SimpleNamespace(workers=[proc(), proc(alive=False, code=3)], specs=[sched[0], ffn])
+    out = _wait_ready(one, [r0, f0], later)
     assert out["message"] == "FFN worker 0 died during startup (exit code 3)"
     (r0, w0) = mp.Pipe(duplex=False)  # says nothing while alive: the deadline ends the wait
-    procs.schedulers[0] = proc()
-    out = _wait_ready(procs, [(0, r0)], time.monotonic() + 0.3)
+    out = _wait_ready(SimpleNamespace(workers=[proc()], specs=sched[:1]), [r0], time.monotonic() + 0.3)
     assert out["status"] == "error" and "the scheduler did not start within" in out["message"]

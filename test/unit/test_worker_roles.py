@@ -9,7 +9,8 @@ from conftest import shared_path
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.model_executor.model_runner import ModelRunner
-from sglang.srt.model_executor.worker_builder import WorkerRole, is_routed_expert_weight, role_spec
+from sglang.srt.deployment.plan import WorkerRole
+from sglang.srt.model_executor.worker_builder import is_routed_expert_weight, role_spec
 from sglang.srt.server_args import ServerArgs
 
 

@@ -240,7 +240,8 @@ class ServerArgs:
         if self.nnodes > 1:
             bad("nnodes", self.nnodes, "--enable-afd runs on one node here (multi-node placement comes with --use-ray)")
         if self.enable_tokenweave:
-            bad("enable-tokenweave", True, "TokenWeave and AFD executors cannot be combined; drop one")
+            bad("enable-tokenweave", True,
+                "--enable-tokenweave and --enable-afd cannot be combined (TokenWeave and AFD executors); drop one")
         object.__setattr__(self, "disable_cuda_graph", True)
         if self.chunked_prefill_size is None or self.chunked_prefill_size > self.afd_max_tokens // 2:
             object.__setattr__(self, "chunked_prefill_size", max(1, self.afd_max_tokens // 2))
@@ -316,75 +317,15 @@ class ServerArgs:
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
         """Add every field as ``--flag-name`` (booleans as store_true)."""
-        helps = {
-            "model_path": f"HF checkpoint folder, or an embedded model: '{DEFAULT_MODEL}' (the default: the "
-            f"trained 260K-parameter TinyStories Llama, shipped with the package) or '{TINY_RANDOM_MODEL}' "
-            "(random weights; its text is not meaningful).",
-            "load_format": "auto|safetensors|dummy (dummy: random weights of the config's shape).",
-            "chunked_prefill_size": "Max prompt tokens per prefill chunk; -1 disables chunking.",
-            "mem_fraction_static": "Fraction of GPU memory for weights + KV cache (GPU only).",
-            "max_total_tokens": "KV cache size in tokens (overrides the memory-based size).",
-            "base_gpu_id": "The first GPU index this node's workers use (worker i gets base + i * step).",
-            "gpu_id_step": "The GPU index step between consecutive workers on a node.",
-            "enable_tokenweave": "TokenWeave: split large batches into two wave-aware token halves and overlap one "
-            "half's fused AllReduce + RMSNorm with the other half's compute (TP > 1; --comm-backend tw by default).",
-            "tokenweave_min_tokens": "Batches with fewer new tokens (and decode batches) run unsplit (default: auto, "
-            "the measured break-even per GPU and TP size: off at TP2 on H100, where it lost at every size "
-            "measured; 8192 at TP4; 1024 otherwise).",
-            "enable_tdist_overlap": "Triton-distributed: keep the residual token-sharded across TP ranks (sequence "
-            "parallel) and run column/row-parallel linears as fused AllGather-GEMM / GEMM-ReduceScatter on a CUDA-IPC "
-            "symmetric heap (no multicast); the torch collectives on CPU. Dense decoders only. See docs/tdist.md.",
-            "tokenweave_comm_sms": "SM budget of TokenWeave's overlapped communication kernel (default: tw-comm's).",
-            "tp_ranks_share_gpu": "Correctness test mode: all TP ranks run on --base-gpu-id as separate processes "
-            "(device group over gloo, tw-comm over CUDA IPC within the GPU; CUDA graphs and custom all-reduce off). "
-            "Never for speed.",
-            "enable_custom_logit_processor": "Accept the custom_logit_processor request field. SECURITY: it is "
-            "client-supplied code (a dill-serialized Python class) that the scheduler deserializes and runs; "
-            "enable only when every client is trusted. Off: such requests get a 400. Needs the dill package "
-            "(pip install 'sglang[custom-logit-processor]').",
-            "use_ray": "Start every worker (TP ranks, detokenizer) as a Ray actor placed by placement groups "
-            "(pip install 'sglang[ray]'); --nnodes N spreads the TP group over N nodes.",
-            "ray_address": "Ray cluster to join with --use-ray (default auto: the running cluster).",
-            "ray_spread_roles": "Put every role group in one STRICT_SPREAD placement group (roles on distinct nodes).",
-            "ray_cpus_per_worker": "Ray CPUs each worker reserves.",
-            "ray_gpus_per_worker": "Ray GPUs each worker reserves on CUDA (default 1; a fraction lets ranks share a "
-            "GPU, for --tp-ranks-share-gpu tests only).",
-            "ray_worker_resources": "JSON dict of custom Ray resources each worker also reserves, e.g. "
-            "'{\"node_a\": 0.01}' to pin this instance (say a prefill server) to nodes started with --resources "
-            "'{\"node_a\": 1}'.",
-            "ray_placement_timeout": "Seconds to wait for Ray to place the workers before failing.",
-            "disaggregation_mode": "null|prefill|decode: run as an aggregated server, a prefill server (computes the "
-            "prompt's KV and the first token, serves them to decode servers) or a decode server (pulls the KV and "
-            "decodes). Put python -m sglang.srt.disaggregation.mini_lb in front.",
-            "disaggregation_bootstrap_port": "Prefill servers: HTTP port of the bootstrap server where decode ranks fetch "
-            "the prefill ranks' transfer metadata and KV descriptors.",
-            "disaggregation_transfer_backend": "nixl|fake: the one-sided KV transport (fake: in-host test transport).",
-            "disaggregation_transfer_mode": "pull (decode reads the KV once the prefill is done; KVDirect) or push "
-            "(prefill writes into blocks the decode side preallocated). Both sides must agree.",
-            "disaggregation_verify": "Checksum every transferred request's KV per (layer, K/V, head) on both sides; a "
-            "mismatch fails the request.",
-            "enable_afd": "MegaScale-Infer attention/FFN disaggregation for MoE models: attention workers (attention, "
-            "dense parts, KV) and FFN workers (routed experts) in separate processes, a ping-pong pipeline over "
-            "--afd-micro-batches, M2N transfers (docs/afd.md).",
-            "afd_attention_workers": "Attention workers N_A (data parallel; each runs --tp ranks and its own requests).",
-            "afd_ffn_workers": "FFN workers N_E (expert parallel over the routed experts).",
-            "afd_micro_batches": "m: request micro-batches of the ping-pong pipeline (hides transfers when "
-            "m >= 2(1+Tc/Tf), logged).",
-            "afd_transport": "M2N payload transport: inline (CPU, ZMQ), cuda_ipc (same-node GPUs), nccl (baseline), "
-            "nixl (one-sided NIXL READ over UCX/RDMA, across nodes; needs pip install 'sglang[pd]'); "
-            "auto = cuda_ipc on GPU, inline on CPU.",
-            "zmq_transport": "ipc|tcp: transport of the sockets between the server's processes (tcp on "
-            "127.0.0.1 ports, so a worker can live on another host).",
-        }
         for f in dataclasses.fields(ServerArgs):
             flag = "--" + f.name.replace("_", "-")
             default = f.default
             if f.type in ("bool",) or isinstance(default, bool):
                 parser.add_argument(flag, action="store_true", default=default,
-                                    help=helps.get(f.name) or SERVER_ARGS_HELP.get(f.name))
+                                    help=SERVER_ARGS_HELP.get(f.name))
                 continue
             typ = {"int": int, "float": float, "Optional[int]": int, "Optional[float]": float}.get(str(f.type), str)
-            parser.add_argument(flag, type=typ, default=default, help=helps.get(f.name) or SERVER_ARGS_HELP.get(f.name))
+            parser.add_argument(flag, type=typ, default=default, help=SERVER_ARGS_HELP.get(f.name))
         parser.add_argument("--tp", dest="tp_size", type=int, default=1, help="Alias of --tp-size.")
 
     @classmethod
@@ -395,12 +336,21 @@ class ServerArgs:
         return cls(**{k: v for k, v in vars(args).items() if k in names})
 
 
-def prepare_server_args(argv: list[str]) -> ServerArgs:
-    """Parse a launch_server command line into :class:`ServerArgs`."""
+def prepare_launch_args(argv: list[str]) -> tuple[ServerArgs, bool]:
+    """Parse a launch_server command line into :class:`ServerArgs` and whether ``--dry-run`` was given."""
     parser = argparse.ArgumentParser(prog="python -m sglang.launch_server",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ServerArgs.add_cli_args(parser)
-    return ServerArgs.from_cli_args(parser.parse_args(argv))
+    parser.add_argument("--dry-run", action="store_true", default=False,
+                        help="Print the deployment plan (every process: role, ranks, node, device, executor, "
+                        "communicator, connector) and exit without starting anything.")
+    ns = parser.parse_args(argv)
+    return ServerArgs.from_cli_args(ns), ns.dry_run
+
+
+def prepare_server_args(argv: list[str]) -> ServerArgs:
+    """Parse a launch_server command line into :class:`ServerArgs` (``--dry-run`` is accepted and ignored)."""
+    return prepare_launch_args(argv)[0]
 
 
 @dataclass(frozen=True)

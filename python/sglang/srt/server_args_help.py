@@ -1,16 +1,16 @@
-"""``launch_server --help`` texts: SGLang's help text for each flag (its wording where the flag is SGLang's),
-this fork's where the flag is its own. ``--help`` prints each with its default."""
+"""``launch_server --help`` texts, the one source of them: SGLang's help text for each flag (its wording where the
+flag is SGLang's), this fork's where the flag is its own. ``--help`` prints each with its default."""
 
 from __future__ import annotations
 
 SERVER_ARGS_HELP: dict[str, str] = {
     # model and tokenizer
-    "model_path": "The path of the model weights. This can be a local folder or a Hugging Face repo ID "
-    "(this server loads local folders only).",
+    "model_path": "HF checkpoint folder, or an embedded model: 'sglang-tw/stories260K' (the default: the trained "
+    "260K-parameter TinyStories Llama, shipped with the package) or 'sglang-tw/tiny-random-llama' (random weights; its "
+    "text is not meaningful).",
     "tokenizer_path": "The path of the tokenizer (default: --model-path).",
     "served_model_name": "Override the model name returned by the v1/models endpoint in OpenAI API server.",
-    "load_format": "The format of the model weights to load: auto | safetensors | dummy (dummy: random weights "
-    "of the config's shape, mainly for profiling).",
+    "load_format": "auto|safetensors|dummy (dummy: random weights of the config's shape).",
     "dtype": "Data type for model weights and activations: auto (FP16 for FP32/FP16 models, BF16 for BF16 models) "
     "| float32 | float16 | bfloat16.",
     "device": "The device to use: auto | cpu | cuda (auto picks cuda when a GPU is visible).",
@@ -28,16 +28,12 @@ SERVER_ARGS_HELP: dict[str, str] = {
     "max_request_body_mb": "Largest HTTP request body in MiB; larger requests get HTTP 413.",
     "max_n": "Most samples per prompt (the request's n); larger n gets HTTP 400 (OpenAI's limit is 128).",
     # memory and scheduling
-    "mem_fraction_static": "The fraction of the memory used for static allocation (model weights and KV cache "
-    "memory pool). Use a smaller value if you see out-of-memory errors.",
-    "max_total_tokens": "The maximum number of tokens in the memory pool. If not specified, it will be "
-    "automatically calculated based on the memory usage fraction. This option is typically used for development "
-    "and debugging purposes.",
+    "mem_fraction_static": "Fraction of GPU memory for weights + KV cache (GPU only).",
+    "max_total_tokens": "KV cache size in tokens (overrides the memory-based size).",
     "max_running_requests": "The maximum number of running requests.",
     "max_prefill_tokens": "The maximum number of tokens in a prefill batch. The real bound will be the maximum of "
     "this value and the model's maximum context length.",
-    "chunked_prefill_size": "The maximum number of tokens in a chunk for the chunked prefill. Setting this to -1 "
-    "means disabling chunked prefill.",
+    "chunked_prefill_size": "Max prompt tokens per prefill chunk; -1 disables chunking.",
     "schedule_policy": "The scheduling policy of the requests: fcfs | lpm (longest prefix match).",
     "schedule_conservativeness": "How conservative the schedule policy is. A larger value means more conservative "
     "scheduling. Use a larger value if you see requests being retracted frequently.",
@@ -69,15 +65,34 @@ SERVER_ARGS_HELP: dict[str, str] = {
     "disable_custom_all_reduce": "Disable the custom all-reduce kernel and fall back to NCCL.",
     "comm_backend": "Collective backend of tensor parallelism: auto | torch | custom | tw | nocomm (benchmarks "
     "only) | module:factory.",
-    "base_gpu_id": "The base GPU ID to start allocating GPUs from. Useful when running multiple instances on the "
-    "same machine.",
-    "gpu_id_step": "The delta between consecutive GPU IDs that are used. For example, setting it to 2 will use "
-    "GPU 0,2,4,...",
-    "zmq_transport": "ipc | tcp: transport of the sockets between the server's processes.",
-    "enable_tokenweave": "TokenWeave: overlap one token split's AllReduce + RMSNorm with the other's compute.",
-    "tokenweave_min_tokens": "Batches with fewer new tokens run unsplit (default: auto per TP size).",
-    "tokenweave_comm_sms": "SM budget of TokenWeave's overlapped communication kernel.",
-    "tp_ranks_share_gpu": "Correctness test mode: all TP ranks on one GPU.",
+    "base_gpu_id": "The first GPU index this node's workers use (worker i gets base + i * step).",
+    "gpu_id_step": "The GPU index step between consecutive workers on a node.",
+    "zmq_transport": "ipc|tcp: transport of the sockets between the server's processes (tcp on 127.0.0.1 ports, so a "
+    "worker can live on another host).",
+    "enable_tokenweave": "TokenWeave: split large batches into two wave-aware token halves and overlap one half's "
+    "fused AllReduce + RMSNorm with the other half's compute (TP > 1; --comm-backend tw by default).",
+    "tokenweave_min_tokens": "Batches with fewer new tokens (and decode batches) run unsplit (default: auto, the "
+    "measured break-even per GPU and TP size: off at TP2 on H100, where it lost at every size measured; 8192 at TP4; "
+    "1024 otherwise).",
+    "tokenweave_comm_sms": "SM budget of TokenWeave's overlapped communication kernel (default: tw-comm's).",
+    "tp_ranks_share_gpu": "Correctness test mode: all TP ranks run on --base-gpu-id as separate processes (device "
+    "group over gloo, tw-comm over CUDA IPC within the GPU; CUDA graphs and custom all-reduce off). Never for speed.",
+    "enable_tdist_overlap": "Triton-distributed: keep the residual token-sharded across TP ranks (sequence parallel) "
+    "and run column/row-parallel linears as fused AllGather-GEMM / GEMM-ReduceScatter on a CUDA-IPC symmetric heap (no "
+    "multicast); the torch collectives on CPU. Dense decoders only. See docs/tdist.md.",
+    "enable_custom_logit_processor": "Accept the custom_logit_processor request field. SECURITY: it is client-supplied "
+    "code (a dill-serialized Python class) that the scheduler deserializes and runs; enable only when every client is "
+    "trusted. Off: such requests get a 400. Needs the dill package (pip install 'sglang[custom-logit-processor]').",
+    "use_ray": "Start every worker (TP ranks, detokenizer) as a Ray actor placed by placement groups (pip install "
+    "'sglang[ray]'); --nnodes N spreads the TP group over N nodes.",
+    "ray_address": "Ray cluster to join with --use-ray (default auto: the running cluster).",
+    "ray_spread_roles": "Put every role group in one STRICT_SPREAD placement group (roles on distinct nodes).",
+    "ray_cpus_per_worker": "Ray CPUs each worker reserves.",
+    "ray_gpus_per_worker": "Ray GPUs each worker reserves on CUDA (default 1; a fraction lets ranks share a GPU, for "
+    "--tp-ranks-share-gpu tests only).",
+    "ray_worker_resources": "JSON dict of custom Ray resources each worker also reserves, e.g. '{\"node_a\": 0.01}' to "
+    "pin this instance (say a prefill server) to nodes started with --resources '{\"node_a\": 1}'.",
+    "ray_placement_timeout": "Seconds to wait for Ray to place the workers before failing.",
     # disaggregation (KVDirect) and attention/FFN disaggregation (MegaScale-Infer)
     "disaggregation_bootstrap_timeout": "Seconds a decode request waits for its prefill peer (connect + KV ready) "
     "before it fails.",
@@ -91,6 +106,26 @@ SERVER_ARGS_HELP: dict[str, str] = {
     "afd_timeout_s": "Seconds an FFN worker may take to answer; later fails the batch (never a hang).",
     "afd_redundant_experts": "Replicas of hot experts the expert load balancer may add across the FFN workers.",
     "afd_rebalance_interval": "Decode steps between expert placement updates (0: static placement).",
+    "disaggregation_mode": "null|prefill|decode: run as an aggregated server, a prefill server (computes the prompt's "
+    "KV and the first token, serves them to decode servers) or a decode server (pulls the KV and decodes). Put python "
+    "-m sglang.srt.disaggregation.mini_lb in front.",
+    "disaggregation_bootstrap_port": "Prefill servers: HTTP port of the bootstrap server where decode ranks fetch the "
+    "prefill ranks' transfer metadata and KV descriptors.",
+    "disaggregation_transfer_backend": "nixl|fake: the one-sided KV transport (fake: in-host test transport).",
+    "disaggregation_transfer_mode": "pull (decode reads the KV once the prefill is done; KVDirect) or push (prefill "
+    "writes into blocks the decode side preallocated). Both sides must agree.",
+    "disaggregation_verify": "Checksum every transferred request's KV per (layer, K/V, head) on both sides; a mismatch "
+    "fails the request.",
+    "enable_afd": "MegaScale-Infer attention/FFN disaggregation for MoE models: attention workers (attention, dense "
+    "parts, KV) and FFN workers (routed experts) in separate processes, a ping-pong pipeline over --afd-micro-batches, "
+    "M2N transfers (docs/afd.md).",
+    "afd_attention_workers": "Attention workers N_A (data parallel; each runs --tp ranks and its own requests).",
+    "afd_ffn_workers": "FFN workers N_E (expert parallel over the routed experts).",
+    "afd_micro_batches": "m: request micro-batches of the ping-pong pipeline (hides transfers when m >= 2(1+Tc/Tf), "
+    "logged).",
+    "afd_transport": "M2N payload transport: inline (CPU, ZMQ), cuda_ipc (same-node GPUs), nccl (baseline), nixl "
+    "(one-sided NIXL READ over UCX/RDMA, across nodes; needs pip install 'sglang[pd]'); auto = inline on CPU; on GPU "
+    "cuda_ipc when every worker is on one node, nccl otherwise.",
     # misc
     "random_seed": "The random seed.",
     "watchdog_timeout": "Set watchdog timeout in seconds. If a forward batch takes longer than this, the server "

@@ -1,1 +1,3 @@
-"""MegaScale-Infer attention/FFN disaggregation (AFD): runtime, deployment planner, expert load balancing."""
+"""MegaScale-Infer attention/FFN disaggregation (AFD, Zhu et al. 2025): the runtime here (launch, ping-pong
+executor, FFN workers, wire protocol, expert load balancing); the offline deployment-plan search in
+:mod:`sglang.srt.afd.planner`."""

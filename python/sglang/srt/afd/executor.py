@@ -36,11 +36,11 @@ import torch
 
 from sglang.srt.afd.experts import moe_layer_specs
 from sglang.srt.afd.load_balance import ExpertLoadCollector, ExpertRebalancer, assign_tokens, static_placement
-from sglang.srt.afd.protocol import DISPATCH, ERROR, PLACE, PLACED, RESULT, AfdTopology, dispatch_layout, \
-    result_layout
+from sglang.srt.afd.protocol import DISPATCH, ERROR, PLACE, PLACED, RESULT, AfdTopology, create_afd_transport, \
+    dispatch_layout, result_layout
 from sglang.srt.forward_batch_info import ForwardBatch
 from sglang.srt.layers.stages import LayerState
-from sglang.srt.model_executor.executors.base import ModelExecutor
+from sglang.srt.model_executor.executors.base import StagedExecutor
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def refuse_dense(mc) -> list:
     return specs
 
 
-class AfdExecutor(ModelExecutor):
+class AfdExecutor(StagedExecutor):
     """See the module docstring.
 
     Args:
@@ -73,11 +73,12 @@ class AfdExecutor(ModelExecutor):
     """
 
     name = "afd"
+    supports_kv_layer_listener = False
 
     def __init__(self, mc, topo: AfdTopology, index: int, num_micro_batches: int, device: torch.device,
                  tp_rank: int = 0, alive: Optional[Callable[[], bool]] = None, redundant_experts: int = 0,
                  rebalance_interval: int = 0):
-        from sgl_kernel.m2n import M2NConfig, M2NEndpoint, create_transport
+        from sgl_kernel.m2n import M2NConfig, M2NEndpoint
 
         if num_micro_batches < 1:
             raise ValueError(f"--afd-micro-batches={num_micro_batches} must be >= 1")
@@ -92,7 +93,7 @@ class AfdExecutor(ModelExecutor):
             self.ep = M2NEndpoint(
                 M2NConfig(index, topo.addresses, topo.max_rows, device=str(device), timeout_s=topo.timeout_s),
                 dispatch_layout(s0.hidden, s0.top_k, mc.dtype), recv_layout=result_layout(s0.hidden, mc.dtype),
-                transport=create_transport(topo.transport), alive=alive)
+                transport=create_afd_transport(topo.transport), alive=alive)
         self.collector = ExpertLoadCollector(self.num_experts, 1)
         self.rebalancer = None
         if rebalance_interval > 0:
@@ -103,45 +104,47 @@ class AfdExecutor(ModelExecutor):
         self._ta: list[float] = []
         self._tf: list[float] = []
         self._rtt: list[float] = []
+        self._pending: dict[int, tuple] = {}
         self.last_constraint: Optional[dict] = None
 
-    # ---- the pipeline ----------------------------------------------------------------------------------
+    # ---- the pipeline: hooks of the staged skeleton ------------------------------------------------------------
     def plan(self, fb: ForwardBatch) -> list[ForwardBatch]:
         """``min(m, batch_size)`` request micro-batches."""
         m = min(self.m, fb.batch_size)
         return fb.split_requests(m) if m > 1 else [fb]
 
     def run(self, model: Any, forward_batch: ForwardBatch) -> Any:
-        """Forward ``forward_batch`` with remote experts (see the module docstring)."""
-        subs = self.plan(forward_batch)
-        for s in subs:
-            s.attn_backend.init_forward_metadata(s)
-        states = [LayerState(model.embed(s.input_ids), None, s.positions, s) for s in subs]
-        pending: list[Optional[tuple]] = [None] * len(states)
-        for li, layer in enumerate(model.decoder_layers):
-            names = layer.stage_names()
-            moe = "moe_route" in names
-            for k, st in enumerate(states):
-                if pending[k] is not None:
-                    self._finish(pending[k], st)
-                    pending[k] = None
-                t0 = time.perf_counter()
-                if not moe:
-                    for name in names:
-                        layer.run_stage(name, st)
-                    continue
-                for name in PRE_MOE:
-                    layer.run_stage(name, st)
-                self._ta.append(time.perf_counter() - t0)
-                pending[k] = (li, layer, self._dispatch(li, k, st))
-        for k, st in enumerate(states):
-            if pending[k] is not None:
-                self._finish(pending[k], st)
+        """Forward ``forward_batch`` with remote experts (see the module docstring); between steps: the pipeline
+        constraint log and load balancing."""
+        self._pending = {}  # micro-batch -> its layer whose experts run remotely
+        out = super().run(model, forward_batch)
         self.step += 1
         self._between_steps()
-        hidden = torch.cat([st.hidden for st in states])
-        residual = torch.cat([st.residual for st in states])
-        return model.compute_logits(model.final_norm(hidden, residual), forward_batch)
+        return out
+
+    def run_layer(self, index: int, layer: Any, states: list[LayerState], listener, forward_batch) -> None:
+        """Per micro-batch: combine its previous layer's expert results (N2M), run this layer's attention stages
+        and dispatch its gated tokens (M2N) -- or the whole layer here for a dense layer."""
+        names = layer.stage_names()
+        moe = "moe_route" in names
+        for k, st in enumerate(states):
+            if k in self._pending:
+                self._finish(self._pending.pop(k), st)
+            t0 = time.perf_counter()
+            if not moe:
+                for name in names:
+                    layer.run_stage(name, st)
+                continue
+            for name in PRE_MOE:
+                layer.run_stage(name, st)
+            self._ta.append(time.perf_counter() - t0)
+            self._pending[k] = (index, layer, self._dispatch(index, k, st))
+
+    def finish(self, states: list[LayerState]) -> None:
+        """Receive and combine the last MoE layer of every micro-batch."""
+        for k, st in enumerate(states):
+            if k in self._pending:
+                self._finish(self._pending.pop(k), st)
 
     def _key(self, k: int) -> int:
         return (self.step << 8) | k

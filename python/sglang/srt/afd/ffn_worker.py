@@ -25,8 +25,8 @@ from typing import Optional
 
 import torch
 
-from sglang.srt.afd.protocol import DISPATCH, ERROR, PLACE, PLACED, RESULT, AfdTopology, dispatch_layout, \
-    result_layout
+from sglang.srt.afd.protocol import DISPATCH, ERROR, PLACE, PLACED, RESULT, AfdTopology, create_afd_transport, \
+    dispatch_layout, result_layout
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class FfnServer:
 
     def __init__(self, mc, specs, expert_ids, load_format: str, device: torch.device, topo: AfdTopology, index: int,
                  alive=None, seed: int = 0):
-        from sgl_kernel.m2n import M2NConfig, M2NEndpoint, create_transport
+        from sgl_kernel.m2n import M2NConfig, M2NEndpoint
 
         from sglang.srt.afd.experts import load_expert_weights
 
@@ -57,7 +57,7 @@ class FfnServer:
         self.ep = M2NEndpoint(
             M2NConfig(topo.ffn_rank(index), topo.addresses, topo.max_rows, device=str(device), timeout_s=topo.timeout_s),
             result_layout(s0.hidden, mc.dtype), recv_layout=dispatch_layout(s0.hidden, s0.top_k, mc.dtype),
-            transport=create_transport(topo.transport), alive=alive)
+            transport=create_afd_transport(topo.transport), alive=alive)
         self.steps = 0
 
     @property
@@ -128,12 +128,15 @@ class FfnServer:
         self.ep.send(dst, tensors, meta)
 
 
-def run_ffn_worker(server_args, topo: AfdTopology, index: int, device: str, ready_pipe,
-                   parent_watch=None) -> None:
-    """Entry point of FFN worker ``index``: load its experts (the static EP block, ``E / N_E`` experts), report
-    ``{"status": "ready"|"error", ...}`` on ``ready_pipe``, then serve until the launcher is gone or the group
-    closes. Any failure after start exits the process (the launcher's watchdog reports it)."""
+def run_ffn_worker(spec, ready_pipe, parent_watch=None) -> None:
+    """Entry point of an FFN worker, carrying out its :class:`~sglang.srt.deployment.plan.WorkerSpec` (role ``ffn``,
+    index ``spec.rank``, ``spec.device``, the topology in ``spec.wiring.afd_topology``): load its experts (the static
+    EP block, ``E / N_E`` experts), report ``{"status": "ready"|"error", ...}`` on ``ready_pipe``, then serve until
+    the launcher is gone or the group closes. Any failure after start exits the process (the launcher's watchdog
+    reports it)."""
     from sglang.srt.utils.common import configure_logger
+
+    server_args, topo, index, device = spec.args, spec.wiring.afd_topology, spec.rank, spec.device
 
     configure_logger(server_args.log_level, f"FFN{index}")
     if threading.current_thread() is threading.main_thread():  # a Ray actor runs us on one of its threads

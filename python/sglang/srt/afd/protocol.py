@@ -20,9 +20,21 @@ from dataclasses import dataclass
 
 import torch
 
-from sgl_kernel.m2n import RowLayout
+from sgl_kernel.m2n import PayloadTransport, RowLayout, create_transport
 
 DISPATCH, RESULT, ERROR, PLACE, PLACED = 1, 2, 3, 4, 5
+
+
+def create_afd_transport(name: str) -> PayloadTransport:
+    """The M2N payload transport ``--afd-transport`` names (``inline`` | ``nccl`` | ``cuda_ipc`` | ``nixl``); ``nixl``
+    gets the PD transfer layer's NIXL agent injected (``m2n_read_agent``; nixl itself is imported at attach).
+    Raises ValueError for an unknown name."""
+    factory = None
+    if name == "nixl":
+        from sglang.srt.disaggregation.transfer.nixl_backend import m2n_read_agent
+
+        factory = m2n_read_agent
+    return create_transport(name, nixl_agent_factory=factory)
 
 
 def dispatch_layout(hidden: int, top_k: int, dtype: torch.dtype) -> RowLayout:

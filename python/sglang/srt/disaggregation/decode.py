@@ -31,7 +31,7 @@ import msgspec
 
 from sglang.srt.disaggregation.agent import now
 from sglang.srt.disaggregation.bootstrap import fetch_route
-from sglang.srt.disaggregation.connector import BaseConnector, bootstrap_fields_error
+from sglang.srt.disaggregation.connector import BaseConnector, Decision, StartDecode, bootstrap_fields_error, reject
 from sglang.srt.disaggregation.messages import (
     BootstrapRoute,
     Heartbeat,
@@ -43,7 +43,6 @@ from sglang.srt.disaggregation.messages import (
 )
 from sglang.srt.disaggregation.slot_plan import assign_sources, plan_slot_copies
 from sglang.srt.mem_cache.kv_descriptor import KVRegionDescriptor
-from sglang.srt.sampling.finish import check_finish
 
 logger = logging.getLogger(__name__)
 
@@ -97,8 +96,9 @@ class DecodeConnector(BaseConnector):
         self.stats["transfer_ops_planned"] = 0
 
     # ---- scheduler hooks -----------------------------------------------------------------------------
-    def intercept(self, req, msg) -> bool:
-        """Take every valid request into the transfer queue (returns True: the scheduler must not queue it)."""
+    def intercept(self, req, msg) -> list[Decision]:
+        """Take every valid request into the transfer queue (``[]``: the scheduler must not queue it); a request
+        with unusable bootstrap fields finishes with a 400 (``[FinishRequest]``)."""
         req.bootstrap_room = msg.bootstrap_room
         err = bootstrap_fields_error(req)
         if err is None and (not msg.bootstrap_host or not msg.bootstrap_port):
@@ -106,22 +106,21 @@ class DecodeConnector(BaseConnector):
         if err is None and msg.bootstrap_room in self.rooms:
             err = f"bootstrap_room {msg.bootstrap_room} is already in use"
         if err:
-            req.finished_reason = {"type": "abort", "message": err, "status_code": 400}
-            self.s.outputs.append(req)
-            return True
+            return [reject(req, err)]
         req.disagg_info = {"bootstrap_room": req.bootstrap_room}
         self.rooms[req.bootstrap_room] = DecodeRoom(req.bootstrap_room, req, (msg.bootstrap_host, msg.bootstrap_port))
-        return True
+        return []
 
     def hold(self, req) -> bool:
         """Decode requests finish normally."""
         return False
 
-    def abort(self, rid: str) -> None:
+    def abort(self, rid: str) -> list[Decision]:
         """Drop a waiting request (its KV, if allocated, is freed; the prefill side is told)."""
         for r in list(self.rooms.values()):
             if r.req.rid == rid:
                 self._fail(r, "aborted by the client", notify=True, status_code=499)
+        return self.take_decisions()
 
     def open_rids(self) -> list[str]:
         """Requests waiting for their KV."""
@@ -135,8 +134,9 @@ class DecodeConnector(BaseConnector):
         return len(self.rooms)
 
     # ---- one poll per scheduler step ----------------------------------------------------------------
-    def poll(self) -> None:
-        """Control messages, CONNECT, allocation + READs, completion, heartbeats and timeouts."""
+    def poll(self) -> list[Decision]:
+        """Control messages, CONNECT, allocation + READs, completion, heartbeats and timeouts; returns the requests
+        whose KV arrived (:class:`StartDecode`) and those that failed (:class:`FinishRequest`)."""
         if self.agent.is_leader:
             self._leader_duties()
         for msg in self.agent.recv():
@@ -148,6 +148,7 @@ class DecodeConnector(BaseConnector):
                 self._start_transfer(r)
         self._progress_queue()
         self._poll_transfers()
+        return self.take_decisions()
 
     def _progress_queue(self) -> None:
         """Post queued READs, poll them, send COMPLETEs and take ACKs (this rank's TransferQueue); record which
@@ -283,12 +284,12 @@ class DecodeConnector(BaseConnector):
     def _alloc(self, r: DecodeRoom) -> bool:
         """Allocate a request row and KV slots for the prompt; False (nothing taken) when the pool is full."""
         n = len(r.req.origin_input_ids)
-        row = self.s.kv.alloc_req_slot()
+        row = self.kv.alloc_req_slot()
         if row is None:
             return False
-        loc = self.s.kv.alloc_extend([row], [0], [n], [-1])
+        loc = self.kv.alloc_extend([row], [0], [n], [-1])
         if loc is None:
-            self.s.kv.free_req_slot(row)
+            self.kv.free_req_slot(row)
             return False
         r.row, r.loc, r.t_alloc = row, loc, time.monotonic()
         return True
@@ -375,16 +376,14 @@ class DecodeConnector(BaseConnector):
         return True
 
     def _activate(self, r: DecodeRoom) -> None:
-        """The KV is here: the request continues as if it had prefilled locally, with the prefill's first token."""
+        """The KV is here: the request continues as if it had prefilled locally, with the prefill's first token
+        (:class:`StartDecode`: the scheduler takes it from here)."""
         req, ready = r.req, r.ready
         srv = self.servers.get(r.server)
         if srv is not None and self.transfer_mode == "push":  # pull: the prefill side releases on COMPLETE/ACK
             self.agent.send(srv.endpoint, RoomAck(r.room))
         n = len(req.origin_input_ids)
         req.req_pool_idx, req.kv_len = r.row, n
-        match = self.s.tree_cache.match_prefix([])  # the root: the pulled KV joins the tree when the request ends
-        self.s.tree_cache.inc_lock_ref(match.last_node)
-        req.prefix_indices, req.last_node = match.device_indices, match.last_node
         req.admitted_once = True
         req.cached_tokens = ready.cached_tokens
         req.output_ids.append(ready.first_token)
@@ -411,15 +410,7 @@ class DecodeConnector(BaseConnector):
         self.stats["transfer_bytes"] += r.nbytes
         self.stats["transfer_reads"] += r.reads
         self.stats["transfer_ops_planned"] += r.ops
-        self.s.stats_prompt_tokens += n
-        self.s.stats_cached_tokens += ready.cached_tokens
-        req.finished_reason = check_finish(req.output_ids, req.sampling_params, req.eos_token_ids,
-                                           self.s.tokenizer, req.max_new_tokens())
-        self.s.outputs.append(req)
-        if req.finished():
-            self.s._release(req)
-        else:
-            self.s.running.append(req)
+        self.decide(StartDecode(req, prompt_tokens=n, cached_tokens=ready.cached_tokens))
 
     def _fail(self, r: DecodeRoom, reason: str, notify: bool = False, status_code: int = 500) -> None:
         """Fail one room: free its KV (if allocated), tell the prefill side when ``notify``, report the error."""
@@ -434,8 +425,8 @@ class DecodeConnector(BaseConnector):
         req = r.req
         if r.row is not None:
             req.req_pool_idx, req.kv_len = r.row, 0
-            self.s.kv.free_slots(r.loc)
-            self.s.kv.free_req_slot(r.row)
+            self.kv.free_slots(r.loc)
+            self.kv.free_req_slot(r.row)
             req.req_pool_idx = None
         logger.warning("request %s (room %d) failed: %s", req.rid, r.room, reason)
         self.fail_request(req, reason, status_code)

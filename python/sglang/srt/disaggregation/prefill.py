@@ -26,7 +26,8 @@ from typing import Any, Optional
 
 from sglang.srt.disaggregation.agent import now
 from sglang.srt.disaggregation.bootstrap import BootstrapServer
-from sglang.srt.disaggregation.connector import BaseConnector, bootstrap_fields_error
+from sglang.srt.disaggregation.connector import BaseConnector, Decision, FinishRequest, QueueRequest, \
+    bootstrap_fields_error, reject
 from sglang.srt.disaggregation.layerwise import LayerwisePush, LayerwisePushListener
 from sglang.srt.disaggregation.messages import (
     Heartbeat,
@@ -91,20 +92,16 @@ class PrefillConnector(BaseConnector):
                             "forward", executor.name)
 
     # ---- scheduler hooks -----------------------------------------------------------------------------
-    def intercept(self, req, msg) -> bool:
-        """Record the room of a new request; it then prefills like an aggregated request with one new token.
-        Returns True (taken: finished with a 400) only when its bootstrap fields are unusable."""
+    def intercept(self, req, msg) -> list[Decision]:
+        """Record the room of a new request; it then prefills like an aggregated request with one new token
+        (``[QueueRequest]``). Push mode may keep it until its RoomRequest arrives (``[]``); unusable bootstrap
+        fields finish it with a 400 (``[FinishRequest]``)."""
         req.bootstrap_room = msg.bootstrap_room
         err = bootstrap_fields_error(req)
         if err:
-            req.finished_reason = {"type": "abort", "message": err, "status_code": 400}
-            self.s.outputs.append(req)
-            return True
+            return [reject(req, err)]
         if req.bootstrap_room in self.rooms and self.rooms[req.bootstrap_room].req is not None:
-            req.finished_reason = {"type": "abort", "status_code": 400,
-                                   "message": f"bootstrap_room {req.bootstrap_room} is already in use"}
-            self.s.outputs.append(req)
-            return True
+            return [reject(req, f"bootstrap_room {req.bootstrap_room} is already in use")]
         self.rid_room[req.rid] = req.bootstrap_room
         req.max_new_tokens_cap = 1  # the first token is sampled here, the rest on the decode side
         req.disagg_info = {"bootstrap_room": req.bootstrap_room}
@@ -112,11 +109,12 @@ class PrefillConnector(BaseConnector):
         if self.listener is not None and self.args.disaggregation_push_wait_timeout > 0 \
                 and (r is None or r.peer is None):
             self.push_waiting[req.bootstrap_room] = (req, now())  # released by _poll_push_waiting
-            return True
-        return False
+            return []
+        return [QueueRequest(req)]
 
     def hold(self, req) -> bool:
-        """Called when ``req`` finished; keep its KV for the decode side unless it was aborted."""
+        """Called when ``req`` finished; keep its KV for the decode side unless it was aborted (True: kept; the
+        scheduler drops it from ``running``, and a later decision finishes it)."""
         room = req.bootstrap_room
         if room is None or req.finished_reason is None or req.finished_reason.get("type") == "abort":
             if room is not None:
@@ -124,26 +122,25 @@ class PrefillConnector(BaseConnector):
                 self._forget(room, "the prefill request was aborted")
             return False
         self.rid_room.pop(req.rid, None)
-        if req in self.s.running:
-            self.s.running.remove(req)
         r = self.rooms.setdefault(room, PrefillRoom(room))
         r.req, r.created = req, now()
         req.disagg_info["prefill_queue_s"] = (req.admit_time - req.arrival_time) if req.admit_time else 0.0
         return True
 
-    def abort(self, rid: str) -> None:
+    def abort(self, rid: str) -> list[Decision]:
         """The client went away: drop the held KV of its room (the decode side gets RoomFailed)."""
         for room, (req, _) in list(self.push_waiting.items()):
             if req.rid == rid:  # still waiting for its RoomRequest: it holds no KV
                 del self.push_waiting[room]
                 req.finished_reason = {"type": "abort", "message": "aborted by the client", "status_code": 499}
-                self.s.outputs.append(req)
+                self.decide(FinishRequest(req))
         for r in list(self.rooms.values()):
             if r.req is not None and r.req.rid == rid:
                 self._finish(r, "aborted by the client", notify=True, status_code=499)
         room = self.rid_room.pop(rid, None)
         if room is not None:  # aborted before its prefill finished (the scheduler freed its KV)
             self._forget(room, "the prefill request was aborted by the client")
+        return self.take_decisions()
 
     def open_rids(self) -> list[str]:
         """Requests with an open room."""
@@ -194,8 +191,9 @@ class PrefillConnector(BaseConnector):
             self.listener.arm(list(mwb.req_pool_indices), jobs)
 
     # ---- one poll per scheduler step ----------------------------------------------------------------
-    def poll(self) -> None:
-        """Handle control messages, advance pushes, send RoomReady, expire rooms (see the module doc)."""
+    def poll(self) -> list[Decision]:
+        """Handle control messages, advance pushes, send RoomReady, expire rooms (see the module doc); returns the
+        requests to queue (push mode) and the rooms finished (hand-off done, or failed)."""
         if self.listener is not None:
             self.listener.disarm()  # jobs armed for a forward that did not report layers fall back
         if self.agent.is_leader:
@@ -209,6 +207,7 @@ class PrefillConnector(BaseConnector):
                 self._start(r)
         self._poll_pushes()
         self._poll_completes()
+        return self.take_decisions()
 
     def _poll_push_waiting(self) -> None:
         """Push mode: hand requests to the scheduler once their RoomRequest arrived (their forward then writes each
@@ -223,7 +222,7 @@ class PrefillConnector(BaseConnector):
             if ok:
                 req, since = self.push_waiting.pop(room)
                 req.disagg_info["push_wait_s"] = t - since
-                self.s.enqueue(req)
+                self.decide(QueueRequest(req))
 
     def _on_message(self, msg) -> None:
         if isinstance(msg, RoomRequest):
@@ -429,7 +428,7 @@ class PrefillConnector(BaseConnector):
         return out
 
     def _slots(self, req) -> list[int]:
-        return self.s.kv.slots_of(req.req_pool_idx, 0, len(req.origin_input_ids)).tolist()
+        return self.kv.slots_of(req.req_pool_idx, 0, len(req.origin_input_ids)).tolist()
 
     # ---- endings -------------------------------------------------------------------------------------
     def _finish(self, r: PrefillRoom, error: Optional[str], notify: bool = False, status_code: int = 500) -> None:
@@ -447,8 +446,7 @@ class PrefillConnector(BaseConnector):
         if error is None:
             self.stats["rooms_done"] += 1
             self.stats["transfer_bytes"] += req.disagg_info.get("transfer_bytes", 0)
-            self.s._release(req)
-            self.s.outputs.append(req)
+            self.decide(FinishRequest(req))  # its KV goes to the prefix cache, it finishes with its one token
         else:
             logger.warning("room %d (request %s) failed: %s", r.room, req.rid, error)
             self.fail_request(req, f"KV transfer failed: {error}", status_code)

@@ -18,9 +18,10 @@ and logs the choice. Layers call these through ``ColumnParallelLinear.forward_ga
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from abc import ABC, abstractmethod
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Iterator, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -69,6 +70,40 @@ class SequenceParallelOps(ABC):
     @abstractmethod
     def gather_rows(self, x_shard: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
         """All-gather token shards: [rows[rank], H] -> [sum(rows), H] in rank order."""
+
+
+class SequenceParallelLayout:
+    """The token-sharded layout shared by a model's column/row-parallel linears and residual norms.
+
+    A sequence-parallel executor gives every such module of its model a reference to one layout, once
+    (``module.sequence_parallel = layout``); per forward it only sets the layout's rows (:meth:`active`). While
+    ``rows`` is set, column-parallel linears all-gather their token-sharded input, row-parallel linears
+    reduce-scatter their output (through ``ops``) and residual norms run without their all-reduce; with ``rows``
+    None (every other forward, e.g. CUDA graph capture) the modules run their plain path.
+
+    Attributes: ops (:class:`SequenceParallelOps`), rows (per-rank token counts of the forward in progress, or None).
+    """
+
+    def __init__(self, ops: "SequenceParallelOps"):
+        self.ops = ops
+        self.rows: Optional[Tuple[int, ...]] = None
+
+    @property
+    def is_active(self) -> bool:
+        """True while a sequence-parallel forward runs."""
+        return self.rows is not None
+
+    @contextlib.contextmanager
+    def active(self, rows: Sequence[int]) -> Iterator["SequenceParallelLayout"]:
+        """Within the block the layout's modules run sequence-parallel with ``rows`` (``world_size`` token counts);
+        rows are cleared on exit, also on error. Raises RuntimeError when already active (no nesting)."""
+        if self.rows is not None:
+            raise RuntimeError("a sequence-parallel forward is already running on this layout")
+        self.rows = _check_rows(rows, self.ops.world_size)
+        try:
+            yield self
+        finally:
+            self.rows = None
 
 
 class TorchSequenceParallelOps(SequenceParallelOps):

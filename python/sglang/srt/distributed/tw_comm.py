@@ -194,7 +194,7 @@ class TwCommWorkspace:
             self._open()
 
     def _open(self) -> None:
-        from sgl_kernel.tw_comm_lib import IPC_HANDLE_BYTES, load_library
+        from sgl_kernel.tw_comm.lib import IPC_HANDLE_BYTES, load_library
 
         self._lib = lib = load_library()
         dev = self.device.index if self.device.index is not None else torch.cuda.current_device()
@@ -212,7 +212,7 @@ class TwCommWorkspace:
         lib.call("tw_workspace_open", ctypes.c_void_p(self._handle), ctypes.cast(all_bytes, ctypes.c_void_p))
         self.capacity_bytes = int(lib.raw("tw_workspace_capacity", ctypes.c_void_p(self._handle)))
         dist.barrier(group=self.group)
-        from sgl_kernel.tw_comm_ops import nvls_gate
+        from sgl_kernel.tw_comm.ops import nvls_gate
 
         self.nvls_reason = nvls_gate(dev)[1]
         logger.info(
@@ -269,7 +269,7 @@ class TwCommWorkspace:
 
 def _ops():
     """Import (and thereby register) the sgl_kernel torch ops."""
-    from sgl_kernel import tw_comm_ops
+    from sgl_kernel.tw_comm import ops as tw_comm_ops
 
     return tw_comm_ops
 
@@ -307,7 +307,7 @@ def allreduce_rmsnorm(
     ``overlap``: the call runs beside compute (TokenWeave); without ``max_sms`` it uses ``config.overlap_sms``.
     CUDA-graph capturable on the P2P/CE backends. Raises ValueError on bad arguments.
     """
-    from sgl_kernel.tw_comm_validate import validate_allreduce_rmsnorm
+    from sgl_kernel.tw_comm.validate import validate_allreduce_rmsnorm
 
     validate_allreduce_rmsnorm(x, residual, weight, out, eps)
     if out is None:
@@ -339,7 +339,7 @@ def allreduce_rmsnorm(
         torch.ops.sgl_kernel.tw_fused_add_rmsnorm(total, residual, weight, out, float(eps),
                                                   _sms(ws, TwBackend.TWOSHOT, max_sms))
         return out
-    from sgl_kernel.reference import add_rmsnorm_fp32
+    from sgl_kernel.tw_comm.reference import add_rmsnorm_fp32
 
     new_res, normed = add_rmsnorm_fp32(total.float(), residual, weight, eps)
     residual.copy_(new_res)
@@ -356,7 +356,7 @@ def allreduce(
     max_sms: Optional[int] = None,
 ) -> torch.Tensor:
     """Plain AllReduce (sum) of x [T, H] bf16/fp16 over ``ws.group`` into ``out`` (allocated if None)."""
-    from sgl_kernel.tw_comm_validate import validate_allreduce
+    from sgl_kernel.tw_comm.validate import validate_allreduce
 
     validate_allreduce(x, out)
     if out is None:

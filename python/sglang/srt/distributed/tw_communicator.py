@@ -107,7 +107,7 @@ class TwCommunicator(Communicator):
             return out, residual
         if x.is_cuda:  # fp32 on GPU: no fused kernel; NCCL all-reduce, then the reference norm
             return super().all_reduce_add_rmsnorm(x, residual, weight, eps)
-        from sgl_kernel.reference import rs_norm_ag_dist
+        from sgl_kernel.tw_comm.reference import rs_norm_ag_dist
 
         new_res, out = rs_norm_ag_dist(x, residual, weight, eps, group=self.group)
         return out.to(x.dtype), new_res.to(residual.dtype)

@@ -62,6 +62,7 @@ class Engine:
     def __init__(self, model_path: Optional[str] = None, **server_args_kwargs: Any) -> None:
         import multiprocessing as mp
 
+        from sglang.srt.deployment.compose import plan_deployment
         from sglang.srt.entrypoints.launch import launch_subprocesses, resolve_model
         from sglang.srt.server_args import PortArgs, ServerArgs
 
@@ -77,14 +78,15 @@ class Engine:
         self._closed = False
         self._lock = threading.Lock()
         self.server_args = resolve_model(ServerArgs(**server_args_kwargs))
-        self.port_args = PortArgs.init_new("tcp" if self.server_args.use_ray else self.server_args.zmq_transport)
+        plan = plan_deployment(self.server_args)  # every technique validated before anything starts
+        self.port_args = PortArgs.init_new(plan.zmq_transport)
         self._procs = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._thread: Optional[threading.Thread] = None
         self.tokenizer_manager = None
         try:
-            self._procs = launch_subprocesses(self.server_args, self.port_args, in_process_engine=True)
-            self.port_args = self._procs.port_args or self.port_args  # --use-ray: endpoints Ray's nodes chose
+            self._procs = launch_subprocesses(self.server_args, self.port_args, in_process_engine=True, plan=plan)
+            self.port_args = self._procs.port_args or self.port_args  # scheduler groups, or --use-ray's endpoints
             self._procs.watch(self._on_child_death)
             self._loop = asyncio.new_event_loop()
             self._thread = threading.Thread(target=self._run_loop, name="sglang-engine-loop", daemon=True)

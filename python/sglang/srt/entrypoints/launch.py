@@ -3,15 +3,19 @@
 Process tree::
 
     main process: HTTP server (uvicorn) + TokenizerManager (asyncio)
-      |- Scheduler subprocess per TP rank (model shard, KV cache, batching; rank 0 owns the sockets)
+      |- Scheduler subprocess per TP rank (model shard, KV cache, batching; rank 0 owns the sockets);
+      |    with --enable-afd: each attention worker's TP ranks, plus the FFN worker subprocesses
       |- DetokenizerManager subprocess (incremental detokenization)
 
 Multi-node TP (``--nnodes N --node-rank R --dist-init-addr HOST:PORT``): every node runs this launcher;
 node R starts its ``tp/N`` ranks; only node 0 serves HTTP. A watchdog thread stops the server with a
 clear error when any child dies.
 
-Children are started through a :class:`~sglang.srt.entrypoints.worker_launcher.WorkerLauncher`
-(``spawn``-ed processes today) with explicit devices (``--base-gpu-id``/``--gpu-id-step``); each exits when
+What starts is the deployment plan (:func:`sglang.srt.deployment.plan_deployment`: one
+:class:`~sglang.srt.deployment.plan.WorkerSpec` per worker, every technique resolved once); this module only
+carries it out. Children are started through a
+:class:`~sglang.srt.entrypoints.worker_launcher.WorkerLauncher` (``spawn``-ed processes; Ray actors with
+``--use-ray``) with the plan's explicit devices (``--base-gpu-id``/``--gpu-id-step``); each exits when
 its :class:`~sglang.srt.entrypoints.worker_launcher.ParentWatch` reports the launcher gone, and the parent
 kills them on SIGINT/SIGTERM or when startup fails. ``--zmq-transport tcp`` puts the inter-process sockets
 on TCP ports instead of IPC paths.
@@ -32,8 +36,7 @@ from sglang.srt.entrypoints.worker_launcher import (
     MultiprocessingLauncher,
     WorkerHandle,
     detokenizer_spec,
-    launch_scheduler_rank,
-    worker_device,
+    process_spec,
 )
 from sglang.srt.server_args import EMBEDDED_MODELS, PortArgs, ServerArgs
 from sglang.srt.utils.nvls_env import apply_nvls_off_env
@@ -44,32 +47,57 @@ STARTUP_TIMEOUT_S = 1800
 WATCHDOG_INTERVAL_S = 0.5
 
 
+def describe_worker(spec) -> str:
+    """How logs and errors name a worker: ``scheduler TP rank r`` (``attention worker a TP rank r`` with several
+    attention workers), or ``AFD FFN worker j``."""
+    from sglang.srt.deployment.plan import WorkerRole
+
+    if spec.role is WorkerRole.FFN:
+        return f"AFD FFN worker {spec.rank}"
+    if spec.role is WorkerRole.ATTENTION and spec.group:
+        return f"attention worker {spec.group} TP rank {spec.rank}"
+    return f"scheduler TP rank {spec.rank}"
+
+
 @dataclass
 class Subprocesses:
-    """Handles of the child processes plus what the scheduler (rank 0) reported at startup.
+    """Handles of the child processes plus what the first scheduler reported at startup.
 
-    ``schedulers``: one process per local TP rank (``scheduler`` is the first, rank 0 on node 0);
-    ``detokenizer`` is None on nodes other than 0. ``failure`` is set by :meth:`watch` when a child
-    died while serving.
+    ``workers``: one handle per worker of the plan that runs here, in plan order (schedulers first: ``scheduler``
+    is rank 0 of group 0); ``specs``: their :class:`~sglang.srt.deployment.plan.WorkerSpec` s, same order;
+    ``detokenizer`` is None on nodes other than 0. ``failure`` is set by :meth:`watch` when a child died while
+    serving. ``port_args``: the front end's endpoints when they differ from the caller's (several scheduler groups,
+    or ``--use-ray``'s endpoints on the nodes Ray chose).
     """
 
-    scheduler: WorkerHandle
+    workers: list
+    specs: list
     detokenizer: Optional[WorkerHandle]
     scheduler_info: dict
-    schedulers: list = field(default_factory=list)
-    tp_ranks: list = field(default_factory=list)
     failure: Optional[str] = None
-    ffn_workers: list = field(default_factory=list)  # AFD FFN workers (--enable-afd)
-    # the front end's PortArgs when it differs: AFD data-parallel scheduler inputs, or --use-ray's endpoints
     port_args: Any = None
     launcher: Any = None  # keeps the children's liveness pipe open for the server's lifetime
     _closing: threading.Event = field(default_factory=threading.Event)
     _shut_down: bool = False
 
+    @property
+    def schedulers(self) -> list:
+        """The scheduler workers' handles, in plan order."""
+        return [h for h, s in zip(self.workers, self.specs) if s.is_scheduler]
+
+    @property
+    def scheduler(self) -> WorkerHandle:
+        """The first scheduler (rank 0 of group 0)."""
+        return self.schedulers[0]
+
+    @property
+    def tp_ranks(self) -> list:
+        """The scheduler workers' TP ranks, in plan order."""
+        return [s.rank for s in self.specs if s.is_scheduler]
+
     def children(self) -> list:
-        """Every child process: the scheduler(s), then the detokenizer when present."""
-        return list(self.schedulers or [self.scheduler]) + list(self.ffn_workers) + \
-            ([self.detokenizer] if self.detokenizer else [])
+        """Every child process: the workers, then the detokenizer when present."""
+        return list(self.workers) + ([self.detokenizer] if self.detokenizer else [])
 
     def shutdown(self, timeout: float = 5.0) -> None:
         """Terminate every child (SIGTERM, then SIGKILL after ``timeout`` seconds), then close the launcher;
@@ -93,18 +121,14 @@ class Subprocesses:
 
     def dead_child(self) -> Optional[str]:
         """A message naming the first child that exited, or None while all live."""
-        for p, rank in zip(self.schedulers, self.tp_ranks):
+        for p, spec in zip(self.workers, self.specs):
             if not p.is_alive():
                 from sglang.srt.managers.watchdog import WATCHDOG_EXIT_CODE
 
-                if p.exitcode == WATCHDOG_EXIT_CODE:
-                    return (f"scheduler TP rank {rank} (pid {p.pid}) was stopped by its watchdog: no scheduler step "
+                if spec.is_scheduler and p.exitcode == WATCHDOG_EXIT_CODE:
+                    return (f"{describe_worker(spec)} (pid {p.pid}) was stopped by its watchdog: no scheduler step "
                             "finished within --watchdog-timeout (a TP rank or the device stalled)")
-                return (f"scheduler TP rank {rank} (pid {p.pid}) exited unexpectedly with code {p.exitcode}"
-                        + (f" ({p.death_reason})" if getattr(p, "death_reason", None) else ""))
-        for j, p in enumerate(self.ffn_workers):
-            if not p.is_alive():
-                return (f"AFD FFN worker {j} (pid {p.pid}) exited unexpectedly with code {p.exitcode}"
+                return (f"{describe_worker(spec)} (pid {p.pid}) exited unexpectedly with code {p.exitcode}"
                         + (f" ({p.death_reason})" if getattr(p, "death_reason", None) else ""))
         if self.detokenizer is not None and not self.detokenizer.is_alive():
             if getattr(self.detokenizer, "death_reason", None):
@@ -171,109 +195,100 @@ def check_parallel_args(server_args: ServerArgs) -> None:
     validate_tp_config(mc, server_args.tp_size, server_args.ep_size, server_args.nnodes)
 
 
-def _await_ready(pipes: list, handles: list, deadline: float, who, infos: dict) -> Optional[dict]:
-    """Collect the ready message of every ``(key, reader)`` in ``pipes`` (``handles``: their processes, same order)
-    into ``infos``; the first error message, a death (``who(key)`` names the worker) or the deadline is returned
-    as an error dict, None when all are ready."""
-    while len(infos) < len(pipes):
-        if time.monotonic() > deadline:
-            return {"status": "error", "message": f"{who(None)} did not start within {STARTUP_TIMEOUT_S} s"}
-        for (key, reader), p in zip(pipes, handles):
-            if key in infos:
-                continue
-            try:
-                if reader.poll(0.1):
-                    info = reader.recv()
-                    if info.get("status") != "ready":
-                        return info
-                    infos[key] = info
-                    continue
-                if p.is_alive():
-                    continue
-            except EOFError:
-                pass
-            return {"status": "error", "message": f"{who(key)} died during startup (exit code {p.exitcode})"}
-    return None
+def _who(spec) -> str:
+    """A worker's name in startup errors: ``FFN worker j`` or ``the scheduler process of TP rank r``."""
+    from sglang.srt.deployment.plan import WorkerRole
+
+    if spec.role is WorkerRole.FFN:
+        return f"FFN worker {spec.rank}"
+    group = f"attention worker {spec.group} " if spec.role is WorkerRole.ATTENTION and spec.group else ""
+    return f"the scheduler process of {group}TP rank {spec.rank}"
 
 
-def _wait_ready(procs: Subprocesses, pipes: list, deadline: float, ffn_pipes: tuple = ()) -> dict:
-    """Wait for every local rank's (and AFD FFN worker's) ready message; the first error or dead process aborts
-    (message returned)."""
-    error = _await_ready(list(ffn_pipes), procs.ffn_workers, deadline,
-                         lambda j: "the FFN workers" if j is None else f"FFN worker {j}", {})
-    if error is not None:
-        return error
+def _wait_ready(procs: Subprocesses, readers: list, deadline: float) -> dict:
+    """Wait for every worker's ready message (``readers[i]``: the ready pipe of ``procs.workers[i]``), FFN workers
+    first; the first error message, a dead worker or the deadline aborts (the error dict is returned). Returns the
+    first scheduler's ready message."""
+    order = sorted(range(len(readers)), key=lambda i: procs.specs[i].is_scheduler)
     infos: dict[int, dict] = {}
-    error = _await_ready(pipes, procs.schedulers, deadline,
-                         lambda r: "the scheduler" if r is None else f"the scheduler process of TP rank {r}", infos)
-    return error if error is not None else infos[min(infos)]
+    while len(infos) < len(order):
+        if time.monotonic() > deadline:
+            return {"status": "error", "message": f"the scheduler did not start within {STARTUP_TIMEOUT_S} s"}
+        i = next(i for i in order if i not in infos)  # one at a time, in order: FFN workers, then schedulers
+        p, reader = procs.workers[i], readers[i]
+        try:
+            if reader.poll(0.1):
+                info = reader.recv()
+                if info.get("status") != "ready":
+                    return info
+                infos[i] = info
+                continue
+            if p.is_alive():
+                continue
+        except EOFError:
+            pass
+        return {"status": "error", "message": f"{_who(procs.specs[i])} died during startup (exit code {p.exitcode})"}
+    return infos[next(i for i in range(len(readers)) if procs.specs[i].is_scheduler)]
 
 
-def launch_subprocesses(server_args: ServerArgs, port_args: PortArgs, in_process_engine: bool = False) -> Subprocesses:
-    """Start this node's scheduler ranks (and, on node 0, the detokenizer); wait until every rank is ready.
+def _start_local(plan, server_args: ServerArgs, port_args: PortArgs) -> tuple[Subprocesses, list]:
+    """Start this node's workers of ``plan`` (wired by :func:`~sglang.srt.deployment.wiring.wire_local`) and, on
+    node 0, the detokenizer; returns at once with the ready pipes (one per worker)."""
+    import multiprocessing as mp
 
-    TP: ranks ``node_rank * tp/nnodes ... + tp/nnodes - 1`` run here, one process each; they rendezvous at
-    ``--dist-init-addr`` (multi-node) or a free local port. Every child gets the no-NVLink-multicast
-    environment (``NCCL_NVLS_ENABLE=0`` ...).
+    from sglang.srt.deployment.wiring import wire_local
+
+    launcher = MultiprocessingLauncher()
+    workers, front = wire_local(plan, server_args, port_args, _free_port)
+    handles, readers = [], []
+    for w in workers:
+        reader, writer = mp.get_context("spawn").Pipe(duplex=False)
+        handle = launcher.launch(process_spec(w, writer))
+        handles.append(handle)
+        readers.append(reader)
+        if w.tp_size > 1 or not w.is_scheduler:
+            logger.info("%s started (pid %d) on %s", describe_worker(w), handle.pid, w.device)
+    # A child that crashes while serving does not SIGTERM us: the watchdog (:meth:`Subprocesses.watch`, which
+    # both launch_server and the Engine start) notices the dead child, records why and stops the server.
+    detok = launcher.launch(detokenizer_spec(server_args, front)) if plan.detokenizer else None
+    procs = Subprocesses(handles, workers, detok, {}, launcher=launcher, port_args=front if front is not port_args
+                         else None)
+    return procs, readers
+
+
+def launch_subprocesses(server_args: ServerArgs, port_args: PortArgs, in_process_engine: bool = False,
+                        plan=None) -> Subprocesses:
+    """Carry out the deployment plan on this node: start its workers (and, on node 0, the detokenizer) and wait
+    until every worker is ready.
+
+    ``plan``: the :class:`~sglang.srt.deployment.plan.DeploymentPlan` (default ``plan_deployment(server_args)``,
+    which validates every technique first). TP: ranks ``node_rank * tp/nnodes ... + tp/nnodes - 1`` run here, one
+    process each; they rendezvous at ``--dist-init-addr`` (multi-node) or a free local port. Every child gets the
+    no-NVLink-multicast environment (``NCCL_NVLS_ENABLE=0`` ...). ``--use-ray``: the Ray launcher carries the plan
+    out instead (:func:`sglang.srt.ray.launch.launch_ray_workers`).
     ``in_process_engine``: the parent is a user's program (``sgl.Engine``). No child ever SIGTERMs its parent
     on a crash: the caller's watchdog (:meth:`Subprocesses.watch`) reports the failure.
     Raises:
-        ValueError: ``--tp-size`` does not fit the model (checked before anything is spawned).
-        RuntimeError: a rank failed to start (its message says why: unknown architecture, missing or
-            corrupt weights, failed rendezvous, ...) or died during startup.
+        ValueError: a bad flag combination, ``--tp-size`` does not fit the model, or a technique refuses the model
+            (checked before anything is spawned).
+        RuntimeError: a flag's optional package is missing (before anything is spawned), or a worker failed to
+            start (its message says why: unknown architecture, missing or corrupt weights, failed rendezvous, ...)
+            or died during startup.
     """
-    from sglang.srt.distributed.parallel_state import dist_init_method
+    from sglang.srt.deployment.compose import check_model, plan_deployment
+
+    plan = plan or plan_deployment(server_args)
     check_parallel_args(server_args)
-    if server_args.enable_afd:
-        from sglang.srt.afd.launch import check_afd_model
+    check_model(server_args)  # e.g. AFD refuses a dense model before anything is spawned
+    if plan.uses_ray:  # workers as Ray actors; the only path that imports ray
+        from sglang.srt.ray.launch import launch_ray_workers
 
-        check_afd_model(server_args)  # a dense model is refused before anything is spawned
-    if server_args.use_ray:  # workers as Ray actors; the only path that imports ray
-        try:
-            from sglang.srt.ray.launch import launch_ray_workers
-        except ImportError as e:
-            raise RuntimeError(f"--use-ray needs Ray ({e}); install the extra: pip install 'sglang[ray]' "
-                               f"(from a checkout: pip install './python[ray]')") from e
-
-        return launch_ray_workers(server_args, in_process_engine)
+        return launch_ray_workers(plan, server_args, in_process_engine)
     apply_nvls_off_env()  # inherited by the spawned children
-    launcher = MultiprocessingLauncher()
-    tp, nnodes = server_args.tp_size, server_args.nnodes
-    per_node = tp // nnodes
-    ranks = list(range(server_args.node_rank * per_node, (server_args.node_rank + 1) * per_node))
-    init = None
-    if tp > 1:
-        init = dist_init_method(server_args.dist_init_addr, None if server_args.dist_init_addr else _free_port())
-    # A child that crashes while serving does not SIGTERM us: the watchdog (:meth:`Subprocesses.watch`, which
-    # both launch_server and the Engine start) notices the dead child, records why and stops the server. A
-    # crash-time SIGTERM would race the watchdog and the server could exit 0 without saying why.
-    signal_parent_on_crash = False
-    device_type = server_args.resolved_device
-    pipes, scheds, afd = [], [], None
-    if server_args.enable_afd:
-        from sglang.srt.afd.launch import launch_afd_workers
-
-        afd = launch_afd_workers(server_args, port_args, launcher, _free_port, False)
-        pipes, scheds, ranks = afd.pipes, afd.schedulers, afd.ranks
-    for local, rank in enumerate([] if afd else ranks):
-        # --tp-ranks-share-gpu (correctness test mode): every rank on --base-gpu-id
-        device = worker_device(device_type, 0 if server_args.tp_ranks_share_gpu else local, server_args.base_gpu_id,
-                               server_args.gpu_id_step)
-        handle, reader = launch_scheduler_rank(
-            launcher, server_args, port_args, name=f"sglang::scheduler_TP{rank}" if tp > 1 else "sglang::scheduler",
-            tp_rank=rank, device=device, init=init, signal_parent_on_crash=signal_parent_on_crash)
-        scheds.append(handle)
-        pipes.append((rank, reader))
-        if tp > 1:
-            logger.info("scheduler TP rank %d started (pid %d) on %s", rank, handle.pid, device)
-    detok = None
-    if server_args.node_rank == 0:
-        detok = launcher.launch(detokenizer_spec(server_args, port_args, signal_parent_on_crash))
-    procs = Subprocesses(scheds[0], detok, {}, schedulers=scheds, tp_ranks=ranks, launcher=launcher,
-                         ffn_workers=afd.ffn if afd else [], port_args=afd.port_args if afd else None)
+    procs, readers = _start_local(plan, server_args, port_args)
     atexit.register(procs.shutdown)
     try:
-        info = _wait_ready(procs, pipes, time.monotonic() + STARTUP_TIMEOUT_S, afd.ffn_pipes if afd else ())
+        info = _wait_ready(procs, readers, time.monotonic() + STARTUP_TIMEOUT_S)
     except BaseException:
         procs.shutdown()
         raise
@@ -312,14 +327,17 @@ def launch_server(server_args: ServerArgs) -> None:
     """
     from sglang.srt.entrypoints.preflight import preflight
 
+    from sglang.srt.deployment.compose import plan_deployment
+
+    server_args = resolve_model(server_args)  # an embedded model's name -> its folder, which the worker specs carry
+    plan = plan_deployment(server_args)  # every technique validated, before anything loads or starts
     preflight(server_args, serve_http=server_args.node_rank == 0)  # port, model path, device: before anything loads
     from sglang.srt.entrypoints.http_server import create_app, launch_http_server
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
-    server_args = resolve_model(server_args)
-    port_args = PortArgs.init_new("tcp" if server_args.use_ray else server_args.zmq_transport)
-    procs = launch_subprocesses(server_args, port_args)
-    port_args = procs.port_args or port_args  # --use-ray: endpoints on the nodes Ray chose
+    port_args = PortArgs.init_new(plan.zmq_transport)
+    procs = launch_subprocesses(server_args, port_args, plan=plan)
+    port_args = procs.port_args or port_args  # several scheduler groups, or --use-ray's endpoints
     try:
         if server_args.node_rank != 0:
             _serve_worker_node(server_args, procs)
@@ -328,7 +346,7 @@ def launch_server(server_args: ServerArgs) -> None:
             app = create_app(tm, server_args)
 
             def on_child_death() -> None:
-                if server_args.enable_afd:  # AFD: fail in-flight requests, stay up answering 503 (/health too)
+                if plan.stay_up_on_worker_death:  # AFD: fail in-flight requests, stay up answering 503 (/health too)
                     tm.fail_all_threadsafe(f"the server is unhealthy: {procs.failure}")
                     return
                 tm.fail_all_threadsafe(f"the server is stopping: {procs.failure}")
@@ -346,7 +364,7 @@ def launch_server(server_args: ServerArgs) -> None:
 
         shutil.rmtree(port_args.ipc_dir, ignore_errors=True)
     if failure:
-        if server_args.nnodes > 1 and not server_args.use_ray:
+        if plan.nnodes > 1 and not plan.uses_ray:
             failure += (f" (node {server_args.node_rank} of {server_args.nnodes}: a TP rank on another node may have "
                         f"stopped or crashed, which ends this node's ranks too; check every node's log)")
         raise RuntimeError(f"server stopped: {failure}")

@@ -1,9 +1,10 @@
 """How worker processes are started, watched and stopped: the :class:`WorkerLauncher` protocol.
 
-The launcher (``entrypoints/launch.py``) describes each worker as a :class:`WorkerSpec` (entry point,
-arguments, explicit device index, role) and hands it to a launcher: :class:`MultiprocessingLauncher`
-(``spawn`` on this host) today; a Ray launcher (actors in placement groups) implements the same
-protocol for multi-node deployments. Nothing else in the server knows how a worker was started.
+The deployment plan (:mod:`sglang.srt.deployment`) lists every model worker as a
+:class:`~sglang.srt.deployment.plan.ProcessSpec`; :func:`process_spec` turns one (bound to its wiring) into the
+:class:`ProcessSpec` a launcher starts (entry point + the spec + its ready channel, explicit device, resources):
+:class:`MultiprocessingLauncher` (``spawn`` on this host), or the Ray launcher (actors in placement groups,
+``sglang.srt.ray``) for ``--use-ray``. Nothing else in the server knows how a worker was started.
 
 Liveness does not depend on ``os.getppid()`` (which breaks when a worker lives on another host or under
 another supervisor): each worker gets a :class:`ParentWatch` and polls ``parent_alive()``. The
@@ -59,16 +60,15 @@ class AlwaysAlive:
 
 
 @dataclass(frozen=True)
-class WorkerSpec:
-    """One worker process to start.
+class ProcessSpec:
+    """One process to start.
 
     Attributes:
         name: process name for logs and ``ps`` (e.g. ``sglang::scheduler_TP1``).
         target: the entry point, called as ``target(*args, parent_watch=watch)`` in the new process.
-        args: positional arguments (picklable).
-        role: what the worker is ("scheduler", "detokenizer", or a model-worker role such as "prefill").
-        rank: its rank inside its role (TP rank for schedulers).
-        device: explicit device, e.g. ``"cuda:3"`` or ``"cpu"``: the index comes from the launcher's
+        args: positional arguments (picklable): for a model worker ``(ProcessSpec, ready channel)``.
+        slot: the placement slot a placement-aware launcher created for it (e.g. ``("attention1", 0)``).
+        device: explicit device, e.g. ``"cuda:3"`` or ``"cpu"``: the index comes from the plan's
             assignment, never from ``rank % ranks_per_node``.
         env: extra environment for the worker (the NVLS-off variables are always added).
         resources: what a placement-aware launcher must reserve, e.g. ``{"CPU": 1, "GPU": 1}``.
@@ -77,8 +77,7 @@ class WorkerSpec:
     name: str
     target: Callable[..., Any]
     args: tuple = ()
-    role: str = "scheduler"
-    rank: int = 0
+    slot: tuple = ("worker", 0)
     device: str = "cpu"
     env: Mapping[str, str] = field(default_factory=dict)
     resources: Mapping[str, float] = field(default_factory=dict)
@@ -108,17 +107,17 @@ class WorkerHandle(Protocol):
 
 
 class WorkerLauncher(ABC):
-    """Starts :class:`WorkerSpec` s and owns the parent side of their liveness.
+    """Starts :class:`ProcessSpec` s and owns the parent side of their liveness.
 
     Implementations: :class:`MultiprocessingLauncher`; a Ray launcher (actors placed by placement
     groups) for ``--use-ray``.
     """
 
     @abstractmethod
-    def launch(self, spec: WorkerSpec) -> WorkerHandle:
+    def launch(self, spec: ProcessSpec) -> WorkerHandle:
         """Start one worker; returns at once (readiness is the caller's protocol, e.g. a ready pipe)."""
 
-    def launch_all(self, specs: Sequence[WorkerSpec]) -> list[WorkerHandle]:
+    def launch_all(self, specs: Sequence[ProcessSpec]) -> list[WorkerHandle]:
         """Start every spec in order."""
         return [self.launch(s) for s in specs]
 
@@ -176,7 +175,7 @@ class MultiprocessingLauncher(WorkerLauncher):
         """The watch handed to every child of this launcher."""
         return PipeParentWatch(self._reader)
 
-    def launch(self, spec: WorkerSpec) -> WorkerHandle:
+    def launch(self, spec: ProcessSpec) -> WorkerHandle:
         """Spawn ``spec`` as a daemon process with the NVLS-off environment plus ``spec.env``."""
         env = {**NVLS_OFF_ENV, **spec.env}
         if spec.device.startswith("cuda:"):
@@ -184,63 +183,28 @@ class MultiprocessingLauncher(WorkerLauncher):
         proc = self._ctx.Process(target=_run_with_env, name=spec.name, daemon=True,
                                  args=(env, spec.target, spec.args, self.parent_watch()))
         proc.start()
-        logger.debug("started %s (pid %d, role %s, rank %d, device %s)", spec.name, proc.pid, spec.role, spec.rank,
-                     spec.device)
+        logger.debug("started %s (pid %d, slot %s, device %s)", spec.name, proc.pid, spec.slot, spec.device)
         return _ProcessHandle(spec.name, proc)
 
 
-def worker_device(device_type: str, local_index: int, base_gpu_id: int = 0, gpu_id_step: int = 1) -> str:
-    """The explicit device of the ``local_index``-th worker on this node: ``cuda:<base + index*step>`` on GPU
-    (SGLang's ``--base-gpu-id`` / ``--gpu-id-step``), ``cpu`` otherwise.
+def process_spec(worker, ready: Any, slot: Optional[tuple] = None) -> ProcessSpec:
+    """The process that carries out ``worker`` (a bound :class:`~sglang.srt.deployment.plan.WorkerSpec`): the FFN
+    worker's or the scheduler's entry point, called as ``target(worker, ready, parent_watch=...)``; ``ready``: the
+    channel its ready message goes to; ``slot``: its placement slot (default ``(role, index)``)."""
+    from sglang.srt.deployment.plan import WorkerRole
 
-    Raises:
-        ValueError: a negative index, base or non-positive step.
-    """
-    if local_index < 0 or base_gpu_id < 0 or gpu_id_step < 1:
-        raise ValueError(f"worker_device: local_index={local_index}, base_gpu_id={base_gpu_id} must be >= 0 and "
-                         f"gpu_id_step={gpu_id_step} >= 1")
-    if device_type != "cuda":
-        return "cpu"
-    return f"cuda:{base_gpu_id + local_index * gpu_id_step}"
-
-
-def worker_resources(device_type: str) -> dict[str, float]:
-    """What a placement-aware launcher reserves for one model worker: one CPU, and one GPU on ``cuda``."""
-    return {"CPU": 1, **({"GPU": 1} if device_type == "cuda" else {})}
+    if worker.role is WorkerRole.FFN:
+        from sglang.srt.afd.ffn_worker import run_ffn_worker as target
+    else:
+        from sglang.srt.managers.scheduler_process import run_scheduler_process as target
+    return ProcessSpec(name=worker.name, target=target, args=(worker, ready),
+                       slot=slot or (worker.role.value, worker.index), device=worker.device,
+                       resources=dict(worker.resources))
 
 
-def launch_scheduler_rank(launcher: WorkerLauncher, server_args, port_args, *, name: str, tp_rank: int,
-                          device: str, init: Optional[str], role: str = "scheduler", spec_rank: Optional[int] = None,
-                          afd: Any = None, signal_parent_on_crash: bool = False) -> tuple[WorkerHandle, Any]:
-    """Start one scheduler rank (:func:`~sglang.srt.managers.scheduler_process.run_scheduler_process`) with a
-    ready pipe.
-
-    Args:
-        launcher: where it runs.
-        server_args / port_args: the frozen ``ServerArgs`` and the IPC endpoints this rank binds / connects.
-        name: process name (e.g. ``sglang::scheduler_TP1``).
-        tp_rank: its TP rank inside its group; ``spec_rank`` (default ``tp_rank``): its rank inside ``role``.
-        device: explicit device (:func:`worker_device`); init: the TP rendezvous (None without TP).
-        afd: ``(topology, attention worker index)`` for an AFD attention worker, else None.
-        signal_parent_on_crash: whether the rank SIGTERMs its parent when it crashes.
-    Returns:
-        ``(handle, reader)``: ``reader.recv()`` gives the rank's ``{"status": "ready", ...}`` or error dict.
-    """
-    from sglang.srt.managers.scheduler_process import run_scheduler_process
-
-    reader, writer = mp.get_context("spawn").Pipe(duplex=False)
-    args = (server_args, port_args, writer, None, tp_rank, init, signal_parent_on_crash, device)
-    handle = launcher.launch(WorkerSpec(
-        name=name, target=run_scheduler_process, args=args + ((afd,) if afd is not None else ()), role=role,
-        rank=tp_rank if spec_rank is None else spec_rank, device=device,
-        resources=worker_resources(device.split(":")[0])))
-    return handle, reader
-
-
-def detokenizer_spec(server_args, port_args, signal_parent_on_crash: bool = False) -> WorkerSpec:
-    """The :class:`WorkerSpec` of the detokenizer process (one CPU; node 0 / the driver's side only)."""
+def detokenizer_spec(server_args, port_args) -> ProcessSpec:
+    """The :class:`ProcessSpec` of the detokenizer process (one CPU; node 0 / the driver's side only)."""
     from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
 
-    return WorkerSpec(name="sglang::detokenizer", target=run_detokenizer_process,
-                      args=(server_args, port_args, None, signal_parent_on_crash), role="detokenizer",
-                      resources={"CPU": 1.0})
+    return ProcessSpec(name="sglang::detokenizer", target=run_detokenizer_process,
+                       args=(server_args, port_args, None, False), slot=("detokenizer", 0), resources={"CPU": 1.0})

@@ -33,7 +33,9 @@ class RMSNorm(nn.Module):
             ``reduce_results=False``) and returns ``comm.all_reduce_add_rmsnorm(x, residual, weight, eps)``:
             AllReduce + residual add + RMSNorm in one call (TokenWeave, Gond et al. 2025, sec. 3.3), so a
             fused kernel can replace the three steps without touching model code. ``forward(x)``
-            without a residual never communicates (its input is already complete).
+            without a residual never communicates (its input is already complete), nor does any form while
+            the ``sequence_parallel`` layout a sequence-parallel executor installed is active (the inputs are
+            complete token rows then).
     ``forward(x [.., H])`` -> normed x; ``forward(x, residual)`` -> ``(normed(x + residual), x + residual)``;
     see :func:`rmsnorm_ref` for the exact numerics.
     Kernels: on CUDA tensors both forms run the fused Triton kernels of :mod:`sglang.srt.layers.ops`, and
@@ -48,12 +50,14 @@ class RMSNorm(nn.Module):
         self.hidden_size = hidden_size
         self.eps = eps
         self.comm = comm
+        self.sequence_parallel = None  # a SequenceParallelLayout, installed once by a sequence-parallel executor
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=params_dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
         """x ``[..., H]`` -> normed x, or with ``residual`` -> ``(normed(x + residual), x + residual)`` (fused
         all-reduce first when ``comm`` is set); see the class docstring for in-place behaviour."""
-        if residual is not None and self.comm is not None:
+        if residual is not None and self.comm is not None and (self.sequence_parallel is None
+                                                                or self.sequence_parallel.rows is None):
             if self.comm.fuses_add_rmsnorm or not x.is_cuda or residual.dtype != x.dtype:
                 return self.comm.all_reduce_add_rmsnorm(x, residual, self.weight, self.eps)
             x = self.comm.all_reduce(x)  # no fused communicator kernel: the fused add + RMSNorm kernel below

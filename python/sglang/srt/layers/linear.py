@@ -98,8 +98,9 @@ class LinearBase(nn.Module):
         # experimental (issue 19): decode batches of <= 16 rows through the skinny Triton GEMM; off by default,
         # read once here (SGLANG_SKINNY_GEMM=1), see sglang.srt.layers.ops.linear
         self.skinny_gemm = os.environ.get(SKINNY_GEMM_ENV, "0") not in ("", "0")
-        # (sp_ops, rows) while a sequence-parallel executor runs this layer (see forward); None otherwise
-        self.sequence_parallel: Optional[tuple] = None
+        # the SequenceParallelLayout a sequence-parallel executor installed (once); it is active only during its
+        # forwards (see forward); None: never sequence-parallel
+        self.sequence_parallel: Optional[Any] = None
         if bias:
             self.bias = _new_param((bias_shape or out_local,), params_dtype, self.weight_loader, shards)
         else:
@@ -113,11 +114,13 @@ class LinearBase(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``F.linear(x, weight, bias)``: x ``[..., in_local]`` -> ``[..., out_local]`` (weight's dtype/device).
 
-        While ``self.sequence_parallel = (sp_ops, rows)`` is set (only a sequence-parallel executor sets it, for
-        column-parallel layers), x is this rank's token shard and the result is :meth:`forward_gathered`."""
-        if self.sequence_parallel is not None:
-            sp_ops, rows = self.sequence_parallel
-            return self.forward_gathered(x, rows, sp_ops)
+        While the installed ``self.sequence_parallel`` layout (a
+        :class:`~sglang.srt.distributed.sequence_parallel.SequenceParallelLayout`, installed by a sequence-parallel
+        executor on column-parallel layers) is active, x is this rank's token shard and the result is
+        :meth:`forward_gathered`."""
+        sp = self.sequence_parallel
+        if sp is not None and sp.rows is not None:
+            return self.forward_gathered(x, sp.rows, sp.ops)
         if self.skinny_gemm:
             return ops.linear(x, self.weight, self.bias, skinny=True)
         return F.linear(x, self.weight, self.bias)
@@ -294,11 +297,11 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x ``[..., in_local]`` -> ``[..., out]``: the local partial product (bias added on rank 0 only), all-reduced
-        over TP when ``reduce_results``. Raises ValueError if tp_size > 1 and no ``comm`` is set. While
-        ``self.sequence_parallel = (sp_ops, rows)`` is set: :meth:`forward_scattered` (this rank's token rows)."""
-        if self.sequence_parallel is not None:
-            sp_ops, rows = self.sequence_parallel
-            return self.forward_scattered(x, rows, sp_ops)
+        over TP when ``reduce_results``. Raises ValueError if tp_size > 1 and no ``comm`` is set. While the installed
+        ``self.sequence_parallel`` layout is active: :meth:`forward_scattered` (this rank's token rows)."""
+        sp = self.sequence_parallel
+        if sp is not None and sp.rows is not None:
+            return self.forward_scattered(x, sp.rows, sp.ops)
         bias = self.bias if self.tp_rank == 0 else None
         out = ops.linear(x, self.weight, bias, skinny=True) if self.skinny_gemm else F.linear(x, self.weight, bias)
         if self.tp_size > 1 and self.reduce_results:

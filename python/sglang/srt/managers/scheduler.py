@@ -81,10 +81,13 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
             one is created from ``server_args``, the tokenizer and the model config.
         overlap: force overlap scheduling on or off (tests); None applies
             :func:`~sglang.srt.model_executor.overlap_worker.overlap_schedule_enabled`.
+        connector: the worker's :class:`~sglang.srt.deployment.plan.ConnectorSpec` (PD prefill/decode; None when
+            aggregated): its scheduler side is made by the technique package, and overlap is off with it (the
+            connector's hooks assume the plain loop).
     Call :meth:`close` to stop the overlap worker thread.
     """
 
-    def __init__(self, server_args, runner, tokenizer=None, grammar_backend=None, overlap=None):
+    def __init__(self, server_args, runner, tokenizer=None, grammar_backend=None, overlap=None, connector=None):
         self.args = server_args
         self.runner = runner
         self.tokenizer = tokenizer
@@ -111,7 +114,7 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
         self.stats_gen_tokens = 0
         self.forward_ct = 0
 
-        self.overlap = overlap_schedule_enabled(server_args, runner.device, overlap)
+        self.overlap = overlap_schedule_enabled(server_args, runner.device, False if connector else overlap)
         self.inflight: Optional[ScheduleBatch] = None  # launched, result not processed yet (overlap)
         self.future_ring_size = 4 * (self.max_running + 2)  # > the sampled rows of two batches
         self.future_ct = 0
@@ -120,10 +123,10 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
         logger.info("overlap schedule %s", "on" if self.overlap else "off")
         # prefill/decode disaggregation: the scheduler side of the KV connector (None when aggregated)
         self.disagg = None
-        if server_args.disaggregation_mode != "null":
-            from sglang.srt.disaggregation.connector import create_connector
+        if connector is not None:
+            from sglang.srt.disaggregation.deploy import make_connector
 
-            self.disagg = create_connector(self)
+            self.disagg = make_connector(connector, self)
 
     def _make_control_group(self):
         """The CPU group for the scheduler's own collectives (message broadcast, grammar agreement).
@@ -177,7 +180,7 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
         """Schedule and launch one batch, process the previous (overlap) or this batch's result,
         and return the outputs to stream (possibly empty)."""
         if self.disagg is not None:
-            self.disagg.poll()  # KV hand-offs: control messages, transfers, timeouts (see disaggregation/)
+            self.apply_connector(self.disagg.poll())  # KV hand-offs: messages, transfers, timeouts (disaggregation/)
         if self.inflight is not None and self._needs_result_first(self.inflight):
             self.sync()
         batch = self.get_next_batch()

@@ -5,7 +5,10 @@ transfer queue), and aborts take requests out of every queue, their KV returned 
 Contract with the scheduler (the mixin's host must provide): ``model_config`` (``vocab_size``,
 ``context_len``, ``eos_token_ids``), ``tokenizer``, ``kv`` (``max_total_tokens``), ``grammar_backend``,
 ``waiting``, ``grammar_queue``, ``running``, ``chunked_req``, ``outputs``, ``disagg``, ``inflight``,
-``_release(req)`` and ``sync()``.
+``tree_cache``, ``stats_prompt_tokens``, ``stats_cached_tokens``, ``_release(req)`` and ``sync()``.
+
+The PD connector (``disagg``) never touches that state: its hooks return decisions
+(:mod:`sglang.srt.disaggregation.connector`) that :meth:`SchedulerIntakeMixin.apply_connector` carries out.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Optional
 from sglang.srt.constrained.base_grammar_backend import grammar_key
 from sglang.srt.managers.io_struct import AbortReq, TokenizedGenerateReqInput
 from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.sampling.finish import check_finish
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 
@@ -56,8 +60,9 @@ class SchedulerIntakeMixin:
                 req.input_top_logprobs.append([])
             if req.token_ids_logprob:
                 req.input_token_ids_logprobs.append([])
-        if self.disagg is not None and self.disagg.intercept(req, msg):
-            return req  # the connector took it (decode transfer queue, push-mode wait, rejected bootstrap fields)
+        if self.disagg is not None:  # queued, kept (decode transfer queue, push-mode wait) or rejected
+            self.apply_connector(self.disagg.intercept(req, msg))
+            return req
         self.enqueue(req)
         return req
 
@@ -84,10 +89,43 @@ class SchedulerIntakeMixin:
                 req.finished_reason = dict(reason)
                 self._release(req)
                 self.outputs.append(req)
-        if self.disagg is not None and not msg.abort_all:
-            self.disagg.abort(msg.rid)
-        elif self.disagg is not None:
-            for rid in self.disagg.open_rids():
-                self.disagg.abort(rid)
+        if self.disagg is not None:
+            for rid in ([msg.rid] if not msg.abort_all else self.disagg.open_rids()):
+                self.apply_connector(self.disagg.abort(rid))
         if self.inflight is not None and all(r.finished() for r in self.inflight.reqs):
             self.sync()  # nothing left to wait for but the forward itself
+
+    def apply_connector(self, decisions: list) -> None:
+        """Carry out the PD connector's decisions in order (:mod:`sglang.srt.disaggregation.connector`): queue a
+        request, finish one (KV back through the prefix cache, reported), or start decoding one whose prompt KV
+        arrived. Raises TypeError for anything else."""
+        from sglang.srt.disaggregation.connector import FinishRequest, QueueRequest, StartDecode
+
+        for d in decisions:
+            if isinstance(d, QueueRequest):
+                self.enqueue(d.req)
+            elif isinstance(d, FinishRequest):
+                self._release(d.req)
+                self.outputs.append(d.req)
+            elif isinstance(d, StartDecode):
+                self._start_decode(d.req, d.prompt_tokens, d.cached_tokens)
+            else:
+                raise TypeError(f"unknown connector decision {d!r}")
+
+    def _start_decode(self, req: Req, prompt_tokens: int, cached_tokens: int) -> None:
+        """A request whose prompt KV another server computed (in its ``req_pool_idx`` row, first token in
+        ``output_ids``) continues as if it had prefilled here: the prefix-cache root is locked for it (the KV
+        joins the tree when it ends), its first token is reported and it decodes, or is released at once when
+        that token finished it."""
+        match = self.tree_cache.match_prefix([])
+        self.tree_cache.inc_lock_ref(match.last_node)
+        req.prefix_indices, req.last_node = match.device_indices, match.last_node
+        self.stats_prompt_tokens += prompt_tokens
+        self.stats_cached_tokens += cached_tokens
+        req.finished_reason = check_finish(req.output_ids, req.sampling_params, req.eos_token_ids, self.tokenizer,
+                                           req.max_new_tokens())
+        self.outputs.append(req)
+        if req.finished():
+            self._release(req)
+        else:
+            self.running.append(req)

@@ -66,7 +66,9 @@ class SchedulerOutputProcessorMixin:
                 self._advance_grammar(req, tok)
             if req.finished():
                 if self.disagg is not None and self.disagg.hold(req):
-                    continue  # prefill role: the KV stays until the decode side has it (disaggregation/prefill.py)
+                    if req in self.running:  # prefill role: the KV stays until the decode side has it; the
+                        self.running.remove(req)  # connector finishes the request later (disaggregation/prefill.py)
+                    continue
                 self._release(req)
             if req.finished() or req.stream or req.sent_output_len == 0:  # first token: TTFT
                 self.outputs.append(req)

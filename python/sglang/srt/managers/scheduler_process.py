@@ -147,77 +147,64 @@ class SchedulerProcess:
                     return
 
 
-def torch_device(device: str):
-    """``torch.device(device)`` (imported lazily)."""
-    import torch
-
-    return torch.device(device)
-
-
 def torch_device_index(device: str) -> Optional[int]:
     """The index in an explicit device string (``"cuda:3"`` -> 3), None for ``"cuda"``/``"cpu"``."""
     _, sep, idx = device.partition(":")
     return int(idx) if sep and idx.isdigit() else None
 
 
-def run_scheduler_process(server_args, port_args, ready_pipe, parent_pid: Optional[int] = None, tp_rank: int = 0,
-                          dist_init_method: Optional[str] = None, signal_parent_on_crash: bool = True,
-                          device: Optional[str] = None, afd=None, parent_watch=None) -> None:
-    """Entry point of the scheduler subprocess of TP rank ``tp_rank``.
+def _start(spec, parent_watch):
+    """Build this worker's model runner, scheduler and socket loop from ``spec`` (see :func:`run_scheduler_process`);
+    returns ``(SchedulerProcess, ModelRunner, ModelConfig)``."""
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.model_executor.model_runner import ModelRunner
 
-    Sends ``{"status": "ready", ...scheduler info}`` through ``ready_pipe`` once
-    the model and KV cache are set up, or ``{"status": "error", "message": ...}``
-    if startup fails (unknown architecture, missing/corrupt weights, a failed TP rendezvous, ...).
-    With ``server_args.tp_size > 1`` it first joins the TP group at ``dist_init_method``
-    (``tcp://HOST:PORT``). ``device``: the explicit device the launcher assigned (e.g. ``cuda:3``; default
-    ``server_args.resolved_device``, i.e. ``cuda`` = the current device). ``parent_watch``: the launcher's
-    liveness (the loop returns when it is gone). ``afd``: ``(AfdTopology, attention index)`` when this is an
-    attention worker of ``--enable-afd`` (role ``attention``, the ping-pong :class:`~sglang.srt.afd.executor.AfdExecutor`).
+    args, tp_rank, tp_size = spec.args, spec.rank, spec.tp_size
+    device_type = args.resolved_device
+    device = spec.device or device_type
+    mc = ModelConfig.from_path(args.model_path, args.context_length, args.dtype, device_type)
+    ps = None
+    if tp_size > 1:
+        from sglang.srt.distributed.parallel_state import DistConfig, init_parallel_state, validate_tp_config
+
+        validate_tp_config(mc, tp_size, args.ep_size, args.nnodes)
+        ps = init_parallel_state(DistConfig(
+            tp_rank=tp_rank, tp_size=tp_size, init_method=spec.wiring.dist_init or "", device=device_type,
+            device_index=torch_device_index(device), ep_size=args.ep_size, nnodes=args.nnodes, node_rank=spec.node,
+            device_backend="gloo" if args.tp_ranks_share_gpu else None,
+            **({"timeout_s": float(args.dist_timeout)} if args.dist_timeout else {})))
+        if device_type == "cuda":
+            device = str(ps.torch_device())
+    runner = ModelRunner(mc, args, device, tp_rank=tp_rank, tp_size=tp_size, parallel_state=ps, worker=spec,
+                         alive=parent_watch.parent_alive if parent_watch is not None else None)
+    tokenizer = None if args.skip_tokenizer_init else get_tokenizer(args.resolved_tokenizer_path,
+                                                                    args.trust_remote_code)
+    scheduler = Scheduler(args, runner, tokenizer, connector=spec.connector)
+    return SchedulerProcess(args, spec.wiring.port_args, scheduler, ps), runner, mc
+
+
+def run_scheduler_process(spec, ready_pipe, parent_watch=None) -> None:
+    """Entry point of a scheduler worker: carries out one :class:`~sglang.srt.deployment.plan.WorkerSpec`.
+
+    ``spec`` gives the role, the TP rank and group size, the explicit device (e.g. ``cuda:3``), the executor,
+    communicator and connector specs, the ServerArgs, and the launcher's wiring (``port_args`` to bind/connect, the
+    TP rendezvous ``dist_init``, the AFD topology). Sends ``{"status": "ready", ...scheduler info}`` through
+    ``ready_pipe`` once the model and KV cache are set up, or ``{"status": "error", "message": ...}`` if startup
+    fails (unknown architecture, missing/corrupt weights, a failed TP rendezvous, ...). ``parent_watch``: the
+    launcher's liveness (the loop returns when it is gone). A crash while serving is raised (the launcher's
+    watchdog reports the dead worker).
     """
-    tp_size = server_args.tp_size
-    configure_logger(server_args.log_level, f"Scheduler TP{tp_rank}" if tp_size > 1 else "Scheduler")
+    tp_rank, tp_size, args = spec.rank, spec.tp_size, spec.args
+    who = f"TP rank {tp_rank}" if tp_size > 1 else "scheduler"
+    configure_logger(args.log_level, f"Scheduler TP{tp_rank}" if tp_size > 1 else "Scheduler")
     if threading.current_thread() is threading.main_thread():  # a Ray actor runs us on one of its threads
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent coordinates shutdown
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     try:
-        from sglang.srt.configs.model_config import ModelConfig
-        from sglang.srt.managers.scheduler import Scheduler
-        from sglang.srt.model_executor.model_runner import ModelRunner
-
-        device_type = server_args.resolved_device
-        device = device or device_type
-        mc = ModelConfig.from_path(server_args.model_path, server_args.context_length, server_args.dtype, device_type)
-        ps = None
-        if tp_size > 1:
-            from sglang.srt.distributed.parallel_state import DistConfig, init_parallel_state, validate_tp_config
-
-            validate_tp_config(mc, tp_size, server_args.ep_size, server_args.nnodes)
-            ps = init_parallel_state(DistConfig(
-                tp_rank=tp_rank, tp_size=tp_size, init_method=dist_init_method or "", device=device_type,
-                device_index=torch_device_index(device),
-                ep_size=server_args.ep_size, nnodes=server_args.nnodes, node_rank=server_args.node_rank,
-                device_backend="gloo" if server_args.tp_ranks_share_gpu else None,
-                **({"timeout_s": float(server_args.dist_timeout)} if server_args.dist_timeout else {})))
-            if device_type == "cuda":
-                device = str(ps.torch_device())
-        role, executor = "aggregated", None
-        if afd is not None:
-            from sglang.srt.afd.executor import AfdExecutor
-
-            topo, index = afd
-            role = "attention"
-            executor = AfdExecutor(mc, topo, index, server_args.afd_micro_batches, torch_device(device), tp_rank,
-                                   alive=parent_watch.parent_alive if parent_watch is not None else None,
-                                   redundant_experts=server_args.afd_redundant_experts,
-                                   rebalance_interval=server_args.afd_rebalance_interval)
-        runner = ModelRunner(mc, server_args, device, tp_rank=tp_rank, tp_size=tp_size, parallel_state=ps, role=role,
-                             executor=executor)
-        tokenizer = None if server_args.skip_tokenizer_init else get_tokenizer(
-            server_args.resolved_tokenizer_path, server_args.trust_remote_code)
-        scheduler = Scheduler(server_args, runner, tokenizer)
-        proc = SchedulerProcess(server_args, port_args, scheduler, ps)
+        proc, runner, mc = _start(spec, parent_watch)
     except Exception as e:  # report any startup failure to the launcher
-        logger.error("scheduler (TP rank %d) failed to start: %s\n%s", tp_rank, e, traceback.format_exc())
+        logger.error("scheduler (%s) failed to start: %s\n%s", who, e, traceback.format_exc())
         ready_pipe.send({"status": "error", "message": f"TP rank {tp_rank}: {type(e).__name__}: {e}"
                          if tp_size > 1 else f"{type(e).__name__}: {e}"})
         return
@@ -237,15 +224,9 @@ def run_scheduler_process(server_args, port_args, ready_pipe, parent_pid: Option
     })
     from sglang.srt.managers.watchdog import SchedulerWatchdog
 
-    proc.watchdog = SchedulerWatchdog(getattr(server_args, "watchdog_timeout", 300.0),
-                                      f"TP rank {tp_rank}" if tp_size > 1 else "scheduler").start()
+    proc.watchdog = SchedulerWatchdog(getattr(args, "watchdog_timeout", 300.0), who).start()
     try:
         proc.event_loop(parent_watch)
     except Exception:
-        logger.error("scheduler (TP rank %d) crashed:\n%s", tp_rank, traceback.format_exc())
-        if parent_pid is not None and signal_parent_on_crash:  # off for the in-process Engine
-            try:
-                os.kill(parent_pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+        logger.error("scheduler (%s) crashed:\n%s", who, traceback.format_exc())
         raise

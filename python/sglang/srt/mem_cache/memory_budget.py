@@ -122,7 +122,7 @@ def graph_reserve_bytes(graph_peak_bytes: int, limits: ForwardLimits, vocab_size
 def profiling_applies(runner: "ModelRunner", args: "ServerArgs") -> bool:
     """Profile only on CUDA, without ``--max-total-tokens``, for roles that run whole forwards locally
     (aggregated, prefill, decode); an attention worker's forward involves FFN workers that are not ready yet."""
-    from sglang.srt.model_executor.worker_builder import WorkerRole
+    from sglang.srt.deployment.plan import WorkerRole
 
     return (runner.device.type == "cuda" and args.max_total_tokens is None
             and runner.role_spec.role in (WorkerRole.AGGREGATED, WorkerRole.PREFILL, WorkerRole.DECODE))

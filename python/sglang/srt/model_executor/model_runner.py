@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import operator
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -22,7 +22,7 @@ from sglang.srt.mem_cache.kv_cache import KVCache
 from sglang.srt.mem_cache.memory_budget import measure_activation_reserve, req_to_token_bytes
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang.srt.model_executor.cuda_graph_runner import maybe_create_cuda_graph_runner
-from sglang.srt.model_executor.executors import ModelExecutor, SequentialExecutor
+from sglang.srt.model_executor.executors import ExecutorContext, ModelExecutor, build_executor
 from sglang.srt.model_executor.worker_builder import (
     GPU_MAX_DEFAULT_TOKENS, RoleSpec, WorkerRole, kv_budget_tokens, max_running_requests, role_spec,
     set_cpu_threads,
@@ -30,6 +30,7 @@ from sglang.srt.model_executor.worker_builder import (
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
 if TYPE_CHECKING:
+    from sglang.srt.deployment.plan import WorkerSpec
     from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -64,33 +65,6 @@ def step_independent(info: SamplingBatchInfo) -> bool:
             and not any(t for t in (info.token_ids_logprobs or [])))
 
 
-def build_communicator(parallel_state, server_args: "ServerArgs", comm_backend: Optional[str] = None,
-                       hidden_size: Optional[int] = None):
-    """This rank's TP :class:`~sglang.srt.distributed.communicator.Communicator`, chosen as the server does (and
-    logged): with ``--enable-tokenweave`` and no explicit ``comm_backend``, tw-comm's communicator when
-    ``--comm-backend`` is ``auto`` or ``tw`` and it can be built, NCCL/gloo otherwise
-    (:func:`~sglang.srt.tokenweave.create_tokenweave_communicator`); else ``comm_backend or --comm-backend``
-    through :func:`~sglang.srt.distributed.communicator.create_communicator`.
-
-    Args:
-        parallel_state: the rank's ParallelState (None: a single rank).
-        server_args: the frozen ServerArgs (``enable_tokenweave``, ``comm_backend``, ``tokenweave_comm_sms``,
-            ``disable_custom_all_reduce``).
-        comm_backend: overrides ``server_args.comm_backend`` (and TokenWeave's default).
-        hidden_size: the model's hidden size; sizes tw-comm's workspace for the largest prefill (TokenWeave).
-    Raises:
-        ValueError: an unknown backend name.
-    """
-    from sglang.srt.distributed.communicator import create_communicator
-
-    if server_args.enable_tokenweave and comm_backend is None:
-        from sglang.srt.tokenweave import create_tokenweave_communicator
-
-        return create_tokenweave_communicator(parallel_state, server_args, hidden_size)
-    return create_communicator(parallel_state, comm_backend or server_args.comm_backend,
-                               server_args.disable_custom_all_reduce)
-
-
 class ModelRunner:
     """A model worker: the model (or a role's part of it), its KV cache, the attention backend, the executor
     and the sampler.
@@ -99,17 +73,19 @@ class ModelRunner:
         model_config: the model's :class:`ModelConfig`.
         server_args: sizing flags (``max_total_tokens``, ``mem_fraction_static``,
             ``max_running_requests``, ``page_size``, ``load_format``, ``attention_backend``,
-            ``disable_radix_cache``, ``comm_backend``, ``ep_size``).
+            ``disable_radix_cache``, ``ep_size``).
         device: ``"cpu"`` or ``"cuda"`` (``"cuda:N"``), explicit: the launcher passes the index it was given.
         tp_rank, tp_size: tensor parallelism inside this worker's role; ``tp_size > 1`` needs ``parallel_state``.
         parallel_state: the rank's :class:`~sglang.srt.distributed.parallel_state.ParallelState`.
-        comm_backend: communicator backend name (default ``server_args.comm_backend``; see
-            :func:`~sglang.srt.distributed.communicator.create_communicator`).
-        comm: a ready communicator (overrides ``comm_backend``; benchmarks use it).
-        role: the worker's :class:`~sglang.srt.model_executor.worker_builder.WorkerRole` (default aggregated):
-            decides the weights loaded (:attr:`RoleSpec.weight_filter`) and whether a KV cache is allocated.
-        executor: how the layers run over a batch (default :class:`SequentialExecutor`; TokenWeave and
-            MegaScale-Infer plug in here).
+        comm: a ready communicator (overrides the spec's; benchmarks use it).
+        role: the worker's :class:`~sglang.srt.deployment.plan.WorkerRole` when no ``worker`` spec is given (default
+            aggregated): decides the weights loaded (:attr:`RoleSpec.weight_filter`) and whether a KV cache is
+            allocated.
+        executor: a ready executor (overrides the spec's; tests use it).
+        worker: the :class:`~sglang.srt.deployment.plan.WorkerSpec` this runner carries out: role, executor spec
+            (made by the executor registry after the model loads), communicator spec. Default: the spec a worker
+            built from ``server_args`` gets (:func:`~sglang.srt.deployment.compose.single_worker_spec`).
+        alive: the launcher's liveness, for executors that wait on remote peers (AFD).
     Construction, one helper per job: CPU threads and seed; communicator; model load (role's weights);
     KV sizing (minimum over TP ranks); :class:`~sglang.srt.mem_cache.kv_cache.KVCache`; the CUDA-graph
     padding row; attention backend, sampler, executor; CUDA graphs.
@@ -130,34 +106,32 @@ class ModelRunner:
     """
 
     def __init__(self, model_config: ModelConfig, server_args: "ServerArgs", device: str, tp_rank: int = 0,
-                 tp_size: int = 1, parallel_state=None, comm_backend: Optional[str] = None, comm=None,
-                 role: "WorkerRole | str" = WorkerRole.AGGREGATED, executor: Optional[ModelExecutor] = None):
+                 tp_size: int = 1, parallel_state=None, comm=None, role: "WorkerRole | str" = WorkerRole.AGGREGATED,
+                 executor: Optional[ModelExecutor] = None, worker: Optional["WorkerSpec"] = None,
+                 alive: Optional[Callable[[], bool]] = None):
+        from sglang.srt.deployment.communicator import make_communicator
+        from sglang.srt.deployment.compose import single_worker_spec
         from sglang.srt.distributed.parallel_state import local_kv_heads
 
         if tp_size > 1 and parallel_state is None:
             raise ValueError(f"ModelRunner with tp_size={tp_size} needs a parallel_state (init_parallel_state)")
         self.model_config = model_config
-        self.role_spec: RoleSpec = role_spec(role)
+        self.role_spec: RoleSpec = role_spec(worker.role if worker is not None else role)
+        self.worker = worker if worker is not None else single_worker_spec(server_args, self.role_spec.role)
         self.device = torch.device(device)
         self.tp_rank, self.tp_size, self.parallel_state = tp_rank, tp_size, parallel_state
         if self.device.type == "cpu":
             set_cpu_threads(model_config)
         self.page_size = server_args.page_size
         torch.manual_seed(server_args.random_seed)
-        self.comm = comm if comm is not None else build_communicator(parallel_state, server_args, comm_backend,
-                                                                        model_config.hidden_size)
+        self.comm = comm if comm is not None else make_communicator(self.worker.communicator, parallel_state,
+                                                                     hidden_size=model_config.hidden_size)
         self.model = self._load_model(server_args)
         self.num_kv_heads = local_kv_heads(model_config.num_key_value_heads, tp_size)
         self.local_num_heads = model_config.num_attention_heads // tp_size
-        if executor is None and server_args.enable_tokenweave:
-            from sglang.srt.tokenweave import create_tokenweave_executor
-
-            executor = create_tokenweave_executor(model_config, server_args, self.device, tp_size)
-        if executor is None and server_args.enable_tdist_overlap:
-            from sglang.srt.model_executor.executors.sequence_parallel import create_sequence_parallel_executor
-
-            executor = create_sequence_parallel_executor(self.model, parallel_state, server_args)
-        self.executor: ModelExecutor = executor or SequentialExecutor()
+        self.executor: ModelExecutor = executor or build_executor(self.worker.executor, ExecutorContext(
+            worker=self.worker, model=self.model, model_config=model_config, device=self.device, tp_size=tp_size,
+            parallel_state=parallel_state, args=server_args, alive=alive))
         self.sampler = Sampler(server_args.random_seed, self.device)
         self._sampling_cache: Optional[tuple] = None  # (rids, params, info) of the last step-independent batch
         self.attention_backend_name = self._attention_backend_name(server_args)

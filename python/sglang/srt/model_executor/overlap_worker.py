@@ -46,7 +46,8 @@ def placeholder_id(slot: int) -> int:
 def overlap_schedule_enabled(server_args: Any, device: Any, override: Optional[bool] = None) -> bool:
     """Whether the scheduler overlaps CPU scheduling with the forward.
 
-    Policy: ``override`` (tests) wins; then ``--disable-overlap-schedule`` turns it off; then
+    Policy: ``override`` (tests; the scheduler passes False for a PD worker, whose connector hooks assume the plain
+    loop) wins; then ``--disable-overlap-schedule`` turns it off; then
     ``enable_overlap_schedule`` (a ServerArgs flag) or the environment variable
     ``SGLANG_ENABLE_OVERLAP_SCHEDULE=1`` turn it on; otherwise it is on for CUDA devices only. On CPU
     the forward and the scheduler share the cores and the GIL, so overlap rarely pays; it is
@@ -54,8 +55,8 @@ def overlap_schedule_enabled(server_args: Any, device: Any, override: Optional[b
     """
     if override is not None:
         return bool(override)
-    if server_args.disable_overlap_schedule or getattr(server_args, "disaggregation_mode", "null") != "null":
-        return False  # prefill/decode disaggregation runs without overlap (its connector hooks assume it)
+    if server_args.disable_overlap_schedule:
+        return False
     if server_args.enable_overlap_schedule:
         return True
     if os.environ.get(OVERLAP_ENV, "").strip().lower() in ("1", "true", "yes", "on"):

@@ -9,9 +9,11 @@ Roles (the deployments this project runs):
   attention, norms, dense MLPs, routers and the LM head, plus the KV cache -- no routed experts;
 * ``ffn`` -- the routed experts only, no KV cache.
 
-:func:`role_spec` gives the frozen :class:`RoleSpec`; :func:`size_kv_cache` turns flags and free
-memory into the KV budget. :class:`~sglang.srt.model_executor.model_runner.ModelRunner` uses both, so a
-role is a constructor argument, never a fork of the runner or of a model file.
+:class:`~sglang.srt.deployment.plan.WorkerRole` is the one role vocabulary (defined with the deployment plan);
+:func:`role_spec` gives a role's frozen :class:`RoleSpec`; :func:`kv_budget_tokens` and
+:func:`max_running_requests` turn flags and free memory into the KV budget.
+:class:`~sglang.srt.model_executor.model_runner.ModelRunner` uses them, so a role is a constructor argument, never
+a fork of the runner or of a model file.
 """
 
 from __future__ import annotations
@@ -20,12 +22,12 @@ import logging
 import os
 import re
 from dataclasses import dataclass
-from enum import Enum
 from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.deployment.plan import WorkerRole
 
 if TYPE_CHECKING:
     from sglang.srt.server_args import ServerArgs
@@ -43,16 +45,6 @@ REQ_TO_TOKEN_MAX_BYTES = 1 << 30
 _ROUTED_EXPERT_RE = re.compile(r"\.experts\.\d+\.")
 # our names of routed-expert parameters (FusedMoE's stacked ``w13_weight`` / ``w2_weight``)
 _ROUTED_EXPERT_PARAM_RE = re.compile(r"\.experts\.(w13|w2)_weight$")
-
-
-class WorkerRole(str, Enum):
-    """What a worker process is for (see the module docstring)."""
-
-    AGGREGATED = "aggregated"
-    PREFILL = "prefill"
-    DECODE = "decode"
-    ATTENTION = "attention"
-    FFN = "ffn"
 
 
 def is_routed_expert_weight(hf_name: str) -> bool:

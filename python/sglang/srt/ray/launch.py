@@ -1,26 +1,31 @@
-"""``--use-ray`` startup: place, create and start the server's workers as Ray actors.
+"""``--use-ray`` startup: carry out the deployment plan with Ray actors.
 
-Called by :func:`sglang.srt.entrypoints.launch.launch_subprocesses` instead of the ``spawn`` path. The driver
-(this process: HTTP + TokenizerManager, or the user's ``sgl.Engine``) connects to the Ray cluster at
-``--ray-address`` (default ``auto``: the running cluster, e.g. inside ``ray job submit``), reserves one placement
-group per role group (:mod:`sglang.srt.ray.placement`), starts one actor per TP rank plus the detokenizer (in
-rank 0's bundle), then wires them with TCP sockets on the IPs Ray reports: the TokenizerManager binds on the
-driver's node, the scheduler input and detokenizer on rank 0's node, and the TP rendezvous is rank 0's node.
-``--nnodes N`` splits the TP group into N node slices on N distinct nodes (no ``--node-rank`` /
-``--dist-init-addr``: Ray places every slice).
+Called by :func:`sglang.srt.entrypoints.launch.launch_subprocesses` instead of the ``spawn`` path, with the plan
+(:func:`sglang.srt.deployment.plan_deployment`; :mod:`sglang.srt.ray.deploy` listed every worker of every node
+slice). The driver (this process: HTTP + TokenizerManager, or the user's ``sgl.Engine``) connects to the Ray
+cluster at ``--ray-address`` (default ``auto``: the running cluster, e.g. inside ``ray job submit``), reserves one
+placement group per role group (:mod:`sglang.srt.ray.placement`: ``scheduler``, or ``attention<a>`` per AFD
+attention worker plus one ``ffn`` pool), starts one actor per worker plus the detokenizer (in the first worker's
+bundle), then wires them with TCP sockets on the IPs Ray reports: the TokenizerManager binds on the driver's node,
+each scheduler group's input and TP rendezvous on its rank 0's node, AFD M2N inboxes on each worker's node (the
+transport ``auto`` resolved by :func:`sglang.srt.afd.deploy.transport` once the nodes are known). ``--nnodes N``
+splits the TP group into N node slices on N distinct nodes (no ``--node-rank`` / ``--dist-init-addr``: Ray places
+every slice).
 """
 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import time
 
 import ray
 from ray.exceptions import RayActorError, RayError
 
+from sglang.srt.deployment.plan import DeploymentPlan, WorkerRole, WorkerSpec, Wiring
 from sglang.srt.entrypoints.launch import STARTUP_TIMEOUT_S, Subprocesses
-from sglang.srt.entrypoints.worker_launcher import WorkerSpec, detokenizer_spec
+from sglang.srt.entrypoints.worker_launcher import detokenizer_spec, process_spec
 from sglang.srt.ray.launcher import READY_CHANNEL, ActorRequest, RayLauncher
 from sglang.srt.ray.placement import RoleGroup, plan_placement
 from sglang.srt.server_args import PortArgs, ServerArgs
@@ -45,30 +50,18 @@ def connect(address: str) -> bool:
     return True
 
 
-def worker_resources(server_args: ServerArgs) -> dict:
-    """What one TP rank reserves: ``--ray-cpus-per-worker`` CPUs, on CUDA ``--ray-gpus-per-worker`` GPUs, plus the
-    custom resources of ``--ray-worker-resources`` (which pin an instance to the nodes that offer them)."""
-    res = {"CPU": float(server_args.ray_cpus_per_worker), **server_args.ray_extra_resources()}
-    if server_args.resolved_device == "cuda":
-        res["GPU"] = float(server_args.ray_gpus_per_worker)
-    return res
-
-
-def launch_ray_workers(server_args: ServerArgs, in_process_engine: bool = False) -> Subprocesses:
-    """Start every TP rank and the detokenizer as Ray actors and wait until all ranks are ready.
+def launch_ray_workers(plan: DeploymentPlan, server_args: ServerArgs, in_process_engine: bool = False) -> Subprocesses:
+    """Carry out ``plan`` (``--use-ray``): every worker and the detokenizer as Ray actors; wait until all are ready.
 
     Returns:
         the :class:`Subprocesses` whose ``port_args`` the TokenizerManager must use (TCP endpoints on the
         nodes Ray chose) and whose ``launcher`` owns the actors and placement groups.
     Raises:
-        RuntimeError: no cluster, resources not placeable, or a rank failed/died during startup.
+        RuntimeError: no cluster, resources not placeable, or a worker failed/died during startup.
     """
-    if server_args.node_rank != 0:
-        raise ValueError(f"--node-rank={server_args.node_rank} is invalid with --use-ray: one launcher places every "
-                         f"node; drop --node-rank (and --dist-init-addr)")
     launcher = RayLauncher(server_args.log_level, owns_connection=connect(server_args.ray_address))
     try:
-        procs = _launch(server_args, launcher)
+        procs = _launch(plan, server_args, launcher)
     except BaseException:
         launcher.close()
         raise
@@ -76,59 +69,84 @@ def launch_ray_workers(server_args: ServerArgs, in_process_engine: bool = False)
     return procs
 
 
-def _launch(server_args: ServerArgs, launcher: RayLauncher) -> Subprocesses:
-    """Plan and reserve the placement, create the actors, wire their TCP endpoints, start the entry points and
-    wait until every rank is ready (see :func:`launch_ray_workers`)."""
-    from sglang.srt.managers.scheduler_process import run_scheduler_process
+def slot_of(w: WorkerSpec) -> tuple:
+    """The placement slot (role group name, rank) of a worker: ``("scheduler", r)``, ``("attention<a>", r)`` or
+    ``("ffn", j)``."""
+    if w.role is WorkerRole.FFN:
+        return ("ffn", w.rank)
+    if w.role is WorkerRole.ATTENTION:
+        return (f"attention{w.group}", w.rank)
+    return ("scheduler", w.rank)
+
+
+def role_groups(plan: DeploymentPlan) -> list:
+    """One :class:`RoleGroup` per slot group of ``plan`` (in plan order), its node slices from the specs' ``node``;
+    the first group's bundle 0 also holds the detokenizer's CPU."""
+    names: dict = {}
+    for w in plan.workers:
+        names.setdefault(slot_of(w)[0], []).append(w)
+    return [RoleGroup(name, len(ws), 1 + max(w.node for w in ws), dict(ws[0].resources),
+                      extra={"CPU": 1.0} if i == 0 else {}) for i, (name, ws) in enumerate(names.items())]
+
+
+def _n_ports(w: WorkerSpec) -> int:
+    """Free ports a worker's actor reports: a group's rank 0 gets its scheduler input, TP rendezvous and M2N inbox;
+    an FFN worker its M2N inbox."""
+    return 1 if not w.is_scheduler else (3 if w.rank == 0 else 0)
+
+
+def _bind(plan: DeploymentPlan, args: ServerArgs, infos: list, detok: dict) -> tuple[list, PortArgs]:
+    """Wire every worker with the addresses its actors reported (``infos``, plan order) and the detokenizer's."""
     from sglang.srt.utils.common import free_tcp_ports
 
-    tp, nnodes = server_args.tp_size, server_args.nnodes
-    res = worker_resources(server_args)
-    if server_args.enable_afd:
-        from sglang.srt.ray.afd import launch_afd_actors
-
-        procs, node_infos = launch_afd_actors(server_args, launcher, res)
-        info = _wait_ready(launcher, procs.schedulers + procs.ffn_workers, STARTUP_TIMEOUT_S)
-        return _finish(server_args, procs, info, node_infos)
-    group = RoleGroup("scheduler", tp, nnodes, res, extra={"CPU": 1.0})
-    launcher.reserve(plan_placement([group], spread_roles=server_args.ray_spread_roles),
-                     server_args.ray_placement_timeout)
-    launcher.add_slot(("detokenizer", 0), ("scheduler", 0))
-    names = [f"sglang::scheduler_TP{rank}" if tp > 1 else "sglang::scheduler" for rank in range(tp)]
-    *sched_infos, detok_info = launcher.create_actors(
-        [ActorRequest("scheduler", r, names[r], res, n_ports=2 if r == 0 else 0) for r in range(tp)]
-        + [ActorRequest("detokenizer", 0, "sglang::detokenizer", {"CPU": 1.0}, n_ports=1)])
-    infos = dict(enumerate(sched_infos))
+    lead = {w.group: i for w, i in zip(plan.workers, infos) if w.is_scheduler and w.rank == 0}
+    inputs = {g: f"tcp://{i['ip']}:{i['ports'][0]}" for g, i in lead.items()}
     driver_ip = ray.util.get_node_ip_address()
-    ip0 = infos[0]["ip"]
-    sched_port, dist_port = infos[0]["ports"]
     port_args = PortArgs(tokenizer_ipc=f"tcp://{driver_ip}:{free_tcp_ports(1, driver_ip)[0]}",
-                         scheduler_input_ipc=f"tcp://{ip0}:{sched_port}",
-                         detokenizer_ipc=f"tcp://{detok_info['ip']}:{detok_info['ports'][0]}")
-    init = f"tcp://{ip0}:{dist_port}" if tp > 1 else None
-    handles = []
-    for rank in range(tp):
-        node_slice = group.slice_of(rank)
+                         scheduler_input_ipc=inputs[0], detokenizer_ipc=f"tcp://{detok['ip']}:{detok['ports'][0]}",
+                         dp_scheduler_inputs=tuple(inputs.values()) if len(inputs) > 1 else ())
+    topo = None
+    if "afd" in plan.techniques:
+        from sglang.srt.afd import deploy as afd
+
+        addrs = tuple(f"tcp://{i['ip']}:{i['ports'][2]}" for i in lead.values()) + tuple(
+            f"tcp://{i['ip']}:{i['ports'][0]}" for w, i in zip(plan.workers, infos) if not w.is_scheduler)
+        topo = afd.topology(args, addrs, one_node=len({i["node_id"] for i in infos + [detok]}) == 1)
+    bound = []
+    for w, info in zip(plan.workers, infos):
+        if not w.is_scheduler:
+            bound.append(w.bind(Wiring(afd_topology=topo), host=info["ip"]))
+            continue
+        r0 = lead[w.group]
+        init = f"tcp://{r0['ip']}:{r0['ports'][1]}" if w.tp_size > 1 else None
+        pa = dataclasses.replace(port_args, scheduler_input_ipc=inputs[w.group], dp_scheduler_inputs=())
         # host: worker-side sockets (PD bootstrap server and KV transfer agents) bind the IP Ray knows the node by
-        args = server_args.replace(node_rank=node_slice, dist_init_addr=f"{ip0}:{dist_port}" if tp > 1 else None,
-                                   host=infos[rank]["ip"])
-        device = "cuda:0" if res.get("GPU") else "cpu"  # the actor's CUDA_VISIBLE_DEVICES is Ray's assignment
-        spec = WorkerSpec(name=names[rank],
-                          target=run_scheduler_process,
-                          args=(args, port_args, READY_CHANNEL, None, rank, init, False, device),
-                          role="scheduler", rank=rank, device=device, resources=res)
-        handles.append(launcher.launch(spec))
+        bound.append(w.bind(Wiring(port_args=pa, dist_init=init, afd_topology=topo), host=info["ip"],
+                            node_rank=w.node, dist_init_addr=init[len("tcp://"):] if init else None))
+    return bound, port_args
+
+
+def _launch(plan: DeploymentPlan, server_args: ServerArgs, launcher: RayLauncher) -> Subprocesses:
+    """Reserve the placement, create the actors, wire their TCP endpoints, start the entry points and wait until
+    every worker is ready (see :func:`launch_ray_workers`)."""
+    launcher.reserve(plan_placement(role_groups(plan), spread_roles=server_args.ray_spread_roles),
+                     server_args.ray_placement_timeout)
+    launcher.add_slot(("detokenizer", 0), slot_of(plan.workers[0]))
+    *infos, detok_info = launcher.create_actors(
+        [ActorRequest(*slot_of(w), w.name, dict(w.resources), n_ports=_n_ports(w)) for w in plan.workers]
+        + [ActorRequest("detokenizer", 0, "sglang::detokenizer", {"CPU": 1.0}, n_ports=1)])
+    bound, port_args = _bind(plan, server_args, infos, detok_info)
+    handles = [launcher.launch(process_spec(w, READY_CHANNEL, slot=slot_of(w))) for w in bound]
     detok = launcher.launch(detokenizer_spec(server_args, port_args))
-    procs = Subprocesses(handles[0], detok, {}, schedulers=handles, tp_ranks=list(range(tp)), launcher=launcher,
-                         port_args=port_args)
+    procs = Subprocesses(handles, bound, detok, {}, launcher=launcher, port_args=port_args)
     info = _wait_ready(launcher, handles, STARTUP_TIMEOUT_S)
-    if info.get("status") == "ready" and server_args.disaggregation_mode == "prefill":
-        info["disaggregation_bootstrap_host"] = ip0  # the bootstrap server runs in rank 0's actor
-    return _finish(server_args, procs, info, [infos[r] for r in range(tp)])
+    if info.get("status") == "ready" and bound[0].role is WorkerRole.PREFILL:
+        info["disaggregation_bootstrap_host"] = infos[0]["ip"]  # the bootstrap server runs in rank 0's actor
+    return _finish(plan, procs, info, infos)
 
 
-def _finish(server_args: ServerArgs, procs: Subprocesses, info: dict, node_infos: list) -> Subprocesses:
-    """Record rank 0's ready message (plus where every scheduler rank runs) as ``procs.scheduler_info``.
+def _finish(plan: DeploymentPlan, procs: Subprocesses, info: dict, infos: list) -> Subprocesses:
+    """Record the first scheduler's ready message (plus where every worker runs) as ``procs.scheduler_info``.
 
     Raises:
         RuntimeError: ``info`` is an error (the startup failed).
@@ -137,12 +155,16 @@ def _finish(server_args: ServerArgs, procs: Subprocesses, info: dict, node_infos
         raise RuntimeError(f"server startup failed: {info.get('message')}")
     for key in ("status", "tp_rank", "pid"):
         info.pop(key, None)
-    info["ray_nodes"] = [{"tp_rank": r % server_args.tp_size, "ip": n["ip"], "node_id": n["node_id"],
-                          "gpu_ids": n["gpu_ids"]} for r, n in enumerate(node_infos)]
-    info.update(procs.scheduler_info)  # AFD: where the attention and FFN workers run
+    where = [(w, {"ip": n["ip"], "node_id": n["node_id"], "gpu_ids": n["gpu_ids"]})
+             for w, n in zip(plan.workers, infos)]
+    info["ray_nodes"] = [{"tp_rank": w.rank, **n} for w, n in where if w.is_scheduler]
+    if "afd" in plan.techniques:  # where the attention and FFN workers run, and the M2N transport Ray's placement gave
+        info["afd_ray_nodes"] = {"attention": [n for w, n in where if w.is_scheduler],
+                                 "ffn": [n for w, n in where if not w.is_scheduler],
+                                 "transport": procs.specs[0].wiring.afd_topology.transport}
     procs.scheduler_info = info
-    logger.info("Ray: %d scheduler rank(s) ready on node(s) %s (scheduler input %s)", len(node_infos),
-                [n["ip"] for n in node_infos], procs.port_args.scheduler_input_ipc)
+    logger.info("Ray: %d worker(s) ready on node(s) %s (scheduler input %s)", len(infos),
+                sorted({n["ip"] for n in infos}), procs.port_args.scheduler_input_ipc)
     return procs
 
 

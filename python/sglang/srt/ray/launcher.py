@@ -30,7 +30,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from sglang.srt.entrypoints.worker_launcher import WorkerHandle, WorkerLauncher, WorkerSpec
+from sglang.srt.entrypoints.worker_launcher import ProcessSpec, WorkerHandle, WorkerLauncher
 from sglang.srt.ray.placement import PlacementGroupPlan
 from sglang.srt.utils.nvls_env import NVLS_OFF_ENV
 
@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 
 class _ReadyChannelMarker:
-    """Placeholder for the worker's ready pipe inside :class:`WorkerSpec` args (compared by type)."""
+    """Placeholder for the worker's ready pipe inside :class:`ProcessSpec` args (compared by type)."""
 
     def __reduce__(self):
         return (_ReadyChannelMarker, ())
@@ -220,8 +220,8 @@ class RayLauncher(WorkerLauncher):
     """Creates placement groups from plans, then one :class:`_WorkerActor` per worker in its bundle.
 
     Use: :meth:`reserve` (placement groups ready) -> :meth:`create_actors` (returns each worker's node info:
-    IP, GPU ids, free ports) -> :meth:`launch` per :class:`WorkerSpec` (starts the entry point in the actor
-    created for ``(spec.role, spec.rank)``) -> :meth:`close` (kills every actor, removes the groups).
+    IP, GPU ids, free ports) -> :meth:`launch` per :class:`ProcessSpec` (starts the entry point in the actor
+    created for ``spec.slot``) -> :meth:`close` (kills every actor, removes the groups).
     """
 
     def __init__(self, log_level: str = "info", owns_connection: bool = False) -> None:
@@ -293,10 +293,10 @@ class RayLauncher(WorkerLauncher):
             infos.append(info)
         return infos
 
-    def launch(self, spec: WorkerSpec) -> RayWorkerHandle:
-        """Run ``spec.target(*spec.args, parent_watch=...)`` in the actor created for ``(spec.role, spec.rank)``;
-        returns at once."""
-        actor, info = self._actors[(spec.role, spec.rank)]
+    def launch(self, spec: ProcessSpec) -> RayWorkerHandle:
+        """Run ``spec.target(*spec.args, parent_watch=...)`` in the actor created for ``spec.slot``; returns at
+        once."""
+        actor, info = self._actors[tuple(spec.slot)]
         handle = RayWorkerHandle(spec.name, actor, actor.run.remote(spec.target, spec.args), info)
         self._handles.append(handle)
         logger.info("%s started as a Ray actor (pid %s) on node %s, device %s, Ray GPU ids %s", spec.name,

@@ -59,10 +59,12 @@ def resolve_min_tokens(requested: Optional[int], tp_size: int, gpu_name: str = "
     return AUTO_MIN_TOKENS.get(("H100", tp_size), DEFAULT_MIN_TOKENS)
 
 
-def create_tokenweave_executor(model_config: "ModelConfig", server_args: "ServerArgs", device: torch.device,
-                               tp_size: int):
+def create_tokenweave_executor(model_config: "ModelConfig", min_tokens: Optional[int], comm_sms: Optional[int],
+                               device: torch.device, tp_size: int):
     """The :class:`~sglang.srt.tokenweave.executor.TokenWeaveExecutor` for this worker (SM count of the GPU in
-    the wave model; the H100/H200 default on CPU)."""
+    the wave model; the H100/H200 default on CPU). ``min_tokens`` / ``comm_sms``: ``--tokenweave-min-tokens`` /
+    ``--tokenweave-comm-sms`` (validated by ``ServerArgs``; ``min_tokens`` None: :func:`resolve_min_tokens`'s
+    auto-off threshold of this GPU and TP size)."""
     from sglang.srt.tokenweave.executor import TokenWeaveConfig, TokenWeaveExecutor
     from sglang.srt.tokenweave.planner import GemmShape
 
@@ -70,8 +72,7 @@ def create_tokenweave_executor(model_config: "ModelConfig", server_args: "Server
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         shape, gpu = GemmShape(num_sms=props.multi_processor_count), props.name
-    cfg = TokenWeaveConfig(min_tokens=resolve_min_tokens(server_args.tokenweave_min_tokens, tp_size, gpu),
-                           comm_sms=server_args.tokenweave_comm_sms,
+    cfg = TokenWeaveConfig(min_tokens=resolve_min_tokens(min_tokens, tp_size, gpu), comm_sms=comm_sms,
                            gemm_widths=gemm_widths_of(model_config, tp_size), gemm_shape=shape)
     if cfg.min_tokens >= TOKENWEAVE_OFF:
         logger.info("TokenWeave auto-off on %s at TP%d: it lost to NCCL at every measured size (pass "
@@ -88,24 +89,24 @@ def max_prefill_tokens_of(server_args: "ServerArgs") -> int:
     return chunk if chunk is not None and chunk > 0 else server_args.max_prefill_tokens
 
 
-def create_tokenweave_communicator(ps: Any, server_args: "ServerArgs", hidden_size: Optional[int] = None):
-    """The tw-comm communicator when ``--comm-backend`` is auto or tw and it can be built; else the requested
-    backend (NCCL/gloo torch by default), logged either way. With ``hidden_size`` the workspace is sized for
-    the largest prefill (:func:`max_prefill_tokens_of` x ``hidden_size`` x 2 bytes) so overlapped calls never
-    fall back to NCCL; without it, tw-comm's 64 MiB default."""
+def create_tokenweave_communicator(ps: Any, backend: str, comm_sms: Optional[int], disable_custom_all_reduce: bool,
+                                   max_tokens: Optional[int] = None, hidden_size: Optional[int] = None):
+    """The tw-comm communicator when ``backend`` (``--comm-backend``) is auto or tw and it can be built; else the
+    requested backend (NCCL/gloo torch by default), logged either way. ``comm_sms``: ``--tokenweave-comm-sms``.
+    With ``max_tokens`` (:func:`max_prefill_tokens_of`) and ``hidden_size`` the workspace is sized for the largest
+    prefill (``max_tokens`` x ``hidden_size`` x 2 bytes) so overlapped calls never fall back to NCCL; without them,
+    tw-comm's 64 MiB default."""
     from sglang.srt.distributed.communicator import create_communicator
 
-    backend = server_args.comm_backend
     if backend not in ("auto", "tw") or ps is None or ps.tp_size == 1:
-        return create_communicator(ps, "torch" if backend == "auto" else backend,
-                                   server_args.disable_custom_all_reduce)
+        return create_communicator(ps, "torch" if backend == "auto" else backend, disable_custom_all_reduce)
     from sglang.srt.distributed.tw_communicator import TwCommunicator, workspace_bytes
 
-    max_bytes = workspace_bytes(max_prefill_tokens_of(server_args), hidden_size) if hidden_size else None
+    max_bytes = workspace_bytes(max_tokens, hidden_size) if hidden_size and max_tokens else None
     try:
-        comm = TwCommunicator(ps, comm_sms=server_args.tokenweave_comm_sms, max_bytes=max_bytes)
+        comm = TwCommunicator(ps, comm_sms=comm_sms, max_bytes=max_bytes)
     except (ImportError, OSError, RuntimeError) as e:
         logger.warning("TokenWeave: tw-comm is unavailable (%s); falling back to NCCL collectives", e)
-        return create_communicator(ps, "torch", server_args.disable_custom_all_reduce)
+        return create_communicator(ps, "torch", disable_custom_all_reduce)
     logger.info("TP communicator (rank %d/%d): %s [TokenWeave]", ps.tp_rank, ps.tp_size, comm.describe())
     return comm

@@ -35,7 +35,8 @@ logger = logging.getLogger(__name__)
 class TokenWeaveConfig:
     """``--tokenweave-min-tokens`` (batches with fewer new tokens run unsplit; >= 2), ``--tokenweave-comm-sms``
     (SM budget of the overlapped communication kernel; None: tw-comm's default), the layer's GEMM output
-    widths for the planner, and the device's GEMM wave model. Raises ValueError on bad values."""
+    widths for the planner, and the device's GEMM wave model. The two flags are validated once, by ``ServerArgs``;
+    raises ValueError when the GEMM widths are missing."""
 
     min_tokens: int = 1024
     comm_sms: Optional[int] = None
@@ -43,10 +44,6 @@ class TokenWeaveConfig:
     gemm_shape: GemmShape = GemmShape()
 
     def __post_init__(self) -> None:
-        if self.min_tokens < 2:
-            raise ValueError(f"--tokenweave-min-tokens={self.min_tokens} must be >= 2 (a split needs two tokens)")
-        if self.comm_sms is not None and not 1 <= self.comm_sms <= 256:
-            raise ValueError(f"--tokenweave-comm-sms={self.comm_sms} must be in [1, 256]")
         if not self.gemm_widths:
             raise ValueError("TokenWeaveConfig needs the layer's GEMM widths (layer_gemm_widths)")
 
@@ -114,6 +111,10 @@ class TokenWeaveExecutor(SubBatchExecutor):
         return super().run(model, forward_batch)
 
     def finish(self, states: list[LayerState]) -> None:
+        """Nothing: the skeleton calls this before :meth:`final_hidden`, whose per-split final norms still run on
+        the communication stream; :meth:`_join` runs once after them."""
+
+    def _join(self, states: list[LayerState]) -> None:
         """Make the compute stream wait for every split's last stage before the concatenation."""
         if self.comm_stream is None:
             return
@@ -151,7 +152,7 @@ class TokenWeaveExecutor(SubBatchExecutor):
                 else:  # no overlap-capable fused norm: the model's final norm of this split, on the compute stream
                     st.hidden = model.final_norm(st.hidden, st.residual)
             self._on_stream(fused, st, final)
-        self.finish(states)
+        self._join(states)
         return torch.cat([st.hidden for st in states])
 
     def _on_stream(self, comm_stage: bool, state: LayerState, fn) -> None:
@@ -163,7 +164,7 @@ class TokenWeaveExecutor(SubBatchExecutor):
         stage's outputs (hidden, residual) are read by the split's next stage, possibly on the other stream, and
         the stage after that waits (through the split's event chain) for that read, so holding each split's last
         two (hidden, residual) pairs keeps the caching allocator from handing a block back to its stream while the
-        other stream still reads it. ``finish`` drops the holds after the compute stream has waited for every
+        other stream still reads it. ``_join`` drops the holds after the compute stream has waited for every
         split."""
         if self.comm_stream is None:
             fn(False)

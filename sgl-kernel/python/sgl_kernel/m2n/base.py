@@ -210,7 +210,12 @@ class M2NEndpoint:
         self._poller = zmq.Poller()
         self._poller.register(self._inbox, zmq.POLLIN)
         self.transport = transport or InlineTransport()
-        self.transport.attach(self)
+        try:
+            self.transport.attach(self)
+        except BaseException:  # fail closed: no socket or context left for the garbage collector to terminate
+            self._inbox.close(linger=0)
+            self._ctx.term()
+            raise
         self.closed = False
 
     # ---- sockets ---------------------------------------------------------------------------------------

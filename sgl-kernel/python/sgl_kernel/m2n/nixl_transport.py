@@ -22,9 +22,11 @@ unconsumed (dispatch/combine answers every message before its slot comes round a
 waits for the READ.
 
 NIXL moves bytes over UCX: shared memory / TCP between processes of one host, RDMA (InfiniBand, RoCE) across
-nodes, GPU memory directly where UCX has CUDA support. The agent, registration, metadata and READ/poll are
-:class:`sglang.srt.disaggregation.transfer.nixl_backend.NixlTransferBackend` (the PD KV transfer's agent),
-imported lazily: ``pip install 'sglang[pd]'`` provides ``nixl``; the plain server never imports it.
+nodes, GPU memory directly where UCX has CUDA support. The agent (NIXL registration, metadata and READ/poll) is
+injected: ``agent_factory`` builds a :class:`ReadAgent` -- in sglang-tw the PD KV transfer's agent,
+``sglang.srt.disaggregation.transfer.nixl_backend.m2n_read_agent`` (sgl_kernel never imports sglang). ``nixl``
+itself is imported by the factory at :meth:`NixlTransport.attach` (``pip install 'sglang[pd]'``); the plain server
+never imports it.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import logging
 import os
 import time
 import uuid
-from typing import Optional
+from typing import Any, Callable, Optional, Protocol
 
 import msgspec
 import numpy as np
@@ -47,16 +49,29 @@ KIND_NIXL_HELLO = 4
 INSTALL_HINT = "pip install 'sglang[pd]'"
 
 
-def _load_backend():
-    """(NixlTransferBackend, TransferConfig, MemRegion, TransferState); ImportError naming the extra."""
-    try:
-        from sglang.srt.disaggregation.transfer.base import MemRegion, TransferConfig, TransferState
-        from sglang.srt.disaggregation.transfer.nixl_backend import NixlTransferBackend, import_nixl
+class ReadAgent(Protocol):
+    """What :class:`NixlTransport` needs of a one-sided READ agent (a NIXL agent with its memory registered).
 
-        import_nixl()
-    except ImportError as e:
-        raise ImportError(f"--afd-transport nixl needs the nixl package ({INSTALL_HINT}): {e}") from e
-    return NixlTransferBackend, TransferConfig, MemRegion, TransferState
+    ``poll`` returns a state whose ``name`` is ``"PENDING"``, ``"DONE"`` or ``"FAILED"``; a FAILED handle names the
+    reason in ``handle.error``; ``connect`` raises RuntimeError when the peer is unreachable.
+    """
+
+    def local_metadata(self) -> bytes: ...
+
+    def connect(self, peer: str, peer_metadata: bytes) -> None: ...
+
+    def read(self, peer: str, ops: np.ndarray) -> Any: ...
+
+    def poll(self, handle: Any) -> Any: ...
+
+    def cancel(self, handle: Any, reason: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+ReadAgentFactory = Callable[[str, float, tuple, list], ReadAgent]
+"""``(agent name, transfer timeout s, NIXL plugins, regions [(addr, nbytes, "cpu" | "cuda:N")]) -> ReadAgent``: builds
+the agent and registers the regions; raises ImportError when nixl is missing."""
 
 
 def _device_str(t: torch.Tensor) -> str:
@@ -67,6 +82,7 @@ class NixlTransport(PayloadTransport):
     """See the module docstring.
 
     Args:
+        agent_factory: builds the READ agent (:data:`ReadAgentFactory`).
         backends: NIXL plugins to instantiate (default UCX).
         poll_sleep_s: sleep between polls of a pending READ (0: spin).
     Raises (from :meth:`attach`):
@@ -75,12 +91,16 @@ class NixlTransport(PayloadTransport):
 
     name = "nixl"
 
-    def __init__(self, backends: tuple[str, ...] = ("UCX",), poll_sleep_s: float = 2e-5) -> None:
+    def __init__(self, agent_factory: ReadAgentFactory, backends: tuple[str, ...] = ("UCX",),
+                 poll_sleep_s: float = 2e-5) -> None:
+        if not callable(agent_factory):
+            raise ValueError("NixlTransport needs agent_factory, a callable building the NIXL READ agent (in sglang-tw: "
+                             "sglang.srt.disaggregation.transfer.nixl_backend.m2n_read_agent)")
+        self.agent_factory = agent_factory
         self.backends = tuple(backends)
         self.poll_sleep_s = poll_sleep_s
         self.ep = None
         self.agent = None
-        self._state = None
         self._peers: dict[int, tuple[str, int, int]] = {}  # rank -> (agent name, ring base address, slot bytes)
         self._fault: Optional[str] = None  # set once a peer may be dead: close() then never waits on peers
 
@@ -90,14 +110,14 @@ class NixlTransport(PayloadTransport):
         Raises:
             ImportError: nixl missing. RuntimeError: NIXL could not register the memory (from NIXL).
         """
-        backend_cls, config_cls, region_cls, self._state = _load_backend()
-        self.ep = endpoint
         name = f"m2n-r{endpoint.rank}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.agent = backend_cls(name, config_cls(transfer_timeout_s=endpoint.config.timeout_s,
-                                                  nixl_backends=self.backends))
         sb, rb = endpoint.send_bufs, endpoint.recv_buf
-        self.agent.register([region_cls(sb.data_ptr(), sb.numel(), _device_str(sb)),
-                             region_cls(rb.data_ptr(), rb.numel(), _device_str(rb))])
+        regions = [(sb.data_ptr(), sb.numel(), _device_str(sb)), (rb.data_ptr(), rb.numel(), _device_str(rb))]
+        try:
+            self.agent = self.agent_factory(name, endpoint.config.timeout_s, self.backends, regions)
+        except ImportError as e:
+            raise ImportError(f"--afd-transport nixl needs the nixl package ({INSTALL_HINT}): {e}") from e
+        self.ep = endpoint
         body = msgspec.msgpack.encode({"name": name, "md": self.agent.local_metadata(), "ring": sb.data_ptr(),
                                        "shape": list(sb.shape)})
         header = np.zeros(HEADER_LEN, dtype=np.int64)
@@ -162,15 +182,15 @@ class NixlTransport(PayloadTransport):
         handle = self.agent.read(name, np.array([[remote, out.data_ptr(), nbytes]], dtype=np.int64))
         next_alive = time.monotonic() + 0.05
         while True:
-            state = self.agent.poll(handle)  # FAILED past transfer_timeout_s (= M2NConfig.timeout_s)
-            if state is self._state.PENDING and self.ep.alive is not None and time.monotonic() > next_alive:
+            state = self.agent.poll(handle).name  # FAILED past transfer_timeout_s (= M2NConfig.timeout_s)
+            if state == "PENDING" and self.ep.alive is not None and time.monotonic() > next_alive:
                 next_alive = time.monotonic() + 0.05
                 if not self.ep.alive():
                     self.agent.cancel(handle, "the peer group is gone (liveness check failed)")
-                    state = self._state.FAILED
-            if state is self._state.DONE:
+                    state = "FAILED"
+            if state == "DONE":
                 return
-            if state is self._state.FAILED:
+            if state == "FAILED":
                 self._fault = f"READ from rank {src} failed"
                 raise ConnectionError(f"NIXL M2N rank {self.ep.rank}: READ of {nbytes} bytes from rank {src} "
                                       f"(agent {name}) failed: {handle.error}")

@@ -1,6 +1,7 @@
 """Run a function on N ranks as N processes (one GPU shared, or one GPU per rank), with hang diagnostics.
 
-Used by the GPU tests and ``benchmark/bench_tdist.py``. Each rank: sets the multicast-off environment, joins a gloo
+Used by the GPU tests and ``benchmark/bench_tdist.py``. Each rank: sets the caller's ``env`` (the multicast-off
+environment, ``sglang.srt.utils.nvls_env.NVLS_OFF_ENV``: passed in, since sgl_kernel never imports sglang), joins a gloo
 process group (host control only; several ranks may share one GPU, which NCCL refuses), builds the
 :class:`~sgl_kernel.tdist.heap.SymmetricHeap` on ``cuda:(rank % device_count)`` and calls
 ``fn(heap, note, nccl, *args) -> dict``. The parent collects the dicts; a rank that does not finish within ``timeout``
@@ -19,7 +20,7 @@ import queue
 import socket
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 
 
@@ -58,10 +59,8 @@ def _cpu_heap(rank: int, world: int, cfg, group):
 
 
 def _child(rank: int, world: int, port: int, fn: Callable, args: Tuple, cfg, q, with_nccl: bool,
-           gloo_timeout: float, cpu_heap: bool = False) -> None:
-    from sglang.srt.utils.nvls_env import NVLS_OFF_ENV
-
-    os.environ.update(NVLS_OFF_ENV)
+           gloo_timeout: float, cpu_heap: bool, env: Dict[str, str]) -> None:
+    os.environ.update(env)
     note = _Note(q, rank)
     try:
         import torch
@@ -92,12 +91,13 @@ def _child(rank: int, world: int, port: int, fn: Callable, args: Tuple, cfg, q, 
         q.put(("error", rank, traceback.format_exc()[-4000:]))
 
 
-def run_ranks(world: int, fn: Callable, args: Tuple = (), *, heap_config=None, timeout: float = 600.0,
-              with_nccl: bool = False, on_result: Optional[Callable[[int, str, Any], None]] = None,
-              stall_timeout: Optional[float] = None, gloo_timeout: float = 600.0,
-              cpu_heap: bool = False) -> Tuple[List[Any], List[str]]:
+def run_ranks(world: int, fn: Callable, args: Tuple = (), *, env: Mapping[str, str], heap_config=None,
+              timeout: float = 600.0, with_nccl: bool = False,
+              on_result: Optional[Callable[[int, str, Any], None]] = None, stall_timeout: Optional[float] = None,
+              gloo_timeout: float = 600.0, cpu_heap: bool = False) -> Tuple[List[Any], List[str]]:
     """Run ``fn(heap, note, nccl_group_or_None, *args)`` on ``world`` ranks; returns (per-rank results or None,
-    problems). ``fn`` must be importable (module level). with_nccl: also create an NCCL group (needs one GPU per
+    problems). ``fn`` must be importable (module level). env: variables every rank sets before touching CUDA (pass
+    ``sglang.srt.utils.nvls_env.NVLS_OFF_ENV``; required so that no caller forgets it). with_nccl: also create an NCCL group (needs one GPU per
     rank). on_result(rank, key, value): called in this process for every ``note.result`` of a child, as it arrives.
     stall_timeout: end the group when no rank sent anything for that many seconds. gloo_timeout: seconds of the
     ranks' host collectives. cpu_heap: give ``fn`` a host-memory stand-in heap (tests of this harness without a
@@ -108,7 +108,8 @@ def run_ranks(world: int, fn: Callable, args: Tuple = (), *, heap_config=None, t
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_child, args=(r, world, port, fn, args, cfg, q, with_nccl, gloo_timeout, cpu_heap),
+    procs = [ctx.Process(target=_child, args=(r, world, port, fn, args, cfg, q, with_nccl, gloo_timeout, cpu_heap,
+                                                    dict(env)),
                          daemon=True) for r in range(world)]
     for p in procs:
         p.start()

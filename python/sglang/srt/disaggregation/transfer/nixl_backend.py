@@ -270,3 +270,12 @@ class NixlTransferBackend(TransferBackend):
         self._reg_dlists = []
         logger.warning("nixl agent %s abandoned without teardown (%s); its memory stays registered until exit",
                        self.agent_name, reason)
+
+def m2n_read_agent(name: str, timeout_s: float, backends: tuple, regions: list) -> NixlTransferBackend:
+    """The NIXL agent of an M2N NIXL transport (``sgl_kernel.m2n.nixl_transport.ReadAgentFactory``, injected because
+    sgl_kernel never imports sglang): a :class:`NixlTransferBackend` named ``name`` whose transfers fail after
+    ``timeout_s`` seconds, with the NIXL plugins ``backends``, and ``regions`` ``[(addr, nbytes, "cpu" | "cuda:N")]``
+    registered. Raises ImportError when nixl is missing (the message names ``pip install 'sglang[pd]'``)."""
+    agent = NixlTransferBackend(name, TransferConfig(transfer_timeout_s=timeout_s, nixl_backends=tuple(backends)))
+    agent.register([MemRegion(int(a), int(n), str(d)) for a, n, d in regions])
+    return agent

@@ -4,90 +4,86 @@ so Triton-distributed AG-GEMM / GEMM-RS (``--enable-tdist-overlap``) can overlap
 (Zheng et al., "Triton-distributed", 2025, sec. 3.2-3.3).
 
 Per batch of T tokens (``rows = split_rows(T, tp)``): embed, keep this rank's rows; every layer's stages run as
-usual, but inside :func:`sequence_parallel_mode` the column/row-parallel linears take their ``forward_gathered`` /
-``forward_scattered`` path and the residual norms run locally (their fused all-reduce is detached: the inputs are
-already complete rows); after the final norm the rows are all-gathered and the logits computed on the full batch.
-Results equal the sequential executor's up to floating-point reassociation. Dense decoders only (an MoE layer's
-experts would need the tokens gathered first): ValueError otherwise.
+usual, but while the model's :class:`~sglang.srt.distributed.sequence_parallel.SequenceParallelLayout` is active the
+column/row-parallel linears take their ``forward_gathered`` / ``forward_scattered`` path and the residual norms run
+locally (their fused all-reduce is skipped: the inputs are already complete rows); after the final norm the rows are
+all-gathered and the logits computed on the full batch. The layout is installed on the model's modules once (the
+first forward of a model); a forward only sets its rows. Results equal the sequential executor's up to
+floating-point reassociation. Dense decoders only (an MoE layer's experts would need the tokens gathered first):
+ValueError otherwise.
 """
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Iterator, Sequence
+import weakref
+from typing import Any, ContextManager
 
-from sglang.srt.distributed.sequence_parallel import SequenceParallelOps, create_sequence_parallel_ops, split_rows
+import torch
+
+from sglang.srt.distributed.sequence_parallel import SequenceParallelLayout, SequenceParallelOps, \
+    create_sequence_parallel_ops, split_rows
 from sglang.srt.forward_batch_info import ForwardBatch
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
                                       RowParallelLinear)
 from sglang.srt.layers.stages import LayerState
-from sglang.srt.model_executor.executors.base import ModelExecutor
+from sglang.srt.model_executor.executors.base import StagedExecutor
 
 _SP_LINEARS = (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear)
 
 
-@contextlib.contextmanager
-def sequence_parallel_mode(layers: Any, sp_ops: SequenceParallelOps, rows: Sequence[int]) -> Iterator[None]:
-    """Within the block, every column/row-parallel linear under ``layers`` (a module) runs its sequence-parallel
-    form with ``rows`` and every residual RMSNorm runs without its communicator; restored on exit (also on error)."""
-    linears = [m for m in layers.modules() if isinstance(m, _SP_LINEARS)]
-    norms = [m for m in layers.modules() if isinstance(m, RMSNorm) and m.comm is not None]
-    saved = [m.comm for m in norms]
-    try:
-        for m in linears:
-            m.sequence_parallel = (sp_ops, tuple(rows))
-        for m in norms:
-            m.comm = None
-        yield
-    finally:
-        for m in linears:
-            m.sequence_parallel = None
-        for m, c in zip(norms, saved):
-            m.comm = c
+def install_sequence_parallel_layout(model: Any, layout: SequenceParallelLayout) -> int:
+    """Give every column/row-parallel linear and every residual RMSNorm (one with a communicator) under ``model``
+    (a module) a reference to ``layout``; returns how many modules got it. Done once per model: a forward then only
+    activates the layout (:meth:`SequenceParallelLayout.active`)."""
+    mods = [m for m in model.modules()
+            if isinstance(m, _SP_LINEARS) or (isinstance(m, RMSNorm) and m.comm is not None)]
+    for m in mods:
+        m.sequence_parallel = layout
+    return len(mods)
 
 
-class SequenceParallelExecutor(ModelExecutor):
-    """Runs dense decoders with a token-sharded residual (module docstring).
+class SequenceParallelExecutor(StagedExecutor):
+    """Runs dense decoders with a token-sharded residual (module docstring): the
+    :class:`~sglang.srt.model_executor.executors.base.StagedExecutor` skeleton with this rank's rows embedded, the
+    layout active around the layers and the final norm, and the final rows all-gathered.
 
     Args: sp_ops: the rank's :class:`SequenceParallelOps` (torch collectives, or Triton-distributed fused
     kernels); it also all-gathers the final rows (``gather_rows``).
     """
 
     name = "sequence_parallel"
-    supports_kv_layer_listener = True
 
     def __init__(self, sp_ops: SequenceParallelOps):
         self.sp_ops = sp_ops
+        self.layout = SequenceParallelLayout(sp_ops)
+        self._installed: "weakref.WeakSet[Any]" = weakref.WeakSet()  # models whose modules hold self.layout
 
     def run(self, model: Any, forward_batch: ForwardBatch) -> Any:
         """Forward ``forward_batch`` with the sequence-parallel layout; returns the model's LogitsProcessorOutput.
         Raises ValueError for a model with MoE layers."""
-        layers = model.decoder_layers
-        if any(getattr(layer, "is_moe", False) for layer in layers):
-            raise ValueError("the sequence-parallel executor (--enable-tdist-overlap) supports dense decoders only; "
-                             "this model has MoE layers: run without --enable-tdist-overlap")
-        forward_batch.attn_backend.init_forward_metadata(forward_batch)
-        ops = self.sp_ops
-        total = forward_batch.input_ids.shape[0]
-        rows = split_rows(total, ops.world_size)
-        start = sum(rows[: ops.rank])
-        hidden = model.embed(forward_batch.input_ids)[start: start + rows[ops.rank]]
-        st = LayerState(hidden, None, forward_batch.positions, forward_batch)
-        listener = self.active_listener(forward_batch) if self.kv_layer_listener is not None else None
-        try:
-            with sequence_parallel_mode(model, ops, rows):
-                for i, layer in enumerate(layers):
-                    for stage in layer.stage_names():
-                        layer.run_stage(stage, st)
-                        if listener is not None and stage == "attention":  # attention saw every token's K/V
-                            listener.on_layer_kv_written(i, forward_batch)
-                normed = model.final_norm(st.hidden, st.residual)
-        finally:
-            if listener is not None:
-                listener.on_forward_done(forward_batch)
-        full = ops.gather_rows(normed, rows)
-        return model.compute_logits(full, forward_batch)
+        if model not in self._installed:
+            if any(getattr(layer, "is_moe", False) for layer in model.decoder_layers):
+                raise ValueError("the sequence-parallel executor (--enable-tdist-overlap) supports dense decoders "
+                                 "only; this model has MoE layers: run without --enable-tdist-overlap")
+            install_sequence_parallel_layout(model, self.layout)
+            self._installed.add(model)
+        return super().run(model, forward_batch)
+
+    def forward_scope(self, model: Any, forward_batch: ForwardBatch) -> ContextManager:
+        """The layout, active with this batch's per-rank rows."""
+        return self.layout.active(split_rows(forward_batch.input_ids.shape[0], self.sp_ops.world_size))
+
+    def embed(self, model: Any, sub: ForwardBatch) -> LayerState:
+        """This rank's rows of the embedding: ``[rows[rank], H]``."""
+        rows, rank = self.layout.rows, self.sp_ops.rank
+        start = sum(rows[:rank])
+        hidden = model.embed(sub.input_ids)[start: start + rows[rank]]
+        return LayerState(hidden, None, sub.positions, sub)
+
+    def final_hidden(self, model: Any, states: list[LayerState]) -> torch.Tensor:
+        """The final norm of this rank's rows, all-gathered: ``[T, H]``."""
+        return self.sp_ops.gather_rows(super().final_hidden(model, states), self.layout.rows)
 
 
 def create_sequence_parallel_executor(model: Any, parallel_state: Any, server_args: Any) -> SequenceParallelExecutor:

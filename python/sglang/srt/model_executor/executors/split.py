@@ -20,23 +20,21 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
-import torch
-
 from sglang.srt.forward_batch_info import ForwardBatch
 from sglang.srt.layers.stages import LayerState
-from sglang.srt.model_executor.executors.base import ModelExecutor
+from sglang.srt.model_executor.executors.base import StagedExecutor
 from sglang.srt.model_executor.executors.sequential import SequentialExecutor
 
 
-class SubBatchExecutor(ModelExecutor):
-    """Runs a batch as the sub-batches ``plan(forward_batch)`` returns (one sub-batch: sequential).
+class SubBatchExecutor(StagedExecutor):
+    """Runs a batch as the sub-batches ``plan(forward_batch)`` returns (one sub-batch: the sequential executor,
+    i.e. the model's own forward).
 
     Subclasses override :meth:`plan` (which sub-batches) and may override :meth:`run_stage` (where a
-    stage runs).
+    stage runs) and :meth:`finish`; the skeleton is :class:`StagedExecutor`'s.
     """
 
     name = "sub_batch"
-    supports_kv_layer_listener = True
 
     def __init__(self) -> None:
         self._sequential = SequentialExecutor()
@@ -46,59 +44,25 @@ class SubBatchExecutor(ModelExecutor):
         super().set_kv_layer_listener(listener)
         self._sequential.set_kv_layer_listener(listener)
 
-    def plan(self, forward_batch: ForwardBatch) -> list[ForwardBatch]:
-        """The sub-batches, in token order, covering every token of ``forward_batch`` exactly once."""
-        return [forward_batch]
-
-    def run_stage(self, layer: Any, stage: str, state: LayerState) -> None:
-        """Run one stage of one sub-batch (default: on the current stream)."""
-        layer.run_stage(stage, state)
-
-    def finish(self, states: list[LayerState]) -> None:
-        """Called after the last layer, before the sub-batches' outputs are concatenated (default: nothing;
-        stream-based executors make the current stream wait for every sub-batch here)."""
-
     def run(self, model: Any, forward_batch: ForwardBatch) -> Any:
         """Forward ``forward_batch`` as its planned sub-batches (see the module docstring)."""
         subs = self.plan(forward_batch)
         if len(subs) <= 1:
             return self._sequential.run(model, forward_batch)
         listener = self.active_listener(forward_batch) if self.kv_layer_listener is not None else None
-        for sub in subs:
-            sub.attn_backend.init_forward_metadata(sub)
-        try:
-            states = [LayerState(h, None, s.positions, s) for h, s in zip(self.embed(model, forward_batch, subs), subs)]
-            for i, layer in enumerate(model.decoder_layers):
-                for stage in layer.stage_names():
-                    for st in states:
-                        self.run_stage(layer, stage, st)
-                    if listener is not None and stage == "attention":  # every sub-batch stored layer i's KV
-                        listener.on_layer_kv_written(i, forward_batch)
-            hidden = self.final_hidden(model, states)
-        finally:
-            if listener is not None:
-                listener.on_forward_done(forward_batch)
-        return model.compute_logits(hidden, forward_batch)
+        return self.run_layers(model, forward_batch, subs, listener)
 
-    @staticmethod
-    def embed(model: Any, forward_batch: ForwardBatch, subs: list[ForwardBatch]) -> list[torch.Tensor]:
-        """Every sub-batch's input embeddings ``[T_i, H]``: views of ONE embedding of the whole batch, so a
+    def embed_states(self, model: Any, forward_batch: ForwardBatch, subs: list[ForwardBatch]) -> list[LayerState]:
+        """Every sub-batch's layer state from views of ONE embedding of the whole batch ``[T_i, H]``, so a
         TP-sharded vocabulary runs one all-reduce per forward, not one per sub-batch (sub-batches are
         contiguous token ranges of ``forward_batch``, see :mod:`sglang.srt.batch_split`)."""
         if any(getattr(s, "token_range", None) is None for s in subs):  # not cut by batch_split: embed each
-            return [model.embed(s.input_ids) for s in subs]
+            return super().embed_states(model, forward_batch, subs)
         emb = model.embed(forward_batch.input_ids)
         parent = getattr(forward_batch, "token_range", None)
         base = parent[0] if parent is not None else 0
-        return [emb[s.token_range[0] - base:s.token_range[1] - base] for s in subs]
-
-    def final_hidden(self, model: Any, states: list[LayerState]) -> torch.Tensor:
-        """The final normed hidden states ``[N, H]`` in token order (default: :meth:`finish`, then the
-        sub-batches' hidden and residual concatenated and the final norm run once)."""
-        self.finish(states)
-        hidden = torch.cat([st.hidden for st in states])
-        residual = torch.cat([st.residual for st in states])
-        return model.final_norm(hidden, residual)
+        return [LayerState(emb[s.token_range[0] - base:s.token_range[1] - base], None, s.positions, s)
+                for s in subs]
 
 
 class TokenSplitExecutor(SubBatchExecutor):

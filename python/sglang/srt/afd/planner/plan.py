@@ -1,6 +1,6 @@
 """Deployment-plan search for attention/FFN disaggregation (MegaScale-Infer sec. 4.2, Algorithm 1).
 
-``python -m sglang.srt.afd.plan --model-path CONFIG --attention-gpu H20 --ffn-gpu L40S --tpot-slo-ms 150``
+``python -m sglang.srt.afd.planner.plan --model-path CONFIG --attention-gpu H20 --ffn-gpu L40S --tpot-slo-ms 150``
 
 Algorithm 1 enumerates the expert-node TP size ``tp_e`` and the attention-node TP size ``tp_a`` (both
 within one node), balances the attention and expert times through the number of attention nodes ``n_a``
@@ -28,10 +28,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from sglang.srt.afd.gpu_specs import gpu_kinds
-from sglang.srt.afd.model_spec import MoEModelSpec
-from sglang.srt.afd.perf_model import PerfModel, build_perf_model, load_profile
-from sglang.srt.afd.simulator import iteration_time, min_micro_batches, pipeline_summary, simulate_fleet
+from sglang.srt.afd.planner.gpu_specs import gpu_kinds
+from sglang.srt.afd.planner.model_spec import MoEModelSpec
+from sglang.srt.afd.planner.perf_model import PerfModel, build_perf_model, load_profile
+from sglang.srt.afd.planner.simulator import iteration_time, min_micro_batches, pipeline_summary, simulate_fleet
 
 logger = logging.getLogger(__name__)
 
@@ -282,14 +282,14 @@ def plan_deployment(model: MoEModelSpec, attention_gpu: str, ffn_gpu: str, limit
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sglang.srt.afd.plan", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m sglang.srt.afd.planner.plan", description=__doc__.split("\n\n")[0])
     p.add_argument("--model-path", required=True, help="HF checkpoint folder or config.json of an MoE model")
     p.add_argument("--attention-gpu", required=True, help=f"GPU kind of attention nodes: {', '.join(gpu_kinds())}")
     p.add_argument("--ffn-gpu", required=True, help="GPU kind of expert (FFN) nodes")
     p.add_argument("--tpot-slo-ms", type=float, required=True, help="time-per-output-token SLO, ms")
     p.add_argument("--max-gpus-per-node", type=int, default=8)
     p.add_argument("--profile", action="append", default=[],
-                   help="profile JSON from python -m sglang.srt.afd.profiler (repeat: one per GPU kind)")
+                   help="profile JSON from python -m sglang.srt.afd.planner.profiler (repeat: one per GPU kind)")
     p.add_argument("--avg-seq-len", type=int, default=1024, help="mean context length of decoding requests")
     p.add_argument("--max-total-gpus", type=int, default=4096)
     p.add_argument("--max-attention-nodes", type=int, default=512)

@@ -1,7 +1,7 @@
 """ctypes binding of libtwcomm's C API (tw-comm/include/tw_comm/tw_comm.h).
 
 Only opaque workspace handles (ints) and tensor data pointers pass through here; user code goes through
-:mod:`sgl_kernel.tw_comm_ops` (torch ops) or ``sglang.srt.distributed.tw_comm`` (workspace API).
+:mod:`sgl_kernel.tw_comm.ops` (torch ops) or ``sglang.srt.distributed.tw_comm`` (workspace API).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class TwCommLib:
 def load_library(path: Optional[str] = None) -> TwCommLib:
     """Load libtwcomm (building it JIT when ``path`` is None). Cached per process: one library handle."""
     if path is None:
-        from sgl_kernel.tw_comm_build import build_library
+        from sgl_kernel.tw_comm.build import build_library
 
         path = str(build_library())
     return TwCommLib(Path(path))

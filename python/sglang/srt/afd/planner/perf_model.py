@@ -25,8 +25,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from sglang.srt.afd.gpu_specs import GpuSpec, get_gpu_spec
-from sglang.srt.afd.model_spec import MoEModelSpec
+from sglang.srt.afd.planner.gpu_specs import GpuSpec, get_gpu_spec
+from sglang.srt.afd.planner.model_spec import MoEModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ def datasheet_expert_cost(model: MoEModelSpec, gpu: GpuSpec, tp: int) -> LinearC
 
 
 def load_profile(path: str) -> dict[str, Any]:
-    """Read and validate a profile JSON written by ``python -m sglang.srt.afd.profiler``.
+    """Read and validate a profile JSON written by ``python -m sglang.srt.afd.planner.profiler``.
 
     Raises:
         ValueError: unreadable file, wrong schema, or no attention/expert points.
@@ -165,7 +165,7 @@ def load_profile(path: str) -> dict[str, Any]:
         raise ValueError(f"--profile {path!r}: cannot read ({e})") from None
     if prof.get("schema") != PROFILE_SCHEMA:
         raise ValueError(f"--profile {path!r}: schema {prof.get('schema')!r} is not {PROFILE_SCHEMA!r}; "
-                         "write it with python -m sglang.srt.afd.profiler")
+                         "write it with python -m sglang.srt.afd.planner.profiler")
     if not prof.get("attention") and not prof.get("expert"):
         raise ValueError(f"--profile {path!r} holds neither attention nor expert points")
     prof["_path"] = path

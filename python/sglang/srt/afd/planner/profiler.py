@@ -1,7 +1,7 @@
 """Measure the AFD performance model's pieces on this machine (MegaScale-Infer sec. 4.2: k1..k4 are fitted
 from profiles of the attention and expert GEMMs at several batch sizes).
 
-``python -m sglang.srt.afd.profiler --model-path CONFIG --out prof.json [--gpu H100] [--device cuda]``
+``python -m sglang.srt.afd.planner.profiler --model-path CONFIG --out prof.json [--gpu H100] [--device cuda]``
 
 Times one decode layer's attention piece per tensor-parallel shard (QKV projection, attention over a KV
 cache of ``--seq-len`` tokens, output projection, router, shared experts) at batch sizes ``b_a``, and one
@@ -21,9 +21,9 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from sglang.srt.afd.gpu_specs import get_gpu_spec, gpu_kinds
-from sglang.srt.afd.model_spec import MoEModelSpec
-from sglang.srt.afd.perf_model import PROFILE_SCHEMA
+from sglang.srt.afd.planner.gpu_specs import get_gpu_spec, gpu_kinds
+from sglang.srt.afd.planner.model_spec import MoEModelSpec
+from sglang.srt.afd.planner.perf_model import PROFILE_SCHEMA
 
 logger = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ def _ints(s: str) -> list[int]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """CLI entry point; exit status 2 with a one-line error on bad input."""
-    p = argparse.ArgumentParser(prog="python -m sglang.srt.afd.profiler", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m sglang.srt.afd.planner.profiler", description=__doc__.split("\n\n")[0])
     p.add_argument("--model-path", required=True)
     p.add_argument("--out", required=True, help="profile JSON to write")
     p.add_argument("--gpu", default=None, help=f"GPU kind this machine stands for ({', '.join(gpu_kinds())}); "

@@ -39,7 +39,7 @@ def default_source_dir() -> Path:
     env = os.environ.get("TW_COMM_SRC")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[3] / "tw-comm"
+    return Path(__file__).resolve().parents[4] / "tw-comm"
 
 
 def find_nvcc() -> Optional[str]:

@@ -16,8 +16,8 @@ from typing import Tuple
 
 import torch
 
-from sgl_kernel import reference
-from sgl_kernel.tw_comm_lib import TW_OK, load_library
+from sgl_kernel.tw_comm import reference
+from sgl_kernel.tw_comm.lib import TW_OK, load_library
 
 ONESHOT = 0
 TWOSHOT = 1
