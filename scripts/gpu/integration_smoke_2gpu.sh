@@ -20,13 +20,12 @@ step() {  # step NAME SECONDS CMD...
   local rc=$?
   echo "- $name: rc=$rc in $(( SECONDS - t0 )) s; $(grep -E '[0-9]+ (passed|failed)' "$out/$name.log" | tail -1)" | tee -a "$summary"
 }
-pyt() { "$PY" -m pytest -q -x -p no:cacheprovider -rA "$@"; }
+pyt=("$PY" -m pytest -q -x -p no:cacheprovider -rA)
 step dry_run 20 "$PY" -m sglang.launch_server --dry-run --enable-afd --model-path ../shared/data/models/stories260K-moe --device cuda
-step graphs_qwen3_fp32 45 pyt test/gpu/test_gpu_correctness.py -k "cuda_graph_replay_equals_eager"
-step tw_comm_lamport 45 env TW_COMM_QUICK=1 "$PY" -m pytest -q -x -p no:cacheprovider "test/gpu/test_tw_comm_gpu.py::test_tw_comm_gpu[2]" "test/gpu/test_tw_comm_gpu.py::test_tw_comm_lamport_gpu[2]"
-step tokenweave_exec 40 pyt "test/gpu/test_tokenweave_gpu.py::test_tokenweave_tp_ranks_share_one_gpu[llama_bias_untied-2]"
-step tdist_one_rank_per_gpu 40 pyt test/gpu/test_tdist_gpu.py -k "one_rank_per_gpu and decomp"
-step m2n_cross_gpu 60 pyt -s test/gpu/test_m2n_multi_gpu.py -k "2gpu"
-step tp2_server 60 pyt test/gpu/test_tp_gpu.py::test_tp2_server_fp32_greedy_equals_tp1
-step afd_server 60 pyt test/gpu/test_afd_gpu.py::test_afd_server_one_gpu_greedy_equals_colocated
+step graphs_qwen3_fp32 45 "${pyt[@]}" test/gpu/test_gpu_correctness.py -k "cuda_graph_replay_equals_eager"
+step tokenweave_exec 40 "${pyt[@]}" "test/gpu/test_tokenweave_gpu.py::test_tokenweave_tp_ranks_share_one_gpu[llama_bias_untied-2]"
+step tdist_one_rank_per_gpu 40 "${pyt[@]}" test/gpu/test_tdist_gpu.py -k "one_rank_per_gpu and decomp"
+step m2n_cross_gpu 60 "${pyt[@]}" -s test/gpu/test_m2n_multi_gpu.py -k "2gpu"
+step tp2_server 60 "${pyt[@]}" test/gpu/test_tp_gpu.py::test_tp2_server_fp32_greedy_equals_tp1
+step afd_server 60 "${pyt[@]}" test/gpu/test_afd_gpu.py::test_afd_server_one_gpu_greedy_equals_colocated
 echo "total $(( SECONDS - start )) s" | tee -a "$summary"

@@ -100,3 +100,36 @@ def test_out_of_resources_falls_back_once_per_shape(monkeypatch):
     monkeypatch.setattr(ea, "_FALLBACK", {})
     with pytest.raises(OutOfResources):
         call()
+
+
+_AUTO_CHECK = r"""
+import json, types, torch
+import sgl_kernel.triton.extend_attention as ea
+torch.cuda.get_device_capability = lambda i: (9, 0)
+torch.cuda.get_device_properties = lambda i: types.SimpleNamespace(shared_memory_per_block_optin=232448,
+                                                                   major=9, minor=0)
+out = {}
+for name, size in (("bf16", 2), ("fp32", 4)):
+    q = types.SimpleNamespace(shape=(8, 32, 128), is_cuda=True, device=types.SimpleNamespace(index=0),
+                              element_size=lambda size=size: size)
+    dev, cands = ea.auto_configs(q)
+    out[name] = [dev, [list(c) for c in cands], ea.extend_smem_bytes(cands[0], 128, size)]
+print(json.dumps(out))
+"""
+
+
+def test_auto_configs_on_a_cuda_device_fit_its_shared_memory():
+    """The CUDA branch of the automatic config choice (the path a GPU prefill takes; the CPU interpreter never
+    reaches it) runs with the device queries stubbed as an H100: it returns the device index and candidates whose
+    first one fits 232448 B, for bf16 and fp32 (the round-3 fp32 OutOfResources case)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "sgl-kernel" / "python"), str(REPO / "python"),
+                                         env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-c", _AUTO_CHECK], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    for name in ("bf16", "fp32"):
+        dev, cands, smem = res[name]
+        assert dev == 0 and cands, res
+        assert smem <= H100_SMEM, (name, cands[0], smem)
+    assert res["bf16"][1][0] == [128, 128, 8, 3] and res["fp32"][1][0] != [128, 128, 8, 3], res

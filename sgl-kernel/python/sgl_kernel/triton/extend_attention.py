@@ -186,6 +186,23 @@ def extend_config(head_dim: int, arch: Optional[Tuple[int, int]], dtype_bytes: i
 
 
 @functools.lru_cache(maxsize=16)
+def _arch(device_index: int) -> Tuple[int, int]:
+    """(major, minor) compute capability of CUDA device ``device_index`` (cached)."""
+    return tuple(torch.cuda.get_device_capability(device_index))
+
+
+def auto_configs(q: torch.Tensor) -> Tuple[int, list]:
+    """The device index (-1 off CUDA) and the candidate configs, fastest first, that :func:`extend_attention_fwd`
+    picks from for queries ``q`` ([N, num_heads, head_dim]) when no ``config`` is given: on CUDA those of
+    :func:`extend_configs` for the device's arch, ``q``'s element size and its opt-in shared memory per block."""
+    hd = q.shape[-1]
+    if not q.is_cuda:
+        return -1, extend_configs(hd, None)
+    dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    return dev, extend_configs(hd, _arch(dev), q.element_size(), _smem_optin(dev))
+
+
+@functools.lru_cache(maxsize=16)
 def _smem_optin(device_index: int) -> int:
     props = torch.cuda.get_device_properties(device_index)
     optin = getattr(props, "shared_memory_per_block_optin", 0)  # absent from old torch builds: the arch table
@@ -233,10 +250,8 @@ def extend_attention_fwd(q: torch.Tensor, out: torch.Tensor, k_buf: torch.Tensor
                          f"k_buf {tuple(k_buf.shape)}, v_buf {tuple(v_buf.shape)} are inconsistent")
     auto = config is None
     if auto:
-        dev = (q.device.index if q.device.index is not None else torch.cuda.current_device()) if q.is_cuda else -1
+        dev, cands = auto_configs(q)
         key = (dev, hd, q.dtype)
-        cands = (extend_configs(hd, _arch(dev), q.element_size(), _smem_optin(dev)) if q.is_cuda
-                 else extend_configs(hd, None))
         config = cands[min(_FALLBACK.get(key, 0), len(cands) - 1)]
     block_m, block_n, warps, stages = config
     if any(x < 16 or x & (x - 1) for x in (block_m, block_n)):
