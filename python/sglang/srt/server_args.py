@@ -169,6 +169,15 @@ class ServerArgs:
             # the test mode's collectives run on gloo (not graph-capturable; no symmetric-memory custom AR)
             object.__setattr__(self, "disable_cuda_graph", True)
             object.__setattr__(self, "disable_custom_all_reduce", True)
+        self._check_runtime(bad)
+        self._check_disaggregation(bad)
+        if self.enable_afd:
+            self._check_afd(bad)
+        if not 1 <= self.port <= 65535:
+            bad("port", self.port, "use a TCP port in 1..65535")
+
+    def _check_runtime(self, bad) -> None:
+        """Validate the transport, multi-node, Ray and request-limit flags (``bad(flag, value, fix)`` raises)."""
         if self.zmq_transport not in ("ipc", "tcp"):
             bad("zmq-transport", self.zmq_transport, "use ipc or tcp")
         if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
@@ -194,6 +203,9 @@ class ServerArgs:
             bad("max-n", self.max_n, "use a positive integer")
         if not self.watchdog_timeout > 0:
             bad("watchdog-timeout", self.watchdog_timeout, "use a positive number of seconds")
+
+    def _check_disaggregation(self, bad) -> None:
+        """Validate the ``--disaggregation-*`` flags (``bad(flag, value, fix)`` raises)."""
         if self.disaggregation_mode not in ("null", "prefill", "decode"):
             bad("disaggregation-mode", self.disaggregation_mode, "use null, prefill or decode")
         if self.disaggregation_transfer_backend not in ("nixl", "fake"):
@@ -211,10 +223,6 @@ class ServerArgs:
                 "use a number of seconds >= 0 (0: prefill push-mode requests without waiting)")
         if self.disaggregation_mode != "null" and self.enable_overlap_schedule:
             bad("enable-overlap-schedule", True, "overlap scheduling is not supported with --disaggregation-mode yet")
-        if self.enable_afd:
-            self._check_afd(bad)
-        if not 1 <= self.port <= 65535:
-            bad("port", self.port, "use a TCP port in 1..65535")
 
     def _check_afd(self, bad) -> None:
         """Validate the ``--afd-*`` flags and set what AFD needs (no CUDA graphs: the executor dispatches remotely;
