@@ -14,7 +14,7 @@ from sglang.srt.afd.planner import profiler
 from sglang.srt.afd.planner.gpu_specs import get_gpu_spec
 from sglang.srt.afd.planner.model_spec import MoEModelSpec
 from sglang.srt.afd.planner.perf_model import PROFILE_SCHEMA, build_perf_model, fit_linear, load_profile
-from sglang.srt.afd.planner.plan import PlanInfeasibleError, SearchLimits, plan_deployment, search_plans
+from sglang.srt.afd.planner.plan import PlanInfeasibleError, SearchLimits, best_afd_plan, search_plans
 from sglang.srt.afd.planner.simulator import iteration_time, min_micro_batches, simulate_fleet, simulate_pipeline
 
 # Table 4 of the paper (layers, hidden, experts, top-k, intermediate); attention shapes from the public
@@ -132,7 +132,7 @@ def test_vectorized_search_equals_exhaustive_scalar_search():
 def test_expert_imbalance_costs_throughput():
     """A skewed router (max/mean expert-node load from load_balance) slows the expert side; never helps."""
     model = _table4("DBRX")
-    rates = [plan_deployment(model, "H20", "L40S", SearchLimits(tpot_slo_s=0.15, max_attention_nodes=64,
+    rates = [best_afd_plan(model, "H20", "L40S", SearchLimits(tpot_slo_s=0.15, max_attention_nodes=64,
                                                                  expert_imbalance=x)).tokens_per_s_per_cost
              for x in (1.0, 1.5, 3.0)]
     assert rates[0] > rates[1] > rates[2]
@@ -141,7 +141,7 @@ def test_expert_imbalance_costs_throughput():
 @pytest.mark.parametrize("name", list(TABLE4))
 def test_heterogeneous_h20_attention_l40s_experts_beats_homogeneous_per_cost(name):
     lim = SearchLimits(tpot_slo_s=0.15, max_attention_nodes=64)
-    res = {pair: plan_deployment(_table4(name), *pair, lim) for pair in
+    res = {pair: best_afd_plan(_table4(name), *pair, lim) for pair in
            [("H20", "L40S"), ("H20", "H20"), ("L40S", "L40S")]}
     het = res[("H20", "L40S")].tokens_per_s_per_cost
     assert het > res[("H20", "H20")].tokens_per_s_per_cost
@@ -151,22 +151,22 @@ def test_heterogeneous_h20_attention_l40s_experts_beats_homogeneous_per_cost(nam
 def test_infeasible_slo_and_memory_give_clear_errors():
     model = _table4("Mixtral-8x22B")
     with pytest.raises(PlanInfeasibleError, match=r"--tpot-slo-ms=1\b.*needs TPOT >= \d"):
-        plan_deployment(model, "H20", "L40S", SearchLimits(tpot_slo_s=1e-3))
+        best_afd_plan(model, "H20", "L40S", SearchLimits(tpot_slo_s=1e-3))
     huge = MoEModelSpec.from_hf_config({**model.to_dict(), "moe_intermediate_size": 40960})  # 85 GB/expert
     msg = r"fits in memory \(one expert.s weights need 84.6 GB > 1xL40S \(43.2 GB usable\)\)"
     with pytest.raises(PlanInfeasibleError, match=msg):
-        plan_deployment(huge, "L40S", "L40S", SearchLimits(tpot_slo_s=1.0, max_gpus_per_node=1))
+        best_afd_plan(huge, "L40S", "L40S", SearchLimits(tpot_slo_s=1.0, max_gpus_per_node=1))
     with pytest.raises(PlanInfeasibleError, match="hides communication.*--max-micro-batches=2"):
-        plan_deployment(model, "H20", "L40S", SearchLimits(tpot_slo_s=1.0, max_micro_batches=2))
+        best_afd_plan(model, "H20", "L40S", SearchLimits(tpot_slo_s=1.0, max_micro_batches=2))
     with pytest.raises(ValueError, match="unknown GPU kind 'A100'"):
-        plan_deployment(model, "A100", "L40S", SearchLimits(tpot_slo_s=1.0))
+        best_afd_plan(model, "A100", "L40S", SearchLimits(tpot_slo_s=1.0))
     with pytest.raises(ValueError, match="tpot-slo-ms must be > 0"):
         SearchLimits(tpot_slo_s=0)
 
 
 def test_fleet_simulation_of_thousands_of_gpus():
     model = MoEModelSpec.from_path(shared_path("configs", "Qwen--Qwen3-30B-A3B"))
-    p = plan_deployment(model, "H20", "L40S", SearchLimits(tpot_slo_s=0.1, max_attention_nodes=128))
+    p = best_afd_plan(model, "H20", "L40S", SearchLimits(tpot_slo_s=0.1, max_attention_nodes=128))
     fr = simulate_fleet(p, attention_gpus=3000, ffn_gpus=5000)
     assert fr.replicas == min(3000 // p.attention_gpus, 5000 // p.ffn_gpus) > 0
     assert fr.tokens_per_s == pytest.approx(fr.replicas * p.tokens_per_s)
@@ -176,7 +176,7 @@ def test_fleet_simulation_of_thousands_of_gpus():
     # the fleet objective: most tokens/s from a fixed heterogeneous fleet, at least the per-cost plan's
     lim = SearchLimits(tpot_slo_s=0.1, max_attention_nodes=128, objective="fleet",
                        fleet_attention_gpus=1000, fleet_ffn_gpus=3000)
-    best = plan_deployment(model, "H20", "L40S", lim)
+    best = best_afd_plan(model, "H20", "L40S", lim)
     fb = simulate_fleet(best, 1000, 3000)
     assert fb.tokens_per_s >= simulate_fleet(p, 1000, 3000).tokens_per_s
     assert fb.replicas * best.attention_gpus <= 1000 and fb.replicas * best.ffn_gpus <= 3000

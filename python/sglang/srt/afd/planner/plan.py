@@ -87,7 +87,7 @@ class SearchLimits:
 
 
 @dataclass(frozen=True)
-class DeploymentPlan:
+class AfdPlan:
     """One deployment unit: ``n_a`` attention nodes of ``tp_a`` GPUs + ``n_e`` expert nodes of ``tp_e`` GPUs.
 
     Times are per micro-batch per MoE layer, in milliseconds; throughput in output tokens/s.
@@ -161,7 +161,7 @@ def _evaluate(perf: PerfModel, lim: SearchLimits, tp_a, tp_e, g, n_a, m, b_a):
     return t_a, t_e, t_c, t_it
 
 
-def search_plans(perf: PerfModel, lim: SearchLimits, top: int = 1) -> list[DeploymentPlan]:
+def search_plans(perf: PerfModel, lim: SearchLimits, top: int = 1) -> list[AfdPlan]:
     """Algorithm 1: the best ``top`` plans under ``lim`` (best first).
 
     Raises:
@@ -258,9 +258,9 @@ def _infeasible_message(perf: PerfModel, lim: SearchLimits, best_tpot: float, me
             f"raise the SLO above that, or use faster GPUs / larger --max-gpus-per-node")
 
 
-def _to_plan(perf: PerfModel, c: tuple) -> DeploymentPlan:
+def _to_plan(perf: PerfModel, c: tuple) -> AfdPlan:
     (_, _, tp_a, n_a, tp_e, n_e, g, m, b, t_a, t_e, t_c, t_it, tput, gpus, cost) = c
-    return DeploymentPlan(
+    return AfdPlan(
         model=perf.model.name, attention_gpu=perf.attn.gpu.name, ffn_gpu=perf.expert.gpu.name,
         tp_a=tp_a, n_a=n_a, tp_e=tp_e, n_e=n_e, experts_per_node=g, m=m, micro_batch_size=b,
         global_batch=n_a * m * b, t_a_ms=t_a * 1e3, t_e_ms=t_e * 1e3, t_c_ms=t_c * 1e3, tpot_ms=t_it * 1e3,
@@ -269,8 +269,8 @@ def _to_plan(perf: PerfModel, c: tuple) -> DeploymentPlan:
         cost_model=f"attention {perf.attn.source}, experts {perf.expert.source}, seq_len={perf.seq_len}")
 
 
-def plan_deployment(model: MoEModelSpec, attention_gpu: str, ffn_gpu: str, limits: SearchLimits,
-                    seq_len: int = 1024, profiles: Sequence[dict] = ()) -> DeploymentPlan:
+def best_afd_plan(model: MoEModelSpec, attention_gpu: str, ffn_gpu: str, limits: SearchLimits,
+                  seq_len: int = 1024, profiles: Sequence[dict] = ()) -> AfdPlan:
     """Build the performance model and return the best plan (see :func:`search_plans`).
 
     Raises:
@@ -374,7 +374,7 @@ def _fleet_arg(text: str) -> tuple[int, int]:
     return (vals[0], vals[1] if len(vals) == 2 else 0)
 
 
-def _fleet_pools(plan: DeploymentPlan, total: int, ffn: int = 0) -> tuple[int, Optional[int]]:
+def _fleet_pools(plan: AfdPlan, total: int, ffn: int = 0) -> tuple[int, Optional[int]]:
     if ffn:
         return total, ffn
     if plan.attention_gpu == plan.ffn_gpu:

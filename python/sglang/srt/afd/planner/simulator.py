@@ -85,7 +85,7 @@ class FleetResult:
 
 
 def simulate_fleet(plan, attention_gpus: int, ffn_gpus: Optional[int] = None) -> FleetResult:
-    """Replicate ``plan`` (a :class:`~sglang.srt.afd.planner.plan.DeploymentPlan`) over a fleet.
+    """Replicate ``plan`` (a :class:`~sglang.srt.afd.planner.plan.AfdPlan`) over a fleet.
 
     Args:
         plan: the deployment unit.
