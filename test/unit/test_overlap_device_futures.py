@@ -129,16 +129,17 @@ def stories_runner():
     return ModelRunner(ModelConfig.from_path(path), args, "cpu"), args
 
 
-def test_stories260k_tokens_equal_overlap_device_host_and_off(stories_runner):
-    """Greedy and seeded sampling on the real checkpoint: overlap with device futures, overlap with host futures
-    and the plain loop produce the same tokens; requests arrive while others decode (mixed batches)."""
-    runner, args = stories_runner
+def serve_three_ways(runner, args) -> dict:
+    """``{"off" | "device" | "host": {rid: {"ids", "finish", ...}}}``: the same 10 requests (greedy and seeded
+    sampling, 4 arriving while 6 decode, so batches are mixed and of varying size) served by the plain loop and by
+    the overlap scheduler with device and with host futures. Checks the KV pool is fully returned each time."""
     rng = random.Random(7)
     prompts = [[1] + [rng.randrange(3, 512) for _ in range(rng.randrange(4, 40))] for _ in range(10)]
     results = {}
     for mode in ("off", "device", "host"):
         s = Scheduler(args, runner, None, overlap=mode != "off", device_futures=mode == "device")
         try:
+            assert mode == "off" or s.worker.device_futures == (mode == "device")
             for i, p in enumerate(prompts[:6]):
                 sp = {"temperature": 0.8, "seed": i} if i % 2 else {}
                 submit(s, f"r{i}", p, max_new_tokens=24 + i, ignore_eos=True, **sp)
@@ -152,7 +153,18 @@ def test_stories260k_tokens_equal_overlap_device_host_and_off(stories_runner):
             assert kv_all_returned(s, runner)
         finally:
             s.close()
+    return results
+
+
+def assert_three_ways_equal(results: dict) -> None:
+    """Overlap (device and host futures) gave the plain loop's tokens and finish reasons."""
     for mode in ("device", "host"):
         for rid, d in results["off"].items():
             assert (results[mode][rid]["ids"], results[mode][rid]["finish"]) == (d["ids"], d["finish"]), (mode, rid)
     assert len(results["off"]) == 10 and len(results["off"]["r5"]["ids"]) == 29
+
+
+def test_stories260k_tokens_equal_overlap_device_host_and_off(stories_runner):
+    """Greedy and seeded sampling on the real checkpoint (CPU): overlap with device futures, overlap with host
+    futures and the plain loop produce the same tokens."""
+    assert_three_ways_equal(serve_three_ways(*stories_runner))
