@@ -22,8 +22,10 @@ from test_overlap_schedule import FakeRunner, kv_all_returned, run_all, submit, 
 
 from sglang.srt.managers.scheduler import Scheduler  # noqa: E402
 from sglang.srt.model_executor.overlap_worker import (  # noqa: E402
+    DEVICE_FUTURES_ENV,
     FutureTokenRing,
     OverlapWorker,
+    device_futures_enabled,
     placeholder_id,
     resolve_future_ids,
 )
@@ -41,6 +43,16 @@ def test_device_resolution_equals_host_ring():
                for _ in range(rng.randrange(1, 40))]
         got = resolve_future_ids(torch.tensor(ids), torch.tensor(toks))
         assert got.dtype == torch.int64 and got.tolist() == host.resolve(ids)
+
+
+def test_device_futures_policy(monkeypatch):
+    monkeypatch.delenv(DEVICE_FUTURES_ENV, raising=False)
+    assert device_futures_enabled("cuda") and not device_futures_enabled("cpu")
+    assert device_futures_enabled("cpu", True) and not device_futures_enabled("cuda", False)
+    monkeypatch.setenv(DEVICE_FUTURES_ENV, "0")
+    assert not device_futures_enabled("cuda") and device_futures_enabled("cuda", True)
+    monkeypatch.setenv(DEVICE_FUTURES_ENV, "1")
+    assert device_futures_enabled("cpu") and not device_futures_enabled("cpu", False)
 
 
 class _Gated:

@@ -45,6 +45,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 OVERLAP_ENV = "SGLANG_ENABLE_OVERLAP_SCHEDULE"  # "1": overlap on CPU too (until ServerArgs has a flag)
+DEVICE_FUTURES_ENV = "SGLANG_OVERLAP_DEVICE_FUTURES"  # "0"/"1": force host/device futures (A/B on a live server)
 
 
 def placeholder_id(slot: int) -> int:
@@ -70,6 +71,22 @@ def overlap_schedule_enabled(server_args: Any, device: Any, override: Optional[b
         return True
     if os.environ.get(OVERLAP_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
         return True
+    return torch.device(device).type == "cuda"
+
+
+def device_futures_enabled(device: Any, override: Optional[bool] = None) -> bool:
+    """Whether the overlap worker resolves future tokens on the device (see the module doc).
+
+    Policy: ``override`` (tests, benchmarks) wins; then ``SGLANG_OVERLAP_DEVICE_FUTURES`` (``1``/``0``); otherwise on
+    for CUDA devices only (on CPU a forward runs synchronously, so launching ahead gains nothing).
+    """
+    if override is not None:
+        return bool(override)
+    env = os.environ.get(DEVICE_FUTURES_ENV, "").strip().lower()
+    if env in ("1", "true", "yes", "on"):
+        return True
+    if env in ("0", "false", "no", "off"):
+        return False
     return torch.device(device).type == "cuda"
 
 
@@ -133,7 +150,7 @@ class OverlapWorker:
             ``device`` attribute (default CPU) picks CUDA stream handling.
         ring_size: slots of the future token ring.
         device_futures: resolve placeholders on the device and launch the next batch without waiting for the
-            previous one's ids (see the module doc); None: on for CUDA runners. Works on CPU too (tests).
+            previous one's ids (see the module doc); None: :func:`device_futures_enabled`. Works on CPU too.
     The future returned by :meth:`submit` yields ``(logits_out, sample_out)`` with
     ``sample_out.next_token_ids`` moved to the CPU (int64 ``[bs]``), or raises the forward's exception.
     """
@@ -143,7 +160,7 @@ class OverlapWorker:
         self.device = torch.device(getattr(runner, "device", "cpu"))
         self.ring = FutureTokenRing(ring_size)
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self.device_futures = self.device.type == "cuda" if device_futures is None else bool(device_futures)
+        self.device_futures = device_futures_enabled(self.device, device_futures)
         self.dev_ring = torch.zeros(ring_size, dtype=torch.int64, device=self.device) if self.device_futures else None
         self._queue: "queue.Queue[Optional[tuple]]" = queue.Queue()
         self._done: "queue.Queue[Optional[_Done]]" = queue.Queue()
