@@ -72,7 +72,7 @@ if (( $(left) >= 35 )); then
   stage "5. decode attention tile configs inside CUDA graphs, batch 1 / 32 / 128 x 1024 ($(left) s left)"
   timeout -k 5 "$(cap 30)" $PY benchmark/bench_decode_configs.py --out "$OUT" > "$OUT/issue27_configs.log" 2>&1
   rc[configs]=$?
-  tail -n 24 "$OUT/issue27_configs.log"
+  cat "$OUT/issue27_decode_configs.md" 2>/dev/null || tail -n 8 "$OUT/issue27_configs.log"
 fi
 
 stage "6. summary and results file"
@@ -90,6 +90,7 @@ res=$(ls "$OUT"/*_issue27_one_gpu.md 2>/dev/null | head -1)
     awk '/^## Decode status/{on=1} on&&/^## /&&!/^## Decode status/{on=0} on' "$res"
     awk '/^## Decode step of the serving path/{on=1} on&&/^## /&&!/serving path/{on=0} on' "$res"
     awk '/^## Correctness/{on=1} on&&/^## /&&!/^## Correctness/{on=0} on' "$res"
+    cat "$OUT/issue27_decode_configs.md" 2>/dev/null
   else
     echo "(no results file; bench_one_batch lines:)"; grep -E "median" "$OUT/issue27_cli.log"
   fi
