@@ -32,11 +32,15 @@ from gpu_targets_lib import kv_bytes, memory_floor_s
 MODES = ("plain", "overlap-host", "overlap")
 
 
-def _scheduler(runner, mode: str, model_path: str):
+PREFILL_MARGIN = 64  # extra new tokens per request: the first requests decode while later ones still prefill
+
+
+def _scheduler(runner, mode: str, model_path: str, chunked_prefill_size=None):
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.server_args import ServerArgs
 
-    args = ServerArgs(model_path=model_path, load_format="dummy", dtype="bfloat16", device="cuda")
+    args = ServerArgs(model_path=model_path, load_format="dummy", dtype="bfloat16", device="cuda",
+                      chunked_prefill_size=chunked_prefill_size)
     return Scheduler(args, runner, None, overlap=mode != "plain", device_futures=mode == "overlap")
 
 
@@ -47,34 +51,36 @@ def _steady(s, bs: int) -> bool:
 
 
 def run_mode(runner, mode: str, prompts: list[list[int]], warmup: int, steps: int, bw: float,
-             weight_bytes: int, tag: str, model_path: str, max_steps: int = 2000) -> dict:
+             weight_bytes: int, tag: str, model_path: str, max_steps: int = 2000,
+             chunked_prefill_size=None) -> dict:
     """Serve ``prompts`` (``bs`` lists of token ids) through a fresh Scheduler in ``mode`` (server defaults of
-    ``model_path``'s ServerArgs); intervals of ``steps`` steady decode steps after ``warmup`` steps.
+    ``model_path``'s ServerArgs, ``chunked_prefill_size`` None = the default); intervals of ``steps`` steady decode
+    steps after ``warmup`` steps, then every request is aborted and the scheduler drained.
 
     Returns ``{"step_s": [...], "floor_s": [...], "ctx": [...]}`` (per timed step: wall seconds between
     ``step()`` returns, memory floor in seconds, mean running context in tokens).
     Raises:
         RuntimeError: the batch never reached a steady all-decode state within ``max_steps`` steps.
     """
-    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+    from sglang.srt.managers.io_struct import AbortReq, TokenizedGenerateReqInput
 
     mc = runner.model_config
     bs = len(prompts)
-    s = _scheduler(runner, mode, model_path)
+    s = _scheduler(runner, mode, model_path, chunked_prefill_size)
     out = {"step_s": [], "floor_s": [], "ctx": []}
     try:
-        params = {"max_new_tokens": warmup + steps + 6, "temperature": 0.0, "ignore_eos": True}
+        params = {"max_new_tokens": warmup + steps + 8 + PREFILL_MARGIN, "temperature": 0.0, "ignore_eos": True}
         for i, p in enumerate(prompts):
             s.add_request(TokenizedGenerateReqInput(rid=f"{tag}-{i}", input_ids=p, sampling_params=params))
-        k, seen, last = 0, 0, None
+        k, seen, last, aborted = 0, 0, None, False
         while s.has_work() and k < max_steps:
             k += 1
             s.step()
             now = time.perf_counter()
-            if seen == 0 and not _steady(s, bs):
+            if aborted or (seen == 0 and not _steady(s, bs)):
                 continue
             seen += 1
-            if seen > warmup + 1 and len(out["step_s"]) < steps:
+            if seen > warmup + 1:
                 ctx = sum(r.kv_len for r in s.running) / max(len(s.running), 1)
                 out["step_s"].append(now - last)
                 out["ctx"].append(ctx)
@@ -82,6 +88,9 @@ def run_mode(runner, mode: str, prompts: list[list[int]], warmup: int, steps: in
                                                                             runner.num_kv_heads, mc.head_dim,
                                                                             mc.dtype.itemsize), bw))
             last = now
+            if len(out["step_s"]) == steps:
+                s.abort(AbortReq(abort_all=True))  # the rest of the outputs is not needed; drain
+                aborted = True
         if len(out["step_s"]) < steps:
             raise RuntimeError(f"{mode} bs {bs}: {len(out['step_s'])} of {steps} steady decode steps in {k} steps")
     finally:
@@ -100,7 +109,8 @@ def serving_rows(runner, batches: list[int], cfg, bw: float, weight_bytes: int) 
         for rep in range(cfg.serving_reps):
             for mode in (MODES if rep % 2 == 0 else MODES[::-1]):
                 got = run_mode(runner, mode, prompts, cfg.serving_warmup, cfg.serving_steps, bw, weight_bytes,
-                               f"{mode}-{bs}-{rep}", cfg.model_path)
+                               f"{mode}-{bs}-{rep}", cfg.model_path,
+                               chunked_prefill_size=getattr(cfg, "chunked_prefill_size", None))
                 for key in acc[mode]:
                     acc[mode][key] += got[key]
         runner.kv_cache.prefix_cache.reset()  # the next batch size starts from an empty cache
