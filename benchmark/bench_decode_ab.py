@@ -32,6 +32,7 @@ Memory floor = (weight bytes read per step + KV bytes read) / device-to-device c
 process. Usage (repo root, one GPU)::
 
     python benchmark/bench_decode_ab.py --out /tmp/out [--batches 1,32,128] [--cli-results result.jsonl] [--breakdown]
+        [--serving]  # + the serving path's decode step (benchmark/bench_decode_serving.py), same process
 """
 
 from __future__ import annotations
@@ -301,6 +302,9 @@ def build_runner(cfg):
     from sglang.srt.server_args import ServerArgs
 
     need = max(cfg.batches) * (cfg.context + cfg.reps * len(cfg.settings) * (cfg.steps + cfg.warmup) + 8)
+    if cfg.serving:  # prompts cached once, every run's outputs kept by the radix cache
+        need = max(need, max(cfg.batches) * (cfg.context + 3 * cfg.serving_reps * (cfg.serving_warmup
+                                                                                   + cfg.serving_steps + 8)) + 4096)
     sa = ServerArgs(model_path=cfg.model_path, load_format="dummy", dtype="bfloat16", device="cuda",
                     max_total_tokens=max(need, cfg.prefill_tokens + 64) + 1024, disable_cuda_graph=True,
                     random_seed=cfg.seed, context_length=max(cfg.context + 1024, cfg.prefill_tokens + 64))
@@ -328,6 +332,10 @@ def render(res: dict) -> str:
         nd = f"{nodes.get('total', 'n/a')} ({nodes.get('kernel', '?')} kernels)" if nodes else "n/a"
         out.append(f"| {r['batch']} | {r['setting']} | {r['step_ms']:.3f} | {r['floor_ms']:.3f} | {r['ratio']:.3f} |"
                    f" {r['pre_ms']:.3f} | {r['host_ms']:.3f} | {r['replay_ms']:.3f} | {nd} |")
+    if res.get("serving"):
+        from bench_decode_serving import render_rows
+
+        out += [""] + render_rows(res["serving"])
     if res.get("prefill"):
         p = res["prefill"]
         out += ["", f"Prefill {p['tokens']} tokens: {p['median_s'] * 1e3:.1f} ms, "
@@ -344,7 +352,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-path", default=str(DATA / "configs" / "meta-llama--Meta-Llama-3.1-8B"))
     p.add_argument("--batches", default="1,32,128")
-    p.add_argument("--settings", default="old,new")
+    p.add_argument("--settings", default="old,new", help="host paths to A/B (old,new), or none")
     p.add_argument("--breakdown", action="store_true", help="profile one replay per batch and one prefill")
     p.add_argument("--host-profile", action="store_true",
                    help="cProfile 2 x --steps decode steps per batch (new path) -> <out>/issue27_host_profile_bs*.txt")
@@ -354,12 +362,18 @@ def parse_args(argv):
     p.add_argument("--reps", type=int, default=4)
     p.add_argument("--prefill-tokens", type=int, default=8192)
     p.add_argument("--prefill-reps", type=int, default=3)
+    p.add_argument("--serving", action="store_true",
+                   help="also time the serving path's decode step (Scheduler loop, overlap off / host / device futures)")
+    p.add_argument("--serving-steps", type=int, default=24)
+    p.add_argument("--serving-warmup", type=int, default=4)
+    p.add_argument("--serving-reps", type=int, default=2)
     p.add_argument("--cli-results", default=None, help="bench_one_batch result.jsonl to put beside the floor")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="/tmp/out")
     ns = p.parse_args(argv)
     ns.batches = [int(b) for b in ns.batches.split(",") if b.strip()]
     ns.settings = [s.strip() for s in ns.settings.split(",") if s.strip()]
+    ns.settings = [] if ns.settings == ["none"] else ns.settings
     bad = [s for s in ns.settings if s not in SETTINGS]
     if bad or not ns.batches or min(ns.batches) < 1 or min(ns.steps, ns.reps) < 1:
         raise SystemExit(f"bad --settings {bad} (choose from {list(SETTINGS)}) or --batches/--steps/--reps < 1")
@@ -393,8 +407,16 @@ def main(argv=None) -> int:
     runner.cuda_graph_runner = graphs
     logger.info("captured graphs in %.1f s", time.monotonic() - t0)
     res["decode"] = []
-    for bs in cfg.batches:
+    for bs in cfg.batches if cfg.settings else []:
         res["decode"] += decode_ab(runner, graphs, bs, cfg, res["hbm_bytes_per_s"], weight_bytes)
+        write()
+    if cfg.serving:
+        from bench_decode_serving import serving_rows
+
+        res["serving"] = serving_rows(runner, cfg.batches, cfg, res["hbm_bytes_per_s"], weight_bytes)
+        for r in res["serving"]:
+            logger.info("serving bs %d %s: step %.3f ms (floor %.3f, x%.3f)", r["batch"], r["mode"], r["step_ms"],
+                        r["floor_ms"], r["ratio"])
         write()
     if cfg.prefill_tokens:
         res["prefill"] = prefill_rate(runner, cfg.prefill_tokens, cfg.prefill_reps, res["matmul_flops_per_s"],

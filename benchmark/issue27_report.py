@@ -1,7 +1,8 @@
 """Lay one issue-27 GPU round's outputs into the results file ``benchmark/results/<date>_issue27_one_gpu.md``.
 
 Reads what ``scripts/gpu/issue27_1gpu.sh`` leaves under ``--out``: ``issue27_decode_ab.json``
-(``benchmark/bench_decode_ab.py``: floors, ``bench_one_batch`` rows, decode old/new, prefill, kernel breakdown),
+(``benchmark/bench_decode_ab.py``: floors, ``bench_one_batch`` rows, decode old/new, the serving path's decode step
+with overlap off/on, prefill, kernel breakdown; a status table against the decode targets),
 ``host_cuda/decode_host.json`` (``benchmark/bench_decode_host.py --device cuda``), ``extend_configs.md``
 (``benchmark/bench_extend_configs.py``), ``issue27_serving_*.jsonl``
 (``bench_serving``), ``issue27_gpu_test.log`` / ``issue27_pytest.log``; any missing part is reported as missing.
@@ -77,6 +78,39 @@ def _decode(res: dict) -> list[str]:
     return out + [""]
 
 
+def _status(res: dict) -> list[str]:
+    """Issue 27 item 2 per batch: step / floor of every decode row of this call against the target."""
+    out = ["## Decode status vs the targets (step / memory floor; this call, this GPU)", "",
+           "| batch | target | bench_one_batch | harness (new host path) | graph replay alone | serving, overlap off | "
+           "serving, overlap host futures | serving, overlap (as served) | met by the served step |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for bs in sorted({r["batch"] for key in ("cli", "decode", "serving") for r in res.get(key, [])}):
+        t = TARGETS.get(bs, 1.2)
+
+        def cell(key, field, value, rows=res):
+            got = [r["ratio"] for r in rows.get(key, []) if r["batch"] == bs and r.get(field, value) == value]
+            return f"{got[0]:.3f}" if got else "n/a"
+
+        replay = [r["replay_ms"] / r["floor_ms"] for r in res.get("decode", [])
+                  if r["batch"] == bs and r.get("setting") == "new"]
+        served = cell("serving", "mode", "overlap")
+        met = "n/a" if served == "n/a" else ("yes" if float(served) <= t else "no")
+        out.append(f"| {bs} | {t} | {cell('cli', 'batch', bs)} | {cell('decode', 'setting', 'new')} | "
+                   f"{f'{replay[0]:.3f}' if replay else 'n/a'} | "
+                   f"{cell('serving', 'mode', 'plain')} | {cell('serving', 'mode', 'overlap-host')} | {served} | "
+                   f"{met} |")
+    return out + [""]
+
+
+def _serving_decode(res: dict) -> list[str]:
+    if not res.get("serving"):
+        return ["Serving-path decode step: not measured this call.", ""]
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_decode_serving import render_rows
+
+    return render_rows(res["serving"]) + [""]
+
+
 def _host(out_dir: Path) -> list[str]:
     h = _load(out_dir / "host_cuda" / "decode_host.json")
     if not h:
@@ -137,7 +171,7 @@ def render(out_dir: Path, command: str, commit: str, round_no: int) -> str:
     else:
         head.append("- issue27_decode_ab.json missing: no floors, decode or prefill numbers this round.")
     body = head + ["", "## Correctness (GPU tests of this round)", ""] + _tests(out_dir) + [""]
-    body += _cli(res) + _decode(res) + _host(out_dir) + _prefill(res)
+    body += _status(res) + _cli(res) + _decode(res) + _serving_decode(res) + _host(out_dir) + _prefill(res)
     ext = out_dir / "extend_configs.md"
     body += (["## " + ext.read_text().strip(), ""] if ext.exists()
              else ["Extend attention config sweep: missing.", ""])

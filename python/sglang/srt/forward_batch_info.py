@@ -61,6 +61,9 @@ class ModelWorkerBatch:
         input_ids, positions, out_cache_loc (the KV slot each new token writes).
     ``sampling_info`` is built by the scheduler (CPU); the runner moves it to
     the device.
+    ``future_token_ids`` (overlap scheduling on CUDA): ``[ring]`` int64 on the device; a negative input id
+    ``-(slot+1)`` is a token still being sampled by an earlier batch, which the runner reads from
+    ``future_token_ids[slot]`` on the device (``overlap_worker.resolve_future_ids``). None: every id is real.
     """
 
     forward_mode: ForwardMode
@@ -77,6 +80,7 @@ class ModelWorkerBatch:
     input_logprob_token_ids: list[list[int]] = field(default_factory=list)
     top_logprobs_nums: list[int] = field(default_factory=list)
     sampling_info: Optional["SamplingBatchInfo"] = None
+    future_token_ids: Optional[torch.Tensor] = None  # overlap: device ring that resolves negative input ids
 
     @property
     def batch_size(self) -> int:

@@ -84,10 +84,13 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
         connector: the worker's :class:`~sglang.srt.deployment.plan.ConnectorSpec` (PD prefill/decode; None when
             aggregated): its scheduler side is made by the technique package, and overlap is off with it (the
             connector's hooks assume the plain loop).
+        device_futures: with overlap, resolve future tokens on the device (None: on CUDA; see
+            ``overlap_worker.py``); tests and benchmarks force it.
     Call :meth:`close` to stop the overlap worker thread.
     """
 
-    def __init__(self, server_args, runner, tokenizer=None, grammar_backend=None, overlap=None, connector=None):
+    def __init__(self, server_args, runner, tokenizer=None, grammar_backend=None, overlap=None, connector=None,
+                 device_futures=None):
         self.args = server_args
         self.runner = runner
         self.tokenizer = tokenizer
@@ -118,7 +121,7 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
         self.inflight: Optional[ScheduleBatch] = None  # launched, result not processed yet (overlap)
         self.future_ring_size = 4 * (self.max_running + 2)  # > the sampled rows of two batches
         self.future_ct = 0
-        self.worker = OverlapWorker(runner, self.future_ring_size) if self.overlap else None
+        self.worker = OverlapWorker(runner, self.future_ring_size, device_futures) if self.overlap else None
         self.control_group = self._make_control_group()
         logger.info("overlap schedule %s", "on" if self.overlap else "off")
         # prefill/decode disaggregation: the scheduler side of the KV connector (None when aggregated)

@@ -31,6 +31,7 @@ import torch
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.forward_batch_info import ForwardBatch, ForwardMode, ModelWorkerBatch
 from sglang.srt.model_executor.graph_inputs import DecodeInputStager
+from sglang.srt.model_executor.overlap_worker import resolve_future_ids
 
 if TYPE_CHECKING:
     from sglang.srt.model_executor.model_runner import ModelRunner
@@ -149,13 +150,17 @@ class CudaGraphRunner:
 
     @torch.inference_mode()
     def replay(self, batch: ModelWorkerBatch) -> LogitsProcessorOutput:
-        """Run a decode batch through the captured graph of the next padded size.
+        """Run a decode batch through the captured graph of the next padded size (placeholder input ids resolved
+        from ``batch.future_token_ids`` on the device when it is set).
 
         Returns logits for the real rows only: ``[batch_size, vocab]`` float32.
         """
         bs = batch.batch_size
         padded = self.padded_size(bs)
         self.inputs.stage(batch, padded)  # padding rows: token 0 at position 0 of the pad row, KV slot 0
+        ring = getattr(batch, "future_token_ids", None)
+        if ring is not None:  # overlap with device futures: placeholders -> tokens of the previous batch
+            self.input_ids[:bs].copy_(resolve_future_ids(self.input_ids[:bs], ring))
         self.graphs[padded].replay()
         return LogitsProcessorOutput(next_token_logits=self.outputs[padded][:bs])
 

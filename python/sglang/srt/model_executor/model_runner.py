@@ -22,6 +22,7 @@ from sglang.srt.mem_cache.kv_cache import KVCache
 from sglang.srt.mem_cache.memory_budget import measure_activation_reserve, req_to_token_bytes
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang.srt.model_executor.cuda_graph_runner import maybe_create_cuda_graph_runner
+from sglang.srt.model_executor.overlap_worker import resolve_future_ids
 from sglang.srt.model_executor.executors import ExecutorContext, ModelExecutor, build_executor
 from sglang.srt.model_executor.worker_builder import (
     GPU_MAX_DEFAULT_TOKENS, RoleSpec, WorkerRole, kv_budget_tokens, max_running_requests, role_spec,
@@ -276,6 +277,7 @@ class ModelRunner:
 
         Decode batches that fit a captured CUDA graph replay it (see the class docstring); everything
         else runs eagerly through :attr:`executor`.
+        Negative input ids are overlap placeholders, resolved on the device from ``batch.future_token_ids``.
 
         Returns:
             (LogitsProcessorOutput, SamplerOutput): logits-derived outputs and
@@ -293,6 +295,8 @@ class ModelRunner:
         else:
             fb = ForwardBatch.init_new(batch, self.device, self.req_to_token_pool, self.token_to_kv_pool,
                                        self.attn_backend)
+            if getattr(batch, "future_token_ids", None) is not None:  # overlap with device futures
+                fb.input_ids = resolve_future_ids(fb.input_ids, batch.future_token_ids)
             logits_out = self.executor.run(self.model, fb)
         if greedy_ids is not None:
             sample_out = SamplerOutput(next_token_ids=greedy_ids)

@@ -1,0 +1,128 @@
+"""Issue 27: tile configs of the split-KV decode attention kernel timed INSIDE a CUDA graph (as the decode step runs
+it: 32 back-to-back calls per replay, like 32 layers, so launch overhead is the graph's, not Python's), at the
+Llama-3.1-8B decode shape (32 q / 8 KV heads, head_dim 128, bf16), 1K context, shuffled KV slots.
+
+Per batch size: the default config (``_decode_config`` and ``default_num_kv_splits``) and a few
+``(BLOCK_N, num_warps, num_stages)`` / split-count alternatives; each is checked against a torch reference
+(gathered KV, fp32 softmax) on the same random inputs before it is timed. Columns: microseconds per call (median of
+replays / 32), KV bytes read per second over the device copy bandwidth measured in the same run, max abs error.
+
+Usage: python benchmark/bench_decode_configs.py [--out DIR] [--batches 1 32 128] [--context 1024]
+Writes <out>/issue27_decode_configs.md and prints it. Needs CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+for _p in (REPO / "python", REPO / "sgl-kernel" / "python", Path(__file__).resolve().parent):
+    sys.path.insert(0, str(_p))
+
+NH, NKV, HD = 32, 8, 128
+CALLS = 32  # decode attention calls per captured graph (one per layer of Llama-3.1-8B)
+ALTERNATIVES = ((64, 4, 3), (128, 4, 3), (32, 4, 3), (64, 8, 3))
+
+
+def reference(q, k_buf, v_buf, r2t, seq: int) -> torch.Tensor:
+    """fp32 GQA decode attention over the first ``seq`` slots of each row of ``r2t``: ``[bs, NH, HD]``."""
+    bs = q.shape[0]
+    k = k_buf[r2t[:, :seq]].float()  # [bs, seq, NKV, HD]
+    v = v_buf[r2t[:, :seq]].float()
+    qg = q.float().view(bs, NKV, NH // NKV, HD)
+    s = torch.einsum("bkgd,bckd->bkgc", qg, k) * HD ** -0.5
+    return torch.einsum("bkgc,bckd->bkgd", s.softmax(-1), v).reshape(bs, NH, HD)
+
+
+def graph_us(fn) -> float:
+    """Microseconds per call of ``fn`` captured ``CALLS`` times in one CUDA graph (median of 7 replays)."""
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        for _ in range(CALLS):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(7):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / CALLS)
+    return statistics.median(times)
+
+
+def rows_for(bs: int, ctx: int, bw: float) -> list[str]:
+    """Markdown rows for one batch size."""
+    from sgl_kernel.triton.decode_attention import (_decode_config, decode_attention_fwd, decode_attention_workspace,
+                                                    default_num_kv_splits)
+
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    gen = torch.Generator(device=dev).manual_seed(bs)
+    k_buf = torch.randn(bs * ctx + 1, NKV, HD, device=dev, dtype=dt, generator=gen)
+    v_buf = torch.randn(bs * ctx + 1, NKV, HD, device=dev, dtype=dt, generator=gen)
+    q = torch.randn(bs, NH, HD, device=dev, dtype=dt, generator=gen)
+    r2t = (torch.randperm(bs * ctx, device=dev, generator=gen) + 1).view(bs, ctx)
+    rows, seq = torch.arange(bs, device=dev), torch.full((bs,), ctx, dtype=torch.int64, device=dev)
+    mid_o, mid_lse = decode_attention_workspace(bs, NH, HD, 16, dev)
+    ref = reference(q, k_buf, v_buf, r2t, ctx)
+    out = torch.empty_like(q)
+    kv_read = 2 * bs * ctx * NKV * HD * dt.itemsize
+    splits = default_num_kv_splits(bs, NKV, dev)
+    default = _decode_config(HD, NH // NKV)
+    cands = [(splits, default, "default")] + [(splits, c, "") for c in ALTERNATIVES if c != default]
+    cands += [(s, default, "") for s in (1, 2, 4) if s != splits]
+    lines = []
+    for sp, (bn, warps, stages), tag in cands:
+        def call(sp=sp, bn=bn, warps=warps, stages=stages):
+            decode_attention_fwd(q, k_buf, v_buf, out, r2t, rows, seq, HD ** -0.5, sp, mid_o, mid_lse,
+                                 block_n=bn, num_warps=warps, num_stages=stages)
+        name = f"splits={sp} BLOCK_N={bn} warps={warps} stages={stages}" + (f" ({tag})" if tag else "")
+        try:
+            call()
+            err = (out.float() - ref).abs().max().item()
+            us = graph_us(call)
+        except Exception as e:  # out of resources for a config: report and go on
+            lines.append(f"| {bs} | {name} | failed: {type(e).__name__} | | |")
+            continue
+        lines.append(f"| {bs} | {name} | {us:.1f} | {kv_read / (us * 1e-6) / bw:.2f} | {err:.4f} |")
+    return lines
+
+
+def main(argv=None) -> int:
+    """Sweep, print and write ``<out>/issue27_decode_configs.md``."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="/tmp/out")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128])
+    p.add_argument("--context", type=int, default=1024)
+    cfg = p.parse_args(argv)
+    from bench_triton_attention import hbm_bandwidth
+
+    bw = hbm_bandwidth(4.0)
+    text = [f"# Decode attention tile configs in CUDA graphs ({datetime.datetime.now(datetime.timezone.utc):%F %TZ}, "
+            f"{torch.cuda.get_device_name(0)})", "",
+            f"Copy bandwidth {bw / 1e12:.3f} TB/s (same process); context {cfg.context}; {CALLS} calls per graph.", "",
+            "| batch | config | us per call | KV read / copy bw | max abs err vs torch |", "|---:|---|---:|---:|---:|"]
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for bs in cfg.batches:  # written after every batch size, so a time limit keeps what was measured
+        text += rows_for(bs, cfg.context, bw)
+        torch.cuda.empty_cache()
+        (out / "issue27_decode_configs.md").write_text("\n".join(text) + "\n")
+    sys.stdout.write("\n".join(text) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
