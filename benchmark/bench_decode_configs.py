@@ -27,7 +27,7 @@ for _p in (REPO / "python", REPO / "sgl-kernel" / "python", Path(__file__).resol
 
 NH, NKV, HD = 32, 8, 128
 CALLS = 32  # decode attention calls per captured graph (one per layer of Llama-3.1-8B)
-ALTERNATIVES = ((64, 4, 3), (128, 4, 3), (32, 4, 3), (64, 8, 3))
+ALTERNATIVES = ((64, 4, 2), (64, 4, 3), (128, 4, 3), (32, 4, 3), (64, 8, 3))
 
 
 def reference(q, k_buf, v_buf, r2t, seq: int) -> torch.Tensor:
@@ -65,8 +65,8 @@ def graph_us(fn) -> float:
 
 def rows_for(bs: int, ctx: int, bw: float) -> list[str]:
     """Markdown rows for one batch size."""
-    from sgl_kernel.triton.decode_attention import (_decode_config, decode_attention_fwd, decode_attention_workspace,
-                                                    default_num_kv_splits)
+    from sgl_kernel.triton.decode_attention import (_arch_of, _decode_config, decode_attention_fwd,
+                                                    decode_attention_workspace, default_num_kv_splits)
 
     dev, dt = torch.device("cuda"), torch.bfloat16
     gen = torch.Generator(device=dev).manual_seed(bs)
@@ -80,7 +80,7 @@ def rows_for(bs: int, ctx: int, bw: float) -> list[str]:
     out = torch.empty_like(q)
     kv_read = 2 * bs * ctx * NKV * HD * dt.itemsize
     splits = default_num_kv_splits(bs, NKV, dev)
-    default = _decode_config(HD, NH // NKV)
+    default = _decode_config(HD, NH // NKV, splits, _arch_of(dev))
     cands = [(splits, default, "default")] + [(splits, c, "") for c in ALTERNATIVES if c != default]
     cands += [(s, default, "") for s in (1, 2, 4) if s != splits]
     lines = []

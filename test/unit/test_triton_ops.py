@@ -232,6 +232,33 @@ def test_decode_kernel_split_counts(splits, legacy):
         close(out[b], torch.einsum("hs,shd->hd", p, vv), torch.float32, scale=10.0)
 
 
+def test_decode_config_per_arch_and_hopper_tile_matches_reference():
+    """sm_90+ at one split uses BLOCK_N 128 / 3 stages (measured on an H200); other cases keep 64 / 2 stages, and
+    head_dim > 128 or wide groups 32 / 2. The Hopper tile is run in the interpreter against the dense reference."""
+    from sgl_kernel.triton.decode_attention import _arch_of, _decode_config
+
+    assert _decode_config(128, 4, 1, 90) == (128, 4, 3)
+    assert _decode_config(128, 4, 16, 90) == (64, 4, 2)
+    assert _decode_config(128, 4, 1, 80) == (64, 4, 2)
+    assert _decode_config(256, 4, 1, 90) == (32, 4, 2)
+    assert _arch_of(torch.device("cpu")) == 0
+    gen = torch.Generator().manual_seed(7)
+    bs, nh, nkv, hd, ctx = 2, 8, 2, 32, 300
+    seq = torch.tensor([300, 129])
+    r2t = torch.randperm(bs * ctx, generator=gen).view(bs, ctx).to(torch.int32)
+    kb, vb = torch.randn(bs * ctx, nkv, hd, generator=gen), torch.randn(bs * ctx, nkv, hd, generator=gen)
+    q = torch.randn(bs, nh, hd, generator=gen)
+    out = torch.empty_like(q)
+    mid_o, mid_lse = decode_attention_workspace(bs, nh, hd, 1, torch.device("cpu"))
+    decode_attention_fwd(q, kb, vb, out, r2t, torch.arange(bs), seq, 0.3, 1, mid_o, mid_lse,
+                         block_n=128, num_warps=4, num_stages=3)
+    for b in range(bs):
+        s = r2t[b, : seq[b]].long()
+        kk, vv = kb[s].repeat_interleave(nh // nkv, 1), vb[s].repeat_interleave(nh // nkv, 1)
+        p = torch.softmax(torch.einsum("hd,shd->hs", q[b], kk) * 0.3, -1)
+        close(out[b], torch.einsum("hs,shd->hd", p, vv), torch.float32, scale=10.0)
+
+
 def test_decode_split_policy_fills_the_gpu_about_once():
     """The 'wave' rule: largest split count whose grid fits one wave of 2 programs per SM (132-SM H100/H200, 8 KV heads),
     clamped to 1..max; the legacy rule is kept for old-vs-new benchmarks; bad input raises."""

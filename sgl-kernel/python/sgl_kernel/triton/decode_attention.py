@@ -188,13 +188,28 @@ def decode_attention_workspace(batch_size: int, num_heads: int, head_dim: int, n
     return mid_o, mid_lse
 
 
-def _decode_config(head_dim: int, group: int) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages) for the split kernel."""
-    if head_dim > 128:
+def _decode_config(head_dim: int, group: int, num_kv_splits: int = 1, arch: int = 0) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages) for the split kernel.
+
+    ``arch`` is ``major * 10 + minor`` of the GPU (0: unknown / interpreter). On sm_90+ (228 KB of shared memory
+    per SM) head_dim <= 128 runs a 3-stage pipeline: in CUDA graphs on an H200 (bench_decode_configs.py, context
+    1024, 32 q / 8 KV heads, 2026-11-26, ``benchmark/results/2026-11-26_issue27_round5_h200.md``) one split
+    with BLOCK_N 128 / 3 stages read KV at 0.84 of copy bandwidth at batch 32 (0.46 with the 64 / 2-stage
+    default) and 0.98 at batch 128 (0.78); at 16 splits (batch 1) 64 / 2 stages stayed best (5.7 vs 5.9 us).
+    """
+    if head_dim > 128 or group > 16:
         return 32, 4, 2
-    if group > 16:
-        return 32, 4, 2
+    if arch >= 90:
+        return (128, 4, 3) if num_kv_splits == 1 else (64, 4, 2)
     return 64, 4, 2
+
+
+def _arch_of(device: torch.device) -> int:
+    """``major * 10 + minor`` of a CUDA device; 0 for CPU / the Triton interpreter."""
+    if device.type != "cuda" or interpreting():
+        return 0
+    major, minor = torch.cuda.get_device_capability(device)
+    return major * 10 + minor
 
 
 def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, out: torch.Tensor,
@@ -240,7 +255,7 @@ def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tens
     group = nh // nkv
     block_d = max(16, next_pow2(hd))
     block_h = max(16, next_pow2(group))
-    block_n_d, warps_d, stages_d = _decode_config(hd, group)
+    block_n_d, warps_d, stages_d = _decode_config(hd, group, num_kv_splits, _arch_of(q.device))
     block_n = block_n or block_n_d
     warps = num_warps or warps_d
     stages = num_stages or stages_d
