@@ -88,6 +88,7 @@ class TokenWeaveExecutor(SubBatchExecutor):
         self._pool: list[Any] = []  # the events, one per split, reused across stages and forwards
         self._hold: dict[int, list[tuple]] = {}  # per split: the last two stages' (hidden, residual) (_on_stream)
         self._plans: dict[int, Any] = {}  # planner result per token count (a pure function of T)
+        self._compute: Optional[Any] = None  # the compute (current) stream of the forward in flight
         self.set_gemm_carveout(config.carveout_sms())
 
     def set_gemm_carveout(self, sms: int) -> None:
@@ -131,7 +132,11 @@ class TokenWeaveExecutor(SubBatchExecutor):
         if self.comm_stream is None:
             return super().run(model, forward_batch)
         self._events, self._hold = {}, {}
-        return super().run(model, forward_batch)
+        self._compute = torch.cuda.current_stream(self.device)  # looked up once per forward, not per stage
+        try:
+            return super().run(model, forward_batch)
+        finally:
+            self._compute = None
 
     def run_layers(self, model: Any, forward_batch: ForwardBatch, subs: list[ForwardBatch], listener) -> Any:
         """The split forward (:meth:`SubBatchExecutor.run_layers`) with the GEMMs capped to the SMs the overlapped
@@ -198,7 +203,7 @@ class TokenWeaveExecutor(SubBatchExecutor):
         if self.comm_stream is None:
             fn(False)
             return
-        compute = torch.cuda.current_stream(self.device)
+        compute = self._compute or torch.cuda.current_stream(self.device)
         stream = self.comm_stream if comm_stage else compute
         key = id(state)
         ev = self._events.get(key)
@@ -208,9 +213,12 @@ class TokenWeaveExecutor(SubBatchExecutor):
             if stream is not compute:
                 stream.wait_stream(compute)  # the split's inputs were produced on the compute stream
             ev = self._event(len(self._events))
-        with torch.cuda.stream(stream):
+        if comm_stage:
+            with torch.cuda.stream(stream):
+                fn(comm_stage)
+        else:  # already the current stream: no stream switch (host cost per stage)
             fn(comm_stage)
-            ev.record(stream)  # a wait enqueued earlier keeps the previous record: re-recording is safe
+        ev.record(stream)  # a wait enqueued earlier keeps the previous record: re-recording is safe
         self._events[key] = ev
         hold = self._hold.setdefault(key, [])
         hold.append((state.hidden, state.residual))  # a replaced residual (fallback norms) is held the same way
