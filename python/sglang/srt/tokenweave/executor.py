@@ -89,7 +89,7 @@ class TokenWeaveExecutor(SubBatchExecutor):
         self._hold: dict[int, list[tuple]] = {}  # per split: the last two stages' (hidden, residual) (_on_stream)
         self._plans: dict[int, Any] = {}  # planner result per token count (a pure function of T)
         self._compute: Optional[Any] = None  # the compute (current) stream of the forward in flight
-        self.set_gemm_carveout(config.carveout_sms())
+        self.set_gemm_carveout(min(config.carveout_sms(), config.gemm_shape.num_sms - 1))  # a small wave model
 
     def set_gemm_carveout(self, sms: int) -> None:
         """Leave ``sms`` SMs free of GEMMs during split forwards (0: none); for benchmarks and tuning. Raises
