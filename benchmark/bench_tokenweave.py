@@ -13,7 +13,14 @@ same run:
 * ``tokenweave``  two wave-aware splits, tw-comm's fused AllReduce-RMSNorm on a second stream;
 * ``split_nocomm`` TokenWeave's split executor (two splits, two streams, events) with every collective skipped:
                   ``split_nocomm - nocomm`` is the cost of splitting (half-size GEMMs, twice the launches),
-                  ``tokenweave - split_nocomm`` the communication left unhidden (not in the default set).
+                  ``tokenweave - split_nocomm`` the communication left unhidden (not in the default set);
+* ``tokenweave_nocarve`` TokenWeave with the split forward's GEMMs on every SM (no SM carveout for the
+                  communication kernel, :mod:`sglang.srt.tokenweave.carveout`; not in the default set).
+
+``--overlap-tokens T``: one profiled forward per variant at T; a table of how much of the communication kernels'
+time ran concurrently with compute kernels (``benchmark/tokenweave_profile.py``), and per TokenWeave variant the
+kernel timeline CSV of rank 0 in ``--profile-dir``. A table of TokenWeave / NCCL against issue 25's targets
+includes ``nocomm / nccl``, the bound no overlap can beat.
 
 A second table splits each forward into GPU time (CUDA events) and host enqueue time (``perf_counter`` until
 the forward returned, before any sync) with the kernel launches of one profiled forward (``--profile-tokens``);
@@ -57,7 +64,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel" / "python"), str(ROOT / "benchmark")]
 from sglang.srt.utils.nvls_env import NVLS_OFF_ENV  # noqa: E402  (pure Python)
 from tokenweave_profile import overlap_table, profile_forward, profile_overlap  # noqa: E402
-from tokenweave_report import auto_off_decision, host_table  # noqa: E402
+from tokenweave_report import auto_off_decision, host_table, targets_table  # noqa: E402
 
 os.environ.update(NVLS_OFF_ENV)
 VARIANTS = ("nocomm", "nccl", "nccl_symm", "custom", "tokenweave")
@@ -258,6 +265,7 @@ def run_layer_mode(a) -> Path:
              *_table(cases, a.tokens, variants), "", "## host vs GPU time per forward", "",
              *host_table(cases, a.tokens, variants), "", "## auto-off decision (TokenWeave vs the best baseline)", "",
              *[ln for model, tp, res in cases for ln in [f"- {model} TP{tp}:"] + auto_off_decision(res, a.tokens)[0]],
+             "", "## against issue 25's targets (TokenWeave / NCCL)", "", *targets_table(cases, a.tokens),
              *(["", "## communication / compute overlap (one profiled forward, rank 0, torch profiler kernel times)",
                 "", *overlap_table(overlap_rows)] if overlap_rows else []),
              *([""] + [f"- note: {n}" for n in notes] if notes else [])]
