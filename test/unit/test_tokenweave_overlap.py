@@ -62,3 +62,32 @@ def test_tokenweave_config_carveout_default_is_comm_budget():
     assert TokenWeaveConfig(gemm_widths=(8,), comm_sms=8, gemm_carveout=0).carveout_sms() == 0
     with pytest.raises(ValueError, match="gemm_carveout=-2"):
         TokenWeaveConfig(gemm_widths=(8,), gemm_carveout=-2)
+
+
+def test_gemm_carveout_sets_and_restores_both_caps(monkeypatch):
+    """The CUDA path with the cuBLAS library and handle faked: inside the block torch's cuBLASLt carveout is 16
+    and the handle targets 116 SMs; after it (also after an error) both are back to their defaults."""
+    import contextlib
+
+    from sglang.srt.tokenweave import carveout as mod
+
+    calls = []
+
+    class FakeLib:
+        def cublasSetSmCountTarget(self, handle, n):
+            calls.append((handle.value, n))
+            return 0
+
+    monkeypatch.setattr(mod, "_cublas", lambda: FakeLib())
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_blas_handle", lambda: 1234)
+    before = torch._C._get_sm_carveout_experimental()
+    c = mod.GemmCarveout(16, 132, torch.device("cuda", 0))
+    with pytest.raises(RuntimeError, match="boom"):
+        with c:
+            assert torch._C._get_sm_carveout_experimental() == 16 and calls == [(1234, 116)]
+            raise RuntimeError("boom")
+    assert torch._C._get_sm_carveout_experimental() == before and calls[-1] == (1234, 0)
+    with c:  # reusable across forwards
+        pass
+    assert calls == [(1234, 116), (1234, 0), (1234, 116), (1234, 0)]

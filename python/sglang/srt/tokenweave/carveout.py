@@ -26,6 +26,8 @@ from typing import Any, Optional
 import torch
 
 logger = logging.getLogger(__name__)
+_TORCH_GET = getattr(torch._C, "_get_sm_carveout_experimental", None)
+_TORCH_SET = getattr(torch._C, "_set_sm_carveout_experimental", None)
 
 
 @functools.lru_cache(maxsize=1)
@@ -71,8 +73,9 @@ class GemmCarveout:
     def __enter__(self) -> "GemmCarveout":
         if not self.active:
             return self
-        self._prev_torch = torch._C._get_sm_carveout_experimental()
-        torch._C._set_sm_carveout_experimental(self.carveout)
+        if _TORCH_SET is not None:  # torch >= 2.6; older torch: only the cuBLAS handle is capped
+            self._prev_torch = _TORCH_GET()
+            _TORCH_SET(self.carveout)
         with torch.cuda.device(self.device):
             handle = torch.cuda.current_blas_handle()  # creates the handle (and loads libcublas) if needed
         lib = _cublas()
@@ -88,7 +91,8 @@ class GemmCarveout:
     def __exit__(self, *exc) -> None:
         if not self.active:
             return
-        torch._C._set_sm_carveout_experimental(self._prev_torch)
+        if _TORCH_SET is not None:
+            _TORCH_SET(self._prev_torch)
         if self._handle is not None:
             _cublas().cublasSetSmCountTarget(ctypes.c_void_p(self._handle), 0)  # 0: the library's default
             self._handle = None
