@@ -17,6 +17,7 @@ On CPU there are no streams: the same schedule runs in order, which is what the 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -92,9 +93,14 @@ class TokenWeaveExecutor(SubBatchExecutor):
         self.set_gemm_carveout(min(config.carveout_sms(), config.gemm_shape.num_sms - 1))  # a small wave model
 
     def set_gemm_carveout(self, sms: int) -> None:
-        """Leave ``sms`` SMs free of GEMMs during split forwards (0: none); for benchmarks and tuning. Raises
-        ValueError when ``sms`` is not in ``[0, num_sms)``."""
-        self._carveout = GemmCarveout(sms, self.config.gemm_shape.num_sms, self.device)
+        """Leave ``sms`` SMs free of GEMMs during split forwards (0: none), and plan splits for the SMs left; for
+        benchmarks and tuning. Raises ValueError when ``sms`` is not in ``[0, num_sms)``."""
+        shape = self.config.gemm_shape
+        self._carveout = GemmCarveout(sms, shape.num_sms, self.device)
+        # the planner's wave model counts only the SMs the GEMMs keep (TokenWeave sec. 3.1.1 with sec. 3.2's split
+        # of the SMs); cached plans were made for another count
+        self._plan_shape = dataclasses.replace(shape, num_sms=shape.num_sms - self._carveout.carveout)
+        self._plans = {}
 
     # ---- which sub-batches ------------------------------------------------------------------------------
     def plan(self, forward_batch: ForwardBatch) -> list[ForwardBatch]:
@@ -105,7 +111,7 @@ class TokenWeaveExecutor(SubBatchExecutor):
             return [forward_batch]
         plan = self._plans.get(n)
         if plan is None:
-            plan = plan_split(n, self.config.gemm_widths, self.config.gemm_shape)
+            plan = plan_split(n, self.config.gemm_widths, self._plan_shape)
             if len(self._plans) < 65536:
                 self._plans[n] = plan
         self._log_once(n, plan)
