@@ -200,7 +200,7 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
                 keep = ps.tp_rank == 0 and variant == "tokenweave"
                 out[("launches", variant, t)], out[("allocs", variant, t)] = profile_forward(
                     runner, mwb, dev, str(Path(profile_dir) / f"tokenweave_profile_T{t}.txt") if keep else "")
-            if t in overlap_tokens and device == "cuda":  # all ranks (collective forward)
+            if t in overlap_tokens:  # all ranks (collective forward); on CPU the table has no kernels
                 csv = (str(Path(profile_dir) / f"tokenweave_timeline_{variant}_T{t}.csv")
                        if ps.tp_rank == 0 and profile_dir and variant in TW_VARIANTS else "")
                 overlap.append((variant, t, profile_overlap(runner, mwb, dev, csv)))

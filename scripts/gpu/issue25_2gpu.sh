@@ -13,7 +13,7 @@
 #     with the carveout and no collectives); targets table with the no-communication bound; one profiled forward
 #     per variant at 4096 tokens: communication time overlapped by compute kernels (+ rank 0 kernel timeline CSVs)
 #  5. the same with --comm-sms 8 (8 comm CTAs, 8 SMs carved out) at 2048 4096 8192, overlap at 4096
-#  6. fused AllReduce+RMSNorm, world 2: twoshot on 2..128 CTAs at T = 1024 2048 4096 (how long one split's comm
+#  6. fused AllReduce+RMSNorm, world 2: twoshot on 2..128 CTAs at T = 512..4096 (how long one split's comm
 #     takes on the overlap budget), plus the usual baselines
 # Tables: $OUT/issue25_*.md. Usage (repo root): bash scripts/gpu/issue25_2gpu.sh [seconds, default 150]
 set -uo pipefail
@@ -73,13 +73,22 @@ fi
 
 echo "== 6. fused AllReduce + RMSNorm, world 2: twoshot CTA sweep at split sizes"
 if [ "$(left)" -lt 15 ]; then step ar_rmsnorm_sweep "skipped (budget)"; else
-  timeout "$(cap 30)" "$PY" benchmark/bench_tw_comm_allreduce_rmsnorm.py --worlds 2 --tokens 1024,2048,4096 \
-    --sweep-min-tokens 1024 --calls-per-graph 5 --replays 3 --out "$out" --tag _issue25 \
+  timeout "$(cap 30)" "$PY" benchmark/bench_tw_comm_allreduce_rmsnorm.py --worlds 2 --tokens 512,1024,2048,4096 \
+    --sweep-min-tokens 512 --calls-per-graph 5 --replays 3 --out "$out" --tag _issue25 \
     > "$out/issue25_ar_rmsnorm.log" 2>&1
   rc=$?; grep -E "^\|" "$out/issue25_ar_rmsnorm.log"
   cp "$out"/tw_comm_allreduce_rmsnorm_*_issue25.md "$out/issue25_ar_rmsnorm.md" 2>/dev/null
   step ar_rmsnorm_sweep "rc=$rc"
 fi
 
+res="$out/issue25_round3.md"  # every table of this call in one file
+{
+  echo "# Issue 25 round 3 on $ngpu x $gpu ($(date -u +%Y-%m-%dT%H:%MZ)); \`bash scripts/gpu/issue25_2gpu.sh $budget\`"
+  echo "- NVLink multicast off in every process (NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1)"
+  for f in issue25_tokenweave_layer.md issue25_tokenweave_layer_sms8.md issue25_ar_rmsnorm.md; do
+    echo; echo "## $f"; echo; cat "$out/$f" 2>/dev/null || echo "(not produced: see the step's log)"
+  done
+  echo; echo "## steps"; echo; printf -- '- %s\n' "${summary[@]}"
+} > "$res"
 echo "== summary (budget ${budget} s, used $(( SECONDS - start )) s; $ngpu x $gpu)"
 printf '%s\n' "${summary[@]}" | tee "$out/issue25_summary.md"
