@@ -209,7 +209,7 @@ class TokenWeaveExecutor(SubBatchExecutor):
         if self.comm_stream is None:
             fn(False)
             return
-        compute = self._compute or torch.cuda.current_stream(self.device)
+        compute = self._compute if self._compute is not None else torch.cuda.current_stream(self.device)
         stream = self.comm_stream if comm_stage else compute
         key = id(state)
         ev = self._events.get(key)
