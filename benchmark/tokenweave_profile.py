@@ -92,11 +92,21 @@ def _intersection(a: list[tuple[float, float]], b: list[tuple[float, float]]) ->
     return total
 
 
+def _ctas(kernel: dict) -> int:
+    """Thread blocks of a chrome-trace kernel event (``args.grid``; 0 when absent)."""
+    grid = kernel.get("args", {}).get("grid") or []
+    n = 1
+    for g in grid:
+        n *= int(g)
+    return n if grid else 0
+
+
 def overlap_stats(kernels: list[dict]) -> dict:
     """Overlap of communication and compute kernels in one forward. ``kernels``: chrome-trace kernel events
     (``name``, ``ts`` and ``dur`` in us, ``args.stream``). Returns a dict of us values (span, comm, compute,
-    overlap, gemm), ``overlap_frac`` (overlap / comm, 0 without communication), kernel counts and the streams
-    used by communication and compute kernels."""
+    overlap, gemm), ``overlap_frac`` (overlap / comm, 0 without communication), the largest GEMM grid in CTAs (a
+    persistent GEMM's grid is its SM target: <= SMs - carveout when the carveout took effect), kernel counts and
+    the streams used by communication and compute kernels."""
     comm = [k for k in kernels if COMM_KERNEL.search(k["name"])]
     comp = [k for k in kernels if not COMM_KERNEL.search(k["name"])]
     iv = lambda ks: _union([(float(k["ts"]), float(k["ts"]) + float(k["dur"])) for k in ks])  # noqa: E731
@@ -106,6 +116,7 @@ def overlap_stats(kernels: list[dict]) -> dict:
     return {"span_us": (allv[-1][1] - allv[0][0]) if allv else 0.0, "comm_us": c_len, "compute_us": _length(pi),
             "overlap_us": ov, "overlap_frac": ov / c_len if c_len else 0.0,
             "gemm_us": sum(float(k["dur"]) for k in comp if GEMM_KERNEL.search(k["name"])),
+            "gemm_max_ctas": max((_ctas(k) for k in comp if GEMM_KERNEL.search(k["name"])), default=0),
             "comm_kernels": len(comm), "kernels": len(kernels),
             "comm_streams": sorted({k.get("args", {}).get("stream", -1) for k in comm}),
             "compute_streams": sorted({k.get("args", {}).get("stream", -1) for k in comp})}
@@ -136,10 +147,11 @@ def profile_overlap(runner, mwb, dev, csv_path: str = "") -> dict:
 def overlap_table(rows: list[tuple[str, int, dict]]) -> list[str]:
     """Markdown rows of :func:`overlap_stats` per (variant, T): us and the overlapped fraction."""
     lines = ["| variant | tokens | span us | comm busy us | comm overlapped by compute us | overlapped fraction | "
-             "compute busy us | GEMM sum us | comm kernels | comm / compute streams |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "compute busy us | GEMM sum us | largest GEMM grid | comm kernels | comm / compute streams |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for v, t, s in rows:
         lines.append(f"| {v} | {t} | {s['span_us']:.0f} | {s['comm_us']:.0f} | {s['overlap_us']:.0f} | "
-                     f"{s['overlap_frac']:.2f} | {s['compute_us']:.0f} | {s['gemm_us']:.0f} | {s['comm_kernels']} | "
+                     f"{s['overlap_frac']:.2f} | {s['compute_us']:.0f} | {s['gemm_us']:.0f} | {s['gemm_max_ctas']} | "
+                     f"{s['comm_kernels']} | "
                      f"{s['comm_streams']} / {s['compute_streams']} |")
     return lines

@@ -19,7 +19,7 @@ def _k(name, ts, dur, stream):
 def test_overlap_stats_counts_only_concurrent_time():
     from tokenweave_profile import overlap_stats
 
-    kernels = [_k("nvjet_tst_gemm", 0, 100, 7), _k("flash_fwd", 100, 50, 7), _k("nvjet_tst_gemm", 200, 100, 7),
+    kernels = [dict(_k("nvjet_tst_gemm", 0, 100, 7), args={"stream": 7, "grid": [116, 1, 1]}), _k("flash_fwd", 100, 50, 7), _k("nvjet_tst_gemm", 200, 100, 7),
                _k("twoshot_kernel<bf16>", 80, 40, 20),   # 80..120: fully under compute (0..150)
                _k("twoshot_kernel<bf16>", 160, 60, 20)]  # 160..220: compute idle 150..200, then GEMM 200..220
     s = overlap_stats(kernels)
@@ -28,7 +28,7 @@ def test_overlap_stats_counts_only_concurrent_time():
     assert s["overlap_frac"] == pytest.approx(0.6)
     assert s["compute_us"] == pytest.approx(250) and s["gemm_us"] == pytest.approx(200)
     assert s["span_us"] == pytest.approx(300) and s["comm_kernels"] == 2
-    assert s["comm_streams"] == [20] and s["compute_streams"] == [7]
+    assert s["comm_streams"] == [20] and s["compute_streams"] == [7] and s["gemm_max_ctas"] == 116
 
 
 def test_overlap_stats_serialized_and_empty():
@@ -39,7 +39,7 @@ def test_overlap_stats_serialized_and_empty():
     none = overlap_stats([_k("gemm", 0, 10, 7)])
     assert none["comm_us"] == 0 and none["overlap_frac"] == 0
     rows = overlap_table([("nccl", 4096, serial)])
-    assert rows[-1].startswith("| nccl | 4096 | 130 | 30 | 0 | 0.00 |")
+    assert rows[-1].startswith("| nccl | 4096 | 130 | 30 | 0 | 0.00 | 100 | 100 | 0 | 1 |")
 
 
 def test_gemm_carveout_checks_and_cpu_noop():
