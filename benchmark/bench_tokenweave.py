@@ -13,7 +13,14 @@ same run:
 * ``tokenweave``  two wave-aware splits, tw-comm's fused AllReduce-RMSNorm on a second stream;
 * ``split_nocomm`` TokenWeave's split executor (two splits, two streams, events) with every collective skipped:
                   ``split_nocomm - nocomm`` is the cost of splitting (half-size GEMMs, twice the launches),
-                  ``tokenweave - split_nocomm`` the communication left unhidden (not in the default set).
+                  ``tokenweave - split_nocomm`` the communication left unhidden (not in the default set);
+* ``tokenweave_nocarve`` TokenWeave with the split forward's GEMMs on every SM (no SM carveout for the
+                  communication kernel, :mod:`sglang.srt.tokenweave.carveout`; not in the default set).
+
+``--overlap-tokens T``: one profiled forward per variant at T; a table of how much of the communication kernels'
+time ran concurrently with compute kernels (``benchmark/tokenweave_profile.py``), and per TokenWeave variant the
+kernel timeline CSV of rank 0 in ``--profile-dir``. A table of TokenWeave / NCCL against issue 25's targets
+includes ``nocomm / nccl``, the bound no overlap can beat.
 
 A second table splits each forward into GPU time (CUDA events) and host enqueue time (``perf_counter`` until
 the forward returned, before any sync) with the kernel launches of one profiled forward (``--profile-tokens``);
@@ -56,7 +63,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel" / "python"), str(ROOT / "benchmark")]
 from sglang.srt.utils.nvls_env import NVLS_OFF_ENV  # noqa: E402  (pure Python)
-from tokenweave_report import auto_off_decision, host_table  # noqa: E402
+from tokenweave_profile import overlap_table, profile_forward, profile_overlap  # noqa: E402
+from tokenweave_report import auto_off_decision, host_table, targets_table  # noqa: E402
 
 os.environ.update(NVLS_OFF_ENV)
 VARIANTS = ("nocomm", "nccl", "nccl_symm", "custom", "tokenweave")
@@ -64,7 +72,10 @@ VARIANTS = ("nocomm", "nccl", "nccl_symm", "custom", "tokenweave")
 # cost of splitting itself); ``tp`` the plain TP forward (the server's default communicator, no overlap) and
 # ``tdist`` the same with ``--enable-tdist-overlap`` (issue 26: sequence-parallel residual, AG-GEMM / GEMM-RS by
 # decomposition with the NCCL fallback); the table adds ``tdist / tp``.
-EXTRA_VARIANTS = ("split_nocomm", "tp", "tdist")
+# ``tokenweave_nocarve`` TokenWeave with the GEMMs on every SM (no SM carveout for the communication kernel: the
+# issue 25 round-2 behaviour, where persistent GEMMs and the communication kernel serialized).
+EXTRA_VARIANTS = ("split_nocomm", "tokenweave_nocarve", "tp", "tdist")
+TW_VARIANTS = ("tokenweave", "split_nocomm", "tokenweave_nocarve")
 
 
 def _shrunk_config(src: str, layers: int, smoke: bool) -> str:
@@ -141,47 +152,13 @@ def _time_forward(runner, mwb, dev, ps, warmup: int, iters: int) -> list[tuple[f
     return times
 
 
-def _launch_count(prof) -> tuple[int, int]:
-    """(kernel launches (runtime + driver launch calls), tensor allocations (aten::empty*)) recorded by a torch
-    profiler run."""
-    names = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC",
-             "cudaLaunchCooperativeKernel")
-    ka = prof.key_averages()
-    return (sum(e.count for e in ka if e.key in names),
-            sum(e.count for e in ka if e.key in ("aten::empty", "aten::empty_strided")))
-
-
-def _profile_forward(runner, mwb, dev, path: str) -> tuple[int, int]:
-    """One forward under the torch profiler (collective: every rank calls it); writes the top ops by CUDA time
-    and by host time to ``path`` (nothing when empty); returns the forward's (kernel launches, allocations)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    from sglang.srt.forward_batch_info import ForwardBatch
-
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
-    with torch.inference_mode():
-        fb = ForwardBatch.init_new(mwb, dev, runner.req_to_token_pool, runner.token_to_kv_pool, runner.attn_backend)
-        with profile(activities=acts) as prof:
-            runner.executor.run(runner.model, fb)
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-    launches = _launch_count(prof)
-    if not path:
-        return launches
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    ka = prof.key_averages()
-    by_dev = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
-    Path(path).write_text(f"## top ops by {by_dev}\n" + ka.table(sort_by=by_dev, row_limit=25, max_name_column_width=60)
-                          + "\n## top ops by self_cpu_time_total (host)\n"
-                          + ka.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
-    return launches
-
-
 def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int, min_tokens: int,
-               comm_sms, device: str, warmup: int = 5, profile_tokens: int = 0, profile_dir: str = "") -> dict:
+               comm_sms, device: str, warmup: int = 5, profile_tokens: int = 0, profile_dir: str = "",
+               overlap_tokens: tuple = ()) -> dict:
     """Per rank: build each variant's runner, time a prefill forward of every token count (median ms of CUDA
-    events); with ``profile_tokens``, rank 0 also writes a torch-profiler summary of one TokenWeave forward."""
+    events); with ``profile_tokens``, rank 0 also writes a torch-profiler summary of one TokenWeave forward; at
+    every T in ``overlap_tokens`` one profiled forward per variant gives the communication/compute overlap
+    (:func:`tokenweave_profile.overlap_stats`; rank 0 writes the TokenWeave kernel timeline CSV)."""
     import torch
 
     from sglang.srt.configs.model_config import ModelConfig
@@ -193,10 +170,11 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
     mc = ModelConfig.from_path(path, None, "bfloat16" if device == "cuda" else "float32", device)
     out: dict = {}
     notes: set = set()
+    overlap: list = []
     for variant in variants:
         args = ServerArgs(model_path=path, load_format="dummy", device=device, max_total_tokens=max(tokens) + 64,
                           max_running_requests=4, disable_cuda_graph=True,
-                          enable_tokenweave=variant in ("tokenweave", "split_nocomm"),
+                          enable_tokenweave=variant in TW_VARIANTS,
                           enable_tdist_overlap=variant == "tdist",
                           tokenweave_min_tokens=min_tokens, tokenweave_comm_sms=comm_sms,
                           comm_backend="custom" if variant == "custom" and device == "cuda" else "auto")
@@ -204,6 +182,8 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
         if comm is False:
             continue
         runner = ModelRunner(mc, args, str(dev), tp_rank=ps.tp_rank, tp_size=ps.tp_size, parallel_state=ps, comm=comm)
+        if variant == "tokenweave_nocarve":
+            runner.executor.set_gemm_carveout(0)
         for t in tokens:
             row = runner.kv_cache.alloc_req_slot()
             loc = runner.kv_cache.alloc_extend([row], [0], [t], [-1])
@@ -218,13 +198,17 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
                       f"{out[('host', variant, t)]:.3f} ms)", file=sys.stderr, flush=True)
             if t == profile_tokens and profile_dir and variant in ("tokenweave", "nccl", "split_nocomm"):  # all ranks
                 keep = ps.tp_rank == 0 and variant == "tokenweave"
-                out[("launches", variant, t)], out[("allocs", variant, t)] = _profile_forward(
+                out[("launches", variant, t)], out[("allocs", variant, t)] = profile_forward(
                     runner, mwb, dev, str(Path(profile_dir) / f"tokenweave_profile_T{t}.txt") if keep else "")
+            if t in overlap_tokens:  # all ranks (collective forward); on CPU the table has no kernels
+                csv = (str(Path(profile_dir) / f"tokenweave_timeline_{variant}_T{t}.csv")
+                       if ps.tp_rank == 0 and profile_dir and variant in TW_VARIANTS else "")
+                overlap.append((variant, t, profile_overlap(runner, mwb, dev, csv)))
             runner.kv_cache.free_slots(loc)
             runner.kv_cache.free_req_slot(row)
         del runner
     res = {"|".join(map(str, k)): ms for k, ms in out.items()}
-    res["notes"] = sorted(notes)
+    res["notes"], res["overlap"] = sorted(notes), overlap
     return res
 
 
@@ -233,6 +217,7 @@ def _table(cases: list[tuple[str, int, dict]], tokens: list[int], variants: list
     TokenWeave's ratio to each baseline measured in the same case."""
     bases = [b for b in ("nccl", "nccl_symm", "custom", "nocomm") if b in variants and "tokenweave" in variants]
     pairs = [("tokenweave", b) for b in bases] + ([("tdist", "tp")] if {"tdist", "tp"} <= set(variants) else [])
+    pairs += [("tokenweave_nocarve", "nccl")] if {"tokenweave_nocarve", "nccl"} <= set(variants) else []
     lines = ["| model | TP | tokens | " + " | ".join(f"{v} ms" for v in variants) + " | "
              + " | ".join(f"{a} / {b}" for a, b in pairs) + " |",
              "|---|---:|---:|" + "---:|" * (len(variants) + len(pairs))]
@@ -253,16 +238,18 @@ def run_layer_mode(a) -> Path:
 
     device = "cpu" if a.smoke or a.device == "cpu" else "cuda"
     variants = [v for v in a.variants if not ((device == "cpu" or a.share_gpu) and v in ("custom", "nccl_symm"))]
-    cases, notes = [], []
+    cases, notes, overlap_rows = [], [], []
     for model_path in a.model_paths:
         path = _shrunk_config(model_path, a.layers, a.smoke)
         for tp in a.tps:
             per_rank = spawn_ranks(_rank_body, tp, path, a.tokens, variants, a.iters, a.min_tokens, a.comm_sms,
-                                   device, a.warmup, a.profile_tokens, a.profile_dir, timeout=a.timeout, device=device,
+                                   device, a.warmup, a.profile_tokens, a.profile_dir, tuple(a.overlap_tokens),
+                                   timeout=a.timeout, device=device,
                                    share_gpu=a.share_gpu)
             notes += [n for n in per_rank[0].get("notes", []) if n not in notes]
-            res = {k: max(r[k] for r in per_rank) for k in per_rank[0] if k != "notes"}  # slowest rank ends a step
+            res = {k: max(r[k] for r in per_rank) for k in per_rank[0] if k not in ("notes", "overlap")}  # slowest
             cases.append((Path(model_path).name or "synthetic", tp, res))
+            overlap_rows += per_rank[0].get("overlap", [])  # rank 0's profile
     hw = _hardware(device)
     lines = [f"# TokenWeave layer benchmark ({'smoke, ' if a.smoke else ''}{device})", "",
              f"- date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
@@ -278,6 +265,9 @@ def run_layer_mode(a) -> Path:
              *_table(cases, a.tokens, variants), "", "## host vs GPU time per forward", "",
              *host_table(cases, a.tokens, variants), "", "## auto-off decision (TokenWeave vs the best baseline)", "",
              *[ln for model, tp, res in cases for ln in [f"- {model} TP{tp}:"] + auto_off_decision(res, a.tokens)[0]],
+             "", "## against issue 25's targets (TokenWeave / NCCL)", "", *targets_table(cases, a.tokens),
+             *(["", "## communication / compute overlap (one profiled forward, rank 0, torch profiler kernel times)",
+                "", *overlap_table(overlap_rows)] if overlap_rows else []),
              *([""] + [f"- note: {n}" for n in notes] if notes else [])]
     print("\n".join(lines))
     out = _results_path(a, "layer")
@@ -438,6 +428,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=5, help="untimed forwards before the timed ones (>= 5 on GPU)")
     p.add_argument("--profile-tokens", type=int, default=0,
                    help="layer mode: rank 0 writes a torch-profiler summary of one TokenWeave forward at this T")
+    p.add_argument("--overlap-tokens", type=int, nargs="*", default=[],
+                   help="layer mode (GPU): per variant one profiled forward at these T, its comm/compute overlap")
     p.add_argument("--profile-dir", default="", help="where the profile summary goes (default: --results-dir)")
     p.add_argument("--min-tokens", type=int, default=None,
                    help="--tokenweave-min-tokens (layer mode default 1024, so every T splits; end-to-end default: "

@@ -233,6 +233,27 @@ def test_tokenweave_tp_ranks_share_one_gpu(tiny_checkpoints, name, world):
                     f"{name} world {world} rank {rank} step {step} cut {cut}: max diff {diff}"
 
 
+@pytest.mark.parametrize("name", ["llama_bias_untied", "mixtral"])
+def test_tokenweave_tp2_one_rank_per_gpu(tiny_checkpoints, name):
+    """2 TP ranks on 2 GPUs (NCCL device group, tw-comm's fused AllReduce-RMSNorm over CUDA IPC between the
+    GPUs, TokenWeave's two streams and its GEMM SM carveout), cut at every token boundary of prefill / mixed /
+    decode steps: bf16 logits equal the single-process fp32 CPU reference within bf16 tolerance, on both ranks.
+    Skips without 2 GPUs."""
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    from test_tp_models import _reference
+    from tp_worker import spawn_ranks, tokenweave_logits
+
+    ref = _reference(tiny_checkpoints[name])
+    results = spawn_ranks(tokenweave_logits, 2, tiny_checkpoints[name], "bfloat16", timeout=300, device="cuda")
+    for rank, per_rank in enumerate(results):
+        for step, (cuts, want) in enumerate(zip(per_rank, ref)):
+            for cut, got in enumerate(cuts, start=1):
+                diff = (got - want).abs().max().item()
+                assert diff <= 0.05 * max(1.0, want.abs().max().item()), \
+                    f"{name} rank {rank} step {step} cut {cut}: max diff {diff}"
+
+
 def test_server_tp2_shared_gpu_tokenweave_equals_tp1():
     """Through HTTP: ``--tp 2 --tp-ranks-share-gpu --enable-tokenweave --tokenweave-min-tokens 8`` on the real
     stories260K checkpoint (fp16 on the GPU, tw-comm's kernel over CUDA IPC) gives TP=1's greedy tokens."""

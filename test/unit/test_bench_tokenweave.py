@@ -32,7 +32,7 @@ def test_layer_mode_smoke(tmp_path):
 
     models = [shared_path("configs", "meta-llama--Llama-3.3-70B-Instruct"),
               shared_path("configs", "mistralai--Mixtral-8x22B-v0.1")]
-    text = _run(tmp_path, "--tokens", "16", "40", "--model-path", *models)
+    text = _run(tmp_path, "--tokens", "16", "40", "--model-path", *models, "--overlap-tokens", "16")
     main_table, host_table = text.split("## host vs GPU time per forward")
     rows = [line for line in main_table.splitlines() if re.match(r"\| \S+ \| \d+ \| \d+ \|", line)]
     names = ("meta-llama--Llama-3.3-70B-Instruct", "mistralai--Mixtral-8x22B-v0.1")
@@ -46,6 +46,10 @@ def test_layer_mode_smoke(tmp_path):
     assert all(float(c) > 0 for r in host_rows for c in r.strip("|").split("|")[4:6])
     assert host_table.count("- auto-off at T=16: TokenWeave ") == 2
     assert "supported --tokenweave-min-tokens" in host_table
+    overlap = host_table.split("## communication / compute overlap")[1]  # CPU: the profiled forwards, no kernels
+    assert len(re.findall(r"^\| (nocomm|nccl|tokenweave) \| 16 \| ", overlap, re.M)) == 2 * 3, overlap
+    targets = host_table.split("## against issue 25's targets")[1]
+    assert len(re.findall(r"^\| \S+ \| 2 \| (16|40) \| [0-9.]+ \| n/a \| [0-9.]+ \| <= 1.0 \|", targets, re.M)) == 4
 
 
 def test_e2e_mode_smoke(tmp_path):

@@ -74,7 +74,8 @@ SERVER_ARGS_HELP: dict[str, str] = {
     "tokenweave_min_tokens": "Batches with fewer new tokens (and decode batches) run unsplit (default: auto, the "
     "measured break-even per GPU and TP size: off at TP2 on H100, where it lost at every size measured; 8192 at TP4; "
     "1024 otherwise).",
-    "tokenweave_comm_sms": "SM budget of TokenWeave's overlapped communication kernel (default: tw-comm's).",
+    "tokenweave_comm_sms": "SM budget of TokenWeave's overlapped communication kernel (default: tw-comm's, 16); "
+    "split forwards cap their cuBLAS GEMMs to the GPU's SMs minus this many, so the kernel runs beside them.",
     "tp_ranks_share_gpu": "Correctness test mode: all TP ranks run on --base-gpu-id as separate processes (device "
     "group over gloo, tw-comm over CUDA IPC within the GPU; CUDA graphs and custom all-reduce off). Never for speed.",
     "enable_tdist_overlap": "Triton-distributed: keep the residual token-sharded across TP ranks (sequence parallel) "

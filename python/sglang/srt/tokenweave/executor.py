@@ -17,6 +17,7 @@ On CPU there are no streams: the same schedule runs in order, which is what the 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -26,6 +27,7 @@ import torch
 from sglang.srt.forward_batch_info import ForwardBatch
 from sglang.srt.layers.stages import NORM_STAGES, LayerState
 from sglang.srt.model_executor.executors.split import SubBatchExecutor
+from sglang.srt.tokenweave.carveout import GemmCarveout
 from sglang.srt.tokenweave.planner import GemmShape, plan_split
 
 logger = logging.getLogger(__name__)
@@ -35,17 +37,33 @@ logger = logging.getLogger(__name__)
 class TokenWeaveConfig:
     """``--tokenweave-min-tokens`` (batches with fewer new tokens run unsplit; >= 2), ``--tokenweave-comm-sms``
     (SM budget of the overlapped communication kernel; None: tw-comm's default), the layer's GEMM output
-    widths for the planner, and the device's GEMM wave model. The two flags are validated once, by ``ServerArgs``;
-    raises ValueError when the GEMM widths are missing."""
+    widths for the planner, the device's GEMM wave model, and ``gemm_carveout``: SMs the split forward's GEMMs
+    leave free for the communication kernel (:class:`~sglang.srt.tokenweave.carveout.GemmCarveout`; None: the
+    communication kernel's CTA budget, 0: GEMMs use every SM). The two flags are validated once, by
+    ``ServerArgs``; raises ValueError when the GEMM widths are missing or the carveout is negative."""
 
     min_tokens: int = 1024
     comm_sms: Optional[int] = None
     gemm_widths: tuple[int, ...] = ()
     gemm_shape: GemmShape = GemmShape()
+    gemm_carveout: Optional[int] = None
 
     def __post_init__(self) -> None:
         if not self.gemm_widths:
             raise ValueError("TokenWeaveConfig needs the layer's GEMM widths (layer_gemm_widths)")
+        if self.gemm_carveout is not None and self.gemm_carveout < 0:
+            raise ValueError(f"TokenWeaveConfig.gemm_carveout={self.gemm_carveout} must be >= 0 (0: no carveout)")
+
+    def carveout_sms(self) -> int:
+        """The SMs the split forward's GEMMs leave to the communication kernel: ``gemm_carveout``, else the
+        communication kernel's CTA budget (``comm_sms``, else tw-comm's overlap default of 16)."""
+        if self.gemm_carveout is not None:
+            return self.gemm_carveout
+        if self.comm_sms is not None:
+            return self.comm_sms
+        from sglang.srt.distributed.tw_comm import TwCommConfig
+
+        return TwCommConfig.overlap_sms
 
 
 class TokenWeaveExecutor(SubBatchExecutor):
@@ -71,6 +89,18 @@ class TokenWeaveExecutor(SubBatchExecutor):
         self._pool: list[Any] = []  # the events, one per split, reused across stages and forwards
         self._hold: dict[int, list[tuple]] = {}  # per split: the last two stages' (hidden, residual) (_on_stream)
         self._plans: dict[int, Any] = {}  # planner result per token count (a pure function of T)
+        self._compute: Optional[Any] = None  # the compute (current) stream of the forward in flight
+        self.set_gemm_carveout(min(config.carveout_sms(), config.gemm_shape.num_sms - 1))  # a small wave model
+
+    def set_gemm_carveout(self, sms: int) -> None:
+        """Leave ``sms`` SMs free of GEMMs during split forwards (0: none), and plan splits for the SMs left; for
+        benchmarks and tuning. Raises ValueError when ``sms`` is not in ``[0, num_sms)``."""
+        shape = self.config.gemm_shape
+        self._carveout = GemmCarveout(sms, shape.num_sms, self.device)
+        # the planner's wave model counts only the SMs the GEMMs keep (TokenWeave sec. 3.1.1 with sec. 3.2's split
+        # of the SMs); cached plans were made for another count
+        self._plan_shape = dataclasses.replace(shape, num_sms=shape.num_sms - self._carveout.carveout)
+        self._plans = {}
 
     # ---- which sub-batches ------------------------------------------------------------------------------
     def plan(self, forward_batch: ForwardBatch) -> list[ForwardBatch]:
@@ -81,7 +111,7 @@ class TokenWeaveExecutor(SubBatchExecutor):
             return [forward_batch]
         plan = self._plans.get(n)
         if plan is None:
-            plan = plan_split(n, self.config.gemm_widths, self.config.gemm_shape)
+            plan = plan_split(n, self.config.gemm_widths, self._plan_shape)
             if len(self._plans) < 65536:
                 self._plans[n] = plan
         self._log_once(n, plan)
@@ -108,7 +138,17 @@ class TokenWeaveExecutor(SubBatchExecutor):
         if self.comm_stream is None:
             return super().run(model, forward_batch)
         self._events, self._hold = {}, {}
-        return super().run(model, forward_batch)
+        self._compute = torch.cuda.current_stream(self.device)  # looked up once per forward, not per stage
+        try:
+            return super().run(model, forward_batch)
+        finally:
+            self._compute = None
+
+    def run_layers(self, model: Any, forward_batch: ForwardBatch, subs: list[ForwardBatch], listener) -> Any:
+        """The split forward (:meth:`SubBatchExecutor.run_layers`) with the GEMMs capped to the SMs the overlapped
+        communication kernel leaves free (``config.carveout_sms()``; the cap is lifted on return or error)."""
+        with self._carveout:
+            return super().run_layers(model, forward_batch, subs, listener)
 
     def finish(self, states: list[LayerState]) -> None:
         """Nothing: the skeleton calls this before :meth:`final_hidden`, whose per-split final norms still run on
@@ -169,7 +209,7 @@ class TokenWeaveExecutor(SubBatchExecutor):
         if self.comm_stream is None:
             fn(False)
             return
-        compute = torch.cuda.current_stream(self.device)
+        compute = self._compute if self._compute is not None else torch.cuda.current_stream(self.device)
         stream = self.comm_stream if comm_stage else compute
         key = id(state)
         ev = self._events.get(key)
@@ -179,9 +219,12 @@ class TokenWeaveExecutor(SubBatchExecutor):
             if stream is not compute:
                 stream.wait_stream(compute)  # the split's inputs were produced on the compute stream
             ev = self._event(len(self._events))
-        with torch.cuda.stream(stream):
+        if comm_stage:
+            with torch.cuda.stream(stream):
+                fn(comm_stage)
+        else:  # already the current stream: no stream switch (host cost per stage)
             fn(comm_stage)
-            ev.record(stream)  # a wait enqueued earlier keeps the previous record: re-recording is safe
+        ev.record(stream)  # a wait enqueued earlier keeps the previous record: re-recording is safe
         self._events[key] = ev
         hold = self._hold.setdefault(key, [])
         hold.append((state.hidden, state.residual))  # a replaced residual (fallback norms) is held the same way
