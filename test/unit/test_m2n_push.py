@@ -1,6 +1,7 @@
 """Device-driven M2N transport (``cuda_push``, MegaScale-Infer sec. 5) on CPU: its receive kernel under the Triton
 interpreter against the torch reference (random row counts incl. 0, fixed-offset and packed destinations, the ack
-store, the fail-closed bounded wait with 0 rows), its sm_90a PTX (acquire/release at system scope, bounded-wait
+store, the fail-closed bounded wait with 0 rows), the transport's host logic with two endpoints on a CPU stand-in
+of the CUDA platform (m2n_push_sim_case.py), its sm_90a PTX (acquire/release at system scope, bounded-wait
 instructions, 16-byte copies, no multicast), the flag word, and the endpoint's API checks."""
 
 from __future__ import annotations
@@ -63,13 +64,23 @@ INTERPRET_CASE = textwrap.dedent("""
 """)
 
 
-@needs_triton
-def test_recv_kernel_interpreter_matches_torch_reference():
+def _interpret(argv: list) -> None:
     env = dict(os.environ, TRITON_INTERPRET="1")
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "sgl-kernel" / "python"), str(REPO / "python"),
                                          env.get("PYTHONPATH", "")])
-    r = subprocess.run([sys.executable, "-c", INTERPRET_CASE], env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stderr[-3000:]
+
+
+@needs_triton
+def test_recv_kernel_interpreter_matches_torch_reference():
+    _interpret(["-c", INTERPRET_CASE])
+
+
+@needs_triton
+def test_transport_host_logic_two_endpoints_interpreter():
+    """m2n_push_sim_case.py: both paths, acks, stash, fail-closed check (see its docstring)."""
+    _interpret([str(Path(__file__).resolve().parent / "m2n_push_sim_case.py")])
 
 
 @needs_triton

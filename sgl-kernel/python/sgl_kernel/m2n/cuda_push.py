@@ -46,6 +46,35 @@ def _as_tensor(ptr: int, nbytes: int, dev: int) -> torch.Tensor:
     return torch.as_tensor(_DevicePointer(ptr, nbytes), device=torch.device("cuda", dev))
 
 
+class _CudaPlatform:
+    """Where the transport touches CUDA: the driver (``sgl_kernel.tdist.cuda_ipc``), device contexts, the current
+    stream and raw-pointer tensors. Tests substitute a one-process CPU stand-in to run the host logic with the Triton
+    interpreter."""
+
+    def __init__(self) -> None:
+        from sgl_kernel.tdist import cuda_ipc
+
+        self.driver = cuda_ipc
+
+    def check(self, device: torch.device) -> int:
+        """The CUDA device index of ``device``. Raises RuntimeError for a non-CUDA device."""
+        if device.type != "cuda":
+            raise RuntimeError("CudaPushTransport needs CUDA buffers (M2NConfig.device='cuda:N')")
+        return device.index if device.index is not None else torch.cuda.current_device()
+
+    def context(self, dev: int):
+        """Context manager making ``dev`` current."""
+        return torch.cuda.device(dev)
+
+    def stream(self, dev: int) -> int:
+        """The current stream's handle on ``dev``."""
+        return torch.cuda.current_stream(dev).cuda_stream
+
+    def tensor(self, ptr: int, nbytes: int, dev: int) -> torch.Tensor:
+        """A uint8 tensor over ``nbytes`` of device memory at ``ptr`` (no copy)."""
+        return _as_tensor(ptr, nbytes, dev)
+
+
 class CudaPushTransport(PayloadTransport):
     """See the module docstring.
 
@@ -59,10 +88,11 @@ class CudaPushTransport(PayloadTransport):
     name = "cuda_push"
     device_driven = True
 
-    def __init__(self, wait_timeout_s: Optional[float] = None) -> None:
+    def __init__(self, wait_timeout_s: Optional[float] = None, platform: Optional[_CudaPlatform] = None) -> None:
         if wait_timeout_s is not None and not wait_timeout_s > 0:
             raise ValueError(f"cuda_push: wait_timeout_s={wait_timeout_s} must be > 0")
         self.wait_timeout_s = wait_timeout_s
+        self.platform = platform or _CudaPlatform()
         self.ep = None
         self.heap = None
         self._peers: dict[int, dict] = {}
@@ -75,24 +105,22 @@ class CudaPushTransport(PayloadTransport):
         Raises:
             RuntimeError: the endpoint is not on a CUDA device; CudaDriverError when the driver refuses.
         """
-        from sgl_kernel.tdist import cuda_ipc
         from sgl_kernel.tdist.heap import SymmetricHeap
         from sgl_kernel.tdist.layout import HeapConfig
 
-        if endpoint.device.type != "cuda":
-            raise RuntimeError("CudaPushTransport needs CUDA buffers (M2NConfig.device='cuda:N')")
+        self.dev = self.platform.check(endpoint.device)
+        cuda_ipc = self.platform.driver
         self.ep = endpoint
         world, slots = endpoint.world, endpoint.config.slots
-        self.dev = endpoint.device.index if endpoint.device.index is not None else torch.cuda.current_device()
         self.cap = int(endpoint.recv_buf.numel())
         budget = self.wait_timeout_s or endpoint.config.timeout_s
         cfg = HeapConfig(data_bytes=max(16, world * slots * self.cap), signal_slots=8 + world * slots + world,
                          wait_timeout_s=budget)
-        with torch.cuda.device(self.dev):
+        with self.platform.context(self.dev):
             torch.zeros(1, device=endpoint.device)  # the primary context is current on this thread
             ptr = cuda_ipc.mem_alloc(cfg.total_bytes)
             cuda_ipc.memset_d8(ptr, 0, cfg.total_bytes)
-            local = _as_tensor(ptr, cfg.total_bytes, self.dev)
+            local = self.platform.tensor(ptr, cfg.total_bytes, self.dev)
 
             def closer() -> None:
                 for b in self._opened:
@@ -123,15 +151,13 @@ class CudaPushTransport(PayloadTransport):
 
     def on_control(self, frames) -> None:
         """Map a peer's heap from its hello (in this rank's device context)."""
-        from sgl_kernel.tdist import cuda_ipc
-
         header = np.frombuffer(frames[0].buffer, dtype=np.int64)
         if int(header[0]) != KIND_PUSH_HELLO:
             return
         src = int(header[1])
         d = msgspec.msgpack.decode(bytes(frames[1].buffer))
-        with torch.cuda.device(self.dev):
-            base = cuda_ipc.ipc_open(bytes(d["handle"]))
+        with self.platform.context(self.dev):
+            base = self.platform.driver.ipc_open(bytes(d["handle"]))
         self._opened.append(base)
         me, slots = self.ep.rank, self.ep.config.slots
         self._peers[src] = {"cap": int(d["cap"]), "ring": base + int(d["ring"]) + me * slots * int(d["cap"]),
@@ -150,7 +176,7 @@ class CudaPushTransport(PayloadTransport):
         self._peer(peer)
         s, slots = int(self._sseq[peer]), self.ep.config.slots
         if s >= slots:
-            with torch.cuda.device(self.dev):
+            with self.platform.context(self.dev):
                 self._launch(self.acks[peer:peer + 1], s - slots + 1, 0, 0, copy=False, grid=1)
 
     def post_send(self, peer: int, slot: int, view: torch.Tensor, rows: int = 0) -> Optional[bytes]:
@@ -160,8 +186,8 @@ class CudaPushTransport(PayloadTransport):
             ValueError: the payload exceeds the peer's ring slot (its max_rows / layout is smaller).
         """
         from sgl_kernel.m2n.push_kernels import flag_value
-        from sgl_kernel.tdist import cuda_ipc
 
+        cuda_ipc = self.platform.driver
         p = self._peer(peer)
         nbytes = int(view.numel())
         if nbytes > p["cap"]:
@@ -170,7 +196,7 @@ class CudaPushTransport(PayloadTransport):
         s = int(self._sseq[peer])
         if slot != s % self.ep.config.slots:
             raise RuntimeError(f"cuda_push: slot {slot} != sequence {s} % slots")
-        stream = torch.cuda.current_stream(self.ep.device).cuda_stream
+        stream = self.platform.stream(self.dev)
         if nbytes:
             cuda_ipc.memcpy_async(p["ring"] + slot * p["cap"], view.data_ptr(), nbytes, stream)
         cuda_ipc.stream_write_value64(p["flags"] + 8 * slot, flag_value(s, rows), stream)
@@ -194,7 +220,7 @@ class CudaPushTransport(PayloadTransport):
         slot = s % slots
         ack_delta, ack_value = self._pending_ack or (0, 0)
         grid = max(1, min(MAX_GRID, -(-grid_bytes // (4 * BLOCK))))
-        with torch.cuda.device(self.dev):
+        with self.platform.context(self.dev):
             self._launch(self.flags[src * slots + slot: src * slots + slot + 1], (s + 1) << 32, ack_delta, ack_value,
                          copy=True, grid=grid, src=self.ring[src, slot].view(torch.int32),
                          dst=out.view(torch.int32), cap_rows=cap_rows)
