@@ -23,7 +23,7 @@ step() {  # step NAME TIMEOUT_S CMD... : run, log to $out/NAME.log, record the e
 gpus=$("$PY" -c 'import torch; n = torch.cuda.device_count()
 print(f"{n} x {torch.cuda.get_device_name(0)}" if n else "no GPU")' 2>&1 | tail -1)
 echo "GPUs: $gpus; commit $(git rev-parse --short HEAD 2>/dev/null || echo '?') (may be stale on the device copy)"
-step m2n_push_test 55 "$PY" -m pytest -s -q "test/gpu/test_m2n_multi_gpu.py::test_m2n_one_rank_per_gpu[cuda_push-2gpu]" \
+step m2n_push_test 58 "$PY" -m pytest -s -q "test/gpu/test_m2n_multi_gpu.py::test_m2n_one_rank_per_gpu[cuda_push-2gpu]" \
   -p no:cacheprovider
 step m2n_latency 38 "$PY" benchmark/bench_afd.py --mode m2n --device cuda --transport cuda_push-dev,cuda_push,cuda_ipc \
   --iters 50 --warmup 10 --sizes-kb 32 128 512 --timeout 32 --results-dir "$out"

@@ -39,7 +39,7 @@ OP_ECHO, OP_DIE = 0, 1
 RECV_TIMEOUT_S = 15.0  # every receive is bounded: a lost message fails the phase, never hangs it
 GROUP_TIMEOUT_S = 60.0  # peers' own receive timeout (they wait for rank 0's next message)
 # per transport: (back-to-back messages of phase 2, seconds the whole group may take: spawn + attach + 3 phases)
-BOUNDS = {"cuda_ipc": (10_000, 30.0), "inline": (200, 15.0), "nixl": (500, 25.0), "cuda_push": (10_000, 45.0)}
+BOUNDS = {"cuda_ipc": (10_000, 30.0), "inline": (200, 15.0), "nixl": (500, 25.0), "cuda_push": (10_000, 50.0)}
 PUSH_BUDGET_S = 3.0  # rank 0's device-wait budget with cuda_push (the killed-peer phase waits this long)
 
 

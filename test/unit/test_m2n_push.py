@@ -84,8 +84,10 @@ def test_transport_host_logic_two_endpoints_interpreter():
 
 
 @needs_triton
-@pytest.mark.parametrize("copy,expect_ty", [(True, "i64"), (False, "i64"), (False, "i32")])
-def test_recv_kernel_sm90a_ptx(copy, expect_ty):
+@pytest.mark.parametrize("copy,expect_ty,ack_ty", [(True, "i64", "i64"), (True, "i64", "i32"), (False, "i32", "i32")])
+def test_recv_kernel_sm90a_ptx(copy, expect_ty, ack_ty):
+    """The argument types the launcher really passes: ``expect`` i64 for data flags, i32 for the sender's ack wait;
+    ``ack_delta`` / ``ack_value`` i32 when 0 (first receive, no ack), i64 for a peer's heap distance."""
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         pytest.skip("AOT compilation needs the real Triton compiler")
     import triton
@@ -95,7 +97,7 @@ def test_recv_kernel_sm90a_ptx(copy, expect_ty):
     from sgl_kernel.m2n.push_kernels import m2n_recv_kernel
     from sgl_kernel.tdist import aot
 
-    sig = {"meta": "*i64", "flag": "*i64", "expect": expect_ty, "ack": "*i64", "ack_delta": "i64", "ack_value": "i64", "src": "*i32",
+    sig = {"meta": "*i64", "flag": "*i64", "expect": expect_ty, "ack": "*i64", "ack_delta": ack_ty, "ack_value": ack_ty, "src": "*i32",
            "dst": "*i32", "rows_out": "*i64", "col_bytes": "*i64", "cap_rows": "i32", "max_rows": "i32",
            "NCOL": "constexpr", "COPY": "constexpr", "BLOCK": "constexpr"}
     src = ASTSource(fn=m2n_recv_kernel, signature=dict(sig), constexprs={"NCOL": 3, "COPY": copy, "BLOCK": 1024},
