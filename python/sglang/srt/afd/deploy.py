@@ -58,13 +58,17 @@ def executor(args: Any) -> ExecutorSpec:
 def transport(args: Any, one_node: bool) -> str:
     """``--afd-transport``, with ``auto`` resolved by the one rule: ``inline`` (ZMQ) on CPU; on GPU, when every worker
     shares one node, ``cuda_push`` (device-driven: payload + flag written GPU to GPU, bounded device waits) or the
-    host-driven ``cuda_ipc`` where Triton (its receive kernel) does not import; ``nccl`` across nodes."""
+    host-driven ``cuda_ipc`` where it cannot serve: Triton (its receive kernel) does not import, or every worker
+    shares one GPU (``--tp-ranks-share-gpu``: the processes' spinning waits would be time-sliced on one GPU);
+    ``nccl`` across nodes."""
     if args.afd_transport != "auto":
         return args.afd_transport
     if args.resolved_device != "cuda":
         return "inline"
     if not one_node:
         return "nccl"
+    if args.tp_ranks_share_gpu:
+        return "cuda_ipc"
     try:
         import triton  # noqa: F401  (cuda_push's receive kernel)
     except ImportError:
