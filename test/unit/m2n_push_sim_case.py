@@ -3,7 +3,8 @@ test_m2n_push.py): a stand-in for the CUDA platform (driver calls become memmove
 IPC handles are addresses), two endpoints talking over ZMQ, the real receive kernel under the interpreter. Checks
 bytes against the sent tensors over random row counts incl. 0 (host-header and device-driven paths, more messages
 than slots so the ack waits run), data read while waiting for a peer's handles is kept in order, and a receive
-that is never sent fails closed (``check()`` raises TimeoutError). Prints OK."""
+that is never sent fails closed (``check()`` raises TimeoutError); all again with a driver that refuses stream
+memory operations (flags by the fallback kernel). Prints OK."""
 
 from __future__ import annotations
 
@@ -52,6 +53,13 @@ class SimDriver:
         ctypes.c_int64.from_address(addr).value = v
 
 
+class NoStreamOpsDriver(SimDriver):
+    """A driver that refuses stream memory operations: the transport must fall back to its flag kernel."""
+
+    def stream_write_value64(self, addr, v, stream):
+        raise RuntimeError("cuStreamWriteValue64 failed: CUresult 801 (operation not supported)")
+
+
 class SimPlatform:
     def __init__(self, driver):
         self.driver = driver
@@ -70,13 +78,13 @@ class SimPlatform:
         return t[skip:skip + n]
 
 
-def main():
+def main(driver):
     g = torch.Generator().manual_seed(5)
     lay = RowLayout(((torch.bfloat16, 10), (torch.int32, 3), (torch.float32, 2)))
     max_rows, slots = 12, 2
     d = tempfile.mkdtemp(prefix="m2n-push-sim-")
     addrs = (f"ipc://{d}/0", f"ipc://{d}/1")
-    plat = SimPlatform(SimDriver())
+    plat = SimPlatform(driver)
     eps = [M2NEndpoint(M2NConfig(r, addrs, max_rows, slots=slots, timeout_s=10), lay,
                        transport=CudaPushTransport(wait_timeout_s=1.0, platform=plat)) for r in range(2)]
 
@@ -115,10 +123,12 @@ def main():
         raise AssertionError("check() did not raise")
     except TimeoutError as e:
         assert "m2n_recv_kernel" in str(e), e
+    assert all(ep.transport._flag_kernel == isinstance(driver, NoStreamOpsDriver) for ep in eps)
     for ep in eps:
         ep.close()
-    print("OK")
 
 
 if __name__ == "__main__":
-    main()
+    main(SimDriver())
+    main(NoStreamOpsDriver())  # flags written by the fallback kernel
+    print("OK")

@@ -110,6 +110,24 @@ def test_recv_kernel_sm90a_ptx(copy, expect_ty, ack_ty):
         assert aot.vector_ops(ptx)["ld_v4"] > 0 and aot.vector_ops(ptx)["st_v4"] > 0
 
 
+@needs_triton
+def test_flag_kernel_sm90a_ptx():
+    """The fallback flag writer: a system-scope fence then a release store (no multicast)."""
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        pytest.skip("AOT compilation needs the real Triton compiler")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from sgl_kernel.m2n.push_kernels import m2n_flag_kernel
+    from sgl_kernel.tdist import aot
+
+    sig = {"flag": "*i64", "delta": "i64", "value": "i64"}
+    src = ASTSource(fn=m2n_flag_kernel, signature=sig, constexprs={}, attrs=aot.launch_attrs(m2n_flag_kernel, sig))
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1}).asm["ptx"]
+    assert re.search(r"fence\.sc\.sys", ptx) and re.search(aot.REL, ptx) and "multimem" not in ptx
+
+
 def test_flag_word_carries_sequence_and_rows():
     from sgl_kernel.m2n.push_kernels import flag_value
 

@@ -140,6 +140,7 @@ class CudaPushTransport(PayloadTransport):
         self._sseq = np.zeros(world, dtype=np.int64)
         self._rseq = np.zeros(world, dtype=np.int64)
         self._pending_ack: Optional[tuple[int, int]] = None
+        self._flag_kernel = False
         body = msgspec.msgpack.encode({"handle": cuda_ipc.ipc_get_handle(ptr), "cap": self.cap,
                                        "flags": self.flags.data_ptr() - ptr, "acks": self.acks.data_ptr() - ptr,
                                        "ring": self.ring.data_ptr() - ptr, "bytes": cfg.total_bytes})
@@ -199,9 +200,24 @@ class CudaPushTransport(PayloadTransport):
         stream = self.platform.stream(self.dev)
         if nbytes:
             cuda_ipc.memcpy_async(p["ring"] + slot * p["cap"], view.data_ptr(), nbytes, stream)
-        cuda_ipc.stream_write_value64(p["flags"] + 8 * slot, flag_value(s, rows), stream)
+        self._write_flag(p["flags"] + 8 * slot, flag_value(s, rows), stream)
         self._sseq[peer] += 1
         return None
+
+    def _write_flag(self, addr: int, value: int, stream: int) -> None:
+        """``cuStreamWriteValue64`` (fence + store, no SM); where the driver refuses it (no stream memory operations),
+        a one-thread Triton release store instead, from then on."""
+        from sgl_kernel.m2n.push_kernels import launch_flag
+
+        if not self._flag_kernel:
+            try:
+                self.platform.driver.stream_write_value64(addr, value, stream)
+                return
+            except RuntimeError as e:  # CudaDriverError
+                logger.warning("cuda_push rank %d: cuStreamWriteValue64 refused (%s); flags by kernel", self.ep.rank, e)
+                self._flag_kernel = True
+        with self.platform.context(self.dev):
+            launch_flag(self.flags[0:1], (addr - self.flags.data_ptr()) // 8, value)
 
     # ---- receive -------------------------------------------------------------------------------------------
     def _launch(self, flag: torch.Tensor, expect: int, ack_delta: int, ack_value: int, copy: bool,

@@ -65,6 +65,15 @@ def m2n_recv_kernel(meta, flag, expect, ack, ack_delta, ack_value, src, dst, row
             doff += (rows_d * cb + 15) // 16 * 4
 
 
+@triton.jit(do_not_specialize=["delta", "value"])
+def m2n_flag_kernel(flag, delta, value):
+    """The sender's flag write when the driver's stream write is unavailable: ``fence.sc.sys`` (the copy-engine
+    payload copy before it on the stream is complete; order it system-wide) then ``st.release.sys`` of ``value`` at
+    ``flag + delta`` (the peer's mapped flag word). Launch with grid (1,)."""
+    P.quiet()
+    P.st_release(flag + delta, value)
+
+
 def relayout_reference(ring: torch.Tensor, rows: int, col_bytes: list[int], cap_rows: int) -> torch.Tensor:
     """Torch reference of the kernel's copy: ``ring`` (uint8, column blocks packed for ``rows`` rows, each padded to
     16 bytes) -> a new uint8 tensor with the blocks at the offsets for ``cap_rows`` rows (``cap_rows < 0``: ``rows``);
@@ -78,6 +87,11 @@ def relayout_reference(ring: torch.Tensor, rows: int, col_bytes: list[int], cap_
         so += n
         do += (cap * b + 15) // 16 * 16
     return out
+
+
+def launch_flag(flag: torch.Tensor, delta: int, value: int) -> None:
+    """Launch :func:`m2n_flag_kernel` on the current stream (``flag``: an int64 view of this rank's heap)."""
+    m2n_flag_kernel[(1,)](flag, delta, value)
 
 
 def flag_value(seq: int, rows: int) -> int:
