@@ -261,7 +261,7 @@ class M2NEndpoint:
         while not done():
             if time.monotonic() > deadline:
                 raise TimeoutError(f"M2N rank {self.rank}: no {what} within {self.config.timeout_s:.1f} s")
-            if self.poll(50):
+            if self._poller.poll(50):
                 frames = self._inbox.recv_multipart(copy=False)
                 kind = int(np.frombuffer(frames[0].buffer, dtype=np.int64)[0])
                 if kind in (KIND_DATA, KIND_CLOSE):
@@ -308,8 +308,8 @@ class M2NEndpoint:
         self._sock(peer).send_multipart(frames, copy=False)
 
     def poll(self, timeout_ms: int) -> bool:
-        """True when a message is waiting (waits up to ``timeout_ms``)."""
-        return bool(self._poller.poll(timeout_ms))
+        """True when a message is waiting (waits up to ``timeout_ms``), including one kept by :meth:`pump_control`."""
+        return bool(self._stash) or bool(self._poller.poll(timeout_ms))
 
     def recv(self, timeout_s: Optional[float] = None) -> Message:
         """The next message from any peer, its payload landed in the receive buffer (views: copy them before the
@@ -321,7 +321,7 @@ class M2NEndpoint:
         """
         deadline = time.monotonic() + (self.config.timeout_s if timeout_s is None else timeout_s)
         while True:
-            if self._stash or self.poll(50):
+            if self.poll(50):
                 frames = self._stash.popleft() if self._stash else self._inbox.recv_multipart(copy=False)
                 header = np.frombuffer(frames[0].buffer, dtype=np.int64)
                 kind = int(header[0])
