@@ -140,6 +140,11 @@ class CudaPushTransport(PayloadTransport):
         self._sseq = np.zeros(world, dtype=np.int64)
         self._rseq = np.zeros(world, dtype=np.int64)
         self._pending_ack: Optional[tuple[int, int]] = None
+        # launch arguments made once (fewer host microseconds per message)
+        self._flag_v = [self.flags[i:i + 1] for i in range(world * slots)]
+        self._ack_v = [self.acks[i:i + 1] for i in range(world)]
+        self._ring32 = [[self.ring[s, k].view(torch.int32) for k in range(slots)] for s in range(world)]
+        self._recv32 = endpoint.recv_buf.view(torch.int32)
         self._flag_kernel = False
         body = msgspec.msgpack.encode({"handle": cuda_ipc.ipc_get_handle(ptr), "cap": self.cap,
                                        "flags": self.flags.data_ptr() - ptr, "acks": self.acks.data_ptr() - ptr,
@@ -178,7 +183,7 @@ class CudaPushTransport(PayloadTransport):
         s, slots = int(self._sseq[peer]), self.ep.config.slots
         if s >= slots:
             with self.platform.context(self.dev):
-                self._launch(self.acks[peer:peer + 1], s - slots + 1, 0, 0, copy=False, grid=1)
+                self._launch(self._ack_v[peer], s - slots + 1, 0, 0, copy=False, grid=1)
 
     def post_send(self, peer: int, slot: int, view: torch.Tensor, rows: int = 0) -> Optional[bytes]:
         """Copy-engine copy of ``view`` into ``peer``'s ring slot, then the release flag ``(seq+1) << 32 | rows``.
@@ -225,21 +230,19 @@ class CudaPushTransport(PayloadTransport):
                 cap_rows: int = -1) -> None:
         from sgl_kernel.m2n.push_kernels import launch_recv
 
-        ring32 = self.ring.view(-1).view(torch.int32)
-        launch_recv(self.heap.meta, flag, expect, self.acks[self.ep.rank:self.ep.rank + 1], ack_delta, ack_value,
-                    src if src is not None else ring32, dst if dst is not None else ring32, self.rows_out,
+        launch_recv(self.heap.meta, flag, expect, self._ack_v[self.ep.rank], ack_delta, ack_value,
+                    src if src is not None else self._recv32, dst if dst is not None else self._recv32, self.rows_out,
                     self.col_bytes, cap_rows, self.ep.config.max_rows, copy, grid, BLOCK)
 
-    def _recv_into(self, src: int, out: torch.Tensor, cap_rows: int, grid_bytes: int) -> None:
+    def _recv_into(self, src: int, cap_rows: int, grid_bytes: int) -> None:
         slots = self.ep.config.slots
         s = int(self._rseq[src])
         slot = s % slots
         ack_delta, ack_value = self._pending_ack or (0, 0)
         grid = max(1, min(MAX_GRID, -(-grid_bytes // (4 * BLOCK))))
         with self.platform.context(self.dev):
-            self._launch(self.flags[src * slots + slot: src * slots + slot + 1], (s + 1) << 32, ack_delta, ack_value,
-                         copy=True, grid=grid, src=self.ring[src, slot].view(torch.int32),
-                         dst=out.view(torch.int32), cap_rows=cap_rows)
+            self._launch(self._flag_v[src * slots + slot], (s + 1) << 32, ack_delta, ack_value, copy=True, grid=grid,
+                         src=self._ring32[src][slot], dst=self._recv32, cap_rows=cap_rows)
         self._rseq[src] += 1
         self._pending_ack = (self._peer(src)["ack_delta"], s + 1)
 
@@ -251,13 +254,13 @@ class CudaPushTransport(PayloadTransport):
         """
         if slot != int(self._rseq[src]) % self.ep.config.slots:
             raise RuntimeError(f"cuda_push: header slot {slot} from rank {src} out of sequence")
-        self._recv_into(src, self.ep.recv_buf, -1, nbytes)
+        self._recv_into(src, -1, nbytes)
 
     def recv_device(self, src: int) -> torch.Tensor:
         """Enqueue the receive of the next message from ``src`` into the endpoint's receive buffer, column blocks at
         the offsets of ``max_rows`` rows; returns the int64 [1] device tensor of its row count (valid until the next
         receive). No host wait."""
-        self._recv_into(src, self.ep.recv_buf, self.ep.config.max_rows, self.cap)
+        self._recv_into(src, self.ep.config.max_rows, self.cap)
         return self.rows_out
 
     def check(self) -> None:
