@@ -18,9 +18,9 @@ plus a small integer ``meta`` tuple (e.g. layer, micro-batch, version). It trave
   stream-ordered, no host synchronization on the data), ``cuda_push`` (same-node GPUs, device-driven: the
   sender's stream writes the payload and a flag word carrying (sequence, rows) into the receiver's IPC-mapped
   ring, the receiver's stream spins on the flag with a bounded acquire; :meth:`M2NEndpoint.recv_device` with
-  ``send(..., host_header=False)`` involves no host message at all, see :mod:`sgl_kernel.m2n.cuda_push`). An RDMA transport (NIXL READ from the peer's
-  registered buffer, descriptors exchanged once) is the same pull shape as ``cuda_ipc`` and plugs in as
-  another :class:`PayloadTransport`; callers do not change.
+  ``send(..., host_header=False)`` involves no host message at all, see :mod:`sgl_kernel.m2n.cuda_push`). An
+  RDMA transport (NIXL READ from the peer's registered buffer, descriptors exchanged once) is the same pull shape
+  as ``cuda_ipc`` and plugs in as another :class:`PayloadTransport`; callers do not change.
 
 Row counts are known on the host when a message is sent (the header carries them); on GPU the payload's
 bytes are never synchronized to the host.
