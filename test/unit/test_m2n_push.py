@@ -97,7 +97,8 @@ def test_recv_kernel_sm90a_ptx(copy, expect_ty, ack_ty):
     from sgl_kernel.m2n.push_kernels import m2n_recv_kernel
     from sgl_kernel.tdist import aot
 
-    sig = {"meta": "*i64", "flag": "*i64", "expect": expect_ty, "ack": "*i64", "ack_delta": ack_ty, "ack_value": ack_ty, "src": "*i32",
+    sig = {"meta": "*i64", "flag": "*i64", "expect": expect_ty, "ack": "*i64", "ack_delta": ack_ty, "ack_value": ack_ty,
+           "src": "*i32",
            "dst": "*i32", "rows_out": "*i64", "col_bytes": "*i64", "cap_rows": "i32", "max_rows": "i32",
            "NCOL": "constexpr", "COPY": "constexpr", "BLOCK": "constexpr"}
     src = ASTSource(fn=m2n_recv_kernel, signature=dict(sig), constexprs={"NCOL": 3, "COPY": copy, "BLOCK": 1024},

@@ -3,8 +3,8 @@
 ``M2NEndpoint(M2NConfig(rank, addresses, max_rows), RowLayout(...), transport=...)``; ``send(peer, tensors,
 meta)``, ``recv() -> Message``. Transports: :class:`InlineTransport` (CPU), :class:`NcclP2PTransport`
 (baseline), :class:`CudaIpcTransport` (same-node GPUs, host-driven pull), :class:`CudaPushTransport`
-(same-node GPUs, device-driven push: flags + bounded device waits, ``recv_device``), :class:`NixlTransport` (RDMA/UCX READ, any node; the
-caller injects the NIXL agent, see :mod:`sgl_kernel.m2n.nixl_transport`; ``pip install 'sglang[pd]'``). See
+(same-node GPUs, device-driven push: flags + bounded device waits, ``recv_device``), :class:`NixlTransport`
+(RDMA/UCX READ, any node; the caller injects the NIXL agent, see :mod:`sgl_kernel.m2n.nixl_transport`; ``pip install 'sglang[pd]'``). See
 :mod:`sgl_kernel.m2n.base` and ``docs/afd.md``.
 """
 

@@ -109,5 +109,6 @@ def launch_recv(meta: torch.Tensor, flag: torch.Tensor, expect: int, ack: torch.
     """Launch :func:`m2n_recv_kernel` on the current stream (``grid`` programs). ``src``/``dst`` are int32 views;
     ``flag``/``ack`` int64 views of this rank's heap slots; the ack is stored ``ack_delta`` int64 elements further
     (in the sender's mapped heap)."""
-    m2n_recv_kernel[(grid,)](meta, flag, expect, ack, ack_delta, ack_value, src, dst, rows_out, col_bytes, cap_rows, max_rows,
+    m2n_recv_kernel[(grid,)](meta, flag, expect, ack, ack_delta, ack_value, src, dst, rows_out, col_bytes, cap_rows,
+                             max_rows,
                              NCOL=int(col_bytes.numel()), COPY=copy, BLOCK=block)
