@@ -53,7 +53,7 @@ def m2n_recv_kernel(meta, flag, expect, ack, ack_delta, ack_value, src, dst, row
         rows_d = tl.where(cap_rows < 0, rows, cap_rows)
         soff = rows * 0
         doff = rows * 0
-        for c in range(NCOL):
+        for c in tl.static_range(NCOL):
             cb = tl.load(col_bytes + c)
             n4 = (rows * cb + 15) // 16 * 4  # int32 words of the padded block
             for start in range(pid * BLOCK, n4, nprog * BLOCK):
