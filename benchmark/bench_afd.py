@@ -11,7 +11,10 @@ Modes (both by default):
   (b) runs in its own process, so neither holds the other's memory; the attention worker constructs no experts.
 * ``--mode m2n``: two processes; rank 0 sends ``--sizes-kb`` per message to rank 1, which echoes it; one-way
   latency = round trip / 2 (CUDA events on GPU, rank r on cuda:r), median and p99 over ``--iters``.
-  M2N (transport ``inline`` on CPU, ``cuda_ipc`` on GPU) vs the baseline ``torch.distributed`` send/recv (gloo on CPU, NCCL on GPU) of the same bytes.
+  M2N (transport ``inline`` on CPU; on GPU ``cuda_push-dev``, the device-driven path with no host message,
+  ``cuda_push`` through the host header as AFD uses it, and the host-driven ``cuda_ipc``) vs the baseline
+  ``torch.distributed`` send/recv (gloo on CPU, NCCL on GPU) of the same bytes, in the same run; the order of the
+  measurements is reversed on every other size (A/B alternation).
 
 Writes ``benchmark/results/<date>_afd_<mode>[_smoke].md`` with the date, hardware and command. ``--smoke``: CPU,
 stories260K-moe-sized shapes, few iterations (for the CPU test; CPU numbers say nothing about GPUs).
@@ -57,48 +60,68 @@ def _m2n_rank_body(rank: int, a, addrs, init: str, q) -> None:
         torch.cuda.set_device(torch.device(dev))
     dist.init_process_group("nccl" if a.device == "cuda" else "gloo", init_method=init, rank=rank, world_size=2)
     res = {}
-    for kb in a.sizes_kb:
-        n = kb * 1024 // 4
-        layout = RowLayout(((torch.float32, 256),))
-        rows = max(1, n // 256)
-        ep = M2NEndpoint(M2NConfig(rank, tuple(f"{x}-{kb}" for x in addrs), rows, device=dev),
-                         layout, transport=create_afd_transport(a.transport))
+    for i, kb in enumerate(a.sizes_kb):
+        rows = max(1, kb * 1024 // 4 // 256)
         x = torch.randn(rows, 256, device=dev)
         buf = torch.empty(rows * 256, device=dev)
-        for name in ("m2n", "p2p"):
-            lat = []
-            cuda = a.device == "cuda"
-            for it in range(a.iters + a.warmup):
-                if cuda:
-                    torch.cuda.synchronize()
-                    ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    ev0.record()
-                t0 = time.perf_counter()
-                if name == "m2n":
-                    if rank == 0:
-                        ep.send(1, [x])
-                        ep.recv()
-                    else:
-                        msg = ep.recv()
-                        ep.send(0, msg.tensors)
-                else:
-                    if rank == 0:
-                        dist.send(x.view(-1), 1)
-                        dist.recv(buf, 1)
-                    else:
-                        dist.recv(buf, 0)
-                        dist.send(buf, 0)
-                if cuda:
-                    ev1.record()
-                    torch.cuda.synchronize()
-                if it >= a.warmup:  # CUDA events on GPU (the stream's view, incl. waits for the peer's data)
-                    lat.append((ev0.elapsed_time(ev1) * 1e-3 if cuda else time.perf_counter() - t0) / 2)
-            res[(name, kb)] = lat
-        dist.barrier()
-        ep.close()
+        names = list(a.transports) + ["p2p"]
+        for name in (names if i % 2 == 0 else names[::-1]):  # A/B order alternated across sizes
+            ep = None
+            if name != "p2p":
+                ep = M2NEndpoint(M2NConfig(rank, tuple(f"{x_}-{kb}-{name}" for x_ in addrs), rows, device=dev),
+                                 RowLayout(((torch.float32, 256),)),
+                                 transport=create_afd_transport(name.removesuffix("-dev")))
+            res[(name, kb)] = _m2n_time(a, rank, name, ep, x, buf)
+            dist.barrier()
+            if ep is not None:
+                ep.check()
+                ep.close()
     if rank == 0:
         q.put({f"{k[0]}|{k[1]}": v for k, v in res.items()})
     dist.destroy_process_group()
+
+
+def _m2n_round_trip(rank: int, name: str, ep, x, buf) -> None:
+    """One echo: rank 0 sends ``x`` and receives it back; rank 1 echoes. ``*-dev``: device-driven (no host message)."""
+    import torch.distributed as dist
+
+    if name == "p2p":
+        if rank == 0:
+            dist.send(x.view(-1), 1)
+            dist.recv(buf, 1)
+        else:
+            dist.recv(buf, 0)
+            dist.send(buf, 0)
+    elif name.endswith("-dev"):
+        if rank == 0:
+            ep.send(1, [x], host_header=False)
+            ep.recv_device(1)
+        else:
+            ep.send(0, [ep.recv_device(0).tensors[0]], host_header=False)
+    elif rank == 0:
+        ep.send(1, [x])
+        ep.recv()
+    else:
+        ep.send(0, ep.recv().tensors)
+
+
+def _m2n_time(a, rank: int, name: str, ep, x, buf) -> list:
+    """One-way latencies (s) of ``a.iters`` echoes after ``a.warmup``: CUDA events on GPU (the stream's view, incl.
+    waits for the peer's data), wall clock on CPU."""
+    lat, cuda = [], a.device == "cuda"
+    for it in range(a.iters + a.warmup):
+        if cuda:
+            torch.cuda.synchronize()
+            ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            ev0.record()
+        t0 = time.perf_counter()
+        _m2n_round_trip(rank, name, ep, x, buf)
+        if cuda:
+            ev1.record()
+            torch.cuda.synchronize()
+        if it >= a.warmup:
+            lat.append((ev0.elapsed_time(ev1) * 1e-3 if cuda else time.perf_counter() - t0) / 2)
+    return lat
 
 
 def run_m2n(a) -> list[str]:
@@ -128,12 +151,15 @@ def run_m2n(a) -> list[str]:
     if "error" in res:
         raise RuntimeError(f"m2n: {res['error']}")
     base = "NCCL send/recv" if a.device == "cuda" else "gloo send/recv"
-    lines = [f"| KB per pair | M2N ({a.transport}) median us | p99 us | {base} median us | p99 us | median ratio |",
-             "|---|---|---|---|---|---|"]
+    lines = [f"| KB per pair | M2N transport | median us | p99 us | {base} median us | p99 us | ratio | "
+             "<= 0.5x target |", "|---|---|---|---|---|---|---|---|"]
     for kb in a.sizes_kb:
-        m, p = np.array(res[f"m2n|{kb}"]) * 1e6, np.array(res[f"p2p|{kb}"]) * 1e6
-        lines.append(f"| {kb} | {np.median(m):.1f} | {np.percentile(m, 99):.1f} | {np.median(p):.1f} | "
-                     f"{np.percentile(p, 99):.1f} | {np.median(m) / np.median(p):.2f}x |")
+        p = np.array(res[f"p2p|{kb}"]) * 1e6
+        for name in a.transports:
+            m = np.array(res[f"{name}|{kb}"]) * 1e6
+            r = np.median(m) / np.median(p)
+            lines.append(f"| {kb} | {name} | {np.median(m):.1f} | {np.percentile(m, 99):.1f} | {np.median(p):.1f} | "
+                         f"{np.percentile(p, 99):.1f} | {r:.2f}x | {'met' if r <= 0.5 else 'not met'} |")
     return lines
 
 
@@ -323,7 +349,8 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--ffn-workers", type=int, default=2)
     p.add_argument("--micro-batches", type=int, default=2)
-    p.add_argument("--transport", default="", help="M2N payload transport (default cuda_ipc on GPU, inline on CPU)")
+    p.add_argument("--transport", default="", help="M2N payload transports, comma-separated (default on GPU "
+                   "cuda_push-dev,cuda_push,cuda_ipc; inline on CPU); a -dev suffix: device-driven send/recv_device")
     p.add_argument("--sizes-kb", type=int, nargs="+", default=[32, 64, 128, 256, 512])
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--warmup", type=int, default=10)
@@ -341,7 +368,8 @@ def parse_args(argv=None):
     a.setups = [x for x in a.setups.split(",") if x]
     if not a.setups or set(a.setups) - {"colocated", "afd"}:
         p.error(f"--setups={','.join(a.setups)!r}: choose from colocated, afd")
-    a.transport = a.transport or ("cuda_ipc" if a.device == "cuda" else "inline")
+    a.transport = a.transport or ("cuda_push-dev,cuda_push,cuda_ipc" if a.device == "cuda" else "inline")
+    a.transports = [t for t in a.transport.split(",") if t]
     if a.decode_warmup < 0:
         p.error(f"--decode-warmup={a.decode_warmup}: must be >= 0")
     if min(a.batch, a.steps, a.input_len, a.ffn_workers, a.micro_batches, a.iters) < 1:

@@ -7,6 +7,10 @@
   the check accumulates on the device (no host sync per message).
 * A killed peer fails closed: rank 0's receive raises within seconds and its close returns (no hang).
 
+* ``cuda_push`` (device-driven) also passes the device-only phases of ``m2n_push_case.py``: random row counts incl.
+  0 with the count read from the flag word, 10,000 back-to-back device-driven messages, and a killed peer whose
+  device wait gives up within the budget (``check()`` raises TimeoutError).
+
 Each (transport, world) is its own test case with its own time bound (:data:`BOUNDS`), so a hang in one transport
 cannot eat the others' time.
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 import faulthandler
 import hashlib
 import os
+import sys
 import tempfile
 import time
 import traceback
@@ -24,6 +29,9 @@ import numpy as np
 import pytest
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import m2n_push_case  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
 H, K, MAX_ROWS, SLOTS = 256, 4, 300, 4
@@ -31,7 +39,8 @@ OP_ECHO, OP_DIE = 0, 1
 RECV_TIMEOUT_S = 15.0  # every receive is bounded: a lost message fails the phase, never hangs it
 GROUP_TIMEOUT_S = 60.0  # peers' own receive timeout (they wait for rank 0's next message)
 # per transport: (back-to-back messages of phase 2, seconds the whole group may take: spawn + attach + 3 phases)
-BOUNDS = {"cuda_ipc": (10_000, 30.0), "inline": (200, 15.0), "nixl": (500, 25.0)}
+BOUNDS = {"cuda_ipc": (10_000, 30.0), "inline": (200, 15.0), "nixl": (500, 25.0), "cuda_push": (10_000, 50.0)}
+PUSH_BUDGET_S = 3.0  # rank 0's device-wait budget with cuda_push (the killed-peer phase waits this long)
 
 
 def _progress(rank: int, transport: str, what: str, t0: float) -> None:
@@ -55,8 +64,14 @@ def _endpoint(rank, addrs, transport, timeout_s):
     from sglang.srt.afd.protocol import create_afd_transport  # injects the NIXL agent factory for "nixl"
 
     torch.cuda.set_device(rank)
+    if transport == "cuda_push" and rank == 0:
+        from sgl_kernel.m2n.cuda_push import CudaPushTransport
+
+        tr = CudaPushTransport(wait_timeout_s=PUSH_BUDGET_S)
+    else:
+        tr = create_afd_transport(transport)
     return M2NEndpoint(M2NConfig(rank, addrs, MAX_ROWS, slots=SLOTS, device=f"cuda:{rank}", timeout_s=timeout_s),
-                       _layout(), transport=create_afd_transport(transport))
+                       _layout(), transport=tr)
 
 
 def _peer(rank, addrs, transport, q) -> None:
@@ -67,6 +82,9 @@ def _peer(rank, addrs, transport, q) -> None:
             msg = ep.recv()
             if msg.meta[0] == OP_DIE:
                 os._exit(3)
+            if msg.meta[0] == m2n_push_case.OP_DEVICE:
+                m2n_push_case.peer_device_loop(ep, msg.meta[1], MAX_ROWS)
+                continue
             x, ids, w = msg.tensors
             ep.send(0, [x, ids + 1, w], msg.meta)
     except ConnectionError:
@@ -125,9 +143,16 @@ def _driver(addrs, transport, n_msgs, q) -> None:
         torch.cuda.synchronize()
         rate = n_msgs / (time.perf_counter() - t0)
         _progress(0, transport, f"phase 2 done ({rate:.0f} msg/s); phase 3 (killed peer)", t00)
-        # phase 3: peer 1 dies; the next receive must fail within the timeout
-        ep.send(1, [x, ids, w], (OP_DIE, 0))
-        ep.send(1, [x, ids, w], (OP_ECHO, -1))
+        dev = {}
+        if transport == "cuda_push":
+            dev = m2n_push_case.driver_device_phases(ep, lambda n: _msg(g, n), n_msgs, MAX_ROWS, SLOTS,
+                                                     lambda s: _progress(0, transport, s, t00))
+            dev["dev_died"] = m2n_push_case.driver_device_kill(ep, lambda n: _msg(g, n), OP_DIE)
+            _progress(0, transport, f"D3 device receive from the killed peer: {dev['dev_died']}", t00)
+        # phase 3: peer 1 dies (cuda_push: it died in D3 already); the next receive must fail within the timeout
+        if transport != "cuda_push":
+            ep.send(1, [x, ids, w], (OP_DIE, 0))
+            ep.send(1, [x, ids, w], (OP_ECHO, -1))
         t0 = time.perf_counter()
         try:
             ep.recv(timeout_s=3.0)
@@ -140,7 +165,7 @@ def _driver(addrs, transport, n_msgs, q) -> None:
         closed = time.perf_counter() - t1
         _progress(0, transport, f"phase 3 done ({died}; close {closed:.1f} s)", t00)
         q.put((0, {"bad": bad, "digest": digest.hexdigest(), "ref_digest": ref_digest.hexdigest(),
-                   "mismatch": int(mism), "rate": rate, "died": died, "close_s": closed}))
+                   "mismatch": int(mism), "rate": rate, "died": died, "close_s": closed, **dev}))
         faulthandler.cancel_dump_traceback_later()
     except Exception as e:  # reported to the test
         q.put((0, f"error {e!r}\n{traceback.format_exc()}"))
@@ -185,7 +210,8 @@ def run_group(transport: str, world: int, n_msgs: int, bound_s: float) -> dict:
                 p.join(timeout=5)
 
 
-CASES = [("cuda_ipc", 2), ("inline", 2), ("nixl", 2), ("cuda_ipc", 4), ("inline", 4)]
+CASES = [("cuda_push", 2), ("cuda_ipc", 2), ("inline", 2), ("nixl", 2), ("cuda_push", 4), ("cuda_ipc", 4),
+         ("inline", 4)]
 
 
 @pytest.mark.parametrize("transport,world", CASES, ids=[f"{t}-{w}gpu" for t, w in CASES])
@@ -205,3 +231,6 @@ def test_m2n_one_rank_per_gpu(transport, world):
     assert rep["digest"] == rep["ref_digest"], f"{transport} delivered other bytes than the torch reference"
     assert rep["died"].startswith(("TimeoutError", "ConnectionError")), rep["died"]
     assert rep["close_s"] < 5.0, f"close after the killed peer took {rep['close_s']:.1f} s"
+    if transport == "cuda_push":
+        assert rep["dev_bad"] == 0 and rep["dev_mismatch"] == 0, rep
+        assert rep["dev_died"].startswith("TimeoutError"), rep["dev_died"]

@@ -124,9 +124,11 @@ SERVER_ARGS_HELP: dict[str, str] = {
     "afd_ffn_workers": "FFN workers N_E (expert parallel over the routed experts).",
     "afd_micro_batches": "m: request micro-batches of the ping-pong pipeline (hides transfers when m >= 2(1+Tc/Tf), "
     "logged).",
-    "afd_transport": "M2N payload transport: inline (CPU, ZMQ), cuda_ipc (same-node GPUs), nccl (baseline), nixl "
+    "afd_transport": "M2N payload transport: inline (CPU, ZMQ), cuda_ipc (same-node GPUs, host-driven), cuda_push "
+    "(same-node GPUs, device-driven flags), nccl (baseline), nixl "
     "(one-sided NIXL READ over UCX/RDMA, across nodes; needs pip install 'sglang[pd]'); auto = inline on CPU; on GPU "
-    "cuda_ipc when every worker is on one node, nccl otherwise.",
+    "cuda_push when every worker is on one node (cuda_ipc without Triton or with --tp-ranks-share-gpu), nccl "
+    "otherwise.",
     # misc
     "random_seed": "The random seed.",
     "watchdog_timeout": "Set watchdog timeout in seconds. If a forward batch takes longer than this, the server "

@@ -56,19 +56,30 @@ def executor(args: Any) -> ExecutorSpec:
 
 
 def transport(args: Any, one_node: bool) -> str:
-    """``--afd-transport``, with ``auto`` resolved by the one rule: ``inline`` (ZMQ) on CPU; on GPU ``cuda_ipc`` when
-    every worker shares one node, ``nccl`` otherwise."""
+    """``--afd-transport``, with ``auto`` resolved by the one rule: ``inline`` (ZMQ) on CPU; on GPU, when every worker
+    shares one node, ``cuda_push`` (device-driven: payload + flag written GPU to GPU, bounded device waits) or the
+    host-driven ``cuda_ipc`` where it cannot serve: Triton (its receive kernel) does not import, or every worker
+    shares one GPU (``--tp-ranks-share-gpu``: the processes' spinning waits would be time-sliced on one GPU);
+    ``nccl`` across nodes."""
     if args.afd_transport != "auto":
         return args.afd_transport
     if args.resolved_device != "cuda":
         return "inline"
-    return "cuda_ipc" if one_node else "nccl"
+    if not one_node:
+        return "nccl"
+    if args.tp_ranks_share_gpu:
+        return "cuda_ipc"
+    try:
+        import triton  # noqa: F401  (cuda_push's receive kernel)
+    except ImportError:
+        return "cuda_ipc"
+    return "cuda_push"
 
 
 def notes(args: Any) -> list:
     """The resolved transport for the plan table (Ray: known once placed unless ``--ray-spread-roles``)."""
     if args.use_ray and not args.ray_spread_roles and args.afd_transport == "auto" and args.resolved_device == "cuda":
-        return ["afd transport: auto -> cuda_ipc if Ray places every worker on one node, else nccl"]
+        return ["afd transport: auto -> cuda_push if Ray places every worker on one node, else nccl"]
     one_node = not (args.use_ray and args.ray_spread_roles)
     return [f"afd transport: {args.afd_transport} -> {transport(args, one_node)}; m={args.afd_micro_batches}"]
 

@@ -26,7 +26,7 @@ DISPATCH, RESULT, ERROR, PLACE, PLACED = 1, 2, 3, 4, 5
 
 
 def create_afd_transport(name: str) -> PayloadTransport:
-    """The M2N payload transport ``--afd-transport`` names (``inline`` | ``nccl`` | ``cuda_ipc`` | ``nixl``); ``nixl``
+    """The M2N payload transport ``--afd-transport`` names (``inline`` | ``nccl`` | ``cuda_ipc`` | ``cuda_push`` | ``nixl``); ``nixl``
     gets the PD transfer layer's NIXL agent injected (``m2n_read_agent``; nixl itself is imported at attach).
     Raises ValueError for an unknown name."""
     factory = None

@@ -2,18 +2,19 @@
 
 ``M2NEndpoint(M2NConfig(rank, addresses, max_rows), RowLayout(...), transport=...)``; ``send(peer, tensors,
 meta)``, ``recv() -> Message``. Transports: :class:`InlineTransport` (CPU), :class:`NcclP2PTransport`
-(baseline), :class:`CudaIpcTransport` (same-node GPUs), :class:`NixlTransport` (RDMA/UCX READ, any node; the
-caller injects the NIXL agent, see :mod:`sgl_kernel.m2n.nixl_transport`; ``pip install 'sglang[pd]'``). See
+(baseline), :class:`CudaIpcTransport` (same-node GPUs, host-driven pull), :class:`CudaPushTransport`
+(same-node GPUs, device-driven push: flags + bounded device waits, ``recv_device``), :class:`NixlTransport`
+(RDMA/UCX READ, any node; the caller injects the NIXL agent, see :mod:`sgl_kernel.m2n.nixl_transport`; ``pip install 'sglang[pd]'``). See
 :mod:`sgl_kernel.m2n.base` and ``docs/afd.md``.
 """
 
-from sgl_kernel.m2n.base import M2NConfig, M2NEndpoint, Message, PayloadTransport, RowLayout
+from sgl_kernel.m2n.base import DeviceMessage, M2NConfig, M2NEndpoint, Message, PayloadTransport, RowLayout
 from sgl_kernel.m2n.zmq_transport import InlineTransport
 
 
 def create_transport(name: str, group=None, nixl_agent_factory=None) -> PayloadTransport:
     """The payload transport called ``name``: ``inline`` | ``nccl`` (``group``: the p2p process group) |
-    ``cuda_ipc`` | ``nixl`` (``nixl_agent_factory``: builds the READ agent, see
+    ``cuda_ipc`` | ``cuda_push`` | ``nixl`` (``nixl_agent_factory``: builds the READ agent, see
     :data:`sgl_kernel.m2n.nixl_transport.ReadAgentFactory`; nixl itself is imported at attach). Raises ValueError
     for another name, or for ``nixl`` without ``nixl_agent_factory``."""
     if name == "inline":
@@ -26,12 +27,16 @@ def create_transport(name: str, group=None, nixl_agent_factory=None) -> PayloadT
         from sgl_kernel.m2n.cuda_ipc import CudaIpcTransport
 
         return CudaIpcTransport()
+    if name == "cuda_push":
+        from sgl_kernel.m2n.cuda_push import CudaPushTransport
+
+        return CudaPushTransport()
     if name == "nixl":
         from sgl_kernel.m2n.nixl_transport import NixlTransport
 
         return NixlTransport(nixl_agent_factory)
-    raise ValueError(f"unknown M2N transport {name!r}; use inline, nccl, cuda_ipc or nixl")
+    raise ValueError(f"unknown M2N transport {name!r}; use inline, nccl, cuda_ipc, cuda_push or nixl")
 
 
-__all__ = ["M2NConfig", "M2NEndpoint", "Message", "PayloadTransport", "RowLayout", "InlineTransport",
+__all__ = ["DeviceMessage", "M2NConfig", "M2NEndpoint", "Message", "PayloadTransport", "RowLayout", "InlineTransport",
            "create_transport"]

@@ -15,9 +15,12 @@ plus a small integer ``meta`` tuple (e.g. layer, micro-batch, version). It trave
   ``inline`` (the payload rides the ZMQ message, CPU), ``nccl`` (NCCL ``isend/irecv`` on a group made once:
   the point-to-point baseline), ``cuda_ipc`` (same-node GPUs: the receiver copies from the sender's
   IPC-mapped registered buffer with the copy engine after waiting on the sender's inter-process event --
-  stream-ordered, no host synchronization on the data). An RDMA transport (NIXL READ from the peer's
-  registered buffer, descriptors exchanged once) is the same pull shape as ``cuda_ipc`` and plugs in as
-  another :class:`PayloadTransport`; callers do not change.
+  stream-ordered, no host synchronization on the data), ``cuda_push`` (same-node GPUs, device-driven: the
+  sender's stream writes the payload and a flag word carrying (sequence, rows) into the receiver's IPC-mapped
+  ring, the receiver's stream spins on the flag with a bounded acquire; :meth:`M2NEndpoint.recv_device` with
+  ``send(..., host_header=False)`` involves no host message at all, see :mod:`sgl_kernel.m2n.cuda_push`). An
+  RDMA transport (NIXL READ from the peer's registered buffer, descriptors exchanged once) is the same pull shape
+  as ``cuda_ipc`` and plugs in as another :class:`PayloadTransport`; callers do not change.
 
 Row counts are known on the host when a message is sent (the header carries them); on GPU the payload's
 bytes are never synchronized to the host.
@@ -25,6 +28,7 @@ bytes are never synchronized to the host.
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from abc import ABC, abstractmethod
@@ -138,12 +142,24 @@ class Message:
     tensors: list[torch.Tensor]
 
 
+@dataclass
+class DeviceMessage:
+    """A message received with :meth:`M2NEndpoint.recv_device` (device-driven transports): ``src`` rank, ``tensors``
+    (``[max_rows, width_i]`` views of the receive buffer, rows past ``rows`` are stale) and ``rows`` (int64 [1] on the
+    device: the row count carried by the flag word). Valid until the next receive; stream-ordered."""
+
+    src: int
+    tensors: list[torch.Tensor]
+    rows: torch.Tensor
+
+
 class PayloadTransport(ABC):
     """Moves a packed payload from the sender's registered send slot to the receiver's registered receive
     buffer. ``inline`` transports return the bytes to ship with the header; pull/push transports return None
     and move them themselves (stream-ordered on GPU)."""
 
     name = "abstract"
+    device_driven = False  # True: post_send takes ``rows``; recv_device / check are implemented
 
     def attach(self, endpoint: "M2NEndpoint") -> None:
         """Called once when the endpoint has allocated its buffers (register them, exchange handles)."""
@@ -209,6 +225,7 @@ class M2NEndpoint:
         self._out: dict[int, object] = {}
         self._poller = zmq.Poller()
         self._poller.register(self._inbox, zmq.POLLIN)
+        self._stash: collections.deque = collections.deque()  # data frames read while waiting for control frames
         self.transport = transport or InlineTransport()
         try:
             self.transport.attach(self)
@@ -236,13 +253,38 @@ class M2NEndpoint:
         self._sock(peer).send_multipart(list(frames), copy=False)
 
     # ---- data ------------------------------------------------------------------------------------------
-    def send(self, peer: int, tensors: Sequence[torch.Tensor], meta: Sequence[int] = ()) -> None:
-        """Send ``n`` rows (``tensors`` per :attr:`layout`, on :attr:`device`) and ``meta`` (<= META_LEN ints) to
-        ``peer``. Returns once the payload is packed into the persistent send slot and posted (asynchronous on GPU).
+    def pump_control(self, done: Callable[[], bool], what: str) -> None:
+        """Read the inbox until ``done()`` (transport control messages go to ``transport.on_control``; data and close
+        messages are kept, in order, for :meth:`recv`).
 
         Raises:
-            ValueError: bad peer, shapes, too many rows or meta values.
+            TimeoutError: ``what`` did not arrive within ``config.timeout_s``.
         """
+        deadline = time.monotonic() + self.config.timeout_s
+        while not done():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"M2N rank {self.rank}: no {what} within {self.config.timeout_s:.1f} s")
+            if self._poller.poll(50):
+                frames = self._inbox.recv_multipart(copy=False)
+                kind = int(np.frombuffer(frames[0].buffer, dtype=np.int64)[0])
+                if kind in (KIND_DATA, KIND_CLOSE):
+                    self._stash.append(frames)
+                else:
+                    self.transport.on_control(frames)
+
+    def send(self, peer: int, tensors: Sequence[torch.Tensor], meta: Sequence[int] = (),
+             host_header: bool = True) -> None:
+        """Send ``n`` rows (``tensors`` per :attr:`layout`, on :attr:`device`) and ``meta`` (<= META_LEN ints) to
+        ``peer``. Returns once the payload is packed into the persistent send slot and posted (asynchronous on GPU).
+        ``host_header=False`` (device-driven transports only): no host message at all; ``meta`` is not delivered and
+        the peer must take it with :meth:`recv_device`.
+
+        Raises:
+            ValueError: bad peer, shapes, too many rows or meta values; ``host_header=False`` on a host transport.
+        """
+        if not host_header and not self.transport.device_driven:
+            raise ValueError(f"send(host_header=False) needs a device-driven transport (cuda_push), not "
+                             f"{self.transport.name!r}")
         if not 0 <= peer < self.world:
             raise ValueError(f"peer={peer} outside [0, {self.world})")
         if len(meta) > META_LEN:
@@ -255,7 +297,13 @@ class M2NEndpoint:
         slot = seq % self.config.slots
         self.transport.wait_send_slot(peer, slot)
         nbytes = self.layout.pack(self.send_bufs[peer, slot], tensors)
-        inline = self.transport.post_send(peer, slot, self.send_bufs[peer, slot, :nbytes])
+        view = self.send_bufs[peer, slot, :nbytes]
+        if self.transport.device_driven:
+            inline = self.transport.post_send(peer, slot, view, rows=n)
+        else:
+            inline = self.transport.post_send(peer, slot, view)
+        if not host_header:
+            return
         header = np.zeros(HEADER_LEN, dtype=np.int64)
         header[:6] = (KIND_DATA, self.rank, n, slot, seq, nbytes)
         header[6:6 + len(meta)] = list(meta)
@@ -263,8 +311,8 @@ class M2NEndpoint:
         self._sock(peer).send_multipart(frames, copy=False)
 
     def poll(self, timeout_ms: int) -> bool:
-        """True when a message is waiting (waits up to ``timeout_ms``)."""
-        return bool(self._poller.poll(timeout_ms))
+        """True when a message is waiting (waits up to ``timeout_ms``), including one kept by :meth:`pump_control`."""
+        return bool(self._stash) or bool(self._poller.poll(timeout_ms))
 
     def recv(self, timeout_s: Optional[float] = None) -> Message:
         """The next message from any peer, its payload landed in the receive buffer (views: copy them before the
@@ -277,7 +325,7 @@ class M2NEndpoint:
         deadline = time.monotonic() + (self.config.timeout_s if timeout_s is None else timeout_s)
         while True:
             if self.poll(50):
-                frames = self._inbox.recv_multipart(copy=False)
+                frames = self._stash.popleft() if self._stash else self._inbox.recv_multipart(copy=False)
                 header = np.frombuffer(frames[0].buffer, dtype=np.int64)
                 kind = int(header[0])
                 if kind == KIND_CLOSE:
@@ -297,6 +345,27 @@ class M2NEndpoint:
                 self.transport.on_fault("receive timed out")
                 raise TimeoutError(f"M2N rank {self.rank}: no message within "
                                    f"{self.config.timeout_s if timeout_s is None else timeout_s:.1f} s")
+
+    def recv_device(self, src: int) -> DeviceMessage:
+        """Device-driven receive of the next message from ``src`` (sent with ``host_header=False``): enqueues a bounded
+        device wait + copy on the current stream and returns at once; the row count stays on the device. A dead
+        peer makes the wait give up after the transport's budget: :meth:`check` then raises.
+
+        Raises:
+            ValueError: bad ``src`` or a transport that is not device-driven.
+        """
+        if not self.transport.device_driven:
+            raise ValueError(f"recv_device needs a device-driven transport (cuda_push), not {self.transport.name!r}")
+        if not 0 <= src < self.world or src == self.rank:
+            raise ValueError(f"src={src} must be another rank in [0, {self.world})")
+        rows = self.transport.recv_device(src)
+        return DeviceMessage(src, self.recv_layout.unpack(self.recv_buf, self.config.max_rows), rows)
+
+    def check(self) -> None:
+        """Raise TimeoutError if a device-side wait of a device-driven transport gave up (synchronizing); no-op
+        for host transports."""
+        if self.transport.device_driven:
+            self.transport.check()
 
     def close(self, notify: Sequence[int] = ()) -> None:
         """Tell ``notify`` peers the group is closing (their ``recv`` raises ConnectionError) and free the sockets."""

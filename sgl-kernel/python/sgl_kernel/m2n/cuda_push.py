@@ -1,0 +1,280 @@
+"""Device-driven same-node GPU transport (``cuda_push``): MegaScale-Infer's M2N fast path (Zhu et al. 2025, sec. 5:
+no host involvement per message on the data path; GPU-to-GPU writes followed by flags).
+
+Every endpoint owns one CUDA IPC allocation (a one-rank :class:`~sgl_kernel.tdist.heap.SymmetricHeap`: its error
+record, then ``flags[world, slots]``, ``acks[world]``, then the receive ring ``[world(src), slots, capacity]``) and
+publishes its handle once (a ``KIND_PUSH_HELLO`` control message, before any data). A peer's heap is mapped on first
+use, in this rank's device context (legacy CUDA IPC: no multicast object, NVLS untouched).
+
+Per message from ``me`` to ``peer`` (sequence ``s``, slot ``s % slots``), all stream-ordered on the caller's stream:
+
+* sender: if ``s >= slots``, a bounded wait kernel until ``acks[peer] >= s - slots + 1`` (the peer consumed the
+  slot's previous message); ``cuMemcpyAsync`` (copy engine) of the packed payload into the peer's ring slot over
+  NVLink/PCIe; ``cuStreamWriteValue64`` of ``(s + 1) << 32 | rows`` into the peer's ``flags[me, slot]`` -- the driver
+  precedes it with a system-scope fence, so it is a release of the payload (same producer as tdist's copy-engine AG).
+* receiver: one :func:`~sgl_kernel.m2n.push_kernels.m2n_recv_kernel` launch: acks the previous message it returned
+  (release store into that sender's heap), spins with ``ld.acquire.sys`` on the flag (bounded: the tdist error
+  record; the host raises from :meth:`CudaPushTransport.check`), and copies the payload into the endpoint's receive
+  buffer with the row count read from the flag word.
+
+Two ways to receive: ``M2NEndpoint.recv()`` (the header still rides ZMQ, for callers that need ``meta``/``src`` on
+the host, e.g. AFD) and ``M2NEndpoint.recv_device(src)`` with ``send(..., host_header=False)``: nothing goes through
+the host per message, the row count stays on the device. A message's views stay valid until the next receive (the
+ack is written then). Not CUDA-graph capturable yet (sequence numbers are launch arguments).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import msgspec
+import numpy as np
+import torch
+
+from sgl_kernel.m2n.base import HEADER_LEN, PayloadTransport
+
+logger = logging.getLogger(__name__)
+KIND_PUSH_HELLO = 4
+MAX_GRID = 32
+BLOCK = 1024  # int32 words per program and step (4 KB)
+
+
+def _as_tensor(ptr: int, nbytes: int, dev: int) -> torch.Tensor:
+    from sgl_kernel.tdist.heap import _DevicePointer
+
+    return torch.as_tensor(_DevicePointer(ptr, nbytes), device=torch.device("cuda", dev))
+
+
+class _CudaPlatform:
+    """Where the transport touches CUDA: the driver (``sgl_kernel.tdist.cuda_ipc``), device contexts, the current
+    stream and raw-pointer tensors. Tests substitute a one-process CPU stand-in to run the host logic with the Triton
+    interpreter."""
+
+    def __init__(self) -> None:
+        from sgl_kernel.tdist import cuda_ipc
+
+        self.driver = cuda_ipc
+
+    def check(self, device: torch.device) -> int:
+        """The CUDA device index of ``device``. Raises RuntimeError for a non-CUDA device."""
+        if device.type != "cuda":
+            raise RuntimeError("CudaPushTransport needs CUDA buffers (M2NConfig.device='cuda:N')")
+        return device.index if device.index is not None else torch.cuda.current_device()
+
+    def context(self, dev: int):
+        """Context manager making ``dev`` current."""
+        return torch.cuda.device(dev)
+
+    def stream(self, dev: int) -> int:
+        """The current stream's handle on ``dev``."""
+        return torch.cuda.current_stream(dev).cuda_stream
+
+    def tensor(self, ptr: int, nbytes: int, dev: int) -> torch.Tensor:
+        """A uint8 tensor over ``nbytes`` of device memory at ``ptr`` (no copy)."""
+        return _as_tensor(ptr, nbytes, dev)
+
+
+class CudaPushTransport(PayloadTransport):
+    """See the module docstring.
+
+    Args:
+        wait_timeout_s: budget of every device wait (default: the endpoint's ``timeout_s``); a wait that runs out
+            records the error and the host raises TimeoutError from :meth:`check` / the next receive.
+    Raises:
+        ValueError: a non-positive budget.
+    """
+
+    name = "cuda_push"
+    device_driven = True
+
+    def __init__(self, wait_timeout_s: Optional[float] = None, platform: Optional[_CudaPlatform] = None) -> None:
+        if wait_timeout_s is not None and not wait_timeout_s > 0:
+            raise ValueError(f"cuda_push: wait_timeout_s={wait_timeout_s} must be > 0")
+        self.wait_timeout_s = wait_timeout_s
+        self.platform = platform or _CudaPlatform()
+        self.ep = None
+        self.heap = None
+        self._peers: dict[int, dict] = {}
+        self._opened: list[int] = []
+
+    # ---- set-up --------------------------------------------------------------------------------------------
+    def attach(self, endpoint) -> None:
+        """Allocate this rank's heap (flags, acks, ring), and send every peer its IPC handle.
+
+        Raises:
+            RuntimeError: the endpoint is not on a CUDA device; CudaDriverError when the driver refuses.
+        """
+        from sgl_kernel.tdist.heap import SymmetricHeap
+        from sgl_kernel.tdist.layout import HeapConfig
+
+        self.dev = self.platform.check(endpoint.device)
+        cuda_ipc = self.platform.driver
+        self.ep = endpoint
+        world, slots = endpoint.world, endpoint.config.slots
+        self.cap = int(endpoint.recv_buf.numel())
+        budget = self.wait_timeout_s or endpoint.config.timeout_s
+        cfg = HeapConfig(data_bytes=max(16, world * slots * self.cap), signal_slots=8 + world * slots + world,
+                         wait_timeout_s=budget)
+        with self.platform.context(self.dev):
+            torch.zeros(1, device=endpoint.device)  # the primary context is current on this thread
+            ptr = cuda_ipc.mem_alloc(cfg.total_bytes)
+            cuda_ipc.memset_d8(ptr, 0, cfg.total_bytes)
+            local = self.platform.tensor(ptr, cfg.total_bytes, self.dev)
+
+            def closer() -> None:
+                for b in self._opened:
+                    cuda_ipc.ipc_close(b)
+                cuda_ipc.mem_free(ptr)
+
+            # one rank's heap: a timed-out wait aborts no peer (a dead peer's memory is never written on timeout)
+            self.heap = SymmetricHeap(0, 1, local, [ptr], cfg, barrier=lambda: None, closer=closer,
+                                      backend="cuda_ipc")
+            self.flags = self.heap.signals("m2n.flags", world * slots)
+            self.acks = self.heap.signals("m2n.acks", world)
+            self.ring = self.heap.tensor("m2n.ring", (world, slots, self.cap), torch.uint8)
+            self.rows_out = torch.zeros(1, dtype=torch.int64, device=endpoint.device)
+            self.col_bytes = torch.tensor([torch.empty(0, dtype=d).element_size() * w
+                                           for d, w in endpoint.recv_layout.columns], dtype=torch.int64,
+                                          device=endpoint.device)
+        self._sseq = np.zeros(world, dtype=np.int64)
+        self._rseq = np.zeros(world, dtype=np.int64)
+        self._pending_ack: Optional[tuple[int, int]] = None
+        # launch arguments made once (fewer host microseconds per message)
+        self._flag_v = [self.flags[i:i + 1] for i in range(world * slots)]
+        self._ack_v = [self.acks[i:i + 1] for i in range(world)]
+        self._ring32 = [[self.ring[s, k].view(torch.int32) for k in range(slots)] for s in range(world)]
+        self._recv32 = endpoint.recv_buf.view(torch.int32)
+        self._flag_kernel = False
+        body = msgspec.msgpack.encode({"handle": cuda_ipc.ipc_get_handle(ptr), "cap": self.cap,
+                                       "flags": self.flags.data_ptr() - ptr, "acks": self.acks.data_ptr() - ptr,
+                                       "ring": self.ring.data_ptr() - ptr, "bytes": cfg.total_bytes})
+        header = np.zeros(HEADER_LEN, dtype=np.int64)
+        header[:2] = (KIND_PUSH_HELLO, endpoint.rank)
+        for peer in range(world):
+            if peer != endpoint.rank:
+                endpoint.send_control(peer, [header.tobytes(), body])
+
+    def on_control(self, frames) -> None:
+        """Map a peer's heap from its hello (in this rank's device context)."""
+        header = np.frombuffer(frames[0].buffer, dtype=np.int64)
+        if int(header[0]) != KIND_PUSH_HELLO:
+            return
+        src = int(header[1])
+        d = msgspec.msgpack.decode(bytes(frames[1].buffer))
+        with self.platform.context(self.dev):
+            base = self.platform.driver.ipc_open(bytes(d["handle"]))
+        self._opened.append(base)
+        me, slots = self.ep.rank, self.ep.config.slots
+        self._peers[src] = {"cap": int(d["cap"]), "ring": base + int(d["ring"]) + me * slots * int(d["cap"]),
+                            "flags": base + int(d["flags"]) + 8 * me * slots,
+                            "ack_delta": (base + int(d["acks"]) - self.acks.data_ptr()) // 8}
+
+    def _peer(self, peer: int) -> dict:
+        if peer not in self._peers:
+            self.ep.pump_control(lambda: peer in self._peers, f"cuda_push handles of rank {peer}")
+        return self._peers[peer]
+
+    # ---- send ----------------------------------------------------------------------------------------------
+    def wait_send_slot(self, peer: int, slot: int) -> None:
+        """Stream-ordered, bounded: the next copy into ``peer``'s slot waits until ``peer`` consumed the message
+        that used the slot before (its ack); nothing waits on the host."""
+        self._peer(peer)
+        s, slots = int(self._sseq[peer]), self.ep.config.slots
+        if s >= slots:
+            with self.platform.context(self.dev):
+                self._launch(self._ack_v[peer], s - slots + 1, 0, 0, copy=False, grid=1)
+
+    def post_send(self, peer: int, slot: int, view: torch.Tensor, rows: int = 0) -> Optional[bytes]:
+        """Copy-engine copy of ``view`` into ``peer``'s ring slot, then the release flag ``(seq+1) << 32 | rows``.
+
+        Raises:
+            ValueError: the payload exceeds the peer's ring slot (its max_rows / layout is smaller).
+        """
+        from sgl_kernel.m2n.push_kernels import flag_value
+
+        cuda_ipc = self.platform.driver
+        p = self._peer(peer)
+        nbytes = int(view.numel())
+        if nbytes > p["cap"]:
+            raise ValueError(f"cuda_push: {nbytes} payload bytes exceed rank {peer}'s ring slot ({p['cap']} bytes); "
+                             "raise its max_rows")
+        s = int(self._sseq[peer])
+        if slot != s % self.ep.config.slots:
+            raise RuntimeError(f"cuda_push: slot {slot} != sequence {s} % slots")
+        stream = self.platform.stream(self.dev)
+        if nbytes:
+            cuda_ipc.memcpy_async(p["ring"] + slot * p["cap"], view.data_ptr(), nbytes, stream)
+        self._write_flag(p["flags"] + 8 * slot, flag_value(s, rows), stream)
+        self._sseq[peer] += 1
+        return None
+
+    def _write_flag(self, addr: int, value: int, stream: int) -> None:
+        """``cuStreamWriteValue64`` (fence + store, no SM); where the driver refuses it (no stream memory operations),
+        a one-thread Triton release store instead, from then on."""
+        from sgl_kernel.m2n.push_kernels import launch_flag
+
+        if not self._flag_kernel:
+            try:
+                self.platform.driver.stream_write_value64(addr, value, stream)
+                return
+            except RuntimeError as e:  # CudaDriverError
+                logger.warning("cuda_push rank %d: cuStreamWriteValue64 refused (%s); flags by kernel", self.ep.rank, e)
+                self._flag_kernel = True
+        with self.platform.context(self.dev):
+            launch_flag(self.flags[0:1], (addr - self.flags.data_ptr()) // 8, value)
+
+    # ---- receive -------------------------------------------------------------------------------------------
+    def _launch(self, flag: torch.Tensor, expect: int, ack_delta: int, ack_value: int, copy: bool,
+                grid: int, src: Optional[torch.Tensor] = None, dst: Optional[torch.Tensor] = None,
+                cap_rows: int = -1) -> None:
+        from sgl_kernel.m2n.push_kernels import launch_recv
+
+        launch_recv(self.heap.meta, flag, expect, self._ack_v[self.ep.rank], ack_delta, ack_value,
+                    src if src is not None else self._recv32, dst if dst is not None else self._recv32, self.rows_out,
+                    self.col_bytes, cap_rows, self.ep.config.max_rows, copy, grid, BLOCK)
+
+    def _recv_into(self, src: int, cap_rows: int, grid_bytes: int) -> None:
+        slots = self.ep.config.slots
+        s = int(self._rseq[src])
+        slot = s % slots
+        ack_delta, ack_value = self._pending_ack or (0, 0)
+        grid = max(1, min(MAX_GRID, -(-grid_bytes // (4 * BLOCK))))
+        with self.platform.context(self.dev):
+            self._launch(self._flag_v[src * slots + slot], (s + 1) << 32, ack_delta, ack_value, copy=True, grid=grid,
+                         src=self._ring32[src][slot], dst=self._recv32, cap_rows=cap_rows)
+        self._rseq[src] += 1
+        self._pending_ack = (self._peer(src)["ack_delta"], s + 1)
+
+    def complete_recv(self, src: int, slot: int, nbytes: int, inline: Optional[bytes], out: torch.Tensor) -> None:
+        """The header arrived over ZMQ: wait (device, bounded) for the flag, copy the payload into ``out``'s buffer.
+
+        Raises:
+            RuntimeError: the header's slot does not follow this rank's sequence from ``src``.
+        """
+        if slot != int(self._rseq[src]) % self.ep.config.slots:
+            raise RuntimeError(f"cuda_push: header slot {slot} from rank {src} out of sequence")
+        self._recv_into(src, -1, nbytes)
+
+    def recv_device(self, src: int) -> torch.Tensor:
+        """Enqueue the receive of the next message from ``src`` into the endpoint's receive buffer, column blocks at
+        the offsets of ``max_rows`` rows; returns the int64 [1] device tensor of its row count (valid until the next
+        receive). No host wait."""
+        self._recv_into(src, self.ep.config.max_rows, self.cap)
+        return self.rows_out
+
+    def check(self) -> None:
+        """Raise TimeoutError if a device wait of this endpoint gave up (synchronizing; the endpoint is then unusable:
+        a peer died or stalled past the budget)."""
+        msg = self.heap.wait_error() if self.heap is not None else None
+        if msg is not None:
+            raise TimeoutError(f"M2N rank {self.ep.rank} (cuda_push): {msg.replace('rank 0 of 1', 'this rank')}")
+
+    def close(self) -> None:
+        """Unmap the peers and free the heap (after this device's work finished)."""
+        if self.heap is not None:
+            heap, self.heap = self.heap, None
+            try:
+                heap.close()
+            except Exception as e:  # a faulted context: nothing more to free safely
+                logger.warning("cuda_push rank %d: close failed: %s", self.ep.rank, e)
