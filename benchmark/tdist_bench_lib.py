@@ -192,7 +192,7 @@ def _run_jobs(heap, note, res, jobs, iters):
             res[f"{key}_note"] = err
 
 
-A2A_CTAS = (32, 64)  # CTAs per peer tried besides the default with variant ``pieces``
+A2A_CTAS = (16, 32, 64)  # CTAs per peer tried (besides the default, which is one of them) with variant ``pieces``
 
 
 def _a2a_row(heap, note, nccl, t, hidden, iters, variants=()):
@@ -211,7 +211,7 @@ def _a2a_row(heap, note, nccl, t, hidden, iters, variants=()):
     res = {"op": "all-to-all", "kind": "a2a", "shape": f"H={hidden} random counts", "M": t}
     res["tdist_sm"], _ = _try(heap, note, "tdist a2a", lambda: op(x, sc), iters, res, "tdist_sm")
     res["ctas"] = op.chunks
-    for ch in A2A_CTAS if "pieces" in variants else ():
+    for ch in [c for c in A2A_CTAS if c != op.chunks] if "pieces" in variants else ():
         op_c = AllToAll(heap, t, hidden, dt, name=f"b.a2a.{t}.c{ch}", chunks=ch)
         res[f"a2a_c{ch}"], _ = _try(heap, note, f"tdist a2a {ch} CTAs/peer", lambda op_c=op_c: op_c(x, sc), iters,
                                     res, f"a2a_c{ch}")

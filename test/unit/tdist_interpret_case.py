@@ -123,10 +123,19 @@ def case_gemm_rs_world1():
     _rs(1, [[21]], 40)
 
 
+def _a2a_lockstep(ops, plans):
+    """One all-to-all call of every simulated rank: each phase (AllToAll.stages) on every rank before the next."""
+    stages = [op.stages(p) for op, p in zip(ops, plans)]
+    for i in range(len(stages[0])):
+        for st in stages:
+            st[i][1]()
+
+
 def case_all_to_all():
     world, h, cap = 3, 8, 10
     hs = simulate_group(world, CFG)
     ops = [AllToAll(x, cap, h, torch.float32, chunks=2) for x in hs]
+    backs = [AllToAll(x, cap, h, torch.float32, chunks=3, name="a2a.back") for x in hs]
     g = torch.Generator().manual_seed(0)
     for it in range(4):
         sc = torch.randint(0, cap + 1, (world, world), generator=g).tolist()
@@ -134,23 +143,16 @@ def case_all_to_all():
             sc[0] = [0, 0, 0]
         xs = [torch.randn(sum(c), h) for c in sc]
         plans = [op.prepare(x, torch.tensor(c, dtype=torch.int32)) for op, x, c in zip(ops, xs, sc)]
-        for op, p in zip(ops, plans):
-            op.send(p)
-        for op, p in zip(ops, plans):
-            op.recv(p)
-            op.release(p)
+        _a2a_lockstep(ops, plans)
         ref, rc = all_to_all_ref(xs, sc)
         for d, p in enumerate(plans):
             assert p["recv_counts"].tolist() == rc[d], (p["recv_counts"], rc[d])
             assert torch.equal(p["out"][: ref[d].shape[0]], ref[d]), f"rank {d} iteration {it}"
-        # combine: send the received rows back with the received counts -> original rows in original order
-        back = [op.prepare(p["out"][: ref[d].shape[0]].contiguous(), p["recv_counts"]) for d, (op, p)
-                in enumerate(zip(ops, plans))]
-        for op, p in zip(ops, back):
-            op.send(p)
-        for op, p in zip(ops, back):
-            op.recv(p)
-            op.release(p)
+        # combine: send the received rows back with the received counts -> original rows in original order (its
+        # own object: the input lies in the dispatch object's receive buffer)
+        back = [op.prepare(p["out"][: ref[d].shape[0]].clone(), p["recv_counts"]) for d, (op, p)
+                in enumerate(zip(backs, plans))]
+        _a2a_lockstep(backs, back)
         for r, p in enumerate(back):
             assert torch.equal(p["out"][: xs[r].shape[0]], xs[r]), f"combine rank {r}"
     _no_wait_errors(hs)
@@ -162,11 +164,9 @@ def case_all_to_all_overflow_fails_closed():
     sc = [[5, 1], [1, 1]]  # rank 0 sends 5 rows to itself: above capacity 4
     xs = [torch.randn(sum(c), 8) for c in sc]
     plans = [op.prepare(x, torch.tensor(c, dtype=torch.int32)) for op, x, c in zip(ops, xs, sc)]
-    for op, p in zip(ops, plans):
-        op.send(p)
-    for op, p in zip(ops, plans):
-        op.recv(p)
-        op.release(p)
+    _a2a_lockstep(ops, plans)
+    assert plans[1]["recv_counts"].tolist() == [1, 1]
+    assert torch.equal(plans[1]["out"][:2], torch.cat([xs[0][5:6], xs[1][1:2]]))  # refused rows count 0 in offsets
     assert plans[0]["recv_counts"].tolist() == [-1, 1]
     try:
         ops[0].check(plans[0])
