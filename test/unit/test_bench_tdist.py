@@ -49,8 +49,15 @@ def test_table_ratios_use_slowest_rank_and_best_tdist():
     lines = table([r0, r1])
     assert len(lines) == 4
     ag = lines[2].split("|")
-    assert ag[4].strip() == "1.100" and ag[5].strip() == "0.600" and ag[6].strip() == "1.200"
-    assert ag[9].strip() == "2.00x" and ag[10].strip() == "2.50x"
-    assert ag[12].strip() == "4 pieces, 1: 0.800"  # the planned piece count, other counts' slowest-rank ms
+    assert ag[4].strip() == "1.100" and ag[5].strip() == "0.600" and ag[6].strip() == "-" and ag[7].strip() == "1.200"
+    assert ag[10].strip() == "2.00x" and ag[11].strip() == "2.50x"
+    assert ag[13].strip() == "4 pieces, 1: 0.800"  # the planned piece count, other counts' slowest-rank ms
     a2a = lines[3]
     assert "| - |" in a2a and "NCCL refuses duplicate GPUs" in a2a
+
+
+def test_table_ratios_use_the_auto_op_when_measured():
+    rows = [[{"op": "GEMM-RS", "shape": "o_proj", "M": 8192, "tdist_decomp": 0.57, "tdist_auto": t, "torch_seq": 0.68,
+              "symm_fused": 0.56, "auto_path": "symm"}] for t in (0.55, 0.56)]
+    rs = table(rows)[2].split("|")
+    assert rs[6].strip() == "0.560 (symm)" and rs[11].strip() == "1.00x" and rs[10].strip() == "1.21x"
