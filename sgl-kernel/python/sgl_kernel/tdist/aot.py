@@ -39,6 +39,8 @@ _GEMM_TILE = {"BM": 128, "BN": 128, "BK": 64}
 KERNELS: Dict[str, KernelSpec] = {
     "release": KernelSpec("common", "release_kernel", {"meta": "*i64", "ready": "*i64", "state": "*i64", "inc": "i32"},
                           expect=(REL,)),
+    "wait_reset": KernelSpec("common", "wait_reset_kernel", {"meta": "*i64", "slot": "*i64"},
+                             expect=(ACQ,) + BOUND),
     "mp_producer": KernelSpec("litmus", "mp_producer_kernel",
                               {"meta": "*i64", "data": "*fp32", "src": "*fp32", "sig": "*i64", "n": "i32",
                                "epoch": "i64", "peer": "i32", "BLOCK": "constexpr"}, {"BLOCK": 1024}, (REL,)),
