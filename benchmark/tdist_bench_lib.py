@@ -109,6 +109,9 @@ def _ag_row(heap, note, nccl, symm, name, k, n, m, max_m, iters, variants, flip)
         if "pieces" in variants and w == 2:
             jobs.append(("decomp_bulk", "tdist decomposition, bulk",
                          lambda: op_d(a, wt.t(), rows, out_d, chunks=1, bulk=True)))
+        if "pieces" in variants:
+            jobs.append(("decomp_bounded", "tdist decomposition, bounded waits",
+                         lambda: _bounded(op_d, lambda: op_d(a, wt.t(), rows, out_d))))
     jobs.append(("cublas_only", "cuBLAS", lambda: full @ wt.t()))
     if nccl is not None and len(set(rows)) == 1:
         gathered = torch.empty(m, k, dtype=dt, device=dev)
@@ -158,6 +161,9 @@ def _rs_row(heap, note, nccl, symm, name, k, n, m, max_m, iters, variants, flip)
         jobs.append(("tdist_decomp", "tdist decomposition", lambda: op_d(a, wt.t(), rows, out_d)))
         jobs += _pieces_jobs(res, variants, lambda c: op_d(a, wt.t(), rows, out_d, chunks=c),
                              plan_chunks("rs", rows, k, n))
+        if "pieces" in variants:
+            jobs.append(("decomp_bounded", "tdist decomposition, bounded waits",
+                         lambda: _bounded(op_d, lambda: op_d(a, wt.t(), rows, out_d))))
     jobs.append(("cublas_only", "cuBLAS", lambda: a @ wt.t()))
     if nccl is not None and m % w == 0:
         out = torch.empty(m // w, n, dtype=dt, device=dev)
@@ -217,6 +223,16 @@ def _auto_job(heap, note, res, nccl, iters, make):
 
 
 PIECES = (1, 2, 4)
+
+
+def _bounded(op, call):
+    """``call()`` with the decomposition's waits as bounded Triton wait kernels (decomp bounded_waits), on the same
+    op and buffers (the signal protocol is the same in both modes)."""
+    op.hs.bounded = True
+    try:
+        return call()
+    finally:
+        op.hs.bounded = False
 
 
 def _pieces_jobs(res, variants, call, planned):
@@ -378,7 +394,8 @@ def _notes(per_rank, i, row) -> str:
     if row.get("plan"):
         notes.append(f"{row['plan']} pieces" + "".join(
             f", {c}: {_fmt(_mx(per_rank, i, f'decomp_p{c}'))}" for c in PIECES if f"decomp_p{c}" in row)
-            + (f", bulk: {_fmt(_mx(per_rank, i, 'decomp_bulk'))}" if "decomp_bulk" in row else ""))
+            + (f", bulk: {_fmt(_mx(per_rank, i, 'decomp_bulk'))}" if "decomp_bulk" in row else "")
+            + (f"; bounded waits: {_fmt(_mx(per_rank, i, 'decomp_bounded'))}" if "decomp_bounded" in row else ""))
     if row.get("ctas"):
         notes.append(f"{row['ctas']} CTAs/peer" + "".join(
             f", {c}: {_fmt(_mx(per_rank, i, f'a2a_c{c}'))}" for c in A2A_CTAS if f"a2a_c{c}" in row))
