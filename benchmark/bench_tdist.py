@@ -86,7 +86,7 @@ def main(argv=None) -> Path:
     need = 0
     for kind, k, n in shapes.values():  # one buffer per variant and op
         need += (m * k if kind == "ag" else a.world * max(split_rows(m, a.world)) * n) * 2 * len(a.variants)
-    need += sum(a.world * t * a.a2a_hidden * 2 * 4 for t in a.a2a_tokens)  # default + 3 CTA counts
+    need += sum(a.world * t * a.a2a_hidden * 2 * 6 for t in a.a2a_tokens)  # default, 2 CTA counts, 2 blocks
     heap_mib = a.heap_mib or (need >> 20) + 64
     cfg = HeapConfig(data_bytes=heap_mib << 20, signal_slots=4096)
     got: dict = {}  # rows as each rank finishes them (kept when a later row fails or the run times out)

@@ -254,6 +254,7 @@ def _run_jobs(heap, note, res, jobs, iters):
 
 
 A2A_CTAS = (16, 32, 64)  # CTAs per peer tried (besides the default, which is one of them) with variant ``pieces``
+A2A_BLOCKS = ((4096, 4), (8192, 8))  # (elements per loop step, warps) tried at the default CTA count, ``pieces``
 
 
 def _a2a_row(heap, note, nccl, t, hidden, iters, variants=()):
@@ -276,6 +277,10 @@ def _a2a_row(heap, note, nccl, t, hidden, iters, variants=()):
         op_c = AllToAll(heap, t, hidden, dt, name=f"b.a2a.{t}.c{ch}", chunks=ch)
         res[f"a2a_c{ch}"], _ = _try(heap, note, f"tdist a2a {ch} CTAs/peer", lambda op_c=op_c: op_c(x, sc), iters,
                                     res, f"a2a_c{ch}")
+    for blk, nw in A2A_BLOCKS if "pieces" in variants else ():
+        op_b = AllToAll(heap, t, hidden, dt, name=f"b.a2a.{t}.b{blk}", chunks=op.chunks, block=blk, num_warps=nw)
+        res[f"a2a_b{blk}w{nw}"], _ = _try(heap, note, f"tdist a2a block {blk} {nw} warps",
+                                          lambda op_b=op_b: op_b(x, sc), iters, res, f"a2a_b{blk}w{nw}")
     if nccl is not None:
         recv = torch.zeros(w, dtype=torch.int64, device=dev)
         dist.all_to_all_single(recv, counts.to(dev), group=nccl)
@@ -398,7 +403,9 @@ def _notes(per_rank, i, row) -> str:
             + (f"; bounded waits: {_fmt(_mx(per_rank, i, 'decomp_bounded'))}" if "decomp_bounded" in row else ""))
     if row.get("ctas"):
         notes.append(f"{row['ctas']} CTAs/peer" + "".join(
-            f", {c}: {_fmt(_mx(per_rank, i, f'a2a_c{c}'))}" for c in A2A_CTAS if f"a2a_c{c}" in row))
+            f", {c}: {_fmt(_mx(per_rank, i, f'a2a_c{c}'))}" for c in A2A_CTAS if f"a2a_c{c}" in row)
+            + "".join(f"; block {b}/{w} warps: {_fmt(_mx(per_rank, i, f'a2a_b{b}w{w}'))}" for b, w in A2A_BLOCKS
+                      if f"a2a_b{b}w{w}" in row))
     if "a2a_graph" in row or "nccl_graph" in row:
         notes.append(f"CUDA graph: tdist {_fmt(_mx(per_rank, i, 'a2a_graph'))}, "
                      f"NCCL {_fmt(_mx(per_rank, i, 'nccl_graph'))}")

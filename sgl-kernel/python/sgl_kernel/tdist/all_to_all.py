@@ -128,16 +128,22 @@ class AllToAll:
 
     Args: heap; capacity (most rows one source sends one destination per call) and hidden (H) size the receive
     buffer (``world * capacity * hidden`` elements of ``dtype`` per rank); chunks: CTAs per destination (None:
-    :func:`default_ctas` of the world size; must be equal on every rank). Construction allocates heap regions in
+    :func:`default_ctas` of the world size; must be equal on every rank); block / num_warps: elements one CTA copies
+    per loop step and its warps (2048 / 4: 16 elements, two 16-byte loads in flight per thread). Construction
+    allocates heap regions in
     the same order on every rank (call it on every rank). Usable as the same-node GPU transport of an M2N
     (many-to-many) exchange: one object per direction. Raises ValueError for sizes < 1.
     """
 
     def __init__(self, heap, capacity: int, hidden: int, dtype: torch.dtype = torch.bfloat16, *,
-                 name: str = "a2a", chunks: Optional[int] = None):
+                 name: str = "a2a", chunks: Optional[int] = None, block: int = 2048, num_warps: int = 4):
         chunks = default_ctas(heap.world) if chunks is None else chunks
         if capacity < 1 or hidden < 1 or chunks < 1:
             raise ValueError(f"capacity={capacity}, hidden={hidden}, chunks={chunks} must all be >= 1")
+        if block < 128 or block & (block - 1) or num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"block={block} must be a power of two >= 128 and num_warps={num_warps} in 1..16 "
+                             "(a power of two)")
+        self.block, self.num_warps = block, num_warps
         self.heap, self.capacity, self.hidden, self.dtype, self.name, self.chunks = (
             heap, capacity, hidden, dtype, name, chunks)
         w = heap.world
@@ -189,8 +195,9 @@ class AllToAll:
         h = self.heap
         a2a_kernel[(h.world, self.chunks)](h.meta, plan["x"], plan["send_counts"], self.recv, self.cmat,
                                            self.cflag, self.arrive, plan["recv_counts"], self.epochs, self.hidden,
-                                           self.capacity, CHUNKS=self.chunks, BLOCK=2048, WPAD=self.wpad,
-                                           ANNOUNCE=announce, SEND=send, FINISH=finish, BUMP=bump, num_warps=4)
+                                           self.capacity, CHUNKS=self.chunks, BLOCK=self.block, WPAD=self.wpad,
+                                           ANNOUNCE=announce, SEND=send, FINISH=finish, BUMP=bump,
+                                           num_warps=self.num_warps)
 
     def stages(self, plan):
         """The call as four separate launches ``[(name, fn)]`` (announce, send, finish, bump) for the one-process
