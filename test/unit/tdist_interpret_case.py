@@ -158,6 +158,36 @@ def case_all_to_all():
     _no_wait_errors(hs)
 
 
+def case_all_to_all_peer_one_call_ahead():
+    """Rank 0 finishes call 1 and announces call 2 (new counts) before rank 1 finishes call 1: rank 1 must still
+    report call 1's counts and rows (the count matrix is double-buffered by epoch parity; a single buffer fails
+    here), and call 2 must complete with its own."""
+    hs = simulate_group(2, CFG)
+    ops = [AllToAll(x, 6, 8, torch.float32, chunks=2) for x in hs]
+    calls = [[[1, 2], [3, 4]], [[5, 6], [0, 1]]]
+    xs = [[torch.randn(sum(c), 8) for c in sc] for sc in calls]
+    plans = [[op.prepare(x, torch.tensor(c, dtype=torch.int32)) for op, x, c in zip(ops, xs[i], sc)]
+             for i, sc in enumerate(calls)]
+    st = [[op.stages(p) for op, p in zip(ops, plans[i])] for i in range(2)]  # st[call][rank][phase]
+    for i, r, ph in ((0, 0, 0), (0, 1, 0), (0, 0, 1), (0, 1, 1), (0, 0, 2), (0, 0, 3), (1, 0, 0)):
+        st[i][r][ph][1]()
+    got0 = plans[0][0]["out"][:4].clone()
+    st[0][1][2][1]()  # rank 1 finishes call 1 only now
+    ref, rc = all_to_all_ref(xs[0], calls[0])
+    assert plans[0][1]["recv_counts"].tolist() == rc[1], (plans[0][1]["recv_counts"], rc[1])
+    assert torch.equal(plans[0][1]["out"][:6], ref[1]) and torch.equal(got0, ref[0])
+    st[0][1][3][1]()
+    st[1][1][0][1]()  # rank 1 announces call 2; then both ranks run call 2's remaining phases in lockstep
+    for ph in (1, 2, 3):
+        for r in (0, 1):
+            st[1][r][ph][1]()
+    ref, rc = all_to_all_ref(xs[1], calls[1])
+    for d in (0, 1):
+        assert plans[1][d]["recv_counts"].tolist() == rc[d], (d, plans[1][d]["recv_counts"], rc[d])
+        assert torch.equal(plans[1][d]["out"][: ref[d].shape[0]], ref[d]), f"call 2 rank {d}"
+    _no_wait_errors(hs)
+
+
 def case_all_to_all_overflow_fails_closed():
     hs = simulate_group(2, CFG)
     ops = [AllToAll(x, 4, 8, torch.float32, chunks=1) for x in hs]
