@@ -242,21 +242,22 @@ def _deadpeer_case(heap, nccl):
 
     h2 = SymmetricHeap.create(nccl, heap.device, HeapConfig(data_bytes=8 << 20, signal_slots=256,
                                                             wait_timeout_s=1.0))
-    op = DecompAgGemm(h2, 1024, 256, DT, name="t.dead", chunks=1, bounded_waits=True)
     f = []
-    if h2.rank == 0:
-        rows = [128] * h2.world
-        t0 = time.monotonic()
-        op(_randn(1, 128, 256, device=heap.device), _randn(2, 256, 64, device=heap.device), rows)
-        torch.cuda.synchronize()
-        dt = time.monotonic() - t0
-        try:
-            h2.check()
-            f.append("dead peer: no TdistWaitError after the call")
-        except TdistWaitError as e:
-            if "wait_reset_kernel" not in str(e):
-                f.append(f"dead peer: error does not name the wait kernel: {e}")
-        if dt > 10:
-            f.append(f"dead peer: the call took {dt:.1f} s (budget 1 s)")
-    h2.close()  # synchronizes, host barrier (unchecked: the heap is poisoned by design), unmap and free
+    try:
+        op = DecompAgGemm(h2, 1024, 256, DT, name="t.dead", chunks=1, bounded_waits=True)
+        if h2.rank == 0:
+            t0 = time.monotonic()
+            op(_randn(1, 128, 256, device=heap.device), _randn(2, 256, 64, device=heap.device), [128] * h2.world)
+            torch.cuda.synchronize()
+            dt = time.monotonic() - t0
+            try:
+                h2.check()
+                f.append("dead peer: no TdistWaitError after the call")
+            except TdistWaitError as e:
+                if "wait_reset_kernel" not in str(e):
+                    f.append(f"dead peer: error does not name the wait kernel: {e}")
+            if dt > 10:
+                f.append(f"dead peer: the call took {dt:.1f} s (budget 1 s)")
+    finally:
+        h2.close()  # synchronizes, host barrier (unchecked: the heap is poisoned by design), unmap and free
     return f
