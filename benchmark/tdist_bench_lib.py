@@ -254,7 +254,7 @@ def _run_jobs(heap, note, res, jobs, iters):
 
 
 A2A_CTAS = (16, 32, 64)  # CTAs per peer tried (besides the default, which is one of them) with variant ``pieces``
-A2A_BLOCKS = ((4096, 4), (8192, 8))  # (elements per loop step, warps) tried at the default CTA count, ``pieces``
+A2A_BLOCKS = ((2048, 4), (8192, 8))  # (elements per loop step, warps) tried at the default CTA count, ``pieces``
 
 
 def _a2a_row(heap, note, nccl, t, hidden, iters, variants=()):

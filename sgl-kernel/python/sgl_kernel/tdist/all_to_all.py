@@ -129,14 +129,15 @@ class AllToAll:
     Args: heap; capacity (most rows one source sends one destination per call) and hidden (H) size the receive
     buffer (``world * capacity * hidden`` elements of ``dtype`` per rank); chunks: CTAs per destination (None:
     :func:`default_ctas` of the world size; must be equal on every rank); block / num_warps: elements one CTA copies
-    per loop step and its warps (2048 / 4: 16 elements, two 16-byte loads in flight per thread). Construction
+    per loop step and its warps (4096 / 4: 32 elements, four 16-byte loads in flight per thread; the 2 x H100 runs
+    measured 2048 / 4 before the one-copy kernel, and bench_tdist.py's 'pieces' variant sweeps both). Construction
     allocates heap regions in
     the same order on every rank (call it on every rank). Usable as the same-node GPU transport of an M2N
     (many-to-many) exchange: one object per direction. Raises ValueError for sizes < 1.
     """
 
     def __init__(self, heap, capacity: int, hidden: int, dtype: torch.dtype = torch.bfloat16, *,
-                 name: str = "a2a", chunks: Optional[int] = None, block: int = 2048, num_warps: int = 4):
+                 name: str = "a2a", chunks: Optional[int] = None, block: int = 4096, num_warps: int = 4):
         chunks = default_ctas(heap.world) if chunks is None else chunks
         if capacity < 1 or hidden < 1 or chunks < 1:
             raise ValueError(f"capacity={capacity}, hidden={hidden}, chunks={chunks} must all be >= 1")

@@ -105,7 +105,7 @@ KERNELS: Dict[str, KernelSpec] = {
                        "cflag": "*i64", "arrive": "*i64", "recv_counts": "*i32", "epochs": "*i64", "H": "i32",
                        "capacity": "i32", "CHUNKS": "constexpr", "BLOCK": "constexpr", "WPAD": "constexpr",
                        "ANNOUNCE": "constexpr", "SEND": "constexpr", "FINISH": "constexpr", "BUMP": "constexpr"},
-                      {"CHUNKS": 32, "BLOCK": 2048, "WPAD": 2, "ANNOUNCE": True, "SEND": True, "FINISH": True,
+                      {"CHUNKS": 32, "BLOCK": 4096, "WPAD": 2, "ANNOUNCE": True, "SEND": True, "FINISH": True,
                        "BUMP": True}, (ACQ, REL, RED) + BOUND),
 }
 
