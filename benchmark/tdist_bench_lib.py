@@ -109,9 +109,7 @@ def _ag_row(heap, note, nccl, symm, name, k, n, m, max_m, iters, variants, flip)
         if "pieces" in variants and w == 2:
             jobs.append(("decomp_bulk", "tdist decomposition, bulk",
                          lambda: op_d(a, wt.t(), rows, out_d, chunks=1, bulk=True)))
-        if "pieces" in variants:
-            jobs.append(("decomp_bounded", "tdist decomposition, bounded waits",
-                         lambda: _bounded(op_d, lambda: op_d(a, wt.t(), rows, out_d))))
+        jobs += _mode_jobs(variants, op_d, lambda: op_d(a, wt.t(), rows, out_d))
     jobs.append(("cublas_only", "cuBLAS", lambda: full @ wt.t()))
     if nccl is not None and len(set(rows)) == 1:
         gathered = torch.empty(m, k, dtype=dt, device=dev)
@@ -161,9 +159,7 @@ def _rs_row(heap, note, nccl, symm, name, k, n, m, max_m, iters, variants, flip)
         jobs.append(("tdist_decomp", "tdist decomposition", lambda: op_d(a, wt.t(), rows, out_d)))
         jobs += _pieces_jobs(res, variants, lambda c: op_d(a, wt.t(), rows, out_d, chunks=c),
                              plan_chunks("rs", rows, k, n))
-        if "pieces" in variants:
-            jobs.append(("decomp_bounded", "tdist decomposition, bounded waits",
-                         lambda: _bounded(op_d, lambda: op_d(a, wt.t(), rows, out_d))))
+        jobs += _mode_jobs(variants, op_d, lambda: op_d(a, wt.t(), rows, out_d))
     jobs.append(("cublas_only", "cuBLAS", lambda: a @ wt.t()))
     if nccl is not None and m % w == 0:
         out = torch.empty(m // w, n, dtype=dt, device=dev)
@@ -225,14 +221,26 @@ def _auto_job(heap, note, res, nccl, iters, make):
 PIECES = (1, 2, 4)
 
 
-def _bounded(op, call):
-    """``call()`` with the decomposition's waits as bounded Triton wait kernels (decomp bounded_waits), on the same
-    op and buffers (the signal protocol is the same in both modes)."""
-    op.hs.bounded = True
+def _with_hs(op, call, **attrs):
+    """``call()`` with the decomposition's handshake attributes set for this call only, on the same op and buffers
+    (the signal protocol is the same in every mode): ``bounded=True`` (waits as bounded Triton wait kernels,
+    decomp bounded_waits), ``split=2`` (each push cut in 2 parts on 2 copy streams, decomp._Handshake._push)."""
+    old = {k: getattr(op.hs, k) for k in attrs}
+    for k, v in attrs.items():
+        setattr(op.hs, k, v)
     try:
         return call()
     finally:
-        op.hs.bounded = False
+        for k, v in old.items():
+            setattr(op.hs, k, v)
+
+
+def _mode_jobs(variants, op_d, call):
+    """With variant ``pieces``: the planned decomposition with bounded waits and with split pushes (notes)."""
+    if "pieces" not in variants:
+        return []
+    return [("decomp_bounded", "tdist decomposition, bounded waits", lambda: _with_hs(op_d, call, bounded=True)),
+            ("decomp_split2", "tdist decomposition, pushes split on 2 streams", lambda: _with_hs(op_d, call, split=2))]
 
 
 def _pieces_jobs(res, variants, call, planned):
@@ -400,7 +408,8 @@ def _notes(per_rank, i, row) -> str:
         notes.append(f"{row['plan']} pieces" + "".join(
             f", {c}: {_fmt(_mx(per_rank, i, f'decomp_p{c}'))}" for c in PIECES if f"decomp_p{c}" in row)
             + (f", bulk: {_fmt(_mx(per_rank, i, 'decomp_bulk'))}" if "decomp_bulk" in row else "")
-            + (f"; bounded waits: {_fmt(_mx(per_rank, i, 'decomp_bounded'))}" if "decomp_bounded" in row else ""))
+            + (f"; bounded waits: {_fmt(_mx(per_rank, i, 'decomp_bounded'))}" if "decomp_bounded" in row else "")
+            + (f"; split pushes: {_fmt(_mx(per_rank, i, 'decomp_split2'))}" if "decomp_split2" in row else ""))
     if row.get("ctas"):
         notes.append(f"{row['ctas']} CTAs/peer" + "".join(
             f", {c}: {_fmt(_mx(per_rank, i, f'a2a_c{c}'))}" for c in A2A_CTAS if f"a2a_c{c}" in row)

@@ -90,6 +90,7 @@ class _Handshake:
 
     def __init__(self, heap, name: str, bounded: bool = False):
         self.heap, self.bounded = heap, bounded
+        self.split, self.split_min_bytes = 1, 4 << 20  # see _push (1: one copy per piece)
         self.sig = heap.signals(f"{name}.sig", heap.world * MAX_CHUNKS)
         self.ready = heap.signals(f"{name}.ready", heap.world)
         self.streams: dict = {}
@@ -98,8 +99,9 @@ class _Handshake:
             self.ready.fill_(1)  # every receiver starts with its buffers free
             heap.barrier()  # nobody writes a peer's ready before that peer's fill
 
-    def stream(self, j: int) -> "torch.cuda.Stream":
-        """The copy stream of ring step ``j`` (high priority: a copy is never queued behind GEMMs)."""
+    def stream(self, j) -> "torch.cuda.Stream":
+        """The copy stream of ring step ``j`` (or of a key such as ``("copy", j, i)``: a helper of :meth:`_push`;
+        high priority: a copy is never queued behind GEMMs)."""
         s = self.streams.get(j)
         if s is None:
             s = torch.cuda.Stream(self.heap.device, priority=-1)
@@ -132,7 +134,7 @@ class _Handshake:
             if c and afters[c] is not afters[c - 1]:
                 s.wait_event(afters[c])
             if _nbytes(src):
-                cuda_ipc.memcpy_async(_peer_addr(h, dst_local, peer), src.data_ptr(), _nbytes(src), cs)
+                self._push(j, c, _peer_addr(h, dst_local, peer), src.data_ptr(), _nbytes(src), s)
             cuda_ipc.stream_write_value64(_peer_addr(h, self.sig[h.rank * MAX_CHUNKS + c], peer), 1, cs)
             self._wait_reset(self.sig[sender * MAX_CHUNKS + c: sender * MAX_CHUNKS + c + 1], s)
             if land is not None and _nbytes(land[c][1]):
@@ -141,6 +143,33 @@ class _Handshake:
             ev.record(s)
             evs.append(ev)
         return evs
+
+    def _push(self, j: int, c: int, dst: int, src: int, n: int, s: "torch.cuda.Stream") -> None:
+        """``cuMemcpyAsync`` of ``n`` bytes ``src -> dst`` in stream order on ``s``. With ``self.split = k > 1``
+        (and ``n >= self.split_min_bytes``) the copy is cut in ``k`` parts: parts 1.. run on helper streams forked
+        from ``s`` (so on other copy engines, in parallel) and ``s`` waits for them before its next operation (the
+        piece's signal), so the protocol is unchanged. Opt-in: measured by bench_tdist.py (pieces notes)."""
+        k = self.split if n >= self.split_min_bytes else 1
+        part = -(-n // max(k, 1) // 256) * 256
+        if k <= 1 or part >= n:
+            cuda_ipc.memcpy_async(dst, src, n, s.cuda_stream)
+            return
+        fork = self.event(("fork", j, c))
+        fork.record(s)
+        joins = []
+        for i in range(1, k):
+            lo = i * part
+            if lo >= n:
+                break
+            helper = self.stream(("copy", j, i))
+            helper.wait_event(fork)
+            cuda_ipc.memcpy_async(dst + lo, src + lo, min(part, n - lo), helper.cuda_stream)
+            ev = self.event(("join", j, c, i))
+            ev.record(helper)
+            joins.append(ev)
+        cuda_ipc.memcpy_async(dst, src, part, s.cuda_stream)
+        for ev in joins:
+            s.wait_event(ev)
 
     def _wait_reset(self, slot: torch.Tensor, s: "torch.cuda.Stream") -> None:
         """On stream ``s``: wait until the int64 signal ``slot`` ([1], this rank's heap) is 1, then set it to 0;
