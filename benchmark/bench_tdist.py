@@ -50,10 +50,11 @@ def parse_args(argv=None):
     p.add_argument("--ops", nargs="+", default=["qkv", "gate_up", "o_proj", "down"])
     p.add_argument("--iters", type=int, default=30, help="timed calls per variant (after 1 first call + 20 "
                    "warm-ups); the median of per-call CUDA-event times is reported")
-    p.add_argument("--variants", nargs="+", default=["sm", "decomp"], choices=["sm", "decomp", "pieces", "graph"],
+    p.add_argument("--variants", nargs="+", default=["sm", "decomp"], choices=["sm", "decomp", "pieces", "graph", "auto"],
                    help="tdist variants: sm (Triton kernels), decomp (cuBLAS + copy engine decomposition), pieces "
                         "(with decomp: also every other piece count, in the notes column), graph (the all-to-all "
-                        "also as CUDA-graph replays, tdist and NCCL)")
+                        "also as CUDA-graph replays, tdist and NCCL), auto (with decomp: AutoAgGemm / AutoGemmRs "
+                        "with the table calibrated on the row's own timings, timed after them)")
     p.add_argument("--heap-mib", type=int, default=0, help="heap data MiB per rank (default: sized from shapes)")
     p.add_argument("--timeout", type=float, default=1500)
     p.add_argument("--results-dir", default=str(ROOT / "benchmark" / "results"))
@@ -85,7 +86,7 @@ def main(argv=None) -> Path:
     need = 0
     for kind, k, n in shapes.values():  # one buffer per variant and op
         need += (m * k if kind == "ag" else a.world * max(split_rows(m, a.world)) * n) * 2 * len(a.variants)
-    need += sum(a.world * t * a.a2a_hidden * 2 for t in a.a2a_tokens)
+    need += sum(a.world * t * a.a2a_hidden * 2 * 6 for t in a.a2a_tokens)  # default, 2 CTA counts, 2 blocks
     heap_mib = a.heap_mib or (need >> 20) + 64
     cfg = HeapConfig(data_bytes=heap_mib << 20, signal_slots=4096)
     got: dict = {}  # rows as each rank finishes them (kept when a later row fails or the run times out)

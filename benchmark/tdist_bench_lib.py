@@ -109,6 +109,7 @@ def _ag_row(heap, note, nccl, symm, name, k, n, m, max_m, iters, variants, flip)
         if "pieces" in variants and w == 2:
             jobs.append(("decomp_bulk", "tdist decomposition, bulk",
                          lambda: op_d(a, wt.t(), rows, out_d, chunks=1, bulk=True)))
+        jobs += _mode_jobs(variants, op_d, lambda: op_d(a, wt.t(), rows, out_d))
     jobs.append(("cublas_only", "cuBLAS", lambda: full @ wt.t()))
     if nccl is not None and len(set(rows)) == 1:
         gathered = torch.empty(m, k, dtype=dt, device=dev)
@@ -124,6 +125,11 @@ def _ag_row(heap, note, nccl, symm, name, k, n, m, max_m, iters, variants, flip)
     else:
         res["torch_seq_note"] = UNAVAILABLE_SHARED if nccl is None else "uneven rows"
     _run_jobs(heap, note, res, jobs[::-1] if flip else jobs, iters)
+    if "auto" in variants and "decomp" in variants and "torch_seq" in res:
+        from sgl_kernel.tdist.auto import AutoAgGemm
+
+        _auto_job(heap, note, res, nccl, iters,
+                  lambda t: (lambda op=AutoAgGemm(op_d, nccl, t, symm): op(a, wt.t(), rows)))
     return res
 
 
@@ -153,6 +159,7 @@ def _rs_row(heap, note, nccl, symm, name, k, n, m, max_m, iters, variants, flip)
         jobs.append(("tdist_decomp", "tdist decomposition", lambda: op_d(a, wt.t(), rows, out_d)))
         jobs += _pieces_jobs(res, variants, lambda c: op_d(a, wt.t(), rows, out_d, chunks=c),
                              plan_chunks("rs", rows, k, n))
+        jobs += _mode_jobs(variants, op_d, lambda: op_d(a, wt.t(), rows, out_d))
     jobs.append(("cublas_only", "cuBLAS", lambda: a @ wt.t()))
     if nccl is not None and m % w == 0:
         out = torch.empty(m // w, n, dtype=dt, device=dev)
@@ -168,10 +175,72 @@ def _rs_row(heap, note, nccl, symm, name, k, n, m, max_m, iters, variants, flip)
     else:
         res["torch_seq_note"] = UNAVAILABLE_SHARED if nccl is None else "M not divisible by world"
     _run_jobs(heap, note, res, jobs[::-1] if flip else jobs, iters)
+    if "auto" in variants and "decomp" in variants and "torch_seq" in res:
+        from sgl_kernel.tdist.auto import AutoGemmRs
+
+        _auto_job(heap, note, res, nccl, iters,
+                  lambda t: (lambda op=AutoGemmRs(op_d, nccl, t, symm): op(a, wt.t(), rows)))
     return res
 
 
+def _row_table(heap, nccl, res):
+    """CalibrationTable from this row's own timings (max over ranks, so every rank picks the same path): the
+    fastest piece count of the decomposition and the fastest of decomposition / NCCL + cuBLAS / torch symm-mem."""
+    import torch.distributed as dist
+
+    from sgl_kernel.tdist.auto import CalibrationTable
+
+    pcs = [res["plan"]] + [c for c in PIECES if f"decomp_p{c}" in res]
+    keys = ["tdist_decomp"] + [f"decomp_p{c}" for c in pcs[1:]] + ["torch_seq", "symm_fused"]
+    v = torch.tensor([-1.0 if res.get(k) is None else float(res[k]) for k in keys], dtype=torch.float64,
+                     device=heap.device)
+    dist.all_reduce(v, op=dist.ReduceOp.MAX, group=nccl)
+    t = {k: x for k, x in zip(keys, v.tolist()) if x > 0}
+    dec = [(t[k], c) for k, c in zip(keys, pcs) if k in t]
+    shape = (res["kind"], res["k"], res["n"], res["world"], res["M"])
+    row = dict(kind=shape[0], k=shape[1], n=shape[2], world=shape[3], m=shape[4],
+               decomp_ms=min(dec)[0] if dec else None, nccl_ms=t.get("torch_seq"), symm_ms=t.get("symm_fused"))
+    return CalibrationTable(pieces=((*shape, min(dec)[1]),) if dec else (), best=CalibrationTable._best_rows([row]))
+
+
+def _auto_job(heap, note, res, nccl, iters, make):
+    """Variant ``auto``: AutoAgGemm / AutoGemmRs with the table calibrated on this row (:func:`_row_table`),
+    timed after the other variants (key ``tdist_auto``; the path and piece count it took go in the notes)."""
+    try:
+        table = _row_table(heap, nccl, res)
+    except Exception as ex:  # reported, never fatal
+        note(f"auto table failed: {type(ex).__name__}: {ex}")
+        return
+    res["auto_path"] = table.best[0][5] if table.best else "?"
+    res["auto_pieces"] = table.pieces[0][5] if table.pieces else None
+    res["tdist_auto"], err = _try(heap, note, "tdist auto", make(table), iters, res, "tdist_auto")
+    if err:
+        res["tdist_auto_note"] = err
+
+
 PIECES = (1, 2, 4)
+
+
+def _with_hs(op, call, **attrs):
+    """``call()`` with the decomposition's handshake attributes set for this call only, on the same op and buffers
+    (the signal protocol is the same in every mode): ``bounded=True`` (waits as bounded Triton wait kernels,
+    decomp bounded_waits), ``split=2`` (each push cut in 2 parts on 2 copy streams, decomp._Handshake._push)."""
+    old = {k: getattr(op.hs, k) for k in attrs}
+    for k, v in attrs.items():
+        setattr(op.hs, k, v)
+    try:
+        return call()
+    finally:
+        for k, v in old.items():
+            setattr(op.hs, k, v)
+
+
+def _mode_jobs(variants, op_d, call):
+    """With variant ``pieces``: the planned decomposition with bounded waits and with split pushes (notes)."""
+    if "pieces" not in variants:
+        return []
+    return [("decomp_bounded", "tdist decomposition, bounded waits", lambda: _with_hs(op_d, call, bounded=True)),
+            ("decomp_split2", "tdist decomposition, pushes split on 2 streams", lambda: _with_hs(op_d, call, split=2))]
 
 
 def _pieces_jobs(res, variants, call, planned):
@@ -192,7 +261,8 @@ def _run_jobs(heap, note, res, jobs, iters):
             res[f"{key}_note"] = err
 
 
-A2A_CTAS = (32, 64)  # CTAs per peer tried besides the default with variant ``pieces``
+A2A_CTAS = (16, 32, 64)  # CTAs per peer tried (besides the default, which is one of them) with variant ``pieces``
+A2A_BLOCKS = ((2048, 4), (8192, 8))  # (elements per loop step, warps) tried at the default CTA count, ``pieces``
 
 
 def _a2a_row(heap, note, nccl, t, hidden, iters, variants=()):
@@ -211,10 +281,14 @@ def _a2a_row(heap, note, nccl, t, hidden, iters, variants=()):
     res = {"op": "all-to-all", "kind": "a2a", "shape": f"H={hidden} random counts", "M": t}
     res["tdist_sm"], _ = _try(heap, note, "tdist a2a", lambda: op(x, sc), iters, res, "tdist_sm")
     res["ctas"] = op.chunks
-    for ch in A2A_CTAS if "pieces" in variants else ():
+    for ch in [c for c in A2A_CTAS if c != op.chunks] if "pieces" in variants else ():
         op_c = AllToAll(heap, t, hidden, dt, name=f"b.a2a.{t}.c{ch}", chunks=ch)
         res[f"a2a_c{ch}"], _ = _try(heap, note, f"tdist a2a {ch} CTAs/peer", lambda op_c=op_c: op_c(x, sc), iters,
                                     res, f"a2a_c{ch}")
+    for blk, nw in A2A_BLOCKS if "pieces" in variants else ():
+        op_b = AllToAll(heap, t, hidden, dt, name=f"b.a2a.{t}.b{blk}", chunks=op.chunks, block=blk, num_warps=nw)
+        res[f"a2a_b{blk}w{nw}"], _ = _try(heap, note, f"tdist a2a block {blk} {nw} warps",
+                                          lambda op_b=op_b: op_b(x, sc), iters, res, f"a2a_b{blk}w{nw}")
     if nccl is not None:
         recv = torch.zeros(w, dtype=torch.int64, device=dev)
         dist.all_to_all_single(recv, counts.to(dev), group=nccl)
@@ -304,44 +378,64 @@ def _mx(per_rank, i, key):
 
 def table(per_rank: List[List[dict]]) -> List[str]:
     """Markdown table; times are medians per rank, then the max over ranks (a collective ends when its slowest rank
-    does). Ratio columns: baseline ms / best tdist ms (> 1 means tdist is faster). First-call seconds (compile,
-    autotune, metadata upload) are reported apart and never enter the times."""
-    lines = ["| op | shape | M | tdist SM ms | tdist decomp/CE ms | NCCL+cuBLAS ms | symm-mem fused ms | cuBLAS only ms "
-             "| NCCL/tdist | symm/tdist | first call s (SM / decomp) | notes |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    does). Ratio columns: baseline ms / tdist ms (> 1 means tdist is faster), where tdist is the auto op (the path
+    the library takes, variant ``auto``) when measured, else the best of SM and decomposition. First-call seconds
+    (compile, autotune, metadata upload) are reported apart and never enter the times."""
+    lines = ["| op | shape | M | tdist SM ms | tdist decomp/CE ms | tdist auto ms (path) | NCCL+cuBLAS ms "
+             "| symm-mem fused ms | cuBLAS only ms | NCCL/tdist | symm/tdist | first call s (SM / decomp) | notes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for i, row in enumerate(per_rank[0]):
-        sm, dc = _mx(per_rank, i, "tdist_sm"), _mx(per_rank, i, "tdist_decomp")
-        best = min([v for v in (sm, dc) if v is not None], default=None)
+        sm, dc, au = (_mx(per_rank, i, k) for k in ("tdist_sm", "tdist_decomp", "tdist_auto"))
+        best = au if au is not None else min([v for v in (sm, dc) if v is not None], default=None)
         ts, sf = _mx(per_rank, i, "torch_seq"), _mx(per_rank, i, "symm_fused")
         r1 = f"{ts / best:.2f}x" if ts and best else "-"
         r2 = f"{sf / best:.2f}x" if sf and best else "-"
         comp = [max((r[i].get("compile", {}).get(k) or 0.0) for r in per_rank)
                 for k in ("tdist_sm", "tdist_decomp")]
-        notes = [str(v) for key, v in row.items() if key.endswith("_note") and v]
-        if row.get("plan"):
-            notes.append(f"{row['plan']} pieces" + "".join(
-                f", {c}: {_fmt(_mx(per_rank, i, f'decomp_p{c}'))}" for c in PIECES if f"decomp_p{c}" in row)
-                + (f", bulk: {_fmt(_mx(per_rank, i, 'decomp_bulk'))}" if "decomp_bulk" in row else ""))
-        if row.get("ctas"):
-            notes.append(f"{row['ctas']} CTAs/peer" + "".join(
-                f", {c}: {_fmt(_mx(per_rank, i, f'a2a_c{c}'))}" for c in A2A_CTAS if f"a2a_c{c}" in row))
-        if "a2a_graph" in row or "nccl_graph" in row:
-            notes.append(f"CUDA graph: tdist {_fmt(_mx(per_rank, i, 'a2a_graph'))}, "
-                         f"NCCL {_fmt(_mx(per_rank, i, 'nccl_graph'))}")
-        notes = "; ".join(notes)
-        lines.append(f"| {row['op']} | {row['shape']} | {row['M']} | {_fmt(sm)} | {_fmt(dc)} | {_fmt(ts)} | "
-                     f"{_fmt(sf)} | {_fmt(_mx(per_rank, i, 'cublas_only'))} | {r1} | {r2} | "
-                     f"{comp[0]:.1f} / {comp[1]:.1f} | {notes} |")
+        auto = f"{_fmt(au)} ({row.get('auto_path', '-')}" + (
+            f", {row['auto_pieces']} pc" if row.get("auto_path") == "decomp" and row.get("auto_pieces") else "") + ")"
+        lines.append(f"| {row['op']} | {row['shape']} | {row['M']} | {_fmt(sm)} | {_fmt(dc)} | "
+                     f"{auto if au is not None else '-'} | {_fmt(ts)} | {_fmt(sf)} | "
+                     f"{_fmt(_mx(per_rank, i, 'cublas_only'))} | {r1} | {r2} | "
+                     f"{comp[0]:.1f} / {comp[1]:.1f} | {_notes(per_rank, i, row)} |")
     return lines
 
 
+def _notes(per_rank, i, row) -> str:
+    """Notes column: errors, the other piece counts, the other all-to-all CTA counts, CUDA-graph times."""
+    notes = [str(v) for key, v in row.items() if key.endswith("_note") and v]
+    if row.get("plan"):
+        notes.append(f"{row['plan']} pieces" + "".join(
+            f", {c}: {_fmt(_mx(per_rank, i, f'decomp_p{c}'))}" for c in PIECES if f"decomp_p{c}" in row)
+            + (f", bulk: {_fmt(_mx(per_rank, i, 'decomp_bulk'))}" if "decomp_bulk" in row else "")
+            + (f"; bounded waits: {_fmt(_mx(per_rank, i, 'decomp_bounded'))}" if "decomp_bounded" in row else "")
+            + (f"; split pushes: {_fmt(_mx(per_rank, i, 'decomp_split2'))}" if "decomp_split2" in row else ""))
+    if row.get("ctas"):
+        notes.append(f"{row['ctas']} CTAs/peer" + "".join(
+            f", {c}: {_fmt(_mx(per_rank, i, f'a2a_c{c}'))}" for c in A2A_CTAS if f"a2a_c{c}" in row)
+            + "".join(f"; block {b}/{w} warps: {_fmt(_mx(per_rank, i, f'a2a_b{b}w{w}'))}" for b, w in A2A_BLOCKS
+                      if f"a2a_b{b}w{w}" in row))
+    if "a2a_graph" in row or "nccl_graph" in row:
+        notes.append(f"CUDA graph: tdist {_fmt(_mx(per_rank, i, 'a2a_graph'))}, "
+                     f"NCCL {_fmt(_mx(per_rank, i, 'nccl_graph'))}")
+    return "; ".join(notes)
+
+
 def calibration(per_rank: List[List[dict]]):
-    """CalibrationTable (sgl_kernel.tdist.auto) from the measured decomposition vs NCCL + cuBLAS times."""
+    """CalibrationTable (sgl_kernel.tdist.auto) from the measured times: break-even M of the decomposition (at its
+    best measured piece count) vs NCCL + cuBLAS, the best piece count, and the fastest path (with torch symm-mem)."""
     from sgl_kernel.tdist.auto import CalibrationTable
 
-    pts = []
+    pts, pieces = [], []
     for i, row in enumerate(per_rank[0]):
         if row.get("kind") in ("ag", "rs"):
-            pts.append(dict(kind=row["kind"], k=row["k"], n=row["n"], world=row["world"], m=row["M"],
-                            decomp_ms=_mx(per_rank, i, "tdist_decomp"), nccl_ms=_mx(per_rank, i, "torch_seq")))
-    return CalibrationTable.from_timings(pts)
+            dec = [(t, c) for c, t in [(row.get("plan"), _mx(per_rank, i, "tdist_decomp"))]
+                   + [(c, _mx(per_rank, i, f"decomp_p{c}")) for c in PIECES] if c and t is not None]
+            shape = (row["kind"], row["k"], row["n"], row["world"], row["M"])
+            if dec:
+                pieces.append((*shape, min(dec)[1]))
+            pts.append(dict(kind=shape[0], k=shape[1], n=shape[2], world=shape[3], m=shape[4],
+                            decomp_ms=min(dec)[0] if dec else None, nccl_ms=_mx(per_rank, i, "torch_seq"),
+                            symm_ms=_mx(per_rank, i, "symm_fused")))
+    t = CalibrationTable.from_timings(pts)
+    return CalibrationTable(t.entries, t.default_min_m, tuple(pieces), t.best)

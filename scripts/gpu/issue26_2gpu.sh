@@ -1,21 +1,19 @@
 #!/usr/bin/env bash
-# Issue 26, round 2 on 2 GPUs (one rank per GPU), <= 200 s wall time with compilation. Correctness first:
-#   1. decomp    test/gpu/test_tdist_decomp_gpu.py: decomposition AG-GEMM / GEMM-RS (cuBLAS per piece, copy-engine
-#                pushes, GEMM-RS reduction fused into the own GEMM by addmm_) vs torch with planned and explicit
-#                piece counts (2-4 pieces, uneven/empty segments), back-to-back calls, CUDA-graph capture + replays,
-#                the Auto* NCCL fallback, the all-to-all and the Triton SM ops with cached metadata;
-#   2. equal     --enable-tdist-overlap's layer stack with one rank per GPU (decomposition behind AutoAgGemm /
-#                AutoGemmRs): greedy tokens of stories260K at TP2 equal the single process's, logits to 1e-3;
-#   3. bench     benchmark/bench_tdist.py --world 2, Llama-3.3-70B TP4 shapes, M = 2048 / 8192, all-to-all 1024 x
-#                7168; tdist SM, decomposition (planned pieces), NCCL + cuBLAS, torch symm-mem fused, cuBLAS alone;
-#                variant 'pieces': the other piece counts (1/2/4) and all-to-all at 32/64 CTAs per peer in notes;
-#                variant 'graph': the all-to-all (tdist and NCCL) also as CUDA-graph replays (no launch overhead);
-#   4. layers    benchmark/bench_tokenweave.py: Llama-3.3-70B config cut to 4 layers, TP2, 4096 / 8192 tokens,
-#                plain TP ('tp') vs --enable-tdist-overlap ('tdist'), median of CUDA-event timed prefill forwards;
-#   memcheck     (after step 2) compute-sanitizer memcheck on the 2-rank decomposition case
-#                (test/gpu/tdist_sanitizer_case.py decomp); racecheck on it last, if >= 30 s are left.
-# Outputs in $OUT: issue26_summary.md (step exit codes, test results, tables), issue26_bench.md, issue26_layers.md
-# and one log per step. Usage (repo root): bash scripts/gpu/issue26_2gpu.sh [seconds, default 200]
+# Issue 26, round 3 on 2 GPUs (one rank per GPU), <= 150 s wall time with compilation. Correctness first:
+#   1. decomp    test/gpu/test_tdist_decomp_gpu.py: decomposition AG-GEMM / GEMM-RS vs torch (planned and explicit
+#                pieces, uneven/empty segments, back-to-back, CUDA graphs), the Auto* NCCL fallback, the one-copy
+#                all-to-all (dispatch + combine, 50 rounds of random counts, 32 CTAs/peer default), the SM ops with
+#                cached metadata, 'bounded' (decomposition with bounded Triton wait kernels, eager + graph) and
+#                'deadpeer' (rank 1 never joins: rank 0's bounded wait must raise TdistWaitError in < 10 s, no hang);
+#   2. bench     benchmark/bench_tdist.py --world 2, Llama-3.3-70B TP4 shapes at M = 2048 / 8192: decomposition
+#                (planned pieces; 'pieces': 1/2/4 pieces, bulk, bounded waits in the notes), 'auto' (AutoAgGemm /
+#                AutoGemmRs with the table calibrated on the row's own timings: decomposition, NCCL + cuBLAS or
+#                torch's fused symm-mem op), NCCL + cuBLAS, torch symm-mem fused, cuBLAS alone; all-to-all 1024 x
+#                7168 vs NCCL all_to_all_single at 16/32/64 CTAs per peer, and as CUDA graphs ('graph');
+#   3. status    benchmark/tdist_status.py: issue26_status.md, one line per target (met / not met);
+#   4. memcheck  compute-sanitizer memcheck on the 2-rank one-copy all-to-all case, if >= 25 s are left.
+# Outputs in $OUT: issue26_summary.md, issue26_bench.md, issue26_status.md, one log per step.
+# Usage (repo root): bash scripts/gpu/issue26_2gpu.sh [seconds, default 150]
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
@@ -24,7 +22,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export PYTHONPATH="$root/python:$root/sgl-kernel/python${PYTHONPATH:+:$PYTHONPATH}"
 export TRITON_DEFAULT_FP_FUSION=1
 unset TRITON_INTERPRET TDIST_CASES
-budget="${1:-200}"; start=$SECONDS
+budget="${1:-150}"; start=$SECONDS
 left() { echo $(( budget - (SECONDS - start) )); }
 out="${OUT:-/tmp/issue26_out}"; mkdir -p "$out"
 summary=()
@@ -40,54 +38,40 @@ step() {  # step NAME SECONDS CMD...: run with a limit, keep the log, record the
   (( rc == 124 || rc == 137 )) && echo "!! $name hit its ${secs}s limit"
   summary+=("- $name: exit $rc in $(( SECONDS - t0 ))s")
 }
-cfg70=../shared/data/configs/meta-llama--Llama-3.3-70B-Instruct
 
 {
-  echo "# issue 26 round 2 ($(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
+  echo "# issue 26 round 3 ($(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -2
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'gpus', torch.cuda.device_count())" 2>&1
   env | grep -E "NVLS|MULTICAST" | sort
 } | tee "$out/issue26_summary.md"
 
-step decomp 35 env TDIST_GPU_TIMEOUT=30 python3 -m pytest -v -rA -p no:cacheprovider test/gpu/test_tdist_decomp_gpu.py
+step decomp 55 env TDIST_GPU_TIMEOUT=50 python3 -m pytest -v -rA -p no:cacheprovider test/gpu/test_tdist_decomp_gpu.py
 
-step equal 45 python3 -m pytest -v -rA -p no:cacheprovider test/gpu/test_tdist_gpu.py \
-  -k "one_rank_per_gpu and decomp"
-
-if command -v compute-sanitizer >/dev/null; then
-  step memcheck 30 compute-sanitizer --tool memcheck --target-processes all python3 test/gpu/tdist_sanitizer_case.py decomp
-else
-  summary+=("- memcheck: not run (no compute-sanitizer on PATH)")
+step bench 70 python3 benchmark/bench_tdist.py --world 2 --tp-shapes 4 --tokens 2048 8192 \
+  --a2a-tokens 1024 --a2a-hidden 7168 --iters 20 --variants decomp pieces auto graph --results-dir "$out" --timeout 65
+for f in "$out"/*_tdist.md; do [ -f "$f" ] && mv "$f" "$out/issue26_bench.md"; done
+if [ -f "$out/issue26_bench.md" ]; then
+  python3 benchmark/tdist_status.py "$out/issue26_bench.md" "$out/issue26_status.md" > /dev/null 2>&1 \
+    || summary+=("- status: tdist_status.py failed")
 fi
 
-step bench 45 python3 benchmark/bench_tdist.py --world 2 --tp-shapes 4 --tokens 2048 8192 \
-  --a2a-tokens 1024 --a2a-hidden 7168 --iters 20 --variants sm decomp pieces graph --results-dir "$out" --timeout 40
-for f in "$out"/*_tdist.md; do [ -f "$f" ] && mv "$f" "$out/issue26_bench.md"; done
-
-step layers 50 python3 benchmark/bench_tokenweave.py --model-path "$cfg70" --tp 2 --layers 4 --tokens 4096 8192 \
-  --variants tp tdist --iters 5 --warmup 3 --results-dir "$out/layers" --timeout 45
-for f in "$out"/layers/*_tokenweave_layer.md; do [ -f "$f" ] && mv "$f" "$out/issue26_layers.md"; done
-rmdir "$out/layers" 2>/dev/null
-
-if command -v compute-sanitizer >/dev/null && (( $(left) >= 30 )); then
-  step racecheck $(( $(left) - 3 )) compute-sanitizer --tool racecheck --target-processes all \
-    python3 test/gpu/tdist_sanitizer_case.py decomp
+if command -v compute-sanitizer >/dev/null && (( $(left) >= 25 )); then
+  step memcheck $(( $(left) - 3 )) compute-sanitizer --tool memcheck --target-processes all \
+    python3 test/gpu/tdist_sanitizer_case.py a2a
 else
-  summary+=("- racecheck: not run (no compute-sanitizer or $(left)s left < 30s)")
+  summary+=("- memcheck: not run (no compute-sanitizer or $(left)s left < 25s)")
 fi
 
 {
   echo; echo "## steps"; printf '%s\n' "${summary[@]}"
   echo; echo "## test results"
-  grep -hE "(PASSED|FAILED|SKIPPED|ERROR) *(\[|$)|^(FAILED|ERROR) " "$out"/issue26_decomp.log "$out"/issue26_equal.log \
-    2>/dev/null | sed 's/^/    /' | head -30
-  for t in memcheck racecheck; do
-    [ -f "$out/issue26_$t.log" ] && echo "    $t: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|sanitizer case' \
-      "$out/issue26_$t.log" | sort | uniq -c | tr -s ' ' | tr '\n' ';')"
-  done
+  grep -hE "(PASSED|FAILED|SKIPPED|ERROR) *(\[|$)|^(FAILED|ERROR) " "$out"/issue26_decomp.log 2>/dev/null \
+    | sed 's/^/    /' | head -30
+  [ -f "$out/issue26_memcheck.log" ] && echo "    memcheck: $(grep -E 'ERROR SUMMARY|sanitizer case' \
+      "$out/issue26_memcheck.log" | sort | uniq -c | tr -s ' ' | tr '\n' ';')"
+  echo; echo "## status vs targets (issue26_status.md)"
+  cat "$out/issue26_status.md" 2>/dev/null || echo "no status (see issue26_bench.log)"
   echo; echo "## bench (issue26_bench.md)"
   grep -E "^\| |^calibration|^- (date|hardware|command)" "$out/issue26_bench.md" 2>/dev/null || echo "no table (see issue26_bench.log)"
-  echo; echo "## layer stack (issue26_layers.md)"
-  grep -E "^\| |^- (date|hardware|command|note)" "$out/issue26_layers.md" 2>/dev/null \
-    || { echo "no table (see issue26_layers.log); rows measured:"; grep "\[partial\]" "$out/issue26_layers.log" 2>/dev/null; }
 } | tee -a "$out/issue26_summary.md"

@@ -112,12 +112,17 @@ def _guard(fn, *args):
 
 
 def run(heap, note, nccl, cases):
-    """Every case named in ``cases`` ("decomp", "graph", "auto", "a2a", "sm_cached", "sm_graph") in that order;
+    """Every case named in ``cases`` ("decomp", "graph", "auto", "a2a", "sm_cached", "sm_graph", "bounded",
+    "deadpeer") in that order;
     returns {case: failures}. Each case's failures also go to the parent as soon as the case ends
     (``note.result``), so a later hang or timeout keeps them."""
     res = {}
     for case in cases:
-        res.update(_run_cases(heap, note, nccl, (case,)))
+        if case in ("bounded", "deadpeer"):
+            note(case)
+            res[case] = _guard(_bounded_case if case == "bounded" else _deadpeer_case, heap, nccl)
+        else:
+            res.update(_run_cases(heap, note, nccl, (case,)))
         note.result(case, res.get(case, [f"{case}: not a known case"]))
     return res
 
@@ -207,4 +212,52 @@ def _sm_cases(heap, k, n, even, uneven):
     f += _guard(_check_rs, rs, heap, uneven, k, n, range(5, 8), "SM RS repeat")
     if (len(ag._dev_meta), len(rs._dev_meta)) != sizes:
         f.append(f"SM metadata cache grew on repeated shapes: {sizes} -> {(len(ag._dev_meta), len(rs._dev_meta))}")
+    return f
+
+
+def _bounded_case(heap, nccl):
+    """The decomposition with bounded waits (Triton wait kernels instead of cuStreamWaitValue64): AG 2 pieces and
+    RS 3 pieces on even and uneven rows, 10 back-to-back calls, and a CUDA-graph capture of each."""
+    k, n, w = 512, 384, heap.world
+    even, uneven = [256] * w, [200 + 64 * r for r in range(w)]
+    ag = DecompAgGemm(heap, 2048, k, DT, name="t.bag", chunks=2, bounded_waits=True)
+    rs = DecompGemmRs(heap, 512, n, DT, name="t.brs", chunks=3, bounded_waits=True)
+    f = []
+    for rows in (even, uneven):
+        f += _check_ag(ag, heap, rows, k, n, range(70, 75), f"bounded AG rows={rows}")
+        f += _check_rs(rs, heap, rows, k, n, range(70, 75), f"bounded RS rows={rows}")
+    f += _graph_ag(ag, heap, even, k, n, "bounded AG") + _graph_rs(rs, heap, uneven, k, n, "bounded RS")
+    heap.barrier()  # raises TdistWaitError if any bounded wait gave up
+    return f
+
+
+def _deadpeer_case(heap, nccl):
+    """Fail closed: on a separate heap with a 1 s wait budget, rank 0 calls a bounded-wait AG-GEMM that rank 1 never
+    joins; rank 0's wait must give up (call returns, heap.check() raises TdistWaitError naming the wait kernel)
+    within 10 s instead of hanging."""
+    import time
+
+    from sgl_kernel.tdist.heap import SymmetricHeap, TdistWaitError
+    from sgl_kernel.tdist.layout import HeapConfig
+
+    h2 = SymmetricHeap.create(nccl, heap.device, HeapConfig(data_bytes=8 << 20, signal_slots=256,
+                                                            wait_timeout_s=1.0))
+    f = []
+    try:
+        op = DecompAgGemm(h2, 1024, 256, DT, name="t.dead", chunks=1, bounded_waits=True)
+        if h2.rank == 0:
+            t0 = time.monotonic()
+            op(_randn(1, 128, 256, device=heap.device), _randn(2, 256, 64, device=heap.device), [128] * h2.world)
+            torch.cuda.synchronize()
+            dt = time.monotonic() - t0
+            try:
+                h2.check()
+                f.append("dead peer: no TdistWaitError after the call")
+            except TdistWaitError as e:
+                if "wait_reset_kernel" not in str(e):
+                    f.append(f"dead peer: error does not name the wait kernel: {e}")
+            if dt > 10:
+                f.append(f"dead peer: the call took {dt:.1f} s (budget 1 s)")
+    finally:
+        h2.close()  # synchronizes, host barrier (unchecked: the heap is poisoned by design), unmap and free
     return f

@@ -1,7 +1,8 @@
 """Small 2-rank Triton-distributed run for compute-sanitizer (memcheck / racecheck): message passing, AG-GEMM (SM
 and CE producers), GEMM-RS and all-to-all once each on tiny shapes; with argument ``decomp`` only the decomposition
 (DecompAgGemm / DecompGemmRs in 2 and 3 pieces, uneven rows, 3 back-to-back calls each: copy-engine pushes into the
-peer's IPC-mapped heap, stream-op signals, cuBLAS, the fused addmm_ reduction). Ranks are processes on
+peer's IPC-mapped heap, stream-op signals, cuBLAS, the fused addmm_ reduction); with ``a2a`` only the one-copy
+all-to-all (dispatch, combine, a refused over-capacity count). Ranks are processes on
 ``cuda:(rank % device_count)`` (one per GPU when there are two). Prints 'sanitizer case: ok' or the problems, exits
 non-zero on failure."""
 
@@ -83,6 +84,35 @@ def small_decomp(heap, note, nccl):
     return fails
 
 
+def small_a2a(heap, note, nccl):
+    """The one-copy all-to-all alone (dispatch + combine, 3 calls with new counts, a refused over-capacity count in
+    the last) vs the torch reference; returns failures."""
+    import torch
+
+    from sgl_kernel.tdist.all_to_all import AllToAll
+
+    w, me, dev = heap.world, heap.rank, heap.device
+    g = lambda s, *sh: torch.randn(*sh, generator=torch.Generator().manual_seed(s)).to(torch.bfloat16).to(dev)  # noqa
+    op, back = AllToAll(heap, 4, 32, chunks=3), AllToAll(heap, 8, 32, name="a2a.back", chunks=2)
+    fails = []
+    for it, sc in enumerate(([[1, 3], [2, 0]], [[4, 4], [0, 3]], [[2, 5], [1, 1]])):
+        sc = [row[:w] for row in sc[:w]]
+        xs = [g(30 + 10 * it + r, sum(sc[r]), 32) for r in range(w)]
+        o, rc = op(xs[me], torch.tensor(sc[me], dtype=torch.int32, device=dev))
+        pieces = [torch.split(x, row) for x, row in zip(xs, sc)]  # refused pieces (count > 4) are not delivered
+        ref = torch.cat([pieces[s][me] for s in range(w) if sc[s][me] <= 4])
+        want = [-1 if sc[s][me] > 4 else sc[s][me] for s in range(w)]
+        if rc.tolist() != want or not torch.equal(o[: ref.shape[0]], ref):
+            fails.append(f"all_to_all call {it}: counts {rc.tolist()} vs {want}")
+        if it < 2:
+            y, _ = back(o[: ref.shape[0]].contiguous(), rc)
+            if not torch.equal(y[: xs[me].shape[0]], xs[me]):
+                fails.append(f"all_to_all combine call {it}")
+    torch.cuda.synchronize(dev)
+    heap.barrier()
+    return fails
+
+
 if __name__ == "__main__":
     from sgl_kernel.tdist.layout import HeapConfig
     from sgl_kernel.tdist.spawn import run_ranks
@@ -91,7 +121,7 @@ if __name__ == "__main__":
 
     import tdist_sanitizer_case as me_mod
 
-    body = me_mod.small_decomp if sys.argv[1:] == ["decomp"] else me_mod.small
+    body = {"decomp": me_mod.small_decomp, "a2a": me_mod.small_a2a}.get((sys.argv[1:] or [""])[0], me_mod.small)
     res, problems = run_ranks(2, body, env=NVLS_OFF_ENV,
                               heap_config=HeapConfig(data_bytes=8 << 20, signal_slots=256),
                               timeout=600)

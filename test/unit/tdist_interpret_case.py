@@ -123,10 +123,19 @@ def case_gemm_rs_world1():
     _rs(1, [[21]], 40)
 
 
+def _a2a_lockstep(ops, plans):
+    """One all-to-all call of every simulated rank: each phase (AllToAll.stages) on every rank before the next."""
+    stages = [op.stages(p) for op, p in zip(ops, plans)]
+    for i in range(len(stages[0])):
+        for st in stages:
+            st[i][1]()
+
+
 def case_all_to_all():
     world, h, cap = 3, 8, 10
     hs = simulate_group(world, CFG)
     ops = [AllToAll(x, cap, h, torch.float32, chunks=2) for x in hs]
+    backs = [AllToAll(x, cap, h, torch.float32, chunks=3, name="a2a.back") for x in hs]
     g = torch.Generator().manual_seed(0)
     for it in range(4):
         sc = torch.randint(0, cap + 1, (world, world), generator=g).tolist()
@@ -134,25 +143,48 @@ def case_all_to_all():
             sc[0] = [0, 0, 0]
         xs = [torch.randn(sum(c), h) for c in sc]
         plans = [op.prepare(x, torch.tensor(c, dtype=torch.int32)) for op, x, c in zip(ops, xs, sc)]
-        for op, p in zip(ops, plans):
-            op.send(p)
-        for op, p in zip(ops, plans):
-            op.recv(p)
-            op.release(p)
+        _a2a_lockstep(ops, plans)
         ref, rc = all_to_all_ref(xs, sc)
         for d, p in enumerate(plans):
             assert p["recv_counts"].tolist() == rc[d], (p["recv_counts"], rc[d])
             assert torch.equal(p["out"][: ref[d].shape[0]], ref[d]), f"rank {d} iteration {it}"
-        # combine: send the received rows back with the received counts -> original rows in original order
-        back = [op.prepare(p["out"][: ref[d].shape[0]].contiguous(), p["recv_counts"]) for d, (op, p)
-                in enumerate(zip(ops, plans))]
-        for op, p in zip(ops, back):
-            op.send(p)
-        for op, p in zip(ops, back):
-            op.recv(p)
-            op.release(p)
+        # combine: send the received rows back with the received counts -> original rows in original order (its
+        # own object: the input lies in the dispatch object's receive buffer)
+        back = [op.prepare(p["out"][: ref[d].shape[0]].clone(), p["recv_counts"]) for d, (op, p)
+                in enumerate(zip(backs, plans))]
+        _a2a_lockstep(backs, back)
         for r, p in enumerate(back):
             assert torch.equal(p["out"][: xs[r].shape[0]], xs[r]), f"combine rank {r}"
+    _no_wait_errors(hs)
+
+
+def case_all_to_all_peer_one_call_ahead():
+    """Rank 0 finishes call 1 and announces call 2 (new counts) before rank 1 finishes call 1: rank 1 must still
+    report call 1's counts and rows (the count matrix is double-buffered by epoch parity; a single buffer fails
+    here), and call 2 must complete with its own."""
+    hs = simulate_group(2, CFG)
+    ops = [AllToAll(x, 6, 8, torch.float32, chunks=2) for x in hs]
+    calls = [[[1, 2], [3, 4]], [[5, 6], [0, 1]]]
+    xs = [[torch.randn(sum(c), 8) for c in sc] for sc in calls]
+    plans = [[op.prepare(x, torch.tensor(c, dtype=torch.int32)) for op, x, c in zip(ops, xs[i], sc)]
+             for i, sc in enumerate(calls)]
+    st = [[op.stages(p) for op, p in zip(ops, plans[i])] for i in range(2)]  # st[call][rank][phase]
+    for i, r, ph in ((0, 0, 0), (0, 1, 0), (0, 0, 1), (0, 1, 1), (0, 0, 2), (0, 0, 3), (1, 0, 0)):
+        st[i][r][ph][1]()
+    got0 = plans[0][0]["out"][:4].clone()
+    st[0][1][2][1]()  # rank 1 finishes call 1 only now
+    ref, rc = all_to_all_ref(xs[0], calls[0])
+    assert plans[0][1]["recv_counts"].tolist() == rc[1], (plans[0][1]["recv_counts"], rc[1])
+    assert torch.equal(plans[0][1]["out"][:6], ref[1]) and torch.equal(got0, ref[0])
+    st[0][1][3][1]()
+    st[1][1][0][1]()  # rank 1 announces call 2; then both ranks run call 2's remaining phases in lockstep
+    for ph in (1, 2, 3):
+        for r in (0, 1):
+            st[1][r][ph][1]()
+    ref, rc = all_to_all_ref(xs[1], calls[1])
+    for d in (0, 1):
+        assert plans[1][d]["recv_counts"].tolist() == rc[d], (d, plans[1][d]["recv_counts"], rc[d])
+        assert torch.equal(plans[1][d]["out"][: ref[d].shape[0]], ref[d]), f"call 2 rank {d}"
     _no_wait_errors(hs)
 
 
@@ -162,11 +194,9 @@ def case_all_to_all_overflow_fails_closed():
     sc = [[5, 1], [1, 1]]  # rank 0 sends 5 rows to itself: above capacity 4
     xs = [torch.randn(sum(c), 8) for c in sc]
     plans = [op.prepare(x, torch.tensor(c, dtype=torch.int32)) for op, x, c in zip(ops, xs, sc)]
-    for op, p in zip(ops, plans):
-        op.send(p)
-    for op, p in zip(ops, plans):
-        op.recv(p)
-        op.release(p)
+    _a2a_lockstep(ops, plans)
+    assert plans[1]["recv_counts"].tolist() == [1, 1]
+    assert torch.equal(plans[1]["out"][:2], torch.cat([xs[0][5:6], xs[1][1:2]]))  # refused rows count 0 in offsets
     assert plans[0]["recv_counts"].tolist() == [-1, 1]
     try:
         ops[0].check(plans[0])

@@ -49,8 +49,34 @@ def test_table_ratios_use_slowest_rank_and_best_tdist():
     lines = table([r0, r1])
     assert len(lines) == 4
     ag = lines[2].split("|")
-    assert ag[4].strip() == "1.100" and ag[5].strip() == "0.600" and ag[6].strip() == "1.200"
-    assert ag[9].strip() == "2.00x" and ag[10].strip() == "2.50x"
-    assert ag[12].strip() == "4 pieces, 1: 0.800"  # the planned piece count, other counts' slowest-rank ms
+    assert ag[4].strip() == "1.100" and ag[5].strip() == "0.600" and ag[6].strip() == "-" and ag[7].strip() == "1.200"
+    assert ag[10].strip() == "2.00x" and ag[11].strip() == "2.50x"
+    assert ag[13].strip() == "4 pieces, 1: 0.800"  # the planned piece count, other counts' slowest-rank ms
     a2a = lines[3]
     assert "| - |" in a2a and "NCCL refuses duplicate GPUs" in a2a
+
+
+def test_table_ratios_use_the_auto_op_when_measured():
+    rows = [[{"op": "GEMM-RS", "shape": "o_proj", "M": 8192, "tdist_decomp": 0.57, "tdist_auto": t, "torch_seq": 0.68,
+              "symm_fused": 0.56, "auto_path": "symm"}] for t in (0.55, 0.56)]
+    rs = table(rows)[2].split("|")
+    assert rs[6].strip() == "0.560 (symm)" and rs[11].strip() == "1.00x" and rs[10].strip() == "1.21x"
+
+
+def test_status_table_against_issue26_targets():
+    from tdist_status import parse, status
+
+    rows = [[{"op": "AG-GEMM", "shape": "gate_up K=8192 N=14336", "M": 8192, "tdist_decomp": 2.7, "tdist_auto": 2.65,
+              "auto_path": "decomp", "auto_pieces": 2, "torch_seq": 3.08, "symm_fused": 2.8},
+             {"op": "GEMM-RS", "shape": "o_proj K=2048 N=8192", "M": 8192, "tdist_decomp": 0.57, "tdist_auto": 0.56,
+              "auto_path": "symm", "torch_seq": 0.68, "symm_fused": 0.55},
+             {"op": "GEMM-RS", "shape": "down K=7168 N=8192", "M": 2048, "tdist_decomp": 0.49, "tdist_auto": 0.41,
+              "auto_path": "nccl", "torch_seq": 0.40, "symm_fused": 0.54},
+             {"op": "all-to-all", "shape": "H=7168 random counts", "M": 1024, "tdist_sm": 0.09, "torch_seq": 0.072}]]
+    st = status(parse("\n".join(table(rows))))
+    assert st[2].startswith("| AG-GEMM >= 1.15x") and st[2].endswith("| yes |")  # 3.08 / 2.65 = 1.16x
+    assert st[3].endswith("| yes |")  # 2.8 / 2.65
+    assert st[4].startswith("| GEMM-RS >= 1.1x") and st[4].endswith("| yes |")  # 0.68 / 0.56 = 1.21x
+    assert "fallback to the fused op" in st[5]
+    assert st[6].endswith("| yes (fallback) |")  # 0.98x but the auto op took NCCL + cuBLAS
+    assert "1.25x NCCL time" in st[7] and st[7].endswith("| yes |")

@@ -94,6 +94,8 @@ def test_h100_table_holds_the_round2_measurements():
     assert [t.pieces_for("ag", 8192, 2560, 2, m) for m in (1024, 2048, 4096, 8192, 16384)] == [1, 1, 1, 2, 2]
     assert t.pieces_for("ag", 8192, 14336, 2, 8192) == 2 and t.pieces_for("rs", 7168, 8192, 2, 8192) == 2
     assert t.pieces_for("ag", 8192, 2560, 4, 8192) is None  # world 4 not measured: the decomposition plans
+    assert t.choose("rs", 2048, 8192, 2, 8192, symm=True) == "symm"  # o_proj: torch's fused op was faster
+    assert t.choose("rs", 7168, 8192, 2, 8192, symm=True) == "decomp"
     assert CalibrationTable.from_json(t.to_json()) == t
 
 
@@ -128,3 +130,30 @@ def test_auto_ops_pass_the_measured_piece_count():
     fixed = AutoAgGemm(_FakeDecomp(k=8192, chunks=4), None, H100_TABLE)  # an op built with explicit chunks keeps them
     fixed(torch.zeros(4096, 1), torch.zeros(1, 2560), [4096, 4096])
     assert fixed.decomp.calls == [None]
+
+
+def test_best_path_per_measured_m_and_symm_needs_a_group():
+    """from_timings keeps the fastest of decomposition / NCCL + cuBLAS / torch fused symm-mem per measured M;
+    choose() takes "symm" only when the caller has a symmetric-memory group, else the break-even M decides."""
+    pts = [dict(kind="rs", k=8, n=16, world=2, m=2048, decomp_ms=1.2, nccl_ms=1.0, symm_ms=1.5),
+           dict(kind="rs", k=8, n=16, world=2, m=8192, decomp_ms=0.58, nccl_ms=0.68, symm_ms=0.55),
+           dict(kind="ag", k=8, n=16, world=2, m=8192, decomp_ms=2.6, nccl_ms=3.0, symm_ms=None)]
+    t = CalibrationTable.from_timings(pts)
+    assert ("rs", 8, 16, 2, 8192, "symm") in t.best and ("ag", 8, 16, 2, 8192, "decomp") in t.best
+    assert t.choose("rs", 8, 16, 2, 8192, symm=True) == "symm"
+    assert t.choose("rs", 8, 16, 2, 16384, symm=True) == "symm"  # the largest measured M <= m applies
+    assert t.choose("rs", 8, 16, 2, 8192) == "decomp"  # no symm group: min_m (decomp won at 8192)
+    assert t.choose("rs", 8, 16, 2, 2048, symm=True) == "nccl"
+    assert t.choose("ag", 8, 16, 2, 8192, symm=True) == "decomp"
+    assert CalibrationTable.from_json(t.to_json()) == t
+    with pytest.raises(ValueError, match="best entry"):
+        CalibrationTable(best=(("rs", 8, 16, 2, 8192, "nvls"),))
+
+
+def test_auto_without_symm_group_never_takes_the_symm_path():
+    from sgl_kernel.tdist.auto import AutoGemmRs
+
+    t = CalibrationTable(best=(("rs", 7168, 8192, 2, 2048, "symm"),))
+    rs = AutoGemmRs(_FakeDecomp(n=8192), None, t)  # no NCCL group, no symm group: the decomposition
+    rs(torch.zeros(1).expand(4096, 7168), torch.zeros(7168, 1), [2048, 2048])
+    assert rs.last_path == "decomp" and rs.decomp.calls == [None]

@@ -286,3 +286,32 @@ def test_ag_gemm_bulk_head_then_one_gemm(fake_cuda, monkeypatch, rows):
         ref = ag_gemm_ref(shards[i], bs[i])
         for r in range(2):
             torch.testing.assert_close(got[r][i], ref, atol=1e-4, rtol=1e-4, msg=f"call {i} rank {r}")
+
+
+@pytest.mark.parametrize("kind", ["ag", "rs"])
+def test_split_pushes_keep_the_protocol(fake_cuda, kind):
+    """Pushes cut in 3 parts on helper streams (_Handshake.split, what bench_tdist.py measures): same results."""
+    heaps = simulate_group(2, HeapConfig(data_bytes=1 << 20, signal_slots=64))
+    rows = [40, 24]
+    if kind == "ag":
+        ops = _cpu_ops(decomp.DecompAgGemm, heaps, 128, 32, name="sim.sag", chunks=2)
+    else:
+        ops = _cpu_ops(decomp.DecompGemmRs, heaps, 64, 24, name="sim.srs", chunks=2)
+    for op in ops:
+        op.hs.split, op.hs.split_min_bytes = 3, 0
+    calls = 10
+    a = [[torch.randn(rows[r] if kind == "ag" else 64, 32 if kind == "ag" else 16) for r in range(2)]
+         for _ in range(calls)]
+    b = [[torch.randn(32 if kind == "ag" else 16, 24) for _ in range(2)] for _ in range(calls)]
+    got = [[None] * calls for _ in range(2)]
+
+    def body(r):
+        for i in range(calls):
+            got[r][i] = ops[r](a[i][r], b[i][0] if kind == "ag" else b[i][r], rows).clone()
+            _local.main.wait_stream(ops[r].hs.stream(1))
+    _ranks(body, 2)
+    for i in range(calls):
+        ref = ag_gemm_ref(a[i], b[i][0]) if kind == "ag" else None
+        for r in range(2):
+            want = ref if kind == "ag" else gemm_rs_ref(a[i], b[i], rows)[r]
+            torch.testing.assert_close(got[r][i], want, atol=1e-4, rtol=1e-4, msg=f"{kind} call {i} rank {r}")

@@ -28,7 +28,7 @@ import triton.language as tl
 
 from sgl_kernel.tdist import primitives as P
 
-M2N_WAIT_SITE = 12  # tdist.layout.WAIT_SITES code of this kernel (names it in the host's error)
+M2N_WAIT_SITE = 13  # tdist.layout.WAIT_SITES code of this kernel (names it in the host's error)
 ROWS_MASK = 0xFFFFFFFF
 
 
@@ -42,7 +42,7 @@ def m2n_recv_kernel(meta, flag, expect, ack, ack_delta, ack_value, src, dst, row
     if ack_value > 0:
         if pid == 0:
             P.st_release(ack + ack_delta, ack_value)
-    token = P.wait(flag, expect, meta, 12)
+    token = P.wait(flag, expect, meta, 13)
     rows = tl.where(token >= expect, token & 0xFFFFFFFF, 0)
     rows = tl.minimum(rows, max_rows)
     if pid == 0:

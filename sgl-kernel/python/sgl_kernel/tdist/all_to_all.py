@@ -7,13 +7,31 @@ destination (``send_counts[d]`` rows for d = 0..world-1, a device int32 tensor);
 the rows every source sent it, compacted into ``out[0:sum(recv_counts)]``, plus ``recv_counts`` (device int32).
 Combine is the same call with ``send_counts = recv_counts`` of the dispatch: rows come back in the original order.
 
-Send kernel, program (j, c): destination ``(me + j) % world``; wait until it released its slot of the previous call;
-put chunk c of the rows into the destination's heap slot ``slots[me]`` ([world, capacity, H]); chunk 0 also writes
-the count; every program then adds 1 (red.release.sys) to the destination's ``arrive[me]``. Receive kernel, program
-(s, c): wait ``arrive[s']`` for every source s' <= s (to know the output offset), copy chunk c of slot s to the
-output. Then common.release_kernel. A count above ``capacity`` is not sent: the sender stores -1 as the count, the
-receiver sets ``recv_counts[s] = -1`` and copies nothing, and :meth:`AllToAll.__call__` raises after the call when
-``check=True`` (fail closed; the check costs one device->host copy).
+Each row moves once: one kernel, program (j, c) serves destination ``dest = (me + j) % world`` with chunk c of the
+rows, and copies them (16-byte vector loads and stores) straight into ``dest``'s symmetric receive buffer ``recv``
+([world * capacity, H] in the heap) at their final, source-ordered offset. ``recv`` *is* the output (no second copy).
+The offset needs the counts every source sends ``dest``, so a call runs in phases (epoch ``e``, kept per program in
+device memory, so no launch argument changes between calls and the call is CUDA-graph capturable):
+
+1. announce (program (j, 0)): write this rank's ``send_counts`` row into ``dest``'s count matrix ``cmat[e % 2][me]``
+   (int64 heap signals), then release-SET ``dest``'s ``cflag[me] = e``. It doubles as the credit "this rank entered
+   call e, so the consumers of its previous output (stream-ordered before the call) are done with ``recv``";
+2. send: wait ``cflag[p] >= e`` for every p (ld.acquire.sys, bounded), read the offset
+   ``sum_{s < me} cmat[s][dest]`` and copy chunk c to ``dest``; then red.release.sys ``dest``'s ``arrive[me] += 1``;
+3. finish: wait ``arrive[src] >= e * CHUNKS`` for ``src = (me - j) % world``; program (j, 0) writes
+   ``recv_counts[src]``;
+4. bump: store ``e`` as the program's epoch.
+
+On the GPU the four phases run in ONE launch (every program announces before it waits, all programs are resident:
+grid ``world * CHUNKS`` CTAs). The one-process simulation (``TRITON_INTERPRET=1``) launches them one phase at a time
+(:meth:`AllToAll.stages`), because a simulated rank cannot spin on another rank's launch. ``cmat`` is double
+buffered by epoch parity: a peer can be at most one call ahead (its call e + 1 waits for this rank's announce of
+e + 1, which follows this rank's call e), so call e + 1's announce never overwrites counts call e still reads.
+
+A count above ``capacity`` (or negative) is not sent and counts 0 in every offset; the receiver sets
+``recv_counts[s] = -1``, and :meth:`AllToAll.__call__` raises after the call when ``check=True`` (fail closed; the
+check costs one device->host copy). Every wait is bounded (primitives.signal_wait_until): a dead peer makes the
+waits give up after ``HeapConfig.wait_timeout_s`` and :meth:`SymmetricHeap.check` raises, instead of a hang.
 """
 
 from __future__ import annotations
@@ -25,99 +43,141 @@ import triton
 import triton.language as tl
 
 from sgl_kernel.tdist import primitives as P
-from sgl_kernel.tdist.common import check_tensor, copy_span, release_kernel
+from sgl_kernel.tdist.common import check_tensor
+
+# CTAs per destination by world size, measured on 2 x H100 (issue 26 round 2: 16 -> 0.160 ms, 32 -> 0.082 ms,
+# 64 -> 0.134 ms at 1024 x 7168 bf16 with the earlier two-copy kernel); other worlds keep ~64 CTAs in all.
+DEFAULT_CTAS = {1: 32, 2: 32, 4: 16, 8: 8}
+
+
+def default_ctas(world: int) -> int:
+    """CTAs per destination used when AllToAll is built without ``chunks`` (see :data:`DEFAULT_CTAS`)."""
+    return DEFAULT_CTAS.get(world, max(4, 64 // max(world, 1)))
 
 
 @triton.jit
-def a2a_send_kernel(meta, x, send_counts, slots, counts, arrive, ready, state, H, capacity,
-                    CHUNKS: tl.constexpr, BLOCK: tl.constexpr):
-    """Dispatch side: see module docstring. x: [S, H] contiguous; send_counts: int32 [world]."""
+def _valid(c, capacity):
+    """A count as used in offsets: 0 when it was refused (above capacity or negative)."""
+    return tl.where((c >= 0) & (c <= capacity), c, 0)
+
+
+@triton.jit
+def _chunk_copy(dst, src, n_elems, c, CHUNKS: tl.constexpr, BLOCK: tl.constexpr):
+    """Chunk ``c`` of ``CHUNKS`` of an ``n_elems``-element span; chunks start on 16-element boundaries."""
+    per = tl.cdiv(tl.cdiv(n_elems, CHUNKS), 16) * 16
+    lo = c * per
+    n = tl.maximum(tl.minimum(per, n_elems - lo), 0)
+    dst = dst + lo
+    src = src + lo
+    for start in range(0, n, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        m = offs < n
+        tl.store(dst + offs, tl.load(src + offs, mask=m), mask=m)
+
+
+@triton.jit
+def a2a_kernel(meta, x, send_counts, recv, cmat, cflag, arrive, recv_counts, epochs, H, capacity,
+               CHUNKS: tl.constexpr, BLOCK: tl.constexpr, WPAD: tl.constexpr,
+               ANNOUNCE: tl.constexpr, SEND: tl.constexpr, FINISH: tl.constexpr, BUMP: tl.constexpr):
+    """Program (j, c) of the all-to-all (module docstring; the phase flags select what this launch does).
+
+    x: [S, H] contiguous; send_counts: int32 [world]; recv: heap [world * capacity, H]; cmat: heap int64
+    [2, world, world]; cflag, arrive: heap int64 [world]; recv_counts: int32 [world]; epochs: int64
+    [world * CHUNKS] (this rank's, not in the heap); WPAD: power of two >= world."""
     j = tl.program_id(0)
     c = tl.program_id(1)
     me = P.rank(meta)
     world = P.num_ranks(meta)
     dest = (me + j) % world
-    start_row = 0
-    for d in range(0, world):
-        start_row += tl.where(d < dest, tl.load(send_counts + d), 0)
-    cnt = tl.load(send_counts + dest)
-    ok = cnt <= capacity
-    P.wait(ready + dest, tl.load(state), meta, 7)
-    n_elems = tl.where(ok, cnt, 0).to(tl.int64) * H
-    per = tl.cdiv(tl.cdiv(n_elems, CHUNKS), 16) * 16  # chunks start on 16-element boundaries (vector copies)
-    lo = c * per
-    n = tl.maximum(tl.minimum(per, n_elems - lo), 0)
-    dst = slots + me.to(tl.int64) * capacity * H + lo
-    copy_span(P.symm_at(dst, dest, meta), x + start_row.to(tl.int64) * H + lo, n, BLOCK)
-    if c == 0:
-        tl.store(P.symm_at(counts + me, dest, meta), tl.where(ok, cnt, -1).to(tl.int64))
-    P.notify(arrive + me, dest, meta, 1, P.SIGNAL_ADD)
-
-
-@triton.jit
-def a2a_recv_kernel(meta, slots, counts, arrive, out, recv_counts, state, H, capacity,
-                    CHUNKS: tl.constexpr, BLOCK: tl.constexpr):
-    """Receive side: program (s, c) copies chunk c of source s's slot to ``out`` at the source-ordered offset."""
-    s = tl.program_id(0)
-    c = tl.program_id(1)
-    start_row = tl.zeros((), tl.int64)
-    cnt = tl.zeros((), tl.int64)
-    target = tl.load(state + 1) + CHUNKS  # every source adds CHUNKS per call (cumulative, never reset)
-    for p in range(0, s + 1):
-        tok = P.wait(arrive + p, target, meta, 8)
-        v = tl.load(P.consume_token(counts + p, tok), volatile=True)
-        vv = tl.maximum(v, 0)
-        start_row += tl.where(p < s, vv, 0)
-        cnt = tl.where(p < s, cnt, vv)
-    if c == 0:
-        tl.store(recv_counts + s, tl.load(counts + s, volatile=True).to(tl.int32))
-    n_elems = cnt * H
-    per = tl.cdiv(tl.cdiv(n_elems, CHUNKS), 16) * 16  # chunks start on 16-element boundaries (vector copies)
-    lo = c * per
-    n = tl.maximum(tl.minimum(per, n_elems - lo), 0)
-    copy_span(out + start_row * H + lo, slots + s.to(tl.int64) * capacity * H + lo, n, BLOCK)
+    src = (me + world - j) % world
+    slot = epochs + j * CHUNKS + c
+    e = tl.load(slot) + 1
+    cm = cmat + (e % 2) * world * world
+    if ANNOUNCE:
+        if c == 0:
+            w_offs = tl.arange(0, WPAD)
+            row = tl.load(send_counts + w_offs, mask=w_offs < world, other=0).to(tl.int64)
+            tl.store(P.symm_at(cm + me * world, dest, meta) + w_offs, row, mask=w_offs < world)
+            P.notify(cflag + me, dest, meta, e, P.SIGNAL_SET)
+    if SEND:
+        tok = e
+        for p in range(0, world):
+            tok = P.wait(cflag + p, e, meta, 7)
+        cmt = P.consume_token(cm, tok)
+        start_row = tl.zeros((), tl.int64)
+        dst_row = tl.zeros((), tl.int64)
+        for d in range(0, world):
+            start_row += tl.where(d < dest, tl.maximum(tl.load(send_counts + d).to(tl.int64), 0), 0)  # rows in x
+            dst_row += tl.where(d < me, _valid(tl.load(cmt + d * world + dest, volatile=True), capacity), 0)
+        cnt = _valid(tl.load(send_counts + dest).to(tl.int64), capacity)
+        dst = P.symm_at(recv + dst_row * H, dest, meta)
+        _chunk_copy(dst, x + start_row * H, cnt * H, c, CHUNKS, BLOCK)
+        P.notify(arrive + me, dest, meta, 1, P.SIGNAL_ADD)
+    if FINISH:
+        if c == 0:
+            tok = P.wait(arrive + src, e * CHUNKS, meta, 8)
+            v = tl.load(P.consume_token(cm, tok) + src * world + me, volatile=True)
+            tl.store(recv_counts + src, tl.where((v >= 0) & (v <= capacity), v, -1).to(tl.int32))
+    if BUMP:
+        tl.debug_barrier()
+        tl.store(slot, e)
 
 
 class AllToAll:
     """Host side of the low-latency all-to-all on a :class:`~sgl_kernel.tdist.heap.SymmetricHeap`.
 
-    Args: heap; capacity (most rows one source sends one destination per call) and hidden (H) size the slots
-    (``world * capacity * hidden`` elements of ``dtype`` per rank); chunks: CTAs per peer. Usable as the same-node
-    GPU transport of an M2N (many-to-many) exchange: one object per direction.
+    Args: heap; capacity (most rows one source sends one destination per call) and hidden (H) size the receive
+    buffer (``world * capacity * hidden`` elements of ``dtype`` per rank); chunks: CTAs per destination (None:
+    :func:`default_ctas` of the world size; must be equal on every rank); block / num_warps: elements one CTA copies
+    per loop step and its warps (4096 / 4: 32 elements, four 16-byte loads in flight per thread; the 2 x H100 runs
+    measured 2048 / 4 before the one-copy kernel, and bench_tdist.py's 'pieces' variant sweeps both). Construction
+    allocates heap regions in
+    the same order on every rank (call it on every rank). Usable as the same-node GPU transport of an M2N
+    (many-to-many) exchange: one object per direction. Raises ValueError for sizes < 1.
     """
 
     def __init__(self, heap, capacity: int, hidden: int, dtype: torch.dtype = torch.bfloat16, *,
-                 name: str = "a2a", chunks: int = 16):
+                 name: str = "a2a", chunks: Optional[int] = None, block: int = 4096, num_warps: int = 4):
+        chunks = default_ctas(heap.world) if chunks is None else chunks
         if capacity < 1 or hidden < 1 or chunks < 1:
             raise ValueError(f"capacity={capacity}, hidden={hidden}, chunks={chunks} must all be >= 1")
+        if block < 128 or block & (block - 1) or num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"block={block} must be a power of two >= 128 and num_warps={num_warps} in 1..16 "
+                             "(a power of two)")
+        self.block, self.num_warps = block, num_warps
         self.heap, self.capacity, self.hidden, self.dtype, self.name, self.chunks = (
             heap, capacity, hidden, dtype, name, chunks)
-        self.slots = heap.tensor(f"{name}.slots", (heap.world, capacity, hidden), dtype)
-        self.counts = heap.signals(f"{name}.counts", heap.world)
-        self.arrive = heap.signals(f"{name}.arrive", heap.world)
-        self.ready = heap.signals(f"{name}.ready", heap.world)
-        self.state = heap.counters(name)  # device epochs (common.release_kernel), shared by ops of this name
+        w = heap.world
+        self.recv = heap.tensor(f"{name}.recv", (w * capacity, hidden), dtype)
+        self.cmat = heap.signals(f"{name}.cmat", 2 * w * w)
+        self.cflag = heap.signals(f"{name}.cflag", w)
+        self.arrive = heap.signals(f"{name}.arrive", w)
+        self.epochs = torch.zeros(w * chunks, dtype=torch.int64, device=heap.device)
+        self.wpad = triton.next_power_of_2(w)
 
     def __call__(self, x: torch.Tensor, send_counts: torch.Tensor, out: Optional[torch.Tensor] = None,
                  check: bool = False):
         """Exchange rows; returns ``(out, recv_counts)``.
 
-        x: [S, H] contiguous (dtype = self.dtype), rows grouped by destination; send_counts: int32 [world] on the
-        heap's device, sum <= S (not checked on the device path unless check=True); out: optional
-        [world * capacity, H] buffer (rows past sum(recv_counts) are left untouched). check=True synchronizes and
-        raises ValueError if any count exceeded capacity or the send counts do not fit x.
-        """
+        x: [S, H] contiguous (dtype = self.dtype, on the heap's device), rows grouped by destination; send_counts:
+        int32 [world] on the heap's device, sum <= S (not checked on the device path unless check=True).
+        Returns ``out`` = this rank's receive buffer, a [world * capacity, H] view of the heap (rows past
+        sum(recv_counts) are stale): valid until this rank's next call of this object; work that reads it must be
+        stream-ordered before that call. out: optional [world * capacity, H] contiguous buffer the received rows are
+        copied into (a second copy; leave None for the one-copy path). Enqueues one kernel, no host sync (unless
+        check). check=True synchronizes and raises ValueError if any count exceeded capacity or the send counts do
+        not fit x."""
         plan = self.prepare(x, send_counts, out)
-        self.send(plan)
-        self.recv(plan)
-        self.release(plan)
+        self._launch(plan, True, True, True, True)
+        if out is not None:
+            out.copy_(self.recv)
+            plan["out"] = out
         if check:
             self.check(plan)
         return plan["out"], plan["recv_counts"]
 
     def prepare(self, x, send_counts, out=None):
-        """Validate and take the epoch (split for simulation: every rank's :meth:`send`, then :meth:`recv`,
-        :meth:`release`)."""
+        """Validate; returns the plan dict (x, send_counts, out, recv_counts). Raises ValueError on bad input."""
         h = self.heap
         check_tensor("x", x, 2, h.device, self.dtype)
         check_tensor("send_counts", send_counts, 1, h.device, torch.int32)
@@ -126,32 +186,27 @@ class AllToAll:
         if send_counts.numel() != h.world:
             raise ValueError(f"all_to_all: send_counts has {send_counts.numel()} entries, world={h.world}")
         rows = h.world * self.capacity
-        if out is None:
-            out = torch.empty(rows, self.hidden, dtype=x.dtype, device=x.device)
-        elif tuple(out.shape) != (rows, self.hidden) or out.dtype != x.dtype or not out.is_contiguous():
+        if out is not None and (tuple(out.shape) != (rows, self.hidden) or out.dtype != x.dtype
+                                or not out.is_contiguous()):
             raise ValueError(f"all_to_all: out must be contiguous [{rows}, {self.hidden}] {x.dtype}")
         recv_counts = torch.empty(h.world, dtype=torch.int32, device=x.device)
-        epoch = h.epochs.next(f"{self.name}.call")
-        target = h.epochs.advance(f"{self.name}.arrive", self.chunks)
-        return dict(x=x, send_counts=send_counts, out=out, recv_counts=recv_counts, epoch=epoch, target=target)
+        return dict(x=x, send_counts=send_counts, out=self.recv, recv_counts=recv_counts)
 
-    def send(self, plan) -> None:
-        """Put this rank's rows into every destination's slot and signal."""
+    def _launch(self, plan, announce: bool, send: bool, finish: bool, bump: bool) -> None:
         h = self.heap
-        a2a_send_kernel[(h.world, self.chunks)](h.meta, plan["x"], plan["send_counts"], self.slots, self.counts,
-                                                self.arrive, self.ready, self.state, self.hidden,
-                                                self.capacity, CHUNKS=self.chunks, BLOCK=2048, num_warps=4)
+        a2a_kernel[(h.world, self.chunks)](h.meta, plan["x"], plan["send_counts"], self.recv, self.cmat,
+                                           self.cflag, self.arrive, plan["recv_counts"], self.epochs, self.hidden,
+                                           self.capacity, CHUNKS=self.chunks, BLOCK=self.block, WPAD=self.wpad,
+                                           ANNOUNCE=announce, SEND=send, FINISH=finish, BUMP=bump,
+                                           num_warps=self.num_warps)
 
-    def recv(self, plan) -> None:
-        """Wait for every source and compact the received rows into ``out``."""
-        h = self.heap
-        a2a_recv_kernel[(h.world, self.chunks)](h.meta, self.slots, self.counts, self.arrive, plan["out"],
-                                                plan["recv_counts"], self.state, self.hidden, self.capacity,
-                                                CHUNKS=self.chunks, BLOCK=2048, num_warps=4)
-
-    def release(self, plan) -> None:
-        """Tell every source its slot here may be overwritten by the next call."""
-        release_kernel[(1,)](self.heap.meta, self.ready, self.state, self.chunks)
+    def stages(self, plan):
+        """The call as four separate launches ``[(name, fn)]`` (announce, send, finish, bump) for the one-process
+        simulation, where every rank must run a phase before any rank runs the next (see the module docstring);
+        on a GPU with one process per rank, :meth:`__call__` runs them as one launch."""
+        return [(n, (lambda f=f: self._launch(plan, *f))) for n, f in (
+            ("announce", (True, False, False, False)), ("send", (False, True, False, False)),
+            ("finish", (False, False, True, False)), ("bump", (False, False, False, True)))]
 
     def check(self, plan) -> None:
         """Synchronizing check (fail closed): ValueError if a source's count exceeded capacity or the send counts

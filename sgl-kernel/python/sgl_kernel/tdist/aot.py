@@ -39,6 +39,8 @@ _GEMM_TILE = {"BM": 128, "BN": 128, "BK": 64}
 KERNELS: Dict[str, KernelSpec] = {
     "release": KernelSpec("common", "release_kernel", {"meta": "*i64", "ready": "*i64", "state": "*i64", "inc": "i32"},
                           expect=(REL,)),
+    "wait_reset": KernelSpec("common", "wait_reset_kernel", {"meta": "*i64", "slot": "*i64"},
+                             expect=(ACQ,) + BOUND),
     "mp_producer": KernelSpec("litmus", "mp_producer_kernel",
                               {"meta": "*i64", "data": "*fp32", "src": "*fp32", "sig": "*i64", "n": "i32",
                                "epoch": "i64", "peer": "i32", "BLOCK": "constexpr"}, {"BLOCK": 1024}, (REL,)),
@@ -98,16 +100,13 @@ KERNELS: Dict[str, KernelSpec] = {
                              "inc": "i32",
                              "M": "i32", "N": "i32", "max_rows": "i32", "stride_om": "i32", "BM": "constexpr",
                              "BN": "constexpr"}, {"BM": 64, "BN": 128}, (ACQ, r"consume_token") + BOUND),
-    "a2a_send": KernelSpec("all_to_all", "a2a_send_kernel",
-                           {"meta": "*i64", "x": "*bf16", "send_counts": "*i32", "slots": "*bf16", "counts": "*i64",
-                            "arrive": "*i64", "ready": "*i64", "state": "*i64", "H": "i32", "capacity": "i32",
-                            "CHUNKS": "constexpr", "BLOCK": "constexpr"}, {"CHUNKS": 4, "BLOCK": 2048},
-                           (ACQ, RED) + BOUND),
-    "a2a_recv": KernelSpec("all_to_all", "a2a_recv_kernel",
-                           {"meta": "*i64", "slots": "*bf16", "counts": "*i64", "arrive": "*i64", "out": "*bf16",
-                            "recv_counts": "*i32", "state": "*i64", "H": "i32", "capacity": "i32",
-                            "CHUNKS": "constexpr", "BLOCK": "constexpr"}, {"CHUNKS": 4, "BLOCK": 2048},
-                           (ACQ,) + BOUND),
+    "a2a": KernelSpec("all_to_all", "a2a_kernel",
+                      {"meta": "*i64", "x": "*bf16", "send_counts": "*i32", "recv": "*bf16", "cmat": "*i64",
+                       "cflag": "*i64", "arrive": "*i64", "recv_counts": "*i32", "epochs": "*i64", "H": "i32",
+                       "capacity": "i32", "CHUNKS": "constexpr", "BLOCK": "constexpr", "WPAD": "constexpr",
+                       "ANNOUNCE": "constexpr", "SEND": "constexpr", "FINISH": "constexpr", "BUMP": "constexpr"},
+                      {"CHUNKS": 32, "BLOCK": 4096, "WPAD": 2, "ANNOUNCE": True, "SEND": True, "FINISH": True,
+                       "BUMP": True}, (ACQ, REL, RED) + BOUND),
 }
 
 # fp32 variants (IEEE products, used by fp32 models under --enable-tdist-overlap)
@@ -163,7 +162,7 @@ def compile_kernel(name: str, arch: int = 90, num_warps: int = 4):
 # shared memory and v4 epilogue stores; copy and reduce loops through ld/st.global.v4
 VECTOR_EXPECT: Dict[str, Tuple[str, ...]] = {
     "ag_producer": ("ld_v4", "st_v4"), "ag_gemm_consumer": ("cp_async", "st_v4"), "gemm_rs": ("cp_async", "st_v4"),
-    "rs_reduce": ("ld_v4", "st_v4"), "a2a_send": ("ld_v4", "st_v4"), "a2a_recv": ("ld_v4", "st_v4"),
+    "rs_reduce": ("ld_v4", "st_v4"), "a2a": ("ld_v4", "st_v4"),
     "ag_gemm_consumer_f32": ("cp_async", "st_v4"), "gemm_rs_f32": ("cp_async", "st_v4"),
 }
 

@@ -17,6 +17,7 @@ from typing import Iterable, Optional, Sequence, Tuple
 import torch
 
 KINDS = ("ag", "rs")
+PATHS = ("decomp", "nccl", "symm")  # decomposition; NCCL + cuBLAS in sequence; torch's fused symmetric-memory op
 NEVER = 1 << 62  # min_m of a shape where the decomposition never won
 
 
@@ -26,11 +27,15 @@ class CalibrationTable:
     (GEMM-RS), K and N per rank (GEMM-RS: K_local and output N), min_m the smallest total M at which the
     decomposition is used. default_min_m: used for shapes not in the table. pieces: ``(kind, k, n, world, m,
     pieces)``, the piece count (1..4) measured fastest at total M ``m``; :meth:`pieces_for` applies the entry of the
-    largest measured M <= the call's M (the smallest measured M below it). Raises ValueError on bad entries."""
+    largest measured M <= the call's M (the smallest measured M below it). best: ``(kind, k, n, world, m, path)``,
+    the path (:data:`PATHS`) measured fastest at total M ``m``, applied like ``pieces``; where it names ``"symm"``
+    (torch's fused symmetric-memory op) the caller needs a symmetric-memory group, else ``min_m`` decides. Raises
+    ValueError on bad entries."""
 
     entries: Tuple[Tuple[str, int, int, int, int], ...] = ()
     default_min_m: int = 4096
     pieces: Tuple[Tuple[str, int, int, int, int, int], ...] = ()
+    best: Tuple[Tuple[str, int, int, int, int, str], ...] = ()
 
     def __post_init__(self) -> None:
         for e in self.entries:
@@ -41,15 +46,25 @@ class CalibrationTable:
         for e in self.pieces:
             if len(e) != 6 or e[0] not in KINDS or any(int(v) < 1 for v in e[1:5]) or not 1 <= int(e[5]) <= 4:
                 raise ValueError(f"pieces entry {e!r} must be (kind in {KINDS}, k, n, world, m >= 1, pieces 1..4)")
+        for e in self.best:
+            if len(e) != 6 or e[0] not in KINDS or any(int(v) < 1 for v in e[1:5]) or e[5] not in PATHS:
+                raise ValueError(f"best entry {e!r} must be (kind in {KINDS}, k, n, world, m >= 1, path in {PATHS})")
+
+    @staticmethod
+    def _at(rows, key, m):
+        """The value of the entry with the largest measured M <= m (the smallest measured M's below it), None if
+        the shape has no entry."""
+        pts = sorted((int(e[4]), e[5]) for e in rows if tuple(e[:4]) == key)
+        if not pts:
+            return None
+        below = [v for mm, v in pts if mm <= m]
+        return below[-1] if below else pts[0][1]
 
     def pieces_for(self, kind: str, k: int, n: int, world: int, m: int) -> Optional[int]:
         """Measured best piece count of the decomposition for the shape at total M ``m`` (None: shape not
         measured; the decomposition then plans its own). A function of shared values, so equal on every rank."""
-        pts = sorted((int(e[4]), int(e[5])) for e in self.pieces if tuple(e[:4]) == (kind, k, n, world))
-        if not pts:
-            return None
-        below = [p for mm, p in pts if mm <= m]
-        return below[-1] if below else pts[0][1]
+        p = self._at(self.pieces, (kind, k, n, world), m)
+        return None if p is None else int(p)
 
     def min_m(self, kind: str, k: int, n: int, world: int) -> int:
         """Break-even M of the shape (the table's, else :attr:`default_min_m`)."""
@@ -58,19 +73,26 @@ class CalibrationTable:
                 return e[4]
         return self.default_min_m
 
-    def choose(self, kind: str, k: int, n: int, world: int, m: int) -> str:
-        """``"decomp"`` when ``m >= min_m`` of the shape, else ``"nccl"``."""
+    def choose(self, kind: str, k: int, n: int, world: int, m: int, symm: bool = False) -> str:
+        """The path for a call: the ``best`` entry's when the shape has one (``"symm"`` only when ``symm``, i.e. the
+        caller has a symmetric-memory group), else ``"decomp"`` when ``m >= min_m`` of the shape, else ``"nccl"``.
+        A function of shared values, so equal on every rank."""
         if kind not in KINDS:
             raise ValueError(f"kind={kind!r} must be one of {KINDS}")
+        b = self._at(self.best, (kind, k, n, world), m)
+        if b is not None and (b != "symm" or symm):
+            return b
         return "decomp" if m >= self.min_m(kind, k, n, world) else "nccl"
 
     @classmethod
     def from_timings(cls, rows: Iterable[dict], default_min_m: int = 4096) -> "CalibrationTable":
         """Build from measured rows ``{kind, k, n, world, m, decomp_ms, nccl_ms}``: per shape, the smallest measured
         M from which the decomposition was faster at that M and every larger measured M (:data:`NEVER` if it never
-        was). Rows with a missing time are skipped."""
+        was; rows with a missing decomp or NCCL time are skipped), and the fastest path per measured (shape, M) as
+        ``best`` (``symm_ms``, torch's fused symmetric-memory op, optional)."""
+        rows_l = list(rows)
         by_shape: dict = {}
-        for r in rows:
+        for r in rows_l:
             if r.get("decomp_ms") is None or r.get("nccl_ms") is None:
                 continue
             key = (r["kind"], int(r["k"]), int(r["n"]), int(r["world"]))
@@ -84,12 +106,23 @@ class CalibrationTable:
                     break
                 min_m = m
             entries.append((*key, min_m))
-        return cls(tuple(entries), default_min_m)
+        return cls(tuple(entries), default_min_m, best=cls._best_rows(rows_l))
+
+    @staticmethod
+    def _best_rows(rows) -> tuple:
+        """``best`` entries from rows with any of ``decomp_ms`` / ``nccl_ms`` / ``symm_ms``: the fastest path per
+        measured (shape, M)."""
+        out = []
+        for r in rows:
+            t = {p: r.get(f"{p}_ms") for p in PATHS if r.get(f"{p}_ms") is not None}
+            if t:
+                out.append((r["kind"], int(r["k"]), int(r["n"]), int(r["world"]), int(r["m"]), min(t, key=t.get)))
+        return tuple(sorted(out))
 
     def to_json(self) -> str:
         """JSON text (``from_json`` reads it back)."""
         return json.dumps({"default_min_m": self.default_min_m, "entries": [list(e) for e in self.entries],
-                           "pieces": [list(e) for e in self.pieces]})
+                           "pieces": [list(e) for e in self.pieces], "best": [list(e) for e in self.best]})
 
     @classmethod
     def from_json(cls, text: str) -> "CalibrationTable":
@@ -97,7 +130,7 @@ class CalibrationTable:
         try:
             d = json.loads(text)
             return cls(tuple(tuple(e) for e in d["entries"]), int(d["default_min_m"]),
-                       tuple(tuple(e) for e in d.get("pieces", ())))
+                       tuple(tuple(e) for e in d.get("pieces", ())), tuple(tuple(e) for e in d.get("best", ())))
         except (KeyError, TypeError, json.JSONDecodeError) as e:
             raise ValueError(f"bad calibration table JSON: {e}") from e
 
@@ -110,6 +143,9 @@ class CalibrationTable:
 #   RS o_proj  K 2048 N 8192:  0.315 (1) vs 0.195 | 0.573 (2 and 4 tied) vs 0.683 -> NCCL + cuBLAS below M 8192
 #   RS down    K 7168 N 8192:  0.394 (1) vs 0.400 | 1.424 (2) vs 1.673 -> NCCL + cuBLAS below M 8192 (a 1.5% win at
 #   2048 is within run-to-run noise; the default plan lost there, 0.488)
+# torch's fused symm-mem ops in the same run, M 8192: qkv 0.527, gate_up 2.805, o_proj 0.557, down 1.421 ms: the
+# best path at M 8192 is the decomposition except for o_proj (symm 0.557 vs 0.573; taken only where the caller has
+# a symmetric-memory group; down's 1.421 vs 1.424 is a tie and stays on the decomposition).
 # Other shapes and worlds use default_min_m and plan_chunks (the decomposition won at M = 8192 on every shape).
 H100_TABLE = CalibrationTable(
     (("ag", 8192, 2560, 2, 2048), ("ag", 8192, 14336, 2, 2048), ("rs", 2048, 8192, 2, 8192),
@@ -118,42 +154,54 @@ H100_TABLE = CalibrationTable(
     pieces=(("ag", 8192, 2560, 2, 2048, 1), ("ag", 8192, 2560, 2, 8192, 2),
             ("ag", 8192, 14336, 2, 2048, 1), ("ag", 8192, 14336, 2, 8192, 2),
             ("rs", 2048, 8192, 2, 2048, 1), ("rs", 2048, 8192, 2, 8192, 2),
-            ("rs", 7168, 8192, 2, 2048, 1), ("rs", 7168, 8192, 2, 8192, 2)))
+            ("rs", 7168, 8192, 2, 2048, 1), ("rs", 7168, 8192, 2, 8192, 2)),
+    best=(("ag", 8192, 2560, 2, 2048, "decomp"), ("ag", 8192, 2560, 2, 8192, "decomp"),
+          ("ag", 8192, 14336, 2, 2048, "decomp"), ("ag", 8192, 14336, 2, 8192, "decomp"),
+          ("rs", 2048, 8192, 2, 2048, "nccl"), ("rs", 2048, 8192, 2, 8192, "symm"),
+          ("rs", 7168, 8192, 2, 2048, "nccl"), ("rs", 7168, 8192, 2, 8192, "decomp")))
 
 
 class AutoAgGemm:
-    """AG-GEMM that uses ``decomp`` (a :class:`~sgl_kernel.tdist.decomp.DecompAgGemm`) at or above the table's
-    break-even M and NCCL ``all_gather_into_tensor`` + cuBLAS below it (or when rows are uneven, which the NCCL call
-    cannot gather). group: the NCCL process group of the heap's ranks (None: always the decomposition)."""
+    """AG-GEMM on the path the table picks per call (:meth:`CalibrationTable.choose`): ``decomp`` (a
+    :class:`~sgl_kernel.tdist.decomp.DecompAgGemm`), NCCL ``all_gather_into_tensor`` + cuBLAS, or torch's
+    ``symm_mem.fused_all_gather_matmul`` (only with ``symm_group``). group: the NCCL process group of the heap's
+    ranks (None: always the decomposition); symm_group: the name of a group with torch symmetric memory enabled
+    (None: the symm path is never taken). Uneven rows always take the decomposition (NCCL cannot gather them)."""
 
-    def __init__(self, decomp, group=None, table: CalibrationTable = CalibrationTable()):
-        self.decomp, self.group, self.table = decomp, group, table
+    def __init__(self, decomp, group=None, table: CalibrationTable = CalibrationTable(),
+                 symm_group: Optional[str] = None):
+        self.decomp, self.group, self.table, self.symm_group = decomp, group, table, symm_group
         self.last_path = ""
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, rows: Sequence[int], out: Optional[torch.Tensor] = None):
-        """Same contract as DecompAgGemm.__call__; ``last_path`` says which path ran ("decomp" or "nccl")."""
+        """Same contract as DecompAgGemm.__call__; ``last_path`` says which path ran ("decomp", "nccl", "symm")."""
         import torch.distributed as dist
 
         h = self.decomp.heap
         m = sum(int(r) for r in rows)
-        path = self.table.choose("ag", self.decomp.k, b.shape[1], h.world, m)
+        path = self.table.choose("ag", self.decomp.k, b.shape[1], h.world, m, self.symm_group is not None)
         if self.group is None or len(set(int(r) for r in rows)) != 1:
             path = "decomp"
         self.last_path = path
         if path == "decomp":
             pieces = None if self.decomp.chunks else self.table.pieces_for("ag", self.decomp.k, b.shape[1], h.world, m)
             return self.decomp(a, b, rows, out, chunks=pieces)
+        if path == "symm":
+            res = torch.ops.symm_mem.fused_all_gather_matmul(a, [b], 0, self.symm_group)[1][0]
+            return res if out is None else out.copy_(res)
         full = torch.empty(m, a.shape[1], dtype=a.dtype, device=a.device)
         dist.all_gather_into_tensor(full, a, group=self.group)
         return torch.mm(full, b, out=out) if out is not None else full @ b
 
 
 class AutoGemmRs:
-    """GEMM-RS that uses ``decomp`` (a :class:`~sgl_kernel.tdist.decomp.DecompGemmRs`) at or above the table's
-    break-even M and cuBLAS + NCCL ``reduce_scatter_tensor`` below it (or with uneven rows). group: as AutoAgGemm."""
+    """GEMM-RS on the path the table picks per call: ``decomp`` (a
+    :class:`~sgl_kernel.tdist.decomp.DecompGemmRs`), cuBLAS + NCCL ``reduce_scatter_tensor``, or torch's
+    ``symm_mem.fused_matmul_reduce_scatter`` (only with ``symm_group``). group, symm_group: as AutoAgGemm."""
 
-    def __init__(self, decomp, group=None, table: CalibrationTable = CalibrationTable()):
-        self.decomp, self.group, self.table = decomp, group, table
+    def __init__(self, decomp, group=None, table: CalibrationTable = CalibrationTable(),
+                 symm_group: Optional[str] = None):
+        self.decomp, self.group, self.table, self.symm_group = decomp, group, table, symm_group
         self.last_path = ""
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, rows: Sequence[int], out: Optional[torch.Tensor] = None):
@@ -161,7 +209,7 @@ class AutoGemmRs:
         import torch.distributed as dist
 
         h = self.decomp.heap
-        path = self.table.choose("rs", a.shape[1], self.decomp.n, h.world, a.shape[0])
+        path = self.table.choose("rs", a.shape[1], self.decomp.n, h.world, a.shape[0], self.symm_group is not None)
         if self.group is None or len(set(int(r) for r in rows)) != 1:
             path = "decomp"
         self.last_path = path
@@ -169,6 +217,9 @@ class AutoGemmRs:
             pieces = (None if self.decomp.chunks else
                       self.table.pieces_for("rs", a.shape[1], self.decomp.n, h.world, a.shape[0]))
             return self.decomp(a, b, rows, out, chunks=pieces)
+        if path == "symm":
+            res = torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", 0, self.symm_group)
+            return res if out is None else out.copy_(res)
         if out is None:
             out = torch.empty(int(rows[h.rank]), b.shape[1], dtype=a.dtype, device=a.device)
         dist.reduce_scatter_tensor(out, a @ b, group=self.group)

@@ -34,6 +34,17 @@ def release_kernel(meta, ready, state, inc):
 
 
 @triton.jit
+def wait_reset_kernel(meta, slot):
+    """Bounded stream wait of the decomposition (decomp._Handshake with bounded_waits): spin until the int64
+    signal ``slot`` (this rank's heap) is >= 1 (ld.acquire.sys, under the heap's wait budget; a timeout records the
+    error, aborts the group and returns), then set it to 0. Launch with grid (1,), num_warps=1, on the stream whose
+    later copies / GEMMs depend on the signal."""
+    P.wait(slot, 1, meta, 12)
+    tl.debug_barrier()
+    tl.store(slot, 0)
+
+
+@triton.jit
 def ring_tile_segment(pid_m, tiles, me, world, first):
     """Which row segment an m tile belongs to when tiles go round the ring starting at segment ``me + first``
     (AG-GEMM: first=0, own data first; GEMM-RS: first=1, own segment last; Triton-distributed sec. 3.7 swizzle).

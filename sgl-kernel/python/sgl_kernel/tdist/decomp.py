@@ -15,8 +15,13 @@ No SM does any communication and the host only enqueues: every dependency is a s
   before the next push.
 
 Signal values are constants (1 / 0), not epochs, so a call is host-sync free and can be captured in a CUDA graph and
-replayed (every replay runs the same handshake). A wait never times out on the device (stream waits have no budget):
-callers bound the whole run on the host (spawn.run_ranks timeouts).
+replayed (every replay runs the same handshake). ``cuStreamWaitValue64`` has no time limit, so with
+``bounded_waits=True`` every wait is instead a one-warp Triton kernel on the same stream
+(:func:`~sgl_kernel.tdist.common.wait_reset_kernel`: spin with ld.acquire.sys under the heap's wait budget, then
+reset the signal): a dead peer makes the wait give up after ``HeapConfig.wait_timeout_s``, record the failure and
+abort the group, and :meth:`SymmetricHeap.check` raises TdistWaitError (fail closed, no hang; the results of that
+call are garbage). Without it (default: no extra launches) callers bound the whole run on the host (spawn.run_ranks
+timeouts).
 
 AG-GEMM, rank ``me``: push ``a`` to every peer (one stream per peer) in :func:`plan_chunks` pieces, compute ``a @ b``
 into its rows of ``out`` meanwhile, then each peer piece's GEMM as soon as its signal arrives (ring order ``me-1,
@@ -83,8 +88,9 @@ class _Handshake:
     """Per-op signals and per-peer streams of the decomposition (see the module docstring). Signal slot
     ``sig[src * MAX_CHUNKS + c]`` carries piece ``c`` from ``src``."""
 
-    def __init__(self, heap, name: str):
-        self.heap = heap
+    def __init__(self, heap, name: str, bounded: bool = False):
+        self.heap, self.bounded = heap, bounded
+        self.split, self.split_min_bytes = 1, 4 << 20  # see _push (1: one copy per piece)
         self.sig = heap.signals(f"{name}.sig", heap.world * MAX_CHUNKS)
         self.ready = heap.signals(f"{name}.ready", heap.world)
         self.streams: dict = {}
@@ -93,8 +99,9 @@ class _Handshake:
             self.ready.fill_(1)  # every receiver starts with its buffers free
             heap.barrier()  # nobody writes a peer's ready before that peer's fill
 
-    def stream(self, j: int) -> "torch.cuda.Stream":
-        """The copy stream of ring step ``j`` (high priority: a copy is never queued behind GEMMs)."""
+    def stream(self, j) -> "torch.cuda.Stream":
+        """The copy stream of ring step ``j`` (or of a key such as ``("copy", j, i)``: a helper of :meth:`_push`;
+        high priority: a copy is never queued behind GEMMs)."""
         s = self.streams.get(j)
         if s is None:
             s = torch.cuda.Stream(self.heap.device, priority=-1)
@@ -121,24 +128,60 @@ class _Handshake:
         s = self.stream(j)
         cs = s.cuda_stream
         s.wait_event(afters[0])
-        cuda_ipc.stream_wait_value64(self.ready[peer].data_ptr(), 1, cs)
-        cuda_ipc.stream_write_value64(self.ready[peer].data_ptr(), 0, cs)
+        self._wait_reset(self.ready[peer: peer + 1], s)
         evs = []
         for c, (dst_local, src) in enumerate(sends):
             if c and afters[c] is not afters[c - 1]:
                 s.wait_event(afters[c])
             if _nbytes(src):
-                cuda_ipc.memcpy_async(_peer_addr(h, dst_local, peer), src.data_ptr(), _nbytes(src), cs)
+                self._push(j, c, _peer_addr(h, dst_local, peer), src.data_ptr(), _nbytes(src), s)
             cuda_ipc.stream_write_value64(_peer_addr(h, self.sig[h.rank * MAX_CHUNKS + c], peer), 1, cs)
-            mine = self.sig[sender * MAX_CHUNKS + c].data_ptr()
-            cuda_ipc.stream_wait_value64(mine, 1, cs)
-            cuda_ipc.stream_write_value64(mine, 0, cs)
+            self._wait_reset(self.sig[sender * MAX_CHUNKS + c: sender * MAX_CHUNKS + c + 1], s)
             if land is not None and _nbytes(land[c][1]):
                 cuda_ipc.memcpy_async(land[c][0].data_ptr(), land[c][1].data_ptr(), _nbytes(land[c][1]), cs)
             ev = self.event((j, c))
             ev.record(s)
             evs.append(ev)
         return evs
+
+    def _push(self, j: int, c: int, dst: int, src: int, n: int, s: "torch.cuda.Stream") -> None:
+        """``cuMemcpyAsync`` of ``n`` bytes ``src -> dst`` in stream order on ``s``. With ``self.split = k > 1``
+        (and ``n >= self.split_min_bytes``) the copy is cut in ``k`` parts: parts 1.. run on helper streams forked
+        from ``s`` (so on other copy engines, in parallel) and ``s`` waits for them before its next operation (the
+        piece's signal), so the protocol is unchanged. Opt-in: measured by bench_tdist.py (pieces notes)."""
+        k = self.split if n >= self.split_min_bytes else 1
+        part = -(-n // max(k, 1) // 256) * 256
+        if k <= 1 or part >= n:
+            cuda_ipc.memcpy_async(dst, src, n, s.cuda_stream)
+            return
+        fork = self.event(("fork", j, c))
+        fork.record(s)
+        joins = []
+        for i in range(1, k):
+            lo = i * part
+            if lo >= n:
+                break
+            helper = self.stream(("copy", j, i))
+            helper.wait_event(fork)
+            cuda_ipc.memcpy_async(dst + lo, src + lo, min(part, n - lo), helper.cuda_stream)
+            ev = self.event(("join", j, c, i))
+            ev.record(helper)
+            joins.append(ev)
+        cuda_ipc.memcpy_async(dst, src, part, s.cuda_stream)
+        for ev in joins:
+            s.wait_event(ev)
+
+    def _wait_reset(self, slot: torch.Tensor, s: "torch.cuda.Stream") -> None:
+        """On stream ``s``: wait until the int64 signal ``slot`` ([1], this rank's heap) is 1, then set it to 0;
+        bounded by the heap's wait budget when ``self.bounded`` (module docstring)."""
+        if self.bounded:
+            from sgl_kernel.tdist.common import wait_reset_kernel  # Triton only on this path
+
+            with torch.cuda.stream(s):
+                wait_reset_kernel[(1,)](self.heap.meta, slot, num_warps=1)
+        else:
+            cuda_ipc.stream_wait_value64(slot.data_ptr(), 1, s.cuda_stream)
+            cuda_ipc.stream_write_value64(slot.data_ptr(), 0, s.cuda_stream)
 
     def credit(self, src: int, stream: "torch.cuda.Stream") -> None:
         """After ``stream``'s earlier work: tell ``src`` its buffer here may be overwritten (its ``ready[me]`` = 1)."""
@@ -169,18 +212,20 @@ class DecompAgGemm:
 
     Args: heap (CUDA IPC heap, one GPU per rank or shared); max_rows (largest total M) and k size the gather buffer
     (``max_rows * k`` elements of ``dtype`` per rank); name (unique per op site); chunks (pieces per segment, None:
-    :func:`plan_chunks` per call). Construction is collective (it allocates heap signals, sets the credits and runs
-    a host barrier). Raises ValueError on bad sizes.
+    :func:`plan_chunks` per call); bounded_waits (every signal wait is a bounded Triton wait kernel instead of
+    ``cuStreamWaitValue64``: a dead peer raises TdistWaitError from ``heap.check()`` instead of hanging; module
+    docstring). Construction is collective (it allocates heap signals, sets the credits and runs a host barrier).
+    Raises ValueError on bad sizes.
     """
 
     def __init__(self, heap, max_rows: int, k: int, dtype: torch.dtype = torch.bfloat16, *, name: str = "dag",
-                 chunks: Optional[int] = None):
+                 chunks: Optional[int] = None, bounded_waits: bool = False):
         if max_rows < 1 or k < 1:
             raise ValueError(f"max_rows={max_rows} and k={k} must be >= 1")
         _check_chunks(chunks)
         self.heap, self.max_rows, self.k, self.dtype, self.chunks = heap, max_rows, k, dtype, chunks
         self.gather = heap.tensor(f"{name}.gather", (max_rows, k), dtype)
-        self.hs = _Handshake(heap, name)
+        self.hs = _Handshake(heap, name, bounded_waits)
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, rows: Sequence[int], out: Optional[torch.Tensor] = None,
                  chunks: Optional[int] = None, bulk: bool = False):
@@ -258,19 +303,19 @@ class DecompGemmRs:
 
     Args: heap; max_rows (largest segment any rank owns) and n (output columns) size the receive buffer
     (``world * max_rows * n`` elements of ``dtype`` per rank) and the local staging buffers; name (unique per op
-    site); chunks (pieces per segment, None: :func:`plan_chunks` per call). Construction is collective. Raises
-    ValueError on bad sizes.
+    site); chunks (pieces per segment, None: :func:`plan_chunks` per call); bounded_waits: as DecompAgGemm.
+    Construction is collective. Raises ValueError on bad sizes.
     """
 
     def __init__(self, heap, max_rows: int, n: int, dtype: torch.dtype = torch.bfloat16, *, name: str = "drs",
-                 chunks: Optional[int] = None):
+                 chunks: Optional[int] = None, bounded_waits: bool = False):
         if max_rows < 1 or n < 1:
             raise ValueError(f"max_rows={max_rows} and n={n} must be >= 1")
         _check_chunks(chunks)
         self.heap, self.max_rows, self.n, self.dtype, self.chunks = heap, max_rows, n, dtype, chunks
         self.recv = heap.tensor(f"{name}.recv", (heap.world, max_rows, n), dtype)
         self.stage = torch.empty(max(heap.world - 1, 1), max_rows, n, dtype=dtype, device=heap.device)
-        self.hs = _Handshake(heap, name)
+        self.hs = _Handshake(heap, name, bounded_waits)
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, rows: Sequence[int], out: Optional[torch.Tensor] = None,
                  chunks: Optional[int] = None):
