@@ -157,3 +157,15 @@ def test_auto_without_symm_group_never_takes_the_symm_path():
     rs = AutoGemmRs(_FakeDecomp(n=8192), None, t)  # no NCCL group, no symm group: the decomposition
     rs(torch.zeros(1).expand(4096, 7168), torch.zeros(7168, 1), [2048, 2048])
     assert rs.last_path == "decomp" and rs.decomp.calls == [None]
+
+
+def test_best_path_ties_within_two_percent_keep_the_earlier_path():
+    """A path within 2% of the fastest is a tie and the decomposition (then NCCL) keeps it; a clear win still
+    picks the faster path."""
+    row = dict(kind="rs", k=7168, n=8192, world=2, m=8192)
+    tie = CalibrationTable.from_timings([dict(row, decomp_ms=1.436, nccl_ms=1.701, symm_ms=1.431)])
+    assert tie.choose("rs", 7168, 8192, 2, 8192, symm=True) == "decomp"
+    win = CalibrationTable.from_timings([dict(row, decomp_ms=1.436, nccl_ms=1.701, symm_ms=1.30)])
+    assert win.choose("rs", 7168, 8192, 2, 8192, symm=True) == "symm"
+    nccl_tie = CalibrationTable.from_timings([dict(row, m=2048, decomp_ms=0.405, nccl_ms=0.400)])
+    assert nccl_tie.choose("rs", 7168, 8192, 2, 2048) == "decomp"
