@@ -124,11 +124,17 @@ def test_decode_killed_mid_request(model):
                         for i in range(3)]
                 _wait_until(lambda: pre.internal_state()["disagg_open_rooms"] == 3, 60, "3 rooms held on prefill")
                 assert kv_in_use(pre) > 0
+                t_kill = time.time()
                 _signal_tree(dec, signal.SIGKILL)
                 res = [f.result() for f in futs]
+                t_err = time.time() - t_kill
             assert all(r.status_code >= 500 for r in res), [r.status_code for r in res]
+            assert t_err < 10.0, f"clients got their errors {t_err:.1f} s after the decode server died"
             _wait_until(lambda: kv_in_use(pre) == 0 and pre.internal_state()["disagg_open_rooms"] == 0, 60,
                         "the prefill side to free the KV held for the dead decode server")
+            t_free = time.time() - t_kill
+            print(f"[pd-fault] decode killed: {len(res)} clients errored ({sorted({r.status_code for r in res})}) "
+                  f"within {t_err:.2f} s; prefill KV freed within {t_free:.2f} s", flush=True)
             assert pre.internal_state()["disagg_rooms_failed"] >= 3
         finally:
             router.stop()
