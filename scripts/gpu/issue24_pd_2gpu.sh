@@ -2,7 +2,8 @@
 # Issue 24 item 4 (+ item 6's decode kill): PD disaggregation (KVDirect) across 2 GPUs, NIXL (UCX, CUDA IPC).
 # Budget 240 s on 2 x H100 (every step under `timeout`, steps continue on failure, every server killed at exit):
 #   0. nixl imports from the carried slim wheel (device_preamble.sh installs .whl/nixl_cu13-*.whl into /tmp/site).
-#   1. correctness, prefill on GPU 0 and decode on GPU 1 (SGLANG_PD_TEST_SPLIT_GPUS=1), side by side:
+#   1. correctness (with test_scheduler_process_device.py: a worker on --base-gpu-id 1 makes cuda:1 current),
+#      prefill on GPU 0 and decode on GPU 1 (SGLANG_PD_TEST_SPLIT_GPUS=1), side by side:
 #      a. test_pd_disaggregation.py [pull] (stories260K): greedy /generate and streaming == the aggregated server
 #         (GPU 0) token for token, logprobs included;  b. [push] (stories260K-moe) the same in push mode;
 #      c. test_pd_push_layerwise.py: push mode's layerwise WRITEs (and the after-the-fact path) == aggregated;
@@ -59,6 +60,7 @@ export SGLANG_PD_TEST_DEVICE=$dev SGLANG_PD_TEST_BACKEND=$backend SGLANG_PD_TEST
 pt=("$PY" -m pytest -s -q -p no:cacheprovider)
 dis=test/integration/test_pd_disaggregation.py
 declare -A jobs_=(
+  [u_device]="test/unit/test_scheduler_process_device.py"
   [c_pull]="$dis::test_generate_equals_aggregated[pull] $dis::test_streaming_equals_aggregated[pull]"
   [c_push]="$dis::test_generate_equals_aggregated[push] $dis::test_streaming_equals_aggregated[push]"
   [c_layerwise]="test/integration/test_pd_push_layerwise.py::test_layerwise_and_after_the_fact_equal_aggregated"
@@ -94,8 +96,8 @@ kill_all
 n = torch.cuda.device_count(); print(f"{n} x {torch.cuda.get_device_name(0)}" if n else "no GPU")' 2>&1 | tail -1))"
   echo; echo "device $dev, transfer backend $backend, nixl available: $nixl ($nixl_from); total $(( SECONDS - start )) s"
   echo; echo "| step | status |"; echo "|---|---|"
-  for k in c_pull c_push c_layerwise f_decode_kill m_pull_agg m_push; do echo "| $k | ${status[$k]:-not run} |"; done
-  echo; for k in c_pull c_push c_layerwise f_decode_kill; do
+  for k in u_device c_pull c_push c_layerwise f_decode_kill m_pull_agg m_push; do echo "| $k | ${status[$k]:-not run} |"; done
+  echo; for k in u_device c_pull c_push c_layerwise f_decode_kill; do
     grep -h -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)|\[pd-fault\]" "$out/$k.log" 2>/dev/null | sed "s/^/$k: /" | tail -4; done
   for d in pull push; do f=$(ls "$out/$d"/*_pd_serving_*.md 2>/dev/null | tail -1); [ -n "$f" ] || continue
     echo; echo "## $d"; grep -v "^command:\|^# \|^hardware:\|^$" "$f"; done
