@@ -110,10 +110,13 @@ def test_prefill_killed_with_requests_in_flight(model):
 def test_decode_killed_mid_request(model):
     servers = []
     try:
-        pre = ServerProcess(pd_args("prefill", model, timeouts=6.0), timeout=600)
-        servers.append(pre)
-        dec = ServerProcess(pd_args("decode", model), timeout=600)
-        servers.append(dec)
+        with cf.ThreadPoolExecutor(2) as pool:  # both sides start side by side
+            fut = {k: pool.submit(ServerProcess, pd_args(k, model, timeouts=6.0 if k == "prefill" else 20.0),
+                                  timeout=600) for k in ("prefill", "decode")}
+        for f in fut.values():  # keep every server that started, so the finally stops it
+            if f.exception() is None:
+                servers.append(f.result())
+        pre, dec = fut["prefill"].result(), fut["decode"].result()
         router = Router([pre.url], [dec.url])
         try:
             long = {"max_new_tokens": 200, "temperature": 0.0, "ignore_eos": True}
