@@ -72,6 +72,7 @@ class Proc:
         self.url, self.log, self.cmd = url, log, cmd
         self._f = open(log, "w")
         self.p = subprocess.Popen(cmd, stdout=self._f, stderr=subprocess.STDOUT, env=ENV, start_new_session=True)
+        self.t0 = time.time()
         if pid_file:  # the calling script's trap kills these process groups if this process is killed hard
             with open(pid_file, "a") as f:
                 f.write(f"{self.p.pid}\n")
@@ -84,6 +85,8 @@ class Proc:
                 raise RuntimeError(f"{self.cmd[:4]} exited with {self.p.returncode}; see {self.log}")
             try:
                 if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    print(f"[bench_pd_serving] {os.path.basename(self.log)[:-4]} healthy "
+                          f"{time.time() - self.t0:.1f} s after its start", flush=True)
                     return self
             except requests.RequestException:
                 pass
@@ -133,8 +136,10 @@ def warm_up(args, url: str) -> None:
         if r.status_code != 200:
             raise RuntimeError(f"warm-up request to {url} answered {r.status_code}: {r.text[:300]}")
 
+    t0 = time.time()
     with cf.ThreadPoolExecutor(max(1, args.warmup)) as pool:
         list(pool.map(one, range(max(1, args.warmup))))
+    print(f"[bench_pd_serving] warm-up of {url}: {time.time() - t0:.1f} s", flush=True)
 
 
 def bench(args, url: str, out: str) -> dict:

@@ -102,6 +102,7 @@ n = torch.cuda.device_count(); print(f"{n} x {torch.cuda.get_device_name(0)}" if
   for k in u_device c_pull c_push c_layerwise f_decode_kill m_pull_agg m_push; do echo "| $k | ${status[$k]:-not run} |"; done
   echo; for k in u_device c_pull c_push c_layerwise f_decode_kill; do
     grep -h -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)|\[pd-fault\]" "$out/$k.log" 2>/dev/null | sed "s/^/$k: /" | tail -4; done
+  echo; grep -h "^\[bench_pd_serving\]" "$out/m_pull_agg.log" "$out/m_push.log" 2>/dev/null | sed 's/^/    /'
   for d in pull push; do f=$(ls "$out/$d"/*_pd_serving_*.md 2>/dev/null | tail -1); [ -n "$f" ] || continue
     echo; echo "## $d"; grep -v "^command:\|^# \|^hardware:\|^$" "$f"; done
   "$PY" - "$out/pull" <<'EOF' 2>&1
