@@ -5,7 +5,8 @@ Setups (``--setups``, run in the order given, each with its own servers, started
 * ``agg``: one aggregated server (``--agg-extra``; on a GPU host put it with ``--base-gpu-id``);
 * ``agg2``: two aggregated replicas, replica i on ``--base-gpu-id <--replica-gpus[i]>``, behind
   ``mini_lb --workers`` (round robin): the fair, same-GPU-count baseline of PD on two GPUs. When ``agg`` comes
-  right before ``agg2`` (the default order), ``agg`` is measured on replica 0 of the same servers (one start);
+  right before ``agg2``, both are measured on the same servers (one start): ``agg2`` first, then ``agg`` on
+  replica 0 alone;
 * ``pd``: a prefill server (``--prefill-extra``) + a decode server (``--decode-extra``) + ``mini_lb --prefill
   --decode`` (``--disaggregation-transfer-backend``, ``--disaggregation-transfer-mode``).
 
@@ -190,13 +191,13 @@ def run_aggregated(args, logdir: str, which: list[str], results: dict, report) -
             p.wait_healthy(args.startup_timeout)
         for p in procs:
             warm_up(args, p.url)
-        if "agg" in which:
-            results["agg"] = bench(args, procs[0].url, os.path.join(logdir, "agg.jsonl"))
-            report()
-        if n == 2:
+        if n == 2:  # the same-GPU-count baseline first (a run cut short keeps the more important row)
             lb = router(args, ["--workers", *[p.url for p in procs]], logdir)
             procs.append(lb)
             results["agg2"] = bench(args, lb.url, os.path.join(logdir, "agg2.jsonl"))
+            report()
+        if "agg" in which:
+            results["agg"] = bench(args, procs[0].url, os.path.join(logdir, "agg.jsonl"))
             report()
     finally:
         for p in reversed(procs):

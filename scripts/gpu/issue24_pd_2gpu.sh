@@ -81,7 +81,7 @@ unset SGLANG_PD_TEST_SPLIT_GPUS
 for _ in $(seq 1 15); do  # the test servers' GPU memory is back before the measurement (at most 15 s)
   [ "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | wc -l)" -eq 0 ] && break; sleep 1
 done
-# ---- 2. measurement: P (pull) first, then (a) and (b) on one pair of replicas ----
+# ---- 2. measurement: P (pull) first, then (b) and (a) on one pair of replicas ----
 bench=("$PY" benchmark/bench_pd_serving.py --model-path "$model" $tok --device "$dev" --transfer-backend "$backend"
        --server-extra "$srv" --dataset random "${wl[@]}" --max-concurrency 0 --startup-timeout 150
        --pid-file "$pids")
