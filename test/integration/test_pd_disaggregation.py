@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
@@ -38,19 +39,24 @@ def cluster(request):
     name, mode = request.param
     model = _model(name)
     extra = ["--disaggregation-transfer-mode", mode]
-    servers = []
+    argv = {"agg": ["--model-path", model, *AGG], "prefill": pd_args("prefill", model, extra),
+            "decode": pd_args("decode", model, extra)}
+    with ThreadPoolExecutor(3) as pool:  # the three servers start side by side (all stopped if one fails)
+        futures = {k: pool.submit(ServerProcess, v) for k, v in argv.items()}
+    started, errors = {}, []
+    for k, f in futures.items():
+        try:
+            started[k] = f.result()
+        except Exception as e:  # noqa: BLE001 - re-raised below after the others are stopped
+            errors.append(e)
     try:
-        agg = ServerProcess(["--model-path", model, *AGG])
-        servers.append(agg)
-        prefill = ServerProcess(pd_args("prefill", model, extra))
-        servers.append(prefill)
-        decode = ServerProcess(pd_args("decode", model, extra))
-        servers.append(decode)
-        router = Router([prefill.url], [decode.url])
-        yield {"agg": agg, "prefill": prefill, "decode": decode, "router": router, "mode": mode}
+        if errors:
+            raise errors[0]
+        router = Router([started["prefill"].url], [started["decode"].url])
+        yield {**started, "router": router, "mode": mode}
         router.stop()
     finally:
-        for s in servers:
+        for s in started.values():
             s.stop()
 
 
