@@ -56,6 +56,8 @@ echo "nixl available: $nixl ($nixl_from)"
 
 # ---- 1. correctness + item 6, side by side (small servers: --max-total-tokens 2048) ----
 t1=$(( budget * 35 / 100 )); [ "$dev" = cuda ] && [ "$t1" -gt 85 ] && t1=85
+# ISSUE24_PD_SKIP_CORRECTNESS=1: measurement only (when step 1 already ran on this commit's code in an earlier call)
+[ -n "${ISSUE24_PD_SKIP_CORRECTNESS:-}" ] && t1=0
 export SGLANG_PD_TEST_DEVICE=$dev SGLANG_PD_TEST_BACKEND=$backend SGLANG_PD_TEST_SPLIT_GPUS=1
 pt=("$PY" -m pytest -s -q -p no:cacheprovider)
 dis=test/integration/test_pd_disaggregation.py
@@ -65,6 +67,7 @@ declare -A jobs_=(
   [c_push]="$dis::test_generate_equals_aggregated[push] $dis::test_streaming_equals_aggregated[push]"
   [c_layerwise]="test/integration/test_pd_push_layerwise.py::test_layerwise_and_after_the_fact_equal_aggregated"
   [f_decode_kill]="test/integration/test_pd_faults.py::test_decode_killed_mid_request")
+if [ "$t1" -gt 0 ]; then
 echo "== 1. correctness on 2 GPUs + decode kill (timeout ${t1}s each, side by side, at $(( SECONDS - start ))s)"
 declare -A jpid
 for k in "${!jobs_[@]}"; do
@@ -76,6 +79,9 @@ done
 for k in "${!jobs_[@]}"; do wait "${jpid[$k]}"; read -r rc dt < "$out/$k.rc" 2>/dev/null || { rc=99; dt=0; }
   finish "$k" "$rc" "$dt"; echo "-- $k: ${status[$k]}"; grep -h -E "passed|failed|error|\[pd-fault\]" "$out/$k.log" | tail -4
 done
+else
+  echo "== 1. skipped (ISSUE24_PD_SKIP_CORRECTNESS)"
+fi
 unset SGLANG_PD_TEST_SPLIT_GPUS
 
 for _ in $(seq 1 15); do  # the test servers' GPU memory is back before the measurement (at most 15 s)
