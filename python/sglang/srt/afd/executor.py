@@ -175,7 +175,8 @@ class AfdExecutor(StagedExecutor):
         row selection is synchronized to the host (no ``nonzero``); the FFN worker skips zero-weight pairs'
         contributions. Returns ``(n, send time, key)``."""
         moe = st.moe
-        self.collector.record(moe.topk_ids, 0)
+        if self.rebalancer is not None:  # the counts feed only the rebalancer (5 launches per layer otherwise)
+            self.collector.record(moe.topk_ids, 0)
         if self.ep is None:
             return None
         n = moe.x.shape[0]
@@ -195,7 +196,7 @@ class AfdExecutor(StagedExecutor):
         """N2M: receive the N_E results of ``pend`` (``n`` rows each), sum them, run ``moe_combine``."""
         li, layer, sent = pend
         moe = st.moe
-        out = torch.zeros_like(moe.x)
+        out = None
         if sent is not None:
             n, t_send, key = sent
             for reply in self._results(li, key):
@@ -203,9 +204,11 @@ class AfdExecutor(StagedExecutor):
                 if reply.tensors[0].shape[0] != n:
                     raise RuntimeError(f"FFN worker {j} returned {reply.tensors[0].shape[0]} rows for layer {li}, "
                                        f"expected {n}")
-                out += reply.tensors[0]
+                out = reply.tensors[0] if out is None else out + reply.tensors[0]  # replies are private copies
                 self._tf.append(reply.meta[4] * 1e-6)
             self._rtt.append(time.perf_counter() - t_send)
+        if out is None:  # TP rank > 0: the following reduction sums rank 0's result
+            out = torch.zeros_like(moe.x)
         moe.expert_out = out
         layer.run_stage("moe_combine", st)
 

@@ -113,9 +113,10 @@ class FfnServer:
                 shard = self.shards.get(layer)
                 if shard is None:
                     raise ValueError(f"layer {layer} is not a MoE layer of this model")
-                x = torch.cat([m.tensors[0] for m in group])
+                x, ids, w = (torch.cat([m.tensors[i] for m in group]) if len(group) > 1 else group[0].tensors[i]
+                             for i in range(3))  # one message: its (private) tensors as they are
                 ev = self._mark()
-                out = shard.compute(x, torch.cat([m.tensors[1] for m in group]), torch.cat([m.tensors[2] for m in group]))
+                out = shard.compute(x, ids, w)
                 us = self._compute_us(t0, ev)
                 for m, o in zip(group, torch.split(out, [m.tensors[0].shape[0] for m in group])):
                     self._reply(m.src, [o], (RESULT, layer, m.meta[2], self.version, us))
