@@ -199,8 +199,8 @@ def decode_table(a, res: dict) -> list[str]:
                      f"peak {colo['peak'] / gib:.2f} GiB")
     if afd:
         ffn = afd["ffn_info"]
-        lines.append(f"- AFD: attention worker eager ({afd['backend']} attention) {afd['param_bytes'] / gib:.2f} GiB, copy "
-                     f"bandwidth {afd['bw'] / 1e12:.2f} TB/s, peak {afd['peak'] / gib:.2f} GiB; FFN workers "
+        lines.append(f"- AFD: attention worker eager ({afd['backend']} attention) {afd['param_bytes'] / gib:.2f} GiB, "
+                     f"copy bandwidth {afd['bw'] / 1e12:.2f} TB/s, peak {afd['peak'] / gib:.2f} GiB; FFN workers "
                      + ", ".join(f"{f['expert_bytes'] / gib:.2f} GiB ({f['bw'] / 1e12:.2f} TB/s)" for f in ffn))
     lines += ["- floor = parameter bytes a step reads / measured copy bandwidth (see benchmark/afd_decode.py)", "",
               "| setup | GPUs | batch | step ms | decode tok/s | tok/s per GPU | per-GPU ratio | floor ms | step/floor |",

@@ -3,12 +3,14 @@ latency vs a point-to-point baseline (paper Fig. 11-12).
 
 Modes (both by default):
 
-* ``--mode decode``: the model (``--model-path`` config; ``--load-format dummy`` for big shapes) decodes
-  ``--batch`` requests for ``--steps`` steps (after a prefill of ``--input-len`` tokens) (a) colocated in this
-  process and (b) with AFD: this process is the attention worker (:class:`~sglang.srt.afd.executor.AfdExecutor`,
-  m = ``--micro-batches``) and ``--ffn-workers`` FFN worker processes hold the experts. Reported: decode
-  tokens/s, and tokens/s per worker (AFD uses 1 + N_E workers; colocated 1), and their ratio. Each of (a) and
-  (b) runs in its own process, so neither holds the other's memory; the attention worker constructs no experts.
+* ``--mode decode``: the model (``--model-path`` config; ``--load-format dummy`` for big shapes) decodes each
+  ``--batch`` size for ``--steps`` timed steps (after a prefill of ``--input-len`` tokens and ``--decode-warmup``
+  untimed steps) (a) colocated, through the server's ModelRunner with CUDA graphs, and (b) with AFD: the attention
+  worker (:class:`~sglang.srt.afd.executor.AfdExecutor`, every m of ``--micro-batches``) and ``--ffn-workers`` FFN
+  worker processes holding the experts. Reported per row (:mod:`afd_decode`): median step time, tokens/s, per GPU and
+  the per-GPU ratio to colocated, the memory floor and step/floor, Ta/Tf/Tc and the m check. Each of (a) and (b) runs
+  in its own process, so neither holds the other's memory; the attention worker constructs no experts.
+  ``--json-out`` saves the raw results, ``--merge`` tables saved results of separate runs.
 * ``--mode m2n``: two processes; rank 0 sends ``--sizes-kb`` per message to rank 1, which echoes it; one-way
   latency = round trip / 2 (CUDA events on GPU, rank r on cuda:r), median and p99 over ``--iters``.
   M2N (transport ``inline`` on CPU, ``cuda_ipc`` on GPU) vs the baseline ``torch.distributed`` send/recv (gloo on CPU, NCCL on GPU) of the same bytes.
