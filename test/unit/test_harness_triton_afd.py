@@ -36,7 +36,7 @@ from sglang.test.model_harness import ModelHarness  # noqa: E402
 TOL = 1e-4
 
 
-def _greedy(h: ModelHarness, executor=None, steps: int = 3) -> list[torch.Tensor]:
+def _greedy(h: ModelHarness, executor=None, steps: int = 2) -> list[torch.Tensor]:
     """Prefill 4 requests of different lengths, then ``steps`` greedy decode steps (poison off, as the benchmark);
     the logits of every step."""
     gen = torch.Generator().manual_seed(3)
