@@ -2,10 +2,11 @@
 
 Runs the same measurement the CUDA-graph runner runs with ``SGLANG_DECODE_GEMM_AUTOTUNE=1``
 (:func:`sglang.srt.layers.decode_gemm.autotune`: CUDA events, warm-up, median of reps, cycling several copies of each
-weight so none sits in L2) on random bf16 weights of the model's linear shapes (qkv, o_proj, gate_up, down), and
-prints per (shape, M): cuBLAS and best-skinny microseconds per call, their fraction of the device-to-device copy
-bandwidth measured first in this process (bytes = weight + x + y), the table's choice, and the estimated GEMM time
-per decode step (x num_hidden_layers) for cuBLAS only vs the table. Writes ``<out>/issue27_gemm.md``.
+weight so none sits in L2) on random bf16 weights of the model's linear shapes (qkv, o_proj, gate_up, down,
+lm_head), and prints per (shape, M): cuBLAS and best-skinny microseconds per call, their fraction of the
+device-to-device copy bandwidth measured first in this process (bytes = weight + x + y), the table's choice, and the
+estimated GEMM time per decode step (projections x num_hidden_layers, LM head once) for cuBLAS only vs the table.
+Writes ``<out>/issue27_gemm.md``.
 
 With ``--ab-off DIR --ab-on DIR`` (no GPU) it instead appends the served-step A/B of two
 ``bench_decode_ab.py --serving`` runs (autotune off / on) to ``<out>/issue27_gemm.md``.
@@ -37,12 +38,12 @@ DATA = REPO.parent / "shared" / "data"
 
 
 def linear_shapes(cfg: dict) -> dict:
-    """``name -> (N, K)`` of a Llama-style config.json dict's decoder linears (tp 1)."""
+    """``name -> (N, K, calls per decode step)`` of a Llama-style config.json dict's linears and LM head (tp 1)."""
     h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
     kv, hd = cfg.get("num_key_value_heads", heads), cfg.get("head_dim") or cfg["hidden_size"] // heads
-    inter = cfg["intermediate_size"]
-    return {"qkv": ((heads + 2 * kv) * hd, h), "o_proj": (h, heads * hd), "gate_up": (2 * inter, h),
-            "down": (h, inter)}
+    inter, layers = cfg["intermediate_size"], cfg["num_hidden_layers"]
+    return {"qkv": ((heads + 2 * kv) * hd, h, layers), "o_proj": (h, heads * hd, layers),
+            "gate_up": (2 * inter, h, layers), "down": (h, inter, layers), "lm_head": (cfg["vocab_size"], h, 1)}
 
 
 def measure(shapes: dict, batches: list, bw: float, seed: int = 0):
@@ -52,18 +53,18 @@ def measure(shapes: dict, batches: list, bw: float, seed: int = 0):
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
     weights, names = {}, {}
-    for name, (n, k) in shapes.items():
+    for name, (n, k, _calls) in shapes.items():
         copies = min(8, max(2, math.ceil(512 * 2**20 / (n * k * 2))))
         key = (n, k, "bfloat16")
         weights[key] = [torch.randn(n, k, device="cuda", generator=gen).to(torch.bfloat16) / k ** 0.5
                         for _ in range(copies)]
-        names[key] = name
+        names[key] = (name, _calls)
     table = decode_gemm.autotune(weights, batches, "cuda", seed=seed)
     del weights
     return table, names
 
 
-def render(table, names: dict, bw: float, layers: int, head: list) -> str:
+def render(table, names: dict, bw: float, head: list) -> str:
     """Markdown: per (shape, M) rows, then the per-step GEMM estimate per M."""
     out = head + ["| shape (N x K) | M | cuBLAS us | of copy bw | best skinny us | of copy bw | config | chosen |"
                   " speed-up |", "|---|---:|---:|---:|---:|---:|---|---|---:|"]
@@ -75,14 +76,16 @@ def render(table, names: dict, bw: float, layers: int, head: list) -> str:
             chosen_us = c.skinny_us if c.config is not None else c.cublas_us
             sk = (f"{c.skinny_us:.1f} | {frac(c.skinny_us):.2f} | {c.skinny_config}" if c.skinny_us is not None
                   else "- | - | -")
-            out.append(f"| {names.get((n, k, _dt), '?')} ({n} x {k}) | {c.m_max} | {c.cublas_us:.1f} | "
+            name, calls = names.get((n, k, _dt), ("?", 1))
+            out.append(f"| {name} ({n} x {k}) | {c.m_max} | {c.cublas_us:.1f} | "
                        f"{frac(c.cublas_us):.2f} | {sk} | {'skinny' if c.config is not None else 'cuBLAS'} | "
                        f"{c.cublas_us / chosen_us:.2f} |")
             acc = per_m.setdefault(c.m_max, [0.0, 0.0, 0.0])
-            acc[0] += c.cublas_us * layers
-            acc[1] += chosen_us * layers
-            acc[2] += nbytes / bw * 1e6 * layers
-    out += ["", f"Per decode step ({layers} layers x the 4 projections, lm_head excluded):", "",
+            acc[0] += c.cublas_us * calls
+            acc[1] += chosen_us * calls
+            acc[2] += nbytes / bw * 1e6 * calls
+    out += ["", "Per decode step (each shape x its calls per step: the layer projections x num_hidden_layers, the LM "
+            "head once):", "",
             "| M | cuBLAS ms | autotuned ms | copy-bw floor ms | cuBLAS / floor | autotuned / floor |",
             "|---:|---:|---:|---:|---:|---:|"]
     for m, (cub, tuned, floor) in sorted(per_m.items()):
@@ -147,7 +150,7 @@ def main(argv=None) -> int:
             f"Model config {Path(ns.model_path).name}, bf16; copy bandwidth {bw / 1e12:.3f} TB/s (same process); "
             f"autotune (all shapes x buckets, compile included) {table.tune_s:.1f} s; times are medians of CUDA-event "
             "passes over distinct weight copies (us per call).", ""]
-    md.write_text(render(table, names, bw, cfg["num_hidden_layers"], head))
+    md.write_text(render(table, names, bw, head))
     sys.stdout.write(md.read_text())
     return 0
 

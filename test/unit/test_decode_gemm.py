@@ -133,3 +133,28 @@ def test_linear_layers_follow_installed_table(monkeypatch):
     assert calls == [cfg.kwargs()] * 2
     decode_gemm.install(model, None)
     assert row.decode_gemm is None
+
+
+def test_lm_head_projection_follows_installed_table(monkeypatch):
+    """The LM head (a vocabulary table, tied or not) is tuned like a linear: model_linear_weights lists it once, and
+    LogitsProcessor._project with an installed table runs the skinny kernel for a covered row count (within bf16
+    rounding of the matmul) and cuBLAS otherwise (bit for bit)."""
+    from sglang.srt.layers.logits_processor import LogitsProcessor
+    from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
+
+    gen = torch.Generator().manual_seed(6)
+    model = torch.nn.ModuleDict({"lm_head": ParallelLMHead(40, 24, torch.bfloat16), "lp": LogitsProcessor(40)})
+    w = model["lm_head"].weight
+    w.data.copy_(torch.randn(w.shape, generator=gen) / 5)
+    n = w.shape[0]
+    assert decode_gemm.model_linear_weights(model) == {(n, 24, "bfloat16"): [w]}
+    cfg = SkinnyConfig(16, 64)
+    table = DecodeGemmTable("test", (((n, 24, "bfloat16"), (GemmChoice(4, cfg, 3.0, 2.0, cfg),)),))
+    assert decode_gemm.install(model, table) == 1
+    monkeypatch.setattr(ops, "_triton", lambda t, name: ops._kernels(name))
+    lp = model["lp"]
+    for m in (3, 6):
+        x = torch.randn(m, 24, generator=gen).to(torch.bfloat16)
+        want = torch.matmul(x, w.t()).float()[:, :40]
+        got = lp._project(x, w)
+        assert got.shape == want.shape and (_err(got, want) < 1.6e-2 if m <= 4 else torch.equal(got, want))

@@ -4,7 +4,7 @@ At decode every linear layer reads its whole weight for a handful of rows, so it
 bandwidth it reaches. cuBLAS reaches ~0.9 of the copy bandwidth on the large Llama-3.1-8B projections but ~0.7 on
 qkv / o_proj (too few tiles for the SMs). Rather than guess, the runner measures once on its own device, before
 CUDA-graph capture: for each ``(N, K, dtype)`` of the model's :class:`~sglang.srt.layers.linear.LinearBase` layers
-and each batch bucket (:data:`BUCKETS` up to the largest captured size and ``SGLANG_DECODE_GEMM_MAX_M``), it times
+and LM head, and each batch bucket (:data:`BUCKETS` up to the largest captured size and ``SGLANG_DECODE_GEMM_MAX_M``), it times
 ``F.linear`` (the default path) against a few :class:`~sgl_kernel.triton.skinny_gemm.SkinnyConfig` s with CUDA events
 (warm-up, median of reps, cycling through the model's own weights of that shape so L2 does not hold them) and
 keeps a skinny config only where it beat cuBLAS. The result is a frozen :class:`DecodeGemmTable` that the
@@ -211,25 +211,31 @@ def autotune(weights_by_shape: Dict[Shape, List[torch.Tensor]], buckets: Sequenc
 
 
 def model_linear_weights(model: torch.nn.Module) -> Dict[Shape, List[torch.Tensor]]:
-    """``(N, K, dtype name)`` -> the 2-D bf16/fp16 weights of ``model``'s LinearBase layers of that shape."""
+    """``(N, K, dtype name)`` -> the distinct 2-D bf16/fp16 weights of ``model``'s LinearBase layers and vocabulary
+    tables (the LM head, tied or not, is one of them) of that shape."""
     from sglang.srt.layers.linear import LinearBase
+    from sglang.srt.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
     out: Dict[Shape, List[torch.Tensor]] = {}
+    seen = set()
     for mod in model.modules():
         w = getattr(mod, "weight", None)
-        if isinstance(mod, LinearBase) and w is not None and w.dim() == 2 \
-                and w.dtype in (torch.bfloat16, torch.float16) and w.stride(-1) == 1:
+        if isinstance(mod, (LinearBase, VocabParallelEmbedding)) and isinstance(w, torch.Tensor) and w.dim() == 2 \
+                and w.dtype in (torch.bfloat16, torch.float16) and w.stride(-1) == 1 and id(w) not in seen:
+            seen.add(id(w))
             out.setdefault((w.shape[0], w.shape[1], str(w.dtype).replace("torch.", "")), []).append(w)
     return out
 
 
 def install(model: torch.nn.Module, table: Optional[DecodeGemmTable]) -> int:
-    """Hand ``table`` (None: remove) to every LinearBase of ``model``; returns how many layers got it."""
+    """Hand ``table`` (None: remove) to every LinearBase and LogitsProcessor (the LM-head projection) of ``model``;
+    returns how many modules got it."""
     from sglang.srt.layers.linear import LinearBase
+    from sglang.srt.layers.logits_processor import LogitsProcessor
 
     count = 0
     for mod in model.modules():
-        if isinstance(mod, LinearBase):
+        if isinstance(mod, (LinearBase, LogitsProcessor)):
             mod.decode_gemm = table
             count += 1
     return count
