@@ -4,12 +4,13 @@ At decode every linear layer reads its whole weight for a handful of rows, so it
 bandwidth it reaches. cuBLAS reaches ~0.9 of the copy bandwidth on the large Llama-3.1-8B projections but ~0.7 on
 qkv / o_proj (too few tiles for the SMs). Rather than guess, the runner measures once on its own device, before
 CUDA-graph capture: for each ``(N, K, dtype)`` of the model's :class:`~sglang.srt.layers.linear.LinearBase` layers
-and LM head, and each batch bucket (:data:`BUCKETS` up to the largest captured size and ``SGLANG_DECODE_GEMM_MAX_M``), it times
-``F.linear`` (the default path) against a few :class:`~sgl_kernel.triton.skinny_gemm.SkinnyConfig` s with CUDA events
-(warm-up, median of reps, cycling through the model's own weights of that shape so L2 does not hold them) and
-keeps a skinny config only where it beat cuBLAS. The result is a frozen :class:`DecodeGemmTable` that the
-:class:`~sglang.srt.model_executor.cuda_graph_runner.CudaGraphRunner` keeps and hands to each linear layer
-(:func:`install`); :func:`sglang.srt.layers.ops.linear` consults it per call. Technique: empirical kernel selection
+and LM head, and each batch bucket (:data:`BUCKETS` up to the largest captured size and ``SGLANG_DECODE_GEMM_MAX_M``),
+it times ``F.linear`` (the default path) against a few :class:`~sgl_kernel.triton.skinny_gemm.SkinnyConfig` s inside
+CUDA graphs, as decode runs them (CUDA events, warm-up, median of reps, cycling through the model's own weights of
+that shape so L2 does not hold them), and keeps a skinny config only where it beat cuBLAS. The result is a frozen
+:class:`DecodeGemmTable` that the :class:`~sglang.srt.model_executor.cuda_graph_runner.CudaGraphRunner` keeps and
+hands to each linear layer and the LM head (:func:`install`); :func:`sglang.srt.layers.ops.linear` consults it per
+call; a failed tune (e.g. out of memory) leaves everything on cuBLAS. Technique: empirical kernel selection
 ("autotuning", e.g. Whaley & Dongarra, "ATLAS", SC 1998) over the split-K weight-streaming GEMM of
 :mod:`sgl_kernel.triton.skinny_gemm`.
 
@@ -145,17 +146,41 @@ def candidates(m: int, n: int, k: int, num_sms: int) -> List[object]:
     return out
 
 
+def _graph_of(run: Callable[[], object]) -> Optional[Callable[[], object]]:
+    """``run`` captured in a CUDA graph (its replay), after one warm-up on a side stream; None if capture fails."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            run()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run()
+        return graph.replay
+    except RuntimeError as e:  # e.g. an op that cannot be captured: time it eagerly instead
+        logger.info("decode GEMM tune: CUDA-graph capture failed (%s); timing eagerly", e)
+        torch.cuda.synchronize()
+        return None
+
+
 def time_per_call_us(fn: Callable[[torch.Tensor], object], weights: Sequence[torch.Tensor], reps: int = 5) -> float:
-    """Median microseconds per ``fn(w)`` call over ``reps`` CUDA-event-timed passes through ``weights`` (one warm-up
-    pass first; cycling distinct weights keeps them out of L2, as in a decode step)."""
-    for w in weights:
-        fn(w)
+    """Median microseconds per ``fn(w)`` call over ``reps`` CUDA-event-timed replays of one CUDA graph holding a pass
+    through ``weights`` (as a decode step replays them: no host launch cost; cycling distinct weights keeps them out
+    of L2); one eager pass (compile) and one replay warm up first. Eager passes if capture fails."""
+    def run():
+        for w in weights:
+            fn(w)
+
+    run()
+    torch.cuda.synchronize()
+    run = _graph_of(run) or run
+    run()
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for w in weights:
-            fn(w)
+        run()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / len(weights))
@@ -206,6 +231,7 @@ def autotune(weights_by_shape: Dict[Shape, List[torch.Tensor]], buckets: Sequenc
     with torch.cuda.device(device), torch.inference_mode():
         entries = tuple((shape, _tune_shape(shape, ws, buckets, num_sms, gen))
                         for shape, ws in sorted(weights_by_shape.items()))
+        torch.cuda.empty_cache()  # the timing graphs' transient outputs
     return DecodeGemmTable(device_name=torch.cuda.get_device_name(device), entries=entries,
                            tune_s=time.perf_counter() - t0)
 
@@ -251,7 +277,13 @@ def maybe_autotune(model: torch.nn.Module, batch_sizes: Sequence[int], device: t
     weights = model_linear_weights(model)
     if not buckets or not weights:
         return None
-    table = autotune(weights, buckets, device)
+    try:
+        table = autotune(weights, buckets, device)
+    except (RuntimeError, ValueError) as e:  # e.g. out of memory: fail closed to cuBLAS, never to eager decode
+        logger.warning("rank %d: decode GEMM autotune failed (%s: %s); every linear stays on cuBLAS", rank,
+                       type(e).__name__, e)
+        torch.cuda.empty_cache()
+        return None
     picked = sum(c.config is not None for _, cs in table.entries for c in cs)
     logger.info("rank %d: decode GEMM autotune on %s in %.1f s: %d of %d (shape, bucket) pairs use the skinny "
                 "kernel\n  %s", rank, table.device_name, table.tune_s, picked,
