@@ -57,7 +57,7 @@ class SkinnyConfig:
         return f"n{self.block_n} k{self.block_k} s{self.split_k} w{self.num_warps} st{self.num_stages}"
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one compile per BLOCK_M class, not per M == 1 / M % 16 == 0 / other
 def _skinny_gemm_kernel(X, W, B, Y, M, N, K, K_CHUNK, stride_xm, stride_wn, stride_ym,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, DOT_F32: tl.constexpr):
@@ -90,7 +90,7 @@ def _skinny_gemm_kernel(X, W, B, Y, M, N, K, K_CHUNK, stride_xm, stride_wn, stri
         tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(Y.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["MN"])
 def _splitk_reduce_kernel(P, B, Y, MN, N, SPLIT, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < MN
