@@ -34,7 +34,7 @@ stage "1. GPU tests: skinny candidates vs F.linear, autotuned dispatch vs F.line
 timeout -k 5 "$(cap 45)" $PY -m pytest -q -p no:cacheprovider -m gpu test/gpu/test_decode_gemm_gpu.py \
   > "$OUT/issue27_gemm_pytest.log" 2>&1
 rc[tests]=$?
-grep -E "passed|failed|Error|assert" "$OUT/issue27_gemm_pytest.log" | tail -n 8
+grep -E "passed|failed|skipped|Error|assert" "$OUT/issue27_gemm_pytest.log" | tail -n 8
 
 stage "2. decode GEMMs: cuBLAS vs best skinny per (shape, M), fraction of copy bandwidth"
 timeout -k 5 "$(cap 30)" $PY benchmark/bench_decode_gemm_tune.py --out "$OUT" --model-path "$model" \
@@ -61,7 +61,7 @@ $PY benchmark/bench_decode_gemm_tune.py --out "$OUT" --ab-off "$OUT/off" --ab-on
   echo "# Issue 27 decode-GEMM autotune ($(date -u +%FT%TZ), ${gpu:-GPU unknown}, $commit)"
   echo
   echo "rc: tests=${rc[tests]} gemm_bench=${rc[bench]} ab_off=${rc[ab_off]} ab_on=${rc[ab_on]}"
-  echo "tests: $(grep -E '[0-9]+ (passed|failed)' "$OUT/issue27_gemm_pytest.log" | tail -n 1)"
+  echo "tests: $(grep -E '[0-9]+ (passed|failed|skipped|error)' "$OUT/issue27_gemm_pytest.log" | tail -n 1)"
   echo
   cat "$OUT/issue27_gemm.md" 2>/dev/null || echo "(no issue27_gemm.md)"
   echo
