@@ -100,7 +100,7 @@ def render_ab(off_dir: Path, on_dir: Path) -> str:
     for tag, d in (("off", off_dir), ("on", on_dir)):
         f = Path(d) / "issue27_decode_ab.json"
         res[tag] = json.loads(f.read_text()) if f.exists() else {}
-    out = ["", "## Decode step, decode-GEMM autotune off vs on (two bench_decode_ab.py processes, off first)", "",
+    out = ["", "## Decode step, decode-GEMM autotune off vs on (two bench_decode_ab.py processes, same call)", "",
            "| batch | row | off (ms) | on (ms) | off / floor | on / floor | on / off |", "|---:|---|---:|---:|---:|---:|---:|"]
     rows = {}
     for tag, r in res.items():

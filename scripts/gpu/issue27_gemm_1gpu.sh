@@ -8,6 +8,7 @@
 #   3. benchmark/bench_decode_ab.py --settings new --prefill-tokens 0 --serving --serving-modes overlap, twice:
 #      SGLANG_DECODE_GEMM_AUTOTUNE=0 then =1 (separate processes, same batches 1/32/128 x 1024): floor, graph replay,
 #      harness step and the served step (overlap scheduler with device futures, as the server runs on CUDA).
+#      (ISSUE27_GEMM_ORDER="on off" swaps the order, to alternate it between rounds).
 #   4. the off/on A/B table appended to issue27_gemm.md; the runner's logged table (autotune on) printed.
 # Usage (repo root; data at ../shared/data or carried as .sd/): bash scripts/gpu/issue27_gemm_1gpu.sh
 # Writes under $OUT: issue27_gemm.md, issue27_gemm_{pytest,bench,ab_off,ab_on}.log, off/ and on/ (decode_ab md/json).
@@ -44,10 +45,10 @@ rc[bench]=$?
 
 ab_args=(--model-path "$model" --settings new --steps 8 --reps 1 --prefill-tokens 0 --serving
          --serving-modes overlap --serving-steps 24 --serving-warmup 4 --serving-reps 1)
-for tag in off on; do
+for tag in ${ISSUE27_GEMM_ORDER:-off on}; do  # ISSUE27_GEMM_ORDER="on off" runs the other order
   if (( $(left) < 25 )); then echo "skip autotune $tag: $(left) s left"; continue; fi
   stage "3. decode step with SGLANG_DECODE_GEMM_AUTOTUNE=$([[ $tag == on ]] && echo 1 || echo 0) ($(left) s left)"
-  per=$(( $(left) - 8 )); [[ $tag == off ]] && per=$(( per / 2 ))
+  per=$(( $(left) - 8 )); [[ -z "${done_first:-}" ]] && per=$(( per / 2 )); done_first=1
   SGLANG_DECODE_GEMM_AUTOTUNE=$([[ $tag == on ]] && echo 1 || echo 0) timeout -k 5 "$(cap $per)" \
     $PY benchmark/bench_decode_ab.py --out "$OUT/$tag" "${ab_args[@]}" > "$OUT/issue27_gemm_ab_$tag.log" 2>&1
   rc[ab_$tag]=$?
