@@ -20,7 +20,8 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
-TOL = 5e-3  # fp32 model: Triton attention vs the torch reference (both sides run the same fused-MoE kernel)
+TOL = 3e-2  # fp32 model (logits up to ~15): Triton attention runs its dots in TF32 on the GPU, the torch reference
+# in fp32; a bf16 model differs by a few bf16 ULPs (0.2 measured on an H200), which this bound would not accept
 
 
 def _greedy(h, executor=None, steps: int = 4) -> list[torch.Tensor]:
@@ -51,7 +52,7 @@ def test_triton_harness_and_afd_equal_reference_on_gpu():
 
     dev = "cuda:0"
     torch.cuda.set_device(0)
-    mc = ModelConfig.from_path(shared_path("models", "stories260K-moe"), None, "auto", "cuda")
+    mc = ModelConfig.from_path(shared_path("models", "stories260K-moe"), None, "float32", "cuda")
     model = load_model(mc, "auto", dev)
     ref = _greedy(ModelHarness(model, mc, 4, 24, device=dev))
     _check(_greedy(ModelHarness(model, mc, 4, 24, device=dev, attention_backend="triton")), ref, "triton harness")
