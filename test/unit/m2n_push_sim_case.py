@@ -3,13 +3,16 @@ test_m2n_push.py): a stand-in for the CUDA platform (driver calls become memmove
 IPC handles are addresses), two endpoints talking over ZMQ, the real receive kernel under the interpreter. Checks
 bytes against the sent tensors over random row counts incl. 0 (host-header and device-driven paths, more messages
 than slots so the ack waits run), data read while waiting for a peer's handles is kept in order, and a receive
-that is never sent fails closed (``check()`` raises TimeoutError); all again with a driver that refuses stream
-memory operations (flags by the fallback kernel). Prints OK."""
+that is never sent fails closed (``check()`` raises TimeoutError); a device row count (``send(rows=...)``) sends
+only that many rows; the device sequence counters match the messages sent / received. ``--broken-counter``: the
+receiver's device counter is rewound after every receive (a kernel that forgot to advance it): the checks must then
+fail (prints BROKEN-DETECTED). Prints OK."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import sys
 import tempfile
 
 import numpy as np
@@ -46,18 +49,15 @@ class SimDriver:
     def mem_free(self, p):
         self.bufs.pop(p)
 
-    def memcpy_async(self, dst, src, n, stream):
-        ctypes.memmove(dst, src, n)
-
-    def stream_write_value64(self, addr, v, stream):
-        ctypes.c_int64.from_address(addr).value = v
 
 
-class NoStreamOpsDriver(SimDriver):
-    """A driver that refuses stream memory operations: the transport must fall back to its flag kernel."""
+class BrokenCounterTransport(CudaPushTransport):
+    """A receive that does not advance its device sequence counter (the deliberate bug the checks must catch)."""
 
-    def stream_write_value64(self, addr, v, stream):
-        raise RuntimeError("cuStreamWriteValue64 failed: CUresult 801 (operation not supported)")
+    def _recv_into(self, src, cap_rows, grid_bytes):
+        before = int(self.ctr[self.ep.world + src])
+        super()._recv_into(src, cap_rows, grid_bytes)
+        self.ctr[self.ep.world + src] = before
 
 
 class SimPlatform:
@@ -78,7 +78,7 @@ class SimPlatform:
         return t[skip:skip + n]
 
 
-def main(driver):
+def main(driver, transport_cls=CudaPushTransport):
     g = torch.Generator().manual_seed(5)
     lay = RowLayout(((torch.bfloat16, 10), (torch.int32, 3), (torch.float32, 2)))
     max_rows, slots = 12, 2
@@ -86,6 +86,8 @@ def main(driver):
     addrs = (f"ipc://{d}/0", f"ipc://{d}/1")
     plat = SimPlatform(driver)
     eps = [M2NEndpoint(M2NConfig(r, addrs, max_rows, slots=slots, timeout_s=10), lay,
+                       transport=transport_cls(wait_timeout_s=1.0, platform=plat)) if r == 1 else
+           M2NEndpoint(M2NConfig(r, addrs, max_rows, slots=slots, timeout_s=10), lay,
                        transport=CudaPushTransport(wait_timeout_s=1.0, platform=plat)) for r in range(2)]
 
     def msg(n):
@@ -116,6 +118,19 @@ def main(driver):
             assert m.src == src and m.meta[0] == i and all(torch.equal(a, b) for a, b in zip(m.tensors, t)), i
     for ep in eps:
         ep.check()
+    # a device row count: only the first k of the n packed rows travel (clamped to [0, n])
+    for n, k in ((7, 3), (5, 0), (4, 9)):
+        t = msg(n)
+        eps[0].send(1, t, host_header=False, rows=torch.tensor([k], dtype=torch.int64))
+        dm = eps[1].recv_device(0)
+        k = min(k, n)
+        assert int(dm.rows) == k and all(torch.equal(a[:k], b[:k]) for a, b in zip(dm.tensors, t)), (n, k)
+    w = eps[0].world
+    sent = [sum(1 for i in range(len(sizes)) if i % 2 == s_) + 1 for s_ in range(2)]  # + first / back
+    sent[0] += 3
+    assert eps[0].transport.ctr[1].item() == sent[0] and eps[1].transport.ctr[w + 0].item() == sent[0], sent
+    assert eps[1].transport.ctr[0].item() == sent[1] and eps[0].transport.ctr[w + 1].item() == sent[1], sent
+    assert not eps[0].transport.ctr[2 * w:].any() and not eps[1].transport.ctr[2 * w:].any()  # arrivals reset
     # a message that never comes: the bounded device wait records it, check() raises
     eps[0].recv_device(1)
     try:
@@ -123,12 +138,16 @@ def main(driver):
         raise AssertionError("check() did not raise")
     except TimeoutError as e:
         assert "m2n_recv_kernel" in str(e), e
-    assert all(ep.transport._flag_kernel == isinstance(driver, NoStreamOpsDriver) for ep in eps)
     for ep in eps:
         ep.close()
 
 
 if __name__ == "__main__":
+    if "--broken-counter" in sys.argv:
+        try:
+            main(SimDriver(), BrokenCounterTransport)
+        except AssertionError as e:
+            print(f"BROKEN-DETECTED {e!r}"[:300])
+        sys.exit(0)
     main(SimDriver())
-    main(NoStreamOpsDriver())  # flags written by the fallback kernel
     print("OK")
