@@ -289,7 +289,7 @@ class M2NEndpoint:
             raise ValueError(f"send(host_header=False) needs a device-driven transport (cuda_push), not "
                              f"{self.transport.name!r}")
         if rows is not None and (host_header or rows.dtype != torch.int64 or rows.numel() != 1
-                                 or rows.device != self.device):
+                                 or rows.device.type != self.device.type):
             raise ValueError(f"send(rows=...) needs host_header=False and an int64 [1] tensor on {self.device}, got "
                              f"{rows.dtype} {tuple(rows.shape)} on {rows.device}")
         if not 0 <= peer < self.world:

@@ -63,8 +63,10 @@ def _copy_cols(src, dst, col_bytes, rows, src_rows, dst_rows, NCOL: tl.constexpr
 
 @triton.jit
 def _arrive_last(done):
-    """Every program arrives once on ``done`` (after a CTA barrier, acq_rel at system scope); True in the last one,
-    which resets ``done`` to 0 for the next launch (stream-ordered after this one)."""
+    """Every program arrives once on ``done`` (every thread's ``fence.acq_rel.sys``, a CTA barrier, then one
+    ``atom.acq_rel.sys`` add); True in the last one, which resets ``done`` to 0 for the next launch (stream-ordered
+    after this one). The last program's later release store thus follows every program's copy, system-wide."""
+    P.fence()
     tl.debug_barrier()
     old = P.atomic_add(done, 1)
     last = old == tl.num_programs(0) - 1
