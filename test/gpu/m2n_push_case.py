@@ -61,9 +61,11 @@ def driver_graph_phase(ep, msg, k: int, replays: int, max_rows: int, progress) -
     peer = 1
     ep.send(peer, [t[:0] for t in msg(0)], (OP_GRAPH, k, replays))
     xs = [list(msg(max_rows)) for _ in range(k + 1)]
-    nrows = torch.zeros(k + 1, 1, dtype=torch.int64, device=ep.device)
+    # row counts 16 bytes apart: every launch has the pointer alignment of the warm-up's (no compile in capture)
+    nrows_buf = torch.zeros(k + 1, 2, dtype=torch.int64, device=ep.device)
+    nrows = [nrows_buf[i, :1] for i in range(k + 1)]
     outs = [[torch.zeros_like(t) for t in x] for x in xs]
-    got_rows = torch.zeros_like(nrows)
+    got_rows = torch.zeros(k + 1, 1, dtype=torch.int64, device=ep.device)
 
     def one(i):
         ep.send(peer, xs[i], host_header=False, rows=nrows[i])

@@ -142,6 +142,32 @@ def main(driver, transport_cls=CudaPushTransport):
         ep.close()
 
 
+def one_column(driver):
+    """A one-column layout: contiguous aligned messages go to the peer without the staging pack (the direct view),
+    others (a strided tensor, 0 rows) through it; bytes, row counts and counters as on the packed path."""
+    g = torch.Generator().manual_seed(6)
+    lay = RowLayout(((torch.float32, 4),))
+    d = tempfile.mkdtemp(prefix="m2n-push-sim1-")
+    addrs = (f"ipc://{d}/0", f"ipc://{d}/1")
+    eps = [M2NEndpoint(M2NConfig(r, addrs, 10, slots=2, timeout_s=10), lay,
+                       transport=CudaPushTransport(wait_timeout_s=1.0, platform=SimPlatform(driver))) for r in range(2)]
+    cases = [(5, False, None), (0, False, None), (7, True, None), (10, False, 4), (3, False, 0), (6, False, None)]
+    for i, (n, strided, k) in enumerate(cases):
+        t = torch.randn(n, 8, generator=g)[:, ::2] if strided else torch.randn(n, 4, generator=g)
+        assert (eps[0]._direct_view([t]) is not None) == (n > 0 and not strided), (n, strided)
+        kk = n if k is None else min(k, n)
+        eps[0].send(1, [t], host_header=False, rows=None if k is None else torch.tensor([k]))
+        dm = eps[1].recv_device(0)
+        assert int(dm.rows) == kk and torch.equal(dm.tensors[0][:kk], t[:kk]), (i, n, k)
+        eps[1].send(0, [dm.tensors[0][:kk].clone()], (i,))  # host-header path back
+        m = eps[0].recv()
+        assert m.meta[0] == i and torch.equal(m.tensors[0], t[:kk]), i
+    assert int(eps[0].transport.ctr[1]) == len(cases) == int(eps[1].transport.ctr[2 + 0])
+    for ep in eps:
+        ep.check()
+        ep.close()
+
+
 if __name__ == "__main__":
     if "--broken-counter" in sys.argv:
         try:
@@ -150,4 +176,5 @@ if __name__ == "__main__":
             print(f"BROKEN-DETECTED {e!r}"[:300])
         sys.exit(0)
     main(SimDriver())
+    one_column(SimDriver())
     print("OK")

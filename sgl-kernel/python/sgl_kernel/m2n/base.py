@@ -303,8 +303,11 @@ class M2NEndpoint:
         self._seq[peer] += 1
         slot = seq % self.config.slots
         self.transport.wait_send_slot(peer, slot)
-        nbytes = self.layout.pack(self.send_bufs[peer, slot], tensors)
-        view = self.send_bufs[peer, slot, :nbytes]
+        view = self._direct_view(tensors) if self.transport.device_driven else None
+        if view is None:
+            nbytes = self.layout.pack(self.send_bufs[peer, slot], tensors)
+            view = self.send_bufs[peer, slot, :nbytes]
+        nbytes = int(view.numel())
         if rows is not None:
             inline = self.transport.post_send(peer, slot, view, rows=n, rows_dev=rows, src_rows=n)
         elif self.transport.device_driven:
@@ -318,6 +321,18 @@ class M2NEndpoint:
         header[6:6 + len(meta)] = list(meta)
         frames = [header.tobytes()] + ([inline] if inline is not None else [])
         self._sock(peer).send_multipart(frames, copy=False)
+
+    def _direct_view(self, tensors: Sequence[torch.Tensor]) -> Optional[torch.Tensor]:
+        """A one-column message already laid out as its packed payload (contiguous, 16-byte aligned, a multiple of 16
+        bytes, at least one row, matching the layout): its flat uint8 view, which a device-driven transport copies
+        to the peer directly (stream-ordered, so no staging copy); otherwise None (pack into the send slot)."""
+        if len(tensors) != 1 or len(self.layout.columns) != 1:
+            return None
+        t, (d, w) = tensors[0], self.layout.columns[0]
+        if (t.dtype != d or t.dim() != 2 or t.shape[1] != w or t.shape[0] == 0 or not t.is_contiguous()
+                or t.device.type != self.device.type or t.data_ptr() % 16 or (t.numel() * t.element_size()) % 16):
+            return None
+        return t.view(-1).view(torch.uint8)
 
     def poll(self, timeout_ms: int) -> bool:
         """True when a message is waiting (waits up to ``timeout_ms``), including one kept by :meth:`pump_control`."""
