@@ -154,10 +154,9 @@ def test_recv_kernel_sm90a_ptx(delta_ty):
 
     sig = {"meta": "*i64", "ctr": "*i64", "src": "i32", "flags": "*i64", "ack": "*i64", "ack_delta": delta_ty,
            "ring": "*i32", "dst": "*i32", "rows_out": "*i64", "col_bytes": "*i64", "cap_rows": "i32",
-           "max_rows": "i32", "WORLD": "constexpr", "SLOTS": "constexpr", "CAP32": "constexpr", "NCOL": "constexpr",
+           "max_rows": "i32", "cap32": "i32", "WORLD": "constexpr", "SLOTS": "constexpr", "NCOL": "constexpr",
            "COPY": "constexpr", "BLOCK": "constexpr"}
-    _check_ptx(_ptx(m2n_recv_kernel, sig, {"WORLD": 2, "SLOTS": 4, "CAP32": 4096, "NCOL": 3, "COPY": True,
-                                           "BLOCK": 1024}))
+    _check_ptx(_ptx(m2n_recv_kernel, sig, {"WORLD": 2, "SLOTS": 4, "NCOL": 3, "COPY": True, "BLOCK": 1024}))
 
 
 @needs_triton
@@ -170,10 +169,9 @@ def test_send_kernel_sm90a_ptx(rows_dev, delta_ty):
 
     sig = {"meta": "*i64", "ctr": "*i64", "peer": "i32", "acks": "*i64", "flags": "*i64", "flag_delta": delta_ty,
            "ring": "*i32", "ring_delta": delta_ty, "send": "*i32", "rows_ptr": "*i64", "rows_arg": "i32",
-           "src_rows": "i32", "max_rows": "i32", "col_bytes": "*i64", "WORLD": "constexpr", "SLOTS": "constexpr",
-           "CAP32": "constexpr", "NCOL": "constexpr", "ROWS_DEV": "constexpr", "BLOCK": "constexpr"}
-    ptx = _ptx(m2n_send_kernel, sig, {"WORLD": 2, "SLOTS": 4, "CAP32": 4096, "NCOL": 3, "ROWS_DEV": rows_dev,
-                                      "BLOCK": 1024})
+           "src_rows": "i32", "max_rows": "i32", "col_bytes": "*i64", "cap32": "i32", "WORLD": "constexpr",
+           "SLOTS": "constexpr", "NCOL": "constexpr", "ROWS_DEV": "constexpr", "BLOCK": "constexpr"}
+    ptx = _ptx(m2n_send_kernel, sig, {"WORLD": 2, "SLOTS": 4, "NCOL": 3, "ROWS_DEV": rows_dev, "BLOCK": 1024})
     _check_ptx(ptx)
     assert re.search(r"fence\.sc\.sys", ptx)
 

@@ -148,6 +148,7 @@ class CudaPushTransport(PayloadTransport):
             self.ctr = torch.zeros(4 * world, dtype=torch.int64, device=endpoint.device)
         self._recv32 = endpoint.recv_buf.view(torch.int32)
         self._ring32 = self.ring.view(torch.int32)
+        self._ack_me = self.acks[endpoint.rank:endpoint.rank + 1]  # launch arguments made once
         body = msgspec.msgpack.encode({"handle": cuda_ipc.ipc_get_handle(ptr), "cap": self.cap,
                                        "flags": self.flags.data_ptr() - ptr, "acks": self.acks.data_ptr() - ptr,
                                        "ring": self.ring.data_ptr() - ptr, "bytes": cfg.total_bytes})
@@ -209,9 +210,9 @@ class CudaPushTransport(PayloadTransport):
     def _recv_into(self, src: int, cap_rows: int, grid_bytes: int) -> None:
         from sgl_kernel.m2n.push_kernels import grid_for, launch_recv
 
-        p, me = self._peer(src), self.ep.rank
+        p = self._peer(src)
         with self.platform.context(self.dev):
-            launch_recv(self.heap.meta, self.ctr, src, self.flags, self.acks[me:me + 1], p["ack_delta"], self._ring32,
+            launch_recv(self.heap.meta, self.ctr, src, self.flags, self._ack_me, p["ack_delta"], self._ring32,
                         self._recv32, self.rows_out, self.col_bytes, cap_rows, self.ep.config.max_rows, self.ep.world,
                         self.ep.config.slots, self.cap // 4, True, grid_for(grid_bytes, MAX_GRID, BLOCK), BLOCK)
 

@@ -75,13 +75,14 @@ def _arrive_last(done):
     return last
 
 
-@triton.jit(do_not_specialize=["peer", "ring_delta", "flag_delta", "rows_arg", "src_rows", "max_rows"])
+@triton.jit(do_not_specialize=["peer", "ring_delta", "flag_delta", "rows_arg", "src_rows", "max_rows", "cap32"])
 def m2n_send_kernel(meta, ctr, peer, acks, flags, flag_delta, ring, ring_delta, send, rows_ptr, rows_arg, src_rows,
-                    max_rows, col_bytes, WORLD: tl.constexpr, SLOTS: tl.constexpr, CAP32: tl.constexpr,
-                    NCOL: tl.constexpr, ROWS_DEV: tl.constexpr, BLOCK: tl.constexpr):
+                    max_rows, col_bytes, cap32, WORLD: tl.constexpr, SLOTS: tl.constexpr, NCOL: tl.constexpr,
+                    ROWS_DEV: tl.constexpr, BLOCK: tl.constexpr):
     """See the module docstring. ``meta``: the transport heap's meta; ``ctr``: ``*i64`` [4 * WORLD]; ``acks`` /
     ``flags``: ``*i64`` local heap bases (``flags + flag_delta`` is the peer's ``flags[me, 0]``); ``ring`` /
-    ``send``: ``*i32`` (``ring + ring_delta`` is the peer's ring slot 0 for this sender, slot stride ``CAP32`` words);
+    ``send``: ``*i32`` (``ring + ring_delta`` is the peer's ring slot 0 for this sender, slot stride ``cap32`` words,
+    a multiple of 4);
     ``rows_ptr``: ``*i64`` [1] (``ROWS_DEV``) else ``rows_arg``; rows are clamped to [0, max_rows]."""
     s = tl.load(ctr + peer)
     slot = s % SLOTS
@@ -93,7 +94,7 @@ def m2n_send_kernel(meta, ctr, peer, acks, flags, flag_delta, ring, ring_delta, 
     need = tl.maximum(s - SLOTS + 1, 0)
     tok = P.wait(acks + peer, need, meta, 13)
     ok = tok >= need  # a timed-out wait (peer dead or stalled) writes nothing into the peer
-    dst = P.consume_token(ring + tl.multiple_of(ring_delta + slot * CAP32, 4), tok)
+    dst = P.consume_token(ring + tl.multiple_of(ring_delta + slot * cap32, 4), tok)
     src_r = tl.where(src_rows < 0, rows, src_rows)
     _copy_cols(send, dst, col_bytes, tl.where(ok, rows, 0), src_r, rows, NCOL, BLOCK)
     if _arrive_last(ctr + 2 * WORLD + peer):
@@ -103,12 +104,12 @@ def m2n_send_kernel(meta, ctr, peer, acks, flags, flag_delta, ring, ring_delta, 
             P.st_release(flags + flag_delta + slot, ((s + 1) << 32) | rows)
 
 
-@triton.jit(do_not_specialize=["src", "ack_delta", "cap_rows", "max_rows"])
-def m2n_recv_kernel(meta, ctr, src, flags, ack, ack_delta, ring, dst, rows_out, col_bytes, cap_rows, max_rows,
-                    WORLD: tl.constexpr, SLOTS: tl.constexpr, CAP32: tl.constexpr, NCOL: tl.constexpr,
-                    COPY: tl.constexpr, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["src", "ack_delta", "cap_rows", "max_rows", "cap32"])
+def m2n_recv_kernel(meta, ctr, src, flags, ack, ack_delta, ring, dst, rows_out, col_bytes, cap_rows, max_rows, cap32,
+                    WORLD: tl.constexpr, SLOTS: tl.constexpr, NCOL: tl.constexpr, COPY: tl.constexpr,
+                    BLOCK: tl.constexpr):
     """See the module docstring. ``flags``: ``*i64`` local ``flags[world, SLOTS]``; ``ack``: ``*i64`` this rank's
-    ack word (``ack + ack_delta`` is ``src``'s ``acks[me]``); ``ring``: ``*i32`` local ``[world, SLOTS, CAP32]``;
+    ack word (``ack + ack_delta`` is ``src``'s ``acks[me]``); ``ring``: ``*i32`` local ``[world, SLOTS, cap32]``;
     ``dst``: ``*i32``; ``rows_out``: ``*i64`` [1]; ``col_bytes``: ``*i64`` [NCOL] bytes per row of each column."""
     r = tl.load(ctr + WORLD + src)
     slot = r % SLOTS
@@ -118,7 +119,7 @@ def m2n_recv_kernel(meta, ctr, src, flags, ack, ack_delta, ring, dst, rows_out, 
     rows = tl.where(ok, token & 0xFFFFFFFF, 0)
     rows = tl.minimum(rows, max_rows)
     if COPY:
-        srcp = P.consume_token(ring + tl.multiple_of((src * SLOTS + slot) * CAP32, 4), token)
+        srcp = P.consume_token(ring + tl.multiple_of((src * SLOTS + slot) * cap32, 4), token)
         _copy_cols(srcp, dst, col_bytes, rows, rows, tl.where(cap_rows < 0, rows, cap_rows), NCOL, BLOCK)
     if _arrive_last(ctr + 3 * WORLD + src):
         tl.store(rows_out, rows)
@@ -165,8 +166,8 @@ def launch_send(meta: torch.Tensor, ctr: torch.Tensor, peer: int, acks: torch.Te
     (local ring base, packed send slot); ``flags`` / ``acks``: int64 views of the local heap's bases; ``rows_dev``:
     None (``rows`` rows) or an int64 [1] device tensor."""
     m2n_send_kernel[(grid,)](meta, ctr, peer, acks, flags, flag_delta, ring, ring_delta, send,
-                             rows_dev if rows_dev is not None else ctr, rows, src_rows, max_rows, col_bytes,
-                             WORLD=world, SLOTS=slots, CAP32=cap32, NCOL=int(col_bytes.numel()),
+                             rows_dev if rows_dev is not None else ctr, rows, src_rows, max_rows, col_bytes, cap32,
+                             WORLD=world, SLOTS=slots, NCOL=int(col_bytes.numel()),
                              ROWS_DEV=rows_dev is not None, BLOCK=block)
 
 
@@ -178,5 +179,4 @@ def launch_recv(meta: torch.Tensor, ctr: torch.Tensor, src: int, flags: torch.Te
     ``flags``: int64 ``[world * slots]``; ``ack``: this rank's int64 ack word (stored ``ack_delta`` elements
     further, in ``src``'s mapped heap)."""
     m2n_recv_kernel[(grid,)](meta, ctr, src, flags, ack, ack_delta, ring, dst, rows_out, col_bytes, cap_rows, max_rows,
-                             WORLD=world, SLOTS=slots, CAP32=cap32, NCOL=int(col_bytes.numel()), COPY=copy,
-                             BLOCK=block)
+                             cap32, WORLD=world, SLOTS=slots, NCOL=int(col_bytes.numel()), COPY=copy, BLOCK=block)
