@@ -4,7 +4,9 @@ IPC handles are addresses), two endpoints talking over ZMQ, the real receive ker
 bytes against the sent tensors over random row counts incl. 0 (host-header and device-driven paths, more messages
 than slots so the ack waits run), data read while waiting for a peer's handles is kept in order, and a receive
 that is never sent fails closed (``check()`` raises TimeoutError); a device row count (``send(rows=...)``) sends
-only that many rows; the device sequence counters match the messages sent / received. ``--broken-counter``: the
+only that many rows; the device sequence counters match the messages sent / received; one-column messages go
+without the staging pack; consecutive device-path messages launch with identical arguments (what makes a captured
+CUDA graph replayable). ``--broken-counter``: the
 receiver's device counter is rewound after every receive (a kernel that forgot to advance it): the checks must then
 fail (prints BROKEN-DETECTED). Prints OK."""
 
@@ -18,7 +20,7 @@ import tempfile
 import numpy as np
 import torch
 
-from sgl_kernel.m2n import M2NConfig, M2NEndpoint, RowLayout
+from sgl_kernel.m2n import M2NConfig, M2NEndpoint, RowLayout, push_kernels
 from sgl_kernel.m2n.cuda_push import CudaPushTransport
 
 
@@ -163,6 +165,30 @@ def one_column(driver):
         m = eps[0].recv()
         assert m.meta[0] == i and torch.equal(m.tensors[0], t[:kk]), i
     assert int(eps[0].transport.ctr[1]) == len(cases) == int(eps[1].transport.ctr[2 + 0])
+    # graph capturability: consecutive device-path messages launch with identical arguments (a replay of a captured
+    # launch is correct because the counters, not the arguments, carry the sequence)
+    calls, real = [], {n: getattr(push_kernels, n) for n in ("launch_send", "launch_recv")}
+
+    def recorder(name):
+        def rec(*args, **kw):
+            calls.append((name, tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)))
+            return real[name](*args, **kw)
+        return rec
+
+    for name in real:
+        setattr(push_kernels, name, recorder(name))
+    t, k = torch.randn(6, 4, generator=g), torch.tensor([4])
+    try:
+        for _ in range(3):  # more messages than slots: the slot and the expected flag change, the arguments do not
+            eps[0].send(1, [t], host_header=False, rows=k)
+            dm = eps[1].recv_device(0)
+            assert int(dm.rows) == 4 and torch.equal(dm.tensors[0][:4], t[:4])
+    finally:
+        for name, fn in real.items():
+            setattr(push_kernels, name, fn)
+    sends = [c for c in calls if c[0] == "launch_send"]
+    recvs = [c for c in calls if c[0] == "launch_recv"]
+    assert len(sends) == len(recvs) == 3 and len(set(sends)) == 1 and len(set(recvs)) == 1, calls
     for ep in eps:
         ep.check()
         ep.close()
