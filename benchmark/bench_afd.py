@@ -82,9 +82,29 @@ def _m2n_rank_body(rank: int, a, addrs, init: str, q) -> None:
             if ep is not None:
                 ep.check()
                 ep.close()
+        if rank == 0 and a.device == "cuda" and torch.cuda.device_count() > 1:
+            res[("floor", kb)] = _copy_floor(x)
     if rank == 0:
         q.put({f"{k[0]}|{k[1]}": v for k, v in res.items()})
     dist.destroy_process_group()
+
+
+def _copy_floor(x, k: int = 20, reps: int = 5) -> float:
+    """Physical reference (s): one copy-engine peer copy of ``x`` from this GPU to cuda:1, the median over ``reps``
+    of ``k`` back-to-back copies / k (bandwidth plus per-copy cost; no signalling, no receive)."""
+    y = torch.empty_like(x, device="cuda:1")
+    y.copy_(x)
+    out = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        ev0.record()
+        for _ in range(k):
+            y.copy_(x, non_blocking=True)
+        ev1.record()
+        torch.cuda.synchronize()
+        out.append(ev0.elapsed_time(ev1) * 1e-3 / k)
+    return float(np.median(out))
 
 
 def _m2n_round_trip(rank: int, name: str, ep, x, buf) -> None:
@@ -216,6 +236,10 @@ def run_m2n(a) -> list[str]:
             if f"{name}@graph|{kb}" in res:
                 lines.append(_m2n_rows(res, f"{name}@graph", "p2p@graph", kb,
                                        f"{name} (CUDA graph, K={a.graph_k}; baseline graphed too)"))
+    floors = [f"{kb} KB {res[f'floor|{kb}'] * 1e6:.1f} us" for kb in a.sizes_kb if f"floor|{kb}" in res]
+    if floors:
+        lines += ["", "Physical reference (one copy-engine peer copy cuda:0 -> cuda:1, back-to-back, no signalling): "
+                  + ", ".join(floors) + "."]
     return lines
 
 

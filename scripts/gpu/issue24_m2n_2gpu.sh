@@ -39,6 +39,6 @@ step m2n_latency 44 "$PY" benchmark/bench_afd.py --mode m2n --device cuda --tran
   grep -h -E "^\[m2n|passed|failed|skipped|Error|assert" "$out/m2n_push_test.log" 2>/dev/null | tail -20 | sed 's/^/    /'
   echo; echo "## M2N one-way latency vs NCCL send/recv (same run; target: ratio <= 0.5x at every size)"; echo
   echo '`python benchmark/bench_afd.py --mode m2n --device cuda --transport cuda_push-dev,cuda_push,cuda_ipc --iters 40 --warmup 10 --graph-k 20 --graph-replays 20 --sizes-kb 32 128 512`'
-  echo; grep -h "^|" "$out/m2n_latency.log" 2>/dev/null; grep -h -E "Error|error" "$out/m2n_latency.log" 2>/dev/null | tail -5
+  echo; grep -h -E "^\||^Physical" "$out/m2n_latency.log" 2>/dev/null; grep -h -E "Error|error" "$out/m2n_latency.log" 2>/dev/null | tail -5
 } > "$out/issue24_m2n.md"
 echo "== summary ($(( SECONDS - start )) s)"; cat "$out/issue24_m2n.md"
