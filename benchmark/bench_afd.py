@@ -3,12 +3,14 @@ latency vs a point-to-point baseline (paper Fig. 11-12).
 
 Modes (both by default):
 
-* ``--mode decode``: the model (``--model-path`` config; ``--load-format dummy`` for big shapes) decodes
-  ``--batch`` requests for ``--steps`` steps (after a prefill of ``--input-len`` tokens) (a) colocated in this
-  process and (b) with AFD: this process is the attention worker (:class:`~sglang.srt.afd.executor.AfdExecutor`,
-  m = ``--micro-batches``) and ``--ffn-workers`` FFN worker processes hold the experts. Reported: decode
-  tokens/s, and tokens/s per worker (AFD uses 1 + N_E workers; colocated 1), and their ratio. Each of (a) and
-  (b) runs in its own process, so neither holds the other's memory; the attention worker constructs no experts.
+* ``--mode decode``: the model (``--model-path`` config; ``--load-format dummy`` for big shapes) decodes each
+  ``--batch`` size for ``--steps`` timed steps (after a prefill of ``--input-len`` tokens and ``--decode-warmup``
+  untimed steps) (a) colocated, through the server's ModelRunner with CUDA graphs, and (b) with AFD: the attention
+  worker (:class:`~sglang.srt.afd.executor.AfdExecutor`, every m of ``--micro-batches``) and ``--ffn-workers`` FFN
+  worker processes holding the experts. Reported per row (:mod:`afd_decode`): median step time, tokens/s, per GPU and
+  the per-GPU ratio to colocated, the memory floor and step/floor, Ta/Tf/Tc and the m check. Each of (a) and (b) runs
+  in its own process, so neither holds the other's memory; the attention worker constructs no experts.
+  ``--json-out`` saves the raw results, ``--merge`` tables saved results of separate runs.
 * ``--mode m2n``: two processes; rank 0 sends ``--sizes-kb`` per message to rank 1, which echoes it; one-way
   latency = round trip / 2 (CUDA events on GPU, rank r on cuda:r), median and p99 over ``--iters``.
   M2N (transport ``inline`` on CPU; on GPU ``cuda_push-dev``, the device-driven path with no host message,
@@ -40,6 +42,8 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "benchmark") not in sys.path:  # afd_decode (spawned children inherit sys.path)
+    sys.path.insert(0, str(ROOT / "benchmark"))
 
 
 # ---- M2N latency -------------------------------------------------------------------------------------------
@@ -245,6 +249,8 @@ def run_m2n(a) -> list[str]:
 
 # ---- decode throughput -------------------------------------------------------------------------------------
 def _ffn_proc(path: str, load_format: str, device: str, topo, j: int, ready) -> None:
+    from afd_decode import copy_bandwidth
+
     from sglang.srt.afd.experts import moe_layer_specs
     from sglang.srt.afd.ffn_worker import FfnServer
     from sglang.srt.afd.load_balance import static_placement
@@ -253,12 +259,13 @@ def _ffn_proc(path: str, load_format: str, device: str, topo, j: int, ready) -> 
     torch.set_num_threads(1)
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))  # events/streams of this worker live on its own GPU
+    bw = copy_bandwidth(device)  # before the experts fill the GPU
     mc = ModelConfig.from_path(path, None, "auto", device.split(":")[0])
     specs = moe_layer_specs(mc)
     held = static_placement(specs[0].num_experts, topo.num_ffn).worker_experts()[j]
     s = FfnServer(mc, specs, held, load_format, torch.device(device), topo, j)
-    ready.put(sum(sh.w13.numel() * sh.w13.element_size() + sh.w2.numel() * sh.w2.element_size()
-                  for sh in s.shards.values()))
+    ready.put({"expert_bytes": sum(sh.w13.numel() * sh.w13.element_size() + sh.w2.numel() * sh.w2.element_size()
+                                   for sh in s.shards.values()), "bw": bw})
     try:
         while True:
             s.serve_once(timeout_s=5.0)
@@ -268,75 +275,39 @@ def _ffn_proc(path: str, load_format: str, device: str, topo, j: int, ready) -> 
         s.ep.close()
 
 
-def _decode(h, batch: int, input_len: int, steps: int, executor, vocab: int, sync, warmup: int = 0) -> float:
-    """Prefill ``batch`` requests, run ``warmup`` untimed decode steps (first-call/compile costs), then time
-    ``steps`` decode steps; returns decode tokens/s."""
-    gen = torch.Generator().manual_seed(0)
-    h.step([(i, torch.randint(0, vocab, (input_len,), generator=gen).tolist()) for i in range(batch)], executor)
-    nxt = [[1]] * batch
-    t0 = 0.0
-    for it in range(warmup + steps):
-        if it == warmup:
-            sync()
-            t0 = time.perf_counter()
-        logits = h.step([(i, nxt[i]) for i in range(batch)], executor)
-        nxt = [[int(t)] for t in logits.argmax(-1).tolist()]
-    sync()
-    return batch * steps / (time.perf_counter() - t0)
-
-
 def _measure(kind: str, a, q) -> None:
     """One measurement in its own process (so colocated and AFD never share memory): ``colocated`` decodes the
-    whole model on cuda:0; ``afd`` builds the attention role on cuda:0 (no experts constructed) and spawns
-    ``--ffn-workers`` FFN worker processes on the next GPUs. Puts ``{"tps": ..., "constraint": ...}`` or
-    ``{"error": ...}`` on ``q``."""
+    whole model on cuda:0 (:func:`afd_decode.measure_colocated`); ``afd`` builds the attention role on cuda:0 (no
+    experts constructed) and spawns ``--ffn-workers`` FFN worker processes on the next GPUs. Puts the result dict
+    or ``{"error": ...}`` on ``q``."""
+    sys.path.insert(0, str(ROOT / "benchmark"))
     try:
-        q.put(_measure_colocated(a) if kind == "colocated" else _measure_afd(a))
+        from afd_decode import measure_colocated
+
+        q.put(measure_colocated(a) if kind == "colocated" else _measure_afd(a))
     except Exception as e:  # reported by the parent, with the child's full traceback
         q.put({"error": f"{kind}: {type(e).__name__}: {e}\n--- child traceback ---\n{traceback.format_exc()}"})
-
-
-def _setup(a):
-    from sglang.srt.configs.model_config import ModelConfig
-
-    dev = "cuda:0" if a.device == "cuda" else "cpu"
-    if a.device == "cuda":
-        torch.cuda.set_device(0)
-    sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
-    max_len = a.input_len + a.steps + a.decode_warmup + 2
-    return dev, sync, ModelConfig.from_path(a.model_path, None, "auto", a.device), max_len
-
-
-def _measure_colocated(a) -> dict:
-    from sglang.srt.model_loader.loader import load_model
-    from sglang.test.model_harness import ModelHarness
-
-    dev, sync, mc, max_len = _setup(a)
-    from sglang.srt.model_loader.role_build import param_bytes
-
-    colo = load_model(mc, a.load_format, dev)
-    tps = _decode(ModelHarness(colo, mc, a.batch, max_len, device=dev), a.batch, a.input_len, a.steps, None,
-                  mc.vocab_size, sync, a.decode_warmup)
-    return {"tps": tps, "param_bytes": param_bytes(colo), "peak": _peak(a)}
-
-
-def _peak(a) -> int:
-    return torch.cuda.max_memory_allocated(0) if a.device == "cuda" else 0
 
 
 def _measure_afd(a) -> dict:
     import torch.multiprocessing as mp
 
+    from afd_decode import _max_len, _peak, afd_rows
+
     from sglang.srt.afd.executor import AfdExecutor
     from sglang.srt.afd.protocol import AfdTopology
+    from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.model_executor.worker_builder import role_spec
     from sglang.srt.model_loader.loader import load_model
-    from sglang.test.model_harness import ModelHarness
 
-    dev, sync, mc, max_len = _setup(a)
+    dev = "cuda:0" if a.device == "cuda" else "cpu"
+    if a.device == "cuda":
+        torch.cuda.set_device(0)
+    mc = ModelConfig.from_path(a.model_path, None, "auto", a.device)
     d = tempfile.mkdtemp(prefix="bench-afd-")
     topo = AfdTopology(1, a.ffn_workers, tuple(f"ipc://{d}/{i}" for i in range(1 + a.ffn_workers)),
-                       max_rows=max(a.batch * a.input_len, 1024), transport=a.transport, timeout_s=a.timeout)
+                       max_rows=max(max(a.batch) * a.input_len, 1024), transport=a.afd_transport,
+                       timeout_s=a.timeout)
     ctx = mp.get_context("spawn")
     ready = ctx.Queue()
     ffn_dev = [f"cuda:{(1 + j) % max(1, torch.cuda.device_count())}" if a.device == "cuda" else "cpu"
@@ -345,18 +316,15 @@ def _measure_afd(a) -> dict:
              for j in range(a.ffn_workers)]
     for p in procs:
         p.start()
-    from sglang.srt.model_loader.role_build import param_bytes
-
     ex = None
     try:
-        ffn_bytes = [ready.get(timeout=a.timeout) for _ in procs]
+        ffn_info = [ready.get(timeout=a.timeout) for _ in procs]
         spec = role_spec("attention")
         attn = load_model(mc, a.load_format, dev, weight_filter=spec.weight_filter, holds_param=spec.holds_param)
-        ex = AfdExecutor(mc, topo, 0, a.micro_batches, torch.device(dev))
-        tps = _decode(ModelHarness(attn, mc, a.batch, max_len, device=dev), a.batch, a.input_len, a.steps, ex,
-                      mc.vocab_size, sync, a.decode_warmup)
-        return {"tps": tps, "constraint": ex.pipeline_constraint(), "param_bytes": param_bytes(attn),
-                "ffn_param_bytes": ffn_bytes, "peak": _peak(a)}
+        ex = AfdExecutor(mc, topo, 0, a.micro_batches[0], torch.device(dev))
+        res = afd_rows(a, attn, mc, ex, dev, ffn_info)
+        res.update(ffn_info=ffn_info, peak=_peak(a), ffn_workers=a.ffn_workers)
+        return res
     finally:
         if ex is not None:
             ex.ep.close(notify=[topo.ffn_rank(j) for j in range(a.ffn_workers)])
@@ -388,27 +356,15 @@ def _in_process(kind: str, a) -> dict:
 
 
 def run_decode(a) -> list[str]:
-    """Colocated vs AFD decode tokens/s on the same model, each measured in its own process (``--setups``
-    picks them); the table lines."""
-    res = {k: _in_process(k, a) for k in a.setups}
-    workers = 1 + a.ffn_workers
-    gib = 2**30
-    lines = ["| setup | workers | decode tok/s | tok/s per worker | per-worker ratio | parameter GiB per worker | "
-             "peak GiB (GPU 0) |", "|---|---|---|---|---|---|---|"]
-    colo = res.get("colocated")
-    if colo:
-        lines.append(f"| colocated | 1 | {colo['tps']:.1f} | {colo['tps']:.1f} | 1.00x | "
-                     f"{colo['param_bytes'] / gib:.2f} | {colo['peak'] / gib:.2f} |")
-    afd = res.get("afd")
-    if afd:
-        ratio = f"{afd['tps'] / workers / colo['tps']:.2f}x" if colo else "n/a"
-        per = " + ".join(f"{b / gib:.2f}" for b in [afd["param_bytes"]] + afd["ffn_param_bytes"])
-        lines.append(f"| AFD m={a.micro_batches}, 1 attention + {a.ffn_workers} FFN | {workers} | {afd['tps']:.1f} | "
-                     f"{afd['tps'] / workers:.1f} | {ratio} | {per} | {afd['peak'] / gib:.2f} |")
-        c = afd["constraint"]
-        lines += ["", f"Measured pipeline: Ta={c['ta_ms']:.3f} ms, Tf={c['tf_ms']:.3f} ms, Tc={c['tc_ms']:.3f} ms -> "
-                  f"m >= 2(1+Tc/Tf) = {c['m_min']:.2f} (m = {a.micro_batches})."]
-    return lines
+    """Colocated vs AFD decode on the same model, each measured in its own process (``--setups`` picks them); the
+    table lines (per-step time, tok/s, per-GPU tok/s and ratio to colocated, memory floor, step/floor, and for AFD
+    Ta, Tf, Tc and the m >= 2(1+Tc/Tf) check)."""
+    from afd_decode import decode_table, dump_results, load_results
+
+    res = load_results(a.merge) if a.merge else {k: _in_process(k, a) for k in a.setups}
+    if a.json_out:
+        dump_results(res, a.json_out)
+    return decode_table(a, res)
 
 
 def _hardware(device: str) -> str:
@@ -424,13 +380,14 @@ def parse_args(argv=None):
     p.add_argument("--model-path", default=str(ROOT.parent / "shared" / "data" / "models" / "stories260K-moe"))
     p.add_argument("--load-format", default="auto")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--batch", type=int, nargs="+", default=[64], help="decode batch sizes (each timed)")
     p.add_argument("--input-len", type=int, default=32)
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--ffn-workers", type=int, default=2)
-    p.add_argument("--micro-batches", type=int, default=2)
+    p.add_argument("--micro-batches", type=int, nargs="+", default=[2], help="AFD m values (each timed)")
     p.add_argument("--transport", default="", help="M2N payload transports, comma-separated (default on GPU "
-                   "cuda_push-dev,cuda_push,cuda_ipc; inline on CPU); a -dev suffix: device-driven send/recv_device")
+                   "cuda_push-dev,cuda_push,cuda_ipc for --mode m2n; inline on CPU); a -dev suffix: device-driven "
+                   "send/recv_device. --mode decode uses the first (without -dev) for AFD, default auto")
     p.add_argument("--sizes-kb", type=int, nargs="+", default=[32, 64, 128, 256, 512])
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--warmup", type=int, default=10)
@@ -440,24 +397,30 @@ def parse_args(argv=None):
     p.add_argument("--decode-warmup", type=int, default=2, help="untimed decode steps before the timed ones")
     p.add_argument("--setups", default="colocated,afd",
                    help="decode measurements to run, comma-separated: colocated, afd (each in its own process)")
+    p.add_argument("--json-out", default="", help="also write the decode results (raw, per setup) to this JSON file")
+    p.add_argument("--merge", nargs="+", default=[], metavar="JSON",
+                   help="measure nothing: the decode table of earlier --json-out files (e.g. colocated and AFD runs)")
     p.add_argument("--smoke", action="store_true", help="CPU, few iterations (for the CPU test)")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--results-dir", default=str(ROOT / "benchmark" / "results"))
     a = p.parse_args(argv)
     if a.smoke:
-        a.device, a.iters, a.warmup, a.batch, a.steps, a.input_len = "cpu", 5, 1, 4, 3, 4
+        a.device, a.iters, a.warmup, a.batch, a.steps, a.input_len = "cpu", 5, 1, [4], 3, 4
         a.decode_warmup = 1
         a.sizes_kb = [32, 512]
     a.setups = [x for x in a.setups.split(",") if x]
     if not a.setups or set(a.setups) - {"colocated", "afd"}:
         p.error(f"--setups={','.join(a.setups)!r}: choose from colocated, afd")
+    given = bool(a.transport)
     a.transport = a.transport or ("cuda_push-dev,cuda_push,cuda_ipc" if a.device == "cuda" else "inline")
     a.transports = [t for t in a.transport.split(",") if t]
+    # AFD decode: the first named transport, else what --afd-transport auto picks on one node with a GPU per worker
+    a.afd_transport = a.transports[0].removesuffix("-dev") if given else ("cuda_push" if a.device == "cuda" else "inline")
     if a.decode_warmup < 0:
         p.error(f"--decode-warmup={a.decode_warmup}: must be >= 0")
     if a.graph_k < 0 or a.graph_replays < 1:
         p.error(f"--graph-k={a.graph_k} must be >= 0 and --graph-replays={a.graph_replays} >= 1")
-    if min(a.batch, a.steps, a.input_len, a.ffn_workers, a.micro_batches, a.iters) < 1:
+    if min(*a.batch, a.steps, a.input_len, a.ffn_workers, *a.micro_batches, a.iters) < 1:
         p.error("--batch, --steps, --input-len, --ffn-workers, --micro-batches, --iters must be >= 1")
     return a
 

@@ -364,6 +364,8 @@ def parse_args(argv):
     p.add_argument("--prefill-reps", type=int, default=3)
     p.add_argument("--serving", action="store_true",
                    help="also time the serving path's decode step (Scheduler loop, overlap off / host / device futures)")
+    p.add_argument("--serving-modes", default="plain,overlap-host,overlap",
+                   help="serving modes to time (comma list of plain, overlap-host, overlap)")
     p.add_argument("--serving-steps", type=int, default=24)
     p.add_argument("--serving-warmup", type=int, default=4)
     p.add_argument("--serving-reps", type=int, default=2)
@@ -374,6 +376,9 @@ def parse_args(argv):
     ns.batches = [int(b) for b in ns.batches.split(",") if b.strip()]
     ns.settings = [s.strip() for s in ns.settings.split(",") if s.strip()]
     ns.settings = [] if ns.settings == ["none"] else ns.settings
+    ns.serving_modes = [s.strip() for s in ns.serving_modes.split(",") if s.strip()]
+    if not ns.serving_modes or any(m not in ("plain", "overlap-host", "overlap") for m in ns.serving_modes):
+        raise SystemExit(f"bad --serving-modes {ns.serving_modes}: choose from plain, overlap-host, overlap")
     bad = [s for s in ns.settings if s not in SETTINGS]
     if bad or not ns.batches or min(ns.batches) < 1 or min(ns.steps, ns.reps) < 1:
         raise SystemExit(f"bad --settings {bad} (choose from {list(SETTINGS)}) or --batches/--steps/--reps < 1")

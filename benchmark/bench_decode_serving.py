@@ -99,22 +99,24 @@ def run_mode(runner, mode: str, prompts: list[list[int]], warmup: int, steps: in
 
 
 def serving_rows(runner, batches: list[int], cfg, bw: float, weight_bytes: int) -> list[dict]:
-    """For each batch size, every mode of :data:`MODES` (order alternated over ``cfg.serving_reps``); one row per
-    (batch, mode) with the median step, floor and ratio. Prompts: ``cfg.context`` random ids, seeded."""
+    """For each batch size, every mode of ``cfg.serving_modes`` (default :data:`MODES`; order alternated over
+    ``cfg.serving_reps``); one row per (batch, mode) with the median step, floor and ratio. Prompts: ``cfg.context``
+    random ids, seeded."""
+    modes = tuple(getattr(cfg, "serving_modes", None) or MODES)
     rows = []
     for bs in batches:
         gen = torch.Generator().manual_seed(cfg.seed + 1000 + bs)
         prompts = torch.randint(3, runner.model_config.vocab_size, (bs, cfg.context), generator=gen).tolist()
-        acc = {m: {"step_s": [], "floor_s": [], "ctx": []} for m in MODES}
+        acc = {m: {"step_s": [], "floor_s": [], "ctx": []} for m in modes}
         for rep in range(cfg.serving_reps):
-            for mode in (MODES if rep % 2 == 0 else MODES[::-1]):
+            for mode in (modes if rep % 2 == 0 else modes[::-1]):
                 got = run_mode(runner, mode, prompts, cfg.serving_warmup, cfg.serving_steps, bw, weight_bytes,
                                f"{mode}-{bs}-{rep}", cfg.model_path,
                                chunked_prefill_size=getattr(cfg, "chunked_prefill_size", None))
                 for key in acc[mode]:
                     acc[mode][key] += got[key]
         runner.kv_cache.prefix_cache.reset()  # the next batch size starts from an empty cache
-        for mode in MODES:
+        for mode in modes:
             a = acc[mode]
             step, floor = statistics.median(a["step_s"]), statistics.median(a["floor_s"])
             rows.append({"batch": bs, "mode": mode, "step_ms": step * 1e3, "floor_ms": floor * 1e3,

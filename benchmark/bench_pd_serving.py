@@ -1,32 +1,49 @@
-"""End-to-end prefill/decode disaggregation vs the aggregated server, with ``bench_serving``.
+"""End-to-end prefill/decode disaggregation vs aggregated serving, with ``bench_serving``.
 
-Starts, in one run and on the same machine: an aggregated server, and a prefill server + a decode server + the
-mini_lb router (``--disaggregation-transfer-backend``, ``--disaggregation-transfer-mode``); runs the same
-``python -m sglang.bench_serving`` workload (ShareGPT from the shared data folder by default) against each;
-prints a table of TTFT / TPOT / throughput with the ratio router / aggregated, and the transfer share of TTFT
-(mean ``sglang:kv_transfer_seconds`` of the decode server / mean TTFT through the router). Writes
-``benchmark/results/<date>_pd_serving_<backend>_<mode>.md`` and ``.json`` (date, hardware, command).
+Setups (``--setups``, run in the order given, each with its own servers, started concurrently):
+
+* ``agg``: one aggregated server (``--agg-extra``; on a GPU host put it with ``--base-gpu-id``);
+* ``agg2``: two aggregated replicas, replica i on ``--base-gpu-id <--replica-gpus[i]>``, behind
+  ``mini_lb --workers`` (round robin): the fair, same-GPU-count baseline of PD on two GPUs. When ``agg`` comes
+  right before ``agg2``, both are measured on the same servers (one start): ``agg2`` first, then ``agg`` on
+  replica 0 alone;
+* ``pd``: a prefill server (``--prefill-extra``) + a decode server (``--decode-extra``) + ``mini_lb --prefill
+  --decode`` (``--disaggregation-transfer-backend``, ``--disaggregation-transfer-mode``).
+
+Every setup gets the same ``python -m sglang.bench_serving`` workload (ShareGPT from the shared data folder, or
+random fixed-length prompts with ``--dataset random``), after untimed warm-up requests sent to every server
+(``--warmup`` concurrent requests of the full input length). The table has TTFT / TPOT / ITL (p99 included) /
+throughput per setup and the ratios pd / agg2 and pd / agg, plus the KV transfer share of TTFT (mean
+``sglang:kv_transfer_seconds`` of the decode server over the timed requests / mean TTFT through the router).
+The report ``<out-dir>/<date>_pd_serving_<backend>_<mode>.md`` and ``.json`` (date, hardware, command) is
+rewritten after every setup, so a run cut short keeps what it measured. SIGTERM stops every server started.
 
 CPU smoke run::
 
     python benchmark/bench_pd_serving.py --model-path ../shared/data/models/stories260K --device cpu \\
         --transfer-backend fake --num-prompts 16 --max-concurrency 4
 
-GPU (two GPUs: prefill on 0, decode on 1; nixl)::
+GPU (two GPUs; issue 24: scripts/gpu/issue24_pd_2gpu.sh)::
 
-    python benchmark/bench_pd_serving.py --model-path <llama> --device cuda --transfer-backend nixl \\
-        --prefill-extra "--base-gpu-id 0" --decode-extra "--base-gpu-id 1" --num-prompts 200 --request-rate 8
+    python benchmark/bench_pd_serving.py --model-path ../shared/data/configs/meta-llama--Meta-Llama-3.1-8B \\
+        --tokenizer-path ../shared/data/tokenizers/llama3 --device cuda --transfer-backend nixl \\
+        --server-extra "--load-format dummy --dtype bfloat16" --setups pd agg agg2 \\
+        --prefill-extra "--base-gpu-id 0" --decode-extra "--base-gpu-id 1" --agg-extra "--base-gpu-id 0" \\
+        --dataset random --input-len 1024 --output-len 128 --num-prompts 64 --request-rate 8 --max-concurrency 0
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as cf
 import datetime
 import json
 import os
 import platform
+import random
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -38,8 +55,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from sglang.srt.utils.nvls_env import apply_nvls_off_env  # noqa: E402
 
 ENV = apply_nvls_off_env({**os.environ, "PYTHONUNBUFFERED": "1"})
-METRICS = ["mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "mean_itl_ms",
-           "output_throughput", "request_throughput", "completed"]
+METRICS = ["mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
+           "mean_itl_ms", "p99_itl_ms", "output_throughput", "request_throughput", "completed"]
+SETUPS = ("agg", "agg2", "pd")
 
 
 def free_port() -> int:
@@ -49,55 +67,94 @@ def free_port() -> int:
 
 
 class Proc:
-    """A subprocess with a log file, waited on until ``url/health`` answers."""
+    """A subprocess in its own session with a log file; :meth:`wait_healthy` polls ``url/health``."""
 
-    def __init__(self, cmd: list[str], url: str, log: str, timeout: float):
-        self.url, self.log = url, log
+    def __init__(self, cmd: list[str], url: str, log: str, pid_file: str = ""):
+        self.url, self.log, self.cmd = url, log, cmd
         self._f = open(log, "w")
         self.p = subprocess.Popen(cmd, stdout=self._f, stderr=subprocess.STDOUT, env=ENV, start_new_session=True)
+        self.t0 = time.time()
+        if pid_file:  # the calling script's trap kills these process groups if this process is killed hard
+            with open(pid_file, "a") as f:
+                f.write(f"{self.p.pid}\n")
+
+    def wait_healthy(self, timeout: float) -> "Proc":
+        """Block until ``/health`` is 200. Raises RuntimeError (naming the log) if it exits or times out."""
         end = time.time() + timeout
         while time.time() < end:
             if self.p.poll() is not None:
-                raise RuntimeError(f"{cmd[:4]} exited; see {log}")
+                raise RuntimeError(f"{self.cmd[:4]} exited with {self.p.returncode}; see {self.log}")
             try:
-                if requests.get(url + "/health", timeout=2).status_code == 200:
-                    return
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    print(f"[bench_pd_serving] {os.path.basename(self.log)[:-4]} healthy "
+                          f"{time.time() - self.t0:.1f} s after its start", flush=True)
+                    return self
             except requests.RequestException:
                 pass
-            time.sleep(1)
-        self.stop()
-        raise RuntimeError(f"{url} not healthy after {timeout}s; see {log}")
+            time.sleep(0.5)
+        raise RuntimeError(f"{self.url} not healthy after {timeout}s; see {self.log}")
 
     def stop(self) -> None:
         if self.p.poll() is None:
-            os.killpg(self.p.pid, 15)
             try:
-                self.p.wait(30)
+                os.killpg(self.p.pid, signal.SIGTERM)
+                self.p.wait(20)
             except subprocess.TimeoutExpired:
-                os.killpg(self.p.pid, 9)
+                os.killpg(self.p.pid, signal.SIGKILL)
+                self.p.wait(10)
+            except ProcessLookupError:
+                pass
         self._f.close()
 
 
 def server(args, extra: list[str], tag: str, logdir: str) -> Proc:
+    """Launch (not wait for) one ``sglang.launch_server`` with the common flags + ``extra``."""
     port = free_port()
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", args.model_path, "--device", args.device,
            "--port", str(port), "--enable-metrics", *shlex.split(args.server_extra), *extra]
     if args.tokenizer_path:
         cmd += ["--tokenizer-path", args.tokenizer_path]
-    return Proc(cmd, f"http://127.0.0.1:{port}", os.path.join(logdir, f"{tag}.log"), args.startup_timeout)
+    return Proc(cmd, f"http://127.0.0.1:{port}", os.path.join(logdir, f"{tag}.log"), args.pid_file)
+
+
+def router(args, flags: list[str], logdir: str) -> Proc:
+    """Launch ``mini_lb`` with ``flags`` (``--prefill/--decode`` or ``--workers``) and wait until healthy."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "sglang.srt.disaggregation.mini_lb", *flags, "--port", str(port)]
+    return Proc(cmd, f"http://127.0.0.1:{port}", os.path.join(logdir, "router.log"), args.pid_file).wait_healthy(120)
+
+
+def warm_up(args, url: str) -> None:
+    """``--warmup`` concurrent untimed requests of about ``--input-len`` words and 8 output tokens (compiles the
+    kernels of the shapes the timed run uses). Raises RuntimeError on a non-200 answer."""
+    rng = random.Random(args.seed + 7)
+    words = "once upon a time the little dog ran to the park and saw a big red ball".split()
+
+    def one(i: int) -> None:
+        text = " ".join(rng.choice(words) for _ in range(args.input_len + i))
+        r = requests.post(url + "/generate", json={"text": text, "sampling_params": {
+            "max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True}}, timeout=300)
+        if r.status_code != 200:
+            raise RuntimeError(f"warm-up request to {url} answered {r.status_code}: {r.text[:300]}")
+
+    t0 = time.time()
+    with cf.ThreadPoolExecutor(max(1, args.warmup)) as pool:
+        list(pool.map(one, range(max(1, args.warmup))))
+    print(f"[bench_pd_serving] warm-up of {url}: {time.time() - t0:.1f} s", flush=True)
 
 
 def bench(args, url: str, out: str) -> dict:
+    """One ``bench_serving`` run against ``url``; its JSON record. Raises RuntimeError when it fails."""
     cmd = [sys.executable, "-m", "sglang.bench_serving", "--disable-tqdm", "--backend", "sglang", "--base-url", url,
            "--tokenizer", args.tokenizer_path or args.model_path, "--model", args.model_path,
            "--num-prompts", str(args.num_prompts),
-           "--seed", str(args.seed), "--output-file", out, "--warmup-requests", "1"]
+           "--seed", str(args.seed), "--output-file", out, "--warmup-requests", "0"]
     if args.dataset == "sharegpt":
         cmd += ["--dataset-name", "sharegpt", "--dataset-path", args.dataset_path, "--sharegpt-output-len",
                 str(args.output_len), "--sharegpt-context-len", str(args.context_len)]
     else:
         cmd += ["--dataset-name", "random", "--random-input-len", str(args.input_len), "--random-output-len",
-                str(args.output_len)]
+                str(args.output_len), "--random-range-ratio", str(args.range_ratio)]
     if args.request_rate:
         cmd += ["--request-rate", str(args.request_rate)]
     if args.max_concurrency:
@@ -121,7 +178,101 @@ def transfer_seconds(url: str) -> tuple[float, float, float]:
             val("sglang:kv_transfer_bytes_total"))
 
 
-def main() -> None:
+def run_aggregated(args, logdir: str, which: list[str], results: dict, report) -> None:
+    """``agg`` and/or ``agg2`` on one set of replicas (``agg`` on replica 0 alone, ``agg2`` through mini_lb)."""
+    n = 2 if "agg2" in which else 1
+    gpus = args.replica_gpus if args.device == "cuda" else [None, None]
+    procs: list[Proc] = []
+    try:
+        for i in range(n):
+            place = ["--base-gpu-id", str(gpus[i])] if gpus[i] is not None and n == 2 else []
+            procs.append(server(args, [*place, *shlex.split(args.agg_extra if n == 1 else "")], f"agg{i}", logdir))
+        for p in procs:
+            p.wait_healthy(args.startup_timeout)
+        for p in procs:
+            warm_up(args, p.url)
+        if n == 2:  # the same-GPU-count baseline first (a run cut short keeps the more important row)
+            lb = router(args, ["--workers", *[p.url for p in procs]], logdir)
+            procs.append(lb)
+            results["agg2"] = bench(args, lb.url, os.path.join(logdir, "agg2.jsonl"))
+            report()
+        if "agg" in which:
+            results["agg"] = bench(args, procs[0].url, os.path.join(logdir, "agg.jsonl"))
+            report()
+    finally:
+        for p in reversed(procs):
+            p.stop()
+
+
+def run_pd(args, logdir: str, results: dict, report) -> dict:
+    """The ``pd`` setup; returns the decode server's transfer counters over the timed requests."""
+    pd = ["--disaggregation-transfer-backend", args.transfer_backend, "--disaggregation-transfer-mode",
+          args.transfer_mode]
+    procs: list[Proc] = []
+    try:
+        procs.append(server(args, ["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port",
+                                   str(free_port()), *pd, *shlex.split(args.prefill_extra)], "prefill", logdir))
+        procs.append(server(args, ["--disaggregation-mode", "decode", *pd, *shlex.split(args.decode_extra)],
+                            "decode", logdir))
+        pre, dec = (p.wait_healthy(args.startup_timeout) for p in list(procs))
+        lb = router(args, ["--prefill", pre.url, "--decode", dec.url], logdir)
+        procs.append(lb)
+        warm_up(args, lb.url)
+        s0, n0, b0 = transfer_seconds(dec.url)
+        results["pd"] = bench(args, lb.url, os.path.join(logdir, "pd.jsonl"))
+        s1, n1, b1 = transfer_seconds(dec.url)
+        xfer = {"seconds_sum": s1 - s0, "requests": n1 - n0, "bytes_sum": b1 - b0}
+        xfer["mean_ms"] = 1000 * xfer["seconds_sum"] / max(xfer["requests"], 1)
+        xfer["share_of_ttft"] = xfer["mean_ms"] / max(results["pd"]["mean_ttft_ms"], 1e-9)
+        return xfer
+    finally:
+        for p in reversed(procs):
+            p.stop()
+
+
+def write_report(a, results: dict, xfer: dict, errors: dict) -> None:
+    """(Re)write the markdown table and the JSON of everything measured so far."""
+    date = datetime.date.today().isoformat()
+    hw = f"{platform.node()} {platform.processor() or platform.machine()} ({a.device})"
+    if a.device == "cuda":
+        try:
+            import torch
+
+            hw += f" {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+        except Exception:  # noqa: BLE001
+            pass
+    lines = [f"# PD disaggregation vs aggregated ({date} {datetime.datetime.utcnow():%H:%M} UTC)", "",
+             f"hardware: {hw}", f"command: `python {' '.join(shlex.quote(x) for x in sys.argv)}`", ""]
+    if xfer:
+        lines += [f"transfer: backend {a.transfer_backend}, mode {a.transfer_mode}; {int(xfer['requests'])} timed "
+                  f"requests, {xfer['bytes_sum'] / max(xfer['requests'], 1) / 2**20:.2f} MiB and "
+                  f"{xfer['mean_ms']:.3f} ms per request; **transfer share of TTFT {100 * xfer['share_of_ttft']:.2f}%**"
+                  " (mean transfer / mean router TTFT)", ""]
+    cols = [s for s in SETUPS if s in results]
+    if not cols:
+        lines.append("no setup measured")
+    ratios = [(x, y) for x, y in (("pd", "agg2"), ("pd", "agg")) if x in results and y in results]
+    lines += [] if not cols else ["| metric | " + " | ".join(cols) + "".join(f" | {x} / {y}" for x, y in ratios) + " |",
+              "|---" * (1 + len(cols) + len(ratios)) + "|"]
+    for m in METRICS if cols else []:
+        row = [f"{results[c].get(m, float('nan')):.3f}" for c in cols]
+        for x, y in ratios:
+            vx, vy = results[x].get(m, 0), results[y].get(m, 0)
+            row.append(f"{vx / vy if vy else float('nan'):.3f}")
+        lines.append(f"| {m} | " + " | ".join(row) + " |")
+    for s, e in errors.items():
+        lines += ["", f"**{s} failed**: {e[-600:]}"]
+    text = "\n".join(lines) + "\n"
+    print(text, flush=True)
+    base = os.path.join(a.out_dir, f"{date}_pd_serving_{a.transfer_backend}_{a.transfer_mode}")
+    with open(base + ".md", "w") as f:
+        f.write(text)
+    with open(base + ".json", "w") as f:
+        json.dump({"date": date, "hardware": hw, "command": sys.argv, "results": results, "transfer": xfer,
+                   "errors": errors}, f, indent=1)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-path", required=True)
     ap.add_argument("--tokenizer-path", default=None,
@@ -129,78 +280,61 @@ def main() -> None:
                          "dummy-weight config folder (../shared/data/configs/...) be benchmarked without copying a "
                          "tokenizer beside it")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--setups", nargs="+", default=["agg", "pd"], choices=SETUPS)
     ap.add_argument("--transfer-backend", default="fake", choices=["fake", "nixl"])
     ap.add_argument("--transfer-mode", default="pull", choices=["pull", "push"])
     ap.add_argument("--server-extra", default="", help="flags for every server")
     ap.add_argument("--prefill-extra", default="")
     ap.add_argument("--decode-extra", default="")
+    ap.add_argument("--agg-extra", default="", help="flags of the single aggregated server (agg without agg2)")
+    ap.add_argument("--replica-gpus", nargs=2, type=int, default=[0, 1], help="GPU of each agg2 replica (cuda)")
     ap.add_argument("--dataset", default="sharegpt", choices=["sharegpt", "random"])
     ap.add_argument("--dataset-path", default=os.path.join(ROOT, "..", "shared", "data", "datasets", "sharegpt") + "/")
     ap.add_argument("--num-prompts", type=int, default=64)
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=32)
+    ap.add_argument("--range-ratio", type=float, default=1.0, help="random dataset: lengths in [ratio*len, len]")
     ap.add_argument("--context-len", type=int, default=400)
     ap.add_argument("--request-rate", type=float, default=0.0)
-    ap.add_argument("--max-concurrency", type=int, default=8)
+    ap.add_argument("--max-concurrency", type=int, default=8, help="0: no limit")
+    ap.add_argument("--warmup", type=int, default=4, help="untimed concurrent warm-up requests per server")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--startup-timeout", type=float, default=900)
     ap.add_argument("--bench-timeout", type=float, default=3600)
+    ap.add_argument("--pid-file", default="", help="append the pid of every process started (for a caller's trap)")
     ap.add_argument("--out-dir", default=os.path.join(ROOT, "benchmark", "results"))
-    a = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    a = parse_args(argv)
     logdir = os.path.join(a.out_dir, "pd_serving_logs")
     os.makedirs(logdir, exist_ok=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks: stop every server
     results: dict = {}
-    agg = server(a, [], "aggregated", logdir)
-    try:
-        results["aggregated"] = bench(a, agg.url, os.path.join(logdir, "aggregated.jsonl"))
-    finally:
-        agg.stop()
-    pd = ["--disaggregation-transfer-backend", a.transfer_backend, "--disaggregation-transfer-mode", a.transfer_mode]
-    procs = []
-    try:
-        pre = server(a, ["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(free_port()), *pd,
-                         *shlex.split(a.prefill_extra)], "prefill", logdir)
-        procs.append(pre)
-        dec = server(a, ["--disaggregation-mode", "decode", *pd, *shlex.split(a.decode_extra)], "decode", logdir)
-        procs.append(dec)
-        port = free_port()
-        lb = Proc([sys.executable, "-m", "sglang.srt.disaggregation.mini_lb", "--prefill", pre.url, "--decode", dec.url,
-                   "--port", str(port)], f"http://127.0.0.1:{port}", os.path.join(logdir, "router.log"), 120)
-        procs.append(lb)
-        results["router"] = bench(a, lb.url, os.path.join(logdir, "router.jsonl"))
-        xfer_s, xfer_n, xfer_b = transfer_seconds(dec.url)
-    finally:
-        for p in reversed(procs):
-            p.stop()
-    mean_xfer_ms = 1000 * xfer_s / max(xfer_n, 1)
-    share = mean_xfer_ms / max(results["router"]["mean_ttft_ms"], 1e-9)
-    date = datetime.date.today().isoformat()
-    hw = f"{platform.node()} {platform.processor() or platform.machine()} ({a.device})"
-    if a.device == "cuda":
-        try:
-            import torch
+    xfer: dict = {}
+    errors: dict = {}
 
-            hw += " " + torch.cuda.get_device_name(0)
-        except Exception:  # noqa: BLE001
-            pass
-    lines = [f"# PD disaggregation vs aggregated ({date})", "", f"hardware: {hw}",
-             f"command: `python {' '.join(shlex.quote(x) for x in sys.argv)}`", "",
-             f"transfer: backend {a.transfer_backend}, mode {a.transfer_mode}; {int(xfer_n)} requests, "
-             f"{xfer_b / max(xfer_n, 1) / 1024:.1f} KiB and {mean_xfer_ms:.3f} ms per request; "
-             f"**transfer share of TTFT {100 * share:.2f}%** (mean transfer / mean router TTFT)", "",
-             "| metric | aggregated | router (P+D) | router / aggregated |", "|---|---|---|---|"]
-    for m in METRICS:
-        x, y = results["aggregated"].get(m, 0), results["router"].get(m, 0)
-        lines.append(f"| {m} | {x:.3f} | {y:.3f} | {y / x if x else float('nan'):.3f} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    base = os.path.join(a.out_dir, f"{date}_pd_serving_{a.transfer_backend}_{a.transfer_mode}")
-    with open(base + ".md", "w") as f:
-        f.write(text)
-    with open(base + ".json", "w") as f:
-        json.dump({"date": date, "hardware": hw, "command": sys.argv, "results": results,
-                   "transfer": {"seconds_sum": xfer_s, "requests": xfer_n, "bytes_sum": xfer_b,
-                                "mean_ms": mean_xfer_ms, "share_of_ttft": share}}, f, indent=1)
+    def report() -> None:
+        write_report(a, results, xfer, errors)
+
+    order = list(dict.fromkeys(a.setups))
+    while order:
+        s = order.pop(0)
+        t0 = time.time()
+        try:
+            if s == "pd":
+                xfer.update(run_pd(a, logdir, results, report))
+            else:
+                which = [s] + (["agg2"] if s == "agg" and order[:1] == ["agg2"] else [])
+                order = [o for o in order if o not in which]
+                run_aggregated(a, logdir, which, results, report)
+        except Exception as e:  # noqa: BLE001 - the next setup still runs; the report names the failure
+            errors[s] = f"{type(e).__name__}: {e}"
+        print(f"[bench_pd_serving] {s} done in {time.time() - t0:.1f} s", flush=True)
+        report()
+    if errors:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,10 @@ if [ -z "${SGLANG_DEVICE_PREAMBLE:-}" ]; then
     export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
   fi
   if [ -d .sd ] && [ ! -e ../shared/data ]; then mkdir -p ../shared && ln -s "$root/.sd" ../shared/data; fi
+  # large text files travel gzipped (stage_shared_data.sh): tokenizer.json 17 MB -> 2.5 MB
+  if [ -d "$root/.sd" ]; then
+    find "$root/.sd" -name '*.gz' | while read -r f; do [ -e "${f%.gz}" ] || gunzip -k "$f"; done
+  fi
 fi
 export PYTHONPATH="$root/python:$root/sgl-kernel/python${PYTHONPATH:+:$PYTHONPATH}"
 if [ -n "${OUT:-}" ]; then mkdir -p "$OUT"; fi

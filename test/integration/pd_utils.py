@@ -15,9 +15,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from server_utils import ENV, ServerProcess, free_port  # noqa: E402
 
-# SGLANG_PD_TEST_DEVICE=cuda SGLANG_PD_TEST_BACKEND=nixl run the same tests on a GPU (scripts/gpu/pd_disaggregation.sh)
+# SGLANG_PD_TEST_DEVICE=cuda SGLANG_PD_TEST_BACKEND=nixl run the same tests on a GPU (scripts/gpu/pd_disaggregation.sh);
+# SGLANG_PD_TEST_SPLIT_GPUS=1 in addition puts every prefill server on GPU 0 and every decode server on GPU 1
+# (--base-gpu-id), so the KV crosses GPUs (scripts/gpu/issue24_pd_2gpu.sh); the aggregated baseline stays on GPU 0
 DEVICE = os.environ.get("SGLANG_PD_TEST_DEVICE", "cpu")
 BACKEND = os.environ.get("SGLANG_PD_TEST_BACKEND", "fake")
+SPLIT_GPUS = DEVICE == "cuda" and os.environ.get("SGLANG_PD_TEST_SPLIT_GPUS", "") == "1"
 _GPU = ["--mem-fraction-static", "0.2"] if DEVICE == "cuda" else []
 FAST = ["--device", DEVICE, "--max-total-tokens", "2048", "--max-running-requests", "8",
         "--disaggregation-transfer-backend", BACKEND, "--disaggregation-verify", *_GPU]
@@ -32,6 +35,8 @@ def pd_args(mode: str, model: str, extra: Optional[list[str]] = None, bootstrap_
             "--disaggregation-heartbeat-timeout", "3", "--disaggregation-heartbeat-interval", "0.5", "--enable-metrics"]
     if mode == "prefill":
         args += ["--disaggregation-bootstrap-port", str(bootstrap_port or free_port())]
+    if SPLIT_GPUS:
+        args += ["--base-gpu-id", "0" if mode == "prefill" else "1"]
     return args + list(extra or [])
 
 

@@ -110,10 +110,13 @@ def test_prefill_killed_with_requests_in_flight(model):
 def test_decode_killed_mid_request(model):
     servers = []
     try:
-        pre = ServerProcess(pd_args("prefill", model, timeouts=6.0), timeout=600)
-        servers.append(pre)
-        dec = ServerProcess(pd_args("decode", model), timeout=600)
-        servers.append(dec)
+        with cf.ThreadPoolExecutor(2) as pool:  # both sides start side by side
+            fut = {k: pool.submit(ServerProcess, pd_args(k, model, timeouts=6.0 if k == "prefill" else 20.0),
+                                  timeout=600) for k in ("prefill", "decode")}
+        for f in fut.values():  # keep every server that started, so the finally stops it
+            if f.exception() is None:
+                servers.append(f.result())
+        pre, dec = fut["prefill"].result(), fut["decode"].result()
         router = Router([pre.url], [dec.url])
         try:
             long = {"max_new_tokens": 200, "temperature": 0.0, "ignore_eos": True}
@@ -124,11 +127,17 @@ def test_decode_killed_mid_request(model):
                         for i in range(3)]
                 _wait_until(lambda: pre.internal_state()["disagg_open_rooms"] == 3, 60, "3 rooms held on prefill")
                 assert kv_in_use(pre) > 0
+                t_kill = time.time()
                 _signal_tree(dec, signal.SIGKILL)
                 res = [f.result() for f in futs]
+                t_err = time.time() - t_kill
             assert all(r.status_code >= 500 for r in res), [r.status_code for r in res]
+            assert t_err < 10.0, f"clients got their errors {t_err:.1f} s after the decode server died"
             _wait_until(lambda: kv_in_use(pre) == 0 and pre.internal_state()["disagg_open_rooms"] == 0, 60,
                         "the prefill side to free the KV held for the dead decode server")
+            t_free = time.time() - t_kill
+            print(f"[pd-fault] decode killed: {len(res)} clients errored ({sorted({r.status_code for r in res})}) "
+                  f"within {t_err:.2f} s; prefill KV freed within {t_free:.2f} s", flush=True)
             assert pre.internal_state()["disagg_rooms_failed"] >= 3
         finally:
             router.stop()

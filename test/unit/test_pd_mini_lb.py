@@ -67,6 +67,8 @@ class _Worker:
 
             def do_POST(self):  # noqa: N802
                 outer.flushes += self.path == "/flush_cache"
+                n = int(self.headers.get("Content-Length") or 0)
+                outer.posts.append((self.path, self.rfile.read(n)))
                 self._answer(flush_status, b'{"success": %s}' % (b"true" if flush_status == 200 else b"false"))
 
             def do_GET(self):  # noqa: N802
@@ -76,6 +78,7 @@ class _Worker:
                 pass
 
         self.flushes = 0
+        self.posts: list = []
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -106,3 +109,29 @@ def test_flush_cache_and_decode_proxies_name_the_failing_worker():
     finally:
         for w in (ok_p, ok_d, busy_d):
             w.close()
+
+
+def test_aggregated_workers_round_robin_unchanged_bodies():
+    """--workers: plain round robin over aggregated replicas; bodies go through unchanged (no bootstrap fields);
+    a dead replica is a 502 naming it; --workers with --prefill/--decode is a CLI error."""
+    import json
+
+    a, b = _Worker(200), _Worker(200)
+    dead = "http://127.0.0.1:9"
+    try:
+        st = RouterState(regular=[a.url, b.url])
+        with TestClient(create_app(st)) as client:
+            for i in range(4):
+                assert client.post("/generate", json={"text": f"p{i}"}).status_code == 200
+            got = {w.url: [json.loads(body) for path, body in w.posts if path == "/generate"] for w in (a, b)}
+            assert got == {a.url: [{"text": "p0"}, {"text": "p2"}], b.url: [{"text": "p1"}, {"text": "p3"}]}
+            assert client.get("/get_server_info").json()["workers"] == [a.url, b.url]
+            assert client.post("/flush_cache").json() == {"success": True} and a.flushes == b.flushes == 1
+            st.regular = [dead]
+            r = client.post("/v1/completions", json={"prompt": "x"})
+            assert r.status_code == 502 and f"worker {dead}" in r.text, r.text
+    finally:
+        a.close()
+        b.close()
+    with pytest.raises(SystemExit):
+        main(["--workers", "http://a", "--decode", "http://c"])

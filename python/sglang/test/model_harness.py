@@ -59,13 +59,28 @@ class ModelHarness:
     every request decodes, EXTEND when none does, MIXED otherwise.
     """
 
-    def __init__(self, model, config, max_reqs: int = 8, max_len: int = 96, seed: int = 0, device: str = "cpu"):
+    def __init__(self, model, config, max_reqs: int = 8, max_len: int = 96, seed: int = 0, device: str = "cpu",
+                 attention_backend: str = "torch_native"):
+        """``attention_backend``: ``torch_native`` (the per-request reference, over a :class:`TinyKVPool`) or
+        ``triton`` (the server's GPU backend, over a real :class:`MHATokenToKVPool`; CUDA, or CPU under
+        ``TRITON_INTERPRET=1``). Raises ValueError for another name."""
         self.model, self.device = model, device
         self.num_layers = config.num_hidden_layers
-        self.kv = TinyKVPool(config.num_hidden_layers, max_reqs * max_len + 1, config.num_key_value_heads,
-                             config.head_dim, config.dtype, device)
+        slots = max_reqs * max_len
+        if attention_backend == "torch_native":
+            self.kv = TinyKVPool(config.num_hidden_layers, slots + 1, config.num_key_value_heads,
+                                 config.head_dim, config.dtype, device)
+            self.backend = TorchNativeAttnBackend()
+        elif attention_backend == "triton":
+            from sglang.srt.layers.attention import create_attention_backend
+            from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+            self.kv = MHATokenToKVPool(slots, 1, config.dtype, config.num_key_value_heads, config.head_dim,
+                                       config.num_hidden_layers, device)  # slot 0 is the pool's reserved slot
+            self.backend = create_attention_backend("triton")
+        else:
+            raise ValueError(f"attention_backend={attention_backend!r}: choose 'torch_native' or 'triton'")
         self.req_to_token_pool = TinyReqToTokenPool(max_reqs, max_len, device)
-        self.backend = TorchNativeAttnBackend()
         gen = torch.Generator().manual_seed(seed)
         self.free_slots = (torch.randperm(max_reqs * max_len, generator=gen) + 1).tolist()  # slot 0 unused
         self.reqs: dict[object, _Req] = {}
@@ -83,10 +98,11 @@ class ModelHarness:
     def tokens(self, rid) -> list[int]:
         return list(self.reqs[rid].tokens)
 
-    def step(self, items: list[tuple[object, list[int]]], executor=None) -> torch.Tensor:
+    def step(self, items: list[tuple[object, list[int]]], executor=None, poison: bool = True) -> torch.Tensor:
         """Append the items' tokens and run them (``executor``: a ModelExecutor, default the model's own
-        forward); returns next-token logits ``[bs, vocab]``."""
-        return self.run(self.prepare(items), executor)
+        forward); returns next-token logits ``[bs, vocab]``. ``poison``: see :meth:`run` (benchmarks pass False:
+        the NaN fill is 2 writes per layer that a server step does not do)."""
+        return self.run(self.prepare(items), executor, poison)
 
     def poison_kv(self, fb: ForwardBatch) -> None:
         """Fill the KV slots ``fb`` is about to write with NaN in every layer, so a stage that reads a slot before
@@ -111,7 +127,7 @@ class ModelHarness:
 
     def prepare(self, items: list[tuple[object, list[int]]]) -> ForwardBatch:
         """Append the items' tokens (allocating KV slots) and build their ForwardBatch without running it."""
-        ids, pos, locs, rows, prefix, ext = [], [], [], [], [], []
+        ids, pos, locs, rows, prefix, ext, r2t_rows, r2t_cols = [], [], [], [], [], [], [], []
         for rid, new in items:
             if not new:
                 raise ValueError(f"request {rid!r}: no new tokens")
@@ -120,7 +136,8 @@ class ModelHarness:
                 req = self.reqs[rid] = _Req(self.free_rows.pop())
             p = len(req.tokens)
             slots = [self.free_slots.pop() for _ in new]
-            self.req_to_token_pool.req_to_token[req.row, p:p + len(new)] = torch.tensor(slots, dtype=torch.int32)
+            r2t_rows += [req.row] * len(new)
+            r2t_cols += range(p, p + len(new))
             req.tokens.extend(new)
             ids += new
             pos += range(p, p + len(new))
@@ -128,6 +145,9 @@ class ModelHarness:
             rows.append(req.row)
             prefix.append(p)
             ext.append(len(new))
+        r2t = self.req_to_token_pool.req_to_token  # one indexed write for the whole batch (not one per request)
+        idx = torch.tensor([r2t_rows, r2t_cols, locs], dtype=torch.int64).to(r2t.device)
+        r2t[idx[0], idx[1]] = idx[2].to(torch.int32)
         decodes = [e == 1 and p > 0 for p, e in zip(prefix, ext)]
         mode = ForwardMode.DECODE if all(decodes) else ForwardMode.MIXED if any(decodes) else ForwardMode.EXTEND
         self.last_mode = mode

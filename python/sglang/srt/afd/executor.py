@@ -16,7 +16,8 @@ micro-batch's attention starts at once; a micro-batch's results are received and
 
 Dense layers (Qwen2-MoE's ``mlp_only_layers``/``decoder_sparse_step``) run their MLP here. The pipeline
 hides communication when ``m >= 2 (1 + Tc / Tf)`` (sec. 4.1, with Ta ~ Tf); the executor measures
-``Ta`` (attention stages per micro-batch), ``Tf`` (expert compute, reported by FFN workers) and ``Tc``
+``Ta`` (attention stages per micro-batch; CUDA events on a GPU: the stages' GPU time), ``Tf`` (expert compute,
+reported by FFN workers, GPU time on a GPU) and ``Tc``
 (``(round trip - Tf) / 2``, an upper bound when results wait in the inbox) and logs the bound against ``m``.
 
 Tensor parallelism inside an attention worker: only TP rank 0 talks to FFN workers; other ranks contribute a
@@ -130,14 +131,14 @@ class AfdExecutor(StagedExecutor):
         for k, st in enumerate(states):
             if k in self._pending:
                 self._finish(self._pending.pop(k), st)
-            t0 = time.perf_counter()
             if not moe:
                 for name in names:
                     layer.run_stage(name, st)
                 continue
+            t0 = self._mark(st)
             for name in PRE_MOE:
                 layer.run_stage(name, st)
-            self._ta.append(time.perf_counter() - t0)
+            self._ta.append((t0, self._mark(st)))
             self._pending[k] = (index, layer, self._dispatch(index, k, st))
 
     def finish(self, states: list[LayerState]) -> None:
@@ -145,6 +146,25 @@ class AfdExecutor(StagedExecutor):
         for k, st in enumerate(states):
             if k in self._pending:
                 self._finish(self._pending.pop(k), st)
+
+    @staticmethod
+    def _mark(st: LayerState):
+        """A timestamp of the attention stages: a timed CUDA event recorded on the current stream for CUDA hidden
+        states (Ta is then the GPU time of the stages, not the host time of their launches), else perf_counter."""
+        x = st.hidden
+        if isinstance(x, torch.Tensor) and x.is_cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    @staticmethod
+    def _elapsed(t0, t1) -> float:
+        """Seconds between two :meth:`_mark` stamps (for events: waits until the second has been reached)."""
+        if isinstance(t0, float):
+            return t1 - t0
+        t1.synchronize()
+        return t0.elapsed_time(t1) * 1e-3
 
     def _key(self, k: int) -> int:
         return (self.step << 8) | k
@@ -155,14 +175,15 @@ class AfdExecutor(StagedExecutor):
         row selection is synchronized to the host (no ``nonzero``); the FFN worker skips zero-weight pairs'
         contributions. Returns ``(n, send time, key)``."""
         moe = st.moe
-        self.collector.record(moe.topk_ids, 0)
+        if self.rebalancer is not None:  # the counts feed only the rebalancer (5 launches per layer otherwise)
+            self.collector.record(moe.topk_ids, 0)
         if self.ep is None:
             return None
         n = moe.x.shape[0]
         if n > self.topo.max_rows:
             raise ValueError(f"a micro-batch of {n} tokens exceeds --afd-max-tokens={self.topo.max_rows}; raise it or "
                              "lower --chunked-prefill-size")
-        worker, _ = assign_tokens(moe.topk_ids, self.placement)
+        worker = assign_tokens(moe.topk_ids, self.placement)[0] if self.topo.num_ffn > 1 else None
         x, ids = moe.x.contiguous(), moe.topk_ids.int().contiguous()
         weights = moe.topk_weights.float()
         t_send = time.perf_counter()
@@ -175,7 +196,7 @@ class AfdExecutor(StagedExecutor):
         """N2M: receive the N_E results of ``pend`` (``n`` rows each), sum them, run ``moe_combine``."""
         li, layer, sent = pend
         moe = st.moe
-        out = torch.zeros_like(moe.x)
+        out = None
         if sent is not None:
             n, t_send, key = sent
             for reply in self._results(li, key):
@@ -183,9 +204,11 @@ class AfdExecutor(StagedExecutor):
                 if reply.tensors[0].shape[0] != n:
                     raise RuntimeError(f"FFN worker {j} returned {reply.tensors[0].shape[0]} rows for layer {li}, "
                                        f"expected {n}")
-                out += reply.tensors[0]
+                out = reply.tensors[0] if out is None else out + reply.tensors[0]  # replies are private copies
                 self._tf.append(reply.meta[4] * 1e-6)
             self._rtt.append(time.perf_counter() - t_send)
+        if out is None:  # TP rank > 0: the following reduction sums rank 0's result
+            out = torch.zeros_like(moe.x)
         moe.expert_out = out
         layer.run_stage("moe_combine", st)
 
@@ -211,6 +234,8 @@ class AfdExecutor(StagedExecutor):
 
     # ---- between steps: constraint log, load balancing -----------------------------------------------
     def _between_steps(self) -> None:
+        for v in (self._ta, self._tf, self._rtt):  # keep the window pipeline_constraint reads
+            del v[:-512]
         if self.ep is not None and self._tf and (self.step <= 3 or self.step % LOG_EVERY_STEPS == 0):
             self.last_constraint = self.pipeline_constraint()
             c = self.last_constraint
@@ -225,10 +250,15 @@ class AfdExecutor(StagedExecutor):
 
     def pipeline_constraint(self) -> dict:
         """Median ``ta_ms``, ``tf_ms``, ``tc_ms`` over recent steps and ``m_min = 2 (1 + Tc / Tf)`` (sec. 4.1)."""
-        ta, tf, rtt = (float(np.median(v[-512:])) for v in (self._ta, self._tf, self._rtt))
+        ta_s = [self._elapsed(t0, t1) for t0, t1 in self._ta[-512:]]  # waits for the last recorded events
+        ta, tf, rtt = (float(np.median(v[-512:])) for v in (ta_s, self._tf, self._rtt))
         tc = max(0.0, (rtt - tf) / 2)
         return {"ta_ms": ta * 1e3, "tf_ms": tf * 1e3, "tc_ms": tc * 1e3, "m_min": 2 * (1 + tc / max(tf, 1e-9)),
                 "m": self.m}
+
+    def reset_pipeline_stats(self) -> None:
+        """Forget the Ta, Tf and round-trip samples (a benchmark starting a new configuration)."""
+        self._ta, self._tf, self._rtt = [], [], []
 
     def apply_placement(self, placement) -> None:
         """Send every FFN worker its experts under ``placement``, wait for all acknowledgements, then route by it.

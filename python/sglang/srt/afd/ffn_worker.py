@@ -59,6 +59,8 @@ class FfnServer:
             result_layout(s0.hidden, mc.dtype), recv_layout=dispatch_layout(s0.hidden, s0.top_k, mc.dtype),
             transport=create_afd_transport(topo.transport), alive=alive)
         self.steps = 0
+        self._timings: list = []  # (start, end) CUDA events of computations not yet read
+        self._gpu_us = None  # GPU microseconds of the latest finished computation
 
     @property
     def expert_ids(self) -> list[int]:
@@ -111,9 +113,11 @@ class FfnServer:
                 shard = self.shards.get(layer)
                 if shard is None:
                     raise ValueError(f"layer {layer} is not a MoE layer of this model")
-                x = torch.cat([m.tensors[0] for m in group])
-                out = shard.compute(x, torch.cat([m.tensors[1] for m in group]), torch.cat([m.tensors[2] for m in group]))
-                us = int((time.perf_counter() - t0) * 1e6)
+                x, ids, w = (torch.cat([m.tensors[i] for m in group]) if len(group) > 1 else group[0].tensors[i]
+                             for i in range(3))  # one message: its (private) tensors as they are
+                ev = self._mark()
+                out = shard.compute(x, ids, w)
+                us = self._compute_us(t0, ev)
                 for m, o in zip(group, torch.split(out, [m.tensors[0].shape[0] for m in group])):
                     self._reply(m.src, [o], (RESULT, layer, m.meta[2], self.version, us))
             except ValueError as e:
@@ -123,6 +127,28 @@ class FfnServer:
                                                     device=self.device)], (ERROR, layer, m.meta[2], self.version))
         self.steps += 1
         return True
+
+    def _mark(self):
+        """A timed CUDA event recorded now on the current stream (None off CUDA)."""
+        if self.device.type != "cuda":
+            return None
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def _compute_us(self, t0: float, ev0) -> int:
+        """The expert-compute microseconds reported as Tf: on CUDA the GPU time (CUDA events) of the latest
+        computation already finished on the device (this one's pair is queued and read later, so nothing waits);
+        elsewhere, or before any has finished, the host time since ``t0``."""
+        host = int((time.perf_counter() - t0) * 1e6)
+        if ev0 is None:
+            return host
+        self._timings.append((ev0, self._mark()))
+        while self._timings and self._timings[0][1].query():
+            e0, e1 = self._timings.pop(0)
+            self._gpu_us = int(e0.elapsed_time(e1) * 1e3)
+        del self._timings[:-64]
+        return self._gpu_us if self._gpu_us is not None else host
 
     def _reply(self, dst: int, tensors, meta) -> None:
         self.ep.send(dst, tensors, meta)

@@ -7,6 +7,9 @@ For every request it picks a prefill and a decode server (round robin), draws a 
 adds ``bootstrap_host`` / ``bootstrap_port`` (the prefill server's bootstrap server; learned from its
 ``/get_server_info`` unless ``--prefill-bootstrap-ports`` overrides) and sends the request to both at
 once; the answer (JSON or SSE stream) is the decode server's. The prefill server's answer is drained.
+With ``--workers http://A http://B ...`` instead (aggregated replicas, no disaggregation) it is a plain
+round-robin load balancer: each request goes unchanged to the next worker and its answer is relayed (the
+same-GPU-count baseline of ``benchmark/bench_pd_serving.py``).
 Routes: ``/generate``, ``/v1/completions``, ``/v1/chat/completions`` (streaming and not), ``/v1/models``,
 ``/health``, ``/get_server_info``, and for dynamic workers ``POST /add_worker?url=U&role=prefill|decode``
 (``&bootstrap_port=N`` optional) and ``POST /remove_worker?url=U``: a removed worker gets no new requests
@@ -49,6 +52,7 @@ class RouterState:
 
     prefill: list[PrefillWorker] = field(default_factory=list)
     decode: list[str] = field(default_factory=list)
+    regular: list[str] = field(default_factory=list)  # aggregated replicas (--workers): no prefill/decode split
     rr: Any = field(default_factory=lambda: itertools.count())
     rng: random.Random = field(default_factory=random.Random)
 
@@ -59,6 +63,12 @@ class RouterState:
                               "add workers with POST /add_worker")
         i = next(self.rr)
         return self.prefill[i % len(self.prefill)], self.decode[i % len(self.decode)]
+
+    def pick_regular(self) -> str:
+        """Round-robin aggregated replica (``--workers``). Raises LookupError when there is none."""
+        if not self.regular:
+            raise LookupError("the router has no aggregated worker")
+        return self.regular[next(self.rr) % len(self.regular)]
 
 
 async def learn_bootstrap_address(session: aiohttp.ClientSession, url: str,
@@ -141,6 +151,11 @@ def create_app(state: RouterState, timeout_s: float = 600.0) -> FastAPI:
             return JSONResponse({"error": {"message": "the request body is not valid JSON"}}, status_code=400)
         if not isinstance(body, dict):
             return JSONResponse({"error": {"message": "the request body must be a JSON object"}}, status_code=400)
+        if state.regular:
+            try:
+                return await _forward(state.pick_regular(), path, body, "worker")
+            except LookupError as e:
+                return JSONResponse({"error": {"message": str(e)}}, status_code=503)
         try:
             pw, dw = state.pick()
         except LookupError as e:
@@ -151,16 +166,21 @@ def create_app(state: RouterState, timeout_s: float = 600.0) -> FastAPI:
         prefill_task = asyncio.ensure_future(_drain_prefill(pw.url + path, body))  # never awaited by the answer:
         background.add(prefill_task)  # a frozen prefill server must not hold up the decode side's answer
         prefill_task.add_done_callback(background.discard)
+        return await _forward(dw, path, body)
+
+    async def _forward(dw: str, path: str, body: dict, role: str = "decode server"):
+        """POST ``body`` to worker ``dw`` and relay its answer (JSON, or SSE for ``stream``); 502 naming the
+        worker when it cannot be reached or dies mid-stream."""
         stream = bool(body.get("stream"))
         try:
             resp = await session().post(dw + path, json=body)
         except aiohttp.ClientError as e:
-            return JSONResponse({"error": {"message": f"decode server {dw} failed: {e}"}}, status_code=502)
+            return JSONResponse({"error": {"message": f"{role} {dw} failed: {e}"}}, status_code=502)
         if not stream or resp.status != 200:
             try:
                 data = await resp.read()
             except aiohttp.ClientError as e:
-                return JSONResponse({"error": {"message": f"decode server {dw} failed: {e}"}}, status_code=502)
+                return JSONResponse({"error": {"message": f"{role} {dw} failed: {e}"}}, status_code=502)
             finally:
                 resp.release()
             return Response(content=data, status_code=resp.status,
@@ -171,8 +191,8 @@ def create_app(state: RouterState, timeout_s: float = 600.0) -> FastAPI:
                 async for chunk in resp.content.iter_any():
                     yield chunk
             except aiohttp.ClientError as e:  # the decode server died mid-stream: end with an error event
-                logger.warning("decode server %s failed mid-stream: %s", dw, e)
-                msg = json.dumps({"error": {"message": f"decode server {dw} failed: {e}", "code": 502}})
+                logger.warning("%s %s failed mid-stream: %s", role, dw, e)
+                msg = json.dumps({"error": {"message": f"{role} {dw} failed: {e}", "code": 502}})
                 yield f"data: {msg}\n\n".encode()
             finally:
                 resp.release()
@@ -198,9 +218,10 @@ def create_app(state: RouterState, timeout_s: float = 600.0) -> FastAPI:
 
     async def _from_decode(path: str) -> Response:
         """The first decode worker's answer to ``GET path`` (503 without one, 502 when it cannot be reached)."""
-        if not state.decode:
+        workers = state.decode or state.regular
+        if not workers:
             return JSONResponse({"error": {"message": "no decode worker"}}, status_code=503)
-        status, data = await _call("GET", state.decode[0] + path)
+        status, data = await _call("GET", workers[0] + path)
         return Response(content=data, status_code=status, media_type="application/json")
 
     @app.get("/v1/models")
@@ -214,7 +235,7 @@ def create_app(state: RouterState, timeout_s: float = 600.0) -> FastAPI:
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache():
         """Flush every worker's cache; 200 only when all did, else 400 naming each worker that did not."""
-        urls = [p.url for p in state.prefill] + state.decode
+        urls = [p.url for p in state.prefill] + state.decode + state.regular
         answers = await asyncio.gather(*(_call("POST", u + "/flush_cache") for u in urls))
         failed = {u: data.decode(errors="replace")[:300] for u, (status, data) in zip(urls, answers) if status != 200}
         if not failed:
@@ -229,7 +250,8 @@ def create_app(state: RouterState, timeout_s: float = 600.0) -> FastAPI:
 
     @app.get("/get_server_info")
     async def server_info():
-        return {"prefill": [vars(p) for p in state.prefill], "decode": list(state.decode)}
+        return {"prefill": [vars(p) for p in state.prefill], "decode": list(state.decode),
+                "workers": list(state.regular)}
 
     @app.post("/add_worker")
     async def add_worker(url: str, role: str, bootstrap_port: Optional[int] = None):
@@ -270,6 +292,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     p = argparse.ArgumentParser(prog="python -m sglang.srt.disaggregation.mini_lb")
     p.add_argument("--prefill", nargs="*", default=[], help="prefill server URLs")
     p.add_argument("--decode", nargs="*", default=[], help="decode server URLs")
+    p.add_argument("--workers", nargs="*", default=[],
+                   help="aggregated server URLs: round-robin load balancing without disaggregation (not with "
+                        "--prefill/--decode)")
     p.add_argument("--prefill-bootstrap-ports", nargs="*", type=int, default=None,
                    help="bootstrap port of each --prefill server (default: asked from each server)")
     p.add_argument("--host", default="127.0.0.1")
@@ -281,7 +306,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     if a.prefill_bootstrap_ports is not None and len(a.prefill_bootstrap_ports) != len(a.prefill):
         p.error(f"--prefill-bootstrap-ports has {len(a.prefill_bootstrap_ports)} ports for {len(a.prefill)} "
                 "--prefill servers; give one per server")
-    state = RouterState(decode=[u.rstrip("/") for u in a.decode])
+    if a.workers and (a.prefill or a.decode):
+        p.error("--workers (aggregated replicas) cannot be combined with --prefill/--decode; use one mode")
+    state = RouterState(decode=[u.rstrip("/") for u in a.decode], regular=[u.rstrip("/") for u in a.workers])
 
     async def learn() -> None:
         async with aiohttp.ClientSession() as s:
@@ -297,7 +324,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         asyncio.run(learn())
     except ValueError as e:
         p.error(str(e))
-    logger.info("router: prefill %s, decode %s", [(w.url, w.bootstrap_port) for w in state.prefill], state.decode)
+    logger.info("router: prefill %s, decode %s, aggregated %s", [(w.url, w.bootstrap_port) for w in state.prefill],
+                state.decode, state.regular)
     uvicorn.run(create_app(state, a.timeout), host=a.host, port=a.port, log_level="warning")
 
 

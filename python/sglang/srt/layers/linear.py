@@ -98,6 +98,8 @@ class LinearBase(nn.Module):
         # experimental (issue 19): decode batches of <= 16 rows through the skinny Triton GEMM; off by default,
         # read once here (SGLANG_SKINNY_GEMM=1), see sglang.srt.layers.ops.linear
         self.skinny_gemm = os.environ.get(SKINNY_GEMM_ENV, "0") not in ("", "0")
+        # issue 27: the DecodeGemmTable the CUDA-graph runner measured on this device (decode_gemm.install), or None
+        self.decode_gemm: Optional[Any] = None
         # the SequenceParallelLayout a sequence-parallel executor installed (once); it is active only during its
         # forwards (see forward); None: never sequence-parallel
         self.sequence_parallel: Optional[Any] = None
@@ -121,8 +123,8 @@ class LinearBase(nn.Module):
         sp = self.sequence_parallel
         if sp is not None and sp.rows is not None:
             return self.forward_gathered(x, sp.rows, sp.ops)
-        if self.skinny_gemm:
-            return ops.linear(x, self.weight, self.bias, skinny=True)
+        if self.skinny_gemm or self.decode_gemm is not None:
+            return ops.linear(x, self.weight, self.bias, skinny=self.skinny_gemm, table=self.decode_gemm)
         return F.linear(x, self.weight, self.bias)
 
     def forward_gathered(self, x_shard: torch.Tensor, rows, sp_ops: Any) -> torch.Tensor:
@@ -303,7 +305,10 @@ class RowParallelLinear(LinearBase):
         if sp is not None and sp.rows is not None:
             return self.forward_scattered(x, sp.rows, sp.ops)
         bias = self.bias if self.tp_rank == 0 else None
-        out = ops.linear(x, self.weight, bias, skinny=True) if self.skinny_gemm else F.linear(x, self.weight, bias)
+        if self.skinny_gemm or self.decode_gemm is not None:
+            out = ops.linear(x, self.weight, bias, skinny=self.skinny_gemm, table=self.decode_gemm)
+        else:
+            out = F.linear(x, self.weight, bias)
         if self.tp_size > 1 and self.reduce_results:
             if self.comm is None:
                 raise ValueError("RowParallelLinear with tp_size > 1 needs a comm object to all-reduce its output")

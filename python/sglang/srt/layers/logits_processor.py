@@ -12,6 +12,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from sglang.srt.layers import ops
+
 
 @dataclass
 class LogitsProcessorOutput:
@@ -48,9 +50,14 @@ class LogitsProcessor(nn.Module):
         self.vocab_size = vocab_size
         self.logit_scale = logit_scale
         self.tp_size, self.comm = tp_size, comm
+        # issue 27: the DecodeGemmTable the CUDA-graph runner measured on this device (decode_gemm.install), or None
+        self.decode_gemm = None
 
     def _project(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
-        logits = torch.matmul(hidden, lm_head_weight.t())
+        if self.decode_gemm is not None:
+            logits = ops.linear(hidden, lm_head_weight, None, table=self.decode_gemm)
+        else:
+            logits = torch.matmul(hidden, lm_head_weight.t())
         if self.tp_size > 1:
             if self.comm is None:
                 raise ValueError("LogitsProcessor with tp_size > 1 needs a comm object to all-gather the logits")

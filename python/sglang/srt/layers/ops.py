@@ -140,16 +140,20 @@ def rope_and_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     return kern.rope_and_store_kv(positions, q, k, v, cos_sin_cache, head_dim, is_neox_style, k_buf, v_buf, loc)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, skinny: bool = False
-           ) -> torch.Tensor:
-    """``F.linear(x, weight, bias)``; with ``skinny=True`` a 2-D CUDA bf16/fp16 ``x`` of 1..16 rows runs the
-    weight-streaming Triton GEMM (:func:`sgl_kernel.triton.skinny_gemm.skinny_gemm`, experimental, issue 19) instead
-    of cuBLAS. x ``[..., in]``, weight ``[out, in]``, bias ``[out]`` -> ``[..., out]`` in x's dtype."""
-    if skinny and x.dim() == 2 and 1 <= x.shape[0] <= 16 and x.dtype in (torch.bfloat16, torch.float16) \
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, skinny: bool = False,
+           table=None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``, or the weight-streaming Triton GEMM
+    (:func:`sgl_kernel.triton.skinny_gemm.skinny_gemm`) for a 2-D CUDA bf16/fp16 ``x`` with contiguous rows when
+    ``table`` (a :class:`~sglang.srt.layers.decode_gemm.DecodeGemmTable` measured on this device) names a config for
+    this (shape, row count), or with ``skinny=True`` (issue 19's fixed config, 1..16 rows). x ``[..., in]``, weight
+    ``[out, in]``, bias ``[out]`` -> ``[..., out]`` in x's dtype."""
+    if (skinny or table is not None) and x.dim() == 2 and x.dtype in (torch.bfloat16, torch.float16) \
             and x.dtype == weight.dtype and x.stride(-1) == 1 and weight.stride(-1) == 1:
-        kern = _triton(x, "skinny_gemm")
-        if kern is not None:
-            return kern.skinny_gemm(x, weight, bias)
+        cfg = table.lookup(weight.shape[0], weight.shape[1], x.dtype, x.shape[0]) if table is not None else None
+        if cfg is not None or (skinny and 1 <= x.shape[0] <= 16):
+            kern = _triton(x, "skinny_gemm")
+            if kern is not None:
+                return kern.skinny_gemm(x, weight, bias, **(cfg.kwargs() if cfg is not None else {}))
     return torch.nn.functional.linear(x, weight, bias)
 
 

@@ -153,6 +153,19 @@ def torch_device_index(device: str) -> Optional[int]:
     return int(idx) if sep and idx.isdigit() else None
 
 
+def make_device_current(device: str) -> None:
+    """Make an explicit CUDA device (``"cuda:1"``) this process's current device; no-op for ``cpu``/``cuda``.
+
+    A single-rank server on ``--base-gpu-id 1`` builds its tensors on ``cuda:1``, but Triton launches kernels (and
+    ``torch.cuda.current_stream()`` answers) on the *current* device, ``cuda:0`` unless set: its kernels would
+    run on the wrong GPU. TP > 1 sets it in ``init_parallel_state``; this covers every rank."""
+    idx = torch_device_index(device)
+    if idx is not None and device.startswith("cuda"):
+        import torch
+
+        torch.cuda.set_device(idx)
+
+
 def _start(spec, parent_watch):
     """Build this worker's model runner, scheduler and socket loop from ``spec`` (see :func:`run_scheduler_process`);
     returns ``(SchedulerProcess, ModelRunner, ModelConfig)``."""
@@ -176,6 +189,7 @@ def _start(spec, parent_watch):
             **({"timeout_s": float(args.dist_timeout)} if args.dist_timeout else {})))
         if device_type == "cuda":
             device = str(ps.torch_device())
+    make_device_current(device)
     runner = ModelRunner(mc, args, device, tp_rank=tp_rank, tp_size=tp_size, parallel_state=ps, worker=spec,
                          alive=parent_watch.parent_alive if parent_watch is not None else None)
     tokenizer = None if args.skip_tokenizer_init else get_tokenizer(args.resolved_tokenizer_path,

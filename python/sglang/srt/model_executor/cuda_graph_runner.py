@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
+from sglang.srt.layers import decode_gemm
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.forward_batch_info import ForwardBatch, ForwardMode, ModelWorkerBatch
 from sglang.srt.model_executor.graph_inputs import DecodeInputStager
@@ -95,6 +96,11 @@ class CudaGraphRunner:
             heads = runner.local_num_heads
             kv_heads = runner.token_to_kv_pool.head_num
             backend.init_cuda_graph_state(self.max_bs, heads, mc.head_dim, kv_heads, self.device)
+        # issue 27: per (linear shape, batch bucket) cuBLAS or a skinny GEMM config, measured here before capture
+        # (SGLANG_DECODE_GEMM_AUTOTUNE=1); None leaves every linear on cuBLAS
+        self.decode_gemm_table = decode_gemm.maybe_autotune(runner.model, self.batch_sizes, self.device,
+                                                            rank=getattr(runner, "tp_rank", 0))
+        decode_gemm.install(runner.model, self.decode_gemm_table)
         self._capture_all()
 
     def _forward_batch(self, bs: int) -> ForwardBatch:

@@ -75,9 +75,9 @@ def _rope(neox: bool) -> Tuple[str, str, Dict[str, str], Dict[str, object], int]
 
 def _skinny_gemm() -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
     sig = {"X": "*bf16", "W": "*bf16", "B": "*bf16", "Y": "*bf16"}
-    for n in ("M", "N", "K", "stride_xm", "stride_wn", "stride_ym"):
+    for n in ("M", "N", "K", "K_CHUNK", "stride_xm", "stride_wn", "stride_ym"):
         sig[n] = _I32
-    const = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, HAS_BIAS=False, DOT_F32=False)
+    const = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, HAS_BIAS=False, PARTIAL=False, DOT_F32=False)
     sig.update({n: "constexpr" for n in const})
     return "skinny_gemm", "_skinny_gemm_kernel", sig, const, 4
 
@@ -104,7 +104,7 @@ _DIV16_INTS = {"stride_qb", "stride_qh", "stride_kt", "stride_kh", "stride_vt", 
                "stride_moh", "stride_mos", "stride_mlb", "stride_mlh", "stride_ob", "stride_oh", "stride_q", "stride_k",
                "stride_qt", "stride_ot", "stride_v", "stride_c", "stride_kbt", "stride_kbh", "stride_vbt", "stride_vbh",
                "num_q_heads",
-               "stride_xm", "stride_wn", "stride_ym", "K", "N"}
+               "stride_xm", "stride_wn", "stride_ym", "K", "N", "K_CHUNK"}
 
 
 def runtime_attrs(fn, sig: Dict[str, str]) -> Dict[tuple, list]:

@@ -1,20 +1,23 @@
-"""Weight-streaming GEMM for decode-sized batches: ``y = x @ w.T`` with few rows of x (M <= 16).
+"""Weight-streaming GEMM for decode-sized batches: ``y = x @ w.T`` with few rows of x (M <= 128).
 
-At decode batch 1-16 a linear layer is a matrix-vector product bound by reading the weight once from HBM. The
-decode-step profile of issue 19 (Llama-3.1-8B, batch 1) shows cuBLAS at ~65% of the HBM bandwidth on the
-smaller projections (qkv 4096x6144, o_proj 4096x4096) and split-K launches with a separate reduce kernel. This
-kernel gives every program a ``BLOCK_N``-row strip of the weight over the whole K (no split-K, no reduce, no
-atomics, deterministic), streamed in ``BLOCK_K`` tiles through a multi-stage ``cp.async`` pipeline, with all
-(padded) rows of x in one ``tl.dot`` per tile. Technique: the classic GEMV / "skinny GEMM" weight-streaming
-schedule (e.g. NVIDIA, "CUTLASS GEMV"; Williams et al., "Roofline", CACM 2009, for the bandwidth bound).
+At decode a linear layer is bound by reading its weight once from HBM. The decode-step profiles of issues 19 and
+27 (Llama-3.1-8B, batch 1-32) show cuBLAS at ~0.65-0.71 of the copy bandwidth on the smaller projections (qkv
+4096x6144, o_proj 4096x4096: too few tiles for 132 SMs, split-K tails). This kernel gives every program a
+``BLOCK_N``-row strip of the weight over one ``K_CHUNK`` of K, streamed in ``BLOCK_K`` tiles through a multi-stage
+``cp.async`` pipeline, with all (padded) rows of x in one ``tl.dot`` per tile. With ``split_k == 1`` a program covers
+all of K and writes the output (no reduce, deterministic); with ``split_k > 1`` the programs write fp32 partials
+``[split, M, N]`` that a second kernel sums in a fixed order (still deterministic) to fill the SMs when N is small.
+Technique: the classic GEMV / "skinny GEMM" weight-streaming schedule with split-K (e.g. NVIDIA, "CUTLASS GEMV" and
+its split-K GEMM; Williams et al., "Roofline", CACM 2009, for the bandwidth bound).
 
-Status: measured by ``benchmark/bench_decode_issue19.py`` against cuBLAS in the same run; not yet called by the
-linear layers (a decision for after that measurement).
+Which shapes and batch sizes use it is decided by measurement on the device
+(:mod:`sglang.srt.layers.decode_gemm`, issue 27); ``SGLANG_SKINNY_GEMM=1`` forces the issue-19 default config.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -25,14 +28,41 @@ from sgl_kernel.triton.common import check_cuda_or_interpret, interpreting, next
 
 logger = logging.getLogger(__name__)
 
-MAX_M = 16
+MAX_M = 128
 
 
-@triton.jit
-def _skinny_gemm_kernel(X, W, B, Y, M, N, K, stride_xm, stride_wn, stride_ym,
+@dataclass(frozen=True)
+class SkinnyConfig:
+    """One launch configuration of :func:`skinny_gemm` (frozen; tables of them are built by the decode-GEMM tuner).
+
+    Attributes:
+        block_n: weight rows per program (power of two >= 16).
+        block_k: K elements per pipelined tile (power of two >= 16; 16-byte ``cp.async`` loads need >= 8 bf16).
+        split_k: programs along K (>= 1); > 1 adds an fp32 partial buffer and a reduce kernel.
+        num_warps, num_stages: Triton launch / software-pipeline depth.
+    """
+
+    block_n: int = 16
+    block_k: int = 512
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 4
+
+    def kwargs(self) -> dict:
+        """The keyword arguments of :func:`skinny_gemm` for this config."""
+        return dict(block_n=self.block_n, block_k=self.block_k, split_k=self.split_k, num_warps=self.num_warps,
+                    num_stages=self.num_stages)
+
+    def __str__(self) -> str:
+        return f"n{self.block_n} k{self.block_k} s{self.split_k} w{self.num_warps} st{self.num_stages}"
+
+
+@triton.jit(do_not_specialize=["M"])  # one compile per BLOCK_M class, not per M == 1 / M % 16 == 0 / other
+def _skinny_gemm_kernel(X, W, B, Y, M, N, K, K_CHUNK, stride_xm, stride_wn, stride_ym,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr):
+                        HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, DOT_F32: tl.constexpr):
     pid = tl.program_id(0)
+    sid = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -41,32 +71,51 @@ def _skinny_gemm_kernel(X, W, B, Y, M, N, K, stride_xm, stride_wn, stride_ym,
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     x_ptr = X + offs_m[:, None] * stride_xm + offs_k[None, :]
     w_ptr = W + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
-    for k0 in range(0, K, BLOCK_K):
-        mask_k = (k0 + offs_k) < K
+    k_lo = sid * K_CHUNK
+    k_hi = tl.minimum(k_lo + K_CHUNK, K)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        mask_k = (k0 + offs_k) < k_hi
         x = tl.load(x_ptr + k0, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         w = tl.load(w_ptr + k0, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
         if DOT_F32:
             acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)))
         else:
             acc += tl.dot(x, tl.trans(w))
+    mask = mask_m[:, None] & mask_n[None, :]
+    if PARTIAL:  # fp32 partial sums [split, M, N], rows of stride_ym
+        tl.store(Y + sid * M * stride_ym + offs_m[:, None] * stride_ym + offs_n[None, :], acc, mask=mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(B + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["MN"])
+def _splitk_reduce_kernel(P, B, Y, MN, N, SPLIT, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in range(0, SPLIT):  # fixed order: deterministic
+        acc += tl.load(P + s * MN + offs, mask=mask, other=0.0)
     if HAS_BIAS:
-        acc += tl.load(B + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(Y.dtype.element_ty),
-             mask=mask_m[:, None] & mask_n[None, :])
+        acc += tl.load(B + offs % N, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Y + offs, acc.to(Y.dtype.element_ty), mask=mask)
 
 
 def skinny_gemm(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] = None, block_n: int = 16,
-                block_k: int = 512, num_warps: int = 4, num_stages: int = 4) -> torch.Tensor:
-    """``x @ w.T (+ bias)`` for x ``[M, K]`` with ``1 <= M <= 16`` (the semantics of ``F.linear``).
+                block_k: int = 512, num_warps: int = 4, num_stages: int = 4, split_k: int = 1) -> torch.Tensor:
+    """``x @ w.T (+ bias)`` for x ``[M, K]`` with ``1 <= M <= MAX_M`` (128) (the semantics of ``F.linear``).
 
     Args:
         x: [M, K] bf16/fp16 (fp32 under the interpreter), last dim contiguous.
         w: [N, K] same dtype, last dim contiguous; bias: optional [N].
-        block_n, block_k, num_warps, num_stages: tile / pipeline choices (tuning sweeps).
+        block_n, block_k, num_warps, num_stages: tile / pipeline choices (see :class:`SkinnyConfig`).
+        split_k: programs along K; > 1 writes fp32 partials (``split_k * M * N * 4`` bytes) then reduces them.
     Returns:
-        [M, N] in x's dtype (fp32 accumulation).
+        [M, N] in x's dtype (fp32 accumulation), contiguous.
     Raises:
-        ValueError: M outside 1..16, shapes/dtypes disagree, or CPU tensors outside the Triton interpreter.
+        ValueError: M outside 1..MAX_M, shapes/dtypes disagree, split_k < 1, block sizes not powers of two >= 16,
+            or CPU tensors outside the Triton interpreter.
     """
     check_cuda_or_interpret(x, w, what="skinny_gemm")
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1] or not 1 <= x.shape[0] <= MAX_M \
@@ -75,11 +124,23 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] =
         raise ValueError(f"skinny_gemm: x {tuple(x.shape)} {x.dtype}, w {tuple(w.shape)} {w.dtype}, bias "
                          f"{None if bias is None else tuple(bias.shape)}: need x [M<= {MAX_M}, K], w [N, K] of one "
                          "dtype with contiguous rows, bias [N]")
+    if split_k < 1 or any(b < 16 or b & (b - 1) for b in (block_n, block_k)):
+        raise ValueError(f"skinny_gemm: split_k={split_k} block_n={block_n} block_k={block_k}: need split_k >= 1 "
+                         "and block sizes that are powers of two >= 16")
     m, k = x.shape
     n = w.shape[0]
+    bk = min(block_k, max(16, next_pow2(k)))
+    chunk = triton.cdiv(triton.cdiv(k, split_k), bk) * bk  # whole tiles per split
+    split = triton.cdiv(k, chunk)  # no empty splits
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    _skinny_gemm_kernel[(triton.cdiv(n, block_n),)](
-        x, w, bias if bias is not None else w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0),
-        BLOCK_M=max(16, next_pow2(m)), BLOCK_N=block_n, BLOCK_K=min(block_k, max(16, next_pow2(k))),
-        HAS_BIAS=bias is not None, DOT_F32=interpreting(), num_warps=num_warps, num_stages=num_stages)
+    part = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
+    _skinny_gemm_kernel[(triton.cdiv(n, block_n), split)](
+        x, w, bias if bias is not None else w, part, m, n, k, chunk, x.stride(0), w.stride(0), n,
+        BLOCK_M=max(16, next_pow2(m)), BLOCK_N=block_n, BLOCK_K=bk, HAS_BIAS=bias is not None,
+        PARTIAL=split > 1, DOT_F32=interpreting(), num_warps=num_warps, num_stages=num_stages)
+    if split > 1:
+        block = 1024
+        _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](
+            part, bias if bias is not None else w, y, m * n, n, split, HAS_BIAS=bias is not None, BLOCK=block,
+            num_warps=4)
     return y

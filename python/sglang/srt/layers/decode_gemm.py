@@ -1,0 +1,291 @@
+"""Decode-GEMM autotune (issue 27): per linear shape and decode batch bucket, cuBLAS or the fastest skinny config.
+
+At decode every linear layer reads its whole weight for a handful of rows, so its time is the weight bytes over the
+bandwidth it reaches. cuBLAS reaches ~0.9 of the copy bandwidth on the large Llama-3.1-8B projections but ~0.7 on
+qkv / o_proj (too few tiles for the SMs). Rather than guess, the runner measures once on its own device, before
+CUDA-graph capture: for each ``(N, K, dtype)`` of the model's :class:`~sglang.srt.layers.linear.LinearBase` layers
+and LM head, and each batch bucket (:data:`BUCKETS` up to the largest captured size and ``SGLANG_DECODE_GEMM_MAX_M``),
+it times ``F.linear`` (the default path) against a few :class:`~sgl_kernel.triton.skinny_gemm.SkinnyConfig` s inside
+CUDA graphs, as decode runs them (CUDA events, warm-up, median of reps, cycling through the model's own weights of
+that shape so L2 does not hold them), and keeps a skinny config only where it beat cuBLAS. The result is a frozen
+:class:`DecodeGemmTable` that the :class:`~sglang.srt.model_executor.cuda_graph_runner.CudaGraphRunner` keeps and
+hands to each linear layer and the LM head (:func:`install`); :func:`sglang.srt.layers.ops.linear` consults it per
+call; a failed tune (e.g. out of memory) leaves everything on cuBLAS. Technique: empirical kernel selection
+("autotuning", e.g. Whaley & Dongarra, "ATLAS", SC 1998) over the split-K weight-streaming GEMM of
+:mod:`sgl_kernel.triton.skinny_gemm`.
+
+Switch: ``SGLANG_DECODE_GEMM_AUTOTUNE=1`` (default off); CUDA only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+logger = logging.getLogger(__name__)
+
+AUTOTUNE_ENV = "SGLANG_DECODE_GEMM_AUTOTUNE"
+MAX_M_ENV = "SGLANG_DECODE_GEMM_MAX_M"
+BUCKETS = (1, 8, 16, 32, 64, 128)  # a bucket is timed at its top M and covers (previous bucket, top]
+Shape = Tuple[int, int, str]  # (N, K, dtype name)
+
+
+@dataclass(frozen=True)
+class GemmChoice:
+    """The measured outcome for one (shape, bucket): ``config`` None means cuBLAS (``F.linear``).
+
+    Attributes: m_max (bucket top, rows), config, cublas_us / skinny_us (median microseconds per call at m_max;
+    skinny_us of the best skinny config, None if none ran), skinny_config (that config, chosen or not).
+    """
+
+    m_max: int
+    config: Optional[object]
+    cublas_us: float
+    skinny_us: Optional[float]
+    skinny_config: Optional[object]
+
+
+@dataclass(frozen=True)
+class DecodeGemmTable:
+    """Frozen per-device dispatch table: ``entries`` maps ``(N, K, dtype name)`` to its :class:`GemmChoice` s,
+    ascending ``m_max``. Built by :func:`autotune`; read by :meth:`lookup` (host side, at graph capture or eager
+    forward)."""
+
+    device_name: str
+    entries: Tuple[Tuple[Shape, Tuple[GemmChoice, ...]], ...]
+    tune_s: float = 0.0
+    _index: Dict[Shape, Tuple[GemmChoice, ...]] = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "_index", dict(self.entries))
+
+    def lookup(self, n: int, k: int, dtype: torch.dtype, m: int):
+        """The :class:`~sgl_kernel.triton.skinny_gemm.SkinnyConfig` for an ``[m, k] x [n, k]^T`` GEMM of ``dtype``,
+        or None (use cuBLAS): unknown shape, m beyond the last bucket, or cuBLAS won the bucket."""
+        for c in self._index.get((n, k, str(dtype).replace("torch.", "")), ()):
+            if m <= c.m_max:
+                return c.config
+        return None
+
+    def describe(self) -> List[str]:
+        """One line per (shape, bucket): times and the choice, for the log."""
+        out = []
+        for (n, k, dt), choices in self.entries:
+            for c in choices:
+                sk = f"{c.skinny_us:.1f} us ({c.skinny_config})" if c.skinny_us is not None else "-"
+                out.append(f"N={n} K={k} {dt} M<={c.m_max}: cublas {c.cublas_us:.1f} us, skinny {sk} -> "
+                           f"{c.config if c.config is not None else 'cublas'}")
+        return out
+
+
+def enabled(device: torch.device) -> bool:
+    """True when ``SGLANG_DECODE_GEMM_AUTOTUNE`` is set (not 0) and ``device`` is CUDA."""
+    return torch.device(device).type == "cuda" and os.environ.get(AUTOTUNE_ENV, "0") not in ("", "0")
+
+
+def max_m_from_env() -> int:
+    """``SGLANG_DECODE_GEMM_MAX_M`` (default 128, the skinny kernel's limit). Raises ValueError outside 1..128."""
+    raw = os.environ.get(MAX_M_ENV, "128")
+    try:
+        val = int(raw)
+    except ValueError:
+        val = -1
+    if not 1 <= val <= 128:
+        raise ValueError(f"{MAX_M_ENV}={raw!r}: need an integer in 1..128")
+    return val
+
+
+def buckets_for(batch_sizes: Sequence[int], max_m: int) -> List[int]:
+    """The :data:`BUCKETS` needed for ``batch_sizes`` (the captured decode sizes): up to the bucket covering the
+    largest size <= ``max_m``."""
+    top = max([b for b in batch_sizes if b <= max_m], default=0)
+    out = []
+    for b in BUCKETS:
+        if top < 1:
+            break
+        out.append(b)
+        if b >= top:
+            break
+    return out
+
+
+def _fill_split(n: int, k: int, block_n: int, block_k: int, num_sms: int) -> int:
+    """Smallest split-K in 1, 2, 4, 8 whose ``cdiv(n, block_n) * split`` programs cover the SMs, keeping >= 2
+    K-tiles per split."""
+    tiles = -(-n // block_n)
+    split = 1
+    while tiles * split < num_sms and split < 8 and k >= 4 * split * block_k:
+        split *= 2
+    return split
+
+
+def candidates(m: int, n: int, k: int, num_sms: int) -> List[object]:
+    """Skinny configs worth timing at ``m`` rows for an ``[n, k]`` weight on a ``num_sms``-SM device: a few tiles per
+    padded-M class (16-byte loads: block_k >= 64), each at split 1 and at the split that fills the SMs."""
+    from sgl_kernel.triton.skinny_gemm import SkinnyConfig
+
+    if m <= 16:
+        tiles = ((16, 512, 4, 4), (32, 256, 4, 4), (64, 128, 4, 4))
+    elif m <= 32:
+        tiles = ((32, 256, 4, 4), (64, 128, 4, 4), (64, 256, 4, 3))
+    elif m <= 64:
+        tiles = ((64, 128, 4, 4), (64, 256, 8, 3), (128, 128, 8, 3))
+    else:
+        tiles = ((64, 128, 4, 3), (128, 128, 8, 3), (128, 64, 4, 4))
+    out = []
+    for bn, bk, warps, stages in tiles:
+        for split in sorted({1, _fill_split(n, k, bn, bk, num_sms)}):
+            out.append(SkinnyConfig(block_n=bn, block_k=bk, split_k=split, num_warps=warps, num_stages=stages))
+    return out
+
+
+def _graph_of(run: Callable[[], object]) -> Optional[Callable[[], object]]:
+    """``run`` captured in a CUDA graph (its replay), after one warm-up on a side stream; None if capture fails."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            run()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run()
+        return graph.replay
+    except RuntimeError as e:  # e.g. an op that cannot be captured: time it eagerly instead
+        logger.info("decode GEMM tune: CUDA-graph capture failed (%s); timing eagerly", e)
+        torch.cuda.synchronize()
+        return None
+
+
+def time_per_call_us(fn: Callable[[torch.Tensor], object], weights: Sequence[torch.Tensor], reps: int = 5) -> float:
+    """Median microseconds per ``fn(w)`` call over ``reps`` CUDA-event-timed replays of one CUDA graph holding a pass
+    through ``weights`` (as a decode step replays them: no host launch cost; cycling distinct weights keeps them out
+    of L2); one eager pass (compile) and one replay warm up first. Eager passes if capture fails."""
+    def run():
+        for w in weights:
+            fn(w)
+
+    run()
+    torch.cuda.synchronize()
+    run = _graph_of(run) or run
+    run()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(weights))
+    return statistics.median(times)
+
+
+def _tune_shape(shape: Shape, weights: Sequence[torch.Tensor], buckets: Sequence[int], num_sms: int,
+                gen: torch.Generator) -> Tuple[GemmChoice, ...]:
+    from sgl_kernel.triton.skinny_gemm import skinny_gemm
+
+    n, k, _ = shape
+    choices = []
+    for m in buckets:
+        x = torch.randn(m, k, generator=gen, device="cpu").to(weights[0].dtype).to(weights[0].device)
+        cublas = time_per_call_us(lambda w: F.linear(x, w), weights)
+        best, best_cfg = None, None
+        for cfg in candidates(m, n, k, num_sms):
+            try:
+                t = time_per_call_us(lambda w: skinny_gemm(x, w, **cfg.kwargs()), weights)
+            except Exception as e:  # a config that does not compile/launch here (e.g. shared memory): skip it
+                logger.info("decode GEMM tune: N=%d K=%d M=%d %s failed: %s: %s", n, k, m, cfg, type(e).__name__, e)
+                continue
+            if best is None or t < best:
+                best, best_cfg = t, cfg
+        chosen = best_cfg if best is not None and best < cublas else None
+        choices.append(GemmChoice(m_max=m, config=chosen, cublas_us=cublas, skinny_us=best, skinny_config=best_cfg))
+    return tuple(choices)
+
+
+def autotune(weights_by_shape: Dict[Shape, List[torch.Tensor]], buckets: Sequence[int], device: torch.device,
+             seed: int = 0) -> DecodeGemmTable:
+    """Measure cuBLAS vs the skinny candidates for every shape and bucket on ``device`` (CUDA) and return the table.
+
+    Args:
+        weights_by_shape: ``(N, K, dtype name)`` -> weights ``[N, K]`` on ``device`` (the model's own; all are
+            cycled through per timing pass).
+        buckets: bucket tops (rows), ascending, each <= 128.
+        device: the CUDA device.
+    Raises:
+        ValueError: a non-CUDA device or a bucket outside 1..128.
+    """
+    device = torch.device(device)
+    if device.type != "cuda" or any(not 1 <= b <= 128 for b in buckets):
+        raise ValueError(f"decode GEMM autotune: device {device}, buckets {list(buckets)}: need CUDA and 1..128")
+    t0 = time.perf_counter()
+    gen = torch.Generator().manual_seed(seed)
+    num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+    with torch.cuda.device(device), torch.inference_mode():
+        entries = tuple((shape, _tune_shape(shape, ws, buckets, num_sms, gen))
+                        for shape, ws in sorted(weights_by_shape.items()))
+        torch.cuda.empty_cache()  # the timing graphs' transient outputs
+    return DecodeGemmTable(device_name=torch.cuda.get_device_name(device), entries=entries,
+                           tune_s=time.perf_counter() - t0)
+
+
+def model_linear_weights(model: torch.nn.Module) -> Dict[Shape, List[torch.Tensor]]:
+    """``(N, K, dtype name)`` -> the distinct 2-D bf16/fp16 weights of ``model``'s LinearBase layers and vocabulary
+    tables (the LM head, tied or not, is one of them) of that shape."""
+    from sglang.srt.layers.linear import LinearBase
+    from sglang.srt.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    out: Dict[Shape, List[torch.Tensor]] = {}
+    seen = set()
+    for mod in model.modules():
+        w = getattr(mod, "weight", None)
+        if isinstance(mod, (LinearBase, VocabParallelEmbedding)) and isinstance(w, torch.Tensor) and w.dim() == 2 \
+                and w.dtype in (torch.bfloat16, torch.float16) and w.stride(-1) == 1 and id(w) not in seen:
+            seen.add(id(w))
+            out.setdefault((w.shape[0], w.shape[1], str(w.dtype).replace("torch.", "")), []).append(w)
+    return out
+
+
+def install(model: torch.nn.Module, table: Optional[DecodeGemmTable]) -> int:
+    """Hand ``table`` (None: remove) to every LinearBase and LogitsProcessor (the LM-head projection) of ``model``;
+    returns how many modules got it."""
+    from sglang.srt.layers.linear import LinearBase
+    from sglang.srt.layers.logits_processor import LogitsProcessor
+
+    count = 0
+    for mod in model.modules():
+        if isinstance(mod, (LinearBase, LogitsProcessor)):
+            mod.decode_gemm = table
+            count += 1
+    return count
+
+
+def maybe_autotune(model: torch.nn.Module, batch_sizes: Sequence[int], device: torch.device,
+                   rank: int = 0) -> Optional[DecodeGemmTable]:
+    """The runner's entry point: when :func:`enabled`, tune the model's linear shapes for the buckets covering
+    ``batch_sizes``, log the table once (this rank) and return it; else None (every linear stays on cuBLAS)."""
+    if not enabled(device):
+        return None
+    buckets = buckets_for(batch_sizes, max_m_from_env())
+    weights = model_linear_weights(model)
+    if not buckets or not weights:
+        return None
+    try:
+        table = autotune(weights, buckets, device)
+    except (RuntimeError, ValueError) as e:  # e.g. out of memory: fail closed to cuBLAS, never to eager decode
+        logger.warning("rank %d: decode GEMM autotune failed (%s: %s); every linear stays on cuBLAS", rank,
+                       type(e).__name__, e)
+        torch.cuda.empty_cache()
+        return None
+    picked = sum(c.config is not None for _, cs in table.entries for c in cs)
+    logger.info("rank %d: decode GEMM autotune on %s in %.1f s: %d of %d (shape, bucket) pairs use the skinny "
+                "kernel\n  %s", rank, table.device_name, table.tune_s, picked,
+                sum(len(cs) for _, cs in table.entries), "\n  ".join(table.describe()))
+    return table
