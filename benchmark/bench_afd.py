@@ -162,8 +162,8 @@ def _m2n_graph_time(a, rank: int, name: str, ep, x, buf):
 
     torch.cuda.synchronize()
     g, err = torch.cuda.CUDAGraph(), ""
-    try:
-        with torch.cuda.graph(g):
+    try:  # thread_local: the NCCL watchdog thread's event queries must not invalidate the capture
+        with torch.cuda.graph(g, capture_error_mode="thread_local"):
             for _ in range(a.graph_k):
                 _m2n_round_trip(rank, name, ep, x, buf)
     except Exception as e:  # reported in the table; the peer learns it below and skips too

@@ -47,7 +47,7 @@ def peer_graph_loop(ep, k: int, replays: int) -> None:
     _echo_rows(ep)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with torch.cuda.graph(g, capture_error_mode="thread_local"):
         for _ in range(k):
             _echo_rows(ep)
     for _ in range(replays):
@@ -89,7 +89,7 @@ def driver_graph_phase(ep, msg, k: int, replays: int, max_rows: int, progress) -
     compare(k)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with torch.cuda.graph(g, capture_error_mode="thread_local"):
         for i in range(k):
             one(i)
     sizes = [0, max_rows, 1] + [int(v) for v in np.random.default_rng(9).integers(0, max_rows + 1, k * replays)]
