@@ -207,3 +207,24 @@ def test_cuda_push_refuses_cpu_and_bad_budget():
     with pytest.raises(RuntimeError, match="CUDA"):
         M2NEndpoint(M2NConfig(0, (f"ipc://{d}/0", f"ipc://{d}/1"), 4), RowLayout(((torch.float32, 8),)),
                     transport=create_transport("cuda_push"))
+
+
+def test_send_device_rows_bad_input_names_the_fix():
+    """``send(rows=...)``: a host header or a tensor that is not int64 [1] is refused before anything is sent."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from m2n_push_sim_case import SimDriver, SimPlatform
+
+    from sgl_kernel.m2n.cuda_push import CudaPushTransport
+
+    d = tempfile.mkdtemp(prefix="m2n-push-")
+    ep = M2NEndpoint(M2NConfig(0, (f"ipc://{d}/0", f"ipc://{d}/1"), 4), RowLayout(((torch.float32, 8),)),
+                     transport=CudaPushTransport(wait_timeout_s=1.0, platform=SimPlatform(SimDriver())))
+    try:
+        x = torch.zeros(2, 8)
+        for kw in ({"rows": torch.tensor([1])}, {"rows": torch.tensor([1.0]), "host_header": False},
+                   {"rows": torch.tensor([1, 2]), "host_header": False}):
+            with pytest.raises(ValueError, match="int64 \\[1\\]"):
+                ep.send(1, [x], **kw)
+        assert int(ep.transport.ctr.abs().sum()) == 0  # nothing launched
+    finally:
+        ep.close()
