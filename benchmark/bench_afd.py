@@ -332,7 +332,7 @@ def parse_args(argv=None):
     a.transport = a.transport or ("cuda_push-dev,cuda_push,cuda_ipc" if a.device == "cuda" else "inline")
     a.transports = [t for t in a.transport.split(",") if t]
     # AFD decode: the first named transport, else what --afd-transport auto picks on one node with a GPU per worker
-    a.afd_transport = a.transports[0].removesuffix("-dev") if given else ("cuda_push" if a.device == "cuda" else "inline")
+    a.afd_transport = a.transports[0].removesuffix("-dev") if given else ("cuda_ipc" if a.device == "cuda" else "inline")
     if a.decode_warmup < 0:
         p.error(f"--decode-warmup={a.decode_warmup}: must be >= 0")
     if min(*a.batch, a.steps, a.input_len, a.ffn_workers, *a.micro_batches, a.iters) < 1:

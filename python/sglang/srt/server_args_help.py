@@ -127,8 +127,7 @@ SERVER_ARGS_HELP: dict[str, str] = {
     "afd_transport": "M2N payload transport: inline (CPU, ZMQ), cuda_ipc (same-node GPUs, host-driven), cuda_push "
     "(same-node GPUs, device-driven flags), nccl (baseline), nixl "
     "(one-sided NIXL READ over UCX/RDMA, across nodes; needs pip install 'sglang[pd]'); auto = inline on CPU; on GPU "
-    "cuda_push when every worker is on one node (cuda_ipc without Triton or with --tp-ranks-share-gpu), nccl "
-    "otherwise.",
+    "cuda_ipc when every worker is on one node, nccl otherwise.",
     # misc
     "random_seed": "The random seed.",
     "watchdog_timeout": "Set watchdog timeout in seconds. If a forward batch takes longer than this, the server "

@@ -56,30 +56,24 @@ def executor(args: Any) -> ExecutorSpec:
 
 
 def transport(args: Any, one_node: bool) -> str:
-    """``--afd-transport``, with ``auto`` resolved by the one rule: ``inline`` (ZMQ) on CPU; on GPU, when every worker
-    shares one node, ``cuda_push`` (device-driven: payload + flag written GPU to GPU, bounded device waits) or the
-    host-driven ``cuda_ipc`` where it cannot serve: Triton (its receive kernel) does not import, or every worker
-    shares one GPU (``--tp-ranks-share-gpu``: the processes' spinning waits would be time-sliced on one GPU);
-    ``nccl`` across nodes."""
+    """``--afd-transport``, with ``auto`` resolved by the one rule: ``inline`` (ZMQ) on CPU; on GPU ``cuda_ipc`` when
+    every worker shares one node, ``nccl`` across nodes.
+
+    ``cuda_push`` (device-driven flags) is explicit-only: AFD sends its messages with the ZMQ header, and on that path
+    it measured slower than ``cuda_ipc`` (2 x H200, 2026-11-26, one-way 390-531 vs 252-395 us at 32-512 KB,
+    ``benchmark/results/2026-11-26_issue24_m2n_round3_2xh200.md``); its host-free path (``recv_device``) is not used
+    by AFD yet."""
     if args.afd_transport != "auto":
         return args.afd_transport
     if args.resolved_device != "cuda":
         return "inline"
-    if not one_node:
-        return "nccl"
-    if args.tp_ranks_share_gpu:
-        return "cuda_ipc"
-    try:
-        import triton  # noqa: F401  (cuda_push's receive kernel)
-    except ImportError:
-        return "cuda_ipc"
-    return "cuda_push"
+    return "cuda_ipc" if one_node else "nccl"
 
 
 def notes(args: Any) -> list:
     """The resolved transport for the plan table (Ray: known once placed unless ``--ray-spread-roles``)."""
     if args.use_ray and not args.ray_spread_roles and args.afd_transport == "auto" and args.resolved_device == "cuda":
-        return ["afd transport: auto -> cuda_push if Ray places every worker on one node, else nccl"]
+        return ["afd transport: auto -> cuda_ipc if Ray places every worker on one node, else nccl"]
     one_node = not (args.use_ray and args.ray_spread_roles)
     return [f"afd transport: {args.afd_transport} -> {transport(args, one_node)}; m={args.afd_micro_batches}"]
 
