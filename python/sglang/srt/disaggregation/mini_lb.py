@@ -117,66 +117,65 @@ def _num_prompts(path: str, body: dict) -> Optional[int]:
     return None
 
 
-def create_app(state: RouterState, timeout_s: float = 600.0) -> FastAPI:
-    """The router's FastAPI app over ``state``."""
-    app = FastAPI()
-    holder: dict[str, aiohttp.ClientSession] = {}
-    background: set = set()
+class _Proxy:
+    """The router's HTTP side over ``state``: one long-lived aiohttp session to the workers, request routing
+    (PD: prefill fire-and-forget + decode answer; plain ``--workers``: round-robin) and relaying."""
 
-    def session() -> aiohttp.ClientSession:
-        s = holder.get("s")
-        if s is None or s.closed:
-            s = holder["s"] = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s),
-                                                    connector=aiohttp.TCPConnector(limit=0))
-        return s
+    def __init__(self, state: RouterState, timeout_s: float) -> None:
+        self.state, self.timeout_s = state, timeout_s
+        self._session: Optional[aiohttp.ClientSession] = None
+        self.background: set = set()  # prefill tasks in flight (kept referenced until done)
 
-    @app.on_event("shutdown")
-    async def _close() -> None:
-        if "s" in holder:
-            await holder["s"].close()
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                                                  connector=aiohttp.TCPConnector(limit=0))
+        return self._session
 
-    async def _drain_prefill(url: str, body: dict) -> None:
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def drain_prefill(self, url: str, body: dict) -> None:
         try:
-            async with session().post(url, json=body) as r:
+            async with self.session().post(url, json=body) as r:
                 data = await r.read()
                 if r.status != 200:
                     logger.warning("prefill %s answered %d: %s", url, r.status, data[:300])
         except Exception as e:  # noqa: BLE001 - the decode side fails the room itself (timeouts)
             logger.warning("prefill request to %s failed: %s", url, e)
 
-    async def _route(path: str, request: Request):
+    async def route(self, path: str, request: Request):
+        """Route one generation request: 400 for a body that is not a JSON object, 503 without workers."""
         try:
             body = await request.json()
         except Exception:
             return JSONResponse({"error": {"message": "the request body is not valid JSON"}}, status_code=400)
         if not isinstance(body, dict):
             return JSONResponse({"error": {"message": "the request body must be a JSON object"}}, status_code=400)
-        if state.regular:
-            try:
-                return await _forward(state.pick_regular(), path, body, "worker")
-            except LookupError as e:
-                return JSONResponse({"error": {"message": str(e)}}, status_code=503)
+        state = self.state
         try:
+            if state.regular:
+                return await self.forward(state.pick_regular(), path, body, "worker")
             pw, dw = state.pick()
         except LookupError as e:
             return JSONResponse({"error": {"message": str(e)}}, status_code=503)
         n = _num_prompts(path, body)
         body = dict(body, bootstrap_host=pw.bootstrap_host, bootstrap_port=pw.bootstrap_port,
                     bootstrap_room=new_room(state.rng) if n is None else [new_room(state.rng) for _ in range(n)])
-        prefill_task = asyncio.ensure_future(_drain_prefill(pw.url + path, body))  # never awaited by the answer:
-        background.add(prefill_task)  # a frozen prefill server must not hold up the decode side's answer
-        prefill_task.add_done_callback(background.discard)
-        return await _forward(dw, path, body)
+        prefill_task = asyncio.ensure_future(self.drain_prefill(pw.url + path, body))  # never awaited by the
+        self.background.add(prefill_task)  # answer: a frozen prefill server must not hold up the decode side
+        prefill_task.add_done_callback(self.background.discard)
+        return await self.forward(dw, path, body)
 
-    async def _forward(dw: str, path: str, body: dict, role: str = "decode server"):
+    async def forward(self, dw: str, path: str, body: dict, role: str = "decode server"):
         """POST ``body`` to worker ``dw`` and relay its answer (JSON, or SSE for ``stream``); 502 naming the
         worker when it cannot be reached or dies mid-stream."""
-        stream = bool(body.get("stream"))
         try:
-            resp = await session().post(dw + path, json=body)
+            resp = await self.session().post(dw + path, json=body)
         except aiohttp.ClientError as e:
             return JSONResponse({"error": {"message": f"{role} {dw} failed: {e}"}}, status_code=502)
-        if not stream or resp.status != 200:
+        if not body.get("stream") or resp.status != 200:
             try:
                 data = await resp.read()
             except aiohttp.ClientError as e:
@@ -199,44 +198,50 @@ def create_app(state: RouterState, timeout_s: float = 600.0) -> FastAPI:
 
         return StreamingResponse(relay(), status_code=200, media_type="text/event-stream")
 
-    def _route_post(path: str) -> None:
-        async def handler(request: Request):
-            return await _route(path, request)
-
-        app.post(path, name=path.strip("/").replace("/", "_"))(handler)
-
-    for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
-        _route_post(path)
-
-    async def _call(method: str, url: str) -> tuple[int, bytes]:
+    async def call(self, method: str, url: str) -> tuple[int, bytes]:
         """``(status, body)`` of one request to a worker; ``(502, message)`` when it cannot be reached."""
         try:
-            async with session().request(method, url) as r:
+            async with self.session().request(method, url) as r:
                 return r.status, await r.read()
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
             return 502, json.dumps({"error": {"message": f"worker {url} failed: {e!r}"}}).encode()
 
-    async def _from_decode(path: str) -> Response:
+    async def from_decode(self, path: str) -> Response:
         """The first decode worker's answer to ``GET path`` (503 without one, 502 when it cannot be reached)."""
-        workers = state.decode or state.regular
+        workers = self.state.decode or self.state.regular
         if not workers:
             return JSONResponse({"error": {"message": "no decode worker"}}, status_code=503)
-        status, data = await _call("GET", workers[0] + path)
+        status, data = await self.call("GET", workers[0] + path)
         return Response(content=data, status_code=status, media_type="application/json")
+
+
+def _add_generation_routes(app: FastAPI, proxy: _Proxy) -> None:
+    def route_post(path: str) -> None:
+        async def handler(request: Request):
+            return await proxy.route(path, request)
+
+        app.post(path, name=path.strip("/").replace("/", "_"))(handler)
+
+    for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
+        route_post(path)
 
     @app.get("/v1/models")
     async def models():
-        return await _from_decode("/v1/models")
+        return await proxy.from_decode("/v1/models")
 
     @app.get("/get_model_info")
     async def model_info():
-        return await _from_decode("/get_model_info")
+        return await proxy.from_decode("/get_model_info")
+
+
+def _add_admin_routes(app: FastAPI, proxy: _Proxy) -> None:
+    state = proxy.state
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache():
         """Flush every worker's cache; 200 only when all did, else 400 naming each worker that did not."""
         urls = [p.url for p in state.prefill] + state.decode + state.regular
-        answers = await asyncio.gather(*(_call("POST", u + "/flush_cache") for u in urls))
+        answers = await asyncio.gather(*(proxy.call("POST", u + "/flush_cache") for u in urls))
         failed = {u: data.decode(errors="replace")[:300] for u, (status, data) in zip(urls, answers) if status != 200}
         if not failed:
             return JSONResponse({"success": True})
@@ -265,7 +270,7 @@ def create_app(state: RouterState, timeout_s: float = 600.0) -> FastAPI:
             return {"success": True, "decode": state.decode}
         try:
             host, port = ((urlparse(url).hostname, bootstrap_port) if bootstrap_port
-                          else await learn_bootstrap_address(session(), url))
+                          else await learn_bootstrap_address(proxy.session(), url))
         except ValueError as e:
             return JSONResponse({"error": {"message": str(e)}}, status_code=400)
         if all(p.url != url for p in state.prefill):
@@ -282,6 +287,14 @@ def create_app(state: RouterState, timeout_s: float = 600.0) -> FastAPI:
             return JSONResponse({"error": {"message": f"url {url} is not a worker of this router"}}, status_code=404)
         return {"success": True}
 
+
+def create_app(state: RouterState, timeout_s: float = 600.0) -> FastAPI:
+    """The router's FastAPI app over ``state`` (``timeout_s``: total seconds per request to a worker)."""
+    app = FastAPI()
+    proxy = _Proxy(state, timeout_s)
+    app.on_event("shutdown")(proxy.close)
+    _add_generation_routes(app, proxy)
+    _add_admin_routes(app, proxy)
     return app
 
 
