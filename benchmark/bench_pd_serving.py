@@ -14,7 +14,9 @@ Every setup gets the same ``python -m sglang.bench_serving`` workload (ShareGPT 
 random fixed-length prompts with ``--dataset random``), after untimed warm-up requests sent to every server
 (``--warmup`` concurrent requests of the full input length). The table has TTFT / TPOT / ITL (p99 included) /
 throughput per setup and the ratios pd / agg2 and pd / agg, plus the KV transfer share of TTFT (mean
-``sglang:kv_transfer_seconds`` of the decode server over the timed requests / mean TTFT through the router).
+``sglang:kv_transfer_seconds`` of the decode server over the timed requests / mean TTFT through the router) and
+the READs (push: WRITEs) posted per request after coalescing (``sglang:kv_transfer_reads``; floor: one per layer
+and K/V, plus one per extra run where the prefill side reused prefix-cached slots).
 The report ``<out-dir>/<date>_pd_serving_<backend>_<mode>.md`` and ``.json`` (date, hardware, command) is
 rewritten after every setup, so a run cut short keeps what it measured. SIGTERM stops every server started.
 
@@ -166,8 +168,9 @@ def bench(args, url: str, out: str) -> dict:
         return json.loads(f.read().strip().splitlines()[-1])
 
 
-def transfer_seconds(url: str) -> tuple[float, float, float]:
-    """(sum of KV transfer seconds, requests, sum of transfer bytes) from a decode server's /metrics."""
+def transfer_seconds(url: str) -> tuple[float, float, float, float]:
+    """(sum of KV transfer seconds, requests, sum of transfer bytes, sum of READs/WRITEs posted after coalescing)
+    from a decode server's /metrics."""
     text = requests.get(url + "/metrics", timeout=30).text
 
     def val(name: str) -> float:
@@ -175,7 +178,7 @@ def transfer_seconds(url: str) -> tuple[float, float, float]:
         return float(m.group(1)) if m else 0.0
 
     return (val("sglang:kv_transfer_seconds_sum"), val("sglang:kv_transfer_seconds_count"),
-            val("sglang:kv_transfer_bytes_total"))
+            val("sglang:kv_transfer_bytes_total"), val("sglang:kv_transfer_reads_total"))
 
 
 def run_aggregated(args, logdir: str, which: list[str], results: dict, report) -> None:
@@ -218,10 +221,11 @@ def run_pd(args, logdir: str, results: dict, report) -> dict:
         lb = router(args, ["--prefill", pre.url, "--decode", dec.url], logdir)
         procs.append(lb)
         warm_up(args, lb.url)
-        s0, n0, b0 = transfer_seconds(dec.url)
+        s0, n0, b0, r0 = transfer_seconds(dec.url)
         results["pd"] = bench(args, lb.url, os.path.join(logdir, "pd.jsonl"))
-        s1, n1, b1 = transfer_seconds(dec.url)
-        xfer = {"seconds_sum": s1 - s0, "requests": n1 - n0, "bytes_sum": b1 - b0}
+        s1, n1, b1, r1 = transfer_seconds(dec.url)
+        xfer = {"seconds_sum": s1 - s0, "requests": n1 - n0, "bytes_sum": b1 - b0, "reads_sum": r1 - r0}
+        xfer["reads_per_request"] = xfer["reads_sum"] / max(xfer["requests"], 1)
         xfer["mean_ms"] = 1000 * xfer["seconds_sum"] / max(xfer["requests"], 1)
         xfer["share_of_ttft"] = xfer["mean_ms"] / max(results["pd"]["mean_ttft_ms"], 1e-9)
         return xfer
@@ -246,7 +250,8 @@ def write_report(a, results: dict, xfer: dict, errors: dict) -> None:
     if xfer:
         lines += [f"transfer: backend {a.transfer_backend}, mode {a.transfer_mode}; {int(xfer['requests'])} timed "
                   f"requests, {xfer['bytes_sum'] / max(xfer['requests'], 1) / 2**20:.2f} MiB and "
-                  f"{xfer['mean_ms']:.3f} ms per request; **transfer share of TTFT {100 * xfer['share_of_ttft']:.2f}%**"
+                  f"{xfer['mean_ms']:.3f} ms and {xfer.get('reads_per_request', float('nan')):.1f} "
+                  f"{'READs' if a.transfer_mode == 'pull' else 'WRITEs'} (after coalescing) per request; **transfer share of TTFT {100 * xfer['share_of_ttft']:.2f}%**"
                   " (mean transfer / mean router TTFT)", ""]
     cols = [s for s in SETUPS if s in results]
     if not cols:

@@ -37,7 +37,9 @@ if [ -n "${ISSUE24_PD_CPU:-}" ]; then
 else
   dev=cuda; backend=nixl; model=$data/configs/meta-llama--Meta-Llama-3.1-8B; tok="--tokenizer-path $data/tokenizers/llama3"
   wl=(--input-len 1024 --output-len 128 --num-prompts 48 --request-rate 8 --warmup 4)
-  srv="--load-format dummy --dtype bfloat16 --max-total-tokens 131072 --cuda-graph-max-bs 64"
+  # ISSUE24_PD_MAX_TOTAL_TOKENS=24576: a pool the 48 requests wrap (~1152 slots each), so the READs per request
+  # (printed beside the transfer share) show the allocator's placement after frees, not a fresh pool's
+  srv="--load-format dummy --dtype bfloat16 --max-total-tokens ${ISSUE24_PD_MAX_TOTAL_TOKENS:-131072} --cuda-graph-max-bs 64"
   gpu_p="--base-gpu-id 0"; gpu_d="--base-gpu-id 1"; gpu_a="--base-gpu-id 0"
 fi
 declare -A status
