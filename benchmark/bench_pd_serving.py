@@ -63,6 +63,7 @@ SETUPS = ("agg", "agg2", "pd")
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free when asked (the OS picks it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -278,6 +279,7 @@ def write_report(a, results: dict, xfer: dict, errors: dict) -> None:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    """The CLI (``argv``: None reads sys.argv); argparse exits with a message naming a bad flag."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-path", required=True)
     ap.add_argument("--tokenizer-path", default=None,
@@ -312,6 +314,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> None:
+    """Run the chosen setups one after another and write the Markdown/JSON report under ``--out-dir``."""
     a = parse_args(argv)
     logdir = os.path.join(a.out_dir, "pd_serving_logs")
     os.makedirs(logdir, exist_ok=True)

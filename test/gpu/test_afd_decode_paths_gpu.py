@@ -24,14 +24,10 @@ TOL = 3e-2  # fp32 model (logits up to ~15): Triton attention runs its dots in T
 # in fp32; a bf16 model differs by a few bf16 ULPs (0.2 measured on an H200), which this bound would not accept
 
 
-def _greedy(h, executor=None, steps: int = 4) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(3, 512, (n,), generator=gen).tolist() for n in (6, 3, 9, 4)]
-    outs = [h.step([(i, p) for i, p in enumerate(prompts)], executor, poison=False)]
-    for _ in range(steps):
-        nxt = outs[-1].argmax(-1).tolist()
-        outs.append(h.step([(i, [t]) for i, t in enumerate(nxt)], executor, poison=False))
-    return outs
+def _greedy(h, executor=None) -> list[torch.Tensor]:
+    from sglang.test.model_harness import greedy_logits
+
+    return greedy_logits(h, executor, steps=4)
 
 
 def _check(out, ref, what: str) -> None:

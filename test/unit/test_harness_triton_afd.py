@@ -31,21 +31,13 @@ from sglang.srt.afd.executor import AfdExecutor  # noqa: E402
 from sglang.srt.configs.model_config import ModelConfig  # noqa: E402
 from sglang.srt.model_executor.worker_builder import role_spec  # noqa: E402
 from sglang.srt.model_loader.loader import load_model  # noqa: E402
-from sglang.test.model_harness import ModelHarness  # noqa: E402
+from sglang.test.model_harness import ModelHarness, greedy_logits  # noqa: E402
 
 TOL = 1e-4
 
 
-def _greedy(h: ModelHarness, executor=None, steps: int = 2) -> list[torch.Tensor]:
-    """Prefill 4 requests of different lengths, then ``steps`` greedy decode steps (poison off, as the benchmark);
-    the logits of every step."""
-    gen = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(3, 512, (n,), generator=gen).tolist() for n in (6, 3, 9, 4)]
-    outs = [h.step([(i, p) for i, p in enumerate(prompts)], executor, poison=False)]
-    for _ in range(steps):
-        nxt = outs[-1].argmax(-1).tolist()
-        outs.append(h.step([(i, [t]) for i, t in enumerate(nxt)], executor, poison=False))
-    return outs
+def _greedy(h, executor=None) -> list[torch.Tensor]:
+    return greedy_logits(h, executor, steps=2)
 
 
 @pytest.fixture(scope="module")

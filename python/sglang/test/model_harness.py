@@ -159,6 +159,19 @@ class ModelHarness:
         return ForwardBatch.init_new(batch, torch.device(self.device), self.req_to_token_pool, self.kv, self.backend)
 
 
+def greedy_logits(h: "ModelHarness", executor=None, steps: int = 2, seed: int = 3) -> list:
+    """Prefill 4 requests of 6 / 3 / 9 / 4 random token ids in [3, 512) (``seed``), then ``steps`` greedy decode
+    steps through ``h`` (``executor``: e.g. an AFD executor; NaN poisoning off, as the benchmarks run); returns the
+    logits of every step, each ``[4, vocab]`` on the harness's device."""
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(3, 512, (n,), generator=gen).tolist() for n in (6, 3, 9, 4)]
+    outs = [h.step([(i, p) for i, p in enumerate(prompts)], executor, poison=False)]
+    for _ in range(steps):
+        nxt = outs[-1].argmax(-1).tolist()
+        outs.append(h.step([(i, [t]) for i, t in enumerate(nxt)], executor, poison=False))
+    return outs
+
+
 def randomize_weights(model: torch.nn.Module, seed: int) -> None:
     """Re-draw a HF model's weights so activations and logits are O(1) (HF's init is too small for a
     meaningful 1e-4 check, and a wrong shard or kernel then shows up far above tolerance); norms near 1."""
