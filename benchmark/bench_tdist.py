@@ -50,11 +50,14 @@ def parse_args(argv=None):
     p.add_argument("--ops", nargs="+", default=["qkv", "gate_up", "o_proj", "down"])
     p.add_argument("--iters", type=int, default=30, help="timed calls per variant (after 1 first call + 20 "
                    "warm-ups); the median of per-call CUDA-event times is reported")
-    p.add_argument("--variants", nargs="+", default=["sm", "decomp"], choices=["sm", "decomp", "pieces", "graph", "auto"],
+    p.add_argument("--variants", nargs="+", default=["sm", "decomp"],
+                   choices=["sm", "decomp", "pieces", "graph", "auto", "profile"],
                    help="tdist variants: sm (Triton kernels), decomp (cuBLAS + copy engine decomposition), pieces "
                         "(with decomp: also every other piece count, in the notes column), graph (the all-to-all "
                         "also as CUDA-graph replays, tdist and NCCL), auto (with decomp: AutoAgGemm / AutoGemmRs "
-                        "with the table calibrated on the row's own timings, timed after them)")
+                        "with the table calibrated on the row's own timings, timed after them; then NCCL + cuBLAS "
+                        "again), profile (with decomp, at the largest M: torch-profiler timeline summary of one "
+                        "decomposition call on rank 0: host enqueue, GEMM, copy, overlap, idle ms)")
     p.add_argument("--heap-mib", type=int, default=0, help="heap data MiB per rank (default: sized from shapes)")
     p.add_argument("--timeout", type=float, default=1500)
     p.add_argument("--results-dir", default=str(ROOT / "benchmark" / "results"))
@@ -115,6 +118,12 @@ def main(argv=None) -> Path:
         lines += table(results)
         lines += ["", f"calibration (break-even M per shape, sgl_kernel.tdist.auto.CalibrationTable): "
                   f"`{calibration(results).to_json()}`"]
+        if any(r.get("profile") for r in results[0]):
+            from tdist_profile import profile_lines
+
+            lines += ["", "## one decomposition call, rank 0 (torch profiler; ms; overlap = GEMM and copy at once; "
+                      "idle = no GPU work inside the span; host enqueue = time for the call to return, no sync)", "",
+                      *profile_lines(results[0])]
     if problems:
         lines += ["", "problems:", *[f"- {p}" for p in problems]]
     text = "\n".join(lines) + "\n"

@@ -109,7 +109,7 @@ def _ag_row(heap, note, nccl, symm, name, k, n, m, max_m, iters, variants, flip)
         if "pieces" in variants and w == 2:
             jobs.append(("decomp_bulk", "tdist decomposition, bulk",
                          lambda: op_d(a, wt.t(), rows, out_d, chunks=1, bulk=True)))
-        jobs += _mode_jobs(variants, op_d, lambda: op_d(a, wt.t(), rows, out_d))
+        jobs += _mode_jobs(variants, op_d, lambda: op_d(a, wt.t(), rows, out_d), w)
     jobs.append(("cublas_only", "cuBLAS", lambda: full @ wt.t()))
     if nccl is not None and len(set(rows)) == 1:
         gathered = torch.empty(m, k, dtype=dt, device=dev)
@@ -123,6 +123,7 @@ def _ag_row(heap, note, nccl, symm, name, k, n, m, max_m, iters, variants, flip)
             jobs.append(("symm_fused", "symm fused_all_gather_matmul",
                          lambda: torch.ops.symm_mem.fused_all_gather_matmul(a, [wt.t()], 0, symm)))
     else:
+        seq = None
         res["torch_seq_note"] = UNAVAILABLE_SHARED if nccl is None else "uneven rows"
     _run_jobs(heap, note, res, jobs[::-1] if flip else jobs, iters)
     if "auto" in variants and "decomp" in variants and "torch_seq" in res:
@@ -130,6 +131,8 @@ def _ag_row(heap, note, nccl, symm, name, k, n, m, max_m, iters, variants, flip)
 
         _auto_job(heap, note, res, nccl, iters,
                   lambda t: (lambda op=AutoAgGemm(op_d, nccl, t, symm): op(a, wt.t(), rows)))
+    if "decomp" in variants:
+        _tail(heap, note, res, variants, iters, seq, op_d, lambda: op_d(a, wt.t(), rows, out_d), m == max_m)
     return res
 
 
@@ -159,7 +162,7 @@ def _rs_row(heap, note, nccl, symm, name, k, n, m, max_m, iters, variants, flip)
         jobs.append(("tdist_decomp", "tdist decomposition", lambda: op_d(a, wt.t(), rows, out_d)))
         jobs += _pieces_jobs(res, variants, lambda c: op_d(a, wt.t(), rows, out_d, chunks=c),
                              plan_chunks("rs", rows, k, n))
-        jobs += _mode_jobs(variants, op_d, lambda: op_d(a, wt.t(), rows, out_d))
+        jobs += _mode_jobs(variants, op_d, lambda: op_d(a, wt.t(), rows, out_d), w)
     jobs.append(("cublas_only", "cuBLAS", lambda: a @ wt.t()))
     if nccl is not None and m % w == 0:
         out = torch.empty(m // w, n, dtype=dt, device=dev)
@@ -173,6 +176,7 @@ def _rs_row(heap, note, nccl, symm, name, k, n, m, max_m, iters, variants, flip)
             jobs.append(("symm_fused", "symm fused_matmul_reduce_scatter",
                          lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, wt.t(), "sum", 0, symm)))
     else:
+        seq = None
         res["torch_seq_note"] = UNAVAILABLE_SHARED if nccl is None else "M not divisible by world"
     _run_jobs(heap, note, res, jobs[::-1] if flip else jobs, iters)
     if "auto" in variants and "decomp" in variants and "torch_seq" in res:
@@ -180,6 +184,8 @@ def _rs_row(heap, note, nccl, symm, name, k, n, m, max_m, iters, variants, flip)
 
         _auto_job(heap, note, res, nccl, iters,
                   lambda t: (lambda op=AutoGemmRs(op_d, nccl, t, symm): op(a, wt.t(), rows)))
+    if "decomp" in variants:
+        _tail(heap, note, res, variants, iters, seq, op_d, lambda: op_d(a, wt.t(), rows, out_d), m == max_m)
     return res
 
 
@@ -235,12 +241,53 @@ def _with_hs(op, call, **attrs):
             setattr(op.hs, k, v)
 
 
-def _mode_jobs(variants, op_d, call):
-    """With variant ``pieces``: the planned decomposition with bounded waits and with split pushes (notes)."""
+def _mode_jobs(variants, op_d, call, world=2):
+    """With variant ``pieces``: the planned decomposition with bounded waits, with split pushes and (world > 2) with
+    the other per-peer stream schedule (``decomp_sched``); with variant ``graph``: the decomposition captured in a
+    CUDA graph and replayed (``decomp_graph``: the GPU time without the host's enqueue time). All in the notes."""
+    jobs = []
+    if "graph" in variants:
+        jobs.append(("decomp_graph", "tdist decomposition, CUDA graph replay", _lazy_graph(call)))
     if "pieces" not in variants:
-        return []
-    return [("decomp_bounded", "tdist decomposition, bounded waits", lambda: _with_hs(op_d, call, bounded=True)),
-            ("decomp_split2", "tdist decomposition, pushes split on 2 streams", lambda: _with_hs(op_d, call, split=2))]
+        return jobs
+    jobs += [("decomp_bounded", "tdist decomposition, bounded waits", lambda: _with_hs(op_d, call, bounded=True)),
+             ("decomp_split2", "tdist decomposition, pushes split on 2 streams",
+              lambda: _with_hs(op_d, call, split=2))]
+    if world > 2:
+        other = "all" if op_d.hs.schedule == "ring" else "ring"
+        jobs.append(("decomp_sched", f"tdist decomposition, schedule {other}",
+                     lambda: _with_hs(op_d, call, schedule=other)))
+    return jobs
+
+
+def _lazy_graph(fn):
+    """A callable that captures ``fn`` in a CUDA graph on its first call (collective: every rank's job list has it
+    at the same place) and replays it afterwards."""
+    state = {}
+
+    def call():
+        if "replay" not in state:
+            state["replay"] = _graphed(fn)
+        return state["replay"]()
+    return call
+
+
+def _tail(heap, note, res, variants, iters, seq, op_d, call, largest):
+    """After a row's jobs (and ``auto``): with ``auto``, NCCL + cuBLAS timed again (``torch_seq_again``, notes: the
+    two NCCL times of a row show its run-to-run spread, the auto op's nccl path ran between them); with ``profile``
+    at the largest M, :func:`tdist_profile.profile_call` of one planned decomposition call (``profile``)."""
+    if "auto" in variants and seq is not None:
+        res["torch_seq_again"], _ = _try(heap, note, "NCCL + cuBLAS again", seq, iters)
+    if "profile" in variants and largest:
+        from tdist_profile import profile_call
+
+        try:
+            res["profile"] = profile_call(heap.barrier, call)
+        except Exception as ex:  # reported, never fatal
+            note(f"profile failed: {type(ex).__name__}: {ex}")
+            res["profile"] = {"error": f"{type(ex).__name__}: {str(ex)[:100]}"}
+            heap.barrier()
+        res["profile"]["what"] = f"{res.get('plan')} pc, {op_d.hs.schedule}"
 
 
 def _pieces_jobs(res, variants, call, planned):
@@ -409,7 +456,11 @@ def _notes(per_rank, i, row) -> str:
             f", {c}: {_fmt(_mx(per_rank, i, f'decomp_p{c}'))}" for c in PIECES if f"decomp_p{c}" in row)
             + (f", bulk: {_fmt(_mx(per_rank, i, 'decomp_bulk'))}" if "decomp_bulk" in row else "")
             + (f"; bounded waits: {_fmt(_mx(per_rank, i, 'decomp_bounded'))}" if "decomp_bounded" in row else "")
-            + (f"; split pushes: {_fmt(_mx(per_rank, i, 'decomp_split2'))}" if "decomp_split2" in row else ""))
+            + (f"; split pushes: {_fmt(_mx(per_rank, i, 'decomp_split2'))}" if "decomp_split2" in row else "")
+            + (f"; other schedule: {_fmt(_mx(per_rank, i, 'decomp_sched'))}" if "decomp_sched" in row else "")
+            + (f"; graph replay: {_fmt(_mx(per_rank, i, 'decomp_graph'))}" if "decomp_graph" in row else ""))
+    if "torch_seq_again" in row:
+        notes.append(f"NCCL+cuBLAS again after auto: {_fmt(_mx(per_rank, i, 'torch_seq_again'))}")
     if row.get("ctas"):
         notes.append(f"{row['ctas']} CTAs/peer" + "".join(
             f", {c}: {_fmt(_mx(per_rank, i, f'a2a_c{c}'))}" for c in A2A_CTAS if f"a2a_c{c}" in row)

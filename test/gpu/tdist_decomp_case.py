@@ -6,7 +6,8 @@ so it can build the whole group's reference without communication): the decompos
 reuse without host barriers); CUDA-graph capture of one call of each op and 5 replays with new inputs copied into
 the static tensors; the Auto* ops on both sides of the break-even M (NCCL fallback and decomposition); the Triton SM
 AG-GEMM / GEMM-RS (tdist/ag_gemm.py, gemm_rs.py) with cached device metadata, eager and captured in a CUDA graph
-(their epochs live in device memory); the low-latency all-to-all (tdist_gpu_case.case_all_to_all).
+(their epochs live in device memory); the low-latency all-to-all (tdist_gpu_case.case_all_to_all); both per-peer
+stream schedules of the decomposition ("ring" / "all", case "schedules"), eager and graphed.
 Returns a list of failure strings (empty = pass); never raises on a wrong result.
 """
 
@@ -112,8 +113,8 @@ def _guard(fn, *args):
 
 
 def run(heap, note, nccl, cases):
-    """Every case named in ``cases`` ("decomp", "graph", "auto", "a2a", "sm_cached", "sm_graph", "bounded",
-    "deadpeer") in that order;
+    """Every case named in ``cases`` ("decomp", "schedules", "graph", "auto", "a2a", "sm_cached", "sm_graph",
+    "bounded", "deadpeer") in that order;
     returns {case: failures}. Each case's failures also go to the parent as soon as the case ends
     (``note.result``), so a later hang or timeout keeps them."""
     res = {}
@@ -155,6 +156,9 @@ def _run_cases(heap, note, nccl, cases):
             bulk = lambda a_, b_, rows_: agb(a_, b_, rows_, bulk=True)  # noqa: E731
             f += _guard(_check_ag, bulk, heap, [512, 512], k, 8192, range(60, 65), "decomp AG bulk")
         res["decomp"] = f
+    if "schedules" in cases:
+        note("schedules")
+        res["schedules"] = _schedules_case(heap, k, n, even, uneven)
     if "graph" in cases:
         note("graph")
         ag = DecompAgGemm(heap, 2048, k, DT, name="t.gdag", chunks=2)
@@ -195,6 +199,22 @@ def _run_cases(heap, note, nccl, cases):
                            + _guard(_graph_rs, rs, heap, even, k, n, "SM RS"))
     heap.barrier()
     return res
+
+
+def _schedules_case(heap, k, n, even, uneven):
+    """Both per-peer stream schedules of the decomposition ("ring": staggered steps; "all"), 1 and 3 pieces, even and
+    uneven rows, 10 back-to-back calls each, then one CUDA-graph capture of the 3-piece ops replayed on new inputs."""
+    f = []
+    for sched in ("ring", "all"):
+        for c in (1, 3):
+            ag = DecompAgGemm(heap, 2048, k, DT, name=f"t.sag.{sched}{c}", chunks=c, schedule=sched)
+            rs = DecompGemmRs(heap, 512, n, DT, name=f"t.srs.{sched}{c}", chunks=c, schedule=sched)
+            for rows in (even, uneven):
+                f += _guard(_check_ag, ag, heap, rows, k, n, range(70, 80), f"{sched} AG {c} pc rows={rows}")
+                f += _guard(_check_rs, rs, heap, rows, k, n, range(70, 80), f"{sched} RS {c} pc rows={rows}")
+        f += _guard(_graph_ag, ag, heap, even, k, n, f"{sched} AG 3 pc")
+        f += _guard(_graph_rs, rs, heap, uneven, k, n, f"{sched} RS 3 pc")
+    return f
 
 
 def _sm_cases(heap, k, n, even, uneven):

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.gpu
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 
-CASES = ("decomp", "a2a", "sm_cached", "auto", "bounded", "graph", "sm_graph", "deadpeer")  # riskiest last
+CASES = ("decomp", "schedules", "a2a", "sm_cached", "auto", "bounded", "graph", "sm_graph", "deadpeer")  # riskiest last
 _RESULTS = {}
 
 

@@ -80,3 +80,25 @@ def test_status_table_against_issue26_targets():
     assert "fallback to the fused op" in st[5]
     assert st[6].endswith("| yes (fallback) |")  # 0.98x but the auto op took NCCL + cuBLAS
     assert "1.25x NCCL time" in st[7] and st[7].endswith("| yes |")
+
+
+def test_profile_summary_intervals():
+    """tdist_profile.summarize: GEMM / copy unions, their overlap, idle time inside the span, copy bandwidth."""
+    from tdist_profile import intersect, profile_lines, summarize, union
+
+    assert union([(5, 7), (0, 2), (1, 3)]) == [(0, 3), (5, 7)]
+    assert intersect([(0, 3), (5, 7)], [(2, 6)]) == 2
+    ev = [{"ph": "X", "cat": "kernel", "name": "nvjet_tst_256x128", "ts": 0, "dur": 100},
+          {"ph": "X", "cat": "kernel", "name": "sm90_xmma_gemm_bf16", "ts": 80, "dur": 40},
+          {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy PtoP", "ts": 50, "dur": 100, "args": {"bytes": 10 ** 7}},
+          {"ph": "X", "cat": "kernel", "name": "vectorized_elementwise_kernel", "ts": 300, "dur": 10},
+          {"ph": "i", "cat": "kernel", "name": "marker", "ts": 999}]
+    p = summarize(ev)
+    assert p["span_ms"] == pytest.approx(0.31) and p["gemm_ms"] == pytest.approx(0.12)
+    assert p["copy_ms"] == pytest.approx(0.1) and p["overlap_ms"] == pytest.approx(0.07)
+    assert p["idle_ms"] == pytest.approx(0.31 - 0.15 - 0.01) and p["n_gemm"] == 2 and p["n_copy"] == 1
+    assert p["copy_gbps"] == pytest.approx(100.0)
+    assert summarize([]) == {"span_ms": 0.0}
+    lines = profile_lines([{"op": "AG-GEMM", "shape": "qkv", "M": 8192, "profile": {**p, "what": "1 pc, ring"}},
+                           {"op": "GEMM-RS", "shape": "down", "M": 8192, "profile": {"error": "boom"}}])
+    assert "1 pc, ring" in lines[2] and "profile failed: boom" in lines[3]

@@ -194,6 +194,56 @@ def test_gemm_rs_protocol_back_to_back(fake_cuda, rows, chunks):
             torch.testing.assert_close(got[r][i], ref[r], atol=1e-4, rtol=1e-4, msg=f"call {i} rank {r}")
 
 
+@pytest.mark.parametrize("schedule", ["ring", "all"])
+@pytest.mark.parametrize("chunks", [1, 2])
+def test_world4_schedules_back_to_back(fake_cuda, schedule, chunks):
+    """World 4 (three per-peer step streams per rank), staggered ("ring") and concurrent ("all") schedules, 1 and 2
+    pieces (piece-major consumption under "all"): AG-GEMM and GEMM-RS back to back with fresh inputs equal the torch
+    references and never deadlock (the ring's step-after-step waits add no cycle)."""
+    w, calls = 4, 8
+    heaps = simulate_group(w, HeapConfig(data_bytes=2 << 20, signal_slots=256))
+    ag = _cpu_ops(decomp.DecompAgGemm, heaps, 160, 32, name="sim.ag4", chunks=chunks)
+    rs = _cpu_ops(decomp.DecompGemmRs, heaps, 48, 24, name="sim.rs4", chunks=chunks)
+    for op in ag + rs:
+        op.hs.schedule = schedule
+    rows = [40, 32, 48, 40]
+    shards = [[torch.randn(rows[r], 32) for r in range(w)] for _ in range(calls)]
+    bs = [torch.randn(32, 24) for _ in range(calls)]
+    a = [[torch.randn(sum(rows), 16) for _ in range(w)] for _ in range(calls)]
+    b = [[torch.randn(16, 24) for _ in range(w)] for _ in range(calls)]
+    got = [[None] * calls for _ in range(w)]
+
+    def body(r):
+        for i in range(calls):
+            g = ag[r](shards[i][r], bs[i], rows).clone()
+            got[r][i] = (g, rs[r](a[i][r], b[i][r], rows).clone())
+    _ranks(body, w)
+    for i in range(calls):
+        ref_ag, ref_rs = ag_gemm_ref(shards[i], bs[i]), gemm_rs_ref(a[i], b[i], rows)
+        for r in range(w):
+            torch.testing.assert_close(got[r][i][0], ref_ag, atol=1e-4, rtol=1e-4, msg=f"AG call {i} rank {r}")
+            torch.testing.assert_close(got[r][i][1], ref_rs[r], atol=1e-4, rtol=1e-4, msg=f"RS call {i} rank {r}")
+
+
+def test_schedule_defaults_and_bad_value():
+    assert decomp.default_schedule(2) == "all" and decomp.default_schedule(4) == "ring"
+    heaps = simulate_group(2, HeapConfig(data_bytes=1 << 20, signal_slots=64))
+    with pytest.raises(ValueError, match="schedule='zigzag'"):
+        decomp.DecompAgGemm(heaps[0], 64, 32, torch.float32, name="bad.sched", schedule="zigzag")
+
+
+def test_plan_chunks_world4_keeps_pieces_large():
+    """World 4, Llama-3.3-70B TP4 shapes at M 2048 / 8192 (512 / 2048 rows per rank): one piece per segment for
+    AG-GEMM (qkv's N = 2560 needs >= 1638 rows per piece GEMM; (world - 1) * pieces <= 4), GEMM-RS keeps 2 where a
+    piece has >= 512 rows."""
+    for n in (2560, 14336):
+        assert decomp.plan_chunks("ag", [2048] * 4, 8192, n) == 1
+        assert decomp.plan_chunks("ag", [512] * 4, 8192, n) == 1
+    assert decomp.plan_chunks("rs", [2048] * 4, 2048, 8192) == 2
+    assert decomp.plan_chunks("rs", [2048] * 4, 7168, 8192) == 2
+    assert decomp.plan_chunks("rs", [512] * 4, 2048, 8192) == 1
+
+
 def test_plan_chunks_follows_gemm_to_transfer_ratio():
     """Llama-3.3-70B TP4 shapes: qkv (N=2560) and o_proj (K=2048) are transfer-bound -> 4 pieces; gate_up
     (N=14336) hides its transfer -> 1; down (K=7168) -> 2; GEMM-RS never 1; small segments cap the count."""

@@ -25,7 +25,17 @@ timeouts).
 
 AG-GEMM, rank ``me``: push ``a`` to every peer (one stream per peer) in :func:`plan_chunks` pieces, compute ``a @ b``
 into its rows of ``out`` meanwhile, then each peer piece's GEMM as soon as its signal arrives (ring order ``me-1,
-me-2, ...``: the order in which the pushes of the peers arrive). GEMM-RS: compute the partial of each peer's rows
+me-2, ...``: the order in which the pushes of the peers arrive).
+
+Schedule of the per-peer streams (``schedule``): ``"ring"`` (default from world 3) staggers them: step ``j``'s first
+push waits until step ``j-1``'s pushes are done, so at any time every rank sends to ONE peer ``me+j`` and receives
+from ONE peer ``me-j`` (a permutation: each NVLink direction carries one transfer at full bandwidth, no incast), and
+the segments land in the order the consumer takes them (the whole first segment arrives after ``1/(world-1)`` of
+the transfer time instead of all segments at the end); this is the step order of PyTorch's symmetric-memory ops
+(one peer per step). ``"all"`` (world 2, where both are the same) runs every step at once; its consumer then takes
+the pieces piece-major (piece 0 of every source first), the order in which they arrive.
+
+GEMM-RS: compute the partial of each peer's rows
 first (ring order ``me+1, ...``), piece by piece, each piece pushed from a per-peer stream as soon as it is done; the
 first source's pieces are copied into ``out`` by the copy engine as they land, and the own rows' GEMM accumulates
 into them (``out += a @ b``, cuBLAS beta = 1: the reduction rides in the GEMM epilogue; ``out`` accumulates in the
@@ -34,6 +44,7 @@ output dtype, as NCCL's reduce-scatter does).
 
 from __future__ import annotations
 
+import functools
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -51,6 +62,8 @@ def _peer_addr(heap, t: torch.Tensor, peer: int) -> int:
 
 
 MAX_CHUNKS = 4  # pieces per ring step (signal slots per source)
+SCHEDULES = ("ring", "all")  # per-peer stream schedule (module docstring)
+_MIN_PIECE_ELEMS = 4 << 20  # output elements per piece GEMM (rows * N) below which cuBLAS leaves SMs idle
 _BYTES_PER_FLOP = 1.0 / 3000.0  # copy-engine push bandwidth / dense bf16 GEMM rate on H100 (~200 GB/s / ~600 TFLOP/s)
 
 
@@ -60,16 +73,32 @@ def plan_chunks(kind: str, rows: Sequence[int], k: int, n: int, min_rows: int = 
     for GEMM-RS; when the GEMM hides the transfer (ratio >= 3) one piece keeps the GEMMs large, else 2 or 4 pieces
     let the consumer start on the first piece while the rest is in flight. GEMM-RS uses >= 2 pieces: the own rows'
     GEMM adds each received piece in its epilogue, so it must not wait for the whole transfer. Capped so a piece
-    has >= ``min_rows`` rows (of the largest segment). Same on every rank (a function of the shared ``rows``)."""
+    has >= ``min_rows`` rows (of the largest segment) and, for world > 2, so a piece GEMM has >= 4M output elements
+    (``rows * N``; a narrower GEMM leaves SMs idle: qkv's N = 2560 at 512 rows fills a third of an H100) and
+    ``(world - 1) * pieces <= 4`` (each piece costs ~6 host-side stream operations per step; at world 4 with 4
+    pieces the host enqueue time exceeded the GPU time, 2026-11-26 on 4 x H200). Same on every rank (a function of
+    the shared ``rows``)."""
     ratio = (n if kind == "ag" else k) * _BYTES_PER_FLOP
     c = 1 if ratio >= 3 else 2 if ratio >= 1.5 else 4
-    if kind == "rs":
-        c = max(c, 2)
-    return max(1, min(c, max(rows) // min_rows if rows else 1))
+    big = max(rows) if rows else 0
+    cap = big // min_rows
+    if len(rows) > 2:
+        cap = min(cap, big * n // _MIN_PIECE_ELEMS, 4 // (len(rows) - 1))
+    c = min(c, cap)
+    if kind == "rs":  # the GEMM-RS floor of 2 pieces outranks the world > 2 caps (not the min_rows one)
+        c = max(c, min(2, big // min_rows))
+    return max(1, c)
 
 
-def _pieces(total: int, c: int) -> List[Tuple[int, int]]:
-    """``c`` row ranges [lo, hi) covering ``total`` rows, multiples of 16 rows except the last."""
+def default_schedule(world: int) -> str:
+    """The per-peer stream schedule used when the op is given none: ``"ring"`` from world 3 (module docstring)."""
+    return "ring" if world > 2 else "all"
+
+
+@functools.lru_cache(maxsize=256)
+def _pieces(total: int, c: int) -> Tuple[Tuple[int, int], ...]:
+    """``c`` row ranges [lo, hi) covering ``total`` rows, multiples of 16 rows except the last (cached: called
+    per step on every call)."""
     step = -(-total // c)
     step = -(-step // 16) * 16 if total >= 16 * c else step
     out, lo = [], 0
@@ -77,7 +106,7 @@ def _pieces(total: int, c: int) -> List[Tuple[int, int]]:
         hi = min(total, lo + step)
         out.append((lo, hi))
         lo = hi
-    return out
+    return tuple(out)
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -88,11 +117,17 @@ class _Handshake:
     """Per-op signals and per-peer streams of the decomposition (see the module docstring). Signal slot
     ``sig[src * MAX_CHUNKS + c]`` carries piece ``c`` from ``src``."""
 
-    def __init__(self, heap, name: str, bounded: bool = False):
-        self.heap, self.bounded = heap, bounded
+    def __init__(self, heap, name: str, bounded: bool = False, schedule: Optional[str] = None):
+        schedule = schedule or default_schedule(heap.world)
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule={schedule!r} must be one of {SCHEDULES} (or None: per world)")
+        self.heap, self.bounded, self.schedule = heap, bounded, schedule
         self.split, self.split_min_bytes = 1, 4 << 20  # see _push (1: one copy per piece)
         self.sig = heap.signals(f"{name}.sig", heap.world * MAX_CHUNKS)
         self.ready = heap.signals(f"{name}.ready", heap.world)
+        # heap offsets of the signal arrays: a peer's slot address is plain integer arithmetic (no tensor per op)
+        self._sig_off = self.sig.data_ptr() - heap.bases[heap.rank]
+        self._ready_off = self.ready.data_ptr() - heap.bases[heap.rank]
         self.streams: dict = {}
         self.events: dict = {}
         if heap.device.type == "cuda":
@@ -116,27 +151,35 @@ class _Handshake:
         return ev
 
     def exchange(self, j: int, sends, afters, sender: int, land=None) -> List["torch.cuda.Event"]:
-        """Ring step ``j`` on its own stream, piece by piece: wait for the credit of ``peer = me + j``; then for
+        """Ring step ``j`` on its own stream, piece by piece: with the ``"ring"`` schedule first wait until step
+        ``j - 1``'s pushes of this call are done (recorded by the previous ``exchange`` call: call the steps in
+        order); wait for the credit of ``peer = me + j``; then for
         each piece ``c``: wait ``afters[c]``, copy ``sends[c] = (dst_local, src)`` into the peer's copy of
         ``dst_local``, signal the peer's ``sig[me, c]``, wait for this rank's ``sig[sender, c]`` and reset it,
         optionally copy the received piece locally (``land[c] = (dst, src)``, a copy-engine copy off the SMs),
         record event ``c``. Returns the per-piece events the consumer's stream waits on (every dependency of the
         consumer is CUDA-visible; a wait for piece ``c`` sits only behind this rank's own push of piece ``c``, and
-        the sender pushes piece ``c`` behind waits for pieces ``< c`` only: no cycle)."""
+        the sender pushes piece ``c`` behind waits for pieces ``< c`` only: no cycle; the ring's wait for step
+        ``j - 1``'s pushes adds edges from lower steps only, so by induction over ``j`` there is still no cycle)."""
         h = self.heap
         peer = (h.rank + j) % h.world
         s = self.stream(j)
         cs = s.cuda_stream
         s.wait_event(afters[0])
-        self._wait_reset(self.ready[peer: peer + 1], s)
+        if self.schedule == "ring" and j > 1:
+            s.wait_event(self.event(("pushed", j - 1)))
+        self._wait_reset(self.ready, peer, s)
+        sig_peer = h.bases[peer] + self._sig_off + 8 * h.rank * MAX_CHUNKS
         evs = []
         for c, (dst_local, src) in enumerate(sends):
             if c and afters[c] is not afters[c - 1]:
                 s.wait_event(afters[c])
             if _nbytes(src):
                 self._push(j, c, _peer_addr(h, dst_local, peer), src.data_ptr(), _nbytes(src), s)
-            cuda_ipc.stream_write_value64(_peer_addr(h, self.sig[h.rank * MAX_CHUNKS + c], peer), 1, cs)
-            self._wait_reset(self.sig[sender * MAX_CHUNKS + c: sender * MAX_CHUNKS + c + 1], s)
+            cuda_ipc.stream_write_value64(sig_peer + 8 * c, 1, cs)
+            if c == len(sends) - 1 and self.schedule == "ring":
+                self.event(("pushed", j)).record(s)  # the next step's pushes may start (this one's are done)
+            self._wait_reset(self.sig, sender * MAX_CHUNKS + c, s)
             if land is not None and _nbytes(land[c][1]):
                 cuda_ipc.memcpy_async(land[c][0].data_ptr(), land[c][1].data_ptr(), _nbytes(land[c][1]), cs)
             ev = self.event((j, c))
@@ -171,22 +214,23 @@ class _Handshake:
         for ev in joins:
             s.wait_event(ev)
 
-    def _wait_reset(self, slot: torch.Tensor, s: "torch.cuda.Stream") -> None:
-        """On stream ``s``: wait until the int64 signal ``slot`` ([1], this rank's heap) is 1, then set it to 0;
+    def _wait_reset(self, sigs: torch.Tensor, i: int, s: "torch.cuda.Stream") -> None:
+        """On stream ``s``: wait until the int64 signal ``sigs[i]`` (this rank's heap) is 1, then set it to 0;
         bounded by the heap's wait budget when ``self.bounded`` (module docstring)."""
         if self.bounded:
             from sgl_kernel.tdist.common import wait_reset_kernel  # Triton only on this path
 
             with torch.cuda.stream(s):
-                wait_reset_kernel[(1,)](self.heap.meta, slot, num_warps=1)
+                wait_reset_kernel[(1,)](self.heap.meta, sigs[i: i + 1], num_warps=1)
         else:
-            cuda_ipc.stream_wait_value64(slot.data_ptr(), 1, s.cuda_stream)
-            cuda_ipc.stream_write_value64(slot.data_ptr(), 0, s.cuda_stream)
+            addr = sigs.data_ptr() + 8 * i
+            cuda_ipc.stream_wait_value64(addr, 1, s.cuda_stream)
+            cuda_ipc.stream_write_value64(addr, 0, s.cuda_stream)
 
     def credit(self, src: int, stream: "torch.cuda.Stream") -> None:
         """After ``stream``'s earlier work: tell ``src`` its buffer here may be overwritten (its ``ready[me]`` = 1)."""
         h = self.heap
-        cuda_ipc.stream_write_value64(_peer_addr(h, self.ready[h.rank], src), 1, stream.cuda_stream)
+        cuda_ipc.stream_write_value64(h.bases[src] + self._ready_off + 8 * h.rank, 1, stream.cuda_stream)
 
     def join(self, main: "torch.cuda.Stream") -> None:
         """``main`` waits for every step stream (their copies have left this rank's buffers). This is also why no
@@ -214,18 +258,20 @@ class DecompAgGemm:
     (``max_rows * k`` elements of ``dtype`` per rank); name (unique per op site); chunks (pieces per segment, None:
     :func:`plan_chunks` per call); bounded_waits (every signal wait is a bounded Triton wait kernel instead of
     ``cuStreamWaitValue64``: a dead peer raises TdistWaitError from ``heap.check()`` instead of hanging; module
-    docstring). Construction is collective (it allocates heap signals, sets the credits and runs a host barrier).
+    docstring); schedule (``"ring"`` / ``"all"``, None: :func:`default_schedule`; same on every rank; module
+    docstring; ``op.hs.schedule`` may be changed between calls on every rank). Construction is collective (it
+    allocates heap signals, sets the credits and runs a host barrier).
     Raises ValueError on bad sizes.
     """
 
     def __init__(self, heap, max_rows: int, k: int, dtype: torch.dtype = torch.bfloat16, *, name: str = "dag",
-                 chunks: Optional[int] = None, bounded_waits: bool = False):
+                 chunks: Optional[int] = None, bounded_waits: bool = False, schedule: Optional[str] = None):
         if max_rows < 1 or k < 1:
             raise ValueError(f"max_rows={max_rows} and k={k} must be >= 1")
         _check_chunks(chunks)
         self.heap, self.max_rows, self.k, self.dtype, self.chunks = heap, max_rows, k, dtype, chunks
         self.gather = heap.tensor(f"{name}.gather", (max_rows, k), dtype)
-        self.hs = _Handshake(heap, name, bounded_waits)
+        self.hs = _Handshake(heap, name, bounded_waits, schedule)
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, rows: Sequence[int], out: Optional[torch.Tensor] = None,
                  chunks: Optional[int] = None, bulk: bool = False):
@@ -266,13 +312,20 @@ class DecompAgGemm:
         for j in range(1, w):  # step j pushes to me + j and receives from me - j (which pushes at its step j)
             arrived.append(self.hs.exchange(j, sends, [done] * c, (me - j) % w))
         torch.mm(a, b, out=out[off[me]: off[me + 1]])  # the own rows while the first pieces are in flight
-        for j in range(1, w):
+        # consumer order = arrival order: segment by segment on the ring, piece-major when every step runs at once
+        order = ([(j, p) for j in range(1, w) for p in range(c)] if self.hs.schedule == "ring" or c == 1 else
+                 [(j, p) for p in range(c) for j in range(1, w)])
+        for j, p in order:
             s = (me - j) % w
-            for (lo, hi), ev in zip(_pieces(rows[s], c), arrived[j - 1]):
-                main.wait_event(ev)
-                if hi > lo:
-                    torch.mm(self.gather[off[s] + lo: off[s] + hi], b, out=out[off[s] + lo: off[s] + hi])
-            self.hs.credit(s, main)
+            lo, hi = _pieces(rows[s], c)[p]
+            main.wait_event(arrived[j - 1][p])
+            if hi > lo:
+                torch.mm(self.gather[off[s] + lo: off[s] + hi], b, out=out[off[s] + lo: off[s] + hi])
+            if p == c - 1 and (self.hs.schedule == "ring" or c == 1):
+                self.hs.credit(s, main)
+        if not (self.hs.schedule == "ring" or c == 1):
+            for j in range(1, w):
+                self.hs.credit((me - j) % w, main)
         self.hs.join(main)
         return out
 
@@ -303,19 +356,20 @@ class DecompGemmRs:
 
     Args: heap; max_rows (largest segment any rank owns) and n (output columns) size the receive buffer
     (``world * max_rows * n`` elements of ``dtype`` per rank) and the local staging buffers; name (unique per op
-    site); chunks (pieces per segment, None: :func:`plan_chunks` per call); bounded_waits: as DecompAgGemm.
+    site); chunks (pieces per segment, None: :func:`plan_chunks` per call); bounded_waits, schedule: as
+    DecompAgGemm.
     Construction is collective. Raises ValueError on bad sizes.
     """
 
     def __init__(self, heap, max_rows: int, n: int, dtype: torch.dtype = torch.bfloat16, *, name: str = "drs",
-                 chunks: Optional[int] = None, bounded_waits: bool = False):
+                 chunks: Optional[int] = None, bounded_waits: bool = False, schedule: Optional[str] = None):
         if max_rows < 1 or n < 1:
             raise ValueError(f"max_rows={max_rows} and n={n} must be >= 1")
         _check_chunks(chunks)
         self.heap, self.max_rows, self.n, self.dtype, self.chunks = heap, max_rows, n, dtype, chunks
         self.recv = heap.tensor(f"{name}.recv", (heap.world, max_rows, n), dtype)
         self.stage = torch.empty(max(heap.world - 1, 1), max_rows, n, dtype=dtype, device=heap.device)
-        self.hs = _Handshake(heap, name, bounded_waits)
+        self.hs = _Handshake(heap, name, bounded_waits, schedule)
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, rows: Sequence[int], out: Optional[torch.Tensor] = None,
                  chunks: Optional[int] = None):

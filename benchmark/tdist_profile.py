@@ -1,0 +1,134 @@
+"""Timeline summary of one call of a tdist op (``bench_tdist.py --variants ... profile``): torch profiler (CUPTI)
+kernel / memcpy intervals of one call on each rank, reduced to GEMM time, copy-engine time, their overlap and the
+GPU idle time inside the call, plus the host time to enqueue the call. Explains a row: a call whose host enqueue
+time is close to its GPU span is host-bound (the GPU waits for launches); copy time not covered by GEMM time is
+exposed communication; idle time is waiting (signals, dependencies, launches).
+
+Kept importable without CUDA (the interval arithmetic is unit-tested on CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from typing import Callable, Dict, Iterable, List, Tuple
+
+GEMM_MARKERS = ("gemm", "nvjet", "cutlass", "sm90_xmma", "ampere_", "sm80_xmma")  # cuBLAS / cuBLASLt kernel names
+
+
+def union(iv: Iterable[Tuple[float, float]]) -> List[Tuple[float, float]]:
+    """Sorted disjoint union of [start, end) intervals."""
+    out: List[List[float]] = []
+    for s, e in sorted(iv):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def length(iv: Iterable[Tuple[float, float]]) -> float:
+    """Total length of disjoint intervals."""
+    return sum(e - s for s, e in iv)
+
+
+def intersect(a: List[Tuple[float, float]], b: List[Tuple[float, float]]) -> float:
+    """Length of the intersection of two disjoint sorted interval lists."""
+    i = j = 0
+    tot = 0.0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        tot += max(0.0, hi - lo)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return tot
+
+
+def summarize(events: List[dict]) -> Dict[str, float]:
+    """Chrome-trace ``X`` events (``cat`` kernel / gpu_memcpy / gpu_memset, ``ts``/``dur`` in us) -> ms figures:
+    span (first GPU start to last GPU end), gemm (union of cuBLAS kernels), copy (union of memcpys), overlap (GEMM
+    and copy at once), idle (no GPU activity inside the span), other (union of other kernels), counts, and the
+    copies' GB/s over their busy time when the trace gives bytes."""
+    gemm, copy, other, nbytes = [], [], [], 0
+    for e in events:
+        if e.get("ph") != "X" or "dur" not in e:
+            continue
+        iv = (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+        cat, name = e.get("cat", ""), e.get("name", "").lower()
+        if cat == "gpu_memcpy":
+            copy.append(iv)
+            nbytes += int((e.get("args") or {}).get("bytes", 0) or 0)
+        elif cat == "kernel":
+            (gemm if any(m in name for m in GEMM_MARKERS) else other).append(iv)
+        elif cat == "gpu_memset":
+            other.append(iv)
+    every = gemm + copy + other
+    if not every:
+        return {"span_ms": 0.0}
+    span = max(e for _, e in every) - min(s for s, _ in every)
+    ug, uc = union(gemm), union(copy)
+    busy_c = length(uc)
+    res = {"span_ms": span / 1e3, "gemm_ms": length(ug) / 1e3, "copy_ms": busy_c / 1e3,
+           "overlap_ms": intersect(ug, uc) / 1e3, "other_ms": length(union(other)) / 1e3,
+           "idle_ms": (span - length(union(every))) / 1e3, "n_gemm": len(gemm), "n_copy": len(copy),
+           "n_other": len(other)}
+    if nbytes and busy_c > 0:
+        res["copy_gbps"] = nbytes / (busy_c * 1e-6) / 1e9
+    return res
+
+
+def profile_call(barrier: Callable[[], None], fn: Callable[[], object], enqueue_calls: int = 5) -> Dict[str, float]:
+    """Collective (every rank calls it with its own ``fn``, already warm): the host enqueue time of ``fn`` (median
+    of ``enqueue_calls`` calls, ms, no sync inside), then one call under the torch profiler (CUDA activities),
+    summarized by :func:`summarize`. ``barrier``: a host barrier of the ranks. Raises whatever the profiler raises
+    (the caller reports it)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    barrier()
+    host = []
+    for _ in range(enqueue_calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        host.append((time.perf_counter() - t0) * 1e3)
+        torch.cuda.synchronize()
+    barrier()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f).get("traceEvents", [])
+    finally:
+        os.unlink(path)
+    res = summarize(events)
+    res["host_enqueue_ms"] = sorted(host)[len(host) // 2]
+    barrier()
+    return res
+
+
+def profile_lines(rows: List[dict]) -> List[str]:
+    """Markdown section from rows carrying ``profile`` (rank 0's summary of one decomposition call)."""
+    keys = ("host_enqueue_ms", "span_ms", "gemm_ms", "copy_ms", "overlap_ms", "idle_ms", "other_ms")
+    out = ["| op | shape | M | pieces / schedule | host enqueue ms | GPU span ms | GEMM ms | copy ms | overlap ms "
+           "| idle ms | other kernels ms | #GEMM / #copy | copy GB/s |", "|---|---|---|---|" + "---|" * 9]
+    for r in rows:
+        p = r.get("profile")
+        if not p:
+            continue
+        if "error" in p:
+            out.append(f"| {r['op']} | {r['shape']} | {r['M']} | - | profile failed: {p['error']} |")
+            continue
+        cells = " | ".join(f"{p.get(k, 0.0):.3f}" for k in keys)
+        gbps = f"{p['copy_gbps']:.0f}" if "copy_gbps" in p else "-"
+        out.append(f"| {r['op']} | {r['shape']} | {r['M']} | {p.get('what', '-')} | {cells} | "
+                   f"{p.get('n_gemm', 0)} / {p.get('n_copy', 0)} | {gbps} |")
+    return out
