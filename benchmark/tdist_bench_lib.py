@@ -6,6 +6,7 @@ import json
 from typing import Dict, List, Optional
 
 import torch
+from tdist_profile import row_tail
 
 UNAVAILABLE_SHARED = "n/a: ranks share one GPU (NCCL refuses duplicate GPUs)"
 
@@ -132,7 +133,8 @@ def _ag_row(heap, note, nccl, symm, name, k, n, m, max_m, iters, variants, flip)
         _auto_job(heap, note, res, nccl, iters,
                   lambda t: (lambda op=AutoAgGemm(op_d, nccl, t, symm): op(a, wt.t(), rows)))
     if "decomp" in variants:
-        _tail(heap, note, res, variants, iters, seq, op_d, lambda: op_d(a, wt.t(), rows, out_d), m == max_m)
+        row_tail(heap, note, res, variants, iters, seq, op_d, lambda: op_d(a, wt.t(), rows, out_d), m == max_m,
+                 _try)
     return res
 
 
@@ -185,7 +187,8 @@ def _rs_row(heap, note, nccl, symm, name, k, n, m, max_m, iters, variants, flip)
         _auto_job(heap, note, res, nccl, iters,
                   lambda t: (lambda op=AutoGemmRs(op_d, nccl, t, symm): op(a, wt.t(), rows)))
     if "decomp" in variants:
-        _tail(heap, note, res, variants, iters, seq, op_d, lambda: op_d(a, wt.t(), rows, out_d), m == max_m)
+        row_tail(heap, note, res, variants, iters, seq, op_d, lambda: op_d(a, wt.t(), rows, out_d), m == max_m,
+                 _try)
     return res
 
 
@@ -196,17 +199,30 @@ def _row_table(heap, nccl, res):
 
     from sgl_kernel.tdist.auto import CalibrationTable
 
-    pcs = [res["plan"]] + [c for c in PIECES if f"decomp_p{c}" in res]
-    keys = ["tdist_decomp"] + [f"decomp_p{c}" for c in pcs[1:]] + ["torch_seq", "symm_fused"]
+    cands = _decomp_candidates(res)
+    keys = [k for k, _, _ in cands] + ["torch_seq", "symm_fused"]
     v = torch.tensor([-1.0 if res.get(k) is None else float(res[k]) for k in keys], dtype=torch.float64,
                      device=heap.device)
     dist.all_reduce(v, op=dist.ReduceOp.MAX, group=nccl)
     t = {k: x for k, x in zip(keys, v.tolist()) if x > 0}
-    dec = [(t[k], c) for k, c in zip(keys, pcs) if k in t]
+    dec = [(t[k], c, sc) for k, c, sc in cands if k in t]
     shape = (res["kind"], res["k"], res["n"], res["world"], res["M"])
     row = dict(kind=shape[0], k=shape[1], n=shape[2], world=shape[3], m=shape[4],
                decomp_ms=min(dec)[0] if dec else None, nccl_ms=t.get("torch_seq"), symm_ms=t.get("symm_fused"))
-    return CalibrationTable(pieces=((*shape, min(dec)[1]),) if dec else (), best=CalibrationTable._best_rows([row]))
+    return CalibrationTable(pieces=((*shape, min(dec)[1]),) if dec else (), best=CalibrationTable._best_rows([row]),
+                            schedules=((*shape, min(dec)[2]),) if dec else ())
+
+
+def _decomp_candidates(res):
+    """(result key, pieces, schedule) of every measured decomposition variant of a row that the auto op can take:
+    the planned call, the other piece counts (default schedule) and the other schedule (planned pieces)."""
+    from sgl_kernel.tdist.decomp import default_schedule
+
+    sched = default_schedule(res["world"])
+    other = "all" if sched == "ring" else "ring"
+    out = [("tdist_decomp", res["plan"], sched)] + [(f"decomp_p{c}", c, sched) for c in PIECES
+                                                    if f"decomp_p{c}" in res]
+    return out + ([("decomp_sched", res["plan"], other)] if "decomp_sched" in res else [])
 
 
 def _auto_job(heap, note, res, nccl, iters, make):
@@ -219,6 +235,7 @@ def _auto_job(heap, note, res, nccl, iters, make):
         return
     res["auto_path"] = table.best[0][5] if table.best else "?"
     res["auto_pieces"] = table.pieces[0][5] if table.pieces else None
+    res["auto_sched"] = table.schedules[0][5] if table.schedules else None
     res["tdist_auto"], err = _try(heap, note, "tdist auto", make(table), iters, res, "tdist_auto")
     if err:
         res["tdist_auto_note"] = err
@@ -270,24 +287,6 @@ def _lazy_graph(fn):
             state["replay"] = _graphed(fn)
         return state["replay"]()
     return call
-
-
-def _tail(heap, note, res, variants, iters, seq, op_d, call, largest):
-    """After a row's jobs (and ``auto``): with ``auto``, NCCL + cuBLAS timed again (``torch_seq_again``, notes: the
-    two NCCL times of a row show its run-to-run spread, the auto op's nccl path ran between them); with ``profile``
-    at the largest M, :func:`tdist_profile.profile_call` of one planned decomposition call (``profile``)."""
-    if "auto" in variants and seq is not None:
-        res["torch_seq_again"], _ = _try(heap, note, "NCCL + cuBLAS again", seq, iters)
-    if "profile" in variants and largest:
-        from tdist_profile import profile_call
-
-        try:
-            res["profile"] = profile_call(heap.barrier, call)
-        except Exception as ex:  # reported, never fatal
-            note(f"profile failed: {type(ex).__name__}: {ex}")
-            res["profile"] = {"error": f"{type(ex).__name__}: {str(ex)[:100]}"}
-            heap.barrier()
-        res["profile"]["what"] = f"{res.get('plan')} pc, {op_d.hs.schedule}"
 
 
 def _pieces_jobs(res, variants, call, planned):
@@ -440,7 +439,8 @@ def table(per_rank: List[List[dict]]) -> List[str]:
         comp = [max((r[i].get("compile", {}).get(k) or 0.0) for r in per_rank)
                 for k in ("tdist_sm", "tdist_decomp")]
         auto = f"{_fmt(au)} ({row.get('auto_path', '-')}" + (
-            f", {row['auto_pieces']} pc" if row.get("auto_path") == "decomp" and row.get("auto_pieces") else "") + ")"
+            f", {row['auto_pieces']} pc" if row.get("auto_path") == "decomp" and row.get("auto_pieces") else "") + (
+            f", {row['auto_sched']}" if row.get("auto_path") == "decomp" and row.get("auto_sched") else "") + ")"
         lines.append(f"| {row['op']} | {row['shape']} | {row['M']} | {_fmt(sm)} | {_fmt(dc)} | "
                      f"{auto if au is not None else '-'} | {_fmt(ts)} | {_fmt(sf)} | "
                      f"{_fmt(_mx(per_rank, i, 'cublas_only'))} | {r1} | {r2} | "
@@ -477,16 +477,17 @@ def calibration(per_rank: List[List[dict]]):
     best measured piece count) vs NCCL + cuBLAS, the best piece count, and the fastest path (with torch symm-mem)."""
     from sgl_kernel.tdist.auto import CalibrationTable
 
-    pts, pieces = [], []
+    pts, pieces, scheds = [], [], []
     for i, row in enumerate(per_rank[0]):
         if row.get("kind") in ("ag", "rs"):
-            dec = [(t, c) for c, t in [(row.get("plan"), _mx(per_rank, i, "tdist_decomp"))]
-                   + [(c, _mx(per_rank, i, f"decomp_p{c}")) for c in PIECES] if c and t is not None]
+            dec = [(t, c, sc) for k, c, sc in (_decomp_candidates(row) if row.get("plan") else [])
+                   for t in [_mx(per_rank, i, k)] if t is not None]
             shape = (row["kind"], row["k"], row["n"], row["world"], row["M"])
             if dec:
                 pieces.append((*shape, min(dec)[1]))
+                scheds.append((*shape, min(dec)[2]))
             pts.append(dict(kind=shape[0], k=shape[1], n=shape[2], world=shape[3], m=shape[4],
                             decomp_ms=min(dec)[0] if dec else None, nccl_ms=_mx(per_rank, i, "torch_seq"),
                             symm_ms=_mx(per_rank, i, "symm_fused")))
     t = CalibrationTable.from_timings(pts)
-    return CalibrationTable(t.entries, t.default_min_m, tuple(pieces), t.best)
+    return CalibrationTable(t.entries, t.default_min_m, tuple(pieces), t.best, tuple(scheds))

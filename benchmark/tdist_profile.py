@@ -115,6 +115,23 @@ def profile_call(barrier: Callable[[], None], fn: Callable[[], object], enqueue_
     return res
 
 
+def row_tail(heap, note, res, variants, iters, seq, op_d, call, largest, try_fn) -> None:
+    """After a row's jobs (and ``auto``): with ``auto``, NCCL + cuBLAS timed again (``torch_seq_again``, notes: the
+    two NCCL times of a row show its run-to-run spread, the auto op's nccl path ran between them); with ``profile``
+    at the largest M, :func:`profile_call` of one planned decomposition call (``profile``). ``try_fn``: the
+    bench's timer (``tdist_bench_lib._try``); collective like every timed job."""
+    if "auto" in variants and seq is not None:
+        res["torch_seq_again"], _ = try_fn(heap, note, "NCCL + cuBLAS again", seq, iters)
+    if "profile" in variants and largest:
+        try:
+            res["profile"] = profile_call(heap.barrier, call)
+        except Exception as ex:  # reported, never fatal
+            note(f"profile failed: {type(ex).__name__}: {ex}")
+            res["profile"] = {"error": f"{type(ex).__name__}: {str(ex)[:100]}"}
+            heap.barrier()
+        res["profile"]["what"] = f"{res.get('plan')} pc, {op_d.hs.schedule}"
+
+
 def profile_lines(rows: List[dict]) -> List[str]:
     """Markdown section from rows carrying ``profile`` (rank 0's summary of one decomposition call)."""
     keys = ("host_enqueue_ms", "span_ms", "gemm_ms", "copy_ms", "overlap_ms", "idle_ms", "other_ms")

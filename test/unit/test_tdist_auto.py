@@ -169,3 +169,25 @@ def test_best_path_ties_within_two_percent_keep_the_earlier_path():
     assert win.choose("rs", 7168, 8192, 2, 8192, symm=True) == "symm"
     nccl_tie = CalibrationTable.from_timings([dict(row, m=2048, decomp_ms=0.405, nccl_ms=0.400)])
     assert nccl_tie.choose("rs", 7168, 8192, 2, 2048) == "decomp"
+
+
+def test_auto_ops_apply_the_measured_schedule():
+    """A ``schedules`` entry sets the decomposition's per-peer stream schedule for calls at and above its M; a shape
+    without one keeps the op's; bad entries raise; the table round-trips through JSON."""
+    from sgl_kernel.tdist.auto import AutoAgGemm, AutoGemmRs, CalibrationTable
+
+    table = CalibrationTable(default_min_m=1, schedules=(("ag", 8192, 2560, 2, 4096, "ring"),
+                                                         ("rs", 7168, 8192, 2, 8192, "all")))
+    assert CalibrationTable.from_json(table.to_json()) == table
+    ag = AutoAgGemm(_FakeDecomp(k=8192), None, table)
+    ag.decomp.hs = type("HS", (), {"schedule": "all"})()
+    ag(torch.zeros(1024, 1), torch.zeros(1, 2560), [1024, 1024])
+    assert ag.decomp.hs.schedule == "ring"  # below the only measured M: that entry
+    rs = AutoGemmRs(_FakeDecomp(n=8192), None, table)
+    rs.decomp.hs = type("HS", (), {"schedule": "ring"})()
+    rs(torch.zeros(1).expand(8192, 2048), torch.zeros(2048, 1), [4096, 4096])
+    assert rs.decomp.hs.schedule == "ring"  # K 2048 has no entry: unchanged
+    rs(torch.zeros(1).expand(8192, 7168), torch.zeros(7168, 1), [4096, 4096])
+    assert rs.decomp.hs.schedule == "all"
+    with pytest.raises(ValueError, match="schedules entry"):
+        CalibrationTable(schedules=(("ag", 1, 1, 2, 1, "zigzag"),))

@@ -16,6 +16,8 @@ from typing import Iterable, Optional, Sequence, Tuple
 
 import torch
 
+from sgl_kernel.tdist.decomp import SCHEDULES
+
 KINDS = ("ag", "rs")
 TIE = 0.02  # relative: paths this close to the fastest are a tie (see CalibrationTable._best_rows)
 PATHS = ("decomp", "nccl", "symm")  # decomposition; NCCL + cuBLAS in sequence; torch's fused symmetric-memory op
@@ -30,13 +32,16 @@ class CalibrationTable:
     pieces)``, the piece count (1..4) measured fastest at total M ``m``; :meth:`pieces_for` applies the entry of the
     largest measured M <= the call's M (the smallest measured M below it). best: ``(kind, k, n, world, m, path)``,
     the path (:data:`PATHS`) measured fastest at total M ``m``, applied like ``pieces``; where it names ``"symm"``
-    (torch's fused symmetric-memory op) the caller needs a symmetric-memory group, else ``min_m`` decides. Raises
-    ValueError on bad entries."""
+    (torch's fused symmetric-memory op) the caller needs a symmetric-memory group, else ``min_m`` decides.
+    schedules: ``(kind, k, n, world, m, schedule)``, the per-peer stream schedule of the decomposition
+    (:data:`~sgl_kernel.tdist.decomp.SCHEDULES`) measured fastest at total M ``m``, applied like ``pieces`` (shapes
+    without one keep the op's schedule). Raises ValueError on bad entries."""
 
     entries: Tuple[Tuple[str, int, int, int, int], ...] = ()
     default_min_m: int = 4096
     pieces: Tuple[Tuple[str, int, int, int, int, int], ...] = ()
     best: Tuple[Tuple[str, int, int, int, int, str], ...] = ()
+    schedules: Tuple[Tuple[str, int, int, int, int, str], ...] = ()
 
     def __post_init__(self) -> None:
         for e in self.entries:
@@ -50,6 +55,10 @@ class CalibrationTable:
         for e in self.best:
             if len(e) != 6 or e[0] not in KINDS or any(int(v) < 1 for v in e[1:5]) or e[5] not in PATHS:
                 raise ValueError(f"best entry {e!r} must be (kind in {KINDS}, k, n, world, m >= 1, path in {PATHS})")
+        for e in self.schedules:
+            if len(e) != 6 or e[0] not in KINDS or any(int(v) < 1 for v in e[1:5]) or e[5] not in SCHEDULES:
+                raise ValueError(f"schedules entry {e!r} must be (kind in {KINDS}, k, n, world, m >= 1, schedule in "
+                                 f"{SCHEDULES})")
 
     @staticmethod
     def _at(rows, key, m):
@@ -66,6 +75,10 @@ class CalibrationTable:
         measured; the decomposition then plans its own). A function of shared values, so equal on every rank."""
         p = self._at(self.pieces, (kind, k, n, world), m)
         return None if p is None else int(p)
+
+    def schedule_for(self, kind: str, k: int, n: int, world: int, m: int) -> Optional[str]:
+        """Measured best per-peer stream schedule of the decomposition at total M ``m`` (None: not measured)."""
+        return self._at(self.schedules, (kind, k, n, world), m)
 
     def min_m(self, kind: str, k: int, n: int, world: int) -> int:
         """Break-even M of the shape (the table's, else :attr:`default_min_m`)."""
@@ -127,7 +140,8 @@ class CalibrationTable:
     def to_json(self) -> str:
         """JSON text (``from_json`` reads it back)."""
         return json.dumps({"default_min_m": self.default_min_m, "entries": [list(e) for e in self.entries],
-                           "pieces": [list(e) for e in self.pieces], "best": [list(e) for e in self.best]})
+                           "pieces": [list(e) for e in self.pieces], "best": [list(e) for e in self.best],
+                           "schedules": [list(e) for e in self.schedules]})
 
     @classmethod
     def from_json(cls, text: str) -> "CalibrationTable":
@@ -135,7 +149,8 @@ class CalibrationTable:
         try:
             d = json.loads(text)
             return cls(tuple(tuple(e) for e in d["entries"]), int(d["default_min_m"]),
-                       tuple(tuple(e) for e in d.get("pieces", ())), tuple(tuple(e) for e in d.get("best", ())))
+                       tuple(tuple(e) for e in d.get("pieces", ())), tuple(tuple(e) for e in d.get("best", ())),
+                       tuple(tuple(e) for e in d.get("schedules", ())))
         except (KeyError, TypeError, json.JSONDecodeError) as e:
             raise ValueError(f"bad calibration table JSON: {e}") from e
 
@@ -190,6 +205,9 @@ class AutoAgGemm:
         self.last_path = path
         if path == "decomp":
             pieces = None if self.decomp.chunks else self.table.pieces_for("ag", self.decomp.k, b.shape[1], h.world, m)
+            sched = self.table.schedule_for("ag", self.decomp.k, b.shape[1], h.world, m)
+            if sched is not None:
+                self.decomp.hs.schedule = sched  # the same on every rank (a function of the shared table and M)
             return self.decomp(a, b, rows, out, chunks=pieces)
         if path == "symm":
             res = torch.ops.symm_mem.fused_all_gather_matmul(a, [b], 0, self.symm_group)[1][0]
@@ -221,6 +239,9 @@ class AutoGemmRs:
         if path == "decomp":
             pieces = (None if self.decomp.chunks else
                       self.table.pieces_for("rs", a.shape[1], self.decomp.n, h.world, a.shape[0]))
+            sched = self.table.schedule_for("rs", a.shape[1], self.decomp.n, h.world, a.shape[0])
+            if sched is not None:
+                self.decomp.hs.schedule = sched  # the same on every rank (a function of the shared table and M)
             return self.decomp(a, b, rows, out, chunks=pieces)
         if path == "symm":
             res = torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", 0, self.symm_group)
