@@ -327,7 +327,7 @@ def render(res: dict) -> str:
     out += ["## Decode, host path old vs new (same graphs), one process, order alternated", "",
             "| batch | setting | step (ms) | floor (ms) | step/floor | host before forward (ms) | host in forward (ms) "
             "| graph replay (ms) | nodes |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+            "|---:|---|---:|---:|---:|---:|---:|---:|---|"] if res.get("decode") else []
     for r in res.get("decode", []):
         nodes = r["nodes"] or {}
         nd = f"{nodes.get('total', 'n/a')} ({nodes.get('kernel', '?')} kernels)" if nodes else "n/a"
@@ -420,7 +420,12 @@ def main(argv=None) -> int:
     if cfg.gemm_ab:
         from decode_gemm_ab import gemm_ab
 
-        res["gemm_ab"] = gemm_ab(runner, cfg, res["hbm_bytes_per_s"], weight_bytes, capture_graphs, replay_only_ms)
+        def progress(partial):
+            res["gemm_ab"] = partial
+            write()
+
+        res["gemm_ab"] = gemm_ab(runner, cfg, res["hbm_bytes_per_s"], weight_bytes, capture_graphs, replay_only_ms,
+                                 progress)
         write()
         sys.stdout.write(render(res))
         return 0

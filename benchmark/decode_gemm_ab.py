@@ -12,7 +12,7 @@ import logging
 import os
 import statistics
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import torch
 
@@ -60,10 +60,12 @@ def staged_kv_tokens(graphs, bs: int) -> int:
     return int(graphs.seq_lens[: graphs.padded_size(bs)].sum().item())
 
 
-def gemm_ab(runner, cfg, bw: float, weight_bytes: int, capture: Callable, replay_ms: Callable) -> dict:
+def gemm_ab(runner, cfg, bw: float, weight_bytes: int, capture: Callable, replay_ms: Callable,
+            progress: Optional[Callable[[dict], None]] = None) -> dict:
     """The A/B of the module docstring. ``capture(runner, sizes)`` -> CudaGraphRunner; ``replay_ms(graphs, bs)`` ->
-    median GPU ms of back-to-back replays. Returns ``{"rows": [...], "breakdown": [...], "table": [lines],
-    "tune_s"}``; rows: batch, set, served step / floor, replay / floor."""
+    median GPU ms of back-to-back replays; ``progress(res)`` (optional) gets the partial result after each batch
+    size. Returns ``{"rows": [...], "breakdown": [...], "table": [lines], "tune_s"}``; rows: batch, set, served
+    step / floor, replay / floor."""
     from bench_decode_serving import run_mode
 
     mc = runner.model_config
@@ -103,6 +105,8 @@ def gemm_ab(runner, cfg, bw: float, weight_bytes: int, capture: Callable, replay
                             step * 1e3, step / floor, rep_ms, rep_ms / rfloor)
             for name in SETS:
                 res["breakdown"].append(_breakdown(sets[name], bs, name, dims, bw))
+            if progress is not None:
+                progress(res)
     finally:
         use_set(runner, sets["cublas"])
     return res

@@ -77,7 +77,9 @@ def test_gemm_ab_alternates_sets_with_their_tables(runner, monkeypatch):
 
     cfg = types.SimpleNamespace(batches=[1, 3], seed=0, context=24, serving_reps=2, serving_warmup=1,
                                 serving_steps=3, model_path=shared_path("models", "stories260K"))
-    res = ab.gemm_ab(runner, cfg, 1e11, 2e6, capture, replay_ms)
+    seen_rows = []
+    res = ab.gemm_ab(runner, cfg, 1e11, 2e6, capture, replay_ms, lambda r: seen_rows.append(len(r["rows"])))
+    assert seen_rows == [2, 4]
     assert [c[:2] for c in captured] == [(False, [1, 3]), (True, [1, 3])]
     for _, _, g in captured:  # every forward of a set's serving runs saw that set's table on every linear
         assert g.seen and all(g.seen)
