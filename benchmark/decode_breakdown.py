@@ -87,6 +87,11 @@ def assign_classes(names: Sequence[str]) -> List[str]:
 def kernel_events(fn: Callable[[], object]) -> List[Tuple[str, float]]:
     """``[(kernel name, device microseconds)]`` of one ``fn()`` call in launch order (kernels, memcpy, memset), from
     a torch.profiler chrome trace. Raises RuntimeError when the profiler records no device kernel (no CUPTI)."""
+    return [(n, dur) for n, _, dur in kernel_trace(fn)]
+
+
+def kernel_trace(fn: Callable[[], object]) -> List[Tuple[str, float, float]]:
+    """``[(kernel name, start us, duration us)]`` of one ``fn()`` call, by start time (see :func:`kernel_events`)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -106,12 +111,40 @@ def kernel_events(fn: Callable[[], object]) -> List[Tuple[str, float]]:
            and e.get("cat", "").lower() in ("kernel", "gpu_memcpy", "gpu_memset")]
     evs.sort(key=lambda e: float(e["ts"]))
     if evs:
-        return [(e["name"], float(e.get("dur", 0.0))) for e in evs]
+        return [(e["name"], float(e["ts"]), float(e.get("dur", 0.0))) for e in evs]
     dev = [e for e in prof.events() if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
     if not dev:  # neither the trace nor the event list has device kernels
         raise RuntimeError("the profiler recorded no device kernels (CUPTI unavailable?)")
     dev.sort(key=lambda e: e.time_range.start)
-    return [(e.name, float(e.time_range.elapsed_us())) for e in dev]
+    return [(e.name, float(e.time_range.start), float(e.time_range.elapsed_us())) for e in dev]
+
+
+def served_timeline(trace: Sequence[Tuple[str, float, float]], graph_kernels: int) -> dict:
+    """GPU busy / idle of the steady decode part of a served run's ``trace`` (:func:`kernel_trace`): the kernels
+    after the last prefill (``extend``) kernel. Steps are counted by the in-graph argmax (``sampling`` kernels).
+
+    Returns ``{"steps", "period_us", "busy_us", "idle_us" (per step: GPU time span, union of kernel intervals, the
+    rest), "kernels_per_step", "extra_per_step" (kernels per step beyond ``graph_kernels``, i.e. launched outside
+    the graph), "gaps": [(us, kernel before, kernel after)] (the 4 largest idle gaps)}``; ``{"error"}`` when fewer
+    than 2 whole steps are found."""
+    last_prefill = max((i for i, (n, _, _) in enumerate(trace) if "extend" in n.lower()), default=-1)
+    ev = sorted(trace[last_prefill + 1:], key=lambda e: e[1])
+    marks = [i for i, (n, _, _) in enumerate(ev) if kernel_class(n) == "sampling"]
+    if len(marks) < 3:
+        return {"error": f"{len(marks)} decode steps found in the trace"}
+    ev = ev[marks[0] + 1: marks[-1] + 1]  # whole steps: after one argmax up to the last
+    steps = len(marks) - 1
+    span = ev[-1][1] + ev[-1][2] - ev[0][1]
+    busy, end, gaps = 0.0, ev[0][1], []
+    for i, (n, ts, dur) in enumerate(ev):  # union of busy intervals (streams may overlap)
+        if ts > end and i:
+            gaps.append((ts - end, ev[i - 1][0][:50], n[:50]))
+        busy += max(0.0, ts + dur - max(ts, end))
+        end = max(end, ts + dur)
+    gaps.sort(key=lambda g: -g[0])
+    return {"steps": steps, "period_us": span / steps, "busy_us": busy / steps, "idle_us": (span - busy) / steps,
+            "kernels_per_step": len(ev) / steps, "extra_per_step": len(ev) / steps - graph_kernels,
+            "gaps": [(round(g, 1), a, b) for g, a, b in gaps[:4]]}
 
 
 def min_bytes(dims: Dict[str, int], bs: int, kv_tokens: int) -> Dict[str, float]:

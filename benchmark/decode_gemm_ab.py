@@ -3,7 +3,9 @@ batch bucket, cuBLAS or the fastest skinny split-K GEMM, :mod:`sglang.srt.layers
 one runner: two CUDA-graph sets are captured (``cublas`` first, then ``autotune``, which tunes before its capture),
 and per batch size the served step (the Scheduler's overlap loop with device futures, as the server runs on CUDA),
 the graph replay alone and the per-class kernel breakdown (:mod:`decode_breakdown`) are measured for both, the order
-alternating between repetitions. Called by ``bench_decode_ab.py --gemm-ab``.
+alternating between repetitions; then one more profiled served run on the cuBLAS set gives the GPU busy / idle
+time per served step (the part of the served step that is not graph work). Called by ``bench_decode_ab.py
+--gemm-ab``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from decode_breakdown import kernel_events, min_bytes, model_dims, render_role_table, role_breakdown
+from decode_breakdown import (
+    kernel_events, kernel_trace, min_bytes, model_dims, render_role_table, role_breakdown, served_timeline,
+)
 from gpu_targets_lib import kv_bytes, memory_floor_s
 
 logger = logging.getLogger("decode_gemm_ab")
@@ -105,6 +109,8 @@ def gemm_ab(runner, cfg, bw: float, weight_bytes: int, capture: Callable, replay
                             step * 1e3, step / floor, rep_ms, rep_ms / rfloor)
             for name in SETS:
                 res["breakdown"].append(_breakdown(sets[name], bs, name, dims, bw))
+            res.setdefault("timeline", []).append(_timeline(runner, sets["cublas"], bs, prompts, cfg, bw,
+                                                            weight_bytes, res["breakdown"][-2]))
             if progress is not None:
                 progress(res)
     finally:
@@ -126,6 +132,24 @@ def _breakdown(graphs, bs: int, name: str, dims: dict, bw: float) -> dict:
         return {"label": label, "error": f"{type(e).__name__}: {e}"[:300]}
 
 
+def _timeline(runner, graphs, bs: int, prompts, cfg, bw: float, weight_bytes: int, breakdown: dict) -> dict:
+    """GPU busy / idle per served step (:func:`decode_breakdown.served_timeline`) of one profiled overlap run of
+    ``prompts`` on ``graphs`` (2 warm-up + 8 steps; the profiler's own host cost makes this a lower bound on
+    busy)."""
+    from bench_decode_serving import run_mode
+
+    try:
+        use_set(runner, graphs)
+        n_graph = sum(r["kernels"] for r in breakdown["result"]["rows"]) if "result" in breakdown else 0
+        trace = kernel_trace(lambda: run_mode(runner, "overlap", prompts, 2, 8, bw, weight_bytes, f"tl-{bs}",
+                                              cfg.model_path))
+        runner.kv_cache.prefix_cache.reset()
+        return {"batch": bs, "graph_kernels": n_graph, **served_timeline(trace, n_graph)}
+    except Exception as e:  # no CUPTI etc.
+        logger.warning("served timeline bs %d failed: %s: %s", bs, type(e).__name__, e)
+        return {"batch": bs, "error": f"{type(e).__name__}: {e}"[:300]}
+
+
 def render_ab(res: dict, bw: float) -> List[str]:
     """Markdown lines: the A/B table, the per-class breakdowns, the autotune table."""
     out = ["## Default (cuBLAS) vs SGLANG_DECODE_GEMM_AUTOTUNE=1, one process, order alternated", "",
@@ -139,6 +163,17 @@ def render_ab(res: dict, bw: float) -> List[str]:
     for b in res.get("breakdown", []):
         out += ([f"### {b['label']}: n/a ({b['error']})", ""] if "error" in b
                 else render_role_table(b["label"], b["result"], bw))
+    out += ["## GPU timeline of the served step (cuBLAS set, overlap, one profiled run after the last prefill)", "",
+            "| batch | steps | period (us) | GPU busy (us) | GPU idle (us) | kernels / step | graph kernels | "
+            "largest idle gaps (us, before -> after) |", "|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for t in res.get("timeline", []):
+        if "error" in t:
+            out.append(f"| {t['batch']} | n/a ({t['error']}) | | | | | | |")
+            continue
+        gaps = "; ".join(f"{g} `{a}` -> `{b}`" for g, a, b in t["gaps"][:2])
+        out.append(f"| {t['batch']} | {t['steps']} | {t['period_us']:.0f} | {t['busy_us']:.0f} | {t['idle_us']:.0f} |"
+                   f" {t['kernels_per_step']:.0f} | {t['graph_kernels']} | {gaps} |")
+    out.append("")
     tune = f" (tuned in {res['tune_s']:.1f} s)" if res.get("tune_s") is not None else ""
     out += [f"## Autotune table{tune}", ""] + [f"- {line}" for line in res.get("table", [])]
     return out

@@ -88,3 +88,23 @@ def test_role_breakdown_arithmetic_on_random_times():
     assert sum(r["over_ms"] for r in b["rows"]) == pytest.approx(b["total_ms"] - b["floor_ms"])
     lines = db.render_role_table("bs 8", b, bw)
     assert lines[0].startswith("### bs 8") and any(line.startswith("| down | 8 |") for line in lines)
+
+
+def test_served_timeline_counts_steps_busy_and_idle():
+    """Prefill kernels, then 4 decode steps of 3 graph kernels + 1 argmax, 10 us busy each, with a 5 us gap after
+    each argmax and one extra 2 us copy per step outside the graph: the window starts after the first argmax."""
+    trace, t = [("_extend_kernel", 0.0, 50.0), ("_rmsnorm_kernel", 50.0, 5.0)], 60.0
+    for _ in range(4):
+        for name in (NVJET, "_decode_split_kernel", NVJET):
+            trace.append((name, t, 2.0))
+            t += 2.0
+        trace.append((ARGMAX, t, 4.0))
+        t += 4.0
+        trace.append(("Memcpy DtoH (Device -> Pinned)", t, 2.0))
+        t += 2.0 + 5.0  # idle until the next step's graph
+    got = db.served_timeline(trace, graph_kernels=4)
+    assert got["steps"] == 3 and got["kernels_per_step"] == pytest.approx(5.0)
+    assert got["extra_per_step"] == pytest.approx(1.0)
+    assert got["busy_us"] == pytest.approx(12.0) and got["idle_us"] == pytest.approx(5.0)
+    assert got["period_us"] == pytest.approx(17.0) and got["gaps"][0][0] == pytest.approx(5.0)
+    assert "error" in db.served_timeline(trace[:8], graph_kernels=4)

@@ -91,6 +91,7 @@ def test_gemm_ab_alternates_sets_with_their_tables(runner, monkeypatch):
     assert replays == [False, True, True, False] * 2 * 2  # 2 x serving_reps per batch, order alternated
     assert res["table"] == FakeTable().describe() and res["tune_s"] == 1.5
     assert len(res["breakdown"]) == 4 and all("error" in b for b in res["breakdown"])  # no CUDA profiler here
+    assert [t["batch"] for t in res["timeline"]] == [1, 3] and all("error" in t for t in res["timeline"])
     assert runner.cuda_graph_runner.decode_gemm_table is None  # left on the cuBLAS set
     lines = ab.render_ab(res, 1e11)
     assert any(line.startswith("| 3 | autotune |") for line in lines) and "## Autotune table (tuned in 1.5 s)" in lines
