@@ -33,6 +33,7 @@ process. Usage (repo root, one GPU)::
 
     python benchmark/bench_decode_ab.py --out /tmp/out [--batches 1,32,128] [--cli-results result.jsonl] [--breakdown]
         [--serving]  # + the serving path's decode step (benchmark/bench_decode_serving.py), same process
+    python benchmark/bench_decode_ab.py --out /tmp/out --gemm-ab  # cuBLAS vs decode-GEMM autotune, per-class split
 """
 
 from __future__ import annotations
@@ -302,7 +303,7 @@ def build_runner(cfg):
     from sglang.srt.server_args import ServerArgs
 
     need = max(cfg.batches) * (cfg.context + cfg.reps * len(cfg.settings) * (cfg.steps + cfg.warmup) + 8)
-    if cfg.serving:  # prompts cached once, every run's outputs kept by the radix cache
+    if cfg.serving or cfg.gemm_ab:  # prompts cached once, every run's outputs kept by the radix cache
         need = max(need, max(cfg.batches) * (cfg.context + 3 * cfg.serving_reps * (cfg.serving_warmup
                                                                                    + cfg.serving_steps + 8)) + 4096)
     sa = ServerArgs(model_path=cfg.model_path, load_format="dummy", dtype="bfloat16", device="cuda",
@@ -326,7 +327,7 @@ def render(res: dict) -> str:
     out += ["## Decode, host path old vs new (same graphs), one process, order alternated", "",
             "| batch | setting | step (ms) | floor (ms) | step/floor | host before forward (ms) | host in forward (ms) "
             "| graph replay (ms) | nodes |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+            "|---:|---|---:|---:|---:|---:|---:|---:|---|"] if res.get("decode") else []
     for r in res.get("decode", []):
         nodes = r["nodes"] or {}
         nd = f"{nodes.get('total', 'n/a')} ({nodes.get('kernel', '?')} kernels)" if nodes else "n/a"
@@ -340,6 +341,10 @@ def render(res: dict) -> str:
         p = res["prefill"]
         out += ["", f"Prefill {p['tokens']} tokens: {p['median_s'] * 1e3:.1f} ms, "
                 f"{p['flops_per_s'] / 1e12:.0f} TFLOP/s = {p['ratio']:.2f} of the matmul rate (target >= 0.70)."]
+    if res.get("gemm_ab"):
+        from decode_gemm_ab import render_ab
+
+        out += [""] + render_ab(res["gemm_ab"], res["hbm_bytes_per_s"])
     if res.get("breakdown"):
         from kernel_breakdown import render_breakdowns
 
@@ -369,11 +374,16 @@ def parse_args(argv):
     p.add_argument("--serving-steps", type=int, default=24)
     p.add_argument("--serving-warmup", type=int, default=4)
     p.add_argument("--serving-reps", type=int, default=2)
+    p.add_argument("--gemm-ab", action="store_true",
+                   help="instead of the host-path A/B: two graph sets (cuBLAS, SGLANG_DECODE_GEMM_AUTOTUNE=1), their "
+                        "served step (overlap) and replay alternated, per-class replay breakdown (decode_gemm_ab.py)")
     p.add_argument("--cli-results", default=None, help="bench_one_batch result.jsonl to put beside the floor")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="/tmp/out")
     ns = p.parse_args(argv)
     ns.batches = [int(b) for b in ns.batches.split(",") if b.strip()]
+    if ns.gemm_ab and min(ns.serving_reps, ns.serving_steps) < 1:
+        raise SystemExit("--gemm-ab needs --serving-reps and --serving-steps >= 1")
     ns.settings = [s.strip() for s in ns.settings.split(",") if s.strip()]
     ns.settings = [] if ns.settings == ["none"] else ns.settings
     ns.serving_modes = [s.strip() for s in ns.serving_modes.split(",") if s.strip()]
@@ -407,6 +417,18 @@ def main(argv=None) -> int:
         res["cli"] = cli_floors(cfg.cli_results, res["hbm_bytes_per_s"], weight_bytes, runner.model_config,
                                 runner.num_kv_heads)
     write()
+    if cfg.gemm_ab:
+        from decode_gemm_ab import gemm_ab
+
+        def progress(partial):
+            res["gemm_ab"] = partial
+            write()
+
+        res["gemm_ab"] = gemm_ab(runner, cfg, res["hbm_bytes_per_s"], weight_bytes, capture_graphs, replay_only_ms,
+                                 progress)
+        write()
+        sys.stdout.write(render(res))
+        return 0
     t0 = time.monotonic()
     graphs = capture_graphs(runner, sorted(set(cfg.batches)))
     runner.cuda_graph_runner = graphs

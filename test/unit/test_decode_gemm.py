@@ -36,6 +36,8 @@ def _err(a: torch.Tensor, b: torch.Tensor) -> float:
     (24, 70, 520, SkinnyConfig(64, 128, 2, 4, 3), False),
     (64, 48, 1030, SkinnyConfig(16, 256, 8, 4, 3), True),  # split 8 of 5 tiles -> 5 non-empty splits
     (128, 17, 200, SkinnyConfig(16, 64, 1, 8, 3), True),
+    (32, 300, 520, SkinnyConfig(128, 128, 2, 4, 4), False),  # the m<=32 wide strip, ragged N and K
+    (100, 520, 333, SkinnyConfig(256, 64, 4, 8, 3), True),  # the m>64 256-row strip, split 4, ragged everything
 ])
 def test_skinny_configs_match_linear(m, n, k, cfg, bias):
     """Every tuner-style config (block sizes, split-K, up to MAX_M rows) equals F.linear on fresh random inputs."""

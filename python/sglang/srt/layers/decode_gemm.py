@@ -133,12 +133,12 @@ def candidates(m: int, n: int, k: int, num_sms: int) -> List[object]:
 
     if m <= 16:
         tiles = ((16, 512, 4, 4), (32, 256, 4, 4), (64, 128, 4, 4))
-    elif m <= 32:
-        tiles = ((32, 256, 4, 4), (64, 128, 4, 4), (64, 256, 4, 3))
+    elif m <= 32:  # + a wide strip: x (L2-resident) is re-read once per N strip, so fewer strips read less of it
+        tiles = ((32, 256, 4, 4), (64, 128, 4, 4), (64, 256, 4, 3), (128, 128, 4, 4))
     elif m <= 64:
         tiles = ((64, 128, 4, 4), (64, 256, 8, 3), (128, 128, 8, 3))
-    else:
-        tiles = ((64, 128, 4, 3), (128, 128, 8, 3), (128, 64, 4, 4))
+    else:  # + 256-row strips (48 KiB per stage): half the x re-reads of 128, split-K fills the SMs where N is small
+        tiles = ((64, 128, 4, 3), (128, 128, 8, 3), (128, 64, 4, 4), (256, 64, 8, 3))
     out = []
     for bn, bk, warps, stages in tiles:
         for split in sorted({1, _fill_split(n, k, bn, bk, num_sms)}):
