@@ -87,6 +87,30 @@ INTERPRET_CASE = textwrap.dedent("""
 """)
 
 
+ARRIVE_CASE = textwrap.dedent("""
+    import torch
+    import triton
+    import triton.language as tl
+    from sgl_kernel.m2n import push_kernels as K
+
+    @triton.jit
+    def probe(done, bad, out):
+        pid = tl.program_id(0)
+        last, all_ok = K._arrive_last(done, pid != bad)
+        tl.store(out + 2 * pid, last.to(tl.int64))
+        tl.store(out + 2 * pid + 1, all_ok.to(tl.int64))
+
+    for bad in (-1, 0, 1, 2):  # -1: every program's wait succeeded; else program ``bad`` gave up
+        done = torch.zeros(1, dtype=torch.int64)
+        out = torch.full((6,), -1, dtype=torch.int64)
+        probe[(3,)](done, bad, out)
+        lasts, oks = out[0::2].tolist(), out[1::2].tolist()
+        assert lasts.count(1) == 1 and int(done) == 0, (bad, lasts, int(done))  # one last program; counter reset
+        assert oks[lasts.index(1)] == (bad == -1), (bad, oks)  # the last one publishes only if nobody gave up
+    print("OK")
+""")
+
+
 def _interpret(argv: list, expect: str = "OK") -> str:
     env = dict(os.environ, TRITON_INTERPRET="1")
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "sgl-kernel" / "python"), str(REPO / "python"),
@@ -99,6 +123,13 @@ def _interpret(argv: list, expect: str = "OK") -> str:
 @needs_triton
 def test_send_recv_kernels_interpreter_match_torch_reference():
     _interpret(["-c", INTERPRET_CASE])
+
+
+@needs_triton
+def test_arrival_counts_failed_programs_interpreter():
+    """The kernels' arrival: exactly one program is last, it resets the counter, and it learns whether any other
+    program's wait gave up (then neither kernel publishes a flag / ack for a partly copied message)."""
+    _interpret(["-c", ARRIVE_CASE])
 
 
 @needs_triton

@@ -14,17 +14,23 @@ from message to message and a send / receive is CUDA-graph capturable (replays c
 2. vector copy (16-byte loads/stores) of the column blocks from the local send buffer (blocks at the offsets of
    ``src_rows`` rows) into the peer's IPC-mapped ring slot, packed for ``rows`` (a launch argument, or an int64
    device scalar with ``ROWS_DEV``: a graph can send a row count computed on the device);
-3. every program arrives on a counter (``atom.acq_rel.sys`` after a CTA barrier); the last one resets it, advances
-   ``ctr[peer]``, fences (``fence.sc.sys``) and release-stores ``(s + 1) << 32 | rows`` into the peer's flag word
-   ``flags[me, slot]`` (``st.release.sys``): a receiver that acquires the flag sees every program's payload.
+3. every program arrives on a counter (``atom.acq_rel.sys`` after a CTA barrier; ``+ 2**32`` when its wait gave
+   up); the last one resets it and, only when every program's wait succeeded, advances ``ctr[peer]``, fences
+   (``fence.sc.sys``) and release-stores ``(s + 1) << 32 | rows`` into the peer's flag word ``flags[me, slot]``
+   (``st.release.sys``): a receiver that acquires the flag sees every program's payload, never a partial one.
+
+Every thread spins on its own (the tdist wait); one scalar atomic read of the signal after the spin then decides
+for the whole CTA (:func:`_uniform`), so threads that disagree at the budget's edge neither copy half a block nor
+split around the CTA barriers of the release store (a hang).
 
 :func:`m2n_recv_kernel` (receiver, from ``src``): ``r = ctr[world + src]``, slot ``r % slots``; every program spins
 with ``ld.acquire.sys`` on ``flags[src, slot]`` until ``>= (r + 1) << 32`` (bounded by the heap's wall-clock budget:
 on expiry the tdist error record names the kernel, the host raises from ``SymmetricHeap.check``, the kernel goes on
 with 0 rows and advances nothing), copies the row count's column blocks to ``dst`` (at the offsets of ``cap_rows``
-rows; ``cap_rows < 0``: packed); the last program to arrive writes ``rows_out``, advances ``ctr[world + src]`` and
-release-stores the ack ``r + 1`` into the sender's heap (``ack + ack_delta``: tdist's ``symm_at`` arithmetic; the
-ring slot is free once the payload is copied out, so the ack needs no later launch).
+rows; ``cap_rows < 0``: packed); the last program to arrive writes ``rows_out`` (0 unless every program's wait
+succeeded) and then advances ``ctr[world + src]`` and release-stores the ack ``r + 1`` into the sender's heap
+(``ack + ack_delta``: tdist's ``symm_at`` arithmetic; the ring slot is free once the payload is copied out, so the
+ack needs no later launch).
 
 :func:`relayout_reference` is the torch reference of both copies.
 """
@@ -62,17 +68,29 @@ def _copy_cols(src, dst, col_bytes, rows, src_rows, dst_rows, NCOL: tl.constexpr
 
 
 @triton.jit
-def _arrive_last(done):
+def _uniform(sig, need):
+    """After every thread's bounded :func:`~sgl_kernel.tdist.primitives.wait` on ``sig``: one value of ``*sig`` for
+    the whole CTA (a scalar ``atom.acq_rel.sys`` add of 0, performed by one thread and broadcast by Triton) and
+    whether it reached ``need``. The threads' own spins may disagree at the budget's edge (one timed out, another
+    saw the signal); copying, counting and the barriers of the release store then all follow this one value."""
+    v = P.atomic_add(sig, 0)
+    return v, v >= need
+
+
+@triton.jit
+def _arrive_last(done, ok):
     """Every program arrives once on ``done`` (every thread's ``fence.acq_rel.sys``, a CTA barrier, then one
-    ``atom.acq_rel.sys`` add); True in the last one, which resets ``done`` to 0 for the next launch (stream-ordered
-    after this one). The last program's later release store thus follows every program's copy, system-wide."""
+    ``atom.acq_rel.sys`` add of ``1``, plus ``2**32`` when this program's wait failed); returns (last, all_ok): True
+    in the last program, which resets ``done`` to 0 for the next launch (stream-ordered after this one), and
+    whether every program's wait succeeded (a program that gave up copied nothing: the last one must then publish
+    nothing). The last program's later release store thus follows every program's copy, system-wide."""
     P.fence()
     tl.debug_barrier()
-    old = P.atomic_add(done, 1)
-    last = old == tl.num_programs(0) - 1
+    old = P.atomic_add(done, tl.where(ok, 1, 1 + (1 << 32)).to(tl.int64))
+    last = (old & 0xFFFFFFFF) == tl.num_programs(0) - 1
     if last:
         tl.store(done, 0)
-    return last
+    return last, ok & ((old >> 32) == 0)
 
 
 @triton.jit(do_not_specialize=["peer", "ring_delta", "flag_delta", "rows_arg", "src_rows", "max_rows", "cap32"])
@@ -92,13 +110,14 @@ def m2n_send_kernel(meta, ctr, peer, acks, flags, flag_delta, ring, ring_delta, 
         rows = tl.cast(rows_arg, tl.int64) + s * 0
     rows = tl.minimum(tl.maximum(rows, 0), max_rows)
     need = tl.maximum(s - SLOTS + 1, 0)
-    tok = P.wait(acks + peer, need, meta, 13)
-    ok = tok >= need  # a timed-out wait (peer dead or stalled) writes nothing into the peer
+    P.wait(acks + peer, need, meta, 13)  # bounded; a timed-out wait (peer dead or stalled) writes nothing into it
+    tok, ok = _uniform(acks + peer, need)
     dst = P.consume_token(ring + tl.multiple_of(ring_delta + slot * cap32, 4), tok)
     src_r = tl.where(src_rows < 0, rows, src_rows)
     _copy_cols(send, dst, col_bytes, tl.where(ok, rows, 0), src_r, rows, NCOL, BLOCK)
-    if _arrive_last(ctr + 2 * WORLD + peer):
-        if ok:
+    last, all_ok = _arrive_last(ctr + 2 * WORLD + peer, ok)
+    if last:
+        if all_ok:
             tl.store(ctr + peer, s + 1)
             P.quiet()
             P.st_release(flags + flag_delta + slot, ((s + 1) << 32) | rows)
@@ -114,16 +133,17 @@ def m2n_recv_kernel(meta, ctr, src, flags, ack, ack_delta, ring, dst, rows_out, 
     r = tl.load(ctr + WORLD + src)
     slot = r % SLOTS
     expect = (r + 1) << 32
-    token = P.wait(flags + src * SLOTS + slot, expect, meta, 13)
-    ok = token >= expect
+    P.wait(flags + src * SLOTS + slot, expect, meta, 13)
+    token, ok = _uniform(flags + src * SLOTS + slot, expect)
     rows = tl.where(ok, token & 0xFFFFFFFF, 0)
     rows = tl.minimum(rows, max_rows)
     if COPY:
         srcp = P.consume_token(ring + tl.multiple_of((src * SLOTS + slot) * cap32, 4), token)
         _copy_cols(srcp, dst, col_bytes, rows, rows, tl.where(cap_rows < 0, rows, cap_rows), NCOL, BLOCK)
-    if _arrive_last(ctr + 3 * WORLD + src):
-        tl.store(rows_out, rows)
-        if ok:
+    last, all_ok = _arrive_last(ctr + 3 * WORLD + src, ok)
+    if last:
+        tl.store(rows_out, tl.where(all_ok, rows, 0))
+        if all_ok:
             tl.store(ctr + WORLD + src, r + 1)
             P.st_release(ack + ack_delta, r + 1)
 
