@@ -88,8 +88,10 @@ def _m2n_rank_body(rank: int, a, addrs, init: str, q) -> None:
                 ep.close()
         if rank == 0 and a.device == "cuda" and torch.cuda.device_count() > 1:
             res[("floor", kb)] = _copy_floor(x)
+        if rank == 0:  # each size as soon as it is measured: a run cut short still reports the sizes it finished
+            q.put({f"{k[0]}|{k[1]}": v for k, v in res.items() if k[1] == kb})
     if rank == 0:
-        q.put({f"{k[0]}|{k[1]}": v for k, v in res.items()})
+        q.put({"done": True})
     dist.destroy_process_group()
 
 
@@ -205,6 +207,22 @@ def _m2n_rows(res, name: str, base: str, kb: int, label: str) -> str:
             f"{'n/a (baseline not graphed)' if fallback else 'met' if r <= 0.5 else 'not met'} |")
 
 
+def _collect_sizes(q, deadline: float) -> tuple[dict, str]:
+    """Rank 0's per-size results from ``q`` until its ``done`` message, an error or ``deadline`` (time.monotonic);
+    returns (merged results, error text or "")."""
+    res: dict = {}
+    while True:
+        try:
+            msg = q.get(timeout=max(0.1, deadline - time.monotonic()))
+        except Exception:
+            return res, f"no complete result within the time limit ({len(res)} values measured)"
+        if "error" in msg:
+            return res, msg["error"]
+        if msg.get("done"):
+            return res, ""
+        res.update(msg)
+
+
 def run_m2n(a) -> list[str]:
     """Spawn two ranks, time M2N vs p2p per size; the markdown table lines."""
     import torch.multiprocessing as mp
@@ -219,18 +237,13 @@ def run_m2n(a) -> list[str]:
     procs = [ctx.Process(target=_m2n_rank, args=(r, a, addrs, init, q)) for r in range(2)]
     for p in procs:
         p.start()
-    res = {"error": f"no result within {a.timeout:.0f} s"}
-    try:
-        res = q.get(timeout=a.timeout)
-    except Exception:
-        pass
-    finally:
-        for p in procs:  # a failed rank's peer may block in NCCL: do not wait long for it
-            p.join(10 if "error" in res else 60)
-            if p.is_alive():
-                p.kill()
-    if "error" in res:
-        raise RuntimeError(f"m2n: {res['error']}")
+    res, err = _collect_sizes(q, time.monotonic() + a.timeout)
+    for p in procs:  # a failed rank's peer may block in NCCL: do not wait long for it
+        p.join(2 if err else 60)
+        if p.is_alive():
+            p.kill()
+    if err and not res:
+        raise RuntimeError(f"m2n: {err}")
     base = "NCCL send/recv" if a.device == "cuda" else "gloo send/recv"
     lines = [f"| KB per pair | M2N transport | median us | p99 us | {base} median us | p99 us | ratio | "
              "<= 0.5x target |", "|---|---|---|---|---|---|---|---|"]
@@ -240,6 +253,9 @@ def run_m2n(a) -> list[str]:
             if f"{name}@graph|{kb}" in res:
                 lines.append(_m2n_rows(res, f"{name}@graph", "p2p@graph", kb,
                                        f"{name} (CUDA graph, K={a.graph_k}; baseline graphed too)"))
+    if err:  # the sizes measured before the error / time limit are above
+        lines += ["", f"[partial] not every size was measured: {err.splitlines()[0][:300]}", "", "```",
+                  err[-3000:], "```"]
     floors = [f"{kb} KB {res[f'floor|{kb}'] * 1e6:.1f} us" for kb in a.sizes_kb if f"floor|{kb}" in res]
     if floors:
         lines += ["", "Physical reference (one copy-engine peer copy cuda:0 -> cuda:1, back-to-back, no signalling): "
