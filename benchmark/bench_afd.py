@@ -16,7 +16,11 @@ Modes (both by default):
   M2N (transport ``inline`` on CPU; on GPU ``cuda_push-dev``, the device-driven path with no host message,
   ``cuda_push`` through the host header as AFD uses it, and the host-driven ``cuda_ipc``) vs the baseline
   ``torch.distributed`` send/recv (gloo on CPU, NCCL on GPU) of the same bytes, in the same run; the order of the
-  measurements is reversed on every other size (A/B alternation).
+  measurements is reversed on every other size (A/B alternation). On GPU also CUDA-graph rows (``--graph-k``):
+  each rank captures K echoes of the device path (``-dev``) and, in the same run, K echoes of NCCL send/recv in
+  a graph too; both ranks replay in lockstep after a barrier; latency = replay time / (2 K), median over
+  ``--graph-replays`` replays. The eager rows are dominated by host launch work per message; the graph rows show
+  the transports themselves.
 
 Writes ``benchmark/results/<date>_afd_<mode>[_smoke].md`` with the date, hardware and command. ``--smoke``: CPU,
 stories260K-moe-sized shapes, few iterations (for the CPU test; CPU numbers say nothing about GPUs).
@@ -76,13 +80,37 @@ def _m2n_rank_body(rank: int, a, addrs, init: str, q) -> None:
                                  RowLayout(((torch.float32, 256),)),
                                  transport=create_afd_transport(name.removesuffix("-dev")))
             res[(name, kb)] = _m2n_time(a, rank, name, ep, x, buf)
+            if a.graph_k and a.device == "cuda" and (name == "p2p" or name.endswith("-dev")):
+                res[(name + "@graph", kb)] = _m2n_graph_time(a, rank, name, ep, x, buf)
             dist.barrier()
             if ep is not None:
                 ep.check()
                 ep.close()
+        if rank == 0 and a.device == "cuda" and torch.cuda.device_count() > 1:
+            res[("floor", kb)] = _copy_floor(x)
+        if rank == 0:  # each size as soon as it is measured: a run cut short still reports the sizes it finished
+            q.put({f"{k[0]}|{k[1]}": v for k, v in res.items() if k[1] == kb})
     if rank == 0:
-        q.put({f"{k[0]}|{k[1]}": v for k, v in res.items()})
+        q.put({"done": True})
     dist.destroy_process_group()
+
+
+def _copy_floor(x, k: int = 20, reps: int = 5) -> float:
+    """Physical reference (s): one copy-engine peer copy of ``x`` from this GPU to cuda:1, the median over ``reps``
+    of ``k`` back-to-back copies / k (bandwidth plus per-copy cost; no signalling, no receive)."""
+    y = torch.empty_like(x, device="cuda:1")
+    y.copy_(x)
+    out = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        ev0.record()
+        for _ in range(k):
+            y.copy_(x, non_blocking=True)
+        ev1.record()
+        torch.cuda.synchronize()
+        out.append(ev0.elapsed_time(ev1) * 1e-3 / k)
+    return float(np.median(out))
 
 
 def _m2n_round_trip(rank: int, name: str, ep, x, buf) -> None:
@@ -128,6 +156,73 @@ def _m2n_time(a, rank: int, name: str, ep, x, buf) -> list:
     return lat
 
 
+def _m2n_graph_time(a, rank: int, name: str, ep, x, buf):
+    """One-way latencies (s) with ``a.graph_k`` echoes captured in one CUDA graph on each rank (M2N device path or
+    NCCL send/recv), replayed in lockstep after a barrier: replay time / (2 K), one value per replay (after 2 warm-up
+    replays). Returns a list, or an error string when either rank failed to capture (both then skip the replays)."""
+    import torch.distributed as dist
+
+    torch.cuda.synchronize()
+    g, err = torch.cuda.CUDAGraph(), ""
+    try:  # thread_local: the NCCL watchdog thread's event queries must not invalidate the capture
+        with torch.cuda.graph(g, capture_error_mode="thread_local"):
+            for _ in range(a.graph_k):
+                _m2n_round_trip(rank, name, ep, x, buf)
+    except Exception as e:  # reported in the table; the peer learns it below and skips too
+        err = f"capture failed on rank {rank}: {type(e).__name__}: {str(e)[:160]}"
+    ok = torch.tensor([0 if err else 1], device=x.device)
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    if not int(ok):
+        return err or "capture failed on the peer"
+    lat = []
+    for it in range(a.graph_replays + 2):
+        dist.barrier()
+        torch.cuda.synchronize()
+        ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        ev0.record()
+        g.replay()
+        ev1.record()
+        torch.cuda.synchronize()
+        if it >= 2:
+            lat.append(ev0.elapsed_time(ev1) * 1e-3 / (2 * a.graph_k))
+    return lat
+
+
+def _m2n_rows(res, name: str, base: str, kb: int, label: str) -> str:
+    """One table row: ``name`` vs ``base`` at ``kb``. A capture error string is shown instead of ``name``'s numbers;
+    a baseline whose graph failed falls back to the eager baseline, named in the row."""
+    m, p = res.get(f"{name}|{kb}"), res.get(f"{base}|{kb}")
+    if isinstance(p, str) and base.endswith("@graph") and not isinstance(m, str) and m is not None:
+        label += f"; vs EAGER baseline ({p[:120]})"
+        p, fallback = res.get(f"{base.removesuffix('@graph')}|{kb}"), True
+    else:
+        fallback = False
+    if isinstance(m, str) or isinstance(p, str) or m is None or p is None:
+        why = m if isinstance(m, str) else p if isinstance(p, str) else "not measured"
+        return f"| {kb} | {label} | {why} | | | | | |"
+    m, p = np.array(m) * 1e6, np.array(p) * 1e6
+    r = np.median(m) / np.median(p)
+    return (f"| {kb} | {label} | {np.median(m):.1f} | {np.percentile(m, 99):.1f} | {np.median(p):.1f} | "
+            f"{np.percentile(p, 99):.1f} | {r:.2f}x | "
+            f"{'n/a (baseline not graphed)' if fallback else 'met' if r <= 0.5 else 'not met'} |")
+
+
+def _collect_sizes(q, deadline: float) -> tuple[dict, str]:
+    """Rank 0's per-size results from ``q`` until its ``done`` message, an error or ``deadline`` (time.monotonic);
+    returns (merged results, error text or "")."""
+    res: dict = {}
+    while True:
+        try:
+            msg = q.get(timeout=max(0.1, deadline - time.monotonic()))
+        except Exception:
+            return res, f"no complete result within the time limit ({len(res)} values measured)"
+        if "error" in msg:
+            return res, msg["error"]
+        if msg.get("done"):
+            return res, ""
+        res.update(msg)
+
+
 def run_m2n(a) -> list[str]:
     """Spawn two ranks, time M2N vs p2p per size; the markdown table lines."""
     import torch.multiprocessing as mp
@@ -142,28 +237,29 @@ def run_m2n(a) -> list[str]:
     procs = [ctx.Process(target=_m2n_rank, args=(r, a, addrs, init, q)) for r in range(2)]
     for p in procs:
         p.start()
-    res = {"error": f"no result within {a.timeout:.0f} s"}
-    try:
-        res = q.get(timeout=a.timeout)
-    except Exception:
-        pass
-    finally:
-        for p in procs:  # a failed rank's peer may block in NCCL: do not wait long for it
-            p.join(10 if "error" in res else 60)
-            if p.is_alive():
-                p.kill()
-    if "error" in res:
-        raise RuntimeError(f"m2n: {res['error']}")
+    res, err = _collect_sizes(q, time.monotonic() + a.timeout)
+    for p in procs:  # a failed rank's peer may block in NCCL: do not wait long for it
+        p.join(2 if err else 60)
+        if p.is_alive():
+            p.kill()
+    if err and not res:
+        raise RuntimeError(f"m2n: {err}")
     base = "NCCL send/recv" if a.device == "cuda" else "gloo send/recv"
     lines = [f"| KB per pair | M2N transport | median us | p99 us | {base} median us | p99 us | ratio | "
              "<= 0.5x target |", "|---|---|---|---|---|---|---|---|"]
     for kb in a.sizes_kb:
-        p = np.array(res[f"p2p|{kb}"]) * 1e6
         for name in a.transports:
-            m = np.array(res[f"{name}|{kb}"]) * 1e6
-            r = np.median(m) / np.median(p)
-            lines.append(f"| {kb} | {name} | {np.median(m):.1f} | {np.percentile(m, 99):.1f} | {np.median(p):.1f} | "
-                         f"{np.percentile(p, 99):.1f} | {r:.2f}x | {'met' if r <= 0.5 else 'not met'} |")
+            lines.append(_m2n_rows(res, name, "p2p", kb, f"{name} (eager)"))
+            if f"{name}@graph|{kb}" in res:
+                lines.append(_m2n_rows(res, f"{name}@graph", "p2p@graph", kb,
+                                       f"{name} (CUDA graph, K={a.graph_k}; baseline graphed too)"))
+    if err:  # the sizes measured before the error / time limit are above
+        lines += ["", f"[partial] not every size was measured: {err.splitlines()[0][:300]}", "", "```",
+                  err[-3000:], "```"]
+    floors = [f"{kb} KB {res[f'floor|{kb}'] * 1e6:.1f} us" for kb in a.sizes_kb if f"floor|{kb}" in res]
+    if floors:
+        lines += ["", "Physical reference (one copy-engine peer copy cuda:0 -> cuda:1, back-to-back, no signalling): "
+                  + ", ".join(floors) + "."]
     return lines
 
 
@@ -311,6 +407,9 @@ def parse_args(argv=None):
     p.add_argument("--sizes-kb", type=int, nargs="+", default=[32, 64, 128, 256, 512])
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--graph-k", type=int, default=20, help="m2n on GPU: round trips per captured CUDA graph, for "
+                   "the -dev transports and NCCL send/recv alike (0: no graph rows)")
+    p.add_argument("--graph-replays", type=int, default=20, help="m2n: timed replays of each graph")
     p.add_argument("--decode-warmup", type=int, default=2, help="untimed decode steps before the timed ones")
     p.add_argument("--setups", default="colocated,afd",
                    help="decode measurements to run, comma-separated: colocated, afd (each in its own process)")
@@ -335,6 +434,8 @@ def parse_args(argv=None):
     a.afd_transport = a.transports[0].removesuffix("-dev") if given else ("cuda_ipc" if a.device == "cuda" else "inline")
     if a.decode_warmup < 0:
         p.error(f"--decode-warmup={a.decode_warmup}: must be >= 0")
+    if a.graph_k < 0 or a.graph_replays < 1:
+        p.error(f"--graph-k={a.graph_k} must be >= 0 and --graph-replays={a.graph_replays} >= 1")
     if min(*a.batch, a.steps, a.input_len, a.ffn_workers, *a.micro_batches, a.iters) < 1:
         p.error("--batch, --steps, --input-len, --ffn-workers, --micro-batches, --iters must be >= 1")
     return a

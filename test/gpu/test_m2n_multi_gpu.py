@@ -9,7 +9,8 @@
 
 * ``cuda_push`` (device-driven) also passes the device-only phases of ``m2n_push_case.py``: random row counts incl.
   0 with the count read from the flag word, 10,000 back-to-back device-driven messages, and a killed peer whose
-  device wait gives up within the budget (``check()`` raises TimeoutError).
+  device wait gives up within the budget (``check()`` raises TimeoutError); and a CUDA-graph phase (both ranks
+  capture round trips with device row counts and replay them back to back; random rows incl. 0 vs the reference).
 
 Each (transport, world) is its own test case with its own time bound (:data:`BOUNDS`), so a hang in one transport
 cannot eat the others' time.
@@ -40,6 +41,7 @@ RECV_TIMEOUT_S = 15.0  # every receive is bounded: a lost message fails the phas
 GROUP_TIMEOUT_S = 60.0  # peers' own receive timeout (they wait for rank 0's next message)
 # per transport: (back-to-back messages of phase 2, seconds the whole group may take: spawn + attach + 3 phases)
 BOUNDS = {"cuda_ipc": (10_000, 30.0), "inline": (200, 15.0), "nixl": (500, 25.0), "cuda_push": (10_000, 50.0)}
+GRAPH_K, GRAPH_REPLAYS = 8, 20  # cuda_push phase G: round trips per captured graph, replays back to back
 PUSH_BUDGET_S = 3.0  # rank 0's device-wait budget with cuda_push (the killed-peer phase waits this long)
 
 
@@ -84,6 +86,9 @@ def _peer(rank, addrs, transport, q) -> None:
                 os._exit(3)
             if msg.meta[0] == m2n_push_case.OP_DEVICE:
                 m2n_push_case.peer_device_loop(ep, msg.meta[1], MAX_ROWS)
+                continue
+            if msg.meta[0] == m2n_push_case.OP_GRAPH:
+                m2n_push_case.peer_graph_loop(ep, msg.meta[1], msg.meta[2])
                 continue
             x, ids, w = msg.tensors
             ep.send(0, [x, ids + 1, w], msg.meta)
@@ -147,6 +152,8 @@ def _driver(addrs, transport, n_msgs, q) -> None:
         if transport == "cuda_push":
             dev = m2n_push_case.driver_device_phases(ep, lambda n: _msg(g, n), n_msgs, MAX_ROWS, SLOTS,
                                                      lambda s: _progress(0, transport, s, t00))
+            dev.update(m2n_push_case.driver_graph_phase(ep, lambda n: _msg(g, n), GRAPH_K, GRAPH_REPLAYS, MAX_ROWS,
+                                                        lambda s: _progress(0, transport, s, t00)))
             dev["dev_died"] = m2n_push_case.driver_device_kill(ep, lambda n: _msg(g, n), OP_DIE)
             _progress(0, transport, f"D3 device receive from the killed peer: {dev['dev_died']}", t00)
         # phase 3: peer 1 dies (cuda_push: it died in D3 already); the next receive must fail within the timeout
@@ -233,4 +240,5 @@ def test_m2n_one_rank_per_gpu(transport, world):
     assert rep["close_s"] < 5.0, f"close after the killed peer took {rep['close_s']:.1f} s"
     if transport == "cuda_push":
         assert rep["dev_bad"] == 0 and rep["dev_mismatch"] == 0, rep
+        assert rep["graph_mismatch"] == 0 and rep["graph_msgs"] == GRAPH_K * GRAPH_REPLAYS, rep
         assert rep["dev_died"].startswith("TimeoutError"), rep["dev_died"]

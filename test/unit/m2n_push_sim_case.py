@@ -3,19 +3,24 @@ test_m2n_push.py): a stand-in for the CUDA platform (driver calls become memmove
 IPC handles are addresses), two endpoints talking over ZMQ, the real receive kernel under the interpreter. Checks
 bytes against the sent tensors over random row counts incl. 0 (host-header and device-driven paths, more messages
 than slots so the ack waits run), data read while waiting for a peer's handles is kept in order, and a receive
-that is never sent fails closed (``check()`` raises TimeoutError); all again with a driver that refuses stream
-memory operations (flags by the fallback kernel). Prints OK."""
+that is never sent fails closed (``check()`` raises TimeoutError); a device row count (``send(rows=...)``) sends
+only that many rows; the device sequence counters match the messages sent / received; one-column messages go
+without the staging pack; consecutive device-path messages launch with identical arguments (what makes a captured
+CUDA graph replayable). ``--broken-counter``: the
+receiver's device counter is rewound after every receive (a kernel that forgot to advance it): the checks must then
+fail (prints BROKEN-DETECTED). Prints OK."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import sys
 import tempfile
 
 import numpy as np
 import torch
 
-from sgl_kernel.m2n import M2NConfig, M2NEndpoint, RowLayout
+from sgl_kernel.m2n import M2NConfig, M2NEndpoint, RowLayout, push_kernels
 from sgl_kernel.m2n.cuda_push import CudaPushTransport
 
 
@@ -46,18 +51,15 @@ class SimDriver:
     def mem_free(self, p):
         self.bufs.pop(p)
 
-    def memcpy_async(self, dst, src, n, stream):
-        ctypes.memmove(dst, src, n)
-
-    def stream_write_value64(self, addr, v, stream):
-        ctypes.c_int64.from_address(addr).value = v
 
 
-class NoStreamOpsDriver(SimDriver):
-    """A driver that refuses stream memory operations: the transport must fall back to its flag kernel."""
+class BrokenCounterTransport(CudaPushTransport):
+    """A receive that does not advance its device sequence counter (the deliberate bug the checks must catch)."""
 
-    def stream_write_value64(self, addr, v, stream):
-        raise RuntimeError("cuStreamWriteValue64 failed: CUresult 801 (operation not supported)")
+    def _recv_into(self, src, cap_rows, grid_bytes):
+        before = int(self.ctr[self.ep.world + src])
+        super()._recv_into(src, cap_rows, grid_bytes)
+        self.ctr[self.ep.world + src] = before
 
 
 class SimPlatform:
@@ -78,7 +80,7 @@ class SimPlatform:
         return t[skip:skip + n]
 
 
-def main(driver):
+def main(driver, transport_cls=CudaPushTransport):
     g = torch.Generator().manual_seed(5)
     lay = RowLayout(((torch.bfloat16, 10), (torch.int32, 3), (torch.float32, 2)))
     max_rows, slots = 12, 2
@@ -86,6 +88,8 @@ def main(driver):
     addrs = (f"ipc://{d}/0", f"ipc://{d}/1")
     plat = SimPlatform(driver)
     eps = [M2NEndpoint(M2NConfig(r, addrs, max_rows, slots=slots, timeout_s=10), lay,
+                       transport=transport_cls(wait_timeout_s=1.0, platform=plat)) if r == 1 else
+           M2NEndpoint(M2NConfig(r, addrs, max_rows, slots=slots, timeout_s=10), lay,
                        transport=CudaPushTransport(wait_timeout_s=1.0, platform=plat)) for r in range(2)]
 
     def msg(n):
@@ -116,6 +120,19 @@ def main(driver):
             assert m.src == src and m.meta[0] == i and all(torch.equal(a, b) for a, b in zip(m.tensors, t)), i
     for ep in eps:
         ep.check()
+    # a device row count: only the first k of the n packed rows travel (clamped to [0, n])
+    for n, k in ((7, 3), (5, 0), (4, 9)):
+        t = msg(n)
+        eps[0].send(1, t, host_header=False, rows=torch.tensor([k], dtype=torch.int64))
+        dm = eps[1].recv_device(0)
+        k = min(k, n)
+        assert int(dm.rows) == k and all(torch.equal(a[:k], b[:k]) for a, b in zip(dm.tensors, t)), (n, k)
+    w = eps[0].world
+    sent = [sum(1 for i in range(len(sizes)) if i % 2 == s_) + 1 for s_ in range(2)]  # + first / back
+    sent[0] += 3
+    assert eps[0].transport.ctr[1].item() == sent[0] and eps[1].transport.ctr[w + 0].item() == sent[0], sent
+    assert eps[1].transport.ctr[0].item() == sent[1] and eps[0].transport.ctr[w + 1].item() == sent[1], sent
+    assert not eps[0].transport.ctr[2 * w:].any() and not eps[1].transport.ctr[2 * w:].any()  # arrivals reset
     # a message that never comes: the bounded device wait records it, check() raises
     eps[0].recv_device(1)
     try:
@@ -123,12 +140,67 @@ def main(driver):
         raise AssertionError("check() did not raise")
     except TimeoutError as e:
         assert "m2n_recv_kernel" in str(e), e
-    assert all(ep.transport._flag_kernel == isinstance(driver, NoStreamOpsDriver) for ep in eps)
     for ep in eps:
         ep.close()
 
 
+def one_column(driver):
+    """A one-column layout: contiguous aligned messages go to the peer without the staging pack (the direct view),
+    others (a strided tensor, 0 rows) through it; bytes, row counts and counters as on the packed path."""
+    g = torch.Generator().manual_seed(6)
+    lay = RowLayout(((torch.float32, 4),))
+    d = tempfile.mkdtemp(prefix="m2n-push-sim1-")
+    addrs = (f"ipc://{d}/0", f"ipc://{d}/1")
+    eps = [M2NEndpoint(M2NConfig(r, addrs, 10, slots=2, timeout_s=10), lay,
+                       transport=CudaPushTransport(wait_timeout_s=1.0, platform=SimPlatform(driver))) for r in range(2)]
+    cases = [(5, False, None), (0, False, None), (7, True, None), (10, False, 4), (3, False, 0), (6, False, None)]
+    for i, (n, strided, k) in enumerate(cases):
+        t = torch.randn(n, 8, generator=g)[:, ::2] if strided else torch.randn(n, 4, generator=g)
+        assert (eps[0]._direct_view([t]) is not None) == (n > 0 and not strided), (n, strided)
+        kk = n if k is None else min(k, n)
+        eps[0].send(1, [t], host_header=False, rows=None if k is None else torch.tensor([k]))
+        dm = eps[1].recv_device(0)
+        assert int(dm.rows) == kk and torch.equal(dm.tensors[0][:kk], t[:kk]), (i, n, k)
+        eps[1].send(0, [dm.tensors[0][:kk].clone()], (i,))  # host-header path back
+        m = eps[0].recv()
+        assert m.meta[0] == i and torch.equal(m.tensors[0], t[:kk]), i
+    assert int(eps[0].transport.ctr[1]) == len(cases) == int(eps[1].transport.ctr[2 + 0])
+    # graph capturability: consecutive device-path messages launch with identical arguments (a replay of a captured
+    # launch is correct because the counters, not the arguments, carry the sequence)
+    calls, real = [], {n: getattr(push_kernels, n) for n in ("launch_send", "launch_recv")}
+
+    def recorder(name):
+        def rec(*args, **kw):
+            calls.append((name, tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)))
+            return real[name](*args, **kw)
+        return rec
+
+    for name in real:
+        setattr(push_kernels, name, recorder(name))
+    t, k = torch.randn(6, 4, generator=g), torch.tensor([4])
+    try:
+        for _ in range(3):  # more messages than slots: the slot and the expected flag change, the arguments do not
+            eps[0].send(1, [t], host_header=False, rows=k)
+            dm = eps[1].recv_device(0)
+            assert int(dm.rows) == 4 and torch.equal(dm.tensors[0][:4], t[:4])
+    finally:
+        for name, fn in real.items():
+            setattr(push_kernels, name, fn)
+    sends = [c for c in calls if c[0] == "launch_send"]
+    recvs = [c for c in calls if c[0] == "launch_recv"]
+    assert len(sends) == len(recvs) == 3 and len(set(sends)) == 1 and len(set(recvs)) == 1, calls
+    for ep in eps:
+        ep.check()
+        ep.close()
+
+
 if __name__ == "__main__":
+    if "--broken-counter" in sys.argv:
+        try:
+            main(SimDriver(), BrokenCounterTransport)
+        except AssertionError as e:
+            print(f"BROKEN-DETECTED {e!r}"[:300])
+        sys.exit(0)
     main(SimDriver())
-    main(NoStreamOpsDriver())  # flags written by the fallback kernel
+    one_column(SimDriver())
     print("OK")

@@ -25,3 +25,23 @@ def test_bench_afd_smoke_writes_both_tables(tmp_path):
     for kb in (32, 512):
         assert f"| {kb} | " in text
     assert "gloo send/recv median us" in text
+
+
+def test_m2n_collect_keeps_finished_sizes_on_timeout_and_error():
+    """A cut-short M2N run keeps the sizes rank 0 finished (the table marks the run [partial]), and reports why."""
+    import queue
+    import time
+
+    import bench_afd
+
+    q = queue.Queue()
+    q.put({"p2p|32": [1e-5]})
+    res, err = bench_afd._collect_sizes(q, time.monotonic() + 0.3)
+    assert res == {"p2p|32": [1e-5]} and "time limit" in err
+    q.put({"p2p|32": [1e-5]})
+    q.put({"error": "rank 1: RuntimeError: boom"})
+    res, err = bench_afd._collect_sizes(q, time.monotonic() + 5)
+    assert res == {"p2p|32": [1e-5]} and err.startswith("rank 1")
+    q.put({"p2p|32": [1e-5]})
+    q.put({"done": True})
+    assert bench_afd._collect_sizes(q, time.monotonic() + 5) == ({"p2p|32": [1e-5]}, "")

@@ -273,18 +273,25 @@ class M2NEndpoint:
                     self.transport.on_control(frames)
 
     def send(self, peer: int, tensors: Sequence[torch.Tensor], meta: Sequence[int] = (),
-             host_header: bool = True) -> None:
+             host_header: bool = True, rows: Optional[torch.Tensor] = None) -> None:
         """Send ``n`` rows (``tensors`` per :attr:`layout`, on :attr:`device`) and ``meta`` (<= META_LEN ints) to
         ``peer``. Returns once the payload is packed into the persistent send slot and posted (asynchronous on GPU).
         ``host_header=False`` (device-driven transports only): no host message at all; ``meta`` is not delivered and
-        the peer must take it with :meth:`recv_device`.
+        the peer must take it with :meth:`recv_device`. ``rows`` (with ``host_header=False``): an int64 [1] device
+        tensor; only that many of the ``n`` rows are sent (clamped to [0, n]), a count computed on the device (no
+        host sync; CUDA-graph capturable).
 
         Raises:
-            ValueError: bad peer, shapes, too many rows or meta values; ``host_header=False`` on a host transport.
+            ValueError: bad peer, shapes, too many rows or meta values; ``host_header=False`` on a host transport;
+                ``rows`` with a host header or not an int64 [1] tensor on :attr:`device`.
         """
         if not host_header and not self.transport.device_driven:
             raise ValueError(f"send(host_header=False) needs a device-driven transport (cuda_push), not "
                              f"{self.transport.name!r}")
+        if rows is not None and (host_header or rows.dtype != torch.int64 or rows.numel() != 1
+                                 or rows.device.type != self.device.type):
+            raise ValueError(f"send(rows=...) needs host_header=False and an int64 [1] tensor on {self.device}, got "
+                             f"{rows.dtype} {tuple(rows.shape)} on {rows.device}")
         if not 0 <= peer < self.world:
             raise ValueError(f"peer={peer} outside [0, {self.world})")
         if len(meta) > META_LEN:
@@ -296,9 +303,14 @@ class M2NEndpoint:
         self._seq[peer] += 1
         slot = seq % self.config.slots
         self.transport.wait_send_slot(peer, slot)
-        nbytes = self.layout.pack(self.send_bufs[peer, slot], tensors)
-        view = self.send_bufs[peer, slot, :nbytes]
-        if self.transport.device_driven:
+        view = self._direct_view(tensors) if self.transport.device_driven else None
+        if view is None:
+            nbytes = self.layout.pack(self.send_bufs[peer, slot], tensors)
+            view = self.send_bufs[peer, slot, :nbytes]
+        nbytes = int(view.numel())
+        if rows is not None:
+            inline = self.transport.post_send(peer, slot, view, rows=n, rows_dev=rows, src_rows=n)
+        elif self.transport.device_driven:
             inline = self.transport.post_send(peer, slot, view, rows=n)
         else:
             inline = self.transport.post_send(peer, slot, view)
@@ -309,6 +321,18 @@ class M2NEndpoint:
         header[6:6 + len(meta)] = list(meta)
         frames = [header.tobytes()] + ([inline] if inline is not None else [])
         self._sock(peer).send_multipart(frames, copy=False)
+
+    def _direct_view(self, tensors: Sequence[torch.Tensor]) -> Optional[torch.Tensor]:
+        """A one-column message already laid out as its packed payload (contiguous, 16-byte aligned, a multiple of 16
+        bytes, at least one row, matching the layout): its flat uint8 view, which a device-driven transport copies
+        to the peer directly (stream-ordered, so no staging copy); otherwise None (pack into the send slot)."""
+        if len(tensors) != 1 or len(self.layout.columns) != 1:
+            return None
+        t, (d, w) = tensors[0], self.layout.columns[0]
+        if (t.dtype != d or t.dim() != 2 or t.shape[1] != w or t.shape[0] == 0 or not t.is_contiguous()
+                or t.device.type != self.device.type or t.data_ptr() % 16 or (t.numel() * t.element_size()) % 16):
+            return None
+        return t.view(-1).view(torch.uint8)
 
     def poll(self, timeout_ms: int) -> bool:
         """True when a message is waiting (waits up to ``timeout_ms``), including one kept by :meth:`pump_control`."""

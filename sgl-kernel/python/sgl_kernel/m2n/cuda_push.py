@@ -6,21 +6,25 @@ record, then ``flags[world, slots]``, ``acks[world]``, then the receive ring ``[
 publishes its handle once (a ``KIND_PUSH_HELLO`` control message, before any data). A peer's heap is mapped on first
 use, in this rank's device context (legacy CUDA IPC: no multicast object, NVLS untouched).
 
-Per message from ``me`` to ``peer`` (sequence ``s``, slot ``s % slots``), all stream-ordered on the caller's stream:
+Per message from ``me`` to ``peer``, all stream-ordered on the caller's stream, one Triton launch on each side
+(:mod:`sgl_kernel.m2n.push_kernels`; the sequence numbers are device counters the kernels advance themselves):
 
-* sender: if ``s >= slots``, a bounded wait kernel until ``acks[peer] >= s - slots + 1`` (the peer consumed the
-  slot's previous message); ``cuMemcpyAsync`` (copy engine) of the packed payload into the peer's ring slot over
-  NVLink/PCIe; ``cuStreamWriteValue64`` of ``(s + 1) << 32 | rows`` into the peer's ``flags[me, slot]`` -- the driver
-  precedes it with a system-scope fence, so it is a release of the payload (same producer as tdist's copy-engine AG).
-* receiver: one :func:`~sgl_kernel.m2n.push_kernels.m2n_recv_kernel` launch: acks the previous message it returned
-  (release store into that sender's heap), spins with ``ld.acquire.sys`` on the flag (bounded: the tdist error
-  record; the host raises from :meth:`CudaPushTransport.check`), and copies the payload into the endpoint's receive
-  buffer with the row count read from the flag word.
+* sender: :func:`~sgl_kernel.m2n.push_kernels.m2n_send_kernel` waits (bounded) until the peer acked the slot's
+  previous message, copies the packed payload with 16-byte stores into the peer's ring slot over NVLink/PCIe and
+  release-stores the flag ``(seq + 1) << 32 | rows`` into the peer's ``flags[me, slot]`` (after all its programs
+  arrived and a system fence);
+* receiver: :func:`~sgl_kernel.m2n.push_kernels.m2n_recv_kernel` spins with ``ld.acquire.sys`` on the flag (bounded:
+  the tdist error record; the host raises from :meth:`CudaPushTransport.check`), copies the payload into the
+  endpoint's receive buffer with the row count read from the flag word, and acks the slot (release store into the
+  sender's heap).
 
 Two ways to receive: ``M2NEndpoint.recv()`` (the header still rides ZMQ, for callers that need ``meta``/``src`` on
 the host, e.g. AFD) and ``M2NEndpoint.recv_device(src)`` with ``send(..., host_header=False)``: nothing goes through
-the host per message, the row count stays on the device. A message's views stay valid until the next receive (the
-ack is written then). Not CUDA-graph capturable yet (sequence numbers are launch arguments).
+the host per message, the row count stays on the device (``send(..., rows=<device int64 [1]>)`` even sends a row
+count computed on the device). A message's views stay valid until the next receive. The device path is CUDA-graph
+capturable: capture K sends / receives once, replay without host work (the counters continue across replays and
+eager calls). Sends to one peer, and receives from one source, must stay on one stream (the counters are
+stream-ordered).
 """
 
 from __future__ import annotations
@@ -137,15 +141,14 @@ class CudaPushTransport(PayloadTransport):
             self.col_bytes = torch.tensor([torch.empty(0, dtype=d).element_size() * w
                                            for d, w in endpoint.recv_layout.columns], dtype=torch.int64,
                                           device=endpoint.device)
-        self._sseq = np.zeros(world, dtype=np.int64)
-        self._rseq = np.zeros(world, dtype=np.int64)
-        self._pending_ack: Optional[tuple[int, int]] = None
-        # launch arguments made once (fewer host microseconds per message)
-        self._flag_v = [self.flags[i:i + 1] for i in range(world * slots)]
-        self._ack_v = [self.acks[i:i + 1] for i in range(world)]
-        self._ring32 = [[self.ring[s, k].view(torch.int32) for k in range(slots)] for s in range(world)]
+            self._send_col_bytes = torch.tensor([torch.empty(0, dtype=d).element_size() * w
+                                                 for d, w in endpoint.layout.columns], dtype=torch.int64,
+                                                device=endpoint.device)
+            # device sequence counters (see push_kernels): sent / received per peer, arrival words per kernel
+            self.ctr = torch.zeros(4 * world, dtype=torch.int64, device=endpoint.device)
         self._recv32 = endpoint.recv_buf.view(torch.int32)
-        self._flag_kernel = False
+        self._ring32 = self.ring.view(torch.int32)
+        self._ack_me = self.acks[endpoint.rank:endpoint.rank + 1]  # launch arguments made once
         body = msgspec.msgpack.encode({"handle": cuda_ipc.ipc_get_handle(ptr), "cap": self.cap,
                                        "flags": self.flags.data_ptr() - ptr, "acks": self.acks.data_ptr() - ptr,
                                        "ring": self.ring.data_ptr() - ptr, "bytes": cfg.total_bytes})
@@ -166,8 +169,10 @@ class CudaPushTransport(PayloadTransport):
             base = self.platform.driver.ipc_open(bytes(d["handle"]))
         self._opened.append(base)
         me, slots = self.ep.rank, self.ep.config.slots
-        self._peers[src] = {"cap": int(d["cap"]), "ring": base + int(d["ring"]) + me * slots * int(d["cap"]),
-                            "flags": base + int(d["flags"]) + 8 * me * slots,
+        cap = int(d["cap"])
+        ring = base + int(d["ring"]) + me * slots * cap
+        self._peers[src] = {"cap": cap, "ring_delta": (ring - self.ring.data_ptr()) // 4,
+                            "flag_delta": (base + int(d["flags"]) + 8 * me * slots - self.flags.data_ptr()) // 8,
                             "ack_delta": (base + int(d["acks"]) - self.acks.data_ptr()) // 8}
 
     def _peer(self, peer: int) -> dict:
@@ -176,90 +181,50 @@ class CudaPushTransport(PayloadTransport):
         return self._peers[peer]
 
     # ---- send ----------------------------------------------------------------------------------------------
-    def wait_send_slot(self, peer: int, slot: int) -> None:
-        """Stream-ordered, bounded: the next copy into ``peer``'s slot waits until ``peer`` consumed the message
-        that used the slot before (its ack); nothing waits on the host."""
-        self._peer(peer)
-        s, slots = int(self._sseq[peer]), self.ep.config.slots
-        if s >= slots:
-            with self.platform.context(self.dev):
-                self._launch(self._ack_v[peer], s - slots + 1, 0, 0, copy=False, grid=1)
-
-    def post_send(self, peer: int, slot: int, view: torch.Tensor, rows: int = 0) -> Optional[bytes]:
-        """Copy-engine copy of ``view`` into ``peer``'s ring slot, then the release flag ``(seq+1) << 32 | rows``.
+    def post_send(self, peer: int, slot: int, view: torch.Tensor, rows: int = 0,
+                  rows_dev: Optional[torch.Tensor] = None, src_rows: int = -1) -> Optional[bytes]:
+        """One :func:`~sgl_kernel.m2n.push_kernels.m2n_send_kernel` launch: bounded wait for the slot, copy of
+        ``view`` (the packed send slot) into ``peer``'s ring, release flag. ``slot`` is ignored (the device counter
+        picks it). ``rows_dev`` (int64 [1] on the device, clamped to ``src_rows``): send that many of the ``src_rows``
+        rows packed in ``view`` (column blocks at ``src_rows``-row offsets); otherwise ``rows`` rows packed for
+        ``rows``.
 
         Raises:
             ValueError: the payload exceeds the peer's ring slot (its max_rows / layout is smaller).
         """
-        from sgl_kernel.m2n.push_kernels import flag_value
+        from sgl_kernel.m2n.push_kernels import grid_for, launch_send
 
-        cuda_ipc = self.platform.driver
         p = self._peer(peer)
         nbytes = int(view.numel())
         if nbytes > p["cap"]:
             raise ValueError(f"cuda_push: {nbytes} payload bytes exceed rank {peer}'s ring slot ({p['cap']} bytes); "
                              "raise its max_rows")
-        s = int(self._sseq[peer])
-        if slot != s % self.ep.config.slots:
-            raise RuntimeError(f"cuda_push: slot {slot} != sequence {s} % slots")
-        stream = self.platform.stream(self.dev)
-        if nbytes:
-            cuda_ipc.memcpy_async(p["ring"] + slot * p["cap"], view.data_ptr(), nbytes, stream)
-        self._write_flag(p["flags"] + 8 * slot, flag_value(s, rows), stream)
-        self._sseq[peer] += 1
+        with self.platform.context(self.dev):
+            launch_send(self.heap.meta, self.ctr, peer, self.acks, self.flags, p["flag_delta"], self._ring32,
+                        p["ring_delta"], view.view(torch.int32), rows, rows_dev, src_rows,
+                        src_rows if rows_dev is not None else rows, self._send_col_bytes, self.ep.world,
+                        self.ep.config.slots, p["cap"] // 4, grid_for(nbytes, MAX_GRID, BLOCK), BLOCK)
         return None
 
-    def _write_flag(self, addr: int, value: int, stream: int) -> None:
-        """``cuStreamWriteValue64`` (fence + store, no SM); where the driver refuses it (no stream memory operations),
-        a one-thread Triton release store instead, from then on."""
-        from sgl_kernel.m2n.push_kernels import launch_flag
-
-        if not self._flag_kernel:
-            try:
-                self.platform.driver.stream_write_value64(addr, value, stream)
-                return
-            except RuntimeError as e:  # CudaDriverError
-                logger.warning("cuda_push rank %d: cuStreamWriteValue64 refused (%s); flags by kernel", self.ep.rank, e)
-                self._flag_kernel = True
-        with self.platform.context(self.dev):
-            launch_flag(self.flags[0:1], (addr - self.flags.data_ptr()) // 8, value)
-
     # ---- receive -------------------------------------------------------------------------------------------
-    def _launch(self, flag: torch.Tensor, expect: int, ack_delta: int, ack_value: int, copy: bool,
-                grid: int, src: Optional[torch.Tensor] = None, dst: Optional[torch.Tensor] = None,
-                cap_rows: int = -1) -> None:
-        from sgl_kernel.m2n.push_kernels import launch_recv
-
-        launch_recv(self.heap.meta, flag, expect, self._ack_v[self.ep.rank], ack_delta, ack_value,
-                    src if src is not None else self._recv32, dst if dst is not None else self._recv32, self.rows_out,
-                    self.col_bytes, cap_rows, self.ep.config.max_rows, copy, grid, BLOCK)
-
     def _recv_into(self, src: int, cap_rows: int, grid_bytes: int) -> None:
-        slots = self.ep.config.slots
-        s = int(self._rseq[src])
-        slot = s % slots
-        ack_delta, ack_value = self._pending_ack or (0, 0)
-        grid = max(1, min(MAX_GRID, -(-grid_bytes // (4 * BLOCK))))
+        from sgl_kernel.m2n.push_kernels import grid_for, launch_recv
+
+        p = self._peer(src)
         with self.platform.context(self.dev):
-            self._launch(self._flag_v[src * slots + slot], (s + 1) << 32, ack_delta, ack_value, copy=True, grid=grid,
-                         src=self._ring32[src][slot], dst=self._recv32, cap_rows=cap_rows)
-        self._rseq[src] += 1
-        self._pending_ack = (self._peer(src)["ack_delta"], s + 1)
+            launch_recv(self.heap.meta, self.ctr, src, self.flags, self._ack_me, p["ack_delta"], self._ring32,
+                        self._recv32, self.rows_out, self.col_bytes, cap_rows, self.ep.config.max_rows, self.ep.world,
+                        self.ep.config.slots, self.cap // 4, True, grid_for(grid_bytes, MAX_GRID, BLOCK), BLOCK)
 
     def complete_recv(self, src: int, slot: int, nbytes: int, inline: Optional[bytes], out: torch.Tensor) -> None:
-        """The header arrived over ZMQ: wait (device, bounded) for the flag, copy the payload into ``out``'s buffer.
-
-        Raises:
-            RuntimeError: the header's slot does not follow this rank's sequence from ``src``.
-        """
-        if slot != int(self._rseq[src]) % self.ep.config.slots:
-            raise RuntimeError(f"cuda_push: header slot {slot} from rank {src} out of sequence")
+        """The header arrived over ZMQ: wait (device, bounded) for the flag, copy the payload into ``out``'s buffer
+        (packed for its rows). ``slot`` is informational (the device counter picks the slot)."""
         self._recv_into(src, -1, nbytes)
 
     def recv_device(self, src: int) -> torch.Tensor:
         """Enqueue the receive of the next message from ``src`` into the endpoint's receive buffer, column blocks at
         the offsets of ``max_rows`` rows; returns the int64 [1] device tensor of its row count (valid until the next
-        receive). No host wait."""
+        receive). No host wait; graph-capturable."""
         self._recv_into(src, self.ep.config.max_rows, self.cap)
         return self.rows_out
 
