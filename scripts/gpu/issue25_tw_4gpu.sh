@@ -6,7 +6,8 @@
 #     CUDA graph per (variant, T) and replayed (--cuda-graph: every variant graphed the same way); correctness in
 #     the same run: TokenWeave's eager next-token logits vs the nccl variant's (same seeded weights) and every
 #     graph's logits vs its eager forward; --host-profile 1024: cProfile of rank 0 over one eager forward per
-#     variant (top 25 cumulative + top 15 own time), to show where the host time goes
+#     variant (top 25 cumulative + top 15 own time), to show where the host time goes; --overlap-tokens 4096: one
+#     torch-profiled eager forward per variant, how much of the communication kernels' time ran beside compute
 #  3. (time left) the TokenWeave executor TP2 test, one rank per GPU, every cut vs the fp32 reference: checks the
 #     changed output path (per-split final norms written into one preallocated buffer, set_stream per stage)
 # Tables: $OUT/issue25_tw_tp4.md. Usage (repo root): bash scripts/gpu/issue25_tw_4gpu.sh [seconds, default 100]
@@ -33,7 +34,7 @@ mkdir -p "$out/layer"
 bench_s=$(cap 62)
 timeout --kill-after=5 "$bench_s" "$PY" benchmark/bench_tokenweave.py --tp 4 --layers 4 --model-path "$m70" \
   --tokens 1024 2048 4096 8192 --variants nccl nccl_symm nocomm tokenweave --iters 5 --warmup 5 \
-  --cuda-graph --host-profile 1024 --results-dir "$out/layer" --profile-dir "$out/layer" \
+  --cuda-graph --host-profile 1024 --overlap-tokens 4096 --results-dir "$out/layer" --profile-dir "$out/layer" \
   --timeout $(( bench_s - 4 )) > "$out/issue25_tw_bench.log" 2>&1
 rc=$?
 cp "$out"/layer/*_tokenweave_layer.md "$out/issue25_tw_tp4.md" 2>/dev/null \
