@@ -176,7 +176,8 @@ def report_sections(cases: list[tuple[str, int, dict]], tokens: list[int], varia
         big = max((res.get(f"refmax|nccl|{t}", 0.0) for _, _, res in cases for t in tokens), default=0.0)
         lines += ["", "## correctness: eager next-token logits vs the nccl variant's (same seeded dummy weights)", "",
                   f"max |difference| over ranks and requests (nccl's largest |logit|: {big:.3g}):", ""]
-        lines += [f"- T={t}: " + ", ".join(c for tt, c in check if tt == t) for t in tokens if any(tt == t for tt, _ in check)]
+        lines += [f"- T={t}: " + ", ".join(c for tt, c in check if tt == t) for t in tokens
+                  if any(tt == t for tt, _ in check)]
     if graphed:
         lines += ["", "## CUDA graph: one graph per (variant, T), replay time (same run, same batches)", "",
                   "Every variant graphed the same way (the splits planned before the capture); the replay has no "
