@@ -25,6 +25,8 @@ includes ``nocomm / nccl``, the bound no overlap can beat.
 A second table splits each forward into GPU time (CUDA events) and host enqueue time (``perf_counter`` until
 the forward returned, before any sync) with the kernel launches of one profiled forward (``--profile-tokens``);
 a third gives the auto-off decision per T (TokenWeave on only where it beats ``nccl`` and ``nccl_symm``).
+``--cuda-graph``: every (variant, T) forward also captured as one CUDA graph and replayed (a second table);
+``--host-profile T``: cProfile of rank 0 over one forward per variant (``benchmark/tokenweave_graph.py``).
 
 It prints one table (median ms per forward and ratios against ``nccl`` and ``nocomm`` of the same run) and
 writes ``benchmark/results/<date>_tokenweave_<mode>.md`` (date, hardware, command). NVLink multicast stays
@@ -63,6 +65,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel" / "python"), str(ROOT / "benchmark")]
 from sglang.srt.utils.nvls_env import NVLS_OFF_ENV  # noqa: E402  (pure Python)
+from tokenweave_graph import graph_and_profile, report_sections  # noqa: E402
 from tokenweave_profile import overlap_table, profile_forward, profile_overlap  # noqa: E402
 from tokenweave_report import auto_off_decision, host_table, targets_table  # noqa: E402
 
@@ -154,11 +157,12 @@ def _time_forward(runner, mwb, dev, ps, warmup: int, iters: int) -> list[tuple[f
 
 def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int, min_tokens: int,
                comm_sms, device: str, warmup: int = 5, profile_tokens: int = 0, profile_dir: str = "",
-               overlap_tokens: tuple = ()) -> dict:
+               overlap_tokens: tuple = (), extra: dict = None) -> dict:
     """Per rank: build each variant's runner, time a prefill forward of every token count (median ms of CUDA
     events); with ``profile_tokens``, rank 0 also writes a torch-profiler summary of one TokenWeave forward; at
     every T in ``overlap_tokens`` one profiled forward per variant gives the communication/compute overlap
-    (:func:`tokenweave_profile.overlap_stats`; rank 0 writes the TokenWeave kernel timeline CSV)."""
+    (:func:`tokenweave_profile.overlap_stats`; rank 0 writes the TokenWeave kernel timeline CSV); ``extra``: the
+    ``--cuda-graph`` / ``--host-profile`` options (:func:`tokenweave_graph.graph_and_profile`)."""
     import torch
 
     from sglang.srt.configs.model_config import ModelConfig
@@ -171,6 +175,7 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
     out: dict = {}
     notes: set = set()
     overlap: list = []
+    host_profiles, extra = [], dict(extra or {}, refs={})  # refs: the nccl variant's logits per T (graph_and_profile)
     for variant in variants:
         args = ServerArgs(model_path=path, load_format="dummy", device=device, max_total_tokens=max(tokens) + 64,
                           max_running_requests=4, disable_cuda_graph=True,
@@ -196,6 +201,8 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
             if ps.tp_rank == 0:  # CLI progress: a run cut short by a timeout still shows what it measured
                 print(f"[partial] rank 0: {variant} T={t} {out[(variant, t)]:.3f} ms (host "
                       f"{out[('host', variant, t)]:.3f} ms)", file=sys.stderr, flush=True)
+            graph_and_profile(runner, mwb, dev, ps, variant, t, dict(extra, warmup=warmup, iters=iters), out,
+                              notes, host_profiles)
             if t == profile_tokens and profile_dir and variant in ("tokenweave", "nccl", "split_nocomm"):  # all ranks
                 keep = ps.tp_rank == 0 and variant == "tokenweave"
                 out[("launches", variant, t)], out[("allocs", variant, t)] = profile_forward(
@@ -208,7 +215,7 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
             runner.kv_cache.free_req_slot(row)
         del runner
     res = {"|".join(map(str, k)): ms for k, ms in out.items()}
-    res["notes"], res["overlap"] = sorted(notes), overlap
+    res["notes"], res["overlap"], res["host_profile"] = sorted(notes), overlap, host_profiles
     return res
 
 
@@ -238,16 +245,19 @@ def run_layer_mode(a) -> Path:
 
     device = "cpu" if a.smoke or a.device == "cpu" else "cuda"
     variants = [v for v in a.variants if not ((device == "cpu" or a.share_gpu) and v in ("custom", "nccl_symm"))]
-    cases, notes, overlap_rows = [], [], []
+    cases, notes, overlap_rows, host_profiles = [], [], [], []
     for model_path in a.model_paths:
         path = _shrunk_config(model_path, a.layers, a.smoke)
         for tp in a.tps:
             per_rank = spawn_ranks(_rank_body, tp, path, a.tokens, variants, a.iters, a.min_tokens, a.comm_sms,
                                    device, a.warmup, a.profile_tokens, a.profile_dir, tuple(a.overlap_tokens),
+                                   dict(cuda_graph=a.cuda_graph, host_profile=a.host_profile),
                                    timeout=a.timeout, device=device,
                                    share_gpu=a.share_gpu)
             notes += [n for n in per_rank[0].get("notes", []) if n not in notes]
-            res = {k: max(r[k] for r in per_rank) for k in per_rank[0] if k not in ("notes", "overlap")}  # slowest
+            host_profiles += per_rank[0].get("host_profile", [])
+            res = {k: max(r[k] for r in per_rank) for k in per_rank[0]
+                   if k not in ("notes", "overlap", "host_profile")}  # slowest rank
             cases.append((Path(model_path).name or "synthetic", tp, res))
             overlap_rows += per_rank[0].get("overlap", [])  # rank 0's profile
     hw = _hardware(device)
@@ -268,6 +278,7 @@ def run_layer_mode(a) -> Path:
              "", "## against issue 25's targets (TokenWeave / NCCL)", "", *targets_table(cases, a.tokens),
              *(["", "## communication / compute overlap (one profiled forward, rank 0, torch profiler kernel times)",
                 "", *overlap_table(overlap_rows)] if overlap_rows else []),
+             *report_sections(cases, a.tokens, variants, host_profiles, a.cuda_graph and device == "cuda"),
              *([""] + [f"- note: {n}" for n in notes] if notes else [])]
     print("\n".join(lines))
     out = _results_path(a, "layer")
@@ -430,6 +441,10 @@ def parse_args(argv=None):
                    help="layer mode: rank 0 writes a torch-profiler summary of one TokenWeave forward at this T")
     p.add_argument("--overlap-tokens", type=int, nargs="*", default=[],
                    help="layer mode (GPU): per variant one profiled forward at these T, its comm/compute overlap")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="layer mode (GPU): also time every (variant, T) forward captured as one CUDA graph")
+    p.add_argument("--host-profile", type=int, default=0, metavar="T",
+                   help="layer mode: cProfile of rank 0 over one forward per variant at T (top 25 cumulative)")
     p.add_argument("--profile-dir", default="", help="where the profile summary goes (default: --results-dir)")
     p.add_argument("--min-tokens", type=int, default=None,
                    help="--tokenweave-min-tokens (layer mode default 1024, so every T splits; end-to-end default: "

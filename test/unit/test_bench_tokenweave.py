@@ -32,7 +32,13 @@ def test_layer_mode_smoke(tmp_path):
 
     models = [shared_path("configs", "meta-llama--Llama-3.3-70B-Instruct"),
               shared_path("configs", "mistralai--Mixtral-8x22B-v0.1")]
-    text = _run(tmp_path, "--tokens", "16", "40", "--model-path", *models, "--overlap-tokens", "16")
+    text = _run(tmp_path, "--tokens", "16", "40", "--model-path", *models, "--overlap-tokens", "16",
+                "--host-profile", "40")
+    # --host-profile: rank 0's cProfile of one forward per variant and model; the eager logits check vs nccl
+    assert len(re.findall(r"^## host profile: (nocomm|nccl|tokenweave), T=40 ", text, re.M)) == 2 * 3, text
+    assert re.search(r"^host [0-9.]+ ms under cProfile, \d+ Python calls", text, re.M)
+    check = text.split("## correctness: eager next-token logits vs the nccl variant's")[1]
+    assert re.search(r"^- T=16: tokenweave [0-9.e+-]+", check, re.M) and "- T=40: tokenweave" in check, check
     main_table, host_table = text.split("## host vs GPU time per forward")
     rows = [line for line in main_table.splitlines() if re.match(r"\| \S+ \| \d+ \| \d+ \|", line)]
     names = ("meta-llama--Llama-3.3-70B-Instruct", "mistralai--Mixtral-8x22B-v0.1")

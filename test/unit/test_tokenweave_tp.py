@@ -56,4 +56,12 @@ def _rank_ar_norm(ps):
         w = torch.rand(24, generator=shared) + 0.5
         got.append(torch.cat(TwCommunicator(ps).all_reduce_add_rmsnorm(x.clone(), res.clone(), w, 1e-6)))
         want.append(torch.cat(TorchCommunicator.create(ps).all_reduce_add_rmsnorm(x.clone(), res.clone(), w, 1e-6)))
+        # out=: the normed rows land in the caller's tensor (here rows 2.. of a larger one, as TokenWeave's
+        # per-split final norms write their rows of the forward's output), which is also what is returned
+        big = torch.full((tokens + 2, 24), float("nan"))
+        normed, new_res = TwCommunicator(ps).all_reduce_add_rmsnorm(x.clone(), res.clone(), w, 1e-6, out=big[2:])
+        if normed.data_ptr() != big[2:].data_ptr() or not torch.isnan(big[:2]).all():
+            raise AssertionError("all_reduce_add_rmsnorm(out=) did not write (only) into out")
+        got.append(torch.cat([big[2:], new_res]))
+        want.append(want[-1])
     return got, want

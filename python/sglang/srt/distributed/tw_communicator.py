@@ -53,6 +53,7 @@ class TwCommunicator(Communicator):
     name = "tw"
     supports_overlap = True
     fuses_add_rmsnorm = True
+    supports_out = True  # all_reduce_add_rmsnorm(..., out=) writes the normed rows into the caller's tensor
 
     def __init__(self, ps: Any, comm_sms: Optional[int] = None, max_bytes: Optional[int] = None):
         world = 1 if ps is None else ps.tp_size
@@ -90,27 +91,34 @@ class TwCommunicator(Communicator):
         return self.torch.reduce_scatter(x)
 
     def all_reduce_add_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                               overlap: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                               overlap: bool = False, out: Optional[torch.Tensor] = None
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(rmsnorm(residual + allreduce(x)) * weight, residual + allreduce(x))``, x/residual ``[T, H]``.
 
         GPU: tw-comm's fused kernel (bf16/fp16; variant by size, ``overlap`` selects the few-SM variant and
         the ``comm_sms`` budget); CPU/other dtypes: ReduceScatter -> add + RMSNorm on owned rows -> AllGather.
+        ``out``: a contiguous ``[T, H]`` tensor of x's dtype the normed rows are written into (and returned; the
+        fused kernel writes it directly, other paths copy), e.g. a row range of a preallocated output.
         """
+        if self.ws is not None and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
+            x, residual = x.contiguous(), residual.contiguous()
+            normed = self.ws.allreduce_rmsnorm(x, residual, weight, eps, out=out, overlap=overlap,
+                                               max_sms=self.comm_sms if overlap else None)
+            return normed, residual
         if self.world_size == 1:
             from sglang.srt.ops_ref import rmsnorm_ref
 
-            return rmsnorm_ref(x, weight, eps, residual)
-        if self.ws is not None and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
-            x, residual = x.contiguous(), residual.contiguous()
-            out = self.ws.allreduce_rmsnorm(x, residual, weight, eps, overlap=overlap,
-                                            max_sms=self.comm_sms if overlap else None)
-            return out, residual
-        if x.is_cuda:  # fp32 on GPU: no fused kernel; NCCL all-reduce, then the reference norm
-            return super().all_reduce_add_rmsnorm(x, residual, weight, eps)
-        from sgl_kernel.tw_comm.reference import rs_norm_ag_dist
+            normed, residual = rmsnorm_ref(x, weight, eps, residual)
+        elif x.is_cuda:  # fp32 on GPU: no fused kernel; NCCL all-reduce, then the reference norm
+            normed, residual = super().all_reduce_add_rmsnorm(x, residual, weight, eps)
+        else:
+            from sgl_kernel.tw_comm.reference import rs_norm_ag_dist
 
-        new_res, out = rs_norm_ag_dist(x, residual, weight, eps, group=self.group)
-        return out.to(x.dtype), new_res.to(residual.dtype)
+            new_res, normed = rs_norm_ag_dist(x, residual, weight, eps, group=self.group)
+            normed, residual = normed.to(x.dtype), new_res.to(residual.dtype)
+        if out is not None:
+            normed = out.copy_(normed)
+        return normed, residual
 
     def describe(self) -> str:
         """One log line: world size, workspace (GPU) or the torch reordered path (CPU), SM budget."""

@@ -90,6 +90,8 @@ class TokenWeaveExecutor(SubBatchExecutor):
         self._hold: dict[int, list[tuple]] = {}  # per split: the last two stages' (hidden, residual) (_on_stream)
         self._plans: dict[int, Any] = {}  # planner result per token count (a pure function of T)
         self._compute: Optional[Any] = None  # the compute (current) stream of the forward in flight
+        self._final: Optional[torch.Tensor] = None  # the split forward's output [T, H] (embed_states)
+        self._rows: list[tuple[int, int]] = []  # each split's rows of it
         self.set_gemm_carveout(min(config.carveout_sms(), config.gemm_shape.num_sms - 1))  # a small wave model
 
     def set_gemm_carveout(self, sms: int) -> None:
@@ -133,14 +135,27 @@ class TokenWeaveExecutor(SubBatchExecutor):
 
     # ---- where each stage runs --------------------------------------------------------------------------
     def run(self, model: Any, forward_batch: ForwardBatch) -> Any:
-        """Forward the batch as planned (per-split final norms, :meth:`final_hidden`); on CUDA the compute
-        stream waits for every split's last event before the concatenation."""
+        """Forward the batch as :meth:`plan` splits it (:meth:`run_subs`)."""
+        return self.run_subs(model, forward_batch, self.plan(forward_batch))
+
+    def run_subs(self, model: Any, forward_batch: ForwardBatch, subs: list[ForwardBatch]) -> Any:
+        """Forward ``forward_batch`` as the sub-batches ``subs`` (from :meth:`plan`; one: the sequential executor),
+        per-split final norms (:meth:`final_hidden`); on CUDA the compute stream waits for every split's last
+        event before the result is returned.
+
+        Split from :meth:`run` so that the planning (host-to-device copies of the splits' request metadata) can
+        happen outside a CUDA-graph capture: a prefill of fixed sub-batches issues no host synchronization and no
+        host-to-device copy here, so ``run_subs`` of planned sub-batches can be captured (benchmarks graph the
+        split forward per token count; see ``benchmark/tokenweave_graph.py``)."""
+        if len(subs) <= 1:
+            return self._sequential.run(model, forward_batch)
+        listener = self.active_listener(forward_batch) if self.kv_layer_listener is not None else None
         if self.comm_stream is None:
-            return super().run(model, forward_batch)
+            return self.run_layers(model, forward_batch, subs, listener)
         self._events, self._hold = {}, {}
         self._compute = torch.cuda.current_stream(self.device)  # looked up once per forward, not per stage
         try:
-            return super().run(model, forward_batch)
+            return self.run_layers(model, forward_batch, subs, listener)
         finally:
             self._compute = None
 
@@ -155,7 +170,7 @@ class TokenWeaveExecutor(SubBatchExecutor):
         the communication stream; :meth:`_join` runs once after them."""
 
     def _join(self, states: list[LayerState]) -> None:
-        """Make the compute stream wait for every split's last stage before the concatenation."""
+        """Make the compute stream wait for every split's last stage before the result is read."""
         if self.comm_stream is None:
             return
         cur = torch.cuda.current_stream(self.device)
@@ -163,7 +178,7 @@ class TokenWeaveExecutor(SubBatchExecutor):
             ev = self._events.pop(id(st), None)
             if ev is not None:
                 cur.wait_event(ev)
-            if st.hidden is not None and st.hidden.is_cuda:
+            if self._final is None and st.hidden is not None and st.hidden.is_cuda:
                 # the normed split was allocated on the communication stream and is read by the compute stream's
                 # cat; the only record_stream per split per forward
                 st.hidden.record_stream(cur)
@@ -179,20 +194,42 @@ class TokenWeaveExecutor(SubBatchExecutor):
         else:
             self._on_stream(False, state, lambda overlap: layer.run_stage(stage, state))
 
+    def embed_states(self, model: Any, forward_batch: ForwardBatch, subs: list[ForwardBatch]) -> list[LayerState]:
+        """The splits' states from one embedding (:meth:`SubBatchExecutor.embed_states`); on CUDA also the
+        forward's output ``[T, H]``, allocated here on the compute stream before any communication-stream work of
+        this forward (so no block the compute stream still uses can be handed to it), into whose row ranges the
+        per-split final norms write (:meth:`final_hidden`: no concatenation)."""
+        states = super().embed_states(model, forward_batch, subs)
+        self._final = None
+        norm = getattr(getattr(model, "model", None), "norm", None)
+        if (self.comm_stream is not None and getattr(getattr(norm, "comm", None), "supports_out", False)
+                and all(getattr(s, "token_range", None) is not None for s in subs)):
+            emb = states[0].hidden
+            self._final = emb.new_empty((forward_batch.num_tokens, emb.shape[-1]))
+            base = forward_batch.token_range[0] if forward_batch.token_range is not None else 0
+            self._rows = [(s.token_range[0] - base, s.token_range[1] - base) for s in subs]
+        return states
+
     def final_hidden(self, model: Any, states: list[LayerState]) -> torch.Tensor:
         """The final norm per split (its fused AllReduce on the communication stream, so the prefix split's
-        overlaps the suffix split's last MLP), then one concatenation of the normed halves: no concatenation
-        of the partial sums and residuals and no unsplit all-reduce on the compute stream."""
+        overlaps the suffix split's last MLP), written into the split's rows of the output allocated by
+        :meth:`embed_states` (else one concatenation of the normed halves): no concatenation of the partial sums
+        and residuals and no unsplit all-reduce on the compute stream."""
         norm = getattr(getattr(model, "model", None), "norm", None)
         fused = getattr(norm, "comm", None) is not None and norm.comm.supports_overlap
-        for st in states:
-            def final(overlap, st=st):
+        final_out = self._final
+        for i, st in enumerate(states):
+            def final(overlap, st=st, i=i):
                 if fused:  # the last split's final norm overlaps nothing: it may use every SM
-                    self._norm_comm(norm, st, overlap and st is not states[-1], None)
+                    out = None if final_out is None else final_out[self._rows[i][0]:self._rows[i][1]]
+                    self._norm_comm(norm, st, overlap and st is not states[-1], None, out)
                 else:  # no overlap-capable fused norm: the model's final norm of this split, on the compute stream
                     st.hidden = model.final_norm(st.hidden, st.residual)
             self._on_stream(fused, st, final)
         self._join(states)
+        self._final = None
+        if final_out is not None and fused:
+            return final_out
         return torch.cat([st.hidden for st in states])
 
     def _on_stream(self, comm_stage: bool, state: LayerState, fn) -> None:
@@ -219,9 +256,12 @@ class TokenWeaveExecutor(SubBatchExecutor):
             if stream is not compute:
                 stream.wait_stream(compute)  # the split's inputs were produced on the compute stream
             ev = self._event(len(self._events))
-        if comm_stage:
-            with torch.cuda.stream(stream):
+        if comm_stage:  # set_stream, not the torch.cuda.stream context (fewer host calls per stage)
+            torch.cuda.set_stream(stream)
+            try:
                 fn(comm_stage)
+            finally:
+                torch.cuda.set_stream(compute)
         else:  # already the current stream: no stream switch (host cost per stage)
             fn(comm_stage)
         ev.record(stream)  # a wait enqueued earlier keeps the previous record: re-recording is safe
@@ -238,12 +278,14 @@ class TokenWeaveExecutor(SubBatchExecutor):
         return self._pool[i]
 
     @staticmethod
-    def _norm_comm(norm: Any, state: LayerState, overlap: bool, fallback) -> None:
+    def _norm_comm(norm: Any, state: LayerState, overlap: bool, fallback, out: Optional[torch.Tensor] = None) -> None:
         """``state.hidden, state.residual =`` the norm's fused AllReduce + add + RMSNorm (``overlap``: the
-        communicator's overlap SM budget), or ``fallback()`` when its communicator cannot overlap."""
+        communicator's overlap SM budget; ``out``: where the normed rows go, ``[T_split, H]``), or ``fallback()``
+        when its communicator cannot overlap."""
         comm = norm.comm
         if comm is not None and comm.supports_overlap:
+            kw = {} if out is None else {"out": out}
             state.hidden, state.residual = comm.all_reduce_add_rmsnorm(state.hidden, state.residual, norm.weight,
-                                                                       norm.eps, overlap=overlap)
+                                                                       norm.eps, overlap=overlap, **kw)
         else:
             fallback()

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Issue 25 item 3/4 at TP4 (4 GPUs, one rank per GPU), budget 100 s incl. the libtwcomm build (~25 s):
+#  1. build libtwcomm (nvcc, sm_90a; cached by content hash)
+#  2. bench_tokenweave.py, Llama-3.3-70B config cut to 4 layers, TP4, dummy bf16, T = 1024 2048 4096 8192:
+#     nccl / nccl_symm / nocomm / tokenweave, eager (GPU and host ms per forward) AND each forward captured as one
+#     CUDA graph per (variant, T) and replayed (--cuda-graph: every variant graphed the same way); correctness in
+#     the same run: TokenWeave's eager next-token logits vs the nccl variant's (same seeded weights) and every
+#     graph's logits vs its eager forward; --host-profile 1024: cProfile of rank 0 over one eager forward per
+#     variant (top 25 cumulative + top 15 own time), to show where the host time goes; --overlap-tokens 4096: one
+#     torch-profiled eager forward per variant, how much of the communication kernels' time ran beside compute
+#  3. (time left) the TokenWeave executor TP2 test, one rank per GPU, every cut vs the fp32 reference: checks the
+#     changed output path (per-split final norms written into one preallocated buffer, set_stream per stage)
+# Tables: $OUT/issue25_tw_tp4.md. Usage (repo root): bash scripts/gpu/issue25_tw_4gpu.sh [seconds, default 100]
+set -uo pipefail
+. "$(dirname "$0")/device_preamble.sh"
+budget="${1:-100}"; start=$SECONDS
+left() { echo $(( budget - (SECONDS - start) )); }
+cap() { local want=$1 l; l=$(( $(left) - 2 )); [ "$l" -lt "$want" ] && want=$l; [ "$want" -lt 1 ] && want=1; echo "$want"; }
+out="${OUT:-/tmp/issue25_tw}"; mkdir -p "$out"
+summary=()
+step() { summary+=("$1: $2 ($(( SECONDS - start )) s)"); echo "-- $1: $2"; }
+gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+ngpu="$(nvidia-smi -L 2>/dev/null | wc -l)"
+echo "$ngpu x $gpu, commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+m70=../shared/data/configs/meta-llama--Llama-3.3-70B-Instruct
+
+echo "== 1. build libtwcomm"
+timeout --kill-after=5 "$(cap 45)" "$PY" -c "from sgl_kernel.tw_comm.build import build_library; print(build_library())" \
+  > "$out/issue25_tw_build.log" 2>&1
+rc=$?; tail -2 "$out/issue25_tw_build.log"; step build "rc=$rc"
+
+echo "== 2. TokenWeave TP4 layer benchmark, eager + CUDA graph, host profile at 1024"
+mkdir -p "$out/layer"
+bench_s=$(cap 62)
+timeout --kill-after=5 "$bench_s" "$PY" benchmark/bench_tokenweave.py --tp 4 --layers 4 --model-path "$m70" \
+  --tokens 1024 2048 4096 8192 --variants nccl nccl_symm nocomm tokenweave --iters 5 --warmup 5 \
+  --cuda-graph --host-profile 1024 --overlap-tokens 4096 --results-dir "$out/layer" --profile-dir "$out/layer" \
+  --timeout $(( bench_s - 4 )) > "$out/issue25_tw_bench.log" 2>&1
+rc=$?
+cp "$out"/layer/*_tokenweave_layer.md "$out/issue25_tw_tp4.md" 2>/dev/null \
+  || { echo "no results file; partial rows:"; grep "\[partial\]" "$out/issue25_tw_bench.log" > "$out/issue25_tw_tp4.md"; }
+step tokenweave_tp4_bench "rc=$rc"
+[ "$rc" -ne 0 ] && grep -E "Error|error|Timeout" "$out/issue25_tw_bench.log" | tail -5
+
+echo "== 3. TokenWeave executor TP2 one rank per GPU vs fp32 reference (if time is left)"
+if [ "$(left)" -gt 20 ]; then
+  timeout --kill-after=5 "$(cap 40)" "$PY" -m pytest -q -x \
+    "test/gpu/test_tokenweave_gpu.py::test_tokenweave_tp2_one_rank_per_gpu[llama_bias_untied]" \
+    -p no:cacheprovider > "$out/issue25_tw_gpu_test.log" 2>&1
+  rc=$?; tail -3 "$out/issue25_tw_gpu_test.log"; step tokenweave_tp2_gpu_test "rc=$rc"
+else
+  step tokenweave_tp2_gpu_test "not run (no time left)"
+fi
+
+echo "== summary ($ngpu x $gpu, budget $budget s, used $(( SECONDS - start )) s)"
+printf '%s\n' "${summary[@]}"
+grep -E "^\| meta|^- (T=|note|replay)|^## |^host [0-9.]+ ms" "$out/issue25_tw_tp4.md" 2>/dev/null \
+  || grep "\[partial\]" "$out/issue25_tw_bench.log"
