@@ -27,6 +27,12 @@ constexpr size_t kLamportRankBytes = 2u << 20;  // Lamport one-shot: payload byt
 constexpr int kLamportBuffers = 3;              // buffer = epoch % 3 (see lamport.cu)
 constexpr uint32_t kLamportEmpty = 0x80008000u;  // two 16-bit negative zeros: "no data yet" (bf16 and fp16)
 static_assert(sizeof(uint32_t) * kNumBarriers * TW_MAX_BLOCKS * TW_MAX_RANKS <= kPadBytes, "pad too small");
+// Pipelined two-shot (twoshot_pipe.cu): 64-bit flags [kind][block][src] after the 32-bit ones; value
+// (epoch << 32) | (chunk + 1), so a flag left stale by any number of calls of other kernels never reads as ahead.
+constexpr size_t kPipeFlagOff = sizeof(uint32_t) * kNumBarriers * TW_MAX_BLOCKS * TW_MAX_RANKS;
+constexpr int kPipeFlagKinds = 2;  // 0 = chunk pushed (to its owner), 1 = chunk normed (by its owner)
+static_assert(kPipeFlagOff + sizeof(uint64_t) * kPipeFlagKinds * TW_MAX_BLOCKS * TW_MAX_RANKS <= kPadBytes,
+              "pad too small for the pipelined two-shot flags");
 
 // Everything a kernel needs; passed by value so CUDA-graph replays reuse it unchanged.
 struct KParams {
