@@ -11,8 +11,8 @@ time is the median over replays, max over ranks. Methods:
   oneshot / twoshot / twoshot_sharded / twoshot_pipe / twoshot_pipe_sharded / ce  tw-comm variants at their
                 default SM bounds (twoshot_pipe: the pipelined two-shot with per-chunk flags)
   lamport       (--lamport) the flag-in-data one-shot, where world*T*H*2 fits its buffer (world x 2 MiB)
-  SM sweep      twoshot, twoshot_pipe, twoshot_pipe_sharded (and ce unless --no-ce) at --sweep-sms SMs
-                (T >= --sweep-min-tokens)
+  SM sweep      twoshot, twoshot_pipe, twoshot_pipe_sharded (and ce unless --no-ce) at --sweep-sms SMs, and
+                twoshot_pipe_sharded with each --chunk-sweep chunk size (T >= --sweep-min-tokens)
   --calibrate   also times every candidate (variant, SMs) the communicator may pick, for plain calls and for
                 overlapped ones on --overlap-sms, and writes the fastest per size into --table (JSON, per GPU
                 model and world; see sglang.srt.distributed.tw_comm_tuning), then reports what auto picks
@@ -26,6 +26,7 @@ NVSHMEM_DISABLE_NVLS=1 for itself and its children). Usage:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import logging
@@ -86,7 +87,7 @@ def _time_graph(fn, calls: int, replays: int) -> float:
 def _worker(rank, world, init_file, args, result_file):
     sys.path[:0] = PATHS
     import torch.distributed as dist
-    from sglang.srt.distributed.tw_comm import TwBackend, TwCommConfig, TwCommWorkspace, allreduce_rmsnorm
+    from sglang.srt.distributed.tw_comm import TwCommConfig, TwCommWorkspace, allreduce_rmsnorm
 
     torch.cuda.set_device(rank)
     dev = torch.device("cuda", rank)
@@ -169,33 +170,7 @@ def _worker(rank, world, init_file, args, result_file):
             return lambda: allreduce_rmsnorm(ws, x, residual, weight, EPS, out=out, backend=backend, max_sms=sms,
                                              residual_sharded=sharded)
 
-        oneshot_fits = world * T * H * 2 <= ws.capacity_bytes
-        lamport_fits = T * H * 2 <= 2 << 20
-        if oneshot_fits:
-            row["oneshot"] = measure(tw(TwBackend.ONESHOT, ws.config.oneshot_sms))
-        if args.lamport and lamport_fits:
-            row["lamport"] = measure(tw(TwBackend.LAMPORT, ws.config.oneshot_sms))
-        row["twoshot"] = measure(tw(TwBackend.TWOSHOT, ws.config.twoshot_sms))
-        row["twoshot_sharded"] = measure(tw(TwBackend.TWOSHOT, ws.config.twoshot_sms, True))
-        row["twoshot_pipe"] = measure(tw(TwBackend.PIPE, ws.config.twoshot_sms))
-        row["twoshot_pipe_sharded"] = measure(tw(TwBackend.PIPE, ws.config.twoshot_sms, True))
-        if not args.no_ce:
-            row["ce"] = measure(tw(TwBackend.CE, ws.config.ce_sms))
-        row["auto"] = ws.select(T, H).value
-        if T >= args.sweep_min_tokens:
-            for sms in [int(v) for v in args.sweep_sms.split(",")]:
-                row[f"twoshot@{sms}"] = measure(tw(TwBackend.TWOSHOT, sms))
-                row[f"twoshot_pipe@{sms}"] = measure(tw(TwBackend.PIPE, sms))
-                row[f"twoshot_pipe_sharded@{sms}"] = measure(tw(TwBackend.PIPE, sms, True))
-                if not args.no_ce:
-                    row[f"ce@{sms}"] = measure(tw(TwBackend.CE, sms))
-        if args.calibrate:  # the same (variant, SMs) timed above is reused, not timed twice
-            c = ws.config
-            same = {("p2p_twoshot", c.twoshot_sms): "twoshot", ("p2p_twoshot_pipe", c.twoshot_sms): "twoshot_pipe",
-                    ("p2p_oneshot", c.oneshot_sms): "oneshot", ("p2p_lamport", c.oneshot_sms): "lamport"}
-            for kind, backend, sms in _candidates(args, oneshot_fits, lamport_fits):
-                name = same.get((backend.value, sms)) or f"{backend.value[4:]}@{sms}"
-                row[f"{kind}:{backend.value}@{sms}"] = row[name] if name in row else measure(tw(backend, sms))
+        _measure_tw(ws, args, row, measure, tw)
         rows.append(row)
         if rank == 0:
             logger.warning("world=%d T=%d done: %s", world, T,
@@ -204,6 +179,47 @@ def _worker(rank, world, init_file, args, result_file):
     if rank == 0:
         Path(result_file).write_text(json.dumps({"rows": rows, "notes": sorted(notes)}))
     dist.destroy_process_group()
+
+
+def _measure_tw(ws, args, row, measure, tw) -> None:
+    """Time the tw-comm variants of one (world, T) row into ``row``: defaults, the SM / chunk sweeps, calibration
+    candidates. ``measure(fn)`` -> us per call (max over ranks); ``tw(backend, sms, sharded)`` -> a closure."""
+    from sglang.srt.distributed.tw_comm import TwBackend
+
+    world, T, H = row["world"], row["T"], args.hidden
+    oneshot_fits = world * T * H * 2 <= ws.capacity_bytes
+    lamport_fits = T * H * 2 <= 2 << 20
+    if oneshot_fits:
+        row["oneshot"] = measure(tw(TwBackend.ONESHOT, ws.config.oneshot_sms))
+    if args.lamport and lamport_fits:
+        row["lamport"] = measure(tw(TwBackend.LAMPORT, ws.config.oneshot_sms))
+    row["twoshot"] = measure(tw(TwBackend.TWOSHOT, ws.config.twoshot_sms))
+    row["twoshot_sharded"] = measure(tw(TwBackend.TWOSHOT, ws.config.twoshot_sms, True))
+    row["twoshot_pipe"] = measure(tw(TwBackend.PIPE, ws.config.twoshot_sms))
+    row["twoshot_pipe_sharded"] = measure(tw(TwBackend.PIPE, ws.config.twoshot_sms, True))
+    if not args.no_ce:
+        row["ce"] = measure(tw(TwBackend.CE, ws.config.ce_sms))
+    row["auto"] = ws.select(T, H).value
+    if T >= args.sweep_min_tokens:
+        for sms in [int(v) for v in args.sweep_sms.split(",")]:
+            row[f"twoshot@{sms}"] = measure(tw(TwBackend.TWOSHOT, sms))
+            row[f"twoshot_pipe@{sms}"] = measure(tw(TwBackend.PIPE, sms))
+            row[f"twoshot_pipe_sharded@{sms}"] = measure(tw(TwBackend.PIPE, sms, True))
+            if not args.no_ce:
+                row[f"ce@{sms}"] = measure(tw(TwBackend.CE, sms))
+        base_cfg = ws.config
+        for cb in [int(v) for v in args.chunk_sweep.split(",") if v]:
+            ws.config = dataclasses.replace(base_cfg, pipe_chunk_bytes=cb)
+            for sms in sorted({args.overlap_sms, base_cfg.twoshot_sms}):
+                row[f"twoshot_pipe_sharded_c{cb >> 10}k@{sms}"] = measure(tw(TwBackend.PIPE, sms, True))
+        ws.config = base_cfg
+    if args.calibrate:  # the same (variant, SMs) timed above is reused, not timed twice
+        c = ws.config
+        same = {("p2p_twoshot", c.twoshot_sms): "twoshot", ("p2p_twoshot_pipe", c.twoshot_sms): "twoshot_pipe",
+                ("p2p_oneshot", c.oneshot_sms): "oneshot", ("p2p_lamport", c.oneshot_sms): "lamport"}
+        for kind, backend, sms in _candidates(args, oneshot_fits, lamport_fits):
+            name = same.get((backend.value, sms)) or f"{backend.value[4:]}@{sms}"
+            row[f"{kind}:{backend.value}@{sms}"] = row[name] if name in row else measure(tw(backend, sms))
 
 
 TW_METHODS = ("oneshot", "lamport", "twoshot", "twoshot_sharded", "twoshot_pipe", "twoshot_pipe_sharded", "ce")
@@ -323,6 +339,8 @@ def main() -> None:
     p.add_argument("--tag", default="")
     p.add_argument("--lamport", action="store_true", help="also time the Lamport one-shot (p2p_lamport)")
     p.add_argument("--sweep-sms", default="2,4,8,16,32,64,128", help="SM counts of the sweep (comma list)")
+    p.add_argument("--chunk-sweep", default="16384,65536",
+                   help="pipe chunk bytes to also time (sharded, at --overlap-sms and the two-shot SMs; '' = none)")
     p.add_argument("--no-ce", action="store_true", help="skip the copy-engine variant (slow to time)")
     p.add_argument("--calibrate", action="store_true", help="time the auto candidates and write --table")
     p.add_argument("--overlap-sms", type=int, default=16, help="SM budget of the overlapped candidates")
