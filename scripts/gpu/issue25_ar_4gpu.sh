@@ -4,9 +4,11 @@
 #   1. build libtwcomm (nvcc, sm_90a)
 #   2. GPU correctness at world 4 (quick) of the pipelined two-shot (fp32 reference, NaN-poisoned outputs, full and
 #      sharded residual, grids 1..128, several chunks per block, CUDA-graph replay, 600 back-to-back calls mixed
-#      with the old two-shot, bit-identical ranks) and of the Lamport one-shot (its push now spreads over the grid)
+#      with the old two-shot, bit-identical ranks), with Lamport one-shot checks in between (its push now spreads
+#      over a grid that may exceed T; the full Lamport test is test_tw_comm_lamport_gpu)
 #   3. bench_tw_comm_allreduce_rmsnorm.py at world 4 then 2: NCCL + fused norm, NCCL symmetric, torch symm-mem,
 #      every tw-comm variant, SM sweep at 16/32 CTAs, --calibrate (writes the crossover table)
+# At 70 s the world-2 half of step 3 may be cut (world 4 runs first and is written on its own); 95 s runs all.
 # Output: $OUT/issue25_ar_summary.md (every table), $OUT/issue25_ar_bench.md, $OUT/tw_comm_crossovers.json (commit it
 # to python/sglang/srt/distributed/), one log per step. Usage: bash scripts/gpu/issue25_ar_4gpu.sh [budget s]
 set -uo pipefail
@@ -33,7 +35,7 @@ echo "$ngpu x $gpu"
 
 step build 40 "$PY" -c "from sgl_kernel.tw_comm.build import build_library; print(build_library())"
 TW_COMM_QUICK=1 step pipe_test_w4 30 "$PY" -m pytest -q -p no:cacheprovider \
-  "test/gpu/test_tw_comm_gpu.py::test_tw_comm_pipe_gpu[4]" "test/gpu/test_tw_comm_gpu.py::test_tw_comm_lamport_gpu[4]"
+  "test/gpu/test_tw_comm_gpu.py::test_tw_comm_pipe_gpu[4]"
 mkdir -p "$out/bench"
 step bench_w4_w2 "$(left)" "$PY" benchmark/bench_tw_comm_allreduce_rmsnorm.py --worlds 4,2 --lamport --no-ce \
   --tokens 1,32,128,1024,8192 --sweep-sms 16,32 --sweep-min-tokens 1024 --calibrate \
@@ -46,7 +48,8 @@ res="$out/issue25_ar_summary.md"
   echo "- command: \`bash scripts/gpu/issue25_ar_4gpu.sh $budget\`; NVLink multicast off in every process"
   echo; echo "## pipe correctness (world 4, quick)"
   grep -hE "passed|failed|Error|\[tw-comm gpu\]" "$out/pipe_test_w4.log" 2>/dev/null | tail -8
-  echo; echo "## benchmark (worlds 4, 2)"; cat "$out/issue25_ar_bench.md" 2>/dev/null || echo "(none; see bench_w4_w2.log)"
+  echo; echo "## benchmark (worlds 4, 2)"
+  cat "$out/issue25_ar_bench.md" 2>/dev/null || echo "(none; see bench_w4_w2.log)"
   echo; echo "## crossover table"; cat "$out/tw_comm_crossovers.json" 2>/dev/null | tr -d ' \n' | head -c 3000; echo
   echo; echo "## steps"; printf '%s\n' "${summary[@]}"
 } > "$res"

@@ -269,8 +269,8 @@ def _pipe_worker(rank, world, init_file, quick):
     """The pipelined two-shot (per-chunk flags) vs the fp32 reference with NaN-poisoned outputs: shapes with T not
     divisible by the world, several chunks per block (small chunk_bytes) and one, full and sharded residual, fp16
     and bf16, grids from 1 to 128 blocks (block indices unused for many calls keep stale flags), interleaved with
-    the other variants (epochs advance under it), CUDA-graph replay with fresh inputs, back-to-back calls, and
-    bit-identical results on every rank."""
+    the other variants (epochs advance under it; the Lamport one-shot where it fits, on grids larger than T), CUDA-graph
+    replay with fresh inputs, back-to-back calls, and bit-identical results on every rank."""
     sys.path[:0] = PATHS
     import dataclasses
 
@@ -298,6 +298,9 @@ def _pipe_worker(rank, world, init_file, quick):
                 if not sharded:
                     _check_consistent(out)
             _check_variant(ws, B.TWOSHOT if i % 2 else B.ONESHOT, T, H, dtype, seed + 500, 8)
+            if T * H * 2 <= 2 << 20:  # the Lamport one-shot between pipe calls; its grid may exceed T (push spread)
+                for sms in (128, 2):
+                    _check_consistent(_check_variant(ws, B.LAMPORT, T, H, dtype, seed + 700 + sms, sms))
         ws.config = dataclasses.replace(base_cfg, pipe_chunk_bytes=4096)
         x, residual, w = _inputs(500, rank, 301, 2048, torch.bfloat16, dev)
         r, out = residual.clone(), torch.empty_like(x)
