@@ -8,9 +8,14 @@ time is the median over replays, max over ranks. Methods:
                 fused add+RMSNorm: the strongest non-multicast NCCL baseline (if this torch/NCCL can register it)
   torch_symm    torch symmetric-memory two_shot_all_reduce_ + the same fused add+RMSNorm (if available)
   flashinfer    trtllm_allreduce_fusion (only if flashinfer imports; not installed on our hosts)
-  oneshot / twoshot / twoshot_sharded / ce  tw-comm variants at their default SM bounds
+  oneshot / twoshot / twoshot_sharded / twoshot_pipe / twoshot_pipe_sharded / ce  tw-comm variants at their
+                default SM bounds (twoshot_pipe: the pipelined two-shot with per-chunk flags)
   lamport       (--lamport) the flag-in-data one-shot, where world*T*H*2 fits its buffer (world x 2 MiB)
-  SM sweep      twoshot and ce at 2, 4, 8, 16, 32 SMs (T >= --sweep-min-tokens)
+  SM sweep      twoshot, twoshot_pipe, twoshot_pipe_sharded (and ce unless --no-ce) at --sweep-sms SMs, and
+                twoshot_pipe_sharded with each --chunk-sweep chunk size (T >= --sweep-min-tokens)
+  --calibrate   also times every candidate (variant, SMs) the communicator may pick, for plain calls and for
+                overlapped ones on --overlap-sms, and writes the fastest per size into --table (JSON, per GPU
+                model and world; see sglang.srt.distributed.tw_comm_tuning), then reports what auto picks
 Ratios: baseline / method (speed-up) and method / line-rate floor, floor = 2(n-1)/n * S / 450 GB/s.
 
 NVLink multicast stays off (the script sets NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
@@ -21,6 +26,7 @@ NVSHMEM_DISABLE_NVLS=1 for itself and its children). Usage:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import logging
@@ -81,7 +87,7 @@ def _time_graph(fn, calls: int, replays: int) -> float:
 def _worker(rank, world, init_file, args, result_file):
     sys.path[:0] = PATHS
     import torch.distributed as dist
-    from sglang.srt.distributed.tw_comm import TwBackend, TwCommConfig, TwCommWorkspace, allreduce_rmsnorm
+    from sglang.srt.distributed.tw_comm import TwCommConfig, TwCommWorkspace, allreduce_rmsnorm
 
     torch.cuda.set_device(rank)
     dev = torch.device("cuda", rank)
@@ -89,7 +95,7 @@ def _worker(rank, world, init_file, args, result_file):
     H = args.hidden
     dtype = torch.bfloat16
     tokens = [int(t) for t in args.tokens.split(",")]
-    ws = TwCommWorkspace(None, dev, TwCommConfig(max_bytes=max(tokens) * H * 2))
+    ws = TwCommWorkspace(None, dev, TwCommConfig(max_bytes=max(tokens) * H * 2, use_calibrated=False))
     group_name = dist.group.WORLD.group_name
     symm = None
     try:
@@ -164,18 +170,7 @@ def _worker(rank, world, init_file, args, result_file):
             return lambda: allreduce_rmsnorm(ws, x, residual, weight, EPS, out=out, backend=backend, max_sms=sms,
                                              residual_sharded=sharded)
 
-        if world * T * H * 2 <= ws.capacity_bytes:
-            row["oneshot"] = measure(tw(TwBackend.ONESHOT, ws.config.oneshot_sms))
-        if args.lamport and T * H * 2 <= 2 << 20:
-            row["lamport"] = measure(tw(TwBackend.LAMPORT, ws.config.oneshot_sms))
-        row["twoshot"] = measure(tw(TwBackend.TWOSHOT, ws.config.twoshot_sms))
-        row["twoshot_sharded"] = measure(tw(TwBackend.TWOSHOT, ws.config.twoshot_sms, True))
-        row["ce"] = measure(tw(TwBackend.CE, ws.config.ce_sms))
-        row["auto"] = ws.select(T, H).value
-        if T >= args.sweep_min_tokens:
-            for sms in (2, 4, 8, 16, 32, 64, 128):
-                row[f"twoshot@{sms}"] = measure(tw(TwBackend.TWOSHOT, sms))
-                row[f"ce@{sms}"] = measure(tw(TwBackend.CE, sms))
+        _measure_tw(ws, args, row, measure, tw)
         rows.append(row)
         if rank == 0:
             logger.warning("world=%d T=%d done: %s", world, T,
@@ -186,19 +181,120 @@ def _worker(rank, world, init_file, args, result_file):
     dist.destroy_process_group()
 
 
-TW_METHODS = ("oneshot", "lamport", "twoshot", "twoshot_sharded", "ce")
+def _measure_tw(ws, args, row, measure, tw) -> None:
+    """Time the tw-comm variants of one (world, T) row into ``row``: defaults, the SM / chunk sweeps, calibration
+    candidates. ``measure(fn)`` -> us per call (max over ranks); ``tw(backend, sms, sharded)`` -> a closure."""
+    from sglang.srt.distributed.tw_comm import TwBackend
+
+    world, T, H = row["world"], row["T"], args.hidden
+    oneshot_fits = world * T * H * 2 <= ws.capacity_bytes
+    lamport_fits = T * H * 2 <= 2 << 20
+    if oneshot_fits:
+        row["oneshot"] = measure(tw(TwBackend.ONESHOT, ws.config.oneshot_sms))
+    if args.lamport and lamport_fits:
+        row["lamport"] = measure(tw(TwBackend.LAMPORT, ws.config.oneshot_sms))
+    row["twoshot"] = measure(tw(TwBackend.TWOSHOT, ws.config.twoshot_sms))
+    row["twoshot_sharded"] = measure(tw(TwBackend.TWOSHOT, ws.config.twoshot_sms, True))
+    row["twoshot_pipe"] = measure(tw(TwBackend.PIPE, ws.config.twoshot_sms))
+    row["twoshot_pipe_sharded"] = measure(tw(TwBackend.PIPE, ws.config.twoshot_sms, True))
+    if not args.no_ce:
+        row["ce"] = measure(tw(TwBackend.CE, ws.config.ce_sms))
+    row["auto"] = ws.select(T, H).value
+    if T >= args.sweep_min_tokens:
+        for sms in [int(v) for v in args.sweep_sms.split(",")]:
+            row[f"twoshot@{sms}"] = measure(tw(TwBackend.TWOSHOT, sms))
+            row[f"twoshot_pipe@{sms}"] = measure(tw(TwBackend.PIPE, sms))
+            row[f"twoshot_pipe_sharded@{sms}"] = measure(tw(TwBackend.PIPE, sms, True))
+            if not args.no_ce:
+                row[f"ce@{sms}"] = measure(tw(TwBackend.CE, sms))
+        base_cfg = ws.config
+        for cb in [int(v) for v in args.chunk_sweep.split(",") if v]:
+            ws.config = dataclasses.replace(base_cfg, pipe_chunk_bytes=cb)
+            for sms in sorted({args.overlap_sms, base_cfg.twoshot_sms}):
+                row[f"twoshot_pipe_sharded_c{cb >> 10}k@{sms}"] = measure(tw(TwBackend.PIPE, sms, True))
+        ws.config = base_cfg
+    if args.calibrate:  # the same (variant, SMs) timed above is reused, not timed twice
+        c = ws.config
+        same = {("p2p_twoshot", c.twoshot_sms): "twoshot", ("p2p_twoshot_pipe", c.twoshot_sms): "twoshot_pipe",
+                ("p2p_oneshot", c.oneshot_sms): "oneshot", ("p2p_lamport", c.oneshot_sms): "lamport"}
+        for kind, backend, sms in _candidates(args, oneshot_fits, lamport_fits):
+            name = same.get((backend.value, sms)) or f"{backend.value[4:]}@{sms}"
+            row[f"{kind}:{backend.value}@{sms}"] = row[name] if name in row else measure(tw(backend, sms))
 
 
-def render(rows, notes, command, hardware) -> str:
-    """Markdown report: main table, SM sweep table, notes."""
+TW_METHODS = ("oneshot", "lamport", "twoshot", "twoshot_sharded", "twoshot_pipe", "twoshot_pipe_sharded", "ce")
+
+
+def _candidates(args, oneshot_fits: bool, lamport_fits: bool):
+    """(kind, backend, sms) the communicator may pick: kind "cal" = plain calls, "ovl" = overlapped calls on
+    --overlap-sms SMs (full residual for all, so every candidate computes the same thing)."""
+    from sglang.srt.distributed.tw_comm import TwBackend as B
+
+    plain = [(B.TWOSHOT, 128), (B.PIPE, 64), (B.PIPE, 128)]
+    if oneshot_fits:
+        plain += [(B.ONESHOT, 64), (B.ONESHOT, 128)]
+    if lamport_fits:
+        plain += [(B.LAMPORT, 64), (B.LAMPORT, 128)]
+    ovl = [(B.TWOSHOT, args.overlap_sms), (B.PIPE, args.overlap_sms)]
+    if oneshot_fits:
+        ovl.append((B.ONESHOT, args.overlap_sms))
+    return [("cal", b, n) for b, n in plain] + [("ovl", b, n) for b, n in ovl]
+
+
+def calibrate(rows, world: int, gpu: str, table_path: Path, command: str):
+    """Fastest candidate per size of one world's rows -> (plain, overlap) entries, merged into table_path."""
+    from sglang.srt.distributed.tw_comm_tuning import entries_from_timings, write_table
+
+    def timings(kind):
+        out = {}
+        for r in rows:
+            if r["world"] != world:
+                continue
+            out[r["bytes"]] = {(k.split(":")[1].split("@")[0], int(k.split("@")[1])): v
+                               for k, v in r.items() if k.startswith(kind + ":")}
+        return out
+
+    plain, overlap = entries_from_timings(timings("cal")), entries_from_timings(timings("ovl"))
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    write_table(table_path, gpu, world, plain, overlap, f"{stamp}: {command}")
+    return plain, overlap
+
+
+def render_calibration(rows, tables) -> list:
+    """Markdown lines: per size the fastest plain / overlapped candidate and what the written table picks."""
+    from sglang.srt.distributed.tw_comm_tuning import Crossovers, describe
+
+    lines = ["", "Calibration (us; cal = plain calls, ovl = overlapped on --overlap-sms; table = what auto picks "
+             "from the written table):", "", "| world | T | fastest plain | table plain | fastest overlap | "
+             "table overlap | candidates |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["world"] not in tables:
+            continue
+        plain, overlap = tables[r["world"]]
+        cx = Crossovers(plain=plain, overlap=overlap)
+        cand = {k: v for k, v in r.items() if ":" in k}
+        best = {kind: min((k for k in cand if k.startswith(kind)), key=cand.get, default=None)
+                for kind in ("cal", "ovl")}
+        fmt = lambda k: f"{k.split(':')[1]} {cand[k]:.1f}" if k else "n/a"  # noqa: E731
+        pp, po = cx.pick(r["bytes"]), cx.pick(r["bytes"], True)
+        lines.append(f"| {r['world']} | {r['T']} | {fmt(best['cal'])} | {pp[1]}@{pp[2]} | {fmt(best['ovl'])} | "
+                     f"{po[1]} | " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(cand.items())) + " |")
+    for w, (plain, overlap) in sorted(tables.items()):
+        lines.append(f"- world {w}: plain {describe(plain)}; overlap {describe(overlap)}")
+    return lines
+
+
+def render(rows, notes, command, hardware, tables=None) -> str:
+    """Markdown report: main table, SM sweep table, calibration table (``tables``: {world: (plain, overlap)}),
+    notes."""
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"# tw-comm fused AllReduce + residual + RMSNorm, hidden 8192 bf16 ({now})", "",
              f"hardware: {hardware}", f"command: `{command}`",
              "times: us per call, CUDA graph replay median, max over ranks. speed-up = baseline / best tw-comm; "
              "floor = 2(n-1)/n*S/450GB/s.", "",
-             "| world | T | floor | baseline | nccl_symm | torch_symm | oneshot | lamport | twoshot | twoshot_sharded | "
-             "ce(8 SMs) | best tw | speed-up | vs nccl_symm | vs torch_symm | best/floor | auto |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| world | T | floor | baseline | nccl_symm | torch_symm | " + " | ".join(TW_METHODS)
+             + " | best tw | speed-up | vs nccl_symm | vs torch_symm | best/floor | auto |",
+             "|---|---|---|---|---|---|" + "---|" * len(TW_METHODS) + "---|---|---|---|---|---|"]
     fmt = lambda v: f"{v:.1f}" if isinstance(v, float) else "n/a"  # noqa: E731
     for r in rows:
         tw = {m: r[m] for m in TW_METHODS if m in r}
@@ -212,18 +308,18 @@ def render(rows, notes, command, hardware) -> str:
             + (f"{r['torch_symm'] / best:.2f}x" if r.get("torch_symm") else "n/a")
             + f" | {best / r['floor_us']:.2f}x | {r['auto']} |"
         )
-    sweep = [r for r in rows if "ce@8" in r]
-    sms = (2, 4, 8, 16, 32, 64, 128)
-    if sweep:
-        lines += ["", "SM sweep (us per call; twoshot = full residual):", "",
-                  "| world | T | " + " | ".join(f"twoshot@{s}" for s in sms) + " | "
-                  + " | ".join(f"ce@{s}" for s in sms) + " | ce@<=8 / best ce |",
-                  "|---|---|" + "---|" * (2 * len(sms) + 1)]
-        for r in sweep:
-            ce = [r[f"ce@{s}"] for s in sms]
-            ce_small = min(r[f"ce@{s}"] for s in sms if s <= 8)
-            lines.append(f"| {r['world']} | {r['T']} | " + " | ".join(fmt(r[f"twoshot@{s}"]) for s in sms)
-                         + " | " + " | ".join(fmt(v) for v in ce) + f" | {ce_small / min(ce):.2f}x |")
+    sweep_cols = sorted({k for r in rows for k in r if "@" in k and ":" not in k},
+                        key=lambda k: (k.split("@")[0], int(k.split("@")[1])))
+    if sweep_cols:
+        lines += ["", "SM sweep (us per call; twoshot / twoshot_pipe = full residual, *_sharded = own rows only; "
+                  "floor as above):", "", "| world | T | floor | " + " | ".join(sweep_cols) + " |",
+                  "|---|---|---|" + "---|" * len(sweep_cols)]
+        for r in rows:
+            if any(k in r for k in sweep_cols):
+                lines.append(f"| {r['world']} | {r['T']} | {r['floor_us']:.1f} | "
+                             + " | ".join(fmt(r.get(k)) for k in sweep_cols) + " |")
+    if tables:
+        lines += render_calibration(rows, tables)
     if notes:
         lines += ["", "notes:"] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"
@@ -242,6 +338,14 @@ def main() -> None:
     p.add_argument("--out", default=str(REPO / "benchmark" / "results"))
     p.add_argument("--tag", default="")
     p.add_argument("--lamport", action="store_true", help="also time the Lamport one-shot (p2p_lamport)")
+    p.add_argument("--sweep-sms", default="2,4,8,16,32,64,128", help="SM counts of the sweep (comma list)")
+    p.add_argument("--chunk-sweep", default="16384,65536",
+                   help="pipe chunk bytes to also time (sharded, at --overlap-sms and the two-shot SMs; '' = none)")
+    p.add_argument("--no-ce", action="store_true", help="skip the copy-engine variant (slow to time)")
+    p.add_argument("--calibrate", action="store_true", help="time the auto candidates and write --table")
+    p.add_argument("--overlap-sms", type=int, default=16, help="SM budget of the overlapped candidates")
+    p.add_argument("--table", default=None,
+                   help="crossover table to merge into (default: <out>/tw_comm_crossovers.json)")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     import torch.multiprocessing as mp
@@ -254,6 +358,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d_%H%M")
+    tables = {}
+    table_path = Path(args.table) if args.table else out / "tw_comm_crossovers.json"
     for world in [int(w) for w in args.worlds.split(",")]:
         if world > n_gpu:
             notes.add(f"world {world} skipped: {n_gpu} GPUs")
@@ -264,11 +370,13 @@ def main() -> None:
             data = json.loads(res.read_text())
             rows += data["rows"]
             notes.update(data["notes"])
+        if args.calibrate:
+            tables[world] = calibrate(rows, world, torch.cuda.get_device_name(0), table_path, " ".join(sys.argv))
         # rewrite after every world size, so a run cut short keeps what it measured
-        report = render(rows, sorted(notes), " ".join(sys.argv), hardware)
+        report = render(rows, sorted(notes), " ".join(sys.argv), hardware, tables)
         (out / f"tw_comm_allreduce_rmsnorm_{stamp}{args.tag}.md").write_text(report)
         (out / f"tw_comm_allreduce_rmsnorm_{stamp}{args.tag}.json").write_text(json.dumps({"rows": rows}, indent=1))
-    print(render(rows, sorted(notes), " ".join(sys.argv), hardware))
+    print(render(rows, sorted(notes), " ".join(sys.argv), hardware, tables))
 
 if __name__ == "__main__":
     main()

@@ -1,7 +1,8 @@
 """GPU correctness of tw-comm's fused AllReduce + residual + RMSNorm (2/4/8 ranks, one process per GPU).
 
-Each variant (one-shot, two-shot, two-shot with sharded residual, copy-engine, plain AllReduce, NCCL fallback)
-is compared with NCCL AllReduce in fp32 + fp32 RMSNorm on fresh random inputs, outputs poisoned with NaN first;
+Each variant (one-shot, two-shot, pipelined two-shot, two-shot with sharded residual, copy-engine, plain AllReduce,
+NCCL fallback) is compared with NCCL AllReduce in fp32 + fp32 RMSNorm on fresh random inputs, outputs poisoned with
+NaN first;
 token counts 1..16384 including ones not divisible by the world size; CUDA-graph capture + replay; thousands of
 back-to-back calls (signal reuse, no hang); and the NVLS gate refuses (never launching a multimem kernel).
 """
@@ -264,6 +265,85 @@ def _lamport_worker(rank, world, init_file, quick):
         dist.destroy_process_group()
 
 
+def _pipe_worker(rank, world, init_file, quick):
+    """The pipelined two-shot (per-chunk flags) vs the fp32 reference with NaN-poisoned outputs: shapes with T not
+    divisible by the world, several chunks per block (small chunk_bytes) and one, full and sharded residual, fp16
+    and bf16, grids from 1 to 128 blocks (block indices unused for many calls keep stale flags), interleaved with
+    the other variants (epochs advance under it; the Lamport one-shot where it fits, on grids larger than T), CUDA-graph
+    replay with fresh inputs, back-to-back calls, and bit-identical results on every rank."""
+    sys.path[:0] = PATHS
+    import dataclasses
+
+    import torch.distributed as dist
+    from sglang.srt.distributed.tw_comm import TwBackend, TwCommConfig, TwCommWorkspace, allreduce_rmsnorm
+
+    torch.cuda.set_device(rank)
+    dev = torch.device("cuda", rank)
+    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world, device_id=dev)
+    ws = TwCommWorkspace(None, dev, TwCommConfig(max_bytes=8192 * 4096 * 2, use_calibrated=False))
+    B = TwBackend
+    base_cfg = ws.config
+    try:
+        seed = 3000
+        cases = [(1, 8192, 0), (3, 4096, 4096), (13, 8, 0), (77, 2048, 4096), (130, 8192, 16384), (257, 1024, 0),
+                 (1000, 2048, 8192), (2049, 8192, 0), (4097, 1024, 2048), (8192, 4096, 0), (5, 16384, 0)]
+        if quick:
+            cases = cases[::2] + [cases[3]]
+        for i, (T, H, chunk) in enumerate(cases):
+            ws.config = dataclasses.replace(base_cfg, pipe_chunk_bytes=chunk)
+            dtype = torch.bfloat16 if i % 3 else torch.float16
+            for sms, sharded in ((128, False), (16, True), (3, False), (1 + i * 7 % 40, True)):
+                seed += 1
+                out = _check_variant(ws, B.PIPE, T, H, dtype, seed, sms, sharded)
+                if not sharded:
+                    _check_consistent(out)
+            _check_variant(ws, B.TWOSHOT if i % 2 else B.ONESHOT, T, H, dtype, seed + 500, 8)
+            if T * H * 2 <= 2 << 20:  # the Lamport one-shot between pipe calls; its grid may exceed T (push spread)
+                for sms in (128, 2):
+                    _check_consistent(_check_variant(ws, B.LAMPORT, T, H, dtype, seed + 700 + sms, sms))
+        ws.config = dataclasses.replace(base_cfg, pipe_chunk_bytes=4096)
+        x, residual, w = _inputs(500, rank, 301, 2048, torch.bfloat16, dev)
+        r, out = residual.clone(), torch.empty_like(x)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            allreduce_rmsnorm(ws, x, r, w, EPS, out=out, backend=B.PIPE, max_sms=16)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            allreduce_rmsnorm(ws, x, r, w, EPS, out=out, backend=B.PIPE, max_sms=16)
+            allreduce_rmsnorm(ws, x, r, w, EPS, out=out, backend=B.PIPE, max_sms=5)
+        for rep in range(4):
+            nx, nres, _ = _inputs(600 + rep, rank, 301, 2048, torch.bfloat16, dev)
+            x.copy_(nx)
+            r.copy_(nres)
+            out.fill_(float("nan"))
+            (res1, _), _ = _reference(nx, nres, w)
+            (res_ref, out_ref), _ = _reference(nx, res1, w)  # two calls: the residual accumulates twice
+            g.replay()
+            torch.cuda.synchronize()
+            torch.testing.assert_close(out.float(), out_ref.float(), **TOL, msg=lambda m: f"pipe graph: {m}")
+            torch.testing.assert_close(r.float(), res_ref.float(), **TOL)
+        del g
+        x1, r1, w1 = _inputs(700, rank, 77, 2048, torch.bfloat16, dev)
+        o1 = torch.empty_like(x1)
+        n_calls = 500 if quick else 5000
+        t0 = time.time()
+        for it in range(n_calls):
+            allreduce_rmsnorm(ws, x1, r1, w1, EPS, out=o1, backend=B.PIPE, max_sms=1 + it % 40,
+                              residual_sharded=bool(it % 2))
+            if it % 5 == 0:
+                allreduce_rmsnorm(ws, x1, r1, w1, EPS, out=o1, backend=B.TWOSHOT, max_sms=8)
+        torch.cuda.synchronize()
+        elapsed = time.time() - t0
+        _check_consistent(_check_variant(ws, B.PIPE, 77, 2048, torch.bfloat16, 900, 32))
+        if rank == 0:
+            print(f"[tw-comm gpu] pipe world={world}: {n_calls + n_calls // 5} back-to-back calls in {elapsed:.2f}s")
+    finally:
+        ws.close()
+        dist.destroy_process_group()
+
+
 def _run(world, tmp_path, quick, timeout_s=150, worker=None):
     import torch.multiprocessing as mp
 
@@ -291,3 +371,9 @@ def test_tw_comm_gpu(world, tmp_path):
 def test_tw_comm_lamport_gpu(world, tmp_path):
     """The Lamport one-shot alone (a hang here cannot hide the other variants' results)."""
     _run(world, tmp_path, quick=os.environ.get("TW_COMM_QUICK") == "1", timeout_s=90, worker=_lamport_worker)
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_tw_comm_pipe_gpu(world, tmp_path):
+    """The pipelined two-shot alone (a hang here cannot hide the other variants' results)."""
+    _run(world, tmp_path, quick=os.environ.get("TW_COMM_QUICK") == "1", timeout_s=90, worker=_pipe_worker)

@@ -5,8 +5,8 @@
 //    block to finish (arrival counter ctrl[1]) bumps it. All ranks launch the same kernel sequence with the same
 //    grids, so their epochs agree call by call.
 //  * the signal pad of every rank holds flags[barrier][block][src_rank]. Block b on rank r arrives at a barrier
-//    by writing the epoch into flags[barrier][b][r] on every peer (st.release.sys) and waits until its own
-//    flags[barrier][b][q] >= epoch for all q (ld.acquire.sys). Flags only grow, so they are reused across any
+//    by writing the epoch into flags[barrier][b][r] on every peer (system fence + st.relaxed.sys) and waits until
+//    its own flags[barrier][b][q] >= epoch for all q (ld.acquire.sys). Flags only grow, so they are reused across any
 //    number of calls; a peer can be at most one kernel ahead, which a ">=" test tolerates.
 //  * staging buffers have two slots picked by epoch parity, so a fast peer's next call never overwrites data a
 //    slow rank still reads: one barrier per data hand-off suffices.
@@ -27,6 +27,12 @@ constexpr size_t kLamportRankBytes = 2u << 20;  // Lamport one-shot: payload byt
 constexpr int kLamportBuffers = 3;              // buffer = epoch % 3 (see lamport.cu)
 constexpr uint32_t kLamportEmpty = 0x80008000u;  // two 16-bit negative zeros: "no data yet" (bf16 and fp16)
 static_assert(sizeof(uint32_t) * kNumBarriers * TW_MAX_BLOCKS * TW_MAX_RANKS <= kPadBytes, "pad too small");
+// Pipelined two-shot (twoshot_pipe.cu): 64-bit flags [kind][block][src] after the 32-bit ones; value
+// (epoch << 32) | (chunk + 1), so a flag left stale by any number of calls of other kernels never reads as ahead.
+constexpr size_t kPipeFlagOff = sizeof(uint32_t) * kNumBarriers * TW_MAX_BLOCKS * TW_MAX_RANKS;
+constexpr int kPipeFlagKinds = 2;  // 0 = chunk pushed (to its owner), 1 = chunk normed (by its owner)
+static_assert(kPipeFlagOff + sizeof(uint64_t) * kPipeFlagKinds * TW_MAX_BLOCKS * TW_MAX_RANKS <= kPadBytes,
+              "pad too small for the pipelined two-shot flags");
 
 // Everything a kernel needs; passed by value so CUDA-graph replays reuse it unchanged.
 struct KParams {
@@ -61,8 +67,8 @@ __device__ __forceinline__ uint32_t ld_acquire_sys(const uint32_t* p) {
   return v;
 }
 
-__device__ __forceinline__ void st_release_sys(uint32_t* p, uint32_t v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+__device__ __forceinline__ void st_relaxed_sys(uint32_t* p, uint32_t v) {
+  asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
 __device__ __forceinline__ void fence_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
@@ -94,15 +100,17 @@ __device__ __forceinline__ void finish_epoch(uint32_t* ctrl, uint32_t epoch) {
 }
 
 // Cross-rank barrier of block blockIdx.x with the same block index on every rank. __syncthreads() orders every
-// thread's (possibly remote) stores before the signalling threads' system-scope fence + release (PTX release is
-// cumulative over what bar.sync made visible to the releasing thread), so one fence per signalling thread -- not
-// one per thread of the block -- makes the flag release cover all data the block wrote.
+// thread's (possibly remote) stores before the signalling threads' system-scope fence (PTX fences are cumulative
+// over what bar.sync made visible to the fencing thread), so one fence -- a single warp instruction of the
+// signalling lanes 0..world-1, not one per thread of the block -- followed by relaxed flag stores (fence + strong
+// store = a release pattern) makes the flags cover all data the block wrote. (st.release after the fence would
+// add a second system fence per barrier.)
 __device__ __forceinline__ void block_barrier(const KParams& p, int barrier, uint32_t epoch) {
   __syncthreads();
   const int t = threadIdx.x;
   if (t < p.world) {
     fence_sys();
-    st_release_sys(flag_ptr(p.peer_base[t], barrier, blockIdx.x, p.rank), epoch);
+    st_relaxed_sys(flag_ptr(p.peer_base[t], barrier, blockIdx.x, p.rank), epoch);
     const uint32_t* mine = flag_ptr(p.peer_base[p.rank], barrier, blockIdx.x, t);
     while ((int)(ld_acquire_sys(mine) - epoch) < 0) {
     }

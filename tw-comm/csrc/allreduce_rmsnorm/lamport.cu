@@ -48,23 +48,17 @@ __global__ void __launch_bounds__(kThreads) lamport_kernel(KParams p) {
   const int buf = (int)(e % (uint32_t)kLamportBuffers);
   const int nv = p.hidden / 8;
   const uint4* x = static_cast<const uint4*>(p.x);
-  // Phase 1: push own rows (canonicalized) to every rank (self included) at [src = rank][row].
-  for (int row = blockIdx.x; row < p.tokens; row += gridDim.x) {
-    uint4 v[VPT];
+  // Phase 1: push own rows (canonicalized) to every rank (self included) at [src = rank][row]. The push is
+  // flattened over (row, vector) and spread over the whole grid, which may hold more blocks than rows (the
+  // launcher sizes it so each thread pushes about one vector): readers spin on the data, not on a per-block
+  // flag, so any block may push any row, and few rows still use many SMs' store bandwidth.
+  {
+    const int total = p.tokens * nv;
+    const int gstride = gridDim.x * kThreads;
+    for (int m = blockIdx.x * kThreads + threadIdx.x; m < total; m += gstride) {
+      const uint4 v = canon(x[m]);
 #pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int j = threadIdx.x + k * kThreads;
-      if (j < nv) v[k] = canon(x[(size_t)row * nv + j]);
-    }
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const int q = (p.rank + i) % N;
-      uint4* dst = lamport_buf(p, q, buf) + ((size_t)p.rank * p.tokens + row) * nv;
-#pragma unroll
-      for (int k = 0; k < VPT; ++k) {
-        const int j = threadIdx.x + k * kThreads;
-        if (j < nv) dst[j] = v[k];
-      }
+      for (int i = 0; i < N; ++i) lamport_buf(p, (p.rank + i) % N, buf)[(size_t)p.rank * total + m] = v;
     }
   }
   // Phase 2: spin on the local copies until no lane is empty, reduce in rank order, clear, add + RMSNorm.
@@ -145,7 +139,10 @@ int tw_lamport_allreduce_rmsnorm(tw_workspace* ws, const void* x, void* residual
   p.tokens = tokens;
   p.hidden = hidden;
   p.eps = eps;
-  const int grid = tokens < max_blocks ? tokens : max_blocks;
+  // at least one block per row (the reduce), and about one pushed vector per thread (the push)
+  const int push_blocks = (int)(((long long)tokens * (hidden / 8) + kThreads - 1) / kThreads);
+  const int want = tokens > push_blocks ? tokens : push_blocks;
+  const int grid = want < max_blocks ? want : max_blocks;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (dtype == TW_BF16) {
     launch_lamport_n<__nv_bfloat16>(p, grid, s);

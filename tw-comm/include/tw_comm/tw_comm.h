@@ -66,6 +66,13 @@ int tw_lamport_allreduce_rmsnorm(tw_workspace* ws, const void* x, void* residual
 int tw_twoshot_allreduce_rmsnorm(tw_workspace* ws, const void* x, void* residual, const void* weight, void* out,
                                  int tokens, int hidden, int dtype, float eps, int max_blocks,
                                  int residual_sharded, void* stream);
+// (b') pipelined P2P two-shot: same result as (b); per-chunk flags let the push of one chunk, the pull of another
+// and the local reduce + norm of a third overlap (no whole-tensor barrier). chunk_bytes: bytes of one peer's rows
+// per chunk (0: TW_PIPE_CHUNK_BYTES); smaller chunks pipeline deeper at more flag round trips.
+#define TW_PIPE_CHUNK_BYTES 32768
+int tw_twoshot_pipe_allreduce_rmsnorm(tw_workspace* ws, const void* x, void* residual, const void* weight,
+                                      void* out, int tokens, int hidden, int dtype, float eps, int max_blocks,
+                                      int residual_sharded, int chunk_bytes, void* stream);
 // (c) copy-engine variant: scatter and gather by cudaMemcpyAsync peer copies on side streams (no SMs), and a
 // reduce+residual+RMSNorm kernel on `max_blocks` SMs (target <= 8).
 int tw_ce_allreduce_rmsnorm(tw_workspace* ws, const void* x, void* residual, const void* weight, void* out,

@@ -12,11 +12,16 @@ taking tensors + workspace. The backend is chosen per call by size, world size a
   symmetric 9.4 / 19.6 / 26.5, torch symmetric memory 11.7 / 13.4 / 17.9);
 * ``p2p_twoshot``  large inputs: ReduceScatter by peer stores -> residual + RMSNorm on own 1/N rows ->
   AllGather by peer loads (line-rate traffic);
+* ``p2p_twoshot_pipe``  the two-shot with per-chunk flags: the push of one chunk, the reduce + norm of another and
+  the pull of a third overlap (no whole-tensor barrier), chosen where the calibrated table says it wins;
 * ``ce``           overlap mode, large inputs: copy engines move the data, the norm kernel uses <= ``ce_sms`` SMs;
 * ``nvls``         only where multicast is supported AND allowed (never on our hosts; tw-comm creates no
   multicast objects, so it is never selected by this workspace);
 * ``nccl``         fallback (world not in {2, 4, 8}, capacity exceeded, no P2P); ``torch`` on CPU (gloo);
   ``local``        world size 1.
+
+Where ``bench_tw_comm_allreduce_rmsnorm.py --calibrate`` measured this GPU model and world size, the workspace
+loads that table (:mod:`sglang.srt.distributed.tw_comm_tuning`) and the choice (and SM count) follows it.
 
 The caller's tensors are used in place (the kernels push x from wherever it lives and pull results straight into
 ``out``/``residual``), so there is no symmetric input view to write into and no copy-in / copy-out.
@@ -34,6 +39,7 @@ from typing import Mapping, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from sglang.srt.distributed.tw_comm_tuning import Crossovers, describe, load_crossovers
 from sglang.srt.utils.nvls_env import NVLS_ENV_VARS  # noqa: F401  (re-exported: tw-comm callers import it here)
 
 logger = logging.getLogger(__name__)
@@ -48,6 +54,7 @@ class TwBackend(str, enum.Enum):
     ONESHOT = "p2p_oneshot"
     LAMPORT = "p2p_lamport"
     TWOSHOT = "p2p_twoshot"
+    PIPE = "p2p_twoshot_pipe"
     CE = "ce"
     NVLS = "nvls"
     NCCL = "nccl"
@@ -64,7 +71,9 @@ class TwCommConfig:
       which one-shot is used. *_sms: default SM (thread block) bounds (overlap_sms: of overlapped calls).
       ce_min_bytes: smallest input sent to the copy-engine variant in overlap mode (0: never).
       residual_sharded: two-shot/CE update only this rank's token range of the residual (TokenWeave keeps the
-      residual sharded between layers; saves one AllGather).
+      residual sharded between layers; saves one AllGather). pipe_chunk_bytes: bytes of one peer's rows per
+      chunk of p2p_twoshot_pipe (0: the library default, 32 KiB). crossovers: the calibrated table (empty: the
+      built-in rules; filled by TwCommWorkspace from tw_comm_tuning.load_crossovers when use_calibrated).
     """
 
     max_bytes: int = 64 << 20
@@ -82,6 +91,9 @@ class TwCommConfig:
     residual_sharded: bool = False
     # auto-select p2p_lamport for fused non-overlapped calls that fit its buffer (False: one-shot as before)
     lamport_auto: bool = True
+    pipe_chunk_bytes: int = 0
+    use_calibrated: bool = True
+    crossovers: Crossovers = Crossovers()
 
     def __post_init__(self) -> None:
         if self.max_bytes <= 0:
@@ -90,6 +102,8 @@ class TwCommConfig:
             v = getattr(self, name)
             if not 1 <= v <= 256:
                 raise ValueError(f"{name}={v} must be in [1, 256]")
+        if self.pipe_chunk_bytes < 0:
+            raise ValueError(f"pipe_chunk_bytes={self.pipe_chunk_bytes} must be >= 0 (0: library default)")
 
     def oneshot_limit(self, world: int) -> int:
         """One-shot byte threshold for ``world`` ranks (0 if none configured)."""
@@ -141,8 +155,10 @@ def select_backend(
 
     nvls_available must be True only when the gate passed AND a multicast mapping exists (never here).
     capacity_bytes: the workspace's staging region size. fused: the call is AllReduce + RMSNorm (plain AllReduce
-    has no Lamport form). Lamport is chosen for fused, non-overlapped 2-byte calls with
-    ``world * T * H * 2 <= world * LAMPORT_RANK_BYTES`` (T <= 128 at H 8192) when ``config.lamport_auto``.
+    has no Lamport form). A calibrated table (``config.crossovers``) decides fused calls first (its plain table
+    for non-overlapped calls, its overlap table otherwise), where its pick is feasible. Without one, Lamport is
+    chosen for fused, non-overlapped 2-byte calls with ``world * T * H * 2 <= world * LAMPORT_RANK_BYTES``
+    (T <= 128 at H 8192) when ``config.lamport_auto``.
     """
     if world == 1:
         return TwBackend.LOCAL
@@ -156,6 +172,15 @@ def select_backend(
     if two_need > capacity_bytes:
         return TwBackend.NCCL
     nbytes = tokens * hidden * elem
+    pick = config.crossovers.pick(nbytes, overlap) if fused else None
+    if pick is not None:
+        b = TwBackend(pick[1])
+        if b == TwBackend.LAMPORT and (overlap or elem != 2 or nbytes > LAMPORT_RANK_BYTES):
+            b = None
+        elif b == TwBackend.ONESHOT and one_need > capacity_bytes:
+            b = None
+        if b is not None:
+            return b
     if overlap and config.ce_min_bytes and nbytes >= config.ce_min_bytes:
         return TwBackend.CE
     if fused and not overlap and config.lamport_auto and elem == 2 and nbytes <= LAMPORT_RANK_BYTES:
@@ -192,6 +217,22 @@ class TwCommWorkspace:
         self.nvls_reason = nvls_env_allows()[1]
         if self.device.type == "cuda" and self.world in (2, 4, 8):
             self._open()
+            if config.use_calibrated and not (config.crossovers.plain or config.crossovers.overlap):
+                self._load_crossovers()
+
+    def _load_crossovers(self) -> None:
+        """Adopt the calibrated table of this GPU model and world size, if one exists (see tw_comm_tuning)."""
+        import dataclasses
+
+        gpu = torch.cuda.get_device_name(self.device)
+        table = load_crossovers(gpu, self.world)
+        if table.plain or table.overlap:
+            self.config = dataclasses.replace(self.config, crossovers=table)
+            if self.rank == 0:
+                logger.info("tw-comm: calibrated crossovers for %s x%d: plain %s; overlap %s", gpu, self.world,
+                            describe(table.plain), describe(table.overlap))
+        elif self.rank == 0:
+            logger.info("tw-comm: no calibrated crossovers for %s x%d: built-in thresholds", gpu, self.world)
 
     def _open(self) -> None:
         from sgl_kernel.tw_comm.lib import IPC_HANDLE_BYTES, load_library
@@ -274,14 +315,17 @@ def _ops():
     return tw_comm_ops
 
 
-def _sms(ws: TwCommWorkspace, backend: TwBackend, max_sms: Optional[int], overlap: bool = False) -> int:
+def _sms(ws: TwCommWorkspace, backend: TwBackend, max_sms: Optional[int], overlap: bool = False,
+         pick: Optional[Tuple[int, str, int]] = None) -> int:
     if max_sms is not None:
         if not 1 <= max_sms <= 256:
             raise ValueError(f"max_sms={max_sms} must be in [1, 256]")
         return max_sms
     c = ws.config
-    if overlap and backend in (TwBackend.ONESHOT, TwBackend.TWOSHOT, TwBackend.LAMPORT):
+    if overlap and backend in (TwBackend.ONESHOT, TwBackend.TWOSHOT, TwBackend.LAMPORT, TwBackend.PIPE):
         return c.overlap_sms
+    if pick is not None and pick[1] == backend.value:
+        return pick[2]
     return {TwBackend.ONESHOT: c.oneshot_sms, TwBackend.LAMPORT: c.oneshot_sms,
             TwBackend.CE: c.ce_sms}.get(backend, c.twoshot_sms)
 
@@ -302,7 +346,7 @@ def allreduce_rmsnorm(
     """``residual += allreduce(x); out = rmsnorm(residual) * weight`` over ``ws.group`` (fp32 accumulation).
 
     x, residual: [T, H] bf16/fp16 on ``ws.device`` (H % 8 == 0, H <= 16384); weight: [H]. residual is updated
-    in place (only this rank's token range when residual_sharded and the backend is two-shot/CE); returns
+    in place (only this rank's token range when residual_sharded and the backend is two-shot/pipe/CE); returns
     ``out`` ([T, H], allocated if None). All ranks must call with the same shapes, backend and max_sms.
     ``overlap``: the call runs beside compute (TokenWeave); without ``max_sms`` it uses ``config.overlap_sms``.
     CUDA-graph capturable on the P2P/CE backends. Raises ValueError on bad arguments.
@@ -317,14 +361,16 @@ def allreduce_rmsnorm(
     sharded = ws.config.residual_sharded if residual_sharded is None else residual_sharded
     if tokens == 0:
         return out
-    if b in (TwBackend.ONESHOT, TwBackend.TWOSHOT, TwBackend.CE, TwBackend.LAMPORT):
+    if b in (TwBackend.ONESHOT, TwBackend.TWOSHOT, TwBackend.CE, TwBackend.LAMPORT, TwBackend.PIPE):
         ops = _ops()
         variant = {TwBackend.ONESHOT: ops.ONESHOT, TwBackend.TWOSHOT: ops.TWOSHOT, TwBackend.CE: ops.CE,
-                   TwBackend.LAMPORT: ops.LAMPORT}[b]
+                   TwBackend.LAMPORT: ops.LAMPORT, TwBackend.PIPE: ops.PIPE}[b]
+        pick = None if max_sms is not None else ws.config.crossovers.pick(tokens * hidden * x.element_size(), overlap)
         # eager: the launcher directly (no custom-op dispatch per call); under torch.compile: the registered op
         launch = (torch.ops.sgl_kernel.tw_allreduce_rmsnorm if torch.compiler.is_compiling()
                   else ops.launch_allreduce_rmsnorm)
-        launch(ws.handle, x, residual, weight, out, float(eps), variant, _sms(ws, b, max_sms, overlap), bool(sharded))
+        launch(ws.handle, x, residual, weight, out, float(eps), variant, _sms(ws, b, max_sms, overlap, pick),
+               bool(sharded), ws.config.pipe_chunk_bytes)
         return out
     if b == TwBackend.NVLS:
         raise ValueError("backend nvls is not available: tw-comm creates no multicast objects (" +

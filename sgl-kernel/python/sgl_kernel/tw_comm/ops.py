@@ -6,7 +6,9 @@ kernels may use. ``handle`` is the opaque workspace handle owned by ``sglang.srt
 
 Variants (TokenWeave, Gond et al. 2025, section 3.3, without NVLS): ONESHOT (P2P push + one barrier), TWOSHOT
 (ReduceScatter by peer stores -> residual + RMSNorm on own 1/N rows -> AllGather by peer loads), CE (copy-engine
-scatter/gather + reduce/norm kernel on max_sms SMs). The NVLS variant is not an op: it is gated (see nvls_gate).
+scatter/gather + reduce/norm kernel on max_sms SMs), LAMPORT (one-shot with the flag in the data), PIPE (the
+two-shot with per-chunk flags: push, reduce + norm and pull of different chunks overlap). The NVLS variant is not
+an op: it is gated (see nvls_gate).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ ONESHOT = 0
 TWOSHOT = 1
 CE = 2
 LAMPORT = 3
-VARIANT_NAMES = {ONESHOT: "oneshot", TWOSHOT: "twoshot", CE: "ce", LAMPORT: "lamport"}
+PIPE = 4
+VARIANT_NAMES = {ONESHOT: "oneshot", TWOSHOT: "twoshot", CE: "ce", LAMPORT: "lamport", PIPE: "twoshot_pipe"}
 
 
 def dtype_code(dtype: torch.dtype) -> int:
@@ -54,18 +57,21 @@ def tw_allreduce_rmsnorm(
     variant: int,
     max_sms: int,
     residual_sharded: bool,
+    chunk_bytes: int = 0,
 ) -> None:
     """residual += allreduce(x); out = rmsnorm(residual) * weight, across the workspace's ranks.
 
-    x, residual, out: [T, H] bf16/fp16 CUDA, contiguous; weight [H]. variant: ONESHOT / TWOSHOT / CE.
-    residual_sharded (TWOSHOT/CE): update only this rank's token range of residual. Raises ValueError on a
-    bad argument (checked in C), TwCommError on a CUDA failure.
+    x, residual, out: [T, H] bf16/fp16 CUDA, contiguous; weight [H]. variant: ONESHOT / TWOSHOT / CE / LAMPORT /
+    PIPE. residual_sharded (TWOSHOT/PIPE/CE): update only this rank's token range of residual. chunk_bytes (PIPE):
+    bytes of one peer's rows per pipeline chunk, 0 = the library default (32 KiB). Raises ValueError on a bad
+    argument (checked in C), TwCommError on a CUDA failure.
     """
-    launch_allreduce_rmsnorm(handle, x, residual, weight, out, eps, variant, max_sms, residual_sharded)
+    launch_allreduce_rmsnorm(handle, x, residual, weight, out, eps, variant, max_sms, residual_sharded, chunk_bytes)
 
 
 def launch_allreduce_rmsnorm(handle: int, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                             out: torch.Tensor, eps: float, variant: int, max_sms: int, residual_sharded: bool) -> None:
+                             out: torch.Tensor, eps: float, variant: int, max_sms: int, residual_sharded: bool,
+                             chunk_bytes: int = 0) -> None:
     """The body of ``torch.ops.sgl_kernel.tw_allreduce_rmsnorm`` without the custom-op dispatcher (same
     arguments, same errors): eager callers on the hot path (TokenWeave issues 2 x layers calls per forward) skip
     the dispatcher's per-call host cost; traced/compiled code keeps using the op."""
@@ -81,12 +87,14 @@ def launch_allreduce_rmsnorm(handle: int, x: torch.Tensor, residual: torch.Tenso
         lib.call("tw_ce_allreduce_rmsnorm", *args, int(residual_sharded), _stream(x))
     elif variant == LAMPORT:
         lib.call("tw_lamport_allreduce_rmsnorm", *args, _stream(x))
+    elif variant == PIPE:
+        lib.call("tw_twoshot_pipe_allreduce_rmsnorm", *args, int(residual_sharded), int(chunk_bytes), _stream(x))
     else:
-        raise ValueError(f"variant={variant} must be ONESHOT (0), TWOSHOT (1), CE (2) or LAMPORT (3)")
+        raise ValueError(f"variant={variant} must be ONESHOT (0), TWOSHOT (1), CE (2), LAMPORT (3) or PIPE (4)")
 
 
 @tw_allreduce_rmsnorm.register_fake
-def _(handle, x, residual, weight, out, eps, variant, max_sms, residual_sharded) -> None:
+def _(handle, x, residual, weight, out, eps, variant, max_sms, residual_sharded, chunk_bytes=0) -> None:
     return None
 
 
