@@ -25,3 +25,25 @@ def test_bench_afd_smoke_writes_both_tables(tmp_path):
     for kb in (32, 512):
         assert f"| {kb} | " in text
     assert "gloo send/recv median us" in text
+
+
+def test_bench_afd_data_parallel_attention_and_uneven_ffn(tmp_path):
+    """2 attention processes (data parallel) x 3 FFN processes (experts 2/1/1 of 4): the table names the layout and
+    the 5 GPUs, every role logs its parameter and KV bytes (FFN: 0 KV), and the pipeline check is printed."""
+    import bench_afd
+
+    path = shared_path("models", "stories260K-moe")
+    out = bench_afd.main(["--smoke", "--mode", "decode", "--setups", "afd", "--attention-workers", "2",
+                          "--ffn-workers", "3", "--model-path", path, "--results-dir", str(tmp_path),
+                          "--timeout", "240"])
+    text = out.read_text()
+    assert "| AFD m=2, 2 attention + 3 FFN | 5 | 4 |" in text
+    for i in (0, 1):
+        assert f"- role attention (worker {i}, cpu) holds " in text
+    kv = [int(x.split(" KV bytes")[0].rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith("- role attention")]
+    assert len(kv) == 2 and min(kv) > 0
+    ffn = [x for x in text.splitlines() if x.startswith("- role ffn")]
+    assert len(ffn) == 3 and all(x.endswith("and 0 KV bytes (0.00 GiB)") for x in ffn)
+    expert = [int(x.split(" holds ")[1].split(" ")[0]) for x in ffn]
+    assert expert[0] == 2 * expert[1] == 2 * expert[2] > 0  # 4 experts over 3 workers: 2 / 1 / 1
+    assert "m >= 2(1+Tc/Tf) =" in text
