@@ -5,9 +5,11 @@
 #      fused-MoE Triton, CUDA graphs) at batch 64 and 256 = one of 4 independent replicas. Mixtral: on GPU 1 when it
 #      fits one GPU (>= 120 GiB, H200) and TP 2 (sglang.bench_one_batch --tp 2, graphs) on GPUs 2,3 = one of 2
 #      replicas; on 80 GB GPUs only TP 2.
+#   Then, in this order, as the budget allows (each: start-up with the role bytes, then decode):
 #   A: Qwen3 AFD 2 + 2 (attention workers on GPUs 0,1, data parallel, batch per worker 64/256; FFN workers on 2,3,
-#      64 experts each), m = 1, 2, 3. B: Qwen3 AFD 1 + 3 (43/43/42 experts), m = 1, 2, 3.
-#   C, D: Mixtral AFD 1 + 3 then 2 + 2 (start-up with role bytes, then m = 2 at batch 64/256), as the budget allows.
+#      64 experts each), m = 1, 2, 3. C: Mixtral AFD 1 + 3 (experts 3/3/2, 28 GiB per FFN GPU), batch 256, m = 1, 2, 3.
+#   B: Qwen3 AFD 1 + 3 (43/43/42 experts), m = 1, 2, 3. D: Mixtral AFD 2 + 2 (42 GiB per FFN GPU), batch 256, m = 2.
+#   ~190 s when everything runs; steps past the budget are reported as skipped (pass 240 to be sure of all).
 #   X: the deployment-plan crossover (benchmark/afd_crossover.py, the planner of sglang.srt.afd.planner.plan) against
 #      the measured colocated per-GPU rate, with the measured Ta/Tf/Tc beside it (CPU only).
 # Every setup is its own process (bench_afd.py spawns one per measurement); each step has a timeout; OOM / errors are
@@ -42,15 +44,15 @@ echo "$ngpu GPUs, ${mem_gib} GiB each ($gpu_kind); colocated Mixtral on one GPU:
 [ "$ngpu" -lt 4 ] && echo "WARNING: fewer than 4 GPUs; the layouts wrap onto the GPUs present"
 
 # P: colocated baselines in parallel on disjoint GPUs
-CUDA_VISIBLE_DEVICES=0 run colo_qwen3 80 "$PY" benchmark/bench_afd.py "${common[@]}" --setups colocated \
-  --model-path $qwen --batch 64 256 --timeout 75 --json-out "$out/colo_qwen3.json" --results-dir "$out/raw" &
+CUDA_VISIBLE_DEVICES=0 run colo_qwen3 75 "$PY" benchmark/bench_afd.py "${common[@]}" --setups colocated \
+  --model-path $qwen --batch 64 256 --timeout 70 --json-out "$out/colo_qwen3.json" --results-dir "$out/raw" &
 p1=$!
 if [ $mix1 = 1 ]; then
-  CUDA_VISIBLE_DEVICES=1 run colo_mixtral 80 "$PY" benchmark/bench_afd.py "${common[@]}" --setups colocated \
-    --model-path $mixtral --batch 64 256 --timeout 75 --json-out "$out/colo_mixtral.json" --results-dir "$out/raw" &
+  CUDA_VISIBLE_DEVICES=1 run colo_mixtral 75 "$PY" benchmark/bench_afd.py "${common[@]}" --setups colocated \
+    --model-path $mixtral --batch 64 256 --timeout 70 --json-out "$out/colo_mixtral.json" --results-dir "$out/raw" &
   p2=$!
 fi
-CUDA_VISIBLE_DEVICES=2,3 run colo_mixtral_tp2 80 "$PY" -m sglang.bench_one_batch --model-path $mixtral \
+CUDA_VISIBLE_DEVICES=2,3 run colo_mixtral_tp2 75 "$PY" -m sglang.bench_one_batch --model-path $mixtral \
   --load-format dummy --tp 2 --batch-size 64 256 --input-len 16 --output-len 7 --skip-tokenizer-init \
   --context-length 64 --cuda-graph-max-bs 256 --result-filename "$out/colo_mixtral_tp2.jsonl" &
 p3=$!
@@ -83,10 +85,10 @@ afd() {  # afd NAME MODEL N_A N_E TIMEOUT [extra bench args]
     --results-dir "$out/raw" "$@"
 }
 cap() { local l; l=$(left); echo $(( l - 8 < $1 ? l - 8 : $1 )); }  # 8 s kept for the summary
-afd afd_qwen3_2p2 $qwen 2 2 "$(cap 45)" --batch 64 256 --micro-batches 1 2 3
-afd afd_qwen3_1p3 $qwen 1 3 "$(cap 45)" --batch 64 256 --micro-batches 1 2 3
-afd afd_mixtral_1p3 $mixtral 1 3 "$(cap 35)" --batch 64 256 --micro-batches 2
-afd afd_mixtral_2p2 $mixtral 2 2 "$(cap 35)" --batch 64 256 --micro-batches 2
+afd afd_qwen3_2p2 $qwen 2 2 "$(cap 42)" --batch 64 256 --micro-batches 1 2 3
+afd afd_mixtral_1p3 $mixtral 1 3 "$(cap 34)" --batch 256 --micro-batches 1 2 3
+afd afd_qwen3_1p3 $qwen 1 3 "$(cap 42)" --batch 64 256 --micro-batches 1 2 3
+afd afd_mixtral_2p2 $mixtral 2 2 "$(cap 34)" --batch 256 --micro-batches 2
 wait $px
 
 # summary
@@ -108,13 +110,13 @@ for l in open(sys.argv[1]):
     r = json.loads(l); print(f\"| {r['batch_size']} | {r['median_decode_latency'] * 1e3:.2f} | {r['median_decode_throughput']:.1f} | {r['median_decode_throughput'] / 2:.1f} |\")" \
       "$out/colo_mixtral_tp2.jsonl" 2>&1
   fi
-  for k in afd_qwen3_2p2 afd_qwen3_1p3 afd_mixtral_1p3 afd_mixtral_2p2; do
+  for k in afd_qwen3_2p2 afd_mixtral_1p3 afd_qwen3_1p3 afd_mixtral_2p2; do
     m=${k#afd_}; m=${m%_*}; js=()
     [ -s "$out/colo_$m.json" ] && js+=("$out/colo_$m.json"); [ -s "$out/$k.json" ] && js+=("$out/$k.json")
     echo; echo "## $k"; echo
     if [ -s "$out/$k.json" ]; then
       "$PY" benchmark/bench_afd.py --mode decode --device cuda --merge "${js[@]}" --results-dir "$out/raw" 2>&1 \
-        | sed -n '/^- /p;/^|/p;/^Best/p;/^$/p' | cat -s | tee "$out/issue24_afd4_$k.md"
+        | sed -n '/^- model:/d;/^- command:/d;/^- /p;/^|/p;/^Best/p;/^$/p' | cat -s | tee "$out/issue24_afd4_$k.md"
       [ "$m" = mixtral ] && [ "${mix_tp2%.*}" -gt 0 ] 2>/dev/null && "$PY" -c "import json,sys
 a = json.load(open(sys.argv[1]))['afd']; g = a['attention_workers'] + a['ffn_workers']
 k, r = max(a['rows'].items(), key=lambda kv: kv[1]['tps'])
