@@ -228,10 +228,11 @@ def _measure(kind: str, a, q) -> None:
         q.put({"error": f"{kind}: {type(e).__name__}: {e}\n--- child traceback ---\n{traceback.format_exc()}"})
 
 
-def _attention_worker(a, index: int, dev: str, topo, ffn_info: list, barrier) -> dict:
+def _attention_worker(a, index: int, dev: str, topo, get_ffn_info, barrier) -> dict:
     """Attention worker ``index`` (data parallel: its own requests, ``--batch`` of them) on ``dev``: build the
-    attention role (no experts), time every (m, batch) with the other attention workers in step (``barrier``
-    before each configuration); :func:`afd_decode.afd_rows`'s dict plus ``peak``, ``kv_bytes`` and its role line."""
+    attention role (no experts) while the FFN workers start, then ``get_ffn_info()`` (their ready reports), then time
+    every (m, batch) with the other attention workers in step (``barrier`` before each configuration);
+    :func:`afd_decode.afd_rows`'s dict plus ``peak``, ``kv_bytes`` and its role line."""
     from afd_decode import afd_rows, split_param_bytes
 
     from sglang.srt.afd.executor import AfdExecutor
@@ -246,7 +247,7 @@ def _attention_worker(a, index: int, dev: str, topo, ffn_info: list, barrier) ->
     attn = load_model(mc, a.load_format, dev, weight_filter=spec.weight_filter, holds_param=spec.holds_param)
     ex = AfdExecutor(mc, topo, index, a.micro_batches[0], torch.device(dev))
     try:
-        res = afd_rows(a, attn, mc, ex, dev, ffn_info, sync=lambda: barrier.wait(a.timeout))
+        res = afd_rows(a, attn, mc, ex, dev, get_ffn_info(), sync=lambda: barrier.wait(a.timeout))
     except BaseException:
         barrier.abort()  # the other attention workers stop at their next barrier instead of waiting
         raise
@@ -257,10 +258,18 @@ def _attention_worker(a, index: int, dev: str, topo, ffn_info: list, barrier) ->
     return res
 
 
-def _attention_proc(a, index: int, dev: str, topo, ffn_info: list, barrier, out) -> None:
-    """:func:`_attention_worker` in a spawned process; its result or ``{"error": ...}`` goes to ``out``."""
+def _attention_proc(a, index: int, dev: str, topo, info_q, barrier, out) -> None:
+    """:func:`_attention_worker` in a spawned process (the FFN reports, or an error string, come on ``info_q``); its
+    result or ``{"error": ...}`` goes to ``out``."""
     sys.path.insert(0, str(ROOT / "benchmark"))
     logging.basicConfig(level=logging.INFO, format=f"[ATTN{index}] %(message)s")
+
+    def ffn_info():
+        got = info_q.get(timeout=a.timeout)
+        if isinstance(got, str):
+            raise RuntimeError(got)
+        return got
+
     try:
         out.put(_attention_worker(a, index, dev, topo, ffn_info, barrier))
     except BaseException as e:
@@ -298,24 +307,30 @@ def _measure_afd(a) -> dict:
     topo = AfdTopology(n_a, n_e, tuple(f"ipc://{d}/{i}" for i in range(n_a + n_e)),
                        max_rows=max(max(a.batch) * a.input_len, 1024), transport=a.afd_transport, timeout_s=a.timeout)
     ctx = mp.get_context("spawn")
-    ready, out = ctx.Queue(), ctx.Queue()
+    ready, out, info_q, barrier = ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Barrier(n_a)
     procs = [ctx.Process(target=_ffn_proc, args=(a.model_path, a.load_format, devs[n_a + j], topo, j, ready),
                          daemon=True) for j in range(n_e)]
+    procs += [ctx.Process(target=_attention_proc, args=(a, i, devs[i], topo, info_q, barrier, out), daemon=True)
+              for i in range(1, n_a)]  # all start at once; the attention workers build their role meanwhile
     for p in procs:
         p.start()
-    try:
-        infos = sorted((ready.get(timeout=a.timeout) for _ in procs), key=lambda i: i["index"])
+    infos: list = []
+
+    def ffn_info() -> list:  # worker 0 collects the FFN reports and hands them to the other attention workers
+        try:
+            infos.extend(sorted((ready.get(timeout=a.timeout) for _ in range(n_e)), key=lambda i: i["index"]))
+        except Exception:
+            raise RuntimeError(f"the FFN workers gave no ready report within {a.timeout:.0f} s") from None
         errs = [i["error"] for i in infos if "error" in i]
+        for _ in range(n_a - 1):
+            info_q.put("; ".join(errs) if errs else infos)
         if errs:
             raise RuntimeError("; ".join(errs))
-        barrier = ctx.Barrier(n_a)
-        peers = [ctx.Process(target=_attention_proc, args=(a, i, devs[i], topo, infos, barrier, out), daemon=True)
-                 for i in range(1, n_a)]
-        for p in peers:
-            p.start()
-        procs += peers
-        parts = [_attention_worker(a, 0, devs[0], topo, infos, barrier)]
-        parts += sorted((out.get(timeout=a.timeout) for _ in peers), key=lambda r: r["index"])
+        return infos
+
+    try:
+        parts = [_attention_worker(a, 0, devs[0], topo, ffn_info, barrier)]
+        parts += sorted((out.get(timeout=a.timeout) for _ in range(n_a - 1)), key=lambda r: r["index"])
         errs = [r["error"] for r in parts if "error" in r]
         if errs:
             raise RuntimeError("; ".join(errs))

@@ -47,3 +47,20 @@ def test_bench_afd_data_parallel_attention_and_uneven_ffn(tmp_path):
     expert = [int(x.split(" holds ")[1].split(" ")[0]) for x in ffn]
     assert expert[0] == 2 * expert[1] == 2 * expert[2] > 0  # 4 experts over 3 workers: 2 / 1 / 1
     assert "m >= 2(1+Tc/Tf) =" in text
+
+
+def test_bench_afd_start_failure_is_reported_at_once(tmp_path):
+    """A layout that cannot start (here: 5 FFN workers for 4 experts; on a GPU e.g. CUDA out of memory) fails the AFD
+    measurement with the error naming the value, well before --timeout (no silent wait for a dead worker)."""
+    import time
+
+    import pytest
+
+    import bench_afd
+
+    path = shared_path("models", "stories260K-moe")
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"ValueError: num_workers=5 must be in \[1, num_experts=4\]"):
+        bench_afd.main(["--smoke", "--mode", "decode", "--setups", "afd", "--ffn-workers", "5", "--model-path", path,
+                        "--results-dir", str(tmp_path), "--timeout", "400"])
+    assert time.monotonic() - t0 < 300
