@@ -80,6 +80,7 @@ px=$!
 
 afd() {  # afd NAME MODEL N_A N_E TIMEOUT [extra bench args]
   local name="$1" model="$2" na="$3" ne="$4" t="$5"; shift 5
+  [ "$t" -lt 25 ] && { status[$name]="skipped (no time left: ${t} s; pass a larger budget)"; return; }
   run "$name" "$t" "$PY" benchmark/bench_afd.py "${common[@]}" --setups afd --model-path "$model" \
     --attention-workers "$na" --ffn-workers "$ne" --timeout $(( t - 5 )) --json-out "$out/$name.json" \
     --results-dir "$out/raw" "$@"
