@@ -37,7 +37,8 @@ run() {  # run NAME TIMEOUT_S CMD... : log to $out/NAME.log, record exit status,
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -4
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
-mem_gib=$(( $(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | sort -n | head -1) / 1024 ))
+mem_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | sort -n | head -1)
+mem_gib=$(( ${mem_mib:-0} / 1024 ))
 gpu_kind=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oE "H100|H200" || echo H100)
 mix1=0; [ "$mem_gib" -ge 120 ] && mix1=1  # colocated Mixtral holds 87 GiB
 echo "$ngpu GPUs, ${mem_gib} GiB each ($gpu_kind); colocated Mixtral on one GPU: $([ $mix1 = 1 ] && echo yes || echo no)"
