@@ -52,7 +52,8 @@ def crossover_lines(model_path: str, gpu: str, colo_tps_per_gpu: float, totals: 
                     avg_seq_len: int = 32, max_micro_batch_size: int = 1024) -> list[str]:
     """Markdown table: per GPU budget in ``totals`` the best per-GPU plan (datasheet model of ``gpu`` for both roles)
     and its ratio to ``colo_tps_per_gpu`` (the plan's global batch ``B`` is printed: a colocated replica measured
-    at a smaller batch per GPU is a weaker baseline than one at ``B / GPUs``); then the smallest budget meeting the 1.3x target, or why none does.
+    at a smaller batch per GPU is a weaker baseline than one at ``B / GPUs``); then the smallest budget meeting
+    the 1.3x target, or why none does.
     Raises ValueError for an unknown GPU kind or a dense model."""
     from sglang.srt.afd.planner.model_spec import MoEModelSpec
     from sglang.srt.afd.planner.plan import PlanInfeasibleError, SearchLimits, best_afd_plan
@@ -60,7 +61,8 @@ def crossover_lines(model_path: str, gpu: str, colo_tps_per_gpu: float, totals: 
     model = MoEModelSpec.from_path(model_path)
     lines = [f"AFD plans on {gpu} (planner datasheet model, TPOT SLO {tpot_slo_ms:g} ms, context {avg_seq_len}) vs "
              f"measured colocated {colo_tps_per_gpu:,.1f} tok/s per GPU", "",
-             "| GPUs | plan (B = global batch) | Ta / Te / Tc ms (model) | m >= 2(1+Tc/Tf) | TPOT ms | tok/s per GPU | vs colocated | "
+             "| GPUs | plan (B = global batch) | Ta / Te / Tc ms (model) | m >= 2(1+Tc/Tf) | TPOT ms | tok/s per GPU | "
+             "vs colocated | "
              f">= {TARGET}x |", "|---|---|---|---|---|---|---|---|"]
     first = None
     for n in totals:

@@ -41,7 +41,8 @@ def test_crossover_cli_reads_colocated_json(tmp_path, capsys):
     colo = tmp_path / "colo.json"
     colo.write_text(json.dumps({"colocated": {"rows": {"64": {"tps": 900.0, "step_s": 0.05},
                                                         "256": {"tps": 2000.0, "step_s": 0.128}}}}))
-    assert afd_crossover.main(["--model-path", cfg, "--gpu", "H100", "--colocated-json", str(colo), "--totals", "4"]) == 0
+    assert afd_crossover.main(["--model-path", cfg, "--gpu", "H100", "--colocated-json", str(colo),
+                               "--totals", "4"]) == 0
     out = capsys.readouterr().out
     assert "- colocated (measured): batch 256, 128.00 ms per step, 2,000.0 tok/s per GPU" in out
     assert afd_crossover.main(["--model-path", cfg, "--gpu", "H100"]) == 2
