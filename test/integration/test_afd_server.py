@@ -2,7 +2,8 @@
 colocated engine's with 1 attention + 2 FFN workers for m = 1, 2, 3 (m = 3 also rebalances experts live, with
 redundant copies, every few steps), with 1 attention + 3 FFN (uneven expert blocks 2/1/1), and with
 ``--afd-transport nixl``; 2 attention + 2 FFN workers under concurrent load, then ``/flush_cache`` empties both
-workers' caches; an FFN worker killed -> in-flight requests get an error, /health answers 503, nothing hangs; a dense model is refused."""
+workers' caches; an FFN worker killed -> in-flight requests get an error, /health answers 503, nothing hangs; a
+dense model is refused."""
 
 from __future__ import annotations
 
