@@ -152,32 +152,46 @@ def _decode_times(h, batch: int, input_len: int, steps: int, executor, vocab: in
     return times
 
 
-def afd_rows(a, attn, mc, ex, dev: str, ffn_info: list[dict]) -> dict:
+def afd_rows(a, attn, mc, ex, dev: str, ffn_info: list[dict], sync=None) -> dict:
     """Time the AFD attention worker for every ``(m, batch)`` of ``a.micro_batches`` x ``a.batch`` with the ready
-    executor ``ex`` (its m set per run, its pipeline statistics reset); floor per step as in the module docstring."""
+    executor ``ex`` (its m set per run, its pipeline statistics reset; ``sync()`` before each, e.g. a barrier of
+    the data-parallel attention workers); floor per step as in the module docstring, the FFN side counting the
+    tokens of all ``ex.topo.num_attention`` workers' micro-batches as aggregated (one expert read per round).
+    ``kv_bytes``: the largest KV cache this worker held."""
     from sglang.test.model_harness import ModelHarness
 
     backend = "triton" if a.device == "cuda" else "torch_native"
     parts = split_param_bytes(attn)
     bw = copy_bandwidth(dev)
     top_k, num_e = _moe_shape(mc)
-    rows = {}
+    n_a = ex.topo.num_attention
+    rows, kv_bytes = {}, 0
     for m in a.micro_batches:
         for b in a.batch:
             ex.m = m
             ex.reset_pipeline_stats()
             h = ModelHarness(attn, mc, b, _max_len(a), device=dev, attention_backend=backend)
+            kv_bytes = max(kv_bytes, _kv_bytes(h.kv))
+            if sync is not None:
+                sync()
             times = _decode_times(h, b, a.input_len, a.steps, ex, mc.vocab_size, dev, a.decode_warmup)
             del h
             step = statistics.median(times)
             mb = -(-b // min(m, b))  # tokens of the largest micro-batch
             attn_floor = min(m, b) * parts["other"] / bw
-            ffn_floor = max(min(m, b) * f["expert_bytes"] * touched_fraction(mb, top_k, num_e) / f["bw"]
+            ffn_floor = max(min(m, b) * f["expert_bytes"] * touched_fraction(n_a * mb, top_k, num_e) / f["bw"]
                             for f in ffn_info)
             rows[(m, b)] = {"step_s": step, "tps": b / step, "floor_s": max(attn_floor, ffn_floor),
                             "attn_floor_s": attn_floor, "ffn_floor_s": ffn_floor,
                             "constraint": ex.pipeline_constraint()}
-    return {"bw": bw, "rows": rows, "param_bytes": sum(parts.values()), "backend": backend}
+    return {"bw": bw, "rows": rows, "param_bytes": sum(parts.values()), "backend": backend, "kv_bytes": kv_bytes}
+
+
+def _kv_bytes(pool) -> int:
+    """Bytes of a harness KV pool (the server's pool or the per-layer tiny one)."""
+    if hasattr(pool, "kv_size_bytes"):
+        return pool.kv_size_bytes()
+    return sum(t.numel() * t.element_size() for t in (*pool.k, *pool.v))
 
 
 def _row(name: str, gpus: int, b: int, r: dict, colo_tps: float | None) -> str:
@@ -202,6 +216,11 @@ def decode_table(a, res: dict) -> list[str]:
         lines.append(f"- AFD: attention worker eager ({afd['backend']} attention) {afd['param_bytes'] / gib:.2f} GiB, "
                      f"copy bandwidth {afd['bw'] / 1e12:.2f} TB/s, peak {afd['peak'] / gib:.2f} GiB; FFN workers "
                      + ", ".join(f"{f['expert_bytes'] / gib:.2f} GiB ({f['bw'] / 1e12:.2f} TB/s)" for f in ffn))
+        lines += [f"- {w['log']}; peak {w['peak'] / gib:.2f} GiB" for w in afd.get("workers", [])]
+        lines += [f"- {f['log']}" for f in ffn if "log" in f]
+        if afd.get("attention_workers", 1) > 1:
+            lines.append(f"- AFD batch = requests per attention worker (data parallel): a step decodes "
+                         f"{afd['attention_workers']} x batch tokens; tok/s sums the workers, step ms is the slowest")
     lines += ["- floor = parameter bytes a step reads / measured copy bandwidth (see benchmark/afd_decode.py)", "",
               "| setup | GPUs | batch | step ms | decode tok/s | tok/s per GPU | per-GPU ratio | floor ms | step/floor |",
               "|---|---|---|---|---|---|---|---|---|"]
@@ -209,11 +228,12 @@ def decode_table(a, res: dict) -> list[str]:
     for b, r in colo_rows.items():
         lines.append(_row("colocated", 1, b, r, r["tps"]))
     n_ffn = afd.get("ffn_workers", a.ffn_workers) if afd else a.ffn_workers
-    gpus = 1 + n_ffn
+    n_attn = afd.get("attention_workers", 1) if afd else 1
+    gpus = n_attn + n_ffn
     if afd:
         for (m, b), r in afd["rows"].items():
             base = colo_rows.get(b, {}).get("tps")
-            lines.append(_row(f"AFD m={m}, 1 attention + {n_ffn} FFN", gpus, b, r, base))
+            lines.append(_row(f"AFD m={m}, {n_attn} attention + {n_ffn} FFN", gpus, b, r, base))
         lines += ["", "| m | batch | Ta ms | Tf ms | Tc ms | m >= 2(1+Tc/Tf) | attention floor ms | FFN floor ms |",
                   "|---|---|---|---|---|---|---|---|"]
         for (m, b), r in afd["rows"].items():

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import logging
 import os
 import platform
 import sys
@@ -264,24 +265,41 @@ def run_m2n(a) -> list[str]:
 
 
 # ---- decode throughput -------------------------------------------------------------------------------------
+def _role_log(role: str, index: int, device: str, param_bytes: int, kv_bytes: int) -> str:
+    """The per-role start line (as the server's ``role ... holds ...`` line), logged in the worker process."""
+    line = (f"role {role} (worker {index}, {device}) holds {param_bytes} parameter bytes ({param_bytes / 2**30:.2f} "
+            f"GiB) and {kv_bytes} KV bytes ({kv_bytes / 2**30:.2f} GiB)")
+    logging.getLogger("bench_afd").info(line)
+    return line
+
+
 def _ffn_proc(path: str, load_format: str, device: str, topo, j: int, ready) -> None:
-    from afd_decode import copy_bandwidth
-
-    from sglang.srt.afd.experts import moe_layer_specs
-    from sglang.srt.afd.ffn_worker import FfnServer
-    from sglang.srt.afd.load_balance import static_placement
-    from sglang.srt.configs.model_config import ModelConfig
-
+    """FFN worker ``j`` on ``device``: load its static expert block, report ``{"index", "expert_bytes", "bw",
+    "device"}`` (or ``{"index", "error"}``, e.g. CUDA out of memory) on ``ready``, then serve until the group closes."""
+    logging.basicConfig(level=logging.INFO, format=f"[FFN{j}] %(message)s")
     torch.set_num_threads(1)
-    if device.startswith("cuda"):
-        torch.cuda.set_device(torch.device(device))  # events/streams of this worker live on its own GPU
-    bw = copy_bandwidth(device)  # before the experts fill the GPU
-    mc = ModelConfig.from_path(path, None, "auto", device.split(":")[0])
-    specs = moe_layer_specs(mc)
-    held = static_placement(specs[0].num_experts, topo.num_ffn).worker_experts()[j]
-    s = FfnServer(mc, specs, held, load_format, torch.device(device), topo, j)
-    ready.put({"expert_bytes": sum(sh.w13.numel() * sh.w13.element_size() + sh.w2.numel() * sh.w2.element_size()
-                                   for sh in s.shards.values()), "bw": bw})
+    try:
+        from afd_decode import copy_bandwidth
+
+        from sglang.srt.afd.experts import moe_layer_specs
+        from sglang.srt.afd.ffn_worker import FfnServer
+        from sglang.srt.afd.load_balance import static_placement
+        from sglang.srt.configs.model_config import ModelConfig
+
+        if device.startswith("cuda"):
+            torch.cuda.set_device(torch.device(device))  # events/streams of this worker live on its own GPU
+        bw = copy_bandwidth(device)  # before the experts fill the GPU
+        mc = ModelConfig.from_path(path, None, "auto", device.split(":")[0])
+        specs = moe_layer_specs(mc)
+        held = static_placement(specs[0].num_experts, topo.num_ffn).worker_experts()[j]
+        s = FfnServer(mc, specs, held, load_format, torch.device(device), topo, j)
+    except Exception as e:  # reported by the attention side at once instead of a silent timeout
+        ready.put({"index": j, "error": f"FFN worker {j} on {device}: {type(e).__name__}: {e}"})
+        return
+    nbytes = sum(sh.w13.numel() * sh.w13.element_size() + sh.w2.numel() * sh.w2.element_size()
+                 for sh in s.shards.values())
+    ready.put({"index": j, "expert_bytes": nbytes, "bw": bw, "device": device, "experts": len(held),
+               "log": _role_log("ffn", j, device, nbytes, 0)})
     try:
         while True:
             s.serve_once(timeout_s=5.0)
@@ -293,10 +311,11 @@ def _ffn_proc(path: str, load_format: str, device: str, topo, j: int, ready) -> 
 
 def _measure(kind: str, a, q) -> None:
     """One measurement in its own process (so colocated and AFD never share memory): ``colocated`` decodes the
-    whole model on cuda:0 (:func:`afd_decode.measure_colocated`); ``afd`` builds the attention role on cuda:0 (no
-    experts constructed) and spawns ``--ffn-workers`` FFN worker processes on the next GPUs. Puts the result dict
-    or ``{"error": ...}`` on ``q``."""
+    whole model on cuda:0 (:func:`afd_decode.measure_colocated`); ``afd`` runs attention worker 0 on cuda:0 (no
+    experts constructed), ``--attention-workers - 1`` more attention processes and ``--ffn-workers`` FFN worker
+    processes on the next GPUs. Puts the result dict or ``{"error": ...}`` on ``q``."""
     sys.path.insert(0, str(ROOT / "benchmark"))
+    logging.basicConfig(level=logging.INFO, format="[%(processName)s] %(message)s")
     try:
         from afd_decode import measure_colocated
 
@@ -305,47 +324,118 @@ def _measure(kind: str, a, q) -> None:
         q.put({"error": f"{kind}: {type(e).__name__}: {e}\n--- child traceback ---\n{traceback.format_exc()}"})
 
 
-def _measure_afd(a) -> dict:
-    import torch.multiprocessing as mp
-
-    from afd_decode import _max_len, _peak, afd_rows
+def _attention_worker(a, index: int, dev: str, topo, get_ffn_info, barrier) -> dict:
+    """Attention worker ``index`` (data parallel: its own requests, ``--batch`` of them) on ``dev``: build the
+    attention role (no experts) while the FFN workers start, then ``get_ffn_info()`` (their ready reports), then time
+    every (m, batch) with the other attention workers in step (``barrier`` before each configuration);
+    :func:`afd_decode.afd_rows`'s dict plus ``peak``, ``kv_bytes`` and its role line."""
+    from afd_decode import afd_rows, split_param_bytes
 
     from sglang.srt.afd.executor import AfdExecutor
-    from sglang.srt.afd.protocol import AfdTopology
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.model_executor.worker_builder import role_spec
     from sglang.srt.model_loader.loader import load_model
 
-    dev = "cuda:0" if a.device == "cuda" else "cpu"
-    if a.device == "cuda":
-        torch.cuda.set_device(0)
+    if dev.startswith("cuda"):
+        torch.cuda.set_device(torch.device(dev))
     mc = ModelConfig.from_path(a.model_path, None, "auto", a.device)
+    spec = role_spec("attention")
+    attn = load_model(mc, a.load_format, dev, weight_filter=spec.weight_filter, holds_param=spec.holds_param)
+    ex = AfdExecutor(mc, topo, index, a.micro_batches[0], torch.device(dev))
+    try:
+        res = afd_rows(a, attn, mc, ex, dev, get_ffn_info(), sync=lambda: barrier.wait(a.timeout))
+    except BaseException:
+        barrier.abort()  # the other attention workers stop at their next barrier instead of waiting
+        raise
+    finally:  # the only attention worker tells the FFN workers to stop; with several, _measure_afd stops them
+        ex.ep.close(notify=[topo.ffn_rank(j) for j in range(topo.num_ffn)] if topo.num_attention == 1 else ())
+    res.update(peak=torch.cuda.max_memory_allocated(dev) if dev.startswith("cuda") else 0, index=index, device=dev)
+    res["log"] = _role_log("attention", index, dev, sum(split_param_bytes(attn).values()), res["kv_bytes"])
+    return res
+
+
+def _attention_proc(a, index: int, dev: str, topo, info_q, barrier, out) -> None:
+    """:func:`_attention_worker` in a spawned process (the FFN reports, or an error string, come on ``info_q``); its
+    result or ``{"error": ...}`` goes to ``out``."""
+    sys.path.insert(0, str(ROOT / "benchmark"))
+    logging.basicConfig(level=logging.INFO, format=f"[ATTN{index}] %(message)s")
+
+    def ffn_info():
+        got = info_q.get(timeout=a.timeout)
+        if isinstance(got, str):
+            raise RuntimeError(got)
+        return got
+
+    try:
+        out.put(_attention_worker(a, index, dev, topo, ffn_info, barrier))
+    except BaseException as e:
+        out.put({"index": index, "error": f"attention worker {index}: {type(e).__name__}: {e}\n"
+                                          f"{traceback.format_exc()}"})
+
+
+def _combine(parts: list[dict]) -> dict:
+    """One AFD result from the attention workers' (data parallel): per (m, batch) the summed tokens/s, the slowest
+    worker's step, the mean Ta/Tf/Tc (``m_min`` recomputed); the worker-0 bandwidth and parameter bytes."""
+    out = dict(parts[0], workers=[{k: p[k] for k in ("index", "device", "param_bytes", "kv_bytes", "peak", "log")}
+                                  for p in parts])
+    rows = {}
+    for key, r in parts[0]["rows"].items():
+        rs = [p["rows"][key] for p in parts]
+        c = {k: float(np.mean([x["constraint"][k] for x in rs])) for k in ("ta_ms", "tf_ms", "tc_ms")}
+        c.update(m=key[0], m_min=2 * (1 + c["tc_ms"] / max(c["tf_ms"], 1e-9)))
+        rows[key] = dict(r, tps=sum(x["tps"] for x in rs), step_s=max(x["step_s"] for x in rs), constraint=c)
+    out["rows"] = rows
+    return out
+
+
+def _measure_afd(a) -> dict:
+    """``--attention-workers`` N_A x ``--ffn-workers`` N_E on GPUs 0..N_A+N_E-1 (wrapping when fewer): attention
+    worker a on cuda:a (worker 0 in this process), FFN worker j on cuda:(N_A + j). RuntimeError naming the worker
+    when one fails to start (e.g. out of memory) or answers nothing within ``--timeout``."""
+    import torch.multiprocessing as mp
+
+    from sglang.srt.afd.protocol import AfdTopology
+
+    n_a, n_e = a.attention_workers, a.ffn_workers
+    ngpu = max(1, torch.cuda.device_count()) if a.device == "cuda" else 0
+    devs = [f"cuda:{i % ngpu}" if ngpu else "cpu" for i in range(n_a + n_e)]
     d = tempfile.mkdtemp(prefix="bench-afd-")
-    topo = AfdTopology(1, a.ffn_workers, tuple(f"ipc://{d}/{i}" for i in range(1 + a.ffn_workers)),
-                       max_rows=max(max(a.batch) * a.input_len, 1024), transport=a.afd_transport,
-                       timeout_s=a.timeout)
+    topo = AfdTopology(n_a, n_e, tuple(f"ipc://{d}/{i}" for i in range(n_a + n_e)),
+                       max_rows=max(max(a.batch) * a.input_len, 1024), transport=a.afd_transport, timeout_s=a.timeout)
     ctx = mp.get_context("spawn")
-    ready = ctx.Queue()
-    ffn_dev = [f"cuda:{(1 + j) % max(1, torch.cuda.device_count())}" if a.device == "cuda" else "cpu"
-               for j in range(a.ffn_workers)]
-    procs = [ctx.Process(target=_ffn_proc, args=(a.model_path, a.load_format, ffn_dev[j], topo, j, ready), daemon=True)
-             for j in range(a.ffn_workers)]
+    ready, out, info_q, barrier = ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Barrier(n_a)
+    procs = [ctx.Process(target=_ffn_proc, args=(a.model_path, a.load_format, devs[n_a + j], topo, j, ready),
+                         daemon=True) for j in range(n_e)]
+    procs += [ctx.Process(target=_attention_proc, args=(a, i, devs[i], topo, info_q, barrier, out), daemon=True)
+              for i in range(1, n_a)]  # all start at once; the attention workers build their role meanwhile
     for p in procs:
         p.start()
-    ex = None
+    infos: list = []
+
+    def ffn_info() -> list:  # worker 0 collects the FFN reports and hands them to the other attention workers
+        try:
+            infos.extend(sorted((ready.get(timeout=a.timeout) for _ in range(n_e)), key=lambda i: i["index"]))
+        except Exception:
+            raise RuntimeError(f"the FFN workers gave no ready report within {a.timeout:.0f} s") from None
+        errs = [i["error"] for i in infos if "error" in i]
+        for _ in range(n_a - 1):
+            info_q.put("; ".join(errs) if errs else infos)
+        if errs:
+            raise RuntimeError("; ".join(errs))
+        return infos
+
     try:
-        ffn_info = [ready.get(timeout=a.timeout) for _ in procs]
-        spec = role_spec("attention")
-        attn = load_model(mc, a.load_format, dev, weight_filter=spec.weight_filter, holds_param=spec.holds_param)
-        ex = AfdExecutor(mc, topo, 0, a.micro_batches[0], torch.device(dev))
-        res = afd_rows(a, attn, mc, ex, dev, ffn_info)
-        res.update(ffn_info=ffn_info, peak=_peak(a), ffn_workers=a.ffn_workers)
+        parts = [_attention_worker(a, 0, devs[0], topo, ffn_info, barrier)]
+        parts += sorted((out.get(timeout=a.timeout) for _ in range(n_a - 1)), key=lambda r: r["index"])
+        errs = [r["error"] for r in parts if "error" in r]
+        if errs:
+            raise RuntimeError("; ".join(errs))
+        res = _combine(parts)
+        res.update(ffn_info=infos, ffn_workers=n_e, attention_workers=n_a)
         return res
-    finally:
-        if ex is not None:
-            ex.ep.close(notify=[topo.ffn_rank(j) for j in range(a.ffn_workers)])
+    finally:  # with N_A > 1 the FFN workers got no CLOSE (a peer might still need them): they are stopped here
         for p in procs:
-            p.join(10)
+            p.join(10 if n_a == 1 else 2)
             if p.is_alive():
                 p.kill()
 
@@ -400,6 +490,8 @@ def parse_args(argv=None):
     p.add_argument("--input-len", type=int, default=32)
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--ffn-workers", type=int, default=2)
+    p.add_argument("--attention-workers", type=int, default=1,
+                   help="AFD attention workers (data parallel, each decodes its own --batch requests; GPU a)")
     p.add_argument("--micro-batches", type=int, nargs="+", default=[2], help="AFD m values (each timed)")
     p.add_argument("--transport", default="", help="M2N payload transports, comma-separated (default on GPU "
                    "cuda_push-dev,cuda_push,cuda_ipc for --mode m2n; inline on CPU); a -dev suffix: device-driven "
@@ -436,8 +528,9 @@ def parse_args(argv=None):
         p.error(f"--decode-warmup={a.decode_warmup}: must be >= 0")
     if a.graph_k < 0 or a.graph_replays < 1:
         p.error(f"--graph-k={a.graph_k} must be >= 0 and --graph-replays={a.graph_replays} >= 1")
-    if min(*a.batch, a.steps, a.input_len, a.ffn_workers, *a.micro_batches, a.iters) < 1:
-        p.error("--batch, --steps, --input-len, --ffn-workers, --micro-batches, --iters must be >= 1")
+    if min(*a.batch, a.steps, a.input_len, a.ffn_workers, a.attention_workers, *a.micro_batches, a.iters) < 1:
+        p.error("--batch, --steps, --input-len, --ffn-workers, --attention-workers, --micro-batches, --iters must be "
+                ">= 1")
     return a
 
 

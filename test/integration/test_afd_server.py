@@ -1,8 +1,9 @@
 """MegaScale-Infer attention/FFN disaggregation through HTTP on stories260K-moe: greedy tokens equal the
 colocated engine's with 1 attention + 2 FFN workers for m = 1, 2, 3 (m = 3 also rebalances experts live, with
-redundant copies, every few steps), and with ``--afd-transport nixl``; 2 attention + 2 FFN workers under
-concurrent load, then ``/flush_cache`` empties both workers' caches; an FFN worker killed -> in-flight requests
-get an error, /health answers 503, nothing hangs; a dense model is refused."""
+redundant copies, every few steps), with 1 attention + 3 FFN (uneven expert blocks 2/1/1), and with
+``--afd-transport nixl``; 2 attention + 2 FFN workers under concurrent load, then ``/flush_cache`` empties both
+workers' caches; an FFN worker killed -> in-flight requests get an error, /health answers 503, nothing hangs; a
+dense model is refused."""
 
 from __future__ import annotations
 
@@ -57,6 +58,20 @@ def test_afd_1_attention_2_ffn_greedy_equals_colocated(m):
             assert afd["placement_version"] >= 1, afd
             assert len(afd["placement"]) == 2 and {e for w in afd["placement"] for e in w} == {0, 1, 2, 3}
             assert "placement v1" in s.log_tail(400)
+
+
+def test_afd_1_attention_3_ffn_uneven_experts_greedy_equals_colocated():
+    """3 FFN workers for 4 experts (the 1 + 3 layout of issue 24 on 4 GPUs): static blocks 2 / 1 / 1; each FFN worker
+    logs its expert bytes and 0 KV bytes; greedy tokens equal the colocated engine's."""
+    path = shared_path("models", "stories260K-moe")
+    with ServerProcess(_afd_args(path, 1, 3, 2)) as s:
+        out = generate(s, {"text": PROMPTS, "sampling_params": {"temperature": 0, "max_new_tokens": N_NEW,
+                                                                "ignore_eos": True}})
+        for p, o in zip(PROMPTS, out):
+            assert o["output_ids"] == tp1_greedy(path, tokenize(path, p), N_NEW), p
+        assert s.internal_state()["afd"]["placement"] == [[0, 1], [2], [3]]
+        held = [int(b) for b in re.findall(r"role ffn holds (\d+) parameter bytes .* and 0 KV bytes", s.log_tail(800))]
+        assert len(held) == 3 and min(held) > 0 and sorted(held) == [min(held), min(held), 2 * min(held)], held
 
 
 def test_afd_nixl_transport_greedy_equals_colocated():

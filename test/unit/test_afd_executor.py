@@ -89,7 +89,7 @@ def _mixed_steps(h: ModelHarness, seed: int, executor=None) -> list[torch.Tensor
     return outs
 
 
-@pytest.mark.parametrize("m,n_e", [(1, 2), (2, 2), (3, 1), (4, 2)])
+@pytest.mark.parametrize("m,n_e", [(1, 2), (2, 2), (3, 1), (4, 2), (2, 3)])
 def test_afd_logits_equal_colocated(ckpt, m, n_e):
     mc = ckpt
     ref_model = load_model(mc, "auto", "cpu")

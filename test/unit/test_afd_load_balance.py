@@ -134,6 +134,14 @@ def test_assignment_is_round_robin_per_expert():
     assert worker.tolist() == [[0, 1], [2, 1], [0, 1], [1, 2]]
 
 
+@pytest.mark.parametrize("n_exp,workers,sizes", [(8, 3, [3, 3, 2]), (128, 3, [43, 43, 42]), (4, 3, [2, 1, 1]),
+                                                 (8, 4, [2, 2, 2, 2]), (5, 5, [1] * 5)])
+def test_static_placement_uneven_blocks(n_exp, workers, sizes):
+    held = static_placement(n_exp, workers).worker_experts()
+    assert [len(h) for h in held] == sizes
+    assert sum(held, []) == list(range(n_exp))  # contiguous, each expert once
+
+
 def test_rebalancer_and_validation():
     placement = static_placement(8, 4)
     reb = ExpertRebalancer(placement, redundancy=2, interval=10)
@@ -145,7 +153,9 @@ def test_rebalancer_and_validation():
     assert reb.maybe_rebalance(skewed, step=20) is None  # already balanced: no churn
     with pytest.raises(ValueError, match="cannot hold 8 experts \\+ 4 replicas"):
         greedy_placement(np.ones(8), 4, redundancy=4, slots_per_worker=2)
-    with pytest.raises(ValueError, match="must divide"):
-        static_placement(8, 3)
+    with pytest.raises(ValueError, match="must be in \\[1, num_experts=8\\]"):
+        static_placement(8, 9)
+    with pytest.raises(ValueError, match="must be in"):
+        static_placement(8, 0)
     with pytest.raises(ValueError, match="distinct ids"):
         ExpertPlacement(2, ((0, 0),))

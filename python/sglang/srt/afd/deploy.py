@@ -123,16 +123,16 @@ def local_inboxes(args: Any, port_args: Any) -> tuple:
 
 
 def check_model(args: Any) -> None:
-    """Refuse a dense model (ValueError naming it) and an FFN worker count that does not divide the routed experts,
+    """Refuse a dense model (ValueError naming it) and more FFN workers than routed experts (uneven blocks are fine),
     before anything is spawned (reads the model's config)."""
     from sglang.srt.afd.executor import refuse_dense
     from sglang.srt.configs.model_config import ModelConfig
 
     mc = ModelConfig.from_path(args.model_path, args.context_length, args.dtype, args.resolved_device)
     specs = refuse_dense(mc)
-    if specs[0].num_experts % args.afd_ffn_workers:
-        raise ValueError(f"--afd-ffn-workers={args.afd_ffn_workers} must divide the {specs[0].num_experts} "
-                         "routed experts (static expert parallelism)")
+    if args.afd_ffn_workers > specs[0].num_experts:
+        raise ValueError(f"--afd-ffn-workers={args.afd_ffn_workers} exceeds the {specs[0].num_experts} routed "
+                         "experts (static expert parallelism: every FFN worker holds at least one)")
 
 
 def make_executor(spec: ExecutorSpec, ctx: Any):

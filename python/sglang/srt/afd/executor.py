@@ -98,7 +98,7 @@ class AfdExecutor(StagedExecutor):
         self.collector = ExpertLoadCollector(self.num_experts, 1)
         self.rebalancer = None
         if rebalance_interval > 0:
-            slots = self.num_experts // topo.num_ffn + redundant_experts
+            slots = -(-self.num_experts // topo.num_ffn) + redundant_experts  # the largest static block
             self.rebalancer = ExpertRebalancer(self.placement, redundant_experts, slots, rebalance_interval)
         self.step = 0
         self._stash: dict[tuple[int, int], list] = {}

@@ -141,15 +141,18 @@ class ExpertPlacement:
 
 
 def static_placement(num_experts: int, num_workers: int) -> ExpertPlacement:
-    """Plain expert parallelism: contiguous blocks of experts per worker, no redundancy.
+    """Plain expert parallelism: contiguous blocks of experts per worker, no redundancy. When ``num_workers`` does
+    not divide ``num_experts`` the first ``num_experts % num_workers`` workers hold one expert more (e.g. 128 experts
+    on 3 FFN workers: 43 / 43 / 42; the 1 attention + 3 FFN layout of issue 24).
 
     Raises:
-        ValueError: ``num_workers`` does not divide ``num_experts``.
+        ValueError: ``num_workers`` is not in ``[1, num_experts]`` (a worker would hold no expert).
     """
-    if num_workers <= 0 or num_experts % num_workers:
-        raise ValueError(f"num_workers={num_workers} must divide num_experts={num_experts}")
-    per = num_experts // num_workers
-    return ExpertPlacement(num_workers, tuple((e // per,) for e in range(num_experts)))
+    if not 0 < num_workers <= num_experts:
+        raise ValueError(f"num_workers={num_workers} must be in [1, num_experts={num_experts}]")
+    per, extra = divmod(num_experts, num_workers)
+    owner = [w for w in range(num_workers) for _ in range(per + (w < extra))]
+    return ExpertPlacement(num_workers, tuple((w,) for w in owner))
 
 
 def worker_loads(loads: Sequence[float], placement: ExpertPlacement) -> np.ndarray:
