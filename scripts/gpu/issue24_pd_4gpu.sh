@@ -32,11 +32,11 @@ trap kill_all EXIT INT TERM
 data=../shared/data
 if [ -n "${ISSUE24_PD_CPU:-}" ]; then
   dev=cpu; backend=fake; model=$data/models/stories260K; tok=(); n_main=8; n_short=6; il=64; ol=16
-  srv="--max-total-tokens 4096"; tp2=""
+  srv="--max-total-tokens 4096"; tp2=""; cap=400
 else
   dev=cuda; backend=nixl; model=$data/configs/meta-llama--Meta-Llama-3.1-8B; tok=(--tokenizer-path "$data/tokenizers/llama3")
   n_main=48; n_short=24; il=1024; ol=128
-  srv="--load-format dummy --dtype bfloat16 --max-total-tokens 131072 --cuda-graph-max-bs 64"; tp2="--tp 2"
+  srv="--load-format dummy --dtype bfloat16 --max-total-tokens 131072 --cuda-graph-max-bs 64"; tp2="--tp 2"; cap=110
 fi
 gpu() { [ "$dev" = cuda ] && echo "--base-gpu-id $1"; }
 declare -A status
@@ -57,7 +57,7 @@ bench=("$PY" benchmark/bench_pd_serving.py --model-path "$model" "${tok[@]}" --d
 rnd=(--dataset random --input-len "$il" --output-len "$ol")
 
 # ---- 1. equality (TP1 -> TP2, 2P:1D) + the 2-GPU pd row and its agg2 baseline, side by side ----
-t1=$(( $(left) / 2 )); [ "$t1" -gt 110 ] && t1=110
+t1=$(( $(left) / 2 )); [ "$t1" -gt "$cap" ] && t1=$cap
 pt=("$PY" -m pytest -s -q -p no:cacheprovider)
 export SGLANG_PD_TEST_DEVICE=$dev SGLANG_PD_TEST_BACKEND=$backend SGLANG_PD_TEST_SPLIT_GPUS=1
 if [ -z "${ISSUE24_PD4_SKIP_EQ:-}" ]; then  # ISSUE24_PD4_SKIP_EQ=1: benches only (CPU dry runs of the logic)
@@ -80,7 +80,8 @@ pd, agg = load("pd2"), load("agg2")
 r = {**agg.get("results", {}), **pd.get("results", {})}
 x = pd.get("transfer") or {}
 print(f"# Issue 24: PD on 2 GPUs (prefill GPU 0 -> decode GPU 1) vs agg2 (replicas on GPUs 2, 3), same call, side by side")
-print(f"\nhardware: {pd.get('hardware') or agg.get('hardware')}; random 1024/128 at 8 req/s, pull, NIXL\n")
+cmd = " ".join(pd.get("command") or agg.get("command") or [])
+print(f"\nhardware: {pd.get('hardware') or agg.get('hardware')}\n\ncommand (pd): `{cmd}`\n")
 if x:
     print(f"- pure KV transfer (first READ posted -> last READ DONE): {x['mean_ms']:.3f} ms/request, "
           f"{x['bytes_sum'] / max(x['requests'], 1) / 2**20:.1f} MiB, {x['reads_per_request']:.1f} READs; "
@@ -104,7 +105,7 @@ EOF
 
 # ---- 2. 4-GPU layouts: short pd benches ----
 for row in ${ISSUE24_PD4_ORDER:-tp12 2p1d}; do
-  t=$(( $(left) - 10 )); [ "$t" -gt 100 ] && t=100
+  t=$(( $(left) - 10 )); [ "$t" -gt "$cap" ] && t=$cap
   [ "$t" -lt 45 ] && { status[m_$row]="skipped (no time left)"; continue; }
   if [ "$row" = tp12 ]; then lay=(--prefill-extra "$(gpu 0)" --decode-extra "$(gpu 1) $tp2")
   else lay=(--prefill-gpus 0 1 --decode-extra "$(gpu 2)"); fi
