@@ -27,12 +27,12 @@ class _Queue:
         return set() if self.calls >= self.done_after else {"7:0"}
 
 
-def _connector(queue: _Queue, ready_rooms=()) -> DecodeConnector:
+def _connector(queue: _Queue, ready_rooms=(), tp_size: int = 2, recv=lambda: []) -> DecodeConnector:
     c = DecodeConnector.__new__(DecodeConnector)  # no scheduler: only the hand-off path is exercised
     c.rooms, c._decided, c.transfer_mode = {}, [], "pull"
-    c.agent = SimpleNamespace(queue=queue, recv=lambda: [])
+    c.agent = SimpleNamespace(queue=queue, recv=recv, tp_size=tp_size)
     c.started = []
-    c._start_transfer = lambda r: c.started.append(r.room)
+    c._start_transfer = lambda r: (c.started.append(r.room), setattr(r, "state", "transfer"))
     for room in ready_rooms:
         c.rooms[room] = DecodeRoom(room, None, ("h", 1), state="wait_ready", ready=object())
     return c
@@ -40,26 +40,46 @@ def _connector(queue: _Queue, ready_rooms=()) -> DecodeConnector:
 
 def test_during_forward_polls_until_the_reads_are_done():
     q = _Queue(done_after=4)
-    c = _connector(q, ready_rooms=(3, 1))
-    c.during_forward(lambda: False)  # forward still running: keep polling until no READ is in flight
+    calls = []
+    c = _connector(q, ready_rooms=(3, 1), recv=lambda: calls.append(1) or [])
+    c.during_forward(lambda: False)  # TP > 1, forward still running: poll until no READ is in flight
     assert q.calls == 4
     assert c.started == [1, 3]  # ready rooms are posted first, in room order
+    assert len(calls) == 1  # TP > 1: the control broadcast happens once, at the same point on every rank
+
+
+def test_during_forward_tp1_posts_a_room_ready_that_arrives_mid_forward():
+    q = _Queue(done_after=0)
+    rounds = []
+
+    def recv():
+        rounds.append(1)
+        if len(rounds) == 3:  # RoomReady of room 9 arrives while the forward runs
+            c.rooms[9].ready = object()
+        return []
+
+    c = _connector(q, tp_size=1, recv=recv)
+    c.rooms[9] = DecodeRoom(9, None, ("h", 1), state="wait_ready")
+    c.during_forward(lambda: len(rounds) >= 5)
+    assert c.started == [9] and len(rounds) == 5  # read on every round; posted once, in the round it arrived
 
 
 def test_during_forward_stops_when_the_forward_is_done():
-    q = _Queue(done_after=100)
-    c = _connector(q)
-    c.during_forward(lambda: True)  # CPU: the forward already ran -> one pass, never spins
-    assert q.calls == 1
+    for tp in (1, 2):
+        q = _Queue(done_after=100)
+        c = _connector(q, tp_size=tp)
+        c.during_forward(lambda: True)  # CPU: the forward already ran -> one pass, never spins
+        assert q.calls == 1
 
 
 def test_during_forward_spin_is_bounded():
-    q = _Queue(done_after=10**9)
-    c = _connector(q)
-    t0 = time.monotonic()
-    c.during_forward(lambda: False)  # a READ that never finishes and a forward that never ends
-    assert time.monotonic() - t0 < dec.SPIN_MAX_S + 0.2
-    assert q.calls > 1
+    for tp in (1, 2):
+        q = _Queue(done_after=10**9)
+        c = _connector(q, tp_size=tp)
+        t0 = time.monotonic()
+        c.during_forward(lambda: False)  # a READ that never finishes and a forward that never ends
+        assert time.monotonic() - t0 < dec.SPIN_MAX_S + 0.2
+        assert q.calls > 1
 
 
 def test_timings_separate_pure_transfer_from_scheduling_waits():

@@ -151,28 +151,33 @@ class DecodeConnector(BaseConnector):
         return self.take_decisions()
 
     def during_forward(self, forward_done: Callable[[], bool]) -> None:
-        """Between launching a batch and waiting for its result (the CPU is idle while the GPU runs it): take
-        control messages (a ``RoomReady`` that arrived during the last forward), allocate and post the READs of
-        ready rooms, then poll the posted READs every ``SPIN_SLEEP_S`` until none is in flight or
-        ``forward_done()`` (at most ``SPIN_MAX_S``). Without it a READ posted in step N was posted only after
-        that step's batch was built, and its completion was first seen at step N+1 (one TPOT later): this lets
-        a room whose RoomReady arrived during step N-1's forward activate at step N+1 instead of N+2, and stamps
-        the DONE time of the READs within about ``SPIN_SLEEP_S`` (the pure transfer time in ``meta_info``).
-        Activation stays at the step boundary (:meth:`poll`, agreed over the ranks); every rank calls this at the
-        same point of the same step (``recv`` is a broadcast), the spin itself is rank-local.
+        """Between launching a batch and waiting for its result (the CPU only waits for the GPU then): take control
+        messages, allocate and post the READs of ready rooms, and poll the posted READs every ``SPIN_SLEEP_S`` until
+        ``forward_done()`` (at most ``SPIN_MAX_S``). With TP 1 the control socket is read on every round too, so a
+        ``RoomReady`` arriving during the forward has its READs posted at once and usually done when the forward
+        ends: the room decodes from the next step. Before, it waited for the next step's :meth:`poll` to be posted
+        and for the one after to be seen done (two steps). With TP > 1 messages are read once here (``recv`` is a
+        broadcast every rank must make at the same point) and the spin stops when no READ is in flight. The DONE
+        time of the READs is stamped within about ``SPIN_SLEEP_S`` (the pure transfer time in ``meta_info``).
+        Activation stays at the step boundary (:meth:`poll`, agreed over the ranks).
 
         Args:
             forward_done: non-blocking probe of the launched forward (e.g. a CUDA event's ``query``; CPU: the
                 forward already ran, so one pass).
         """
-        for msg in self.agent.recv():
-            self._on_message(msg)
-        self._start_ready()
-        self._progress_queue()
+        local = self.agent.tp_size <= 1
         end = time.monotonic() + SPIN_MAX_S
-        while self.agent.queue.busy_rooms() and not forward_done() and time.monotonic() < end:
-            time.sleep(SPIN_SLEEP_S)
+        first = True
+        while True:
+            if first or local:
+                for msg in self.agent.recv():
+                    self._on_message(msg)
+                self._start_ready()
             self._progress_queue()
+            first = False
+            if forward_done() or time.monotonic() >= end or (not local and not self.agent.queue.busy_rooms()):
+                return
+            time.sleep(SPIN_SLEEP_S)
 
     def _start_ready(self) -> None:
         for room in sorted(self.rooms):
