@@ -275,10 +275,12 @@ def write_report(a, results: dict, xfer: dict, errors: dict) -> None:
                   f"requests, {xfer['bytes_sum'] / max(xfer['requests'], 1) / 2**20:.2f} MiB and "
                   f"{xfer['mean_ms']:.3f} ms and {xfer.get('reads_per_request', float('nan')):.1f} "
                   f"{'READs' if a.transfer_mode == 'pull' else 'WRITEs'} (after coalescing) per request; **transfer share of TTFT {100 * xfer['share_of_ttft']:.2f}%**"
-                  " (mean pure transfer, first READ posted -> last READ DONE, / mean router TTFT)"]
+                  + (" (mean pure transfer, first READ posted -> last READ DONE, / mean router TTFT)" if a.transfer_mode == "pull"
+                     else " (mean WRITE time reported by the prefill side / mean router TTFT)")]
         if xfer.get("handoff_mean_ms"):
-            lines += [f"decode-side hand-off per request: RoomReady -> first READ posted {xfer['setup_mean_ms']:.3f} ms, "
-                      f"last READ DONE -> decoding {xfer['wait_mean_ms']:.3f} ms, RoomReady -> decoding "
+            phases = (f"RoomReady -> first READ posted {xfer['setup_mean_ms']:.3f} ms, last READ DONE -> decoding "
+                      f"{xfer['wait_mean_ms']:.3f} ms, ") if a.transfer_mode == "pull" else ""
+            lines += [f"decode-side hand-off per request: {phases}RoomReady -> decoding "
                       f"{xfer['handoff_mean_ms']:.3f} ms (**hand-off share of TTFT "
                       f"{100 * xfer['handoff_share_of_ttft']:.2f}%**); {int(xfer.get('prefill_servers', 1))} prefill "
                       "server(s)"]
