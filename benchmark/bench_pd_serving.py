@@ -3,18 +3,21 @@
 Setups (``--setups``, run in the order given, each with its own servers, started concurrently):
 
 * ``agg``: one aggregated server (``--agg-extra``; on a GPU host put it with ``--base-gpu-id``);
-* ``agg2``: two aggregated replicas, replica i on ``--base-gpu-id <--replica-gpus[i]>``, behind
-  ``mini_lb --workers`` (round robin): the fair, same-GPU-count baseline of PD on two GPUs. When ``agg`` comes
+* ``agg2``: two (or ``len(--replica-gpus)``) aggregated replicas, replica i on ``--base-gpu-id <--replica-gpus[i]>``,
+  behind ``mini_lb --workers`` (round robin): the fair, same-GPU-count baseline of PD on two GPUs. When ``agg`` comes
   right before ``agg2``, both are measured on the same servers (one start): ``agg2`` first, then ``agg`` on
   replica 0 alone;
-* ``pd``: a prefill server (``--prefill-extra``) + a decode server (``--decode-extra``) + ``mini_lb --prefill
+* ``pd``: a prefill server (``--prefill-extra``; one per ``--prefill-gpus`` entry on cuda) + a decode server (``--decode-extra``) + ``mini_lb --prefill
   --decode`` (``--disaggregation-transfer-backend``, ``--disaggregation-transfer-mode``).
 
 Every setup gets the same ``python -m sglang.bench_serving`` workload (ShareGPT from the shared data folder, or
 random fixed-length prompts with ``--dataset random``), after untimed warm-up requests sent to every server
 (``--warmup`` concurrent requests of the full input length). The table has TTFT / TPOT / ITL (p99 included) /
 throughput per setup and the ratios pd / agg2 and pd / agg, plus the KV transfer share of TTFT (mean
-``sglang:kv_transfer_seconds`` of the decode server over the timed requests / mean TTFT through the router) and
+``sglang:kv_transfer_seconds`` of the decode server over the timed requests, the pure transfer from the first READ
+posted to the last READ DONE, / mean TTFT through the router), the decode-side hand-off phases beside it
+(``sglang:kv_handoff_seconds{phase}``: RoomReady -> first READ posted, last READ DONE -> decoding, and their
+whole, RoomReady -> decoding, with its share of TTFT) and
 the READs (push: WRITEs) posted per request after coalescing (``sglang:kv_transfer_reads``; floor: one per layer
 and K/V, plus one per extra run where the prefill side reused prefix-cached slots).
 The report ``<out-dir>/<date>_pd_serving_<backend>_<mode>.md`` and ``.json`` (date, hardware, command) is
@@ -169,33 +172,39 @@ def bench(args, url: str, out: str) -> dict:
         return json.loads(f.read().strip().splitlines()[-1])
 
 
-def transfer_seconds(url: str) -> tuple[float, float, float, float]:
-    """(sum of KV transfer seconds, requests, sum of transfer bytes, sum of READs/WRITEs posted after coalescing)
-    from a decode server's /metrics."""
+def transfer_seconds(url: str) -> dict:
+    """A decode server's KV hand-off counters from its /metrics: ``seconds`` (sum of pure transfer times: first READ
+    posted -> last READ DONE), ``requests``, ``bytes``, ``reads`` (READs/WRITEs posted after coalescing) and, pull mode,
+    the sums of the decode-side phases ``setup`` (RoomReady -> first READ posted), ``wait`` (last READ DONE ->
+    activated) and ``handoff`` (RoomReady -> activated), all seconds."""
     text = requests.get(url + "/metrics", timeout=30).text
 
-    def val(name: str) -> float:
-        m = re.search(rf"^{re.escape(name)}{{[^}}]*}} ([0-9.e+-]+)$", text, re.M)
+    def val(name: str, label: str = "") -> float:
+        lab = rf"[^}}]*{re.escape(label)}[^}}]*" if label else r"[^}]*"
+        m = re.search(rf"^{re.escape(name)}{{{lab}}} ([0-9.e+-]+)$", text, re.M)
         return float(m.group(1)) if m else 0.0
 
-    return (val("sglang:kv_transfer_seconds_sum"), val("sglang:kv_transfer_seconds_count"),
-            val("sglang:kv_transfer_bytes_total"), val("sglang:kv_transfer_reads_total"))
+    out = {"seconds": val("sglang:kv_transfer_seconds_sum"), "requests": val("sglang:kv_transfer_seconds_count"),
+           "bytes": val("sglang:kv_transfer_bytes_total"), "reads": val("sglang:kv_transfer_reads_total")}
+    for phase in ("setup", "wait", "handoff"):
+        out[phase] = val("sglang:kv_handoff_seconds_sum", f'phase="{phase}"')
+    return out
 
 
 def run_aggregated(args, logdir: str, which: list[str], results: dict, report) -> None:
     """``agg`` and/or ``agg2`` on one set of replicas (``agg`` on replica 0 alone, ``agg2`` through mini_lb)."""
-    n = 2 if "agg2" in which else 1
-    gpus = args.replica_gpus if args.device == "cuda" else [None, None]
+    n = max(2, len(args.replica_gpus)) if "agg2" in which else 1
+    gpus = args.replica_gpus if args.device == "cuda" else [None] * n
     procs: list[Proc] = []
     try:
         for i in range(n):
-            place = ["--base-gpu-id", str(gpus[i])] if gpus[i] is not None and n == 2 else []
+            place = ["--base-gpu-id", str(gpus[i])] if gpus[i] is not None and n >= 2 else []
             procs.append(server(args, [*place, *shlex.split(args.agg_extra if n == 1 else "")], f"agg{i}", logdir))
         for p in procs:
             p.wait_healthy(args.startup_timeout)
         for p in procs:
             warm_up(args, p.url)
-        if n == 2:  # the same-GPU-count baseline first (a run cut short keeps the more important row)
+        if n >= 2:  # the same-GPU-count baseline first (a run cut short keeps the more important row)
             lb = router(args, ["--workers", *[p.url for p in procs]], logdir)
             procs.append(lb)
             results["agg2"] = bench(args, lb.url, os.path.join(logdir, "agg2.jsonl"))
@@ -209,26 +218,39 @@ def run_aggregated(args, logdir: str, which: list[str], results: dict, report) -
 
 
 def run_pd(args, logdir: str, results: dict, report) -> dict:
-    """The ``pd`` setup; returns the decode server's transfer counters over the timed requests."""
+    """The ``pd`` setup: one prefill server per ``--prefill-gpus`` entry (placed there on cuda; else one), one decode server, the
+    router; returns the decode server's transfer counters over the timed requests (per-request means, ms)."""
     pd = ["--disaggregation-transfer-backend", args.transfer_backend, "--disaggregation-transfer-mode",
           args.transfer_mode]
+    gpus = [None] if not args.prefill_gpus else [g if args.device == "cuda" else None for g in args.prefill_gpus]
     procs: list[Proc] = []
     try:
-        procs.append(server(args, ["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port",
-                                   str(free_port()), *pd, *shlex.split(args.prefill_extra)], "prefill", logdir))
+        for i, g in enumerate(gpus):
+            place = ["--base-gpu-id", str(g)] if g is not None else []
+            procs.append(server(args, ["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port",
+                                       str(free_port()), *pd, *shlex.split(args.prefill_extra), *place],
+                                f"prefill{i}", logdir))
         procs.append(server(args, ["--disaggregation-mode", "decode", *pd, *shlex.split(args.decode_extra)],
                             "decode", logdir))
-        pre, dec = (p.wait_healthy(args.startup_timeout) for p in list(procs))
-        lb = router(args, ["--prefill", pre.url, "--decode", dec.url], logdir)
+        for p in list(procs):
+            p.wait_healthy(args.startup_timeout)
+        dec = procs[-1]
+        lb = router(args, ["--prefill", *[p.url for p in procs[:-1]], "--decode", dec.url], logdir)
         procs.append(lb)
         warm_up(args, lb.url)
-        s0, n0, b0, r0 = transfer_seconds(dec.url)
+        c0 = transfer_seconds(dec.url)
         results["pd"] = bench(args, lb.url, os.path.join(logdir, "pd.jsonl"))
-        s1, n1, b1, r1 = transfer_seconds(dec.url)
-        xfer = {"seconds_sum": s1 - s0, "requests": n1 - n0, "bytes_sum": b1 - b0, "reads_sum": r1 - r0}
-        xfer["reads_per_request"] = xfer["reads_sum"] / max(xfer["requests"], 1)
-        xfer["mean_ms"] = 1000 * xfer["seconds_sum"] / max(xfer["requests"], 1)
-        xfer["share_of_ttft"] = xfer["mean_ms"] / max(results["pd"]["mean_ttft_ms"], 1e-9)
+        c1 = transfer_seconds(dec.url)
+        d = {k: c1[k] - c0[k] for k in c1}
+        n = max(d["requests"], 1)
+        xfer = {"requests": d["requests"], "bytes_sum": d["bytes"], "reads_sum": d["reads"],
+                "seconds_sum": d["seconds"], "reads_per_request": d["reads"] / n, "mean_ms": 1000 * d["seconds"] / n,
+                "prefill_servers": len(gpus)}
+        for phase in ("setup", "wait", "handoff"):
+            xfer[f"{phase}_mean_ms"] = 1000 * d[phase] / n
+        ttft = max(results["pd"]["mean_ttft_ms"], 1e-9)
+        xfer["share_of_ttft"] = xfer["mean_ms"] / ttft
+        xfer["handoff_share_of_ttft"] = xfer["handoff_mean_ms"] / ttft
         return xfer
     finally:
         for p in reversed(procs):
@@ -253,7 +275,16 @@ def write_report(a, results: dict, xfer: dict, errors: dict) -> None:
                   f"requests, {xfer['bytes_sum'] / max(xfer['requests'], 1) / 2**20:.2f} MiB and "
                   f"{xfer['mean_ms']:.3f} ms and {xfer.get('reads_per_request', float('nan')):.1f} "
                   f"{'READs' if a.transfer_mode == 'pull' else 'WRITEs'} (after coalescing) per request; **transfer share of TTFT {100 * xfer['share_of_ttft']:.2f}%**"
-                  " (mean transfer / mean router TTFT)", ""]
+                  + (" (mean pure transfer, first READ posted -> last READ DONE, / mean router TTFT)" if a.transfer_mode == "pull"
+                     else " (mean WRITE time reported by the prefill side / mean router TTFT)")]
+        if xfer.get("handoff_mean_ms"):
+            phases = (f"RoomReady -> first READ posted {xfer['setup_mean_ms']:.3f} ms, last READ DONE -> decoding "
+                      f"{xfer['wait_mean_ms']:.3f} ms, ") if a.transfer_mode == "pull" else ""
+            lines += [f"decode-side hand-off per request: {phases}RoomReady -> decoding "
+                      f"{xfer['handoff_mean_ms']:.3f} ms (**hand-off share of TTFT "
+                      f"{100 * xfer['handoff_share_of_ttft']:.2f}%**); {int(xfer.get('prefill_servers', 1))} prefill "
+                      "server(s)"]
+        lines.append("")
     cols = [s for s in SETUPS if s in results]
     if not cols:
         lines.append("no setup measured")
@@ -294,7 +325,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--prefill-extra", default="")
     ap.add_argument("--decode-extra", default="")
     ap.add_argument("--agg-extra", default="", help="flags of the single aggregated server (agg without agg2)")
-    ap.add_argument("--replica-gpus", nargs=2, type=int, default=[0, 1], help="GPU of each agg2 replica (cuda)")
+    ap.add_argument("--replica-gpus", nargs="+", type=int, default=[0, 1],
+                    help="GPU of each agg2 replica (cuda; agg2 = as many replicas behind mini_lb --workers)")
+    ap.add_argument("--prefill-gpus", nargs="+", type=int, default=None,
+                    help="pd on cuda: one prefill server per GPU listed (--base-gpu-id), all behind the router "
+                         "(e.g. 0 1 with --decode-extra '--base-gpu-id 2': 2 prefill : 1 decode)")
     ap.add_argument("--dataset", default="sharegpt", choices=["sharegpt", "random"])
     ap.add_argument("--dataset-path", default=os.path.join(ROOT, "..", "shared", "data", "datasets", "sharegpt") + "/")
     ap.add_argument("--num-prompts", type=int, default=64)
@@ -316,6 +351,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> None:
     """Run the chosen setups one after another and write the Markdown/JSON report under ``--out-dir``."""
     a = parse_args(argv)
+    if "agg2" in a.setups and len(a.replica_gpus) < 2:
+        sys.exit(f"--replica-gpus {a.replica_gpus}: agg2 needs at least two GPUs")
     logdir = os.path.join(a.out_dir, "pd_serving_logs")
     os.makedirs(logdir, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks: stop every server

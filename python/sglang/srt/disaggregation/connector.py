@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from sglang.srt.disaggregation.agent import DisaggAgent
 
@@ -76,6 +76,12 @@ class KVConnector(ABC):
     @abstractmethod
     def before_forward(self, batch, mwb) -> None:
         """Right before ``batch``'s forward (``mwb``: its ModelWorkerBatch)."""
+
+    @abstractmethod
+    def during_forward(self, forward_done: Callable[[], bool]) -> None:
+        """After a batch was launched, before its result is awaited (``forward_done``: non-blocking probe of that
+        forward); transfer work that must not wait for the next step. Never applies decisions (they are returned
+        by the next ``poll``)."""
 
     @abstractmethod
     def hold(self, req) -> bool:
@@ -153,6 +159,9 @@ class BaseConnector(KVConnector):
 
     def before_forward(self, batch, mwb) -> None:
         """Called right before ``batch``'s forward (``mwb``: its ModelWorkerBatch); default: nothing."""
+
+    def during_forward(self, forward_done: Callable[[], bool]) -> None:
+        """Called while the launched batch runs; default: nothing."""
 
     def num_open(self) -> int:  # pragma: no cover - overridden
         """Requests this connector holds (rooms with a request), for ``/get_server_info``; default 0."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import msgspec
 
@@ -47,6 +47,8 @@ from sglang.srt.mem_cache.kv_descriptor import KVRegionDescriptor
 logger = logging.getLogger(__name__)
 
 ROUTE_RETRY_S = 0.5
+SPIN_SLEEP_S = 50e-6  # poll period of in-flight READs while the GPU runs a forward (see during_forward)
+SPIN_MAX_S = 0.1  # never spin longer than this per forward, whatever the probe says
 
 
 @dataclass
@@ -67,8 +69,9 @@ class DecodeRoom:
     ops: int = 0  # per-(layer, K/V, token) ops planned before coalescing
     nbytes: int = 0
     t_alloc: float = 0.0
-    t_post: float = 0.0
-    t_done: float = 0.0
+    t_ready: float = 0.0  # RoomReady taken (monotonic)
+    t_post: float = 0.0  # first READ posted (TransferQueue stamp)
+    t_done: float = 0.0  # last READ DONE as seen by the backend poll
     queue_s: float = 0.0
     fail_reason: str = ""
     expiring: bool = False
@@ -142,13 +145,45 @@ class DecodeConnector(BaseConnector):
         for msg in self.agent.recv():
             self._on_message(msg)
         self._connect()
+        self._start_ready()
+        self._progress_queue()
+        self._poll_transfers()
+        return self.take_decisions()
+
+    def during_forward(self, forward_done: Callable[[], bool]) -> None:
+        """Between launching a batch and waiting for its result (the CPU only waits for the GPU then): take control
+        messages, allocate and post the READs of ready rooms, and poll the posted READs every ``SPIN_SLEEP_S`` until
+        ``forward_done()`` (at most ``SPIN_MAX_S``). With TP 1 the control socket is read on every round too, so a
+        ``RoomReady`` arriving during the forward has its READs posted at once and usually done when the forward
+        ends: the room decodes from the next step. Before, it waited for the next step's :meth:`poll` to be posted
+        and for the one after to be seen done (two steps). With TP > 1 messages are read once here (``recv`` is a
+        broadcast every rank must make at the same point) and the spin stops when no READ is in flight. The DONE
+        time of the READs is stamped within about ``SPIN_SLEEP_S`` (the pure transfer time in ``meta_info``).
+        Activation stays at the step boundary (:meth:`poll`, agreed over the ranks).
+
+        Args:
+            forward_done: non-blocking probe of the launched forward (e.g. a CUDA event's ``query``; CPU: the
+                forward already ran, so one pass).
+        """
+        local = self.agent.tp_size <= 1
+        end = time.monotonic() + SPIN_MAX_S
+        first = True
+        while True:
+            if first or local:
+                for msg in self.agent.recv():
+                    self._on_message(msg)
+                self._start_ready()
+            self._progress_queue()
+            first = False
+            if forward_done() or time.monotonic() >= end or (not local and not self.agent.queue.busy_rooms()):
+                return
+            time.sleep(SPIN_SLEEP_S)
+
+    def _start_ready(self) -> None:
         for room in sorted(self.rooms):
             r = self.rooms.get(room)
             if r is not None and r.state == "wait_ready" and r.ready is not None:
                 self._start_transfer(r)
-        self._progress_queue()
-        self._poll_transfers()
-        return self.take_decisions()
 
     def _progress_queue(self) -> None:
         """Post queued READs, poll them, send COMPLETEs and take ACKs (this rank's TransferQueue); record which
@@ -166,6 +201,8 @@ class DecodeConnector(BaseConnector):
                     r.nbytes += st.bytes
                     r.queue_s = max(r.queue_s, st.queue_time_s)
                     r.t_done = max(r.t_done, st.done_at or 0.0)
+                    if st.first_post_at is not None:
+                        r.t_post = min(r.t_post or st.first_post_at, st.first_post_at)
                 if ev.kind == "done":
                     r.done_keys.add(ev.room)
                 elif not r.fail_reason:
@@ -179,7 +216,7 @@ class DecodeConnector(BaseConnector):
         if isinstance(msg, RoomReady):
             r = self.rooms.get(msg.room)
             if r is not None and r.state == "wait_ready":
-                r.ready = msg
+                r.ready, r.t_ready = msg, now()
                 srv = self.servers.get(r.server)
                 if srv is not None:
                     srv.last_seen = now()
@@ -308,7 +345,6 @@ class DecodeConnector(BaseConnector):
             return  # pull mode: allocate only when the pool has room; stays queued
         srv = self.servers[r.server]
         dst_slots = r.loc.tolist()
-        r.t_post = time.monotonic()
         try:
             plans = []
             for info, heads in self._sources(srv):  # plan every source first: a bad plan posts nothing
@@ -396,13 +432,8 @@ class DecodeConnector(BaseConnector):
                 req.output_token_logprobs.append(tuple(ready.output_logprob))
                 if req.top_logprobs_num:
                     req.output_top_logprobs.append([tuple(x) for x in (ready.output_top_logprobs or [])])
-        t = time.monotonic()
-        pull = self.transfer_mode == "pull"
-        req.disagg_info.update(
-            transfer_bytes=r.nbytes, transfer_reads=r.reads,
-            transfer_time_s=((r.t_done or t) - r.t_post) if pull else ready.push_time_s,
-            prefill_queue_s=ready.prefill_queue_s, decode_queue_s=r.t_alloc - req.arrival_time)
-        if pull:  # ops before coalescing and the time the reads waited in the transfer queue (this rank's)
+        req.disagg_info.update(_timings(r, ready, req, self.transfer_mode == "pull", time.monotonic()))
+        if self.transfer_mode == "pull":  # ops before coalescing and the time the reads waited in the queue
             req.disagg_info.update(transfer_ops_planned=r.ops, transfer_queue_s=r.queue_s)
         else:
             req.disagg_info["push_layerwise"] = ready.push_layerwise
@@ -430,6 +461,25 @@ class DecodeConnector(BaseConnector):
             req.req_pool_idx = None
         logger.warning("request %s (room %d) failed: %s", req.rid, r.room, reason)
         self.fail_request(req, reason, status_code)
+
+
+def _timings(r: DecodeRoom, ready: RoomReady, req, pull: bool, t: float) -> dict:
+    """``meta_info["disaggregation"]`` facts of an activated room (this rank's clock, seconds):
+    ``transfer_time_s`` pure transfer (pull: first READ posted -> last READ DONE as the backend reported it; push:
+    the prefill side's WRITE time); ``transfer_setup_s`` RoomReady taken -> first READ posted (allocation, waiting
+    for pool room, planning, coalescing); ``transfer_wait_s`` last READ DONE -> activation (waiting for the step
+    boundary and the ranks' agreement); ``handoff_s`` RoomReady taken -> activation (the whole decode-side hand-off
+    after the prefill side's KV was ready); plus the byte/READ counts and the queue times."""
+    t_ready = r.t_ready or t
+    post = r.t_post or t_ready
+    done = r.t_done or t
+    out = dict(transfer_bytes=r.nbytes, transfer_reads=r.reads,
+               transfer_time_s=max(done - post, 0.0) if pull else ready.push_time_s,
+               handoff_s=max(t - t_ready, 0.0), prefill_queue_s=ready.prefill_queue_s,
+               decode_queue_s=r.t_alloc - req.arrival_time)
+    if pull:
+        out.update(transfer_setup_s=max(post - t_ready, 0.0), transfer_wait_s=max(t - done, 0.0))
+    return out
 
 
 def _room_of(key: str) -> Optional[int]:

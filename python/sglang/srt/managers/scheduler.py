@@ -190,6 +190,8 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
         prev, self.inflight = self.inflight, None
         if batch is not None:
             self._launch(batch)
+            if self.disagg is not None:  # KV hand-offs while the forward runs (decode: post/poll READs)
+                self.disagg.during_forward(self._forward_probe())
         if prev is not None:
             self._process(prev)
         if batch is not None and not self.overlap:
@@ -199,6 +201,15 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
         elif prev is None and self.grammar_queue:  # only compilations pending: do not spin
             self._wait_for_grammars(GRAMMAR_IDLE_WAIT_S)
         return self.collect_outputs()
+
+    def _forward_probe(self):
+        """Non-blocking "has the launched forward finished?" for the PD connector: a CUDA event recorded now on the
+        current stream (its ``query``), or ``lambda: True`` off CUDA (the forward ran synchronously)."""
+        if torch.device(getattr(self.runner, "device", "cpu")).type != "cuda":
+            return lambda: True
+        ev = torch.cuda.Event()
+        ev.record()
+        return ev.query
 
     def sync(self) -> None:
         """Wait for the in-flight batch (overlap) and process its result; a no-op without one.
