@@ -160,3 +160,12 @@ def test_lm_head_projection_follows_installed_table(monkeypatch):
         want = torch.matmul(x, w.t()).float()[:, :40]
         got = lp._project(x, w)
         assert got.shape == want.shape and (_err(got, want) < 1.6e-2 if m <= 4 else torch.equal(got, want))
+
+
+def test_autotune_default_on_for_cuda_and_zero_turns_it_off(monkeypatch):
+    """Unset means on for a CUDA device (the measured default); ``0`` or empty keeps every linear on cuBLAS."""
+    monkeypatch.delenv(decode_gemm.AUTOTUNE_ENV, raising=False)
+    assert decode_gemm.enabled(torch.device("cuda"))
+    for off in ("0", ""):
+        monkeypatch.setenv(decode_gemm.AUTOTUNE_ENV, off)
+        assert not decode_gemm.enabled(torch.device("cuda"))

@@ -85,3 +85,19 @@ def test_select_backend_follows_the_table_where_feasible():
     assert select_backend(8, 8192, 4, config=TwCommConfig(), capacity_bytes=cap) == TwBackend.LAMPORT
     with pytest.raises(ValueError, match="pipe_chunk_bytes"):
         TwCommConfig(pipe_chunk_bytes=-1)
+
+
+def test_packaged_table_parses_for_each_calibrated_gpu_and_world():
+    """The shipped ``tw_comm_crossovers.json`` (written by ``bench_tw_comm_allreduce_rmsnorm.py --calibrate`` on the
+    GPUs it names) validates for every (GPU, world) key it holds, with a plain and an overlap list each."""
+    import json
+
+    from sglang.srt.distributed import tw_comm_tuning as T
+
+    data = json.loads(T.DEFAULT_TABLE_PATH.read_text())
+    assert data["tables"], "the packaged table is empty"
+    for key in data["tables"]:
+        gpu, world = key.rsplit("|", 1)
+        cross = T.load_crossovers(gpu, int(world), T.DEFAULT_TABLE_PATH)
+        assert cross.plain and cross.overlap, key
+        assert cross.plain[-1][0] == T.UNBOUNDED and cross.overlap[-1][0] == T.UNBOUNDED, key
