@@ -98,7 +98,9 @@ def test_tokenweave_flags_on_every_cli():
 
     assert [resolve_min_tokens(None, tp) for tp in (2, 4, 8)] == [TOKENWEAVE_OFF, 8192, 1024]
     assert resolve_min_tokens(None, 4, "NVIDIA H100 80GB HBM3") == 8192
-    assert resolve_min_tokens(None, 2, "NVIDIA H200") == TOKENWEAVE_OFF  # unknown GPU: the H100 row
+    assert resolve_min_tokens(None, 2, "NVIDIA H200") == TOKENWEAVE_OFF  # measured H200 row: loses at every T
+    assert resolve_min_tokens(None, 4, "NVIDIA H200") == 8192
+    assert resolve_min_tokens(None, 2, "NVIDIA B200") == TOKENWEAVE_OFF  # unknown GPU: the H100 row
     assert resolve_min_tokens(512, 4) == 512
     with pytest.raises(ValueError, match="tokenweave-min-tokens=1 is invalid: use >= 2"):
         prepare_server_args(["--model-path", "m", "--tokenweave-min-tokens", "1"])
