@@ -197,18 +197,18 @@ def test_gemm_rs_protocol_back_to_back(fake_cuda, rows, chunks):
 @pytest.mark.parametrize("split_recv", [True, False])
 @pytest.mark.parametrize("schedule", ["ring", "all"])
 @pytest.mark.parametrize("chunks", [1, 2])
-def test_world4_schedules_back_to_back(fake_cuda, schedule, chunks, split_recv):
+@pytest.mark.parametrize("rows", [[40, 32, 48, 40], [200, 264, 328, 0]])
+def test_world4_schedules_back_to_back(fake_cuda, schedule, chunks, split_recv, rows):
     """World 4 (three per-peer step streams per rank), staggered ("ring") and concurrent ("all") schedules, 1 and 2
-    pieces (piece-major consumption under "all"), receive waits on their own streams (default) or on the push
+    pieces (piece-major consumption under "all"), even-ish and uneven rows with an empty segment, receive waits on their own streams (default) or on the push
     streams: AG-GEMM and GEMM-RS back to back with fresh inputs equal the torch references and never deadlock (the
     ring's step-after-step waits add no cycle)."""
     w, calls = 4, 8
     heaps = simulate_group(w, HeapConfig(data_bytes=2 << 20, signal_slots=256))
-    ag = _cpu_ops(decomp.DecompAgGemm, heaps, 160, 32, name="sim.ag4", chunks=chunks)
-    rs = _cpu_ops(decomp.DecompGemmRs, heaps, 48, 24, name="sim.rs4", chunks=chunks)
+    ag = _cpu_ops(decomp.DecompAgGemm, heaps, sum(rows), 32, name="sim.ag4", chunks=chunks)
+    rs = _cpu_ops(decomp.DecompGemmRs, heaps, max(rows), 24, name="sim.rs4", chunks=chunks)
     for op in ag + rs:
         op.hs.schedule, op.hs.split_recv = schedule, split_recv
-    rows = [40, 32, 48, 40]
     shards = [[torch.randn(rows[r], 32) for r in range(w)] for _ in range(calls)]
     bs = [torch.randn(32, 24) for _ in range(calls)]
     a = [[torch.randn(sum(rows), 16) for _ in range(w)] for _ in range(calls)]
