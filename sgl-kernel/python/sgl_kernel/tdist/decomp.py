@@ -178,9 +178,10 @@ class _Handshake:
         locally (``land[c] = (dst, src)``, a copy-engine copy off the SMs), record event ``c``. Returns the
         per-piece events the consumer's stream waits on. No cycle: a push waits only for GEMMs of this call, the
         ring's previous step's pushes (lower steps only) and credits the peers' consumers gave at the end of the
-        previous call; the receive waits only for peers' pushes. On the push stream a receive wait would hold
-        back this rank's next pushes behind its sender's, chaining the ranks' pieces around the ring (world 4:
-        GEMM-RS spans of 3.5-4 ms for a 1 ms call, 2026-11-27 on 4 x H200)."""
+        previous call; the receive waits only for peers' pushes. On the push stream a receive wait holds back
+        this rank's next pushes (piece ``c + 1``, and under ``"ring"`` the next step) behind its sender's push of
+        piece ``c``, chaining the ranks' pieces around the ring (bench_tdist.py measures both layouts: notes
+        "waits on push streams")."""
         h = self.heap
         peer = (h.rank + j) % h.world
         s = self._use(j)
