@@ -186,7 +186,8 @@ class _Handshake:
         peer = (h.rank + j) % h.world
         s = self._use(j)
         cs = s.cuda_stream
-        r = self._use(("recv", j)) if self.split_recv else s
+        # not in _used: the consumer waits on every piece event of the receive stream, its last work (joined)
+        r = self.stream(("recv", j)) if self.split_recv else s
         if r is not s:
             r.wait_event(self.event("start"))
         s.wait_event(afters[0])
@@ -265,7 +266,8 @@ class _Handshake:
         cuda_ipc.stream_write_value64(h.bases[src] + self._ready_off + 8 * h.rank, 1, stream.cuda_stream)
 
     def join(self, main: "torch.cuda.Stream") -> None:
-        """``main`` waits for every stream this call used (their copies have left this rank's buffers). This is
+        """``main`` waits for every push stream this call used (their copies have left this rank's buffers; the
+        receive streams are joined already: the consumer waited on their last events). This is
         also why no ``record_stream`` is needed: memory freed after the call is reused behind this join on
         ``main``. Only this call's streams: a stream created by an earlier call in another mode (e.g. the helper
         streams of split pushes) is not part of a CUDA-graph capture, and waiting on it from the capturing stream
