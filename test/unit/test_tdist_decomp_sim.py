@@ -200,9 +200,9 @@ def test_gemm_rs_protocol_back_to_back(fake_cuda, rows, chunks):
 @pytest.mark.parametrize("rows", [[40, 32, 48, 40], [200, 264, 328, 0]])
 def test_world4_schedules_back_to_back(fake_cuda, schedule, chunks, split_recv, rows):
     """World 4 (three per-peer step streams per rank), staggered ("ring") and concurrent ("all") schedules, 1 and 2
-    pieces (piece-major consumption under "all"), even-ish and uneven rows with an empty segment, receive waits on their own streams (default) or on the push
-    streams: AG-GEMM and GEMM-RS back to back with fresh inputs equal the torch references and never deadlock (the
-    ring's step-after-step waits add no cycle)."""
+    pieces (piece-major consumption under "all"), even-ish and uneven rows with an empty segment, receive waits on
+    their own streams (default) or on the push streams: AG-GEMM and GEMM-RS back to back with fresh inputs equal the
+    torch references and never deadlock (the ring's step-after-step waits add no cycle)."""
     w, calls = 4, 8
     heaps = simulate_group(w, HeapConfig(data_bytes=2 << 20, signal_slots=256))
     ag = _cpu_ops(decomp.DecompAgGemm, heaps, sum(rows), 32, name="sim.ag4", chunks=chunks)
@@ -371,8 +371,9 @@ def test_split_pushes_keep_the_protocol(fake_cuda, kind):
 
 def test_join_waits_only_for_this_calls_streams(fake_cuda, monkeypatch):
     """A call after a split-push call (which created helper copy streams) joins only the push streams it used
-    (the consumer already waited on the receive streams' last events): waiting on a stream outside the call invalidates a CUDA-graph capture (the
-    bench's graph variant failed that way when split pushes ran first, 2026-11-27 on 4 x H200)."""
+    (the consumer already waited on the receive streams' last events): waiting on a stream outside the call
+    invalidates a CUDA-graph capture (the bench's graph variant failed that way when split pushes ran first,
+    2026-11-27 on 4 x H200)."""
     heaps = simulate_group(2, HeapConfig(data_bytes=1 << 20, signal_slots=64))
     ops = _cpu_ops(decomp.DecompGemmRs, heaps, 64, 24, name="sim.join", chunks=2)
     rows = [32, 32]
