@@ -45,7 +45,8 @@ def parse_args(argv=None):
     p.add_argument("--config", default=str(DEFAULT_CONFIG), help="HF config.json for the GEMM shapes")
     p.add_argument("--tp-shapes", type=int, default=8, help="TP degree the per-rank shapes are cut for")
     p.add_argument("--tokens", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
-    p.add_argument("--a2a-tokens", type=int, nargs="+", default=[128, 1024, 4096])
+    p.add_argument("--a2a-tokens", type=int, nargs="*", default=[128, 1024, 4096],
+                   help="all-to-all token counts (none: no all-to-all rows)")
     p.add_argument("--a2a-hidden", type=int, default=7168)
     p.add_argument("--ops", nargs="+", default=["qkv", "gate_up", "o_proj", "down"])
     p.add_argument("--iters", type=int, default=30, help="timed calls per variant (after 1 first call + 20 "

@@ -247,7 +247,8 @@ PIECES = (1, 2, 4)
 def _with_hs(op, call, **attrs):
     """``call()`` with the decomposition's handshake attributes set for this call only, on the same op and buffers
     (the signal protocol is the same in every mode): ``bounded=True`` (waits as bounded Triton wait kernels,
-    decomp bounded_waits), ``split=2`` (each push cut in 2 parts on 2 copy streams, decomp._Handshake._push)."""
+    decomp bounded_waits), ``split=2`` (each push cut in 2 parts on 2 copy streams, decomp._Handshake._push),
+    ``split_recv=False`` (receive waits on the push streams, decomp._Handshake.exchange)."""
     old = {k: getattr(op.hs, k) for k in attrs}
     for k, v in attrs.items():
         setattr(op.hs, k, v)
@@ -259,8 +260,9 @@ def _with_hs(op, call, **attrs):
 
 
 def _mode_jobs(variants, op_d, call, world=2):
-    """With variant ``pieces``: the planned decomposition with bounded waits, with split pushes and (world > 2) with
-    the other per-peer stream schedule (``decomp_sched``); with variant ``graph``: the decomposition captured in a
+    """With variant ``pieces``: the planned decomposition with bounded waits, with split pushes, with the receive
+    waits on the push streams (``decomp_samestream``, the layout before 2026-11-27) and (world > 2) with the other
+    per-peer stream schedule (``decomp_sched``); with variant ``graph``: the decomposition captured in a
     CUDA graph and replayed (``decomp_graph``: the GPU time without the host's enqueue time). All in the notes."""
     jobs = []
     if "graph" in variants:
@@ -270,6 +272,8 @@ def _mode_jobs(variants, op_d, call, world=2):
     jobs += [("decomp_bounded", "tdist decomposition, bounded waits", lambda: _with_hs(op_d, call, bounded=True)),
              ("decomp_split2", "tdist decomposition, pushes split on 2 streams",
               lambda: _with_hs(op_d, call, split=2))]
+    jobs.append(("decomp_samestream", "tdist decomposition, receive waits on the push streams",
+                 lambda: _with_hs(op_d, call, split_recv=False)))
     if world > 2:
         other = "all" if op_d.hs.schedule == "ring" else "ring"
         jobs.append(("decomp_sched", f"tdist decomposition, schedule {other}",
@@ -458,6 +462,8 @@ def _notes(per_rank, i, row) -> str:
             + (f"; bounded waits: {_fmt(_mx(per_rank, i, 'decomp_bounded'))}" if "decomp_bounded" in row else "")
             + (f"; split pushes: {_fmt(_mx(per_rank, i, 'decomp_split2'))}" if "decomp_split2" in row else "")
             + (f"; other schedule: {_fmt(_mx(per_rank, i, 'decomp_sched'))}" if "decomp_sched" in row else "")
+            + (f"; waits on push streams: {_fmt(_mx(per_rank, i, 'decomp_samestream'))}"
+               if "decomp_samestream" in row else "")
             + (f"; graph replay: {_fmt(_mx(per_rank, i, 'decomp_graph'))}" if "decomp_graph" in row else ""))
     if "torch_seq_again" in row:
         notes.append(f"NCCL+cuBLAS again after auto: {_fmt(_mx(per_rank, i, 'torch_seq_again'))}")
@@ -469,7 +475,7 @@ def _notes(per_rank, i, row) -> str:
     if "a2a_graph" in row or "nccl_graph" in row:
         notes.append(f"CUDA graph: tdist {_fmt(_mx(per_rank, i, 'a2a_graph'))}, "
                      f"NCCL {_fmt(_mx(per_rank, i, 'nccl_graph'))}")
-    return "; ".join(notes)
+    return "; ".join(notes).replace("\n", " ").replace("|", "/")
 
 
 def calibration(per_rank: List[List[dict]]):

@@ -13,7 +13,7 @@ import json
 import os
 import tempfile
 import time
-from typing import Callable, Dict, Iterable, List, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 GEMM_MARKERS = ("gemm", "nvjet", "cutlass", "sm90_xmma", "ampere_", "sm80_xmma")  # cuBLAS / cuBLASLt kernel names
 
@@ -81,14 +81,21 @@ def summarize(events: List[dict]) -> Dict[str, float]:
     return res
 
 
-def profile_call(barrier: Callable[[], None], fn: Callable[[], object], enqueue_calls: int = 5) -> Dict[str, float]:
+def profile_call(barrier: Callable[[], None], fn: Callable[[], object], enqueue_calls: int = 5,
+                 host_barrier: Optional[Callable[[], None]] = None) -> Dict[str, float]:
     """Collective (every rank calls it with its own ``fn``, already warm): the host enqueue time of ``fn`` (median
     of ``enqueue_calls`` calls, ms, no sync inside), then one call under the torch profiler (CUDA activities),
-    summarized by :func:`summarize`. ``barrier``: a host barrier of the ranks. Raises whatever the profiler raises
-    (the caller reports it)."""
+    summarized by :func:`summarize`. ``barrier``: a host barrier of the ranks (may touch the device);
+    ``host_barrier``: one that does no device work (default ``barrier``), run inside the profiled region right
+    before the call so every rank's profiler is already running when any rank's call starts: a rank whose call
+    starts while a peer is still starting its profiler waits for that peer's signals, and the wait showed up as
+    GPU idle time (world 4, 2026-11-27: a 1087 ms span for a 0.6 ms call, the first profiler start initializing
+    CUPTI; 2-3 ms idle in GEMM-RS spans). The profiled sequence runs twice and the second is kept (the first one
+    pays the profiler's start-up). Raises whatever the profiler raises (the caller reports it)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    host_barrier = host_barrier or barrier
     barrier()
     host = []
     for _ in range(enqueue_calls):
@@ -97,10 +104,13 @@ def profile_call(barrier: Callable[[], None], fn: Callable[[], object], enqueue_
         fn()
         host.append((time.perf_counter() - t0) * 1e3)
         torch.cuda.synchronize()
-    barrier()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
+    for _ in range(2):
+        barrier()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            torch.cuda.synchronize()
+            host_barrier()
+            fn()
+            torch.cuda.synchronize()
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
     try:
@@ -124,7 +134,9 @@ def row_tail(heap, note, res, variants, iters, seq, op_d, call, largest, try_fn)
         res["torch_seq_again"], _ = try_fn(heap, note, "NCCL + cuBLAS again", seq, iters)
     if "profile" in variants and largest:
         try:
-            res["profile"] = profile_call(heap.barrier, call)
+            import torch.distributed as dist
+
+            res["profile"] = profile_call(heap.barrier, call, host_barrier=dist.barrier)  # default group: gloo
         except Exception as ex:  # reported, never fatal
             note(f"profile failed: {type(ex).__name__}: {ex}")
             res["profile"] = {"error": f"{type(ex).__name__}: {str(ex)[:100]}"}

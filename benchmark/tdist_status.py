@@ -16,14 +16,19 @@ from typing import Dict, List, Optional
 
 
 def parse(text: str) -> List[Dict[str, str]]:
-    """Rows of the results table as dicts keyed by the header cells (lower-cased); other lines are skipped."""
+    """Rows of the results table (the first markdown table whose header has the ``nccl/tdist`` column) as dicts
+    keyed by the header cells (lower-cased). Lines outside that table are skipped: the bench file also holds the
+    profile table (other columns), whose rows must not be read as targets."""
     rows, head = [], None
     for line in text.splitlines():
-        if not line.startswith("| "):
+        if not line.startswith("|"):
+            if head is not None and not line.strip():
+                break  # the results table ended (a note cell broken over lines does not end it)
             continue
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if head is None:
-            head = [c.lower() for c in cells]
+            if "nccl/tdist" in [c.lower() for c in cells]:
+                head = [c.lower() for c in cells]
         elif not set(cells[0]) <= {"-"}:
             rows.append(dict(zip(head, cells)))
     return rows

@@ -82,6 +82,29 @@ def test_status_table_against_issue26_targets():
     assert "1.25x NCCL time" in st[7] and st[7].endswith("| yes |")
 
 
+def test_status_reads_only_the_results_table():
+    """The bench file also holds a profile table (same first columns op / shape / M) and notes broken over lines:
+    tdist_status must read only the results table's rows (issue 26, world 4: the profile rows came out as bogus
+    targets), and the table writer keeps a note on one line."""
+    from tdist_bench_lib import table
+    from tdist_profile import profile_lines
+    from tdist_status import parse, status
+
+    rows = [{"op": "AG-GEMM", "shape": "qkv K=8192 N=2560", "M": 8192, "tdist_decomp": 0.64, "tdist_auto": 0.50,
+             "auto_path": "symm", "torch_seq": 0.78, "symm_fused": 0.495, "decomp_graph_note": "Err: a\nb | c",
+             "profile": {"span_ms": 1.0, "idle_ms": 0.5, "what": "1 pc, ring"}},
+            {"op": "GEMM-RS", "shape": "down K=7168 N=8192", "M": 8192, "tdist_decomp": 1.5, "tdist_auto": 1.49,
+             "auto_path": "symm", "torch_seq": 1.73, "symm_fused": 1.42}]
+    lines = table([rows])
+    assert len(lines) == 4 and "Err: a b / c" in lines[2]
+    text = "\n".join(["# x", "", *lines[:2], lines[2].replace("a b", "a\nb"), lines[3], "", "calibration: `{}`", "",
+                      "## profile", "", *profile_lines(rows)])
+    got = parse(text)
+    assert [r["shape"] for r in got] == ["qkv K=8192 N=2560", "down K=7168 N=8192"]
+    st = status(got)
+    assert len(st) == 2 + 4 and all("8192" in line for line in st[2:])
+
+
 def test_profile_summary_intervals():
     """tdist_profile.summarize: GEMM / copy unions, their overlap, idle time inside the span, copy bandwidth."""
     from tdist_profile import intersect, profile_lines, summarize, union

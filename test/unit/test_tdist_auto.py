@@ -191,3 +191,29 @@ def test_auto_ops_apply_the_measured_schedule():
     assert rs.decomp.hs.schedule == "all"
     with pytest.raises(ValueError, match="schedules entry"):
         CalibrationTable(schedules=(("ag", 1, 1, 2, 1, "zigzag"),))
+
+
+def test_builtin_table_per_gpu_model():
+    """table_for: H200 -> the H200 table (world-4 rows measured on 4 x H200, world-2 rows of H100 where H200 has
+    none), H100 -> the H100 table, any other GPU -> the default table (no measured rows)."""
+    from sgl_kernel.tdist.auto import H100_TABLE, H200_TABLE, NEVER, CalibrationTable, table_for
+
+    assert table_for("NVIDIA H200") is H200_TABLE and table_for("NVIDIA H100 80GB HBM3") is H100_TABLE
+    assert table_for("NVIDIA A100-SXM4-80GB") == CalibrationTable()
+    t = H200_TABLE
+    # world 4 on H200: qkv NCCL at 2048 and torch's fused op at 8192 (given a symm group; else the decomposition from
+    # its break-even 8192), gate_up decomposition with 1 piece ("all" at 8192), o_proj never the decomposition
+    assert t.choose("ag", 8192, 2560, 4, 2048) == "nccl"
+    assert t.choose("ag", 8192, 2560, 4, 8192, symm=True) == "symm"
+    assert t.choose("ag", 8192, 2560, 4, 8192) == "decomp" and t.pieces_for("ag", 8192, 2560, 4, 8192) == 2
+    assert t.choose("ag", 8192, 14336, 4, 8192) == "decomp" and t.schedule_for("ag", 8192, 14336, 4, 8192) == "all"
+    assert t.pieces_for("ag", 8192, 14336, 4, 16384) == 1
+    assert t.min_m("rs", 2048, 8192, 4) == NEVER and t.choose("rs", 2048, 8192, 4, 8192) == "nccl"
+    assert t.choose("rs", 7168, 8192, 4, 8192, symm=True) == "symm" and t.choose("rs", 7168, 8192, 4, 2048) == "nccl"
+    # world 2: H200's measured o_proj row replaces H100's (decomp, 4 pieces), H100's other rows stay
+    assert t.choose("rs", 2048, 8192, 2, 8192, symm=True) == "decomp" and t.pieces_for("rs", 2048, 8192, 2, 8192) == 4
+    assert H100_TABLE.choose("rs", 2048, 8192, 2, 8192, symm=True) == "symm"
+    assert t.choose("ag", 8192, 14336, 2, 2048) == "decomp" and t.pieces_for("ag", 8192, 14336, 2, 8192) == 2
+    assert t.min_m("ag", 8192, 2560, 2) == 2048
+    # the table round-trips through JSON (what bench_tdist.py prints)
+    assert CalibrationTable.from_json(t.to_json()) == t

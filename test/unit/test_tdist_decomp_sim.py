@@ -194,19 +194,21 @@ def test_gemm_rs_protocol_back_to_back(fake_cuda, rows, chunks):
             torch.testing.assert_close(got[r][i], ref[r], atol=1e-4, rtol=1e-4, msg=f"call {i} rank {r}")
 
 
+@pytest.mark.parametrize("split_recv", [True, False])
 @pytest.mark.parametrize("schedule", ["ring", "all"])
 @pytest.mark.parametrize("chunks", [1, 2])
-def test_world4_schedules_back_to_back(fake_cuda, schedule, chunks):
+@pytest.mark.parametrize("rows", [[40, 32, 48, 40], [200, 264, 328, 0]])
+def test_world4_schedules_back_to_back(fake_cuda, schedule, chunks, split_recv, rows):
     """World 4 (three per-peer step streams per rank), staggered ("ring") and concurrent ("all") schedules, 1 and 2
-    pieces (piece-major consumption under "all"): AG-GEMM and GEMM-RS back to back with fresh inputs equal the torch
-    references and never deadlock (the ring's step-after-step waits add no cycle)."""
+    pieces (piece-major consumption under "all"), even-ish and uneven rows with an empty segment, receive waits on
+    their own streams (default) or on the push streams: AG-GEMM and GEMM-RS back to back with fresh inputs equal the
+    torch references and never deadlock (the ring's step-after-step waits add no cycle)."""
     w, calls = 4, 8
     heaps = simulate_group(w, HeapConfig(data_bytes=2 << 20, signal_slots=256))
-    ag = _cpu_ops(decomp.DecompAgGemm, heaps, 160, 32, name="sim.ag4", chunks=chunks)
-    rs = _cpu_ops(decomp.DecompGemmRs, heaps, 48, 24, name="sim.rs4", chunks=chunks)
+    ag = _cpu_ops(decomp.DecompAgGemm, heaps, sum(rows), 32, name="sim.ag4", chunks=chunks)
+    rs = _cpu_ops(decomp.DecompGemmRs, heaps, max(rows), 24, name="sim.rs4", chunks=chunks)
     for op in ag + rs:
-        op.hs.schedule = schedule
-    rows = [40, 32, 48, 40]
+        op.hs.schedule, op.hs.split_recv = schedule, split_recv
     shards = [[torch.randn(rows[r], 32) for r in range(w)] for _ in range(calls)]
     bs = [torch.randn(32, 24) for _ in range(calls)]
     a = [[torch.randn(sum(rows), 16) for _ in range(w)] for _ in range(calls)]
@@ -365,3 +367,31 @@ def test_split_pushes_keep_the_protocol(fake_cuda, kind):
         for r in range(2):
             want = ref if kind == "ag" else gemm_rs_ref(a[i], b[i], rows)[r]
             torch.testing.assert_close(got[r][i], want, atol=1e-4, rtol=1e-4, msg=f"{kind} call {i} rank {r}")
+
+
+def test_join_waits_only_for_this_calls_streams(fake_cuda, monkeypatch):
+    """A call after a split-push call (which created helper copy streams) joins only the push streams it used
+    (the consumer already waited on the receive streams' last events): waiting on a stream outside the call
+    invalidates a CUDA-graph capture (the bench's graph variant failed that way when split pushes ran first,
+    2026-11-27 on 4 x H200)."""
+    heaps = simulate_group(2, HeapConfig(data_bytes=1 << 20, signal_slots=64))
+    ops = _cpu_ops(decomp.DecompGemmRs, heaps, 64, 24, name="sim.join", chunks=2)
+    rows = [32, 32]
+    a = [torch.randn(64, 16) for _ in range(2)]
+    b = [torch.randn(16, 24) for _ in range(2)]
+    joined = [[] for _ in range(2)]
+
+    def body(r):
+        ops[r].hs.split, ops[r].hs.split_min_bytes = 3, 0
+        ops[r](a[r], b[r], rows)
+        ops[r].hs.split = 1
+        orig = _local.main.wait_stream
+        _local.main.wait_stream = lambda s: joined[r].append(s) or orig(s)
+        got = ops[r](a[r], b[r], rows)
+        torch.testing.assert_close(got, gemm_rs_ref(a, b, rows)[r], atol=1e-4, rtol=1e-4)
+    _ranks(body, 2)
+    for r in range(2):
+        hs = ops[r].hs
+        assert any(isinstance(k, tuple) and k[0] == "copy" for k in hs.streams), "split pushes made no helpers"
+        assert joined[r] == [hs.streams[1]], joined[r]  # the receive stream's events were waited on instead
+        assert hs._used == []

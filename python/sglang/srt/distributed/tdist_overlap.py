@@ -9,8 +9,9 @@ are sized for ``max_tokens`` rows.
 Producer ``"decomp"`` (default): the decomposition of ``sgl_kernel.tdist.decomp`` (cuBLAS per piece, copy-engine
 pushes, stream waits on signals; Wang et al., ASPLOS 2023, sec. 3) behind ``sgl_kernel.tdist.auto.AutoAgGemm`` /
 ``AutoGemmRs``, which fall back to NCCL + cuBLAS below the calibration table's break-even M (``table``, default
-:data:`sgl_kernel.tdist.auto.H100_TABLE`). One op object per buffer name (AG: per K, RS: per N), so ops of the same
-K / N share buffers and credits. Its stream waits have no device timeout (a dead peer hangs like NCCL does; the
+:func:`sgl_kernel.tdist.auto.table_for` of the GPU model: H200 / H100 measured tables, the default table
+elsewhere). One op object per buffer name (AG: per K, RS: per N), so ops of the same K / N share buffers and
+credits. Its stream waits have no device timeout (a dead peer hangs like NCCL does; the
 process-level watchdog applies). Producers ``"ce"`` / ``"sm"``: the Triton kernels (AgGemm / GemmRs).
 
 Fail closed (Triton producers): the kernels' device waits are bounded (HeapConfig.wait_timeout_s); after every fused
@@ -48,9 +49,10 @@ class TdistSequenceParallelOps(SequenceParallelOps):
     is fine), device (this rank's CUDA device), rank, world_size, max_tokens (largest T per call), heap_bytes
     (data bytes per rank; default sized lazily-safe at 1 GiB), producer ("decomp" default, "ce", "sm"; see the
     module docstring), gather_group (the device group: row gathers, and the NCCL fallback of the decomposition when
-    it is an NCCL group), table (a CalibrationTable for the decomposition's fallback; default H100_TABLE). Raises
-    ValueError on an unknown producer and on heap creation failure (the factory falls back to torch). heap: an
-    existing SymmetricHeap of the group (tests: ``simulate_group``); None creates one."""
+    it is an NCCL group), table (a CalibrationTable for the decomposition's fallback; default
+    ``auto.table_for(GPU name)``). Raises ValueError on an unknown producer and on heap creation failure (the
+    factory falls back to torch). heap: an existing SymmetricHeap of the group (tests: ``simulate_group``); None
+    creates one."""
 
     name = "tdist"
 
@@ -99,10 +101,13 @@ class TdistSequenceParallelOps(SequenceParallelOps):
     def _build(self, kind: str, k: int, n: int, dtype: torch.dtype, name: str):
         rs_rows = -(-self.max_tokens // self.world_size)
         if self.producer == "decomp":
-            from sgl_kernel.tdist.auto import H100_TABLE, AutoAgGemm, AutoGemmRs
+            from sgl_kernel.tdist.auto import AutoAgGemm, AutoGemmRs, CalibrationTable, table_for
             from sgl_kernel.tdist.decomp import DecompAgGemm, DecompGemmRs
 
-            table = self.table if self.table is not None else H100_TABLE
+            table = self.table
+            if table is None:  # the built-in table of this GPU model (unknown models: the default table)
+                dev = self.heap.device
+                table = table_for(torch.cuda.get_device_name(dev)) if dev.type == "cuda" else CalibrationTable()
             if kind == "ag":
                 return AutoAgGemm(DecompAgGemm(self.heap, self.max_tokens, k, dtype, name=name), self._nccl, table)
             return AutoGemmRs(DecompGemmRs(self.heap, rs_rows, n, dtype, name=name), self._nccl, table)

@@ -181,6 +181,60 @@ H100_TABLE = CalibrationTable(
           ("rs", 7168, 8192, 2, 2048, "nccl"), ("rs", 7168, 8192, 2, 8192, "decomp")))
 
 
+def _overlay(base: CalibrationTable, top: CalibrationTable) -> CalibrationTable:
+    """``base`` with ``top``'s rows replacing those of the same key (entries: the shape; pieces / best /
+    schedules: the shape and M); ``base``'s default_min_m."""
+    def merge(a, b, n):
+        keys = {tuple(e[:n]) for e in b}
+        return tuple(sorted([e for e in a if tuple(e[:n]) not in keys] + list(b)))
+    return CalibrationTable(merge(base.entries, top.entries, 4), base.default_min_m, merge(base.pieces, top.pieces, 5),
+                            merge(base.best, top.best, 5), merge(base.schedules, top.schedules, 5))
+
+
+# Measured on 4 x H200 (NVLink, multicast off), 2026-11-27 00:16Z (scripts/gpu/issue26_4gpu.sh 130: bench_tdist.py
+# --world 4 --tp-shapes 4 --tokens 2048 8192 --iters 20 --variants decomp pieces auto graph profile, medians of CUDA
+# events, max over ranks), Llama-3.3-70B TP4 shapes, ms at M 2048 | 8192: best decomposition (pieces, schedule) /
+# NCCL + cuBLAS / torch symm-mem fused:
+#   AG qkv     K 8192 N 2560:  0.328 (1, ring) / 0.222 / 0.687 -> nccl | 0.605 (2, ring) / 0.782 / 0.495 -> symm
+#   AG gate_up K 8192 N 14336: 0.690 (1, ring) / 0.818 / 0.877 -> decomp | 2.853 (1, all) / 3.000 / 2.879 -> decomp
+#   RS o_proj  K 2048 N 8192:  0.714 (1, all) / 0.203 / 0.725 -> nccl | 0.759 (1, ring) / 0.719 / 0.716 -> nccl (tie)
+#   RS down    K 7168 N 8192:  0.515 (1, ring) / 0.421 / 0.499 -> nccl | 1.496 (2, all) / 1.733 / 1.416 -> symm
+# and at world 2 (GPUs 0-1 of the same host, M 8192 only): qkv 0.445 (2, all) / 0.720 / 0.562 -> decomp; o_proj
+# 0.506 (4, all) / 0.674 / 0.530 -> decomp. Shapes and M not measured on H200 keep the H100 world-2 rows (used on
+# H200 before this table) or the defaults. Measured before the receive waits got their own streams (decomp.py,
+# 2026-11-27): the GEMM-RS decomposition rows at world 4 are expected to move; re-calibrate from the next run.
+H200_TABLE = _overlay(H100_TABLE, CalibrationTable(
+    (("ag", 8192, 2560, 4, 8192), ("ag", 8192, 14336, 4, 2048), ("rs", 2048, 8192, 4, NEVER),
+     ("rs", 7168, 8192, 4, 8192)),
+    pieces=(("ag", 8192, 2560, 4, 2048, 1), ("ag", 8192, 2560, 4, 8192, 2), ("ag", 8192, 14336, 4, 2048, 1),
+            ("ag", 8192, 14336, 4, 8192, 1), ("rs", 2048, 8192, 4, 2048, 1), ("rs", 2048, 8192, 4, 8192, 1),
+            ("rs", 7168, 8192, 4, 2048, 1), ("rs", 7168, 8192, 4, 8192, 2),
+            ("ag", 8192, 2560, 2, 8192, 2), ("rs", 2048, 8192, 2, 8192, 4)),
+    best=(("ag", 8192, 2560, 4, 2048, "nccl"), ("ag", 8192, 2560, 4, 8192, "symm"),
+          ("ag", 8192, 14336, 4, 2048, "decomp"), ("ag", 8192, 14336, 4, 8192, "decomp"),
+          ("rs", 2048, 8192, 4, 2048, "nccl"), ("rs", 2048, 8192, 4, 8192, "nccl"),
+          ("rs", 7168, 8192, 4, 2048, "nccl"), ("rs", 7168, 8192, 4, 8192, "symm"),
+          ("ag", 8192, 2560, 2, 8192, "decomp"), ("rs", 2048, 8192, 2, 8192, "decomp")),
+    schedules=(("ag", 8192, 2560, 4, 2048, "ring"), ("ag", 8192, 2560, 4, 8192, "ring"),
+               ("ag", 8192, 14336, 4, 2048, "ring"), ("ag", 8192, 14336, 4, 8192, "all"),
+               ("rs", 2048, 8192, 4, 2048, "all"), ("rs", 2048, 8192, 4, 8192, "ring"),
+               ("rs", 7168, 8192, 4, 2048, "ring"), ("rs", 7168, 8192, 4, 8192, "all"),
+               ("ag", 8192, 2560, 2, 8192, "all"), ("rs", 2048, 8192, 2, 8192, "all"))))
+
+BUILTIN_TABLES = (("H200", H200_TABLE), ("H100", H100_TABLE))  # (substring of the GPU name, table), first match
+
+
+def table_for(device_name: str) -> CalibrationTable:
+    """The built-in calibration table of a GPU model (``torch.cuda.get_device_name()``, e.g. "NVIDIA H200"):
+    :data:`H200_TABLE` for H200s, :data:`H100_TABLE` for H100s, the default :class:`CalibrationTable` (the
+    decomposition from ``default_min_m``, pieces from :func:`~sgl_kernel.tdist.decomp.plan_chunks`) for any other
+    GPU (its timings are unknown)."""
+    for key, table in BUILTIN_TABLES:
+        if key in device_name:
+            return table
+    return CalibrationTable()
+
+
 class AutoAgGemm:
     """AG-GEMM on the path the table picks per call (:meth:`CalibrationTable.choose`): ``decomp`` (a
     :class:`~sgl_kernel.tdist.decomp.DecompAgGemm`), NCCL ``all_gather_into_tensor`` + cuBLAS, or torch's

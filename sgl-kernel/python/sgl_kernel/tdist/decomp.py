@@ -7,8 +7,9 @@ No SM does any communication and the host only enqueues: every dependency is a s
 
 * Data signal ``sig[src]`` (in the receiver's heap): the sender's per-peer stream copies (``cuMemcpyAsync`` into the
   receiver's IPC-mapped heap) then writes 1 with ``cuStreamWriteValue64`` (preceded by a system-scope fence, so a
-  release). The receiver waits ``sig[src] >= 1`` (``cuStreamWaitValue64``) and resets it to 0 on the stream of the
-  same ring step, after that step's own push, and records an event; the consumer stream waits on the event, then
+  release). The receiver waits ``sig[src] >= 1`` (``cuStreamWaitValue64``) and resets it to 0 on the receive stream
+  of the same ring step (apart from the push stream, so no rank's pushes wait for its peers' pushes), and records an
+  event; the consumer stream waits on the event, then
   runs the dependent cuBLAS GEMM (AG-GEMM) or addition (GEMM-RS).
 * Credit ``ready[dst]`` (in the sender's heap, 1 at construction): the receiver writes 1 into the sender's
   ``ready[me]`` once it finished reading the buffer the sender writes; the sender's stream waits for it and resets it
@@ -123,6 +124,8 @@ class _Handshake:
             raise ValueError(f"schedule={schedule!r} must be one of {SCHEDULES} (or None: per world)")
         self.heap, self.bounded, self.schedule = heap, bounded, schedule
         self.split, self.split_min_bytes = 1, 4 << 20  # see _push (1: one copy per piece)
+        self.split_recv = True  # receive waits on their own streams (see exchange)
+        self._used: list = []  # stream keys used by the current call (joined by join)
         self.sig = heap.signals(f"{name}.sig", heap.world * MAX_CHUNKS)
         self.ready = heap.signals(f"{name}.ready", heap.world)
         # heap offsets of the signal arrays: a peer's slot address is plain integer arithmetic (no tensor per op)
@@ -150,21 +153,43 @@ class _Handshake:
             ev = self.events[key] = torch.cuda.Event()
         return ev
 
+    def begin(self, main: "torch.cuda.Stream") -> None:
+        """Start of a call: record the ``start`` event on ``main`` (the receive streams fork from it: their landing
+        copies write ``out`` after ``main``'s earlier use of it, and under CUDA-graph capture every stream of the
+        call joins the capture through it) and forget the streams of the previous call (:meth:`join` waits only
+        for the streams this call used)."""
+        self._used = []
+        self.event("start").record(main)
+
+    def _use(self, key) -> "torch.cuda.Stream":
+        s = self.stream(key)
+        if key not in self._used:
+            self._used.append(key)
+        return s
+
     def exchange(self, j: int, sends, afters, sender: int, land=None) -> List["torch.cuda.Event"]:
-        """Ring step ``j`` on its own stream, piece by piece: with the ``"ring"`` schedule first wait until step
-        ``j - 1``'s pushes of this call are done (recorded by the previous ``exchange`` call: call the steps in
-        order); wait for the credit of ``peer = me + j``; then for
-        each piece ``c``: wait ``afters[c]``, copy ``sends[c] = (dst_local, src)`` into the peer's copy of
-        ``dst_local``, signal the peer's ``sig[me, c]``, wait for this rank's ``sig[sender, c]`` and reset it,
-        optionally copy the received piece locally (``land[c] = (dst, src)``, a copy-engine copy off the SMs),
-        record event ``c``. Returns the per-piece events the consumer's stream waits on (every dependency of the
-        consumer is CUDA-visible; a wait for piece ``c`` sits only behind this rank's own push of piece ``c``, and
-        the sender pushes piece ``c`` behind waits for pieces ``< c`` only: no cycle; the ring's wait for step
-        ``j - 1``'s pushes adds edges from lower steps only, so by induction over ``j`` there is still no cycle)."""
+        """Ring step ``j``, piece by piece. Push side, on the step's stream: with the ``"ring"`` schedule first
+        wait until step ``j - 1``'s pushes of this call are done (recorded by the previous ``exchange`` call: call
+        the steps in order); wait for the credit of ``peer = me + j``; then for each piece ``c``: wait
+        ``afters[c]``, copy ``sends[c] = (dst_local, src)`` into the peer's copy of ``dst_local``, signal the
+        peer's ``sig[me, c]``. Receive side, on the step's receive stream (forked from the call's ``start`` event,
+        :meth:`begin`; with ``split_recv=False`` on the push stream after piece ``c``'s push, the layout before
+        2026-11-27): wait for this rank's ``sig[sender, c]`` and reset it, optionally copy the received piece
+        locally (``land[c] = (dst, src)``, a copy-engine copy off the SMs), record event ``c``. Returns the
+        per-piece events the consumer's stream waits on. No cycle: a push waits only for GEMMs of this call, the
+        ring's previous step's pushes (lower steps only) and credits the peers' consumers gave at the end of the
+        previous call; the receive waits only for peers' pushes. On the push stream a receive wait holds back
+        this rank's next pushes (piece ``c + 1``, and under ``"ring"`` the next step) behind its sender's push of
+        piece ``c``, chaining the ranks' pieces around the ring (bench_tdist.py measures both layouts: notes
+        "waits on push streams")."""
         h = self.heap
         peer = (h.rank + j) % h.world
-        s = self.stream(j)
+        s = self._use(j)
         cs = s.cuda_stream
+        # not in _used: the consumer waits on every piece event of the receive stream, its last work (joined)
+        r = self.stream(("recv", j)) if self.split_recv else s
+        if r is not s:
+            r.wait_event(self.event("start"))
         s.wait_event(afters[0])
         if self.schedule == "ring" and j > 1:
             s.wait_event(self.event(("pushed", j - 1)))
@@ -179,13 +204,21 @@ class _Handshake:
             cuda_ipc.stream_write_value64(sig_peer + 8 * c, 1, cs)
             if c == len(sends) - 1 and self.schedule == "ring":
                 self.event(("pushed", j)).record(s)  # the next step's pushes may start (this one's are done)
-            self._wait_reset(self.sig, sender * MAX_CHUNKS + c, s)
-            if land is not None and _nbytes(land[c][1]):
-                cuda_ipc.memcpy_async(land[c][0].data_ptr(), land[c][1].data_ptr(), _nbytes(land[c][1]), cs)
-            ev = self.event((j, c))
-            ev.record(s)
-            evs.append(ev)
+            if r is s:
+                evs.append(self._receive(j, c, sender, land, r))
+        if r is not s:
+            evs = [self._receive(j, c, sender, land, r) for c in range(len(sends))]
         return evs
+
+    def _receive(self, j: int, c: int, sender: int, land, r: "torch.cuda.Stream") -> "torch.cuda.Event":
+        """On stream ``r``: wait for and reset ``sig[sender, c]``, land piece ``c`` (``land[c]``, optional), record
+        and return the event of (step ``j``, piece ``c``)."""
+        self._wait_reset(self.sig, sender * MAX_CHUNKS + c, r)
+        if land is not None and _nbytes(land[c][1]):
+            cuda_ipc.memcpy_async(land[c][0].data_ptr(), land[c][1].data_ptr(), _nbytes(land[c][1]), r.cuda_stream)
+        ev = self.event((j, c))
+        ev.record(r)
+        return ev
 
     def _push(self, j: int, c: int, dst: int, src: int, n: int, s: "torch.cuda.Stream") -> None:
         """``cuMemcpyAsync`` of ``n`` bytes ``src -> dst`` in stream order on ``s``. With ``self.split = k > 1``
@@ -204,7 +237,7 @@ class _Handshake:
             lo = i * part
             if lo >= n:
                 break
-            helper = self.stream(("copy", j, i))
+            helper = self.stream(("copy", j, i))  # joined into s below (so not in _used)
             helper.wait_event(fork)
             cuda_ipc.memcpy_async(dst + lo, src + lo, min(part, n - lo), helper.cuda_stream)
             ev = self.event(("join", j, c, i))
@@ -233,10 +266,15 @@ class _Handshake:
         cuda_ipc.stream_write_value64(h.bases[src] + self._ready_off + 8 * h.rank, 1, stream.cuda_stream)
 
     def join(self, main: "torch.cuda.Stream") -> None:
-        """``main`` waits for every step stream (their copies have left this rank's buffers). This is also why no
-        ``record_stream`` is needed: memory freed after the call is reused behind this join on ``main``."""
-        for s in self.streams.values():
-            main.wait_stream(s)
+        """``main`` waits for every push stream this call used (their copies have left this rank's buffers; the
+        receive streams are joined already: the consumer waited on their last events). This is
+        also why no ``record_stream`` is needed: memory freed after the call is reused behind this join on
+        ``main``. Only this call's streams: a stream created by an earlier call in another mode (e.g. the helper
+        streams of split pushes) is not part of a CUDA-graph capture, and waiting on it from the capturing stream
+        invalidates the capture (cudaErrorStreamCaptureInvalidated, 2026-11-27 on 4 x H200)."""
+        for key in self._used:
+            main.wait_stream(self.streams[key])
+        self._used = []
 
 
 def _offsets(rows: Sequence[int]) -> List[int]:
@@ -300,8 +338,8 @@ class DecompAgGemm:
         me, w = h.rank, h.world
         _check_chunks(chunks)
         c = chunks or self.chunks or plan_chunks("ag", rows, self.k, n)
-        done = self.hs.event("a")
-        done.record(main)  # a is ready
+        self.hs.begin(main)
+        done = self.hs.event("start")  # a is ready
         mine = self.gather[off[me]: off[me + 1]]
         if bulk and w == 2 and c == 1:
             head = min(rows[me], -(-rows[1 - me] * 3900 // (n * 128)) * 128)
@@ -402,6 +440,7 @@ class DecompGemmRs:
         main = torch.cuda.current_stream(h.device)
         _check_chunks(chunks)
         c = chunks or self.chunks or plan_chunks("rs", rows, a.shape[1], self.n)
+        self.hs.begin(main)
         mine = _pieces(rows[me], c)
         arrived = []
         for j in range(1, w):  # step j pushes to d = me + j and receives from me - j (which pushes at its step j)
