@@ -113,7 +113,7 @@ class StagingArea:
         ev = None
         if self.buf.is_cuda:
             ev = torch.cuda.Event()
-            ev.record()
+            ev.record(torch.cuda.current_stream(self.buf.device))
         self.pending.append((offset, -(-nbytes // self.ALIGN) * self.ALIGN, ev))
 
     def _reclaim(self) -> None:
