@@ -36,7 +36,7 @@ else
   dev=cuda; backend=nixl; model=$data/configs/meta-llama--Meta-Llama-3.1-8B; tok=(--tokenizer-path "$data/tokenizers/llama3")
   n_main=48; n_short=24; il=1024; ol=128
   srv="--load-format dummy --dtype bfloat16 --max-total-tokens 131072 --cuda-graph-max-bs 64"; tp2="--tp 2"; cap=110
-  eq_tp12=60; eq_2p1d=55  # stories260K servers start in parallel inside each test (CUDA init + small graphs)
+  eq_tp12=70; eq_2p1d=65  # stories260K servers start in parallel inside each test (CUDA init + small graphs)
 fi
 gpu() { [ "$dev" = cuda ] && echo "--base-gpu-id $1"; }
 declare -A status
@@ -59,7 +59,7 @@ rnd=(--dataset random --input-len "$il" --output-len "$ol")
 # ---- 1. equality, one test after the other, each bounded ----
 eq() {  # eq NAME CAP_S PYTEST_ARGS... (env set by the caller)
   local name="$1" t="$2"; shift 2
-  local l=$(( $(left) - 90 )); [ "$l" -lt "$t" ] && t=$l  # keep >= 90 s for the tp12 row
+  local l=$(( $(left) - 85 )); [ "$l" -lt "$t" ] && t=$l  # keep >= 85 s for the tp12 row
   [ "$t" -lt 30 ] && { status[$name]="skipped (no time left)"; return; }
   touch "$out/$name.mark"
   SGLANG_PD_TEST_TIMEOUT=$(( t - 8 )) bg "$name" "$t" "$PY" -m pytest -s -v -p no:cacheprovider "$@"
