@@ -31,7 +31,9 @@ class ServerProcess:
     healthy within ``timeout`` seconds.
     """
 
-    def __init__(self, args: list[str], timeout: float = 240.0, api_key: Optional[str] = None):
+    def __init__(self, args: list[str], timeout: float = 240.0, api_key: Optional[str] = None, wait: bool = True):
+        """``wait=False``: return once the process is started; call :meth:`wait_healthy` (servers start in
+        parallel, e.g. :func:`pd_utils.start_servers`)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
@@ -41,6 +43,12 @@ class ServerProcess:
         self.log_path = f"/tmp/sglang-test-server-{self.port}.log"
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=ENV)
+        if wait:
+            self.wait_healthy(timeout)
+
+    def wait_healthy(self, timeout: float = 240.0) -> None:
+        """Block until ``/health`` answers 200; RuntimeError (with the log tail, the server stopped) if the process
+        exits or ``timeout`` seconds pass."""
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:

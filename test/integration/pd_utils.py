@@ -21,7 +21,7 @@ from server_utils import ENV, ServerProcess, free_port  # noqa: E402
 DEVICE = os.environ.get("SGLANG_PD_TEST_DEVICE", "cpu")
 BACKEND = os.environ.get("SGLANG_PD_TEST_BACKEND", "fake")
 SPLIT_GPUS = DEVICE == "cuda" and os.environ.get("SGLANG_PD_TEST_SPLIT_GPUS", "") == "1"
-_GPU = ["--mem-fraction-static", "0.2"] if DEVICE == "cuda" else []
+_GPU = ["--mem-fraction-static", "0.2", "--cuda-graph-max-bs", "8"] if DEVICE == "cuda" else []
 FAST = ["--device", DEVICE, "--max-total-tokens", "2048", "--max-running-requests", "8",
         "--disaggregation-transfer-backend", BACKEND, "--disaggregation-verify", *_GPU]
 AGG = [*FAST[:6], *_GPU]  # the aggregated baseline's flags (no disaggregation flags)
@@ -77,6 +77,37 @@ class Router:
                 self.proc.kill()
                 self.proc.wait(5)
         self._log.close()
+
+
+_T0 = time.monotonic()
+
+
+def progress(msg: str) -> None:
+    """One timestamped progress line on stderr, flushed (visible with ``pytest -s`` even if the test is killed):
+    wall clock UTC and seconds since the test module was imported."""
+    stamp = time.strftime("%H:%M:%S", time.gmtime())
+    sys.stderr.write(f"[pd-test {stamp} +{time.monotonic() - _T0:.1f}s] {msg}\n")
+    sys.stderr.flush()
+
+
+def start_servers(arg_lists: list[list[str]], names: list[str], timeout: float = 600.0) -> list[ServerProcess]:
+    """Start every server at once and wait until all are healthy (their start-up overlaps: on GPUs each spends
+    most of it in CUDA init and graph capture). On any failure every one of them is stopped and the error
+    re-raised. Progress lines name each server, its port and log file."""
+    servers = []
+    try:
+        for args, name in zip(arg_lists, names):
+            servers.append(ServerProcess(args, timeout=timeout, wait=False))
+            progress(f"starting {name} on port {servers[-1].port} (log {servers[-1].log_path})")
+        end = time.time() + timeout
+        for s, name in zip(servers, names):
+            s.wait_healthy(max(end - time.time(), 1.0))
+            progress(f"{name} up")
+        return servers
+    except BaseException:
+        for s in servers:
+            s.stop()
+        raise
 
 
 def kv_in_use(server: ServerProcess) -> int:

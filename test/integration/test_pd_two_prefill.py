@@ -6,7 +6,8 @@ failed), and KV is back to zero everywhere. Pull mode, stories260K.
 
 GPU: ``SGLANG_PD_TEST_DEVICE=cuda SGLANG_PD_TEST_BACKEND=nixl SGLANG_PD_TEST_SPLIT_GPUS=1`` puts the decode server on
 GPU 1 and, with ``SGLANG_PD_TEST_PREFILL_GPUS=0,2``, prefill server i on the i-th GPU listed
-(``scripts/gpu/issue24_pd_4gpu.sh``)."""
+(``scripts/gpu/issue24_pd_4gpu.sh``). The aggregated server and the three PD servers start at once; run with ``-s``
+for timestamped progress lines (servers up, each request, tokens compared)."""
 
 from __future__ import annotations
 
@@ -20,10 +21,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from conftest import shared_path  # noqa: E402
-from pd_utils import AGG, DEVICE, Router, kv_in_use, pd_args  # noqa: E402
-from server_utils import ServerProcess  # noqa: E402
+from pd_utils import AGG, DEVICE, Router, kv_in_use, pd_args, progress, start_servers  # noqa: E402
 
-pytestmark = pytest.mark.timeout(900)
+# SGLANG_PD_TEST_TIMEOUT bounds the test (a timed-out test still stops its servers and prints every stack)
+pytestmark = pytest.mark.timeout(int(os.environ.get("SGLANG_PD_TEST_TIMEOUT", "900")))
 
 PROMPTS = ["Once upon a time", "Lily and Tom went to the park. They saw a big red ball and a little",
            "The cat sat on the", "One day, a little girl named Sue"]
@@ -45,29 +46,30 @@ def test_two_prefill_one_decode_equals_aggregated():
     model = shared_path("models", "stories260K")
     if model is None or not os.path.isdir(model):
         pytest.skip("stories260K is not in the shared data folder")
-    agg = ServerProcess(["--model-path", model, *AGG])
+    places = _prefill_gpus()
+    servers = start_servers([["--model-path", model, *AGG], pd_args("prefill", model, places[0]),
+                             pd_args("prefill", model, places[1]), pd_args("decode", model)],
+                            ["aggregated", f"prefill 1 {places[0]}", f"prefill 2 {places[1]}", "decode"])
     try:
+        agg, p1, p2, dec = servers
         expected = [requests.post(agg.url + "/generate", json={"text": p, "sampling_params": GREEDY},
                                   timeout=120).json()["output_ids"] for p in PROMPTS]
-    finally:
-        agg.stop()
-    servers = []
-    try:
-        for place in _prefill_gpus():
-            servers.append(ServerProcess(pd_args("prefill", model, place), timeout=600))
-        servers.append(ServerProcess(pd_args("decode", model), timeout=600))
-        p1, p2, dec = servers
+        progress("aggregated outputs taken")
         router = Router([p1.url, p2.url], [dec.url])
+        progress("router up")
         try:
             got = []
-            for p in PROMPTS:  # one at a time: round robin alternates the prefill servers
-                r = requests.post(router.url + "/generate", json={"text": p, "sampling_params": GREEDY}, timeout=300)
+            for i, p in enumerate(PROMPTS):  # one at a time: round robin alternates the prefill servers
+                progress(f"request {i} sent")
+                r = requests.post(router.url + "/generate", json={"text": p, "sampling_params": GREEDY}, timeout=120)
                 assert r.status_code == 200, r.text
                 got.append(r.json()["output_ids"])
+                progress(f"request {i} answered: {r.json()['meta_info']['disaggregation']}")
                 assert r.json()["meta_info"]["disaggregation"]["transfer_bytes"] > 0
         finally:
             router.stop()
         assert got == expected
+        progress("tokens compared: equal")
         done = [p.internal_state() for p in (p1, p2)]
         assert [d["disagg_rooms_done"] for d in done] == [2, 2], done
         assert all(d["disagg_rooms_failed"] == 0 for d in done), done

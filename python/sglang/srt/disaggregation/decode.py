@@ -3,13 +3,13 @@ server named by ``bootstrap_host:bootstrap_port``, then let them decode as if th
 
 Pull mode (default, KVDirect sec. 4.3): KV is allocated only once the prefill side reports the prompt
 done (``RoomReady``) *and* the pool has room, so decode KV lifetime excludes prefill queuing. Each decode
-rank then submits, per prefill rank it reads from, the per-(layer, K/V, token) READs of exactly the KV
-heads it holds plus a COMPLETE to its :class:`~sglang.srt.disaggregation.transfer.queue.TransferQueue`
-(KVDirect sec. 4.2: popped up to the first COMPLETE, coalesced where both sides are contiguous; the
-COMPLETE goes over the transfer backend's notification channel once that rank's reads are done, one
-unacknowledged COMPLETE per peer pair). The prefill ranks ACK it and release the KV on it (prefill.py).
-A room is activated here only when every decode rank's reads are done (agreed; and verified with
-``--disaggregation-verify``).
+rank then submits, per prefill rank it reads from, the per-(layer, K/V, token) READs of the KV heads it
+holds (whole rows into a staging chunk when the head ranges differ, staging.py) plus a COMPLETE to its
+:class:`~sglang.srt.disaggregation.transfer.queue.TransferQueue` (KVDirect sec. 4.2: popped up to the first
+COMPLETE, coalesced where both sides are contiguous; the COMPLETE goes over the transfer backend's notification
+channel once that rank's reads are done, one unacknowledged COMPLETE per peer pair). The prefill ranks ACK it and
+release the KV on it (prefill.py). A room is activated here only when every decode rank's reads are done (agreed;
+and verified with ``--disaggregation-verify``).
 Push mode: KV is allocated when the request arrives; the slots travel in ``RoomRequest`` and the
 prefill ranks write into them; ``RoomReady`` then means written, and ``RoomAck`` (ZMQ) releases the
 prefill KV once the request is activated here.
@@ -41,8 +41,8 @@ from sglang.srt.disaggregation.messages import (
     RoomReady,
     RoomRequest,
 )
-from sglang.srt.disaggregation.slot_plan import assign_sources, plan_slot_copies
-from sglang.srt.mem_cache.kv_descriptor import KVRegionDescriptor
+from sglang.srt.disaggregation.slot_plan import assign_sources
+from sglang.srt.disaggregation.staging import Stager
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,8 @@ class DecodeRoom:
     queue_s: float = 0.0
     fail_reason: str = ""
     expiring: bool = False
-
+    stage: Optional[tuple[int, int]] = None  # staging chunk (offset, nbytes) and staged sources (staging.py)
+    staged: list = field(default_factory=list)
 
 @dataclass
 class PrefillServer:
@@ -97,6 +98,7 @@ class DecodeConnector(BaseConnector):
         self.servers: dict[tuple[str, int], PrefillServer] = {}
         self.last_route_try: dict[tuple[str, int], float] = {}
         self.stats["transfer_ops_planned"] = 0
+        self.stager = Stager(self.agent.backend, self.agent.desc, self.agent.heads, self.agent.ranks)
 
     # ---- scheduler hooks -----------------------------------------------------------------------------
     def intercept(self, req, msg) -> list[Decision]:
@@ -344,14 +346,15 @@ class DecodeConnector(BaseConnector):
         if r.loc is None and not self._alloc(r):
             return  # pull mode: allocate only when the pool has room; stays queued
         srv = self.servers[r.server]
+        if r.stage is None:  # heterogeneous TP: whole source rows into a staging chunk (staging.py)
+            ok, r.stage = self.stager.reserve(r.room, srv.route["ranks"], len(ready.slots))
+            if not ok:
+                return  # staging full now: stays queued (every rank decides alike)
         dst_slots = r.loc.tolist()
         try:
             plans = []
             for info, heads in self._sources(srv):  # plan every source first: a bad plan posts nothing
-                src = KVRegionDescriptor.from_dict(info["kv"])
-                copies = plan_slot_copies(src, (info["head_lo"], info["head_hi"]), ready.slots,
-                                          self.agent.desc, self.agent.heads, dst_slots, heads=heads, coalesce=False)
-                plans.append((info, copies))
+                plans.append((info, self.stager.plan(r.stage, r.staged, info, heads, ready.slots, dst_slots)))
             for info, copies in plans:
                 # rows (prefill address, decode address, nbytes) = (remote, local, nbytes); the queue coalesces
                 # them and sends COMPLETE once they are done (also for an empty plan: the prefill rank waits for it)
@@ -382,6 +385,10 @@ class DecodeConnector(BaseConnector):
                 r = self.rooms[room]
                 r.reads, r.ops, r.nbytes = (sum(per_rank[k * width + 3 * i + j] for k in range(len(per_rank) // width))
                                             for j in range(3))
+        for room in done:  # staged rows -> KV slots (heterogeneous TP), before verification and decoding
+            r = self.rooms[room]
+            self.stager.unstage(self.kv.token_to_kv_pool.kv_data, r.stage, r.staged, r.loc)
+            r.stage = None
         if done and self.args.disaggregation_verify:
             oks = self.agent.agree([1 if self._verify(self.rooms[room]) else 0 for room in done])
             for room, ok in zip(done, oks):
@@ -449,6 +456,8 @@ class DecodeConnector(BaseConnector):
         for key in r.keys:  # drop its queued READs (no COMPLETE is sent for a failed request)
             self.agent.queue.abort(key, reason)
             self.agent.queue.pop_stats(key)
+        self.stager.free(r.stage)
+        r.stage = None
         if notify:
             srv = self.servers.get(r.server)
             if srv is not None:
