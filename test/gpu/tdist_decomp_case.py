@@ -158,7 +158,7 @@ def _run_cases(heap, note, nccl, cases):
         res["decomp"] = f
     if "schedules" in cases:
         note("schedules")
-        res["schedules"] = _schedules_case(heap, k, n, even, uneven)
+        res["schedules"] = _schedules_case(heap, k, n, even, uneven, note)
     if "graph" in cases:
         note("graph")
         ag = DecompAgGemm(heap, 2048, k, DT, name="t.gdag", chunks=2)
@@ -201,28 +201,33 @@ def _run_cases(heap, note, nccl, cases):
     return res
 
 
-def _schedules_case(heap, k, n, even, uneven):
+def _schedules_case(heap, k, n, even, uneven, note=lambda what: None):
     """Both per-peer stream schedules of the decomposition ("ring": staggered steps; "all"), 1 and 3 pieces, even and
     uneven rows, 10 back-to-back calls each; the receive waits on the push streams (``split_recv=False``, the
     layout before 2026-11-27) for the 3-piece ops; then calls with split pushes (helper copy streams outside the
     later capture: the bench order whose capture was invalidated, 2026-11-27 on 4 x H200) and one CUDA-graph
-    capture of the 3-piece ops replayed on new inputs."""
+    capture of the 3-piece ops replayed on new inputs. ``note(what)`` reports each sub-step as progress (a rank
+    that stops is named with its last sub-step)."""
     f = []
     for sched in ("ring", "all"):
         for c in (1, 3):
+            note(f"schedules {sched} {c} pc")
             ag = DecompAgGemm(heap, 2048, k, DT, name=f"t.sag.{sched}{c}", chunks=c, schedule=sched)
             rs = DecompGemmRs(heap, 512, n, DT, name=f"t.srs.{sched}{c}", chunks=c, schedule=sched)
             for rows in (even, uneven):
                 f += _guard(_check_ag, ag, heap, rows, k, n, range(70, 80), f"{sched} AG {c} pc rows={rows}")
                 f += _guard(_check_rs, rs, heap, rows, k, n, range(70, 80), f"{sched} RS {c} pc rows={rows}")
+        note(f"schedules {sched} waits on push streams")
         for op in (ag, rs):
             op.hs.split_recv = False
         f += _guard(_check_ag, ag, heap, uneven, k, n, range(80, 83), f"{sched} AG 3 pc waits on push streams")
         f += _guard(_check_rs, rs, heap, uneven, k, n, range(80, 83), f"{sched} RS 3 pc waits on push streams")
+        note(f"schedules {sched} split pushes")
         for op in (ag, rs):
             op.hs.split_recv, op.hs.split, op.hs.split_min_bytes = True, 2, 0
         f += _guard(_check_ag, ag, heap, even, k, n, range(83, 86), f"{sched} AG 3 pc split pushes")
         f += _guard(_check_rs, rs, heap, uneven, k, n, range(83, 86), f"{sched} RS 3 pc split pushes")
+        note(f"schedules {sched} graph")
         for op in (ag, rs):
             op.hs.split = 1
         f += _guard(_graph_ag, ag, heap, even, k, n, f"{sched} AG 3 pc")
