@@ -132,10 +132,35 @@ def test_decode_split_rules_vs_torch_native(bs, legacy):
         assert splits == max(1, min(16, 2 * sms // (bs * 8)))  # 2 programs per SM (decode_attention.py)
 
 
-def test_rope_and_store_kv_equals_rope_then_store_on_gpu():
+@pytest.mark.parametrize("tile", ["128/8/3", "256/8/3", "64/4/4"])
+def test_decode_small_grid_tile_vs_torch_native(tile, monkeypatch):
+    """Issue 27: SGLANG_DECODE_ATTN_SMALL_GRID_TILE at batch 32 (one split, 256 programs <= 2 per SM on an H100 or
+    H200) matches torch_native at Llama-8B heads."""
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+    from sgl_kernel.triton.decode_attention import small_grid_tile
+
+    monkeypatch.setenv("SGLANG_DECODE_ATTN_SMALL_GRID_TILE", tile)
+    bs = 32
+    if small_grid_tile(bs, 8, 1, torch.device(DEV)) is None:
+        pytest.skip("fewer than 128 SMs: batch 32 is not a small grid here")
+    gen = torch.Generator().manual_seed(27)
+    prefix = [int(x) for x in torch.randint(1, 1100, (bs,), generator=gen)]
+    q, k, v, layer, make_batch = build_case(gen, prefix, [1] * bs, 32, 8, 128, torch.bfloat16)
+    rfb = make_batch(TorchNativeAttnBackend())
+    ref = rfb.attn_backend.forward(q, k, v, layer, rfb)
+    backend = TritonAttnBackend()
+    fb = make_batch(backend)
+    assert fb.attn_metadata.num_kv_splits == 1
+    close(backend.forward(q, k, v, layer, fb), ref, torch.bfloat16)
+
+
+@pytest.mark.parametrize("early", ["0", "1"])
+def test_rope_and_store_kv_equals_rope_then_store_on_gpu(early, monkeypatch):
     """The fused RoPE + KV-store kernel writes the same pool bytes and q as apply_rope + indexed stores (bf16, fp32
     compute with a bf16 pool, Neox and GPT-J, partial rotary), leaves k/v alone, and the backend path through
-    RadixAttention gives bit-identical attention with fused_rope on and off."""
+    RadixAttention gives bit-identical attention with fused_rope on and off; both load orders (issue 27)."""
+    monkeypatch.setenv("SGLANG_DECODE_EARLY_LOADS", early)
     from sglang.srt.layers.rotary_embedding import get_rope
     from sglang.srt.layers.triton_ops import rope, rope_kv_store
 
@@ -241,8 +266,10 @@ def test_decode_cuda_graph_replay_equals_eager(bs):
         assert torch.equal(out, eager)
 
 
+@pytest.mark.parametrize("early", ["0", "1"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_fused_ops_vs_references(dtype):
+def test_fused_ops_vs_references(dtype, early, monkeypatch):
+    monkeypatch.setenv("SGLANG_DECODE_EARLY_LOADS", early)  # RMSNorm: both load orders (issue 27)
     from sglang.srt.layers import ops
     from sglang.srt.layers.activation import silu_and_mul_ref
     from sglang.srt.layers.layernorm import rmsnorm_ref

@@ -36,3 +36,20 @@ def check_cuda_or_interpret(*tensors: torch.Tensor, what: str) -> None:
         if not t.is_cuda:
             raise ValueError(f"{what}: Triton kernels need CUDA tensors, got one on {t.device}; "
                              "call sglang.srt.layers.ops (torch fallback) or set TRITON_INTERPRET=1")
+
+
+EARLY_LOADS_ENV = "SGLANG_DECODE_EARLY_LOADS"
+
+
+def early_loads() -> bool:
+    """Whether the small per-layer kernels (RMSNorm, RoPE + KV store) issue all their independent global loads
+    before their first store (``SGLANG_DECODE_EARLY_LOADS=1``; default off until the GPU A/B of issue 27,
+    ``scripts/gpu/issue27_3_1gpu.sh``, decides). Read at launch, so a CUDA graph keeps the variant it captured.
+
+    Raises:
+        ValueError: the variable is set to something other than 0 or 1.
+    """
+    val = os.environ.get(EARLY_LOADS_ENV, "0").strip()
+    if val not in ("0", "1", ""):
+        raise ValueError(f"{EARLY_LOADS_ENV}={val!r}: use 0 (loads in program order) or 1 (loads first)")
+    return val == "1"

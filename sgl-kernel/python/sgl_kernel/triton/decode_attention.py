@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from typing import Optional
 
 import torch
@@ -204,6 +205,36 @@ def _decode_config(head_dim: int, group: int, num_kv_splits: int = 1, arch: int 
     return 64, 4, 2
 
 
+SMALL_GRID_TILE_ENV = "SGLANG_DECODE_ATTN_SMALL_GRID_TILE"
+
+
+def small_grid_tile(bs: int, num_kv_heads: int, num_kv_splits: int, device: torch.device
+                    ) -> Optional[tuple[int, int, int]]:
+    """``(BLOCK_N, num_warps, num_stages)`` from ``SGLANG_DECODE_ATTN_SMALL_GRID_TILE="BLOCK_N/warps/stages"`` for a
+    one-split launch whose grid fits one wave at two programs per SM (``bs * num_kv_heads <= 2 * SMs``: batch 32 of
+    Llama-3.1-8B on an H100); None when unset or not such a launch (then :func:`_decode_config` decides). Issue 27:
+    at batch 32 the 128 / 4 / 3 tile reads KV at 0.88 of copy bandwidth against 0.94 at batch 128, so this lets
+    the GPU A/B (``scripts/gpu/issue27_3_1gpu.sh``) try other tiles for that grid only. Read at launch (a CUDA graph
+    keeps the tile it captured).
+
+    Raises:
+        ValueError: a malformed value (not three positive integers, BLOCK_N not a power of two >= 16).
+    """
+    val = os.environ.get(SMALL_GRID_TILE_ENV, "").strip()
+    if not val:
+        return None
+    try:
+        tile = tuple(int(x) for x in val.split("/"))
+    except ValueError:
+        tile = ()
+    if len(tile) != 3 or min(tile) < 1 or tile[0] < 16 or tile[0] & (tile[0] - 1):
+        raise ValueError(f"{SMALL_GRID_TILE_ENV}={val!r}: use BLOCK_N/num_warps/num_stages, e.g. 128/8/3")
+    if num_kv_splits != 1 or device.type != "cuda" \
+            or bs * num_kv_heads > 2 * torch.cuda.get_device_properties(device).multi_processor_count:
+        return None
+    return tile
+
+
 def _arch_of(device: torch.device) -> int:
     """``major * 10 + minor`` of a CUDA device; 0 for CPU / the Triton interpreter."""
     if device.type != "cuda" or interpreting():
@@ -255,7 +286,8 @@ def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tens
     group = nh // nkv
     block_d = max(16, next_pow2(hd))
     block_h = max(16, next_pow2(group))
-    block_n_d, warps_d, stages_d = _decode_config(hd, group, num_kv_splits, _arch_of(q.device))
+    block_n_d, warps_d, stages_d = (None if legacy else small_grid_tile(bs, nkv, num_kv_splits, q.device)) \
+        or _decode_config(hd, group, num_kv_splits, _arch_of(q.device))
     block_n = block_n or block_n_d
     warps = num_warps or warps_d
     stages = num_stages or stages_d

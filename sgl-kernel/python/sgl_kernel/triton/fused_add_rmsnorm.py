@@ -16,17 +16,22 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_kernel.triton.common import check_cuda_or_interpret, next_pow2
+from sgl_kernel.triton.common import check_cuda_or_interpret, early_loads, next_pow2
 
 logger = logging.getLogger(__name__)
 
 
 @triton.jit
 def _rmsnorm_kernel(X, R, W, Y, stride_x, stride_r, stride_y, H, eps,
-                    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+                    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, EARLY_W: tl.constexpr = False):
+    # EARLY_W: issue the weight load first, so it is in flight with x/r instead of waiting behind the store of the
+    # residual (the compiler may not move a load above a store to a possibly aliasing pointer): one global-memory
+    # latency less on the critical path of this launch-latency-bound kernel (issue 27).
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < H
+    if EARLY_W:
+        w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
     x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(R + row * stride_r + offs, mask=mask, other=0.0)
@@ -35,7 +40,8 @@ def _rmsnorm_kernel(X, R, W, Y, stride_x, stride_r, stride_y, H, eps,
         x = s
     xf = x.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / H + eps)
-    w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
+    if not EARLY_W:
+        w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(Y + row * stride_y + offs, (xf * inv * w).to(Y.dtype.element_ty), mask=mask)
 
 
@@ -55,7 +61,8 @@ def _launch(x, r, w, y, eps):
     block = next_pow2(h)
     warps = min(max(block // 512, 1), 16)
     _rmsnorm_kernel[(n,)](x, r if r is not None else x, w, y, x.stride(0), r.stride(0) if r is not None else 0,
-                          y.stride(0), h, eps, HAS_RESIDUAL=r is not None, BLOCK=block, num_warps=warps)
+                          y.stride(0), h, eps, HAS_RESIDUAL=r is not None, BLOCK=block, EARLY_W=early_loads(),
+                          num_warps=warps)
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: Optional[torch.Tensor] = None) -> torch.Tensor:
