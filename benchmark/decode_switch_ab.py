@@ -1,7 +1,8 @@
 """Issue 27: A/B of kernel-variant switches that are read when a kernel is launched (so a CUDA graph keeps the variant
 it captured), in ONE process on one runner: ``SGLANG_DECODE_EARLY_LOADS`` (RMSNorm and RoPE + KV store issue their
-loads before their first store) and ``SGLANG_DECODE_ATTN_SMALL_GRID_TILE`` (decode-attention tile for a one-split
-grid that fits one wave, e.g. batch 32 on an H100).
+loads before their first store), ``SGLANG_DECODE_ATTN_SMALL_GRID_TILE`` (decode-attention tile for a one-split
+grid that fits one wave, e.g. batch 32 on an H100) and ``SGLANG_DECODE_PDL`` (the decode-path Triton kernels
+launched with programmatic dependent launch).
 
 Each set is ``name:ENV=value,ENV=value`` (``old:`` = no variables set); one CUDA-graph set is captured per set with
 its variables set, the first capture runs the decode-GEMM autotune (default on) and every later capture reuses that
@@ -29,7 +30,7 @@ from gpu_targets_lib import kv_bytes, memory_floor_s
 
 logger = logging.getLogger("decode_switch_ab")
 Sets = List[Tuple[str, Dict[str, str]]]
-SWITCHES = ("SGLANG_DECODE_EARLY_LOADS", "SGLANG_DECODE_ATTN_SMALL_GRID_TILE")
+SWITCHES = ("SGLANG_DECODE_EARLY_LOADS", "SGLANG_DECODE_ATTN_SMALL_GRID_TILE", "SGLANG_DECODE_PDL")
 
 
 def parse_sets(spec: str) -> Sets:
@@ -70,7 +71,8 @@ def switched(env: Dict[str, str]):
 
 def capture_sets(runner, sizes: List[int], capture: Callable, sets: Sets) -> Dict[str, object]:
     """One CUDA-graph set per entry of ``sets``; the GEMM autotune table of the first capture is reused by the
-    others (``decode_gemm.maybe_autotune`` patched for those captures only)."""
+    others (``decode_gemm.maybe_autotune`` patched for those captures only). A later set whose capture raises is
+    logged and left out (its name maps to the error text); the first set's error propagates."""
     from sglang.srt.layers import decode_gemm
 
     graphs: Dict[str, object] = {}
@@ -78,8 +80,16 @@ def capture_sets(runner, sizes: List[int], capture: Callable, sets: Sets) -> Dic
     try:
         for i, (name, env) in enumerate(sets):
             t0 = time.monotonic()
-            with switched(env):
-                graphs[name] = capture(runner, sizes)
+            try:
+                with switched(env):
+                    graphs[name] = capture(runner, sizes)
+            except Exception as e:  # e.g. a Triton without launch_pdl: keep the other sets
+                if i == 0:
+                    raise
+                graphs[name] = f"{type(e).__name__}: {e}"[:300]
+                logger.error("graph set %s %s failed to capture: %s", name, env, graphs[name])
+                torch.cuda.synchronize()
+                continue
             if i == 0:
                 table = getattr(graphs[name], "decode_gemm_table", None)
                 decode_gemm.maybe_autotune = lambda *a, **k: table
@@ -139,8 +149,10 @@ def switch_ab(runner, cfg, bw: float, weight_bytes: int, capture: Callable, repl
     "breakdown"}``; ``progress(res)`` gets the partial result after each batch size."""
     sets = parse_sets(spec)
     graphs = capture_sets(runner, sorted(set(cfg.batches)), capture, sets)
+    failed = {n: g for n, g in graphs.items() if isinstance(g, str)}
+    sets = [(n, e) for n, e in sets if n not in failed]
     dims = model_dims(runner.model_config, runner.num_kv_heads, runner.local_num_heads)
-    res = {"sets": [[n, e] for n, e in sets], "rows": [], "breakdown": []}
+    res = {"sets": [[n, e] for n, e in sets], "failed": failed, "rows": [], "breakdown": []}
     try:
         for bs in cfg.batches:
             res["rows"] += _measure(runner, cfg, bs, sets, graphs, bw, weight_bytes, replay_ms)
@@ -158,7 +170,9 @@ def render_switch(res: dict, bw: float) -> List[str]:
     """Markdown lines: the A/B table (with each row's ratio to the first set) and the per-class breakdowns."""
     sets = ", ".join(f"`{n}` = {' '.join(f'{k}={v}' for k, v in e.items()) or '(none set)'}"
                      for n, e in res.get("sets", []))
-    out = ["## Kernel-variant switches A/B, one process, one GEMM table, order alternated", "", f"Sets: {sets}.", "",
+    failed = "".join(f" Not captured: `{n}` ({err})." for n, err in res.get("failed", {}).items())
+    out = ["## Kernel-variant switches A/B, one process, one GEMM table, order alternated", "",
+           f"Sets: {sets}.{failed}", "",
            "| batch | set | served step (ms) | floor (ms) | served / floor | vs first set (ms) | replay (ms) | "
            "replay / floor | replay vs first set (ms) | steps |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     base: Dict[int, dict] = {}

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Issue 27 item 2, round 3 of the decode gap at batch 32, on ONE H100 or H200 (budget ISSUE27_BUDGET_S, default
 # 120 s wall, Triton compile and the decode-GEMM autotune included), in priority order:
-#   1. GPU tests: RMSNorm and RoPE + KV store with SGLANG_DECODE_EARLY_LOADS 0 and 1 vs their references, the
-#      decode attention with the SGLANG_DECODE_ATTN_SMALL_GRID_TILE candidates at batch 32 vs torch_native.
+#   1. GPU tests: RMSNorm, SiLU-and-mul and RoPE + KV store with SGLANG_DECODE_EARLY_LOADS 0/1 and
+#      SGLANG_DECODE_PDL 0/1 (programmatic dependent launch) vs their references, the decode attention with the
+#      SGLANG_DECODE_ATTN_SMALL_GRID_TILE candidates and with PDL at batch 32 vs torch_native, graph replay with PDL.
 #   2. decode-attention tiles at batch 32 in CUDA graphs (bench_decode_configs.py; Llama-8B heads, 1K context):
 #      the default 128/4/3 and candidates; the fastest one-split tile (error < 0.02) that beats the default by > 2%
 #      becomes the third set of step 3.
 #   3. benchmark/bench_decode_ab.py --switch-ab, ONE process (Llama-3.1-8B config, dummy weights, batch 32 first,
-#      then 1 and 128, 1K context; autotuned GEMMs, one table shared by all sets): graph sets `old` (nothing set),
-#      `early` (SGLANG_DECODE_EARLY_LOADS=1) and, if step 2 found one, `early_tile` (+ the tile); per batch the
+#      then 1 and 128, 1K context; autotuned GEMMs, one table shared by all sets): graph sets, cumulative, `old`
+#      (nothing set), `early` (SGLANG_DECODE_EARLY_LOADS=1), `early_pdl` (+ SGLANG_DECODE_PDL=1) and, if step 2
+#      found one, `early_pdl_tile` (+ SGLANG_DECODE_ATTN_SMALL_GRID_TILE); per batch the
 #      served step (Scheduler overlap loop, as the server runs) and the replay alone vs the floor, order alternated;
 #      per-class breakdown of one replay per set at batch 32.
 #   4. summary -> $OUT/issue27_3_summary.md (GPU name, commit, rc of each step, the tables).
@@ -18,7 +20,7 @@
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"  # cds to the repo root ($root), NVLS off, carried wheels and data
 export OUT="${OUT:-/tmp/issue27_3}"; mkdir -p "$OUT"
-unset TRITON_INTERPRET SGLANG_DECODE_EARLY_LOADS SGLANG_DECODE_ATTN_SMALL_GRID_TILE
+unset TRITON_INTERPRET SGLANG_DECODE_EARLY_LOADS SGLANG_DECODE_ATTN_SMALL_GRID_TILE SGLANG_DECODE_PDL
 model="$root/../shared/data/configs/meta-llama--Meta-Llama-3.1-8B"
 commit="$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 exec > >(tee -a "$OUT/issue27_3_run.log") 2>&1
@@ -34,9 +36,10 @@ stage "environment (commit $commit)"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 echo "GPU: ${gpu:-unknown}"
 
-stage "1. GPU tests: early-load RMSNorm / RoPE+KV store, small-grid attention tiles"
-timeout -k 5 "$(cap 30)" $PY -m pytest -q -p no:cacheprovider -m gpu test/gpu/test_triton_kernels_gpu.py \
-  -k "small_grid_tile or rope_and_store_kv or fused_ops_vs_references" > "$OUT/issue27_3_pytest.log" 2>&1
+stage "1. GPU tests: early-load / PDL RMSNorm, SiLU, RoPE+KV store; small-grid tiles and PDL in decode attention"
+timeout -k 5 "$(cap 35)" $PY -m pytest -q -p no:cacheprovider -m gpu test/gpu/test_triton_kernels_gpu.py -k \
+  "small_grid_tile or rope_and_store_kv or (fused_ops_vs_references and dtype0) or (graph_replay and 96)" \
+  > "$OUT/issue27_3_pytest.log" 2>&1
 rc[tests]=$?
 grep -E "passed|failed|skipped|Error|assert" "$OUT/issue27_3_pytest.log" | tail -n 6
 
@@ -58,12 +61,13 @@ EOF
 fi
 echo "small-grid tile for step 3: ${tile:-none (the default stays best or no sweep)}"
 
-stage "3. one process: old vs early loads (vs early loads + tile), served step + replay alternated"
-sets="old:;early:SGLANG_DECODE_EARLY_LOADS=1"
-[[ -n "$tile" ]] && sets="$sets;early_tile:SGLANG_DECODE_EARLY_LOADS=1,SGLANG_DECODE_ATTN_SMALL_GRID_TILE=$tile"
+stage "3. one process: old / early loads / + PDL (/ + tile), served step + replay alternated"
+e=SGLANG_DECODE_EARLY_LOADS=1; p=SGLANG_DECODE_PDL=1
+sets="old:;early:$e;early_pdl:$e,$p"
+[[ -n "$tile" ]] && sets="$sets;early_pdl_tile:$e,$p,SGLANG_DECODE_ATTN_SMALL_GRID_TILE=$tile"
 timeout -k 10 "$(cap 300)" $PY benchmark/bench_decode_ab.py --out "$OUT" --model-path "$model" \
   --switch-ab "$sets" --switch-breakdown 32 --batches 32,1,128 --prefill-tokens 0 \
-  --serving-steps 12 --serving-warmup 3 --serving-reps 2 > "$OUT/issue27_3_ab.log" 2>&1
+  --serving-steps 10 --serving-warmup 2 --serving-reps 2 > "$OUT/issue27_3_ab.log" 2>&1
 rc[ab]=$?
 grep -E "captured in|switch A/B bs|breakdown .* failed|Error|error" "$OUT/issue27_3_ab.log" | cut -c1-200 | tail -n 14
 

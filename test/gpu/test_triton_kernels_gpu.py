@@ -132,17 +132,18 @@ def test_decode_split_rules_vs_torch_native(bs, legacy):
         assert splits == max(1, min(16, 2 * sms // (bs * 8)))  # 2 programs per SM (decode_attention.py)
 
 
-@pytest.mark.parametrize("tile", ["128/8/3", "256/8/3", "64/4/4"])
-def test_decode_small_grid_tile_vs_torch_native(tile, monkeypatch):
+@pytest.mark.parametrize("tile,pdl", [("128/8/3", "0"), ("256/8/3", "0"), ("", "1")])
+def test_decode_small_grid_tile_vs_torch_native(tile, pdl, monkeypatch):
     """Issue 27: SGLANG_DECODE_ATTN_SMALL_GRID_TILE at batch 32 (one split, 256 programs <= 2 per SM on an H100 or
-    H200) matches torch_native at Llama-8B heads."""
+    H200), and the default tile with SGLANG_DECODE_PDL=1, match torch_native at Llama-8B heads."""
+    monkeypatch.setenv("SGLANG_DECODE_PDL", pdl)
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
     from sgl_kernel.triton.decode_attention import small_grid_tile
 
     monkeypatch.setenv("SGLANG_DECODE_ATTN_SMALL_GRID_TILE", tile)
     bs = 32
-    if small_grid_tile(bs, 8, 1, torch.device(DEV)) is None:
+    if tile and small_grid_tile(bs, 8, 1, torch.device(DEV)) is None:
         pytest.skip("fewer than 128 SMs: batch 32 is not a small grid here")
     gen = torch.Generator().manual_seed(27)
     prefix = [int(x) for x in torch.randint(1, 1100, (bs,), generator=gen)]
@@ -155,12 +156,14 @@ def test_decode_small_grid_tile_vs_torch_native(tile, monkeypatch):
     close(backend.forward(q, k, v, layer, fb), ref, torch.bfloat16)
 
 
-@pytest.mark.parametrize("early", ["0", "1"])
-def test_rope_and_store_kv_equals_rope_then_store_on_gpu(early, monkeypatch):
+@pytest.mark.parametrize("early,pdl", [("0", "0"), ("1", "0"), ("1", "1")])
+def test_rope_and_store_kv_equals_rope_then_store_on_gpu(early, pdl, monkeypatch):
     """The fused RoPE + KV-store kernel writes the same pool bytes and q as apply_rope + indexed stores (bf16, fp32
     compute with a bf16 pool, Neox and GPT-J, partial rotary), leaves k/v alone, and the backend path through
-    RadixAttention gives bit-identical attention with fused_rope on and off; both load orders (issue 27)."""
+    RadixAttention gives bit-identical attention with fused_rope on and off; both load orders and with programmatic
+    dependent launch (issue 27)."""
     monkeypatch.setenv("SGLANG_DECODE_EARLY_LOADS", early)
+    monkeypatch.setenv("SGLANG_DECODE_PDL", pdl)
     from sglang.srt.layers.rotary_embedding import get_rope
     from sglang.srt.layers.triton_ops import rope, rope_kv_store
 
@@ -237,11 +240,14 @@ def test_skinny_gemm_vs_cublas(m):
         close(skinny_gemm(x, w, b), torch.nn.functional.linear(x, w, b), torch.bfloat16)
 
 
+@pytest.mark.parametrize("pdl", ["0", "1"])
 @pytest.mark.parametrize("bs", [16, 96])
-def test_decode_cuda_graph_replay_equals_eager(bs):
+def test_decode_cuda_graph_replay_equals_eager(bs, pdl, monkeypatch):
     """Graph replay equals eager at a multi-split size (16) and, on 132-SM parts, a one-split direct-output size
-    (96)."""
+    (96); also with the split kernel captured as a programmatic dependent launch (SGLANG_DECODE_PDL=1, issue 27)."""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    monkeypatch.setenv("SGLANG_DECODE_PDL", pdl)
 
     gen = torch.Generator().manual_seed(0)
     q, k, v, layer, make_batch = build_case(gen, [int(x) for x in torch.randint(1, 900, (bs,), generator=gen)],
@@ -266,10 +272,11 @@ def test_decode_cuda_graph_replay_equals_eager(bs):
         assert torch.equal(out, eager)
 
 
-@pytest.mark.parametrize("early", ["0", "1"])
+@pytest.mark.parametrize("early,pdl", [("0", "0"), ("1", "0"), ("1", "1")])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_fused_ops_vs_references(dtype, early, monkeypatch):
+def test_fused_ops_vs_references(dtype, early, pdl, monkeypatch):
     monkeypatch.setenv("SGLANG_DECODE_EARLY_LOADS", early)  # RMSNorm: both load orders (issue 27)
+    monkeypatch.setenv("SGLANG_DECODE_PDL", pdl)  # RMSNorm, SiLU-and-mul: programmatic dependent launch
     from sglang.srt.layers import ops
     from sglang.srt.layers.activation import silu_and_mul_ref
     from sglang.srt.layers.layernorm import rmsnorm_ref

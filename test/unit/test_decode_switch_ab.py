@@ -14,12 +14,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "benchma
 
 import decode_switch_ab as sw  # noqa: E402
 
-EARLY, TILE = sw.SWITCHES
+EARLY, TILE, PDL = sw.SWITCHES
 
 
 def test_parse_sets():
-    got = sw.parse_sets(f"old:; early:{EARLY}=1 ;both:{EARLY}=1,{TILE}=128/8/3")
-    assert got == [("old", {}), ("early", {EARLY: "1"}), ("both", {EARLY: "1", TILE: "128/8/3"})]
+    got = sw.parse_sets(f"old:; early:{EARLY}=1 ;all:{EARLY}=1,{PDL}=1,{TILE}=128/8/3")
+    assert got == [("old", {}), ("early", {EARLY: "1"}), ("all", {EARLY: "1", PDL: "1", TILE: "128/8/3"})]
 
 
 @pytest.mark.parametrize("spec", ["old:", "old:;old:", f"a:;b:{EARLY}", "a:;b:FOO=1", f"a:;:{EARLY}=1", ""])

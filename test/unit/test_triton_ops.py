@@ -265,7 +265,7 @@ def test_decode_config_per_arch_and_hopper_tile_matches_reference():
 
 def test_early_loads_and_small_grid_tile_switches(monkeypatch):
     """Issue 27 A/B switches: malformed values raise ValueError naming the variable; the small-grid attention tile
-    never applies off CUDA, at several splits, or when unset."""
+    and programmatic dependent launch never apply off CUDA (the tile neither at several splits nor when unset)."""
     from sgl_kernel.triton.common import early_loads
     from sgl_kernel.triton.decode_attention import small_grid_tile
 
@@ -277,6 +277,13 @@ def test_early_loads_and_small_grid_tile_switches(monkeypatch):
     monkeypatch.delenv("SGLANG_DECODE_EARLY_LOADS")
     assert early_loads() is False
     cpu = torch.device("cpu")
+    from sgl_kernel.triton.common import use_pdl
+
+    monkeypatch.setenv("SGLANG_DECODE_PDL", "on")
+    with pytest.raises(ValueError, match="SGLANG_DECODE_PDL"):
+        use_pdl(cpu)
+    monkeypatch.setenv("SGLANG_DECODE_PDL", "1")
+    assert use_pdl(cpu) is False  # never off CUDA / in the interpreter
     assert small_grid_tile(32, 8, 1, cpu) is None
     for bad in ("128/8", "100/8/3", "128/x/3", "128/0/3"):
         monkeypatch.setenv("SGLANG_DECODE_ATTN_SMALL_GRID_TILE", bad)

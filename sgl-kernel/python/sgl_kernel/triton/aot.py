@@ -26,7 +26,7 @@ def _decode_split(k_rows: bool, direct: bool, splits: int) -> Tuple[str, str, Di
               "stride_mob", "stride_moh", "stride_mos", "stride_mlb", "stride_mlh", "stride_ob", "stride_oh"):
         sig[n] = _I32
     const = dict(GROUP=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=16, BLOCK_N=64, NUM_SPLITS=splits, DOT_F32=False,
-                 K_ROWS=k_rows, DIRECT_OUT=direct)
+                 K_ROWS=k_rows, DIRECT_OUT=direct, USE_GDC=False)
     for n in const:
         sig[n] = "constexpr"
     return "decode_attention", "_decode_split_kernel", sig, const, 4
@@ -48,7 +48,7 @@ def _rope_kv_store(neox: bool, early: bool = False) -> Tuple[str, str, Dict[str,
               "num_q_heads", "num_kv_heads"):
         sig[n] = _I32
     const = dict(HEAD_DIM=128, HALF=64, BLOCK_HALF=64, BLOCK_D=128, NEOX=neox, BLOCK_HQ=32, BLOCK_HK=8,
-                 PASS_THROUGH=False, EARLY_LOADS=early)
+                 PASS_THROUGH=False, EARLY_LOADS=early, USE_GDC=False)
     sig.update({n: "constexpr" for n in const})
     return "rope_kv_store", "_rope_kv_store_kernel", sig, const, 4
 
@@ -56,9 +56,15 @@ def _rope_kv_store(neox: bool, early: bool = False) -> Tuple[str, str, Dict[str,
 def _rmsnorm(early: bool) -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
     sig = {"X": "*bf16", "R": "*bf16", "W": "*bf16", "Y": "*bf16", "stride_x": _I32, "stride_r": _I32,
            "stride_y": _I32, "H": _I32, "eps": "fp32"}
-    const = dict(HAS_RESIDUAL=True, BLOCK=4096, EARLY_W=early)
+    const = dict(HAS_RESIDUAL=True, BLOCK=4096, EARLY_W=early, USE_GDC=False)
     sig.update({n: "constexpr" for n in const})
     return "fused_add_rmsnorm", "_rmsnorm_kernel", sig, const, 8
+
+
+def _with(entry, **extra) -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
+    """``entry`` (a :data:`KERNELS` value) with extra constexprs."""
+    module, fn, sig, const, warps = entry
+    return module, fn, dict(sig, **{n: "constexpr" for n in extra}), dict(const, **extra), warps
 
 
 def _extend() -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
@@ -101,6 +107,10 @@ KERNELS = {
     "rope_kv_store_neox_early": _rope_kv_store(True, early=True),  # SGLANG_DECODE_EARLY_LOADS=1 (issue 27)
     "rmsnorm_add": _rmsnorm(False),
     "rmsnorm_add_early": _rmsnorm(True),
+    # SGLANG_DECODE_PDL=1 (issue 27): griddepcontrol.wait first, launched with programmatic dependent launch
+    "rmsnorm_add_pdl": _with(_rmsnorm(True), USE_GDC=True),
+    "rope_kv_store_neox_pdl": _with(_rope_kv_store(True, early=True), USE_GDC=True),
+    "decode_split_rows_direct_pdl": _with(_decode_split(True, True, 1), USE_GDC=True),
     "rope_neox": _rope(True),  # the unfused kernel, for comparison
     "skinny_gemm": _skinny_gemm(),
 }
@@ -170,9 +180,10 @@ def _loads_after_first_store(ptx: str) -> int:
 def report(arch: int = 90) -> Dict[str, dict]:
     """Compile every kernel; per name: {"error", "cubin_bytes", "ptx_lines", "shared" (shared memory bytes),
     "v4_loads" (16-byte global loads), "loads_after_first_store" (global loads the PTX issues after its first global
-    store: each such group waits behind that store), "scalar_b16_loads", "cp_async16" (16-byte asynchronous copies to shared memory:
-    loads pipelined over ``num_stages``), "atom_acq_rel_gpu" (acquire-release atomics at gpu scope; none of the
-    kernels should have any), "bar_sync" (CTA barriers)}."""
+    store: each such group waits behind that store), "scalar_b16_loads", "cp_async16" (16-byte asynchronous copies
+    to shared memory: loads pipelined over ``num_stages``), "atom_acq_rel_gpu" (acquire-release atomics at gpu
+    scope; none of the kernels should have any), "bar_sync" (CTA barriers), "griddep_wait"
+    (``griddepcontrol.wait``: programmatic dependent launch)}."""
     out: Dict[str, dict] = {}
     for name in KERNELS:
         try:
@@ -186,7 +197,8 @@ def report(arch: int = 90) -> Dict[str, dict]:
                              cp_async16=len(re.findall(r"cp\.async\.\w+\.shared\.global[^;]*, 0x10", ptx)),
                              atom_acq_rel_gpu=len(re.findall(r"atom(\.\w+)*\.acq_rel(\.\w+)*\.gpu\b|"
                                                              r"atom(\.\w+)*\.gpu(\.\w+)*\.acq_rel\b", ptx)),
-                             bar_sync=len(re.findall(r"\b(bar\.sync|barrier\.sync)", ptx)))
+                             bar_sync=len(re.findall(r"\b(bar\.sync|barrier\.sync)", ptx)),
+                             griddep_wait=ptx.count("griddepcontrol.wait"))
         except Exception as e:  # reported per kernel, so one failure does not hide the others
             out[name] = dict(error=f"{type(e).__name__}: {e}"[:2000], cubin_bytes=0, ptx_lines=0, shared=0)
     return out

@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_kernel.triton.common import check_cuda_or_interpret, interpreting, next_pow2
+from sgl_kernel.triton.common import check_cuda_or_interpret, interpreting, next_pow2, use_pdl
 
 logger = logging.getLogger(__name__)
 
@@ -51,12 +51,15 @@ def _decode_split_kernel(
     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_F32: tl.constexpr,
-    K_ROWS: tl.constexpr, DIRECT_OUT: tl.constexpr,
+    K_ROWS: tl.constexpr, DIRECT_OUT: tl.constexpr, USE_GDC: tl.constexpr = False,
 ):
     # K_ROWS: load each K tile as [BLOCK_N, BLOCK_D] (one contiguous head_dim row per slot: 16-byte vector loads)
     # and transpose in registers for QK^T; False keeps the original [BLOCK_D, BLOCK_N] gather.
     # DIRECT_OUT (only with NUM_SPLITS == 1): write the normalised output straight into Out in its dtype, so no
     # partial results and no reduce launch.
+    # USE_GDC: launched with programmatic dependent launch; wait for the previous kernel before any memory access.
+    if USE_GDC:
+        tl.extra.cuda.gdc_wait()
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -292,6 +295,7 @@ def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tens
     warps = num_warps or warps_d
     stages = num_stages or stages_d
     direct = num_kv_splits == 1 and not legacy
+    pdl = not legacy and use_pdl(q.device)
     k_rows = not legacy and k_buf.stride(0) == v_buf.stride(0)  # K and V tiles share one offset tensor
     _decode_split_kernel[(bs, nkv, num_kv_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse, out,
@@ -300,8 +304,8 @@ def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tens
         req_to_token.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0),
         mid_lse.stride(1), out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=hd, BLOCK_D=block_d, BLOCK_H=block_h, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits,
-        DOT_F32=interpreting(), K_ROWS=k_rows, DIRECT_OUT=direct,
-        num_warps=warps, num_stages=stages,
+        DOT_F32=interpreting(), K_ROWS=k_rows, DIRECT_OUT=direct, USE_GDC=pdl,
+        num_warps=warps, num_stages=stages, **({"launch_pdl": True} if pdl else {}),
     )
     if direct:
         return

@@ -16,17 +16,21 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_kernel.triton.common import check_cuda_or_interpret, early_loads, next_pow2
+from sgl_kernel.triton.common import check_cuda_or_interpret, early_loads, next_pow2, use_pdl
 
 logger = logging.getLogger(__name__)
 
 
 @triton.jit
 def _rmsnorm_kernel(X, R, W, Y, stride_x, stride_r, stride_y, H, eps,
-                    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, EARLY_W: tl.constexpr = False):
+                    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, EARLY_W: tl.constexpr = False,
+                    USE_GDC: tl.constexpr = False):
     # EARLY_W: issue the weight load first, so it is in flight with x/r instead of waiting behind the store of the
     # residual (the compiler may not move a load above a store to a possibly aliasing pointer): one global-memory
     # latency less on the critical path of this launch-latency-bound kernel (issue 27).
+    # USE_GDC: launched with programmatic dependent launch; wait for the previous kernel before any memory access.
+    if USE_GDC:
+        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < H
@@ -59,10 +63,11 @@ def _launch(x, r, w, y, eps):
     if n == 0:
         return
     block = next_pow2(h)
+    pdl = use_pdl(x.device)
     warps = min(max(block // 512, 1), 16)
     _rmsnorm_kernel[(n,)](x, r if r is not None else x, w, y, x.stride(0), r.stride(0) if r is not None else 0,
                           y.stride(0), h, eps, HAS_RESIDUAL=r is not None, BLOCK=block, EARLY_W=early_loads(),
-                          num_warps=warps)
+                          USE_GDC=pdl, num_warps=warps, **({"launch_pdl": True} if pdl else {}))
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_kernel.triton.common import check_cuda_or_interpret, early_loads, next_pow2
+from sgl_kernel.triton.common import check_cuda_or_interpret, early_loads, next_pow2, use_pdl
 from sgl_kernel.triton.rope import _rotate_heads
 
 logger = logging.getLogger(__name__)
@@ -32,10 +32,14 @@ def _rope_kv_store_kernel(Pos, Q, K, V, Cache, K_buf, V_buf, Loc,
                           num_q_heads, num_kv_heads,
                           HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
                           BLOCK_D: tl.constexpr, NEOX: tl.constexpr, BLOCK_HQ: tl.constexpr,
-                          BLOCK_HK: tl.constexpr, PASS_THROUGH: tl.constexpr, EARLY_LOADS: tl.constexpr = False):
+                          BLOCK_HK: tl.constexpr, PASS_THROUGH: tl.constexpr, EARLY_LOADS: tl.constexpr = False,
+                          USE_GDC: tl.constexpr = False):
     # EARLY_LOADS: load k and v before q is rotated and stored, so the loads are not held behind the q store (the
     # compiler may not move a load above a store to a possibly aliasing pointer): the kernel waits for global memory
     # about twice (pos, then cos/sin) instead of four times (issue 27; same arithmetic, same bytes written).
+    # USE_GDC: launched with programmatic dependent launch; wait for the previous kernel before any memory access.
+    if USE_GDC:
+        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     pos = tl.load(Pos + row).to(tl.int64)
     slot = tl.load(Loc + row).to(tl.int64)
@@ -117,11 +121,13 @@ def rope_and_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     if n == 0:
         return q
     half = rot // 2
+    pdl = use_pdl(q.device)
     _rope_kv_store_kernel[(n,)](
         positions, q, k, v, cos_sin_cache, k_buf, v_buf, loc,
         q.stride(0), k.stride(0), v.stride(0), cos_sin_cache.stride(0), k_buf.stride(0), k_buf.stride(1),
         v_buf.stride(0), v_buf.stride(1), q.shape[1] // head_dim, nkv,
         HEAD_DIM=head_dim, HALF=half, BLOCK_HALF=max(2, next_pow2(half)), BLOCK_D=max(2, next_pow2(head_dim)),
         NEOX=is_neox_style, BLOCK_HQ=max(2, next_pow2(q.shape[1] // head_dim)), BLOCK_HK=max(2, next_pow2(nkv)),
-        PASS_THROUGH=rot < head_dim, EARLY_LOADS=early_loads(), num_warps=4)
+        PASS_THROUGH=rot < head_dim, EARLY_LOADS=early_loads(), USE_GDC=pdl,
+        num_warps=4, **({"launch_pdl": True} if pdl else {}))
     return q
