@@ -273,6 +273,9 @@ def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tens
         ValueError: inconsistent shapes, num_heads not a multiple of num_kv_heads, non-CUDA tensors
             outside the Triton interpreter.
     Note: with fp32 inputs on a GPU the products run in TF32 (Triton's default dot precision).
+    Issue 27 A/B switches, read at launch and off by default: ``SGLANG_DECODE_ATTN_SMALL_GRID_TILE`` (see
+    :func:`small_grid_tile`; explicit ``block_n`` / ``num_warps`` / ``num_stages`` still win) and
+    ``SGLANG_DECODE_PDL`` (:func:`sgl_kernel.triton.common.use_pdl`; not with ``legacy``).
     """
     bs, nh, hd = q.shape
     nkv = k_buf.shape[1]

@@ -5,6 +5,9 @@ Numerics match :func:`sglang.srt.layers.layernorm.rmsnorm_ref`: the residual sum
 the activation dtype first, the sum of squares, normalization and weight multiply run in fp32,
 and the result is rounded once. One program normalizes one row (the row fits in registers for
 hidden sizes up to 16K), so each element is read and written once.
+Issue 27 A/B switches, read at launch, off by default: ``SGLANG_DECODE_EARLY_LOADS=1`` loads the weight first
+(:func:`sgl_kernel.triton.common.early_loads`), ``SGLANG_DECODE_PDL=1`` launches with programmatic dependent launch
+(:func:`sgl_kernel.triton.common.use_pdl`); the results are bit-identical either way.
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ untouched (same slots, same ``[slot, head, dim]`` order), so everything that rea
 disaggregation descriptors, HiCache) sees the same bytes as after ``apply_rope`` + ``set_kv_buffer``: the rotated
 k is rounded to k's dtype first and only then cast to the pool dtype, exactly as the unfused path does. The
 caller's k tensor itself is not modified.
+Issue 27 A/B switches, read at launch, off by default: ``SGLANG_DECODE_EARLY_LOADS=1`` loads k and v before q is
+stored (:func:`sgl_kernel.triton.common.early_loads`), ``SGLANG_DECODE_PDL=1`` launches with programmatic dependent
+launch (:func:`sgl_kernel.triton.common.use_pdl`); the bytes written are identical either way.
 """
 
 from __future__ import annotations
