@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 27 item 2, round 3 of the decode gap at batch 32, on ONE H100 or H200 (budget ISSUE27_BUDGET_S, default
 # 120 s wall, Triton compile and the decode-GEMM autotune included), in priority order:
-#   1. GPU tests: RMSNorm, SiLU-and-mul and RoPE + KV store with SGLANG_DECODE_EARLY_LOADS 0/1 and
+#   1. GPU tests: RMSNorm, SiLU-and-mul, RoPE + KV store, skinny GEMM with SGLANG_DECODE_EARLY_LOADS 0/1 and
 #      SGLANG_DECODE_PDL 0/1 (programmatic dependent launch) vs their references, the decode attention with the
 #      SGLANG_DECODE_ATTN_SMALL_GRID_TILE candidates and with PDL at batch 32 vs torch_native, graph replay with PDL.
 #   2. decode-attention tiles at batch 32 in CUDA graphs (bench_decode_configs.py; Llama-8B heads, 1K context):
@@ -38,7 +38,7 @@ echo "GPU: ${gpu:-unknown}"
 
 stage "1. GPU tests: early-load / PDL RMSNorm, SiLU, RoPE+KV store; small-grid tiles and PDL in decode attention"
 timeout -k 5 "$(cap 35)" $PY -m pytest -q -p no:cacheprovider -m gpu test/gpu/test_triton_kernels_gpu.py -k \
-  "small_grid_tile or rope_and_store_kv or (fused_ops_vs_references and dtype0) or (graph_replay and 96)" \
+  "small_grid_tile or rope_and_store_kv or (fused_ops_vs_references and dtype0) or (graph_replay and 96) or skinny" \
   > "$OUT/issue27_3_pytest.log" 2>&1
 rc[tests]=$?
 grep -E "passed|failed|skipped|Error|assert" "$OUT/issue27_3_pytest.log" | tail -n 6

@@ -226,18 +226,22 @@ def test_sampling_columns_packed_copy_on_gpu():
             assert t.is_cuda and t.dtype == dt and t.tolist() == torch.tensor(vals, dtype=dt).tolist()
 
 
-@pytest.mark.parametrize("m", [1, 7, 16])
-def test_skinny_gemm_vs_cublas(m):
-    """The decode-batch weight-streaming GEMM (measured in bench_decode_issue19, not wired) equals F.linear within
-    bf16 rounding at the Llama-3.1-8B qkv and down-projection shapes, with and without bias."""
+@pytest.mark.parametrize("m,pdl", [(1, "0"), (7, "0"), (16, "0"), (32, "1")])
+def test_skinny_gemm_vs_cublas(m, pdl, monkeypatch):
+    """The decode-batch weight-streaming GEMM equals F.linear within bf16 rounding at the Llama-3.1-8B qkv and
+    down-projection shapes, with and without bias, one-pass and split-K; also launched with programmatic dependent
+    launch (SGLANG_DECODE_PDL=1, issue 27)."""
     from sgl_kernel.triton.skinny_gemm import skinny_gemm
+
+    monkeypatch.setenv("SGLANG_DECODE_PDL", pdl)
 
     gen = torch.Generator().manual_seed(m)
     for n, k, bias in ((6144, 4096, False), (4096, 14336, True)):
         x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEV)
         w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(torch.bfloat16).to(DEV)
         b = torch.randn(n, generator=gen).to(torch.bfloat16).to(DEV) if bias else None
-        close(skinny_gemm(x, w, b), torch.nn.functional.linear(x, w, b), torch.bfloat16)
+        for split_k in (1, 4):
+            close(skinny_gemm(x, w, b, split_k=split_k), torch.nn.functional.linear(x, w, b), torch.bfloat16)
 
 
 @pytest.mark.parametrize("pdl", ["0", "1"])

@@ -24,7 +24,7 @@ KP = str(REPO / "sgl-kernel" / "python")
 NAMES = ("decode_split_rows_2", "decode_split_rows_direct", "decode_split_legacy_8", "decode_reduce", "extend",
          "rope_kv_store_neox", "rope_kv_store_gptj", "rope_neox", "skinny_gemm", "rope_kv_store_neox_early",
          "rmsnorm_add", "rmsnorm_add_early", "rmsnorm_add_pdl", "rope_kv_store_neox_pdl",
-         "decode_split_rows_direct_pdl")
+         "decode_split_rows_direct_pdl", "skinny_gemm_pdl")
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def test_early_load_variants_issue_every_load_before_a_store(aot_report, kernel)
     assert aot_report[kernel]["loads_after_first_store"] > 0, aot_report[kernel]
 
 
-@pytest.mark.parametrize("kernel", ["rmsnorm_add", "rope_kv_store_neox", "decode_split_rows_direct"])
+@pytest.mark.parametrize("kernel", ["rmsnorm_add", "rope_kv_store_neox", "decode_split_rows_direct", "skinny_gemm"])
 def test_pdl_variants_wait_for_the_previous_kernel(aot_report, kernel):
     """Issue 27 (SGLANG_DECODE_PDL=1): the programmatic-dependent-launch variants execute griddepcontrol.wait (so no
     memory access can precede the previous kernel's completion); the default variants do not."""

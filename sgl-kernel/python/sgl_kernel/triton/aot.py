@@ -91,7 +91,7 @@ def _skinny_gemm() -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
     sig = {"X": "*bf16", "W": "*bf16", "B": "*bf16", "Y": "*bf16"}
     for n in ("M", "N", "K", "K_CHUNK", "stride_xm", "stride_wn", "stride_ym"):
         sig[n] = _I32
-    const = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, HAS_BIAS=False, PARTIAL=False, DOT_F32=False)
+    const = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, HAS_BIAS=False, PARTIAL=False, DOT_F32=False, USE_GDC=False)
     sig.update({n: "constexpr" for n in const})
     return "skinny_gemm", "_skinny_gemm_kernel", sig, const, 4
 
@@ -111,6 +111,7 @@ KERNELS = {
     "rmsnorm_add_pdl": _with(_rmsnorm(True), USE_GDC=True),
     "rope_kv_store_neox_pdl": _with(_rope_kv_store(True, early=True), USE_GDC=True),
     "decode_split_rows_direct_pdl": _with(_decode_split(True, True, 1), USE_GDC=True),
+    "skinny_gemm_pdl": _with(_skinny_gemm(), USE_GDC=True),
     "rope_neox": _rope(True),  # the unfused kernel, for comparison
     "skinny_gemm": _skinny_gemm(),
 }
