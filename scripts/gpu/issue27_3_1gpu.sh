@@ -35,6 +35,9 @@ tile=""
 stage "environment (commit $commit)"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 echo "GPU: ${gpu:-unknown}"
+$PY -c "import torch, triton; from triton.backends.nvidia.compiler import CUDAOptions as O
+print('torch', torch.__version__, 'triton', triton.__version__, 'launch_pdl option:',
+      'launch_pdl' in getattr(O, '__dataclass_fields__', {}))" || true
 
 stage "1. GPU tests: early-load / PDL RMSNorm, SiLU, RoPE+KV store; small-grid tiles and PDL in decode attention"
 timeout -k 5 "$(cap 35)" $PY -m pytest -q -p no:cacheprovider -m gpu test/gpu/test_triton_kernels_gpu.py -k \
