@@ -35,9 +35,10 @@ tile=""
 stage "environment (commit $commit)"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 echo "GPU: ${gpu:-unknown}"
-$PY -c "import torch, triton; from triton.backends.nvidia.compiler import CUDAOptions as O
+versions=$($PY -c "import torch, triton; from triton.backends.nvidia.compiler import CUDAOptions as O
 print('torch', torch.__version__, 'triton', triton.__version__, 'launch_pdl option:',
-      'launch_pdl' in getattr(O, '__dataclass_fields__', {}))" || true
+      'launch_pdl' in getattr(O, '__dataclass_fields__', {}))" 2>&1 | tail -n 1)
+echo "$versions"
 
 stage "1. GPU tests: early-load / PDL RMSNorm, SiLU, RoPE+KV store; small-grid tiles and PDL in decode attention"
 timeout -k 5 "$(cap 35)" $PY -m pytest -q -p no:cacheprovider -m gpu test/gpu/test_triton_kernels_gpu.py -k \
@@ -81,7 +82,7 @@ stage "4. summary"
   echo "Command: \`ISSUE27_BUDGET_S=$budget bash scripts/gpu/issue27_3_1gpu.sh\`"
   echo "rc: tests=${rc[tests]} configs=${rc[configs]} switch_ab=${rc[ab]} (124/137 = hit its timeout)"
   echo "tests: $(grep -E '[0-9]+ (passed|failed|skipped|error)' "$OUT/issue27_3_pytest.log" 2>/dev/null | tail -n 1)"
-  echo "small-grid tile tried in the A/B: ${tile:-none}"
+  echo "small-grid tile tried in the A/B: ${tile:-none}; $versions"
   echo
   echo "## Decode attention tiles at batch 32"
   echo
