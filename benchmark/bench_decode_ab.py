@@ -303,8 +303,9 @@ def build_runner(cfg):
     from sglang.srt.server_args import ServerArgs
 
     need = max(cfg.batches) * (cfg.context + cfg.reps * len(cfg.settings) * (cfg.steps + cfg.warmup) + 8)
-    if cfg.serving or cfg.gemm_ab:  # prompts cached once, every run's outputs kept by the radix cache
-        need = max(need, max(cfg.batches) * (cfg.context + 3 * cfg.serving_reps * (cfg.serving_warmup
+    if cfg.serving or cfg.gemm_ab or cfg.switch_ab:  # prompts cached once, every run's outputs kept by the cache
+        runs = 3 if not cfg.switch_ab else cfg.switch_ab.count(";") + 2
+        need = max(need, max(cfg.batches) * (cfg.context + runs * cfg.serving_reps * (cfg.serving_warmup
                                                                                    + cfg.serving_steps + 8)) + 4096)
     sa = ServerArgs(model_path=cfg.model_path, load_format="dummy", dtype="bfloat16", device="cuda",
                     max_total_tokens=max(need, cfg.prefill_tokens + 64) + 1024, disable_cuda_graph=True,
@@ -345,6 +346,10 @@ def render(res: dict) -> str:
         from decode_gemm_ab import render_ab
 
         out += [""] + render_ab(res["gemm_ab"], res["hbm_bytes_per_s"])
+    if res.get("switch_ab"):
+        from decode_switch_ab import render_switch
+
+        out += [""] + render_switch(res["switch_ab"], res["hbm_bytes_per_s"])
     if res.get("breakdown"):
         from kernel_breakdown import render_breakdowns
 
@@ -377,13 +382,18 @@ def parse_args(argv):
     p.add_argument("--gemm-ab", action="store_true",
                    help="instead of the host-path A/B: two graph sets (cuBLAS, SGLANG_DECODE_GEMM_AUTOTUNE=1), their "
                         "served step (overlap) and replay alternated, per-class replay breakdown (decode_gemm_ab.py)")
+    p.add_argument("--switch-ab", default=None, metavar="SPEC",
+                   help="instead: one graph set per 'name:VAR=v,...' (';'-separated) of the launch-time kernel "
+                        "switches, served step + replay alternated, breakdown per set (decode_switch_ab.py)")
+    p.add_argument("--switch-breakdown", default="32", help="batches (comma list) profiled per set by --switch-ab")
     p.add_argument("--cli-results", default=None, help="bench_one_batch result.jsonl to put beside the floor")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="/tmp/out")
     ns = p.parse_args(argv)
     ns.batches = [int(b) for b in ns.batches.split(",") if b.strip()]
-    if ns.gemm_ab and min(ns.serving_reps, ns.serving_steps) < 1:
-        raise SystemExit("--gemm-ab needs --serving-reps and --serving-steps >= 1")
+    ns.switch_breakdown = [int(b) for b in ns.switch_breakdown.split(",") if b.strip()]
+    if (ns.gemm_ab or ns.switch_ab) and min(ns.serving_reps, ns.serving_steps) < 1:
+        raise SystemExit("--gemm-ab / --switch-ab need --serving-reps and --serving-steps >= 1")
     ns.settings = [s.strip() for s in ns.settings.split(",") if s.strip()]
     ns.settings = [] if ns.settings == ["none"] else ns.settings
     ns.serving_modes = [s.strip() for s in ns.serving_modes.split(",") if s.strip()]
@@ -417,6 +427,18 @@ def main(argv=None) -> int:
         res["cli"] = cli_floors(cfg.cli_results, res["hbm_bytes_per_s"], weight_bytes, runner.model_config,
                                 runner.num_kv_heads)
     write()
+    if cfg.switch_ab:
+        from decode_switch_ab import switch_ab
+
+        def progress_sw(partial):
+            res["switch_ab"] = partial
+            write()
+
+        res["switch_ab"] = switch_ab(runner, cfg, res["hbm_bytes_per_s"], weight_bytes, capture_graphs,
+                                     replay_only_ms, cfg.switch_ab, progress_sw)
+        write()
+        sys.stdout.write(render(res))
+        return 0
     if cfg.gemm_ab:
         from decode_gemm_ab import gemm_ab
 

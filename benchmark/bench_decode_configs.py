@@ -8,16 +8,19 @@ Per batch size: the default config (``_decode_config`` and ``default_num_kv_spli
 replays / 32), KV bytes read per second over the device copy bandwidth measured in the same run, max abs error.
 
 Usage: python benchmark/bench_decode_configs.py [--out DIR] [--batches 1 32 128] [--context 1024]
-Writes <out>/issue27_decode_configs.md and prints it. Needs CUDA.
+       [--alternatives 128/8/3,256/8/3] [--split-counts 1,2,4]
+Writes <out>/issue27_decode_configs.{md,json} and prints the table. Needs CUDA.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import statistics
 import sys
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -63,8 +66,10 @@ def graph_us(fn) -> float:
     return statistics.median(times)
 
 
-def rows_for(bs: int, ctx: int, bw: float) -> list[str]:
-    """Markdown rows for one batch size."""
+def rows_for(bs: int, ctx: int, bw: float, alternatives=ALTERNATIVES, split_counts=(1, 2, 4),
+             found: Optional[list] = None) -> list[str]:
+    """Markdown rows for one batch size; each measured row is also appended to ``found`` (dicts: batch, splits,
+    tile ``[BLOCK_N, warps, stages]``, us, bw_frac, err, default) when given."""
     from sgl_kernel.triton.decode_attention import (_arch_of, _decode_config, decode_attention_fwd,
                                                     decode_attention_workspace, default_num_kv_splits)
 
@@ -81,8 +86,8 @@ def rows_for(bs: int, ctx: int, bw: float) -> list[str]:
     kv_read = 2 * bs * ctx * NKV * HD * dt.itemsize
     splits = default_num_kv_splits(bs, NKV, dev)
     default = _decode_config(HD, NH // NKV, splits, _arch_of(dev))
-    cands = [(splits, default, "default")] + [(splits, c, "") for c in ALTERNATIVES if c != default]
-    cands += [(s, default, "") for s in (1, 2, 4) if s != splits]
+    cands = [(splits, default, "default")] + [(splits, c, "") for c in alternatives if c != default]
+    cands += [(s, default, "") for s in split_counts if s != splits]
     lines = []
     for sp, (bn, warps, stages), tag in cands:
         def call(sp=sp, bn=bn, warps=warps, stages=stages):
@@ -97,6 +102,9 @@ def rows_for(bs: int, ctx: int, bw: float) -> list[str]:
             lines.append(f"| {bs} | {name} | failed: {type(e).__name__} | | |")
             continue
         lines.append(f"| {bs} | {name} | {us:.1f} | {kv_read / (us * 1e-6) / bw:.2f} | {err:.4f} |")
+        if found is not None:
+            found.append({"batch": bs, "splits": sp, "tile": [bn, warps, stages], "us": us, "err": err,
+                          "bw_frac": kv_read / (us * 1e-6) / bw, "default": tag == "default"})
     return lines
 
 
@@ -106,7 +114,16 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="/tmp/out")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128])
     p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--alternatives", default=None,
+                   help="tiles to try beside the default, 'BLOCK_N/warps/stages,...' (default: the built-in list)")
+    p.add_argument("--split-counts", default="1,2,4", help="split counts to try with the default tile ('' for none)")
     cfg = p.parse_args(argv)
+    alts = ALTERNATIVES if cfg.alternatives is None else tuple(
+        tuple(int(x) for x in a.split("/")) for a in cfg.alternatives.split(",") if a.strip())
+    if any(len(a) != 3 for a in alts):
+        raise SystemExit(f"--alternatives {cfg.alternatives!r}: want BLOCK_N/warps/stages,...")
+    split_counts = tuple(int(x) for x in cfg.split_counts.split(",") if x.strip())
+    found: list = []
     from bench_triton_attention import hbm_bandwidth
 
     bw = hbm_bandwidth(4.0)
@@ -117,9 +134,10 @@ def main(argv=None) -> int:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     for bs in cfg.batches:  # written after every batch size, so a time limit keeps what was measured
-        text += rows_for(bs, cfg.context, bw)
+        text += rows_for(bs, cfg.context, bw, alts, split_counts, found)
         torch.cuda.empty_cache()
         (out / "issue27_decode_configs.md").write_text("\n".join(text) + "\n")
+        (out / "issue27_decode_configs.json").write_text(json.dumps(found, indent=1))
     sys.stdout.write("\n".join(text) + "\n")
     return 0
 

@@ -132,10 +132,38 @@ def test_decode_split_rules_vs_torch_native(bs, legacy):
         assert splits == max(1, min(16, 2 * sms // (bs * 8)))  # 2 programs per SM (decode_attention.py)
 
 
-def test_rope_and_store_kv_equals_rope_then_store_on_gpu():
+@pytest.mark.parametrize("tile,pdl", [("128/8/3", "0"), ("256/8/3", "0"), ("", "1")])
+def test_decode_small_grid_tile_vs_torch_native(tile, pdl, monkeypatch):
+    """Issue 27: SGLANG_DECODE_ATTN_SMALL_GRID_TILE at batch 32 (one split, 256 programs <= 2 per SM on an H100 or
+    H200), and the default tile with SGLANG_DECODE_PDL=1, match torch_native at Llama-8B heads."""
+    monkeypatch.setenv("SGLANG_DECODE_PDL", pdl)
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+    from sgl_kernel.triton.decode_attention import small_grid_tile
+
+    monkeypatch.setenv("SGLANG_DECODE_ATTN_SMALL_GRID_TILE", tile)
+    bs = 32
+    if tile and small_grid_tile(bs, 8, 1, torch.device(DEV)) is None:
+        pytest.skip("fewer than 128 SMs: batch 32 is not a small grid here")
+    gen = torch.Generator().manual_seed(27)
+    prefix = [int(x) for x in torch.randint(1, 1100, (bs,), generator=gen)]
+    q, k, v, layer, make_batch = build_case(gen, prefix, [1] * bs, 32, 8, 128, torch.bfloat16)
+    rfb = make_batch(TorchNativeAttnBackend())
+    ref = rfb.attn_backend.forward(q, k, v, layer, rfb)
+    backend = TritonAttnBackend()
+    fb = make_batch(backend)
+    assert fb.attn_metadata.num_kv_splits == 1
+    close(backend.forward(q, k, v, layer, fb), ref, torch.bfloat16)
+
+
+@pytest.mark.parametrize("early,pdl", [("0", "0"), ("1", "0"), ("1", "1")])
+def test_rope_and_store_kv_equals_rope_then_store_on_gpu(early, pdl, monkeypatch):
     """The fused RoPE + KV-store kernel writes the same pool bytes and q as apply_rope + indexed stores (bf16, fp32
     compute with a bf16 pool, Neox and GPT-J, partial rotary), leaves k/v alone, and the backend path through
-    RadixAttention gives bit-identical attention with fused_rope on and off."""
+    RadixAttention gives bit-identical attention with fused_rope on and off; both load orders and with programmatic
+    dependent launch (issue 27)."""
+    monkeypatch.setenv("SGLANG_DECODE_EARLY_LOADS", early)
+    monkeypatch.setenv("SGLANG_DECODE_PDL", pdl)
     from sglang.srt.layers.rotary_embedding import get_rope
     from sglang.srt.layers.triton_ops import rope, rope_kv_store
 
@@ -198,25 +226,32 @@ def test_sampling_columns_packed_copy_on_gpu():
             assert t.is_cuda and t.dtype == dt and t.tolist() == torch.tensor(vals, dtype=dt).tolist()
 
 
-@pytest.mark.parametrize("m", [1, 7, 16])
-def test_skinny_gemm_vs_cublas(m):
-    """The decode-batch weight-streaming GEMM (measured in bench_decode_issue19, not wired) equals F.linear within
-    bf16 rounding at the Llama-3.1-8B qkv and down-projection shapes, with and without bias."""
+@pytest.mark.parametrize("m,pdl", [(1, "0"), (7, "0"), (16, "0"), (32, "1")])
+def test_skinny_gemm_vs_cublas(m, pdl, monkeypatch):
+    """The decode-batch weight-streaming GEMM equals F.linear within bf16 rounding at the Llama-3.1-8B qkv and
+    down-projection shapes, with and without bias, one-pass and split-K; also launched with programmatic dependent
+    launch (SGLANG_DECODE_PDL=1, issue 27)."""
     from sgl_kernel.triton.skinny_gemm import skinny_gemm
+
+    monkeypatch.setenv("SGLANG_DECODE_PDL", pdl)
 
     gen = torch.Generator().manual_seed(m)
     for n, k, bias in ((6144, 4096, False), (4096, 14336, True)):
         x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEV)
         w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(torch.bfloat16).to(DEV)
         b = torch.randn(n, generator=gen).to(torch.bfloat16).to(DEV) if bias else None
-        close(skinny_gemm(x, w, b), torch.nn.functional.linear(x, w, b), torch.bfloat16)
+        for split_k in (1, 4):
+            close(skinny_gemm(x, w, b, split_k=split_k), torch.nn.functional.linear(x, w, b), torch.bfloat16)
 
 
+@pytest.mark.parametrize("pdl", ["0", "1"])
 @pytest.mark.parametrize("bs", [16, 96])
-def test_decode_cuda_graph_replay_equals_eager(bs):
+def test_decode_cuda_graph_replay_equals_eager(bs, pdl, monkeypatch):
     """Graph replay equals eager at a multi-split size (16) and, on 132-SM parts, a one-split direct-output size
-    (96)."""
+    (96); also with the split kernel captured as a programmatic dependent launch (SGLANG_DECODE_PDL=1, issue 27)."""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    monkeypatch.setenv("SGLANG_DECODE_PDL", pdl)
 
     gen = torch.Generator().manual_seed(0)
     q, k, v, layer, make_batch = build_case(gen, [int(x) for x in torch.randint(1, 900, (bs,), generator=gen)],
@@ -241,8 +276,11 @@ def test_decode_cuda_graph_replay_equals_eager(bs):
         assert torch.equal(out, eager)
 
 
+@pytest.mark.parametrize("early,pdl", [("0", "0"), ("1", "0"), ("1", "1")])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_fused_ops_vs_references(dtype):
+def test_fused_ops_vs_references(dtype, early, pdl, monkeypatch):
+    monkeypatch.setenv("SGLANG_DECODE_EARLY_LOADS", early)  # RMSNorm: both load orders (issue 27)
+    monkeypatch.setenv("SGLANG_DECODE_PDL", pdl)  # RMSNorm, SiLU-and-mul: programmatic dependent launch
     from sglang.srt.layers import ops
     from sglang.srt.layers.activation import silu_and_mul_ref
     from sglang.srt.layers.layernorm import rmsnorm_ref

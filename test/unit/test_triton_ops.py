@@ -45,9 +45,11 @@ def close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, scale: float = 1
     assert err <= TOL[dtype] * ref, f"max abs err {err} (tolerance {TOL[dtype] * ref})"
 
 
+@pytest.mark.parametrize("early", ["0", "1"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("h", [64, 100])
-def test_rmsnorm_and_fused_add(dtype, h):
+def test_rmsnorm_and_fused_add(dtype, h, early, monkeypatch):
+    monkeypatch.setenv("SGLANG_DECODE_EARLY_LOADS", early)  # both load orders of the kernel (issue 27)
     gen = torch.Generator().manual_seed(h)
     x = torch.randn(5, h, generator=gen).to(dtype)
     r = torch.randn(5, h, generator=gen).to(dtype)
@@ -109,10 +111,12 @@ def _rope_kv_case(gen, dtype, pool_dtype, hd, rotary_dim, neox, nq=4, nkv=2, n=6
 @pytest.mark.parametrize("dtype,pool_dtype", [(torch.float32, torch.float32), (torch.float16, torch.float16),
                                               (torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16)])
 @pytest.mark.parametrize("neox,hd,rotary_dim", [(True, 16, 16), (False, 16, 16), (True, 16, 8), (False, 12, 8)])
-def test_rope_and_store_kv_matches_rope_then_store(dtype, pool_dtype, neox, hd, rotary_dim):
+@pytest.mark.parametrize("early", ["0", "1"])
+def test_rope_and_store_kv_matches_rope_then_store(dtype, pool_dtype, neox, hd, rotary_dim, early, monkeypatch):
     """The fused kernel equals apply_rope (Triton) + indexed stores bit for bit (same rounding: rotated k rounded to
     k's dtype, then cast to the pool's), and the torch reference within rounding; k and v stay untouched, slots
-    outside ``loc`` keep their bytes."""
+    outside ``loc`` keep their bytes. Both load orders (``SGLANG_DECODE_EARLY_LOADS`` 0 / 1, issue 27)."""
+    monkeypatch.setenv("SGLANG_DECODE_EARLY_LOADS", early)
     gen = torch.Generator().manual_seed(hd + rotary_dim + 2 * neox)
     nq, nkv = 4, 2
     emb, pos, qkv, loc, kb, vb = _rope_kv_case(gen, dtype, pool_dtype, hd, rotary_dim, neox, nq, nkv)
@@ -257,6 +261,36 @@ def test_decode_config_per_arch_and_hopper_tile_matches_reference():
         kk, vv = kb[s].repeat_interleave(nh // nkv, 1), vb[s].repeat_interleave(nh // nkv, 1)
         p = torch.softmax(torch.einsum("hd,shd->hs", q[b], kk) * 0.3, -1)
         close(out[b], torch.einsum("hs,shd->hd", p, vv), torch.float32, scale=10.0)
+
+
+def test_early_loads_and_small_grid_tile_switches(monkeypatch):
+    """Issue 27 A/B switches: malformed values raise ValueError naming the variable; the small-grid attention tile
+    and programmatic dependent launch never apply off CUDA (the tile neither at several splits nor when unset)."""
+    from sgl_kernel.triton.common import early_loads
+    from sgl_kernel.triton.decode_attention import small_grid_tile
+
+    monkeypatch.setenv("SGLANG_DECODE_EARLY_LOADS", "yes")
+    with pytest.raises(ValueError, match="SGLANG_DECODE_EARLY_LOADS"):
+        early_loads()
+    monkeypatch.setenv("SGLANG_DECODE_EARLY_LOADS", "1")
+    assert early_loads() is True
+    monkeypatch.delenv("SGLANG_DECODE_EARLY_LOADS")
+    assert early_loads() is False
+    cpu = torch.device("cpu")
+    from sgl_kernel.triton.common import use_pdl
+
+    monkeypatch.setenv("SGLANG_DECODE_PDL", "on")
+    with pytest.raises(ValueError, match="SGLANG_DECODE_PDL"):
+        use_pdl(cpu)
+    monkeypatch.setenv("SGLANG_DECODE_PDL", "1")
+    assert use_pdl(cpu) is False  # never off CUDA / in the interpreter
+    assert small_grid_tile(32, 8, 1, cpu) is None
+    for bad in ("128/8", "100/8/3", "128/x/3", "128/0/3"):
+        monkeypatch.setenv("SGLANG_DECODE_ATTN_SMALL_GRID_TILE", bad)
+        with pytest.raises(ValueError, match="SGLANG_DECODE_ATTN_SMALL_GRID_TILE"):
+            small_grid_tile(32, 8, 1, cpu)
+    monkeypatch.setenv("SGLANG_DECODE_ATTN_SMALL_GRID_TILE", "128/8/3")
+    assert small_grid_tile(32, 8, 1, cpu) is None and small_grid_tile(32, 8, 2, cpu) is None
 
 
 def test_decode_split_policy_fills_the_gpu_about_once():

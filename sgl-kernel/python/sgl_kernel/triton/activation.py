@@ -15,13 +15,15 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_kernel.triton.common import check_cuda_or_interpret
+from sgl_kernel.triton.common import check_cuda_or_interpret, use_pdl
 
 logger = logging.getLogger(__name__)
 
 
 @triton.jit
-def _silu_and_mul_kernel(X, Y, stride_x, stride_y, I, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(X, Y, stride_x, stride_y, I, BLOCK: tl.constexpr, USE_GDC: tl.constexpr = False):
+    if USE_GDC:  # launched with programmatic dependent launch (issue 27): wait for the previous kernel first
+        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < I
@@ -48,6 +50,7 @@ def silu_and_mul(x: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.T
     if n == 0:
         return y
     block = 1024 if i >= 1024 else max(16, triton.next_power_of_2(i))
-    _silu_and_mul_kernel[(n, triton.cdiv(i, block))](x, y, x.stride(0), y.stride(0), i, BLOCK=block,
-                                                      num_warps=4)
+    pdl = use_pdl(x.device)
+    _silu_and_mul_kernel[(n, triton.cdiv(i, block))](x, y, x.stride(0), y.stride(0), i, BLOCK=block, USE_GDC=pdl,
+                                                      num_warps=4, **({"launch_pdl": True} if pdl else {}))
     return y

@@ -26,7 +26,7 @@ def _decode_split(k_rows: bool, direct: bool, splits: int) -> Tuple[str, str, Di
               "stride_mob", "stride_moh", "stride_mos", "stride_mlb", "stride_mlh", "stride_ob", "stride_oh"):
         sig[n] = _I32
     const = dict(GROUP=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=16, BLOCK_N=64, NUM_SPLITS=splits, DOT_F32=False,
-                 K_ROWS=k_rows, DIRECT_OUT=direct)
+                 K_ROWS=k_rows, DIRECT_OUT=direct, USE_GDC=False)
     for n in const:
         sig[n] = "constexpr"
     return "decode_attention", "_decode_split_kernel", sig, const, 4
@@ -41,16 +41,30 @@ def _decode_reduce() -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
     return "decode_attention", "_decode_reduce_kernel", sig, const, 4
 
 
-def _rope_kv_store(neox: bool) -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
+def _rope_kv_store(neox: bool, early: bool = False) -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
     sig = {"Pos": "*i64", "Q": "*bf16", "K": "*bf16", "V": "*bf16", "Cache": "*fp32", "K_buf": "*bf16",
            "V_buf": "*bf16", "Loc": "*i64"}
     for n in ("stride_q", "stride_k", "stride_v", "stride_c", "stride_kbt", "stride_kbh", "stride_vbt", "stride_vbh",
               "num_q_heads", "num_kv_heads"):
         sig[n] = _I32
     const = dict(HEAD_DIM=128, HALF=64, BLOCK_HALF=64, BLOCK_D=128, NEOX=neox, BLOCK_HQ=32, BLOCK_HK=8,
-                 PASS_THROUGH=False)
+                 PASS_THROUGH=False, EARLY_LOADS=early, USE_GDC=False)
     sig.update({n: "constexpr" for n in const})
     return "rope_kv_store", "_rope_kv_store_kernel", sig, const, 4
+
+
+def _rmsnorm(early: bool) -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
+    sig = {"X": "*bf16", "R": "*bf16", "W": "*bf16", "Y": "*bf16", "stride_x": _I32, "stride_r": _I32,
+           "stride_y": _I32, "H": _I32, "eps": "fp32"}
+    const = dict(HAS_RESIDUAL=True, BLOCK=4096, EARLY_W=early, USE_GDC=False)
+    sig.update({n: "constexpr" for n in const})
+    return "fused_add_rmsnorm", "_rmsnorm_kernel", sig, const, 8
+
+
+def _with(entry, **extra) -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
+    """``entry`` (a :data:`KERNELS` value) with extra constexprs."""
+    module, fn, sig, const, warps = entry
+    return module, fn, dict(sig, **{n: "constexpr" for n in extra}), dict(const, **extra), warps
 
 
 def _extend() -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
@@ -77,7 +91,7 @@ def _skinny_gemm() -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
     sig = {"X": "*bf16", "W": "*bf16", "B": "*bf16", "Y": "*bf16"}
     for n in ("M", "N", "K", "K_CHUNK", "stride_xm", "stride_wn", "stride_ym"):
         sig[n] = _I32
-    const = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, HAS_BIAS=False, PARTIAL=False, DOT_F32=False)
+    const = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, HAS_BIAS=False, PARTIAL=False, DOT_F32=False, USE_GDC=False)
     sig.update({n: "constexpr" for n in const})
     return "skinny_gemm", "_skinny_gemm_kernel", sig, const, 4
 
@@ -90,6 +104,14 @@ KERNELS = {
     "extend": _extend(),  # prefill / extend attention at the Llama-3.1-8B shapes (issue 27: 8K prefill)
     "rope_kv_store_neox": _rope_kv_store(True),
     "rope_kv_store_gptj": _rope_kv_store(False),
+    "rope_kv_store_neox_early": _rope_kv_store(True, early=True),  # SGLANG_DECODE_EARLY_LOADS=1 (issue 27)
+    "rmsnorm_add": _rmsnorm(False),
+    "rmsnorm_add_early": _rmsnorm(True),
+    # SGLANG_DECODE_PDL=1 (issue 27): griddepcontrol.wait first, launched with programmatic dependent launch
+    "rmsnorm_add_pdl": _with(_rmsnorm(True), USE_GDC=True),
+    "rope_kv_store_neox_pdl": _with(_rope_kv_store(True, early=True), USE_GDC=True),
+    "decode_split_rows_direct_pdl": _with(_decode_split(True, True, 1), USE_GDC=True),
+    "skinny_gemm_pdl": _with(_skinny_gemm(), USE_GDC=True),
     "rope_neox": _rope(True),  # the unfused kernel, for comparison
     "skinny_gemm": _skinny_gemm(),
 }
@@ -150,11 +172,19 @@ def compile_extend(head_dim: int, dtype: str = "bf16", arch: int = 90):
                                   options={"num_warps": warps, "num_stages": stages})
 
 
+def _loads_after_first_store(ptx: str) -> int:
+    """Number of ``ld.global`` instructions after the first ``st.global`` of ``ptx`` (0: every load first)."""
+    first = ptx.find("st.global")
+    return 0 if first < 0 else len(re.findall(r"\bld\.global", ptx[first:]))
+
+
 def report(arch: int = 90) -> Dict[str, dict]:
     """Compile every kernel; per name: {"error", "cubin_bytes", "ptx_lines", "shared" (shared memory bytes),
-    "v4_loads" (16-byte global loads), "scalar_b16_loads", "cp_async16" (16-byte asynchronous copies to shared memory:
-    loads pipelined over ``num_stages``), "atom_acq_rel_gpu" (acquire-release atomics at gpu scope; none of the
-    kernels should have any), "bar_sync" (CTA barriers)}."""
+    "v4_loads" (16-byte global loads), "loads_after_first_store" (global loads the PTX issues after its first global
+    store: each such group waits behind that store), "scalar_b16_loads", "cp_async16" (16-byte asynchronous copies
+    to shared memory: loads pipelined over ``num_stages``), "atom_acq_rel_gpu" (acquire-release atomics at gpu
+    scope; none of the kernels should have any), "bar_sync" (CTA barriers), "griddep_wait"
+    (``griddepcontrol.wait``: programmatic dependent launch)}."""
     out: Dict[str, dict] = {}
     for name in KERNELS:
         try:
@@ -164,10 +194,12 @@ def report(arch: int = 90) -> Dict[str, dict]:
                              shared=int(getattr(k.metadata, "shared", 0) or 0),
                              v4_loads=len(re.findall(r"ld\.global(\.\w+)*\.v4\.", ptx)),
                              scalar_b16_loads=ptx.count("ld.global.b16"),
+                             loads_after_first_store=_loads_after_first_store(ptx),
                              cp_async16=len(re.findall(r"cp\.async\.\w+\.shared\.global[^;]*, 0x10", ptx)),
                              atom_acq_rel_gpu=len(re.findall(r"atom(\.\w+)*\.acq_rel(\.\w+)*\.gpu\b|"
                                                              r"atom(\.\w+)*\.gpu(\.\w+)*\.acq_rel\b", ptx)),
-                             bar_sync=len(re.findall(r"\b(bar\.sync|barrier\.sync)", ptx)))
+                             bar_sync=len(re.findall(r"\b(bar\.sync|barrier\.sync)", ptx)),
+                             griddep_wait=ptx.count("griddepcontrol.wait"))
         except Exception as e:  # reported per kernel, so one failure does not hide the others
             out[name] = dict(error=f"{type(e).__name__}: {e}"[:2000], cubin_bytes=0, ptx_lines=0, shared=0)
     return out

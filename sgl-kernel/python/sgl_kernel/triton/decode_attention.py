@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from sgl_kernel.triton.common import check_cuda_or_interpret, interpreting, next_pow2
+from sgl_kernel.triton.common import check_cuda_or_interpret, interpreting, next_pow2, use_pdl
 
 logger = logging.getLogger(__name__)
 
@@ -50,12 +51,15 @@ def _decode_split_kernel(
     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_F32: tl.constexpr,
-    K_ROWS: tl.constexpr, DIRECT_OUT: tl.constexpr,
+    K_ROWS: tl.constexpr, DIRECT_OUT: tl.constexpr, USE_GDC: tl.constexpr = False,
 ):
     # K_ROWS: load each K tile as [BLOCK_N, BLOCK_D] (one contiguous head_dim row per slot: 16-byte vector loads)
     # and transpose in registers for QK^T; False keeps the original [BLOCK_D, BLOCK_N] gather.
     # DIRECT_OUT (only with NUM_SPLITS == 1): write the normalised output straight into Out in its dtype, so no
     # partial results and no reduce launch.
+    # USE_GDC: launched with programmatic dependent launch; wait for the previous kernel before any memory access.
+    if USE_GDC:
+        tl.extra.cuda.gdc_wait()
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -204,6 +208,36 @@ def _decode_config(head_dim: int, group: int, num_kv_splits: int = 1, arch: int 
     return 64, 4, 2
 
 
+SMALL_GRID_TILE_ENV = "SGLANG_DECODE_ATTN_SMALL_GRID_TILE"
+
+
+def small_grid_tile(bs: int, num_kv_heads: int, num_kv_splits: int, device: torch.device
+                    ) -> Optional[tuple[int, int, int]]:
+    """``(BLOCK_N, num_warps, num_stages)`` from ``SGLANG_DECODE_ATTN_SMALL_GRID_TILE="BLOCK_N/warps/stages"`` for a
+    one-split launch whose grid fits one wave at two programs per SM (``bs * num_kv_heads <= 2 * SMs``: batch 32 of
+    Llama-3.1-8B on an H100); None when unset or not such a launch (then :func:`_decode_config` decides). Issue 27:
+    at batch 32 the 128 / 4 / 3 tile reads KV at 0.88 of copy bandwidth against 0.94 at batch 128, so this lets
+    the GPU A/B (``scripts/gpu/issue27_3_1gpu.sh``) try other tiles for that grid only. Read at launch (a CUDA graph
+    keeps the tile it captured).
+
+    Raises:
+        ValueError: a malformed value (not three positive integers, BLOCK_N not a power of two >= 16).
+    """
+    val = os.environ.get(SMALL_GRID_TILE_ENV, "").strip()
+    if not val:
+        return None
+    try:
+        tile = tuple(int(x) for x in val.split("/"))
+    except ValueError:
+        tile = ()
+    if len(tile) != 3 or min(tile) < 1 or tile[0] < 16 or tile[0] & (tile[0] - 1):
+        raise ValueError(f"{SMALL_GRID_TILE_ENV}={val!r}: use BLOCK_N/num_warps/num_stages, e.g. 128/8/3")
+    if num_kv_splits != 1 or device.type != "cuda" \
+            or bs * num_kv_heads > 2 * torch.cuda.get_device_properties(device).multi_processor_count:
+        return None
+    return tile
+
+
 def _arch_of(device: torch.device) -> int:
     """``major * 10 + minor`` of a CUDA device; 0 for CPU / the Triton interpreter."""
     if device.type != "cuda" or interpreting():
@@ -239,6 +273,9 @@ def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tens
         ValueError: inconsistent shapes, num_heads not a multiple of num_kv_heads, non-CUDA tensors
             outside the Triton interpreter.
     Note: with fp32 inputs on a GPU the products run in TF32 (Triton's default dot precision).
+    Issue 27 A/B switches, read at launch and off by default: ``SGLANG_DECODE_ATTN_SMALL_GRID_TILE`` (see
+    :func:`small_grid_tile`; explicit ``block_n`` / ``num_warps`` / ``num_stages`` still win) and
+    ``SGLANG_DECODE_PDL`` (:func:`sgl_kernel.triton.common.use_pdl`; not with ``legacy``).
     """
     bs, nh, hd = q.shape
     nkv = k_buf.shape[1]
@@ -255,11 +292,13 @@ def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tens
     group = nh // nkv
     block_d = max(16, next_pow2(hd))
     block_h = max(16, next_pow2(group))
-    block_n_d, warps_d, stages_d = _decode_config(hd, group, num_kv_splits, _arch_of(q.device))
+    block_n_d, warps_d, stages_d = (None if legacy else small_grid_tile(bs, nkv, num_kv_splits, q.device)) \
+        or _decode_config(hd, group, num_kv_splits, _arch_of(q.device))
     block_n = block_n or block_n_d
     warps = num_warps or warps_d
     stages = num_stages or stages_d
     direct = num_kv_splits == 1 and not legacy
+    pdl = not legacy and use_pdl(q.device)
     k_rows = not legacy and k_buf.stride(0) == v_buf.stride(0)  # K and V tiles share one offset tensor
     _decode_split_kernel[(bs, nkv, num_kv_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse, out,
@@ -268,8 +307,8 @@ def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tens
         req_to_token.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0),
         mid_lse.stride(1), out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=hd, BLOCK_D=block_d, BLOCK_H=block_h, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits,
-        DOT_F32=interpreting(), K_ROWS=k_rows, DIRECT_OUT=direct,
-        num_warps=warps, num_stages=stages,
+        DOT_F32=interpreting(), K_ROWS=k_rows, DIRECT_OUT=direct, USE_GDC=pdl,
+        num_warps=warps, num_stages=stages, **({"launch_pdl": True} if pdl else {}),
     )
     if direct:
         return

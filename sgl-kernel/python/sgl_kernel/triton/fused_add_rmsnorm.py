@@ -5,6 +5,9 @@ Numerics match :func:`sglang.srt.layers.layernorm.rmsnorm_ref`: the residual sum
 the activation dtype first, the sum of squares, normalization and weight multiply run in fp32,
 and the result is rounded once. One program normalizes one row (the row fits in registers for
 hidden sizes up to 16K), so each element is read and written once.
+Issue 27 A/B switches, read at launch, off by default: ``SGLANG_DECODE_EARLY_LOADS=1`` loads the weight first
+(:func:`sgl_kernel.triton.common.early_loads`), ``SGLANG_DECODE_PDL=1`` launches with programmatic dependent launch
+(:func:`sgl_kernel.triton.common.use_pdl`); the results are bit-identical either way.
 """
 
 from __future__ import annotations
@@ -16,17 +19,26 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_kernel.triton.common import check_cuda_or_interpret, next_pow2
+from sgl_kernel.triton.common import check_cuda_or_interpret, early_loads, next_pow2, use_pdl
 
 logger = logging.getLogger(__name__)
 
 
 @triton.jit
 def _rmsnorm_kernel(X, R, W, Y, stride_x, stride_r, stride_y, H, eps,
-                    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+                    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, EARLY_W: tl.constexpr = False,
+                    USE_GDC: tl.constexpr = False):
+    # EARLY_W: issue the weight load first, so it is in flight with x/r instead of waiting behind the store of the
+    # residual (the compiler may not move a load above a store to a possibly aliasing pointer): one global-memory
+    # latency less on the critical path of this launch-latency-bound kernel (issue 27).
+    # USE_GDC: launched with programmatic dependent launch; wait for the previous kernel before any memory access.
+    if USE_GDC:
+        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < H
+    if EARLY_W:
+        w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
     x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(R + row * stride_r + offs, mask=mask, other=0.0)
@@ -35,7 +47,8 @@ def _rmsnorm_kernel(X, R, W, Y, stride_x, stride_r, stride_y, H, eps,
         x = s
     xf = x.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / H + eps)
-    w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
+    if not EARLY_W:
+        w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(Y + row * stride_y + offs, (xf * inv * w).to(Y.dtype.element_ty), mask=mask)
 
 
@@ -53,9 +66,11 @@ def _launch(x, r, w, y, eps):
     if n == 0:
         return
     block = next_pow2(h)
+    pdl = use_pdl(x.device)
     warps = min(max(block // 512, 1), 16)
     _rmsnorm_kernel[(n,)](x, r if r is not None else x, w, y, x.stride(0), r.stride(0) if r is not None else 0,
-                          y.stride(0), h, eps, HAS_RESIDUAL=r is not None, BLOCK=block, num_warps=warps)
+                          y.stride(0), h, eps, HAS_RESIDUAL=r is not None, BLOCK=block, EARLY_W=early_loads(),
+                          USE_GDC=pdl, num_warps=warps, **({"launch_pdl": True} if pdl else {}))
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -12,6 +12,8 @@ its split-K GEMM; Williams et al., "Roofline", CACM 2009, for the bandwidth boun
 
 Which shapes and batch sizes use it is decided by measurement on the device
 (:mod:`sglang.srt.layers.decode_gemm`, issue 27); ``SGLANG_SKINNY_GEMM=1`` forces the issue-19 default config.
+``SGLANG_DECODE_PDL=1`` (issue 27 A/B, off by default) launches both kernels with programmatic dependent launch
+(:func:`sgl_kernel.triton.common.use_pdl`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_kernel.triton.common import check_cuda_or_interpret, interpreting, next_pow2
+from sgl_kernel.triton.common import check_cuda_or_interpret, interpreting, next_pow2, use_pdl
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +62,10 @@ class SkinnyConfig:
 @triton.jit(do_not_specialize=["M"])  # one compile per BLOCK_M class, not per M == 1 / M % 16 == 0 / other
 def _skinny_gemm_kernel(X, W, B, Y, M, N, K, K_CHUNK, stride_xm, stride_wn, stride_ym,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, DOT_F32: tl.constexpr):
+                        HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, DOT_F32: tl.constexpr,
+                        USE_GDC: tl.constexpr = False):
+    if USE_GDC:  # launched with programmatic dependent launch (issue 27): wait for the previous kernel first
+        tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
     sid = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -91,7 +96,10 @@ def _skinny_gemm_kernel(X, W, B, Y, M, N, K, K_CHUNK, stride_xm, stride_wn, stri
 
 
 @triton.jit(do_not_specialize=["MN"])
-def _splitk_reduce_kernel(P, B, Y, MN, N, SPLIT, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+def _splitk_reduce_kernel(P, B, Y, MN, N, SPLIT, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+                          USE_GDC: tl.constexpr = False):
+    if USE_GDC:
+        tl.extra.cuda.gdc_wait()
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < MN
     acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -134,13 +142,16 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] =
     split = triton.cdiv(k, chunk)  # no empty splits
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     part = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
+    pdl = use_pdl(x.device)
+    launch = {"launch_pdl": True} if pdl else {}
     _skinny_gemm_kernel[(triton.cdiv(n, block_n), split)](
         x, w, bias if bias is not None else w, part, m, n, k, chunk, x.stride(0), w.stride(0), n,
         BLOCK_M=max(16, next_pow2(m)), BLOCK_N=block_n, BLOCK_K=bk, HAS_BIAS=bias is not None,
-        PARTIAL=split > 1, DOT_F32=interpreting(), num_warps=num_warps, num_stages=num_stages)
+        PARTIAL=split > 1, DOT_F32=interpreting(), USE_GDC=pdl, num_warps=num_warps, num_stages=num_stages,
+        **launch)
     if split > 1:
         block = 1024
         _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](
             part, bias if bias is not None else w, y, m * n, n, split, HAS_BIAS=bias is not None, BLOCK=block,
-            num_warps=4)
+            USE_GDC=pdl, num_warps=4, **launch)
     return y

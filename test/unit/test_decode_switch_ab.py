@@ -1,0 +1,50 @@
+"""benchmark/decode_switch_ab.py on CPU: the set spec of ``bench_decode_ab.py --switch-ab`` (issue 27) parses into
+(name, variables) pairs, rejects malformed or unknown entries with the offending set named, and the per-set
+environment is exactly the set's variables while it runs and restored afterwards."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "benchmark"))
+
+import decode_switch_ab as sw  # noqa: E402
+
+EARLY, TILE, PDL = sw.SWITCHES
+
+
+def test_parse_sets():
+    got = sw.parse_sets(f"old:; early:{EARLY}=1 ;all:{EARLY}=1,{PDL}=1,{TILE}=128/8/3")
+    assert got == [("old", {}), ("early", {EARLY: "1"}), ("all", {EARLY: "1", PDL: "1", TILE: "128/8/3"})]
+
+
+@pytest.mark.parametrize("spec", ["old:", "old:;old:", f"a:;b:{EARLY}", "a:;b:FOO=1", f"a:;:{EARLY}=1", ""])
+def test_parse_sets_rejects(spec):
+    with pytest.raises(ValueError, match="--switch-ab"):
+        sw.parse_sets(spec)
+
+
+def test_switched_sets_exactly_the_set_and_restores(monkeypatch):
+    monkeypatch.setenv(TILE, "64/4/3")
+    monkeypatch.delenv(EARLY, raising=False)
+    with sw.switched({EARLY: "1"}):
+        assert os.environ[EARLY] == "1" and TILE not in os.environ
+    assert os.environ[TILE] == "64/4/3" and EARLY not in os.environ
+    with pytest.raises(RuntimeError):
+        with sw.switched({}):
+            raise RuntimeError("restored even on errors")
+    assert os.environ[TILE] == "64/4/3"
+
+
+def test_render_switch_reports_difference_to_first_set():
+    row = dict(batch=32, env={}, floor_ms=6.4, replay_floor_ms=6.4, steps=24)
+    res = {"sets": [["old", {}], ["early", {EARLY: "1"}]], "breakdown": [],
+           "rows": [dict(row, set="old", step_ms=7.75, ratio=1.211, replay_ms=7.8, replay_ratio=1.219),
+                    dict(row, set="early", step_ms=7.60, ratio=1.188, replay_ms=7.7, replay_ratio=1.203)]}
+    text = "\n".join(sw.render_switch(res, 3.0e12))
+    assert f"`early` = {EARLY}=1" in text
+    assert "| 32 | early | 7.600 | 6.400 | 1.188 | -0.150 | 7.700 | 1.203 | -0.100 | 24 |" in text
