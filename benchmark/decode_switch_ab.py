@@ -1,6 +1,6 @@
 """Issue 27: A/B of kernel-variant switches that are read when a kernel is launched (so a CUDA graph keeps the variant
-it captured), in ONE process on one runner: ``SGLANG_DECODE_EARLY_LOADS`` (RMSNorm and RoPE + KV store issue their
-loads before their first store), ``SGLANG_DECODE_ATTN_SMALL_GRID_TILE`` (decode-attention tile for a one-split
+it captured), in ONE process on one runner: ``SGLANG_DECODE_EARLY_LOADS`` (RMSNorm issues its
+loads before its first store), ``SGLANG_DECODE_ATTN_SMALL_GRID_TILE`` (decode-attention tile for a one-split
 grid that fits one wave, e.g. batch 32 on an H100) and ``SGLANG_DECODE_PDL`` (the decode-path Triton kernels
 launched with programmatic dependent launch).
 

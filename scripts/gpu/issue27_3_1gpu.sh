@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 27 item 2, round 3 of the decode gap at batch 32, on ONE H100 or H200 (budget ISSUE27_BUDGET_S, default
 # 120 s wall, Triton compile and the decode-GEMM autotune included), in priority order:
-#   1. GPU tests: RMSNorm, SiLU-and-mul, RoPE + KV store, skinny GEMM with SGLANG_DECODE_EARLY_LOADS 0/1 and
-#      SGLANG_DECODE_PDL 0/1 (programmatic dependent launch) vs their references, the decode attention with the
+#   1. GPU tests: RMSNorm (SGLANG_DECODE_EARLY_LOADS 0/1), SiLU-and-mul, RoPE + KV store, skinny GEMM, each with
+#      SGLANG_DECODE_PDL 0/1 (programmatic dependent launch), vs their references, the decode attention with the
 #      SGLANG_DECODE_ATTN_SMALL_GRID_TILE candidates and with PDL at batch 32 vs torch_native, graph replay with PDL.
 #   2. decode-attention tiles at batch 32 in CUDA graphs (bench_decode_configs.py; Llama-8B heads, 1K context):
 #      the default 128/4/3 and candidates; the fastest one-split tile (error < 0.02) that beats the default by > 2%

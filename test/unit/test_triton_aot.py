@@ -22,7 +22,7 @@ if importlib.util.find_spec("triton") is None:  # not imported here: the interpr
 REPO = Path(__file__).resolve().parents[2]
 KP = str(REPO / "sgl-kernel" / "python")
 NAMES = ("decode_split_rows_2", "decode_split_rows_direct", "decode_split_legacy_8", "decode_reduce", "extend",
-         "rope_kv_store_neox", "rope_kv_store_gptj", "rope_neox", "skinny_gemm", "rope_kv_store_neox_early",
+         "rope_kv_store_neox", "rope_kv_store_gptj", "rope_neox", "skinny_gemm",
          "rmsnorm_add", "rmsnorm_add_early", "rmsnorm_add_pdl", "rope_kv_store_neox_pdl",
          "decode_split_rows_direct_pdl", "skinny_gemm_pdl")
 
@@ -73,11 +73,11 @@ def test_skinny_gemm_streams_weights_with_pipelined_copies(aot_report):
     assert rep["cp_async16"] > 0 and rep["scalar_b16_loads"] == 0, rep
 
 
-@pytest.mark.parametrize("kernel", ["rope_kv_store_neox", "rmsnorm_add"])
+@pytest.mark.parametrize("kernel", ["rmsnorm_add"])
 def test_early_load_variants_issue_every_load_before_a_store(aot_report, kernel):
-    """Issue 27 (SGLANG_DECODE_EARLY_LOADS=1): the early variants of RoPE + KV store and add + RMSNorm issue every
-    global load before their first global store; the default variants load after a store (the latency the switch
-    removes)."""
+    """Issue 27 (SGLANG_DECODE_EARLY_LOADS=1): the early variant of add + RMSNorm issues every global load before its
+    first global store; the default variant loads after a store (the latency the switch removes). RoPE + KV store
+    has no early variant: it wrote different k bytes on an H200 (2026-11-27)."""
     assert aot_report[kernel + "_early"]["loads_after_first_store"] == 0, aot_report[kernel + "_early"]
     assert aot_report[kernel]["loads_after_first_store"] > 0, aot_report[kernel]
 

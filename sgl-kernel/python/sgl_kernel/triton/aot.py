@@ -41,14 +41,14 @@ def _decode_reduce() -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
     return "decode_attention", "_decode_reduce_kernel", sig, const, 4
 
 
-def _rope_kv_store(neox: bool, early: bool = False) -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
+def _rope_kv_store(neox: bool) -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
     sig = {"Pos": "*i64", "Q": "*bf16", "K": "*bf16", "V": "*bf16", "Cache": "*fp32", "K_buf": "*bf16",
            "V_buf": "*bf16", "Loc": "*i64"}
     for n in ("stride_q", "stride_k", "stride_v", "stride_c", "stride_kbt", "stride_kbh", "stride_vbt", "stride_vbh",
               "num_q_heads", "num_kv_heads"):
         sig[n] = _I32
     const = dict(HEAD_DIM=128, HALF=64, BLOCK_HALF=64, BLOCK_D=128, NEOX=neox, BLOCK_HQ=32, BLOCK_HK=8,
-                 PASS_THROUGH=False, EARLY_LOADS=early, USE_GDC=False)
+                 PASS_THROUGH=False, USE_GDC=False)
     sig.update({n: "constexpr" for n in const})
     return "rope_kv_store", "_rope_kv_store_kernel", sig, const, 4
 
@@ -104,12 +104,11 @@ KERNELS = {
     "extend": _extend(),  # prefill / extend attention at the Llama-3.1-8B shapes (issue 27: 8K prefill)
     "rope_kv_store_neox": _rope_kv_store(True),
     "rope_kv_store_gptj": _rope_kv_store(False),
-    "rope_kv_store_neox_early": _rope_kv_store(True, early=True),  # SGLANG_DECODE_EARLY_LOADS=1 (issue 27)
     "rmsnorm_add": _rmsnorm(False),
     "rmsnorm_add_early": _rmsnorm(True),
     # SGLANG_DECODE_PDL=1 (issue 27): griddepcontrol.wait first, launched with programmatic dependent launch
     "rmsnorm_add_pdl": _with(_rmsnorm(True), USE_GDC=True),
-    "rope_kv_store_neox_pdl": _with(_rope_kv_store(True, early=True), USE_GDC=True),
+    "rope_kv_store_neox_pdl": _with(_rope_kv_store(True), USE_GDC=True),
     "decode_split_rows_direct_pdl": _with(_decode_split(True, True, 1), USE_GDC=True),
     "skinny_gemm_pdl": _with(_skinny_gemm(), USE_GDC=True),
     "rope_neox": _rope(True),  # the unfused kernel, for comparison

@@ -10,9 +10,9 @@ untouched (same slots, same ``[slot, head, dim]`` order), so everything that rea
 disaggregation descriptors, HiCache) sees the same bytes as after ``apply_rope`` + ``set_kv_buffer``: the rotated
 k is rounded to k's dtype first and only then cast to the pool dtype, exactly as the unfused path does. The
 caller's k tensor itself is not modified.
-Issue 27 A/B switches, read at launch, off by default: ``SGLANG_DECODE_EARLY_LOADS=1`` loads k and v before q is
-stored (:func:`sgl_kernel.triton.common.early_loads`), ``SGLANG_DECODE_PDL=1`` launches with programmatic dependent
-launch (:func:`sgl_kernel.triton.common.use_pdl`); the bytes written are identical either way.
+Issue 27 A/B switch, read at launch, off by default: ``SGLANG_DECODE_PDL=1`` launches with programmatic dependent
+launch (:func:`sgl_kernel.triton.common.use_pdl`). ``SGLANG_DECODE_EARLY_LOADS`` does not apply here: a variant
+that loaded k and v before storing q wrote different k bytes on an H200 (2026-11-27), so it was removed.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_kernel.triton.common import check_cuda_or_interpret, early_loads, next_pow2, use_pdl
+from sgl_kernel.triton.common import check_cuda_or_interpret, next_pow2, use_pdl
 from sgl_kernel.triton.rope import _rotate_heads
 
 logger = logging.getLogger(__name__)
@@ -35,11 +35,7 @@ def _rope_kv_store_kernel(Pos, Q, K, V, Cache, K_buf, V_buf, Loc,
                           num_q_heads, num_kv_heads,
                           HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
                           BLOCK_D: tl.constexpr, NEOX: tl.constexpr, BLOCK_HQ: tl.constexpr,
-                          BLOCK_HK: tl.constexpr, PASS_THROUGH: tl.constexpr, EARLY_LOADS: tl.constexpr = False,
-                          USE_GDC: tl.constexpr = False):
-    # EARLY_LOADS: load k and v before q is rotated and stored, so the loads are not held behind the q store (the
-    # compiler may not move a load above a store to a possibly aliasing pointer): the kernel waits for global memory
-    # about twice (pos, then cos/sin) instead of four times (issue 27; same arithmetic, same bytes written).
+                          BLOCK_HK: tl.constexpr, PASS_THROUGH: tl.constexpr, USE_GDC: tl.constexpr = False):
     # USE_GDC: launched with programmatic dependent launch; wait for the previous kernel before any memory access.
     if USE_GDC:
         tl.extra.cuda.gdc_wait()
@@ -62,17 +58,12 @@ def _rope_kv_store_kernel(Pos, Q, K, V, Cache, K_buf, V_buf, Loc,
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
     mask_v = mask_h[:, None] & mask_d[None, :]
-    if EARLY_LOADS:
-        x1 = tl.load(src + o1, mask=mask, other=0.0)
-        x2 = tl.load(src + o2, mask=mask, other=0.0)
-        vv = tl.load(V + row * stride_v + offs_h[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_v, other=0.0)
     cos = tl.load(Cache + pos * stride_c + offs_i, mask=mask_i, other=0.0).to(tl.float32)
     sin = tl.load(Cache + pos * stride_c + HALF + offs_i, mask=mask_i, other=0.0).to(tl.float32)
     _rotate_heads(Q, row, stride_q, num_q_heads, cos, sin, offs_i, mask_i, HEAD_DIM, HALF, NEOX, BLOCK_HQ)
 
-    if not EARLY_LOADS:
-        x1 = tl.load(src + o1, mask=mask, other=0.0)
-        x2 = tl.load(src + o2, mask=mask, other=0.0)
+    x1 = tl.load(src + o1, mask=mask, other=0.0)
+    x2 = tl.load(src + o2, mask=mask, other=0.0)
     x1f = x1.to(tl.float32)
     x2f = x2.to(tl.float32)
     r1 = x1f * cos[None, :] - x2f * sin[None, :]  # same expression as _rotate_heads: same rounding
@@ -83,8 +74,7 @@ def _rope_kv_store_kernel(Pos, Q, K, V, Cache, K_buf, V_buf, Loc,
         mask_p = mask_h[:, None] & (mask_d & (offs_d >= 2 * HALF))[None, :]
         kp = tl.load(src + offs_d[None, :], mask=mask_p, other=0.0)
         tl.store(dst + offs_d[None, :], kp.to(K_buf.dtype.element_ty), mask=mask_p)
-    if not EARLY_LOADS:
-        vv = tl.load(V + row * stride_v + offs_h[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_v, other=0.0)
+    vv = tl.load(V + row * stride_v + offs_h[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_v, other=0.0)
     tl.store(V_buf + slot * stride_vbt + offs_h[:, None] * stride_vbh + offs_d[None, :],
              vv.to(V_buf.dtype.element_ty), mask=mask_v)
 
@@ -131,6 +121,6 @@ def rope_and_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         v_buf.stride(0), v_buf.stride(1), q.shape[1] // head_dim, nkv,
         HEAD_DIM=head_dim, HALF=half, BLOCK_HALF=max(2, next_pow2(half)), BLOCK_D=max(2, next_pow2(head_dim)),
         NEOX=is_neox_style, BLOCK_HQ=max(2, next_pow2(q.shape[1] // head_dim)), BLOCK_HK=max(2, next_pow2(nkv)),
-        PASS_THROUGH=rot < head_dim, EARLY_LOADS=early_loads(), USE_GDC=pdl,
+        PASS_THROUGH=rot < head_dim, USE_GDC=pdl,
         num_warps=4, **({"launch_pdl": True} if pdl else {}))
     return q
