@@ -451,6 +451,9 @@ class _ScriptedConnector(KVConnector):
     def before_forward(self, batch, mwb):
         pass
 
+    def during_forward(self, forward_done):
+        pass
+
     def hold(self, req):
         return False
 
