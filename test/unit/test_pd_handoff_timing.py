@@ -61,7 +61,19 @@ def test_during_forward_tp1_posts_a_room_ready_that_arrives_mid_forward():
     c = _connector(q, tp_size=1, recv=recv)
     c.rooms[9] = DecodeRoom(9, None, ("h", 1), state="wait_ready")
     c.during_forward(lambda: len(rounds) >= 5)
-    assert c.started == [9] and len(rounds) == 5  # read on every round; posted once, in the round it arrived
+    # read on every round; posted once, in the round it arrived; then nothing is in flight or awaited: stop
+    assert c.started == [9] and len(rounds) == 3
+
+
+def test_during_forward_tp1_returns_at_once_when_nothing_is_awaited():
+    """No room waits for KV and no READ is in flight: one pass, so the host is free for the previous batch's results
+    (overlap scheduling) instead of spinning until the forward ends."""
+    q = _Queue(done_after=0)
+    c = _connector(q, tp_size=1)
+    c.rooms[4] = DecodeRoom(4, None, ("h", 1), state="transfer")  # READs done, waiting for activation at poll()
+    t0 = time.monotonic()
+    c.during_forward(lambda: False)
+    assert q.calls == 1 and time.monotonic() - t0 < 0.05
 
 
 def test_during_forward_stops_when_the_forward_is_done():

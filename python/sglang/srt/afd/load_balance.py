@@ -112,6 +112,7 @@ class ExpertPlacement:
 
     @property
     def num_experts(self) -> int:
+        """Logical experts this placement covers (one entry of ``replicas`` each)."""
         return len(self.replicas)
 
     @property

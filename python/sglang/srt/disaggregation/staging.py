@@ -96,6 +96,7 @@ class StagingArea:
 
     @property
     def base_address(self) -> int:
+        """Device address (bytes) of the staging buffer's first byte; offsets from :meth:`alloc` are relative to it."""
         return self.buf.data_ptr()
 
     def alloc(self, nbytes: int) -> Optional[int]:
