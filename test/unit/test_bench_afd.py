@@ -29,6 +29,24 @@ def test_bench_afd_smoke_writes_both_tables(tmp_path):
 
 def test_m2n_collect_keeps_finished_sizes_on_timeout_and_error():
     """A cut-short M2N run keeps the sizes rank 0 finished (the table marks the run [partial]), and reports why."""
+    import queue
+    import time
+
+    import afd_m2n
+
+    q = queue.Queue()
+    q.put({"p2p|32": [1e-5]})
+    res, err = afd_m2n._collect_sizes(q, time.monotonic() + 0.3)
+    assert res == {"p2p|32": [1e-5]} and "time limit" in err
+    q.put({"p2p|32": [1e-5]})
+    q.put({"error": "rank 1: RuntimeError: boom"})
+    res, err = afd_m2n._collect_sizes(q, time.monotonic() + 5)
+    assert res == {"p2p|32": [1e-5]} and err.startswith("rank 1")
+    q.put({"p2p|32": [1e-5]})
+    q.put({"done": True})
+    assert afd_m2n._collect_sizes(q, time.monotonic() + 5) == ({"p2p|32": [1e-5]}, "")
+
+
 def test_bench_afd_data_parallel_attention_and_uneven_ffn(tmp_path):
     """2 attention processes (data parallel) x 3 FFN processes (experts 2/1/1 of 4): the table names the layout and
     the 5 GPUs, every role logs its parameter and KV bytes (FFN: 0 KV), and the pipeline check is printed."""
