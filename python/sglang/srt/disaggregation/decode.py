@@ -160,9 +160,8 @@ class DecodeConnector(BaseConnector):
         ``RoomReady`` arriving during the forward has its READs posted at once and usually done when the forward
         ends: the room decodes from the next step. Before, it waited for the next step's :meth:`poll` to be posted
         and for the one after to be seen done (two steps). With TP > 1 messages are read once here (``recv`` is a
-        broadcast every rank must make at the same point) and the spin stops when no READ is in flight; with TP 1 it
-        also stops when no READ is in flight and no room waits for its ``RoomReady`` (nothing to catch: the host goes
-        on to the previous batch's results, which overlap scheduling runs beside the forward). The DONE
+        broadcast every rank must make at the same point); the spin stops when no READ is in flight (TP 1: and no room
+        awaits its ``RoomReady``, so the host goes on to overlap scheduling's work). The DONE
         time of the READs is stamped within about ``SPIN_SLEEP_S`` (the pure transfer time in ``meta_info``).
         Activation stays at the step boundary (:meth:`poll`, agreed over the ranks).
 
@@ -180,8 +179,8 @@ class DecodeConnector(BaseConnector):
                 self._start_ready()
             self._progress_queue()
             first = False
-            idle = not self.agent.queue.busy_rooms() and (
-                not local or not any(r.state in ("connect", "wait_ready") for r in self.rooms.values()))
+            idle = not self.agent.queue.busy_rooms() and not (
+                local and any(r.state in ("connect", "wait_ready") for r in self.rooms.values()))
             if forward_done() or time.monotonic() >= end or idle:
                 return
             time.sleep(SPIN_SLEEP_S)
