@@ -61,19 +61,21 @@ def _check_rs(op, heap, rows, k, n, seeds, tag):
     return fails
 
 
-def _graph_ag(op, heap, rows, k, n, tag):
-    """Capture one call with static inputs, replay with new inputs copied in."""
+def _graph_ag(op, heap, rows, k, n, tag, note=lambda what: None):
+    """Capture one call with static inputs, replay with new inputs copied in (``note``: progress per phase)."""
     shards, wt = _ag_inputs(1000, rows, k, n, heap.device)
     a_s, b_s = shards[heap.rank].clone(), wt.clone()
     out = torch.empty(sum(rows), n, dtype=DT, device=heap.device)
     op(a_s, b_s.t(), rows, out)  # warm-up outside capture (uploads any per-shape metadata)
     torch.cuda.synchronize()
     heap.barrier()
+    note(f"{tag} graph: capture")
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         op(a_s, b_s.t(), rows, out)
     fails = []
     for seed in range(1001, 1006):
+        note(f"{tag} graph: replay {seed - 1000}")
         shards, wt = _ag_inputs(seed, rows, k, n, heap.device)
         a_s.copy_(shards[heap.rank])
         b_s.copy_(wt)
@@ -83,18 +85,21 @@ def _graph_ag(op, heap, rows, k, n, tag):
     return fails
 
 
-def _graph_rs(op, heap, rows, k, n, tag):
+def _graph_rs(op, heap, rows, k, n, tag, note=lambda what: None):
+    """As :func:`_graph_ag`, for GEMM-RS."""
     a, wt = _rs_inputs(2000, rows, k, n, heap.device, heap.world)
     a_s, b_s = a[heap.rank].clone(), wt[heap.rank].clone()
     out = torch.empty(rows[heap.rank], n, dtype=DT, device=heap.device)
     op(a_s, b_s.t(), rows, out)
     torch.cuda.synchronize()
     heap.barrier()
+    note(f"{tag} graph: capture")
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         op(a_s, b_s.t(), rows, out)
     fails = []
     for seed in range(2001, 2006):
+        note(f"{tag} graph: replay {seed - 2000}")
         a, wt = _rs_inputs(seed, rows, k, n, heap.device, heap.world)
         a_s.copy_(a[heap.rank])
         b_s.copy_(wt[heap.rank])
@@ -214,6 +219,9 @@ def _schedules_case(heap, k, n, even, uneven, note=lambda what: None):
         note(f"schedules {label}")
         return _guard(fn, *args)
 
+    def noted(what):
+        note(f"schedules {what}")
+
     for sched in ("ring", "all"):
         for c in (1, 3):
             ag = DecompAgGemm(heap, 2048, k, DT, name=f"t.sag.{sched}{c}", chunks=c, schedule=sched)
@@ -234,8 +242,8 @@ def _schedules_case(heap, k, n, even, uneven, note=lambda what: None):
         f += step(f"RS {tag}", _check_rs, rs, heap, uneven, k, n, range(83, 86), f"RS {tag}")
         for op in (ag, rs):
             op.hs.split = 1
-        f += step(f"AG {sched} 3 pc graph", _graph_ag, ag, heap, even, k, n, f"{sched} AG 3 pc")
-        f += step(f"RS {sched} 3 pc graph", _graph_rs, rs, heap, uneven, k, n, f"{sched} RS 3 pc")
+        f += step(f"AG {sched} 3 pc graph: warm-up", _graph_ag, ag, heap, even, k, n, f"AG {sched} 3 pc", noted)
+        f += step(f"RS {sched} 3 pc graph: warm-up", _graph_rs, rs, heap, uneven, k, n, f"RS {sched} 3 pc", noted)
     return f
 
 

@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import test_tdist_decomp_sim as S  # noqa: E402
-from test_tdist_decomp_sim import fake_cuda  # noqa: E402,F401 (fixture)
+from test_tdist_decomp_sim import fake_cuda  # noqa: E402,F401,F811 (the fixture, used by name)
 
 from sgl_kernel.tdist import decomp  # noqa: E402
 from sgl_kernel.tdist.heap import simulate_group  # noqa: E402
