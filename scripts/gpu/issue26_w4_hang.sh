@@ -30,10 +30,15 @@ step() {  # step NAME SECONDS GROUP_TIMEOUT SHARED CONNECTIONS TEST: run one bou
   (( group > secs - 8 )) && group=$(( secs - 8 ))
   echo; echo "== $name (shared streams $shared, CUDA_DEVICE_MAX_CONNECTIONS=$conns, group ${group}s, limit ${secs}s)"
   local t0=$SECONDS
+  # GNU timeout leads its own process group: after the step, kill whatever is left in it (a rank stuck in a GPU
+  # wait must not hold its GPU into the next step)
   env TDIST_GPU_TIMEOUT="$group" TDIST_GPU_PROGRESS=1 TDIST_DECOMP_SHARED_STREAMS="$shared" \
     CUDA_DEVICE_MAX_CONNECTIONS="$conns" timeout --kill-after=3 "$secs" \
-    "$PY" -m pytest -q -s -rA -p no:cacheprovider "$test" > "$out/$name.log" 2>&1
+    "$PY" -m pytest -q -s -rA -p no:cacheprovider "$test" > "$out/$name.log" 2>&1 &
+  local pid=$!
+  wait "$pid"
   local rc=$?
+  kill -KILL -- "-$pid" 2>/dev/null && echo "(killed leftover processes of $name)"
   grep -E "^(PASSED|FAILED|ERROR)|passed|failed|did not finish|timed out|Error" "$out/$name.log" | cut -c1-400 | tail -12
   (( rc == 124 || rc == 137 )) && echo "!! $name hit its ${secs}s limit"
   local res last
