@@ -61,19 +61,21 @@ def _check_rs(op, heap, rows, k, n, seeds, tag):
     return fails
 
 
-def _graph_ag(op, heap, rows, k, n, tag):
-    """Capture one call with static inputs, replay with new inputs copied in."""
+def _graph_ag(op, heap, rows, k, n, tag, note=lambda what: None):
+    """Capture one call with static inputs, replay with new inputs copied in (``note``: progress per phase)."""
     shards, wt = _ag_inputs(1000, rows, k, n, heap.device)
     a_s, b_s = shards[heap.rank].clone(), wt.clone()
     out = torch.empty(sum(rows), n, dtype=DT, device=heap.device)
     op(a_s, b_s.t(), rows, out)  # warm-up outside capture (uploads any per-shape metadata)
     torch.cuda.synchronize()
     heap.barrier()
+    note(f"{tag} graph: capture")
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         op(a_s, b_s.t(), rows, out)
     fails = []
     for seed in range(1001, 1006):
+        note(f"{tag} graph: replay {seed - 1000}")
         shards, wt = _ag_inputs(seed, rows, k, n, heap.device)
         a_s.copy_(shards[heap.rank])
         b_s.copy_(wt)
@@ -83,18 +85,21 @@ def _graph_ag(op, heap, rows, k, n, tag):
     return fails
 
 
-def _graph_rs(op, heap, rows, k, n, tag):
+def _graph_rs(op, heap, rows, k, n, tag, note=lambda what: None):
+    """As :func:`_graph_ag`, for GEMM-RS."""
     a, wt = _rs_inputs(2000, rows, k, n, heap.device, heap.world)
     a_s, b_s = a[heap.rank].clone(), wt[heap.rank].clone()
     out = torch.empty(rows[heap.rank], n, dtype=DT, device=heap.device)
     op(a_s, b_s.t(), rows, out)
     torch.cuda.synchronize()
     heap.barrier()
+    note(f"{tag} graph: capture")
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         op(a_s, b_s.t(), rows, out)
     fails = []
     for seed in range(2001, 2006):
+        note(f"{tag} graph: replay {seed - 2000}")
         a, wt = _rs_inputs(seed, rows, k, n, heap.device, heap.world)
         a_s.copy_(a[heap.rank])
         b_s.copy_(wt[heap.rank])
@@ -206,32 +211,39 @@ def _schedules_case(heap, k, n, even, uneven, note=lambda what: None):
     uneven rows, 10 back-to-back calls each; the receive waits on the push streams (``split_recv=False``, the
     layout before 2026-11-27) for the 3-piece ops; then calls with split pushes (helper copy streams outside the
     later capture: the bench order whose capture was invalidated, 2026-11-27 on 4 x H200) and one CUDA-graph
-    capture of the 3-piece ops replayed on new inputs. ``note(what)`` reports each sub-step as progress (a rank
-    that stops is named with its last sub-step)."""
+    capture of the 3-piece ops replayed on new inputs. ``note(what)`` reports each sub-step (op and layout) as
+    progress before it starts, so a rank that stops is named with the call it stopped in."""
     f = []
+
+    def step(label, fn, *args):
+        note(f"schedules {label}")
+        return _guard(fn, *args)
+
+    def noted(what):
+        note(f"schedules {what}")
+
     for sched in ("ring", "all"):
         for c in (1, 3):
-            note(f"schedules {sched} {c} pc")
             ag = DecompAgGemm(heap, 2048, k, DT, name=f"t.sag.{sched}{c}", chunks=c, schedule=sched)
             rs = DecompGemmRs(heap, 512, n, DT, name=f"t.srs.{sched}{c}", chunks=c, schedule=sched)
             for rows in (even, uneven):
-                f += _guard(_check_ag, ag, heap, rows, k, n, range(70, 80), f"{sched} AG {c} pc rows={rows}")
-                f += _guard(_check_rs, rs, heap, rows, k, n, range(70, 80), f"{sched} RS {c} pc rows={rows}")
-        note(f"schedules {sched} waits on push streams")
+                tag = f"{sched} {c} pc rows={rows}"
+                f += step(f"AG {tag}", _check_ag, ag, heap, rows, k, n, range(70, 80), f"AG {tag}")
+                f += step(f"RS {tag}", _check_rs, rs, heap, rows, k, n, range(70, 80), f"RS {tag}")
         for op in (ag, rs):
             op.hs.split_recv = False
-        f += _guard(_check_ag, ag, heap, uneven, k, n, range(80, 83), f"{sched} AG 3 pc waits on push streams")
-        f += _guard(_check_rs, rs, heap, uneven, k, n, range(80, 83), f"{sched} RS 3 pc waits on push streams")
-        note(f"schedules {sched} split pushes")
+        tag = f"{sched} 3 pc waits on push streams"
+        f += step(f"AG {tag}", _check_ag, ag, heap, uneven, k, n, range(80, 83), f"AG {tag}")
+        f += step(f"RS {tag}", _check_rs, rs, heap, uneven, k, n, range(80, 83), f"RS {tag}")
         for op in (ag, rs):
             op.hs.split_recv, op.hs.split, op.hs.split_min_bytes = True, 2, 0
-        f += _guard(_check_ag, ag, heap, even, k, n, range(83, 86), f"{sched} AG 3 pc split pushes")
-        f += _guard(_check_rs, rs, heap, uneven, k, n, range(83, 86), f"{sched} RS 3 pc split pushes")
-        note(f"schedules {sched} graph")
+        tag = f"{sched} 3 pc split pushes"
+        f += step(f"AG {tag}", _check_ag, ag, heap, even, k, n, range(83, 86), f"AG {tag}")
+        f += step(f"RS {tag}", _check_rs, rs, heap, uneven, k, n, range(83, 86), f"RS {tag}")
         for op in (ag, rs):
             op.hs.split = 1
-        f += _guard(_graph_ag, ag, heap, even, k, n, f"{sched} AG 3 pc")
-        f += _guard(_graph_rs, rs, heap, uneven, k, n, f"{sched} RS 3 pc")
+        f += step(f"AG {sched} 3 pc graph: warm-up", _graph_ag, ag, heap, even, k, n, f"AG {sched} 3 pc", noted)
+        f += step(f"RS {sched} 3 pc graph: warm-up", _graph_rs, rs, heap, uneven, k, n, f"RS {sched} 3 pc", noted)
     return f
 
 

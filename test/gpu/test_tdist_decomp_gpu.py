@@ -46,9 +46,13 @@ def _run():
 
         cfg = HeapConfig(data_bytes=64 << 20, signal_slots=1024, wait_timeout_s=20)
         got = {}  # case -> {rank: failures}, filled as each case ends on each rank
+        progress = None
+        if os.environ.get("TDIST_GPU_PROGRESS") == "1":  # live progress notes (use with -s)
+            progress = lambda r, msg: print(f"[rank {r}] {msg}", flush=True)  # noqa: E731 (CLI-style test output)
         _, problems = run_ranks(2, C.run, (CASES,), env=NVLS_OFF_ENV, heap_config=cfg, with_nccl=True,
                                 timeout=float(os.environ.get("TDIST_GPU_TIMEOUT", "240")), stall_timeout=90,
-                                on_result=lambda r, case, fails: got.setdefault(case, {}).__setitem__(r, fails))
+                                on_result=lambda r, case, fails: got.setdefault(case, {}).__setitem__(r, fails),
+                                on_note=progress)
         _RESULTS["r"] = (got, problems)
     return _RESULTS["r"]
 

@@ -2,6 +2,11 @@
 tdist_decomp_case.py): results vs torch references on fresh random inputs with even, uneven and empty segments,
 back-to-back reuse, both per-peer stream schedules ("ring": staggered steps, the world >= 3 default; "all") eager
 and captured in CUDA graphs, and the NCCL fallback of the Auto ops. Skips without 4 CUDA GPUs. Multicast stays off.
+
+Knobs for hang hunts (scripts/gpu/issue26_w4_hang.sh): TDIST_GPU_TIMEOUT (group seconds), TDIST_GPU_PROGRESS=1
+(print every rank's progress notes as they arrive; use with -s), TDIST_DECOMP_SHARED_STREAMS=0 (per-op side
+streams, HeapConfig.shared_streams=False: the layout before 2026-11-27). CUDA_DEVICE_MAX_CONNECTIONS set in the
+environment is kept (spawn.run_ranks sets 32 otherwise).
 """
 
 from __future__ import annotations
@@ -42,11 +47,16 @@ def _run():
 
         from sglang.srt.utils.nvls_env import NVLS_OFF_ENV
 
-        cfg = HeapConfig(data_bytes=64 << 20, signal_slots=1024, wait_timeout_s=20)
+        shared = os.environ.get("TDIST_DECOMP_SHARED_STREAMS", "1") != "0"
+        cfg = HeapConfig(data_bytes=64 << 20, signal_slots=1024, wait_timeout_s=20, shared_streams=shared)
         got = {}
+        progress = None
+        if os.environ.get("TDIST_GPU_PROGRESS") == "1":
+            progress = lambda r, msg: print(f"[rank {r}] {msg}", flush=True)  # noqa: E731 (CLI-style test output)
         _, problems = run_ranks(WORLD, C.run, (CASES,), env=NVLS_OFF_ENV, heap_config=cfg, with_nccl=True,
                                 timeout=float(os.environ.get("TDIST_GPU_TIMEOUT", "240")), stall_timeout=90,
-                                on_result=lambda r, case, fails: got.setdefault(case, {}).__setitem__(r, fails))
+                                on_result=lambda r, case, fails: got.setdefault(case, {}).__setitem__(r, fails),
+                                on_note=progress)
         _RESULTS["r"] = (got, problems)
     return _RESULTS["r"]
 

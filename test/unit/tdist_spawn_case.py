@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 
@@ -15,4 +16,4 @@ def three_cases(heap, note, nccl, hang_in, raise_in):
             raise RuntimeError(f"boom in c{i}")
         note.result(f"c{i}", {"rank": heap.rank, "world": heap.world})
         note(f"c{i} done")
-    return {"finished": heap.rank}
+    return {"finished": heap.rank, "connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")}

@@ -27,21 +27,34 @@ import tdist_spawn_case as C  # noqa: E402
 CFG = HeapConfig(data_bytes=1 << 12, signal_slots=16)
 
 
-def _run(hang_in, raise_in, stall):
+def _run(hang_in, raise_in, stall, notes=None):
     got = []
     results, problems = run_ranks(2, C.three_cases, (hang_in, raise_in), heap_config=CFG, timeout=120,
                                   env=NVLS_OFF_ENV,
                                   stall_timeout=stall, gloo_timeout=30, cpu_heap=True,
-                                  on_result=lambda r, k, v: got.append((r, k, v["rank"])))
+                                  on_result=lambda r, k, v: got.append((r, k, v["rank"])),
+                                  on_note=None if notes is None else lambda r, msg: notes.append((r, msg)))
     return results, problems, got
 
 
 @pytest.mark.timeout(180)
-def test_all_cases_reported_and_results_returned():
-    results, problems, got = _run(-1, -1, None)
+def test_all_cases_reported_and_results_returned(monkeypatch):
+    """Also: every progress note reaches on_note live, and the ranks run with CUDA_DEVICE_MAX_CONNECTIONS=32 (set
+    by the harness before CUDA when the parent leaves it unset: layout.stream_queue_env)."""
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    notes = []
+    results, problems, got = _run(-1, -1, None, notes)
     assert problems == []
-    assert results == [{"finished": 0}, {"finished": 1}]
+    assert results == [{"finished": r, "connections": "32"} for r in range(2)]
     assert sorted(got) == sorted((r, f"c{i}", r) for r in range(2) for i in range(3))
+    assert {(r, f"c{i} done") for r in range(2) for i in range(3)} <= set(notes), notes
+
+
+def test_stream_queue_env_keeps_an_explicit_value():
+    from sgl_kernel.tdist.layout import stream_queue_env
+
+    assert stream_queue_env({}) == {"CUDA_DEVICE_MAX_CONNECTIONS": "32"}
+    assert stream_queue_env({"CUDA_DEVICE_MAX_CONNECTIONS": "8"}) == {}
 
 
 @pytest.mark.timeout(180)

@@ -176,3 +176,23 @@ def test_wait_ready_reports_the_first_failure_by_name():
     (r0, w0) = mp.Pipe(duplex=False)  # says nothing while alive: the deadline ends the wait
     out = _wait_ready(SimpleNamespace(workers=[proc()], specs=sched[:1]), [r0], time.monotonic() + 0.3)
     assert out["status"] == "error" and "the scheduler did not start within" in out["message"]
+
+
+@pytest.mark.parametrize("kw, environ, want", [
+    (dict(enable_tdist_overlap=True), {}, {"CUDA_DEVICE_MAX_CONNECTIONS": "32"}),
+    (dict(enable_tdist_overlap=True), {"CUDA_DEVICE_MAX_CONNECTIONS": "8"}, {}),  # an explicit value wins
+    (dict(), {}, {}),
+])
+def test_tdist_workers_get_32_hardware_queues(kw, environ, want, monkeypatch):
+    """--enable-tdist-overlap workers (their decomposition ops wait on peers with cuStreamWaitValue64) start with
+    CUDA_DEVICE_MAX_CONNECTIONS=32 unless the launcher's environment sets it; other workers get nothing extra."""
+    from sglang.srt.deployment import plan_deployment
+    from sglang.srt.entrypoints.worker_launcher import process_spec, worker_env
+
+    plan = plan_deployment(ServerArgs(device="cpu", tp_size=2, **kw))
+    for w in plan.workers:
+        assert worker_env(w, environ) == want
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    for key, value in environ.items():
+        monkeypatch.setenv(key, value)
+    assert [process_spec(w, None).env for w in plan.workers] == [want] * len(plan.workers)

@@ -199,7 +199,21 @@ def process_spec(worker, ready: Any, slot: Optional[tuple] = None) -> ProcessSpe
         from sglang.srt.managers.scheduler_process import run_scheduler_process as target
     return ProcessSpec(name=worker.name, target=target, args=(worker, ready),
                        slot=slot or (worker.role.value, worker.index), device=worker.device,
-                       resources=dict(worker.resources))
+                       env=worker_env(worker), resources=dict(worker.resources))
+
+
+def worker_env(worker, environ: Optional[Mapping[str, str]] = None) -> dict:
+    """Extra environment of ``worker``'s process (set before it creates its CUDA context): a ``tdist_sp`` worker
+    (``--enable-tdist-overlap``: its decomposition ops wait on peers with ``cuStreamWaitValue64``) gets
+    ``CUDA_DEVICE_MAX_CONNECTIONS=32`` unless ``environ`` (default ``os.environ``) sets it
+    (``sgl_kernel.tdist.layout.stream_queue_env``); every other worker nothing."""
+    import os
+
+    if worker.executor.name != "tdist_sp":
+        return {}
+    from sgl_kernel.tdist.layout import stream_queue_env
+
+    return stream_queue_env(os.environ if environ is None else environ)
 
 
 def detokenizer_spec(server_args, port_args) -> ProcessSpec:

@@ -139,10 +139,13 @@ class _Handshake:
 
     def stream(self, j) -> "torch.cuda.Stream":
         """The copy stream of ring step ``j`` (or of a key such as ``("copy", j, i)``: a helper of :meth:`_push`;
-        high priority: a copy is never queued behind GEMMs)."""
+        high priority: a copy is never queued behind GEMMs). With ``HeapConfig.shared_streams`` (default) the heap's
+        stream of that key, shared by every op of the heap (bounded count; ops of a heap run one after another on
+        the caller's stream and each joins its streams, so sharing adds no wait), else one per op."""
         s = self.streams.get(j)
         if s is None:
-            s = torch.cuda.Stream(self.heap.device, priority=-1)
+            s = (self.heap.side_stream(("decomp", j)) if self.heap.config.shared_streams
+                 else torch.cuda.Stream(self.heap.device, priority=-1))
             self.streams[j] = s
         return s
 

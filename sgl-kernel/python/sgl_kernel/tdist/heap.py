@@ -82,6 +82,7 @@ class SymmetricHeap:
             raise RuntimeError("the error record must be the heap's first signal allocation")
         self.epochs = SignalEpochs()
         self._counters: dict = {}
+        self._streams: dict = {}
         self._barrier = barrier
         self._closer = closer
 
@@ -111,6 +112,17 @@ class SymmetricHeap:
             t = torch.zeros(2, dtype=torch.int64, device=self.device)
             self._counters[name] = t
         return t
+
+    def side_stream(self, key) -> "torch.cuda.Stream":
+        """The high-priority side stream ``key`` of this heap (on :attr:`device`), created on first use and shared by
+        every op that asks for the same key (e.g. the decomposition's ring-step streams, ``HeapConfig.shared_streams``):
+        the stream count stays bounded however many ops exist. torch takes streams round-robin from a pool of 32 per
+        priority, so per-op streams beyond 32 silently alias other ops' streams; the CUDA driver then maps all
+        streams onto ``CUDA_DEVICE_MAX_CONNECTIONS`` hardware queues (default 8)."""
+        s = self._streams.get(key)
+        if s is None:
+            s = self._streams[key] = torch.cuda.Stream(self.device, priority=-1)
+        return s
 
     def barrier(self) -> None:
         """Host barrier: this rank's device work is finished and every rank reached this point. Raises

@@ -15,7 +15,7 @@ without a reset kernel and without a race between a late reset and an early next
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Mapping, Sequence, Tuple
 
 # ---- device error record (the first ERROR_SLOTS int64 signal slots of every rank's heap) ---------------------------
 # A bounded wait that gives up writes, in its own rank's heap: [ERR_ABORT] = 1 + rank of the first rank that timed
@@ -40,6 +40,22 @@ ALIGN = 256  # bytes: every region starts on a 256-byte boundary (vectorized 16-
 SIGNAL_BYTES = 8  # one signal slot: int64
 
 
+MAX_CONNECTIONS_VAR = "CUDA_DEVICE_MAX_CONNECTIONS"
+STREAM_QUEUES = 32  # the CUDA maximum (default 8)
+
+
+def stream_queue_env(environ: Mapping[str, str]) -> Dict[str, str]:
+    """Environment for a process whose streams wait on peers (``cuStreamWaitValue64`` in the decomposition ops):
+    ``{"CUDA_DEVICE_MAX_CONNECTIONS": "32"}``, or ``{}`` when ``environ`` sets the variable already (an explicit
+    value wins, e.g. ``8`` for an A/B run). The driver maps all streams of a context onto that many hardware queues
+    (default 8; NVIDIA MPS docs, "CUDA_DEVICE_MAX_CONNECTIONS"); streams sharing a queue run in submission order, so
+    a blocked wait holds back the other streams of its queue (false dependencies: lost overlap, and a hazard
+    wherever the GPU's order differs from the submission order). Read when the CUDA context is created: apply it
+    before the process touches CUDA (spawn.run_ranks does for its ranks; the server for ``--enable-tdist-overlap``
+    workers)."""
+    return {} if MAX_CONNECTIONS_VAR in environ else {MAX_CONNECTIONS_VAR: str(STREAM_QUEUES)}
+
+
 def align_up(n: int, a: int = ALIGN) -> int:
     """Smallest multiple of ``a`` that is >= ``n`` (``n`` >= 0)."""
     return -(-n // a) * a
@@ -50,13 +66,17 @@ class HeapConfig:
     """Sizes of one rank's heap.
 
     data_bytes: bytes for data regions (gather buffers, partial sums, all-to-all slots). signal_slots: number of
-    int64 signal slots (the signal region is ``signal_slots * 8`` bytes, placed first). Raises ValueError on
+    int64 signal slots (the signal region is ``signal_slots * 8`` bytes, placed first). wait_timeout_s: budget of
+    every bounded device wait (seconds). shared_streams: the decomposition ops of the heap share its side streams
+    (``SymmetricHeap.side_stream``: ``2 * (world - 1)`` plus split-push helpers, however many ops exist) instead of
+    each op creating its own (False: the layout before 2026-11-27, for A/B runs). Raises ValueError on
     non-positive sizes.
     """
 
     data_bytes: int = 256 << 20
     signal_slots: int = 8192
     wait_timeout_s: float = 60.0
+    shared_streams: bool = True
 
     def __post_init__(self) -> None:
         if self.data_bytes <= 0:

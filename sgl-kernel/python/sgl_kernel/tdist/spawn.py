@@ -4,8 +4,9 @@ Used by the GPU tests and ``benchmark/bench_tdist.py``. Each rank: sets the call
 environment, ``sglang.srt.utils.nvls_env.NVLS_OFF_ENV``: passed in, since sgl_kernel never imports sglang), joins a gloo
 process group (host control only; several ranks may share one GPU, which NCCL refuses), builds the
 :class:`~sgl_kernel.tdist.heap.SymmetricHeap` on ``cuda:(rank % device_count)`` and calls
-``fn(heap, note, nccl, *args) -> dict``. The parent collects the dicts; a rank that does not finish within ``timeout``
-seconds (or, with ``stall_timeout``, sends nothing for that long) is reported with the last progress note it sent
+``fn(heap, note, nccl, *args) -> dict`` (``CUDA_DEVICE_MAX_CONNECTIONS`` is 32 in every rank unless set:
+layout.stream_queue_env). The parent collects the dicts; a rank that does not finish within ``timeout`` seconds
+(or, with ``stall_timeout``, sends nothing for that long) is reported with the last progress note it sent
 (``note(msg)`` in the child) and all ranks are killed, so a hang becomes an error, never a stuck run. Partial results
 are not lost: ``note.result(key, value)`` in the child reaches the parent's ``on_result(rank, key, value)`` at once
 (the GPU tests report each case as it finishes). Device-side waits are bounded as well (HeapConfig.wait_timeout_s),
@@ -60,7 +61,10 @@ def _cpu_heap(rank: int, world: int, cfg, group):
 
 def _child(rank: int, world: int, port: int, fn: Callable, args: Tuple, cfg, q, with_nccl: bool,
            gloo_timeout: float, cpu_heap: bool, env: Dict[str, str]) -> None:
+    from sgl_kernel.tdist.layout import stream_queue_env
+
     os.environ.update(env)
+    os.environ.update(stream_queue_env(os.environ))  # before CUDA: 32 hardware queues unless set explicitly
     note = _Note(q, rank)
     try:
         import torch
@@ -94,14 +98,17 @@ def _child(rank: int, world: int, port: int, fn: Callable, args: Tuple, cfg, q, 
 def run_ranks(world: int, fn: Callable, args: Tuple = (), *, env: Mapping[str, str], heap_config=None,
               timeout: float = 600.0, with_nccl: bool = False,
               on_result: Optional[Callable[[int, str, Any], None]] = None, stall_timeout: Optional[float] = None,
-              gloo_timeout: float = 600.0, cpu_heap: bool = False) -> Tuple[List[Any], List[str]]:
+              gloo_timeout: float = 600.0, cpu_heap: bool = False,
+              on_note: Optional[Callable[[int, str], None]] = None) -> Tuple[List[Any], List[str]]:
     """Run ``fn(heap, note, nccl_group_or_None, *args)`` on ``world`` ranks; returns (per-rank results or None,
     problems). ``fn`` must be importable (module level). env: variables every rank sets before touching CUDA (pass
     ``sglang.srt.utils.nvls_env.NVLS_OFF_ENV``; required so that no caller forgets it). with_nccl: also create an NCCL group (needs one GPU per
     rank). on_result(rank, key, value): called in this process for every ``note.result`` of a child, as it arrives.
     stall_timeout: end the group when no rank sent anything for that many seconds. gloo_timeout: seconds of the
     ranks' host collectives. cpu_heap: give ``fn`` a host-memory stand-in heap (tests of this harness without a
-    GPU; no kernel can use it). Problems name the rank and its last note (where it hung) or its traceback."""
+    GPU; no kernel can use it). on_note(rank, msg): called for every progress note as it arrives (live progress,
+    e.g. printed by a GPU test: a run cut from outside still shows where each rank was). Problems name the rank and
+    its last note (where it hung) or its traceback."""
     from sgl_kernel.tdist.layout import HeapConfig
 
     cfg = heap_config or HeapConfig()
@@ -125,6 +132,8 @@ def run_ranks(world: int, fn: Callable, args: Tuple = (), *, env: Mapping[str, s
         nonlocal deadline
         if kind == "note":
             last[rank] = payload
+            if on_note is not None:
+                on_note(rank, payload)
         elif kind == "result":
             if on_result is not None:
                 on_result(rank, *payload)
