@@ -93,9 +93,9 @@ class FfnServer:
             return False
         first.tensors = [t.clone() for t in first.tensors]  # the receive buffer is reused by the next recv
         msgs = [first]
-        while self.ep.poll(0):
-            msgs.append(self.ep.recv())
-            msgs[-1].tensors = [t.clone() for t in msgs[-1].tensors]
+        while (more := self.ep.recv_nowait()) is not None:  # data only: a waiting control message never blocks
+            more.tensors = [t.clone() for t in more.tensors]
+            msgs.append(more)
         by_layer = defaultdict(list)
         for m in msgs:
             op = m.meta[0]
