@@ -43,3 +43,31 @@ def test_device_driven_afd_refused_pairs_fail_the_step():
 
 def test_device_driven_afd_dead_ffn_fails_closed():
     _case("dead")
+
+
+@pytest.mark.parametrize("m", [1, 2, 3])
+def test_split_decode_requests_equals_split_requests_without_copies(m):
+    """The graph-safe decode split: the same micro-batches as split_requests, every tensor a view of the batch's."""
+    import torch
+
+    from sglang.srt.batch_split import split_decode_requests, split_requests
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_loader.loader import load_model
+    from sglang.test.model_harness import ModelHarness
+
+    mc = ModelConfig.from_path(shared_path("models", "stories260K-moe"))
+    h = ModelHarness(load_model(mc, "auto", "cpu"), mc, max_reqs=5, max_len=16)
+    h.step([(i, [5 + i, 7, 9][: 1 + i % 3]) for i in range(5)])
+    fb = h.prepare([(i, [11 + i]) for i in range(5)])
+    got, ref = split_decode_requests(fb, m), split_requests(fb, m)
+    assert len(got) == len(ref) == m
+    for g, r in zip(got, ref):
+        assert g.batch_size == r.batch_size and g.token_range == r.token_range
+        for name in ("input_ids", "positions", "out_cache_loc", "req_pool_indices", "seq_lens", "prefix_lens",
+                     "extend_lens", "extend_start_loc"):
+            assert torch.equal(getattr(g, name), getattr(r, name)), name
+        for name in ("input_ids", "seq_lens", "req_pool_indices"):  # views of the batch: no host-to-device copy
+            assert getattr(g, name).untyped_storage().data_ptr() == getattr(fb, name).untyped_storage().data_ptr()
+        assert g.seq_lens_cpu == r.seq_lens_cpu and g.extend_lens_cpu == r.extend_lens_cpu
+    with pytest.raises(ValueError, match="DECODE"):
+        split_decode_requests(h.prepare([(0, [1, 2])]), 1)

@@ -131,7 +131,12 @@ class AfdExecutor(StagedExecutor):
     def plan(self, fb: ForwardBatch) -> list[ForwardBatch]:
         """``min(m, batch_size)`` request micro-batches (device-driven: the step begins, see ``device_m2n``)."""
         m = min(self.m, fb.batch_size)
-        subs = fb.split_requests(m) if m > 1 else [fb]
+        if m > 1 and self.device_mode and fb.forward_mode.is_decode():  # views only: graph-capturable
+            from sglang.srt.batch_split import split_decode_requests
+
+            subs = split_decode_requests(fb, m)
+        else:
+            subs = fb.split_requests(m) if m > 1 else [fb]
         if self.dev is not None:
             self.dev.begin([int(sub.input_ids.shape[0]) for sub in subs], self.version)
         return subs
@@ -298,6 +303,13 @@ class AfdExecutor(StagedExecutor):
         tc = max(0.0, (rtt - tf) / 2)
         return {"ta_ms": ta * 1e3, "tf_ms": tf * 1e3, "tc_ms": tc * 1e3, "m_min": 2 * (1 + tc / max(tf, 1e-9)),
                 "m": self.m}
+
+    def attention_ms(self) -> Optional[float]:
+        """Median Ta (ms, attention stages of one layer and micro-batch) over recent eager steps; None before any
+        (device-driven steps record Ta only eagerly: a graph replay has no per-layer events)."""
+        if not self._ta:
+            return None
+        return float(np.median([self._elapsed(t0, t1) for t0, t1 in self._ta[-512:]])) * 1e3
 
     def reset_pipeline_stats(self) -> None:
         """Forget the Ta, Tf and round-trip samples (a benchmark starting a new configuration)."""
