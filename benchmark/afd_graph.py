@@ -15,13 +15,16 @@ DECODE_FIELDS = ("input_ids", "positions", "out_cache_loc", "req_pool_indices", 
 
 
 def load_inputs(static, fb) -> None:
-    """Copy decode batch ``fb``'s tensors into ``static``'s (same batch size and requests order; the ``*_cpu`` lists
-    of a decode batch do not change the graph). Raises ValueError on another batch size or mode."""
+    """Copy decode batch ``fb``'s tensors into ``static``'s (same batch size and requests order) and take its
+    ``*_cpu`` lists (a captured decode graph reads only the tensors; the lists keep ``static`` right for an eager
+    run). Raises ValueError on another batch size or mode."""
     if fb.batch_size != static.batch_size or fb.forward_mode != static.forward_mode:
         raise ValueError(f"batch of {fb.batch_size} ({fb.forward_mode}) does not fit the graph of "
                          f"{static.batch_size} ({static.forward_mode})")
     for name in DECODE_FIELDS:
         getattr(static, name).copy_(getattr(fb, name))
+    for name in ("seq_lens_cpu", "prefix_lens_cpu", "extend_lens_cpu", "req_pool_indices_cpu"):
+        setattr(static, name, list(getattr(fb, name)))
 
 
 class StepGraph:

@@ -46,13 +46,15 @@ def _decode_batch(h, batch: int, input_len: int, vocab: int, ex):
     return logits
 
 
-def check_tokens(a, mc, attn, ex) -> list[str]:
-    """Greedy tokens of the graphed AFD decode vs the colocated model on cuda:0 (see the module docstring)."""
+def check_tokens(a, mc, attn, ex, m: int) -> list[str]:
+    """Greedy tokens of the graphed AFD decode with ``m`` micro-batches vs the colocated model on cuda:0 (see the
+    module docstring)."""
     from afd_graph import StepGraph
 
     from sglang.srt.model_loader.loader import load_model
     from sglang.test.model_harness import ModelHarness
 
+    ex.m = m
     b, max_len = a.batch[0], a.input_len + a.steps + 8
     ref_h = ModelHarness(load_model(mc, a.load_format, "cuda:0"), mc, b, max_len, device="cuda:0",
                          attention_backend="triton")
@@ -77,7 +79,9 @@ def check_tokens(a, mc, attn, ex) -> list[str]:
     head = [f"- greedy check, {mc.path}: batch {b}, m={ex.m}, 1 attention + {ex.topo.num_ffn} FFN on "
             f"{torch.cuda.device_count()} GPUs, decode by one captured graph per step",
             "", "| step | path | tokens equal colocated | max logit diff |", "|---|---|---|---|"]
-    return head + lines + ["", f"CHECK {'PASS' if bad == 0 else 'FAIL'}: {bad} of {a.steps + 1} steps differ"]
+    del graph
+    torch.cuda.synchronize()
+    return head + lines + ["", f"CHECK {'PASS' if bad == 0 else 'FAIL'} m={m}: {bad} of {a.steps + 1} steps differ", ""]
 
 
 def time_rows(a, mc, attn, ex) -> list[str]:
@@ -152,7 +156,9 @@ def run(a) -> list[str]:
         if errs:
             raise RuntimeError("; ".join(errs))
         lines = [f"- {i['log']}" for i in infos] + [""]
-        return lines + (check_tokens(a, mc, attn, ex) if a.check else time_rows(a, mc, attn, ex))
+        if a.check:
+            return lines + [x for m in a.micro_batches for x in check_tokens(a, mc, attn, ex, m)]
+        return lines + time_rows(a, mc, attn, ex)
     finally:
         ex.ep.close(notify=[topo.ffn_rank(j) for j in range(n_e)])
         for p in procs:

@@ -71,3 +71,29 @@ def test_split_decode_requests_equals_split_requests_without_copies(m):
         assert g.seq_lens_cpu == r.seq_lens_cpu and g.extend_lens_cpu == r.extend_lens_cpu
     with pytest.raises(ValueError, match="DECODE"):
         split_decode_requests(h.prepare([(0, [1, 2])]), 1)
+
+
+def test_graph_inputs_copied_into_the_captured_batch_give_the_new_steps_logits():
+    """benchmark/afd_graph.load_inputs (how a captured step is replayed with new inputs): the captured batch's
+    tensors overwritten with the next decode step's give that step's logits; another batch size is refused."""
+    import torch
+
+    sys.path.insert(0, str(REPO / "benchmark"))
+    from afd_graph import load_inputs
+
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_loader.loader import load_model
+    from sglang.test.model_harness import ModelHarness
+
+    mc = ModelConfig.from_path(shared_path("models", "stories260K-moe"))
+    h = ModelHarness(load_model(mc, "auto", "cpu"), mc, max_reqs=3, max_len=16)
+    h.step([(i, [5 + i, 7, 9]) for i in range(3)])
+    first = h.prepare([(i, [11 + i]) for i in range(3)])
+    h.run(first, poison=False)
+    nxt = h.prepare([(i, [20 + i]) for i in range(3)])
+    want = h.run(nxt, poison=False).clone()
+    load_inputs(first, nxt)
+    got = h.run(first, poison=False)
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="does not fit"):
+        load_inputs(first, h.prepare([(0, [1])]))

@@ -134,6 +134,7 @@ class FfnDeviceSteps:
     def __init__(self, server):
         self.server = server
         self.seen: set = set()
+        self.no_graph: set = set()  # keys whose capture failed: served eagerly from then on
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.pool = None
 
@@ -143,7 +144,7 @@ class FfnDeviceSteps:
         key = (src, tuple(int(n) for n in sizes))
         s = self.server
         graph = self.graphs.get(key)
-        if graph is None and s.device.type == "cuda" and key in self.seen:
+        if graph is None and s.device.type == "cuda" and key in self.seen and key not in self.no_graph:
             graph = self._capture(key)
         if graph is not None:
             graph.replay()
@@ -162,6 +163,7 @@ class FfnDeviceSteps:
             logger.warning("FFN worker %d: CUDA graph capture of step %s failed (%s: %s); serving eagerly",
                            self.server.index, key, type(e).__name__, e)
             torch.cuda.synchronize(self.server.device)
+            self.no_graph.add(key)
             return None
         self.pool = graph.pool()
         self.graphs[key] = graph
