@@ -90,7 +90,9 @@ def time_rows(a, mc, attn, ex) -> list[str]:
 
     from sglang.test.model_harness import ModelHarness
 
-    lines = ["| m | batch | eager device-driven step ms | graphed step ms | speed-up | tok/s graphed | "
+    lines = ["- both columns: the FFN worker replays its own step graph from the second step of a configuration; "
+             "'eager' is the attention worker launching every kernel from the host (no per-layer host round trip)",
+             "", "| m | batch | eager device-driven step ms | graphed step ms | speed-up | tok/s graphed | "
              "tok/s per GPU graphed | Ta ms (eager) |", "|---|---|---|---|---|---|---|---|"]
     gpus = 1 + ex.topo.num_ffn
     for m in a.micro_batches:
