@@ -110,14 +110,22 @@ def time_rows(a, mc, attn, ex) -> list[str]:
                     if it >= a.warmup:
                         eager.append(time.perf_counter() - t0)
             ta = ex.attention_ms()
-            g = StepGraph(ex, attn, fb)
+            e = statistics.median(eager)
+            try:
+                g = StepGraph(ex, attn, fb)
+            except Exception as err:  # report the eager row and why the graph is missing, then go on
+                logger.exception("capture failed at m=%d batch %d", m, b)
+                lines.append(f"| {m} | {b} | {e * 1e3:.2f} | capture failed: {type(err).__name__}: "
+                             f"{str(err)[:120]} | | | | {ta if ta is None else round(ta, 3)} |")
+                torch.cuda.synchronize()
+                continue
             graphed = []
             for it in range(a.warmup + a.steps):
                 t0 = time.perf_counter()
                 g.replay().argmax(-1).tolist()
                 if it >= a.warmup:
                     graphed.append(time.perf_counter() - t0)
-            e, gr = statistics.median(eager), statistics.median(graphed)
+            gr = statistics.median(graphed)
             lines.append(f"| {m} | {b} | {e * 1e3:.2f} | {gr * 1e3:.2f} | {e / gr:.1f}x | {b / gr:.0f} | "
                          f"{b / gr / gpus:.0f} | {ta if ta is None else round(ta, 3)} |")
             del g, h

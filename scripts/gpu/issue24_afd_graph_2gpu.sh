@@ -76,7 +76,11 @@ except OSError:
 print("| m | batch | graphed tok/s per GPU | colocated tok/s (1 GPU) | ratio |\n|---|---|---|---|---|")
 for l in rows:
     c = [x.strip() for x in l.split("|")]
-    m, b, per = int(c[1]), int(c[2]), float(c[7])
+    try:
+        m, b, per = int(c[1]), int(c[2]), float(c[7])
+    except ValueError:  # a row whose capture failed
+        print(f"| {c[1]} | {c[2]} | {c[4]} | | |")
+        continue
     base = colo.get(b)
     print(f"| {m} | {b} | {per:.0f} | {base if base else 'n/a'} | {f'{per / base:.2f}x' if base else 'n/a'} |")
 PYEOF
