@@ -132,6 +132,8 @@ def _run(mc, attn, m, topo, held=None, kill_ffn=False):
     try:
         if kill_ffn:
             ffn.close()
+        else:
+            ex.prepare_graph_capture()  # what CudaGraphRunner calls first: every FFN worker's handles are in
         out = greedy_logits(ModelHarness(attn, mc, max_reqs=4, max_len=24), ex)
     finally:
         ex.close()

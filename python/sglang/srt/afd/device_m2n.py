@@ -69,6 +69,20 @@ class DeviceDispatch:
         self.bad = torch.zeros(1, dtype=torch.int64, device=ep.device)  # short answers of this step (device)
         self.sizes_by_batch: dict[int, list[int]] = {}  # captured batch size -> micro-batch token counts
 
+    def connect(self, patience: int = 10) -> None:
+        """Block until every FFN worker's M2N handles arrived (before a graph capture: the capture's warm-up steps
+        talk to them, and FFN workers publish their handles only once their experts are loaded). Tries ``patience``
+        times the endpoint's timeout, then raises TimeoutError."""
+        for j in range(self.topo.num_ffn):
+            for attempt in range(patience):
+                try:
+                    self.ep.transport.connect(self.topo.ffn_rank(j))
+                    break
+                except TimeoutError:
+                    if attempt == patience - 1:
+                        raise
+                    logger.info("waiting for FFN worker %d's M2N handles (still loading?)", j)
+
     def begin(self, sizes: Sequence[int], version: int) -> None:
         """Start a step of micro-batches of ``sizes`` tokens: clear the error word (stream-ordered, also in a graph);
         outside a capture, announce the step (a capture records the sizes for :meth:`announce_batch`)."""

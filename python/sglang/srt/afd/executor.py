@@ -141,6 +141,11 @@ class AfdExecutor(StagedExecutor):
             self.dev.begin([int(sub.input_ids.shape[0]) for sub in subs], self.version)
         return subs
 
+    def prepare_graph_capture(self) -> None:
+        """Before the decode graphs are captured: wait until the FFN workers can be reached (device-driven)."""
+        if self.dev is not None:
+            self.dev.connect()
+
     def before_graph_replay(self, batch_size: int) -> None:
         """Before replaying the graph captured for ``batch_size`` tokens: announce the step to the FFN workers."""
         if self.dev is not None:

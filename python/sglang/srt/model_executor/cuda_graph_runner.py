@@ -124,6 +124,8 @@ class CudaGraphRunner:
             self._capture_sizes()
 
     def _capture_sizes(self) -> None:
+        if self.staged is not None and hasattr(self.staged, "prepare_graph_capture"):
+            self.staged.prepare_graph_capture()  # e.g. AFD: the FFN workers are reachable (warm-ups talk to them)
         t0 = time.perf_counter()
         free0 = torch.cuda.mem_get_info(self.device)[0]
         stream = torch.cuda.Stream(self.device)
