@@ -20,6 +20,11 @@ hides communication when ``m >= 2 (1 + Tc / Tf)`` (sec. 4.1, with Ta ~ Tf); the 
 reported by FFN workers, GPU time on a GPU) and ``Tc``
 (``(round trip - Tf) / 2``, an upper bound when results wait in the inbox) and logs the bound against ``m``.
 
+Device-driven steps (``--afd-transport cuda_push``, :mod:`sglang.srt.afd.device_m2n`): one ``STEP`` host message
+per step, the per-layer dispatch / combine device to device without headers, so the whole step is captured in one
+decode CUDA graph (``graph_captures_executor``; the graph runner calls ``before_graph_replay`` /
+``after_graph_replay``); decode micro-batches are then slices of the batch (``split_decode_requests``).
+
 Tensor parallelism inside an attention worker: only TP rank 0 talks to FFN workers; other ranks contribute a
 zero expert output, and the following norm's all-reduce (or ``moe_combine``'s) sums the full result.
 Load balancing (sec. 6): router counts feed an :class:`~sglang.srt.afd.load_balance.ExpertRebalancer`;
