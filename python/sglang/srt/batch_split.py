@@ -75,6 +75,35 @@ def token_subbatch(fb: "ForwardBatch", lo: int, hi: int) -> "ForwardBatch":
         token_range=(base + lo, base + hi))
 
 
+def split_decode_requests(fb: "ForwardBatch", num_micro_batches: int) -> list["ForwardBatch"]:
+    """A DECODE batch cut into ``num_micro_batches`` contiguous request groups like :func:`split_requests`, but
+    every device tensor of a part is a view (slice) of ``fb``'s, so the split runs no host-to-device copy: safe
+    inside a CUDA graph capture, where a copy of host values would freeze them into the graph (a replay with new
+    inputs then reads the capture's sequence lengths). ``extend_start_loc`` of a part is ``arange`` on the device.
+
+    Raises:
+        ValueError: not a decode batch, or ``num_micro_batches`` outside ``[1, batch_size]``.
+    """
+    if not fb.forward_mode.is_decode():
+        raise ValueError(f"split_decode_requests needs a DECODE batch, got {fb.forward_mode}")
+    cuts = request_boundaries(fb.extend_lens_cpu, num_micro_batches)  # one token per request: tokens = requests
+    rows = _req_pool_indices_cpu(fb)
+    base = fb.token_range[0] if fb.token_range is not None else 0
+    parts = []
+    for lo, hi in zip(cuts[:-1], cuts[1:]):
+        bs = hi - lo
+        parts.append(replace(
+            fb, batch_size=bs, input_ids=fb.input_ids[lo:hi], positions=fb.positions[lo:hi],
+            out_cache_loc=fb.out_cache_loc[lo:hi], req_pool_indices=fb.req_pool_indices[lo:hi],
+            seq_lens=fb.seq_lens[lo:hi], prefix_lens=fb.prefix_lens[lo:hi], extend_lens=fb.extend_lens[lo:hi],
+            extend_start_loc=fb.extend_start_loc[lo:hi] - fb.extend_start_loc[lo],
+            seq_lens_cpu=fb.seq_lens_cpu[lo:hi], prefix_lens_cpu=fb.prefix_lens_cpu[lo:hi],
+            extend_lens_cpu=fb.extend_lens_cpu[lo:hi], req_pool_indices_cpu=rows[lo:hi], return_logprob=False,
+            input_logprob_indices=[[] for _ in range(bs)], input_logprob_token_ids=[[] for _ in range(bs)],
+            top_logprobs_nums=[0] * bs, attn_metadata=None, token_range=(base + lo, base + hi)))
+    return parts
+
+
 def split_tokens(fb: "ForwardBatch", boundary: int) -> tuple["ForwardBatch", "ForwardBatch"]:
     """``(tokens [0, boundary), tokens [boundary, N))`` of ``fb`` (see the module docstring).
 

@@ -20,6 +20,11 @@ hides communication when ``m >= 2 (1 + Tc / Tf)`` (sec. 4.1, with Ta ~ Tf); the 
 reported by FFN workers, GPU time on a GPU) and ``Tc``
 (``(round trip - Tf) / 2``, an upper bound when results wait in the inbox) and logs the bound against ``m``.
 
+Device-driven steps (``--afd-transport cuda_push``, :mod:`sglang.srt.afd.device_m2n`): one ``STEP`` host message
+per step, the per-layer dispatch / combine device to device without headers, so the whole step is captured in one
+decode CUDA graph (``graph_captures_executor``; the graph runner calls ``before_graph_replay`` /
+``after_graph_replay``); decode micro-batches are then slices of the batch (``split_decode_requests``).
+
 Tensor parallelism inside an attention worker: only TP rank 0 talks to FFN workers; other ranks contribute a
 zero expert output, and the following norm's all-reduce (or ``moe_combine``'s) sums the full result.
 Load balancing (sec. 6): router counts feed an :class:`~sglang.srt.afd.load_balance.ExpertRebalancer`;
@@ -35,6 +40,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
+from sglang.srt.afd.device_m2n import DeviceDispatch, capturing
 from sglang.srt.afd.experts import moe_layer_specs
 from sglang.srt.afd.load_balance import ExpertLoadCollector, ExpertRebalancer, assign_tokens, static_placement
 from sglang.srt.afd.protocol import DISPATCH, ERROR, PLACE, PLACED, RESULT, AfdTopology, create_afd_transport, \
@@ -68,6 +74,11 @@ class AfdExecutor(StagedExecutor):
         alive: ``() -> bool`` liveness of the launcher (waits fail at once when False).
         redundant_experts: replicas beyond one per expert the rebalancer may place (0: static EP).
         rebalance_interval: steps between placement updates (0: never).
+        device_m2n: device-driven steps (:mod:`sglang.srt.afd.device_m2n`: one ``STEP`` host message per step, the
+            per-layer exchange device to device, the step CUDA-graph capturable: ``graph_captures_executor``);
+            None: on when ``topo.transport`` is ``cuda_push`` and rebalancing is off.
+    Raises (from ``__init__``):
+        ValueError: m < 1, a dense model, ``device_m2n=True`` with rebalancing or a host transport.
     Raises (from ``run``):
         RuntimeError: an FFN worker reported an error; TimeoutError/ConnectionError: an FFN worker did not
         answer (dead or gone) -- the scheduler fails the batch instead of hanging.
@@ -78,7 +89,7 @@ class AfdExecutor(StagedExecutor):
 
     def __init__(self, mc, topo: AfdTopology, index: int, num_micro_batches: int, device: torch.device,
                  tp_rank: int = 0, alive: Optional[Callable[[], bool]] = None, redundant_experts: int = 0,
-                 rebalance_interval: int = 0):
+                 rebalance_interval: int = 0, device_m2n: Optional[bool] = None):
         from sgl_kernel.m2n import M2NConfig, M2NEndpoint
 
         if num_micro_batches < 1:
@@ -95,6 +106,13 @@ class AfdExecutor(StagedExecutor):
                 M2NConfig(index, topo.addresses, topo.max_rows, device=str(device), timeout_s=topo.timeout_s),
                 dispatch_layout(s0.hidden, s0.top_k, mc.dtype), recv_layout=result_layout(s0.hidden, mc.dtype),
                 transport=create_afd_transport(topo.transport), alive=alive)
+        if device_m2n and rebalance_interval > 0:
+            raise ValueError("device-driven AFD steps route by the static placement: turn --afd-rebalance-interval off "
+                             "or use a host transport")
+        self.device_mode = (topo.transport == "cuda_push" and rebalance_interval == 0 if device_m2n is None
+                            else device_m2n)
+        self.dev = DeviceDispatch(self.ep, topo, self.placement, self.num_experts) if (
+            self.device_mode and self.ep is not None) else None
         self.collector = ExpertLoadCollector(self.num_experts, 1)
         self.rebalancer = None
         if rebalance_interval > 0:
@@ -109,16 +127,50 @@ class AfdExecutor(StagedExecutor):
         self.last_constraint: Optional[dict] = None
 
     # ---- the pipeline: hooks of the staged skeleton ------------------------------------------------------------
+    @property
+    def graph_captures_executor(self) -> bool:
+        """True when a decode CUDA graph must capture :meth:`run` itself (device-driven steps): the graph runner
+        then calls :meth:`before_graph_replay` / :meth:`after_graph_replay` around each replay."""
+        return self.device_mode
+
     def plan(self, fb: ForwardBatch) -> list[ForwardBatch]:
-        """``min(m, batch_size)`` request micro-batches."""
+        """``min(m, batch_size)`` request micro-batches (device-driven: the step begins, see ``device_m2n``)."""
         m = min(self.m, fb.batch_size)
-        return fb.split_requests(m) if m > 1 else [fb]
+        if m > 1 and self.device_mode and fb.forward_mode.is_decode():  # views only: graph-capturable
+            from sglang.srt.batch_split import split_decode_requests
+
+            subs = split_decode_requests(fb, m)
+        else:
+            subs = fb.split_requests(m) if m > 1 else [fb]
+        if self.dev is not None:
+            self.dev.begin([int(sub.input_ids.shape[0]) for sub in subs], self.version)
+        return subs
+
+    def prepare_graph_capture(self) -> None:
+        """Before the decode graphs are captured: wait until the FFN workers can be reached (device-driven)."""
+        if self.dev is not None:
+            self.dev.connect()
+
+    def before_graph_replay(self, batch_size: int) -> None:
+        """Before replaying the graph captured for ``batch_size`` tokens: announce the step to the FFN workers."""
+        if self.dev is not None:
+            self.dev.announce_batch(batch_size, self.version)
+
+    def after_graph_replay(self) -> None:
+        """After a replay: fail closed on a device wait that gave up or a short FFN answer (synchronizes)."""
+        if self.dev is not None:
+            self.dev.check()
+        self.step += 1
 
     def run(self, model: Any, forward_batch: ForwardBatch) -> Any:
         """Forward ``forward_batch`` with remote experts (see the module docstring); between steps: the pipeline
         constraint log and load balancing."""
         self._pending = {}  # micro-batch -> its layer whose experts run remotely
         out = super().run(model, forward_batch)
+        if capturing():
+            return out
+        if self.dev is not None:
+            self.dev.check()
         self.step += 1
         self._between_steps()
         return out
@@ -135,10 +187,11 @@ class AfdExecutor(StagedExecutor):
                 for name in names:
                     layer.run_stage(name, st)
                 continue
-            t0 = self._mark(st)
+            t0 = None if capturing() else self._mark(st)
             for name in PRE_MOE:
                 layer.run_stage(name, st)
-            self._ta.append((t0, self._mark(st)))
+            if t0 is not None:
+                self._ta.append((t0, self._mark(st)))
             self._pending[k] = (index, layer, self._dispatch(index, k, st))
 
     def finish(self, states: list[LayerState]) -> None:
@@ -183,9 +236,12 @@ class AfdExecutor(StagedExecutor):
         if n > self.topo.max_rows:
             raise ValueError(f"a micro-batch of {n} tokens exceeds --afd-max-tokens={self.topo.max_rows}; raise it or "
                              "lower --chunked-prefill-size")
-        worker = assign_tokens(moe.topk_ids, self.placement)[0] if self.topo.num_ffn > 1 else None
         x, ids = moe.x.contiguous(), moe.topk_ids.int().contiguous()
         weights = moe.topk_weights.float()
+        if self.dev is not None:  # device-driven: no header, no host work per layer
+            self.dev.dispatch(x, ids, weights.contiguous())
+            return n, None, None
+        worker = assign_tokens(moe.topk_ids, self.placement)[0] if self.topo.num_ffn > 1 else None
         t_send = time.perf_counter()
         for j in range(self.topo.num_ffn):
             w = weights if self.topo.num_ffn == 1 else torch.where(worker == j, weights, 0.0).contiguous()
@@ -197,7 +253,9 @@ class AfdExecutor(StagedExecutor):
         li, layer, sent = pend
         moe = st.moe
         out = None
-        if sent is not None:
+        if sent is not None and self.dev is not None:
+            out = self.dev.combine(sent[0])
+        elif sent is not None:
             n, t_send, key = sent
             for reply in self._results(li, key):
                 j = reply.src - self.topo.num_attention
@@ -255,6 +313,13 @@ class AfdExecutor(StagedExecutor):
         tc = max(0.0, (rtt - tf) / 2)
         return {"ta_ms": ta * 1e3, "tf_ms": tf * 1e3, "tc_ms": tc * 1e3, "m_min": 2 * (1 + tc / max(tf, 1e-9)),
                 "m": self.m}
+
+    def attention_ms(self) -> Optional[float]:
+        """Median Ta (ms, attention stages of one layer and micro-batch) over recent eager steps; None before any
+        (device-driven steps record Ta only eagerly: a graph replay has no per-layer events)."""
+        if not self._ta:
+            return None
+        return float(np.median([self._elapsed(t0, t1) for t0, t1 in self._ta[-512:]])) * 1e3
 
     def reset_pipeline_stats(self) -> None:
         """Forget the Ta, Tf and round-trip samples (a benchmark starting a new configuration)."""

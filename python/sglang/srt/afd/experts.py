@@ -97,6 +97,22 @@ class ExpertShard:
         return ops.fused_moe(x, self.w13, self.w2, w, local.clamp(min=0))
 
 
+    def compute_device(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`compute` without a host synchronization (CUDA-graph capturable): ``(out [T, H], ok)`` where ``ok``
+        is a bool scalar tensor on the device, False when a (token, slot) pair with a non-zero weight names an
+        expert not held (those pairs contribute nothing; the caller must fail the step on ``ok == False``)."""
+        if x.shape[0] == 0 or not self.expert_ids:
+            return torch.zeros_like(x), torch.ones((), dtype=torch.bool, device=x.device)
+        local = self.lut[topk_ids.long()]
+        if self.holds_all:
+            return ops.fused_moe(x, self.w13, self.w2, topk_weights, local), torch.ones((), dtype=torch.bool,
+                                                                                      device=x.device)
+        ok = ~((local < 0) & (topk_weights != 0)).any()
+        w = topk_weights.masked_fill(local < 0, 0.0)
+        return ops.fused_moe(x, self.w13, self.w2, w, local.clamp(min=0)), ok
+
+
 def load_expert_weights(mc: ModelConfig, specs: Sequence[MoeLayerSpec], expert_ids: Sequence[int],
                         load_format: str, device: torch.device, seed: int = 0) -> list[ExpertShard]:
     """Read experts ``expert_ids`` of every layer in ``specs``: from the checkpoint (only those tensors), or

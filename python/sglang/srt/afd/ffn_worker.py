@@ -7,6 +7,7 @@ placement after load balancing) and loops::
     per MoE layer: concatenate their rows (tokens of many attention workers and micro-batches aggregated
         per expert: one grouped expert computation), compute, split, send each RESULT back (N2M)
     apply PLACE messages (load the newly assigned experts) and acknowledge them
+    serve a STEP message's whole device-driven step (one CUDA graph on a GPU: sglang.srt.afd.device_m2n)
 
 Entry point :func:`run_ffn_worker` takes only picklable arguments and a ``parent_watch``, so any
 :class:`~sglang.srt.entrypoints.worker_launcher.WorkerLauncher` (multiprocessing, Ray) can start it.
@@ -25,8 +26,9 @@ from typing import Optional
 
 import torch
 
-from sglang.srt.afd.protocol import DISPATCH, ERROR, PLACE, PLACED, RESULT, AfdTopology, create_afd_transport, \
-    dispatch_layout, result_layout
+from sglang.srt.afd.device_m2n import FfnDeviceSteps
+from sglang.srt.afd.protocol import DISPATCH, ERROR, PLACE, PLACED, RESULT, STEP, AfdTopology, \
+    create_afd_transport, dispatch_layout, result_layout
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +61,7 @@ class FfnServer:
             result_layout(s0.hidden, mc.dtype), recv_layout=dispatch_layout(s0.hidden, s0.top_k, mc.dtype),
             transport=create_afd_transport(topo.transport), alive=alive)
         self.steps = 0
+        self.device_steps = FfnDeviceSteps(self)  # STEP messages (device-driven transports)
         self._timings: list = []  # (start, end) CUDA events of computations not yet read
         self._gpu_us = None  # GPU microseconds of the latest finished computation
 
@@ -93,14 +96,16 @@ class FfnServer:
             return False
         first.tensors = [t.clone() for t in first.tensors]  # the receive buffer is reused by the next recv
         msgs = [first]
-        while self.ep.poll(0):
-            msgs.append(self.ep.recv())
-            msgs[-1].tensors = [t.clone() for t in msgs[-1].tensors]
+        while (more := self.ep.recv_nowait()) is not None:  # data only: a waiting control message never blocks
+            more.tensors = [t.clone() for t in more.tensors]
+            msgs.append(more)
         by_layer = defaultdict(list)
         for m in msgs:
             op = m.meta[0]
             if op == DISPATCH:
                 by_layer[m.meta[1]].append(m)
+            elif op == STEP:  # a device-driven step: its dispatches follow without headers (afd.device_m2n)
+                self.device_steps.run(m.src, [int(n) for n in m.tensors[1][:, 0].tolist()])
             elif op == PLACE:
                 self.place([int(e) for e in m.tensors[1][:, 0].tolist()], m.meta[3])
                 self._reply(m.src, [torch.zeros(0, self.specs[0].hidden, dtype=self.mc.dtype, device=self.device)],

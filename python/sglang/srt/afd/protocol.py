@@ -10,6 +10,9 @@ Messages (``meta[0]`` is the op):
 * ``RESULT`` FFN j -> attention: rows ``(out [H])``, the weighted expert sum of the same rows; meta
   ``(RESULT, layer, key, version, compute microseconds)``.
 * ``ERROR`` FFN -> attention: the FFN could not compute (e.g. a stale placement); the attention side raises.
+* ``STEP`` attention -> FFN j (device-driven transports, :mod:`sglang.srt.afd.device_m2n`): the only host message
+  of a device-driven step; ``m`` rows whose ``topk_ids[:, 0]`` are the micro-batches' token counts; meta
+  ``(STEP, m, 0, version)``. The step's dispatches and results then travel without headers, in a fixed order.
 * ``PLACE`` attention -> FFN j: rows whose ``topk_ids[:, 0]`` are the experts j must hold from now on
   (every MoE layer); meta ``(PLACE, 0, 0, new version)``; answered by ``PLACED``.
 """
@@ -22,7 +25,7 @@ import torch
 
 from sgl_kernel.m2n import PayloadTransport, RowLayout, create_transport
 
-DISPATCH, RESULT, ERROR, PLACE, PLACED = 1, 2, 3, 4, 5
+DISPATCH, RESULT, ERROR, PLACE, PLACED, STEP = 1, 2, 3, 4, 5, 6
 
 
 def create_afd_transport(name: str) -> PayloadTransport:

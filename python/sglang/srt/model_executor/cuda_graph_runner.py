@@ -90,6 +90,10 @@ class CudaGraphRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool = None
+        # an executor whose step talks to remote workers on the device (AFD over cuda_push) is captured itself,
+        # with its hooks around each replay; otherwise the plain forward is (the executor's stages are equal to it)
+        ex = getattr(runner, "executor", None)
+        self.staged = ex if getattr(ex, "graph_captures_executor", False) else None
         mc = runner.model_config
         backend = runner.attn_backend
         if hasattr(backend, "init_cuda_graph_state"):
@@ -120,6 +124,8 @@ class CudaGraphRunner:
             self._capture_sizes()
 
     def _capture_sizes(self) -> None:
+        if self.staged is not None and hasattr(self.staged, "prepare_graph_capture"):
+            self.staged.prepare_graph_capture()  # e.g. AFD: the FFN workers are reachable (warm-ups talk to them)
         t0 = time.perf_counter()
         free0 = torch.cuda.mem_get_info(self.device)[0]
         stream = torch.cuda.Stream(self.device)
@@ -128,11 +134,11 @@ class CudaGraphRunner:
             self.runner.attn_backend.init_forward_metadata(fb)
             with torch.cuda.stream(stream):
                 for _ in range(2):  # warm up (Triton autotune/JIT, allocator)
-                    self.runner.model(fb.input_ids, fb.positions, fb)
+                    self._forward(fb)
             stream.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                out = self.runner.model(fb.input_ids, fb.positions, fb)
+                out = self._forward(fb)
                 ids = torch.argmax(out.next_token_logits, dim=-1)
             self.pool = graph.pool()
             self.graphs[bs] = graph
@@ -142,6 +148,12 @@ class CudaGraphRunner:
         used = (free0 - torch.cuda.mem_get_info(self.device)[0]) / 2**20
         logger.info("captured CUDA graphs for decode batch sizes %s in %.1f s (%.0f MiB)", self.batch_sizes,
                     time.perf_counter() - t0, used)
+
+    def _forward(self, fb: ForwardBatch) -> LogitsProcessorOutput:
+        """The forward captured: the staged executor's ``run`` (see ``__init__``) or the model's own."""
+        if self.staged is not None:
+            return self.staged.run(self.runner.model, fb)
+        return self.runner.model(fb.input_ids, fb.positions, fb)
 
     def padded_size(self, bs: int) -> int:
         """The captured batch size a decode batch of ``bs`` requests replays (ValueError above ``max_bs``)."""
@@ -167,7 +179,11 @@ class CudaGraphRunner:
         ring = getattr(batch, "future_token_ids", None)
         if ring is not None:  # overlap with device futures: placeholders -> tokens of the previous batch
             self.input_ids[:bs].copy_(resolve_future_ids(self.input_ids[:bs], ring))
+        if self.staged is not None:
+            self.staged.before_graph_replay(padded)  # e.g. AFD: announce the step to the FFN workers
         self.graphs[padded].replay()
+        if self.staged is not None:
+            self.staged.after_graph_replay()  # e.g. AFD: fail closed on a peer that did not answer
         return LogitsProcessorOutput(next_token_logits=self.outputs[padded][:bs])
 
     def greedy_ids(self, batch: ModelWorkerBatch) -> Optional[torch.Tensor]:

@@ -349,19 +349,10 @@ class M2NEndpoint:
         deadline = time.monotonic() + (self.config.timeout_s if timeout_s is None else timeout_s)
         while True:
             if self.poll(50):
-                frames = self._stash.popleft() if self._stash else self._inbox.recv_multipart(copy=False)
-                header = np.frombuffer(frames[0].buffer, dtype=np.int64)
-                kind = int(header[0])
-                if kind == KIND_CLOSE:
-                    raise ConnectionError(f"M2N peer {int(header[1])} closed the group")
-                if kind != KIND_DATA:  # a transport's own message (e.g. CUDA IPC handles)
-                    self.transport.on_control(frames)
-                    continue
-                src, n, slot, _seq, nbytes = (int(v) for v in header[1:6])
-                out = self.recv_buf[:nbytes]
-                self.transport.complete_recv(src, slot, nbytes, frames[1].buffer if len(frames) > 1 else None, out)
-                meta = tuple(int(v) for v in header[6:6 + META_LEN])
-                return Message(src, meta, self.recv_layout.unpack(self.recv_buf, n))
+                msg = self._land(self._stash.popleft() if self._stash else self._inbox.recv_multipart(copy=False))
+                if msg is not None:
+                    return msg
+                continue
             if self.alive is not None and not self.alive():
                 self.transport.on_fault("liveness check failed")
                 raise ConnectionError("M2N: the peer group is gone (liveness check failed)")
@@ -369,6 +360,36 @@ class M2NEndpoint:
                 self.transport.on_fault("receive timed out")
                 raise TimeoutError(f"M2N rank {self.rank}: no message within "
                                    f"{self.config.timeout_s if timeout_s is None else timeout_s:.1f} s")
+
+    def recv_nowait(self) -> Optional[Message]:
+        """The next data message if one is already waiting, else None at once: transport control messages waiting
+        ahead of it are handled (``recv`` would instead wait up to its timeout for data behind them). Never waits
+        for a message and never reports a fault; views as for :meth:`recv`.
+
+        Raises:
+            ConnectionError: a peer closed the group.
+        """
+        while self.poll(0):
+            msg = self._land(self._stash.popleft() if self._stash else self._inbox.recv_multipart(copy=False))
+            if msg is not None:
+                return msg
+        return None
+
+    def _land(self, frames) -> Optional[Message]:
+        """One inbox message: a data message landed in the receive buffer, or None for a transport control message
+        (given to ``transport.on_control``). Raises ConnectionError for a close notice."""
+        header = np.frombuffer(frames[0].buffer, dtype=np.int64)
+        kind = int(header[0])
+        if kind == KIND_CLOSE:
+            raise ConnectionError(f"M2N peer {int(header[1])} closed the group")
+        if kind != KIND_DATA:  # a transport's own message (e.g. CUDA IPC handles)
+            self.transport.on_control(frames)
+            return None
+        src, n, slot, _seq, nbytes = (int(v) for v in header[1:6])
+        out = self.recv_buf[:nbytes]
+        self.transport.complete_recv(src, slot, nbytes, frames[1].buffer if len(frames) > 1 else None, out)
+        meta = tuple(int(v) for v in header[6:6 + META_LEN])
+        return Message(src, meta, self.recv_layout.unpack(self.recv_buf, n))
 
     def recv_device(self, src: int) -> DeviceMessage:
         """Device-driven receive of the next message from ``src`` (sent with ``host_header=False``): enqueues a bounded

@@ -175,6 +175,11 @@ class CudaPushTransport(PayloadTransport):
                             "flag_delta": (base + int(d["flags"]) + 8 * me * slots - self.flags.data_ptr()) // 8,
                             "ack_delta": (base + int(d["acks"]) - self.acks.data_ptr()) // 8}
 
+    def connect(self, peer: int) -> None:
+        """Block until ``peer``'s heap is mapped (its hello arrived). Raises TimeoutError after the endpoint's
+        ``timeout_s``."""
+        self._peer(peer)
+
     def _peer(self, peer: int) -> dict:
         if peer not in self._peers:
             self.ep.pump_control(lambda: peer in self._peers, f"cuda_push handles of rank {peer}")

@@ -1,0 +1,194 @@
+"""Device-driven AFD steps (sglang.srt.afd.device_m2n) on CPU, run under TRITON_INTERPRET=1 by test_afd_device_step.py:
+the real ``cuda_push`` kernels under the Triton interpreter over the one-process CPU stand-in of the CUDA platform
+(m2n_push_sim_case.SimPlatform), the attention worker (AfdExecutor, device-driven) on this thread and the FFN
+worker(s) (FfnServer serving STEP messages) on threads, on the trained stories260K-moe checkpoint.
+
+The interpreter cannot spin (an unsatisfied device wait is recorded at once), so the test transport first waits on
+the host until the flag / ack the kernel will wait for is there (bounded), then launches the real kernel; one lock
+keeps interpreted launches of the two threads apart. The checkpoint: ``$AFD_SIM_MODEL`` (default
+../shared/data/models/stories260K-moe beside the checkout). Checks (argv[1] names the case):
+
+* ``equal M``: prefill + 2 greedy decode steps, logits within 1e-4 of the colocated model and the same greedy
+  tokens, with m = M micro-batches over 1 FFN worker, and over 2 FFN workers (weights of pairs owned by the other
+  worker zeroed on the device); the FFN workers served device steps (no DISPATCH / RESULT header on the way);
+* ``stray``: 2 FFN workers whose held experts disagree with the attention side's placement: the step raises
+  RuntimeError (short answers counted on the device), never returns logits;
+* ``dead``: the FFN worker is gone: the step raises TimeoutError from the device waits' error record.
+Prints OK."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import threading
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from m2n_push_sim_case import SimDriver, SimPlatform  # noqa: E402
+
+from sgl_kernel.m2n.cuda_push import CudaPushTransport  # noqa: E402
+
+import sglang.srt.afd.executor as afd_executor  # noqa: E402
+import sglang.srt.afd.ffn_worker as afd_ffn  # noqa: E402
+from sglang.srt.afd.experts import moe_layer_specs  # noqa: E402
+from sglang.srt.afd.ffn_worker import FfnServer  # noqa: E402
+from sglang.srt.afd.load_balance import static_placement  # noqa: E402
+from sglang.srt.afd.protocol import AfdTopology  # noqa: E402
+from sglang.srt.configs.model_config import ModelConfig  # noqa: E402
+from sglang.srt.model_executor.worker_builder import role_spec  # noqa: E402
+from sglang.srt.model_loader.loader import load_model  # noqa: E402
+from sglang.test.model_harness import ModelHarness, greedy_logits  # noqa: E402
+
+LOCK = threading.Lock()
+DRIVER = SimDriver()
+HOST_WAIT_S = 3.0
+MODEL = os.environ.get("AFD_SIM_MODEL") or os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data",
+                                                       "models", "stories260K-moe")
+
+
+class ThreadedSimPush(CudaPushTransport):
+    """cuda_push over the CPU stand-in, for two threads: host-wait for what the kernel waits for, then launch."""
+
+    def __init__(self):
+        super().__init__(wait_timeout_s=1.0, platform=SimPlatform(DRIVER))
+
+    @staticmethod
+    def _host_wait(ready) -> None:
+        deadline = time.monotonic() + HOST_WAIT_S
+        while not ready() and time.monotonic() < deadline:
+            time.sleep(0.0005)
+
+    def post_send(self, peer, slot, view, rows=0, rows_dev=None, src_rows=-1):
+        self._peer(peer)
+        slots = self.ep.config.slots
+        self._host_wait(lambda: int(self.acks[peer]) >= int(self.ctr[peer]) - slots + 1)
+        with LOCK:
+            return super().post_send(peer, slot, view, rows, rows_dev, src_rows)
+
+    def _recv_into(self, src, cap_rows, grid_bytes):
+        self._peer(src)
+        w, slots = self.ep.world, self.ep.config.slots
+
+        def ready():
+            r = int(self.ctr[w + src])
+            return int(self.flags[src * slots + r % slots]) >= (r + 1) << 32
+
+        self._host_wait(ready)
+        with LOCK:
+            super()._recv_into(src, cap_rows, grid_bytes)
+
+
+def _transport(name):
+    assert name == "cuda_push", name
+    return ThreadedSimPush()
+
+
+afd_executor.create_afd_transport = _transport
+afd_ffn.create_afd_transport = _transport
+
+
+class Ffn:
+    """FFN servers on threads (``held``: experts per worker; default the static placement)."""
+
+    def __init__(self, mc, topo, held=None):
+        specs = moe_layer_specs(mc)
+        held = held or static_placement(specs[0].num_experts, topo.num_ffn).worker_experts()
+        self.servers = [FfnServer(mc, specs, held[j], "auto", torch.device("cpu"), topo, j)
+                        for j in range(topo.num_ffn)]
+        self.stop, self.errors = threading.Event(), []
+        self.threads = [threading.Thread(target=self._loop, args=(s,), daemon=True) for s in self.servers]
+        for t in self.threads:
+            t.start()
+
+    def _loop(self, s):
+        try:
+            while not self.stop.is_set():
+                s.serve_once(timeout_s=0.2)
+        except BaseException as e:  # noqa: BLE001 - reported by close()
+            self.errors.append(e)
+
+    def close(self):
+        self.stop.set()
+        for t in self.threads:
+            t.join(30)
+        for s in self.servers:
+            s.ep.close()
+
+
+def _topo(n_e):
+    d = tempfile.mkdtemp(prefix="afd-dev-")
+    return AfdTopology(1, n_e, tuple(f"ipc://{d}/{i}" for i in range(1 + n_e)), max_rows=32, transport="cuda_push",
+                       timeout_s=20)
+
+
+def _run(mc, attn, m, topo, held=None, kill_ffn=False):
+    ffn = Ffn(mc, topo, held)
+    ex = afd_executor.AfdExecutor(mc, topo, 0, m, torch.device("cpu"))
+    assert ex.dev is not None and ex.graph_captures_executor
+    try:
+        if kill_ffn:
+            ffn.close()
+        else:
+            ex.prepare_graph_capture()  # what CudaGraphRunner calls first: every FFN worker's handles are in
+        out = greedy_logits(ModelHarness(attn, mc, max_reqs=4, max_len=24), ex)
+    finally:
+        ex.close()
+        ffn.close()
+    return out, ffn
+
+
+def case_equal(m: int) -> None:
+    mc = ModelConfig.from_path(MODEL)
+    ref = greedy_logits(ModelHarness(load_model(mc, "auto", "cpu"), mc, max_reqs=4, max_len=24))
+    attn = load_model(mc, "auto", "cpu", weight_filter=role_spec("attention").weight_filter)
+    for n_e in (1, 2):
+        out, ffn = _run(mc, attn, m, _topo(n_e))
+        assert not ffn.errors, ffn.errors
+        for s in ffn.servers:  # every step went the device path: (src, sizes) of prefill and both decodes
+            assert len(s.device_steps.seen) >= 2, s.device_steps.seen
+        for i, (a, b) in enumerate(zip(out, ref)):
+            diff = (a - b).abs().max().item()
+            assert diff < 1e-4, f"m={m} N_E={n_e} step {i}: device-driven AFD differs from colocated by {diff:.3g}"
+            assert torch.equal(a.argmax(-1), b.argmax(-1)), f"m={m} N_E={n_e} step {i}: greedy tokens differ"
+        assert ref[0].abs().max() > 0.1
+
+
+def case_stray() -> None:
+    mc = ModelConfig.from_path(MODEL)
+    attn = load_model(mc, "auto", "cpu", weight_filter=role_spec("attention").weight_filter)
+    e = moe_layer_specs(mc)[0].num_experts
+    held = [[0], list(range(1, e))]  # the attention side routes by the static blocks [0, 1] / [2, 3]
+    try:
+        _run(mc, attn, 2, _topo(2), held=held)
+    except RuntimeError as err:
+        assert "wrong row count" in str(err), err
+        return
+    raise AssertionError("a step with refused pairs returned logits")
+
+
+def case_dead() -> None:
+    mc = ModelConfig.from_path(MODEL)
+    attn = load_model(mc, "auto", "cpu", weight_filter=role_spec("attention").weight_filter)
+    t0 = time.monotonic()
+    try:
+        _run(mc, attn, 1, _topo(1), kill_ffn=True)
+    except TimeoutError as err:
+        assert "m2n" in str(err), err
+        assert time.monotonic() - t0 < 120
+        return
+    raise AssertionError("a step without an FFN worker returned logits")
+
+
+if __name__ == "__main__":
+    what = sys.argv[1]
+    if what == "equal":
+        case_equal(int(sys.argv[2]))
+    elif what == "stray":
+        case_stray()
+    elif what == "dead":
+        case_dead()
+    print("OK")
