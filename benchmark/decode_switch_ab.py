@@ -2,13 +2,15 @@
 it captured), in ONE process on one runner: ``SGLANG_DECODE_EARLY_LOADS`` (RMSNorm issues its
 loads before its first store), ``SGLANG_DECODE_ATTN_SMALL_GRID_TILE`` (decode-attention tile for a one-split
 grid that fits one wave, e.g. batch 32 on an H100) and ``SGLANG_DECODE_PDL`` (the decode-path Triton kernels
-launched with programmatic dependent launch).
+launched with programmatic dependent launch; ``=2`` adds the early launch of the next kernel and the skinny GEMM's
+L2 weight prefetch).
 
 Each set is ``name:ENV=value,ENV=value`` (``old:`` = no variables set); one CUDA-graph set is captured per set with
-its variables set, the first capture runs the decode-GEMM autotune (default on) and every later capture reuses that
-table, so the sets differ only in the switched kernels. Per batch size: the served step (the Scheduler's overlap
-loop with device futures, as the server runs on CUDA) and the graph replay alone vs the memory floor, the order
-reversed on every other repetition, and the per-class kernel breakdown of one replay per set
+its variables set; the first capture of each ``SGLANG_DECODE_PDL`` value runs the decode-GEMM autotune (default on)
+and later captures of that value reuse its table, so sets of one launch mode differ only in the switched kernels.
+Per batch size: the served step (the Scheduler's overlap loop with device futures, as the server runs on CUDA) and
+the graph replay alone vs the memory floor, the order reversed on every other repetition, the host time inside
+``graph.replay()`` and the graph's node count, and the per-class kernel breakdown of one replay per set
 (:mod:`decode_breakdown`) at the batches of ``cfg.switch_breakdown``. Called by
 ``bench_decode_ab.py --switch-ab SPEC``.
 """
@@ -70,16 +72,21 @@ def switched(env: Dict[str, str]):
 
 
 def capture_sets(runner, sizes: List[int], capture: Callable, sets: Sets) -> Dict[str, object]:
-    """One CUDA-graph set per entry of ``sets``; the GEMM autotune table of the first capture is reused by the
-    others (``decode_gemm.maybe_autotune`` patched for those captures only). A later set whose capture raises is
-    logged and left out (its name maps to the error text); the first set's error propagates."""
+    """One CUDA-graph set per entry of ``sets``. The decode-GEMM autotune runs at the first capture of each
+    ``SGLANG_DECODE_PDL`` value (the skinny kernel's launch mode changes its timings, e.g. the L2 weight prefetch of
+    ``=2``, so each mode picks its own cuBLAS / skinny table) and later sets of that mode reuse it
+    (``decode_gemm.maybe_autotune`` patched for those captures only). A later set whose capture raises is logged and
+    left out (its name maps to the error text); the first set's error propagates."""
     from sglang.srt.layers import decode_gemm
 
     graphs: Dict[str, object] = {}
+    tables: Dict[str, object] = {}
     orig = decode_gemm.maybe_autotune
     try:
         for i, (name, env) in enumerate(sets):
             t0 = time.monotonic()
+            mode = env.get("SGLANG_DECODE_PDL", "0").strip() or "0"
+            decode_gemm.maybe_autotune = (lambda t: (lambda *a, **k: t))(tables[mode]) if mode in tables else orig
             try:
                 with switched(env):
                     graphs[name] = capture(runner, sizes)
@@ -90,10 +97,9 @@ def capture_sets(runner, sizes: List[int], capture: Callable, sets: Sets) -> Dic
                 logger.error("graph set %s %s failed to capture: %s", name, env, graphs[name])
                 torch.cuda.synchronize()
                 continue
-            if i == 0:
-                table = getattr(graphs[name], "decode_gemm_table", None)
-                decode_gemm.maybe_autotune = lambda *a, **k: table
-            logger.info("graph set %s %s captured in %.1f s", name, env, time.monotonic() - t0)
+            tables.setdefault(mode, getattr(graphs[name], "decode_gemm_table", None))
+            logger.info("graph set %s %s captured in %.1f s (GEMM table of SGLANG_DECODE_PDL=%s)", name, env,
+                        time.monotonic() - t0, mode)
     finally:
         decode_gemm.maybe_autotune = orig
     return graphs
@@ -106,15 +112,27 @@ def _use(runner, graphs) -> None:
     decode_gemm.install(runner.model, getattr(graphs, "decode_gemm_table", None))
 
 
+def _replay_host_ms(graphs, bs: int) -> float:
+    """Host milliseconds spent in ``graph.replay()`` of the padded-``bs`` graph (the launch, not the GPU time)."""
+    graph = graphs.graphs[graphs.padded_size(bs)]
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    graph.replay()
+    host = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return host * 1e3
+
+
 def _measure(runner, cfg, bs: int, sets: Sets, graphs: Dict[str, object], bw: float, weight_bytes: int,
              replay_ms: Callable) -> List[dict]:
     """Rows (one per set) of the served step and the replay vs the floor at batch ``bs``, order alternated."""
+    from bench_decode_ab import graph_node_counts
     from bench_decode_serving import run_mode
 
     mc = runner.model_config
     gen = torch.Generator().manual_seed(cfg.seed + 1000 + bs)
     prompts = torch.randint(3, mc.vocab_size, (bs, cfg.context), generator=gen).tolist()
-    acc = {n: {"step_s": [], "floor_s": [], "replay": [], "rfloor": []} for n, _ in sets}
+    acc = {n: {"step_s": [], "floor_s": [], "replay": [], "rfloor": [], "host": []} for n, _ in sets}
     for rep in range(cfg.serving_reps):
         for name, env in (sets if rep % 2 == 0 else sets[::-1]):
             _use(runner, graphs[name])
@@ -129,6 +147,7 @@ def _measure(runner, cfg, bs: int, sets: Sets, graphs: Dict[str, object], bw: fl
             kv = kv_bytes(staged_kv_tokens(g, bs), mc.num_hidden_layers, runner.num_kv_heads, mc.head_dim,
                           mc.dtype.itemsize)
             acc[name]["replay"].append(replay_ms(g, bs))
+            acc[name]["host"].append(_replay_host_ms(g, bs))
             acc[name]["rfloor"].append(memory_floor_s(weight_bytes, kv, bw) * 1e3)
     rows = []
     for name, env in sets:
@@ -137,7 +156,9 @@ def _measure(runner, cfg, bs: int, sets: Sets, graphs: Dict[str, object], bw: fl
         rep_ms, rfloor = statistics.median(a["replay"]), statistics.median(a["rfloor"])
         rows.append({"batch": bs, "set": name, "env": env, "step_ms": step * 1e3, "floor_ms": floor * 1e3,
                      "ratio": step / floor, "replay_ms": rep_ms, "replay_floor_ms": rfloor,
-                     "replay_ratio": rep_ms / rfloor, "steps": len(a["step_s"])})
+                     "replay_ratio": rep_ms / rfloor, "steps": len(a["step_s"]),
+                     "host_replay_ms": statistics.median(a["host"]),
+                     "nodes": graph_node_counts(graphs[name].graphs[graphs[name].padded_size(bs)])})
         logger.info("switch A/B bs %d %s: served %.3f ms (x%.3f), replay %.3f ms (x%.3f)", bs, name, step * 1e3,
                     step / floor, rep_ms, rep_ms / rfloor)
     return rows
@@ -171,16 +192,21 @@ def render_switch(res: dict, bw: float) -> List[str]:
     sets = ", ".join(f"`{n}` = {' '.join(f'{k}={v}' for k, v in e.items()) or '(none set)'}"
                      for n, e in res.get("sets", []))
     failed = "".join(f" Not captured: `{n}` ({err})." for n, err in res.get("failed", {}).items())
-    out = ["## Kernel-variant switches A/B, one process, one GEMM table, order alternated", "",
-           f"Sets: {sets}.{failed}", "",
+    out = ["## Kernel-variant switches A/B, one process, one GEMM table per SGLANG_DECODE_PDL value, order "
+           "alternated", "", f"Sets: {sets}.{failed}", "",
            "| batch | set | served step (ms) | floor (ms) | served / floor | vs first set (ms) | replay (ms) | "
-           "replay / floor | replay vs first set (ms) | steps |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "replay / floor | replay vs first set (ms) | host in replay() (ms) | graph nodes | steps |",
+           "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     base: Dict[int, dict] = {}
     for r in res.get("rows", []):
         b = base.setdefault(r["batch"], r)
+        nodes = r.get("nodes") or {}
+        nd = f"{nodes.get('total', 'n/a')} ({nodes.get('kernel', '?')} kernels)" if nodes else "n/a"
+        host = r.get("host_replay_ms")
         out.append(f"| {r['batch']} | {r['set']} | {r['step_ms']:.3f} | {r['floor_ms']:.3f} | {r['ratio']:.3f} | "
                    f"{r['step_ms'] - b['step_ms']:+.3f} | {r['replay_ms']:.3f} | {r['replay_ratio']:.3f} | "
-                   f"{r['replay_ms'] - b['replay_ms']:+.3f} | {r['steps']} |")
+                   f"{r['replay_ms'] - b['replay_ms']:+.3f} | {'n/a' if host is None else f'{host:.3f}'} | {nd} | "
+                   f"{r['steps']} |")
     out += ["", "## Per-class breakdown of one graph replay per set (torch.profiler; min bytes per class)", ""]
     for b in res.get("breakdown", []):
         out += ([f"### {b['label']}: n/a ({b['error']})", ""] if "error" in b

@@ -132,7 +132,7 @@ def test_decode_split_rules_vs_torch_native(bs, legacy):
         assert splits == max(1, min(16, 2 * sms // (bs * 8)))  # 2 programs per SM (decode_attention.py)
 
 
-@pytest.mark.parametrize("tile,pdl", [("128/8/3", "0"), ("256/8/3", "0"), ("", "1")])
+@pytest.mark.parametrize("tile,pdl", [("128/8/3", "0"), ("256/8/3", "0"), ("", "1"), ("", "2")])
 def test_decode_small_grid_tile_vs_torch_native(tile, pdl, monkeypatch):
     """Issue 27: SGLANG_DECODE_ATTN_SMALL_GRID_TILE at batch 32 (one split, 256 programs <= 2 per SM on an H100 or
     H200), and the default tile with SGLANG_DECODE_PDL=1, match torch_native at Llama-8B heads."""
@@ -156,7 +156,7 @@ def test_decode_small_grid_tile_vs_torch_native(tile, pdl, monkeypatch):
     close(backend.forward(q, k, v, layer, fb), ref, torch.bfloat16)
 
 
-@pytest.mark.parametrize("pdl", ["0", "1"])
+@pytest.mark.parametrize("pdl", ["0", "1", "2"])
 def test_rope_and_store_kv_equals_rope_then_store_on_gpu(pdl, monkeypatch):
     """The fused RoPE + KV-store kernel writes the same pool bytes and q as apply_rope + indexed stores (bf16, fp32
     compute with a bf16 pool, Neox and GPT-J, partial rotary), leaves k/v alone, and the backend path through
@@ -225,11 +225,11 @@ def test_sampling_columns_packed_copy_on_gpu():
             assert t.is_cuda and t.dtype == dt and t.tolist() == torch.tensor(vals, dtype=dt).tolist()
 
 
-@pytest.mark.parametrize("m,pdl", [(1, "0"), (7, "0"), (16, "0"), (32, "1")])
+@pytest.mark.parametrize("m,pdl", [(1, "0"), (7, "0"), (16, "0"), (32, "1"), (7, "2"), (32, "2")])
 def test_skinny_gemm_vs_cublas(m, pdl, monkeypatch):
     """The decode-batch weight-streaming GEMM equals F.linear within bf16 rounding at the Llama-3.1-8B qkv and
     down-projection shapes, with and without bias, one-pass and split-K; also launched with programmatic dependent
-    launch (SGLANG_DECODE_PDL=1, issue 27)."""
+    launch (SGLANG_DECODE_PDL=1, issue 27) and with its L2 weight prefetch before the wait (=2)."""
     from sgl_kernel.triton.skinny_gemm import skinny_gemm
 
     monkeypatch.setenv("SGLANG_DECODE_PDL", pdl)
@@ -243,7 +243,7 @@ def test_skinny_gemm_vs_cublas(m, pdl, monkeypatch):
             close(skinny_gemm(x, w, b, split_k=split_k), torch.nn.functional.linear(x, w, b), torch.bfloat16)
 
 
-@pytest.mark.parametrize("pdl", ["0", "1"])
+@pytest.mark.parametrize("pdl", ["0", "1", "2"])
 @pytest.mark.parametrize("bs", [16, 96])
 def test_decode_cuda_graph_replay_equals_eager(bs, pdl, monkeypatch):
     """Graph replay equals eager at a multi-split size (16) and, on 132-SM parts, a one-split direct-output size
@@ -275,7 +275,7 @@ def test_decode_cuda_graph_replay_equals_eager(bs, pdl, monkeypatch):
         assert torch.equal(out, eager)
 
 
-@pytest.mark.parametrize("early,pdl", [("0", "0"), ("1", "0"), ("1", "1")])
+@pytest.mark.parametrize("early,pdl", [("0", "0"), ("1", "0"), ("1", "1"), ("1", "2")])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_fused_ops_vs_references(dtype, early, pdl, monkeypatch):
     monkeypatch.setenv("SGLANG_DECODE_EARLY_LOADS", early)  # RMSNorm: both load orders (issue 27)
@@ -332,3 +332,54 @@ def test_moe_vs_references(n, e, k, renorm):
     want = fused_moe_ref(x, w13, w2, rw, rid)
     close(moe.fused_moe(x, w13, w2, tw, tid), want, torch.bfloat16, scale=2.0)
     close(ops.fused_moe(x, w13, w2, tw, tid), want, torch.bfloat16, scale=2.0)
+
+
+def _pdl_chain(pdl: str, m: int, monkeypatch):
+    """One decode MLP block as a chain of PDL-launched kernels in a CUDA graph (add + RMSNorm -> skinny gate_up ->
+    SiLU-and-mul -> split-K skinny down, each reading the previous kernel's output): returns the outputs of two
+    replays on fresh inputs written into the static buffers."""
+    from sgl_kernel.triton.activation import silu_and_mul
+    from sgl_kernel.triton.fused_add_rmsnorm import fused_add_rmsnorm
+    from sgl_kernel.triton.skinny_gemm import skinny_gemm
+
+    monkeypatch.setenv("SGLANG_DECODE_PDL", pdl)
+    gen = torch.Generator().manual_seed(272)
+    h, i = 4096, 2048
+    x, r = (torch.randn(m, h, generator=gen).to(torch.bfloat16).to(DEV) for _ in range(2))
+    nw = (torch.rand(h, generator=gen) + 0.5).to(torch.bfloat16).to(DEV)
+    w1 = (torch.randn(2 * i, h, generator=gen) / h ** 0.5).to(torch.bfloat16).to(DEV)
+    w2 = (torch.randn(h, i, generator=gen) / i ** 0.5).to(torch.bfloat16).to(DEV)
+    xs, rs = x.clone(), r.clone()
+
+    def block():
+        fused_add_rmsnorm(xs, rs, nw, 1e-5)
+        return skinny_gemm(silu_and_mul(skinny_gemm(xs, w1, block_n=32, block_k=256)), w2, block_n=32,
+                           block_k=256, split_k=4)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        block()  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = block()
+    outs = []
+    for _ in range(2):
+        xs.copy_(torch.randn(m, h, generator=gen).to(torch.bfloat16))
+        rs.copy_(torch.randn(m, h, generator=gen).to(torch.bfloat16))
+        graph.replay()
+        outs.append((out.clone(), rs.clone()))
+    torch.cuda.synchronize()
+    return outs
+
+
+@pytest.mark.parametrize("m", [1, 32])
+def test_pdl_early_launch_chain_in_graph_equals_plain(m, monkeypatch):
+    """Issue 27 (SGLANG_DECODE_PDL=2): with griddepcontrol.launch_dependents right after each kernel's wait and the
+    skinny GEMM's L2 weight prefetch before it, a graph of dependent kernels gives bit-identical outputs to plain
+    launches (no kernel reads its input before the previous kernel finished writing it)."""
+    plain = _pdl_chain("0", m, monkeypatch)
+    early = _pdl_chain("2", m, monkeypatch)
+    for (o0, r0), (o2, r2) in zip(plain, early):
+        assert torch.equal(r0, r2) and torch.equal(o0, o2)

@@ -90,6 +90,8 @@ def test_buckets_and_candidates():
     assert any(c.split_k > 1 for c in small) and all(c.block_k >= 64 for c in small)
     wide = decode_gemm.candidates(16, 28672, 4096, 132)
     assert all(c.split_k == 1 for c in wide if c.block_n >= 32)
+    qkv32 = decode_gemm.candidates(32, 6144, 4096, 132)  # issue 27: a one-kernel (split 1) config covering the SMs
+    assert any(c.split_k == 1 and 6144 // c.block_n >= 132 for c in qkv32)
     with pytest.raises(ValueError, match="SGLANG_DECODE_GEMM_MAX_M"):
         os.environ[decode_gemm.MAX_M_ENV] = "256"
         try:

@@ -43,8 +43,36 @@ def test_switched_sets_exactly_the_set_and_restores(monkeypatch):
 def test_render_switch_reports_difference_to_first_set():
     row = dict(batch=32, env={}, floor_ms=6.4, replay_floor_ms=6.4, steps=24)
     res = {"sets": [["old", {}], ["early", {EARLY: "1"}]], "breakdown": [],
-           "rows": [dict(row, set="old", step_ms=7.75, ratio=1.211, replay_ms=7.8, replay_ratio=1.219),
-                    dict(row, set="early", step_ms=7.60, ratio=1.188, replay_ms=7.7, replay_ratio=1.203)]}
+           "rows": [dict(row, set="old", step_ms=7.75, ratio=1.211, replay_ms=7.8, replay_ratio=1.219,
+                         host_replay_ms=0.021, nodes={"total": 330, "kernel": 325}),
+                    dict(row, set="early", step_ms=7.60, ratio=1.188, replay_ms=7.7, replay_ratio=1.203,
+                         host_replay_ms=0.019, nodes=None)]}
     text = "\n".join(sw.render_switch(res, 3.0e12))
     assert f"`early` = {EARLY}=1" in text
-    assert "| 32 | early | 7.600 | 6.400 | 1.188 | -0.150 | 7.700 | 1.203 | -0.100 | 24 |" in text
+    assert "| 32 | old | 7.750 | 6.400 | 1.211 | +0.000 | 7.800 | 1.219 | +0.000 | 0.021 | 330 (325 kernels) | 24 |" \
+        in text
+    assert "| 32 | early | 7.600 | 6.400 | 1.188 | -0.150 | 7.700 | 1.203 | -0.100 | 0.019 | n/a | 24 |" in text
+
+
+def test_capture_sets_tunes_once_per_pdl_mode(monkeypatch):
+    """The decode-GEMM autotune runs at the first capture of each SGLANG_DECODE_PDL value (the skinny kernel's launch
+    mode changes its timings); later sets of that value reuse its table; the real tuner is restored afterwards."""
+    from sglang.srt.layers import decode_gemm
+
+    tuned = []
+
+    def fake_tune(*a, **k):
+        tuned.append(os.environ.get(PDL, "0"))
+        return f"table{len(tuned)}"
+
+    class Graphs:
+        def __init__(self, table):
+            self.decode_gemm_table = table
+
+    monkeypatch.setattr(decode_gemm, "maybe_autotune", fake_tune)
+    sets = sw.parse_sets(f"old:;early:{EARLY}=1;pdl2:{PDL}=2;e2:{EARLY}=1,{PDL}=2;pdl:{PDL}=1")
+    graphs = sw.capture_sets(None, [1, 32], lambda runner, sizes: Graphs(decode_gemm.maybe_autotune()), sets)
+    assert tuned == ["0", "2", "1"]
+    assert {n: g.decode_gemm_table for n, g in graphs.items()} == {
+        "old": "table1", "early": "table1", "pdl2": "table2", "e2": "table2", "pdl": "table3"}
+    assert decode_gemm.maybe_autotune is fake_tune

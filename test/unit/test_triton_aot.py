@@ -24,7 +24,7 @@ KP = str(REPO / "sgl-kernel" / "python")
 NAMES = ("decode_split_rows_2", "decode_split_rows_direct", "decode_split_legacy_8", "decode_reduce", "extend",
          "rope_kv_store_neox", "rope_kv_store_gptj", "rope_neox", "skinny_gemm",
          "rmsnorm_add", "rmsnorm_add_early", "rmsnorm_add_pdl", "rope_kv_store_neox_pdl",
-         "decode_split_rows_direct_pdl", "skinny_gemm_pdl")
+         "decode_split_rows_direct_pdl", "skinny_gemm_pdl", "rmsnorm_add_pdl2", "skinny_gemm_pdl2")
 
 
 @pytest.fixture(scope="module")
@@ -89,3 +89,14 @@ def test_pdl_variants_wait_for_the_previous_kernel(aot_report, kernel):
     assert aot_report[kernel + "_pdl"]["griddep_wait"] >= 1, aot_report[kernel + "_pdl"]
     base = kernel + ("_early" if kernel == "rmsnorm_add" else "")
     assert aot_report[base]["griddep_wait"] == 0, aot_report[base]
+
+
+@pytest.mark.parametrize("kernel", ["rmsnorm_add", "skinny_gemm"])
+def test_pdl2_variants_launch_dependents_after_their_wait(aot_report, kernel):
+    """Issue 27 (SGLANG_DECODE_PDL=2): the variants trigger the next kernel's launch (griddepcontrol.launch_dependents)
+    after their wait and read nothing before it; the skinny GEMM issues L2 prefetches of its (read-only) weight lines
+    before the wait; the SGLANG_DECODE_PDL=1 variants neither trigger nor prefetch."""
+    rep, pdl1 = aot_report[kernel + "_pdl2"], aot_report[kernel + "_pdl"]
+    assert rep["griddep_wait"] >= 1 and rep["griddep_launch"] >= 1 and rep["loads_before_wait"] == 0, rep
+    assert pdl1["griddep_launch"] == 0 and pdl1["l2_prefetch_before_wait"] == 0 and pdl1["loads_before_wait"] == 0
+    assert (rep["l2_prefetch_before_wait"] > 0) == (kernel == "skinny_gemm"), rep

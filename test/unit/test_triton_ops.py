@@ -280,8 +280,13 @@ def test_early_loads_and_small_grid_tile_switches(monkeypatch):
     monkeypatch.setenv("SGLANG_DECODE_PDL", "on")
     with pytest.raises(ValueError, match="SGLANG_DECODE_PDL"):
         use_pdl(cpu)
+    for mode in ("1", "2"):
+        monkeypatch.setenv("SGLANG_DECODE_PDL", mode)
+        assert use_pdl(cpu) == 0  # never off CUDA / in the interpreter
+    monkeypatch.setenv("SGLANG_DECODE_PDL", "3")
+    with pytest.raises(ValueError, match="SGLANG_DECODE_PDL"):
+        use_pdl(cpu)
     monkeypatch.setenv("SGLANG_DECODE_PDL", "1")
-    assert use_pdl(cpu) is False  # never off CUDA / in the interpreter
     assert small_grid_tile(32, 8, 1, cpu) is None
     for bad in ("128/8", "100/8/3", "128/x/3", "128/0/3"):
         monkeypatch.setenv("SGLANG_DECODE_ATTN_SMALL_GRID_TILE", bad)

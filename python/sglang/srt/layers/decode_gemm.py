@@ -135,8 +135,11 @@ def candidates(m: int, n: int, k: int, num_sms: int) -> List[object]:
 
     if m <= 16:
         tiles = ((16, 512, 4, 4), (32, 256, 4, 4), (64, 128, 4, 4))
-    elif m <= 32:  # + a wide strip: x (L2-resident) is re-read once per N strip, so fewer strips read less of it
-        tiles = ((32, 256, 4, 4), (64, 128, 4, 4), (64, 256, 4, 3), (128, 128, 4, 4))
+    elif m <= 32:  # + a wide strip: x (L2-resident) is re-read once per N strip, so fewer strips read less of it;
+        # + small-footprint tiles (64 / 96 KiB of shared memory: 2-3 programs per SM), so qkv / o_proj (96-192
+        # strips, not a multiple of 132 SMs) run as one resident wave (issue 27: both at ~0.78 of bandwidth)
+        tiles = ((32, 256, 4, 4), (64, 128, 4, 4), (64, 256, 4, 3), (128, 128, 4, 4), (32, 128, 4, 4),
+                 (16, 256, 4, 4))
     elif m <= 64:
         tiles = ((64, 128, 4, 4), (64, 256, 8, 3), (128, 128, 8, 3))
     else:  # + 256-row strips (48 KiB per stage): half the x re-reads of 128, split-K fills the SMs where N is small

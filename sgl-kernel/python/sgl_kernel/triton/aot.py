@@ -91,7 +91,8 @@ def _skinny_gemm() -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
     sig = {"X": "*bf16", "W": "*bf16", "B": "*bf16", "Y": "*bf16"}
     for n in ("M", "N", "K", "K_CHUNK", "stride_xm", "stride_wn", "stride_ym"):
         sig[n] = _I32
-    const = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, HAS_BIAS=False, PARTIAL=False, DOT_F32=False, USE_GDC=False)
+    const = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, HAS_BIAS=False, PARTIAL=False, DOT_F32=False, USE_GDC=False,
+                 PF_LINES=1, PF_STEP=64)
     sig.update({n: "constexpr" for n in const})
     return "skinny_gemm", "_skinny_gemm_kernel", sig, const, 4
 
@@ -111,6 +112,9 @@ KERNELS = {
     "rope_kv_store_neox_pdl": _with(_rope_kv_store(True), USE_GDC=True),
     "decode_split_rows_direct_pdl": _with(_decode_split(True, True, 1), USE_GDC=True),
     "skinny_gemm_pdl": _with(_skinny_gemm(), USE_GDC=True),
+    # SGLANG_DECODE_PDL=2: + griddepcontrol.launch_dependents; the skinny GEMM prefetches weight lines into L2 first
+    "rmsnorm_add_pdl2": _with(_rmsnorm(True), USE_GDC=2),
+    "skinny_gemm_pdl2": _with(_skinny_gemm(), USE_GDC=2, PF_LINES=16),
     "rope_neox": _rope(True),  # the unfused kernel, for comparison
     "skinny_gemm": _skinny_gemm(),
 }
@@ -177,13 +181,23 @@ def _loads_after_first_store(ptx: str) -> int:
     return 0 if first < 0 else len(re.findall(r"\bld\.global", ptx[first:]))
 
 
+def _before_wait(ptx: str) -> Dict[str, int]:
+    """``l2_prefetch_before_wait`` (``prefetch.global.L2`` issued before the first ``griddepcontrol.wait``) and
+    ``loads_before_wait`` (global loads or async copies before it: must be 0, they could read stale data); both 0
+    without a wait."""
+    head = ptx[:max(ptx.find("griddepcontrol.wait"), 0)]
+    return dict(l2_prefetch_before_wait=head.count("prefetch.global.L2"),
+                loads_before_wait=len(re.findall(r"\bld\.global|\bcp\.async\.\w+\.shared\.global", head)))
+
+
 def report(arch: int = 90) -> Dict[str, dict]:
     """Compile every kernel; per name: {"error", "cubin_bytes", "ptx_lines", "shared" (shared memory bytes),
     "v4_loads" (16-byte global loads), "loads_after_first_store" (global loads the PTX issues after its first global
     store: each such group waits behind that store), "scalar_b16_loads", "cp_async16" (16-byte asynchronous copies
     to shared memory: loads pipelined over ``num_stages``), "atom_acq_rel_gpu" (acquire-release atomics at gpu
     scope; none of the kernels should have any), "bar_sync" (CTA barriers), "griddep_wait"
-    (``griddepcontrol.wait``: programmatic dependent launch)}."""
+    (``griddepcontrol.wait``: programmatic dependent launch), "griddep_launch" (``launch_dependents``),
+    "l2_prefetch_before_wait", "loads_before_wait" (:func:`_before_wait`)}."""
     out: Dict[str, dict] = {}
     for name in KERNELS:
         try:
@@ -198,7 +212,9 @@ def report(arch: int = 90) -> Dict[str, dict]:
                              atom_acq_rel_gpu=len(re.findall(r"atom(\.\w+)*\.acq_rel(\.\w+)*\.gpu\b|"
                                                              r"atom(\.\w+)*\.gpu(\.\w+)*\.acq_rel\b", ptx)),
                              bar_sync=len(re.findall(r"\b(bar\.sync|barrier\.sync)", ptx)),
-                             griddep_wait=ptx.count("griddepcontrol.wait"))
+                             griddep_wait=ptx.count("griddepcontrol.wait"),
+                             griddep_launch=ptx.count("griddepcontrol.launch_dependents"),
+                             **_before_wait(ptx))
         except Exception as e:  # reported per kernel, so one failure does not hide the others
             out[name] = dict(error=f"{type(e).__name__}: {e}"[:2000], cubin_bytes=0, ptx_lines=0, shared=0)
     return out

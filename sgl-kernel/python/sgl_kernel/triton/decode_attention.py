@@ -60,6 +60,8 @@ def _decode_split_kernel(
     # USE_GDC: launched with programmatic dependent launch; wait for the previous kernel before any memory access.
     if USE_GDC:
         tl.extra.cuda.gdc_wait()
+    if USE_GDC == 2:  # SGLANG_DECODE_PDL=2: let the next kernel launch (and prefetch its weights) while this runs
+        tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)

@@ -34,6 +34,8 @@ def _rmsnorm_kernel(X, R, W, Y, stride_x, stride_r, stride_y, H, eps,
     # USE_GDC: launched with programmatic dependent launch; wait for the previous kernel before any memory access.
     if USE_GDC:
         tl.extra.cuda.gdc_wait()
+    if USE_GDC == 2:  # SGLANG_DECODE_PDL=2: let the next kernel launch (and prefetch its weights) while this runs
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < H

@@ -39,6 +39,8 @@ def _rope_kv_store_kernel(Pos, Q, K, V, Cache, K_buf, V_buf, Loc,
     # USE_GDC: launched with programmatic dependent launch; wait for the previous kernel before any memory access.
     if USE_GDC:
         tl.extra.cuda.gdc_wait()
+    if USE_GDC == 2:  # SGLANG_DECODE_PDL=2: let the next kernel launch (and prefetch its weights) while this runs
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     pos = tl.load(Pos + row).to(tl.int64)
     slot = tl.load(Loc + row).to(tl.int64)

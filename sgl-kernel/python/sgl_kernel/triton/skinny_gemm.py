@@ -13,7 +13,9 @@ its split-K GEMM; Williams et al., "Roofline", CACM 2009, for the bandwidth boun
 Which shapes and batch sizes use it is decided by measurement on the device
 (:mod:`sglang.srt.layers.decode_gemm`, issue 27); ``SGLANG_SKINNY_GEMM=1`` forces the issue-19 default config.
 ``SGLANG_DECODE_PDL=1`` (issue 27 A/B, off by default) launches both kernels with programmatic dependent launch
-(:func:`sgl_kernel.triton.common.use_pdl`).
+(:func:`sgl_kernel.triton.common.use_pdl`); ``=2`` also has each program pull the first :data:`PREFETCH_K` columns
+of its weight strip into L2 (``prefetch.global.L2``) before ``griddepcontrol.wait``, so at a ~15 us qkv / o_proj
+call the weight stream overlaps the previous kernel instead of starting after the launch + first-load bubble.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from sgl_kernel.triton.common import check_cuda_or_interpret, interpreting, next
 logger = logging.getLogger(__name__)
 
 MAX_M = 128
+PREFETCH_K = 1024  # K columns per program prefetched into L2 under SGLANG_DECODE_PDL=2 (2 KiB per weight row)
 
 
 @dataclass(frozen=True)
@@ -63,9 +66,7 @@ class SkinnyConfig:
 def _skinny_gemm_kernel(X, W, B, Y, M, N, K, K_CHUNK, stride_xm, stride_wn, stride_ym,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, DOT_F32: tl.constexpr,
-                        USE_GDC: tl.constexpr = False):
-    if USE_GDC:  # launched with programmatic dependent launch (issue 27): wait for the previous kernel first
-        tl.extra.cuda.gdc_wait()
+                        USE_GDC: tl.constexpr = False, PF_LINES: tl.constexpr = 1, PF_STEP: tl.constexpr = 64):
     pid = tl.program_id(0)
     sid = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -73,11 +74,21 @@ def _skinny_gemm_kernel(X, W, B, Y, M, N, K, K_CHUNK, stride_xm, stride_wn, stri
     offs_k = tl.arange(0, BLOCK_K)
     mask_m = offs_m < M
     mask_n = offs_n < N
+    k_lo = sid * K_CHUNK
+    k_hi = tl.minimum(k_lo + K_CHUNK, K)
+    if USE_GDC == 2:  # SGLANG_DECODE_PDL=2: the weight is read-only for the whole step, so start its stream now
+        pf_k = k_lo + tl.arange(0, PF_LINES) * PF_STEP  # one address per 128-byte line
+        pf = W + offs_n.to(tl.int64)[:, None] * stride_wn + pf_k[None, :]
+        pf = tl.where(mask_n[:, None] & (pf_k < k_hi)[None, :], pf, W)
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n mov.u32 $0, 0;", "=r,l", [pf], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+    if USE_GDC:  # launched with programmatic dependent launch (issue 27): wait for the previous kernel first
+        tl.extra.cuda.gdc_wait()
+    if USE_GDC == 2:
+        tl.extra.cuda.gdc_launch_dependents()
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     x_ptr = X + offs_m[:, None] * stride_xm + offs_k[None, :]
     w_ptr = W + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
-    k_lo = sid * K_CHUNK
-    k_hi = tl.minimum(k_lo + K_CHUNK, K)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         mask_k = (k0 + offs_k) < k_hi
         x = tl.load(x_ptr + k0, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
@@ -100,6 +111,8 @@ def _splitk_reduce_kernel(P, B, Y, MN, N, SPLIT, HAS_BIAS: tl.constexpr, BLOCK: 
                           USE_GDC: tl.constexpr = False):
     if USE_GDC:
         tl.extra.cuda.gdc_wait()
+    if USE_GDC == 2:
+        tl.extra.cuda.gdc_launch_dependents()
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < MN
     acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -144,10 +157,12 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] =
     part = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
     pdl = use_pdl(x.device)
     launch = {"launch_pdl": True} if pdl else {}
+    pf_step = max(1, 128 // x.element_size())  # elements per 128-byte line
     _skinny_gemm_kernel[(triton.cdiv(n, block_n), split)](
         x, w, bias if bias is not None else w, part, m, n, k, chunk, x.stride(0), w.stride(0), n,
         BLOCK_M=max(16, next_pow2(m)), BLOCK_N=block_n, BLOCK_K=bk, HAS_BIAS=bias is not None,
         PARTIAL=split > 1, DOT_F32=interpreting(), USE_GDC=pdl, num_warps=num_warps, num_stages=num_stages,
+        PF_LINES=next_pow2(triton.cdiv(min(chunk, PREFETCH_K), pf_step)) if pdl == 2 else 1, PF_STEP=pf_step,
         **launch)
     if split > 1:
         block = 1024
