@@ -14,21 +14,10 @@
 # Usage (repo root; data at ../shared/data or carried as .sd/): bash scripts/gpu/issue27_2_1gpu.sh
 # Writes under $OUT: issue27_2_summary.md, issue27_decode_ab.{md,json}, issue27_2_{pytest,ab,run}.log.
 set -uo pipefail
-. "$(dirname "$0")/device_preamble.sh"  # cds to the repo root ($root), NVLS off, carried wheels and data
-export OUT="${OUT:-/tmp/issue27_2}"; mkdir -p "$OUT"
-unset TRITON_INTERPRET SGLANG_SKINNY_GEMM SGLANG_DECODE_GEMM_MAX_M SGLANG_DECODE_GEMM_AUTOTUNE
-model="$root/../shared/data/configs/meta-llama--Meta-Llama-3.1-8B"
-commit="$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-exec > >(tee -a "$OUT/issue27_2_run.log") 2>&1
-t_start=$(date +%s); budget=${ISSUE27_BUDGET_S:-240}
-left() { echo $(( budget - ($(date +%s) - t_start) )); }
-stage() { echo; echo "== $1 ($(( $(date +%s) - t_start )) s elapsed)"; }
-cap() { local want=$1 l=$(( $(left) - 8 )); (( l < want )) && want=$l; (( want < 5 )) && want=5; echo "$want"; }
-declare -A rc
+. "$(dirname "$0")/issue27_common.sh" issue27_2 240  # preamble, $OUT, tee, budget helpers, model, gpu
 rc[tests]=skipped; rc[ab]=skipped
 
 stage "environment (commit $commit)"
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 echo "GPU: ${gpu:-unknown}"
 $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" || true
 
