@@ -338,6 +338,17 @@ def test_skinny_gemm_matches_linear(m, n, k, bias):
         skinny_gemm.skinny_gemm(torch.randn(129, k), w)
 
 
+@pytest.mark.parametrize("chunk,block_n", [(4096, 16), (4096, 32), (4096, 128), (768, 32), (3584, 64), (64, 16)])
+def test_skinny_prefetch_lines_stay_within_caps(chunk, block_n):
+    """SGLANG_DECODE_PDL=2 (issue 27): the L2 prefetch per program is a power of two of 128-byte lines per weight row
+    (bf16), never past the program's K chunk, PREFETCH_K columns or PREFETCH_BYTES, and at least one line."""
+    lines = skinny_gemm._prefetch_lines(chunk, block_n, 2)
+    assert lines >= 1 and lines & (lines - 1) == 0
+    assert lines == 1 or (lines * 64 <= min(chunk, skinny_gemm.PREFETCH_K)
+                          and lines * 128 * block_n <= skinny_gemm.PREFETCH_BYTES)
+    assert 2 * lines * 64 > min(chunk, skinny_gemm.PREFETCH_K, skinny_gemm.PREFETCH_BYTES // (2 * block_n))  # maximal
+
+
 def test_ops_linear_skinny_dispatch(monkeypatch):
     """ops.linear(skinny=True): 1..16-row bf16 inputs take the skinny kernel (forced on CPU under the interpreter) and
     match F.linear within bf16 rounding; other shapes/dtypes and skinny=False stay F.linear bit for bit."""

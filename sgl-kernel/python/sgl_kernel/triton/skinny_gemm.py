@@ -33,7 +33,11 @@ from sgl_kernel.triton.common import check_cuda_or_interpret, interpreting, next
 logger = logging.getLogger(__name__)
 
 MAX_M = 128
-PREFETCH_K = 1024  # K columns per program prefetched into L2 under SGLANG_DECODE_PDL=2 (2 KiB per weight row)
+# Under SGLANG_DECODE_PDL=2 each program prefetches the first min(PREFETCH_K, PREFETCH_BYTES / row bytes) K columns of
+# its weight rows into L2: 64 KiB x 132 resident programs ~ 8.4 MB ~ 3 us of HBM time, about the launch + first-load
+# bubble it is meant to fill, without flooding L2 on wide strips.
+PREFETCH_K = 1024
+PREFETCH_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,14 @@ def _splitk_reduce_kernel(P, B, Y, MN, N, SPLIT, HAS_BIAS: tl.constexpr, BLOCK: 
     tl.store(Y + offs, acc.to(Y.dtype.element_ty), mask=mask)
 
 
+def _prefetch_lines(chunk: int, block_n: int, elem_bytes: int) -> int:
+    """128-byte lines per weight row that a program prefetches under ``SGLANG_DECODE_PDL=2`` (a power of two >= 1):
+    the first ``min(chunk, PREFETCH_K, PREFETCH_BYTES / (block_n * elem_bytes))`` K columns of its strip."""
+    cols = min(chunk, PREFETCH_K, max(1, PREFETCH_BYTES // (block_n * elem_bytes)))
+    lines = max(1, cols * elem_bytes // 128)
+    return 1 << (lines.bit_length() - 1)  # round down: never past the byte cap
+
+
 def skinny_gemm(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] = None, block_n: int = 16,
                 block_k: int = 512, num_warps: int = 4, num_stages: int = 4, split_k: int = 1) -> torch.Tensor:
     """``x @ w.T (+ bias)`` for x ``[M, K]`` with ``1 <= M <= MAX_M`` (128) (the semantics of ``F.linear``).
@@ -162,7 +174,7 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] =
         x, w, bias if bias is not None else w, part, m, n, k, chunk, x.stride(0), w.stride(0), n,
         BLOCK_M=max(16, next_pow2(m)), BLOCK_N=block_n, BLOCK_K=bk, HAS_BIAS=bias is not None,
         PARTIAL=split > 1, DOT_F32=interpreting(), USE_GDC=pdl, num_warps=num_warps, num_stages=num_stages,
-        PF_LINES=next_pow2(triton.cdiv(min(chunk, PREFETCH_K), pf_step)) if pdl == 2 else 1, PF_STEP=pf_step,
+        PF_LINES=_prefetch_lines(chunk, block_n, x.element_size()) if pdl == 2 else 1, PF_STEP=pf_step,
         **launch)
     if split > 1:
         block = 1024
