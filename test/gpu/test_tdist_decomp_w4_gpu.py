@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -52,7 +53,9 @@ def _run():
         got = {}
         progress = None
         if os.environ.get("TDIST_GPU_PROGRESS") == "1":
-            progress = lambda r, msg: print(f"[rank {r}] {msg}", flush=True)  # noqa: E731 (CLI-style test output)
+            t0 = time.monotonic()
+            progress = lambda r, msg: print(f"[rank {r}] +{time.monotonic() - t0:.1f}s {msg}",  # noqa: E731
+                                            flush=True)  # CLI-style test output: when each rank reached each note
         _, problems = run_ranks(WORLD, C.run, (CASES,), env=NVLS_OFF_ENV, heap_config=cfg, with_nccl=True,
                                 timeout=float(os.environ.get("TDIST_GPU_TIMEOUT", "240")), stall_timeout=90,
                                 on_result=lambda r, case, fails: got.setdefault(case, {}).__setitem__(r, fails),
