@@ -23,17 +23,15 @@ export OUT="${OUT:-/tmp/issue27}"; mkdir -p "$OUT"
 unset TRITON_INTERPRET SGLANG_TRITON_DECODE_LEGACY
 data="$root/../shared/data"
 model="$data/configs/meta-llama--Meta-Llama-3.1-8B"; tok="$data/tokenizers/llama3"
-commit="${ISSUE27_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)}"
-exec > >(tee -a "$OUT/issue27_run.log") 2>&1
-t_start=$(date +%s); budget=${ISSUE27_BUDGET_S:-280}
-left() { echo $(( budget - ($(date +%s) - t_start) )); }
-stage() { echo; echo "== $1 ($(( $(date +%s) - t_start )) s elapsed)"; }
-cap() { local want=$1 l=$(( $(left) - 10 )); (( l < want )) && want=$l; (( want < 5 )) && want=5; echo "$want"; }
+. "$root/scripts/gpu/lib_budget.sh"  # budget_start, left, stage, cap, log_to, commit_id, gpu_name
+commit="${ISSUE27_COMMIT:-$(commit_id)}"
+log_to "$OUT/issue27_run.log"
+budget_start "${ISSUE27_BUDGET_S:-280}"; cap_margin=10
 declare -A rc
 rc[memtest]=skipped; rc[configs]=skipped
 
 stage "environment (commit $commit)"
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+gpu=$(gpu_name)
 echo "GPU: ${gpu:-unknown}"
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv || true
 $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" || true
@@ -97,4 +95,4 @@ res=$(ls "$OUT"/*_issue27_one_gpu.md 2>/dev/null | head -1)
   fi
 } > "$OUT/issue27_summary.md" 2>&1
 cat "$OUT/issue27_summary.md"
-echo "issue27 total $(( $(date +%s) - t_start )) s"
+echo "issue27 total $(elapsed) s"

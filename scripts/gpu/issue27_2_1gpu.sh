@@ -18,17 +18,15 @@ set -uo pipefail
 export OUT="${OUT:-/tmp/issue27_2}"; mkdir -p "$OUT"
 unset TRITON_INTERPRET SGLANG_SKINNY_GEMM SGLANG_DECODE_GEMM_MAX_M SGLANG_DECODE_GEMM_AUTOTUNE
 model="$root/../shared/data/configs/meta-llama--Meta-Llama-3.1-8B"
-commit="$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-exec > >(tee -a "$OUT/issue27_2_run.log") 2>&1
-t_start=$(date +%s); budget=${ISSUE27_BUDGET_S:-240}
-left() { echo $(( budget - ($(date +%s) - t_start) )); }
-stage() { echo; echo "== $1 ($(( $(date +%s) - t_start )) s elapsed)"; }
-cap() { local want=$1 l=$(( $(left) - 8 )); (( l < want )) && want=$l; (( want < 5 )) && want=5; echo "$want"; }
+. "$root/scripts/gpu/lib_budget.sh"  # budget_start, left, stage, cap, log_to, commit_id, gpu_name
+commit="$(commit_id)"
+log_to "$OUT/issue27_2_run.log"
+budget_start "${ISSUE27_BUDGET_S:-240}"; cap_margin=8
 declare -A rc
 rc[tests]=skipped; rc[ab]=skipped
 
 stage "environment (commit $commit)"
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+gpu=$(gpu_name)
 echo "GPU: ${gpu:-unknown}"
 $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" || true
 
@@ -61,4 +59,4 @@ stage "3. summary"
   fi
 } > "$OUT/issue27_2_summary.md" 2>&1
 cat "$OUT/issue27_2_summary.md"
-echo "issue27_2 total $(( $(date +%s) - t_start )) s"
+echo "issue27_2 total $(elapsed) s"
