@@ -23,18 +23,14 @@ export OUT="${OUT:-/tmp/issue27}"; mkdir -p "$OUT"
 unset TRITON_INTERPRET SGLANG_TRITON_DECODE_LEGACY
 data="$root/../shared/data"
 model="$data/configs/meta-llama--Meta-Llama-3.1-8B"; tok="$data/tokenizers/llama3"
-. "$root/scripts/gpu/lib_budget.sh"  # budget_start, left, stage, cap, log_to, commit_id, gpu_name
-commit="${ISSUE27_COMMIT:-$(commit_id)}"
-log_to "$OUT/issue27_run.log"
-budget_start "${ISSUE27_BUDGET_S:-280}"; cap_margin=10
+. "$root/scripts/gpu/lib_budget.sh"  # start_run, left, elapsed, stage, cap
+commit="${ISSUE27_COMMIT:-}"
+cap_margin=10
 declare -A rc
 rc[memtest]=skipped; rc[configs]=skipped
 
-stage "environment (commit $commit)"
-gpu=$(gpu_name)
-echo "GPU: ${gpu:-unknown}"
+start_run "$OUT/issue27_run.log" "${ISSUE27_BUDGET_S:-280}"  # the environment stage: commit, GPU, versions
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv || true
-$PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" || true
 
 stage "1. GPU tests: graph replay == eager (all archs), graph argmax, decode split rules vs torch, overlap device futures"
 timeout -k 10 "$(cap 110)" $PY -m pytest -q -p no:cacheprovider -m gpu test/gpu/test_gpu_correctness.py \

@@ -18,17 +18,12 @@ set -uo pipefail
 export OUT="${OUT:-/tmp/issue27_2}"; mkdir -p "$OUT"
 unset TRITON_INTERPRET SGLANG_SKINNY_GEMM SGLANG_DECODE_GEMM_MAX_M SGLANG_DECODE_GEMM_AUTOTUNE
 model="$root/../shared/data/configs/meta-llama--Meta-Llama-3.1-8B"
-. "$root/scripts/gpu/lib_budget.sh"  # budget_start, left, stage, cap, log_to, commit_id, gpu_name
-commit="$(commit_id)"
-log_to "$OUT/issue27_2_run.log"
-budget_start "${ISSUE27_BUDGET_S:-240}"; cap_margin=8
+. "$root/scripts/gpu/lib_budget.sh"  # start_run, left, elapsed, stage, cap
+cap_margin=8
 declare -A rc
 rc[tests]=skipped; rc[ab]=skipped
 
-stage "environment (commit $commit)"
-gpu=$(gpu_name)
-echo "GPU: ${gpu:-unknown}"
-$PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" || true
+start_run "$OUT/issue27_2_run.log" "${ISSUE27_BUDGET_S:-240}"  # the environment stage: commit, GPU, versions
 
 stage "1. GPU test: skinny candidates + autotuned dispatch vs F.linear"
 timeout -k 5 "$(cap 50)" $PY -m pytest -q -p no:cacheprovider -m gpu test/gpu/test_decode_gemm_gpu.py \

@@ -9,6 +9,8 @@
 #   log_to FILE       from here on this shell's stdout and stderr also go to FILE (appended).
 #   commit_id         short HEAD of $root ("unknown" outside a checkout).
 #   gpu_name          the first GPU's name (empty without nvidia-smi).
+#   start_run LOG S   log_to LOG, budget_start S, then the "environment" stage: commit (sets commit unless set),
+#                     GPU name (sets gpu), torch and triton versions.
 #   step NAME S CMD...  CMD under `timeout --kill-after=$step_kill S` (default 10), output to
 #       ${out:-$OUT}/${step_prefix}NAME.log, then `step_show LOG` (default: its last $step_tail lines, default 15);
 #       "${step_item}NAME: exit RC in Ns" appended to the array summary. With step_reserve set, S is cut to what is
@@ -26,6 +28,15 @@ cap() {
 log_to() { exec > >(tee -a "$1") 2>&1; }
 commit_id() { git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown; }
 gpu_name() { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1; }
+start_run() {
+  log_to "$1"
+  budget_start "$2"
+  commit="${commit:-$(commit_id)}"
+  stage "environment (commit $commit)"
+  gpu=$(gpu_name)
+  echo "GPU: ${gpu:-unknown}"
+  $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" || true
+}
 step_show() { tail -n "${step_tail:-15}" "$1"; }
 summary=()
 step() {
