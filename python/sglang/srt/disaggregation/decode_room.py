@@ -1,6 +1,6 @@
 """The decode role's per-request state (:class:`DecodeRoom`), the prefill servers it talks to
 (:class:`PrefillServer`), and what an activated room hands to its request: the prefill's first token, cached-token
-count and logprobs, and the hand-off timings of ``meta_info["disaggregation"]`` (pure Python; used by decode.py).
+count and logprobs, and the hand-off timings of ``meta_info["disaggregation"]`` (used by decode.py).
 """
 
 from __future__ import annotations
