@@ -9,43 +9,12 @@ Kept importable without CUDA (the interval arithmetic is unit-tested on CPU).
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 import time
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional
+
+from profile_intervals import intersect, length, trace_events, union
 
 GEMM_MARKERS = ("gemm", "nvjet", "cutlass", "sm90_xmma", "ampere_", "sm80_xmma")  # cuBLAS / cuBLASLt kernel names
-
-
-def union(iv: Iterable[Tuple[float, float]]) -> List[Tuple[float, float]]:
-    """Sorted disjoint union of [start, end) intervals."""
-    out: List[List[float]] = []
-    for s, e in sorted(iv):
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return [(s, e) for s, e in out]
-
-
-def length(iv: Iterable[Tuple[float, float]]) -> float:
-    """Total length of disjoint intervals."""
-    return sum(e - s for s, e in iv)
-
-
-def intersect(a: List[Tuple[float, float]], b: List[Tuple[float, float]]) -> float:
-    """Length of the intersection of two disjoint sorted interval lists."""
-    i = j = 0
-    tot = 0.0
-    while i < len(a) and j < len(b):
-        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        tot += max(0.0, hi - lo)
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return tot
 
 
 def summarize(events: List[dict]) -> Dict[str, float]:
@@ -111,15 +80,7 @@ def profile_call(barrier: Callable[[], None], fn: Callable[[], object], enqueue_
             host_barrier()
             fn()
             torch.cuda.synchronize()
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            events = json.load(f).get("traceEvents", [])
-    finally:
-        os.unlink(path)
-    res = summarize(events)
+    res = summarize(trace_events(prof))
     res["host_enqueue_ms"] = sorted(host)[len(host) // 2]
     barrier()
     return res

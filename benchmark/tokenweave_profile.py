@@ -11,10 +11,10 @@ the summed GEMM kernel time (a GEMM slowed by the communication kernel's SMs sho
 
 from __future__ import annotations
 
-import json
 import re
-import tempfile
 from pathlib import Path
+
+from profile_intervals import intersect, length, trace_events, union
 
 COMM_KERNEL = re.compile(r"twoshot|oneshot|lamport|copy_engine|nccl|allreduce|all_reduce", re.I)
 GEMM_KERNEL = re.compile(r"gemm|nvjet|xmma|cutlass|sm90_|cublas", re.I)
@@ -63,35 +63,6 @@ def profile_forward(runner, mwb, dev, path: str) -> tuple[int, int]:
     return launches
 
 
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """Sorted, merged ``(start, end)`` intervals."""
-    out: list[list[float]] = []
-    for s, e in sorted(intervals):
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return [(s, e) for s, e in out]
-
-
-def _length(intervals: list[tuple[float, float]]) -> float:
-    return sum(e - s for s, e in intervals)
-
-
-def _intersection(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    """Total length of the intersection of two merged interval lists."""
-    i = j = 0
-    total = 0.0
-    while i < len(a) and j < len(b):
-        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        total += max(0.0, hi - lo)
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
-
-
 def _ctas(kernel: dict) -> int:
     """Thread blocks of a chrome-trace kernel event (``args.grid``; 0 when absent)."""
     grid = kernel.get("args", {}).get("grid") or []
@@ -109,11 +80,11 @@ def overlap_stats(kernels: list[dict]) -> dict:
     the streams used by communication and compute kernels."""
     comm = [k for k in kernels if COMM_KERNEL.search(k["name"])]
     comp = [k for k in kernels if not COMM_KERNEL.search(k["name"])]
-    iv = lambda ks: _union([(float(k["ts"]), float(k["ts"]) + float(k["dur"])) for k in ks])  # noqa: E731
+    iv = lambda ks: union([(float(k["ts"]), float(k["ts"]) + float(k["dur"])) for k in ks])  # noqa: E731
     ci, pi = iv(comm), iv(comp)
     allv = iv(kernels)
-    c_len, ov = _length(ci), _intersection(ci, pi)
-    return {"span_us": (allv[-1][1] - allv[0][0]) if allv else 0.0, "comm_us": c_len, "compute_us": _length(pi),
+    c_len, ov = length(ci), intersect(ci, pi)
+    return {"span_us": (allv[-1][1] - allv[0][0]) if allv else 0.0, "comm_us": c_len, "compute_us": length(pi),
             "overlap_us": ov, "overlap_frac": ov / c_len if c_len else 0.0,
             "gemm_us": sum(float(k["dur"]) for k in comp if GEMM_KERNEL.search(k["name"])),
             "gemm_max_ctas": max((_ctas(k) for k in comp if GEMM_KERNEL.search(k["name"])), default=0),
@@ -127,11 +98,7 @@ def profile_overlap(runner, mwb, dev, csv_path: str = "") -> dict:
     with ``csv_path`` also write every kernel as ``stream,start_us,dur_us,comm,name`` (start relative to the
     first kernel), the raw evidence of which kernels ran concurrently."""
     prof = _one_forward(runner, mwb, dev)
-    with tempfile.TemporaryDirectory() as d:
-        trace = Path(d) / "trace.json"
-        prof.export_chrome_trace(str(trace))
-        events = json.loads(trace.read_text()).get("traceEvents", [])
-    kernels = [e for e in events if e.get("cat") == "kernel" and "dur" in e]
+    kernels = [e for e in trace_events(prof) if e.get("cat") == "kernel" and "dur" in e]
     stats = overlap_stats(kernels)
     if csv_path and kernels:
         t0 = min(float(k["ts"]) for k in kernels)

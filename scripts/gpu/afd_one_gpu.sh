@@ -6,8 +6,7 @@
 # Usage (repo root, shared data at ../shared/data): bash scripts/gpu/afd_one_gpu.sh [seconds, default 540]
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"
-budget="${1:-540}"; start=$SECONDS
-left() { echo $(( budget - (SECONDS - start) )); }
+. "$root/scripts/gpu/lib_budget.sh"; budget_start "${1:-540}"  # left: seconds of it left
 out="${OUT:-/tmp}"
 echo "== AFD GPU tests (M2N cuda_ipc/inline/nixl vs reference; AFD server on one GPU)"
 timeout $(( $(left) * 60 / 100 )) python3 -m pytest -q test/gpu/test_afd_gpu.py -p no:cacheprovider 2>&1 \

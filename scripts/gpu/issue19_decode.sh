@@ -15,20 +15,14 @@
 #   issue19_run.log, issue19_pytest.log, <date>_issue19_kernels.md, legacy/<date>_gpu_targets.{md,json},
 #   new/<date>_gpu_targets.{md,json}, issue19_profile.txt
 set -uo pipefail
-root="$(cd "$(dirname "$0")/../.." && pwd)"
-cd "$root"
-if [[ -f scripts/gpu/device_preamble.sh ]]; then source scripts/gpu/device_preamble.sh; fi
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export PYTHONPATH="$root/python:$root/sgl-kernel/python${PYTHONPATH:+:$PYTHONPATH}"
+. "$(dirname "$0")/device_preamble.sh"  # cds to the repo root ($root), NVLS off, PYTHONPATH, $PY, carried wheels/data
+. "$root/scripts/gpu/lib_budget.sh"  # budget_start, left, elapsed, stage, log_to
 export TRITON_DEFAULT_FP_FUSION=1
-unset TRITON_INTERPRET SGLANG_TRITON_DECODE_LEGACY SGLANG_FUSED_ROPE_KV
+unset SGLANG_TRITON_DECODE_LEGACY SGLANG_FUSED_ROPE_KV
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT/legacy" "$OUT/new"
-PY="${PYTHON:-python3}"
-run_log="$OUT/issue19_run.log"
-exec > >(tee -a "$run_log") 2>&1
-t_start=$(date +%s)
-stage() { echo; echo "== $1 ($(( $(date +%s) - t_start )) s elapsed)"; }
+log_to "$OUT/issue19_run.log"
+budget_start 520
 
 stage "environment"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv || true
@@ -60,15 +54,15 @@ timeout -k 10 100 $PY benchmark/bench_gpu_targets.py --only floors,attention,dec
 rc_new=${PIPESTATUS[0]}
 
 stage "3c. (if time is left) decode steps at batch 1 and 16 with the experimental skinny GEMM (SGLANG_SKINNY_GEMM=1)"
-if (( $(date +%s) - t_start < 330 )); then
+if (( $(elapsed) < 330 )); then
   SGLANG_SKINNY_GEMM=1 timeout -k 10 80 $PY benchmark/bench_gpu_targets.py --only decode --decode-batches 1,16 \
     --skip-serving --out /tmp/issue19_skinny --time-budget-s 75 2>&1 | grep -E "decode bs=|decode step" | tail -n 6
 else
-  echo "skipped: $(( $(date +%s) - t_start )) s elapsed"
+  echo "skipped: $(elapsed) s elapsed"
 fi
 
 stage "4. profile_decode (new defaults)"
-timeout -k 10 $(( 520 - ($(date +%s) - t_start) > 30 ? 520 - ($(date +%s) - t_start) : 30 )) \
+timeout -k 10 $(( $(left) > 30 ? $(left) : 30 )) \
   $PY benchmark/profile_decode.py --batches 1 32 128 --top 16 > "$OUT/issue19_profile.txt" 2>&1
 rc_prof=$?
 grep -E "^## batch|_decode_|rope|index_elementwise|Memcpy|cudaMemcpyAsync" "$OUT/issue19_profile.txt" | head -n 40
@@ -95,6 +89,6 @@ for bs in sorted(set(ob) | set(nb)):
 EOF
 echo
 echo "issue19: kernels rc=$rc_kernels e2e rc=$rc_e2e micro rc=$rc_micro old rc=$rc_old new rc=$rc_new" \
-  "profile rc=$rc_prof; total $(( $(date +%s) - t_start )) s; files under $OUT:"
+  "profile rc=$rc_prof; total $(elapsed) s; files under $OUT:"
 find "$OUT" -type f | sort
 exit $(( rc_kernels || rc_e2e || rc_micro || rc_old || rc_new || rc_prof ))

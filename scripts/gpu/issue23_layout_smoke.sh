@@ -12,21 +12,10 @@
 # (124 = hit its limit; 5 = nothing collected). Usage (repo root): bash scripts/gpu/issue23_layout_smoke.sh [seconds, 450]
 set -u
 . "$(dirname "$0")/device_preamble.sh"
-budget="${1:-450}"; start=$SECONDS
-left() { echo $(( budget - (SECONDS - start) )); }
+. "$root/scripts/gpu/lib_budget.sh"  # budget_start, left, step (run with a limit, keep the log, record the exit code)
+budget_start "${1:-450}"
 out="${OUT:-/tmp/issue23_gpu_logs}"; mkdir -p "$out"
-summary=()
-step() {  # step NAME SECONDS CMD...: run with a limit, keep the log, record the exit code, never stop the script
-  local name="$1" secs="$2"; shift 2
-  (( secs > $(left) )) && secs=$(left)
-  (( secs < 20 )) && { summary+=("$name: not run (no time left)"); return; }
-  echo; echo "== $name (limit ${secs}s, $(left)s left)"
-  local t0=$SECONDS
-  timeout --kill-after=10 "$secs" "$@" > "$out/issue23_$name.log" 2>&1
-  local rc=$?
-  tail -12 "$out/issue23_$name.log"
-  summary+=("$name: exit $rc in $(( SECONDS - t0 ))s")
-}
+step_prefix=issue23_ step_min=20 step_reserve=0 step_tail=12
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | head -2
 step tokenweave 170 "$PY" -m pytest -q -x -p no:cacheprovider test/gpu/test_tokenweave_gpu.py \
   -k "two_stream_executor_equals_unsplit or tw_comm_two_ranks_on_one_gpu"

@@ -8,8 +8,7 @@
 # Usage (repo root, shared data at ../shared/data): bash scripts/gpu/issue23_plan_smoke.sh [seconds, default 450]
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"
-budget="${1:-450}"; start=$SECONDS
-left() { echo $(( budget - (SECONDS - start) )); }
+. "$root/scripts/gpu/lib_budget.sh"; budget_start "${1:-450}"  # left: seconds of it left
 out="${OUT:-/tmp}"
 declare -A result
 echo "== dry-run plans on cuda"

@@ -23,20 +23,14 @@ export OUT="${OUT:-/tmp/issue27}"; mkdir -p "$OUT"
 unset TRITON_INTERPRET SGLANG_TRITON_DECODE_LEGACY
 data="$root/../shared/data"
 model="$data/configs/meta-llama--Meta-Llama-3.1-8B"; tok="$data/tokenizers/llama3"
-commit="${ISSUE27_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)}"
-exec > >(tee -a "$OUT/issue27_run.log") 2>&1
-t_start=$(date +%s); budget=${ISSUE27_BUDGET_S:-280}
-left() { echo $(( budget - ($(date +%s) - t_start) )); }
-stage() { echo; echo "== $1 ($(( $(date +%s) - t_start )) s elapsed)"; }
-cap() { local want=$1 l=$(( $(left) - 10 )); (( l < want )) && want=$l; (( want < 5 )) && want=5; echo "$want"; }
+. "$root/scripts/gpu/lib_budget.sh"  # start_run, left, elapsed, stage, cap
+commit="${ISSUE27_COMMIT:-}"
+cap_margin=10
 declare -A rc
 rc[memtest]=skipped; rc[configs]=skipped
 
-stage "environment (commit $commit)"
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-echo "GPU: ${gpu:-unknown}"
+start_run "$OUT/issue27_run.log" "${ISSUE27_BUDGET_S:-280}"  # the environment stage: commit, GPU, versions
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv || true
-$PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" || true
 
 stage "1. GPU tests: graph replay == eager (all archs), graph argmax, decode split rules vs torch, overlap device futures"
 timeout -k 10 "$(cap 110)" $PY -m pytest -q -p no:cacheprovider -m gpu test/gpu/test_gpu_correctness.py \
@@ -97,4 +91,4 @@ res=$(ls "$OUT"/*_issue27_one_gpu.md 2>/dev/null | head -1)
   fi
 } > "$OUT/issue27_summary.md" 2>&1
 cat "$OUT/issue27_summary.md"
-echo "issue27 total $(( $(date +%s) - t_start )) s"
+echo "issue27 total $(elapsed) s"

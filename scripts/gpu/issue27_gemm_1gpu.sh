@@ -17,19 +17,12 @@ set -uo pipefail
 export OUT="${OUT:-/tmp/issue27_gemm}"; mkdir -p "$OUT/off" "$OUT/on"
 unset TRITON_INTERPRET SGLANG_SKINNY_GEMM SGLANG_DECODE_GEMM_MAX_M
 model="$root/../shared/data/configs/meta-llama--Meta-Llama-3.1-8B"
-commit="$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-exec > >(tee -a "$OUT/issue27_gemm_run.log") 2>&1
-t_start=$(date +%s); budget=${ISSUE27_GEMM_BUDGET_S:-150}
-left() { echo $(( budget - ($(date +%s) - t_start) )); }
-stage() { echo; echo "== $1 ($(( $(date +%s) - t_start )) s elapsed)"; }
-cap() { local want=$1 l=$(( $(left) - 5 )); (( l < want )) && want=$l; (( want < 5 )) && want=5; echo "$want"; }
+. "$root/scripts/gpu/lib_budget.sh"  # start_run, left, elapsed, stage, cap
+cap_margin=5
 declare -A rc
 rc[ab_off]=skipped; rc[ab_on]=skipped
 
-stage "environment (commit $commit)"
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-echo "GPU: ${gpu:-unknown}"
-$PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" || true
+start_run "$OUT/issue27_gemm_run.log" "${ISSUE27_GEMM_BUDGET_S:-150}"  # the environment stage: commit, GPU, versions
 
 stage "1. GPU tests: skinny candidates vs F.linear, autotuned dispatch vs F.linear"
 timeout -k 5 "$(cap 45)" $PY -m pytest -q -p no:cacheprovider -m gpu test/gpu/test_decode_gemm_gpu.py \
@@ -71,4 +64,4 @@ $PY benchmark/bench_decode_gemm_tune.py --out "$OUT" --ab-off "$OUT/off" --ab-on
     | cut -c1-160 | head -n 30
 } > "$OUT/issue27_gemm_summary.md" 2>&1
 cat "$OUT/issue27_gemm_summary.md"
-echo "issue27_gemm total $(( $(date +%s) - t_start )) s"
+echo "issue27_gemm total $(elapsed) s"

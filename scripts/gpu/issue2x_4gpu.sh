@@ -15,22 +15,11 @@
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"
 export TRITON_DEFAULT_FP_FUSION=1
-budget="${1:-560}"; start=$SECONDS
-left() { echo $(( budget - (SECONDS - start) )); }
+. "$root/scripts/gpu/lib_budget.sh"  # budget_start, left, step (run with a limit, keep the log, record the exit code)
+budget_start "${1:-560}"
 out="${OUT:-/tmp/issue2x_4gpu}"; mkdir -p "$out"
-summary=()
-step() {  # step NAME SECONDS CMD...: run with a limit (cut to what is left), log, record the exit code
-  local name="$1" secs="$2"; shift 2
-  (( secs > $(left) - 3 )) && secs=$(( $(left) - 3 ))
-  (( secs < 10 )) && { summary+=("- $name: not run (no time left)"); return; }
-  echo; echo "== $name (limit ${secs}s, $(left)s left)"
-  local t0=$SECONDS
-  timeout --kill-after=5 "$secs" "$@" > "$out/$name.log" 2>&1
-  local rc=$?
-  grep -E "passed|failed|skipped|^\| |Error|\[partial\]|\[tw-comm gpu\]" "$out/$name.log" | tail -40
-  (( rc == 124 || rc == 137 )) && echo "!! $name hit its ${secs}s limit"
-  summary+=("- $name: exit $rc in $(( SECONDS - t0 ))s")
-}
+step_item="- " step_reserve=3 step_kill=5
+step_show() { grep -E "passed|failed|skipped|^\| |Error|\[partial\]|\[tw-comm gpu\]" "$1" | tail -40; }
 gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
 ngpu="$(nvidia-smi -L 2>/dev/null | wc -l)"
 echo "$ngpu x $gpu"; nvidia-smi topo -m 2>/dev/null | head -6

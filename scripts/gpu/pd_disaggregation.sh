@@ -6,8 +6,7 @@
 # Usage (repo root, shared data at ../shared/data): bash scripts/gpu/pd_disaggregation.sh [seconds, default 540]
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"
-budget="${1:-540}"; start=$SECONDS
-left() { echo $(( budget - (SECONDS - start) )); }
+. "$root/scripts/gpu/lib_budget.sh"; budget_start "${1:-540}"  # left: seconds of it left
 out="${OUT:-/tmp}"
 backend=fake
 if python3 -c "from sglang.srt.disaggregation.transfer.base import nixl_available as a; import sys; sys.exit(0 if a()[0] else 1)"; then

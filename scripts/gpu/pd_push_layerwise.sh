@@ -10,8 +10,7 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH="$root/python:$root/sgl-kernel/python${PYTHONPATH:+:$PYTHONPATH}"
-budget="${1:-300}"; start=$SECONDS
-left() { echo $(( budget - (SECONDS - start) )); }
+. "$root/scripts/gpu/lib_budget.sh"; budget_start "${1:-300}"  # left: seconds of it left
 out="${OUT:-/tmp}"
 echo "== layerwise push: CUDA event ordering (unit, @gpu)"
 timeout 120 python3 -m pytest -q -x test/unit/test_pd_layerwise_push.py -p no:cacheprovider 2>&1 \

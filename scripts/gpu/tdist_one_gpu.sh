@@ -20,29 +20,14 @@
 # this script sources when present): bash scripts/gpu/tdist_one_gpu.sh [seconds, default 530]
 # Run one case alone: TDIST_CASES=case_gemm_rs python3 -m pytest -v test/gpu/test_tdist_gpu.py -k test_tdist_case
 set -uo pipefail
-root="$(cd "$(dirname "$0")/../.." && pwd)"
-cd "$root"
-if [ -f scripts/gpu/device_preamble.sh ]; then source scripts/gpu/device_preamble.sh; fi
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export PYTHONPATH="$root/python:$root/sgl-kernel/python${PYTHONPATH:+:$PYTHONPATH}"
+. "$(dirname "$0")/device_preamble.sh"  # cds to the repo root ($root), NVLS off, PYTHONPATH, $PY, carried wheels/data
+. "$root/scripts/gpu/lib_budget.sh"  # budget_start, left, step (run with a limit, keep the log, record the exit code)
 export TRITON_DEFAULT_FP_FUSION=1
-unset TRITON_INTERPRET TDIST_CASES
-budget="${1:-530}"; start=$SECONDS
-left() { echo $(( budget - (SECONDS - start) )); }
+unset TDIST_CASES
+budget_start "${1:-530}"
 out="${OUT:-/tmp/tdist_gpu_logs}"; mkdir -p "$out"
 rm -f "$out/tdist_cases.jsonl"
-summary=()
-step() {  # step NAME SECONDS CMD...: run with a limit, keep the log, record the exit code, never stop the script
-  local name="$1" secs="$2"; shift 2
-  (( secs < 10 )) && { summary+=("$name: not run (no time left)"); return; }
-  echo; echo "== $name (limit ${secs}s, $(left)s left)"
-  local t0=$SECONDS
-  timeout --kill-after=10 "$secs" "$@" > "$out/tdist_$name.log" 2>&1
-  local rc=$?
-  tail -15 "$out/tdist_$name.log"
-  (( rc == 124 || rc == 137 )) && echo "!! $name hit its ${secs}s limit: see $out/tdist_$name.log"
-  summary+=("$name: exit $rc in $(( SECONDS - t0 ))s")
-}
+step_prefix=tdist_
 
 {
   echo "== environment"

@@ -7,8 +7,7 @@
 # Usage (repo root, shared data at ../shared/data): bash scripts/gpu/tokenweave_one_gpu.sh [seconds, default 540]
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"
-budget="${1:-540}"; start=$SECONDS
-left() { echo $(( budget - (SECONDS - start) )); }
+. "$root/scripts/gpu/lib_budget.sh"; budget_start "${1:-540}"  # left: seconds of it left
 out="${OUT:-/tmp}"
 echo "== TokenWeave GPU tests"
 timeout $(( $(left) * 55 / 100 )) python3 -m pytest -q -x test/gpu/test_tokenweave_gpu.py -p no:cacheprovider 2>&1 \

@@ -87,264 +87,242 @@ def _check_consistent(out):
     assert torch.equal(ref, out), "ranks disagree on the AllReduce result"
 
 
-def _worker(rank, world, init_file, quick):
-    sys.path[:0] = PATHS
-    import torch.distributed as dist
+def _check_graph(ws, rank, dev, T, H, calls, reps, tag):
+    """Capture ``calls`` (``(backend, max_sms)`` pairs, run in order on one bf16 ``[T, H]`` input set) in a CUDA
+    graph after a warm-up of the first on a side stream, then replay it ``reps`` times with fresh inputs; each replay
+    vs the fp32 reference applied once per call (the residual accumulates call by call)."""
+    from sglang.srt.distributed.tw_comm import allreduce_rmsnorm
+
+    x, residual, w = _inputs(500, rank, T, H, torch.bfloat16, dev)
+    r, out = residual.clone(), torch.empty_like(x)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        allreduce_rmsnorm(ws, x, r, w, EPS, out=out, backend=calls[0][0], max_sms=calls[0][1])
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for backend, sms in calls:
+            allreduce_rmsnorm(ws, x, r, w, EPS, out=out, backend=backend, max_sms=sms)
+    for rep in range(reps):
+        nx, nres, _ = _inputs(600 + rep, rank, T, H, torch.bfloat16, dev)
+        x.copy_(nx)
+        r.copy_(nres)
+        out.fill_(float("nan"))
+        res_ref = nres
+        for _ in calls:
+            (res_ref, out_ref), _ = _reference(nx, res_ref, w)
+        g.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out.float(), out_ref.float(), **TOL, msg=lambda m: f"{tag} graph: {m}")
+        torch.testing.assert_close(r.float(), res_ref.float(), **TOL)
+    del g
+
+
+def _nvls_refused(ws, rank, dev):
+    """The NVLS gate refuses before any launch: the env gate, the library entry point and the Python API."""
     from sgl_kernel.tw_comm import ops as tw_comm_ops
     from sgl_kernel.tw_comm.lib import TW_ERR_NVLS_REFUSED, load_library
-    from sglang.srt.distributed.tw_comm import TwBackend, TwCommConfig, TwCommWorkspace, allreduce, allreduce_rmsnorm
+    from sglang.srt.distributed.tw_comm import TwBackend, allreduce_rmsnorm
 
-    torch.cuda.set_device(rank)
-    dev = torch.device("cuda", rank)
-    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world, device_id=dev)
-    ws = TwCommWorkspace(None, dev, TwCommConfig(max_bytes=16384 * 2048 * 2))
-    try:
-        B = TwBackend
-        bf, fp = torch.bfloat16, torch.float16
-        # --- NVLS gate refuses, before any launch (env first)
-        ok, why = tw_comm_ops.nvls_gate(rank)
-        assert not ok and "NCCL_NVLS_ENABLE" in why, why
-        lib = load_library()
-        rc = lib.raw("tw_nvls_allreduce_rmsnorm", ws.handle, None, None, None, None, None, None, 8, 64, 0,
-                     EPS, 4, None)
-        assert rc == TW_ERR_NVLS_REFUSED, (rc, lib.last_error())
-        with pytest.raises(ValueError, match="nvls"):
-            x, r, w = _inputs(1, rank, 4, 64, bf, dev)
-            allreduce_rmsnorm(ws, x, r, w, EPS, backend=B.NVLS)
-        # --- correctness sweep
-        seed = 0
-        cases = [(1, 8192), (2, 64), (3, 4096), (5, 16384), (7, 2048), (13, 8), (64, 2048), (127, 1024),
-                 (1000, 2048), (2049, 2048), (4097, 1024), (16384, 2048), (16383, 256), (777, 16384)]
-        if quick:
-            cases = cases[::2]
-        for i, (T, H) in enumerate(cases):
-            dtype = bf if i % 3 else fp
-            variants = [(B.TWOSHOT, 32, False), (B.TWOSHOT, 3, True), (B.CE, 4, False), (B.CE, 8, True),
-                        (B.NCCL, None, False)]
-            if world * T * H * 2 <= ws.capacity_bytes:
-                variants.append((B.ONESHOT, 16, False))
-            for backend, sms, sharded in variants:
-                seed += 1
-                out = _check_variant(ws, backend, T, H, dtype, seed, sms, sharded)
-                if i % 4 == 0:
-                    _check_consistent(out)
-        # --- plain AllReduce
-        for T, H, variant in [(1, 4096, B.ONESHOT), (33, 1024, B.ONESHOT), (1001, 2048, B.TWOSHOT),
-                              (5, 8, B.TWOSHOT)]:
+    ok, why = tw_comm_ops.nvls_gate(rank)
+    assert not ok and "NCCL_NVLS_ENABLE" in why, why
+    lib = load_library()
+    rc = lib.raw("tw_nvls_allreduce_rmsnorm", ws.handle, None, None, None, None, None, None, 8, 64, 0,
+                 EPS, 4, None)
+    assert rc == TW_ERR_NVLS_REFUSED, (rc, lib.last_error())
+    with pytest.raises(ValueError, match="nvls"):
+        x, r, w = _inputs(1, rank, 4, 64, torch.bfloat16, dev)
+        allreduce_rmsnorm(ws, x, r, w, EPS, backend=TwBackend.NVLS)
+
+
+def _plain_and_local(ws, rank, dev, seed):
+    """Plain AllReduce (one-shot / two-shot) vs NCCL in fp32, and the local fused add + RMSNorm op (baseline path)
+    vs the fp32 reference."""
+    import torch.distributed as dist
+    from sgl_kernel.tw_comm.reference import add_rmsnorm_fp32
+    from sglang.srt.distributed.tw_comm import TwBackend as B
+    from sglang.srt.distributed.tw_comm import allreduce
+
+    for T, H, variant in [(1, 4096, B.ONESHOT), (33, 1024, B.ONESHOT), (1001, 2048, B.TWOSHOT), (5, 8, B.TWOSHOT)]:
+        seed += 1
+        x, _, _ = _inputs(seed, rank, T, H, torch.bfloat16, dev)
+        total = x.float()
+        dist.all_reduce(total)
+        out = allreduce(ws, x, out=torch.full_like(x, float("nan")), backend=variant, max_sms=8)
+        torch.testing.assert_close(out.float(), total, **TOL)
+    x, r, w = _inputs(99, rank, 37, 8192, torch.bfloat16, dev)
+    exp_r, exp_o = add_rmsnorm_fp32(x.float(), r, w, EPS)
+    o = torch.empty_like(x)
+    torch.ops.sgl_kernel.tw_fused_add_rmsnorm(x, r, w, o, EPS, 16)
+    torch.testing.assert_close(o.float(), exp_o.float(), **TOL)
+    torch.testing.assert_close(r.float(), exp_r.float(), **TOL)
+
+
+def _main_suite(ws, rank, world, dev, quick):
+    """NVLS refused; every barrier-based variant over the shape sweep; plain AllReduce and the local op; CUDA-graph
+    replay per variant; thousands of back-to-back calls of mixed variants and grids, then a checked call."""
+    from sglang.srt.distributed.tw_comm import TwBackend as B
+    from sglang.srt.distributed.tw_comm import allreduce_rmsnorm
+
+    bf, fp = torch.bfloat16, torch.float16
+    _nvls_refused(ws, rank, dev)
+    seed = 0
+    cases = [(1, 8192), (2, 64), (3, 4096), (5, 16384), (7, 2048), (13, 8), (64, 2048), (127, 1024),
+             (1000, 2048), (2049, 2048), (4097, 1024), (16384, 2048), (16383, 256), (777, 16384)]
+    if quick:
+        cases = cases[::2]
+    for i, (T, H) in enumerate(cases):
+        dtype = bf if i % 3 else fp
+        variants = [(B.TWOSHOT, 32, False), (B.TWOSHOT, 3, True), (B.CE, 4, False), (B.CE, 8, True),
+                    (B.NCCL, None, False)]
+        if world * T * H * 2 <= ws.capacity_bytes:
+            variants.append((B.ONESHOT, 16, False))
+        for backend, sms, sharded in variants:
             seed += 1
-            x, _, _ = _inputs(seed, rank, T, H, bf, dev)
-            total = x.float()
-            dist.all_reduce(total)
-            out = allreduce(ws, x, out=torch.full_like(x, float("nan")), backend=variant, max_sms=8)
-            torch.testing.assert_close(out.float(), total, **TOL)
-        # --- local fused add + RMSNorm op (baseline path)
-        x, r, w = _inputs(99, rank, 37, 8192, bf, dev)
-        from sgl_kernel.tw_comm.reference import add_rmsnorm_fp32
-
-        exp_r, exp_o = add_rmsnorm_fp32(x.float(), r, w, EPS)
-        o = torch.empty_like(x)
-        torch.ops.sgl_kernel.tw_fused_add_rmsnorm(x, r, w, o, EPS, 16)
-        torch.testing.assert_close(o.float(), exp_o.float(), **TOL)
-        torch.testing.assert_close(r.float(), exp_r.float(), **TOL)
-        # --- CUDA graphs: capture each variant, replay with fresh inputs
-        for backend, T, H, sms in [(B.ONESHOT, 5, 4096, 8), (B.TWOSHOT, 301, 2048, 16), (B.CE, 1031, 1024, 4)]:
-            x, residual, w = _inputs(500, rank, T, H, bf, dev)
-            r = residual.clone()
-            out = torch.empty_like(x)
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                allreduce_rmsnorm(ws, x, r, w, EPS, out=out, backend=backend, max_sms=sms)
-            torch.cuda.current_stream().wait_stream(s)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                allreduce_rmsnorm(ws, x, r, w, EPS, out=out, backend=backend, max_sms=sms)
-            for rep in range(4):
-                nx, nres, _ = _inputs(600 + rep, rank, T, H, bf, dev)
-                x.copy_(nx)
-                r.copy_(nres)
-                out.fill_(float("nan"))
-                (res_ref, out_ref), _ = _reference(nx, nres, w)
-                g.replay()
-                torch.cuda.synchronize()
-                torch.testing.assert_close(out.float(), out_ref.float(), **TOL, msg=lambda m: f"graph {backend}: {m}")
-                torch.testing.assert_close(r.float(), res_ref.float(), **TOL)
-            del g
-        # --- thousands of back-to-back calls, mixed variants and grids, then a checked call
-        x1, r1, w1 = _inputs(700, rank, 8, 4096, bf, dev)
-        x2, r2, w2 = _inputs(701, rank, 77, 2048, bf, dev)
-        o1, o2 = torch.empty_like(x1), torch.empty_like(x2)
-        n_calls = 600 if quick else 3000
-        t0 = time.time()
-        for it in range(n_calls):
-            allreduce_rmsnorm(ws, x1, r1, w1, EPS, out=o1, backend=B.ONESHOT, max_sms=8 if it % 2 else 3)
-            allreduce_rmsnorm(ws, x2, r2, w2, EPS, out=o2, backend=B.TWOSHOT, max_sms=1 + it % 32)
-            if it % 100 == 0:
-                allreduce_rmsnorm(ws, x2, r2, w2, EPS, out=o2, backend=B.CE, max_sms=2)
-        torch.cuda.synchronize()
-        elapsed = time.time() - t0
-        for backend in (B.ONESHOT, B.TWOSHOT, B.CE):
-            _check_variant(ws, backend, 77, 2048, bf, 800, 8)
-        if rank == 0:
-            print(f"[tw-comm gpu] world={world}: {n_calls * 2 + n_calls // 100} back-to-back calls in {elapsed:.2f}s")
-    finally:
-        ws.close()
-        dist.destroy_process_group()
+            out = _check_variant(ws, backend, T, H, dtype, seed, sms, sharded)
+            if i % 4 == 0:
+                _check_consistent(out)
+    _plain_and_local(ws, rank, dev, seed)
+    for backend, T, H, sms in [(B.ONESHOT, 5, 4096, 8), (B.TWOSHOT, 301, 2048, 16), (B.CE, 1031, 1024, 4)]:
+        _check_graph(ws, rank, dev, T, H, [(backend, sms)], 4, str(backend))
+    x1, r1, w1 = _inputs(700, rank, 8, 4096, bf, dev)
+    x2, r2, w2 = _inputs(701, rank, 77, 2048, bf, dev)
+    o1, o2 = torch.empty_like(x1), torch.empty_like(x2)
+    n_calls = 600 if quick else 3000
+    t0 = time.time()
+    for it in range(n_calls):
+        allreduce_rmsnorm(ws, x1, r1, w1, EPS, out=o1, backend=B.ONESHOT, max_sms=8 if it % 2 else 3)
+        allreduce_rmsnorm(ws, x2, r2, w2, EPS, out=o2, backend=B.TWOSHOT, max_sms=1 + it % 32)
+        if it % 100 == 0:
+            allreduce_rmsnorm(ws, x2, r2, w2, EPS, out=o2, backend=B.CE, max_sms=2)
+    torch.cuda.synchronize()
+    elapsed = time.time() - t0
+    for backend in (B.ONESHOT, B.TWOSHOT, B.CE):
+        _check_variant(ws, backend, 77, 2048, bf, 800, 8)
+    if rank == 0:
+        print(f"[tw-comm gpu] world={world}: {n_calls * 2 + n_calls // 100} back-to-back calls in {elapsed:.2f}s")
 
 
-def _lamport_worker(rank, world, init_file, quick):
+def _lamport_suite(ws, rank, world, dev, quick):
     """The Lamport one-shot (flag in the data): every shape vs the fp32 reference with NaN-poisoned outputs,
     bit-identical across ranks, negative zeros in x (the sentinel value must not stall or corrupt a call),
     interleaved with barrier-based variants (the epoch, hence the buffer, advances by other kernels too),
     CUDA-graph replay, and back-to-back calls reusing the three buffers, then a checked call."""
-    sys.path[:0] = PATHS
-    import torch.distributed as dist
-    from sglang.srt.distributed.tw_comm import TwBackend, TwCommConfig, TwCommWorkspace, allreduce_rmsnorm
+    from sglang.srt.distributed.tw_comm import TwBackend as B
+    from sglang.srt.distributed.tw_comm import allreduce_rmsnorm
 
-    torch.cuda.set_device(rank)
-    dev = torch.device("cuda", rank)
-    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world, device_id=dev)
-    ws = TwCommWorkspace(None, dev, TwCommConfig(max_bytes=4096 * 2048 * 2))
-    B = TwBackend
-    try:
-        seed = 1000
-        for i, (T, H) in enumerate([(1, 8192), (2, 64), (3, 4096), (7, 2048), (13, 8), (32, 8192), (64, 2048),
-                                    (127, 1024), (128, 8192), (5, 16384)]):
-            dtype = torch.bfloat16 if i % 3 else torch.float16
-            for sms in (64, 3):
-                seed += 1
-                _check_consistent(_check_variant(ws, B.LAMPORT, T, H, dtype, seed, sms))
-            _check_variant(ws, B.ONESHOT if i % 2 else B.TWOSHOT, T, H, dtype, seed + 500, 8)
-        # negative zeros in the payload: canonicalized to +0 on the wire, the result is unchanged
-        x, r, w = _inputs(77, rank, 16, 4096, torch.bfloat16, dev)
-        x[:, ::3] = -0.0
-        (res_ref, out_ref), _ = _reference(x, r, w)
-        out = torch.full_like(x, float("nan"))
-        allreduce_rmsnorm(ws, x, r, w, EPS, out=out, backend=B.LAMPORT, max_sms=16)
-        torch.cuda.synchronize()
-        torch.testing.assert_close(out.float(), out_ref.float(), **TOL)
-        torch.testing.assert_close(r.float(), res_ref.float(), **TOL)
-        # CUDA graph: capture, replay with fresh inputs
-        x, residual, w = _inputs(500, rank, 9, 8192, torch.bfloat16, dev)
-        r, out = residual.clone(), torch.empty_like(x)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            allreduce_rmsnorm(ws, x, r, w, EPS, out=out, backend=B.LAMPORT, max_sms=8)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            allreduce_rmsnorm(ws, x, r, w, EPS, out=out, backend=B.LAMPORT, max_sms=8)
-        for rep in range(5):
-            nx, nres, _ = _inputs(600 + rep, rank, 9, 8192, torch.bfloat16, dev)
-            x.copy_(nx)
-            r.copy_(nres)
-            out.fill_(float("nan"))
-            (res_ref, out_ref), _ = _reference(nx, nres, w)
-            g.replay()
-            torch.cuda.synchronize()
-            torch.testing.assert_close(out.float(), out_ref.float(), **TOL, msg=lambda m: f"lamport graph: {m}")
-            torch.testing.assert_close(r.float(), res_ref.float(), **TOL)
-        del g
-        # back-to-back: Lamport calls of changing sizes and grids, some interleaved with the barrier one-shot
-        x1, r1, w1 = _inputs(700, rank, 8, 4096, torch.bfloat16, dev)
-        x2, r2, w2 = _inputs(701, rank, 100, 2048, torch.bfloat16, dev)
-        o1, o2 = torch.empty_like(x1), torch.empty_like(x2)
-        n_calls = 1000 if quick else 20000
-        for it in range(n_calls):
-            allreduce_rmsnorm(ws, x1, r1, w1, EPS, out=o1, backend=B.LAMPORT, max_sms=1 + it % 8)
-            allreduce_rmsnorm(ws, x2, r2, w2, EPS, out=o2, backend=B.LAMPORT, max_sms=1 + it % 64)
-            if it % 7 == 0:
-                allreduce_rmsnorm(ws, x1, r1, w1, EPS, out=o1, backend=B.ONESHOT, max_sms=4)
-        torch.cuda.synchronize()
-        _check_consistent(_check_variant(ws, B.LAMPORT, 100, 2048, torch.bfloat16, 800, 16))
-        if rank == 0:
-            print(f"[tw-comm gpu] lamport world={world}: {n_calls * 2 + n_calls // 7} back-to-back calls passed")
-    finally:
-        ws.close()
-        dist.destroy_process_group()
+    seed = 1000
+    for i, (T, H) in enumerate([(1, 8192), (2, 64), (3, 4096), (7, 2048), (13, 8), (32, 8192), (64, 2048),
+                                (127, 1024), (128, 8192), (5, 16384)]):
+        dtype = torch.bfloat16 if i % 3 else torch.float16
+        for sms in (64, 3):
+            seed += 1
+            _check_consistent(_check_variant(ws, B.LAMPORT, T, H, dtype, seed, sms))
+        _check_variant(ws, B.ONESHOT if i % 2 else B.TWOSHOT, T, H, dtype, seed + 500, 8)
+    # negative zeros in the payload: canonicalized to +0 on the wire, the result is unchanged
+    x, r, w = _inputs(77, rank, 16, 4096, torch.bfloat16, dev)
+    x[:, ::3] = -0.0
+    (res_ref, out_ref), _ = _reference(x, r, w)
+    out = torch.full_like(x, float("nan"))
+    allreduce_rmsnorm(ws, x, r, w, EPS, out=out, backend=B.LAMPORT, max_sms=16)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out.float(), out_ref.float(), **TOL)
+    torch.testing.assert_close(r.float(), res_ref.float(), **TOL)
+    _check_graph(ws, rank, dev, 9, 8192, [(B.LAMPORT, 8)], 5, "lamport")
+    # back-to-back: Lamport calls of changing sizes and grids, some interleaved with the barrier one-shot
+    x1, r1, w1 = _inputs(700, rank, 8, 4096, torch.bfloat16, dev)
+    x2, r2, w2 = _inputs(701, rank, 100, 2048, torch.bfloat16, dev)
+    o1, o2 = torch.empty_like(x1), torch.empty_like(x2)
+    n_calls = 1000 if quick else 20000
+    for it in range(n_calls):
+        allreduce_rmsnorm(ws, x1, r1, w1, EPS, out=o1, backend=B.LAMPORT, max_sms=1 + it % 8)
+        allreduce_rmsnorm(ws, x2, r2, w2, EPS, out=o2, backend=B.LAMPORT, max_sms=1 + it % 64)
+        if it % 7 == 0:
+            allreduce_rmsnorm(ws, x1, r1, w1, EPS, out=o1, backend=B.ONESHOT, max_sms=4)
+    torch.cuda.synchronize()
+    _check_consistent(_check_variant(ws, B.LAMPORT, 100, 2048, torch.bfloat16, 800, 16))
+    if rank == 0:
+        print(f"[tw-comm gpu] lamport world={world}: {n_calls * 2 + n_calls // 7} back-to-back calls passed")
 
 
-def _pipe_worker(rank, world, init_file, quick):
+def _pipe_suite(ws, rank, world, dev, quick):
     """The pipelined two-shot (per-chunk flags) vs the fp32 reference with NaN-poisoned outputs: shapes with T not
     divisible by the world, several chunks per block (small chunk_bytes) and one, full and sharded residual, fp16
     and bf16, grids from 1 to 128 blocks (block indices unused for many calls keep stale flags), interleaved with
     the other variants (epochs advance under it; the Lamport one-shot where it fits, on grids larger than T), CUDA-graph
     replay with fresh inputs, back-to-back calls, and bit-identical results on every rank."""
-    sys.path[:0] = PATHS
     import dataclasses
 
-    import torch.distributed as dist
-    from sglang.srt.distributed.tw_comm import TwBackend, TwCommConfig, TwCommWorkspace, allreduce_rmsnorm
+    from sglang.srt.distributed.tw_comm import TwBackend as B
+    from sglang.srt.distributed.tw_comm import allreduce_rmsnorm
 
+    base_cfg = ws.config
+    seed = 3000
+    cases = [(1, 8192, 0), (3, 4096, 4096), (13, 8, 0), (77, 2048, 4096), (130, 8192, 16384), (257, 1024, 0),
+             (1000, 2048, 8192), (2049, 8192, 0), (4097, 1024, 2048), (8192, 4096, 0), (5, 16384, 0)]
+    if quick:
+        cases = cases[::2] + [cases[3]]
+    for i, (T, H, chunk) in enumerate(cases):
+        ws.config = dataclasses.replace(base_cfg, pipe_chunk_bytes=chunk)
+        dtype = torch.bfloat16 if i % 3 else torch.float16
+        for sms, sharded in ((128, False), (16, True), (3, False), (1 + i * 7 % 40, True)):
+            seed += 1
+            out = _check_variant(ws, B.PIPE, T, H, dtype, seed, sms, sharded)
+            if not sharded:
+                _check_consistent(out)
+        _check_variant(ws, B.TWOSHOT if i % 2 else B.ONESHOT, T, H, dtype, seed + 500, 8)
+        if T * H * 2 <= 2 << 20:  # the Lamport one-shot between pipe calls; its grid may exceed T (push spread)
+            for sms in (128, 2):
+                _check_consistent(_check_variant(ws, B.LAMPORT, T, H, dtype, seed + 700 + sms, sms))
+    ws.config = dataclasses.replace(base_cfg, pipe_chunk_bytes=4096)
+    _check_graph(ws, rank, dev, 301, 2048, [(B.PIPE, 16), (B.PIPE, 5)], 4, "pipe")  # residual accumulates twice
+    x1, r1, w1 = _inputs(700, rank, 77, 2048, torch.bfloat16, dev)
+    o1 = torch.empty_like(x1)
+    n_calls = 500 if quick else 5000
+    t0 = time.time()
+    for it in range(n_calls):
+        allreduce_rmsnorm(ws, x1, r1, w1, EPS, out=o1, backend=B.PIPE, max_sms=1 + it % 40,
+                          residual_sharded=bool(it % 2))
+        if it % 5 == 0:
+            allreduce_rmsnorm(ws, x1, r1, w1, EPS, out=o1, backend=B.TWOSHOT, max_sms=8)
+    torch.cuda.synchronize()
+    elapsed = time.time() - t0
+    _check_consistent(_check_variant(ws, B.PIPE, 77, 2048, torch.bfloat16, 900, 32))
+    if rank == 0:
+        print(f"[tw-comm gpu] pipe world={world}: {n_calls + n_calls // 5} back-to-back calls in {elapsed:.2f}s")
+
+
+# suite -> (body, workspace config): the workspace covers the suite's largest call
+SUITES = {
+    "main": (_main_suite, dict(max_bytes=16384 * 2048 * 2)),
+    "lamport": (_lamport_suite, dict(max_bytes=4096 * 2048 * 2)),
+    "pipe": (_pipe_suite, dict(max_bytes=8192 * 4096 * 2, use_calibrated=False)),
+}
+
+
+def _worker(rank, world, init_file, quick, suite):
+    """One rank (one GPU) of ``SUITES[suite]``: NCCL process group through ``init_file``, a tw-comm workspace, the
+    suite's body, then the workspace and the group closed whatever happened."""
+    sys.path[:0] = PATHS
+    import torch.distributed as dist
+    from sglang.srt.distributed.tw_comm import TwCommConfig, TwCommWorkspace
+
+    body, cfg = SUITES[suite]
     torch.cuda.set_device(rank)
     dev = torch.device("cuda", rank)
     dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world, device_id=dev)
-    ws = TwCommWorkspace(None, dev, TwCommConfig(max_bytes=8192 * 4096 * 2, use_calibrated=False))
-    B = TwBackend
-    base_cfg = ws.config
+    ws = TwCommWorkspace(None, dev, TwCommConfig(**cfg))
     try:
-        seed = 3000
-        cases = [(1, 8192, 0), (3, 4096, 4096), (13, 8, 0), (77, 2048, 4096), (130, 8192, 16384), (257, 1024, 0),
-                 (1000, 2048, 8192), (2049, 8192, 0), (4097, 1024, 2048), (8192, 4096, 0), (5, 16384, 0)]
-        if quick:
-            cases = cases[::2] + [cases[3]]
-        for i, (T, H, chunk) in enumerate(cases):
-            ws.config = dataclasses.replace(base_cfg, pipe_chunk_bytes=chunk)
-            dtype = torch.bfloat16 if i % 3 else torch.float16
-            for sms, sharded in ((128, False), (16, True), (3, False), (1 + i * 7 % 40, True)):
-                seed += 1
-                out = _check_variant(ws, B.PIPE, T, H, dtype, seed, sms, sharded)
-                if not sharded:
-                    _check_consistent(out)
-            _check_variant(ws, B.TWOSHOT if i % 2 else B.ONESHOT, T, H, dtype, seed + 500, 8)
-            if T * H * 2 <= 2 << 20:  # the Lamport one-shot between pipe calls; its grid may exceed T (push spread)
-                for sms in (128, 2):
-                    _check_consistent(_check_variant(ws, B.LAMPORT, T, H, dtype, seed + 700 + sms, sms))
-        ws.config = dataclasses.replace(base_cfg, pipe_chunk_bytes=4096)
-        x, residual, w = _inputs(500, rank, 301, 2048, torch.bfloat16, dev)
-        r, out = residual.clone(), torch.empty_like(x)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            allreduce_rmsnorm(ws, x, r, w, EPS, out=out, backend=B.PIPE, max_sms=16)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            allreduce_rmsnorm(ws, x, r, w, EPS, out=out, backend=B.PIPE, max_sms=16)
-            allreduce_rmsnorm(ws, x, r, w, EPS, out=out, backend=B.PIPE, max_sms=5)
-        for rep in range(4):
-            nx, nres, _ = _inputs(600 + rep, rank, 301, 2048, torch.bfloat16, dev)
-            x.copy_(nx)
-            r.copy_(nres)
-            out.fill_(float("nan"))
-            (res1, _), _ = _reference(nx, nres, w)
-            (res_ref, out_ref), _ = _reference(nx, res1, w)  # two calls: the residual accumulates twice
-            g.replay()
-            torch.cuda.synchronize()
-            torch.testing.assert_close(out.float(), out_ref.float(), **TOL, msg=lambda m: f"pipe graph: {m}")
-            torch.testing.assert_close(r.float(), res_ref.float(), **TOL)
-        del g
-        x1, r1, w1 = _inputs(700, rank, 77, 2048, torch.bfloat16, dev)
-        o1 = torch.empty_like(x1)
-        n_calls = 500 if quick else 5000
-        t0 = time.time()
-        for it in range(n_calls):
-            allreduce_rmsnorm(ws, x1, r1, w1, EPS, out=o1, backend=B.PIPE, max_sms=1 + it % 40,
-                              residual_sharded=bool(it % 2))
-            if it % 5 == 0:
-                allreduce_rmsnorm(ws, x1, r1, w1, EPS, out=o1, backend=B.TWOSHOT, max_sms=8)
-        torch.cuda.synchronize()
-        elapsed = time.time() - t0
-        _check_consistent(_check_variant(ws, B.PIPE, 77, 2048, torch.bfloat16, 900, 32))
-        if rank == 0:
-            print(f"[tw-comm gpu] pipe world={world}: {n_calls + n_calls // 5} back-to-back calls in {elapsed:.2f}s")
+        body(ws, rank, world, dev, quick)
     finally:
         ws.close()
         dist.destroy_process_group()
 
 
-def _run(world, tmp_path, quick, timeout_s=150, worker=None):
+def _run(world, tmp_path, suite, timeout_s=150):
+    """Spawn ``world`` ranks of ``_worker(suite)``; skip without enough GPUs; fail (killing the ranks) past
+    ``timeout_s``."""
     import torch.multiprocessing as mp
 
     if torch.cuda.device_count() < world:
@@ -352,7 +330,8 @@ def _run(world, tmp_path, quick, timeout_s=150, worker=None):
     from sgl_kernel.tw_comm.build import build_library
 
     build_library()  # once, before the ranks start
-    ctx = mp.spawn(worker or _worker, args=(world, str(tmp_path / "store"), quick), nprocs=world, join=False)
+    quick = os.environ.get("TW_COMM_QUICK") == "1"
+    ctx = mp.spawn(_worker, args=(world, str(tmp_path / "store"), quick, suite), nprocs=world, join=False)
     deadline = time.time() + timeout_s
     while not ctx.join(timeout=5):
         if time.time() > deadline:
@@ -364,16 +343,16 @@ def _run(world, tmp_path, quick, timeout_s=150, worker=None):
 
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_tw_comm_gpu(world, tmp_path):
-    _run(world, tmp_path, quick=os.environ.get("TW_COMM_QUICK") == "1")
+    _run(world, tmp_path, "main")
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_tw_comm_lamport_gpu(world, tmp_path):
     """The Lamport one-shot alone (a hang here cannot hide the other variants' results)."""
-    _run(world, tmp_path, quick=os.environ.get("TW_COMM_QUICK") == "1", timeout_s=90, worker=_lamport_worker)
+    _run(world, tmp_path, "lamport", timeout_s=90)
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_tw_comm_pipe_gpu(world, tmp_path):
     """The pipelined two-shot alone (a hang here cannot hide the other variants' results)."""
-    _run(world, tmp_path, quick=os.environ.get("TW_COMM_QUICK") == "1", timeout_s=90, worker=_pipe_worker)
+    _run(world, tmp_path, "pipe", timeout_s=90)

@@ -9,7 +9,8 @@ import time
 from types import SimpleNamespace
 
 from sglang.srt.disaggregation import decode as dec
-from sglang.srt.disaggregation.decode import DecodeConnector, DecodeRoom, _timings
+from sglang.srt.disaggregation.decode import DecodeConnector
+from sglang.srt.disaggregation.decode_room import DecodeRoom, handoff_timings
 from sglang.srt.metrics.collector import MetricsCollector
 
 
@@ -98,13 +99,13 @@ def test_timings_separate_pure_transfer_from_scheduling_waits():
     r = DecodeRoom(5, None, ("h", 1), t_alloc=99.0, t_ready=100.0, t_post=100.002, t_done=100.003)
     ready = SimpleNamespace(push_time_s=0.5, prefill_queue_s=0.25)
     req = SimpleNamespace(arrival_time=98.0)
-    out = _timings(r, ready, req, pull=True, t=100.009)
+    out = handoff_timings(r, ready, req, pull=True, t=100.009)
     assert abs(out["transfer_time_s"] - 0.001) < 1e-9
     assert abs(out["transfer_setup_s"] - 0.002) < 1e-9
     assert abs(out["transfer_wait_s"] - 0.006) < 1e-9
     assert abs(out["handoff_s"] - 0.009) < 1e-9
     assert out["decode_queue_s"] == 1.0 and out["prefill_queue_s"] == 0.25
-    push = _timings(r, ready, req, pull=False, t=100.009)  # push: the prefill side's WRITE time, no READ phases
+    push = handoff_timings(r, ready, req, pull=False, t=100.009)  # push: the prefill side's WRITE time, no READ phases
     assert push["transfer_time_s"] == 0.5 and "transfer_setup_s" not in push
 
 

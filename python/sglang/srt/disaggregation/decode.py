@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Callable
 
 import msgspec
 
 from sglang.srt.disaggregation.agent import now
 from sglang.srt.disaggregation.bootstrap import fetch_route
 from sglang.srt.disaggregation.connector import BaseConnector, Decision, StartDecode, bootstrap_fields_error, reject
+from sglang.srt.disaggregation.decode_room import DecodeRoom, PrefillServer, resume_request, room_of
 from sglang.srt.disaggregation.messages import (
     BootstrapRoute,
     Heartbeat,
@@ -49,44 +49,6 @@ logger = logging.getLogger(__name__)
 ROUTE_RETRY_S = 0.5
 SPIN_SLEEP_S = 50e-6  # poll period of in-flight READs while the GPU runs a forward (see during_forward)
 SPIN_MAX_S = 0.1  # never spin longer than this per forward, whatever the probe says
-
-
-@dataclass
-class DecodeRoom:
-    """One request waiting for its KV on the decode side."""
-
-    room: int
-    req: Any
-    server: tuple[str, int]  # (bootstrap host, bootstrap port)
-    state: str = "connect"  # connect | wait_ready | transfer
-    created: float = field(default_factory=now)
-    ready: Optional[RoomReady] = None
-    row: Optional[int] = None
-    loc: Any = None  # allocated KV slots (int64 tensor) or None
-    keys: list = field(default_factory=list)  # this rank's TransferQueue requests: "<room>:<prefill rank>"
-    done_keys: set = field(default_factory=set)
-    reads: int = 0  # READs posted after coalescing (this rank; summed over ranks at activation)
-    ops: int = 0  # per-(layer, K/V, token) ops planned before coalescing
-    nbytes: int = 0
-    t_alloc: float = 0.0
-    t_ready: float = 0.0  # RoomReady taken (monotonic)
-    t_post: float = 0.0  # first READ posted (TransferQueue stamp)
-    t_done: float = 0.0  # last READ DONE as seen by the backend poll
-    queue_s: float = 0.0
-    fail_reason: str = ""
-    expiring: bool = False
-    stage: Optional[tuple[int, int]] = None  # staging chunk (offset, nbytes) and staged sources (staging.py)
-    staged: list = field(default_factory=list)
-
-@dataclass
-class PrefillServer:
-    """A prefill server this decode server talks to (learned lazily from its bootstrap server)."""
-
-    route: dict
-    endpoint: str
-    last_seen: float = field(default_factory=now)
-    last_ping: float = 0.0
-    forgetting: bool = False
 
 
 class DecodeConnector(BaseConnector):
@@ -195,7 +157,7 @@ class DecodeConnector(BaseConnector):
         """Post queued READs, poll them, send COMPLETEs and take ACKs (this rank's TransferQueue); record which
         of each room's per-prefill-rank requests are done or failed."""
         for ev in self.agent.queue.progress():
-            room = _room_of(ev.room)
+            room = room_of(ev.room)
             r = self.rooms.get(room) if room is not None else None
             if ev.kind in ("done", "failed"):
                 st = self.agent.queue.pop_stats(ev.room)
@@ -429,25 +391,7 @@ class DecodeConnector(BaseConnector):
         srv = self.servers.get(r.server)
         if srv is not None and self.transfer_mode == "push":  # pull: the prefill side releases on COMPLETE/ACK
             self.agent.send(srv.endpoint, RoomAck(r.room))
-        n = len(req.origin_input_ids)
-        req.req_pool_idx, req.kv_len = r.row, n
-        req.admitted_once = True
-        req.cached_tokens = ready.cached_tokens
-        req.output_ids.append(ready.first_token)
-        if req.return_logprob:
-            if ready.input_token_logprobs is not None:
-                req.input_token_logprobs = [tuple(x) for x in ready.input_token_logprobs]
-                req.input_top_logprobs = [[tuple(y) for y in x] for x in (ready.input_top_logprobs or [])]
-            req.sent_input_logprobs = True
-            if ready.output_logprob is not None:
-                req.output_token_logprobs.append(tuple(ready.output_logprob))
-                if req.top_logprobs_num:
-                    req.output_top_logprobs.append([tuple(x) for x in (ready.output_top_logprobs or [])])
-        req.disagg_info.update(_timings(r, ready, req, self.transfer_mode == "pull", time.monotonic()))
-        if self.transfer_mode == "pull":  # ops before coalescing and the time the reads waited in the queue
-            req.disagg_info.update(transfer_ops_planned=r.ops, transfer_queue_s=r.queue_s)
-        else:
-            req.disagg_info["push_layerwise"] = ready.push_layerwise
+        n = resume_request(r, self.transfer_mode == "pull")
         self.stats["rooms_done"] += 1
         self.stats["transfer_bytes"] += r.nbytes
         self.stats["transfer_reads"] += r.reads
@@ -474,30 +418,3 @@ class DecodeConnector(BaseConnector):
             req.req_pool_idx = None
         logger.warning("request %s (room %d) failed: %s", req.rid, r.room, reason)
         self.fail_request(req, reason, status_code)
-
-
-def _timings(r: DecodeRoom, ready: RoomReady, req, pull: bool, t: float) -> dict:
-    """``meta_info["disaggregation"]`` facts of an activated room (this rank's clock, seconds):
-    ``transfer_time_s`` pure transfer (pull: first READ posted -> last READ DONE as the backend reported it; push:
-    the prefill side's WRITE time); ``transfer_setup_s`` RoomReady taken -> first READ posted (allocation, waiting
-    for pool room, planning, coalescing); ``transfer_wait_s`` last READ DONE -> activation (waiting for the step
-    boundary and the ranks' agreement); ``handoff_s`` RoomReady taken -> activation (the whole decode-side hand-off
-    after the prefill side's KV was ready); plus the byte/READ counts and the queue times."""
-    t_ready = r.t_ready or t
-    post = r.t_post or t_ready
-    done = r.t_done or t
-    out = dict(transfer_bytes=r.nbytes, transfer_reads=r.reads,
-               transfer_time_s=max(done - post, 0.0) if pull else ready.push_time_s,
-               handoff_s=max(t - t_ready, 0.0), prefill_queue_s=ready.prefill_queue_s,
-               decode_queue_s=r.t_alloc - req.arrival_time)
-    if pull:
-        out.update(transfer_setup_s=max(post - t_ready, 0.0), transfer_wait_s=max(t - done, 0.0))
-    return out
-
-
-def _room_of(key: str) -> Optional[int]:
-    """The room of a TransferQueue request key ``"<room>:<prefill rank>"`` (None for a foreign key)."""
-    try:
-        return int(str(key).split(":", 1)[0])
-    except ValueError:
-        return None
