@@ -38,8 +38,8 @@ def _per_rank(tdist_l2: float, sp_l2: float, tdist_equal: int = 10) -> list:
     chk = {"tdist": {"rel_l2": tdist_l2, "max_abs_rel": tdist_l2, "greedy_equal": tdist_equal, "greedy_n": 10,
                      "flip_margin": None},
            "sp_nccl": {"rel_l2": sp_l2, "max_abs_rel": sp_l2, "greedy_equal": 10, "greedy_n": 10, "flip_margin": None},
-           "paths": []}
-    tm = {v: {"first": 1.0, "gpu": 1.0, "host": 1.0} for v in ("off", "tdist", "sp_nccl")}
+           "paths": [], "wall_ms": {v: 1.0 for v in ("off", "tdist", "sp_nccl")}}
+    tm = {v: {"gpu": 1.0, "host": 1.0} for v in ("off", "tdist", "sp_nccl")}
     return [{"8": {"check": [chk, chk], "time": tm}}]
 
 
