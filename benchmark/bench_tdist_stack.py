@@ -82,13 +82,12 @@ class Fp32ReduceOps(TorchSequenceParallelOps):
 
 
 def _build(ps, path: str, tokens: list, device: str):
-    """The rank's runner (built as a ``--enable-tdist-overlap`` worker) and its three executors by variant name.
+    """The rank's runner (built as a ``--enable-tdist-overlap`` worker) and its four executors by variant name.
     Raises RuntimeError if the runner did not get the sequence-parallel executor."""
     import torch
 
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.deployment.compose import worker_template
-    from sglang.srt.distributed.sequence_parallel import TorchSequenceParallelOps
     from sglang.srt.model_executor.executors import ExecutorContext, build_executor
     from sglang.srt.model_executor.executors.sequence_parallel import SequenceParallelExecutor
     from sglang.srt.model_executor.model_runner import ModelRunner
