@@ -2,7 +2,8 @@
 and CE producers), GEMM-RS and all-to-all once each on tiny shapes; with argument ``decomp`` only the decomposition
 (DecompAgGemm / DecompGemmRs in 2 and 3 pieces, uneven rows, 3 back-to-back calls each: copy-engine pushes into the
 peer's IPC-mapped heap, stream-op signals, cuBLAS, the fused addmm_ reduction); with ``a2a`` only the one-copy
-all-to-all (dispatch, combine, a refused over-capacity count). Ranks are processes on
+all-to-all (dispatch, combine, a refused over-capacity count); with ``all`` the three in one group (decomp, a2a,
+then the Triton kernels), each part's result printed as 'sanitizer part NAME rank R: ok' when it ends. Ranks are processes on
 ``cuda:(rank % device_count)`` (one per GPU when there are two). Prints 'sanitizer case: ok' or the problems, exits
 non-zero on failure."""
 
@@ -84,16 +85,18 @@ def small_decomp(heap, note, nccl):
     return fails
 
 
-def small_a2a(heap, note, nccl):
+def small_a2a(heap, note, nccl, prefix=""):
     """The one-copy all-to-all alone (dispatch + combine, 3 calls with new counts, a refused over-capacity count in
-    the last) vs the torch reference; returns failures."""
+    the last) vs the torch reference; returns failures. ``prefix``: of the ops' heap names (an all-to-all keeps its
+    epochs per op object, so two ops must not share a name on one heap)."""
     import torch
 
     from sgl_kernel.tdist.all_to_all import AllToAll
 
     w, me, dev = heap.world, heap.rank, heap.device
     g = lambda s, *sh: torch.randn(*sh, generator=torch.Generator().manual_seed(s)).to(torch.bfloat16).to(dev)  # noqa
-    op, back = AllToAll(heap, 4, 32, chunks=3), AllToAll(heap, 8, 32, name="a2a.back", chunks=2)
+    op = AllToAll(heap, 4, 32, name=f"{prefix}a2a", chunks=3)
+    back = AllToAll(heap, 8, 32, name=f"{prefix}a2a.back", chunks=2)
     fails = []
     for it, sc in enumerate(([[1, 3], [2, 0]], [[4, 4], [0, 3]], [[2, 5], [1, 1]])):
         sc = [row[:w] for row in sc[:w]]
@@ -113,6 +116,20 @@ def small_a2a(heap, note, nccl):
     return fails
 
 
+def small_all(heap, note, nccl):
+    """``decomp``, ``a2a`` and the Triton-kernel case (AG-GEMM SM / CE producers, GEMM-RS, all-to-all) in one group,
+    so one compute-sanitizer start covers all three; each part's failures reach the parent as it ends
+    (``note.result``), so a run cut by its time limit still shows the parts that finished."""
+    fails = []
+    parts = (("decomp", small_decomp), ("a2a", lambda *a: small_a2a(*a, prefix="p.")), ("kernels", small))
+    for name, body in parts:
+        note(f"part {name}")
+        part = [f"{name}: {f}" for f in body(heap, note, nccl)]
+        note.result(name, part)
+        fails += part
+    return fails
+
+
 if __name__ == "__main__":
     from sgl_kernel.tdist.layout import HeapConfig
     from sgl_kernel.tdist.spawn import run_ranks
@@ -121,10 +138,12 @@ if __name__ == "__main__":
 
     import tdist_sanitizer_case as me_mod
 
-    body = {"decomp": me_mod.small_decomp, "a2a": me_mod.small_a2a}.get((sys.argv[1:] or [""])[0], me_mod.small)
+    mode = (sys.argv[1:] or [""])[0]
+    body = {"decomp": me_mod.small_decomp, "a2a": me_mod.small_a2a, "all": me_mod.small_all}.get(mode, me_mod.small)
     res, problems = run_ranks(2, body, env=NVLS_OFF_ENV,
-                              heap_config=HeapConfig(data_bytes=8 << 20, signal_slots=256),
-                              timeout=600)
+                              heap_config=HeapConfig(data_bytes=8 << 20, signal_slots=1024 if mode == "all" else 256),
+                              timeout=600, on_result=lambda r, k, v: print(
+                                  f"sanitizer part {k} rank {r}: {'ok' if not v else v}", flush=True))
     bad = problems + [f"rank {r}: {f}" for r, x in enumerate(res) if x for f in x]
     print("sanitizer case:", "ok" if not bad else bad)
     sys.exit(1 if bad else 0)
