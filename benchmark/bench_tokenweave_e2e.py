@@ -182,11 +182,11 @@ def _kill_group(p: subprocess.Popen) -> None:
 
 def alternate(a, run=run_one) -> list[dict]:
     """Runs in the order off, on, off, on, ... (``--rounds`` pairs). A pair starts only while the budget left
-    exceeds 1.3x the longest pair so far (the first pair always starts, each run capped by the budget left)."""
+    exceeds 1.1x the longest pair so far (the first pair always starts, each run capped by the budget left)."""
     t0, runs, longest = time.monotonic(), [], 0.0
     for r in range(a.rounds):
         left = a.budget - (time.monotonic() - t0)
-        if r and left < 1.3 * longest:
+        if r and left < 1.1 * longest:
             print(f"[e2e] round {r + 1} skipped: {left:.0f}s left, a pair took {longest:.0f}s", flush=True)
             break
         p0 = time.monotonic()
