@@ -142,6 +142,7 @@ def run_one(a, side: str, timeout: float) -> dict:
             except subprocess.TimeoutExpired:
                 _kill_group(p)
                 rc = "timeout"
+            _reap_group(p.pid)
         wall = time.monotonic() - t0
         text = log.read_text(errors="replace")
         if rc == 0 and res.exists():
@@ -163,6 +164,18 @@ def _tokenweave_lines(log: str, most: int = 6) -> list[str]:
             if msg not in seen:
                 seen.append(msg)
     return seen[:most]
+
+
+def _reap_group(pgid: int) -> None:
+    """SIGKILL what is left of a finished child's process group (an engine subprocess that outlived its
+    parent would hold GPU memory the next run needs); a no-op when the group is gone."""
+    import signal
+
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+        time.sleep(1.0)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _kill_group(p: subprocess.Popen) -> None:
