@@ -6,7 +6,9 @@
 // the two NVLink phases move data with Hopper's bulk asynchronous copies (cp.async.bulk, the 1-D TMA form) instead
 // of per-thread 16-byte loads/stores:
 //   push   x rows of every peer's range: global (local x) -> shared ring -> global (peer staging), bulk store
-//   reduce own rows from local memory (generic 16-byte loads), residual add, RMSNorm (as twoshot.cu)
+//   reduce own rows from local memory, residual add, RMSNorm (as twoshot.cu); where two row slots fit in shared
+//          memory (world 2 up to H 16384, world 4 up to H 8192) the N contributions + residual of row j+1 arrive
+//          by bulk loads while row j is summed from shared memory, else generic 16-byte loads
 //   pull   every peer's normed (and, unless residual_sharded, residual) rows: global (peer output region) ->
 //          shared ring -> global (caller's out / residual)
 // Why: with 16 CTAs the per-thread copies of twoshot.cu are bound by bytes in flight per SM, not by instruction
@@ -28,7 +30,22 @@ namespace twcomm {
 
 constexpr int kBulkStages = 8;               // shared-memory ring depth (tiles)
 constexpr uint32_t kBulkTile = 16u * 1024u;  // bytes per tile (a multiple of 16; <= 2^20 - 1 for the tx count)
-constexpr size_t kBulkSmem = (size_t)kBulkStages * kBulkTile + kBulkStages * sizeof(uint64_t);
+constexpr size_t kBulkRing = (size_t)kBulkStages * kBulkTile;
+// The reduce prefetches whole rows (N - 1 staged rows, own x row, residual row) into two row slots of shared
+// memory when 2 x (N + 1) x H x 2 bytes fit under this bound (world 2 up to H 16384, world 4 up to H 8192); else
+// it loads with generic 16-byte loads.
+constexpr size_t kRowSlotsMax = 200u * 1024u;
+constexpr int kBulkBars = kBulkStages + 2;  // ring stages, then the two row slots
+
+__host__ __device__ __forceinline__ size_t row_slots_bytes(int world, int hidden) {
+  const size_t b = 2 * (size_t)(world + 1) * hidden * 2;
+  return b <= kRowSlotsMax ? b : 0;
+}
+
+__host__ __device__ __forceinline__ size_t bulk_smem_bytes(int world, int hidden) {
+  const size_t rows = row_slots_bytes(world, hidden);
+  return (rows > kBulkRing ? rows : kBulkRing) + kBulkBars * sizeof(uint64_t);
+}
 
 // One contiguous copy: `bytes` (multiple of 16, 16-byte aligned ends) from src to dst.
 struct BulkSeg {
@@ -124,6 +141,75 @@ __device__ uint32_t bulk_copy(const BulkSeg* segs, int nseg, char* ring, uint64_
   return g0 + (uint32_t)n;
 }
 
+// Issue the bulk loads of local row i (N contributions in rank order: peers' staged rows, own x at q == rank; then
+// the residual row) into row slot `dst`, completing on `bar`. One thread.
+template <int N>
+__device__ __forceinline__ void prefetch_row(const KParams& p, int slot, int stride, int i, char* dst,
+                                             uint64_t* bar) {
+  const uint32_t rb = (uint32_t)p.hidden * 2;
+  const size_t row = (size_t)(owned_start(p.tokens, N, p.rank) + i);
+  const char* in_mine = slot_base(p, p.rank, slot);
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(rb * (N + 1))
+               : "memory");
+  for (int q = 0; q < N; ++q) {
+    const char* src = q == p.rank ? static_cast<const char*>(p.x) + row * rb : in_mine + ((size_t)q * stride + i) * rb;
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+            smem_u32(dst + (size_t)q * rb)),
+        "l"(src), "r"(rb), "r"(smem_u32(bar))
+        : "memory");
+  }
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          smem_u32(dst + (size_t)N * rb)),
+      "l"(static_cast<const char*>(p.residual) + row * rb), "r"(rb), "r"(smem_u32(bar))
+      : "memory");
+}
+
+// Reduce own local rows [r0, r1) with the inputs of row j + 1 in flight (bulk loads into the other row slot)
+// while row j is summed from shared memory: the local HBM latency is paid once per block, not once per row.
+// Same arithmetic and outputs as bulk_reduce.
+template <typename T, int N, int VPT>
+__device__ __forceinline__ void bulk_reduce_prefetch(const KParams& p, int slot, int stride, int nv, int r0, int r1,
+                                                     const uint4 (&w)[VPT], char* smem, uint64_t* rbars) {
+  const size_t rslot = (size_t)(N + 1) * nv;  // uint4 per row slot
+  const int ms = owned_start(p.tokens, N, p.rank);
+  uint4* out_mine = reinterpret_cast<uint4*>(slot_base(p, p.rank, slot) + p.region_bytes);
+  uint4* const res_base = static_cast<uint4*>(p.residual);
+  const uint4* sm = reinterpret_cast<const uint4*>(smem);
+  if (threadIdx.x == 0) {
+    asm volatile("fence.proxy.async.global;" ::: "memory");  // peers' bulk stores, acquired by the barrier
+    for (int k = 0; k < 2 && r0 + k < r1; ++k)
+      prefetch_row<N>(p, slot, stride, r0 + k, smem + k * rslot * 16, rbars + k);
+  }
+  for (int i = r0; i < r1; ++i) {
+    const int j = i - r0, b = j & 1;
+    mbar_wait(rbars + b, (uint32_t)(j >> 1) & 1u);
+    const uint4* rowp = sm + b * rslot;
+    const size_t row = (size_t)(ms + i);
+    float acc[VPT][8];
+    uint4 rv[VPT];
+    zero_acc(acc);
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int jj = threadIdx.x + k * kThreads;
+      if (jj < nv) {
+        rv[k] = rowp[(size_t)N * nv + jj];
+#pragma unroll
+        for (int q = 0; q < N; ++q) add_vec<T>(acc[k], rowp[(size_t)q * nv + jj]);
+      }
+    }
+    // finish_row's block_sum holds a __syncthreads() after every thread's shared reads of this slot
+    finish_row<T, VPT, true>(acc, nv, rv, w, p.weight, res_base + row * nv, p.eps,
+                             static_cast<uint4*>(p.out) + row * nv, out_mine + (size_t)i * nv,
+                             p.residual_sharded ? nullptr : out_mine + ((size_t)stride + i) * nv);
+    if (threadIdx.x == 0 && i + 2 < r1) {
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // generic reads of the slot before its refill
+      prefetch_row<N>(p, slot, stride, i + 2, smem + b * rslot * 16, rbars + b);
+    }
+  }
+}
+
 // Reduce own local rows [r0, r1): peers' staged rows + own x in rank order, residual add, RMSNorm; writes the
 // caller's residual / out rows and the normed (and residual) copies peers pull. As twoshot.cu's reduce loop.
 template <typename T, int N, int VPT>
@@ -193,7 +279,8 @@ __device__ __forceinline__ int bulk_segs(const KParams& p, int slot, int stride,
 template <typename T, int N, int VPT>
 __global__ void __launch_bounds__(kThreads, 1) twoshot_bulk_kernel(KParams p) {
   extern __shared__ __align__(128) char bulk_smem[];
-  uint64_t* bars = reinterpret_cast<uint64_t*>(bulk_smem + (size_t)kBulkStages * kBulkTile);
+  const size_t rows_bytes = row_slots_bytes(N, p.hidden);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(bulk_smem + (rows_bytes > kBulkRing ? rows_bytes : kBulkRing));
   const uint32_t e = read_epoch(p.ctrl);
   const int slot = (int)(e & 1u);
   const int nv = p.hidden / 8;
@@ -203,7 +290,7 @@ __global__ void __launch_bounds__(kThreads, 1) twoshot_bulk_kernel(KParams p) {
   const bool leader = threadIdx.x == 0;
   uint32_t g = 0;
   if (leader) {
-    for (int s = 0; s < kBulkStages; ++s) mbar_init(bars + s);
+    for (int s = 0; s < kBulkBars; ++s) mbar_init(bars + s);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     BulkSeg segs[2 * (N - 1)];
     const int n = bulk_segs<N>(p, slot, stride, lo, hi, 0, segs);
@@ -213,10 +300,13 @@ __global__ void __launch_bounds__(kThreads, 1) twoshot_bulk_kernel(KParams p) {
   uint4 w[VPT];
   load_weight<VPT, true>(w, p.weight, nv);
   const int mc = owned_start(p.tokens, N, p.rank + 1) - owned_start(p.tokens, N, p.rank);
-  bulk_reduce<T, N, VPT>(p, slot, stride, nv, lo, min(hi, mc), w);
+  if (rows_bytes)
+    bulk_reduce_prefetch<T, N, VPT>(p, slot, stride, nv, lo, min(hi, mc), w, bulk_smem, bars + kBulkStages);
+  else
+    bulk_reduce<T, N, VPT>(p, slot, stride, nv, lo, min(hi, mc), w);
   block_barrier(p, 1, e);
   if (leader) {
-    asm volatile("fence.proxy.async.global;" ::: "memory");  // peers' generic stores -> our bulk loads
+    asm volatile("fence.proxy.async;" ::: "memory");  // peers' generic stores, our generic smem reads -> bulk
     BulkSeg segs[2 * (N - 1)];
     const int n = bulk_segs<N>(p, slot, stride, lo, hi, p.residual_sharded ? 1 : 2, segs);
     g = bulk_copy(segs, n, bulk_smem, bars, g);
@@ -228,10 +318,11 @@ template <typename T, int N, int VPT>
 static cudaError_t launch_bulk_one(const KParams& p, int grid, cudaStream_t s) {
   // Raising the dynamic shared-memory limit is per function and cheap; doing it on every launch keeps the code
   // free of global "initialized" state (and is legal during CUDA-graph capture).
+  const size_t smem = bulk_smem_bytes(N, p.hidden);
   cudaError_t err = cudaFuncSetAttribute(twoshot_bulk_kernel<T, N, VPT>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kBulkSmem);
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err != cudaSuccess) return err;
-  twoshot_bulk_kernel<T, N, VPT><<<grid, kThreads, kBulkSmem, s>>>(p);
+  twoshot_bulk_kernel<T, N, VPT><<<grid, kThreads, smem, s>>>(p);
   return cudaGetLastError();
 }
 
