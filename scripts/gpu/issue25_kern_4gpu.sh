@@ -55,8 +55,10 @@ done
 res="$out/issue25_kern.md"
 {
   echo "# issue 25: bulk-copy two-shot (p2p_twoshot_bulk) at few CTAs on $ngpu x $gpu ($(date -u +%Y-%m-%dT%H:%MZ))"
-  echo "- command: \`OUT=... bash scripts/gpu/issue25_kern_4gpu.sh $budget\`; commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'); NVLink multicast off in every process"
-  echo "- times: us per call, CUDA-graph replay (3 calls per graph, 2 warm-up replays), median of 5 replays timed by CUDA events, max over ranks; floor = 2(n-1)/n x bytes / 450 GB/s"
+  echo "- command: \`OUT=... bash scripts/gpu/issue25_kern_4gpu.sh $budget\`;" \
+    "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'); NVLink multicast off in every process"
+  echo "- times: us per call, CUDA-graph replay (3 calls per graph, 2 warm-up replays), median of 5 replays" \
+    "timed by CUDA events, max over ranks; floor = 2(n-1)/n x bytes / 450 GB/s"
   for w in "${worlds[@]}"; do
     echo; echo "## world $w correctness (fp32 torch reference, fresh random inputs)"
     grep -hE "passed|failed|skipped|Error|\[tw-comm gpu\]" "$out/test_w$w.log" 2>/dev/null | tail -6

@@ -8,8 +8,8 @@ Variants (TokenWeave, Gond et al. 2025, section 3.3, without NVLS): ONESHOT (P2P
 (ReduceScatter by peer stores -> residual + RMSNorm on own 1/N rows -> AllGather by peer loads), CE (copy-engine
 scatter/gather + reduce/norm kernel on max_sms SMs), LAMPORT (one-shot with the flag in the data), PIPE (the
 two-shot with per-chunk flags: push, reduce + norm and pull of different chunks overlap), BULK (the two-shot whose
-NVLink phases are Hopper bulk asynchronous copies through shared memory: few CTAs, many bytes in flight). The NVLS variant is not
-an op: it is gated (see nvls_gate).
+NVLink phases are Hopper bulk asynchronous copies through shared memory: few CTAs, many bytes in flight).
+The NVLS variant is not an op: it is gated (see nvls_gate).
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ def tw_allreduce_rmsnorm(
     """residual += allreduce(x); out = rmsnorm(residual) * weight, across the workspace's ranks.
 
     x, residual, out: [T, H] bf16/fp16 CUDA, contiguous; weight [H]. variant: ONESHOT / TWOSHOT / CE / LAMPORT /
-    PIPE / BULK (sm_90+). residual_sharded (TWOSHOT/PIPE/BULK/CE): update only this rank's token range of residual. chunk_bytes (PIPE):
-    bytes of one peer's rows per pipeline chunk, 0 = the library default (32 KiB). Raises ValueError on a bad
+    PIPE / BULK (sm_90+). residual_sharded (TWOSHOT/PIPE/BULK/CE): update only this rank's token range of
+    residual. chunk_bytes (PIPE): bytes of one peer's rows per pipeline chunk, 0 = the library default (32 KiB). Raises ValueError on a bad
     argument (checked in C), TwCommError on a CUDA failure.
     """
     launch_allreduce_rmsnorm(handle, x, residual, weight, out, eps, variant, max_sms, residual_sharded, chunk_bytes)
