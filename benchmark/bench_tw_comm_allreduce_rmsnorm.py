@@ -10,7 +10,11 @@ time is the median over replays, max over ranks. Methods:
   flashinfer    trtllm_allreduce_fusion (only if flashinfer imports; not installed on our hosts)
   oneshot / twoshot / twoshot_sharded / twoshot_pipe / twoshot_pipe_sharded / ce  tw-comm variants at their
                 default SM bounds (twoshot_pipe: the pipelined two-shot with per-chunk flags)
+  twoshot_bulk / twoshot_bulk_sharded  the two-shot whose NVLink phases are cp.async.bulk copies (few CTAs)
   lamport       (--lamport) the flag-in-data one-shot, where world*T*H*2 fits its buffer (world x 2 MiB)
+  --variants    time only these of the methods above (comma list; default all)
+  --ctas        CTA sweep: each --cta-variants method at each CTA count ("all" = the GPU's SM count), every T,
+                reported as one row per (world, T, method) with the floor, NCCL + norm and the best / floor
   SM sweep      twoshot, twoshot_pipe, twoshot_pipe_sharded (and ce unless --no-ce) at --sweep-sms SMs, and
                 twoshot_pipe_sharded with each --chunk-sweep chunk size (T >= --sweep-min-tokens)
   --calibrate   also times every candidate (variant, SMs) the communicator may pick, for plain calls and for
@@ -189,16 +193,21 @@ def _measure_tw(ws, args, row, measure, tw) -> None:
     world, T, H = row["world"], row["T"], args.hidden
     oneshot_fits = world * T * H * 2 <= ws.capacity_bytes
     lamport_fits = T * H * 2 <= 2 << 20
-    if oneshot_fits:
-        row["oneshot"] = measure(tw(TwBackend.ONESHOT, ws.config.oneshot_sms))
-    if args.lamport and lamport_fits:
-        row["lamport"] = measure(tw(TwBackend.LAMPORT, ws.config.oneshot_sms))
-    row["twoshot"] = measure(tw(TwBackend.TWOSHOT, ws.config.twoshot_sms))
-    row["twoshot_sharded"] = measure(tw(TwBackend.TWOSHOT, ws.config.twoshot_sms, True))
-    row["twoshot_pipe"] = measure(tw(TwBackend.PIPE, ws.config.twoshot_sms))
-    row["twoshot_pipe_sharded"] = measure(tw(TwBackend.PIPE, ws.config.twoshot_sms, True))
-    if not args.no_ce:
-        row["ce"] = measure(tw(TwBackend.CE, ws.config.ce_sms))
+    wanted = set(args.variants.split(",")) if args.variants else set(TW_METHODS)
+    fits = {"oneshot": oneshot_fits, "lamport": args.lamport and lamport_fits, "ce": not args.no_ce}
+    c = ws.config
+    default_sms = {"oneshot": c.oneshot_sms, "lamport": c.oneshot_sms, "ce": c.ce_sms}
+    for m in TW_METHODS:
+        if m in wanted and fits.get(m, True):
+            backend, sharded = method_spec(m)
+            row[m] = measure(tw(backend, default_sms.get(m, c.twoshot_sms), sharded))
+    for m in (args.cta_variants.split(",") if args.ctas else []):
+        backend, sharded = method_spec(m)
+        if m == "oneshot" and not oneshot_fits:
+            continue
+        for n in args.ctas.split(","):
+            sms = torch.cuda.get_device_properties(ws.device).multi_processor_count if n == "all" else int(n)
+            row[f"cta:{m}@{n}"] = measure(tw(backend, sms, sharded))
     row["auto"] = ws.select(T, H).value
     if T >= args.sweep_min_tokens:
         for sms in [int(v) for v in args.sweep_sms.split(",")]:
@@ -216,13 +225,53 @@ def _measure_tw(ws, args, row, measure, tw) -> None:
     if args.calibrate:  # the same (variant, SMs) timed above is reused, not timed twice
         c = ws.config
         same = {("p2p_twoshot", c.twoshot_sms): "twoshot", ("p2p_twoshot_pipe", c.twoshot_sms): "twoshot_pipe",
+                ("p2p_twoshot_bulk", c.twoshot_sms): "twoshot_bulk",
                 ("p2p_oneshot", c.oneshot_sms): "oneshot", ("p2p_lamport", c.oneshot_sms): "lamport"}
         for kind, backend, sms in _candidates(args, oneshot_fits, lamport_fits):
             name = same.get((backend.value, sms)) or f"{backend.value[4:]}@{sms}"
             row[f"{kind}:{backend.value}@{sms}"] = row[name] if name in row else measure(tw(backend, sms))
 
 
-TW_METHODS = ("oneshot", "lamport", "twoshot", "twoshot_sharded", "twoshot_pipe", "twoshot_pipe_sharded", "ce")
+TW_METHODS = ("oneshot", "lamport", "twoshot", "twoshot_sharded", "twoshot_pipe", "twoshot_pipe_sharded",
+              "twoshot_bulk", "twoshot_bulk_sharded", "ce")
+
+
+def method_spec(method: str):
+    """(TwBackend, residual_sharded) of a method name of TW_METHODS; ValueError naming the choices otherwise."""
+    from sglang.srt.distributed.tw_comm import TwBackend as B
+
+    spec = {"oneshot": (B.ONESHOT, False), "lamport": (B.LAMPORT, False), "twoshot": (B.TWOSHOT, False),
+            "twoshot_sharded": (B.TWOSHOT, True), "twoshot_pipe": (B.PIPE, False),
+            "twoshot_pipe_sharded": (B.PIPE, True), "twoshot_bulk": (B.BULK, False),
+            "twoshot_bulk_sharded": (B.BULK, True), "ce": (B.CE, False)}
+    if method not in spec:
+        raise ValueError(f"method {method!r} is not one of {', '.join(TW_METHODS)}")
+    return spec[method]
+
+
+def render_ctas(rows) -> list:
+    """Markdown lines of the --ctas sweep: one row per (world, T, method), one column per CTA count."""
+    keys = [k for r in rows for k in r if k.startswith("cta:")]
+    if not keys:
+        return []
+    ctas = list(dict.fromkeys(k.split("@")[1] for k in keys))
+    methods = list(dict.fromkeys(k[4:].split("@")[0] for k in keys))
+    lines = ["", "CTA sweep (us per call; floor = line rate; best/floor and @16 vs NCCL: NCCL + fused norm / @16):",
+             "", "| world | T | floor | NCCL + norm | nccl_symm | method | " + " | ".join(f"@{n}" for n in ctas)
+             + " | best/floor | NCCL / @16 |", "|---|---|---|---|---|---|" + "---|" * len(ctas) + "---|---|"]
+    fmt = lambda v: f"{v:.1f}" if isinstance(v, float) else "n/a"  # noqa: E731
+    for r in rows:
+        for m in methods:
+            vals = [r.get(f"cta:{m}@{n}") for n in ctas]
+            if not any(isinstance(v, float) for v in vals):
+                continue
+            best = min(v for v in vals if isinstance(v, float))
+            at16 = r.get(f"cta:{m}@16")
+            lines.append(f"| {r['world']} | {r['T']} | {r['floor_us']:.1f} | {fmt(r['baseline'])} | "
+                         f"{fmt(r.get('nccl_symm'))} | {m} | " + " | ".join(fmt(v) for v in vals)
+                         + f" | {best / r['floor_us']:.2f}x | "
+                         + (f"{r['baseline'] / at16:.2f}x" if at16 else "n/a") + " |")
+    return lines
 
 
 def _candidates(args, oneshot_fits: bool, lamport_fits: bool):
@@ -230,12 +279,12 @@ def _candidates(args, oneshot_fits: bool, lamport_fits: bool):
     --overlap-sms SMs (full residual for all, so every candidate computes the same thing)."""
     from sglang.srt.distributed.tw_comm import TwBackend as B
 
-    plain = [(B.TWOSHOT, 128), (B.PIPE, 64), (B.PIPE, 128)]
+    plain = [(B.TWOSHOT, 128), (B.PIPE, 64), (B.PIPE, 128), (B.BULK, 32), (B.BULK, 128)]
     if oneshot_fits:
         plain += [(B.ONESHOT, 64), (B.ONESHOT, 128)]
     if lamport_fits:
         plain += [(B.LAMPORT, 64), (B.LAMPORT, 128)]
-    ovl = [(B.TWOSHOT, args.overlap_sms), (B.PIPE, args.overlap_sms)]
+    ovl = [(B.TWOSHOT, args.overlap_sms), (B.PIPE, args.overlap_sms), (B.BULK, args.overlap_sms)]
     if oneshot_fits:
         ovl.append((B.ONESHOT, args.overlap_sms))
     return [("cal", b, n) for b, n in plain] + [("ovl", b, n) for b, n in ovl]
@@ -272,7 +321,7 @@ def render_calibration(rows, tables) -> list:
             continue
         plain, overlap = tables[r["world"]]
         cx = Crossovers(plain=plain, overlap=overlap)
-        cand = {k: v for k, v in r.items() if ":" in k}
+        cand = {k: v for k, v in r.items() if k.startswith(("cal:", "ovl:"))}
         best = {kind: min((k for k in cand if k.startswith(kind)), key=cand.get, default=None)
                 for kind in ("cal", "ovl")}
         fmt = lambda k: f"{k.split(':')[1]} {cand[k]:.1f}" if k else "n/a"  # noqa: E731
@@ -298,6 +347,8 @@ def render(rows, notes, command, hardware, tables=None) -> str:
     fmt = lambda v: f"{v:.1f}" if isinstance(v, float) else "n/a"  # noqa: E731
     for r in rows:
         tw = {m: r[m] for m in TW_METHODS if m in r}
+        if not tw:
+            continue
         best_m = min(tw, key=tw.get)
         best = tw[best_m]
         lines.append(
@@ -308,6 +359,7 @@ def render(rows, notes, command, hardware, tables=None) -> str:
             + (f"{r['torch_symm'] / best:.2f}x" if r.get("torch_symm") else "n/a")
             + f" | {best / r['floor_us']:.2f}x | {r['auto']} |"
         )
+    lines += render_ctas(rows)
     sweep_cols = sorted({k for r in rows for k in r if "@" in k and ":" not in k},
                         key=lambda k: (k.split("@")[0], int(k.split("@")[1])))
     if sweep_cols:
@@ -342,11 +394,21 @@ def main() -> None:
     p.add_argument("--chunk-sweep", default="16384,65536",
                    help="pipe chunk bytes to also time (sharded, at --overlap-sms and the two-shot SMs; '' = none)")
     p.add_argument("--no-ce", action="store_true", help="skip the copy-engine variant (slow to time)")
+    p.add_argument("--variants", default="", help="time only these methods (comma list of " + ",".join(TW_METHODS)
+                   + "; default all)")
+    p.add_argument("--ctas", default="", help="CTA sweep counts, e.g. 8,16,24,32,all ('' = none)")
+    p.add_argument("--cta-variants", default="twoshot_sharded,twoshot_pipe_sharded,twoshot_bulk,twoshot_bulk_sharded",
+                   help="methods of the --ctas sweep (comma list)")
     p.add_argument("--calibrate", action="store_true", help="time the auto candidates and write --table")
     p.add_argument("--overlap-sms", type=int, default=16, help="SM budget of the overlapped candidates")
     p.add_argument("--table", default=None,
                    help="crossover table to merge into (default: <out>/tw_comm_crossovers.json)")
     args = p.parse_args()
+    for m in [v for v in (args.variants + "," + args.cta_variants).split(",") if v]:
+        method_spec(m)  # ValueError naming the choices
+    for n in [v for v in args.ctas.split(",") if v]:
+        if n != "all" and not (n.isdigit() and 1 <= int(n) <= 256):
+            p.error(f"--ctas entry {n!r} must be an integer in [1, 256] or 'all'")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     import torch.multiprocessing as mp
     from sgl_kernel.tw_comm.build import build_library

@@ -293,11 +293,76 @@ def _pipe_suite(ws, rank, world, dev, quick):
         print(f"[tw-comm gpu] pipe world={world}: {n_calls + n_calls // 5} back-to-back calls in {elapsed:.2f}s")
 
 
+def _bulk_suite(ws, rank, world, dev, quick):
+    """The bulk-copy two-shot (cp.async.bulk push / pull through a shared ring) vs the fp32 reference with
+    NaN-poisoned outputs on fresh random inputs: hidden 8192 bf16 at T = 1, 128, 1024, 8192 on 8/16/24/32/132 CTAs,
+    full and sharded residual; odd shapes (T not divisible by the world, rows of 16 bytes, rows larger than one
+    16 KiB ring tile, fp16); interleaved with the two-shot and the pipelined two-shot (epochs and flags shared);
+    CUDA-graph replay with fresh inputs; back-to-back calls; bit-identical results on every rank."""
+    from sglang.srt.distributed.tw_comm import TwBackend as B
+    from sglang.srt.distributed.tw_comm import allreduce_rmsnorm
+
+    seed = 5000
+    for T in (1, 128, 1024, 8192):
+        grids = ((8, True), (16, False), (24, True), (32, False), (132, True))
+        for sms, sharded in grids if T < 8192 else grids[1::2]:
+            seed += 1
+            out = _check_variant(ws, B.BULK, T, 8192, torch.bfloat16, seed, sms, sharded)
+            if not sharded:
+                _check_consistent(out)
+    for i, (T, H) in enumerate(((3, 8), (77, 2048), (257, 1024), (1000, 16384), (4097, 1024), (5, 16384))):
+        dtype = torch.float16 if i % 2 else torch.bfloat16
+        for sms, sharded in ((1, False), (16, True), (7 + i, False)):
+            seed += 1
+            out = _check_variant(ws, B.BULK, T, H, dtype, seed, sms, sharded)
+            if not sharded:
+                _check_consistent(out)
+        _check_variant(ws, B.TWOSHOT if i % 2 else B.PIPE, T, H, dtype, seed + 500, 16)
+    x, residual, w = _inputs(800, rank, 1030, 8192, torch.bfloat16, dev)
+    r, out = residual.clone(), torch.empty_like(x)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        allreduce_rmsnorm(ws, x, r, w, EPS, out=out, backend=B.BULK, max_sms=16)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        allreduce_rmsnorm(ws, x, r, w, EPS, out=out, backend=B.BULK, max_sms=16)
+        allreduce_rmsnorm(ws, x, r, w, EPS, out=out, backend=B.BULK, max_sms=24)
+    for rep in range(3):
+        nx, nres, _ = _inputs(900 + rep, rank, 1030, 8192, torch.bfloat16, dev)
+        x.copy_(nx)
+        r.copy_(nres)
+        out.fill_(float("nan"))
+        (res1, _), _ = _reference(nx, nres, w)
+        (res_ref, out_ref), _ = _reference(nx, res1, w)  # two calls: the residual accumulates twice
+        g.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out.float(), out_ref.float(), **TOL, msg=lambda m: f"bulk graph: {m}")
+        torch.testing.assert_close(r.float(), res_ref.float(), **TOL)
+    del g
+    x1, r1, w1 = _inputs(950, rank, 513, 4096, torch.bfloat16, dev)
+    o1 = torch.empty_like(x1)
+    n_calls = 300 if quick else 3000
+    t0 = time.time()
+    for it in range(n_calls):
+        allreduce_rmsnorm(ws, x1, r1, w1, EPS, out=o1, backend=B.BULK, max_sms=1 + it % 40,
+                          residual_sharded=bool(it % 2))
+        if it % 5 == 0:
+            allreduce_rmsnorm(ws, x1, r1, w1, EPS, out=o1, backend=B.PIPE if it % 2 else B.TWOSHOT, max_sms=8)
+    torch.cuda.synchronize()
+    elapsed = time.time() - t0
+    _check_consistent(_check_variant(ws, B.BULK, 513, 4096, torch.bfloat16, 990, 16))
+    if rank == 0:
+        print(f"[tw-comm gpu] bulk world={world}: {n_calls + n_calls // 5} back-to-back calls in {elapsed:.2f}s")
+
+
 # suite -> (body, workspace config): the workspace covers the suite's largest call
 SUITES = {
     "main": (_main_suite, dict(max_bytes=16384 * 2048 * 2)),
     "lamport": (_lamport_suite, dict(max_bytes=4096 * 2048 * 2)),
     "pipe": (_pipe_suite, dict(max_bytes=8192 * 4096 * 2, use_calibrated=False)),
+    "bulk": (_bulk_suite, dict(max_bytes=8192 * 8192 * 2, use_calibrated=False)),
 }
 
 
@@ -356,3 +421,9 @@ def test_tw_comm_lamport_gpu(world, tmp_path):
 def test_tw_comm_pipe_gpu(world, tmp_path):
     """The pipelined two-shot alone (a hang here cannot hide the other variants' results)."""
     _run(world, tmp_path, "pipe", timeout_s=90)
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_tw_comm_bulk_gpu(world, tmp_path):
+    """The bulk-copy two-shot alone (a hang here cannot hide the other variants' results)."""
+    _run(world, tmp_path, "bulk", timeout_s=90)

@@ -34,6 +34,22 @@ def test_report_has_nccl_symm_column_and_ratio():
     assert "nccl_symm unavailable" in text and "| nccl_symm |" in text
 
 
+def test_cta_sweep_table_and_method_names():
+    """--ctas rows: one line per (world, T, method) with every CTA count, best / floor and NCCL / @16; unknown
+    method names raise ValueError naming the choices."""
+    import pytest
+
+    b = _load("bench_tw_comm_allreduce_rmsnorm")
+    row = {"world": 4, "T": 1024, "floor_us": 50.0, "baseline": 140.0, "twoshot_bulk": 90.0, "auto": "p2p_twoshot",
+           "cta:twoshot_bulk@8": 120.0, "cta:twoshot_bulk@16": 70.0, "cta:twoshot_bulk@all": 60.0}
+    text = b.render([row], [], "cmd", "hw")
+    line = [x for x in text.splitlines() if "| twoshot_bulk | 120.0 |" in x]
+    assert line and line[0].endswith("| 120.0 | 70.0 | 60.0 | 1.20x | 2.00x |")
+    assert b.method_spec("twoshot_bulk_sharded")[1] is True
+    with pytest.raises(ValueError, match="twoshot_bulk"):
+        b.method_spec("bulk")
+
+
 def test_nccl_window_records_why_on_gloo(tmp_path):
     import torch.distributed as dist
 

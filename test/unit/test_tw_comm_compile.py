@@ -54,3 +54,22 @@ def test_every_source_compiles_for_sm90a(tmp_path):
     assert "multimem.ld_reduce.relaxed.sys.global.add.v4.bf16x2" in text
     assert "multimem.ld_reduce.relaxed.sys.global.add.v4.f16x2" in text
     assert "multimem.st.relaxed.sys.global.v4.f32" in text
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="nvcc not on PATH / CUDA_HOME: CUDA compile check skipped")
+def test_bulk_twoshot_ptx_uses_bulk_async_copies(tmp_path):
+    """p2p_twoshot_bulk moves its NVLink data with cp.async.bulk (global -> shared with an mbarrier, shared ->
+    global in bulk groups), not per-thread loads: the point of the variant (few CTAs, many bytes in flight)."""
+    cfg = BuildConfig(source_dir=TW, nvcc=find_nvcc())
+    ptx = tmp_path / "twoshot_bulk.ptx"
+    proc = subprocess.run(
+        [cfg.nvcc, "-std=c++17", f"-gencode={cfg.gencode}", f"-I{TW / 'include'}", "-ptx",
+         str(TW / "csrc" / "allreduce_rmsnorm" / "twoshot_bulk.cu"), "-o", str(ptx)],
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = ptx.read_text()
+    assert "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in text
+    assert "cp.async.bulk.global.shared::cta.bulk_group" in text
+    assert "cp.async.bulk.wait_group.read 1" in text and "mbarrier.try_wait.parity" in text
+    assert "multimem" not in text

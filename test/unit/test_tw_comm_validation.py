@@ -130,6 +130,25 @@ def test_backend_selection():
         TwCommConfig(twoshot_sms=0)
 
 
+def test_bulk_twoshot_replaces_two_shot_picks_only():
+    """bulk_twoshot sends fused two-shot / pipelined two-shot picks (rules or calibrated table) to the bulk-copy
+    kernel; small calls, plain AllReduce (no bulk form) and the NCCL fallback keep their backends."""
+    from sglang.srt.distributed.tw_comm_tuning import Crossovers
+
+    cap = staging_bytes(8192, 8192, 4)[0]
+    cfg = TwCommConfig(bulk_twoshot=True)
+    sel = lambda T, **kw: select_backend(T, 8192, 4, config=cfg, capacity_bytes=cap, **kw)  # noqa: E731
+    assert sel(1024) == TwBackend.BULK and sel(4096, overlap=True) == TwBackend.BULK
+    assert sel(1) == TwBackend.LAMPORT and sel(8, overlap=True) == TwBackend.ONESHOT
+    assert sel(1024, fused=False) == TwBackend.TWOSHOT and sel(8193) == TwBackend.NCCL
+    table = Crossovers(plain=((1 << 62, "p2p_twoshot_pipe", 64),), overlap=((1 << 62, "p2p_twoshot_bulk", 16),))
+    assert select_backend(1024, 8192, 4, config=TwCommConfig(crossovers=table), capacity_bytes=cap,
+                          overlap=True) == TwBackend.BULK
+    assert select_backend(1024, 8192, 4, config=TwCommConfig(crossovers=table, bulk_twoshot=True),
+                          capacity_bytes=cap) == TwBackend.BULK
+    assert select_backend(1024, 8192, 4, config=TwCommConfig(crossovers=table), capacity_bytes=cap) == TwBackend.PIPE
+
+
 def test_workspace_sized_from_largest_prefill():
     """TokenWeave's workspace holds the largest prefill chunk (no NCCL fallback inside the model), never less
     than tw-comm's 64 MiB default; overlapped calls default to the bounded overlap SM budget."""

@@ -73,6 +73,12 @@ int tw_twoshot_allreduce_rmsnorm(tw_workspace* ws, const void* x, void* residual
 int tw_twoshot_pipe_allreduce_rmsnorm(tw_workspace* ws, const void* x, void* residual, const void* weight,
                                       void* out, int tokens, int hidden, int dtype, float eps, int max_blocks,
                                       int residual_sharded, int chunk_bytes, void* stream);
+// (b'') bulk-copy P2P two-shot: same result and arguments as (b); the push and pull phases move data with Hopper
+// bulk asynchronous copies (cp.async.bulk through a shared-memory ring, one issuing thread per block), so few CTAs
+// (max_blocks 8-32) keep enough bytes in flight for NVLink line rate. Needs sm_90.
+int tw_twoshot_bulk_allreduce_rmsnorm(tw_workspace* ws, const void* x, void* residual, const void* weight,
+                                      void* out, int tokens, int hidden, int dtype, float eps, int max_blocks,
+                                      int residual_sharded, void* stream);
 // (c) copy-engine variant: scatter and gather by cudaMemcpyAsync peer copies on side streams (no SMs), and a
 // reduce+residual+RMSNorm kernel on `max_blocks` SMs (target <= 8).
 int tw_ce_allreduce_rmsnorm(tw_workspace* ws, const void* x, void* residual, const void* weight, void* out,

@@ -14,6 +14,9 @@ taking tensors + workspace. The backend is chosen per call by size, world size a
   AllGather by peer loads (line-rate traffic);
 * ``p2p_twoshot_pipe``  the two-shot with per-chunk flags: the push of one chunk, the reduce + norm of another and
   the pull of a third overlap (no whole-tensor barrier), chosen where the calibrated table says it wins;
+* ``p2p_twoshot_bulk``  the two-shot whose NVLink phases are Hopper bulk asynchronous copies (cp.async.bulk through
+  a shared-memory ring, one issuing thread per CTA): built for few CTAs (TokenWeave sec. 3-4 overlap); chosen where
+  the calibrated table says it wins, or for every two-shot call with ``TwCommConfig.bulk_twoshot``;
 * ``ce``           overlap mode, large inputs: copy engines move the data, the norm kernel uses <= ``ce_sms`` SMs;
 * ``nvls``         only where multicast is supported AND allowed (never on our hosts; tw-comm creates no
   multicast objects, so it is never selected by this workspace);
@@ -55,6 +58,7 @@ class TwBackend(str, enum.Enum):
     LAMPORT = "p2p_lamport"
     TWOSHOT = "p2p_twoshot"
     PIPE = "p2p_twoshot_pipe"
+    BULK = "p2p_twoshot_bulk"
     CE = "ce"
     NVLS = "nvls"
     NCCL = "nccl"
@@ -74,6 +78,8 @@ class TwCommConfig:
       residual sharded between layers; saves one AllGather). pipe_chunk_bytes: bytes of one peer's rows per
       chunk of p2p_twoshot_pipe (0: the library default, 32 KiB). crossovers: the calibrated table (empty: the
       built-in rules; filled by TwCommWorkspace from tw_comm_tuning.load_crossovers when use_calibrated).
+      bulk_twoshot: where the rules (or the table) pick p2p_twoshot / p2p_twoshot_pipe, use p2p_twoshot_bulk
+      instead (sm_90+ only; same result).
     """
 
     max_bytes: int = 64 << 20
@@ -92,6 +98,7 @@ class TwCommConfig:
     # auto-select p2p_lamport for fused non-overlapped calls that fit its buffer (False: one-shot as before)
     lamport_auto: bool = True
     pipe_chunk_bytes: int = 0
+    bulk_twoshot: bool = False
     use_calibrated: bool = True
     crossovers: Crossovers = Crossovers()
 
@@ -166,6 +173,15 @@ def select_backend(
         return TwBackend.TORCH
     if nvls_available:
         return TwBackend.NVLS
+    b = _select_p2p(tokens, hidden, world, config, overlap, p2p_available, capacity_bytes, elem, fused)
+    if config.bulk_twoshot and fused and b in (TwBackend.TWOSHOT, TwBackend.PIPE):
+        return TwBackend.BULK
+    return b
+
+
+def _select_p2p(tokens: int, hidden: int, world: int, config: TwCommConfig, overlap: bool, p2p_available: bool,
+                capacity_bytes: int, elem: int, fused: bool) -> TwBackend:
+    """select_backend's choice among the P2P kernels and the NCCL fallback (CUDA, world > 1, no NVLS)."""
     if not p2p_available:
         return TwBackend.NCCL
     two_need, one_need = staging_bytes(tokens, hidden, world, elem)
@@ -322,7 +338,8 @@ def _sms(ws: TwCommWorkspace, backend: TwBackend, max_sms: Optional[int], overla
             raise ValueError(f"max_sms={max_sms} must be in [1, 256]")
         return max_sms
     c = ws.config
-    if overlap and backend in (TwBackend.ONESHOT, TwBackend.TWOSHOT, TwBackend.LAMPORT, TwBackend.PIPE):
+    if overlap and backend in (TwBackend.ONESHOT, TwBackend.TWOSHOT, TwBackend.LAMPORT, TwBackend.PIPE,
+                               TwBackend.BULK):
         return c.overlap_sms
     if pick is not None and pick[1] == backend.value:
         return pick[2]
@@ -346,7 +363,7 @@ def allreduce_rmsnorm(
     """``residual += allreduce(x); out = rmsnorm(residual) * weight`` over ``ws.group`` (fp32 accumulation).
 
     x, residual: [T, H] bf16/fp16 on ``ws.device`` (H % 8 == 0, H <= 16384); weight: [H]. residual is updated
-    in place (only this rank's token range when residual_sharded and the backend is two-shot/pipe/CE); returns
+    in place (only this rank's token range when residual_sharded and the backend is two-shot/pipe/bulk/CE); returns
     ``out`` ([T, H], allocated if None). All ranks must call with the same shapes, backend and max_sms.
     ``overlap``: the call runs beside compute (TokenWeave); without ``max_sms`` it uses ``config.overlap_sms``.
     CUDA-graph capturable on the P2P/CE backends. Raises ValueError on bad arguments.
@@ -361,10 +378,10 @@ def allreduce_rmsnorm(
     sharded = ws.config.residual_sharded if residual_sharded is None else residual_sharded
     if tokens == 0:
         return out
-    if b in (TwBackend.ONESHOT, TwBackend.TWOSHOT, TwBackend.CE, TwBackend.LAMPORT, TwBackend.PIPE):
+    if b in (TwBackend.ONESHOT, TwBackend.TWOSHOT, TwBackend.CE, TwBackend.LAMPORT, TwBackend.PIPE, TwBackend.BULK):
         ops = _ops()
         variant = {TwBackend.ONESHOT: ops.ONESHOT, TwBackend.TWOSHOT: ops.TWOSHOT, TwBackend.CE: ops.CE,
-                   TwBackend.LAMPORT: ops.LAMPORT, TwBackend.PIPE: ops.PIPE}[b]
+                   TwBackend.LAMPORT: ops.LAMPORT, TwBackend.PIPE: ops.PIPE, TwBackend.BULK: ops.BULK}[b]
         pick = None if max_sms is not None else ws.config.crossovers.pick(tokens * hidden * x.element_size(), overlap)
         # eager: the launcher directly (no custom-op dispatch per call); under torch.compile: the registered op
         launch = (torch.ops.sgl_kernel.tw_allreduce_rmsnorm if torch.compiler.is_compiling()

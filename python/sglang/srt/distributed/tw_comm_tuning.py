@@ -26,7 +26,7 @@ from typing import Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
 DEFAULT_TABLE_PATH = Path(__file__).with_name("tw_comm_crossovers.json")
 # backends a table may name (TwBackend values of the kernels that need no fallback)
-TABLE_BACKENDS = ("p2p_oneshot", "p2p_lamport", "p2p_twoshot", "p2p_twoshot_pipe")
+TABLE_BACKENDS = ("p2p_oneshot", "p2p_lamport", "p2p_twoshot", "p2p_twoshot_pipe", "p2p_twoshot_bulk")
 UNBOUNDED = 1 << 62
 
 Entry = Tuple[int, str, int]  # (max_bytes, backend value, sms)

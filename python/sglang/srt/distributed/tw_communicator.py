@@ -46,6 +46,8 @@ class TwCommunicator(Communicator):
         comm_sms: SM budget of overlapped calls (None: the workspace's ``overlap_sms``).
         max_bytes: the largest ``[T, H]`` input in bytes the workspace stages (None: tw-comm's 64 MiB default);
             size it from the largest prefill (:func:`workspace_bytes`) so no call falls back to NCCL.
+        bulk_twoshot: run two-shot calls on tw-comm's bulk-copy kernel (``p2p_twoshot_bulk``, sm_90+; see
+            ``TwCommConfig.bulk_twoshot``); False keeps the built-in / calibrated choice.
     Raises:
         ValueError: ``comm_sms`` outside [1, 256] or ``max_bytes <= 0``.
     """
@@ -55,7 +57,8 @@ class TwCommunicator(Communicator):
     fuses_add_rmsnorm = True
     supports_out = True  # all_reduce_add_rmsnorm(..., out=) writes the normed rows into the caller's tensor
 
-    def __init__(self, ps: Any, comm_sms: Optional[int] = None, max_bytes: Optional[int] = None):
+    def __init__(self, ps: Any, comm_sms: Optional[int] = None, max_bytes: Optional[int] = None,
+                 bulk_twoshot: bool = False):
         world = 1 if ps is None else ps.tp_size
         super().__init__(0 if ps is None else ps.tp_rank, world)
         if comm_sms is not None and not 1 <= comm_sms <= 256:
@@ -67,7 +70,9 @@ class TwCommunicator(Communicator):
         if ps is not None and world > 1 and ps.device == "cuda":
             from sglang.srt.distributed.tw_comm import TwCommConfig, TwCommWorkspace
 
-            cfg = TwCommConfig() if max_bytes is None else TwCommConfig(max_bytes=max_bytes)
+            cfg = TwCommConfig(bulk_twoshot=bulk_twoshot)
+            if max_bytes is not None:
+                cfg = TwCommConfig(max_bytes=max_bytes, bulk_twoshot=bulk_twoshot)
             self.ws = TwCommWorkspace(ps.device_group, ps.torch_device(), cfg)
 
     @classmethod

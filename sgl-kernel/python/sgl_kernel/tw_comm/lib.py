@@ -30,6 +30,7 @@ _SIGNATURES = {
     "tw_lamport_allreduce_rmsnorm": ([_vp, _vp, _vp, _vp, _vp, _i, _i, _i, _f, _i, _vp], _i),
     "tw_twoshot_allreduce_rmsnorm": ([_vp, _vp, _vp, _vp, _vp, _i, _i, _i, _f, _i, _i, _vp], _i),
     "tw_twoshot_pipe_allreduce_rmsnorm": ([_vp, _vp, _vp, _vp, _vp, _i, _i, _i, _f, _i, _i, _i, _vp], _i),
+    "tw_twoshot_bulk_allreduce_rmsnorm": ([_vp, _vp, _vp, _vp, _vp, _i, _i, _i, _f, _i, _i, _vp], _i),
     "tw_ce_allreduce_rmsnorm": ([_vp, _vp, _vp, _vp, _vp, _i, _i, _i, _f, _i, _i, _vp], _i),
     "tw_allreduce": ([_vp, _vp, _vp, _i, _i, _i, _i, _i, _vp], _i),
     "tw_fused_add_rmsnorm": ([_vp, _vp, _vp, _vp, _i, _i, _i, _f, _i, _vp], _i),

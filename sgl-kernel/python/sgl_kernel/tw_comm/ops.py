@@ -7,8 +7,9 @@ kernels may use. ``handle`` is the opaque workspace handle owned by ``sglang.srt
 Variants (TokenWeave, Gond et al. 2025, section 3.3, without NVLS): ONESHOT (P2P push + one barrier), TWOSHOT
 (ReduceScatter by peer stores -> residual + RMSNorm on own 1/N rows -> AllGather by peer loads), CE (copy-engine
 scatter/gather + reduce/norm kernel on max_sms SMs), LAMPORT (one-shot with the flag in the data), PIPE (the
-two-shot with per-chunk flags: push, reduce + norm and pull of different chunks overlap). The NVLS variant is not
-an op: it is gated (see nvls_gate).
+two-shot with per-chunk flags: push, reduce + norm and pull of different chunks overlap), BULK (the two-shot whose
+NVLink phases are Hopper bulk asynchronous copies through shared memory: few CTAs, many bytes in flight).
+The NVLS variant is not an op: it is gated (see nvls_gate).
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ TWOSHOT = 1
 CE = 2
 LAMPORT = 3
 PIPE = 4
-VARIANT_NAMES = {ONESHOT: "oneshot", TWOSHOT: "twoshot", CE: "ce", LAMPORT: "lamport", PIPE: "twoshot_pipe"}
+BULK = 5
+VARIANT_NAMES = {ONESHOT: "oneshot", TWOSHOT: "twoshot", CE: "ce", LAMPORT: "lamport", PIPE: "twoshot_pipe",
+                 BULK: "twoshot_bulk"}
 
 
 def dtype_code(dtype: torch.dtype) -> int:
@@ -62,8 +65,8 @@ def tw_allreduce_rmsnorm(
     """residual += allreduce(x); out = rmsnorm(residual) * weight, across the workspace's ranks.
 
     x, residual, out: [T, H] bf16/fp16 CUDA, contiguous; weight [H]. variant: ONESHOT / TWOSHOT / CE / LAMPORT /
-    PIPE. residual_sharded (TWOSHOT/PIPE/CE): update only this rank's token range of residual. chunk_bytes (PIPE):
-    bytes of one peer's rows per pipeline chunk, 0 = the library default (32 KiB). Raises ValueError on a bad
+    PIPE / BULK (sm_90+). residual_sharded (TWOSHOT/PIPE/BULK/CE): update only this rank's token range of
+    residual. chunk_bytes (PIPE): bytes of one peer's rows per pipeline chunk, 0 = the library default (32 KiB). Raises ValueError on a bad
     argument (checked in C), TwCommError on a CUDA failure.
     """
     launch_allreduce_rmsnorm(handle, x, residual, weight, out, eps, variant, max_sms, residual_sharded, chunk_bytes)
@@ -89,8 +92,11 @@ def launch_allreduce_rmsnorm(handle: int, x: torch.Tensor, residual: torch.Tenso
         lib.call("tw_lamport_allreduce_rmsnorm", *args, _stream(x))
     elif variant == PIPE:
         lib.call("tw_twoshot_pipe_allreduce_rmsnorm", *args, int(residual_sharded), int(chunk_bytes), _stream(x))
+    elif variant == BULK:
+        lib.call("tw_twoshot_bulk_allreduce_rmsnorm", *args, int(residual_sharded), _stream(x))
     else:
-        raise ValueError(f"variant={variant} must be ONESHOT (0), TWOSHOT (1), CE (2), LAMPORT (3) or PIPE (4)")
+        raise ValueError(f"variant={variant} must be ONESHOT (0), TWOSHOT (1), CE (2), LAMPORT (3), PIPE (4) or "
+                         "BULK (5)")
 
 
 @tw_allreduce_rmsnorm.register_fake
