@@ -144,3 +144,23 @@ def test_peer_dies_mid_transfer_fails_closed(fresh, sig):
     finally:
         if sig == signal.SIGSTOP:
             os.kill(peer.proc.pid, signal.SIGCONT)
+
+
+def test_ucx_env_defaults_only_where_unset(monkeypatch):
+    """The nixl transport's UCX defaults fill only variables the user left unset, and nothing without a CUDA driver
+    (UCX would warn that a cuda_ipc variable is unused)."""
+    import ctypes.util
+
+    from sglang.srt.disaggregation.transfer import nixl_backend as nb
+
+    key = "UCX_CUDA_IPC_ENABLE_GET_ZCOPY"
+    assert nb.UCX_ENV_DEFAULTS[key] == "on"
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: "libcuda.so.1" if name == "cuda" else None)
+    env = {"UCX_TLS": "cuda_ipc,cuda_copy,tcp,self"}
+    assert nb.apply_ucx_env_defaults(env) == {key: "on"}
+    assert env == {"UCX_TLS": "cuda_ipc,cuda_copy,tcp,self", key: "on"}
+    user = {key: "auto"}
+    assert nb.apply_ucx_env_defaults(user) == {} and user == {key: "auto"}
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
+    empty: dict = {}
+    assert nb.apply_ucx_env_defaults(empty) == {} and empty == {}

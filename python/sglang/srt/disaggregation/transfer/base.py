@@ -117,6 +117,9 @@ class TransferConfig:
         port: port of the fake backend's listener (0: pick a free one).
         nixl_backends: NIXL plugins to instantiate (default UCX).
         nixl_num_threads: NIXL backend worker threads (0: the plugin's default).
+        nixl_ucx_defaults: before the first NIXL agent of the process creates its UCX context, set the UCX
+            environment defaults of :data:`~.nixl_backend.UCX_ENV_DEFAULTS` where the user did not set them
+            (False: leave UCX's and NIXL's own defaults).
     """
 
     transfer_timeout_s: float = 30.0
@@ -125,6 +128,7 @@ class TransferConfig:
     port: int = 0
     nixl_backends: tuple[str, ...] = ("UCX",)
     nixl_num_threads: int = 0
+    nixl_ucx_defaults: bool = True
 
     def __post_init__(self) -> None:
         if self.transfer_timeout_s <= 0 or self.connect_timeout_s <= 0:
