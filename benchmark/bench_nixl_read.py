@@ -56,18 +56,19 @@ UCX_OWN_DEFAULTS = {"UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "auto"}  # UCX's value of e
 def proto_lines(text: str) -> list[str]:
     """The ``UCX_PROTO_INFO`` tables UCX printed for RMA (``remote memory read by ucp_get*`` / ``write by
     ucp_put*``): each table's config line, title and rows (size range, protocol, transport), log prefixes
-    stripped, each distinct table once."""
+    stripped, each distinct table once, READ tables first, loopback (``self``) tables left out."""
     blocks, cur, prev = [], None, ""
     for raw in text.splitlines():
         ln = re.sub(r"^\[[^\]]*\]\s*\[[^\]]*\]\s*", "", raw).strip()
         if "cfg#" in ln:
             cur, prev = None, ln
-        elif "remote memory" in ln:
+        elif "remote memory" in ln and " self cfg#" not in prev:  # loopback tables are not the path measured
             cur = [prev, ln]
             blocks.append(cur)
         elif cur is not None and ln.startswith("|") and "Range" not in ln:
             cur.append(ln)
-    return [ln for b in dict.fromkeys(map(tuple, blocks)) for ln in b]
+    uniq = sorted(dict.fromkeys(map(tuple, blocks)), key=lambda b: "read" not in b[1])  # READ tables first
+    return [ln for b in uniq for ln in b]
 
 
 def pattern(nbytes: int, device: str):

@@ -12,6 +12,7 @@
 #   2. if time is left: bench_pd_serving.py pd only (1P1D, Llama-3.1-8B config, dummy bf16, random 1024/128,
 #      24 prompts at 8 req/s) under the best setting of step 1 (64 descriptors, "ours" path): transfer share of TTFT.
 # Summary: $OUT/issue24_nixl_bw.md. Usage (repo root): bash scripts/gpu/issue24_nixl_bw_2gpu.sh [budget_s=150]
+# CPU dry run of the same logic (host memory, 8 MiB, no floor, no serving row): ISSUE24_NIXL_BW_CPU=1 bash <this>
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"
 budget="${1:-150}"; start=$SECONDS
@@ -37,16 +38,17 @@ step() {  # step NAME TIMEOUT_S CMD...: foreground, log to $out/NAME.log
 
 # ---- 1. NIXL READ microbenchmark (no_ipc last: it may be slow) ----
 bw_t=$(( $(left) / 2 )); [ "$bw_t" -gt 80 ] && bw_t=80
-step bw "$bw_t" "$PY" benchmark/bench_nixl_read.py --mib 128 \
+dev=(--device cuda --mib 128); [ -n "${ISSUE24_NIXL_BW_CPU:-}" ] && dev=(--device cpu --mib 8)
+step bw "$bw_t" "$PY" benchmark/bench_nixl_read.py "${dev[@]}" \
   --descs 1 8 64 512 --iters 12 --warmup 2 --write --timeout 22 --out-dir "$out" \
   --settings ours default tls getzc_off sgl no_ipc
-grep -v "NIXL INFO" "$out/bw.log" | grep -E "^\| |^\[bench|Error|error" | head -40
+grep -E "^\[bench|Error" "$out/bw.log" | head -20
 
 # ---- 2. PD serving row under the best setting ----
 data=../shared/data
 best=$("$PY" benchmark/bench_nixl_read.py --best-env "$out/issue24_nixl_read.json" 2>/dev/null)
 echo "best setting env: ${best:-<transport defaults>}"
-t2=$(( $(left) - 6 ))
+t2=$(( $(left) - 6 )); [ -n "${ISSUE24_NIXL_BW_CPU:-}" ] && t2=0
 # shellcheck disable=SC2046
 step pd "$t2" env $best "$PY" benchmark/bench_pd_serving.py \
   --model-path $data/configs/meta-llama--Meta-Llama-3.1-8B --tokenizer-path $data/tokenizers/llama3 --device cuda \

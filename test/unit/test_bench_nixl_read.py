@@ -18,7 +18,10 @@ from sglang.srt.disaggregation.transfer.nixl_backend import UCX_ENV_DEFAULTS  # 
 
 pytestmark = pytest.mark.timeout(300)
 
-UCX_LOG = """[17.1] [h:1 :0]   +--------+
+UCX_LOG = """[17.0] [h:1 :0]   | bench-initiator self cfg#0 |
+[17.0] [h:1 :0]   | remote memory write by ucp_put* from host memory to host |
+[17.0] [h:1 :0]   | 0..inf | zero-copy | self/memory |
+[17.1] [h:1 :0]   +--------+
 [17.1] [h:1 :0]   | bench-initiator intra-node cfg#1                          |
 [17.1] [h:1 :0]   | remote memory read by ucp_get*(multi) into cuda/GPU1 from cuda/GPU0 |
 [17.1] [h:1 :0]   +--------+
