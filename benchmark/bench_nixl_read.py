@@ -40,15 +40,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "python")]
 
-# name -> (UCX/NIXL environment, apply our transport's UCX defaults)
-SETTINGS: dict[str, tuple[dict, bool]] = {
-    "default": ({}, False),  # NIXL's and UCX's own defaults
-    "ours": ({}, True),  # + nixl_backend.UCX_ENV_DEFAULTS (what serving uses)
-    "tls": ({"UCX_TLS": "cuda_ipc,cuda_copy,tcp,self"}, True),
-    "no_ipc": ({"UCX_TLS": "^cuda_ipc"}, True),  # what a host-staged / emulated path gives
-    "getzc_off": ({"UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "off"}, False),
-    "rails1": ({"UCX_MAX_RMA_RAILS": "1"}, True),
-    "sgl": ({"NIXL_UCX_SGL_ENABLE": "1"}, True),  # NIXL's SGL path (one batched copy; NIXL uses it for WRITEs)
+# name -> (UCX/NIXL environment, apply our transport's UCX defaults, --disaggregation-nixl-threads)
+SETTINGS: dict[str, tuple[dict, bool, int]] = {
+    "default": ({}, False, 0),  # NIXL's and UCX's own defaults
+    "ours": ({}, True, 0),  # + nixl_backend.UCX_ENV_DEFAULTS (what serving uses)
+    "tls": ({"UCX_TLS": "cuda_ipc,cuda_copy,tcp,self"}, True, 0),
+    "threads4": ({}, True, 4),  # the request's descriptors split over 4 UCX workers (own CUDA streams each)
+    "no_ipc": ({"UCX_TLS": "^cuda_ipc"}, True, 0),  # what a host-staged / emulated path gives
+    "getzc_off": ({"UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "off"}, False, 0),
+    "rails1": ({"UCX_MAX_RMA_RAILS": "1"}, True, 0),
+    "sgl": ({"NIXL_UCX_SGL_ENABLE": "1"}, True, 0),  # NIXL's SGL path (one batched copy; NIXL uses it for WRITEs)
 }
 UCX_OWN_DEFAULTS = {"UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "auto"}  # UCX's value of each nixl_backend.UCX_ENV_DEFAULTS key
 
@@ -91,11 +92,15 @@ def _wait_file(path: Path, timeout: float) -> bytes:
     return path.read_bytes()
 
 
-def _backend(name: str, defaults: bool):
+def _backend(name: str, setting: str):
+    from sglang.srt.disaggregation.agent import NIXL_SPLIT_BATCH
     from sglang.srt.disaggregation.transfer import TransferConfig
     from sglang.srt.disaggregation.transfer.nixl_backend import NixlTransferBackend
 
-    return NixlTransferBackend(name, TransferConfig(transfer_timeout_s=30.0, nixl_ucx_defaults=defaults))
+    _, defaults, threads = SETTINGS[setting]  # as the server builds it (disaggregation/agent.py)
+    return NixlTransferBackend(name, TransferConfig(transfer_timeout_s=30.0, nixl_ucx_defaults=defaults,
+                                                    nixl_num_threads=threads,
+                                                    nixl_split_batch_size=NIXL_SPLIT_BATCH if threads else 0))
 
 
 def run_target(args) -> None:
@@ -108,7 +113,7 @@ def run_target(args) -> None:
     if dev != "cpu":
         torch.cuda.set_device(0)
     src = pattern(args.mib << 20, dev)
-    agent = _backend("bench-target", SETTINGS[args.setting][1])
+    agent = _backend("bench-target", args.setting)
     agent.register([MemRegion(src.data_ptr(), src.numel(), dev)])
     rdv = Path(args.rdv)
     (rdv / "target.tmp").write_bytes(agent.local_metadata())
@@ -151,7 +156,7 @@ def run_initiator(args) -> None:
         torch.cuda.set_device(1)
     dst = torch.zeros(nbytes, dtype=torch.uint8, device=dev)
     want = pattern(nbytes, dev)
-    agent = _backend("bench-initiator", SETTINGS[args.setting][1])
+    agent = _backend("bench-initiator", args.setting)
     agent.register([MemRegion(dst.data_ptr(), nbytes, dev)])
     md = _wait_file(Path(args.rdv) / "target.md", args.timeout)
     agent.connect("bench-target", md)
@@ -283,14 +288,20 @@ def table(rows: list[dict], descs: list[int]) -> str:
     return "\n".join(lines + ([""] + errs if errs else []))
 
 
-def best_env(path: str, descs: int = 64) -> dict:
-    """Environment of the setting with the highest correct ``ours`` READ GB/s at ``descs`` descriptors in a
-    results JSON (``--out-dir``); the serving run uses it. ``{}`` when none is correct or it is ``ours``/default."""
+def best_setting(path: str, descs: int = 64) -> str:
+    """The setting with the highest correct ``ours`` READ GB/s at ``descs`` descriptors in a results JSON
+    (``--out-dir``); "" when none is correct."""
     rows = json.loads(Path(path).read_text())["rows"]
     ok = [r for r in rows if r["path"] == "ours" and r["descs"] == descs and r["correct"] and r["setting"] in SETTINGS]
-    if not ok:
+    return max(ok, key=lambda r: r["gbps"])["setting"] if ok else ""
+
+
+def best_env(path: str, descs: int = 64) -> dict:
+    """Environment a server needs to run like the best setting (:func:`best_setting`); ``{}`` for none."""
+    name = best_setting(path, descs)
+    if not name:
         return {}
-    env, defaults = SETTINGS[max(ok, key=lambda r: r["gbps"])["setting"]]
+    env, defaults, _ = SETTINGS[name]
     return dict(env) if defaults else {**UCX_OWN_DEFAULTS, **env}  # a variable set: the transport leaves it
 
 
@@ -309,6 +320,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per setting (both processes)")
     ap.add_argument("--out-dir", default="", help="write issue24_nixl_read.{md,json} here")
     ap.add_argument("--best-env", metavar="JSON", help="print K=V lines of the best setting in JSON and exit")
+    ap.add_argument("--best-flags", action="store_true", help="with --best-env: print the server flags instead")
     ap.add_argument("--role", choices=("target", "initiator"), help=argparse.SUPPRESS)
     ap.add_argument("--setting", default="default", choices=sorted(SETTINGS), help=argparse.SUPPRESS)
     ap.add_argument("--rdv", help=argparse.SUPPRESS)
@@ -324,8 +336,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.best_env:
-        for k, v in best_env(args.best_env, 64 if 64 in args.descs else max(args.descs)).items():
-            print(f"{k}={v}")
+        k = 64 if 64 in args.descs else max(args.descs)
+        if args.best_flags:
+            name = best_setting(args.best_env, k)
+            print(f"--disaggregation-nixl-threads {SETTINGS[name][2]}" if name and SETTINGS[name][2] else "")
+        else:
+            print("\n".join(f"{key}={v}" for key, v in best_env(args.best_env, k).items()))
         return None
     if args.role == "target":
         return run_target(args)

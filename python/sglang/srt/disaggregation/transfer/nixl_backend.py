@@ -104,9 +104,16 @@ class NixlTransferBackend(TransferBackend):
             added = apply_ucx_env_defaults(os.environ)
             if added:
                 logger.info("nixl agent %s: UCX defaults %s (set a variable to override it)", agent_name, added)
-        conf = api.nixl_agent_config(enable_prog_thread=True, enable_listen_thread=False,
-                                     backends=list(config.nixl_backends), num_threads=config.nixl_num_threads)
+        conf = api.nixl_agent_config(enable_prog_thread=True, enable_listen_thread=False, backends=[])
         self._agent = api.nixl_agent(agent_name, conf)
+        missing = [b for b in config.nixl_backends if b not in self._agent.get_plugin_list()]
+        if missing:
+            raise RuntimeError(f"NIXL has no plugin {missing} (available: {self._agent.get_plugin_list()})")
+        for b in config.nixl_backends:  # created here (not by the config) to pass the UCX thread-pool parameters
+            params = {"num_threads": str(config.nixl_num_threads)} if config.nixl_num_threads else {}
+            if b == "UCX" and config.nixl_num_threads and config.nixl_split_batch_size:
+                params["split_batch_size"] = str(config.nixl_split_batch_size)
+            self._agent.create_backend(b, params)
         self._reg_dlists = []
         self._peer_md: dict[str, bytes] = {}
         self._peer_regions: dict[str, list[MemRegion]] = {}
