@@ -37,12 +37,12 @@ step() {  # step NAME TIMEOUT_S CMD...: foreground, log to $out/NAME.log
   "$PY" -c "import nixl_cu13, os; print('nixl from', os.path.dirname(nixl_cu13.__file__))" 2>&1 | tail -1
 } | tee "$out/env.log"
 
-# ---- 1. NIXL READ microbenchmark (no_ipc last: it may be slow) ----
+# ---- 1. NIXL READ microbenchmark (getzc_off, no_ipc last: an emulated READ may be slow) ----
 bw_t=$(( $(left) / 2 )); [ "$bw_t" -gt 80 ] && bw_t=80
 dev=(--device cuda --mib 128); [ -n "${ISSUE24_NIXL_BW_CPU:-}" ] && dev=(--device cpu --mib 8)
 step bw "$bw_t" "$PY" benchmark/bench_nixl_read.py "${dev[@]}" \
   --descs 1 8 64 512 --iters 12 --warmup 2 --write --timeout 22 --out-dir "$out" \
-  --settings ours default tls threads4 getzc_off sgl no_ipc
+  --settings ours default tls threads4 sgl getzc_off no_ipc
 grep -E "^\[bench|Error" "$out/bw.log" | head -20
 
 # ---- 2. PD serving row under the best setting ----
