@@ -144,3 +144,44 @@ def test_peer_dies_mid_transfer_fails_closed(fresh, sig):
     finally:
         if sig == signal.SIGSTOP:
             os.kill(peer.proc.pid, signal.SIGCONT)
+
+
+def test_ucx_env_defaults_only_where_unset(monkeypatch):
+    """The nixl transport's UCX defaults fill only variables the user left unset, and nothing without a CUDA driver
+    (UCX would warn that a cuda_ipc variable is unused)."""
+    import ctypes.util
+
+    from sglang.srt.disaggregation.transfer import nixl_backend as nb
+
+    key = "UCX_CUDA_IPC_ENABLE_GET_ZCOPY"
+    assert nb.UCX_ENV_DEFAULTS[key] == "on"
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: "libcuda.so.1" if name == "cuda" else None)
+    env = {"UCX_TLS": "cuda_ipc,cuda_copy,tcp,self"}
+    assert nb.apply_ucx_env_defaults(env) == {key: "on"}
+    assert env == {"UCX_TLS": "cuda_ipc,cuda_copy,tcp,self", key: "on"}
+    user = {key: "auto"}
+    assert nb.apply_ucx_env_defaults(user) == {} and user == {key: "auto"}
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
+    empty: dict = {}
+    assert nb.apply_ucx_env_defaults(empty) == {} and empty == {}
+
+
+def test_nixl_threads_flag_reaches_the_transfer_config(monkeypatch):
+    """--disaggregation-nixl-threads: negative values are refused naming the flag; N > 0 gives the agent's
+    TransferConfig N UCX threads and a split batch, 0 leaves NIXL's defaults."""
+    from sglang.srt.disaggregation import agent as ag
+    from sglang.srt.disaggregation.transfer import base
+    from sglang.srt.server_args import ServerArgs
+
+    with pytest.raises(ValueError, match="disaggregation-nixl-threads"):
+        ServerArgs(model_path="x", disaggregation_nixl_threads=-1)
+    with pytest.raises(ValueError, match="nixl_num_threads"):
+        TransferConfig(nixl_num_threads=-2)
+    seen = []
+    monkeypatch.setattr(base, "make_transfer_backend", lambda name, agent, cfg: seen.append(cfg) or 1 / 0)
+    for threads in (4, 0):
+        args = ServerArgs(model_path="x", disaggregation_mode="decode", disaggregation_nixl_threads=threads)
+        kv = type("KV", (), {"describe": lambda self: None})()
+        with pytest.raises(ZeroDivisionError):
+            ag.DisaggAgent(args, kv, 0, 1, 8)
+    assert [(c.nixl_num_threads, c.nixl_split_batch_size) for c in seen] == [(4, ag.NIXL_SPLIT_BATCH), (0, 0)]

@@ -109,6 +109,7 @@ class ServerArgs:
     disaggregation_heartbeat_timeout: float = 5.0  # s of silence after which a peer's rooms are failed/freed
     disaggregation_push_wait_timeout: float = 0.5  # push: s a prefill request waits for its RoomRequest (0: never)
     disaggregation_verify: bool = False  # checksum each transferred request's KV (tests)
+    disaggregation_nixl_threads: int = 0  # nixl/UCX: dedicated transfer threads a request's reads are split over
     # MegaScale-Infer attention/FFN disaggregation (MoE decode; docs/afd.md)
     enable_afd: bool = False
     afd_attention_workers: int = 1  # data parallel attention workers (each --tp ranks, its own requests and KV)
@@ -218,6 +219,8 @@ class ServerArgs:
                      "disaggregation_heartbeat_interval", "disaggregation_heartbeat_timeout"):
             if getattr(self, name) <= 0:
                 bad(name.replace("_", "-"), getattr(self, name), "use a positive number of seconds")
+        if self.disaggregation_nixl_threads < 0:
+            bad("disaggregation-nixl-threads", self.disaggregation_nixl_threads, "use 0 (off) or a thread count")
         if self.disaggregation_push_wait_timeout < 0:
             bad("disaggregation-push-wait-timeout", self.disaggregation_push_wait_timeout,
                 "use a number of seconds >= 0 (0: prefill push-mode requests without waiting)")

@@ -25,6 +25,9 @@ from sglang.srt.disaggregation.messages import ControlMsg, decode_control, encod
 from sglang.srt.disaggregation.slot_plan import kv_head_range
 
 logger = logging.getLogger(__name__)
+# --disaggregation-nixl-threads > 0: a transfer of at least this many descriptors is split over the threads (NIXL UCX
+# split_batch_size; a 1K-token Llama-3.1-8B pull is 64 descriptors, one per (layer, K/V))
+NIXL_SPLIT_BATCH = 8
 
 
 class DisaggAgent:
@@ -57,8 +60,10 @@ class DisaggAgent:
         self.total_kv_heads = total_kv_heads
         mode = server_args.disaggregation_mode
         self.agent_name = f"{mode}-{uuid.uuid4().hex[:12]}-tp{tp_rank}"
+        threads = server_args.disaggregation_nixl_threads
         cfg = TransferConfig(transfer_timeout_s=server_args.disaggregation_transfer_timeout,
-                             host=server_args.host)
+                             host=server_args.host, nixl_num_threads=threads,
+                             nixl_split_batch_size=NIXL_SPLIT_BATCH if threads else 0)
         self.backend = make_transfer_backend(server_args.disaggregation_transfer_backend, self.agent_name, cfg)
         self.backend.register([MemRegion(addr=self.desc.base_address, nbytes=self.desc.nbytes,
                                          device=self.desc.device)])

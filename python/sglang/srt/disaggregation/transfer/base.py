@@ -116,7 +116,13 @@ class TransferConfig:
         host: address the fake backend listens on and publishes (the node's IP across nodes).
         port: port of the fake backend's listener (0: pick a free one).
         nixl_backends: NIXL plugins to instantiate (default UCX).
-        nixl_num_threads: NIXL backend worker threads (0: the plugin's default).
+        nixl_num_threads: NIXL backend worker threads (0: the plugin's default). With UCX, > 0 gives the plugin that
+            many dedicated threads, each with its own UCX worker (between GPUs of one host: its own CUDA streams).
+        nixl_split_batch_size: UCX with ``nixl_num_threads > 0``: a transfer of at least this many descriptors is
+            split over the dedicated threads (0: the plugin's default, 1024).
+        nixl_ucx_defaults: before the first NIXL agent of the process creates its UCX context, set the UCX
+            environment defaults of :data:`~.nixl_backend.UCX_ENV_DEFAULTS` where the user did not set them
+            (False: leave UCX's and NIXL's own defaults).
     """
 
     transfer_timeout_s: float = 30.0
@@ -125,11 +131,16 @@ class TransferConfig:
     port: int = 0
     nixl_backends: tuple[str, ...] = ("UCX",)
     nixl_num_threads: int = 0
+    nixl_split_batch_size: int = 0
+    nixl_ucx_defaults: bool = True
 
     def __post_init__(self) -> None:
         if self.transfer_timeout_s <= 0 or self.connect_timeout_s <= 0:
             raise ValueError(f"TransferConfig: transfer_timeout_s={self.transfer_timeout_s} and "
                              f"connect_timeout_s={self.connect_timeout_s} must be > 0")
+        if self.nixl_num_threads < 0 or self.nixl_split_batch_size < 0:
+            raise ValueError(f"TransferConfig: nixl_num_threads={self.nixl_num_threads} and nixl_split_batch_size="
+                             f"{self.nixl_split_batch_size} must be >= 0 (0: the NIXL plugin's default)")
         if not 0 <= self.port < 65536:
             raise ValueError(f"TransferConfig: port={self.port} outside [0, 65535]")
 

@@ -15,8 +15,9 @@ sending side as well (NIXL addresses notifications by loaded remote metadata).
 from __future__ import annotations
 
 import logging
+import os
 import threading
-from typing import Optional
+from typing import MutableMapping, Optional
 
 import msgspec
 import numpy as np
@@ -31,6 +32,35 @@ logger = logging.getLogger(__name__)
 _ABANDONED: list = []
 
 _NIXL_MODULES = ("nixl._api", "nixl_cu13._api", "nixl_cu12._api")
+
+UCX_ENV_DEFAULTS: dict[str, str] = {
+    # Keep one-sided READs of GPU memory on cuda_ipc (a cuMemcpyDtoDAsync from the peer's mapped buffer) between
+    # the GPUs of one host. UCX turns cuda_ipc's get_zcopy off when NVML reports no active NVLink (PCIe-only
+    # hosts, and VMs/containers whose NVML cannot see the links); a READ then falls back to a software-emulated get
+    # over another transport (tcp: about 0.5 GB/s, see vllm-project/vllm#52607 and ai-dynamo/nixl#1097), while
+    # WRITEs stay on cuda_ipc. KVDirect pulls (READ), so it must not depend on that detection.
+    "UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "on",
+}
+"""UCX settings a :class:`NixlTransferBackend` applies by default (``TransferConfig.nixl_ucx_defaults``): each only
+where the environment does not set that variable already. The NIXL UCX plugin itself already sets
+``UCX_RNDV_THRESH=inf`` and ``UCX_MAX_RMA_RAILS=2`` the same way. Measured by ``benchmark/bench_nixl_read.py``."""
+
+
+def apply_ucx_env_defaults(environ: MutableMapping[str, str]) -> dict[str, str]:
+    """Set each of :data:`UCX_ENV_DEFAULTS` in ``environ`` (normally ``os.environ``) that is not set there yet.
+
+    UCX reads its configuration from the environment when a NIXL agent creates its UCX context, so this must run
+    before the process's NIXL agents are created (:class:`NixlTransferBackend` calls it first). Nothing is set
+    on a machine without the CUDA driver (UCX would warn that the cuda_ipc variables are unused there). Returns
+    the variables it set (empty when the user set them all).
+    """
+    import ctypes.util
+
+    if ctypes.util.find_library("cuda") is None:
+        return {}
+    added = {k: v for k, v in UCX_ENV_DEFAULTS.items() if k not in environ}
+    environ.update(added)
+    return added
 
 
 def import_nixl():
@@ -70,9 +100,20 @@ class NixlTransferBackend(TransferBackend):
     def __init__(self, agent_name: str, config: TransferConfig):
         super().__init__(agent_name, config)
         api = import_nixl()
-        conf = api.nixl_agent_config(enable_prog_thread=True, enable_listen_thread=False,
-                                     backends=list(config.nixl_backends), num_threads=config.nixl_num_threads)
+        if config.nixl_ucx_defaults:
+            added = apply_ucx_env_defaults(os.environ)
+            if added:
+                logger.info("nixl agent %s: UCX defaults %s (set a variable to override it)", agent_name, added)
+        conf = api.nixl_agent_config(enable_prog_thread=True, enable_listen_thread=False, backends=[])
         self._agent = api.nixl_agent(agent_name, conf)
+        missing = [b for b in config.nixl_backends if b not in self._agent.get_plugin_list()]
+        if missing:
+            raise RuntimeError(f"NIXL has no plugin {missing} (available: {self._agent.get_plugin_list()})")
+        for b in config.nixl_backends:  # created here (not by the config) to pass the UCX thread-pool parameters
+            params = {"num_threads": str(config.nixl_num_threads)} if config.nixl_num_threads else {}
+            if b == "UCX" and config.nixl_num_threads and config.nixl_split_batch_size:
+                params["split_batch_size"] = str(config.nixl_split_batch_size)
+            self._agent.create_backend(b, params)
         self._reg_dlists = []
         self._peer_md: dict[str, bytes] = {}
         self._peer_regions: dict[str, list[MemRegion]] = {}
