@@ -1,12 +1,11 @@
 """Issue 27: A/B of kernel-variant switches that are read when a kernel is launched (so a CUDA graph keeps the variant
-it captured), in ONE process on one runner: ``SGLANG_DECODE_EARLY_LOADS`` (RMSNorm issues its
-loads before its first store), ``SGLANG_DECODE_ATTN_SMALL_GRID_TILE`` (decode-attention tile for a one-split
-grid that fits one wave, e.g. batch 32 on an H100) and ``SGLANG_DECODE_PDL`` (the decode-path Triton kernels
-launched with programmatic dependent launch; ``=2`` adds the early launch of the next kernel and the skinny GEMM's
-L2 weight prefetch).
+it captured), in ONE process on one runner: ``SGLANG_DECODE_ATTN_SMALL_GRID_TILE`` (decode-attention tile for a
+one-split grid that fits one wave, e.g. batch 32 on an H100) and ``SGLANG_DECODE_PDL`` (the decode-path Triton
+kernels launched with programmatic dependent launch, early launch of the next kernel and the skinny GEMM's L2 weight
+prefetch: the default since issue 27 round 4; ``=0`` gives plain launches).
 
-Each set is ``name:ENV=value,ENV=value`` (``old:`` = no variables set); one CUDA-graph set is captured per set with
-its variables set; the first capture of each ``SGLANG_DECODE_PDL`` value runs the decode-GEMM autotune (default on)
+Each set is ``name:ENV=value,ENV=value`` (``default:`` = no variables set); one CUDA-graph set is captured per set
+with its variables set; the first capture of each ``SGLANG_DECODE_PDL`` value runs the decode-GEMM autotune (default on)
 and later captures of that value reuse its table, so sets of one launch mode differ only in the switched kernels.
 Per batch size: the served step (the Scheduler's overlap loop with device futures, as the server runs on CUDA) and
 the graph replay alone vs the memory floor, the order reversed on every other repetition, the host time inside
@@ -32,11 +31,11 @@ from gpu_targets_lib import kv_bytes, memory_floor_s
 
 logger = logging.getLogger("decode_switch_ab")
 Sets = List[Tuple[str, Dict[str, str]]]
-SWITCHES = ("SGLANG_DECODE_EARLY_LOADS", "SGLANG_DECODE_ATTN_SMALL_GRID_TILE", "SGLANG_DECODE_PDL")
+SWITCHES = ("SGLANG_DECODE_ATTN_SMALL_GRID_TILE", "SGLANG_DECODE_PDL")
 
 
 def parse_sets(spec: str) -> Sets:
-    """``"old:;early:SGLANG_DECODE_EARLY_LOADS=1"`` -> ``[("old", {}), ("early", {...: "1"})]``.
+    """``"default:;nopdl:SGLANG_DECODE_PDL=0"`` -> ``[("default", {}), ("nopdl", {...: "0"})]``.
 
     Raises ValueError for fewer than two sets, a repeated or empty name, or a variable outside :data:`SWITCHES`.
     """
@@ -73,8 +72,8 @@ def switched(env: Dict[str, str]):
 
 def capture_sets(runner, sizes: List[int], capture: Callable, sets: Sets) -> Dict[str, object]:
     """One CUDA-graph set per entry of ``sets``. The decode-GEMM autotune runs at the first capture of each
-    ``SGLANG_DECODE_PDL`` value (the skinny kernel's launch mode changes its timings, e.g. the L2 weight prefetch of
-    ``=2``, so each mode picks its own cuBLAS / skinny table) and later sets of that mode reuse it
+    ``SGLANG_DECODE_PDL`` value, unset counting as ``2`` (the skinny kernel's launch mode changes its timings, e.g.
+    its L2 weight prefetch, so each mode picks its own cuBLAS / skinny table) and later sets of that mode reuse it
     (``decode_gemm.maybe_autotune`` patched for those captures only). A later set whose capture raises is logged and
     left out (its name maps to the error text); the first set's error propagates."""
     from sglang.srt.layers import decode_gemm
@@ -85,7 +84,7 @@ def capture_sets(runner, sizes: List[int], capture: Callable, sets: Sets) -> Dic
     try:
         for i, (name, env) in enumerate(sets):
             t0 = time.monotonic()
-            mode = env.get("SGLANG_DECODE_PDL", "0").strip() or "0"
+            mode = env.get("SGLANG_DECODE_PDL", "2").strip() or "2"
             decode_gemm.maybe_autotune = (lambda t: (lambda *a, **k: t))(tables[mode]) if mode in tables else orig
             try:
                 with switched(env):

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Issue 27 item 2, the decode gap at batch 32, on ONE H100 (or H200) (budget ISSUE27_BUDGET_S, default 240 s wall,
 # Triton compile and the decode-GEMM autotunes included), in priority order:
-#   1. GPU tests: RMSNorm (SGLANG_DECODE_EARLY_LOADS 0/1), SiLU-and-mul, RoPE + KV store, skinny GEMM, decode
-#      attention (batch 32 one-split grid, graph replay) with SGLANG_DECODE_PDL 0/1/2 vs their references, and a
-#      CUDA graph of dependent kernels (add+RMSNorm -> skinny -> SiLU -> split-K skinny) under PDL=2 bit-identical
-#      to plain launches (2 = launch_dependents after each kernel's wait + L2 weight prefetch before it).
+#   1. GPU tests: RMSNorm, SiLU-and-mul, RoPE + KV store, skinny GEMM, decode attention (batch 32 one-split grid,
+#      graph replay) with programmatic dependent launch (the default since round 4: launch_dependents after each
+#      kernel's wait + L2 weight prefetch before it) and with SGLANG_DECODE_PDL=0 vs their references, and a CUDA
+#      graph of dependent kernels (add+RMSNorm -> skinny -> SiLU -> split-K skinny) under PDL bit-identical to
+#      plain launches.
 #   2. (ISSUE27_TILES=1 only) decode-attention tiles at batch 32 in CUDA graphs (bench_decode_configs.py); the
-#      fastest one-split tile (error < 0.02) that beats the default by > 2% adds a set `early_pdl_tile` to step 3.
+#      fastest one-split tile (error < 0.02) that beats the default by > 2% adds a set `tile` to step 3.
 #   3. benchmark/bench_decode_ab.py --switch-ab, ONE process (Llama-3.1-8B config, dummy weights, batch 32 first,
 #      then 1 and 128, 1K context; autotuned GEMMs, one table per SGLANG_DECODE_PDL value: the skinny kernel's
-#      launch mode changes which config wins), sets ISSUE27_SETS (default: `old` = defaults, `pdl2` =
-#      SGLANG_DECODE_PDL=2, `pdl` = SGLANG_DECODE_PDL=1, `early_pdl` = + SGLANG_DECODE_EARLY_LOADS=1); per batch the
+#      launch mode changes which config wins), sets ISSUE27_SETS (default: `default` = no switch set, PDL on;
+#      `nopdl` = SGLANG_DECODE_PDL=0, the opt-out); per batch the
 #      served step (Scheduler overlap loop, as the server runs) and the replay alone vs the floor, order alternated,
 #      host time inside graph.replay() and graph node count; per-class breakdown of one replay per set at batch 32;
 #      the M<=32 GEMM picks of each table.
@@ -30,7 +31,7 @@ print('torch', torch.__version__, 'triton', triton.__version__, 'launch_pdl opti
       'launch_pdl' in getattr(O, '__dataclass_fields__', {}))" 2>&1 | tail -n 1)
 echo "$versions"
 
-stage "1. GPU tests: PDL 0/1/2 RMSNorm, SiLU, RoPE+KV store, skinny GEMM, decode attention; PDL=2 graph chain"
+stage "1. GPU tests: PDL default/0 RMSNorm, SiLU, RoPE+KV store, skinny GEMM, decode attention; PDL graph chain"
 timeout -k 5 "$(cap 60)" $PY -m pytest -q -p no:cacheprovider -m gpu test/gpu/test_triton_kernels_gpu.py -k \
   "pdl_early_launch_chain or (small_grid_tile and not 256) or rope_and_store_kv or (fused_ops_vs_references and \
 dtype0) or (graph_replay and 96) or skinny" > "$OUT/issue27_3_pytest.log" 2>&1
@@ -57,10 +58,9 @@ EOF
 fi
 echo "small-grid tile for step 3: ${tile:-none (the default stays best or no sweep)}"
 
-stage "3. one process: default / PDL=2 / PDL=1 / early loads + PDL=1, served step + replay alternated"
-e=SGLANG_DECODE_EARLY_LOADS=1
-sets="${ISSUE27_SETS:-old:;pdl2:SGLANG_DECODE_PDL=2;pdl:SGLANG_DECODE_PDL=1;early_pdl:$e,SGLANG_DECODE_PDL=1}"
-[[ -n "$tile" ]] && sets="$sets;early_pdl_tile:$e,SGLANG_DECODE_PDL=1,SGLANG_DECODE_ATTN_SMALL_GRID_TILE=$tile"
+stage "3. one process: default (PDL) / SGLANG_DECODE_PDL=0, served step + replay alternated"
+sets="${ISSUE27_SETS:-default:;nopdl:SGLANG_DECODE_PDL=0}"
+[[ -n "$tile" ]] && sets="$sets;tile:SGLANG_DECODE_ATTN_SMALL_GRID_TILE=$tile"
 timeout -k 10 "$(cap 300)" $PY benchmark/bench_decode_ab.py --out "$OUT" --model-path "$model" \
   --switch-ab "$sets" --switch-breakdown 32 --batches 32,1,128 --prefill-tokens 0 \
   --serving-steps 10 --serving-warmup 2 --serving-reps 2 > "$OUT/issue27_3_ab.log" 2>&1

@@ -22,6 +22,15 @@ DEV = "cuda"
 TOL = {torch.float32: 5e-3, torch.float16: 4e-3, torch.bfloat16: 2e-2}  # fp32 dots run in TF32
 
 
+def set_pdl(monkeypatch, pdl: str) -> None:
+    """``pdl`` "default": SGLANG_DECODE_PDL unset (programmatic dependent launch on where supported, issue 27);
+    else the variable's value ("0": plain launches)."""
+    if pdl == "default":
+        monkeypatch.delenv("SGLANG_DECODE_PDL", raising=False)
+    else:
+        monkeypatch.setenv("SGLANG_DECODE_PDL", pdl)
+
+
 def close(a, b, dtype, scale=1.0):
     assert a.shape == b.shape and a.dtype == b.dtype
     err = (a.float() - b.float()).abs().max().item()
@@ -132,11 +141,12 @@ def test_decode_split_rules_vs_torch_native(bs, legacy):
         assert splits == max(1, min(16, 2 * sms // (bs * 8)))  # 2 programs per SM (decode_attention.py)
 
 
-@pytest.mark.parametrize("tile,pdl", [("128/8/3", "0"), ("256/8/3", "0"), ("", "1"), ("", "2")])
+@pytest.mark.parametrize("tile,pdl", [("128/8/3", "0"), ("256/8/3", "0"), ("", "0"), ("", "default")])
 def test_decode_small_grid_tile_vs_torch_native(tile, pdl, monkeypatch):
     """Issue 27: SGLANG_DECODE_ATTN_SMALL_GRID_TILE at batch 32 (one split, 256 programs <= 2 per SM on an H100 or
-    H200), and the default tile with SGLANG_DECODE_PDL=1, match torch_native at Llama-8B heads."""
-    monkeypatch.setenv("SGLANG_DECODE_PDL", pdl)
+    H200), and the default tile with programmatic dependent launch (the default) and without it
+    (SGLANG_DECODE_PDL=0), match torch_native at Llama-8B heads."""
+    set_pdl(monkeypatch, pdl)
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
     from sgl_kernel.triton.decode_attention import small_grid_tile
@@ -156,13 +166,13 @@ def test_decode_small_grid_tile_vs_torch_native(tile, pdl, monkeypatch):
     close(backend.forward(q, k, v, layer, fb), ref, torch.bfloat16)
 
 
-@pytest.mark.parametrize("pdl", ["0", "1", "2"])
+@pytest.mark.parametrize("pdl", ["0", "default"])
 def test_rope_and_store_kv_equals_rope_then_store_on_gpu(pdl, monkeypatch):
     """The fused RoPE + KV-store kernel writes the same pool bytes and q as apply_rope + indexed stores (bf16, fp32
     compute with a bf16 pool, Neox and GPT-J, partial rotary), leaves k/v alone, and the backend path through
     RadixAttention gives bit-identical attention with fused_rope on and off; with and without programmatic
     dependent launch (issue 27). The kernel has no early-load variant (it wrote different k bytes on an H200)."""
-    monkeypatch.setenv("SGLANG_DECODE_PDL", pdl)
+    set_pdl(monkeypatch, pdl)
     from sglang.srt.layers.rotary_embedding import get_rope
     from sglang.srt.layers.triton_ops import rope, rope_kv_store
 
@@ -225,14 +235,16 @@ def test_sampling_columns_packed_copy_on_gpu():
             assert t.is_cuda and t.dtype == dt and t.tolist() == torch.tensor(vals, dtype=dt).tolist()
 
 
-@pytest.mark.parametrize("m,pdl", [(1, "0"), (7, "0"), (16, "0"), (32, "1"), (7, "2"), (32, "2")])
+@pytest.mark.parametrize("m,pdl", [(1, "0"), (7, "0"), (16, "0"), (32, "0"), (1, "default"), (7, "default"),
+                                   (32, "2")])
 def test_skinny_gemm_vs_cublas(m, pdl, monkeypatch):
     """The decode-batch weight-streaming GEMM equals F.linear within bf16 rounding at the Llama-3.1-8B qkv and
     down-projection shapes, with and without bias, one-pass and split-K; also launched with programmatic dependent
-    launch (SGLANG_DECODE_PDL=1, issue 27) and with its L2 weight prefetch before the wait (=2)."""
+    launch and its L2 weight prefetch before the wait (the default since issue 27, also as an explicit
+    SGLANG_DECODE_PDL=2) and with plain launches (=0)."""
     from sgl_kernel.triton.skinny_gemm import skinny_gemm
 
-    monkeypatch.setenv("SGLANG_DECODE_PDL", pdl)
+    set_pdl(monkeypatch, pdl)
 
     gen = torch.Generator().manual_seed(m)
     for n, k, bias in ((6144, 4096, False), (4096, 14336, True)):
@@ -243,14 +255,15 @@ def test_skinny_gemm_vs_cublas(m, pdl, monkeypatch):
             close(skinny_gemm(x, w, b, split_k=split_k), torch.nn.functional.linear(x, w, b), torch.bfloat16)
 
 
-@pytest.mark.parametrize("pdl", ["0", "1", "2"])
+@pytest.mark.parametrize("pdl", ["0", "default"])
 @pytest.mark.parametrize("bs", [16, 96])
 def test_decode_cuda_graph_replay_equals_eager(bs, pdl, monkeypatch):
     """Graph replay equals eager at a multi-split size (16) and, on 132-SM parts, a one-split direct-output size
-    (96); also with the split kernel captured as a programmatic dependent launch (SGLANG_DECODE_PDL=1, issue 27)."""
+    (96); with the split kernel captured as a programmatic dependent launch (the default since issue 27) and as a
+    plain launch (SGLANG_DECODE_PDL=0)."""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
-    monkeypatch.setenv("SGLANG_DECODE_PDL", pdl)
+    set_pdl(monkeypatch, pdl)
 
     gen = torch.Generator().manual_seed(0)
     q, k, v, layer, make_batch = build_case(gen, [int(x) for x in torch.randint(1, 900, (bs,), generator=gen)],
@@ -275,11 +288,10 @@ def test_decode_cuda_graph_replay_equals_eager(bs, pdl, monkeypatch):
         assert torch.equal(out, eager)
 
 
-@pytest.mark.parametrize("early,pdl", [("0", "0"), ("1", "0"), ("1", "1"), ("1", "2")])
+@pytest.mark.parametrize("pdl", ["0", "default"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_fused_ops_vs_references(dtype, early, pdl, monkeypatch):
-    monkeypatch.setenv("SGLANG_DECODE_EARLY_LOADS", early)  # RMSNorm: both load orders (issue 27)
-    monkeypatch.setenv("SGLANG_DECODE_PDL", pdl)  # RMSNorm, SiLU-and-mul: programmatic dependent launch
+def test_fused_ops_vs_references(dtype, pdl, monkeypatch):
+    set_pdl(monkeypatch, pdl)  # RMSNorm, SiLU-and-mul: plain or programmatic dependent launch (issue 27)
     from sglang.srt.layers import ops
     from sglang.srt.layers.activation import silu_and_mul_ref
     from sglang.srt.layers.layernorm import rmsnorm_ref
@@ -342,7 +354,7 @@ def _pdl_chain(pdl: str, m: int, monkeypatch):
     from sgl_kernel.triton.fused_add_rmsnorm import fused_add_rmsnorm
     from sgl_kernel.triton.skinny_gemm import skinny_gemm
 
-    monkeypatch.setenv("SGLANG_DECODE_PDL", pdl)
+    set_pdl(monkeypatch, pdl)
     gen = torch.Generator().manual_seed(272)
     h, i = 4096, 2048
     x, r = (torch.randn(m, h, generator=gen).to(torch.bfloat16).to(DEV) for _ in range(2))
@@ -376,10 +388,11 @@ def _pdl_chain(pdl: str, m: int, monkeypatch):
 
 @pytest.mark.parametrize("m", [1, 32])
 def test_pdl_early_launch_chain_in_graph_equals_plain(m, monkeypatch):
-    """Issue 27 (SGLANG_DECODE_PDL=2): with griddepcontrol.launch_dependents right after each kernel's wait and the
-    skinny GEMM's L2 weight prefetch before it, a graph of dependent kernels gives bit-identical outputs to plain
-    launches (no kernel reads its input before the previous kernel finished writing it)."""
+    """Issue 27 (programmatic dependent launch, the default): with griddepcontrol.launch_dependents right after each
+    kernel's wait and the skinny GEMM's L2 weight prefetch before it, a graph of dependent kernels gives
+    bit-identical outputs to plain launches (SGLANG_DECODE_PDL=0; no kernel reads its input before the previous
+    kernel finished writing it)."""
     plain = _pdl_chain("0", m, monkeypatch)
-    early = _pdl_chain("2", m, monkeypatch)
+    early = _pdl_chain("default", m, monkeypatch)
     for (o0, r0), (o2, r2) in zip(plain, early):
         assert torch.equal(r0, r2) and torch.equal(o0, o2)

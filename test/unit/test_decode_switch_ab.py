@@ -14,15 +14,16 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "benchma
 
 import decode_switch_ab as sw  # noqa: E402
 
-EARLY, TILE, PDL = sw.SWITCHES
+TILE, PDL = sw.SWITCHES
 
 
 def test_parse_sets():
-    got = sw.parse_sets(f"old:; early:{EARLY}=1 ;all:{EARLY}=1,{PDL}=1,{TILE}=128/8/3")
-    assert got == [("old", {}), ("early", {EARLY: "1"}), ("all", {EARLY: "1", PDL: "1", TILE: "128/8/3"})]
+    got = sw.parse_sets(f"default:; nopdl:{PDL}=0 ;all:{PDL}=2,{TILE}=128/8/3")
+    assert got == [("default", {}), ("nopdl", {PDL: "0"}), ("all", {PDL: "2", TILE: "128/8/3"})]
 
 
-@pytest.mark.parametrize("spec", ["old:", "old:;old:", f"a:;b:{EARLY}", "a:;b:FOO=1", f"a:;:{EARLY}=1", ""])
+@pytest.mark.parametrize("spec", ["old:", "old:;old:", f"a:;b:{PDL}", "a:;b:FOO=1", f"a:;:{PDL}=0",
+                                  "a:;b:SGLANG_DECODE_EARLY_LOADS=1", ""])
 def test_parse_sets_rejects(spec):
     with pytest.raises(ValueError, match="--switch-ab"):
         sw.parse_sets(spec)
@@ -30,10 +31,10 @@ def test_parse_sets_rejects(spec):
 
 def test_switched_sets_exactly_the_set_and_restores(monkeypatch):
     monkeypatch.setenv(TILE, "64/4/3")
-    monkeypatch.delenv(EARLY, raising=False)
-    with sw.switched({EARLY: "1"}):
-        assert os.environ[EARLY] == "1" and TILE not in os.environ
-    assert os.environ[TILE] == "64/4/3" and EARLY not in os.environ
+    monkeypatch.delenv(PDL, raising=False)
+    with sw.switched({PDL: "0"}):
+        assert os.environ[PDL] == "0" and TILE not in os.environ
+    assert os.environ[TILE] == "64/4/3" and PDL not in os.environ
     with pytest.raises(RuntimeError):
         with sw.switched({}):
             raise RuntimeError("restored even on errors")
@@ -42,27 +43,28 @@ def test_switched_sets_exactly_the_set_and_restores(monkeypatch):
 
 def test_render_switch_reports_difference_to_first_set():
     row = dict(batch=32, env={}, floor_ms=6.4, replay_floor_ms=6.4, steps=24)
-    res = {"sets": [["old", {}], ["early", {EARLY: "1"}]], "breakdown": [],
+    res = {"sets": [["old", {}], ["nopdl", {PDL: "0"}]], "breakdown": [],
            "rows": [dict(row, set="old", step_ms=7.75, ratio=1.211, replay_ms=7.8, replay_ratio=1.219,
                          host_replay_ms=0.021, nodes={"total": 330, "kernel": 325}),
-                    dict(row, set="early", step_ms=7.60, ratio=1.188, replay_ms=7.7, replay_ratio=1.203,
+                    dict(row, set="nopdl", step_ms=7.60, ratio=1.188, replay_ms=7.7, replay_ratio=1.203,
                          host_replay_ms=0.019, nodes=None)]}
     text = "\n".join(sw.render_switch(res, 3.0e12))
-    assert f"`early` = {EARLY}=1" in text
+    assert f"`nopdl` = {PDL}=0" in text
     assert "| 32 | old | 7.750 | 6.400 | 1.211 | +0.000 | 7.800 | 1.219 | +0.000 | 0.021 | 330 (325 kernels) | 24 |" \
         in text
-    assert "| 32 | early | 7.600 | 6.400 | 1.188 | -0.150 | 7.700 | 1.203 | -0.100 | 0.019 | n/a | 24 |" in text
+    assert "| 32 | nopdl | 7.600 | 6.400 | 1.188 | -0.150 | 7.700 | 1.203 | -0.100 | 0.019 | n/a | 24 |" in text
 
 
 def test_capture_sets_tunes_once_per_pdl_mode(monkeypatch):
-    """The decode-GEMM autotune runs at the first capture of each SGLANG_DECODE_PDL value (the skinny kernel's launch
-    mode changes its timings); later sets of that value reuse its table; the real tuner is restored afterwards."""
+    """The decode-GEMM autotune runs at the first capture of each SGLANG_DECODE_PDL value, unset counting as the
+    default 2 (the skinny kernel's launch mode changes its timings); later sets of that value reuse its table; the
+    real tuner is restored afterwards."""
     from sglang.srt.layers import decode_gemm
 
     tuned = []
 
     def fake_tune(*a, **k):
-        tuned.append(os.environ.get(PDL, "0"))
+        tuned.append(os.environ.get(PDL, "unset"))
         return f"table{len(tuned)}"
 
     class Graphs:
@@ -70,9 +72,9 @@ def test_capture_sets_tunes_once_per_pdl_mode(monkeypatch):
             self.decode_gemm_table = table
 
     monkeypatch.setattr(decode_gemm, "maybe_autotune", fake_tune)
-    sets = sw.parse_sets(f"old:;early:{EARLY}=1;pdl2:{PDL}=2;e2:{EARLY}=1,{PDL}=2;pdl:{PDL}=1")
+    sets = sw.parse_sets(f"default:;tile:{TILE}=128/8/3;pdl2:{PDL}=2;nopdl:{PDL}=0;nopdl_tile:{PDL}=0,{TILE}=128/8/3")
     graphs = sw.capture_sets(None, [1, 32], lambda runner, sizes: Graphs(decode_gemm.maybe_autotune()), sets)
-    assert tuned == ["0", "2", "1"]
+    assert tuned == ["unset", "0"]  # default, tile and pdl2 share the table of mode 2
     assert {n: g.decode_gemm_table for n, g in graphs.items()} == {
-        "old": "table1", "early": "table1", "pdl2": "table2", "e2": "table2", "pdl": "table3"}
+        "default": "table1", "tile": "table1", "pdl2": "table1", "nopdl": "table2", "nopdl_tile": "table2"}
     assert decode_gemm.maybe_autotune is fake_tune

@@ -23,8 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 KP = str(REPO / "sgl-kernel" / "python")
 NAMES = ("decode_split_rows_2", "decode_split_rows_direct", "decode_split_legacy_8", "decode_reduce", "extend",
          "rope_kv_store_neox", "rope_kv_store_gptj", "rope_neox", "skinny_gemm",
-         "rmsnorm_add", "rmsnorm_add_early", "rmsnorm_add_pdl", "rope_kv_store_neox_pdl",
-         "decode_split_rows_direct_pdl", "skinny_gemm_pdl", "rmsnorm_add_pdl2", "skinny_gemm_pdl2")
+         "rmsnorm_add", "rmsnorm_add_pdl", "rope_kv_store_neox_pdl", "decode_split_rows_direct_pdl", "skinny_gemm_pdl")
 
 
 @pytest.fixture(scope="module")
@@ -73,30 +72,21 @@ def test_skinny_gemm_streams_weights_with_pipelined_copies(aot_report):
     assert rep["cp_async16"] > 0 and rep["scalar_b16_loads"] == 0, rep
 
 
-@pytest.mark.parametrize("kernel", ["rmsnorm_add"])
-def test_early_load_variants_issue_every_load_before_a_store(aot_report, kernel):
-    """Issue 27 (SGLANG_DECODE_EARLY_LOADS=1): the early variant of add + RMSNorm issues every global load before its
-    first global store; the default variant loads after a store (the latency the switch removes). RoPE + KV store
-    has no early variant: it wrote different k bytes on an H200 (2026-11-27)."""
-    assert aot_report[kernel + "_early"]["loads_after_first_store"] == 0, aot_report[kernel + "_early"]
-    assert aot_report[kernel]["loads_after_first_store"] > 0, aot_report[kernel]
+@pytest.mark.parametrize("name", ["rmsnorm_add", "rmsnorm_add_pdl"])
+def test_rmsnorm_issues_every_load_before_a_store(aot_report, name):
+    """Issue 27: add + RMSNorm issues every global load (the weight first) before its first global store, so no load
+    waits behind the residual store (the former SGLANG_DECODE_EARLY_LOADS=1 order, kept as the only one). RoPE + KV
+    store keeps program order: a variant loading k and v before storing q wrote different k bytes on an H200."""
+    assert aot_report[name]["loads_after_first_store"] == 0, aot_report[name]
 
 
 @pytest.mark.parametrize("kernel", ["rmsnorm_add", "rope_kv_store_neox", "decode_split_rows_direct", "skinny_gemm"])
-def test_pdl_variants_wait_for_the_previous_kernel(aot_report, kernel):
-    """Issue 27 (SGLANG_DECODE_PDL=1): the programmatic-dependent-launch variants execute griddepcontrol.wait (so no
-    memory access can precede the previous kernel's completion); the default variants do not."""
-    assert aot_report[kernel + "_pdl"]["griddep_wait"] >= 1, aot_report[kernel + "_pdl"]
-    base = kernel + ("_early" if kernel == "rmsnorm_add" else "")
-    assert aot_report[base]["griddep_wait"] == 0, aot_report[base]
-
-
-@pytest.mark.parametrize("kernel", ["rmsnorm_add", "skinny_gemm"])
-def test_pdl2_variants_launch_dependents_after_their_wait(aot_report, kernel):
-    """Issue 27 (SGLANG_DECODE_PDL=2): the variants trigger the next kernel's launch (griddepcontrol.launch_dependents)
-    after their wait and read nothing before it; the skinny GEMM issues L2 prefetches of its (read-only) weight lines
-    before the wait; the SGLANG_DECODE_PDL=1 variants neither trigger nor prefetch."""
-    rep, pdl1 = aot_report[kernel + "_pdl2"], aot_report[kernel + "_pdl"]
+def test_pdl_variants_wait_then_launch_dependents(aot_report, kernel):
+    """Issue 27 (programmatic dependent launch, the default on Hopper): the PDL variants execute griddepcontrol.wait
+    before any global load or async copy (nothing can read the previous kernel's outputs early), trigger the next
+    kernel's launch (griddepcontrol.launch_dependents), and only the skinny GEMM issues L2 prefetches of its
+    read-only weight lines before the wait; the plain variants (SGLANG_DECODE_PDL=0) have neither instruction."""
+    rep, base = aot_report[kernel + "_pdl"], aot_report[kernel]
     assert rep["griddep_wait"] >= 1 and rep["griddep_launch"] >= 1 and rep["loads_before_wait"] == 0, rep
-    assert pdl1["griddep_launch"] == 0 and pdl1["l2_prefetch_before_wait"] == 0 and pdl1["loads_before_wait"] == 0
     assert (rep["l2_prefetch_before_wait"] > 0) == (kernel == "skinny_gemm"), rep
+    assert base["griddep_wait"] == 0 and base["griddep_launch"] == 0, base

@@ -45,11 +45,9 @@ def close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, scale: float = 1
     assert err <= TOL[dtype] * ref, f"max abs err {err} (tolerance {TOL[dtype] * ref})"
 
 
-@pytest.mark.parametrize("early", ["0", "1"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("h", [64, 100])
-def test_rmsnorm_and_fused_add(dtype, h, early, monkeypatch):
-    monkeypatch.setenv("SGLANG_DECODE_EARLY_LOADS", early)  # both load orders of the kernel (issue 27)
+def test_rmsnorm_and_fused_add(dtype, h):
     gen = torch.Generator().manual_seed(h)
     x = torch.randn(5, h, generator=gen).to(dtype)
     r = torch.randn(5, h, generator=gen).to(dtype)
@@ -261,32 +259,25 @@ def test_decode_config_per_arch_and_hopper_tile_matches_reference():
         close(out[b], torch.einsum("hs,shd->hd", p, vv), torch.float32, scale=10.0)
 
 
-def test_early_loads_and_small_grid_tile_switches(monkeypatch):
-    """Issue 27 A/B switches: malformed values raise ValueError naming the variable; the small-grid attention tile
-    and programmatic dependent launch never apply off CUDA (the tile neither at several splits nor when unset)."""
-    from sgl_kernel.triton.common import early_loads
+def test_pdl_and_small_grid_tile_switches(monkeypatch):
+    """Issue 27 switches: programmatic dependent launch is the default (unset or 2) and 0 opts out; malformed values,
+    the removed wait-only mode 1 included, raise ValueError naming the variable and the fix; neither PDL nor the
+    small-grid attention tile ever applies off CUDA or in the interpreter (the tile neither at several splits nor
+    when unset)."""
+    from sgl_kernel.triton import common
     from sgl_kernel.triton.decode_attention import small_grid_tile
 
-    monkeypatch.setenv("SGLANG_DECODE_EARLY_LOADS", "yes")
-    with pytest.raises(ValueError, match="SGLANG_DECODE_EARLY_LOADS"):
-        early_loads()
-    monkeypatch.setenv("SGLANG_DECODE_EARLY_LOADS", "1")
-    assert early_loads() is True
-    monkeypatch.delenv("SGLANG_DECODE_EARLY_LOADS")
-    assert early_loads() is False
     cpu = torch.device("cpu")
-    from sgl_kernel.triton.common import use_pdl
-
-    monkeypatch.setenv("SGLANG_DECODE_PDL", "on")
-    with pytest.raises(ValueError, match="SGLANG_DECODE_PDL"):
-        use_pdl(cpu)
-    for mode in ("1", "2"):
+    for bad in ("on", "1", "3", "true"):
+        monkeypatch.setenv("SGLANG_DECODE_PDL", bad)
+        with pytest.raises(ValueError, match=f"SGLANG_DECODE_PDL='{bad}': use 0 .* or 2"):
+            common.use_pdl(cpu)
+    for mode in ("0", "2", " 2 ", ""):
         monkeypatch.setenv("SGLANG_DECODE_PDL", mode)
-        assert use_pdl(cpu) == 0  # never off CUDA / in the interpreter
-    monkeypatch.setenv("SGLANG_DECODE_PDL", "3")
-    with pytest.raises(ValueError, match="SGLANG_DECODE_PDL"):
-        use_pdl(cpu)
-    monkeypatch.setenv("SGLANG_DECODE_PDL", "1")
+        assert common.use_pdl(cpu) is False  # never off CUDA / in the interpreter
+    monkeypatch.delenv("SGLANG_DECODE_PDL")
+    assert common.use_pdl(cpu) is False
+    assert isinstance(common.triton_has_launch_pdl(), bool)
     assert small_grid_tile(32, 8, 1, cpu) is None
     for bad in ("128/8", "100/8/3", "128/x/3", "128/0/3"):
         monkeypatch.setenv("SGLANG_DECODE_ATTN_SMALL_GRID_TILE", bad)
@@ -294,6 +285,36 @@ def test_early_loads_and_small_grid_tile_switches(monkeypatch):
             small_grid_tile(32, 8, 1, cpu)
     monkeypatch.setenv("SGLANG_DECODE_ATTN_SMALL_GRID_TILE", "128/8/3")
     assert small_grid_tile(32, 8, 1, cpu) is None and small_grid_tile(32, 8, 2, cpu) is None
+
+
+def test_pdl_gate_on_a_cuda_device(monkeypatch):
+    """With a CUDA device faked on this CPU machine (interpreter off): PDL is on by default on Hopper (capability 9)
+    when Triton has the launch_pdl option, and off below Hopper, without the option, on ROCm, or with
+    SGLANG_DECODE_PDL=0."""
+    from sgl_kernel.triton import common
+
+    dev = torch.device("cuda", 0)
+    cap = [(9, 0)]
+    monkeypatch.setattr(common, "interpreting", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: cap[0])
+    monkeypatch.setattr(common, "triton_has_launch_pdl", lambda: True)
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.delenv("SGLANG_DECODE_PDL", raising=False)
+    assert common.use_pdl(dev) is True
+    monkeypatch.setenv("SGLANG_DECODE_PDL", "2")
+    assert common.use_pdl(dev) is True
+    monkeypatch.setenv("SGLANG_DECODE_PDL", "0")
+    assert common.use_pdl(dev) is False
+    monkeypatch.delenv("SGLANG_DECODE_PDL")
+    cap[0] = (8, 0)  # Ampere: no griddepcontrol
+    assert common.use_pdl(dev) is False
+    cap[0] = (10, 0)
+    assert common.use_pdl(dev) is True
+    monkeypatch.setattr(common, "triton_has_launch_pdl", lambda: False)
+    assert common.use_pdl(dev) is False
+    monkeypatch.setattr(common, "triton_has_launch_pdl", lambda: True)
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    assert common.use_pdl(dev) is False
 
 
 def test_decode_split_policy_fills_the_gpu_about_once():
@@ -340,8 +361,8 @@ def test_skinny_gemm_matches_linear(m, n, k, bias):
 
 @pytest.mark.parametrize("chunk,block_n", [(4096, 16), (4096, 32), (4096, 128), (768, 32), (3584, 64), (64, 16)])
 def test_skinny_prefetch_lines_stay_within_caps(chunk, block_n):
-    """SGLANG_DECODE_PDL=2 (issue 27): the L2 prefetch per program is a power of two of 128-byte lines per weight row
-    (bf16), never past the program's K chunk, PREFETCH_K columns or PREFETCH_BYTES, and at least one line."""
+    """Programmatic dependent launch (issue 27, default): the L2 prefetch per program is a power of two of 128-byte
+    lines per weight row (bf16), never past the program's K chunk, PREFETCH_K columns or PREFETCH_BYTES, and at least one line."""
     lines = skinny_gemm._prefetch_lines(chunk, block_n, 2)
     assert lines >= 1 and lines & (lines - 1) == 0
     assert lines == 1 or (lines * 64 <= min(chunk, skinny_gemm.PREFETCH_K)

@@ -22,9 +22,8 @@ logger = logging.getLogger(__name__)
 
 @triton.jit
 def _silu_and_mul_kernel(X, Y, stride_x, stride_y, I, BLOCK: tl.constexpr, USE_GDC: tl.constexpr = False):
-    if USE_GDC:  # launched with programmatic dependent launch (issue 27): wait for the previous kernel first
+    if USE_GDC:  # programmatic dependent launch (issue 27): wait for the previous kernel, then let the next launch
         tl.extra.cuda.gdc_wait()
-    if USE_GDC == 2:  # SGLANG_DECODE_PDL=2: let the next kernel launch (and prefetch its weights) while this runs
         tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)

@@ -53,10 +53,10 @@ def _rope_kv_store(neox: bool) -> Tuple[str, str, Dict[str, str], Dict[str, obje
     return "rope_kv_store", "_rope_kv_store_kernel", sig, const, 4
 
 
-def _rmsnorm(early: bool) -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
+def _rmsnorm() -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
     sig = {"X": "*bf16", "R": "*bf16", "W": "*bf16", "Y": "*bf16", "stride_x": _I32, "stride_r": _I32,
            "stride_y": _I32, "H": _I32, "eps": "fp32"}
-    const = dict(HAS_RESIDUAL=True, BLOCK=4096, EARLY_W=early, USE_GDC=False)
+    const = dict(HAS_RESIDUAL=True, BLOCK=4096, USE_GDC=False)
     sig.update({n: "constexpr" for n in const})
     return "fused_add_rmsnorm", "_rmsnorm_kernel", sig, const, 8
 
@@ -105,16 +105,13 @@ KERNELS = {
     "extend": _extend(),  # prefill / extend attention at the Llama-3.1-8B shapes (issue 27: 8K prefill)
     "rope_kv_store_neox": _rope_kv_store(True),
     "rope_kv_store_gptj": _rope_kv_store(False),
-    "rmsnorm_add": _rmsnorm(False),
-    "rmsnorm_add_early": _rmsnorm(True),
-    # SGLANG_DECODE_PDL=1 (issue 27): griddepcontrol.wait first, launched with programmatic dependent launch
-    "rmsnorm_add_pdl": _with(_rmsnorm(True), USE_GDC=True),
+    "rmsnorm_add": _rmsnorm(),
+    # programmatic dependent launch (issue 27; the default on Hopper, SGLANG_DECODE_PDL=0 opts out):
+    # griddepcontrol.wait first, then launch_dependents; the skinny GEMM prefetches weight lines into L2 before both
+    "rmsnorm_add_pdl": _with(_rmsnorm(), USE_GDC=True),
     "rope_kv_store_neox_pdl": _with(_rope_kv_store(True), USE_GDC=True),
     "decode_split_rows_direct_pdl": _with(_decode_split(True, True, 1), USE_GDC=True),
-    "skinny_gemm_pdl": _with(_skinny_gemm(), USE_GDC=True),
-    # SGLANG_DECODE_PDL=2: + griddepcontrol.launch_dependents; the skinny GEMM prefetches weight lines into L2 first
-    "rmsnorm_add_pdl2": _with(_rmsnorm(True), USE_GDC=2),
-    "skinny_gemm_pdl2": _with(_skinny_gemm(), USE_GDC=2, PF_LINES=16),
+    "skinny_gemm_pdl": _with(_skinny_gemm(), USE_GDC=True, PF_LINES=16),
     "rope_neox": _rope(True),  # the unfused kernel, for comparison
     "skinny_gemm": _skinny_gemm(),
 }

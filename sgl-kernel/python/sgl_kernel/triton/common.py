@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -38,49 +39,47 @@ def check_cuda_or_interpret(*tensors: torch.Tensor, what: str) -> None:
                              "call sglang.srt.layers.ops (torch fallback) or set TRITON_INTERPRET=1")
 
 
-EARLY_LOADS_ENV = "SGLANG_DECODE_EARLY_LOADS"
-
-
-def early_loads() -> bool:
-    """Whether the small per-layer kernels (RMSNorm, RoPE + KV store) issue all their independent global loads
-    before their first store (``SGLANG_DECODE_EARLY_LOADS=1``; default off until the GPU A/B of issue 27,
-    ``scripts/gpu/issue27_3_1gpu.sh``, decides). Read at launch, so a CUDA graph keeps the variant it captured.
-
-    Raises:
-        ValueError: the variable is set to something other than 0 or 1.
-    """
-    val = os.environ.get(EARLY_LOADS_ENV, "0").strip()
-    if val not in ("0", "1", ""):
-        raise ValueError(f"{EARLY_LOADS_ENV}={val!r}: use 0 (loads in program order) or 1 (loads first)")
-    return val == "1"
-
-
 PDL_ENV = "SGLANG_DECODE_PDL"
 
 
-def use_pdl(device: torch.device) -> int:
-    """The programmatic-dependent-launch mode of the decode-path Triton kernels (RMSNorm, RoPE + KV store,
-    SiLU-and-mul, split-KV decode attention, skinny GEMM): 0 plain launches; 1 (``SGLANG_DECODE_PDL=1``) the launch
-    carries ``cudaLaunchAttributeProgrammaticStreamSerialization`` (Triton's ``launch_pdl``) and the kernel's first
-    instruction is ``griddepcontrol.wait`` (``tl.extra.cuda.gdc_wait``), so its launch and block set-up overlap the
-    previous kernel's tail while every memory access still follows that kernel's completion (NVIDIA CUDA
-    Programming Guide, "Programmatic Dependent Launch and Synchronization"); 2 (``SGLANG_DECODE_PDL=2``, issue 27
-    item 2) as 1, and each kernel also issues ``griddepcontrol.launch_dependents`` right after its wait, so the next
-    kernel launches while this one runs (not at its end), and the skinny GEMM pulls the first K columns of its
-    weight strip into L2 before its wait (weights are never written by an earlier kernel of the step): the weight
-    stream starts during the previous kernel instead of after a launch + first-load bubble. Correctness is as in 1:
-    ``griddepcontrol.wait`` waits for the full completion and memory flush of the previous grid. Hopper or newer,
-    not the interpreter (else 0). Default 0 until the GPU A/B of issue 27 (``scripts/gpu/issue27_3_1gpu.sh``)
-    decides. Read at launch: a CUDA graph keeps what it captured. Callers use it as a truth value (PDL or not) and
-    pass it as the kernels' ``USE_GDC`` constexpr.
+@functools.lru_cache(maxsize=None)
+def triton_has_launch_pdl() -> bool:
+    """Whether this Triton's CUDA backend accepts the ``launch_pdl`` launch option (Triton >= 3.4); False when the
+    NVIDIA backend is missing (e.g. a ROCm or CPU-only build)."""
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except Exception:  # no NVIDIA backend: plain launches
+        return False
+    return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
+
+
+def use_pdl(device: torch.device) -> bool:
+    """Whether the decode-path Triton kernels (RMSNorm, RoPE + KV store, SiLU-and-mul, split-KV decode attention,
+    skinny GEMM and its split-K reduce) launch with programmatic dependent launch (on by default since issue 27
+    round 4; ``SGLANG_DECODE_PDL=0`` opts out, ``=2`` or unset is on). Each such launch carries
+    ``cudaLaunchAttributeProgrammaticStreamSerialization`` (Triton's ``launch_pdl``); the kernel's first instruction
+    is ``griddepcontrol.wait`` (``tl.extra.cuda.gdc_wait``), which waits for the full completion and memory flush of
+    the previous grid, so every memory access still follows that kernel; right after the wait it issues
+    ``griddepcontrol.launch_dependents``, so the next kernel launches (and sets up its blocks) while this one runs;
+    and the skinny GEMM pulls the first K columns of its weight strip into L2 before its wait (weights are never
+    written by an earlier kernel of the step), so the weight stream starts during the previous kernel (NVIDIA CUDA
+    Programming Guide, "Programmatic Dependent Launch and Synchronization"). The one-GPU A/B of issue 27
+    (``benchmark/results/2026-11-27_issue27_round4_h100.md``) measured the served decode step 0.113 / 0.070 ms
+    faster at batch 32 / 128 than plain launches on an H100 (+0.027 ms at batch 1, within noise); the former
+    ``=1`` mode (wait only, no early launch or prefetch) was dominated by this one and was removed.
+
+    Off (plain launches) in the Triton interpreter, on non-CUDA devices or ROCm, below Hopper (compute capability 9),
+    or when Triton lacks the ``launch_pdl`` option. Read at launch: a CUDA graph keeps what it captured. Callers pass
+    it as the kernels' ``USE_GDC`` constexpr.
 
     Raises:
-        ValueError: the variable is set to something other than 0, 1 or 2.
+        ValueError: the variable is set to something other than 0 or 2 (``1``, the removed wait-only mode, included).
     """
-    val = os.environ.get(PDL_ENV, "0").strip()
-    if val not in ("0", "1", "2", ""):
-        raise ValueError(f"{PDL_ENV}={val!r}: use 0 (plain launches), 1 (programmatic dependent launch) or 2 "
-                         "(1 + early launch of the next kernel and L2 weight prefetch in the skinny GEMM)")
-    if val in ("0", "") or interpreting() or device.type != "cuda":
-        return 0
-    return int(val) if torch.cuda.get_device_capability(device)[0] >= 9 else 0
+    val = os.environ.get(PDL_ENV, "2").strip()
+    if val not in ("0", "2", ""):
+        raise ValueError(f"{PDL_ENV}={val!r}: use 0 (plain launches) or 2 (programmatic dependent launch with early "
+                         "launch of the next kernel and L2 weight prefetch, the default; unset means 2); the "
+                         "wait-only mode 1 was removed in issue 27")
+    if val == "0" or interpreting() or device.type != "cuda" or torch.version.hip is not None:
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9 and triton_has_launch_pdl()

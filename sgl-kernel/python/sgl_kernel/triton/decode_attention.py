@@ -57,10 +57,10 @@ def _decode_split_kernel(
     # and transpose in registers for QK^T; False keeps the original [BLOCK_D, BLOCK_N] gather.
     # DIRECT_OUT (only with NUM_SPLITS == 1): write the normalised output straight into Out in its dtype, so no
     # partial results and no reduce launch.
-    # USE_GDC: launched with programmatic dependent launch; wait for the previous kernel before any memory access.
+    # USE_GDC: launched with programmatic dependent launch; wait for the previous kernel before any memory access,
+    # then let the next kernel launch (and prefetch its weights) while this one runs.
     if USE_GDC:
         tl.extra.cuda.gdc_wait()
-    if USE_GDC == 2:  # SGLANG_DECODE_PDL=2: let the next kernel launch (and prefetch its weights) while this runs
         tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -275,9 +275,10 @@ def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tens
         ValueError: inconsistent shapes, num_heads not a multiple of num_kv_heads, non-CUDA tensors
             outside the Triton interpreter.
     Note: with fp32 inputs on a GPU the products run in TF32 (Triton's default dot precision).
-    Issue 27 A/B switches, read at launch and off by default: ``SGLANG_DECODE_ATTN_SMALL_GRID_TILE`` (see
+    Issue 27 switches, read at launch: ``SGLANG_DECODE_ATTN_SMALL_GRID_TILE`` (A/B, off by default; see
     :func:`small_grid_tile`; explicit ``block_n`` / ``num_warps`` / ``num_stages`` still win) and
-    ``SGLANG_DECODE_PDL`` (:func:`sgl_kernel.triton.common.use_pdl`; not with ``legacy``).
+    ``SGLANG_DECODE_PDL`` (programmatic dependent launch of the split kernel, on by default where
+    :func:`sgl_kernel.triton.common.use_pdl` allows; ``=0`` opts out; never with ``legacy``).
     """
     bs, nh, hd = q.shape
     nkv = k_buf.shape[1]

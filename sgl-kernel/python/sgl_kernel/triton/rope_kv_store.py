@@ -10,9 +10,9 @@ untouched (same slots, same ``[slot, head, dim]`` order), so everything that rea
 disaggregation descriptors, HiCache) sees the same bytes as after ``apply_rope`` + ``set_kv_buffer``: the rotated
 k is rounded to k's dtype first and only then cast to the pool dtype, exactly as the unfused path does. The
 caller's k tensor itself is not modified.
-Issue 27 A/B switch, read at launch, off by default: ``SGLANG_DECODE_PDL=1`` launches with programmatic dependent
-launch (:func:`sgl_kernel.triton.common.use_pdl`). ``SGLANG_DECODE_EARLY_LOADS`` does not apply here: a variant
-that loaded k and v before storing q wrote different k bytes on an H200 (2026-11-27), so it was removed.
+Launched with programmatic dependent launch where :func:`sgl_kernel.triton.common.use_pdl` allows (default since
+issue 27; ``SGLANG_DECODE_PDL=0`` opts out). A variant that loaded k and v before storing q wrote different k bytes
+on an H200 (2026-11-27), so it was removed; the loads stay in program order.
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ def _rope_kv_store_kernel(Pos, Q, K, V, Cache, K_buf, V_buf, Loc,
                           HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
                           BLOCK_D: tl.constexpr, NEOX: tl.constexpr, BLOCK_HQ: tl.constexpr,
                           BLOCK_HK: tl.constexpr, PASS_THROUGH: tl.constexpr, USE_GDC: tl.constexpr = False):
-    # USE_GDC: launched with programmatic dependent launch; wait for the previous kernel before any memory access.
+    # USE_GDC: launched with programmatic dependent launch; wait for the previous kernel before any memory access,
+    # then let the next kernel launch (and prefetch its weights) while this one runs.
     if USE_GDC:
         tl.extra.cuda.gdc_wait()
-    if USE_GDC == 2:  # SGLANG_DECODE_PDL=2: let the next kernel launch (and prefetch its weights) while this runs
         tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     pos = tl.load(Pos + row).to(tl.int64)

@@ -12,10 +12,10 @@ its split-K GEMM; Williams et al., "Roofline", CACM 2009, for the bandwidth boun
 
 Which shapes and batch sizes use it is decided by measurement on the device
 (:mod:`sglang.srt.layers.decode_gemm`, issue 27); ``SGLANG_SKINNY_GEMM=1`` forces the issue-19 default config.
-``SGLANG_DECODE_PDL=1`` (issue 27 A/B, off by default) launches both kernels with programmatic dependent launch
-(:func:`sgl_kernel.triton.common.use_pdl`); ``=2`` also has each program pull the first :data:`PREFETCH_K` columns
-of its weight strip into L2 (``prefetch.global.L2``) before ``griddepcontrol.wait``, so at a ~15 us qkv / o_proj
-call the weight stream overlaps the previous kernel instead of starting after the launch + first-load bubble.
+Both kernels launch with programmatic dependent launch where :func:`sgl_kernel.triton.common.use_pdl` allows
+(default since issue 27 round 4; ``SGLANG_DECODE_PDL=0`` opts out): each program pulls the first :data:`PREFETCH_K`
+columns of its weight strip into L2 (``prefetch.global.L2``) before ``griddepcontrol.wait``, so at a ~15 us qkv /
+o_proj call the weight stream overlaps the previous kernel instead of starting after the launch + first-load bubble.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from sgl_kernel.triton.common import check_cuda_or_interpret, interpreting, next
 logger = logging.getLogger(__name__)
 
 MAX_M = 128
-# Under SGLANG_DECODE_PDL=2 each program prefetches the first min(PREFETCH_K, PREFETCH_BYTES / row bytes) K columns of
-# its weight rows into L2: 64 KiB x 132 resident programs ~ 8.4 MB ~ 3 us of HBM time, about the launch + first-load
+# Under programmatic dependent launch each program prefetches the first min(PREFETCH_K, PREFETCH_BYTES / row bytes) K
+# columns of its weight rows into L2: 64 KiB x 132 resident programs ~ 8.4 MB ~ 3 us of HBM time, about the launch + first-load
 # bubble it is meant to fill, without flooding L2 on wide strips.
 PREFETCH_K = 1024
 PREFETCH_BYTES = 64 * 1024
@@ -80,15 +80,13 @@ def _skinny_gemm_kernel(X, W, B, Y, M, N, K, K_CHUNK, stride_xm, stride_wn, stri
     mask_n = offs_n < N
     k_lo = sid * K_CHUNK
     k_hi = tl.minimum(k_lo + K_CHUNK, K)
-    if USE_GDC == 2:  # SGLANG_DECODE_PDL=2: the weight is read-only for the whole step, so start its stream now
+    if USE_GDC:  # programmatic dependent launch: the weight is read-only for the whole step, so start its stream now
         pf_k = k_lo + tl.arange(0, PF_LINES) * PF_STEP  # one address per 128-byte line
         pf = W + offs_n.to(tl.int64)[:, None] * stride_wn + pf_k[None, :]
         pf = tl.where(mask_n[:, None] & (pf_k < k_hi)[None, :], pf, W)
         tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n mov.u32 $0, 0;", "=r,l", [pf], dtype=tl.int32,
                                   is_pure=False, pack=1)
-    if USE_GDC:  # launched with programmatic dependent launch (issue 27): wait for the previous kernel first
-        tl.extra.cuda.gdc_wait()
-    if USE_GDC == 2:
+        tl.extra.cuda.gdc_wait()  # wait for the previous kernel (issue 27), then let the next one launch
         tl.extra.cuda.gdc_launch_dependents()
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     x_ptr = X + offs_m[:, None] * stride_xm + offs_k[None, :]
@@ -115,7 +113,6 @@ def _splitk_reduce_kernel(P, B, Y, MN, N, SPLIT, HAS_BIAS: tl.constexpr, BLOCK: 
                           USE_GDC: tl.constexpr = False):
     if USE_GDC:
         tl.extra.cuda.gdc_wait()
-    if USE_GDC == 2:
         tl.extra.cuda.gdc_launch_dependents()
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < MN
@@ -128,8 +125,8 @@ def _splitk_reduce_kernel(P, B, Y, MN, N, SPLIT, HAS_BIAS: tl.constexpr, BLOCK: 
 
 
 def _prefetch_lines(chunk: int, block_n: int, elem_bytes: int) -> int:
-    """128-byte lines per weight row that a program prefetches under ``SGLANG_DECODE_PDL=2`` (a power of two >= 1):
-    the first ``min(chunk, PREFETCH_K, PREFETCH_BYTES / (block_n * elem_bytes))`` K columns of its strip."""
+    """128-byte lines per weight row that a program prefetches under programmatic dependent launch (a power of two
+    >= 1): the first ``min(chunk, PREFETCH_K, PREFETCH_BYTES / (block_n * elem_bytes))`` K columns of its strip."""
     cols = min(chunk, PREFETCH_K, max(1, PREFETCH_BYTES // (block_n * elem_bytes)))
     lines = max(1, cols * elem_bytes // 128)
     return 1 << (lines.bit_length() - 1)  # round down: never past the byte cap
@@ -174,7 +171,7 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] =
         x, w, bias if bias is not None else w, part, m, n, k, chunk, x.stride(0), w.stride(0), n,
         BLOCK_M=max(16, next_pow2(m)), BLOCK_N=block_n, BLOCK_K=bk, HAS_BIAS=bias is not None,
         PARTIAL=split > 1, DOT_F32=interpreting(), USE_GDC=pdl, num_warps=num_warps, num_stages=num_stages,
-        PF_LINES=_prefetch_lines(chunk, block_n, x.element_size()) if pdl == 2 else 1, PF_STEP=pf_step,
+        PF_LINES=_prefetch_lines(chunk, block_n, x.element_size()) if pdl else 1, PF_STEP=pf_step,
         **launch)
     if split > 1:
         block = 1024
