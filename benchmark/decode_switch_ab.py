@@ -70,9 +70,22 @@ def switched(env: Dict[str, str]):
                 os.environ[k] = v
 
 
+def _unset_pdl_mode() -> str:
+    """``"2"`` where ``SGLANG_DECODE_PDL`` unset means on for the current CUDA device's model
+    (``sgl_kernel.triton.common.PDL_DEFAULT_ON_MODELS``), else ``"0"`` (also without CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "0"
+    from sgl_kernel.triton.common import _pdl_default_on
+
+    return "2" if _pdl_default_on(torch.cuda.get_device_name(torch.cuda.current_device())) else "0"
+
+
 def capture_sets(runner, sizes: List[int], capture: Callable, sets: Sets) -> Dict[str, object]:
     """One CUDA-graph set per entry of ``sets``. The decode-GEMM autotune runs at the first capture of each
-    ``SGLANG_DECODE_PDL`` value, unset counting as ``2`` (the skinny kernel's launch mode changes its timings, e.g.
+    effective ``SGLANG_DECODE_PDL`` value, unset counting as this GPU model's default (:func:`_unset_pdl_mode`; the
+    skinny kernel's launch mode changes its timings, e.g.
     its L2 weight prefetch, so each mode picks its own cuBLAS / skinny table) and later sets of that mode reuse it
     (``decode_gemm.maybe_autotune`` patched for those captures only). A later set whose capture raises is logged and
     left out (its name maps to the error text); the first set's error propagates."""
@@ -84,7 +97,7 @@ def capture_sets(runner, sizes: List[int], capture: Callable, sets: Sets) -> Dic
     try:
         for i, (name, env) in enumerate(sets):
             t0 = time.monotonic()
-            mode = env.get("SGLANG_DECODE_PDL", "2").strip() or "2"
+            mode = env.get("SGLANG_DECODE_PDL", "").strip() or _unset_pdl_mode()
             decode_gemm.maybe_autotune = (lambda t: (lambda *a, **k: t))(tables[mode]) if mode in tables else orig
             try:
                 with switched(env):

@@ -57,7 +57,7 @@ def test_render_switch_reports_difference_to_first_set():
 
 def test_capture_sets_tunes_once_per_pdl_mode(monkeypatch):
     """The decode-GEMM autotune runs at the first capture of each SGLANG_DECODE_PDL value, unset counting as the
-    default 2 (the skinny kernel's launch mode changes its timings); later sets of that value reuse its table; the
+    GPU model's default (2 here, as on an H100; the skinny kernel's launch mode changes its timings); later sets of that value reuse its table; the
     real tuner is restored afterwards."""
     from sglang.srt.layers import decode_gemm
 
@@ -72,6 +72,7 @@ def test_capture_sets_tunes_once_per_pdl_mode(monkeypatch):
             self.decode_gemm_table = table
 
     monkeypatch.setattr(decode_gemm, "maybe_autotune", fake_tune)
+    monkeypatch.setattr(sw, "_unset_pdl_mode", lambda: "2")  # a GPU model where unset means on (H100)
     sets = sw.parse_sets(f"default:;tile:{TILE}=128/8/3;pdl2:{PDL}=2;nopdl:{PDL}=0;nopdl_tile:{PDL}=0,{TILE}=128/8/3")
     graphs = sw.capture_sets(None, [1, 32], lambda runner, sizes: Graphs(decode_gemm.maybe_autotune()), sets)
     assert tuned == ["unset", "0"]  # default, tile and pdl2 share the table of mode 2

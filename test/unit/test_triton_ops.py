@@ -288,9 +288,9 @@ def test_pdl_and_small_grid_tile_switches(monkeypatch):
 
 
 def test_pdl_gate_on_a_cuda_device(monkeypatch):
-    """With a CUDA device faked on this CPU machine (interpreter off): PDL is on by default on Hopper (capability 9)
-    when Triton has the launch_pdl option, and off below Hopper, without the option, on ROCm, or with
-    SGLANG_DECODE_PDL=0."""
+    """With a CUDA device faked on this CPU machine (interpreter off): PDL unset is on for the H100 (where it measured
+    faster) and off for the H200 (where it measured slower); =2 forces it on and =0 off; it is never on below Hopper
+    (capability 9), without Triton's launch_pdl option, or on ROCm."""
     from sgl_kernel.triton import common
 
     dev = torch.device("cuda", 0)
@@ -299,13 +299,18 @@ def test_pdl_gate_on_a_cuda_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: cap[0])
     monkeypatch.setattr(common, "triton_has_launch_pdl", lambda: True)
     monkeypatch.setattr(torch.version, "hip", None)
+    name = ["NVIDIA H100 80GB HBM3"]
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: name[0])
     monkeypatch.delenv("SGLANG_DECODE_PDL", raising=False)
-    assert common.use_pdl(dev) is True
+    assert common.use_pdl(dev) is True  # unset: on where it measured faster (H100)
+    name[0] = "NVIDIA H200"
+    assert common.use_pdl(dev) is False  # unset: off where it measured slower (H200) or was never measured
     monkeypatch.setenv("SGLANG_DECODE_PDL", "2")
     assert common.use_pdl(dev) is True
     monkeypatch.setenv("SGLANG_DECODE_PDL", "0")
+    name[0] = "NVIDIA H100 80GB HBM3"
     assert common.use_pdl(dev) is False
-    monkeypatch.delenv("SGLANG_DECODE_PDL")
+    monkeypatch.setenv("SGLANG_DECODE_PDL", "2")
     cap[0] = (8, 0)  # Ampere: no griddepcontrol
     assert common.use_pdl(dev) is False
     cap[0] = (10, 0)

@@ -40,6 +40,11 @@ def check_cuda_or_interpret(*tensors: torch.Tensor, what: str) -> None:
 
 
 PDL_ENV = "SGLANG_DECODE_PDL"
+#: GPU models (substrings of ``torch.cuda.get_device_name``) where ``SGLANG_DECODE_PDL`` unset means on: the issue-27
+#: same-run A/Bs measured PDL faster than plain launches on an H100 (served step -0.113 / -0.070 ms at batch 32 /
+#: 128, ``benchmark/results/2026-11-27_issue27_round4_h100.md``) and slower on an H200 (+0.148 / +0.149 ms at batch
+#: 32 / 1, ``2026-11-27_issue27_round5_h200.md``); unmeasured models keep plain launches.
+PDL_DEFAULT_ON_MODELS = ("H100",)
 
 
 @functools.lru_cache(maxsize=None)
@@ -55,8 +60,9 @@ def triton_has_launch_pdl() -> bool:
 
 def use_pdl(device: torch.device) -> bool:
     """Whether the decode-path Triton kernels (RMSNorm, RoPE + KV store, SiLU-and-mul, split-KV decode attention,
-    skinny GEMM and its split-K reduce) launch with programmatic dependent launch (on by default since issue 27
-    round 4; ``SGLANG_DECODE_PDL=0`` opts out, ``=2`` or unset is on). Each such launch carries
+    skinny GEMM and its split-K reduce) launch with programmatic dependent launch (``SGLANG_DECODE_PDL=2`` on,
+    ``=0`` off; unset: on for the GPU models of :data:`PDL_DEFAULT_ON_MODELS`, where it measured faster, off
+    elsewhere). Each such launch carries
     ``cudaLaunchAttributeProgrammaticStreamSerialization`` (Triton's ``launch_pdl``); the kernel's first instruction
     is ``griddepcontrol.wait`` (``tl.extra.cuda.gdc_wait``), which waits for the full completion and memory flush of
     the previous grid, so every memory access still follows that kernel; right after the wait it issues
@@ -65,7 +71,8 @@ def use_pdl(device: torch.device) -> bool:
     written by an earlier kernel of the step), so the weight stream starts during the previous kernel (NVIDIA CUDA
     Programming Guide, "Programmatic Dependent Launch and Synchronization"). The one-GPU A/B of issue 27
     (``benchmark/results/2026-11-27_issue27_round4_h100.md``) measured the served decode step 0.113 / 0.070 ms
-    faster at batch 32 / 128 than plain launches on an H100 (+0.027 ms at batch 1, within noise); the former
+    faster at batch 32 / 128 than plain launches on an H100 (+0.027 ms at batch 1, within noise), and an H200 run
+    (round 5) measured it 0.15 ms slower at batch 1 and 32, hence the per-model default; the former
     ``=1`` mode (wait only, no early launch or prefetch) was dominated by this one and was removed.
 
     Off (plain launches) in the Triton interpreter, on non-CUDA devices or ROCm, below Hopper (compute capability 9),
@@ -75,11 +82,19 @@ def use_pdl(device: torch.device) -> bool:
     Raises:
         ValueError: the variable is set to something other than 0 or 2 (``1``, the removed wait-only mode, included).
     """
-    val = os.environ.get(PDL_ENV, "2").strip()
+    val = os.environ.get(PDL_ENV, "").strip()
     if val not in ("0", "2", ""):
         raise ValueError(f"{PDL_ENV}={val!r}: use 0 (plain launches) or 2 (programmatic dependent launch with early "
                          "launch of the next kernel and L2 weight prefetch, the default; unset means 2); the "
                          "wait-only mode 1 was removed in issue 27")
     if val == "0" or interpreting() or device.type != "cuda" or torch.version.hip is not None:
         return False
-    return torch.cuda.get_device_capability(device)[0] >= 9 and triton_has_launch_pdl()
+    if torch.cuda.get_device_capability(device)[0] < 9 or not triton_has_launch_pdl():
+        return False
+    return val == "2" or _pdl_default_on(torch.cuda.get_device_name(device))
+
+
+@functools.lru_cache(maxsize=None)
+def _pdl_default_on(gpu_name: str) -> bool:
+    """Whether ``SGLANG_DECODE_PDL`` unset means on for this GPU model (:data:`PDL_DEFAULT_ON_MODELS`)."""
+    return any(m in gpu_name for m in PDL_DEFAULT_ON_MODELS)
