@@ -232,3 +232,50 @@ def test_ll_protocol_bad_input():
     tr.on_control([types.SimpleNamespace(buffer=header.tobytes()), types.SimpleNamespace(buffer=body)])
     with pytest.raises(ValueError, match="rank 1 uses protocol 'flag', this rank 'll'"):
         tr._peer(1)
+
+
+FLOOR_CASE = textwrap.dedent("""
+    import sys, tempfile
+    import torch
+    sys.path[:0] = [sys.argv[1], sys.argv[2]]
+    from afd_m2n_floor import RawLLFloor
+    from m2n_push_sim_case import SimDriver, SimPlatform
+    from sgl_kernel.m2n import M2NConfig, M2NEndpoint, RowLayout
+    from sgl_kernel.m2n.cuda_push import CudaPushTransport
+    from sgl_kernel.m2n.ll_kernels import ll_reference
+
+    d, plat = tempfile.mkdtemp(), SimPlatform(SimDriver())
+    eps = [M2NEndpoint(M2NConfig(r, (f"ipc://{d}/0", f"ipc://{d}/1"), 40, timeout_s=10),
+                       RowLayout(((torch.float32, 256),)),
+                       transport=CudaPushTransport(wait_timeout_s=1.0, platform=plat, protocol="ll")) for r in range(2)]
+    x = torch.randn(40, 256)
+    fl = [RawLLFloor(eps[r], 1 - r, x.numel() * 4, 3) for r in range(2)]
+    for hop in range(3):  # ping-pong: 0 -> 1 -> 0 -> 1, tags advance per hop
+        s, r = hop % 2, 1 - hop % 2
+        y = x * (hop + 1)
+        fl[s].put(y)
+        assert torch.equal(fl[r].local[:y.numel()], ll_reference(y.view(torch.uint8).flatten(), 1, [y.numel() * 4],
+                                                                  hop // 2)), hop
+        fl[r].wait()
+        eps[r].check()
+    fl[0].wait()  # nothing was put: the bounded wait records the error, check() raises
+    try:
+        eps[0].check()
+        raise AssertionError("no error")
+    except TimeoutError as e:
+        assert "m2n_ll_recv_kernel" in str(e), e
+    print("OK")
+""")
+
+
+@needs_triton
+def test_raw_ll_floor_kernels_interpreter():
+    """benchmark/afd_m2n_floor.py (the latency table's floor): the put writes the LL words of the torch reference
+    into the peer's slot with the hop's tag, the wait accepts them, and a wait for a put that never came fails
+    closed."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "sgl-kernel" / "python"), str(REPO / "python"),
+                                         env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-c", FLOOR_CASE, str(REPO / "benchmark"), str(Path(__file__).parent)],
+                       env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-1000:] + r.stderr[-3000:]
