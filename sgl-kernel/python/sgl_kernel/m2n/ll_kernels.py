@@ -49,6 +49,7 @@ LL_SITE = 14  # tdist.layout.WAIT_SITES code of these kernels
 LL_BLOCK = 1024  # LL words (int64) per program and step: 4 KB of payload, 8 KB on the wire
 LL_MAX_GRID = 32
 MASK32 = tl.constexpr(0xFFFFFFFF)
+HDR_LANES = tl.constexpr(128)  # lanes of the header spin (the 4 warps' threads)
 _INTERPRET = P._INTERPRET
 
 
@@ -177,7 +178,8 @@ def m2n_ll_recv_kernel(meta, ctr, src, hdr, ack, ack_delta, ring, dst, rows_out,
     slot = r % SLOTS
     tag = (r + 1) & MASK32
     hp = hdr + (src * SLOTS + slot) * G + c
-    hv, ok = _ll_wait(hp + offs * 0, offs >= 0, tag, meta, first, hp)
+    ho = tl.arange(0, HDR_LANES)  # the header: one lane per thread (every thread needs the row count)
+    hv, ok = _ll_wait(hp + ho * 0, ho >= 0, tag, meta, ho == 0, hp)
     rows = tl.where(ok, tl.minimum(tl.max(hv & MASK32, axis=0), max_rows), 0)
     base = ring + tl.multiple_of((src * SLOTS + slot) * cap_words, 2)  # slots are 16-byte aligned
     out_rows = tl.where(cap_rows < 0, rows, cap_rows)
