@@ -75,14 +75,22 @@ def _raw_ll_time(a, rank: int, kb: int, addrs, x, buf):
     from sgl_kernel.m2n import M2NConfig, M2NEndpoint, RowLayout, create_transport
     from sgl_kernel.m2n.ll_kernels import ll_grid
 
-    ep = M2NEndpoint(M2NConfig(rank, tuple(f"{x_}-{kb}-rawll" for x_ in addrs), x.shape[0], device=str(x.device)),
-                     RowLayout(((torch.float32, x.shape[1]),)), transport=create_transport("cuda_push_ll"))
-    try:
+    ep = M2NEndpoint(M2NConfig(rank, tuple(f"{x_}-{kb}-rawll" for x_ in addrs), x.shape[0], device=str(x.device),
+                               timeout_s=5.0), RowLayout(((torch.float32, x.shape[1]),)),
+                     transport=create_transport("cuda_push_ll"))
+    try:  # a floor failure is reported in its row; the M2N rows of this and later sizes still come
         fl = RawLLFloor(ep, 1 - rank, x.numel() * 4, ll_grid(ep.transport.cap))
-        return _m2n_graph_time(a, rank, "rawll", fl, x, buf)
+        for _ in range(3):  # compile and warm up eagerly, outside the capture
+            _m2n_round_trip(rank, "rawll", fl, x, buf)
+        torch.cuda.synchronize()
+        lat = _m2n_graph_time(a, rank, "rawll", fl, x, buf)
+        torch.cuda.synchronize()
+        ep.check()
+        return lat
+    except Exception as e:
+        return f"floor failed on rank {rank}: {type(e).__name__}: {str(e)[:160]}"
     finally:
         dist.barrier()
-        ep.check()
         ep.close()
 
 
