@@ -1,7 +1,9 @@
 """M2N latency part of ``benchmark/bench_afd.py`` (``--mode m2n``; MegaScale-Infer sec. 5, Fig. 12): two spawned
 ranks, rank 0 sends each size to rank 1, which echoes it; one-way latency = round trip / 2, M2N transports against
-``torch.distributed`` send/recv of the same bytes in the same run (eager and, on GPU, CUDA-graph rows). See
-bench_afd.py's module docstring for the method; :func:`run_m2n` returns the markdown table lines.
+``torch.distributed`` send/recv of the same bytes in the same run (eager and, on GPU, CUDA-graph rows). With a
+``cuda_push_ll`` transport on GPU, also the raw LL floor of ``afd_m2n_floor.py`` (one store kernel + one spin
+kernel per hop, no M2N bookkeeping), graphed like the others. See bench_afd.py's module docstring for the method;
+:func:`run_m2n` returns the markdown table lines.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ def _m2n_rank_body(rank: int, a, addrs, init: str, q) -> None:
             if ep is not None:
                 ep.check()
                 ep.close()
+        if a.graph_k and a.device == "cuda" and any(t.startswith("cuda_push_ll") for t in a.transports):
+            res[("rawll@graph", kb)] = _raw_ll_time(a, rank, kb, addrs, x, buf)
         if rank == 0 and a.device == "cuda" and torch.cuda.device_count() > 1:
             res[("floor", kb)] = _copy_floor(x)
         if rank == 0:  # each size as soon as it is measured: a run cut short still reports the sizes it finished
@@ -60,6 +64,34 @@ def _m2n_rank_body(rank: int, a, addrs, init: str, q) -> None:
     if rank == 0:
         q.put({"done": True})
     dist.destroy_process_group()
+
+
+def _raw_ll_time(a, rank: int, kb: int, addrs, x, buf):
+    """Graphed one-way latency (s, per replay) of the raw LL floor (``afd_m2n_floor.RawLLFloor``) for ``x``'s bytes,
+    on a fresh ``cuda_push_ll`` endpoint of its own (no M2N message shares its ring)."""
+    import torch.distributed as dist
+    from afd_m2n_floor import RawLLFloor
+
+    from sgl_kernel.m2n import M2NConfig, M2NEndpoint, RowLayout, create_transport
+    from sgl_kernel.m2n.ll_kernels import ll_grid
+
+    ep = M2NEndpoint(M2NConfig(rank, tuple(f"{x_}-{kb}-rawll" for x_ in addrs), x.shape[0], device=str(x.device),
+                               timeout_s=5.0), RowLayout(((torch.float32, x.shape[1]),)),
+                     transport=create_transport("cuda_push_ll"))
+    try:  # a floor failure is reported in its row; the M2N rows of this and later sizes still come
+        fl = RawLLFloor(ep, 1 - rank, x.numel() * 4, ll_grid(ep.transport.cap))
+        for _ in range(3):  # compile and warm up eagerly, outside the capture
+            _m2n_round_trip(rank, "rawll", fl, x, buf)
+        torch.cuda.synchronize()
+        lat = _m2n_graph_time(a, rank, "rawll", fl, x, buf)
+        torch.cuda.synchronize()
+        ep.check()
+        return lat
+    except Exception as e:
+        return f"floor failed on rank {rank}: {type(e).__name__}: {str(e)[:160]}"
+    finally:
+        dist.barrier()
+        ep.close()
 
 
 def _copy_floor(x, k: int = 20, reps: int = 5) -> float:
@@ -84,7 +116,14 @@ def _m2n_round_trip(rank: int, name: str, ep, x, buf) -> None:
     """One echo: rank 0 sends ``x`` and receives it back; rank 1 echoes. ``*-dev``: device-driven (no host message)."""
     import torch.distributed as dist
 
-    if name == "p2p":
+    if name == "rawll":  # ep: an afd_m2n_floor.RawLLFloor
+        if rank == 0:
+            ep.put(x)
+            ep.wait()
+        else:
+            ep.wait()
+            ep.put(x)
+    elif name == "p2p":
         if rank == 0:
             dist.send(x.view(-1), 1)
             dist.recv(buf, 1)
@@ -220,6 +259,9 @@ def run_m2n(a) -> list[str]:
             if f"{name}@graph|{kb}" in res:
                 lines.append(_m2n_rows(res, f"{name}@graph", "p2p@graph", kb,
                                        f"{name} (CUDA graph, K={a.graph_k}; baseline graphed too)"))
+        if f"rawll@graph|{kb}" in res:
+            lines.append(_m2n_rows(res, "rawll@graph", "p2p@graph", kb,
+                                   f"floor: raw LL store + spin, no M2N bookkeeping (CUDA graph, K={a.graph_k})"))
     if err:  # the sizes measured before the error / time limit are above
         lines += ["", f"[partial] not every size was measured: {err.splitlines()[0][:300]}", "", "```",
                   err[-3000:], "```"]

@@ -7,7 +7,8 @@
   the check accumulates on the device (no host sync per message).
 * A killed peer fails closed: rank 0's receive raises within seconds and its close returns (no hang).
 
-* ``cuda_push`` (device-driven) also passes the device-only phases of ``m2n_push_case.py``: random row counts incl.
+* ``cuda_push`` (device-driven; ``cuda_push_ll``: the same with the low-latency protocol) also passes the
+  device-only phases of ``m2n_push_case.py``: random row counts incl.
   0 with the count read from the flag word, 10,000 back-to-back device-driven messages, and a killed peer whose
   device wait gives up within the budget (``check()`` raises TimeoutError); and a CUDA-graph phase (both ranks
   capture round trips with device row counts and replay them back to back; random rows incl. 0 vs the reference).
@@ -40,7 +41,8 @@ OP_ECHO, OP_DIE = 0, 1
 RECV_TIMEOUT_S = 15.0  # every receive is bounded: a lost message fails the phase, never hangs it
 GROUP_TIMEOUT_S = 60.0  # peers' own receive timeout (they wait for rank 0's next message)
 # per transport: (back-to-back messages of phase 2, seconds the whole group may take: spawn + attach + 3 phases)
-BOUNDS = {"cuda_ipc": (10_000, 30.0), "inline": (200, 15.0), "nixl": (500, 25.0), "cuda_push": (10_000, 50.0)}
+BOUNDS = {"cuda_ipc": (10_000, 30.0), "inline": (200, 15.0), "nixl": (500, 25.0), "cuda_push": (10_000, 50.0),
+          "cuda_push_ll": (10_000, 50.0)}
 GRAPH_K, GRAPH_REPLAYS = 8, 20  # cuda_push phase G: round trips per captured graph, replays back to back
 PUSH_BUDGET_S = 3.0  # rank 0's device-wait budget with cuda_push (the killed-peer phase waits this long)
 
@@ -66,10 +68,10 @@ def _endpoint(rank, addrs, transport, timeout_s):
     from sglang.srt.afd.protocol import create_afd_transport  # injects the NIXL agent factory for "nixl"
 
     torch.cuda.set_device(rank)
-    if transport == "cuda_push" and rank == 0:
+    if transport.startswith("cuda_push") and rank == 0:
         from sgl_kernel.m2n.cuda_push import CudaPushTransport
 
-        tr = CudaPushTransport(wait_timeout_s=PUSH_BUDGET_S)
+        tr = CudaPushTransport(wait_timeout_s=PUSH_BUDGET_S, protocol="ll" if transport == "cuda_push_ll" else "flag")
     else:
         tr = create_afd_transport(transport)
     return M2NEndpoint(M2NConfig(rank, addrs, MAX_ROWS, slots=SLOTS, device=f"cuda:{rank}", timeout_s=timeout_s),
@@ -149,7 +151,7 @@ def _driver(addrs, transport, n_msgs, q) -> None:
         rate = n_msgs / (time.perf_counter() - t0)
         _progress(0, transport, f"phase 2 done ({rate:.0f} msg/s); phase 3 (killed peer)", t00)
         dev = {}
-        if transport == "cuda_push":
+        if transport.startswith("cuda_push"):
             dev = m2n_push_case.driver_device_phases(ep, lambda n: _msg(g, n), n_msgs, MAX_ROWS, SLOTS,
                                                      lambda s: _progress(0, transport, s, t00))
             dev.update(m2n_push_case.driver_graph_phase(ep, lambda n: _msg(g, n), GRAPH_K, GRAPH_REPLAYS, MAX_ROWS,
@@ -157,7 +159,7 @@ def _driver(addrs, transport, n_msgs, q) -> None:
             dev["dev_died"] = m2n_push_case.driver_device_kill(ep, lambda n: _msg(g, n), OP_DIE)
             _progress(0, transport, f"D3 device receive from the killed peer: {dev['dev_died']}", t00)
         # phase 3: peer 1 dies (cuda_push: it died in D3 already); the next receive must fail within the timeout
-        if transport != "cuda_push":
+        if not transport.startswith("cuda_push"):
             ep.send(1, [x, ids, w], (OP_DIE, 0))
             ep.send(1, [x, ids, w], (OP_ECHO, -1))
         t0 = time.perf_counter()
@@ -217,7 +219,8 @@ def run_group(transport: str, world: int, n_msgs: int, bound_s: float) -> dict:
                 p.join(timeout=5)
 
 
-CASES = [("cuda_push", 2), ("cuda_ipc", 2), ("inline", 2), ("nixl", 2), ("cuda_push", 4), ("cuda_ipc", 4),
+CASES = [("cuda_push", 2), ("cuda_push_ll", 2), ("cuda_ipc", 2), ("inline", 2), ("nixl", 2), ("cuda_push", 4),
+         ("cuda_ipc", 4),
          ("inline", 4)]
 
 
@@ -238,7 +241,7 @@ def test_m2n_one_rank_per_gpu(transport, world):
     assert rep["digest"] == rep["ref_digest"], f"{transport} delivered other bytes than the torch reference"
     assert rep["died"].startswith(("TimeoutError", "ConnectionError")), rep["died"]
     assert rep["close_s"] < 5.0, f"close after the killed peer took {rep['close_s']:.1f} s"
-    if transport == "cuda_push":
+    if transport.startswith("cuda_push"):
         assert rep["dev_bad"] == 0 and rep["dev_mismatch"] == 0, rep
         assert rep["graph_mismatch"] == 0 and rep["graph_msgs"] == GRAPH_K * GRAPH_REPLAYS, rep
         assert rep["dev_died"].startswith("TimeoutError"), rep["dev_died"]

@@ -20,7 +20,7 @@ import tempfile
 import numpy as np
 import torch
 
-from sgl_kernel.m2n import M2NConfig, M2NEndpoint, RowLayout, push_kernels
+from sgl_kernel.m2n import M2NConfig, M2NEndpoint, RowLayout, ll_kernels, push_kernels
 from sgl_kernel.m2n.cuda_push import CudaPushTransport
 
 
@@ -57,9 +57,10 @@ class BrokenCounterTransport(CudaPushTransport):
     """A receive that does not advance its device sequence counter (the deliberate bug the checks must catch)."""
 
     def _recv_into(self, src, cap_rows, grid_bytes):
-        before = int(self.ctr[self.ep.world + src])
+        ctr = self.ll_ctr[1, src] if self.protocol == "ll" else self.ctr[self.ep.world + src:self.ep.world + src + 1]
+        before = ctr.clone()
         super()._recv_into(src, cap_rows, grid_bytes)
-        self.ctr[self.ep.world + src] = before
+        ctr.copy_(before)
 
 
 class SimPlatform:
@@ -80,7 +81,23 @@ class SimPlatform:
         return t[skip:skip + n]
 
 
-def main(driver, transport_cls=CudaPushTransport):
+def _sent(tr, peer):
+    """Messages ``tr`` sent to ``peer`` per its device counters (LL: every program's counter; -1 if they differ)."""
+    if tr.protocol == "flag":
+        return int(tr.ctr[peer])
+    v = set(tr.ll_ctr[0, peer, :tr._peers[peer]["grid"]].tolist())
+    return v.pop() if len(v) == 1 else -1
+
+
+def _received(tr, src):
+    """Messages ``tr`` received from ``src`` per its device counters (LL: every program's; -1 if they differ)."""
+    if tr.protocol == "flag":
+        return int(tr.ctr[tr.ep.world + src])
+    v = set(tr.ll_ctr[1, src, :tr.grid].tolist())
+    return v.pop() if len(v) == 1 else -1
+
+
+def main(driver, transport_cls=CudaPushTransport, protocol="flag"):
     g = torch.Generator().manual_seed(5)
     lay = RowLayout(((torch.bfloat16, 10), (torch.int32, 3), (torch.float32, 2)))
     max_rows, slots = 12, 2
@@ -88,9 +105,10 @@ def main(driver, transport_cls=CudaPushTransport):
     addrs = (f"ipc://{d}/0", f"ipc://{d}/1")
     plat = SimPlatform(driver)
     eps = [M2NEndpoint(M2NConfig(r, addrs, max_rows, slots=slots, timeout_s=10), lay,
-                       transport=transport_cls(wait_timeout_s=1.0, platform=plat)) if r == 1 else
+                       transport=transport_cls(wait_timeout_s=1.0, platform=plat, protocol=protocol)) if r == 1 else
            M2NEndpoint(M2NConfig(r, addrs, max_rows, slots=slots, timeout_s=10), lay,
-                       transport=CudaPushTransport(wait_timeout_s=1.0, platform=plat)) for r in range(2)]
+                       transport=CudaPushTransport(wait_timeout_s=1.0, platform=plat, protocol=protocol))
+           for r in range(2)]
 
     def msg(n):
         return [torch.randn(n, 10, generator=g).bfloat16(),
@@ -130,21 +148,23 @@ def main(driver, transport_cls=CudaPushTransport):
     w = eps[0].world
     sent = [sum(1 for i in range(len(sizes)) if i % 2 == s_) + 1 for s_ in range(2)]  # + first / back
     sent[0] += 3
-    assert eps[0].transport.ctr[1].item() == sent[0] and eps[1].transport.ctr[w + 0].item() == sent[0], sent
-    assert eps[1].transport.ctr[0].item() == sent[1] and eps[0].transport.ctr[w + 1].item() == sent[1], sent
-    assert not eps[0].transport.ctr[2 * w:].any() and not eps[1].transport.ctr[2 * w:].any()  # arrivals reset
+    t0, t1 = eps[0].transport, eps[1].transport
+    assert _sent(t0, 1) == sent[0] and _received(t1, 0) == sent[0], (sent, _sent(t0, 1), _received(t1, 0))
+    assert _sent(t1, 0) == sent[1] and _received(t0, 1) == sent[1], sent
+    if protocol == "flag":
+        assert not t0.ctr[2 * w:].any() and not t1.ctr[2 * w:].any()  # arrivals reset
     # a message that never comes: the bounded device wait records it, check() raises
     eps[0].recv_device(1)
     try:
         eps[0].check()
         raise AssertionError("check() did not raise")
     except TimeoutError as e:
-        assert "m2n_recv_kernel" in str(e), e
+        assert ("m2n_ll_recv_kernel" if protocol == "ll" else "m2n_recv_kernel") in str(e), e
     for ep in eps:
         ep.close()
 
 
-def one_column(driver):
+def one_column(driver, protocol="flag"):
     """A one-column layout: contiguous aligned messages go to the peer without the staging pack (the direct view),
     others (a strided tensor, 0 rows) through it; bytes, row counts and counters as on the packed path."""
     g = torch.Generator().manual_seed(6)
@@ -152,7 +172,8 @@ def one_column(driver):
     d = tempfile.mkdtemp(prefix="m2n-push-sim1-")
     addrs = (f"ipc://{d}/0", f"ipc://{d}/1")
     eps = [M2NEndpoint(M2NConfig(r, addrs, 10, slots=2, timeout_s=10), lay,
-                       transport=CudaPushTransport(wait_timeout_s=1.0, platform=SimPlatform(driver))) for r in range(2)]
+                       transport=CudaPushTransport(wait_timeout_s=1.0, platform=SimPlatform(driver),
+                                                   protocol=protocol)) for r in range(2)]
     cases = [(5, False, None), (0, False, None), (7, True, None), (10, False, 4), (3, False, 0), (6, False, None)]
     for i, (n, strided, k) in enumerate(cases):
         t = torch.randn(n, 8, generator=g)[:, ::2] if strided else torch.randn(n, 4, generator=g)
@@ -164,10 +185,12 @@ def one_column(driver):
         eps[1].send(0, [dm.tensors[0][:kk].clone()], (i,))  # host-header path back
         m = eps[0].recv()
         assert m.meta[0] == i and torch.equal(m.tensors[0], t[:kk]), i
-    assert int(eps[0].transport.ctr[1]) == len(cases) == int(eps[1].transport.ctr[2 + 0])
+    assert _sent(eps[0].transport, 1) == len(cases) == _received(eps[1].transport, 0)
     # graph capturability: consecutive device-path messages launch with identical arguments (a replay of a captured
     # launch is correct because the counters, not the arguments, carry the sequence)
-    calls, real = [], {n: getattr(push_kernels, n) for n in ("launch_send", "launch_recv")}
+    mod = ll_kernels if protocol == "ll" else push_kernels
+    names = ("launch_ll_send", "launch_ll_recv") if protocol == "ll" else ("launch_send", "launch_recv")
+    calls, real = [], {n: getattr(mod, n) for n in names}
 
     def recorder(name):
         def rec(*args, **kw):
@@ -176,7 +199,7 @@ def one_column(driver):
         return rec
 
     for name in real:
-        setattr(push_kernels, name, recorder(name))
+        setattr(mod, name, recorder(name))
     t, k = torch.randn(6, 4, generator=g), torch.tensor([4])
     try:
         for _ in range(3):  # more messages than slots: the slot and the expected flag change, the arguments do not
@@ -185,9 +208,9 @@ def one_column(driver):
             assert int(dm.rows) == 4 and torch.equal(dm.tensors[0][:4], t[:4])
     finally:
         for name, fn in real.items():
-            setattr(push_kernels, name, fn)
-    sends = [c for c in calls if c[0] == "launch_send"]
-    recvs = [c for c in calls if c[0] == "launch_recv"]
+            setattr(mod, name, fn)
+    sends = [c for c in calls if c[0] == names[0]]
+    recvs = [c for c in calls if c[0] == names[1]]
     assert len(sends) == len(recvs) == 3 and len(set(sends)) == 1 and len(set(recvs)) == 1, calls
     for ep in eps:
         ep.check()
@@ -197,10 +220,11 @@ def one_column(driver):
 if __name__ == "__main__":
     if "--broken-counter" in sys.argv:
         try:
-            main(SimDriver(), BrokenCounterTransport)
+            main(SimDriver(), BrokenCounterTransport, "ll" if "--ll" in sys.argv else "flag")
         except AssertionError as e:
             print(f"BROKEN-DETECTED {e!r}"[:300])
         sys.exit(0)
-    main(SimDriver())
-    one_column(SimDriver())
+    proto = "ll" if "--ll" in sys.argv else "flag"
+    main(SimDriver(), protocol=proto)
+    one_column(SimDriver(), protocol=proto)
     print("OK")

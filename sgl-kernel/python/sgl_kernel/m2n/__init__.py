@@ -14,7 +14,7 @@ from sgl_kernel.m2n.zmq_transport import InlineTransport
 
 def create_transport(name: str, group=None, nixl_agent_factory=None) -> PayloadTransport:
     """The payload transport called ``name``: ``inline`` | ``nccl`` (``group``: the p2p process group) |
-    ``cuda_ipc`` | ``cuda_push`` | ``nixl`` (``nixl_agent_factory``: builds the READ agent, see
+    ``cuda_ipc`` | ``cuda_push`` | ``cuda_push_ll`` | ``nixl`` (``nixl_agent_factory``: builds the READ agent, see
     :data:`sgl_kernel.m2n.nixl_transport.ReadAgentFactory`; nixl itself is imported at attach). Raises ValueError
     for another name, or for ``nixl`` without ``nixl_agent_factory``."""
     if name == "inline":
@@ -31,11 +31,15 @@ def create_transport(name: str, group=None, nixl_agent_factory=None) -> PayloadT
         from sgl_kernel.m2n.cuda_push import CudaPushTransport
 
         return CudaPushTransport()
+    if name == "cuda_push_ll":  # the low-latency protocol (sgl_kernel.m2n.ll_kernels)
+        from sgl_kernel.m2n.cuda_push import CudaPushTransport
+
+        return CudaPushTransport(protocol="ll")
     if name == "nixl":
         from sgl_kernel.m2n.nixl_transport import NixlTransport
 
         return NixlTransport(nixl_agent_factory)
-    raise ValueError(f"unknown M2N transport {name!r}; use inline, nccl, cuda_ipc, cuda_push or nixl")
+    raise ValueError(f"unknown M2N transport {name!r}; use inline, nccl, cuda_ipc, cuda_push, cuda_push_ll or nixl")
 
 
 __all__ = ["DeviceMessage", "M2NConfig", "M2NEndpoint", "Message", "PayloadTransport", "RowLayout", "InlineTransport",

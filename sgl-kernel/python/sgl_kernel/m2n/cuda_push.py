@@ -18,6 +18,11 @@ Per message from ``me`` to ``peer``, all stream-ordered on the caller's stream, 
   endpoint's receive buffer with the row count read from the flag word, and acks the slot (release store into the
   sender's heap).
 
+``protocol="ll"`` (``create_transport("cuda_push_ll")``): the low-latency protocol of
+:mod:`sgl_kernel.m2n.ll_kernels` instead: every payload word travels with the message tag in one 8-byte word (2x the
+ring and the wire), no flag, fence or cross-CTA counter on the critical path; per-program headers, acks and counters.
+Both sides of a group must use the same protocol (the hello carries it; a mismatch raises ValueError).
+
 Two ways to receive: ``M2NEndpoint.recv()`` (the header still rides ZMQ, for callers that need ``meta``/``src`` on
 the host, e.g. AFD) and ``M2NEndpoint.recv_device(src)`` with ``send(..., host_header=False)``: nothing goes through
 the host per message, the row count stays on the device (``send(..., rows=<device int64 [1]>)`` even sends a row
@@ -85,16 +90,22 @@ class CudaPushTransport(PayloadTransport):
     Args:
         wait_timeout_s: budget of every device wait (default: the endpoint's ``timeout_s``); a wait that runs out
             records the error and the host raises TimeoutError from :meth:`check` / the next receive.
+        protocol: ``"flag"`` (payload, then a release flag: :mod:`~sgl_kernel.m2n.push_kernels`) or ``"ll"`` (tagged
+            8-byte words: :mod:`~sgl_kernel.m2n.ll_kernels`).
     Raises:
-        ValueError: a non-positive budget.
+        ValueError: a non-positive budget or an unknown protocol.
     """
 
     name = "cuda_push"
     device_driven = True
 
-    def __init__(self, wait_timeout_s: Optional[float] = None, platform: Optional[_CudaPlatform] = None) -> None:
+    def __init__(self, wait_timeout_s: Optional[float] = None, platform: Optional[_CudaPlatform] = None,
+                 protocol: str = "flag") -> None:
         if wait_timeout_s is not None and not wait_timeout_s > 0:
             raise ValueError(f"cuda_push: wait_timeout_s={wait_timeout_s} must be > 0")
+        if protocol not in ("flag", "ll"):
+            raise ValueError(f"cuda_push: protocol={protocol!r}; use 'flag' or 'll'")
+        self.protocol = protocol
         self.wait_timeout_s = wait_timeout_s
         self.platform = platform or _CudaPlatform()
         self.ep = None
@@ -118,7 +129,13 @@ class CudaPushTransport(PayloadTransport):
         world, slots = endpoint.world, endpoint.config.slots
         self.cap = int(endpoint.recv_buf.numel())
         budget = self.wait_timeout_s or endpoint.config.timeout_s
-        cfg = HeapConfig(data_bytes=max(16, world * slots * self.cap), signal_slots=8 + world * slots + world,
+        ll = self.protocol == "ll"
+        if ll:
+            from sgl_kernel.m2n.ll_kernels import LL_MAX_GRID, ll_grid
+        self.grid = ll_grid(self.cap) if ll else 0  # LL: this receiver's fixed grid (its senders use it too)
+        ring_cap = self.cap * (2 if ll else 1)  # LL: one int64 word per int32 payload word
+        ll_sig = world * slots * self.grid + world * LL_MAX_GRID if ll else 0
+        cfg = HeapConfig(data_bytes=max(16, world * slots * ring_cap), signal_slots=8 + world * slots + world + ll_sig,
                          wait_timeout_s=budget)
         with self.platform.context(self.dev):
             torch.zeros(1, device=endpoint.device)  # the primary context is current on this thread
@@ -136,7 +153,11 @@ class CudaPushTransport(PayloadTransport):
                                       backend="cuda_ipc")
             self.flags = self.heap.signals("m2n.flags", world * slots)
             self.acks = self.heap.signals("m2n.acks", world)
-            self.ring = self.heap.tensor("m2n.ring", (world, slots, self.cap), torch.uint8)
+            self.ring = self.heap.tensor("m2n.ring", (world, slots, ring_cap), torch.uint8)
+            if ll:  # per-program headers [src, slot, grid], acks [peer, LL_MAX_GRID], counters [send|recv, peer, *]
+                self.ll_hdr = self.heap.signals("m2n.ll_hdr", world * slots * self.grid)
+                self.ll_acks = self.heap.signals("m2n.ll_acks", world * LL_MAX_GRID)
+                self.ll_ctr = torch.zeros(2, world, LL_MAX_GRID, dtype=torch.int64, device=endpoint.device)
             self.rows_out = torch.zeros(1, dtype=torch.int64, device=endpoint.device)
             self.col_bytes = torch.tensor([torch.empty(0, dtype=d).element_size() * w
                                            for d, w in endpoint.recv_layout.columns], dtype=torch.int64,
@@ -148,10 +169,14 @@ class CudaPushTransport(PayloadTransport):
             self.ctr = torch.zeros(4 * world, dtype=torch.int64, device=endpoint.device)
         self._recv32 = endpoint.recv_buf.view(torch.int32)
         self._ring32 = self.ring.view(torch.int32)
+        self._ring64 = self.ring.view(torch.int64)
         self._ack_me = self.acks[endpoint.rank:endpoint.rank + 1]  # launch arguments made once
         body = msgspec.msgpack.encode({"handle": cuda_ipc.ipc_get_handle(ptr), "cap": self.cap,
                                        "flags": self.flags.data_ptr() - ptr, "acks": self.acks.data_ptr() - ptr,
-                                       "ring": self.ring.data_ptr() - ptr, "bytes": cfg.total_bytes})
+                                       "ring": self.ring.data_ptr() - ptr, "bytes": cfg.total_bytes,
+                                       "protocol": self.protocol, "grid": self.grid,
+                                       **({"ll_hdr": self.ll_hdr.data_ptr() - ptr,
+                                           "ll_acks": self.ll_acks.data_ptr() - ptr} if ll else {})})
         header = np.zeros(HEADER_LEN, dtype=np.int64)
         header[:2] = (KIND_PUSH_HELLO, endpoint.rank)
         for peer in range(world):
@@ -170,6 +195,22 @@ class CudaPushTransport(PayloadTransport):
         self._opened.append(base)
         me, slots = self.ep.rank, self.ep.config.slots
         cap = int(d["cap"])
+        if d.get("protocol", "flag") != self.protocol:
+            self._peers[src] = {"error": f"cuda_push: rank {src} uses protocol {d.get('protocol', 'flag')!r}, this "
+                                         f"rank {self.protocol!r}; give every rank the same transport"}
+            return
+        if self.protocol == "ll":
+            from sgl_kernel.m2n.ll_kernels import LL_MAX_GRID
+
+            g = int(d["grid"])
+            ring = base + int(d["ring"]) + me * slots * 2 * cap
+            self._peers[src] = {"cap": cap, "grid": g, "ring_delta": (ring - self.ring.data_ptr()) // 8,
+                                "hdr_delta": (base + int(d["ll_hdr"]) + 8 * me * slots * g
+                                              - self.ll_hdr.data_ptr()) // 8,
+                                "ack_delta": (base + int(d["ll_acks"]) - self.ll_acks.data_ptr()) // 8,
+                                "ack_me": self.ll_acks[me * LL_MAX_GRID:(me + 1) * LL_MAX_GRID],
+                                "acks": self.ll_acks[src * LL_MAX_GRID:(src + 1) * LL_MAX_GRID]}
+            return
         ring = base + int(d["ring"]) + me * slots * cap
         self._peers[src] = {"cap": cap, "ring_delta": (ring - self.ring.data_ptr()) // 4,
                             "flag_delta": (base + int(d["flags"]) + 8 * me * slots - self.flags.data_ptr()) // 8,
@@ -183,6 +224,8 @@ class CudaPushTransport(PayloadTransport):
     def _peer(self, peer: int) -> dict:
         if peer not in self._peers:
             self.ep.pump_control(lambda: peer in self._peers, f"cuda_push handles of rank {peer}")
+        if "error" in self._peers[peer]:
+            raise ValueError(self._peers[peer]["error"])
         return self._peers[peer]
 
     # ---- send ----------------------------------------------------------------------------------------------
@@ -204,6 +247,9 @@ class CudaPushTransport(PayloadTransport):
         if nbytes > p["cap"]:
             raise ValueError(f"cuda_push: {nbytes} payload bytes exceed rank {peer}'s ring slot ({p['cap']} bytes); "
                              "raise its max_rows")
+        if self.protocol == "ll":
+            self._post_send_ll(peer, p, view, rows, rows_dev, src_rows)
+            return None
         with self.platform.context(self.dev):
             launch_send(self.heap.meta, self.ctr, peer, self.acks, self.flags, p["flag_delta"], self._ring32,
                         p["ring_delta"], view.view(torch.int32), rows, rows_dev, src_rows,
@@ -211,11 +257,29 @@ class CudaPushTransport(PayloadTransport):
                         self.ep.config.slots, p["cap"] // 4, grid_for(nbytes, MAX_GRID, BLOCK), BLOCK)
         return None
 
+    def _post_send_ll(self, peer: int, p: dict, view: torch.Tensor, rows: int, rows_dev, src_rows: int) -> None:
+        """:func:`~sgl_kernel.m2n.ll_kernels.m2n_ll_send_kernel` with the peer's grid (see :meth:`post_send`)."""
+        from sgl_kernel.m2n.ll_kernels import launch_ll_send
+
+        with self.platform.context(self.dev):
+            launch_ll_send(self.heap.meta, self.ll_ctr[0, peer], peer, p["acks"], self.ll_hdr, p["hdr_delta"],
+                           self._ring64, p["ring_delta"], view.view(torch.int32), rows, rows_dev, src_rows,
+                           src_rows if rows_dev is not None else rows, self._send_col_bytes, self.ep.world,
+                           self.ep.config.slots, p["cap"] // 4, p["grid"])
+
     # ---- receive -------------------------------------------------------------------------------------------
     def _recv_into(self, src: int, cap_rows: int, grid_bytes: int) -> None:
         from sgl_kernel.m2n.push_kernels import grid_for, launch_recv
 
         p = self._peer(src)
+        if self.protocol == "ll":
+            from sgl_kernel.m2n.ll_kernels import launch_ll_recv
+
+            with self.platform.context(self.dev):
+                launch_ll_recv(self.heap.meta, self.ll_ctr[1, src], src, self.ll_hdr, p["ack_me"], p["ack_delta"],
+                               self._ring64, self._recv32, self.rows_out, self.col_bytes, cap_rows,
+                               self.ep.config.max_rows, self.ep.world, self.ep.config.slots, self.cap // 4, self.grid)
+            return
         with self.platform.context(self.dev):
             launch_recv(self.heap.meta, self.ctr, src, self.flags, self._ack_me, p["ack_delta"], self._ring32,
                         self._recv32, self.rows_out, self.col_bytes, cap_rows, self.ep.config.max_rows, self.ep.world,

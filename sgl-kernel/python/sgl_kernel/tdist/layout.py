@@ -34,7 +34,8 @@ WAIT_SITES = {1: "test/user kernel", 2: "barrier_all", 3: "ag_producer_kernel", 
               5: "gemm_rs_kernel", 6: "rs_reduce_kernel", 7: "a2a_kernel (counts / credit)",
               8: "a2a_kernel (arrival)", 9: "mp_consumer_kernel", 10: "pingpong_kernel", 11: "pingpong_cta_kernel",
               12: "wait_reset_kernel (decomposition stream wait)",
-              13: "m2n_recv_kernel / m2n_send_kernel (sgl_kernel.m2n.push_kernels)"}
+              13: "m2n_recv_kernel / m2n_send_kernel (sgl_kernel.m2n.push_kernels)",
+              14: "m2n_ll_recv_kernel / m2n_ll_send_kernel (sgl_kernel.m2n.ll_kernels)"}
 
 ALIGN = 256  # bytes: every region starts on a 256-byte boundary (vectorized 16-byte accesses, TMA-friendly)
 SIGNAL_BYTES = 8  # one signal slot: int64
