@@ -69,10 +69,12 @@ def _afd_args(path: str, n_a: int, n_e: int, m: int, *extra: str, tp: int = 1) -
 
 def _check_one_worker_per_gpu(server, n_workers: int) -> None:
     """On CUDA: the workers' start-up lines name ``n_workers`` distinct GPUs (attention ranks' "model ... loaded on
-    cuda:i", FFN workers' "serving experts ... on cuda:j"); nothing to check on CPU."""
+    cuda:i", FFN workers' "serving experts ... on cuda:j"). With SGLANG_AFD_TEST_TRANSPORT: the server uses it."""
+    log = open(server.log_path).read()
+    if TRANSPORT:
+        assert f"M2N transport {TRANSPORT}" in log, "SGLANG_AFD_TEST_TRANSPORT did not reach the server"
     if DEVICE != "cuda":
         return
-    log = open(server.log_path).read()
     devs = re.findall(r"model \S+ loaded on (cuda:\d+)", log) + re.findall(r"serving experts .* on (cuda:\d+)", log)
     assert len(devs) == n_workers and len(set(devs)) == n_workers, f"workers not one per GPU: {devs}"
 
