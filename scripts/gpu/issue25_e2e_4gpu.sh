@@ -16,7 +16,7 @@
 #  3. (if >= 50 s are left, e.g. when step 2's second pair did not fit) the same driver on the real stories260K checkpoint, TP4, --tokenweave-min-tokens 16:
 #     greedy ids on vs off on trained weights (dummy 70B weights are near-ties, so step 2's equality is strict)
 # Tables: $OUT/issue25_e2e_*.md. Usage (repo root): bash scripts/gpu/issue25_e2e_4gpu.sh [seconds, default 360]
-# DRY_RUN=1: print each step's command instead of running it (checks the script's flow on a CPU machine).
+# ISSUE25_E2E_STRESS_ONLY=1: build + step 1 only. DRY_RUN=1: print each step's command instead of running it (checks the script's flow on a CPU machine).
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"
 budget="${1:-360}"; start=$SECONDS
@@ -71,7 +71,9 @@ else
 fi
 
 echo "== 2. Llama-3.3-70B TP4 e2e, TokenWeave off/on/off/on"
-if [ "$ngpu" -ge 4 ] || [ "$dry" = 1 ]; then
+if [ -n "${ISSUE25_E2E_STRESS_ONLY:-}" ]; then  # ISSUE25_E2E_STRESS_ONLY=1: steps 0-1 only
+  step e2e_70b_tp4 "not run: ISSUE25_E2E_STRESS_ONLY"
+elif [ "$ngpu" -ge 4 ] || [ "$dry" = 1 ]; then
   s=$(( $(left) - 8 ))  # all that is left: a skipped second pair leaves its time to step 3
   run "$out/issue25_e2e_70b.log" "$s" "$PY" benchmark/bench_tokenweave_e2e.py --model-path "$m70" --tp 4 \
     --num-prompts 24 --input-len 4096 --output-len 4 --reps 2 --rounds 2 --chunked-prefill-size 16384 \
@@ -84,7 +86,7 @@ else
 fi
 
 echo "== 3. stories260K (trained) TP$world greedy ids, TokenWeave off/on"
-if [ "$(left)" -ge 50 ] || [ "$dry" = 1 ]; then
+if [ -z "${ISSUE25_E2E_STRESS_ONLY:-}" ] && { [ "$(left)" -ge 50 ] || [ "$dry" = 1 ]; }; then
   s=$(cap 60)
   run "$out/issue25_e2e_stories.log" "$s" "$PY" benchmark/bench_tokenweave_e2e.py \
     --model-path ../shared/data/models/stories260K --load-format auto --dtype bfloat16 --tp "$world" \
