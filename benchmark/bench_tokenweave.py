@@ -15,7 +15,9 @@ same run:
                   ``split_nocomm - nocomm`` is the cost of splitting (half-size GEMMs, twice the launches),
                   ``tokenweave - split_nocomm`` the communication left unhidden (not in the default set);
 * ``tokenweave_nocarve`` TokenWeave with the split forward's GEMMs on every SM (no SM carveout for the
-                  communication kernel, :mod:`sglang.srt.tokenweave.carveout`; not in the default set).
+                  communication kernel, :mod:`sglang.srt.tokenweave.carveout`; not in the default set);
+* ``tokenweave_oldcomm`` TokenWeave on tw-comm without the bulk-copy two-shot (the pre-bulk comm; ``tokenweave``
+                  uses the server's default choice, on H200 the bulk kernel; ``benchmark/tokenweave_variants.py``).
 
 ``--overlap-tokens T``: one profiled forward per variant at T; a table of how much of the communication kernels'
 time ran concurrently with compute kernels (``benchmark/tokenweave_profile.py``), and per TokenWeave variant the
@@ -68,6 +70,7 @@ from sglang.srt.utils.nvls_env import NVLS_OFF_ENV  # noqa: E402  (pure Python)
 from tokenweave_graph import graph_and_profile, report_sections  # noqa: E402
 from tokenweave_profile import overlap_table, profile_forward, profile_overlap  # noqa: E402
 from tokenweave_report import auto_off_decision, host_table, targets_table  # noqa: E402
+from tokenweave_variants import OLDCOMM, ratio_pairs, variant_comm  # noqa: E402
 
 os.environ.update(NVLS_OFF_ENV)
 VARIANTS = ("nocomm", "nccl", "nccl_symm", "custom", "tokenweave")
@@ -77,8 +80,8 @@ VARIANTS = ("nocomm", "nccl", "nccl_symm", "custom", "tokenweave")
 # decomposition with the NCCL fallback); the table adds ``tdist / tp``.
 # ``tokenweave_nocarve`` TokenWeave with the GEMMs on every SM (no SM carveout for the communication kernel: the
 # issue 25 round-2 behaviour, where persistent GEMMs and the communication kernel serialized).
-EXTRA_VARIANTS = ("split_nocomm", "tokenweave_nocarve", "tp", "tdist")
-TW_VARIANTS = ("tokenweave", "split_nocomm", "tokenweave_nocarve")
+EXTRA_VARIANTS = ("split_nocomm", "tokenweave_nocarve", "tp", "tdist", OLDCOMM)  # OLDCOMM: tokenweave_variants
+TW_VARIANTS = ("tokenweave", "split_nocomm", "tokenweave_nocarve", OLDCOMM)
 
 
 def _shrunk_config(src: str, layers: int, smoke: bool) -> str:
@@ -96,27 +99,6 @@ def _shrunk_config(src: str, layers: int, smoke: bool) -> str:
     d = tempfile.mkdtemp(prefix="tw-bench-")
     (Path(d) / "config.json").write_text(json.dumps(cfg))
     return d
-
-
-def _variant_comm(variant: str, ps, mc, tokens: list[int], device: str, notes: set):
-    """The communicator the variant's runner gets (None: the runner builds its own), every baseline's norm
-    being the fused add-RMSNorm kernel TokenWeave runs (:func:`nccl_symm.fused_norm`); ``False`` when the
-    variant cannot run here (reason in ``notes``)."""
-    from nccl_symm import fused_norm, nccl_symm_communicator
-    from sglang.srt.distributed.communicator import NoCommCommunicator, create_communicator
-
-    if variant in ("tp", "tdist"):
-        return None
-    if variant in ("nocomm", "split_nocomm"):
-        return fused_norm(NoCommCommunicator.create(ps))
-    if variant == "nccl":
-        return fused_norm(create_communicator(ps, "torch"))
-    if variant == "custom" and device == "cuda":
-        return fused_norm(create_communicator(ps, "custom"))
-    if variant == "nccl_symm":
-        comm = nccl_symm_communicator(ps, max(tokens) * mc.hidden_size, mc.dtype, notes)
-        return False if comm is None else fused_norm(comm)
-    return None
 
 
 def _time_forward(runner, mwb, dev, ps, warmup: int, iters: int) -> list[tuple[float, float]]:
@@ -183,7 +165,7 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
                           enable_tdist_overlap=variant == "tdist",
                           tokenweave_min_tokens=min_tokens, tokenweave_comm_sms=comm_sms,
                           comm_backend="custom" if variant == "custom" and device == "cuda" else "auto")
-        comm = _variant_comm(variant, ps, mc, tokens, device, notes)
+        comm = variant_comm(variant, ps, mc, tokens, device, notes, comm_sms)
         if comm is False:
             continue
         runner = ModelRunner(mc, args, str(dev), tp_rank=ps.tp_rank, tp_size=ps.tp_size, parallel_state=ps, comm=comm)
@@ -222,9 +204,7 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
 def _table(cases: list[tuple[str, int, dict]], tokens: list[int], variants: list[str]) -> list[str]:
     """Markdown rows, one table for every (model, TP) case of the run: per token count, every variant's ms and
     TokenWeave's ratio to each baseline measured in the same case."""
-    bases = [b for b in ("nccl", "nccl_symm", "custom", "nocomm") if b in variants and "tokenweave" in variants]
-    pairs = [("tokenweave", b) for b in bases] + ([("tdist", "tp")] if {"tdist", "tp"} <= set(variants) else [])
-    pairs += [("tokenweave_nocarve", "nccl")] if {"tokenweave_nocarve", "nccl"} <= set(variants) else []
+    pairs = ratio_pairs(variants)
     lines = ["| model | TP | tokens | " + " | ".join(f"{v} ms" for v in variants) + " | "
              + " | ".join(f"{a} / {b}" for a, b in pairs) + " |",
              "|---|---:|---:|" + "---:|" * (len(variants) + len(pairs))]

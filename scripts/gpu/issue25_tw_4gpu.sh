@@ -11,12 +11,17 @@
 #  3. (time left) the TokenWeave executor TP2 test, one rank per GPU, every cut vs the fp32 reference: checks the
 #     changed output path (per-split final norms written into one preallocated buffer, set_stream per stage)
 # Tables: $OUT/issue25_tw_tp4.md. Usage (repo root): bash scripts/gpu/issue25_tw_4gpu.sh [seconds, default 100]
+# Knobs (env): TW_EXTRA_VARIANTS="tokenweave_oldcomm" adds bench_tokenweave variants to the same run (e.g. TokenWeave
+# on the pre-bulk comm beside the default one, scripts/gpu/issue25_tw_bulk_4gpu.sh); TW_RESULT=name.md names the
+# table file under $OUT; TW_BENCH_S caps step 2 (default 62 s); TW_SKIP_TP2_TEST=1 skips step 3.
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"
 budget="${1:-100}"; start=$SECONDS
 left() { echo $(( budget - (SECONDS - start) )); }
 cap() { local want=$1 l; l=$(( $(left) - 2 )); [ "$l" -lt "$want" ] && want=$l; [ "$want" -lt 1 ] && want=1; echo "$want"; }
 out="${OUT:-/tmp/issue25_tw}"; mkdir -p "$out"
+result="$out/${TW_RESULT:-issue25_tw_tp4.md}"
+read -r -a extra_variants <<< "${TW_EXTRA_VARIANTS:-}"
 summary=()
 step() { summary+=("$1: $2 ($(( SECONDS - start )) s)"); echo "-- $1: $2"; }
 gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
@@ -31,19 +36,22 @@ rc=$?; tail -2 "$out/issue25_tw_build.log"; step build "rc=$rc"
 
 echo "== 2. TokenWeave TP4 layer benchmark, eager + CUDA graph, host profile at 1024"
 mkdir -p "$out/layer"
-bench_s=$(cap 62)
+bench_s=$(cap "${TW_BENCH_S:-62}")
 timeout --kill-after=5 "$bench_s" "$PY" benchmark/bench_tokenweave.py --tp 4 --layers 4 --model-path "$m70" \
-  --tokens 1024 2048 4096 8192 --variants nccl nccl_symm nocomm tokenweave --iters 5 --warmup 5 \
+  --tokens 1024 2048 4096 8192 --variants nccl nccl_symm nocomm tokenweave ${extra_variants[@]+"${extra_variants[@]}"} \
+  --iters 5 --warmup 5 \
   --cuda-graph --host-profile 1024 --overlap-tokens 4096 --results-dir "$out/layer" --profile-dir "$out/layer" \
   --timeout $(( bench_s - 4 )) > "$out/issue25_tw_bench.log" 2>&1
 rc=$?
-cp "$out"/layer/*_tokenweave_layer.md "$out/issue25_tw_tp4.md" 2>/dev/null \
-  || { echo "no results file; partial rows:"; grep "\[partial\]" "$out/issue25_tw_bench.log" > "$out/issue25_tw_tp4.md"; }
+cp "$out"/layer/*_tokenweave_layer.md "$result" 2>/dev/null \
+  || { echo "no results file; partial rows:"; grep "\[partial\]" "$out/issue25_tw_bench.log" > "$result"; }
 step tokenweave_tp4_bench "rc=$rc"
 [ "$rc" -ne 0 ] && grep -E "Error|error|Timeout" "$out/issue25_tw_bench.log" | tail -5
 
 echo "== 3. TokenWeave executor TP2 one rank per GPU vs fp32 reference (if time is left)"
-if [ "$(left)" -gt 20 ]; then
+if [ "${TW_SKIP_TP2_TEST:-0}" = 1 ]; then
+  step tokenweave_tp2_gpu_test "skipped (TW_SKIP_TP2_TEST=1)"
+elif [ "$(left)" -gt 20 ]; then
   timeout --kill-after=5 "$(cap 40)" "$PY" -m pytest -q -x \
     "test/gpu/test_tokenweave_gpu.py::test_tokenweave_tp2_one_rank_per_gpu[llama_bias_untied]" \
     -p no:cacheprovider > "$out/issue25_tw_gpu_test.log" 2>&1
@@ -54,5 +62,5 @@ fi
 
 echo "== summary ($ngpu x $gpu, budget $budget s, used $(( SECONDS - start )) s)"
 printf '%s\n' "${summary[@]}"
-grep -E "^\| meta|^- (T=|note|replay)|^## |^host [0-9.]+ ms" "$out/issue25_tw_tp4.md" 2>/dev/null \
+grep -E "^\| meta|^- (T=|note|replay)|^## |^host [0-9.]+ ms" "$result" 2>/dev/null \
   || grep "\[partial\]" "$out/issue25_tw_bench.log"

@@ -73,3 +73,25 @@ def test_e2e_mode_smoke(tmp_path):
     assert all(v > 0 for r in rows.values() for v in r), text
     for i in range(3):
         assert rows["on / off"][i] == pytest.approx(rows["on"][i] / rows["off"][i], rel=0.01)
+
+
+def test_layer_mode_oldcomm_variant(tmp_path):
+    """``tokenweave_oldcomm`` (TokenWeave on tw-comm with the bulk-copy two-shot forbidden) runs beside the default
+    TokenWeave in the same run: its own column, the tokenweave / tokenweave_oldcomm ratio, and its eager logits in
+    the correctness check against nccl."""
+    from conftest import shared_path
+
+    sys.path.insert(0, str(ROOT / "benchmark"))
+    from tokenweave_variants import OLDCOMM, ratio_pairs
+
+    assert ratio_pairs(["nccl", "tokenweave", OLDCOMM]) == [("tokenweave", "nccl"), (OLDCOMM, "nccl"),
+                                                            ("tokenweave", OLDCOMM)]
+    assert ratio_pairs(["nccl", OLDCOMM]) == [(OLDCOMM, "nccl")]
+    model = shared_path("configs", "meta-llama--Llama-3.3-70B-Instruct")
+    text = _run(tmp_path, "--tokens", "16", "--model-path", model, "--variants", "nccl", "tokenweave", OLDCOMM)
+    header = next(line for line in text.splitlines() if line.startswith("| model | TP | tokens | nccl ms"))
+    assert "| tokenweave_oldcomm ms |" in header and "| tokenweave / tokenweave_oldcomm |" in header, header
+    row = next(line for line in text.splitlines() if re.match(r"\| \S+ \| 2 \| 16 \| [0-9.]+ \|", line))
+    assert all(float(c) > 0 for c in row.strip("|").split("|")[3:]), row
+    check = text.split("## correctness: eager next-token logits vs the nccl variant's")[1]
+    assert re.search(r"^- T=16: tokenweave [0-9.e+-]+, tokenweave_oldcomm [0-9.e+-]+", check, re.M), check

@@ -11,6 +11,7 @@ sys.path[:0] = [str(REPO / "python"), str(REPO / "sgl-kernel" / "python")]
 
 from sglang.srt.distributed.tw_comm import TwBackend, TwCommConfig, select_backend  # noqa: E402
 from sglang.srt.distributed.tw_comm_tuning import (  # noqa: E402
+    DEFAULT_TABLE_PATH,
     UNBOUNDED,
     Crossovers,
     entries_from_timings,
@@ -101,3 +102,43 @@ def test_packaged_table_parses_for_each_calibrated_gpu_and_world():
         cross = T.load_crossovers(gpu, int(world), T.DEFAULT_TABLE_PATH)
         assert cross.plain and cross.overlap, key
         assert cross.plain[-1][0] == T.UNBOUNDED and cross.overlap[-1][0] == T.UNBOUNDED, key
+
+
+def _packaged_pick(gpu: str, world: int, T: int, overlap: bool, bulk=None) -> TwBackend:
+    """select_backend on the packaged table of (gpu, world) for a [T, 8192] bf16 call (TokenWeave's 70B shape)."""
+    cfg = TwCommConfig(crossovers=load_crossovers(gpu, world, DEFAULT_TABLE_PATH), bulk_twoshot=bulk)
+    cap = 2 * 8192 * 8192 * 2 * world
+    return select_backend(T, 8192, world, config=cfg, overlap=overlap, capacity_bytes=cap)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_packaged_table_puts_tokenweave_overlap_on_bulk_twoshot_on_h200(world):
+    """Issue 25 (2026-11-27 4 x H200): TokenWeave's overlapped calls (16 CTAs) of >= 1024 tokens run the bulk-copy
+    two-shot; small overlapped calls keep one-shot / two-shot; ``bulk_twoshot=False`` restores the pre-bulk
+    two-shot (the benchmark's old-comm baseline); the table's provenance names the measuring run."""
+    for T in (1024, 2048, 4096, 8192):
+        assert _packaged_pick("NVIDIA H200", world, T, True) == TwBackend.BULK
+        assert _packaged_pick("NVIDIA H200", world, T, True, bulk=False) == TwBackend.TWOSHOT
+    assert _packaged_pick("NVIDIA H200", world, 32, True) == TwBackend.ONESHOT
+    assert _packaged_pick("NVIDIA H200", world, 32, True, bulk=False) == TwBackend.ONESHOT
+    source = json.loads(DEFAULT_TABLE_PATH.read_text())["tables"][f"NVIDIA H200|{world}"]["source"]
+    assert "2026-11-27 03:34 UTC" in source and "issue25_kern_4gpu.sh" in source
+
+
+def test_packaged_table_plain_bulk_only_where_measured_faster():
+    """Plain (non-overlapped, 128-CTA) calls: bulk only at world 4 from ~45 MiB (T=8192 at hidden 8192: 944.5 vs
+    two-shot 981.4 us); world 4 T=1024 stays on the pipelined two-shot, world 2 on one-shot / pipelined two-shot."""
+    assert _packaged_pick("NVIDIA H200", 4, 8192, False) == TwBackend.BULK
+    assert _packaged_pick("NVIDIA H200", 4, 1024, False) == TwBackend.PIPE
+    assert _packaged_pick("NVIDIA H200", 4, 8192, False, bulk=False) == TwBackend.TWOSHOT
+    assert _packaged_pick("NVIDIA H200", 2, 1024, False) == TwBackend.ONESHOT
+    assert _packaged_pick("NVIDIA H200", 2, 8192, False) == TwBackend.PIPE
+
+
+@pytest.mark.parametrize("gpu", ["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"])
+def test_unknown_gpu_keeps_built_in_two_shot(gpu):
+    """A GPU model without a calibrated table keeps the built-in rules: no bulk kernel unless forced."""
+    assert load_crossovers(gpu, 4, DEFAULT_TABLE_PATH) == Crossovers()
+    assert _packaged_pick(gpu, 4, 4096, True) == TwBackend.TWOSHOT
+    assert _packaged_pick(gpu, 4, 4096, False) == TwBackend.TWOSHOT
+    assert _packaged_pick(gpu, 4, 4096, True, bulk=True) == TwBackend.BULK

@@ -78,8 +78,10 @@ class TwCommConfig:
       residual sharded between layers; saves one AllGather). pipe_chunk_bytes: bytes of one peer's rows per
       chunk of p2p_twoshot_pipe (0: the library default, 32 KiB). crossovers: the calibrated table (empty: the
       built-in rules; filled by TwCommWorkspace from tw_comm_tuning.load_crossovers when use_calibrated).
-      bulk_twoshot: where the rules (or the table) pick p2p_twoshot / p2p_twoshot_pipe, use p2p_twoshot_bulk
-      instead (sm_90+ only; same result).
+      bulk_twoshot: None (default): the calibrated table decides where p2p_twoshot_bulk runs (on H200 at world
+      2/4 TokenWeave's overlapped two-shot calls, issue 25); True: every fused p2p_twoshot / p2p_twoshot_pipe
+      pick becomes p2p_twoshot_bulk (sm_90+ only; same result); False: never bulk (a table's bulk pick becomes
+      p2p_twoshot, the pre-bulk choice).
     """
 
     max_bytes: int = 64 << 20
@@ -98,7 +100,7 @@ class TwCommConfig:
     # auto-select p2p_lamport for fused non-overlapped calls that fit its buffer (False: one-shot as before)
     lamport_auto: bool = True
     pipe_chunk_bytes: int = 0
-    bulk_twoshot: bool = False
+    bulk_twoshot: Optional[bool] = None
     use_calibrated: bool = True
     crossovers: Crossovers = Crossovers()
 
@@ -165,7 +167,8 @@ def select_backend(
     has no Lamport form). A calibrated table (``config.crossovers``) decides fused calls first (its plain table
     for non-overlapped calls, its overlap table otherwise), where its pick is feasible. Without one, Lamport is
     chosen for fused, non-overlapped 2-byte calls with ``world * T * H * 2 <= world * LAMPORT_RANK_BYTES``
-    (T <= 128 at H 8192) when ``config.lamport_auto``.
+    (T <= 128 at H 8192) when ``config.lamport_auto``. ``config.bulk_twoshot`` True / False forces / forbids
+    the bulk-copy two-shot for the two-shot picks (None: as picked).
     """
     if world == 1:
         return TwBackend.LOCAL
@@ -176,6 +179,8 @@ def select_backend(
     b = _select_p2p(tokens, hidden, world, config, overlap, p2p_available, capacity_bytes, elem, fused)
     if config.bulk_twoshot and fused and b in (TwBackend.TWOSHOT, TwBackend.PIPE):
         return TwBackend.BULK
+    if config.bulk_twoshot is False and b == TwBackend.BULK:
+        return TwBackend.TWOSHOT
     return b
 
 

@@ -46,8 +46,10 @@ class TwCommunicator(Communicator):
         comm_sms: SM budget of overlapped calls (None: the workspace's ``overlap_sms``).
         max_bytes: the largest ``[T, H]`` input in bytes the workspace stages (None: tw-comm's 64 MiB default);
             size it from the largest prefill (:func:`workspace_bytes`) so no call falls back to NCCL.
-        bulk_twoshot: run two-shot calls on tw-comm's bulk-copy kernel (``p2p_twoshot_bulk``, sm_90+; see
-            ``TwCommConfig.bulk_twoshot``); False keeps the built-in / calibrated choice.
+        bulk_twoshot: ``TwCommConfig.bulk_twoshot``: None (default) the calibrated table of this GPU / world
+            decides (H200 x2/x4: the bulk-copy two-shot ``p2p_twoshot_bulk`` for overlapped calls of >= ~360
+            tokens at hidden 8192); True every two-shot call on the bulk kernel (sm_90+); False never (the
+            pre-bulk comm, e.g. as a benchmark baseline).
     Raises:
         ValueError: ``comm_sms`` outside [1, 256] or ``max_bytes <= 0``.
     """
@@ -58,7 +60,7 @@ class TwCommunicator(Communicator):
     supports_out = True  # all_reduce_add_rmsnorm(..., out=) writes the normed rows into the caller's tensor
 
     def __init__(self, ps: Any, comm_sms: Optional[int] = None, max_bytes: Optional[int] = None,
-                 bulk_twoshot: bool = False):
+                 bulk_twoshot: Optional[bool] = None):
         world = 1 if ps is None else ps.tp_size
         super().__init__(0 if ps is None else ps.tp_rank, world)
         if comm_sms is not None and not 1 <= comm_sms <= 256:
