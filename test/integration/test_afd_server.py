@@ -90,8 +90,12 @@ def test_afd_1_attention_2_ffn_greedy_equals_colocated(m):
         for p, o in zip(PROMPTS, out):
             assert o["output_ids"] == tp1_greedy(path, tokenize(path, p), N_NEW), (m, p)
         afd = s.internal_state()["afd"]
-        assert afd["micro_batches"] == m and afd["pipeline"]["m_min"] >= 2.0
-        assert re.search(r"AFD ping-pong: Ta=.* -> m >= 2\(1\+Tc/Tf\) = ", s.log_tail(400))
+        assert afd["micro_batches"] == m
+        if TRANSPORT == "cuda_push":  # device-driven steps: no per-message headers, so no host-timed Ta / Tf / Tc
+            assert afd["pipeline"] is None, afd
+        else:
+            assert afd["pipeline"]["m_min"] >= 2.0
+            assert re.search(r"AFD ping-pong: Ta=.* -> m >= 2\(1\+Tc/Tf\) = ", s.log_tail(400))
         if m == 3:  # the placement changed between steps in the running system and tokens stayed equal
             assert afd["placement_version"] >= 1, afd
             assert len(afd["placement"]) == 2 and {e for w in afd["placement"] for e in w} == {0, 1, 2, 3}
