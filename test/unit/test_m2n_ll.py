@@ -279,3 +279,18 @@ def test_raw_ll_floor_kernels_interpreter():
     r = subprocess.run([sys.executable, "-c", FLOOR_CASE, str(REPO / "benchmark"), str(Path(__file__).parent)],
                        env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-1000:] + r.stderr[-3000:]
+
+
+def test_ll_max_grid_env(monkeypatch):
+    """SGLANG_M2N_LL_MAX_GRID sets the receiver grid's cap (default 32); a value outside 1-1024 raises ValueError
+    naming the variable."""
+    from sgl_kernel.m2n.ll_kernels import LL_MAX_GRID, ll_grid, ll_max_grid
+
+    monkeypatch.delenv("SGLANG_M2N_LL_MAX_GRID", raising=False)
+    assert ll_max_grid() == LL_MAX_GRID == 32
+    monkeypatch.setenv("SGLANG_M2N_LL_MAX_GRID", "128")
+    assert ll_max_grid() == 128 and ll_grid(512 << 10, ll_max_grid()) == 128 and ll_grid(32 << 10, 128) == 8
+    for bad in ("0", "2000", "x", "-4"):
+        monkeypatch.setenv("SGLANG_M2N_LL_MAX_GRID", bad)
+        with pytest.raises(ValueError, match="SGLANG_M2N_LL_MAX_GRID"):
+            ll_max_grid()

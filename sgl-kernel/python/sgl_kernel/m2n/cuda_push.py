@@ -130,11 +130,14 @@ class CudaPushTransport(PayloadTransport):
         self.cap = int(endpoint.recv_buf.numel())
         budget = self.wait_timeout_s or endpoint.config.timeout_s
         ll = self.protocol == "ll"
+        self.max_grid = 0
         if ll:
-            from sgl_kernel.m2n.ll_kernels import LL_MAX_GRID, ll_grid
-        self.grid = ll_grid(self.cap) if ll else 0  # LL: this receiver's fixed grid (its senders use it too)
+            from sgl_kernel.m2n.ll_kernels import ll_grid, ll_max_grid
+
+            self.max_grid = ll_max_grid()
+        self.grid = ll_grid(self.cap, self.max_grid) if ll else 0  # LL: this receiver's grid (its senders use it)
         ring_cap = self.cap * (2 if ll else 1)  # LL: one int64 word per int32 payload word
-        ll_sig = world * slots * self.grid + world * LL_MAX_GRID if ll else 0
+        ll_sig = world * slots * self.grid + world * self.max_grid if ll else 0
         cfg = HeapConfig(data_bytes=max(16, world * slots * ring_cap), signal_slots=8 + world * slots + world + ll_sig,
                          wait_timeout_s=budget)
         with self.platform.context(self.dev):
@@ -154,10 +157,10 @@ class CudaPushTransport(PayloadTransport):
             self.flags = self.heap.signals("m2n.flags", world * slots)
             self.acks = self.heap.signals("m2n.acks", world)
             self.ring = self.heap.tensor("m2n.ring", (world, slots, ring_cap), torch.uint8)
-            if ll:  # per-program headers [src, slot, grid], acks [peer, LL_MAX_GRID], counters [send|recv, peer, *]
+            if ll:  # per-program headers [src, slot, grid], acks [peer, max_grid], counters [send|recv, peer, *]
                 self.ll_hdr = self.heap.signals("m2n.ll_hdr", world * slots * self.grid)
-                self.ll_acks = self.heap.signals("m2n.ll_acks", world * LL_MAX_GRID)
-                self.ll_ctr = torch.zeros(2, world, LL_MAX_GRID, dtype=torch.int64, device=endpoint.device)
+                self.ll_acks = self.heap.signals("m2n.ll_acks", world * self.max_grid)
+                self.ll_ctr = torch.zeros(2, world, self.max_grid, dtype=torch.int64, device=endpoint.device)
             self.rows_out = torch.zeros(1, dtype=torch.int64, device=endpoint.device)
             self.col_bytes = torch.tensor([torch.empty(0, dtype=d).element_size() * w
                                            for d, w in endpoint.recv_layout.columns], dtype=torch.int64,
@@ -174,7 +177,7 @@ class CudaPushTransport(PayloadTransport):
         body = msgspec.msgpack.encode({"handle": cuda_ipc.ipc_get_handle(ptr), "cap": self.cap,
                                        "flags": self.flags.data_ptr() - ptr, "acks": self.acks.data_ptr() - ptr,
                                        "ring": self.ring.data_ptr() - ptr, "bytes": cfg.total_bytes,
-                                       "protocol": self.protocol, "grid": self.grid,
+                                       "protocol": self.protocol, "grid": self.grid, "max_grid": self.max_grid,
                                        **({"ll_hdr": self.ll_hdr.data_ptr() - ptr,
                                            "ll_acks": self.ll_acks.data_ptr() - ptr} if ll else {})})
         header = np.zeros(HEADER_LEN, dtype=np.int64)
@@ -200,16 +203,20 @@ class CudaPushTransport(PayloadTransport):
                                          f"rank {self.protocol!r}; give every rank the same transport"}
             return
         if self.protocol == "ll":
-            from sgl_kernel.m2n.ll_kernels import LL_MAX_GRID
-
+            if int(d.get("max_grid", 0)) != self.max_grid:
+                self._peers[src] = {"error": f"cuda_push_ll: rank {src} uses SGLANG_M2N_LL_MAX_GRID="
+                                             f"{d.get('max_grid')}, this rank {self.max_grid}; set the same value "
+                                             "on every rank"}
+                return
+            G = self.max_grid
             g = int(d["grid"])
             ring = base + int(d["ring"]) + me * slots * 2 * cap
             self._peers[src] = {"cap": cap, "grid": g, "ring_delta": (ring - self.ring.data_ptr()) // 8,
                                 "hdr_delta": (base + int(d["ll_hdr"]) + 8 * me * slots * g
                                               - self.ll_hdr.data_ptr()) // 8,
                                 "ack_delta": (base + int(d["ll_acks"]) - self.ll_acks.data_ptr()) // 8,
-                                "ack_me": self.ll_acks[me * LL_MAX_GRID:(me + 1) * LL_MAX_GRID],
-                                "acks": self.ll_acks[src * LL_MAX_GRID:(src + 1) * LL_MAX_GRID]}
+                                "ack_me": self.ll_acks[me * G:(me + 1) * G],
+                                "acks": self.ll_acks[src * G:(src + 1) * G]}
             return
         ring = base + int(d["ring"]) + me * slots * cap
         self._peers[src] = {"cap": cap, "ring_delta": (ring - self.ring.data_ptr()) // 4,

@@ -39,6 +39,8 @@ nothing acked or advanced; the host's ``check`` raises TimeoutError (the endpoin
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -47,7 +49,8 @@ from sgl_kernel.tdist import primitives as P
 
 LL_SITE = 14  # tdist.layout.WAIT_SITES code of these kernels
 LL_BLOCK = 1024  # LL words (int64) per program and step: 4 KB of payload, 8 KB on the wire
-LL_MAX_GRID = 32
+LL_MAX_GRID = 32  # default most programs of one receiver's grid (SGLANG_M2N_LL_MAX_GRID overrides: ll_max_grid)
+LL_MAX_GRID_ENV = "SGLANG_M2N_LL_MAX_GRID"
 MASK32 = tl.constexpr(0xFFFFFFFF)
 HDR_LANES = tl.constexpr(128)  # lanes of the header spin (the 4 warps' threads)
 _INTERPRET = P._INTERPRET
@@ -215,6 +218,21 @@ def ll_reference(send: torch.Tensor, rows: int, col_bytes: list[int], seq: int, 
         so += (srows * b + 15) // 16 * 16
     data = torch.cat(parts).view(torch.int32).to(torch.int64) & 0xFFFFFFFF if parts else torch.zeros(0, dtype=torch.int64)
     return (((seq + 1) & 0xFFFFFFFF) << 32) | data
+
+
+def ll_max_grid() -> int:
+    """The most programs of a receiver's LL grid: ``SGLANG_M2N_LL_MAX_GRID`` (1-1024) or :data:`LL_MAX_GRID`. Every
+    rank of a group must use the same value (the hello carries it).
+
+    Raises:
+        ValueError: the variable is not an integer in 1-1024.
+    """
+    raw = os.environ.get(LL_MAX_GRID_ENV, "").strip()
+    if not raw:
+        return LL_MAX_GRID
+    if not raw.isdigit() or not 1 <= int(raw) <= 1024:
+        raise ValueError(f"{LL_MAX_GRID_ENV}={raw!r}: use an integer from 1 to 1024 (default {LL_MAX_GRID})")
+    return int(raw)
 
 
 def ll_grid(cap_bytes: int, max_grid: int = LL_MAX_GRID, block: int = LL_BLOCK) -> int:
