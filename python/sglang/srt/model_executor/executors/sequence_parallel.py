@@ -19,6 +19,7 @@ that threshold once per worker from the calibration table the fused ops use (:mo
 
 from __future__ import annotations
 
+import logging
 import weakref
 from typing import Any, ContextManager, Optional
 
@@ -35,6 +36,7 @@ from sglang.srt.model_executor.executors.base import ModelExecutor, StagedExecut
 from sglang.srt.model_executor.executors.sequence_parallel_select import auto_min_tokens
 from sglang.srt.model_executor.executors.sequential import SequentialExecutor
 
+logger = logging.getLogger(__name__)
 _SP_LINEARS = (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear)
 
 
@@ -123,4 +125,7 @@ def create_sequence_parallel_executor(model: Any, parallel_state: Any, server_ar
     min_tokens = getattr(server_args, "tdist_overlap_min_tokens", None)
     if min_tokens is None:
         min_tokens = auto_min_tokens(model, ops)
+    else:
+        logger.info("[rank %d] tdist overlap: sequence-parallel layout for forwards of >= %d tokens "
+                    "(--tdist-overlap-min-tokens)", ops.rank, min_tokens)
     return SequenceParallelExecutor(ops, min_tokens)
