@@ -9,9 +9,10 @@ calibration table of the GPU model, no symmetric-memory group, as in the server)
 
 * ``off``     the executor a worker without the flag gets (``worker_template(args).executor``: sequential; the
               model's all-reduce communicator, ``--comm-backend auto``);
-* ``tdist``   the flag's executor (sequence-parallel residual; AG-GEMM / GEMM-RS through ``AutoAgGemm`` /
-              ``AutoGemmRs``: decomposition, or NCCL + cuBLAS below the table's break-even M; Zheng et al.,
-              "Triton-distributed", 2025, sec. 3.2-3.3);
+* ``tdist``   the flag's ops with the layout forced for every T (sequence-parallel residual; AG-GEMM / GEMM-RS
+              through ``AutoAgGemm`` / ``AutoGemmRs``: decomposition, or NCCL + cuBLAS below the table's break-even
+              M; Zheng et al., "Triton-distributed", 2025, sec. 3.2-3.3). The flag's own executor runs ``off``'s
+              path below its ``min_tokens`` (the auto selection, reported per T);
 * ``sp_nccl`` the flag's layout with torch collectives (NCCL all-gather, all-reduce + slice; cuBLAS): its time
               separates the layout change from the overlap;
 * ``ref32``   (checked, not timed) the flag's layout whose row-parallel sums are taken in fp32 and rounded to bf16
@@ -105,7 +106,10 @@ def _build(ps, path: str, tokens: list, device: str):
         model=runner.model, model_config=mc, device=dev, tp_size=ps.tp_size, parallel_state=ps, args=off_args))
     sp_nccl = SequenceParallelExecutor(TorchSequenceParallelOps(ps.device_group, ps.tp_rank, ps.tp_size))
     ref32 = SequenceParallelExecutor(Fp32ReduceOps(ps.device_group, ps.tp_rank, ps.tp_size))
-    return runner, dev, mc, {"off": off, "tdist": runner.executor, "sp_nccl": sp_nccl, "ref32": ref32}
+    # the flag's ops with the layout forced for every T (the flag's own executor runs off's path below its
+    # min_tokens: runner.executor.min_tokens is reported as the auto selection)
+    tdist = SequenceParallelExecutor(runner.executor.sp_ops)
+    return runner, dev, mc, {"off": off, "tdist": tdist, "sp_nccl": sp_nccl, "ref32": ref32}
 
 
 def _prepare(runner, ex, mwb, dev):
@@ -244,7 +248,8 @@ def _rank_body(ps, path: str, tokens: list, warmup: int, iters: int, n_pos: int,
     from sglang.srt.forward_batch_info import ForwardMode, ModelWorkerBatch
 
     runner, dev, mc, exs = _build(ps, path, tokens, device)
-    out = {"sp_ops": type(exs["tdist"].sp_ops).__name__, "off_executor": exs["off"].name}
+    out = {"sp_ops": type(exs["tdist"].sp_ops).__name__, "off_executor": exs["off"].name,
+           "auto_min_tokens": runner.executor.min_tokens}
     for t in tokens:
         row = runner.kv_cache.alloc_req_slot()
         loc = runner.kv_cache.alloc_extend([row], [0], [t], [-1])
@@ -317,6 +322,16 @@ def _tables(per_rank: list, tokens: list, model: str, tp: int) -> list:
     return lines
 
 
+def _auto_line(min_tokens: int, tokens: list) -> str:
+    """What ``--enable-tdist-overlap`` runs per T without ``--tdist-overlap-min-tokens``: off's path (sequential)
+    below its min_tokens, tdist's (the sequence-parallel layout) from there."""
+    from sglang.srt.model_executor.executors.sequence_parallel_select import NEVER_TOKENS
+
+    mt = "never" if min_tokens >= NEVER_TOKENS else str(min_tokens)
+    return f"layout from T >= {mt}; " + ", ".join(
+        f"T={t}: {'tdist' if t >= min_tokens else 'off'}" for t in tokens)
+
+
 def _hardware(device: str) -> str:
     if device == "cuda":
         import torch
@@ -352,6 +367,7 @@ def run(a) -> Path:
              f"executors: off = {per_rank[0]['off_executor']}, tdist = sequence_parallel on "
              f"{per_rank[0]['sp_ops']}, sp_nccl = sequence_parallel on TorchSequenceParallelOps, ref32 = "
              "sequence_parallel on Fp32ReduceOps (checked, not timed)",
+             f"- auto selection (the flag's default executor): {_auto_line(per_rank[0]['auto_min_tokens'], a.tokens)}",
              f"- timing: first forward (the first output check, wall time incl. op build) apart, {a.warmup} warm-up rounds, median of {a.iters} rounds (variant order "
              "alternating per round), CUDA events per forward, slowest rank; ratios > 1: tdist faster",
              f"- outputs: final hidden states [T, H] and greedy tokens at {a.check_positions} positions, before warm-up "

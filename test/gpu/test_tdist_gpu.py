@@ -221,7 +221,9 @@ def test_server_tp2_shared_gpu_tdist_overlap_equals_tp1():
     common = ["--model-path", model, "--device", "cuda", "--dtype", "float32", "--max-total-tokens", "4096",
               "--mem-fraction-static", "0.2"]
     outs = {}
-    for name, extra in (("tp1", []), ("tdist", ["--tp", "2", "--tp-ranks-share-gpu", "--enable-tdist-overlap"])):
+    # --tdist-overlap-min-tokens 0: these short batches would run the sequential executor by default
+    tdist = ["--tp", "2", "--tp-ranks-share-gpu", "--enable-tdist-overlap", "--tdist-overlap-min-tokens", "0"]
+    for name, extra in (("tp1", []), ("tdist", tdist)):
         with ServerProcess(common + extra) as srv:
             r = requests.post(f"{srv.url}/generate", json={
                 "text": prompts, "sampling_params": {"temperature": 0, "max_new_tokens": 24}}, timeout=120)
@@ -232,4 +234,5 @@ def test_server_tp2_shared_gpu_tdist_overlap_equals_tp1():
                     log = f.read()
                 assert "Triton-distributed AG-GEMM / GEMM-RS" in log and "tdist overlap unavailable" not in log, \
                     srv.log_tail()
+                assert "sequence-parallel layout for forwards of >= 0 tokens" in log, srv.log_tail()
     assert outs["tdist"] == outs["tp1"]

@@ -43,8 +43,10 @@ def checkpoints(tmp_path_factory):
 def _executor(ps, model):
     from sglang.srt.model_executor.executors.sequence_parallel import create_sequence_parallel_executor
 
-    return create_sequence_parallel_executor(model, ps, SimpleNamespace(chunked_prefill_size=64,
-                                                                        max_running_requests=8))
+    # min_tokens 0: the layout for every batch (auto would run torch ops' batches sequentially; see
+    # test_tdist_auto_select.py for the selection)
+    return create_sequence_parallel_executor(model, ps, SimpleNamespace(chunked_prefill_size=64, max_running_requests=8,
+                                                                        tdist_overlap_min_tokens=0))
 
 
 def sp_logits(ps, path: str) -> list:

@@ -94,6 +94,7 @@ class ServerArgs:
     tokenweave_comm_sms: Optional[int] = None
     # Triton-distributed: sequence-parallel layout with fused AG-GEMM / GEMM-RS (dense decoders, TP > 1)
     enable_tdist_overlap: bool = False
+    tdist_overlap_min_tokens: Optional[int] = None  # None: auto from the calibration tables (sequence_parallel_select)
     # Correctness-only test mode: every TP rank of this node on --base-gpu-id, the device group over gloo
     # (NCCL refuses two ranks per GPU), tw-comm over CUDA IPC within the device; no CUDA graphs, no custom AR.
     tp_ranks_share_gpu: bool = False
@@ -164,6 +165,8 @@ class ServerArgs:
             bad("tokenweave-min-tokens", self.tokenweave_min_tokens, "use >= 2 (a split needs two tokens)")
         if self.tokenweave_comm_sms is not None and not 1 <= self.tokenweave_comm_sms <= 256:
             bad("tokenweave-comm-sms", self.tokenweave_comm_sms, "use an SM count in [1, 256]")
+        if self.tdist_overlap_min_tokens is not None and self.tdist_overlap_min_tokens < 0:
+            bad("tdist-overlap-min-tokens", self.tdist_overlap_min_tokens, "use >= 0 (0: the layout for every batch)")
         if self.enable_tdist_overlap and self.enable_tokenweave:
             bad("enable-tdist-overlap", True, "use either --enable-tdist-overlap or --enable-tokenweave, not both")
         if self.tp_ranks_share_gpu:

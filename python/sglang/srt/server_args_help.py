@@ -81,6 +81,11 @@ SERVER_ARGS_HELP: dict[str, str] = {
     "enable_tdist_overlap": "Triton-distributed: keep the residual token-sharded across TP ranks (sequence parallel) "
     "and run column/row-parallel linears as fused AllGather-GEMM / GEMM-ReduceScatter on a CUDA-IPC symmetric heap (no "
     "multicast); the torch collectives on CPU. Dense decoders only. See docs/tdist.md.",
+    "tdist_overlap_min_tokens": "With --enable-tdist-overlap, batches with fewer tokens run the plain sequential "
+    "executor (all-reduce) instead of the sequence-parallel layout (default: auto, the smallest batch at which the "
+    "GPU model's calibration table sends >= 75 percent of the layer's GEMM work to the overlapped decomposition: 8192 "
+    "at TP4 on H200; at least 8192 on GPUs without a table; never with torch collectives). 0: the layout for every "
+    "batch.",
     "enable_custom_logit_processor": "Accept the custom_logit_processor request field. SECURITY: it is client-supplied "
     "code (a dill-serialized Python class) that the scheduler deserializes and runs; enable only when every client is "
     "trusted. Off: such requests get a 400. Needs the dill package (pip install 'sglang[custom-logit-processor]').",

@@ -37,7 +37,8 @@ def executor(args: Any) -> ExecutorSpec:
 
 def make_executor(spec: ExecutorSpec, ctx: Any):
     """The :class:`~sglang.srt.model_executor.executors.sequence_parallel.SequenceParallelExecutor` of the worker of
-    ``ctx`` (fused ops on CUDA with TP > 1, torch collectives otherwise). Raises ValueError for MoE models."""
+    ``ctx`` (fused ops on CUDA with TP > 1, torch collectives otherwise; batches below its ``min_tokens`` run the
+    sequential executor). Raises ValueError for MoE models."""
     from sglang.srt.model_executor.executors.sequence_parallel import create_sequence_parallel_executor
 
     return create_sequence_parallel_executor(ctx.model, ctx.parallel_state, ctx.args)

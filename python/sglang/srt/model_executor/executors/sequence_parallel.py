@@ -11,12 +11,17 @@ all-gathered and the logits computed on the full batch. The layout is installed 
 first forward of a model); a forward only sets its rows. Results equal the sequential executor's up to
 floating-point reassociation. Dense decoders only (an MoE layer's experts would need the tokens gathered first):
 ValueError otherwise.
+
+The layout pays only where the fused ops beat NCCL: a forward of fewer than ``min_tokens`` tokens runs the plain
+sequential executor instead (the path without the flag: the model's all-reduce). :func:`auto_min_tokens` derives
+that threshold once per worker from the calibration table the fused ops use (:mod:`.sequence_parallel_select`).
 """
 
 from __future__ import annotations
 
+import logging
 import weakref
-from typing import Any, ContextManager
+from typing import Any, ContextManager, Optional
 
 import torch
 
@@ -27,8 +32,11 @@ from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
                                       RowParallelLinear)
 from sglang.srt.layers.stages import LayerState
-from sglang.srt.model_executor.executors.base import StagedExecutor
+from sglang.srt.model_executor.executors.base import ModelExecutor, StagedExecutor
+from sglang.srt.model_executor.executors.sequence_parallel_select import auto_min_tokens
+from sglang.srt.model_executor.executors.sequential import SequentialExecutor
 
+logger = logging.getLogger(__name__)
 _SP_LINEARS = (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear)
 
 
@@ -49,19 +57,36 @@ class SequenceParallelExecutor(StagedExecutor):
     layout active around the layers and the final norm, and the final rows all-gathered.
 
     Args: sp_ops: the rank's :class:`SequenceParallelOps` (torch collectives, or Triton-distributed fused
-    kernels); it also all-gathers the final rows (``gather_rows``).
+    kernels); it also all-gathers the final rows (``gather_rows``). min_tokens: forwards of fewer tokens (the
+    batch's ``input_ids`` length, equal on every TP rank) run ``fallback`` instead (0: every forward runs the
+    layout). fallback: the executor of those forwards (default a :class:`SequentialExecutor`; the installed layout
+    is inactive there, so the modules take their plain all-reduce path). Raises ValueError on min_tokens < 0.
     """
 
     name = "sequence_parallel"
 
-    def __init__(self, sp_ops: SequenceParallelOps):
-        self.sp_ops = sp_ops
+    def __init__(self, sp_ops: SequenceParallelOps, min_tokens: int = 0, fallback: Optional[ModelExecutor] = None):
+        if min_tokens < 0:
+            raise ValueError(f"min_tokens={min_tokens} must be >= 0 (0: the layout for every forward)")
+        self.sp_ops, self.min_tokens = sp_ops, int(min_tokens)
+        self.fallback = fallback if fallback is not None else SequentialExecutor()
         self.layout = SequenceParallelLayout(sp_ops)
         self._installed: "weakref.WeakSet[Any]" = weakref.WeakSet()  # models whose modules hold self.layout
+        self.last_executor = ""  # name of the executor the latest forward ran (tests, benchmarks)
+
+    def select(self, num_tokens: int) -> ModelExecutor:
+        """The executor a forward of ``num_tokens`` tokens runs: ``fallback`` below :attr:`min_tokens`, else self.
+        A function of values shared by the TP ranks, so every rank picks the same one."""
+        return self.fallback if num_tokens < self.min_tokens else self
 
     def run(self, model: Any, forward_batch: ForwardBatch) -> Any:
-        """Forward ``forward_batch`` with the sequence-parallel layout; returns the model's LogitsProcessorOutput.
-        Raises ValueError for a model with MoE layers."""
+        """Forward ``forward_batch`` with the sequence-parallel layout (or through ``fallback`` below
+        ``min_tokens``); returns the model's LogitsProcessorOutput. Raises ValueError for a model with MoE layers."""
+        chosen = self.select(int(forward_batch.input_ids.shape[0]))
+        self.last_executor = chosen.name
+        if chosen is not self:
+            chosen.kv_layer_listener = self.kv_layer_listener
+            return chosen.run(model, forward_batch)
         if model not in self._installed:
             if any(getattr(layer, "is_moe", False) for layer in model.decoder_layers):
                 raise ValueError("the sequence-parallel executor (--enable-tdist-overlap) supports dense decoders "
@@ -89,9 +114,18 @@ class SequenceParallelExecutor(StagedExecutor):
 def create_sequence_parallel_executor(model: Any, parallel_state: Any, server_args: Any) -> SequenceParallelExecutor:
     """The executor for ``--enable-tdist-overlap`` (logged): fused Triton-distributed ops on CUDA with TP > 1, torch
     collectives otherwise. The fused buffers hold ``--chunked-prefill-size`` (default 8192) + ``--max-running-requests``
-    (default 256) tokens; larger batches use the torch ops (logged once). Raises ValueError for MoE models."""
+    (default 256) tokens; larger batches use the torch ops (logged once). Forwards below ``min_tokens`` run the
+    sequential executor: ``--tdist-overlap-min-tokens`` when set, else :func:`auto_min_tokens` of the ops' calibration
+    table (logged once, rank 0). Raises ValueError for MoE models."""
     if any(getattr(layer, "is_moe", False) for layer in model.decoder_layers):
         raise ValueError("--enable-tdist-overlap supports dense decoders only; this model has MoE layers")
     chunk = server_args.chunked_prefill_size if (server_args.chunked_prefill_size or 0) > 0 else 8192
     max_tokens = chunk + (server_args.max_running_requests or 256)
-    return SequenceParallelExecutor(create_sequence_parallel_ops(parallel_state, True, max_tokens))
+    ops = create_sequence_parallel_ops(parallel_state, True, max_tokens)
+    min_tokens = getattr(server_args, "tdist_overlap_min_tokens", None)
+    if min_tokens is None:
+        min_tokens = auto_min_tokens(model, ops)
+    else:
+        logger.info("[rank %d] tdist overlap: sequence-parallel layout for forwards of >= %d tokens "
+                    "(--tdist-overlap-min-tokens)", ops.rank, min_tokens)
+    return SequenceParallelExecutor(ops, min_tokens)
