@@ -52,6 +52,11 @@ SETTINGS: dict[str, tuple[dict, bool, int]] = {
     "sgl": ({"NIXL_UCX_SGL_ENABLE": "1"}, True, 0),  # NIXL's SGL path (one batched copy, WRITEs only): = ours now
     "sgl_off": ({"NIXL_UCX_SGL_ENABLE": "0"}, True, 0),  # ours without the SGL default: one ucp_put per descriptor
 }
+# extra NIXL UCX backend parameters per setting (bench only): "workers2" gives the engine a second UCX worker (so a
+# UCX context shared by several workers, as num_threads > 0 makes it) without the dedicated threads, to tell which of
+# the two makes threads4 hang on GPUs (issue 24: its first 1-descriptor READ, which is not split, never finished)
+BACKEND_PARAMS: dict[str, dict[str, str]] = {"workers2": {"num_workers": "2"}}
+SETTINGS["workers2"] = ({}, True, 0)
 # UCX's / NIXL's own value of each nixl_backend.UCX_ENV_DEFAULTS key
 UCX_OWN_DEFAULTS = {"UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "auto", "NIXL_UCX_SGL_ENABLE": "0"}
 
@@ -100,6 +105,13 @@ def _backend(name: str, setting: str):
     from sglang.srt.disaggregation.transfer.nixl_backend import NixlTransferBackend
 
     _, defaults, threads = SETTINGS[setting]  # as the server builds it (disaggregation/agent.py)
+    extra = BACKEND_PARAMS.get(setting)
+    if extra:  # this process makes one agent: pass the extra parameters through NIXL's create_backend
+        from sglang.srt.disaggregation.transfer.nixl_backend import import_nixl
+
+        cls = import_nixl().nixl_agent
+        orig = cls.create_backend
+        cls.create_backend = lambda self, name, params=None: orig(self, name, {**(params or {}), **extra})
     return NixlTransferBackend(name, TransferConfig(transfer_timeout_s=30.0, nixl_ucx_defaults=defaults,
                                                     nixl_num_threads=threads,
                                                     nixl_split_batch_size=NIXL_SPLIT_BATCH if threads else 0))
@@ -301,7 +313,7 @@ def run_setting(args, name: str) -> tuple[list[dict], list[str]]:
     rows = [json.loads(line) for line in out.splitlines() if line.startswith('{"row"')]
     proto = proto_lines(out)
     if rc != 0 or not rows:
-        keep = [ln for ln in out.splitlines() if ln.strip() and "|" not in ln and not ln.startswith('{"row"')]
+        keep = [ln for ln in out.splitlines() if ln.strip() and "|" not in ln and "+--" not in ln and not ln.startswith('{"row"')]
         tail = keep[-14:] + ["target: " + ln for ln in (tout or "").splitlines() if ln.strip()][-2:]
         rows.append({"row": 1, "setting": name, "path": "ERROR", "descs": 0, "correct": False, "median_ms": 0,
                      "gbps": 0.0, "error": f"rc={rc}: " + " / ".join(tail)})
@@ -327,7 +339,8 @@ def best_setting(path: str, descs: int = 64) -> str:
     """The setting with the highest correct ``ours`` READ GB/s at ``descs`` descriptors in a results JSON
     (``--out-dir``); "" when none is correct."""
     rows = json.loads(Path(path).read_text())["rows"]
-    ok = [r for r in rows if r["path"] == "ours" and r["descs"] == descs and r["correct"] and r["setting"] in SETTINGS]
+    ok = [r for r in rows if r["path"] == "ours" and r["descs"] == descs and r["correct"] and r["setting"] in SETTINGS
+          and r["setting"] not in BACKEND_PARAMS]  # a bench-only parameter has no server flag
     return max(ok, key=lambda r: r["gbps"])["setting"] if ok else ""
 
 
