@@ -313,7 +313,8 @@ def run_setting(args, name: str) -> tuple[list[dict], list[str]]:
     rows = [json.loads(line) for line in out.splitlines() if line.startswith('{"row"')]
     proto = proto_lines(out)
     if rc != 0 or not rows:
-        keep = [ln for ln in out.splitlines() if ln.strip() and "|" not in ln and "+--" not in ln and not ln.startswith('{"row"')]
+        keep = [ln for ln in out.splitlines()
+                if ln.strip() and "|" not in ln and "+--" not in ln and not ln.startswith('{"row"')]  # no UCX tables
         tail = keep[-14:] + ["target: " + ln for ln in (tout or "").splitlines() if ln.strip()][-2:]
         rows.append({"row": 1, "setting": name, "path": "ERROR", "descs": 0, "correct": False, "median_ms": 0,
                      "gbps": 0.0, "error": f"rc={rc}: " + " / ".join(tail)})
