@@ -49,9 +49,16 @@ SETTINGS: dict[str, tuple[dict, bool, int]] = {
     "no_ipc": ({"UCX_TLS": "^cuda_ipc"}, True, 0),  # what a host-staged / emulated path gives
     "getzc_off": ({"UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "off"}, False, 0),
     "rails1": ({"UCX_MAX_RMA_RAILS": "1"}, True, 0),
-    "sgl": ({"NIXL_UCX_SGL_ENABLE": "1"}, True, 0),  # NIXL's SGL path (one batched copy; NIXL uses it for WRITEs)
+    "sgl": ({"NIXL_UCX_SGL_ENABLE": "1"}, True, 0),  # NIXL's SGL path (one batched copy, WRITEs only): = ours now
+    "sgl_off": ({"NIXL_UCX_SGL_ENABLE": "0"}, True, 0),  # ours without the SGL default: one ucp_put per descriptor
 }
-UCX_OWN_DEFAULTS = {"UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "auto"}  # UCX's value of each nixl_backend.UCX_ENV_DEFAULTS key
+# extra NIXL UCX backend parameters per setting (bench only): "workers2" gives the engine a second UCX worker (so a
+# UCX context shared by several workers, as num_threads > 0 makes it) without the dedicated threads, to tell which of
+# the two makes threads4 hang on GPUs (issue 24: its first 1-descriptor READ, which is not split, never finished)
+BACKEND_PARAMS: dict[str, dict[str, str]] = {"workers2": {"num_workers": "2"}}
+SETTINGS["workers2"] = ({}, True, 0)
+# UCX's / NIXL's own value of each nixl_backend.UCX_ENV_DEFAULTS key
+UCX_OWN_DEFAULTS = {"UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "auto", "NIXL_UCX_SGL_ENABLE": "0"}
 
 
 def proto_lines(text: str) -> list[str]:
@@ -98,6 +105,13 @@ def _backend(name: str, setting: str):
     from sglang.srt.disaggregation.transfer.nixl_backend import NixlTransferBackend
 
     _, defaults, threads = SETTINGS[setting]  # as the server builds it (disaggregation/agent.py)
+    extra = BACKEND_PARAMS.get(setting)
+    if extra:  # this process makes one agent: pass the extra parameters through NIXL's create_backend
+        from sglang.srt.disaggregation.transfer.nixl_backend import import_nixl
+
+        cls = import_nixl().nixl_agent
+        orig = cls.create_backend
+        cls.create_backend = lambda self, name, params=None: orig(self, name, {**(params or {}), **extra})
     return NixlTransferBackend(name, TransferConfig(transfer_timeout_s=30.0, nixl_ucx_defaults=defaults,
                                                     nixl_num_threads=threads,
                                                     nixl_split_batch_size=NIXL_SPLIT_BATCH if threads else 0))
@@ -156,10 +170,15 @@ def run_initiator(args) -> None:
         torch.cuda.set_device(1)
     dst = torch.zeros(nbytes, dtype=torch.uint8, device=dev)
     want = pattern(nbytes, dev)
+    import faulthandler
+
+    faulthandler.dump_traceback_later(max(args.timeout - 3.0, 1.0), exit=False)  # a hang prints every thread's stack
     agent = _backend("bench-initiator", args.setting)
     agent.register([MemRegion(dst.data_ptr(), nbytes, dev)])
+    _mark("agent created, memory registered")
     md = _wait_file(Path(args.rdv) / "target.md", args.timeout)
     agent.connect("bench-target", md)
+    _mark("connected")
     import msgspec
 
     src_addr = int(msgspec.msgpack.decode(md)["regions"][0][0])
@@ -177,18 +196,45 @@ def run_initiator(args) -> None:
         if dev != "cpu":
             torch.cuda.synchronize()
         ok = bool(torch.equal(dst, want))
-        rows = [("ours", _timed(once, args.iters, args.warmup))] if ok else []
+        _mark(f"{k} descs: READ checked ({ok})")
+        rows = [("ours", _timed(once, args.iters, args.warmup), ok)] if ok else []
         if ok:
-            rows.append(("repost", _repost_times(agent, ops, args)))
+            rows.append(("repost", _repost_times(agent, ops, args), ok))
+            _mark(f"{k} descs: READs timed")
             if args.write:
-                rows.append(("write", _timed(lambda: once(agent.write), args.iters, args.warmup)))
-        for path, ts in rows or [("ours", [])]:
+                rows.append(("write", _timed(lambda: once(agent.write), args.iters, args.warmup),
+                             _write_lands(agent, once, dst, want, dev)))
+                _mark(f"{k} descs: WRITEs timed")
+        for path, ts, good in rows or [("ours", [], ok)]:
             med = statistics.median(ts) if ts else float("nan")
-            print(json.dumps({"row": 1, "setting": args.setting, "path": path, "descs": k, "correct": ok,
+            print(json.dumps({"row": 1, "setting": args.setting, "path": path, "descs": k, "correct": good,
                               "median_ms": 1e3 * med, "gbps": nbytes / med / 1e9 if ts else 0.0,
                               "min_ms": 1e3 * min(ts) if ts else None, "env": env}), flush=True)
     (Path(args.rdv) / "done").write_bytes(b"1")
     agent.close()
+
+
+def _write_lands(agent, once, dst, want, dev: str) -> bool:
+    """WRITE ``255 - pattern`` into the target, READ it back into a zeroed ``dst``: True when the bytes match
+    (the READ path was checked first). Leaves the target holding the complement; the READs of the next descriptor
+    count are checked against the pattern again after :func:`_restore` (it writes the pattern back)."""
+    import torch
+
+    dst.copy_(255 - want)
+    once(agent.write)
+    dst.zero_()
+    once(agent.read)
+    if dev != "cpu":
+        torch.cuda.synchronize()
+    ok = bool(torch.equal(dst, 255 - want))
+    dst.copy_(want)  # restore the target's pattern for the next descriptor count's READ check
+    once(agent.write)
+    return ok
+
+
+def _mark(msg: str) -> None:
+    """Progress line on stderr (an initiator that hangs shows how far it got in the error row)."""
+    print(f"[initiator] {msg}", file=sys.stderr, flush=True)
 
 
 def _repost_times(agent, ops, args) -> list[float]:
@@ -267,7 +313,9 @@ def run_setting(args, name: str) -> tuple[list[dict], list[str]]:
     rows = [json.loads(line) for line in out.splitlines() if line.startswith('{"row"')]
     proto = proto_lines(out)
     if rc != 0 or not rows:
-        tail = [ln for ln in (out + "\n" + (tout or "")).splitlines() if ln.strip()][-8:]
+        keep = [ln for ln in out.splitlines()
+                if ln.strip() and "|" not in ln and "+--" not in ln and not ln.startswith('{"row"')]  # no UCX tables
+        tail = keep[-14:] + ["target: " + ln for ln in (tout or "").splitlines() if ln.strip()][-2:]
         rows.append({"row": 1, "setting": name, "path": "ERROR", "descs": 0, "correct": False, "median_ms": 0,
                      "gbps": 0.0, "error": f"rc={rc}: " + " / ".join(tail)})
     return rows, proto
@@ -292,7 +340,8 @@ def best_setting(path: str, descs: int = 64) -> str:
     """The setting with the highest correct ``ours`` READ GB/s at ``descs`` descriptors in a results JSON
     (``--out-dir``); "" when none is correct."""
     rows = json.loads(Path(path).read_text())["rows"]
-    ok = [r for r in rows if r["path"] == "ours" and r["descs"] == descs and r["correct"] and r["setting"] in SETTINGS]
+    ok = [r for r in rows if r["path"] == "ours" and r["descs"] == descs and r["correct"] and r["setting"] in SETTINGS
+          and r["setting"] not in BACKEND_PARAMS]  # a bench-only parameter has no server flag
     return max(ok, key=lambda r: r["gbps"])["setting"] if ok else ""
 
 

@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
-# Issue 24: why does a 1K-token KV pull (128 MiB, 64 READs, GPU 0 -> GPU 1) take 2.2 ms (~58 GB/s) when NVLink
-# moves several hundred GB/s? Budget 150 s on 2 GPUs (every step under `timeout`, steps continue on failure):
+# Issue 24: per-descriptor cost of NIXL/UCX transfers GPU 0 -> GPU 1 (round 3, 4 x H200: a 128 MiB READ is 0.58 ms as
+# 1 descriptor, 1.21 ms as 64, 5.1 ms as 512; UCX's cuda_ipc zero-copy get, so ~10 us per descriptor, not bandwidth).
+# Budget 100 s on 2 GPUs (every step under `timeout`, steps continue on failure):
 #   0. GPU topology (NVLink?) and the carried nixl wheel (device_preamble.sh installs .whl/).
-#   1. benchmark/bench_nixl_read.py: agent A (GPU 0) / agent B (GPU 1) in two processes per UCX setting, READ of
-#      128 MiB split as 1 / 8 / 64 / 512 descriptors in ONE NIXL request: our NixlTransferBackend.read ("ours"),
-#      one prepared request re-posted ("repost"), WRITE ("write"); settings: default (NIXL/UCX defaults), ours
-#      (+ the transport's UCX_ENV_DEFAULTS), tls (UCX_TLS=cuda_ipc,cuda_copy,tcp,self), threads4 (4 dedicated UCX
-#      workers, a request's descriptors split over them), getzc_off, sgl (NIXL_UCX_SGL_ENABLE=1), no_ipc (UCX_TLS=^cuda_ipc: what a host-staged path gives); the UCX protocol
-#      table (UCX_PROTO_INFO=y: which transport serves ucp_get / ucp_put) per setting; floor: torch copy_
-#      GPU 0 -> GPU 1 of the same bytes (CUDA events), 1 and 512 chunks. Bytes checked before timing.
-#   2. if time is left: bench_pd_serving.py pd only (1P1D, Llama-3.1-8B config, dummy bf16, random 1024/128,
-#      24 prompts at 8 req/s) under the best setting of step 1 (64 descriptors, "ours" path: its UCX env, and
-#      --disaggregation-nixl-threads for threads4): transfer share of TTFT.
-# Summary: $OUT/issue24_nixl_bw.md. Usage (repo root): bash scripts/gpu/issue24_nixl_bw_2gpu.sh [budget_s=150]
+#   1. benchmark/bench_nixl_read.py: agent A (GPU 0) / agent B (GPU 1) in two processes per setting, 128 MiB as
+#      1 / 8 / 64 / 512 descriptors in ONE NIXL request: READ ("ours", "repost") and WRITE ("write"; the written
+#      bytes are read back and checked, X if wrong). Settings: ours (the transport's defaults, now with
+#      NIXL_UCX_SGL_ENABLE=1: WRITEs as one UCX scatter-gather list), sgl_off (the same without it: the WRITE A/B),
+#      tls (UCX_TLS=cuda_ipc,cuda_copy,tcp,self: fastest READ at 512 in round 3), rails1 (UCX_MAX_RMA_RAILS=1),
+#      workers2 (a 2nd UCX worker, no threads) and threads4 (4 dedicated UCX threads; round 3 hung in its FIRST
+#      1-descriptor READ, which is not split: workers2 tells whether the multi-worker UCX context or the threads do
+#      it; a hang now prints the initiator's progress marks and Python stack in the ERROR row). Floor: torch copy_.
+#   2. only when >= 70 s are left: bench_pd_serving.py pd (1P1D, Llama-3.1-8B config, dummy bf16, random 1024/128,
+#      24 prompts at 8 req/s) under the best READ setting of step 1 (64 descriptors).
+# Summary: $OUT/issue24_nixl_bw.md. Usage (repo root): bash scripts/gpu/issue24_nixl_bw_2gpu.sh [budget_s=100]
 # CPU dry run of the same logic (host memory, 8 MiB, no floor, no serving row): ISSUE24_NIXL_BW_CPU=1 bash <this>
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"
-budget="${1:-150}"; start=$SECONDS
+budget="${1:-100}"; start=$SECONDS
 left() { echo $(( budget - (SECONDS - start) )); }
 out="${OUT:-/tmp/issue24_nixl_bw}"; mkdir -p "$out"
 pids="$out/bench_pids"; : > "$pids"
@@ -37,12 +38,12 @@ step() {  # step NAME TIMEOUT_S CMD...: foreground, log to $out/NAME.log
   "$PY" -c "import nixl_cu13, os; print('nixl from', os.path.dirname(nixl_cu13.__file__))" 2>&1 | tail -1
 } | tee "$out/env.log"
 
-# ---- 1. NIXL READ microbenchmark (getzc_off, no_ipc last: an emulated READ may be slow) ----
-bw_t=$(( $(left) / 2 )); [ "$bw_t" -gt 80 ] && bw_t=80
+# ---- 1. NIXL READ/WRITE microbenchmark (the settings that hung before last) ----
+bw_t=$(( $(left) - 8 )); [ "$bw_t" -gt 90 ] && bw_t=90
 dev=(--device cuda --mib 128); [ -n "${ISSUE24_NIXL_BW_CPU:-}" ] && dev=(--device cpu --mib 8)
 step bw "$bw_t" "$PY" benchmark/bench_nixl_read.py "${dev[@]}" \
-  --descs 1 8 64 512 --iters 12 --warmup 2 --write --timeout 22 --out-dir "$out" \
-  --settings ours default tls threads4 sgl getzc_off no_ipc
+  --descs 1 8 64 512 --iters 12 --warmup 2 --write --timeout 16 --out-dir "$out" \
+  --settings ours sgl_off tls rails1 workers2 threads4
 grep -E "^\[bench|Error" "$out/bw.log" | head -20
 
 # ---- 2. PD serving row under the best setting ----
@@ -50,7 +51,7 @@ data=../shared/data
 best=$("$PY" benchmark/bench_nixl_read.py --best-env "$out/issue24_nixl_read.json" 2>/dev/null)
 flags=$("$PY" benchmark/bench_nixl_read.py --best-env "$out/issue24_nixl_read.json" --best-flags 2>/dev/null)
 echo "best setting: env ${best:-<transport defaults>}, decode flags ${flags:-<none>}"
-t2=$(( $(left) - 6 )); [ -n "${ISSUE24_NIXL_BW_CPU:-}" ] && t2=0
+t2=$(( $(left) - 6 )); [ "$t2" -lt 64 ] && t2=0; [ -n "${ISSUE24_NIXL_BW_CPU:-}" ] && t2=0
 # shellcheck disable=SC2046
 step pd "$t2" env $best "$PY" benchmark/bench_pd_serving.py \
   --model-path $data/configs/meta-llama--Meta-Llama-3.1-8B --tokenizer-path $data/tokenizers/llama3 --device cuda \

@@ -69,9 +69,10 @@ def test_bad_arguments_exit(argv):
 
 
 @pytest.mark.skipif(not nixl_available()[0], reason=f"nixl: {nixl_available()[1]}")
-def test_host_memory_run_reads_the_pattern(tmp_path):
+def test_host_memory_run_reads_and_writes_the_pattern(tmp_path):
     bn.main(["--device", "cpu", "--mib", "1", "--descs", "1", "8", "--iters", "2", "--warmup", "1", "--settings",
-             "ours", "--out-dir", str(tmp_path)])
+             "ours", "--write", "--out-dir", str(tmp_path)])
     rows = json.loads((tmp_path / "issue24_nixl_read.json").read_text())["rows"]
-    assert {(r["path"], r["descs"]) for r in rows} == {("ours", 1), ("ours", 8), ("repost", 1), ("repost", 8)}
+    assert {(r["path"], r["descs"]) for r in rows} == {(p, k) for p in ("ours", "repost", "write") for k in (1, 8)}
+    # write rows are correct only when the WRITTEN bytes read back (bench_nixl_read._write_lands)
     assert all(r["correct"] and r["gbps"] > 0 for r in rows)

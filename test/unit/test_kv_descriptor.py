@@ -83,6 +83,15 @@ def test_kv_cache_alloc_free_and_accounting():
     assert int(loc2[0]) == int(loc[-1]) + 1  # continues the partly filled page
     assert kv.alloc_extend([row], [11], [11 + total], kv.last_slots([row], [10])) is None
     assert kv.available_size() == total - 12
+    row2 = kv.alloc_req_slot()  # the decode side's allocation: the same slots on the device and on the host
+    loc3, host = kv.alloc_extend_with_host([row2], [0], [5], [-1])
+    assert host.device.type == "cpu" and torch.equal(loc3.cpu(), host)
+    assert torch.equal(kv.slots_of(row2, 0, 5).long(), host)
+    assert not set(host.tolist()) & set(kv.slots_of(row, 0, 11).tolist())
+    assert kv.alloc_extend_with_host([row2], [5], [5 + total], kv.last_slots([row2], [4])) is None
+    kv.free_slots(host)
+    kv.free_req_slot(row2)
+    assert kv.available_size() == total - 12
     kv.free_slots(kv.slots_of(row, 0, 11))
     kv.free_req_slot(row)
     assert kv.available_size() == total

@@ -49,14 +49,19 @@ def test_assign_sources_reads_each_head_once():
 
 @settings(max_examples=40, deadline=None)
 @given(p_tp=st.sampled_from([1, 2, 4, 8]), d_tp=st.sampled_from([1, 2, 4, 8]), p_page=st.sampled_from([1, 4, 16]),
-       d_page=st.sampled_from([1, 4, 16]), n=st.integers(1, 30), seed=st.integers(0, 1000))
-def test_copies_equal_direct_indexing(p_tp, d_tp, p_page, d_page, n, seed):
+       d_page=st.sampled_from([1, 4, 16]), n=st.integers(1, 30), seed=st.integers(0, 1000), runs=st.booleans(),
+       coalesce=st.booleans())
+def test_copies_equal_direct_indexing(p_tp, d_tp, p_page, d_page, n, seed, runs, coalesce):
     g = torch.Generator().manual_seed(seed)
     full = torch.randn(LAYERS, 2, n, HEADS, HD, generator=g)  # the prompt's KV of all heads
     src_pools = [_pool(p_tp, p_page) for _ in range(p_tp)]
     dst_pools = [_pool(d_tp, d_page) for _ in range(d_tp)]
     src_slots = (torch.randperm(60, generator=g)[:n] + p_page).tolist()  # any slots past the dummy page
     dst_slots = (torch.randperm(60, generator=g)[:n] + d_page).tolist()
+    if runs:  # runs of consecutive slots on both sides (the usual case), broken at random points
+        cut = int(torch.randint(0, n, (1,), generator=g))
+        src_slots = list(range(p_page, p_page + cut)) + list(range(p_page + cut + 3, p_page + n + 3))
+        dst_slots = list(range(d_page + 5, d_page + 5 + n))
     for r, pool in enumerate(src_pools):
         lo, hi = kv_head_range(r, p_tp, HEADS)
         pool.kv_data[:, :, src_slots] = full[:, :, :, lo:hi]
@@ -68,7 +73,7 @@ def test_copies_equal_direct_indexing(p_tp, d_tp, p_page, d_page, n, seed):
             spool = src_pools[info["rank"]]
             for s_addr, d_addr, nbytes in plan_slot_copies(spool.describe(), (info["head_lo"], info["head_hi"]),
                                                            src_slots, dpool.describe(), dh, dst_slots,
-                                                           heads=heads).tolist():
+                                                           heads=heads, coalesce=coalesce).tolist():
                 ctypes.memmove(d_addr, s_addr, nbytes)
         torch.testing.assert_close(dpool.kv_data[:, :, dst_slots], full[:, :, :, dh[0]:dh[1]], rtol=0, atol=0)
 
@@ -82,6 +87,14 @@ def test_coalescing_needs_both_sides_contiguous():
     half = plan_slot_copies(src.describe(), (0, 4), [5, 6, 7], _pool(2, 1).describe(), (2, 4), [9, 10, 11])
     assert len(half) == LAYERS * 2 * 3  # a head sub-range of the source is strided: one range per token
     assert set(half[:, 2].tolist()) == {2 * HD * 4}
+    # coalesce=False (the pull path) merges runs of tokens before building rows: the same copies, as few rows
+    runs = plan_slot_copies(src.describe(), (0, 4), [5, 6, 7], dst.describe(), (0, 4), [9, 10, 11], coalesce=False)
+    assert runs.tolist() == both.tolist()
+    gap = plan_slot_copies(src.describe(), (0, 4), [5, 6, 7], dst.describe(), (0, 4), [9, 11, 12], coalesce=False)
+    assert gap.tolist() == only_src.tolist()
+    per_tok = plan_slot_copies(src.describe(), (0, 4), [5, 6, 7], _pool(2, 1).describe(), (2, 4), [9, 10, 11],
+                               coalesce=False)
+    assert per_tok.tolist() == half.tolist()  # strided: still one row per token
     per_layer = copies_by_layer(both, src.describe())
     assert [len(x) for x in per_layer] == [2] * LAYERS
     assert plan_slot_copies(src.describe(), (0, 2), [5], dst.describe(), (2, 4), [9]).shape == (0, 3)

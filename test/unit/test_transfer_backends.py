@@ -153,14 +153,16 @@ def test_ucx_env_defaults_only_where_unset(monkeypatch):
 
     from sglang.srt.disaggregation.transfer import nixl_backend as nb
 
-    key = "UCX_CUDA_IPC_ENABLE_GET_ZCOPY"
-    assert nb.UCX_ENV_DEFAULTS[key] == "on"
+    key, sgl = "UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "NIXL_UCX_SGL_ENABLE"
+    assert nb.UCX_ENV_DEFAULTS == {key: "on", sgl: "1"}
     monkeypatch.setattr(ctypes.util, "find_library", lambda name: "libcuda.so.1" if name == "cuda" else None)
     env = {"UCX_TLS": "cuda_ipc,cuda_copy,tcp,self"}
-    assert nb.apply_ucx_env_defaults(env) == {key: "on"}
-    assert env == {"UCX_TLS": "cuda_ipc,cuda_copy,tcp,self", key: "on"}
-    user = {key: "auto"}
-    assert nb.apply_ucx_env_defaults(user) == {} and user == {key: "auto"}
+    assert nb.apply_ucx_env_defaults(env) == {key: "on", sgl: "1"}
+    assert env == {"UCX_TLS": "cuda_ipc,cuda_copy,tcp,self", key: "on", sgl: "1"}
+    user = {key: "auto", sgl: "0"}
+    assert nb.apply_ucx_env_defaults(user) == {} and user == {key: "auto", sgl: "0"}
+    half = {sgl: "0"}
+    assert nb.apply_ucx_env_defaults(half) == {key: "on"} and half == {key: "on", sgl: "0"}
     monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
     empty: dict = {}
     assert nb.apply_ucx_env_defaults(empty) == {} and empty == {}

@@ -105,7 +105,9 @@ SERVER_ARGS_HELP: dict[str, str] = {
     "disaggregation_transfer_timeout": "Seconds one posted KV transfer may take before the request fails.",
     "disaggregation_nixl_threads": "nixl backend: dedicated UCX transfer threads (each its own UCX worker; between GPUs "
     "of one host, its own CUDA streams); a transfer of >= 8 descriptors is split over them. 0: NIXL's default "
-    "(the KV of one request moves as one request of one worker).",
+    "(the KV of one request moves as one request of one worker). Experimental: on 4 x H200 (nixl-cu13 1.5.1) a "
+    "1-descriptor GPU READ never completed with 4 (bench_nixl_read threads4); a stuck transfer fails after "
+    "--disaggregation-transfer-timeout.",
     "disaggregation_heartbeat_interval": "Seconds between heartbeats to peers with open transfers.",
     "disaggregation_heartbeat_timeout": "Seconds of peer silence after which its transfers fail and their KV is freed.",
     "disaggregation_push_wait_timeout": "Push mode, prefill side: seconds a request waits for the decode side's "

@@ -273,7 +273,7 @@ class DecodeConnector(BaseConnector):
             if self.transfer_mode == "push":
                 if not self._alloc(r):
                     continue  # no room yet: retry next step
-                dst_slots = r.loc.tolist()
+                dst_slots = r.slots
             mine = [{k: i[k] for k in ("rank", "agent", "metadata", "kv", "head_lo", "head_hi")}
                     for i in self.agent.ranks]
             self.agent.send(srv.endpoint, RoomRequest(room=r.room, endpoint=self.agent.endpoint,
@@ -292,11 +292,14 @@ class DecodeConnector(BaseConnector):
         row = self.kv.alloc_req_slot()
         if row is None:
             return False
-        loc = self.kv.alloc_extend([row], [0], [n], [-1])
-        if loc is None:
+        got = self.kv.alloc_extend_with_host([row], [0], [n], [-1])
+        if got is None:
             self.kv.free_req_slot(row)
             return False
-        r.row, r.loc, r.t_alloc = row, loc, time.monotonic()
+        # the slots as a host list now: reading them back from the GPU (loc.tolist()) would wait for the forward
+        # running on the stream (RoomReady is mostly handled in during_forward), ~the forward's time per room
+        r.row, (r.loc, host), r.t_alloc = row, got, time.monotonic()
+        r.slots = host.tolist()
         return True
 
     def _start_transfer(self, r: DecodeRoom) -> None:
@@ -316,7 +319,7 @@ class DecodeConnector(BaseConnector):
             ok, r.stage = self.stager.reserve(r.room, srv.route["ranks"], len(ready.slots))
             if not ok:
                 return  # staging full now: stays queued (every rank decides alike)
-        dst_slots = r.loc.tolist()
+        dst_slots = r.slots
         try:
             plans = []
             for info, heads in self._sources(srv):  # plan every source first: a bad plan posts nothing
@@ -373,7 +376,7 @@ class DecodeConnector(BaseConnector):
         want = r.ready.checksums
         if not want:
             return False
-        got = self.agent.checksums(r.loc.tolist())
+        got = self.agent.checksums(r.slots)
         total, (lo, hi) = self.agent.total_kv_heads, self.agent.heads
         nh = hi - lo
         for i, c in enumerate(got):

@@ -24,7 +24,8 @@ class DecodeRoom:
     created: float = field(default_factory=now)
     ready: Optional[RoomReady] = None
     row: Optional[int] = None
-    loc: Any = None  # allocated KV slots (int64 tensor) or None
+    loc: Any = None  # allocated KV slots (int64 tensor on the pool device) or None
+    slots: Optional[list] = None  # the same slots as a host list (planning never reads them back from the GPU)
     keys: list = field(default_factory=list)  # this rank's TransferQueue requests: "<room>:<prefill rank>"
     done_keys: set = field(default_factory=set)
     reads: int = 0  # READs posted after coalescing (this rank; summed over ranks at activation)

@@ -91,8 +91,12 @@ def plan_slot_copies(src: KVRegionDescriptor, src_heads: tuple[int, int], src_sl
     global head ``lo``); ``heads``: move only these global heads (default: all both hold). Rows are layer-major (all of layer 0 first, which push mode writes first), then
     K/V, then token order, and merged by :func:`~sglang.srt.disaggregation.transfer.kv_plan.coalesce_array`
     when both the source and the destination continue the previous copy (KVDirect sec. 4.2's rule);
-    ``coalesce=False`` keeps one row per (layer, K/V, token) (the pull path hands those per-block ops to the
-    :class:`~sglang.srt.disaggregation.transfer.queue.TransferQueue`, which coalesces when it pops them).
+    ``coalesce=False`` keeps one row per (layer, K/V, run of tokens whose slots continue on both sides and whose
+    copied bytes fill the slot rows on both sides), else per (layer, K/V, token); the pull path hands those rows to
+    the :class:`~sglang.srt.disaggregation.transfer.queue.TransferQueue`, which coalesces the rest when it pops them.
+    Merging token runs before building the rows (O(tokens), not O(layers x tokens)) gives the same copies as
+    coalescing the per-token rows: for a 1024-token Llama-3.1-8B prompt 64 rows instead of 65,536 rows coalesced
+    (~3 ms of host time per request on the decode side's hand-off, issue 24).
     Vectorized (numpy): thousands of tokens x layers cost milliseconds. Empty ``[0, 3]`` when the head
     ranges do not overlap. For a read, pass the rows as ``(remote, local, nbytes)``; for a write, swap the
     first two columns.
@@ -124,17 +128,33 @@ def plan_slot_copies(src: KVRegionDescriptor, src_heads: tuple[int, int], src_sl
         if arr.min() < 0 or arr.max() >= d.size("slot"):
             raise ValueError(f"{side} slots must lie in [0, {d.size('slot')}); got [{arr.min()}, {arr.max()}]")
     layers = np.arange(src.size("layer"), dtype=np.int64)
+    nbytes = (hi - lo) * src.stride_bytes("head")
+    ss, ds, sizes = _token_runs(ss, ds, nbytes, src.stride_bytes("slot"), dst.stride_bytes("slot"))
 
-    def addrs(d: KVRegionDescriptor, heads_lo: int, slots: np.ndarray) -> np.ndarray:  # [L * 2 * T]
+    def addrs(d: KVRegionDescriptor, heads_lo: int, slots: np.ndarray) -> np.ndarray:  # [L * 2 * runs]
         base = d.base_address + (lo - heads_lo) * d.stride_bytes("head")
         return (base + layers[:, None, None] * d.stride_bytes("layer")
                 + np.arange(2, dtype=np.int64)[None, :, None] * d.stride_bytes("kv")
                 + slots[None, None, :] * d.stride_bytes("slot")).reshape(-1)
 
-    nbytes = (hi - lo) * src.stride_bytes("head")
     rows = np.stack([addrs(src, src_heads[0], ss), addrs(dst, dst_heads[0], ds),
-                     np.full(len(layers) * 2 * len(ss), nbytes, dtype=np.int64)], axis=1)
+                     np.tile(sizes, len(layers) * 2)], axis=1)
     return coalesce_array(rows) if coalesce else rows
+
+
+def _token_runs(ss: np.ndarray, ds: np.ndarray, nbytes: int, src_slot_stride: int,
+                dst_slot_stride: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(first source slot, first destination slot, bytes)`` per run of tokens ``i`` whose slots continue on both
+    sides (``ss[i] == ss[i-1] + 1`` and ``ds[i] == ds[i-1] + 1``), ``int64 [runs]`` each. Runs merge only where one
+    token's ``nbytes`` fill a whole slot row on both sides (else consecutive tokens leave gaps): then one token per
+    run, ``nbytes`` each."""
+    if nbytes != src_slot_stride or nbytes != dst_slot_stride or len(ss) <= 1:
+        return ss, ds, np.full(len(ss), nbytes, dtype=np.int64)
+    start = np.ones(len(ss), dtype=bool)
+    start[1:] = (ss[1:] != ss[:-1] + 1) | (ds[1:] != ds[:-1] + 1)
+    first = np.flatnonzero(start)
+    lengths = np.diff(np.append(first, len(ss)))
+    return ss[first], ds[first], lengths.astype(np.int64) * nbytes
 
 
 def copies_by_layer(copies: np.ndarray, desc: KVRegionDescriptor, side: int = 0) -> list[np.ndarray]:

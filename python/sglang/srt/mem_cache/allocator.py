@@ -96,6 +96,12 @@ class TokenToKVPoolAllocator:
 
     def alloc_extend(self, prefix_lens: Sequence[int], seq_lens: Sequence[int],
                      last_locs: Sequence[int]) -> Optional[torch.Tensor]:
+        """:meth:`alloc_extend_host` copied to ``device`` (asynchronously on CUDA; None when too few pages are free)."""
+        out = self.alloc_extend_host(prefix_lens, seq_lens, last_locs)
+        return None if out is None else host_to_device(out, self.device)
+
+    def alloc_extend_host(self, prefix_lens: Sequence[int], seq_lens: Sequence[int],
+                          last_locs: Sequence[int]) -> Optional[torch.Tensor]:
         """Slots for positions ``prefix_lens[i] .. seq_lens[i]-1`` of each request, concatenated in order.
 
         Positions that fall in the page holding position ``prefix_lens[i]-1`` continue it (slots
@@ -107,8 +113,8 @@ class TokenToKVPoolAllocator:
             last_locs: slot of position ``prefix_lens[i]-1`` (ignored, conventionally -1, when 0).
 
         Returns:
-            int64 ``[sum(seq_lens - prefix_lens)]`` on ``device``, or None (nothing taken) when too
-            few pages are free.
+            int64 ``[sum(seq_lens - prefix_lens)]`` on the CPU (:meth:`alloc_extend`: on ``device``), or None
+            (nothing taken) when too few pages are free.
 
         Raises:
             ValueError: list lengths differ, ``seq_lens[i] < prefix_lens[i]``, or a ``last_locs[i]``
@@ -137,7 +143,7 @@ class TokenToKVPoolAllocator:
             return None
         pages = self._take_pages(total_fresh)
         if P == 1:
-            return host_to_device(pages, self.device)
+            return pages.clone()  # not a view of the free list
         parts: List[torch.Tensor] = []
         p0 = 0
         for i in range(n_req):
@@ -147,8 +153,7 @@ class TokenToKVPoolAllocator:
             if n_fresh_tok:
                 parts.append(self._pages_to_slots(pages[p0:p0 + fresh_pages[i]])[:n_fresh_tok])
             p0 += fresh_pages[i]
-        out = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
-        return host_to_device(out, self.device)
+        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
 
     def alloc_decode(self, seq_lens: Sequence[int], last_locs: Sequence[int]) -> Optional[torch.Tensor]:
         """One slot per request for position ``seq_lens[i]-1``; int64 ``[bs]`` on ``device`` or None.

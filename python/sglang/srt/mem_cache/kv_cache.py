@@ -19,6 +19,7 @@ import torch
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.utils.tensor_transfer import host_to_device
 
 if TYPE_CHECKING:
     from sglang.srt.mem_cache.kv_descriptor import KVRegionDescriptor
@@ -115,12 +116,21 @@ class KVCache:
         last page at ``last_locs[i]``, -1: none), recorded in their rows; evicts prefix-cache entries once if
         the allocator is short. Returns int64 ``[sum(seq - prefix)]`` on the pool device, or None (nothing
         taken)."""
+        got = self.alloc_extend_with_host(rows, prefix_lens, seq_lens, last_locs)
+        return None if got is None else got[0]
+
+    def alloc_extend_with_host(self, rows: Sequence[int], prefix_lens: Sequence[int], seq_lens: Sequence[int],
+                               last_locs: Sequence[int]) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """:meth:`alloc_extend`, also returning the same slots on the CPU: ``(on the pool device, on the CPU)``,
+        int64 ``[sum(seq - prefix)]`` each, or None. The CPU copy is known without waiting for the device (on CUDA
+        the device copy is queued behind the work already on the stream, e.g. a running forward)."""
         for attempt in range(2):
-            loc = self.allocator.alloc_extend(prefix_lens, seq_lens, last_locs)
-            if loc is not None:
+            host = self.allocator.alloc_extend_host(prefix_lens, seq_lens, last_locs)
+            if host is not None:
+                loc = host_to_device(host, self.allocator.device)
                 self.req_to_token_pool.write_batch(list(rows), list(prefix_lens),
                                                    [s - p for p, s in zip(prefix_lens, seq_lens)], loc)
-                return loc
+                return loc, host
             if attempt == 0:
                 self.evict(sum(seq_lens) - sum(prefix_lens) + self.page_size * len(rows))
         return None
