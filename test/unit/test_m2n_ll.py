@@ -282,12 +282,12 @@ def test_raw_ll_floor_kernels_interpreter():
 
 
 def test_ll_max_grid_env(monkeypatch):
-    """SGLANG_M2N_LL_MAX_GRID sets the receiver grid's cap (default 32); a value outside 1-1024 raises ValueError
+    """SGLANG_M2N_LL_MAX_GRID sets the receiver grid's cap (default 64); a value outside 1-1024 raises ValueError
     naming the variable."""
     from sgl_kernel.m2n.ll_kernels import LL_MAX_GRID, ll_grid, ll_max_grid
 
     monkeypatch.delenv("SGLANG_M2N_LL_MAX_GRID", raising=False)
-    assert ll_max_grid() == LL_MAX_GRID == 32
+    assert ll_max_grid() == LL_MAX_GRID == 64
     monkeypatch.setenv("SGLANG_M2N_LL_MAX_GRID", "128")
     assert ll_max_grid() == 128 and ll_grid(512 << 10, ll_max_grid()) == 128 and ll_grid(32 << 10, 128) == 8
     for bad in ("0", "2000", "x", "-4"):
