@@ -39,7 +39,7 @@ class StepGraph:
 
     def __init__(self, executor, model, fb, warmup: int = 2):
         if not getattr(executor, "graph_captures_executor", False):
-            raise ValueError("StepGraph needs a device-driven AFD executor (--afd-transport cuda_push)")
+            raise ValueError("StepGraph needs a device-driven AFD executor (--afd-transport cuda_push or cuda_push_ll)")
         self.ex, self.fb = executor, fb
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())

@@ -1,8 +1,9 @@
 """AFD decode with the attention worker's step in one CUDA graph (issue 24 item 5; MegaScale-Infer, Zhu et al. 2025,
 sec. 4.1 + 5): 1 attention worker on cuda:0, ``--ffn-workers`` FFN worker processes on the next GPUs, M2N over the
-device-driven ``cuda_push`` transport (one ``STEP`` host message per step; per layer and micro-batch the dispatch
-and the results go device to device, see :mod:`sglang.srt.afd.device_m2n`). The FFN workers serve each step as a
-CUDA graph of their own from its second occurrence.
+device-driven ``cuda_push`` transport (``--transport cuda_push_ll``: its low-latency protocol; one ``STEP`` host
+message per step; per layer and micro-batch the dispatch and the results go device to device, see
+:mod:`sglang.srt.afd.device_m2n`). The FFN workers serve each step as a CUDA graph of their own from its second
+occurrence.
 
 * ``--check``: greedy correctness. The full model on cuda:0 (ModelHarness, Triton attention) gives the reference;
   the AFD attention worker prefills eagerly, then decodes ``--steps`` steps by replaying ONE captured graph with each
@@ -16,7 +17,7 @@ CUDA graph of their own from its second occurrence.
   (``scripts/gpu/issue24_afd_graph_2gpu.sh``).
 
 Usage: python benchmark/bench_afd_graph.py --model-path P [--load-format dummy] [--check] [--batch 32 128]
-       [--micro-batches 1 2] [--steps 8] [--md-out F]
+       [--micro-batches 1 2] [--steps 8] [--transport cuda_push|cuda_push_ll] [--md-out F]
 """
 
 from __future__ import annotations
@@ -148,7 +149,7 @@ def run(a) -> list[str]:
     n_e, ngpu = a.ffn_workers, torch.cuda.device_count()
     d = tempfile.mkdtemp(prefix="bench-afd-graph-")
     topo = AfdTopology(1, n_e, tuple(f"ipc://{d}/{i}" for i in range(1 + n_e)),
-                       max_rows=max(max(a.batch) * a.input_len, 1024), transport="cuda_push", timeout_s=a.timeout)
+                       max_rows=max(max(a.batch) * a.input_len, 1024), transport=a.transport, timeout_s=a.timeout)
     ctx = mp.get_context("spawn")
     ready = ctx.Queue()
     procs = [ctx.Process(target=_ffn_proc, args=(a.model_path, a.load_format, f"cuda:{(1 + j) % ngpu}", topo, j,
@@ -189,6 +190,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--timeout", type=float, default=60)
+    p.add_argument("--transport", default="cuda_push", choices=["cuda_push", "cuda_push_ll"],
+                   help="device-driven M2N transport (cuda_push_ll: the low-latency protocol)")
     p.add_argument("--md-out", default="")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -198,6 +201,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="[%(processName)s] %(message)s")
     head = [f"## AFD decode, attention step in one CUDA graph ({'check' if a.check else 'timing'})", "",
             f"- {torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}; model {a.model_path} ({a.load_format}); "
+            f"transport {a.transport}; "
             f"command: `python benchmark/bench_afd_graph.py {' '.join(argv or sys.argv[1:])}`"]
     text = "\n".join(head + run(a))
     print(text)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 24 item 5, the attention worker's decode step in ONE CUDA graph (device-driven M2N, cuda_push), 2 GPUs,
-# budget 150 s (first argument). Attention worker on GPU 0, 1 FFN worker on GPU 1 (1 + 1).
+# budget 240 s (first argument). Attention worker on GPU 0, 1 FFN worker on GPU 1 (1 + 1).
 #   A (parallel): correctness first -- benchmark/bench_afd_graph.py --check on stories260K-moe (fp32, trained):
 #      greedy tokens of graphed AFD (prefill eager, every decode step a replay of one captured graph with the step's
 #      inputs copied in; the FFN worker replays its own step graph) equal the colocated model on GPU 0, m = 1 and 2.
@@ -8,13 +8,14 @@
 #      batch 32 and 128 (bench_afd.py --setups colocated; the check's tiny FFN worker shares GPU 1 for ~20 s).
 #   B: Qwen3-30B-A3B dummy 1 + 1, m = 1, 2 x batch 32, 128: decode step eager device-driven vs graphed
 #      (bench_afd_graph.py), tok/s per GPU, Ta.
+#   A2 / B2: the same check and timing over --transport cuda_push_ll (the low-latency M2N protocol), B2 if time left.
 #   C: if time is left: the host-path AFD of before (cuda_ipc, header per message, eager) with Ta / Tf / Tc
 #      (bench_afd.py --setups afd --micro-batches 2), the baseline the graph replaces.
 #   Summary: $OUT/issue24_afd_graph.md (per-GPU ratio graphed vs colocated computed from the two tables).
-# Usage (repo root, shared data at ../shared/data or carried as .sd): bash scripts/gpu/issue24_afd_graph_2gpu.sh [150]
+# Usage (repo root, shared data at ../shared/data or carried as .sd): bash scripts/gpu/issue24_afd_graph_2gpu.sh [240]
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"
-budget="${1:-150}"; start=$SECONDS
+budget="${1:-240}"; start=$SECONDS
 left() { echo $(( budget - (SECONDS - start) )); }
 out="${OUT:-/tmp/issue24_afd_graph}"; mkdir -p "$out"
 qwen=../shared/data/configs/Qwen--Qwen3-30B-A3B
@@ -38,11 +39,17 @@ pid=$!
 run check 45 "$PY" benchmark/bench_afd_graph.py --check --micro-batches 1 2 --batch 4 --input-len 6 --steps 6 \
   --timeout 30 --md-out "$out/check.md"
 wait $pid
+run check_ll 45 "$PY" benchmark/bench_afd_graph.py --check --micro-batches 1 2 --batch 4 --input-len 6 --steps 6 \
+  --timeout 30 --transport cuda_push_ll --md-out "$out/check_ll.md"
 
 # B: Qwen3 1 + 1, eager device-driven vs graphed
 bt=$(( $(left) - 15 )); [ $bt -gt 70 ] && bt=70
 run graph_qwen3 $bt "$PY" benchmark/bench_afd_graph.py --model-path $qwen --load-format dummy --batch 32 128 \
   --micro-batches 1 2 --input-len 16 --steps 6 --warmup 2 --timeout 40 --md-out "$out/graph_qwen3.md"
+bt=$(( $(left) - 45 )); [ $bt -gt 70 ] && bt=70
+run graph_qwen3_ll $bt "$PY" benchmark/bench_afd_graph.py --model-path $qwen --load-format dummy --batch 32 128 \
+  --micro-batches 1 2 --input-len 16 --steps 6 --warmup 2 --timeout 40 --transport cuda_push_ll \
+  --md-out "$out/graph_qwen3_ll.md"
 
 # C: the host-path AFD (Ta / Tf / Tc) when time is left
 run hostpath_qwen3 $(( $(left) - 5 )) "$PY" benchmark/bench_afd.py --mode decode --load-format dummy --device cuda \
@@ -54,11 +61,15 @@ run hostpath_qwen3 $(( $(left) - 5 )) "$PY" benchmark/bench_afd.py --mode decode
   echo; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -2 | sed 's/^/- GPU: /'
   echo "- command: scripts/gpu/issue24_afd_graph_2gpu.sh (logs beside this file)"
   echo; echo "| step | status |"; echo "|---|---|"
-  for k in check colo_qwen3 graph_qwen3 hostpath_qwen3; do echo "| $k | ${status[$k]:-not run} |"; done
+  for k in check check_ll colo_qwen3 graph_qwen3 graph_qwen3_ll hostpath_qwen3; do echo "| $k | ${status[$k]:-not run} |"; done
   echo; echo "## Correctness (stories260K-moe)"; cat "$out/check.md" 2>/dev/null || grep -E "Error" "$out/check.log" | tail -3
   echo; echo "## Colocated Qwen3-30B-A3B (1 GPU, CUDA graphs)"; grep -E "^\| colocated|^\| setup|^\|---" "$out/colo_qwen3.log"
   echo; echo "## AFD Qwen3-30B-A3B 1 + 1: eager device-driven vs graphed"
   cat "$out/graph_qwen3.md" 2>/dev/null || grep -E "Error" "$out/graph_qwen3.log" | tail -3
+  echo; echo "## Correctness over cuda_push_ll"; cat "$out/check_ll.md" 2>/dev/null \
+    || grep -E "Error" "$out/check_ll.log" 2>/dev/null | tail -3
+  echo; echo "## AFD Qwen3-30B-A3B 1 + 1 over cuda_push_ll: eager device-driven vs graphed"
+  cat "$out/graph_qwen3_ll.md" 2>/dev/null || grep -E "Error" "$out/graph_qwen3_ll.log" 2>/dev/null | tail -3
   echo; echo "## Host-path AFD (before: header per message, eager), Ta / Tf / Tc"
   grep -E "^\| AFD|^\| m |^\| [0-9]" "$out/hostpath_qwen3.log" 2>/dev/null | head -8
   echo; echo "## Graphed AFD per GPU vs colocated (same batch)"

@@ -2,11 +2,12 @@
 # Issue 24 item 6 (AFD half): an FFN worker SIGKILLed during AFD decode on GPUs, one worker per GPU. Budget 120 s on
 # 4 GPUs (H100/H200), every step under `timeout`, steps continue on failure, every server stopped at exit.
 # test/integration/test_afd_server.py with SGLANG_AFD_TEST_DEVICE=cuda (fp32, torch_native attention; the test
-# checks from the workers' start-up lines that each worker sits on its own GPU), four jobs side by side (each server
+# checks from the workers' start-up lines that each worker sits on its own GPU), six jobs side by side (each server
 # has its workers on distinct GPUs; the servers share the 4 GPUs, the model is tiny):
-#   g_ipc / g_push: test_afd_1_attention_2_ffn_greedy_equals_colocated[2]: 1 attention + 2 FFN workers (GPUs 0,1,2),
-#      m = 2, greedy tokens (stories260K-moe, fp32) == the CPU reference, with --afd-transport cuda_ipc / cuda_push.
-#   k_ipc / k_push: test_afd_2_attention_2_ffn_concurrent_load_then_ffn_killed: 2 attention + 2 FFN (GPUs 0-3),
+#   g_ipc / g_push / g_ll: test_afd_1_attention_2_ffn_greedy_equals_colocated[2]: 1 attention + 2 FFN workers (GPUs
+#      0,1,2), m = 2, greedy tokens (stories260K-moe, fp32) == the CPU reference, with --afd-transport cuda_ipc /
+#      cuda_push / cuda_push_ll (the last two: device-driven steps, flag / low-latency protocol).
+#   k_ipc / k_push / k_ll: test_afd_2_attention_2_ffn_concurrent_load_then_ffn_killed: 2 attention + 2 FFN (GPUs 0-3),
 #      8 concurrent greedy requests == the CPU reference, /flush_cache on both workers; then 2 plain + 2 streamed
 #      480-token requests in flight, FFN worker 1 SIGKILLed: every client gets its error (HTTP 503 / a stream's
 #      error event after greedy-correct tokens) within --afd-timeout-s 15 + 5 s, /health 503, a new request 503,
@@ -32,9 +33,11 @@ declare -A jobs_=(
   [g_ipc]="cuda_ipc $f::test_afd_1_attention_2_ffn_greedy_equals_colocated[2]"
   [g_push]="cuda_push $f::test_afd_1_attention_2_ffn_greedy_equals_colocated[2]"
   [k_ipc]="cuda_ipc $f::test_afd_2_attention_2_ffn_concurrent_load_then_ffn_killed"
-  [k_push]="cuda_push $f::test_afd_2_attention_2_ffn_concurrent_load_then_ffn_killed")
-order=(k_ipc g_ipc k_push g_push)
-echo "== 4 jobs side by side (timeout ${t}s each, at $(( SECONDS - start ))s)"
+  [k_push]="cuda_push $f::test_afd_2_attention_2_ffn_concurrent_load_then_ffn_killed"
+  [g_ll]="cuda_push_ll $f::test_afd_1_attention_2_ffn_greedy_equals_colocated[2]"
+  [k_ll]="cuda_push_ll $f::test_afd_2_attention_2_ffn_concurrent_load_then_ffn_killed")
+order=(k_ipc g_ipc k_push g_push k_ll g_ll)
+echo "== ${#order[@]} jobs side by side (timeout ${t}s each, at $(( SECONDS - start ))s)"
 declare -A jpid status
 for k in "${order[@]}"; do
   read -r tr node <<< "${jobs_[$k]}"
@@ -79,7 +82,7 @@ n = torch.cuda.device_count(); print(f"{n} x {torch.cuda.get_device_name(0)}" if
     echo "| $k | $tr | $lay | $chk | ${status[$k]:-not run} |"
   done
   echo; echo "## clients' seconds from the SIGKILL to their error (bound: 15 + 5 s)"
-  for k in k_ipc k_push; do
+  for k in k_ipc k_push k_ll; do
     l=$(grep -h "\[afd-kill\]" "$out/$k.log" 2>/dev/null | tail -1)
     echo "- $k: ${l:-no [afd-kill] line (see $k.log)}"
   done

@@ -10,7 +10,9 @@ GPU (issue 24 item 6, ``scripts/gpu/issue24_afd_kill_4gpu.sh``): ``SGLANG_AFD_TE
 with one worker per GPU (attention worker a, TP rank r on ``cuda:a*tp+r``, FFN worker j on ``cuda:N_A*tp+j``:
 ``sglang.srt.afd.deploy.workers``; checked from the workers' logs), fp32 with the torch_native attention backend so
 greedy tokens equal the CPU reference; a test needing more GPUs than visible skips. ``SGLANG_AFD_TEST_TRANSPORT``
-(cuda_ipc | cuda_push | nccl | inline) sets ``--afd-transport`` (default auto: cuda_ipc on GPU, inline on CPU)."""
+(cuda_ipc | cuda_push | cuda_push_ll | nccl | inline) sets ``--afd-transport`` (default auto: cuda_ipc on GPU, inline
+on CPU); with a device-driven one (cuda_push, cuda_push_ll) and no rebalancing the steps go device to device (no
+host-timed Ta / Tf / Tc, so no pipeline estimate)."""
 
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ TRANSPORT = os.environ.get("SGLANG_AFD_TEST_TRANSPORT", "")
 _DEVICE_ARGS = (["--device", "cuda", "--dtype", "float32", "--attention-backend", "torch_native",
                  "--max-total-tokens", "8192"] if DEVICE == "cuda" else ["--device", DEVICE])
 _TRANSPORT_ARGS = ["--afd-transport", TRANSPORT] if TRANSPORT else []
+DEVICE_DRIVEN = TRANSPORT in ("cuda_push", "cuda_push_ll")  # sglang.srt.afd.protocol.DEVICE_TRANSPORTS
 # the kill test's --afd-timeout-s (room for the FFN workers' first Triton compiles on a GPU) and the slack past it
 # within which every client must have its error (a CPU shared by many processes schedules the workers late)
 KILL_TIMEOUT_S, KILL_SLACK_S = 15.0, (5.0 if DEVICE == "cuda" else 15.0)
@@ -91,7 +94,8 @@ def test_afd_1_attention_2_ffn_greedy_equals_colocated(m):
             assert o["output_ids"] == tp1_greedy(path, tokenize(path, p), N_NEW), (m, p)
         afd = s.internal_state()["afd"]
         assert afd["micro_batches"] == m
-        if TRANSPORT == "cuda_push":  # device-driven steps: no per-message headers, so no host-timed Ta / Tf / Tc
+        if DEVICE_DRIVEN and not extra:  # device-driven steps (rebalancing turns them off): no per-message headers,
+            # so no host-timed Ta / Tf / Tc
             assert afd["pipeline"] is None, afd
         else:
             assert afd["pipeline"]["m_min"] >= 2.0

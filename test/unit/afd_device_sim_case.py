@@ -1,5 +1,6 @@
 """Device-driven AFD steps (sglang.srt.afd.device_m2n) on CPU, run under TRITON_INTERPRET=1 by test_afd_device_step.py:
-the real ``cuda_push`` kernels under the Triton interpreter over the one-process CPU stand-in of the CUDA platform
+the real ``cuda_push`` kernels (flag protocol, or with a trailing ``cuda_push_ll`` argument the low-latency protocol of
+sgl_kernel.m2n.ll_kernels) under the Triton interpreter over the one-process CPU stand-in of the CUDA platform
 (m2n_push_sim_case.SimPlatform), the attention worker (AfdExecutor, device-driven) on this thread and the FFN
 worker(s) (FfnServer serving STEP messages) on threads, on the trained stories260K-moe checkpoint.
 
@@ -14,7 +15,7 @@ keeps interpreted launches of the two threads apart. The checkpoint: ``$AFD_SIM_
 * ``stray``: 2 FFN workers whose held experts disagree with the attention side's placement: the step raises
   RuntimeError (short answers counted on the device), never returns logits;
 * ``dead``: the FFN worker is gone: the step raises TimeoutError from the device waits' error record.
-Prints OK."""
+The last argument may name the transport (``cuda_push`` default, ``cuda_push_ll``). Prints OK."""
 
 from __future__ import annotations
 
@@ -51,10 +52,11 @@ MODEL = os.environ.get("AFD_SIM_MODEL") or os.path.join(os.path.dirname(__file__
 
 
 class ThreadedSimPush(CudaPushTransport):
-    """cuda_push over the CPU stand-in, for two threads: host-wait for what the kernel waits for, then launch."""
+    """cuda_push over the CPU stand-in, for two threads: host-wait for what the kernel waits for, then launch
+    (``protocol``: ``flag`` or ``ll``)."""
 
-    def __init__(self):
-        super().__init__(wait_timeout_s=1.0, platform=SimPlatform(DRIVER))
+    def __init__(self, protocol: str = "flag"):
+        super().__init__(wait_timeout_s=1.0, platform=SimPlatform(DRIVER), protocol=protocol)
 
     @staticmethod
     def _host_wait(ready) -> None:
@@ -63,9 +65,13 @@ class ThreadedSimPush(CudaPushTransport):
             time.sleep(0.0005)
 
     def post_send(self, peer, slot, view, rows=0, rows_dev=None, src_rows=-1):
-        self._peer(peer)
+        p = self._peer(peer)
         slots = self.ep.config.slots
-        self._host_wait(lambda: int(self.acks[peer]) >= int(self.ctr[peer]) - slots + 1)
+        if self.protocol == "ll":  # every program c of the peer's grid waits for its own ack word
+            ctr, acks = self.ll_ctr[0, peer], p["acks"]
+            self._host_wait(lambda: all(int(acks[c]) >= int(ctr[c]) - slots + 1 for c in range(p["grid"])))
+        else:
+            self._host_wait(lambda: int(self.acks[peer]) >= int(self.ctr[peer]) - slots + 1)
         with LOCK:
             return super().post_send(peer, slot, view, rows, rows_dev, src_rows)
 
@@ -77,14 +83,19 @@ class ThreadedSimPush(CudaPushTransport):
             r = int(self.ctr[w + src])
             return int(self.flags[src * slots + r % slots]) >= (r + 1) << 32
 
-        self._host_wait(ready)
+        def ready_ll():  # program c's header copy of its next message carries that message's tag
+            g, ctr = self.grid, self.ll_ctr[1, src]
+            return all((int(self.ll_hdr[(src * slots + int(ctr[c]) % slots) * g + c]) >> 32) & 0xFFFFFFFF
+                       == (int(ctr[c]) + 1) & 0xFFFFFFFF for c in range(g))
+
+        self._host_wait(ready_ll if self.protocol == "ll" else ready)
         with LOCK:
             super()._recv_into(src, cap_rows, grid_bytes)
 
 
 def _transport(name):
-    assert name == "cuda_push", name
-    return ThreadedSimPush()
+    assert name in ("cuda_push", "cuda_push_ll"), name
+    return ThreadedSimPush("ll" if name == "cuda_push_ll" else "flag")
 
 
 afd_executor.create_afd_transport = _transport
@@ -119,16 +130,25 @@ class Ffn:
             s.ep.close()
 
 
+TRANSPORT = "cuda_push"  # or cuda_push_ll: the last argument
+
+
 def _topo(n_e):
     d = tempfile.mkdtemp(prefix="afd-dev-")
-    return AfdTopology(1, n_e, tuple(f"ipc://{d}/{i}" for i in range(1 + n_e)), max_rows=32, transport="cuda_push",
+    return AfdTopology(1, n_e, tuple(f"ipc://{d}/{i}" for i in range(1 + n_e)), max_rows=32, transport=TRANSPORT,
                        timeout_s=20)
+
+
+def ex_protocol() -> str:
+    """The M2N protocol the transport under test uses."""
+    return "ll" if TRANSPORT == "cuda_push_ll" else "flag"
 
 
 def _run(mc, attn, m, topo, held=None, kill_ffn=False):
     ffn = Ffn(mc, topo, held)
     ex = afd_executor.AfdExecutor(mc, topo, 0, m, torch.device("cpu"))
-    assert ex.dev is not None and ex.graph_captures_executor
+    assert ex.dev is not None and ex.graph_captures_executor  # the transport name alone turned device steps on
+    assert ex.ep.transport.protocol == ex_protocol(), ex.ep.transport.protocol
     try:
         if kill_ffn:
             ffn.close()
@@ -150,6 +170,7 @@ def case_equal(m: int) -> None:
         assert not ffn.errors, ffn.errors
         for s in ffn.servers:  # every step went the device path: (src, sizes) of prefill and both decodes
             assert len(s.device_steps.seen) >= 2, s.device_steps.seen
+            assert s.ep.transport.protocol == ex_protocol(), s.ep.transport.protocol
         for i, (a, b) in enumerate(zip(out, ref)):
             diff = (a - b).abs().max().item()
             assert diff < 1e-4, f"m={m} N_E={n_e} step {i}: device-driven AFD differs from colocated by {diff:.3g}"
@@ -184,6 +205,8 @@ def case_dead() -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[-1] in ("cuda_push", "cuda_push_ll"):
+        TRANSPORT = sys.argv.pop()
     what = sys.argv[1]
     if what == "equal":
         case_equal(int(sys.argv[2]))

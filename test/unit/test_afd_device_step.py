@@ -3,7 +3,8 @@
 real M2N kernels under the Triton interpreter over the CPU stand-in of the CUDA platform, attention worker and FFN
 workers on threads, on the trained stories260K-moe checkpoint: greedy tokens and logits equal colocated for m = 1,
 2, 3 and N_E = 1, 2; a placement mismatch and a dead FFN worker fail the step (RuntimeError / TimeoutError), never
-return logits. The GPU run (graph capture, 2 GPUs): scripts/gpu/issue24_afd_graph_2gpu.sh."""
+return logits. The same over ``--afd-transport cuda_push_ll`` (the low-latency protocol, sgl_kernel.m2n.ll_kernels):
+equal colocated for m = 1, 2 and N_E = 1, 2; a dead FFN worker fails the step. The GPU run (graph capture, 2 GPUs): scripts/gpu/issue24_afd_graph_2gpu.sh."""
 
 from __future__ import annotations
 
@@ -43,6 +44,16 @@ def test_device_driven_afd_refused_pairs_fail_the_step():
 
 def test_device_driven_afd_dead_ffn_fails_closed():
     _case("dead")
+
+
+@pytest.mark.parametrize("m", [1, 2])
+def test_device_driven_afd_ll_protocol_equals_colocated(m):
+    """``--afd-transport cuda_push_ll``: both sides' transports use the LL protocol, steps go the device path."""
+    _case("equal", str(m), "cuda_push_ll")
+
+
+def test_device_driven_afd_ll_protocol_dead_ffn_fails_closed():
+    _case("dead", "cuda_push_ll")
 
 
 @pytest.mark.parametrize("m", [1, 2, 3])

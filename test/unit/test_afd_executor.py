@@ -165,3 +165,5 @@ def test_afd_flags_are_validated_and_parsed():
             a.tp_size) == (True, 2, 4, 3, 5.5, 2)
     assert a.disable_cuda_graph and a.chunked_prefill_size == a.afd_max_tokens // 2
     ServerArgs(afd_micro_batches=0)  # ignored without --enable-afd
+    for name in ("cuda_push", "cuda_push_ll"):  # device-driven transports: explicit only, parsed and kept
+        assert prepare_server_args(["--enable-afd", "--afd-transport", name]).afd_transport == name

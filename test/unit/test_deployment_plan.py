@@ -105,6 +105,7 @@ def test_afd_transport_has_one_auto_rule():
     assert [transport(cpu, True), transport(cpu, False)] == ["inline", "inline"]
     assert [transport(gpu, True), transport(gpu, False)] == ["cuda_ipc", "nccl"]
     assert transport(ServerArgs(device="cuda", afd_transport="nccl"), True) == "nccl"
+    assert transport(ServerArgs(device="cuda", afd_transport="cuda_push_ll"), True) == "cuda_push_ll"  # explicit only
     assert transport(ServerArgs(device="cuda", tp_ranks_share_gpu=True), True) == "cuda_ipc"  # one shared GPU
     for path in (SRT / "entrypoints", SRT / "ray", SRT / "deployment"):  # nobody else resolves "auto"
         for p in path.rglob("*.py"):

@@ -117,7 +117,7 @@ class ServerArgs:
     afd_ffn_workers: int = 1  # expert-parallel FFN workers (routed experts only)
     afd_micro_batches: int = 2  # m of the ping-pong pipeline
     afd_max_tokens: int = 4096  # most tokens of one micro-batch (sizes the M2N registered buffers)
-    afd_transport: str = "auto"  # auto | inline | cuda_ipc | cuda_push | nccl | nixl
+    afd_transport: str = "auto"  # auto | inline | cuda_ipc | cuda_push | cuda_push_ll | nccl | nixl
     afd_timeout_s: float = 60.0  # an FFN answer later than this fails the batch (never a hang)
     afd_redundant_experts: int = 0  # replicas of hot experts the load balancer may add (over all FFN workers)
     afd_rebalance_interval: int = 0  # steps between expert placement updates (0: static placement)
@@ -236,8 +236,9 @@ class ServerArgs:
         for name in ("afd_attention_workers", "afd_ffn_workers", "afd_micro_batches", "afd_max_tokens"):
             if getattr(self, name) < 1:
                 bad(name.replace("_", "-"), getattr(self, name), "use a positive integer")
-        if self.afd_transport not in ("auto", "inline", "cuda_ipc", "cuda_push", "nccl", "nixl"):
-            bad("afd-transport", self.afd_transport, "use auto, inline, cuda_ipc, cuda_push, nccl or nixl")
+        if self.afd_transport not in ("auto", "inline", "cuda_ipc", "cuda_push", "cuda_push_ll", "nccl", "nixl"):
+            bad("afd-transport", self.afd_transport,
+                "use auto, inline, cuda_ipc, cuda_push, cuda_push_ll, nccl or nixl")
         if self.afd_transport == "nixl":
             from sglang.srt.disaggregation.transfer.base import nixl_available
 

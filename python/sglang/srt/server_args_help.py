@@ -135,7 +135,8 @@ SERVER_ARGS_HELP: dict[str, str] = {
     "afd_micro_batches": "m: request micro-batches of the ping-pong pipeline (hides transfers when m >= 2(1+Tc/Tf), "
     "logged).",
     "afd_transport": "M2N payload transport: inline (CPU, ZMQ), cuda_ipc (same-node GPUs, host-driven), cuda_push "
-    "(same-node GPUs, device-driven flags), nccl (baseline), nixl "
+    "(same-node GPUs, device-driven: payload + flag), cuda_push_ll (cuda_push with the low-latency protocol: each "
+    "4-byte word travels with its tag in one 8-byte word, no flag or fence; 2x the wire bytes), nccl (baseline), nixl "
     "(one-sided NIXL READ over UCX/RDMA, across nodes; needs pip install 'sglang[pd]'); auto = inline on CPU; on GPU "
     "cuda_ipc when every worker is on one node, nccl otherwise.",
     # misc

@@ -59,10 +59,11 @@ def transport(args: Any, one_node: bool) -> str:
     """``--afd-transport``, with ``auto`` resolved by the one rule: ``inline`` (ZMQ) on CPU; on GPU ``cuda_ipc`` when
     every worker shares one node, ``nccl`` across nodes.
 
-    ``cuda_push`` (device-driven flags) is explicit-only: AFD sends its messages with the ZMQ header, and on that path
-    it measured slower than ``cuda_ipc`` (2 x H200, 2026-11-26, one-way 390-531 vs 252-395 us at 32-512 KB,
-    ``benchmark/results/2026-11-26_issue24_m2n_round3_2xh200.md``); its host-free path (``recv_device``) is not used
-    by AFD yet."""
+    ``cuda_push`` / ``cuda_push_ll`` (device-driven; flag / low-latency protocol) are explicit-only: AFD's host
+    path sends its messages with the ZMQ header, and on that path ``cuda_push`` measured slower than ``cuda_ipc``
+    (2 x H200, 2026-11-26, one-way 390-531 vs 252-395 us at 32-512 KB,
+    ``benchmark/results/2026-11-26_issue24_m2n_round3_2xh200.md``); their host-free path is AFD's device-driven
+    steps (``sglang.srt.afd.device_m2n``), not yet measured end to end against ``cuda_ipc`` in a server."""
     if args.afd_transport != "auto":
         return args.afd_transport
     if args.resolved_device != "cuda":

@@ -2,8 +2,10 @@
 (MegaScale-Infer, Zhu et al. 2025, sec. 4.1 ping-pong + sec. 5 M2N without host involvement per message).
 
 Over a device-driven M2N transport (``cuda_push``: payload + a flag word carrying (sequence, rows), the receiver's
-stream spins on the flag, see :mod:`sgl_kernel.m2n.cuda_push`) a step exchanges one host message per FFN worker
-and step, the ``STEP`` announcement; everything per layer goes device to device:
+stream spins on the flag, see :mod:`sgl_kernel.m2n.cuda_push`; ``cuda_push_ll``: the same transport with the
+low-latency protocol of :mod:`sgl_kernel.m2n.ll_kernels`, each 4-byte word sent with its tag in one 8-byte word)
+a step exchanges one host message per FFN worker and step, the ``STEP`` announcement; everything per layer goes
+device to device:
 
 * attention worker ``a`` (host, before the step or the graph replay): ``STEP`` to every FFN worker ``j``, ``m`` rows
   whose ``topk_ids[:, 0]`` are the micro-batches' token counts ``n_0..n_{m-1}``;
@@ -55,7 +57,8 @@ class DeviceDispatch:
 
     def __init__(self, ep, topo, placement, num_experts: int):
         if not ep.transport.device_driven:
-            raise ValueError(f"device-driven AFD needs --afd-transport cuda_push, not {ep.transport.name!r}")
+            raise ValueError(f"device-driven AFD needs --afd-transport cuda_push or cuda_push_ll, not "
+                             f"{ep.transport.name!r}")
         self.ep, self.topo = ep, topo
         self.worker_of: Optional[torch.Tensor] = None
         if topo.num_ffn > 1:

@@ -20,10 +20,11 @@ hides communication when ``m >= 2 (1 + Tc / Tf)`` (sec. 4.1, with Ta ~ Tf); the 
 reported by FFN workers, GPU time on a GPU) and ``Tc``
 (``(round trip - Tf) / 2``, an upper bound when results wait in the inbox) and logs the bound against ``m``.
 
-Device-driven steps (``--afd-transport cuda_push``, :mod:`sglang.srt.afd.device_m2n`): one ``STEP`` host message
-per step, the per-layer dispatch / combine device to device without headers, so the whole step is captured in one
-decode CUDA graph (``graph_captures_executor``; the graph runner calls ``before_graph_replay`` /
-``after_graph_replay``); decode micro-batches are then slices of the batch (``split_decode_requests``).
+Device-driven steps (``--afd-transport cuda_push`` or ``cuda_push_ll``, :mod:`sglang.srt.afd.device_m2n`): one
+``STEP`` host message per step, the per-layer dispatch / combine device to device without headers, so the whole
+step is captured in one decode CUDA graph (``graph_captures_executor``; the graph runner calls
+``before_graph_replay`` / ``after_graph_replay``); decode micro-batches are then slices of the batch
+(``split_decode_requests``).
 
 Tensor parallelism inside an attention worker: only TP rank 0 talks to FFN workers; other ranks contribute a
 zero expert output, and the following norm's all-reduce (or ``moe_combine``'s) sums the full result.
@@ -43,8 +44,8 @@ import torch
 from sglang.srt.afd.device_m2n import DeviceDispatch, capturing
 from sglang.srt.afd.experts import moe_layer_specs
 from sglang.srt.afd.load_balance import ExpertLoadCollector, ExpertRebalancer, assign_tokens, static_placement
-from sglang.srt.afd.protocol import DISPATCH, ERROR, PLACE, PLACED, RESULT, AfdTopology, create_afd_transport, \
-    dispatch_layout, result_layout
+from sglang.srt.afd.protocol import DEVICE_TRANSPORTS, DISPATCH, ERROR, PLACE, PLACED, RESULT, AfdTopology, \
+    create_afd_transport, dispatch_layout, result_layout
 from sglang.srt.forward_batch_info import ForwardBatch
 from sglang.srt.layers.stages import LayerState
 from sglang.srt.model_executor.executors.base import StagedExecutor
@@ -76,7 +77,7 @@ class AfdExecutor(StagedExecutor):
         rebalance_interval: steps between placement updates (0: never).
         device_m2n: device-driven steps (:mod:`sglang.srt.afd.device_m2n`: one ``STEP`` host message per step, the
             per-layer exchange device to device, the step CUDA-graph capturable: ``graph_captures_executor``);
-            None: on when ``topo.transport`` is ``cuda_push`` and rebalancing is off.
+            None: on when ``topo.transport`` is ``cuda_push`` / ``cuda_push_ll`` and rebalancing is off.
     Raises (from ``__init__``):
         ValueError: m < 1, a dense model, ``device_m2n=True`` with rebalancing or a host transport.
     Raises (from ``run``):
@@ -109,7 +110,7 @@ class AfdExecutor(StagedExecutor):
         if device_m2n and rebalance_interval > 0:
             raise ValueError("device-driven AFD steps route by the static placement: turn --afd-rebalance-interval off "
                              "or use a host transport")
-        self.device_mode = (topo.transport == "cuda_push" and rebalance_interval == 0 if device_m2n is None
+        self.device_mode = (topo.transport in DEVICE_TRANSPORTS and rebalance_interval == 0 if device_m2n is None
                             else device_m2n)
         self.dev = DeviceDispatch(self.ep, topo, self.placement, self.num_experts) if (
             self.device_mode and self.ep is not None) else None

@@ -26,11 +26,15 @@ import torch
 from sgl_kernel.m2n import PayloadTransport, RowLayout, create_transport
 
 DISPATCH, RESULT, ERROR, PLACE, PLACED, STEP = 1, 2, 3, 4, 5, 6
+# ``--afd-transport`` names of the device-driven transports (``sgl_kernel.m2n.cuda_push``, flag or low-latency
+# protocol): the executor steps them with STEP messages (sglang.srt.afd.device_m2n) unless rebalancing is on
+DEVICE_TRANSPORTS = ("cuda_push", "cuda_push_ll")
 
 
 def create_afd_transport(name: str) -> PayloadTransport:
-    """The M2N payload transport ``--afd-transport`` names (``inline`` | ``nccl`` | ``cuda_ipc`` | ``cuda_push`` | ``nixl``); ``nixl``
-    gets the PD transfer layer's NIXL agent injected (``m2n_read_agent``; nixl itself is imported at attach).
+    """The M2N payload transport ``--afd-transport`` names (``inline`` | ``nccl`` | ``cuda_ipc`` | ``cuda_push`` |
+    ``cuda_push_ll`` | ``nixl``); ``nixl`` gets the PD transfer layer's NIXL agent injected (``m2n_read_agent``;
+    nixl itself is imported at attach).
     Raises ValueError for an unknown name."""
     factory = None
     if name == "nixl":

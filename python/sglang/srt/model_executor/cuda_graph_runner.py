@@ -90,7 +90,7 @@ class CudaGraphRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool = None
-        # an executor whose step talks to remote workers on the device (AFD over cuda_push) is captured itself,
+        # an executor whose step talks to remote workers on the device (AFD over cuda_push[_ll]) is captured itself,
         # with its hooks around each replay; otherwise the plain forward is (the executor's stages are equal to it)
         ex = getattr(runner, "executor", None)
         self.staged = ex if getattr(ex, "graph_captures_executor", False) else None
