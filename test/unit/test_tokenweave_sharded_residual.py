@@ -102,3 +102,22 @@ def test_flag_parsed_validated_and_carried():
     assert "sharded_residual" not in executor(sa.replace(tokenweave_sharded_residual=False)).opts()
     with pytest.raises(ValueError, match="tokenweave-sharded-residual"):
         ServerArgs(model_path="m", tp_size=2, tokenweave_sharded_residual=True)
+
+
+@pytest.mark.parametrize("picked,bulk,want", [
+    ("p2p_oneshot", None, "p2p_twoshot"), ("p2p_lamport", None, "p2p_twoshot"), ("p2p_lamport", True, "p2p_twoshot_bulk"),
+    ("p2p_twoshot", None, "p2p_twoshot"), ("p2p_twoshot_pipe", None, "p2p_twoshot_pipe"),
+    ("p2p_twoshot_bulk", None, "p2p_twoshot_bulk"), ("ce", None, "ce"), ("nccl", None, None)])
+def test_sharded_backend_only_owned_row_kernels(picked, bulk, want):
+    """A residual-sharded call never runs a kernel that reads every residual row (one-shot, Lamport): those picks
+    become the two-shot kernel; a pick with no sharded form (NCCL: no staging room) goes to the torch fallback."""
+    from types import SimpleNamespace
+
+    from sglang.srt.distributed.tw_comm import TwBackend, TwCommConfig
+    from sglang.srt.distributed.tw_communicator import TwCommunicator
+
+    comm = TwCommunicator(None)
+    comm.ws = SimpleNamespace(select=lambda *a: TwBackend(picked), config=TwCommConfig(bulk_twoshot=bulk))
+    kw = comm._sharded_backend(64, 8192, True, 2)
+    assert (None if kw is None else kw["backend"].value) == want
+    assert kw is None or kw["residual_sharded"] is True
