@@ -105,7 +105,8 @@ def test_flag_parsed_validated_and_carried():
 
 
 @pytest.mark.parametrize("picked,bulk,want", [
-    ("p2p_oneshot", None, "p2p_twoshot"), ("p2p_lamport", None, "p2p_twoshot"), ("p2p_lamport", True, "p2p_twoshot_bulk"),
+    ("p2p_oneshot", None, "p2p_twoshot"), ("p2p_lamport", None, "p2p_twoshot"),
+    ("p2p_lamport", True, "p2p_twoshot_bulk"),
     ("p2p_twoshot", None, "p2p_twoshot"), ("p2p_twoshot_pipe", None, "p2p_twoshot_pipe"),
     ("p2p_twoshot_bulk", None, "p2p_twoshot_bulk"), ("ce", None, "ce"), ("nccl", None, None)])
 def test_sharded_backend_only_owned_row_kernels(picked, bulk, want):

@@ -167,7 +167,8 @@ class ServerArgs:
         if self.tokenweave_comm_sms is not None and not 1 <= self.tokenweave_comm_sms <= 256:
             bad("tokenweave-comm-sms", self.tokenweave_comm_sms, "use an SM count in [1, 256]")
         if self.tokenweave_sharded_residual and not self.enable_tokenweave:
-            bad("tokenweave-sharded-residual", True, "add --enable-tokenweave (it applies to TokenWeave's split forwards)")
+            bad("tokenweave-sharded-residual", True,
+                "add --enable-tokenweave (it applies to TokenWeave's split forwards)")
         if self.tdist_overlap_min_tokens is not None and self.tdist_overlap_min_tokens < 0:
             bad("tdist-overlap-min-tokens", self.tdist_overlap_min_tokens, "use >= 0 (0: the layout for every batch)")
         if self.enable_tdist_overlap and self.enable_tokenweave:
