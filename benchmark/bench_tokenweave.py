@@ -18,6 +18,8 @@ same run:
                   communication kernel, :mod:`sglang.srt.tokenweave.carveout`; not in the default set);
 * ``tokenweave_oldcomm`` TokenWeave on tw-comm without the bulk-copy two-shot (the pre-bulk comm; ``tokenweave``
                   uses the server's default choice, on H200 the bulk kernel; ``benchmark/tokenweave_variants.py``).
+* ``tokenweave_sharded`` TokenWeave with ``--tokenweave-sharded-residual`` (each rank keeps only its rows of the
+                  split's residual; the comm gathers only the normed rows; not in the default set).
 
 ``--overlap-tokens T``: one profiled forward per variant at T; a table of how much of the communication kernels'
 time ran concurrently with compute kernels (``benchmark/tokenweave_profile.py``), and per TokenWeave variant the
@@ -70,7 +72,7 @@ from sglang.srt.utils.nvls_env import NVLS_OFF_ENV  # noqa: E402  (pure Python)
 from tokenweave_graph import graph_and_profile, report_sections  # noqa: E402
 from tokenweave_profile import overlap_table, profile_forward, profile_overlap  # noqa: E402
 from tokenweave_report import auto_off_decision, host_table, targets_table  # noqa: E402
-from tokenweave_variants import OLDCOMM, ratio_pairs, variant_comm  # noqa: E402
+from tokenweave_variants import OLDCOMM, SHARDED, ratio_pairs, variant_comm  # noqa: E402
 
 os.environ.update(NVLS_OFF_ENV)
 VARIANTS = ("nocomm", "nccl", "nccl_symm", "custom", "tokenweave")
@@ -80,8 +82,8 @@ VARIANTS = ("nocomm", "nccl", "nccl_symm", "custom", "tokenweave")
 # decomposition with the NCCL fallback); the table adds ``tdist / tp``.
 # ``tokenweave_nocarve`` TokenWeave with the GEMMs on every SM (no SM carveout for the communication kernel: the
 # issue 25 round-2 behaviour, where persistent GEMMs and the communication kernel serialized).
-EXTRA_VARIANTS = ("split_nocomm", "tokenweave_nocarve", "tp", "tdist", OLDCOMM)  # OLDCOMM: tokenweave_variants
-TW_VARIANTS = ("tokenweave", "split_nocomm", "tokenweave_nocarve", OLDCOMM)
+EXTRA_VARIANTS = ("split_nocomm", "tokenweave_nocarve", "tp", "tdist", OLDCOMM, SHARDED)  # tokenweave_variants
+TW_VARIANTS = ("tokenweave", "split_nocomm", "tokenweave_nocarve", OLDCOMM, SHARDED)
 
 
 def _shrunk_config(src: str, layers: int, smoke: bool) -> str:
@@ -164,6 +166,7 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
                           enable_tokenweave=variant in TW_VARIANTS,
                           enable_tdist_overlap=variant == "tdist",
                           tokenweave_min_tokens=min_tokens, tokenweave_comm_sms=comm_sms,
+                          tokenweave_sharded_residual=variant == SHARDED,
                           comm_backend="custom" if variant == "custom" and device == "cuda" else "auto")
         comm = variant_comm(variant, ps, mc, tokens, device, notes, comm_sms)
         if comm is False:
@@ -185,7 +188,7 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
                       f"{out[('host', variant, t)]:.3f} ms)", file=sys.stderr, flush=True)
             graph_and_profile(runner, mwb, dev, ps, variant, t, dict(extra, warmup=warmup, iters=iters), out,
                               notes, host_profiles)
-            if t == profile_tokens and profile_dir and variant in ("tokenweave", "nccl", "split_nocomm"):  # all ranks
+            if t == profile_tokens and profile_dir and variant in ("tokenweave", "nccl", "split_nocomm", SHARDED):
                 keep = ps.tp_rank == 0 and variant == "tokenweave"
                 out[("launches", variant, t)], out[("allocs", variant, t)] = profile_forward(
                     runner, mwb, dev, str(Path(profile_dir) / f"tokenweave_profile_T{t}.txt") if keep else "")

@@ -6,7 +6,10 @@
   crossover table, which on H200 x2/x4 puts the overlapped calls of >= ~360 tokens at hidden 8192 on the bulk-copy
   two-shot ``p2p_twoshot_bulk``; TokenWeave, Gond et al. 2025, sec. 3.3, runs that kernel on 16 CTAs);
 * ``tokenweave_oldcomm`` the same TokenWeave executor on tw-comm with the bulk kernel forbidden
-  (``TwCommConfig.bulk_twoshot=False``: the pre-bulk two-shot), so bulk vs old comm is one run's A/B.
+  (``TwCommConfig.bulk_twoshot=False``: the pre-bulk two-shot), so bulk vs old comm is one run's A/B;
+* ``tokenweave_sharded`` TokenWeave with ``--tokenweave-sharded-residual`` (the server's communicator; the split
+  forward's fused calls update only the rank's residual rows and gather only the normed rows, TokenWeave sec. 3-4),
+  so sharded vs full residual is one run's A/B.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 OLDCOMM = "tokenweave_oldcomm"
+SHARDED = "tokenweave_sharded"
 
 
 def variant_comm(variant: str, ps: Any, mc: Any, tokens: list[int], device: str, notes: set,
@@ -53,10 +57,12 @@ def old_tw_communicator(ps: Any, max_tokens: int, hidden_size: int, comm_sms: Op
 
 def ratio_pairs(variants: list[str]) -> list[tuple[str, str]]:
     """(numerator, denominator) variant pairs of the layer table: TokenWeave vs every baseline in the run, tdist vs
-    tp, the no-carveout and old-comm TokenWeave rows vs nccl, and TokenWeave (bulk comm) vs TokenWeave (old comm)."""
+    tp, the no-carveout, old-comm and sharded-residual TokenWeave rows vs nccl, TokenWeave (bulk comm) vs TokenWeave
+    (old comm) and TokenWeave with the sharded vs the full residual."""
     have = set(variants)
     pairs = [("tokenweave", b) for b in ("nccl", "nccl_symm", "custom", "nocomm") if b in have and "tokenweave" in have]
     pairs += [("tdist", "tp")] if {"tdist", "tp"} <= have else []
-    pairs += [(v, "nccl") for v in ("tokenweave_nocarve", OLDCOMM) if {v, "nccl"} <= have]
+    pairs += [(v, "nccl") for v in ("tokenweave_nocarve", OLDCOMM, SHARDED) if {v, "nccl"} <= have]
     pairs += [("tokenweave", OLDCOMM)] if {"tokenweave", OLDCOMM} <= have else []
+    pairs += [(SHARDED, "tokenweave")] if {SHARDED, "tokenweave"} <= have else []
     return pairs

@@ -239,19 +239,33 @@ def test_tokenweave_tp2_one_rank_per_gpu(tiny_checkpoints, name):
     GPUs, TokenWeave's two streams and its GEMM SM carveout), cut at every token boundary of prefill / mixed /
     decode steps: bf16 logits equal the single-process fp32 CPU reference within bf16 tolerance, on both ranks.
     Skips without 2 GPUs."""
+    _tp2_one_rank_per_gpu(tiny_checkpoints[name], name, sharded=False)
+
+
+@pytest.mark.parametrize("name", ["llama_bias_untied", "mixtral"])
+def test_tokenweave_tp2_one_rank_per_gpu_sharded_residual(tiny_checkpoints, name):
+    """As :func:`test_tokenweave_tp2_one_rank_per_gpu` with ``--tokenweave-sharded-residual`` (each rank reads and
+    updates only its rows of each split's residual; TokenWeave sec. 3-4), every rank's non-owned residual rows
+    NaN-filled after each sharded call (``tp_worker.stale_rows_poisoned``), so a consumer that reads a stale row
+    fails. Skips without 2 GPUs."""
+    _tp2_one_rank_per_gpu(tiny_checkpoints[name], name, sharded=True)
+
+
+def _tp2_one_rank_per_gpu(path: str, name: str, sharded: bool) -> None:
+    """Every cut's bf16 logits of 2 ranks on 2 GPUs vs the fp32 CPU reference (5% of the largest |logit|)."""
     if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
     from test_tp_models import _reference
     from tp_worker import spawn_ranks, tokenweave_logits
 
-    ref = _reference(tiny_checkpoints[name])
-    results = spawn_ranks(tokenweave_logits, 2, tiny_checkpoints[name], "bfloat16", timeout=300, device="cuda")
+    ref = _reference(path)
+    results = spawn_ranks(tokenweave_logits, 2, path, "bfloat16", sharded, timeout=300, device="cuda")
     for rank, per_rank in enumerate(results):
         for step, (cuts, want) in enumerate(zip(per_rank, ref)):
             for cut, got in enumerate(cuts, start=1):
                 diff = (got - want).abs().max().item()
                 assert diff <= 0.05 * max(1.0, want.abs().max().item()), \
-                    f"{name} rank {rank} step {step} cut {cut}: max diff {diff}"
+                    f"{name} sharded={sharded} rank {rank} step {step} cut {cut}: max diff {diff}"
 
 
 def test_server_tp2_shared_gpu_tokenweave_equals_tp1():

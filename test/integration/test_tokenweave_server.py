@@ -26,12 +26,15 @@ PROMPTS = ["Once upon a time, there was a little girl named Lily who loved to pl
            "The little dog", "Lily and Tom went to the park. They", "One day, a bird"]
 
 
-@pytest.mark.parametrize("name,tp", [("stories260K", 2), ("stories260K-moe", 2), ("stories260K", 4),
-                                     ("stories260K-moe", 4)])
-def test_tokenweave_greedy_equals_tp1(name, tp):
+@pytest.mark.parametrize("name,tp,sharded", [("stories260K", 2, False), ("stories260K-moe", 2, False),
+                                             ("stories260K", 4, False), ("stories260K-moe", 4, False),
+                                             ("stories260K", 2, True)])
+def test_tokenweave_greedy_equals_tp1(name, tp, sharded):
+    """``sharded``: with ``--tokenweave-sharded-residual`` (split forwards keep the residual sharded)."""
     path = shared_path("models", name)
+    flags = ["--tokenweave-sharded-residual"] if sharded else []
     with ServerProcess(["--model-path", path, "--device", "cpu", "--tp", str(tp), "--enable-tokenweave",
-                        "--tokenweave-min-tokens", "8", "--chunked-prefill-size", "32"]) as s:
+                        "--tokenweave-min-tokens", "8", "--chunked-prefill-size", "32", *flags]) as s:
         sp = {"temperature": 0, "max_new_tokens": N_NEW, "ignore_eos": True}
         single = generate(s, {"text": PROMPTS[0], "sampling_params": sp})
         assert single["output_ids"] == tp1_greedy(path, tokenize(path, PROMPTS[0]))
@@ -50,5 +53,7 @@ def test_tokenweave_greedy_equals_tp1(name, tp):
         assert not repeated, f"(rank, batch size, decision) logged more than once: {repeated}"
         assert log.count("[TokenWeave]") == tp and log.count(f"TwCommunicator(world_size={tp}") == tp, \
             "tw-comm's communicator is the default with --enable-tokenweave (logged per rank)"
+        assert log.count("residual sharded") == (tp if sharded else 0), "the executor's residual mode, per rank"
         info = requests.get(s.url + "/get_server_info", timeout=30).json()
         assert info.get("enable_tokenweave") is True
+        assert info.get("tokenweave_sharded_residual") is sharded

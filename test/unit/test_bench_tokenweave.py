@@ -95,3 +95,25 @@ def test_layer_mode_oldcomm_variant(tmp_path):
     assert all(float(c) > 0 for c in row.strip("|").split("|")[3:]), row
     check = text.split("## correctness: eager next-token logits vs the nccl variant's")[1]
     assert re.search(r"^- T=16: tokenweave [0-9.e+-]+, tokenweave_oldcomm [0-9.e+-]+", check, re.M), check
+
+
+def test_layer_mode_sharded_variant(tmp_path):
+    """``tokenweave_sharded`` (TokenWeave with ``--tokenweave-sharded-residual``) runs beside the default TokenWeave
+    in the same run: its own column, the sharded / full and sharded / nccl ratios, and its eager logits equal to the
+    full-residual TokenWeave's (CPU fp32: the same reduce and norm per owned row) in the correctness check."""
+    from conftest import shared_path
+
+    sys.path.insert(0, str(ROOT / "benchmark"))
+    from tokenweave_variants import SHARDED, ratio_pairs
+
+    assert ratio_pairs(["nccl", "tokenweave", SHARDED]) == [("tokenweave", "nccl"), (SHARDED, "nccl"),
+                                                            (SHARDED, "tokenweave")]
+    model = shared_path("configs", "meta-llama--Llama-3.3-70B-Instruct")
+    text = _run(tmp_path, "--tokens", "16", "--model-path", model, "--variants", "nccl", "tokenweave", SHARDED)
+    header = next(line for line in text.splitlines() if line.startswith("| model | TP | tokens | nccl ms"))
+    assert "| tokenweave_sharded ms |" in header and "| tokenweave_sharded / tokenweave |" in header, header
+    row = next(line for line in text.splitlines() if re.match(r"\| \S+ \| 2 \| 16 \| [0-9.]+ \|", line))
+    assert all(float(c) > 0 for c in row.strip("|").split("|")[3:]), row
+    check = text.split("## correctness: eager next-token logits vs the nccl variant's")[1]
+    m = re.search(r"^- T=16: tokenweave ([0-9.e+-]+), tokenweave_sharded ([0-9.e+-]+)", check, re.M)
+    assert m and float(m.group(1)) == float(m.group(2)), check

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from types import SimpleNamespace
+from typing import Optional
 
 import torch
 
@@ -64,11 +65,14 @@ def tp_models_logits(ps, jobs: list[tuple[str, int]]) -> list[list[torch.Tensor]
     return [tp_model_logits(ps, path, ep) for path, ep in jobs]
 
 
-def tokenweave_logits(ps, path: str, dtype: str = "auto") -> list[list[torch.Tensor]]:
+def tokenweave_logits(ps, path: str, dtype: str = "auto", sharded: bool = False,
+                      stats: Optional[dict] = None) -> list[list[torch.Tensor]]:
     """Rank body: the checkpoint sharded for this rank with the tw-comm communicator (RS -> add+RMSNorm -> AG
     on gloo; on a GPU rank tw-comm's fused kernels over CUDA IPC and the executor's two streams) and
     TokenWeave's executor forced to cut each of :data:`STEPS` at every token boundary; returns, per step, the
-    fp32 CPU logits of every cut."""
+    fp32 CPU logits of every cut. ``sharded``: ``--tokenweave-sharded-residual``, with the communicator's
+    residual rows this rank does not own NaN-filled after every sharded call (:class:`StaleRowsPoisoned`), so a
+    consumer that reads them poisons the logits; ``stats["sharded_calls"]`` (when given) counts those calls."""
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.distributed.tw_communicator import TwCommunicator
     from sglang.srt.model_loader.loader import load_model
@@ -83,9 +87,10 @@ def tokenweave_logits(ps, path: str, dtype: str = "auto") -> list[list[torch.Ten
 
     dev = ps.torch_device()
     config = ModelConfig.from_path(path, None, dtype, dev.type)
-    comm = TwCommunicator(ps)
+    comm = stale_rows_poisoned(TwCommunicator)(ps) if sharded else TwCommunicator(ps)
     model = load_model(config, "auto", str(dev), tp_rank=ps.tp_rank, tp_size=ps.tp_size, comm=comm)
-    ex = ForcedCut(TokenWeaveConfig(min_tokens=2, gemm_widths=gemm_widths_of(config, ps.tp_size)), dev)
+    ex = ForcedCut(TokenWeaveConfig(min_tokens=2, gemm_widths=gemm_widths_of(config, ps.tp_size),
+                                    sharded_residual=sharded), dev)
     h = harness_for(model, config, ps.tp_size, device=str(dev))
     out = []
     for items in STEPS:
@@ -97,9 +102,43 @@ def tokenweave_logits(ps, path: str, dtype: str = "auto") -> list[list[torch.Ten
         out.append(per_cut)
     if comm.ws is not None:
         comm.ws.close()
+    if stats is not None:
+        stats["sharded_calls"] = stats.get("sharded_calls", 0) + getattr(comm, "sharded_calls", 0)
     return out
 
 
-def tokenweave_logits_many(ps, paths: list[str], dtype: str = "auto") -> list[list[list[torch.Tensor]]]:
+def tokenweave_logits_many(ps, paths: list[str], dtype: str = "auto", sharded: bool = False
+                           ) -> list[list[list[torch.Tensor]]]:
     """Rank body: :func:`tokenweave_logits` for every checkpoint in ``paths`` (one process group for all)."""
-    return [tokenweave_logits(ps, path, dtype) for path in paths]
+    return [tokenweave_logits(ps, path, dtype, sharded) for path in paths]
+
+
+def tokenweave_full_and_sharded(ps, paths: list[str], dtype: str = "auto") -> list[tuple[list, list]]:
+    """Rank body: per checkpoint, :func:`tokenweave_logits` with the full and with the sharded residual, and the
+    number of residual-sharded communicator calls the latter made."""
+    out = []
+    for p in paths:
+        stats: dict = {}
+        out.append((tokenweave_logits(ps, p, dtype), tokenweave_logits(ps, p, dtype, True, stats),
+                    stats.get("sharded_calls", 0)))
+    return out
+
+
+def stale_rows_poisoned(base: type) -> type:
+    """``base`` (a communicator class) whose residual-sharded ``all_reduce_add_rmsnorm`` NaN-fills the returned
+    residual's rows outside this rank's ``owned_range`` (rows a sharded call leaves stale), counting the calls in
+    ``sharded_calls`` (of the instance)."""
+    from sgl_kernel.tw_comm.reference import owned_range
+
+    class StaleRowsPoisoned(base):
+        def all_reduce_add_rmsnorm(self, x, residual, weight, eps, overlap=False, out=None, residual_sharded=False):
+            normed, res = super().all_reduce_add_rmsnorm(x, residual, weight, eps, overlap=overlap, out=out,
+                                                         residual_sharded=residual_sharded)
+            if residual_sharded and self.world_size > 1:
+                self.sharded_calls = getattr(self, "sharded_calls", 0) + 1
+                s, e = owned_range(res.shape[0], self.world_size, self.rank)
+                res[:s] = float("nan")
+                res[e:] = float("nan")
+            return normed, res
+
+    return StaleRowsPoisoned

@@ -92,6 +92,7 @@ class ServerArgs:
     enable_tokenweave: bool = False
     tokenweave_min_tokens: Optional[int] = None  # None: auto per TP size (sglang.srt.tokenweave)
     tokenweave_comm_sms: Optional[int] = None
+    tokenweave_sharded_residual: bool = False  # opt-in: split forwards keep the residual sharded (unmeasured)
     # Triton-distributed: sequence-parallel layout with fused AG-GEMM / GEMM-RS (dense decoders, TP > 1)
     enable_tdist_overlap: bool = False
     tdist_overlap_min_tokens: Optional[int] = None  # None: auto from the calibration tables (sequence_parallel_select)
@@ -165,6 +166,9 @@ class ServerArgs:
             bad("tokenweave-min-tokens", self.tokenweave_min_tokens, "use >= 2 (a split needs two tokens)")
         if self.tokenweave_comm_sms is not None and not 1 <= self.tokenweave_comm_sms <= 256:
             bad("tokenweave-comm-sms", self.tokenweave_comm_sms, "use an SM count in [1, 256]")
+        if self.tokenweave_sharded_residual and not self.enable_tokenweave:
+            bad("tokenweave-sharded-residual", True,
+                "add --enable-tokenweave (it applies to TokenWeave's split forwards)")
         if self.tdist_overlap_min_tokens is not None and self.tdist_overlap_min_tokens < 0:
             bad("tdist-overlap-min-tokens", self.tdist_overlap_min_tokens, "use >= 0 (0: the layout for every batch)")
         if self.enable_tdist_overlap and self.enable_tokenweave:

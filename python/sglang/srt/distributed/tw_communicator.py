@@ -10,6 +10,14 @@ collectives are plain ``torch.distributed``.
 
 Calls are stream-ordered on the caller's current stream; an overlapped caller (TokenWeave's executor on
 its communication stream) passes ``overlap=True`` and the SM budget ``--tokenweave-comm-sms``.
+
+``residual_sharded=True`` (TokenWeave's split forwards with ``--tokenweave-sharded-residual``; TokenWeave sec. 3-4
+keeps the residual sharded between layers): the call reads and updates only this rank's rows
+``owned_range(T, world, rank)`` of ``residual`` and all-gathers just the normed rows, so the other rows of the
+residual are stale afterwards. A caller may pass it only when every call on that residual chain does (the fused
+AllReduce + add + RMSNorm is the residual's only consumer) with the same row count T, so each call's owned rows are
+the previous call's; every backend then honours it (one-shot / Lamport picks become the two-shot kernel, the NCCL
+fallback and the CPU path reduce to the owner and gather the normed rows only).
 """
 
 from __future__ import annotations
@@ -58,6 +66,7 @@ class TwCommunicator(Communicator):
     supports_overlap = True
     fuses_add_rmsnorm = True
     supports_out = True  # all_reduce_add_rmsnorm(..., out=) writes the normed rows into the caller's tensor
+    supports_sharded_residual = True  # all_reduce_add_rmsnorm(..., residual_sharded=True) (module docstring)
 
     def __init__(self, ps: Any, comm_sms: Optional[int] = None, max_bytes: Optional[int] = None,
                  bulk_twoshot: Optional[bool] = None):
@@ -98,31 +107,64 @@ class TwCommunicator(Communicator):
         return self.torch.reduce_scatter(x)
 
     def all_reduce_add_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                               overlap: bool = False, out: Optional[torch.Tensor] = None
-                               ) -> tuple[torch.Tensor, torch.Tensor]:
+                               overlap: bool = False, out: Optional[torch.Tensor] = None,
+                               residual_sharded: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """``(rmsnorm(residual + allreduce(x)) * weight, residual + allreduce(x))``, x/residual ``[T, H]``.
 
         GPU: tw-comm's fused kernel (bf16/fp16; variant by size, ``overlap`` selects the few-SM variant and
         the ``comm_sms`` budget); CPU/other dtypes: ReduceScatter -> add + RMSNorm on owned rows -> AllGather.
         ``out``: a contiguous ``[T, H]`` tensor of x's dtype the normed rows are written into (and returned; the
         fused kernel writes it directly, other paths copy), e.g. a row range of a preallocated output.
+        ``residual_sharded``: only this rank's rows ``owned_range(T, world, rank)`` of the residual are read and
+        updated (the returned residual's other rows are stale; see the module docstring); the normed rows are
+        complete on every rank either way.
         """
         if self.ws is not None and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
             x, residual = x.contiguous(), residual.contiguous()
+            kw = {}
+            if residual_sharded:
+                kw = self._sharded_backend(x.shape[0], x.shape[1], overlap, x.element_size())
+                if kw is None:  # no staging room: NCCL reduce to the owners, gather the normed rows
+                    return self._sharded_torch(x, residual, weight, eps, out)
             normed = self.ws.allreduce_rmsnorm(x, residual, weight, eps, out=out, overlap=overlap,
-                                               max_sms=self.comm_sms if overlap else None)
+                                               max_sms=self.comm_sms if overlap else None, **kw)
             return normed, residual
         if self.world_size == 1:
             from sglang.srt.ops_ref import rmsnorm_ref
 
             normed, residual = rmsnorm_ref(x, weight, eps, residual)
-        elif x.is_cuda:  # fp32 on GPU: no fused kernel; NCCL all-reduce, then the reference norm
+        elif x.is_cuda and not residual_sharded:  # fp32 on GPU: no fused kernel; NCCL all-reduce, reference norm
             normed, residual = super().all_reduce_add_rmsnorm(x, residual, weight, eps)
         else:
-            from sgl_kernel.tw_comm.reference import rs_norm_ag_dist
+            return self._sharded_torch(x, residual, weight, eps, out, gather_residual=not residual_sharded)
+        if out is not None:
+            normed = out.copy_(normed)
+        return normed, residual
 
-            new_res, normed = rs_norm_ag_dist(x, residual, weight, eps, group=self.group)
-            normed, residual = normed.to(x.dtype), new_res.to(residual.dtype)
+    def _sharded_backend(self, tokens: int, hidden: int, overlap: bool, elem: int) -> Optional[dict]:
+        """The ``allreduce_rmsnorm`` keywords of a residual-sharded call: the selected backend when it updates only
+        the owned rows (two-shot / pipe / bulk / CE), the two-shot kernel (bulk when ``bulk_twoshot``) instead of a
+        one-shot or Lamport pick (those read every residual row), None when two-shot staging does not fit (NCCL)."""
+        from sglang.srt.distributed.tw_comm import TwBackend
+
+        b = self.ws.select(tokens, hidden, overlap, elem)
+        if b in (TwBackend.ONESHOT, TwBackend.LAMPORT):
+            b = TwBackend.BULK if self.ws.config.bulk_twoshot else TwBackend.TWOSHOT
+        if b not in (TwBackend.TWOSHOT, TwBackend.PIPE, TwBackend.BULK, TwBackend.CE):
+            return None
+        return {"backend": b, "residual_sharded": True}
+
+    def _sharded_torch(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                       out: Optional[torch.Tensor], gather_residual: bool = False
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The torch.distributed RS -> add + RMSNorm -> AG decomposition (:func:`rs_norm_ag_dist`, fp32 sums);
+        without ``gather_residual`` only this rank's residual rows are new (the others are the input's, stale) and
+        only the normed rows are gathered. Returns ``(normed [T, H] in x's dtype, new residual [T, H])``."""
+        from sgl_kernel.tw_comm.reference import rs_norm_ag_dist
+
+        new_res, normed = rs_norm_ag_dist(x, residual, weight, eps, group=self.group,
+                                          gather_residual=gather_residual)
+        normed, residual = normed.to(x.dtype), new_res.to(residual.dtype)
         if out is not None:
             normed = out.copy_(normed)
         return normed, residual

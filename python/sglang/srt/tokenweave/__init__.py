@@ -62,11 +62,11 @@ def resolve_min_tokens(requested: Optional[int], tp_size: int, gpu_name: str = "
 
 
 def create_tokenweave_executor(model_config: "ModelConfig", min_tokens: Optional[int], comm_sms: Optional[int],
-                               device: torch.device, tp_size: int):
+                               device: torch.device, tp_size: int, sharded_residual: bool = False):
     """The :class:`~sglang.srt.tokenweave.executor.TokenWeaveExecutor` for this worker (SM count of the GPU in
     the wave model; the H100/H200 default on CPU). ``min_tokens`` / ``comm_sms``: ``--tokenweave-min-tokens`` /
     ``--tokenweave-comm-sms`` (validated by ``ServerArgs``; ``min_tokens`` None: :func:`resolve_min_tokens`'s
-    auto-off threshold of this GPU and TP size)."""
+    auto-off threshold of this GPU and TP size); ``sharded_residual``: ``--tokenweave-sharded-residual``."""
     from sglang.srt.tokenweave.executor import TokenWeaveConfig, TokenWeaveExecutor
     from sglang.srt.tokenweave.planner import GemmShape
 
@@ -75,12 +75,14 @@ def create_tokenweave_executor(model_config: "ModelConfig", min_tokens: Optional
         props = torch.cuda.get_device_properties(device)
         shape, gpu = GemmShape(num_sms=props.multi_processor_count), props.name
     cfg = TokenWeaveConfig(min_tokens=resolve_min_tokens(min_tokens, tp_size, gpu), comm_sms=comm_sms,
-                           gemm_widths=gemm_widths_of(model_config, tp_size), gemm_shape=shape)
+                           gemm_widths=gemm_widths_of(model_config, tp_size), gemm_shape=shape,
+                           sharded_residual=sharded_residual)
     if cfg.min_tokens >= TOKENWEAVE_OFF:
         logger.info("TokenWeave auto-off on %s at TP%d: it lost to NCCL at every measured size (pass "
                     "--tokenweave-min-tokens to force it on)", gpu or device.type, tp_size)
-    logger.info("TokenWeave on: min tokens %d, comm SMs %s, GEMM widths %s, %d SMs", cfg.min_tokens,
-                cfg.comm_sms or "default", cfg.gemm_widths, shape.num_sms)
+    logger.info("TokenWeave on: min tokens %d, comm SMs %s, GEMM widths %s, %d SMs, residual %s", cfg.min_tokens,
+                cfg.comm_sms or "default", cfg.gemm_widths, shape.num_sms,
+                "sharded" if cfg.sharded_residual else "full")
     return TokenWeaveExecutor(cfg, device)
 
 

@@ -33,7 +33,9 @@ def executor(args: Any) -> Optional[ExecutorSpec]:
     """The ``tokenweave`` executor with ``--tokenweave-min-tokens`` (None with ``--comm-backend tw`` alone)."""
     if not args.enable_tokenweave:
         return None
-    return ExecutorSpec.of("tokenweave", min_tokens=args.tokenweave_min_tokens, comm_sms=args.tokenweave_comm_sms)
+    extra = {"sharded_residual": True} if getattr(args, "tokenweave_sharded_residual", False) else {}
+    return ExecutorSpec.of("tokenweave", min_tokens=args.tokenweave_min_tokens, comm_sms=args.tokenweave_comm_sms,
+                           **extra)
 
 
 def communicator(args: Any, spec: CommunicatorSpec) -> CommunicatorSpec:
@@ -52,4 +54,4 @@ def make_executor(spec: ExecutorSpec, ctx: Any):
 
     opts = spec.opts()
     return create_tokenweave_executor(ctx.model_config, opts["min_tokens"], opts.get("comm_sms"), ctx.device,
-                                      ctx.tp_size)
+                                      ctx.tp_size, sharded_residual=bool(opts.get("sharded_residual", False)))

@@ -39,14 +39,19 @@ class TokenWeaveConfig:
     (SM budget of the overlapped communication kernel; None: tw-comm's default), the layer's GEMM output
     widths for the planner, the device's GEMM wave model, and ``gemm_carveout``: SMs the split forward's GEMMs
     leave free for the communication kernel (:class:`~sglang.srt.tokenweave.carveout.GemmCarveout`; None: the
-    communication kernel's CTA budget, 0: GEMMs use every SM). The two flags are validated once, by
-    ``ServerArgs``; raises ValueError when the GEMM widths are missing or the carveout is negative."""
+    communication kernel's CTA budget, 0: GEMMs use every SM). ``sharded_residual``
+    (``--tokenweave-sharded-residual``, opt-in): a split forward's fused AllReduce + add + RMSNorm calls keep the
+    residual sharded (each rank reads and updates only its ``owned_range`` rows of each split's residual and
+    all-gathers the normed rows; TokenWeave sec. 3-4), when the communicator supports it
+    (``supports_sharded_residual``). The two flags are validated once, by ``ServerArgs``; raises ValueError when
+    the GEMM widths are missing or the carveout is negative."""
 
     min_tokens: int = 1024
     comm_sms: Optional[int] = None
     gemm_widths: tuple[int, ...] = ()
     gemm_shape: GemmShape = GemmShape()
     gemm_carveout: Optional[int] = None
+    sharded_residual: bool = False
 
     def __post_init__(self) -> None:
         if not self.gemm_widths:
@@ -190,7 +195,8 @@ class TokenWeaveExecutor(SubBatchExecutor):
         comm_stage = stage in NORM_STAGES and state.residual is not None
         if comm_stage:
             self._on_stream(True, state, lambda overlap: self._norm_comm(layer.norm_module(stage), state, overlap,
-                                                                         lambda: layer.run_stage(stage, state)))
+                                                                         lambda: layer.run_stage(stage, state),
+                                                                         sharded=self.config.sharded_residual))
         else:
             self._on_stream(False, state, lambda overlap: layer.run_stage(stage, state))
 
@@ -222,7 +228,8 @@ class TokenWeaveExecutor(SubBatchExecutor):
             def final(overlap, st=st, i=i):
                 if fused:  # the last split's final norm overlaps nothing: it may use every SM
                     out = None if final_out is None else final_out[self._rows[i][0]:self._rows[i][1]]
-                    self._norm_comm(norm, st, overlap and st is not states[-1], None, out)
+                    self._norm_comm(norm, st, overlap and st is not states[-1], None, out,
+                                    sharded=self.config.sharded_residual)
                 else:  # no overlap-capable fused norm: the model's final norm of this split, on the compute stream
                     st.hidden = model.final_norm(st.hidden, st.residual)
             self._on_stream(fused, st, final)
@@ -278,13 +285,18 @@ class TokenWeaveExecutor(SubBatchExecutor):
         return self._pool[i]
 
     @staticmethod
-    def _norm_comm(norm: Any, state: LayerState, overlap: bool, fallback, out: Optional[torch.Tensor] = None) -> None:
+    def _norm_comm(norm: Any, state: LayerState, overlap: bool, fallback, out: Optional[torch.Tensor] = None,
+                   sharded: bool = False) -> None:
         """``state.hidden, state.residual =`` the norm's fused AllReduce + add + RMSNorm (``overlap``: the
-        communicator's overlap SM budget; ``out``: where the normed rows go, ``[T_split, H]``), or ``fallback()``
-        when its communicator cannot overlap."""
+        communicator's overlap SM budget; ``out``: where the normed rows go, ``[T_split, H]``; ``sharded``: keep the
+        residual sharded when the communicator can -- consistent within a split forward, whose every norm with a
+        residual and final norm come here with the same split row count), or ``fallback()`` when its communicator
+        cannot overlap (then no call of the forward is sharded: the communicator is the same for all)."""
         comm = norm.comm
         if comm is not None and comm.supports_overlap:
             kw = {} if out is None else {"out": out}
+            if sharded and getattr(comm, "supports_sharded_residual", False):
+                kw["residual_sharded"] = True
             state.hidden, state.residual = comm.all_reduce_add_rmsnorm(state.hidden, state.residual, norm.weight,
                                                                        norm.eps, overlap=overlap, **kw)
         else:

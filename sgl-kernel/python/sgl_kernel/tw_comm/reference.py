@@ -69,12 +69,16 @@ def rs_norm_ag_dist(
     weight: torch.Tensor,
     eps: float,
     group: Optional[dist.ProcessGroup] = None,
+    gather_residual: bool = True,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """ReduceScatter (whole token rows) -> residual add + RMSNorm on this rank's 1/N rows -> AllGather.
 
     The two-shot decomposition the tw-comm kernels implement; rows split by :func:`owned_range`, so ``T`` need
     not divide by the world size. ReduceScatter is a ``reduce`` of each rank's row range to its owner (gloo has
     no reduce_scatter); AllGather pads every range to ceil(T/N) rows. Returns (new residual, out) [T, H].
+    ``gather_residual=False`` is the residual-sharded form (the kernels' ``residual_sharded``; TokenWeave sec. 3-4):
+    only the normed rows are gathered and the new residual's rows outside this rank's range are a copy of the
+    input's (only the owned rows are read or updated). Runs on any backend whose tensors live on x's device.
     """
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
@@ -90,15 +94,20 @@ def rs_norm_ag_dist(
     s, e = owned_range(tokens, world, rank)
     res_mine, out_mine = add_rmsnorm_fp32(mine, residual[s:e], weight, eps)
     stride = -(-tokens // world)
-    pad = torch.zeros((stride, 2, hidden), dtype=torch.float32)
-    pad[: e - s, 0] = res_mine.float()
-    pad[: e - s, 1] = out_mine.float()
+    parts = 2 if gather_residual else 1
+    pad = torch.zeros((stride, parts, hidden), dtype=torch.float32, device=x.device)
+    pad[: e - s, parts - 1] = out_mine.float()
+    if gather_residual:
+        pad[: e - s, 0] = res_mine.float()
     gathered = [torch.empty_like(pad) for _ in range(world)]
     dist.all_gather(gathered, pad, group=group)
-    new_res = torch.empty_like(residual)
+    new_res = torch.empty_like(residual) if gather_residual else residual.clone()
     out = torch.empty_like(residual)
     for q in range(world):
         qs, qe = owned_range(tokens, world, q)
-        new_res[qs:qe] = gathered[q][: qe - qs, 0].to(residual.dtype)
-        out[qs:qe] = gathered[q][: qe - qs, 1].to(residual.dtype)
+        if gather_residual:
+            new_res[qs:qe] = gathered[q][: qe - qs, 0].to(residual.dtype)
+        out[qs:qe] = gathered[q][: qe - qs, parts - 1].to(residual.dtype)
+    if not gather_residual:
+        new_res[s:e] = res_mine
     return new_res, out

@@ -1,0 +1,124 @@
+"""``--tokenweave-sharded-residual`` on gloo TP ranks (CPU): TokenWeave's split forwards keep the residual sharded
+(TokenWeave, Gond et al. 2025, sec. 3-4: each rank reads and updates only its ``owned_range`` rows of each split's
+residual and all-gathers only the normed rows).
+
+* the communicator: the sharded call's normed rows and owned residual rows equal the full call's bit for bit (same
+  fp32 reduce and norm), rows it does not own are left as they were, and ``out=`` works as before;
+* the executor on the real stories260K checkpoints at TP 2 (cut at every token boundary of prefill, mixed and decode
+  steps), with every rank's non-owned residual rows NaN-filled after each sharded call: the logits equal the
+  full-residual run's exactly (so no consumer reads a stale row) and the single-process logits within tolerance;
+* the flag: parsed by ``ServerArgs``, refused without ``--enable-tokenweave``, carried to the executor's config.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from tp_worker import spawn_ranks, tokenweave_full_and_sharded  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODELS = os.path.join(HERE, "..", "..", "..", "shared", "data", "models")
+
+
+def _rank_sharded_call(ps):
+    from sgl_kernel.tw_comm.reference import owned_range
+
+    from sglang.srt.distributed.tw_communicator import TwCommunicator
+
+    gen = torch.Generator().manual_seed(200 + ps.tp_rank)
+    shared = torch.Generator().manual_seed(9)
+    comm = TwCommunicator(ps)
+    bad = []
+    for tokens in (1, 2, 3, 8, 13):
+        x = torch.randn(tokens, 32, generator=gen)
+        res = torch.randn(tokens, 32, generator=shared)
+        w = torch.rand(32, generator=shared) + 0.5
+        full_n, full_r = comm.all_reduce_add_rmsnorm(x.clone(), res.clone(), w, 1e-6)
+        big = torch.full((tokens + 1, 32), float("nan"))
+        sh_n, sh_r = comm.all_reduce_add_rmsnorm(x.clone(), res.clone(), w, 1e-6, out=big[1:], residual_sharded=True)
+        s, e = owned_range(tokens, ps.tp_size, ps.tp_rank)
+        if not torch.equal(sh_n, full_n) or sh_n.data_ptr() != big[1:].data_ptr():
+            bad.append(f"T={tokens}: normed rows differ or not written into out")
+        if not torch.equal(sh_r[s:e], full_r[s:e]):
+            bad.append(f"T={tokens}: owned residual rows differ")
+        if not (torch.equal(sh_r[:s], res[:s]) and torch.equal(sh_r[e:], res[e:])):
+            bad.append(f"T={tokens}: a non-owned residual row changed")
+        # a chain of sharded calls on the same rows (as a split forward's layers) with stale rows poisoned
+        chain_full, chain_sh = res.clone(), res.clone()
+        for layer in range(3):
+            xl = torch.randn(tokens, 32, generator=gen)
+            nf, chain_full = comm.all_reduce_add_rmsnorm(xl.clone(), chain_full, w, 1e-6)
+            ns, chain_sh = comm.all_reduce_add_rmsnorm(xl.clone(), chain_sh, w, 1e-6, residual_sharded=True)
+            chain_sh[:s], chain_sh[e:] = float("nan"), float("nan")
+            if not torch.equal(nf, ns):
+                bad.append(f"T={tokens} layer {layer}: chained normed rows differ")
+    return bad
+
+
+def test_sharded_call_equals_full_call_tp2():
+    for rank, bad in enumerate(spawn_ranks(_rank_sharded_call, 2)):
+        assert not bad, f"rank {rank}: {bad}"
+
+
+def test_sharded_call_tp4():
+    for rank, bad in enumerate(spawn_ranks(_rank_sharded_call, 4)):
+        assert not bad, f"rank {rank}: {bad}"
+
+
+@pytest.mark.parametrize("name", ["stories260K", "stories260K-moe"])
+def test_sharded_residual_logits_equal_full_tp2(name):
+    path = os.path.join(MODELS, name)
+    if not os.path.isdir(path):
+        pytest.skip(f"{path} is missing")
+    pytest.importorskip("transformers")
+    from test_tp_models import ATOL, RTOL, _reference
+
+    ref = _reference(path)
+    results = spawn_ranks(tokenweave_full_and_sharded, 2, [path], timeout=400)
+    for rank, [(full, sharded, calls)] in enumerate(results):
+        assert calls > 0, f"rank {rank}: no residual-sharded call was made"
+        for step, (f_cuts, s_cuts, want) in enumerate(zip(full, sharded, ref)):
+            assert len(f_cuts) == len(s_cuts) and (len(s_cuts) >= 2 or step >= 2)
+            for cut, (f, s) in enumerate(zip(f_cuts, s_cuts), start=1):
+                assert torch.isfinite(s).all(), f"rank {rank} step {step} cut {cut}: a stale residual row was read"
+                assert torch.equal(s, f), f"rank {rank} step {step} cut {cut}: sharded != full residual logits"
+                torch.testing.assert_close(s, want, atol=ATOL, rtol=RTOL)
+
+
+def test_flag_parsed_validated_and_carried():
+    from sglang.srt.server_args import ServerArgs, prepare_server_args
+    from sglang.srt.tokenweave.deploy import executor
+
+    sa = prepare_server_args(["--model-path", "m", "--tp", "2", "--enable-tokenweave",
+                              "--tokenweave-sharded-residual"])
+    assert sa.tokenweave_sharded_residual is True
+    assert executor(sa).opts()["sharded_residual"] is True
+    assert "sharded_residual" not in executor(sa.replace(tokenweave_sharded_residual=False)).opts()
+    with pytest.raises(ValueError, match="tokenweave-sharded-residual"):
+        ServerArgs(model_path="m", tp_size=2, tokenweave_sharded_residual=True)
+
+
+@pytest.mark.parametrize("picked,bulk,want", [
+    ("p2p_oneshot", None, "p2p_twoshot"), ("p2p_lamport", None, "p2p_twoshot"),
+    ("p2p_lamport", True, "p2p_twoshot_bulk"),
+    ("p2p_twoshot", None, "p2p_twoshot"), ("p2p_twoshot_pipe", None, "p2p_twoshot_pipe"),
+    ("p2p_twoshot_bulk", None, "p2p_twoshot_bulk"), ("ce", None, "ce"), ("nccl", None, None)])
+def test_sharded_backend_only_owned_row_kernels(picked, bulk, want):
+    """A residual-sharded call never runs a kernel that reads every residual row (one-shot, Lamport): those picks
+    become the two-shot kernel; a pick with no sharded form (NCCL: no staging room) goes to the torch fallback."""
+    from types import SimpleNamespace
+
+    from sglang.srt.distributed.tw_comm import TwBackend, TwCommConfig
+    from sglang.srt.distributed.tw_communicator import TwCommunicator
+
+    comm = TwCommunicator(None)
+    comm.ws = SimpleNamespace(select=lambda *a: TwBackend(picked), config=TwCommConfig(bulk_twoshot=bulk))
+    kw = comm._sharded_backend(64, 8192, True, 2)
+    assert (None if kw is None else kw["backend"].value) == want
+    assert kw is None or kw["residual_sharded"] is True
