@@ -318,29 +318,7 @@ def _bulk_suite(ws, rank, world, dev, quick):
             if not sharded:
                 _check_consistent(out)
         _check_variant(ws, B.TWOSHOT if i % 2 else B.PIPE, T, H, dtype, seed + 500, 16)
-    x, residual, w = _inputs(800, rank, 1030, 8192, torch.bfloat16, dev)
-    r, out = residual.clone(), torch.empty_like(x)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        allreduce_rmsnorm(ws, x, r, w, EPS, out=out, backend=B.BULK, max_sms=16)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        allreduce_rmsnorm(ws, x, r, w, EPS, out=out, backend=B.BULK, max_sms=16)
-        allreduce_rmsnorm(ws, x, r, w, EPS, out=out, backend=B.BULK, max_sms=24)
-    for rep in range(3):
-        nx, nres, _ = _inputs(900 + rep, rank, 1030, 8192, torch.bfloat16, dev)
-        x.copy_(nx)
-        r.copy_(nres)
-        out.fill_(float("nan"))
-        (res1, _), _ = _reference(nx, nres, w)
-        (res_ref, out_ref), _ = _reference(nx, res1, w)  # two calls: the residual accumulates twice
-        g.replay()
-        torch.cuda.synchronize()
-        torch.testing.assert_close(out.float(), out_ref.float(), **TOL, msg=lambda m: f"bulk graph: {m}")
-        torch.testing.assert_close(r.float(), res_ref.float(), **TOL)
-    del g
+    _check_graph(ws, rank, dev, 1030, 8192, [(B.BULK, 16), (B.BULK, 24)], 3, "bulk")  # residual accumulates twice
     x1, r1, w1 = _inputs(950, rank, 513, 4096, torch.bfloat16, dev)
     o1 = torch.empty_like(x1)
     n_calls = 300 if quick else 3000
