@@ -178,6 +178,8 @@ def run(a) -> list[str]:
 
 
 def main(argv=None) -> int:
+    """CLI: parse ``argv`` (default ``sys.argv[1:]``), run the check or timing rows on CUDA and print the markdown
+    (also to ``--md-out``); exit code 1 when a check row fails, 2 (argparse) on bad arguments or without CUDA."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model-path", default=str(ROOT.parent / "shared" / "data" / "models" / "stories260K-moe"))
     p.add_argument("--load-format", default="auto")
