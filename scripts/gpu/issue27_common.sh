@@ -2,8 +2,8 @@
 # Shared start of the issue-27 one-GPU scripts (source it from one: `. "$(dirname "$0")/issue27_common.sh" TAG B`):
 # sources device_preamble.sh (repo root, NVLS off, carried wheels and data), creates $OUT (default /tmp/TAG), tees
 # everything to $OUT/TAG_run.log, and sets model (Llama-3.1-8B config), commit, gpu (name), budget
-# (ISSUE27_BUDGET_S, default B seconds), t_start and, from lib_budget.sh, left (seconds of budget left), stage NAME (prints a
-# header with the elapsed time) and cap WANT (WANT capped to the budget left minus 8 s, at least 5: a timeout).
+# (ISSUE27_BUDGET_S, default B seconds), t_start and, from lib_budget.sh, left (seconds of budget left), stage NAME
+# (prints a header with the elapsed time) and cap WANT (WANT capped to the budget left minus 8 s, at least 5).
 # Unsets the issue-27 kernel switches so every set of an A/B starts from the defaults.
 issue27_tag=$1
 . "$(dirname "${BASH_SOURCE[0]}")/device_preamble.sh"
