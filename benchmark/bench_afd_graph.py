@@ -179,6 +179,11 @@ def run(a) -> list[str]:
 
 
 def main(argv=None) -> int:
+    """CLI: parse ``argv`` (default ``sys.argv[1:]``), run the check or timing rows on CUDA and print the markdown
+    (also to ``--md-out``); exit code 1 when a check row fails, 2 (argparse) on bad arguments or without CUDA."""
+    from sglang.srt.utils.nvls_env import apply_nvls_off_env
+
+    apply_nvls_off_env()  # before CUDA; the spawned FFN processes inherit it
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model-path", default=str(ROOT.parent / "shared" / "data" / "models" / "stories260K-moe"))
     p.add_argument("--load-format", default="auto")

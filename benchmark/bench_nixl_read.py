@@ -383,6 +383,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> None:
+    """CLI: ``--best-env`` prints the best measured setting's variables (or flags); ``--role target / initiator``
+    runs one side of a two-process READ; else the copy floor and every ``--settings`` row, reported (``report``)
+    after each setting."""
     args = parse_args(argv)
     if args.best_env:
         k = 64 if 64 in args.descs else max(args.descs)
@@ -427,6 +430,7 @@ def report(args, rows: list[dict], proto: dict, final: bool) -> None:
         Path(args.out_dir).mkdir(parents=True, exist_ok=True)
         (Path(args.out_dir) / "issue24_nixl_read.md").write_text(text)
         (Path(args.out_dir) / "issue24_nixl_read.json").write_text(json.dumps({"rows": rows, "proto": proto}))
+
 
 if __name__ == "__main__":
     main()

@@ -36,7 +36,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+sys.path[:0] = [str(ROOT / "python")]
+from sglang.srt.utils.nvls_env import NVLS_OFF_ENV  # noqa: E402  (pure Python: no torch/CUDA import)
 
 
 def engine_kwargs(a, side: str) -> dict:
@@ -125,7 +126,7 @@ def _child_cmd(a, side: str, result_file: str) -> list[str]:
 def _child_env() -> dict:
     path = os.pathsep.join([str(ROOT / "python"), str(ROOT / "sgl-kernel" / "python")])
     old = os.environ.get("PYTHONPATH")
-    return dict(os.environ, **NVLS_OFF, PYTHONUNBUFFERED="1", PYTHONPATH=path + (os.pathsep + old if old else ""))
+    return dict(os.environ, **NVLS_OFF_ENV, PYTHONUNBUFFERED="1", PYTHONPATH=path + (os.pathsep + old if old else ""))
 
 
 def run_one(a, side: str, timeout: float) -> dict:

@@ -13,23 +13,10 @@
 # Usage: OUT=/tmp/x bash scripts/gpu/issue25_kern_4gpu.sh [budget s, default 150]
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"
-budget="${1:-150}"; start=$SECONDS
-left() { echo $(( budget - (SECONDS - start) )); }
+. "$(dirname "$0")/lib_budget.sh"; budget_start "${1:-150}"  # left, step (returns the exit code), summary
 out="${OUT:-/tmp/issue25_kern}"; mkdir -p "$out"
-summary=()
-step() {  # step NAME SECONDS CMD...: run with a limit (cut to what is left), log, record the exit code
-  local name="$1" secs="$2"; shift 2
-  (( secs > $(left) - 2 )) && secs=$(( $(left) - 2 ))
-  (( secs < 5 )) && { summary+=("- $name: not run (no time left)"); return; }
-  echo; echo "== $name (limit ${secs}s, $(left)s left)"
-  local t0=$SECONDS
-  timeout --kill-after=3 "$secs" "$@" > "$out/$name.log" 2>&1
-  local rc=$?
-  grep -E "passed|failed|skipped|Error|\[tw-comm gpu\]|done:" "$out/$name.log" | tail -8
-  (( rc == 124 || rc == 137 )) && echo "!! $name hit its ${secs}s limit"
-  summary+=("- $name: exit $rc in $(( SECONDS - t0 ))s")
-  return $rc
-}
+step_reserve=2 step_min=5 step_kill=3 step_item="- "  # each step: limit cut to what is left - 2 s
+step_show() { grep -E "passed|failed|skipped|Error|\[tw-comm gpu\]|done:" "$1" | tail -8; }
 gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
 ngpu="$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)"
 echo "$ngpu x $gpu; commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"

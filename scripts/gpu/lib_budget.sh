@@ -13,7 +13,7 @@
 #                     GPU name (sets gpu), torch and triton versions.
 #   step NAME S CMD...  CMD under `timeout --kill-after=$step_kill S` (default 10), output to
 #       ${out:-$OUT}/${step_prefix}NAME.log, then `step_show LOG` (default: its last $step_tail lines, default 15);
-#       "${step_item}NAME: exit RC in Ns" appended to the array summary. With step_reserve set, S is cut to what is
+#       "${step_item}NAME: exit RC in Ns" appended to the array summary; returns RC (0 when not run). With step_reserve set, S is cut to what is
 #       left minus step_reserve; under $step_min seconds (default 10) CMD is not run ("not run (no time left)").
 budget_start() { budget=$1; start=$SECONDS; }
 left() { echo $(( budget - (SECONDS - start) )); }
@@ -50,4 +50,5 @@ step() {
   step_show "$log"
   (( rc == 124 || rc == 137 )) && echo "!! $name hit its ${secs}s limit: see $log"
   summary+=("${step_item:-}$name: exit $rc in $(( SECONDS - t0 ))s")
+  return "$rc"
 }

@@ -23,8 +23,8 @@ TOL = {torch.float32: 5e-3, torch.float16: 4e-3, torch.bfloat16: 2e-2}  # fp32 d
 
 
 def set_pdl(monkeypatch, pdl: str) -> None:
-    """``pdl`` "default": SGLANG_DECODE_PDL unset (programmatic dependent launch on where supported, issue 27);
-    else the variable's value ("0": plain launches)."""
+    """``pdl`` "default": SGLANG_DECODE_PDL unset (the GPU model's default: programmatic dependent launch on H100s,
+    plain launches elsewhere; issue 27); else the variable's value ("0": plain launches, "2": PDL)."""
     if pdl == "default":
         monkeypatch.delenv("SGLANG_DECODE_PDL", raising=False)
     else:
@@ -240,8 +240,8 @@ def test_sampling_columns_packed_copy_on_gpu():
 def test_skinny_gemm_vs_cublas(m, pdl, monkeypatch):
     """The decode-batch weight-streaming GEMM equals F.linear within bf16 rounding at the Llama-3.1-8B qkv and
     down-projection shapes, with and without bias, one-pass and split-K; also launched with programmatic dependent
-    launch and its L2 weight prefetch before the wait (the default since issue 27, also as an explicit
-    SGLANG_DECODE_PDL=2) and with plain launches (=0)."""
+    launch and its L2 weight prefetch before the wait (SGLANG_DECODE_PDL=2; unset: the default, on for H100s since
+    issue 27, plain launches elsewhere) and with plain launches (=0)."""
     from sgl_kernel.triton.skinny_gemm import skinny_gemm
 
     set_pdl(monkeypatch, pdl)
@@ -255,12 +255,12 @@ def test_skinny_gemm_vs_cublas(m, pdl, monkeypatch):
             close(skinny_gemm(x, w, b, split_k=split_k), torch.nn.functional.linear(x, w, b), torch.bfloat16)
 
 
-@pytest.mark.parametrize("pdl", ["0", "default"])
+@pytest.mark.parametrize("pdl", ["0", "default", "2"])
 @pytest.mark.parametrize("bs", [16, 96])
 def test_decode_cuda_graph_replay_equals_eager(bs, pdl, monkeypatch):
     """Graph replay equals eager at a multi-split size (16) and, on 132-SM parts, a one-split direct-output size
-    (96); with the split kernel captured as a programmatic dependent launch (the default since issue 27) and as a
-    plain launch (SGLANG_DECODE_PDL=0)."""
+    (96); with the split kernel captured as a programmatic dependent launch (SGLANG_DECODE_PDL=2 on every GPU; the
+    default on H100s since issue 27), with the GPU model's default, and as a plain launch (=0)."""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
     set_pdl(monkeypatch, pdl)

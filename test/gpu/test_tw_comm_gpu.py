@@ -119,6 +119,27 @@ def _check_graph(ws, rank, dev, T, H, calls, reps, tag):
     del g
 
 
+def _back_to_back(ws, rank, world, dev, tag, backend, others, seed, T, H, n_calls):
+    """``n_calls`` back-to-back bf16 ``[T, H]`` calls of ``backend`` on 1-40 CTAs, residual sharded every other call,
+    and every 5th call one of ``others`` (``others[it % 2]``: even / odd call index) on 8 CTAs in between (epochs and
+    flags shared); prints the wall time on rank 0. A hang or a device fault here fails the run; the caller checks
+    the next call's result."""
+    from sglang.srt.distributed.tw_comm import allreduce_rmsnorm
+
+    x1, r1, w1 = _inputs(seed, rank, T, H, torch.bfloat16, dev)
+    o1 = torch.empty_like(x1)
+    t0 = time.time()
+    for it in range(n_calls):
+        allreduce_rmsnorm(ws, x1, r1, w1, EPS, out=o1, backend=backend, max_sms=1 + it % 40,
+                          residual_sharded=bool(it % 2))
+        if it % 5 == 0:
+            allreduce_rmsnorm(ws, x1, r1, w1, EPS, out=o1, backend=others[it % 2], max_sms=8)
+    torch.cuda.synchronize()
+    if rank == 0:
+        print(f"[tw-comm gpu] {tag} world={world}: {n_calls + n_calls // 5} "
+              f"back-to-back calls in {time.time() - t0:.2f}s")
+
+
 def _nvls_refused(ws, rank, dev):
     """The NVLS gate refuses before any launch: the env gate, the library entry point and the Python API."""
     from sgl_kernel.tw_comm import ops as tw_comm_ops
@@ -255,7 +276,6 @@ def _pipe_suite(ws, rank, world, dev, quick):
     import dataclasses
 
     from sglang.srt.distributed.tw_comm import TwBackend as B
-    from sglang.srt.distributed.tw_comm import allreduce_rmsnorm
 
     base_cfg = ws.config
     seed = 3000
@@ -277,20 +297,8 @@ def _pipe_suite(ws, rank, world, dev, quick):
                 _check_consistent(_check_variant(ws, B.LAMPORT, T, H, dtype, seed + 700 + sms, sms))
     ws.config = dataclasses.replace(base_cfg, pipe_chunk_bytes=4096)
     _check_graph(ws, rank, dev, 301, 2048, [(B.PIPE, 16), (B.PIPE, 5)], 4, "pipe")  # residual accumulates twice
-    x1, r1, w1 = _inputs(700, rank, 77, 2048, torch.bfloat16, dev)
-    o1 = torch.empty_like(x1)
-    n_calls = 500 if quick else 5000
-    t0 = time.time()
-    for it in range(n_calls):
-        allreduce_rmsnorm(ws, x1, r1, w1, EPS, out=o1, backend=B.PIPE, max_sms=1 + it % 40,
-                          residual_sharded=bool(it % 2))
-        if it % 5 == 0:
-            allreduce_rmsnorm(ws, x1, r1, w1, EPS, out=o1, backend=B.TWOSHOT, max_sms=8)
-    torch.cuda.synchronize()
-    elapsed = time.time() - t0
+    _back_to_back(ws, rank, world, dev, "pipe", B.PIPE, (B.TWOSHOT, B.TWOSHOT), 700, 77, 2048, 500 if quick else 5000)
     _check_consistent(_check_variant(ws, B.PIPE, 77, 2048, torch.bfloat16, 900, 32))
-    if rank == 0:
-        print(f"[tw-comm gpu] pipe world={world}: {n_calls + n_calls // 5} back-to-back calls in {elapsed:.2f}s")
 
 
 def _bulk_suite(ws, rank, world, dev, quick):
@@ -300,7 +308,6 @@ def _bulk_suite(ws, rank, world, dev, quick):
     16 KiB ring tile, fp16); interleaved with the two-shot and the pipelined two-shot (epochs and flags shared);
     CUDA-graph replay with fresh inputs; back-to-back calls; bit-identical results on every rank."""
     from sglang.srt.distributed.tw_comm import TwBackend as B
-    from sglang.srt.distributed.tw_comm import allreduce_rmsnorm
 
     seed = 5000
     for T in (1, 128, 1024, 8192):
@@ -318,43 +325,9 @@ def _bulk_suite(ws, rank, world, dev, quick):
             if not sharded:
                 _check_consistent(out)
         _check_variant(ws, B.TWOSHOT if i % 2 else B.PIPE, T, H, dtype, seed + 500, 16)
-    x, residual, w = _inputs(800, rank, 1030, 8192, torch.bfloat16, dev)
-    r, out = residual.clone(), torch.empty_like(x)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        allreduce_rmsnorm(ws, x, r, w, EPS, out=out, backend=B.BULK, max_sms=16)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        allreduce_rmsnorm(ws, x, r, w, EPS, out=out, backend=B.BULK, max_sms=16)
-        allreduce_rmsnorm(ws, x, r, w, EPS, out=out, backend=B.BULK, max_sms=24)
-    for rep in range(3):
-        nx, nres, _ = _inputs(900 + rep, rank, 1030, 8192, torch.bfloat16, dev)
-        x.copy_(nx)
-        r.copy_(nres)
-        out.fill_(float("nan"))
-        (res1, _), _ = _reference(nx, nres, w)
-        (res_ref, out_ref), _ = _reference(nx, res1, w)  # two calls: the residual accumulates twice
-        g.replay()
-        torch.cuda.synchronize()
-        torch.testing.assert_close(out.float(), out_ref.float(), **TOL, msg=lambda m: f"bulk graph: {m}")
-        torch.testing.assert_close(r.float(), res_ref.float(), **TOL)
-    del g
-    x1, r1, w1 = _inputs(950, rank, 513, 4096, torch.bfloat16, dev)
-    o1 = torch.empty_like(x1)
-    n_calls = 300 if quick else 3000
-    t0 = time.time()
-    for it in range(n_calls):
-        allreduce_rmsnorm(ws, x1, r1, w1, EPS, out=o1, backend=B.BULK, max_sms=1 + it % 40,
-                          residual_sharded=bool(it % 2))
-        if it % 5 == 0:
-            allreduce_rmsnorm(ws, x1, r1, w1, EPS, out=o1, backend=B.PIPE if it % 2 else B.TWOSHOT, max_sms=8)
-    torch.cuda.synchronize()
-    elapsed = time.time() - t0
+    _check_graph(ws, rank, dev, 1030, 8192, [(B.BULK, 16), (B.BULK, 24)], 3, "bulk")  # residual accumulates twice
+    _back_to_back(ws, rank, world, dev, "bulk", B.BULK, (B.TWOSHOT, B.PIPE), 950, 513, 4096, 300 if quick else 3000)
     _check_consistent(_check_variant(ws, B.BULK, 513, 4096, torch.bfloat16, 990, 16))
-    if rank == 0:
-        print(f"[tw-comm gpu] bulk world={world}: {n_calls + n_calls // 5} back-to-back calls in {elapsed:.2f}s")
 
 
 # suite -> (body, workspace config): the workspace covers the suite's largest call

@@ -84,7 +84,8 @@ def test_coalescing_needs_both_sides_contiguous():
     assert len(both) == LAYERS * 2  # one range per (layer, K/V)
     only_src = plan_slot_copies(src.describe(), (0, 4), [5, 6, 7], dst.describe(), (0, 4), [9, 11, 12])
     assert len(only_src) == LAYERS * 2 * 2
-    half = plan_slot_copies(src.describe(), (0, 4), [5, 6, 7], _pool(2, 1).describe(), (2, 4), [9, 10, 11])
+    dst_half = _pool(2, 1)  # one pool for both plans below (a fresh pool may or may not reuse the freed memory)
+    half = plan_slot_copies(src.describe(), (0, 4), [5, 6, 7], dst_half.describe(), (2, 4), [9, 10, 11])
     assert len(half) == LAYERS * 2 * 3  # a head sub-range of the source is strided: one range per token
     assert set(half[:, 2].tolist()) == {2 * HD * 4}
     # coalesce=False (the pull path) merges runs of tokens before building rows: the same copies, as few rows
@@ -92,7 +93,7 @@ def test_coalescing_needs_both_sides_contiguous():
     assert runs.tolist() == both.tolist()
     gap = plan_slot_copies(src.describe(), (0, 4), [5, 6, 7], dst.describe(), (0, 4), [9, 11, 12], coalesce=False)
     assert gap.tolist() == only_src.tolist()
-    per_tok = plan_slot_copies(src.describe(), (0, 4), [5, 6, 7], _pool(2, 1).describe(), (2, 4), [9, 10, 11],
+    per_tok = plan_slot_copies(src.describe(), (0, 4), [5, 6, 7], dst_half.describe(), (2, 4), [9, 10, 11],
                                coalesce=False)
     assert per_tok.tolist() == half.tolist()  # strided: still one row per token
     per_layer = copies_by_layer(both, src.describe())

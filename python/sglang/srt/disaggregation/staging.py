@@ -139,8 +139,8 @@ def plan_staged_reads(src: KVRegionDescriptor, src_heads: tuple[int, int], src_s
                       stage_addr: int) -> np.ndarray:
     """READ rows ``int64 [L * 2 * T, 3] = (remote, local, nbytes)`` of the whole source rows of ``src_slots`` into
     a staging chunk at ``stage_addr`` laid out ``[layer, K/V, token, source head, head_dim]`` (dense), one row per
-    (layer, K/V, token), layer-major; the TransferQueue coalesces runs contiguous on both sides (all of a run of
-    consecutive prefill slots, since the staging side is always contiguous)."""
+    (layer, K/V, run of consecutive prefill slots), layer-major: a whole source row fills a staging slot and the
+    staging side is always contiguous, so :func:`plan_slot_copies` merges each run (``L * 2 * runs`` rows)."""
     t, nh = len(src_slots), src.size("head")
     shape = (src.size("layer"), 2, t, nh, src.size("head_dim"))
     strides = (2 * t * nh * shape[4], t * nh * shape[4], nh * shape[4], shape[4], 1)

@@ -155,8 +155,7 @@ def run_ranks(world: int, fn: Callable, args: Tuple = (), *, env: Mapping[str, s
             dead = [r for r, p in enumerate(procs) if r not in finished and not p.is_alive() and p.exitcode != 0]
             if dead:
                 time.sleep(2.0)
-                while not q.empty():
-                    handle(*q.get())
+                _drain(q, handle)
                 for r in dead:
                     if r not in finished:
                         problems.append(f"rank {r} died (exit code {procs[r].exitcode}) after: {last[r]}")
@@ -164,18 +163,28 @@ def run_ranks(world: int, fn: Callable, args: Tuple = (), *, env: Mapping[str, s
             continue
         last_msg = time.time()
         handle(kind, rank, payload)
-    while not q.empty():  # results that arrived with the deadline
-        try:
-            handle(*q.get(timeout=0.1))
-        except queue.Empty:
-            break
+    _drain(q, handle)  # results that arrived with the deadline
     for r in range(world):
         if r not in finished:
             why = (f"sent nothing for {stall_timeout:.0f} s" if stalled else f"timed out after {timeout:.0f} s")
             problems.append(f"rank {r} {why}; last progress: {last[r]}")
+    _reap(procs, quick=bool(problems))
+    return results, problems
+
+
+def _drain(q, handle: Callable) -> None:
+    """Pass every message already in the rank queue ``q`` to ``handle(kind, rank, payload)``; never blocks."""
+    while not q.empty():
+        try:
+            handle(*q.get(timeout=0.1))
+        except queue.Empty:
+            break
+
+
+def _reap(procs: List, quick: bool) -> None:
+    """Join the rank processes (0.5 s each when ``quick``: something failed, else 5 s), killing any still alive."""
     for p in procs:
-        p.join(timeout=5 if not problems else 0.5)
+        p.join(timeout=0.5 if quick else 5)
         if p.is_alive():
             p.kill()
             p.join(timeout=5)
-    return results, problems
