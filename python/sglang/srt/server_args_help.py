@@ -78,7 +78,7 @@ SERVER_ARGS_HELP: dict[str, str] = {
     "split forwards cap their cuBLAS GEMMs to the GPU's SMs minus this many, so the kernel runs beside them.",
     "tokenweave_sharded_residual": "Opt-in (not yet measured on GPU): TokenWeave's split forwards keep the residual "
     "sharded (each TP rank updates only its 1/TP of each split's residual rows and all-gathers only the normed rows, "
-    "TokenWeave sec. 3-4), about 30% less communication than the full residual; same tokens.",
+    "TokenWeave sec. 3-4), about 30%% less communication than the full residual; same tokens.",
     "tp_ranks_share_gpu": "Correctness test mode: all TP ranks run on --base-gpu-id as separate processes (device "
     "group over gloo, tw-comm over CUDA IPC within the GPU; CUDA graphs and custom all-reduce off). Never for speed.",
     "enable_tdist_overlap": "Triton-distributed: keep the residual token-sharded across TP ranks (sequence parallel) "
