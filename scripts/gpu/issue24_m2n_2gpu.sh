@@ -16,20 +16,10 @@
 # Output: $OUT/issue24_m2n.md (summary + tables), $OUT/<step>.log. Usage: bash scripts/gpu/issue24_m2n_2gpu.sh
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"
-budget="${ISSUE24_M2N_BUDGET:-78}"; start=$SECONDS
-left() { echo $(( budget - (SECONDS - start) )); }
+. "$(dirname "$0")/lib_budget.sh"; budget_start "${ISSUE24_M2N_BUDGET:-78}"
 out="${OUT:-/tmp/issue24_m2n}"; mkdir -p "$out"
-declare -A status
-step() {  # step NAME TIMEOUT_S CMD... : run (limit cut to what is left), log to $out/NAME.log, record rc + seconds
-  local name="$1" t="$2"; shift 2
-  (( t > $(left) - 1 )) && t=$(( $(left) - 1 ))
-  (( t < 8 )) && { status[$name]="not run (no time left)"; return; }
-  echo "== $name (timeout ${t}s, at $(( SECONDS - start ))s)"
-  local t0=$SECONDS
-  timeout -k 2 "$t" "$@" > "$out/$name.log" 2>&1; local rc=$?
-  status[$name]="$([ $rc -eq 0 ] && echo ok || echo "FAILED rc=$rc$( ((rc == 124 || rc == 137)) && echo ' (time limit)')") in $(( SECONDS - t0 )) s"
-  tail -n 25 "$out/$name.log"
-}
+# lib_budget.sh step: limit cut to what is left - 1 s, not run under 8 s, log $out/NAME.log, last 25 lines
+step_reserve=1 step_min=8 step_kill=2 step_tail=25
 ngpu="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')"
 gpus="$ngpu x $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
 echo "GPUs: $gpus; commit $(git rev-parse --short HEAD 2>/dev/null || echo '?') (may be stale on the device copy)"
@@ -44,8 +34,8 @@ step m2n_latency "$bench_t" "$PY" benchmark/bench_afd.py --mode m2n --device cud
   --sizes-kb 32 128 512 --timeout $(( bench_t > 12 ? bench_t - 5 : 8 )) --results-dir "$out"
 {
   echo "# Issue 24 items 1 + 5: device-counter M2N (cuda_push) on $gpus ($(date -u +%F' '%H:%M) UTC)"
-  echo; echo "| step | status |"; echo "|---|---|"
-  for k in m2n_push_test m2n_latency; do echo "| $k | ${status[$k]:-not run} |"; done
+  echo; echo "| step |"; echo "|---|"
+  for k in "${summary[@]}"; do echo "| $k |"; done
   echo; echo "## one rank per GPU (rank 0's progress)"; echo
   grep -h -E "^\[m2n|PASSED|FAILED|SKIPPED|passed|failed|skipped|Error|assert" "$out/m2n_push_test.log" 2>/dev/null | tail -30 | sed 's/^/    /'
   echo; echo "## M2N one-way latency vs NCCL send/recv (same run; target: ratio <= 0.5x at every size)"; echo

@@ -13,20 +13,10 @@
 # Output: $OUT/issue24_m2n_lat.md (summary + tables), $OUT/<step>.log. Usage: bash scripts/gpu/issue24_m2n_lat_2gpu.sh
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"
-budget="${ISSUE24_M2N_LAT_BUDGET:-90}"; start=$SECONDS
-left() { echo $(( budget - (SECONDS - start) )); }
+. "$(dirname "$0")/lib_budget.sh"; budget_start "${ISSUE24_M2N_LAT_BUDGET:-90}"
 out="${OUT:-/tmp/issue24_m2n_lat}"; mkdir -p "$out"
-declare -A status
-step() {  # step NAME TIMEOUT_S CMD... : run (limit cut to what is left), log to $out/NAME.log, record rc + seconds
-  local name="$1" t="$2"; shift 2
-  (( t > $(left) - 1 )) && t=$(( $(left) - 1 ))
-  (( t < 8 )) && { status[$name]="not run (no time left)"; return; }
-  echo "== $name (timeout ${t}s, at $(( SECONDS - start ))s)"
-  local t0=$SECONDS
-  timeout -k 2 "$t" "$@" > "$out/$name.log" 2>&1; local rc=$?
-  status[$name]="$([ $rc -eq 0 ] && echo ok || echo "FAILED rc=$rc$( ((rc == 124 || rc == 137)) && echo ' (time limit)')") in $(( SECONDS - t0 )) s"
-  tail -n 20 "$out/$name.log"
-}
+# lib_budget.sh step: limit cut to what is left - 1 s, not run under 8 s, log $out/NAME.log, last 20 lines
+step_reserve=1 step_min=8 step_kill=2 step_tail=20
 gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU') x $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
 echo "GPUs: $gpus; commit $(git rev-parse --short HEAD 2>/dev/null || echo '?') (may be stale on the device copy)"
 step ll_test 40 "$PY" -m pytest -s -v "test/gpu/test_m2n_multi_gpu.py::test_m2n_one_rank_per_gpu[cuda_push_ll-2gpu]" \
@@ -37,8 +27,8 @@ cmd=(benchmark/bench_afd.py --mode m2n --device cuda --transport cuda_push_ll-de
 step ll_latency "$bench_t" "$PY" "${cmd[@]}" --timeout $(( bench_t > 12 ? bench_t - 5 : 8 )) --results-dir "$out"
 {
   echo "# Issue 24 item 5: M2N low-latency protocol (cuda_push_ll) on $gpus ($(date -u +%F' '%H:%M) UTC)"
-  echo; echo "| step | status |"; echo "|---|---|"
-  for k in ll_test ll_latency; do echo "| $k | ${status[$k]:-not run} |"; done
+  echo; echo "| step |"; echo "|---|"
+  for k in "${summary[@]}"; do echo "| $k |"; done
   echo; echo "## correctness, one rank per GPU (rank 0's progress)"; echo
   grep -h -E "^\[m2n|PASSED|FAILED|SKIPPED|passed|failed|skipped|Error|assert" "$out/ll_test.log" 2>/dev/null | tail -20 | sed 's/^/    /'
   echo; echo "## one-way latency vs NCCL send/recv (same run; target: ratio <= 0.5x at every size)"; echo
