@@ -75,6 +75,17 @@ def test_e2e_mode_smoke(tmp_path):
         assert rows["on / off"][i] == pytest.approx(rows["on"][i] / rows["off"][i], rel=0.01)
 
 
+def _tokenweave_pair_run(tmp_path, shared_path, variant: str):
+    """Layer mode at 16 tokens on the Llama-3.3-70B config with nccl, tokenweave and ``variant``: (the eager table's
+    header line, the correctness section's text), after checking that the row has a positive time in every column."""
+    model = shared_path("configs", "meta-llama--Llama-3.3-70B-Instruct")
+    text = _run(tmp_path, "--tokens", "16", "--model-path", model, "--variants", "nccl", "tokenweave", variant)
+    header = next(line for line in text.splitlines() if line.startswith("| model | TP | tokens | nccl ms"))
+    row = next(line for line in text.splitlines() if re.match(r"\| \S+ \| 2 \| 16 \| [0-9.]+ \|", line))
+    assert all(float(c) > 0 for c in row.strip("|").split("|")[3:]), row
+    return header, text.split("## correctness: eager next-token logits vs the nccl variant's")[1]
+
+
 def test_layer_mode_oldcomm_variant(tmp_path):
     """``tokenweave_oldcomm`` (TokenWeave on tw-comm with the bulk-copy two-shot forbidden) runs beside the default
     TokenWeave in the same run: its own column, the tokenweave / tokenweave_oldcomm ratio, and its eager logits in
@@ -87,13 +98,8 @@ def test_layer_mode_oldcomm_variant(tmp_path):
     assert ratio_pairs(["nccl", "tokenweave", OLDCOMM]) == [("tokenweave", "nccl"), (OLDCOMM, "nccl"),
                                                             ("tokenweave", OLDCOMM)]
     assert ratio_pairs(["nccl", OLDCOMM]) == [(OLDCOMM, "nccl")]
-    model = shared_path("configs", "meta-llama--Llama-3.3-70B-Instruct")
-    text = _run(tmp_path, "--tokens", "16", "--model-path", model, "--variants", "nccl", "tokenweave", OLDCOMM)
-    header = next(line for line in text.splitlines() if line.startswith("| model | TP | tokens | nccl ms"))
+    header, check = _tokenweave_pair_run(tmp_path, shared_path, OLDCOMM)
     assert "| tokenweave_oldcomm ms |" in header and "| tokenweave / tokenweave_oldcomm |" in header, header
-    row = next(line for line in text.splitlines() if re.match(r"\| \S+ \| 2 \| 16 \| [0-9.]+ \|", line))
-    assert all(float(c) > 0 for c in row.strip("|").split("|")[3:]), row
-    check = text.split("## correctness: eager next-token logits vs the nccl variant's")[1]
     assert re.search(r"^- T=16: tokenweave [0-9.e+-]+, tokenweave_oldcomm [0-9.e+-]+", check, re.M), check
 
 
@@ -108,12 +114,7 @@ def test_layer_mode_sharded_variant(tmp_path):
 
     assert ratio_pairs(["nccl", "tokenweave", SHARDED]) == [("tokenweave", "nccl"), (SHARDED, "nccl"),
                                                             (SHARDED, "tokenweave")]
-    model = shared_path("configs", "meta-llama--Llama-3.3-70B-Instruct")
-    text = _run(tmp_path, "--tokens", "16", "--model-path", model, "--variants", "nccl", "tokenweave", SHARDED)
-    header = next(line for line in text.splitlines() if line.startswith("| model | TP | tokens | nccl ms"))
+    header, check = _tokenweave_pair_run(tmp_path, shared_path, SHARDED)
     assert "| tokenweave_sharded ms |" in header and "| tokenweave_sharded / tokenweave |" in header, header
-    row = next(line for line in text.splitlines() if re.match(r"\| \S+ \| 2 \| 16 \| [0-9.]+ \|", line))
-    assert all(float(c) > 0 for c in row.strip("|").split("|")[3:]), row
-    check = text.split("## correctness: eager next-token logits vs the nccl variant's")[1]
     m = re.search(r"^- T=16: tokenweave ([0-9.e+-]+), tokenweave_sharded ([0-9.e+-]+)", check, re.M)
     assert m and float(m.group(1)) == float(m.group(2)), check

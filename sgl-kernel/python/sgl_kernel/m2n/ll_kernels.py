@@ -45,6 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sgl_kernel.m2n.push_kernels import message_rows
 from sgl_kernel.tdist import primitives as P
 
 LL_SITE = 14  # tdist.layout.WAIT_SITES code of these kernels
@@ -138,11 +139,7 @@ def m2n_ll_send_kernel(meta, ctr, peer, acks, hdr, hdr_delta, ring, ring_delta, 
     s = tl.load(ctr + c)
     slot = s % SLOTS
     tag = (s + 1) & MASK32
-    if ROWS_DEV:
-        rows = tl.load(rows_ptr)
-    else:
-        rows = tl.cast(rows_arg, tl.int64) + s * 0
-    rows = tl.minimum(tl.maximum(rows, 0), max_rows)
+    rows = message_rows(rows_ptr, rows_arg, s, max_rows, ROWS_DEV)
     need = tl.maximum(s - SLOTS + 1, 0)
     tok = P.wait(acks + c, need, meta, 14)  # bounded; this program's words of the slot are free after it
     ok = _lane(tok >= need, first) != 0

@@ -93,6 +93,18 @@ def _arrive_last(done, ok):
     return last, ok & ((old >> 32) == 0)
 
 
+@triton.jit
+def message_rows(rows_ptr, rows_arg, s, max_rows, ROWS_DEV: tl.constexpr):
+    """A message's row count (int64), clamped to [0, ``max_rows``]: read from the device word ``rows_ptr``
+    (``ROWS_DEV``: decided by an earlier kernel, graph-capturable) or the launch argument ``rows_arg``; ``s``
+    (an int64 tensor of the kernel) only gives the host value its type."""
+    if ROWS_DEV:
+        rows = tl.load(rows_ptr)
+    else:
+        rows = tl.cast(rows_arg, tl.int64) + s * 0
+    return tl.minimum(tl.maximum(rows, 0), max_rows)
+
+
 @triton.jit(do_not_specialize=["peer", "ring_delta", "flag_delta", "rows_arg", "src_rows", "max_rows", "cap32"])
 def m2n_send_kernel(meta, ctr, peer, acks, flags, flag_delta, ring, ring_delta, send, rows_ptr, rows_arg, src_rows,
                     max_rows, col_bytes, cap32, WORLD: tl.constexpr, SLOTS: tl.constexpr, NCOL: tl.constexpr,
@@ -104,11 +116,7 @@ def m2n_send_kernel(meta, ctr, peer, acks, flags, flag_delta, ring, ring_delta, 
     ``rows_ptr``: ``*i64`` [1] (``ROWS_DEV``) else ``rows_arg``; rows are clamped to [0, max_rows]."""
     s = tl.load(ctr + peer)
     slot = s % SLOTS
-    if ROWS_DEV:
-        rows = tl.load(rows_ptr)
-    else:
-        rows = tl.cast(rows_arg, tl.int64) + s * 0
-    rows = tl.minimum(tl.maximum(rows, 0), max_rows)
+    rows = message_rows(rows_ptr, rows_arg, s, max_rows, ROWS_DEV)
     need = tl.maximum(s - SLOTS + 1, 0)
     P.wait(acks + peer, need, meta, 13)  # bounded; a timed-out wait (peer dead or stalled) writes nothing into it
     tok, ok = _uniform(acks + peer, need)
