@@ -16,8 +16,20 @@
 # Output: $OUT/issue24_m2n.md (summary + tables), $OUT/<step>.log. Usage: bash scripts/gpu/issue24_m2n_2gpu.sh
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"
-. "$(dirname "$0")/lib_budget.sh"; budget_start "${ISSUE24_M2N_BUDGET:-78}"
-out="${OUT:-/tmp/issue24_m2n}"; mkdir -p "$out"
+# ISSUE24_M2N_PROTOCOL=ll (scripts/gpu/issue24_m2n_lat_2gpu.sh): the low-latency protocol cuda_push_ll instead, A/B'd
+# against the flag protocol's device path in the same bench run; its own test case, 90 s, $OUT/issue24_m2n_lat.md
+proto="${ISSUE24_M2N_PROTOCOL:-flag}"
+if [ "$proto" = ll ]; then
+  budget_s="${ISSUE24_M2N_LAT_BUDGET:-90}"; out="${OUT:-/tmp/issue24_m2n_lat}"; name=issue24_m2n_lat
+  test_k="cuda_push_ll"; transports="cuda_push_ll-dev,cuda_push-dev"; iters=(--iters 20 --warmup 5)
+  title="Issue 24 item 5: M2N low-latency protocol (cuda_push_ll)"
+else
+  budget_s="${ISSUE24_M2N_BUDGET:-78}"; out="${OUT:-/tmp/issue24_m2n}"; name=issue24_m2n
+  test_k="cuda_push and not ll"; transports="cuda_push-dev,cuda_push,cuda_ipc"; iters=(--iters 40 --warmup 10)
+  title="Issue 24 items 1 + 5: device-counter M2N (cuda_push)"
+fi
+. "$(dirname "$0")/lib_budget.sh"; budget_start "$budget_s"
+mkdir -p "$out"
 # lib_budget.sh step: limit cut to what is left - 1 s, not run under 8 s, log $out/NAME.log, last 25 lines
 step_reserve=1 step_min=8 step_kill=2 step_tail=25
 ngpu="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')"
@@ -26,21 +38,20 @@ echo "GPUs: $gpus; commit $(git rev-parse --short HEAD 2>/dev/null || echo '?') 
 # 2 GPUs: the bench keeps >= 38 s; with 4 GPUs the 4-GPU case takes 12 s more from it (a cut-short bench keeps the
 # sizes it finished); -v: each case's PASSED/FAILED line as it ends
 test_t=$(( ngpu >= 4 ? 50 : 38 ))
-step m2n_push_test "$test_t" "$PY" -m pytest -s -v test/gpu/test_m2n_multi_gpu.py -k "cuda_push and not ll" \
-  -p no:cacheprovider
+step m2n_push_test "$test_t" "$PY" -m pytest -s -v test/gpu/test_m2n_multi_gpu.py -k "$test_k" -p no:cacheprovider
 bench_t=$(( $(left) - 1 ))
-step m2n_latency "$bench_t" "$PY" benchmark/bench_afd.py --mode m2n --device cuda \
-  --transport cuda_push-dev,cuda_push,cuda_ipc --iters 40 --warmup 10 --graph-k 20 --graph-replays 20 \
-  --sizes-kb 32 128 512 --timeout $(( bench_t > 12 ? bench_t - 5 : 8 )) --results-dir "$out"
+cmd=(benchmark/bench_afd.py --mode m2n --device cuda --transport "$transports" "${iters[@]}" --graph-k 20
+     --graph-replays 20 --sizes-kb 32 128 512)
+step m2n_latency "$bench_t" "$PY" "${cmd[@]}" --timeout $(( bench_t > 12 ? bench_t - 5 : 8 )) --results-dir "$out"
 {
-  echo "# Issue 24 items 1 + 5: device-counter M2N (cuda_push) on $gpus ($(date -u +%F' '%H:%M) UTC)"
+  echo "# $title on $gpus ($(date -u +%F' '%H:%M) UTC)"
   echo; echo "| step |"; echo "|---|"
   for k in "${summary[@]}"; do echo "| $k |"; done
   echo; echo "## one rank per GPU (rank 0's progress)"; echo
   grep -h -E "^\[m2n|PASSED|FAILED|SKIPPED|passed|failed|skipped|Error|assert" "$out/m2n_push_test.log" 2>/dev/null | tail -30 | sed 's/^/    /'
   echo; echo "## M2N one-way latency vs NCCL send/recv (same run; target: ratio <= 0.5x at every size)"; echo
-  echo '`python benchmark/bench_afd.py --mode m2n --device cuda --transport cuda_push-dev,cuda_push,cuda_ipc --iters 40 --warmup 10 --graph-k 20 --graph-replays 20 --sizes-kb 32 128 512`'
+  echo "\`python ${cmd[*]}\`"
   echo; grep -h -E "^\||^Physical|^\[partial\]" "$out/m2n_latency.log" 2>/dev/null
   grep -h -E "Error|error" "$out/m2n_latency.log" 2>/dev/null | tail -5
-} > "$out/issue24_m2n.md"
-echo "== summary ($(( SECONDS - start )) s)"; cat "$out/issue24_m2n.md"
+} > "$out/$name.md"
+echo "== summary ($(( SECONDS - start )) s)"; cat "$out/$name.md"
