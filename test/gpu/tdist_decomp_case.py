@@ -181,7 +181,8 @@ def _run_cases(heap, note, nccl, cases):
                         + _guard(_graph_rs, rs, heap, uneven, k, n, "decomp RS"))
     if "auto" in cases:
         note("auto")
-        table = CalibrationTable((("ag", k, n, w, 1024), ("rs", k, n, w, 1024)))
+        brk = 512 * w  # break-even M between the two cases below at any world size (M = per * w)
+        table = CalibrationTable((("ag", k, n, w, brk), ("rs", k, n, w, brk)))
         ag = AutoAgGemm(DecompAgGemm(heap, 4096, k, DT, name="t.aag"), nccl, table)
         rs = AutoGemmRs(DecompGemmRs(heap, 1024, n, DT, name="t.ars"), nccl, table)
         f = []
