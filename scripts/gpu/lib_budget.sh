@@ -52,7 +52,7 @@ step() {
   (( secs < ${step_min:-10} )) && { summary+=("${step_item:-}$name: not run (no time left)"); return; }
   echo; echo "== $name (limit ${secs}s, $(left)s left)"
   if [[ -n "${step_dry:-}" ]]; then
-    printf '   %q' "$@"; echo; summary+=("${step_item:-}$name: dry run (limit ${secs}s)"); return 0
+    printf ' %q' "$@"; echo; summary+=("${step_item:-}$name: dry run (limit ${secs}s)"); return 0
   fi
   local t0=$SECONDS log="${out:-${OUT:-/tmp}}/${step_prefix:-}$name.log" rc
   timeout --kill-after="${step_kill:-10}" "$secs" "$@" > "$log" 2>&1

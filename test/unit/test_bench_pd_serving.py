@@ -71,3 +71,33 @@ def test_one_report_per_dataset(tmp_path):
     assert d2["dataset"] == "sharegpt" and set(d2["results"]) == {"pd"} and d2["transfer"] == {}
     md = first[0].with_suffix(".md").read_text()
     assert "| p99_itl_ms | 40.000 | 10.000 | 0.250 |" in md and "**agg failed**" in md
+
+
+def test_rows_table_ratios_against_the_agg2_row(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
+    import pd_rows_table as pt
+
+    rec = {m: 1.0 for m in bp.METRICS}
+    runs = {"tok": ("pull", {"pd": {**rec, "p99_itl_ms": 10.0, "output_throughput": 990.0}}),
+            "push": ("push", {"pd": {**rec, "p99_itl_ms": 20.0, "output_throughput": 1000.0}}),
+            "agg2": ("pull", {"agg2": {**rec, "p99_itl_ms": 40.0, "output_throughput": 1000.0}})}
+    argv = sys.argv
+    try:
+        for name, (mode, res) in runs.items():
+            sys.argv = ["bench_pd_serving.py", "--transfer-mode", mode]  # the report's command names the mode
+            a = bp.parse_args(["--model-path", "m", "--dataset", "random", "--transfer-mode", mode,
+                               "--out-dir", str(tmp_path / name)])
+            (tmp_path / name).mkdir()
+            xfer = {"random": bp.transfer_summary(mode, DELTA, PD, 1)} if "pd" in res else {}
+            bp.write_report(a, {"random": res}, xfer, {})
+    finally:
+        sys.argv = argv
+    lines = pt.table([("tok", str(tmp_path / "tok")), ("push", str(tmp_path / "push")),
+                      ("agg2", str(tmp_path / "agg2")), ("gone", str(tmp_path / "gone"))], "random")
+    tok = next(x for x in lines if x.startswith("| tok |")).split(" | ")
+    push = next(x for x in lines if x.startswith("| push |")).split(" | ")
+    assert tok[-2:] == ["4.00", "0.99 |"] and "10.00% (pull)" in tok and "10.000" in tok
+    assert push[-2:] == ["2.00", "1.00 |"] and "0.50% (push)" in push and "0.500" in push
+    assert any(x.startswith("- gone: not measured") for x in lines)
+    assert any("(push) = mean WRITE time after the prefill forward" in x for x in lines)
+    assert pt.table([("x", str(tmp_path / "tok"))], "sharegpt")[-1] == "- x: not measured (no result file)"
