@@ -74,7 +74,7 @@ row_args() {  # row_args ROW: sets flags (bench_pd_serving's setup flags) and th
   local lay=""
   case $1 in
     tok) lay=" --kv-cache-layout token_major"; flags=(--setups pd --transfer-mode pull --dataset "${datasets[@]}") ;;
-    lay) lay=" --kv-cache-layout layer_major"; flags=(--setups pd --transfer-mode pull --dataset "${datasets[@]}") ;;
+    lay) lay=" --kv-cache-layout layer_major"; flags=(--setups pd --transfer-mode pull --dataset random) ;;
     pull) flags=(--setups pd --transfer-mode pull --dataset "${datasets[@]}") ;;
     push) flags=(--setups pd --transfer-mode push --dataset random) ;;
     agg2) flags=(--setups agg2 --replica-gpus 0 1 --dataset "${datasets[@]}") ;;
@@ -86,7 +86,8 @@ for r in "${rows[@]}"; do
   i=$(( i + 1 )); later=$(( ${#rows[@]} - i ))
   stage "2. ${label[$r]}"
   row_args "$r"
-  t=$(( $(left) - 70 * later - 5 )); max=$(( ${#datasets[@]} > 1 ? 110 : 95 )); [ "$t" -gt "$max" ] && t=$max
+  t=$(( $(left) - 70 * later - 5 )); max=95; [[ " ${flags[*]} " == *" sharegpt "* ]] && max=110
+  [ "$t" -gt "$max" ] && t=$max
   step "m_$r" "$t" "${bench[@]}" "${flags[@]}" --prefill-extra "$prefill_extra" --decode-extra "$decode_extra" \
     --startup-timeout $(( t > 40 ? t - 30 : 10 )) --out-dir "$out/$r"
   grep -h "^\[bench_pd_serving\]" "$out/m_$r.log" 2>/dev/null | sed 's/^/    /'
@@ -99,7 +100,6 @@ done
 
 # ---- summary ----
 stage "summary"
-rowspec=(); for r in "${rows[@]}"; do rowspec+=(--row "${label[$r]}=$out/$r"); done
 {
   echo "# Issue 24 item 4: KV layout A/B, push (layerwise) and agg2 on 2 GPUs ($(date -u +%F' '%H:%M) UTC)"
   echo; echo "- GPU: ${gpu:-unknown} ($(nvidia-smi -L 2>/dev/null | wc -l) visible); commit $commit; device $dev, backend $backend, nixl $nixl"
@@ -115,6 +115,8 @@ rowspec=(); for r in "${rows[@]}"; do rowspec+=(--row "${label[$r]}=$out/$r"); d
   echo; cat "$out/notes"
   for ds in "${datasets[@]}"; do
     echo; echo "## $ds"; echo
+    rowspec=(); for r in "${rows[@]}"; do [ "$ds" != random ] && { [ "$r" = push ] || [ "$r" = lay ]; } && continue
+      rowspec+=(--row "${label[$r]}=$out/$r"); done
     "$PY" scripts/gpu/pd_rows_table.py --dataset "$ds" "${rowspec[@]}" 2>&1
   done
   echo; echo "Targets: transfer share of TTFT <= 2% (1K input); ITL p99 agg2 / pd >= 1.5; tok/s pd / agg2 >= 0.9."

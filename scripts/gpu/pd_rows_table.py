@@ -58,7 +58,7 @@ def table(rows: list[tuple[str, str]], dataset: str) -> list[str]:
     definition per mode."""
     got = [(label, *row_values(label, load(path, dataset)), load(path, dataset)) for label, path in rows]
     base = next((r for _, s, r, _, _, _ in got if s == "agg2"), None)
-    out = ["| row | TTFT mean ms | TTFT p50 ms | TPOT mean ms | ITL p99 ms | out tok/s | done | transfer ms/req | "
+    out = ["| row | TTFT mean ms | TTFT p50 ms | TPOT mean ms | ITL p99 ms | out tok/s | done | transfer ms/req in TTFT | "
            "transfer share of TTFT | READs (pull) / WRITEs (push) per req | ITL p99 agg2 / row | tok/s row / agg2 |",
            "|---" * 12 + "|"]
     notes, modes = [], set()
