@@ -119,6 +119,9 @@ stage "summary"
       rowspec+=(--row "${label[$r]}=$out/$r"); done
     "$PY" scripts/gpu/pd_rows_table.py --dataset "$ds" "${rowspec[@]}" 2>&1
   done
+  echo; echo "## transfer and hand-off per row (from each row's report)"
+  for r in "${rows[@]}"; do for f in "$out/$r"/*_pd_serving_*.md; do [ -f "$f" ] || continue
+    grep -h "^transfer:\|^decode-side" "$f" | sed "s|^|- ${label[$r]} ($(basename "$f" .md | sed 's/.*_pd_serving_//')): |"; done; done
   echo; echo "Targets: transfer share of TTFT <= 2% (1K input); ITL p99 agg2 / pd >= 1.5; tok/s pd / agg2 >= 0.9."
   echo "Per-row reports (command, hand-off phases): $out/<row>/*_pd_serving_*.md; server logs: $out/<row>/pd_serving_logs/."
 } > "$out/issue24_tok.md"
