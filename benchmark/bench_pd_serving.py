@@ -204,6 +204,20 @@ def _jsonl(args, logdir: str, setup: str, dataset: str) -> str:
     return os.path.join(logdir, f"{setup}{suffix}.jsonl")
 
 
+def push_paths(urls: list[str]) -> dict:
+    """Push mode: the prefill servers' counts of rooms pushed layer by layer during the forward (``layerwise``) and
+    after it (``after_forward``), summed over ``urls`` (``/get_server_info``); ``{}`` when a server does not say."""
+    out = {"layerwise": 0, "after_forward": 0}
+    try:
+        for url in urls:
+            st = requests.get(url + "/get_server_info", timeout=30).json()["internal_states"][0]
+            out["layerwise"] += int(st["disagg_push_layerwise"])
+            out["after_forward"] += int(st["disagg_push_after_forward"])
+    except (requests.RequestException, ValueError, KeyError, IndexError, TypeError):
+        return {}
+    return out
+
+
 def run_aggregated(args, logdir: str, which: list[str], results: dict, report) -> None:
     """``agg`` and/or ``agg2`` on one set of replicas (``agg`` on replica 0 alone, ``agg2`` through mini_lb), every
     dataset of ``--dataset`` in turn; ``results[dataset][setup]`` is filled."""
@@ -275,11 +289,13 @@ def run_pd(args, logdir: str, results: dict, xfer: dict, report) -> None:
         procs.append(lb)
         warm_up(args, lb.url)
         for ds in args.dataset:
-            c0 = transfer_seconds(dec.url)
+            c0, p0 = transfer_seconds(dec.url), push_paths([p.url for p in procs[:-2]])
             results[ds]["pd"] = bench(args, lb.url, _jsonl(args, logdir, "pd", ds), ds)
-            c1 = transfer_seconds(dec.url)
+            c1, p1 = transfer_seconds(dec.url), push_paths([p.url for p in procs[:-2]])
             xfer[ds] = transfer_summary(args.transfer_mode, {k: c1[k] - c0[k] for k in c1}, results[ds]["pd"],
                                         len(gpus))
+            if args.transfer_mode == "push" and p0 and p1:
+                xfer[ds].update({f"push_{k}": p1[k] - p0[k] for k in p1})
             report()
     finally:
         for p in reversed(procs):
@@ -298,6 +314,9 @@ def transfer_lines(mode: str, backend: str, xfer: dict) -> list[str]:
                      "layerwise, last layer posted -> last WRITE DONE seen, after the fact the whole push, / mean "
                      f"router TTFT; the whole WRITE time, first layer -> last WRITE DONE, overlapping the forward "
                      f"when layerwise, is {100 * xfer.get('write_share_of_ttft', float('nan')):.2f}%)")]
+    if "push_layerwise" in xfer:
+        lines[-1] += (f"; rooms pushed layer by layer {xfer['push_layerwise']}, after the forward "
+                      f"{xfer['push_after_forward']}")
     if xfer.get("handoff_mean_ms"):
         phases = (f"RoomReady -> first READ posted {xfer['setup_mean_ms']:.3f} ms, last READ DONE -> decoding "
                   f"{xfer['wait_mean_ms']:.3f} ms, ") if mode == "pull" else ""

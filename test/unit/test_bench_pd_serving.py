@@ -53,6 +53,9 @@ def test_transfer_lines_say_how_the_share_is_defined():
     assert "10.00%" in pull and "first READ posted -> last READ DONE" in pull and "2.0 READs" in pull
     push = "\n".join(bp.transfer_lines("push", "nixl", bp.transfer_summary("push", DELTA, PD, 1)))
     assert "0.50%" in push and "after the prefill forward" in push and "10.00%" in push and "2.0 WRITEs" in push
+    x = {**bp.transfer_summary("push", DELTA, PD, 1), "push_layerwise": 3, "push_after_forward": 1}
+    assert "layer by layer 3, after the forward 1" in bp.transfer_lines("push", "nixl", x)[0]
+    assert bp.push_paths(["http://127.0.0.1:9"]) == {}  # nothing listening: unknown, not zero
 
 
 def test_one_report_per_dataset(tmp_path):
