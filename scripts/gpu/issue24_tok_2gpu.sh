@@ -86,7 +86,7 @@ for r in "${rows[@]}"; do
   i=$(( i + 1 )); later=$(( ${#rows[@]} - i ))
   stage "2. ${label[$r]}"
   row_args "$r"
-  t=$(( $(left) - 70 * later - 5 )); max=95; [[ " ${flags[*]} " == *" sharegpt "* ]] && max=110
+  t=$(( $(left) - 70 * later - 5 )); max=100; [[ " ${flags[*]} " == *" sharegpt "* ]] && max=115
   [ "$t" -gt "$max" ] && t=$max
   step "m_$r" "$t" "${bench[@]}" "${flags[@]}" --prefill-extra "$prefill_extra" --decode-extra "$decode_extra" \
     --startup-timeout $(( t > 40 ? t - 30 : 10 )) --out-dir "$out/$r"
@@ -122,6 +122,8 @@ stage "summary"
   echo; echo "## transfer and hand-off per row (from each row's report)"
   for r in "${rows[@]}"; do for f in "$out/$r"/*_pd_serving_*.md; do [ -f "$f" ] || continue
     grep -h "^transfer:\|^decode-side" "$f" | sed "s|^|- ${label[$r]} ($(basename "$f" .md | sed 's/.*_pd_serving_//')): |"; done; done
+  echo; echo "Layout A/B (token_major vs layer_major, one run each, token_major first): compare transfer ms/req and"
+  echo "READs per request; a share of mean TTFT also moves with the run's queueing (earlier 1K runs: mean TTFT 67-333 ms)."
   echo; echo "Targets: transfer share of TTFT <= 2% (1K input); ITL p99 agg2 / pd >= 1.5; tok/s pd / agg2 >= 0.9."
   echo "Per-row reports (command, hand-off phases): $out/<row>/*_pd_serving_*.md; server logs: $out/<row>/pd_serving_logs/."
 } > "$out/issue24_tok.md"
