@@ -12,16 +12,21 @@ Setups (``--setups``, run in the order given, each with its own servers, started
 
 Every setup gets the same ``python -m sglang.bench_serving`` workload (ShareGPT from the shared data folder, or
 random fixed-length prompts with ``--dataset random``), after untimed warm-up requests sent to every server
-(``--warmup`` concurrent requests of the full input length). The table has TTFT / TPOT / ITL (p99 included) /
-throughput per setup and the ratios pd / agg2 and pd / agg, plus the KV transfer share of TTFT (mean
-``sglang:kv_transfer_seconds`` of the decode server over the timed requests, the pure transfer from the first READ
-posted to the last READ DONE, / mean TTFT through the router), the decode-side hand-off phases beside it
-(``sglang:kv_handoff_seconds{phase}``: RoomReady -> first READ posted, last READ DONE -> decoding, and their
-whole, RoomReady -> decoding, with its share of TTFT) and
-the READs (push: WRITEs) posted per request after coalescing (``sglang:kv_transfer_reads``; floor: one per layer
-and K/V, plus one per extra run where the prefill side reused prefix-cached slots).
-The report ``<out-dir>/<date>_pd_serving_<backend>_<mode>.md`` and ``.json`` (date, hardware, command) is
-rewritten after every setup, so a run cut short keeps what it measured. SIGTERM stops every server started.
+(``--warmup`` concurrent requests of the full input length). ``--dataset random sharegpt`` runs each workload in
+turn on the same servers (one start per setup); each dataset gets its own report. The table has TTFT / TPOT / ITL
+(p99 included) / throughput per setup and the ratios pd / agg2 and pd / agg, plus the KV transfer share of TTFT
+(the part of TTFT the transfer adds, over the timed requests, / mean TTFT through the router; pull: mean
+``sglang:kv_transfer_seconds`` of the decode server, the pure transfer from the first READ posted to the last READ
+DONE; push: mean ``sglang:kv_handoff_seconds{phase="tail"}``, the WRITE time after the prefill forward, since
+layerwise WRITEs overlap the forward; the whole WRITE time's share is printed beside it), the decode-side hand-off
+phases (``sglang:kv_handoff_seconds{phase}``: RoomReady -> first READ posted, last READ DONE -> decoding, and their
+whole, RoomReady -> decoding, with its share of TTFT) and the READs (push: WRITEs) posted per request after
+coalescing (``sglang:kv_transfer_reads``; floor with ``--kv-cache-layout layer_major``: one per layer and K/V per
+run of consecutive slots; ``token_major``: one per run of consecutive slots; a fresh pool gives one run, prefix-cached
+slots reused by the prefill side and a wrapped pool give more).
+The report ``<out-dir>/<date>_pd_serving_<backend>_<mode>[_<dataset>].md`` and ``.json`` (date, hardware, command;
+the suffix for every dataset after the first) is rewritten after every setup, so a run cut short keeps what it
+measured. SIGTERM stops every server started.
 
 CPU smoke run::
 
@@ -149,13 +154,14 @@ def warm_up(args, url: str) -> None:
     print(f"[bench_pd_serving] warm-up of {url}: {time.time() - t0:.1f} s", flush=True)
 
 
-def bench(args, url: str, out: str) -> dict:
-    """One ``bench_serving`` run against ``url``; its JSON record. Raises RuntimeError when it fails."""
+def bench(args, url: str, out: str, dataset: str) -> dict:
+    """One ``bench_serving`` run of ``dataset`` (``random`` or ``sharegpt``) against ``url``; its JSON record.
+    Raises RuntimeError when it fails."""
     cmd = [sys.executable, "-m", "sglang.bench_serving", "--disable-tqdm", "--backend", "sglang", "--base-url", url,
            "--tokenizer", args.tokenizer_path or args.model_path, "--model", args.model_path,
            "--num-prompts", str(args.num_prompts),
            "--seed", str(args.seed), "--output-file", out, "--warmup-requests", "0"]
-    if args.dataset == "sharegpt":
+    if dataset == "sharegpt":
         cmd += ["--dataset-name", "sharegpt", "--dataset-path", args.dataset_path, "--sharegpt-output-len",
                 str(args.output_len), "--sharegpt-context-len", str(args.context_len)]
     else:
@@ -176,23 +182,45 @@ def transfer_seconds(url: str) -> dict:
     """A decode server's KV hand-off counters from its /metrics: ``seconds`` (sum of pure transfer times: first READ
     posted -> last READ DONE), ``requests``, ``bytes``, ``reads`` (READs/WRITEs posted after coalescing) and, pull mode,
     the sums of the decode-side phases ``setup`` (RoomReady -> first READ posted), ``wait`` (last READ DONE ->
-    activated) and ``handoff`` (RoomReady -> activated), all seconds."""
+    activated) and ``handoff`` (RoomReady -> activated), and, push mode, ``tail`` (the WRITE time after the prefill
+    forward), all seconds."""
     text = requests.get(url + "/metrics", timeout=30).text
 
-    def val(name: str, label: str = "") -> float:
+    def val(name: str, label: str = "", absent: float = 0.0) -> float:
         lab = rf"[^}}]*{re.escape(label)}[^}}]*" if label else r"[^}]*"
         m = re.search(rf"^{re.escape(name)}{{{lab}}} ([0-9.e+-]+)$", text, re.M)
-        return float(m.group(1)) if m else 0.0
+        return float(m.group(1)) if m else absent
 
     out = {"seconds": val("sglang:kv_transfer_seconds_sum"), "requests": val("sglang:kv_transfer_seconds_count"),
            "bytes": val("sglang:kv_transfer_bytes_total"), "reads": val("sglang:kv_transfer_reads_total")}
-    for phase in ("setup", "wait", "handoff"):
-        out[phase] = val("sglang:kv_handoff_seconds_sum", f'phase="{phase}"')
+    for phase in ("setup", "wait", "handoff", "tail"):  # no tail (pull, or a server without it): NaN
+        out[phase] = val("sglang:kv_handoff_seconds_sum", f'phase="{phase}"', float("nan") if phase == "tail" else 0.0)
+    return out
+
+
+def _jsonl(args, logdir: str, setup: str, dataset: str) -> str:
+    """The bench_serving output file of one setup and dataset (``<setup>.jsonl`` for the first dataset)."""
+    suffix = "" if dataset == args.dataset[0] else f"_{dataset}"
+    return os.path.join(logdir, f"{setup}{suffix}.jsonl")
+
+
+def push_paths(urls: list[str]) -> dict:
+    """Push mode: the prefill servers' counts of rooms pushed layer by layer during the forward (``layerwise``) and
+    after it (``after_forward``), summed over ``urls`` (``/get_server_info``); ``{}`` when a server does not say."""
+    out = {"layerwise": 0, "after_forward": 0}
+    try:
+        for url in urls:
+            st = requests.get(url + "/get_server_info", timeout=30).json()["internal_states"][0]
+            out["layerwise"] += int(st["disagg_push_layerwise"])
+            out["after_forward"] += int(st["disagg_push_after_forward"])
+    except (requests.RequestException, ValueError, KeyError, IndexError, TypeError):
+        return {}
     return out
 
 
 def run_aggregated(args, logdir: str, which: list[str], results: dict, report) -> None:
-    """``agg`` and/or ``agg2`` on one set of replicas (``agg`` on replica 0 alone, ``agg2`` through mini_lb)."""
+    """``agg`` and/or ``agg2`` on one set of replicas (``agg`` on replica 0 alone, ``agg2`` through mini_lb), every
+    dataset of ``--dataset`` in turn; ``results[dataset][setup]`` is filled."""
     n = max(2, len(args.replica_gpus)) if "agg2" in which else 1
     gpus = args.replica_gpus if args.device == "cuda" else [None] * n
     procs: list[Proc] = []
@@ -207,19 +235,41 @@ def run_aggregated(args, logdir: str, which: list[str], results: dict, report) -
         if n >= 2:  # the same-GPU-count baseline first (a run cut short keeps the more important row)
             lb = router(args, ["--workers", *[p.url for p in procs]], logdir)
             procs.append(lb)
-            results["agg2"] = bench(args, lb.url, os.path.join(logdir, "agg2.jsonl"))
-            report()
+            for ds in args.dataset:
+                results[ds]["agg2"] = bench(args, lb.url, _jsonl(args, logdir, "agg2", ds), ds)
+                report()
         if "agg" in which:
-            results["agg"] = bench(args, procs[0].url, os.path.join(logdir, "agg.jsonl"))
-            report()
+            for ds in args.dataset:
+                results[ds]["agg"] = bench(args, procs[0].url, _jsonl(args, logdir, "agg", ds), ds)
+                report()
     finally:
         for p in reversed(procs):
             p.stop()
 
 
-def run_pd(args, logdir: str, results: dict, report) -> dict:
-    """The ``pd`` setup: one prefill server per ``--prefill-gpus`` entry (placed there on cuda; else one), one decode server, the
-    router; returns the decode server's transfer counters over the timed requests (per-request means, ms)."""
+def transfer_summary(mode: str, d: dict, pd_result: dict, prefill_servers: int) -> dict:
+    """Per-request means (ms) of a decode server's counter deltas ``d`` (:func:`transfer_seconds` keys, summed over
+    the timed requests) and their shares of ``pd_result["mean_ttft_ms"]``. ``share_of_ttft`` is the part of TTFT the
+    transfer adds: pull, the pure transfer (first READ posted -> last READ DONE); push, ``tail_mean_ms`` (the WRITE
+    time after the prefill forward; NaN when the server does not report it). ``write_share_of_ttft``: the whole
+    transfer time's share (push layerwise: it overlaps the forward)."""
+    n = max(d["requests"], 1)
+    x = {"requests": d["requests"], "bytes_sum": d["bytes"], "reads_sum": d["reads"], "seconds_sum": d["seconds"],
+         "reads_per_request": d["reads"] / n, "mean_ms": 1000 * d["seconds"] / n, "prefill_servers": prefill_servers}
+    for phase in ("setup", "wait", "handoff", "tail"):
+        x[f"{phase}_mean_ms"] = 1000 * d[phase] / n
+    ttft = max(pd_result["mean_ttft_ms"], 1e-9)
+    x["added_mean_ms"] = x["mean_ms"] if mode == "pull" else x["tail_mean_ms"]
+    x["share_of_ttft"] = x["added_mean_ms"] / ttft
+    x["write_share_of_ttft"] = x["mean_ms"] / ttft
+    x["handoff_share_of_ttft"] = x["handoff_mean_ms"] / ttft
+    return x
+
+
+def run_pd(args, logdir: str, results: dict, xfer: dict, report) -> None:
+    """The ``pd`` setup: one prefill server per ``--prefill-gpus`` entry (placed there on cuda; else one), one decode
+    server, the router; every dataset in turn: ``results[dataset]["pd"]`` and ``xfer[dataset]`` (the decode server's
+    transfer counters over its timed requests, :func:`transfer_summary`)."""
     pd = ["--disaggregation-transfer-backend", args.transfer_backend, "--disaggregation-transfer-mode",
           args.transfer_mode]
     gpus = [None] if not args.prefill_gpus else [g if args.device == "cuda" else None for g in args.prefill_gpus]
@@ -238,27 +288,71 @@ def run_pd(args, logdir: str, results: dict, report) -> dict:
         lb = router(args, ["--prefill", *[p.url for p in procs[:-1]], "--decode", dec.url], logdir)
         procs.append(lb)
         warm_up(args, lb.url)
-        c0 = transfer_seconds(dec.url)
-        results["pd"] = bench(args, lb.url, os.path.join(logdir, "pd.jsonl"))
-        c1 = transfer_seconds(dec.url)
-        d = {k: c1[k] - c0[k] for k in c1}
-        n = max(d["requests"], 1)
-        xfer = {"requests": d["requests"], "bytes_sum": d["bytes"], "reads_sum": d["reads"],
-                "seconds_sum": d["seconds"], "reads_per_request": d["reads"] / n, "mean_ms": 1000 * d["seconds"] / n,
-                "prefill_servers": len(gpus)}
-        for phase in ("setup", "wait", "handoff"):
-            xfer[f"{phase}_mean_ms"] = 1000 * d[phase] / n
-        ttft = max(results["pd"]["mean_ttft_ms"], 1e-9)
-        xfer["share_of_ttft"] = xfer["mean_ms"] / ttft
-        xfer["handoff_share_of_ttft"] = xfer["handoff_mean_ms"] / ttft
-        return xfer
+        for ds in args.dataset:
+            c0, p0 = transfer_seconds(dec.url), push_paths([p.url for p in procs[:-2]])
+            results[ds]["pd"] = bench(args, lb.url, _jsonl(args, logdir, "pd", ds), ds)
+            c1, p1 = transfer_seconds(dec.url), push_paths([p.url for p in procs[:-2]])
+            xfer[ds] = transfer_summary(args.transfer_mode, {k: c1[k] - c0[k] for k in c1}, results[ds]["pd"],
+                                        len(gpus))
+            if args.transfer_mode == "push" and p0 and p1:
+                xfer[ds].update({f"push_{k}": p1[k] - p0[k] for k in p1})
+            report()
     finally:
         for p in reversed(procs):
             p.stop()
 
 
+def transfer_lines(mode: str, backend: str, xfer: dict) -> list[str]:
+    """The report's transfer lines (how the share is defined for ``mode`` included)."""
+    unit = "READs" if mode == "pull" else "WRITEs"
+    lines = [f"transfer: backend {backend}, mode {mode}; {int(xfer['requests'])} timed requests, "
+             f"{xfer['bytes_sum'] / max(xfer['requests'], 1) / 2**20:.2f} MiB and {xfer['mean_ms']:.3f} ms and "
+             f"{xfer.get('reads_per_request', float('nan')):.1f} {unit} (after coalescing) per request; "
+             f"**transfer share of TTFT {100 * xfer['share_of_ttft']:.2f}%**"
+             + (" (mean pure transfer, first READ posted -> last READ DONE, / mean router TTFT)" if mode == "pull"
+                else f" (mean WRITE time after the prefill forward, {xfer.get('tail_mean_ms', float('nan')):.3f} ms: "
+                     "layerwise, last layer posted -> last WRITE DONE seen, after the fact the whole push, / mean "
+                     f"router TTFT; the whole WRITE time, first layer -> last WRITE DONE, overlapping the forward "
+                     f"when layerwise, is {100 * xfer.get('write_share_of_ttft', float('nan')):.2f}%)")]
+    if "push_layerwise" in xfer:
+        lines[-1] += (f"; rooms pushed layer by layer {xfer['push_layerwise']}, after the forward "
+                      f"{xfer['push_after_forward']}")
+    if xfer.get("handoff_mean_ms"):
+        phases = (f"RoomReady -> first READ posted {xfer['setup_mean_ms']:.3f} ms, last READ DONE -> decoding "
+                  f"{xfer['wait_mean_ms']:.3f} ms, ") if mode == "pull" else ""
+        lines += [f"decode-side hand-off per request: {phases}RoomReady -> decoding {xfer['handoff_mean_ms']:.3f} ms "
+                  f"(**hand-off share of TTFT {100 * xfer['handoff_share_of_ttft']:.2f}%**); "
+                  f"{int(xfer.get('prefill_servers', 1))} prefill server(s)"]
+    return lines + [""]
+
+
+def report_text(a, dataset: str, results: dict, xfer: dict, errors: dict, hw: str) -> str:
+    """The markdown report of one dataset: header, transfer lines, metric table with the pd ratios, failures."""
+    lines = [f"# PD disaggregation vs aggregated, {dataset} ({datetime.date.today().isoformat()} "
+             f"{datetime.datetime.utcnow():%H:%M} UTC)", "",
+             f"hardware: {hw}", f"command: `python {' '.join(shlex.quote(x) for x in sys.argv)}`", ""]
+    if xfer:
+        lines += transfer_lines(a.transfer_mode, a.transfer_backend, xfer)
+    cols = [s for s in SETUPS if s in results]
+    if not cols:
+        lines.append("no setup measured")
+    ratios = [(x, y) for x, y in (("pd", "agg2"), ("pd", "agg")) if x in results and y in results]
+    lines += [] if not cols else ["| metric | " + " | ".join(cols) + "".join(f" | {x} / {y}" for x, y in ratios) + " |",
+                                  "|---" * (1 + len(cols) + len(ratios)) + "|"]
+    for m in METRICS if cols else []:
+        row = [f"{results[c].get(m, float('nan')):.3f}" for c in cols]
+        for x, y in ratios:
+            vx, vy = results[x].get(m, 0), results[y].get(m, 0)
+            row.append(f"{vx / vy if vy else float('nan'):.3f}")
+        lines.append(f"| {m} | " + " | ".join(row) + " |")
+    for s, e in errors.items():
+        lines += ["", f"**{s} failed**: {e[-600:]}"]
+    return "\n".join(lines) + "\n"
+
+
 def write_report(a, results: dict, xfer: dict, errors: dict) -> None:
-    """(Re)write the markdown table and the JSON of everything measured so far."""
+    """(Re)write the markdown table and the JSON of everything measured so far, one pair of files per dataset
+    (``results`` / ``xfer``: dataset -> setup -> metrics / dataset -> transfer summary)."""
     date = datetime.date.today().isoformat()
     hw = f"{platform.node()} {platform.processor() or platform.machine()} ({a.device})"
     if a.device == "cuda":
@@ -268,45 +362,16 @@ def write_report(a, results: dict, xfer: dict, errors: dict) -> None:
             hw += f" {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
         except Exception:  # noqa: BLE001
             pass
-    lines = [f"# PD disaggregation vs aggregated ({date} {datetime.datetime.utcnow():%H:%M} UTC)", "",
-             f"hardware: {hw}", f"command: `python {' '.join(shlex.quote(x) for x in sys.argv)}`", ""]
-    if xfer:
-        lines += [f"transfer: backend {a.transfer_backend}, mode {a.transfer_mode}; {int(xfer['requests'])} timed "
-                  f"requests, {xfer['bytes_sum'] / max(xfer['requests'], 1) / 2**20:.2f} MiB and "
-                  f"{xfer['mean_ms']:.3f} ms and {xfer.get('reads_per_request', float('nan')):.1f} "
-                  f"{'READs' if a.transfer_mode == 'pull' else 'WRITEs'} (after coalescing) per request; **transfer share of TTFT {100 * xfer['share_of_ttft']:.2f}%**"
-                  + (" (mean pure transfer, first READ posted -> last READ DONE, / mean router TTFT)" if a.transfer_mode == "pull"
-                     else " (mean WRITE time reported by the prefill side / mean router TTFT)")]
-        if xfer.get("handoff_mean_ms"):
-            phases = (f"RoomReady -> first READ posted {xfer['setup_mean_ms']:.3f} ms, last READ DONE -> decoding "
-                      f"{xfer['wait_mean_ms']:.3f} ms, ") if a.transfer_mode == "pull" else ""
-            lines += [f"decode-side hand-off per request: {phases}RoomReady -> decoding "
-                      f"{xfer['handoff_mean_ms']:.3f} ms (**hand-off share of TTFT "
-                      f"{100 * xfer['handoff_share_of_ttft']:.2f}%**); {int(xfer.get('prefill_servers', 1))} prefill "
-                      "server(s)"]
-        lines.append("")
-    cols = [s for s in SETUPS if s in results]
-    if not cols:
-        lines.append("no setup measured")
-    ratios = [(x, y) for x, y in (("pd", "agg2"), ("pd", "agg")) if x in results and y in results]
-    lines += [] if not cols else ["| metric | " + " | ".join(cols) + "".join(f" | {x} / {y}" for x, y in ratios) + " |",
-              "|---" * (1 + len(cols) + len(ratios)) + "|"]
-    for m in METRICS if cols else []:
-        row = [f"{results[c].get(m, float('nan')):.3f}" for c in cols]
-        for x, y in ratios:
-            vx, vy = results[x].get(m, 0), results[y].get(m, 0)
-            row.append(f"{vx / vy if vy else float('nan'):.3f}")
-        lines.append(f"| {m} | " + " | ".join(row) + " |")
-    for s, e in errors.items():
-        lines += ["", f"**{s} failed**: {e[-600:]}"]
-    text = "\n".join(lines) + "\n"
-    print(text, flush=True)
-    base = os.path.join(a.out_dir, f"{date}_pd_serving_{a.transfer_backend}_{a.transfer_mode}")
-    with open(base + ".md", "w") as f:
-        f.write(text)
-    with open(base + ".json", "w") as f:
-        json.dump({"date": date, "hardware": hw, "command": sys.argv, "results": results, "transfer": xfer,
-                   "errors": errors}, f, indent=1)
+    for i, ds in enumerate(a.dataset):
+        text = report_text(a, ds, results.get(ds, {}), xfer.get(ds, {}), errors, hw)
+        print(text, flush=True)
+        base = os.path.join(a.out_dir, f"{date}_pd_serving_{a.transfer_backend}_{a.transfer_mode}"
+                            + ("" if i == 0 else f"_{ds}"))
+        with open(base + ".md", "w") as f:
+            f.write(text)
+        with open(base + ".json", "w") as f:
+            json.dump({"date": date, "hardware": hw, "command": sys.argv, "dataset": ds,
+                       "results": results.get(ds, {}), "transfer": xfer.get(ds, {}), "errors": errors}, f, indent=1)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -330,7 +395,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--prefill-gpus", nargs="+", type=int, default=None,
                     help="pd on cuda: one prefill server per GPU listed (--base-gpu-id), all behind the router "
                          "(e.g. 0 1 with --decode-extra '--base-gpu-id 2': 2 prefill : 1 decode)")
-    ap.add_argument("--dataset", default="sharegpt", choices=["sharegpt", "random"])
+    ap.add_argument("--dataset", nargs="+", default=["sharegpt"], choices=["sharegpt", "random"],
+                    help="workload(s); several run in turn on the same servers of each setup, one report each")
     ap.add_argument("--dataset-path", default=os.path.join(ROOT, "..", "shared", "data", "datasets", "sharegpt") + "/")
     ap.add_argument("--num-prompts", type=int, default=64)
     ap.add_argument("--input-len", type=int, default=128)
@@ -351,13 +417,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> None:
     """Run the chosen setups one after another and write the Markdown/JSON report under ``--out-dir``."""
     a = parse_args(argv)
+    a.dataset = list(dict.fromkeys(a.dataset))
     if "agg2" in a.setups and len(a.replica_gpus) < 2:
         sys.exit(f"--replica-gpus {a.replica_gpus}: agg2 needs at least two GPUs")
     logdir = os.path.join(a.out_dir, "pd_serving_logs")
     os.makedirs(logdir, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks: stop every server
-    results: dict = {}
-    xfer: dict = {}
+    results: dict = {ds: {} for ds in a.dataset}  # dataset -> setup -> bench_serving record
+    xfer: dict = {}  # dataset -> transfer_summary of the pd setup
     errors: dict = {}
 
     def report() -> None:
@@ -369,7 +436,7 @@ def main(argv=None) -> None:
         t0 = time.time()
         try:
             if s == "pd":
-                xfer.update(run_pd(a, logdir, results, report))
+                run_pd(a, logdir, results, xfer, report)
             else:
                 which = [s] + (["agg2"] if s == "agg" and order[:1] == ["agg2"] else [])
                 order = [o for o in order if o not in which]

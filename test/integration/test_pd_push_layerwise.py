@@ -88,6 +88,10 @@ def test_layerwise_and_after_the_fact_equal_aggregated(servers):
         info = got["meta_info"]["disaggregation"]
         assert info["push_layerwise"] is layerwise, (i, info)
         assert info["transfer_bytes"] > 0 and info["transfer_reads"] >= 1
+        # the WRITE time after the forward (bench_pd_serving's push share of TTFT): all of it after the fact
+        assert 0.0 <= info["transfer_tail_s"] <= info["transfer_time_s"], info
+        if not layerwise:
+            assert info["transfer_tail_s"] == info["transfer_time_s"], info
         nbytes.append(info["transfer_bytes"])
         if i == 2:
             assert got["meta_info"]["cached_tokens"] > 0  # the prefill side's prefix hit is in the layerwise rows

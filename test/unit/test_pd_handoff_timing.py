@@ -107,14 +107,18 @@ def test_timings_separate_pure_transfer_from_scheduling_waits():
     assert out["decode_queue_s"] == 1.0 and out["prefill_queue_s"] == 0.25
     push = handoff_timings(r, ready, req, pull=False, t=100.009)  # push: the prefill side's WRITE time, no READ phases
     assert push["transfer_time_s"] == 0.5 and "transfer_setup_s" not in push
+    assert "transfer_tail_s" not in out
+    ready.push_tail_s = 0.125  # layerwise push: the part of the WRITE time after the prefill forward
+    assert handoff_timings(r, ready, req, pull=False, t=100.009)["transfer_tail_s"] == 0.125
 
 
 def test_metrics_expose_the_handoff_phases():
     m = MetricsCollector("m")
     m.observe_kv_transfer({"transfer_bytes": 10, "transfer_reads": 2, "transfer_time_s": 0.001,
                            "transfer_setup_s": 0.002, "transfer_wait_s": 0.006, "handoff_s": 0.009})
+    m.observe_kv_transfer({"transfer_bytes": 10, "transfer_reads": 2, "transfer_time_s": 0.5, "transfer_tail_s": 0.25})
     text = m.render().decode()
-    for phase, v in (("setup", 0.002), ("wait", 0.006), ("handoff", 0.009)):
+    for phase, v in (("setup", 0.002), ("wait", 0.006), ("handoff", 0.009), ("tail", 0.25)):
         line = next(x for x in text.splitlines()
                     if x.startswith("sglang:kv_handoff_seconds_sum") and f'phase="{phase}"' in x)
         assert abs(float(line.split()[-1]) - v) < 1e-12, line

@@ -88,7 +88,8 @@ def handoff_timings(r: DecodeRoom, ready: RoomReady, req, pull: bool, t: float) 
     the prefill side's WRITE time); ``transfer_setup_s`` RoomReady taken -> first READ posted (allocation, waiting
     for pool room, planning, coalescing); ``transfer_wait_s`` last READ DONE -> activation (waiting for the step
     boundary and the ranks' agreement); ``handoff_s`` RoomReady taken -> activation (the whole decode-side hand-off
-    after the prefill side's KV was ready); plus the byte/READ counts and the queue times."""
+    after the prefill side's KV was ready); push: ``transfer_tail_s``, the part of the WRITE time after the prefill
+    forward (``RoomReady.push_tail_s``); plus the byte/READ counts and the queue times."""
     t_ready = r.t_ready or t
     post = r.t_post or t_ready
     done = r.t_done or t
@@ -98,6 +99,8 @@ def handoff_timings(r: DecodeRoom, ready: RoomReady, req, pull: bool, t: float) 
                decode_queue_s=r.t_alloc - req.arrival_time)
     if pull:
         out.update(transfer_setup_s=max(post - t_ready, 0.0), transfer_wait_s=max(t - done, 0.0))
+    else:
+        out["transfer_tail_s"] = getattr(ready, "push_tail_s", 0.0)
     return out
 
 

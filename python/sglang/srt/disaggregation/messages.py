@@ -48,6 +48,9 @@ class RoomReady(msgspec.Struct, tag=True):
     (layer, K/V, global head) crc32 of the request's KV when ``--disaggregation-verify``, else empty.
     ``prefill_queue_s``: time the request waited on the prefill side before its prefill ran.
     ``push_*``: push mode's transfer facts (bytes, WRITE rows, time, whether posted layer by layer).
+    ``push_tail_s``: the part of ``push_time_s`` after the forward (layerwise: last layer posted -> every WRITE
+    DONE seen; after the fact: the whole push): what the transfer adds to TTFT, as the layerwise WRITEs overlap the
+    forward.
     """
 
     room: int
@@ -64,6 +67,7 @@ class RoomReady(msgspec.Struct, tag=True):
     push_reads: int = 0
     push_time_s: float = 0.0
     push_layerwise: bool = False  # push: the WRITEs were posted layer by layer during the forward
+    push_tail_s: float = 0.0
 
 
 class RoomAck(msgspec.Struct, tag=True):

@@ -344,7 +344,10 @@ class PrefillConnector(BaseConnector):
                 self.agent.send(r.peer.endpoint, RoomFailed(room, reason))
                 self._finish(r, reason)
             elif code == 2:
-                self._send_ready(r, push_time=time.monotonic() - r.push_start, layerwise=r.layerwise is not None)
+                t = time.monotonic()  # layerwise: the tail after the last layer was posted (the forward's end)
+                end = r.layerwise.end if r.layerwise is not None and r.layerwise.end else r.push_start
+                self._send_ready(r, push_time=t - r.push_start, layerwise=r.layerwise is not None,
+                                 push_tail=max(t - end, 0.0))
 
     def _completers(self, peer: RoomRequest) -> set[str]:
         """Pull mode: the decode agents that read heads from this rank (as decode's ``assign_sources`` picks
@@ -385,7 +388,8 @@ class PrefillConnector(BaseConnector):
             if code == 2:
                 self._finish(self.rooms[room], None)
 
-    def _send_ready(self, r: PrefillRoom, push_time: float = 0.0, layerwise: bool = False) -> None:
+    def _send_ready(self, r: PrefillRoom, push_time: float = 0.0, layerwise: bool = False,
+                    push_tail: float = 0.0) -> None:
         req = r.req
         slots = self._slots(req)
         checksums: list[int] = []
@@ -405,7 +409,8 @@ class PrefillConnector(BaseConnector):
             input_top_logprobs=([[tuple(y) for y in x] for x in req.input_top_logprobs]
                                 if req.wants_input_logprobs() and req.top_logprobs_num else None),
             checksums=checksums, prefill_queue_s=req.disagg_info.get("prefill_queue_s", 0.0),
-            push_bytes=bytes_, push_reads=reads, push_time_s=push_time, push_layerwise=layerwise))
+            push_bytes=bytes_, push_reads=reads, push_time_s=push_time, push_layerwise=layerwise,
+            push_tail_s=push_tail))
         req.disagg_info.update(transfer_bytes=bytes_, transfer_reads=reads, transfer_time_s=push_time)
         r.state = "wait_ack"
         r.created = now()

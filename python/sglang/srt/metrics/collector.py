@@ -63,7 +63,8 @@ class MetricsCollector:
                                     buckets=_TTFT_BUCKETS, registry=reg)
         self._handoff = Histogram("sglang:kv_handoff_seconds", "Decode-side KV hand-off phases per request (s): "
                                   "setup (RoomReady -> first READ posted), wait (last READ DONE -> activated), "
-                                  "handoff (RoomReady -> activated).", lab + ["phase"], buckets=_TTFT_BUCKETS,
+                                  "handoff (RoomReady -> activated); push: tail (the prefill side's WRITE time "
+                                  "after its forward).", lab + ["phase"], buckets=_TTFT_BUCKETS,
                                   registry=reg)
         self._pd_queue = Histogram("sglang:disagg_queue_seconds", "Queue time per request and side (s).",
                                    lab + ["side"], buckets=_TTFT_BUCKETS, registry=reg)
@@ -94,13 +95,14 @@ class MetricsCollector:
     def observe_kv_transfer(self, info: dict) -> None:
         """Record one disaggregated request's KV hand-off: ``transfer_bytes``, ``transfer_reads``,
         ``transfer_time_s`` (pure transfer), ``transfer_setup_s`` / ``transfer_wait_s`` / ``handoff_s`` (decode-side
-        phases, ``sglang:kv_handoff_seconds{phase}``), ``prefill_queue_s`` / ``decode_queue_s`` (seconds; absent keys
-        are skipped)."""
+        phases, ``sglang:kv_handoff_seconds{phase}``), push: ``transfer_tail_s`` (phase ``tail``: the WRITE time
+        after the prefill forward), ``prefill_queue_s`` / ``decode_queue_s`` (seconds; absent keys are skipped)."""
         if "transfer_bytes" in info:
             self._xfer_bytes.labels(**self._labels).inc(max(int(info["transfer_bytes"]), 0))
             self._xfer_reads.labels(**self._labels).inc(max(int(info.get("transfer_reads", 0)), 0))
             self._xfer_time.labels(**self._labels).observe(max(float(info.get("transfer_time_s", 0.0)), 0.0))
-        for phase, key in (("setup", "transfer_setup_s"), ("wait", "transfer_wait_s"), ("handoff", "handoff_s")):
+        for phase, key in (("setup", "transfer_setup_s"), ("wait", "transfer_wait_s"), ("handoff", "handoff_s"),
+                           ("tail", "transfer_tail_s")):
             if key in info:
                 self._handoff.labels(**self._labels, phase=phase).observe(max(float(info[key]), 0.0))
         for side in ("prefill", "decode"):
