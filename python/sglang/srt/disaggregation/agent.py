@@ -204,7 +204,7 @@ class DisaggAgent:
         """crc32 of the KV at ``slots`` for every (layer, K/V, local head), layer-major (``--disaggregation-verify``)."""
         pool = self.kv.token_to_kv_pool
         idx = torch.tensor(list(slots), dtype=torch.int64, device=pool.kv_data.device)
-        sel = pool.kv_data.index_select(2, idx).cpu()  # [layer, 2, n, head, head_dim]
+        sel = pool.kv_layer_view.index_select(2, idx).cpu()  # [layer, 2, n, head, head_dim], any storage order
         out = []
         for layer in range(sel.shape[0]):
             for kv in range(2):
