@@ -18,8 +18,10 @@ throughput per setup and the ratios pd / agg2 and pd / agg, plus the KV transfer
 posted to the last READ DONE, / mean TTFT through the router), the decode-side hand-off phases beside it
 (``sglang:kv_handoff_seconds{phase}``: RoomReady -> first READ posted, last READ DONE -> decoding, and their
 whole, RoomReady -> decoding, with its share of TTFT) and
-the READs (push: WRITEs) posted per request after coalescing (``sglang:kv_transfer_reads``; floor: one per layer
-and K/V, plus one per extra run where the prefill side reused prefix-cached slots).
+the READs (push: WRITEs) posted per request after coalescing (``sglang:kv_transfer_reads``; floor: one per run of
+slots contiguous on both sides, e.g. one for a fresh prompt, with the token-major pools that ``--kv-cache-layout
+auto`` picks in pull mode; one per layer and K/V and run with layer-major pools (push mode, or forced); extra runs
+appear where the prefill side reused prefix-cached slots).
 The report ``<out-dir>/<date>_pd_serving_<backend>_<mode>.md`` and ``.json`` (date, hardware, command) is
 rewritten after every setup, so a run cut short keeps what it measured. SIGTERM stops every server started.
 

@@ -1,8 +1,9 @@
 """Prefill/decode disaggregation end to end on CPU: a prefill server, a decode server and the mini_lb router
 as separate processes give exactly the aggregated server's greedy output (token for token, logprobs
 included) on stories260K (pull mode) and stories260K-moe (push mode): single, streaming, batch, n > 1,
-logprobs, stop strings and the OpenAI routes; prefix hits on the prefill side report cached_tokens; the
-transfer facts are reported; KV returns to zero on both sides; bad bootstrap fields are 400s."""
+logprobs, stop strings and the OpenAI routes, with the default --kv-cache-layout auto (token-major pools in
+pull mode: one READ per slot run; layer-major in push mode); prefix hits on the prefill side report
+cached_tokens; the transfer facts are reported; KV returns to zero on both sides; bad bootstrap fields are 400s."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.timeout(600)
 
 PROMPTS = ["Once upon a time", "The little dog", "Lily and Tom went to the park. They"]
 GREEDY = {"max_new_tokens": 20, "temperature": 0.0}
+LAYERS = 5  # stories260K and stories260K-moe
 
 
 def _model(name: str) -> str:
@@ -85,6 +87,11 @@ def test_generate_equals_aggregated(cluster):
         info = b["meta_info"]["disaggregation"]
         assert info["transfer_bytes"] > 0 and info["transfer_reads"] >= 1 and info["transfer_time_s"] >= 0
         assert "prefill_queue_s" in info and "decode_queue_s" in info
+        if prompt == PROMPTS[0]:  # <= 5 prompt tokens, so <= 5 slot runs on either side
+            if cluster["mode"] == "pull":  # --kv-cache-layout auto = token_major on both sides: one READ per slot
+                assert info["transfer_reads"] < 2 * LAYERS, info  # run covers all layers (issue 24)
+            else:  # push: auto = layer_major, its layerwise WRITEs: >= one per (layer, K/V)
+                assert info["transfer_reads"] >= 2 * LAYERS, info
 
 
 def test_logprobs_stop_batch_and_n(cluster):

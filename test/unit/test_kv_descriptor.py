@@ -80,7 +80,8 @@ def test_kv_region_is_one_contiguous_tensor():
     for layer in range(4):
         k, v = tok.get_kv_buffer(layer)
         assert k.shape == (68, 2, 8) and k.stride() == (4 * 2 * 2 * 8, 8, 1) and not k.is_contiguous()
-        assert k.data_ptr() == tok.kv_data[0, layer, 0].data_ptr() and v.data_ptr() == tok.kv_data[0, layer, 1].data_ptr()
+        assert k.data_ptr() == tok.kv_data[0, layer, 0].data_ptr()
+        assert v.data_ptr() == tok.kv_data[0, layer, 1].data_ptr()
     with pytest.raises(ValueError, match="layout"):
         KVCache.create(max_total_tokens=64, page_size=4, dtype=torch.float16, head_num=2, head_dim=8, layer_num=4,
                        req_rows=2, max_context_len=8, device="cpu", layout="slot_major")

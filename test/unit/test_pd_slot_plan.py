@@ -162,8 +162,8 @@ def test_mixed_layouts_and_head_ranges_stay_byte_correct(p_layout, d_layout, p_t
             for layer, rows in enumerate(by_layer):
                 dst.kv_layer_view[layer].zero_()
                 _execute(rows)  # only this layer's rows: exactly this layer's bytes arrive
-                torch.testing.assert_close(dst.kv_layer_view[layer][:, dst_slots][:, :, heads[0] - dh[0]:heads[1] - dh[0]],
-                                           full[layer][:, :, heads[0]:heads[1]], rtol=0, atol=0)
+                got = dst.kv_layer_view[layer][:, dst_slots][:, :, heads[0] - dh[0]:heads[1] - dh[0]]
+                torch.testing.assert_close(got, full[layer][:, :, heads[0]:heads[1]], rtol=0, atol=0)
 
 
 def _infos(tp: int) -> list[dict]:

@@ -26,7 +26,8 @@ from sglang.srt.disaggregation.slot_plan import kv_head_range
 
 logger = logging.getLogger(__name__)
 # --disaggregation-nixl-threads > 0: a transfer of at least this many descriptors is split over the threads (NIXL UCX
-# split_batch_size; a 1K-token Llama-3.1-8B pull is 64 descriptors, one per (layer, K/V))
+# split_batch_size; a 1K-token Llama-3.1-8B pull is 64 descriptors, one per (layer, K/V), with layer-major pools, and
+# one per slot run with token-major ones, --kv-cache-layout)
 NIXL_SPLIT_BATCH = 8
 
 

@@ -47,7 +47,8 @@ def row_bytes(src: KVRegionDescriptor) -> int:
     """Bytes of one (layer, K/V, token) row of ``src`` (all its heads, any storage order); 0 when a row's
     ``(head, head_dim)`` are not dense (then staging is not used)."""
     row = src.size("head") * src.stride_bytes("head")
-    dense = src.stride_bytes("head_dim") == src.itemsize and src.stride_bytes("head") == src.size("head_dim") * src.itemsize
+    item = src.itemsize
+    dense = src.stride_bytes("head_dim") == item and src.stride_bytes("head") == src.size("head_dim") * item
     return row if dense else 0
 
 
