@@ -19,7 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from conftest import shared_path  # noqa: E402
-from pd_utils import AGG, FAST, Router, kv_in_use, pd_args  # noqa: E402
+from pd_utils import AGG, FAST, Router, kv_in_use, pd_args, start_servers, wait_for  # noqa: E402
 from server_utils import ServerProcess  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
@@ -156,6 +156,32 @@ def test_prefill_prefix_hit_reports_cached_tokens(cluster):
     post(router, "/generate", {"text": prompt, "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
     out = post(router, "/generate", {"text": prompt, "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
     assert out["meta_info"]["cached_tokens"] > 0
+
+
+def test_mismatched_kv_layouts_equal_aggregated(cluster):
+    """Issue 24: both sides forced to different KV layouts (prefill token_major, decode layer_major) still give the
+    aggregated server's tokens (and pass --disaggregation-verify's checksums): the plan falls back to one READ
+    per (layer, K/V, token), none of which continues on both sides."""
+    if cluster["mode"] != "pull":
+        pytest.skip("one mixed-layout pair (pull mode) is enough")
+    model = _model("stories260K")
+    servers = start_servers([pd_args("prefill", model, ["--kv-cache-layout", "token_major"]),
+                             pd_args("decode", model, ["--kv-cache-layout", "layer_major"])],
+                            ["prefill token_major", "decode layer_major"])
+    try:
+        router = Router([servers[0].url], [servers[1].url])
+        try:
+            for prompt in PROMPTS[:2]:
+                body = {"text": prompt, "sampling_params": GREEDY}
+                a, b = post(cluster["agg"].url, "/generate", body), post(router.url, "/generate", body)
+                assert strip(b) == strip(a)
+                assert b["meta_info"]["disaggregation"]["transfer_reads"] >= 2 * LAYERS
+        finally:
+            router.stop()
+        wait_for(lambda: kv_in_use(servers[0]) == 0 and kv_in_use(servers[1]) == 0, "KV back to zero")
+    finally:
+        for srv in servers:
+            srv.stop()
 
 
 def test_kv_back_to_zero_and_bad_fields(cluster):
