@@ -391,3 +391,20 @@ def test_model_level_triton_fused_path_matches_torch_native(tmp_path, monkeypatc
             results.append(logits)
     for want, got in zip(*results):
         assert_close(got, want, torch.float32)
+
+
+def test_kernels_reject_a_non_contiguous_head_dim():
+    """The kernels take any slot/head strides (token-major pools) but index head_dim densely: a K/V buffer whose
+    last dim is strided is refused with a ValueError, never read wrong."""
+    from sgl_kernel.triton.decode_attention import decode_attention_fwd
+    from sgl_kernel.triton.extend_attention import extend_attention_fwd
+
+    q = torch.randn(1, 2, 8)
+    kb = torch.randn(6, 8, 2).transpose(1, 2)  # [slots, heads, head_dim] with head_dim strided
+    r2t = torch.zeros(1, 4, dtype=torch.int32)
+    one = torch.ones(1, dtype=torch.int64)
+    with pytest.raises(ValueError, match="contiguous"):
+        decode_attention_fwd(q, kb, kb, torch.empty_like(q), r2t, one - 1, one, 0.3, 1, torch.empty(1, 2, 1, 8),
+                             torch.empty(1, 2, 1))
+    with pytest.raises(ValueError, match="contiguous"):
+        extend_attention_fwd(q, torch.empty_like(q), kb, kb, r2t, one - 1, one - 1, one, one - 1, 1, 0.3)
