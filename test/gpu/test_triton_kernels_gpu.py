@@ -226,20 +226,22 @@ def _fused_backend_matches_unfused():
 
     gen = torch.Generator().manual_seed(7)
     prefix, extend = [300, 0, 17, 1000], [1, 129, 1, 1]
-    q, k, v, layer, make_batch = build_case(gen, prefix, extend, 32, 8, 128, torch.bfloat16)
+    q, k, v, layer, make_batch = build_case(gen, prefix, extend, 32, 8, 128, torch.bfloat16, layers=4)
     qkv = torch.cat([q, k, v], dim=1)
     emb = get_rope(128, 128, 4096, 500000.0).to(DEV)
     positions = torch.cat([torch.arange(p, p + e) for p, e in zip(prefix, extend)]).to(DEV)
     outs, pools = [], []
-    for fused in (True, False):
-        fb = make_batch(TritonAttnBackend(fused_rope=fused))
-        x = qkv.clone()
-        out = layer(x[:, : 32 * 128], x[:, 32 * 128: 40 * 128], x[:, 40 * 128:], fb, positions=positions,
-                    rotary_emb=emb)
-        outs.append(out)
-        pools.append(fb.token_to_kv_pool)
-    assert torch.equal(outs[0], outs[1])
-    assert torch.equal(pools[0].kv_data, pools[1].kv_data)
+    for layout in ("layer_major", "token_major"):  # token-major: strided K/V buffers (issue 24)
+        for fused in (True, False):
+            fb = make_batch(TritonAttnBackend(fused_rope=fused), layout)
+            x = qkv.clone()
+            out = layer(x[:, : 32 * 128], x[:, 32 * 128: 40 * 128], x[:, 40 * 128:], fb, positions=positions,
+                        rotary_emb=emb)
+            outs.append(out)
+            pools.append(fb.token_to_kv_pool)
+    for out, pool in zip(outs[1:], pools[1:]):
+        assert torch.equal(out, outs[0])
+        assert torch.equal(pool.kv_layer_view, pools[0].kv_layer_view)
 
 
 def test_sampling_columns_packed_copy_on_gpu():
