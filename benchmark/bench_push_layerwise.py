@@ -51,8 +51,8 @@ class SynthLayer:
             st.residual = st.hidden
         elif stage == "attention":
             kv = (st.hidden[:, :1] * self.kv_base).reshape(len(st.forward_batch.slots), *self.pool.kv_data.shape[-2:])
-            self.pool.kv_data[self.i, 0, st.forward_batch.slot_tensor] = kv.to(self.pool.kv_data.dtype)
-            self.pool.kv_data[self.i, 1, st.forward_batch.slot_tensor] = (-kv).to(self.pool.kv_data.dtype)
+            self.pool.kv_layer_view[self.i, 0, st.forward_batch.slot_tensor] = kv.to(self.pool.kv_data.dtype)
+            self.pool.kv_layer_view[self.i, 1, st.forward_batch.slot_tensor] = (-kv).to(self.pool.kv_data.dtype)
         elif stage == "mlp":
             h = st.hidden
             for _ in range(self.iters):
@@ -174,7 +174,7 @@ def main() -> None:
            for name, fn in (("forward", forward_only), ("transfer", transfer_only), ("after", after),
                             ("layerwise", layerwise))}
     sync()
-    ok = torch.equal(dst.kv_data[:, :, dst_slots].cpu(), src.kv_data[:, :, src_slots].cpu())
+    ok = torch.equal(dst.kv_layer_view[:, :, dst_slots].cpu(), src.kv_layer_view[:, :, src_slots].cpu())
     ideal = (res["forward"] + res["transfer"]) / max(res["forward"], res["transfer"])
     lines = [
         f"# push mode: layerwise vs after the forward ({datetime.date.today().isoformat()})",

@@ -38,8 +38,9 @@ def close(a, b, dtype, scale=1.0):
     assert err <= tol, f"max abs err {err} > {tol}"
 
 
-def build_case(gen, prefix_lens, extend_lens, nh, nkv, hd, dtype, mode=None):
-    """Random paged batch on CUDA: (q, k, v, layer, make_batch(backend) -> ForwardBatch on a fresh pool copy)."""
+def build_case(gen, prefix_lens, extend_lens, nh, nkv, hd, dtype, mode=None, layers=1):
+    """Random paged batch on CUDA: (q, k, v, layer, make_batch(backend, layout="layer_major") -> ForwardBatch on a
+    fresh pool copy of ``layers`` layers (layer 0 is used) stored in ``layout``)."""
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
     from sglang.srt.forward_batch_info import ForwardBatch, ForwardMode
@@ -71,8 +72,8 @@ def build_case(gen, prefix_lens, extend_lens, nh, nkv, hd, dtype, mode=None):
     def t(x):
         return torch.tensor(x, dtype=torch.int64, device=DEV)
 
-    def make_batch(backend):
-        pool = MHATokenToKVPool(nslots, 1, dtype, nkv, hd, 1, DEV)
+    def make_batch(backend, layout="layer_major"):
+        pool = MHATokenToKVPool(nslots, 1, dtype, nkv, hd, layers, DEV, layout)
         pool.k_buffer[0].copy_(kinit)
         pool.v_buffer[0].copy_(vinit)
         rpool = ReqToTokenPool(bs + 5, max_ctx, DEV)
@@ -116,6 +117,25 @@ def test_extend_and_mixed_vs_torch_native(nh, nkv, hd):
     close(out, ref, torch.bfloat16)
     out, ref = run_both(*build_case(gen, [0, 250], [1030, 64], nh, nkv, hd, torch.bfloat16))
     close(out, ref, torch.bfloat16)
+
+
+@pytest.mark.parametrize("prefix,extend", [([300, 17, 1000, 4095], [1, 1, 1, 1]),
+                                           ([0, 300, 17, 1000], [700, 129, 1, 5])], ids=["decode", "mixed"])
+def test_token_major_pool_vs_layer_major(prefix, extend):
+    """Issue 24: compiled decode/extend kernels over a token-major pool (K/V buffers strided by 32 layers x 2 x
+    8 heads x 128) equal the layer-major pool's output and the torch_native reference (Llama-3.1-8B heads, bf16)."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    gen = torch.Generator().manual_seed(sum(prefix) + len(extend))
+    q, k, v, layer, make_batch = build_case(gen, prefix, extend, 32, 8, 128, torch.bfloat16, layers=32)
+    outs = {}
+    for layout in ("layer_major", "token_major"):
+        fb = make_batch(TritonAttnBackend(), layout)
+        assert fb.token_to_kv_pool.k_buffer[0].stride(0) == (8 * 128 if layout == "layer_major" else 32 * 2 * 8 * 128)
+        outs[layout] = fb.attn_backend.forward(q, k, v, layer, fb)
+    close(outs["token_major"], outs["layer_major"], torch.bfloat16, scale=0.1)
+    _, ref = run_both(q, k, v, layer, make_batch)
+    close(outs["token_major"], ref, torch.bfloat16)
 
 
 @pytest.mark.parametrize("legacy", [False, True])
@@ -206,20 +226,22 @@ def _fused_backend_matches_unfused():
 
     gen = torch.Generator().manual_seed(7)
     prefix, extend = [300, 0, 17, 1000], [1, 129, 1, 1]
-    q, k, v, layer, make_batch = build_case(gen, prefix, extend, 32, 8, 128, torch.bfloat16)
+    q, k, v, layer, make_batch = build_case(gen, prefix, extend, 32, 8, 128, torch.bfloat16, layers=4)
     qkv = torch.cat([q, k, v], dim=1)
     emb = get_rope(128, 128, 4096, 500000.0).to(DEV)
     positions = torch.cat([torch.arange(p, p + e) for p, e in zip(prefix, extend)]).to(DEV)
     outs, pools = [], []
-    for fused in (True, False):
-        fb = make_batch(TritonAttnBackend(fused_rope=fused))
-        x = qkv.clone()
-        out = layer(x[:, : 32 * 128], x[:, 32 * 128: 40 * 128], x[:, 40 * 128:], fb, positions=positions,
-                    rotary_emb=emb)
-        outs.append(out)
-        pools.append(fb.token_to_kv_pool)
-    assert torch.equal(outs[0], outs[1])
-    assert torch.equal(pools[0].kv_data, pools[1].kv_data)
+    for layout in ("layer_major", "token_major"):  # token-major: strided K/V buffers (issue 24)
+        for fused in (True, False):
+            fb = make_batch(TritonAttnBackend(fused_rope=fused), layout)
+            x = qkv.clone()
+            out = layer(x[:, : 32 * 128], x[:, 32 * 128: 40 * 128], x[:, 40 * 128:], fb, positions=positions,
+                        rotary_emb=emb)
+            outs.append(out)
+            pools.append(fb.token_to_kv_pool)
+    for out, pool in zip(outs[1:], pools[1:]):
+        assert torch.equal(out, outs[0])
+        assert torch.equal(pool.kv_layer_view, pools[0].kv_layer_view)
 
 
 def test_sampling_columns_packed_copy_on_gpu():

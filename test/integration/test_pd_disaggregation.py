@@ -1,8 +1,9 @@
 """Prefill/decode disaggregation end to end on CPU: a prefill server, a decode server and the mini_lb router
 as separate processes give exactly the aggregated server's greedy output (token for token, logprobs
 included) on stories260K (pull mode) and stories260K-moe (push mode): single, streaming, batch, n > 1,
-logprobs, stop strings and the OpenAI routes; prefix hits on the prefill side report cached_tokens; the
-transfer facts are reported; KV returns to zero on both sides; bad bootstrap fields are 400s."""
+logprobs, stop strings and the OpenAI routes, with the default --kv-cache-layout auto (token-major pools in
+pull mode: one READ per slot run; layer-major in push mode); prefix hits on the prefill side report
+cached_tokens; the transfer facts are reported; KV returns to zero on both sides; bad bootstrap fields are 400s."""
 
 from __future__ import annotations
 
@@ -18,13 +19,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from conftest import shared_path  # noqa: E402
-from pd_utils import AGG, FAST, Router, kv_in_use, pd_args  # noqa: E402
+from pd_utils import AGG, FAST, Router, kv_in_use, pd_args, start_servers, wait_for  # noqa: E402
 from server_utils import ServerProcess  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
 
 PROMPTS = ["Once upon a time", "The little dog", "Lily and Tom went to the park. They"]
 GREEDY = {"max_new_tokens": 20, "temperature": 0.0}
+LAYERS = 5  # stories260K and stories260K-moe
 
 
 def _model(name: str) -> str:
@@ -85,6 +87,11 @@ def test_generate_equals_aggregated(cluster):
         info = b["meta_info"]["disaggregation"]
         assert info["transfer_bytes"] > 0 and info["transfer_reads"] >= 1 and info["transfer_time_s"] >= 0
         assert "prefill_queue_s" in info and "decode_queue_s" in info
+        if prompt == PROMPTS[0]:  # <= 5 prompt tokens, so <= 5 slot runs on either side
+            if cluster["mode"] == "pull":  # --kv-cache-layout auto = token_major on both sides: one READ per slot
+                assert info["transfer_reads"] < 2 * LAYERS, info  # run covers all layers (issue 24)
+            else:  # push: auto = layer_major, its layerwise WRITEs: >= one per (layer, K/V)
+                assert info["transfer_reads"] >= 2 * LAYERS, info
 
 
 def test_logprobs_stop_batch_and_n(cluster):
@@ -149,6 +156,32 @@ def test_prefill_prefix_hit_reports_cached_tokens(cluster):
     post(router, "/generate", {"text": prompt, "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
     out = post(router, "/generate", {"text": prompt, "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
     assert out["meta_info"]["cached_tokens"] > 0
+
+
+def test_mismatched_kv_layouts_equal_aggregated(cluster):
+    """Issue 24: both sides forced to different KV layouts (prefill token_major, decode layer_major) still give the
+    aggregated server's tokens (and pass --disaggregation-verify's checksums): the plan falls back to one READ
+    per (layer, K/V, token), none of which continues on both sides."""
+    if cluster["mode"] != "pull":
+        pytest.skip("one mixed-layout pair (pull mode) is enough")
+    model = _model("stories260K")
+    servers = start_servers([pd_args("prefill", model, ["--kv-cache-layout", "token_major"]),
+                             pd_args("decode", model, ["--kv-cache-layout", "layer_major"])],
+                            ["prefill token_major", "decode layer_major"])
+    try:
+        router = Router([servers[0].url], [servers[1].url])
+        try:
+            for prompt in PROMPTS[:2]:
+                body = {"text": prompt, "sampling_params": GREEDY}
+                a, b = post(cluster["agg"].url, "/generate", body), post(router.url, "/generate", body)
+                assert strip(b) == strip(a)
+                assert b["meta_info"]["disaggregation"]["transfer_reads"] >= 2 * LAYERS
+        finally:
+            router.stop()
+        wait_for(lambda: kv_in_use(servers[0]) == 0 and kv_in_use(servers[1]) == 0, "KV back to zero")
+    finally:
+        for srv in servers:
+            srv.stop()
 
 
 def test_kv_back_to_zero_and_bad_fields(cluster):

@@ -12,22 +12,24 @@ import torch
 
 from sglang.srt.mem_cache.kv_cache import KVCache
 from sglang.srt.mem_cache.kv_descriptor import KVRegionDescriptor
+from sglang.srt.mem_cache.memory_pool import KV_LAYOUTS
 
 
 def _read(addr: int, n: int) -> bytes:
     return ctypes.string_at(addr, n)
 
 
+@pytest.mark.parametrize("layout", ["layer_major", "token_major"])
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_descriptor_round_trip(page_size, dtype):
+def test_descriptor_round_trip(page_size, dtype, layout):
     kv = KVCache.create(max_total_tokens=12 * page_size, page_size=page_size, dtype=dtype, head_num=5, head_dim=8,
-                        layer_num=3, req_rows=4, max_context_len=64, device="cpu")
+                        layer_num=3, req_rows=4, max_context_len=64, device="cpu", layout=layout)
     pool = kv.token_to_kv_pool
     gen = torch.Generator().manual_seed(page_size)
     pool.kv_data.copy_(torch.randn(pool.kv_data.shape, generator=gen).to(dtype))  # fresh random, never zeros
     desc = KVRegionDescriptor.from_dict(kv.describe().to_dict())  # as a peer receives it
-    assert desc.dims == ("layer", "kv", "slot", "head", "head_dim") and desc.num_pages == 13
+    assert desc.dims == KV_LAYOUTS[layout] and desc.num_pages == 13
     rng = random.Random(page_size * 7 + desc.itemsize)
     for _ in range(200):
         page, layer, which = rng.randrange(desc.num_pages), rng.randrange(3), rng.randrange(2)
@@ -38,7 +40,10 @@ def test_descriptor_round_trip(page_size, dtype):
         want = buf[page * page_size:(page + 1) * page_size, lo:hi].contiguous()
         assert got == want.view(torch.uint8).numpy().tobytes()
     full = desc.block_ranges(3, 1, 0)
-    assert len(full) == 1 and full[0][1] == page_size * 5 * 8 * desc.itemsize  # a whole page is one read
+    if layout == "layer_major":  # a whole page of one (layer, K/V) is one read
+        assert len(full) == 1 and full[0][1] == page_size * 5 * 8 * desc.itemsize
+    else:  # token-major: one range per slot of that (layer, K/V); a slot's layers are adjacent instead
+        assert len(full) == page_size and desc.stride_bytes("slot") == 3 * 2 * 5 * 8 * desc.itemsize
     slot = rng.randrange(desc.size("slot"))
     addr = desc.element_address(layer=2, kv=1, slot=slot, head=4, head_dim=7)
     assert _read(addr, desc.itemsize) == pool.get_value_buffer(2)[slot, 4, 7:8].view(torch.uint8).numpy().tobytes()
@@ -69,6 +74,17 @@ def test_kv_region_is_one_contiguous_tensor():
         k, v = pool.get_kv_buffer(layer)
         assert k.is_contiguous() and v.is_contiguous()
         assert k.data_ptr() == pool.kv_data[layer, 0].data_ptr() and v.data_ptr() == pool.kv_data[layer, 1].data_ptr()
+    tok = KVCache.create(max_total_tokens=64, page_size=4, dtype=torch.float16, head_num=2, head_dim=8, layer_num=4,
+                         req_rows=2, max_context_len=8, device="cpu", layout="token_major").token_to_kv_pool
+    assert tok.kv_data.is_contiguous() and tok.kv_data.shape == (68, 4, 2, 2, 8)  # [slot, layer, K/V, head, dim]
+    for layer in range(4):
+        k, v = tok.get_kv_buffer(layer)
+        assert k.shape == (68, 2, 8) and k.stride() == (4 * 2 * 2 * 8, 8, 1) and not k.is_contiguous()
+        assert k.data_ptr() == tok.kv_data[0, layer, 0].data_ptr()
+        assert v.data_ptr() == tok.kv_data[0, layer, 1].data_ptr()
+    with pytest.raises(ValueError, match="layout"):
+        KVCache.create(max_total_tokens=64, page_size=4, dtype=torch.float16, head_num=2, head_dim=8, layer_num=4,
+                       req_rows=2, max_context_len=8, device="cpu", layout="slot_major")
 
 
 def test_kv_cache_alloc_free_and_accounting():

@@ -55,12 +55,13 @@ def test_req_to_token_pool_write():
         pool.write(1, 14, vals)
 
 
+@pytest.mark.parametrize("layout", ["layer_major", "token_major"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("page_size", [1, 4])
-def test_kv_pool_set_get(dtype, page_size):
+def test_kv_pool_set_get(dtype, page_size, layout):
     torch.manual_seed(0)
     H, D, L, size = 3, 8, 2, 24
-    pool = MHATokenToKVPool(size, page_size, dtype, H, D, L, "cpu")
+    pool = MHATokenToKVPool(size, page_size, dtype, H, D, L, "cpu", layout)
     assert pool.get_key_buffer(0).shape == (size + page_size, H, D)
     ref_k = {l: {} for l in range(L)}
     for layer in range(L):
@@ -76,6 +77,7 @@ def test_kv_pool_set_get(dtype, page_size):
     # layers are independent buffers
     loc0, k0 = ref_k[0]
     torch.testing.assert_close(pool.get_key_buffer(0)[loc0], k0)
+    torch.testing.assert_close(pool.kv_layer_view[0, 0, loc0], k0)  # the [layer, K/V, slot, ...] view of any layout
     with pytest.raises(ValueError):
         pool.set_kv_buffer(0, torch.tensor([page_size]), torch.randn(1, H, D + 1), torch.randn(1, H, D + 1))
     with pytest.raises(ValueError):
@@ -83,8 +85,9 @@ def test_kv_pool_set_get(dtype, page_size):
 
 
 @pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"), reason="torch build has no float8_e4m3fn")
-def test_kv_pool_fp8_storage():
-    pool = MHATokenToKVPool(8, 1, torch.float8_e4m3fn, 2, 4, 1, "cpu")
+@pytest.mark.parametrize("layout", ["layer_major", "token_major"])
+def test_kv_pool_fp8_storage(layout):
+    pool = MHATokenToKVPool(8, 1, torch.float8_e4m3fn, 2, 4, 2, "cpu", layout)
     k = torch.randn(3, 2, 4)
     v = torch.randn(3, 2, 4)
     loc = torch.tensor([1, 5, 7])
@@ -96,8 +99,9 @@ def test_kv_pool_fp8_storage():
 
 def test_sizes():
     H, D, L = 4, 16, 3
-    for dtype in (torch.float16, torch.float32):
-        pool = MHATokenToKVPool(10, 2, dtype, H, D, L, "cpu")
+    for dtype, layout in ((torch.float16, "layer_major"), (torch.float32, "layer_major"),
+                          (torch.float16, "token_major")):
+        pool = MHATokenToKVPool(10, 2, dtype, H, D, L, "cpu", layout)
         bpt = MHATokenToKVPool.bytes_per_token(H, D, L, dtype)
         elem = torch.tensor([], dtype=dtype).element_size()
         assert bpt == 2 * H * D * L * elem

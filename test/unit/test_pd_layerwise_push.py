@@ -42,7 +42,7 @@ class FakeLayer:
             if self.m.fail_at == self.i:
                 raise RuntimeError("attention failed")
             slots = st.forward_batch.slots
-            self.m.pool.kv_data[self.i, :, slots] = torch.randn(2, len(slots), HEADS, HD, generator=self.m.gen)
+            self.m.pool.kv_layer_view[self.i, :, slots] = torch.randn(2, len(slots), HEADS, HD, generator=self.m.gen)
         st.hidden = st.hidden * 2 + self.i
 
 
@@ -89,7 +89,7 @@ class RecordingBackend:
         self.posts: list[tuple[int, int, np.ndarray]] = []
 
     def write(self, name, rows):
-        layers = set(((rows[:, 1] - self.desc.base_address) // self.desc.stride_bytes("layer")).tolist())
+        layers = {i for i, part in enumerate(copies_by_layer(rows[:, [1, 0, 2]], self.desc)) if len(part)}
         assert len(layers) == 1, "one WRITE carries one layer"
         layer = layers.pop()
         if layer == self.fail_at_layer:
@@ -101,9 +101,9 @@ class RecordingBackend:
         return SimpleNamespace(rows=rows)
 
 
-def _setup(n=7, fail_at_layer=None):
-    src = MHATokenToKVPool(64, 1, torch.float32, HEADS, HD, LAYERS, "cpu")
-    dst = MHATokenToKVPool(64, 4, torch.float32, HEADS, HD, LAYERS, "cpu")
+def _setup(n=7, fail_at_layer=None, src_layout="layer_major", dst_layout="layer_major"):
+    src = MHATokenToKVPool(64, 1, torch.float32, HEADS, HD, LAYERS, "cpu", src_layout)
+    dst = MHATokenToKVPool(64, 4, torch.float32, HEADS, HD, LAYERS, "cpu", dst_layout)
     g = torch.Generator().manual_seed(1)
     src.kv_data.copy_(torch.randn(src.kv_data.shape, generator=g))  # stale values: a too-early WRITE copies these
     src_slots = (torch.randperm(50, generator=g)[:n] + 1).tolist()
@@ -115,6 +115,25 @@ def _setup(n=7, fail_at_layer=None):
     job = LayerwisePush(room=5, peers=[("decode-0", per_layer)], num_layers=LAYERS)
     return SimpleNamespace(src=src, dst=dst, src_slots=src_slots, dst_slots=dst_slots, copies=copies, log=log,
                            backend=backend, job=job, model=FakeModel(src, log))
+
+
+@pytest.mark.parametrize("src_layout,dst_layout,post_layers", [
+    ("token_major", "layer_major", list(range(LAYERS))),  # per (layer, K/V, token) rows: still one WRITE per layer
+    ("layer_major", "token_major", list(range(LAYERS))),
+    ("token_major", "token_major", [LAYERS - 1])])  # rows cover every layer: posted once the last layer is stored
+def test_layerwise_push_with_token_major_pools(src_layout, dst_layout, post_layers):
+    """Issue 24: a forced token-major pool on either side of a layerwise push stays correct: every WRITE is posted
+    only after the last layer its rows touch was stored, and the decode side ends with the final KV."""
+    s = _setup(src_layout=src_layout, dst_layout=dst_layout)
+    listener = LayerwisePushListener(s.backend)
+    ex = SequentialExecutor()
+    ex.set_kv_layer_listener(listener)
+    listener.arm([3], [s.job])
+    ex.run(s.model, _batch(s.src_slots))
+    assert [(layer, att) for layer, att, _ in s.backend.posts] == [(i, i + 1) for i in post_layers]
+    assert s.job.done and not s.job.error and s.job.nbytes == LAYERS * 2 * len(s.src_slots) * HEADS * HD * 4
+    torch.testing.assert_close(s.dst.kv_layer_view[:, :, s.dst_slots], s.src.kv_layer_view[:, :, s.src_slots],
+                               rtol=0, atol=0)
 
 
 def test_writes_of_layer_l_are_posted_before_layer_l_plus_1_runs():

@@ -24,8 +24,17 @@ from sglang.srt.server_args import ServerArgs
 LAYERS, HEADS, HD = 3, 4, 8
 
 
-def _pool(tp: int, page: int, slots: int = 64) -> MHATokenToKVPool:
-    return MHATokenToKVPool(slots, page, torch.float32, HEADS // tp if tp <= HEADS else 1, HD, LAYERS, "cpu")
+LAYOUTS = ("layer_major", "token_major")
+
+
+def _pool(tp: int, page: int, slots: int = 64, layout: str = "layer_major") -> MHATokenToKVPool:
+    return MHATokenToKVPool(slots, page, torch.float32, HEADS // tp if tp <= HEADS else 1, HD, LAYERS, "cpu", layout)
+
+
+def _execute(copies) -> None:
+    """Run a plan's byte copies (host memory: ctypes memmove)."""
+    for s_addr, d_addr, nbytes in copies.tolist():
+        ctypes.memmove(d_addr, s_addr, nbytes)
 
 
 def test_kv_head_range():
@@ -50,12 +59,12 @@ def test_assign_sources_reads_each_head_once():
 @settings(max_examples=40, deadline=None)
 @given(p_tp=st.sampled_from([1, 2, 4, 8]), d_tp=st.sampled_from([1, 2, 4, 8]), p_page=st.sampled_from([1, 4, 16]),
        d_page=st.sampled_from([1, 4, 16]), n=st.integers(1, 30), seed=st.integers(0, 1000), runs=st.booleans(),
-       coalesce=st.booleans())
-def test_copies_equal_direct_indexing(p_tp, d_tp, p_page, d_page, n, seed, runs, coalesce):
+       coalesce=st.booleans(), p_layout=st.sampled_from(LAYOUTS), d_layout=st.sampled_from(LAYOUTS))
+def test_copies_equal_direct_indexing(p_tp, d_tp, p_page, d_page, n, seed, runs, coalesce, p_layout, d_layout):
     g = torch.Generator().manual_seed(seed)
     full = torch.randn(LAYERS, 2, n, HEADS, HD, generator=g)  # the prompt's KV of all heads
-    src_pools = [_pool(p_tp, p_page) for _ in range(p_tp)]
-    dst_pools = [_pool(d_tp, d_page) for _ in range(d_tp)]
+    src_pools = [_pool(p_tp, p_page, layout=p_layout) for _ in range(p_tp)]
+    dst_pools = [_pool(d_tp, d_page, layout=d_layout) for _ in range(d_tp)]
     src_slots = (torch.randperm(60, generator=g)[:n] + p_page).tolist()  # any slots past the dummy page
     dst_slots = (torch.randperm(60, generator=g)[:n] + d_page).tolist()
     if runs:  # runs of consecutive slots on both sides (the usual case), broken at random points
@@ -64,7 +73,7 @@ def test_copies_equal_direct_indexing(p_tp, d_tp, p_page, d_page, n, seed, runs,
         dst_slots = list(range(d_page + 5, d_page + 5 + n))
     for r, pool in enumerate(src_pools):
         lo, hi = kv_head_range(r, p_tp, HEADS)
-        pool.kv_data[:, :, src_slots] = full[:, :, :, lo:hi]
+        pool.kv_layer_view[:, :, src_slots] = full[:, :, :, lo:hi]
     infos = [{"rank": r, "head_lo": kv_head_range(r, p_tp, HEADS)[0], "head_hi": kv_head_range(r, p_tp, HEADS)[1]}
              for r in range(p_tp)]
     for d, dpool in enumerate(dst_pools):
@@ -75,7 +84,7 @@ def test_copies_equal_direct_indexing(p_tp, d_tp, p_page, d_page, n, seed, runs,
                                                            src_slots, dpool.describe(), dh, dst_slots,
                                                            heads=heads, coalesce=coalesce).tolist():
                 ctypes.memmove(d_addr, s_addr, nbytes)
-        torch.testing.assert_close(dpool.kv_data[:, :, dst_slots], full[:, :, :, dh[0]:dh[1]], rtol=0, atol=0)
+        torch.testing.assert_close(dpool.kv_layer_view[:, :, dst_slots], full[:, :, :, dh[0]:dh[1]], rtol=0, atol=0)
 
 
 def test_coalescing_needs_both_sides_contiguous():
@@ -103,6 +112,58 @@ def test_coalescing_needs_both_sides_contiguous():
         plan_slot_copies(src.describe(), (0, 4), [5, 6], dst.describe(), (0, 4), [9])
     with pytest.raises(ValueError):
         plan_slot_copies(src.describe(), (0, 4), [10_000], dst.describe(), (0, 4), [9])
+
+
+def _filled(tp: int, layout: str, seed: int) -> MHATokenToKVPool:
+    pool = _pool(tp, 1, layout=layout)
+    pool.kv_data.copy_(torch.randn(pool.kv_data.shape, generator=torch.Generator().manual_seed(seed)))
+    return pool
+
+
+def test_token_major_run_is_one_copy_across_layers():
+    """Issue 24: token-major on both sides with the same heads: a run of consecutive slots on both sides is ONE
+    copy covering every layer and K/V (layer-major: one per (layer, K/V)); the bytes equal the reference gather."""
+    src, dst = _filled(1, "token_major", 1), _pool(1, 1, layout="token_major")
+    ref = src.kv_layer_view[:, :, [5, 6, 7, 8]].clone()
+    for coalesce in (False, True):
+        copies = plan_slot_copies(src.describe(), (0, 4), [5, 6, 7, 8], dst.describe(), (0, 4), [9, 10, 11, 12],
+                                  coalesce=coalesce)
+        assert len(copies) == 1 and copies[0, 2] == 4 * LAYERS * 2 * HEADS * HD * 4
+    _execute(copies)
+    torch.testing.assert_close(dst.kv_layer_view[:, :, [9, 10, 11, 12]], ref, rtol=0, atol=0)
+    gap = plan_slot_copies(src.describe(), (0, 4), [5, 6, 7, 8], dst.describe(), (0, 4), [20, 21, 30, 31])
+    assert len(gap) == 2  # two runs on the destination: two copies
+    # a layerwise push of all-layer rows posts them with the last layer (the only correct layer for them)
+    assert [len(x) for x in copies_by_layer(gap, src.describe())] == [0] * (LAYERS - 1) + [2]
+    assert [len(x) for x in copies_by_layer(gap, dst.describe(), side=1)] == [0] * (LAYERS - 1) + [2]
+
+
+@pytest.mark.parametrize("p_layout,d_layout,p_tp,d_tp", [("token_major", "layer_major", 1, 1),
+                                                         ("layer_major", "token_major", 1, 1),
+                                                         ("token_major", "token_major", 1, 2),
+                                                         ("token_major", "token_major", 2, 1),
+                                                         ("token_major", "layer_major", 2, 4)])
+def test_mixed_layouts_and_head_ranges_stay_byte_correct(p_layout, d_layout, p_tp, d_tp):
+    """Different layouts or head ranges on the two sides: one copy per (layer, K/V, token) (nothing continues on
+    both sides), each in one layer (copies_by_layer puts it there), and the bytes equal the reference gather."""
+    src_slots, dst_slots = [3, 4, 5, 6, 7], [40, 41, 42, 43, 44]
+    srcs = [_filled(p_tp, p_layout, 10 + r) for r in range(p_tp)]
+    infos = [{"rank": r, "head_lo": kv_head_range(r, p_tp, HEADS)[0], "head_hi": kv_head_range(r, p_tp, HEADS)[1]}
+             for r in range(p_tp)]
+    full = torch.cat([p.kv_layer_view[:, :, src_slots] for p in srcs], dim=3)  # [L, 2, n, HEADS, HD]
+    for d in range(d_tp):
+        dst, dh = _pool(d_tp, 1, layout=d_layout), kv_head_range(d, d_tp, HEADS)
+        for info, heads in assign_sources(infos, dh):
+            copies = plan_slot_copies(srcs[info["rank"]].describe(), (info["head_lo"], info["head_hi"]), src_slots,
+                                      dst.describe(), dh, dst_slots, heads=heads)
+            assert len(copies) == LAYERS * 2 * len(src_slots)
+            by_layer = copies_by_layer(copies, dst.describe(), side=1)
+            assert [len(x) for x in by_layer] == [2 * len(src_slots)] * LAYERS
+            for layer, rows in enumerate(by_layer):
+                dst.kv_layer_view[layer].zero_()
+                _execute(rows)  # only this layer's rows: exactly this layer's bytes arrive
+                got = dst.kv_layer_view[layer][:, dst_slots][:, :, heads[0] - dh[0]:heads[1] - dh[0]]
+                torch.testing.assert_close(got, full[layer][:, :, heads[0]:heads[1]], rtol=0, atol=0)
 
 
 def _infos(tp: int) -> list[dict]:
@@ -172,6 +233,18 @@ def test_flags_validated():
     for kw, flag in [({"disaggregation_mode": "x"}, "disaggregation-mode"),
                      ({"disaggregation_transfer_backend": "ucx"}, "disaggregation-transfer-backend"),
                      ({"disaggregation_transfer_mode": "both"}, "disaggregation-transfer-mode"),
-                     ({"disaggregation_heartbeat_timeout": 0}, "disaggregation-heartbeat-timeout")]:
+                     ({"disaggregation_heartbeat_timeout": 0}, "disaggregation-heartbeat-timeout"),
+                     ({"kv_cache_layout": "slot_major"}, "kv-cache-layout")]:
         with pytest.raises(ValueError, match=flag):
             ServerArgs(**kw)
+
+
+@pytest.mark.parametrize("mode,transfer,flag,want", [
+    ("null", "pull", "auto", "layer_major"), ("prefill", "pull", "auto", "token_major"),
+    ("decode", "pull", "auto", "token_major"), ("prefill", "push", "auto", "layer_major"),
+    ("decode", "push", "auto", "layer_major"), ("null", "pull", "token_major", "token_major"),
+    ("decode", "pull", "layer_major", "layer_major")])
+def test_kv_cache_layout_resolution(mode, transfer, flag, want):
+    """--kv-cache-layout auto: token_major exactly for pull-mode PD servers (both sides alike); explicit wins."""
+    args = ServerArgs(disaggregation_mode=mode, disaggregation_transfer_mode=transfer, kv_cache_layout=flag)
+    assert args.resolved_kv_cache_layout == want

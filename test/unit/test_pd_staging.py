@@ -32,8 +32,11 @@ class _Backend:
         self.regions.extend(regions)
 
 
-def _pool(tp: int, page: int, slots: int = 64) -> MHATokenToKVPool:
-    return MHATokenToKVPool(slots, page, torch.float32, HEADS // tp if tp <= HEADS else 1, HD, LAYERS, "cpu")
+LAYOUTS = ("layer_major", "token_major")
+
+
+def _pool(tp: int, page: int, slots: int = 64, layout: str = "layer_major") -> MHATokenToKVPool:
+    return MHATokenToKVPool(slots, page, torch.float32, HEADS // tp if tp <= HEADS else 1, HD, LAYERS, "cpu", layout)
 
 
 def _infos(pools, tp: int) -> list[dict]:
@@ -41,13 +44,13 @@ def _infos(pools, tp: int) -> list[dict]:
              "kv": p.describe().to_dict()} for r, p in enumerate(pools)]
 
 
-def _run(p_tp, d_tp, p_page, d_page, src_slots, dst_slots, full):
+def _run(p_tp, d_tp, p_page, d_page, src_slots, dst_slots, full, p_layout="layer_major", d_layout="layer_major"):
     """Stage + unstage on every decode rank; returns (decode pools, READs after coalescing per decode rank)."""
-    src_pools = [_pool(p_tp, p_page) for _ in range(p_tp)]
-    dst_pools = [_pool(d_tp, d_page) for _ in range(d_tp)]
+    src_pools = [_pool(p_tp, p_page, layout=p_layout) for _ in range(p_tp)]
+    dst_pools = [_pool(d_tp, d_page, layout=d_layout) for _ in range(d_tp)]
     for r, pool in enumerate(src_pools):
         lo, hi = kv_head_range(r, p_tp, HEADS)
-        pool.kv_data[:, :, src_slots] = full[:, :, :, lo:hi]
+        pool.kv_layer_view[:, :, src_slots] = full[:, :, :, lo:hi]
     src, dst = _infos(src_pools, p_tp), _infos(dst_pools, d_tp)
     reads = []
     for d, dpool in enumerate(dst_pools):
@@ -61,33 +64,41 @@ def _run(p_tp, d_tp, p_page, d_page, src_slots, dst_slots, full):
             n += len(rows)
             for s_addr, d_addr, nbytes in rows.tolist():
                 ctypes.memmove(d_addr, s_addr, nbytes)
-        stager.unstage(dpool.kv_data, chunk, staged, torch.tensor(dst_slots))
+        stager.unstage(dpool.kv_layer_view, chunk, staged, torch.tensor(dst_slots))
         reads.append(n)
     return dst_pools, reads
 
 
 @settings(max_examples=30, deadline=None)
 @given(p_tp=st.sampled_from([1, 2, 4, 8]), d_tp=st.sampled_from([1, 2, 4, 8]), p_page=st.sampled_from([1, 16]),
-       d_page=st.sampled_from([1, 16]), n=st.integers(1, 30), seed=st.integers(0, 1000))
-def test_staged_equals_direct_indexing(p_tp, d_tp, p_page, d_page, n, seed):
+       d_page=st.sampled_from([1, 16]), n=st.integers(1, 30), seed=st.integers(0, 1000),
+       p_layout=st.sampled_from(LAYOUTS), d_layout=st.sampled_from(LAYOUTS))
+def test_staged_equals_direct_indexing(p_tp, d_tp, p_page, d_page, n, seed, p_layout, d_layout):
     g = torch.Generator().manual_seed(seed)
     full = torch.randn(LAYERS, 2, n, HEADS, HD, generator=g)
     src_slots = (torch.randperm(60, generator=g)[:n] + p_page).tolist()
     dst_slots = (torch.randperm(60, generator=g)[:n] + d_page).tolist()
-    pools, _ = _run(p_tp, d_tp, p_page, d_page, src_slots, dst_slots, full)
+    pools, _ = _run(p_tp, d_tp, p_page, d_page, src_slots, dst_slots, full, p_layout, d_layout)
     for d, pool in enumerate(pools):
         lo, hi = kv_head_range(d, d_tp, HEADS)
-        torch.testing.assert_close(pool.kv_data[:, :, dst_slots], full[:, :, :, lo:hi], rtol=0, atol=0)
+        torch.testing.assert_close(pool.kv_layer_view[:, :, dst_slots], full[:, :, :, lo:hi], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("p_tp,d_tp,sources", [(1, 2, 1), (2, 1, 2), (1, 4, 1), (2, 4, 1)])
-def test_contiguous_prefill_slots_coalesce(p_tp, d_tp, sources):
+def test_contiguous_prefill_slots_coalesce(p_tp, d_tp, sources, layout):
     """TP 1 -> TP 2 with 20 consecutive prefill slots and scattered decode slots: one READ per (layer, K/V) per
-    decode rank (the strided plan had one per (layer, K/V, token))."""
+    decode rank and staged source (the strided plan had one per (layer, K/V, token)); a token-major source is
+    staged in its own order: one READ per staged source, covering every layer."""
     n = 20
     full = torch.randn(LAYERS, 2, n, HEADS, HD)
-    _, reads = _run(p_tp, d_tp, 1, 16, list(range(1, n + 1)), list(range(63, 63 - 3 * n, -3)), full)
-    assert reads == [LAYERS * 2 * sources] * d_tp
+    pools, reads = _run(p_tp, d_tp, 1, 16, list(range(1, n + 1)), list(range(63, 63 - 3 * n, -3)), full, layout,
+                        layout)
+    assert reads == [(LAYERS * 2 if layout == "layer_major" else 1) * sources] * d_tp
+    for d, pool in enumerate(pools):
+        lo, hi = kv_head_range(d, d_tp, HEADS)
+        torch.testing.assert_close(pool.kv_layer_view[:, :, list(range(63, 63 - 3 * n, -3))], full[:, :, :, lo:hi],
+                                   rtol=0, atol=0)
 
 
 def test_same_heads_need_no_staging():

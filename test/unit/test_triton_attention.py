@@ -35,8 +35,8 @@ TOL = {torch.float32: 2e-4, torch.float16: 3e-3, torch.bfloat16: 2e-2}
 
 def build_case(gen: torch.Generator, prefix_lens: list[int], extend_lens: list[int], nh: int, nkv: int, hd: int,
                dtype: torch.dtype, device: str = "cpu", layers: int = 2, layer_id: int = 1):
-    """Random paged batch: returns (q, k, v, layer, make_batch) where make_batch(backend) gives a ForwardBatch
-    over a fresh copy of the same random pool."""
+    """Random paged batch: returns (q, k, v, layer, make_batch) where make_batch(backend, layout="layer_major") gives
+    a ForwardBatch over a fresh copy of the same random pool, stored in ``layout``."""
     bs = len(prefix_lens)
     seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
     total = sum(seq_lens)
@@ -67,8 +67,8 @@ def build_case(gen: torch.Generator, prefix_lens: list[int], extend_lens: list[i
         mode = ForwardMode.EXTEND
     starts = [sum(extend_lens[:i]) for i in range(bs)]
 
-    def make_batch(backend):
-        pool = MHATokenToKVPool(slots_total, 1, dtype, nkv, hd, layers, device)
+    def make_batch(backend, layout: str = "layer_major"):
+        pool = MHATokenToKVPool(slots_total, 1, dtype, nkv, hd, layers, device, layout)
         for li in range(layers):
             pool.k_buffer[li].copy_(k_init[li])
             pool.v_buffer[li].copy_(v_init[li])
@@ -256,14 +256,41 @@ def test_two_live_batches_on_the_triton_backend():
         torch.testing.assert_close(a, b, atol=2e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("prefix,extend,dtype", [([40, 7, 90], [1, 1, 1], torch.float32),
-                                                 ([40, 0, 17], [1, 12, 1], torch.float32),
-                                                 ([30, 65], [1, 1], torch.bfloat16)])
-def test_fused_rope_kv_store_through_radix_attention(monkeypatch, prefix, extend, dtype):
+@pytest.mark.parametrize("prefix,extend", [([40, 7, 90], [1, 1, 1]), ([0, 37, 5], [45, 20, 3]),
+                                           ([40, 0, 17], [1, 12, 1])], ids=["decode", "extend", "mixed"])
+@pytest.mark.parametrize("backend", ["triton", "torch_native"])
+def test_token_major_pool_equals_layer_major(prefix, extend, backend):
+    """Issue 24: the token-major pool (``[slot, layer, K/V, head, head_dim]``: K/V buffers are strided views with a slot
+    stride of layers x 2 x heads x head_dim) gives the same attention output as the layer-major pool, bit for bit
+    (same kernels, same values, only the strides differ), and the same KV after the write; both equal the
+    torch_native reference on the layer-major pool."""
+    gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(2), "little"))  # fresh random inputs
+    nh, nkv, hd, layers = 8, 2, 32, 3
+    q, k, v, layer, make_batch = build_case(gen, prefix, extend, nh, nkv, hd, torch.float32, layers=layers)
+    make = {"triton": TritonAttnBackend, "torch_native": TorchNativeAttnBackend}[backend]
+    outs, pools = {}, {}
+    for layout, slot_stride in (("layer_major", nkv * hd), ("token_major", layers * 2 * nkv * hd)):
+        fb = make_batch(make(), layout)
+        pool = fb.token_to_kv_pool
+        assert pool.k_buffer[1].stride() == pool.v_buffer[1].stride() == (slot_stride, hd, 1)
+        assert pool.describe().strides[pool.describe().dims.index("slot")] == slot_stride
+        outs[layout] = fb.attn_backend.forward(q.clone(), k.clone(), v.clone(), layer, fb)
+        pools[layout] = pool
+    assert torch.equal(outs["token_major"], outs["layer_major"])
+    assert torch.equal(pools["token_major"].kv_layer_view, pools["layer_major"].kv_layer_view)
+    ref_fb = make_batch(TorchNativeAttnBackend())
+    assert_close(outs["token_major"], ref_fb.attn_backend.forward(q, k, v, layer, ref_fb), torch.float32)
+
+
+@pytest.mark.parametrize("prefix,extend,dtype,layout", [([40, 7, 90], [1, 1, 1], torch.float32, "layer_major"),
+                                                        ([40, 0, 17], [1, 12, 1], torch.float32, "layer_major"),
+                                                        ([30, 65], [1, 1], torch.bfloat16, "layer_major"),
+                                                        ([40, 0, 17], [1, 12, 1], torch.float32, "token_major")])
+def test_fused_rope_kv_store_through_radix_attention(monkeypatch, prefix, extend, dtype, layout):
     """RadixAttention with rotary_emb: the Triton backend's fused RoPE + KV store (kernel forced on CPU tensors under
     the interpreter) equals RoPE-then-attention on torch_native and on the Triton backend with fused_rope=False:
     outputs within rounding, pools equal (fp32: bit for bit up to RoPE rounding), q/k/v inputs usable as strided
-    views of one qkv tensor."""
+    views of one qkv tensor; also into a token-major pool (strided K/V buffers, issue 24)."""
     from sglang.srt.layers import ops
     from sglang.srt.layers.rotary_embedding import get_rope
 
@@ -278,7 +305,7 @@ def test_fused_rope_kv_store_through_radix_attention(monkeypatch, prefix, extend
         with monkeypatch.context() as m:
             if force_kernel:
                 m.setattr(ops, "_triton", lambda t, name: ops._kernels(name))
-            fb = make_batch(backend)
+            fb = make_batch(backend, layout)
             x = qkv.clone()
             qv, kv_, vv = x[:, : nh * hd], x[:, nh * hd: (nh + nkv) * hd], x[:, (nh + nkv) * hd:]
             out = layer(qv, kv_, vv, fb, positions=positions, rotary_emb=rot)
@@ -364,3 +391,20 @@ def test_model_level_triton_fused_path_matches_torch_native(tmp_path, monkeypatc
             results.append(logits)
     for want, got in zip(*results):
         assert_close(got, want, torch.float32)
+
+
+def test_kernels_reject_a_non_contiguous_head_dim():
+    """The kernels take any slot/head strides (token-major pools) but index head_dim densely: a K/V buffer whose
+    last dim is strided is refused with a ValueError, never read wrong."""
+    from sgl_kernel.triton.decode_attention import decode_attention_fwd
+    from sgl_kernel.triton.extend_attention import extend_attention_fwd
+
+    q = torch.randn(1, 2, 8)
+    kb = torch.randn(6, 8, 2).transpose(1, 2)  # [slots, heads, head_dim] with head_dim strided
+    r2t = torch.zeros(1, 4, dtype=torch.int32)
+    one = torch.ones(1, dtype=torch.int64)
+    with pytest.raises(ValueError, match="contiguous"):
+        decode_attention_fwd(q, kb, kb, torch.empty_like(q), r2t, one - 1, one, 0.3, 1, torch.empty(1, 2, 1, 8),
+                             torch.empty(1, 2, 1))
+    with pytest.raises(ValueError, match="contiguous"):
+        extend_attention_fwd(q, torch.empty_like(q), kb, kb, r2t, one - 1, one - 1, one, one - 1, 1, 0.3)

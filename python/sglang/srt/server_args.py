@@ -112,6 +112,7 @@ class ServerArgs:
     disaggregation_push_wait_timeout: float = 0.5  # push: s a prefill request waits for its RoomRequest (0: never)
     disaggregation_verify: bool = False  # checksum each transferred request's KV (tests)
     disaggregation_nixl_threads: int = 0  # nixl/UCX: dedicated transfer threads a request's reads are split over
+    kv_cache_layout: str = "auto"  # auto | layer_major | token_major (see resolved_kv_cache_layout)
     # MegaScale-Infer attention/FFN disaggregation (MoE decode; docs/afd.md)
     enable_afd: bool = False
     afd_attention_workers: int = 1  # data parallel attention workers (each --tp ranks, its own requests and KV)
@@ -231,6 +232,9 @@ class ServerArgs:
         if self.disaggregation_push_wait_timeout < 0:
             bad("disaggregation-push-wait-timeout", self.disaggregation_push_wait_timeout,
                 "use a number of seconds >= 0 (0: prefill push-mode requests without waiting)")
+        if self.kv_cache_layout not in ("auto", "layer_major", "token_major"):
+            bad("kv-cache-layout", self.kv_cache_layout,
+                "use auto (token_major for pull-mode PD, else layer_major), layer_major or token_major")
         if self.disaggregation_mode != "null" and self.enable_overlap_schedule:
             bad("enable-overlap-schedule", True, "overlap scheduling is not supported with --disaggregation-mode yet")
 
@@ -299,6 +303,20 @@ class ServerArgs:
         import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"
+
+    @property
+    def resolved_kv_cache_layout(self) -> str:
+        """The KV pool's storage order (the one place it is chosen; both PD sides compute it alike):
+        ``--kv-cache-layout``, or for ``auto`` ``token_major`` when this is a prefill or decode server in pull mode
+        (the decode side reads a request's run of slots as ONE range across all layers: one transfer descriptor
+        per slot run instead of 2 x layers, KVDirect sec. 4.2, issue 24), else ``layer_major`` (aggregated
+        serving; push mode, whose layerwise WRITEs want one contiguous range per layer). Sides with different
+        layouts still move the right bytes (more descriptors). See
+        :class:`~sglang.srt.mem_cache.memory_pool.MHATokenToKVPool`."""
+        if self.kv_cache_layout != "auto":
+            return self.kv_cache_layout
+        pd_pull = self.disaggregation_mode in ("prefill", "decode") and self.disaggregation_transfer_mode == "pull"
+        return "token_major" if pd_pull else "layer_major"
 
     @property
     def resolved_tokenizer_path(self) -> str:

@@ -128,6 +128,11 @@ SERVER_ARGS_HELP: dict[str, str] = {
     "disaggregation_transfer_backend": "nixl|fake: the one-sided KV transport (fake: in-host test transport).",
     "disaggregation_transfer_mode": "pull (decode reads the KV once the prefill is done; KVDirect) or push (prefill "
     "writes into blocks the decode side preallocated). Both sides must agree.",
+    "kv_cache_layout": "auto|layer_major|token_major: storage order of the KV cache. layer_major = [layer, K/V, "
+    "slot, head, head_dim] (one range per layer: aggregated serving, push-mode layerwise WRITEs); token_major = "
+    "[slot, layer, K/V, head, head_dim] (a run of slots is one range across all layers: one transfer descriptor per "
+    "slot run instead of 2 x layers for pull-mode PD). auto: token_major for --disaggregation-mode prefill/decode "
+    "with --disaggregation-transfer-mode pull, else layer_major. Sides with different layouts still work.",
     "disaggregation_verify": "Checksum every transferred request's KV per (layer, K/V, head) on both sides; a mismatch "
     "fails the request.",
     "enable_afd": "MegaScale-Infer attention/FFN disaggregation for MoE models: attention workers (attention, dense "

@@ -26,7 +26,8 @@ from sglang.srt.disaggregation.slot_plan import kv_head_range
 
 logger = logging.getLogger(__name__)
 # --disaggregation-nixl-threads > 0: a transfer of at least this many descriptors is split over the threads (NIXL UCX
-# split_batch_size; a 1K-token Llama-3.1-8B pull is 64 descriptors, one per (layer, K/V))
+# split_batch_size; a 1K-token Llama-3.1-8B pull is 64 descriptors, one per (layer, K/V), with layer-major pools, and
+# one per slot run with token-major ones, --kv-cache-layout)
 NIXL_SPLIT_BATCH = 8
 
 
@@ -204,7 +205,7 @@ class DisaggAgent:
         """crc32 of the KV at ``slots`` for every (layer, K/V, local head), layer-major (``--disaggregation-verify``)."""
         pool = self.kv.token_to_kv_pool
         idx = torch.tensor(list(slots), dtype=torch.int64, device=pool.kv_data.device)
-        sel = pool.kv_data.index_select(2, idx).cpu()  # [layer, 2, n, head, head_dim]
+        sel = pool.kv_layer_view.index_select(2, idx).cpu()  # [layer, 2, n, head, head_dim], any storage order
         out = []
         for layer in range(sel.shape[0]):
             for kv in range(2):

@@ -356,7 +356,7 @@ class DecodeConnector(BaseConnector):
                                             for j in range(3))
         for room in done:  # staged rows -> KV slots (heterogeneous TP), before verification and decoding
             r = self.rooms[room]
-            self.stager.unstage(self.kv.token_to_kv_pool.kv_data, r.stage, r.staged, r.loc)
+            self.stager.unstage(self.kv.token_to_kv_pool.kv_layer_view, r.stage, r.staged, r.loc)
             r.stage = None
         if done and self.args.disaggregation_verify:
             oks = self.agent.agree([1 if self._verify(self.rooms[room]) else 0 for room in done])

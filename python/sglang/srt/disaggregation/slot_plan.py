@@ -88,18 +88,24 @@ def plan_slot_copies(src: KVRegionDescriptor, src_heads: tuple[int, int], src_sl
     the tokens at ``src_slots[i] -> dst_slots[i]``, for the global KV heads both sides hold.
 
     ``src_heads`` / ``dst_heads``: global head ranges ``[lo, hi)`` of the two regions (local head 0 is
-    global head ``lo``); ``heads``: move only these global heads (default: all both hold). Rows are layer-major (all of layer 0 first, which push mode writes first), then
-    K/V, then token order, and merged by :func:`~sglang.srt.disaggregation.transfer.kv_plan.coalesce_array`
-    when both the source and the destination continue the previous copy (KVDirect sec. 4.2's rule);
-    ``coalesce=False`` keeps one row per (layer, K/V, run of tokens whose slots continue on both sides and whose
-    copied bytes fill the slot rows on both sides), else per (layer, K/V, token); the pull path hands those rows to
-    the :class:`~sglang.srt.disaggregation.transfer.queue.TransferQueue`, which coalesces the rest when it pops them.
-    Merging token runs before building the rows (O(tokens), not O(layers x tokens)) gives the same copies as
-    coalescing the per-token rows: for a 1024-token Llama-3.1-8B prompt 64 rows instead of 65,536 rows coalesced
-    (~3 ms of host time per request on the decode side's hand-off, issue 24).
-    Vectorized (numpy): thousands of tokens x layers cost milliseconds. Empty ``[0, 3]`` when the head
-    ranges do not overlap. For a read, pass the rows as ``(remote, local, nbytes)``; for a write, swap the
-    first two columns.
+    global head ``lo``); ``heads``: move only these global heads (default: all both hold).
+
+    Layout-generic (any storage order the descriptors publish, by dim name): the unit is the moved heads of one
+    (layer, K/V, token). Units merge along a dim when its stride equals the bytes merged so far on **both** sides,
+    innermost first: K/V, then layer (by source stride), then runs of tokens whose slots continue on both sides
+    (:func:`_token_runs`). Two token-major regions (``[slot, layer, kv, head, head_dim]``) moving all the heads
+    of each slot therefore get ONE row per slot run covering every layer (a 1024-token Llama-3.1-8B prompt in
+    one slot run: 1 row instead of 64, issue 24: UCX handles NIXL descriptors serially at ~10 us each);
+    layer-major ones one row per (layer, K/V, slot run) (64); mixed layouts or a head sub-range one row per
+    (layer, K/V, token) (correct, just more rows). Rows are ordered by the unmerged of (layer, K/V), layer
+    outermost (all of layer 0 first, which push mode writes first), then by token; merging token runs before
+    building rows costs O(runs), not O(layers x tokens) (65,536 rows coalesced were ~3 ms of host time per
+    request). ``coalesce=True`` additionally merges consecutive rows by
+    :func:`~sglang.srt.disaggregation.transfer.kv_plan.coalesce_array` (KVDirect sec. 4.2's rule: both the
+    source and the destination continue the previous copy); the pull path passes False and lets the
+    :class:`~sglang.srt.disaggregation.transfer.queue.TransferQueue` coalesce when it pops them.
+    Vectorized (numpy). Empty ``[0, 3]`` when the head ranges do not overlap. For a read, pass the rows as
+    ``(remote, local, nbytes)``; for a write, swap the first two columns.
 
     Raises:
         ValueError: mismatched slot lists, a different layer count / head_dim / dtype on the two sides,
@@ -127,18 +133,25 @@ def plan_slot_copies(src: KVRegionDescriptor, src_heads: tuple[int, int], src_sl
     for arr, d, side in ((ss, src, "source"), (ds, dst, "destination")):
         if arr.min() < 0 or arr.max() >= d.size("slot"):
             raise ValueError(f"{side} slots must lie in [0, {d.size('slot')}); got [{arr.min()}, {arr.max()}]")
-    layers = np.arange(src.size("layer"), dtype=np.int64)
-    nbytes = (hi - lo) * src.stride_bytes("head")
-    ss, ds, sizes = _token_runs(ss, ds, nbytes, src.stride_bytes("slot"), dst.stride_bytes("slot"))
+    piece = (hi - lo) * src.stride_bytes("head")
+    loops = []  # the (layer, K/V) dims that stay separate rows
+    for name in sorted(("kv", "layer"), key=src.stride_bytes):
+        if not loops and src.stride_bytes(name) == piece == dst.stride_bytes(name):
+            piece *= src.size(name)  # this dim continues the piece on both sides: one row covers all of it
+        else:
+            loops.append(name)
+    loops = [d for d in ("layer", "kv") if d in loops]  # layer outermost
+    ss, ds, sizes = _token_runs(ss, ds, piece, src.stride_bytes("slot"), dst.stride_bytes("slot"))
 
-    def addrs(d: KVRegionDescriptor, heads_lo: int, slots: np.ndarray) -> np.ndarray:  # [L * 2 * runs]
+    def addrs(d: KVRegionDescriptor, heads_lo: int, slots: np.ndarray) -> np.ndarray:  # [prod(loops) * runs]
+        off = np.zeros(1, dtype=np.int64)
+        for name in loops:
+            off = (off[:, None] + np.arange(d.size(name), dtype=np.int64)[None, :] * d.stride_bytes(name)).reshape(-1)
         base = d.base_address + (lo - heads_lo) * d.stride_bytes("head")
-        return (base + layers[:, None, None] * d.stride_bytes("layer")
-                + np.arange(2, dtype=np.int64)[None, :, None] * d.stride_bytes("kv")
-                + slots[None, None, :] * d.stride_bytes("slot")).reshape(-1)
+        return (base + off[:, None] + slots[None, :] * d.stride_bytes("slot")).reshape(-1)
 
-    rows = np.stack([addrs(src, src_heads[0], ss), addrs(dst, dst_heads[0], ds),
-                     np.tile(sizes, len(layers) * 2)], axis=1)
+    n_loop = int(np.prod([src.size(d) for d in loops])) if loops else 1
+    rows = np.stack([addrs(src, src_heads[0], ss), addrs(dst, dst_heads[0], ds), np.tile(sizes, n_loop)], axis=1)
     return coalesce_array(rows) if coalesce else rows
 
 
@@ -146,8 +159,8 @@ def _token_runs(ss: np.ndarray, ds: np.ndarray, nbytes: int, src_slot_stride: in
                 dst_slot_stride: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(first source slot, first destination slot, bytes)`` per run of tokens ``i`` whose slots continue on both
     sides (``ss[i] == ss[i-1] + 1`` and ``ds[i] == ds[i-1] + 1``), ``int64 [runs]`` each. Runs merge only where one
-    token's ``nbytes`` fill a whole slot row on both sides (else consecutive tokens leave gaps): then one token per
-    run, ``nbytes`` each."""
+    token's ``nbytes`` (its piece, possibly already covering every layer and K/V) span the whole slot stride on both
+    sides (else consecutive tokens leave gaps): otherwise one token per run, ``nbytes`` each."""
     if nbytes != src_slot_stride or nbytes != dst_slot_stride or len(ss) <= 1:
         return ss, ds, np.full(len(ss), nbytes, dtype=np.int64)
     start = np.ones(len(ss), dtype=bool)
@@ -158,8 +171,16 @@ def _token_runs(ss: np.ndarray, ds: np.ndarray, nbytes: int, src_slot_stride: in
 
 
 def copies_by_layer(copies: np.ndarray, desc: KVRegionDescriptor, side: int = 0) -> list[np.ndarray]:
-    """Split the rows of :func:`plan_slot_copies` per layer of ``desc`` (the region of column ``side``:
-    0 = source, 1 = destination), by each row's start address."""
+    """Split the rows of :func:`plan_slot_copies` by the last layer of ``desc`` each row touches (the region of
+    column ``side``: 0 = source, 1 = destination), so a layerwise push posts a row once every layer it covers is
+    stored. Layout-generic: the layer of a byte offset ``o`` is ``(o // layer stride) % layers`` for any dense
+    storage order; a row that wraps past layer ``layers - 1`` (a token-major row covering all layers of a slot
+    run) belongs to the last layer. Layer-major regions give one row group per layer; token-major ones whose rows
+    cover all layers post everything with the last layer (correct, no overlap: push mode picks layer_major)."""
     per = desc.stride_bytes("layer")
-    layer = np.minimum((copies[:, side] - desc.base_address) // per, desc.size("layer") - 1)
-    return [copies[layer == i] for i in range(desc.size("layer"))]
+    n_layers = desc.size("layer")
+    first = copies[:, side] - desc.base_address
+    last = first + copies[:, 2] - 1
+    period = per * n_layers  # the layer index repeats with this period (once for layer-major regions)
+    layer = np.where(first // period != last // period, n_layers - 1, (last // per) % n_layers)
+    return [copies[layer == i] for i in range(n_layers)]

@@ -1,6 +1,7 @@
 """Staged pull for heterogeneous TP (KVDirect, Chen et al. 2024, sec. 4.1-4.2, with prefill TP != decode TP).
 
-The KV pool is token-major (``[layer, K/V, slot, head, head_dim]``): when a decode rank holds a different head
+With the layer-major KV pool (``[layer, K/V, slot, head, head_dim]``; token-major pools likewise have a slot's
+heads dense), when a decode rank holds a different head
 range than the prefill rank it reads from (e.g. prefill TP 1 -> decode TP 2: each decode rank holds half of the
 heads), the bytes it needs are one short piece per (layer, K/V, token), strided on at least one side, and no two
 pieces coalesce: 131,072 READs of 1 KiB for a 1024-token Llama-3.1-8B prompt (measured: 1.4 s per request on
@@ -29,6 +30,7 @@ import torch
 
 from sglang.srt.disaggregation.slot_plan import assign_sources, plan_slot_copies
 from sglang.srt.mem_cache.kv_descriptor import KVRegionDescriptor
+from sglang.srt.mem_cache.memory_pool import LAYER_VIEW_DIMS
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +44,21 @@ def needs_staging(src_heads: tuple[int, int], dst_heads: tuple[int, int], heads:
 
 
 def row_bytes(src: KVRegionDescriptor) -> int:
-    """Bytes of one (layer, K/V, token) row of ``src`` (all its heads); 0 when its rows are not dense (then
-    staging is not used)."""
+    """Bytes of one (layer, K/V, token) row of ``src`` (all its heads, any storage order); 0 when a row's
+    ``(head, head_dim)`` are not dense (then staging is not used)."""
     row = src.size("head") * src.stride_bytes("head")
-    return row if src.stride_bytes("slot") == row else 0
+    item = src.itemsize
+    dense = src.stride_bytes("head_dim") == item and src.stride_bytes("head") == src.size("head_dim") * item
+    return row if dense else 0
+
+
+def _dense_strides(dims: Sequence[str], extent: dict) -> tuple[int, ...]:
+    """Row-major element strides of a dense tensor with dims ``dims`` (outermost first) of sizes ``extent``."""
+    out, step = [], 1
+    for d in reversed(dims):
+        out.append(step)
+        step *= extent[d]
+    return tuple(reversed(out))
 
 
 def room_staging_bytes(src_ranks: Sequence[dict], dst_ranks: Sequence[dict], num_tokens: int) -> int:
@@ -137,43 +150,48 @@ class StagingArea:
 
 def plan_staged_reads(src: KVRegionDescriptor, src_heads: tuple[int, int], src_slots: Sequence[int],
                       stage_addr: int) -> np.ndarray:
-    """READ rows ``int64 [L * 2 * T, 3] = (remote, local, nbytes)`` of the whole source rows of ``src_slots`` into
-    a staging chunk at ``stage_addr`` laid out ``[layer, K/V, token, source head, head_dim]`` (dense), one row per
-    (layer, K/V, run of consecutive prefill slots), layer-major: a whole source row fills a staging slot and the
-    staging side is always contiguous, so :func:`plan_slot_copies` merges each run (``L * 2 * runs`` rows)."""
-    t, nh = len(src_slots), src.size("head")
-    shape = (src.size("layer"), 2, t, nh, src.size("head_dim"))
-    strides = (2 * t * nh * shape[4], t * nh * shape[4], nh * shape[4], shape[4], 1)
+    """READ rows ``int64 [N, 3] = (remote, local, nbytes)`` of the whole source rows of ``src_slots`` into a staging
+    chunk at ``stage_addr``, laid out dense in the **source's** storage order (``src.dims``, slot extent
+    ``len(src_slots)``): a whole source row fills a staging row and the staging side is always contiguous, so
+    :func:`plan_slot_copies` merges each run of consecutive prefill slots (layer-major source: one row per
+    (layer, K/V, run); token-major source: one row per run)."""
+    t = len(src_slots)
+    extent = {d: src.size(d) for d in src.dims}
+    extent["slot"] = t
     stage = KVRegionDescriptor(base_address=stage_addr, device=src.device, dtype=src.dtype, itemsize=src.itemsize,
-                               dims=("layer", "kv", "slot", "head", "head_dim"), shape=shape, strides=strides,
-                               page_size=1)
+                               dims=src.dims, shape=tuple(extent[d] for d in src.dims),
+                               strides=_dense_strides(src.dims, extent), page_size=1)
     return plan_slot_copies(src, src_heads, src_slots, stage, src_heads, range(t), coalesce=False)
 
 
-def unstage(kv_data: torch.Tensor, area: StagingArea, offset: int, num_tokens: int, src_heads: tuple[int, int],
-            heads: tuple[int, int], dst_heads: tuple[int, int], loc: torch.Tensor) -> None:
+def unstage(kv_layer_view: torch.Tensor, area: StagingArea, offset: int, num_tokens: int, src_heads: tuple[int, int],
+            heads: tuple[int, int], dst_heads: tuple[int, int], loc: torch.Tensor,
+            stage_dims: Sequence[str] = LAYER_VIEW_DIMS) -> None:
     """Copy the global heads ``heads`` of a staged chunk into the decode KV slots ``loc`` (on the current stream).
 
     Args:
-        kv_data: the decode pool's ``[layer, 2, slots, local heads, head_dim]`` tensor (its device and dtype).
-        area / offset: the staging chunk holding ``[layer, 2, num_tokens, source heads, head_dim]``.
+        kv_layer_view: the decode pool's ``kv_layer_view``, ``[layer, 2, slots, local heads, head_dim]`` whatever
+            its storage order (its device and dtype; a strided view is fine).
+        area / offset: the staging chunk holding ``num_tokens`` tokens of ``source heads``, dense in the order
+            ``stage_dims`` (the source region's dims, see :func:`plan_staged_reads`).
         src_heads / dst_heads: global head ranges the source / this rank hold; heads: the ones to copy.
-        loc: ``int64 [num_tokens]`` decode slots, on ``kv_data``'s device.
+        loc: ``int64 [num_tokens]`` decode slots, on ``kv_layer_view``'s device.
     """
-    n_layers, _, _, _, hd = kv_data.shape
-    nh_src = src_heads[1] - src_heads[0]
-    count = n_layers * 2 * num_tokens * nh_src * hd
-    esz = kv_data.element_size()
-    staged = area.buf[offset:offset + count * esz].view(kv_data.dtype).view(n_layers, 2, num_tokens, nh_src, hd)
+    n_layers, _, _, _, hd = kv_layer_view.shape
+    extent = {"layer": n_layers, "kv": 2, "slot": num_tokens, "head": src_heads[1] - src_heads[0], "head_dim": hd}
+    count = int(np.prod([extent[d] for d in stage_dims]))
+    esz = kv_layer_view.element_size()
+    staged = area.buf[offset:offset + count * esz].view(kv_layer_view.dtype).view([extent[d] for d in stage_dims])
+    staged = staged.permute([list(stage_dims).index(d) for d in LAYER_VIEW_DIMS])  # [layer, 2, token, heads, hd]
     part = staged[:, :, :, heads[0] - src_heads[0]:heads[1] - src_heads[0]]
-    dst = kv_data[:, :, :, heads[0] - dst_heads[0]:heads[1] - dst_heads[0]]
-    dst.index_copy_(2, loc.to(kv_data.device), part)
+    dst = kv_layer_view[:, :, :, heads[0] - dst_heads[0]:heads[1] - dst_heads[0]]
+    dst.index_copy_(2, loc.to(kv_layer_view.device), part)
 
 
 class Stager:
     """The decode rank's staged-pull bookkeeping (one per :class:`~sglang.srt.disaggregation.decode.DecodeConnector`):
     the lazily created :class:`StagingArea` and, per room, its chunk ``(offset, nbytes)`` and the staged sources
-    ``[(chunk offset, source heads, moved heads, bytes)]``.
+    ``[(chunk offset, source heads, moved heads, bytes, source dims)]``.
 
     Args:
         backend: the rank's transfer backend; desc: the rank's KV region; heads: global heads this rank holds;
@@ -211,14 +229,15 @@ class Stager:
             return plan_slot_copies(src, src_heads, src_slots, self.desc, self.heads, dst_slots, heads=heads,
                                     coalesce=False)
         off = chunk[0] + sum(e[3] for e in staged)  # sources one after the other in the chunk
-        staged.append((off, src_heads, heads, src.size("layer") * 2 * len(src_slots) * row_bytes(src)))
+        staged.append((off, src_heads, heads, src.size("layer") * 2 * len(src_slots) * row_bytes(src), src.dims))
         return plan_staged_reads(src, src_heads, src_slots, self.area.base_address + off)
 
-    def unstage(self, kv_data: torch.Tensor, chunk: Optional[tuple[int, int]], staged: list,
+    def unstage(self, kv_layer_view: torch.Tensor, chunk: Optional[tuple[int, int]], staged: list,
                 loc: torch.Tensor) -> None:
-        """Copy this rank's heads of every staged source into ``loc`` (:func:`unstage`), then free the chunk."""
-        for off, src_heads, heads, _ in staged:
-            unstage(kv_data, self.area, off, len(loc), src_heads, heads, self.heads, loc)
+        """Copy this rank's heads of every staged source into ``loc`` (:func:`unstage`; ``kv_layer_view``: the pool's
+        ``[layer, 2, slot, head, head_dim]`` view), then free the chunk."""
+        for off, src_heads, heads, _, dims in staged:
+            unstage(kv_layer_view, self.area, off, len(loc), src_heads, heads, self.heads, loc, dims)
         self.free(chunk)
 
     def free(self, chunk: Optional[tuple[int, int]]) -> None:

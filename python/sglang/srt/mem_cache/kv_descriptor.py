@@ -5,9 +5,10 @@ turns "page p of layer l, K or V, heads [h0, h1)" into byte ranges by index x st
 no round trip per block. This module is pure Python (no torch), so transfer engines and routers can use
 it without the model stack.
 
-Our pools use dims ``("layer", "kv", "slot", "head", "head_dim")`` (see
-:class:`~sglang.srt.mem_cache.memory_pool.MHATokenToKVPool`); pages are ``page_size`` consecutive slots,
-page 0 being the reserved dummy page.
+Our pools use dims ``("layer", "kv", "slot", "head", "head_dim")`` (layer-major) or ``("slot", "layer", "kv",
+"head", "head_dim")`` (token-major; see :class:`~sglang.srt.mem_cache.memory_pool.MHATokenToKVPool` and
+``--kv-cache-layout``); consumers address by dim name, never by position. Pages are ``page_size`` consecutive
+slots, page 0 being the reserved dummy page.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ class KVRegionDescriptor:
     """One contiguous KV region.
 
     Attributes:
-        base_address: address of element ``[0, 0, 0, 0, 0]`` (host or device pointer, bytes).
+        base_address: address of the element at index 0 of every dim (host or device pointer, bytes).
         device: "cpu" or "cuda:N" (where the address is valid).
         dtype: storage dtype name ("bfloat16", "float32", "uint8" for FP8 caches, ...).
         itemsize: bytes per element.
@@ -121,8 +122,10 @@ class KVRegionDescriptor:
         """Byte ranges ``[(address, nbytes), ...]`` holding page ``page`` of ``layer``, K (``kv=0``) or V (1),
         heads ``[head_lo, head_hi)`` (``head_hi=-1``: all heads), in slot order.
 
-        A page of all heads in our layout is one range; a head sub-range is one range per slot (a
-        strided read), merged where the layout makes them adjacent.
+        A page of all heads in the layer-major layout is one range; in the token-major layout, or for a head
+        sub-range, one range per slot (a strided read), merged where the layout makes them adjacent (a token-major
+        run of slots is one range across all layers only when read as a whole: see
+        :func:`~sglang.srt.disaggregation.slot_plan.plan_slot_copies`).
         Raises:
             ValueError: an index or head range out of bounds.
         """

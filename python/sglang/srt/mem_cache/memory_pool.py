@@ -4,7 +4,7 @@ Two-level mapping used by SGLang (and vLLM's PagedAttention, Kwon et al. 2023, s
 
 * ``ReqToTokenPool``: one row per running request; entry ``[r, p]`` is the KV slot that
   holds position ``p`` of request ``r``.
-* ``MHATokenToKVPool``: per layer, a K and a V buffer indexed by KV slot.
+* ``MHATokenToKVPool``: per layer, a K and a V buffer indexed by KV slot (layer-major or token-major storage).
 
 Slot bookkeeping (which slots are free) lives in ``allocator.TokenToKVPoolAllocator``.
 """
@@ -153,18 +153,41 @@ class ReqToTokenPool:
         self._is_free = [True] * self.size
 
 
+#: Storage orders of :class:`MHATokenToKVPool` (dimension names, outermost first; see its docstring).
+KV_LAYOUTS = {
+    "layer_major": ("layer", "kv", "slot", "head", "head_dim"),
+    "token_major": ("slot", "layer", "kv", "head", "head_dim"),
+}
+#: The order :attr:`MHATokenToKVPool.kv_layer_view` presents, whatever the storage order.
+LAYER_VIEW_DIMS = KV_LAYOUTS["layer_major"]
+
+
 class MHATokenToKVPool:
     """Per-layer K and V buffers for multi-head (incl. grouped-query) attention, in one contiguous region.
 
-    Layout: one tensor ``kv_data`` of shape ``[layer_num, 2, size + page_size, head_num, head_dim]``
-    (dims ``layer, kv, slot, head, head_dim``; kv 0 = K, 1 = V), row-major, so the K (or V) of one page
-    of one layer is one contiguous run of ``page_size * head_num * head_dim`` elements and consecutive
-    pages are adjacent. :meth:`describe` publishes this layout (KVDirect's tensor-centric metadata).
-    Buffers: ``k_buffer[l] = kv_data[l, 0]`` and ``v_buffer[l] = kv_data[l, 1]`` are contiguous views of shape
-    ``[size + page_size, head_num, head_dim]``,
-    dtype ``dtype`` (FP8 dtypes are stored as uint8 and viewed back on read, because indexed writes
-    into float8 tensors are not supported everywhere), on ``device``. Slots ``0 .. page_size-1`` form a
-    reserved dummy page used for padding writes; the allocator never hands them out.
+    Storage: one row-major tensor ``kv_data`` whose dims (kv 0 = K, 1 = V) depend on ``layout``:
+
+    * ``"layer_major"`` (default, aggregated serving and push-mode PD): ``[layer_num, 2, size + page_size,
+      head_num, head_dim]``. The K (or V) of one page of one layer is one contiguous run of
+      ``page_size * head_num * head_dim`` elements, so a layer's KV of a request is one range per K/V (what a
+      layerwise push WRITEs as soon as that layer is stored).
+    * ``"token_major"`` (pull-mode PD): ``[size + page_size, layer_num, 2, head_num, head_dim]``. The KV of one
+      slot across **all** layers is one contiguous run of ``layer_num * 2 * head_num * head_dim`` elements, so a
+      request's run of consecutive slots is ONE byte range: one transfer descriptor per slot run instead of
+      ``2 * layer_num`` (64 for Llama-3.1-8B). Why: UCX handles NIXL descriptors one after the other at ~9-10 us
+      each (issue 24, ``benchmark/bench_nixl_read.py``); KVDirect (Chen et al. 2024, sec. 4.2) coalesces reads
+      for the same reason.
+
+    :meth:`describe` publishes the storage order and strides (KVDirect's tensor-centric metadata), so a peer
+    with the other layout still computes correct byte ranges (just more of them). Buffers, whatever the
+    layout: ``kv_layer_view`` is ``kv_data`` viewed as ``[layer_num, 2, size + page_size, head_num, head_dim]``
+    (a permutation, not a copy), ``k_buffer[l] = kv_layer_view[l, 0]`` and ``v_buffer[l] = kv_layer_view[l, 1]``
+    are views of shape ``[size + page_size, head_num, head_dim]`` with ``(head, head_dim)`` dense and a slot
+    stride of ``head_num * head_dim`` elements (layer_major, contiguous) or ``layer_num * 2 * head_num *
+    head_dim`` (token_major, strided); consumers (attention kernels, indexed stores) must use their strides.
+    dtype ``dtype`` (FP8 dtypes are stored as uint8 and viewed back on read, because indexed writes into float8
+    tensors are not supported everywhere), on ``device``. Slots ``0 .. page_size-1`` form a reserved dummy page
+    used for padding writes; the allocator never hands them out.
 
     Args:
         size: number of usable token slots (the allocator uses ``size // page_size`` whole pages).
@@ -174,17 +197,21 @@ class MHATokenToKVPool:
         head_dim: head dimension.
         layer_num: number of attention layers held by this rank.
         device: buffer device.
+        layout: ``"layer_major"`` or ``"token_major"`` (a key of :data:`KV_LAYOUTS`; chosen by
+            ``ServerArgs.resolved_kv_cache_layout``, ``--kv-cache-layout``).
 
     Raises:
-        ValueError: any size argument is not positive.
+        ValueError: any size argument is not positive, or an unknown ``layout``.
     """
 
     def __init__(self, size: int, page_size: int, dtype: torch.dtype, head_num: int, head_dim: int,
-                 layer_num: int, device: Union[str, torch.device]):
+                 layer_num: int, device: Union[str, torch.device], layout: str = "layer_major"):
         for name, val in (("size", size), ("page_size", page_size), ("head_num", head_num),
                           ("head_dim", head_dim), ("layer_num", layer_num)):
             if val <= 0:
                 raise ValueError(f"MHATokenToKVPool {name}={val} must be > 0")
+        if layout not in KV_LAYOUTS:
+            raise ValueError(f"MHATokenToKVPool layout={layout!r}: use one of {sorted(KV_LAYOUTS)}")
         self.size = size
         self.page_size = page_size
         self.dtype = dtype
@@ -193,16 +220,20 @@ class MHATokenToKVPool:
         self.head_dim = head_dim
         self.layer_num = layer_num
         self.device = torch.device(device)
-        self.kv_data = torch.zeros((layer_num, 2, size + page_size, head_num, head_dim), dtype=self.store_dtype,
-                                   device=self.device)
-        self.k_buffer = [self.kv_data[layer, 0] for layer in range(layer_num)]
-        self.v_buffer = [self.kv_data[layer, 1] for layer in range(layer_num)]
-        logger.info("KV pool: %d slots x %d layers, %.2f GiB (%s)", size, layer_num,
-                    self.kv_size_bytes() / 2**30, dtype)
+        self.layout = layout
+        self.dims = KV_LAYOUTS[layout]
+        extent = {"layer": layer_num, "kv": 2, "slot": size + page_size, "head": head_num, "head_dim": head_dim}
+        self.kv_data = torch.zeros([extent[d] for d in self.dims], dtype=self.store_dtype, device=self.device)
+        self.kv_layer_view = self.kv_data.permute([self.dims.index(d) for d in LAYER_VIEW_DIMS])
+        self.k_buffer = [self.kv_layer_view[layer, 0] for layer in range(layer_num)]
+        self.v_buffer = [self.kv_layer_view[layer, 1] for layer in range(layer_num)]
+        logger.info("KV pool: %d slots x %d layers, %.2f GiB (%s), %s layout %s", size, layer_num,
+                    self.kv_size_bytes() / 2**30, dtype, layout, self.dims)
 
     @staticmethod
     def bytes_per_token(head_num: int, head_dim: int, layer_num: int, dtype: torch.dtype) -> int:
-        """Bytes of K plus V per token slot across all layers (use to size the pool from a memory budget)."""
+        """Bytes of K plus V per token slot across all layers (use to size the pool from a memory budget; the same
+        for every layout)."""
         elem = torch.empty((), dtype=dtype).element_size()
         return 2 * head_num * head_dim * layer_num * elem
 
@@ -212,14 +243,14 @@ class MHATokenToKVPool:
 
     def describe(self) -> "KVRegionDescriptor":
         """KVDirect's tensor-centric description of the region (Chen et al. 2024, sec. 4.1, Fig. 5): base
-        address, dimension names, shape and strides, so a peer can compute the bytes of any
-        (page, layer, K/V, head range) itself (see :mod:`sglang.srt.mem_cache.kv_descriptor`)."""
+        address, dimension names in storage order (``self.dims``), shape and strides, so a peer can compute the
+        bytes of any (slot, layer, K/V, head range) itself (see :mod:`sglang.srt.mem_cache.kv_descriptor`)."""
         from sglang.srt.mem_cache.kv_descriptor import KVRegionDescriptor
 
         t = self.kv_data
         return KVRegionDescriptor(
             base_address=t.data_ptr(), device=str(self.device), dtype=str(self.store_dtype).replace("torch.", ""),
-            itemsize=t.element_size(), dims=("layer", "kv", "slot", "head", "head_dim"), shape=tuple(t.shape),
+            itemsize=t.element_size(), dims=self.dims, shape=tuple(t.shape),
             strides=tuple(t.stride()), page_size=self.page_size)
 
     def _check_layer(self, layer_id: int) -> None:
@@ -227,13 +258,14 @@ class MHATokenToKVPool:
             raise ValueError(f"layer_id={layer_id} out of range [0, {self.layer_num})")
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
-        """K buffer of a layer, ``[size + page_size, head_num, head_dim]`` in ``dtype``."""
+        """K buffer of a layer, ``[size + page_size, head_num, head_dim]`` in ``dtype`` (a strided view, see the
+        class doc)."""
         self._check_layer(layer_id)
         buf = self.k_buffer[layer_id]
         return buf.view(self.dtype) if self.store_dtype != self.dtype else buf
 
     def get_value_buffer(self, layer_id: int) -> torch.Tensor:
-        """V buffer of a layer, ``[size + page_size, head_num, head_dim]`` in ``dtype``."""
+        """V buffer of a layer, ``[size + page_size, head_num, head_dim]`` in ``dtype`` (a strided view)."""
         self._check_layer(layer_id)
         buf = self.v_buffer[layer_id]
         return buf.view(self.dtype) if self.store_dtype != self.dtype else buf

@@ -152,10 +152,12 @@ class ModelRunner:
                     self.role_spec.role.value, self.param_bytes, self.param_bytes / 2**20, self.kv_bytes,
                     self.kv_bytes / 2**20)
         logger.info(
-            "model %s loaded on %s (%s, role %s, TP rank %d/%d, %d local KV heads); KV cache %d tokens (%.1f MiB), "
+            "model %s loaded on %s (%s, role %s, TP rank %d/%d, %d local KV heads); KV cache %d tokens (%.1f MiB, "
+            "%s layout, --kv-cache-layout %s), "
             "max running requests %d; attention backend %s, executor %s, CUDA graphs %s", model_config.architecture,
             self.device, model_config.dtype, self.role_spec.role.value, self.tp_rank, self.tp_size, self.num_kv_heads,
             self.max_total_tokens, self.token_to_kv_pool.kv_size_bytes() / 2**20 if self.kv_cache else 0.0,
+            self.token_to_kv_pool.layout if self.kv_cache else "-", server_args.kv_cache_layout,
             self.max_running_requests,
             self.attention_backend_name, self.executor.name,
             f"up to batch {self.cuda_graph_runner.max_bs}" if self.cuda_graph_runner else "off",
@@ -196,7 +198,8 @@ class ModelRunner:
         return KVCache.create(max_total_tokens=tokens, page_size=self.page_size, dtype=mc.dtype,
                               head_num=self.num_kv_heads, head_dim=mc.head_dim, layer_num=mc.num_hidden_layers,
                               req_rows=self.max_running_requests + 2, max_context_len=mc.context_len + 8,
-                              device=self.device, disable_radix_cache=args.disable_radix_cache)
+                              device=self.device, disable_radix_cache=args.disable_radix_cache,
+                              layout=args.resolved_kv_cache_layout)
 
     # ---- the KV cache's parts, for worker-side code (CUDA graphs, bench_one_batch); the scheduler uses kv_cache
     @property

@@ -258,7 +258,8 @@ def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tens
     Args:
         q: [bs, num_heads, head_dim] (fp16/bf16/fp32; last dim contiguous).
         k_buf, v_buf: [slots, num_kv_heads, head_dim] KV pool buffers (any float dtype incl. fp8,
-            cast to q's dtype on load); the new token's K/V must already be written.
+            cast to q's dtype on load; slot and head strides are passed to the kernel, so strided views such as a
+            token-major pool's work; last dim contiguous); the new token's K/V must already be written.
         out: [bs, num_heads, head_dim] output (any float dtype; last dim contiguous).
         req_to_token: [rows, max_context] int32/int64; req_pool_indices [bs] and seq_lens [bs]
             integer device tensors (seq_lens counts the new token; each >= 1).
@@ -283,9 +284,11 @@ def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tens
     bs, nh, hd = q.shape
     nkv = k_buf.shape[1]
     check_cuda_or_interpret(q, k_buf, v_buf, out, req_to_token, what="decode_attention_fwd")
-    if nh % nkv or k_buf.shape[2] != hd or v_buf.shape != k_buf.shape or tuple(out.shape) != (bs, nh, hd):
+    if nh % nkv or k_buf.shape[2] != hd or v_buf.shape != k_buf.shape or tuple(out.shape) != (bs, nh, hd) \
+            or k_buf.stride(2) != 1 or v_buf.stride(2) != 1:
         raise ValueError(f"decode_attention_fwd: q {tuple(q.shape)}, k_buf {tuple(k_buf.shape)}, "
-                         f"v_buf {tuple(v_buf.shape)}, out {tuple(out.shape)} are inconsistent")
+                         f"v_buf {tuple(v_buf.shape)}, out {tuple(out.shape)} are inconsistent (or a K/V buffer's "
+                         "head_dim is not contiguous)")
     if num_kv_splits < 1 or mid_o.shape[0] < bs or mid_o.shape[2] < num_kv_splits or mid_o.shape[1] != nh \
             or mid_o.shape[3] != hd or mid_lse.shape[0] < bs or mid_lse.shape[2] < num_kv_splits:
         raise ValueError(f"decode_attention_fwd: workspace {tuple(mid_o.shape)}/{tuple(mid_lse.shape)} too small "

@@ -223,8 +223,9 @@ def extend_attention_fwd(q: torch.Tensor, out: torch.Tensor, k_buf: torch.Tensor
     Args:
         q: [N, num_heads, head_dim] queries of all new tokens, request after request (last dim contiguous).
         out: [N, num_heads, head_dim] output (any float dtype).
-        k_buf, v_buf: [slots, num_kv_heads, head_dim] pool buffers; positions ``0 .. prefix+extend-1`` of
-            every request must already hold K/V (new tokens included).
+        k_buf, v_buf: [slots, num_kv_heads, head_dim] pool buffers (slot and head strides free, e.g. a token-major
+            pool's strided views; last dim contiguous); positions ``0 .. prefix+extend-1`` of every request must
+            already hold K/V (new tokens included).
         req_to_token: [rows, max_context] int32/int64 slot map.
         req_pool_indices, prefix_lens, extend_lens, extend_start_loc: [bs] integer device tensors;
             request i's queries are rows ``extend_start_loc[i] ..+ extend_lens[i]`` at absolute positions
@@ -245,9 +246,11 @@ def extend_attention_fwd(q: torch.Tensor, out: torch.Tensor, k_buf: torch.Tensor
     n, nh, hd = q.shape
     nkv = k_buf.shape[1]
     check_cuda_or_interpret(q, out, k_buf, v_buf, req_to_token, what="extend_attention_fwd")
-    if nh % nkv or k_buf.shape[2] != hd or v_buf.shape != k_buf.shape or tuple(out.shape) != (n, nh, hd):
+    if nh % nkv or k_buf.shape[2] != hd or v_buf.shape != k_buf.shape or tuple(out.shape) != (n, nh, hd) \
+            or k_buf.stride(2) != 1 or v_buf.stride(2) != 1:
         raise ValueError(f"extend_attention_fwd: q {tuple(q.shape)}, out {tuple(out.shape)}, "
-                         f"k_buf {tuple(k_buf.shape)}, v_buf {tuple(v_buf.shape)} are inconsistent")
+                         f"k_buf {tuple(k_buf.shape)}, v_buf {tuple(v_buf.shape)} are inconsistent (or a K/V buffer's "
+                         "head_dim is not contiguous)")
     auto = config is None
     if auto:
         dev, cands = auto_configs(q)

@@ -93,7 +93,8 @@ def rope_and_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         cos_sin_cache: [max_pos, rotary_dim] fp32 (cos half then sin half), rotary_dim even, <= head_dim.
         head_dim: per-head size; is_neox_style: pairing of rotated dims (see :mod:`sgl_kernel.triton.rope`).
         k_buf, v_buf: one layer's pool buffers ``[slots, num_kv_heads, head_dim]`` (float dtype, last dim
-            contiguous); values are cast to their dtype after rounding to k's/v's dtype.
+            contiguous; slot and head strides free, e.g. a token-major pool's strided views); values are cast to
+            their dtype after rounding to k's/v's dtype.
         loc: [N] integer slot indices (not checked on the device: the caller's allocator owns them).
     Raises:
         ValueError: shapes/strides disagree, or CPU tensors outside the Triton interpreter.
