@@ -16,6 +16,9 @@
 # fail at once with the server's "unrecognized arguments", also said).
 # Summary: $OUT/issue24_tok.md. Usage (repo root; data at ../shared/data or carried as .sd):
 #   OUT=/tmp/o bash scripts/gpu/issue24_tok_2gpu.sh [budget_s=420]
+# ISSUE24_TOK_ROWS="lay tok tok.2": the rows and their order (a ".N" suffix repeats a row into its own folder);
+# ISSUE24_TOK_EQ=par|seq|off (step 1's two tests side by side, one after the other, or not run), ISSUE24_TOK_EQ_S=60
+# (each test's limit).
 # DRY_RUN=1: print every step's command, run nothing. ISSUE24_TOK_CPU=1: the same flow on CPU (fake backend,
 # stories260K, 8 prompts of 64/16; step 1 skipped).
 set -uo pipefail
@@ -51,10 +54,12 @@ sg=${ISSUE24_TOK_SHAREGPT:-$(( budget >= 400 ? 1 : 0 ))}
 # ---- 1. greedy equality, prefill GPU 0 -> decode GPU 1 (default layout), side by side ----
 stage "1. greedy equality (pull, push) on 2 GPUs"
 dis=test/integration/test_pd_disaggregation.py
-if [ "$dev" = cuda ]; then
-  t1=$(cap 60)
+eqm=${ISSUE24_TOK_EQ:-par}
+if [ "$dev" = cuda ] && [ "$eqm" != off ]; then
+  t1=$(cap "${ISSUE24_TOK_EQ_S:-60}")
   for m in pull push; do
-    step_bg "eq_$m" "$t1" env SGLANG_PD_TEST_DEVICE=cuda SGLANG_PD_TEST_BACKEND=nixl SGLANG_PD_TEST_SPLIT_GPUS=1 \
+    [ "$eqm" = seq ] && t1=$(cap "${ISSUE24_TOK_EQ_S:-60}")
+    "$([ "$eqm" = seq ] && echo step || echo step_bg)" "eq_$m" "$t1" env SGLANG_PD_TEST_DEVICE=cuda SGLANG_PD_TEST_BACKEND=nixl SGLANG_PD_TEST_SPLIT_GPUS=1 \
       "$PY" -m pytest -s -q -p no:cacheprovider "$dis::test_generate_equals_aggregated[$m]"
   done
   step_join
@@ -70,6 +75,8 @@ datasets=(random); [ "$sg" = 1 ] && datasets=(random sharegpt)
 if [ "${has_layout:-0}" = 1 ]; then rows=(tok lay push agg2); else rows=(pull push agg2); fi
 declare -A label=([tok]="pd pull token_major" [lay]="pd pull layer_major" [pull]="pd pull (server default layout)"
                   [push]="pd push layerwise (auto layout)" [agg2]="agg2 (2 replicas, mini_lb)")
+[ -n "${ISSUE24_TOK_ROWS:-}" ] && read -r -a rows <<< "$ISSUE24_TOK_ROWS"
+for r in "${rows[@]}"; do [ -z "${label[$r]:-}" ] && label[$r]="${label[${r%%.*}]} (${r##*.})"; done
 row_args() {  # row_args ROW: sets flags (bench_pd_serving's setup flags) and the PD servers' extra flags
   local lay=""
   case $1 in
@@ -85,7 +92,7 @@ i=0
 for r in "${rows[@]}"; do
   i=$(( i + 1 )); later=$(( ${#rows[@]} - i ))
   stage "2. ${label[$r]}"
-  row_args "$r"
+  row_args "${r%%.*}"
   t=$(( $(left) - 70 * later - 5 )); max=100; [[ " ${flags[*]} " == *" sharegpt "* ]] && max=115
   [ "$t" -gt "$max" ] && t=$max
   step "m_$r" "$t" "${bench[@]}" "${flags[@]}" --prefill-extra "$prefill_extra" --decode-extra "$decode_extra" \
@@ -115,14 +122,14 @@ stage "summary"
   echo; cat "$out/notes"
   for ds in "${datasets[@]}"; do
     echo; echo "## $ds"; echo
-    rowspec=(); for r in "${rows[@]}"; do [ "$ds" != random ] && { [ "$r" = push ] || [ "$r" = lay ]; } && continue
+    rowspec=(); for r in "${rows[@]}"; do [ "$ds" != random ] && { [ "${r%%.*}" = push ] || [ "${r%%.*}" = lay ]; } && continue
       rowspec+=(--row "${label[$r]}=$out/$r"); done
     "$PY" scripts/gpu/pd_rows_table.py --dataset "$ds" "${rowspec[@]}" 2>&1
   done
   echo; echo "## transfer and hand-off per row (from each row's report)"
   for r in "${rows[@]}"; do for f in "$out/$r"/*_pd_serving_*.md; do [ -f "$f" ] || continue
     grep -h "^transfer:\|^decode-side" "$f" | sed "s|^|- ${label[$r]} ($(basename "$f" .md | sed 's/.*_pd_serving_//')): |"; done; done
-  echo; echo "Layout A/B (token_major vs layer_major, one run each, token_major first): compare transfer ms/req and"
+  echo; echo "Layout A/B (rows in the order above): compare transfer ms/req and"
   echo "READs per request; a share of mean TTFT also moves with the run's queueing (earlier 1K runs: mean TTFT 67-333 ms)."
   echo; echo "Targets: transfer share of TTFT <= 2% (1K input); ITL p99 agg2 / pd >= 1.5; tok/s pd / agg2 >= 0.9."
   echo "Per-row reports (command, hand-off phases): $out/<row>/*_pd_serving_*.md; server logs: $out/<row>/pd_serving_logs/."
