@@ -328,7 +328,8 @@ class TokenWeaveExecutor(SubBatchExecutor):
         communicator's overlap SM budget; ``out``: where the normed rows go, ``[T_split, H]``; ``sharded``: keep the
         residual sharded when the communicator can -- consistent within a split forward, whose every norm with a
         residual and final norm come here with the same split row count), or ``fallback()`` when its communicator
-        cannot overlap (then no call of the forward is sharded: the communicator is the same for all)."""
+        cannot overlap (then no call of the forward is sharded: the communicator is the same for all norms, which
+        :meth:`check_model` enforces)."""
         comm = norm.comm
         if comm is not None and comm.supports_overlap:
             kw = {} if out is None else {"out": out}
