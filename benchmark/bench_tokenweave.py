@@ -10,7 +10,9 @@ same run:
 * ``nccl_symm``   NCCL >= 2.27 symmetric kernels on a window-registered buffer (copy in, reduce, copy out) +
                   fused add + RMSNorm: the strongest non-multicast NCCL baseline (``benchmark/nccl_symm.py``);
 * ``custom``      our symmetric-memory one/two-shot all-reduce (never multicast) + fused add + RMSNorm;
-* ``tokenweave``  two wave-aware splits, tw-comm's fused AllReduce-RMSNorm on a second stream;
+* ``tokenweave``  two wave-aware splits, tw-comm's fused AllReduce-RMSNorm on a second stream, the server's default
+                  sharded residual (each rank keeps only its rows of the split's residual; the comm gathers only
+                  the normed rows; TokenWeave sec. 3-4);
 * ``split_nocomm`` TokenWeave's split executor (two splits, two streams, events) with every collective skipped:
                   ``split_nocomm - nocomm`` is the cost of splitting (half-size GEMMs, twice the launches),
                   ``tokenweave - split_nocomm`` the communication left unhidden (not in the default set);
@@ -18,8 +20,8 @@ same run:
                   communication kernel, :mod:`sglang.srt.tokenweave.carveout`; not in the default set);
 * ``tokenweave_oldcomm`` TokenWeave on tw-comm without the bulk-copy two-shot (the pre-bulk comm; ``tokenweave``
                   uses the server's default choice, on H200 the bulk kernel; ``benchmark/tokenweave_variants.py``).
-* ``tokenweave_sharded`` TokenWeave with ``--tokenweave-sharded-residual`` (each rank keeps only its rows of the
-                  split's residual; the comm gathers only the normed rows; not in the default set).
+* ``tokenweave_full`` TokenWeave with ``--tokenweave-full-residual`` (every rank keeps every residual row; not in
+                  the default set).
 
 ``--overlap-tokens T``: one profiled forward per variant at T; a table of how much of the communication kernels'
 time ran concurrently with compute kernels (``benchmark/tokenweave_profile.py``), and per TokenWeave variant the
@@ -72,7 +74,7 @@ from sglang.srt.utils.nvls_env import NVLS_OFF_ENV  # noqa: E402  (pure Python)
 from tokenweave_graph import graph_and_profile, report_sections  # noqa: E402
 from tokenweave_profile import overlap_table, profile_forward, profile_overlap  # noqa: E402
 from tokenweave_report import auto_off_decision, host_table, targets_table  # noqa: E402
-from tokenweave_variants import OLDCOMM, SHARDED, ratio_pairs, variant_comm  # noqa: E402
+from tokenweave_variants import FULL, OLDCOMM, ratio_pairs, variant_comm  # noqa: E402
 
 os.environ.update(NVLS_OFF_ENV)
 VARIANTS = ("nocomm", "nccl", "nccl_symm", "custom", "tokenweave")
@@ -82,8 +84,8 @@ VARIANTS = ("nocomm", "nccl", "nccl_symm", "custom", "tokenweave")
 # decomposition with the NCCL fallback); the table adds ``tdist / tp``.
 # ``tokenweave_nocarve`` TokenWeave with the GEMMs on every SM (no SM carveout for the communication kernel: the
 # issue 25 round-2 behaviour, where persistent GEMMs and the communication kernel serialized).
-EXTRA_VARIANTS = ("split_nocomm", "tokenweave_nocarve", "tp", "tdist", OLDCOMM, SHARDED)  # tokenweave_variants
-TW_VARIANTS = ("tokenweave", "split_nocomm", "tokenweave_nocarve", OLDCOMM, SHARDED)
+EXTRA_VARIANTS = ("split_nocomm", "tokenweave_nocarve", "tp", "tdist", OLDCOMM, FULL)  # tokenweave_variants
+TW_VARIANTS = ("tokenweave", "split_nocomm", "tokenweave_nocarve", OLDCOMM, FULL)
 
 
 def _shrunk_config(src: str, layers: int, smoke: bool) -> str:
@@ -166,7 +168,7 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
                           enable_tokenweave=variant in TW_VARIANTS,
                           enable_tdist_overlap=variant == "tdist",
                           tokenweave_min_tokens=min_tokens, tokenweave_comm_sms=comm_sms,
-                          tokenweave_sharded_residual=variant == SHARDED,
+                          tokenweave_sharded_residual=False if variant == FULL else None,
                           comm_backend="custom" if variant == "custom" and device == "cuda" else "auto")
         comm = variant_comm(variant, ps, mc, tokens, device, notes, comm_sms)
         if comm is False:
@@ -188,7 +190,7 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
                       f"{out[('host', variant, t)]:.3f} ms)", file=sys.stderr, flush=True)
             graph_and_profile(runner, mwb, dev, ps, variant, t, dict(extra, warmup=warmup, iters=iters), out,
                               notes, host_profiles)
-            if t == profile_tokens and profile_dir and variant in ("tokenweave", "nccl", "split_nocomm", SHARDED):
+            if t == profile_tokens and profile_dir and variant in ("tokenweave", "nccl", "split_nocomm", FULL):
                 keep = ps.tp_rank == 0 and variant == "tokenweave"
                 out[("launches", variant, t)], out[("allocs", variant, t)] = profile_forward(
                     runner, mwb, dev, str(Path(profile_dir) / f"tokenweave_profile_T{t}.txt") if keep else "")

@@ -67,6 +67,8 @@ def engine_kwargs(a, side: str) -> dict:
             kw["tokenweave_min_tokens"] = a.min_tokens
         if a.comm_sms is not None:
             kw["tokenweave_comm_sms"] = a.comm_sms
+        if a.full_residual:
+            kw["tokenweave_sharded_residual"] = False
     return kw
 
 
@@ -156,14 +158,18 @@ def run_one(a, side: str, timeout: float) -> dict:
 
 
 def _tokenweave_lines(log: str, most: int = 6) -> list[str]:
-    """The distinct TokenWeave decisions and communicator choices a run logged (message part only), so the
-    report shows whether ``on`` split any batch and which communicator each side used."""
+    """The distinct TokenWeave decisions, residual mode and communicator choices a run logged (message part only),
+    so the report shows whether ``on`` split any batch, with which residual, and which communicator each side
+    used."""
     seen: list[str] = []
     for line in log.splitlines():
-        if "TokenWeave:" in line or "communicator" in line.lower():
+        mode, msg = re.search(r"TokenWeave on: .*residual (\w+)", line), None
+        if mode:
+            msg = f"TokenWeave residual: {mode.group(1)}"
+        elif "TokenWeave:" in line or "communicator" in line.lower():
             msg = re.sub(r"rank \d+/", "rank */", line.split("] ", 1)[-1].strip())[:140]
-            if msg not in seen:
-                seen.append(msg)
+        if msg is not None and msg not in seen:
+            seen.append(msg)
     return seen[:most]
 
 
@@ -312,6 +318,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--budget", type=float, default=300.0, help="seconds for all runs (later pairs skipped)")
     p.add_argument("--min-tokens", type=int, default=None, help="--tokenweave-min-tokens (default: auto)")
     p.add_argument("--comm-sms", type=int, default=None, help="--tokenweave-comm-sms")
+    p.add_argument("--full-residual", action="store_true",
+                   help="the on side with --tokenweave-full-residual (default: the sharded residual)")
     p.add_argument("--max-total-tokens", type=int, default=None)
     p.add_argument("--chunked-prefill-size", type=int, default=None, help="also sets --max-prefill-tokens")
     p.add_argument("--mem-fraction-static", type=float, default=None)

@@ -4,12 +4,13 @@
   add-RMSNorm kernel TokenWeave runs (:func:`nccl_symm.fused_norm`), so only the communication differs;
 * ``tokenweave`` builds its own, as the server does (``--enable-tokenweave``: tw-comm with the packaged calibrated
   crossover table, which on H200 x2/x4 puts the overlapped calls of >= ~360 tokens at hidden 8192 on the bulk-copy
-  two-shot ``p2p_twoshot_bulk``; TokenWeave, Gond et al. 2025, sec. 3.3, runs that kernel on 16 CTAs);
+  two-shot ``p2p_twoshot_bulk``; TokenWeave, Gond et al. 2025, sec. 3.3, runs that kernel on 16 CTAs), with the
+  server's default sharded residual (the split forward's fused calls update only the rank's residual rows and
+  gather only the normed rows, TokenWeave sec. 3-4);
 * ``tokenweave_oldcomm`` the same TokenWeave executor on tw-comm with the bulk kernel forbidden
   (``TwCommConfig.bulk_twoshot=False``: the pre-bulk two-shot), so bulk vs old comm is one run's A/B;
-* ``tokenweave_sharded`` TokenWeave with ``--tokenweave-sharded-residual`` (the server's communicator; the split
-  forward's fused calls update only the rank's residual rows and gather only the normed rows, TokenWeave sec. 3-4),
-  so sharded vs full residual is one run's A/B.
+* ``tokenweave_full`` TokenWeave with ``--tokenweave-full-residual`` (the server's communicator; every rank keeps
+  and gathers every residual row), so sharded (``tokenweave``) vs full residual is one run's A/B.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 OLDCOMM = "tokenweave_oldcomm"
-SHARDED = "tokenweave_sharded"
+FULL = "tokenweave_full"
 
 
 def variant_comm(variant: str, ps: Any, mc: Any, tokens: list[int], device: str, notes: set,
@@ -57,12 +58,12 @@ def old_tw_communicator(ps: Any, max_tokens: int, hidden_size: int, comm_sms: Op
 
 def ratio_pairs(variants: list[str]) -> list[tuple[str, str]]:
     """(numerator, denominator) variant pairs of the layer table: TokenWeave vs every baseline in the run, tdist vs
-    tp, the no-carveout, old-comm and sharded-residual TokenWeave rows vs nccl, TokenWeave (bulk comm) vs TokenWeave
-    (old comm) and TokenWeave with the sharded vs the full residual."""
+    tp, the no-carveout, old-comm and full-residual TokenWeave rows vs nccl, TokenWeave (bulk comm) vs TokenWeave
+    (old comm) and TokenWeave (the default sharded residual) vs the full residual."""
     have = set(variants)
     pairs = [("tokenweave", b) for b in ("nccl", "nccl_symm", "custom", "nocomm") if b in have and "tokenweave" in have]
     pairs += [("tdist", "tp")] if {"tdist", "tp"} <= have else []
-    pairs += [(v, "nccl") for v in ("tokenweave_nocarve", OLDCOMM, SHARDED) if {v, "nccl"} <= have]
+    pairs += [(v, "nccl") for v in ("tokenweave_nocarve", OLDCOMM, FULL) if {v, "nccl"} <= have]
     pairs += [("tokenweave", OLDCOMM)] if {"tokenweave", OLDCOMM} <= have else []
-    pairs += [(SHARDED, "tokenweave")] if {SHARDED, "tokenweave"} <= have else []
+    pairs += [("tokenweave", FULL)] if {FULL, "tokenweave"} <= have else []
     return pairs

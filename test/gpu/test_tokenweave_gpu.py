@@ -217,8 +217,9 @@ def tiny_checkpoints(tmp_path_factory):
 @pytest.mark.parametrize("name,world", [("llama_bias_untied", 2), ("mixtral", 2), ("llama_bias_untied", 4)])
 def test_tokenweave_tp_ranks_share_one_gpu(tiny_checkpoints, name, world):
     """``world`` TP ranks as processes on cuda:0 (gloo device group, tw-comm's fused AllReduce-RMSNorm over CUDA
-    IPC within the device, TokenWeave's two streams), cut at every token boundary of prefill / mixed / decode
-    steps: bf16 logits equal the single-process fp32 CPU reference within bf16 tolerance."""
+    IPC within the device, TokenWeave's two streams; the default sharded residual, stale rows NaN-filled), cut at
+    every token boundary of prefill / mixed / decode steps: bf16 logits equal the single-process fp32 CPU reference
+    within bf16 tolerance."""
     from test_tp_models import _reference
     from tp_worker import spawn_ranks, tokenweave_logits
 
@@ -236,15 +237,15 @@ def test_tokenweave_tp_ranks_share_one_gpu(tiny_checkpoints, name, world):
 @pytest.mark.parametrize("name", ["llama_bias_untied", "mixtral"])
 def test_tokenweave_tp2_one_rank_per_gpu(tiny_checkpoints, name):
     """2 TP ranks on 2 GPUs (NCCL device group, tw-comm's fused AllReduce-RMSNorm over CUDA IPC between the
-    GPUs, TokenWeave's two streams and its GEMM SM carveout), cut at every token boundary of prefill / mixed /
-    decode steps: bf16 logits equal the single-process fp32 CPU reference within bf16 tolerance, on both ranks.
-    Skips without 2 GPUs."""
+    GPUs, TokenWeave's two streams and its GEMM SM carveout; the full residual, ``--tokenweave-full-residual``),
+    cut at every token boundary of prefill / mixed / decode steps: bf16 logits equal the single-process fp32 CPU
+    reference within bf16 tolerance, on both ranks. Skips without 2 GPUs."""
     _tp2_one_rank_per_gpu(tiny_checkpoints[name], name, sharded=False)
 
 
 @pytest.mark.parametrize("name", ["llama_bias_untied", "mixtral"])
 def test_tokenweave_tp2_one_rank_per_gpu_sharded_residual(tiny_checkpoints, name):
-    """As :func:`test_tokenweave_tp2_one_rank_per_gpu` with ``--tokenweave-sharded-residual`` (each rank reads and
+    """As :func:`test_tokenweave_tp2_one_rank_per_gpu` with the sharded residual (the default; each rank reads and
     updates only its rows of each split's residual; TokenWeave sec. 3-4), every rank's non-owned residual rows
     NaN-filled after each sharded call (``tp_worker.stale_rows_poisoned``), so a consumer that reads a stale row
     fails. Skips without 2 GPUs."""

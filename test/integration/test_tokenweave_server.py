@@ -1,6 +1,7 @@
 """``--enable-tokenweave`` through the HTTP server on gloo TP ranks: greedy tokens equal TP=1's on stories260K
 and its MoE twin, for long single prompts and batches whose prefill straddles the split (min tokens 8, so
-every prefill and mixed step is split), with chunked prefill and a cached prefix, at TP 2 and 4 on both models.
+every prefill and mixed step is split), with chunked prefill and a cached prefix, at TP 2 and 4 on both models with
+the default sharded residual, and at TP 2 with ``--tokenweave-full-residual``.
 The server's log shows tw-comm's communicator chosen by default and each batch size's split decision logged
 once per rank (decode batches: unsplit)."""
 
@@ -26,13 +27,13 @@ PROMPTS = ["Once upon a time, there was a little girl named Lily who loved to pl
            "The little dog", "Lily and Tom went to the park. They", "One day, a bird"]
 
 
-@pytest.mark.parametrize("name,tp,sharded", [("stories260K", 2, False), ("stories260K-moe", 2, False),
-                                             ("stories260K", 4, False), ("stories260K-moe", 4, False),
-                                             ("stories260K", 2, True)])
-def test_tokenweave_greedy_equals_tp1(name, tp, sharded):
-    """``sharded``: with ``--tokenweave-sharded-residual`` (split forwards keep the residual sharded)."""
+@pytest.mark.parametrize("name,tp,full", [("stories260K", 2, False), ("stories260K-moe", 2, False),
+                                          ("stories260K", 4, False), ("stories260K-moe", 4, False),
+                                          ("stories260K", 2, True)])
+def test_tokenweave_greedy_equals_tp1(name, tp, full):
+    """The default (split forwards keep the residual sharded), and ``full``: with ``--tokenweave-full-residual``."""
     path = shared_path("models", name)
-    flags = ["--tokenweave-sharded-residual"] if sharded else []
+    flags = ["--tokenweave-full-residual"] if full else []
     with ServerProcess(["--model-path", path, "--device", "cpu", "--tp", str(tp), "--enable-tokenweave",
                         "--tokenweave-min-tokens", "8", "--chunked-prefill-size", "32", *flags]) as s:
         sp = {"temperature": 0, "max_new_tokens": N_NEW, "ignore_eos": True}
@@ -53,7 +54,8 @@ def test_tokenweave_greedy_equals_tp1(name, tp, sharded):
         assert not repeated, f"(rank, batch size, decision) logged more than once: {repeated}"
         assert log.count("[TokenWeave]") == tp and log.count(f"TwCommunicator(world_size={tp}") == tp, \
             "tw-comm's communicator is the default with --enable-tokenweave (logged per rank)"
-        assert log.count("residual sharded") == (tp if sharded else 0), "the executor's residual mode, per rank"
+        mode = "full" if full else "sharded"
+        assert log.count(f"residual {mode}") == tp, f"the executor's residual mode ({mode}), per rank"
         info = requests.get(s.url + "/get_server_info", timeout=30).json()
         assert info.get("enable_tokenweave") is True
-        assert info.get("tokenweave_sharded_residual") is sharded
+        assert info.get("tokenweave_sharded_residual") is (False if full else None)  # None: the default, sharded

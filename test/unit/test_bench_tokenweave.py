@@ -103,18 +103,19 @@ def test_layer_mode_oldcomm_variant(tmp_path):
     assert re.search(r"^- T=16: tokenweave [0-9.e+-]+, tokenweave_oldcomm [0-9.e+-]+", check, re.M), check
 
 
-def test_layer_mode_sharded_variant(tmp_path):
-    """``tokenweave_sharded`` (TokenWeave with ``--tokenweave-sharded-residual``) runs beside the default TokenWeave
-    in the same run: its own column, the sharded / full and sharded / nccl ratios, and its eager logits equal to the
-    full-residual TokenWeave's (CPU fp32: the same reduce and norm per owned row) in the correctness check."""
+def test_layer_mode_full_residual_variant(tmp_path):
+    """``tokenweave_full`` (TokenWeave with ``--tokenweave-full-residual``) runs beside the default TokenWeave (the
+    sharded residual) in the same run: its own column, the full / nccl and tokenweave / tokenweave_full (sharded /
+    full) ratios, and its eager logits equal to the sharded TokenWeave's (CPU fp32: the same reduce and norm per
+    owned row) in the correctness check."""
     from conftest import shared_path
 
     sys.path.insert(0, str(ROOT / "benchmark"))
-    from tokenweave_variants import SHARDED, ratio_pairs
+    from tokenweave_variants import FULL, ratio_pairs
 
-    assert ratio_pairs(["nccl", "tokenweave", SHARDED]) == [("tokenweave", "nccl"), (SHARDED, "nccl"),
-                                                            (SHARDED, "tokenweave")]
-    header, check = _tokenweave_pair_run(tmp_path, shared_path, SHARDED)
-    assert "| tokenweave_sharded ms |" in header and "| tokenweave_sharded / tokenweave |" in header, header
-    m = re.search(r"^- T=16: tokenweave ([0-9.e+-]+), tokenweave_sharded ([0-9.e+-]+)", check, re.M)
+    assert ratio_pairs(["nccl", "tokenweave", FULL]) == [("tokenweave", "nccl"), (FULL, "nccl"),
+                                                         ("tokenweave", FULL)]
+    header, check = _tokenweave_pair_run(tmp_path, shared_path, FULL)
+    assert "| tokenweave_full ms |" in header and "| tokenweave / tokenweave_full |" in header, header
+    m = re.search(r"^- T=16: tokenweave ([0-9.e+-]+), tokenweave_full ([0-9.e+-]+)", check, re.M)
     assert m and float(m.group(1)) == float(m.group(2)), check

@@ -31,6 +31,10 @@ def test_engine_kwargs_only_on_side_enables_tokenweave():
     assert "enable_tokenweave" not in off and on["enable_tokenweave"] is True
     assert on["tokenweave_min_tokens"] == 64 and on["tokenweave_comm_sms"] == 16
     assert {k: v for k, v in on.items() if not k.startswith(("enable_tokenweave", "tokenweave_"))} == off
+    assert "tokenweave_sharded_residual" not in on  # the server's default: the sharded residual
+    full = b.engine_kwargs(_args("--tp", "4", "--full-residual"), "on")
+    assert full["tokenweave_sharded_residual"] is False
+    assert "tokenweave_sharded_residual" not in b.engine_kwargs(_args("--tp", "4", "--full-residual"), "off")
     assert off["disable_radix_cache"] and off["skip_tokenizer_init"] and off["max_prefill_tokens"] == 8192
     with pytest.raises(ValueError, match="side"):
         b.engine_kwargs(a, "maybe")

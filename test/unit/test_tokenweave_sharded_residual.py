@@ -1,13 +1,15 @@
-"""``--tokenweave-sharded-residual`` on gloo TP ranks (CPU): TokenWeave's split forwards keep the residual sharded
-(TokenWeave, Gond et al. 2025, sec. 3-4: each rank reads and updates only its ``owned_range`` rows of each split's
-residual and all-gathers only the normed rows).
+"""The sharded residual (TokenWeave's default; ``--tokenweave-full-residual`` turns it off) on gloo TP ranks (CPU):
+TokenWeave's split forwards keep the residual sharded (TokenWeave, Gond et al. 2025, sec. 3-4: each rank reads and
+updates only its ``owned_range`` rows of each split's residual and all-gathers only the normed rows).
 
 * the communicator: the sharded call's normed rows and owned residual rows equal the full call's bit for bit (same
   fp32 reduce and norm), rows it does not own are left as they were, and ``out=`` works as before;
 * the executor on the real stories260K checkpoints at TP 2 (cut at every token boundary of prefill, mixed and decode
   steps), with every rank's non-owned residual rows NaN-filled after each sharded call: the logits equal the
   full-residual run's exactly (so no consumer reads a stale row) and the single-process logits within tolerance;
-* the flag: parsed by ``ServerArgs``, refused without ``--enable-tokenweave``, carried to the executor's config.
+* the flags: the default and ``--tokenweave-sharded-residual`` give the sharded residual, ``--tokenweave-full-residual``
+  the full one; either flag without ``--enable-tokenweave`` is refused, neither is needed without it;
+* the fail-closed model check: norms with different communicators are refused at executor setup.
 """
 
 from __future__ import annotations
@@ -95,13 +97,92 @@ def test_flag_parsed_validated_and_carried():
     from sglang.srt.server_args import ServerArgs, prepare_server_args
     from sglang.srt.tokenweave.deploy import executor
 
-    sa = prepare_server_args(["--model-path", "m", "--tp", "2", "--enable-tokenweave",
-                              "--tokenweave-sharded-residual"])
-    assert sa.tokenweave_sharded_residual is True
-    assert executor(sa).opts()["sharded_residual"] is True
-    assert "sharded_residual" not in executor(sa.replace(tokenweave_sharded_residual=False)).opts()
-    with pytest.raises(ValueError, match="tokenweave-sharded-residual"):
-        ServerArgs(model_path="m", tp_size=2, tokenweave_sharded_residual=True)
+    base = ["--model-path", "m", "--tp", "2"]
+    for flags, field, sharded in (([], None, True), (["--tokenweave-sharded-residual"], True, True),
+                                  (["--tokenweave-full-residual"], False, False)):
+        sa = prepare_server_args(base + ["--enable-tokenweave", *flags])
+        assert sa.tokenweave_sharded_residual is field and sa.resolved_tokenweave_sharded_residual is sharded, flags
+        assert executor(sa).opts()["sharded_residual"] is sharded, flags
+    plain = prepare_server_args(base)  # TokenWeave off, no residual flag: nothing to refuse, nothing sharded
+    assert plain.tokenweave_sharded_residual is None and not plain.resolved_tokenweave_sharded_residual
+    assert executor(plain) is None
+    for field, flag in ((True, "tokenweave-sharded-residual"), (False, "tokenweave-full-residual")):
+        with pytest.raises(ValueError, match=flag):
+            ServerArgs(model_path="m", tp_size=2, tokenweave_sharded_residual=field)
+    with pytest.raises(SystemExit):  # argparse: the two flags are mutually exclusive
+        prepare_server_args(base + ["--enable-tokenweave", "--tokenweave-sharded-residual",
+                                    "--tokenweave-full-residual"])
+
+
+class _Comm:
+    """A communicator stand-in with TokenWeave's capability flags."""
+
+    supports_overlap = True
+
+    def __init__(self, sharded: bool = True):
+        self.supports_sharded_residual = sharded
+
+
+def _model(layer_comm, final_comm, layers: int = 2):
+    """A staged-model stand-in: ``layers`` decoder layers whose norms use ``layer_comm`` and a final norm
+    (``model.norm``) using ``final_comm``."""
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from sglang.srt.layers.layernorm import RMSNorm
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.input_layernorm = RMSNorm(8, comm=layer_comm)
+            self.post_attention_layernorm = RMSNorm(8, comm=layer_comm)
+
+        def norm_module(self, stage):
+            return {"input_norm": self.input_layernorm, "post_attention_norm": self.post_attention_layernorm}[stage]
+
+    return SimpleNamespace(decoder_layers=[Layer() for _ in range(layers)],
+                           model=SimpleNamespace(norm=RMSNorm(8, comm=final_comm)))
+
+
+def test_sharded_residual_refuses_a_final_norm_with_another_communicator():
+    """Fail closed: with the sharded residual, a final norm (or a layer norm) whose communicator differs from the
+    others' is refused at executor setup (``make_executor`` with the loaded model) and before a split forward, with
+    a message naming the norm and ``--tokenweave-full-residual``; the full residual, one shared communicator, and
+    norms none of whose communicators can shard are accepted."""
+    from types import SimpleNamespace
+
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.deployment.plan import ExecutorSpec
+    from sglang.srt.tokenweave.deploy import make_executor
+    from sglang.srt.tokenweave.executor import TokenWeaveConfig, TokenWeaveExecutor
+
+    def ex(sharded=True):
+        return TokenWeaveExecutor(TokenWeaveConfig(gemm_widths=(8,), sharded_residual=sharded), torch.device("cpu"))
+
+    comm = _Comm()
+    ex().check_model(_model(comm, comm))  # today's models: one communicator for every norm
+    ex(False).check_model(_model(comm, _Comm()))  # full residual: nothing is sharded
+    ex().check_model(_model(_Comm(False), _Comm(False)))  # no communicator can shard: nothing is sharded
+    for bad, where in ((_model(comm, _Comm()), "the final norm"), (_model(comm, None), "the final norm"),
+                       (_model(_Comm(False), comm), "the final norm")):
+        with pytest.raises(ValueError, match=f"{where}.*--tokenweave-full-residual"):
+            ex().check_model(bad)
+    odd_layer = _model(comm, comm)
+    odd_layer.decoder_layers[1].post_attention_layernorm.comm = _Comm()
+    with pytest.raises(ValueError, match="layer 1 post_attention_norm"):
+        ex().check_model(odd_layer)
+    with pytest.raises(ValueError, match="layer 1 post_attention_norm"):  # the guard before a split forward
+        ex().run_subs(odd_layer, SimpleNamespace(), [SimpleNamespace(), SimpleNamespace()])
+    # the server's factory checks the loaded model once it is built
+    cfg = ModelConfig.from_path(os.path.join(MODELS, "stories260K")) if os.path.isdir(MODELS) else None
+    if cfg is None:
+        pytest.skip(f"{MODELS} is missing")
+    ctx = SimpleNamespace(model_config=cfg, device=torch.device("cpu"), tp_size=2, model=_model(comm, _Comm()))
+    with pytest.raises(ValueError, match="the final norm"):
+        make_executor(ExecutorSpec.of("tokenweave", min_tokens=None, comm_sms=None, sharded_residual=True), ctx)
+    ctx.model = _model(comm, comm)
+    assert make_executor(ExecutorSpec.of("tokenweave", min_tokens=None, comm_sms=None), ctx).config.sharded_residual
 
 
 @pytest.mark.parametrize("picked,bulk,want", [

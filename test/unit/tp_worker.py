@@ -65,14 +65,15 @@ def tp_models_logits(ps, jobs: list[tuple[str, int]]) -> list[list[torch.Tensor]
     return [tp_model_logits(ps, path, ep) for path, ep in jobs]
 
 
-def tokenweave_logits(ps, path: str, dtype: str = "auto", sharded: bool = False,
+def tokenweave_logits(ps, path: str, dtype: str = "auto", sharded: bool = True,
                       stats: Optional[dict] = None) -> list[list[torch.Tensor]]:
     """Rank body: the checkpoint sharded for this rank with the tw-comm communicator (RS -> add+RMSNorm -> AG
     on gloo; on a GPU rank tw-comm's fused kernels over CUDA IPC and the executor's two streams) and
     TokenWeave's executor forced to cut each of :data:`STEPS` at every token boundary; returns, per step, the
-    fp32 CPU logits of every cut. ``sharded``: ``--tokenweave-sharded-residual``, with the communicator's
-    residual rows this rank does not own NaN-filled after every sharded call (:class:`StaleRowsPoisoned`), so a
-    consumer that reads them poisons the logits; ``stats["sharded_calls"]`` (when given) counts those calls."""
+    fp32 CPU logits of every cut. ``sharded`` (the default, as the server's; False: ``--tokenweave-full-residual``):
+    the sharded residual, with the communicator's residual rows this rank does not own NaN-filled after every
+    sharded call (:class:`StaleRowsPoisoned`), so a consumer that reads them poisons the logits;
+    ``stats["sharded_calls"]`` (when given) counts those calls."""
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.distributed.tw_communicator import TwCommunicator
     from sglang.srt.model_loader.loader import load_model
@@ -107,7 +108,7 @@ def tokenweave_logits(ps, path: str, dtype: str = "auto", sharded: bool = False,
     return out
 
 
-def tokenweave_logits_many(ps, paths: list[str], dtype: str = "auto", sharded: bool = False
+def tokenweave_logits_many(ps, paths: list[str], dtype: str = "auto", sharded: bool = True
                            ) -> list[list[list[torch.Tensor]]]:
     """Rank body: :func:`tokenweave_logits` for every checkpoint in ``paths`` (one process group for all)."""
     return [tokenweave_logits(ps, path, dtype, sharded) for path in paths]
@@ -119,7 +120,7 @@ def tokenweave_full_and_sharded(ps, paths: list[str], dtype: str = "auto") -> li
     out = []
     for p in paths:
         stats: dict = {}
-        out.append((tokenweave_logits(ps, p, dtype), tokenweave_logits(ps, p, dtype, True, stats),
+        out.append((tokenweave_logits(ps, p, dtype, False), tokenweave_logits(ps, p, dtype, True, stats),
                     stats.get("sharded_calls", 0)))
     return out
 

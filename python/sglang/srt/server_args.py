@@ -17,6 +17,10 @@ from sglang.srt.configs.default_model import DEFAULT_MODEL, EMBEDDED_MODELS, TIN
 from sglang.srt.server_args_help import SERVER_ARGS_HELP
 
 
+# The flag that sets an ``Optional[bool]`` field to False (the field's own flag sets True; neither: None, the default)
+FALSE_FLAGS = {"tokenweave_sharded_residual": "--tokenweave-full-residual"}
+
+
 @dataclass(frozen=True)
 class ServerArgs:
     """All server settings. See ``python -m sglang.launch_server --help``.
@@ -92,7 +96,9 @@ class ServerArgs:
     enable_tokenweave: bool = False
     tokenweave_min_tokens: Optional[int] = None  # None: auto per TP size (sglang.srt.tokenweave)
     tokenweave_comm_sms: Optional[int] = None
-    tokenweave_sharded_residual: bool = False  # opt-in: split forwards keep the residual sharded (unmeasured)
+    # None: the default, sharded (split forwards keep 1/TP of the residual rows); True: --tokenweave-sharded-residual;
+    # False: --tokenweave-full-residual (every rank keeps every residual row)
+    tokenweave_sharded_residual: Optional[bool] = None
     # Triton-distributed: sequence-parallel layout with fused AG-GEMM / GEMM-RS (dense decoders, TP > 1)
     enable_tdist_overlap: bool = False
     tdist_overlap_min_tokens: Optional[int] = None  # None: auto from the calibration tables (sequence_parallel_select)
@@ -167,9 +173,10 @@ class ServerArgs:
             bad("tokenweave-min-tokens", self.tokenweave_min_tokens, "use >= 2 (a split needs two tokens)")
         if self.tokenweave_comm_sms is not None and not 1 <= self.tokenweave_comm_sms <= 256:
             bad("tokenweave-comm-sms", self.tokenweave_comm_sms, "use an SM count in [1, 256]")
-        if self.tokenweave_sharded_residual and not self.enable_tokenweave:
-            bad("tokenweave-sharded-residual", True,
-                "add --enable-tokenweave (it applies to TokenWeave's split forwards)")
+        if self.tokenweave_sharded_residual is not None and not self.enable_tokenweave:
+            flag = "sharded" if self.tokenweave_sharded_residual else "full"
+            bad(f"tokenweave-{flag}-residual", True,
+                "add --enable-tokenweave (it applies to TokenWeave's split forwards) or drop the flag")
         if self.tdist_overlap_min_tokens is not None and self.tdist_overlap_min_tokens < 0:
             bad("tdist-overlap-min-tokens", self.tdist_overlap_min_tokens, "use >= 0 (0: the layout for every batch)")
         if self.enable_tdist_overlap and self.enable_tokenweave:
@@ -319,6 +326,12 @@ class ServerArgs:
         return "token_major" if pd_pull else "layer_major"
 
     @property
+    def resolved_tokenweave_sharded_residual(self) -> bool:
+        """Whether TokenWeave's split forwards keep the residual sharded (TokenWeave, Gond et al. 2025, sec. 3-4):
+        ``--enable-tokenweave`` and not ``--tokenweave-full-residual`` (the sharded residual is the default)."""
+        return self.enable_tokenweave and self.tokenweave_sharded_residual is not False
+
+    @property
     def resolved_tokenizer_path(self) -> str:
         """``tokenizer_path``, or ``model_path`` when unset."""
         return self.tokenizer_path or self.model_path
@@ -353,10 +366,20 @@ class ServerArgs:
     # ---- CLI --------------------------------------------------------------
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
-        """Add every field as ``--flag-name`` (booleans as store_true)."""
+        """Add every field as ``--flag-name`` (booleans as store_true; an ``Optional[bool]`` field as a pair of
+        mutually exclusive flags, ``--flag-name`` storing True and its :data:`FALSE_FLAGS` entry storing False, both
+        defaulting to None: "not given")."""
         for f in dataclasses.fields(ServerArgs):
             flag = "--" + f.name.replace("_", "-")
             default = f.default
+            if str(f.type) == "Optional[bool]":
+                group = parser.add_mutually_exclusive_group()
+                group.add_argument(flag, dest=f.name, action="store_const", const=True, default=default,
+                                   help=SERVER_ARGS_HELP.get(f.name))
+                off = FALSE_FLAGS[f.name]
+                group.add_argument(off, dest=f.name, action="store_const", const=False, default=default,
+                                   help=SERVER_ARGS_HELP.get(off[2:].replace("-", "_")))
+                continue
             if f.type in ("bool",) or isinstance(default, bool):
                 parser.add_argument(flag, action="store_true", default=default,
                                     help=SERVER_ARGS_HELP.get(f.name))

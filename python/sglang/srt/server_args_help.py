@@ -76,9 +76,13 @@ SERVER_ARGS_HELP: dict[str, str] = {
     "1024 otherwise).",
     "tokenweave_comm_sms": "SM budget of TokenWeave's overlapped communication kernel (default: tw-comm's, 16); "
     "split forwards cap their cuBLAS GEMMs to the GPU's SMs minus this many, so the kernel runs beside them.",
-    "tokenweave_sharded_residual": "Opt-in (not yet measured on GPU): TokenWeave's split forwards keep the residual "
-    "sharded (each TP rank updates only its 1/TP of each split's residual rows and all-gathers only the normed rows, "
-    "TokenWeave sec. 3-4), about 30%% less communication than the full residual; same tokens.",
+    "tokenweave_sharded_residual": "The default with --enable-tokenweave (this flag only makes it explicit): "
+    "TokenWeave's split forwards keep the residual sharded (each TP rank updates only its 1/TP of each split's "
+    "residual rows and all-gathers only the normed rows, TokenWeave sec. 3-4), about 30%% less communication than the "
+    "full residual; same tokens. CUDA-graphed 4-layer Llama-3.3-70B TP4 on 4 x H200: 0.92-0.98x the full residual's "
+    "time at 1K-8K tokens (benchmark/results/2026-11-27_issue25_shard_e2e_4xh200.md).",
+    "tokenweave_full_residual": "TokenWeave's split forwards keep the full residual on every TP rank (each fused "
+    "AllReduce + add + RMSNorm all-gathers the residual rows too) instead of the default sharded residual.",
     "tp_ranks_share_gpu": "Correctness test mode: all TP ranks run on --base-gpu-id as separate processes (device "
     "group over gloo, tw-comm over CUDA IPC within the GPU; CUDA graphs and custom all-reduce off). Never for speed.",
     "enable_tdist_overlap": "Triton-distributed: keep the residual token-sharded across TP ranks (sequence parallel) "

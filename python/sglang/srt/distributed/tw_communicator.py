@@ -11,8 +11,8 @@ collectives are plain ``torch.distributed``.
 Calls are stream-ordered on the caller's current stream; an overlapped caller (TokenWeave's executor on
 its communication stream) passes ``overlap=True`` and the SM budget ``--tokenweave-comm-sms``.
 
-``residual_sharded=True`` (TokenWeave's split forwards with ``--tokenweave-sharded-residual``; TokenWeave sec. 3-4
-keeps the residual sharded between layers): the call reads and updates only this rank's rows
+``residual_sharded=True`` (TokenWeave's split forwards by default, unless ``--tokenweave-full-residual``;
+TokenWeave sec. 3-4 keeps the residual sharded between layers): the call reads and updates only this rank's rows
 ``owned_range(T, world, rank)`` of ``residual`` and all-gathers just the normed rows, so the other rows of the
 residual are stale afterwards. A caller may pass it only when every call on that residual chain does (the fused
 AllReduce + add + RMSNorm is the residual's only consumer) with the same row count T, so each call's owned rows are

@@ -62,11 +62,12 @@ def resolve_min_tokens(requested: Optional[int], tp_size: int, gpu_name: str = "
 
 
 def create_tokenweave_executor(model_config: "ModelConfig", min_tokens: Optional[int], comm_sms: Optional[int],
-                               device: torch.device, tp_size: int, sharded_residual: bool = False):
+                               device: torch.device, tp_size: int, sharded_residual: bool = True):
     """The :class:`~sglang.srt.tokenweave.executor.TokenWeaveExecutor` for this worker (SM count of the GPU in
     the wave model; the H100/H200 default on CPU). ``min_tokens`` / ``comm_sms``: ``--tokenweave-min-tokens`` /
     ``--tokenweave-comm-sms`` (validated by ``ServerArgs``; ``min_tokens`` None: :func:`resolve_min_tokens`'s
-    auto-off threshold of this GPU and TP size); ``sharded_residual``: ``--tokenweave-sharded-residual``."""
+    auto-off threshold of this GPU and TP size); ``sharded_residual``: True (the default) unless
+    ``--tokenweave-full-residual``."""
     from sglang.srt.tokenweave.executor import TokenWeaveConfig, TokenWeaveExecutor
     from sglang.srt.tokenweave.planner import GemmShape
 

@@ -30,12 +30,12 @@ def validate(args: Any) -> None:
 
 
 def executor(args: Any) -> Optional[ExecutorSpec]:
-    """The ``tokenweave`` executor with ``--tokenweave-min-tokens`` (None with ``--comm-backend tw`` alone)."""
+    """The ``tokenweave`` executor with ``--tokenweave-min-tokens`` and the residual mode (``sharded_residual``:
+    False with ``--tokenweave-full-residual``, else True, the default); None with ``--comm-backend tw`` alone."""
     if not args.enable_tokenweave:
         return None
-    extra = {"sharded_residual": True} if getattr(args, "tokenweave_sharded_residual", False) else {}
     return ExecutorSpec.of("tokenweave", min_tokens=args.tokenweave_min_tokens, comm_sms=args.tokenweave_comm_sms,
-                           **extra)
+                           sharded_residual=args.tokenweave_sharded_residual is not False)
 
 
 def communicator(args: Any, spec: CommunicatorSpec) -> CommunicatorSpec:
@@ -53,5 +53,8 @@ def make_executor(spec: ExecutorSpec, ctx: Any):
     from sglang.srt.tokenweave import create_tokenweave_executor
 
     opts = spec.opts()
-    return create_tokenweave_executor(ctx.model_config, opts["min_tokens"], opts.get("comm_sms"), ctx.device,
-                                      ctx.tp_size, sharded_residual=bool(opts.get("sharded_residual", False)))
+    ex = create_tokenweave_executor(ctx.model_config, opts["min_tokens"], opts.get("comm_sms"), ctx.device,
+                                    ctx.tp_size, sharded_residual=bool(opts.get("sharded_residual", True)))
+    if ctx.model is not None:
+        ex.check_model(ctx.model)  # fail at startup, not with wrong tokens (TokenWeaveExecutor.check_model)
+    return ex

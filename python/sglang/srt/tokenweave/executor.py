@@ -39,19 +39,20 @@ class TokenWeaveConfig:
     (SM budget of the overlapped communication kernel; None: tw-comm's default), the layer's GEMM output
     widths for the planner, the device's GEMM wave model, and ``gemm_carveout``: SMs the split forward's GEMMs
     leave free for the communication kernel (:class:`~sglang.srt.tokenweave.carveout.GemmCarveout`; None: the
-    communication kernel's CTA budget, 0: GEMMs use every SM). ``sharded_residual``
-    (``--tokenweave-sharded-residual``, opt-in): a split forward's fused AllReduce + add + RMSNorm calls keep the
-    residual sharded (each rank reads and updates only its ``owned_range`` rows of each split's residual and
-    all-gathers the normed rows; TokenWeave sec. 3-4), when the communicator supports it
-    (``supports_sharded_residual``). The two flags are validated once, by ``ServerArgs``; raises ValueError when
-    the GEMM widths are missing or the carveout is negative."""
+    communication kernel's CTA budget, 0: GEMMs use every SM). ``sharded_residual`` (the default; False with
+    ``--tokenweave-full-residual``): a split forward's fused AllReduce + add + RMSNorm calls keep the residual
+    sharded (each rank reads and updates only its ``owned_range`` rows of each split's residual and all-gathers the
+    normed rows; TokenWeave sec. 3-4), when the communicator supports it (``supports_sharded_residual``;
+    :meth:`TokenWeaveExecutor.check_model` refuses a model whose norms do not share one communicator). The two
+    flags are validated once, by ``ServerArgs``; raises ValueError when the GEMM widths are missing or the carveout
+    is negative."""
 
     min_tokens: int = 1024
     comm_sms: Optional[int] = None
     gemm_widths: tuple[int, ...] = ()
     gemm_shape: GemmShape = GemmShape()
     gemm_carveout: Optional[int] = None
-    sharded_residual: bool = False
+    sharded_residual: bool = True
 
     def __post_init__(self) -> None:
         if not self.gemm_widths:
@@ -97,6 +98,7 @@ class TokenWeaveExecutor(SubBatchExecutor):
         self._compute: Optional[Any] = None  # the compute (current) stream of the forward in flight
         self._final: Optional[torch.Tensor] = None  # the split forward's output [T, H] (embed_states)
         self._rows: list[tuple[int, int]] = []  # each split's rows of it
+        self._checked_model: Optional[int] = None  # id() of the model check_model last accepted
         self.set_gemm_carveout(min(config.carveout_sms(), config.gemm_shape.num_sms - 1))  # a small wave model
 
     def set_gemm_carveout(self, sms: int) -> None:
@@ -108,6 +110,39 @@ class TokenWeaveExecutor(SubBatchExecutor):
         # of the SMs); cached plans were made for another count
         self._plan_shape = dataclasses.replace(shape, num_sms=shape.num_sms - self._carveout.carveout)
         self._plans = {}
+
+    def check_model(self, model: Any) -> None:
+        """With the sharded residual, refuse a model whose fused norms do not share one communicator (fail closed).
+
+        A split forward keeps the residual sharded only when every norm that gets a residual (each decoder layer's
+        ``input_norm`` / ``post_attention_norm``, ``layer.norm_module``) and the final norm (``model.model.norm``)
+        run the same communicator's residual-sharded call: a norm whose communicator cannot shard (or a final norm
+        that falls back to ``model.final_norm``) would read the residual rows another rank owns, which hold stale
+        values, and return wrong logits. Every norm of the models here shares the TP communicator; this check keeps
+        a future model from breaking that silently. Called by the executor factory once the model is loaded, and
+        before a model's first split forward. No-op with the full residual or when no norm's communicator can
+        shard (nothing is sharded then).
+
+        Raises:
+            ValueError: the norms have different communicators and one of them can shard; the message names the
+                norm and the fix (``--tokenweave-full-residual``).
+        """
+        if not self.config.sharded_residual:
+            return
+        final = getattr(getattr(model, "model", None), "norm", None)
+        norms = [(f"layer {i} {stage}", layer.norm_module(stage)) for i, layer in enumerate(model.decoder_layers)
+                 for stage in NORM_STAGES]
+        norms.append(("the final norm (model.model.norm)", final))
+        comms = [(where, getattr(norm, "comm", None)) for where, norm in norms]
+        first_where, first = comms[0]
+        odd = next(((w, c) for w, c in comms if c is not first), None)
+        if odd is not None and any(_shards(c) for _, c in comms):
+            raise ValueError(
+                f"TokenWeave's sharded residual needs one communicator for every fused norm, but {odd[0]} uses "
+                f"{type(odd[1]).__name__} and {first_where} uses {type(first).__name__}: a norm that does not make "
+                "the same residual-sharded call would read residual rows this rank does not own. Start the server "
+                "with --tokenweave-full-residual (or build the model with one TP communicator for all its norms)")
+        self._checked_model = id(model)
 
     # ---- which sub-batches ------------------------------------------------------------------------------
     def plan(self, forward_batch: ForwardBatch) -> list[ForwardBatch]:
@@ -154,6 +189,8 @@ class TokenWeaveExecutor(SubBatchExecutor):
         split forward per token count; see ``benchmark/tokenweave_graph.py``)."""
         if len(subs) <= 1:
             return self._sequential.run(model, forward_batch)
+        if self.config.sharded_residual and self._checked_model != id(model):
+            self.check_model(model)
         listener = self.active_listener(forward_batch) if self.kv_layer_listener is not None else None
         if self.comm_stream is None:
             return self.run_layers(model, forward_batch, subs, listener)
@@ -291,7 +328,8 @@ class TokenWeaveExecutor(SubBatchExecutor):
         communicator's overlap SM budget; ``out``: where the normed rows go, ``[T_split, H]``; ``sharded``: keep the
         residual sharded when the communicator can -- consistent within a split forward, whose every norm with a
         residual and final norm come here with the same split row count), or ``fallback()`` when its communicator
-        cannot overlap (then no call of the forward is sharded: the communicator is the same for all)."""
+        cannot overlap (then no call of the forward is sharded: the communicator is the same for all norms, which
+        :meth:`check_model` enforces)."""
         comm = norm.comm
         if comm is not None and comm.supports_overlap:
             kw = {} if out is None else {"out": out}
@@ -301,3 +339,9 @@ class TokenWeaveExecutor(SubBatchExecutor):
                                                                        norm.eps, overlap=overlap, **kw)
         else:
             fallback()
+
+
+def _shards(comm: Any) -> bool:
+    """Whether a norm with communicator ``comm`` makes TokenWeave's residual-sharded call (:meth:`_norm_comm`)."""
+    return comm is not None and bool(getattr(comm, "supports_overlap", False)) and \
+        bool(getattr(comm, "supports_sharded_residual", False))
