@@ -114,6 +114,27 @@ def test_flag_parsed_validated_and_carried():
                                     "--tokenweave-full-residual"])
 
 
+def test_optional_bool_round_trips_through_cli_and_dict():
+    """Every ``Optional[bool]`` field (None / True / False) survives ServerArgs -> dict -> ``sgl.Runtime``'s command
+    line -> ServerArgs and ServerArgs -> dict -> ServerArgs (Engine kwargs): False must become its own flag
+    (``--tokenweave-full-residual``), not be dropped (which would silently start the sharded default)."""
+    import dataclasses
+
+    from sglang.lang.runtime import server_cli_args
+    from sglang.srt.server_args import FALSE_FLAGS, ServerArgs, prepare_server_args
+
+    for value in (None, True, False):
+        sa = ServerArgs(model_path="m", tp_size=2, enable_tokenweave=True, tokenweave_sharded_residual=value)
+        d = dataclasses.asdict(sa)
+        assert ServerArgs(**d) == sa
+        argv = server_cli_args({"model_path": "m", "tp_size": 2, "enable_tokenweave": True,
+                                "tokenweave_sharded_residual": value})
+        assert ("--tokenweave-full-residual" in argv) is (value is False), argv
+        back = prepare_server_args(argv)
+        assert back.tokenweave_sharded_residual is value and back == sa, argv
+    assert set(FALSE_FLAGS) == {f.name for f in dataclasses.fields(ServerArgs) if str(f.type) == "Optional[bool]"}
+
+
 class _Comm:
     """A communicator stand-in with TokenWeave's capability flags."""
 

@@ -27,14 +27,22 @@ def _free_port(host: str) -> int:
 def server_cli_args(server_args: dict[str, Any]) -> list[str]:
     """``{"tp_size": 2, "disable_radix_cache": True}`` -> ``["--tp-size", "2", "--disable-radix-cache"]``.
 
-    True becomes a bare flag; False and None are omitted; lists/tuples give one value each.
+    True becomes a bare flag; None is omitted; False is omitted too, except for a field with a flag of its own for
+    False (``ServerArgs``'s ``FALSE_FLAGS``, e.g. ``tokenweave_sharded_residual=False`` ->
+    ``--tokenweave-full-residual``: omitting it would start the server with the default, True); lists/tuples give
+    one value each.
 
     Raises:
         ValueError: a value is a dict or another non-scalar type.
     """
+    from sglang.srt.server_args import FALSE_FLAGS
+
     out: list[str] = []
     for key, value in server_args.items():
         flag = "--" + key.replace("_", "-")
+        if value is False and key in FALSE_FLAGS:
+            out.append(FALSE_FLAGS[key])
+            continue
         if value is None or value is False:
             continue
         if value is True:

@@ -35,7 +35,7 @@ def executor(args: Any) -> Optional[ExecutorSpec]:
     if not args.enable_tokenweave:
         return None
     return ExecutorSpec.of("tokenweave", min_tokens=args.tokenweave_min_tokens, comm_sms=args.tokenweave_comm_sms,
-                           sharded_residual=args.tokenweave_sharded_residual is not False)
+                           sharded_residual=args.resolved_tokenweave_sharded_residual)
 
 
 def communicator(args: Any, spec: CommunicatorSpec) -> CommunicatorSpec:
