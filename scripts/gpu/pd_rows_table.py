@@ -44,7 +44,7 @@ def fmt(v, spec: str = ".2f") -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
 
-def row_values(label: str, d: dict) -> tuple[str, dict, dict, str]:
+def row_values(d: dict) -> tuple[str, dict, dict, str]:
     """(setup, bench_serving record, transfer summary, transfer mode) of one run; setup "" when nothing measured."""
     res = d.get("results", {})
     setup = "pd" if "pd" in res else ("agg2" if "agg2" in res else "")
@@ -56,7 +56,7 @@ def row_values(label: str, d: dict) -> tuple[str, dict, dict, str]:
 def table(rows: list[tuple[str, str]], dataset: str) -> list[str]:
     """The markdown lines: one line per row, ratios of every pd row to the agg2 row, then failures and the share's
     definition per mode."""
-    got = [(label, *row_values(label, load(path, dataset)), load(path, dataset)) for label, path in rows]
+    got = [(label, *row_values(d), d) for label, d in ((label, load(path, dataset)) for label, path in rows)]
     base = next((r for _, s, r, _, _, _ in got if s == "agg2"), None)
     out = ["| row | TTFT mean ms | TTFT p50 ms | TPOT mean ms | ITL p99 ms | out tok/s | done | transfer ms/req in TTFT | "
            "transfer share of TTFT | READs (pull) / WRITEs (push) per req | ITL p99 agg2 / row | tok/s row / agg2 |",
