@@ -176,7 +176,14 @@ def copies_by_layer(copies: np.ndarray, desc: KVRegionDescriptor, side: int = 0)
     stored. Layout-generic: the layer of a byte offset ``o`` is ``(o // layer stride) % layers`` for any dense
     storage order; a row that wraps past layer ``layers - 1`` (a token-major row covering all layers of a slot
     run) belongs to the last layer. Layer-major regions give one row group per layer; token-major ones whose rows
-    cover all layers post everything with the last layer (correct, no overlap: push mode picks layer_major)."""
+    cover all layers post everything with the last layer (correct, no overlap: push mode picks layer_major).
+
+    Args:
+        copies: ``int64 [N, 3]`` rows ``(source address, destination address, nbytes)`` (host numpy).
+        desc: the region the addresses of column ``side`` lie in.
+    Returns:
+        ``desc.size("layer")`` arrays ``int64 [N_l, 3]`` (row order kept; every row in exactly one).
+    """
     per = desc.stride_bytes("layer")
     n_layers = desc.size("layer")
     first = copies[:, side] - desc.base_address
