@@ -12,15 +12,14 @@ Setups (``--setups``, run in the order given, each with its own servers, started
 
 Every setup gets the same ``python -m sglang.bench_serving`` workload (ShareGPT from the shared data folder, or
 random fixed-length prompts with ``--dataset random``), after two untimed warm-ups: ``--warmup`` concurrent requests
-of the full input length to every server at its start, then, before every timed run (each setup and dataset alike),
-a warm-up phase through the same URL: the workload's own shape at its own rate and concurrency for
-``--warmup-seconds`` (:func:`warmup_prompts`; another seed, so other prompts), so the decode batch sizes up to the
-run's steady state and the prefill shapes it sees have compiled their kernels (Triton JIT, CUDA graphs) before the
-clock starts; then the prefix cache is flushed (which also waits until the servers are idle). The phase is excluded
-from the timed metrics (its own ``bench_serving`` call) and from the transfer / hand-off metrics (the counters are
-read after it). ``bench_serving``'s own single warm-up request (SGLang's convention) stays off in the timed run: it
-would fall inside the counter window. ``--dataset random sharegpt`` runs each workload in
-turn on the same servers (one start per setup); each dataset gets its own report. The table has TTFT / TPOT / ITL
+of the full input length to every server at its start, then, before every timed run (every setup and dataset), a
+warm-up phase through the same URL (``pd_serving_warmup.py``): the workload's own shape at its own rate and
+concurrency for ``--warmup-seconds`` (another seed: other prompts), so the kernels of the decode batch sizes up to
+the run's steady state and of its prefill shapes are compiled before the clock starts, then a prefix-cache flush
+(which waits until the servers are idle). It is outside the timed metrics (its own ``bench_serving`` call) and the
+transfer / hand-off counters (read after it); ``bench_serving``'s own single warm-up request (SGLang's convention)
+stays off, since it would fall inside the counter window. ``--dataset random sharegpt`` runs each workload in turn on
+the same servers (one start per setup); each dataset gets its own report. The table has TTFT / TPOT / ITL
 (p99 included) / throughput per setup and the ratios pd / agg2 and pd / agg, plus the KV transfer share of TTFT
 (the part of TTFT the transfer adds, over the timed requests, / mean TTFT through the router; pull: mean
 ``sglang:kv_transfer_seconds`` of the decode server, the pure transfer from the first READ posted to the last READ
@@ -71,7 +70,7 @@ import requests
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if os.path.join(ROOT, "benchmark") not in sys.path:
     sys.path.insert(0, os.path.join(ROOT, "benchmark"))
-from pd_serving_warmup import warm_phase, warmup_line  # noqa: E402
+from pd_serving_warmup import bench_in_process, warm_phase, warmup_line  # noqa: E402
 from sglang.srt.utils.nvls_env import apply_nvls_off_env  # noqa: E402
 
 ENV = apply_nvls_off_env({**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -164,11 +163,10 @@ def warm_up(args, url: str) -> None:
     print(f"[bench_pd_serving] warm-up of {url}: {time.time() - t0:.1f} s", flush=True)
 
 
-def bench(args, url: str, out: str, dataset: str, num_prompts: int = 0, seed: int | None = None) -> dict:
-    """One ``bench_serving`` run of ``dataset`` (``random`` or ``sharegpt``) against ``url``; its JSON record.
-    ``num_prompts`` / ``seed``: overrides of ``--num-prompts`` / ``--seed`` (the warm-up phase). Raises RuntimeError
-    when it fails."""
-    cmd = [sys.executable, "-m", "sglang.bench_serving", "--disable-tqdm", "--backend", "sglang", "--base-url", url,
+def bench_argv(args, url: str, out: str, dataset: str, num_prompts: int = 0, seed: int | None = None) -> list[str]:
+    """``python -m sglang.bench_serving``'s flags for ``dataset`` (``random`` or ``sharegpt``) against ``url``, one
+    JSON line appended to ``out``; ``num_prompts`` / ``seed`` override ``--num-prompts`` / ``--seed`` (the warm-up)."""
+    cmd = ["--disable-tqdm", "--backend", "sglang", "--base-url", url,
            "--tokenizer", args.tokenizer_path or args.model_path, "--model", args.model_path,
            "--num-prompts", str(num_prompts or args.num_prompts),
            "--seed", str(args.seed if seed is None else seed), "--output-file", out, "--warmup-requests", "0"]
@@ -182,6 +180,13 @@ def bench(args, url: str, out: str, dataset: str, num_prompts: int = 0, seed: in
         cmd += ["--request-rate", str(args.request_rate)]
     if args.max_concurrency:
         cmd += ["--max-concurrency", str(args.max_concurrency)]
+    return cmd
+
+
+def bench(args, url: str, out: str, dataset: str) -> dict:
+    """One timed ``bench_serving`` run (its own process, :func:`bench_argv`) of ``dataset`` against ``url``; its JSON
+    record. Raises RuntimeError when it fails."""
+    cmd = [sys.executable, "-m", "sglang.bench_serving", *bench_argv(args, url, out, dataset)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=args.bench_timeout)
     if r.returncode != 0:
         raise RuntimeError(f"bench_serving failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
@@ -191,9 +196,10 @@ def bench(args, url: str, out: str, dataset: str, num_prompts: int = 0, seed: in
 
 def warm_run(args, url: str, logdir: str, setup: str, dataset: str) -> dict:
     """The warm-up phase (:func:`pd_serving_warmup.warm_phase`) before the timed run of ``setup`` on ``dataset``
-    through ``url``, its ``bench_serving`` output in ``<setup>[_<dataset>]_warmup.jsonl``; its record."""
+    through ``url``: :func:`bench_argv` with its count and seed, in this process; its record (``*_warmup.jsonl``)."""
     out = _jsonl(args, logdir, f"{setup}_warmup", dataset)
-    return warm_phase(args, url, f"{setup}/{dataset}", lambda n, seed: bench(args, url, out, dataset, n, seed))
+    return warm_phase(args, url, f"{setup}/{dataset}",
+                      lambda n, seed: bench_in_process(bench_argv(args, url, out, dataset, n, seed)))
 
 
 def transfer_seconds(url: str) -> dict:
@@ -441,9 +447,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--max-concurrency", type=int, default=8, help="0: no limit")
     ap.add_argument("--warmup", type=int, default=4, help="untimed concurrent warm-up requests per server at its start")
     ap.add_argument("--warmup-seconds", type=float, default=5.0,
-                    help="untimed warm-up phase before every timed run (each setup and dataset): the workload at its "
-                         "own --request-rate / --max-concurrency for this long (without a rate: min(--num-prompts, "
-                         "2 x --max-concurrency) requests), then the prefix cache is flushed; 0: off")
+                    help="untimed warm-up phase before every timed run: the workload at its own rate / concurrency "
+                         "for this long (no rate: min(--num-prompts, 2 x --max-concurrency) requests), a flush; 0: off")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--startup-timeout", type=float, default=900)
     ap.add_argument("--bench-timeout", type=float, default=3600)

@@ -12,6 +12,8 @@ single warm-up request (SGLang's convention) unless ``--warmup-requests 0``.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import time
 from typing import Callable
@@ -36,6 +38,20 @@ def warmup_prompts(args) -> int:
     if args.request_rate > 0:
         return max(1, min(args.num_prompts, math.ceil(args.request_rate * args.warmup_seconds)))
     return min(args.num_prompts, 2 * args.max_concurrency) if args.max_concurrency else args.num_prompts
+
+
+def bench_in_process(argv: list[str]) -> dict:
+    """``python -m sglang.bench_serving <argv>`` in this process (its printed result block captured, not shown); the
+    record of its last run. Raises RuntimeError naming what bench_serving said when it fails (bad flag, no request
+    answered)."""
+    from sglang import bench_serving
+
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            return bench_serving.main(argv)[-1]
+    except (ValueError, RuntimeError, ImportError, IndexError) as e:
+        raise RuntimeError(f"bench_serving (warm-up) failed: {type(e).__name__}: {e}\n{buf.getvalue()[-1500:]}") from e
 
 
 def flush_when_idle(url: str, timeout: float = 60.0, poll: float = 0.25) -> bool:

@@ -247,3 +247,16 @@ def test_report_states_the_warm_up_and_flags_a_leaky_counter_window(tmp_path):
     assert "counters saw 4 hand-offs but the timed run completed 3" in bp.transfer_lines("pull", "nixl", leaky)[0]
     off = bp.parse_args(["--model-path", "m", "--warmup-seconds", "0"])
     assert pw.warmup_line(off, {}).startswith("warm-up phase: off")
+
+
+def test_warm_up_sends_the_timed_runs_flags_but_its_count_and_seed(tmp_path):
+    a = bp.parse_args(["--model-path", "m", "--request-rate", "8", "--max-concurrency", "0", "--input-len", "1024",
+                       "--output-len", "128", "--num-prompts", "48"])
+    for ds in ("random", "sharegpt"):
+        timed = bp.bench_argv(a, "http://lb", "t.jsonl", ds)
+        warm = bp.bench_argv(a, "http://lb", "t.jsonl", ds, 40, a.seed + pw.WARMUP_SEED_OFFSET)
+        diff = {timed[i]: (timed[i + 1], warm[i + 1]) for i in range(len(timed) - 1) if timed[i + 1] != warm[i + 1]}
+        assert len(timed) == len(warm) and diff == {"--num-prompts": ("48", "40"), "--seed": ("1", "1001")}
+        assert "--request-rate" in timed and timed[timed.index("--warmup-requests") + 1] == "0"
+    with pytest.raises(RuntimeError, match="--request-rate"):  # bench_serving's own error, named
+        pw.bench_in_process(["--request-rate", "-1", "--model", "m", "--tokenizer", str(tmp_path)])
