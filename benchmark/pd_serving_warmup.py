@@ -54,7 +54,7 @@ def bench_in_process(argv: list[str]) -> dict:
         raise RuntimeError(f"bench_serving (warm-up) failed: {type(e).__name__}: {e}\n{buf.getvalue()[-1500:]}") from e
 
 
-def flush_when_idle(url: str, timeout: float = 60.0, poll: float = 0.25) -> bool:
+def flush_when_idle(url: str, timeout: float = 20.0, poll: float = 0.25) -> bool:
     """POST ``url/flush_cache`` until it answers 200 or ``timeout`` s pass (a server, or every worker behind
     ``mini_lb``, answers 400 while requests are running or waiting: the warm-up's tail, a hand-off in flight).
 
