@@ -11,9 +11,15 @@ Setups (``--setups``, run in the order given, each with its own servers, started
   --decode`` (``--disaggregation-transfer-backend``, ``--disaggregation-transfer-mode``).
 
 Every setup gets the same ``python -m sglang.bench_serving`` workload (ShareGPT from the shared data folder, or
-random fixed-length prompts with ``--dataset random``), after untimed warm-up requests sent to every server
-(``--warmup`` concurrent requests of the full input length). ``--dataset random sharegpt`` runs each workload in
-turn on the same servers (one start per setup); each dataset gets its own report. The table has TTFT / TPOT / ITL
+random fixed-length prompts with ``--dataset random``), after two untimed warm-ups: ``--warmup`` concurrent requests
+of the full input length to every server at its start, then, before every timed run (every setup and dataset), a
+warm-up phase through the same URL (``pd_serving_warmup.py``): the workload's own shape at its own rate and
+concurrency for ``--warmup-seconds`` (another seed: other prompts), so the kernels of the decode batch sizes up to
+the run's steady state and of its prefill shapes are compiled before the clock starts, then a prefix-cache flush
+(which waits until the servers are idle). It is outside the timed metrics (its own ``bench_serving`` call) and the
+transfer / hand-off counters (read after it); ``bench_serving``'s own single warm-up request (SGLang's convention)
+stays off, since it would fall inside the counter window. ``--dataset random sharegpt`` runs each workload in turn on
+the same servers (one start per setup); each dataset gets its own report. The table has TTFT / TPOT / ITL
 (p99 included) / throughput per setup and the ratios pd / agg2 and pd / agg, plus the KV transfer share of TTFT
 (the part of TTFT the transfer adds, over the timed requests, / mean TTFT through the router; pull: mean
 ``sglang:kv_transfer_seconds`` of the decode server, the pure transfer from the first READ posted to the last READ
@@ -62,6 +68,9 @@ import time
 import requests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if os.path.join(ROOT, "benchmark") not in sys.path:
+    sys.path.insert(0, os.path.join(ROOT, "benchmark"))
+from pd_serving_warmup import bench_in_process, warm_phase, warmup_line  # noqa: E402
 from sglang.srt.utils.nvls_env import apply_nvls_off_env  # noqa: E402
 
 ENV = apply_nvls_off_env({**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -154,13 +163,13 @@ def warm_up(args, url: str) -> None:
     print(f"[bench_pd_serving] warm-up of {url}: {time.time() - t0:.1f} s", flush=True)
 
 
-def bench(args, url: str, out: str, dataset: str) -> dict:
-    """One ``bench_serving`` run of ``dataset`` (``random`` or ``sharegpt``) against ``url``; its JSON record.
-    Raises RuntimeError when it fails."""
-    cmd = [sys.executable, "-m", "sglang.bench_serving", "--disable-tqdm", "--backend", "sglang", "--base-url", url,
+def bench_argv(args, url: str, out: str, dataset: str, num_prompts: int = 0, seed: int | None = None) -> list[str]:
+    """``python -m sglang.bench_serving``'s flags for ``dataset`` (``random`` or ``sharegpt``) against ``url``, one
+    JSON line appended to ``out``; ``num_prompts`` / ``seed`` override ``--num-prompts`` / ``--seed`` (the warm-up)."""
+    cmd = ["--disable-tqdm", "--backend", "sglang", "--base-url", url,
            "--tokenizer", args.tokenizer_path or args.model_path, "--model", args.model_path,
-           "--num-prompts", str(args.num_prompts),
-           "--seed", str(args.seed), "--output-file", out, "--warmup-requests", "0"]
+           "--num-prompts", str(num_prompts or args.num_prompts),
+           "--seed", str(args.seed if seed is None else seed), "--output-file", out, "--warmup-requests", "0"]
     if dataset == "sharegpt":
         cmd += ["--dataset-name", "sharegpt", "--dataset-path", args.dataset_path, "--sharegpt-output-len",
                 str(args.output_len), "--sharegpt-context-len", str(args.context_len)]
@@ -171,11 +180,26 @@ def bench(args, url: str, out: str, dataset: str) -> dict:
         cmd += ["--request-rate", str(args.request_rate)]
     if args.max_concurrency:
         cmd += ["--max-concurrency", str(args.max_concurrency)]
+    return cmd
+
+
+def bench(args, url: str, out: str, dataset: str) -> dict:
+    """One timed ``bench_serving`` run (its own process, :func:`bench_argv`) of ``dataset`` against ``url``; its JSON
+    record. Raises RuntimeError when it fails."""
+    cmd = [sys.executable, "-m", "sglang.bench_serving", *bench_argv(args, url, out, dataset)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=args.bench_timeout)
     if r.returncode != 0:
         raise RuntimeError(f"bench_serving failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
     with open(out) as f:
         return json.loads(f.read().strip().splitlines()[-1])
+
+
+def warm_run(args, url: str, logdir: str, setup: str, dataset: str) -> dict:
+    """The warm-up phase (:func:`pd_serving_warmup.warm_phase`) before the timed run of ``setup`` on ``dataset``
+    through ``url``: :func:`bench_argv` with its count and seed, in this process; its record (``*_warmup.jsonl``)."""
+    out = _jsonl(args, logdir, f"{setup}_warmup", dataset)
+    return warm_phase(args, url, f"{setup}/{dataset}",
+                      lambda n, seed: bench_in_process(bench_argv(args, url, out, dataset, n, seed)))
 
 
 def transfer_seconds(url: str) -> dict:
@@ -218,9 +242,10 @@ def push_paths(urls: list[str]) -> dict:
     return out
 
 
-def run_aggregated(args, logdir: str, which: list[str], results: dict, report) -> None:
+def run_aggregated(args, logdir: str, which: list[str], results: dict, report, warm: dict) -> None:
     """``agg`` and/or ``agg2`` on one set of replicas (``agg`` on replica 0 alone, ``agg2`` through mini_lb), every
-    dataset of ``--dataset`` in turn; ``results[dataset][setup]`` is filled."""
+    dataset of ``--dataset`` in turn, each after its :func:`warm_run` through the same URL;
+    ``results[dataset][setup]`` and ``warm[dataset][setup]`` are filled."""
     n = max(2, len(args.replica_gpus)) if "agg2" in which else 1
     gpus = args.replica_gpus if args.device == "cuda" else [None] * n
     procs: list[Proc] = []
@@ -236,10 +261,12 @@ def run_aggregated(args, logdir: str, which: list[str], results: dict, report) -
             lb = router(args, ["--workers", *[p.url for p in procs]], logdir)
             procs.append(lb)
             for ds in args.dataset:
+                warm[ds]["agg2"] = warm_run(args, lb.url, logdir, "agg2", ds)
                 results[ds]["agg2"] = bench(args, lb.url, _jsonl(args, logdir, "agg2", ds), ds)
                 report()
         if "agg" in which:
             for ds in args.dataset:
+                warm[ds]["agg"] = warm_run(args, procs[0].url, logdir, "agg", ds)
                 results[ds]["agg"] = bench(args, procs[0].url, _jsonl(args, logdir, "agg", ds), ds)
                 report()
     finally:
@@ -252,9 +279,11 @@ def transfer_summary(mode: str, d: dict, pd_result: dict, prefill_servers: int) 
     the timed requests) and their shares of ``pd_result["mean_ttft_ms"]``. ``share_of_ttft`` is the part of TTFT the
     transfer adds: pull, the pure transfer (first READ posted -> last READ DONE); push, ``tail_mean_ms`` (the WRITE
     time after the prefill forward; NaN when the server does not report it). ``write_share_of_ttft``: the whole
-    transfer time's share (push layerwise: it overlaps the forward)."""
+    transfer time's share (push layerwise: it overlaps the forward). ``timed_completed``: the timed run's completed
+    requests, which ``requests`` should equal (else the counter window held other requests, or one failed)."""
     n = max(d["requests"], 1)
-    x = {"requests": d["requests"], "bytes_sum": d["bytes"], "reads_sum": d["reads"], "seconds_sum": d["seconds"],
+    x = {"requests": d["requests"], "timed_completed": pd_result.get("completed", float("nan")),
+         "bytes_sum": d["bytes"], "reads_sum": d["reads"], "seconds_sum": d["seconds"],
          "reads_per_request": d["reads"] / n, "mean_ms": 1000 * d["seconds"] / n, "prefill_servers": prefill_servers}
     for phase in ("setup", "wait", "handoff", "tail"):
         x[f"{phase}_mean_ms"] = 1000 * d[phase] / n
@@ -266,10 +295,11 @@ def transfer_summary(mode: str, d: dict, pd_result: dict, prefill_servers: int) 
     return x
 
 
-def run_pd(args, logdir: str, results: dict, xfer: dict, report) -> None:
+def run_pd(args, logdir: str, results: dict, xfer: dict, report, warm: dict) -> None:
     """The ``pd`` setup: one prefill server per ``--prefill-gpus`` entry (placed there on cuda; else one), one decode
-    server, the router; every dataset in turn: ``results[dataset]["pd"]`` and ``xfer[dataset]`` (the decode server's
-    transfer counters over its timed requests, :func:`transfer_summary`)."""
+    server, the router; every dataset in turn, each after its :func:`warm_run` through the router:
+    ``results[dataset]["pd"]``, ``warm[dataset]["pd"]`` and ``xfer[dataset]`` (the decode server's transfer counters
+    over its timed requests only, read after the warm-up phase: :func:`transfer_summary`)."""
     pd = ["--disaggregation-transfer-backend", args.transfer_backend, "--disaggregation-transfer-mode",
           args.transfer_mode]
     gpus = [None] if not args.prefill_gpus else [g if args.device == "cuda" else None for g in args.prefill_gpus]
@@ -289,6 +319,7 @@ def run_pd(args, logdir: str, results: dict, xfer: dict, report) -> None:
         procs.append(lb)
         warm_up(args, lb.url)
         for ds in args.dataset:
+            warm[ds]["pd"] = warm_run(args, lb.url, logdir, "pd", ds)
             c0, p0 = transfer_seconds(dec.url), push_paths([p.url for p in procs[:-2]])
             results[ds]["pd"] = bench(args, lb.url, _jsonl(args, logdir, "pd", ds), ds)
             c1, p1 = transfer_seconds(dec.url), push_paths([p.url for p in procs[:-2]])
@@ -314,6 +345,10 @@ def transfer_lines(mode: str, backend: str, xfer: dict) -> list[str]:
                      "layerwise, last layer posted -> last WRITE DONE seen, after the fact the whole push, / mean "
                      f"router TTFT; the whole WRITE time, first layer -> last WRITE DONE, overlapping the forward "
                      f"when layerwise, is {100 * xfer.get('write_share_of_ttft', float('nan')):.2f}%)")]
+    done = xfer.get("timed_completed", xfer["requests"])
+    if done == done and int(done) != int(xfer["requests"]):  # NaN (not known) skips the check
+        lines[-1] += (f"; **the counters saw {int(xfer['requests'])} hand-offs but the timed run completed {int(done)} "
+                      "requests** (other requests in the window, or failures)")
     if "push_layerwise" in xfer:
         lines[-1] += (f"; rooms pushed layer by layer {xfer['push_layerwise']}, after the forward "
                       f"{xfer['push_after_forward']}")
@@ -326,11 +361,13 @@ def transfer_lines(mode: str, backend: str, xfer: dict) -> list[str]:
     return lines + [""]
 
 
-def report_text(a, dataset: str, results: dict, xfer: dict, errors: dict, hw: str) -> str:
-    """The markdown report of one dataset: header, transfer lines, metric table with the pd ratios, failures."""
+def report_text(a, dataset: str, results: dict, xfer: dict, errors: dict, hw: str, warm: dict | None = None) -> str:
+    """The markdown report of one dataset: header, warm-up line, transfer lines, metric table with the pd ratios,
+    failures (``warm``: setup -> the warm-up phase's record)."""
     lines = [f"# PD disaggregation vs aggregated, {dataset} ({datetime.date.today().isoformat()} "
              f"{datetime.datetime.utcnow():%H:%M} UTC)", "",
-             f"hardware: {hw}", f"command: `python {' '.join(shlex.quote(x) for x in sys.argv)}`", ""]
+             f"hardware: {hw}", f"command: `python {' '.join(shlex.quote(x) for x in sys.argv)}`",
+             warmup_line(a, warm or {}), ""]
     if xfer:
         lines += transfer_lines(a.transfer_mode, a.transfer_backend, xfer)
     cols = [s for s in SETUPS if s in results]
@@ -350,9 +387,11 @@ def report_text(a, dataset: str, results: dict, xfer: dict, errors: dict, hw: st
     return "\n".join(lines) + "\n"
 
 
-def write_report(a, results: dict, xfer: dict, errors: dict) -> None:
+def write_report(a, results: dict, xfer: dict, errors: dict, warm: dict | None = None) -> None:
     """(Re)write the markdown table and the JSON of everything measured so far, one pair of files per dataset
-    (``results`` / ``xfer``: dataset -> setup -> metrics / dataset -> transfer summary)."""
+    (``results`` / ``xfer`` / ``warm``: dataset -> setup -> metrics / dataset -> transfer summary / dataset -> setup
+    -> the untimed warm-up phase's record)."""
+    warm = warm or {}
     date = datetime.date.today().isoformat()
     hw = f"{platform.node()} {platform.processor() or platform.machine()} ({a.device})"
     if a.device == "cuda":
@@ -363,7 +402,7 @@ def write_report(a, results: dict, xfer: dict, errors: dict) -> None:
         except Exception:  # noqa: BLE001
             pass
     for i, ds in enumerate(a.dataset):
-        text = report_text(a, ds, results.get(ds, {}), xfer.get(ds, {}), errors, hw)
+        text = report_text(a, ds, results.get(ds, {}), xfer.get(ds, {}), errors, hw, warm.get(ds, {}))
         print(text, flush=True)
         base = os.path.join(a.out_dir, f"{date}_pd_serving_{a.transfer_backend}_{a.transfer_mode}"
                             + ("" if i == 0 else f"_{ds}"))
@@ -371,7 +410,8 @@ def write_report(a, results: dict, xfer: dict, errors: dict) -> None:
             f.write(text)
         with open(base + ".json", "w") as f:
             json.dump({"date": date, "hardware": hw, "command": sys.argv, "dataset": ds,
-                       "results": results.get(ds, {}), "transfer": xfer.get(ds, {}), "errors": errors}, f, indent=1)
+                       "results": results.get(ds, {}), "transfer": xfer.get(ds, {}), "warmup": warm.get(ds, {}),
+                       "errors": errors}, f, indent=1)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -405,7 +445,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--context-len", type=int, default=400)
     ap.add_argument("--request-rate", type=float, default=0.0)
     ap.add_argument("--max-concurrency", type=int, default=8, help="0: no limit")
-    ap.add_argument("--warmup", type=int, default=4, help="untimed concurrent warm-up requests per server")
+    ap.add_argument("--warmup", type=int, default=4, help="untimed concurrent warm-up requests per server at its start")
+    ap.add_argument("--warmup-seconds", type=float, default=5.0,
+                    help="untimed warm-up phase before every timed run: the workload at its own rate / concurrency "
+                         "for this long (no rate: min(--num-prompts, 2 x --max-concurrency) requests), a flush; 0: off")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--startup-timeout", type=float, default=900)
     ap.add_argument("--bench-timeout", type=float, default=3600)
@@ -418,17 +461,20 @@ def main(argv=None) -> None:
     """Run the chosen setups one after another and write the Markdown/JSON report under ``--out-dir``."""
     a = parse_args(argv)
     a.dataset = list(dict.fromkeys(a.dataset))
+    if a.warmup_seconds < 0:
+        sys.exit(f"--warmup-seconds {a.warmup_seconds}: use 0 (no warm-up phase) or a positive number of seconds")
     if "agg2" in a.setups and len(a.replica_gpus) < 2:
         sys.exit(f"--replica-gpus {a.replica_gpus}: agg2 needs at least two GPUs")
     logdir = os.path.join(a.out_dir, "pd_serving_logs")
     os.makedirs(logdir, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks: stop every server
     results: dict = {ds: {} for ds in a.dataset}  # dataset -> setup -> bench_serving record
+    warm: dict = {ds: {} for ds in a.dataset}  # dataset -> setup -> the warm-up phase's record (untimed)
     xfer: dict = {}  # dataset -> transfer_summary of the pd setup
     errors: dict = {}
 
     def report() -> None:
-        write_report(a, results, xfer, errors)
+        write_report(a, results, xfer, errors, warm)
 
     order = list(dict.fromkeys(a.setups))
     while order:
@@ -436,11 +482,11 @@ def main(argv=None) -> None:
         t0 = time.time()
         try:
             if s == "pd":
-                run_pd(a, logdir, results, xfer, report)
+                run_pd(a, logdir, results, xfer, report, warm)
             else:
                 which = [s] + (["agg2"] if s == "agg" and order[:1] == ["agg2"] else [])
                 order = [o for o in order if o not in which]
-                run_aggregated(a, logdir, which, results, report)
+                run_aggregated(a, logdir, which, results, report, warm)
         except Exception as e:  # noqa: BLE001 - the next setup still runs; the report names the failure
             errors[s] = f"{type(e).__name__}: {e}"
         print(f"[bench_pd_serving] {s} done in {time.time() - t0:.1f} s", flush=True)

@@ -11,7 +11,8 @@
 #         requests whose KV the prefill side holds: every client gets an error within 10 s, the prefill side frees
 #         the KV, then serves through a new decode server.
 #   2. measurement, Llama-3.1-8B config, dummy bf16, llama3 tokenizer, random 1024 in / 128 out, 48 prompts at
-#      8 req/s (Poisson, no concurrency cap), warm-ups excluded (benchmark/bench_pd_serving.py):
+#      8 req/s (Poisson, no concurrency cap), warm-ups excluded (benchmark/bench_pd_serving.py: 4 requests per server
+#      at its start, then a 5 s warm-up phase of the same workload before every timed run, --warmup-seconds):
 #      P = prefill GPU 0 + decode GPU 1 via mini_lb (pull), (a) one aggregated server on GPU 0,
 #      (b) two aggregated replicas (GPU 0, GPU 1) behind mini_lb --workers; TTFT, TPOT, ITL p99, output
 #      throughput, KV transfer share of TTFT; targets: share <= 2%, ITL p99 (b) / P >= 1.5, throughput P / (b) >= 0.9.
@@ -33,7 +34,7 @@ trap kill_all EXIT INT TERM
 data=../shared/data
 if [ -n "${ISSUE24_PD_CPU:-}" ]; then
   dev=cpu; backend=fake; model=$data/models/stories260K; tok=""; wl=(--input-len 64 --output-len 16 --num-prompts 8
-    --request-rate 8 --warmup 2); srv="--max-total-tokens 4096"; gpu_p=""; gpu_d=""; gpu_a=""
+    --request-rate 8 --warmup 2 --warmup-seconds 1); srv="--max-total-tokens 4096"; gpu_p=""; gpu_d=""; gpu_a=""
 else
   dev=cuda; backend=nixl; model=$data/configs/meta-llama--Meta-Llama-3.1-8B; tok="--tokenizer-path $data/tokenizers/llama3"
   wl=(--input-len 1024 --output-len 128 --num-prompts 48 --request-rate 8 --warmup 4)

@@ -1,12 +1,16 @@
 """bench_pd_serving.py without servers: several datasets per invocation (one report each), the transfer share of TTFT
 as the part the transfer adds (pull: the pure READ time; push: the WRITE time after the prefill forward, since
-layerwise WRITEs overlap it), and the report's wording of both."""
+layerwise WRITEs overlap it), the report's wording of both, and the warm-up phase before every timed run (its size,
+its order before the transfer counters are read, the same phase for pd, agg and agg2)."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import math
+import os
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -15,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmark"))
 
 import bench_pd_serving as bp  # noqa: E402
+import pd_serving_warmup as pw  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -104,3 +109,154 @@ def test_rows_table_ratios_against_the_agg2_row(tmp_path):
     assert any(x.startswith("- gone: not measured") for x in lines)
     assert any("(push) = mean WRITE time after the prefill forward" in x for x in lines)
     assert pt.table([("x", str(tmp_path / "tok"))], "sharegpt")[-1] == "- x: not measured (no result file)"
+
+
+# ---- the warm-up phase before every timed run (issue 24: the first row of a call paid the JIT compiles) ----
+
+def test_warmup_prompts_follow_the_workloads_rate_and_burst():
+    args = ["--model-path", "m", "--num-prompts", "48"]
+    assert pw.warmup_prompts(bp.parse_args([*args, "--request-rate", "8"])) == 40  # 5 s (default) at 8 req/s
+    assert pw.warmup_prompts(bp.parse_args([*args, "--request-rate", "8", "--warmup-seconds", "2.1"])) == 17
+    assert pw.warmup_prompts(bp.parse_args([*args, "--request-rate", "100"])) == 48  # never more than the run
+    assert pw.warmup_prompts(bp.parse_args([*args, "--request-rate", "0.01"])) == 1
+    assert pw.warmup_prompts(bp.parse_args([*args, "--max-concurrency", "8"])) == 16  # no rate: the run's burst
+    assert pw.warmup_prompts(bp.parse_args([*args, "--max-concurrency", "0"])) == 48
+    assert pw.warmup_prompts(bp.parse_args([*args, "--request-rate", "8", "--warmup-seconds", "0"])) == 0
+    with pytest.raises(SystemExit, match="--warmup-seconds"):
+        bp.main([*args, "--warmup-seconds", "-1"])
+
+
+class _FlushServer(http.server.BaseHTTPRequestHandler):
+    answers: list = []  # status codes /flush_cache answers, in order (then 200)
+
+    def do_POST(self):  # noqa: N802
+        code = self.answers.pop(0) if self.answers else 200
+        self.send_response(code)
+        self.end_headers()
+        self.wfile.write(b"cannot flush the cache while requests are running" if code != 200 else b"{}")
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture()
+def flush_url():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FlushServer)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+def test_warm_phase_runs_the_workload_with_another_seed_then_flushes(flush_url, capsys):
+    a = bp.parse_args(["--model-path", "m", "--num-prompts", "48", "--request-rate", "8", "--seed", "3"])
+    calls = []
+    _FlushServer.answers = [400, 400]  # busy twice (the warm-up's tail), then flushed
+    rec = pw.warm_phase(a, flush_url, "pd/random", lambda n, seed: calls.append((n, seed)) or {"mean_ttft_ms": 300.0,
+                                                                                                 "completed": n})
+    assert calls == [(40, 3 + pw.WARMUP_SEED_OFFSET)] and rec["flushed"] is True and not _FlushServer.answers
+    assert rec["completed"] == 40 and rec["warmup_seconds"] >= 0
+    assert "warm-up phase pd/random: 40 requests" in capsys.readouterr().out
+    off = bp.parse_args(["--model-path", "m", "--warmup-seconds", "0"])
+    assert pw.warm_phase(off, flush_url, "x", lambda n, s: pytest.fail("no phase when off")) == {}
+
+
+def test_flush_when_idle_gives_up_with_a_warning(flush_url, capsys):
+    _FlushServer.answers = [400] * 1000
+    assert pw.flush_when_idle(flush_url, timeout=0.3, poll=0.05) is False
+    out = capsys.readouterr().out
+    assert "not accepted in 0 s (HTTP 400: cannot flush" in out
+    _FlushServer.answers = []
+    assert pw.flush_when_idle("http://127.0.0.1:9", timeout=0.2, poll=0.05) is False  # nothing listening
+
+
+class _FakeProc:
+    def __init__(self, url):
+        self.url = url
+
+    def wait_healthy(self, timeout):
+        return self
+
+    def stop(self):
+        pass
+
+
+def _fake_servers(monkeypatch, log: list, counters: dict):
+    """Stand-ins for the servers: every call is logged; the warm-up phase and the timed run add hand-offs to the
+    decode server's counters (4 and 48), so the deltas show which requests the transfer window covers."""
+    names = iter(f"http://s{i}" for i in range(100))
+    monkeypatch.setattr(bp, "server", lambda args, extra, tag, logdir: _FakeProc(next(names)))
+    monkeypatch.setattr(bp, "router", lambda args, flags, logdir: _FakeProc("http://lb"))
+    monkeypatch.setattr(bp, "warm_up", lambda args, url: log.append(("warm_up", url)))
+    monkeypatch.setattr(bp, "push_paths", lambda urls: {})
+
+    def warm_run(args, url, logdir, setup, ds):
+        log.append(("warm_run", url, setup, ds))
+        counters["requests"] += 4
+        return {"completed": 4}
+
+    def bench(args, url, out, ds, *rest):
+        log.append(("bench", url, os.path.basename(out), ds))
+        counters["requests"] += 48
+        return {"mean_ttft_ms": 50.0, "completed": 48}
+
+    monkeypatch.setattr(bp, "warm_run", warm_run)
+    monkeypatch.setattr(bp, "bench", bench)
+    monkeypatch.setattr(bp, "transfer_seconds", lambda url: log.append(("counters", url)) or
+                        {"seconds": 0.0, "bytes": 0.0, "reads": 0.0, "setup": 0.0, "wait": 0.0, "handoff": 0.0,
+                         "tail": 0.0, **counters})
+
+
+def test_pd_reads_the_transfer_counters_after_each_warm_up_phase(monkeypatch, tmp_path):
+    a = bp.parse_args(["--model-path", "m", "--dataset", "random", "sharegpt", "--out-dir", str(tmp_path)])
+    log, counters = [], {"requests": 0.0}
+    _fake_servers(monkeypatch, log, counters)
+    results, xfer, warm = {"random": {}, "sharegpt": {}}, {}, {"random": {}, "sharegpt": {}}
+    bp.run_pd(a, str(tmp_path), results, xfer, lambda: None, warm)
+    seq = [x[0] for x in log]
+    assert seq == ["warm_up", "warm_run", "counters", "bench", "counters", "warm_run", "counters", "bench", "counters"]
+    assert [x[1] for x in log if x[0] in ("warm_run", "bench")] == ["http://lb"] * 4  # through the router
+    assert [x[3] for x in log if x[0] == "warm_run"] == ["random", "sharegpt"]
+    for ds in ("random", "sharegpt"):  # the 4 warm-up hand-offs are outside the window: 48, not 52
+        assert xfer[ds]["requests"] == 48 and xfer[ds]["timed_completed"] == 48 and warm[ds]["pd"]["completed"] == 4
+
+
+def test_agg_and_agg2_get_the_same_warm_up_phase_on_their_own_url(monkeypatch, tmp_path):
+    a = bp.parse_args(["--model-path", "m", "--dataset", "random", "--out-dir", str(tmp_path), "--device", "cpu"])
+    log = []
+    _fake_servers(monkeypatch, log, {"requests": 0.0})
+    results, warm = {"random": {}}, {"random": {}}
+    bp.run_aggregated(a, str(tmp_path), ["agg", "agg2"], results, lambda: None, warm)
+    runs = [(x[0], x[1], x[2]) for x in log if x[0] in ("warm_run", "bench")]
+    assert runs == [("warm_run", "http://lb", "agg2"), ("bench", "http://lb", "agg2.jsonl"),
+                    ("warm_run", "http://s0", "agg"), ("bench", "http://s0", "agg.jsonl")]
+    assert set(warm["random"]) == {"agg", "agg2"} and set(results["random"]) == {"agg", "agg2"}
+
+
+def test_report_states_the_warm_up_and_flags_a_leaky_counter_window(tmp_path):
+    a = bp.parse_args(["--model-path", "m", "--dataset", "random", "--request-rate", "8", "--out-dir", str(tmp_path)])
+    rec = {m: 1.0 for m in bp.METRICS}
+    warm = {"random": {"pd": {"completed": 40, "warmup_seconds": 6.0, "mean_ttft_ms": 357.0, "p99_ttft_ms": 1600.0,
+                              "flushed": True}}}
+    xfer = {"random": bp.transfer_summary("pull", DELTA, {**PD, "completed": 4}, 1)}
+    bp.write_report(a, {"random": {"pd": rec}}, xfer, {}, warm)
+    md = next(tmp_path.glob("*.md")).read_text()
+    assert "40 requests (5 s of arrivals at 8 req/s)" in md and "pd 40 requests in 6.0 s, mean / p99 TTFT 357.0" in md
+    assert "counters saw" not in md  # 4 hand-offs, 4 timed requests
+    assert json.loads(next(tmp_path.glob("*.json")).read_text())["warmup"]["pd"]["completed"] == 40
+    leaky = bp.transfer_summary("pull", DELTA, {**PD, "completed": 3}, 1)
+    assert "counters saw 4 hand-offs but the timed run completed 3" in bp.transfer_lines("pull", "nixl", leaky)[0]
+    off = bp.parse_args(["--model-path", "m", "--warmup-seconds", "0"])
+    assert pw.warmup_line(off, {}).startswith("warm-up phase: off")
+
+
+def test_warm_up_sends_the_timed_runs_flags_but_its_count_and_seed(tmp_path):
+    a = bp.parse_args(["--model-path", "m", "--request-rate", "8", "--max-concurrency", "0", "--input-len", "1024",
+                       "--output-len", "128", "--num-prompts", "48"])
+    for ds in ("random", "sharegpt"):
+        timed = bp.bench_argv(a, "http://lb", "t.jsonl", ds)
+        warm = bp.bench_argv(a, "http://lb", "t.jsonl", ds, 40, a.seed + pw.WARMUP_SEED_OFFSET)
+        diff = {timed[i]: (timed[i + 1], warm[i + 1]) for i in range(len(timed) - 1) if timed[i + 1] != warm[i + 1]}
+        assert len(timed) == len(warm) and diff == {"--num-prompts": ("48", "40"), "--seed": ("1", "1001")}
+        assert "--request-rate" in timed and timed[timed.index("--warmup-requests") + 1] == "0"
+    with pytest.raises(RuntimeError, match="--request-rate"):  # bench_serving's own error, named
+        pw.bench_in_process(["--request-rate", "-1", "--model", "m", "--tokenizer", str(tmp_path)])
