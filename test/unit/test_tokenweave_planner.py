@@ -10,36 +10,58 @@ import pytest
 from sglang.srt.tokenweave.planner import GemmShape, layer_gemm_widths, plan_split, total_waves
 
 
-def brute(tokens, widths, shape):
+def brute(tokens, widths, shape, max_skew=None):
+    """(extra waves, |2 T1 - T|) of the best cut over every T1 within the skew window (the half always allowed)."""
     whole = total_waves(shape, tokens, widths)
+    window = tokens if max_skew is None else int(max_skew * tokens)
     best = min(((total_waves(shape, t, widths) + total_waves(shape, tokens - t, widths) - whole, abs(2 * t - tokens))
-                for t in range(1, tokens)))
+                for t in range(1, tokens) if abs(2 * t - tokens) <= 2 * window or t == tokens // 2))
     return best
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_plan_matches_brute_force(seed):
+@pytest.mark.parametrize("max_skew", [None, 0.125, 0.0])
+def test_plan_matches_brute_force(seed, max_skew):
     rng = random.Random(seed)
     shape = GemmShape(tile_m=rng.choice([64, 128, 256]), tile_n=rng.choice([64, 128, 256]),
                       num_sms=rng.choice([78, 108, 132]))
     widths = layer_gemm_widths(rng.choice([4096, 8192]), 64, 8, 128, rng.choice([14336, 28672]), rng.choice([1, 2, 8]))
     for _ in range(40):
         t = rng.randrange(2, 9000)
-        plan = plan_split(t, widths, shape)
+        plan = plan_split(t, widths, shape, max_skew)
         assert plan.prefix + plan.suffix == t and plan.prefix >= 1 and plan.suffix >= 1
         extra = total_waves(shape, plan.prefix, widths) + total_waves(shape, plan.suffix, widths) - plan.unsplit_waves
         assert plan.extra_waves == extra
-        assert (extra, abs(2 * plan.prefix - t)) == brute(t, widths, shape), (t, plan)
+        assert (extra, abs(2 * plan.prefix - t)) == brute(t, widths, shape, max_skew), (t, plan)
+        if max_skew is not None:
+            assert abs(2 * plan.prefix - t) <= 2 * int(max_skew * t) or plan.prefix == t // 2, (t, plan)
+
+
+def test_split_stays_balanced_at_4096_on_116_sms():
+    """Issue 25 (4 x H200, TP4, Llama-3.3-70B, GEMMs capped to 116 SMs): the unbounded wave search cut 4096 tokens
+    384 + 3712, which left the suffix's AllReduce with nothing to hide behind; the bounded planner cuts at the half
+    (one extra wave), and at equal balance gives the prefix the larger part (1024: 640 + 384)."""
+    shape = GemmShape(128, 128, 116)
+    widths = layer_gemm_widths(8192, 64, 8, 128, 28672, tp_size=4)
+    legacy = plan_split(4096, widths, shape, max_skew=None)
+    assert (legacy.prefix, legacy.extra_waves) == (384, 0)
+    plan = plan_split(4096, widths, shape)
+    assert (plan.prefix, plan.suffix, plan.extra_waves) == (2048, 2048, 1)
+    assert plan_split(1024, widths, shape).prefix == 640 and plan_split(1024, widths, shape, None).prefix == 384
+    for t in (1024, 2048, 4096, 8192, 16384):
+        p = plan_split(t, widths, shape)
+        assert 3 * t // 8 <= p.prefix <= 5 * t // 8 and p.prefix >= p.suffix, (t, p)
 
 
 def test_smart_split_beats_the_naive_half():
     """Llama-3.3-70B TP8 layer GEMMs on an H100-class GPU: the naive half split adds waves that the planner's
-    cut avoids (all of them at 1920 tokens, 4 of 5 at 1152)."""
+    cut avoids (all of them at 1920 tokens; at 1152, 3 of 5 within the balance window, 4 of 5 by the unbounded
+    search, which cuts 256 + 896)."""
     shape = GemmShape(128, 128, 132)
     widths = layer_gemm_widths(8192, 64, 8, 128, 28672, tp_size=8)
-    for t, want in ((1920, 0), (1152, 1)):
+    for t, want, skew in ((1920, 0, 0.125), (1152, 2, 0.125), (1152, 1, None)):
         naive = total_waves(shape, t // 2, widths) * 2 - total_waves(shape, t, widths)
-        plan = plan_split(t, widths, shape)
+        plan = plan_split(t, widths, shape, skew)
         assert plan.extra_waves == want < naive and plan.prefix % 128 == 0
 
 
@@ -50,6 +72,9 @@ def test_bad_input():
         GemmShape(0, 128, 132)
     with pytest.raises(ValueError, match="no GEMM widths"):
         plan_split(10, ())
+    for bad in (-0.1, 0.6):
+        with pytest.raises(ValueError, match="max_skew"):
+            plan_split(10, (128,), max_skew=bad)
 
 
 def test_executor_decisions_logged_once_per_batch_size(caplog):
