@@ -27,7 +27,9 @@ same run:
 
 ``--overlap-tokens T``: one profiled forward per variant at T; a table of how much of the communication kernels'
 time ran concurrently with compute kernels (``benchmark/tokenweave_profile.py``), and per TokenWeave variant the
-kernel timeline CSV of rank 0 in ``--profile-dir``. A table of TokenWeave / NCCL against issue 25's targets
+kernel timeline CSV of rank 0 in ``--profile-dir``; with ``--cuda-graph`` also one profiled graph replay per variant
+(rows ``<variant> (graph replay)``: no host launch gaps) and its CSV ``tokenweave_graph_timeline_<variant>_T<T>.csv``
+(``benchmark/tokenweave_timeline.py`` reads both). A table of TokenWeave / NCCL against issue 25's targets
 includes ``nocomm / nccl``, the bound no overlap can beat.
 
 A second table splits each forward into GPU time (CUDA events) and host enqueue time (``perf_counter`` until
@@ -164,7 +166,7 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
     out: dict = {}
     notes: set = set()
     overlap: list = []
-    host_profiles, extra = [], dict(extra or {}, refs={})  # refs: the nccl variant's logits per T (graph_and_profile)
+    host_profiles, extra = [], dict(extra or {}, refs={}, graph_overlap=[])  # refs: nccl's logits per T
     for variant in variants:
         args = ServerArgs(model_path=path, load_format="dummy", device=device, max_total_tokens=max(tokens) + 64,
                           max_running_requests=4, disable_cuda_graph=True,
@@ -193,8 +195,10 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
             if ps.tp_rank == 0:  # CLI progress: a run cut short by a timeout still shows what it measured
                 print(f"[partial] rank 0: {variant} T={t} {out[(variant, t)]:.3f} ms (host "
                       f"{out[('host', variant, t)]:.3f} ms)", file=sys.stderr, flush=True)
-            graph_and_profile(runner, mwb, dev, ps, variant, t, dict(extra, warmup=warmup, iters=iters), out,
-                              notes, host_profiles)
+            tl = {o: str(Path(profile_dir) / f"tokenweave_graph_timeline_{variant}_T{o}.csv")
+                  if ps.tp_rank == 0 and profile_dir and variant in TW_VARIANTS else "" for o in overlap_tokens}
+            graph_and_profile(runner, mwb, dev, ps, variant, t, dict(extra, warmup=warmup, iters=iters,
+                                                                     graph_timeline=tl), out, notes, host_profiles)
             if t == profile_tokens and profile_dir and variant in ("tokenweave", "nccl", "split_nocomm", FULL):
                 keep = ps.tp_rank == 0 and variant == "tokenweave"
                 out[("launches", variant, t)], out[("allocs", variant, t)] = profile_forward(
@@ -207,7 +211,7 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
             runner.kv_cache.free_req_slot(row)
         del runner
     res = {"|".join(map(str, k)): ms for k, ms in out.items()}
-    res["notes"], res["overlap"], res["host_profile"] = sorted(notes), overlap, host_profiles
+    res["notes"], res["overlap"], res["host_profile"] = sorted(notes), overlap + extra["graph_overlap"], host_profiles
     return res
 
 
