@@ -159,3 +159,48 @@ def test_executor_path_has_no_host_sync(monkeypatch, tmp_path):
     monkeypatch.undo()
     assert not syncs, f"host syncs in the TokenWeave path: {syncs}"
     assert (out - ref).abs().max().item() < 2e-5
+
+
+def test_old_and_new_split_give_the_same_logits(tmp_path):
+    """The balanced planner (issue 25) changes only where the batch is cut, never the result: a mixed batch of 16
+    tokens (decode + chunk + prefill) that the legacy planner cuts 4 + 12 and the bounded one 8 + 8 gives the
+    single-process logits either way (CPU, fp32); ``set_split_skew`` switches the planner and rejects bad values."""
+    import os
+    import sys
+
+    import torch
+
+    transformers = pytest.importorskip("transformers")
+    sys.path.insert(0, os.path.dirname(__file__))
+    from model_harness import ModelHarness, randomize_weights
+
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_loader.loader import load_model
+    from sglang.srt.tokenweave import gemm_widths_of
+    from sglang.srt.tokenweave.executor import TokenWeaveConfig, TokenWeaveExecutor
+
+    cfg = transformers.Qwen2Config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2)
+    hf = transformers.Qwen2ForCausalLM(cfg).float().eval()
+    randomize_weights(hf, 7)
+    hf.save_pretrained(str(tmp_path))
+    config = ModelConfig.from_path(str(tmp_path))
+    model = load_model(config, "auto", "cpu")
+    h = ModelHarness(model, config)
+    h.step([("a", list(range(5))), ("b", list(range(7)))])
+    fb = h.prepare([("a", [3]), ("b", list(range(9))), ("c", list(range(6)))])
+    ref = h.run(fb)
+    ex = TokenWeaveExecutor(TokenWeaveConfig(min_tokens=2, gemm_widths=gemm_widths_of(config, 1),
+                                             gemm_shape=GemmShape(4, 64, 3), gemm_carveout=0), torch.device("cpu"))
+    outs = {}
+    for skew, prefix in ((None, 4), (0.125, 8)):
+        ex.set_split_skew(skew)
+        assert [s.num_tokens for s in ex.plan(fb)] == [prefix, 16 - prefix]
+        h.poison_kv(fb)
+        with torch.inference_mode():
+            outs[skew] = ex.run(model, fb).next_token_logits
+        assert (outs[skew] - ref).abs().max().item() < 2e-5, skew
+    with pytest.raises(ValueError, match="split_skew"):
+        ex.set_split_skew(0.7)
+    with pytest.raises(ValueError, match="split_skew"):
+        TokenWeaveConfig(gemm_widths=(64,), split_skew=-0.1)
