@@ -10,11 +10,12 @@
 #  2. scripts/gpu/issue25_tw_4gpu.sh with TW_EXTRA_VARIANTS=tokenweave_oldsplit. It runs bench_tokenweave.py on the
 #     Llama-3.3-70B config cut to 4 layers, TP4, dummy bf16, T = 1024 2048 4096 8192. Variants: nccl nccl_symm
 #     nocomm tokenweave (new planner) tokenweave_oldsplit (old planner). Eager and CUDA-graphed. The correctness
-#     section compares each variant's eager logits with nccl's. --overlap-tokens 4096 profiles one eager forward
-#     per variant and also one graph replay per variant (rows "(graph replay)"), with timeline CSVs for each
-#     TokenWeave variant.
+#     section compares each variant's eager logits with nccl's. --overlap-tokens 1024 4096 profiles one eager
+#     forward per variant and also one graph replay per variant (rows "(graph replay)"), with timeline CSVs for
+#     each TokenWeave variant (1K: where is the 1.26 ms between TokenWeave and nocomm graphed?).
 #  3. the same graphed A/B in the reverse order (tokenweave_oldsplit before tokenweave; nccl again as the
-#     same-run baseline). Order effects show as a difference from step 2.
+#     same-run baseline). Order effects show as a difference from step 2. Plus split_nocomm: the split forward
+#     with no collectives, i.e. the cost of splitting and of the carveout alone.
 #  4. the new planner with --comm-sms 8 (8 comm CTAs and an 8-SM GEMM carveout instead of 16), against nccl.
 #     The carveout makes the split forward's GEMMs ~10% slower (GEMM sum 10.3 vs 9.4 ms for nocomm at 4K).
 #  5. tokenweave_timeline.py on every timeline CSV: busy time, overlap, and compute-stream gaps by cause
@@ -32,8 +33,9 @@ m70=../shared/data/configs/meta-llama--Llama-3.3-70B-Instruct
 summary=()
 step() { summary+=("$1: $2 ($(( SECONDS - start )) s)"); echo "-- $1: $2"; }
 
-echo "== 1+2. build libtwcomm; A/B new vs old split planner (plus nccl nccl_symm nocomm), eager + graph, profile at 4096"
+echo "== 1+2. build libtwcomm; A/B new vs old split planner (plus nccl nccl_symm nocomm), eager + graph, profile at 1024 and 4096"
 OUT="$out" TW_EXTRA_VARIANTS="tokenweave_oldsplit" TW_RESULT=issue25_ovl.md TW_SKIP_TP2_TEST=1 TW_BENCH_S=110 \
+  TW_OVERLAP_TOKENS="1024 4096" \
   bash "$(dirname "$0")/issue25_tw_4gpu.sh" "$(cap 160)" > "$out/issue25_ovl_step2.log" 2>&1
 rc=$?; step ab_new_first "rc=$rc"; grep -E "^-- " "$out/issue25_ovl_step2.log"
 
@@ -50,15 +52,16 @@ run_bench() {  # $1 name, $2 seconds, rest: bench_tokenweave.py arguments
   step "$name" "rc=$rc"
 }
 
-echo "== 3. reverse order: tokenweave_oldsplit before tokenweave, graphed"
-[ "$(left)" -gt 60 ] && run_bench reverse 60 --variants nccl tokenweave_oldsplit tokenweave
+echo "== 3. reverse order: tokenweave_oldsplit before tokenweave, graphed; split_nocomm (the split's own cost)"
+[ "$(left)" -gt 60 ] && run_bench reverse 75 --variants nccl tokenweave_oldsplit tokenweave split_nocomm
 
 echo "== 4. new planner, 8 comm SMs / 8-SM carveout, vs nccl, graphed"
-[ "$(left)" -gt 50 ] && run_bench sms8 50 --variants nccl tokenweave --comm-sms 8
+[ "$(left)" -gt 40 ] && run_bench sms8 45 --variants nccl tokenweave --comm-sms 8
 
-echo "== 5. timelines (rank 0, T=4096): busy, overlap, compute-stream gaps by cause"
-{ echo; echo "# timelines (benchmark/tokenweave_timeline.py, rank 0, T=4096)"; echo; echo '```'
-  for f in "$out"/layer/tokenweave_graph_timeline_*_T4096.csv "$out"/layer/tokenweave_timeline_*_T4096.csv; do
+echo "== 5. timelines (rank 0, T=4096 and 1024): busy, overlap, compute-stream gaps by cause"
+{ echo; echo "# timelines (benchmark/tokenweave_timeline.py, rank 0, T=4096 and 1024)"; echo; echo '```'
+  for f in "$out"/layer/tokenweave_graph_timeline_*_T4096.csv "$out"/layer/tokenweave_timeline_*_T4096.csv \
+      "$out"/layer/tokenweave_graph_timeline_*_T1024.csv; do
     [ -e "$f" ] && timeout 30 "$PY" benchmark/tokenweave_timeline.py "$f" --top 8 2>&1 \
       | grep -v "^  [0-9.]* | [0-9.]* | [0-9.]* | 1.00 |"  # fully overlapped comm kernels: not listed
   done; echo '```'; } >> "$result"
