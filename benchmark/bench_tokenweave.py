@@ -22,10 +22,14 @@ same run:
                   uses the server's default choice, on H200 the bulk kernel; ``benchmark/tokenweave_variants.py``).
 * ``tokenweave_full`` TokenWeave with ``--tokenweave-full-residual`` (every rank keeps every residual row; not in
                   the default set).
+* ``tokenweave_oldsplit`` TokenWeave with the legacy unbounded split planner (``set_split_skew(None)``; issue 25: it
+                  cut 4096 tokens 384 + 3712 on 116 SMs; not in the default set).
 
 ``--overlap-tokens T``: one profiled forward per variant at T; a table of how much of the communication kernels'
 time ran concurrently with compute kernels (``benchmark/tokenweave_profile.py``), and per TokenWeave variant the
-kernel timeline CSV of rank 0 in ``--profile-dir``. A table of TokenWeave / NCCL against issue 25's targets
+kernel timeline CSV of rank 0 in ``--profile-dir``; with ``--cuda-graph`` also one profiled graph replay per variant
+(rows ``<variant> (graph replay)``: no host launch gaps) and its CSV ``tokenweave_graph_timeline_<variant>_T<T>.csv``
+(``benchmark/tokenweave_timeline.py`` reads both). A table of TokenWeave / NCCL against issue 25's targets
 includes ``nocomm / nccl``, the bound no overlap can beat.
 
 A second table splits each forward into GPU time (CUDA events) and host enqueue time (``perf_counter`` until
@@ -74,7 +78,7 @@ from sglang.srt.utils.nvls_env import NVLS_OFF_ENV  # noqa: E402  (pure Python)
 from tokenweave_graph import graph_and_profile, report_sections  # noqa: E402
 from tokenweave_profile import overlap_table, profile_forward, profile_overlap  # noqa: E402
 from tokenweave_report import auto_off_decision, host_table, targets_table  # noqa: E402
-from tokenweave_variants import FULL, OLDCOMM, ratio_pairs, variant_comm  # noqa: E402
+from tokenweave_variants import FULL, OLDCOMM, OLDSPLIT, ratio_pairs, variant_comm  # noqa: E402
 
 os.environ.update(NVLS_OFF_ENV)
 VARIANTS = ("nocomm", "nccl", "nccl_symm", "custom", "tokenweave")
@@ -84,8 +88,9 @@ VARIANTS = ("nocomm", "nccl", "nccl_symm", "custom", "tokenweave")
 # decomposition with the NCCL fallback); the table adds ``tdist / tp``.
 # ``tokenweave_nocarve`` TokenWeave with the GEMMs on every SM (no SM carveout for the communication kernel: the
 # issue 25 round-2 behaviour, where persistent GEMMs and the communication kernel serialized).
-EXTRA_VARIANTS = ("split_nocomm", "tokenweave_nocarve", "tp", "tdist", OLDCOMM, FULL)  # tokenweave_variants
-TW_VARIANTS = ("tokenweave", "split_nocomm", "tokenweave_nocarve", OLDCOMM, FULL)
+# OLDCOMM, FULL, OLDSPLIT: benchmark/tokenweave_variants.py
+EXTRA_VARIANTS = ("split_nocomm", "tokenweave_nocarve", "tp", "tdist", OLDCOMM, FULL, OLDSPLIT)
+TW_VARIANTS = ("tokenweave", "split_nocomm", "tokenweave_nocarve", OLDCOMM, FULL, OLDSPLIT)
 
 
 def _shrunk_config(src: str, layers: int, smoke: bool) -> str:
@@ -161,7 +166,7 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
     out: dict = {}
     notes: set = set()
     overlap: list = []
-    host_profiles, extra = [], dict(extra or {}, refs={})  # refs: the nccl variant's logits per T (graph_and_profile)
+    host_profiles, extra = [], dict(extra or {}, refs={}, graph_overlap=[])  # refs: nccl's logits per T
     for variant in variants:
         args = ServerArgs(model_path=path, load_format="dummy", device=device, max_total_tokens=max(tokens) + 64,
                           max_running_requests=4, disable_cuda_graph=True,
@@ -176,6 +181,8 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
         runner = ModelRunner(mc, args, str(dev), tp_rank=ps.tp_rank, tp_size=ps.tp_size, parallel_state=ps, comm=comm)
         if variant == "tokenweave_nocarve":
             runner.executor.set_gemm_carveout(0)
+        if variant == OLDSPLIT:
+            runner.executor.set_split_skew(None)
         for t in tokens:
             row = runner.kv_cache.alloc_req_slot()
             loc = runner.kv_cache.alloc_extend([row], [0], [t], [-1])
@@ -188,8 +195,10 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
             if ps.tp_rank == 0:  # CLI progress: a run cut short by a timeout still shows what it measured
                 print(f"[partial] rank 0: {variant} T={t} {out[(variant, t)]:.3f} ms (host "
                       f"{out[('host', variant, t)]:.3f} ms)", file=sys.stderr, flush=True)
-            graph_and_profile(runner, mwb, dev, ps, variant, t, dict(extra, warmup=warmup, iters=iters), out,
-                              notes, host_profiles)
+            tl = {o: str(Path(profile_dir) / f"tokenweave_graph_timeline_{variant}_T{o}.csv")
+                  if ps.tp_rank == 0 and profile_dir and variant in TW_VARIANTS else "" for o in overlap_tokens}
+            graph_and_profile(runner, mwb, dev, ps, variant, t, dict(extra, warmup=warmup, iters=iters,
+                                                                     graph_timeline=tl), out, notes, host_profiles)
             if t == profile_tokens and profile_dir and variant in ("tokenweave", "nccl", "split_nocomm", FULL):
                 keep = ps.tp_rank == 0 and variant == "tokenweave"
                 out[("launches", variant, t)], out[("allocs", variant, t)] = profile_forward(
@@ -202,7 +211,7 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
             runner.kv_cache.free_req_slot(row)
         del runner
     res = {"|".join(map(str, k)): ms for k, ms in out.items()}
-    res["notes"], res["overlap"], res["host_profile"] = sorted(notes), overlap, host_profiles
+    res["notes"], res["overlap"], res["host_profile"] = sorted(notes), overlap + extra["graph_overlap"], host_profiles
     return res
 
 

@@ -16,6 +16,7 @@ import cProfile
 import io
 import pstats
 import time
+from typing import Optional
 
 
 def _forward_batch(runner, mwb, dev):
@@ -76,11 +77,14 @@ def eager_logits(runner, mwb, dev):
         return runner.executor.run(runner.model, _forward_batch(runner, mwb, dev)).next_token_logits.float().cpu()
 
 
-def time_graphed(runner, mwb, dev, ps, warmup: int, iters: int, ref) -> tuple[list[tuple[float, float]], float]:
+def time_graphed(runner, mwb, dev, ps, warmup: int, iters: int, ref,
+                 timeline: Optional[str] = None) -> tuple[list[tuple[float, float]], float, Optional[dict]]:
     """The forward of ``mwb`` captured in one CUDA graph on every rank (collective), replayed ``warmup`` times, then
     ``iters`` timed replays (ranks aligned by a barrier before each): ([(GPU ms, host ms of the replay call)], the
     largest |graphed - eager| of the next-token logits against ``ref`` (:func:`eager_logits` of the same batch), a
-    check that the graph computes what the eager forward does). Raises whatever the capture raises."""
+    check that the graph computes what the eager forward does, and with ``timeline`` not None the overlap stats of
+    one more, profiled replay (:func:`tokenweave_profile.profile_replay`; ``timeline`` the CSV path, "" for none:
+    every rank must pass a str, the replay is collective), else None). Raises whatever the capture raises."""
     import torch
     import torch.distributed as dist
 
@@ -109,14 +113,20 @@ def time_graphed(runner, mwb, dev, ps, warmup: int, iters: int, ref) -> tuple[li
             host = (time.perf_counter() - t0) * 1e3
             end.synchronize()
             times.append((start.elapsed_time(end), host))
+        stats = None
+        if timeline is not None:
+            from tokenweave_profile import profile_replay
+
+            dist.barrier(group=ps.cpu_group)
+            stats = profile_replay(graph, dev, timeline)
     del graph, out
-    return times, diff
+    return times, diff, stats
 
 
 def graph_table(cases: list[tuple[str, int, dict]], tokens: list[int], variants: list[str]) -> list[str]:
     """Markdown rows of the graphed forwards: per (model, TP, T) every variant's graph-replay ms, TokenWeave's ratio
     to each baseline, and the largest |graphed - eager| logit difference over the variants (a sanity check)."""
-    bases = [b for b in ("nccl", "nccl_symm", "nocomm", "tokenweave_oldcomm")
+    bases = [b for b in ("nccl", "nccl_symm", "nocomm", "split_nocomm", "tokenweave_oldcomm", "tokenweave_oldsplit")
              if b in variants and "tokenweave" in variants]
     lines = ["| model | TP | tokens | " + " | ".join(f"{v} graph ms" for v in variants) + " | "
              + " | ".join(f"tokenweave / {b}" for b in bases) + " | max abs(graph - eager) |",
@@ -140,7 +150,9 @@ def graph_and_profile(runner, mwb, dev, ps, variant: str, t: int, opts: dict, ou
     weights; ``opts["refs"]``, a dict kept across calls, holds nccl's per T) under ``("vsnccl", variant, t)`` and
     nccl's largest |logit| under ``("refmax", "nccl", t)``;
     with ``opts["cuda_graph"]`` (CUDA only) the graphed forward's median GPU / host ms and its logit difference to
-    eager into ``out`` under ``("graph"|"graphhost"|"graphdiff", variant, t)`` (a capture error goes to ``notes``);
+    eager into ``out`` under ``("graph"|"graphhost"|"graphdiff", variant, t)`` (a capture error goes to ``notes``),
+    and at a T in ``opts["graph_timeline"]`` ({T: CSV path, "" on ranks that write none}) one profiled replay's
+    overlap stats appended to the list ``opts["graph_overlap"]`` as ``("<variant> (graph replay)", t, stats)``;
     at ``opts["host_profile"] == t`` rank 0's cProfile text into ``host_profiles`` as ``(variant, t, text)``."""
     import statistics
 
@@ -154,7 +166,10 @@ def graph_and_profile(runner, mwb, dev, ps, variant: str, t: int, opts: dict, ou
             out[("vsnccl", variant, t)] = float((ref - refs[t]).abs().max())
     if opts.get("cuda_graph") and dev.type == "cuda":
         try:
-            timed, diff = time_graphed(runner, mwb, dev, ps, opts.get("warmup", 3), opts.get("iters", 5), ref)
+            tl = opts.get("graph_timeline", {}).get(t)  # this T's replay timeline CSV ("" on other ranks)
+            timed, diff, ov = time_graphed(runner, mwb, dev, ps, opts.get("warmup", 3), opts.get("iters", 5), ref, tl)
+            if ov is not None and opts.get("graph_overlap") is not None:
+                opts["graph_overlap"].append((f"{variant} (graph replay)", t, ov))
             out[("graph", variant, t)] = statistics.median(g for g, _ in timed)
             out[("graphhost", variant, t)] = statistics.median(h for _, h in timed)
             out[("graphdiff", variant, t)] = diff

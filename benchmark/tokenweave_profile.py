@@ -101,14 +101,40 @@ def profile_overlap(runner, mwb, dev, csv_path: str = "") -> dict:
     kernels = [e for e in trace_events(prof) if e.get("cat") == "kernel" and "dur" in e]
     stats = overlap_stats(kernels)
     if csv_path and kernels:
-        t0 = min(float(k["ts"]) for k in kernels)
-        rows = ["stream,start_us,dur_us,comm,name"] + [
-            f"{k.get('args', {}).get('stream', -1)},{float(k['ts']) - t0:.1f},{float(k['dur']):.1f},"
-            f"{int(bool(COMM_KERNEL.search(k['name'])))},{k['name'][:90].replace(',', ';')}"
-            for k in sorted(kernels, key=lambda k: float(k["ts"]))]
-        Path(csv_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(csv_path).write_text("\n".join(rows) + "\n")
+        write_timeline(kernels, csv_path)
     return stats
+
+
+def write_timeline(kernels: list[dict], csv_path: str) -> None:
+    """Write chrome-trace kernel events as the timeline CSV ``stream,start_us,dur_us,comm,name`` (start relative to
+    the first kernel, us; read by ``benchmark/tokenweave_timeline.py``). No-op without kernels."""
+    if not kernels:
+        return
+    t0 = min(float(k["ts"]) for k in kernels)
+    rows = ["stream,start_us,dur_us,comm,name"] + [
+        f"{k.get('args', {}).get('stream', -1)},{float(k['ts']) - t0:.1f},{float(k['dur']):.1f},"
+        f"{int(bool(COMM_KERNEL.search(k['name'])))},{k['name'][:90].replace(',', ';')}"
+        for k in sorted(kernels, key=lambda k: float(k["ts"]))]
+    Path(csv_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(csv_path).write_text("\n".join(rows) + "\n")
+
+
+def profile_replay(graph, dev, csv_path: str = "") -> dict:
+    """One replay of a captured CUDA graph under the torch profiler (collective when the graph holds collectives:
+    every rank calls it): :func:`overlap_stats` of its kernels, and with ``csv_path`` the timeline CSV
+    (:func:`write_timeline`). The graphed forward has no host launch gaps, so this is the GPU schedule alone (the
+    eager profile of issue 25's sharded variant was host-bound)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize(dev)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize(dev)
+    kernels = [e for e in trace_events(prof) if e.get("cat") == "kernel" and "dur" in e]
+    if csv_path:
+        write_timeline(kernels, csv_path)
+    return overlap_stats(kernels)
 
 
 def overlap_table(rows: list[tuple[str, int, dict]]) -> list[str]:

@@ -10,7 +10,10 @@
 * ``tokenweave_oldcomm`` the same TokenWeave executor on tw-comm with the bulk kernel forbidden
   (``TwCommConfig.bulk_twoshot=False``: the pre-bulk two-shot), so bulk vs old comm is one run's A/B;
 * ``tokenweave_full`` TokenWeave with ``--tokenweave-full-residual`` (the server's communicator; every rank keeps
-  and gathers every residual row), so sharded (``tokenweave``) vs full residual is one run's A/B.
+  and gathers every residual row), so sharded (``tokenweave``) vs full residual is one run's A/B;
+* ``tokenweave_oldsplit`` TokenWeave with the legacy unbounded split planner (the server's communicator; the
+  benchmark calls ``executor.set_split_skew(None)``), so the balanced cut (``tokenweave``) vs the old one is one
+  run's A/B (issue 25's overlap diagnosis, ``benchmark/tokenweave_timeline.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any, Optional
 
 OLDCOMM = "tokenweave_oldcomm"
 FULL = "tokenweave_full"
+OLDSPLIT = "tokenweave_oldsplit"
 
 
 def variant_comm(variant: str, ps: Any, mc: Any, tokens: list[int], device: str, notes: set,
@@ -58,12 +62,14 @@ def old_tw_communicator(ps: Any, max_tokens: int, hidden_size: int, comm_sms: Op
 
 def ratio_pairs(variants: list[str]) -> list[tuple[str, str]]:
     """(numerator, denominator) variant pairs of the layer table: TokenWeave vs every baseline in the run, tdist vs
-    tp, the no-carveout, old-comm and full-residual TokenWeave rows vs nccl, TokenWeave (bulk comm) vs TokenWeave
-    (old comm) and TokenWeave (the default sharded residual) vs the full residual."""
+    tp, the no-carveout, old-comm, full-residual and old-split TokenWeave rows vs nccl, TokenWeave (bulk comm) vs
+    TokenWeave (old comm), TokenWeave (the default sharded residual) vs the full residual and TokenWeave (balanced
+    cut) vs the old split planner."""
     have = set(variants)
     pairs = [("tokenweave", b) for b in ("nccl", "nccl_symm", "custom", "nocomm") if b in have and "tokenweave" in have]
     pairs += [("tdist", "tp")] if {"tdist", "tp"} <= have else []
-    pairs += [(v, "nccl") for v in ("tokenweave_nocarve", OLDCOMM, FULL) if {v, "nccl"} <= have]
+    pairs += [(v, "nccl") for v in ("tokenweave_nocarve", OLDCOMM, FULL, OLDSPLIT) if {v, "nccl"} <= have]
     pairs += [("tokenweave", OLDCOMM)] if {"tokenweave", OLDCOMM} <= have else []
     pairs += [("tokenweave", FULL)] if {FULL, "tokenweave"} <= have else []
+    pairs += [("tokenweave", OLDSPLIT)] if {OLDSPLIT, "tokenweave"} <= have else []
     return pairs

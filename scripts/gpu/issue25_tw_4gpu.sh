@@ -13,7 +13,8 @@
 # Tables: $OUT/issue25_tw_tp4.md. Usage (repo root): bash scripts/gpu/issue25_tw_4gpu.sh [seconds, default 100]
 # Knobs (env): TW_EXTRA_VARIANTS="tokenweave_oldcomm" adds bench_tokenweave variants to the same run (e.g. TokenWeave
 # on the pre-bulk comm beside the default one, scripts/gpu/issue25_tw_bulk_4gpu.sh); TW_RESULT=name.md names the
-# table file under $OUT; TW_BENCH_S caps step 2 (default 62 s); TW_SKIP_TP2_TEST=1 skips step 3.
+# table file under $OUT; TW_BENCH_S caps step 2 (default 62 s); TW_SKIP_TP2_TEST=1 skips step 3; TW_OVERLAP_TOKENS
+# (default "4096") the T list of --overlap-tokens.
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"
 budget="${1:-100}"; start=$SECONDS
@@ -40,7 +41,7 @@ bench_s=$(cap "${TW_BENCH_S:-62}")
 timeout --kill-after=5 "$bench_s" "$PY" benchmark/bench_tokenweave.py --tp 4 --layers 4 --model-path "$m70" \
   --tokens 1024 2048 4096 8192 --variants nccl nccl_symm nocomm tokenweave ${extra_variants[@]+"${extra_variants[@]}"} \
   --iters 5 --warmup 5 \
-  --cuda-graph --host-profile 1024 --overlap-tokens 4096 --results-dir "$out/layer" --profile-dir "$out/layer" \
+  --cuda-graph --host-profile 1024 --overlap-tokens ${TW_OVERLAP_TOKENS:-4096} --results-dir "$out/layer" --profile-dir "$out/layer" \
   --timeout $(( bench_s - 4 )) > "$out/issue25_tw_bench.log" 2>&1
 rc=$?
 cp "$out"/layer/*_tokenweave_layer.md "$result" 2>/dev/null \

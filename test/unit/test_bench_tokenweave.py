@@ -103,6 +103,24 @@ def test_layer_mode_oldcomm_variant(tmp_path):
     assert re.search(r"^- T=16: tokenweave [0-9.e+-]+, tokenweave_oldcomm [0-9.e+-]+", check, re.M), check
 
 
+def test_layer_mode_oldsplit_variant(tmp_path):
+    """``tokenweave_oldsplit`` (TokenWeave with the legacy unbounded split planner) runs beside the default
+    TokenWeave in the same run: its own column, the oldsplit / nccl and tokenweave / tokenweave_oldsplit ratios, and
+    its eager logits in the correctness check against nccl (equal to the default's at 16 tokens, where both planners
+    cut at the half)."""
+    from conftest import shared_path
+
+    sys.path.insert(0, str(ROOT / "benchmark"))
+    from tokenweave_variants import OLDSPLIT, ratio_pairs
+
+    assert ratio_pairs(["nccl", "tokenweave", OLDSPLIT]) == [("tokenweave", "nccl"), (OLDSPLIT, "nccl"),
+                                                             ("tokenweave", OLDSPLIT)]
+    header, check = _tokenweave_pair_run(tmp_path, shared_path, OLDSPLIT)
+    assert "| tokenweave_oldsplit ms |" in header and "| tokenweave / tokenweave_oldsplit |" in header, header
+    m = re.search(r"^- T=16: tokenweave ([0-9.e+-]+), tokenweave_oldsplit ([0-9.e+-]+)", check, re.M)
+    assert m and float(m.group(1)) == float(m.group(2)), check
+
+
 def test_layer_mode_full_residual_variant(tmp_path):
     """``tokenweave_full`` (TokenWeave with ``--tokenweave-full-residual``) runs beside the default TokenWeave (the
     sharded residual) in the same run: its own column, the full / nccl and tokenweave / tokenweave_full (sharded /

@@ -28,7 +28,7 @@ from sglang.srt.forward_batch_info import ForwardBatch
 from sglang.srt.layers.stages import NORM_STAGES, LayerState
 from sglang.srt.model_executor.executors.split import SubBatchExecutor
 from sglang.srt.tokenweave.carveout import GemmCarveout
-from sglang.srt.tokenweave.planner import GemmShape, plan_split
+from sglang.srt.tokenweave.planner import DEFAULT_MAX_SKEW, GemmShape, plan_split
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,10 @@ class TokenWeaveConfig:
     normed rows; TokenWeave sec. 3-4), when the communicator supports it (``supports_sharded_residual``;
     :meth:`TokenWeaveExecutor.check_model` refuses a model whose norms do not share one communicator). The two
     flags are validated once, by ``ServerArgs``; raises ValueError when the GEMM widths are missing or the carveout
-    is negative."""
+    is negative. ``split_skew``: how far (fraction of the batch) the planner's cut may be from the half
+    (:func:`~sglang.srt.tokenweave.planner.plan_split`'s ``max_skew``; None: the unbounded legacy search, which cut
+    4096 tokens 384 + 3712 on 116 SMs and left the big split's AllReduce unhidden, issue 25); raises ValueError
+    outside ``[0, 0.5]``."""
 
     min_tokens: int = 1024
     comm_sms: Optional[int] = None
@@ -53,12 +56,14 @@ class TokenWeaveConfig:
     gemm_shape: GemmShape = GemmShape()
     gemm_carveout: Optional[int] = None
     sharded_residual: bool = True
+    split_skew: Optional[float] = DEFAULT_MAX_SKEW
 
     def __post_init__(self) -> None:
         if not self.gemm_widths:
             raise ValueError("TokenWeaveConfig needs the layer's GEMM widths (layer_gemm_widths)")
         if self.gemm_carveout is not None and self.gemm_carveout < 0:
             raise ValueError(f"TokenWeaveConfig.gemm_carveout={self.gemm_carveout} must be >= 0 (0: no carveout)")
+        _check_skew(self.split_skew)
 
     def carveout_sms(self) -> int:
         """The SMs the split forward's GEMMs leave to the communication kernel: ``gemm_carveout``, else the
@@ -95,6 +100,7 @@ class TokenWeaveExecutor(SubBatchExecutor):
         self._pool: list[Any] = []  # the events, one per split, reused across stages and forwards
         self._hold: dict[int, list[tuple]] = {}  # per split: the last two stages' (hidden, residual) (_on_stream)
         self._plans: dict[int, Any] = {}  # planner result per token count (a pure function of T)
+        self._split_skew = config.split_skew
         self._compute: Optional[Any] = None  # the compute (current) stream of the forward in flight
         self._final: Optional[torch.Tensor] = None  # the split forward's output [T, H] (embed_states)
         self._rows: list[tuple[int, int]] = []  # each split's rows of it
@@ -109,6 +115,13 @@ class TokenWeaveExecutor(SubBatchExecutor):
         # the planner's wave model counts only the SMs the GEMMs keep (TokenWeave sec. 3.1.1 with sec. 3.2's split
         # of the SMs); cached plans were made for another count
         self._plan_shape = dataclasses.replace(shape, num_sms=shape.num_sms - self._carveout.carveout)
+        self._plans = {}
+
+    def set_split_skew(self, skew: Optional[float]) -> None:
+        """Plan later splits with ``skew`` as the planner's ``max_skew`` (None: the unbounded legacy search); for
+        benchmarks (issue 25's old-vs-new split A/B). Raises ValueError outside ``[0, 0.5]``."""
+        _check_skew(skew)
+        self._split_skew = skew
         self._plans = {}
 
     def check_model(self, model: Any) -> None:
@@ -153,7 +166,7 @@ class TokenWeaveExecutor(SubBatchExecutor):
             return [forward_batch]
         plan = self._plans.get(n)
         if plan is None:
-            plan = plan_split(n, self.config.gemm_widths, self._plan_shape)
+            plan = plan_split(n, self.config.gemm_widths, self._plan_shape, self._split_skew)
             if len(self._plans) < 65536:
                 self._plans[n] = plan
         self._log_once(n, plan)
@@ -339,6 +352,13 @@ class TokenWeaveExecutor(SubBatchExecutor):
                                                                        norm.eps, overlap=overlap, **kw)
         else:
             fallback()
+
+
+def _check_skew(skew: Optional[float]) -> None:
+    """Raise ValueError unless ``skew`` is None or in ``[0, 0.5]`` (a split skew, see :class:`TokenWeaveConfig`)."""
+    if skew is not None and not 0.0 <= skew <= 0.5:
+        raise ValueError(f"TokenWeave split_skew={skew} must be in [0, 0.5] (fraction of the batch the cut may be "
+                         "from its half) or None (unbounded)")
 
 
 def _shards(comm: Any) -> bool:

@@ -6,9 +6,20 @@ wave to each half (two partly empty tails instead of one), so the two splits tog
 than the unsplit GEMM and the overlap gains are eaten. The planner picks the cut ``T1`` (prefix split)
 and ``T2 = T - T1`` (suffix split) that
 
-1. minimizes the extra waves ``sum_g waves_g(T1) + waves_g(T2) - waves_g(T)`` over the layer's GEMMs g
+1. stays within ``max_skew * T`` tokens of the half (:data:`DEFAULT_MAX_SKEW`), then
+2. minimizes the extra waves ``sum_g waves_g(T1) + waves_g(T2) - waves_g(T)`` over the layer's GEMMs g
    (ideally 0: the splits together do no more GEMM work than the unsplit batch), then
-2. balances the halves (``|T1 - T/2|`` smallest), preferring cuts on tile boundaries.
+3. balances the halves (``|T1 - T/2|`` smallest), preferring cuts on tile boundaries and, at equal balance, the
+   larger prefix.
+
+Why balance comes first (issue 25, 4 x H200 TP4, Llama-3.3-70B, ``benchmark/tokenweave_timeline.py`` over the
+profiled forward at T=4096): with the GEMMs capped to 116 SMs the unbounded wave search cut 4096 tokens 384 + 3712
+(0 extra waves; the half cut has 1). The suffix split's AllReduce (500-660 us) then had only the 384-token prefix's
+compute (~100 us attention, ~340 us MLP) to hide behind, so the compute stream stood still ~0.8 ms per layer waiting
+for it; one extra wave of the layer's GEMMs costs ~40 us. Why the larger prefix: the tightest overlap window of a
+layer is the suffix's post-MLP AllReduce behind the prefix's next attention, and in a causal prefill the prefix's
+attention is the lighter one. ``max_skew=None`` is the unbounded search with ties to the smaller prefix (the
+behaviour before that measurement, kept for A/B benchmarks).
 
 Pure Python: no torch, no device. Per-model defaults come from the model's shapes
 (:func:`layer_gemm_widths`), not from a hand-written table per model.
@@ -17,11 +28,12 @@ Pure Python: no torch, no device. Per-model defaults come from the model's shape
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 DEFAULT_TILE_M = 128
 DEFAULT_TILE_N = 128
 DEFAULT_NUM_SMS = 132  # H100 / H200 SXM
+DEFAULT_MAX_SKEW = 0.125  # the cut stays in [3/8, 5/8] of the batch
 
 
 @dataclass(frozen=True)
@@ -77,27 +89,36 @@ def total_waves(shape: GemmShape, tokens: int, widths: Sequence[int]) -> int:
     return sum(shape.waves(tokens, w) for w in widths)
 
 
-def plan_split(tokens: int, widths: Sequence[int], shape: GemmShape = GemmShape()) -> SplitPlan:
+def plan_split(tokens: int, widths: Sequence[int], shape: GemmShape = GemmShape(),
+               max_skew: Optional[float] = DEFAULT_MAX_SKEW) -> SplitPlan:
     """The best cut of a ``tokens``-token batch (see the module docstring).
 
-    Candidates are every tile boundary and the exact half: wave counts only change at tile boundaries,
-    so no other cut can have fewer extra waves with a better balance than these.
+    Candidates are every tile boundary and the exact half (and their neighbours), those farther than
+    ``floor(max_skew * tokens)`` tokens from ``tokens / 2`` dropped (the exact half always stays): wave counts only
+    change at tile boundaries, so no other cut can have fewer extra waves with a better balance than these.
+    ``max_skew=None``: no bound, ties to the smaller prefix (the legacy planner).
+
     Raises:
-        ValueError: ``tokens < 2`` (nothing to split) or no GEMM widths.
+        ValueError: ``tokens < 2`` (nothing to split), no GEMM widths, or ``max_skew`` outside ``[0, 0.5]``.
     """
     if tokens < 2:
         raise ValueError(f"plan_split: {tokens} tokens cannot be split in two non-empty parts")
     if not widths:
         raise ValueError("plan_split: no GEMM widths given")
+    if max_skew is not None and not 0.0 <= max_skew <= 0.5:
+        raise ValueError(f"plan_split: max_skew={max_skew} must be in [0, 0.5] (fraction of the batch the cut may "
+                         "be from its half; None: unbounded)")
     whole = total_waves(shape, tokens, widths)
+    window = tokens if max_skew is None else int(max_skew * tokens)
     cands = set(range(shape.tile_m, tokens, shape.tile_m)) | {tokens // 2}
     cands |= {c - 1 for c in list(cands) if c > 1} | {c + 1 for c in list(cands) if c + 1 < tokens}
     best = None
     for t1 in sorted(cands):
-        if not 1 <= t1 <= tokens - 1:
+        skew = abs(2 * t1 - tokens)
+        if not 1 <= t1 <= tokens - 1 or (skew > 2 * window and t1 != tokens // 2):
             continue
         extra = total_waves(shape, t1, widths) + total_waves(shape, tokens - t1, widths) - whole
-        key = (extra, abs(2 * t1 - tokens), t1 % shape.tile_m != 0, t1)
+        key = (extra, skew, t1 % shape.tile_m != 0, t1 if max_skew is None else -t1)
         if best is None or key < best[0]:
             best = (key, t1, extra)
     _, t1, extra = best
