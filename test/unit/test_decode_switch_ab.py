@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "benchma
 
 import decode_switch_ab as sw  # noqa: E402
 
-TILE, PDL = sw.SWITCHES
+TILE, PDL, FUSE = sw.SWITCHES
 
 
 def test_parse_sets():
