@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
 from typing import Optional, Set, Tuple
 
 import torch
 import torch.nn.functional as F
 
-from sglang.srt.ops_ref import rmsnorm_ref, silu_and_mul_ref
+from sglang.srt.ops_ref import SplitKPartials, silu_and_mul_ref, splitk_add_rmsnorm_ref
+
+__all__ = ["FUSE_ENV", "SplitKPartials", "fuse_enabled", "gate_up_silu_ref", "mark_model", "splitk_add_rmsnorm_ref"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,43 +49,6 @@ def fuse_enabled() -> bool:
     if raw not in ("", "0", "1"):
         raise ValueError(f"{FUSE_ENV}={raw!r}: use 0 (off, the default) or 1 (fused decode epilogues)")
     return raw == "1"
-
-
-@dataclass(frozen=True)
-class SplitKPartials:
-    """A projection output whose split-K reduce is deferred to the consuming fused add + RMSNorm.
-
-    Attributes:
-        parts: [S, M, N] fp32 partial sums (S >= 2), contiguous, on the GEMM's device.
-        bias: optional [N] bias (added once, after the sum), or None.
-        dtype: the output dtype the unfused GEMM would have returned (bf16/fp16).
-    """
-
-    parts: torch.Tensor
-    bias: Optional[torch.Tensor]
-    dtype: torch.dtype
-
-    @property
-    def shape(self) -> torch.Size:
-        """``[M, N]``, the shape of the materialized output."""
-        return self.parts.shape[1:]
-
-    def materialize(self) -> torch.Tensor:
-        """The output ``[M, N]`` in :attr:`dtype`: the partials summed in split order from zero in fp32, plus the
-        bias, rounded once (the split-K reduce kernel's numerics)."""
-        acc = torch.zeros(self.parts.shape[1:], dtype=torch.float32, device=self.parts.device)
-        for s in range(self.parts.shape[0]):
-            acc = acc + self.parts[s]
-        if self.bias is not None:
-            acc = acc + self.bias.float()
-        return acc.to(self.dtype)
-
-
-def splitk_add_rmsnorm_ref(p: SplitKPartials, residual: torch.Tensor, weight: torch.Tensor, eps: float
-                           ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Torch reference of the fused reduce + add + RMSNorm: ``rmsnorm_ref(p.materialize(), weight, eps, residual)``
-    -> ``(normed [M, N], new residual [M, N])``, new tensors in residual's dtype."""
-    return rmsnorm_ref(p.materialize(), weight, eps, residual)
 
 
 def gate_up_silu_ref(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:

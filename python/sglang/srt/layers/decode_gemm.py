@@ -299,7 +299,7 @@ def install(model: torch.nn.Module, table: Optional[DecodeGemmTable]) -> int:
     from sglang.srt.layers.linear import LinearBase
     from sglang.srt.layers.logits_processor import LogitsProcessor
 
-    mark_model(model, table is not None and table.fuse_epilogue)
+    mark_model(model, bool(getattr(table, "fuse_epilogue", False)))
 
     count = 0
     for mod in model.modules():

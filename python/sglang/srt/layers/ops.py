@@ -15,7 +15,8 @@ from typing import Optional
 
 import torch
 
-from sglang.srt.ops_ref import fused_moe_ref, rmsnorm_ref, select_experts, silu_and_mul_ref
+from sglang.srt.ops_ref import (SplitKPartials, fused_moe_ref, rmsnorm_ref, select_experts, silu_and_mul_ref,
+                                 splitk_add_rmsnorm_ref)
 
 logger = logging.getLogger(__name__)
 
@@ -175,8 +176,6 @@ def linear_deferred(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.
         if kern is not None:
             out = kern.skinny_gemm_partials(x, weight, bias, **cfg.kwargs())
             if out.dim() == 3:
-                from sglang.srt.layers.decode_fuse import SplitKPartials
-
                 return SplitKPartials(out, bias, x.dtype)
             return out
     return linear(x, weight, bias, table=table)
@@ -205,8 +204,6 @@ def splitk_add_rmsnorm(p, residual: torch.Tensor, weight: torch.Tensor, eps: flo
                          f"{tuple(residual.shape)}: need a 2-D residual of the same shape")
     k = _triton(residual, "decode_fuse")
     if k is None or not residual.is_contiguous():
-        from sglang.srt.layers.decode_fuse import splitk_add_rmsnorm_ref
-
         y, s = splitk_add_rmsnorm_ref(p, residual, weight, eps)
         residual.copy_(s)
         return y, residual
