@@ -206,3 +206,86 @@ def test_partials_materialize_for_other_consumers():
     assert p.shape == (4, 16) and torch.equal(p.materialize(), want)
     norm = RMSNorm(16, 1e-6, torch.bfloat16)
     assert torch.equal(norm(p), norm(want))
+
+
+def _stories(dtype: str = "bfloat16", name: str = "stories260K"):
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_loader.loader import load_model
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "models", name)
+    if not os.path.isdir(path):
+        pytest.skip(f"{path} missing")
+    config = ModelConfig.from_path(path, None, dtype, "cpu")
+    return load_model(config, "auto", "cpu"), config
+
+
+def test_mark_model_flags_llama_and_moe_projections():
+    """mark_model flags every o_proj and down_proj (deferred reduce) and gate_up (SiLU epilogue) of the trained Llama
+    checkpoint, only the o_proj of the MoE twin (its MLP is a sparse block), and clears them all with on=False."""
+    model, cfg = _stories()
+    deferred, gated = host.mark_model(model, True)
+    h, i = cfg.hidden_size, int(cfg.get("intermediate_size"))
+    assert deferred == {(h, h, "bfloat16"), (h, i, "bfloat16")} and gated == {(2 * i, h, "bfloat16")}
+    layers = model.model.layers
+    assert all(ly.self_attn.o_proj.defer_splitk_reduce and ly.mlp.down_proj.defer_splitk_reduce
+               and ly.mlp.fuse_gate_silu for ly in layers)
+    assert host.mark_model(model, False) == (set(), set())
+    assert not any(ly.self_attn.o_proj.defer_splitk_reduce or ly.mlp.fuse_gate_silu for ly in layers)
+    moe, mcfg = _stories(name="stories260K-moe")
+    deferred, gated = host.mark_model(moe, True)
+    assert deferred == {(mcfg.hidden_size, mcfg.hidden_size, "bfloat16")} and gated == set()
+
+
+def test_llama_forward_with_fusions_is_bit_identical(monkeypatch):
+    """The trained stories260K Llama (bf16) through prefill and decode steps: with a table of split-K 2 skinny
+    configs for o_proj / down_proj and a skinny gate_up, the fused table (fuse_epilogue, installed as the CUDA-graph
+    runner does) gives the unfused table's logits bit for bit (every op on the Triton kernels, interpreted), in 3
+    kernel launches fewer per layer and step."""
+    from sglang.srt.layers import layernorm
+    from sglang.test.model_harness import ModelHarness
+
+    model, cfg = _stories()
+    monkeypatch.setattr(ops, "_triton", lambda t, name: ops._kernels(name))
+
+    def norm_kernel(x, w, eps, residual=None):  # RMSNorm's CUDA path on CPU tensors (the kernels, interpreted)
+        if residual is None:
+            return ops.rmsnorm(x, w, eps)
+        return ops.fused_add_rmsnorm(x.contiguous().clone(), residual.contiguous().clone(), w, eps)
+
+    monkeypatch.setattr(layernorm, "rmsnorm_ref", norm_kernel)
+    h, i = cfg.hidden_size, int(cfg.get("intermediate_size"))
+    split2, gu = SkinnyConfig(16, 16, 2), SkinnyConfig(16, 32, 1)
+
+    def table(fuse: bool) -> DecodeGemmTable:
+        tag = "partials" if fuse else ""
+        return DecodeGemmTable("cpu-test", (
+            ((h, h, "bfloat16"), (GemmChoice(128, split2, 2.0, 1.0, split2, tag),)),
+            ((h, i, "bfloat16"), (GemmChoice(128, split2, 2.0, 1.0, split2, tag),)),
+            ((2 * i, h, "bfloat16"), (GemmChoice(128, gu, 2.0, 1.0, gu, "silu" if fuse else ""),)),
+        ), fuse_epilogue=fuse)
+
+    gen = _gen(11)
+    prompts = [torch.randint(3, cfg.vocab_size, (n,), generator=gen).tolist() for n in (5, 3)]
+    out = {}
+    for fuse in (False, True):
+        decode_gemm.install(model, table(fuse))
+        launches = _Launches(monkeypatch)
+        harness = ModelHarness(model, cfg)
+        with torch.inference_mode():
+            logits = [harness.step([("a", prompts[0]), ("b", prompts[1])])]
+            for _ in range(2):
+                nxt = logits[-1].argmax(-1).tolist()
+                logits.append(harness.step([("a", [nxt[0]]), ("b", [nxt[1]])]))
+        out[fuse] = (logits, dict(launches.count))
+        monkeypatch.undo()  # drop this run's launch counters (and the patches: set them again)
+        monkeypatch.setattr(ops, "_triton", lambda t, name: ops._kernels(name))
+        monkeypatch.setattr(layernorm, "rmsnorm_ref", norm_kernel)
+    decode_gemm.install(model, None)
+    for a, b in zip(out[False][0], out[True][0]):
+        assert torch.equal(a, b), f"seed {SEED}"
+    steps, layers = 3, cfg.num_hidden_layers
+    assert out[False][1]["_splitk_reduce_kernel"] == 2 * layers * steps
+    assert out[False][1]["_silu_and_mul_kernel"] == layers * steps
+    assert "_splitk_reduce_kernel" not in out[True][1] and "_silu_and_mul_kernel" not in out[True][1]
+    assert out[True][1]["_skinny_silu_kernel"] == layers * steps
+    assert sum(out[False][1].values()) - sum(out[True][1].values()) == 3 * layers * steps
