@@ -289,3 +289,26 @@ def test_llama_forward_with_fusions_is_bit_identical(monkeypatch):
     assert "_splitk_reduce_kernel" not in out[True][1] and "_silu_and_mul_kernel" not in out[True][1]
     assert out[True][1]["_skinny_silu_kernel"] == layers * steps
     assert sum(out[False][1].values()) - sum(out[True][1].values()) == 3 * layers * steps
+
+
+def test_silu_candidates_and_kernels_saved():
+    """The tuner's gate_up + SiLU candidates are split-K 1 with half-height strips (same bytes per stage), without
+    duplicates; kernels_saved counts one reduce per deferred split-K projection and one SiLU per fused gate_up at the
+    bucket's row count (stories260K, 5 layers: 15), 0 without a table."""
+    cands = decode_gemm._silu_candidates(decode_gemm.candidates(32, 28672, 4096, 132))
+    assert cands and all(c.split_k == 1 for c in cands) and len(set(cands)) == len(cands)
+    assert SkinnyConfig(16, 256, 1, 4, 4) in cands and SkinnyConfig(64, 128, 1, 4, 4) in cands
+    model, cfg = _stories()
+    h, i = cfg.hidden_size, int(cfg.get("intermediate_size"))
+    split2, gu = SkinnyConfig(16, 16, 2), SkinnyConfig(16, 32, 1)
+    table = DecodeGemmTable("cpu-test", (
+        ((h, h, "bfloat16"), (GemmChoice(8, split2, 2.0, 1.0, split2, "partials"),)),
+        ((h, i, "bfloat16"), (GemmChoice(8, split2, 2.0, 1.0, split2, "partials"),)),
+        ((2 * i, h, "bfloat16"), (GemmChoice(8, gu, 2.0, 1.0, gu, "silu"),)),
+    ), fuse_epilogue=True)
+    decode_gemm.install(model, table)
+    layers = cfg.num_hidden_layers
+    assert host.kernels_saved(model, table, 8) == 3 * layers and host.kernels_saved(model, table, 9) == 0
+    assert host.kernels_saved(model, None, 8) == 0
+    decode_gemm.install(model, None)
+    assert host.kernels_saved(model, table, 8) == 0  # flags cleared

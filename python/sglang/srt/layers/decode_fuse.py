@@ -107,3 +107,27 @@ def mark_model(model: torch.nn.Module, on: bool) -> Tuple[Set[Shape], Set[Shape]
                 mlp.fuse_gate_silu = True
                 gated.add(shape(mlp.gate_up_proj))
     return deferred, gated
+
+
+def kernels_saved(model: torch.nn.Module, table, m: int) -> int:
+    """Kernels one forward of ``m`` rows launches fewer with ``table`` installed on ``model`` (its fusion flags set
+    by :func:`mark_model`) than unfused: one split-K reduce per deferred projection whose config at ``m`` rows has
+    more than one non-empty split, one SiLU-and-mul per fused gate_up with a config at ``m``. CPU-checkable (host
+    arithmetic only); the GPU A/B compares it with the CUDA graphs' node counts."""
+    from sgl_kernel.triton.skinny_gemm import split_plan
+    from sglang.srt.layers.linear import RowParallelLinear
+    from sglang.srt.layers.moe.sparse_moe_block import DenseMLP
+
+    if table is None:
+        return 0
+    saved = 0
+    for mod in model.modules():
+        if isinstance(mod, RowParallelLinear) and mod.defer_splitk_reduce:
+            w = mod.weight
+            cfg = table.lookup(w.shape[0], w.shape[1], w.dtype, m)
+            saved += cfg is not None and split_plan(w.shape[1], cfg.block_k, cfg.split_k)[2] > 1
+        elif isinstance(mod, DenseMLP) and mod.fuse_gate_silu:
+            w = mod.gate_up_proj.weight
+            cfg = table.lookup(w.shape[0], w.shape[1], w.dtype, m)
+            saved += cfg is not None and cfg.split_k == 1
+    return int(saved)

@@ -203,29 +203,44 @@ def time_per_call_us(fn: Callable[[torch.Tensor], object], weights: Sequence[tor
     return statistics.median(times)
 
 
+def _silu_candidates(cfgs: Sequence[object]) -> List[object]:
+    """The gate_up + SiLU forms of ``cfgs``: split-K 1 (the epilogue is not linear), ``block_n`` halved (a program
+    holds ``block_n`` gate and ``block_n`` up rows: the same weight bytes per pipeline stage), duplicates dropped."""
+    from sgl_kernel.triton.skinny_gemm import SkinnyConfig
+
+    out = []
+    for c in cfgs:
+        cfg = SkinnyConfig(block_n=max(16, c.block_n // 2), block_k=c.block_k, split_k=1, num_warps=c.num_warps,
+                           num_stages=c.num_stages)
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
 def _tune_fns(fused: str):
-    """(reference, skinny(x, w, cfg), keep(cfg)) timed for a shape in ``fused`` mode ("" / "partials" / "silu")."""
+    """(reference(x, w), skinny(x, w, cfg), candidates(cfgs)) timed for a shape in ``fused`` mode ("" / "partials" /
+    "silu")."""
     from sgl_kernel.triton.activation import silu_and_mul
     from sgl_kernel.triton.decode_fuse import skinny_gemm_silu
     from sgl_kernel.triton.skinny_gemm import skinny_gemm, skinny_gemm_partials
 
-    if fused == "silu":  # cuBLAS + the SiLU-and-mul kernel vs the fused epilogue (split-K 1 only)
+    if fused == "silu":  # cuBLAS + the SiLU-and-mul kernel vs the fused epilogue
         return (lambda x, w: silu_and_mul(F.linear(x, w)), lambda x, w, c: skinny_gemm_silu(x, w, **c.kwargs()),
-                lambda c: c.split_k == 1)
+                _silu_candidates)
     kern = skinny_gemm_partials if fused == "partials" else skinny_gemm
-    return F.linear, lambda x, w, c: kern(x, w, **c.kwargs()), lambda c: True
+    return F.linear, lambda x, w, c: kern(x, w, **c.kwargs()), list
 
 
 def _tune_shape(shape: Shape, weights: Sequence[torch.Tensor], buckets: Sequence[int], num_sms: int,
                 gen: torch.Generator, fused: str = "") -> Tuple[GemmChoice, ...]:
-    ref, skinny, keep = _tune_fns(fused)
+    ref, skinny, forms = _tune_fns(fused)
     n, k, _ = shape
     choices = []
     for m in buckets:
         x = torch.randn(m, k, generator=gen, device="cpu").to(weights[0].dtype).to(weights[0].device)
         cublas = time_per_call_us(lambda w: ref(x, w), weights)
         best, best_cfg = None, None
-        for cfg in filter(keep, candidates(m, n, k, num_sms)):
+        for cfg in forms(candidates(m, n, k, num_sms)):
             try:
                 t = time_per_call_us(lambda w: skinny(x, w, cfg), weights)
             except Exception as e:  # a config that does not compile/launch here (e.g. shared memory): skip it
@@ -335,6 +350,11 @@ def maybe_autotune(model: torch.nn.Module, batch_sizes: Sequence[int], device: t
         torch.cuda.empty_cache()
         return None
     picked = sum(c.config is not None for _, cs in table.entries for c in cs)
+    if table.fuse_epilogue:
+        from sglang.srt.layers.decode_fuse import kernels_saved
+
+        logger.info("rank %d: decode epilogue fusions remove %s kernels per forward", rank,
+                    ", ".join(f"{kernels_saved(model, table, b)} at M<={b}" for b in buckets))
     logger.info("rank %d: decode GEMM autotune on %s in %.1f s%s: %d of %d (shape, bucket) pairs use the skinny "
                 "kernel\n  %s", rank, table.device_name, table.tune_s,
                 " (epilogue fusions on)" if table.fuse_epilogue else "", picked,

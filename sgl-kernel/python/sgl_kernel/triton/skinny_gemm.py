@@ -146,15 +146,21 @@ def _check(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], block
                          "and block sizes that are powers of two >= 16")
 
 
+def split_plan(k: int, block_k: int, split_k: int):
+    """``(block_k, k_chunk, splits)`` the GEMM launches for K ``k``: the tile clipped to K, whole tiles per split,
+    and the number of non-empty splits (``splits`` 1: no partials, no reduce)."""
+    bk = min(block_k, max(16, next_pow2(k)))
+    chunk = triton.cdiv(triton.cdiv(k, split_k), bk) * bk
+    return bk, chunk, triton.cdiv(k, chunk)
+
+
 def _gemm(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], block_n: int, block_k: int,
           num_warps: int, num_stages: int, split_k: int) -> torch.Tensor:
     """Launch the GEMM kernel; returns y [M, N] (x's dtype, bias added) for one split, else the fp32 partials
     [split, M, N] (no bias)."""
     m, k = x.shape
     n = w.shape[0]
-    bk = min(block_k, max(16, next_pow2(k)))
-    chunk = triton.cdiv(triton.cdiv(k, split_k), bk) * bk  # whole tiles per split
-    split = triton.cdiv(k, chunk)  # no empty splits
+    bk, chunk, split = split_plan(k, block_k, split_k)
     if split > 1:
         out = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     else:
