@@ -49,9 +49,9 @@ stage "3. summary"
   echo
   echo "## Decode-GEMM picks, one table per set (the fused set's table first tags its fused forms)"
   echo
-  grep -E "autotune on .* in [0-9.]+ s|N=[0-9]+ K=[0-9]+ .* M<=(1|32|128):|fusions remove" "$OUT/issue27_fuse_ab.log" \
+  grep -E "autotune on .* in [0-9.]+ s|N=[0-9]+ K=[0-9]+ .* M<=(1|32|128):|fusions, kernels removed" "$OUT/issue27_fuse_ab.log" \
     2>/dev/null | sed -e 's/^.*\(N=\)/- \1/' -e 's/^.*\(decode GEMM autotune\)/\1/' \
-    -e 's/^.*\(decode epilogue fusions remove\)/\1/' | head -n 40 || echo "(no autotune log)"
+    -e 's/^.*\(decode epilogue fusions, kernels removed\)/\1/' | head -n 40 || echo "(no autotune log)"
   echo
   echo "Expected: the fuse set's graph has (kernels removed at that batch's bucket, line above) fewer nodes."
   echo

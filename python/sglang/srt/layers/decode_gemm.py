@@ -353,7 +353,7 @@ def maybe_autotune(model: torch.nn.Module, batch_sizes: Sequence[int], device: t
     if table.fuse_epilogue:
         from sglang.srt.layers.decode_fuse import kernels_saved
 
-        logger.info("rank %d: decode epilogue fusions remove %s kernels per forward", rank,
+        logger.info("rank %d: decode epilogue fusions, kernels removed per forward: %s", rank,
                     ", ".join(f"{kernels_saved(model, table, b)} at M<={b}" for b in buckets))
     logger.info("rank %d: decode GEMM autotune on %s in %.1f s%s: %d of %d (shape, bucket) pairs use the skinny "
                 "kernel\n  %s", rank, table.device_name, table.tune_s,
