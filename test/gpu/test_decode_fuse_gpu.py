@@ -109,9 +109,13 @@ def test_fused_tune_install_and_graph_replay(monkeypatch):
     """autotune in fused mode on the o_proj / gate_up / down shapes tags each choice; with the table installed (and
     the flags mark_model would set on a Llama layer) o_proj -> norm -> MLP -> norm replays in a CUDA graph exactly as
     it runs eagerly, and matches the same layers on the unfused table within bf16 rounding (residual included)."""
+    from sgl_kernel.triton.skinny_gemm import SkinnyConfig
     from sglang.srt.layers import decode_gemm
 
     monkeypatch.setenv("SGLANG_DECODE_PDL", "0")
+    # two candidates (one split-K) keep the compile time short: this checks the fused modes, not the candidate set
+    monkeypatch.setattr(decode_gemm, "candidates", lambda m, n, k, sms: [SkinnyConfig(32, 128, 2, 4, 4),
+                                                                          SkinnyConfig(64, 128, 1, 4, 4)])
     gen = torch.Generator().manual_seed(SEED)
     mods = _mlp_layers(gen)
     o_proj, mlp, norm = mods
