@@ -44,9 +44,9 @@ def _close(a, b, tol=2e-2):
     assert a.shape == b.shape and err <= tol * ref, f"max abs err {err} > {tol * ref} (seed {SEED})"
 
 
-@pytest.mark.parametrize("pdl", ["0", "2"])
-@pytest.mark.parametrize("m,n,k,bn,bk,split", [(1, 4096, 4096, 32, 128, 2), (32, 4096, 4096, 32, 128, 2),
-                                               (32, 4096, 14336, 64, 128, 4), (128, 4096, 14336, 128, 64, 2)])
+@pytest.mark.parametrize("m,n,k,bn,bk,split,pdl", [
+    (1, 4096, 4096, 32, 128, 2, "0"), (32, 4096, 4096, 32, 128, 2, "0"), (32, 4096, 14336, 64, 128, 4, "0"),
+    (128, 4096, 14336, 128, 64, 2, "0"), (32, 4096, 4096, 32, 128, 2, "2"), (1, 4096, 14336, 64, 128, 4, "2")])
 def test_splitk_add_rmsnorm_bitwise_vs_reduce_then_norm(m, n, k, bn, bk, split, pdl, monkeypatch):
     """o_proj / down_proj shapes: fused reduce + add + RMSNorm == reduce kernel + add + RMSNorm kernel, bit for bit."""
     from sgl_kernel.triton import decode_fuse, fused_add_rmsnorm, skinny_gemm
@@ -72,8 +72,8 @@ def test_splitk_add_rmsnorm_bitwise_vs_reduce_then_norm(m, n, k, bn, bk, split, 
     _close(r_fu, want_r)
 
 
-@pytest.mark.parametrize("pdl", ["0", "2"])
-@pytest.mark.parametrize("m,bn,bk", [(1, 32, 256), (32, 64, 128), (32, 16, 128), (128, 32, 128)])
+@pytest.mark.parametrize("m,bn,bk,pdl", [(1, 32, 256, "0"), (32, 64, 128, "0"), (32, 16, 128, "0"),
+                                          (128, 32, 128, "0"), (1, 32, 256, "2"), (32, 64, 128, "2")])
 def test_skinny_gemm_silu_vs_reference(m, bn, bk, pdl, monkeypatch):
     """gate_up [28672, 4096] + SiLU-and-mul in one kernel vs the torch reference and the unfused kernel pair."""
     from sgl_kernel.triton import activation, decode_fuse, skinny_gemm
