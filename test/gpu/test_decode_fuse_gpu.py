@@ -13,6 +13,7 @@ Speed: scripts/gpu/issue27_fuse_1gpu.sh (benchmark/bench_decode_ab.py --switch-a
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -106,9 +107,9 @@ def _mlp_layers(gen, inter=14336, h=4096):
 
 
 def test_fused_tune_install_and_graph_replay(monkeypatch):
-    """autotune in fused mode on the o_proj / gate_up / down shapes tags each choice; with the table installed (and
-    the flags mark_model would set on a Llama layer) o_proj -> norm -> MLP -> norm replays in a CUDA graph exactly as
-    it runs eagerly, and matches the same layers on the unfused table within bf16 rounding (residual included)."""
+    """autotune in fused mode on the o_proj / gate_up / down shapes tags each choice; with its best skinny forms
+    installed (and the flags mark_model would set on a Llama layer) o_proj -> norm -> MLP -> norm replays in a CUDA
+    graph exactly as it runs eagerly, and matches the same layers on cuBLAS within bf16 rounding (residual too)."""
     from sgl_kernel.triton.skinny_gemm import SkinnyConfig
     from sglang.srt.layers import decode_gemm
 
@@ -135,7 +136,11 @@ def test_fused_tune_install_and_graph_replay(monkeypatch):
         y, r = norm(mlp(h), r)
         return y, r
 
-    decode_gemm.install(mods, fused)
+    # run the best skinny form of every shape even where cuBLAS won the timing, so the fused kernels are exercised
+    forced = decode_gemm.DecodeGemmTable(fused.device_name, tuple(
+        (shape, tuple(dataclasses.replace(c, config=c.skinny_config) for c in cs)) for shape, cs in fused.entries),
+        fuse_epilogue=True)
+    decode_gemm.install(mods, forced)
     o_proj.defer_splitk_reduce = mlp.down_proj.defer_splitk_reduce = mlp.fuse_gate_silu = True
     with torch.inference_mode():
         eager = chain()
