@@ -52,7 +52,9 @@ class GemmChoice:
     """The measured outcome for one (shape, bucket): ``config`` None means cuBLAS (``F.linear``).
 
     Attributes: m_max (bucket top, rows), config, cublas_us / skinny_us (median microseconds per call at m_max;
-    skinny_us of the best skinny config, None if none ran), skinny_config (that config, chosen or not).
+    skinny_us of the best skinny config, None if none ran), skinny_config (that config, chosen or not), fused (issue
+    27: the form both were timed in: "" plain, "partials" = skinny without its split-K reduce, "silu" = cuBLAS +
+    SiLU-and-mul vs the gate_up skinny GEMM with SiLU-and-mul in its epilogue).
     """
 
     m_max: int
@@ -67,7 +69,7 @@ class GemmChoice:
 class DecodeGemmTable:
     """Frozen per-device dispatch table: ``entries`` maps ``(N, K, dtype name)`` to its :class:`GemmChoice` s,
     ascending ``m_max``. Built by :func:`autotune`; read by :meth:`lookup` (host side, at graph capture or eager
-    forward)."""
+    forward). ``fuse_epilogue``: tuned with the issue-27 epilogue fusions, which :func:`install` then switches on."""
 
     device_name: str
     entries: Tuple[Tuple[Shape, Tuple[GemmChoice, ...]], ...]
