@@ -159,8 +159,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
 
 
 def _skinny_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return x.dim() == 2 and x.dtype in (torch.bfloat16, torch.float16) and x.dtype == weight.dtype \
-        and x.stride(-1) == 1 and weight.stride(-1) == 1
+    return x.dim() == 2 and x.shape[0] >= 1 and x.dtype in (torch.bfloat16, torch.float16) \
+        and x.dtype == weight.dtype and x.stride(-1) == 1 and weight.stride(-1) == 1
 
 
 def linear_deferred(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], table):
