@@ -2,7 +2,9 @@
 it captured), in ONE process on one runner: ``SGLANG_DECODE_ATTN_SMALL_GRID_TILE`` (decode-attention tile for a
 one-split grid that fits one wave, e.g. batch 32 on an H100) and ``SGLANG_DECODE_PDL`` (the decode-path Triton
 kernels launched with programmatic dependent launch, early launch of the next kernel and the skinny GEMM's L2 weight
-prefetch: the default since issue 27 round 4; ``=0`` gives plain launches).
+prefetch: the default since issue 27 round 4; ``=0`` gives plain launches) and ``SGLANG_DECODE_FUSE_EPILOGUE``
+(issue 27: split-K reduce inside the next add + RMSNorm, SiLU-and-mul in the gate_up skinny GEMM; it changes the
+GEMM table, so each (PDL, fuse) value pair tunes its own).
 
 Each set is ``name:ENV=value,ENV=value`` (``default:`` = no variables set); one CUDA-graph set is captured per set
 with its variables set; the first capture of each ``SGLANG_DECODE_PDL`` value runs the decode-GEMM autotune (default on)
@@ -31,7 +33,7 @@ from gpu_targets_lib import kv_bytes, memory_floor_s
 
 logger = logging.getLogger("decode_switch_ab")
 Sets = List[Tuple[str, Dict[str, str]]]
-SWITCHES = ("SGLANG_DECODE_ATTN_SMALL_GRID_TILE", "SGLANG_DECODE_PDL")
+SWITCHES = ("SGLANG_DECODE_ATTN_SMALL_GRID_TILE", "SGLANG_DECODE_PDL", "SGLANG_DECODE_FUSE_EPILOGUE")
 
 
 def parse_sets(spec: str) -> Sets:
@@ -97,7 +99,8 @@ def capture_sets(runner, sizes: List[int], capture: Callable, sets: Sets) -> Dic
     try:
         for i, (name, env) in enumerate(sets):
             t0 = time.monotonic()
-            mode = env.get("SGLANG_DECODE_PDL", "").strip() or _unset_pdl_mode()
+            mode = (env.get("SGLANG_DECODE_PDL", "").strip() or _unset_pdl_mode(),
+                    env.get("SGLANG_DECODE_FUSE_EPILOGUE", "").strip() or "0")
             decode_gemm.maybe_autotune = (lambda t: (lambda *a, **k: t))(tables[mode]) if mode in tables else orig
             try:
                 with switched(env):
@@ -110,8 +113,8 @@ def capture_sets(runner, sizes: List[int], capture: Callable, sets: Sets) -> Dic
                 torch.cuda.synchronize()
                 continue
             tables.setdefault(mode, getattr(graphs[name], "decode_gemm_table", None))
-            logger.info("graph set %s %s captured in %.1f s (GEMM table of SGLANG_DECODE_PDL=%s)", name, env,
-                        time.monotonic() - t0, mode)
+            logger.info("graph set %s %s captured in %.1f s (GEMM table of SGLANG_DECODE_PDL=%s, fuse=%s)", name,
+                        env, time.monotonic() - t0, *mode)
     finally:
         decode_gemm.maybe_autotune = orig
     return graphs

@@ -9,7 +9,7 @@ issue27_tag=$1
 . "$(dirname "${BASH_SOURCE[0]}")/device_preamble.sh"
 export OUT="${OUT:-/tmp/$issue27_tag}"; mkdir -p "$OUT"
 unset TRITON_INTERPRET SGLANG_DECODE_ATTN_SMALL_GRID_TILE SGLANG_DECODE_PDL \
-  SGLANG_SKINNY_GEMM SGLANG_DECODE_GEMM_MAX_M SGLANG_DECODE_GEMM_AUTOTUNE
+  SGLANG_SKINNY_GEMM SGLANG_DECODE_GEMM_MAX_M SGLANG_DECODE_GEMM_AUTOTUNE SGLANG_DECODE_FUSE_EPILOGUE
 model="$root/../shared/data/configs/meta-llama--Meta-Llama-3.1-8B"
 commit="$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 exec > >(tee -a "$OUT/${issue27_tag}_run.log") 2>&1

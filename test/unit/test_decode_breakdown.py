@@ -46,6 +46,16 @@ def test_roles_follow_the_layer_structure(layers, split_attention, skinny_down):
     assert db.assign_classes(names) == want
 
 
+def test_fused_epilogue_kernels_get_their_classes():
+    """Issue 27 fusions: the split-K reduce inside add + RMSNorm counts as ``norm`` and the gate_up skinny GEMM with
+    SiLU-and-mul as ``gate_up`` (no ``act`` kernel left); the roles of the other GEMMs are unchanged."""
+    names = ["_rmsnorm_kernel", NVJET, "_rope_kv_store_kernel", "_decode_split_kernel", "_skinny_gemm_kernel",
+             "_splitk_add_rmsnorm_kernel", "_skinny_silu_kernel", "_skinny_gemm_kernel", "_splitk_add_rmsnorm_kernel",
+             NVJET, ARGMAX]
+    assert db.assign_classes(names) == ["norm", "qkv", "rope_kv", "attention", "o", "norm", "gate_up", "down",
+                                        "norm", "lm_head", "sampling"]
+
+
 def test_extra_gemms_are_not_given_a_role():
     names = ["_rmsnorm_kernel", NVJET, NVJET, "_decode_split_kernel", NVJET, NVJET, NVJET, NVJET, NVJET, NVJET]
     assert db.assign_classes(names) == ["norm", "qkv", "gemm_other", "attention", "o", "gate_up", "down",

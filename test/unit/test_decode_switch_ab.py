@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "benchma
 
 import decode_switch_ab as sw  # noqa: E402
 
-TILE, PDL = sw.SWITCHES
+TILE, PDL, FUSE = sw.SWITCHES
 
 
 def test_parse_sets():
@@ -79,3 +79,27 @@ def test_capture_sets_tunes_once_per_pdl_mode(monkeypatch):
     assert {n: g.decode_gemm_table for n, g in graphs.items()} == {
         "default": "table1", "tile": "table1", "pdl2": "table1", "nopdl": "table2", "nopdl_tile": "table2"}
     assert decode_gemm.maybe_autotune is fake_tune
+
+
+def test_capture_sets_tunes_once_per_pdl_and_fuse_value(monkeypatch):
+    """Issue 27: SGLANG_DECODE_FUSE_EPILOGUE changes the GEMM table (fused forms are timed), so each (PDL, fuse) pair
+    tunes its own table, with the set's fuse value in the environment while it tunes; unset fuse counts as 0."""
+    from sglang.srt.layers import decode_gemm
+
+    tuned = []
+
+    def fake_tune(*a, **k):
+        tuned.append((os.environ.get(PDL, "unset"), os.environ.get(FUSE, "unset")))
+        return f"table{len(tuned)}"
+
+    class Graphs:
+        def __init__(self, table):
+            self.decode_gemm_table = table
+
+    monkeypatch.setattr(decode_gemm, "maybe_autotune", fake_tune)
+    monkeypatch.setattr(sw, "_unset_pdl_mode", lambda: "0")  # a GPU model where unset means off (H200)
+    sets = sw.parse_sets(f"default:;fuse:{FUSE}=1;off:{FUSE}=0;pdl_fuse:{PDL}=2,{FUSE}=1")
+    graphs = sw.capture_sets(None, [1, 32], lambda runner, sizes: Graphs(decode_gemm.maybe_autotune()), sets)
+    assert tuned == [("unset", "unset"), ("unset", "1"), ("2", "1")]
+    assert {n: g.decode_gemm_table for n, g in graphs.items()} == {
+        "default": "table1", "fuse": "table2", "off": "table1", "pdl_fuse": "table3"}

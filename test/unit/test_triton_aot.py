@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 KP = str(REPO / "sgl-kernel" / "python")
 NAMES = ("decode_split_rows_2", "decode_split_rows_direct", "decode_split_legacy_8", "decode_reduce", "extend",
          "rope_kv_store_neox", "rope_kv_store_gptj", "rope_neox", "skinny_gemm",
-         "rmsnorm_add", "rmsnorm_add_pdl", "rope_kv_store_neox_pdl", "decode_split_rows_direct_pdl", "skinny_gemm_pdl")
+         "rmsnorm_add", "rmsnorm_add_pdl", "rope_kv_store_neox_pdl", "decode_split_rows_direct_pdl", "skinny_gemm_pdl",
+         "splitk_add_rmsnorm", "splitk_add_rmsnorm_pdl", "skinny_silu", "skinny_silu_pdl")
 
 
 @pytest.fixture(scope="module")
@@ -90,3 +91,22 @@ def test_pdl_variants_wait_then_launch_dependents(aot_report, kernel):
     assert rep["griddep_wait"] >= 1 and rep["griddep_launch"] >= 1 and rep["loads_before_wait"] == 0, rep
     assert (rep["l2_prefetch_before_wait"] > 0) == (kernel == "skinny_gemm"), rep
     assert base["griddep_wait"] == 0 and base["griddep_launch"] == 0, base
+
+
+@pytest.mark.parametrize("name", ["splitk_add_rmsnorm", "splitk_add_rmsnorm_pdl"])
+def test_splitk_add_rmsnorm_loads_before_its_stores(aot_report, name):
+    """Issue 27 fusion: the split-K partials, residual and weight are all loaded (16-byte vectors) before the first
+    store, as in the unfused add + RMSNorm; under PDL nothing is read before griddepcontrol.wait."""
+    rep = aot_report[name]
+    assert rep["loads_after_first_store"] == 0 and rep["v4_loads"] > 0 and rep["scalar_b16_loads"] == 0, rep
+    assert rep["loads_before_wait"] == 0, rep
+
+
+@pytest.mark.parametrize("name", ["skinny_silu", "skinny_silu_pdl"])
+def test_skinny_silu_streams_both_strips_with_pipelined_copies(aot_report, name):
+    """Issue 27 fusion: gate_up + SiLU streams its gate and up weight strips by 16-byte pipelined copies; under PDL
+    it prefetches lines of both strips into L2 before griddepcontrol.wait and loads nothing before it."""
+    rep = aot_report[name]
+    assert rep["cp_async16"] > 0 and rep["scalar_b16_loads"] == 0, rep
+    if name.endswith("_pdl"):
+        assert rep["l2_prefetch_before_wait"] >= 2 and rep["loads_before_wait"] == 0, rep

@@ -4,12 +4,14 @@ This module sits at the bottom of the import graph: it imports only torch, so la
 (:mod:`sglang.srt.layers.ops`) and the communicators (:mod:`sglang.srt.distributed.communicator`) can all
 use it without importing each other. Sources: RMSNorm (Zhang & Sennrich, NeurIPS 2019, eq. 4), SwiGLU
 (Shazeer 2020, eq. 6), top-k softmax routing (Shazeer et al. 2017, sec. 2.1; Mixtral renormalizes the
-top-k weights), MoE expert mixing (Shazeer et al. 2017, eq. 1).
+top-k weights), MoE expert mixing (Shazeer et al. 2017, eq. 1); the deferred split-K sum of a projection that the
+next fused add + RMSNorm reduces (issue 27, :mod:`sglang.srt.layers.decode_fuse`).
 """
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from dataclasses import dataclass
+from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -119,3 +121,40 @@ def fused_moe_ref(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
         y = F.linear(F.silu(gate) * up, w2[expert])
         out.index_add_(0, tok, y.float() * flat_w[sel].unsqueeze(1))
     return out.to(x.dtype)
+
+
+@dataclass(frozen=True)
+class SplitKPartials:
+    """A projection output whose split-K reduce is deferred to the consuming fused add + RMSNorm.
+
+    Attributes:
+        parts: [S, M, N] fp32 partial sums (S >= 2), contiguous, on the GEMM's device.
+        bias: optional [N] bias (added once, after the sum), or None.
+        dtype: the output dtype the unfused GEMM would have returned (bf16/fp16).
+    """
+
+    parts: torch.Tensor
+    bias: Optional[torch.Tensor]
+    dtype: torch.dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        """``[M, N]``, the shape of the materialized output."""
+        return self.parts.shape[1:]
+
+    def materialize(self) -> torch.Tensor:
+        """The output ``[M, N]`` in :attr:`dtype`: the partials summed in split order from zero in fp32, plus the
+        bias, rounded once (the split-K reduce kernel's numerics)."""
+        acc = torch.zeros(self.parts.shape[1:], dtype=torch.float32, device=self.parts.device)
+        for s in range(self.parts.shape[0]):
+            acc = acc + self.parts[s]
+        if self.bias is not None:
+            acc = acc + self.bias.float()
+        return acc.to(self.dtype)
+
+
+def splitk_add_rmsnorm_ref(p: "SplitKPartials", residual: torch.Tensor, weight: torch.Tensor, eps: float
+                           ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Torch reference of the fused reduce + add + RMSNorm: ``rmsnorm_ref(p.materialize(), weight, eps, residual)``
+    -> ``(normed [M, N], new residual [M, N])``, new tensors in residual's dtype."""
+    return rmsnorm_ref(p.materialize(), weight, eps, residual)

@@ -17,6 +17,14 @@ call; a failed tune (e.g. out of memory) leaves everything on cuBLAS. Technique:
 Switch: ``SGLANG_DECODE_GEMM_AUTOTUNE`` (default on since it won every same-run A/B on two H100 runs, 2026-11-27:
 served step / floor 1.259 -> 1.237, 1.222 -> 1.207, 1.200 -> 1.197 at batch 1 / 32 / 128; ``=0`` keeps every
 linear on cuBLAS); CUDA only.
+
+Epilogue fusions (issue 27, ``SGLANG_DECODE_FUSE_EPILOGUE=1``, default OFF until a GPU A/B shows a win; see
+:mod:`sglang.srt.layers.decode_fuse`): the table is then tuned with the fused forms where the model allows them
+(:func:`sglang.srt.layers.decode_fuse.mark_model`): the projections feeding a fused add + RMSNorm time their skinny
+configs without the split-K reduce kernel (the norm sums the partials; its extra read of ``S*M*N*4`` bytes is not
+counted), and the dense MLPs' gate_up shapes time cuBLAS + the SiLU-and-mul kernel against split-K 1 skinny configs
+with SiLU-and-mul in the epilogue. The table records it (``fuse_epilogue``) and :func:`install` sets the layers' flags
+from it, so the same table always runs the forms it was timed with.
 """
 
 from __future__ import annotations
@@ -44,7 +52,9 @@ class GemmChoice:
     """The measured outcome for one (shape, bucket): ``config`` None means cuBLAS (``F.linear``).
 
     Attributes: m_max (bucket top, rows), config, cublas_us / skinny_us (median microseconds per call at m_max;
-    skinny_us of the best skinny config, None if none ran), skinny_config (that config, chosen or not).
+    skinny_us of the best skinny config, None if none ran), skinny_config (that config, chosen or not), fused (issue
+    27: the form both were timed in: "" plain, "partials" = skinny without its split-K reduce, "silu" = cuBLAS +
+    SiLU-and-mul vs the gate_up skinny GEMM with SiLU-and-mul in its epilogue).
     """
 
     m_max: int
@@ -52,17 +62,19 @@ class GemmChoice:
     cublas_us: float
     skinny_us: Optional[float]
     skinny_config: Optional[object]
+    fused: str = ""  # issue 27: "" plain, "partials" (split-K reduce in the next norm), "silu" (gate_up + SiLU)
 
 
 @dataclass(frozen=True)
 class DecodeGemmTable:
     """Frozen per-device dispatch table: ``entries`` maps ``(N, K, dtype name)`` to its :class:`GemmChoice` s,
     ascending ``m_max``. Built by :func:`autotune`; read by :meth:`lookup` (host side, at graph capture or eager
-    forward)."""
+    forward). ``fuse_epilogue``: tuned with the issue-27 epilogue fusions, which :func:`install` then switches on."""
 
     device_name: str
     entries: Tuple[Tuple[Shape, Tuple[GemmChoice, ...]], ...]
     tune_s: float = 0.0
+    fuse_epilogue: bool = False  # issue 27: tuned with (and installs) the decode epilogue fusions
     _index: Dict[Shape, Tuple[GemmChoice, ...]] = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
@@ -82,8 +94,9 @@ class DecodeGemmTable:
         for (n, k, dt), choices in self.entries:
             for c in choices:
                 sk = f"{c.skinny_us:.1f} us ({c.skinny_config})" if c.skinny_us is not None else "-"
+                tag = {"partials": " [fused: reduce in norm]", "silu": " [fused: +silu]"}.get(c.fused, "")
                 out.append(f"N={n} K={k} {dt} M<={c.m_max}: cublas {c.cublas_us:.1f} us, skinny {sk} -> "
-                           f"{c.config if c.config is not None else 'cublas'}")
+                           f"{c.config if c.config is not None else 'cublas'}{tag}")
         return out
 
 
@@ -192,31 +205,60 @@ def time_per_call_us(fn: Callable[[torch.Tensor], object], weights: Sequence[tor
     return statistics.median(times)
 
 
-def _tune_shape(shape: Shape, weights: Sequence[torch.Tensor], buckets: Sequence[int], num_sms: int,
-                gen: torch.Generator) -> Tuple[GemmChoice, ...]:
-    from sgl_kernel.triton.skinny_gemm import skinny_gemm
+def _silu_candidates(cfgs: Sequence[object]) -> List[object]:
+    """The gate_up + SiLU forms of ``cfgs``: split-K 1 (the epilogue is not linear), ``block_n`` halved (a program
+    holds ``block_n`` gate and ``block_n`` up rows: the same weight bytes per pipeline stage), duplicates dropped."""
+    from sgl_kernel.triton.skinny_gemm import SkinnyConfig
 
+    out = []
+    for c in cfgs:
+        cfg = SkinnyConfig(block_n=max(16, c.block_n // 2), block_k=c.block_k, split_k=1, num_warps=c.num_warps,
+                           num_stages=c.num_stages)
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
+def _tune_fns(fused: str):
+    """(reference(x, w), skinny(x, w, cfg), candidates(cfgs)) timed for a shape in ``fused`` mode ("" / "partials" /
+    "silu")."""
+    from sgl_kernel.triton.activation import silu_and_mul
+    from sgl_kernel.triton.decode_fuse import skinny_gemm_silu
+    from sgl_kernel.triton.skinny_gemm import skinny_gemm, skinny_gemm_partials
+
+    if fused == "silu":  # cuBLAS + the SiLU-and-mul kernel vs the fused epilogue
+        return (lambda x, w: silu_and_mul(F.linear(x, w)), lambda x, w, c: skinny_gemm_silu(x, w, **c.kwargs()),
+                _silu_candidates)
+    kern = skinny_gemm_partials if fused == "partials" else skinny_gemm
+    return F.linear, lambda x, w, c: kern(x, w, **c.kwargs()), list
+
+
+def _tune_shape(shape: Shape, weights: Sequence[torch.Tensor], buckets: Sequence[int], num_sms: int,
+                gen: torch.Generator, fused: str = "") -> Tuple[GemmChoice, ...]:
+    ref, skinny, forms = _tune_fns(fused)
     n, k, _ = shape
     choices = []
     for m in buckets:
         x = torch.randn(m, k, generator=gen, device="cpu").to(weights[0].dtype).to(weights[0].device)
-        cublas = time_per_call_us(lambda w: F.linear(x, w), weights)
+        cublas = time_per_call_us(lambda w: ref(x, w), weights)
         best, best_cfg = None, None
-        for cfg in candidates(m, n, k, num_sms):
+        for cfg in forms(candidates(m, n, k, num_sms)):
             try:
-                t = time_per_call_us(lambda w: skinny_gemm(x, w, **cfg.kwargs()), weights)
+                t = time_per_call_us(lambda w: skinny(x, w, cfg), weights)
             except Exception as e:  # a config that does not compile/launch here (e.g. shared memory): skip it
                 logger.info("decode GEMM tune: N=%d K=%d M=%d %s failed: %s: %s", n, k, m, cfg, type(e).__name__, e)
                 continue
             if best is None or t < best:
                 best, best_cfg = t, cfg
         chosen = best_cfg if best is not None and best < cublas else None
-        choices.append(GemmChoice(m_max=m, config=chosen, cublas_us=cublas, skinny_us=best, skinny_config=best_cfg))
+        choices.append(GemmChoice(m_max=m, config=chosen, cublas_us=cublas, skinny_us=best, skinny_config=best_cfg,
+                                  fused=fused))
     return tuple(choices)
 
 
 def autotune(weights_by_shape: Dict[Shape, List[torch.Tensor]], buckets: Sequence[int], device: torch.device,
-             seed: int = 0) -> DecodeGemmTable:
+             seed: int = 0, deferred: Sequence[Shape] = (), gated: Sequence[Shape] = (),
+             fuse_epilogue: bool = False) -> DecodeGemmTable:
     """Measure cuBLAS vs the skinny candidates for every shape and bucket on ``device`` (CUDA) and return the table.
 
     Args:
@@ -224,6 +266,9 @@ def autotune(weights_by_shape: Dict[Shape, List[torch.Tensor]], buckets: Sequenc
             cycled through per timing pass).
         buckets: bucket tops (rows), ascending, each <= 128.
         device: the CUDA device.
+        deferred, gated, fuse_epilogue: issue 27 (:mod:`sglang.srt.layers.decode_fuse`): with ``fuse_epilogue`` the
+            shapes in ``gated`` are timed as gate_up + SiLU-and-mul and those in ``deferred`` without the split-K
+            reduce; the table records ``fuse_epilogue``.
     Raises:
         ValueError: a non-CUDA device or a bucket outside 1..128.
     """
@@ -234,11 +279,16 @@ def autotune(weights_by_shape: Dict[Shape, List[torch.Tensor]], buckets: Sequenc
     gen = torch.Generator().manual_seed(seed)
     num_sms = torch.cuda.get_device_properties(device).multi_processor_count
     with torch.cuda.device(device), torch.inference_mode():
-        entries = tuple((shape, _tune_shape(shape, ws, buckets, num_sms, gen))
+        def mode(shape: Shape) -> str:
+            if not fuse_epilogue:
+                return ""
+            return "silu" if shape in gated else "partials" if shape in deferred else ""
+
+        entries = tuple((shape, _tune_shape(shape, ws, buckets, num_sms, gen, mode(shape)))
                         for shape, ws in sorted(weights_by_shape.items()))
         torch.cuda.empty_cache()  # the timing graphs' transient outputs
     return DecodeGemmTable(device_name=torch.cuda.get_device_name(device), entries=entries,
-                           tune_s=time.perf_counter() - t0)
+                           tune_s=time.perf_counter() - t0, fuse_epilogue=fuse_epilogue)
 
 
 def model_linear_weights(model: torch.nn.Module) -> Dict[Shape, List[torch.Tensor]]:
@@ -260,9 +310,13 @@ def model_linear_weights(model: torch.nn.Module) -> Dict[Shape, List[torch.Tenso
 
 def install(model: torch.nn.Module, table: Optional[DecodeGemmTable]) -> int:
     """Hand ``table`` (None: remove) to every LinearBase and LogitsProcessor (the LM-head projection) of ``model``;
-    returns how many modules got it."""
+    returns how many modules got it. Sets (or clears) the issue-27 epilogue-fusion flags from
+    ``table.fuse_epilogue`` (:func:`sglang.srt.layers.decode_fuse.mark_model`)."""
+    from sglang.srt.layers.decode_fuse import mark_model
     from sglang.srt.layers.linear import LinearBase
     from sglang.srt.layers.logits_processor import LogitsProcessor
+
+    mark_model(model, bool(getattr(table, "fuse_epilogue", False)))
 
     count = 0
     for mod in model.modules():
@@ -273,24 +327,38 @@ def install(model: torch.nn.Module, table: Optional[DecodeGemmTable]) -> int:
 
 
 def maybe_autotune(model: torch.nn.Module, batch_sizes: Sequence[int], device: torch.device,
-                   rank: int = 0) -> Optional[DecodeGemmTable]:
+                   rank: int = 0, fuse_ok: bool = True) -> Optional[DecodeGemmTable]:
     """The runner's entry point: when :func:`enabled`, tune the model's linear shapes for the buckets covering
-    ``batch_sizes``, log the table once (this rank) and return it; else None (every linear stays on cuBLAS)."""
+    ``batch_sizes``, log the table once (this rank) and return it; else None (every linear stays on cuBLAS).
+    ``fuse_ok``: the caller's executor runs the model's plain layer order (the sequential one), so the issue-27
+    epilogue fusions may be tuned when ``SGLANG_DECODE_FUSE_EPILOGUE=1`` (ValueError for a bad value)."""
+    from sglang.srt.layers.decode_fuse import fuse_enabled, mark_model
+
     if not enabled(device):
         return None
     buckets = buckets_for(batch_sizes, max_m_from_env())
     weights = model_linear_weights(model)
     if not buckets or not weights:
         return None
+    fuse = fuse_ok and fuse_enabled()
+    deferred, gated = mark_model(model, fuse)
+    fuse = fuse and bool(deferred or gated)
     try:
-        table = autotune(weights, buckets, device)
+        table = autotune(weights, buckets, device, deferred=sorted(deferred), gated=sorted(gated),
+                         fuse_epilogue=fuse)
     except (RuntimeError, ValueError) as e:  # e.g. out of memory: fail closed to cuBLAS, never to eager decode
         logger.warning("rank %d: decode GEMM autotune failed (%s: %s); every linear stays on cuBLAS", rank,
                        type(e).__name__, e)
         torch.cuda.empty_cache()
         return None
     picked = sum(c.config is not None for _, cs in table.entries for c in cs)
-    logger.info("rank %d: decode GEMM autotune on %s in %.1f s: %d of %d (shape, bucket) pairs use the skinny "
-                "kernel\n  %s", rank, table.device_name, table.tune_s, picked,
+    if table.fuse_epilogue:
+        from sglang.srt.layers.decode_fuse import kernels_saved
+
+        logger.info("rank %d: decode epilogue fusions, kernels removed per forward: %s", rank,
+                    ", ".join(f"{kernels_saved(model, table, b)} at M<={b}" for b in buckets))
+    logger.info("rank %d: decode GEMM autotune on %s in %.1f s%s: %d of %d (shape, bucket) pairs use the skinny "
+                "kernel\n  %s", rank, table.device_name, table.tune_s,
+                " (epilogue fusions on)" if table.fuse_epilogue else "", picked,
                 sum(len(cs) for _, cs in table.entries), "\n  ".join(table.describe()))
     return table

@@ -286,6 +286,9 @@ class RowParallelLinear(LinearBase):
         super().__init__(divide(input_size, tp_size, "input_size"), output_size, bias, params_dtype, tp_rank, tp_size)
         self.reduce_results = reduce_results
         self.comm = comm
+        # issue 27 (SGLANG_DECODE_FUSE_EPILOGUE): set by sglang.srt.layers.decode_fuse.mark_model where the output
+        # feeds a fused add + RMSNorm, which then sums a split-K skinny GEMM's partials itself
+        self.defer_splitk_reduce = False
 
     def weight_loader(self, param, loaded_full_weight, shard_id=None):
         """Copy this rank's block of input columns (dim 1) of the full weight; the 1-D bias is replicated. ValueError on
@@ -300,11 +303,15 @@ class RowParallelLinear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x ``[..., in_local]`` -> ``[..., out]``: the local partial product (bias added on rank 0 only), all-reduced
         over TP when ``reduce_results``. Raises ValueError if tp_size > 1 and no ``comm`` is set. While the installed
-        ``self.sequence_parallel`` layout is active: :meth:`forward_scattered` (this rank's token rows)."""
+        ``self.sequence_parallel`` layout is active: :meth:`forward_scattered` (this rank's token rows). With
+        ``defer_splitk_reduce`` (issue 27, one rank) the result may be a
+        :class:`~sglang.srt.layers.decode_fuse.SplitKPartials` for the next RMSNorm to reduce."""
         sp = self.sequence_parallel
         if sp is not None and sp.rows is not None:
             return self.forward_scattered(x, sp.rows, sp.ops)
         bias = self.bias if self.tp_rank == 0 else None
+        if self.defer_splitk_reduce and self.decode_gemm is not None and self.tp_size == 1:
+            return ops.linear_deferred(x, self.weight, bias, self.decode_gemm)  # tensor or SplitKPartials
         if self.skinny_gemm or self.decode_gemm is not None:
             out = ops.linear(x, self.weight, bias, skinny=self.skinny_gemm, table=self.decode_gemm)
         else:

@@ -15,7 +15,8 @@ from typing import Optional
 
 import torch
 
-from sglang.srt.ops_ref import fused_moe_ref, rmsnorm_ref, select_experts, silu_and_mul_ref
+from sglang.srt.ops_ref import (SplitKPartials, fused_moe_ref, rmsnorm_ref, select_experts, silu_and_mul_ref,
+                                 splitk_add_rmsnorm_ref)
 
 logger = logging.getLogger(__name__)
 
@@ -155,6 +156,58 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
             if kern is not None:
                 return kern.skinny_gemm(x, weight, bias, **(cfg.kwargs() if cfg is not None else {}))
     return torch.nn.functional.linear(x, weight, bias)
+
+
+def _skinny_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return x.dim() == 2 and x.shape[0] >= 1 and x.dtype in (torch.bfloat16, torch.float16) \
+        and x.dtype == weight.dtype and x.stride(-1) == 1 and weight.stride(-1) == 1
+
+
+def linear_deferred(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], table):
+    """:func:`linear` for a projection whose output feeds a fused add + RMSNorm (issue 27,
+    :mod:`sglang.srt.layers.decode_fuse`): where ``table`` names a skinny config with split-K > 1 for this (shape,
+    rows) on CUDA, the GEMM's fp32 partials come back as a
+    :class:`~sglang.srt.layers.decode_fuse.SplitKPartials` (the reduce runs inside the norm); otherwise exactly
+    :func:`linear`'s tensor ``[M, out]``."""
+    cfg = table.lookup(weight.shape[0], weight.shape[1], x.dtype, x.shape[0]) \
+        if table is not None and _skinny_ok(x, weight) else None
+    if cfg is not None and cfg.split_k > 1:
+        kern = _triton(x, "skinny_gemm")
+        if kern is not None:
+            out = kern.skinny_gemm_partials(x, weight, bias, **cfg.kwargs())
+            if out.dim() == 3:
+                return SplitKPartials(out, bias, x.dtype)
+            return out
+    return linear(x, weight, bias, table=table)
+
+
+def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], table) -> Optional[torch.Tensor]:
+    """The gate_up projection with SiLU-and-mul in the skinny GEMM's epilogue (issue 27): x ``[M, K]``, weight
+    ``[2I, K]`` -> ``silu(gate) * up`` ``[M, I]`` in x's dtype, when ``table`` names a split-K 1 skinny config for
+    this (shape, rows) on CUDA; else None (the caller runs the GEMM and :func:`silu_and_mul`)."""
+    cfg = table.lookup(weight.shape[0], weight.shape[1], x.dtype, x.shape[0]) \
+        if table is not None and _skinny_ok(x, weight) else None
+    if cfg is None or cfg.split_k != 1:
+        return None
+    kern = _triton(x, "decode_fuse")
+    return None if kern is None else kern.skinny_gemm_silu(x, weight, bias, **cfg.kwargs())
+
+
+def splitk_add_rmsnorm(p, residual: torch.Tensor, weight: torch.Tensor, eps: float
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum the deferred split-K partials ``p`` (a :class:`~sglang.srt.layers.decode_fuse.SplitKPartials`, [S, M, H])
+    into the fused add + RMSNorm: ``residual = sum(p) + residual`` (in place on the kernel path), returns
+    ``(normed [M, H], residual)`` -- one kernel on CUDA (:func:`sgl_kernel.triton.decode_fuse.splitk_add_rmsnorm`),
+    the torch reference elsewhere. Raises ValueError when shapes disagree."""
+    if tuple(p.shape) != tuple(residual.shape[-2:]) or residual.dim() != 2:
+        raise ValueError(f"splitk_add_rmsnorm: partials of shape {tuple(p.shape)} vs residual "
+                         f"{tuple(residual.shape)}: need a 2-D residual of the same shape")
+    k = _triton(residual, "decode_fuse")
+    if k is None or not residual.is_contiguous():
+        y, s = splitk_add_rmsnorm_ref(p, residual, weight, eps)
+        residual.copy_(s)
+        return y, residual
+    return k.splitk_add_rmsnorm(p.parts, p.bias, residual, weight, eps), residual
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

@@ -102,8 +102,11 @@ class CudaGraphRunner:
             backend.init_cuda_graph_state(self.max_bs, heads, mc.head_dim, kv_heads, self.device)
         # issue 27: per (linear shape, batch bucket) cuBLAS or a skinny GEMM config, measured here before capture
         # (SGLANG_DECODE_GEMM_AUTOTUNE=1); None leaves every linear on cuBLAS
-        self.decode_gemm_table = decode_gemm.maybe_autotune(runner.model, self.batch_sizes, self.device,
-                                                            rank=getattr(runner, "tp_rank", 0))
+        # (SGLANG_DECODE_FUSE_EPILOGUE=1 adds the epilogue fusions, only under the sequential executor: another
+        # one may slice or ship a projection's output)
+        self.decode_gemm_table = decode_gemm.maybe_autotune(
+            runner.model, self.batch_sizes, self.device, rank=getattr(runner, "tp_rank", 0),
+            fuse_ok=getattr(ex, "name", "sequential") == "sequential" and self.staged is None)
         decode_gemm.install(runner.model, self.decode_gemm_table)
         self._capture_all()
 

@@ -97,6 +97,24 @@ def _skinny_gemm() -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
     return "skinny_gemm", "_skinny_gemm_kernel", sig, const, 4
 
 
+def _splitk_add_rmsnorm() -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
+    sig = {"P": "*fp32", "B": "*bf16", "R": "*bf16", "W": "*bf16", "Y": "*bf16", "M": _I32, "H": _I32,
+           "SPLIT": _I32, "stride_r": _I32, "stride_y": _I32, "eps": "fp32"}
+    const = dict(HAS_BIAS=False, BLOCK=4096, USE_GDC=False)
+    sig.update({n: "constexpr" for n in const})
+    return "decode_fuse", "_splitk_add_rmsnorm_kernel", sig, const, 8
+
+
+def _skinny_silu() -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
+    sig = {"X": "*bf16", "W": "*bf16", "B": "*bf16", "Y": "*bf16"}
+    for n in ("M", "I", "K", "stride_xm", "stride_wn", "stride_ym"):
+        sig[n] = _I32
+    const = dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, HAS_BIAS=False, DOT_F32=False, USE_GDC=False, PF_LINES=1,
+                 PF_STEP=64)
+    sig.update({n: "constexpr" for n in const})
+    return "decode_fuse", "_skinny_silu_kernel", sig, const, 4
+
+
 KERNELS = {
     "decode_split_rows_2": _decode_split(True, False, 2),
     "decode_split_rows_direct": _decode_split(True, True, 1),
@@ -114,6 +132,11 @@ KERNELS = {
     "skinny_gemm_pdl": _with(_skinny_gemm(), USE_GDC=True, PF_LINES=16),
     "rope_neox": _rope(True),  # the unfused kernel, for comparison
     "skinny_gemm": _skinny_gemm(),
+    # issue 27 epilogue fusions (SGLANG_DECODE_FUSE_EPILOGUE=1): split-K reduce in add + RMSNorm, gate_up + SiLU
+    "splitk_add_rmsnorm": _splitk_add_rmsnorm(),
+    "splitk_add_rmsnorm_pdl": _with(_splitk_add_rmsnorm(), USE_GDC=True),
+    "skinny_silu": _skinny_silu(),
+    "skinny_silu_pdl": _with(_skinny_silu(), USE_GDC=True, PF_LINES=8),
 }
 
 
@@ -126,7 +149,7 @@ _DIV16_INTS = {"stride_qb", "stride_qh", "stride_kt", "stride_kh", "stride_vt", 
                "stride_moh", "stride_mos", "stride_mlb", "stride_mlh", "stride_ob", "stride_oh", "stride_q", "stride_k",
                "stride_qt", "stride_ot", "stride_v", "stride_c", "stride_kbt", "stride_kbh", "stride_vbt", "stride_vbh",
                "num_q_heads",
-               "stride_xm", "stride_wn", "stride_ym", "K", "N", "K_CHUNK"}
+               "stride_xm", "stride_wn", "stride_ym", "K", "N", "K_CHUNK", "I", "H", "stride_r"}
 
 
 def runtime_attrs(fn, sig: Dict[str, str]) -> Dict[tuple, list]:

@@ -132,6 +132,51 @@ def _prefetch_lines(chunk: int, block_n: int, elem_bytes: int) -> int:
     return 1 << (lines.bit_length() - 1)  # round down: never past the byte cap
 
 
+def _check(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], block_n: int, block_k: int,
+           split_k: int, what: str) -> None:
+    check_cuda_or_interpret(x, w, what=what)
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1] or not 1 <= x.shape[0] <= MAX_M \
+            or x.dtype != w.dtype or x.stride(-1) != 1 or w.stride(-1) != 1 \
+            or (bias is not None and tuple(bias.shape) != (w.shape[0],)):
+        raise ValueError(f"{what}: x {tuple(x.shape)} {x.dtype}, w {tuple(w.shape)} {w.dtype}, bias "
+                         f"{None if bias is None else tuple(bias.shape)}: need x [M<= {MAX_M}, K], w [N, K] of one "
+                         "dtype with contiguous rows, bias [N]")
+    if split_k < 1 or any(b < 16 or b & (b - 1) for b in (block_n, block_k)):
+        raise ValueError(f"{what}: split_k={split_k} block_n={block_n} block_k={block_k}: need split_k >= 1 "
+                         "and block sizes that are powers of two >= 16")
+
+
+def split_plan(k: int, block_k: int, split_k: int):
+    """``(block_k, k_chunk, splits)`` the GEMM launches for K ``k``: the tile clipped to K, whole tiles per split,
+    and the number of non-empty splits (``splits`` 1: no partials, no reduce)."""
+    bk = min(block_k, max(16, next_pow2(k)))
+    chunk = triton.cdiv(triton.cdiv(k, split_k), bk) * bk
+    return bk, chunk, triton.cdiv(k, chunk)
+
+
+def _gemm(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], block_n: int, block_k: int,
+          num_warps: int, num_stages: int, split_k: int) -> torch.Tensor:
+    """Launch the GEMM kernel; returns y [M, N] (x's dtype, bias added) for one split, else the fp32 partials
+    [split, M, N] (no bias)."""
+    m, k = x.shape
+    n = w.shape[0]
+    bk, chunk, split = split_plan(k, block_k, split_k)
+    if split > 1:
+        out = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    else:
+        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    pdl = use_pdl(x.device)
+    launch = {"launch_pdl": True} if pdl else {}
+    pf_step = max(1, 128 // x.element_size())  # elements per 128-byte line
+    _skinny_gemm_kernel[(triton.cdiv(n, block_n), split)](
+        x, w, bias if bias is not None else w, out, m, n, k, chunk, x.stride(0), w.stride(0), n,
+        BLOCK_M=max(16, next_pow2(m)), BLOCK_N=block_n, BLOCK_K=bk, HAS_BIAS=bias is not None,
+        PARTIAL=split > 1, DOT_F32=interpreting(), USE_GDC=pdl, num_warps=num_warps, num_stages=num_stages,
+        PF_LINES=_prefetch_lines(chunk, block_n, x.element_size()) if pdl else 1, PF_STEP=pf_step,
+        **launch)
+    return out
+
+
 def skinny_gemm(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] = None, block_n: int = 16,
                 block_k: int = 512, num_warps: int = 4, num_stages: int = 4, split_k: int = 1) -> torch.Tensor:
     """``x @ w.T (+ bias)`` for x ``[M, K]`` with ``1 <= M <= MAX_M`` (128) (the semantics of ``F.linear``).
@@ -147,35 +192,33 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] =
         ValueError: M outside 1..MAX_M, shapes/dtypes disagree, split_k < 1, block sizes not powers of two >= 16,
             or CPU tensors outside the Triton interpreter.
     """
-    check_cuda_or_interpret(x, w, what="skinny_gemm")
-    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1] or not 1 <= x.shape[0] <= MAX_M \
-            or x.dtype != w.dtype or x.stride(-1) != 1 or w.stride(-1) != 1 \
-            or (bias is not None and tuple(bias.shape) != (w.shape[0],)):
-        raise ValueError(f"skinny_gemm: x {tuple(x.shape)} {x.dtype}, w {tuple(w.shape)} {w.dtype}, bias "
-                         f"{None if bias is None else tuple(bias.shape)}: need x [M<= {MAX_M}, K], w [N, K] of one "
-                         "dtype with contiguous rows, bias [N]")
-    if split_k < 1 or any(b < 16 or b & (b - 1) for b in (block_n, block_k)):
-        raise ValueError(f"skinny_gemm: split_k={split_k} block_n={block_n} block_k={block_k}: need split_k >= 1 "
-                         "and block sizes that are powers of two >= 16")
-    m, k = x.shape
-    n = w.shape[0]
-    bk = min(block_k, max(16, next_pow2(k)))
-    chunk = triton.cdiv(triton.cdiv(k, split_k), bk) * bk  # whole tiles per split
-    split = triton.cdiv(k, chunk)  # no empty splits
+    _check(x, w, bias, block_n, block_k, split_k, "skinny_gemm")
+    out = _gemm(x, w, bias, block_n, block_k, num_warps, num_stages, split_k)
+    if out.dim() == 2:
+        return out
+    m, n = out.shape[1:]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    part = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
     pdl = use_pdl(x.device)
-    launch = {"launch_pdl": True} if pdl else {}
-    pf_step = max(1, 128 // x.element_size())  # elements per 128-byte line
-    _skinny_gemm_kernel[(triton.cdiv(n, block_n), split)](
-        x, w, bias if bias is not None else w, part, m, n, k, chunk, x.stride(0), w.stride(0), n,
-        BLOCK_M=max(16, next_pow2(m)), BLOCK_N=block_n, BLOCK_K=bk, HAS_BIAS=bias is not None,
-        PARTIAL=split > 1, DOT_F32=interpreting(), USE_GDC=pdl, num_warps=num_warps, num_stages=num_stages,
-        PF_LINES=_prefetch_lines(chunk, block_n, x.element_size()) if pdl else 1, PF_STEP=pf_step,
-        **launch)
-    if split > 1:
-        block = 1024
-        _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](
-            part, bias if bias is not None else w, y, m * n, n, split, HAS_BIAS=bias is not None, BLOCK=block,
-            USE_GDC=pdl, num_warps=4, **launch)
+    block = 1024
+    _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](
+        out, bias if bias is not None else w, y, m * n, n, out.shape[0], HAS_BIAS=bias is not None, BLOCK=block,
+        USE_GDC=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}))
     return y
+
+
+def skinny_gemm_partials(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] = None, block_n: int = 16,
+                         block_k: int = 512, num_warps: int = 4, num_stages: int = 4, split_k: int = 1
+                         ) -> torch.Tensor:
+    """The GEMM kernel of :func:`skinny_gemm` without its split-K reduce (issue 27: the reduce runs inside the
+    next fused add + RMSNorm, :func:`sgl_kernel.triton.decode_fuse.splitk_add_rmsnorm`).
+
+    Args: as :func:`skinny_gemm`.
+    Returns:
+        [M, N] in x's dtype with the bias added (the final output) when the K range fits one split (``split_k`` 1,
+        or K too short to split); else the fp32 partial sums [S, M, N] (S >= 2 non-empty splits, no bias: the
+        consumer adds it once), contiguous.
+    Raises:
+        ValueError: as :func:`skinny_gemm`.
+    """
+    _check(x, w, bias, block_n, block_k, split_k, "skinny_gemm_partials")
+    return _gemm(x, w, bias, block_n, block_k, num_warps, num_stages, split_k)

@@ -8,7 +8,8 @@
 import importlib as _importlib
 import sys as _sys
 
-_MODULES = ("activation", "common", "fused_add_rmsnorm", "moe", "rope", "rope_kv_store", "skinny_gemm")
+_MODULES = ("activation", "common", "decode_fuse", "fused_add_rmsnorm", "moe", "rope", "rope_kv_store",
+            "skinny_gemm")
 
 for _name in _MODULES:
     _mod = _importlib.import_module(f"sgl_kernel.triton.{_name}")
