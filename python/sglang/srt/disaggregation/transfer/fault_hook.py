@@ -150,10 +150,18 @@ class HeldTransferBackend(TransferBackend):
             handle.impl = None
             self._fail(handle, f"{type(e).__name__}: {e}")
 
+    def _release_due(self) -> None:
+        """Release every held transfer whose hold is over, polled or not (a real transport moves a posted transfer
+        whether or not its owner still polls it, e.g. the other layers' WRITEs of a room that already failed)."""
+        t = time.monotonic()
+        with self._lock:
+            due = [h for h in self._held.values() if t - h.posted_at >= self.hold_s]
+        for h in due:
+            self._release(h)
+
     def poll(self, handle: TransferHandle) -> TransferState:
+        self._release_due()
         if handle.state is TransferState.PENDING:
-            if isinstance(handle.impl, _Held) and time.monotonic() - handle.posted_at >= self.hold_s:
-                self._release(handle)
             inner = handle.impl
             if isinstance(inner, TransferHandle):
                 state = self.inner.poll(inner)
@@ -174,7 +182,9 @@ class HeldTransferBackend(TransferBackend):
 
     def snapshot(self) -> dict:
         """``{"hold_s", "held_now", "held_min_left_s", "held_total", "released"}``: transfers held right now and the
-        least time (s) any of them is still held (``held_min_left_s`` None when none is), for ``/get_server_info``."""
+        least time (s) any of them is still held (``held_min_left_s`` None when none is), for ``/get_server_info``.
+        Releases the transfers whose hold is over first."""
+        self._release_due()
         t = time.monotonic()
         with self._lock:
             left = [self.hold_s - (t - h.posted_at) for h in self._held.values()]
