@@ -126,6 +126,22 @@ class SchedulerProcess:
         for data in raw:
             self.handle(decode_msg(data))
 
+    def _step(self) -> list:
+        """One scheduler step. With ``--enable-afd``, a forward that fails because an FFN worker does not answer
+        (TimeoutError / ConnectionError) fails every request this attention worker holds with 503 and frees all of its
+        KV (``Scheduler.fail_all``); the worker stays up (``/get_server_info`` shows the freed pool) while the launcher
+        reports the dead worker (``/health`` 503, new requests 503). Any other error propagates (the worker exits)."""
+        s = self.scheduler
+        try:
+            return s.step()
+        except _afd_step_errors() as e:
+            if not getattr(s.args, "enable_afd", False):
+                raise
+            logger.error("a forward failed, an FFN worker did not answer (%s: %s): failing every request of this "
+                         "attention worker and freeing its KV", type(e).__name__, e)
+            s.fail_all(f"the AFD forward failed: an FFN worker did not answer ({type(e).__name__}: {e})", 503)
+            return s.collect_outputs()
+
     def event_loop(self, parent_watch=None) -> None:
         """Receive messages, run one scheduler step, send its outputs, and send stats every ``STATS_INTERVAL_S``;
         returns when ``parent_watch`` (a :class:`~sglang.srt.entrypoints.worker_launcher.ParentWatch`) reports the
@@ -136,7 +152,7 @@ class SchedulerProcess:
             if watchdog is not None:
                 watchdog.beat()
             self.recv_all(block=not s.has_work())
-            for out in s.step():
+            for out in self._step():
                 self.send_detok(out)
             now = time.monotonic()
             if now - self.last_stats > STATS_INTERVAL_S:
@@ -145,6 +161,11 @@ class SchedulerProcess:
                 if parent_watch is not None and not parent_watch.parent_alive():
                     logger.error("the launcher is gone; scheduler exits")
                     return
+
+
+def _afd_step_errors() -> tuple:
+    """What a forward raises when an AFD FFN worker does not answer (``afd/executor.py``: dead or gone)."""
+    return (TimeoutError, ConnectionError)
 
 
 def torch_device_index(device: str) -> Optional[int]:
