@@ -45,6 +45,8 @@ from sglang.srt.managers.io_struct import (
 from sglang.srt.utils.common import configure_logger, get_tokenizer, get_zmq_socket
 
 logger = logging.getLogger(__name__)
+# what an AFD attention worker's forward raises when an FFN worker does not answer (afd/executor.py: dead or gone)
+AFD_PEER_ERRORS = (TimeoutError, ConnectionError)
 
 STATS_INTERVAL_S = 1.0
 IDLE_POLL_MS = 500
@@ -134,7 +136,7 @@ class SchedulerProcess:
         s = self.scheduler
         try:
             return s.step()
-        except _afd_step_errors() as e:
+        except AFD_PEER_ERRORS as e:
             if not getattr(s.args, "enable_afd", False):
                 raise
             logger.error("a forward failed, an FFN worker did not answer (%s: %s): failing every request of this "
@@ -161,11 +163,6 @@ class SchedulerProcess:
                 if parent_watch is not None and not parent_watch.parent_alive():
                     logger.error("the launcher is gone; scheduler exits")
                     return
-
-
-def _afd_step_errors() -> tuple:
-    """What a forward raises when an AFD FFN worker does not answer (``afd/executor.py``: dead or gone)."""
-    return (TimeoutError, ConnectionError)
 
 
 def torch_device_index(device: str) -> Optional[int]:
