@@ -22,7 +22,7 @@
 #   3. if time is left: P in push mode (layerwise) with the same workload.
 # Summary: $OUT/issue24_pd.md. Usage (repo root; data at ../shared/data or carried as .sd):
 #   bash scripts/gpu/issue24_pd_2gpu.sh [budget_s=420]
-# ISSUE24_PD_KILL_ONLY=1: step 1b alone (then budget 240 is plenty); ISSUE24_PD_SKIP_KILL=1: without step 1b
+# ISSUE24_PD_KILL_ONLY=1: step 1b alone, limit = the budget (300 is plenty); ISSUE24_PD_SKIP_KILL=1: without step 1b
 # CPU dry run of the same logic (fake backend, stories260K, tiny workload): ISSUE24_PD_CPU=1 bash <this> 600
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"
@@ -90,7 +90,8 @@ else
 fi
 # ---- 1b. item 6: decode killed mid-transfer, pull and push (3 servers each side by side; its own limit) ----
 if [ -z "${ISSUE24_PD_SKIP_KILL:-}" ]; then
-  tk=${ISSUE24_PD_KILL_S:-180}; [ "$tk" -gt $(( $(left) - 5 )) ] && tk=$(( $(left) - 5 ))
+  tk=${ISSUE24_PD_KILL_S:-180}; [ -n "${ISSUE24_PD_KILL_ONLY:-}" ] && tk=${ISSUE24_PD_KILL_S:-$(( $(left) - 5 ))}
+  [ "$tk" -gt $(( $(left) - 5 )) ] && tk=$(( $(left) - 5 ))
   step f_decode_kill "$tk" "${pt[@]}" test/integration/test_pd_faults.py::test_decode_killed_mid_transfer
   grep -h -E "\[pd-fault\]|passed|failed" "$out/f_decode_kill.log" | tail -4
 fi
