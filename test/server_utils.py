@@ -31,9 +31,10 @@ class ServerProcess:
     healthy within ``timeout`` seconds.
     """
 
-    def __init__(self, args: list[str], timeout: float = 240.0, api_key: Optional[str] = None, wait: bool = True):
+    def __init__(self, args: list[str], timeout: float = 240.0, api_key: Optional[str] = None, wait: bool = True,
+                 env: Optional[dict] = None):
         """``wait=False``: return once the process is started; call :meth:`wait_healthy` (servers start in
-        parallel, e.g. :func:`pd_utils.start_servers`)."""
+        parallel, e.g. :func:`pd_utils.start_servers`). ``env``: variables added to this server's environment."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
@@ -42,7 +43,8 @@ class ServerProcess:
             cmd += ["--api-key", api_key]
         self.log_path = f"/tmp/sglang-test-server-{self.port}.log"
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=ENV)
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**ENV, **(env or {})})
         if wait:
             self.wait_healthy(timeout)
 

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Issue 24 item 4 (+ item 6's decode kill): PD disaggregation (KVDirect) across 2 GPUs, NIXL (UCX, CUDA IPC).
-# Budget 240 s on 2 x H100 (every step under `timeout`, steps continue on failure, every server killed at exit):
+# Budget 420 s on 2 x H100 (every step under `timeout`, steps continue on failure, every server killed at exit):
 #   0. nixl imports from the carried slim wheel (device_preamble.sh installs .whl/nixl_cu13-*.whl into /tmp/site).
 #   1. correctness (with test_scheduler_process_device.py: a worker on --base-gpu-id 1 makes cuda:1 current),
 #      prefill on GPU 0 and decode on GPU 1 (SGLANG_PD_TEST_SPLIT_GPUS=1), side by side:
 #      a. test_pd_disaggregation.py [pull] (stories260K): greedy /generate and streaming == the aggregated server
 #         (GPU 0) token for token, logprobs included;  b. [push] (stories260K-moe) the same in push mode;
 #      c. test_pd_push_layerwise.py: push mode's layerwise WRITEs (and the after-the-fact path) == aggregated;
-#      d. item 6: test_pd_faults.py::test_decode_killed_mid_request: the decode server (GPU 1) SIGKILLed with 3
-#         requests whose KV the prefill side holds: every client gets an error within 10 s, the prefill side frees
-#         the KV, then serves through a new decode server.
+#   1b. item 6, its own step (limit ISSUE24_PD_KILL_S, default 180 s): test_pd_faults.py::test_decode_killed_mid_transfer
+#      [pull] and [push]: the decode server (GPU 1) SIGKILLed while the KV transfers of 3 requests are posted and not
+#      complete (pull: its NIXL READs; push: the prefill side's WRITEs into it), held there by the test-only
+#      SGLANG_PD_FAULT_HOLD_TRANSFER_S hook (disaggregation/transfer/fault_hook.py) and asserted in flight from
+#      /get_server_info at the kill: every client gets an error within 10 s (never 200 with tokens), the prefill side
+#      fails the rooms and frees their KV (back to the pre-request value), then serves through a second decode server.
 #   2. measurement, Llama-3.1-8B config, dummy bf16, llama3 tokenizer, random 1024 in / 128 out, 48 prompts at
 #      8 req/s (Poisson, no concurrency cap), warm-ups excluded (benchmark/bench_pd_serving.py: 4 requests per server
 #      at its start, then a 5 s warm-up phase of the same workload before every timed run, --warmup-seconds):
@@ -18,11 +21,12 @@
 #      throughput, KV transfer share of TTFT; targets: share <= 2%, ITL p99 (b) / P >= 1.5, throughput P / (b) >= 0.9.
 #   3. if time is left: P in push mode (layerwise) with the same workload.
 # Summary: $OUT/issue24_pd.md. Usage (repo root; data at ../shared/data or carried as .sd):
-#   bash scripts/gpu/issue24_pd_2gpu.sh [budget_s=240]
+#   bash scripts/gpu/issue24_pd_2gpu.sh [budget_s=420]
+# ISSUE24_PD_KILL_ONLY=1: step 1b alone, limit = the budget (300 is plenty); ISSUE24_PD_SKIP_KILL=1: without step 1b
 # CPU dry run of the same logic (fake backend, stories260K, tiny workload): ISSUE24_PD_CPU=1 bash <this> 600
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"
-budget="${1:-240}"; start=$SECONDS
+budget="${1:-420}"; start=$SECONDS
 left() { echo $(( budget - (SECONDS - start) )); }
 out="${OUT:-/tmp/issue24_pd}"; mkdir -p "$out"
 pids="$out/bench_pids"; : > "$pids"
@@ -60,7 +64,7 @@ echo "nixl available: $nixl ($nixl_from)"
 # ---- 1. correctness + item 6, side by side (small servers: --max-total-tokens 2048) ----
 t1=$(( budget * 35 / 100 )); [ "$dev" = cuda ] && [ "$t1" -gt 85 ] && t1=85
 # ISSUE24_PD_SKIP_CORRECTNESS=1: measurement only (when step 1 already ran on this commit's code in an earlier call)
-[ -n "${ISSUE24_PD_SKIP_CORRECTNESS:-}" ] && t1=0
+[ -n "${ISSUE24_PD_SKIP_CORRECTNESS:-}${ISSUE24_PD_KILL_ONLY:-}" ] && t1=0
 export SGLANG_PD_TEST_DEVICE=$dev SGLANG_PD_TEST_BACKEND=$backend SGLANG_PD_TEST_SPLIT_GPUS=1
 pt=("$PY" -m pytest -s -q -p no:cacheprovider)
 dis=test/integration/test_pd_disaggregation.py
@@ -68,8 +72,7 @@ declare -A jobs_=(
   [u_device]="test/unit/test_scheduler_process_device.py"
   [c_pull]="$dis::test_generate_equals_aggregated[pull] $dis::test_streaming_equals_aggregated[pull]"
   [c_push]="$dis::test_generate_equals_aggregated[push] $dis::test_streaming_equals_aggregated[push]"
-  [c_layerwise]="test/integration/test_pd_push_layerwise.py::test_layerwise_and_after_the_fact_equal_aggregated"
-  [f_decode_kill]="test/integration/test_pd_faults.py::test_decode_killed_mid_request")
+  [c_layerwise]="test/integration/test_pd_push_layerwise.py::test_layerwise_and_after_the_fact_equal_aggregated")
 if [ "$t1" -gt 0 ]; then
 echo "== 1. correctness on 2 GPUs + decode kill (timeout ${t1}s each, side by side, at $(( SECONDS - start ))s)"
 declare -A jpid
@@ -83,9 +86,17 @@ for k in "${!jobs_[@]}"; do wait "${jpid[$k]}"; read -r rc dt < "$out/$k.rc" 2>/
   finish "$k" "$rc" "$dt"; echo "-- $k: ${status[$k]}"; grep -h -E "passed|failed|error|\[pd-fault\]" "$out/$k.log" | tail -4
 done
 else
-  echo "== 1. skipped (ISSUE24_PD_SKIP_CORRECTNESS)"
+  echo "== 1. skipped (ISSUE24_PD_SKIP_CORRECTNESS / ISSUE24_PD_KILL_ONLY)"
+fi
+# ---- 1b. item 6: decode killed mid-transfer, pull and push (3 servers each side by side; its own limit) ----
+if [ -z "${ISSUE24_PD_SKIP_KILL:-}" ]; then
+  tk=${ISSUE24_PD_KILL_S:-180}; [ -n "${ISSUE24_PD_KILL_ONLY:-}" ] && tk=${ISSUE24_PD_KILL_S:-$(( $(left) - 5 ))}
+  [ "$tk" -gt $(( $(left) - 5 )) ] && tk=$(( $(left) - 5 ))
+  step f_decode_kill "$tk" "${pt[@]}" test/integration/test_pd_faults.py::test_decode_killed_mid_transfer
+  grep -h -E "\[pd-fault\]|passed|failed" "$out/f_decode_kill.log" | tail -4
 fi
 unset SGLANG_PD_TEST_SPLIT_GPUS
+[ -n "${ISSUE24_PD_KILL_ONLY:-}" ] && budget=0  # steps 2 and 3 are skipped (no time left)
 
 for _ in $(seq 1 15); do  # the test servers' GPU memory is back before the measurement (at most 15 s)
   [ "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | wc -l)" -eq 0 ] && break; sleep 1

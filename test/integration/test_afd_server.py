@@ -4,7 +4,8 @@ redundant copies, every few steps), with 1 attention + 3 FFN (uneven expert bloc
 ``--afd-transport nixl``; 2 attention + 2 FFN workers under concurrent load, then ``/flush_cache`` empties both
 workers' caches; an FFN worker SIGKILLed with plain and streamed requests in flight -> every client gets an error
 (HTTP 503, or an error event after the greedy tokens it already streamed) within seconds, /health answers 503,
-nothing hangs; a dense model is refused.
+nothing hangs, and the attention workers (which stay up) fail what they held and free every KV slot; a dense model is
+refused.
 
 GPU (issue 24 item 6, ``scripts/gpu/issue24_afd_kill_4gpu.sh``): ``SGLANG_AFD_TEST_DEVICE=cuda`` runs the same tests
 with one worker per GPU (attention worker a, TP rank r on ``cuda:a*tp+r``, FFN worker j on ``cuda:N_A*tp+j``:
@@ -261,6 +262,41 @@ def _kill_ffn_worker_in_flight(s, path: str) -> None:
     assert h.status_code == 503 and "FFN worker" in h.text
     r = requests.post(s.url + "/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 2}}, timeout=30)
     assert r.status_code == 503
+    _attention_side_freed(s, t_kill)
+
+
+def _attention_side_freed(s, t_kill: float) -> None:
+    """After the FFN kill: every attention worker gives up on its forward (``--afd-timeout-s``), fails what it held
+    and frees every KV slot (``/get_server_info``: no running or waiting request, ``available_tokens`` ==
+    ``max_total_tokens``, nothing cached or locked); then ``/flush_cache`` answers at once and a new request still gets
+    503 at once. Prints one ``[afd-kill]`` line with the seconds the workers took."""
+    end = time.monotonic() + KILL_TIMEOUT_S + KILL_SLACK_S + 30
+    states: list = []
+    while time.monotonic() < end:
+        try:
+            r = requests.get(s.url + "/get_server_info", timeout=10)
+            states = r.json()["internal_states"] if r.status_code == 200 else []
+        except (requests.RequestException, ValueError, KeyError):
+            states = []
+        if len(states) == 2 and all(st["num_running_reqs"] == 0 and st["num_waiting_reqs"] == 0
+                                    and st["available_tokens"] == st["max_total_tokens"]
+                                    and st["evictable_tokens"] == 0 and st["protected_tokens"] == 0 for st in states):
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"the attention workers did not free their KV after the FFN kill: {states}")
+    t_free = time.monotonic() - t_kill
+    t0 = time.monotonic()
+    f = requests.post(s.url + "/flush_cache", timeout=30)
+    t_flush = time.monotonic() - t0
+    t0 = time.monotonic()
+    r = requests.post(s.url + "/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 2}}, timeout=30)
+    t_gen = time.monotonic() - t0
+    print(f"[afd-kill] attention workers freed every KV slot ({[st['max_total_tokens'] for st in states]} tokens "
+          f"free) {t_free:.2f} s after the kill (--afd-timeout-s {KILL_TIMEOUT_S:g}); then /flush_cache "
+          f"{f.status_code} in {t_flush:.2f} s, /generate {r.status_code} in {t_gen:.2f} s", flush=True)
+    assert f.status_code == 200 and f.json()["success"] and t_flush < 10.0, (f.status_code, f.text[:300], t_flush)
+    assert r.status_code == 503 and t_gen < 10.0, (r.status_code, t_gen)
 
 
 def test_afd_2_attention_2_ffn_concurrent_load_then_ffn_killed():

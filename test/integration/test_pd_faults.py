@@ -4,8 +4,13 @@
   has open rooms with preallocated KV, push mode; then SIGKILLed): those requests get an error (never 200
   with wrong tokens), nothing hangs, the decode side frees their KV (back to zero) after the heartbeat
   timeout and keeps serving through another prefill server;
-* the decode server dies mid-request: the router answers with an error, the prefill side frees the KV it
-  held for it (bootstrap/heartbeat timeouts) and keeps serving.
+* the decode server dies while KV transfers are in flight (pull: its READs posted, push: the prefill side's WRITEs
+  into it posted; the test-only ``SGLANG_PD_FAULT_HOLD_TRANSFER_S`` hook holds them so the kill lands inside the
+  transfer on any transport): the router answers with an error, the prefill side fails the rooms and frees their KV
+  (heartbeat timeout / failed WRITEs) and keeps serving.
+
+GPU: ``SGLANG_PD_TEST_DEVICE=cuda SGLANG_PD_TEST_BACKEND=nixl SGLANG_PD_TEST_SPLIT_GPUS=1`` (pd_utils.py) runs the same
+tests with prefill on GPU 0 and decode on GPU 1 (``scripts/gpu/issue24_pd_2gpu.sh``).
 """
 
 from __future__ import annotations
@@ -107,48 +112,88 @@ def test_prefill_killed_with_requests_in_flight(model):
             s.stop(signal.SIGKILL) if s.proc.poll() is None else None
 
 
-def test_decode_killed_mid_request(model):
+# the test-only transfer hold (sglang/srt/disaggregation/transfer/fault_hook.py) on the side that posts the transfers:
+# pull: the decode side's READs; push: the prefill side's WRITEs. Hold < that side's --disaggregation-transfer-timeout,
+# so a push's held WRITEs reach the transport after the kill and meet the dead decode server (not the timeout).
+HOLD_S = {"pull": 15.0, "push": 8.0}
+TIMEOUTS = {("pull", "prefill"): 6.0, ("pull", "decode"): 20.0, ("push", "prefill"): 15.0, ("push", "decode"): 20.0}
+N_KILLED = 3
+
+
+def _wait_in_flight(server: ServerProcess, n: int, timeout: float) -> tuple[float, dict]:
+    """Poll ``server`` (the side that posts the transfers) until ``n`` rooms have their transfer posted and held;
+    returns ``(monotonic time the answering query was sent, its internal state)``."""
+    end = time.time() + timeout
+    st: dict = {}
+    while time.time() < end:
+        t_ask = time.monotonic()
+        st = server.internal_state()
+        hold = st.get("disagg_fault_hold") or {}
+        if st["disagg_rooms_transferring"] >= n and hold.get("held_now", 0) >= n:
+            return t_ask, st
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {n} rooms with held transfers; last state {st}")
+
+
+@pytest.mark.parametrize("mode", ["pull", "push"])
+def test_decode_killed_mid_transfer(model, mode):
+    """The decode server is SIGKILLed while the KV transfers of N_KILLED requests are posted and not complete (pull:
+    its READs, push: the prefill side's WRITEs into it; held by the fault hook, asserted from /get_server_info
+    at the kill): every client gets an error (never 200 with tokens) within 10 s, the prefill side fails the rooms
+    and frees their KV (back to the pre-request value), then serves through a second decode server."""
+    xmode = ["--disaggregation-transfer-mode", mode]
+    hook = {"SGLANG_PD_FAULT_HOLD_TRANSFER_S": str(HOLD_S[mode])}
     servers = []
     try:
-        with cf.ThreadPoolExecutor(2) as pool:  # both sides start side by side
-            fut = {k: pool.submit(ServerProcess, pd_args(k, model, timeouts=6.0 if k == "prefill" else 20.0),
-                                  timeout=600) for k in ("prefill", "decode")}
-        for f in fut.values():  # keep every server that started, so the finally stops it
-            if f.exception() is None:
-                servers.append(f.result())
-        pre, dec = fut["prefill"].result(), fut["decode"].result()
+        names = ("prefill", "decode", "decode2")  # all three start side by side (GPU: most of it is CUDA init)
+        for k in names:
+            role = k.rstrip("2")
+            env = hook if k == ("decode" if mode == "pull" else "prefill") else None
+            servers.append(ServerProcess(pd_args(role, model, xmode, timeouts=TIMEOUTS[(mode, role)]),
+                                         timeout=600, wait=False, env=env))
+        for s in servers:
+            s.wait_healthy(600)
+        pre, dec, dec2 = servers
+        poster = dec if mode == "pull" else pre
+        kv0 = kv_in_use(pre)
         router = Router([pre.url], [dec.url])
         try:
             long = {"max_new_tokens": 200, "temperature": 0.0, "ignore_eos": True}
-            _signal_tree(dec, signal.SIGSTOP)
-            with cf.ThreadPoolExecutor(3) as pool:
+            with cf.ThreadPoolExecutor(N_KILLED) as pool:
                 futs = [pool.submit(requests.post, router.url + "/generate",
                                     json={"text": PROMPT + "!" * i, "sampling_params": long}, timeout=120)
-                        for i in range(3)]
-                _wait_until(lambda: pre.internal_state()["disagg_open_rooms"] == 3, 60, "3 rooms held on prefill")
-                assert kv_in_use(pre) > 0
-                t_kill = time.time()
+                        for i in range(N_KILLED)]
+                t_ask, st = _wait_in_flight(poster, N_KILLED, 90)
+                assert kv_in_use(pre) > kv0
                 _signal_tree(dec, signal.SIGKILL)
+                t_kill = time.monotonic()
+                held = st["disagg_fault_hold"]
+                # the snapshot was taken after t_ask: every held transfer was still held at the kill
+                assert t_kill - t_ask < held["held_min_left_s"], (t_kill - t_ask, held)
                 res = [f.result() for f in futs]
-                t_err = time.time() - t_kill
-            assert all(r.status_code >= 500 for r in res), [r.status_code for r in res]
+                t_err = time.monotonic() - t_kill
+            for r in res:  # errors, never 200 with tokens
+                assert r.status_code >= 500 and "output_ids" not in r.text, (r.status_code, r.text[:300])
             assert t_err < 10.0, f"clients got their errors {t_err:.1f} s after the decode server died"
-            _wait_until(lambda: kv_in_use(pre) == 0 and pre.internal_state()["disagg_open_rooms"] == 0, 60,
-                        "the prefill side to free the KV held for the dead decode server")
-            t_free = time.time() - t_kill
-            print(f"[pd-fault] decode killed: {len(res)} clients errored ({sorted({r.status_code for r in res})}) "
-                  f"within {t_err:.2f} s; prefill KV freed within {t_free:.2f} s", flush=True)
-            assert pre.internal_state()["disagg_rooms_failed"] >= 3
+            _wait_until(lambda: kv_in_use(pre) == kv0 and pre.internal_state()["disagg_open_rooms"] == 0, 60,
+                        "the prefill side to fail the rooms and free their KV")
+            t_free = time.monotonic() - t_kill
+            end = pre.internal_state()
+            assert end["disagg_rooms_failed"] >= N_KILLED and end["disagg_rooms_transferring"] == 0
+            if mode == "push":  # the held WRITEs went to the transport after the kill, into the dead decode server
+                assert end["disagg_fault_hold"]["released"] >= held["held_now"], end["disagg_fault_hold"]
+            print(f"[pd-fault] {mode}: decode killed with {st['disagg_rooms_transferring']} rooms' transfers in "
+                  f"flight ({held['held_now']} {'READs' if mode == 'pull' else 'WRITEs'} held, >= "
+                  f"{held['held_min_left_s'] - (t_kill - t_ask):.1f} s of hold left); {len(res)} clients errored "
+                  f"({sorted({r.status_code for r in res})}) within {t_err:.2f} s; prefill KV back to {kv0} within "
+                  f"{t_free:.2f} s", flush=True)
         finally:
             router.stop()
-        # the prefill server still serves (with a new decode server)
-        dec2 = ServerProcess(pd_args("decode", model), timeout=600)
-        servers.append(dec2)
-        router = Router([pre.url], [dec2.url])
+        router = Router([pre.url], [dec2.url])  # the prefill server still serves, through the second decode server
         try:
-            r = requests.post(router.url + "/generate", json={"text": PROMPT, "sampling_params": GREEDY}, timeout=60)
-            assert r.status_code == 200 and len(r.json()["output_ids"]) == GREEDY["max_new_tokens"] or \
-                r.json()["meta_info"]["finish_reason"]["type"] == "stop"
+            r = requests.post(router.url + "/generate", json={"text": PROMPT, "sampling_params": {
+                **GREEDY, "ignore_eos": True}}, timeout=120)
+            assert r.status_code == 200 and len(r.json()["output_ids"]) == GREEDY["max_new_tokens"], r.text[:300]
         finally:
             router.stop()
     finally:

@@ -65,7 +65,11 @@ class DisaggAgent:
         cfg = TransferConfig(transfer_timeout_s=server_args.disaggregation_transfer_timeout,
                              host=server_args.host, nixl_num_threads=threads,
                              nixl_split_batch_size=NIXL_SPLIT_BATCH if threads else 0)
-        self.backend = make_transfer_backend(server_args.disaggregation_transfer_backend, self.agent_name, cfg)
+        from sglang.srt.disaggregation.transfer.fault_hook import maybe_hold_transfers
+
+        # maybe_hold_transfers: the backend itself unless the test-only SGLANG_PD_FAULT_HOLD_TRANSFER_S is set
+        self.backend = maybe_hold_transfers(
+            make_transfer_backend(server_args.disaggregation_transfer_backend, self.agent_name, cfg))
         self.backend.register([MemRegion(addr=self.desc.base_address, nbytes=self.desc.nbytes,
                                          device=self.desc.device)])
         from sglang.srt.disaggregation.transfer.queue import TransferQueue

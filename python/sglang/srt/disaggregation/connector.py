@@ -119,6 +119,8 @@ class BaseConnector(KVConnector):
         ValueError: the model config has no KV head count.
     """
 
+    TRANSFER_STATE = ""  # the room state of a posted, unfinished transfer (subclasses; see num_transferring)
+
     def __init__(self, scheduler):
         args = scheduler.args
         self.args = args
@@ -154,8 +156,14 @@ class BaseConnector(KVConnector):
 
     def internal_state(self) -> dict[str, Any]:
         """Counters for ``/get_server_info``."""
+        from sglang.srt.disaggregation.transfer.fault_hook import HeldTransferBackend
+
+        backend = self.agent.backend  # HeldTransferBackend: the test-only fault hook (transfer/fault_hook.py)
+        snapshot = backend.snapshot if isinstance(backend, HeldTransferBackend) else None
         return {"disaggregation_mode": self.mode, "disaggregation_transfer_mode": self.transfer_mode,
-                **{f"disagg_{k}": v for k, v in self.stats.items()}, "disagg_open_rooms": self.num_open()}
+                **{f"disagg_{k}": v for k, v in self.stats.items()}, "disagg_open_rooms": self.num_open(),
+                "disagg_rooms_transferring": self.num_transferring(),
+                **({"disagg_fault_hold": snapshot()} if snapshot is not None else {})}
 
     def before_forward(self, batch, mwb) -> None:
         """Called right before ``batch``'s forward (``mwb``: its ModelWorkerBatch); default: nothing."""
@@ -166,6 +174,11 @@ class BaseConnector(KVConnector):
     def num_open(self) -> int:  # pragma: no cover - overridden
         """Requests this connector holds (rooms with a request), for ``/get_server_info``; default 0."""
         return 0
+
+    def num_transferring(self) -> int:
+        """Rooms in state :attr:`TRANSFER_STATE` (their KV transfer posted, not finished: decode "transfer", READs or
+        the push's hand-off; prefill "pushing", WRITEs), for ``/get_server_info``."""
+        return sum(1 for r in getattr(self, "rooms", {}).values() if r.state == self.TRANSFER_STATE)
 
     def close(self) -> None:
         """Release the transfer agent and sockets."""

@@ -54,6 +54,8 @@ SPIN_MAX_S = 0.1  # never spin longer than this per forward, whatever the probe 
 class DecodeConnector(BaseConnector):
     """Decode role (see the module doc)."""
 
+    TRANSFER_STATE = "transfer"  # READs posted (pull) / pushed KV being handed over, not activated yet
+
     def __init__(self, scheduler):
         super().__init__(scheduler)
         self.rooms: dict[int, DecodeRoom] = {}

@@ -66,6 +66,8 @@ class PrefillRoom:
 class PrefillConnector(BaseConnector):
     """Prefill role (see the module doc). The leader rank also runs the bootstrap server."""
 
+    TRANSFER_STATE = "pushing"  # push mode: WRITEs posted, not all done (pull: never; the decode side reads)
+
     def __init__(self, scheduler):
         super().__init__(scheduler)
         self.rooms: dict[int, PrefillRoom] = {}

@@ -119,6 +119,7 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
 
         self.overlap = overlap_schedule_enabled(server_args, runner.device, False if connector else overlap)
         self.inflight: Optional[ScheduleBatch] = None  # launched, result not processed yet (overlap)
+        self.launching: Optional[ScheduleBatch] = None  # the batch whose inline forward runs now (fail_all)
         self.future_ring_size = 4 * (self.max_running + 2)  # > the sampled rows of two batches
         self.future_ct = 0
         self.worker = OverlapWorker(runner, self.future_ring_size, device_futures) if self.overlap else None
@@ -236,7 +237,9 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
         if self.disagg is not None:
             self.disagg.before_forward(batch, mwb)  # push mode arms the layerwise KV writes of this forward
         if not self.overlap:
+            self.launching = batch
             batch.result = self.runner.forward(mwb)
+            self.launching = None
         batch.future_slots = [-1] * len(batch.reqs)
         running = {id(r) for r in self.running}
         for i, req in enumerate(batch.reqs):

@@ -4,8 +4,8 @@ transfer queue), and aborts take requests out of every queue, their KV returned 
 
 Contract with the scheduler (the mixin's host must provide): ``model_config`` (``vocab_size``,
 ``context_len``, ``eos_token_ids``), ``tokenizer``, ``kv`` (``max_total_tokens``), ``grammar_backend``,
-``waiting``, ``grammar_queue``, ``running``, ``chunked_req``, ``outputs``, ``disagg``, ``inflight``,
-``tree_cache``, ``stats_prompt_tokens``, ``stats_cached_tokens``, ``_release(req)`` and ``sync()``.
+``waiting``, ``grammar_queue``, ``running``, ``chunked_req``, ``outputs``, ``disagg``, ``inflight``, ``launching``,
+``tree_cache``, ``stats_prompt_tokens``, ``stats_cached_tokens``, ``_release(req)``, ``sync()`` and ``flush_cache()``.
 
 The PD connector (``disagg``) never touches that state: its hooks return decisions
 (:mod:`sglang.srt.disaggregation.connector`) that :meth:`SchedulerIntakeMixin.apply_connector` carries out.
@@ -13,6 +13,7 @@ The PD connector (``disagg``) never touches that state: its hooks return decisio
 
 from __future__ import annotations
 
+import logging
 from typing import Optional
 
 from sglang.srt.constrained.base_grammar_backend import grammar_key
@@ -20,6 +21,8 @@ from sglang.srt.managers.io_struct import AbortReq, TokenizedGenerateReqInput
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.sampling.finish import check_finish
 from sglang.srt.sampling.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 class SchedulerIntakeMixin:
@@ -94,6 +97,38 @@ class SchedulerIntakeMixin:
                 self.apply_connector(self.disagg.abort(rid))
         if self.inflight is not None and all(r.finished() for r in self.inflight.reqs):
             self.sync()  # nothing left to wait for but the forward itself
+
+    def fail_all(self, message: str, status_code: int = 503) -> None:
+        """A forward raised and no later one can succeed (AFD: an FFN worker is gone): every request this scheduler
+        holds (waiting, compiling its grammar, running, chunked, in the failed or the in-flight batch) finishes with
+        an abort (``status_code``, ``message``; reported by the next ``collect_outputs``) and its KV goes back, that of
+        the failed forward included; then the prefix cache is reset (it may hold KV the failed forward half wrote), so
+        the whole pool is free. The scheduler keeps answering control messages (``/get_server_info``, flush)."""
+        reason = {"type": "abort", "message": message, "status_code": status_code}
+        batches = [b for b in (self.launching, self.inflight) if b is not None]
+        self.launching = self.inflight = None
+        held = [*self.waiting, *self.grammar_queue, *self.running, *([self.chunked_req] if self.chunked_req else []),
+                *(r for b in batches for r in b.reqs)]
+        self.waiting.clear()
+        self.grammar_queue.clear()
+        seen: set[int] = set()
+        for req in held:
+            if id(req) in seen or (req.finished() and req.req_pool_idx is None):
+                continue  # listed twice, or finished and released before
+            seen.add(id(req))
+            if req.extend_len:  # slots allocated for the failed inline forward (kv_len not advanced yet)
+                req.kv_len += req.extend_len
+                req.extend_len = 0
+            req.grammar_future = None
+            if not req.finished():
+                req.finished_reason = dict(reason)
+            self._release(req)
+            self.outputs.append(req)
+        for b in batches:
+            b.handle = b.result = None  # their results never come
+        ok, why = self.flush_cache()
+        if not ok:
+            logger.warning("fail_all: the prefix cache was not reset: %s", why)
 
     def apply_connector(self, decisions: list) -> None:
         """Carry out the PD connector's decisions in order (:mod:`sglang.srt.disaggregation.connector`): queue a

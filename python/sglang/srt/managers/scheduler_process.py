@@ -45,6 +45,8 @@ from sglang.srt.managers.io_struct import (
 from sglang.srt.utils.common import configure_logger, get_tokenizer, get_zmq_socket
 
 logger = logging.getLogger(__name__)
+# what an AFD attention worker's forward raises when an FFN worker does not answer (afd/executor.py: dead or gone)
+AFD_PEER_ERRORS = (TimeoutError, ConnectionError)
 
 STATS_INTERVAL_S = 1.0
 IDLE_POLL_MS = 500
@@ -126,6 +128,22 @@ class SchedulerProcess:
         for data in raw:
             self.handle(decode_msg(data))
 
+    def _step(self) -> list:
+        """One scheduler step. With ``--enable-afd``, a forward that fails because an FFN worker does not answer
+        (TimeoutError / ConnectionError) fails every request this attention worker holds with 503 and frees all of its
+        KV (``Scheduler.fail_all``); the worker stays up (``/get_server_info`` shows the freed pool) while the launcher
+        reports the dead worker (``/health`` 503, new requests 503). Any other error propagates (the worker exits)."""
+        s = self.scheduler
+        try:
+            return s.step()
+        except AFD_PEER_ERRORS as e:
+            if not getattr(s.args, "enable_afd", False):
+                raise
+            logger.error("a forward failed, an FFN worker did not answer (%s: %s): failing every request of this "
+                         "attention worker and freeing its KV", type(e).__name__, e)
+            s.fail_all(f"the AFD forward failed: an FFN worker did not answer ({type(e).__name__}: {e})", 503)
+            return s.collect_outputs()
+
     def event_loop(self, parent_watch=None) -> None:
         """Receive messages, run one scheduler step, send its outputs, and send stats every ``STATS_INTERVAL_S``;
         returns when ``parent_watch`` (a :class:`~sglang.srt.entrypoints.worker_launcher.ParentWatch`) reports the
@@ -136,7 +154,7 @@ class SchedulerProcess:
             if watchdog is not None:
                 watchdog.beat()
             self.recv_all(block=not s.has_work())
-            for out in s.step():
+            for out in self._step():
                 self.send_detok(out)
             now = time.monotonic()
             if now - self.last_stats > STATS_INTERVAL_S:
