@@ -173,9 +173,18 @@ class FfnDeviceSteps:
             self.seen.add(key)
         s.ep.check()
         if self.timer is not None and key in self.timer_pairs:
+            self._collect(key)
+
+    def _collect(self, key: tuple) -> None:
+        """Tf of the step just served into :attr:`tf_ms` (timing is an extra: a failure logs and turns it off)."""
+        try:
             self.timer.pairs = self.timer_pairs[key]
             self.timer.collect()
-            self.tf_ms.setdefault(key, []).extend(self.timer.samples.pop("tf", []))
+        except Exception as e:  # e.g. a driver without timed events in graphs
+            logger.warning("FFN worker %d: step timing off (%s: %s)", self.server.index, type(e).__name__, e)
+            self.timer = None
+            return
+        self.tf_ms.setdefault(key, []).extend(self.timer.samples.pop("tf", []))
 
     def _capture(self, key: tuple):
         """The step's CUDA graph (None, logged, if capture fails: the step then runs eagerly)."""
