@@ -187,15 +187,28 @@ class FfnDeviceSteps:
         self.tf_ms.setdefault(key, []).extend(self.timer.samples.pop("tf", []))
 
     def _capture(self, key: tuple):
-        """The step's CUDA graph (None, logged, if capture fails: the step then runs eagerly)."""
-        try:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                self._body(*key)
-        except Exception as e:  # capture is best effort: the eager step is the same sequence
+        """The step's CUDA graph (None, logged, if capture fails: the step then runs eagerly). A capture that fails
+        with step timing on is tried once more without it (timing is an extra, the graph is not)."""
+        for attempt in range(2):
+            try:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool):
+                    self._body(*key)
+                break
+            except Exception as e:  # capture is best effort: the eager step is the same sequence
+                err = e
+                torch.cuda.synchronize(self.server.device)
+                if attempt == 0 and self.timer is not None:
+                    logger.warning("FFN worker %d: capture with step timing failed (%s: %s); timing off",
+                                   self.server.index, type(e).__name__, e)
+                    self.timer = None
+                    continue
+                graph = None
+                break
+        if graph is None:
+            e = err
             logger.warning("FFN worker %d: CUDA graph capture of step %s failed (%s: %s); serving eagerly",
                            self.server.index, key, type(e).__name__, e)
-            torch.cuda.synchronize(self.server.device)
             self.no_graph.add(key)
             return None
         self.pool = graph.pool()
