@@ -63,12 +63,13 @@ def crossover_lines(model_path: str, gpu: str, colo_tps_per_gpu: float, totals: 
     from sglang.srt.afd.planner.plan import PlanInfeasibleError, SearchLimits, best_afd_plan
 
     model = MoEModelSpec.from_path(model_path)
-    src = "measured profile " + ", ".join(p.get("_path", "?") for p in profiles) if profiles else "planner datasheet model"
+    src = ("measured profile " + ", ".join(p.get("_path", "?") for p in profiles) if profiles
+           else "planner datasheet model")
     tag = "profile" if profiles else "model"
     lines = [f"AFD plans on {gpu} ({src}, TPOT SLO {tpot_slo_ms:g} ms, context {avg_seq_len}) vs "
              f"measured colocated {colo_tps_per_gpu:,.1f} tok/s per GPU", "",
-             f"| GPUs | plan (B = global batch) | Ta / Te / Tc ms ({tag}) | m >= 2(1+Tc/Tf) | TPOT ms | tok/s per GPU | "
-             "vs colocated | "
+             f"| GPUs | plan (B = global batch) | Ta / Te / Tc ms ({tag}) | m >= 2(1+Tc/Tf) | TPOT ms | "
+             "tok/s per GPU | vs colocated | "
              f">= {TARGET}x |", "|---|---|---|---|---|---|---|---|"]
     first = None
     for n in totals:
