@@ -11,7 +11,9 @@ Usage::
 Prints one markdown row per GPU budget (the plan, its modelled Ta/Te/Tc, per-GPU tokens/s, ratio to colocated, the
 1.3x target of issue 24) and the smallest budget meeting the target. The plan's numbers are the planner's datasheet
 model (``--avg-seq-len`` sets the KV context; default 32, the benchmark's short contexts), not measurements; with
-``--afd-json`` the measured Ta/Tf/Tc of the AFD run are printed beside them.
+``--afd-json`` the measured Ta/Tf/Tc of the AFD run are printed beside them. With ``--profile P.json`` (schema of
+``sglang.srt.afd.planner.profiler``, e.g. ``benchmark/results/2026-11-27_afd_profile_h200_*.json`` built from measured
+Ta / Tf / Tc) the plans use those measured costs instead of the datasheet.
 """
 
 from __future__ import annotations
@@ -49,27 +51,32 @@ def measured_pipeline(path: str) -> list[str]:
 
 
 def crossover_lines(model_path: str, gpu: str, colo_tps_per_gpu: float, totals: Sequence[int], tpot_slo_ms: float,
-                    avg_seq_len: int = 32, max_micro_batch_size: int = 1024) -> list[str]:
+                    avg_seq_len: int = 32, max_micro_batch_size: int = 1024,
+                    profiles: Sequence[dict] = ()) -> list[str]:
     """Markdown table: per GPU budget in ``totals`` the best per-GPU plan (datasheet model of ``gpu`` for both roles)
     and its ratio to ``colo_tps_per_gpu`` (the plan's global batch ``B`` is printed: a colocated replica measured
     at a smaller batch per GPU is a weaker baseline than one at ``B / GPUs``); then the smallest budget meeting
-    the 1.3x target, or why none does.
-    Raises ValueError for an unknown GPU kind or a dense model."""
+    the 1.3x target, or why none does. ``profiles``: loaded planner profiles (``perf_model.load_profile``) replacing
+    the datasheet costs of the GPU kind they name.
+    Raises ValueError for an unknown GPU kind, a dense model or a profile of another model."""
     from sglang.srt.afd.planner.model_spec import MoEModelSpec
     from sglang.srt.afd.planner.plan import PlanInfeasibleError, SearchLimits, best_afd_plan
 
     model = MoEModelSpec.from_path(model_path)
-    lines = [f"AFD plans on {gpu} (planner datasheet model, TPOT SLO {tpot_slo_ms:g} ms, context {avg_seq_len}) vs "
+    src = ("measured profile " + ", ".join(p.get("_path", "?") for p in profiles) if profiles
+           else "planner datasheet model")
+    tag = "profile" if profiles else "model"
+    lines = [f"AFD plans on {gpu} ({src}, TPOT SLO {tpot_slo_ms:g} ms, context {avg_seq_len}) vs "
              f"measured colocated {colo_tps_per_gpu:,.1f} tok/s per GPU", "",
-             "| GPUs | plan (B = global batch) | Ta / Te / Tc ms (model) | m >= 2(1+Tc/Tf) | TPOT ms | tok/s per GPU | "
-             "vs colocated | "
+             f"| GPUs | plan (B = global batch) | Ta / Te / Tc ms ({tag}) | m >= 2(1+Tc/Tf) | TPOT ms | "
+             "tok/s per GPU | vs colocated | "
              f">= {TARGET}x |", "|---|---|---|---|---|---|---|---|"]
     first = None
     for n in totals:
         lim = SearchLimits(tpot_slo_s=tpot_slo_ms / 1e3, max_total_gpus=n, objective="per-gpu",
                            max_micro_batch_size=max_micro_batch_size)
         try:
-            p = best_afd_plan(model, gpu, gpu, lim, seq_len=avg_seq_len)
+            p = best_afd_plan(model, gpu, gpu, lim, seq_len=avg_seq_len, profiles=profiles)
         except PlanInfeasibleError as e:
             lines.append(f"| {n} | infeasible: {str(e).split(': ', 1)[-1][:220]} | | | | | | no |")
             continue
@@ -77,14 +84,15 @@ def crossover_lines(model_path: str, gpu: str, colo_tps_per_gpu: float, totals: 
         tf = max(p.t_a_ms, p.t_e_ms)
         lines.append(f"| {n} | tp_a={p.tp_a} n_a={p.n_a} tp_e={p.tp_e} n_e={p.n_e} m={p.m} b_a={p.micro_batch_size} "
                      f"B={p.global_batch} ({p.global_batch / (p.attention_gpus + p.ffn_gpus):.0f}/GPU) | "
-                     f"{p.t_a_ms:.3f} / {p.t_e_ms:.3f} / {p.t_c_ms:.3f} | {2 * (1 + p.t_c_ms / tf):.2f} | "
+                     f"{p.t_a_ms:.3f} / {p.t_e_ms:.3f} / {p.t_c_ms:.3f} | {2 * (1 + p.t_c_ms / tf):.2f} "
+                     f"(m={p.m}: {'ok' if p.m >= 2 * (1 + p.t_c_ms / tf) - 1e-9 else 'NO'}) | "
                      f"{p.tpot_ms:.1f} | {p.tokens_per_s_per_gpu:,.1f} | {ratio:.2f}x | "
                      f"{'yes' if ratio >= TARGET else 'no'} |")
         if first is None and ratio >= TARGET:
             first = n
     lines.append("")
-    lines.append(f"Crossover: AFD reaches {TARGET}x colocated per GPU from {first} GPUs (model)." if first else
-                 f"Crossover: none up to {max(totals)} GPUs at this SLO (model).")
+    lines.append(f"Crossover: AFD reaches {TARGET}x colocated per GPU from {first} GPUs ({tag})." if first else
+                 f"Crossover: none up to {max(totals)} GPUs at this SLO ({tag}).")
     return lines
 
 
@@ -100,6 +108,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--tpot-slo-ms", type=float, default=100.0)
     p.add_argument("--avg-seq-len", type=int, default=32)
     p.add_argument("--max-micro-batch-size", type=int, default=1024, help="tokens per micro-batch per attention node")
+    p.add_argument("--profile", action="append", default=[],
+                   help="planner profile JSON (measured costs; repeat per GPU kind) instead of the datasheet model")
     a = p.parse_args(argv)
     try:
         if a.colocated_json:
@@ -111,8 +121,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise ValueError("give --colocated-json or --colocated-tps-per-gpu > 0")
         for path in a.afd_json:
             head += measured_pipeline(path)
+        from sglang.srt.afd.planner.perf_model import load_profile
+
+        profiles = [load_profile(path) for path in a.profile]
         lines = head + [""] + crossover_lines(a.model_path, a.gpu, tps, a.totals, a.tpot_slo_ms, a.avg_seq_len,
-                                              a.max_micro_batch_size)
+                                              a.max_micro_batch_size, profiles)
     except (ValueError, OSError) as e:
         sys.stderr.write(f"error: {e}\n")
         return 2

@@ -58,9 +58,11 @@ def _role_log(role: str, index: int, device: str, param_bytes: int, kv_bytes: in
     return line
 
 
-def _ffn_proc(path: str, load_format: str, device: str, topo, j: int, ready) -> None:
+def _ffn_proc(path: str, load_format: str, device: str, topo, j: int, ready, timing_out: str = "") -> None:
     """FFN worker ``j`` on ``device``: load its static expert block, report ``{"index", "expert_bytes", "bw",
-    "device"}`` (or ``{"index", "error"}``, e.g. CUDA out of memory) on ``ready``, then serve until the group closes."""
+    "device"}`` (or ``{"index", "error"}``, e.g. CUDA out of memory) on ``ready``, then serve until the group closes.
+    ``timing_out``: time the device-driven steps' expert compute (``afd.step_timing``) and write, when the group
+    closes, ``{"<sizes comma-separated>": [per-step median Tf ms, ...]}`` there (``bench_afd_graph.py``)."""
     logging.basicConfig(level=logging.INFO, format=f"[FFN{j}] %(message)s")
     torch.set_num_threads(1)
     try:
@@ -85,6 +87,10 @@ def _ffn_proc(path: str, load_format: str, device: str, topo, j: int, ready) -> 
                  for sh in s.shards.values())
     ready.put({"index": j, "expert_bytes": nbytes, "bw": bw, "device": device, "experts": len(held),
                "log": _role_log("ffn", j, device, nbytes, 0)})
+    if timing_out:
+        from sglang.srt.afd.step_timing import StepTimer
+
+        s.device_steps.timer = StepTimer(torch.device(device))
     try:
         while True:
             s.serve_once(timeout_s=5.0)
@@ -92,6 +98,11 @@ def _ffn_proc(path: str, load_format: str, device: str, topo, j: int, ready) -> 
         pass
     finally:
         s.ep.close()
+        if timing_out:
+            import json
+
+            with open(timing_out, "w") as f:
+                json.dump({",".join(map(str, k[1])): v for k, v in s.device_steps.tf_ms.items()}, f)
 
 
 def _measure(kind: str, a, q) -> None:

@@ -12,12 +12,20 @@ occurrence.
 * otherwise, per ``--micro-batches`` x ``--batch``: median decode step (host time of a step ending with the greedy ids
   on the host, as a server step) eager device-driven (``AfdExecutor.run`` per step: every launch from the host, no
   per-layer host round trip) vs graphed (:class:`afd_graph.StepGraph` replays), and Ta (attention stages of one
-  layer and micro-batch, GPU time from the eager steps). The colocated baseline and the host-path AFD (Ta / Tf /
-  Tc) come from ``bench_afd.py --setups colocated`` / ``--setups afd`` in the same GPU round
+  layer and micro-batch, GPU time from the eager steps). Then (unless ``--no-stage-times``) the graphed step's own
+  Ta / Tf / Tc and the ``m >= 2(1 + Tc/Tf)`` check (MegaScale-Infer sec. 4.1) from a second capture of the same step
+  with :mod:`sglang.srt.afd.step_timing` stamps inside the graph (external timed CUDA events; ``--stage-steps``
+  replays, median): Ta = attention stages of one layer and micro-batch, round trip = its dispatch to its results
+  combined on the attention stream, Tf = the FFN worker's expert compute per message (its own step graph; the
+  slowest worker's median), Tc = (round trip - Tf) / 2 (exact for m = 1; for m > 1 the round trip includes the other
+  micro-batches' attention, so Tc is an upper bound). The step-time columns come from the graph without stamps;
+  the FFN worker's graph carries its stamps in both. The colocated baseline and the host-path AFD (Ta / Tf / Tc)
+  come from ``bench_afd.py --setups colocated`` / ``--setups afd`` in the same GPU round
   (``scripts/gpu/issue24_afd_graph_2gpu.sh``).
 
 Usage: python benchmark/bench_afd_graph.py --model-path P [--load-format dummy] [--check] [--batch 32 128]
-       [--micro-batches 1 2] [--steps 8] [--transport cuda_push|cuda_push_ll] [--md-out F]
+       [--micro-batches 1 2] [--steps 8] [--transport cuda_push|cuda_push_ll] [--stage-steps 4] [--no-stage-times]
+       [--md-out F]
 """
 
 from __future__ import annotations
@@ -85,17 +93,39 @@ def check_tokens(a, mc, attn, ex, m: int) -> list[str]:
     return head + lines + ["", f"CHECK {'PASS' if bad == 0 else 'FAIL'} m={m}: {bad} of {a.steps + 1} steps differ", ""]
 
 
-def time_rows(a, mc, attn, ex) -> list[str]:
-    """Eager device-driven vs graphed step per (m, batch) (see the module docstring)."""
+def _timed_replays(a, ex, attn, fb) -> dict:
+    """Ta and round trip (ms, medians over ``--stage-steps`` replays) of a second capture of the step with
+    ``afd.step_timing`` stamps inside the graph; ``{"error": why}`` when that capture fails."""
+    from afd_graph import StepGraph
+
+    from sglang.srt.afd.step_timing import StepTimer
+
+    ex.step_timer = StepTimer(torch.device("cuda:0"))
+    try:
+        g = StepGraph(ex, attn, fb)
+        ex.step_timer.reset_samples()
+        for _ in range(a.stage_steps):
+            g.replay().argmax(-1).tolist()
+            ex.step_timer.collect()
+        out = ex.step_timer.medians()
+        del g
+    except Exception as err:  # the timing is an extra: report why it is missing
+        logger.exception("timed capture failed")
+        out = {"error": f"{type(err).__name__}: {str(err)[:100]}"}
+    finally:
+        ex.step_timer = None
+        torch.cuda.synchronize()
+    return out
+
+
+def time_rows(a, mc, attn, ex) -> list[dict]:
+    """Eager device-driven vs graphed step per (m, batch), and the graphed step's Ta / round trip (see the module
+    docstring); one dict per row, formatted by :func:`format_rows` once the FFN workers' Tf is in."""
     from afd_graph import StepGraph
 
     from sglang.test.model_harness import ModelHarness
 
-    lines = ["- both columns: the FFN worker replays its own step graph from the second step of a configuration; "
-             "'eager' is the attention worker launching every kernel from the host (no per-layer host round trip)",
-             "", "| m | batch | eager device-driven step ms | graphed step ms | speed-up | tok/s graphed | "
-             "tok/s per GPU graphed | Ta ms (eager) |", "|---|---|---|---|---|---|---|---|"]
-    gpus = 1 + ex.topo.num_ffn
+    rows = []
     for m in a.micro_batches:
         for b in a.batch:
             ex.m = m
@@ -110,28 +140,78 @@ def time_rows(a, mc, attn, ex) -> list[str]:
                     ex.run(attn, fb).next_token_logits.argmax(-1).tolist()
                     if it >= a.warmup:
                         eager.append(time.perf_counter() - t0)
-            ta = ex.attention_ms()
-            e = statistics.median(eager)
+            row = {"m": m, "b": b, "eager": statistics.median(eager), "ta_eager": ex.attention_ms()}
+            rows.append(row)
             try:
                 g = StepGraph(ex, attn, fb)
             except Exception as err:  # report the eager row and why the graph is missing, then go on
                 logger.exception("capture failed at m=%d batch %d", m, b)
-                lines.append(f"| {m} | {b} | {e * 1e3:.2f} | capture failed: {type(err).__name__}: "
-                             f"{str(err)[:120]} | | | | {ta if ta is None else round(ta, 3)} |")
+                row["error"] = f"{type(err).__name__}: {str(err)[:120]}"
                 torch.cuda.synchronize()
                 continue
+            row["sizes"] = ",".join(map(str, ex.dev.sizes_by_batch.get(b, []))) if ex.dev is not None else ""
             graphed = []
             for it in range(a.warmup + a.steps):
                 t0 = time.perf_counter()
                 g.replay().argmax(-1).tolist()
                 if it >= a.warmup:
                     graphed.append(time.perf_counter() - t0)
-            gr = statistics.median(graphed)
-            lines.append(f"| {m} | {b} | {e * 1e3:.2f} | {gr * 1e3:.2f} | {e / gr:.1f}x | {b / gr:.0f} | "
-                         f"{b / gr / gpus:.0f} | {ta if ta is None else round(ta, 3)} |")
-            del g, h
+            row["graphed"] = statistics.median(graphed)
+            del g
             torch.cuda.synchronize()
+            if a.stage_times:
+                row["stages"] = _timed_replays(a, ex, attn, fb)
+            del h
+    return rows
+
+
+def format_rows(rows: list[dict], gpus: int, tf_by_sizes: dict) -> list[str]:
+    """Markdown table of :func:`time_rows`'s rows; ``tf_by_sizes``: micro-batch sizes (``"16,16"``) -> Tf samples
+    (ms) of the slowest FFN worker. Ta / Tf / Tc cells are ``n/a (why)`` where a piece is missing."""
+    from sglang.srt.afd.step_timing import format_check, pipeline_check
+
+    lines = ["- both columns: the FFN worker replays its own step graph from the second step of a configuration; "
+             "'eager' is the attention worker launching every kernel from the host (no per-layer host round trip)",
+             "- Ta / Tf / Tc (graphed): per layer and micro-batch, from stamps inside a second capture of the step "
+             "(Tc = (round trip - Tf) / 2: exact for m = 1, an upper bound for m > 1)",
+             "", "| m | batch | eager device-driven step ms | graphed step ms | speed-up | tok/s graphed | "
+             "tok/s per GPU graphed | Ta ms (eager) | Ta / Tf / Tc ms (graphed) | m >= 2(1+Tc/Tf) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        m, b, e, ta = r["m"], r["b"], r["eager"], r["ta_eager"]
+        ta_cell = ta if ta is None else round(ta, 3)
+        if "error" in r:
+            lines.append(f"| {m} | {b} | {e * 1e3:.2f} | capture failed: {r['error']} | | | | {ta_cell} | | |")
+            continue
+        st, tf = r.get("stages") or {}, tf_by_sizes.get(r.get("sizes", ""), [])
+        if "error" in st:
+            check = f"n/a (timed capture: {st['error']}) | n/a"
+        elif "ta" not in st or "rtt" not in st or not tf:
+            check = "n/a (no stamps: --no-stage-times, or no FFN Tf for this step) | n/a"
+        else:
+            check = format_check(pipeline_check(st["ta"], statistics.median(tf), st["rtt"], m))
+        gr = r["graphed"]
+        lines.append(f"| {m} | {b} | {e * 1e3:.2f} | {gr * 1e3:.2f} | {e / gr:.1f}x | {b / gr:.0f} | "
+                     f"{b / gr / gpus:.0f} | {ta_cell} | {check} |")
     return lines
+
+
+def _ffn_tf(paths: list[str]) -> dict:
+    """Micro-batch sizes -> Tf samples (ms) of the slowest FFN worker (largest median), from the workers' files."""
+    import json
+
+    best: dict = {}
+    for path in paths:
+        try:
+            with open(path) as f:
+                got = json.load(f)
+        except (OSError, ValueError):
+            logger.warning("no Tf file %s (the FFN worker did not close cleanly)", path)
+            continue
+        for k, v in got.items():
+            if v and (k not in best or statistics.median(v) > statistics.median(best[k])):
+                best[k] = v
+    return best
 
 
 def run(a) -> list[str]:
@@ -152,8 +232,9 @@ def run(a) -> list[str]:
                        max_rows=max(max(a.batch) * a.input_len, 1024), transport=a.transport, timeout_s=a.timeout)
     ctx = mp.get_context("spawn")
     ready = ctx.Queue()
+    tf_paths = [f"{d}/tf{j}.json" if a.stage_times and not a.check else "" for j in range(n_e)]
     procs = [ctx.Process(target=_ffn_proc, args=(a.model_path, a.load_format, f"cuda:{(1 + j) % ngpu}", topo, j,
-                                                 ready), daemon=True) for j in range(n_e)]
+                                                 ready, tf_paths[j]), daemon=True) for j in range(n_e)]
     for p in procs:
         p.start()
     torch.cuda.set_device(0)
@@ -169,13 +250,14 @@ def run(a) -> list[str]:
         lines = [f"- {i['log']}" for i in infos] + [""]
         if a.check:
             return lines + [x for m in a.micro_batches for x in check_tokens(a, mc, attn, ex, m)]
-        return lines + time_rows(a, mc, attn, ex)
+        rows = time_rows(a, mc, attn, ex)
     finally:
         ex.ep.close(notify=[topo.ffn_rank(j) for j in range(n_e)])
         for p in procs:
             p.join(10)
             if p.is_alive():
                 p.kill()
+    return lines + format_rows(rows, 1 + n_e, _ffn_tf([t for t in tf_paths if t]))
 
 
 def main(argv=None) -> int:
@@ -197,12 +279,16 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=60)
     p.add_argument("--transport", default="cuda_push", choices=["cuda_push", "cuda_push_ll"],
                    help="device-driven M2N transport (cuda_push_ll: the low-latency protocol)")
+    p.add_argument("--stage-steps", type=int, default=4, help="replays of the stamped capture (Ta / Tf / Tc)")
+    p.add_argument("--no-stage-times", dest="stage_times", action="store_false",
+                   help="skip the stamped capture (no Ta / Tf / Tc of the graphed step)")
     p.add_argument("--md-out", default="")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("needs CUDA (the CPU check of this path is test/unit/test_afd_device_step.py)")
-    if min(*a.batch, *a.micro_batches, a.ffn_workers, a.input_len, a.steps) < 1 or a.warmup < 0:
-        p.error("--batch, --micro-batches, --ffn-workers, --input-len, --steps must be >= 1 and --warmup >= 0")
+    if min(*a.batch, *a.micro_batches, a.ffn_workers, a.input_len, a.steps, a.stage_steps) < 1 or a.warmup < 0:
+        p.error("--batch, --micro-batches, --ffn-workers, --input-len, --steps, --stage-steps must be >= 1 and "
+                "--warmup >= 0")
     logging.basicConfig(level=logging.INFO, format="[%(processName)s] %(message)s")
     head = [f"## AFD decode, attention step in one CUDA graph ({'check' if a.check else 'timing'})", "",
             f"- {torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}; model {a.model_path} ({a.load_format}); "

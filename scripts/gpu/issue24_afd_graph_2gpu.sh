@@ -7,7 +7,8 @@
 #      Beside it, on GPU 1 alone: colocated Qwen3-30B-A3B (dummy bf16) through the ModelRunner with CUDA graphs,
 #      batch 32 and 128 (bench_afd.py --setups colocated; the check's tiny FFN worker shares GPU 1 for ~20 s).
 #   B: Qwen3-30B-A3B dummy 1 + 1, m = 1, 2 x batch 32, 128: decode step eager device-driven vs graphed
-#      (bench_afd_graph.py), tok/s per GPU, Ta.
+#      (bench_afd_graph.py), tok/s per GPU, Ta; and per row the graphed step's Ta / Tf / Tc with the
+#      m >= 2(1 + Tc/Tf) check (afd.step_timing stamps inside a second capture, 3 replays; Tf from the FFN worker).
 #   A2 / B2: the same check and timing over --transport cuda_push_ll (the low-latency M2N protocol), B2 if time left.
 #   C: if time is left: the host-path AFD of before (cuda_ipc, header per message, eager) with Ta / Tf / Tc
 #      (bench_afd.py --setups afd --micro-batches 2), the baseline the graph replaces.
@@ -45,10 +46,10 @@ run check_ll 45 "$PY" benchmark/bench_afd_graph.py --check --micro-batches 1 2 -
 # B: Qwen3 1 + 1, eager device-driven vs graphed
 bt=$(( $(left) - 15 )); [ $bt -gt 70 ] && bt=70
 run graph_qwen3 $bt "$PY" benchmark/bench_afd_graph.py --model-path $qwen --load-format dummy --batch 32 128 \
-  --micro-batches 1 2 --input-len 16 --steps 6 --warmup 2 --timeout 40 --md-out "$out/graph_qwen3.md"
+  --micro-batches 1 2 --input-len 16 --steps 6 --warmup 2 --stage-steps 3 --timeout 40 --md-out "$out/graph_qwen3.md"
 bt=$(( $(left) - 45 )); [ $bt -gt 70 ] && bt=70
 run graph_qwen3_ll $bt "$PY" benchmark/bench_afd_graph.py --model-path $qwen --load-format dummy --batch 32 128 \
-  --micro-batches 1 2 --input-len 16 --steps 6 --warmup 2 --timeout 40 --transport cuda_push_ll \
+  --micro-batches 1 2 --input-len 16 --steps 6 --warmup 2 --stage-steps 3 --timeout 40 --transport cuda_push_ll \
   --md-out "$out/graph_qwen3_ll.md"
 
 # C: the host-path AFD (Ta / Tf / Tc) when time is left

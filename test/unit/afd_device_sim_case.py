@@ -14,7 +14,10 @@ keeps interpreted launches of the two threads apart. The checkpoint: ``$AFD_SIM_
   worker zeroed on the device); the FFN workers served device steps (no DISPATCH / RESULT header on the way);
 * ``stray``: 2 FFN workers whose held experts disagree with the attention side's placement: the step raises
   RuntimeError (short answers counted on the device), never returns logits;
-* ``dead``: the FFN worker is gone: the step raises TimeoutError from the device waits' error record.
+* ``dead``: the FFN worker is gone: the step raises TimeoutError from the device waits' error record;
+* ``timing M``: ``equal``'s run with step timers on both sides (sglang.srt.afd.step_timing): the logits stay equal,
+  the last step has one Ta and one round trip per (MoE layer, micro-batch), each FFN step key one Tf per step, all
+  positive, a round trip at least its Tf, and pipeline_check gives Tc >= 0 and m_min >= 2.
 The last argument may name the transport (``cuda_push`` default, ``cuda_push_ll``). Prints OK."""
 
 from __future__ import annotations
@@ -144,9 +147,15 @@ def ex_protocol() -> str:
     return "ll" if TRANSPORT == "cuda_push_ll" else "flag"
 
 
-def _run(mc, attn, m, topo, held=None, kill_ffn=False):
+def _run(mc, attn, m, topo, held=None, kill_ffn=False, timers=None):
     ffn = Ffn(mc, topo, held)
     ex = afd_executor.AfdExecutor(mc, topo, 0, m, torch.device("cpu"))
+    if timers is not None:  # before the first STEP: the FFN threads only serve once the executor sends
+        from sglang.srt.afd.step_timing import StepTimer
+
+        ex.step_timer = timers["ex"] = StepTimer(torch.device("cpu"))
+        for s in ffn.servers:
+            s.device_steps.timer = StepTimer(torch.device("cpu"))
     assert ex.dev is not None and ex.graph_captures_executor  # the transport name alone turned device steps on
     assert ex.ep.transport.protocol == ex_protocol(), ex.ep.transport.protocol
     try:
@@ -176,6 +185,32 @@ def case_equal(m: int) -> None:
             assert diff < 1e-4, f"m={m} N_E={n_e} step {i}: device-driven AFD differs from colocated by {diff:.3g}"
             assert torch.equal(a.argmax(-1), b.argmax(-1)), f"m={m} N_E={n_e} step {i}: greedy tokens differ"
         assert ref[0].abs().max() > 0.1
+
+
+def case_timing(m: int) -> None:
+    from sglang.srt.afd.step_timing import pipeline_check
+
+    mc = ModelConfig.from_path(MODEL)
+    ref = greedy_logits(ModelHarness(load_model(mc, "auto", "cpu"), mc, max_reqs=4, max_len=24))
+    attn = load_model(mc, "auto", "cpu", weight_filter=role_spec("attention").weight_filter)
+    timers = {}
+    out, ffn = _run(mc, attn, m, _topo(1), timers=timers)
+    assert not ffn.errors, ffn.errors
+    for a, b in zip(out, ref):
+        assert (a - b).abs().max().item() < 1e-4 and torch.equal(a.argmax(-1), b.argmax(-1))
+    t = timers["ex"]
+    layers = len(moe_layer_specs(mc))
+    m_eff = min(m, 4)  # the harness decodes max_reqs=4 requests
+    assert len(t.pairs["ta"]) == len(t.pairs["rtt"]) == layers * m_eff, {k: len(v) for k, v in t.pairs.items()}
+    got = t.collect()
+    tf = ffn.servers[0].device_steps.tf_ms
+    assert tf and all(len(v) >= 1 and min(v) > 0 for v in tf.values()), tf
+    last = tf[max(tf, key=lambda k: len(tf[k]))][-1]
+    assert got["ta"] > 0 and got["rtt"] > 0, got
+    c = pipeline_check(got["ta"], last, got["rtt"], m_eff)
+    assert c["tc_ms"] >= 0 and c["m_min"] >= 2, c
+    print(f"timing m={m}: Ta {got['ta']:.3f} Tf {last:.3f} rtt {got['rtt']:.3f} -> Tc {c['tc_ms']:.3f} ms, "
+          f"m_min {c['m_min']:.2f}")
 
 
 def case_stray() -> None:
@@ -210,6 +245,8 @@ if __name__ == "__main__":
     what = sys.argv[1]
     if what == "equal":
         case_equal(int(sys.argv[2]))
+    elif what == "timing":
+        case_timing(int(sys.argv[2]))
     elif what == "stray":
         case_stray()
     elif what == "dead":

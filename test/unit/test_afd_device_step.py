@@ -38,6 +38,13 @@ def test_device_driven_afd_equals_colocated(m):
     _case("equal", str(m))
 
 
+@pytest.mark.parametrize("m", [1, 2])
+def test_device_driven_afd_step_timers_give_ta_tf_tc(m):
+    """afd.step_timing on the device path (what bench_afd_graph.py reads after each graph replay): per (layer,
+    micro-batch) Ta and round trip on the attention side, Tf per step on the FFN side, logits unchanged."""
+    _case("timing", str(m))
+
+
 def test_device_driven_afd_refused_pairs_fail_the_step():
     _case("stray")
 

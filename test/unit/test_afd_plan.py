@@ -13,7 +13,8 @@ from sglang.srt.afd.planner import plan as plan_mod
 from sglang.srt.afd.planner import profiler
 from sglang.srt.afd.planner.gpu_specs import get_gpu_spec
 from sglang.srt.afd.planner.model_spec import MoEModelSpec
-from sglang.srt.afd.planner.perf_model import PROFILE_SCHEMA, build_perf_model, fit_linear, load_profile
+from sglang.srt.afd.planner.perf_model import (PROFILE_SCHEMA, build_perf_model, fit_linear, fit_node_cost,
+                                               load_profile)
 from sglang.srt.afd.planner.plan import PlanInfeasibleError, SearchLimits, best_afd_plan, search_plans
 from sglang.srt.afd.planner.simulator import iteration_time, min_micro_batches, simulate_fleet, simulate_pipeline
 
@@ -232,6 +233,38 @@ def test_profile_for_another_model_is_refused(tmp_path):
     bad.write_text(json.dumps({"schema": "x"}))
     with pytest.raises(ValueError, match="schema"):
         load_profile(str(bad))
+
+
+def test_node_fit_recovers_k3_k4_k0_and_stays_non_negative():
+    k3, k4, k0 = 2e-6, 5e-6, 0.8e-3
+    pts = [[g, b, k3 * g * b + g * k4 + k0] for g in (8, 43, 128) for b in (2, 8, 16)]
+    c = fit_node_cost(pts)
+    assert (c.slope, c.intercept, c.fixed) == pytest.approx((k3, k4, k0), rel=1e-6)
+    flat = fit_node_cost([[128, 2, 1.0e-3], [64, 4, 1.1e-3], [43, 16, 1.3e-3]])  # falls as g grows: no g term
+    assert min(flat.slope, flat.intercept, flat.fixed) >= 0 and flat.fixed > 0
+    for bad in ([[1, 2, 3]], [[0, 1, 1e-3], [1, 1, 1e-3]], [[1, 2], [3, 4]]):
+        with pytest.raises(ValueError, match="expert_nodes"):
+            fit_node_cost(bad)
+
+
+def test_expert_nodes_profile_sets_node_time_with_fixed_term(tmp_path):
+    model = _table4("DBRX")
+    k3, k4, k0 = 1e-6, 20e-6, 0.5e-3
+    prof = {"schema": PROFILE_SCHEMA, "gpu": "H200", "model": model.to_dict(),
+            "expert_nodes": {"1": [[g, b, k3 * g * b + g * k4 + k0] for g in (1, 4, 8) for b in (4, 32)]},
+            "sources": {"note": "ignored by the loader"}}
+    path = tmp_path / "nodes.json"
+    path.write_text(json.dumps(prof))
+    perf = build_perf_model(model, "H200", "H200", 1024, tps=(1, 2), profiles=[load_profile(str(path))])
+    assert perf.attn.source == "datasheet" and perf.expert.source.startswith("profile:")
+    n_a, b_a, g = 2, 64, 4
+    _, t_e, _ = perf.micro_batch_times(1, 1, g, n_a, b_a)
+    b_e = b_a * n_a * model.top_k / model.num_experts
+    assert float(t_e) == pytest.approx(k3 * g * b_e + g * k4 + k0, rel=1e-6)
+    c2 = perf.expert.cost(2)  # unmeasured tp: k3, k4 halve, the per-node k0 stays
+    assert (c2.slope, c2.intercept, c2.fixed) == pytest.approx((k3 / 2, k4 / 2, k0), rel=1e-6)
+    _, t_e_dense, _ = build_perf_model(model, "H200", "H200", 1024, tps=(1,)).micro_batch_times(1, 1, g, n_a, b_a)
+    assert float(t_e) != pytest.approx(float(t_e_dense))  # the profile, not the datasheet, set T_e
 
 
 def test_profiler_on_cpu_feeds_the_plan_cli(tmp_path, capsys):

@@ -154,6 +154,9 @@ class FfnDeviceSteps:
         self.no_graph: set = set()  # keys whose capture failed: served eagerly from then on
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.pool = None
+        self.timer = None  # an afd.step_timing.StepTimer: Tf per step, also inside the graph (opt-in)
+        self.timer_pairs: dict[tuple, dict] = {}  # step key -> its stamps (a replay re-records the captured ones)
+        self.tf_ms: dict[tuple, list] = {}  # step key -> per-step median Tf (ms) collected while timer is set
 
     def run(self, src: int, sizes: Sequence[int]) -> None:
         """Serve one step of ``src`` with micro-batches of ``sizes`` tokens, then :meth:`M2NEndpoint.check` (a
@@ -169,17 +172,43 @@ class FfnDeviceSteps:
             self._body(*key)
             self.seen.add(key)
         s.ep.check()
+        if self.timer is not None and key in self.timer_pairs:
+            self._collect(key)
+
+    def _collect(self, key: tuple) -> None:
+        """Tf of the step just served into :attr:`tf_ms` (timing is an extra: a failure logs and turns it off)."""
+        try:
+            self.timer.pairs = self.timer_pairs[key]
+            self.timer.collect()
+        except Exception as e:  # e.g. a driver without timed events in graphs
+            logger.warning("FFN worker %d: step timing off (%s: %s)", self.server.index, type(e).__name__, e)
+            self.timer = None
+            return
+        self.tf_ms.setdefault(key, []).extend(self.timer.samples.pop("tf", []))
 
     def _capture(self, key: tuple):
-        """The step's CUDA graph (None, logged, if capture fails: the step then runs eagerly)."""
-        try:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                self._body(*key)
-        except Exception as e:  # capture is best effort: the eager step is the same sequence
+        """The step's CUDA graph (None, logged, if capture fails: the step then runs eagerly). A capture that fails
+        with step timing on is tried once more without it (timing is an extra, the graph is not)."""
+        for attempt in range(2):
+            try:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool):
+                    self._body(*key)
+                break
+            except Exception as e:  # capture is best effort: the eager step is the same sequence
+                err = e
+                torch.cuda.synchronize(self.server.device)
+                if attempt == 0 and self.timer is not None:
+                    logger.warning("FFN worker %d: capture with step timing failed (%s: %s); timing off",
+                                   self.server.index, type(e).__name__, e)
+                    self.timer = None
+                    continue
+                graph = None
+                break
+        if graph is None:
+            e = err
             logger.warning("FFN worker %d: CUDA graph capture of step %s failed (%s: %s); serving eagerly",
                            self.server.index, key, type(e).__name__, e)
-            torch.cuda.synchronize(self.server.device)
             self.no_graph.add(key)
             return None
         self.pool = graph.pool()
@@ -191,11 +220,19 @@ class FfnDeviceSteps:
     def _body(self, src: int, sizes: tuple) -> None:
         s = self.server
         ep = s.ep
+        timer = self.timer
+        if timer is not None:
+            timer.begin()
         for spec in s.specs:
             shard = s.shards[spec.layer]
             for n in sizes:
                 dm = ep.recv_device(src)
                 x, ids, w = (t[:n] for t in dm.tensors)
+                tf = timer.open("tf") if timer is not None else None
                 out, ok = shard.compute_device(x, ids, w)
+                if tf is not None:
+                    timer.close(tf)
                 rows = torch.where(ok & (dm.rows == n), dm.rows, torch.zeros_like(dm.rows))
                 ep.send(src, [out], host_header=False, rows=rows)
+        if timer is not None:
+            self.timer_pairs[(src, tuple(sizes))] = timer.pairs

@@ -126,6 +126,7 @@ class AfdExecutor(StagedExecutor):
         self._rtt: list[float] = []
         self._pending: dict[int, tuple] = {}
         self.last_constraint: Optional[dict] = None
+        self.step_timer = None  # an afd.step_timing.StepTimer: Ta / round trip also inside a graph (opt-in)
 
     # ---- the pipeline: hooks of the staged skeleton ------------------------------------------------------------
     @property
@@ -167,6 +168,8 @@ class AfdExecutor(StagedExecutor):
         """Forward ``forward_batch`` with remote experts (see the module docstring); between steps: the pipeline
         constraint log and load balancing."""
         self._pending = {}  # micro-batch -> its layer whose experts run remotely
+        if self.step_timer is not None:
+            self.step_timer.begin()
         out = super().run(model, forward_batch)
         if capturing():
             return out
@@ -189,11 +192,17 @@ class AfdExecutor(StagedExecutor):
                     layer.run_stage(name, st)
                 continue
             t0 = None if capturing() else self._mark(st)
+            timer = self.step_timer
+            ta = timer.open("ta") if timer is not None else None
             for name in PRE_MOE:
                 layer.run_stage(name, st)
             if t0 is not None:
                 self._ta.append((t0, self._mark(st)))
-            self._pending[k] = (index, layer, self._dispatch(index, k, st))
+            rtt = None
+            if timer is not None:
+                timer.close(ta)
+                rtt = timer.open("rtt")
+            self._pending[k] = (index, layer, self._dispatch(index, k, st), rtt)
 
     def finish(self, states: list[LayerState]) -> None:
         """Receive and combine the last MoE layer of every micro-batch."""
@@ -251,7 +260,7 @@ class AfdExecutor(StagedExecutor):
 
     def _finish(self, pend: tuple, st: LayerState) -> None:
         """N2M: receive the N_E results of ``pend`` (``n`` rows each), sum them, run ``moe_combine``."""
-        li, layer, sent = pend
+        li, layer, sent, rtt = pend
         moe = st.moe
         out = None
         if sent is not None and self.dev is not None:
@@ -266,6 +275,8 @@ class AfdExecutor(StagedExecutor):
                 out = reply.tensors[0] if out is None else out + reply.tensors[0]  # replies are private copies
                 self._tf.append(reply.meta[4] * 1e-6)
             self._rtt.append(time.perf_counter() - t_send)
+        if rtt is not None:
+            self.step_timer.close(rtt)
         if out is None:  # TP rank > 0: the following reduction sums rank 0's result
             out = torch.zeros_like(moe.x)
         moe.expert_out = out

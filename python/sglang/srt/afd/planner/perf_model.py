@@ -13,6 +13,11 @@ Per micro-batch and MoE layer (all times in seconds, vectorized over numpy array
 ``k1..k4`` and ``Util`` come from a measured profile (``profiler.py``) or, without one, from an additive
 roofline over the GPU datasheet (``gpu_specs.py``): weight bytes / bandwidth go into the intercepts, KV
 bytes and GEMM FLOPs per token into the slopes (no overlap assumed: conservative near the ridge point).
+
+A profile may give the expert side per *node* instead of per expert (``"expert_nodes"``: measured FFN-worker
+times at several ``g`` and token counts, e.g. from ``bench_afd.py``'s Tf tables); it is fitted to
+``T_e = k3 * (g * b_e) + g * k4 + k0`` (our extension: ``k0`` is a per-node, per-layer-and-micro-batch time that
+does not shrink with fewer experts, such as launch or host overhead; 0 for the datasheet and per-expert profiles).
 """
 
 from __future__ import annotations
@@ -35,10 +40,16 @@ PROFILE_SCHEMA = "sglang-afd-profile/1"
 
 @dataclass(frozen=True)
 class LinearCost:
-    """``T(x) = slope * x + intercept``: slope in s/token, intercept in s."""
+    """``T(x) = slope * x + intercept``: slope in s/token, intercept in s.
+
+    ``fixed`` (s, expert side only): a per-node time added once per layer and micro-batch whatever the number
+    of experts ``g`` on the node (``T_e = g * (slope * b_e + intercept) + fixed``); 0 unless fitted from
+    ``expert_nodes`` points (:func:`fit_node_cost`).
+    """
 
     slope: float
     intercept: float
+    fixed: float = 0.0
 
     def __call__(self, tokens):
         return self.slope * np.asarray(tokens, dtype=np.float64) + self.intercept
@@ -63,6 +74,41 @@ def fit_linear(xs: Sequence[float], ys: Sequence[float]) -> LinearCost:
     if slope < 0:
         slope, icpt = 0.0, float(y.mean())
     return LinearCost(float(slope), float(icpt))
+
+
+def fit_node_cost(points: Sequence[Sequence[float]]) -> LinearCost:
+    """Non-negative least squares of ``T_e = k3 * (g * b_e) + g * k4 + k0`` through measured expert-node points.
+
+    Args:
+        points: ``[g, b_e, seconds]`` rows: ``g`` experts on the node, ``b_e`` tokens per expert (token-expert
+            pairs on the node / ``g``), the node's time for one layer and micro-batch (s).
+
+    Returns:
+        ``LinearCost(k3, k4, fixed=k0)``, every coefficient >= 0 (the best non-negative fit: each subset of the
+        three terms is solved and the lowest-residual non-negative solution kept).
+
+    Raises:
+        ValueError: fewer than 2 points, a row not of 3 numbers, or a negative / zero ``g``.
+    """
+    pts = np.asarray(points, dtype=np.float64)
+    if pts.ndim != 2 or pts.shape[1] != 3 or len(pts) < 2:
+        raise ValueError(f"expert_nodes points must be >= 2 rows of [g, tokens_per_expert, seconds], got {points!r}")
+    g, b_e, y = pts[:, 0], pts[:, 1], pts[:, 2]
+    if np.any(g <= 0) or np.any(b_e < 0):
+        raise ValueError(f"expert_nodes points need g > 0 and tokens_per_expert >= 0, got {points!r}")
+    cols = np.stack([g * b_e, g, np.ones_like(g)], axis=1)
+    best, best_res = np.zeros(3), float(np.sum(y * y))
+    for mask in range(1, 8):
+        idx = [i for i in range(3) if mask >> i & 1]
+        coef = np.linalg.lstsq(cols[:, idx], y, rcond=None)[0]
+        if np.any(coef < 0):
+            continue
+        full = np.zeros(3)
+        full[idx] = coef
+        res = float(np.sum((cols @ full - y) ** 2))
+        if res < best_res - 1e-30:
+            best, best_res = full, res
+    return LinearCost(float(best[0]), float(best[1]), float(best[2]))
 
 
 @dataclass(frozen=True)
@@ -166,8 +212,8 @@ def load_profile(path: str) -> dict[str, Any]:
     if prof.get("schema") != PROFILE_SCHEMA:
         raise ValueError(f"--profile {path!r}: schema {prof.get('schema')!r} is not {PROFILE_SCHEMA!r}; "
                          "write it with python -m sglang.srt.afd.planner.profiler")
-    if not prof.get("attention") and not prof.get("expert"):
-        raise ValueError(f"--profile {path!r} holds neither attention nor expert points")
+    if not prof.get("attention") and not prof.get("expert") and not prof.get("expert_nodes"):
+        raise ValueError(f"--profile {path!r} holds neither attention nor expert (or expert_nodes) points")
     prof["_path"] = path
     return prof
 
@@ -194,6 +240,18 @@ def _costs_from_points(points: dict[str, list], tps: Sequence[int]) -> list[tupl
     return out
 
 
+def _node_costs_from_points(points: dict[str, list], tps: Sequence[int]) -> list[tuple[int, LinearCost]]:
+    """:func:`fit_node_cost` per measured tp; unmeasured tps scale k3, k4 by tp_meas / tp from the nearest measured
+    tp and keep k0 (a per-node overhead, not a per-GPU share of the work)."""
+    fitted = {int(t): fit_node_cost(pts) for t, pts in points.items()}
+    out = []
+    for tp in tps:
+        near = min(fitted, key=lambda t: abs(math.log(t / tp)))
+        c = fitted[near]
+        out.append((tp, c if near == tp else LinearCost(c.slope * near / tp, c.intercept * near / tp, c.fixed)))
+    return out
+
+
 def _util_from_profile(prof: dict[str, Any]) -> Optional[NetworkUtil]:
     net = prof.get("network") or {}
     pts = net.get("points") or []
@@ -208,13 +266,19 @@ def build_side(model: MoEModelSpec, gpu: GpuSpec, role: str, tps: Sequence[int],
     """The attention (``role="attention"``) or expert (``role="expert"``) side on ``gpu``.
 
     A profile measured on this GPU kind replaces the datasheet coefficients (and Util if it has network
-    points); otherwise the datasheet roofline is used.
+    points); otherwise the datasheet roofline is used. For the expert side, ``expert_nodes`` points (per node,
+    :func:`fit_node_cost`) take precedence over per-expert ``expert`` points.
 
     Raises:
         ValueError: bad role, or a profile for another model.
     """
     if role not in ("attention", "expert"):
         raise ValueError(f"role must be 'attention' or 'expert', got {role!r}")
+    if role == "expert" and profile is not None and profile.get("expert_nodes"):
+        _check_profile_model(profile, model)
+        util = _util_from_profile(profile) or NetworkUtil()
+        return SideModel(gpu, tuple(_node_costs_from_points(profile["expert_nodes"], tps)), util,
+                         f"profile:{profile['_path']}")
     if profile is not None and profile.get(role):
         _check_profile_model(profile, model)
         if role == "attention" and int(profile.get("seq_len", seq_len)) != seq_len:
@@ -257,12 +321,12 @@ class PerfModel:
         """
         m = self.model
         tp_a, tp_e, g, n_a, b_a = np.broadcast_arrays(*(np.asarray(v) for v in (tp_a, tp_e, g, n_a, b_a)))
-        k1, k2 = self._coef(self.attn, tp_a)
-        k3, k4 = self._coef(self.expert, tp_e)
+        k1, k2, _ = self._coef(self.attn, tp_a)
+        k3, k4, k0 = self._coef(self.expert, tp_e)
         b_a = b_a.astype(np.float64)
         b_e = b_a * n_a * m.top_k / m.num_experts * imbalance
         t_a = k1 * b_a + k2
-        t_e = k3 * g * b_e + g * k4
+        t_e = k3 * g * b_e + g * k4 + k0
         tok_bytes = m.hidden_size * m.dtype_bytes
         n_e = m.num_experts // g
         w_a = tp_a * self.attn.gpu.nic_gbps * 1e9
@@ -278,10 +342,11 @@ class PerfModel:
         tps = np.array(side.tps)
         slopes = np.array([c.slope for _, c in side.costs])
         icpts = np.array([c.intercept for _, c in side.costs])
+        fixed = np.array([c.fixed for _, c in side.costs])
         idx = np.searchsorted(tps, tp)
         if np.any(idx >= len(tps)) or np.any(tps[np.minimum(idx, len(tps) - 1)] != tp):
             raise ValueError(f"tp values {np.unique(tp)} not all in the {side.gpu.name} model's tps {list(tps)}")
-        return slopes[idx], icpts[idx]
+        return slopes[idx], icpts[idx], fixed[idx]
 
     # ---- memory (bytes) -------------------------------------------------------------------------
     def attention_weight_bytes(self) -> float:
