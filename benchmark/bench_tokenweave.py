@@ -24,6 +24,8 @@ same run:
                   the default set).
 * ``tokenweave_oldsplit`` TokenWeave with the legacy unbounded split planner (``set_split_skew(None)``; issue 25: it
                   cut 4096 tokens 384 + 3712 on 116 SMs; not in the default set).
+* ``tokenweave_selcarve`` TokenWeave with the GEMM SM carveout only on the GEMMs beside a comm
+                  (``set_carveout_scope("overlap")``; not in the default set).
 
 ``--overlap-tokens T``: one profiled forward per variant at T; a table of how much of the communication kernels'
 time ran concurrently with compute kernels (``benchmark/tokenweave_profile.py``), and per TokenWeave variant the
@@ -78,7 +80,8 @@ from sglang.srt.utils.nvls_env import NVLS_OFF_ENV  # noqa: E402  (pure Python)
 from tokenweave_graph import graph_and_profile, report_sections  # noqa: E402
 from tokenweave_profile import overlap_table, profile_forward, profile_overlap  # noqa: E402
 from tokenweave_report import auto_off_decision, host_table, targets_table  # noqa: E402
-from tokenweave_variants import FULL, OLDCOMM, OLDSPLIT, ratio_pairs, variant_comm  # noqa: E402
+from tokenweave_variants import (FULL, OLDCOMM, OLDSPLIT, SELCARVE, ratio_pairs, tune_executor,  # noqa: E402
+                                 variant_comm)
 
 os.environ.update(NVLS_OFF_ENV)
 VARIANTS = ("nocomm", "nccl", "nccl_symm", "custom", "tokenweave")
@@ -88,9 +91,9 @@ VARIANTS = ("nocomm", "nccl", "nccl_symm", "custom", "tokenweave")
 # decomposition with the NCCL fallback); the table adds ``tdist / tp``.
 # ``tokenweave_nocarve`` TokenWeave with the GEMMs on every SM (no SM carveout for the communication kernel: the
 # issue 25 round-2 behaviour, where persistent GEMMs and the communication kernel serialized).
-# OLDCOMM, FULL, OLDSPLIT: benchmark/tokenweave_variants.py
-EXTRA_VARIANTS = ("split_nocomm", "tokenweave_nocarve", "tp", "tdist", OLDCOMM, FULL, OLDSPLIT)
-TW_VARIANTS = ("tokenweave", "split_nocomm", "tokenweave_nocarve", OLDCOMM, FULL, OLDSPLIT)
+# OLDCOMM, FULL, OLDSPLIT, SELCARVE: benchmark/tokenweave_variants.py
+EXTRA_VARIANTS = ("split_nocomm", "tokenweave_nocarve", "tp", "tdist", OLDCOMM, FULL, OLDSPLIT, SELCARVE)
+TW_VARIANTS = ("tokenweave", "split_nocomm", "tokenweave_nocarve", OLDCOMM, FULL, OLDSPLIT, SELCARVE)
 
 
 def _shrunk_config(src: str, layers: int, smoke: bool) -> str:
@@ -179,10 +182,7 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
         if comm is False:
             continue
         runner = ModelRunner(mc, args, str(dev), tp_rank=ps.tp_rank, tp_size=ps.tp_size, parallel_state=ps, comm=comm)
-        if variant == "tokenweave_nocarve":
-            runner.executor.set_gemm_carveout(0)
-        if variant == OLDSPLIT:
-            runner.executor.set_split_skew(None)
+        tune_executor(variant, runner.executor)
         for t in tokens:
             row = runner.kv_cache.alloc_req_slot()
             loc = runner.kv_cache.alloc_extend([row], [0], [t], [-1])

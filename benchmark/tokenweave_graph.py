@@ -126,8 +126,8 @@ def time_graphed(runner, mwb, dev, ps, warmup: int, iters: int, ref,
 def graph_table(cases: list[tuple[str, int, dict]], tokens: list[int], variants: list[str]) -> list[str]:
     """Markdown rows of the graphed forwards: per (model, TP, T) every variant's graph-replay ms, TokenWeave's ratio
     to each baseline, and the largest |graphed - eager| logit difference over the variants (a sanity check)."""
-    bases = [b for b in ("nccl", "nccl_symm", "nocomm", "split_nocomm", "tokenweave_oldcomm", "tokenweave_oldsplit")
-             if b in variants and "tokenweave" in variants]
+    bases = [b for b in ("nccl", "nccl_symm", "nocomm", "split_nocomm", "tokenweave_oldcomm", "tokenweave_oldsplit",
+                         "tokenweave_selcarve") if b in variants and "tokenweave" in variants]
     lines = ["| model | TP | tokens | " + " | ".join(f"{v} graph ms" for v in variants) + " | "
              + " | ".join(f"tokenweave / {b}" for b in bases) + " | max abs(graph - eager) |",
              "|---|---:|---:|" + "---:|" * (len(variants) + len(bases) + 1)]

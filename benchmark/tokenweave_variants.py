@@ -13,7 +13,11 @@
   and gathers every residual row), so sharded (``tokenweave``) vs full residual is one run's A/B;
 * ``tokenweave_oldsplit`` TokenWeave with the legacy unbounded split planner (the server's communicator; the
   benchmark calls ``executor.set_split_skew(None)``), so the balanced cut (``tokenweave``) vs the old one is one
-  run's A/B (issue 25's overlap diagnosis, ``benchmark/tokenweave_timeline.py``).
+  run's A/B (issue 25's overlap diagnosis, ``benchmark/tokenweave_timeline.py``);
+* ``tokenweave_selcarve`` TokenWeave with the GEMM SM carveout only on the GEMMs that run beside the other split's
+  AllReduce (``executor.set_carveout_scope("overlap")``, :mod:`sglang.srt.tokenweave.overlap`), the others (and the
+  planner's waves of them) on every SM, so capping every GEMM (``tokenweave``) vs only the overlapped ones is one
+  run's A/B.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any, Optional
 OLDCOMM = "tokenweave_oldcomm"
 FULL = "tokenweave_full"
 OLDSPLIT = "tokenweave_oldsplit"
+SELCARVE = "tokenweave_selcarve"
 
 
 def variant_comm(variant: str, ps: Any, mc: Any, tokens: list[int], device: str, notes: set,
@@ -60,16 +65,29 @@ def old_tw_communicator(ps: Any, max_tokens: int, hidden_size: int, comm_sms: Op
                           bulk_twoshot=False)
 
 
+def tune_executor(variant: str, executor: Any) -> None:
+    """Set a TokenWeave variant's executor knobs (after the runner built it as the server would): no carveout
+    (``tokenweave_nocarve``), the legacy split planner (:data:`OLDSPLIT`), the selective carveout
+    (:data:`SELCARVE`); other variants: nothing."""
+    if variant == "tokenweave_nocarve":
+        executor.set_gemm_carveout(0)
+    elif variant == OLDSPLIT:
+        executor.set_split_skew(None)
+    elif variant == SELCARVE:
+        executor.set_carveout_scope("overlap")
+
+
 def ratio_pairs(variants: list[str]) -> list[tuple[str, str]]:
     """(numerator, denominator) variant pairs of the layer table: TokenWeave vs every baseline in the run, tdist vs
     tp, the no-carveout, old-comm, full-residual and old-split TokenWeave rows vs nccl, TokenWeave (bulk comm) vs
     TokenWeave (old comm), TokenWeave (the default sharded residual) vs the full residual and TokenWeave (balanced
-    cut) vs the old split planner."""
+    cut) vs the old split planner, and the selective-carveout row vs nccl and vs TokenWeave."""
     have = set(variants)
     pairs = [("tokenweave", b) for b in ("nccl", "nccl_symm", "custom", "nocomm") if b in have and "tokenweave" in have]
     pairs += [("tdist", "tp")] if {"tdist", "tp"} <= have else []
-    pairs += [(v, "nccl") for v in ("tokenweave_nocarve", OLDCOMM, FULL, OLDSPLIT) if {v, "nccl"} <= have]
+    pairs += [(v, "nccl") for v in ("tokenweave_nocarve", OLDCOMM, FULL, OLDSPLIT, SELCARVE) if {v, "nccl"} <= have]
     pairs += [("tokenweave", OLDCOMM)] if {"tokenweave", OLDCOMM} <= have else []
     pairs += [("tokenweave", FULL)] if {FULL, "tokenweave"} <= have else []
     pairs += [("tokenweave", OLDSPLIT)] if {OLDSPLIT, "tokenweave"} <= have else []
+    pairs += [(SELCARVE, "tokenweave")] if {SELCARVE, "tokenweave"} <= have else []
     return pairs

@@ -137,3 +137,21 @@ def test_layer_mode_full_residual_variant(tmp_path):
     assert "| tokenweave_full ms |" in header and "| tokenweave / tokenweave_full |" in header, header
     m = re.search(r"^- T=16: tokenweave ([0-9.e+-]+), tokenweave_full ([0-9.e+-]+)", check, re.M)
     assert m and float(m.group(1)) == float(m.group(2)), check
+
+
+def test_layer_mode_selcarve_variant(tmp_path):
+    """``tokenweave_selcarve`` (the GEMM SM carveout only on the GEMMs beside a comm) runs beside the default
+    TokenWeave (every GEMM capped) in the same run: its own column, the selcarve / nccl and selcarve / tokenweave
+    ratios, and eager logits equal to the default's (on CPU the carveout changes no arithmetic and both cut 16 tokens
+    at the half)."""
+    from conftest import shared_path
+
+    sys.path.insert(0, str(ROOT / "benchmark"))
+    from tokenweave_variants import SELCARVE, ratio_pairs
+
+    assert ratio_pairs(["nccl", "tokenweave", SELCARVE]) == [("tokenweave", "nccl"), (SELCARVE, "nccl"),
+                                                             (SELCARVE, "tokenweave")]
+    header, check = _tokenweave_pair_run(tmp_path, shared_path, SELCARVE)
+    assert "| tokenweave_selcarve ms |" in header and "| tokenweave_selcarve / tokenweave |" in header, header
+    m = re.search(r"^- T=16: tokenweave ([0-9.e+-]+), tokenweave_selcarve ([0-9.e+-]+)", check, re.M)
+    assert m and float(m.group(1)) == float(m.group(2)), check

@@ -25,9 +25,10 @@ from typing import Any, Optional
 import torch
 
 from sglang.srt.forward_batch_info import ForwardBatch
-from sglang.srt.layers.stages import NORM_STAGES, LayerState
+from sglang.srt.layers.stages import DENSE_STAGES, NORM_STAGES, LayerState
 from sglang.srt.model_executor.executors.split import SubBatchExecutor
 from sglang.srt.tokenweave.carveout import GemmCarveout
+from sglang.srt.tokenweave.overlap import WIDTH_GEMMS, layer_overlap, width_sms
 from sglang.srt.tokenweave.planner import DEFAULT_MAX_SKEW, GemmShape, plan_split
 
 logger = logging.getLogger(__name__)
@@ -48,7 +49,11 @@ class TokenWeaveConfig:
     is negative. ``split_skew``: how far (fraction of the batch) the planner's cut may be from the half
     (:func:`~sglang.srt.tokenweave.planner.plan_split`'s ``max_skew``; None: the unbounded legacy search, which cut
     4096 tokens 384 + 3712 on 116 SMs and left the big split's AllReduce unhidden, issue 25); raises ValueError
-    outside ``[0, 0.5]``."""
+    outside ``[0, 0.5]``. ``carveout_scope``: which GEMMs the carveout caps: ``"all"`` (every GEMM of the split
+    forward, logits included; the default until a GPU A/B shows ``"overlap"`` wins) or ``"overlap"`` (only the GEMMs
+    that run beside the other split's AllReduce in the executor's schedule,
+    :func:`~sglang.srt.tokenweave.overlap.layer_overlap`; the others and the planner's wave model of them get every
+    SM); raises ValueError for another value."""
 
     min_tokens: int = 1024
     comm_sms: Optional[int] = None
@@ -57,8 +62,10 @@ class TokenWeaveConfig:
     gemm_carveout: Optional[int] = None
     sharded_residual: bool = True
     split_skew: Optional[float] = DEFAULT_MAX_SKEW
+    carveout_scope: str = "all"
 
     def __post_init__(self) -> None:
+        _check_scope(self.carveout_scope)
         if not self.gemm_widths:
             raise ValueError("TokenWeaveConfig needs the layer's GEMM widths (layer_gemm_widths)")
         if self.gemm_carveout is not None and self.gemm_carveout < 0:
@@ -105,6 +112,15 @@ class TokenWeaveExecutor(SubBatchExecutor):
         self._final: Optional[torch.Tensor] = None  # the split forward's output [T, H] (embed_states)
         self._rows: list[tuple[int, int]] = []  # each split's rows of it
         self._checked_model: Optional[int] = None  # id() of the model check_model last accepted
+        # carveout_scope "overlap": per (id(layer), split, stage) the id()s of the GEMM modules to cap, the forward
+        # hooks that cap them, the set of the compute stage running now, whether a cap is entered
+        self._scope = config.carveout_scope
+        self._caps: dict[tuple[int, int, str], frozenset[int]] = {}
+        self._caps_model: Optional[int] = None
+        self._hooks: list[Any] = []
+        self._cap_now: frozenset[int] = frozenset()
+        self._capping = False
+        self._split_index: dict[int, int] = {}  # id(state) -> split index, set by embed_states
         self.set_gemm_carveout(min(config.carveout_sms(), config.gemm_shape.num_sms - 1))  # a small wave model
 
     def set_gemm_carveout(self, sms: int) -> None:
@@ -113,9 +129,24 @@ class TokenWeaveExecutor(SubBatchExecutor):
         shape = self.config.gemm_shape
         self._carveout = GemmCarveout(sms, shape.num_sms, self.device)
         # the planner's wave model counts only the SMs the GEMMs keep (TokenWeave sec. 3.1.1 with sec. 3.2's split
-        # of the SMs); cached plans were made for another count
-        self._plan_shape = dataclasses.replace(shape, num_sms=shape.num_sms - self._carveout.carveout)
+        # of the SMs), per GEMM when only the overlapped ones are capped; cached plans were made for another count
+        self._plan_sms: Optional[tuple[int, ...]] = None
+        if self._scope == "overlap" and len(self.config.gemm_widths) == len(WIDTH_GEMMS):
+            self._plan_shape = shape
+            self._plan_sms = width_sms(layer_overlap(DENSE_STAGES), shape.num_sms, sms)
+        else:  # "all" (or widths the dense table does not describe: all capped, the conservative model)
+            self._plan_shape = dataclasses.replace(shape, num_sms=shape.num_sms - sms)
         self._plans = {}
+
+    def set_carveout_scope(self, scope: str) -> None:
+        """Cap every GEMM of a split forward (``"all"``) or only those beside a comm (``"overlap"``), see
+        :class:`TokenWeaveConfig`; for benchmarks (issue 25's selective-carveout A/B). Re-plans splits. Raises
+        ValueError for another scope."""
+        _check_scope(scope)
+        self._scope = scope
+        if scope == "all":
+            self._remove_caps()
+        self.set_gemm_carveout(self._carveout.carveout)
 
     def set_split_skew(self, skew: Optional[float]) -> None:
         """Plan later splits with ``skew`` as the planner's ``max_skew`` (None: the unbounded legacy search); for
@@ -166,7 +197,7 @@ class TokenWeaveExecutor(SubBatchExecutor):
             return [forward_batch]
         plan = self._plans.get(n)
         if plan is None:
-            plan = plan_split(n, self.config.gemm_widths, self._plan_shape, self._split_skew)
+            plan = plan_split(n, self.config.gemm_widths, self._plan_shape, self._split_skew, self._plan_sms)
             if len(self._plans) < 65536:
                 self._plans[n] = plan
         self._log_once(n, plan)
@@ -216,9 +247,61 @@ class TokenWeaveExecutor(SubBatchExecutor):
 
     def run_layers(self, model: Any, forward_batch: ForwardBatch, subs: list[ForwardBatch], listener) -> Any:
         """The split forward (:meth:`SubBatchExecutor.run_layers`) with the GEMMs capped to the SMs the overlapped
-        communication kernel leaves free (``config.carveout_sms()``; the cap is lifted on return or error)."""
-        with self._carveout:
+        communication kernel leaves free (``config.carveout_sms()``): all of them (scope ``"all"``), or only those
+        beside a comm (``"overlap"``, :meth:`_install_caps`); the cap is lifted on return or error."""
+        if self._scope == "all":
+            with self._carveout:
+                return super().run_layers(model, forward_batch, subs, listener)
+        self._install_caps(model)
+        try:
             return super().run_layers(model, forward_batch, subs, listener)
+        finally:
+            self._cap_now = frozenset()
+            if self._capping:  # a capped GEMM raised: its forward hook did not run
+                self._capping = False
+                self._carveout.__exit__(None, None, None)
+
+    def _install_caps(self, model: Any) -> None:
+        """Scope ``"overlap"``: forward pre/post hooks on the GEMM modules :func:`layer_overlap` names for each
+        decoder layer (paths of :data:`~sglang.srt.tokenweave.overlap.STAGE_GEMMS`; a path the layer lacks is
+        skipped), entering / leaving the carveout around a GEMM when :meth:`run_stage` runs a (split, stage) that
+        lists it. Once per model; the hooks are no-ops outside those stages (unsplit forwards)."""
+        if self._caps_model == id(model):
+            return
+        self._remove_caps()
+        per_stages: dict[tuple[str, ...], frozenset] = {}
+        caps: dict[tuple[int, int, str], set[int]] = {}
+        for layer in model.decoder_layers:
+            stages = tuple(layer.stage_names())
+            ovl = per_stages.setdefault(stages, layer_overlap(stages))
+            for split, stage, path in sorted(ovl):
+                try:
+                    mod = layer.get_submodule(path)
+                except AttributeError:
+                    continue
+                caps.setdefault((id(layer), split, stage), set()).add(id(mod))
+                self._hooks += [mod.register_forward_pre_hook(self._cap_enter),
+                                mod.register_forward_hook(self._cap_exit)]
+        self._caps = {k: frozenset(v) for k, v in caps.items()}
+        self._caps_model = id(model)
+
+    def _remove_caps(self) -> None:
+        """Remove :meth:`_install_caps`'s hooks."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks, self._caps, self._caps_model = [], {}, None
+
+    def _cap_enter(self, module: Any, args: Any) -> None:
+        """Forward pre-hook: enter the carveout when ``module`` is a GEMM to cap in the stage running now."""
+        if id(module) in self._cap_now and not self._capping:
+            self._carveout.__enter__()
+            self._capping = True
+
+    def _cap_exit(self, module: Any, args: Any, output: Any) -> None:
+        """Forward hook: leave the carveout entered by :meth:`_cap_enter`."""
+        if self._capping:
+            self._capping = False
+            self._carveout.__exit__(None, None, None)
 
     def finish(self, states: list[LayerState]) -> None:
         """Nothing: the skeleton calls this before :meth:`final_hidden`, whose per-split final norms still run on
@@ -247,8 +330,14 @@ class TokenWeaveExecutor(SubBatchExecutor):
             self._on_stream(True, state, lambda overlap: self._norm_comm(layer.norm_module(stage), state, overlap,
                                                                          lambda: layer.run_stage(stage, state),
                                                                          sharded=self.config.sharded_residual))
-        else:
+        elif not self._caps:
             self._on_stream(False, state, lambda overlap: layer.run_stage(stage, state))
+        else:  # scope "overlap": the hooks cap this (split, stage)'s overlapped GEMMs
+            self._cap_now = self._caps.get((id(layer), self._split_index.get(id(state), -1), stage), frozenset())
+            try:
+                self._on_stream(False, state, lambda overlap: layer.run_stage(stage, state))
+            finally:
+                self._cap_now = frozenset()
 
     def embed_states(self, model: Any, forward_batch: ForwardBatch, subs: list[ForwardBatch]) -> list[LayerState]:
         """The splits' states from one embedding (:meth:`SubBatchExecutor.embed_states`); on CUDA also the
@@ -256,6 +345,7 @@ class TokenWeaveExecutor(SubBatchExecutor):
         this forward (so no block the compute stream still uses can be handed to it), into whose row ranges the
         per-split final norms write (:meth:`final_hidden`: no concatenation)."""
         states = super().embed_states(model, forward_batch, subs)
+        self._split_index = {id(st): i for i, st in enumerate(states)}
         self._final = None
         norm = getattr(getattr(model, "model", None), "norm", None)
         if (self.comm_stream is not None and getattr(getattr(norm, "comm", None), "supports_out", False)
@@ -359,6 +449,13 @@ def _check_skew(skew: Optional[float]) -> None:
     if skew is not None and not 0.0 <= skew <= 0.5:
         raise ValueError(f"TokenWeave split_skew={skew} must be in [0, 0.5] (fraction of the batch the cut may be "
                          "from its half) or None (unbounded)")
+
+
+def _check_scope(scope: str) -> None:
+    """Raise ValueError unless ``scope`` is a carveout scope (see :class:`TokenWeaveConfig`)."""
+    if scope not in ("all", "overlap"):
+        raise ValueError(f"TokenWeave carveout_scope={scope!r} must be 'all' (cap every GEMM of a split forward) or "
+                         "'overlap' (only the GEMMs beside a comm)")
 
 
 def _shards(comm: Any) -> bool:

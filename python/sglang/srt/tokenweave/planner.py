@@ -50,12 +50,13 @@ class GemmShape:
             raise ValueError(f"GemmShape: tile_m={self.tile_m}, tile_n={self.tile_n}, num_sms={self.num_sms} "
                              "must be positive")
 
-    def waves(self, tokens: int, width: int) -> int:
-        """Waves of a ``[tokens, K] x [K, width]`` GEMM (0 for no tokens)."""
+    def waves(self, tokens: int, width: int, num_sms: Optional[int] = None) -> int:
+        """Waves of a ``[tokens, K] x [K, width]`` GEMM (0 for no tokens) on ``num_sms`` SMs (None: ``self.num_sms``;
+        a GEMM run outside the SM carveout has more SMs than a capped one)."""
         if tokens <= 0:
             return 0
         ctas = -(-tokens // self.tile_m) * -(-width // self.tile_n)
-        return -(-ctas // self.num_sms)
+        return -(-ctas // (self.num_sms if num_sms is None else num_sms))
 
 
 @dataclass(frozen=True)
@@ -84,23 +85,31 @@ def layer_gemm_widths(hidden_size: int, num_heads: int, num_kv_heads: int, head_
     return (max(qkv, 1), hidden_size, max(2 * intermediate_size // tp_size, 1), hidden_size)
 
 
-def total_waves(shape: GemmShape, tokens: int, widths: Sequence[int]) -> int:
-    """Sum of the waves of every GEMM in ``widths`` at ``tokens`` tokens."""
-    return sum(shape.waves(tokens, w) for w in widths)
+def total_waves(shape: GemmShape, tokens: int, widths: Sequence[int], sms: Optional[Sequence[int]] = None) -> int:
+    """Sum of the waves of every GEMM in ``widths`` at ``tokens`` tokens (``sms``: each GEMM's SM count, None:
+    ``shape.num_sms`` for all)."""
+    if sms is None:
+        return sum(shape.waves(tokens, w) for w in widths)
+    return sum(shape.waves(tokens, w, n) for w, n in zip(widths, sms))
 
 
 def plan_split(tokens: int, widths: Sequence[int], shape: GemmShape = GemmShape(),
-               max_skew: Optional[float] = DEFAULT_MAX_SKEW) -> SplitPlan:
+               max_skew: Optional[float] = DEFAULT_MAX_SKEW, sms: Optional[Sequence[int]] = None) -> SplitPlan:
     """The best cut of a ``tokens``-token batch (see the module docstring).
 
     Candidates are every tile boundary and the exact half (and their neighbours), those farther than
     ``floor(max_skew * tokens)`` tokens from ``tokens / 2`` dropped (the exact half always stays): wave counts only
     change at tile boundaries, so no other cut can have fewer extra waves with a better balance than these.
-    ``max_skew=None``: no bound, ties to the smaller prefix (the legacy planner).
+    ``max_skew=None``: no bound, ties to the smaller prefix (the legacy planner). ``sms``: per GEMM of ``widths``
+    the SMs it runs on (TokenWeave's selective carveout caps only the GEMMs beside a comm; None: ``shape.num_sms``).
 
     Raises:
-        ValueError: ``tokens < 2`` (nothing to split), no GEMM widths, or ``max_skew`` outside ``[0, 0.5]``.
+        ValueError: ``tokens < 2`` (nothing to split), no GEMM widths, ``max_skew`` outside ``[0, 0.5]``, or ``sms``
+            not one positive count per width.
     """
+    if sms is not None and (len(sms) != len(widths) or min(sms, default=1) <= 0):
+        raise ValueError(f"plan_split: sms={tuple(sms)} must give one positive SM count per GEMM width "
+                         f"({len(widths)} widths)")
     if tokens < 2:
         raise ValueError(f"plan_split: {tokens} tokens cannot be split in two non-empty parts")
     if not widths:
@@ -108,7 +117,7 @@ def plan_split(tokens: int, widths: Sequence[int], shape: GemmShape = GemmShape(
     if max_skew is not None and not 0.0 <= max_skew <= 0.5:
         raise ValueError(f"plan_split: max_skew={max_skew} must be in [0, 0.5] (fraction of the batch the cut may "
                          "be from its half; None: unbounded)")
-    whole = total_waves(shape, tokens, widths)
+    whole = total_waves(shape, tokens, widths, sms)
     window = tokens if max_skew is None else int(max_skew * tokens)
     cands = set(range(shape.tile_m, tokens, shape.tile_m)) | {tokens // 2}
     cands |= {c - 1 for c in list(cands) if c > 1} | {c + 1 for c in list(cands) if c + 1 < tokens}
@@ -117,7 +126,7 @@ def plan_split(tokens: int, widths: Sequence[int], shape: GemmShape = GemmShape(
         skew = abs(2 * t1 - tokens)
         if not 1 <= t1 <= tokens - 1 or (skew > 2 * window and t1 != tokens // 2):
             continue
-        extra = total_waves(shape, t1, widths) + total_waves(shape, tokens - t1, widths) - whole
+        extra = total_waves(shape, t1, widths, sms) + total_waves(shape, tokens - t1, widths, sms) - whole
         key = (extra, skew, t1 % shape.tile_m != 0, t1 if max_skew is None else -t1)
         if best is None or key < best[0]:
             best = (key, t1, extra)
