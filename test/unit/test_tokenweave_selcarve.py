@@ -150,7 +150,7 @@ def test_executor_caps_exactly_the_overlapped_gemms(tmp_path, kind):
             handles.append(mod.register_forward_pre_hook(
                 lambda m, a, name=name: calls.append((name, rec.entered))))
     want = []
-    for i, layer in enumerate(model.decoder_layers):
+    for layer in model.decoder_layers:
         ovl = layer_overlap(tuple(layer.stage_names()))
         prefix = next(n for n, m in model.named_modules() if m is layer)
         for stage in layer.stage_names():
@@ -169,6 +169,7 @@ def test_executor_caps_exactly_the_overlapped_gemms(tmp_path, kind):
     assert not any(entered for name, entered in calls if (name, entered) not in want)
     assert rec.enters == rec.exits == sum(e for _, e in want) > 0 and not rec.entered
     assert (out.next_token_logits - ref).abs().max().item() < 2e-5
+    assert len(ex._hooks) == 2 * len({n for n, e in want if e})  # one pre/post pair per capped module
     ex.set_carveout_scope("all")
     assert not ex._hooks and not ex._caps and ex._plan_sms is None
     with pytest.raises(ValueError, match="carveout_scope='some'"):

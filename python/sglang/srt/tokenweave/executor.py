@@ -134,7 +134,8 @@ class TokenWeaveExecutor(SubBatchExecutor):
         if self._scope == "overlap" and len(self.config.gemm_widths) == len(WIDTH_GEMMS):
             self._plan_shape = shape
             self._plan_sms = width_sms(layer_overlap(DENSE_STAGES), shape.num_sms, sms)
-        else:  # "all" (or widths the dense table does not describe: all capped, the conservative model)
+        else:  # "all" (or widths the dense table does not describe: all capped, the conservative model); MoE
+            # models' widths are planned as their dense equivalent's (gemm_widths_of)
             self._plan_shape = dataclasses.replace(shape, num_sms=shape.num_sms - sms)
         self._plans = {}
 
@@ -271,6 +272,7 @@ class TokenWeaveExecutor(SubBatchExecutor):
         self._remove_caps()
         per_stages: dict[tuple[str, ...], frozenset] = {}
         caps: dict[tuple[int, int, str], set[int]] = {}
+        hooked: set[int] = set()
         for layer in model.decoder_layers:
             stages = tuple(layer.stage_names())
             ovl = per_stages.setdefault(stages, layer_overlap(stages))
@@ -280,8 +282,10 @@ class TokenWeaveExecutor(SubBatchExecutor):
                 except AttributeError:
                     continue
                 caps.setdefault((id(layer), split, stage), set()).add(id(mod))
-                self._hooks += [mod.register_forward_pre_hook(self._cap_enter),
-                                mod.register_forward_hook(self._cap_exit)]
+                if id(mod) not in hooked:  # one pair of hooks per module, whichever splits cap it
+                    hooked.add(id(mod))
+                    self._hooks += [mod.register_forward_pre_hook(self._cap_enter),
+                                    mod.register_forward_hook(self._cap_exit)]
         self._caps = {k: frozenset(v) for k, v in caps.items()}
         self._caps_model = id(model)
 

@@ -29,7 +29,7 @@ projection (~600 us), so the output and down projections run alone. ``head=None`
 
 GEMMs per stage come from :data:`STAGE_GEMMS` (the stage contract of :mod:`sglang.srt.layers.stages`, keyed by
 stage, not by model): submodule paths inside a decoder layer, in call order; paths a layer lacks are skipped.
-Pure Python: no torch.
+Pure Python over stage names: no tensors, no device.
 """
 
 from __future__ import annotations
