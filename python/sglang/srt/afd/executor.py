@@ -85,6 +85,9 @@ class AfdExecutor(StagedExecutor):
         answer (dead or gone) -- the scheduler fails the batch instead of hanging.
     """
 
+    # an FFN worker that does not answer: the attention worker fails its requests (503), frees their KV, stays up
+    recoverable_errors = (TimeoutError, ConnectionError)
+
     name = "afd"
     supports_kv_layer_listener = False
 

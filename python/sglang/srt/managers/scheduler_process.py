@@ -46,7 +46,6 @@ from sglang.srt.utils.common import configure_logger, get_tokenizer, get_zmq_soc
 
 logger = logging.getLogger(__name__)
 # what an AFD attention worker's forward raises when an FFN worker does not answer (afd/executor.py: dead or gone)
-AFD_PEER_ERRORS = (TimeoutError, ConnectionError)
 
 STATS_INTERVAL_S = 1.0
 IDLE_POLL_MS = 500
@@ -134,10 +133,11 @@ class SchedulerProcess:
         KV (``Scheduler.fail_all``); the worker stays up (``/get_server_info`` shows the freed pool) while the launcher
         reports the dead worker (``/health`` 503, new requests 503). Any other error propagates (the worker exits)."""
         s = self.scheduler
+        recoverable = getattr(getattr(s.runner, "executor", None), "recoverable_errors", ())
         try:
             return s.step()
-        except AFD_PEER_ERRORS as e:
-            if not getattr(s.args, "enable_afd", False):
+        except Exception as e:
+            if not recoverable or not isinstance(e, recoverable):
                 raise
             logger.error("a forward failed, an FFN worker did not answer (%s: %s): failing every request of this "
                          "attention worker and freeing its KV", type(e).__name__, e)

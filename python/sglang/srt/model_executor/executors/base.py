@@ -76,6 +76,9 @@ class ModelExecutor(ABC):
 
     name = "abstract"
     supports_kv_layer_listener = False  # executors that call a KVLayerListener set this True
+    # errors of ``run`` after which the worker survives: the scheduler fails every request it holds and frees
+    # their KV instead of exiting (a remote peer, e.g. an AFD FFN worker, is gone); empty: every error ends it
+    recoverable_errors: tuple = ()
     kv_layer_listener: Optional[KVLayerListener] = None
 
     def set_kv_layer_listener(self, listener: Optional[KVLayerListener]) -> None:
