@@ -28,7 +28,9 @@ import argparse
 import csv
 import sys
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
+from typing import Optional, Sequence
+
+from profile_intervals import intersect, length, union  # noqa: F401 (re-exported for callers of this module)
 
 KINDS = (("twoshot", "comm"), ("nccl", "comm"), ("allreduce", "comm"), ("nvjet", "GEMM"), ("gemm", "GEMM"),
          ("cutlass", "GEMM"), ("_extend", "attention"), ("flash", "attention"), ("attn", "attention"),
@@ -73,36 +75,6 @@ def load(path: str) -> list[Kernel]:
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: a row does not parse ({e})") from e
     return sorted(ks, key=lambda k: (k.start, k.stream))
-
-
-def union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
-    """Merged, sorted, non-overlapping intervals covering ``intervals``."""
-    out: list[list[float]] = []
-    for a, b in sorted(intervals):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return [(a, b) for a, b in out]
-
-
-def length(intervals: Sequence[tuple[float, float]]) -> float:
-    """Total length of disjoint intervals."""
-    return sum(b - a for a, b in intervals)
-
-
-def intersect(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]) -> float:
-    """Length of the intersection of two disjoint, sorted interval lists."""
-    i = j = 0
-    tot = 0.0
-    while i < len(a) and j < len(b):
-        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        tot += max(0.0, hi - lo)
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return tot
 
 
 @dataclass(frozen=True)
