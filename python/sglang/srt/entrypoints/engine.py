@@ -112,7 +112,8 @@ class Engine:
     async def _make_tokenizer_manager(self):
         from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
-        tm = TokenizerManager(self.server_args, self._procs.port_args or self.port_args, self._procs.scheduler_info)
+        tm = TokenizerManager(self.server_args, self._procs.port_args or self.port_args, self._procs.scheduler_info,
+                              inbox=self._procs.take_tokenizer_inbox())
         tm.start()
         return tm
 

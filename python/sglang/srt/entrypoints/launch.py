@@ -67,7 +67,9 @@ class Subprocesses:
     is rank 0 of group 0); ``specs``: their :class:`~sglang.srt.deployment.plan.WorkerSpec` s, same order;
     ``detokenizer`` is None on nodes other than 0. ``failure`` is set by :meth:`watch` when a child died while
     serving. ``port_args``: the front end's endpoints when they differ from the caller's (several scheduler groups,
-    or ``--use-ray``'s endpoints on the nodes Ray chose).
+    or ``--use-ray``'s endpoints on the nodes Ray chose). ``tokenizer_inbox``: ``(zmq.asyncio.Context, PULL socket)``
+    already bound on ``port_args.tokenizer_ipc`` when the launcher had to bind it before the workers started (Ray);
+    the TokenizerManager takes it with :meth:`take_tokenizer_inbox`, else :meth:`shutdown` closes it.
     """
 
     workers: list
@@ -77,6 +79,7 @@ class Subprocesses:
     failure: Optional[str] = None
     port_args: Any = None
     launcher: Any = None  # keeps the children's liveness pipe open for the server's lifetime
+    tokenizer_inbox: Any = None
     _closing: threading.Event = field(default_factory=threading.Event)
     _shut_down: bool = False
 
@@ -94,6 +97,12 @@ class Subprocesses:
     def tp_ranks(self) -> list:
         """The scheduler workers' TP ranks, in plan order."""
         return [s.rank for s in self.specs if s.is_scheduler]
+
+    def take_tokenizer_inbox(self) -> Optional[tuple]:
+        """The pre-bound ``(context, socket)`` of the TokenizerManager (None when it binds its own); the caller owns
+        it from now on."""
+        inbox, self.tokenizer_inbox = self.tokenizer_inbox, None
+        return inbox
 
     def children(self) -> list:
         """Every child process: the workers, then the detokenizer when present."""
@@ -118,6 +127,9 @@ class Subprocesses:
                 p.join(1.0)
         if self.launcher is not None:
             self.launcher.close()
+        if (inbox := self.take_tokenizer_inbox()) is not None:
+            inbox[1].close(linger=0)
+            inbox[0].term()
 
     def dead_child(self) -> Optional[str]:
         """A message naming the first child that exited, or None while all live."""
@@ -342,7 +354,8 @@ def launch_server(server_args: ServerArgs) -> None:
         if server_args.node_rank != 0:
             _serve_worker_node(server_args, procs)
         else:
-            tm = TokenizerManager(server_args, procs.port_args or port_args, procs.scheduler_info)
+            tm = TokenizerManager(server_args, procs.port_args or port_args, procs.scheduler_info,
+                                  inbox=procs.take_tokenizer_inbox())
             app = create_app(tm, server_args)
 
             def on_child_death() -> None:

@@ -72,13 +72,16 @@ class TokenizerManager(TokenizerControlMixin, TokenizerTextMixin):
             ``max_req_input_len`` (ints) reported by the scheduler at startup.
         disconnect_poll_s: how often (s) a waiting request checks whether its client left.
         control_timeout_s: how long (s) flush_cache/get_internal_state wait for the scheduler.
+        inbox: ``(zmq.asyncio.Context, PULL socket)`` already bound on ``port_args.tokenizer_ipc`` by the launcher
+            (``--use-ray`` binds it before any worker starts); owned and closed by this manager. None: bind here.
 
     Raises:
         ValueError: the tokenizer cannot be loaded, or ``scheduler_info`` lacks a key.
     """
 
     def __init__(self, server_args, port_args, scheduler_info: dict, *,
-                 disconnect_poll_s: float = 1.0, control_timeout_s: float = 30.0) -> None:
+                 disconnect_poll_s: float = 1.0, control_timeout_s: float = 30.0,
+                 inbox: Optional[tuple] = None) -> None:
         for key in ("context_len", "max_total_tokens", "vocab_size", "max_req_input_len"):
             if key not in scheduler_info:
                 raise ValueError(f"scheduler_info lacks {key!r}; the scheduler must report it at startup")
@@ -112,9 +115,12 @@ class TokenizerManager(TokenizerControlMixin, TokenizerTextMixin):
             self.metrics = MetricsCollector(self.model_name)
         self.last_scheduler_stats: Optional[SchedulerStats] = None
 
-        self._recv_ctx = zmq.asyncio.Context()
+        if inbox is not None:
+            self._recv_ctx, self._recv_sock = inbox
+        else:
+            self._recv_ctx = zmq.asyncio.Context()
+            self._recv_sock = get_zmq_socket(self._recv_ctx, zmq.PULL, port_args.tokenizer_ipc, bind=True)
         self._send_ctx = zmq.Context()
-        self._recv_sock = get_zmq_socket(self._recv_ctx, zmq.PULL, port_args.tokenizer_ipc, bind=True)
         self._send_sock = get_zmq_socket(self._send_ctx, zmq.PUSH, port_args.scheduler_input_ipc, bind=False)
         # data-parallel schedulers (AFD attention workers): a request goes to one, round robin; its aborts follow it
         self._dp_socks = [get_zmq_socket(self._send_ctx, zmq.PUSH, a, bind=False)

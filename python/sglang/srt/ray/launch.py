@@ -21,6 +21,8 @@ import logging
 import time
 
 import ray
+import zmq
+import zmq.asyncio
 from ray.exceptions import RayActorError, RayError
 
 from sglang.srt.deployment.plan import DeploymentPlan, WorkerRole, WorkerSpec, Wiring
@@ -29,6 +31,7 @@ from sglang.srt.entrypoints.worker_launcher import detokenizer_spec, process_spe
 from sglang.srt.ray.launcher import READY_CHANNEL, ActorRequest, RayLauncher
 from sglang.srt.ray.placement import RoleGroup, plan_placement
 from sglang.srt.server_args import PortArgs, ServerArgs
+from sglang.srt.utils.common import bind_zmq_tcp
 
 logger = logging.getLogger(__name__)
 
@@ -95,14 +98,12 @@ def _n_ports(w: WorkerSpec) -> int:
     return 1 if not w.is_scheduler else (3 if w.rank == 0 else 0)
 
 
-def _bind(plan: DeploymentPlan, args: ServerArgs, infos: list, detok: dict) -> tuple[list, PortArgs]:
-    """Wire every worker with the addresses its actors reported (``infos``, plan order) and the detokenizer's."""
-    from sglang.srt.utils.common import free_tcp_ports
-
+def _bind(plan: DeploymentPlan, args: ServerArgs, infos: list, detok: dict, inbox: str) -> tuple[list, PortArgs]:
+    """Wire every worker with the addresses its actors reported (``infos``, plan order), the detokenizer's and the
+    TokenizerManager's ``inbox`` (already bound here)."""
     lead = {w.group: i for w, i in zip(plan.workers, infos) if w.is_scheduler and w.rank == 0}
     inputs = {g: f"tcp://{i['ip']}:{i['ports'][0]}" for g, i in lead.items()}
-    driver_ip = ray.util.get_node_ip_address()
-    port_args = PortArgs(tokenizer_ipc=f"tcp://{driver_ip}:{free_tcp_ports(1, driver_ip)[0]}",
+    port_args = PortArgs(tokenizer_ipc=inbox,
                          scheduler_input_ipc=inputs[0], detokenizer_ipc=f"tcp://{detok['ip']}:{detok['ports'][0]}",
                          dp_scheduler_inputs=tuple(inputs.values()) if len(inputs) > 1 else ())
     topo = None
@@ -135,10 +136,19 @@ def _launch(plan: DeploymentPlan, server_args: ServerArgs, launcher: RayLauncher
     *infos, detok_info = launcher.create_actors(
         [ActorRequest(*slot_of(w), w.name, dict(w.resources), n_ports=_n_ports(w)) for w in plan.workers]
         + [ActorRequest("detokenizer", 0, "sglang::detokenizer", {"CPU": 1.0}, n_ports=1)])
-    bound, port_args = _bind(plan, server_args, infos, detok_info)
-    handles = [launcher.launch(process_spec(w, READY_CHANNEL, slot=slot_of(w))) for w in bound]
-    detok = launcher.launch(detokenizer_spec(server_args, port_args))
-    procs = Subprocesses(handles, bound, detok, {}, launcher=launcher, port_args=port_args)
+    # the TokenizerManager's inbox is bound before any worker starts: a port only probed here could be taken by the
+    # time the front end binds it, after every worker is up
+    ctx = zmq.asyncio.Context()
+    sock, inbox = bind_zmq_tcp(ctx, zmq.PULL, ray.util.get_node_ip_address())
+    try:
+        bound, port_args = _bind(plan, server_args, infos, detok_info, inbox)
+        handles = [launcher.launch(process_spec(w, READY_CHANNEL, slot=slot_of(w))) for w in bound]
+        detok = launcher.launch(detokenizer_spec(server_args, port_args))
+    except BaseException:
+        sock.close(linger=0)
+        ctx.term()
+        raise
+    procs = Subprocesses(handles, bound, detok, {}, launcher=launcher, port_args=port_args, tokenizer_inbox=(ctx, sock))
     info = _wait_ready(launcher, handles, STARTUP_TIMEOUT_S)
     if info.get("status") == "ready" and bound[0].role is WorkerRole.PREFILL:
         info["disaggregation_bootstrap_host"] = infos[0]["ip"]  # the bootstrap server runs in rank 0's actor

@@ -39,20 +39,67 @@ def get_zmq_socket(context: zmq.Context, socket_type: int, endpoint: str, bind: 
     return sock
 
 
-def free_tcp_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct TCP ports that were free on ``host`` a moment ago (bound together, then released)."""
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for automatically assigned ports (``connect()`` and ``bind(port 0)``), Linux default
+    32768-60999."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(x) for x in f.read().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_tcp_ports(n: int, host: str = "127.0.0.1", low: int = 20000) -> list[int]:
+    """``n`` distinct TCP ports that were free on ``host`` a moment ago (bound together, then released).
+
+    The ports come from ``low`` up to just below the kernel's ephemeral range (20000-32767 by default; above Ray's
+    worker ports 10002-19999), where no ``connect()`` and no ``bind(0)`` of another process can take them while our
+    process that is to bind them starts. A port picked at random is tried up to 64 times per port before falling back
+    to a kernel-assigned one.
+    """
+    import random
     import socket
 
+    lo_eph, _ = _ephemeral_range()
+    high = lo_eph - 1 if lo_eph - 1 > low + 1000 else None
     socks = []
     try:
-        for _ in range(n):
+        while len(socks) < n:
             s = socket.socket()
-            s.bind((host, 0))
+            for _ in range(64 if high else 0):
+                try:
+                    s.bind((host, random.randint(low, high)))
+                    break
+                except OSError:
+                    continue
+            else:
+                s.bind((host, 0))
             socks.append(s)
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
             s.close()
+
+
+def bind_zmq_tcp(context: zmq.Context, socket_type: int, host: str) -> tuple[zmq.Socket, str]:
+    """A ZMQ socket bound now to a free TCP port on ``host``, and its endpoint ``tcp://host:port``.
+
+    For an endpoint that other processes connect to later (the TokenizerManager's inbox under ``--use-ray``): binding
+    before they start leaves no window in which another process can take the port (a port probed and released
+    earlier can be taken by then: ``zmq.error.ZMQError: Address already in use``). Same socket options as
+    :func:`get_zmq_socket`.
+    """
+    sock = context.socket(socket_type)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.setsockopt(zmq.LINGER, 0)
+    port = free_tcp_ports(1, host)[0]
+    try:
+        sock.bind(f"tcp://{host}:{port}")
+    except zmq.ZMQError:  # taken in between: let the kernel pick one
+        port = sock.bind_to_random_port(f"tcp://{host}")
+    return sock, f"tcp://{host}:{port}"
 
 
 def get_tokenizer(path: str, trust_remote_code: bool = False):
