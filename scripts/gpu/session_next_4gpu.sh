@@ -101,7 +101,7 @@ b)
   ;;
 c)
   steps afd_graph 185 120 'bash scripts/gpu/issue24_afd_graph_2gpu.sh $B'
-  steps fuse 215 150 'CUDA_VISIBLE_DEVICES=0 ISSUE27_BUDGET_S=$B bash scripts/gpu/issue27_fuse_1gpu.sh'
+  steps fuse 200 150 'CUDA_VISIBLE_DEVICES=0 ISSUE27_BUDGET_S=$B bash scripts/gpu/issue27_fuse_1gpu.sh'
   steps w4 115 60 'bash scripts/gpu/issue26_4gpu.sh $B'
   ;;
 d)
