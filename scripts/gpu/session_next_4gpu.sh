@@ -9,16 +9,17 @@
 #   c  issue 24 item 5: graphed AFD Ta / Tf / Tc (issue24_afd_graph_2gpu.sh); issue 27 fuse A/B on one GPU
 #      (issue27_fuse_1gpu.sh, CUDA_VISIBLE_DEVICES=0, the other GPUs idle); issue 26 world 4 (issue26_4gpu.sh)
 #   d  (only if device time is left) issue 25 e2e with the sharded-residual default (issue25_e2e_4gpu.sh)
+#   t  a CPU self-test of this script (two steps side by side, one cut by its limit, one not run, packing)
 # Benchmark steps run alone on the host; only the GPU-disjoint correctness tests of group a run side by side.
 # Every step: its own folder (the sub-script's OUT), a limit cut to the group's wall time left (a step that would
 # get less than its minimum is not run), GPUs idle before the next step. After EVERY step the group's folder is
-# packed into $OUT/<group>.tgz (one file: what a call brings back; files > 4 MiB travel as their last 4000 lines),
+# packed into $OUT/<group>.tgz (one file: what a call brings back; files > 4 MiB travel as their last 4000 lines, at most 2 MB),
 # so a call cut by its limit still returns what finished.
 # Usage (repo root, carry .whl and .sd): bash scripts/gpu/session_next_4gpu.sh a|b|c|d
 # SESSION_WALL_S (default 560): the group's wall budget. DRY_RUN=1: print each step's command and limit, run nothing.
 set -uo pipefail
 g="${1:-}"
-case "$g" in a|b|c|d) ;; *) echo "usage: bash scripts/gpu/session_next_4gpu.sh a|b|c|d"; exit 2 ;; esac
+case "$g" in a|b|c|d|t) ;; *) echo "usage: bash scripts/gpu/session_next_4gpu.sh a|b|c|d (t: CPU self-test)"; exit 2 ;; esac
 . "$(dirname "$0")/device_preamble.sh"
 final="${OUT:-/tmp/session_next_out}"; mkdir -p "$final"
 wall="${SESSION_WALL_S:-560}"; dry="${DRY_RUN:-}"; t0=$SECONDS
@@ -32,7 +33,7 @@ pack() {  # $final/$g.tgz from $work (written beside, then renamed: a cut call n
   local tails="$work/_tails" f tmp="$base/$g.tgz.tmp"
   rm -rf "$tails"; mkdir -p "$tails"
   find "$work" -type f -size +4M ! -path "$tails/*" > "$base/$g.big" 2>/dev/null
-  while read -r f; do tail -n 4000 "$f" > "$tails/$(echo "${f#"$work"/}" | tr '/' '_').tail"; done < "$base/$g.big"
+  while read -r f; do tail -n 4000 "$f" | tail -c 2000000 > "$tails/$(echo "${f#"$work"/}" | tr '/' '_').tail"; done < "$base/$g.big"
   sed "s|^$base/||" "$base/$g.big" > "$base/$g.excl"
   tar czf "$tmp" -C "$base" -X "$base/$g.excl" "$g" 2>/dev/null
   if [ "$(stat -c %s "$tmp" 2>/dev/null || echo 0)" -gt $(( 15 * 1024 * 1024 )) ]; then  # the 16 MiB file limit
@@ -106,6 +107,11 @@ c)
   ;;
 d)
   steps e2e 360 200 'ISSUE25_E2E_SKIP_STRESS=1 bash scripts/gpu/issue25_e2e_4gpu.sh $B'
+  ;;
+t)
+  steps t_ok 20 5 'echo "B=$B OUT=$OUT"; head -c 5000000 /dev/zero | tr "\\0" x > "$OUT/big.log"; echo done' \
+        t_cut 8 5 'sleep 30'
+  steps t_skip 100000 100000 'echo never'
   ;;
 esac
 
