@@ -28,6 +28,7 @@ run() {  # run NAME TIMEOUT_S CMD... : log to $out/NAME.log, record exit status 
   local t0=$SECONDS
   timeout -k 3 "$t" "$@" > "$out/$name.log" 2>&1; local rc=$?
   status[$name]="$([ $rc -eq 0 ] && echo ok || echo "FAILED rc=$rc") in $(( SECONDS - t0 )) s"
+  echo "${status[$name]}" > "$out/$name.status"  # a run in the background (&) sets status only in its subshell
   grep -E "^\||CHECK|Error|error" "$out/$name.log" | tail -n 16
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -2
@@ -40,6 +41,7 @@ pid=$!
 run check 45 "$PY" benchmark/bench_afd_graph.py --check --micro-batches 1 2 --batch 4 --input-len 6 --steps 6 \
   --timeout 30 --md-out "$out/check.md"
 wait $pid
+status[colo_qwen3]=$(cat "$out/colo_qwen3.status" 2>/dev/null || echo "no status (see colo_qwen3.log)")
 run check_ll 45 "$PY" benchmark/bench_afd_graph.py --check --micro-batches 1 2 --batch 4 --input-len 6 --steps 6 \
   --timeout 30 --transport cuda_push_ll --md-out "$out/check_ll.md"
 

@@ -22,7 +22,9 @@
 #   3. if time is left: P in push mode (layerwise) with the same workload.
 # Summary: $OUT/issue24_pd.md. Usage (repo root; data at ../shared/data or carried as .sd):
 #   bash scripts/gpu/issue24_pd_2gpu.sh [budget_s=420]
-# ISSUE24_PD_KILL_ONLY=1: step 1b alone, limit = the budget (300 is plenty); ISSUE24_PD_SKIP_KILL=1: without step 1b
+# ISSUE24_PD_KILL_ONLY=1: step 1b alone, limit = the budget (300 is plenty); ISSUE24_PD_SKIP_KILL=1: without step 1b;
+# ISSUE24_PD_KILL_MODE=pull|push: step 1b for that mode only (two instances side by side on GPUs 0,1 and 2,3 via
+# CUDA_VISIBLE_DEVICES, each with its own OUT)
 # CPU dry run of the same logic (fake backend, stories260K, tiny workload): ISSUE24_PD_CPU=1 bash <this> 600
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"
@@ -92,13 +94,16 @@ fi
 if [ -z "${ISSUE24_PD_SKIP_KILL:-}" ]; then
   tk=${ISSUE24_PD_KILL_S:-180}; [ -n "${ISSUE24_PD_KILL_ONLY:-}" ] && tk=${ISSUE24_PD_KILL_S:-$(( $(left) - 5 ))}
   [ "$tk" -gt $(( $(left) - 5 )) ] && tk=$(( $(left) - 5 ))
-  step f_decode_kill "$tk" "${pt[@]}" test/integration/test_pd_faults.py::test_decode_killed_mid_transfer
+  kn=test/integration/test_pd_faults.py::test_decode_killed_mid_transfer
+  case "${ISSUE24_PD_KILL_MODE:-}" in pull|push) kn="$kn[$ISSUE24_PD_KILL_MODE]" ;; "") ;;
+    *) echo "ISSUE24_PD_KILL_MODE=$ISSUE24_PD_KILL_MODE: use pull, push or leave it unset (both)"; exit 2 ;; esac
+  step f_decode_kill "$tk" "${pt[@]}" "$kn"
   grep -h -E "\[pd-fault\]|passed|failed" "$out/f_decode_kill.log" | tail -4
 fi
 unset SGLANG_PD_TEST_SPLIT_GPUS
 [ -n "${ISSUE24_PD_KILL_ONLY:-}" ] && budget=0  # steps 2 and 3 are skipped (no time left)
 
-for _ in $(seq 1 15); do  # the test servers' GPU memory is back before the measurement (at most 15 s)
+[ -n "${ISSUE24_PD_KILL_ONLY:-}" ] || for _ in $(seq 1 15); do  # the test servers' GPU memory is back before the measurement (at most 15 s)
   [ "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | wc -l)" -eq 0 ] && break; sleep 1
 done
 # ---- 2. measurement: P (pull) first, then (b) and (a) on one pair of replicas ----

@@ -16,6 +16,8 @@
 #      GPUs 2, 3 behind mini_lb), side by side (same card model, other two GPUs of the host).
 # Tables: $OUT/issue24_pd4_*.md; summary at the end. Usage (repo root; data at ../shared/data or carried as .sd):
 #   bash scripts/gpu/issue24_pd_4gpu.sh [budget_s=220]
+# ISSUE24_PD4_SKIP_EQ=1: no step 1; ISSUE24_PD4_EQ="e_tp12": only the named equality tests of step 1 (default both);
+# ISSUE24_PD4_ORDER="tp12 2p1d": the rows of steps 2-3; ISSUE24_PD4_SKIP_SG=1: no step 4 (its agg2 sits on other GPUs).
 # CPU dry run of the logic (fake backend, stories260K, tiny workload): ISSUE24_PD_CPU=1 bash <this> 900
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"
@@ -68,10 +70,11 @@ eq() {  # eq NAME CAP_S PYTEST_ARGS... (env set by the caller)
     echo "==== $f"; tail -25 "$f"; done > "$out/$name.servers.log"
 }
 export SGLANG_PD_TEST_DEVICE=$dev SGLANG_PD_TEST_BACKEND=$backend
+eqs=" ${ISSUE24_PD4_EQ:-e_tp12 e_2p1d} "
 if [ -z "${ISSUE24_PD4_SKIP_EQ:-}" ]; then  # ISSUE24_PD4_SKIP_EQ=1: benches only
-  SGLANG_PD_TEST_SPLIT_GPUS=1 eq e_tp12 "$eq_tp12" \
+  [[ $eqs == *" e_tp12 "* ]] && SGLANG_PD_TEST_SPLIT_GPUS=1 eq e_tp12 "$eq_tp12" \
     "test/integration/test_pd_hetero_tp.py::test_hetero_tp_and_page_size[tp1p1-to-tp2p16-pull]"
-  SGLANG_PD_TEST_SPLIT_GPUS=1 SGLANG_PD_TEST_PREFILL_GPUS=0,2 eq e_2p1d "$eq_2p1d" \
+  [[ $eqs == *" e_2p1d "* ]] && SGLANG_PD_TEST_SPLIT_GPUS=1 SGLANG_PD_TEST_PREFILL_GPUS=0,2 eq e_2p1d "$eq_2p1d" \
     test/integration/test_pd_two_prefill.py
 fi
 
@@ -127,7 +130,7 @@ for row in ${ISSUE24_PD4_ORDER:-tp12 2p1d}; do
     > "$out/issue24_pd4_$row.md" 2>&1
 done
 # ---- 4. ShareGPT on 2 GPUs (pd) beside its agg2 baseline (GPUs 2, 3), if time is left ----
-t=$(( $(left) - 8 ))
+t=$(( $(left) - 8 )); [ -n "${ISSUE24_PD4_SKIP_SG:-}" ] && t=0
 if [ "$t" -ge 60 ]; then
   sg=(--dataset sharegpt --num-prompts "$n_main" --output-len "$ol" --startup-timeout $(( t - 20 )))
   bg m_sg_pd "$t" "${bench[@]}" "${sg[@]}" --setups pd --prefill-extra "$(gpu 0)" --decode-extra "$(gpu 1)" \
