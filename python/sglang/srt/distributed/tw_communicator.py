@@ -18,6 +18,10 @@ residual are stale afterwards. A caller may pass it only when every call on that
 AllReduce + add + RMSNorm is the residual's only consumer) with the same row count T, so each call's owned rows are
 the previous call's; every backend then honours it (one-shot / Lamport picks become the two-shot kernel, the NCCL
 fallback and the CPU path reduce to the owner and gather the normed rows only).
+
+A ``--enable-tokenweave`` worker (``--comm-backend auto``) runs :class:`TokenWeaveCommunicator`: this communicator for
+the split halves only, the plain server's communicator for every other call (issue 25: unsplit forwards are never
+slower than without TokenWeave).
 """
 
 from __future__ import annotations
