@@ -12,6 +12,8 @@ Usage (repo root)::
     python test/gpu/tw_comm_stress_gpus.py --world 4 --calls 100000 --tokens 16
     compute-sanitizer --tool racecheck --target-processes all python test/gpu/tw_comm_stress_gpus.py \\
         --world 2 --calls 8 --check-every 4
+    python test/gpu/tw_comm_stress_gpus.py --world 2 --calls 20000 --variants p2p_twoshot_bulk \\
+        p2p_twoshot_sharded p2p_twoshot_pipe_sharded p2p_twoshot_bulk_sharded   # bulk + sharded-residual calls
 """
 
 from __future__ import annotations
@@ -25,7 +27,22 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE)]
 
-VARIANTS = ("p2p_lamport", "p2p_oneshot", "p2p_twoshot", "p2p_twoshot_pipe", "ce")
+# A variant is a tw-comm backend, or ``<backend>_sharded``: the same backend with the residual sharded (TokenWeave's
+# split calls: each rank updates only its ``owned_range`` rows of the residual, the normed rows are gathered whole).
+# Only the two-shot family and CE have a sharded form (one-shot and Lamport read every residual row).
+SHARDED = "_sharded"
+VARIANTS = ("p2p_lamport", "p2p_oneshot", "p2p_twoshot", "p2p_twoshot_pipe", "ce", "p2p_twoshot_bulk",
+            "p2p_twoshot" + SHARDED, "p2p_twoshot_pipe" + SHARDED, "p2p_twoshot_bulk" + SHARDED, "ce" + SHARDED)
+DEFAULT_VARIANTS = VARIANTS[:4]  # the 100,000-call default (CE is 3-5x slower; bulk needs sm_90+)
+
+
+def variant_call(name: str) -> tuple[str, bool]:
+    """``(backend value, residual_sharded)`` of a :data:`VARIANTS` name, e.g. ``"p2p_twoshot_bulk_sharded"`` ->
+    ``("p2p_twoshot_bulk", True)``. Raises ValueError for a name outside :data:`VARIANTS`."""
+    if name not in VARIANTS:
+        raise ValueError(f"tw-comm stress variant {name!r} is unknown; use one of {', '.join(VARIANTS)}")
+    sharded = name.endswith(SHARDED)
+    return (name[:-len(SHARDED)] if sharded else name), sharded
 
 
 def _rank(rank: int, a: argparse.Namespace, init_file: str, progress: str) -> None:
@@ -40,20 +57,21 @@ def _rank(rank: int, a: argparse.Namespace, init_file: str, progress: str) -> No
     dev = torch.device("cuda", rank)
     dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=a.world, device_id=dev)
     ws = TwCommWorkspace(None, dev, TwCommConfig(max_bytes=max(1 << 22, a.tokens * a.hidden * 2)))
-    backends = [TwBackend(v) for v in a.variants]
+    calls = [(TwBackend(b), sh) for b, sh in map(variant_call, a.variants)]
     try:
         x, r, w = h._inputs(7, rank, a.tokens, a.hidden, torch.bfloat16, dev)
         out = torch.empty_like(x)
         r.mul_(0.0)  # the residual accumulates over the calls; keep it bounded
         t0, seed = time.time(), 10
         for it in range(a.calls):
-            allreduce_rmsnorm(ws, x, r, w, h.EPS, out=out, backend=backends[it % len(backends)], max_sms=a.sms)
+            backend, sharded = calls[it % len(calls)]
+            allreduce_rmsnorm(ws, x, r, w, h.EPS, out=out, backend=backend, max_sms=a.sms, residual_sharded=sharded)
             last = it + 1 == a.calls
             if (it + 1) % a.check_every == 0 or last:
                 torch.cuda.synchronize()
-                for b in backends:
+                for b, sh in calls:  # sharded: owned residual rows vs the reference, foreign rows untouched
                     seed += 1
-                    h._check_consistent(h._check_variant(ws, b, a.tokens, a.hidden, torch.bfloat16, seed, a.sms))
+                    h._check_consistent(h._check_variant(ws, b, a.tokens, a.hidden, torch.bfloat16, seed, a.sms, sh))
                 r.zero_()
                 if rank == 0:
                     line = f"{it + 1} calls ok after {time.time() - t0:.1f}s"
@@ -76,7 +94,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--calls", type=int, default=100000)
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--hidden", type=int, default=8192)
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS[:4]), choices=VARIANTS)
+    p.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS), choices=VARIANTS,
+                   help="backends cycled call by call; <backend>_sharded: with the residual sharded")
     p.add_argument("--sms", type=int, default=16, help="thread blocks per call (1..256)")
     p.add_argument("--check-every", type=int, default=20000)
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before the ranks are killed (exit 2)")

@@ -2,8 +2,9 @@
 and its MoE twin, for long single prompts and batches whose prefill straddles the split (min tokens 8, so
 every prefill and mixed step is split), with chunked prefill and a cached prefix, at TP 2 and 4 on both models with
 the default sharded residual, and at TP 2 with ``--tokenweave-full-residual``.
-The server's log shows tw-comm's communicator chosen by default and each batch size's split decision logged
-once per rank (decode batches: unsplit)."""
+The server's log shows tw-comm's communicator chosen by default for the split halves, the plain (gloo) communicator
+for unsplit forwards (issue 25), and each batch size's split decision logged once per rank (decode batches:
+unsplit)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,8 @@ def test_tokenweave_greedy_equals_tp1(name, tp, full):
         assert not repeated, f"(rank, batch size, decision) logged more than once: {repeated}"
         assert log.count("[TokenWeave]") == tp and log.count(f"TwCommunicator(world_size={tp}") == tp, \
             "tw-comm's communicator is the default with --enable-tokenweave (logged per rank)"
+        assert log.count("TokenWeaveCommunicator(unsplit forwards: TorchCommunicator(backend=gloo") == tp, \
+            "unsplit forwards (decode) run the plain server's communicator, split halves tw-comm's (logged per rank)"
         mode = "full" if full else "sharded"
         assert log.count(f"residual {mode}") == tp, f"the executor's residual mode ({mode}), per rank"
         info = requests.get(s.url + "/get_server_info", timeout=30).json()

@@ -1,6 +1,7 @@
 """TokenWeave flags on every CLI, and which TP communicator a TokenWeave rank gets on gloo TP 2 (CPU):
-``--enable-tokenweave`` makes tw-comm's communicator the default (``--comm-backend auto`` or ``tw``) in the
-server AND in ``bench_one_batch``; an explicit ``--comm-backend torch`` wins; when tw-comm cannot be built the
+``--enable-tokenweave`` makes tw-comm's communicator the default for split halves (``--comm-backend auto``: composed
+with the plain server's communicator for unsplit calls; ``tw``: tw-comm for every call) in the server AND in
+``bench_one_batch``; an explicit ``--comm-backend torch`` wins; when tw-comm cannot be built the
 rank falls back to NCCL/gloo and says so; ``--tokenweave-comm-sms`` reaches the communicator (its SM budget
 for overlapped calls)."""
 
@@ -45,7 +46,8 @@ def _rank_select(ps) -> dict:
            "off_auto": kind(build_communicator(ps, off)),
            "bench_on": kind(bob.bench_communicator(ps, on, bob.BenchArgs())),
            "bench_off": kind(bob.bench_communicator(ps, off, bob.BenchArgs())),
-           "sms": build_communicator(ps, on).comm_sms}
+           "sms": build_communicator(ps, on).comm_sms,
+           "on_auto_plain": kind(build_communicator(ps, on).plain)}
     out["ok_log"] = "\n".join(handler.lines)
     handler.lines.clear()
     real_init = twc.TwCommunicator.__init__
@@ -66,11 +68,14 @@ def _rank_select(ps) -> dict:
 
 def test_tokenweave_communicator_choice_tp2():
     for rank, got in enumerate(spawn_ranks(_rank_select, 2, timeout=120)):
-        assert (got["on_auto"], got["on_tw"], got["bench_on"]) == ("TwCommunicator",) * 3, (rank, got)
+        # auto: unsplit calls on the plain server's communicator, split halves on tw-comm's (issue 25); tw: tw-comm only
+        assert (got["on_auto"], got["bench_on"], got["on_tw"]) == ("TokenWeaveCommunicator",) * 2 + ("TwCommunicator",)
+        assert got["on_auto_plain"] == got["off_auto"] == "TorchCommunicator", (rank, got)
         assert got["sms"] == 24
         assert (got["on_torch"], got["off_auto"], got["bench_off"]) == ("TorchCommunicator",) * 3, (rank, got)
         assert (got["on_fallback"], got["bench_fallback"]) == ("TorchCommunicator",) * 2, (rank, got)
         assert "[TokenWeave]" in got["ok_log"] and "TwCommunicator(world_size=2" in got["ok_log"], got["ok_log"]
+        assert "TokenWeaveCommunicator(unsplit forwards: TorchCommunicator(backend=gloo" in got["ok_log"], got["ok_log"]
         assert got["fallback_log"].count("tw-comm is unavailable (tw-comm ops not built (test)); falling back") == 2, \
             got["fallback_log"]
 

@@ -17,7 +17,9 @@ transformers = pytest.importorskip("transformers")
 
 from test_tp_models import ATOL, RTOL, _reference, checkpoints  # noqa: E402,F401  (fixture)
 from test_tp_models import CASES  # noqa: E402
-from tp_worker import spawn_ranks, tokenweave_logits_many  # noqa: E402
+from tp_worker import spawn_ranks, tokenweave_logits_many, tokenweave_unsplit_vs_plain  # noqa: E402
+
+MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "models")
 
 
 @pytest.mark.parametrize("world,names", [(2, sorted(CASES)), (4, ["qwen3", "qwen2_moe_shared"])],
@@ -32,6 +34,24 @@ def test_tokenweave_splits_equal_single_process(checkpoints, world, names):  # n
                 for cut, got in enumerate(cuts, start=1):
                     torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL,
                                                msg=lambda m: f"{name} tp{world} rank {rank} step {step} cut {cut}: {m}")
+
+
+def test_unsplit_forward_runs_the_plain_communicator():
+    """Issue 25: a TokenWeave worker's unsplit forwards (below ``--tokenweave-min-tokens``, decode) make exactly the
+    plain server's calls: the server's communicator is the plain one composed with tw-comm's, the unsplit forward's
+    calls all reach the plain part (spy) and its stories260K logits equal the non-TokenWeave model's bit for bit; a
+    split forward's fused norm calls reach tw-comm's part, and its logits match within tolerance."""
+    path = os.path.join(MODELS, "stories260K")
+    if not os.path.isdir(path):
+        pytest.skip(f"{path} is missing")
+    for rank, got in enumerate(spawn_ranks(tokenweave_unsplit_vs_plain, 2, path, timeout=300)):
+        assert got["types"] == ("TokenWeaveCommunicator", "TorchCommunicator", "TorchCommunicator"), got["types"]
+        assert got["unsplit_calls"]["plain"] > 0 and got["unsplit_calls"]["split"] == 0, got["unsplit_calls"]
+        assert got["split_calls"]["split"] > 0, got["split_calls"]
+        for step, (u, p, s) in enumerate(zip(got["unsplit"], got["plain"], got["split"])):
+            assert torch.equal(u, p), f"rank {rank} step {step}: unsplit TokenWeave logits != plain server's"
+            assert torch.equal(u.argmax(-1), s.argmax(-1)), f"rank {rank} step {step}: split greedy tokens differ"
+            torch.testing.assert_close(s, p, atol=ATOL, rtol=RTOL)
 
 
 def test_tw_communicator_matches_torch_reference():

@@ -143,3 +143,52 @@ def stale_rows_poisoned(base: type) -> type:
             return normed, res
 
     return StaleRowsPoisoned
+
+
+def tokenweave_unsplit_vs_plain(ps, path: str) -> dict:
+    """Rank body (issue 25, unsplit forwards): the checkpoint at ``path`` with the communicator a ``--enable-tokenweave``
+    server builds (``build_communicator``) and with the plain server's (``--comm-backend auto`` without TokenWeave).
+    Returns the communicator's class names, the :data:`STEPS` logits of TokenWeave's executor with no split
+    (``min_tokens`` above every batch) and of the plain model, the logits of a forced split (cut at 2), and per run
+    how many calls reached the composed communicator's ``plain`` and ``split`` parts (spies)."""
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.deployment.communicator import build_communicator
+    from sglang.srt.model_loader.loader import load_model
+    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.tokenweave import gemm_widths_of
+    from sglang.srt.tokenweave.executor import TokenWeaveConfig, TokenWeaveExecutor
+
+    config = ModelConfig.from_path(path)
+    on = ServerArgs(model_path=path, device="cpu", tp_size=ps.tp_size, enable_tokenweave=True)
+    comm, plain = build_communicator(ps, on), build_communicator(ps, on.replace(enable_tokenweave=False))
+    calls = {"plain": 0, "split": 0}
+
+    def spy(part: str, obj, method: str) -> None:
+        real = getattr(obj, method)
+
+        def counted(*a, **k):
+            calls[part] += 1
+            return real(*a, **k)
+        setattr(obj, method, counted)
+
+    for part in ("plain", "split"):
+        for method in ("all_reduce", "all_gather", "reduce_scatter", "all_reduce_add_rmsnorm"):
+            spy(part, getattr(comm, part), method)
+    out = {"types": (type(comm).__name__, type(comm.plain).__name__, type(plain).__name__)}
+    widths = gemm_widths_of(config, ps.tp_size)
+
+    def run(model, min_tokens: int, cut: Optional[int] = None) -> list[torch.Tensor]:
+        class Cut(TokenWeaveExecutor):
+            def plan(self, fb):
+                return super().plan(fb) if cut is None else list(fb.split_tokens(cut))
+        ex = Cut(TokenWeaveConfig(min_tokens=min_tokens, gemm_widths=widths), torch.device("cpu"))
+        h = harness_for(model, config, ps.tp_size)
+        return [h.step(items, ex).clone() for items in STEPS[:2]]
+
+    tw_model = load_model(config, "auto", "cpu", tp_rank=ps.tp_rank, tp_size=ps.tp_size, comm=comm)
+    out["unsplit"], out["unsplit_calls"] = run(tw_model, 1 << 30), dict(calls)
+    calls.update(plain=0, split=0)
+    out["split"], out["split_calls"] = run(tw_model, 2, cut=2), dict(calls)
+    plain_model = load_model(config, "auto", "cpu", tp_rank=ps.tp_rank, tp_size=ps.tp_size, comm=plain)
+    out["plain"] = run(plain_model, 1 << 30)
+    return out

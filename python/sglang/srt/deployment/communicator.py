@@ -12,9 +12,10 @@ if TYPE_CHECKING:
 
 def make_communicator(spec: CommunicatorSpec, parallel_state: Any, hidden_size: Optional[int] = None):
     """This rank's :class:`~sglang.srt.distributed.communicator.Communicator` (the choice is logged): with
-    ``spec.tokenweave``, tw-comm's communicator when the backend is ``auto`` or ``tw`` and it can be built, NCCL/gloo
-    otherwise (:func:`~sglang.srt.tokenweave.create_tokenweave_communicator`); else
-    :func:`~sglang.srt.distributed.communicator.create_communicator` of ``spec.backend``.
+    ``spec.tokenweave`` and backend ``auto``, the plain communicator for unsplit calls composed with tw-comm's for the
+    split halves (:class:`~sglang.srt.distributed.tw_communicator.TokenWeaveCommunicator`), tw-comm alone with
+    ``tw``, the plain one when tw-comm cannot be built (:func:`~sglang.srt.tokenweave.create_tokenweave_communicator`);
+    else :func:`~sglang.srt.distributed.communicator.create_communicator` of ``spec.backend``.
 
     Args:
         spec: the worker's communicator spec.

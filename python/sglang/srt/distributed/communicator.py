@@ -58,7 +58,10 @@ class Communicator(ABC):
         name: short name for logs ("torch", "custom", "nocomm", ...).
         supports_overlap: True when ``all_reduce_add_rmsnorm`` also accepts ``overlap=True`` (the call runs on a
             communication stream next to compute, on a bounded SM budget: TokenWeave, Gond et al. 2025,
-            sec. 3.1.2); False here.
+            sec. 3.1.2); False here. Passing ``overlap`` (True or False) marks a TokenWeave split-half call: only
+            TokenWeave's executor does, and a TokenWeave worker's composed communicator
+            (:class:`~sglang.srt.distributed.tw_communicator.TokenWeaveCommunicator`) runs those on tw-comm and every
+            other call on the plain communicator the server would use without TokenWeave.
         fuses_add_rmsnorm: True when ``all_reduce_add_rmsnorm`` is a fused kernel; False here (its default is
             ``all_reduce`` + the torch reference norm, and ``RMSNorm`` runs its own fused kernel instead).
     """

@@ -18,6 +18,10 @@ residual are stale afterwards. A caller may pass it only when every call on that
 AllReduce + add + RMSNorm is the residual's only consumer) with the same row count T, so each call's owned rows are
 the previous call's; every backend then honours it (one-shot / Lamport picks become the two-shot kernel, the NCCL
 fallback and the CPU path reduce to the owner and gather the normed rows only).
+
+A ``--enable-tokenweave`` worker (``--comm-backend auto``) runs :class:`TokenWeaveCommunicator`: this communicator for
+the split halves only, the plain server's communicator for every other call (issue 25: unsplit forwards are never
+slower than without TokenWeave).
 """
 
 from __future__ import annotations
@@ -173,3 +177,85 @@ class TwCommunicator(Communicator):
         """One log line: world size, workspace (GPU) or the torch reordered path (CPU), SM budget."""
         where = "tw-comm workspace" if self.ws is not None else "RS -> add+RMSNorm -> AG over torch.distributed"
         return f"TwCommunicator(world_size={self.world_size}, {where}, comm_sms={self.comm_sms})"
+
+
+class TokenWeaveCommunicator(Communicator):
+    """A TokenWeave worker's communicator: the plain server's communicator for every unsplit call, tw-comm's only
+    for the split halves (issue 25: an unsplit forward under ``--enable-tokenweave`` runs exactly as without it).
+
+    Contract (the one place that routes a TokenWeave worker's calls):
+
+    * ``all_reduce`` / ``all_gather`` / ``reduce_scatter``, ``fuses_add_rmsnorm`` and the four-argument
+      ``all_reduce_add_rmsnorm(x, residual, weight, eps)`` are ``plain``'s: the layers' own calls (every forward
+      below ``--tokenweave-min-tokens``, every decode step and its CUDA graph, the embedding / logits collectives)
+      are bit for bit the calls the same server makes without ``--enable-tokenweave`` (``plain`` is
+      :func:`~sglang.srt.distributed.communicator.create_communicator`'s pick for ``--comm-backend``: custom
+      all-reduce / NCCL on GPU, gloo on CPU).
+    * ``all_reduce_add_rmsnorm(..., overlap=<bool>, out=, residual_sharded=)``: a call that passes ``overlap`` (True
+      or False), ``out`` or ``residual_sharded`` is a TokenWeave split-half call (only
+      :class:`~sglang.srt.tokenweave.executor.TokenWeaveExecutor` makes them, from its split forwards) and runs on
+      ``split`` (:class:`TwCommunicator`: the fused, sharded, few-SM overlapped kernels; TokenWeave, Gond et al.
+      2025, sec. 3.2-3.3). A split forward makes every norm call of its residual chain this way, so the sharded
+      residual's chain never mixes the two communicators.
+
+    Args:
+        plain: the non-TokenWeave communicator of the same ranks (any :class:`Communicator`).
+        split: tw-comm's communicator of the same ranks.
+    Raises:
+        ValueError: the two disagree on rank or world size.
+    """
+
+    name = "tokenweave"
+    supports_overlap = True
+    supports_out = True
+    supports_sharded_residual = True
+
+    def __init__(self, plain: Communicator, split: TwCommunicator):
+        if (plain.rank, plain.world_size) != (split.rank, split.world_size):
+            raise ValueError(f"TokenWeaveCommunicator: plain rank/world {plain.rank}/{plain.world_size} != split's "
+                             f"{split.rank}/{split.world_size}")
+        super().__init__(plain.rank, plain.world_size)
+        self.plain, self.split = plain, split
+
+    @property
+    def fuses_add_rmsnorm(self) -> bool:  # type: ignore[override]
+        """``plain``'s: the layers' norm path of an unsplit forward is the plain server's."""
+        return self.plain.fuses_add_rmsnorm
+
+    @property
+    def comm_sms(self) -> Optional[int]:
+        """The SM budget of the split halves' overlapped calls (``--tokenweave-comm-sms``; None: tw-comm's)."""
+        return self.split.comm_sms
+
+    @property
+    def ws(self):
+        """tw-comm's workspace of the split halves (None on CPU)."""
+        return self.split.ws
+
+    def all_reduce(self, x):
+        """``plain.all_reduce`` (see the class contract)."""
+        return self.plain.all_reduce(x)
+
+    def all_gather(self, x, dim=-1):
+        """``plain.all_gather`` (see the class contract)."""
+        return self.plain.all_gather(x, dim)
+
+    def reduce_scatter(self, x):
+        """``plain.reduce_scatter`` (see the class contract)."""
+        return self.plain.reduce_scatter(x)
+
+    def all_reduce_add_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                               overlap: Optional[bool] = None, out: Optional[torch.Tensor] = None,
+                               residual_sharded: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(rmsnorm(residual + allreduce(x)) * weight, residual + allreduce(x))``, x/residual ``[T, H]``: a split-half
+        call (``overlap`` given, or ``out`` / ``residual_sharded``) on ``split`` with those keywords
+        (:meth:`TwCommunicator.all_reduce_add_rmsnorm`), any other on ``plain`` (see the class contract)."""
+        if overlap is None and out is None and not residual_sharded:
+            return self.plain.all_reduce_add_rmsnorm(x, residual, weight, eps)
+        return self.split.all_reduce_add_rmsnorm(x, residual, weight, eps, overlap=bool(overlap), out=out,
+                                                 residual_sharded=residual_sharded)
+
+    def describe(self) -> str:
+        """One log line naming both communicators and what each serves."""
+        return (f"TokenWeaveCommunicator(unsplit forwards: {self.plain.describe()} [as without --enable-tokenweave]; "
+                f"split halves: {self.split.describe()})")

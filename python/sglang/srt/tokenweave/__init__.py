@@ -98,22 +98,29 @@ def max_prefill_tokens_of(server_args: "ServerArgs") -> int:
 
 def create_tokenweave_communicator(ps: Any, backend: str, comm_sms: Optional[int], disable_custom_all_reduce: bool,
                                    max_tokens: Optional[int] = None, hidden_size: Optional[int] = None):
-    """The tw-comm communicator when ``backend`` (``--comm-backend``) is auto or tw and it can be built; else the
-    requested backend (NCCL/gloo torch by default), logged either way. ``comm_sms``: ``--tokenweave-comm-sms``.
-    With ``max_tokens`` (:func:`max_prefill_tokens_of`) and ``hidden_size`` the workspace is sized for the largest
-    prefill (``max_tokens`` x ``hidden_size`` x 2 bytes) so overlapped calls never fall back to NCCL; without them,
-    tw-comm's 64 MiB default."""
+    """A TokenWeave worker's communicator, logged: with ``backend`` (``--comm-backend``) ``auto`` on TP > 1, a
+    :class:`~sglang.srt.distributed.tw_communicator.TokenWeaveCommunicator` that runs every unsplit call (forwards
+    below ``--tokenweave-min-tokens``, decode steps and their CUDA graphs) on exactly the communicator the same server
+    builds without ``--enable-tokenweave`` (:func:`~sglang.srt.distributed.communicator.create_communicator` of
+    ``backend``: custom all-reduce / NCCL on GPU, gloo on CPU) and only the split halves on tw-comm; with ``tw``,
+    tw-comm for every call (what ``--comm-backend tw`` gives without TokenWeave too); another backend, TP 1, or
+    tw-comm unavailable: ``create_communicator(backend)`` alone. ``comm_sms``: ``--tokenweave-comm-sms``. With
+    ``max_tokens`` (:func:`max_prefill_tokens_of`) and ``hidden_size`` the tw-comm workspace is sized for the
+    largest prefill (``max_tokens`` x ``hidden_size`` x 2 bytes) so split calls never fall back to NCCL; without
+    them, tw-comm's 64 MiB default."""
     from sglang.srt.distributed.communicator import create_communicator
 
     if backend not in ("auto", "tw") or ps is None or ps.tp_size == 1:
-        return create_communicator(ps, "torch" if backend == "auto" else backend, disable_custom_all_reduce)
-    from sglang.srt.distributed.tw_communicator import TwCommunicator, workspace_bytes
+        return create_communicator(ps, backend, disable_custom_all_reduce)
+    from sglang.srt.distributed.tw_communicator import TokenWeaveCommunicator, TwCommunicator, workspace_bytes
 
     max_bytes = workspace_bytes(max_tokens, hidden_size) if hidden_size and max_tokens else None
     try:
         comm = TwCommunicator(ps, comm_sms=comm_sms, max_bytes=max_bytes)
     except (ImportError, OSError, RuntimeError) as e:
-        logger.warning("TokenWeave: tw-comm is unavailable (%s); falling back to NCCL collectives", e)
-        return create_communicator(ps, "torch", disable_custom_all_reduce)
+        logger.warning("TokenWeave: tw-comm is unavailable (%s); falling back to the plain communicator", e)
+        return create_communicator(ps, backend, disable_custom_all_reduce)
+    if backend == "auto":
+        comm = TokenWeaveCommunicator(create_communicator(ps, backend, disable_custom_all_reduce), comm)
     logger.info("TP communicator (rank %d/%d): %s [TokenWeave]", ps.tp_rank, ps.tp_size, comm.describe())
     return comm
