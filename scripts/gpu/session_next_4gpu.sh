@@ -8,7 +8,9 @@
 #      TP1 -> TP2 greedy equality with token-major pools, then TP1 -> TP2 and 2P:1D warm rows (issue24_pd_4gpu.sh)
 #   c  issue 24 item 5: graphed AFD Ta / Tf / Tc (issue24_afd_graph_2gpu.sh); issue 27 fuse A/B on one GPU
 #      (issue27_fuse_1gpu.sh, CUDA_VISIBLE_DEVICES=0, the other GPUs idle); issue 26 world 4 (issue26_4gpu.sh)
-#   d  (only if device time is left) issue 25 e2e with the sharded-residual default (issue25_e2e_4gpu.sh)
+#   d  (only if device time is left) issue 25: unsplit forwards under TokenWeave on the plain communicator, A/B +
+#      stress/racecheck of the bulk and sharded variants (issue25_unsplit_4gpu.sh); e2e with the sharded-residual
+#      default (issue25_e2e_4gpu.sh)
 #   t  a CPU self-test of this script (two steps side by side, one cut by its limit, one not run, packing)
 # Benchmark steps run alone on the host; only the GPU-disjoint correctness tests of group a run side by side.
 # Every step: its own folder (the sub-script's OUT), a limit cut to the group's wall time left (a step that would
@@ -106,6 +108,7 @@ c)
   steps w4 115 60 'bash scripts/gpu/issue26_4gpu.sh $B'
   ;;
 d)
+  steps unsplit 240 150 'bash scripts/gpu/issue25_unsplit_4gpu.sh $B'
   steps e2e 360 200 'ISSUE25_E2E_SKIP_STRESS=1 bash scripts/gpu/issue25_e2e_4gpu.sh $B'
   ;;
 t)
