@@ -105,7 +105,8 @@ class PrefillConnector(BaseConnector):
         err = bootstrap_fields_error(req)
         if err:
             return [reject(req, err)]
-        if req.bootstrap_room in self.rooms and self.rooms[req.bootstrap_room].req is not None:
+        if (req.bootstrap_room in self.rooms and self.rooms[req.bootstrap_room].req is not None) \
+                or req.bootstrap_room in self.drain.rooms:  # a failed room still draining its WRITEs
             return [reject(req, f"bootstrap_room {req.bootstrap_room} is already in use")]
         self.rid_room[req.rid] = req.bootstrap_room
         req.max_new_tokens_cap = 1  # the first token is sampled here, the rest on the decode side
