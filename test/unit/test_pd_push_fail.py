@@ -201,6 +201,21 @@ def test_layerwise_failure_cancels_the_layers_already_posted(agents):
     assert held.snapshot()["released"] == 0 and int(agents.dst.count_nonzero()) == 0
 
 
+def test_room_failed_by_the_decode_side_cancels_its_writes(agents):
+    """The decode side fails the room (``RoomFailed``) while its WRITEs are held in the transport: they are cancelled,
+    none lands, the prefill request fails with the decode side's reason, and no ``RoomFailed`` is echoed back."""
+    held = _held(agents)
+    c = _connector(held, agents.plan)
+    r = _room(c)
+    assert c.poll() == [] and r.state == "pushing" and len(r.handles) == LAYERS
+    c.agent.recv = lambda: [RoomFailed(r.room, "decode side: aborted by the client")]
+    decisions = c.poll()
+    assert decisions == [FinishRequest(r.req)] and "aborted by the client" in r.req.finished_reason["message"]
+    assert not c.sent and c.drain.cancelled == LAYERS and c.num_open() == 0 and not c.has_work()
+    time.sleep(0.5)
+    assert held.snapshot()["released"] == 0 and int(agents.dst.count_nonzero()) == 0
+
+
 def test_drain_deadline_validated():
     with pytest.raises(ValueError, match="deadline_s"):
         PushDrain(None, None, 0)

@@ -422,9 +422,10 @@ class PrefillConnector(BaseConnector):
         WRITEs are stopped and cancelled, and one holding KV drains first (``push_room.py``, then
         :meth:`_close_now`)."""
         self.rooms.pop(r.room, None)
+        # every push room holding KV drains (the same choice on every rank; one without WRITEs in flight drains at the
+        # next drain poll, in this step when called from poll)
         if error is not None and self.transfer_mode == "push" and self.drain.begin(
-                r, error, notify, status_code, hold_kv=r.req is not None and (r.state == "pushing" or
-                                                                             r.layerwise is not None)):
+                r, error, notify, status_code, hold_kv=r.req is not None):
             return
         self._close_now(r, error, notify, status_code)
 

@@ -106,8 +106,8 @@ class PushDrain:
 
     def begin(self, r, reason: str, notify: bool, status_code: int, hold_kv: bool) -> bool:
         """Stop room ``r``'s layerwise posting and cancel its PENDING WRITEs. With ``hold_kv`` (the room holds
-        prefill KV and WRITEs may have been posted; the same on every rank) the room drains and True is returned:
-        :meth:`poll` hands it back once drained. False: nothing to wait for, the caller fails it now."""
+        prefill KV; must be the same on every rank) the room drains and True is returned: :meth:`poll` hands it back
+        once drained. False: it holds no KV, the caller fails it now."""
         job = r.layerwise
         with self.lock():  # the posting thread re-checks job.error under this lock before each post
             if job is not None and not job.error:
