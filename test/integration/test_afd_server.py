@@ -268,8 +268,9 @@ def _kill_ffn_worker_in_flight(s, path: str) -> None:
 def _attention_side_freed(s, t_kill: float) -> None:
     """After the FFN kill: every attention worker gives up on its forward (``--afd-timeout-s``), fails what it held
     and frees every KV slot (``/get_server_info``: no running or waiting request, ``available_tokens`` ==
-    ``max_total_tokens``, nothing cached or locked); then ``/flush_cache`` answers at once and a new request still gets
-    503 at once. Prints one ``[afd-kill]`` line with the seconds the workers took."""
+    ``max_total_tokens``, every request row free, nothing cached or locked); then ``/flush_cache`` answers at once and a
+    new request still gets a 503 naming the FFN worker at once. Prints one ``[afd-kill]`` line with the seconds the
+    workers took."""
     end = time.monotonic() + KILL_TIMEOUT_S + KILL_SLACK_S + 30
     states: list = []
     while time.monotonic() < end:
@@ -280,7 +281,8 @@ def _attention_side_freed(s, t_kill: float) -> None:
             states = []
         if len(states) == 2 and all(st["num_running_reqs"] == 0 and st["num_waiting_reqs"] == 0
                                     and st["available_tokens"] == st["max_total_tokens"]
-                                    and st["evictable_tokens"] == 0 and st["protected_tokens"] == 0 for st in states):
+                                    and st["evictable_tokens"] == 0 and st["protected_tokens"] == 0
+                                    and st["used_req_slots"] == 0 for st in states):
             break
         time.sleep(0.5)
     else:
@@ -297,6 +299,7 @@ def _attention_side_freed(s, t_kill: float) -> None:
           f"{f.status_code} in {t_flush:.2f} s, /generate {r.status_code} in {t_gen:.2f} s", flush=True)
     assert f.status_code == 200 and f.json()["success"] and t_flush < 10.0, (f.status_code, f.text[:300], t_flush)
     assert r.status_code == 503 and t_gen < 10.0, (r.status_code, t_gen)
+    assert "FFN worker" in r.text, r.text[:300]  # a clear 503: it names the dead worker
 
 
 def test_afd_2_attention_2_ffn_concurrent_load_then_ffn_killed():

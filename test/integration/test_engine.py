@@ -183,8 +183,12 @@ def test_flush_cache_and_server_info(engine, model_path):
     assert engine.flush_cache().success
     info = engine.get_server_info()
     assert info["model_path"] == model_path and info["device"] == "cpu"
+    # raw server args as SGLang has them, and the values the scheduler resolved at startup beside them
+    assert info["kv_cache_layout"] == "auto" and info["kv_cache_layout_resolved"] == "layer_major"
+    assert "tokenweave_sharded_residual" in info and info["tokenweave_sharded_residual_resolved"] is False
     st = info["internal_states"][0]
     assert st["num_running_reqs"] == 0 and st["evictable_tokens"] == 0 and st["max_total_tokens"] > 0
+    assert st["used_req_slots"] == 0  # the request's row went back
 
 
 def test_context_manager_shutdown_leaves_no_orphans(engine):

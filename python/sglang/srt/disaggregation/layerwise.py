@@ -153,6 +153,8 @@ class LayerwisePushListener(KVLayerListener):
                 continue
             try:
                 with self.lock:
+                    if job.error:  # the room failed meanwhile (PushDrain.begin sets it under this lock)
+                        continue
                     for name, layers in job.peers:
                         rows = layers[layer_id]
                         if len(rows):

@@ -37,8 +37,8 @@ from sglang.srt.disaggregation.messages import (
     RoomReady,
     RoomRequest,
 )
-from sglang.srt.disaggregation.slot_plan import assign_sources, copies_by_layer, plan_slot_copies, readers_of
-from sglang.srt.mem_cache.kv_descriptor import KVRegionDescriptor
+from sglang.srt.disaggregation.push_room import PushDrain, plan_push
+from sglang.srt.disaggregation.slot_plan import readers_of
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +84,9 @@ class PrefillConnector(BaseConnector):
         # push mode: requests waiting for their RoomRequest before they prefill, room -> (req, since), arrival order
         self.push_waiting: dict[int, tuple[Any, float]] = {}
         self.listener: Optional[LayerwisePushListener] = None
+        # failed push rooms hold their KV until no WRITE of theirs can still move bytes (push_room.py)
+        self.drain = PushDrain(self.agent.backend, self._backend_lock,
+                               self.agent.backend.config.transfer_timeout_s + 5.0)
         executor = getattr(scheduler.runner, "executor", None)
         if self.transfer_mode == "push" and executor is not None:
             if executor.supports_kv_layer_listener:
@@ -102,7 +105,8 @@ class PrefillConnector(BaseConnector):
         err = bootstrap_fields_error(req)
         if err:
             return [reject(req, err)]
-        if req.bootstrap_room in self.rooms and self.rooms[req.bootstrap_room].req is not None:
+        if (req.bootstrap_room in self.rooms and self.rooms[req.bootstrap_room].req is not None) \
+                or req.bootstrap_room in self.drain.rooms:  # a failed room still draining its WRITEs
             return [reject(req, f"bootstrap_room {req.bootstrap_room} is already in use")]
         self.rid_room[req.rid] = req.bootstrap_room
         req.max_new_tokens_cap = 1  # the first token is sampled here, the rest on the decode side
@@ -146,21 +150,22 @@ class PrefillConnector(BaseConnector):
 
     def open_rids(self) -> list[str]:
         """Requests with an open room."""
-        return [r.req.rid for r in self.rooms.values() if r.req is not None] + list(self.rid_room)
+        return [r.req.rid for r in self.rooms.values() if r.req is not None] + list(self.rid_room) + self.drain.rids()
 
     def has_work(self) -> bool:
         """Rooms whose KV is held or being pushed, and requests waiting for their RoomRequest, keep the loop
         spinning (heartbeats, timeouts)."""
-        return bool(self.push_waiting) or any(r.req is not None for r in self.rooms.values())
+        return bool(self.push_waiting or self.drain.rooms) or any(r.req is not None for r in self.rooms.values())
 
     def num_open(self) -> int:
-        return sum(1 for r in self.rooms.values() if r.req is not None)
+        return sum(1 for r in self.rooms.values() if r.req is not None) + len(self.drain.rooms)
 
     def internal_state(self) -> dict[str, Any]:
         """Counters for ``/get_server_info`` (plus rooms the decode side asked for whose prefill has not finished)."""
         return {**super().internal_state(),
                 "disagg_rooms_awaiting_prefill": sum(1 for r in self.rooms.values() if r.req is None and r.peer),
-                "disagg_push_waiting": len(self.push_waiting)}
+                "disagg_push_waiting": len(self.push_waiting), "disagg_rooms_draining": len(self.drain.rooms),
+                "disagg_push_writes_cancelled": self.drain.cancelled}
 
     def before_forward(self, batch, mwb) -> None:
         """Push mode: plan the layerwise WRITEs of every request whose last chunk runs in ``batch`` and whose
@@ -208,6 +213,8 @@ class PrefillConnector(BaseConnector):
             if r.state == "wait" and r.req is not None and r.peer is not None:
                 self._start(r)
         self._poll_pushes()
+        for d in self.drain.poll(self.agent.agree):  # failed push rooms none of whose WRITEs can still move bytes
+            self._close_now(d.room, d.reason, d.notify, d.status_code)
         self._poll_completes()
         return self.take_decisions()
 
@@ -295,28 +302,8 @@ class PrefillConnector(BaseConnector):
         return self.listener.lock if self.listener is not None else contextlib.nullcontext()
 
     def _plan_push(self, req, peer: RoomRequest) -> list[tuple[str, list]]:
-        """This rank's WRITEs of ``req``'s prompt KV into the decode side's ``peer.dst_slots``:
-        ``[(decode agent name, [int64 [N, 3] rows (remote = decode, local = prefill, nbytes) per layer])]``,
-        planned once (index x stride, coalesced; ``plan_slot_copies`` + ``copies_by_layer``). Connects to
-        the decode ranks lazily. Raises ValueError for a wrong number of decode slots or unusable layouts."""
-        slots = self._slots(req)
-        if peer.dst_slots is None or len(peer.dst_slots) != len(slots):
-            raise ValueError(f"push needs {len(slots)} decode slots, got "
-                             f"{None if peer.dst_slots is None else len(peer.dst_slots)}")
-        out = []
-        for info in peer.decode_ranks:
-            dst = KVRegionDescriptor.from_dict(info["kv"])
-            mine = [h for src, h in assign_sources(self.agent.ranks, (info["head_lo"], info["head_hi"]))
-                    if src["rank"] == self.agent.tp_rank]  # heads this rank writes to that decode rank
-            if not mine:
-                continue
-            copies = plan_slot_copies(self.agent.desc, self.agent.heads, slots, dst,
-                                      (info["head_lo"], info["head_hi"]), peer.dst_slots, heads=mine[0])
-            if not len(copies):
-                continue
-            name = self.agent.ensure_connected(info)
-            out.append((name, [c[:, [1, 0, 2]] for c in copies_by_layer(copies, self.agent.desc, side=0)]))
-        return out
+        """This rank's WRITEs of ``req``'s prompt KV into ``peer.dst_slots`` (:func:`~.push_room.plan_push`)."""
+        return plan_push(self.agent, self._slots(req), peer)
 
     def _poll_pushes(self) -> None:
         from sglang.srt.disaggregation.transfer.base import TransferState
@@ -325,26 +312,18 @@ class PrefillConnector(BaseConnector):
         codes = []
         for room in pushing:
             r = self.rooms[room]
-            if r.fail_reason:
-                codes.append(0)
-                continue
-            job = r.layerwise
-            if job is not None and not job.done:  # CUDA: the posting thread still waits on later layers
-                codes.append(1)
-                continue
-            if job is not None and job.error:
-                r.fail_reason = job.error
-                codes.append(0)
-                continue
+            job = r.layerwise  # layerwise: r.handles is job.handles, appended by the posting thread under the lock
             with self._backend_lock():
-                states = [self.agent.backend.poll(h) for h in r.handles]
-            codes.append(0 if TransferState.FAILED in states else (1 if TransferState.PENDING in states else 2))
+                bad = [h.error for h in r.handles if self.agent.backend.poll(h) is TransferState.FAILED]
+                pending = any(h.state is TransferState.PENDING for h in r.handles)
+            r.fail_reason = r.fail_reason or (job.error if job is not None else "") or \
+                (f"a KV WRITE to the decode side failed: {bad[0] or 'transfer failed'}" if bad else "")
+            # one failed WRITE fails the room at once, even while later layers still wait to be posted
+            codes.append(0 if r.fail_reason else (1 if pending or (job is not None and not job.done) else 2))
         for room, code in zip(pushing, self.agent.agree(codes)):
             r = self.rooms[room]
-            if code == 0:
-                reason = r.fail_reason or "a KV WRITE to the decode side failed"
-                self.agent.send(r.peer.endpoint, RoomFailed(room, reason))
-                self._finish(r, reason)
+            if code == 0:  # its other WRITEs are cancelled and drained before the decode side hears of it
+                self._finish(r, r.fail_reason or "a KV WRITE to the decode side failed on another rank", notify=True)
             elif code == 2:
                 t = time.monotonic()  # layerwise: the tail after the last layer was posted (the forward's end)
                 end = r.layerwise.end if r.layerwise is not None and r.layerwise.end else r.push_start
@@ -439,10 +418,19 @@ class PrefillConnector(BaseConnector):
 
     # ---- endings -------------------------------------------------------------------------------------
     def _finish(self, r: PrefillRoom, error: Optional[str], notify: bool = False, status_code: int = 500) -> None:
-        """Close a room: success (``error`` None) finishes the request with its token; else it fails."""
+        """Close a room: success (``error`` None) finishes the request with its token; else it fails: a push room's
+        WRITEs are stopped and cancelled, and one holding KV drains first (``push_room.py``, then
+        :meth:`_close_now`)."""
         self.rooms.pop(r.room, None)
-        if r.layerwise is not None and error is not None and not r.layerwise.error:
-            r.layerwise.error = f"room closed: {error}"  # the posting thread posts no further layers
+        # every push room holding KV drains (the same choice on every rank; one without WRITEs in flight drains at the
+        # next drain poll, in this step when called from poll)
+        if error is not None and self.transfer_mode == "push" and self.drain.begin(
+                r, error, notify, status_code, hold_kv=r.req is not None):
+            return
+        self._close_now(r, error, notify, status_code)
+
+    def _close_now(self, r: PrefillRoom, error: Optional[str], notify: bool = False, status_code: int = 500) -> None:
+        """Tell the decode side (``notify``) and finish ``r``'s request now (``error`` None: success, else failed)."""
         if notify and r.peer is not None:
             self.agent.send(r.peer.endpoint, RoomFailed(r.room, error or "failed"))
         req = r.req

@@ -96,6 +96,8 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
         self.tokenizer = tokenizer
         self.model_config = runner.model_config
         self.kv = runner.kv_cache
+        # request rows free at start (the runner keeps its CUDA-graph padding row): all free again when idle
+        self.req_rows = self.kv.req_to_token_pool.available_size()
         self.tree_cache = self.kv.prefix_cache
         self.page_size = server_args.page_size
         cps = server_args.chunked_prefill_size
@@ -452,6 +454,8 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
             "evictable_tokens": self.tree_cache.evictable_size(),
             "protected_tokens": self.tree_cache.protected_size(),
             "max_total_tokens": s.max_total_tokens, "max_running_requests": self.max_running,
+            # request rows (req -> token map) held by requests: 0 when none holds one
+            "used_req_slots": self.req_rows - self.kv.req_to_token_pool.available_size(),
             "cache_hit_rate": s.cache_hit_rate, "forward_ct": self.forward_ct,
             "num_grammar_queue_reqs": len(self.grammar_queue),
             "overlap_schedule": self.overlap,

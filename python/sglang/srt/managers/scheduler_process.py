@@ -240,7 +240,24 @@ def run_scheduler_process(spec, ready_pipe, parent_watch=None) -> None:
         ready_pipe.send({"status": "error", "message": f"TP rank {tp_rank}: {type(e).__name__}: {e}"
                          if tp_size > 1 else f"{type(e).__name__}: {e}"})
         return
-    ready_pipe.send({
+    ready_pipe.send(ready_info(runner, mc, tp_rank, tp_size))
+    from sglang.srt.managers.watchdog import SchedulerWatchdog
+
+    proc.watchdog = SchedulerWatchdog(getattr(args, "watchdog_timeout", 300.0), who).start()
+    try:
+        proc.event_loop(parent_watch)
+    except Exception:
+        logger.error("scheduler (%s) crashed:\n%s", who, traceback.format_exc())
+        raise
+
+
+def ready_info(runner, mc, tp_rank: int, tp_size: int) -> dict:
+    """The scheduler's ``{"status": "ready", ...}`` message: limits, model facts, and the settings as resolved at
+    startup, which ``/get_server_info`` shows beside the raw server args (those keep SGLang's meaning, e.g.
+    ``kv_cache_layout`` "auto"): ``kv_cache_layout_resolved`` (the KV pool's storage order, None without a KV pool)
+    and ``tokenweave_sharded_residual_resolved`` (the executor keeps the residual sharded between layers).
+    ``runner``: the ModelRunner; ``mc``: its ModelConfig."""
+    return {
         "status": "ready",
         "max_total_tokens": runner.max_total_tokens,
         "max_running_requests": runner.max_running_requests,
@@ -253,12 +270,6 @@ def run_scheduler_process(spec, ready_pipe, parent_watch=None) -> None:
         "tp_size": tp_size,
         "tp_rank": tp_rank,
         "pid": os.getpid(),
-    })
-    from sglang.srt.managers.watchdog import SchedulerWatchdog
-
-    proc.watchdog = SchedulerWatchdog(getattr(args, "watchdog_timeout", 300.0), who).start()
-    try:
-        proc.event_loop(parent_watch)
-    except Exception:
-        logger.error("scheduler (%s) crashed:\n%s", who, traceback.format_exc())
-        raise
+        "kv_cache_layout_resolved": runner.token_to_kv_pool.layout if runner.kv_cache else None,
+        "tokenweave_sharded_residual_resolved": bool(getattr(runner.executor, "sharded_residual", False)),
+    }

@@ -123,6 +123,11 @@ class TokenWeaveExecutor(SubBatchExecutor):
         self._split_index: dict[int, int] = {}  # id(state) -> split index, set by embed_states
         self.set_gemm_carveout(min(config.carveout_sms(), config.gemm_shape.num_sms - 1))  # a small wave model
 
+    @property
+    def sharded_residual(self) -> bool:
+        """The residual mode this executor runs (``config.sharded_residual``; ``ModelExecutor.sharded_residual``)."""
+        return self.config.sharded_residual
+
     def set_gemm_carveout(self, sms: int) -> None:
         """Leave ``sms`` SMs free of GEMMs during split forwards (0: none), and plan splits for the SMs left; for
         benchmarks and tuning. Raises ValueError when ``sms`` is not in ``[0, num_sms)``."""

@@ -288,6 +288,12 @@ class TransferBackend(ABC):
         A finished handle is left as it is."""
         self._fail(handle, reason)
 
+    def in_flight(self, handle: TransferHandle) -> bool:
+        """Whether the transport may still move bytes of ``handle`` (read its local source or write its remote
+        destination), even after :meth:`cancel`: memory it names may be reused only once this is False. Default:
+        while it is PENDING (backends whose cancelled transfers may still run override it)."""
+        return handle.state is TransferState.PENDING
+
     def _fail(self, handle: TransferHandle, reason: str) -> None:
         """Mark FAILED (backends override to also cancel)."""
         if handle.finish(TransferState.FAILED, reason):

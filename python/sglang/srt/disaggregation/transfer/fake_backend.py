@@ -333,6 +333,15 @@ class FakeTransferBackend(TransferBackend):
         self._timed_out(handle)
         return handle.state
 
+    def in_flight(self, handle: TransferHandle) -> bool:
+        """True until the peer's worker thread is done with ``handle`` (a cancelled WRITE whose frame was being sent
+        may still land on the peer until then)."""
+        p = self._peers.get(handle.peer)
+        if p is None:
+            return False
+        with p.lock:
+            return handle in p.pending
+
     # ---- control ---------------------------------------------------------------------------------
     def send_notif(self, peer: str, msg: bytes) -> None:
         self._peer(peer).send_notif(msg)

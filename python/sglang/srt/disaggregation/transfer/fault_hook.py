@@ -172,6 +172,14 @@ class HeldTransferBackend(TransferBackend):
         self._timed_out(handle)
         return handle.state
 
+    def in_flight(self, handle: TransferHandle) -> bool:
+        """Held (not cancelled): True; released: as the inner transfer; else False."""
+        with self._lock:
+            if handle.id in self._held:
+                return True
+        inner = handle.impl
+        return isinstance(inner, TransferHandle) and self.inner.in_flight(inner)
+
     def _fail(self, handle: TransferHandle, reason: str) -> None:
         super()._fail(handle, reason)
         with self._lock:

@@ -124,6 +124,7 @@ class NixlTransferBackend(TransferBackend):
         self._peer_md: dict[str, bytes] = {}
         self._peer_regions: dict[str, list[MemRegion]] = {}
         self._pending: set[TransferHandle] = set()
+        self._stuck: dict[int, object] = {}  # handle id -> NIXL transfer handle whose release (abort) failed
         self._lock = threading.Lock()
         self._closed = False
 
@@ -242,8 +243,30 @@ class NixlTransferBackend(TransferBackend):
         if xh is not None:
             try:
                 self._agent.release_xfer_handle(xh)  # aborts an active transfer where the plugin can
-            except Exception as e:
+            except Exception as e:  # it may still be moving bytes: in_flight() reports it until it settles
                 logger.warning("nixl could not release transfer %d: %s", handle.id, e)
+                with self._lock:
+                    self._stuck[handle.id] = xh
+
+    def in_flight(self, handle: TransferHandle) -> bool:
+        """True while ``handle`` is posted and not settled, or its release (abort) failed and NIXL still reports
+        it in progress (then it is released once it settles)."""
+        with self._lock:
+            if handle in self._pending:
+                return True
+            xh = self._stuck.get(handle.id)
+        if xh is None:
+            return False
+        try:
+            if self._agent.check_xfer_state(xh) == "PROC":
+                return True
+            self._agent.release_xfer_handle(xh)
+        except Exception as e:  # noqa: BLE001 - unknown: treat as in flight (the caller's deadline bounds it)
+            logger.debug("nixl transfer %d not settled: %s", handle.id, e)
+            return True
+        with self._lock:
+            self._stuck.pop(handle.id, None)
+        return False
 
     def _fail(self, handle: TransferHandle, reason: str) -> None:
         super()._fail(handle, reason)

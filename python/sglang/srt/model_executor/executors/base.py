@@ -79,6 +79,9 @@ class ModelExecutor(ABC):
     # errors of ``run`` after which the worker survives: the scheduler fails every request it holds and frees
     # their KV instead of exiting (a remote peer, e.g. an AFD FFN worker, is gone); empty: every error ends it
     recoverable_errors: tuple = ()
+    # whether split forwards keep the residual sharded over the TP ranks between layers (TokenWeave's executor
+    # reports its resolved mode; reported at startup as ``tokenweave_sharded_residual_resolved``)
+    sharded_residual: bool = False
     kv_layer_listener: Optional[KVLayerListener] = None
 
     def set_kv_layer_listener(self, listener: Optional[KVLayerListener]) -> None:
