@@ -147,3 +147,26 @@ def test_vector_op_counter():
            "ld.global.b16 { %rs1 }, [ %rd60 + 0 ];")
     assert vector_ops(ptx) == {"ld_v4": 1, "st_v4": 1, "cp_async": 1}
     assert vector_ops("ld.global.b16 { %rs1 }, [ %rd60 + 0 ];") == {"ld_v4": 0, "st_v4": 0, "cp_async": 0}
+
+
+_SPECIALIZER = """
+import json
+try:
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.nvidia.compiler import CUDABackend
+    print(json.dumps({v: list(native_specialize_impl(CUDABackend, v, False, True, True)[:2]) for v in (1, 7168, 7)}))
+except (ImportError, AttributeError, TypeError) as e:
+    print(json.dumps({"skip": repr(e)}))
+"""
+
+
+def test_launcher_specializes_unit_strides_as_constexpr():
+    """The GEMM specs compile B = weight.t() with stride_bk as constexpr 1 and stride_bn (= K) divisible by 16:
+    what Triton's launcher does with these int arguments (checked where the launcher's specializer is reachable;
+    in a subprocess, so this process does not import triton before the interpreter tests)."""
+    r = subprocess.run([sys.executable, "-c", _SPECIALIZER], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    spec = json.loads(r.stdout.strip().splitlines()[-1])
+    if "skip" in spec:
+        pytest.skip(f"this Triton's launcher specializer is not reachable: {spec['skip']}")
+    assert spec["1"] == ["constexpr", 1] and spec["7168"] == ["i32", "D"] and spec["7"] == ["i32", ""], spec
