@@ -70,8 +70,8 @@ for n in "${layer_counts[@]}"; do
 done
 if [ "${#layer_counts[@]}" -gt 1 ]; then
   # shellcheck disable=SC2046
-  timeout 30 "$PY" benchmark/tokenweave_report.py --layer-fit $(ls "$out"/layer/*_tokenweave_layer.json \
-    "$out"/layer_L*/*_tokenweave_layer.json 2>/dev/null) --out "$out/issue25_tw_layer_fit.md" \
+  timeout 30 "$PY" benchmark/tokenweave_report.py --layer-fit $(ls "$out"/layer/*_tokenweave_layer*.json \
+    "$out"/layer_L*/*_tokenweave_layer*.json 2>/dev/null) --out "$out/issue25_tw_layer_fit.md" \
     > "$out/issue25_tw_layer_fit.log" 2>&1
   rc=$?; step tokenweave_layer_fit "rc=$rc"
   { echo; cat "$out/issue25_tw_layer_fit.md" 2>/dev/null || tail -3 "$out/issue25_tw_layer_fit.log"; } >> "$result"
