@@ -62,8 +62,9 @@ for n in "${layer_counts[@]}"; do
   if [ "$(left)" -lt 25 ]; then step "tokenweave_tp4_L$n" "not run (no time left)"; continue; fi
   mkdir -p "$out/layer_L$n"; fit_s=$(cap "${TW_FIT_BENCH_S:-45}")
   timeout --kill-after=5 "$fit_s" "$PY" benchmark/bench_tokenweave.py --tp 4 --layers "$n" --model-path "$m70" \
-    --tokens 1024 2048 4096 8192 --variants nccl nccl_symm nocomm tokenweave ${extra_variants[@]+"${extra_variants[@]}"} \
-    --iters 5 --warmup 5 --cuda-graph --results-dir "$out/layer_L$n" --timeout $(( fit_s - 4 )) \
+    --tokens 1024 2048 4096 8192 --variants nccl nccl_symm nocomm tokenweave \
+    ${extra_variants[@]+"${extra_variants[@]}"} --iters 5 --warmup 5 --cuda-graph --results-dir "$out/layer_L$n" \
+    --timeout $(( fit_s - 4 )) \
     > "$out/issue25_tw_bench_L$n.log" 2>&1
   rc=$?; step "tokenweave_tp4_L$n" "rc=$rc"
   [ "$rc" -ne 0 ] && grep -E "Error|error|Timeout" "$out/issue25_tw_bench_L$n.log" | tail -3

@@ -85,7 +85,8 @@ def test_cli_writes_section_and_refuses_one_layer_count(tmp_path, capsys):
     f1, f4 = _write(tmp_path, r, 1), _write(tmp_path, r, 4)
     out = tmp_path / "fit.md"
     text = r.main(["--layer-fit", str(f1), str(f4), "--out", str(out)])
-    assert out.read_text() == text and text.startswith("## fixed per-forward cost (least squares over layer counts 1, 4")
+    assert out.read_text() == text
+    assert text.startswith("## fixed per-forward cost (least squares over layer counts 1, 4")
     assert "| llama | 4 | eager | 1024 | tokenweave | 1,4 | 0.850 | 1.800 |" in text
     with pytest.raises(SystemExit):
         r.main(["--layer-fit", str(f4), str(f4)])
