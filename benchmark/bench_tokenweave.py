@@ -41,8 +41,9 @@ a third gives the auto-off decision per T (TokenWeave on only where it beats ``n
 ``--host-profile T``: cProfile of rank 0 over one forward per variant (``benchmark/tokenweave_graph.py``).
 
 It prints one table (median ms per forward and ratios against ``nccl`` and ``nocomm`` of the same run) and
-writes ``benchmark/results/<date>_tokenweave_<mode>.md`` (date, hardware, command). NVLink multicast stays
-off in every process. End-to-end mode (``--e2e``) runs ``sglang.bench_offline_throughput`` and
+writes ``benchmark/results/<date>_tokenweave_<mode>.md`` (date, hardware, command; layer mode also a ``.json``
+of the timings: ``tokenweave_report.py --layer-fit`` fits the fixed per-forward cost over --layers). NVLink
+multicast stays off in every process. End-to-end mode (``--e2e``) runs ``sglang.bench_offline_throughput`` and
 ``sglang.bench_serving`` (against ``sglang.launch_server`` started here) with TokenWeave off and on alternated
 (off, on, off, on for ``--rounds 2``), same dataset, and reports the median of each side and the on/off ratios.
 Every baseline (``nocomm``, ``nccl``, ``nccl_symm``, ``custom``) runs the same fused add-RMSNorm kernel as
@@ -79,7 +80,7 @@ sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel" / "python"), str(R
 from sglang.srt.utils.nvls_env import NVLS_OFF_ENV  # noqa: E402  (pure Python)
 from tokenweave_graph import graph_and_profile, report_sections  # noqa: E402
 from tokenweave_profile import overlap_table, profile_forward, profile_overlap  # noqa: E402
-from tokenweave_report import auto_off_decision, host_table, targets_table  # noqa: E402
+from tokenweave_report import auto_off_decision, host_table, targets_table, write_cases_json  # noqa: E402
 from tokenweave_variants import (FULL, OLDCOMM, OLDSPLIT, SELCARVE, ratio_pairs, tune_executor,  # noqa: E402
                                  variant_comm)
 
@@ -277,6 +278,7 @@ def run_layer_mode(a) -> Path:
     print("\n".join(lines))
     out = _results_path(a, "layer")
     out.write_text("\n".join(lines) + "\n")
+    write_cases_json(out.with_suffix(".json"), a.layers, a.tokens, variants, cases)  # tokenweave_report --layer-fit
     return out
 
 

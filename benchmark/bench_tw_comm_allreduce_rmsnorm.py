@@ -20,7 +20,12 @@ time is the median over replays, max over ranks. Methods:
   --calibrate   also times every candidate (variant, SMs) the communicator may pick, for plain calls and for
                 overlapped ones on --overlap-sms, and writes the fastest per size into --table (JSON, per GPU
                 model and world; see sglang.srt.distributed.tw_comm_tuning), then reports what auto picks
-Ratios: baseline / method (speed-up) and method / line-rate floor, floor = 2(n-1)/n * S / 450 GB/s.
+  auto          a plain full-residual call as the communicator makes it (no backend / max_sms given: the packaged
+                calibration table's pick for this GPU and world via tw_comm.select_backend, $TW_COMM_CROSSOVERS if
+                set, the built-in rules without a table)
+Main table (benchmark/tw_comm_ar_report.py): auto, the best full-residual and, apart, the best sharded-residual
+configuration (only TokenWeave's split calls may shard the residual), each with baseline / it (speed-up) over NCCL
++ norm, nccl_symm and torch_symm; best full / line-rate floor, floor = 2(n-1)/n * S / 450 GB/s.
 
 NVLink multicast stays off (the script sets NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
 NVSHMEM_DISABLE_NVLS=1 for itself and its children). Usage:
@@ -49,6 +54,8 @@ import torch  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 PATHS = [str(REPO / "sgl-kernel" / "python"), str(REPO / "python"), str(REPO / "benchmark")]
 sys.path[:0] = PATHS
+from tw_comm_ar_report import main_table  # noqa: E402
+
 logger = logging.getLogger(__name__)
 
 LINK_BYTES_PER_S = 450e9
@@ -99,7 +106,9 @@ def _worker(rank, world, init_file, args, result_file):
     H = args.hidden
     dtype = torch.bfloat16
     tokens = [int(t) for t in args.tokens.split(",")]
-    ws = TwCommWorkspace(None, dev, TwCommConfig(max_bytes=max(tokens) * H * 2, use_calibrated=False))
+    # at least the communicator's 64 MiB default, so the `auto` call fits as it does in the server
+    ws = TwCommWorkspace(None, dev, TwCommConfig(max_bytes=max(TwCommConfig().max_bytes, max(tokens) * H * 2),
+                                                 use_calibrated=False))
     group_name = dist.group.WORLD.group_name
     symm = None
     try:
@@ -175,6 +184,8 @@ def _worker(rank, world, init_file, args, result_file):
                                              residual_sharded=sharded)
 
         _measure_tw(ws, args, row, measure, tw)
+        _measure_auto(ws, row, measure, lambda: allreduce_rmsnorm(ws, x, residual, weight, EPS, out=out,
+                                                                   residual_sharded=False))
         rows.append(row)
         if rank == 0:
             logger.warning("world=%d T=%d done: %s", world, T,
@@ -208,7 +219,6 @@ def _measure_tw(ws, args, row, measure, tw) -> None:
         for n in args.ctas.split(","):
             sms = torch.cuda.get_device_properties(ws.device).multi_processor_count if n == "all" else int(n)
             row[f"cta:{m}@{n}"] = measure(tw(backend, sms, sharded))
-    row["auto"] = ws.select(T, H).value
     if T >= args.sweep_min_tokens:
         for sms in [int(v) for v in args.sweep_sms.split(",")]:
             row[f"twoshot@{sms}"] = measure(tw(TwBackend.TWOSHOT, sms))
@@ -230,6 +240,36 @@ def _measure_tw(ws, args, row, measure, tw) -> None:
         for kind, backend, sms in _candidates(args, oneshot_fits, lamport_fits):
             name = same.get((backend.value, sms)) or f"{backend.value[4:]}@{sms}"
             row[f"{kind}:{backend.value}@{sms}"] = row[name] if name in row else measure(tw(backend, sms))
+
+
+def auto_pick(config, world: int, capacity_bytes: int, tokens: int, hidden: int, gpu_name: str,
+              table_path=None):
+    """(TwCommConfig with the calibrated table of ``gpu_name`` x ``world`` loaded, backend, SMs) of a plain
+    (non-overlapped, fused, bf16) call of [tokens, hidden] as the communicator makes it: the table from
+    ``table_path`` (default: ``$TW_COMM_CROSSOVERS`` or the packaged ``tw_comm_crossovers.json``; the built-in
+    rules where it has no entry for this GPU / world), backend by ``tw_comm.select_backend``, SMs as
+    ``tw_comm.allreduce_rmsnorm`` resolves them without ``max_sms``. Pure (no CUDA)."""
+    from types import SimpleNamespace
+
+    from sglang.srt.distributed.tw_comm import _sms, select_backend
+    from sglang.srt.distributed.tw_comm_tuning import load_crossovers
+
+    cfg = dataclasses.replace(config, crossovers=load_crossovers(gpu_name, world, table_path), use_calibrated=True)
+    b = select_backend(tokens, hidden, world, config=cfg, capacity_bytes=capacity_bytes)
+    pick = cfg.crossovers.pick(tokens * hidden * 2, False)
+    return cfg, b, _sms(SimpleNamespace(config=cfg), b, None, False, pick)
+
+
+def _measure_auto(ws, row, measure, call) -> None:
+    """Time ``call`` (allreduce_rmsnorm with no backend / max_sms, full residual) with ``ws`` on the calibrated
+    config, as the communicator runs a plain call; row["auto"] = "<backend>@<sms>", row["auto_us"] = us."""
+    cfg, b, sms = auto_pick(ws.config, ws.world, ws.capacity_bytes, row["T"], row["bytes"] // (2 * row["T"]),
+                            torch.cuda.get_device_name(ws.device))
+    base, ws.config = ws.config, cfg
+    try:
+        row["auto"], row["auto_us"] = f"{b.value}@{sms}", measure(call)
+    finally:
+        ws.config = base
 
 
 TW_METHODS = ("oneshot", "lamport", "twoshot", "twoshot_sharded", "twoshot_pipe", "twoshot_pipe_sharded",
@@ -339,26 +379,9 @@ def render(rows, notes, command, hardware, tables=None) -> str:
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"# tw-comm fused AllReduce + residual + RMSNorm, hidden 8192 bf16 ({now})", "",
              f"hardware: {hardware}", f"command: `{command}`",
-             "times: us per call, CUDA graph replay median, max over ranks. speed-up = baseline / best tw-comm; "
-             "floor = 2(n-1)/n*S/450GB/s.", "",
-             "| world | T | floor | baseline | nccl_symm | torch_symm | " + " | ".join(TW_METHODS)
-             + " | best tw | speed-up | vs nccl_symm | vs torch_symm | best/floor | auto |",
-             "|---|---|---|---|---|---|" + "---|" * len(TW_METHODS) + "---|---|---|---|---|---|"]
+             "times: us per call, CUDA graph replay median, max over ranks; floor = 2(n-1)/n*S/450GB/s.", "",
+             *main_table(rows, TW_METHODS)]
     fmt = lambda v: f"{v:.1f}" if isinstance(v, float) else "n/a"  # noqa: E731
-    for r in rows:
-        tw = {m: r[m] for m in TW_METHODS if m in r}
-        if not tw:
-            continue
-        best_m = min(tw, key=tw.get)
-        best = tw[best_m]
-        lines.append(
-            f"| {r['world']} | {r['T']} | {r['floor_us']:.1f} | {fmt(r['baseline'])} | {fmt(r.get('nccl_symm'))} | "
-            f"{fmt(r.get('torch_symm'))} | " + " | ".join(fmt(r.get(m)) for m in TW_METHODS)
-            + f" | {best:.1f} ({best_m}) | {r['baseline'] / best:.2f}x | "
-            + (f"{r['nccl_symm'] / best:.2f}x" if r.get("nccl_symm") else "n/a") + " | "
-            + (f"{r['torch_symm'] / best:.2f}x" if r.get("torch_symm") else "n/a")
-            + f" | {best / r['floor_us']:.2f}x | {r['auto']} |"
-        )
     lines += render_ctas(rows)
     sweep_cols = sorted({k for r in rows for k in r if "@" in k and ":" not in k},
                         key=lambda k: (k.split("@")[0], int(k.split("@")[1])))

@@ -1,8 +1,20 @@
-"""Report helpers of ``bench_tokenweave.py`` layer mode: the host-vs-GPU table and the auto-off decision."""
+"""Report helpers of ``bench_tokenweave.py`` layer mode: the host-vs-GPU table, the auto-off decision, and the
+per-forward fixed cost fitted over layer counts.
+
+Fixed per-forward cost (issue 25, item 4: "under 0.2 ms"): the same variants timed at several ``--layers`` counts
+(e.g. 1 and 4, one results JSON per count, written next to each layer-mode results file) give per variant and T a
+least-squares line ``ms = intercept + slope * layers``: ``slope`` is the cost of one decoder layer, ``intercept``
+what a forward costs besides its layers (embedding, final norm, logits, and for TokenWeave the split set-up and
+stream/event work). TokenWeave's fixed cost *over NCCL* is ``intercept(tokenweave) - intercept(nccl)``.
+CLI: ``python benchmark/tokenweave_report.py --layer-fit L1.json L4.json [--out fit.md]``.
+"""
 
 from __future__ import annotations
 
-from typing import Optional
+import argparse
+import json
+from pathlib import Path
+from typing import Optional, Sequence
 
 
 def host_table(cases: list[tuple[str, int, dict]], tokens: list[int], variants: list[str]) -> list[str]:
@@ -64,3 +76,90 @@ def targets_table(cases: list[tuple[str, int, dict]], tokens: list[int]) -> list
             lines.append(f"| {model} | {tp} | {t} | {f(r['tokenweave'])} | {f(r['tokenweave_nocarve'])} | "
                          f"{f(r['nocomm'])} | <= {goal} | {met} | {reach} |")
     return lines
+
+
+FIT_MODES = (("eager", "{v}|{t}"), ("graph", "graph|{v}|{t}"), ("host", "host|{v}|{t}"))
+FIXED_COST_TARGET_MS = 0.2  # issue 25 item 4: TokenWeave's fixed per-forward cost
+
+
+def write_cases_json(path: Path, layers: int, tokens: list[int], variants: list[str],
+                     cases: list[tuple[str, int, dict]]) -> Path:
+    """Write one layer-mode run (``cases``: (model, TP, {"<key>": ms})) with its layer count as JSON for
+    :func:`layer_fit_table`; only float timings are kept. Returns ``path``."""
+    data = {"layers": layers, "tokens": list(tokens), "variants": list(variants),
+            "cases": [{"model": m, "tp": tp, "results": {k: v for k, v in res.items() if isinstance(v, float)}}
+                      for m, tp, res in cases]}
+    Path(path).write_text(json.dumps(data, indent=1) + "\n")
+    return Path(path)
+
+
+def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float]:
+    """Least-squares ``y = intercept + slope * x``: (intercept, slope, rms residual). Raises ValueError with
+    fewer than two distinct x or unequal lengths."""
+    if len(xs) != len(ys) or len(set(xs)) < 2:
+        raise ValueError(f"fit_line needs >= 2 distinct layer counts with one time each, got x={list(xs)}, "
+                         f"y={list(ys)}: run bench_tokenweave.py with at least two --layers values")
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    icpt = my - slope * mx
+    rms = (sum((y - icpt - slope * x) ** 2 for x, y in zip(xs, ys)) / n) ** 0.5
+    return icpt, slope, rms
+
+
+def layer_fits(runs: Sequence[dict]) -> dict:
+    """{(model, TP, mode, T, variant): (layer counts, intercept ms, slope ms/layer, rms ms)} over ``runs`` (the
+    :func:`write_cases_json` dicts), for every key measured at >= 2 distinct layer counts (a count measured twice
+    keeps its last run)."""
+    pts: dict = {}
+    for run in runs:
+        for case in run["cases"]:
+            for mode, fmt in FIT_MODES:
+                for t in run["tokens"]:
+                    for v in run["variants"]:
+                        ms = case["results"].get(fmt.format(v=v, t=t))
+                        if ms:
+                            key = (case["model"], case["tp"], mode, t, v)
+                            pts.setdefault(key, {})[run["layers"]] = ms
+    return {k: (sorted(p), *fit_line(sorted(p), [p[x] for x in sorted(p)])) for k, p in pts.items() if len(p) >= 2}
+
+
+def layer_fit_table(runs: Sequence[dict]) -> list[str]:
+    """Markdown lines: per (model, TP, mode, T, variant) the fitted fixed per-forward cost (intercept) and
+    per-layer cost (slope), both minus / over NCCL's of the same mode and T, and for TokenWeave variants whether
+    the fixed cost over NCCL is under issue 25's 0.2 ms."""
+    fits = layer_fits(runs)
+    lines = ["| model | TP | mode | tokens | variant | layers | fixed ms (intercept) | ms / layer (slope) | "
+             "fit rms ms | fixed - nccl ms | slope / nccl | fixed - nccl < 0.2 ms |",
+             "|---|---:|---|---:|---|---|---:|---:|---:|---:|---:|---|"]
+    for (model, tp, mode, t, v), (layers, icpt, slope, rms) in sorted(fits.items()):
+        ref = fits.get((model, tp, mode, t, "nccl"))
+        d = f"{icpt - ref[1]:+.3f}" if ref else "n/a"
+        r = f"{slope / ref[2]:.3f}" if ref and ref[2] else "n/a"
+        met = ("yes" if icpt - ref[1] < FIXED_COST_TARGET_MS else "no") if ref and v.startswith("tokenweave") else "-"
+        lines.append(f"| {model} | {tp} | {mode} | {t} | {v} | {','.join(map(str, layers))} | {icpt:.3f} | "
+                     f"{slope:.3f} | {rms:.3f} | {d} | {r} | {met} |")
+    return lines
+
+
+def main(argv=None) -> str:
+    """CLI: ``--layer-fit`` JSON files (one per --layers count) -> the fit table (printed, and written to --out)."""
+    p = argparse.ArgumentParser(description="TokenWeave fixed per-forward cost: fit over layer counts")
+    p.add_argument("--layer-fit", nargs="+", required=True, help="bench_tokenweave.py layer-mode JSON files")
+    p.add_argument("--out", default="", help="also write the section here (markdown)")
+    a = p.parse_args(argv)
+    runs = [json.loads(Path(f).read_text()) for f in a.layer_fit]
+    counts = sorted({r["layers"] for r in runs})
+    if len(counts) < 2:
+        p.error(f"--layer-fit needs runs at >= 2 layer counts, got {counts} from {a.layer_fit}")
+    text = "\n".join(["## fixed per-forward cost (least squares over layer counts "
+                      f"{', '.join(map(str, counts))}; ms = fixed + layers x slope)", "",
+                      *layer_fit_table(runs)]) + "\n"
+    print(text)
+    if a.out:
+        Path(a.out).write_text(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()

@@ -14,7 +14,12 @@
 # Knobs (env): TW_EXTRA_VARIANTS="tokenweave_oldcomm" adds bench_tokenweave variants to the same run (e.g. TokenWeave
 # on the pre-bulk comm beside the default one, scripts/gpu/issue25_tw_bulk_4gpu.sh); TW_RESULT=name.md names the
 # table file under $OUT; TW_BENCH_S caps step 2 (default 62 s); TW_SKIP_TP2_TEST=1 skips step 3; TW_OVERLAP_TOKENS
-# (default "4096") the T list of --overlap-tokens.
+# (default "4096") the T list of --overlap-tokens. TW_LAYERS (default "4"): decoder layer counts, e.g. "1 4": the
+# largest runs step 2 as above (result table, profiles); each other count then runs the same variants / T / graphs
+# without the profiles (cap TW_FIT_BENCH_S each, default 45 s) into $out/layer_L<N>, and
+# benchmark/tokenweave_report.py --layer-fit appends the fixed per-forward cost (intercept ms) and per-layer cost
+# (slope) per variant, T and mode (eager / graph / host) to the result table (issue 25 item 4: fixed cost < 0.2 ms).
+# "1 4" needs about 50 s more budget (e.g. TW_LAYERS="1 4" TW_SKIP_TP2_TEST=1 bash ... 160).
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"
 budget="${1:-100}"; start=$SECONDS
@@ -35,10 +40,12 @@ timeout --kill-after=5 "$(cap 45)" "$PY" -c "from sgl_kernel.tw_comm.build impor
   > "$out/issue25_tw_build.log" 2>&1
 rc=$?; tail -2 "$out/issue25_tw_build.log"; step build "rc=$rc"
 
-echo "== 2. TokenWeave TP4 layer benchmark, eager + CUDA graph, host profile at 1024"
+read -r -a layer_counts <<< "${TW_LAYERS:-4}"
+main_layers=$(printf '%s\n' "${layer_counts[@]}" | sort -n | tail -1)
+echo "== 2. TokenWeave TP4 layer benchmark ($main_layers layers), eager + CUDA graph, host profile at 1024"
 mkdir -p "$out/layer"
 bench_s=$(cap "${TW_BENCH_S:-62}")
-timeout --kill-after=5 "$bench_s" "$PY" benchmark/bench_tokenweave.py --tp 4 --layers 4 --model-path "$m70" \
+timeout --kill-after=5 "$bench_s" "$PY" benchmark/bench_tokenweave.py --tp 4 --layers "$main_layers" --model-path "$m70" \
   --tokens 1024 2048 4096 8192 --variants nccl nccl_symm nocomm tokenweave ${extra_variants[@]+"${extra_variants[@]}"} \
   --iters 5 --warmup 5 \
   --cuda-graph --host-profile 1024 --overlap-tokens ${TW_OVERLAP_TOKENS:-4096} --results-dir "$out/layer" --profile-dir "$out/layer" \
@@ -48,6 +55,28 @@ cp "$out"/layer/*_tokenweave_layer.md "$result" 2>/dev/null \
   || { echo "no results file; partial rows:"; grep "\[partial\]" "$out/issue25_tw_bench.log" > "$result"; }
 step tokenweave_tp4_bench "rc=$rc"
 [ "$rc" -ne 0 ] && grep -E "Error|error|Timeout" "$out/issue25_tw_bench.log" | tail -5
+
+# 2b. the other layer counts (same variants, T, graphs; no profiles), then the fixed-cost fit over all counts
+for n in "${layer_counts[@]}"; do
+  [ "$n" = "$main_layers" ] && continue
+  if [ "$(left)" -lt 25 ]; then step "tokenweave_tp4_L$n" "not run (no time left)"; continue; fi
+  mkdir -p "$out/layer_L$n"; fit_s=$(cap "${TW_FIT_BENCH_S:-45}")
+  timeout --kill-after=5 "$fit_s" "$PY" benchmark/bench_tokenweave.py --tp 4 --layers "$n" --model-path "$m70" \
+    --tokens 1024 2048 4096 8192 --variants nccl nccl_symm nocomm tokenweave \
+    ${extra_variants[@]+"${extra_variants[@]}"} --iters 5 --warmup 5 --cuda-graph --results-dir "$out/layer_L$n" \
+    --timeout $(( fit_s - 4 )) \
+    > "$out/issue25_tw_bench_L$n.log" 2>&1
+  rc=$?; step "tokenweave_tp4_L$n" "rc=$rc"
+  [ "$rc" -ne 0 ] && grep -E "Error|error|Timeout" "$out/issue25_tw_bench_L$n.log" | tail -3
+done
+if [ "${#layer_counts[@]}" -gt 1 ]; then
+  # shellcheck disable=SC2046
+  timeout 30 "$PY" benchmark/tokenweave_report.py --layer-fit $(ls "$out"/layer/*_tokenweave_layer*.json \
+    "$out"/layer_L*/*_tokenweave_layer*.json 2>/dev/null) --out "$out/issue25_tw_layer_fit.md" \
+    > "$out/issue25_tw_layer_fit.log" 2>&1
+  rc=$?; step tokenweave_layer_fit "rc=$rc"
+  { echo; cat "$out/issue25_tw_layer_fit.md" 2>/dev/null || tail -3 "$out/issue25_tw_layer_fit.log"; } >> "$result"
+fi
 
 echo "== 3. TokenWeave executor TP2 one rank per GPU vs fp32 reference (if time is left)"
 if [ "${TW_SKIP_TP2_TEST:-0}" = 1 ]; then

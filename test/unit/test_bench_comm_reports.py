@@ -24,13 +24,16 @@ def _load(name):
 def test_report_has_nccl_symm_column_and_ratio():
     b = _load("bench_tw_comm_allreduce_rmsnorm")
     rows = [dict(world=8, T=128, floor_us=10.0, baseline=40.0, nccl_symm=30.0, oneshot=15.0, twoshot=20.0,
-                 twoshot_sharded=22.0, ce=50.0, auto="oneshot"),
+                 twoshot_sharded=22.0, ce=50.0, auto="p2p_oneshot@64", auto_us=16.0),
             dict(world=8, T=4096, floor_us=100.0, baseline=300.0, oneshot=290.0, twoshot=150.0,
-                 twoshot_sharded=140.0, ce=400.0, auto="twoshot")]
+                 twoshot_sharded=140.0, ce=400.0, auto="p2p_twoshot@128", auto_us=150.0)]
     text = b.render(rows, ["nccl_symm unavailable: RuntimeError: x"], "cmd", "hw")
     lines = [line for line in text.splitlines() if line.startswith("| 8 |")]
-    assert "| 30.0 |" in lines[0] and "| 2.67x | 2.00x |" in lines[0]  # 40/15 vs plain, 30/15 vs nccl_symm
-    assert "| 2.14x | n/a |" in lines[1]  # 300/140; no nccl_symm measured
+    # auto 16.0: 40/16 vs NCCL, 30/16 vs nccl_symm; best full oneshot 15.0: 40/15, 30/15
+    assert "| 16.0 (p2p_oneshot@64) | 15.0 (oneshot) | 22.0 (twoshot_sharded) | 2.50x | 1.88x | n/a | 2.67x | 2.00x |" \
+        in lines[0]
+    # T=4096: best full is twoshot 150 (2.00x), the sharded 140 (2.14x) is only in its own column
+    assert "| 150.0 (twoshot) | 140.0 (twoshot_sharded) | 2.00x | n/a | n/a | 2.00x | n/a | n/a | 2.14x |" in lines[1]
     assert "nccl_symm unavailable" in text and "| nccl_symm |" in text
 
 
