@@ -11,17 +11,19 @@
 #   d  (only if device time is left) issue 25: unsplit forwards under TokenWeave on the plain communicator, A/B +
 #      stress/racecheck of the bulk and sharded variants (issue25_unsplit_4gpu.sh); e2e with the sharded-residual
 #      default (issue25_e2e_4gpu.sh)
+#   e  (only if device time is left) issue 25: the communicator's own pick (auto column) vs best full / best sharded
+#      vs NCCL / torch symm (issue25_ar_4gpu.sh); fixed per-forward cost from a 1- and 4-layer fit (issue25_tw_4gpu.sh)
 #   t  a CPU self-test of this script (two steps side by side, one cut by its limit, one not run, packing)
 # Benchmark steps run alone on the host; only the GPU-disjoint correctness tests of group a run side by side.
 # Every step: its own folder (the sub-script's OUT), a limit cut to the group's wall time left (a step that would
 # get less than its minimum is not run), GPUs idle before the next step. After EVERY step the group's folder is
 # packed into $OUT/<group>.tgz (one file: what a call brings back; files > 4 MiB travel as their last 4000 lines, at most 2 MB),
 # so a call cut by its limit still returns what finished.
-# Usage (repo root, carry .whl and .sd): bash scripts/gpu/session_next_4gpu.sh a|b|c|d
+# Usage (repo root, carry .whl and .sd): bash scripts/gpu/session_next_4gpu.sh a|b|c|d|e
 # SESSION_WALL_S (default 560): the group's wall budget. DRY_RUN=1: print each step's command and limit, run nothing.
 set -uo pipefail
 g="${1:-}"
-case "$g" in a|b|c|d|t) ;; *) echo "usage: bash scripts/gpu/session_next_4gpu.sh a|b|c|d (t: CPU self-test)"; exit 2 ;; esac
+case "$g" in a|b|c|d|e|t) ;; *) echo "usage: bash scripts/gpu/session_next_4gpu.sh a|b|c|d|e (t: CPU self-test)"; exit 2 ;; esac
 . "$(dirname "$0")/device_preamble.sh"
 final="${OUT:-/tmp/session_next_out}"; mkdir -p "$final"
 wall="${SESSION_WALL_S:-560}"; dry="${DRY_RUN:-}"; t0=$SECONDS
@@ -110,6 +112,10 @@ c)
 d)
   steps unsplit 240 150 'bash scripts/gpu/issue25_unsplit_4gpu.sh $B'
   steps e2e 360 200 'ISSUE25_E2E_SKIP_STRESS=1 bash scripts/gpu/issue25_e2e_4gpu.sh $B'
+  ;;
+e)
+  steps ar 110 80 'bash scripts/gpu/issue25_ar_4gpu.sh $B'
+  steps tw_fit 170 120 'TW_LAYERS="1 4" TW_SKIP_TP2_TEST=1 bash scripts/gpu/issue25_tw_4gpu.sh $B'
   ;;
 t)
   steps t_ok 20 5 'echo "B=$B OUT=$OUT"; head -c 5000000 /dev/zero | tr "\\0" x > "$OUT/big.log"; echo done' \
