@@ -32,12 +32,14 @@ from sglang.srt.disaggregation.layerwise import LayerwisePush, LayerwisePushList
 from sglang.srt.disaggregation.messages import (
     Heartbeat,
     HeartbeatAck,
+    RoomAbort,
     RoomAck,
+    RoomDrained,
     RoomFailed,
     RoomReady,
     RoomRequest,
 )
-from sglang.srt.disaggregation.push_room import PushDrain, plan_push
+from sglang.srt.disaggregation.push_room import DrainConfirms, PushDrain, plan_push
 from sglang.srt.disaggregation.slot_plan import readers_of
 
 logger = logging.getLogger(__name__)
@@ -87,6 +89,7 @@ class PrefillConnector(BaseConnector):
         # failed push rooms hold their KV until no WRITE of theirs can still move bytes (push_room.py)
         self.drain = PushDrain(self.agent.backend, self._backend_lock,
                                self.agent.backend.config.transfer_timeout_s + 5.0)
+        self.confirms = DrainConfirms(self.agent.backend, self._backend_lock, self.drain.deadline_s)  # RoomAbort
         executor = getattr(scheduler.runner, "executor", None)
         if self.transfer_mode == "push" and executor is not None:
             if executor.supports_kv_layer_listener:
@@ -153,9 +156,10 @@ class PrefillConnector(BaseConnector):
         return [r.req.rid for r in self.rooms.values() if r.req is not None] + list(self.rid_room) + self.drain.rids()
 
     def has_work(self) -> bool:
-        """Rooms whose KV is held or being pushed, and requests waiting for their RoomRequest, keep the loop
-        spinning (heartbeats, timeouts)."""
-        return bool(self.push_waiting or self.drain.rooms) or any(r.req is not None for r in self.rooms.values())
+        """Rooms whose KV is held or being pushed, requests waiting for their RoomRequest, and drains the decode side
+        waits for keep the loop spinning (heartbeats, timeouts)."""
+        return bool(self.push_waiting or self.drain.rooms or self.confirms.rooms) or \
+            any(r.req is not None for r in self.rooms.values())
 
     def num_open(self) -> int:
         return sum(1 for r in self.rooms.values() if r.req is not None) + len(self.drain.rooms)
@@ -215,6 +219,8 @@ class PrefillConnector(BaseConnector):
         self._poll_pushes()
         for d in self.drain.poll(self.agent.agree):  # failed push rooms none of whose WRITEs can still move bytes
             self._close_now(d.room, d.reason, d.notify, d.status_code)
+        for c in self.confirms.poll(self.agent.agree):  # rooms the decode side aborted, drained on every rank
+            self.agent.send(c.endpoint, RoomDrained(c.room))
         self._poll_completes()
         return self.take_decisions()
 
@@ -249,6 +255,11 @@ class PrefillConnector(BaseConnector):
             r = self.rooms.get(msg.room)
             if r is not None:
                 self._finish(r, msg.reason, notify=msg.local)
+        elif isinstance(msg, RoomAbort):  # the decode side holds the slots until RoomDrained (push_room.py)
+            r = self.rooms.get(msg.room)
+            if r is not None:
+                self._finish(r, msg.reason)
+            self.confirms.add(msg.room, msg.endpoint, r, self.drain.rooms.get(msg.room))
         elif isinstance(msg, Heartbeat):
             self.peer_seen[msg.endpoint] = now()
             self.agent.send(msg.endpoint, HeartbeatAck(self.agent.endpoint))

@@ -17,6 +17,12 @@ then answers HTTP 200 with wrong tokens. So a failing room is drained before any
 3. only then is ``RoomFailed`` sent to the decode side (which frees its slots and fails the request: an error, never a
    hang) and the prefill request failed (its KV goes back through the scheduler's ``FinishRequest``).
 
+When the *decode* side gives a room up (``RoomAbort``: client abort, its own timeout), it keeps the room's slots
+quarantined (``decode_quarantine.py``) until this side answers ``RoomDrained``: the room fails here as above (posting
+stopped, PENDING WRITEs cancelled) and :class:`DrainConfirms` sends ``RoomDrained`` once none of the room's WRITEs is
+``in_flight`` on any TP rank (agreed). Past ``deadline_s`` it gives up without confirming (logged; the decode side
+then frees by its own, later deadline).
+
 KVDirect (Chen et al. 2024, sec. 4.3) describes the push alternative; the fail-closed ordering here is ours.
 """
 
@@ -142,3 +148,62 @@ class PushDrain:
     def rids(self) -> list[str]:
         """Requests whose KV is held by a draining room."""
         return [d.room.req.rid for d in self.rooms.values() if d.room.req is not None]
+
+
+@dataclass
+class PendingConfirm:
+    """A ``RoomAbort`` to answer: ``endpoint`` (the decode leader's control socket) gets ``RoomDrained(room)`` once
+    none of ``handles`` (the room's WRITEs on this rank) is in flight; ``deadline``: ``time.monotonic()`` seconds."""
+
+    room: int
+    endpoint: str
+    handles: list
+    deadline: float
+
+
+class DrainConfirms:
+    """The decode side's ``RoomAbort`` requests of one prefill rank, answered once the room's WRITEs drained (module
+    doc).
+
+    Args:
+        backend: the rank's :class:`~sglang.srt.disaggregation.transfer.base.TransferBackend`.
+        lock: ``() -> context manager`` serializing backend calls with the layerwise posting thread.
+        deadline_s: most seconds to wait for a drain before giving up without confirming (> 0).
+    Raises:
+        ValueError: ``deadline_s`` <= 0.
+    """
+
+    def __init__(self, backend, lock: Callable[[], ContextManager], deadline_s: float):
+        if not deadline_s > 0:
+            raise ValueError(f"DrainConfirms deadline_s={deadline_s} must be > 0")
+        self.backend, self.lock, self.deadline_s = backend, lock, float(deadline_s)
+        self.rooms: dict[int, PendingConfirm] = {}
+
+    def add(self, room: int, endpoint: str, *holders) -> None:
+        """Confirm ``room`` to ``endpoint`` once the WRITEs of ``holders`` (``PrefillRoom`` / :class:`DrainingRoom`
+        objects or None; call after the room's posting was stopped, so the lists are final) settled."""
+        handles: dict[int, Any] = {}
+        for x in holders:
+            job = getattr(x, "layerwise", None)
+            for h in [*getattr(x, "handles", ()), *(job.handles if job is not None else ())]:
+                handles[id(h)] = h
+        self.rooms[room] = PendingConfirm(room, endpoint, list(handles.values()),
+                                          time.monotonic() + self.deadline_s)
+
+    def poll(self, agree: Callable[[list[int]], list[int]]) -> list[PendingConfirm]:
+        """The confirmations to send now (drained on every rank; ``agree``: element-wise min over the TP ranks),
+        removed from here; those past their deadline are dropped with an error in the log."""
+        rooms = sorted(self.rooms)
+        t = time.monotonic()
+        with self.lock():
+            codes = [1 if any(self.backend.in_flight(h) for h in self.rooms[room].handles) else 2 for room in rooms]
+        codes = [0 if c == 1 and t > self.rooms[room].deadline else c for room, c in zip(rooms, codes)]
+        out = []
+        for room, code in zip(rooms, agree(codes)):
+            if code == 0:
+                logger.error("room %d: its WRITEs are still in flight %.1f s after the decode side aborted it; not "
+                             "confirming the drain (the decode side frees by its own deadline)", room, self.deadline_s)
+                self.rooms.pop(room)
+            elif code == 2:
+                out.append(self.rooms.pop(room))
+        return out
