@@ -249,13 +249,15 @@ class DecodeConnector(BaseConnector):
             if reason is not None and not r.expiring:
                 r.expiring = True
                 self.agent.inject(RoomFailed(r.room, reason, local=True))
+        # servers whose confirmation quarantined slots wait for are pinged too: forgotten when silent (slots freed)
+        waiting = {q.server for q in self.quarantine.rooms.values() if q.awaiting_prefill}
         for key, srv in self.servers.items():  # a silent prefill server is forgotten: the next request naming
             if t - srv.last_seen > a.disaggregation_heartbeat_timeout and not srv.forgetting:  # it CONNECTs anew
                 busy_rooms = [r for r in self.rooms.values() if r.server == key and r.state != "connect"]
-                if busy_rooms or t - srv.last_seen > 10 * a.disaggregation_heartbeat_timeout:
+                if busy_rooms or key in waiting or t - srv.last_seen > 10 * a.disaggregation_heartbeat_timeout:
                     srv.forgetting = True
                     self.agent.inject(BootstrapRoute(key[0], key[1], b""))
-        busy = {r.server for r in self.rooms.values() if r.state != "connect"}
+        busy = {r.server for r in self.rooms.values() if r.state != "connect"} | waiting
         for key in busy:
             srv = self.servers.get(key)
             if srv is not None and t - srv.last_ping > a.disaggregation_heartbeat_interval:
