@@ -13,13 +13,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from test_pd_push_fail import GatedDecode, _connector, _room, agents  # noqa: F401 - agents is a fixture
+from test_pd_push_fail import LAYER_BYTES, LAYERS, GatedDecode, _connector, _room, agents  # noqa: F401 - fixture
 
 from sglang.srt.disaggregation.connector import FinishRequest
 from sglang.srt.disaggregation.decode import DecodeConnector
 from sglang.srt.disaggregation.decode_quarantine import SlotQuarantine
 from sglang.srt.disaggregation.decode_room import DecodeRoom, PrefillServer
-from sglang.srt.disaggregation.messages import BootstrapRoute, RoomAbort, RoomDrained, RoomFailed
+from sglang.srt.disaggregation.layerwise import LayerwisePush, LayerwisePushListener
+from sglang.srt.disaggregation.messages import BootstrapRoute, RoomAbort, RoomDrained, RoomFailed, RoomRequest
+from sglang.srt.disaggregation.prefill import PrefillRoom
 from sglang.srt.disaggregation.transfer.base import MemRegion, TransferConfig
 from sglang.srt.disaggregation.transfer.fake_backend import FakeTransferBackend
 from sglang.srt.disaggregation.transfer.queue import TransferQueue
@@ -102,8 +104,8 @@ def test_aborted_push_room_keeps_its_slots_until_the_prefill_confirms(agents):
         time.sleep(0.01)
     assert c.sent == [("tcp://decode:1", RoomDrained(r.room))] and not c.has_work()
     assert decisions == [FinishRequest(pr.req)] and "aborted by the client" in pr.req.finished_reason["message"]
-    assert torch.equal(agents.dst[:agents.plan[0][1][0][0, 2]], agents.src[:agents.plan[0][1][0][0, 2]])
-    assert int(agents.dst[agents.plan[0][1][0][0, 2]:].count_nonzero()) == 0  # only WRITE 1 landed
+    assert torch.equal(agents.dst[:LAYER_BYTES], agents.src[:LAYER_BYTES])
+    assert int(agents.dst[LAYER_BYTES:].count_nonzero()) == 0  # only WRITE 1 landed
     d.inbox.append(RoomDrained(r.room))
     d.poll()
     assert _quarantined(d) == 0 and not d.quarantine.rooms
@@ -201,3 +203,30 @@ def test_failed_pull_room_waits_for_its_reads_in_flight():
 def test_quarantine_deadline_validated():
     with pytest.raises(ValueError, match="deadline_s"):
         SlotQuarantine(0)
+
+
+def test_prefill_abort_holds_room_failed_until_its_layerwise_writes_settled(agents):
+    """The prefill request is aborted by its client after its forward posted layerwise WRITEs (WRITE 1 at the decode
+    agent): posting stops, the queued WRITEs are cancelled, and ``RoomFailed`` (on which the decode side frees its
+    slots at once) goes out only once WRITE 1 settled."""
+    c = _connector(agents.pre, agents.plan)
+    c.listener = LayerwisePushListener(agents.pre)
+    pr = PrefillRoom(7, peer=RoomRequest(7, "tcp://decode:1", "push"))
+    c.rooms[7] = pr
+    job = pr.layerwise = LayerwisePush(7, agents.plan, LAYERS, started=True)
+    for layer in range(3):
+        c.listener._post(layer, [job])
+    assert agents.dec.entered.wait(10) and len(job.handles) == 3
+    req = SimpleNamespace(rid="r7", bootstrap_room=7, finished_reason={"type": "abort", "message": "client"})
+    assert c.hold(req) is False and job.error and c.drain.cancelled == 3  # WRITE 1 too (still in flight)
+    c.listener._post(3, [job])  # a later layer posts nothing for the aborted room
+    for _ in range(3):
+        assert c.poll() == [] and not c.sent and c.has_work()
+        time.sleep(0.05)
+    agents.dec.gate.set()
+    deadline = time.monotonic() + 10
+    while not c.sent and time.monotonic() < deadline:
+        c.poll()
+        time.sleep(0.01)
+    assert [(ep, type(m)) for ep, m in c.sent] == [("tcp://decode:1", RoomFailed)] and not c.has_work()
+    assert len(job.handles) == 3 and int(agents.dst[LAYER_BYTES:].count_nonzero()) == 0

@@ -29,16 +29,8 @@ from sglang.srt.disaggregation.bootstrap import BootstrapServer
 from sglang.srt.disaggregation.connector import BaseConnector, Decision, FinishRequest, QueueRequest, \
     bootstrap_fields_error, reject
 from sglang.srt.disaggregation.layerwise import LayerwisePush, LayerwisePushListener
-from sglang.srt.disaggregation.messages import (
-    Heartbeat,
-    HeartbeatAck,
-    RoomAbort,
-    RoomAck,
-    RoomDrained,
-    RoomFailed,
-    RoomReady,
-    RoomRequest,
-)
+from sglang.srt.disaggregation.messages import Heartbeat, HeartbeatAck, RoomAbort, RoomAck, RoomFailed, RoomReady, \
+    RoomRequest
 from sglang.srt.disaggregation.push_room import DrainConfirms, PushDrain, plan_push
 from sglang.srt.disaggregation.slot_plan import readers_of
 
@@ -219,8 +211,8 @@ class PrefillConnector(BaseConnector):
         self._poll_pushes()
         for d in self.drain.poll(self.agent.agree):  # failed push rooms none of whose WRITEs can still move bytes
             self._close_now(d.room, d.reason, d.notify, d.status_code)
-        for c in self.confirms.poll(self.agent.agree):  # rooms the decode side aborted, drained on every rank
-            self.agent.send(c.endpoint, RoomDrained(c.room))
+        for c in self.confirms.poll(self.agent.agree):  # RoomDrained / RoomFailed once drained on every rank
+            self.agent.send(c.endpoint, c.msg)
         self._poll_completes()
         return self.take_decisions()
 
@@ -459,8 +451,9 @@ class PrefillConnector(BaseConnector):
 
     def _forget(self, room: int, reason: str) -> None:
         r = self.rooms.pop(room, None)
-        if r is not None and r.peer is not None:
-            self.agent.send(r.peer.endpoint, RoomFailed(room, reason))
+        if r is not None and r.peer is not None:  # push: WRITEs posted during the forward may still be in flight:
+            self.drain.begin(r, reason, False, 499, hold_kv=False)  # stopped/cancelled; the decode side frees its
+            self.confirms.add(room, r.peer.endpoint, r, msg=RoomFailed(room, reason))  # slots once they settled
         else:
             self._remember_failed(room, reason)
 

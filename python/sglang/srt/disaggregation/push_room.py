@@ -21,7 +21,8 @@ When the *decode* side gives a room up (``RoomAbort``: client abort, its own tim
 quarantined (``decode_quarantine.py``) until this side answers ``RoomDrained``: the room fails here as above (posting
 stopped, PENDING WRITEs cancelled) and :class:`DrainConfirms` sends ``RoomDrained`` once none of the room's WRITEs is
 ``in_flight`` on any TP rank (agreed). Past ``deadline_s`` it gives up without confirming (logged; the decode side
-then frees by its own, later deadline).
+then frees by its own, later deadline). Likewise a prefill request aborted by its client after layerwise WRITEs were
+posted during its forward: they are stopped/cancelled and its ``RoomFailed`` waits until they settled.
 
 KVDirect (Chen et al. 2024, sec. 4.3) describes the push alternative; the fail-closed ordering here is ours.
 """
@@ -33,6 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Sequence
 
+from sglang.srt.disaggregation.messages import RoomDrained
 from sglang.srt.disaggregation.slot_plan import assign_sources, copies_by_layer, plan_slot_copies
 from sglang.srt.disaggregation.transfer.base import TransferState
 from sglang.srt.mem_cache.kv_descriptor import KVRegionDescriptor
@@ -152,23 +154,27 @@ class PushDrain:
 
 @dataclass
 class PendingConfirm:
-    """A ``RoomAbort`` to answer: ``endpoint`` (the decode leader's control socket) gets ``RoomDrained(room)`` once
-    none of ``handles`` (the room's WRITEs on this rank) is in flight; ``deadline``: ``time.monotonic()`` seconds."""
+    """A message held until a room's WRITEs settled: ``endpoint`` (the decode leader's control socket) gets ``msg``
+    (``RoomDrained(room)`` answering a ``RoomAbort``; ``RoomFailed`` for a room whose prefill request was aborted
+    here) once none of ``handles`` (the room's WRITEs on this rank) is in flight; ``deadline``: ``time.monotonic()``
+    seconds."""
 
     room: int
     endpoint: str
     handles: list
     deadline: float
+    msg: Any
 
 
 class DrainConfirms:
-    """The decode side's ``RoomAbort`` requests of one prefill rank, answered once the room's WRITEs drained (module
-    doc).
+    """Messages to the decode side that one prefill rank holds until the room's WRITEs drained: ``RoomDrained``
+    answering a ``RoomAbort`` (module doc), ``RoomFailed`` of a room whose prefill request was aborted here while
+    WRITEs posted during its forward may still land.
 
     Args:
         backend: the rank's :class:`~sglang.srt.disaggregation.transfer.base.TransferBackend`.
         lock: ``() -> context manager`` serializing backend calls with the layerwise posting thread.
-        deadline_s: most seconds to wait for a drain before giving up without confirming (> 0).
+        deadline_s: most seconds to wait for a drain before giving up without sending (> 0).
     Raises:
         ValueError: ``deadline_s`` <= 0.
     """
@@ -179,16 +185,17 @@ class DrainConfirms:
         self.backend, self.lock, self.deadline_s = backend, lock, float(deadline_s)
         self.rooms: dict[int, PendingConfirm] = {}
 
-    def add(self, room: int, endpoint: str, *holders) -> None:
-        """Confirm ``room`` to ``endpoint`` once the WRITEs of ``holders`` (``PrefillRoom`` / :class:`DrainingRoom`
-        objects or None; call after the room's posting was stopped, so the lists are final) settled."""
+    def add(self, room: int, endpoint: str, *holders, msg: Any = None) -> None:
+        """Send ``msg`` (default ``RoomDrained(room)``) to ``endpoint`` once the WRITEs of ``holders``
+        (``PrefillRoom`` / :class:`DrainingRoom` objects or None; call after the room's posting was stopped, so the
+        lists are final) settled."""
         handles: dict[int, Any] = {}
-        for x in holders:
+        for x in (*holders, self.rooms.get(room)):  # an earlier pending message of the room: its WRITEs too
             job = getattr(x, "layerwise", None)
             for h in [*getattr(x, "handles", ()), *(job.handles if job is not None else ())]:
                 handles[id(h)] = h
-        self.rooms[room] = PendingConfirm(room, endpoint, list(handles.values()),
-                                          time.monotonic() + self.deadline_s)
+        self.rooms[room] = PendingConfirm(room, endpoint, list(handles.values()), time.monotonic() + self.deadline_s,
+                                          msg if msg is not None else RoomDrained(room))
 
     def poll(self, agree: Callable[[list[int]], list[int]]) -> list[PendingConfirm]:
         """The confirmations to send now (drained on every rank; ``agree``: element-wise min over the TP ranks),
@@ -201,9 +208,9 @@ class DrainConfirms:
         out = []
         for room, code in zip(rooms, agree(codes)):
             if code == 0:
-                logger.error("room %d: its WRITEs are still in flight %.1f s after the decode side aborted it; not "
-                             "confirming the drain (the decode side frees by its own deadline)", room, self.deadline_s)
-                self.rooms.pop(room)
+                c = self.rooms.pop(room)
+                logger.error("room %d: its WRITEs are still in flight after %.1f s; %s not sent (the decode side frees "
+                             "its slots by its own deadline)", room, self.deadline_s, type(c.msg).__name__)
             elif code == 2:
                 out.append(self.rooms.pop(room))
         return out
