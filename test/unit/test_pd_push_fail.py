@@ -17,7 +17,7 @@ from sglang.srt.disaggregation.connector import FinishRequest
 from sglang.srt.disaggregation.layerwise import LayerwisePush, LayerwisePushListener
 from sglang.srt.disaggregation.messages import RoomFailed, RoomRequest
 from sglang.srt.disaggregation.prefill import PrefillConnector, PrefillRoom
-from sglang.srt.disaggregation.push_room import PushDrain
+from sglang.srt.disaggregation.push_room import DrainConfirms, PushDrain
 from sglang.srt.disaggregation.transfer.base import MemRegion, TransferConfig, TransferError, TransferState, \
     as_op_array
 from sglang.srt.disaggregation.transfer.fake_backend import FakeTransferBackend
@@ -97,6 +97,7 @@ def _connector(backend, plan) -> PrefillConnector:
     c.agent = SimpleNamespace(backend=backend, agree=list, tp_size=1, is_leader=False, recv=list,
                               queue=SimpleNamespace(progress=list), send=lambda ep, m: c.sent.append((ep, m)))
     c.drain = PushDrain(backend, c._backend_lock, 10.0)
+    c.confirms = DrainConfirms(backend, c._backend_lock, 10.0)
     c._plan_push = lambda req, peer: plan
     c._send_ready = lambda r, **kw: c.sent.append(("ready", r.room))
     return c

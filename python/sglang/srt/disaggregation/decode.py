@@ -31,12 +31,15 @@ import msgspec
 from sglang.srt.disaggregation.agent import now
 from sglang.srt.disaggregation.bootstrap import fetch_route
 from sglang.srt.disaggregation.connector import BaseConnector, Decision, StartDecode, bootstrap_fields_error, reject
+from sglang.srt.disaggregation.decode_quarantine import SlotQuarantine
 from sglang.srt.disaggregation.decode_room import DecodeRoom, PrefillServer, resume_request, room_of
 from sglang.srt.disaggregation.messages import (
     BootstrapRoute,
     Heartbeat,
     HeartbeatAck,
+    RoomAbort,
     RoomAck,
+    RoomDrained,
     RoomFailed,
     RoomReady,
     RoomRequest,
@@ -49,6 +52,7 @@ logger = logging.getLogger(__name__)
 ROUTE_RETRY_S = 0.5
 SPIN_SLEEP_S = 50e-6  # poll period of in-flight READs while the GPU runs a forward (see during_forward)
 SPIN_MAX_S = 0.1  # never spin longer than this per forward, whatever the probe says
+QUARANTINE_MARGIN_S = 10.0  # a failed room's slots are freed at the latest this long after the transfer timeout
 
 
 class DecodeConnector(BaseConnector):
@@ -63,6 +67,8 @@ class DecodeConnector(BaseConnector):
         self.last_route_try: dict[tuple[str, int], float] = {}
         self.stats["transfer_ops_planned"] = 0
         self.stager = Stager(self.agent.backend, self.agent.desc, self.agent.heads, self.agent.ranks)
+        # failed rooms' KV that a transfer may still write into (decode_quarantine.py)
+        self.quarantine = SlotQuarantine(self.agent.backend.config.transfer_timeout_s + QUARANTINE_MARGIN_S)
 
     # ---- scheduler hooks -----------------------------------------------------------------------------
     def intercept(self, req, msg) -> list[Decision]:
@@ -72,7 +78,7 @@ class DecodeConnector(BaseConnector):
         err = bootstrap_fields_error(req)
         if err is None and (not msg.bootstrap_host or not msg.bootstrap_port):
             err = "bootstrap_host and bootstrap_port are required on a decode server (use the mini_lb router)"
-        if err is None and msg.bootstrap_room in self.rooms:
+        if err is None and (msg.bootstrap_room in self.rooms or msg.bootstrap_room in self.quarantine.rooms):
             err = f"bootstrap_room {msg.bootstrap_room} is already in use"
         if err:
             return [reject(req, err)]
@@ -97,11 +103,17 @@ class DecodeConnector(BaseConnector):
 
     def has_work(self) -> bool:
         """Open rooms, or COMPLETEs still waiting for a completion slot / an ACK (they must keep flowing)."""
-        return bool(self.rooms) or self.agent.queue.has_pending()
+        return bool(self.rooms) or bool(self.quarantine.rooms) or self.agent.queue.has_pending()
 
     def num_open(self) -> int:
         """Rooms (requests) this decode connector holds, for ``/get_server_info``."""
         return len(self.rooms)
+
+    def internal_state(self) -> dict:
+        """The base counters plus the quarantine (KV slots of failed rooms a transfer may still write into)."""
+        return {**super().internal_state(), "disagg_slots_quarantined": self.quarantine.num_slots(),
+                "disagg_rooms_quarantined": len(self.quarantine.rooms),
+                "disagg_quarantine_expired": self.quarantine.expired}
 
     # ---- one poll per scheduler step ----------------------------------------------------------------
     def poll(self) -> list[Decision]:
@@ -111,6 +123,8 @@ class DecodeConnector(BaseConnector):
             self._leader_duties()
         for msg in self.agent.recv():
             self._on_message(msg)
+        for q in self.quarantine.poll(self.agent.backend.in_flight, self.agent.agree):
+            self._free_kv(q.row, q.loc, q.stage)
         self._connect()
         self._start_ready()
         self._progress_queue()
@@ -192,8 +206,12 @@ class DecodeConnector(BaseConnector):
                     srv.last_seen = now()
         elif isinstance(msg, RoomFailed):
             r = self.rooms.get(msg.room)
-            if r is not None:
-                self._fail(r, msg.reason, notify=msg.local)
+            if r is not None:  # from the prefill side (not local): sent after its WRITEs drained (push_room.py)
+                self._fail(r, msg.reason, notify=msg.local, drained=not msg.local)
+            elif not msg.local:
+                self.quarantine.confirm(msg.room)
+        elif isinstance(msg, RoomDrained):
+            self.quarantine.confirm(msg.room)
         elif isinstance(msg, HeartbeatAck):
             for srv in self.servers.values():
                 if srv.endpoint == msg.endpoint:
@@ -231,13 +249,15 @@ class DecodeConnector(BaseConnector):
             if reason is not None and not r.expiring:
                 r.expiring = True
                 self.agent.inject(RoomFailed(r.room, reason, local=True))
+        # servers whose confirmation quarantined slots wait for are pinged too: forgotten when silent (slots freed)
+        waiting = {q.server for q in self.quarantine.rooms.values() if q.awaiting_prefill}
         for key, srv in self.servers.items():  # a silent prefill server is forgotten: the next request naming
             if t - srv.last_seen > a.disaggregation_heartbeat_timeout and not srv.forgetting:  # it CONNECTs anew
                 busy_rooms = [r for r in self.rooms.values() if r.server == key and r.state != "connect"]
-                if busy_rooms or t - srv.last_seen > 10 * a.disaggregation_heartbeat_timeout:
+                if busy_rooms or key in waiting or t - srv.last_seen > 10 * a.disaggregation_heartbeat_timeout:
                     srv.forgetting = True
                     self.agent.inject(BootstrapRoute(key[0], key[1], b""))
-        busy = {r.server for r in self.rooms.values() if r.state != "connect"}
+        busy = {r.server for r in self.rooms.values() if r.state != "connect"} | waiting
         for key in busy:
             srv = self.servers.get(key)
             if srv is not None and t - srv.last_ping > a.disaggregation_heartbeat_interval:
@@ -252,6 +272,7 @@ class DecodeConnector(BaseConnector):
                 for info in srv.route["ranks"]:
                     self.agent.drop_peer(info["agent"])
                 self.agent.forget(srv.endpoint)
+                self.quarantine.prefill_gone(key)
                 logger.warning("forgot prefill server %s:%d (silent)", *key)
             return
         route = msgspec.json.decode(msg.route)
@@ -403,23 +424,43 @@ class DecodeConnector(BaseConnector):
         self.stats["transfer_ops_planned"] += r.ops
         self.decide(StartDecode(req, prompt_tokens=n, cached_tokens=ready.cached_tokens))
 
-    def _fail(self, r: DecodeRoom, reason: str, notify: bool = False, status_code: int = 500) -> None:
-        """Fail one room: free its KV (if allocated), tell the prefill side when ``notify``, report the error."""
+    def _fail(self, r: DecodeRoom, reason: str, notify: bool = False, status_code: int = 500,
+              drained: bool = False) -> None:
+        """Fail one room: tell the prefill side when ``notify``, report the error, and free its KV (if allocated), or
+        quarantine it while a transfer may still write into it (``decode_quarantine.py``): push, a room whose
+        ``RoomReady`` has not come (the prefill side gets ``RoomAbort`` and answers ``RoomDrained``; ``drained``:
+        the prefill side failed the room itself, after its drain); pull, a room whose READs were posted (freed once
+        none is in flight). The same choice on every rank (room state and messages are)."""
         self.rooms.pop(r.room, None)
+        handles = []
         for key in r.keys:  # drop its queued READs (no COMPLETE is sent for a failed request)
+            handles += self.agent.queue.handles(key)
             self.agent.queue.abort(key, reason)
             self.agent.queue.pop_stats(key)
-        self.stager.free(r.stage)
-        r.stage = None
-        if notify:
-            srv = self.servers.get(r.server)
-            if srv is not None:
-                self.agent.send(srv.endpoint, RoomFailed(r.room, reason))
+        srv = self.servers.get(r.server)
+        push_live = (self.transfer_mode == "push" and r.row is not None and r.ready is None
+                     and r.state == "wait_ready" and not drained and srv is not None)
+        if push_live:
+            self.agent.send(srv.endpoint, RoomAbort(r.room, reason, self.agent.endpoint))
+        elif notify and srv is not None:
+            self.agent.send(srv.endpoint, RoomFailed(r.room, reason))
         req = r.req
+        if r.row is not None and (push_live or (self.transfer_mode == "pull" and r.state == "transfer")):
+            self.quarantine.add(r.room, r.row, r.loc, len(r.slots or ()), r.server, push_live, reason, handles,
+                                stage=r.stage)
+        elif r.row is not None:
+            self._free_kv(r.row, r.loc, r.stage)
+        else:
+            self.stager.free(r.stage)
+        r.stage = None
         if r.row is not None:
-            req.req_pool_idx, req.kv_len = r.row, 0
-            self.kv.free_slots(r.loc)
-            self.kv.free_req_slot(r.row)
-            req.req_pool_idx = None
+            req.kv_len = 0  # its KV is freed or quarantined here, never by the scheduler
+        req.req_pool_idx = None
         logger.warning("request %s (room %d) failed: %s", req.rid, r.room, reason)
         self.fail_request(req, reason, status_code)
+
+    def _free_kv(self, row: int, loc, stage) -> None:
+        """Give a failed room's request row, KV slots and staging chunk back."""
+        self.stager.free(stage)
+        self.kv.free_slots(loc)
+        self.kv.free_req_slot(row)

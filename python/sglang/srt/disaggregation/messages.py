@@ -13,7 +13,9 @@ The COMPLETE/ACK is not a ZMQ message: it goes through each rank's
 release message.
 
 Push mode: ``RoomRequest`` carries the decode-preallocated slots; the prefill ranks WRITE into them and
-``RoomReady`` then means "your KV is written". ``RoomFailed`` aborts a room from either side;
+``RoomReady`` then means "your KV is written". ``RoomFailed`` aborts a room from either side; a push-mode decode
+side that gives up a room the prefill side may still write into sends ``RoomAbort`` instead and keeps the room's
+slots quarantined until ``RoomDrained`` (``decode_quarantine.py``);
 ``Heartbeat`` / ``HeartbeatAck`` detect dead peers (``--disaggregation-heartbeat-timeout``).
 """
 
@@ -86,6 +88,23 @@ class RoomFailed(msgspec.Struct, tag=True):
     local: bool = False
 
 
+class RoomAbort(msgspec.Struct, tag=True):
+    """Decode -> prefill, push mode: the decode side gave up ``room`` (``reason``) while the prefill side may still
+    WRITE into its slots. The prefill side fails the room (stops posting, cancels PENDING WRITEs) and answers
+    :class:`RoomDrained` to ``endpoint`` (the decode leader's control socket) once none of the room's WRITEs can
+    still land; until then the decode side keeps the slots out of use."""
+
+    room: int
+    reason: str
+    endpoint: str
+
+
+class RoomDrained(msgspec.Struct, tag=True):
+    """Prefill -> decode, answer to :class:`RoomAbort`: no WRITE of ``room`` can still land in the decode slots."""
+
+    room: int
+
+
 class Heartbeat(msgspec.Struct, tag=True):
     """Liveness ping from ``endpoint`` (a leader's control socket); answered with :class:`HeartbeatAck`."""
 
@@ -108,7 +127,8 @@ class BootstrapRoute(msgspec.Struct, tag=True):
     route: bytes
 
 
-ControlMsg = Union[RoomRequest, RoomReady, RoomAck, RoomFailed, Heartbeat, HeartbeatAck, BootstrapRoute]
+ControlMsg = Union[RoomRequest, RoomReady, RoomAck, RoomFailed, RoomAbort, RoomDrained, Heartbeat, HeartbeatAck,
+                   BootstrapRoute]
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(ControlMsg)
 

@@ -29,15 +29,9 @@ from sglang.srt.disaggregation.bootstrap import BootstrapServer
 from sglang.srt.disaggregation.connector import BaseConnector, Decision, FinishRequest, QueueRequest, \
     bootstrap_fields_error, reject
 from sglang.srt.disaggregation.layerwise import LayerwisePush, LayerwisePushListener
-from sglang.srt.disaggregation.messages import (
-    Heartbeat,
-    HeartbeatAck,
-    RoomAck,
-    RoomFailed,
-    RoomReady,
-    RoomRequest,
-)
-from sglang.srt.disaggregation.push_room import PushDrain, plan_push
+from sglang.srt.disaggregation.messages import Heartbeat, HeartbeatAck, RoomAbort, RoomAck, RoomFailed, RoomReady, \
+    RoomRequest
+from sglang.srt.disaggregation.push_room import DrainConfirms, PushDrain, plan_push
 from sglang.srt.disaggregation.slot_plan import readers_of
 
 logger = logging.getLogger(__name__)
@@ -87,6 +81,7 @@ class PrefillConnector(BaseConnector):
         # failed push rooms hold their KV until no WRITE of theirs can still move bytes (push_room.py)
         self.drain = PushDrain(self.agent.backend, self._backend_lock,
                                self.agent.backend.config.transfer_timeout_s + 5.0)
+        self.confirms = DrainConfirms(self.agent.backend, self._backend_lock, self.drain.deadline_s)  # RoomAbort
         executor = getattr(scheduler.runner, "executor", None)
         if self.transfer_mode == "push" and executor is not None:
             if executor.supports_kv_layer_listener:
@@ -153,9 +148,10 @@ class PrefillConnector(BaseConnector):
         return [r.req.rid for r in self.rooms.values() if r.req is not None] + list(self.rid_room) + self.drain.rids()
 
     def has_work(self) -> bool:
-        """Rooms whose KV is held or being pushed, and requests waiting for their RoomRequest, keep the loop
-        spinning (heartbeats, timeouts)."""
-        return bool(self.push_waiting or self.drain.rooms) or any(r.req is not None for r in self.rooms.values())
+        """Rooms whose KV is held or being pushed, requests waiting for their RoomRequest, and drains the decode side
+        waits for keep the loop spinning (heartbeats, timeouts)."""
+        return bool(self.push_waiting or self.drain.rooms or self.confirms.rooms) or \
+            any(r.req is not None for r in self.rooms.values())
 
     def num_open(self) -> int:
         return sum(1 for r in self.rooms.values() if r.req is not None) + len(self.drain.rooms)
@@ -215,6 +211,8 @@ class PrefillConnector(BaseConnector):
         self._poll_pushes()
         for d in self.drain.poll(self.agent.agree):  # failed push rooms none of whose WRITEs can still move bytes
             self._close_now(d.room, d.reason, d.notify, d.status_code)
+        for c in self.confirms.poll(self.agent.agree):  # RoomDrained / RoomFailed once drained on every rank
+            self.agent.send(c.endpoint, c.msg)
         self._poll_completes()
         return self.take_decisions()
 
@@ -249,6 +247,11 @@ class PrefillConnector(BaseConnector):
             r = self.rooms.get(msg.room)
             if r is not None:
                 self._finish(r, msg.reason, notify=msg.local)
+        elif isinstance(msg, RoomAbort):  # the decode side holds the slots until RoomDrained (push_room.py)
+            r = self.rooms.get(msg.room)
+            if r is not None:
+                self._finish(r, msg.reason)
+            self.confirms.add(msg.room, msg.endpoint, r, self.drain.rooms.get(msg.room))
         elif isinstance(msg, Heartbeat):
             self.peer_seen[msg.endpoint] = now()
             self.agent.send(msg.endpoint, HeartbeatAck(self.agent.endpoint))
@@ -448,8 +451,9 @@ class PrefillConnector(BaseConnector):
 
     def _forget(self, room: int, reason: str) -> None:
         r = self.rooms.pop(room, None)
-        if r is not None and r.peer is not None:
-            self.agent.send(r.peer.endpoint, RoomFailed(room, reason))
+        if r is not None and r.peer is not None:  # push: WRITEs posted during the forward may still be in flight:
+            self.drain.begin(r, reason, False, 499, hold_kv=False)  # stopped/cancelled; the decode side frees its
+            self.confirms.add(room, r.peer.endpoint, r, msg=RoomFailed(room, reason))  # slots once they settled
         else:
             self._remember_failed(room, reason)
 

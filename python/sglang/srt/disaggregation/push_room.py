@@ -17,6 +17,13 @@ then answers HTTP 200 with wrong tokens. So a failing room is drained before any
 3. only then is ``RoomFailed`` sent to the decode side (which frees its slots and fails the request: an error, never a
    hang) and the prefill request failed (its KV goes back through the scheduler's ``FinishRequest``).
 
+When the *decode* side gives a room up (``RoomAbort``: client abort, its own timeout), it keeps the room's slots
+quarantined (``decode_quarantine.py``) until this side answers ``RoomDrained``: the room fails here as above (posting
+stopped, PENDING WRITEs cancelled) and :class:`DrainConfirms` sends ``RoomDrained`` once none of the room's WRITEs is
+``in_flight`` on any TP rank (agreed). Past ``deadline_s`` it gives up without confirming (logged; the decode side
+then frees by its own, later deadline). Likewise a prefill request aborted by its client after layerwise WRITEs were
+posted during its forward: they are stopped/cancelled and its ``RoomFailed`` waits until they settled.
+
 KVDirect (Chen et al. 2024, sec. 4.3) describes the push alternative; the fail-closed ordering here is ours.
 """
 
@@ -27,6 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Sequence
 
+from sglang.srt.disaggregation.messages import RoomDrained
 from sglang.srt.disaggregation.slot_plan import assign_sources, copies_by_layer, plan_slot_copies
 from sglang.srt.disaggregation.transfer.base import TransferState
 from sglang.srt.mem_cache.kv_descriptor import KVRegionDescriptor
@@ -142,3 +150,67 @@ class PushDrain:
     def rids(self) -> list[str]:
         """Requests whose KV is held by a draining room."""
         return [d.room.req.rid for d in self.rooms.values() if d.room.req is not None]
+
+
+@dataclass
+class PendingConfirm:
+    """A message held until a room's WRITEs settled: ``endpoint`` (the decode leader's control socket) gets ``msg``
+    (``RoomDrained(room)`` answering a ``RoomAbort``; ``RoomFailed`` for a room whose prefill request was aborted
+    here) once none of ``handles`` (the room's WRITEs on this rank) is in flight; ``deadline``: ``time.monotonic()``
+    seconds."""
+
+    room: int
+    endpoint: str
+    handles: list
+    deadline: float
+    msg: Any
+
+
+class DrainConfirms:
+    """Messages to the decode side that one prefill rank holds until the room's WRITEs drained: ``RoomDrained``
+    answering a ``RoomAbort`` (module doc), ``RoomFailed`` of a room whose prefill request was aborted here while
+    WRITEs posted during its forward may still land.
+
+    Args:
+        backend: the rank's :class:`~sglang.srt.disaggregation.transfer.base.TransferBackend`.
+        lock: ``() -> context manager`` serializing backend calls with the layerwise posting thread.
+        deadline_s: most seconds to wait for a drain before giving up without sending (> 0).
+    Raises:
+        ValueError: ``deadline_s`` <= 0.
+    """
+
+    def __init__(self, backend, lock: Callable[[], ContextManager], deadline_s: float):
+        if not deadline_s > 0:
+            raise ValueError(f"DrainConfirms deadline_s={deadline_s} must be > 0")
+        self.backend, self.lock, self.deadline_s = backend, lock, float(deadline_s)
+        self.rooms: dict[int, PendingConfirm] = {}
+
+    def add(self, room: int, endpoint: str, *holders, msg: Any = None) -> None:
+        """Send ``msg`` (default ``RoomDrained(room)``) to ``endpoint`` once the WRITEs of ``holders``
+        (``PrefillRoom`` / :class:`DrainingRoom` objects or None; call after the room's posting was stopped, so the
+        lists are final) settled."""
+        handles: dict[int, Any] = {}
+        for x in (*holders, self.rooms.get(room)):  # an earlier pending message of the room: its WRITEs too
+            job = getattr(x, "layerwise", None)
+            for h in [*getattr(x, "handles", ()), *(job.handles if job is not None else ())]:
+                handles[id(h)] = h
+        self.rooms[room] = PendingConfirm(room, endpoint, list(handles.values()), time.monotonic() + self.deadline_s,
+                                          msg if msg is not None else RoomDrained(room))
+
+    def poll(self, agree: Callable[[list[int]], list[int]]) -> list[PendingConfirm]:
+        """The confirmations to send now (drained on every rank; ``agree``: element-wise min over the TP ranks),
+        removed from here; those past their deadline are dropped with an error in the log."""
+        rooms = sorted(self.rooms)
+        t = time.monotonic()
+        with self.lock():
+            codes = [1 if any(self.backend.in_flight(h) for h in self.rooms[room].handles) else 2 for room in rooms]
+        codes = [0 if c == 1 and t > self.rooms[room].deadline else c for room, c in zip(rooms, codes)]
+        out = []
+        for room, code in zip(rooms, agree(codes)):
+            if code == 0:
+                c = self.rooms.pop(room)
+                logger.error("room %d: its WRITEs are still in flight after %.1f s; %s not sent (the decode side frees "
+                             "its slots by its own deadline)", room, self.deadline_s, type(c.msg).__name__)
+            elif code == 2:
+                out.append(self.rooms.pop(room))
+        return out

@@ -178,6 +178,12 @@ class TransferQueue:
         self.enqueue(peer, room, ops)
         self.complete(peer, room)
 
+    def handles(self, room: Room) -> list[TransferHandle]:
+        """The posted transfers of request ``room`` while it is in the queue (``[]`` once finished or unknown); after
+        :meth:`abort` the caller may check them with ``backend.in_flight`` before reusing their memory."""
+        req = self._reqs.get(str(room))
+        return list(req.handles) if req is not None else []
+
     def abort(self, room: Room, reason: str = "aborted") -> None:
         """Stop request ``room``: drop its pending ops and cancel its posted transfers that are still PENDING
         (:meth:`~.base.TransferBackend.cancel`: the fake backend never copies after that; NIXL aborts the
