@@ -41,6 +41,22 @@ def shared_path(*parts: str) -> str:
     return p
 
 
+def load_benchmark(name: str):
+    """Import ``benchmark/<name>.py`` by path (the folder is not a package), with ``benchmark/`` on ``sys.path`` for
+    its sibling imports; registered in ``sys.modules`` (dataclasses look their module up there)."""
+    import importlib.util
+    import sys
+
+    bench = os.path.join(REPO_ROOT, "benchmark")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    spec = importlib.util.spec_from_file_location(name, os.path.join(bench, f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def pytest_collection_modifyitems(config, items):
     try:
         import torch

@@ -3,7 +3,6 @@ and a tiny CPU smoke run of the floors/decode/prefill timing path (stories260K c
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import random
@@ -14,13 +13,9 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from conftest import REPO_ROOT, shared_path  # noqa: E402
+from conftest import load_benchmark, shared_path  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("bench_gpu_targets",
-                                               os.path.join(REPO_ROOT, "benchmark", "bench_gpu_targets.py"))
-bgt = importlib.util.module_from_spec(_spec)
-sys.modules["bench_gpu_targets"] = bgt  # dataclasses look their module up
-_spec.loader.exec_module(bgt)
+bgt = load_benchmark("bench_gpu_targets")
 
 
 def _tiny_llama(tmp_path, rng: random.Random, tied: bool):

@@ -4,22 +4,18 @@ layer), reports TokenWeave's fixed cost over NCCL against the 0.2 ms target, and
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmark"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from conftest import load_benchmark  # noqa: E402
 
 
 def _report():
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("tokenweave_report", BENCH / "tokenweave_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("tokenweave_report")
 
 
 # (fixed ms, ms per layer) per variant at T=1024, eager; graph mode: fixed costs 0.1 ms lower
