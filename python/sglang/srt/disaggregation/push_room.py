@@ -94,7 +94,26 @@ class DrainingRoom:
     deadline: float
 
 
-class PushDrain:
+class _WriteWait:
+    """What :class:`PushDrain` and :class:`DrainConfirms` share: a rank's backend, the lock serializing backend calls
+    with the layerwise posting thread, a drain deadline in seconds (> 0), and the in-flight check of a room's WRITEs.
+
+    Raises:
+        ValueError: ``deadline_s`` <= 0.
+    """
+
+    def __init__(self, backend, lock: Callable[[], ContextManager], deadline_s: float):
+        if not deadline_s > 0:
+            raise ValueError(f"{type(self).__name__} deadline_s={deadline_s} must be > 0")
+        self.backend, self.lock, self.deadline_s = backend, lock, float(deadline_s)
+
+    def _in_flight(self, handles: list) -> list:
+        """The WRITEs of ``handles`` that may still move bytes on this rank (``TransferBackend.in_flight``)."""
+        with self.lock():
+            return [h for h in handles if self.backend.in_flight(h)]
+
+
+class PushDrain(_WriteWait):
     """The failed push rooms of one prefill rank that are draining (module doc).
 
     Args:
@@ -106,9 +125,7 @@ class PushDrain:
     """
 
     def __init__(self, backend, lock: Callable[[], ContextManager], deadline_s: float):
-        if not deadline_s > 0:
-            raise ValueError(f"PushDrain deadline_s={deadline_s} must be > 0")
-        self.backend, self.lock, self.deadline_s = backend, lock, float(deadline_s)
+        super().__init__(backend, lock, deadline_s)
         self.rooms: dict[int, DrainingRoom] = {}
         self.cancelled = 0  # WRITEs cancelled by failing rooms (``/get_server_info``: disagg_push_writes_cancelled)
 
@@ -133,8 +150,7 @@ class PushDrain:
 
     def _code(self, d: DrainingRoom, t: float) -> int:
         """2: no WRITE of the room can still move bytes on this rank (or its deadline passed); 1: wait."""
-        with self.lock():
-            busy = [h for h in d.handles if self.backend.in_flight(h)]
+        busy = self._in_flight(d.handles)
         if busy and t > d.deadline:
             logger.error("room %d: %d WRITE(s) still in flight %.1f s after the room failed; freeing its KV anyway",
                          d.room.room, len(busy), t - d.since)
@@ -166,7 +182,7 @@ class PendingConfirm:
     msg: Any
 
 
-class DrainConfirms:
+class DrainConfirms(_WriteWait):
     """Messages to the decode side that one prefill rank holds until the room's WRITEs drained: ``RoomDrained``
     answering a ``RoomAbort`` (module doc), ``RoomFailed`` of a room whose prefill request was aborted here while
     WRITEs posted during its forward may still land.
@@ -180,9 +196,7 @@ class DrainConfirms:
     """
 
     def __init__(self, backend, lock: Callable[[], ContextManager], deadline_s: float):
-        if not deadline_s > 0:
-            raise ValueError(f"DrainConfirms deadline_s={deadline_s} must be > 0")
-        self.backend, self.lock, self.deadline_s = backend, lock, float(deadline_s)
+        super().__init__(backend, lock, deadline_s)
         self.rooms: dict[int, PendingConfirm] = {}
 
     def add(self, room: int, endpoint: str, *holders, msg: Any = None) -> None:
@@ -202,8 +216,7 @@ class DrainConfirms:
         removed from here; those past their deadline are dropped with an error in the log."""
         rooms = sorted(self.rooms)
         t = time.monotonic()
-        with self.lock():
-            codes = [1 if any(self.backend.in_flight(h) for h in self.rooms[room].handles) else 2 for room in rooms]
+        codes = [1 if self._in_flight(self.rooms[room].handles) else 2 for room in rooms]
         codes = [0 if c == 1 and t > self.rooms[room].deadline else c for room, c in zip(rooms, codes)]
         out = []
         for room, code in zip(rooms, agree(codes)):
