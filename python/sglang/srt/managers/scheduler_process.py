@@ -45,7 +45,6 @@ from sglang.srt.managers.io_struct import (
 from sglang.srt.utils.common import configure_logger, get_tokenizer, get_zmq_socket
 
 logger = logging.getLogger(__name__)
-# what an AFD attention worker's forward raises when an FFN worker does not answer (afd/executor.py: dead or gone)
 
 STATS_INTERVAL_S = 1.0
 IDLE_POLL_MS = 500
