@@ -66,8 +66,8 @@ class PrefillConnector(BaseConnector):
         super().__init__(scheduler)
         self.rooms: dict[int, PrefillRoom] = {}
         self.peer_seen: dict[str, float] = {}
-        self.failed_rooms: dict[int, str] = {}
-        self.rid_room: dict[str, int] = {}  # requests not finished yet -> their room  # rooms that failed before the decode side asked for them
+        self.failed_rooms: dict[int, str] = {}  # rooms that failed before the decode side asked for them
+        self.rid_room: dict[str, int] = {}  # requests not finished yet -> their room
         self.bootstrap = None
         if self.agent.is_leader:
             route = {"endpoint": self.agent.endpoint, "tp_size": self.agent.tp_size, "ranks": self.agent.ranks,
