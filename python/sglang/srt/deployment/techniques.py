@@ -23,6 +23,7 @@ TECHNIQUE_MODULES = (
     "sglang.srt.tokenweave.deploy",
     "sglang.srt.distributed.tdist_deploy",
     "sglang.srt.afd.deploy",
+    "sglang.srt.dp_attention.deploy",
     "sglang.srt.disaggregation.deploy",
     "sglang.srt.ray.deploy",
 )

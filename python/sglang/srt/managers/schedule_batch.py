@@ -217,6 +217,7 @@ class ScheduleBatch:
     future_slots: list[int] = field(default_factory=list)
     handle: Any = None
     result: Any = None
+    dp_step: Any = None  # DP attention: the agreed DpGlobalStep (sglang.srt.dp_attention.step_sync)
 
     def to_model_worker_batch(self) -> ModelWorkerBatch:
         """Flatten into the scheduler -> worker contract.
@@ -254,6 +255,7 @@ class ScheduleBatch:
             input_logprob_token_ids=ids_all,
             top_logprobs_nums=[r.top_logprobs_num for r in self.reqs],
             sampling_info=self.sampling_info,
+            dp_step=self.dp_step,
         )
 
 

@@ -132,7 +132,10 @@ class CudaGraphRunner:
         t0 = time.perf_counter()
         free0 = torch.cuda.mem_get_info(self.device)[0]
         stream = torch.cuda.Stream(self.device)
+        dp = getattr(self.runner, "dp_attention", None)
         for bs in reversed(self.batch_sizes):  # largest first so smaller graphs reuse its memory pool
+            if dp is not None:  # DP attention: the MoE all-gathers of this graph carry bs rows per rank
+                dp.begin_forward_rows(bs)
             fb = self._forward_batch(bs)
             self.runner.attn_backend.init_forward_metadata(fb)
             with torch.cuda.stream(stream):
@@ -170,14 +173,22 @@ class CudaGraphRunner:
                 and not any(batch.input_logprob_indices))
 
     @torch.inference_mode()
-    def replay(self, batch: ModelWorkerBatch) -> LogitsProcessorOutput:
+    def replay(self, batch: ModelWorkerBatch, padded: Optional[int] = None) -> LogitsProcessorOutput:
         """Run a decode batch through the captured graph of the next padded size (placeholder input ids resolved
         from ``batch.future_token_ids`` on the device when it is set).
 
+        ``padded``: the captured size to replay instead (DP attention: the size every DP rank agreed on, at least
+        ``batch_size``; an idle rank replays it with 0 rows, padding only).
         Returns logits for the real rows only: ``[batch_size, vocab]`` float32.
+        Raises:
+            ValueError: ``padded`` is not a captured size or is smaller than the batch.
         """
         bs = batch.batch_size
-        padded = self.padded_size(bs)
+        if padded is None:
+            padded = self.padded_size(bs)
+        elif padded not in self.graphs or padded < bs:
+            raise ValueError(f"replay: padded size {padded} is not a captured size >= batch size {bs} "
+                             f"(captured: {self.batch_sizes})")
         self.inputs.stage(batch, padded)  # padding rows: token 0 at position 0 of the pad row, KV slot 0
         ring = getattr(batch, "future_token_ids", None)
         if ring is not None:  # overlap with device futures: placeholders -> tokens of the previous batch

@@ -152,7 +152,8 @@ def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
 def load_model(model_config: ModelConfig, load_format: str = "auto", device: Union[str, torch.device] = "cpu",
                seed: int = 0, tp_rank: int = 0, tp_size: int = 1, comm=None, ep_size: int = 1,
                weight_filter: Optional[Callable[[str], bool]] = None,
-               holds_param: Optional[Callable[[str], bool]] = None) -> nn.Module:
+               holds_param: Optional[Callable[[str], bool]] = None,
+               layout: Optional[Callable[[nn.Module], None]] = None) -> nn.Module:
     """Build ``model_config.architecture`` with ``model_config.dtype`` directly on ``device`` and fill its weights.
 
     Args:
@@ -168,6 +169,10 @@ def load_model(model_config: ModelConfig, load_format: str = "auto", device: Uni
         holds_param: our parameter name -> whether this worker's role holds it; given, the model is built on
             ``meta`` and only held parameters are allocated (:func:`~sglang.srt.model_loader.role_build.
             build_for_role`), e.g. an attention worker never allocates routed experts. None: build everything.
+        layout: applied to the freshly constructed model before any parameter is allocated (the model is then
+            built on ``meta`` first, as for ``holds_param``): a deployment's change of the model's parallel layout
+            without a model-file change, e.g. DP attention's expert sharding
+            (:meth:`~sglang.srt.dp_attention.rank.DpAttentionRank.layout`). None: the model as its class builds it.
     Returns:
         the model, in eval mode, on ``device``.
     Raises:
@@ -184,10 +189,16 @@ def load_model(model_config: ModelConfig, load_format: str = "auto", device: Uni
             return cls(model_config)
         return cls(model_config, tp_rank=tp_rank, tp_size=tp_size, comm=comm, ep_size=ep_size)
 
-    if holds_param is not None:
+    def construct_with_layout() -> nn.Module:
+        model = construct()
+        layout(model)
+        return model
+
+    if holds_param is not None or layout is not None:
         from sglang.srt.model_loader.role_build import build_for_role
 
-        model = build_for_role(construct, device, holds_param)
+        model = build_for_role(construct_with_layout if layout is not None else construct, device,
+                               holds_param if holds_param is not None else (lambda name: True))
     else:
         with torch.device(device):
             model = construct()
