@@ -2,7 +2,7 @@
 
 ``plan_deployment(server_args)`` is the only code outside ``server_args.py`` and the technique packages that reads
 the technique flags (``enable_tokenweave``, ``enable_afd``, ``enable_tdist_overlap``, ``disaggregation_mode``,
-``use_ray``, ``comm_backend``). It asks each technique package (:mod:`sglang.srt.deployment.techniques`) to
+``use_ray``, ``comm_backend``, ``enable_dp_attention``). It asks each technique package (:mod:`sglang.srt.deployment.techniques`) to
 validate the flags, then lists every model worker to start as a :class:`WorkerSpec`: its :class:`WorkerRole`,
 placement (node slice, device slot, explicit device), parallel ranks, and what its process builds: an
 :class:`ExecutorSpec` (how the layers run), a :class:`CommunicatorSpec` (TP collectives) and an optional
