@@ -33,9 +33,9 @@ class OneRankDp(DpAttentionRank):
     def agree_min(self, value: int) -> int:
         return value
 
-    def run_idle(self, model, dtype, device) -> None:
+    def run_idle(self, model, dtype, device, step=None) -> None:
         self.idle_runs += 1
-        super().run_idle(model, dtype, device)
+        super().run_idle(model, dtype, device, step)
 
 
 class FakeGraphs:

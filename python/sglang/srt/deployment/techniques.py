@@ -23,9 +23,9 @@ TECHNIQUE_MODULES = (
     "sglang.srt.tokenweave.deploy",
     "sglang.srt.distributed.tdist_deploy",
     "sglang.srt.afd.deploy",
-    "sglang.srt.dp_attention.deploy",
     "sglang.srt.disaggregation.deploy",
     "sglang.srt.ray.deploy",
+    "sglang.srt.dp_attention.deploy",  # last: its hooks see (and override) the others' choices
 )
 
 

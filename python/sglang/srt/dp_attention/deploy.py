@@ -62,6 +62,13 @@ def validate(args: Any) -> None:
                              "use --moe-a2a-backend none (all-gather EP over the DP ranks)")
 
 
+def moe_a2a(args: Any, spec: Any) -> None:
+    """No generic MoE all-to-all spec for DP-attention workers: a DP worker installs the dispatcher itself, over its DP
+    world with the ``local`` token scope (``DpAttentionSpec.moe_a2a_backend``; :mod:`sglang.srt.dp_attention.moe_a2a`).
+    Runs after the expert-parallel technique's hook (this module comes later in ``TECHNIQUE_MODULES``)."""
+    return None
+
+
 def workers(args: Any, base: WorkerSpec) -> list:
     """One scheduler worker per DP rank: group = rank = r, ``tp_size`` = the DP world, placed on device slot r."""
     from sglang.srt.deployment.compose import place

@@ -19,8 +19,8 @@ floating-point rounding (an expert's GEMM runs over other ranks' rows too; with 
 projection is a partial sum over ranks). A rank with no work runs the same
 collectives with ``n = 0`` (:func:`run_idle`), so every rank issues the same sequence of collectives each step.
 
-An all-to-all backend (``--moe-a2a-backend nccl|tdist``) would instead dispatch each rank's own tokens to the experts'
-owners; that dispatcher is the seam :func:`shard_experts` refuses until it exists (see ``deploy.validate``).
+With an all-to-all backend (``--moe-a2a-backend nccl|tdist``, :mod:`.moe_a2a`) the blocks' stages dispatch each
+rank's own tokens to the experts' owners instead, and this class's ``compute`` is not used (the same expert shard).
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ class DpForwardPadding:
             counts = comm.all_gather(torch.tensor([n], dtype=torch.int64, device=device), dim=0)
             return max(int(counts.max().item()), 1)
         if n > rows:
-            raise RuntimeError(f"DP attention: this rank has {n} MoE rows but the step agreed on at most {rows} per rank")
+            raise RuntimeError(f"DP attention: this rank has {n} MoE rows but the step agreed on at most {rows} "
+                               "per rank")
         return rows
 
 
@@ -170,14 +171,20 @@ def shard_experts(model: nn.Module, dp_rank: int, dp_size: int, moe_ep_size: int
 
 
 @torch.inference_mode()
-def run_idle(model: nn.Module, dtype: torch.dtype, device: torch.device) -> None:
+def run_idle(model: nn.Module, dtype: torch.dtype, device: torch.device, a2a_mode: str = "normal") -> None:
     """The idle forward of a DP rank with no tokens this step (SGLang's ``ForwardMode.IDLE``): every MoE layer's
     gather / local experts / reduce-scatter with zero local rows, in layer order, so the ranks that do have tokens get
-    this rank's experts and matching collectives. Attention, dense layers and logits have no collectives under DP
+    this rank's experts and matching collectives (with an all-to-all dispatcher installed, the block's four stages
+    with ``T = 0`` in the agreed ``a2a_mode``). Attention, dense layers and logits have no collectives under DP
     attention and are skipped."""
     for block in moe_blocks(model):
         ex = block.experts
+        x = torch.empty(0, ex.hidden_size, dtype=dtype, device=device)
+        if getattr(block, "a2a", None) is not None:
+            from sglang.srt.dp_attention.moe_a2a import run_idle_stages
+
+            run_idle_stages(block, x, a2a_mode)
+            continue
         k = ex.top_k
-        ex.compute(torch.empty(0, ex.hidden_size, dtype=dtype, device=device),
-                   torch.empty(0, k, dtype=torch.float32, device=device),
+        ex.compute(x, torch.empty(0, k, dtype=torch.float32, device=device),
                    torch.empty(0, k, dtype=torch.int64, device=device))

@@ -98,9 +98,20 @@ class DpAttentionRank:
         go back to in-band agreement."""
         self.padding.set(rows)
 
-    def run_idle(self, model: nn.Module, dtype: torch.dtype, device: torch.device) -> None:
-        """This rank's idle forward (see :func:`~sglang.srt.dp_attention.moe.run_idle`)."""
-        run_idle(model, dtype, device)
+    def install_moe_a2a(self, model: nn.Module, args: Any, device: torch.device, max_running: int) -> Optional[Any]:
+        """After the weights are loaded: the all-to-all dispatcher of ``spec.moe_a2a_backend`` over the DP world, on
+        every MoE block (:func:`~sglang.srt.dp_attention.moe_a2a.install`); None with ``none`` or a dense model."""
+        if self.spec.moe_a2a_backend == "none" or not self.lockstep:
+            return None
+        from sglang.srt.dp_attention.moe_a2a import install
+
+        return install(model, self.spec.moe_a2a_backend, self.parallel_state, args, device, max_running)
+
+    def run_idle(self, model: nn.Module, dtype: torch.dtype, device: torch.device,
+                 step: Optional[DpGlobalStep] = None) -> None:
+        """This rank's idle forward (see :func:`~sglang.srt.dp_attention.moe.run_idle`), in ``step``'s all-to-all
+        mode."""
+        run_idle(model, dtype, device, step.moe_dispatch_mode if step is not None else "normal")
 
     def ready_info(self) -> dict:
         """What the worker adds to its ready message (``/get_server_info`` shows rank 0's): whether the ranks step

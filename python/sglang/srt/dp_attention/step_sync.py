@@ -66,6 +66,13 @@ class DpGlobalStep:
         return any(self.num_tokens)
 
     @property
+    def moe_dispatch_mode(self) -> str:
+        """The all-to-all mode of this step's MoE layers (``--moe-a2a-backend``), the same on every rank:
+        ``low_latency`` when every rank replays the same decode CUDA graph (fixed shapes, no host sync), else
+        ``normal`` (variable counts; eager decodes too, since the ranks' batches may differ in kind)."""
+        return "low_latency" if self.graph_bs else "normal"
+
+    @property
     def rows_per_rank(self) -> int:
         """Rows per rank of this step's MoE all-gathers: the graph batch in a replay, else the largest token count
         (at least 1)."""

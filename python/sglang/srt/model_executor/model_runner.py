@@ -134,6 +134,10 @@ class ModelRunner:
         self.comm = comm if comm is not None else make_communicator(self.worker.communicator, parallel_state,
                                                                      hidden_size=model_config.hidden_size)
         self.model = self._load_model(server_args)
+        self.moe_dispatcher = None  # DP attention with --moe-a2a-backend: the rank's token dispatcher
+        if dp_attention is not None:  # before the KV pool is sized (its fixed buffers count)
+            rows = max_running_requests(server_args, self.device, model_config.context_len, GPU_MAX_DEFAULT_TOKENS)
+            self.moe_dispatcher = dp_attention.install_moe_a2a(self.model, server_args, self.device, rows)
         self.num_kv_heads = local_kv_heads(model_config.num_key_value_heads, tp_size)
         self.local_num_heads = model_config.num_attention_heads // tp_size
         self.executor: ModelExecutor = executor or build_executor(self.worker.executor, ExecutorContext(
@@ -330,6 +334,8 @@ class ModelRunner:
                                        self.attn_backend)
             if getattr(batch, "future_token_ids", None) is not None:  # overlap with device futures
                 fb.input_ids = resolve_future_ids(fb.input_ids, batch.future_token_ids)
+            if step is not None:  # DP attention: the MoE all-to-all mode every rank agreed on
+                fb.moe_dispatch_mode = step.moe_dispatch_mode
             logits_out = self.executor.run(self.model, fb)
         if greedy_ids is not None:
             sample_out = SamplerOutput(next_token_ids=greedy_ids)
@@ -350,7 +356,7 @@ class ModelRunner:
         if step is not None and step.graph_bs > 0 and graphs is not None:
             graphs.replay(batch, step.graph_bs)
         else:
-            self.dp_attention.run_idle(self.model, self.model_config.dtype, self.device)
+            self.dp_attention.run_idle(self.model, self.model_config.dtype, self.device, step)
         empty = torch.empty(0, self.model_config.vocab_size, dtype=torch.float32, device=self.device)
         return (LogitsProcessorOutput(next_token_logits=empty),
                 SamplerOutput(next_token_ids=torch.empty(0, dtype=torch.int64, device=self.device)))
