@@ -2,7 +2,8 @@
 --ep-size N`` servers on ``stories260K-moe8`` (8 distinct experts: a token sent to the wrong expert changes the
 logits) give TP1's greedy tokens (32 tokens, the shared prompts), with one request on N ranks (N-1 idle), chunked
 prefill, requests joining mid-decode (mixed prefill + decode batches), an abort in flight and retraction; the
-4-rank server runs the overlap scheduler. ``/get_server_info`` lists the ranks. A killed DP rank gives every client
+4-rank server runs the overlap scheduler; a third server runs the MoE layers through the all-to-all dispatcher
+(``--moe-a2a-backend nccl``, skipped in builds without it). ``/get_server_info`` lists the ranks. A killed DP rank gives every client
 a 503 within seconds. A dense model (``stories260K``) serves with DP attention too (independent ranks).
 
 One server per world size runs every check (starting ranks is the slow part on CPU)."""
@@ -32,14 +33,27 @@ GREEDY = {"temperature": 0, "max_new_tokens": N_NEW, "ignore_eos": True}
 KV_TOKENS = 256  # per rank: eight requests of ~40 tokens cannot all decode at once -> retraction
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"dp{n}")
+def _has_a2a_flag() -> bool:
+    import dataclasses
+
+    from sglang.srt.server_args import ServerArgs
+
+    return "moe_a2a_backend" in {f.name for f in dataclasses.fields(ServerArgs)}
+
+
+@pytest.fixture(scope="module", params=[(2, "none"), (4, "none"), (2, "nccl")],
+                ids=lambda p: f"dp{p[0]}" + ("" if p[1] == "none" else f"-a2a-{p[1]}"))
 def dp_server(request):
-    n = request.param
+    n, a2a = request.param
+    if a2a != "none" and not _has_a2a_flag():
+        pytest.skip("--moe-a2a-backend is not in this build (the all-to-all token dispatcher)")
     path = shared_path("models", "stories260K-moe8")
     args = ["--model-path", path, "--device", "cpu", "--tp", str(n), "--dp-size", str(n), "--ep-size", str(n),
             "--enable-dp-attention", "--chunked-prefill-size", "16", "--max-total-tokens", str(KV_TOKENS)]
     if n == 4:
         args.append("--enable-overlap-schedule")
+    if a2a != "none":  # each rank dispatches its own tokens to the experts' owners (no gather / reduce-scatter)
+        args += ["--moe-a2a-backend", a2a]
     s = ServerProcess(args, timeout=400)
     s.model_path, s.n = path, n
     yield s

@@ -111,13 +111,16 @@ def test_model_check_names_the_split_it_cannot_make(tmp_path):
                                  enable_dp_attention=True))
 
 
-def test_a2a_backend_seam_refuses_until_wired(monkeypatch):
-    from sglang.srt.dp_attention import deploy
+def test_a2a_backend_refused_only_without_the_dispatcher(monkeypatch):
+    from sglang.srt.dp_attention import deploy, moe_a2a
 
     args = _args(tp_size=2, dp_size=2, enable_dp_attention=True)
     monkeypatch.setattr(deploy, "moe_a2a_backend", lambda a: "nccl")
-    with pytest.raises(ValueError, match="use --moe-a2a-backend none"):
+    monkeypatch.setattr(moe_a2a, "_found", lambda name: False)
+    with pytest.raises(ValueError, match="token dispatcher .* is not in this build.*use --moe-a2a-backend none"):
         deploy.validate(args)
+    monkeypatch.setattr(moe_a2a, "_found", lambda name: True)
+    deploy.validate(args)  # a build with the dispatcher: DP attention drives it (local token scope)
 
 
 # ---- router ---------------------------------------------------------------------------------------------------
