@@ -210,3 +210,57 @@ def test_padding_rows_come_from_the_step_or_fail_loudly():
         p.rows_for(7, None, torch.device("cpu"))
     with pytest.raises(ValueError):
         p.set(0)
+
+
+# ---- the front end: routing and wake-ups on the real sockets ------------------------------------------------------
+def test_tokenizer_manager_routes_by_queue_and_wakes_the_other_dp_ranks():
+    import asyncio
+    import dataclasses
+    import os
+
+    import zmq
+
+    from sglang.srt.managers.io_struct import AbortReq, TokenizedGenerateReqInput, WakeUpReq, decode_msg
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+    pa = PortArgs.init_new()
+    pa = dataclasses.replace(pa, dp_scheduler_inputs=tuple(f"{pa.scheduler_input_ipc}-dp{a}" for a in range(3)),
+                             dp_wake_peers=True)
+    ctx = zmq.Context()
+    pulls = []
+    for addr in pa.dp_scheduler_inputs:
+        s = ctx.socket(zmq.PULL)
+        s.bind(addr)
+        pulls.append(s)
+    info = {"context_len": 64, "max_total_tokens": 256, "vocab_size": 512, "max_req_input_len": 63}
+
+    def drain(sock) -> list:
+        out = []
+        while sock.poll(200):
+            out.append(decode_msg(sock.recv()))
+        return out
+
+    async def go():
+        tm = TokenizerManager(ServerArgs(model_path=os.devnull, skip_tokenizer_init=True), pa, info)
+        try:
+            for rid in ("a", "b", "c"):
+                tm._send(TokenizedGenerateReqInput(rid=rid, input_ids=[1], sampling_params={}))
+            got = [drain(s) for s in pulls]
+            tm._dp_router.release("b")  # rank 1 is now the emptiest
+            tm._send(TokenizedGenerateReqInput(rid="d", input_ids=[1], sampling_params={}))
+            tm._send(AbortReq(rid="d"))
+            return got, [drain(s) for s in pulls]
+        finally:
+            tm.close()
+
+    try:
+        first, second = asyncio.run(go())
+    finally:
+        for s in pulls:
+            s.close(linger=0)
+        ctx.term()
+    for rank, msgs in enumerate(first):  # each rank: its own request, and a wake for each of the other two
+        reqs = [m.rid for m in msgs if isinstance(m, TokenizedGenerateReqInput)]
+        assert reqs == ["abc"[rank]] and sum(isinstance(m, WakeUpReq) for m in msgs) == 2, msgs
+    assert [type(m).__name__ for m in second[1]] == ["TokenizedGenerateReqInput", "AbortReq"]  # the abort follows
+    assert [type(m).__name__ for m in second[0]] == [type(m).__name__ for m in second[2]] == ["WakeUpReq"]
