@@ -177,8 +177,33 @@ def test_decode_everywhere_replays_one_padded_graph_size():
     assert decide([DpRankReport(3, True, 3)], None).graph_bs == 0  # no graphs at all
 
 
+def test_micro_batch_split_only_when_every_rank_splits():
+    both = [DpRankReport(40, True, NO_GRAPH, True), DpRankReport(30, True, NO_GRAPH, True)]
+    assert decide(both).split_all
+    assert not decide(both[:1] + [DpRankReport(30, True, NO_GRAPH, False)]).split_all
+    assert not decide(both[:1] + [DpRankReport(0, False, 0)]).split_all  # an idle rank never splits
+
+
+def test_local_report_reads_the_batch_and_the_executor():
+    from types import SimpleNamespace
+
+    from sglang.srt.dp_attention.scheduler_hook import local_report
+    from sglang.srt.forward_batch_info import ForwardMode
+
+    def req(n):
+        return SimpleNamespace(extend_len=n, input_logprob_targets=lambda: ([], []))
+
+    dec = SimpleNamespace(reqs=[req(1)] * 3, forward_mode=ForwardMode.DECODE)
+    assert local_report(dec, True, 8) == DpRankReport(3, True, 3, False)
+    assert local_report(dec, True, 2).graph_bs == NO_GRAPH  # larger than the largest graph
+    assert local_report(dec, True, None).graph_bs == NO_GRAPH  # no graphs
+    ext = SimpleNamespace(reqs=[req(7), req(1)], forward_mode=ForwardMode.MIXED)
+    assert local_report(ext, True, 8, lambda b: True) == DpRankReport(8, True, NO_GRAPH, True)
+    assert local_report(None, False, 8, lambda b: True) == DpRankReport(0, False, 0, False)
+
+
 def test_step_sync_over_an_exchange_agrees_and_counts():
-    rows = [[4, 1, 4], [0, 0, 0]]
+    rows = [[4, 1, 4, 0], [0, 0, 0, 0]]
     sync = DpStepSync(1, 2, exchange=lambda mine: rows[:1] + [mine], graph_size=_sizes)
     step = sync.agree(DpRankReport(0, False, 0))
     assert step.num_tokens == (4, 0) and step.graph_bs == 4 and sync.peers_busy and sync.steps == 1

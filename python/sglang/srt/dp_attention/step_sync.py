@@ -12,8 +12,11 @@ reports ``[new tokens, has work, graph batch]`` in one CPU (gloo) all-gather on 
   same padded size (the captured size of the largest decode batch), idle ranks with padding rows only; otherwise
   every rank runs eagerly and the MoE all-gathers pad to the largest token count.
 
-Reports are int64 ``[tokens, has_work, graph_bs]`` with ``graph_bs`` = the batch size when the rank's batch could
-replay a CUDA graph, 0 when the rank has no batch, -1 when it must run eagerly.
+Reports are int64 ``[tokens, has_work, graph_bs, split_ok]`` with ``graph_bs`` = the batch size when the rank's batch
+could replay a CUDA graph, 0 when the rank has no batch, -1 when it must run eagerly; ``split_ok``: the rank's executor
+would cut its batch into micro-batches (two-batch overlap). The step splits only when every rank's does
+(:attr:`DpGlobalStep.split_all`), so every rank runs the same number of micro-batches, hence of MoE collectives; an
+idle rank never splits.
 """
 
 from __future__ import annotations
@@ -35,15 +38,18 @@ class DpRankReport:
         has_work: it holds requests (waiting, running, chunked, in flight), batch or not.
         graph_bs: its decode batch size when that batch may replay a CUDA graph; 0 without a batch;
             :data:`NO_GRAPH` (-1) when it must run eagerly (prefill, mixed, too large, input logprobs).
+        split_ok: its executor would cut its batch into micro-batches (False without a batch or a splitting
+            executor).
     """
 
     num_tokens: int
     has_work: bool
     graph_bs: int
+    split_ok: bool = False
 
     def encode(self) -> list[int]:
-        """The int64 triple sent in the all-gather."""
-        return [int(self.num_tokens), int(self.has_work), int(self.graph_bs)]
+        """The int64 row sent in the all-gather."""
+        return [int(self.num_tokens), int(self.has_work), int(self.graph_bs), int(self.split_ok)]
 
 
 @dataclass(frozen=True)
@@ -54,11 +60,14 @@ class DpGlobalStep:
         num_tokens: new tokens per DP rank, in rank order.
         any_work: some rank holds requests (loops must not block on their sockets).
         graph_bs: the padded decode batch every rank replays (0: eager forwards).
+        split_all: every rank cuts its batch into micro-batches (two-batch overlap on for this step everywhere);
+            a splitting executor under DP attention follows it instead of its local choice.
     """
 
     num_tokens: tuple
     any_work: bool
     graph_bs: int = 0
+    split_all: bool = False
 
     @property
     def runs_forward(self) -> bool:
@@ -94,7 +103,8 @@ def decide(reports: Sequence[DpRankReport], graph_size: Optional[Callable[[int],
     if graph_size is not None and any(tokens) and all(r.graph_bs != NO_GRAPH for r in reports):
         largest = max(r.graph_bs for r in reports)
         graph_bs = graph_size(largest) or 0
-    return DpGlobalStep(tokens, any_work, graph_bs)
+    split_all = bool(reports) and all(r.split_ok for r in reports)
+    return DpGlobalStep(tokens, any_work, graph_bs, split_all)
 
 
 class DpStepSync:
@@ -104,7 +114,7 @@ class DpStepSync:
         dp_rank / dp_size: this rank and the DP size.
         group: a gloo process group over the DP ranks used by nothing else (the model's collectives may run at the
             same time on the overlap worker's thread); None with ``exchange``.
-        exchange: test seam: ``(this rank's int64 triple) -> [triple per rank]`` instead of torch.distributed.
+        exchange: test seam: ``(this rank's int64 row) -> [row per rank]`` instead of torch.distributed.
         graph_size: see :func:`decide` (the worker's CUDA-graph runner; None without graphs).
     Raises (from :meth:`agree`):
         RuntimeError: a peer left (gloo reports the closed connection at once; a stalled peer ends at the
@@ -129,7 +139,7 @@ class DpStepSync:
             return [list(r) for r in self._exchange(mine)]
         import torch.distributed as dist
 
-        out = [torch.empty(3, dtype=torch.int64) for _ in range(self.dp_size)]
+        out = [torch.empty(len(mine), dtype=torch.int64) for _ in range(self.dp_size)]
         dist.all_gather(out, torch.tensor(mine, dtype=torch.int64), group=self.group)
         return [t.tolist() for t in out]
 
@@ -138,7 +148,7 @@ class DpStepSync:
         rows = self._all_gather(report.encode())
         if len(rows) != self.dp_size:
             raise RuntimeError(f"DP step agreement: {len(rows)} reports for {self.dp_size} ranks")
-        step = decide([DpRankReport(int(t), bool(w), int(g)) for t, w, g in rows], self.graph_size)
+        step = decide([DpRankReport(int(t), bool(w), int(g), bool(sp)) for t, w, g, sp in rows], self.graph_size)
         self.last = step
         self.steps += 1
         return step

@@ -209,7 +209,8 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
         if self.dp_sync is not None:  # DP attention: every rank runs a forward (maybe idle) or none does
             from sglang.srt.dp_attention.scheduler_hook import agree_batch
 
-            batch = agree_batch(self.dp_sync, batch, self.has_work(), self.dp_graph_max_bs, self.runner.device)
+            batch = agree_batch(self.dp_sync, batch, self.has_work(), self.dp_graph_max_bs, self.runner.device,
+                                getattr(getattr(self.runner, "executor", None), "dp_split_ok", None))
         prev, self.inflight = self.inflight, None
         if batch is not None:
             self._launch(batch)

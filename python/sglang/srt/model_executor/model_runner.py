@@ -334,8 +334,8 @@ class ModelRunner:
                                        self.attn_backend)
             if getattr(batch, "future_token_ids", None) is not None:  # overlap with device futures
                 fb.input_ids = resolve_future_ids(fb.input_ids, batch.future_token_ids)
-            if step is not None:  # DP attention: the MoE all-to-all mode every rank agreed on
-                fb.moe_dispatch_mode = step.moe_dispatch_mode
+            if step is not None:  # DP attention: what every rank agreed on (MoE all-to-all mode, micro-batch split)
+                fb.moe_dispatch_mode, fb.dp_step = step.moe_dispatch_mode, step
             logits_out = self.executor.run(self.model, fb)
         if greedy_ids is not None:
             sample_out = SamplerOutput(next_token_ids=greedy_ids)
