@@ -1,8 +1,10 @@
-"""DP attention on GPUs (needs >= 2 CUDA GPUs, one DP rank per GPU, NCCL): a ``--tp 2 --dp-size 2 --ep-size 2
+"""DP attention on GPUs. With >= 2 CUDA GPUs (one DP rank per GPU, NCCL): a ``--tp 2 --dp-size 2 --ep-size 2
 --enable-dp-attention`` server on ``stories260K-moe8`` in fp32 with decode CUDA graphs (the MoE all-gather and
 reduce-scatter captured in them; every rank replays the size of the largest decode batch, idle ranks padding only)
 gives TP1's greedy tokens for a batch, for one request with the other rank idle, and for requests joining
-mid-decode; the same with the all-to-all dispatcher (``--moe-a2a-backend nccl``) where the build has it.
+mid-decode; the same with the all-to-all dispatcher (``--moe-a2a-backend nccl``) where the build has it. With one
+GPU: both DP ranks share it (``--tp-ranks-share-gpu``: gloo device group, no CUDA graphs), the GPU kernels (Triton
+attention and fused MoE on the gathered rows) give the same tokens.
 
 Run: ``python -m pytest -q -m gpu test/gpu/test_dp_attention_gpu.py`` (the NVLink-multicast-off environment is set
 by conftest.py and server_utils.ENV).
@@ -26,9 +28,31 @@ from conftest import shared_path  # noqa: E402
 from server_utils import ServerProcess  # noqa: E402
 
 torch = pytest.importorskip("torch")
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
-                                                  reason="needs at least 2 CUDA GPUs")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs at least 2 CUDA GPUs")
 N_NEW = 32
+PARAMS = {"temperature": 0, "max_new_tokens": N_NEW, "ignore_eos": True}
+
+
+def _want(path, prompt, n=N_NEW):
+    from test_tp_cpu import tokenize, tp1_greedy
+
+    return tp1_greedy(path, tokenize(path, prompt), n)
+
+
+def test_dp2_ranks_sharing_one_gpu_equal_tp1():
+    from test_tp_cpu import PROMPTS
+
+    path = shared_path("models", "stories260K-moe8")
+    with ServerProcess(["--model-path", path, "--device", "cuda", "--dtype", "float32", "--tp", "2", "--dp-size", "2",
+                        "--ep-size", "2", "--enable-dp-attention", "--tp-ranks-share-gpu", "--max-total-tokens",
+                        "4096", "--chunked-prefill-size", "16"], timeout=400) as s:
+        outs = requests.post(s.url + "/generate", json={"text": PROMPTS, "sampling_params": PARAMS}, timeout=120).json()
+        for prompt, out in zip(PROMPTS, outs):
+            assert out["output_ids"] == _want(path, prompt), prompt
+        one = requests.post(s.url + "/generate", json={"text": PROMPTS[1], "sampling_params": PARAMS},
+                            timeout=120).json()
+        assert one["output_ids"] == _want(path, PROMPTS[1])
 
 
 def _a2a_in_build() -> bool:
@@ -37,6 +61,7 @@ def _a2a_in_build() -> bool:
     return "moe_a2a_backend" in {f.name for f in dataclasses.fields(ServerArgs)}
 
 
+@two_gpus
 @pytest.mark.parametrize("a2a", ["none", "nccl"])
 def test_dp2_server_with_cuda_graphs_equals_tp1(a2a):
     from test_tp_cpu import PROMPTS, tokenize, tp1_greedy
