@@ -7,11 +7,11 @@
 #    --enable-dp-attention server on stories260K-moe8 (fp32) with decode CUDA graphs gives TP1's greedy tokens
 #    (batch, one request with the other rank idle, requests joining mid-decode); again with --moe-a2a-backend nccl
 #    where the build has it.
-# Writes $OUT/dp_attention_2gpu.md (one line per step) and one log per step.
+# Writes $OUT/dp_attention_gpu.md (one line per step) and one log per step.
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"
 . "$root/scripts/gpu/lib_budget.sh"
-out="${OUT:-/tmp/dp_attention_2gpu}"; mkdir -p "$out"
+out="${OUT:-/tmp/dp_attention_gpu}"; mkdir -p "$out"
 start_run "$out/run.log" "${1:-300}"
 step_dry=${DRY_RUN:-}
 pyt=("$PY" -m pytest -q -x -p no:cacheprovider -rA)
@@ -25,7 +25,7 @@ step dp2_graphs 150 "${pyt[@]}" "test/gpu/test_dp_attention_gpu.py::test_dp2_ser
 stage "DP2 server, CUDA graphs, nccl all-to-all"
 step dp2_graphs_a2a 150 "${pyt[@]}" "test/gpu/test_dp_attention_gpu.py::test_dp2_server_with_cuda_graphs_equals_tp1[nccl]"
 {
-  echo "# DP attention, 2 GPUs ($(date -u +%FT%TZ), commit ${commit:-$(commit_id)}, ${gpu:-$(gpu_name)} x $(nvidia-smi -L 2>/dev/null | wc -l))"
+  echo "# DP attention on GPU ($(date -u +%FT%TZ), commit ${commit:-$(commit_id)}, ${gpu:-$(gpu_name)} x $(nvidia-smi -L 2>/dev/null | wc -l))"
   printf -- '- %s\n' "${summary[@]}"
   echo "- total $(elapsed) s"
-} | tee "$out/dp_attention_2gpu.md"
+} | tee "$out/dp_attention_gpu.md"
