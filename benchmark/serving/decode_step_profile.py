@@ -1,7 +1,7 @@
 """Decode steps at the batch sizes and contexts a serving run reaches: graph vs eager, time vs memory floor, and the
 GPU kernel time by category (attention share) from a short torch.profiler capture.
 
-For each ``--cases BSxCTX[:eager]`` the batch's KV context is allocated without a prefill (timing does not depend on
+For each ``--cases BSxCTX[:var][:eager]`` the batch's KV context is allocated without a prefill (timing does not depend on
 the KV values), then decode steps run through ``ModelRunner.forward`` exactly as the server's worker calls it: the
 CUDA graph of that size (captured here for the listed sizes only) or, with ``:eager`` or above the largest graph,
 the eager forward. Per case: median step time (CUDA events around ``forward``, synchronized steps), the floor
@@ -12,7 +12,7 @@ JSON with ``--json``. ``--device cpu`` runs the same flow on a tiny model (a dry
 profiler categories beyond what the CPU profiler reports).
 
 Usage: python benchmark/serving/decode_step_profile.py --model-path ../shared/data/configs/meta-llama--Meta-Llama-3.1-8B \\
-    --cases 160x2560 200x2048 200x2048:eager --json out.json
+    --cases 160x2560 160x2560:var 200x2048:var 200x2048:var:eager --json out.json
 """
 
 from __future__ import annotations
@@ -34,16 +34,18 @@ os.environ.update(NVLS_OFF_ENV)
 import torch  # noqa: E402
 
 
-def parse_case(spec: str) -> tuple[int, int, bool]:
-    """``BSxCTX`` or ``BSxCTX:eager`` -> (batch, context, eager). Raises ValueError naming the bad spec."""
-    body, _, flag = spec.partition(":")
+def parse_case(spec: str) -> tuple[int, int, bool, bool]:
+    """``BSxCTX[:var][:eager]`` -> (batch, mean context, variable contexts, eager). ``var``: the contexts are drawn
+    uniformly from ``[1, 2 x CTX - 1]`` (mean CTX, as in a serving batch of random-length requests) instead of all
+    CTX. Raises ValueError naming the bad spec."""
+    body, *flags = spec.split(":")
     try:
         bs, ctx = (int(x) for x in body.lower().split("x"))
     except ValueError:
-        raise ValueError(f"--cases {spec!r}: use BSxCTX or BSxCTX:eager, e.g. 160x2560") from None
-    if bs < 1 or ctx < 1 or flag not in ("", "eager"):
-        raise ValueError(f"--cases {spec!r}: batch and context must be >= 1, the suffix ':eager' or none")
-    return bs, ctx, flag == "eager"
+        raise ValueError(f"--cases {spec!r}: use BSxCTX[:var][:eager], e.g. 160x2560:var") from None
+    if bs < 1 or ctx < 1 or any(f not in ("var", "eager") for f in flags):
+        raise ValueError(f"--cases {spec!r}: batch and context must be >= 1, the suffixes ':var' / ':eager' or none")
+    return bs, ctx, "var" in flags, "eager" in flags
 
 
 def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30) -> float:
@@ -68,20 +70,30 @@ def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / statistics.median(times[2:])
 
 
-class FakeContextBatch:
-    """``bs`` requests of ``ctx`` tokens of KV each (slots allocated, nothing computed), decoded one step at a time."""
+def case_contexts(bs: int, ctx: int, variable: bool) -> list[int]:
+    """The contexts of a case (deterministic per case): all ``ctx``, or uniform in ``[1, 2 ctx - 1]``."""
+    if not variable:
+        return [ctx] * bs
+    gen = torch.Generator().manual_seed(bs * 7919 + ctx)
+    return torch.randint(1, 2 * ctx, (bs,), generator=gen).tolist()
 
-    def __init__(self, runner, bs: int, ctx: int):
+
+class FakeContextBatch:
+    """``bs`` requests of ``ctx`` tokens of KV each, or (``variable``) of uniform random lengths with mean ``ctx``
+    (slots allocated, nothing computed), decoded one step at a time."""
+
+    def __init__(self, runner, bs: int, ctx: int, variable: bool = False):
         self.runner = runner
+        ctxs = case_contexts(bs, ctx, variable)
+        gen = torch.Generator().manual_seed(bs * 7919 + ctx + 1)
         rows = runner.req_to_token_pool.alloc(bs)
         if rows is None:
             raise ValueError(f"batch {bs} exceeds the runner's request rows")
         self.rows = list(rows)
         self.slots = []
-        locs = self._alloc(bs * ctx)
-        runner.req_to_token_pool.write_batch(self.rows, [0] * bs, [ctx] * bs, locs)
-        self.seq = [ctx] * bs
-        gen = torch.Generator().manual_seed(bs * 7919 + ctx)
+        locs = self._alloc(sum(ctxs))
+        runner.req_to_token_pool.write_batch(self.rows, [0] * bs, ctxs, locs)
+        self.seq = list(ctxs)
         self.ids = torch.randint(0, runner.model_config.vocab_size, (bs,), generator=gen).tolist()
         from sglang.srt.sampling.sampling_params import SamplingParams
         from sglang.srt.managers.schedule_batch import Req
@@ -163,13 +175,13 @@ def build_runner(a, cases):
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.server_args import ServerArgs
 
-    max_ctx = max(c for _, c, _ in cases) + a.steps + a.warmup + 16
-    kv = max(bs * (ctx + a.steps + a.warmup + 8) for bs, ctx, _ in cases) + 4096
+    max_ctx = max(2 * c for _, c, _, _ in cases) + a.steps + a.warmup + 16
+    kv = max(sum(case_contexts(bs, ctx, var)) + bs * (a.steps + a.warmup + 8) for bs, ctx, var, _ in cases) + 4096
     sa = ServerArgs(model_path=a.model_path, load_format="dummy", dtype=a.dtype, device=a.device,
-                    context_length=max_ctx, max_total_tokens=kv, max_running_requests=max(b for b, _, _ in cases) + 4,
+                    context_length=max_ctx, max_total_tokens=kv, max_running_requests=max(b for b, _, _, _ in cases) + 4,
                     disable_cuda_graph=True)
     runner = ModelRunner(ModelConfig.from_path(sa.model_path, sa.context_length, sa.dtype, a.device), sa, a.device)
-    sizes = sorted({bs for bs, _, eager in cases if not eager})
+    sizes = sorted({bs for bs, _, _, eager in cases if not eager})
     if runner.device.type == "cuda" and sizes:
         runner.cuda_graph_runner = CudaGraphRunner(runner, sizes[-1], runner.pad_req_idx, batch_sizes=sizes)
     return runner
@@ -179,7 +191,7 @@ def main(argv=None) -> int:
     """CLI entry (see the module docstring); returns 0."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-path", required=True)
-    p.add_argument("--cases", nargs="+", default=["160x2560", "200x2048", "200x2048:eager"])
+    p.add_argument("--cases", nargs="+", default=["160x2560", "160x2560:var", "200x2048:var", "200x2048:var:eager"])
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -204,9 +216,10 @@ def main(argv=None) -> int:
           f"setup {time.perf_counter() - t_start:.1f} s")
     rows = []
     graphs = runner.cuda_graph_runner
-    for bs, ctx, eager in cases:
+    for bs, ctx, var, eager in cases:
         runner.cuda_graph_runner = None if eager else graphs
-        fb = FakeContextBatch(runner, bs, ctx)
+        fb = FakeContextBatch(runner, bs, ctx, var)
+        kv_tokens = sum(fb.seq)
         try:
             with torch.inference_mode():
                 t = time_steps(runner, fb, a.steps, a.warmup)
@@ -214,19 +227,19 @@ def main(argv=None) -> int:
         finally:
             fb.free()
         used_graph = not eager and graphs is not None and bs <= graphs.max_bs
-        floor = (weight_bytes + bs * ctx * kv_per_token) / bw * 1e3
+        floor = (weight_bytes + kv_tokens * kv_per_token) / bw * 1e3
         cats = brk.get("by_category", {})
         tot = brk.get("total_ms") or 0.0
-        rows.append({"bs": bs, "ctx": ctx, "graph": used_graph, **t, "floor_ms": floor,
+        rows.append({"bs": bs, "ctx": ctx, "contexts": "uniform 1..2ctx" if var else "all ctx", "graph": used_graph, **t, "floor_ms": floor,
                      "ratio": t["step_ms"] / floor if floor else 0.0, "kernel_ms": tot,
                      "attention_ms": cats.get("attention", 0.0), "gemm_ms": cats.get("gemm", 0.0),
                      "attention_share": cats.get("attention", 0.0) / tot if tot else 0.0,
                      "top": brk.get("top", [])[:3], "error": brk.get("error")})
     runner.cuda_graph_runner = graphs
-    print("\n| bs | ctx | graph | step ms | wall ms | floor ms | step / floor | kernels ms | attention ms (share) | "
-          "gemm ms |\n|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n| bs | ctx (mean) | contexts | graph | step ms | wall ms | floor ms | step / floor | kernels ms | attention ms (share) | "
+          "gemm ms |\n|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['bs']} | {r['ctx']} | {'yes' if r['graph'] else 'no'} | {r['step_ms']:.2f} | {r['wall_ms']:.2f} | "
+        print(f"| {r['bs']} | {r['ctx']} | {r['contexts']} | {'yes' if r['graph'] else 'no'} | {r['step_ms']:.2f} | {r['wall_ms']:.2f} | "
               f"{r['floor_ms']:.2f} | {r['ratio']:.2f} | {r['kernel_ms']:.2f} | {r['attention_ms']:.2f} "
               f"({r['attention_share']:.0%}) | {r['gemm_ms']:.2f} |")
     for r in rows:

@@ -27,11 +27,11 @@ port=${SERVING_PROFILE_PORT:-30261}
 cpu="${SERVING_PROFILE_CPU:-}"
 if [[ -n "$cpu" ]]; then
   model="$data/models/stories260K"; tok="$model"; dev=cpu; dtype=float32
-  nprompts=8; in_len=64; out_len=32; start_limit=120; prof_cases=(8x64 16x48 16x48:eager)
+  nprompts=8; in_len=64; out_len=32; start_limit=120; prof_cases=(8x64 8x64:var 16x48:var 16x48:var:eager)
   extra_server=(--max-total-tokens 4096); graph_max=0
 else
   model="$data/configs/meta-llama--Meta-Llama-3.1-8B"; tok="$data/tokenizers/llama3"; dev=cuda; dtype=bfloat16
-  nprompts=500; in_len=4096; out_len=2048; start_limit=180; prof_cases=(160x2560 200x2048 200x2048:eager)
+  nprompts=500; in_len=4096; out_len=2048; start_limit=180; prof_cases=(160x2560 160x2560:var 200x2048:var 200x2048:var:eager)
   extra_server=(); graph_max=160
 fi
 default_variants="nomix|--disable-mixed-chunk;cg256|--cuda-graph-max-bs 256;mem88|--mem-fraction-static 0.88"
@@ -121,6 +121,6 @@ if [[ -s "$OUT/summary.md" ]]; then  # the horizon table, then one trace line an
   awk '/^### Decode tokens over the common horizon/{on=1} on && /^\|/{print} on && /^$/ && n++{on=0}' "$OUT/summary.md"
   grep -E "^[a-z0-9]+: (wall|completed|bench)" "$OUT/summary.md"
 fi
-grep -E "^\| [0-9]+ \| [0-9]+ \| (yes|no) " "$OUT/prof.log" 2>/dev/null
+grep -E "^\| [0-9]+ \| [0-9]+ \| (all|uniform)" "$OUT/prof.log" 2>/dev/null
 rm -rf "$work"
 echo "== done in $(elapsed)s"

@@ -136,7 +136,8 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
         self.future_ct = 0
         self.worker = OverlapWorker(runner, self.future_ring_size, device_futures) if self.overlap else None
         self.control_group = self._make_control_group()
-        self.tracer = StepTracer.from_server_args(server_args, getattr(runner, "device", "cpu"))
+        self.tracer = StepTracer.from_server_args(server_args, getattr(runner, "device", "cpu"),
+                                                  getattr(runner, "tp_rank", 0) or 0)
         logger.info("overlap schedule %s, mixed chunk %s", "on" if self.overlap else "off",
                     "on" if self.mixed_chunk else "off")
         # prefill/decode disaggregation: the scheduler side of the KV connector (None when aggregated)

@@ -6,7 +6,8 @@ and every ``--decode-log-interval`` decode steps (SGLang's flag, default 40) one
 ``Decode batch. #running-req: .., #token: .., token usage: .., cuda graph: .., gen throughput (token/s): ..,
 #queue-req: ..``. They cost a few counter updates per step.
 
-Trace (off by default): with ``SGLANG_STEP_TRACE=/path/file.jsonl`` in the scheduler's environment, every launched
+Trace (off by default): with ``SGLANG_STEP_TRACE=/path/file.jsonl`` in the scheduler's environment (see
+:meth:`StepTracer.from_server_args` for several schedulers), every launched
 batch appends one JSON object when its result has been processed (line-buffered, so a killed server keeps every
 finished line). Fields (times in ms unless named ``_s``):
 
@@ -72,9 +73,12 @@ class StepTracer:
         self.processed_in_step = 0.0  # seconds of result processing (and waiting) inside the current step
 
     @classmethod
-    def from_server_args(cls, server_args: Any, device: Any) -> "StepTracer":
-        """The tracer for a scheduler: ``--decode-log-interval`` (default 40) and ``SGLANG_STEP_TRACE``."""
-        path = os.environ.get(STEP_TRACE_ENV, "").strip() or None
+    def from_server_args(cls, server_args: Any, device: Any, tp_rank: int = 0) -> "StepTracer":
+        """The tracer for a scheduler: ``--decode-log-interval`` (default 40) and ``SGLANG_STEP_TRACE`` (``{pid}`` in
+        the path becomes the process id, for several schedulers of one server; TP rank r > 0 appends ``.tp<r>``)."""
+        path = os.environ.get(STEP_TRACE_ENV, "").strip().replace("{pid}", str(os.getpid())) or None
+        if path and tp_rank:
+            path = f"{path}.tp{tp_rank}"
         cuda = str(device).startswith("cuda")
         tracer = cls(getattr(server_args, "decode_log_interval", DEFAULT_DECODE_LOG_INTERVAL), path, cuda)
         if path:
