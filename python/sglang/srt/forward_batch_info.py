@@ -81,6 +81,7 @@ class ModelWorkerBatch:
     top_logprobs_nums: list[int] = field(default_factory=list)
     sampling_info: Optional["SamplingBatchInfo"] = None
     future_token_ids: Optional[torch.Tensor] = None  # overlap: device ring that resolves negative input ids
+    gpu_timing: Optional[tuple] = None  # step trace: (start, end) CUDA events the runner records around forward
 
     @property
     def batch_size(self) -> int:

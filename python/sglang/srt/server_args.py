@@ -18,7 +18,8 @@ from sglang.srt.server_args_help import SERVER_ARGS_HELP
 
 
 # The flag that sets an ``Optional[bool]`` field to False (the field's own flag sets True; neither: None, the default)
-FALSE_FLAGS = {"tokenweave_sharded_residual": "--tokenweave-full-residual"}
+FALSE_FLAGS = {"tokenweave_sharded_residual": "--tokenweave-full-residual",
+               "enable_mixed_chunk": "--disable-mixed-chunk"}
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,9 @@ class ServerArgs:
     max_running_requests: Optional[int] = None
     max_prefill_tokens: int = 16384
     chunked_prefill_size: Optional[int] = None
+    # prefill chunks in the decode step: None (neither flag) = on, as this server always did; SGLang's default is
+    # off (see resolved_enable_mixed_chunk)
+    enable_mixed_chunk: Optional[bool] = None
     schedule_policy: str = "fcfs"  # fcfs | lpm
     schedule_conservativeness: float = 1.0
     disable_radix_cache: bool = False
@@ -135,6 +139,7 @@ class ServerArgs:
     watchdog_timeout: float = 300.0  # seconds a scheduler loop iteration may take before the server stops
     log_level: str = "info"
     log_requests: bool = False
+    decode_log_interval: int = 40  # decode steps between the scheduler's "Decode batch." log lines (SGLang's)
 
     def __post_init__(self) -> None:
         def bad(flag: str, value, fix: str) -> None:
@@ -211,6 +216,10 @@ class ServerArgs:
             bad("ray-placement-timeout", self.ray_placement_timeout, "use a positive number of seconds")
         if self.nnodes > 1 and not self.dist_init_addr and not self.use_ray:
             bad("dist-init-addr", self.dist_init_addr, "multi-node runs need --dist-init-addr HOST:PORT of node 0")
+        if self.decode_log_interval < 1:
+            bad("decode-log-interval", self.decode_log_interval, "use a positive integer")
+        if self.schedule_conservativeness <= 0:
+            bad("schedule-conservativeness", self.schedule_conservativeness, "use a positive number (1.0: default)")
         if self.stream_interval < 1:
             bad("stream-interval", self.stream_interval, "use a positive integer")
         if not self.max_request_body_mb > 0:
@@ -330,6 +339,13 @@ class ServerArgs:
         """Whether TokenWeave's split forwards keep the residual sharded (TokenWeave, Gond et al. 2025, sec. 3-4):
         ``--enable-tokenweave`` and not ``--tokenweave-full-residual`` (the sharded residual is the default)."""
         return self.enable_tokenweave and self.tokenweave_sharded_residual is not False
+
+    @property
+    def resolved_enable_mixed_chunk(self) -> bool:
+        """Whether a step runs prefill chunks together with the running requests' decode tokens (MIXED batches):
+        ``--enable-mixed-chunk`` on, ``--disable-mixed-chunk`` off (SGLang's default: a prefill batch runs alone);
+        neither: on (this server's behaviour so far, kept until measurements decide the default)."""
+        return self.enable_mixed_chunk is not False
 
     @property
     def resolved_tokenizer_path(self) -> str:

@@ -34,6 +34,10 @@ SERVER_ARGS_HELP: dict[str, str] = {
     "max_prefill_tokens": "The maximum number of tokens in a prefill batch. The real bound will be the maximum of "
     "this value and the model's maximum context length.",
     "chunked_prefill_size": "Max prompt tokens per prefill chunk; -1 disables chunking.",
+    "enable_mixed_chunk": "Enabling mixing prefill and decode in a batch when using chunked prefill (the default "
+    "when neither this flag nor --disable-mixed-chunk is given).",
+    "disable_mixed_chunk": "Run each prefill batch alone and the running requests' decode steps separately "
+    "(SGLang's default scheduling).",
     "schedule_policy": "The scheduling policy of the requests: fcfs | lpm (longest prefix match).",
     "schedule_conservativeness": "How conservative the schedule policy is. A larger value means more conservative "
     "scheduling. Use a larger value if you see requests being retracted frequently.",
@@ -156,5 +160,6 @@ SERVER_ARGS_HELP: dict[str, str] = {
     "watchdog_timeout": "Set watchdog timeout in seconds. If a forward batch takes longer than this, the server "
     "will crash to prevent hanging.",
     "log_level": "The logging level of all loggers.",
+    "decode_log_interval": "The log interval of decode batch.",
     "log_requests": "Log metadata, inputs, outputs of all requests.",
 }

@@ -69,16 +69,23 @@ class CudaGraphRunner:
         runner: the :class:`ModelRunner` (model, pools, attention backend on a CUDA device).
         max_bs: largest batch captured; larger decode batches run eagerly.
         pad_req_idx: a ``req_to_token`` row reserved for padding, whose slot 0 is the dummy KV slot.
+        batch_sizes: the padded sizes to capture (ascending, each in 1..``max_bs``, ``max_bs`` included); None:
+            :func:`capture_batch_sizes` (benchmarks capture a few sizes to save start time).
     Raises:
+        ValueError: a bad ``batch_sizes``.
         RuntimeError: capture failed (e.g. an op synchronizes with the host); the caller
             logs it and runs eagerly.
     """
 
-    def __init__(self, runner: "ModelRunner", max_bs: int, pad_req_idx: int):
+    def __init__(self, runner: "ModelRunner", max_bs: int, pad_req_idx: int, batch_sizes: Optional[list] = None):
         self.runner = runner
         self.greedy_outputs: dict[int, torch.Tensor] = {}  # padded bs -> [bs] int64 argmax, written by replays
         self.device = runner.device
-        self.batch_sizes = capture_batch_sizes(max_bs)
+        if batch_sizes is not None and (list(batch_sizes) != sorted(set(batch_sizes)) or batch_sizes[-1] != max_bs
+                                        or batch_sizes[0] < 1):
+            raise ValueError(f"CUDA graph batch sizes {batch_sizes} must be ascending, distinct, in 1..{max_bs} "
+                             f"and end with max_bs={max_bs}")
+        self.batch_sizes = list(batch_sizes) if batch_sizes is not None else capture_batch_sizes(max_bs)
         self.max_bs = self.batch_sizes[-1]
         self.pad_req_idx = pad_req_idx
         n = self.max_bs

@@ -287,9 +287,14 @@ class ModelRunner:
             one sampled token per request (rows with ``sample[i] == False`` are
             sampled too and ignored by the scheduler). After a graph replay,
             ``next_token_logits`` is a view of the graph's static output: valid until the next step.
+        ``batch.gpu_timing`` (the step trace's two CUDA events), when set, is recorded on the current stream around
+        the whole step.
         """
         if self.kv_cache is None:
             raise ValueError(f"a {self.role_spec.role.value} worker holds no KV cache and runs no attention batches")
+        timing = getattr(batch, "gpu_timing", None)  # step trace: CUDA events around the whole forward
+        if timing is not None:
+            timing[0].record()
         graphs = self.cuda_graph_runner
         greedy_ids = None
         if graphs is not None and graphs.can_run(batch):
@@ -310,4 +315,6 @@ class ModelRunner:
             ids = sample_out.next_token_ids.contiguous()
             dist.broadcast(ids, 0, group=self.parallel_state.device_group)
             sample_out.next_token_ids = ids
+        if timing is not None:
+            timing[1].record()
         return logits_out, sample_out
