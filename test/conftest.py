@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DATA = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
+if REPO_ROOT not in sys.path:  # the ``benchmark`` package (benchmark/common, benchmark/<subject>) imports from here
+    sys.path.insert(0, REPO_ROOT)
 
 
 def _apply_nvls_off_env() -> None:
