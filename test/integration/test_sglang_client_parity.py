@@ -19,8 +19,10 @@ import pytest
 import requests
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import shared_path  # noqa: E402
 from server_utils import ServerProcess  # noqa: E402
+from stream_logprob_checks import check_frontend_stream_logprobs  # noqa: E402
 
 PROMPT = "Once upon a time"
 FLAG = "--enable-custom-logit-processor"
@@ -135,8 +137,8 @@ def test_streamed_generate_logprobs_are_cumulative_like_text(server):
 
 
 def test_streamed_generate_input_logprobs(server):
-    # the prompt's logprobs: complete in every chunk (cumulative stream); --incremental-streaming-output sends them
-    # once (test_sglang_api_parity.py)
+    # the prompt's logprobs: complete in every chunk, in both stream modes (the incremental one in
+    # test_sglang_api_parity.py)
     body = {"text": PROMPT, "sampling_params": {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True},
             "stream": True, "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 2}
     chunks = sse_events(requests.post(server.url + "/generate", json=body, stream=True, timeout=120))
@@ -375,3 +377,9 @@ def test_own_frontend_streaming_gen_accumulates_incremental_logprobs(server):
     assert len(b["output_token_logprobs"]) == 10 == b["output_token_logprobs_length"]
     assert [e[1] for e in b["output_token_logprobs"]] == [e[1] for e in a["output_token_logprobs"]]
     assert len(b["output_top_logprobs"]) == 10
+
+
+def test_frontend_stream_logprobs_per_chunk_on_a_cumulative_stream(server):
+    """SGLang's ``test_stream_logprobs`` contract through ``text_async_iter(name, return_meta_data=True)`` on the
+    default (cumulative) stream: each chunk's logprob lists hold only its new tokens."""
+    check_frontend_stream_logprobs(server.url)
