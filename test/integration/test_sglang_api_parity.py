@@ -310,7 +310,8 @@ def test_incremental_streaming_output_sends_aligned_deltas(incremental_server):
             assert len(c["output_ids"]) == len(m["output_token_logprobs"]) == new == len(m["output_top_logprobs"])
             assert len(m["output_token_ids_logprobs"]) == new
             assert [e[1] for e in m["input_token_logprobs"]] == [e[1] for e in ref["meta_info"]["input_token_logprobs"]]
-            assert len(m["input_top_logprobs"]) == len(m["input_token_ids_logprobs"]) == ref["meta_info"]["prompt_tokens"]
+            prompt_tokens = ref["meta_info"]["prompt_tokens"]
+            assert len(m["input_top_logprobs"]) == len(m["input_token_ids_logprobs"]) == prompt_tokens
             prev_tokens = m["completion_tokens"]
             ids, text = ids + c["output_ids"], text + c["text"]
             lps, tids = lps + m["output_token_logprobs"], tids + m["output_token_ids_logprobs"]
