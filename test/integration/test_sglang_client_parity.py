@@ -31,9 +31,23 @@ DEVICE = os.environ.get("SGLANG_TEST_DEVICE", "cpu")
 DEVICE_ARGS = ["--device", DEVICE] + (["--dtype", "float32"] if DEVICE == "cuda" else [])
 
 
+POISON = "the plain server imported flashinfer"
+
+
+def poisoned_flashinfer_env(root) -> dict:
+    """An environment whose ``import flashinfer`` raises RuntimeError(:data:`POISON`): the server under test runs
+    with it, so any import of the optional library on the plain path (no ``--attention-backend flashinfer``) fails."""
+    pkg = root / "flashinfer"
+    pkg.mkdir(parents=True, exist_ok=True)
+    (pkg / "__init__.py").write_text(f"raise RuntimeError({POISON!r})\n")
+    return {"PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+
+
 @pytest.fixture(scope="module")
-def server():
-    with ServerProcess(["--model-path", shared_path("models", "stories260K"), *DEVICE_ARGS]) as s:
+def server(tmp_path_factory):
+    env = poisoned_flashinfer_env(tmp_path_factory.mktemp("poison"))
+    with ServerProcess(["--model-path", shared_path("models", "stories260K"), *DEVICE_ARGS], env=env) as s:
+        s.poison_env = env
         yield s
 
 
@@ -434,3 +448,15 @@ def test_frontend_stream_logprobs_per_chunk_on_a_cumulative_stream(server):
     """SGLang's ``test_stream_logprobs`` contract through ``text_async_iter(name, return_meta_data=True)`` on the
     default (cumulative) stream: each chunk's logprob lists hold only its new tokens."""
     check_frontend_stream_logprobs(server.url)
+
+
+def test_plain_server_never_imports_flashinfer(server):
+    """The module's server runs with a ``flashinfer`` whose import raises: it started and served every request above
+    (the optional backend's library is imported only by ``--attention-backend flashinfer``)."""
+    import subprocess
+
+    assert requests.get(server.url + "/health", timeout=30).status_code == 200
+    assert greedy(server, 4)["meta_info"]["completion_tokens"] == 4
+    r = subprocess.run([sys.executable, "-c", "import flashinfer"], env={**os.environ, **server.poison_env},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and POISON in r.stderr  # the poison is live in that environment
