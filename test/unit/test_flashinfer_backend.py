@@ -102,7 +102,8 @@ class _Wrapper:
         if self.graph:  # fixed buffers: the plan copies into them (the page ids may already be there)
             assert len(last) == len(self.fixed[2])
             self.fixed[2].copy_(last)
-            self.fixed[1][: indices.shape[0]].copy_(indices.clone())
+            assert indices.data_ptr() != self.fixed[1].data_ptr()  # never copied onto itself
+            self.fixed[1][: indices.shape[0]].copy_(indices)
             indices = self.fixed[1][: indices.shape[0]]
         self.p = dict(qo=qo_indptr, indptr=indptr.tolist(), indices=indices, last=last.tolist(), nh=nh, nkv=nkv,
                       hd=hd, ps=ps, causal=causal, scale=sm_scale, q_dtype=q_data_type)

@@ -110,6 +110,7 @@ class FlashInferAttnBackend(AttentionBackend):
         self._turn: dict[tuple[torch.device, str], int] = {}
         self._graphs: dict[int, Any] = {}  # captured batch size -> its decode wrapper (use_cuda_graph)
         self._graph_indices: Optional[torch.Tensor] = None  # the page ids every graph wrapper reads (shared)
+        self._graph_scratch: Optional[torch.Tensor] = None  # where the page-table kernel writes them before a plan
         self._heads: Optional[tuple[int, int, int]] = None  # (num_heads, num_kv_heads, head_dim) per rank
         self.sm_scale: Optional[float] = None  # the layers' softmax scale, read at the first plan
         self.q_dtype: Optional[torch.dtype] = None
@@ -184,7 +185,8 @@ class FlashInferAttnBackend(AttentionBackend):
     def init_graph_metadata(self, forward_batch: "ForwardBatch") -> FlashInferMetadata:
         """The metadata of the decode batch a CUDA graph of ``forward_batch.batch_size`` rows is captured on: its own
         decode wrapper (``use_cuda_graph=True``) on fixed index buffers (the page-id buffer shared by all graphs,
-        sized at the first, largest, capture for ``batch_size`` full-context requests), planned at the first layer
+        sized at the first, largest, capture for ``batch_size`` full-context requests, plus a scratch buffer of the
+        same size the page-table kernel fills before each plan), planned at the first layer
         of the warm-up forward and re-planned before each replay by :meth:`plan_graph_replay`.
 
         Raises:
@@ -199,6 +201,7 @@ class FlashInferAttnBackend(AttentionBackend):
         need = bs * ((ctx + ps - 1) // ps)
         if self._graph_indices is None or self._graph_indices.numel() < need:
             self._graph_indices = torch.zeros(need, dtype=torch.int32, device=dev)
+            self._graph_scratch = torch.zeros(need, dtype=torch.int32, device=dev)
         wrapper = self.fi.BatchDecodeWithPagedKVCacheWrapper(
             self._ws(dev), "NHD", use_cuda_graph=True, use_tensor_cores=self._tensor_cores(),
             paged_kv_indptr_buffer=torch.zeros(bs + 1, dtype=torch.int32, device=dev),
@@ -219,9 +222,10 @@ class FlashInferAttnBackend(AttentionBackend):
         if n > self._graph_indices.numel():
             raise ValueError(f"FlashInferAttnBackend: {n} pages exceed the graphs' page-id buffer "
                              f"({self._graph_indices.numel()})")
-        dev = self._graph_indices.device
+        dev = self._graph_scratch.device
+        # the plan copies these into the wrapper's fixed buffer (never a buffer onto itself)
         indices = build_page_table(fb.req_to_token_pool.req_to_token, fb.req_pool_indices,
-                                   kv_indptr.to(dev, non_blocking=True), pool.page_size, self._graph_indices)[:n]
+                                   kv_indptr.to(dev, non_blocking=True), pool.page_size, self._graph_scratch)[:n]
         return FlashInferMetadata(decode=True, wrapper=self._graphs[fb.batch_size], kv_indptr=kv_indptr,
                                   kv_last_page_len=last, kv_indices=indices, graph_bs=fb.batch_size)
 
