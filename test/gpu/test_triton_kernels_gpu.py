@@ -16,8 +16,12 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "python"))
+sys.path.insert(0, str(REPO / "test"))
 
-pytestmark = pytest.mark.gpu
+from conftest import gpu_tiered  # noqa: E402
+
+# The smoke selection (marker gpu) runs each kernel's path once: the first shape, the default launch (PDL where a
+# kernel has it), bf16; the other shapes, launches and dtypes are gpu_extended.
 DEV = "cuda"
 TOL = {torch.float32: 5e-3, torch.float16: 4e-3, torch.bfloat16: 2e-2}  # fp32 dots run in TF32
 
@@ -101,7 +105,7 @@ def run_both(q, k, v, layer, make_batch):
     return out, ref
 
 
-@pytest.mark.parametrize("nh,nkv,hd", [(32, 8, 128), (8, 8, 64), (16, 4, 256), (8, 8, 8), (64, 8, 128)])
+@pytest.mark.parametrize("nh,nkv,hd", gpu_tiered([(32, 8, 128), (8, 8, 64), (16, 4, 256), (8, 8, 8), (64, 8, 128)]))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_decode_vs_torch_native(nh, nkv, hd, dtype):
     gen = torch.Generator().manual_seed(nh * hd)
@@ -110,7 +114,7 @@ def test_decode_vs_torch_native(nh, nkv, hd, dtype):
     close(out, ref, dtype)
 
 
-@pytest.mark.parametrize("nh,nkv,hd", [(32, 8, 128), (8, 8, 64), (16, 4, 256), (8, 8, 8)])
+@pytest.mark.parametrize("nh,nkv,hd", gpu_tiered([(32, 8, 128), (8, 8, 64), (16, 4, 256), (8, 8, 8)]))
 def test_extend_and_mixed_vs_torch_native(nh, nkv, hd):
     gen = torch.Generator().manual_seed(hd + 1)
     out, ref = run_both(*build_case(gen, [0, 300, 17, 1000], [700, 129, 1, 5], nh, nkv, hd, torch.bfloat16))
@@ -119,8 +123,9 @@ def test_extend_and_mixed_vs_torch_native(nh, nkv, hd):
     close(out, ref, torch.bfloat16)
 
 
-@pytest.mark.parametrize("prefix,extend", [([300, 17, 1000, 4095], [1, 1, 1, 1]),
-                                           ([0, 300, 17, 1000], [700, 129, 1, 5])], ids=["decode", "mixed"])
+@pytest.mark.parametrize("prefix,extend", gpu_tiered([([300, 17, 1000, 4095], [1, 1, 1, 1]),
+                                                      ([0, 300, 17, 1000], [700, 129, 1, 5])], smoke=(1,),
+                                                     ids=["decode", "mixed"]))
 def test_token_major_pool_vs_layer_major(prefix, extend):
     """Issue 24: compiled decode/extend kernels over a token-major pool (K/V buffers strided by 32 layers x 2 x
     8 heads x 128) equal the layer-major pool's output and the torch_native reference (Llama-3.1-8B heads, bf16)."""
@@ -138,7 +143,7 @@ def test_token_major_pool_vs_layer_major(prefix, extend):
     close(outs["token_major"], ref, torch.bfloat16)
 
 
-@pytest.mark.parametrize("legacy", [False, True])
+@pytest.mark.parametrize("legacy", gpu_tiered([False, True]))
 @pytest.mark.parametrize("bs", [1, 40, 128])
 def test_decode_split_rules_vs_torch_native(bs, legacy):
     """Issue 19: the default decode kernel + 'wave' split rule (bs 128 on 132 SMs: one split, direct output, no
@@ -161,7 +166,8 @@ def test_decode_split_rules_vs_torch_native(bs, legacy):
         assert splits == max(1, min(16, 2 * sms // (bs * 8)))  # 2 programs per SM (decode_attention.py)
 
 
-@pytest.mark.parametrize("tile,pdl", [("128/8/3", "0"), ("256/8/3", "0"), ("", "0"), ("", "default")])
+@pytest.mark.parametrize("tile,pdl", gpu_tiered([("128/8/3", "0"), ("256/8/3", "0"), ("", "0"), ("", "default")],
+                                                smoke=(3,)))
 def test_decode_small_grid_tile_vs_torch_native(tile, pdl, monkeypatch):
     """Issue 27: SGLANG_DECODE_ATTN_SMALL_GRID_TILE at batch 32 (one split, 256 programs <= 2 per SM on an H100 or
     H200), and the default tile with programmatic dependent launch (the default) and without it
@@ -186,7 +192,7 @@ def test_decode_small_grid_tile_vs_torch_native(tile, pdl, monkeypatch):
     close(backend.forward(q, k, v, layer, fb), ref, torch.bfloat16)
 
 
-@pytest.mark.parametrize("pdl", ["0", "default"])
+@pytest.mark.parametrize("pdl", gpu_tiered(["0", "default"], smoke=(1,)))
 def test_rope_and_store_kv_equals_rope_then_store_on_gpu(pdl, monkeypatch):
     """The fused RoPE + KV-store kernel writes the same pool bytes and q as apply_rope + indexed stores (bf16, fp32
     compute with a bf16 pool, Neox and GPT-J, partial rotary), leaves k/v alone, and the backend path through
@@ -244,6 +250,7 @@ def _fused_backend_matches_unfused():
         assert torch.equal(pool.kv_layer_view, pools[0].kv_layer_view)
 
 
+@pytest.mark.gpu
 def test_sampling_columns_packed_copy_on_gpu():
     """columns_to_device on CUDA: one pinned copy, typed views with the values of separate tensors (odd sizes)."""
     from sglang.srt.utils.tensor_transfer import columns_to_device
@@ -257,8 +264,8 @@ def test_sampling_columns_packed_copy_on_gpu():
             assert t.is_cuda and t.dtype == dt and t.tolist() == torch.tensor(vals, dtype=dt).tolist()
 
 
-@pytest.mark.parametrize("m,pdl", [(1, "0"), (7, "0"), (16, "0"), (32, "0"), (1, "default"), (7, "default"),
-                                   (32, "2")])
+@pytest.mark.parametrize("m,pdl", gpu_tiered([(1, "0"), (7, "0"), (16, "0"), (32, "0"), (1, "default"),
+                                               (7, "default"), (32, "2")], smoke=(4,)))
 def test_skinny_gemm_vs_cublas(m, pdl, monkeypatch):
     """The decode-batch weight-streaming GEMM equals F.linear within bf16 rounding at the Llama-3.1-8B qkv and
     down-projection shapes, with and without bias, one-pass and split-K; also launched with programmatic dependent
@@ -277,7 +284,7 @@ def test_skinny_gemm_vs_cublas(m, pdl, monkeypatch):
             close(skinny_gemm(x, w, b, split_k=split_k), torch.nn.functional.linear(x, w, b), torch.bfloat16)
 
 
-@pytest.mark.parametrize("pdl", ["0", "default", "2"])
+@pytest.mark.parametrize("pdl", gpu_tiered(["0", "default", "2"], smoke=(1,)))
 @pytest.mark.parametrize("bs", [16, 96])
 def test_decode_cuda_graph_replay_equals_eager(bs, pdl, monkeypatch):
     """Graph replay equals eager at a multi-split size (16) and, on 132-SM parts, a one-split direct-output size
@@ -311,7 +318,7 @@ def test_decode_cuda_graph_replay_equals_eager(bs, pdl, monkeypatch):
 
 
 @pytest.mark.parametrize("pdl", ["0", "default"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("dtype", gpu_tiered([torch.bfloat16, torch.float16, torch.float32]))
 def test_fused_ops_vs_references(dtype, pdl, monkeypatch):
     set_pdl(monkeypatch, pdl)  # RMSNorm, SiLU-and-mul: plain or programmatic dependent launch (issue 27)
     from sglang.srt.layers import ops
@@ -346,7 +353,8 @@ def test_fused_ops_vs_references(dtype, pdl, monkeypatch):
         close(kk, wk, dtype, scale=0.5)
 
 
-@pytest.mark.parametrize("n,e,k,renorm", [(1, 8, 2, True), (37, 8, 2, True), (512, 60, 4, False), (2048, 128, 8, True)])
+@pytest.mark.parametrize("n,e,k,renorm", gpu_tiered([(1, 8, 2, True), (37, 8, 2, True), (512, 60, 4, False),
+                                                     (2048, 128, 8, True)], smoke=(1, 2)))
 def test_moe_vs_references(n, e, k, renorm):
     from sglang.srt.layers import ops
     from sglang.srt.layers.moe.fused_moe import fused_moe_ref
@@ -408,7 +416,7 @@ def _pdl_chain(pdl: str, m: int, monkeypatch):
     return outs
 
 
-@pytest.mark.parametrize("m", [1, 32])
+@pytest.mark.parametrize("m", gpu_tiered([1, 32]))
 def test_pdl_early_launch_chain_in_graph_equals_plain(m, monkeypatch):
     """Issue 27 (programmatic dependent launch, the default): with griddepcontrol.launch_dependents right after each
     kernel's wait and the skinny GEMM's L2 weight prefetch before it, a graph of dependent kernels gives

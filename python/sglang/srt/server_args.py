@@ -166,6 +166,12 @@ class ServerArgs:
             bad("tp-size", self.tp_size, "use a positive integer")
         if self.attention_backend not in (None, "torch_native", "triton", "flashinfer"):
             bad("attention-backend", self.attention_backend, "use torch_native, triton or flashinfer")
+        if self.attention_backend == "flashinfer":
+            import importlib.util
+
+            if importlib.util.find_spec("flashinfer") is None:  # found, not imported: the server imports it lazily
+                bad("attention-backend", "flashinfer", 'FlashInfer is not installed; pip install "sglang[flashinfer]" '
+                    "(or: pip install flashinfer-python apache-tvm-ffi), or use triton")
         if self.grammar_backend not in ("xgrammar", "none"):
             bad("grammar-backend", self.grammar_backend, "use xgrammar or none")
         if self.ep_size < 1 or self.tp_size % self.ep_size:

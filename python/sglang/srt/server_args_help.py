@@ -44,7 +44,8 @@ SERVER_ARGS_HELP: dict[str, str] = {
     "disable_radix_cache": "Disable RadixAttention for prefix caching.",
     "page_size": "The number of tokens in a page.",
     "attention_backend": "Choose the kernels for attention layers: torch_native | triton | flashinfer "
-    "(default: triton on CUDA, torch_native on CPU).",
+    "(default: triton on CUDA, torch_native on CPU). flashinfer needs the optional FlashInfer package "
+    '(pip install "sglang[flashinfer]"); without it the flag is refused at start.',
     "incremental_streaming_output": "Streamed /generate chunks carry only what is new: text, output_ids and the "
     "output-token logprob lists (one entry per token of the chunk), the prompt's logprobs once. Off (SGLang's "
     "default): every chunk is cumulative.",

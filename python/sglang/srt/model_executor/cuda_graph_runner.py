@@ -139,9 +139,16 @@ class CudaGraphRunner:
         t0 = time.perf_counter()
         free0 = torch.cuda.mem_get_info(self.device)[0]
         stream = torch.cuda.Stream(self.device)
+        backend = self.runner.attn_backend
+        # a backend that plans on the host per batch (FlashInfer) gives each graph its own metadata and re-plans it
+        # before every replay (plan_graph_replay); the others' metadata only references the static buffers
+        init_meta = getattr(backend, "init_graph_metadata", backend.init_forward_metadata)
+        self.replan = getattr(backend, "plan_graph_replay", None)
+        self.forward_batches: dict[int, ForwardBatch] = {}
         for bs in reversed(self.batch_sizes):  # largest first so smaller graphs reuse its memory pool
             fb = self._forward_batch(bs)
-            self.runner.attn_backend.init_forward_metadata(fb)
+            init_meta(fb)
+            self.forward_batches[bs] = fb
             with torch.cuda.stream(stream):
                 for _ in range(2):  # warm up (Triton autotune/JIT, allocator)
                     self._forward(fb)
@@ -189,6 +196,8 @@ class CudaGraphRunner:
         ring = getattr(batch, "future_token_ids", None)
         if ring is not None:  # overlap with device futures: placeholders -> tokens of the previous batch
             self.input_ids[:bs].copy_(resolve_future_ids(self.input_ids[:bs], ring))
+        if self.replan is not None:  # padding rows: sequence length 1 (the pad row's dummy slot)
+            self.replan(self.forward_batches[padded], [int(n) for n in batch.seq_lens] + [1] * (padded - bs))
         if self.staged is not None:
             self.staged.before_graph_replay(padded)  # e.g. AFD: announce the step to the FFN workers
         self.graphs[padded].replay()
