@@ -36,7 +36,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -236,7 +235,8 @@ def render(res: dict) -> str:
         out.append("")
     if res.get("prefill"):
         out += ["## Prefill vs matmul peak of the weight dtype", "",
-                "| weights | tokens | median s | TFLOP/s | peak TFLOP/s | rate / peak |", "|---|---:|---:|---:|---:|---:|"]
+                "| weights | tokens | median s | TFLOP/s | peak TFLOP/s | rate / peak |",
+                "|---|---:|---:|---:|---:|---:|"]
         out += [f"| {r['weights']} | {r['tokens']} | {r['median_s']:.4f} | {r['tflops']:.1f} | {r['peak_tflops']:.0f} "
                 f"| {r['ratio']:.3f} |" for r in res["prefill"]]
         out.append("")

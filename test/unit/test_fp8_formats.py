@@ -11,16 +11,26 @@
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import sys
+import tempfile
+
 import pytest
 import torch
 
-from sglang.srt.layers.linear import ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear, \
-    RowParallelLinear
-from sglang.srt.layers.moe.fused_moe import FusedMoE
-from sglang.srt.layers.quantization import check_flag, resolve_quant_config
-from sglang.srt.layers.quantization.fp8_config import Fp8Config
-from sglang.srt.layers.quantization.fp8_ref import (FP8_DTYPE, dequant_weight, quant_per_token_group_ref,
-                                                    quant_per_token_ref, quant_weight_block, quant_weight_per_channel,
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from conftest import shared_path  # noqa: E402
+
+from sglang.srt.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear,  # noqa: E402
+                                      QKVParallelLinear, RowParallelLinear)
+from sglang.srt.layers.moe.fused_moe import FusedMoE  # noqa: E402
+from sglang.srt.layers.quantization import check_flag, resolve_quant_config  # noqa: E402
+from sglang.srt.layers.quantization.fp8_config import Fp8Config  # noqa: E402
+from sglang.srt.layers.quantization.fp8_ref import (FP8_DTYPE, dequant_weight,  # noqa: E402
+                                                    quant_per_token_group_ref, quant_per_token_ref,
+                                                    quant_weight_block, quant_weight_per_channel,
                                                     quant_weight_per_tensor, w8a8_scaled_gemm_ref)
 
 SUBNORMAL_STEP = 2.0 ** -9  # e4m3 subnormal spacing, in units of the scale
@@ -282,3 +292,22 @@ def test_fp8_weight_where_checkpoint_is_bf16_is_refused():
     layer = _quantized(ColumnParallelLinear(64, 32, params_dtype=torch.float32), PER_TENSOR)
     with pytest.raises(ValueError, match="ignored_layers"):
         layer.weight.weight_loader(layer.weight, torch.randn(32, 64))
+
+
+def test_techniques_without_quantized_weights_are_refused_by_the_plan():
+    """--enable-afd with FP8 weights (flag, or a checkpoint's quantization_config) fails the plan's model check before
+    any worker starts; without quantization the same launch passes it."""
+    from sglang.srt.deployment.compose import check_model
+    from sglang.srt.server_args import ServerArgs
+
+    moe = shared_path("models", "stories260K-moe8")
+    check_model(ServerArgs(model_path=moe, enable_afd=True, device="cpu"))
+    with pytest.raises(ValueError, match="--enable-afd does not support quantized weights"):
+        check_model(ServerArgs(model_path=moe, enable_afd=True, device="cpu", quantization="fp8"))
+    with tempfile.TemporaryDirectory() as d:
+        shutil.copy(os.path.join(moe, "config.json"), d)
+        cfg = json.load(open(os.path.join(d, "config.json")))
+        cfg["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+        json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+        with pytest.raises(ValueError, match="--enable-afd does not support quantized weights"):
+            check_model(ServerArgs(model_path=d, enable_afd=True, device="cpu"))

@@ -141,7 +141,8 @@ def iterate_safetensors(files: list[str], dtype: torch.dtype,
 def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
     """Fill every parameter in place, deterministically per (seed, parameter name, shape, device):
     RMSNorm weights 1.0, a parameter with a ``dummy_init(param, generator)`` hook (FP8 weights and scales) by its
-    hook, everything else uniform in ``[-1e-3, 1e-3]``, each from a generator seeded with ``seed + crc32(name)``. Replicated parameters (same name and shape on every TP rank) are thus equal on
+    hook, everything else uniform in ``[-1e-3, 1e-3]``, each from a generator seeded with ``seed + crc32(name)``.
+    Replicated parameters (same name and shape on every TP rank) are thus equal on
     all ranks; sharded ones differ per rank (random weights either way)."""
     norm_params = {id(m.weight) for m in model.modules() if isinstance(m, RMSNorm)}
     with torch.no_grad():

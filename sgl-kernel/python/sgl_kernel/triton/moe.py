@@ -161,7 +161,8 @@ def _moe_gemm_kernel(A, B, C, TopkW, SortedIds, ExpertIds, N_out, K, num_valid, 
             a_ptrs += BLOCK_K
             b_ptrs += BLOCK_K
         if FP8_MODE == 1:
-            acc = acc * tl.load(as_row, mask=tmask, other=0.0)[:, None] * tl.load(bs_row, mask=nmask, other=0.0)[None, :]
+            a_s = tl.load(as_row, mask=tmask, other=0.0)
+            acc = acc * a_s[:, None] * tl.load(bs_row, mask=nmask, other=0.0)[None, :]
         if MUL_W:
             acc = acc * tl.load(TopkW + tok, mask=tmask, other=0.0).to(tl.float32)[:, None]
         tl.store(C + tok[:, None] * stride_cm + offs_n[None, :], acc.to(C.dtype.element_ty),

@@ -6,9 +6,9 @@ loads as published (per-tensor or 128 x 128 block-wise scales), with or without 
 
 * :func:`resolve_quant_config`: the flag and the checkpoint's ``config.json`` -> a frozen config (or None);
   refuses unknown methods and malformed fields, naming them;
-* :func:`check_quantization`: the launcher's check before any worker starts (the config, flag combinations, and a
-  TP / EP split that cuts FP8 weight blocks: the model is built on ``meta`` for the ranks that differ, running the
-  very code that would fail at load);
+* :func:`check_quantization`: the launcher's check before any worker starts (the config, and a TP / EP split that
+  cuts FP8 weight blocks: the model is built on ``meta`` for the ranks that differ, running the very code that would
+  fail at load); :func:`quant_config_of` gives the deployment plan the scheme a launch will load;
 * :func:`apply_quantization`: chooses the method of every linear / MoE layer of a model (built on ``meta``) once;
   :func:`finish_loading`: their post-load step.
 """
@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 QUANTIZATION_METHODS = ("fp8",)
 
 __all__ = ["QUANTIZATION_METHODS", "QuantizationConfig", "LinearMethodBase", "MoEMethodBase",
-           "resolve_quant_config", "check_quantization", "apply_quantization", "finish_loading"]
+           "resolve_quant_config", "quant_config_of", "check_quantization", "apply_quantization", "finish_loading"]
 
 
 def check_flag(quantization: Optional[str]) -> None:
@@ -135,34 +135,37 @@ def finish_loading(model: nn.Module) -> None:
 
 def check_quantization(args: Any) -> Optional[QuantizationConfig]:
     """The launcher's check, before any worker starts: resolve the scheme from ``--quantization`` and the model's
-    ``config.json``; refuse combinations that cannot serve FP8 weights (``--enable-afd``: its FFN workers load
-    experts in the model dtype; ``--enable-tdist-overlap``: its fused kernels take model-dtype weights); and build
-    the model with the scheme on ``meta`` for the TP ranks whose shards differ (0, 1, last), so a split that cuts
-    FP8 weight blocks fails here with the load's own message. Returns the config (None: no quantization).
+    ``config.json``, and for block-wise FP8 build the model with the scheme on ``meta`` for the TP ranks whose shards
+    differ (0, 1, last), so a split that cuts FP8 weight blocks fails here with the load's own message. Returns the
+    config (None: no quantization). (Techniques that cannot take quantized weights are refused by the deployment
+    plan's model check, :func:`sglang.srt.deployment.compose.check_model`.)
 
     Raises:
         ValueError: naming the flag or ``quantization_config`` field and the fix.
+    """
+    config = quant_config_of(args)
+    if config is None or getattr(config, "weight_block_size", None) is None or args.tp_size == 1:
+        return config
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.models.registry import get_model_class
+
+    mc = ModelConfig.from_path(args.model_path, args.context_length, args.dtype, "cpu")
+    cls = get_model_class(mc.architecture)
+    for rank in sorted({0, 1, args.tp_size - 1}):
+        with torch.device("meta"):
+            model = cls(mc, tp_rank=rank, tp_size=args.tp_size, comm=None, ep_size=args.ep_size)
+            apply_quantization(model, config)
+    return config
+
+
+def quant_config_of(args: Any) -> Optional[QuantizationConfig]:
+    """The scheme ``args`` (``ServerArgs``: ``--quantization``, ``--model-path``) will load (reads config.json).
+
+    Raises:
+        ValueError: as :func:`resolve_quant_config`, or no config.json at ``--model-path``.
     """
     from sglang.srt.configs.model_config import ModelConfig
 
     check_flag(args.quantization)
     mc = ModelConfig.from_path(args.model_path, args.context_length, args.dtype, "cpu")
-    config = resolve_quant_config(mc.hf_config, args.quantization)
-    if config is None:
-        return None
-    what = f"FP8 weights ({config.describe()})"
-    if getattr(args, "enable_afd", False):
-        raise ValueError(f"--enable-afd does not support {what} yet (the FFN workers load experts in the model "
-                         "dtype); drop --quantization or serve a bf16 checkpoint")
-    if getattr(args, "enable_tdist_overlap", False):
-        raise ValueError(f"--enable-tdist-overlap does not support {what} (its fused AG-GEMM / GEMM-RS kernels take "
-                         "model-dtype weights); drop one of the two")
-    if getattr(config, "weight_block_size", None) is not None and args.tp_size > 1:
-        from sglang.srt.models.registry import get_model_class
-
-        cls = get_model_class(mc.architecture)
-        for rank in sorted({0, 1, args.tp_size - 1}):
-            with torch.device("meta"):
-                model = cls(mc, tp_rank=rank, tp_size=args.tp_size, comm=None, ep_size=args.ep_size)
-                apply_quantization(model, config)
-    return config
+    return resolve_quant_config(mc.hf_config, args.quantization)

@@ -89,8 +89,9 @@ def check_block_cols(spec, block_k: int, what: str) -> None:
     """Raise ValueError (naming the fix) when a row-parallel shard's input columns cut a ``block_k``-column block."""
     if spec.src_col % block_k or (spec.cols % block_k and spec.src_col + spec.cols != spec.full_cols):
         raise ValueError(f"{what}: tensor parallelism gives this rank input columns [{spec.src_col}, "
-                         f"{spec.src_col + spec.cols}) of {spec.full_cols}, which cuts the checkpoint's {block_k}-column "
-                         f"FP8 weight blocks; use a --tp-size that keeps every rank's share a multiple of {block_k}")
+                         f"{spec.src_col + spec.cols}) of {spec.full_cols}, which cuts the checkpoint's "
+                         f"{block_k}-column FP8 weight blocks; use a --tp-size that keeps every rank's share a multiple "
+                         f"of {block_k}")
 
 
 def load_block_scale(dst: torch.Tensor, loaded: Any, spec, block: tuple[int, int], rows_per_scale: int,
