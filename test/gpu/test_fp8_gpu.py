@@ -215,11 +215,10 @@ def test_decode_gemm_autotune_covers_fp8_layers():
     from sglang.srt.layers.quantization import apply_quantization, fp8_ref
     from sglang.srt.layers.quantization.fp8_config import Fp8Config
 
-    with torch.device("meta"):
+    with torch.device(DEV):
         layers = torch.nn.ModuleList(RowParallelLinear(k, n, params_dtype=torch.bfloat16)
                                      for n, k in ((6144, 4096), (4096, 4096), (4096, 4096)))
-        apply_quantization(layers, Fp8Config.online())
-    layers = layers.to_empty(device=DEV)
+        assert apply_quantization(layers, Fp8Config.online()) == 3
     for i, mod in enumerate(layers):
         mod.weight.weight_loader(mod.weight, _rand(*mod.weight.shape, seed=40 + i, scale=0.02))
     weights = decode_gemm.model_linear_weights(layers)

@@ -311,3 +311,24 @@ def test_techniques_without_quantized_weights_are_refused_by_the_plan():
         json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
         with pytest.raises(ValueError, match="--enable-afd does not support quantized weights"):
             check_model(ServerArgs(model_path=d, enable_afd=True, device="cpu"))
+
+
+def test_scaled_mm_rowwise_call_matches_the_reference_on_cpu():
+    """The ``torch._scaled_mm`` call the CUDA path makes (e4m3 x [M, K] row-major, the [N, K] weight's transpose as the
+    column-major operand, scale_a [M, 1] or one static value, scale_b [1, N], bf16 out) computes the reference
+    product; checked with torch's CPU kernel where this torch has one (the operand layout and scale shapes are the
+    same on CUDA)."""
+    from sglang.srt.layers.quantization import fp8_ops
+
+    x = torch.randn(5, 64, generator=_gen(50)).to(torch.bfloat16)
+    wq, ws = quant_weight_per_channel(torch.randn(48, 64, generator=_gen(51)))
+    bias = torch.randn(48, generator=_gen(52)).to(torch.bfloat16)
+    for static in (None, torch.tensor([0.02])):
+        xq, xs = quant_per_token_ref(x, static)
+        try:
+            got = fp8_ops.scaled_mm_rowwise(xq, xs, wq, ws, bias, torch.bfloat16)
+        except (RuntimeError, NotImplementedError) as e:
+            pytest.skip(f"this torch has no CPU row-wise _scaled_mm ({e})")
+        want = w8a8_scaled_gemm_ref(xq, xs, wq, ws, bias, torch.bfloat16)
+        # the bias is added to the bf16 product (one more bf16 rounding than the reference's fp32 sum)
+        assert (got.float() - want.float()).abs().max() <= 2 * 2 ** -8 * want.float().abs().max()
