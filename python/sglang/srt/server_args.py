@@ -35,6 +35,7 @@ class ServerArgs:
     tokenizer_path: Optional[str] = None
     served_model_name: Optional[str] = None
     load_format: str = "auto"  # auto | safetensors | dummy
+    quantization: Optional[str] = None  # None | fp8 (an FP8 checkpoint's quantization_config is detected without it)
     dtype: str = "auto"  # auto | float32 | float16 | bfloat16
     device: str = "auto"  # auto | cpu | cuda
     context_length: Optional[int] = None
@@ -148,6 +149,15 @@ class ServerArgs:
 
         if self.load_format not in ("auto", "safetensors", "dummy"):
             bad("load-format", self.load_format, "use auto, safetensors or dummy")
+        if self.quantization is not None:
+            from sglang.srt.layers.quantization import QUANTIZATION_METHODS
+
+            if self.quantization not in QUANTIZATION_METHODS:
+                bad("quantization", self.quantization, f"use {' or '.join(QUANTIZATION_METHODS)}, or omit it (an FP8 "
+                    "checkpoint is detected from its config.json)")
+            if self.enable_tdist_overlap:
+                bad("quantization", self.quantization, "--enable-tdist-overlap's fused kernels take model-dtype "
+                    "weights; drop one of the two")
         if self.dtype not in ("auto", "float32", "float16", "bfloat16", "half", "float", "bf16", "fp16", "fp32"):
             bad("dtype", self.dtype, "use auto, float32, float16 or bfloat16")
         if self.device not in ("auto", "cpu", "cuda"):

@@ -11,6 +11,9 @@ SERVER_ARGS_HELP: dict[str, str] = {
     "tokenizer_path": "The path of the tokenizer (default: --model-path).",
     "served_model_name": "Override the model name returned by the v1/models endpoint in OpenAI API server.",
     "load_format": "auto|safetensors|dummy (dummy: random weights of the config's shape).",
+    "quantization": "The quantization method: fp8 (FP8 e4m3 weights quantized at load, one scale per output channel, "
+    "dynamic per-token activation scales; embeddings and the LM head stay in --dtype). An FP8 checkpoint "
+    "(quantization_config with quant_method fp8 in its config.json) is detected and loaded as published without it.",
     "dtype": "Data type for model weights and activations: auto (FP16 for FP32/FP16 models, BF16 for BF16 models) "
     "| float32 | float16 | bfloat16.",
     "device": "The device to use: auto | cpu | cuda (auto picks cuda when a GPU is visible).",

@@ -118,9 +118,27 @@ def plan_deployment(args: "ServerArgs") -> DeploymentPlan:
                                                                     for m in mods))
 
 
+# techniques that cannot run quantized weights yet: flag -> why
+NO_QUANTIZED_WEIGHTS = {
+    "enable_afd": "its FFN workers load the experts in the model dtype",
+    "enable_tdist_overlap": "its fused AG-GEMM / GEMM-RS kernels take model-dtype weights",
+}
+
+
 def check_model(args: "ServerArgs") -> None:
     """Every enabled technique's model check (e.g. AFD refuses a dense model), before anything is spawned; reads the
-    model's config. Raises ValueError naming the model and the fix."""
+    model's config. A technique of :data:`NO_QUANTIZED_WEIGHTS` with quantized weights (``--quantization`` or the
+    checkpoint's ``quantization_config``) is refused. Raises ValueError naming the model / flag and the fix."""
     for m in enabled_techniques(args):
         if hasattr(m, "check_model"):
             m.check_model(args)
+    flags = [f for f in NO_QUANTIZED_WEIGHTS if getattr(args, f, False)]
+    if flags:
+        from sglang.srt.layers.quantization import quant_config_of
+
+        quant = quant_config_of(args)
+        if quant is not None:
+            flag = flags[0]
+            raise ValueError(f"--{flag.replace('_', '-')} does not support quantized weights ({quant.describe()}) "
+                             f"yet: {NO_QUANTIZED_WEIGHTS[flag]}; drop --quantization or serve a model-dtype "
+                             "checkpoint")

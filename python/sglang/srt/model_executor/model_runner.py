@@ -170,7 +170,8 @@ class ModelRunner:
 
         return load_model(self.model_config, args.load_format, self.device, tp_rank=self.tp_rank,
                           tp_size=self.tp_size, comm=self.comm if self.tp_size > 1 else None, ep_size=args.ep_size,
-                          weight_filter=self.role_spec.weight_filter, holds_param=self.role_spec.holds_param)
+                          weight_filter=self.role_spec.weight_filter, holds_param=self.role_spec.holds_param,
+                          quantization=args.quantization)
 
     def _create_kv_cache(self, args: "ServerArgs") -> KVCache:
         """Size the KV budget (minimum over TP ranks) and allocate the :class:`KVCache`.
