@@ -1,0 +1,165 @@
+"""Rank bodies of the expert-parallel all-to-all tests (imported by spawned ranks; see tp_worker.spawn_ranks).
+
+:func:`dispatcher_cases` runs every (backend, mode, routing) case inside ONE process group, so a world size costs one
+spawn: every rank builds the same random inputs of every rank from a shared seed, dispatches its own tokens,
+runs its local experts on what it received, combines, and compares with the all-reduce expert parallelism of
+``layers/moe/fused_moe.py`` (every rank computes its experts' partial sum of every source's tokens, all-reduced).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+
+def _routing(kind: str, t: int, e: int, k: int, e_loc: int, g: torch.Generator) -> torch.Tensor:
+    """[t, k] distinct global expert ids: ``random``, ``rank0`` (all on rank 0's experts), ``last`` (all on the last
+    rank's experts) or ``spread`` (slot j on rank j)."""
+    if kind == "random":
+        return torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]) if t else torch.empty(0, k).long()
+    if kind in ("rank0", "last"):
+        base = 0 if kind == "rank0" else e - e_loc
+        return torch.stack([base + torch.randperm(e_loc, generator=g)[:k] for _ in range(t)]) if t else \
+            torch.empty(0, k).long()
+    if kind == "spread":
+        ranks = e // e_loc
+        return torch.stack([torch.tensor([((j % ranks) * e_loc + int(torch.randint(e_loc, (1,), generator=g)))
+                                          for j in range(k)]) for _ in range(t)]) if t else torch.empty(0, k).long()
+    raise ValueError(kind)
+
+
+def make_case(seed: int, world: int, e: int, k: int, h: int, token_counts: list[int], kind: str,
+              dtype: torch.dtype) -> dict:
+    """Every rank's inputs and the full expert weights, identical on every rank (seeded)."""
+    g = torch.Generator().manual_seed(seed)
+    e_loc = e // world
+    inter = 24
+    w13 = (torch.randn(e, 2 * inter, h, generator=g) * 0.2).to(dtype)
+    w2 = (torch.randn(e, h, inter, generator=g) * 0.2).to(dtype)
+    xs, ids, ws = [], [], []
+    for r in range(world):
+        t = token_counts[r]
+        xs.append(torch.randn(t, h, generator=g).to(dtype))
+        ids.append(_routing(kind, t, e, k, e_loc, g))
+        w = torch.rand(t, k, generator=g) + 0.05
+        ws.append((w / w.sum(-1, keepdim=True)).float())
+    return dict(w13=w13, w2=w2, xs=xs, ids=ids, ws=ws)
+
+
+def run_local_experts(recv_x: torch.Tensor, recv_ids: torch.Tensor, w13_loc: torch.Tensor,
+                      w2_loc: torch.Tensor) -> torch.Tensor:
+    """Unweighted local expert outputs of received rows (padding rows, id -1: zeros)."""
+    from sglang.srt.ops_ref import fused_moe_ref
+
+    valid = recv_ids >= 0
+    return fused_moe_ref(recv_x, w13_loc, w2_loc, valid.float().unsqueeze(1), recv_ids.clamp(min=0).unsqueeze(1))
+
+
+def allreduce_ep_reference(ps, case: dict, world: int, e: int, k: int, h: int) -> list[torch.Tensor]:
+    """The all-reduce EP output of every source rank's tokens: each rank runs :class:`FusedMoE`'s ``compute`` (its
+    experts, other ranks' experts weighted 0) and the partial sums are all-reduced over the group."""
+    import torch.distributed as dist
+
+    from sglang.srt.layers.moe.fused_moe import FusedMoE
+
+    dt = case["w13"].dtype
+    moe = FusedMoE(e, k, h, case["w2"].shape[2], params_dtype=dt, tp_rank=ps.tp_rank, tp_size=world, ep_size=world)
+    lo = moe.expert_start
+    with torch.no_grad():
+        moe.w13_weight.copy_(case["w13"][lo:lo + moe.num_local_experts])
+        moe.w2_weight.copy_(case["w2"][lo:lo + moe.num_local_experts])
+    outs = []
+    for x, ids, w in zip(case["xs"], case["ids"], case["ws"]):
+        part = moe.compute(x, w, ids) if x.shape[0] else torch.zeros(0, h, dtype=dt)
+        part = part.float()
+        dist.all_reduce(part, group=ps.device_group)
+        outs.append(part)
+    return outs
+
+
+CASES = [  # (name, token counts per rank as a function of world, routing kind)
+    ("random_uneven", lambda w: [min(8, 2 + 3 * r) for r in range(w)], "random"),
+    ("all_to_rank0", lambda w: [6] * w, "rank0"),
+    ("all_to_last_some_idle", lambda w: [0 if r % 2 else 7 for r in range(w)], "last"),
+    ("spread_one_idle", lambda w: [0] + [4] * (w - 1), "spread"),
+    ("all_idle", lambda w: [0] * w, "random"),
+    ("full_capacity", lambda w: [8] * w, "random"),
+]
+
+
+def dispatcher_cases(ps, backends: list[str], seeds: list[int], e_per_rank: int = 2, k: int = 2, h: int = 32,
+                     dtypes: tuple = ("float32",), capacity: int = 8) -> list[dict]:
+    """Rank body: every backend x mode x dtype x case x seed; returns one record per check (name, max abs error,
+    whether the handle's grouping invariants held)."""
+    if any(b.startswith("tdist") for b in backends):
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    from sglang.srt.layers.moe.token_dispatcher import DispatcherConfig, DispatchMode, create_token_dispatcher
+
+    world, rank = ps.tp_size, ps.tp_rank
+    e = e_per_rank * world
+    group = ps.ep_group if ps.ep_group is not None else ps.device_group
+    out = []
+    for variant in backends:
+        backend, _, rounds = variant.partition(":")  # "tdist:3": NORMAL rounds of at most 3 rows per pair
+        for dname in dtypes:
+            dt = getattr(torch, dname)
+            cfg = DispatcherConfig(num_experts=e, top_k=k, hidden_size=h, ep_size=world, ep_rank=rank,
+                                   max_tokens_normal=64, max_tokens_low_latency=capacity, dtype=dt, device="cpu")
+            disp = create_token_dispatcher(backend, cfg, group)
+            if rounds:
+                disp.normal_cap = int(rounds)  # below the buffers' capacity: more rounds, same buffers
+            try:
+                for seed in seeds:
+                    for name, counts_of, kind in CASES:
+                        case = make_case(seed, world, e, k, h, counts_of(world), kind, dt)
+                        ref = allreduce_ep_reference(ps, case, world, e, k, h)
+                        for mode in (DispatchMode.NORMAL, DispatchMode.LOW_LATENCY):
+                            got, inv = _one(disp, case, rank, mode, cfg)
+                            err = float((got.float() - ref[rank]).abs().max()) if got.numel() else 0.0
+                            out.append(dict(name=f"{variant}/{dname}/{mode.value}/{name}/seed{seed}", err=err,
+                                            invariants=inv, shape=tuple(got.shape)))
+            finally:
+                disp.close()
+    return out
+
+
+def _one(disp, case: dict, rank: int, mode, cfg) -> tuple[torch.Tensor, Optional[str]]:
+    """Dispatch this rank's tokens, run the local experts, combine; returns (output, invariant violation or None)."""
+    x, ids, w = case["xs"][rank], case["ids"][rank], case["ws"][rank]
+    lo = cfg.expert_start
+    h = disp.dispatch(x, ids, w, mode)
+    h.wait()
+    problem = _check_grouping(h, case, rank, cfg)
+    y = run_local_experts(h.recv_x, h.recv_expert_ids, case["w13"][lo:lo + cfg.num_local_experts],
+                          case["w2"][lo:lo + cfg.num_local_experts])
+    return disp.combine(y, h).wait(), problem
+
+
+def _check_grouping(h, case: dict, rank: int, cfg) -> Optional[str]:
+    """The handle's rows are grouped by local expert, counts match, and the multiset of received (expert, weight)
+    pairs equals what the sources routed here."""
+    ids = h.recv_expert_ids
+    valid = ids >= 0
+    n = int(valid.sum())
+    if h.num_recv is not None and h.num_recv != n:
+        return f"num_recv {h.num_recv} != valid rows {n}"
+    if not bool(valid[:n].all()) or bool(valid[n:].any()):
+        return "padding rows are not last"
+    if n and not bool((ids[:n][1:] >= ids[:n][:-1]).all()):
+        return "rows not grouped by local expert"
+    if h.expert_counts.tolist() != torch.bincount(ids[:n], minlength=cfg.num_local_experts).tolist():
+        return f"expert_counts {h.expert_counts.tolist()} wrong"
+    want = []
+    lo, e_loc = cfg.expert_start, cfg.num_local_experts
+    for xs, idss, ws in zip(case["xs"], case["ids"], case["ws"]):
+        for t in range(xs.shape[0]):
+            for j in range(idss.shape[1]):
+                if lo <= int(idss[t, j]) < lo + e_loc:
+                    want.append((int(idss[t, j]) - lo, round(float(ws[t, j]), 6), round(float(xs[t].float().sum()), 3)))
+    got = [(int(ids[i]), round(float(h.recv_weights[i]), 6), round(float(h.recv_x[i].float().sum()), 3))
+           for i in range(n)]
+    if sorted(got) != sorted(want):
+        return f"received pairs differ: {len(got)} received, {len(want)} routed here"
+    return None
