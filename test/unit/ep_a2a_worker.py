@@ -163,3 +163,177 @@ def _check_grouping(h, case: dict, rank: int, cfg) -> Optional[str]:
     if sorted(got) != sorted(want):
         return f"received pairs differ: {len(got)} received, {len(want)} routed here"
     return None
+
+
+# ---- whole-model runs --------------------------------------------------------------------------------------------
+JOIN_STEPS = (0, 0, 3, 6)  # requests 0 and 1 prefill together, 2 and 3 join mid-decode (mixed batches)
+
+
+def greedy_schedule(model, config, prompts: list, n_new: int, tp_size: int, executor=None,
+                    joins: tuple = JOIN_STEPS) -> tuple[list, list]:
+    """Greedy decoding of ``prompts`` (token id lists) through one harness: request i joins at step ``joins[i]``
+    (its prefill batched with the others' decodes) and stops after ``n_new`` tokens. Returns (tokens per request,
+    forward mode of every step)."""
+    from tp_worker import harness_for
+
+    h = harness_for(model, config, tp_size)
+    h.reqs.clear()
+    outs: list = [[] for _ in prompts]
+    started: set = set()
+    modes, step = [], 0
+    while any(len(o) < n_new for o in outs):
+        items = []
+        for i, p in enumerate(prompts):
+            if step < joins[i] or len(outs[i]) >= n_new:
+                continue
+            items.append((i, list(p)) if i not in started else (i, [outs[i][-1]]))
+            started.add(i)
+        logits = h.step(items, executor)
+        modes.append(h.last_mode.name)
+        for (i, _), row in zip(items, logits):
+            outs[i].append(int(torch.argmax(row)))
+        step += 1
+    return outs, modes
+
+
+class _RotatedExperts:
+    """Negative control: an :class:`EpA2aMoe` whose experts stage sends each received row to the NEXT local expert
+    (a wrong dispatch); the tokens must then differ from TP1's."""
+
+    def __init__(self, inner):
+        self.inner, self.scope, self.dispatcher = inner, inner.scope, inner.dispatcher
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def run_experts(self, block, moe):
+        h = moe.dispatched
+        h.wait()
+        ids = h.recv_expert_ids
+        rot = torch.where(ids >= 0, (ids + 1) % block.experts.num_local_experts, ids)
+        moe.expert_out = block.experts.compute_rows(h.recv_x, rot)
+
+
+def ep_model_tokens(ps, path: str, prompts: list, jobs: list, n_new: int, negative_control: bool = True) -> dict:
+    """Rank body: the checkpoint at ``path`` with EP = TP = world; for every job ``"backend/executor"`` (executor
+    ``forward``: the model's own forward; ``micro_batch``: two request micro-batches through the staged path that
+    two-batch overlap builds on) the all-to-all backend installed and :func:`greedy_schedule` run, with the
+    dispatch-mode counts; plus (``negative_control``) a wrong dispatch (rotated experts) over 8 tokens."""
+    backends = sorted({j.split("/")[0] for j in jobs})
+    if "tdist" in backends:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        interpreter_patch_once()
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.deployment.plan import MoeA2aSpec
+    from sglang.srt.distributed.communicator import create_communicator
+    from sglang.srt.expert_parallel.install import install_moe_a2a, moe_blocks
+    from sglang.srt.model_executor.executors.split import MicroBatchExecutor
+    from sglang.srt.model_loader.loader import load_model
+    from sglang.srt.server_args import ServerArgs
+
+    world = ps.tp_size
+    config = ModelConfig.from_path(path)
+    comm = create_communicator(ps, "auto")
+    model = load_model(config, "auto", "cpu", tp_rank=ps.tp_rank, tp_size=world, comm=comm, ep_size=world)
+    out: dict = {}
+    for backend in backends:
+        args = ServerArgs(model_path=path, device="cpu", tp_size=world, ep_size=world, moe_a2a_backend=backend,
+                          chunked_prefill_size=64, cuda_graph_max_bs=8)
+        disp = install_moe_a2a(model, MoeA2aSpec(backend), ps, args, torch.device("cpu"), max_running=8)
+        try:
+            for job in jobs:
+                if not job.startswith(backend + "/"):
+                    continue
+                ex = MicroBatchExecutor(2) if job.endswith("/micro_batch") else None
+                before = dict(disp.calls)
+                toks, modes = greedy_schedule(model, config, prompts, n_new, world, ex)
+                calls = {m: disp.calls[m] - before[m] for m in disp.calls}
+                out[job] = dict(tokens=toks, modes=modes, calls=calls)
+            if negative_control and backend == backends[0]:
+                good = moe_blocks(model)[0].a2a
+                for b in moe_blocks(model):
+                    b.a2a = _RotatedExperts(good)
+                out["rotated_experts"] = dict(tokens=greedy_schedule(model, config, prompts, 8, world)[0])
+        finally:
+            disp.close()
+            for b in moe_blocks(model):
+                b.a2a = None
+    return out
+
+
+def interpreter_patch_once() -> bool:
+    """Test speed only (CPU, ``TRITON_INTERPRET=1``): the Triton interpreter re-patches ``triton.language`` on every
+    nested ``@triton.jit`` call (a few ms each: ``inspect.getmembers`` of the language modules), although the
+    kernel launch around it has patched the same modules already and restores them at its end. Make nested calls
+    reuse the launch's patch. The kernels' semantics are unchanged (the same patched builtins are in effect).
+    Returns False (nothing changed) when this Triton's interpreter does not look as expected."""
+    try:
+        from triton.runtime import interpreter as interp
+    except ImportError:
+        return False
+    orig = getattr(interp, "_patch_lang", None)
+    if orig is None or getattr(orig, "patch_once", False):
+        return orig is not None
+    import inspect
+
+    import triton.language as tl
+
+    patched: set = set()  # ids of the language modules the current launch patched
+
+    class _Noop:
+        def restore(self) -> None:
+            pass
+
+    def langs(fn) -> set:
+        return {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core)}
+
+    def patch_lang(fn):
+        mine = langs(fn)
+        if patched and mine <= patched:
+            return _Noop()
+        scope = orig(fn)
+        first = not patched
+        patched.update(mine)
+        if first:  # the launch's own patch: forget everything when it is restored
+            inner = scope.restore
+
+            def restore() -> None:
+                patched.clear()
+                inner()
+
+            scope.restore = restore
+        return scope
+
+    patch_lang.patch_once = True
+    interp._patch_lang = patch_lang
+    return True
+
+
+def ep_world(ps, plan: dict) -> dict:
+    """Rank body of one process group for everything a world size checks (one spawn per world size): ``plan`` keys
+    ``property`` (kwargs of :func:`dispatcher_cases`) and ``model`` / ``model_short`` (kwargs of
+    :func:`ep_model_tokens`); returns the results under the same keys."""
+    out = {}
+    if "property" in plan:
+        out["property"] = dispatcher_cases(ps, **plan["property"])
+    for key in ("model", "model_short"):
+        if key in plan:
+            out[key] = ep_model_tokens(ps, **plan[key])
+    return out
+
+
+def tp1_greedy_tokens(path: str, prompt_ids: list, n_new: int) -> list:
+    """TP1 greedy tokens of one prompt from our engine in this process, one request alone (the reference)."""
+    from model_harness import ModelHarness
+
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_loader.loader import load_model
+
+    config = ModelConfig.from_path(path)
+    h = ModelHarness(load_model(config, "auto", "cpu"), config, max_reqs=1, max_len=len(prompt_ids) + n_new + 1)
+    out, new = [], list(prompt_ids)
+    for _ in range(n_new):
+        tok = int(torch.argmax(h.step([("r", new)])[0]))
+        out.append(tok)
+        new = [tok]
+    return out

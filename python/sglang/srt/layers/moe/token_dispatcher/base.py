@@ -236,6 +236,7 @@ class TokenDispatcher(ABC):
     def __init__(self, config: DispatcherConfig, group: Any):
         self.config = config
         self.group = group
+        self.calls = {m.value: 0 for m in DispatchMode}  # dispatches per mode (validated calls), for logs and tests
 
     @staticmethod
     @abstractmethod
@@ -286,7 +287,8 @@ class TokenDispatcher(ABC):
     # ---- helpers every backend shares -----------------------------------------------------------------------
     def check_dispatch_inputs(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                               mode: DispatchMode) -> DispatchMode:
-        """Validate :meth:`dispatch`'s arguments (ValueError naming the bad one); returns ``mode`` as an enum."""
+        """Validate :meth:`dispatch`'s arguments (ValueError naming the bad one); returns ``mode`` as an enum and
+        counts the call in :attr:`calls`."""
         cfg = self.config
         mode = DispatchMode(mode)
         if x.dim() != 2 or x.shape[1] != cfg.hidden_size or x.dtype != cfg.dtype:
@@ -302,4 +304,5 @@ class TokenDispatcher(ABC):
         if t > limit:
             raise ValueError(f"dispatch: {t} tokens exceed the {mode.value} capacity {limit} of this rank's "
                              f"dispatcher (sized from --chunked-prefill-size / --cuda-graph-max-bs)")
+        self.calls[mode.value] += 1
         return mode
