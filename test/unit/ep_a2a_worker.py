@@ -311,14 +311,17 @@ def interpreter_patch_once() -> bool:
 
 def ep_world(ps, plan: dict) -> dict:
     """Rank body of one process group for everything a world size checks (one spawn per world size): ``plan`` keys
-    ``property`` (kwargs of :func:`dispatcher_cases`) and ``model`` / ``model_short`` (kwargs of
-    :func:`ep_model_tokens`); returns the results under the same keys."""
+    ``property`` (kwargs of :func:`dispatcher_cases`), ``model`` / ``model_short`` (kwargs of
+    :func:`ep_model_tokens`) and ``big`` (kwargs of :func:`big_moe_configs`); returns the results under the same
+    keys."""
     out = {}
     if "property" in plan:
         out["property"] = dispatcher_cases(ps, **plan["property"])
     for key in ("model", "model_short"):
         if key in plan:
             out[key] = ep_model_tokens(ps, **plan[key])
+    if "big" in plan:
+        out["big"] = big_moe_configs(ps, **plan["big"])
     return out
 
 
@@ -336,4 +339,73 @@ def tp1_greedy_tokens(path: str, prompt_ids: list, n_new: int) -> list:
         tok = int(torch.argmax(h.step([("r", new)])[0]))
         out.append(tok)
         new = [tok]
+    return out
+
+
+def shrunk_config(cfg_dir: str, layers: int, out_dir: str) -> str:
+    """A copy of ``cfg_dir``'s config.json with ``num_hidden_layers = layers`` in ``out_dir`` (every other size
+    real); returns ``out_dir``."""
+    import json
+
+    cfg = json.load(open(os.path.join(cfg_dir, "config.json")))
+    cfg["num_hidden_layers"] = layers
+    cfg.pop("mlp_only_layers", None)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return out_dir
+
+
+def forced_logits(model, config, tp_size: int, steps: int = 3) -> list:
+    """Logits of a prefill of two prompts, then ``steps`` decode steps with fixed (teacher-forced) tokens, and a
+    third request joining at step 1 (a mixed batch): ``[bs, vocab]`` fp32 per step."""
+    from tp_worker import harness_for
+
+    h = harness_for(model, config, tp_size)
+    out = [h.step([("a", [11, 57, 902, 4, 33, 7]), ("b", [5, 77, 21])]).float().clone()]
+    for i in range(steps):
+        items = [("a", [100 + i]), ("b", [200 + i])] + ([("c", [9, 8, 7, 6])] if i == 0 else
+                                                        [("c", [300 + i])])
+        out.append(h.step(items).float().clone())
+    return out
+
+
+def big_moe_configs(ps, jobs: list, tmp: str) -> dict:
+    """Rank body: for every ``(name, config dir, layers, backend)`` the config shrunk to ``layers`` decoder layers,
+    dummy bf16 weights, EP = TP = world: :func:`forced_logits` with the all-reduce EP and with the all-to-all
+    backend installed on the same weights; returns ``{name: (max |diff|, max |logit|, finite, modes seen)}``."""
+    if any(j[3] == "tdist" for j in jobs):
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        interpreter_patch_once()
+    import gc
+
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.deployment.plan import MoeA2aSpec
+    from sglang.srt.distributed.communicator import create_communicator
+    from sglang.srt.expert_parallel.install import install_moe_a2a, moe_blocks
+    from sglang.srt.model_loader.loader import load_model
+    from sglang.srt.server_args import ServerArgs
+
+    world = ps.tp_size
+    comm = create_communicator(ps, "auto")
+    out = {}
+    for name, cfg_dir, layers, backend in jobs:
+        path = shrunk_config(cfg_dir, layers, os.path.join(tmp, f"{name}-r{ps.tp_rank}"))
+        config = ModelConfig.from_path(path, 512, "bfloat16", "cpu")
+        model = load_model(config, "dummy", "cpu", tp_rank=ps.tp_rank, tp_size=world, comm=comm, ep_size=world)
+        ref = forced_logits(model, config, world)
+        args = ServerArgs(model_path=path, device="cpu", tp_size=world, ep_size=world, moe_a2a_backend=backend,
+                          chunked_prefill_size=64, cuda_graph_max_bs=8, load_format="dummy")
+        disp = install_moe_a2a(model, MoeA2aSpec(backend), ps, args, torch.device("cpu"), max_running=8)
+        try:
+            got = forced_logits(model, config, world)
+            calls = dict(disp.calls)
+        finally:
+            disp.close()
+        diff = max(float((g - r).abs().max()) for g, r in zip(got, ref))
+        scale = max(float(r.abs().max()) for r in ref)
+        finite = all(bool(torch.isfinite(g).all()) for g in got)
+        out[name] = dict(diff=diff, scale=scale, finite=finite, calls=calls, blocks=len(moe_blocks(model)))
+        del model, ref, got
+        gc.collect()
     return out

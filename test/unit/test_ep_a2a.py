@@ -11,6 +11,9 @@ process group per world size running every backend and mode.
   through request micro-batches (32 tokens), tdist through the forward (32 tokens at EP 2, 8 at EP 4: the Triton
   interpreter runs every all-to-all kernel phase on the CPU); decode batches use the low-latency mode, prefill and
   mixed batches the normal mode. A dispatch to the wrong experts changes the tokens (negative control).
+* Big configs: Qwen3-30B-A3B (tdist) and Mixtral-8x7B (nccl) with every size real but one decoder layer (CPU
+  memory), dummy bf16 weights, EP 2: prefill, a mixed step and decode steps give finite logits equal to the
+  all-reduce EP's on the same weights (within bf16 rounding).
 
 tdist runs the real Triton kernels under ``TRITON_INTERPRET=1`` over a host shared-memory symmetric heap
 (``sgl_kernel.tdist.host_heap``); without triton its cases are skipped with that reason.
@@ -18,10 +21,13 @@ tdist runs the real Triton kernels under ``TRITON_INTERPRET=1`` over a host shar
 
 from __future__ import annotations
 
+import atexit
 import functools
 import importlib.util
 import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 
@@ -37,6 +43,8 @@ PROMPTS = ["Once upon a time", "The little dog", "Lily and Tom went to the park.
 N_NEW = 32
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 FP32_ATOL, BF16_ATOL = 2e-5, 3e-2
+BIG = {"qwen3_moe": (shared_path("configs", "Qwen--Qwen3-30B-A3B"), "tdist"),
+       "mixtral": (shared_path("configs", "mistralai--Mixtral-8x7B-v0.1"), "nccl")}
 
 
 def _plan(world: int) -> dict:
@@ -51,6 +59,11 @@ def _plan(world: int) -> dict:
         if HAS_TRITON and world == 4:
             plan["model_short"] = dict(path=MODEL, prompts=prompts, jobs=["tdist/forward"], n_new=8,
                                        negative_control=False)
+    big = [(name, d, 1, b if HAS_TRITON else "nccl") for name, (d, b) in BIG.items() if os.path.isdir(d)]
+    if world == 2 and big:
+        tmp = tempfile.mkdtemp(prefix="ep-a2a-configs-")
+        atexit.register(shutil.rmtree, tmp, True)
+        plan["big"] = dict(jobs=big, tmp=tmp)
     return plan
 
 
@@ -113,3 +126,15 @@ def test_stories_moe8_greedy_equals_tp1(world):
     assert (world == 4 or not HAS_TRITON) or "tdist/forward" in model
     bad = model["rotated_experts"]["tokens"]
     assert any(b != w[:len(b)] for b, w in zip(bad, want)), "a wrong dispatch must change the tokens"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(BIG))
+def test_big_moe_config_ep2_matches_allreduce_ep(name):
+    if not os.path.isdir(BIG[name][0]):
+        pytest.skip(f"{BIG[name][0]} is not present (shared test data)")
+    for rank, per_rank in enumerate(_world(2)):
+        r = per_rank["big"][name]
+        assert r["finite"] and r["blocks"] == 1, (rank, r)
+        assert r["calls"]["normal"] > 0 and r["calls"]["low_latency"] > 0, (rank, r)
+        assert r["diff"] <= 0.02 * r["scale"] + 1e-3, (rank, name, r)
