@@ -176,7 +176,7 @@ class DispatchHandle:
 
     def wait(self) -> None:
         """Make the current CUDA stream wait for the dispatch (no host block) and mark the received tensors as used
-        by it; no-op on CPU."""
+        by it (not inside a CUDA-graph capture, where the graph's memory pool keeps them); no-op on CPU."""
         _wait(self.event, (self.recv_x, self.recv_expert_ids, self.recv_weights, self.expert_counts))
 
 
@@ -206,6 +206,8 @@ def _wait(event: Optional[Any], tensors: tuple) -> None:
         return
     stream = torch.cuda.current_stream(tensors[0].device)
     stream.wait_event(event)
+    if torch.cuda.is_current_stream_capturing():  # inside a CUDA-graph capture the graph's pool owns the memory
+        return
     for t in tensors:
         if t is not None and t.is_cuda:
             t.record_stream(stream)

@@ -9,7 +9,8 @@ trailer), so one equal-split all-to-all needs no count exchange and no host sync
 (NCCL collectives are capturable); the fixed buffers are allocated once, ``max_inflight`` sets used round-robin.
 
 gloo implements ``all_to_all_single`` with split sizes for every dtype used here (checked on torch 2.13), so the
-CPU path is the same code with one rank per process.
+CPU path is the same code with one rank per process. CUDA tensors over a gloo group (``--tp-ranks-share-gpu``, the
+correctness-only mode where ranks share one GPU and CUDA graphs are off) are staged through host memory.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class NcclTokenDispatcher(TokenDispatcher):
         if group is not None and dist.get_world_size(group) != config.ep_size:
             raise ValueError(f"EP group has {dist.get_world_size(group)} ranks, config.ep_size={config.ep_size}")
         self.device = torch.device(config.device)
+        self._stage_on_host = self.device.type == "cuda" and group is not None and dist.get_backend(group) == "gloo"
         self.width = row_width(config.hidden_size, config.dtype)
         rows, h, dt = config.recv_capacity, config.hidden_size, config.dtype
         self._sets = [dict(send=torch.zeros(rows, self.width, dtype=dt, device=self.device),
@@ -86,6 +88,15 @@ class NcclTokenDispatcher(TokenDispatcher):
         w = row_width(config.hidden_size, config.dtype)
         return config.max_inflight * config.recv_capacity * 2 * (w + config.hidden_size) * config.element_size
 
+    def _a2a(self, out: torch.Tensor, inp: torch.Tensor, out_splits=None, in_splits=None) -> None:
+        """``all_to_all_single`` over the EP group (through host memory for CUDA tensors on a gloo group)."""
+        if not self._stage_on_host:
+            dist.all_to_all_single(out, inp, out_splits, in_splits, group=self.group)
+            return
+        host_out = torch.empty(out.shape, dtype=out.dtype)
+        dist.all_to_all_single(host_out, inp.cpu(), out_splits, in_splits, group=self.group)
+        out.copy_(host_out)
+
     # ---- dispatch ---------------------------------------------------------------------------------------------
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                  mode: DispatchMode) -> DispatchHandle:
@@ -100,7 +111,7 @@ class NcclTokenDispatcher(TokenDispatcher):
         ep, t = cfg.ep_size, x.shape[0]
         plan = plan_send(topk_ids, cfg.num_local_experts, ep)
         recv_counts = torch.empty_like(plan.send_counts)
-        dist.all_to_all_single(recv_counts, plan.send_counts, group=self.group)
+        self._a2a(recv_counts, plan.send_counts)
         bad = ((topk_ids < 0) | (topk_ids >= cfg.num_experts)).any().view(1).to(torch.int64)
         host = torch.cat([plan.send_counts, recv_counts, bad]).tolist()  # the one host sync of NORMAL mode
         send_splits, recv_splits = host[:ep], host[ep:2 * ep]
@@ -109,7 +120,7 @@ class NcclTokenDispatcher(TokenDispatcher):
         send = torch.empty(t * cfg.top_k, self.width, dtype=cfg.dtype, device=x.device)
         pack_rows(send, x, topk_weights, plan, cfg.top_k)
         recv = torch.empty(sum(recv_splits), self.width, dtype=cfg.dtype, device=x.device)
-        dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self.group)
+        self._a2a(recv, send, recv_splits, send_splits)
         g = group_received(recv, cfg.hidden_size, cfg.num_local_experts)
         state = _State(plan, topk_weights, g.perm, send_splits, recv_splits)
         return DispatchHandle(DispatchMode.NORMAL, t, g.x, g.expert_ids, g.weights, g.counts,
@@ -123,7 +134,7 @@ class NcclTokenDispatcher(TokenDispatcher):
         ids, _ = trailer(bufs["send"])
         ids.fill_(-1)
         pack_rows(bufs["send"], x, topk_weights, plan, cfg.top_k, rows=plan.slot)
-        dist.all_to_all_single(bufs["recv"], bufs["send"], group=self.group)
+        self._a2a(bufs["recv"], bufs["send"])
         g = group_received(bufs["recv"], cfg.hidden_size, cfg.num_local_experts)
         state = _State(plan, topk_weights, g.perm, buffers=bufs)
         return DispatchHandle(DispatchMode.LOW_LATENCY, x.shape[0], g.x, g.expert_ids, g.weights, g.counts,
@@ -145,12 +156,12 @@ class NcclTokenDispatcher(TokenDispatcher):
         if handle.mode is DispatchMode.NORMAL:
             back = ungroup(expert_out, st.perm)
             ret = torch.empty(t * k, cfg.hidden_size, dtype=cfg.dtype, device=expert_out.device)
-            dist.all_to_all_single(ret, back, st.send_splits, st.recv_splits, group=self.group)
+            self._a2a(ret, back, st.send_splits, st.recv_splits)
             out = weighted_sum(ret, st.plan, st.topk_weights, t, k, cfg.dtype, weights_applied)
         else:
             bufs = st.buffers
             ungroup(expert_out, st.perm, out=bufs["csend"])
-            dist.all_to_all_single(bufs["crecv"], bufs["csend"], group=self.group)
+            self._a2a(bufs["crecv"], bufs["csend"])
             out = weighted_sum(bufs["crecv"], st.plan, st.topk_weights, t, k, cfg.dtype, weights_applied,
                                rows=st.plan.slot)
         return CombineHandle(out, event=record_event(expert_out.device))

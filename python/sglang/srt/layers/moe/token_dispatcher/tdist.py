@@ -178,7 +178,9 @@ class TdistTokenDispatcher(TokenDispatcher):
         read. Returns the ``ep x ep`` matrix (row = source). Raises ValueError on bad ids."""
         cfg = self.config
         bad = ((topk_ids < 0) | (topk_ids >= cfg.num_experts)).any().view(1).to(torch.int64)
-        row = torch.cat([send_counts, bad]).to(self.device)
+        row = torch.cat([send_counts, bad])
+        if dist.get_backend(self.group) == "gloo":
+            row = row.cpu()  # gloo groups (CPU; ranks sharing one GPU) exchange host tensors
         rows = [torch.empty_like(row) for _ in range(cfg.ep_size)]
         dist.all_gather(rows, row, group=self.group)
         host = torch.stack(rows).tolist()
