@@ -122,15 +122,15 @@ class FusedMoE(nn.Module):
     def compute_rows(self, rows: torch.Tensor, local_ids: torch.Tensor) -> torch.Tensor:
         """Expert parallelism by all-to-all: rows ``[R, H]`` received for this rank's experts, ``local_ids`` [R] int64
         local expert ids (``-1``: a padding row) -> ``[R, H]`` in rows' dtype, row i = local expert ``local_ids[i]``
-        applied to ``rows[i]``, unweighted (the combine applies the routing weights); padding rows give zeros.
-        Runs :func:`sglang.srt.layers.ops.fused_moe` with one slot per row (no host sync on CUDA).
+        applied to ``rows[i]``, unweighted (the combine applies the routing weights); padding rows give zeros and
+        cost nothing (the fused-MoE kernel skips negative ids). Runs :func:`sglang.srt.layers.ops.fused_moe` with one
+        slot per row (no host sync on CUDA).
         Raises ValueError when this rank splits its experts' intermediate dim (``tp_size != ep_size``)."""
         if self.moe_tp_size != 1:
             raise ValueError(f"compute_rows needs whole experts per rank (ep_size == tp_size), got "
                              f"ep_size={self.ep_size}, tp_size={self.tp_size}")
-        valid = local_ids >= 0
-        return ops.fused_moe(rows, self.w13_weight, self.w2_weight, valid.to(torch.float32).unsqueeze(1),
-                             local_ids.clamp(min=0).unsqueeze(1))
+        ones = torch.ones(rows.shape[0], 1, dtype=torch.float32, device=rows.device)
+        return ops.fused_moe(rows, self.w13_weight, self.w2_weight, ones, local_ids.unsqueeze(1))
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """x ``[N, H]``, router_logits ``[N, E]`` -> ``[N, H]`` in x's dtype: :meth:`route`, :meth:`compute`, then

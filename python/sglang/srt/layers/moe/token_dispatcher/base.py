@@ -28,6 +28,8 @@ Collective rules (what every caller must keep, or the ranks hang or mix data):
   same order, with the same ``mode`` (a rank with no tokens passes ``T = 0``: an idle rank still takes part);
 * one handle is combined exactly once, and handles of one dispatcher are combined in dispatch order
   (low-latency buffers are reused round-robin: see ``max_inflight``);
+* every call of one dispatcher is stream-ordered after the previous one (issue them all on one communication
+  stream, or make the next stream wait): the backends reuse their receive buffers from call to call;
 * with DP attention the caller must agree on ``mode`` across ranks (a rank's token count may differ; low-latency
   needs every rank's ``T <= max_tokens_low_latency``).
 
