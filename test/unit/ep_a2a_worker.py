@@ -373,7 +373,9 @@ def forced_logits(model, config, tp_size: int, steps: int = 3) -> list:
 def big_moe_configs(ps, jobs: list, tmp: str) -> dict:
     """Rank body: for every ``(name, config dir, layers, backend)`` the config shrunk to ``layers`` decoder layers,
     dummy bf16 weights, EP = TP = world: :func:`forced_logits` with the all-reduce EP and with the all-to-all
-    backend installed on the same weights; returns ``{name: (max |diff|, max |logit|, finite, modes seen)}``."""
+    backend installed on the same weights (expert down projections scaled up so the routed experts dominate), and
+    with a wrong dispatch (rotated experts); returns per name the max |a2a - all-reduce|, the max |wrong -
+    all-reduce|, the logit scale, finiteness, the dispatch-mode counts and the MoE block count."""
     if any(j[3] == "tdist" for j in jobs):
         os.environ.setdefault("TRITON_INTERPRET", "1")
         interpreter_patch_once()
@@ -393,6 +395,9 @@ def big_moe_configs(ps, jobs: list, tmp: str) -> dict:
         path = shrunk_config(cfg_dir, layers, os.path.join(tmp, f"{name}-r{ps.tp_rank}"))
         config = ModelConfig.from_path(path, 512, "bfloat16", "cpu")
         model = load_model(config, "dummy", "cpu", tp_rank=ps.tp_rank, tp_size=world, comm=comm, ep_size=world)
+        with torch.no_grad():  # dummy weights are uniform in +-1e-3: make the routed experts dominate the output,
+            for b in moe_blocks(model):  # so that a wrong dispatch shows in the logits (negative control below)
+                b.experts.w2_weight.mul_(100.0)
         ref = forced_logits(model, config, world)
         args = ServerArgs(model_path=path, device="cpu", tp_size=world, ep_size=world, moe_a2a_backend=backend,
                           chunked_prefill_size=64, cuda_graph_max_bs=8, load_format="dummy")
@@ -400,12 +405,18 @@ def big_moe_configs(ps, jobs: list, tmp: str) -> dict:
         try:
             got = forced_logits(model, config, world)
             calls = dict(disp.calls)
+            good = moe_blocks(model)[0].a2a
+            for b in moe_blocks(model):
+                b.a2a = _RotatedExperts(good)
+            wrong = forced_logits(model, config, world, steps=1)
         finally:
             disp.close()
         diff = max(float((g - r).abs().max()) for g, r in zip(got, ref))
+        wrong_diff = max(float((g - r).abs().max()) for g, r in zip(wrong, ref))
         scale = max(float(r.abs().max()) for r in ref)
         finite = all(bool(torch.isfinite(g).all()) for g in got)
-        out[name] = dict(diff=diff, scale=scale, finite=finite, calls=calls, blocks=len(moe_blocks(model)))
+        out[name] = dict(diff=diff, wrong_diff=wrong_diff, scale=scale, finite=finite, calls=calls,
+                         blocks=len(moe_blocks(model)))
         del model, ref, got
         gc.collect()
     return out
