@@ -43,7 +43,7 @@ def _check(results, what):
 
 def test_world1_both_backends_both_modes_and_graph():
     from tp_worker import spawn_ranks
-    from ep_a2a_worker import gpu_dispatcher_checks
+    from ep_a2a_gpu_worker import gpu_dispatcher_checks
 
     res = spawn_ranks(gpu_dispatcher_checks, 1, ["nccl", "tdist"], SEED, device="cuda", timeout=300)
     names = {r["name"] for r in res[0]}
@@ -53,7 +53,7 @@ def test_world1_both_backends_both_modes_and_graph():
 
 def test_world2_tdist_ranks_share_one_gpu():
     from tp_worker import spawn_ranks
-    from ep_a2a_worker import gpu_dispatcher_checks
+    from ep_a2a_gpu_worker import gpu_dispatcher_checks
 
     if _gpus() < 1:
         pytest.skip("needs a CUDA GPU")
@@ -64,7 +64,7 @@ def test_world2_tdist_ranks_share_one_gpu():
 
 def test_world2_one_gpu_each():
     from tp_worker import spawn_ranks
-    from ep_a2a_worker import gpu_dispatcher_checks
+    from ep_a2a_gpu_worker import gpu_dispatcher_checks
 
     if _gpus() < 2:
         pytest.skip("needs 2 GPUs (one rank per GPU)")

@@ -65,6 +65,18 @@ def normal_capacity(config: DispatcherConfig) -> int:
     return max(config.pair_capacity, min(share, cap_rows))
 
 
+def _spans(starts: list, counts: list, device: torch.device) -> torch.Tensor:
+    """int64 indices ``starts[i] .. starts[i] + counts[i] - 1`` for every i, concatenated (host-known sizes, so no
+    device -> host sync)."""
+    total = sum(counts)
+    if total == 0:
+        return torch.empty(0, dtype=torch.int64, device=device)
+    st = torch.tensor(starts, dtype=torch.int64, device=device)
+    cn = torch.tensor(counts, dtype=torch.int64, device=device)
+    first = torch.cumsum(cn, 0) - cn  # position of span i's first index in the output
+    return torch.repeat_interleave(st - first, cn, output_size=total) + torch.arange(total, device=device)
+
+
 @dataclass
 class _State:
     """What combine needs from dispatch (private)."""
@@ -203,12 +215,10 @@ class TdistTokenDispatcher(TokenDispatcher):
             lo = i * cap
             sc = [max(0, min(cap, n - lo)) for n in send_n]
             rc = [max(0, min(cap, n - lo)) for n in recv_n]
-            src_idx = [j for d in range(ep) for j in range(s_off[d] + lo, s_off[d] + lo + sc[d])]
-            dst_idx = [j for s in range(ep) for j in range(r_off[s] + lo, r_off[s] + lo + rc[s])]
-            x = rows[torch.tensor(src_idx, dtype=torch.int64, device=rows.device)] if src_idx else rows[:0]
+            x = rows[_spans([o + lo for o in s_off], sc, rows.device)]
             got, _ = self._call(op, x, torch.tensor(sc, dtype=torch.int32, device=rows.device))
-            if dst_idx:
-                out[torch.tensor(dst_idx, dtype=torch.int64, device=rows.device)] = got[:len(dst_idx)]
+            if sum(rc):
+                out[_spans([o + lo for o in r_off], rc, rows.device)] = got[:sum(rc)]
         return out
 
     # ---- combine ----------------------------------------------------------------------------------------------
