@@ -129,6 +129,10 @@ class FusedMoE(nn.Module):
         if self.moe_tp_size != 1:
             raise ValueError(f"compute_rows needs whole experts per rank (ep_size == tp_size), got "
                              f"ep_size={self.ep_size}, tp_size={self.tp_size}")
+        quant = getattr(self, "quant_method", None)  # a quantization method that owns the expert GEMMs
+        if quant is not None:  # any kernel: padding rows as weight-0 rows of expert 0
+            valid = (local_ids >= 0).to(torch.float32).unsqueeze(1)
+            return quant.apply(self, rows, valid, local_ids.clamp(min=0).unsqueeze(1))
         ones = torch.ones(rows.shape[0], 1, dtype=torch.float32, device=rows.device)
         return ops.fused_moe(rows, self.w13_weight, self.w2_weight, ones, local_ids.unsqueeze(1))
 
