@@ -78,6 +78,7 @@ class ServerArgs:
     # Parallelism
     tp_size: int = 1
     ep_size: int = 1
+    moe_a2a_backend: str = "none"  # none (all-reduce EP) | nccl | tdist: expert parallelism by all-to-all
     nnodes: int = 1
     node_rank: int = 0
     dist_init_addr: Optional[str] = None  # host:port of rank 0 for multi-node
@@ -186,6 +187,7 @@ class ServerArgs:
             bad("grammar-backend", self.grammar_backend, "use xgrammar or none")
         if self.ep_size < 1 or self.tp_size % self.ep_size:
             bad("ep-size", self.ep_size, f"use a divisor of --tp-size ({self.tp_size})")
+        self._check_moe_a2a(bad)
         if self.base_gpu_id < 0:
             bad("base-gpu-id", self.base_gpu_id, "use a GPU index >= 0")
         if self.gpu_id_step < 1:
@@ -212,6 +214,25 @@ class ServerArgs:
             self._check_afd(bad)
         if not 1 <= self.port <= 65535:
             bad("port", self.port, "use a TCP port in 1..65535")
+
+    def _check_moe_a2a(self, bad) -> None:
+        """Validate ``--moe-a2a-backend`` against ``--ep-size`` (``bad(flag, value, fix)`` raises)."""
+        if self.moe_a2a_backend == "deepep":
+            bad("moe-a2a-backend", self.moe_a2a_backend,
+                "DeepEP is not part of this server; use nccl (torch.distributed all-to-all, any GPU or CPU) or tdist "
+                "(Triton-distributed low-latency all-to-all, one node), or none (all-reduce expert parallelism)")
+        if self.moe_a2a_backend not in ("none", "nccl", "tdist"):
+            bad("moe-a2a-backend", self.moe_a2a_backend, "use none, nccl or tdist")
+        if self.moe_a2a_backend == "none":
+            return
+        if self.ep_size < 2:
+            bad("moe-a2a-backend", self.moe_a2a_backend,
+                f"expert parallelism by all-to-all needs --ep-size > 1; add --ep-size {max(2, self.tp_size)} "
+                f"(= --tp-size) or use --moe-a2a-backend none")
+        if self.ep_size != self.tp_size:
+            bad("moe-a2a-backend", self.moe_a2a_backend,
+                f"the all-to-all keeps every expert whole on one rank: set --ep-size equal to --tp-size "
+                f"({self.tp_size}), got --ep-size {self.ep_size}")
 
     def _check_runtime(self, bad) -> None:
         """Validate the transport, multi-node, Ray and request-limit flags (``bad(flag, value, fix)`` raises)."""

@@ -66,6 +66,11 @@ SERVER_ARGS_HELP: dict[str, str] = {
     # parallelism
     "tp_size": "The tensor parallelism size.",
     "ep_size": "The expert parallelism size.",
+    "moe_a2a_backend": "Choose the backend for MoE A2A (expert parallelism by all-to-all): none (default: every "
+    "rank runs every token and an all-reduce sums the expert outputs) | nccl (torch.distributed all-to-all; gloo on "
+    "CPU) | tdist (Triton-distributed low-latency all-to-all; on CPU only under TRITON_INTERPRET=1). Needs "
+    "--ep-size equal to --tp-size; normal mode for prefill, low-latency (CUDA-graph capturable) for decode. deepep "
+    "is not available here.",
     "nnodes": "The number of nodes.",
     "node_rank": "The node rank.",
     "dist_init_addr": "The host address for initializing distributed backend (e.g., `192.168.0.2:25000`).",

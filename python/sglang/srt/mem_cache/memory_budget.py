@@ -16,6 +16,12 @@ itself does not describe the profiling step):
 * :data:`HEADROOM_BYTES` for allocator fragmentation and non-PyTorch allocations made later (cuBLAS/NCCL
   workspaces of other streams).
 
+Expert parallelism by all-to-all (``--moe-a2a-backend``): the token dispatcher's fixed buffers (low-latency send and
+receive sets, or the tdist symmetric heap; :func:`moe_a2a_buffer_bytes`) are allocated when the model is installed,
+before this sizing, so the free memory the pool is carved from already excludes them; the normal-mode transients
+(receive rows of the largest prefill) are inside the eager peak the profiling forward measures (it runs the
+all-to-all at that size on every rank).
+
 :func:`kv_pool_bytes` then gives the pool ``free - fixed - max((1 - f) * total, reserve)``: SGLang's meaning of
 ``--mem-fraction-static`` f (weights + KV take at most ``f`` of the device) is kept, and the pool shrinks further
 whenever the measured reserve exceeds the ``1 - f`` slack, so no batch the scheduler can form runs out of memory.
@@ -244,9 +250,17 @@ def measure_activation_reserve(runner: "ModelRunner", args: "ServerArgs", max_ru
     graph = graph_reserve_bytes(graph_peak, lim, runner.model_config.vocab_size)
     reserve = eager + graph + HEADROOM_BYTES
     logger.info("activation reserve %.0f MiB: forward of %d tokens / %d rows + sampling %.0f MiB, CUDA graphs "
-                "(bs %d) %.0f MiB, headroom %.0f MiB", reserve / 2**20, lim.max_tokens, lim.max_rows,
-                eager / 2**20, lim.graph_max_bs, graph / 2**20, HEADROOM_BYTES / 2**20)
+                "(bs %d) %.0f MiB, headroom %.0f MiB; MoE all-to-all buffers %.0f MiB (allocated before, not in the "
+                "free memory)", reserve / 2**20, lim.max_tokens, lim.max_rows, eager / 2**20, lim.graph_max_bs,
+                graph / 2**20, HEADROOM_BYTES / 2**20, moe_a2a_buffer_bytes(runner) / 2**20)
     return reserve
+
+
+def moe_a2a_buffer_bytes(runner: "ModelRunner") -> int:
+    """Bytes of the runner's MoE all-to-all fixed buffers (0 without ``--moe-a2a-backend``): the dispatcher's
+    ``buffer_bytes`` of its config."""
+    disp = getattr(runner, "moe_dispatcher", None)
+    return 0 if disp is None else int(disp.buffer_bytes(disp.config))
 
 
 def req_to_token_bytes(rows: int, context_len: int) -> int:

@@ -128,6 +128,7 @@ class ModelRunner:
         self.comm = comm if comm is not None else make_communicator(self.worker.communicator, parallel_state,
                                                                      hidden_size=model_config.hidden_size)
         self.model = self._load_model(server_args)
+        self.moe_dispatcher = self._install_moe_a2a(server_args)  # before the KV pool is sized (its buffers count)
         self.num_kv_heads = local_kv_heads(model_config.num_key_value_heads, tp_size)
         self.local_num_heads = model_config.num_attention_heads // tp_size
         self.executor: ModelExecutor = executor or build_executor(self.worker.executor, ExecutorContext(
@@ -172,6 +173,17 @@ class ModelRunner:
                           tp_size=self.tp_size, comm=self.comm if self.tp_size > 1 else None, ep_size=args.ep_size,
                           weight_filter=self.role_spec.weight_filter, holds_param=self.role_spec.holds_param,
                           quantization=args.quantization)
+
+    def _install_moe_a2a(self, args: "ServerArgs"):
+        """Expert parallelism by all-to-all when the plan asks for it (``worker.moe_a2a``): one token dispatcher for
+        this rank, installed on every MoE block (:func:`~sglang.srt.expert_parallel.install.install_moe_a2a`;
+        collective over the EP group). Returns it, or None."""
+        if self.worker.moe_a2a is None:
+            return None
+        from sglang.srt.expert_parallel.install import install_moe_a2a
+
+        rows = max_running_requests(args, self.device, self.model_config.context_len, GPU_MAX_DEFAULT_TOKENS)
+        return install_moe_a2a(self.model, self.worker.moe_a2a, self.parallel_state, args, self.device, rows)
 
     def _create_kv_cache(self, args: "ServerArgs") -> KVCache:
         """Size the KV budget (minimum over TP ranks) and allocate the :class:`KVCache`.

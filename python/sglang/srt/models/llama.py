@@ -99,6 +99,8 @@ class LlamaDecoderLayer(nn.Module):
             hidden, residual = self.input_layernorm(hidden, residual)
         hidden = self.self_attn(positions, hidden, forward_batch)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
+        if self.is_moe:  # the batch picks the MoE all-to-all mode (stages.moe_dispatch_mode)
+            return self.mlp(hidden, forward_batch), residual
         return self.mlp(hidden), residual
 
     # ---- stages --------------------------------------------------------------------------------------

@@ -85,7 +85,8 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int
     """Sort (token, choice) pairs by expert and pad every expert's run to a multiple of ``block_m``.
 
     Args:
-        topk_ids: [N, k] integer expert ids in ``[0, num_experts)``.
+        topk_ids: [N, k] integer expert ids in ``[0, num_experts)``; a negative id marks a pair to skip (it gets
+            no block: expert parallelism's padding rows, which the kernel then never computes).
     Returns:
         sorted_ids: [P] int32, flat pair indices ``n * k + j`` grouped by expert (stable), padding
             entries hold ``N * k``; P = ``N*k + min(N*k, E) * (block_m - 1)`` rounded up to block_m
@@ -95,17 +96,22 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int
     flat = topk_ids.reshape(-1).to(torch.int64)
     nk = flat.numel()
     dev = flat.device
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+    key = torch.where(flat < 0, num_experts, flat)  # skipped pairs: one extra bin past the last expert
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=dev).scatter_add_(0, key, torch.ones_like(key))
+    counts[num_experts] = 0
     padded = (counts + block_m - 1) // block_m * block_m
     pad_end = torch.cumsum(padded, 0)
     pad_start = pad_end - padded
     cnt_start = torch.cumsum(counts, 0) - counts
-    order = torch.argsort(flat, stable=True)
-    e_sorted = flat[order]
-    dest = pad_start[e_sorted] + torch.arange(nk, device=dev) - cnt_start[e_sorted]
+    order = torch.argsort(key, stable=True)
+    e_sorted = key[order]
     total = triton.cdiv(nk + min(nk, num_experts) * (block_m - 1), block_m) * block_m
-    sorted_ids = torch.full((total,), nk, dtype=torch.int32, device=dev)
+    dest = pad_start[e_sorted] + torch.arange(nk, device=dev) - cnt_start[e_sorted]
+    dest = torch.where(e_sorted < num_experts, dest, total)  # skipped pairs land in a scratch entry, dropped below
+    sorted_ids = torch.full((total + 1,), nk, dtype=torch.int32, device=dev)
     sorted_ids[dest] = order.to(torch.int32)
+    sorted_ids = sorted_ids[:total]
+    pad_end = pad_end[:num_experts]
     block_start = torch.arange(0, total, block_m, device=dev)
     expert_ids = torch.searchsorted(pad_end, block_start, right=True)
     expert_ids = torch.where(block_start < pad_end[-1], expert_ids, -1).to(torch.int32)
@@ -203,7 +209,8 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     Args:
         x: [N, H] fp16/bf16/fp32 CUDA activations (contiguous rows).
         w13: [E, 2I, H] stacked gate/up weights; w2: [E, H, I] down weights (x's dtype, contiguous).
-        topk_weights: [N, k] routing weights (used in fp32); topk_ids: [N, k] expert ids in [0, E).
+        topk_weights: [N, k] routing weights (used in fp32); topk_ids: [N, k] expert ids in [0, E); a negative id
+            skips its (token, slot) pair: nothing is computed for it and it adds 0 (expert parallelism's padding).
     Returns:
         [N, H] in x.dtype.
     Raises:
@@ -231,9 +238,14 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     inter1 = torch.empty(nk, two_i, dtype=x.dtype, device=x.device)
     _grouped_gemm(x, w13, inter1, flat_w, sorted_ids, expert_ids, top_k, False, cfg)
     act = silu_and_mul(inter1)
-    inter2 = torch.empty(nk, h, dtype=x.dtype, device=x.device)
+    # skipped pairs' rows are never written: zero them when they are summed with others (k > 1); with k == 1 the row
+    # is returned as is, so it is zeroed after the sum (a [N, H] pass instead of a memset of [N*k, H])
+    inter2 = (torch.zeros if top_k > 1 else torch.empty)(nk, h, dtype=x.dtype, device=x.device)
     _grouped_gemm(act, w2, inter2, flat_w, sorted_ids, expert_ids, 1, True, cfg)
-    return inter2.view(n, top_k, h).sum(dim=1, dtype=torch.float32).to(x.dtype)
+    out = inter2.view(n, top_k, h).sum(dim=1, dtype=torch.float32).to(x.dtype)
+    if top_k == 1:
+        out.masked_fill_(topk_ids < 0, 0.0)
+    return out
 
 
 def fused_moe_fp8(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
@@ -301,7 +313,11 @@ def fused_moe_fp8(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w
     _grouped_gemm(xq, w13.contiguous(), inter1, flat_w, sorted_ids, expert_ids, top_k, False, cfg, xs,
                   w13_scale.to(torch.float32).contiguous(), group_k, w13_rows_per_scale)
     aq, a_s = quant(silu_and_mul(inter1), a2_scale)
-    inter2 = torch.empty(nk, h, dtype=x.dtype, device=x.device)
+    # negative expert ids (expert parallelism's padding) are skipped: their rows are zeroed as in fused_moe
+    inter2 = (torch.zeros if top_k > 1 else torch.empty)(nk, h, dtype=x.dtype, device=x.device)
     _grouped_gemm(aq, w2.contiguous(), inter2, flat_w, sorted_ids, expert_ids, 1, True, cfg, a_s,
                   w2_scale.to(torch.float32).contiguous(), group_k, w2_rows_per_scale)
-    return inter2.view(n, top_k, h).sum(dim=1, dtype=torch.float32).to(x.dtype)
+    out = inter2.view(n, top_k, h).sum(dim=1, dtype=torch.float32).to(x.dtype)
+    if top_k == 1:
+        out.masked_fill_(topk_ids < 0, 0.0)
+    return out

@@ -10,8 +10,9 @@ Expert parallelism (``ep_size > 1``) splits the experts into ``ep_size`` contigu
 groups; ``tp_size / ep_size`` ranks share a group and split its I. Every rank runs
 the router on all tokens and computes only its experts' (partial) contributions, so
 the sum over the whole TP group is the full output: token "routing" is one
-all-reduce of partial outputs (simple and exact; an all-to-all dispatch, as in
-GShard, Lepikhin et al. 2020, sec. 3.2, moves fewer bytes at large batch).
+all-reduce of partial outputs (simple and exact). ``--moe-a2a-backend nccl|tdist`` replaces it with an
+all-to-all dispatch/combine (GShard, Lepikhin et al. 2020, sec. 3.2): :meth:`FusedMoE.compute_rows` runs the
+local experts on the received rows only (see :mod:`sglang.srt.layers.moe.ep_a2a`).
 """
 
 from __future__ import annotations
@@ -127,6 +128,23 @@ class FusedMoE(nn.Module):
         if self.quant_method is not None:
             return self.quant_method.apply(self, x, topk_weights, topk_ids)
         return ops.fused_moe(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
+
+    def compute_rows(self, rows: torch.Tensor, local_ids: torch.Tensor) -> torch.Tensor:
+        """Expert parallelism by all-to-all: rows ``[R, H]`` received for this rank's experts, ``local_ids`` [R] int64
+        local expert ids (``-1``: a padding row) -> ``[R, H]`` in rows' dtype, row i = local expert ``local_ids[i]``
+        applied to ``rows[i]``, unweighted (the combine applies the routing weights); padding rows give zeros and
+        cost nothing (the fused-MoE kernel skips negative ids). Runs :func:`sglang.srt.layers.ops.fused_moe` with one
+        slot per row (no host sync on CUDA).
+        Raises ValueError when this rank splits its experts' intermediate dim (``tp_size != ep_size``)."""
+        if self.moe_tp_size != 1:
+            raise ValueError(f"compute_rows needs whole experts per rank (ep_size == tp_size), got "
+                             f"ep_size={self.ep_size}, tp_size={self.tp_size}")
+        quant = getattr(self, "quant_method", None)  # a quantization method that owns the expert GEMMs
+        if quant is not None:  # any kernel: padding rows as weight-0 rows of expert 0
+            valid = (local_ids >= 0).to(torch.float32).unsqueeze(1)
+            return quant.apply(self, rows, valid, local_ids.clamp(min=0).unsqueeze(1))
+        ones = torch.ones(rows.shape[0], 1, dtype=torch.float32, device=rows.device)
+        return ops.fused_moe(rows, self.w13_weight, self.w2_weight, ones, local_ids.unsqueeze(1))
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """x ``[N, H]``, router_logits ``[N, E]`` -> ``[N, H]`` in x's dtype: :meth:`route`, :meth:`compute`, then
