@@ -332,3 +332,36 @@ def test_scaled_mm_rowwise_call_matches_the_reference_on_cpu():
         want = w8a8_scaled_gemm_ref(xq, xs, wq, ws, bias, torch.bfloat16)
         # the bias is added to the bf16 product (one more bf16 rounding than the reference's fp32 sum)
         assert (got.float() - want.float()).abs().max() <= 2 * 2 ** -8 * want.float().abs().max()
+
+
+def test_fp8_moe_reference_skips_negative_expert_ids():
+    """Expert parallelism pads received rows with expert id -1 (weight 0): the FP8 MoE reference must skip them, not
+    index the last expert (whose output could be non-finite and poison the weighted sum)."""
+    from sglang.srt.layers.quantization.fp8_ref import fused_moe_fp8_ref
+
+    g = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    e, h, inter, n, k = 4, 32, 16, 12, 2
+    w13 = torch.randn(e, 2 * inter, h, generator=g)
+    w2 = torch.randn(e, h, inter, generator=g)
+    q13, s13 = zip(*(quant_weight_per_channel(w) for w in w13))
+    q2, s2 = zip(*(quant_weight_per_channel(w) for w in w2))
+    q13, s13, q2, s2 = torch.stack(q13), torch.stack(s13), torch.stack(q2), torch.stack(s2)
+    x = torch.randn(n, h, generator=g)
+    ids = torch.randint(0, e, (n, k), generator=g)
+    w = torch.rand(n, k, generator=g)
+    padded_ids, padded_w = ids.clone(), w.clone()
+    padded_ids[::2, 1] = -1
+    padded_w[::2, 1] = 0.0
+    q2[-1].view(torch.uint8).fill_(0x7F)  # the last expert's down weights all NaN: indexing it would poison rows
+    kept_w = w.clone()
+    kept_w[::2, 1] = 0.0
+    safe_ids = ids.clone()
+    safe_ids[::2, 1] = 0  # a real expert with weight 0 gives the same sum when its output is finite
+    q2_ok = q2.clone()
+    q2_ok[-1] = q2[0]
+    ref = fused_moe_fp8_ref(x, q13, s13, q2_ok, s2, kept_w, safe_ids)
+    got = fused_moe_fp8_ref(x, q13, s13, q2, s2, padded_w, padded_ids)
+    keep = (padded_ids != e - 1).all(dim=1)  # rows that route no real pair to the NaN expert
+    assert keep.any()
+    assert torch.isfinite(got[keep]).all()
+    torch.testing.assert_close(got[keep], ref[keep])

@@ -170,6 +170,8 @@ def fused_moe_fp8_ref(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
     flat_w = topk_weights.reshape(-1).float()
     token_of = torch.arange(n, device=x.device).repeat_interleave(topk_ids.shape[1])
     for expert in torch.unique(flat_ids).tolist():
+        if expert < 0:  # a skipped (token, slot) pair (expert parallelism's padding) adds 0, as in the kernel
+            continue
         sel = (flat_ids == expert).nonzero(as_tuple=True)[0]
         tok = token_of[sel]
         gate_up = fp8_linear_ref(x[tok], w13[expert], w13_scale[expert], None, block_size, w13_rows_per_scale,
