@@ -277,6 +277,48 @@ def test_skinny_gemm_vs_cublas(m, pdl, monkeypatch):
             close(skinny_gemm(x, w, b, split_k=split_k), torch.nn.functional.linear(x, w, b), torch.bfloat16)
 
 
+@pytest.mark.parametrize("policy", ["balanced", "wave"])
+@pytest.mark.parametrize("bs", [4, 24, 160])
+def test_decode_variable_lengths_policies_in_graph_vs_torch_native(bs, policy):
+    """Serving-like decode batches (contexts 1..6000 at Llama-8B heads) under the balanced split policy (rows longest
+    first, length-aware splits) and the wave rule: a CUDA graph that captures the metadata (as the graph runner does)
+    and is replayed with new lengths equals torch_native each time, and the balanced order follows the replayed
+    lengths."""
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    gen = torch.Generator().manual_seed(bs * 3 + (policy == "wave"))
+    prefix = [int(x) for x in torch.randint(1, 6000, (bs,), generator=gen)]
+    q, k, v, layer, make_batch = build_case(gen, prefix, [1] * bs, 32, 8, 128, torch.bfloat16)
+    backend = TritonAttnBackend(split_policy=policy)
+    backend.init_cuda_graph_state(bs, 32, 128, 8, torch.device(DEV))
+    fb = make_batch(backend)
+    rfb = make_batch(TorchNativeAttnBackend())
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        backend.init_forward_metadata(fb)
+        backend.forward(q, k, v, layer, fb)  # warm up (compile) outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        backend.init_forward_metadata(fb)
+        out = backend.forward(q, k, v, layer, fb)
+    for _ in range(2):
+        new = torch.randint(1, max(fb.seq_lens_cpu) + 1, (bs,), generator=gen)
+        fb.seq_lens.copy_(new.to(DEV))
+        rfb.seq_lens.copy_(new.to(DEV))
+        rfb.seq_lens_cpu[:] = new.tolist()
+        q.copy_(torch.randn(q.shape, generator=gen).to(q.dtype))
+        graph.replay()
+        torch.cuda.synchronize()
+        if policy == "balanced":
+            got = fb.attn_metadata.decode_order.cpu()
+            assert (new[got][:-1] >= new[got][1:]).all()
+        ref = rfb.attn_backend.forward(q, k, v, layer, rfb)
+        close(out, ref, torch.bfloat16)
+
+
 @pytest.mark.parametrize("pdl", ["0", "default", "2"])
 @pytest.mark.parametrize("bs", [16, 96])
 def test_decode_cuda_graph_replay_equals_eager(bs, pdl, monkeypatch):

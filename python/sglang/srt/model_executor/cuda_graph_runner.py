@@ -160,9 +160,12 @@ class CudaGraphRunner:
                     time.perf_counter() - t0, used)
 
     def _forward(self, fb: ForwardBatch) -> LogitsProcessorOutput:
-        """The forward captured: the staged executor's ``run`` (see ``__init__``) or the model's own."""
+        """The forward captured: the staged executor's ``run`` (see ``__init__``; it builds the attention metadata
+        itself) or the attention metadata then the model's own forward. The metadata is built inside the capture
+        because it may hold device work that must follow the replayed inputs (the Triton backend's row order)."""
         if self.staged is not None:
             return self.staged.run(self.runner.model, fb)
+        self.runner.attn_backend.init_forward_metadata(fb)
         return self.runner.model(fb.input_ids, fb.positions, fb)
 
     def padded_size(self, bs: int) -> int:
