@@ -33,6 +33,7 @@ import torch
 
 from sglang.srt.layers import ops
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang.srt.layers.attention.extend_dense import EXTEND_IMPLS, extend_impl_from_env, prefix_free_attention
 from sglang.srt.layers.rotary_embedding import RotaryEmbedding
 from sglang.srt.layers.attention.triton_ops.decode_attention import (BALANCED_MIN_SPLIT_LEN, SPLIT_POLICIES,
                                                                       decode_attention_fwd, decode_row_order,
@@ -70,6 +71,8 @@ class TritonAttnMetadata:
     ``decode_order``: ``[decode rows]`` int64 device tensor, the decode rows longest first (the ``balanced`` split
     policy's launch order, computed on the device by this call: inside a captured CUDA graph it is recomputed at
     every replay), or None (batch order). ``min_split_len``: the decode kernel's length-aware split rule (0: off).
+    ``dense_segments``: ``(first token, length)`` of the prefix-free prefill rows that PyTorch's fused attention runs
+    (``SGLANG_EXTEND_ATTENTION``, :mod:`.extend_dense`); those rows are not among the extend-kernel tensors.
     ``max_extend_len``: host int, largest extend length among the rows sent to the extend kernel.
     Extend-kernel tensors ([rows] integer, device): ``req_pool_indices``, ``prefix_lens``, ``extend_lens``,
     ``extend_start_loc`` (query row offsets into the batch's flat q). Decode-kernel tensors: ``decode_req_pool_indices``,
@@ -90,6 +93,7 @@ class TritonAttnMetadata:
     decode_token_index: Optional[torch.Tensor]
     decode_order: Optional[torch.Tensor] = None
     min_split_len: int = 0
+    dense_segments: tuple = ()
 
 
 class TritonAttnBackend(AttentionBackend):
@@ -103,7 +107,7 @@ class TritonAttnBackend(AttentionBackend):
     fuses_rope_kv_store = True  # RadixAttention hands RoPE to forward() (see its ``rope`` argument)
 
     def __init__(self, legacy_decode: Optional[bool] = None, fused_rope: Optional[bool] = None,
-                 split_policy: Optional[str] = None) -> None:
+                 split_policy: Optional[str] = None, extend_impl: Optional[str] = None) -> None:
         """``legacy_decode``: run the decode kernel and split-count rule as before issue 19 (see
         :func:`~sgl_kernel.triton.decode_attention.decode_attention_fwd`); None reads the environment variable
         ``SGLANG_TRITON_DECODE_LEGACY`` (``1`` = legacy). ``fused_rope``: RoPE fused with the KV-cache store (see
@@ -115,8 +119,12 @@ class TritonAttnBackend(AttentionBackend):
         order, every row on every split) or ``legacy``; None reads ``SGLANG_DECODE_SPLIT_POLICY``; ``legacy_decode``
         (or ``SGLANG_TRITON_DECODE_LEGACY=1``) forces ``legacy``.
 
+        ``extend_impl``: who runs prefill rows without a cached prefix (:data:`EXTEND_IMPLS`, see
+        :mod:`~sglang.srt.layers.attention.extend_dense`); None reads ``SGLANG_EXTEND_ATTENTION`` (default triton).
+
         Raises:
-            ValueError: an unknown split policy (argument or environment), naming the choices."""
+            ValueError: an unknown split policy or extend implementation (argument or environment), naming the
+                choices."""
         if legacy_decode is None:
             legacy_decode = os.environ.get(LEGACY_DECODE_ENV, "0") not in ("", "0")
         self.legacy_decode = bool(legacy_decode)
@@ -128,6 +136,9 @@ class TritonAttnBackend(AttentionBackend):
         if split_policy not in SPLIT_POLICIES:
             raise ValueError(f"decode split policy {split_policy!r} ({SPLIT_POLICY_ENV}): use one of {SPLIT_POLICIES}")
         self.split_policy = "legacy" if self.legacy_decode else split_policy
+        self.extend_impl = extend_impl_from_env() if extend_impl is None else extend_impl
+        if self.extend_impl not in EXTEND_IMPLS:
+            raise ValueError(f"extend_impl={self.extend_impl!r}: use one of {EXTEND_IMPLS}")
         self._workspace: dict[tuple[int, int, torch.device], torch.Tensor] = {}
         # Buffers replaced by a larger one stay alive: a captured CUDA graph keeps writing into the buffer it
         # was captured with, and freeing it would hand that memory to other tensors (found on H100: graph
@@ -162,27 +173,40 @@ class TritonAttnBackend(AttentionBackend):
         dec_rows = [i for i, e in enumerate(lens) if e == 1]
         if fb.forward_mode != ForwardMode.MIXED or not dec_rows or len(dec_rows) == bs:
             dec_rows = []  # plain extend (or all-ones extend): one extend launch, no index copies
-        ext_rows = [i for i, e in enumerate(lens) if e != 1] if dec_rows else list(range(bs))
-        dev = fb.req_pool_indices.device
-        if dec_rows:
-            dec, ext = torch.split(ints_to_device(dec_rows + ext_rows, dev), [len(dec_rows), len(ext_rows)])
-            splits = self.num_kv_splits(len(dec_rows), pool.head_num, pool.device)
-            dec_seq = fb.seq_lens[dec]
+        dec_set = set(dec_rows)
+        ext_rows = [i for i in range(bs) if i not in dec_set]
+        dense: list = []
+        if self.extend_impl != "triton":  # prefix-free prefill rows go to PyTorch's fused attention
+            starts = [0] * bs
+            for i in range(1, bs):
+                starts[i] = starts[i - 1] + lens[i - 1]
+            dense_rows = {i for i in ext_rows if fb.prefix_lens_cpu[i] == 0 and lens[i] > 1}
+            dense = [(starts[i], lens[i]) for i in sorted(dense_rows)]
+            ext_rows = [i for i in ext_rows if i not in dense_rows]
+        if not dec_rows and not dense:
             meta = TritonAttnMetadata(
-                is_decode=False,
-                num_kv_splits=splits,
-                max_extend_len=max((lens[i] for i in ext_rows), default=0), num_decode=len(dec_rows),
-                req_pool_indices=fb.req_pool_indices[ext], prefix_lens=fb.prefix_lens[ext],
-                extend_lens=fb.extend_lens[ext], extend_start_loc=fb.extend_start_loc[ext],
-                decode_req_pool_indices=fb.req_pool_indices[dec], decode_seq_lens=dec_seq,
-                decode_token_index=fb.extend_start_loc[dec], **self._balanced(dec_seq, splits))
+                is_decode=False, num_kv_splits=1, max_extend_len=max(lens, default=0), num_decode=0,
+                req_pool_indices=fb.req_pool_indices, prefix_lens=fb.prefix_lens, extend_lens=fb.extend_lens,
+                extend_start_loc=fb.extend_start_loc, decode_req_pool_indices=None, decode_seq_lens=None,
+                decode_token_index=None)
             fb.attn_metadata = meta
             return meta
+        dev = fb.req_pool_indices.device
+        dec, ext = torch.split(ints_to_device(dec_rows + ext_rows, dev), [len(dec_rows), len(ext_rows)])
+        dec_fields = dict(decode_req_pool_indices=None, decode_seq_lens=None, decode_token_index=None)
+        splits = 1
+        if dec_rows:
+            splits = self.num_kv_splits(len(dec_rows), pool.head_num, pool.device)
+            dec_seq = fb.seq_lens[dec]
+            dec_fields = dict(decode_req_pool_indices=fb.req_pool_indices[dec], decode_seq_lens=dec_seq,
+                              decode_token_index=fb.extend_start_loc[dec], **self._balanced(dec_seq, splits))
+        ext_fields = dict(req_pool_indices=None, prefix_lens=None, extend_lens=None, extend_start_loc=None)
+        if ext_rows:
+            ext_fields = dict(req_pool_indices=fb.req_pool_indices[ext], prefix_lens=fb.prefix_lens[ext],
+                              extend_lens=fb.extend_lens[ext], extend_start_loc=fb.extend_start_loc[ext])
         meta = TritonAttnMetadata(
-            is_decode=False, num_kv_splits=1, max_extend_len=max(lens, default=0), num_decode=0,
-            req_pool_indices=fb.req_pool_indices, prefix_lens=fb.prefix_lens, extend_lens=fb.extend_lens,
-            extend_start_loc=fb.extend_start_loc, decode_req_pool_indices=None, decode_seq_lens=None,
-            decode_token_index=None)
+            is_decode=False, num_kv_splits=splits, max_extend_len=max((lens[i] for i in ext_rows), default=0),
+            num_decode=len(dec_rows), dense_segments=tuple(dense), **ext_fields, **dec_fields)
         fb.attn_metadata = meta
         return meta
 
@@ -274,6 +298,9 @@ class TritonAttnBackend(AttentionBackend):
         if meta.req_pool_indices is not None and meta.max_extend_len > 0:
             extend_attention_fwd(q3, out, k_buf, v_buf, req_to_token, meta.req_pool_indices, meta.prefix_lens,
                                  meta.extend_lens, meta.extend_start_loc, meta.max_extend_len, layer.scaling)
+        if meta.dense_segments:
+            prefix_free_attention(q3, out, k_buf, v_buf, forward_batch.out_cache_loc, meta.dense_segments,
+                                  layer.scaling, self.extend_impl)
         if meta.num_decode:
             qd = q3.index_select(0, meta.decode_token_index)
             od = torch.empty_like(qd)
