@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # SGLang's one-GPU CI serving tests, the new defaults against the behaviour before this round, in ONE device call
 # (<= budget seconds, default 540), each server with the scheduler's step trace on:
-#   a. new: the server at its defaults; SGLang's online test (100 prompts at 1 req/s) on the fresh server, then its
-#      offline test (500 prompts, rate inf), both random 4096/2048, range ratio 0.0, seed 0;
+#   a. new: the server at its defaults, SGLang's offline test (500 prompts, rate inf, random 4096/2048, range ratio
+#      0.0, seed 0);
 #   b. old: the same offline test with every change of this round switched back (the A/B baseline):
 #      SGLANG_DECODE_SPLIT_POLICY=wave (decode rows in batch order, every row on every split),
 #      SGLANG_GRAPH_SHARED_LOGITS=0 (one logits output per captured graph size), SGLANG_CHUNK_CACHE_AT_LAUNCH=0
 #      (overlap waits for every non-final prefill chunk's result), --mem-fraction-static 0.85, --cuda-graph-max-bs 160;
+#   b2. new_online: a fresh server at its defaults, SGLang's online test (100 prompts at 1 req/s, same lengths), if
+#      the budget still holds --min-case-s (it usually does not after a and b: run it in a later call);
 #   c. if >= 110 s are left: decode steps at serving batch sizes with variable contexts, balanced vs wave split rule
 #      (benchmark/serving/decode_step_profile.py --policies balanced,wave);
 #   d. the step-trace report of both runs (old first: the baseline of the common-horizon comparison).
 # Output ($OUT, <= 8 files): summary.md (tables, also printed last), run.log, runs.json, report.json, profile.json
 # (if c ran), traces.tgz (traces, bench outputs, server log tails), record/serving/<date>_sglang_ci_1gpu_<gpu>.{json,md}.
 # Usage (repo root; data at ../shared/data or carried as .sd/):
-#   bash scripts/gpu/serving_ab_1gpu.sh [budget_s=540]                 # expected ~520 s on one H100
+#   bash scripts/gpu/serving_ab_1gpu.sh [budget_s=540]       # expected ~420 s on one H100 (a + b), 540 with b2 or c
 #   SERVING_AB_CPU=1 bash scripts/gpu/serving_ab_1gpu.sh 300           # CPU run: stories260K, 8 prompts of 64/32
 #   DRY_RUN=1 bash scripts/gpu/serving_ab_1gpu.sh                      # print the commands only
 # Env: SERVING_AB_CASES replaces the case list (';'-separated NAME|ENV|FLAGS|WORKLOADS, see serving_runs.py), e.g.
@@ -30,7 +32,7 @@ cpu="${SERVING_AB_CPU:-}"
 data="$root/../shared/data"
 old_env="SGLANG_DECODE_SPLIT_POLICY=wave SGLANG_GRAPH_SHARED_LOGITS=0 SGLANG_CHUNK_CACHE_AT_LAUNCH=0"
 old_flags="--mem-fraction-static 0.85 --cuda-graph-max-bs 160"
-default_cases="new|||online,offline;old|$old_env|$old_flags|offline"
+default_cases="new|||offline;old|$old_env|$old_flags|offline;new_online|||online"
 IFS=';' read -r -a cases <<< "${SERVING_AB_CASES-$default_cases}"
 baseline="${SERVING_AB_BASELINE-old}"
 reserve=35  # seconds kept for the profile decision, the report and packing
