@@ -277,6 +277,26 @@ def test_skinny_gemm_vs_cublas(m, pdl, monkeypatch):
             close(skinny_gemm(x, w, b, split_k=split_k), torch.nn.functional.linear(x, w, b), torch.bfloat16)
 
 
+@pytest.mark.parametrize("impl", ["sdpa", "varlen"])
+def test_prefix_free_extend_rows_through_torch_attention_vs_torch_native(impl):
+    """SGLANG_EXTEND_ATTENTION=sdpa / varlen: a chunked-prefill-like mixed batch (a continued row with a prefix, fresh
+    rows of 1..1500 tokens, decode rows) at Llama-8B heads equals torch_native; the prefixed row stays on the Triton
+    kernel."""
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    gen = torch.Generator().manual_seed(5 + (impl == "varlen"))
+    prefix = [1200, 0, 0, 0, 700, 0]
+    extend = [300, 1500, 2, 817, 1, 64]
+    q, k, v, layer, make_batch = build_case(gen, prefix, extend, 32, 8, 128, torch.bfloat16)
+    rfb = make_batch(TorchNativeAttnBackend())
+    ref = rfb.attn_backend.forward(q, k, v, layer, rfb)
+    backend = TritonAttnBackend(extend_impl=impl)
+    fb = make_batch(backend)
+    assert [n for _, n in fb.attn_metadata.dense_segments] == [1500, 2, 817, 64]
+    close(backend.forward(q, k, v, layer, fb), ref, torch.bfloat16)
+
+
 @pytest.mark.parametrize("policy", ["balanced", "wave"])
 @pytest.mark.parametrize("bs", [4, 24, 160])
 def test_decode_variable_lengths_policies_in_graph_vs_torch_native(bs, policy):
