@@ -203,6 +203,8 @@ class Runner:
                 res["workloads"][w] = self.run_workload(case, w)
         finally:
             self._stop(proc)
+            if self.a.device == "cuda":
+                res["gpu_free_wait_s"] = self._wait_gpu_free(30.0)
             text = log_path.read_text(errors="replace") if log_path.exists() else ""
             res["server"] = server_facts(text)
             res["server_log_tail"] = [ln for ln in text.splitlines() if "Decode batch" not in ln][-25:]
@@ -241,6 +243,22 @@ class Runner:
             r["error"] = f"no result (exit {rc}); output tail: {tail[-600:]}"
         print(f"   {w}: {json.dumps(r.get('metrics', r.get('error')))[:400]}", flush=True)
         return r
+
+    @staticmethod
+    def _wait_gpu_free(limit_s: float) -> float:
+        """Wait (at most ``limit_s``) until ``nvidia-smi`` lists no compute process, so the next server sizes its KV
+        pool on the whole device; returns the seconds waited (0 without nvidia-smi)."""
+        t = time.monotonic()
+        while time.monotonic() - t < limit_s:
+            try:
+                out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                                     capture_output=True, text=True, timeout=10).stdout
+            except (OSError, subprocess.SubprocessError):
+                return 0.0
+            if not out.strip():
+                break
+            time.sleep(0.5)
+        return round(time.monotonic() - t, 1)
 
     @staticmethod
     def _stop(proc: subprocess.Popen) -> None:
