@@ -82,8 +82,9 @@ def resolved_cuda_graph_max_bs(server_args, device=None) -> int:
 def graph_logits_shared() -> bool:
     """Whether every captured decode graph writes its float32 logits into one shared ``[max_bs, vocab]`` buffer (the
     default) instead of keeping a ``[bs, vocab]`` output per captured size alive (``SGLANG_GRAPH_SHARED_LOGITS=0``, the
-    behaviour before; 0.87 GB of Llama-3 logits over the sizes up to 160, 2.2 GB up to 256, memory the KV pool gets
-    back). Replays never overlap and the sampler reads a replay's logits before the next replay in stream order, so
+    behaviour before; 0.87 GB of Llama-3 logits over the sizes up to 160, 2.2 GB up to 256). The pool's size follows
+    ``--mem-fraction-static`` while the measured reserve stays below its slack, so this frees memory beside the pool
+    (what lets graphs up to 256 and the 0.88 default fit) rather than growing it. Replays never overlap and the sampler reads a replay's logits before the next replay in stream order, so
     one buffer is enough. Raises ValueError for a value other than 0/1."""
     val = os.environ.get(SHARED_LOGITS_ENV, "1").strip() or "1"
     if val not in ("0", "1"):
