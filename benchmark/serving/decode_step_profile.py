@@ -8,7 +8,9 @@ the eager forward. Per case: median step time (CUDA events around ``forward``, s
 ``(weight bytes + bs x ctx x KV bytes per token) / copy bandwidth`` (the copy bandwidth measured in the same process;
 Williams et al., "Roofline", CACM 2009), and one profiled step's kernel time by category
 (``benchmark/kernel_breakdown.py``: attention, gemm, norm, act, rope, copy, other). Prints a markdown table; writes
-JSON with ``--json``. ``--device cpu`` runs the same flow on a tiny model (a dry run of the script; no graphs, no
+JSON with ``--json``. ``--policies balanced,wave`` times every case under each decode split policy of the Triton
+backend (``SGLANG_DECODE_SPLIT_POLICY``: rows longest first with length-aware splits, or the rule before), each
+with its own CUDA graphs, alternating which policy goes first from case to case, and prints the ratio. ``--device cpu`` runs the same flow on a tiny model (a dry run of the script; no graphs, no
 profiler categories beyond what the CPU profiler reports).
 
 Usage: python benchmark/serving/decode_step_profile.py --model-path ../shared/data/configs/meta-llama--Meta-Llama-3.1-8B \\
@@ -168,8 +170,10 @@ def profile_step(runner, fb: FakeContextBatch) -> dict:
     return {"total_ms": (time.perf_counter() - t0) * 1e3, "by_category": {}, "top": []}
 
 
-def build_runner(a, cases):
-    """A dummy-weight ModelRunner sized for the cases, with CUDA graphs for the graph cases' sizes only."""
+def build_runner(a, cases, policies=()):
+    """A dummy-weight ModelRunner sized for the cases, with CUDA graphs for the graph cases' sizes only: one set per
+    decode split policy in ``policies`` (returned as ``{policy: CudaGraphRunner}``; the runner keeps the first), or
+    one set under the backend's own policy when ``policies`` is empty."""
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
     from sglang.srt.model_executor.model_runner import ModelRunner
@@ -182,9 +186,18 @@ def build_runner(a, cases):
                     disable_cuda_graph=True)
     runner = ModelRunner(ModelConfig.from_path(sa.model_path, sa.context_length, sa.dtype, a.device), sa, a.device)
     sizes = sorted({bs for bs, _, _, eager in cases if not eager})
-    if runner.device.type == "cuda" and sizes:
-        runner.cuda_graph_runner = CudaGraphRunner(runner, sizes[-1], runner.pad_req_idx, batch_sizes=sizes)
-    return runner
+    graphs = {}
+    backend = runner.attn_backend
+    own = getattr(backend, "split_policy", None)
+    for pol in (policies or [own]):
+        if pol is not None and hasattr(backend, "split_policy"):
+            backend.split_policy = pol  # captured into this set of graphs (row order, split rule)
+        if runner.device.type == "cuda" and sizes:
+            graphs[pol] = CudaGraphRunner(runner, sizes[-1], runner.pad_req_idx, batch_sizes=sizes)
+        else:
+            graphs[pol] = None
+    runner.cuda_graph_runner = next(iter(graphs.values()), None)
+    return runner, graphs
 
 
 def main(argv=None) -> int:
@@ -197,13 +210,16 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--json", default=None)
+    p.add_argument("--policies", default="", help="comma list of decode split policies to compare, e.g. "
+                   "balanced,wave (empty: the backend's default only)")
     a = p.parse_args(argv)
+    policies = [x for x in a.policies.split(",") if x]
     try:
         cases = [parse_case(c) for c in a.cases]
     except ValueError as e:
         p.error(str(e))
     t_start = time.perf_counter()
-    runner = build_runner(a, cases)
+    runner, graph_sets = build_runner(a, cases, policies)
     dev = runner.device
     mc = runner.model_config
     pool = runner.token_to_kv_pool
@@ -215,33 +231,47 @@ def main(argv=None) -> int:
           f"{kv_per_token:.0f} B/token; graphs {getattr(runner.cuda_graph_runner, 'batch_sizes', None)}; "
           f"setup {time.perf_counter() - t_start:.1f} s")
     rows = []
-    graphs = runner.cuda_graph_runner
-    for bs, ctx, var, eager in cases:
-        runner.cuda_graph_runner = None if eager else graphs
-        fb = FakeContextBatch(runner, bs, ctx, var)
-        kv_tokens = sum(fb.seq)
-        try:
-            with torch.inference_mode():
-                t = time_steps(runner, fb, a.steps, a.warmup)
-                brk = profile_step(runner, fb)
-        finally:
-            fb.free()
-        used_graph = not eager and graphs is not None and bs <= graphs.max_bs
-        floor = (weight_bytes + kv_tokens * kv_per_token) / bw * 1e3
-        cats = brk.get("by_category", {})
-        tot = brk.get("total_ms") or 0.0
-        rows.append({"bs": bs, "ctx": ctx, "contexts": "uniform 1..2ctx" if var else "all ctx", "graph": used_graph, **t, "floor_ms": floor,
-                     "ratio": t["step_ms"] / floor if floor else 0.0, "kernel_ms": tot,
-                     "attention_ms": cats.get("attention", 0.0), "gemm_ms": cats.get("gemm", 0.0),
-                     "attention_share": cats.get("attention", 0.0) / tot if tot else 0.0,
-                     "top": brk.get("top", [])[:3], "error": brk.get("error")})
-    runner.cuda_graph_runner = graphs
-    print("\n| bs | ctx (mean) | contexts | graph | step ms | wall ms | floor ms | step / floor | kernels ms | attention ms (share) | "
-          "gemm ms |\n|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    pols = list(graph_sets)
+    for k, (bs, ctx, var, eager) in enumerate(cases):
+        for pol in (pols if k % 2 == 0 else pols[::-1]):  # A/B order alternates from case to case
+            graphs = graph_sets[pol]
+            if pol is not None and hasattr(runner.attn_backend, "split_policy"):
+                runner.attn_backend.split_policy = pol  # eager steps read it at launch; graphs captured theirs
+            runner.cuda_graph_runner = None if eager else graphs
+            fb = FakeContextBatch(runner, bs, ctx, var)
+            kv_tokens = sum(fb.seq)
+            try:
+                with torch.inference_mode():
+                    t = time_steps(runner, fb, a.steps, a.warmup)
+                    brk = profile_step(runner, fb)
+            finally:
+                fb.free()
+            used_graph = not eager and graphs is not None and bs <= graphs.max_bs
+            floor = (weight_bytes + kv_tokens * kv_per_token) / bw * 1e3
+            cats = brk.get("by_category", {})
+            tot = brk.get("total_ms") or 0.0
+            rows.append({"case": k, "bs": bs, "ctx": ctx, "contexts": "uniform 1..2ctx" if var else "all ctx", "policy": pol,
+                         "graph": used_graph, **t, "floor_ms": floor,
+                         "ratio": t["step_ms"] / floor if floor else 0.0, "kernel_ms": tot,
+                         "attention_ms": cats.get("attention", 0.0), "gemm_ms": cats.get("gemm", 0.0),
+                         "attention_share": cats.get("attention", 0.0) / tot if tot else 0.0,
+                         "top": brk.get("top", [])[:3], "error": brk.get("error")})
+    runner.cuda_graph_runner = graph_sets[pols[0]]
+    print("\n| bs | ctx (mean) | contexts | policy | graph | step ms | wall ms | floor ms | step / floor | kernels ms | "
+          "attention ms (share) | gemm ms |\n|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['bs']} | {r['ctx']} | {r['contexts']} | {'yes' if r['graph'] else 'no'} | {r['step_ms']:.2f} | {r['wall_ms']:.2f} | "
-              f"{r['floor_ms']:.2f} | {r['ratio']:.2f} | {r['kernel_ms']:.2f} | {r['attention_ms']:.2f} "
-              f"({r['attention_share']:.0%}) | {r['gemm_ms']:.2f} |")
+        print(f"| {r['bs']} | {r['ctx']} | {r['contexts']} | {r['policy']} | {'yes' if r['graph'] else 'no'} | "
+              f"{r['step_ms']:.2f} | {r['wall_ms']:.2f} | {r['floor_ms']:.2f} | {r['ratio']:.2f} | {r['kernel_ms']:.2f} | "
+              f"{r['attention_ms']:.2f} ({r['attention_share']:.0%}) | {r['gemm_ms']:.2f} |")
+    if len(pols) > 1:  # same case, first policy's step time / each other policy's
+        print(f"\n| bs | ctx | contexts | graph | {pols[0]} step ms | " + " | ".join(f"{p} step ms | {p} / {pols[0]}"
+                                                                                for p in pols[1:]) + " |")
+        print("|---:|---:|---|---|---:|" + "---:|---:|" * (len(pols) - 1))
+        for k, (bs, ctx, var, eager) in enumerate(cases):
+            sel = {r["policy"]: r for r in rows if r["case"] == k}
+            b = sel[pols[0]]
+            print(f"| {bs} | {ctx} | {b['contexts']} | {'yes' if b['graph'] else 'no'} | {b['step_ms']:.2f} | " + " | ".join(
+                f"{sel[p]['step_ms']:.2f} | {sel[p]['step_ms'] / b['step_ms']:.3f}" for p in pols[1:] if p in sel) + " |")
     for r in rows:
         if r["top"]:
             print(f"top kernels bs {r['bs']} ctx {r['ctx']}: " + "; ".join(f"{n[:60]} {ms:.2f} ms x{c}"

@@ -7,7 +7,7 @@
 #      eager step time against the memory floor, attention share of the kernel time;
 #   c. variants on the same workload, most promising first, each cut by what is left of the budget (a cut run is
 #      still compared with the baseline over the common horizon of their traces): --disable-mixed-chunk (SGLang's
-#      default scheduling), --cuda-graph-max-bs 256 (SGLang's H100 default), --mem-fraction-static 0.88.
+#      default scheduling), --cuda-graph-max-bs 160 and --mem-fraction-static 0.85 (the defaults before 256 / 0.88).
 # Output ($OUT, 5 files): summary.md (the report of every trace + the summary table, also printed last),
 # run.log (everything printed), report.json, profile.json, traces.tgz (traces, bench JSON lines, server log tails).
 # Usage (repo root; data at ../shared/data or carried as .sd/):
@@ -34,7 +34,7 @@ else
   nprompts=500; in_len=4096; out_len=2048; start_limit=180; prof_cases=(160x2560 160x2560:var 200x2048:var 200x2048:var:eager)
   extra_server=(); graph_max=160
 fi
-default_variants="nomix|--disable-mixed-chunk;cg256|--cuda-graph-max-bs 256;mem88|--mem-fraction-static 0.88"
+default_variants="nomix|--disable-mixed-chunk;cg160|--cuda-graph-max-bs 160;mem85|--mem-fraction-static 0.85"
 IFS=';' read -r -a variants <<< "${SERVING_PROFILE_VARIANTS-$default_variants}"
 reserve=20         # seconds kept for the report and packing at the end
 min_case=100       # a variant needs this much budget left to start (server start + a useful prefix of the run)

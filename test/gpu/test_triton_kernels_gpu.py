@@ -284,6 +284,68 @@ def test_skinny_gemm_vs_cublas(m, pdl, monkeypatch):
             close(skinny_gemm(x, w, b, split_k=split_k), torch.nn.functional.linear(x, w, b), torch.bfloat16)
 
 
+@pytest.mark.parametrize("impl", gpu_tiered(["sdpa", "varlen"]))
+def test_prefix_free_extend_rows_through_torch_attention_vs_torch_native(impl):
+    """SGLANG_EXTEND_ATTENTION=sdpa / varlen: a chunked-prefill-like mixed batch (a continued row with a prefix, fresh
+    rows of 1..1500 tokens, decode rows) at Llama-8B heads equals torch_native; the prefixed row stays on the Triton
+    kernel."""
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    gen = torch.Generator().manual_seed(5 + (impl == "varlen"))
+    prefix = [1200, 0, 0, 0, 700, 0]
+    extend = [300, 1500, 2, 817, 1, 64]
+    q, k, v, layer, make_batch = build_case(gen, prefix, extend, 32, 8, 128, torch.bfloat16)
+    rfb = make_batch(TorchNativeAttnBackend())
+    ref = rfb.attn_backend.forward(q, k, v, layer, rfb)
+    backend = TritonAttnBackend(extend_impl=impl)
+    fb = make_batch(backend)
+    assert [n for _, n in fb.attn_metadata.dense_segments] == [1500, 2, 817, 64]
+    close(backend.forward(q, k, v, layer, fb), ref, torch.bfloat16)
+
+
+@pytest.mark.parametrize("policy,bs", gpu_tiered([("balanced", 160), ("balanced", 4), ("balanced", 24), ("wave", 4),
+                                                  ("wave", 24), ("wave", 160)]))
+def test_decode_variable_lengths_policies_in_graph_vs_torch_native(bs, policy):
+    """Serving-like decode batches (contexts 1..6000 at Llama-8B heads) under the balanced split policy (rows longest
+    first, length-aware splits) and the wave rule: a CUDA graph that captures the metadata (as the graph runner does)
+    and is replayed with new lengths equals torch_native each time, and the balanced order follows the replayed
+    lengths."""
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    gen = torch.Generator().manual_seed(bs * 3 + (policy == "wave"))
+    prefix = [int(x) for x in torch.randint(1, 6000, (bs,), generator=gen)]
+    q, k, v, layer, make_batch = build_case(gen, prefix, [1] * bs, 32, 8, 128, torch.bfloat16)
+    backend = TritonAttnBackend(split_policy=policy)
+    backend.init_cuda_graph_state(bs, 32, 128, 8, torch.device(DEV))
+    fb = make_batch(backend)
+    rfb = make_batch(TorchNativeAttnBackend())
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        backend.init_forward_metadata(fb)
+        backend.forward(q, k, v, layer, fb)  # warm up (compile) outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        backend.init_forward_metadata(fb)
+        out = backend.forward(q, k, v, layer, fb)
+    for _ in range(2):
+        new = torch.randint(1, max(fb.seq_lens_cpu) + 1, (bs,), generator=gen)
+        fb.seq_lens.copy_(new.to(DEV))
+        rfb.seq_lens.copy_(new.to(DEV))
+        rfb.seq_lens_cpu[:] = new.tolist()
+        q.copy_(torch.randn(q.shape, generator=gen).to(q.dtype))
+        graph.replay()
+        torch.cuda.synchronize()
+        if policy == "balanced":
+            got = fb.attn_metadata.decode_order.cpu()
+            assert (new[got][:-1] >= new[got][1:]).all()
+        ref = rfb.attn_backend.forward(q, k, v, layer, rfb)
+        close(out, ref, torch.bfloat16)
+
+
 @pytest.mark.parametrize("pdl", gpu_tiered(["0", "default", "2"], smoke=(1,)))
 @pytest.mark.parametrize("bs", [16, 96])
 def test_decode_cuda_graph_replay_equals_eager(bs, pdl, monkeypatch):

@@ -221,6 +221,7 @@ class ScheduleBatch:
     forward_index: int = 0  # the scheduler's forward count at launch (1, 2, ...)
     trace: Optional[dict] = None  # the step-trace record while tracing (metrics/step_trace.py)
     trace_events: Any = None  # its (start, end) CUDA events
+    chunk_cached: set = field(default_factory=set)  # rows whose non-final prefill chunk was cached at launch
 
     def to_model_worker_batch(self) -> ModelWorkerBatch:
         """Flatten into the scheduler -> worker contract.

@@ -34,8 +34,14 @@ overlaps the forward. Consequences, all handled here:
   * the step falls back to processing the in-flight result *before* scheduling when the next batch
     needs it: a request of the in-flight batch has a grammar (its next bitmask needs the accepted
     token), frequency/presence/repetition penalties (they read the output tokens), or a prefill
-    chunk that is not its last (the prefix cache takes that chunk first); and when the KV pool is
+    chunk that is not its last and could not be cached at launch (below); and when the KV pool is
     full (retraction only happens with nothing in flight). Outputs are identical either way.
+  * a prefill chunk that is not its request's last goes into the prefix cache right at launch (as SGLang caches
+    the chunked request while scheduling the next batch): its tokens are known, its KV is computed by the
+    in-flight forward before any later forward reads it (one stream), so the next batch needs no result. When
+    the tree already holds some of those tokens under another request's slots (inserting would free this
+    request's duplicates and rewrite its slot map under the running forward), the chunk waits for the result as
+    before. ``SGLANG_CHUNK_CACHE_AT_LAUNCH=0`` always waits (the behaviour before).
 The ZMQ process loop around it lives in ``scheduler_process.py``; result processing in
 ``scheduler_output_processor.py``; the grammar queue in ``scheduler_grammar.py``; request intake
 (add, abort) in ``scheduler_intake.py``.
@@ -44,6 +50,7 @@ The ZMQ process loop around it lives in ``scheduler_process.py``; result process
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Optional
 
@@ -68,6 +75,17 @@ NEW_TOKEN_RATIO_DECAY_STEPS = 600  # SGLang's: decode steps from the initial rat
 RESERVE_CLIP = 4096  # at most this many future tokens are reserved per request
 DEFAULT_CHUNKED_PREFILL_SIZE = 8192  # --chunked-prefill-size when unset (-1 disables chunking)
 GRAMMAR_IDLE_WAIT_S = 0.005  # with nothing to run, wait this long for a grammar compilation per step
+CHUNK_CACHE_AT_LAUNCH_ENV = "SGLANG_CHUNK_CACHE_AT_LAUNCH"
+
+
+def chunk_cache_at_launch_enabled() -> bool:
+    """``SGLANG_CHUNK_CACHE_AT_LAUNCH``: ``1`` (default) caches a non-final prefill chunk when it is launched (see
+    the module doc); ``0`` caches it when its result is processed, so overlap scheduling waits for that result
+    before building the next batch. Raises ValueError for another value."""
+    val = os.environ.get(CHUNK_CACHE_AT_LAUNCH_ENV, "1").strip() or "1"
+    if val not in ("0", "1"):
+        raise ValueError(f"{CHUNK_CACHE_AT_LAUNCH_ENV}={val!r}: use 1 (cache chunks at launch, default) or 0")
+    return val == "1"
 
 
 class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
@@ -130,6 +148,7 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
         self.forward_ct = 0
 
         self.overlap = overlap_schedule_enabled(server_args, runner.device, False if connector else overlap)
+        self.cache_chunk_at_launch = chunk_cache_at_launch_enabled()
         self.inflight: Optional[ScheduleBatch] = None  # launched, result not processed yet (overlap)
         self.launching: Optional[ScheduleBatch] = None  # the batch whose inline forward runs now (fail_all)
         self.future_ring_size = 4 * (self.max_running + 2)  # > the sampled rows of two batches
@@ -238,11 +257,11 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
 
     def _needs_result_first(self, batch: ScheduleBatch) -> bool:
         """Whether the next batch cannot be built before ``batch``'s result (see the module doc)."""
-        for req, sample in zip(batch.reqs, batch.sample):
+        for i, (req, sample) in enumerate(zip(batch.reqs, batch.sample)):
             if req.finished():
                 continue
             p = req.sampling_params
-            if not sample or req.grammar is not None or p.frequency_penalty != 0.0 \
+            if (not sample and i not in batch.chunk_cached) or req.grammar is not None or p.frequency_penalty != 0.0 \
                     or p.presence_penalty != 0.0 or p.repetition_penalty != 1.0:
                 return True
         return False
@@ -273,8 +292,23 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
                 self.running.append(req)
         if self.overlap:
             batch.handle = self.worker.submit(mwb, batch.future_slots)
+            if self.cache_chunk_at_launch:
+                for i, req in enumerate(batch.reqs):
+                    if not batch.sample[i] and self._cache_chunk_now(req):
+                        batch.chunk_cached.add(i)
         self.forward_ct += 1
         batch.forward_index = self.forward_ct
+
+    def _cache_chunk_now(self, req: Req) -> bool:
+        """Cache a just-launched non-final prefill chunk of ``req`` (its KV still being computed) unless the tree
+        already holds any of its new tokens under other slots (then False: it is cached with its result)."""
+        probe = getattr(self.tree_cache, "cached_prefix_len", None)
+        if probe is not None:
+            n = req.kv_len // self.page_size * self.page_size
+            if probe(req.fill_ids[:n]) != len(req.prefix_indices):
+                return False
+        self.tree_cache.cache_unfinished_req(req)
+        return True
 
     def _trace_launch(self, batch: ScheduleBatch, mwb) -> None:
         """Hand a batch about to launch to the step tracer (log lines; trace record and CUDA events when on)."""
