@@ -25,6 +25,7 @@ TECHNIQUE_MODULES = (
     "sglang.srt.afd.deploy",
     "sglang.srt.disaggregation.deploy",
     "sglang.srt.ray.deploy",
+    "sglang.srt.two_batch_overlap.deploy",
 )
 
 

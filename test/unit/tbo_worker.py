@@ -1,0 +1,92 @@
+"""Rank bodies of the two-batch overlap tests: greedy generation over a schedule of requests that join, prefill in
+chunks and decode together (mixed prefill + decode batches, requests joining mid-decode), with a given executor, on
+one gloo rank per process.
+
+``run_schedule(h, executor, prompts, n_new, joins, chunk)`` is the driver (also used in-process for the TP1
+reference); ``tbo_greedy_many`` is the rank body that runs every configuration in one process group.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+# request i joins at step JOINS[i]: two prompts prefill together, a third joins while they decode (a mixed batch),
+# the fourth joins later and prefills in chunks beside three decoding requests
+JOINS = (0, 0, 3, 6)
+
+
+def run_schedule(h, executor, prompts: Sequence[Sequence[int]], n_new: int, joins: Sequence[int] = JOINS,
+                 chunk: Optional[int] = None, on_step=None) -> list[list[int]]:
+    """Greedy tokens ``[n_new]`` per prompt, generated through the harness ``h`` (a ``ModelHarness``) with
+    ``executor`` (None: the model's own forward). Request ``i`` joins at step ``joins[i]``; a prompt prefills in chunks
+    of ``chunk`` tokens (None: whole) in the same batches as the decodes of the others; a request leaves once it has
+    ``n_new`` tokens. ``on_step(executor)`` is called after every step (statistics)."""
+    n = len(prompts)
+    done = [0] * n  # prompt tokens prefilled
+    outs: list[list[int]] = [[] for _ in range(n)]
+    step = 0
+    while any(len(o) < n_new for o in outs):
+        items, rows = [], []
+        for i in range(n):
+            if joins[i] > step or len(outs[i]) >= n_new:
+                continue
+            if done[i] < len(prompts[i]):
+                take = len(prompts[i]) - done[i] if chunk is None else min(chunk, len(prompts[i]) - done[i])
+                items.append((i, list(prompts[i][done[i]:done[i] + take])))
+                done[i] += take
+            else:
+                items.append((i, [outs[i][-1]]))
+            rows.append(i)
+        step += 1
+        if not items:
+            continue
+        logits = h.step(items, executor)
+        if on_step is not None:
+            on_step(executor)
+        for r, i in enumerate(rows):
+            if done[i] == len(prompts[i]):
+                outs[i].append(int(torch.argmax(logits[r])))
+    return outs
+
+
+def _split_stats(stats: dict):
+    """An ``on_step`` callback counting the executor's splits by kind into ``stats``."""
+    def on_step(ex) -> None:
+        s = getattr(ex, "last_split", None)
+        key = "unsplit" if s is None else f"by_{s.by}"
+        stats[key] = stats.get(key, 0) + 1
+        if s is not None and s.straddling is not None:
+            stats["straddling"] = stats.get("straddling", 0) + 1
+    return on_step
+
+
+def tbo_greedy_many(ps, path: str, prompts: list[list[int]], n_new: int, configs: list[dict]) -> list[dict]:
+    """Rank body: load ``path`` sharded for this rank (EP = the group size, the all-reduce expert parallelism) and,
+    per configuration ``{"executor": "sequential" | "tbo", "threshold": float, "chunk": int | None}``, generate
+    ``n_new`` greedy tokens for every prompt with :func:`run_schedule`. Returns per configuration
+    ``{"tokens": [[...] per prompt], "stats": {"by_requests": k, "by_tokens": k, "unsplit": k, "straddling": k}}``."""
+    from tp_worker import harness_for
+
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.distributed.communicator import create_communicator
+    from sglang.srt.model_loader.loader import load_model
+    from sglang.srt.two_batch_overlap.auto_off import Threshold
+    from sglang.srt.two_batch_overlap.executor import TboConfig, TwoBatchOverlapExecutor
+
+    config = ModelConfig.from_path(path)
+    comm = create_communicator(ps, "auto")
+    model = load_model(config, "auto", "cpu", tp_rank=ps.tp_rank, tp_size=ps.tp_size, comm=comm,
+                       ep_size=ps.tp_size)
+    results = []
+    for cfg in configs:
+        ex = None
+        if cfg["executor"] == "tbo":
+            ex = TwoBatchOverlapExecutor(TboConfig(token_distribution_threshold=cfg.get("threshold", 0.48),
+                                                   threshold=Threshold(2, False, "forced on by the test")), "cpu")
+        stats: dict = {}
+        h = harness_for(model, config, ps.tp_size)
+        tokens = run_schedule(h, ex, prompts, n_new, chunk=cfg.get("chunk"), on_step=_split_stats(stats))
+        results.append({"tokens": tokens, "stats": stats})
+    return results

@@ -1,0 +1,82 @@
+"""Two-batch overlap at EP 2 and 4 (one gloo rank per process, TP attention + the all-reduce expert parallelism) on
+stories260K-moe8 (8 different experts: a token reaching the wrong expert changes the logits): forced on, it gives
+the TP1 greedy tokens (32 tokens, the shared prompts) over a schedule with mixed prefill + decode batches, chunked
+prefills and requests joining mid-decode. Every configuration of one EP size runs in ONE spawned process group."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+import pytest
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+from conftest import shared_path  # noqa: E402
+from tbo_worker import run_schedule, tbo_greedy_many  # noqa: E402
+from tp_worker import spawn_ranks  # noqa: E402
+
+PROMPTS = ["Once upon a time", "The little dog", "Lily and Tom went to the park. They", "One day, a bird"]
+N_NEW = 32
+# (executor, token-distribution threshold, prefill chunk): the all-reduce EP unsplit (the baseline the overlap must
+# match), the overlap with SGLang's threshold (cuts inside requests), at 0 (request boundaries only), and whole
+# prefills (long single-request prefills cut in half)
+CONFIGS = [dict(executor="sequential", chunk=3), dict(executor="tbo", threshold=0.48, chunk=3),
+           dict(executor="tbo", threshold=0.0, chunk=3), dict(executor="tbo", threshold=0.48, chunk=None)]
+
+
+@functools.lru_cache(maxsize=None)
+def _prompt_ids(path: str) -> tuple:
+    from sglang.srt.utils.common import get_tokenizer
+
+    tok = get_tokenizer(path)
+    return tuple(tuple(tok.encode(p)) for p in PROMPTS)
+
+
+@functools.lru_cache(maxsize=None)
+def _tp1_greedy(path: str) -> list:
+    """TP1 greedy tokens of every prompt, each run alone through our engine in this process (EOS ignored)."""
+    from model_harness import ModelHarness
+
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_loader.loader import load_model
+
+    config = ModelConfig.from_path(path)
+    model = load_model(config, "auto", "cpu")
+    return [run_schedule(ModelHarness(model, config, max_reqs=1), None, [list(p)], N_NEW, joins=(0,))[0]
+            for p in _prompt_ids(path)]
+
+
+@pytest.mark.parametrize("ep", [2, 4])
+def test_forced_overlap_gives_tp1_greedy_tokens(ep):
+    path = shared_path("models", "stories260K-moe8")
+    want = _tp1_greedy(path)
+    prompts = [list(p) for p in _prompt_ids(path)]
+    ranks = spawn_ranks(tbo_greedy_many, ep, path, prompts, N_NEW, CONFIGS, timeout=600)
+    for rank, results in enumerate(ranks):
+        for cfg, res in zip(CONFIGS, results):
+            assert res["tokens"] == want, (rank, cfg)
+    stats = [res["stats"] for res in ranks[0]]
+    assert stats[0] == {"unsplit": stats[0]["unsplit"]}  # the baseline never splits
+    # the forced overlap really split: decode and mixed batches by requests, chunked prefills inside a request
+    assert stats[1]["by_requests"] >= 20 and stats[1]["by_tokens"] >= 1 and stats[1]["straddling"] >= 1
+    assert stats[2].get("by_tokens", 0) == 0 and stats[2]["by_requests"] >= 20  # threshold 0: request cuts only
+    assert stats[3]["straddling"] >= 1  # a whole single-request prefill cut in half
+
+
+def test_tp1_reference_is_batch_independent():
+    """The reference the EP test compares with: each prompt alone equals the joined, chunked, mixed schedule at TP1
+    (so a difference at EP is the overlap's or the expert parallelism's, not the batching's)."""
+    from model_harness import ModelHarness
+
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_loader.loader import load_model
+
+    path = shared_path("models", "stories260K-moe8")
+    config = ModelConfig.from_path(path)
+    torch.manual_seed(0)
+    h = ModelHarness(load_model(config, "auto", "cpu"), config)
+    assert run_schedule(h, None, [list(p) for p in _prompt_ids(path)], N_NEW, chunk=3) == _tp1_greedy(path)
