@@ -8,10 +8,14 @@ reference); ``tbo_greedy_many`` is the rank body that runs every configuration i
 
 from __future__ import annotations
 
+import functools
 from typing import Optional, Sequence
 
 import torch
 
+# the shared prompts of the EP / TP tests
+PROMPTS = ("Once upon a time", "The little dog", "Lily and Tom went to the park. They", "One day, a bird")
+N_NEW = 32
 # request i joins at step JOINS[i]: two prompts prefill together, a third joins while they decode (a mixed batch),
 # the fourth joins later and prefills in chunks beside three decoding requests
 JOINS = (0, 0, 3, 6)
@@ -90,3 +94,27 @@ def tbo_greedy_many(ps, path: str, prompts: list[list[int]], n_new: int, configs
         tokens = run_schedule(h, ex, prompts, n_new, chunk=cfg.get("chunk"), on_step=_split_stats(stats))
         results.append({"tokens": tokens, "stats": stats})
     return results
+
+
+@functools.lru_cache(maxsize=None)
+def prompt_ids(path: str) -> tuple:
+    """The token ids of :data:`PROMPTS` with the checkpoint's tokenizer (BOS included, as the server encodes)."""
+    from sglang.srt.utils.common import get_tokenizer
+
+    tok = get_tokenizer(path)
+    return tuple(tuple(tok.encode(p)) for p in PROMPTS)
+
+
+@functools.lru_cache(maxsize=None)
+def tp1_greedy(path: str, n_new: int = N_NEW) -> tuple:
+    """TP1 greedy tokens ``[n_new]`` of every prompt of :data:`PROMPTS`, each run alone through our engine in this
+    process (EOS ignored): the reference every distributed configuration must reproduce."""
+    from model_harness import ModelHarness
+
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_loader.loader import load_model
+
+    config = ModelConfig.from_path(path)
+    model = load_model(config, "auto", "cpu")
+    return tuple(tuple(run_schedule(ModelHarness(model, config, max_reqs=1), None, [list(p)], n_new, joins=(0,))[0])
+                 for p in prompt_ids(path))

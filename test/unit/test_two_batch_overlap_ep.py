@@ -5,22 +5,18 @@ prefills and requests joining mid-decode. Every configuration of one EP size run
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 
 import pytest
-import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from conftest import shared_path  # noqa: E402
-from tbo_worker import run_schedule, tbo_greedy_many  # noqa: E402
+from tbo_worker import N_NEW, prompt_ids, run_schedule, tbo_greedy_many, tp1_greedy  # noqa: E402
 from tp_worker import spawn_ranks  # noqa: E402
 
-PROMPTS = ["Once upon a time", "The little dog", "Lily and Tom went to the park. They", "One day, a bird"]
-N_NEW = 32
 # (executor, token-distribution threshold, prefill chunk): the all-reduce EP unsplit (the baseline the overlap must
 # match), the overlap with SGLang's threshold (cuts inside requests), at 0 (request boundaries only), and whole
 # prefills (long single-request prefills cut in half)
@@ -28,33 +24,11 @@ CONFIGS = [dict(executor="sequential", chunk=3), dict(executor="tbo", threshold=
            dict(executor="tbo", threshold=0.0, chunk=3), dict(executor="tbo", threshold=0.48, chunk=None)]
 
 
-@functools.lru_cache(maxsize=None)
-def _prompt_ids(path: str) -> tuple:
-    from sglang.srt.utils.common import get_tokenizer
-
-    tok = get_tokenizer(path)
-    return tuple(tuple(tok.encode(p)) for p in PROMPTS)
-
-
-@functools.lru_cache(maxsize=None)
-def _tp1_greedy(path: str) -> list:
-    """TP1 greedy tokens of every prompt, each run alone through our engine in this process (EOS ignored)."""
-    from model_harness import ModelHarness
-
-    from sglang.srt.configs.model_config import ModelConfig
-    from sglang.srt.model_loader.loader import load_model
-
-    config = ModelConfig.from_path(path)
-    model = load_model(config, "auto", "cpu")
-    return [run_schedule(ModelHarness(model, config, max_reqs=1), None, [list(p)], N_NEW, joins=(0,))[0]
-            for p in _prompt_ids(path)]
-
-
 @pytest.mark.parametrize("ep", [2, 4])
 def test_forced_overlap_gives_tp1_greedy_tokens(ep):
     path = shared_path("models", "stories260K-moe8")
-    want = _tp1_greedy(path)
-    prompts = [list(p) for p in _prompt_ids(path)]
+    want = [list(t) for t in tp1_greedy(path)]
+    prompts = [list(p) for p in prompt_ids(path)]
     ranks = spawn_ranks(tbo_greedy_many, ep, path, prompts, N_NEW, CONFIGS, timeout=600)
     for rank, results in enumerate(ranks):
         for cfg, res in zip(CONFIGS, results):
@@ -77,6 +51,5 @@ def test_tp1_reference_is_batch_independent():
 
     path = shared_path("models", "stories260K-moe8")
     config = ModelConfig.from_path(path)
-    torch.manual_seed(0)
     h = ModelHarness(load_model(config, "auto", "cpu"), config)
-    assert run_schedule(h, None, [list(p) for p in _prompt_ids(path)], N_NEW, chunk=3) == _tp1_greedy(path)
+    assert run_schedule(h, None, [list(p) for p in prompt_ids(path)], N_NEW, chunk=3) == [list(t) for t in tp1_greedy(path)]

@@ -33,8 +33,10 @@ class Threshold:
     source: str
 
     def describe(self) -> str:
-        """``"off (...)"`` or ``"4096 tokens (unmeasured: ...)"`` for logs."""
+        """``"off (...)"``, ``"4096 tokens (unmeasured: ...)"`` or ``"2 tokens (set by --tbo-min-tokens)"`` for logs."""
         value = "off" if self.min_tokens >= TBO_OFF else f"{self.min_tokens} tokens"
+        if self.source.startswith("--"):
+            return f"{value} (set by {self.source})"
         return f"{value} ({'measured' if self.measured else 'unmeasured'}: {self.source})"
 
 

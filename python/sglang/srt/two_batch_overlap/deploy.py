@@ -69,10 +69,12 @@ def make_executor(spec: ExecutorSpec, ctx: Any):
     threshold = resolve_threshold(opts.get("min_tokens"), int(opts.get("ep_size", 1)), gpu, device.type)
     config = TboConfig(token_distribution_threshold=float(opts.get("token_distribution_threshold", 0.48)),
                        threshold=threshold, graph_max_bs=int(opts.get("graph_max_bs", 0)))
-    ex = TwoBatchOverlapExecutor(config, device)
-    logger.info("two-batch overlap: EP %d on %s; batches split from %s; token distribution threshold %.2f; decode "
-                "CUDA graphs %s", int(opts.get("ep_size", 1)), gpu or device.type, threshold.describe(),
-                config.token_distribution_threshold,
-                "capture the two-micro-batch schedule" if ex.graph_captures_executor
-                else "capture the unsplit forward (graphed batches are below the threshold)")
+    rank = int(getattr(ctx.worker, "rank", 0) or 0)
+    ex = TwoBatchOverlapExecutor(config, device, rank)
+    logger.log(logging.INFO if rank == 0 else logging.DEBUG,
+               "two-batch overlap: EP %d on %s; batches split from %s; token distribution threshold %.2f; decode CUDA "
+               "graphs %s", int(opts.get("ep_size", 1)), gpu or device.type, threshold.describe(),
+               config.token_distribution_threshold,
+               "capture the two-micro-batch schedule" if ex.graph_captures_executor
+               else "capture the unsplit forward (graphed batches are below the threshold)")
     return ex

@@ -90,11 +90,13 @@ def moe_block_communicates(mlp: Any) -> bool:
 
 class _DecisionLog:
     """Logs the executor's on/off choice: at INFO the first time each (choice, batch kind, reason) takes effect, at
-    DEBUG when the choice changes again later (a server alternating prefill and decode does not flood its log)."""
+    DEBUG when the choice changes again later (a server alternating prefill and decode does not flood its log).
+    ``quiet`` (ranks other than 0, whose choice is the same): DEBUG only."""
 
-    def __init__(self) -> None:
+    def __init__(self, quiet: bool = False) -> None:
         self.last: Optional[bool] = None
         self.seen: set = set()
+        self.quiet = quiet
 
     def note(self, on: bool, kind: str, reason: str, text: Callable[[], str]) -> None:
         """Record the choice ``on`` for a batch of ``kind`` (decode / extend / mixed) for ``reason``."""
@@ -102,7 +104,7 @@ class _DecisionLog:
         if not changed:
             return
         key = (on, kind, reason)
-        level = logging.DEBUG if key in self.seen or len(self.seen) > 64 else logging.INFO
+        level = logging.DEBUG if self.quiet or key in self.seen or len(self.seen) > 64 else logging.INFO
         self.seen.add(key)
         if logger.isEnabledFor(level):
             logger.log(level, "two-batch overlap %s", text())
@@ -115,18 +117,19 @@ class TwoBatchOverlapExecutor(SubBatchExecutor):
     Args:
         config: :class:`TboConfig`.
         device: the model's ``torch.device`` (the communication stream is created on CUDA devices only).
+        rank: this worker's rank in its group (the choice is logged at INFO on rank 0 only).
     """
 
     name = "two_batch_overlap"
 
-    def __init__(self, config: TboConfig, device: Any):
+    def __init__(self, config: TboConfig, device: Any, rank: int = 0):
         super().__init__()
         self.config = config
         self.device = torch.device(device)
         self.comm_stream = (torch.cuda.Stream(self.device, priority=torch.cuda.Stream.priority_range()[1])
                             if self.device.type == "cuda" else None)
         self._agree: Optional[Callable[[bool], bool]] = None
-        self._log = _DecisionLog()
+        self._log = _DecisionLog(quiet=rank != 0)
         self.last_split: Optional[MicroBatchSplit] = None  # the split of the latest forward (None: unsplit)
         self._comm_of: dict[int, frozenset] = {}  # id(layer) -> its communicating stages
         self._model_comm: dict[int, bool] = {}  # id(model) -> whether any stage communicates
@@ -173,7 +176,7 @@ class TwoBatchOverlapExecutor(SubBatchExecutor):
             if on and split is None:
                 raise RuntimeError(f"two-batch overlap: the ranks agreed to split, but this rank's {n}-token {kind} "
                                    "batch cannot be cut in two")
-        reason = "split" if on else "below" if below else "uncuttable" if split is None else "ranks"
+        reason = "split" if on else "uncuttable" if split is None else "below" if below else "ranks"
         thr = self.config.threshold
 
         def text() -> str:
