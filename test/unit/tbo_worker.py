@@ -67,7 +67,8 @@ def _split_stats(stats: dict):
 
 
 def tbo_greedy_many(ps, path: str, prompts: list[list[int]], n_new: int, configs: list[dict]) -> list[dict]:
-    """Rank body: load ``path`` sharded for this rank (EP = the group size, the all-reduce expert parallelism) and,
+    """Rank body: load ``path`` sharded for this rank (EP = the group size, the all-reduce expert parallelism; on the
+    rank's device: CPU with gloo, or its GPU with NCCL) and,
     per configuration ``{"executor": "sequential" | "tbo", "threshold": float, "chunk": int | None}``, generate
     ``n_new`` greedy tokens for every prompt with :func:`run_schedule`. Returns per configuration
     ``{"tokens": [[...] per prompt], "stats": {"by_requests": k, "by_tokens": k, "unsplit": k, "straddling": k}}``."""
@@ -79,18 +80,19 @@ def tbo_greedy_many(ps, path: str, prompts: list[list[int]], n_new: int, configs
     from sglang.srt.two_batch_overlap.auto_off import Threshold
     from sglang.srt.two_batch_overlap.executor import TboConfig, TwoBatchOverlapExecutor
 
-    config = ModelConfig.from_path(path)
+    dev = ps.torch_device()  # cpu (gloo), or this rank's GPU (NCCL; the overlap then runs on two streams)
+    config = ModelConfig.from_path(path, None, "auto", dev.type)
     comm = create_communicator(ps, "auto")
-    model = load_model(config, "auto", "cpu", tp_rank=ps.tp_rank, tp_size=ps.tp_size, comm=comm,
+    model = load_model(config, "auto", str(dev), tp_rank=ps.tp_rank, tp_size=ps.tp_size, comm=comm,
                        ep_size=ps.tp_size)
     results = []
     for cfg in configs:
         ex = None
         if cfg["executor"] == "tbo":
             ex = TwoBatchOverlapExecutor(TboConfig(token_distribution_threshold=cfg.get("threshold", 0.48),
-                                                   threshold=Threshold(2, False, "forced on by the test")), "cpu")
+                                                   threshold=Threshold(2, False, "forced on by the test")), dev)
         stats: dict = {}
-        h = harness_for(model, config, ps.tp_size)
+        h = harness_for(model, config, ps.tp_size, device=str(dev))
         tokens = run_schedule(h, ex, prompts, n_new, chunk=cfg.get("chunk"), on_step=_split_stats(stats))
         results.append({"tokens": tokens, "stats": stats})
     return results

@@ -309,3 +309,18 @@ def test_executor_from_the_registry_logs_its_threshold(caplog):
         ex = build_executor(spec, ExecutorContext(device=torch.device("cpu")))
     assert isinstance(ex, TwoBatchOverlapExecutor) and ex.config.min_tokens == TBO_OFF
     assert "no GPU" in caplog.text and "EP 2" in caplog.text
+
+
+def test_decode_split_without_host_rows_reads_nothing_back():
+    """The CUDA-graph runner's decode batches carry no host request rows; the views-only split then gives parts
+    without them instead of reading the device rows back (a synchronization a graph capture forbids)."""
+    import dataclasses
+
+    from sglang.srt.batch_split import split_decode_requests
+
+    h = _harness()
+    h.prepare([(i, [3, 4]) for i in range(3)])
+    fb = dataclasses.replace(h.prepare([(i, [9]) for i in range(3)]), req_pool_indices_cpu=[])
+    a, b = split_decode_requests(fb, 2)
+    assert a.req_pool_indices_cpu == [] and b.req_pool_indices_cpu == []
+    assert torch.equal(torch.cat([a.req_pool_indices, b.req_pool_indices]), fb.req_pool_indices)

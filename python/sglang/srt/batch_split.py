@@ -80,6 +80,8 @@ def split_decode_requests(fb: "ForwardBatch", num_micro_batches: int) -> list["F
     every device tensor of a part is a view (slice) of ``fb``'s, so the split runs no host-to-device copy: safe
     inside a CUDA graph capture, where a copy of host values would freeze them into the graph (a replay with new
     inputs then reads the capture's sequence lengths). ``extend_start_loc`` of a part is ``arange`` on the device.
+    A parent without host request rows (``req_pool_indices_cpu`` empty, as the graph runner's) gives parts without
+    them (no device-to-host read).
 
     Raises:
         ValueError: not a decode batch, or ``num_micro_batches`` outside ``[1, batch_size]``.
@@ -87,7 +89,9 @@ def split_decode_requests(fb: "ForwardBatch", num_micro_batches: int) -> list["F
     if not fb.forward_mode.is_decode():
         raise ValueError(f"split_decode_requests needs a DECODE batch, got {fb.forward_mode}")
     cuts = request_boundaries(fb.extend_lens_cpu, num_micro_batches)  # one token per request: tokens = requests
-    rows = _req_pool_indices_cpu(fb)
+    # the host copy of the rows only when the parent has one: reading the device rows back would synchronize, which a
+    # CUDA-graph capture forbids (the graph runner's batches carry no host rows)
+    rows = list(fb.req_pool_indices_cpu) if len(fb.req_pool_indices_cpu) == fb.batch_size else None
     base = fb.token_range[0] if fb.token_range is not None else 0
     parts = []
     for lo, hi in zip(cuts[:-1], cuts[1:]):
@@ -98,7 +102,8 @@ def split_decode_requests(fb: "ForwardBatch", num_micro_batches: int) -> list["F
             seq_lens=fb.seq_lens[lo:hi], prefix_lens=fb.prefix_lens[lo:hi], extend_lens=fb.extend_lens[lo:hi],
             extend_start_loc=fb.extend_start_loc[lo:hi] - fb.extend_start_loc[lo],
             seq_lens_cpu=fb.seq_lens_cpu[lo:hi], prefix_lens_cpu=fb.prefix_lens_cpu[lo:hi],
-            extend_lens_cpu=fb.extend_lens_cpu[lo:hi], req_pool_indices_cpu=rows[lo:hi], return_logprob=False,
+            extend_lens_cpu=fb.extend_lens_cpu[lo:hi], req_pool_indices_cpu=rows[lo:hi] if rows is not None else [],
+            return_logprob=False,
             input_logprob_indices=[[] for _ in range(bs)], input_logprob_token_ids=[[] for _ in range(bs)],
             top_logprobs_nums=[0] * bs, attn_metadata=None, token_range=(base + lo, base + hi)))
     return parts

@@ -31,6 +31,7 @@ size where the overlap loses (SGLang: -27% at 32 tokens per GPU).
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -131,8 +132,8 @@ class TwoBatchOverlapExecutor(SubBatchExecutor):
         self._agree: Optional[Callable[[bool], bool]] = None
         self._log = _DecisionLog(quiet=rank != 0)
         self.last_split: Optional[MicroBatchSplit] = None  # the split of the latest forward (None: unsplit)
-        self._comm_of: dict[int, frozenset] = {}  # id(layer) -> its communicating stages
-        self._model_comm: dict[int, bool] = {}  # id(model) -> whether any stage communicates
+        self._comm_of: Any = weakref.WeakKeyDictionary()  # layer -> its communicating stages
+        self._model_comm: Any = weakref.WeakKeyDictionary()  # model -> whether any stage communicates
         self._streams = False  # this forward runs on two streams
         self._compute: Any = None  # the compute (current) stream of the forward in flight
         self._events: dict[int, Any] = {}  # id(state) -> its micro-batch's reusable event
@@ -298,9 +299,9 @@ class TwoBatchOverlapExecutor(SubBatchExecutor):
         self._last, self._held, self._events = {}, {}, {}
 
     def _comm_stages(self, layer: Any) -> frozenset:
-        """The stages of ``layer`` that communicate (see the module docstring), cached per layer."""
-        key = id(layer)
-        stages = self._comm_of.get(key)
+        """The stages of ``layer`` that communicate (see the module docstring), cached per layer (weakly: a layer
+        that is gone cannot hand its entry to a new object with the same ``id``)."""
+        stages = self._comm_of.get(layer)
         if stages is None:
             names = tuple(layer.stage_names())
             out = set()
@@ -308,15 +309,15 @@ class TwoBatchOverlapExecutor(SubBatchExecutor):
                 out |= {s for s in NORM_STAGES if s in names and getattr(layer.norm_module(s), "comm", None) is not None}
             if MOE_COMM_STAGES[0] in names and moe_block_communicates(getattr(layer, "mlp", None)):
                 out |= set(MOE_COMM_STAGES)
-            stages = self._comm_of[key] = frozenset(out)
+            stages = self._comm_of[layer] = frozenset(out)
         return stages
 
     def _has_comm(self, model: Any) -> bool:
         """Whether any stage of ``model`` communicates (else the schedule stays on one stream), cached per model."""
-        key = id(model)
-        if key not in self._model_comm:
-            self._model_comm[key] = any(self._comm_stages(layer) for layer in model.decoder_layers)
-        return self._model_comm[key]
+        known = self._model_comm.get(model)
+        if known is None:
+            known = self._model_comm[model] = any(self._comm_stages(layer) for layer in model.decoder_layers)
+        return known
 
 
 def compute_or_comm(stream: Any, compute: Any, comm: Any) -> Any:
