@@ -11,14 +11,17 @@ Multi-rank mode (``--nproc N`` spawns one process per GPU, or run under ``torchr
 * ``tp``: TP without EP (every expert's intermediate dim split over the ranks; the all-reduce is the communication);
 * ``ep``: the all-reduce expert parallelism (``--moe-a2a-backend none``), unsplit and with two-batch overlap forced on
   (``tbo``);
-* ``a2a_nccl`` / ``a2a_tdist`` (+ ``tbo``): the all-to-all expert parallelism -- reported as skipped, with the
-  reason, until the token dispatcher is in this checkout;
+* ``a2a_nccl`` / ``a2a_tdist`` (+ ``tbo``): expert parallelism by all-to-all (``--moe-a2a-backend``; each TP rank
+  dispatches its slice of the tokens; low-latency mode for decode batches, normal for prefills) -- listed as skipped,
+  with the reason, where the token dispatcher is not in the checkout (or tdist on CPU without the interpreter);
 
 every arm also with the no-communication counterfactual (every communicator swapped for one that skips the
-collectives: wrong outputs, the compute alone), all arms of a row timed in alternating order (A B, B A, ...) after
-warm-ups, medians of CUDA events. Printed beside each ratio: the communication time (the collective alone, times
-the calls per forward), the expert time (the fused-MoE kernel alone), the exposed communication (unsplit minus its
-no-comm twin) and the fraction of it two-batch overlap hid: ``1 - (tbo - tbo_nocomm) / (seq - seq_nocomm)``.
+collectives, the dispatcher for a local loopback with the same expert rows: wrong outputs, the compute alone),
+all arms of a row timed in alternating order (A B, B A, ...) after
+warm-ups, medians of CUDA events. Printed beside each ratio: the all-reduce time and the all-to-all time (each
+alone, times the calls per forward), the expert time (the fused-MoE kernel alone), the exposed communication
+(unsplit minus its no-comm twin) and the fraction of it two-batch overlap hid: ``1 - (tbo - tbo_nocomm) / (seq -
+seq_nocomm)``.
 The candidate auto-off threshold per (GPU, EP size) is the smallest token count from which TBO won at every larger
 measured count (``two_batch_overlap/auto_off.py`` takes it from here).
 
@@ -43,24 +46,11 @@ sys.path.insert(0, str(HERE.parents[1] / "python"))
 
 import torch  # noqa: E402
 
+import a2a_layouts as a2a  # noqa: E402
 import moe_bench_lib as lib  # noqa: E402
 
 TBO_TARGET = 1.05  # single-rank mode: forced TBO / unsplit at EP 1 must stay within this (or TBO stays auto-off)
 A2A_BACKENDS = ("nccl", "tdist")
-
-
-def a2a_skip_reason(backend: str) -> Optional[str]:
-    """Why the all-to-all layout of ``backend`` cannot run in this checkout (None when it can)."""
-    import importlib.util
-    import inspect
-
-    if importlib.util.find_spec("sglang.srt.layers.moe.token_dispatcher") is None:
-        return "the all-to-all token dispatcher (--moe-a2a-backend) is not in this checkout"
-    from sglang.srt.model_loader.loader import load_model
-
-    if "moe_a2a_backend" not in inspect.signature(load_model).parameters:
-        return f"--moe-a2a-backend {backend}: the token dispatcher exists but the MoE layers do not use it yet"
-    return None
 
 
 def _executors():
@@ -118,59 +108,92 @@ def run_rank(ps: Any, opts: dict) -> dict:
     comm = create_communicator(ps, "auto") if ps is not None else None
     nocomm = NoCommCommunicator(rank, world) if world > 1 else None
     seq, make_tbo = _executors()
-    rows, skipped = [], []
-    layouts = {"ep": world} if world == 1 else {"tp": 1, "ep": world}
-    if world > 1:
-        for b in A2A_BACKENDS:
-            why = a2a_skip_reason(b)
-            if why is not None:
-                skipped.append({"layout": f"a2a_{b}", "reason": why})
+    rows, skipped, backends = [], [], []
+    for b in (opts["a2a"] if world > 1 else ()):
+        why = a2a.skip_reason(b, dev)
+        (skipped.append({"layout": f"a2a_{b}", "reason": why}) if why else backends.append(b))
+    max_decode = max([t for t in opts["tokens"] if t <= lib.DECODE_MAX], default=8)
     for name in opts["models"]:
-        mc = ModelConfig.from_path(lib.shrunk_config(name, opts["layers"]), None, dtype, dev.type)
+        path = lib.shrunk_config(name, opts["layers"])
+        mc = ModelConfig.from_path(path, None, dtype, dev.type)
+        eps = {"ep": 1} if world == 1 else {"tp": 1, "ep": world, **{f"a2a_{b}": world for b in backends}}
         models = {lay: load_model(mc, "dummy", dev, tp_rank=rank, tp_size=world, comm=comm, ep_size=ep)
-                  for lay, ep in layouts.items()}
-        for tokens in opts["tokens"]:
-            for level in opts["levels"]:
-                arms, meta = {}, {}
-                for lay, model in models.items():
-                    h, fb, mode = lib.make_batch(model, mc, tokens, dev)
-                    target = model if level == "model" else lib.MoeLayerModel(model, tokens, dev)
-                    tbo = make_tbo(dev)
-
-                    def go(ex, target=target, fb=fb):
-                        with torch.inference_mode():
-                            ex.run(target, fb)
-                    swap = (lambda m=model: meta.__setitem__("saved", lib.swap_comms(m, nocomm)))
-                    undo = (lambda: lib.restore_comms(meta.pop("saved")))
-                    arms[f"{lay}|seq"] = _arm(lambda go=go: go(seq))
-                    if lay != "tp":
-                        arms[f"{lay}|tbo"] = _arm(lambda go=go, tbo=tbo: go(tbo))
-                    if nocomm is not None:
-                        arms[f"{lay}|seq_nocomm"] = _arm(lambda go=go: go(seq), swap, undo)
-                        if lay != "tp":
-                            arms[f"{lay}|tbo_nocomm"] = _arm(lambda go=go, tbo=tbo: go(tbo), swap, undo)
-                    meta[lay] = (mode, tbo, h, fb)
-                res = lib.compare_arms(arms, dev, warm, rounds, barrier)
-                calls = opts["layers"] * (1 if level == "layer" else 2)  # all-reduces per forward (norms)
-                for lay, model in models.items():
-                    mode, tbo, _, _ = meta[lay]
-                    ar = _comm_ms(comm, tokens, mc.hidden_size, model.config.dtype, dev, warm, rounds, barrier)
-                    rows.append(_row(name, level, tokens, mode, lay, world, res, tbo,
-                                     _expert_ms(model, tokens, dev, warm, rounds, barrier) * opts["layers"],
-                                     None if ar is None else ar * calls))
-                if rank == 0:
-                    print(f"[moe bench] {name} {level} T={tokens}: " + ", ".join(f"{k} {v:.3f} ms"
-                                                                              for k, v in res.items()),
-                          file=sys.stderr, flush=True)
-        del models
+                  for lay, ep in eps.items()}
+        disps = {f"a2a_{b}": a2a.install(models[f"a2a_{b}"], b, ps, dev, max(opts["tokens"]), max_decode, path)
+                 for b in backends}
+        try:
+            for tokens in opts["tokens"]:
+                for level in opts["levels"]:
+                    rows += _measure(name, level, tokens, models, disps, mc, dev, seq, make_tbo, nocomm, comm,
+                                     opts, barrier, rank, world)
+        finally:
+            for d in disps.values():
+                d.close()
+        del models, disps
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     return {"rows": _with_ratios(rows), "skipped": skipped}
 
 
+def _measure(name, level, tokens, models, disps, mc, dev, seq, make_tbo, nocomm, comm, opts, barrier, rank,
+             world) -> list:
+    """Every layout's arms of one (model, level, tokens), timed together in alternating order; their rows."""
+    warm, rounds = opts["warmup"], opts["rounds"]
+    arms, meta, state = {}, {}, {}
+    for lay, model in models.items():
+        h, fb, mode = lib.make_batch(model, mc, tokens, dev)
+        target = model if level == "model" else lib.MoeLayerModel(model, tokens, dev)
+        tbo = make_tbo(dev)
+
+        def go(ex, target=target, fb=fb):
+            with torch.inference_mode():
+                ex.run(target, fb)
+
+        def swap(m=model, lay=lay):  # the no-communication twin: no collective, no all-to-all
+            state["saved"] = lib.swap_comms(m, nocomm)
+            if lay in disps:
+                runner = a2a.runner_of(m)
+                state["disp"] = (runner, runner.dispatcher)
+                runner.dispatcher = a2a.loopback_of(runner.dispatcher)
+
+        def undo():
+            lib.restore_comms(state.pop("saved"))
+            if "disp" in state:
+                runner, real = state.pop("disp")
+                runner.dispatcher = real
+
+        arms[f"{lay}|seq"] = _arm(lambda go=go: go(seq))
+        if lay != "tp":
+            arms[f"{lay}|tbo"] = _arm(lambda go=go, tbo=tbo: go(tbo))
+        if nocomm is not None:
+            arms[f"{lay}|seq_nocomm"] = _arm(lambda go=go: go(seq), swap, undo)
+            if lay != "tp":
+                arms[f"{lay}|tbo_nocomm"] = _arm(lambda go=go, tbo=tbo: go(tbo), swap, undo)
+        meta[lay] = (mode, tbo, h, fb)
+    res = lib.compare_arms(arms, dev, warm, rounds, barrier)
+    moe_layers = opts["layers"]
+    calls = moe_layers * (1 if level == "layer" else 2)  # all-reduces per forward (the norms)
+    out = []
+    for lay, model in models.items():
+        mode, tbo = meta[lay][:2]
+        ar = _comm_ms(comm, tokens, mc.hidden_size, model.config.dtype, dev, warm, rounds, barrier)
+        if lay in disps:
+            experts = a2a.expert_rows_ms(model, tokens, dev, warm, rounds, barrier, lib.compare_arms)
+            a2a_t = a2a.a2a_ms(model, tokens, mode == "decode", dev, warm, rounds, barrier, lib.compare_arms)
+        else:
+            experts, a2a_t = _expert_ms(model, tokens, dev, warm, rounds, barrier), None
+        out.append(_row(name, level, tokens, mode, lay, world, res, tbo, experts * moe_layers,
+                        None if ar is None else ar * calls, None if a2a_t is None else a2a_t * moe_layers))
+    if rank == 0:
+        print(f"[moe bench] {name} {level} T={tokens}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in res.items()),
+              file=sys.stderr, flush=True)
+    return out
+
+
 def _row(model: str, level: str, tokens: int, mode: str, layout: str, world: int, res: dict, tbo: Any,
-         expert_ms: float, comm_ms: Optional[float]) -> dict:
-    """One measured case: the layout's arms, its communication / expert / exposed / hidden figures."""
+         expert_ms: float, comm_ms: Optional[float], a2a_ms: Optional[float] = None) -> dict:
+    """One measured case: the layout's arms, its communication (all-reduce, all-to-all) / expert / exposed / hidden
+    figures."""
     get = lambda arm: res.get(f"{layout}|{arm}")  # noqa: E731
     seq, t, seq_n, t_n = get("seq"), get("tbo"), get("seq_nocomm"), get("tbo_nocomm")
     exposed = None if seq_n is None else seq - seq_n
@@ -180,7 +203,8 @@ def _row(model: str, level: str, tokens: int, mode: str, layout: str, world: int
     split = tbo.last_split
     return {"model": model, "level": level, "tokens": tokens, "mode": mode, "layout": layout, "ep_size":
             world if layout != "tp" else 1, "seq_ms": seq, "tbo_ms": t, "seq_nocomm_ms": seq_n, "tbo_nocomm_ms": t_n,
-            "comm_ms": comm_ms, "expert_ms": expert_ms, "exposed_comm_ms": exposed, "hidden_frac": hidden,
+            "comm_ms": comm_ms, "a2a_ms": a2a_ms, "expert_ms": expert_ms, "exposed_comm_ms": exposed,
+            "hidden_frac": hidden,
             "tbo_vs_seq": None if t is None else t / seq,
             "split_overhead": None if t_n is None or not seq_n else t_n / seq_n,
             "tbo_split": split.describe() if split is not None else None}
@@ -242,12 +266,13 @@ def render(record: dict) -> str:
              f"{env['gpu']['count']} x {env['gpu']['model']}, torch {env['versions']['torch']}, NCCL "
              f"{env['versions']['nccl']}, commit {env['git_commit'][:12]}, {env['date']}", "",
              f"`{record['command']}`", "",
-             "| model | level | T | mode | layout | seq ms | tbo ms | tbo/seq | vs ep | vs tp | comm ms | expert ms | "
-             "exposed comm ms | hidden | split overhead | split |", "|" + "---|" * 16]
+             "| model | level | T | mode | layout | seq ms | tbo ms | tbo/seq | vs ep | vs tp | all-reduce ms | "
+             "all-to-all ms | expert ms | exposed comm ms | hidden | split overhead | split |", "|" + "---|" * 17]
     for r in record["rows"]:
         lines.append("| " + " | ".join(lib.fmt(r.get(k)) for k in (
             "model", "level", "tokens", "mode", "layout", "seq_ms", "tbo_ms", "tbo_vs_seq", "vs_ep_seq", "vs_tp",
-            "comm_ms", "expert_ms", "exposed_comm_ms", "hidden_frac", "split_overhead", "tbo_split")) + " |")
+            "comm_ms", "a2a_ms", "expert_ms", "exposed_comm_ms", "hidden_frac", "split_overhead", "tbo_split"))
+                     + " |")
     for s in record.get("skipped", []):
         lines.append(f"\nskipped {s['layout']}: {s['reason']}")
     if record.get("candidates"):
@@ -272,6 +297,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--models", nargs="+", default=["qwen3-30b-a3b", "mixtral-8x7b"], choices=sorted(lib.MODEL_CONFIGS))
     p.add_argument("--tokens", nargs="+", type=int, default=[16, 64, 256, 1024, 4096, 8192])
     p.add_argument("--levels", nargs="+", default=["layer", "model"], choices=["layer", "model"])
+    p.add_argument("--a2a", nargs="*", default=list(A2A_BACKENDS), choices=list(A2A_BACKENDS),
+                   help="all-to-all layouts (multi-rank; skipped with the reason where they cannot run)")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--rounds", type=int, default=10, help="timed rounds per arm (alternating order)")
@@ -281,6 +308,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     a = p.parse_args(argv)
     if a.smoke:
         a.models, a.tokens, a.layers, a.warmup, a.rounds = ["tiny-moe"], [8, 300], 2, 1, 2
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            a.a2a = [b for b in a.a2a if b != "tdist"]
     if min(a.tokens) < 2 or a.layers < 1 or a.rounds < 1 or a.warmup < 0:
         p.error("--tokens must be >= 2, --layers and --rounds >= 1, --warmup >= 0")
     return a
@@ -294,7 +323,7 @@ def _torchrun_body(opts: dict) -> dict:
     world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
     init = f"tcp://{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{int(os.environ['MASTER_PORT']) + 1}"
     ps = init_parallel_state(DistConfig(tp_rank=rank, tp_size=world, init_method=init, device=opts["device"],
-                                        timeout_s=600))
+                                        ep_size=world, timeout_s=600))  # the EP group the all-to-all layouts use
     try:
         return run_rank(ps, opts)
     finally:
@@ -307,7 +336,7 @@ def main(argv=None) -> Optional[Path]:
     from sglang.srt.utils.nvls_env import apply_nvls_off_env
 
     apply_nvls_off_env()
-    opts = {k: getattr(a, k) for k in ("models", "tokens", "levels", "layers", "warmup", "rounds", "device")}
+    opts = {k: getattr(a, k) for k in ("models", "tokens", "levels", "layers", "warmup", "rounds", "device", "a2a")}
     if "WORLD_SIZE" in os.environ and a.nproc is None:
         world = int(os.environ["WORLD_SIZE"])
         result = _torchrun_body(opts)
@@ -320,17 +349,23 @@ def main(argv=None) -> Optional[Path]:
         else:
             from sglang.test.spawn_ranks import spawn_ranks
 
-            result = spawn_ranks(run_rank, world, opts, timeout=3000, device=a.device, sys_path=(str(HERE),))[0]
+            result = spawn_ranks(run_rank, world, opts, timeout=3000, device=a.device, ep_size=world,
+                                 sys_path=(str(HERE),))[0]
     dev = torch.device("cuda:0" if a.device == "cuda" else "cpu")
     env = lib.environment(dev, world)
     mode = "single-rank" if world == 1 else "multi-rank"
     record = {"benchmark": "benchmark/moe/bench_moe_overlap.py", "mode": mode + (" smoke" if a.smoke else ""),
               "env": env, "command": lib.command_line(), "params": opts, "rows": result["rows"],
               "skipped": result["skipped"], "baselines": ["ep|seq", "tp|seq"],
-              "units": {k: "ms" for k in ("seq_ms", "tbo_ms", "comm_ms", "expert_ms", "exposed_comm_ms")},
+              "units": {k: "ms" for k in ("seq_ms", "tbo_ms", "comm_ms", "a2a_ms", "expert_ms", "exposed_comm_ms")},
               "notes": ["TBO forced on (--tbo-min-tokens 2) in every tbo arm; nocomm arms skip every collective "
                         "(wrong outputs by design: the compute alone)",
-                        "comm ms: one all-reduce of [T, H] alone x the all-reduces per forward (norms)"]}
+                        "all-reduce ms: one all-reduce of [T, H] alone x the all-reduces per forward (norms); "
+                        "all-to-all ms: one dispatch + combine of this rank's share alone x the MoE layers; expert "
+                        "ms: the fused-MoE kernel alone x the MoE layers (all-to-all layouts: on the rows a balanced "
+                        "routing sends this rank)",
+                        "a2a nocomm arms: the dispatcher swapped for a local loopback (same expert rows, no "
+                        "all-to-all)"]}
     if world > 1:
         record["candidates"] = candidates(result["rows"], env["gpu"]["model"])
     else:

@@ -47,8 +47,9 @@ def _slow_local_comm():
             self.streams: set = set()
 
         def all_reduce(self, x):
-            self.streams.add(torch.cuda.current_stream(x.device).cuda_stream)
-            torch.cuda._sleep(SLEEP_CYCLES)
+            if x.is_cuda:  # (CPU: the helpers' dry run, no streams)
+                self.streams.add(torch.cuda.current_stream(x.device).cuda_stream)
+                torch.cuda._sleep(SLEEP_CYCLES)
             return x.clone()
 
         def all_gather(self, x, dim=-1):
@@ -60,23 +61,24 @@ def _slow_local_comm():
     return SlowLocalCommunicator()
 
 
-def _runner(executor, comm, graphs: bool = True):
-    """A ModelRunner on cuda:0 over stories260K-moe8 with ``executor`` (None: the plan's sequential one); every
-    residual norm gets ``comm``; then decode graphs up to 16 (captured after the norms are set)."""
+def _runner(executor, comm, graphs: bool = True, device: str = "cuda:0"):
+    """A ModelRunner on ``device`` over stories260K-moe8 with ``executor`` (None: the plan's sequential one); every
+    residual norm gets ``comm``; then decode graphs up to 16 (captured after the norms are set; CUDA only)."""
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.server_args import ServerArgs
 
     path = shared_path("models", "stories260K-moe8")
-    args = ServerArgs(model_path=path, device="cuda", attention_backend="triton", max_total_tokens=4096,
-                      max_running_requests=16, disable_cuda_graph=True, cuda_graph_max_bs=16)
-    r = ModelRunner(ModelConfig.from_path(path, None, "auto", "cuda"), args, "cuda:0", executor=executor)
+    kind = device.split(":")[0]
+    args = ServerArgs(model_path=path, device=kind, attention_backend="triton" if kind == "cuda" else "torch_native",
+                      max_total_tokens=4096, max_running_requests=16, disable_cuda_graph=True, cuda_graph_max_bs=16)
+    r = ModelRunner(ModelConfig.from_path(path, None, "auto", kind), args, device, executor=executor)
     for layer in r.model.decoder_layers:
         layer.input_layernorm.comm = comm
         layer.post_attention_layernorm.comm = comm
     r.model.model.norm.comm = comm
-    if graphs:
+    if graphs and kind == "cuda":
         r.cuda_graph_runner = CudaGraphRunner(r, 16, r.pad_req_idx)
     return r
 
@@ -145,12 +147,12 @@ class RunnerDriver:
         return self.run(self.batch(items))
 
 
-def _forced(graph_max_bs: int = 16):
+def _forced(graph_max_bs: int = 16, device: str = "cuda:0"):
     from sglang.srt.two_batch_overlap.auto_off import Threshold
     from sglang.srt.two_batch_overlap.executor import TboConfig, TwoBatchOverlapExecutor
 
     return TwoBatchOverlapExecutor(TboConfig(threshold=Threshold(2, False, "forced on by the test"),
-                                             graph_max_bs=graph_max_bs), "cuda:0")
+                                             graph_max_bs=graph_max_bs), device)
 
 
 def test_two_streams_and_decode_graphs_give_sequential_tokens():

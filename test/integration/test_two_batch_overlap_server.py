@@ -1,4 +1,5 @@
-"""Two-batch overlap in a real server (CPU, ``--tp 2 --ep-size 2``, gloo; one server for every case): forced on
+"""Two-batch overlap in a real server (CPU, ``--tp 2 --ep-size 2``, gloo; with ``--moe-a2a-backend nccl`` where the
+checkout has it; one server for every case): forced on
 (``--tbo-min-tokens 2``) with chunked prefill (mixed prefill + decode batches) and a KV pool small enough to retract
 running requests, it returns the TP1 greedy tokens of the shared prompts; requests joining mid-decode and a request
 aborted in flight do not disturb the others; the server logs its choice."""
@@ -24,11 +25,22 @@ from tbo_worker import N_NEW, PROMPTS, tp1_greedy  # noqa: E402
 GREEDY = {"temperature": 0, "max_new_tokens": N_NEW, "ignore_eos": True}
 
 
+def _a2a_flags() -> list:
+    """``--moe-a2a-backend nccl`` where the checkout has expert parallelism by all-to-all (dispatch / combine are then
+    the micro-batches' communication), else nothing (the all-reduce expert parallelism)."""
+    import dataclasses
+
+    from sglang.srt.server_args import ServerArgs
+
+    return ["--moe-a2a-backend", "nccl"] if "moe_a2a_backend" in {f.name for f in dataclasses.fields(ServerArgs)} \
+        else []
+
+
 @pytest.fixture(scope="module")
 def server():
     path = shared_path("models", "stories260K-moe8")
     # 4 requests of up to 14 + 32 tokens need ~130 KV slots: 96 forces retractions while they decode
-    with ServerProcess(["--model-path", path, "--device", "cpu", "--tp", "2", "--ep-size", "2",
+    with ServerProcess(["--model-path", path, "--device", "cpu", "--tp", "2", "--ep-size", "2", *_a2a_flags(),
                         "--enable-two-batch-overlap", "--tbo-min-tokens", "2", "--chunked-prefill-size", "8",
                         "--max-total-tokens", "96", "--disable-radix-cache"]) as s:
         s.model_path = path

@@ -67,11 +67,24 @@ def _split_stats(stats: dict):
 
 
 def tbo_greedy_many(ps, path: str, prompts: list[list[int]], n_new: int, configs: list[dict]) -> list[dict]:
-    """Rank body: load ``path`` sharded for this rank (EP = the group size, the all-reduce expert parallelism; on the
-    rank's device: CPU with gloo, or its GPU with NCCL) and,
-    per configuration ``{"executor": "sequential" | "tbo", "threshold": float, "chunk": int | None}``, generate
-    ``n_new`` greedy tokens for every prompt with :func:`run_schedule`. Returns per configuration
-    ``{"tokens": [[...] per prompt], "stats": {"by_requests": k, "by_tokens": k, "unsplit": k, "straddling": k}}``."""
+    """Rank body: load ``path`` sharded for this rank (EP = TP = the group size; on the rank's device: CPU with gloo,
+    or its GPU with NCCL) and, per configuration ``{"executor": "sequential" | "tbo", "threshold": float,
+    "chunk": int | None, "a2a": None | "nccl" | "tdist"}``, generate ``n_new`` greedy tokens for every prompt with
+    :func:`run_schedule`. ``a2a`` None: the all-reduce expert parallelism; a backend: expert parallelism by
+    all-to-all, its token dispatcher installed for the configuration (the group must have been started with
+    ``ep_size`` = its size; tdist runs under the Triton interpreter on CPU). Returns per configuration
+    ``{"tokens": [[...] per prompt], "stats": {"by_requests": k, "by_tokens": k, "unsplit": k, "straddling": k},
+    "a2a_calls": {...} or None}``."""
+    import os
+
+    if any(c.get("a2a") == "tdist" for c in configs):
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        try:  # the all-to-all tests' interpreter speed-up (test speed only; kernel semantics unchanged)
+            from ep_a2a_worker import interpreter_patch_once
+
+            interpreter_patch_once()
+        except ImportError:
+            pass
     from tp_worker import harness_for
 
     from sglang.srt.configs.model_config import ModelConfig
@@ -92,10 +105,41 @@ def tbo_greedy_many(ps, path: str, prompts: list[list[int]], n_new: int, configs
             ex = TwoBatchOverlapExecutor(TboConfig(token_distribution_threshold=cfg.get("threshold", 0.48),
                                                    threshold=Threshold(2, False, "forced on by the test")), dev)
         stats: dict = {}
-        h = harness_for(model, config, ps.tp_size, device=str(dev))
-        tokens = run_schedule(h, ex, prompts, n_new, chunk=cfg.get("chunk"), on_step=_split_stats(stats))
-        results.append({"tokens": tokens, "stats": stats})
+        disp = _install_a2a(model, ps, path, cfg.get("a2a"), dev)
+        try:
+            before = dict(getattr(disp, "calls", {}) or {})
+            h = harness_for(model, config, ps.tp_size, device=str(dev))
+            tokens = run_schedule(h, ex, prompts, n_new, chunk=cfg.get("chunk"), on_step=_split_stats(stats))
+            calls = None if disp is None else {m: disp.calls[m] - before.get(m, 0) for m in getattr(disp, "calls", {})}
+        finally:
+            _uninstall_a2a(model, disp)
+        results.append({"tokens": tokens, "stats": stats, "a2a_calls": calls})
     return results
+
+
+def _install_a2a(model, ps, path: str, backend, dev):
+    """Expert parallelism by all-to-all with ``backend`` on every MoE block of ``model`` (None: nothing); returns the
+    dispatcher."""
+    if backend is None:
+        return None
+    from sglang.srt.deployment.plan import MoeA2aSpec
+    from sglang.srt.expert_parallel.install import install_moe_a2a
+    from sglang.srt.server_args import ServerArgs
+
+    args = ServerArgs(model_path=path, device=dev.type, tp_size=ps.tp_size, ep_size=ps.tp_size,
+                      moe_a2a_backend=backend, chunked_prefill_size=64, cuda_graph_max_bs=8)
+    return install_moe_a2a(model, MoeA2aSpec(backend), ps, args, dev, max_running=8)
+
+
+def _uninstall_a2a(model, disp) -> None:
+    """Back to the all-reduce expert parallelism; closes the dispatcher."""
+    if disp is None:
+        return
+    from sglang.srt.expert_parallel.install import moe_blocks
+
+    disp.close()
+    for b in moe_blocks(model):
+        b.a2a = None
 
 
 @functools.lru_cache(maxsize=None)

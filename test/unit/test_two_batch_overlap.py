@@ -243,9 +243,10 @@ def test_objects_dropped_by_a_stage_are_held_until_the_other_stream_follows():
 
 
 def test_moe_block_communicates():
-    assert not moe_block_communicates(SimpleNamespace())  # the all-reduce EP: no dispatcher
-    assert moe_block_communicates(SimpleNamespace(token_dispatcher=object()))
-    assert not moe_block_communicates(SimpleNamespace(token_dispatcher=SimpleNamespace(communicates=False)))
+    assert not moe_block_communicates(SimpleNamespace(a2a=None))  # the all-reduce EP: no all-to-all runner
+    assert not moe_block_communicates(SimpleNamespace())
+    assert moe_block_communicates(SimpleNamespace(a2a=object()))
+    assert not moe_block_communicates(SimpleNamespace(a2a=SimpleNamespace(communicates=False)))
 
 
 # ---- the forward on one process ----------------------------------------------------------------------------------

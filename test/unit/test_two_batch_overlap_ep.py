@@ -24,6 +24,15 @@ CONFIGS = [dict(executor="sequential", chunk=3), dict(executor="tbo", threshold=
            dict(executor="tbo", threshold=0.0, chunk=3), dict(executor="tbo", threshold=0.48, chunk=None)]
 
 
+# with expert parallelism by all-to-all, per EP size (tdist runs under the Triton interpreter: one configuration)
+A2A_CONFIGS = {
+    2: [dict(executor="sequential", chunk=3, a2a="nccl"), dict(executor="tbo", threshold=0.48, chunk=3, a2a="nccl"),
+        dict(executor="tbo", threshold=0.48, chunk=None, a2a="nccl"),
+        dict(executor="tbo", threshold=0.48, chunk=3, a2a="tdist")],
+    4: [dict(executor="tbo", threshold=0.48, chunk=3, a2a="nccl")],
+}
+
+
 @pytest.mark.parametrize("ep", [2, 4])
 def test_forced_overlap_gives_tp1_greedy_tokens(ep):
     path = shared_path("models", "stories260K-moe8")
@@ -53,3 +62,27 @@ def test_tp1_reference_is_batch_independent():
     config = ModelConfig.from_path(path)
     h = ModelHarness(load_model(config, "auto", "cpu"), config)
     assert run_schedule(h, None, [list(p) for p in prompt_ids(path)], N_NEW, chunk=3) == [list(t) for t in tp1_greedy(path)]
+
+
+@pytest.mark.parametrize("ep", [2, 4])
+def test_forced_overlap_over_all_to_all_gives_tp1_greedy_tokens(ep):
+    """The same with expert parallelism by all-to-all (``--moe-a2a-backend nccl`` over gloo, and at EP 2 ``tdist``
+    under the Triton interpreter): dispatch / combine are the micro-batches' communication stages; decode batches
+    use the low-latency mode, prefill and mixed ones the normal mode (both counted)."""
+    import importlib.util
+
+    if importlib.util.find_spec("sglang.srt.expert_parallel") is None:
+        pytest.skip("expert parallelism by all-to-all (--moe-a2a-backend) is not in this checkout")
+    path = shared_path("models", "stories260K-moe8")
+    want = [list(t) for t in tp1_greedy(path)]
+    configs = A2A_CONFIGS[ep]
+    prompts = [list(p) for p in prompt_ids(path)]
+    ranks = spawn_ranks(tbo_greedy_many, ep, path, prompts, N_NEW, configs, ep_size=ep, timeout=900)
+    for rank, results in enumerate(ranks):
+        for cfg, res in zip(configs, results):
+            assert res["tokens"] == want, (rank, cfg)
+    for cfg, res in zip(configs, ranks[0]):
+        calls = res["a2a_calls"]
+        assert calls and all(v > 0 for v in calls.values()), (cfg, calls)  # both modes dispatched
+        if cfg["executor"] == "tbo":
+            assert res["stats"].get("by_requests", 0) >= 20 and res["stats"].get("straddling", 0) >= 1, cfg

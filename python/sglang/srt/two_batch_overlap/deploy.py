@@ -75,6 +75,6 @@ def make_executor(spec: ExecutorSpec, ctx: Any):
                "two-batch overlap: EP %d on %s; batches split from %s; token distribution threshold %.2f; decode CUDA "
                "graphs %s", int(opts.get("ep_size", 1)), gpu or device.type, threshold.describe(),
                config.token_distribution_threshold,
-               "capture the two-micro-batch schedule" if ex.graph_captures_executor
-               else "capture the unsplit forward (graphed batches are below the threshold)")
+               "off" if config.graph_max_bs == 0 else "capture the two-micro-batch schedule"
+               if ex.graph_captures_executor else "capture the unsplit forward (graphed batches are below the threshold)")
     return ex

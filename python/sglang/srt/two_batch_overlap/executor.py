@@ -82,11 +82,12 @@ class TboConfig:
 
 
 def moe_block_communicates(mlp: Any) -> bool:
-    """Whether an MoE block's dispatch / combine stages move tokens between ranks (all-to-all expert parallelism):
-    its ``token_dispatcher`` (or ``dispatcher``) exists and does not declare ``communicates = False``. The
-    all-reduce expert parallelism has no dispatcher (dispatch is a no-op; its all-reduce is the next norm's)."""
-    d = getattr(mlp, "token_dispatcher", None) or getattr(mlp, "dispatcher", None)
-    return d is not None and bool(getattr(d, "communicates", True))
+    """Whether an MoE block's dispatch / combine stages move tokens between ranks: the block has an all-to-all
+    runner (``mlp.a2a``, expert parallelism by all-to-all, ``--moe-a2a-backend nccl|tdist``) that does not declare
+    ``communicates = False``. The all-reduce expert parallelism has none (dispatch is a no-op; its all-reduce is the
+    next norm's)."""
+    a2a = getattr(mlp, "a2a", None)
+    return a2a is not None and bool(getattr(a2a, "communicates", True))
 
 
 class _DecisionLog:
