@@ -163,17 +163,31 @@ def test_plan_below_threshold_or_uncuttable_runs_unsplit():
     assert len(subs) == 1 and subs[0] is one and ex.last_split is None
 
 
-def test_rank_agreement_can_turn_a_split_off():
+def test_dp_attention_report_and_agreement():
+    """DP attention: the rank reports whether it would split a scheduler batch (``dp_split_ok``); every rank then
+    follows the step's agreement (``forward_batch.dp_step.split_all``)."""
+    from sglang.srt.forward_batch_info import ForwardMode as FM
+
+    def sched(mode, lens):
+        return SimpleNamespace(forward_mode=mode, reqs=[SimpleNamespace(extend_len=n) for n in lens])
+
+    ex = _executor(min_tokens=8)
+    assert ex.dp_split_ok(sched(FM.EXTEND, [37]))
+    assert not ex.dp_split_ok(sched(FM.EXTEND, [5]))  # below the threshold
+    assert ex.dp_split_ok(sched(FM.DECODE, [1] * 8)) and not ex.dp_split_ok(sched(FM.DECODE, [1] * 7))
+    assert not ex.dp_split_ok(sched(FM.IDLE, []))
+    assert not _executor(threshold=0.0).dp_split_ok(sched(FM.EXTEND, [40]))  # one request, no token cut allowed
     h = _harness()
     fb = h.prepare([("a", list(range(3, 40)))])
-    ex = _executor()
-    seen = []
-    ex.set_rank_agreement(lambda on: seen.append(on) or False)
+    fb.dp_step = SimpleNamespace(split_all=False)  # another rank would not split: nobody does
     subs = ex.plan(fb)
-    assert len(subs) == 1 and subs[0] is fb and seen == [True]
-    ex.set_rank_agreement(lambda on: True)
-    with pytest.raises(RuntimeError, match="cannot be cut"):
-        ex.plan(h.prepare([("c", [5])]))
+    assert len(subs) == 1 and subs[0] is fb and ex.last_split is None
+    fb.dp_step = SimpleNamespace(split_all=True)
+    assert len(ex.plan(fb)) == 2
+    small = h.prepare([("c", [5, 6])])
+    small.dp_step = SimpleNamespace(split_all=True)  # an agreement this rank cannot follow: fail, never hang
+    with pytest.raises(RuntimeError, match="agreed to split"):
+        ex.plan(small)
 
 
 def test_choice_is_logged_once_per_change(caplog):
@@ -309,7 +323,12 @@ def test_executor_from_the_registry_logs_its_threshold(caplog):
     with caplog.at_level(logging.INFO, logger="sglang.srt.two_batch_overlap.deploy"):
         ex = build_executor(spec, ExecutorContext(device=torch.device("cpu")))
     assert isinstance(ex, TwoBatchOverlapExecutor) and ex.config.min_tokens == TBO_OFF
-    assert "no GPU" in caplog.text and "EP 2" in caplog.text
+    assert "no GPU" in caplog.text and "EP 2" in caplog.text and "nothing to overlap" not in caplog.text
+    model = torch.nn.Module()  # a model without communicating stages (one rank): said at startup
+    model.decoder_layers = []
+    with caplog.at_level(logging.INFO, logger="sglang.srt.two_batch_overlap.deploy"):
+        build_executor(spec, ExecutorContext(device=torch.device("cpu"), model=model))
+    assert "nothing to overlap" in caplog.text
 
 
 def test_decode_split_without_host_rows_reads_nothing_back():
@@ -325,3 +344,16 @@ def test_decode_split_without_host_rows_reads_nothing_back():
     a, b = split_decode_requests(fb, 2)
     assert a.req_pool_indices_cpu == [] and b.req_pool_indices_cpu == []
     assert torch.equal(torch.cat([a.req_pool_indices, b.req_pool_indices]), fb.req_pool_indices)
+
+
+def test_sub_batches_keep_the_step_attributes():
+    """What the runner attaches to a batch for the whole step outside the dataclass fields (DP attention: the MoE
+    all-to-all mode and the step every rank agreed on) reaches every micro-batch, else ranks could dispatch in
+    different modes."""
+    h = _harness()
+    h.prepare([(i, [3, 4]) for i in range(4)])
+    for fb in (h.prepare([(i, [9]) for i in range(4)]), h.prepare([("x", list(range(3, 30)))])):
+        fb.moe_dispatch_mode, fb.dp_step = "normal", SimpleNamespace(split_all=True)
+        subs = _executor().plan(fb)
+        assert len(subs) == 2
+        assert all(s.moe_dispatch_mode == "normal" and s.dp_step is fb.dp_step for s in subs)

@@ -77,4 +77,8 @@ def make_executor(spec: ExecutorSpec, ctx: Any):
                config.token_distribution_threshold,
                "off" if config.graph_max_bs == 0 else "capture the two-micro-batch schedule"
                if ex.graph_captures_executor else "capture the unsplit forward (graphed batches are below the threshold)")
+    if ctx.model is not None and not ex.has_communication(ctx.model):
+        logger.warning("two-batch overlap: no stage of this model communicates (one rank, or DP attention with "
+                       "--moe-a2a-backend none, whose all-gather EP runs inside the experts stage): the micro-batches "
+                       "have nothing to overlap and only add the split's cost")
     return ex

@@ -130,7 +130,6 @@ class TwoBatchOverlapExecutor(SubBatchExecutor):
         self.device = torch.device(device)
         self.comm_stream = (torch.cuda.Stream(self.device, priority=torch.cuda.Stream.priority_range()[1])
                             if self.device.type == "cuda" else None)
-        self._agree: Optional[Callable[[bool], bool]] = None
         self._log = _DecisionLog(quiet=rank != 0)
         self.last_split: Optional[MicroBatchSplit] = None  # the split of the latest forward (None: unsplit)
         self._comm_of: Any = weakref.WeakKeyDictionary()  # layer -> its communicating stages
@@ -142,12 +141,17 @@ class TwoBatchOverlapExecutor(SubBatchExecutor):
         self._last: dict[int, Any] = {}  # id(state) -> the stream of its previous stage
         self._held: dict[int, list] = {}  # id(state) -> [(objects dropped from the state, stream still to wait)]
 
-    # ---- configuration hooks -------------------------------------------------------------------------------
-    def set_rank_agreement(self, agree: Optional[Callable[[bool], bool]]) -> None:
-        """Install ``agree(local_on) -> on``, asked for every batch after the local choice: ranks whose batches
-        differ (DP attention) must all split or none, so that every rank issues the same collectives (e.g. an
-        all-reduce MIN of the choice over the ranks). None: the local choice (TP ranks share one batch)."""
-        self._agree = agree
+    # ---- DP attention ----------------------------------------------------------------------------------------
+    def dp_split_ok(self, batch: Any) -> bool:
+        """Whether this executor would cut a scheduler batch (``ScheduleBatch``: ``forward_mode``, ``reqs[i].
+        extend_len``) into two micro-batches: the rank's report in DP attention's per-step agreement, which splits a
+        step only when every rank would (an idle rank never does), so every rank runs the same collectives. The
+        same rules as :meth:`decide`, without logging."""
+        lens = [int(r.extend_len) for r in batch.reqs]
+        mode = batch.forward_mode
+        if mode == ForwardMode.IDLE or sum(lens) < max(2, self.config.min_tokens):
+            return False
+        return plan_micro_batches(mode.is_decode(), lens, self.config.token_distribution_threshold) is not None
 
     @property
     def graph_captures_executor(self) -> bool:
@@ -163,7 +167,12 @@ class TwoBatchOverlapExecutor(SubBatchExecutor):
     # ---- which micro-batches -------------------------------------------------------------------------------
     def decide(self, forward_batch: ForwardBatch) -> Optional[MicroBatchSplit]:
         """The two-micro-batch split of ``forward_batch``, or None to run it unsplit (the rules of :mod:`.split`,
-        the auto-off threshold, then the rank agreement); logs the choice (:class:`_DecisionLog`)."""
+        the auto-off threshold; under DP attention the step's agreement ``forward_batch.dp_step.split_all``, which
+        every rank follows); logs the choice (:class:`_DecisionLog`).
+
+        Raises:
+            RuntimeError: the DP ranks agreed to split but this rank's batch would not be split (a reporting bug;
+                failing beats running different collectives on different ranks)."""
         fb = forward_batch
         mode = fb.forward_mode
         n = fb.num_tokens
@@ -173,11 +182,13 @@ class TwoBatchOverlapExecutor(SubBatchExecutor):
             split = plan_micro_batches(mode.is_decode(), fb.extend_lens_cpu, self.config.token_distribution_threshold)
         below = n < self.config.min_tokens
         on = split is not None and not below
-        if self._agree is not None:
-            on = bool(self._agree(on))
-            if on and split is None:
-                raise RuntimeError(f"two-batch overlap: the ranks agreed to split, but this rank's {n}-token {kind} "
-                                   "batch cannot be cut in two")
+        step = getattr(fb, "dp_step", None)  # DP attention: the step every rank agreed on (dp_split_ok's reports)
+        if step is not None:
+            agreed = bool(getattr(step, "split_all", False))
+            if agreed and not on:
+                raise RuntimeError(f"two-batch overlap: the DP ranks agreed to split, but this rank's {n}-token {kind} "
+                                   "batch would run unsplit (dp_split_ok and decide disagree)")
+            on = agreed
         reason = "split" if on else "uncuttable" if split is None else "below" if below else "ranks"
         thr = self.config.threshold
 
@@ -189,7 +200,7 @@ class TwoBatchOverlapExecutor(SubBatchExecutor):
                         "--tbo-min-tokens to change it")
             if reason == "uncuttable":
                 return f"off: the {n}-token {kind} batch cannot be cut into two micro-batches"
-            return f"off: another rank's batch runs unsplit ({n}-token {kind} batch here)"
+            return f"off: another DP rank's batch runs unsplit ({n}-token {kind} batch here)"
 
         self._log.note(on, kind, reason, text)
         self.last_split = split if on else None
@@ -312,6 +323,11 @@ class TwoBatchOverlapExecutor(SubBatchExecutor):
                 out |= set(MOE_COMM_STAGES)
             stages = self._comm_of[layer] = frozenset(out)
         return stages
+
+    def has_communication(self, model: Any) -> bool:
+        """Whether any stage of ``model`` communicates (see the module docstring): without, the two micro-batches
+        have nothing to overlap."""
+        return self._has_comm(model)
 
     def _has_comm(self, model: Any) -> bool:
         """Whether any stage of ``model`` communicates (else the schedule stays on one stream), cached per model."""
