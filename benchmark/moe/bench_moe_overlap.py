@@ -261,10 +261,9 @@ def single_rank_verdicts(rows: list) -> list:
 
 def render(record: dict) -> str:
     """The markdown tables of a record."""
-    env = record["env"]
     lines = [f"# MoE expert parallelism / two-batch overlap ({record['mode']})", "",
-             f"{env['gpu']['count']} x {env['gpu']['model']}, torch {env['versions']['torch']}, NCCL "
-             f"{env['versions']['nccl']}, commit {env['git_commit'][:12]}, {env['date']}", "",
+             f"{record['gpu']['count']} x {record['gpu']['model']}, torch {record['versions']['torch']}, NCCL "
+             f"{record['versions']['nccl']}, commit {record['git_commit'][:12]}, {record['date']}", "",
              f"`{record['command']}`", "",
              "| model | level | T | mode | layout | seq ms | tbo ms | tbo/seq | vs ep | vs tp | all-reduce ms | "
              "all-to-all ms | expert ms | exposed comm ms | hidden | split overhead | split |", "|" + "---|" * 17]
@@ -354,25 +353,26 @@ def main(argv=None) -> Optional[Path]:
     dev = torch.device("cuda:0" if a.device == "cuda" else "cpu")
     env = lib.environment(dev, world)
     mode = "single-rank" if world == 1 else "multi-rank"
-    record = {"benchmark": "benchmark/moe/bench_moe_overlap.py", "mode": mode + (" smoke" if a.smoke else ""),
-              "env": env, "command": lib.command_line(), "params": opts, "rows": result["rows"],
-              "skipped": result["skipped"], "baselines": ["ep|seq", "tp|seq"],
-              "units": {k: "ms" for k in ("seq_ms", "tbo_ms", "comm_ms", "a2a_ms", "expert_ms", "exposed_comm_ms")},
-              "notes": ["TBO forced on (--tbo-min-tokens 2) in every tbo arm; nocomm arms skip every collective "
-                        "(wrong outputs by design: the compute alone)",
-                        "all-reduce ms: one all-reduce of [T, H] alone x the all-reduces per forward (norms); "
-                        "all-to-all ms: one dispatch + combine of this rank's share alone x the MoE layers; expert "
-                        "ms: the fused-MoE kernel alone x the MoE layers (all-to-all layouts: on the rows a balanced "
-                        "routing sends this rank)",
-                        "a2a nocomm arms: the dispatcher swapped for a local loopback (same expert rows, no "
-                        "all-to-all)"]}
+    extra = {"skipped": result["skipped"]}
     if world > 1:
-        record["candidates"] = candidates(result["rows"], env["gpu"]["model"])
+        extra["candidates"] = candidates(result["rows"], env["gpu"]["model"])
     else:
-        record["verdicts"] = single_rank_verdicts(result["rows"])
-    slug = "".join(c if c.isalnum() else "-" for c in env["gpu"]["model"].lower()).strip("-") or "cpu"
-    j, m = lib.write_record(record, Path(a.out), f"moe_overlap_{mode}{'_smoke' if a.smoke else ''}_{world}x{slug}",
-                            render(record))
+        extra["verdicts"] = single_rank_verdicts(result["rows"])
+    record = lib.make_record(
+        benchmark="benchmark/moe/bench_moe_overlap.py", mode=mode + (" smoke" if a.smoke else ""),
+        what=f"moe_overlap_{mode.replace('-', '_')}{'_smoke' if a.smoke else ''}", rows=result["rows"], env=env,
+        command=lib.command_line(), params=opts, baselines=["seq_ms", "seq_nocomm_ms"] if world > 1 else ["seq_ms"],
+        units={k: "ms" for k in ("seq_ms", "tbo_ms", "seq_nocomm_ms", "tbo_nocomm_ms", "comm_ms", "a2a_ms",
+                                 "expert_ms", "exposed_comm_ms")},
+        notes=["TBO forced on (--tbo-min-tokens 2) in every tbo arm; nocomm arms skip every collective "
+               "(wrong outputs by design: the compute alone)",
+               "all-reduce ms: one all-reduce of [T, H] alone x the all-reduces per forward (norms); all-to-all ms: "
+               "one dispatch + combine of this rank's share alone x the MoE layers; expert ms: the fused-MoE kernel "
+               "alone x the MoE layers (all-to-all layouts: on the rows a balanced routing sends this rank)",
+               "a2a nocomm arms: the dispatcher swapped for a local loopback (same expert rows, no all-to-all)",
+               "vs_ep_seq / vs_tp: the row's best arm (TBO where it ran) over the same run's all-reduce EP unsplit / "
+               "TP without EP"], **extra)
+    j, m = lib.write_record(record, Path(a.out), render(record))
     print(m.read_text())
     print(f"wrote {j} and {m}", file=sys.stderr)
     return j

@@ -226,7 +226,8 @@ def compare_arms(arms: dict, device: torch.device, warmup: int, rounds: int,
 
 
 def environment(device: torch.device, world: int) -> dict:
-    """GPU model / count, torch / CUDA / NCCL / Python versions, git commit, date, host."""
+    """GPU model / count, torch / CUDA / NCCL / Triton / Python versions, git commit (and whether the tree is dirty),
+    date: the provenance fields of the record."""
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     nccl = None
     if torch.cuda.is_available():
@@ -235,21 +236,64 @@ def environment(device: torch.device, world: int) -> dict:
         except Exception:  # noqa: BLE001 (a build without NCCL)
             nccl = None
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                                timeout=20).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        commit = "unknown"
-    return {"gpu": {"model": gpu, "count": world}, "git_commit": commit,
+        from importlib.metadata import version
+
+        triton = version("triton")
+    except Exception:  # noqa: BLE001 (not installed)
+        triton = None
+    commit, dirty = _git(["rev-parse", "HEAD"]) or "unknown", _git(["status", "--porcelain", "--untracked-files=no"])
+    return {"gpu": {"model": gpu, "count": world if device.type == "cuda" else 0}, "git_commit": commit,
+            "git_dirty": None if dirty is None else bool(dirty),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                         "cuda": torch.version.cuda, "nccl": nccl}, "host": platform.node()}
+            "versions": {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+                         "nccl": nccl, "triton": triton}, "platform": platform.platform()}
 
 
-def write_record(record: dict, out_dir: Path, stem: str, markdown: str) -> tuple[Path, Path]:
-    """Write ``<stem>.json`` and ``<stem>.md`` under ``out_dir``; returns both paths."""
+def _git(argv: list) -> Optional[str]:
+    """``git <argv>`` in the repository: its stdout, or None when git is missing or fails."""
+    try:
+        out = subprocess.run(["git", *argv], cwd=REPO, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def gpu_slug(model: str, count: int) -> str:
+    """``"NVIDIA H100 80GB HBM3"``, 4 -> ``4xh100``; ``cpu`` without a GPU (the file-name form of the records)."""
+    import re
+
+    if not model or model.lower() == "cpu" or count == 0:
+        return "cpu"
+    m = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Z]?)\b", model.upper().replace("NVIDIA", " "))
+    slug = m.group(1).lower() if m else re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-")
+    return f"{count}x{slug}" if count > 1 else slug
+
+
+def make_record(*, benchmark: str, mode: str, what: str, rows: list, env: dict, command: str, params: dict,
+                baselines: list, units: dict, notes: list, **extra: Any) -> dict:
+    """The result record in the repository's benchmark schema (version 1: ``schema, subject, benchmark, mode, what,
+    git_commit, git_dirty, date, gpu, versions, command, params, baselines, units, floor, rows, headline, notes``;
+    ``benchmark/common/records.py`` where the checkout has it) plus this benchmark's ``extra`` sections (skipped
+    layouts, auto-off candidates, single-rank verdicts). Raises ValueError when a baseline names no column."""
+    columns = {k for r in rows for k in r}
+    missing = [b for b in baselines if b not in columns]
+    if missing:
+        raise ValueError(f"baselines {missing} name no column of the rows")
+    rec = {"schema": 1, "subject": "moe", "benchmark": benchmark, "mode": mode, "what": what,
+           "git_commit": env["git_commit"], "git_dirty": env.get("git_dirty"), "date": env["date"], "gpu": env["gpu"],
+           "versions": env["versions"], "platform": env.get("platform"), "command": command, "params": params,
+           "baselines": baselines, "units": units, "floor": None, "rows": rows, "headline": [], "notes": notes}
+    rec.update(extra)
+    json.dumps(rec)  # TypeError here rather than a half-written file
+    return rec
+
+
+def write_record(record: dict, out_dir: Path, markdown: str) -> tuple[Path, Path]:
+    """Write ``<date>_<what>_<gpu>.json`` and ``.md`` under ``out_dir``; returns both paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"{record['date'][:10]}_{record['what']}_{gpu_slug(record['gpu']['model'], record['gpu']['count'])}"
     j, m = out_dir / f"{stem}.json", out_dir / f"{stem}.md"
-    j.write_text(json.dumps(record, indent=1, default=str))
+    j.write_text(json.dumps(record, indent=1))
     m.write_text(markdown)
     return j, m
 

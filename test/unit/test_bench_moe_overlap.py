@@ -33,7 +33,10 @@ def test_smoke_mode_writes_a_record(tmp_path, nproc):
     bench = _bench()
     path = bench.main(["--smoke", "--device", "cpu", "--nproc", str(nproc), "--out", str(tmp_path)])
     rec = json.loads(path.read_text())
-    assert rec["env"]["gpu"]["count"] == nproc and rec["env"]["git_commit"] and rec["command"]
+    assert rec["schema"] == 1 and rec["subject"] == "moe" and rec["gpu"]["model"] == "cpu"
+    assert rec["git_commit"] and rec["command"] and rec["versions"]["torch"] and path.name.endswith("_cpu.json")
+    columns = {k for r in rec["rows"] for k in r}
+    assert set(rec["baselines"]) <= columns and rec["units"]["seq_ms"] == "ms"
     assert {r["tokens"] for r in rec["rows"]} == {8, 300} and {r["level"] for r in rec["rows"]} == {"layer", "model"}
     assert {r["mode"] for r in rec["rows"]} == {"decode", "prefill"}
     ep = [r for r in rec["rows"] if r["layout"] == "ep"]
