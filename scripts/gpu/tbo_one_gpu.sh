@@ -11,5 +11,5 @@ set -uo pipefail
 out="${OUT:-/tmp}"
 step_dry=${DRY_RUN:-}
 step tbo_gpu_tests 100 "$PY" -m pytest -q -x test/gpu/test_two_batch_overlap_gpu.py -p no:cacheprovider
-step tbo_bench_1gpu 60 "$PY" benchmark/moe/bench_moe_overlap.py --nproc 1 --tokens 16 256 2048 8192 --out "$out"
+step tbo_bench_1gpu 60 "$PY" benchmark/moe/bench_moe_overlap.py --nproc 1 --tokens 16 256 2048 8192 --warmup 2 --rounds 8 --out "$out"
 echo; printf '%s\n' "${summary[@]}"
