@@ -108,6 +108,10 @@ class ServerArgs:
     # Triton-distributed: sequence-parallel layout with fused AG-GEMM / GEMM-RS (dense decoders, TP > 1)
     enable_tdist_overlap: bool = False
     tdist_overlap_min_tokens: Optional[int] = None  # None: auto from the calibration tables (sequence_parallel_select)
+    # Two-batch overlap (SGLang's flags): two micro-batches per batch, one's communication under the other's compute
+    enable_two_batch_overlap: bool = False
+    tbo_token_distribution_threshold: float = 0.48  # SGLang's default; 0: never cut inside a request
+    tbo_min_tokens: Optional[int] = None  # None: auto per GPU and EP size (sglang.srt.two_batch_overlap.auto_off)
     # Correctness-only test mode: every TP rank of this node on --base-gpu-id, the device group over gloo
     # (NCCL refuses two ranks per GPU), tw-comm over CUDA IPC within the device; no CUDA graphs, no custom AR.
     tp_ranks_share_gpu: bool = False
@@ -204,6 +208,12 @@ class ServerArgs:
             bad("tdist-overlap-min-tokens", self.tdist_overlap_min_tokens, "use >= 0 (0: the layout for every batch)")
         if self.enable_tdist_overlap and self.enable_tokenweave:
             bad("enable-tdist-overlap", True, "use either --enable-tdist-overlap or --enable-tokenweave, not both")
+        if not 0.0 <= self.tbo_token_distribution_threshold <= 0.5:
+            bad("tbo-token-distribution-threshold", self.tbo_token_distribution_threshold,
+                "use a fraction in [0, 0.5] (0: never cut inside a request)")
+        if self.tbo_min_tokens is not None and (self.tbo_min_tokens < 2 or not self.enable_two_batch_overlap):
+            bad("tbo-min-tokens", self.tbo_min_tokens, "use >= 2 (a split needs two tokens) together with "
+                "--enable-two-batch-overlap")
         if self.tp_ranks_share_gpu:
             # the test mode's collectives run on gloo (not graph-capturable; no symmetric-memory custom AR)
             object.__setattr__(self, "disable_cuda_graph", True)

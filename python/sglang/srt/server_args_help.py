@@ -96,6 +96,16 @@ SERVER_ARGS_HELP: dict[str, str] = {
     "time at 1K-8K tokens (benchmark/results/2026-11-27_issue25_shard_e2e_4xh200.md).",
     "tokenweave_full_residual": "TokenWeave's split forwards keep the full residual on every TP rank (each fused "
     "AllReduce + add + RMSNorm all-gathers the residual rows too) instead of the default sharded residual.",
+    "enable_two_batch_overlap": "Two-batch overlap (SGLang's flag): split each large enough batch into two "
+    "micro-batches (by requests in decode, by tokens in prefill) and interleave their layer stages so that one "
+    "micro-batch's MoE dispatch/combine (or the TP / all-reduce-EP all-reduce) runs on a communication stream while the "
+    "other computes. Off by itself for batches below --tbo-min-tokens. See docs/expert_parallel.md.",
+    "tbo_token_distribution_threshold": "Two-batch overlap (SGLang's flag and default): when the most balanced cut "
+    "between requests leaves one micro-batch less than this fraction of the tokens, cut at half the tokens instead (one "
+    "request then straddles the micro-batches). In [0, 0.5]; 0 never cuts inside a request.",
+    "tbo_min_tokens": "Two-batch overlap: batches with fewer new tokens on this rank run unsplit (default: auto, the "
+    "table per GPU and EP size in sglang/srt/two_batch_overlap/auto_off.py: off at EP 1 and on CPU, where nothing "
+    "overlaps; provisional, unmeasured values at EP >= 2). 2 forces the overlap on for every batch that can be split.",
     "tp_ranks_share_gpu": "Correctness test mode: all TP ranks run on --base-gpu-id as separate processes (device "
     "group over gloo, tw-comm over CUDA IPC within the GPU; CUDA graphs and custom all-reduce off). Never for speed.",
     "enable_tdist_overlap": "Triton-distributed: keep the residual token-sharded across TP ranks (sequence parallel) "

@@ -26,6 +26,7 @@ TECHNIQUE_MODULES = (
     "sglang.srt.disaggregation.deploy",
     "sglang.srt.expert_parallel.deploy",
     "sglang.srt.ray.deploy",
+    "sglang.srt.two_batch_overlap.deploy",
 )
 
 
