@@ -111,16 +111,31 @@ def test_model_check_names_the_split_it_cannot_make(tmp_path):
                                  enable_dp_attention=True))
 
 
-def test_a2a_backend_refused_only_without_the_dispatcher(monkeypatch):
-    from sglang.srt.dp_attention import deploy, moe_a2a
+@pytest.mark.parametrize("backend", ["nccl", "tdist"])
+def test_dp_workers_get_the_all_to_all_with_the_local_token_scope(backend, monkeypatch):
+    if backend == "tdist":  # the plan's tdist check on CPU (the kernels run only in the interpreter)
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        pytest.importorskip("triton")
+        pytest.importorskip("sgl_kernel")
+    plan = plan_deployment(_args(tp_size=4, dp_size=4, ep_size=4, enable_dp_attention=True,
+                                 moe_a2a_backend=backend, enable_two_batch_overlap=True, tbo_min_tokens=2))
+    assert {(w.moe_a2a.backend, w.moe_a2a.token_scope) for w in plan.workers} == {(backend, "local")}
+    assert {w.executor.name for w in plan.workers} == {"two_batch_overlap"}
+    assert {w.dp_attention.moe_a2a_backend for w in plan.workers} == {backend}
+    note = next(n for n in plan.notes if n.startswith("moe a2a"))
+    assert "each DP rank dispatches its own requests' tokens (token scope local)" in note and "1/4" not in note
+    tp = plan_deployment(_args(tp_size=2, ep_size=2, moe_a2a_backend=backend))  # TP attention keeps tp_slice
+    assert {w.moe_a2a.token_scope for w in tp.workers} == {"tp_slice"}
+    assert plan_deployment(_args(tp_size=2, dp_size=2, enable_dp_attention=True)).workers[0].moe_a2a is None
 
-    args = _args(tp_size=2, dp_size=2, enable_dp_attention=True)
-    monkeypatch.setattr(deploy, "moe_a2a_backend", lambda a: "nccl")
-    monkeypatch.setattr(moe_a2a, "_found", lambda name: False)
-    with pytest.raises(ValueError, match="token dispatcher .* is not in this build.*use --moe-a2a-backend none"):
-        deploy.validate(args)
-    monkeypatch.setattr(moe_a2a, "_found", lambda name: True)
-    deploy.validate(args)  # a build with the dispatcher: DP attention drives it (local token scope)
+
+def test_dp_install_refuses_a_tp_slice_scope():
+    from sglang.srt.deployment.plan import MoeA2aSpec
+    from sglang.srt.dp_attention.moe_a2a import install
+
+    assert install(None, None, None, None, "cpu", 1) is None
+    with pytest.raises(ValueError, match="needs token scope 'local', the plan gave 'tp_slice'"):
+        install(None, MoeA2aSpec("nccl", "tp_slice"), None, None, "cpu", 1)
 
 
 # ---- router ---------------------------------------------------------------------------------------------------

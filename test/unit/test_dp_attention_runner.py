@@ -43,7 +43,7 @@ class FakeGraphs:
     batch_sizes = [1, 2, 4, 8]
 
     def __init__(self, vocab: int):
-        self.vocab, self.replays, self.graphs = vocab, [], {b: None for b in self.batch_sizes}
+        self.vocab, self.replays, self.graphs, self.greedy_reads = vocab, [], {b: None for b in self.batch_sizes}, []
 
     def padded_size(self, bs):
         return next(b for b in self.batch_sizes if b >= bs)
@@ -55,7 +55,8 @@ class FakeGraphs:
         self.replays.append((batch.batch_size, padded))
         return LogitsProcessorOutput(next_token_logits=torch.zeros(batch.batch_size, self.vocab))
 
-    def greedy_ids(self, batch):
+    def greedy_ids(self, batch, padded=None):
+        self.greedy_reads.append(padded)
         return None
 
 
@@ -104,11 +105,27 @@ def test_runner_follows_the_agreed_step():
     # a decode of 2 replays the agreed 4 (not its own padded 2)
     _, sample = runner.forward(_decode_batch(runner, 2, DpGlobalStep((2, 3), True, 4)))
     assert graphs.replays[-1] == (2, 4) and sample.next_token_ids.shape == (2,)
+    assert graphs.greedy_reads == [4]  # the argmax of the graph that was replayed, not of size 2's
 
     # another rank runs a prefill this step: eager here too, though a graph would fit this decode
     logits, sample = runner.forward(_decode_batch(runner, 2, DpGlobalStep((2, 40), True, 0)))
     assert len(graphs.replays) == 2 and dp.padding.rows == 40
     assert logits.next_token_logits.shape == (2, vocab) and logits.next_token_logits.abs().sum() > 0
+
+
+def test_graph_greedy_ids_read_the_replayed_graph():
+    """A decode of 2 replayed in the agreed graph of 4 reads that graph's captured argmax (size 2's holds another
+    step's tokens)."""
+    from types import SimpleNamespace
+
+    from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
+
+    runner, _ = _runner()
+    batch = _decode_batch(runner, 2, None)
+    fake = SimpleNamespace(greedy_outputs={2: torch.tensor([20, 21]), 4: torch.tensor([40, 41, 42, 43])},
+                           padded_size=lambda bs: 2)
+    assert CudaGraphRunner.greedy_ids(fake, batch, 4).tolist() == [40, 41]
+    assert CudaGraphRunner.greedy_ids(fake, batch).tolist() == [20, 21]
 
 
 def test_decode_stager_takes_an_empty_batch():

@@ -8,9 +8,9 @@ Devices (multiprocessing, GPU): DP rank r -> device slot r (``--base-gpu-id + r 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Optional
 
-from sglang.srt.deployment.plan import DpAttentionSpec, WorkerSpec
+from sglang.srt.deployment.plan import DpAttentionSpec, MoeA2aSpec, WorkerSpec
 
 NAME = "dp_attention"
 
@@ -31,8 +31,8 @@ def enabled(args: Any) -> bool:
 
 
 def moe_a2a_backend(args: Any) -> str:
-    """``--moe-a2a-backend`` (``none`` when the flag does not exist in this build)."""
-    return getattr(args, "moe_a2a_backend", "none") or "none"
+    """``--moe-a2a-backend``: ``none`` (all-gather EP over the DP ranks), ``nccl`` or ``tdist``."""
+    return args.moe_a2a_backend or "none"
 
 
 def validate(args: Any) -> None:
@@ -41,8 +41,7 @@ def validate(args: Any) -> None:
 
     Raises:
         ValueError: naming both flags and the fix: with ``--enable-afd``, ``--enable-tokenweave``,
-            ``--enable-tdist-overlap``, ``--use-ray``, ``--disaggregation-mode``, ``--nnodes > 1``, or an
-            all-to-all ``--moe-a2a-backend`` whose dispatcher is not available.
+            ``--enable-tdist-overlap``, ``--use-ray``, ``--disaggregation-mode`` or ``--nnodes > 1``.
     """
     for attr, flag, why in _REFUSED:
         if getattr(args, attr, False):
@@ -52,21 +51,18 @@ def validate(args: Any) -> None:
                          "combined yet (a DP-attention prefill/decode server is not built); drop one")
     if args.nnodes > 1:
         raise ValueError(f"--enable-dp-attention runs on one node here (--nnodes={args.nnodes}); use --nnodes 1")
-    backend = moe_a2a_backend(args)
-    if backend != "none":
-        from sglang.srt.dp_attention.moe_a2a import a2a_available
-
-        ok, why = a2a_available(backend)
-        if not ok:
-            raise ValueError(f"--enable-dp-attention with --moe-a2a-backend {backend}: {why}; "
-                             "use --moe-a2a-backend none (all-gather EP over the DP ranks)")
 
 
-def moe_a2a(args: Any, spec: Any) -> None:
-    """No generic MoE all-to-all spec for DP-attention workers: a DP worker installs the dispatcher itself, over its DP
-    world with the ``local`` token scope (``DpAttentionSpec.moe_a2a_backend``; :mod:`sglang.srt.dp_attention.moe_a2a`).
-    Runs after the expert-parallel technique's hook (this module comes later in ``TECHNIQUE_MODULES``)."""
-    return None
+def moe_a2a(args: Any, spec: Optional[MoeA2aSpec]) -> Optional[MoeA2aSpec]:
+    """The DP worker's MoE all-to-all: the expert-parallel technique's spec (its hook runs first; this module is last
+    in ``TECHNIQUE_MODULES``) with the ``local`` token scope, as each DP rank dispatches its own requests' tokens (the
+    DP rank installs it over its DP world: :meth:`~sglang.srt.dp_attention.rank.DpAttentionRank.install_moe_a2a`).
+    None (``--moe-a2a-backend none``): the all-gather EP of :mod:`sglang.srt.dp_attention.moe`."""
+    if spec is None:
+        return None
+    from sglang.srt.dp_attention.moe_a2a import LOCAL_SCOPE
+
+    return dataclasses.replace(spec, token_scope=LOCAL_SCOPE)
 
 
 def workers(args: Any, base: WorkerSpec) -> list:

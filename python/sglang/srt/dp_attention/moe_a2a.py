@@ -5,71 +5,47 @@ the experts' owners and combines them back: no all-gather, no reduce-scatter (th
 scope). The dispatcher and its MoE stages live in ``sglang.srt.layers.moe.token_dispatcher`` (contract: ``base.py``)
 and ``sglang.srt.layers.moe.ep_a2a``; this module is the seam DP attention drives them through:
 
-* the DP worker builds the dispatcher itself over its DP world's EP group (:func:`install`; the plan gives DP workers
-  no generic ``MoeA2aSpec``, see ``deploy.moe_a2a``), with the ``local`` scope;
+* the plan gives a DP worker the expert-parallel technique's :class:`~sglang.srt.deployment.plan.MoeA2aSpec` with the
+  scope turned to ``local`` (``deploy.moe_a2a``, which runs after ``expert_parallel.deploy.moe_a2a``); the DP rank
+  builds the dispatcher over its DP world's EP group (:func:`install`);
 * the mode of every MoE layer of a forward is the one every rank agreed on (``DpGlobalStep.moe_dispatch_mode``:
   low-latency only when every rank replays the same decode CUDA graph, normal otherwise), set on the batch as
-  ``moe_dispatch_mode``;
-* an idle rank runs the blocks' four stages on zero tokens (the dispatcher's idle contract: ``T = 0``).
-
-Without that package in the build, DP attention refuses an all-to-all backend before any process starts
-(``deploy.validate``) and runs the all-gather EP of :mod:`.moe`.
+  ``moe_dispatch_mode`` (two-batch overlap's sub-batches inherit it);
+* an idle rank runs the blocks' four stages on zero tokens (:func:`run_idle_stages`; the dispatcher's idle contract:
+  ``T = 0``).
 """
 
 from __future__ import annotations
 
-import importlib.util
-from dataclasses import dataclass
 from typing import Any, Optional
 
-DISPATCHER_MODULES = ("sglang.srt.layers.moe.token_dispatcher", "sglang.srt.layers.moe.ep_a2a",
-                      "sglang.srt.expert_parallel.install")
+LOCAL_SCOPE = "local"
 
 
-@dataclass(frozen=True)
-class LocalScopeA2a:
-    """What the dispatcher install reads of a worker's MoE all-to-all spec: the backend, the ``local`` token scope
-    (each DP rank dispatches all its own tokens) and the low-latency buffer sets."""
-
-    backend: str
-    token_scope: str = "local"
-    max_inflight: int = 2
-
-
-def _found(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def a2a_available(backend: str) -> tuple[bool, str]:
-    """Whether DP attention can run the MoE layers through the all-to-all dispatcher ``backend``: ``(ok, why not)``.
-    Nothing is imported."""
-    missing = [m for m in DISPATCHER_MODULES if not _found(m)]
-    if missing:
-        return False, f"the all-to-all token dispatcher ({', '.join(missing)}) is not in this build"
-    return True, ""
-
-
-def install(model: Any, backend: str, parallel_state: Any, args: Any, device: Any, max_running: int) -> Optional[Any]:
-    """Build this DP rank's dispatcher of ``backend`` over the DP world's EP group and install it on every MoE block
-    (collective over the EP group; every rank calls it). Returns the dispatcher (close it at shutdown), None for
-    ``none``.
+def install(model: Any, spec: Any, parallel_state: Any, args: Any, device: Any, max_running: int) -> Optional[Any]:
+    """Build this DP rank's dispatcher for ``spec`` (a :class:`~sglang.srt.deployment.plan.MoeA2aSpec` with the
+    ``local`` scope) over the DP world's EP group and install it on every MoE block (collective over the EP group;
+    every rank calls it). Returns the dispatcher (close it at shutdown), None for ``spec`` None.
 
     Raises:
-        ValueError: from the install (no MoE layer, experts split below whole, no EP group).
+        ValueError: ``spec.token_scope`` is not ``local`` (each DP rank's tokens are its own: a ``tp_slice`` scope
+            would drop all but 1/dp of them), or from the install (no MoE layer, experts split below whole, no EP
+            group).
     """
-    if backend == "none":
+    if spec is None:
         return None
+    if spec.token_scope != LOCAL_SCOPE:
+        raise ValueError(f"DP attention dispatches each rank's own tokens: the MoE all-to-all needs token scope "
+                         f"{LOCAL_SCOPE!r}, the plan gave {spec.token_scope!r}")
     from sglang.srt.expert_parallel.install import install_moe_a2a
 
-    return install_moe_a2a(model, LocalScopeA2a(backend), parallel_state, args, device, max_running)
+    return install_moe_a2a(model, spec, parallel_state, args, device, max_running)
 
 
 def run_idle_stages(block: Any, x: Any, mode: str) -> None:
     """An idle rank's pass through one MoE block with an all-to-all installed: route, dispatch (``T = 0``), the local
-    experts on the rows other ranks sent, combine, in the agreed ``mode``."""
+    experts on the rows other ranks sent, combine, in the agreed ``mode`` (``"normal"`` / ``"low_latency"``).
+    ``x``: ``[0, hidden]`` in the model dtype on the rank's device."""
     from sglang.srt.layers.stages import MoeState
 
     moe = MoeState()

@@ -98,14 +98,20 @@ class DpAttentionRank:
         go back to in-band agreement."""
         self.padding.set(rows)
 
-    def install_moe_a2a(self, model: nn.Module, args: Any, device: torch.device, max_running: int) -> Optional[Any]:
-        """After the weights are loaded: the all-to-all dispatcher of ``spec.moe_a2a_backend`` over the DP world, on
-        every MoE block (:func:`~sglang.srt.dp_attention.moe_a2a.install`); None with ``none`` or a dense model."""
-        if self.spec.moe_a2a_backend == "none" or not self.lockstep:
+    def install_moe_a2a(self, model: nn.Module, spec: Any, args: Any, device: torch.device,
+                        max_running: int) -> Optional[Any]:
+        """After the weights are loaded: the all-to-all dispatcher of the worker's ``spec`` (a
+        :class:`~sglang.srt.deployment.plan.MoeA2aSpec`, token scope ``local``) over the DP world, on every MoE block
+        (:func:`~sglang.srt.dp_attention.moe_a2a.install`); None when ``spec`` is None or the model is dense.
+
+        Raises:
+            ValueError: from the install (a scope other than ``local``, experts split below whole).
+        """
+        if spec is None or not self.lockstep:
             return None
         from sglang.srt.dp_attention.moe_a2a import install
 
-        return install(model, self.spec.moe_a2a_backend, self.parallel_state, args, device, max_running)
+        return install(model, spec, self.parallel_state, args, device, max_running)
 
     def run_idle(self, model: nn.Module, dtype: torch.dtype, device: torch.device,
                  step: Optional[DpGlobalStep] = None) -> None:

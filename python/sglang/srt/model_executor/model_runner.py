@@ -134,10 +134,7 @@ class ModelRunner:
         self.comm = comm if comm is not None else make_communicator(self.worker.communicator, parallel_state,
                                                                      hidden_size=model_config.hidden_size)
         self.model = self._load_model(server_args)
-        self.moe_dispatcher = None  # DP attention with --moe-a2a-backend: the rank's token dispatcher
-        if dp_attention is not None:  # before the KV pool is sized (its fixed buffers count)
-            rows = max_running_requests(server_args, self.device, model_config.context_len, GPU_MAX_DEFAULT_TOKENS)
-            self.moe_dispatcher = dp_attention.install_moe_a2a(self.model, server_args, self.device, rows)
+        self.moe_dispatcher = self._install_moe_a2a(server_args)  # before the KV pool is sized (its buffers count)
         self.num_kv_heads = local_kv_heads(model_config.num_key_value_heads, tp_size)
         self.local_num_heads = model_config.num_attention_heads // tp_size
         self.executor: ModelExecutor = executor or build_executor(self.worker.executor, ExecutorContext(
@@ -183,7 +180,21 @@ class ModelRunner:
                           tp_size=self.tp_size, comm=self.comm if self.tp_size > 1 else None,
                           ep_size=1 if dp is not None else args.ep_size,
                           weight_filter=self.role_spec.weight_filter, holds_param=self.role_spec.holds_param,
-                          layout=dp.layout if dp is not None else None)
+                          layout=dp.layout if dp is not None else None, quantization=args.quantization)
+
+    def _install_moe_a2a(self, args: "ServerArgs"):
+        """Expert parallelism by all-to-all when the plan asks for it (``worker.moe_a2a``): one token dispatcher for
+        this rank, installed on every MoE block (:func:`~sglang.srt.expert_parallel.install.install_moe_a2a`;
+        collective over the EP group). Under DP attention the DP rank builds it over the DP world with the ``local``
+        token scope (:meth:`~sglang.srt.dp_attention.rank.DpAttentionRank.install_moe_a2a`). Returns it, or None."""
+        if self.worker.moe_a2a is None:
+            return None
+        rows = max_running_requests(args, self.device, self.model_config.context_len, GPU_MAX_DEFAULT_TOKENS)
+        if self.dp_attention is not None:
+            return self.dp_attention.install_moe_a2a(self.model, self.worker.moe_a2a, args, self.device, rows)
+        from sglang.srt.expert_parallel.install import install_moe_a2a
+
+        return install_moe_a2a(self.model, self.worker.moe_a2a, self.parallel_state, args, self.device, rows)
 
     def _create_kv_cache(self, args: "ServerArgs") -> KVCache:
         """Size the KV budget (minimum over TP ranks) and allocate the :class:`KVCache`.
@@ -312,9 +323,14 @@ class ModelRunner:
             one sampled token per request (rows with ``sample[i] == False`` are
             sampled too and ignored by the scheduler). After a graph replay,
             ``next_token_logits`` is a view of the graph's static output: valid until the next step.
+        ``batch.gpu_timing`` (the step trace's two CUDA events), when set, is recorded on the current stream around
+        the whole step.
         """
         if self.kv_cache is None:
             raise ValueError(f"a {self.role_spec.role.value} worker holds no KV cache and runs no attention batches")
+        timing = getattr(batch, "gpu_timing", None)  # step trace: CUDA events around the whole forward
+        if timing is not None:
+            timing[0].record()
         graphs = self.cuda_graph_runner
         greedy_ids = None
         step = getattr(batch, "dp_step", None)  # DP attention: what every rank does this step
@@ -328,7 +344,7 @@ class ModelRunner:
             use_graph, padded = graphs is not None and graphs.can_run(batch), None
         if use_graph:
             logits_out = graphs.replay(batch, padded)
-            greedy_ids = graphs.greedy_ids(batch)  # an all-greedy batch: the argmax captured in the graph
+            greedy_ids = graphs.greedy_ids(batch, padded)  # all-greedy: the argmax captured in the graph
         else:
             fb = ForwardBatch.init_new(batch, self.device, self.req_to_token_pool, self.token_to_kv_pool,
                                        self.attn_backend)
@@ -346,6 +362,8 @@ class ModelRunner:
             ids = sample_out.next_token_ids.contiguous()
             dist.broadcast(ids, 0, group=self.parallel_state.device_group)
             sample_out.next_token_ids = ids
+        if timing is not None:
+            timing[1].record()
         return logits_out, sample_out
 
     def _forward_idle(self, batch: ModelWorkerBatch, step):
