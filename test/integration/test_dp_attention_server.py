@@ -1,12 +1,17 @@
 """DP attention end to end on CPU (gloo, one process per DP rank): ``--enable-dp-attention --dp-size N --tp-size N
 --ep-size N`` servers on ``stories260K-moe8`` (8 distinct experts: a token sent to the wrong expert changes the
 logits) give TP1's greedy tokens (32 tokens, the shared prompts), with one request on N ranks (N-1 idle), chunked
-prefill, requests joining mid-decode (mixed prefill + decode batches), an abort in flight and retraction; the
-4-rank server runs the overlap scheduler; a third server runs the MoE layers through the all-to-all dispatcher
-(``--moe-a2a-backend nccl``, skipped in builds without it). ``/get_server_info`` lists the ranks. A killed DP rank gives every client
-a 503 within seconds. A dense model (``stories260K``) serves with DP attention too (independent ranks).
+prefill, requests joining mid-decode (mixed prefill + decode batches), an abort in flight and retraction.
+``/get_server_info`` lists the ranks. A killed DP rank gives every client a 503 within seconds.
 
-One server per world size runs every check (starting ranks is the slow part on CPU)."""
+The servers: 2 ranks with the all-gather EP (``--moe-a2a-backend none``); 2 ranks with the all-to-all dispatcher
+(``--moe-a2a-backend nccl``, each rank dispatching its own tokens); 4 ranks with everything on at once: the all-to-all
+dispatcher, forced two-batch overlap (``--enable-two-batch-overlap --tbo-min-tokens 2``: the ranks agree per step
+whether to split) and the overlap scheduler, so the killed-rank check also runs with DP + all-to-all + TBO. A dense
+model (``stories260K``) serves with DP attention too (independent ranks). The other DP x EP x TBO combinations run
+through the real scheduler without HTTP in ``test/unit/test_ep_dp_tbo_schedules.py``.
+
+One server per configuration runs every check (starting ranks is the slow part on CPU)."""
 
 from __future__ import annotations
 
@@ -33,29 +38,26 @@ GREEDY = {"temperature": 0, "max_new_tokens": N_NEW, "ignore_eos": True}
 KV_TOKENS = 256  # per rank: eight requests of ~40 tokens cannot all decode at once -> retraction
 
 
-def _has_a2a_flag() -> bool:
-    import dataclasses
-
-    from sglang.srt.server_args import ServerArgs
-
-    return "moe_a2a_backend" in {f.name for f in dataclasses.fields(ServerArgs)}
+# (DP ranks, --moe-a2a-backend, two-batch overlap and the overlap scheduler)
+SERVERS = [(2, "none", False), (2, "nccl", False), (4, "nccl", True)]
 
 
-@pytest.fixture(scope="module", params=[(2, "none"), (4, "none"), (2, "nccl")],
-                ids=lambda p: f"dp{p[0]}" + ("" if p[1] == "none" else f"-a2a-{p[1]}"))
+def _server_id(p) -> str:
+    return f"dp{p[0]}" + ("" if p[1] == "none" else f"-a2a-{p[1]}") + ("-tbo-overlap" if p[2] else "")
+
+
+@pytest.fixture(scope="module", params=SERVERS, ids=_server_id)
 def dp_server(request):
-    n, a2a = request.param
-    if a2a != "none" and not _has_a2a_flag():
-        pytest.skip("--moe-a2a-backend is not in this build (the all-to-all token dispatcher)")
+    n, a2a, tbo = request.param
     path = shared_path("models", "stories260K-moe8")
     args = ["--model-path", path, "--device", "cpu", "--tp", str(n), "--dp-size", str(n), "--ep-size", str(n),
             "--enable-dp-attention", "--chunked-prefill-size", "16", "--max-total-tokens", str(KV_TOKENS)]
-    if n == 4:
-        args.append("--enable-overlap-schedule")
     if a2a != "none":  # each rank dispatches its own tokens to the experts' owners (no gather / reduce-scatter)
         args += ["--moe-a2a-backend", a2a]
+    if tbo:
+        args += ["--enable-two-batch-overlap", "--tbo-min-tokens", "2", "--enable-overlap-schedule"]
     s = ServerProcess(args, timeout=400)
-    s.model_path, s.n = path, n
+    s.model_path, s.n, s.a2a, s.tbo = path, n, a2a, tbo
     yield s
     s.stop()
 
@@ -84,7 +86,14 @@ def test_batch_greedy_tokens_equal_tp1_and_server_info_lists_ranks(dp_server):
     assert [s["dp_rank"] for s in st] == list(range(dp_server.n))
     assert all(s["dp_lockstep"] and s["dp_size"] == dp_server.n for s in st)
     assert all(s["forward_ct"] > s["dp_idle_forwards"] for s in st)  # the router spread the batch over every rank
-    assert st[0]["overlap_schedule"] == (dp_server.n == 4)
+    assert st[0]["overlap_schedule"] == dp_server.tbo
+    with open(dp_server.log_path) as f:
+        log = f.read()
+    if dp_server.a2a != "none":  # the plan's local token scope reached every rank's dispatcher
+        assert f"MoE all-to-all ({dp_server.a2a}) on 5 MoE layers" in log
+        assert "token scope local" in log and "token scope tp_slice" not in log
+    if dp_server.tbo:  # the ranks agreed to split this batch's steps (logged by DP rank 0)
+        assert "two-batch overlap on:" in log
 
 
 def test_one_request_runs_with_the_other_ranks_idle(dp_server):

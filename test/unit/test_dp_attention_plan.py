@@ -199,6 +199,21 @@ def test_micro_batch_split_only_when_every_rank_splits():
     assert not decide(both[:1] + [DpRankReport(0, False, 0)]).split_all  # an idle rank never splits
 
 
+def test_all_to_all_mode_low_latency_only_without_a_prefill_anywhere():
+    """SGLang's DeepEP ``auto`` rule: low-latency when no DP rank has an extend (prefill / mixed) batch; here also only
+    when every decode fits the dispatcher's low-latency capacity (the same number on every rank)."""
+    dec3, dec5, idle = DpRankReport(3, True, NO_GRAPH, decode=True), DpRankReport(5, True, NO_GRAPH, decode=True), \
+        DpRankReport(0, False, 0)
+    ext = DpRankReport(5, True, NO_GRAPH, decode=False)
+    assert decide([dec3, idle, dec5], None, 8).moe_dispatch_mode == "low_latency"  # eager decodes, one idle rank
+    assert decide([dec3, ext], None, 8).moe_dispatch_mode == "normal"  # a prefill / mixed batch somewhere
+    assert decide([dec3, dec5], None, 4).moe_dispatch_mode == "normal"  # 5 > the capacity 4
+    assert decide([dec3, dec5], None, None).moe_dispatch_mode == "normal"  # no dispatcher
+    assert decide([idle, idle], None, 8).moe_dispatch_mode == "normal" and not decide([idle, idle], None, 8).low_latency
+    graphed = decide([DpRankReport(3, True, 3, decode=True), idle], _sizes, None)
+    assert graphed.graph_bs == 4 and graphed.moe_dispatch_mode == "low_latency"  # a replay always is
+
+
 def test_local_report_reads_the_batch_and_the_executor():
     from types import SimpleNamespace
 
@@ -209,7 +224,7 @@ def test_local_report_reads_the_batch_and_the_executor():
         return SimpleNamespace(extend_len=n, input_logprob_targets=lambda: ([], []))
 
     dec = SimpleNamespace(reqs=[req(1)] * 3, forward_mode=ForwardMode.DECODE)
-    assert local_report(dec, True, 8) == DpRankReport(3, True, 3, False)
+    assert local_report(dec, True, 8) == DpRankReport(3, True, 3, False, True)
     assert local_report(dec, True, 2).graph_bs == NO_GRAPH  # larger than the largest graph
     assert local_report(dec, True, None).graph_bs == NO_GRAPH  # no graphs
     ext = SimpleNamespace(reqs=[req(7), req(1)], forward_mode=ForwardMode.MIXED)
@@ -218,10 +233,12 @@ def test_local_report_reads_the_batch_and_the_executor():
 
 
 def test_step_sync_over_an_exchange_agrees_and_counts():
-    rows = [[4, 1, 4, 0], [0, 0, 0, 0]]
+    rows = [[4, 1, 4, 0, 1], [0, 0, 0, 0, 0]]
     sync = DpStepSync(1, 2, exchange=lambda mine: rows[:1] + [mine], graph_size=_sizes)
     step = sync.agree(DpRankReport(0, False, 0))
     assert step.num_tokens == (4, 0) and step.graph_bs == 4 and sync.peers_busy and sync.steps == 1
+    eager = DpStepSync(1, 2, exchange=lambda mine: rows[:1] + [mine], low_latency_capacity=4)
+    assert eager.agree(DpRankReport(0, False, 0)).moe_dispatch_mode == "low_latency"  # rank 0 decodes 4, 1 idle
     with pytest.raises(ValueError):
         DpStepSync(2, 2, exchange=lambda m: [m])
 

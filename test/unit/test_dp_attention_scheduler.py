@@ -44,8 +44,9 @@ class FakeDpRank:
     def __init__(self, rank: int, size: int, exchange):
         self.dp_rank, self.dp_size, self.lockstep, self._exchange = rank, size, True, exchange
 
-    def step_sync(self, graph_size):
-        return DpStepSync(self.dp_rank, self.dp_size, exchange=self._exchange, graph_size=graph_size)
+    def step_sync(self, graph_size, low_latency_capacity=None):
+        return DpStepSync(self.dp_rank, self.dp_size, exchange=self._exchange, graph_size=graph_size,
+                          low_latency_capacity=low_latency_capacity)
 
 
 class DpFakeRunner(FakeRunner):

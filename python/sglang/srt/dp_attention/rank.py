@@ -85,9 +85,12 @@ class DpAttentionRank:
 
         return all_reduce_min_int(value, self.parallel_state.cpu_group)
 
-    def step_sync(self, graph_size: Optional[Callable[[int], Optional[int]]]) -> DpStepSync:
-        """The scheduler's :class:`~sglang.srt.dp_attention.step_sync.DpStepSync` over the agreement group."""
-        return DpStepSync(self.dp_rank, self.dp_size, self.sync_group, graph_size=graph_size)
+    def step_sync(self, graph_size: Optional[Callable[[int], Optional[int]]],
+                  low_latency_capacity: Optional[int] = None) -> DpStepSync:
+        """The scheduler's :class:`~sglang.srt.dp_attention.step_sync.DpStepSync` over the agreement group
+        (``low_latency_capacity``: the all-to-all dispatcher's low-latency tokens per rank, None without one)."""
+        return DpStepSync(self.dp_rank, self.dp_size, self.sync_group, graph_size=graph_size,
+                          low_latency_capacity=low_latency_capacity)
 
     def begin_forward(self, step: Optional[DpGlobalStep]) -> None:
         """Before a forward: its rows per rank (``step`` None: agreed in-band per layer)."""

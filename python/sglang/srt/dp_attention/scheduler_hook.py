@@ -16,7 +16,8 @@ def local_report(batch: Optional[ScheduleBatch], has_work: bool, graph_max_bs: O
                  split_check: Optional[Callable[[ScheduleBatch], bool]] = None) -> DpRankReport:
     """This rank's :class:`DpRankReport`: its batch's new tokens, whether it holds requests, its decode batch size
     when the batch could replay a CUDA graph (decode, ``bs <= graph_max_bs``, no input logprobs: the rule of
-    ``CudaGraphRunner.can_run``), and whether its executor would split it (``split_check``; None: never)."""
+    ``CudaGraphRunner.can_run``), whether its executor would split it (``split_check``; None: never) and whether it
+    is a decode batch."""
     if batch is None:
         return DpRankReport(0, has_work, 0)
     tokens = sum(r.extend_len for r in batch.reqs)
@@ -24,7 +25,8 @@ def local_report(batch: Optional[ScheduleBatch], has_work: bool, graph_max_bs: O
     if (graph_max_bs and batch.forward_mode == ForwardMode.DECODE and len(batch.reqs) <= graph_max_bs
             and not any(r.input_logprob_targets()[0] for r in batch.reqs)):
         graph_bs = len(batch.reqs)
-    return DpRankReport(tokens, True, graph_bs, bool(split_check(batch)) if split_check is not None else False)
+    return DpRankReport(tokens, True, graph_bs, bool(split_check(batch)) if split_check is not None else False,
+                        batch.forward_mode == ForwardMode.DECODE)
 
 
 def idle_batch(device: torch.device) -> ScheduleBatch:

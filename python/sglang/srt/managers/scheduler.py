@@ -196,7 +196,9 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
             return None
         graphs = getattr(self.runner, "cuda_graph_runner", None)
         self.dp_graph_max_bs = graphs.max_bs if graphs is not None else None
-        return dp.step_sync(self.runner.dp_graph_size if graphs is not None else None)
+        dispatcher = getattr(self.runner, "moe_dispatcher", None)  # --moe-a2a-backend: its low-latency capacity
+        capacity = dispatcher.config.max_tokens_low_latency if dispatcher is not None else None
+        return dp.step_sync(self.runner.dp_graph_size if graphs is not None else None, capacity)
 
     def close(self) -> None:
         """Process the in-flight batch and stop the overlap worker thread."""
