@@ -2,9 +2,11 @@
 --enable-dp-attention`` server on ``stories260K-moe8`` in fp32 with decode CUDA graphs (the MoE all-gather and
 reduce-scatter captured in them; every rank replays the size of the largest decode batch, idle ranks padding only)
 gives TP1's greedy tokens for a batch, for one request with the other rank idle, and for requests joining
-mid-decode; the same with the all-to-all dispatcher (``--moe-a2a-backend nccl``) where the build has it. With one
-GPU: both DP ranks share it (``--tp-ranks-share-gpu``: gloo device group, no CUDA graphs), the GPU kernels (Triton
-attention and fused MoE on the gathered rows) give the same tokens.
+mid-decode; the same with the all-to-all dispatcher (``--moe-a2a-backend nccl``: each rank dispatches its own tokens,
+the captured decode graphs in low-latency mode), and with it plus forced two-batch overlap (``--enable-two-batch-overlap
+--tbo-min-tokens 2``: the graphs capture the two-micro-batch schedule on two streams). With one GPU: both DP ranks
+share it (``--tp-ranks-share-gpu``: gloo device group, no CUDA graphs), the GPU kernels (Triton attention and fused MoE
+on the gathered rows) give the same tokens.
 
 Run: ``python -m pytest -q -m gpu test/gpu/test_dp_attention_gpu.py`` (the NVLink-multicast-off environment is set
 by conftest.py and server_utils.ENV).
@@ -12,7 +14,6 @@ by conftest.py and server_utils.ENV).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import threading
@@ -55,23 +56,18 @@ def test_dp2_ranks_sharing_one_gpu_equal_tp1():
         assert one["output_ids"] == _want(path, PROMPTS[1])
 
 
-def _a2a_in_build() -> bool:
-    from sglang.srt.server_args import ServerArgs
-
-    return "moe_a2a_backend" in {f.name for f in dataclasses.fields(ServerArgs)}
-
-
 @two_gpus
-@pytest.mark.parametrize("a2a", ["none", "nccl"])
+@pytest.mark.parametrize("a2a", ["none", "nccl", "nccl-tbo"])
 def test_dp2_server_with_cuda_graphs_equals_tp1(a2a):
     from test_tp_cpu import PROMPTS, tokenize, tp1_greedy
 
-    if a2a != "none" and not _a2a_in_build():
-        pytest.skip("--moe-a2a-backend is not in this build (the all-to-all token dispatcher)")
+    backend, tbo = a2a.split("-")[0], a2a.endswith("-tbo")
     path = shared_path("models", "stories260K-moe8")
     args = ["--model-path", path, "--device", "cuda", "--dtype", "float32", "--tp", "2", "--dp-size", "2",
             "--ep-size", "2", "--enable-dp-attention", "--mem-fraction-static", "0.3", "--cuda-graph-max-bs", "16",
-            "--chunked-prefill-size", "16"] + (["--moe-a2a-backend", a2a] if a2a != "none" else [])
+            "--chunked-prefill-size", "16"] + (["--moe-a2a-backend", backend] if backend != "none" else [])
+    if tbo:
+        args += ["--enable-two-batch-overlap", "--tbo-min-tokens", "2"]
     params = {"temperature": 0, "max_new_tokens": N_NEW, "ignore_eos": True}
 
     def want(prompt, n=N_NEW):
@@ -99,3 +95,7 @@ def test_dp2_server_with_cuda_graphs_equals_tp1(a2a):
         assert [x["dp_rank"] for x in st] == [0, 1] and sum(x["dp_idle_forwards"] for x in st) > 0, st
         log = s.log_tail(2000)
         assert "captured CUDA graphs for decode batch sizes" in log and "CUDA graphs off" not in log
+        if tbo:  # the startup choice (rank 0) and a split forward
+            with open(s.log_path) as f:
+                full = f.read()
+            assert "capture the two-micro-batch schedule" in full and "two-batch overlap on:" in full

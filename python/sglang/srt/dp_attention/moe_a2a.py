@@ -9,8 +9,9 @@ and ``sglang.srt.layers.moe.ep_a2a``; this module is the seam DP attention drive
   scope turned to ``local`` (``deploy.moe_a2a``, which runs after ``expert_parallel.deploy.moe_a2a``); the DP rank
   builds the dispatcher over its DP world's EP group (:func:`install`);
 * the mode of every MoE layer of a forward is the one every rank agreed on (``DpGlobalStep.moe_dispatch_mode``:
-  low-latency only when every rank replays the same decode CUDA graph, normal otherwise), set on the batch as
-  ``moe_dispatch_mode`` (two-batch overlap's sub-batches inherit it);
+  low-latency when no rank has a prefill or mixed batch and every decode fits the low-latency capacity, as every
+  decode graph replay does; normal otherwise), set on the batch as ``moe_dispatch_mode`` (two-batch overlap's
+  sub-batches inherit it);
 * an idle rank runs the blocks' four stages on zero tokens (:func:`run_idle_stages`; the dispatcher's idle contract:
   ``T = 0``).
 """
