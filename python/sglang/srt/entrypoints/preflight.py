@@ -4,7 +4,8 @@ with one line that names the flag and the fix (instead of after the model loaded
 * :func:`check_port_free`: ``--host:--port`` can be bound (it was found busy only after the model loaded);
 * :func:`check_model_path`: ``--model-path`` (and ``--tokenizer-path``) is a local HF checkpoint folder
   (it was found wrong inside the scheduler process, 8-17 s later);
-* :func:`check_device`: ``--device cuda`` has a usable GPU (it ended in a 35-line traceback).
+* :func:`check_device`: ``--device cuda`` has a usable GPU (it ended in a 35-line traceback);
+* :func:`check_kv_cache_dtype_device`: an FP8 E4M3 KV cache runs on this GPU.
 """
 
 from __future__ import annotations
@@ -82,6 +83,25 @@ def check_device(server_args: ServerArgs) -> None:
                      "there is one)")
 
 
+def check_kv_cache_dtype_device(server_args: ServerArgs) -> None:
+    """Raise if ``--kv-cache-dtype fp8_e4m3`` is asked for on a CUDA GPU older than sm_89 with the Triton backend
+    (Triton converts E4M3 only on Ada / Hopper and newer; E5M2 works from sm_80).
+
+    Raises:
+        ValueError: naming the GPU's compute capability and the alternatives.
+    """
+    if server_args.kv_cache_dtype != "fp8_e4m3" or server_args.resolved_device != "cuda" \
+            or server_args.resolved_attention_backend != "triton":
+        return
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(server_args.base_gpu_id)
+    if (major, minor) < (8, 9):
+        raise ValueError(f"--kv-cache-dtype=fp8_e4m3 needs a GPU of compute capability >= 8.9 (Ada, Hopper) for the "
+                         f"Triton attention kernels; GPU {server_args.base_gpu_id} is sm_{major}{minor}: use fp8_e5m2 "
+                         "or auto")
+
+
 def preflight(server_args: ServerArgs, serve_http: bool = True) -> None:
     """Every check above (the port only when this node serves HTTP), cheapest first.
 
@@ -92,3 +112,4 @@ def preflight(server_args: ServerArgs, serve_http: bool = True) -> None:
         check_port_free(server_args.host, server_args.port)
     check_model_path(server_args)
     check_device(server_args)
+    check_kv_cache_dtype_device(server_args)

@@ -46,7 +46,8 @@ _LOG2E = 1.4426950408889634
 @triton.jit
 def _decode_split_kernel(
     Q, K_buf, V_buf, Req_to_token, Req_pool_idx, Seq_lens, Mid_o, Mid_lse, Out,
-    qk_scale,  # softmax scale * log2(e)
+    qk_scale,  # softmax scale * log2(e) * K dequantization scale (1.0 unless the cache is FP8)
+    v_scale,  # V dequantization scale (1.0 unless the cache is FP8)
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t,
     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -115,7 +116,7 @@ def _decode_split_kernel(
 
     nonempty = end > start
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    out = acc / l_safe[:, None]
+    out = acc / l_safe[:, None] * v_scale  # sum_j p_j (s_v v_j) = s_v sum_j p_j v_j: V dequantized in registers
     if DIRECT_OUT:
         tl.store(Out + b * stride_ob + offs_h[:, None] * stride_oh + offs_d[None, :], out.to(Out.dtype.element_ty),
                  mask=mask_h[:, None] & mask_d[None, :])
@@ -252,7 +253,8 @@ def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tens
                          req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
                          sm_scale: float, num_kv_splits: int, mid_o: torch.Tensor, mid_lse: torch.Tensor,
                          block_n: Optional[int] = None, num_warps: Optional[int] = None,
-                         num_stages: Optional[int] = None, legacy: bool = False) -> None:
+                         num_stages: Optional[int] = None, legacy: bool = False, k_scale: float = 1.0,
+                         v_scale: float = 1.0) -> None:
     """Paged decode attention of one new token per request, written into ``out``.
 
     Args:
@@ -272,6 +274,11 @@ def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tens
         legacy: True runs the kernel as before issue 19 (K tiles gathered transposed, a reduce launch even
             at one split), for old-vs-new benchmarks; False (default) loads K rows contiguously and, at
             ``num_kv_splits == 1``, writes ``out`` directly without the reduce kernel.
+        k_scale, v_scale: dequantization scales of an FP8 cache (K = stored K x ``k_scale``, V likewise; see
+            :mod:`sglang.srt.mem_cache.kv_quant`); 1.0 otherwise. The FP8 tiles are widened to q's dtype in
+            registers (exact) and the scales applied without a dequantized copy: ``k_scale`` is folded into the
+            softmax scale (``q . (s k) = s (q . k)``) and ``v_scale`` multiplies the normalised output
+            (``sum p (s v) = s sum p v``).
     Raises:
         ValueError: inconsistent shapes, num_heads not a multiple of num_kv_heads, non-CUDA tensors
             outside the Triton interpreter.
@@ -308,7 +315,7 @@ def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tens
     k_rows = not legacy and k_buf.stride(0) == v_buf.stride(0)  # K and V tiles share one offset tensor
     _decode_split_kernel[(bs, nkv, num_kv_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse, out,
-        sm_scale * _LOG2E,
+        sm_scale * _LOG2E * k_scale, v_scale,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
         req_to_token.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0),
         mid_lse.stride(1), out.stride(0), out.stride(1),
