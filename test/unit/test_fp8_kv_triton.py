@@ -26,74 +26,23 @@ pytest.importorskip("triton")
 from conftest import shared_path  # noqa: E402
 
 from sgl_kernel.triton import rope, rope_kv_store  # noqa: E402
-from sglang.srt.forward_batch_info import ForwardBatch, ForwardMode  # noqa: E402
 from sglang.srt.layers import ops  # noqa: E402
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend  # noqa: E402
 from sglang.srt.layers.attention.triton_backend import TritonAttnBackend  # noqa: E402
-from sglang.srt.layers.radix_attention import RadixAttention  # noqa: E402
 from sglang.srt.layers.rotary_embedding import get_rope  # noqa: E402
 from sglang.srt.mem_cache.kv_quant import KVScales, dequantize_kv, quantize_kv  # noqa: E402
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool  # noqa: E402
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool  # noqa: E402
+from sglang.test.kv_cases import paged_case  # noqa: E402
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 TOL = {torch.float32: 2e-4, torch.bfloat16: 2e-2}
 
 
-def fp8_case(seed: int, prefix_lens, extend_lens, nh, nkv, hd, kv_dtype, q_dtype, page_size=1, layers=2):
-    """A random paged batch over an FP8 pool: pages of ``page_size`` slots handed out in a shuffled order, every
-    slot's K/V written through the pool (quantized with random per-layer scales). Returns
-    ``(q, k, v, layer, make_batch)``; ``make_batch(backend)`` builds a ForwardBatch over a fresh copy of the pool."""
-    gen = torch.Generator().manual_seed(seed)
-    bs = len(prefix_lens)
-    seq = [p + e for p, e in zip(prefix_lens, extend_lens)]
-    pages = [-(-s // page_size) for s in seq]
-    n_pages = sum(pages) + 3
-    order = (torch.randperm(n_pages, generator=gen) + 1).tolist()  # page 0 is the pool's dummy page
-    slots_total = (n_pages + 1) * page_size
-    max_ctx = max(seq) + 5
-    r2t = torch.zeros(bs + 2, max_ctx, dtype=torch.int32)
-    rows = torch.randperm(bs + 2, generator=gen)[:bs]
-    out_loc = []
-    for i in range(bs):
-        mine = [order.pop() for _ in range(pages[i])]
-        s = torch.tensor([p * page_size + j for p in mine for j in range(page_size)][: seq[i]])
-        r2t[rows[i], : seq[i]] = s.to(torch.int32)
-        out_loc.append(s[prefix_lens[i]:])
-    out_loc = torch.cat(out_loc)
-    scales = KVScales(tuple(float(x) for x in torch.rand(layers, generator=gen) * 0.2 + 0.02),
-                      tuple(float(x) for x in torch.rand(layers, generator=gen) * 0.05 + 0.005), "checkpoint")
-    k_all = [torch.randn(slots_total - page_size, nkv, hd, generator=gen) * 3 for _ in range(layers)]
-    v_all = [torch.randn(slots_total - page_size, nkv, hd, generator=gen) for _ in range(layers)]
-    n = sum(extend_lens)
-    q = torch.randn(n, nh * hd, generator=gen).to(q_dtype)
-    k = (torch.randn(n, nkv * hd, generator=gen) * 3).to(q_dtype)
-    v = torch.randn(n, nkv * hd, generator=gen).to(q_dtype)
-    layer = RadixAttention(nh, hd, hd ** -0.5, nkv, layers - 1)
-    mode = ForwardMode.DECODE if all(e == 1 for e in extend_lens) else (
-        ForwardMode.MIXED if any(e == 1 for e in extend_lens) else ForwardMode.EXTEND)
-
-    def make_batch(backend):
-        pool = MHATokenToKVPool(slots_total - page_size, page_size, kv_dtype, nkv, hd, layers, "cpu",
-                                scales=scales)
-        every = torch.arange(page_size, slots_total)
-        for li in range(layers):
-            pool.set_kv_buffer(li, every, k_all[li], v_all[li])
-        rpool = ReqToTokenPool(bs + 2, max_ctx, "cpu")
-        rpool.req_to_token.copy_(r2t)
-
-        def t(x):
-            return torch.tensor(x, dtype=torch.int64)
-
-        fb = ForwardBatch(
-            forward_mode=mode, batch_size=bs, input_ids=t([1] * n), positions=t([0] * n), out_cache_loc=out_loc,
-            req_pool_indices=rows.to(torch.int64), seq_lens=t(seq), prefix_lens=t(prefix_lens),
-            extend_lens=t(extend_lens), extend_start_loc=t([sum(extend_lens[:i]) for i in range(bs)]),
-            seq_lens_cpu=seq, prefix_lens_cpu=prefix_lens, extend_lens_cpu=extend_lens,
-            req_to_token_pool=rpool, token_to_kv_pool=pool, attn_backend=backend)
-        backend.init_forward_metadata(fb)
-        return fb
-
-    return q, k, v, layer, make_batch
+def fp8_case(seed, prefix_lens, extend_lens, nh, nkv, hd, kv_dtype, q_dtype, page_size=1, layers=2):
+    """(q, k, v, layer, make_batch) of :func:`sglang.test.kv_cases.paged_case` on the CPU (random per-layer scales,
+    pages of ``page_size`` in a shuffled order)."""
+    c = paged_case(seed, prefix_lens, extend_lens, nh, nkv, hd, kv_dtype, q_dtype, page_size, layers)
+    return c.q, c.k, c.v, c.layer, c.make_batch
 
 
 CASES = {  # (prefix_lens, extend_lens)
