@@ -31,7 +31,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO.parent / "shared" / "data"
-NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+sys.path.insert(0, str(REPO / "python"))
+from sglang.srt.utils.nvls_env import NVLS_OFF_ENV  # noqa: E402  (pure Python: the multicast-off env, defined once)
 KEYS = ("completed", "failed", "duration", "output_throughput", "total_throughput", "request_throughput",
         "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
         "mean_itl_ms", "median_itl_ms", "p99_itl_ms")
@@ -71,7 +72,7 @@ def _free_port() -> int:
 
 
 def _env() -> dict:
-    env = dict(os.environ, **NVLS_OFF, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, **NVLS_OFF_ENV, PYTHONUNBUFFERED="1")
     env.pop("TRITON_INTERPRET", None)
     paths = [str(REPO / "python"), str(REPO / "sgl-kernel" / "python"), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)

@@ -264,7 +264,8 @@ class PrefillConnector(BaseConnector):
                             f"{self.transfer_mode}, decode {peer.mode}")
             return
         try:  # KV bytes move unconverted: the decode side must store the same format (dtype, FP8 scales)
-            check_peer_ranks(self.agent.desc, peer.decode_ranks or [], "prefill", "decode")
+            if peer.decode_ranks:
+                check_peer_ranks(self.agent.desc, peer.decode_ranks, "prefill", "decode")
         except ValueError as e:  # same on every rank (same RoomRequest)
             self._finish(r, f"refusing the decode server: {e}", notify=True)
             return
