@@ -7,13 +7,14 @@ bytes the kernel must stream; the floor of each row is its KV bytes (batch x con
 element size) over the device-to-device copy bandwidth measured in the same run (read + written bytes / time, a
 4 GiB copy). Timing: each measurement replays a CUDA graph of ``--inner`` back-to-back launches (as the decode step
 replays them) between CUDA events, after warm-up replays; ``--reps`` measurements per row with the BF16 / FP8 order
-alternated, the median reported. FlashInfer's FP8 decode (what SGLang would pick on Hopper) is not installed on our
+alternated, the median reported. One extend row per ``--extend-tokens`` (default one 4096-token prefill) times the
+compute-bound prefill kernel over both caches. FlashInfer's FP8 decode (what SGLang would pick on Hopper) is not installed on our
 device, so the baseline is the same kernel on a BF16 cache.
 
 ``--smoke``: the same flow on the CPU under ``TRITON_INTERPRET=1`` at toy shapes with wall-clock timing (checks the
 script, not the speed). Writes ``<out>/fp8_kv_decode.json`` and ``.md``.
 
-    python benchmark/attention/bench_fp8_kv_decode.py --out /tmp/fp8kv            # GPU, ~40 s on an H100
+    python benchmark/attention/bench_fp8_kv_decode.py --out /tmp/fp8kv            # GPU, ~60 s on an H100
     python benchmark/attention/bench_fp8_kv_decode.py --smoke --out /tmp/fp8kv    # CPU, ~30 s
 """
 
@@ -40,12 +41,15 @@ def parse_args(argv):
     p.add_argument("--reps", type=int, default=20, help="measurements per row and KV dtype (median reported)")
     p.add_argument("--inner", type=int, default=20, help="kernel launches per graph replay")
     p.add_argument("--kv-dtype", default="fp8_e4m3", choices=["fp8_e4m3", "fp8_e5m2"])
+    p.add_argument("--extend-tokens", default="4096", help="prefill (extend) rows: one request of N new tokens each "
+                   "(comma separated; empty: none), to see what reading FP8 costs the compute-bound extend kernel")
     p.add_argument("--smoke", action="store_true", help="CPU + TRITON_INTERPRET at toy shapes (flow check)")
     ns = p.parse_args(argv)
     ns.batches = [int(x) for x in ns.batches.split(",")]
     ns.contexts = [int(x) for x in ns.contexts.split(",")]
+    ns.extend_tokens = [int(x) for x in ns.extend_tokens.split(",") if x.strip()]
     if ns.smoke:
-        ns.batches, ns.contexts, ns.reps, ns.inner = [1, 2], [32, 64], 2, 1
+        ns.batches, ns.contexts, ns.reps, ns.inner, ns.extend_tokens = [1, 2], [32, 64], 2, 1, [48]
     if min(ns.batches + ns.contexts) < 1 or ns.reps < 1 or ns.inner < 1:
         raise SystemExit("--batches, --contexts, --reps and --inner must be positive")
     return ns
@@ -114,6 +118,39 @@ def bench_row(bs: int, ctx: int, kv_dtype, ns, device: str, bandwidth: float) ->
     row["fp8_speedup"] = row["bf16_us"] / row["fp8_us"]
     for c in cases.values():
         del c["pool"]
+    return row
+
+
+def bench_extend_row(tokens: int, kv_dtype, ns, device: str) -> dict:
+    """One request prefilling ``tokens`` new tokens (no cached prefix) through the extend kernel over a BF16 and an
+    FP8 cache: median per-launch time (us); the kernel is compute-bound, so this shows the cost of widening FP8."""
+    import torch
+
+    from sgl_kernel.triton.extend_attention import extend_attention_fwd
+
+    nh, nkv, hd, page = (32, 8, 128, 16) if not ns.smoke else (4, 2, 16, 16)
+    q = torch.randn(tokens, nh, hd, device=device, dtype=torch.bfloat16)
+    i64 = dict(device=device, dtype=torch.int64)
+    rows, zero, lens = torch.zeros(1, **i64), torch.zeros(1, **i64), torch.full((1,), tokens, **i64)
+    cases = {}
+    for name, dtype in (("bf16", torch.bfloat16), ("fp8", kv_dtype)):
+        pool, r2t = make_pool(dtype, 1, tokens, nkv, hd, page, device, seed=tokens)
+        k_buf, v_buf = pool.get_kv_buffer(0)
+        out = torch.empty_like(q)
+
+        def launch(k_buf=k_buf, v_buf=v_buf, out=out, r2t=r2t):
+            extend_attention_fwd(q, out, k_buf, v_buf, r2t, rows, zero, lens, zero, tokens, hd ** -0.5)
+
+        cases[name] = dict(pool=pool, run=_graph_runner(launch, ns.inner, device))
+    times = {"bf16": [], "fp8": []}
+    for rep in range(ns.reps):
+        for name in (("bf16", "fp8") if rep % 2 == 0 else ("fp8", "bf16")):
+            times[name].append(cases[name]["run"]() / ns.inner * 1e6)
+    row = {"extend_tokens": tokens, "bf16_us": statistics.median(times["bf16"]),
+           "fp8_us": statistics.median(times["fp8"])}
+    row["fp8_vs_bf16"] = row["fp8_us"] / row["bf16_us"]
+    flops = 4.0 * nh * hd * tokens * (tokens + 1) / 2  # causal: QK^T and PV over the visible pairs
+    row["bf16_tflops"], row["fp8_tflops"] = flops / row["bf16_us"] / 1e6, flops / row["fp8_us"] / 1e6
     return row
 
 
@@ -194,6 +231,14 @@ def render(res: dict) -> str:
         out.append(f"| {r['batch']} | {r['context']} | {r['splits']} | {r['bf16_us']:.2f} | {r['bf16_floor_us']:.2f} | "
                    f"{r['bf16_vs_floor']:.2f} | {r['fp8_us']:.2f} | {r['fp8_floor_us']:.2f} | "
                    f"{r['fp8_vs_floor']:.2f} | {r['fp8_speedup']:.2f}x |")
+    if res.get("extend_rows"):
+        out += ["", "Extend (prefill attention, one request, no cached prefix): the kernel is compute-bound; FP8 tiles "
+                "are widened to BF16 before the tensor-core products.", "",
+                "| new tokens | BF16 us | FP8 us | FP8 / BF16 time | BF16 TFLOP/s | FP8 TFLOP/s |",
+                "|---|---|---|---|---|---|"]
+        for r in res["extend_rows"]:
+            out.append(f"| {r['extend_tokens']} | {r['bf16_us']:.1f} | {r['fp8_us']:.1f} | {r['fp8_vs_bf16']:.2f} | "
+                       f"{r['bf16_tflops']:.1f} | {r['fp8_tflops']:.1f} |")
     return "\n".join(out) + "\n"
 
 
@@ -238,6 +283,12 @@ def main(argv=None) -> int:
                   f"floor)  speedup {row['fp8_speedup']:.2f}x", flush=True)
             if device == "cuda":
                 torch.cuda.empty_cache()
+    res["extend_rows"] = []
+    for tokens in ns.extend_tokens:
+        row = bench_extend_row(tokens, kv_dtype, ns, device)
+        res["extend_rows"].append(row)
+        print(f"extend {tokens} tokens: bf16 {row['bf16_us']:.1f} us, fp8 {row['fp8_us']:.1f} us "
+              f"({row['fp8_vs_bf16']:.2f}x)", flush=True)
     (out / "fp8_kv_decode.json").write_text(json.dumps(res, indent=1))
     (out / "fp8_kv_decode.md").write_text(render(res))
     print(render(res))
