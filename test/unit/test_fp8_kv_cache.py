@@ -359,3 +359,31 @@ def test_stories260k_fp8_kv_stays_close_to_bf16_kv(stories, name, max_err, media
         if first is not None:
             gap = (ref_logits[first, i, a[first]] - ref_logits[first, i, b[first]]).item()
             assert 0 <= gap <= 2 * max_err, (STORY_PROMPTS[i], first, gap)
+
+
+def test_preflight_refuses_bad_scales_and_old_gpus(tmp_path, monkeypatch):
+    """Before any worker starts: a checkpoint whose KV scale is per-channel is refused naming the tensor; E4M3 with the
+    Triton backend on an sm_80 GPU is refused naming the alternatives (E5M2 and sm_90 pass)."""
+    from safetensors.torch import load_file, save_file
+
+    from sglang.srt.entrypoints import preflight
+
+    src = shared_path("models", "stories260K")
+    dst = tmp_path / "bad-scales"
+    shutil.copytree(src, dst)
+    w = load_file(str(dst / "model.safetensors"))
+    w["model.layers.2.self_attn.v_scale"] = torch.ones(4)
+    save_file(w, str(dst / "model.safetensors"))
+    with pytest.raises(ValueError, match="model.layers.2.self_attn.v_scale.*per-tensor"):
+        preflight.check_kv_cache(ServerArgs(model_path=str(dst), device="cpu", kv_cache_dtype="fp8_e4m3"))
+    preflight.check_kv_cache(ServerArgs(model_path=str(dst), device="cpu"))  # auto: scales not read
+    preflight.check_kv_cache(ServerArgs(model_path=src, device="cpu", kv_cache_dtype="fp8_e4m3"))
+    pytest.importorskip("triton")
+    cap = {"v": (8, 0)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap["v"])
+    gpu = dict(model_path=src, device="cuda", attention_backend="triton")
+    with pytest.raises(ValueError, match="compute capability >= 8.9.*sm_80: use fp8_e5m2 or auto"):
+        preflight.check_kv_cache(ServerArgs(kv_cache_dtype="fp8_e4m3", **gpu))
+    preflight.check_kv_cache(ServerArgs(kv_cache_dtype="fp8_e5m2", **gpu))
+    cap["v"] = (9, 0)
+    preflight.check_kv_cache(ServerArgs(kv_cache_dtype="fp8_e4m3", **gpu))
