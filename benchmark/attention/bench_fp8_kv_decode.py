@@ -8,8 +8,8 @@ element size) over the device-to-device copy bandwidth measured in the same run 
 4 GiB copy). Timing: each measurement replays a CUDA graph of ``--inner`` back-to-back launches (as the decode step
 replays them) between CUDA events, after warm-up replays; ``--reps`` measurements per row with the BF16 / FP8 order
 alternated, the median reported. One extend row per ``--extend-tokens`` (default one 4096-token prefill) times the
-compute-bound prefill kernel over both caches. FlashInfer's FP8 decode (what SGLang would pick on Hopper) is not installed on our
-device, so the baseline is the same kernel on a BF16 cache.
+compute-bound prefill kernel over both caches. The baseline is the same kernel on a BF16 cache (the FP8 KV path
+is the Triton backend's; FlashInfer's FP8 decode is not part of this comparison).
 
 ``--smoke``: the same flow on the CPU under ``TRITON_INTERPRET=1`` at toy shapes with wall-clock timing (checks the
 script, not the speed). Writes ``<out>/fp8_kv_decode.json`` and ``.md``.
@@ -100,7 +100,8 @@ def bench_row(bs: int, ctx: int, kv_dtype, ns, device: str, bandwidth: float) ->
             decode_attention_fwd(q, k_buf, v_buf, out, r2t, rows, lens, hd ** -0.5, splits, mid_o, mid_lse,
                                  k_scale=1.0, v_scale=1.0)
 
-        cases[name] = dict(pool=pool, launch=launch, out=out, kv_bytes=bs * ctx * 2 * nkv * hd * pool.kv_data.element_size())
+        cases[name] = dict(pool=pool, launch=launch, out=out,
+                           kv_bytes=bs * ctx * 2 * nkv * hd * pool.kv_data.element_size())
     for c in cases.values():
         c["run"] = _graph_runner(c["launch"], ns.inner, device)
     times = {"bf16": [], "fp8": []}
