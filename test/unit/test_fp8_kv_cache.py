@@ -45,6 +45,13 @@ def test_other_values_are_refused_naming_the_supported_ones(name, why):
     assert f"--kv-cache-dtype={name!r}" in msg and "auto, bf16, bfloat16, fp8_e4m3, fp8_e5m2" in msg
 
 
+def test_fp8_with_a_backend_that_cannot_read_it_is_refused():
+    with pytest.raises(ValueError, match="--kv-cache-dtype='fp8_e4m3' is invalid: .*not flashinfer"):
+        ServerArgs(kv_cache_dtype="fp8_e4m3", attention_backend="flashinfer")
+    assert ServerArgs(kv_cache_dtype="fp8_e5m2", attention_backend="torch_native").kv_cache_dtype == "fp8_e5m2"
+    assert ServerArgs(kv_cache_dtype="bf16", attention_backend="flashinfer").attention_backend == "flashinfer"
+
+
 def test_resolve_follows_sglang_meaning():
     assert kv_quant.resolve_kv_cache_dtype("auto", torch.float32) == torch.float32  # the model's dtype
     assert kv_quant.resolve_kv_cache_dtype("auto", torch.bfloat16) == torch.bfloat16
