@@ -17,8 +17,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "unit"))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "integration"))
+from conftest import gpu_tiered  # noqa: E402
 
-pytestmark = pytest.mark.gpu
 
 H, K = 512, 4
 
@@ -68,7 +68,7 @@ def _rank(rank: int, addrs, transport: str, rounds: int, q) -> None:
         q.put(("error", repr(e)))
 
 
-@pytest.mark.parametrize("transport", ["cuda_ipc", "inline", "nixl"])
+@pytest.mark.parametrize("transport", gpu_tiered(["cuda_ipc", "inline", "nixl"]))
 def test_m2n_gpu_round_trips_equal_reference(transport):
     import torch.multiprocessing as mp
 
@@ -95,6 +95,7 @@ def test_m2n_gpu_round_trips_equal_reference(transport):
     assert val == 0.0, f"{transport}: max diff {val}"
 
 
+@pytest.mark.gpu_extended
 def test_afd_server_one_gpu_greedy_equals_colocated():
     from conftest import shared_path
     from server_utils import ServerProcess

@@ -23,8 +23,10 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "python"))
+sys.path.insert(0, str(REPO / "test"))
 
-pytestmark = pytest.mark.gpu
+from conftest import gpu_tiered  # noqa: E402
+
 DEV = "cuda"
 SEED = int.from_bytes(os.urandom(4), "little")
 
@@ -45,9 +47,10 @@ def _close(a, b, tol=2e-2):
     assert a.shape == b.shape and err <= tol * ref, f"max abs err {err} > {tol * ref} (seed {SEED})"
 
 
-@pytest.mark.parametrize("m,n,k,bn,bk,split,pdl", [
+@pytest.mark.parametrize("m,n,k,bn,bk,split,pdl", gpu_tiered([
     (1, 4096, 4096, 32, 128, 2, "0"), (32, 4096, 4096, 32, 128, 2, "0"), (32, 4096, 14336, 64, 128, 4, "0"),
-    (128, 4096, 14336, 128, 64, 2, "0"), (32, 4096, 4096, 32, 128, 2, "2"), (1, 4096, 14336, 64, 128, 4, "2")])
+    (128, 4096, 14336, 128, 64, 2, "0"), (32, 4096, 4096, 32, 128, 2, "2"), (1, 4096, 14336, 64, 128, 4, "2")],
+    smoke=(0, 4)))
 def test_splitk_add_rmsnorm_bitwise_vs_reduce_then_norm(m, n, k, bn, bk, split, pdl, monkeypatch):
     """o_proj / down_proj shapes: fused reduce + add + RMSNorm == reduce kernel + add + RMSNorm kernel, bit for bit."""
     from sgl_kernel.triton import decode_fuse, fused_add_rmsnorm, skinny_gemm
@@ -73,8 +76,9 @@ def test_splitk_add_rmsnorm_bitwise_vs_reduce_then_norm(m, n, k, bn, bk, split, 
     _close(r_fu, want_r)
 
 
-@pytest.mark.parametrize("m,bn,bk,pdl", [(1, 32, 256, "0"), (32, 64, 128, "0"), (32, 16, 128, "0"),
-                                          (128, 32, 128, "0"), (1, 32, 256, "2"), (32, 64, 128, "2")])
+@pytest.mark.parametrize("m,bn,bk,pdl", gpu_tiered([(1, 32, 256, "0"), (32, 64, 128, "0"), (32, 16, 128, "0"),
+                                                     (128, 32, 128, "0"), (1, 32, 256, "2"), (32, 64, 128, "2")],
+                                                    smoke=(1, 4)))
 def test_skinny_gemm_silu_vs_reference(m, bn, bk, pdl, monkeypatch):
     """gate_up [28672, 4096] + SiLU-and-mul in one kernel vs the torch reference and the unfused kernel pair."""
     from sgl_kernel.triton import activation, decode_fuse, skinny_gemm
@@ -106,6 +110,7 @@ def _mlp_layers(gen, inter=14336, h=4096):
     return mods
 
 
+@pytest.mark.gpu
 def test_fused_tune_install_and_graph_replay(monkeypatch):
     """autotune in fused mode on the o_proj / gate_up / down shapes tags each choice; with its best skinny forms
     installed (and the flags mark_model would set on a Llama layer) o_proj -> norm -> MLP -> norm replays in a CUDA

@@ -16,8 +16,9 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "python"))
+sys.path.insert(0, str(REPO / "test"))
 
-pytestmark = pytest.mark.gpu
+from conftest import gpu_tiered  # noqa: E402
 DEV = "cuda"
 
 
@@ -43,7 +44,7 @@ def layers():
     return torch.nn.ModuleList(mods)
 
 
-@pytest.mark.parametrize("m,which", [(1, 0), (128, 2)])
+@pytest.mark.parametrize("m,which", gpu_tiered([(1, 0), (128, 2)]))
 def test_decode_gemm_candidates_vs_linear(layers, m, which):
     """Each candidate config (split-K or not) at m rows equals F.linear within bf16 rounding (qkv with bias at 1 row,
     o_proj without at 128; the other classes and both bias variants run under the interpreter in
@@ -61,6 +62,7 @@ def test_decode_gemm_candidates_vs_linear(layers, m, which):
             _close(skinny_gemm(x, mod.weight, mod.bias, **cfg.kwargs()), want)
 
 
+@pytest.mark.gpu
 def test_decode_gemm_autotuned_dispatch_vs_linear(layers):
     """autotune() on this GPU, install(), then every layer returns bit for bit what its table entry names (skinny
     config or cuBLAS) and matches F.linear within bf16 rounding; a skinny choice was measured faster than cuBLAS."""

@@ -27,7 +27,8 @@ from test_docs_quickstart import DOC_PORTS, _Group, _launch_argv, _with_ports, b
 
 from sglang.srt.utils.nvls_env import NVLS_OFF_ENV  # noqa: E402
 
-pytestmark = pytest.mark.gpu
+# A docs check: the one-GPU server path it runs is smoke-tested by test_gpu_correctness.py.
+pytestmark = pytest.mark.gpu_extended
 STANDINS = {"Qwen2.5-0.5B-Instruct": "stories260K", "Qwen1.5-MoE-A2.7B": "stories260K-moe"}
 GPU_BLOCKS = [b for b in blocks() if b["kind"] == "gpu"]
 

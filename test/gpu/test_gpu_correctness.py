@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "python"))
 sys.path.insert(0, str(REPO / "test"))
 
-pytestmark = pytest.mark.gpu
+from conftest import gpu_tiered  # noqa: E402
 
 VOCAB = 512
 BASE = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
@@ -316,6 +316,7 @@ def _no_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_triton_backend_and_fused_ops_match_torch_native_bf16(arch, tmp_path):
     from sglang.srt.layers import ops
@@ -326,6 +327,7 @@ def test_triton_backend_and_fused_ops_match_torch_native_bf16(arch, tmp_path):
     assert res["backend_class"] == "TritonAttnBackend"
 
 
+@pytest.mark.gpu
 def test_default_backend_on_cuda_is_triton_with_graphs(tmp_path):
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.model_executor.model_runner import ModelRunner
@@ -343,12 +345,14 @@ def test_default_backend_on_cuda_is_triton_with_graphs(tmp_path):
         runner.pad_req_idx].any()
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("arch", ["llama", "mixtral", "qwen3"])
 def test_cuda_graph_replay_equals_eager(arch, tmp_path):
     res = compare_graphs(write_config(tmp_path, arch, "float32"))
     print(f"{arch}: {res}")
 
 
+@pytest.mark.gpu
 def test_graph_greedy_ids_equal_the_sampler(tmp_path, monkeypatch):
     """Decode steps of greedy batches (sizes 1..16, padded) take their ids from the argmax captured in the graph (the
     default since issue 27), and those equal the sampler's argmax on the same logits; the sampler is not called."""
@@ -392,7 +396,7 @@ def _greedy_all(url: str) -> list[dict]:
         return list(ex.map(one, PROMPTS))
 
 
-@pytest.mark.parametrize("model", ["stories260K", "stories260K-moe"])
+@pytest.mark.parametrize("model", gpu_tiered(["stories260K", "stories260K-moe"]))
 def test_greedy_e2e_cuda_matches_cpu(model):
     from conftest import shared_path
     from server_utils import ServerProcess

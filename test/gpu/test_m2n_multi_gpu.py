@@ -32,9 +32,10 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import m2n_push_case  # noqa: E402
+from conftest import gpu_tiered  # noqa: E402
 
-pytestmark = pytest.mark.gpu
 
 H, K, MAX_ROWS, SLOTS = 256, 4, 300, 4
 OP_ECHO, OP_DIE = 0, 1
@@ -224,7 +225,8 @@ CASES = [("cuda_push", 2), ("cuda_push_ll", 2), ("cuda_ipc", 2), ("inline", 2), 
          ("inline", 4)]
 
 
-@pytest.mark.parametrize("transport,world", CASES, ids=[f"{t}-{w}gpu" for t, w in CASES])
+@pytest.mark.parametrize("transport,world", gpu_tiered(CASES, smoke=(0, 2),
+                                                         ids=[f"{t}-{w}gpu" for t, w in CASES]))
 def test_m2n_one_rank_per_gpu(transport, world):
     if _ngpu() < world:
         pytest.skip(f"needs {world} GPUs, found {_ngpu()}")

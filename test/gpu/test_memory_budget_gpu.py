@@ -1,4 +1,4 @@
-"""Issue 27, item 1 on one GPU: at the defaults (no --mem-fraction-static, no --max-total-tokens) the Llama-3.1-8B
+"""On one GPU, at the defaults (no --mem-fraction-static, no --max-total-tokens) the Llama-3.1-8B
 config (dummy bf16 weights) runs a static batch of 128 x 1024 prompt tokens, and the largest forward the scheduler
 can form, beside a full-size KV pool, without running out of memory; the activation peak of the batch stays within
 the reserve the profiling forwards measured at start."""
@@ -14,8 +14,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from conftest import shared_path  # noqa: E402
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu_extended  # the smoke test of the 8B shape at the defaults is test_server_dummy_llama8b.py
 def test_llama8b_batch128_x_1k_fits_at_the_defaults():
+    """The ModelRunner lives in this pytest process and takes most of the device (the default pool); test/conftest.py
+    releases it after the test, pass or fail, before a later test starts a server (which sizes its KV pool from the
+    device's free memory)."""
     import torch
 
     from sglang.bench_one_batch import chunk_size, run_latency

@@ -21,13 +21,12 @@ import requests
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "integration"))
-from conftest import shared_path  # noqa: E402
+from conftest import gpu_tiered, shared_path  # noqa: E402
 from ray_utils import generate, greedy_payload  # noqa: E402
 from server_utils import ENV, ServerProcess, free_port  # noqa: E402
 
 ENV["RAY_AUTH_MODE"] = "disabled"  # ServerProcess passes ENV to the server (the driver joins this test's head)
 
-pytestmark = pytest.mark.gpu
 pytest.importorskip("ray", reason="ray is not installed (pip install '.[ray]')")
 RAY_ENV = ENV
 
@@ -58,7 +57,8 @@ def _tokens(args: list[str]) -> tuple[list, dict]:
     return [o["output_ids"] for o in outs], info
 
 
-@pytest.mark.parametrize("extra", [[], ["--tp", "2", "--tp-ranks-share-gpu"]], ids=["tp1", "tp2-shared-gpu"])
+@pytest.mark.parametrize("extra", gpu_tiered([[], ["--tp", "2", "--tp-ranks-share-gpu"]],
+                                             ids=["tp1", "tp2-shared-gpu"]))
 def test_use_ray_on_gpu_equals_plain(ray_head, extra):
     base = ["--model-path", shared_path("models", "stories260K"), "--device", "cuda", *extra]
     plain, _ = _tokens(base)

@@ -29,7 +29,7 @@ for p in (str(REPO / "sgl-kernel" / "python"), str(REPO / "python"), str(HERE)):
 os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "sgl-kernel" / "python"), str(REPO / "python"), str(HERE),
                                             os.environ.get("PYTHONPATH", "")])
 
-pytestmark = pytest.mark.gpu
+pytestmark = pytest.mark.gpu_extended  # 4 GPUs
 WORLD = 4
 CASES = ("decomp", "schedules", "auto")
 _RESULTS = {}

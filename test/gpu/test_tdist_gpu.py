@@ -33,13 +33,13 @@ from sglang.srt.utils.nvls_env import NVLS_OFF_ENV, apply_nvls_off_env  # noqa: 
 apply_nvls_off_env(os.environ)
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-for p in (str(REPO / "sgl-kernel" / "python"), str(REPO / "python"), str(HERE)):
+for p in (str(REPO / "sgl-kernel" / "python"), str(REPO / "python"), str(HERE), str(REPO / "test")):
     if p not in sys.path:
         sys.path.insert(0, p)
 os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "sgl-kernel" / "python"), str(REPO / "python"), str(HERE),
                                             os.environ.get("PYTHONPATH", "")])
+from conftest import gpu_tiered  # noqa: E402
 
-pytestmark = pytest.mark.gpu
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 
@@ -114,11 +114,12 @@ def _group(world):
     return _RESULTS[world]
 
 
+@pytest.mark.gpu
 def test_case_selection_is_valid():
     assert not _UNKNOWN, f"TDIST_CASES names unknown cases {_UNKNOWN}; known: {CASES}"
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", gpu_tiered([2, 4]))  # every case in one group of 2 ranks is the smoke test
 @pytest.mark.parametrize("case", CASES)
 def test_tdist_case(world, case):
     outcomes, problems = _group(world)
@@ -169,12 +170,13 @@ def _sp_greedy(ps, path, prompt, steps, tdist):
     return out, first
 
 
+@pytest.mark.gpu_extended
 @pytest.mark.parametrize("world", [2, 4])
 def test_sequence_parallel_executor_with_tdist_equals_single_process(world):
     _check_sp_greedy(world, "ce", share_gpu=True)
 
 
-@pytest.mark.parametrize("producer", ["decomp", "sm"])
+@pytest.mark.parametrize("producer", gpu_tiered(["decomp", "sm"]))
 def test_sequence_parallel_executor_one_rank_per_gpu_equals_single_process(producer):
     """--enable-tdist-overlap's default path (the decomposition behind AutoAgGemm / AutoGemmRs) and the Triton SM
     kernels with one rank per GPU (NCCL device group, CUDA IPC across GPUs): greedy tokens of stories260K equal the
@@ -205,6 +207,7 @@ def _check_sp_greedy(world, producer, share_gpu):
         torch.testing.assert_close(logits, want_logits, atol=1e-3, rtol=1e-3)
 
 
+@pytest.mark.gpu_extended
 def test_server_tp2_shared_gpu_tdist_overlap_equals_tp1():
     """Through HTTP: ``--tp 2 --tp-ranks-share-gpu --enable-tdist-overlap`` on the real stories260K checkpoint (fp32
     on the GPU: the heap over CUDA IPC within the device, fused AG-GEMM / GEMM-RS with IEEE products) gives TP=1's

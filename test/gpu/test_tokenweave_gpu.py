@@ -15,11 +15,12 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO / "sgl-kernel" / "python"), str(REPO / "python"), str(REPO / "test" / "unit")]
+sys.path[:0] = [str(REPO / "sgl-kernel" / "python"), str(REPO / "python"), str(REPO / "test" / "unit"),
+                str(REPO / "test")]
+from conftest import gpu_tiered  # noqa: E402
 from sglang.srt.utils.nvls_env import apply_nvls_off_env  # noqa: E402
 
 apply_nvls_off_env()
-pytestmark = pytest.mark.gpu
 
 
 def _tiny_llama(tmp_path, moe: bool):
@@ -39,8 +40,8 @@ def _tiny_llama(tmp_path, moe: bool):
     return str(tmp_path)
 
 
-@pytest.mark.parametrize("moe", [False, True])
-def test_two_stream_executor_equals_unsplit(tmp_path, moe):
+@pytest.mark.parametrize("moe,shapes", gpu_tiered([(False, 200), (False, 1000), (True, 300)]))
+def test_two_stream_executor_equals_unsplit(tmp_path, moe, shapes):
     from model_harness import ModelHarness
 
     from sglang.srt.configs.model_config import ModelConfig
@@ -60,7 +61,6 @@ def test_two_stream_executor_equals_unsplit(tmp_path, moe):
     ex = Forced(TokenWeaveConfig(min_tokens=2, gemm_widths=gemm_widths_of(config, 1)), torch.device("cuda"))
     assert ex.comm_stream is not None
     rng = random.Random(0)
-    shapes = 1000 if not moe else 300
     for i in range(shapes):
         h = ModelHarness(model, config, max_reqs=6, max_len=160, seed=i, device="cuda")
         if rng.random() < 0.5:  # a cached prefix for some requests
@@ -162,6 +162,7 @@ def _spawn_target(rank, world, store, q):
     q.put((rank, d[rank]))
 
 
+@pytest.mark.gpu
 def test_tw_comm_two_ranks_on_one_gpu(tmp_path):
     """2 ranks as 2 processes on cuda:0: every variant (and its CUDA-graph replays) equals the torch reference."""
     if os.environ.get("SGLANG_SKIP_ONE_GPU_MULTIRANK") == "1":
@@ -214,6 +215,7 @@ def tiny_checkpoints(tmp_path_factory):
     return paths
 
 
+@pytest.mark.gpu_extended  # the executor's and tw-comm's smoke tests are the two above
 @pytest.mark.parametrize("name,world", [("llama_bias_untied", 2), ("mixtral", 2), ("llama_bias_untied", 4)])
 def test_tokenweave_tp_ranks_share_one_gpu(tiny_checkpoints, name, world):
     """``world`` TP ranks as processes on cuda:0 (gloo device group, tw-comm's fused AllReduce-RMSNorm over CUDA
@@ -234,6 +236,7 @@ def test_tokenweave_tp_ranks_share_one_gpu(tiny_checkpoints, name, world):
                     f"{name} world {world} rank {rank} step {step} cut {cut}: max diff {diff}"
 
 
+@pytest.mark.gpu_extended
 @pytest.mark.parametrize("name", ["llama_bias_untied", "mixtral"])
 def test_tokenweave_tp2_one_rank_per_gpu(tiny_checkpoints, name):
     """2 TP ranks on 2 GPUs (NCCL device group, tw-comm's fused AllReduce-RMSNorm over CUDA IPC between the
@@ -243,7 +246,7 @@ def test_tokenweave_tp2_one_rank_per_gpu(tiny_checkpoints, name):
     _tp2_one_rank_per_gpu(tiny_checkpoints[name], name, sharded=False)
 
 
-@pytest.mark.parametrize("name", ["llama_bias_untied", "mixtral"])
+@pytest.mark.parametrize("name", gpu_tiered(["llama_bias_untied", "mixtral"]))
 def test_tokenweave_tp2_one_rank_per_gpu_sharded_residual(tiny_checkpoints, name):
     """As :func:`test_tokenweave_tp2_one_rank_per_gpu` with the sharded residual (the default; each rank reads and
     updates only its rows of each split's residual; TokenWeave sec. 3-4), every rank's non-owned residual rows
@@ -269,6 +272,7 @@ def _tp2_one_rank_per_gpu(path: str, name: str, sharded: bool) -> None:
                     f"{name} sharded={sharded} rank {rank} step {step} cut {cut}: max diff {diff}"
 
 
+@pytest.mark.gpu_extended
 def test_server_tp2_shared_gpu_tokenweave_equals_tp1():
     """Through HTTP: ``--tp 2 --tp-ranks-share-gpu --enable-tokenweave --tokenweave-min-tokens 8`` on the real
     stories260K checkpoint (fp16 on the GPU, tw-comm's kernel over CUDA IPC) gives TP=1's greedy tokens."""

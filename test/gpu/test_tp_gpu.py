@@ -21,7 +21,7 @@ from conftest import shared_path  # noqa: E402
 from server_utils import ServerProcess  # noqa: E402
 
 torch = pytest.importorskip("torch")
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+pytestmark = [pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
                                                   reason="needs at least 2 CUDA GPUs")]
 
 
@@ -45,6 +45,7 @@ def _comm_check(ps, seed: int) -> dict:
     return out
 
 
+@pytest.mark.gpu
 def test_custom_all_reduce_matches_nccl():
     from tp_worker import spawn_ranks
 
@@ -57,6 +58,7 @@ def test_custom_all_reduce_matches_nccl():
             assert r[numel] < 2e-2, (numel, r)  # bf16 sums vs fp32 NCCL reference
 
 
+@pytest.mark.gpu_extended
 def test_tp2_server_fp32_greedy_equals_tp1():
     from test_tp_cpu import PROMPTS, tokenize, tp1_greedy
 

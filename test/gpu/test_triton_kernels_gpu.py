@@ -16,8 +16,12 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "python"))
+sys.path.insert(0, str(REPO / "test"))
 
-pytestmark = pytest.mark.gpu
+from conftest import gpu_tiered  # noqa: E402
+
+# The smoke selection (marker gpu) runs each kernel's path once: the first shape, the default launch (PDL where a
+# kernel has it), bf16; the other shapes, launches and dtypes are gpu_extended.
 DEV = "cuda"
 TOL = {torch.float32: 5e-3, torch.float16: 4e-3, torch.bfloat16: 2e-2}  # fp32 dots run in TF32
 
@@ -101,7 +105,7 @@ def run_both(q, k, v, layer, make_batch):
     return out, ref
 
 
-@pytest.mark.parametrize("nh,nkv,hd", [(32, 8, 128), (8, 8, 64), (16, 4, 256), (8, 8, 8), (64, 8, 128)])
+@pytest.mark.parametrize("nh,nkv,hd", gpu_tiered([(32, 8, 128), (8, 8, 64), (16, 4, 256), (8, 8, 8), (64, 8, 128)]))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_decode_vs_torch_native(nh, nkv, hd, dtype):
     gen = torch.Generator().manual_seed(nh * hd)
@@ -110,7 +114,7 @@ def test_decode_vs_torch_native(nh, nkv, hd, dtype):
     close(out, ref, dtype)
 
 
-@pytest.mark.parametrize("nh,nkv,hd", [(32, 8, 128), (8, 8, 64), (16, 4, 256), (8, 8, 8)])
+@pytest.mark.parametrize("nh,nkv,hd", gpu_tiered([(32, 8, 128), (8, 8, 64), (16, 4, 256), (8, 8, 8)]))
 def test_extend_and_mixed_vs_torch_native(nh, nkv, hd):
     gen = torch.Generator().manual_seed(hd + 1)
     out, ref = run_both(*build_case(gen, [0, 300, 17, 1000], [700, 129, 1, 5], nh, nkv, hd, torch.bfloat16))
@@ -119,8 +123,9 @@ def test_extend_and_mixed_vs_torch_native(nh, nkv, hd):
     close(out, ref, torch.bfloat16)
 
 
-@pytest.mark.parametrize("prefix,extend", [([300, 17, 1000, 4095], [1, 1, 1, 1]),
-                                           ([0, 300, 17, 1000], [700, 129, 1, 5])], ids=["decode", "mixed"])
+@pytest.mark.parametrize("prefix,extend", gpu_tiered([([300, 17, 1000, 4095], [1, 1, 1, 1]),
+                                                      ([0, 300, 17, 1000], [700, 129, 1, 5])], smoke=(1,),
+                                                     ids=["decode", "mixed"]))
 def test_token_major_pool_vs_layer_major(prefix, extend):
     """Issue 24: compiled decode/extend kernels over a token-major pool (K/V buffers strided by 32 layers x 2 x
     8 heads x 128) equal the layer-major pool's output and the torch_native reference (Llama-3.1-8B heads, bf16)."""
@@ -138,7 +143,7 @@ def test_token_major_pool_vs_layer_major(prefix, extend):
     close(outs["token_major"], ref, torch.bfloat16)
 
 
-@pytest.mark.parametrize("legacy", [False, True])
+@pytest.mark.parametrize("legacy", gpu_tiered([False, True]))
 @pytest.mark.parametrize("bs", [1, 40, 128])
 def test_decode_split_rules_vs_torch_native(bs, legacy):
     """Issue 19: the default decode kernel + 'wave' split rule (bs 128 on 132 SMs: one split, direct output, no
@@ -161,7 +166,8 @@ def test_decode_split_rules_vs_torch_native(bs, legacy):
         assert splits == max(1, min(16, 2 * sms // (bs * 8)))  # 2 programs per SM (decode_attention.py)
 
 
-@pytest.mark.parametrize("tile,pdl", [("128/8/3", "0"), ("256/8/3", "0"), ("", "0"), ("", "default")])
+@pytest.mark.parametrize("tile,pdl", gpu_tiered([("128/8/3", "0"), ("256/8/3", "0"), ("", "0"), ("", "default")],
+                                                smoke=(3,)))
 def test_decode_small_grid_tile_vs_torch_native(tile, pdl, monkeypatch):
     """Issue 27: SGLANG_DECODE_ATTN_SMALL_GRID_TILE at batch 32 (one split, 256 programs <= 2 per SM on an H100 or
     H200), and the default tile with programmatic dependent launch (the default) and without it
@@ -186,7 +192,7 @@ def test_decode_small_grid_tile_vs_torch_native(tile, pdl, monkeypatch):
     close(backend.forward(q, k, v, layer, fb), ref, torch.bfloat16)
 
 
-@pytest.mark.parametrize("pdl", ["0", "default"])
+@pytest.mark.parametrize("pdl", gpu_tiered(["0", "default"], smoke=(1,)))
 def test_rope_and_store_kv_equals_rope_then_store_on_gpu(pdl, monkeypatch):
     """The fused RoPE + KV-store kernel writes the same pool bytes and q as apply_rope + indexed stores (bf16, fp32
     compute with a bf16 pool, Neox and GPT-J, partial rotary), leaves k/v alone, and the backend path through
@@ -244,6 +250,7 @@ def _fused_backend_matches_unfused():
         assert torch.equal(pool.kv_layer_view, pools[0].kv_layer_view)
 
 
+@pytest.mark.gpu
 def test_sampling_columns_packed_copy_on_gpu():
     """columns_to_device on CUDA: one pinned copy, typed views with the values of separate tensors (odd sizes)."""
     from sglang.srt.utils.tensor_transfer import columns_to_device
@@ -257,8 +264,8 @@ def test_sampling_columns_packed_copy_on_gpu():
             assert t.is_cuda and t.dtype == dt and t.tolist() == torch.tensor(vals, dtype=dt).tolist()
 
 
-@pytest.mark.parametrize("m,pdl", [(1, "0"), (7, "0"), (16, "0"), (32, "0"), (1, "default"), (7, "default"),
-                                   (32, "2")])
+@pytest.mark.parametrize("m,pdl", gpu_tiered([(1, "0"), (7, "0"), (16, "0"), (32, "0"), (1, "default"),
+                                               (7, "default"), (32, "2")], smoke=(4,)))
 def test_skinny_gemm_vs_cublas(m, pdl, monkeypatch):
     """The decode-batch weight-streaming GEMM equals F.linear within bf16 rounding at the Llama-3.1-8B qkv and
     down-projection shapes, with and without bias, one-pass and split-K; also launched with programmatic dependent
@@ -277,7 +284,69 @@ def test_skinny_gemm_vs_cublas(m, pdl, monkeypatch):
             close(skinny_gemm(x, w, b, split_k=split_k), torch.nn.functional.linear(x, w, b), torch.bfloat16)
 
 
-@pytest.mark.parametrize("pdl", ["0", "default", "2"])
+@pytest.mark.parametrize("impl", gpu_tiered(["sdpa", "varlen"]))
+def test_prefix_free_extend_rows_through_torch_attention_vs_torch_native(impl):
+    """SGLANG_EXTEND_ATTENTION=sdpa / varlen: a chunked-prefill-like mixed batch (a continued row with a prefix, fresh
+    rows of 1..1500 tokens, decode rows) at Llama-8B heads equals torch_native; the prefixed row stays on the Triton
+    kernel."""
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    gen = torch.Generator().manual_seed(5 + (impl == "varlen"))
+    prefix = [1200, 0, 0, 0, 700, 0]
+    extend = [300, 1500, 2, 817, 1, 64]
+    q, k, v, layer, make_batch = build_case(gen, prefix, extend, 32, 8, 128, torch.bfloat16)
+    rfb = make_batch(TorchNativeAttnBackend())
+    ref = rfb.attn_backend.forward(q, k, v, layer, rfb)
+    backend = TritonAttnBackend(extend_impl=impl)
+    fb = make_batch(backend)
+    assert [n for _, n in fb.attn_metadata.dense_segments] == [1500, 2, 817, 64]
+    close(backend.forward(q, k, v, layer, fb), ref, torch.bfloat16)
+
+
+@pytest.mark.parametrize("policy,bs", gpu_tiered([("balanced", 160), ("balanced", 4), ("balanced", 24), ("wave", 4),
+                                                  ("wave", 24), ("wave", 160)]))
+def test_decode_variable_lengths_policies_in_graph_vs_torch_native(bs, policy):
+    """Serving-like decode batches (contexts 1..6000 at Llama-8B heads) under the balanced split policy (rows longest
+    first, length-aware splits) and the wave rule: a CUDA graph that captures the metadata (as the graph runner does)
+    and is replayed with new lengths equals torch_native each time, and the balanced order follows the replayed
+    lengths."""
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    gen = torch.Generator().manual_seed(bs * 3 + (policy == "wave"))
+    prefix = [int(x) for x in torch.randint(1, 6000, (bs,), generator=gen)]
+    q, k, v, layer, make_batch = build_case(gen, prefix, [1] * bs, 32, 8, 128, torch.bfloat16)
+    backend = TritonAttnBackend(split_policy=policy)
+    backend.init_cuda_graph_state(bs, 32, 128, 8, torch.device(DEV))
+    fb = make_batch(backend)
+    rfb = make_batch(TorchNativeAttnBackend())
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        backend.init_forward_metadata(fb)
+        backend.forward(q, k, v, layer, fb)  # warm up (compile) outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        backend.init_forward_metadata(fb)
+        out = backend.forward(q, k, v, layer, fb)
+    for _ in range(2):
+        new = torch.randint(1, max(fb.seq_lens_cpu) + 1, (bs,), generator=gen)
+        fb.seq_lens.copy_(new.to(DEV))
+        rfb.seq_lens.copy_(new.to(DEV))
+        rfb.seq_lens_cpu[:] = new.tolist()
+        q.copy_(torch.randn(q.shape, generator=gen).to(q.dtype))
+        graph.replay()
+        torch.cuda.synchronize()
+        if policy == "balanced":
+            got = fb.attn_metadata.decode_order.cpu()
+            assert (new[got][:-1] >= new[got][1:]).all()
+        ref = rfb.attn_backend.forward(q, k, v, layer, rfb)
+        close(out, ref, torch.bfloat16)
+
+
+@pytest.mark.parametrize("pdl", gpu_tiered(["0", "default", "2"], smoke=(1,)))
 @pytest.mark.parametrize("bs", [16, 96])
 def test_decode_cuda_graph_replay_equals_eager(bs, pdl, monkeypatch):
     """Graph replay equals eager at a multi-split size (16) and, on 132-SM parts, a one-split direct-output size
@@ -311,7 +380,7 @@ def test_decode_cuda_graph_replay_equals_eager(bs, pdl, monkeypatch):
 
 
 @pytest.mark.parametrize("pdl", ["0", "default"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("dtype", gpu_tiered([torch.bfloat16, torch.float16, torch.float32]))
 def test_fused_ops_vs_references(dtype, pdl, monkeypatch):
     set_pdl(monkeypatch, pdl)  # RMSNorm, SiLU-and-mul: plain or programmatic dependent launch (issue 27)
     from sglang.srt.layers import ops
@@ -346,7 +415,8 @@ def test_fused_ops_vs_references(dtype, pdl, monkeypatch):
         close(kk, wk, dtype, scale=0.5)
 
 
-@pytest.mark.parametrize("n,e,k,renorm", [(1, 8, 2, True), (37, 8, 2, True), (512, 60, 4, False), (2048, 128, 8, True)])
+@pytest.mark.parametrize("n,e,k,renorm", gpu_tiered([(1, 8, 2, True), (37, 8, 2, True), (512, 60, 4, False),
+                                                     (2048, 128, 8, True)], smoke=(1, 2)))
 def test_moe_vs_references(n, e, k, renorm):
     from sglang.srt.layers import ops
     from sglang.srt.layers.moe.fused_moe import fused_moe_ref
@@ -408,7 +478,7 @@ def _pdl_chain(pdl: str, m: int, monkeypatch):
     return outs
 
 
-@pytest.mark.parametrize("m", [1, 32])
+@pytest.mark.parametrize("m", gpu_tiered([1, 32]))
 def test_pdl_early_launch_chain_in_graph_equals_plain(m, monkeypatch):
     """Issue 27 (programmatic dependent launch, the default): with griddepcontrol.launch_dependents right after each
     kernel's wait and the skinny GEMM's L2 weight prefetch before it, a graph of dependent kernels gives

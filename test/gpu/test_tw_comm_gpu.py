@@ -23,8 +23,9 @@ from sglang.srt.utils.nvls_env import NVLS_OFF_ENV  # noqa: E402  (pure Python)
 os.environ.update(NVLS_OFF_ENV)
 PATHS = [str(REPO / "sgl-kernel" / "python"), str(REPO / "python")]
 sys.path[:0] = PATHS
+sys.path.insert(0, str(REPO / "test"))
+from conftest import gpu_tiered  # noqa: E402
 
-pytestmark = pytest.mark.gpu
 
 EPS = 1e-5
 TOL = dict(rtol=2e-2, atol=2e-2)
@@ -379,24 +380,24 @@ def _run(world, tmp_path, suite, timeout_s=150):
             pytest.fail(f"tw-comm GPU test hung for {timeout_s}s at world={world}")
 
 
-@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("world", gpu_tiered([2, 4, 8]))
 def test_tw_comm_gpu(world, tmp_path):
     _run(world, tmp_path, "main")
 
 
-@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("world", gpu_tiered([2, 4, 8]))
 def test_tw_comm_lamport_gpu(world, tmp_path):
     """The Lamport one-shot alone (a hang here cannot hide the other variants' results)."""
     _run(world, tmp_path, "lamport", timeout_s=90)
 
 
-@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("world", gpu_tiered([2, 4, 8]))
 def test_tw_comm_pipe_gpu(world, tmp_path):
     """The pipelined two-shot alone (a hang here cannot hide the other variants' results)."""
     _run(world, tmp_path, "pipe", timeout_s=90)
 
 
-@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("world", gpu_tiered([2, 4, 8]))
 def test_tw_comm_bulk_gpu(world, tmp_path):
     """The bulk-copy two-shot alone (a hang here cannot hide the other variants' results)."""
     _run(world, tmp_path, "bulk", timeout_s=90)

@@ -5,7 +5,9 @@ Node A (head, 10.215.X.1) and node B (10.215.X.2) run ``ray start --block`` insi
 server runs in A with ``--use-ray --tp 2 --nnodes 2`` so one TP rank lives in each namespace (every socket
 between them crosses the veth); its greedy tokens must equal the single-process server's. Then PD (KVDirect):
 the prefill instance pinned to A and the decode instance to B (``--ray-worker-resources``), behind the mini_lb
-router, must give the same tokens. Skipped, with the
+router, must give the same tokens. And expert parallelism by all-to-all across the two nodes: stories260K-moe8 (8 different
+experts) with ``--tp 2 --ep-size 2 --moe-a2a-backend nccl``, one EP rank per namespace (every dispatch and combine
+crosses the veth), gives the single-process server's tokens. Skipped, with the
 reason, where namespaces cannot be created (no root / CAP_NET_ADMIN, no ``ip``). Only addresses inside the two
 namespaces this module creates are used; both are deleted afterwards.
 """
@@ -184,6 +186,29 @@ def test_tp2_across_namespaced_nodes_equals_single_process(netns_cluster, refere
         assert [o["output_ids"] for o in r.json()] == reference
         nodes = client.get(f"http://{IP_A}:{PORT}/get_server_info", timeout=30).json()["ray_nodes"]
         assert sorted(n["ip"] for n in nodes) == [IP_A, IP_B], nodes  # one TP rank in each namespace
+    finally:
+        client.close()
+        _stop(srv)
+    assert srv.returncode == 0, open(log_path).read()[-4000:]
+
+
+def test_ep2_all_to_all_across_namespaced_nodes_equals_single_process(netns_cluster):
+    """One EP rank per namespace: the MoE dispatch/combine all-to-alls (gloo) cross the veth."""
+    model = shared_path("models", "stories260K-moe8")
+    want = single_process_reference(model)
+    log_path = netns_cluster["logs"] / "server_ep.log"
+    srv = _server(model, PORT + 5, ["--device", "cpu", "--tp", "2", "--nnodes", "2", "--ep-size", "2",
+                                    "--moe-a2a-backend", "nccl"], log_path)
+    client = _NsClient(NS_A)
+    try:
+        _wait_healthy(client, srv, log_path, port=PORT + 5)
+        r = client.post(f"http://{IP_A}:{PORT + 5}/generate", greedy_payload())
+        assert r.status_code == 200, r.text
+        assert [o["output_ids"] for o in r.json()] == want
+        info = client.get(f"http://{IP_A}:{PORT + 5}/get_server_info", timeout=30).json()
+        assert sorted(n["ip"] for n in info["ray_nodes"]) == [IP_A, IP_B], info["ray_nodes"]
+        assert info["moe_a2a_backend"] == "nccl"
+        assert "MoE all-to-all (nccl) on 5 MoE layers" in open(log_path).read()
     finally:
         client.close()
         _stop(srv)

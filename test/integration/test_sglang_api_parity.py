@@ -1,4 +1,4 @@
-"""SGLang API parity, the rest (issue 28): ``/v1/score``, ``/v1/tokenize`` with chat ``messages``, ``/v1/responses``
+"""SGLang API parity, the rest: ``/v1/score``, ``/v1/tokenize`` with chat ``messages``, ``/v1/responses``
 status/usage/events, SGLang's tool error texts, logprobs under a grammar, SGLang's ``CustomLogitProcessor``,
 token ids outside the vocabulary, and streamed logprobs under any chunking (many concurrent streams), against a
 real CPU server on stories260K with the request shapes of SGLang's own server tests
@@ -20,8 +20,10 @@ import pytest
 import requests
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import shared_path  # noqa: E402
 from server_utils import ServerProcess  # noqa: E402
+from stream_logprob_checks import check_frontend_stream_logprobs, raw_stream  # noqa: E402
 
 MODEL = shared_path("models", "stories260K")
 PROMPT = "Once upon a time"
@@ -282,24 +284,47 @@ def test_streamed_logprobs_one_per_token_under_concurrency(server):
     assert not bad, bad[:3]
 
 
-def test_incremental_streaming_output_sends_aligned_deltas():
+@pytest.fixture(scope="module")
+def incremental_server():
     with ServerProcess(["--model-path", MODEL, "--incremental-streaming-output"]) as s:
-        def one(i):
-            body = {"text": PROMPT + " y" * (i % 3), "return_logprob": True, "top_logprobs_num": 2,
-                    "logprob_start_len": 0, "sampling_params": {"temperature": 0, "max_new_tokens": 4 + i % 20}}
-            ref = requests.post(s.url + "/generate", json=body, timeout=300).json()
-            chunks = sse(requests.post(s.url + "/generate", json={**body, "stream": True}, stream=True, timeout=300))
-            ids, text, lps, inputs = [], "", [], []
-            for c in chunks:
-                m = c["meta_info"]
-                assert len(m["output_token_logprobs"]) == len(c["output_ids"]) == len(m["output_top_logprobs"])
-                assert m["output_token_logprobs_length"] - len(m["output_token_logprobs"]) == len(lps)
-                ids, text, lps = ids + c["output_ids"], text + c["text"], lps + m["output_token_logprobs"]
-                inputs += m["input_token_logprobs"]
-            assert ids == ref["output_ids"] and text == ref["text"]
-            assert [e[1] for e in lps] == [e[1] for e in ref["meta_info"]["output_token_logprobs"]]
-            assert [e[1] for e in inputs] == [e[1] for e in ref["meta_info"]["input_token_logprobs"]]
-            return len(chunks)
+        yield s
 
-        with ThreadPoolExecutor(16) as ex:
-            assert sum(ex.map(one, range(32))) > 32  # most streams came in several chunks
+
+def test_incremental_streaming_output_sends_aligned_deltas(incremental_server):
+    """``--incremental-streaming-output`` (how SGLang's own CI runs its frontend tests): every chunk carries only its
+    new tokens' text, ids and output logprob lists, ``completion_tokens`` / ``output_token_logprobs_length`` are
+    running totals, and the prompt's logprob lists are complete in every chunk (SGLang's tokenizer manager)."""
+    s = incremental_server
+
+    def one(i):
+        body = {"text": PROMPT + " y" * (i % 3), "return_logprob": True, "top_logprobs_num": 2,
+                "logprob_start_len": 0, "token_ids_logprob": [5, 300],
+                "sampling_params": {"temperature": 0, "max_new_tokens": 4 + i % 20}}
+        ref = requests.post(s.url + "/generate", json=body, timeout=300).json()
+        chunks = raw_stream(s.url, body)
+        ids, text, lps, tids, prev_tokens = [], "", [], [], 0
+        for c in chunks:
+            m = c["meta_info"]
+            new = m["completion_tokens"] - prev_tokens
+            assert m["output_token_logprobs_length"] == m["completion_tokens"]
+            assert len(c["output_ids"]) == len(m["output_token_logprobs"]) == new == len(m["output_top_logprobs"])
+            assert len(m["output_token_ids_logprobs"]) == new
+            assert [e[1] for e in m["input_token_logprobs"]] == [e[1] for e in ref["meta_info"]["input_token_logprobs"]]
+            prompt_tokens = ref["meta_info"]["prompt_tokens"]
+            assert len(m["input_top_logprobs"]) == len(m["input_token_ids_logprobs"]) == prompt_tokens
+            prev_tokens = m["completion_tokens"]
+            ids, text = ids + c["output_ids"], text + c["text"]
+            lps, tids = lps + m["output_token_logprobs"], tids + m["output_token_ids_logprobs"]
+        assert ids == ref["output_ids"] and text == ref["text"]
+        assert [e[1] for e in lps] == [e[1] for e in ref["meta_info"]["output_token_logprobs"]]
+        assert [[e[1] for e in row] for row in tids] == [[5, 300]] * len(ids)
+        return len(chunks)
+
+    with ThreadPoolExecutor(16) as ex:
+        assert sum(ex.map(one, range(32))) > 32  # most streams came in several chunks
+
+
+def test_frontend_stream_logprobs_per_chunk_on_an_incremental_stream(incremental_server):
+    """SGLang's ``test_stream_logprobs`` contract through ``text_async_iter(name, return_meta_data=True)`` on the
+    incremental stream (the frontend reads delta text and delta lists as such)."""
+    check_frontend_stream_logprobs(incremental_server.url)

@@ -19,8 +19,10 @@ import pytest
 import requests
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import shared_path  # noqa: E402
 from server_utils import ServerProcess  # noqa: E402
+from stream_logprob_checks import check_frontend_stream_logprobs  # noqa: E402
 
 PROMPT = "Once upon a time"
 FLAG = "--enable-custom-logit-processor"
@@ -29,9 +31,23 @@ DEVICE = os.environ.get("SGLANG_TEST_DEVICE", "cpu")
 DEVICE_ARGS = ["--device", DEVICE] + (["--dtype", "float32"] if DEVICE == "cuda" else [])
 
 
+POISON = "the plain server imported flashinfer"
+
+
+def poisoned_flashinfer_env(root) -> dict:
+    """An environment whose ``import flashinfer`` raises RuntimeError(:data:`POISON`): the server under test runs
+    with it, so any import of the optional library on the plain path (no ``--attention-backend flashinfer``) fails."""
+    pkg = root / "flashinfer"
+    pkg.mkdir(parents=True, exist_ok=True)
+    (pkg / "__init__.py").write_text(f"raise RuntimeError({POISON!r})\n")
+    return {"PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+
+
 @pytest.fixture(scope="module")
-def server():
-    with ServerProcess(["--model-path", shared_path("models", "stories260K"), *DEVICE_ARGS]) as s:
+def server(tmp_path_factory):
+    env = poisoned_flashinfer_env(tmp_path_factory.mktemp("poison"))
+    with ServerProcess(["--model-path", shared_path("models", "stories260K"), *DEVICE_ARGS], env=env) as s:
+        s.poison_env = env
         yield s
 
 
@@ -135,8 +151,8 @@ def test_streamed_generate_logprobs_are_cumulative_like_text(server):
 
 
 def test_streamed_generate_input_logprobs(server):
-    # the prompt's logprobs: complete in every chunk (cumulative stream); --incremental-streaming-output sends them
-    # once (test_sglang_api_parity.py)
+    # the prompt's logprobs: complete in every chunk, in both stream modes (the incremental one in
+    # test_sglang_api_parity.py)
     body = {"text": PROMPT, "sampling_params": {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True},
             "stream": True, "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 2}
     chunks = sse_events(requests.post(server.url + "/generate", json=body, stream=True, timeout=120))
@@ -215,13 +231,64 @@ def test_responses_api(server, client):
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == r.output_text
     assert events[-1].response.output_text == r.output_text
-    with pytest.raises(openai.BadRequestError, match="tools"):
-        client.responses.create(model="default", input="x", tools=[
-            {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}])
     bad = requests.post(server.url + "/v1/responses", json={"input": [{"role": "user", "content": [
         {"type": "input_image", "image_url": "http://x"}]}]}, timeout=30)
     assert bad.status_code == 400 and "input[0].content[0]" in bad.json()["error"]["message"]
     assert bad.json()["error"]["type"] == "BadRequestError"
+
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "Weather of a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Tokyo"]}},
+                          "required": ["city"], "additionalProperties": False}}
+NOTE = {"type": "custom", "name": "note", "description": "Write a note"}
+
+
+def test_responses_tools_are_validated_and_served_like_sglang(server, client):
+    openai = pytest.importorskip("openai")
+    # SGLang's protocol model: the 400 lists the allowed tool types
+    err = post(server, "/v1/responses", {"input": "x", "tools": [{"type": "retrieval"}]}, status=400)["error"]
+    assert err["message"].startswith("tools.0.type: Input should be 'function', 'web_search', 'web_search_preview', "
+                                     "'code_interpreter', 'file_search', 'image_generation', 'computer_use_preview', "
+                                     "'local_shell', 'shell', 'mcp', 'custom', 'namespace' or 'tool_search'")
+    for body, text in (({"tools": [{"type": "function"}]}, "Function tools must include a name."),
+                       ({"tools": [{"type": "shell"}]}, "Shell tools are not supported by this model"),
+                       ({"tools": [{"type": "web_search"}], "tool_choice": "required"},
+                        'tool_choice="required" requires at least one tool with type="function"'),
+                       ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "f"}},
+                        "Tool 'f' is not declared in tools")):
+        assert text in post(server, "/v1/responses", {"input": "x", **body}, status=400)["error"]["message"]
+    # valid tools with tool_choice auto: the model's text (this server has no tool-call parser, like SGLang without
+    # --tool-call-parser); stories260K has no chat template, so the fallback prompt (no tools) is the same
+    plain = client.responses.create(model="default", input="Tell me a story", max_output_tokens=8, temperature=0)
+    r = client.responses.create(model="default", input="Tell me a story", max_output_tokens=8, temperature=0,
+                                tools=[WEATHER, NOTE, {"type": "web_search_preview"}])
+    assert r.output_text == plain.output_text and [o.type for o in r.output] == ["message"]
+    assert [t.type for t in r.tools] == ["function", "custom", "web_search_preview"]
+    assert r.tools[0].name == "get_weather"
+    # a forced tool_choice: the output is constrained to a JSON array of calls and returned as call items
+    kw = dict(model="default", input="What is the weather?", max_output_tokens=400, temperature=0,
+              parallel_tool_calls=False)
+    r = client.responses.create(tools=[WEATHER, NOTE], tool_choice="required", **kw)
+    assert len(r.output) == 1 and r.output[0].type in ("function_call", "custom_tool_call")
+    r = client.responses.create(tools=[WEATHER, NOTE], tool_choice={"type": "function", "name": "get_weather"}, **kw)
+    call = r.output[0]
+    assert [o.type for o in r.output] == ["function_call"] and call.name == "get_weather" and call.status == "completed"
+    assert json.loads(call.arguments)["city"] in ("Paris", "Tokyo") and call.call_id.startswith("call_")
+    r = client.responses.create(tools=[WEATHER, NOTE], tool_choice={"type": "custom", "name": "note"}, **kw)
+    assert [o.type for o in r.output] == ["custom_tool_call"] and r.output[0].name == "note"
+    assert isinstance(r.output[0].input, str)
+    events = list(client.responses.create(tools=[WEATHER], tool_choice="required", stream=True, **kw))
+    kinds = [e.type for e in events]
+    assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.function_call_arguments.delta", "response.function_call_arguments.done",
+                     "response.output_item.done", "response.completed"]
+    assert events[3].delta == events[4].arguments == events[-1].response.output[0].arguments == call.arguments
+    # JSON cut by max_output_tokens does not parse: it stays the message, as in SGLang
+    r = client.responses.create(model="default", input="What is the weather?", max_output_tokens=6, temperature=0,
+                                tools=[WEATHER], tool_choice="required")
+    assert [o.type for o in r.output] == ["message"] and r.output_text.lstrip().startswith("[")
+    with pytest.raises(openai.BadRequestError, match="Tool 0 function has invalid 'parameters' schema"):
+        client.responses.create(model="default", input="x", tools=[{**WEATHER, "parameters": {"type": 5}}])
 
 
 # --------------------------------------------- 7 logit_bias / token_ids_logprob
@@ -375,3 +442,21 @@ def test_own_frontend_streaming_gen_accumulates_incremental_logprobs(server):
     assert len(b["output_token_logprobs"]) == 10 == b["output_token_logprobs_length"]
     assert [e[1] for e in b["output_token_logprobs"]] == [e[1] for e in a["output_token_logprobs"]]
     assert len(b["output_top_logprobs"]) == 10
+
+
+def test_frontend_stream_logprobs_per_chunk_on_a_cumulative_stream(server):
+    """SGLang's ``test_stream_logprobs`` contract through ``text_async_iter(name, return_meta_data=True)`` on the
+    default (cumulative) stream: each chunk's logprob lists hold only its new tokens."""
+    check_frontend_stream_logprobs(server.url)
+
+
+def test_plain_server_never_imports_flashinfer(server):
+    """The module's server runs with a ``flashinfer`` whose import raises: it started and served every request above
+    (the optional backend's library is imported only by ``--attention-backend flashinfer``)."""
+    import subprocess
+
+    assert requests.get(server.url + "/health", timeout=30).status_code == 200
+    assert greedy(server, 4)["meta_info"]["completion_tokens"] == 4
+    r = subprocess.run([sys.executable, "-c", "import flashinfer"], env={**os.environ, **server.poison_env},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and POISON in r.stderr  # the poison is live in that environment

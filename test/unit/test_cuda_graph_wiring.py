@@ -35,14 +35,16 @@ def gen():
 
 
 # ------------------------------------------------------------------------------------- capture sizes
-@pytest.mark.parametrize("max_bs", [1, 3, 8, 12, 16, 100, 160])
+@pytest.mark.parametrize("max_bs", [1, 3, 8, 12, 16, 100, 160, 256, 300, 600])
 def test_capture_batch_sizes_cover_every_batch(max_bs):
     sizes = capture_batch_sizes(max_bs)
     assert sizes == sorted(set(sizes)) and sizes[0] == 1 and sizes[-1] == max_bs
     for bs in range(1, max_bs + 1):
         padded = min(s for s in sizes if s >= bs)
-        assert padded - bs < 8 and padded <= 2 * bs  # padding wastes little
-    assert all(s in sizes for s in range(16, max_bs + 1, 8))
+        step = 8 if bs <= 256 else 16 if bs <= 512 else 32  # SGLang's list: every 8 to 256, 16 to 512, then 32
+        assert padded - bs < step and padded <= 2 * bs  # padding wastes little
+    assert all(s in sizes for s in range(16, min(max_bs, 256) + 1, 8))
+    assert (12 in sizes) == (max_bs >= 12)
 
 
 def test_capture_batch_sizes_rejects_zero():

@@ -71,6 +71,51 @@ def test_triton_reads_fp8_kv_like_the_reference(kind, kv_dtype, q_dtype, nh, nkv
     assert err <= TOL[q_dtype] * max(1.0, ref.float().abs().max().item()), f"max abs err {err}"
 
 
+POLICY_CASES = {  # decode rows long enough for several splits (the balanced rule's length-aware split counts)
+    "decode": ([300, 3, 129, 17], [1, 1, 1, 1]),
+    "mixed": ([300, 0, 17, 90], [1, 33, 1, 9]),
+}
+
+
+@pytest.mark.parametrize("policy", ["balanced", "wave", "legacy"])
+@pytest.mark.parametrize("kind", sorted(POLICY_CASES))
+@pytest.mark.parametrize("kv_dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+def test_every_decode_split_policy_reads_fp8_kv(policy, kind, kv_dtype):
+    """Each decode split policy (``SGLANG_DECODE_SPLIT_POLICY``: balanced = rows longest first with length-aware
+    split counts, some rows written directly and some reduced; wave; legacy) dequantizes an FP8 cache: K scale folded
+    into the softmax scale, V scale on every split's output, equal to the torch_native reference."""
+    prefix, extend = POLICY_CASES[kind]
+    q, k, v, layer, make_batch = fp8_case(len(policy) + len(kind), prefix, extend, 8, 2, 32, kv_dtype,
+                                          torch.float32, 16)
+    ref_fb = make_batch(TorchNativeAttnBackend())
+    ref = ref_fb.attn_backend.forward(q, k, v, layer, ref_fb)
+    # legacy: the kernel variant of before (K tiles gathered transposed, a reduce at every split count)
+    legacy = policy == "legacy"
+    fb = make_batch(TritonAttnBackend(legacy_decode=True) if legacy else TritonAttnBackend(split_policy=policy))
+    meta = fb.attn_metadata
+    assert meta.num_kv_splits > 1
+    if policy == "balanced":
+        assert meta.decode_order is not None and meta.min_split_len > 0
+    out = fb.attn_backend.forward(q, k, v, layer, fb)
+    assert fb.token_to_kv_pool.v_scale(layer.layer_id) != 1.0
+    err = (out - ref).abs().max().item()
+    assert err <= TOL[torch.float32] * max(1.0, ref.abs().max().item()), f"{policy} max abs err {err}"
+
+
+@pytest.mark.parametrize("kv_dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+def test_prefix_free_sdpa_rows_read_fp8_kv(kv_dtype):
+    """``SGLANG_EXTEND_ATTENTION=sdpa``: prefix-free prefill rows gathered from an FP8 pool are widened and scaled
+    (K scale in the softmax scale, V scale on the output) like the Triton rows, equal to torch_native."""
+    q, k, v, layer, make_batch = fp8_case(13, [0, 37, 0, 5], [45, 20, 1, 30], 8, 2, 32, kv_dtype, torch.float32)
+    ref_fb = make_batch(TorchNativeAttnBackend())
+    ref = ref_fb.attn_backend.forward(q, k, v, layer, ref_fb)
+    fb = make_batch(TritonAttnBackend(extend_impl="sdpa"))
+    assert list(fb.attn_metadata.dense_segments) == [(0, 45)]
+    out = fb.attn_backend.forward(q, k, v, layer, fb)
+    err = (out - ref).abs().max().item()
+    assert err <= TOL[torch.float32] * max(1.0, ref.abs().max().item()), f"max abs err {err}"
+
+
 def test_fp8_attention_error_against_unquantized_kv_is_bounded():
     """The whole FP8 path against attention over the same K/V kept in fp32: the output error is what E4M3's 3
     mantissa bits allow (measured ~0.5% of the output range here; bound 3%), i.e. the scales are applied right."""

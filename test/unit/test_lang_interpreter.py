@@ -238,6 +238,54 @@ def test_streaming_text_iter(rng):
         list(state.text_iter())
 
 
+class BurstLogprobBackend(BaseBackend):
+    """Streams ``pieces`` (text per chunk; "" for a chunk whose tokens have no text yet) with one token per chunk,
+    as fast as possible, each meta_info holding the full logprob lists so far (what generate_stream promises)."""
+
+    def __init__(self, pieces: list[str]) -> None:
+        self.pieces = pieces
+
+    def generate_stream(self, s, sampling_params):
+        lps, tops = [], []
+        for k, piece in enumerate(self.pieces):
+            lps.append([-0.1 * k, 100 + k, piece])
+            tops.append([[-0.1 * k, 100 + k, piece]])
+            yield piece, {"completion_tokens": k + 1, "output_token_logprobs_length": k + 1,
+                          "output_token_logprobs": list(lps), "output_top_logprobs": list(tops)}
+
+
+def test_text_async_iter_with_meta_data_yields_each_chunks_new_tokens(rng):
+    import asyncio
+
+    pieces = [random_words(rng, 1, 2) if rng.random() > 0.3 else "" for _ in range(200)]
+    pieces[0] = "first"
+
+    @sgl.function
+    def prog(s):
+        s += "x"
+        s += sgl.gen("a", return_logprob=True)
+
+    async def collect(state):
+        return [pair async for pair in state.text_async_iter("a", return_meta_data=True)]
+
+    state = prog.run(backend=BurstLogprobBackend(pieces), stream=True)
+    pairs = asyncio.run(collect(state))
+    assert [t for t, _ in pairs] == [p for p in pieces if p]  # every chunk once, none lost to a fast producer
+    prev, ids = 0, []
+    for text, meta in pairs:
+        assert len(meta["output_token_logprobs"]) == meta["completion_tokens"] - prev == len(meta["output_top_logprobs"])
+        assert meta["output_token_logprobs"][-1][2] == text  # a textless chunk's tokens ride with the next text
+        prev = meta["completion_tokens"]
+        ids += [e[1] for e in meta["output_token_logprobs"]]
+    assert ids == list(range(100, 100 + len(ids)))
+    assert len(state.get_meta_info("a")["output_token_logprobs"]) == len(pieces)
+
+    async def whole_text(state):  # without a variable name: plain text, as in SGLang
+        return [x async for x in state.text_async_iter(return_meta_data=True)]
+
+    assert "".join(asyncio.run(whole_text(state))) == state.text()
+
+
 def test_role_errors_and_var_scope(rng):
     be = FakeBackend(rng)
 

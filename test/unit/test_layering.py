@@ -162,7 +162,8 @@ def test_gpu_scripts_set_the_nvls_off_environment():
     preamble = (gpu / "device_preamble.sh").read_text()
     settings = ("NCCL_NVLS_ENABLE=0", "TORCH_SYMM_MEM_DISABLE_MULTICAST=1", "NVSHMEM_DISABLE_NVLS=1")
     assert all(s in preamble for s in settings)
-    host_only = ("device_preamble.sh", "stage_shared_data.sh", "build_nixl_slim_wheel.sh")  # not run on the device
+    host_only = ("device_preamble.sh", "stage_shared_data.sh", "build_nixl_slim_wheel.sh",  # not run on the device
+                 "build_flashinfer_slim_wheels.sh")
 
     def sources_preamble(p) -> bool:
         text = p.read_text()

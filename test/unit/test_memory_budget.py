@@ -12,7 +12,8 @@ from sglang.bench_one_batch import StaticBatch, chunk_size, prefill_chunks
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.mem_cache import memory_budget as mb
 from sglang.srt.model_executor import worker_builder
-from sglang.srt.model_executor.cuda_graph_runner import DEFAULT_MAX_BS, capture_batch_sizes
+from sglang.srt.model_executor.cuda_graph_runner import (DEFAULT_MAX_BS, capture_batch_sizes,
+                                                         default_cuda_graph_max_bs)
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.server_args import ServerArgs
 
@@ -48,16 +49,26 @@ def test_kv_pool_bytes_rejects_bad_fraction(bad):
         mb.kv_pool_bytes(GiB, 2 * GiB, 0.5, -1)
 
 
-def test_forward_limits_follow_the_scheduler_rules():
+def test_forward_limits_follow_the_scheduler_rules(monkeypatch):
     args = ServerArgs(model_path="x")
-    lim = mb.forward_limits(args, 1024, graphs_on=True)  # defaults: chunk 8192, graphs up to 160
+    lim = mb.forward_limits(args, 1024, graphs_on=True)  # defaults: chunk 8192, graphs up to 160 (no device)
     assert (lim.max_tokens, lim.max_rows, lim.graph_max_bs) == (8192, 1024, DEFAULT_MAX_BS)
-    assert lim.graph_rows_total == sum(capture_batch_sizes(DEFAULT_MAX_BS))
+    assert lim.graph_rows_total == DEFAULT_MAX_BS  # one shared logits buffer of the largest graph
+    monkeypatch.setenv("SGLANG_GRAPH_SHARED_LOGITS", "0")  # before: one logits output per captured size
+    assert mb.forward_limits(args, 1024, graphs_on=True).graph_rows_total == sum(capture_batch_sizes(DEFAULT_MAX_BS))
+    monkeypatch.setenv("SGLANG_GRAPH_SHARED_LOGITS", "yes")
+    with pytest.raises(ValueError, match="SGLANG_GRAPH_SHARED_LOGITS"):
+        mb.forward_limits(args, 1024, graphs_on=True)
+    monkeypatch.delenv("SGLANG_GRAPH_SHARED_LOGITS")
+    # on an 80 GB device the graph default is SGLang's 256 (fake memory numbers)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (60 * GiB, 80 * GiB))
+    on_h100 = mb.forward_limits(args, 1024, graphs_on=True, device=torch.device("cuda", 0))
+    assert (on_h100.graph_max_bs, on_h100.graph_rows_total) == (256, 256)
+    assert mb.forward_limits(args, 100, graphs_on=True, device=torch.device("cuda", 0)).graph_max_bs == 100
     assert mb.forward_limits(args, 20000, graphs_on=False) == mb.ForwardLimits(20000, 20000)  # decode > chunk
     assert mb.forward_limits(ServerArgs(model_path="x", chunked_prefill_size=-1), 64, False).max_tokens == 16384 + 64
     small = mb.forward_limits(ServerArgs(model_path="x", chunked_prefill_size=512, cuda_graph_max_bs=24), 48, True)
-    assert (small.max_tokens, small.max_rows, small.graph_max_bs, small.graph_rows_total) == (
-        512, 48, 24, 1 + 2 + 4 + 8 + 16 + 24)
+    assert (small.max_tokens, small.max_rows, small.graph_max_bs, small.graph_rows_total) == (512, 48, 24, 24)
     with pytest.raises(ValueError, match="max_running"):
         mb.forward_limits(args, 0, True)
 
@@ -70,11 +81,13 @@ def test_graph_reserve_counts_kept_logits():
 
 def test_kv_budget_tokens_uses_the_reserve(monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (64 * GiB, 80 * GiB))
-    args = ServerArgs(model_path="x")  # mem_fraction_static unset: 0.85
+    args = ServerArgs(model_path="x")  # mem_fraction_static unset: 0.88 (SGLang's TP-1 value before its heuristic)
     dev = torch.device("cuda", 0)
     per_token = 128 << 10  # Llama-3.1-8B bf16: 32 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes
     plain = worker_builder.kv_budget_tokens(args, dev, per_token, 1)
-    assert plain == int(64 * GiB - 0.15 * 80 * GiB) // per_token
+    assert plain == int(64 * GiB - int(0.12 * 80 * GiB)) // per_token
+    old = worker_builder.kv_budget_tokens(ServerArgs(model_path="x", mem_fraction_static=0.85), dev, per_token, 1)
+    assert old == int(64 * GiB - int(0.15 * 80 * GiB)) // per_token < plain
     big = worker_builder.kv_budget_tokens(args, dev, per_token, 16, reserve_bytes=20 * GiB, fixed_bytes=GiB)
     assert big == (43 * GiB // per_token) // 16 * 16
     fixed = ServerArgs(model_path="x", max_total_tokens=1000)
@@ -97,8 +110,7 @@ def test_measure_activation_reserve_sums_its_parts(monkeypatch):
     args = ServerArgs(model_path="x")
     got = mb.measure_activation_reserve(FakeRunner(), args, 1024)
     assert calls == [(8192, 1024, True), (DEFAULT_MAX_BS, DEFAULT_MAX_BS, False)]
-    rows_total = sum(capture_batch_sizes(DEFAULT_MAX_BS))
-    assert got == 3 * GiB + 2 * (100 << 20) + rows_total * 1000 * 4 + mb.HEADROOM_BYTES
+    assert got == 3 * GiB + 2 * (100 << 20) + DEFAULT_MAX_BS * 1000 * 4 + mb.HEADROOM_BYTES
     calls.clear()
     off = ServerArgs(model_path="x", disable_cuda_graph=True)
     assert mb.measure_activation_reserve(FakeRunner(), off, 1024) == 3 * GiB + mb.HEADROOM_BYTES
@@ -181,3 +193,9 @@ def test_chunked_static_prefill_equals_one_forward(cpu_runner):
             batch.free()
     assert all(len(o) == 5 for o in runs[0])
     assert runs[1] == runs[0] and runs[2] == runs[0]
+
+
+def test_graph_max_bs_default_follows_device_memory_as_sglang():
+    assert default_cuda_graph_max_bs(None) == DEFAULT_MAX_BS == 160
+    assert [default_cuda_graph_max_bs(g * GiB) for g in (16, 24, 40, 80, 141, 192)] == [8, 24, 32, 256, 256, 512]
+    assert [default_cuda_graph_max_bs(g * GiB, tp_size=4) for g in (24, 40, 80)] == [80, 160, 512]

@@ -249,13 +249,13 @@ def test_streamed_logprobs_one_per_token_under_any_chunking():
         assert rebuilt == lp and ids == [e[1] for e in lp] and text == "".join(f"t{e[1]}" for e in lp)
 
 
-def test_incremental_stream_sends_input_logprobs_once_and_finite_json():
-    # the prompt's logprobs: sent once, in the first chunk that has them (per batch index)
+def test_incremental_stream_keeps_input_logprobs_complete_and_finite_json():
+    # the prompt's logprobs: complete in every chunk of every batch index (SGLang's tokenizer manager sends them so)
     inc, ilp = IncrementalLogprobs(incremental=True), [[None, 1, None], [-1.5, 5, None]]
     sent = [inc({"index": i % 2, "text": "", "output_ids": [], "meta_info": {
         "input_token_logprobs": ilp, "input_top_logprobs": [None, [ilp[1]]], "output_token_logprobs": [],
         "output_token_logprobs_length": 0}}) for i in range(4)]
-    assert [c["meta_info"]["input_token_logprobs"] for c in sent] == [ilp, ilp, [], []]
-    assert [c["meta_info"]["input_top_logprobs"] for c in sent] == [[None, [ilp[1]]]] * 2 + [[], []]
+    assert [c["meta_info"]["input_token_logprobs"] for c in sent] == [ilp] * 4
+    assert [c["meta_info"]["input_top_logprobs"] for c in sent] == [[None, [ilp[1]]]] * 4
     assert finite_json({"a": [float("-inf"), 1.5, (float("nan"),)]}) == {"a": [None, 1.5, [None]]}
     assert json.loads(dumps({"x": float("inf")})) == {"x": None}

@@ -1,6 +1,6 @@
-"""SGLang API parity below the HTTP layer (issue 28): ``CustomLogitProcessor`` under SGLang's module path and
+"""SGLang API parity below the HTTP layer: ``CustomLogitProcessor`` under SGLang's module path and
 wire format, the ``/v1/score`` helpers, the chat tool checks with SGLang's error texts, and the ``/v1/responses``
-usage fields. CPU-only, no server."""
+usage fields and tools. CPU-only, no server."""
 
 from __future__ import annotations
 
@@ -15,8 +15,18 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
 
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest  # noqa: E402
-from sglang.srt.entrypoints.openai.serving_chat import check_tools  # noqa: E402
-from sglang.srt.entrypoints.openai.serving_responses import usage_of_output  # noqa: E402
+from sglang.srt.entrypoints.openai.responses_tools import (  # noqa: E402
+    ResponseTool,
+    parse_required_calls,
+    required_calls_schema,
+    template_tools,
+)
+from sglang.srt.entrypoints.openai.serving_chat import check_tools, template_tools_of  # noqa: E402
+from sglang.srt.entrypoints.openai.serving_responses import (  # noqa: E402
+    OpenAIServingResponses,
+    ResponsesRequest,
+    usage_of_output,
+)
 from sglang.srt.entrypoints.openai.serving_score import ScoringRequest, label_scores, score_prompts  # noqa: E402
 from sglang.srt.sampling.custom_logit_processor import (  # noqa: E402
     CustomLogitProcessor,
@@ -133,6 +143,11 @@ def test_tool_checks_use_sglang_texts():
     for kw, msg in cases:
         with pytest.raises(ValueError, match=msg):
             check_tools(_chat(**kw))
+    # the chat template sees no tools for "none", only the named one for a named choice (SGLang)
+    two = [_tool(), _tool("g")]
+    assert template_tools_of(_chat(tools=two)) == two == template_tools_of(_chat(tools=two, tool_choice="required"))
+    assert template_tools_of(_chat(tools=two, tool_choice="none")) is None
+    assert template_tools_of(_chat(tools=two, tool_choice={"type": "function", "function": {"name": "g"}})) == two[1:]
 
 
 def test_responses_usage_has_openai_and_sglang_fields():
@@ -140,3 +155,92 @@ def test_responses_usage_has_openai_and_sglang_fields():
     assert (u["input_tokens"], u["output_tokens"], u["total_tokens"]) == (7, 3, 10)
     assert (u["prompt_tokens"], u["completion_tokens"]) == (7, 3)
     assert u["input_tokens_details"] == {"cached_tokens": 2}
+
+
+# ------------------------------------------------------- /v1/responses tools
+WEATHER = {"type": "function", "name": "get_weather", "description": "Weather of a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                          "$defs": {"unit": {"enum": ["C", "F"]}}}}
+NOTE = {"type": "custom", "name": "note", "description": "Write a note",
+        "format": {"type": "grammar", "syntax": "lark", "definition": "start: /[a-z]+/"}}
+
+
+class _RecordingTokenizerManager:
+    """What ``OpenAIServingResponses._to_generate`` calls on the tokenizer manager, recording the template's tools."""
+
+    context_len = 512
+
+    def __init__(self):
+        self.tools = "unset"
+
+    def apply_chat_template(self, messages, tools=None):
+        self.tools = tools
+        return [1, 2, 3]
+
+
+def _to_generate(**body):
+    tm = _RecordingTokenizerManager()
+    req = ResponsesRequest.model_validate({"input": "hi", **body})
+    obj, forced = OpenAIServingResponses(tm, None)._to_generate(req)
+    return tm.tools, obj.sampling_params.get("json_schema"), forced
+
+
+def test_responses_tools_reach_the_template_and_forced_choices_constrain_the_output():
+    tools = [WEATHER, NOTE, {"type": "web_search"}, {"type": "mcp", "server_label": "x"}]
+    rendered, schema, forced = _to_generate(tools=tools)
+    assert [t["function"]["name"] for t in rendered] == ["get_weather", "note"] and schema is None and not forced
+    assert rendered[0]["function"]["parameters"] == WEATHER["parameters"]
+    assert rendered[1]["function"]["parameters"]["required"] == ["input"]  # a custom tool: one string "input"
+    assert "start: /[a-z]+/" in rendered[1]["function"]["description"]
+    assert _to_generate(tools=tools, tool_choice="none")[:2] == (None, None)
+    rendered, schema, forced = _to_generate(tools=tools, tool_choice="required", parallel_tool_calls=False)
+    schema = json.loads(schema)
+    assert forced and len(rendered) == 2 and schema["minItems"] == 1 == schema["maxItems"]
+    assert [b["properties"]["name"]["enum"] for b in schema["items"]["anyOf"]] == [["get_weather"], ["note"]]
+    assert schema["$defs"] == WEATHER["parameters"]["$defs"]
+    rendered, schema, _ = _to_generate(tools=tools, tool_choice={"type": "function", "name": "get_weather"})
+    schema = json.loads(schema)
+    assert [t["function"]["name"] for t in rendered] == ["get_weather"] and "maxItems" not in schema
+    assert schema["items"]["properties"]["parameters"] == WEATHER["parameters"]
+    other = {**WEATHER, "name": "w2", "parameters": {"type": "object", "$defs": {"unit": {"enum": ["K"]}}}}
+    with pytest.raises(ValueError, match="Tool definition 'unit' has multiple schemas"):
+        required_calls_schema([ResponseTool(**WEATHER), ResponseTool(**other)], "required", None)
+
+
+def test_responses_tool_validation_uses_sglang_texts():
+    import pydantic
+
+    with pytest.raises(pydantic.ValidationError, match="Input should be 'function', 'web_search', "
+                                                       "'web_search_preview', 'code_interpreter', 'file_search', "
+                                                       "'image_generation', 'computer_use_preview', 'local_shell', "
+                                                       "'shell', 'mcp', 'custom', 'namespace' or 'tool_search'"):
+        ResponsesRequest.model_validate({"input": "x", "tools": [{"type": "retrieval"}]})
+    with pytest.raises(pydantic.ValidationError, match="Function tools must include a name."):
+        ResponsesRequest.model_validate({"input": "x", "tools": [{"type": "function"}]})
+    with pytest.raises(pydantic.ValidationError, match="tool_choice"):
+        ResponsesRequest.model_validate({"input": "x", "tool_choice": "sometimes"})
+    kept = ResponsesRequest.model_validate({"input": "x", "tools": [{"type": "mcp", "server_label": "s"}]})
+    assert kept.tools[0].model_dump()["server_label"] == "s"  # unknown fields are kept (echoed back)
+    cases = [
+        (dict(tools=[{"type": "shell"}]), r"^Shell tools are not supported by this model$"),
+        (dict(tools=[{"type": "web_search"}], tool_choice="required"),
+         r'^tool_choice="required" requires at least one tool with type="function" or type="custom"; '),
+        (dict(tools=[WEATHER], tool_choice={"type": "function", "name": "f"}), r"^Tool 'f' is not declared in tools$"),
+        (dict(tools=[{**WEATHER, "parameters": {"type": 5}}]), r"^Tool 0 function has invalid 'parameters' schema: "),
+    ]
+    for body, msg in cases:
+        with pytest.raises(ValueError, match=msg):
+            _to_generate(**body)
+
+
+def test_parse_required_calls():
+    tools = [ResponseTool(**WEATHER), ResponseTool(**NOTE)]
+    items = parse_required_calls('[{"name": "get_weather", "parameters": {"city": "Paris"}}, '
+                                 '{"name": "note", "parameters": {"input": "buy milk"}}]', tools)
+    assert [i["type"] for i in items] == ["function_call", "custom_tool_call"]
+    assert json.loads(items[0]["arguments"]) == {"city": "Paris"} and items[0]["status"] == "completed"
+    assert items[1]["input"] == "buy milk" and items[0]["call_id"] != items[1]["call_id"]
+    assert parse_required_calls('{"name": "get_weather", "parameters": {}}', tools)[0]["arguments"] == "{}"
+    assert parse_required_calls('[{"name": "get_weather", "param', tools) is None  # cut: stays a message
+    assert parse_required_calls("[]", tools) == []
+    assert template_tools([ResponseTool(type="web_search")], "auto") is None

@@ -25,7 +25,9 @@ NAMES = ("decode_split_rows_2", "decode_split_rows_direct", "decode_split_legacy
          "rope_kv_store_neox", "rope_kv_store_gptj", "rope_neox", "skinny_gemm",
          "rmsnorm_add", "rmsnorm_add_pdl", "rope_kv_store_neox_pdl", "decode_split_rows_direct_pdl", "skinny_gemm_pdl",
          "splitk_add_rmsnorm", "splitk_add_rmsnorm_pdl", "skinny_silu", "skinny_silu_pdl",
-         "decode_split_rows_direct_fp8", "decode_split_rows_2_fp8", "extend_fp8", "rope_kv_store_neox_fp8")
+         "decode_split_balanced_direct", "decode_split_balanced_4", "decode_reduce_balanced",
+         "decode_split_rows_direct_fp8", "decode_split_rows_2_fp8", "extend_fp8", "rope_kv_store_neox_fp8",
+         "decode_split_balanced_direct_fp8", "decode_split_balanced_4_fp8")
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +55,17 @@ def test_decode_kv_tiles_use_pipelined_16_byte_copies(aot_report, name):
     assert rep["cp_async16"] >= 16 and rep["scalar_b16_loads"] == 0, rep
     assert rep["shared"] <= 228 * 1024 // 5, rep  # 5 programs per SM: the premise of default_num_kv_splits
     assert rep["atom_acq_rel_gpu"] == 0, rep  # the fused split reduce (an arrival counter) was removed in issue 27
+
+
+@pytest.mark.parametrize("name", ["decode_split_balanced_direct", "decode_split_balanced_4"])
+def test_balanced_decode_variants_keep_pipelined_16_byte_copies(aot_report, name):
+    """The balanced split policy's variants (row order read from a device tensor; the length-aware split rule with
+    early-exiting programs) still move K/V by 16-byte asynchronous copies, with no atomics; the one-split variant at
+    the sm_90 tile (128 keys, 3 stages) fits three programs per SM."""
+    rep = aot_report[name]
+    assert rep["cp_async16"] >= 16 and rep["scalar_b16_loads"] == 0, rep
+    assert rep["atom_acq_rel_gpu"] == 0, rep
+    assert rep["shared"] <= 228 * 1024 // 3, rep
 
 
 def test_extend_attention_streams_kv_with_pipelined_copies(aot_report):
@@ -113,7 +126,8 @@ def test_skinny_silu_streams_both_strips_with_pipelined_copies(aot_report, name)
         assert rep["l2_prefetch_before_wait"] >= 2 and rep["loads_before_wait"] == 0, rep
 
 
-@pytest.mark.parametrize("name", ["decode_split_rows_direct_fp8", "decode_split_rows_2_fp8", "extend_fp8"])
+@pytest.mark.parametrize("name", ["decode_split_rows_direct_fp8", "decode_split_rows_2_fp8", "extend_fp8",
+                                  "decode_split_balanced_direct_fp8", "decode_split_balanced_4_fp8"])
 def test_fp8_kv_attention_streams_fp8_tiles_with_pipelined_copies(aot_report, name):
     """FP8 KV cache: the decode / extend kernels copy the one-byte K/V tiles to shared memory with 16-byte async
     copies (16 elements each) and need less shared memory than their BF16 twins (the tiles are half the bytes)."""

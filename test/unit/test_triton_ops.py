@@ -208,6 +208,27 @@ def test_fused_moe_matches_reference(dtype, n, e, k):
     close(moe.fused_moe(x, w13, w2, tw, tid), fused_moe_ref(x, w13, w2, tw, tid), dtype, scale=2.0)
 
 
+@pytest.mark.parametrize("n,e,k", [(9, 4, 1), (7, 6, 2), (5, 4, 3)])
+def test_fused_moe_skips_negative_ids(n, e, k):
+    """Expert parallelism's padding rows (id -1): no block, nothing computed, the pair adds 0 (k = 1: a zero row)."""
+    gen = torch.Generator().manual_seed(n * e * k)
+    h, i = 32, 48
+    x = torch.randn(n, h, generator=gen)
+    w13, w2 = torch.randn(e, 2 * i, h, generator=gen) / h ** 0.5, torch.randn(e, h, i, generator=gen) / i ** 0.5
+    ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(n)])
+    ids[torch.rand(n, k, generator=gen) < 0.4] = -1
+    ids[0] = -1  # a row with every slot skipped
+    w = torch.rand(n, k, generator=gen)
+    sorted_ids, _ = moe.moe_align_block_size(ids, 4, e)
+    flat = ids.reshape(-1)
+    assert sorted(sorted_ids[sorted_ids < n * k].tolist()) == [p for p in range(n * k) if flat[p] >= 0]
+    got = moe.fused_moe(x, w13, w2, w, ids)
+    want = fused_moe_ref(x, w13, w2, w * (ids >= 0), ids.clamp(min=0))  # skipped = weight 0
+    close(got, want, torch.float32, scale=2.0)
+    close(fused_moe_ref(x, w13, w2, w, ids), want, torch.float32, scale=2.0)
+    assert torch.equal(got[0], torch.zeros(h))
+
+
 @pytest.mark.parametrize("legacy", [False, True])
 @pytest.mark.parametrize("splits", [1, 3, 16])
 def test_decode_kernel_split_counts(splits, legacy):

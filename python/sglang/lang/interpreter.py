@@ -19,6 +19,7 @@ import threading
 from typing import Any, Iterator, Optional
 
 from sglang.lang import ir
+from sglang.lang.backend.base_backend import STREAMED_LOGPROB_KEYS
 from sglang.lang.ir import (
     SglConstantText,
     SglExpr,
@@ -71,6 +72,7 @@ class StreamExecutor:
         self._cond = threading.Condition()
         self._chunks: list[str] = []  # every text append, for text_iter
         self._var_chunks: dict[str, list[str]] = {}
+        self._var_chunk_meta: dict[str, list[Any]] = {}  # per variable chunk: its meta_info (see _chunk_meta)
         self._done = False
         self._queue: "queue.Queue[Optional[SglExpr]]" = queue.Queue()
         self._thread: Optional[threading.Thread] = None
@@ -142,12 +144,13 @@ class StreamExecutor:
             self._cond.notify_all()
 
     # ------------------------------------------------------------- execution
-    def _append(self, text: str, var: Optional[str] = None) -> None:
+    def _append(self, text: str, var: Optional[str] = None, meta: Any = None) -> None:
         with self._cond:
             self.text_ += text
             self._chunks.append(text)
             if var is not None:
                 self._var_chunks.setdefault(var, []).append(text)
+                self._var_chunk_meta.setdefault(var, []).append(meta)
             self._cond.notify_all()
 
     def _set_var(self, name: Optional[str], value: Any, meta: Any = None) -> None:
@@ -185,19 +188,20 @@ class StreamExecutor:
         if self.stream:
             meta: Any = None
             pieces = []
+            sent: dict[str, int] = {}
             for chunk, meta in self.backend.generate_stream(self, params):
-                if chunk:
+                if chunk:  # a chunk without text passes its tokens' logprobs on to the next one with text
                     pieces.append(chunk)
-                    self._append(chunk, expr.name)
+                    self._append(chunk, expr.name, _chunk_meta(meta, sent))
             self._set_var(expr.name, "".join(pieces), meta)
         else:
             text, meta = self.backend.generate(self, params)
-            self._append(text, expr.name)
+            self._append(text, expr.name, meta)
             self._set_var(expr.name, text, meta)
 
     def _execute_select(self, expr: SglSelect) -> None:
         decision = self.backend.select(self, expr.choices, expr.temperature, expr.choices_method)
-        self._append(decision.decision, expr.name)
+        self._append(decision.decision, expr.name, decision.meta_info)
         self._set_var(expr.name, decision.decision, decision.meta_info)
 
     def _role_begin(self, role: str) -> None:
@@ -270,12 +274,18 @@ class StreamExecutor:
         self.children.extend(out)
         return out
 
-    def iter_chunks(self, var_name: Optional[str] = None) -> Iterator[str]:
+    def iter_chunks(self, var_name: Optional[str] = None, with_meta: bool = False) -> Iterator[Any]:
         """Yield text as it is appended (only ``var_name``'s text if given) until it is complete.
+
+        With ``with_meta`` and a ``var_name``, yield ``(text, meta_info)`` pairs instead: for a streamed ``gen``
+        each chunk's meta_info holds, in its per-output-token logprob lists, only the tokens new since the previous
+        chunk (``completion_tokens`` and ``output_token_logprobs_length`` stay running totals); otherwise the
+        variable's meta_info. Every chunk is yielded once, however fast they arrive.
 
         Raises:
             Exception: the error that stopped the executor (after the text produced before it).
         """
+        with_meta = with_meta and var_name is not None
         i = 0
         while True:
             with self._cond:
@@ -288,12 +298,28 @@ class StreamExecutor:
                         break
                     self._cond.wait()
                 new = chunks[i:]
+                metas = self._var_chunk_meta.get(var_name, [])[i:i + len(new)] if with_meta else []
                 i = len(chunks)
-            for c in new:
-                yield c
+            for k, c in enumerate(new):
+                yield (c, metas[k] if k < len(metas) else None) if with_meta else c
             if finished and i >= len(chunks):
                 break
         self.check_error()
+
+
+def _chunk_meta(meta: Any, sent: dict[str, int]) -> Any:
+    """The meta_info of one streamed chunk: ``meta`` (lists covering every output token so far) with each
+    per-output-token logprob list cut to the entries not yet attached to an earlier chunk; ``sent`` (key -> entries
+    attached so far) is updated. ``completion_tokens`` and ``output_token_logprobs_length`` are kept as running
+    totals, so ``len(list) == completion_tokens - previous completion_tokens`` (SGLang's ``test_stream_logprobs``)."""
+    if not isinstance(meta, dict):
+        return meta
+    out = dict(meta)
+    for key in STREAMED_LOGPROB_KEYS:
+        if isinstance(meta.get(key), list):
+            out[key] = list(meta[key][sent.get(key, 0):])
+            sent[key] = len(meta[key])
+    return out
 
 
 class _AlwaysSet:

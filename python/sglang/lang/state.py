@@ -133,9 +133,18 @@ class ProgramState:
         """
         return self.stream_executor.iter_chunks(var_name)
 
-    async def text_async_iter(self, var_name: Optional[str] = None) -> AsyncIterator[str]:
-        """Async version of :meth:`text_iter` (the blocking waits run in a worker thread)."""
-        it = self.stream_executor.iter_chunks(var_name)
+    async def text_async_iter(self, var_name: Optional[str] = None,
+                              return_meta_data: bool = False) -> AsyncIterator[Any]:
+        """Async version of :meth:`text_iter` (the blocking waits run in a worker thread).
+
+        ``return_meta_data`` (SGLang's signature; only with ``var_name``): yield ``(text, meta_info)`` pairs. For a
+        streamed ``gen`` each pair's meta_info carries in ``output_token_logprobs`` / ``output_top_logprobs`` /
+        ``output_token_ids_logprobs`` only the tokens new since the previous pair, while ``completion_tokens`` and
+        ``output_token_logprobs_length`` are running totals (``len(list)`` is the increase of ``completion_tokens``),
+        whichever stream mode the server uses; every chunk is yielded once, never skipped when chunks come faster
+        than the reader. Without ``var_name`` the text alone is yielded, as in SGLang.
+        """
+        it = self.stream_executor.iter_chunks(var_name, with_meta=return_meta_data)
         sentinel = object()
         while True:
             chunk = await asyncio.to_thread(next, it, sentinel)

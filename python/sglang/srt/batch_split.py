@@ -12,12 +12,13 @@ Both kinds of split are token ranges of the parent's flat new tokens:
 
 A sub-batch shares the parent's pools, backend, ``req_to_token`` rows and KV slots
 (``out_cache_loc`` is a slice), gets its own request metadata and no attention metadata yet (the
-executor builds it), and records its ``token_range`` in the parent.
+executor builds it), records its ``token_range`` in the parent, and keeps the attributes the runner set on
+the parent for the whole step outside the dataclass fields (e.g. the MoE all-to-all mode the DP ranks agreed on).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -26,6 +27,17 @@ from sglang.srt.utils.tensor_transfer import ints_to_device
 
 if TYPE_CHECKING:
     from sglang.srt.forward_batch_info import ForwardBatch
+
+
+def _carry_step_attrs(parent: "ForwardBatch", child: "ForwardBatch") -> "ForwardBatch":
+    """Give ``child`` the attributes set on ``parent`` outside its dataclass fields (``dataclasses.replace`` drops
+    them): what the runner attached for the whole step, e.g. the MoE all-to-all mode every DP rank agreed on, which
+    each sub-batch must use too. Returns ``child``."""
+    names = {f.name for f in fields(parent)}
+    for k, v in vars(parent).items():
+        if k not in names:
+            setattr(child, k, v)
+    return child
 
 
 def _req_pool_indices_cpu(fb: "ForwardBatch") -> list[int]:
@@ -65,14 +77,14 @@ def token_subbatch(fb: "ForwardBatch", lo: int, hi: int) -> "ForwardBatch":
         flat, [len(p) for p in parts])
     base = fb.token_range[0] if fb.token_range is not None else 0
     bs = len(r_rows)
-    return replace(
+    return _carry_step_attrs(fb, replace(
         fb, batch_size=bs, input_ids=fb.input_ids[lo:hi], positions=fb.positions[lo:hi],
         out_cache_loc=fb.out_cache_loc[lo:hi], req_pool_indices=req_pool_indices, seq_lens=seq_lens,
         prefix_lens=prefix_lens, extend_lens=extend_lens, extend_start_loc=extend_start_loc,
         seq_lens_cpu=r_seq, prefix_lens_cpu=r_prefix, extend_lens_cpu=r_ext, req_pool_indices_cpu=r_rows,
         return_logprob=False, input_logprob_indices=[[] for _ in range(bs)],
         input_logprob_token_ids=[[] for _ in range(bs)], top_logprobs_nums=[0] * bs, attn_metadata=None,
-        token_range=(base + lo, base + hi))
+        token_range=(base + lo, base + hi)))
 
 
 def split_decode_requests(fb: "ForwardBatch", num_micro_batches: int) -> list["ForwardBatch"]:
@@ -80,6 +92,8 @@ def split_decode_requests(fb: "ForwardBatch", num_micro_batches: int) -> list["F
     every device tensor of a part is a view (slice) of ``fb``'s, so the split runs no host-to-device copy: safe
     inside a CUDA graph capture, where a copy of host values would freeze them into the graph (a replay with new
     inputs then reads the capture's sequence lengths). ``extend_start_loc`` of a part is ``arange`` on the device.
+    A parent without host request rows (``req_pool_indices_cpu`` empty, as the graph runner's) gives parts without
+    them (no device-to-host read).
 
     Raises:
         ValueError: not a decode batch, or ``num_micro_batches`` outside ``[1, batch_size]``.
@@ -87,20 +101,23 @@ def split_decode_requests(fb: "ForwardBatch", num_micro_batches: int) -> list["F
     if not fb.forward_mode.is_decode():
         raise ValueError(f"split_decode_requests needs a DECODE batch, got {fb.forward_mode}")
     cuts = request_boundaries(fb.extend_lens_cpu, num_micro_batches)  # one token per request: tokens = requests
-    rows = _req_pool_indices_cpu(fb)
+    # the host copy of the rows only when the parent has one: reading the device rows back would synchronize, which a
+    # CUDA-graph capture forbids (the graph runner's batches carry no host rows)
+    rows = list(fb.req_pool_indices_cpu) if len(fb.req_pool_indices_cpu) == fb.batch_size else None
     base = fb.token_range[0] if fb.token_range is not None else 0
     parts = []
     for lo, hi in zip(cuts[:-1], cuts[1:]):
         bs = hi - lo
-        parts.append(replace(
+        parts.append(_carry_step_attrs(fb, replace(
             fb, batch_size=bs, input_ids=fb.input_ids[lo:hi], positions=fb.positions[lo:hi],
             out_cache_loc=fb.out_cache_loc[lo:hi], req_pool_indices=fb.req_pool_indices[lo:hi],
             seq_lens=fb.seq_lens[lo:hi], prefix_lens=fb.prefix_lens[lo:hi], extend_lens=fb.extend_lens[lo:hi],
             extend_start_loc=fb.extend_start_loc[lo:hi] - fb.extend_start_loc[lo],
             seq_lens_cpu=fb.seq_lens_cpu[lo:hi], prefix_lens_cpu=fb.prefix_lens_cpu[lo:hi],
-            extend_lens_cpu=fb.extend_lens_cpu[lo:hi], req_pool_indices_cpu=rows[lo:hi], return_logprob=False,
+            extend_lens_cpu=fb.extend_lens_cpu[lo:hi], req_pool_indices_cpu=rows[lo:hi] if rows is not None else [],
+            return_logprob=False,
             input_logprob_indices=[[] for _ in range(bs)], input_logprob_token_ids=[[] for _ in range(bs)],
-            top_logprobs_nums=[0] * bs, attn_metadata=None, token_range=(base + lo, base + hi)))
+            top_logprobs_nums=[0] * bs, attn_metadata=None, token_range=(base + lo, base + hi))))
     return parts
 
 

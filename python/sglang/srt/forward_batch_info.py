@@ -81,6 +81,7 @@ class ModelWorkerBatch:
     top_logprobs_nums: list[int] = field(default_factory=list)
     sampling_info: Optional["SamplingBatchInfo"] = None
     future_token_ids: Optional[torch.Tensor] = None  # overlap: device ring that resolves negative input ids
+    gpu_timing: Optional[tuple] = None  # step trace: (start, end) CUDA events the runner records around forward
 
     @property
     def batch_size(self) -> int:
@@ -141,6 +142,9 @@ class ForwardBatch:
     attn_metadata: Any = None
     token_range: Optional[tuple[int, int]] = None
     token_ids_logprobs: Optional[list] = None  # per request, ids whose input logprobs are reported (or None)
+    # [bs, vocab] float32 the logits processor writes ``next_token_logits`` into (the CUDA graphs' shared output
+    # buffer), or None: a new tensor per forward
+    logits_buffer: Optional[torch.Tensor] = None
 
     @property
     def num_tokens(self) -> int:

@@ -96,9 +96,10 @@ def fused_moe_ref(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
         w13: [E, 2I, H] stacked gate (rows 0..I-1) and up (rows I..2I-1) weights.
         w2: [E, H, I] down weights.
         topk_weights: [N, k] routing weights (any float dtype; used in fp32).
-        topk_ids: [N, k] expert ids in ``[0, E)``.
+        topk_ids: [N, k] expert ids in ``[0, E)``; a negative id skips its (token, slot) pair (adds 0; expert
+            parallelism's padding rows).
     Returns:
-        [N, H] in x.dtype: ``sum_j topk_weights[n, j] * expert_{topk_ids[n, j]}(x[n])``.
+        [N, H] in x.dtype: ``sum_j topk_weights[n, j] * expert_{topk_ids[n, j]}(x[n])`` over the non-negative ids.
         Loops over the experts that received tokens and runs each only on its
         tokens; accumulation is in fp32.
     Raises:
@@ -114,6 +115,8 @@ def fused_moe_ref(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
     flat_w = topk_weights.reshape(-1).float()
     token_of = torch.arange(n, device=x.device).repeat_interleave(topk_ids.shape[1])
     for expert in torch.unique(flat_ids).tolist():
+        if expert < 0:
+            continue
         sel = (flat_ids == expert).nonzero(as_tuple=True)[0]
         tok = token_of[sel]
         gate_up = F.linear(x[tok], w13[expert])

@@ -18,7 +18,8 @@ from sglang.srt.server_args_help import SERVER_ARGS_HELP
 
 
 # The flag that sets an ``Optional[bool]`` field to False (the field's own flag sets True; neither: None, the default)
-FALSE_FLAGS = {"tokenweave_sharded_residual": "--tokenweave-full-residual"}
+FALSE_FLAGS = {"tokenweave_sharded_residual": "--tokenweave-full-residual",
+               "enable_mixed_chunk": "--disable-mixed-chunk"}
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class ServerArgs:
     tokenizer_path: Optional[str] = None
     served_model_name: Optional[str] = None
     load_format: str = "auto"  # auto | safetensors | dummy
+    quantization: Optional[str] = None  # None | fp8 (an FP8 checkpoint's quantization_config is detected without it)
     dtype: str = "auto"  # auto | float32 | float16 | bfloat16
     kv_cache_dtype: str = "auto"  # auto | bf16 | bfloat16 | fp8_e4m3 | fp8_e5m2 (SGLang's names; see mem_cache/kv_quant.py)
     device: str = "auto"  # auto | cpu | cuda
@@ -57,6 +59,9 @@ class ServerArgs:
     max_running_requests: Optional[int] = None
     max_prefill_tokens: int = 16384
     chunked_prefill_size: Optional[int] = None
+    # prefill chunks in the decode step: None (neither flag) = on, as this server always did; SGLang's default is
+    # off (see resolved_enable_mixed_chunk)
+    enable_mixed_chunk: Optional[bool] = None
     schedule_policy: str = "fcfs"  # fcfs | lpm
     schedule_conservativeness: float = 1.0
     disable_radix_cache: bool = False
@@ -74,6 +79,7 @@ class ServerArgs:
     # Parallelism
     tp_size: int = 1
     ep_size: int = 1
+    moe_a2a_backend: str = "none"  # none (all-reduce EP) | nccl | tdist: expert parallelism by all-to-all
     nnodes: int = 1
     node_rank: int = 0
     dist_init_addr: Optional[str] = None  # host:port of rank 0 for multi-node
@@ -103,6 +109,10 @@ class ServerArgs:
     # Triton-distributed: sequence-parallel layout with fused AG-GEMM / GEMM-RS (dense decoders, TP > 1)
     enable_tdist_overlap: bool = False
     tdist_overlap_min_tokens: Optional[int] = None  # None: auto from the calibration tables (sequence_parallel_select)
+    # Two-batch overlap (SGLang's flags): two micro-batches per batch, one's communication under the other's compute
+    enable_two_batch_overlap: bool = False
+    tbo_token_distribution_threshold: float = 0.48  # SGLang's default; 0: never cut inside a request
+    tbo_min_tokens: Optional[int] = None  # None: auto per GPU and EP size (sglang.srt.two_batch_overlap.auto_off)
     # Correctness-only test mode: every TP rank of this node on --base-gpu-id, the device group over gloo
     # (NCCL refuses two ranks per GPU), tw-comm over CUDA IPC within the device; no CUDA graphs, no custom AR.
     tp_ranks_share_gpu: bool = False
@@ -136,6 +146,7 @@ class ServerArgs:
     watchdog_timeout: float = 300.0  # seconds a scheduler loop iteration may take before the server stops
     log_level: str = "info"
     log_requests: bool = False
+    decode_log_interval: int = 40  # decode steps between the scheduler's "Decode batch." log lines (SGLang's)
 
     def __post_init__(self) -> None:
         def bad(flag: str, value, fix: str) -> None:
@@ -144,6 +155,15 @@ class ServerArgs:
 
         if self.load_format not in ("auto", "safetensors", "dummy"):
             bad("load-format", self.load_format, "use auto, safetensors or dummy")
+        if self.quantization is not None:
+            from sglang.srt.layers.quantization import QUANTIZATION_METHODS
+
+            if self.quantization not in QUANTIZATION_METHODS:
+                bad("quantization", self.quantization, f"use {' or '.join(QUANTIZATION_METHODS)}, or omit it (an FP8 "
+                    "checkpoint is detected from its config.json)")
+            if self.enable_tdist_overlap:
+                bad("quantization", self.quantization, "--enable-tdist-overlap's fused kernels take model-dtype "
+                    "weights; drop one of the two")
         if self.dtype not in ("auto", "float32", "float16", "bfloat16", "half", "float", "bf16", "fp16", "fp32"):
             bad("dtype", self.dtype, "use auto, float32, float16 or bfloat16")
         if self.device not in ("auto", "cpu", "cuda"):
@@ -168,10 +188,17 @@ class ServerArgs:
             bad("tp-size", self.tp_size, "use a positive integer")
         if self.attention_backend not in (None, "torch_native", "triton", "flashinfer"):
             bad("attention-backend", self.attention_backend, "use torch_native, triton or flashinfer")
+        if self.attention_backend == "flashinfer":
+            import importlib.util
+
+            if importlib.util.find_spec("flashinfer") is None:  # found, not imported: the server imports it lazily
+                bad("attention-backend", "flashinfer", 'FlashInfer is not installed; pip install "sglang[flashinfer]" '
+                    "(or: pip install flashinfer-python apache-tvm-ffi), or use triton")
         if self.grammar_backend not in ("xgrammar", "none"):
             bad("grammar-backend", self.grammar_backend, "use xgrammar or none")
         if self.ep_size < 1 or self.tp_size % self.ep_size:
             bad("ep-size", self.ep_size, f"use a divisor of --tp-size ({self.tp_size})")
+        self._check_moe_a2a(bad)
         if self.base_gpu_id < 0:
             bad("base-gpu-id", self.base_gpu_id, "use a GPU index >= 0")
         if self.gpu_id_step < 1:
@@ -188,6 +215,12 @@ class ServerArgs:
             bad("tdist-overlap-min-tokens", self.tdist_overlap_min_tokens, "use >= 0 (0: the layout for every batch)")
         if self.enable_tdist_overlap and self.enable_tokenweave:
             bad("enable-tdist-overlap", True, "use either --enable-tdist-overlap or --enable-tokenweave, not both")
+        if not 0.0 <= self.tbo_token_distribution_threshold <= 0.5:
+            bad("tbo-token-distribution-threshold", self.tbo_token_distribution_threshold,
+                "use a fraction in [0, 0.5] (0: never cut inside a request)")
+        if self.tbo_min_tokens is not None and (self.tbo_min_tokens < 2 or not self.enable_two_batch_overlap):
+            bad("tbo-min-tokens", self.tbo_min_tokens, "use >= 2 (a split needs two tokens) together with "
+                "--enable-two-batch-overlap")
         if self.tp_ranks_share_gpu:
             # the test mode's collectives run on gloo (not graph-capturable; no symmetric-memory custom AR)
             object.__setattr__(self, "disable_cuda_graph", True)
@@ -198,6 +231,25 @@ class ServerArgs:
             self._check_afd(bad)
         if not 1 <= self.port <= 65535:
             bad("port", self.port, "use a TCP port in 1..65535")
+
+    def _check_moe_a2a(self, bad) -> None:
+        """Validate ``--moe-a2a-backend`` against ``--ep-size`` (``bad(flag, value, fix)`` raises)."""
+        if self.moe_a2a_backend == "deepep":
+            bad("moe-a2a-backend", self.moe_a2a_backend,
+                "DeepEP is not part of this server; use nccl (torch.distributed all-to-all, any GPU or CPU) or tdist "
+                "(Triton-distributed low-latency all-to-all, one node), or none (all-reduce expert parallelism)")
+        if self.moe_a2a_backend not in ("none", "nccl", "tdist"):
+            bad("moe-a2a-backend", self.moe_a2a_backend, "use none, nccl or tdist")
+        if self.moe_a2a_backend == "none":
+            return
+        if self.ep_size < 2:
+            bad("moe-a2a-backend", self.moe_a2a_backend,
+                f"expert parallelism by all-to-all needs --ep-size > 1; add --ep-size {max(2, self.tp_size)} "
+                f"(= --tp-size) or use --moe-a2a-backend none")
+        if self.ep_size != self.tp_size:
+            bad("moe-a2a-backend", self.moe_a2a_backend,
+                f"the all-to-all keeps every expert whole on one rank: set --ep-size equal to --tp-size "
+                f"({self.tp_size}), got --ep-size {self.ep_size}")
 
     def _check_runtime(self, bad) -> None:
         """Validate the transport, multi-node, Ray and request-limit flags (``bad(flag, value, fix)`` raises)."""
@@ -218,6 +270,10 @@ class ServerArgs:
             bad("ray-placement-timeout", self.ray_placement_timeout, "use a positive number of seconds")
         if self.nnodes > 1 and not self.dist_init_addr and not self.use_ray:
             bad("dist-init-addr", self.dist_init_addr, "multi-node runs need --dist-init-addr HOST:PORT of node 0")
+        if self.decode_log_interval < 1:
+            bad("decode-log-interval", self.decode_log_interval, "use a positive integer")
+        if self.schedule_conservativeness <= 0:
+            bad("schedule-conservativeness", self.schedule_conservativeness, "use a positive number (1.0: default)")
         if self.stream_interval < 1:
             bad("stream-interval", self.stream_interval, "use a positive integer")
         if not self.max_request_body_mb > 0:
@@ -337,6 +393,13 @@ class ServerArgs:
         """Whether TokenWeave's split forwards keep the residual sharded (TokenWeave, Gond et al. 2025, sec. 3-4):
         ``--enable-tokenweave`` and not ``--tokenweave-full-residual`` (the sharded residual is the default)."""
         return self.enable_tokenweave and self.tokenweave_sharded_residual is not False
+
+    @property
+    def resolved_enable_mixed_chunk(self) -> bool:
+        """Whether a step runs prefill chunks together with the running requests' decode tokens (MIXED batches):
+        ``--enable-mixed-chunk`` on, ``--disable-mixed-chunk`` off (SGLang's default: a prefill batch runs alone);
+        neither: on (this server's behaviour so far, kept until measurements decide the default)."""
+        return self.enable_mixed_chunk is not False
 
     @property
     def resolved_tokenizer_path(self) -> str:

@@ -11,6 +11,9 @@ SERVER_ARGS_HELP: dict[str, str] = {
     "tokenizer_path": "The path of the tokenizer (default: --model-path).",
     "served_model_name": "Override the model name returned by the v1/models endpoint in OpenAI API server.",
     "load_format": "auto|safetensors|dummy (dummy: random weights of the config's shape).",
+    "quantization": "The quantization method: fp8 (FP8 e4m3 weights quantized at load, one scale per output channel, "
+    "dynamic per-token activation scales; embeddings and the LM head stay in --dtype). An FP8 checkpoint "
+    "(quantization_config with quant_method fp8 in its config.json) is detected and loaded as published without it.",
     "dtype": "Data type for model weights and activations: auto (FP16 for FP32/FP16 models, BF16 for BF16 models) "
     "| float32 | float16 | bfloat16.",
     "kv_cache_dtype": "Data type for kv cache storage. \"auto\" will use model data type. \"bf16\" or \"bfloat16\" "
@@ -38,13 +41,18 @@ SERVER_ARGS_HELP: dict[str, str] = {
     "max_prefill_tokens": "The maximum number of tokens in a prefill batch. The real bound will be the maximum of "
     "this value and the model's maximum context length.",
     "chunked_prefill_size": "Max prompt tokens per prefill chunk; -1 disables chunking.",
+    "enable_mixed_chunk": "Enabling mixing prefill and decode in a batch when using chunked prefill (the default "
+    "when neither this flag nor --disable-mixed-chunk is given).",
+    "disable_mixed_chunk": "Run each prefill batch alone and the running requests' decode steps separately "
+    "(SGLang's default scheduling).",
     "schedule_policy": "The scheduling policy of the requests: fcfs | lpm (longest prefix match).",
     "schedule_conservativeness": "How conservative the schedule policy is. A larger value means more conservative "
     "scheduling. Use a larger value if you see requests being retracted frequently.",
     "disable_radix_cache": "Disable RadixAttention for prefix caching.",
     "page_size": "The number of tokens in a page.",
     "attention_backend": "Choose the kernels for attention layers: torch_native | triton | flashinfer "
-    "(default: triton on CUDA, torch_native on CPU).",
+    "(default: triton on CUDA, torch_native on CPU). flashinfer needs the optional FlashInfer package "
+    '(pip install "sglang[flashinfer]"); without it the flag is refused at start.',
     "incremental_streaming_output": "Streamed /generate chunks carry only what is new: text, output_ids and the "
     "output-token logprob lists (one entry per token of the chunk), the prompt's logprobs once. Off (SGLang's "
     "default): every chunk is cumulative.",
@@ -62,6 +70,11 @@ SERVER_ARGS_HELP: dict[str, str] = {
     # parallelism
     "tp_size": "The tensor parallelism size.",
     "ep_size": "The expert parallelism size.",
+    "moe_a2a_backend": "Choose the backend for MoE A2A (expert parallelism by all-to-all): none (default: every "
+    "rank runs every token and an all-reduce sums the expert outputs) | nccl (torch.distributed all-to-all; gloo on "
+    "CPU) | tdist (Triton-distributed low-latency all-to-all; on CPU only under TRITON_INTERPRET=1). Needs "
+    "--ep-size equal to --tp-size; normal mode for prefill, low-latency (CUDA-graph capturable) for decode. deepep "
+    "is not available here.",
     "nnodes": "The number of nodes.",
     "node_rank": "The node rank.",
     "dist_init_addr": "The host address for initializing distributed backend (e.g., `192.168.0.2:25000`).",
@@ -87,6 +100,16 @@ SERVER_ARGS_HELP: dict[str, str] = {
     "time at 1K-8K tokens (benchmark/results/2026-11-27_issue25_shard_e2e_4xh200.md).",
     "tokenweave_full_residual": "TokenWeave's split forwards keep the full residual on every TP rank (each fused "
     "AllReduce + add + RMSNorm all-gathers the residual rows too) instead of the default sharded residual.",
+    "enable_two_batch_overlap": "Two-batch overlap (SGLang's flag): split each large enough batch into two "
+    "micro-batches (by requests in decode, by tokens in prefill) and interleave their layer stages so that one "
+    "micro-batch's MoE dispatch/combine (or the TP / all-reduce-EP all-reduce) runs on a communication stream while the "
+    "other computes. Off by itself for batches below --tbo-min-tokens. See docs/expert_parallel.md.",
+    "tbo_token_distribution_threshold": "Two-batch overlap (SGLang's flag and default): when the most balanced cut "
+    "between requests leaves one micro-batch less than this fraction of the tokens, cut at half the tokens instead (one "
+    "request then straddles the micro-batches). In [0, 0.5]; 0 never cuts inside a request.",
+    "tbo_min_tokens": "Two-batch overlap: batches with fewer new tokens on this rank run unsplit (default: auto, the "
+    "table per GPU and EP size in sglang/srt/two_batch_overlap/auto_off.py: off at EP 1 and on CPU, where nothing "
+    "overlaps; provisional, unmeasured values at EP >= 2). 2 forces the overlap on for every batch that can be split.",
     "tp_ranks_share_gpu": "Correctness test mode: all TP ranks run on --base-gpu-id as separate processes (device "
     "group over gloo, tw-comm over CUDA IPC within the GPU; CUDA graphs and custom all-reduce off). Never for speed.",
     "enable_tdist_overlap": "Triton-distributed: keep the residual token-sharded across TP ranks (sequence parallel) "
@@ -160,5 +183,6 @@ SERVER_ARGS_HELP: dict[str, str] = {
     "watchdog_timeout": "Set watchdog timeout in seconds. If a forward batch takes longer than this, the server "
     "will crash to prevent hanging.",
     "log_level": "The logging level of all loggers.",
+    "decode_log_interval": "The log interval of decode batch.",
     "log_requests": "Log metadata, inputs, outputs of all requests.",
 }

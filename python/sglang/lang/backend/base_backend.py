@@ -11,6 +11,11 @@ from sglang.lang.ir import SglSamplingParams
 
 logger = logging.getLogger(__name__)
 
+STREAMED_LOGPROB_KEYS = ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")
+"""The ``meta_info`` lists with one entry per output token. :meth:`BaseBackend.generate_stream` yields them complete
+(every token so far); ``ProgramState.text_async_iter(name, return_meta_data=True)`` cuts them to each chunk's new
+tokens."""
+
 
 class BaseBackend:
     """A backend runs a program's ``gen`` and ``select`` given its executor ``s``.
@@ -31,7 +36,10 @@ class BaseBackend:
         raise NotImplementedError(f"{type(self).__name__} does not implement gen")
 
     def generate_stream(self, s: Any, sampling_params: SglSamplingParams) -> Iterator[tuple[str, Optional[dict]]]:
-        """Yield (new text, meta_info so far) while generating (default: one chunk from :meth:`generate`)."""
+        """Yield (new text, meta_info so far) while generating (default: one chunk from :meth:`generate`).
+
+        A yielded meta_info's :data:`STREAMED_LOGPROB_KEYS` lists cover every output token so far, and its
+        ``completion_tokens`` counts them."""
         yield self.generate(s, sampling_params)
 
     def select(self, s: Any, choices: Sequence[str], temperature: float, choices_method: Any) -> ChoicesDecision:

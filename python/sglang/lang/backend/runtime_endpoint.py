@@ -8,7 +8,7 @@ import os
 import threading
 from typing import Any, Iterator, Optional, Sequence, Union
 
-from sglang.lang.backend.base_backend import BaseBackend
+from sglang.lang.backend.base_backend import STREAMED_LOGPROB_KEYS, BaseBackend
 from sglang.lang.chat_template import (
     ChatTemplate,
     default_chat_template,
@@ -153,16 +153,20 @@ class RuntimeEndpoint(BaseBackend):
     def generate_stream(self, s: Any, sampling_params: SglSamplingParams) -> Iterator[tuple[str, Optional[dict]]]:
         """Streaming ``/generate``; yields (new text, meta_info so far).
 
-        The server streams the per-output-token logprob lists cumulatively (its default) or as deltas
-        (``--incremental-streaming-output``); ``output_token_logprobs_length`` places each chunk's list, so each
-        yielded meta_info holds the full lists so far either way.
+        The server streams cumulative chunks (its default: ``text``, ``output_ids`` and the per-output-token
+        logprob lists so far) or deltas (``--incremental-streaming-output``); each chunk is read by its own shape:
+        after the first, a chunk whose ``output_ids`` hold exactly the ``completion_tokens`` added since the previous
+        chunk is a delta, one holding all of them is cumulative. ``output_token_logprobs_length`` places each chunk's
+        logprob lists, so the yielded text is always the new text and each yielded meta_info holds the full lists
+        so far either way.
 
         Raises:
             ValueError / RuntimeError: the server rejected the request or reported an error mid-stream.
         """
         body = {**self._generate_body(s, sampling_params), "stream": True}
         resp = self._request("POST", "/generate", body, stream=True)
-        prev = ""
+        text_so_far = ""
+        tokens_so_far = 0
         acc: dict[str, list] = {}
         try:
             for line in resp.iter_lines():
@@ -176,15 +180,22 @@ class RuntimeEndpoint(BaseBackend):
                     err = obj["error"]
                     raise RuntimeError(f"/generate failed while streaming: "
                                        f"{err.get('message') if isinstance(err, dict) else err}")
-                text = obj.get("text", "")
-                delta, prev = text[len(prev):], text
+                text = obj.get("text") or ""
                 meta = obj.get("meta_info")
+                total = meta.get("completion_tokens") if isinstance(meta, dict) else None
+                ids = obj.get("output_ids")
+                is_delta = (tokens_so_far > 0 and isinstance(ids, list) and isinstance(total, int)
+                            and len(ids) == total - tokens_so_far)
+                delta = text if is_delta else text[len(text_so_far):]
+                text_so_far = text_so_far + text if is_delta else text
+                if isinstance(total, int):
+                    tokens_so_far = total
                 if isinstance(meta, dict) and "output_token_logprobs_length" in meta:
                     # a cumulative list (offset 0, the server's default) replaces; a delta is placed at its offset
-                    total = meta["output_token_logprobs_length"]
-                    for key in ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs"):
+                    length = meta["output_token_logprobs_length"]
+                    for key in STREAMED_LOGPROB_KEYS:
                         if key in meta:
-                            offset = max(total - len(meta[key]), 0)
+                            offset = max(length - len(meta[key]), 0)
                             acc[key] = acc.get(key, [])[:offset] + list(meta[key])
                             meta[key] = list(acc[key])
                 yield delta, meta

@@ -65,19 +65,22 @@ def place(args: "ServerArgs", local_index: int) -> str:
 
 
 def worker_template(args: "ServerArgs", mods: Optional[list] = None) -> WorkerSpec:
-    """The spec every scheduler worker shares before placement: role, executor, communicator and connector, each
-    from the technique that owns it (the defaults: aggregated, sequential, ``--comm-backend``, no connector)."""
+    """The spec every scheduler worker shares before placement: role, executor, communicator, connector and MoE
+    all-to-all, each from the technique that owns it (the defaults: aggregated, sequential, ``--comm-backend``, no
+    connector, all-reduce EP). ``moe_a2a(args, current)`` hooks run in technique order, each seeing the previous
+    one's spec (e.g. DP attention turns the token scope to ``local``)."""
     mods = enabled_techniques(args) if mods is None else mods
-    role, executor, connector = WorkerRole.AGGREGATED, ExecutorSpec(), None
+    role, executor, connector, moe_a2a = WorkerRole.AGGREGATED, ExecutorSpec(), None, None
     comm = CommunicatorSpec(backend=args.comm_backend, disable_custom_all_reduce=args.disable_custom_all_reduce)
     for m in mods:  # a hook that returns None has no opinion
         role = (m.role(args) if hasattr(m, "role") else None) or role
         executor = (m.executor(args) if hasattr(m, "executor") else None) or executor
         comm = m.communicator(args, comm) if hasattr(m, "communicator") else comm
         connector = (m.connector(args) if hasattr(m, "connector") else None) or connector
+        moe_a2a = m.moe_a2a(args, moe_a2a) if hasattr(m, "moe_a2a") else moe_a2a
     return WorkerSpec(role=role, name="sglang::scheduler", tp_size=args.tp_size, executor=executor,
-                      communicator=comm, connector=connector, resources=worker_resources(args.resolved_device),
-                      args=args)
+                      communicator=comm, connector=connector, moe_a2a=moe_a2a,
+                      resources=worker_resources(args.resolved_device), args=args)
 
 
 def single_worker_spec(args: "ServerArgs", role: Optional[WorkerRole] = None) -> WorkerSpec:
@@ -118,9 +121,27 @@ def plan_deployment(args: "ServerArgs") -> DeploymentPlan:
                                                                     for m in mods))
 
 
+# techniques that cannot run quantized weights yet: flag -> why
+NO_QUANTIZED_WEIGHTS = {
+    "enable_afd": "its FFN workers load the experts in the model dtype",
+    "enable_tdist_overlap": "its fused AG-GEMM / GEMM-RS kernels take model-dtype weights",
+}
+
+
 def check_model(args: "ServerArgs") -> None:
     """Every enabled technique's model check (e.g. AFD refuses a dense model), before anything is spawned; reads the
-    model's config. Raises ValueError naming the model and the fix."""
+    model's config. A technique of :data:`NO_QUANTIZED_WEIGHTS` with quantized weights (``--quantization`` or the
+    checkpoint's ``quantization_config``) is refused. Raises ValueError naming the model / flag and the fix."""
     for m in enabled_techniques(args):
         if hasattr(m, "check_model"):
             m.check_model(args)
+    flags = [f for f in NO_QUANTIZED_WEIGHTS if getattr(args, f, False)]
+    if flags:
+        from sglang.srt.layers.quantization import quant_config_of
+
+        quant = quant_config_of(args)
+        if quant is not None:
+            flag = flags[0]
+            raise ValueError(f"--{flag.replace('_', '-')} does not support quantized weights ({quant.describe()}) "
+                             f"yet: {NO_QUANTIZED_WEIGHTS[flag]}; drop --quantization or serve a model-dtype "
+                             "checkpoint")

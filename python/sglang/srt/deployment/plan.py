@@ -108,6 +108,29 @@ class ConnectorSpec:
 
 
 @dataclass(frozen=True)
+class MoeA2aSpec:
+    """Expert parallelism by all-to-all of a worker's MoE layers (``--moe-a2a-backend``; see
+    ``sglang.srt.expert_parallel``): the worker builds one token dispatcher and installs it on every MoE block.
+
+    Attributes:
+        backend: ``nccl`` (``torch.distributed.all_to_all_single``; gloo on CPU) or ``tdist`` (Triton-distributed
+            low-latency all-to-all).
+        token_scope: which tokens a rank dispatches: ``tp_slice`` (TP attention: each rank 1/tp of the batch, so each
+            token is dispatched once) or ``local`` (DP attention: each rank its own requests' tokens).
+        max_inflight: dispatches that may be pending combine at once (low-latency buffer sets; 2 for two-batch
+            overlap).
+    """
+
+    backend: str
+    token_scope: str = "tp_slice"
+    max_inflight: int = 2
+
+    def describe(self) -> str:
+        """Short form for the plan table."""
+        return f"a2a-{self.backend}({self.token_scope})"
+
+
+@dataclass(frozen=True)
 class Wiring:
     """What a launcher adds to a :class:`WorkerSpec` when it starts it (addresses exist only then).
 
@@ -137,6 +160,7 @@ class WorkerSpec:
         local_index: device slot on its node (``--base-gpu-id + local_index * --gpu-id-step``).
         device: explicit device (``cuda:3``, ``cpu``; under Ray ``cuda:0`` = the GPU Ray assigned).
         executor / communicator / connector: what the worker builds (connector None unless PD).
+        moe_a2a: expert parallelism by all-to-all of its MoE layers (None: the all-reduce EP of ``--ep-size``).
         resources: what a placement-aware launcher reserves, e.g. ``{"CPU": 1, "GPU": 1}``.
         args: the frozen ServerArgs the worker sizes itself with (not printed).
         wiring: filled by the launcher (:meth:`bind`).
@@ -154,6 +178,7 @@ class WorkerSpec:
     executor: ExecutorSpec = ExecutorSpec()
     communicator: CommunicatorSpec = CommunicatorSpec()
     connector: Optional[ConnectorSpec] = None
+    moe_a2a: Optional[MoeA2aSpec] = None
     resources: Mapping[str, float] = field(default_factory=dict, compare=False)
     args: Optional["ServerArgs"] = field(default=None, repr=False, compare=False)
     wiring: Wiring = Wiring()

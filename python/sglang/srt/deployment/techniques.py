@@ -6,7 +6,7 @@ Each technique module named in :data:`TECHNIQUE_MODULES` exposes the same small 
 * ``validate(args)``: flag combinations and optional packages, before any process starts (``ValueError`` naming
   both flags of a bad combination; :class:`MissingPackageError` naming the flag and the install command);
 * optionally ``executor(args) -> ExecutorSpec``, ``communicator(args, spec) -> CommunicatorSpec``,
-  ``connector(args) -> ConnectorSpec``, ``role(args) -> WorkerRole``, ``workers(args, base) -> list[WorkerSpec]``;
+  ``connector(args) -> ConnectorSpec``, ``moe_a2a(args, spec) -> MoeA2aSpec``, ``role(args) -> WorkerRole``, ``workers(args, base) -> list[WorkerSpec]``;
 * where it has one, ``make_executor(spec, ctx)`` (registered in the executor registry) and
   ``make_connector(spec, scheduler)``.
 
@@ -24,7 +24,9 @@ TECHNIQUE_MODULES = (
     "sglang.srt.distributed.tdist_deploy",
     "sglang.srt.afd.deploy",
     "sglang.srt.disaggregation.deploy",
+    "sglang.srt.expert_parallel.deploy",
     "sglang.srt.ray.deploy",
+    "sglang.srt.two_batch_overlap.deploy",
 )
 
 

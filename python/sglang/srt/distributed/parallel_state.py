@@ -11,8 +11,9 @@ Groups (Megatron-LM, Shoeybi et al. 2019, sec. 3: one TP group all-reduces the r
 * ``cpu_group``: gloo over the same ranks, for control data (the scheduler's per-step broadcast of the
   requests rank 0 received, the KV budget agreement); it never touches the GPU.
 * ``ep_group``: ranks that hold different expert slices and the same slice of every expert's
-  intermediate dim (None unless ``1 < ep_size``). The MoE output is reduced over the whole TP group,
-  so forward does not need it; it is there for an all-to-all dispatch later.
+  intermediate dim (None unless ``1 < ep_size``). The all-reduce EP reduces the MoE output over the whole TP
+  group and does not need it; expert parallelism by all-to-all (``--moe-a2a-backend``) dispatches and combines
+  tokens over it.
 """
 
 from __future__ import annotations

@@ -288,10 +288,12 @@ def launch_subprocesses(server_args: ServerArgs, port_args: PortArgs, in_process
             or died during startup.
     """
     from sglang.srt.deployment.compose import check_model, plan_deployment
+    from sglang.srt.layers.quantization import check_quantization
 
     plan = plan or plan_deployment(server_args)
     check_parallel_args(server_args)
     check_model(server_args)  # e.g. AFD refuses a dense model before anything is spawned
+    check_quantization(server_args)  # --quantization / the checkpoint's quantization_config, before any spawn
     if plan.uses_ray:  # workers as Ray actors; the only path that imports ray
         from sglang.srt.ray.launch import launch_ray_workers
 

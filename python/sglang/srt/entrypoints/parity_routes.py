@@ -23,11 +23,9 @@ INCREMENTAL_META_KEYS = ("output_token_logprobs", "output_top_logprobs", "output
 """``meta_info`` lists of the output tokens. A streamed ``/generate`` sends them cumulative by default (like
 ``text`` and ``output_ids``, SGLang's default); with ``--incremental-streaming-output`` each chunk holds only the
 entries of the chunk's new tokens (exactly one per token of its ``output_ids`` delta). ``output_token_logprobs_length``
-is always the running total, so ``length - len(chunk list)`` is the chunk's offset (0 for a cumulative list)."""
-
-SEND_ONCE_META_KEYS = ("input_token_logprobs", "input_top_logprobs", "input_token_ids_logprobs")
-"""``meta_info`` lists of the prompt that an incremental stream sends once (in the chunk where they first appear,
-normally the first); later chunks carry them empty."""
+is always the running total, so ``length - len(chunk list)`` is the chunk's offset (0 for a cumulative list), and
+``completion_tokens`` is cumulative in both modes. The prompt's lists (``input_token_logprobs``, ``input_top_logprobs``,
+``input_token_ids_logprobs``) are complete in every chunk in both modes, as SGLang's tokenizer manager sends them."""
 
 
 # ------------------------------------------------------------------ JSON
@@ -60,13 +58,16 @@ class SafeJSONResponse(JSONResponse):
 
 # ------------------------------------------------------- streamed /generate
 class IncrementalLogprobs:
-    """Shapes the cumulative ``/generate`` outputs of one stream into its chunks.
+    """Shapes the cumulative ``/generate`` outputs of one stream into its chunks (SGLang's two stream modes).
 
     Cumulative mode (``incremental=False``, SGLang's default): outputs pass unchanged, so every chunk's output
     logprob lists cover exactly the tokens of its (cumulative) ``output_ids``, whatever the chunking.
     Incremental mode (``--incremental-streaming-output``): per batch ``index``, ``text``, ``output_ids`` and the
-    output logprob lists hold only what is new since the previous chunk, all cut at the same token offset (one
-    logprob entry per new token), and the prompt's logprob lists are sent once.
+    output logprob lists (:data:`INCREMENTAL_META_KEYS`) hold only what is new since the previous chunk, all cut at
+    the same token offset (one logprob entry per new token), while ``completion_tokens`` and
+    ``output_token_logprobs_length`` stay running totals and the prompt's logprob lists stay complete, so
+    ``len(chunk list) == completion_tokens - previous completion_tokens`` for every chunk (the contract of SGLang's
+    ``test_stream_logprobs``).
 
     Args:
         incremental: the server's ``incremental_streaming_output``.
@@ -76,7 +77,6 @@ class IncrementalLogprobs:
         self.incremental = incremental
         self._sent_tokens: dict[int, int] = {}
         self._sent_chars: dict[int, int] = {}
-        self._sent_input: dict[tuple[int, str], int] = {}
 
     def __call__(self, out: Any) -> Any:
         """Shape one streamed output dict (anything else is returned unchanged)."""
@@ -90,11 +90,6 @@ class IncrementalLogprobs:
         for key in INCREMENTAL_META_KEYS:
             if key in meta:
                 meta[key] = meta[key][start:len(ids)]
-        for key in SEND_ONCE_META_KEYS:
-            if key in meta:
-                done = self._sent_input.get((idx, key), 0)
-                self._sent_input[(idx, key)] = max(done, len(meta[key]))
-                meta[key] = meta[key][done:]
         return {**out, "text": text[chars:], "output_ids": list(ids[start:]), "meta_info": meta}
 
 

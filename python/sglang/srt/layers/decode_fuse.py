@@ -88,8 +88,8 @@ def mark_model(model: torch.nn.Module, on: bool) -> Tuple[Set[Shape], Set[Shape]
         w = lin.weight
         return (w.shape[0], w.shape[1], str(w.dtype).replace("torch.", ""))
 
-    def defer(lin) -> None:
-        if isinstance(lin, RowParallelLinear) and lin.tp_size == 1:
+    def defer(lin) -> None:  # quantized layers run their method's GEMM (no split-K partials to hand over)
+        if isinstance(lin, RowParallelLinear) and lin.tp_size == 1 and lin.quant_method is None:
             lin.defer_splitk_reduce = True
             deferred.add(shape(lin))
 
@@ -102,7 +102,8 @@ def mark_model(model: torch.nn.Module, on: bool) -> Tuple[Set[Shape], Set[Shape]
                 continue
             defer(layer.self_attn.o_proj)  # -> post_attention_layernorm(hidden, residual)
             mlp = layer.mlp
-            if _plain_forward(mlp, DenseMLP) and mlp.gate_up_proj.tp_size == 1:
+            if _plain_forward(mlp, DenseMLP) and mlp.gate_up_proj.tp_size == 1 \
+                    and mlp.gate_up_proj.quant_method is None:
                 defer(mlp.down_proj)  # -> the next input_layernorm or the final norm, both with the residual
                 mlp.fuse_gate_silu = True
                 gated.add(shape(mlp.gate_up_proj))

@@ -18,6 +18,12 @@ Switch: ``SGLANG_DECODE_GEMM_AUTOTUNE`` (default on since it won every same-run 
 served step / floor 1.259 -> 1.237, 1.222 -> 1.207, 1.200 -> 1.197 at batch 1 / 32 / 128; ``=0`` keeps every
 linear on cuBLAS); CUDA only.
 
+FP8 weights (:mod:`sglang.srt.layers.quantization`, per-channel schemes): their ``(N, K, "float8_e4m3fn")`` shapes
+are tuned too, the reference being the layer's own W8A8 path (per-token activation quantization + ``torch._scaled_mm``
+row-wise) and the candidates the weight-only streaming kernel :func:`sgl_kernel.triton.fp8.skinny_fp8_gemm` with the
+same configs (activations in bf16); the layer's method consults the table per call
+(:func:`sglang.srt.layers.quantization.fp8_ops.linear_per_channel`). Block-wise FP8 layers are not tuned.
+
 Epilogue fusions (issue 27, ``SGLANG_DECODE_FUSE_EPILOGUE=1``, default OFF until a GPU A/B shows a win; see
 :mod:`sglang.srt.layers.decode_fuse`): the table is then tuned with the fused forms where the model allows them
 (:func:`sglang.srt.layers.decode_fuse.mark_model`): the projections feeding a fused add + RMSNorm time their skinny
@@ -92,12 +98,18 @@ class DecodeGemmTable:
         """One line per (shape, bucket): times and the choice, for the log."""
         out = []
         for (n, k, dt), choices in self.entries:
+            base = "scaled_mm" if is_fp8(dt) else "cublas"  # FP8 shapes: the W8A8 path (quantize + _scaled_mm)
             for c in choices:
                 sk = f"{c.skinny_us:.1f} us ({c.skinny_config})" if c.skinny_us is not None else "-"
                 tag = {"partials": " [fused: reduce in norm]", "silu": " [fused: +silu]"}.get(c.fused, "")
-                out.append(f"N={n} K={k} {dt} M<={c.m_max}: cublas {c.cublas_us:.1f} us, skinny {sk} -> "
-                           f"{c.config if c.config is not None else 'cublas'}{tag}")
+                out.append(f"N={n} K={k} {dt} M<={c.m_max}: {base} {c.cublas_us:.1f} us, skinny {sk} -> "
+                           f"{c.config if c.config is not None else base}{tag}")
         return out
+
+
+def is_fp8(dtype_name: str) -> bool:
+    """Whether a shape's dtype name (``str(dtype)`` without ``torch.``) is an FP8 weight (tuned with the FP8 paths)."""
+    return dtype_name.startswith("float8")
 
 
 def enabled(device: torch.device) -> bool:
@@ -219,13 +231,20 @@ def _silu_candidates(cfgs: Sequence[object]) -> List[object]:
     return out
 
 
-def _tune_fns(fused: str):
+def _tune_fns(fused: str, fp8_scale: Optional[torch.Tensor] = None):
     """(reference(x, w), skinny(x, w, cfg), candidates(cfgs)) timed for a shape in ``fused`` mode ("" / "partials" /
-    "silu")."""
+    "silu"); with ``fp8_scale`` (a [N] fp32 scale) the FP8 pair: the W8A8 path vs the weight-only streaming kernel."""
     from sgl_kernel.triton.activation import silu_and_mul
     from sgl_kernel.triton.decode_fuse import skinny_gemm_silu
     from sgl_kernel.triton.skinny_gemm import skinny_gemm, skinny_gemm_partials
 
+    if fp8_scale is not None:
+        from sgl_kernel.triton.fp8 import skinny_fp8_gemm
+
+        from sglang.srt.layers.quantization.fp8_ops import linear_per_channel
+
+        return (lambda x, w: linear_per_channel(x, w, fp8_scale),
+                lambda x, w, c: skinny_fp8_gemm(x, w, fp8_scale, **c.kwargs()), list)
     if fused == "silu":  # cuBLAS + the SiLU-and-mul kernel vs the fused epilogue
         return (lambda x, w: silu_and_mul(F.linear(x, w)), lambda x, w, c: skinny_gemm_silu(x, w, **c.kwargs()),
                 _silu_candidates)
@@ -235,11 +254,14 @@ def _tune_fns(fused: str):
 
 def _tune_shape(shape: Shape, weights: Sequence[torch.Tensor], buckets: Sequence[int], num_sms: int,
                 gen: torch.Generator, fused: str = "") -> Tuple[GemmChoice, ...]:
-    ref, skinny, forms = _tune_fns(fused)
-    n, k, _ = shape
+    n, k, dt = shape
+    fp8 = is_fp8(dt)
+    ref, skinny, forms = _tune_fns(fused, torch.ones(n, dtype=torch.float32, device=weights[0].device)
+                                   if fp8 else None)
+    act_dtype = torch.bfloat16 if fp8 else weights[0].dtype  # FP8 layers take bf16 activations
     choices = []
     for m in buckets:
-        x = torch.randn(m, k, generator=gen, device="cpu").to(weights[0].dtype).to(weights[0].device)
+        x = torch.randn(m, k, generator=gen, device="cpu").to(act_dtype).to(weights[0].device)
         cublas = time_per_call_us(lambda w: ref(x, w), weights)
         best, best_cfg = None, None
         for cfg in forms(candidates(m, n, k, num_sms)):
@@ -293,7 +315,8 @@ def autotune(weights_by_shape: Dict[Shape, List[torch.Tensor]], buckets: Sequenc
 
 def model_linear_weights(model: torch.nn.Module) -> Dict[Shape, List[torch.Tensor]]:
     """``(N, K, dtype name)`` -> the distinct 2-D bf16/fp16 weights of ``model``'s LinearBase layers and vocabulary
-    tables (the LM head, tied or not, is one of them) of that shape."""
+    tables (the LM head, tied or not, is one of them) of that shape, and the e4m3 weights of FP8 layers whose method
+    offers them to the tuner (``quant_method.decode_gemm_operands``: per-channel schemes)."""
     from sglang.srt.layers.linear import LinearBase
     from sglang.srt.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
@@ -301,8 +324,13 @@ def model_linear_weights(model: torch.nn.Module) -> Dict[Shape, List[torch.Tenso
     seen = set()
     for mod in model.modules():
         w = getattr(mod, "weight", None)
+        qm = getattr(mod, "quant_method", None)
+        if qm is not None:
+            ops_ = qm.decode_gemm_operands(mod)
+            w = ops_[0] if ops_ is not None and ops_[0].dtype == torch.float8_e4m3fn else None
         if isinstance(mod, (LinearBase, VocabParallelEmbedding)) and isinstance(w, torch.Tensor) and w.dim() == 2 \
-                and w.dtype in (torch.bfloat16, torch.float16) and w.stride(-1) == 1 and id(w) not in seen:
+                and w.dtype in (torch.bfloat16, torch.float16, torch.float8_e4m3fn) and w.stride(-1) == 1 \
+                and id(w) not in seen:
             seen.add(id(w))
             out.setdefault((w.shape[0], w.shape[1], str(w.dtype).replace("torch.", "")), []).append(w)
     return out

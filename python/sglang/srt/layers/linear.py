@@ -15,13 +15,19 @@ Each parameter carries:
 Weights are ``[out_local, in_local]`` in ``params_dtype`` on the current
 default device (build under ``with torch.device(...)``); ``forward`` is
 ``F.linear`` (x ``[..., in]`` -> ``[..., out]``).
+
+Where a checkpoint tensor lands is one :class:`ShardSpec` per ``shard_id`` (:meth:`LinearBase.shard_spec`): the
+plain weight loader and the quantization methods (:mod:`sglang.srt.layers.quantization`, which replace a layer's
+weight by FP8 weights and scales at load and run its GEMM through ``layer.quant_method.apply``) share it, so the
+weights and their scales are sharded by the same rule.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -85,8 +91,58 @@ def _new_param(shape: Sequence[int], dtype: Optional[torch.dtype], loader, shard
     return p
 
 
+@dataclass(frozen=True)
+class ShardSpec:
+    """Where one full checkpoint tensor of a projection lands in this rank's local ``[out_local, in_local]`` weight.
+
+    The checkpoint tensor is ``[full_rows, full_cols]`` (output x input features of one HF projection, e.g.
+    ``k_proj``); this rank reads its rows ``[src_row, src_row + rows)`` and columns ``[src_col, src_col + cols)``
+    and writes them to local rows ``[dst_row, dst_row + rows)`` (all ``cols == in_local`` columns). 1-D tensors of the
+    projection (bias, per-output-channel scales) use the row part only. Column-parallel layers narrow rows,
+    row-parallel ones columns (Megatron-LM, Shoeybi et al. 2019, sec. 3).
+    """
+
+    dst_row: int
+    rows: int
+    src_row: int
+    full_rows: int
+    src_col: int
+    cols: int
+    full_cols: int
+
+    def take_rows(self, loaded: Any, what: str) -> Any:
+        """This rank's rows ``[src_row, src_row + rows)`` of ``loaded`` (dim 0 must be ``full_rows``; every column);
+        a lazy checkpoint tensor stays lazy when all rows are taken. Raises ValueError on a wrong size."""
+        if loaded.dim() < 1 or loaded.shape[0] != self.full_rows:
+            raise ValueError(f"{what}: loaded shape {tuple(loaded.shape)} has no dim 0 of size {self.full_rows}")
+        if self.src_row == 0 and self.rows == self.full_rows:
+            return loaded
+        return loaded.narrow(0, self.src_row, self.rows)
+
+    def take_cols(self, loaded: Any, what: str) -> Any:
+        """This rank's columns ``[src_col, src_col + cols)`` of a 2-D ``loaded`` (dim 1 must be ``full_cols``)."""
+        if loaded.dim() != 2 or loaded.shape[1] != self.full_cols:
+            raise ValueError(f"{what}: loaded shape {tuple(loaded.shape)} has no dim 1 of size {self.full_cols}")
+        if self.src_col == 0 and self.cols == self.full_cols:
+            return loaded
+        return loaded.narrow(1, self.src_col, self.cols)
+
+    def take(self, loaded: Any, what: str) -> Any:
+        """This rank's ``[rows, cols]`` block of a 2-D ``loaded`` (or its rows of a 1-D one); ValueError on a wrong
+        shape. A lazy checkpoint tensor reads only what the rank needs."""
+        if loaded.dim() == 1:
+            return self.take_rows(loaded, what)
+        return self.take_cols(self.take_rows(loaded, what), what)
+
+
 class LinearBase(nn.Module):
-    """Common part: a ``[out_local, in_local]`` weight, an optional ``[out_local]`` bias, ``F.linear`` forward."""
+    """Common part: a ``[out_local, in_local]`` weight, an optional ``[out_local]`` bias, ``F.linear`` forward.
+
+    Subclasses define :meth:`shard_spec` (and, for packed layers, :meth:`split_packed`); the weight loader is
+    shared. ``quant_method``: the :class:`~sglang.srt.layers.quantization.base.LinearMethodBase` chosen once at load
+    (:func:`sglang.srt.layers.quantization.apply_quantization`), which owns the weights and runs the GEMM; None: the
+    model-dtype weight above.
+    """
 
     def __init__(self, in_local: int, out_local: int, bias: bool, params_dtype: Optional[torch.dtype],
                  tp_rank: int, tp_size: int, shards: tuple = (None,), bias_shape: Optional[int] = None):
@@ -103,15 +159,48 @@ class LinearBase(nn.Module):
         # the SequenceParallelLayout a sequence-parallel executor installed (once); it is active only during its
         # forwards (see forward); None: never sequence-parallel
         self.sequence_parallel: Optional[Any] = None
+        self.quant_method: Optional[Any] = None  # set once at load by sglang.srt.layers.quantization
         if bias:
             self.bias = _new_param((bias_shape or out_local,), params_dtype, self.weight_loader, shards)
         else:
             self.register_parameter("bias", None)
 
-    def weight_loader(self, param: nn.Parameter, loaded_full_weight: torch.Tensor, shard_id: Any = None) -> None:
-        """Per-parameter loader hook (see the module docstring); subclasses implement it, the base raises
-        NotImplementedError."""
+    def shard_spec(self, shard_id: Any = None) -> ShardSpec:
+        """The :class:`ShardSpec` of the checkpoint tensor ``shard_id`` (None for an unpacked layer); subclasses
+        implement it (the base raises NotImplementedError). Raises ValueError for an unknown ``shard_id``."""
         raise NotImplementedError
+
+    def split_packed(self, loaded: Any) -> Optional[List[Tuple[Any, torch.Tensor]]]:
+        """For packed layers: an already packed full tensor (``shard_id=None``) split into ``(shard_id, part)`` pairs
+        along dim 0; None for unpacked layers (the default). Raises ValueError on a wrong row count."""
+        return None
+
+    def _name(self, shard_id: Any) -> str:
+        return type(self).__name__ if shard_id is None else f"{type(self).__name__} shard {shard_id}"
+
+    def weight_loader(self, param: nn.Parameter, loaded_full_weight: Any, shard_id: Any = None) -> None:
+        """Copy this rank's part of one full checkpoint tensor (weight ``[rows, in]`` or 1-D bias) into ``param`` at
+        the rows :meth:`shard_spec` gives (a packed tensor with ``shard_id=None`` is split first). A lazy checkpoint
+        tensor is read only where this rank needs it. Raises ValueError on a bad shard_id or shape."""
+        if shard_id is None:
+            parts = self.split_packed(loaded_full_weight)
+            if parts is not None:
+                for sid, part in parts:
+                    self.weight_loader(param, part, sid)
+                return
+        spec = self.shard_spec(shard_id)
+        what = self._name(shard_id)
+        src = spec.take(loaded_full_weight, what) if param.dim() == 2 else spec.take_rows(loaded_full_weight, what)
+        copy_checked(param.narrow(0, spec.dst_row, spec.rows), src, what)
+
+    def _matmul(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """The local GEMM ``x @ W^T (+ bias)``: the quantization method's when one is set, else the model-dtype
+        weight through :func:`sglang.srt.layers.ops.linear` (decode-GEMM table / skinny kernel) or ``F.linear``."""
+        if self.quant_method is not None:
+            return self.quant_method.apply(self, x, bias)
+        if self.skinny_gemm or self.decode_gemm is not None:
+            return ops.linear(x, self.weight, bias, skinny=self.skinny_gemm, table=self.decode_gemm)
+        return F.linear(x, self.weight, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``F.linear(x, weight, bias)``: x ``[..., in_local]`` -> ``[..., out_local]`` (weight's dtype/device).
@@ -123,9 +212,7 @@ class LinearBase(nn.Module):
         sp = self.sequence_parallel
         if sp is not None and sp.rows is not None:
             return self.forward_gathered(x, sp.rows, sp.ops)
-        if self.skinny_gemm or self.decode_gemm is not None:
-            return ops.linear(x, self.weight, self.bias, skinny=self.skinny_gemm, table=self.decode_gemm)
-        return F.linear(x, self.weight, self.bias)
+        return self._matmul(x, self.bias)
 
     def forward_gathered(self, x_shard: torch.Tensor, rows, sp_ops: Any) -> torch.Tensor:
         """Sequence-parallel input (column-parallel layers): ``F.linear(all_gather(x_shard))``.
@@ -148,9 +235,11 @@ class ReplicatedLinear(LinearBase):
                  params_dtype: Optional[torch.dtype] = None, tp_rank: int = 0, tp_size: int = 1):
         super().__init__(input_size, output_size, bias, params_dtype, tp_rank, tp_size)
 
-    def weight_loader(self, param, loaded_full_weight, shard_id=None):
-        """Copy the full tensor as is (no sharding); ValueError on a shape mismatch."""
-        copy_checked(param, loaded_full_weight, type(self).__name__)
+    def shard_spec(self, shard_id=None) -> ShardSpec:
+        """The whole tensor (no sharding); ValueError for a shard_id other than None."""
+        if shard_id is not None:
+            raise ValueError(f"ReplicatedLinear: shard_id={shard_id!r} must be None")
+        return ShardSpec(0, self.out_local, 0, self.out_local, 0, self.in_local, self.in_local)
 
 
 class ColumnParallelLinear(LinearBase):
@@ -163,11 +252,12 @@ class ColumnParallelLinear(LinearBase):
                  params_dtype: Optional[torch.dtype] = None, tp_rank: int = 0, tp_size: int = 1):
         super().__init__(input_size, divide(output_size, tp_size, "output_size"), bias, params_dtype, tp_rank, tp_size)
 
-    def weight_loader(self, param, loaded_full_weight, shard_id=None):
-        """Copy this rank's block of output rows (dim 0) of the full tensor; ValueError on a shape mismatch."""
-        n = param.shape[0]
-        what = type(self).__name__
-        copy_checked(param, narrow_full(loaded_full_weight, 0, self.tp_rank * n, n, n * self.tp_size, what), what)
+    def shard_spec(self, shard_id=None) -> ShardSpec:
+        """This rank's block of output rows (dim 0) of the full tensor; ValueError for a shard_id other than None."""
+        if shard_id is not None:
+            raise ValueError(f"ColumnParallelLinear: shard_id={shard_id!r} must be None")
+        n = self.out_local
+        return ShardSpec(0, n, self.tp_rank * n, n * self.tp_size, 0, self.in_local, self.in_local)
 
 
 class MergedColumnParallelLinear(LinearBase):
@@ -187,23 +277,21 @@ class MergedColumnParallelLinear(LinearBase):
         super().__init__(input_size, sum(local), bias, params_dtype, tp_rank, tp_size,
                          shards=tuple(range(len(local))))
 
-    def weight_loader(self, param, loaded_full_weight, shard_id=None):
-        """Copy this rank's rows of sub-matrix ``shard_id`` (int index into ``output_sizes``), or of every sub-matrix of
-        a packed tensor when ``shard_id`` is None. Raises ValueError on a bad shard_id or shape."""
-        if shard_id is None:
-            loaded_full_weight = materialize(loaded_full_weight)
-            if loaded_full_weight.shape[0] != sum(self.output_sizes):
-                raise ValueError(f"MergedColumnParallelLinear: packed weight has {loaded_full_weight.shape[0]} rows, "
-                                 f"expected {sum(self.output_sizes)}")
-            for i, part in enumerate(torch.split(loaded_full_weight, self.output_sizes, dim=0)):
-                self.weight_loader(param, part, i)
-            return
+    def split_packed(self, loaded):
+        """An already packed full ``[sum(output_sizes), ...]`` tensor split into its ``(index, part)`` sub-matrices."""
+        loaded = materialize(loaded)
+        if loaded.shape[0] != sum(self.output_sizes):
+            raise ValueError(f"MergedColumnParallelLinear: packed weight has {loaded.shape[0]} rows, "
+                             f"expected {sum(self.output_sizes)}")
+        return list(enumerate(torch.split(loaded, self.output_sizes, dim=0)))
+
+    def shard_spec(self, shard_id=None) -> ShardSpec:
+        """This rank's rows of sub-matrix ``shard_id`` (int index into ``output_sizes``), placed after the local
+        slices of the sub-matrices before it. Raises ValueError on a bad shard_id."""
         if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.local_sizes):
             raise ValueError(f"MergedColumnParallelLinear: shard_id={shard_id!r} must be in 0..{len(self.local_sizes) - 1}")
         n, off = self.local_sizes[shard_id], self.local_offsets[shard_id]
-        what = f"MergedColumnParallelLinear shard {shard_id}"
-        copy_checked(param.narrow(0, off, n),
-                     narrow_full(loaded_full_weight, 0, self.tp_rank * n, n, self.output_sizes[shard_id], what), what)
+        return ShardSpec(off, n, self.tp_rank * n, self.output_sizes[shard_id], 0, self.in_local, self.in_local)
 
 
 class QKVParallelLinear(LinearBase):
@@ -241,18 +329,19 @@ class QKVParallelLinear(LinearBase):
         super().__init__(hidden_size, self.q_size + 2 * self.kv_size, bias, params_dtype, tp_rank, tp_size,
                          shards=("q", "k", "v"))
 
-    def weight_loader(self, param, loaded_full_weight, shard_id=None):
-        """Copy this rank's heads of shard ``'q'``, ``'k'`` or ``'v'`` (or all three from a packed ``[q; k; v]`` tensor
-        when ``shard_id`` is None) into the fused weight/bias. Raises ValueError on a bad shard_id or shape."""
+    def split_packed(self, loaded):
+        """An already packed full ``[q; k; v]`` tensor split into its ``("q" | "k" | "v", part)`` pieces."""
+        loaded = materialize(loaded)
         hs = self.head_size
-        if shard_id is None:
-            loaded_full_weight = materialize(loaded_full_weight)
-            sizes = [self.total_num_heads * hs, self.total_num_kv_heads * hs, self.total_num_kv_heads * hs]
-            if loaded_full_weight.shape[0] != sum(sizes):
-                raise ValueError(f"QKVParallelLinear: packed weight has {loaded_full_weight.shape[0]} rows, expected {sum(sizes)}")
-            for sid, part in zip("qkv", torch.split(loaded_full_weight, sizes, dim=0)):
-                self.weight_loader(param, part, sid)
-            return
+        sizes = [self.total_num_heads * hs, self.total_num_kv_heads * hs, self.total_num_kv_heads * hs]
+        if loaded.shape[0] != sum(sizes):
+            raise ValueError(f"QKVParallelLinear: packed weight has {loaded.shape[0]} rows, expected {sum(sizes)}")
+        return list(zip("qkv", torch.split(loaded, sizes, dim=0)))
+
+    def shard_spec(self, shard_id=None) -> ShardSpec:
+        """This rank's heads of shard ``'q'``, ``'k'`` or ``'v'`` in the fused local layout (q, then k, then v; see
+        the class docstring for replicated KV heads). Raises ValueError on a bad shard_id."""
+        hs = self.head_size
         if shard_id == "q":
             off, n, start, full = 0, self.q_size, self.tp_rank * self.q_size, self.total_num_heads * hs
         elif shard_id in ("k", "v"):
@@ -260,8 +349,7 @@ class QKVParallelLinear(LinearBase):
             n, start, full = self.kv_size, self.kv_head_start * hs, self.total_num_kv_heads * hs
         else:
             raise ValueError(f"QKVParallelLinear: shard_id={shard_id!r} must be 'q', 'k' or 'v'")
-        what = f"QKVParallelLinear shard {shard_id}"
-        copy_checked(param.narrow(0, off, n), narrow_full(loaded_full_weight, 0, start, n, full, what), what)
+        return ShardSpec(off, n, start, full, 0, self.in_local, self.in_local)
 
 
 class RowParallelLinear(LinearBase):
@@ -290,15 +378,13 @@ class RowParallelLinear(LinearBase):
         # feeds a fused add + RMSNorm, which then sums a split-K skinny GEMM's partials itself
         self.defer_splitk_reduce = False
 
-    def weight_loader(self, param, loaded_full_weight, shard_id=None):
-        """Copy this rank's block of input columns (dim 1) of the full weight; the 1-D bias is replicated. ValueError on
-        a shape mismatch."""
-        if param.dim() == 1:  # bias is replicated
-            copy_checked(param, loaded_full_weight, "RowParallelLinear bias")
-            return
-        n = param.shape[1]
-        what = "RowParallelLinear"
-        copy_checked(param, narrow_full(loaded_full_weight, 1, self.tp_rank * n, n, n * self.tp_size, what), what)
+    def shard_spec(self, shard_id=None) -> ShardSpec:
+        """This rank's block of input columns (dim 1) of the full weight, all output rows (so a 1-D bias or
+        per-output-channel scale is replicated). ValueError for a shard_id other than None."""
+        if shard_id is not None:
+            raise ValueError(f"RowParallelLinear: shard_id={shard_id!r} must be None")
+        n = self.in_local
+        return ShardSpec(0, self.out_local, 0, self.out_local, self.tp_rank * n, n, n * self.tp_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x ``[..., in_local]`` -> ``[..., out]``: the local partial product (bias added on rank 0 only), all-reduced
@@ -310,12 +396,10 @@ class RowParallelLinear(LinearBase):
         if sp is not None and sp.rows is not None:
             return self.forward_scattered(x, sp.rows, sp.ops)
         bias = self.bias if self.tp_rank == 0 else None
-        if self.defer_splitk_reduce and self.decode_gemm is not None and self.tp_size == 1:
+        if self.defer_splitk_reduce and self.decode_gemm is not None and self.tp_size == 1 \
+                and self.quant_method is None:
             return ops.linear_deferred(x, self.weight, bias, self.decode_gemm)  # tensor or SplitKPartials
-        if self.skinny_gemm or self.decode_gemm is not None:
-            out = ops.linear(x, self.weight, bias, skinny=self.skinny_gemm, table=self.decode_gemm)
-        else:
-            out = F.linear(x, self.weight, bias)
+        out = self._matmul(x, bias)
         if self.tp_size > 1 and self.reduce_results:
             if self.comm is None:
                 raise ValueError("RowParallelLinear with tp_size > 1 needs a comm object to all-reduce its output")

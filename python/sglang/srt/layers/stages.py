@@ -41,7 +41,11 @@ class MoeState:
     ``x``: [T, H] the tokens' normed hidden states; ``topk_weights`` [T, k] fp32; ``topk_ids`` [T, k]
     int64 (global expert ids); ``expert_out`` [T, H] this worker's weighted expert sum (a partial sum
     over workers/ranks); ``dispatched``: transport-specific data between dispatch and combine
-    (None locally).
+    (None locally). With expert parallelism by all-to-all (``--moe-a2a-backend``) the routing tensors cover
+    only the tokens this rank dispatches, ``dispatched`` is the dispatcher's
+    :class:`~sglang.srt.layers.moe.token_dispatcher.base.DispatchHandle` and ``expert_out`` holds one row per
+    received (token, slot) pair. ``dispatch_mode``: ``"normal"`` or ``"low_latency"`` (DeepEP's two modes, see
+    :func:`moe_dispatch_mode`); set from the (sub-)batch when the layer state is made.
     """
 
     x: Optional[torch.Tensor] = None
@@ -49,6 +53,19 @@ class MoeState:
     topk_ids: Optional[torch.Tensor] = None
     expert_out: Optional[torch.Tensor] = None
     dispatched: Any = None
+    dispatch_mode: Optional[str] = None
+
+
+def moe_dispatch_mode(forward_batch: Any) -> str:
+    """The all-to-all mode of a batch's MoE layers: ``forward_batch.moe_dispatch_mode`` when set (a caller that must
+    agree on the mode across ranks, e.g. DP attention, sets it), else ``"low_latency"`` for decode batches and
+    ``"normal"`` for everything else (prefill, mixed, idle, or no batch). The dispatcher falls back to normal when
+    a low-latency batch exceeds its token capacity (see :mod:`sglang.srt.layers.moe.ep_a2a`)."""
+    explicit = getattr(forward_batch, "moe_dispatch_mode", None)
+    if explicit is not None:
+        return str(explicit)
+    mode = getattr(forward_batch, "forward_mode", None)
+    return "low_latency" if mode is not None and mode.is_decode() else "normal"
 
 
 @dataclass
@@ -62,3 +79,7 @@ class LayerState:
     positions: torch.Tensor
     forward_batch: Any
     moe: MoeState = field(default_factory=MoeState)
+
+    def __post_init__(self) -> None:
+        if self.moe.dispatch_mode is None:
+            self.moe.dispatch_mode = moe_dispatch_mode(self.forward_batch)

@@ -204,7 +204,8 @@ class ScheduleBatch:
     have moved on (overlap scheduling processes a batch after the next one was built):
     ``sample[i]`` (row i samples a token), ``input_logprob_ids[i]`` (prompt ids its input logprobs
     score). The scheduler fills ``future_slots[i]`` (ring slot of row i's token, -1 if none) and
-    ``handle`` (the overlap worker's future) or ``result`` (``(logits_out, sample_out)``) at launch.
+    ``handle`` (the overlap worker's future) or ``result`` (``(logits_out, sample_out)``) at launch;
+    ``trace`` / ``trace_events`` hold the step-trace record and its CUDA events while tracing.
     """
 
     reqs: list[Req]
@@ -217,6 +218,10 @@ class ScheduleBatch:
     future_slots: list[int] = field(default_factory=list)
     handle: Any = None
     result: Any = None
+    forward_index: int = 0  # the scheduler's forward count at launch (1, 2, ...)
+    trace: Optional[dict] = None  # the step-trace record while tracing (metrics/step_trace.py)
+    trace_events: Any = None  # its (start, end) CUDA events
+    chunk_cached: set = field(default_factory=set)  # rows whose non-final prefill chunk was cached at launch
 
     def to_model_worker_batch(self) -> ModelWorkerBatch:
         """Flatten into the scheduler -> worker contract.

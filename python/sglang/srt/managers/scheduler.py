@@ -9,7 +9,9 @@ Each step (:meth:`Scheduler.step`):
      token budget (chunked prefill size) and the free KV (after reserving
      room for the running requests' future tokens) allow; one request may be
      split into chunks;
-  3. decodes and prefill chunks run together as one (mixed) batch;
+  3. decodes and prefill chunks run together as one (mixed) batch; with
+     ``--disable-mixed-chunk`` (SGLang's default) an admitted prefill batch
+     runs alone and the decodes continue in the next step;
   4. tokens are sampled, finish conditions checked, finished requests return
      their KV to the cache at once, outputs are streamed to the detokenizer.
 
@@ -32,8 +34,14 @@ overlaps the forward. Consequences, all handled here:
   * the step falls back to processing the in-flight result *before* scheduling when the next batch
     needs it: a request of the in-flight batch has a grammar (its next bitmask needs the accepted
     token), frequency/presence/repetition penalties (they read the output tokens), or a prefill
-    chunk that is not its last (the prefix cache takes that chunk first); and when the KV pool is
+    chunk that is not its last and could not be cached at launch (below); and when the KV pool is
     full (retraction only happens with nothing in flight). Outputs are identical either way.
+  * a prefill chunk that is not its request's last goes into the prefix cache right at launch (as SGLang caches
+    the chunked request while scheduling the next batch): its tokens are known, its KV is computed by the
+    in-flight forward before any later forward reads it (one stream), so the next batch needs no result. When
+    the tree already holds some of those tokens under another request's slots (inserting would free this
+    request's duplicates and rewrite its slot map under the running forward), the chunk waits for the result as
+    before. ``SGLANG_CHUNK_CACHE_AT_LAUNCH=0`` always waits (the behaviour before).
 The ZMQ process loop around it lives in ``scheduler_process.py``; result processing in
 ``scheduler_output_processor.py``; the grammar queue in ``scheduler_grammar.py``; request intake
 (add, abort) in ``scheduler_intake.py``.
@@ -42,6 +50,7 @@ The ZMQ process loop around it lives in ``scheduler_process.py``; result process
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Optional
 
@@ -55,16 +64,28 @@ from sglang.srt.managers.scheduler_grammar import SchedulerGrammarMixin
 from sglang.srt.managers.scheduler_intake import SchedulerIntakeMixin
 from sglang.srt.managers.scheduler_output_processor import SchedulerOutputProcessorMixin
 from sglang.srt.forward_batch_info import ForwardMode
+from sglang.srt.metrics.step_trace import StepTracer
 from sglang.srt.model_executor.overlap_worker import OverlapWorker, overlap_schedule_enabled
 
 logger = logging.getLogger(__name__)
 
-INIT_NEW_TOKEN_RATIO = 0.7
-MIN_NEW_TOKEN_RATIO = 0.1
-NEW_TOKEN_RATIO_DECAY = 0.001
+INIT_NEW_TOKEN_RATIO = 0.7  # SGLang's SGLANG_INIT_NEW_TOKEN_RATIO, times --schedule-conservativeness (capped at 1)
+MIN_NEW_TOKEN_RATIO_FACTOR = 0.14  # SGLang's: the floor is this fraction of the initial ratio
+NEW_TOKEN_RATIO_DECAY_STEPS = 600  # SGLang's: decode steps from the initial ratio to the floor
 RESERVE_CLIP = 4096  # at most this many future tokens are reserved per request
 DEFAULT_CHUNKED_PREFILL_SIZE = 8192  # --chunked-prefill-size when unset (-1 disables chunking)
 GRAMMAR_IDLE_WAIT_S = 0.005  # with nothing to run, wait this long for a grammar compilation per step
+CHUNK_CACHE_AT_LAUNCH_ENV = "SGLANG_CHUNK_CACHE_AT_LAUNCH"
+
+
+def chunk_cache_at_launch_enabled() -> bool:
+    """``SGLANG_CHUNK_CACHE_AT_LAUNCH``: ``1`` (default) caches a non-final prefill chunk when it is launched (see
+    the module doc); ``0`` caches it when its result is processed, so overlap scheduling waits for that result
+    before building the next batch. Raises ValueError for another value."""
+    val = os.environ.get(CHUNK_CACHE_AT_LAUNCH_ENV, "1").strip() or "1"
+    if val not in ("0", "1"):
+        raise ValueError(f"{CHUNK_CACHE_AT_LAUNCH_ENV}={val!r}: use 1 (cache chunks at launch, default) or 0")
+    return val == "1"
 
 
 class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProcessorMixin):
@@ -113,20 +134,31 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
         self.running: list[Req] = []
         self.chunked_req: Optional[Req] = None
         self.outputs: list[Req] = []  # requests with something to report after this step
-        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        # the future-token reserve of admission (SGLang's new-token ratio: starts conservative, decays per decode
+        # step to its floor, jumps up on a retraction)
+        self.init_new_token_ratio = min(INIT_NEW_TOKEN_RATIO * server_args.schedule_conservativeness, 1.0)
+        self.min_new_token_ratio = self.init_new_token_ratio * MIN_NEW_TOKEN_RATIO_FACTOR
+        self.new_token_ratio_decay = (self.init_new_token_ratio - self.min_new_token_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
+        self.new_token_ratio = self.init_new_token_ratio
+        # prefill chunks ride in the decode step (MIXED batches) unless --disable-mixed-chunk (see ServerArgs)
+        self.mixed_chunk = server_args.resolved_enable_mixed_chunk
         self.stats_prompt_tokens = 0
         self.stats_cached_tokens = 0
         self.stats_gen_tokens = 0
         self.forward_ct = 0
 
         self.overlap = overlap_schedule_enabled(server_args, runner.device, False if connector else overlap)
+        self.cache_chunk_at_launch = chunk_cache_at_launch_enabled()
         self.inflight: Optional[ScheduleBatch] = None  # launched, result not processed yet (overlap)
         self.launching: Optional[ScheduleBatch] = None  # the batch whose inline forward runs now (fail_all)
         self.future_ring_size = 4 * (self.max_running + 2)  # > the sampled rows of two batches
         self.future_ct = 0
         self.worker = OverlapWorker(runner, self.future_ring_size, device_futures) if self.overlap else None
         self.control_group = self._make_control_group()
-        logger.info("overlap schedule %s", "on" if self.overlap else "off")
+        self.tracer = StepTracer.from_server_args(server_args, getattr(runner, "device", "cpu"),
+                                                  getattr(runner, "tp_rank", 0) or 0)
+        logger.info("overlap schedule %s, mixed chunk %s", "on" if self.overlap else "off",
+                    "on" if self.mixed_chunk else "off")
         # prefill/decode disaggregation: the scheduler side of the KV connector (None when aggregated)
         self.disagg = None
         if connector is not None:
@@ -153,6 +185,7 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
     def close(self) -> None:
         """Process the in-flight batch and stop the overlap worker thread."""
         self.sync()
+        self.tracer.close()
         if self.worker is not None:
             self.worker.close()
         if self.disagg is not None:
@@ -185,6 +218,7 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
     def step(self) -> list[BatchTokenIDOut]:
         """Schedule and launch one batch, process the previous (overlap) or this batch's result,
         and return the outputs to stream (possibly empty)."""
+        self.tracer.begin_step()
         if self.disagg is not None:
             self.apply_connector(self.disagg.poll())  # KV hand-offs: messages, transfers, timeouts (disaggregation/)
         if self.inflight is not None and self._needs_result_first(self.inflight):
@@ -223,11 +257,11 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
 
     def _needs_result_first(self, batch: ScheduleBatch) -> bool:
         """Whether the next batch cannot be built before ``batch``'s result (see the module doc)."""
-        for req, sample in zip(batch.reqs, batch.sample):
+        for i, (req, sample) in enumerate(zip(batch.reqs, batch.sample)):
             if req.finished():
                 continue
             p = req.sampling_params
-            if not sample or req.grammar is not None or p.frequency_penalty != 0.0 \
+            if (not sample and i not in batch.chunk_cached) or req.grammar is not None or p.frequency_penalty != 0.0 \
                     or p.presence_penalty != 0.0 or p.repetition_penalty != 1.0:
                 return True
         return False
@@ -236,6 +270,7 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
         """Hand ``batch`` to the runner (inline) or the overlap worker, then advance the bookkeeping:
         KV counts as written, sampled tokens become pending, requests that will decode join ``running``."""
         mwb = batch.to_model_worker_batch()
+        self._trace_launch(batch, mwb)
         if self.disagg is not None:
             self.disagg.before_forward(batch, mwb)  # push mode arms the layerwise KV writes of this forward
         if not self.overlap:
@@ -257,12 +292,41 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
                 self.running.append(req)
         if self.overlap:
             batch.handle = self.worker.submit(mwb, batch.future_slots)
+            if self.cache_chunk_at_launch:
+                for i, req in enumerate(batch.reqs):
+                    if not batch.sample[i] and self._cache_chunk_now(req):
+                        batch.chunk_cached.add(i)
         self.forward_ct += 1
+        batch.forward_index = self.forward_ct
+
+    def _cache_chunk_now(self, req: Req) -> bool:
+        """Cache a just-launched non-final prefill chunk of ``req`` (its KV still being computed) unless the tree
+        already holds any of its new tokens under other slots (then False: it is cached with its result)."""
+        probe = getattr(self.tree_cache, "cached_prefix_len", None)
+        if probe is not None:
+            n = req.kv_len // self.page_size * self.page_size
+            if probe(req.fill_ids[:n]) != len(req.prefix_indices):
+                return False
+        self.tree_cache.cache_unfinished_req(req)
+        return True
+
+    def _trace_launch(self, batch: ScheduleBatch, mwb) -> None:
+        """Hand a batch about to launch to the step tracer (log lines; trace record and CUDA events when on)."""
+        graphs = getattr(self.runner, "cuda_graph_runner", None)
+        graph = graphs is not None and graphs.can_run(mwb)
+        total = max(self.kv.max_total_tokens, 1)
+        usage = (total - self.kv.available_size() - self.kv.evictable_size()) / total
+        cached = sum(len(r.prefix_indices) for r, e in zip(batch.reqs, mwb.extend_lens)
+                     if e > 1 and r.prefix_indices is not None and r.kv_len == len(r.prefix_indices))
+        self.tracer.on_launch(batch, mwb, graph, len(self.running), len(self.waiting), usage, cached)
 
     def _process(self, batch: ScheduleBatch) -> None:
+        t0 = self.tracer.clock()
         logits_out, sample_out = batch.result if batch.handle is None else batch.handle.result()
+        t1 = self.tracer.clock()
         batch.handle = batch.result = None
         self.process_batch_result(batch, logits_out, sample_out)
+        self.tracer.on_processed(batch, batch.forward_index, t1 - t0, self.tracer.clock() - t1)
 
     def _sampling_reqs(self, reqs: list[Req]) -> list:
         """What ``make_sampling_info`` reads per request; with pending tokens, a view whose
@@ -279,10 +343,15 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
 
     def get_next_batch(self) -> Optional[ScheduleBatch]:
         """The next batch: running requests' decode tokens plus newly admitted prefills (EXTEND, DECODE or MIXED), with
-        their KV slots and sampling info; None when there is nothing to run."""
+        their KV slots and sampling info; None when there is nothing to run. Without mixed chunks
+        (``--disable-mixed-chunk``) a step is either the prefill batch (when one can be admitted) or the decode batch."""
         self._poll_grammar_queue()
-        decode_reqs, decode_loc = self._prepare_decode()
-        prefill_reqs, prefill_locs = self._admit_prefills(len(decode_reqs))
+        if self.mixed_chunk:
+            decode_reqs, decode_loc = self._prepare_decode()
+            prefill_reqs, prefill_locs = self._admit_prefills(len(decode_reqs))
+        else:  # SGLang's default: a prefill batch runs alone, the running requests decode in the next steps
+            prefill_reqs, prefill_locs = self._admit_prefills(0)
+            decode_reqs, decode_loc = self._prepare_decode() if not prefill_reqs else ([], None)
         reqs = prefill_reqs + decode_reqs
         if not reqs:
             return None
@@ -306,7 +375,7 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
                 r.extend_len = 1
             loc = self._alloc_extend(reqs)
             if loc is not None:
-                self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
+                self.new_token_ratio = max(self.new_token_ratio - self.new_token_ratio_decay, self.min_new_token_ratio)
                 return reqs, loc
             for r in reqs:
                 r.extend_len = 0
@@ -325,6 +394,7 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
         victim.reset_for_retract()
         self.waiting.insert(0, victim)
         self.new_token_ratio = min(1.0, self.new_token_ratio + 0.1)
+        self.tracer.retractions += 1
 
     def _alloc_extend(self, reqs: list[Req]) -> Optional[torch.Tensor]:
         """KV slots for each request's next ``extend_len`` tokens; evicts cache entries if needed."""
@@ -439,7 +509,7 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
         if self.has_work():
             return False, "cannot flush the cache while requests are running or waiting"
         self.tree_cache.reset()
-        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self.new_token_ratio = self.init_new_token_ratio
         if self.grammar_backend is not None:
             self.grammar_backend.reset()
         return True, ""

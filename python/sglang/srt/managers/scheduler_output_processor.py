@@ -36,8 +36,9 @@ class SchedulerOutputProcessorMixin:
                     req.input_token_ids_logprobs.extend(tids_in[i])
             if req.finished():  # aborted while in flight, or finished by the previous result
                 continue
-            if not batch.sample[i]:  # a prefill chunk that is not the last
-                self.tree_cache.cache_unfinished_req(req)
+            if not batch.sample[i]:  # a prefill chunk that is not the last (cached at launch, or now)
+                if i not in batch.chunk_cached:
+                    self.tree_cache.cache_unfinished_req(req)
                 continue
             if req.wants_input_logprobs():
                 req.sent_input_logprobs = True  # the prompt has been fully computed

@@ -11,10 +11,17 @@ itself does not describe the profiling step):
   single-token rows, as a mixed chunked-prefill step), followed by the sampler on all rows with top-k/top-p/min-p
   set (its sort is the largest sampling buffer);
 * the CUDA graphs: one forward of ``graph_max_bs`` single-token rows (the largest captured decode graph), counted
-  twice (graph pool + warm-up blocks cached on the capture stream), plus the float32 logits every captured graph
-  keeps alive (``graph_rows_total x vocab x 4`` bytes);
+  twice (graph pool + warm-up blocks cached on the capture stream), plus the float32 logits the graphs keep alive
+  (``graph_rows_total x vocab x 4`` bytes: one shared ``[graph_max_bs, vocab]`` buffer by default, one buffer per
+  captured size with ``SGLANG_GRAPH_SHARED_LOGITS=0``);
 * :data:`HEADROOM_BYTES` for allocator fragmentation and non-PyTorch allocations made later (cuBLAS/NCCL
   workspaces of other streams).
+
+Expert parallelism by all-to-all (``--moe-a2a-backend``): the token dispatcher's fixed buffers (low-latency send and
+receive sets, or the tdist symmetric heap; :func:`moe_a2a_buffer_bytes`) are allocated when the model is installed,
+before this sizing, so the free memory the pool is carved from already excludes them; the normal-mode transients
+(receive rows of the largest prefill) are inside the eager peak the profiling forward measures (it runs the
+all-to-all at that size on every rank).
 
 :func:`kv_pool_bytes` then gives the pool ``free - fixed - max((1 - f) * total, reserve)``: SGLang's meaning of
 ``--mem-fraction-static`` f (weights + KV take at most ``f`` of the device) is kept, and the pool shrinks further
@@ -46,7 +53,8 @@ class ForwardLimits:
         max_tokens: tokens in the largest forward (a chunked-prefill step, or the largest decode batch).
         max_rows: requests (= logit rows sampled) in one forward.
         graph_max_bs: rows of the largest captured CUDA graph; 0 when graphs are off.
-        graph_rows_total: sum of all captured batch sizes (rows of float32 logits the graphs keep alive).
+        graph_rows_total: rows of float32 logits the graphs keep alive: ``graph_max_bs`` with the shared logits
+            buffer (the default), the sum of all captured batch sizes without it.
     """
 
     max_tokens: int
@@ -55,19 +63,21 @@ class ForwardLimits:
     graph_rows_total: int = 0
 
 
-def forward_limits(args: "ServerArgs", max_running: int, graphs_on: bool) -> ForwardLimits:
+def forward_limits(args: "ServerArgs", max_running: int, graphs_on: bool, device=None) -> ForwardLimits:
     """The :class:`ForwardLimits` of the scheduler's rules for ``args`` and ``max_running`` requests.
 
     Chunked prefill on (the default, ``--chunked-prefill-size`` unset = 8192): a step holds its decode rows plus
     prefill tokens up to the chunk size, so at most ``max(chunk, max_running)`` tokens; chunking off (-1): up to
     ``--max-prefill-tokens`` prefill tokens plus ``max_running`` decode rows. Graphs capture
     :func:`~sglang.srt.model_executor.cuda_graph_runner.capture_batch_sizes` up to
-    ``min(--cuda-graph-max-bs or 160, max_running)``.
+    ``min(--cuda-graph-max-bs, max_running)``, the flag's default following ``device``'s memory as SGLang's
+    (:func:`~sglang.srt.model_executor.cuda_graph_runner.resolved_cuda_graph_max_bs`; 160 without a device).
 
     Raises:
         ValueError: ``max_running < 1``.
     """
-    from sglang.srt.model_executor.cuda_graph_runner import DEFAULT_MAX_BS, capture_batch_sizes
+    from sglang.srt.model_executor.cuda_graph_runner import (capture_batch_sizes, graph_logits_shared,
+                                                             resolved_cuda_graph_max_bs)
 
     if max_running < 1:
         raise ValueError(f"max_running must be >= 1, got {max_running}")
@@ -83,8 +93,8 @@ def forward_limits(args: "ServerArgs", max_running: int, graphs_on: bool) -> For
     rows = min(max_running, max_tokens)
     if not graphs_on:
         return ForwardLimits(max_tokens, rows)
-    sizes = capture_batch_sizes(min(args.cuda_graph_max_bs or DEFAULT_MAX_BS, max_running))
-    return ForwardLimits(max_tokens, rows, sizes[-1], sum(sizes))
+    sizes = capture_batch_sizes(min(resolved_cuda_graph_max_bs(args, device), max_running))
+    return ForwardLimits(max_tokens, rows, sizes[-1], sizes[-1] if graph_logits_shared() else sum(sizes))
 
 
 def kv_pool_bytes(free_bytes: int, total_bytes: int, mem_fraction: float, reserve_bytes: int,
@@ -113,7 +123,7 @@ def kv_pool_bytes(free_bytes: int, total_bytes: int, mem_fraction: float, reserv
 def graph_reserve_bytes(graph_peak_bytes: int, limits: ForwardLimits, vocab_size: int) -> int:
     """The CUDA-graph estimate: twice the largest graph's forward peak (its private pool, and the blocks its eager
     warm-up forwards leave cached on the capture stream, which the default stream cannot reuse) plus the float32
-    logits (``[bs, vocab_size]``) every captured graph keeps alive. 0 when graphs are off."""
+    logits the graphs keep alive (``graph_rows_total x vocab_size``). 0 when graphs are off."""
     if limits.graph_max_bs == 0:
         return 0
     return 2 * graph_peak_bytes + limits.graph_rows_total * vocab_size * 4
@@ -241,15 +251,23 @@ def measure_activation_reserve(runner: "ModelRunner", args: "ServerArgs", max_ru
     if not profiling_applies(runner, args):
         return 0
     graphs_on = not args.disable_cuda_graph and runner.attention_backend_name != "torch_native"
-    lim = forward_limits(args, max_running, graphs_on)
+    lim = forward_limits(args, max_running, graphs_on, getattr(runner, "device", None))
     eager = profile_peak_bytes(runner, lim.max_tokens, lim.max_rows, sampled=True)
     graph_peak = profile_peak_bytes(runner, lim.graph_max_bs, lim.graph_max_bs, False) if lim.graph_max_bs else 0
     graph = graph_reserve_bytes(graph_peak, lim, runner.model_config.vocab_size)
     reserve = eager + graph + HEADROOM_BYTES
     logger.info("activation reserve %.0f MiB: forward of %d tokens / %d rows + sampling %.0f MiB, CUDA graphs "
-                "(bs %d) %.0f MiB, headroom %.0f MiB", reserve / 2**20, lim.max_tokens, lim.max_rows,
-                eager / 2**20, lim.graph_max_bs, graph / 2**20, HEADROOM_BYTES / 2**20)
+                "(bs %d) %.0f MiB, headroom %.0f MiB; MoE all-to-all buffers %.0f MiB (allocated before, not in the "
+                "free memory)", reserve / 2**20, lim.max_tokens, lim.max_rows, eager / 2**20, lim.graph_max_bs,
+                graph / 2**20, HEADROOM_BYTES / 2**20, moe_a2a_buffer_bytes(runner) / 2**20)
     return reserve
+
+
+def moe_a2a_buffer_bytes(runner: "ModelRunner") -> int:
+    """Bytes of the runner's MoE all-to-all fixed buffers (0 without ``--moe-a2a-backend``): the dispatcher's
+    ``buffer_bytes`` of its config."""
+    disp = getattr(runner, "moe_dispatcher", None)
+    return 0 if disp is None else int(disp.buffer_bytes(disp.config))
 
 
 def req_to_token_bytes(rows: int, context_len: int) -> int:

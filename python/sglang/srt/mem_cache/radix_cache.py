@@ -150,6 +150,23 @@ class RadixCache(BasePrefixCache):
         indices = torch.cat(values) if values else self._empty()
         return MatchResult(device_indices=indices, last_node=node)
 
+    def cached_prefix_len(self, key: List[int]) -> int:
+        """Tokens of ``key`` (page-aligned) the tree holds now, without touching it: no node split, no access-time
+        update (:meth:`match_prefix` does both). Used to check that inserting a request's tokens would share no slot
+        with another request's (so its slot map stays as it is)."""
+        key = list(key[: len(key) // self.page_size * self.page_size])
+        node, n_total = self.root_node, 0
+        while key:
+            child = node.children.get(self._child_key(key))
+            if child is None:
+                break
+            n = self._match_len(child.key, key)
+            n_total += n
+            if n < len(child.key):
+                break
+            node, key = child, key[n:]
+        return n_total
+
     def insert(self, key: List[int], value: torch.Tensor) -> int:
         """See ``BasePrefixCache.insert``."""
         if len(key) != value.numel():

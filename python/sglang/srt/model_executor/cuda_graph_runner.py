@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
 import time
 from typing import TYPE_CHECKING, Optional
 
@@ -39,7 +40,56 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_BS = 160
+DEFAULT_MAX_BS = 160  # SGLang's --cuda-graph-max-bs when the device memory is unknown
+SHARED_LOGITS_ENV = "SGLANG_GRAPH_SHARED_LOGITS"
+
+
+def default_cuda_graph_max_bs(device_memory_bytes: Optional[int], tp_size: int = 1) -> int:
+    """``--cuda-graph-max-bs`` when unset, by device memory as SGLang picks it (``ServerArgs._handle_gpu_memory_settings``
+    of SGLang 0.5): < 20 GiB: 8; < 35 GiB: 24 (80 at TP >= 4); < 60 GiB: 32 (160 at TP >= 4); < 160 GiB (H100, H200,
+    A100-80G): 256 (512 at TP >= 4); larger: 512; unknown (None, e.g. no CUDA device): 160.
+
+    Args:
+        device_memory_bytes: total memory of one device, bytes (``torch.cuda.mem_get_info()[1]``), or None.
+        tp_size: tensor-parallel ranks.
+    """
+    if device_memory_bytes is None:
+        return DEFAULT_MAX_BS
+    gib = device_memory_bytes / (1 << 30)
+    big_tp = tp_size >= 4
+    if gib < 20:
+        return 8
+    if gib < 35:
+        return 80 if big_tp else 24
+    if gib < 60:
+        return 160 if big_tp else 32
+    if gib < 160:
+        return 512 if big_tp else 256
+    return 512
+
+
+def resolved_cuda_graph_max_bs(server_args, device=None) -> int:
+    """``--cuda-graph-max-bs``, else :func:`default_cuda_graph_max_bs` of ``device``'s memory (CUDA) and
+    ``--tp-size``; off CUDA (or ``device`` None) the unknown-memory default."""
+    if server_args.cuda_graph_max_bs:
+        return server_args.cuda_graph_max_bs
+    mem = None
+    if device is not None and torch.device(device).type == "cuda":
+        mem = torch.cuda.mem_get_info(torch.device(device))[1]
+    return default_cuda_graph_max_bs(mem, getattr(server_args, "tp_size", 1) or 1)
+
+
+def graph_logits_shared() -> bool:
+    """Whether every captured decode graph writes its float32 logits into one shared ``[max_bs, vocab]`` buffer (the
+    default) instead of keeping a ``[bs, vocab]`` output per captured size alive (``SGLANG_GRAPH_SHARED_LOGITS=0``, the
+    behaviour before; 0.87 GB of Llama-3 logits over the sizes up to 160, 2.2 GB up to 256). The pool's size follows
+    ``--mem-fraction-static`` while the measured reserve stays below its slack, so this frees memory beside the pool
+    (what lets graphs up to 256 and the 0.88 default fit) rather than growing it. Replays never overlap and the sampler reads a replay's logits before the next replay in stream order, so
+    one buffer is enough. Raises ValueError for a value other than 0/1."""
+    val = os.environ.get(SHARED_LOGITS_ENV, "1").strip() or "1"
+    if val not in ("0", "1"):
+        raise ValueError(f"{SHARED_LOGITS_ENV}={val!r}: use 1 (one shared logits buffer, default) or 0 (one per size)")
+    return val == "1"
 
 
 def graph_greedy_eligible(batch: ModelWorkerBatch) -> bool:
@@ -53,10 +103,12 @@ def graph_greedy_eligible(batch: ModelWorkerBatch) -> bool:
 
 
 def capture_batch_sizes(max_bs: int) -> list[int]:
-    """Padded batch sizes to capture: 1, 2, 4, 8, then every 8 up to ``max_bs`` (always included)."""
+    """Padded batch sizes to capture, SGLang's list: 1, 2, 4, 8, 12, every 8 from 16 to 256, every 16 from 272 to
+    496, every 32 from 512, cut at ``max_bs`` (always included)."""
     if max_bs < 1:
         raise ValueError(f"--cuda-graph-max-bs must be >= 1, got {max_bs}")
-    sizes = [b for b in (1, 2, 4, 8) if b <= max_bs] + list(range(16, max_bs + 1, 8))
+    sizes = [1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16)) + list(range(512, max_bs + 1, 32))
+    sizes = [b for b in sizes if b <= max_bs]
     if sizes[-1] != max_bs:
         sizes.append(max_bs)
     return sizes
@@ -69,16 +121,26 @@ class CudaGraphRunner:
         runner: the :class:`ModelRunner` (model, pools, attention backend on a CUDA device).
         max_bs: largest batch captured; larger decode batches run eagerly.
         pad_req_idx: a ``req_to_token`` row reserved for padding, whose slot 0 is the dummy KV slot.
+        batch_sizes: the padded sizes to capture (ascending, each in 1..``max_bs``, ``max_bs`` included); None:
+            :func:`capture_batch_sizes` (benchmarks capture a few sizes to save start time).
+        shared_logits: every graph writes its logits into one ``[max_bs, vocab]`` float32 buffer (see
+            :func:`graph_logits_shared`, which None reads).
     Raises:
+        ValueError: a bad ``batch_sizes``.
         RuntimeError: capture failed (e.g. an op synchronizes with the host); the caller
             logs it and runs eagerly.
     """
 
-    def __init__(self, runner: "ModelRunner", max_bs: int, pad_req_idx: int):
+    def __init__(self, runner: "ModelRunner", max_bs: int, pad_req_idx: int, batch_sizes: Optional[list] = None,
+                 shared_logits: Optional[bool] = None):
         self.runner = runner
         self.greedy_outputs: dict[int, torch.Tensor] = {}  # padded bs -> [bs] int64 argmax, written by replays
         self.device = runner.device
-        self.batch_sizes = capture_batch_sizes(max_bs)
+        if batch_sizes is not None and (list(batch_sizes) != sorted(set(batch_sizes)) or batch_sizes[-1] != max_bs
+                                        or batch_sizes[0] < 1):
+            raise ValueError(f"CUDA graph batch sizes {batch_sizes} must be ascending, distinct, in 1..{max_bs} "
+                             f"and end with max_bs={max_bs}")
+        self.batch_sizes = list(batch_sizes) if batch_sizes is not None else capture_batch_sizes(max_bs)
         self.max_bs = self.batch_sizes[-1]
         self.pad_req_idx = pad_req_idx
         n = self.max_bs
@@ -89,6 +151,10 @@ class CudaGraphRunner:
         self.arange = torch.arange(n, **i64)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
+        self.shared_logits = graph_logits_shared() if shared_logits is None else bool(shared_logits)
+        # allocated before capture, outside the graphs' pool: every replay writes its rows [:bs] here
+        self.logits_buffer = torch.empty(n, runner.model_config.vocab_size, dtype=torch.float32,
+                                         device=self.device) if self.shared_logits else None
         self.pool = None
         # an executor whose step talks to remote workers on the device (AFD over cuda_push[_ll]) is captured itself,
         # with its hooks around each replay; otherwise the plain forward is (the executor's stages are equal to it)
@@ -119,6 +185,7 @@ class CudaGraphRunner:
             prefix_lens=self.seq_lens[:bs] - 1, extend_lens=self.ones[:bs], extend_start_loc=self.arange[:bs],
             seq_lens_cpu=[1] * bs, prefix_lens_cpu=[0] * bs, extend_lens_cpu=[1] * bs,
             req_to_token_pool=r.req_to_token_pool, token_to_kv_pool=r.token_to_kv_pool, attn_backend=r.attn_backend,
+            logits_buffer=self.logits_buffer[:bs] if self.logits_buffer is not None else None,
         )
 
     @torch.inference_mode()
@@ -132,9 +199,16 @@ class CudaGraphRunner:
         t0 = time.perf_counter()
         free0 = torch.cuda.mem_get_info(self.device)[0]
         stream = torch.cuda.Stream(self.device)
+        backend = self.runner.attn_backend
+        # a backend that plans on the host per batch (FlashInfer) gives each graph its own metadata and re-plans it
+        # before every replay (plan_graph_replay); the others' metadata only references the static buffers
+        init_meta = getattr(backend, "init_graph_metadata", backend.init_forward_metadata)
+        self.replan = getattr(backend, "plan_graph_replay", None)
+        self.forward_batches: dict[int, ForwardBatch] = {}
         for bs in reversed(self.batch_sizes):  # largest first so smaller graphs reuse its memory pool
             fb = self._forward_batch(bs)
-            self.runner.attn_backend.init_forward_metadata(fb)
+            init_meta(fb)
+            self.forward_batches[bs] = fb
             with torch.cuda.stream(stream):
                 for _ in range(2):  # warm up (Triton autotune/JIT, allocator)
                     self._forward(fb)
@@ -153,9 +227,12 @@ class CudaGraphRunner:
                     time.perf_counter() - t0, used)
 
     def _forward(self, fb: ForwardBatch) -> LogitsProcessorOutput:
-        """The forward captured: the staged executor's ``run`` (see ``__init__``) or the model's own."""
+        """The forward captured: the staged executor's ``run`` (see ``__init__``; it builds the attention metadata
+        itself) or the attention metadata then the model's own forward. The metadata is built inside the capture
+        because it may hold device work that must follow the replayed inputs (the Triton backend's row order)."""
         if self.staged is not None:
             return self.staged.run(self.runner.model, fb)
+        self.runner.attn_backend.init_forward_metadata(fb)
         return self.runner.model(fb.input_ids, fb.positions, fb)
 
     def padded_size(self, bs: int) -> int:
@@ -182,6 +259,8 @@ class CudaGraphRunner:
         ring = getattr(batch, "future_token_ids", None)
         if ring is not None:  # overlap with device futures: placeholders -> tokens of the previous batch
             self.input_ids[:bs].copy_(resolve_future_ids(self.input_ids[:bs], ring))
+        if self.replan is not None:  # padding rows: sequence length 1 (the pad row's dummy slot)
+            self.replan(self.forward_batches[padded], [int(n) for n in batch.seq_lens] + [1] * (padded - bs))
         if self.staged is not None:
             self.staged.before_graph_replay(padded)  # e.g. AFD: announce the step to the FFN workers
         self.graphs[padded].replay()
@@ -212,7 +291,7 @@ def maybe_create_cuda_graph_runner(runner: "ModelRunner", server_args, pad_req_i
     if (backend_name or server_args.resolved_attention_backend) == "torch_native":
         logger.info("CUDA graphs off: the torch_native attention backend is not graph-safe")
         return None
-    max_bs = min(server_args.cuda_graph_max_bs or DEFAULT_MAX_BS, runner.max_running_requests)
+    max_bs = min(resolved_cuda_graph_max_bs(server_args, runner.device), runner.max_running_requests)
     try:
         return CudaGraphRunner(runner, max_bs, pad_req_idx)
     except Exception as e:  # capture is best effort: eager decode is always correct

@@ -128,6 +128,7 @@ class ModelRunner:
         self.comm = comm if comm is not None else make_communicator(self.worker.communicator, parallel_state,
                                                                      hidden_size=model_config.hidden_size)
         self.model = self._load_model(server_args)
+        self.moe_dispatcher = self._install_moe_a2a(server_args)  # before the KV pool is sized (its buffers count)
         self.num_kv_heads = local_kv_heads(model_config.num_key_value_heads, tp_size)
         self.local_num_heads = model_config.num_attention_heads // tp_size
         self.executor: ModelExecutor = executor or build_executor(self.worker.executor, ExecutorContext(
@@ -171,7 +172,19 @@ class ModelRunner:
 
         return load_model(self.model_config, args.load_format, self.device, tp_rank=self.tp_rank,
                           tp_size=self.tp_size, comm=self.comm if self.tp_size > 1 else None, ep_size=args.ep_size,
-                          weight_filter=self.role_spec.weight_filter, holds_param=self.role_spec.holds_param)
+                          weight_filter=self.role_spec.weight_filter, holds_param=self.role_spec.holds_param,
+                          quantization=args.quantization)
+
+    def _install_moe_a2a(self, args: "ServerArgs"):
+        """Expert parallelism by all-to-all when the plan asks for it (``worker.moe_a2a``): one token dispatcher for
+        this rank, installed on every MoE block (:func:`~sglang.srt.expert_parallel.install.install_moe_a2a`;
+        collective over the EP group). Returns it, or None."""
+        if self.worker.moe_a2a is None:
+            return None
+        from sglang.srt.expert_parallel.install import install_moe_a2a
+
+        rows = max_running_requests(args, self.device, self.model_config.context_len, GPU_MAX_DEFAULT_TOKENS)
+        return install_moe_a2a(self.model, self.worker.moe_a2a, self.parallel_state, args, self.device, rows)
 
     def _create_kv_cache(self, args: "ServerArgs") -> KVCache:
         """Size the KV budget (minimum over TP ranks) and allocate the :class:`KVCache`.
@@ -307,9 +320,14 @@ class ModelRunner:
             one sampled token per request (rows with ``sample[i] == False`` are
             sampled too and ignored by the scheduler). After a graph replay,
             ``next_token_logits`` is a view of the graph's static output: valid until the next step.
+        ``batch.gpu_timing`` (the step trace's two CUDA events), when set, is recorded on the current stream around
+        the whole step.
         """
         if self.kv_cache is None:
             raise ValueError(f"a {self.role_spec.role.value} worker holds no KV cache and runs no attention batches")
+        timing = getattr(batch, "gpu_timing", None)  # step trace: CUDA events around the whole forward
+        if timing is not None:
+            timing[0].record()
         graphs = self.cuda_graph_runner
         greedy_ids = None
         if graphs is not None and graphs.can_run(batch):
@@ -330,4 +348,6 @@ class ModelRunner:
             ids = sample_out.next_token_ids.contiguous()
             dist.broadcast(ids, 0, group=self.parallel_state.device_group)
             sample_out.next_token_ids = ids
+        if timing is not None:
+            timing[1].record()
         return logits_out, sample_out

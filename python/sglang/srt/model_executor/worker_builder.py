@@ -36,7 +36,11 @@ logger = logging.getLogger(__name__)
 
 CPU_DEFAULT_MAX_TOTAL_TOKENS = 65536
 CPU_DEFAULT_MAX_RUNNING = 256
-GPU_DEFAULT_MEM_FRACTION = 0.85
+# --mem-fraction-static when unset: SGLang's value at TP 1 before its heuristic (SGLang 0.4: 0.88; SGLang 0.5 derives
+# 0.835 on an 80 GB H100 from a 13.4 GB guess of the activation memory). The memory left beside weights + KV is
+# max((1 - f) x total, the measured activation reserve) (mem_cache/memory_budget.py), so the pool never takes memory
+# the profiled forwards need; 0.85 before.
+GPU_DEFAULT_MEM_FRACTION = 0.88
 GPU_DEFAULT_MAX_RUNNING = 1024
 GPU_MAX_DEFAULT_TOKENS = 1 << 22  # tiny models on big GPUs: a memory-derived pool is capped here
 REQ_TO_TOKEN_MAX_BYTES = 1 << 30

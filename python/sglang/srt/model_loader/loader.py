@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import glob
 import json
 import logging
@@ -84,7 +85,14 @@ class SafetensorsSlice:
             t = self._slice[index]
         except Exception as e:
             raise ValueError(f"cannot read tensor {self.name!r} from safetensors file {self.file}: {e}") from e
-        return t.to(self.dtype) if self._float else t
+        return t.to(self.dtype) if self._float and self.dtype is not None else t
+
+    def stored(self) -> "SafetensorsSlice":
+        """The same tensor read in its file dtype (no cast to ``dtype``): FP8 weights and their float32 / bf16 scales
+        (:mod:`sglang.srt.layers.quantization`) must not be rounded to the model dtype."""
+        raw = copy.copy(self)
+        raw.dtype = None
+        return raw
 
     def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
         """Rows ``[start, start+length)`` of dimension ``dim`` (ValueError when out of range)."""
@@ -133,8 +141,9 @@ def iterate_safetensors(files: list[str], dtype: torch.dtype,
 
 def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
     """Fill every parameter in place, deterministically per (seed, parameter name, shape, device):
-    RMSNorm weights 1.0, everything else uniform in ``[-1e-3, 1e-3]`` from a generator seeded with
-    ``seed + crc32(name)``. Replicated parameters (same name and shape on every TP rank) are thus equal on
+    RMSNorm weights 1.0, a parameter with a ``dummy_init(param, generator)`` hook (FP8 weights and scales) by its
+    hook, everything else uniform in ``[-1e-3, 1e-3]``, each from a generator seeded with ``seed + crc32(name)``.
+    Replicated parameters (same name and shape on every TP rank) are thus equal on
     all ranks; sharded ones differ per rank (random weights either way)."""
     norm_params = {id(m.weight) for m in model.modules() if isinstance(m, RMSNorm)}
     with torch.no_grad():
@@ -143,6 +152,12 @@ def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
                 continue
             if id(p) in norm_params:
                 p.fill_(1.0)
+                continue
+            init = getattr(p, "dummy_init", None)  # e.g. FP8 weights and scales (sglang.srt.layers.quantization)
+            if init is not None:
+                gen = torch.Generator(device=p.device)
+                gen.manual_seed(seed + zlib.crc32(name.encode()))
+                init(p, gen)
                 continue
             if p.is_floating_point():
                 gen = torch.Generator(device=p.device)
@@ -153,7 +168,7 @@ def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
 def load_model(model_config: ModelConfig, load_format: str = "auto", device: Union[str, torch.device] = "cpu",
                seed: int = 0, tp_rank: int = 0, tp_size: int = 1, comm=None, ep_size: int = 1,
                weight_filter: Optional[Callable[[str], bool]] = None,
-               holds_param: Optional[Callable[[str], bool]] = None) -> nn.Module:
+               holds_param: Optional[Callable[[str], bool]] = None, quantization: Optional[str] = None) -> nn.Module:
     """Build ``model_config.architecture`` with ``model_config.dtype`` directly on ``device`` and fill its weights.
 
     Args:
@@ -169,12 +184,19 @@ def load_model(model_config: ModelConfig, load_format: str = "auto", device: Uni
         holds_param: our parameter name -> whether this worker's role holds it; given, the model is built on
             ``meta`` and only held parameters are allocated (:func:`~sglang.srt.model_loader.role_build.
             build_for_role`), e.g. an attention worker never allocates routed experts. None: build everything.
+        quantization: ``--quantization`` (None or ``"fp8"``). With it, or with a ``quantization_config`` in the
+            checkpoint's config.json, the model is built on ``meta``, every linear / MoE layer gets its quantization
+            method (:func:`~sglang.srt.layers.quantization.apply_quantization`: FP8 weights and scales replace the
+            model-dtype ones), and only then are parameters allocated, so the model-dtype weights of quantized
+            layers never take device memory.
     Returns:
         the model, in eval mode, on ``device``.
     Raises:
         ValueError: unknown load format or architecture, no/corrupt weight files,
-            missing or unexpected tensors, shape mismatches.
+            missing or unexpected tensors, shape mismatches, an unsupported quantization (naming the field).
     """
+    from sglang.srt.layers.quantization import apply_quantization, finish_loading, resolve_quant_config
+
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"--load-format={load_format!r} is unknown; choose one of {list(LOAD_FORMATS)}")
     cls = get_model_class(model_config.architecture)
@@ -185,10 +207,19 @@ def load_model(model_config: ModelConfig, load_format: str = "auto", device: Uni
             return cls(model_config)
         return cls(model_config, tp_rank=tp_rank, tp_size=tp_size, comm=comm, ep_size=ep_size)
 
-    if holds_param is not None:
+    quant = resolve_quant_config(model_config.hf_config, quantization)
+
+    def construct_quantized() -> nn.Module:
+        built = construct()
+        apply_quantization(built, quant)
+        return built
+
+    if holds_param is not None or quant is not None:
         from sglang.srt.model_loader.role_build import build_for_role
 
-        model = build_for_role(construct, device, holds_param)
+        if quant is not None:
+            logger.info("weights: %s", quant.describe())
+        model = build_for_role(construct_quantized, device, holds_param or (lambda name: True))
     else:
         with torch.device(device):
             model = construct()
@@ -203,4 +234,5 @@ def load_model(model_config: ModelConfig, load_format: str = "auto", device: Uni
             model.load_weights(weights)
         else:
             model.load_weights(((n, t) for n, t in weights if weight_filter(n)), weight_filter=weight_filter)
+    finish_loading(model)
     return model.eval()

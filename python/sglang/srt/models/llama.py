@@ -99,6 +99,8 @@ class LlamaDecoderLayer(nn.Module):
             hidden, residual = self.input_layernorm(hidden, residual)
         hidden = self.self_attn(positions, hidden, forward_batch)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
+        if self.is_moe:  # the batch picks the MoE all-to-all mode (stages.moe_dispatch_mode)
+            return self.mlp(hidden, forward_batch), residual
         return self.mlp(hidden), residual
 
     # ---- stages --------------------------------------------------------------------------------------
@@ -185,7 +187,9 @@ class LlamaModel(nn.Module):
         return self.norm(hidden, residual)[0]
 
 
-_EXPERT_RE = re.compile(r"^(.*\.experts)\.(\d+)\.(\w+)\.weight$")
+# an expert's weight, or one of the FP8 tensors that come with it (sglang.srt.layers.quantization): its scale
+# (``weight_scale``, per tensor / channel), block scale (``weight_scale_inv``) or static input scale (``input_scale``)
+_EXPERT_RE = re.compile(r"^(.*\.experts)\.(\d+)\.(\w+)\.(weight|weight_scale|weight_scale_inv|input_scale)$")
 
 
 class LlamaForCausalLM(nn.Module):
@@ -286,7 +290,7 @@ class LlamaForCausalLM(nn.Module):
         m = _EXPERT_RE.match(name)
         if m and m.group(3) in self.expert_weight_names:
             shard = self.expert_weight_names[m.group(3)]
-            pname = f"{m.group(1)}.{'w2_weight' if shard == 'w2' else 'w13_weight'}"
+            pname = f"{m.group(1)}.{'w2' if shard == 'w2' else 'w13'}_{m.group(4)}"
             return pname, (int(m.group(2)), shard)
         for ours, hf_piece, shard in self.stacked_params_mapping:
             if hf_piece in name:
@@ -298,7 +302,8 @@ class LlamaForCausalLM(nn.Module):
         name = pname
         if isinstance(shard, tuple):
             inv = {v: k for k, v in self.expert_weight_names.items()}
-            name = re.sub(r"\.(w13|w2)_weight$", f".{shard[0]}.{inv.get(shard[1], shard[1])}.weight", pname)
+            name = re.sub(r"\.(w13|w2)_(weight|weight_scale|weight_scale_inv|input_scale)$",
+                          lambda m: f".{shard[0]}.{inv.get(shard[1], shard[1])}.{m.group(2)}", pname)
         elif shard is not None:
             for ours, hf_piece, sid in self.stacked_params_mapping:
                 if sid == shard and ours in pname:

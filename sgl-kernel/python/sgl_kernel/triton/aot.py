@@ -20,23 +20,23 @@ _I32 = "i32"
 def _decode_split(k_rows: bool, direct: bool, splits: int) -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
     sig = {n: t for n, t in (
         ("Q", "*bf16"), ("K_buf", "*bf16"), ("V_buf", "*bf16"), ("Req_to_token", "*i32"), ("Req_pool_idx", "*i64"),
-        ("Seq_lens", "*i64"), ("Mid_o", "*fp32"), ("Mid_lse", "*fp32"), ("Out", "*bf16"),
-        ("qk_scale", "fp32"), ("v_scale", "fp32"))}
+        ("Seq_lens", "*i64"), ("Mid_o", "*fp32"), ("Mid_lse", "*fp32"), ("Out", "*bf16"), ("Order", "*i64"),
+        ("qk_scale", "fp32"), ("v_scale", "fp32"), ("min_split_len", _I32))}
     for n in ("stride_qb", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_r2t",
               "stride_mob", "stride_moh", "stride_mos", "stride_mlb", "stride_mlh", "stride_ob", "stride_oh"):
         sig[n] = _I32
     const = dict(GROUP=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=16, BLOCK_N=64, NUM_SPLITS=splits, DOT_F32=False,
-                 K_ROWS=k_rows, DIRECT_OUT=direct, USE_GDC=False)
+                 K_ROWS=k_rows, DIRECT_OUT=direct, USE_GDC=False, HAS_ORDER=False, LEN_SPLITS=False)
     for n in const:
         sig[n] = "constexpr"
     return "decode_attention", "_decode_split_kernel", sig, const, 4
 
 
-def _decode_reduce() -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
-    sig = {"Mid_o": "*fp32", "Mid_lse": "*fp32", "Out": "*bf16"}
+def _decode_reduce(len_splits: bool = False) -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
+    sig = {"Mid_o": "*fp32", "Mid_lse": "*fp32", "Out": "*bf16", "Seq_lens": "*i64", "min_split_len": _I32}
     for n in ("stride_mob", "stride_moh", "stride_mos", "stride_mlb", "stride_mlh", "stride_ob", "stride_oh"):
         sig[n] = _I32
-    const = dict(HEAD_DIM=128, BLOCK_D=128, NUM_SPLITS=2, BLOCK_S=2)
+    const = dict(HEAD_DIM=128, BLOCK_D=128, NUM_SPLITS=2, BLOCK_S=2, LEN_SPLITS=len_splits, SPLIT_BLOCK_N=64)
     sig.update({n: "constexpr" for n in const})
     return "decode_attention", "_decode_reduce_kernel", sig, const, 4
 
@@ -128,6 +128,11 @@ KERNELS = {
     "decode_split_rows_direct": _decode_split(True, True, 1),
     "decode_split_legacy_8": _decode_split(False, False, 8),
     "decode_reduce": _decode_reduce(),
+    # the balanced split policy: rows longest first (one split, 128-key tiles, 3 stages as on sm_90), and at several
+    # splits the length-aware rule with its reduce
+    "decode_split_balanced_direct": _with(_decode_split(True, True, 1), HAS_ORDER=True, BLOCK_N=128),
+    "decode_split_balanced_4": _with(_decode_split(True, False, 4), HAS_ORDER=True, LEN_SPLITS=True),
+    "decode_reduce_balanced": _decode_reduce(True),
     "extend": _extend(),  # prefill / extend attention at the Llama-3.1-8B shapes (issue 27: 8K prefill)
     "rope_kv_store_neox": _rope_kv_store(True),
     "rope_kv_store_gptj": _rope_kv_store(False),
@@ -143,6 +148,9 @@ KERNELS = {
     "decode_split_rows_2_fp8": _fp8_kv(_decode_split(True, False, 2)),
     "extend_fp8": _fp8_kv(_extend()),
     "rope_kv_store_neox_fp8": _fp8_kv(_rope_kv_store(True), QUANT_MAX=448.0),
+    # the balanced split policy (the default) over an FP8 cache: the same tiles as its BF16 variants above
+    "decode_split_balanced_direct_fp8": _fp8_kv(_decode_split(True, True, 1), HAS_ORDER=True, BLOCK_N=128),
+    "decode_split_balanced_4_fp8": _fp8_kv(_decode_split(True, False, 4), HAS_ORDER=True, LEN_SPLITS=True),
     "rope_neox": _rope(True),  # the unfused kernel, for comparison
     "skinny_gemm": _skinny_gemm(),
     # issue 27 epilogue fusions (SGLANG_DECODE_FUSE_EPILOGUE=1): split-K reduce in add + RMSNorm, gate_up + SiLU
@@ -154,7 +162,7 @@ KERNELS = {
 
 
 # num_stages where the kernel's launcher does not use 2 (the extend kernel: extend_config on Hopper)
-_STAGES = {"extend": 3, "extend_fp8": 3}
+_STAGES = {"extend": 3, "extend_fp8": 3, "decode_split_balanced_direct": 3, "decode_split_balanced_direct_fp8": 3}
 
 # integer arguments that are multiples of 16 at the Llama-3.1-8B shapes (Triton's JIT specialises such values, and
 # 16-byte aligned pointers, as ``tt.divisibility = 16``; AOT must say so or it compiles scalar loads)

@@ -23,6 +23,12 @@ product). ``legacy=True`` / ``policy="legacy"`` keep the previous kernel and rul
 Issue 27 removed the fused split reduce (``SGLANG_DECODE_FUSED_REDUCE``, last split program merges via an arrival
 counter): on one H100 its graph replay was within noise of the two-launch reduce at batch 1/32/128
 (benchmark/results/2026-11-26_issue27_round1_h100.md), so the simpler path stays.
+
+Variable-length batches (the ``balanced`` policy, the serving default): a serving batch mixes rows of 1 to several
+thousand keys, and one split program walks a whole row at large batch sizes, so a long row started late ends the
+step with the GPU mostly idle. The launch can take a row order (:func:`decode_row_order`, longest first, computed on
+the device, so a CUDA graph replays it with the new lengths) and a length-aware split rule (``min_split_len``: a row
+uses only as many of the grid's splits as its length needs, and a one-split row writes its output directly).
 """
 
 from __future__ import annotations
@@ -45,14 +51,16 @@ _LOG2E = 1.4426950408889634
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K_buf, V_buf, Req_to_token, Req_pool_idx, Seq_lens, Mid_o, Mid_lse, Out,
+    Q, K_buf, V_buf, Req_to_token, Req_pool_idx, Seq_lens, Mid_o, Mid_lse, Out, Order,
     qk_scale,  # softmax scale * log2(e) * K dequantization scale (1.0 unless the cache is FP8)
     v_scale,  # V dequantization scale (1.0 unless the cache is FP8)
+    min_split_len,  # LEN_SPLITS: a row uses cdiv(seq_len, min_split_len) splits, at most NUM_SPLITS
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t,
     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_F32: tl.constexpr,
     K_ROWS: tl.constexpr, DIRECT_OUT: tl.constexpr, USE_GDC: tl.constexpr = False,
+    HAS_ORDER: tl.constexpr = False, LEN_SPLITS: tl.constexpr = False,
 ):
     # K_ROWS: load each K tile as [BLOCK_N, BLOCK_D] (one contiguous head_dim row per slot: 16-byte vector loads)
     # and transpose in registers for QK^T; False keeps the original [BLOCK_D, BLOCK_N] gather.
@@ -63,14 +71,49 @@ def _decode_split_kernel(
     if USE_GDC:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    b = tl.program_id(0)
+    # HAS_ORDER: program row i handles batch row Order[i] (rows sorted longest first, so the hardware, which starts
+    # programs in grid order, starts the longest KV walks first and the short ones fill the last wave).
+    # LEN_SPLITS: a row of seq_len keys uses n = min(NUM_SPLITS, cdiv(seq_len, min_split_len)) splits of split_len
+    # keys; programs past the row's last non-empty split exit without writing; a row with one split writes Out
+    # directly (normalised) and the reduce skips it.
+    if HAS_ORDER:
+        b = tl.load(Order + tl.program_id(0)).to(tl.int64)
+    else:
+        b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    req = tl.load(Req_pool_idx + b).to(tl.int64)
     seq_len = tl.load(Seq_lens + b).to(tl.int32)
-    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    if LEN_SPLITS:
+        n_split = tl.minimum(tl.maximum(tl.cdiv(seq_len, min_split_len), 1), NUM_SPLITS)
+    else:
+        n_split = NUM_SPLITS
+    split_len = tl.cdiv(tl.cdiv(seq_len, n_split), BLOCK_N) * BLOCK_N
     start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
+    if LEN_SPLITS:
+        n_used = tl.cdiv(seq_len, split_len)
+        if split < n_used:
+            _decode_split_body(Q, K_buf, V_buf, Req_to_token, Req_pool_idx, Mid_o, Mid_lse, Out, b, kvh, split,
+                               start, end, n_used == 1, qk_scale, v_scale, stride_qb, stride_qh, stride_kt,
+                               stride_kh, stride_vt, stride_vh, stride_r2t, stride_mob, stride_moh, stride_mos,
+                               stride_mlb, stride_mlh, stride_ob, stride_oh, GROUP, HEAD_DIM, BLOCK_D, BLOCK_H, BLOCK_N,
+                               DOT_F32, K_ROWS)
+    else:
+        _decode_split_body(Q, K_buf, V_buf, Req_to_token, Req_pool_idx, Mid_o, Mid_lse, Out, b, kvh, split, start,
+                           end, DIRECT_OUT, qk_scale, v_scale, stride_qb, stride_qh, stride_kt, stride_kh, stride_vt,
+                           stride_vh, stride_r2t, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
+                           stride_ob, stride_oh, GROUP, HEAD_DIM, BLOCK_D, BLOCK_H, BLOCK_N, DOT_F32, K_ROWS)
+
+
+@triton.jit
+def _decode_split_body(Q, K_buf, V_buf, Req_to_token, Req_pool_idx, Mid_o, Mid_lse, Out, b, kvh, split, start, end,
+                       direct, qk_scale, v_scale, stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                       stride_r2t, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
+                       GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+                       BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, K_ROWS: tl.constexpr):
+    # direct: write the normalised output into Out (the row's only split) instead of a partial result; a constexpr
+    # (DIRECT_OUT) or, with LEN_SPLITS, a per-row scalar
+    req = tl.load(Req_pool_idx + b).to(tl.int64)
 
     offs_g = tl.arange(0, BLOCK_H)
     mask_h = offs_g < GROUP
@@ -117,7 +160,7 @@ def _decode_split_kernel(
     nonempty = end > start
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     out = acc / l_safe[:, None] * v_scale  # sum_j p_j (s_v v_j) = s_v sum_j p_j v_j: V dequantized in registers
-    if DIRECT_OUT:
+    if direct:
         tl.store(Out + b * stride_ob + offs_h[:, None] * stride_oh + offs_d[None, :], out.to(Out.dtype.element_ty),
                  mask=mask_h[:, None] & mask_d[None, :])
     else:
@@ -129,14 +172,31 @@ def _decode_split_kernel(
 
 @triton.jit
 def _decode_reduce_kernel(
-    Mid_o, Mid_lse, Out,
+    Mid_o, Mid_lse, Out, Seq_lens, min_split_len,
     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+    LEN_SPLITS: tl.constexpr = False, SPLIT_BLOCK_N: tl.constexpr = 64,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
+    if LEN_SPLITS:  # the split kernel's rule (same integers): rows with one split were written directly
+        seq_len = tl.load(Seq_lens + b).to(tl.int32)
+        n_split = tl.minimum(tl.maximum(tl.cdiv(seq_len, min_split_len), 1), NUM_SPLITS)
+        split_len = tl.cdiv(tl.cdiv(seq_len, n_split), SPLIT_BLOCK_N) * SPLIT_BLOCK_N
+        n_used = tl.cdiv(seq_len, split_len)
+        if n_used > 1:
+            _decode_reduce_body(Mid_o, Mid_lse, Out, b, h, n_used, stride_mob, stride_moh, stride_mos, stride_mlb,
+                                stride_mlh, stride_ob, stride_oh, HEAD_DIM, BLOCK_D, BLOCK_S)
+    else:
+        _decode_reduce_body(Mid_o, Mid_lse, Out, b, h, NUM_SPLITS, stride_mob, stride_moh, stride_mos, stride_mlb,
+                            stride_mlh, stride_ob, stride_oh, HEAD_DIM, BLOCK_D, BLOCK_S)
+
+
+@triton.jit
+def _decode_reduce_body(Mid_o, Mid_lse, Out, b, h, n_used, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
+                        stride_ob, stride_oh, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
     offs_s = tl.arange(0, BLOCK_S)
-    mask_s = offs_s < NUM_SPLITS
+    mask_s = offs_s < n_used
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
     lse = tl.load(Mid_lse + b * stride_mlb + h * stride_mlh + offs_s, mask=mask_s, other=float("-inf"))
@@ -148,7 +208,24 @@ def _decode_reduce_kernel(
     tl.store(Out + b * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=mask_d)
 
 
-SPLIT_POLICIES = ("wave", "legacy")
+SPLIT_POLICIES = ("balanced", "wave", "legacy")
+#: keys per split below which the ``balanced`` policy gives a row fewer splits than the grid has (two BLOCK_N tiles
+#: of the multi-split config): a short row is one program writing its output directly, a long row uses every split
+BALANCED_MIN_SPLIT_LEN = 128
+
+
+def decode_row_order(seq_lens: torch.Tensor) -> torch.Tensor:
+    """The launch order of the ``balanced`` policy: batch rows sorted by KV length, longest first, ``[bs]`` int64 on
+    ``seq_lens``' device (one ``torch.argsort``, no host sync: it can be captured in a CUDA graph and replayed with
+    other lengths).
+
+    Why: a decode step's split programs walk their rows' whole KV; the GPU starts programs in grid order as earlier
+    ones finish, so with rows in batch order a long row that starts late ends the step alone while the rest of the
+    GPU idles. Starting the longest walks first is Graham's longest-processing-time-first list scheduling (Graham,
+    "Bounds on multiprocessing timing anomalies", SIAM J. Appl. Math. 1969, sec. 4: within 4/3 of the optimal
+    makespan), and the short rows fill the last wave.
+    """
+    return torch.argsort(seq_lens, descending=True)
 
 
 def default_num_kv_splits(batch_size: int, num_kv_heads: int, device: torch.device, max_splits: int = 16,
@@ -156,7 +233,10 @@ def default_num_kv_splits(batch_size: int, num_kv_heads: int, device: torch.devi
     """Splits per (request, KV head) of the split kernel; depends only on the batch shape (never on sequence
     lengths), so one value serves every CUDA-graph replay of a captured batch size.
 
-    ``policy="wave"`` (default): the largest count whose grid ``batch_size * num_kv_heads * splits`` still fits in
+    ``policy="balanced"`` (the backend's default): the ``wave`` count for the grid; the backend launches it with
+    :func:`decode_row_order` (longest rows first) and ``min_split_len=BALANCED_MIN_SPLIT_LEN`` (short rows use fewer
+    splits), see :func:`decode_attention_fwd`. The count itself depends only on the batch shape.
+    ``policy="wave"``: the largest count whose grid ``batch_size * num_kv_heads * splits`` still fits in
     one wave of resident programs, ``floor(programs_per_sm * num_sms / (batch_size * num_kv_heads))``, clamped to
     ``1..max_splits``: the grid fills the GPU about once, each program walks one long stretch of the sequence,
     and at one split there are no partial results and no reduce launch. ``programs_per_sm=2``: measured on one
@@ -183,7 +263,7 @@ def default_num_kv_splits(batch_size: int, num_kv_heads: int, device: torch.devi
     rows = batch_size * num_kv_heads
     if policy == "legacy":
         return max(1, min(max_splits, next_pow2(math.ceil(8 * num_sms / rows))))
-    return max(1, min(max_splits, (programs_per_sm * num_sms) // rows))
+    return max(1, min(max_splits, (programs_per_sm * num_sms) // rows))  # wave and balanced
 
 
 def decode_attention_workspace(batch_size: int, num_heads: int, head_dim: int, num_kv_splits: int,
@@ -253,8 +333,8 @@ def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tens
                          req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
                          sm_scale: float, num_kv_splits: int, mid_o: torch.Tensor, mid_lse: torch.Tensor,
                          block_n: Optional[int] = None, num_warps: Optional[int] = None,
-                         num_stages: Optional[int] = None, legacy: bool = False, k_scale: float = 1.0,
-                         v_scale: float = 1.0) -> None:
+                         num_stages: Optional[int] = None, legacy: bool = False, order: Optional[torch.Tensor] = None,
+                         min_split_len: int = 0, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """Paged decode attention of one new token per request, written into ``out``.
 
     Args:
@@ -274,14 +354,23 @@ def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tens
         legacy: True runs the kernel as before issue 19 (K tiles gathered transposed, a reduce launch even
             at one split), for old-vs-new benchmarks; False (default) loads K rows contiguously and, at
             ``num_kv_splits == 1``, writes ``out`` directly without the reduce kernel.
+        order: None (programs take rows in batch order) or a ``[bs]`` integer device tensor holding a permutation of
+            ``0..bs-1``: program row ``i`` handles batch row ``order[i]``, so the rows listed first start first
+            (:func:`decode_row_order`: longest first). Results do not depend on it.
+        min_split_len: 0 (every row uses ``num_kv_splits`` splits) or > 0: a row of ``s`` keys uses
+            ``min(num_kv_splits, ceil(s / min_split_len))`` splits (its programs past the last non-empty split
+            exit at once, writing nothing), and a row left with one split writes ``out`` directly (the reduce
+            skips it). Only meaningful with ``num_kv_splits > 1``.
         k_scale, v_scale: dequantization scales of an FP8 cache (K = stored K x ``k_scale``, V likewise; see
             :mod:`sglang.srt.mem_cache.kv_quant`); 1.0 otherwise. The FP8 tiles are widened to q's dtype in
             registers (exact) and the scales applied without a dequantized copy: ``k_scale`` is folded into the
             softmax scale (``q . (s k) = s (q . k)``) and ``v_scale`` multiplies the normalised output
-            (``sum p (s v) = s sum p v``).
+            (``sum p (s v) = s sum p v``) in every split program, whether it writes ``out`` directly or a partial
+            result (the reduce is linear in the partial outputs, so scaling them before it is the same).
     Raises:
         ValueError: inconsistent shapes, num_heads not a multiple of num_kv_heads, non-CUDA tensors
-            outside the Triton interpreter.
+            outside the Triton interpreter, ``order`` not ``[bs]``, a negative ``min_split_len``, or ``order`` /
+            ``min_split_len`` with ``legacy``.
     Note: with fp32 inputs on a GPU the products run in TF32 (Triton's default dot precision).
     Issue 27 switches, read at launch: ``SGLANG_DECODE_ATTN_SMALL_GRID_TILE`` (A/B, off by default; see
     :func:`small_grid_tile`; explicit ``block_n`` / ``num_warps`` / ``num_stages`` still win) and
@@ -300,6 +389,10 @@ def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tens
             or mid_o.shape[3] != hd or mid_lse.shape[0] < bs or mid_lse.shape[2] < num_kv_splits:
         raise ValueError(f"decode_attention_fwd: workspace {tuple(mid_o.shape)}/{tuple(mid_lse.shape)} too small "
                          f"for bs={bs}, heads={nh}, splits={num_kv_splits}, head_dim={hd}")
+    if min_split_len < 0 or (order is not None and tuple(order.shape) != (bs,)) \
+            or (legacy and (order is not None or min_split_len)):
+        raise ValueError(f"decode_attention_fwd: order {None if order is None else tuple(order.shape)} (want "
+                         f"({bs},)) / min_split_len={min_split_len} (want >= 0); neither applies with legacy=True")
     if bs == 0:
         return
     group = nh // nkv
@@ -311,24 +404,25 @@ def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tens
     warps = num_warps or warps_d
     stages = num_stages or stages_d
     direct = num_kv_splits == 1 and not legacy
+    len_splits = min_split_len > 0 and num_kv_splits > 1
     pdl = not legacy and use_pdl(q.device)
     k_rows = not legacy and k_buf.stride(0) == v_buf.stride(0)  # K and V tiles share one offset tensor
     _decode_split_kernel[(bs, nkv, num_kv_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse, out,
-        sm_scale * _LOG2E * k_scale, v_scale,
+        order if order is not None else seq_lens, sm_scale * _LOG2E * k_scale, v_scale, max(1, min_split_len),
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
         req_to_token.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0),
         mid_lse.stride(1), out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=hd, BLOCK_D=block_d, BLOCK_H=block_h, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits,
-        DOT_F32=interpreting(), K_ROWS=k_rows, DIRECT_OUT=direct, USE_GDC=pdl,
-        num_warps=warps, num_stages=stages, **({"launch_pdl": True} if pdl else {}),
+        DOT_F32=interpreting(), K_ROWS=k_rows, DIRECT_OUT=direct, USE_GDC=pdl, HAS_ORDER=order is not None,
+        LEN_SPLITS=len_splits, num_warps=warps, num_stages=stages, **({"launch_pdl": True} if pdl else {}),
     )
     if direct:
         return
     _decode_reduce_kernel[(bs, nh)](
-        mid_o, mid_lse, out,
+        mid_o, mid_lse, out, seq_lens, max(1, min_split_len),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
         HEAD_DIM=hd, BLOCK_D=block_d, NUM_SPLITS=num_kv_splits, BLOCK_S=max(2, next_pow2(num_kv_splits)),
-        num_warps=4 if block_d >= 128 else 2,
+        LEN_SPLITS=len_splits, SPLIT_BLOCK_N=block_n, num_warps=4 if block_d >= 128 else 2,
     )

@@ -91,7 +91,19 @@ def check_tools(req: ChatCompletionRequest) -> None:
         name = fn.get("name") if isinstance(fn, dict) else None
         if name not in names:
             raise ValueError(f"Tool '{name}' not found in tools list.")
-    for i, tool in enumerate(tools or []):
+    check_parameter_schemas(tools or [])
+
+
+def check_parameter_schemas(tools: list[dict[str, Any]]) -> None:
+    """Each chat tool's ``function.parameters`` (when given) must be a valid JSON Schema (Draft 2020-12).
+
+    Args:
+        tools: chat-completions tools, ``{"type": "function", "function": {"name", "parameters", ...}}``.
+    Raises:
+        ValueError: SGLang's ``"Tool i function has invalid 'parameters' schema: ..."`` (``i`` the tool's index), or
+            a schema nested too deeply / cyclic.
+    """
+    for i, tool in enumerate(tools):
         params = tool["function"].get("parameters")
         if params is None:
             continue
@@ -105,6 +117,18 @@ def check_tools(req: ChatCompletionRequest) -> None:
         except RecursionError:
             raise ValueError(f"Tool {i} function 'parameters' schema is too deeply nested or contains a "
                              "cycle.") from None
+
+
+def template_tools_of(req: ChatCompletionRequest) -> Optional[list[dict[str, Any]]]:
+    """The tools the chat template renders (SGLang): none for ``tool_choice`` ``"none"``, only the named function
+    for a named choice, else all of ``tools``."""
+    tools, choice = req.tools, req.tool_choice
+    if not tools or (isinstance(choice, str) and choice.lower() == "none"):
+        return None
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        return [t for t in tools if t["function"]["name"] == name] or None
+    return tools
 
 
 def chat_logprobs(meta: dict[str, Any], start: int, pieces=None) -> ChoiceLogprobs:
@@ -149,7 +173,7 @@ class OpenAIServingChat:
         check_tools(req)
         messages = messages_to_dicts(req)
         self.tm.preparer.check_text_bound("".join(str(m.get("content") or "") for m in messages), "messages")
-        prompt_ids = self.tm.apply_chat_template(messages, tools=req.tools)
+        prompt_ids = self.tm.apply_chat_template(messages, tools=template_tools_of(req))
         max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if max_new is None:
             max_new = max(self.tm.context_len - len(prompt_ids), 0)

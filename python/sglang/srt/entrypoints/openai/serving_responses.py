@@ -1,4 +1,4 @@
-"""``POST /v1/responses``: OpenAI's Responses API (text in, text out) on the chat pipeline.
+"""``POST /v1/responses``: OpenAI's Responses API (text in; text or tool calls out) on the chat pipeline.
 
 Supported: ``input`` as a string (one user message) or a list of message items (``{"role", "content"}``
 with string content or ``input_text`` / ``output_text`` parts, optionally ``"type": "message"``),
@@ -9,9 +9,13 @@ types: ``response.created``, ``response.in_progress``, ``response.output_item.ad
 ``response.content_part.done``, ``response.output_item.done``, ``response.completed``; each event
 carries ``type`` and a ``sequence_number``), ``metadata`` / ``user`` (echoed).
 
-Rejected with a 400 in OpenAI's error shape (naming the field): ``tools`` (non-empty),
-``previous_response_id`` / ``conversation`` (no stored state: ``store`` is accepted but nothing is
-kept), ``background``, non-text input parts (images, files), ``text.format`` other than ``text``.
+``tools`` and ``tool_choice`` are validated and served as SGLang serves them on a model without a tool-call
+parser (:mod:`~sglang.srt.entrypoints.openai.responses_tools`): function tools reach the chat template, a forced
+``tool_choice`` constrains the output to a JSON array of calls, returned as ``function_call`` items.
+
+Rejected with a 400 in OpenAI's error shape (naming the field): ``previous_response_id`` / ``conversation``
+(no stored state: ``store`` is accepted but nothing is kept), ``background``, non-text input parts (images,
+files), ``text.format`` other than ``text``.
 A finished response has ``status: "completed"`` and ``incomplete_details: null``, also when
 ``max_output_tokens`` cut it (SGLang reports it so; the stream ends with ``response.completed``). ``usage``
 carries OpenAI's ``input_tokens`` / ``output_tokens`` / ``total_tokens`` and SGLang's ``prompt_tokens`` /
@@ -23,12 +27,22 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any, AsyncIterator, Optional, Union
+from typing import Any, AsyncIterator, Iterator, Optional, Union
 
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
+from sglang.srt.entrypoints.openai.responses_tools import (
+    ResponseTool,
+    ToolChoice,
+    chat_tools,
+    check_tools,
+    parse_required_calls,
+    required_calls_schema,
+    template_tools,
+)
+from sglang.srt.entrypoints.openai.serving_chat import check_parameter_schemas
 from sglang.srt.entrypoints.openai.serving_completions import note_model, prefetch
 from sglang.srt.entrypoints.parity_routes import SafeJSONResponse, dumps
 from sglang.srt.managers.generate_req import GenerateReqInput
@@ -49,8 +63,8 @@ class ResponsesRequest(BaseModel):
     temperature: Optional[float] = None
     top_p: Optional[float] = None
     stream: bool = False
-    tools: Optional[list[dict[str, Any]]] = None
-    tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    tools: Optional[list[ResponseTool]] = None
+    tool_choice: Optional[ToolChoice] = None
     previous_response_id: Optional[str] = None
     conversation: Optional[Any] = None
     background: Optional[bool] = None
@@ -107,9 +121,8 @@ def input_messages(req: ResponsesRequest) -> list[dict[str, str]]:
 
 
 def _check_unsupported(req: ResponsesRequest) -> None:
-    if req.tools:
-        raise ValueError("tools are not supported by this server's /v1/responses (text generation only); "
-                         "remove tools or use /v1/chat/completions")
+    check_tools(req.tools or [], req.tool_choice or "auto")
+    check_parameter_schemas(chat_tools(req.tools or []))
     if req.previous_response_id is not None:
         raise ValueError("previous_response_id is not supported: this server stores no responses; "
                          "send the whole conversation in input")
@@ -140,15 +153,25 @@ class OpenAIServingResponses:
         self.tm = tokenizer_manager
         self.server_args = server_args
 
-    def _to_generate(self, req: ResponsesRequest) -> GenerateReqInput:
+    def _to_generate(self, req: ResponsesRequest) -> tuple[GenerateReqInput, bool]:
+        """The generation request, and whether ``tool_choice`` forces calls (the output is then a JSON array)."""
         _check_unsupported(req)
-        prompt_ids = self.tm.apply_chat_template(input_messages(req))
+        tools, choice = req.tools or [], req.tool_choice or "auto"
+        prompt_ids = self.tm.apply_chat_template(input_messages(req), tools=template_tools(tools, choice))
         max_new = req.max_output_tokens
         if max_new is None:
             max_new = max(self.tm.context_len - len(prompt_ids), 0)
-        params = {"max_new_tokens": max_new, "temperature": req.temperature, "top_p": req.top_p, "seed": req.seed}
-        return GenerateReqInput(input_ids=prompt_ids, sampling_params={k: v for k, v in params.items() if v is not None},
-                                stream=req.stream)
+        forced = required_calls_schema(tools, choice, req.parallel_tool_calls)
+        params = {"max_new_tokens": max_new, "temperature": req.temperature, "top_p": req.top_p, "seed": req.seed,
+                  "json_schema": json.dumps(forced) if forced is not None else None}
+        obj = GenerateReqInput(input_ids=prompt_ids, sampling_params={k: v for k, v in params.items() if v is not None},
+                               stream=req.stream)
+        return obj, forced is not None
+
+    def _output_items(self, req: ResponsesRequest, msg_id: str, text: str, forced: bool) -> list[dict[str, Any]]:
+        """The finished output: the calls parsed from a forced ``tool_choice``'s JSON, else one message."""
+        calls = parse_required_calls(text, req.tools or []) if forced else None
+        return calls if calls is not None else [self._message(msg_id, text, "completed")]
 
     def _response(self, req: ResponsesRequest, rid: str, created: int, status: str,
                   output: list[dict[str, Any]], out: Optional[dict[str, Any]] = None) -> dict[str, Any]:
@@ -162,7 +185,8 @@ class OpenAIServingResponses:
             "output": output, "parallel_tool_calls": True if req.parallel_tool_calls is None else req.parallel_tool_calls,
             "previous_response_id": None, "reasoning": None, "store": False,
             "temperature": 1.0 if req.temperature is None else req.temperature,
-            "text": {"format": {"type": "text"}}, "tool_choice": req.tool_choice or "auto", "tools": [],
+            "text": {"format": {"type": "text"}}, "tool_choice": req.tool_choice or "auto",
+            "tools": [t.model_dump() for t in req.tools or []],
             "top_p": 1.0 if req.top_p is None else req.top_p, "truncation": "disabled", "usage": usage,
             "user": req.user, "metadata": req.metadata or {},
         }
@@ -179,18 +203,22 @@ class OpenAIServingResponses:
             ValueError / RequestError: bad input (400 naming the field) or a failed request.
         """
         note_model(req.model, self.server_args)
-        obj = self._to_generate(req)
+        obj, forced = self._to_generate(req)
         agen = self.tm.generate_request(obj, raw_request)
         first = await prefetch(agen)
         rid, msg_id, created = f"resp_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}", int(time.time())
         if req.stream:
-            return StreamingResponse(self._stream(req, first, agen, rid, msg_id, created),
+            return StreamingResponse(self._stream(req, first, agen, rid, msg_id, created, forced),
                                      media_type="text/event-stream")
         await agen.aclose()
-        return SafeJSONResponse(self._response(req, rid, created, "completed",
-                                               [self._message(msg_id, first["text"], "completed")], first))
+        output = self._output_items(req, msg_id, first["text"], forced)
+        return SafeJSONResponse(self._response(req, rid, created, "completed", output, first))
 
-    async def _stream(self, req, first, agen, rid: str, msg_id: str, created: int) -> AsyncIterator[str]:
+    async def _stream(self, req, first, agen, rid: str, msg_id: str, created: int,
+                      forced: bool) -> AsyncIterator[str]:
+        """The SSE events of one response. Text streams as ``response.output_text.delta`` events; with a forced
+        ``tool_choice`` the JSON is collected and each parsed call is sent when generation ends (its
+        ``output_item.added``, one arguments / input ``delta``, ``done``, ``output_item.done``)."""
         seq = [0]
 
         def event(kind: str, **payload) -> str:
@@ -198,20 +226,26 @@ class OpenAIServingResponses:
             seq[0] += 1
             return f"event: {kind}\ndata: {dumps(data)}\n\n"
 
+        def message_start() -> Iterator[str]:
+            yield event("response.output_item.added", output_index=0, item=self._message(msg_id, None, "in_progress"))
+            yield event("response.content_part.added", item_id=msg_id, output_index=0, content_index=0,
+                        part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
+
         loc = {"item_id": msg_id, "output_index": 0, "content_index": 0}
         yield event("response.created", response=self._response(req, rid, created, "in_progress", []))
         yield event("response.in_progress", response=self._response(req, rid, created, "in_progress", []))
-        yield event("response.output_item.added", output_index=0, item=self._message(msg_id, None, "in_progress"))
-        yield event("response.content_part.added", item_id=msg_id, output_index=0, content_index=0,
-                    part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
+        if not forced:
+            for e in message_start():
+                yield e
         sent = 0
         out = last = first
         try:
             while out is not None:
-                delta = out["text"][sent:]
-                sent = len(out["text"])
-                if delta:
-                    yield event("response.output_text.delta", **loc, delta=delta, logprobs=[])
+                if not forced:
+                    delta = out["text"][sent:]
+                    sent = len(out["text"])
+                    if delta:
+                        yield event("response.output_text.delta", **loc, delta=delta, logprobs=[])
                 last = out
                 out = await prefetch(agen)
         except (ValueError, RequestError) as e:
@@ -224,13 +258,36 @@ class OpenAIServingResponses:
         finally:
             await agen.aclose()
         text = last["text"]
-        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-        yield event("response.output_text.done", **loc, text=text, logprobs=[])
-        yield event("response.content_part.done", **loc, part=part)
-        item = self._message(msg_id, text, "completed")
-        yield event("response.output_item.done", output_index=0, item=item)
-        final = self._response(req, rid, created, "completed", [item], last)
+        items = self._output_items(req, msg_id, text, forced)
+        if items and items[0]["type"] == "message":
+            if forced:  # a forced call's JSON that did not parse: the text is the answer
+                for e in message_start():
+                    yield e
+                if text:
+                    yield event("response.output_text.delta", **loc, delta=text, logprobs=[])
+            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            yield event("response.output_text.done", **loc, text=text, logprobs=[])
+            yield event("response.content_part.done", **loc, part=part)
+            yield event("response.output_item.done", output_index=0, item=items[0])
+        else:
+            for i, item in enumerate(items):
+                for e in _call_events(event, i, item):
+                    yield e
+        final = self._response(req, rid, created, "completed", items, last)
         yield event("response.completed", response=final)
+
+
+def _call_events(event, index: int, item: dict[str, Any]) -> Iterator[str]:
+    """The events of one finished call item: ``output_item.added`` (empty arguments / input, in progress), the
+    arguments (``response.function_call_arguments.delta`` / ``.done``) or input
+    (``response.custom_tool_call_input.delta`` / ``.done``) in one delta, ``output_item.done``."""
+    field, kind = ("arguments", "response.function_call_arguments") if item["type"] == "function_call" else \
+        ("input", "response.custom_tool_call_input")
+    yield event("response.output_item.added", output_index=index,
+                item={**item, field: "", **({"status": "in_progress"} if "status" in item else {})})
+    yield event(f"{kind}.delta", item_id=item["id"], output_index=index, delta=item[field])
+    yield event(f"{kind}.done", item_id=item["id"], output_index=index, **{field: item[field]})
+    yield event("response.output_item.done", output_index=index, item=item)
 
 
 def register_responses_route(app: FastAPI, tm, server_args) -> None:

@@ -1,4 +1,5 @@
-"""Attention backends behind one interface (:class:`AttentionBackend`), created by name with lazy imports."""
+"""Attention backends behind one interface (:class:`AttentionBackend`), created by name with lazy imports (an
+optional library such as FlashInfer is imported only when its backend is created)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 _REGISTRY = {
     "torch_native": ("sglang.srt.layers.attention.torch_native_backend", "TorchNativeAttnBackend"),
     "triton": ("sglang.srt.layers.attention.triton_backend", "TritonAttnBackend"),
+    "flashinfer": ("sglang.srt.layers.attention.flashinfer_backend", "FlashInferAttnBackend"),  # optional extra
 }
 
 

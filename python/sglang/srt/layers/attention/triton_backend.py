@@ -17,7 +17,9 @@ splits depends only on the batch size and the KV head count, and the split
 workspace can be preallocated with :meth:`TritonAttnBackend.init_cuda_graph_state`;
 the metadata keeps references to the ForwardBatch's device tensors, so a graph
 captured with a ForwardBatch built on static buffers replays with whatever
-those buffers hold.
+those buffers hold. The ``balanced`` split policy's row order is a device op of
+:meth:`TritonAttnBackend.init_forward_metadata`, so a graph must capture that call
+(the CUDA-graph runner does) for the order to follow the replayed lengths.
 """
 
 from __future__ import annotations
@@ -31,8 +33,11 @@ import torch
 
 from sglang.srt.layers import ops
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang.srt.layers.attention.extend_dense import EXTEND_IMPLS, extend_impl_from_env, prefix_free_attention
 from sglang.srt.layers.rotary_embedding import RotaryEmbedding
-from sglang.srt.layers.attention.triton_ops.decode_attention import decode_attention_fwd, default_num_kv_splits
+from sglang.srt.layers.attention.triton_ops.decode_attention import (BALANCED_MIN_SPLIT_LEN, SPLIT_POLICIES,
+                                                                      decode_attention_fwd, decode_row_order,
+                                                                      default_num_kv_splits)
 from sglang.srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
 from sglang.srt.forward_batch_info import ForwardMode
 from sglang.srt.utils.tensor_transfer import ints_to_device
@@ -45,6 +50,8 @@ logger = logging.getLogger(__name__)
 
 MAX_KV_SPLITS = 16
 LEGACY_DECODE_ENV = "SGLANG_TRITON_DECODE_LEGACY"
+SPLIT_POLICY_ENV = "SGLANG_DECODE_SPLIT_POLICY"
+DEFAULT_SPLIT_POLICY = "balanced"
 FUSED_ROPE_ENV = "SGLANG_FUSED_ROPE_KV"
 
 
@@ -61,6 +68,11 @@ class TritonAttnMetadata:
 
     ``is_decode``: every request adds exactly one token (decode kernel only).
     ``num_kv_splits``: splits per (request, KV head) of the decode kernel (from the decode row count only).
+    ``decode_order``: ``[decode rows]`` int64 device tensor, the decode rows longest first (the ``balanced`` split
+    policy's launch order, computed on the device by this call: inside a captured CUDA graph it is recomputed at
+    every replay), or None (batch order). ``min_split_len``: the decode kernel's length-aware split rule (0: off).
+    ``dense_segments``: ``(first token, length)`` of the prefix-free prefill rows that PyTorch's fused attention runs
+    (``SGLANG_EXTEND_ATTENTION``, :mod:`.extend_dense`); those rows are not among the extend-kernel tensors.
     ``max_extend_len``: host int, largest extend length among the rows sent to the extend kernel.
     Extend-kernel tensors ([rows] integer, device): ``req_pool_indices``, ``prefix_lens``, ``extend_lens``,
     ``extend_start_loc`` (query row offsets into the batch's flat q). Decode-kernel tensors: ``decode_req_pool_indices``,
@@ -79,6 +91,9 @@ class TritonAttnMetadata:
     decode_req_pool_indices: Optional[torch.Tensor]
     decode_seq_lens: Optional[torch.Tensor]
     decode_token_index: Optional[torch.Tensor]
+    decode_order: Optional[torch.Tensor] = None
+    min_split_len: int = 0
+    dense_segments: tuple = ()
 
 
 class TritonAttnBackend(AttentionBackend):
@@ -91,20 +106,39 @@ class TritonAttnBackend(AttentionBackend):
 
     fuses_rope_kv_store = True  # RadixAttention hands RoPE to forward() (see its ``rope`` argument)
 
-    def __init__(self, legacy_decode: Optional[bool] = None, fused_rope: Optional[bool] = None) -> None:
+    def __init__(self, legacy_decode: Optional[bool] = None, fused_rope: Optional[bool] = None,
+                 split_policy: Optional[str] = None, extend_impl: Optional[str] = None) -> None:
         """``legacy_decode``: run the decode kernel and split-count rule as before issue 19 (see
         :func:`~sgl_kernel.triton.decode_attention.decode_attention_fwd`); None reads the environment variable
         ``SGLANG_TRITON_DECODE_LEGACY`` (``1`` = legacy). ``fused_rope``: RoPE fused with the KV-cache store (see
         :meth:`forward`); None reads ``SGLANG_FUSED_ROPE_KV`` (``0`` = separate RoPE kernel and indexed stores, as
         before). Both are read once, here, so benchmarks can compare old and new in one run. (The fused split
-        reduce, ``SGLANG_DECODE_FUSED_REDUCE``, was removed in issue 27: no measurable gain on an H100.)"""
+        reduce, ``SGLANG_DECODE_FUSED_REDUCE``, was removed in issue 27: no measurable gain on an H100.)
+        ``split_policy``: the decode split rule (:data:`SPLIT_POLICIES`): ``balanced`` (default; the ``wave`` split
+        count, rows launched longest first, short rows on fewer splits), ``wave`` (the rule before: rows in batch
+        order, every row on every split) or ``legacy``; None reads ``SGLANG_DECODE_SPLIT_POLICY``; ``legacy_decode``
+        (or ``SGLANG_TRITON_DECODE_LEGACY=1``) forces ``legacy``.
+
+        ``extend_impl``: who runs prefill rows without a cached prefix (:data:`EXTEND_IMPLS`, see
+        :mod:`~sglang.srt.layers.attention.extend_dense`); None reads ``SGLANG_EXTEND_ATTENTION`` (default triton).
+
+        Raises:
+            ValueError: an unknown split policy or extend implementation (argument or environment), naming the
+                choices."""
         if legacy_decode is None:
             legacy_decode = os.environ.get(LEGACY_DECODE_ENV, "0") not in ("", "0")
         self.legacy_decode = bool(legacy_decode)
         if fused_rope is None:
             fused_rope = os.environ.get(FUSED_ROPE_ENV, "1") not in ("", "0")
         self.fused_rope = bool(fused_rope)
-        self.split_policy = "legacy" if self.legacy_decode else "wave"
+        if split_policy is None:
+            split_policy = os.environ.get(SPLIT_POLICY_ENV, "").strip() or DEFAULT_SPLIT_POLICY
+        if split_policy not in SPLIT_POLICIES:
+            raise ValueError(f"decode split policy {split_policy!r} ({SPLIT_POLICY_ENV}): use one of {SPLIT_POLICIES}")
+        self.split_policy = "legacy" if self.legacy_decode else split_policy
+        self.extend_impl = extend_impl_from_env() if extend_impl is None else extend_impl
+        if self.extend_impl not in EXTEND_IMPLS:
+            raise ValueError(f"extend_impl={self.extend_impl!r}: use one of {EXTEND_IMPLS}")
         self._workspace: dict[tuple[int, int, torch.device], torch.Tensor] = {}
         # Buffers replaced by a larger one stay alive: a captured CUDA graph keeps writing into the buffer it
         # was captured with, and freeing it would hand that memory to other tensors (found on H100: graph
@@ -127,38 +161,61 @@ class TritonAttnBackend(AttentionBackend):
         bs = fb.batch_size
         pool = fb.token_to_kv_pool
         if fb.forward_mode.is_decode():
+            splits = self.num_kv_splits(bs, pool.head_num, pool.device)
             meta = TritonAttnMetadata(
-                is_decode=True, num_kv_splits=self.num_kv_splits(bs, pool.head_num, pool.device),
+                is_decode=True, num_kv_splits=splits,
                 max_extend_len=1, num_decode=bs, req_pool_indices=None, prefix_lens=None, extend_lens=None,
                 extend_start_loc=None, decode_req_pool_indices=fb.req_pool_indices, decode_seq_lens=fb.seq_lens,
-                decode_token_index=None)
+                decode_token_index=None, **self._balanced(fb.seq_lens, splits))
             fb.attn_metadata = meta
             return meta
         lens = fb.extend_lens_cpu
         dec_rows = [i for i, e in enumerate(lens) if e == 1]
         if fb.forward_mode != ForwardMode.MIXED or not dec_rows or len(dec_rows) == bs:
             dec_rows = []  # plain extend (or all-ones extend): one extend launch, no index copies
-        ext_rows = [i for i, e in enumerate(lens) if e != 1] if dec_rows else list(range(bs))
-        dev = fb.req_pool_indices.device
-        if dec_rows:
-            dec, ext = torch.split(ints_to_device(dec_rows + ext_rows, dev), [len(dec_rows), len(ext_rows)])
+        dec_set = set(dec_rows)
+        ext_rows = [i for i in range(bs) if i not in dec_set]
+        dense: list = []
+        if self.extend_impl != "triton":  # prefix-free prefill rows go to PyTorch's fused attention
+            starts = [0] * bs
+            for i in range(1, bs):
+                starts[i] = starts[i - 1] + lens[i - 1]
+            dense_rows = {i for i in ext_rows if fb.prefix_lens_cpu[i] == 0 and lens[i] > 1}
+            dense = [(starts[i], lens[i]) for i in sorted(dense_rows)]
+            ext_rows = [i for i in ext_rows if i not in dense_rows]
+        if not dec_rows and not dense:
             meta = TritonAttnMetadata(
-                is_decode=False,
-                num_kv_splits=self.num_kv_splits(len(dec_rows), pool.head_num, pool.device),
-                max_extend_len=max((lens[i] for i in ext_rows), default=0), num_decode=len(dec_rows),
-                req_pool_indices=fb.req_pool_indices[ext], prefix_lens=fb.prefix_lens[ext],
-                extend_lens=fb.extend_lens[ext], extend_start_loc=fb.extend_start_loc[ext],
-                decode_req_pool_indices=fb.req_pool_indices[dec], decode_seq_lens=fb.seq_lens[dec],
-                decode_token_index=fb.extend_start_loc[dec])
+                is_decode=False, num_kv_splits=1, max_extend_len=max(lens, default=0), num_decode=0,
+                req_pool_indices=fb.req_pool_indices, prefix_lens=fb.prefix_lens, extend_lens=fb.extend_lens,
+                extend_start_loc=fb.extend_start_loc, decode_req_pool_indices=None, decode_seq_lens=None,
+                decode_token_index=None)
             fb.attn_metadata = meta
             return meta
+        dev = fb.req_pool_indices.device
+        dec, ext = torch.split(ints_to_device(dec_rows + ext_rows, dev), [len(dec_rows), len(ext_rows)])
+        dec_fields = dict(decode_req_pool_indices=None, decode_seq_lens=None, decode_token_index=None)
+        splits = 1
+        if dec_rows:
+            splits = self.num_kv_splits(len(dec_rows), pool.head_num, pool.device)
+            dec_seq = fb.seq_lens[dec]
+            dec_fields = dict(decode_req_pool_indices=fb.req_pool_indices[dec], decode_seq_lens=dec_seq,
+                              decode_token_index=fb.extend_start_loc[dec], **self._balanced(dec_seq, splits))
+        ext_fields = dict(req_pool_indices=None, prefix_lens=None, extend_lens=None, extend_start_loc=None)
+        if ext_rows:
+            ext_fields = dict(req_pool_indices=fb.req_pool_indices[ext], prefix_lens=fb.prefix_lens[ext],
+                              extend_lens=fb.extend_lens[ext], extend_start_loc=fb.extend_start_loc[ext])
         meta = TritonAttnMetadata(
-            is_decode=False, num_kv_splits=1, max_extend_len=max(lens, default=0), num_decode=0,
-            req_pool_indices=fb.req_pool_indices, prefix_lens=fb.prefix_lens, extend_lens=fb.extend_lens,
-            extend_start_loc=fb.extend_start_loc, decode_req_pool_indices=None, decode_seq_lens=None,
-            decode_token_index=None)
+            is_decode=False, num_kv_splits=splits, max_extend_len=max((lens[i] for i in ext_rows), default=0),
+            num_decode=len(dec_rows), dense_segments=tuple(dense), **ext_fields, **dec_fields)
         fb.attn_metadata = meta
         return meta
+
+    def _balanced(self, seq_lens: torch.Tensor, splits: int) -> dict:
+        """The ``balanced`` policy's metadata fields for decode rows of ``seq_lens`` (empty for other policies)."""
+        if self.split_policy != "balanced":
+            return {}
+        return {"decode_order": decode_row_order(seq_lens),
+                "min_split_len": BALANCED_MIN_SPLIT_LEN if splits > 1 else 0}
 
     def num_kv_splits(self, batch_size: int, num_kv_heads: int, device: torch.device) -> int:
         """Decode splits per (request, KV head) for a batch of ``batch_size`` decode rows (this backend's policy,
@@ -245,6 +302,9 @@ class TritonAttnBackend(AttentionBackend):
             extend_attention_fwd(q3, out, k_buf, v_buf, req_to_token, meta.req_pool_indices, meta.prefix_lens,
                                  meta.extend_lens, meta.extend_start_loc, meta.max_extend_len, layer.scaling,
                                  k_scale=ks, v_scale=vs)
+        if meta.dense_segments:
+            prefix_free_attention(q3, out, k_buf, v_buf, forward_batch.out_cache_loc, meta.dense_segments,
+                                  layer.scaling, self.extend_impl, k_scale=ks, v_scale=vs)
         if meta.num_decode:
             qd = q3.index_select(0, meta.decode_token_index)
             od = torch.empty_like(qd)
@@ -262,4 +322,5 @@ class TritonAttnBackend(AttentionBackend):
         mid_lse = ws[bs * nh * splits * hd: bs * nh * splits * (hd + 1)].view(bs, nh, splits)
         decode_attention_fwd(q3, k_buf, v_buf, out, req_to_token, meta.decode_req_pool_indices,
                              meta.decode_seq_lens, layer.scaling, splits, mid_o, mid_lse, legacy=self.legacy_decode,
-                             k_scale=k_scale, v_scale=v_scale)
+                             order=meta.decode_order, min_split_len=meta.min_split_len, k_scale=k_scale,
+                             v_scale=v_scale)

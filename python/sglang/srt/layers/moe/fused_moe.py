@@ -10,8 +10,9 @@ Expert parallelism (``ep_size > 1``) splits the experts into ``ep_size`` contigu
 groups; ``tp_size / ep_size`` ranks share a group and split its I. Every rank runs
 the router on all tokens and computes only its experts' (partial) contributions, so
 the sum over the whole TP group is the full output: token "routing" is one
-all-reduce of partial outputs (simple and exact; an all-to-all dispatch, as in
-GShard, Lepikhin et al. 2020, sec. 3.2, moves fewer bytes at large batch).
+all-reduce of partial outputs (simple and exact). ``--moe-a2a-backend nccl|tdist`` replaces it with an
+all-to-all dispatch/combine (GShard, Lepikhin et al. 2020, sec. 3.2): :meth:`FusedMoE.compute_rows` runs the
+local experts on the received rows only (see :mod:`sglang.srt.layers.moe.ep_a2a`).
 """
 
 from __future__ import annotations
@@ -24,11 +25,9 @@ from torch import nn
 
 from sglang.srt.layers import ops
 from sglang.srt.ops_ref import fused_moe_ref  # noqa: F401  (re-exported)
-from sglang.srt.layers.linear import check_tp, copy_checked, divide, narrow_full
+from sglang.srt.layers.linear import ShardSpec, check_tp, copy_checked, divide
 
 logger = logging.getLogger(__name__)
-
-
 
 
 class FusedMoE(nn.Module):
@@ -81,26 +80,36 @@ class FusedMoE(nn.Module):
         for p, shards in ((self.w13_weight, ("w1", "w3")), (self.w2_weight, ("w2",))):
             p.weight_loader = self.weight_loader
             p.expected_shards = tuple((e, s) for e in local for s in shards)
+        # the quantization method chosen once at load (sglang.srt.layers.quantization), which then owns the expert
+        # weights and runs the experts; None: the model-dtype weights above
+        self.quant_method: Optional[Any] = None
 
-    def weight_loader(self, param: nn.Parameter, loaded_weight: Any, shard_id: str, expert_id: int) -> None:
-        """Copy this rank's slice of one HF expert tensor (see the class docstring); other ranks' experts are skipped
-        unread. Raises ValueError on a bad expert_id, shard_id or shape."""
+    def expert_spec(self, shard_id: str, expert_id: int) -> Optional[tuple[int, ShardSpec]]:
+        """Where HF expert tensor ``(expert_id, shard_id)`` lands: ``(local expert index, ShardSpec)`` within that
+        expert's ``[2I/tp, H]`` (``w1``: gate rows first, ``w3``: up rows after them) or ``[H, I/tp]`` (``w2``:
+        this rank's input columns) slice; None for another EP rank's expert (its tensors are not read).
+        Raises ValueError on a bad expert_id or shard_id."""
         if not 0 <= expert_id < self.num_experts:
             raise ValueError(f"FusedMoE: expert_id={expert_id} outside [0, {self.num_experts})")
         local_id = expert_id - self.expert_start
         if not 0 <= local_id < self.num_local_experts:
-            return  # another EP rank's expert: not read
-        n, r, full = self.i_local, self.moe_tp_rank, self.i_local * self.moe_tp_size
-        dst = param[local_id]
+            return None  # another EP rank's expert: not read
+        n, r, full, h = self.i_local, self.moe_tp_rank, self.i_local * self.moe_tp_size, self.hidden_size
+        if shard_id in ("w1", "w3"):
+            return local_id, ShardSpec(0 if shard_id == "w1" else n, n, r * n, full, 0, h, h)
+        if shard_id == "w2":
+            return local_id, ShardSpec(0, h, 0, h, r * n, n, full)
+        raise ValueError(f"FusedMoE: shard_id={shard_id!r} must be 'w1', 'w2' or 'w3'")
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: Any, shard_id: str, expert_id: int) -> None:
+        """Copy this rank's slice of one HF expert tensor (see the class docstring and :meth:`expert_spec`); other
+        ranks' experts are skipped unread. Raises ValueError on a bad expert_id, shard_id or shape."""
+        where = self.expert_spec(shard_id, expert_id)
+        if where is None:
+            return
+        local_id, spec = where
         what = f"FusedMoE expert {expert_id} {shard_id}"
-        if shard_id == "w1":
-            copy_checked(dst[:n], narrow_full(loaded_weight, 0, r * n, n, full, what), what)
-        elif shard_id == "w3":
-            copy_checked(dst[n:], narrow_full(loaded_weight, 0, r * n, n, full, what), what)
-        elif shard_id == "w2":
-            copy_checked(dst, narrow_full(loaded_weight, 1, r * n, n, full, what), what)
-        else:
-            raise ValueError(f"FusedMoE: shard_id={shard_id!r} must be 'w1', 'w2' or 'w3'")
+        copy_checked(param[local_id].narrow(0, spec.dst_row, spec.rows), spec.take(loaded_weight, what), what)
 
     def route(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k routing of router_logits ``[N, E]``: ``(topk_weights [N, k] fp32, topk_ids [N, k] int64)`` with
@@ -116,7 +125,26 @@ class FusedMoE(nn.Module):
             mine = (local_ids >= 0) & (local_ids < self.num_local_experts)
             topk_weights = topk_weights.masked_fill(~mine, 0.0)
             topk_ids = local_ids.clamp(0, self.num_local_experts - 1)
+        if self.quant_method is not None:
+            return self.quant_method.apply(self, x, topk_weights, topk_ids)
         return ops.fused_moe(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
+
+    def compute_rows(self, rows: torch.Tensor, local_ids: torch.Tensor) -> torch.Tensor:
+        """Expert parallelism by all-to-all: rows ``[R, H]`` received for this rank's experts, ``local_ids`` [R] int64
+        local expert ids (``-1``: a padding row) -> ``[R, H]`` in rows' dtype, row i = local expert ``local_ids[i]``
+        applied to ``rows[i]``, unweighted (the combine applies the routing weights); padding rows give zeros and
+        cost nothing (the fused-MoE kernel skips negative ids). Runs :func:`sglang.srt.layers.ops.fused_moe` with one
+        slot per row (no host sync on CUDA).
+        Raises ValueError when this rank splits its experts' intermediate dim (``tp_size != ep_size``)."""
+        if self.moe_tp_size != 1:
+            raise ValueError(f"compute_rows needs whole experts per rank (ep_size == tp_size), got "
+                             f"ep_size={self.ep_size}, tp_size={self.tp_size}")
+        quant = getattr(self, "quant_method", None)  # a quantization method that owns the expert GEMMs
+        if quant is not None:  # any kernel: padding rows as weight-0 rows of expert 0
+            valid = (local_ids >= 0).to(torch.float32).unsqueeze(1)
+            return quant.apply(self, rows, valid, local_ids.clamp(min=0).unsqueeze(1))
+        ones = torch.ones(rows.shape[0], 1, dtype=torch.float32, device=rows.device)
+        return ops.fused_moe(rows, self.w13_weight, self.w2_weight, ones, local_ids.unsqueeze(1))
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """x ``[N, H]``, router_logits ``[N, E]`` -> ``[N, H]`` in x's dtype: :meth:`route`, :meth:`compute`, then

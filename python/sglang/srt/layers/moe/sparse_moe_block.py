@@ -16,7 +16,7 @@ from torch import nn
 from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from sglang.srt.layers.moe.fused_moe import FusedMoE
-from sglang.srt.layers.stages import MoeState
+from sglang.srt.layers.stages import MoeState, moe_dispatch_mode
 
 
 class DenseMLP(nn.Module):
@@ -56,10 +56,14 @@ class DenseMLP(nn.Module):
 class SparseMoeBlock(nn.Module):
     """Router (``gate``: [E, H]) + :class:`FusedMoE` ``experts`` (+ optional ``shared_expert``).
 
-    ``forward(x [N, H]) -> [N, H]`` = ``combine(experts(dispatch(route(x))))``: the routed experts' weighted
-    sum plus, when a shared expert exists, ``sigmoid(shared_expert_gate(x)) * shared_expert(x)``. With
-    ``reduce_results=False`` both terms are TP partial sums (the gate scale is replicated, so the sum
+    ``forward(x [N, H], forward_batch=None) -> [N, H]`` = ``combine(experts(dispatch(route(x))))``: the routed
+    experts' weighted sum plus, when a shared expert exists, ``sigmoid(shared_expert_gate(x)) * shared_expert(x)``.
+    With ``reduce_results=False`` both terms are TP partial sums (the gate scale is replicated, so the sum
     stays linear) and the following norm reduces them.
+
+    ``a2a``: None (the all-reduce expert parallelism of :class:`FusedMoE`), or an
+    :class:`~sglang.srt.layers.moe.ep_a2a.EpA2aMoe` installed on the built model when the plan asks for expert
+    parallelism by all-to-all; the route/dispatch/experts/combine stages then move tokens between EP ranks.
     """
 
     def __init__(self, hidden_size: int, num_experts: int, top_k: int, intermediate_size: int, renormalize: bool,
@@ -76,37 +80,55 @@ class SparseMoeBlock(nn.Module):
             self.shared_expert = DenseMLP(hidden_size, shared_intermediate_size, False, hidden_act, params_dtype,
                                           tp_rank, tp_size, comm, reduce_results=False)
             self.shared_expert_gate = ReplicatedLinear(hidden_size, 1, bias=False, params_dtype=params_dtype)
+        self.a2a = None  # EpA2aMoe when expert parallelism runs by all-to-all (sglang.srt.expert_parallel.install)
 
     # ---- stages ------------------------------------------------------------------------------------------
     def route(self, x: torch.Tensor, moe: MoeState) -> None:
         """Stage ``moe_route``: x ``[T, H]`` -> ``moe.topk_weights`` [T, k] fp32, ``moe.topk_ids`` [T, k] int64."""
+        if self.a2a is not None:  # only the tokens this rank dispatches
+            self.a2a.route(self, x, moe)
+            return
         moe.x = x
         moe.topk_weights, moe.topk_ids = self.experts.route(self.gate(x))
 
     def dispatch(self, moe: MoeState) -> None:
-        """Stage ``moe_dispatch``: every expert is local, so nothing moves (remote executors replace it)."""
+        """Stage ``moe_dispatch``: every expert is local, so nothing moves (remote executors replace it); with
+        ``a2a``, the all-to-all dispatch (``moe.dispatched`` = its handle)."""
+        if self.a2a is not None:
+            self.a2a.dispatch(self, moe)
+            return
         moe.dispatched = None
 
     def run_experts(self, moe: MoeState) -> None:
-        """Stage ``moe_experts``: ``moe.expert_out`` [T, H] = this rank's experts' weighted sum (a TP partial sum)."""
+        """Stage ``moe_experts``: ``moe.expert_out`` [T, H] = this rank's experts' weighted sum (a TP partial sum);
+        with ``a2a``, the local experts on the received rows (``[R, H]``, unweighted)."""
+        if self.a2a is not None:
+            self.a2a.run_experts(self, moe)
+            return
         moe.expert_out = self.experts.compute(moe.x, moe.topk_weights, moe.topk_ids)
 
     def combine(self, moe: MoeState) -> torch.Tensor:
-        """Stage ``moe_combine``: expert output (+ gated shared expert), all-reduced when ``reduce_results``;
+        """Stage ``moe_combine``: expert output (+ gated shared expert), all-reduced when ``reduce_results`` (with
+        ``a2a``: the combined rows in token order, all-reduced only when the token scope leaves TP partial sums);
         returns ``[T, H]`` and clears the scratch."""
-        out = moe.expert_out
+        if self.a2a is not None:
+            out = self.a2a.combine(self, moe)
+            partial = self.a2a.scope.output_partial
+        else:
+            out, partial = moe.expert_out, True
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(moe.x)) * self.shared_expert(moe.x)
-        if self.tp_size > 1 and self.reduce_results:
+        if self.tp_size > 1 and self.reduce_results and partial:
             if self.comm is None:
                 raise ValueError("SparseMoeBlock with tp_size > 1 needs a comm object to all-reduce its output")
             out = self.comm.all_reduce(out)
         moe.x = moe.topk_weights = moe.topk_ids = moe.expert_out = moe.dispatched = None
         return out
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x ``[N, H]`` -> ``[N, H]``: the four stages in order (see the class docstring)."""
-        moe = MoeState()
+    def forward(self, x: torch.Tensor, forward_batch: Any = None) -> torch.Tensor:
+        """x ``[N, H]`` -> ``[N, H]``: the four stages in order (see the class docstring); ``forward_batch`` picks the
+        all-to-all mode (:func:`~sglang.srt.layers.stages.moe_dispatch_mode`; None: normal)."""
+        moe = MoeState(dispatch_mode=moe_dispatch_mode(forward_batch))
         self.route(x, moe)
         self.dispatch(moe)
         self.run_experts(moe)

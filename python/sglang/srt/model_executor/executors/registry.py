@@ -25,6 +25,8 @@ _EXECUTORS: dict[str, Any] = {
     "tokenweave": "sglang.srt.tokenweave.deploy:make_executor",
     "tdist_sp": "sglang.srt.distributed.tdist_deploy:make_executor",
     "afd": "sglang.srt.afd.deploy:make_executor",
+    # two-batch overlap (DeepSeek-V3 report sec. 3.4; SGLang's --enable-two-batch-overlap)
+    "two_batch_overlap": "sglang.srt.two_batch_overlap.deploy:make_executor",
 }
 
 
