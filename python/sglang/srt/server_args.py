@@ -170,10 +170,9 @@ class ServerArgs:
             bad("device", self.device, "use auto, cpu or cuda")
         from sglang.srt.mem_cache.kv_quant import check_kv_cache_dtype
 
-        check_kv_cache_dtype(self.kv_cache_dtype)  # ValueError naming the value and the supported ones
-        if self.kv_cache_dtype.startswith("fp8") and self.attention_backend not in (None, "triton", "torch_native"):
-            bad("kv-cache-dtype", self.kv_cache_dtype, f"an FP8 KV cache is read by the triton and torch_native "
-                f"attention backends, not {self.attention_backend}; use --attention-backend triton")
+        # ValueError naming the value and the supported ones; every attention backend (torch_native, triton,
+        # flashinfer) and the prefix-free extend paths read an FP8 cache with its scales
+        check_kv_cache_dtype(self.kv_cache_dtype)
         if self.schedule_policy not in ("fcfs", "lpm"):
             bad("schedule-policy", self.schedule_policy, "use fcfs or lpm")
         if self.mem_fraction_static is not None and not 0.0 < self.mem_fraction_static < 1.0:

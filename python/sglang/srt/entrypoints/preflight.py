@@ -86,8 +86,8 @@ def check_device(server_args: ServerArgs) -> None:
 def check_kv_cache(server_args: ServerArgs) -> None:
     """For an FP8 ``--kv-cache-dtype``: the checkpoint's KV scales are well formed (read from a local checkpoint's
     safetensors headers, :func:`~sglang.srt.model_loader.kv_scales.read_kv_scales`), and ``fp8_e4m3`` does not run
-    the Triton backend on a CUDA GPU older than sm_89 (Triton converts E4M3 only on Ada / Hopper and newer; E5M2
-    works from sm_80).
+    the Triton or FlashInfer backend on a CUDA GPU older than sm_89 (both store K/V through the fused Triton RoPE +
+    KV-store kernel, and Triton converts to E4M3 only on Ada / Hopper and newer; E5M2 works from sm_80).
 
     Raises:
         ValueError: naming the malformed scale tensor and its file, or the GPU's compute capability and the
@@ -107,14 +107,14 @@ def check_kv_cache(server_args: ServerArgs) -> None:
         if layers > 0:
             read_kv_scales(safetensors_files(path), layers)
     if server_args.kv_cache_dtype != "fp8_e4m3" or server_args.resolved_device != "cuda" \
-            or server_args.resolved_attention_backend != "triton":
+            or server_args.resolved_attention_backend not in ("triton", "flashinfer"):
         return
     import torch
 
     major, minor = torch.cuda.get_device_capability(server_args.base_gpu_id)
     if (major, minor) < (8, 9):
         raise ValueError(f"--kv-cache-dtype=fp8_e4m3 needs a GPU of compute capability >= 8.9 (Ada, Hopper) for the "
-                         f"Triton attention kernels; GPU {server_args.base_gpu_id} is sm_{major}{minor}: use fp8_e5m2 "
+                         f"Triton KV-store and attention kernels; GPU {server_args.base_gpu_id} is sm_{major}{minor}: use fp8_e5m2 "
                          "or auto")
 
 
