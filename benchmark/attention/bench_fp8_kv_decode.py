@@ -41,6 +41,9 @@ def parse_args(argv):
     p.add_argument("--reps", type=int, default=20, help="measurements per row and KV dtype (median reported)")
     p.add_argument("--inner", type=int, default=20, help="kernel launches per graph replay")
     p.add_argument("--kv-dtype", default="fp8_e4m3", choices=["fp8_e4m3", "fp8_e5m2"])
+    p.add_argument("--policy", default="balanced", choices=["balanced", "wave"],
+                   help="decode split policy (SGLANG_DECODE_SPLIT_POLICY; balanced is the server's default: rows "
+                        "longest first, length-aware split counts)")
     p.add_argument("--extend-tokens", default="4096", help="prefill (extend) rows: one request of N new tokens each "
                    "(comma separated; empty: none), to see what reading FP8 costs the compute-bound extend kernel")
     p.add_argument("--smoke", action="store_true", help="CPU + TRITON_INTERPRET at toy shapes (flow check)")
@@ -80,11 +83,14 @@ def bench_row(bs: int, ctx: int, kv_dtype, ns, device: str, bandwidth: float) ->
     """Both KV dtypes at one (batch, context): median per-launch time (us), split count, bytes, floors."""
     import torch
 
-    from sgl_kernel.triton.decode_attention import decode_attention_fwd, default_num_kv_splits
+    from sgl_kernel.triton.decode_attention import (BALANCED_MIN_SPLIT_LEN, decode_attention_fwd, decode_row_order,
+                                                    default_num_kv_splits)
 
     nh, nkv, hd, page = (32, 8, 128, 16) if not ns.smoke else (4, 2, 16, 16)
     dev = torch.device(device)
-    splits = default_num_kv_splits(bs, nkv, dev, 16)
+    splits = default_num_kv_splits(bs, nkv, dev, 16, policy=ns.policy)
+    balanced = ns.policy == "balanced"  # as TritonAttnBackend launches it (order and rule built once, as in a graph)
+    min_split_len = BALANCED_MIN_SPLIT_LEN if balanced and splits > 1 else 0
     q = torch.randn(bs, nh, hd, device=device, dtype=torch.bfloat16)
     cases = {}
     for name, dtype in (("bf16", torch.bfloat16), ("fp8", kv_dtype)):
@@ -95,10 +101,12 @@ def bench_row(bs: int, ctx: int, kv_dtype, ns, device: str, bandwidth: float) ->
         mid_lse = torch.empty(bs, nh, splits, device=device, dtype=torch.float32)
         rows = torch.arange(bs, device=device, dtype=torch.int64)
         lens = torch.full((bs,), ctx, device=device, dtype=torch.int64)
+        order = decode_row_order(lens) if balanced else None
 
-        def launch(k_buf=k_buf, v_buf=v_buf, out=out, mid_o=mid_o, mid_lse=mid_lse, r2t=r2t, rows=rows, lens=lens):
+        def launch(k_buf=k_buf, v_buf=v_buf, out=out, mid_o=mid_o, mid_lse=mid_lse, r2t=r2t, rows=rows, lens=lens,
+                   order=order):
             decode_attention_fwd(q, k_buf, v_buf, out, r2t, rows, lens, hd ** -0.5, splits, mid_o, mid_lse,
-                                 k_scale=1.0, v_scale=1.0)
+                                 order=order, min_split_len=min_split_len, k_scale=1.0, v_scale=1.0)
 
         cases[name] = dict(pool=pool, launch=launch, out=out,
                            kv_bytes=bs * ctx * 2 * nkv * hd * pool.kv_data.element_size())
@@ -225,7 +233,7 @@ def render(res: dict) -> str:
            f"(read + written bytes / time); one attention layer of {res['shape']}, pages of 16; "
            f"median of {res['reps']} timed replays of {res['inner']} launches (CUDA graphs on a GPU), BF16/FP8 order "
            "alternated; "
-           "splits = the backend's automatic choice.", "",
+           f"splits = the backend's automatic choice (decode split policy {res.get('policy', 'wave')}).", "",
            "| batch | context | splits | BF16 us | BF16 floor us | BF16/floor | FP8 us | FP8 floor us | FP8/floor | "
            "FP8 speedup |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
@@ -272,7 +280,8 @@ def main(argv=None) -> int:
                sys.argv[1:] if argv is None else argv),
            "shape": "toy shape (4 q / 2 KV heads, head_dim 16)" if ns.smoke else
            "Llama-3.1-8B (32 q / 8 KV heads, head_dim 128)",
-           "kv_dtype": ns.kv_dtype, "reps": ns.reps, "inner": ns.inner, "copy_bandwidth_gbs": bw / 1e9, "rows": []}
+           "kv_dtype": ns.kv_dtype, "policy": ns.policy, "reps": ns.reps, "inner": ns.inner,
+           "copy_bandwidth_gbs": bw / 1e9, "rows": []}
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
     for bs in ns.batches:
