@@ -1,16 +1,21 @@
-"""``--kv-cache-dtype fp8_e4m3`` end to end on CPU (stories260K; FP8 storage, dequantized compute): the server
-serves and agrees with a BF16-KV server on most prompts; the radix cache reuses FP8 prefixes; prefill/decode
-disaggregation (fake transfer backend, pull mode) with FP8 KV on both sides gives the aggregated FP8 server's
-tokens and logprobs and moves one byte per KV element; a decode server whose KV format differs from the prefill
-server's is refused within seconds with an error naming both formats and the flag."""
+"""``--kv-cache-dtype fp8_e4m3`` together with ``--quantization fp8`` end to end on CPU (stories260K; FP8 weights and
+FP8 KV storage, dequantized compute): the server gives the greedy tokens of the same model and KV format run in this
+process, which agree with a BF16 KV cache on most prompts; the radix cache reuses FP8 prefixes; prefill/decode
+disaggregation (fake transfer backend, pull mode) with FP8 KV on both sides gives the aggregated FP8 server's tokens
+and logprobs and moves one byte per KV element; a decode server whose KV format differs from the prefill server's is
+refused within seconds with an error naming both formats and the flag.
+
+Cost: four servers (aggregated, prefill, decode, a BF16-KV decode), started side by side once for the module; the
+BF16-KV agreement is measured in process (the aggregated FP8 server equals the in-process FP8 run token for token).
+"""
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
@@ -20,16 +25,17 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from conftest import shared_path  # noqa: E402
 from pd_utils import AGG, Router, kv_in_use, pd_args, wait_for  # noqa: E402
-from server_utils import ServerProcess, free_port  # noqa: E402
+from server_utils import free_port, start_all, stop_all  # noqa: E402
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = pytest.mark.timeout(600)
 
 PROMPTS = ["Once upon a time", "The little dog", "Lily and Tom went to the park. They", "One day, a girl named Sue",
            "The sun was shining and", "Tim had a big red ball.", "Mom said to Ben,", "There was a cat who liked to",
            "In the forest, a small bird", "The boy was sad because"]
 GREEDY = {"max_new_tokens": 8, "temperature": 0.0}
 LAYERS, KV_HEADS, HEAD_DIM = 5, 4, 8  # stories260K
-FP8 = ["--kv-cache-dtype", "fp8_e4m3"]
+FP8W = ["--quantization", "fp8"]
+FP8 = [*FP8W, "--kv-cache-dtype", "fp8_e4m3"]
 
 
 @pytest.fixture(scope="module")
@@ -38,28 +44,49 @@ def servers():
     boot = free_port()
     argv = {
         "fp8": ["--model-path", model, *AGG, *FP8],
-        "bf16": ["--model-path", model, *AGG, "--kv-cache-dtype", "bf16"],
         "prefill": pd_args("prefill", model, FP8, bootstrap_port=boot),
         "decode": pd_args("decode", model, FP8),
-        "decode_bf16": pd_args("decode", model, ["--kv-cache-dtype", "bf16"]),
+        "decode_bf16": pd_args("decode", model, [*FP8W, "--kv-cache-dtype", "bf16"]),
     }
-    with ThreadPoolExecutor(len(argv)) as pool:  # side by side; all stopped if one fails
-        futures = {k: pool.submit(ServerProcess, v, 600.0) for k, v in argv.items()}
-    started, errors = {}, []
-    for k, f in futures.items():
-        try:
-            started[k] = f.result()
-        except Exception as e:  # noqa: BLE001 - re-raised below after the others are stopped
-            errors.append(e)
+    started = start_all(argv)  # side by side; all stopped if one fails
+    router = None
     try:
-        if errors:
-            raise errors[0]
         router = Router([started["prefill"].url], [started["decode"].url])
-        yield {**started, "router": router, "bootstrap_port": boot}
-        router.stop()
+        yield {**started, "router": router, "bootstrap_port": boot, "model": model}
     finally:
-        for s in started.values():
-            s.stop()
+        stop_all([*started.values(), *([router] if router else [])])
+
+
+@functools.lru_cache(maxsize=None)
+def in_process_greedy(path: str, kv_cache_dtype: str, text: str) -> tuple:
+    """Greedy tokens (EOS ignored, ``GREEDY`` length) of the model at ``path`` with ``--quantization fp8`` and a KV
+    cache of ``kv_cache_dtype`` (scales 1.0, as the server without checkpoint scales), in this process, TP 1."""
+    import torch
+
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.mem_cache.kv_quant import resolve_kv_cache_dtype
+    from sglang.srt.utils.common import get_tokenizer
+    from sglang.test.model_harness import ModelHarness
+
+    mc = ModelConfig.from_path(path)
+    ids = get_tokenizer(path).encode(text)
+    n = GREEDY["max_new_tokens"]
+    h = ModelHarness(_fp8_model(path), mc, max_reqs=1, max_len=len(ids) + n + 1,
+                     kv_cache_dtype=resolve_kv_cache_dtype(kv_cache_dtype, mc.dtype))
+    out, new = [], list(ids)
+    for _ in range(n):
+        tok = int(torch.argmax(h.step([("r", new)])[0]))
+        out.append(tok)
+        new = [tok]
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=None)
+def _fp8_model(path: str):
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_loader.loader import load_model
+
+    return load_model(ModelConfig.from_path(path), "auto", "cpu", quantization="fp8")
 
 
 def post(url: str, body: dict, status: int = 200) -> dict:
@@ -68,14 +95,21 @@ def post(url: str, body: dict, status: int = 200) -> dict:
     return r.json()
 
 
-def test_fp8_kv_serves_and_agrees_with_bf16_kv(servers):
-    info = requests.get(servers["fp8"].url + "/get_server_info", timeout=30).json()
-    assert info["kv_cache_dtype"] == "fp8_e4m3"
-    body = {"text": PROMPTS, "sampling_params": GREEDY}
-    fp8, bf16 = post(servers["fp8"].url, body), post(servers["bf16"].url, body)
-    assert all(len(o["output_ids"]) == GREEDY["max_new_tokens"] for o in fp8)
-    same = sum(a["output_ids"] == b["output_ids"] for a, b in zip(fp8, bf16))
-    assert same >= 7, f"only {same}/10 prompts agree"  # 9/10 in-process (test/unit/test_fp8_kv_cache.py)
+def test_fp8_weights_and_fp8_kv_serve_the_in_process_tokens(servers):
+    """Both FP8 flags on one server: it reports them, and every prompt of a batch gets the greedy tokens of the same
+    FP8 weights over an FP8 KV cache run in this process; those agree with the same weights over a BF16 KV cache on
+    most prompts (measured 7 of 10; FP8 weights alone move some continuations too) and differ on some (the FP8
+    cache is in play)."""
+    url, model = servers["fp8"].url, servers["model"]
+    info = requests.get(url + "/get_server_info", timeout=30).json()
+    assert info["kv_cache_dtype"] == "fp8_e4m3" and info["quantization"] == "fp8"
+    out = post(url, {"text": PROMPTS, "sampling_params": {**GREEDY, "ignore_eos": True}})
+    for prompt, o in zip(PROMPTS, out):
+        assert tuple(o["output_ids"]) == in_process_greedy(model, "fp8_e4m3", prompt), prompt
+    fp8 = [in_process_greedy(model, "fp8_e4m3", p) for p in PROMPTS]
+    bf16 = [in_process_greedy(model, "bf16", p) for p in PROMPTS]
+    same = sum(a == b for a, b in zip(fp8, bf16))
+    assert 6 <= same < len(PROMPTS), f"{same}/10 prompts agree with a BF16 KV cache"
 
 
 def test_radix_cache_hit_with_fp8_kv(servers):
