@@ -168,12 +168,19 @@ def _launch_in_process(args: list[str], monkeypatch, caplog) -> tuple[int, str]:
 
     monkeypatch.setattr(launch, "_start_local", no_worker)
     monkeypatch.setattr(launch, "launch_ray_workers", no_worker, raising=False)
-    with caplog.at_level(logging.ERROR, logger="sglang.launch_server"):
-        logging.getLogger("sglang.launch_server").addHandler(caplog.handler)
-        try:
-            code = launch_server.main(["--device", "cpu", "--port", str(free_port()), *args])
-        finally:
-            logging.getLogger("sglang.launch_server").removeHandler(caplog.handler)
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)  # main() reconfigures the root logger (basicConfig(force=True))
+    log = logging.getLogger("sglang.launch_server")
+    log.addHandler(caplog.handler)
+    try:
+        code = launch_server.main(["--device", "cpu", "--port", str(free_port()), *args])
+    finally:
+        log.removeHandler(caplog.handler)
+        for h in list(root.handlers):
+            root.removeHandler(h)
+        for h in saved[0]:
+            root.addHandler(h)
+        root.setLevel(saved[1])
     return code, caplog.text
 
 
