@@ -99,3 +99,31 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def start_all(argv: dict, timeout: float = 600.0) -> dict:
+    """Start one server per ``name -> launch_server arguments`` at once and wait until every one is healthy (their
+    start-ups overlap); returns ``name -> ServerProcess``. On any failure all of them are stopped and the first
+    error is re-raised (RuntimeError with that server's log tail)."""
+    started: dict = {}
+    try:
+        for name, args in argv.items():
+            started[name] = ServerProcess(args, timeout=timeout, wait=False)
+        end = time.time() + timeout
+        for srv in started.values():
+            srv.wait_healthy(max(end - time.time(), 1.0))
+        return started
+    except BaseException:
+        stop_all(started.values())
+        raise
+
+
+def stop_all(servers) -> None:
+    """Stop every server (or anything with a ``stop()``) at once, in threads: the SIGTERM grace periods overlap."""
+    import threading
+
+    threads = [threading.Thread(target=s.stop) for s in servers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()

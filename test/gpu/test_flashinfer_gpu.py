@@ -5,6 +5,8 @@ installs the carried wheels and runs this file and the benchmark).
 * the backend against torch_native on random paged batches at the Llama-3.1-8B per-rank head shape (bf16, 32 query
   / 8 KV heads of 128): decode, extend over cached prefixes, mixed batches with two requests sharing prefix pages
   (the radix cache's reuse), page sizes 1 and 16, both pool layouts;
+* the same over an FP8 KV cache (E4M3 / E5M2, random per-layer scales: FlashInfer's run() gets the layer's k_scale
+  and v_scale);
 * a model runner on FlashInfer against torch_native with the reference ops (random 2-layer Llama, bf16), and its
   CUDA-graph decode replays (re-planned per replay) against eager decode on the same runner;
 * (extended) the Llama-3.1-8B config with dummy weights served with ``--attention-backend flashinfer``.
@@ -20,7 +22,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), os.path.join(os.path.dirname(HERE), "unit"), HERE]
-from conftest import shared_path  # noqa: E402
+from conftest import gpu_tiered, shared_path  # noqa: E402
 
 GRAPH_BF16_TOL = 2e-2  # graph vs eager on one runner, bf16: only the split-KV schedule differs
 
@@ -68,6 +70,28 @@ def test_flashinfer_backend_equals_torch_native(page_size, layout):
                           device="cuda")
         fb = check_against_torch_native(case, backend, torch.bfloat16)
         assert fb.attn_metadata.planned and fb.attn_metadata.decode == all(e == 1 for e in extend)
+
+
+@pytest.mark.parametrize("kv", gpu_tiered(["e4m3", "e5m2"]))
+def test_flashinfer_backend_reads_fp8_kv(kv):
+    """``--kv-cache-dtype fp8_*`` on FlashInfer at the Llama-3.1-8B per-rank head shape: decode, extend over cached
+    prefixes and mixed batches over an FP8 pool with random per-layer scales equal the torch_native reference (which
+    dequantizes the gathered FP8 values) on fresh random inputs, and the new K/V are stored as the same FP8 bytes."""
+    _flashinfer()
+    from paged_attention_cases import check_against_torch_native
+
+    from sglang.srt.layers.attention import create_attention_backend
+    from sglang.test.kv_cases import paged_case
+
+    kv_dtype = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[kv]
+    backend = create_attention_backend("flashinfer")
+    seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
+    print(f"seed {seed}")
+    for i, (prefix, extend) in enumerate((([300, 17, 1024, 1], [1, 1, 1, 1]), ([0, 515, 64], [600, 200, 33]),
+                                          ([256, 0, 900, 31], [1, 77, 1, 1]))):
+        c = paged_case(seed + i, prefix, extend, 32, 8, 128, kv_dtype, torch.bfloat16, 16, device="cuda")
+        fb = check_against_torch_native((c.q, c.k, c.v, c.layer, c.make_batch), backend, torch.bfloat16)
+        assert fb.attn_metadata.planned and fb.token_to_kv_pool.dtype == kv_dtype
 
 
 @pytest.mark.gpu

@@ -22,8 +22,12 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "python"))
 sys.path.insert(0, str(REPO / "test"))
 sys.path.insert(0, str(REPO / "test" / "gpu"))
+from conftest import gpu_tiered  # noqa: E402
 
-pytestmark = pytest.mark.gpu
+# Tiers (test/conftest.py): one case per kernel path in the smoke selection (-m gpu) -- activation quantization,
+# per-channel GEMM (layer path, _scaled_mm and the Triton W8A8 GEMM), block GEMM, fused MoE per-channel and block, one
+# graph-vs-eager model, the pool growth; the other shapes, the skinny-GEMM candidates, the static MoE scheme, the
+# autotune and the other architectures are gpu_extended.
 DEV = "cuda"
 GEMM_TOL = 1.6e-2  # two bf16 roundings (2^-8 each) of the output scale, plus fp32 reassociation
 GRAPH_TOL = 2e-2  # graph vs eager on one runner (same kernels; the GEMM row count may differ by padding)
@@ -49,7 +53,7 @@ def _close(a: torch.Tensor, b: torch.Tensor, tol: float = GEMM_TOL) -> None:
 
 
 # ---- kernels -------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("m,k", [(1, 4096), (77, 1000), (300, 14336)])
+@pytest.mark.parametrize("m,k", gpu_tiered([(77, 1000), (1, 4096), (300, 14336)]))
 def test_activation_quantization_bitwise(m, k):
     from sgl_kernel.triton import fp8
 
@@ -65,8 +69,8 @@ def test_activation_quantization_bitwise(m, k):
         assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8))
 
 
-@pytest.mark.parametrize("m", [1, 33, 512])
-@pytest.mark.parametrize("n,k", [(6144, 4096), (344, 172)])
+@pytest.mark.parametrize("m,n,k", gpu_tiered([(33, 6144, 4096), (1, 6144, 4096), (512, 6144, 4096), (1, 344, 172),
+                                               (33, 344, 172), (512, 344, 172)]))
 def test_per_channel_linear_paths(m, n, k):
     """The layer's per-channel path (``torch._scaled_mm`` row-wise where the shape allows, else the Triton W8A8
     GEMM), dynamic and static activations, with bias, vs the emulating reference; and the Triton GEMM directly."""
@@ -87,8 +91,8 @@ def test_per_channel_linear_paths(m, n, k):
                fp8_ref.w8a8_scaled_gemm_ref(xq, xs, wq, ws, bias))
 
 
-@pytest.mark.parametrize("m", [1, 64, 513])
-@pytest.mark.parametrize("rows_per_scale", [128, 1])
+@pytest.mark.parametrize("m,rows_per_scale", gpu_tiered([(64, 128), (1, 128), (513, 128), (1, 1), (64, 1),
+                                                         (513, 1)]))
 def test_block_linear(m, rows_per_scale):
     """128 x 128 block scales (compact, and expanded per row) through the Triton GEMM vs the reference."""
     from sglang.srt.layers.quantization import fp8_ops, fp8_ref
@@ -102,6 +106,7 @@ def test_block_linear(m, rows_per_scale):
     _close(got, fp8_ref.fp8_linear_ref(x, wq, ws, None, (128, 128), rows_per_scale))
 
 
+@pytest.mark.gpu_extended
 @pytest.mark.parametrize("m", [1, 7, 32, 128])
 def test_skinny_fp8_gemm_every_candidate(m):
     """Every config the decode-GEMM tuner may time for FP8 (split-K or not) equals the weight-only reference."""
@@ -120,8 +125,9 @@ def test_skinny_fp8_gemm_every_candidate(m):
         _close(skinny_fp8_gemm(x, wq, ws, bias, **cfg.kwargs()), want)
 
 
-@pytest.mark.parametrize("mode", ["per-channel", "static", "block"])
-@pytest.mark.parametrize("tokens", [1, 64, 700])
+@pytest.mark.parametrize("mode,tokens", gpu_tiered(
+    [("per-channel", 64), ("block", 64)] + [(m, t) for m in ("per-channel", "static", "block") for t in (1, 64, 700)
+                                             if (m, t) not in (("per-channel", 64), ("block", 64))], smoke=2))
 def test_fused_moe_fp8(mode, tokens):
     from sgl_kernel.triton.moe import fused_moe_fp8
 
@@ -205,6 +211,7 @@ def load_random(model: torch.nn.Module, seed: int) -> None:
             p.copy_(x.to(p.dtype))
 
 
+@pytest.mark.gpu_extended
 def test_decode_gemm_autotune_covers_fp8_layers():
     """autotune() times FP8 shapes (W8A8 path vs the weight-only streaming kernel), install() hands the table over,
     and each layer then returns exactly what its entry names, within tolerance of the emulating reference."""
@@ -259,12 +266,14 @@ BLOCK_QC = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block
 STATIC_QC = {"quant_method": "fp8", "activation_scheme": "static"}
 
 
-@pytest.mark.parametrize("arch,qc", [("llama", None), ("mixtral", None), ("qwen3_moe", BLOCK_QC),
-                                     ("qwen2", STATIC_QC)])
-def test_cuda_graph_decode_with_fp8_weights_matches_eager(arch, qc, tmp_path):
+@pytest.mark.parametrize("arch,qc,kv_cache_dtype", gpu_tiered([
+    ("llama", None, "fp8_e4m3"), ("llama", None, "auto"), ("mixtral", None, "auto"), ("qwen3_moe", BLOCK_QC, "auto"),
+    ("qwen2", STATIC_QC, "auto")]))
+def test_cuda_graph_decode_with_fp8_weights_matches_eager(arch, qc, kv_cache_dtype, tmp_path):
     """A bf16 runner with FP8 weights (--quantization fp8, or the checkpoint's scheme), CUDA graphs and the
     decode-GEMM table: decode batches replayed from graphs equal the same runner's eager forward (same kernels), and
-    the greedy tokens agree."""
+    the greedy tokens agree. The smoke case also stores the KV cache in FP8 (``--kv-cache-dtype fp8_e4m3``: both FP8
+    features in one runner, the FP8 attention kernels captured in the graphs)."""
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.server_args import ServerArgs
@@ -273,10 +282,13 @@ def test_cuda_graph_decode_with_fp8_weights_matches_eager(arch, qc, tmp_path):
     path = _fp8_config_dir(tmp_path, arch, qc)
     args = ServerArgs(model_path=path, load_format="dummy", dtype="bfloat16", device="cuda",
                       attention_backend="triton", max_total_tokens=8192, max_running_requests=32,
-                      cuda_graph_max_bs=16, quantization="fp8" if qc is None else None)
+                      cuda_graph_max_bs=16, quantization="fp8" if qc is None else None,
+                      kv_cache_dtype=kv_cache_dtype)
     runner = ModelRunner(ModelConfig.from_path(path, None, "bfloat16", "cuda"), args, "cuda")
     qkv = runner.model.model.layers[0].self_attn.qkv_proj
     assert qkv.weight.dtype == torch.float8_e4m3fn and runner.cuda_graph_runner is not None
+    want_kv = torch.float8_e4m3fn if kv_cache_dtype == "fp8_e4m3" else torch.bfloat16
+    assert runner.token_to_kv_pool.dtype == want_kv
     load_random(runner.model, seed=5)
     drv = Driver(runner)
     gen = torch.Generator().manual_seed(3)
@@ -293,6 +305,7 @@ def test_cuda_graph_decode_with_fp8_weights_matches_eager(arch, qc, tmp_path):
         assert torch.equal(graph.argmax(-1), eager.argmax(-1)), f"batch {size}"
 
 
+@pytest.mark.gpu
 def test_kv_pool_grows_with_fp8_weights(tmp_path):
     """Llama-3.1-8B's shapes with 8 layers, dummy weights: with --quantization fp8 the KV pool (sized from the free
     memory after loading) holds at least 80% of the tokens the saved weight bytes pay for. The bf16 runner goes

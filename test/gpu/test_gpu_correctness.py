@@ -83,14 +83,14 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
 
 
 def make_runner(path: str, backend: str, dtype: str, device: str, graphs: bool = False, max_bs: int = 16,
-                seed: int = 1):
+                seed: int = 1, kv_cache_dtype: str = "auto"):
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.server_args import ServerArgs
 
     args = ServerArgs(model_path=path, load_format="dummy", dtype=dtype, device=device.split(":")[0],
                       attention_backend=backend, max_total_tokens=8192, max_running_requests=32,
-                      disable_cuda_graph=not graphs, cuda_graph_max_bs=max_bs)
+                      disable_cuda_graph=not graphs, cuda_graph_max_bs=max_bs, kv_cache_dtype=kv_cache_dtype)
     mc = ModelConfig.from_path(path, None, dtype, device.split(":")[0])
     runner = ModelRunner(mc, args, device)
     randomize(runner.model, seed)
@@ -262,10 +262,12 @@ def compare_backends(path: str, device: str, test_backend: str = "triton", dtype
             "backend_class": type(test.runner.attn_backend).__name__}
 
 
-def compare_graphs(path: str, dtype: str = "float32", max_bs: int = 16, device: str = "cuda") -> dict:
+def compare_graphs(path: str, dtype: str = "float32", max_bs: int = 16, device: str = "cuda",
+                   kv_cache_dtype: str = "auto") -> dict:
     """Decode batches of several sizes on a graph runner: replay vs eager on the same runner and vs a
-    second runner without graphs. Returns {"replayed": padded sizes replayed, "eager_steps": n, "worst": r}."""
-    g_runner = make_runner(path, "triton", dtype, device, graphs=True, max_bs=max_bs)
+    second runner without graphs (both with ``--kv-cache-dtype kv_cache_dtype``). Returns {"replayed": padded sizes
+    replayed, "eager_steps": n, "worst": r}."""
+    g_runner = make_runner(path, "triton", dtype, device, graphs=True, max_bs=max_bs, kv_cache_dtype=kv_cache_dtype)
     assert g_runner.cuda_graph_runner is not None, "CUDA graphs were not captured (see the log)"
     gr = g_runner.cuda_graph_runner
     assert gr.batch_sizes == [1, 2, 4, 8, 16][: len(gr.batch_sizes)] and gr.max_bs == max_bs
@@ -278,7 +280,7 @@ def compare_graphs(path: str, dtype: str = "float32", max_bs: int = 16, device: 
 
     gr.replay = spy
     drv = Driver(g_runner)
-    other = Driver(make_runner(path, "triton", dtype, device, graphs=False))
+    other = Driver(make_runner(path, "triton", dtype, device, graphs=False, kv_cache_dtype=kv_cache_dtype))
     gen = torch.Generator().manual_seed(3)
     rids = [f"r{i}" for i in range(20)]
     prompts = [(rid, torch.randint(3, VOCAB, (int(torch.randint(5, 40, (1,), generator=gen)),),

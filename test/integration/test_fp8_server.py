@@ -1,6 +1,14 @@
-"""FP8 weights end to end on CPU: ``--quantization fp8`` and FP8 checkpoints (detected from config.json) serve the
-greedy tokens of the same model run in this process (TP 1), also with ``--tp 2`` (gloo ranks, one per process) and
-expert parallelism; unsupported flags and checkpoints are refused before any worker starts, naming the field.
+"""FP8 weights end to end on CPU: FP8 checkpoints (detected from config.json) served at TP 1 and at TP 2 x EP 2
+give the greedy tokens of the same model run in this process (TP 1); every FP8 scheme (online ``--quantization fp8``,
+per-tensor static, 128 x 128 and 2 x 2 block-wise, dense and MoE) sharded over TP 2 gloo ranks (one per process) gives
+the TP 1 tokens; unsupported flags and checkpoints are refused before any worker starts, naming the field.
+``--quantization fp8`` served at TP 1 (together with ``--kv-cache-dtype fp8_e4m3``) is checked by
+``test_fp8_kv_server.py``.
+
+Cost: two servers, started side by side, and one pair of rank processes for the four TP 2 schemes (the server stack
+is the same for every scheme; what differs is the sharding of the weights and scales, which the ranks run); the
+refusals run ``launch_server.main`` in this process with worker spawning replaced by a failure, i.e. the launcher's
+own checks up to the point where workers would start.
 
 Exactness under TP: the per-tensor checkpoint's static activation scales and the block checkpoint's per-token 1 x
 ``block_k`` groups (each group inside one rank's columns) quantize every activation as TP 1 does, so TP 2 differs from
@@ -13,8 +21,8 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
-import subprocess
 import sys
 import time
 
@@ -22,9 +30,11 @@ import pytest
 import requests
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path[:0] = [os.path.dirname(HERE), os.path.join(os.path.dirname(HERE), "unit")]
 from conftest import shared_path  # noqa: E402
-from server_utils import ENV, ServerProcess  # noqa: E402
+from server_utils import free_port, start_all, stop_all  # noqa: E402
+
+pytestmark = pytest.mark.timeout(600)
 
 # the shared prompts, and two on which FP8 changes the fp32 model's greedy continuation
 PROMPTS = ["Once upon a time", "The little dog", "Lily and Tom went to the park. They", "One day, a bird",
@@ -80,35 +90,60 @@ def ckpts(tmp_path_factory):
     return out
 
 
-SERVERS = {  # id -> (checkpoint key, extra flags, --quantization for the in-process reference)
-    "online-tp1": ("dense", ["--quantization", "fp8"], "fp8"),
-    "block128-tp1": ("dense-block128", [], None),
-    "online-tp2": ("dense", ["--quantization", "fp8", "--tp", "2"], "fp8"),
-    "static-tp2": ("dense-static", ["--tp", "2"], None),
-    "block2-tp2": ("dense-block2", ["--tp", "2"], None),
-    "moe-block2-tp2": ("moe-block2", ["--tp", "2"], None),
-    "moe-static-tp2-ep2": ("moe-static", ["--tp", "2", "--ep-size", "2"], None),
+SERVERS = {  # id -> (checkpoint key, extra flags)
+    "block128-tp1": ("dense-block128", []),
+    "moe-static-tp2-ep2": ("moe-static", ["--tp", "2", "--ep-size", "2"]),
+}
+TP2_JOBS = {  # id -> (checkpoint key, ep_size, --quantization): run on two gloo ranks
+    "online-tp2": ("dense", 1, "fp8"),
+    "static-tp2": ("dense-static", 1, None),
+    "block2-tp2": ("dense-block2", 1, None),
+    "moe-block2-tp2": ("moe-block2", 1, None),
 }
 
 
-@pytest.fixture(scope="module", params=sorted(SERVERS))
-def server(request, ckpts):
-    key, flags, quant = SERVERS[request.param]
-    path = ckpts[key]
-    with ServerProcess(["--model-path", path, "--device", "cpu", "--chunked-prefill-size", "16", *flags]) as s:
-        s.model_path, s.quantization, s.name = path, quant, request.param
-        yield s
+@pytest.fixture(scope="module")
+def servers(ckpts):
+    """Both servers of :data:`SERVERS`, started side by side (all stopped if one fails)."""
+    started = start_all({k: ["--model-path", ckpts[key], "--device", "cpu", "--chunked-prefill-size", "16", *flags]
+                         for k, (key, flags) in SERVERS.items()})
+    try:
+        yield started
+    finally:
+        stop_all(started.values())
 
 
-def test_fp8_server_gives_the_in_process_tokens(server):
+@pytest.mark.parametrize("name", sorted(SERVERS))
+def test_fp8_server_gives_the_in_process_tokens(servers, ckpts, name):
+    """A batch of the prompts (chunked prefill of 16 tokens) gives each prompt's TP 1 in-process greedy tokens; the
+    checkpoint's scheme was detected without ``--quantization``."""
+    server, path = servers[name], ckpts[SERVERS[name][0]]
     params = {"temperature": 0, "max_new_tokens": N_NEW, "ignore_eos": True}
     r = requests.post(server.url + "/generate", json={"text": PROMPTS, "sampling_params": params}, timeout=300)
     assert r.status_code == 200, r.text
     for prompt, out in zip(PROMPTS, r.json()):
-        assert out["output_ids"] == in_process_greedy(server.model_path, server.quantization, prompt), \
-            (server.name, prompt)
+        assert out["output_ids"] == in_process_greedy(path, None, prompt), (name, prompt)
     info = requests.get(server.url + "/get_server_info", timeout=30).json()
-    assert info["quantization"] == server.quantization
+    assert info["quantization"] is None
+
+
+def test_every_fp8_scheme_at_tp2_gives_the_tp1_tokens(ckpts):
+    """Online (``--quantization fp8``), per-tensor static, 2 x 2 block-wise dense and MoE checkpoints, each sharded
+    over two gloo ranks (one process each): every rank's greedy tokens equal the TP 1 in-process tokens."""
+    from sglang.srt.utils.common import get_tokenizer
+    from tp_worker import spawn_ranks, tp_greedy_tokens
+
+    names = sorted(TP2_JOBS)
+    jobs = []
+    for n in names:
+        key, ep, quant = TP2_JOBS[n]
+        tok = get_tokenizer(ckpts[key])
+        jobs.append((ckpts[key], ep, quant, [tok.encode(p) for p in PROMPTS]))
+    results = spawn_ranks(tp_greedy_tokens, 2, jobs, N_NEW, timeout=300)
+    for rank, per_rank in enumerate(results):
+        for name, (path, _, quant, _), got in zip(names, jobs, per_rank):
+            for prompt, toks in zip(PROMPTS, got):
+                assert toks == in_process_greedy(path, quant, prompt), (name, rank, prompt)
 
 
 def test_fp8_tokens_differ_from_the_model_dtype_somewhere(ckpts):
@@ -121,9 +156,32 @@ def test_fp8_tokens_differ_from_the_model_dtype_somewhere(ckpts):
         assert sum(a == b for a, b in zip(fp8, fp32)) >= 3, key  # and most prompts agree
 
 
-def _launch(args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "sglang.launch_server", "--device", "cpu", "--port", "1", *args],
-                          capture_output=True, text=True, timeout=timeout, env=ENV)
+def _launch_in_process(args: list[str], monkeypatch, caplog) -> tuple[int, str]:
+    """``python -m sglang.launch_server`` run in this process (its ``main``) with worker spawning replaced by a failure
+    (a check that let the launch reach its workers fails the test instead of starting them); returns (exit code,
+    logged text)."""
+    import sglang.srt.entrypoints.launch as launch
+    from sglang import launch_server
+
+    def no_worker(*_a, **_k):
+        raise AssertionError("a worker was started")
+
+    monkeypatch.setattr(launch, "_start_local", no_worker)
+    monkeypatch.setattr(launch, "launch_ray_workers", no_worker, raising=False)
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)  # main() reconfigures the root logger (basicConfig(force=True))
+    log = logging.getLogger("sglang.launch_server")
+    log.addHandler(caplog.handler)
+    try:
+        code = launch_server.main(["--device", "cpu", "--port", str(free_port()), *args])
+    finally:
+        log.removeHandler(caplog.handler)
+        for h in list(root.handlers):
+            root.removeHandler(h)
+        for h in saved[0]:
+            root.addHandler(h)
+        root.setLevel(saved[1])
+    return code, caplog.text
 
 
 def _copy_with_config(src: str, dst, edit) -> str:
@@ -142,7 +200,7 @@ def _copy_with_config(src: str, dst, edit) -> str:
 
 
 @pytest.mark.parametrize("case", ["flag", "quant_method", "weight_block_size", "block_cut"])
-def test_unsupported_quantization_fails_before_any_worker(case, ckpts, tmp_path):
+def test_unsupported_quantization_fails_before_any_worker(case, ckpts, tmp_path, monkeypatch, caplog):
     """Exit code 2 (a bad flag) or 1 (the checkpoint / TP layout) within seconds, one message naming the flag or
     field and the fix, no worker started."""
     code = 1
@@ -159,8 +217,8 @@ def test_unsupported_quantization_fails_before_any_worker(case, ckpts, tmp_path)
     else:  # 128-row blocks, and TP 2 gives each rank 32 query rows
         args, want = ["--model-path", ckpts["dense-block128"], "--tp", "2"], "--tp-size"
     t0 = time.time()
-    p = _launch(args)
-    assert p.returncode == code, p.stderr[-2000:]
-    assert want in p.stderr, p.stderr[-2000:]
-    assert "started (pid" not in p.stderr and "Traceback" not in p.stderr
+    got, text = _launch_in_process(args, monkeypatch, caplog)
+    assert got == code, text[-2000:]
+    assert want in text, text[-2000:]
+    assert "Traceback" not in text
     assert time.time() - t0 < 60

@@ -106,13 +106,18 @@ class _Wrapper:
             self.fixed[1][: indices.shape[0]].copy_(indices)
             indices = self.fixed[1][: indices.shape[0]]
         self.p = dict(qo=qo_indptr, indptr=indptr.tolist(), indices=indices, last=last.tolist(), nh=nh, nkv=nkv,
-                      hd=hd, ps=ps, causal=causal, scale=sm_scale, q_dtype=q_data_type)
+                      hd=hd, ps=ps, causal=causal, scale=sm_scale, q_dtype=q_data_type, kv_dtype=kv_data_type)
         _Wrapper.plans.append((type(self).__name__, self.graph, len(last)))
 
-    def run(self, q, paged_kv_cache, out=None):
+    def run(self, q, paged_kv_cache, out=None, k_scale=None, v_scale=None):
+        """FP8 pages (``kv_data_type`` of the plan) are widened exactly; ``k_scale`` multiplies the softmax scale and
+        ``v_scale`` the output, as FlashInfer's run() documents (None: 1.0)."""
         p = self.p
         k_pages, v_pages = paged_kv_cache
         assert k_pages.shape[1:] == (p["ps"], p["nkv"], p["hd"]) and q.dtype == p["q_dtype"]
+        assert k_pages.dtype == v_pages.dtype == p["kv_dtype"]  # FlashInfer checks the planned KV dtype
+        self.last_scales = (k_scale, v_scale)
+        k_pages, v_pages = k_pages.float(), v_pages.float()
         bs = len(p["last"])
         qo = p["qo"].tolist() if p["qo"] is not None else list(range(bs + 1))
         group = p["nh"] // p["nkv"]
@@ -122,12 +127,13 @@ class _Wrapper:
             k = k_pages[pages].reshape(-1, p["nkv"], p["hd"])[:kv_len].float().repeat_interleave(group, 1)
             v = v_pages[pages].reshape(-1, p["nkv"], p["hd"])[:kv_len].float().repeat_interleave(group, 1)
             qr = q[qo[r]: qo[r + 1]].float()
-            s = torch.einsum("qhd,khd->hqk", qr, k) * p["scale"]
+            s = torch.einsum("qhd,khd->hqk", qr, k) * (p["scale"] * (1.0 if k_scale is None else k_scale))
             n = qr.shape[0]
             if p["causal"]:
                 allowed = torch.arange(kv_len)[None, :] <= (kv_len - n + torch.arange(n))[:, None]
                 s = s.masked_fill(~allowed[None], float("-inf"))
-            out[qo[r]: qo[r + 1]] = torch.einsum("hqk,khd->qhd", s.softmax(-1), v).to(out.dtype)
+            o = torch.einsum("hqk,khd->qhd", s.softmax(-1), v)
+            out[qo[r]: qo[r + 1]] = (o * (1.0 if v_scale is None else v_scale)).to(out.dtype)
         return out
 
 
@@ -199,3 +205,64 @@ def test_graph_replay_is_replanned_with_the_replayed_lengths(fake_flashinfer):
     fb.batch_size = 3
     with pytest.raises(ValueError, match="no captured, planned graph"):
         backend.plan_graph_replay(fb, lens[:3])
+
+
+# ------------------------------------------------------------------ FP8 KV cache
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_fp8_pool_is_read_with_the_layer_scales(fake_flashinfer, kv_dtype, page_size):
+    """``--kv-cache-dtype fp8_*`` with FlashInfer: the plan names the FP8 KV dtype, the run gets the layer's
+    (non-unit, per-layer) K/V scales, and the outputs equal torch_native's dequantized reference on the same FP8
+    bytes for decode, extend-with-prefix and mixed batches; the new K/V are stored by the same rule (identical
+    pools). A BF16 pool passes no scales."""
+    from sglang.test.kv_cases import paged_case as kv_case
+
+    backend = create_attention_backend("flashinfer")
+    for seed, (prefix, extend) in enumerate((([37, 0, 5], [1, 1, 1]), ([0, 21, 3], [40, 19, 3]),
+                                             ([48, 9], [30, 1]))):
+        case = kv_case(seed + page_size, prefix, extend, 8, 2, 16, kv_dtype, torch.bfloat16, page_size=page_size)
+        fb = _check((case.q, case.k, case.v, case.layer, case.make_batch), backend, torch.bfloat16)
+        w = fb.attn_metadata.wrapper
+        li = case.layer.layer_id
+        assert w.p["kv_dtype"] == kv_dtype and w.last_scales == (case.scales.k[li], case.scales.v[li])
+        assert case.scales.k[li] != 1.0 and case.scales.v[li] != 1.0
+    bf16 = kv_case(3, [5], [1], 8, 2, 16, torch.bfloat16, torch.bfloat16)
+    fb = _check((bf16.q, bf16.k, bf16.v, bf16.layer, bf16.make_batch), backend, torch.bfloat16)
+    assert fb.attn_metadata.wrapper.last_scales == (None, None)
+
+
+def test_fp8_scales_are_not_ignored(fake_flashinfer, monkeypatch):
+    """The check above can fail: a run() that drops the scales misses torch_native's output by far more than the
+    tolerance."""
+    from sglang.test.kv_cases import paged_case as kv_case
+
+    case = kv_case(11, [40, 7], [1, 1], 8, 2, 16, torch.float8_e4m3fn, torch.bfloat16)
+    args = (case.q, case.k, case.v, case.layer, case.make_batch)
+    backend = create_attention_backend("flashinfer")
+    _check(args, backend, torch.bfloat16)
+    run = _Wrapper.run
+    monkeypatch.setattr(_Wrapper, "run", lambda self, q, kv, out=None, **kw: run(self, q, kv, out=out))
+    with pytest.raises(AssertionError, match="max abs err"):
+        _check(args, create_attention_backend("flashinfer"), torch.bfloat16)
+
+
+def test_fp8_fused_rope_store_quantizes_with_the_layer_scales(fake_flashinfer):
+    """The model's path (RoPE handed to the backend): FlashInfer rotates and stores K/V in one call, an FP8 pool
+    quantized with the layer's scales, giving the same pool bytes and outputs as RoPE first + torch_native."""
+    from sglang.srt.layers.rotary_embedding import get_rope
+    from sglang.test.kv_cases import paged_case as kv_case
+
+    case = kv_case(21, [0, 13], [9, 4], 8, 2, 16, torch.float8_e4m3fn, torch.bfloat16, page_size=16)
+    rot = get_rope(16, 16, 64, 10000.0)
+    pos = torch.tensor(list(range(9)) + list(range(13, 17)))
+    backend = create_attention_backend("flashinfer")
+    fb = case.make_batch(backend)
+    out = backend.forward(case.q.clone(), case.k, case.v, case.layer, fb, rope=(pos, rot))
+    ref_fb = case.make_batch(TorchNativeAttnBackend())
+    rq, rk = rot(pos, case.q.clone(), case.k.clone())
+    ref = ref_fb.attn_backend.forward(rq, rk, case.v, case.layer, ref_fb)
+    li = case.layer.layer_id
+    for a, b in ((fb.token_to_kv_pool.get_key_buffer(li), ref_fb.token_to_kv_pool.get_key_buffer(li)),
+                 (fb.token_to_kv_pool.get_value_buffer(li), ref_fb.token_to_kv_pool.get_value_buffer(li))):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    assert (out.float() - ref.float()).abs().max().item() <= 2e-2 * max(1.0, ref.float().abs().max().item())

@@ -149,7 +149,7 @@ def test_plan_rejects_bad_input():
     with pytest.raises(ValueError, match="tokens need"):
         plan_kv_reads(r, l, [1], [1], num_tokens=5)
     bkv, _ = _pool(8, 4, heads=2, seed=3, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="dtypes differ"):
+    with pytest.raises(ValueError, match="formats differ"):
         plan_kv_reads(r, bkv.describe(), [1], [1])
     with pytest.raises(ValueError, match="not divisible"):
         tp_head_range(6, 4, 0)

@@ -35,8 +35,9 @@ class _Backend:
 LAYOUTS = ("layer_major", "token_major")
 
 
-def _pool(tp: int, page: int, slots: int = 64, layout: str = "layer_major") -> MHATokenToKVPool:
-    return MHATokenToKVPool(slots, page, torch.float32, HEADS // tp if tp <= HEADS else 1, HD, LAYERS, "cpu", layout)
+def _pool(tp: int, page: int, slots: int = 64, layout: str = "layer_major", dtype=torch.float32,
+          scales=None) -> MHATokenToKVPool:
+    return MHATokenToKVPool(slots, page, dtype, HEADS // tp if tp <= HEADS else 1, HD, LAYERS, "cpu", layout, scales)
 
 
 def _infos(pools, tp: int) -> list[dict]:
@@ -44,10 +45,11 @@ def _infos(pools, tp: int) -> list[dict]:
              "kv": p.describe().to_dict()} for r, p in enumerate(pools)]
 
 
-def _run(p_tp, d_tp, p_page, d_page, src_slots, dst_slots, full, p_layout="layer_major", d_layout="layer_major"):
+def _run(p_tp, d_tp, p_page, d_page, src_slots, dst_slots, full, p_layout="layer_major", d_layout="layer_major",
+         dtype=torch.float32, scales=None):
     """Stage + unstage on every decode rank; returns (decode pools, READs after coalescing per decode rank)."""
-    src_pools = [_pool(p_tp, p_page, layout=p_layout) for _ in range(p_tp)]
-    dst_pools = [_pool(d_tp, d_page, layout=d_layout) for _ in range(d_tp)]
+    src_pools = [_pool(p_tp, p_page, layout=p_layout, dtype=dtype, scales=scales) for _ in range(p_tp)]
+    dst_pools = [_pool(d_tp, d_page, layout=d_layout, dtype=dtype, scales=scales) for _ in range(d_tp)]
     for r, pool in enumerate(src_pools):
         lo, hi = kv_head_range(r, p_tp, HEADS)
         pool.kv_layer_view[:, :, src_slots] = full[:, :, :, lo:hi]
@@ -99,6 +101,24 @@ def test_contiguous_prefill_slots_coalesce(p_tp, d_tp, sources, layout):
         lo, hi = kv_head_range(d, d_tp, HEADS)
         torch.testing.assert_close(pool.kv_layer_view[:, :, list(range(63, 63 - 3 * n, -3))], full[:, :, :, lo:hi],
                                    rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("p_tp,d_tp", [(1, 2), (2, 1), (2, 4)])
+def test_staged_fp8_pools_move_their_bytes(p_tp, d_tp):
+    """FP8 KV (one byte per element, per-layer scales in the descriptors): the staging chunk carries the source's
+    format, so staged pulls between TP sizes plan and move exactly the source bytes."""
+    from sglang.srt.mem_cache.kv_quant import KVScales
+
+    n = 11
+    full = torch.randint(0, 126, (LAYERS, 2, n, HEADS, HD), dtype=torch.uint8)  # any FP8 byte but NaN
+    scales = KVScales((0.5, 0.25, 0.125), (1.0, 2.0, 4.0), "checkpoint")
+    dst_slots = list(range(40, 40 + 2 * n, 2))
+    pools, reads = _run(p_tp, d_tp, 1, 16, list(range(1, n + 1)), dst_slots, full, dtype=torch.float8_e4m3fn,
+                        scales=scales)
+    assert all(r > 0 for r in reads)
+    for d, pool in enumerate(pools):
+        lo, hi = kv_head_range(d, d_tp, HEADS)
+        assert torch.equal(pool.kv_layer_view[:, :, dst_slots], full[:, :, :, lo:hi])
 
 
 def test_same_heads_need_no_staging():

@@ -25,7 +25,9 @@ NAMES = ("decode_split_rows_2", "decode_split_rows_direct", "decode_split_legacy
          "rope_kv_store_neox", "rope_kv_store_gptj", "rope_neox", "skinny_gemm",
          "rmsnorm_add", "rmsnorm_add_pdl", "rope_kv_store_neox_pdl", "decode_split_rows_direct_pdl", "skinny_gemm_pdl",
          "splitk_add_rmsnorm", "splitk_add_rmsnorm_pdl", "skinny_silu", "skinny_silu_pdl",
-         "decode_split_balanced_direct", "decode_split_balanced_4", "decode_reduce_balanced")
+         "decode_split_balanced_direct", "decode_split_balanced_4", "decode_reduce_balanced",
+         "decode_split_rows_direct_fp8", "decode_split_rows_2_fp8", "extend_fp8", "rope_kv_store_neox_fp8",
+         "decode_split_balanced_direct_fp8", "decode_split_balanced_4_fp8")
 
 
 @pytest.fixture(scope="module")
@@ -122,3 +124,20 @@ def test_skinny_silu_streams_both_strips_with_pipelined_copies(aot_report, name)
     assert rep["cp_async16"] > 0 and rep["scalar_b16_loads"] == 0, rep
     if name.endswith("_pdl"):
         assert rep["l2_prefetch_before_wait"] >= 2 and rep["loads_before_wait"] == 0, rep
+
+
+@pytest.mark.parametrize("name", ["decode_split_rows_direct_fp8", "decode_split_rows_2_fp8", "extend_fp8",
+                                  "decode_split_balanced_direct_fp8", "decode_split_balanced_4_fp8"])
+def test_fp8_kv_attention_streams_fp8_tiles_with_pipelined_copies(aot_report, name):
+    """FP8 KV cache: the decode / extend kernels copy the one-byte K/V tiles to shared memory with 16-byte async
+    copies (16 elements each) and need less shared memory than their BF16 twins (the tiles are half the bytes)."""
+    rep, bf16 = aot_report[name], aot_report[name.replace("_fp8", "")]
+    assert rep["cp_async16"] > 0 and rep["scalar_b16_loads"] == 0 and rep["atom_acq_rel_gpu"] == 0
+    assert rep["shared"] < bf16["shared"]
+
+
+def test_fp8_kv_store_rounds_to_nearest_even_and_saturates(aot_report):
+    """The fused RoPE + FP8 KV store converts with ``cvt.rn.satfinite.e4m3x2.f32`` (the pool's rounding rule:
+    nearest even, saturated to +-448), and the BF16 variant has no FP8 conversion."""
+    assert aot_report["rope_kv_store_neox_fp8"]["fp8_satfinite_cvt"] > 0
+    assert aot_report["rope_kv_store_neox"]["fp8_satfinite_cvt"] == 0

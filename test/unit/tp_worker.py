@@ -65,6 +65,35 @@ def tp_models_logits(ps, jobs: list[tuple[str, int]]) -> list[list[torch.Tensor]
     return [tp_model_logits(ps, path, ep) for path, ep in jobs]
 
 
+def tp_greedy_tokens(ps, jobs: list[tuple[str, int, Optional[str], list[list[int]]]],
+                     n_new: int) -> list[list[list[int]]]:
+    """Rank body: for every ``(checkpoint path, ep_size, --quantization, prompts' token ids)`` job, load the checkpoint
+    sharded for this rank (an FP8 checkpoint's ``quantization_config`` is detected as the server does) and greedily
+    decode ``n_new`` tokens (EOS ignored) after each prompt, one request at a time; returns ``[job][prompt] -> token
+    ids``."""
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.distributed.communicator import create_communicator
+    from sglang.srt.model_loader.loader import load_model
+
+    comm = create_communicator(ps, "auto")
+    out = []
+    for path, ep_size, quantization, prompts in jobs:
+        config = ModelConfig.from_path(path)
+        model = load_model(config, "auto", "cpu", tp_rank=ps.tp_rank, tp_size=ps.tp_size, comm=comm,
+                           ep_size=ep_size, quantization=quantization)
+        per_prompt = []
+        for ids in prompts:
+            h = harness_for(model, config, ps.tp_size)
+            toks, new = [], list(ids)
+            for _ in range(n_new):
+                tok = int(torch.argmax(h.step([("r", new)])[0]))
+                toks.append(tok)
+                new = [tok]
+            per_prompt.append(toks)
+        out.append(per_prompt)
+    return out
+
+
 def tokenweave_logits(ps, path: str, dtype: str = "auto", sharded: bool = True,
                       stats: Optional[dict] = None) -> list[list[torch.Tensor]]:
     """Rank body: the checkpoint sharded for this rank with the tw-comm communicator (RS -> add+RMSNorm -> AG

@@ -37,6 +37,7 @@ class ServerArgs:
     load_format: str = "auto"  # auto | safetensors | dummy
     quantization: Optional[str] = None  # None | fp8 (an FP8 checkpoint's quantization_config is detected without it)
     dtype: str = "auto"  # auto | float32 | float16 | bfloat16
+    kv_cache_dtype: str = "auto"  # auto | bf16 | bfloat16 | fp8_e4m3 | fp8_e5m2 (SGLang's names; see mem_cache/kv_quant.py)
     device: str = "auto"  # auto | cpu | cuda
     context_length: Optional[int] = None
     trust_remote_code: bool = False
@@ -171,6 +172,11 @@ class ServerArgs:
             bad("dtype", self.dtype, "use auto, float32, float16 or bfloat16")
         if self.device not in ("auto", "cpu", "cuda"):
             bad("device", self.device, "use auto, cpu or cuda")
+        from sglang.srt.mem_cache.kv_quant import check_kv_cache_dtype
+
+        # ValueError naming the value and the supported ones; every attention backend (torch_native, triton,
+        # flashinfer) and the prefix-free extend paths read an FP8 cache with its scales
+        check_kv_cache_dtype(self.kv_cache_dtype)
         if self.schedule_policy not in ("fcfs", "lpm"):
             bad("schedule-policy", self.schedule_policy, "use fcfs or lpm")
         if self.mem_fraction_static is not None and not 0.0 < self.mem_fraction_static < 1.0:

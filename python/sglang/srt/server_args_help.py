@@ -16,6 +16,10 @@ SERVER_ARGS_HELP: dict[str, str] = {
     "(quantization_config with quant_method fp8 in its config.json) is detected and loaded as published without it.",
     "dtype": "Data type for model weights and activations: auto (FP16 for FP32/FP16 models, BF16 for BF16 models) "
     "| float32 | float16 | bfloat16.",
+    "kv_cache_dtype": "Data type for kv cache storage. \"auto\" will use model data type. \"bf16\" or \"bfloat16\" "
+    "for BF16 KV cache. \"fp8_e5m2\" and \"fp8_e4m3\" store K and V in FP8 with per-layer scales (the checkpoint's "
+    "k_scale/v_scale, else 1.0), twice the tokens of a BF16 cache in the same memory. SGLang's mxfp8 / nvfp4 / fp4 "
+    "formats are not supported here.",
     "device": "The device to use: auto | cpu | cuda (auto picks cuda when a GPU is visible).",
     "context_length": "The model's maximum context length. Defaults to None (will use the value from the model's "
     "config.json instead).",

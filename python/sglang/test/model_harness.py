@@ -35,6 +35,14 @@ class TinyKVPool:
         self.k[layer][loc] = k.to(self.k[layer].dtype)
         self.v[layer][loc] = v.to(self.v[layer].dtype)
 
+    def k_scale(self, layer: int) -> float:
+        """1.0: this pool stores unscaled values (the FP8 KV scales contract of ``MHATokenToKVPool``)."""
+        return 1.0
+
+    def v_scale(self, layer: int) -> float:
+        """1.0 (see :meth:`k_scale`)."""
+        return 1.0
+
 
 class TinyReqToTokenPool:
     """``req_to_token`` int32 ``[num_reqs, max_len]``: the KV slot of each token of each request row."""
@@ -60,14 +68,23 @@ class ModelHarness:
     """
 
     def __init__(self, model, config, max_reqs: int = 8, max_len: int = 96, seed: int = 0, device: str = "cpu",
-                 attention_backend: str = "torch_native"):
+                 attention_backend: str = "torch_native", kv_cache_dtype=None, kv_scales=None):
         """``attention_backend``: ``torch_native`` (the per-request reference, over a :class:`TinyKVPool`) or
         ``triton`` (the server's GPU backend, over a real :class:`MHATokenToKVPool`; CUDA, or CPU under
-        ``TRITON_INTERPRET=1``). Raises ValueError for another name."""
+        ``TRITON_INTERPRET=1``). ``kv_cache_dtype`` (a torch dtype, e.g. ``torch.float8_e4m3fn``) with optional
+        ``kv_scales`` (:class:`~sglang.srt.mem_cache.kv_quant.KVScales`): a real :class:`MHATokenToKVPool` in that
+        format for either backend (default: the model's dtype). Raises ValueError for another backend name."""
         self.model, self.device = model, device
         self.num_layers = config.num_hidden_layers
         slots = max_reqs * max_len
-        if attention_backend == "torch_native":
+        if kv_cache_dtype is not None and attention_backend in ("torch_native", "triton"):
+            from sglang.srt.layers.attention import create_attention_backend
+            from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+            self.kv = MHATokenToKVPool(slots, 1, kv_cache_dtype, config.num_key_value_heads, config.head_dim,
+                                       config.num_hidden_layers, device, scales=kv_scales)
+            self.backend = create_attention_backend(attention_backend)
+        elif attention_backend == "torch_native":
             self.kv = TinyKVPool(config.num_hidden_layers, slots + 1, config.num_key_value_heads,
                                  config.head_dim, config.dtype, device)
             self.backend = TorchNativeAttnBackend()
@@ -112,7 +129,10 @@ class ModelHarness:
         pool = fb.token_to_kv_pool  # the tiny pool or a real MHATokenToKVPool a test swapped in
         for layer in range(self.num_layers):
             for buf in (pool.get_key_buffer(layer), pool.get_value_buffer(layer)):
-                buf[loc] = float("nan")
+                if buf.element_size() == 1:  # FP8 (a view of byte storage): 0x7F is NaN in E4M3FN and E5M2
+                    buf.view(torch.uint8)[loc] = 0x7F
+                else:
+                    buf[loc] = float("nan")
 
     def run(self, fb: ForwardBatch, executor=None, poison: bool = True) -> torch.Tensor:
         """Run a prepared batch (again: KV writes are idempotent) with ``executor`` or the plain forward.

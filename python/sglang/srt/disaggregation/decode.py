@@ -46,6 +46,7 @@ from sglang.srt.disaggregation.messages import (
 )
 from sglang.srt.disaggregation.slot_plan import assign_sources
 from sglang.srt.disaggregation.staging import Stager
+from sglang.srt.mem_cache.kv_descriptor import check_peer_ranks
 
 logger = logging.getLogger(__name__)
 
@@ -286,6 +287,11 @@ class DecodeConnector(BaseConnector):
             if r is None or r.state != "connect" or r.server not in self.servers:
                 continue
             srv = self.servers[r.server]
+            try:  # KV bytes move unconverted: the prefill side must store the same format (dtype, FP8 scales)
+                check_peer_ranks(self.agent.desc, srv.route["ranks"], "decode", "prefill")
+            except ValueError as e:
+                self._fail(r, f"refusing the prefill server {r.server[0]}:{r.server[1]}: {e}", notify=True)
+                continue
             try:
                 for info, _ in self._sources(srv):
                     self.agent.ensure_connected(info)

@@ -33,6 +33,7 @@ from sglang.srt.disaggregation.messages import Heartbeat, HeartbeatAck, RoomAbor
     RoomRequest
 from sglang.srt.disaggregation.push_room import DrainConfirms, PushDrain, plan_push
 from sglang.srt.disaggregation.slot_plan import readers_of
+from sglang.srt.mem_cache.kv_descriptor import check_peer_ranks
 
 logger = logging.getLogger(__name__)
 
@@ -261,6 +262,12 @@ class PrefillConnector(BaseConnector):
         if peer.mode != self.transfer_mode:
             self._finish(r, f"transfer mode mismatch: prefill runs --disaggregation-transfer-mode "
                             f"{self.transfer_mode}, decode {peer.mode}")
+            return
+        try:  # KV bytes move unconverted: the decode side must store the same format (dtype, FP8 scales)
+            if peer.decode_ranks:
+                check_peer_ranks(self.agent.desc, peer.decode_ranks, "prefill", "decode")
+        except ValueError as e:  # same on every rank (same RoomRequest)
+            self._finish(r, f"refusing the decode server: {e}", notify=True)
             return
         if self.transfer_mode == "pull":
             try:

@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from sglang.srt.mem_cache.kv_descriptor import KVRegionDescriptor
+from sglang.srt.mem_cache.kv_descriptor import KVRegionDescriptor, check_same_format
 
 
 def kv_head_range(rank: int, tp_size: int, total_kv_heads: int) -> tuple[int, int]:
@@ -118,8 +118,7 @@ def plan_slot_copies(src: KVRegionDescriptor, src_heads: tuple[int, int], src_sl
     for d in ("layer", "kv", "head_dim"):
         if src.size(d) != dst.size(d):
             raise ValueError(f"KV regions differ in {d}: {src.size(d)} vs {dst.size(d)}")
-    if src.itemsize != dst.itemsize or src.dtype != dst.dtype:
-        raise ValueError(f"KV dtypes differ: {src.dtype} vs {dst.dtype}")
+    check_same_format(src, dst, "source", "destination")  # dtype, element size, FP8 scales
     for d in (src, dst):
         if d.stride_bytes("head_dim") != d.itemsize or d.stride_bytes("head") != d.size("head_dim") * d.itemsize:
             raise ValueError("plan_slot_copies needs (head, head_dim) dense in each slot on both sides")

@@ -160,7 +160,8 @@ def plan_staged_reads(src: KVRegionDescriptor, src_heads: tuple[int, int], src_s
     extent["slot"] = t
     stage = KVRegionDescriptor(base_address=stage_addr, device=src.device, dtype=src.dtype, itemsize=src.itemsize,
                                dims=src.dims, shape=tuple(extent[d] for d in src.dims),
-                               strides=_dense_strides(src.dims, extent), page_size=1)
+                               strides=_dense_strides(src.dims, extent), page_size=1,
+                               k_scales=src.k_scales, v_scales=src.v_scales)  # the source's bytes, its format
     return plan_slot_copies(src, src_heads, src_slots, stage, src_heads, range(t), coalesce=False)
 
 

@@ -4,7 +4,8 @@ with one line that names the flag and the fix (instead of after the model loaded
 * :func:`check_port_free`: ``--host:--port`` can be bound (it was found busy only after the model loaded);
 * :func:`check_model_path`: ``--model-path`` (and ``--tokenizer-path``) is a local HF checkpoint folder
   (it was found wrong inside the scheduler process, 8-17 s later);
-* :func:`check_device`: ``--device cuda`` has a usable GPU (it ended in a 35-line traceback).
+* :func:`check_device`: ``--device cuda`` has a usable GPU (it ended in a 35-line traceback);
+* :func:`check_kv_cache`: an FP8 KV cache's checkpoint scales are well formed and E4M3 runs on this GPU.
 """
 
 from __future__ import annotations
@@ -82,6 +83,41 @@ def check_device(server_args: ServerArgs) -> None:
                      "there is one)")
 
 
+def check_kv_cache(server_args: ServerArgs) -> None:
+    """For an FP8 ``--kv-cache-dtype``: the checkpoint's KV scales are well formed (read from a local checkpoint's
+    safetensors headers, :func:`~sglang.srt.model_loader.kv_scales.read_kv_scales`), and ``fp8_e4m3`` does not run
+    the Triton or FlashInfer backend on a CUDA GPU older than sm_89 (both store K/V through the fused Triton RoPE +
+    KV-store kernel, and Triton converts to E4M3 only on Ada / Hopper and newer; E5M2 works from sm_80).
+
+    Raises:
+        ValueError: naming the malformed scale tensor and its file, or the GPU's compute capability and the
+            alternatives.
+    """
+    if server_args.kv_cache_dtype not in ("fp8_e4m3", "fp8_e5m2"):
+        return
+    path = server_args.model_path
+    if server_args.load_format != "dummy" and os.path.isfile(os.path.join(path, "config.json")):
+        import json
+
+        from sglang.srt.model_loader.kv_scales import read_kv_scales
+        from sglang.srt.model_loader.loader import safetensors_files
+
+        with open(os.path.join(path, "config.json")) as f:
+            layers = int(json.load(f).get("num_hidden_layers", 0))
+        if layers > 0:
+            read_kv_scales(safetensors_files(path), layers)
+    if server_args.kv_cache_dtype != "fp8_e4m3" or server_args.resolved_device != "cuda" \
+            or server_args.resolved_attention_backend not in ("triton", "flashinfer"):
+        return
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(server_args.base_gpu_id)
+    if (major, minor) < (8, 9):
+        raise ValueError(f"--kv-cache-dtype=fp8_e4m3 needs a GPU of compute capability >= 8.9 (Ada, Hopper) for the "
+                         f"Triton KV-store and attention kernels; GPU {server_args.base_gpu_id} is sm_{major}{minor}: use fp8_e5m2 "
+                         "or auto")
+
+
 def preflight(server_args: ServerArgs, serve_http: bool = True) -> None:
     """Every check above (the port only when this node serves HTTP), cheapest first.
 
@@ -92,3 +128,4 @@ def preflight(server_args: ServerArgs, serve_http: bool = True) -> None:
         check_port_free(server_args.host, server_args.port)
     check_model_path(server_args)
     check_device(server_args)
+    check_kv_cache(server_args)

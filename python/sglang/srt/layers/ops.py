@@ -114,31 +114,39 @@ def apply_rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_si
 
 def rope_and_store_kv_ref(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           cos_sin_cache: torch.Tensor, head_dim: int, is_neox_style: bool, k_buf: torch.Tensor,
-                          v_buf: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
+                          v_buf: torch.Tensor, loc: torch.Tensor, k_scale: float = 1.0,
+                          v_scale: float = 1.0) -> torch.Tensor:
     """Torch reference of :func:`rope_and_store_kv`: :func:`apply_rope_ref`, q overwritten with its rotation, then
-    ``k_buf[loc] = rotated k`` and ``v_buf[loc] = v`` (each rounded to its own dtype, then cast to the buffer's).
+    ``k_buf[loc] = rotated k`` and ``v_buf[loc] = v`` (each rounded to its own dtype, then cast to the buffer's; FP8
+    buffers quantized with ``k_scale`` / ``v_scale`` by :func:`~sglang.srt.mem_cache.kv_quant.quantize_kv`).
     k and v are not modified. Returns q."""
+    from sglang.srt.mem_cache.kv_quant import quantize_kv
+
     rq, rk = apply_rope_ref(positions, q, k, cos_sin_cache, head_dim, is_neox_style)
     q.copy_(rq)
     nkv = k_buf.shape[1]
-    k_buf[loc] = rk.reshape(-1, nkv, head_dim).to(k_buf.dtype)
-    v_buf[loc] = v.reshape(-1, nkv, head_dim).to(v_buf.dtype)
+    k_buf[loc] = quantize_kv(rk.reshape(-1, nkv, head_dim), k_scale, k_buf.dtype)
+    v_buf[loc] = quantize_kv(v.reshape(-1, nkv, head_dim), v_scale, v_buf.dtype)
     return q
 
 
 def rope_and_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       cos_sin_cache: torch.Tensor, head_dim: int, is_neox_style: bool, k_buf: torch.Tensor,
-                      v_buf: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
+                      v_buf: torch.Tensor, loc: torch.Tensor, k_scale: float = 1.0,
+                      v_scale: float = 1.0) -> torch.Tensor:
     """RoPE on q (in place) and k, and the KV-cache store of rotated k and v into slots ``loc``, in one kernel on CUDA
-    (:func:`sgl_kernel.triton.rope_kv_store.rope_and_store_kv`, whose docstring gives shapes and dtypes); the torch
-    reference :func:`rope_and_store_kv_ref` elsewhere or for rows that are not contiguous. Returns q.
+    (:func:`sgl_kernel.triton.rope_kv_store.rope_and_store_kv`, whose docstring gives shapes and dtypes; FP8 buffers
+    are quantized with the layer's ``k_scale`` / ``v_scale`` inside the kernel); the torch reference
+    :func:`rope_and_store_kv_ref` elsewhere or for rows that are not contiguous. Returns q.
     Raises:
         ValueError: shapes disagree (Triton path).
     """
     kern = _triton(q, "rope_kv_store")
     if kern is None or q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
-        return rope_and_store_kv_ref(positions, q, k, v, cos_sin_cache, head_dim, is_neox_style, k_buf, v_buf, loc)
-    return kern.rope_and_store_kv(positions, q, k, v, cos_sin_cache, head_dim, is_neox_style, k_buf, v_buf, loc)
+        return rope_and_store_kv_ref(positions, q, k, v, cos_sin_cache, head_dim, is_neox_style, k_buf, v_buf, loc,
+                                     k_scale, v_scale)
+    return kern.rope_and_store_kv(positions, q, k, v, cos_sin_cache, head_dim, is_neox_style, k_buf, v_buf, loc,
+                                  k_scale, v_scale)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, skinny: bool = False,

@@ -23,6 +23,7 @@ from sglang.srt.utils.tensor_transfer import host_to_device
 
 if TYPE_CHECKING:
     from sglang.srt.mem_cache.kv_descriptor import KVRegionDescriptor
+    from sglang.srt.mem_cache.kv_quant import KVScales
 
 logger = logging.getLogger(__name__)
 
@@ -54,17 +55,20 @@ class KVCache:
     @classmethod
     def create(cls, *, max_total_tokens: int, page_size: int, dtype: torch.dtype, head_num: int, head_dim: int,
                layer_num: int, req_rows: int, max_context_len: int, device: Union[str, torch.device],
-               disable_radix_cache: bool = False, layout: str = "layer_major") -> "KVCache":
+               disable_radix_cache: bool = False, layout: str = "layer_major",
+               scales: Optional["KVScales"] = None) -> "KVCache":
         """Allocate the pools for ``max_total_tokens`` KV slots of ``layer_num`` layers x ``head_num`` heads x
         ``head_dim`` in ``dtype`` on ``device``, plus ``req_rows`` request rows of ``max_context_len`` positions.
         ``layout``: the KV region's storage order (``"layer_major"`` or ``"token_major"``, see
-        :class:`~sglang.srt.mem_cache.memory_pool.MHATokenToKVPool`).
+        :class:`~sglang.srt.mem_cache.memory_pool.MHATokenToKVPool`). ``scales``: per-layer K/V scales of an FP8
+        ``dtype`` (``--kv-cache-dtype fp8_*``; None: 1.0).
 
         Raises:
-            ValueError: a non-positive size or an unknown layout (from the pools).
+            ValueError: a non-positive size, an unknown layout or scales that do not fit (from the pools).
         """
         r2t = ReqToTokenPool(req_rows, max_context_len, device)
-        pool = MHATokenToKVPool(max_total_tokens, page_size, dtype, head_num, head_dim, layer_num, device, layout)
+        pool = MHATokenToKVPool(max_total_tokens, page_size, dtype, head_num, head_dim, layer_num, device, layout,
+                                scales)
         return cls(r2t, pool, TokenToKVPoolAllocator(max_total_tokens, page_size, device), disable_radix_cache)
 
     # ---- capacity ------------------------------------------------------------------------------------

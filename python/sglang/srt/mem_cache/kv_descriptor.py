@@ -26,8 +26,9 @@ class KVRegionDescriptor:
     Attributes:
         base_address: address of the element at index 0 of every dim (host or device pointer, bytes).
         device: "cpu" or "cuda:N" (where the address is valid).
-        dtype: storage dtype name ("bfloat16", "float32", "uint8" for FP8 caches, ...).
-        itemsize: bytes per element.
+        dtype: the KV cache's dtype name ("bfloat16", "float32", "float8_e4m3fn", "float8_e5m2", ...; FP8 caches
+            are stored as bytes and named by their FP8 format, so E4M3 and E5M2 regions never look alike).
+        itemsize: bytes per element (what every byte range is computed with: 1 for FP8).
         dims: dimension names, outermost first (must contain :data:`REQUIRED_DIMS`).
         shape: size per dim; strides: elements per step along each dim.
         page_size: slots per page (the unit blocks are addressed in).
@@ -36,7 +37,11 @@ class KVRegionDescriptor:
             shape[head])``). Default 0.
         total_heads: KV heads of the whole model (0: this region holds them all). Lets a peer with another
             TP size pick exactly the heads it owns (KVDirect sec. 4.1 with heterogeneous TP).
-    Raises (``__post_init__``): ValueError on inconsistent dims/shape/strides or non-positive sizes.
+        k_scales, v_scales: per-layer FP32 scales of an FP8 cache (stored value x scale = K or V), one per layer of
+            the ``layer`` dim; empty for unscaled dtypes. Both sides of a transfer must agree on them: bytes move
+            without conversion (:func:`check_same_format`).
+    Raises (``__post_init__``): ValueError on inconsistent dims/shape/strides, non-positive sizes, or scales whose
+        count is not the layer count.
     """
 
     base_address: int
@@ -49,6 +54,8 @@ class KVRegionDescriptor:
     page_size: int
     head_offset: int = 0
     total_heads: int = 0
+    k_scales: tuple[float, ...] = ()
+    v_scales: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not (len(self.dims) == len(self.shape) == len(self.strides)):
@@ -64,6 +71,9 @@ class KVRegionDescriptor:
                 self.total_heads and self.head_offset + self.size("head") > self.total_heads):
             raise ValueError(f"KVRegionDescriptor: heads [{self.head_offset}, +{self.size('head')}) do not fit "
                              f"total_heads={self.total_heads}")
+        if len(self.k_scales) != len(self.v_scales) or self.k_scales and len(self.k_scales) != self.size("layer"):
+            raise ValueError(f"KVRegionDescriptor: {len(self.k_scales)} K and {len(self.v_scales)} V scales for "
+                             f"{self.size('layer')} layers")
 
     @property
     def global_heads(self) -> tuple[int, int]:
@@ -155,6 +165,7 @@ class KVRegionDescriptor:
         """Plain dict (lists, ints, strs) for msgpack/JSON."""
         d = asdict(self)
         d["dims"], d["shape"], d["strides"] = list(self.dims), list(self.shape), list(self.strides)
+        d["k_scales"], d["v_scales"] = list(self.k_scales), list(self.v_scales)
         return d
 
     @classmethod
@@ -164,6 +175,57 @@ class KVRegionDescriptor:
             return cls(base_address=int(d["base_address"]), device=str(d["device"]), dtype=str(d["dtype"]),
                        itemsize=int(d["itemsize"]), dims=tuple(d["dims"]), shape=tuple(int(x) for x in d["shape"]),
                        strides=tuple(int(x) for x in d["strides"]), page_size=int(d["page_size"]),
-                       head_offset=int(d.get("head_offset", 0)), total_heads=int(d.get("total_heads", 0)))
+                       head_offset=int(d.get("head_offset", 0)), total_heads=int(d.get("total_heads", 0)),
+                       k_scales=tuple(float(x) for x in d.get("k_scales", ())),
+                       v_scales=tuple(float(x) for x in d.get("v_scales", ())))
         except (KeyError, TypeError) as e:
             raise ValueError(f"malformed KV region descriptor: {e}") from e
+
+    def format_summary(self) -> str:
+        """The KV format in words (dtype, element bytes, FP8 scales), for error messages."""
+        if not self.k_scales:
+            return f"{self.dtype} ({self.itemsize} B/element)"
+        vals = self.k_scales + self.v_scales
+        unit = "all 1.0" if all(x == 1.0 for x in vals) else f"{min(vals):.6g}..{max(vals):.6g}"
+        return f"{self.dtype} ({self.itemsize} B/element, per-layer K/V scales {unit})"
+
+
+def check_same_format(remote: KVRegionDescriptor, local: KVRegionDescriptor, remote_name: str = "prefill",
+                      local_name: str = "decode") -> None:
+    """Refuse a transfer between KV regions whose bytes mean different things: another dtype or element size, or
+    FP8 scales that differ in any layer (relative 1e-6: the scales are FP32 values sent as JSON numbers). KV bytes
+    move without conversion, so the two servers must run the same ``--kv-cache-dtype`` with the same checkpoint
+    scales.
+
+    Raises:
+        ValueError: naming both formats (and the first layer whose scales differ) and the fix.
+    """
+    fix = "start both servers with the same --kv-cache-dtype (and the same checkpoint)"
+    if remote.dtype != local.dtype or remote.itemsize != local.itemsize or \
+            bool(remote.k_scales) != bool(local.k_scales):
+        raise ValueError(f"KV cache formats differ: {remote_name} stores {remote.format_summary()}, {local_name} "
+                         f"{local.format_summary()}; {fix}")
+    for name, a, b in (("K", remote.k_scales, local.k_scales), ("V", remote.v_scales, local.v_scales)):
+        if len(a) != len(b):
+            raise ValueError(f"KV cache formats differ: {remote_name} has {len(a)} {name} scales, {local_name} "
+                             f"{len(b)}; {fix}")
+        for layer, (x, y) in enumerate(zip(a, b)):
+            if abs(x - y) > 1e-6 * max(abs(x), abs(y)):
+                raise ValueError(f"KV cache formats differ: layer {layer} {name} scale is {x!r} on the {remote_name} "
+                                 f"side and {y!r} on the {local_name} side; {fix}")
+
+
+def check_peer_ranks(local: KVRegionDescriptor, peer_ranks: list, local_name: str, peer_name: str) -> None:
+    """:func:`check_same_format` of ``local`` against the ``"kv"`` descriptor dict of every peer rank info (the
+    bootstrap route's or a RoomRequest's rank list), before any transfer is planned.
+
+    Raises:
+        ValueError: a peer rank's KV format differs (the message names both formats and the fix), or a rank info
+            without a well-formed ``"kv"`` descriptor.
+    """
+    for info in peer_ranks:
+        try:
+            peer = KVRegionDescriptor.from_dict(info["kv"])
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"{peer_name} rank info without a KV region descriptor: {e}") from e
+        check_same_format(peer, local, peer_name, local_name)

@@ -192,7 +192,10 @@ def run_dummy_forward(runner: "ModelRunner", tokens: int, rows: int, sampled: bo
     mc, dev, page = runner.model_config, runner.device, runner.page_size
     own = kv is None
     if own:
-        kv = KVCache.create(max_total_tokens=tokens + 2 * page - tokens % page, page_size=page, dtype=mc.dtype,
+        # the runner's KV format (``--kv-cache-dtype``), so the profiled forward runs the kernels serving will run
+        kv = KVCache.create(max_total_tokens=tokens + 2 * page - tokens % page, page_size=page,
+                            dtype=getattr(runner, "kv_cache_dtype", mc.dtype),
+                            scales=getattr(runner, "kv_scales", None),
                             head_num=runner.num_kv_heads, head_dim=mc.head_dim, layer_num=mc.num_hidden_layers,
                             req_rows=rows + 1, max_context_len=tokens + 8, device=dev, disable_radix_cache=True)
     batch = _dummy_batch(runner, kv, tokens, rows, sampled)

@@ -16,17 +16,13 @@ from typing import TYPE_CHECKING, List, Optional, Tuple, Union
 
 import torch
 
+from sglang.srt.mem_cache.kv_quant import KVScales, describe_format, is_fp8, quantize_kv
 from sglang.srt.utils.tensor_transfer import host_to_device
 
 if TYPE_CHECKING:
     from sglang.srt.mem_cache.kv_descriptor import KVRegionDescriptor
 
 logger = logging.getLogger(__name__)
-
-_FP8_DTYPES = tuple(
-    getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
-    if hasattr(torch, name)
-)
 
 
 class ReqToTokenPool:
@@ -189,6 +185,12 @@ class MHATokenToKVPool:
     tensors are not supported everywhere), on ``device``. Slots ``0 .. page_size-1`` form a reserved dummy page
     used for padding writes; the allocator never hands them out.
 
+    FP8 caches (``--kv-cache-dtype fp8_e4m3`` / ``fp8_e5m2``, :mod:`~sglang.srt.mem_cache.kv_quant`): one byte per
+    element (twice the slots of a BF16 pool for the same bytes) and one FP32 scale per layer for K and one for V
+    (``scales``; 1.0 by default). :meth:`set_kv_buffer` stores ``fp8(clamp(x / scale))``; readers dequantize with
+    :meth:`k_scale` / :meth:`v_scale` (the Triton kernels fold them into the softmax scale and the output, in
+    registers; the torch reference multiplies the gathered values).
+
     Args:
         size: number of usable token slots (the allocator uses ``size // page_size`` whole pages).
         page_size: tokens per page, >= 1.
@@ -199,23 +201,32 @@ class MHATokenToKVPool:
         device: buffer device.
         layout: ``"layer_major"`` or ``"token_major"`` (a key of :data:`KV_LAYOUTS`; chosen by
             ``ServerArgs.resolved_kv_cache_layout``, ``--kv-cache-layout``).
+        scales: per-layer K/V scales of an FP8 ``dtype`` (:class:`~sglang.srt.mem_cache.kv_quant.KVScales` of
+            ``layer_num`` layers); None: 1.0 for FP8, and the only choice for other dtypes.
 
     Raises:
-        ValueError: any size argument is not positive, or an unknown ``layout``.
+        ValueError: any size argument is not positive, an unknown ``layout``, scales for a non-FP8 dtype, or scales
+            of another layer count.
     """
 
     def __init__(self, size: int, page_size: int, dtype: torch.dtype, head_num: int, head_dim: int,
-                 layer_num: int, device: Union[str, torch.device], layout: str = "layer_major"):
+                 layer_num: int, device: Union[str, torch.device], layout: str = "layer_major",
+                 scales: Optional[KVScales] = None):
         for name, val in (("size", size), ("page_size", page_size), ("head_num", head_num),
                           ("head_dim", head_dim), ("layer_num", layer_num)):
             if val <= 0:
                 raise ValueError(f"MHATokenToKVPool {name}={val} must be > 0")
         if layout not in KV_LAYOUTS:
             raise ValueError(f"MHATokenToKVPool layout={layout!r}: use one of {sorted(KV_LAYOUTS)}")
+        if scales is not None and not is_fp8(dtype):
+            raise ValueError(f"MHATokenToKVPool: K/V scales are only for FP8 caches, not {dtype}")
+        if scales is not None and scales.num_layers != layer_num:
+            raise ValueError(f"MHATokenToKVPool: scales of {scales.num_layers} layers for {layer_num} layers")
         self.size = size
         self.page_size = page_size
         self.dtype = dtype
-        self.store_dtype = torch.uint8 if dtype in _FP8_DTYPES else dtype
+        self.store_dtype = torch.uint8 if is_fp8(dtype) else dtype
+        self.scales: Optional[KVScales] = (scales or KVScales.unit(layer_num)) if is_fp8(dtype) else None
         self.head_num = head_num
         self.head_dim = head_dim
         self.layer_num = layer_num
@@ -228,7 +239,7 @@ class MHATokenToKVPool:
         self.k_buffer = [self.kv_layer_view[layer, 0] for layer in range(layer_num)]
         self.v_buffer = [self.kv_layer_view[layer, 1] for layer in range(layer_num)]
         logger.info("KV pool: %d slots x %d layers, %.2f GiB (%s), %s layout %s", size, layer_num,
-                    self.kv_size_bytes() / 2**30, dtype, layout, self.dims)
+                    self.kv_size_bytes() / 2**30, describe_format(dtype, self.scales), layout, self.dims)
 
     @staticmethod
     def bytes_per_token(head_num: int, head_dim: int, layer_num: int, dtype: torch.dtype) -> int:
@@ -236,6 +247,14 @@ class MHATokenToKVPool:
         for every layout)."""
         elem = torch.empty((), dtype=dtype).element_size()
         return 2 * head_num * head_dim * layer_num * elem
+
+    def k_scale(self, layer_id: int) -> float:
+        """FP32 scale of layer ``layer_id``'s K cache (stored value x scale = K); 1.0 for non-FP8 pools."""
+        return self.scales.k[layer_id] if self.scales is not None else 1.0
+
+    def v_scale(self, layer_id: int) -> float:
+        """FP32 scale of layer ``layer_id``'s V cache; 1.0 for non-FP8 pools."""
+        return self.scales.v[layer_id] if self.scales is not None else 1.0
 
     def kv_size_bytes(self) -> int:
         """Total bytes of all K and V buffers (dummy page included)."""
@@ -248,10 +267,12 @@ class MHATokenToKVPool:
         from sglang.srt.mem_cache.kv_descriptor import KVRegionDescriptor
 
         t = self.kv_data
+        sc = self.scales
         return KVRegionDescriptor(
-            base_address=t.data_ptr(), device=str(self.device), dtype=str(self.store_dtype).replace("torch.", ""),
+            base_address=t.data_ptr(), device=str(self.device), dtype=str(self.dtype).replace("torch.", ""),
             itemsize=t.element_size(), dims=self.dims, shape=tuple(t.shape),
-            strides=tuple(t.stride()), page_size=self.page_size)
+            strides=tuple(t.stride()), page_size=self.page_size,
+            k_scales=sc.k if sc is not None else (), v_scales=sc.v if sc is not None else ())
 
     def _check_layer(self, layer_id: int) -> None:
         if not 0 <= layer_id < self.layer_num:
@@ -280,7 +301,8 @@ class MHATokenToKVPool:
         Args:
             layer_id: layer index.
             loc: int64 (or int32) ``[n]`` slot indices on ``device``.
-            k, v: ``[n, head_num, head_dim]`` (any float dtype; cast to the pool dtype).
+            k, v: ``[n, head_num, head_dim]`` (any float dtype; cast to the pool dtype; FP8 pools quantize with the
+                layer's scales, :func:`~sglang.srt.mem_cache.kv_quant.quantize_kv`).
 
         Raises:
             ValueError: shapes disagree with the pool.
@@ -289,8 +311,8 @@ class MHATokenToKVPool:
         want = (loc.shape[0], self.head_num, self.head_dim)
         if tuple(k.shape) != want or tuple(v.shape) != want:
             raise ValueError(f"set_kv_buffer: k {tuple(k.shape)} / v {tuple(v.shape)} must both be {want}")
-        k = k.to(self.dtype)
-        v = v.to(self.dtype)
+        k = quantize_kv(k, self.k_scale(layer_id), self.dtype)
+        v = quantize_kv(v, self.v_scale(layer_id), self.dtype)
         if self.store_dtype != self.dtype:
             k = k.view(self.store_dtype)
             v = v.view(self.store_dtype)

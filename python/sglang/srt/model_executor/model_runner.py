@@ -159,11 +159,12 @@ class ModelRunner:
                     self.role_spec.role.value, self.param_bytes, self.param_bytes / 2**20, self.kv_bytes,
                     self.kv_bytes / 2**20)
         logger.info(
-            "model %s loaded on %s (%s, role %s, TP rank %d/%d, %d local KV heads); KV cache %d tokens (%.1f MiB, "
+            "model %s loaded on %s (%s, role %s, TP rank %d/%d, %d local KV heads); KV cache %d tokens (%.1f MiB, %s, "
             "%s layout, --kv-cache-layout %s), "
             "max running requests %d; attention backend %s, executor %s, CUDA graphs %s", model_config.architecture,
             self.device, model_config.dtype, self.role_spec.role.value, self.tp_rank, self.tp_size, self.num_kv_heads,
             self.max_total_tokens, self.token_to_kv_pool.kv_size_bytes() / 2**20 if self.kv_cache else 0.0,
+            str(self.token_to_kv_pool.dtype).replace("torch.", "") if self.kv_cache else "-",
             self.token_to_kv_pool.layout if self.kv_cache else "-", server_args.kv_cache_layout,
             self.max_running_requests,
             self.attention_backend_name, self.executor.name,
@@ -207,7 +208,10 @@ class ModelRunner:
         from sglang.srt.distributed.parallel_state import all_reduce_min_int
 
         mc = self.model_config
-        per_token = MHATokenToKVPool.bytes_per_token(self.num_kv_heads, mc.head_dim, mc.num_hidden_layers, mc.dtype)
+        self.kv_cache_dtype, self.kv_scales = self._kv_format(args)
+        # bytes per token at the KV cache's element size: an FP8 cache fits twice the tokens of a BF16 one
+        per_token = MHATokenToKVPool.bytes_per_token(self.num_kv_heads, mc.head_dim, mc.num_hidden_layers,
+                                                     self.kv_cache_dtype)
         rows = max_running_requests(args, self.device, mc.context_len, GPU_MAX_DEFAULT_TOKENS)  # before the KV cap
         reserve = measure_activation_reserve(self, args, rows)  # issue 27: profiling forwards (0 off CUDA)
         self.activation_reserve_bytes = reserve
@@ -221,11 +225,27 @@ class ModelRunner:
             raise ValueError(f"the KV cache would hold only {tokens} tokens; raise --mem-fraction-static "
                              "or --max-total-tokens")
         self.max_running_requests = max_running_requests(args, self.device, mc.context_len, tokens)
-        return KVCache.create(max_total_tokens=tokens, page_size=self.page_size, dtype=mc.dtype,
+        return KVCache.create(max_total_tokens=tokens, page_size=self.page_size, dtype=self.kv_cache_dtype,
                               head_num=self.num_kv_heads, head_dim=mc.head_dim, layer_num=mc.num_hidden_layers,
                               req_rows=self.max_running_requests + 2, max_context_len=mc.context_len + 8,
                               device=self.device, disable_radix_cache=args.disable_radix_cache,
-                              layout=args.resolved_kv_cache_layout)
+                              layout=args.resolved_kv_cache_layout, scales=self.kv_scales)
+
+    def _kv_format(self, args: "ServerArgs"):
+        """``(storage dtype, KVScales or None)`` of the KV cache: ``--kv-cache-dtype`` resolved against the model dtype
+        (:func:`~sglang.srt.mem_cache.kv_quant.resolve_kv_cache_dtype`); FP8 caches take the checkpoint's per-layer
+        ``k_scale`` / ``v_scale`` (else 1.0, :func:`~sglang.srt.model_loader.kv_scales.kv_scales_for`).
+        Raises ValueError for an unsupported name or malformed checkpoint scales."""
+        from sglang.srt.mem_cache.kv_quant import is_fp8, resolve_kv_cache_dtype
+        from sglang.srt.model_loader.kv_scales import kv_scales_for
+        from sglang.srt.model_loader.loader import safetensors_files
+
+        mc = self.model_config
+        dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, mc.dtype)
+        if not is_fp8(dtype):
+            return dtype, None
+        return dtype, kv_scales_for(args.load_format, lambda: safetensors_files(mc.path), mc.num_hidden_layers,
+                                    args.kv_cache_dtype)
 
     # ---- the KV cache's parts, for worker-side code (CUDA graphs, bench_one_batch); the scheduler uses kv_cache
     @property

@@ -15,6 +15,7 @@ from torch import nn
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.model_loader.kv_scales import is_kv_scale_name
 from sglang.srt.models.registry import get_model_class
 
 logger = logging.getLogger(__name__)
@@ -234,7 +235,9 @@ def load_model(model_config: ModelConfig, load_format: str = "auto", device: Uni
         init_dummy_weights(model, seed)
     else:
         logger.info("loading %d safetensors file(s) from %s", len(files), model_config.path)
-        weights = iterate_safetensors(files, model_config.dtype, lazy=True)
+        # FP8 KV-cache scales belong to the KV cache, not to a module (read by model_loader/kv_scales.py)
+        weights = ((n, t) for n, t in iterate_safetensors(files, model_config.dtype, lazy=True)
+                   if not is_kv_scale_name(n))
         if weight_filter is None:
             model.load_weights(weights)
         else:

@@ -21,7 +21,7 @@ def _decode_split(k_rows: bool, direct: bool, splits: int) -> Tuple[str, str, Di
     sig = {n: t for n, t in (
         ("Q", "*bf16"), ("K_buf", "*bf16"), ("V_buf", "*bf16"), ("Req_to_token", "*i32"), ("Req_pool_idx", "*i64"),
         ("Seq_lens", "*i64"), ("Mid_o", "*fp32"), ("Mid_lse", "*fp32"), ("Out", "*bf16"), ("Order", "*i64"),
-        ("qk_scale", "fp32"), ("min_split_len", _I32))}
+        ("qk_scale", "fp32"), ("v_scale", "fp32"), ("min_split_len", _I32))}
     for n in ("stride_qb", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_r2t",
               "stride_mob", "stride_moh", "stride_mos", "stride_mlb", "stride_mlh", "stride_ob", "stride_oh"):
         sig[n] = _I32
@@ -47,8 +47,9 @@ def _rope_kv_store(neox: bool) -> Tuple[str, str, Dict[str, str], Dict[str, obje
     for n in ("stride_q", "stride_k", "stride_v", "stride_c", "stride_kbt", "stride_kbh", "stride_vbt", "stride_vbh",
               "num_q_heads", "num_kv_heads"):
         sig[n] = _I32
+    sig.update(k_scale_inv="fp32", v_scale_inv="fp32")
     const = dict(HEAD_DIM=128, HALF=64, BLOCK_HALF=64, BLOCK_D=128, NEOX=neox, BLOCK_HQ=32, BLOCK_HK=8,
-                 PASS_THROUGH=False, USE_GDC=False)
+                 PASS_THROUGH=False, USE_GDC=False, QUANT_MAX=0.0)
     sig.update({n: "constexpr" for n in const})
     return "rope_kv_store", "_rope_kv_store_kernel", sig, const, 4
 
@@ -67,10 +68,17 @@ def _with(entry, **extra) -> Tuple[str, str, Dict[str, str], Dict[str, object], 
     return module, fn, dict(sig, **{n: "constexpr" for n in extra}), dict(const, **extra), warps
 
 
+def _fp8_kv(entry, **extra) -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
+    """``entry`` reading / writing an FP8 E4M3 KV cache (``--kv-cache-dtype fp8_e4m3``): ``K_buf`` / ``V_buf`` as
+    ``*fp8e4nv``, plus extra constexprs."""
+    module, fn, sig, const, warps = _with(entry, **extra)
+    return module, fn, {n: ("*fp8e4nv" if n in ("K_buf", "V_buf") else t) for n, t in sig.items()}, const, warps
+
+
 def _extend() -> Tuple[str, str, Dict[str, str], Dict[str, object], int]:
     sig = {"Q": "*bf16", "Out": "*bf16", "K_buf": "*bf16", "V_buf": "*bf16", "Req_to_token": "*i32",
            "Req_pool_idx": "*i64", "Prefix_lens": "*i64", "Extend_lens": "*i64", "Extend_start": "*i64",
-           "qk_scale": "fp32"}
+           "qk_scale": "fp32", "v_scale": "fp32"}
     for n in ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kt", "stride_kh", "stride_vt", "stride_vh",
               "stride_r2t"):
         sig[n] = _I32
@@ -135,6 +143,14 @@ KERNELS = {
     "rope_kv_store_neox_pdl": _with(_rope_kv_store(True), USE_GDC=True),
     "decode_split_rows_direct_pdl": _with(_decode_split(True, True, 1), USE_GDC=True),
     "skinny_gemm_pdl": _with(_skinny_gemm(), USE_GDC=True, PF_LINES=16),
+    # FP8 KV cache (E4M3 tiles widened to bf16 in registers; the fused store quantizes with the layer's scale)
+    "decode_split_rows_direct_fp8": _fp8_kv(_decode_split(True, True, 1)),
+    "decode_split_rows_2_fp8": _fp8_kv(_decode_split(True, False, 2)),
+    "extend_fp8": _fp8_kv(_extend()),
+    "rope_kv_store_neox_fp8": _fp8_kv(_rope_kv_store(True), QUANT_MAX=448.0),
+    # the balanced split policy (the default) over an FP8 cache: the same tiles as its BF16 variants above
+    "decode_split_balanced_direct_fp8": _fp8_kv(_decode_split(True, True, 1), HAS_ORDER=True, BLOCK_N=128),
+    "decode_split_balanced_4_fp8": _fp8_kv(_decode_split(True, False, 4), HAS_ORDER=True, LEN_SPLITS=True),
     "rope_neox": _rope(True),  # the unfused kernel, for comparison
     "skinny_gemm": _skinny_gemm(),
     # issue 27 epilogue fusions (SGLANG_DECODE_FUSE_EPILOGUE=1): split-K reduce in add + RMSNorm, gate_up + SiLU
@@ -146,7 +162,7 @@ KERNELS = {
 
 
 # num_stages where the kernel's launcher does not use 2 (the extend kernel: extend_config on Hopper)
-_STAGES = {"extend": 3, "decode_split_balanced_direct": 3}
+_STAGES = {"extend": 3, "extend_fp8": 3, "decode_split_balanced_direct": 3, "decode_split_balanced_direct_fp8": 3}
 
 # integer arguments that are multiples of 16 at the Llama-3.1-8B shapes (Triton's JIT specialises such values, and
 # 16-byte aligned pointers, as ``tt.divisibility = 16``; AOT must say so or it compiles scalar loads)
@@ -222,6 +238,7 @@ def report(arch: int = 90) -> Dict[str, dict]:
     to shared memory: loads pipelined over ``num_stages``), "atom_acq_rel_gpu" (acquire-release atomics at gpu
     scope; none of the kernels should have any), "bar_sync" (CTA barriers), "griddep_wait"
     (``griddepcontrol.wait``: programmatic dependent launch), "griddep_launch" (``launch_dependents``),
+    "fp8_satfinite_cvt" (``cvt.rn.satfinite.e4m3x2.f32``: FP8 stores rounded to nearest even and saturated),
     "l2_prefetch_before_wait", "loads_before_wait" (:func:`_before_wait`)}."""
     out: Dict[str, dict] = {}
     for name in KERNELS:
@@ -239,6 +256,7 @@ def report(arch: int = 90) -> Dict[str, dict]:
                              bar_sync=len(re.findall(r"\b(bar\.sync|barrier\.sync)", ptx)),
                              griddep_wait=ptx.count("griddepcontrol.wait"),
                              griddep_launch=ptx.count("griddepcontrol.launch_dependents"),
+                             fp8_satfinite_cvt=len(re.findall(r"cvt\.rn\.satfinite\.e4m3x2\.f32", ptx)),
                              **_before_wait(ptx))
         except Exception as e:  # reported per kernel, so one failure does not hide the others
             out[name] = dict(error=f"{type(e).__name__}: {e}"[:2000], cubin_bytes=0, ptx_lines=0, shared=0)

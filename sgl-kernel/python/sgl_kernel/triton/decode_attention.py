@@ -52,7 +52,8 @@ _LOG2E = 1.4426950408889634
 @triton.jit
 def _decode_split_kernel(
     Q, K_buf, V_buf, Req_to_token, Req_pool_idx, Seq_lens, Mid_o, Mid_lse, Out, Order,
-    qk_scale,  # softmax scale * log2(e)
+    qk_scale,  # softmax scale * log2(e) * K dequantization scale (1.0 unless the cache is FP8)
+    v_scale,  # V dequantization scale (1.0 unless the cache is FP8)
     min_split_len,  # LEN_SPLITS: a row uses cdiv(seq_len, min_split_len) splits, at most NUM_SPLITS
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t,
     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
@@ -93,21 +94,21 @@ def _decode_split_kernel(
         n_used = tl.cdiv(seq_len, split_len)
         if split < n_used:
             _decode_split_body(Q, K_buf, V_buf, Req_to_token, Req_pool_idx, Mid_o, Mid_lse, Out, b, kvh, split,
-                               start, end, n_used == 1, qk_scale, stride_qb, stride_qh, stride_kt, stride_kh,
-                               stride_vt, stride_vh, stride_r2t, stride_mob, stride_moh, stride_mos, stride_mlb,
-                               stride_mlh, stride_ob, stride_oh, GROUP, HEAD_DIM, BLOCK_D, BLOCK_H, BLOCK_N,
+                               start, end, n_used == 1, qk_scale, v_scale, stride_qb, stride_qh, stride_kt,
+                               stride_kh, stride_vt, stride_vh, stride_r2t, stride_mob, stride_moh, stride_mos,
+                               stride_mlb, stride_mlh, stride_ob, stride_oh, GROUP, HEAD_DIM, BLOCK_D, BLOCK_H, BLOCK_N,
                                DOT_F32, K_ROWS)
     else:
         _decode_split_body(Q, K_buf, V_buf, Req_to_token, Req_pool_idx, Mid_o, Mid_lse, Out, b, kvh, split, start,
-                           end, DIRECT_OUT, qk_scale, stride_qb, stride_qh, stride_kt, stride_kh, stride_vt,
+                           end, DIRECT_OUT, qk_scale, v_scale, stride_qb, stride_qh, stride_kt, stride_kh, stride_vt,
                            stride_vh, stride_r2t, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
                            stride_ob, stride_oh, GROUP, HEAD_DIM, BLOCK_D, BLOCK_H, BLOCK_N, DOT_F32, K_ROWS)
 
 
 @triton.jit
 def _decode_split_body(Q, K_buf, V_buf, Req_to_token, Req_pool_idx, Mid_o, Mid_lse, Out, b, kvh, split, start, end,
-                       direct, qk_scale, stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t,
-                       stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
+                       direct, qk_scale, v_scale, stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                       stride_r2t, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
                        GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
                        BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, K_ROWS: tl.constexpr):
     # direct: write the normalised output into Out (the row's only split) instead of a partial result; a constexpr
@@ -158,7 +159,7 @@ def _decode_split_body(Q, K_buf, V_buf, Req_to_token, Req_pool_idx, Mid_o, Mid_l
 
     nonempty = end > start
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    out = acc / l_safe[:, None]
+    out = acc / l_safe[:, None] * v_scale  # sum_j p_j (s_v v_j) = s_v sum_j p_j v_j: V dequantized in registers
     if direct:
         tl.store(Out + b * stride_ob + offs_h[:, None] * stride_oh + offs_d[None, :], out.to(Out.dtype.element_ty),
                  mask=mask_h[:, None] & mask_d[None, :])
@@ -333,7 +334,7 @@ def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tens
                          sm_scale: float, num_kv_splits: int, mid_o: torch.Tensor, mid_lse: torch.Tensor,
                          block_n: Optional[int] = None, num_warps: Optional[int] = None,
                          num_stages: Optional[int] = None, legacy: bool = False, order: Optional[torch.Tensor] = None,
-                         min_split_len: int = 0) -> None:
+                         min_split_len: int = 0, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """Paged decode attention of one new token per request, written into ``out``.
 
     Args:
@@ -360,6 +361,12 @@ def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tens
             ``min(num_kv_splits, ceil(s / min_split_len))`` splits (its programs past the last non-empty split
             exit at once, writing nothing), and a row left with one split writes ``out`` directly (the reduce
             skips it). Only meaningful with ``num_kv_splits > 1``.
+        k_scale, v_scale: dequantization scales of an FP8 cache (K = stored K x ``k_scale``, V likewise; see
+            :mod:`sglang.srt.mem_cache.kv_quant`); 1.0 otherwise. The FP8 tiles are widened to q's dtype in
+            registers (exact) and the scales applied without a dequantized copy: ``k_scale`` is folded into the
+            softmax scale (``q . (s k) = s (q . k)``) and ``v_scale`` multiplies the normalised output
+            (``sum p (s v) = s sum p v``) in every split program, whether it writes ``out`` directly or a partial
+            result (the reduce is linear in the partial outputs, so scaling them before it is the same).
     Raises:
         ValueError: inconsistent shapes, num_heads not a multiple of num_kv_heads, non-CUDA tensors
             outside the Triton interpreter, ``order`` not ``[bs]``, a negative ``min_split_len``, or ``order`` /
@@ -402,7 +409,7 @@ def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tens
     k_rows = not legacy and k_buf.stride(0) == v_buf.stride(0)  # K and V tiles share one offset tensor
     _decode_split_kernel[(bs, nkv, num_kv_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse, out,
-        order if order is not None else seq_lens, sm_scale * _LOG2E, max(1, min_split_len),
+        order if order is not None else seq_lens, sm_scale * _LOG2E * k_scale, v_scale, max(1, min_split_len),
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
         req_to_token.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0),
         mid_lse.stride(1), out.stride(0), out.stride(1),

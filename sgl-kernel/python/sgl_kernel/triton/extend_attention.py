@@ -69,7 +69,8 @@ def _attend_tile(q, acc, m_i, l_i, n0, kv_end, qpos, k_base, v_base, r2t, stride
 @triton.jit
 def _extend_kernel(
     Q, Out, K_buf, V_buf, Req_to_token, Req_pool_idx, Prefix_lens, Extend_lens, Extend_start,
-    qk_scale,
+    qk_scale,  # softmax scale * log2(e) * K dequantization scale (1.0 unless the cache is FP8)
+    v_scale,  # V dequantization scale (1.0 unless the cache is FP8)
     stride_qt, stride_qh, stride_ot, stride_oh, stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr,
@@ -112,7 +113,7 @@ def _extend_kernel(
         for n0 in range(unmasked_end, diag_end, BLOCK_N):
             acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, n0, diag_end, qpos, k_base, v_base, r2t, stride_kt,
                                          stride_vt, offs_d, mask_d, qk_scale, True, HEAD_DIM == BLOCK_D, BLOCK_N)
-        out = acc / l_i[:, None]
+        out = acc / l_i[:, None] * v_scale  # V dequantized in registers: sum p (s v) = s sum p v
         tl.store(Out + (q_start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
                  out.to(Out.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
 
@@ -217,7 +218,8 @@ _FALLBACK: Dict[tuple, int] = {}
 def extend_attention_fwd(q: torch.Tensor, out: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
                          req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor,
                          extend_lens: torch.Tensor, extend_start_loc: torch.Tensor, max_extend_len: int,
-                         sm_scale: float, config: Optional[ExtendConfig] = None) -> None:
+                         sm_scale: float, config: Optional[ExtendConfig] = None, k_scale: float = 1.0,
+                         v_scale: float = 1.0) -> None:
     """Causal attention of every request's new tokens over its paged KV, written into ``out``.
 
     Args:
@@ -237,6 +239,9 @@ def extend_attention_fwd(q: torch.Tensor, out: torch.Tensor, k_buf: torch.Tensor
             ``shared_memory_per_block_optin``); if its first launch raises ``OutOfResources`` the next candidate of
             :func:`extend_configs` is used from then on for that (device, head_dim, dtype).
             BLOCK_M and BLOCK_N must be powers of two >= 16.
+        k_scale, v_scale: dequantization scales of an FP8 cache (1.0 otherwise): K/V tiles are loaded in FP8,
+            widened to q's dtype in registers, ``k_scale`` folded into the softmax scale and ``v_scale`` applied to
+            the normalised output (no dequantized copy of the cache).
     Raises:
         ValueError: inconsistent shapes, num_heads not a multiple of num_kv_heads, non-CUDA tensors
             outside the Triton interpreter, a config whose tiles are not powers of two >= 16.
@@ -263,7 +268,7 @@ def extend_attention_fwd(q: torch.Tensor, out: torch.Tensor, k_buf: torch.Tensor
     if n == 0 or bs == 0 or max_extend_len <= 0:
         return
     args = (q, out, k_buf, v_buf, req_to_token, req_pool_indices, prefix_lens, extend_lens, extend_start_loc, bs,
-            max_extend_len, sm_scale)
+            max_extend_len, sm_scale, k_scale, v_scale)
     try:
         _launch(args, config)
     except OutOfResources as e:
@@ -277,14 +282,14 @@ def extend_attention_fwd(q: torch.Tensor, out: torch.Tensor, k_buf: torch.Tensor
 
 def _launch(args: tuple, config: ExtendConfig) -> None:
     (q, out, k_buf, v_buf, req_to_token, req_pool_indices, prefix_lens, extend_lens, extend_start_loc, bs,
-     max_extend_len, sm_scale) = args
+     max_extend_len, sm_scale, k_scale, v_scale) = args
     block_m, block_n, warps, stages = config
     nh, hd, nkv = q.shape[1], q.shape[2], k_buf.shape[1]
     block_m = min(block_m, max(16, next_pow2(max_extend_len)))
     grid = (bs, nh, triton.cdiv(max_extend_len, block_m))
     _extend_kernel[grid](
         q, out, k_buf, v_buf, req_to_token, req_pool_indices, prefix_lens, extend_lens, extend_start_loc,
-        sm_scale * _LOG2E,
+        sm_scale * _LOG2E * k_scale, v_scale,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_buf.stride(0), k_buf.stride(1),
         v_buf.stride(0), v_buf.stride(1), req_to_token.stride(0),
         GROUP=nh // nkv, HEAD_DIM=hd, BLOCK_D=max(16, next_pow2(hd)), BLOCK_M=block_m, BLOCK_N=block_n,

@@ -32,12 +32,15 @@ logger = logging.getLogger(__name__)
 @triton.jit
 def _rope_kv_store_kernel(Pos, Q, K, V, Cache, K_buf, V_buf, Loc,
                           stride_q, stride_k, stride_v, stride_c, stride_kbt, stride_kbh, stride_vbt, stride_vbh,
-                          num_q_heads, num_kv_heads,
+                          num_q_heads, num_kv_heads, k_scale_inv, v_scale_inv,
                           HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
                           BLOCK_D: tl.constexpr, NEOX: tl.constexpr, BLOCK_HQ: tl.constexpr,
-                          BLOCK_HK: tl.constexpr, PASS_THROUGH: tl.constexpr, USE_GDC: tl.constexpr = False):
+                          BLOCK_HK: tl.constexpr, PASS_THROUGH: tl.constexpr, USE_GDC: tl.constexpr = False,
+                          QUANT_MAX: tl.constexpr = 0.0):
     # USE_GDC: launched with programmatic dependent launch; wait for the previous kernel before any memory access,
     # then let the next kernel launch (and prefetch its weights) while this one runs.
+    # QUANT_MAX > 0: the pool is FP8 with that largest finite value; K (V) is stored as
+    # fp8(clamp(fp32(rounded value) * k_scale_inv, -QUANT_MAX, QUANT_MAX)) (sglang.srt.mem_cache.kv_quant).
     if USE_GDC:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -70,20 +73,35 @@ def _rope_kv_store_kernel(Pos, Q, K, V, Cache, K_buf, V_buf, Loc,
     x2f = x2.to(tl.float32)
     r1 = x1f * cos[None, :] - x2f * sin[None, :]  # same expression as _rotate_heads: same rounding
     r2 = x2f * cos[None, :] + x1f * sin[None, :]
-    tl.store(dst + o1, r1.to(x1.dtype).to(K_buf.dtype.element_ty), mask=mask)
-    tl.store(dst + o2, r2.to(x2.dtype).to(K_buf.dtype.element_ty), mask=mask)
+    tl.store(dst + o1, _to_cache(r1.to(x1.dtype), k_scale_inv, K_buf, QUANT_MAX), mask=mask)
+    tl.store(dst + o2, _to_cache(r2.to(x2.dtype), k_scale_inv, K_buf, QUANT_MAX), mask=mask)
     if PASS_THROUGH:  # dims [2 * HALF, HEAD_DIM) are not rotated
         mask_p = mask_h[:, None] & (mask_d & (offs_d >= 2 * HALF))[None, :]
         kp = tl.load(src + offs_d[None, :], mask=mask_p, other=0.0)
-        tl.store(dst + offs_d[None, :], kp.to(K_buf.dtype.element_ty), mask=mask_p)
+        tl.store(dst + offs_d[None, :], _to_cache(kp, k_scale_inv, K_buf, QUANT_MAX), mask=mask_p)
     vv = tl.load(V + row * stride_v + offs_h[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_v, other=0.0)
     tl.store(V_buf + slot * stride_vbt + offs_h[:, None] * stride_vbh + offs_d[None, :],
-             vv.to(V_buf.dtype.element_ty), mask=mask_v)
+             _to_cache(vv, v_scale_inv, V_buf, QUANT_MAX), mask=mask_v)
+
+
+@triton.jit
+def _to_cache(x, scale_inv, Buf, QUANT_MAX: tl.constexpr):
+    """``x`` as the cache's element type: a cast, or for an FP8 cache (``QUANT_MAX > 0``) the scaled, saturated
+    round-to-nearest-even conversion of :func:`sglang.srt.mem_cache.kv_quant.quantize_kv`."""
+    if QUANT_MAX > 0.0:
+        y = x.to(tl.float32) * scale_inv
+        y = tl.minimum(tl.maximum(y, -QUANT_MAX), QUANT_MAX)
+        return y.to(Buf.dtype.element_ty)
+    return x.to(Buf.dtype.element_ty)
+
+
+_FP8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
 
 
 def rope_and_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       cos_sin_cache: torch.Tensor, head_dim: int, is_neox_style: bool, k_buf: torch.Tensor,
-                      v_buf: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
+                      v_buf: torch.Tensor, loc: torch.Tensor, k_scale: float = 1.0,
+                      v_scale: float = 1.0) -> torch.Tensor:
     """Rotate q in place and write rotated k and v into the KV pool slots ``loc``; returns q.
 
     Args:
@@ -96,8 +114,12 @@ def rope_and_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
             contiguous; slot and head strides free, e.g. a token-major pool's strided views); values are cast to
             their dtype after rounding to k's/v's dtype.
         loc: [N] integer slot indices (not checked on the device: the caller's allocator owns them).
+        k_scale, v_scale: FP8 caches (``k_buf``/``v_buf`` of dtype ``float8_e4m3fn`` / ``float8_e5m2``): the layer's
+            scales; k (rotated, rounded to k's dtype) and v are stored as ``fp8(clamp(x / scale, -max, max))``, round
+            to nearest even, as :func:`sglang.srt.mem_cache.kv_quant.quantize_kv`. Must be 1.0 for other caches.
     Raises:
-        ValueError: shapes/strides disagree, or CPU tensors outside the Triton interpreter.
+        ValueError: shapes/strides disagree, CPU tensors outside the Triton interpreter, K and V caches of different
+            dtypes, or scales that are not positive (or not 1.0 for a non-FP8 cache).
     """
     check_cuda_or_interpret(positions, q, k, v, cos_sin_cache, k_buf, v_buf, loc, what="rope_and_store_kv")
     rot = cos_sin_cache.shape[-1]
@@ -114,6 +136,11 @@ def rope_and_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                          f"k_buf {tuple(k_buf.shape)}, v_buf {tuple(v_buf.shape)}, loc {tuple(loc.shape)}, "
                          f"head_dim={head_dim} are inconsistent (need [N], [N, h*head_dim] rows contiguous, "
                          "[max_pos, even rotary_dim <= head_dim], [slots, kv_heads, head_dim], [N])")
+    fp8 = k_buf.dtype in _FP8
+    if v_buf.dtype != k_buf.dtype or not (k_scale > 0.0 and v_scale > 0.0) \
+            or (not fp8 and (k_scale != 1.0 or v_scale != 1.0)):
+        raise ValueError(f"rope_and_store_kv: k_buf {k_buf.dtype} / v_buf {v_buf.dtype} with k_scale={k_scale}, "
+                         f"v_scale={v_scale}: the caches must share a dtype and scales must be > 0 (1.0 unless FP8)")
     if n == 0:
         return q
     half = rot // 2
@@ -121,9 +148,9 @@ def rope_and_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     _rope_kv_store_kernel[(n,)](
         positions, q, k, v, cos_sin_cache, k_buf, v_buf, loc,
         q.stride(0), k.stride(0), v.stride(0), cos_sin_cache.stride(0), k_buf.stride(0), k_buf.stride(1),
-        v_buf.stride(0), v_buf.stride(1), q.shape[1] // head_dim, nkv,
+        v_buf.stride(0), v_buf.stride(1), q.shape[1] // head_dim, nkv, 1.0 / k_scale, 1.0 / v_scale,
         HEAD_DIM=head_dim, HALF=half, BLOCK_HALF=max(2, next_pow2(half)), BLOCK_D=max(2, next_pow2(head_dim)),
         NEOX=is_neox_style, BLOCK_HQ=max(2, next_pow2(q.shape[1] // head_dim)), BLOCK_HK=max(2, next_pow2(nkv)),
-        PASS_THROUGH=rot < head_dim, USE_GDC=pdl,
+        PASS_THROUGH=rot < head_dim, USE_GDC=pdl, QUANT_MAX=float(torch.finfo(k_buf.dtype).max) if fp8 else 0.0,
         num_warps=4, **({"launch_pdl": True} if pdl else {}))
     return q

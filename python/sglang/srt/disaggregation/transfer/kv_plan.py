@@ -28,7 +28,7 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 
 from sglang.srt.disaggregation.transfer.base import ReadOp
-from sglang.srt.mem_cache.kv_descriptor import KVRegionDescriptor
+from sglang.srt.mem_cache.kv_descriptor import KVRegionDescriptor, check_same_format
 
 
 def tp_head_range(total_kv_heads: int, tp_size: int, tp_rank: int) -> tuple[int, int]:
@@ -115,8 +115,7 @@ def _check_pair(remote: KVRegionDescriptor, local: KVRegionDescriptor) -> None:
     for d in (remote, local):
         if d.stride_bytes("head_dim") != d.itemsize or d.stride_bytes("head") != d.size("head_dim") * d.itemsize:
             raise ValueError("plan_kv_reads needs (head, head_dim) dense in each slot on both sides")
-    if remote.itemsize != local.itemsize or remote.dtype != local.dtype:
-        raise ValueError(f"KV dtypes differ: remote {remote.dtype}, local {local.dtype} (no conversion on the wire)")
+    check_same_format(remote, local, "remote", "local")  # dtype, element size, FP8 scales (no conversion on the wire)
     if remote.size("head_dim") != local.size("head_dim") or remote.size("layer") != local.size("layer"):
         raise ValueError(f"head_dim/layers differ: remote {remote.size('head_dim')}/{remote.size('layer')}, local "
                          f"{local.size('head_dim')}/{local.size('layer')}")

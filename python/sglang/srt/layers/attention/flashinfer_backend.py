@@ -266,8 +266,11 @@ class FlashInferAttnBackend(AttentionBackend):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: "RadixAttention",
                 forward_batch: "ForwardBatch", rope: Optional[tuple] = None) -> torch.Tensor:
         """q [N, nh*hd], k/v [N, nkv*hd] -> [N, nh*hd] in q's dtype; stores k/v in the pool first (RoPE fused with
-        the store when ``rope`` is given and the pool keeps q's dtype, as the Triton backend does); the batch is
-        planned at its first layer.
+        the store when ``rope`` is given, as the Triton backend does; an FP8 pool is quantized with the layer's
+        scales, :meth:`MHATokenToKVPool.k_scale` / ``v_scale``); the batch is planned at its first layer.
+        FP8 pools (``--kv-cache-dtype fp8_*``): the plan names the FP8 KV dtype and the run gets the layer's
+        ``k_scale`` / ``v_scale`` (FlashInfer multiplies the softmax scale by ``k_scale`` and the output by
+        ``v_scale``, the same dequantization as the Triton kernels).
 
         Raises:
             ValueError: :meth:`init_forward_metadata` was not called for this batch.
@@ -277,11 +280,12 @@ class FlashInferAttnBackend(AttentionBackend):
             raise ValueError("FlashInferAttnBackend.forward: call init_forward_metadata(forward_batch) first")
         nh, nkv, hd = layer.num_heads, layer.num_kv_heads, layer.head_dim
         pool = forward_batch.token_to_kv_pool
-        if rope is not None and pool.store_dtype == pool.dtype and _plain_rope(rope[1]):
+        ks, vs = pool.k_scale(layer.layer_id), pool.v_scale(layer.layer_id)
+        if rope is not None and _plain_rope(rope[1]):
             positions, rotary = rope
             k_buf, v_buf = pool.get_kv_buffer(layer.layer_id)
             ops.rope_and_store_kv(positions, q, k, v, rotary.cos_sin_cache, rotary.head_dim, rotary.is_neox_style,
-                                  k_buf, v_buf, forward_batch.out_cache_loc)
+                                  k_buf, v_buf, forward_batch.out_cache_loc, ks, vs)
         else:
             if rope is not None:
                 q, k = rope[1](rope[0], q, k)
@@ -299,5 +303,8 @@ class FlashInferAttnBackend(AttentionBackend):
         v_pages = v_buf[: pages * ps].unflatten(0, (pages, ps))
         q3 = q.reshape(-1, nh, hd)
         out = torch.empty(q3.shape, dtype=q.dtype, device=q.device)
-        meta.wrapper.run(q3, (k_pages, v_pages), out=out)
+        # FP8 pool: FlashInfer folds k_scale into the softmax scale and multiplies the output by v_scale (its run()
+        # contract); the kernels widen the FP8 pages in registers. Unscaled pools pass neither (the BF16 call as is).
+        scales = dict(k_scale=ks, v_scale=vs) if pool.scales is not None else {}
+        meta.wrapper.run(q3, (k_pages, v_pages), out=out, **scales)
         return out.view(-1, nh * hd)

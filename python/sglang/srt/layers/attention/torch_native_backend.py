@@ -2,7 +2,10 @@
 
 It gathers each request's keys/values through ``req_to_token`` and runs
 ``scaled_dot_product_attention`` per request, so it is the correctness
-reference for every faster backend.
+reference for every faster backend. FP8 pools (``--kv-cache-dtype fp8_*``) are
+emulated exactly as the Triton path stores them: the pool quantizes on write, and
+the gathered FP8 values are dequantized with the layer's scales
+(:func:`~sglang.srt.mem_cache.kv_quant.dequantize_kv`) before the attention.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang.srt.mem_cache.kv_quant import dequantize_kv
 
 
 class TorchNativeAttnBackend(AttentionBackend):
@@ -26,6 +30,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         k_buf = pool.get_key_buffer(layer.layer_id)
         v_buf = pool.get_value_buffer(layer.layer_id)
         req_to_token = forward_batch.req_to_token_pool.req_to_token
+        ks, vs = pool.k_scale(layer.layer_id), pool.v_scale(layer.layer_id)
         q = q.view(-1, nh, hd)
         out = torch.empty_like(q)
         group = nh // nkv
@@ -35,8 +40,8 @@ class TorchNativeAttnBackend(AttentionBackend):
             seq = forward_batch.seq_lens_cpu[i]
             prefix = seq - ext
             slots = req_to_token[forward_batch.req_pool_indices[i], :seq].long()
-            ki = k_buf[slots].to(q.dtype)  # [seq, nkv, hd]
-            vi = v_buf[slots].to(q.dtype)
+            ki = dequantize_kv(k_buf[slots], ks, q.dtype)  # [seq, nkv, hd]
+            vi = dequantize_kv(v_buf[slots], vs, q.dtype)
             qi = q[start:start + ext].transpose(0, 1)  # [nh, ext, hd]
             ki = ki.transpose(0, 1).repeat_interleave(group, dim=0)  # [nh, seq, hd]
             vi = vi.transpose(0, 1).repeat_interleave(group, dim=0)

@@ -260,8 +260,10 @@ class TritonAttnBackend(AttentionBackend):
 
         ``rope``: ``(positions [N] int64, RotaryEmbedding)`` when q and k are not rotated yet (see
         :meth:`RadixAttention.forward`): RoPE and the KV-cache store then run as one kernel
-        (:func:`sglang.srt.layers.ops.rope_and_store_kv`) unless this backend was built with ``fused_rope=False``
-        or the pool stores another dtype than it computes in (fp8: view-typed storage), where RoPE runs first.
+        (:func:`sglang.srt.layers.ops.rope_and_store_kv`; an FP8 pool is quantized with the layer's scales inside
+        it) unless this backend was built with ``fused_rope=False``, where RoPE runs first.
+        FP8 pools (``--kv-cache-dtype fp8_*``): both kernels read the FP8 K/V tiles and dequantize them in registers
+        with the layer's scales (:meth:`MHATokenToKVPool.k_scale` / ``v_scale``).
         Raises:
             ValueError: :meth:`init_forward_metadata` was not called for this batch, or shapes disagree.
         """
@@ -270,14 +272,15 @@ class TritonAttnBackend(AttentionBackend):
             raise ValueError("TritonAttnBackend.forward: call init_forward_metadata(forward_batch) before the layers run")
         nh, nkv, hd = layer.num_heads, layer.num_kv_heads, layer.head_dim
         pool = forward_batch.token_to_kv_pool
-        if rope is not None and self.fused_rope and pool.store_dtype == pool.dtype and _plain_rope(rope[1]):
+        ks, vs = pool.k_scale(layer.layer_id), pool.v_scale(layer.layer_id)
+        if rope is not None and self.fused_rope and _plain_rope(rope[1]):
             positions, rotary = rope
             k_buf, v_buf = pool.get_kv_buffer(layer.layer_id)
             if k.shape[0] != forward_batch.out_cache_loc.shape[0]:
                 raise ValueError(f"TritonAttnBackend: {k.shape[0]} new tokens but out_cache_loc has "
                                  f"{forward_batch.out_cache_loc.shape[0]} slots")
             ops.rope_and_store_kv(positions, q, k, v, rotary.cos_sin_cache, rotary.head_dim, rotary.is_neox_style,
-                                  k_buf, v_buf, forward_batch.out_cache_loc)
+                                  k_buf, v_buf, forward_batch.out_cache_loc, ks, vs)
         else:
             if rope is not None:
                 q, k = rope[1](rope[0], q, k)
@@ -293,23 +296,25 @@ class TritonAttnBackend(AttentionBackend):
             if q3.shape[0] != meta.num_decode:
                 raise ValueError(f"TritonAttnBackend: decode batch has {meta.num_decode} requests but "
                                  f"{q3.shape[0]} query rows")
-            self._decode(q3, out, k_buf, v_buf, req_to_token, meta, layer)
+            self._decode(q3, out, k_buf, v_buf, req_to_token, meta, layer, ks, vs)
             return out.view(-1, nh * hd)
         if meta.req_pool_indices is not None and meta.max_extend_len > 0:
             extend_attention_fwd(q3, out, k_buf, v_buf, req_to_token, meta.req_pool_indices, meta.prefix_lens,
-                                 meta.extend_lens, meta.extend_start_loc, meta.max_extend_len, layer.scaling)
+                                 meta.extend_lens, meta.extend_start_loc, meta.max_extend_len, layer.scaling,
+                                 k_scale=ks, v_scale=vs)
         if meta.dense_segments:
             prefix_free_attention(q3, out, k_buf, v_buf, forward_batch.out_cache_loc, meta.dense_segments,
-                                  layer.scaling, self.extend_impl)
+                                  layer.scaling, self.extend_impl, k_scale=ks, v_scale=vs)
         if meta.num_decode:
             qd = q3.index_select(0, meta.decode_token_index)
             od = torch.empty_like(qd)
-            self._decode(qd, od, k_buf, v_buf, req_to_token, meta, layer)
+            self._decode(qd, od, k_buf, v_buf, req_to_token, meta, layer, ks, vs)
             out.index_copy_(0, meta.decode_token_index, od)
         return out.view(-1, nh * hd)
 
     def _decode(self, q3: torch.Tensor, out: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
-                req_to_token: torch.Tensor, meta: TritonAttnMetadata, layer: "RadixAttention") -> None:
+                req_to_token: torch.Tensor, meta: TritonAttnMetadata, layer: "RadixAttention", k_scale: float = 1.0,
+                v_scale: float = 1.0) -> None:
         bs, nh, hd = q3.shape
         splits = meta.num_kv_splits
         ws = self._get_workspace(bs * splits, nh, hd, q3.device)
@@ -317,4 +322,5 @@ class TritonAttnBackend(AttentionBackend):
         mid_lse = ws[bs * nh * splits * hd: bs * nh * splits * (hd + 1)].view(bs, nh, splits)
         decode_attention_fwd(q3, k_buf, v_buf, out, req_to_token, meta.decode_req_pool_indices,
                              meta.decode_seq_lens, layer.scaling, splits, mid_o, mid_lse, legacy=self.legacy_decode,
-                             order=meta.decode_order, min_split_len=meta.min_split_len)
+                             order=meta.decode_order, min_split_len=meta.min_split_len, k_scale=k_scale,
+                             v_scale=v_scale)
