@@ -1,9 +1,9 @@
-"""Two-batch overlap in a real server (CPU, ``--tp 2 --ep-size 2``, gloo; with ``--moe-a2a-backend nccl`` where the
-checkout has it; one server with TP attention and, where the checkout has it, one with DP attention, whose ranks
-agree per step whether to split): forced on (``--tbo-min-tokens 2``) with chunked prefill (mixed prefill + decode
-batches) and, with TP attention, a KV pool small enough to retract running requests, it returns the TP1 greedy
-tokens of the shared prompts; requests joining mid-decode and a request aborted in flight do not disturb the others;
-the server logs its choice."""
+"""Two-batch overlap in a real server (CPU, ``--tp 2 --ep-size 2 --moe-a2a-backend nccl``, gloo, TP attention):
+forced on (``--tbo-min-tokens 2``) with chunked prefill (mixed prefill + decode batches) and a KV pool small enough
+to retract running requests, it returns the TP1 greedy tokens of the shared prompts; requests joining mid-decode and
+a request aborted in flight do not disturb the others; the server logs its choice. With DP attention the same
+properties (and a killed rank) run in ``test_dp_attention_server.py``'s 4-rank server (all-to-all + two-batch overlap
++ the overlap scheduler), and at 2 ranks through the real scheduler in ``test/unit/test_ep_dp_tbo_schedules.py``."""
 
 from __future__ import annotations
 
@@ -26,32 +26,14 @@ from tbo_worker import N_NEW, PROMPTS, tp1_greedy  # noqa: E402
 GREEDY = {"temperature": 0, "max_new_tokens": N_NEW, "ignore_eos": True}
 
 
-def _has_flag(field: str) -> bool:
-    import dataclasses
-
-    from sglang.srt.server_args import ServerArgs
-
-    return field in {f.name for f in dataclasses.fields(ServerArgs)}
-
-
-def _a2a_flags() -> list:
-    """``--moe-a2a-backend nccl`` where the checkout has expert parallelism by all-to-all (dispatch / combine are then
-    the micro-batches' communication), else nothing (the all-reduce expert parallelism)."""
-    return ["--moe-a2a-backend", "nccl"] if _has_flag("moe_a2a_backend") else []
-
-
-# "tp": TP attention; "dp": DP attention (each rank its own requests; the ranks agree per step whether to split)
-@pytest.fixture(scope="module", params=["tp", "dp"])
-def server(request):
-    if request.param == "dp" and not _has_flag("enable_dp_attention"):
-        pytest.skip("DP attention (--enable-dp-attention) is not in this checkout")
+@pytest.fixture(scope="module")
+def server():
     path = shared_path("models", "stories260K-moe8")
-    # TP: 4 requests of up to 14 + 32 tokens need ~130 KV slots; 96 forces retractions while they decode
-    layout = ["--enable-dp-attention", "--dp-size", "2"] if request.param == "dp" else ["--max-total-tokens", "96"]
-    with ServerProcess(["--model-path", path, "--device", "cpu", "--tp", "2", "--ep-size", "2", *_a2a_flags(),
-                        *layout, "--enable-two-batch-overlap", "--tbo-min-tokens", "2", "--chunked-prefill-size",
-                        "8", "--disable-radix-cache"]) as s:
-        s.model_path, s.layout = path, request.param
+    # 4 requests of up to 14 + 32 tokens need ~130 KV slots; 96 forces retractions while they decode
+    with ServerProcess(["--model-path", path, "--device", "cpu", "--tp", "2", "--ep-size", "2", "--moe-a2a-backend",
+                        "nccl", "--max-total-tokens", "96", "--enable-two-batch-overlap", "--tbo-min-tokens", "2",
+                        "--chunked-prefill-size", "8", "--disable-radix-cache"]) as s:
+        s.model_path = path
         yield s
 
 
@@ -68,8 +50,7 @@ def test_batch_with_retractions_gives_tp1_tokens(server):
     with open(server.log_path) as f:
         log = f.read()
     assert "two-batch overlap on:" in log and "split" in log  # the choice is logged
-    if server.layout == "tp":  # (the cheap server for retractions: one is enough)
-        assert "KV cache full: retracting" in log  # requests were retracted while the micro-batches ran
+    assert "KV cache full: retracting" in log  # requests were retracted while the micro-batches ran
 
 
 def test_join_mid_decode_and_abort_in_flight(server):

@@ -25,7 +25,7 @@ from sglang.srt.server_args import PortArgs, ServerArgs
 SRT = Path(__file__).resolve().parents[2] / "python" / "sglang" / "srt"
 TECHNIQUE_FLAGS = ("enable_tokenweave", "enable_afd", "enable_tdist_overlap", "disaggregation_mode", "use_ray",
                    "comm_backend", "moe_a2a_backend", "enable_two_batch_overlap", "tbo_min_tokens",
-                   "tbo_token_distribution_threshold")
+                   "tbo_token_distribution_threshold", "enable_dp_attention")
 CORE = ("managers", "entrypoints", "model_executor", "layers", "models")
 
 

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 
 class ForwardMode(IntEnum):
-    """What a batch does: EXTEND (prefill/extend only), DECODE (one token each), MIXED (both)."""
+    """What a batch does: EXTEND (prefill/extend only), DECODE (one token each), MIXED (both), IDLE (DP attention: no
+    tokens on this rank, only the collectives other ranks' tokens need; SGLang's ``ForwardMode.IDLE``)."""
 
     EXTEND = 1
     DECODE = 2
@@ -61,6 +62,8 @@ class ModelWorkerBatch:
         input_ids, positions, out_cache_loc (the KV slot each new token writes).
     ``sampling_info`` is built by the scheduler (CPU); the runner moves it to
     the device.
+    ``dp_step`` (DP attention): the step every DP rank agreed on (a
+    :class:`~sglang.srt.dp_attention.step_sync.DpGlobalStep`: token counts per rank, the graph size all replay).
     ``future_token_ids`` (overlap scheduling on CUDA): ``[ring]`` int64 on the device; a negative input id
     ``-(slot+1)`` is a token still being sampled by an earlier batch, which the runner reads from
     ``future_token_ids[slot]`` on the device (``overlap_worker.resolve_future_ids``). None: every id is real.
@@ -81,6 +84,7 @@ class ModelWorkerBatch:
     top_logprobs_nums: list[int] = field(default_factory=list)
     sampling_info: Optional["SamplingBatchInfo"] = None
     future_token_ids: Optional[torch.Tensor] = None  # overlap: device ring that resolves negative input ids
+    dp_step: Any = None  # DP attention: the agreed DpGlobalStep
     gpu_timing: Optional[tuple] = None  # step trace: (start, end) CUDA events the runner records around forward
 
     @property

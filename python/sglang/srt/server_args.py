@@ -89,6 +89,10 @@ class ServerArgs:
     base_gpu_id: int = 0  # first GPU index of this node's workers
     gpu_id_step: int = 1  # GPU index step between consecutive workers
     zmq_transport: str = "ipc"  # ipc | tcp: transport of the inter-process sockets (tcp: workers may be remote)
+    # Data-parallel attention (SGLang's DP attention): --dp-size schedulers, attention replicated, MoE over EP
+    dp_size: int = 1
+    enable_dp_attention: bool = False
+    load_balance_method: str = "shortest_queue"  # round_robin | shortest_queue: the router over DP schedulers
 
     # Ray (--use-ray: every worker is a Ray actor placed by placement groups; needs the `ray` extra)
     use_ray: bool = False
@@ -225,6 +229,7 @@ class ServerArgs:
             object.__setattr__(self, "disable_cuda_graph", True)
             object.__setattr__(self, "disable_custom_all_reduce", True)
         self._check_runtime(bad)
+        self._check_dp(bad)
         self._check_disaggregation(bad)
         if self.enable_afd:
             self._check_afd(bad)
@@ -281,6 +286,27 @@ class ServerArgs:
             bad("max-n", self.max_n, "use a positive integer")
         if not self.watchdog_timeout > 0:
             bad("watchdog-timeout", self.watchdog_timeout, "use a positive number of seconds")
+
+    def _check_dp(self, bad) -> None:
+        """Validate ``--dp-size``, ``--enable-dp-attention`` and ``--load-balance-method`` (``bad(flag, value, fix)``
+        raises). DP attention needs ``--dp-size`` equal to ``--tp-size`` (SGLang's rule: one attention replica per
+        rank); plain data parallelism over full replicas is not built here (several servers behind a router are). The
+        combinations with other techniques are refused by ``sglang.srt.dp_attention.deploy.validate``."""
+        if self.load_balance_method not in ("round_robin", "shortest_queue"):
+            bad("load-balance-method", self.load_balance_method, "use round_robin or shortest_queue")
+        if self.dp_size < 1:
+            bad("dp-size", self.dp_size, "use a positive integer")
+        if self.enable_dp_attention:
+            if self.dp_size != self.tp_size:
+                bad("dp-size", self.dp_size, f"--enable-dp-attention needs --dp-size equal to --tp-size "
+                    f"(--tp-size={self.tp_size}): use --dp-size {self.tp_size} --tp-size {self.tp_size}")
+            if self.dp_size < 2:
+                bad("enable-dp-attention", True, "DP attention needs --dp-size >= 2 (and --tp-size equal); "
+                    "drop --enable-dp-attention for one rank")
+        elif self.dp_size > 1:
+            bad("dp-size", self.dp_size, "--dp-size > 1 needs --enable-dp-attention (data-parallel attention over the "
+                f"--tp-size ranks; --tp-size {self.dp_size} --dp-size {self.dp_size} --enable-dp-attention); for "
+                "independent replicas run several servers behind python -m sglang.srt.disaggregation.mini_lb --workers")
 
     def _check_disaggregation(self, bad) -> None:
         """Validate the ``--disaggregation-*`` flags (``bad(flag, value, fix)`` raises)."""
@@ -456,6 +482,7 @@ class ServerArgs:
             typ = {"int": int, "float": float, "Optional[int]": int, "Optional[float]": float}.get(str(f.type), str)
             parser.add_argument(flag, type=typ, default=default, help=SERVER_ARGS_HELP.get(f.name))
         parser.add_argument("--tp", dest="tp_size", type=int, default=1, help="Alias of --tp-size.")
+        parser.add_argument("--data-parallel-size", dest="dp_size", type=int, default=1, help="Alias of --dp-size.")
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":
@@ -495,8 +522,10 @@ class PortArgs:
     scheduler_input_ipc: str
     detokenizer_ipc: str
     ipc_dir: str = field(default="")
-    # data-parallel schedulers (AFD attention workers): scheduler a binds dp_scheduler_inputs[a]
+    # data-parallel schedulers (AFD attention workers, DP-attention ranks): scheduler a binds dp_scheduler_inputs[a]
     dp_scheduler_inputs: tuple = ()
+    # DP attention: the data-parallel schedulers step together, so a request sent to one wakes the others
+    dp_wake_peers: bool = False
 
     @classmethod
     def init_new(cls, transport: str = "ipc", host: str = "127.0.0.1") -> "PortArgs":

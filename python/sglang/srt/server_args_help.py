@@ -70,11 +70,17 @@ SERVER_ARGS_HELP: dict[str, str] = {
     # parallelism
     "tp_size": "The tensor parallelism size.",
     "ep_size": "The expert parallelism size.",
+    "dp_size": "The data parallelism size (with --enable-dp-attention: the DP attention ranks, equal to --tp-size).",
+    "enable_dp_attention": "Enabling data parallelism for attention and tensor parallelism for FFN. The dp size should "
+    "be equal to the tp size. Each DP rank schedules its own requests with its own KV cache; MoE layers run expert "
+    "parallel over all ranks (see docs/expert_parallel.md).",
+    "load_balance_method": "The load balancing strategy for data parallelism: shortest_queue (the rank with the fewest "
+    "unfinished requests, ties in turn) | round_robin.",
     "moe_a2a_backend": "Choose the backend for MoE A2A (expert parallelism by all-to-all): none (default: every "
     "rank runs every token and an all-reduce sums the expert outputs) | nccl (torch.distributed all-to-all; gloo on "
     "CPU) | tdist (Triton-distributed low-latency all-to-all; on CPU only under TRITON_INTERPRET=1). Needs "
-    "--ep-size equal to --tp-size; normal mode for prefill, low-latency (CUDA-graph capturable) for decode. deepep "
-    "is not available here.",
+    "--ep-size equal to --tp-size; normal mode for prefill, low-latency (CUDA-graph capturable) for decode. With "
+    "--enable-dp-attention each DP rank dispatches its own requests' tokens. deepep is not available here.",
     "nnodes": "The number of nodes.",
     "node_rank": "The node rank.",
     "dist_init_addr": "The host address for initializing distributed backend (e.g., `192.168.0.2:25000`).",

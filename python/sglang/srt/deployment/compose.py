@@ -109,7 +109,7 @@ def plan_deployment(args: "ServerArgs") -> DeploymentPlan:
     """
     mods = validate(args)
     base = worker_template(args, mods)
-    shaper = next((m for m in reversed(mods) if hasattr(m, "workers")), None)  # ray, else afd
+    shaper = next((m for m in reversed(mods) if hasattr(m, "workers")), None)  # dp attention, else ray, else afd
     workers = shaper.workers(args, base) if shaper is not None else tp_workers(args, base)
     uses_ray = any(m.NAME == "ray" for m in mods)
     notes = tuple(n for m in mods if hasattr(m, "notes") for n in m.notes(args))

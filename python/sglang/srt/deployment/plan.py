@@ -2,7 +2,7 @@
 
 ``plan_deployment(server_args)`` is the only code outside ``server_args.py`` and the technique packages that reads
 the technique flags (``enable_tokenweave``, ``enable_afd``, ``enable_tdist_overlap``, ``disaggregation_mode``,
-``use_ray``, ``comm_backend``). It asks each technique package (:mod:`sglang.srt.deployment.techniques`) to
+``use_ray``, ``comm_backend``, ``enable_dp_attention``). It asks each technique package (:mod:`sglang.srt.deployment.techniques`) to
 validate the flags, then lists every model worker to start as a :class:`WorkerSpec`: its :class:`WorkerRole`,
 placement (node slice, device slot, explicit device), parallel ranks, and what its process builds: an
 :class:`ExecutorSpec` (how the layers run), a :class:`CommunicatorSpec` (TP collectives) and an optional
@@ -108,6 +108,31 @@ class ConnectorSpec:
 
 
 @dataclass(frozen=True)
+class DpAttentionSpec:
+    """SGLang's DP attention for one worker (``--enable-dp-attention``; the LMSYS blog on DeepSeek's data-parallel MLA
+    attention, 2025; DeepSeek-V3 technical report, sec. 3.4): the worker is DP rank ``dp_rank`` of ``dp_size``, schedules
+    its own requests with its own KV cache and replicated attention / dense weights, and runs the MoE layers expert
+    parallel over all ``dp_size`` ranks of one torch.distributed world (made by ``sglang.srt.dp_attention``).
+
+    Attributes:
+        dp_rank / dp_size: this rank and the DP size (= ``--tp-size``; the world of the MoE collectives).
+        moe_ep_size: ``--ep-size``: expert groups over the ranks (experts split ``moe_ep_size`` ways, each expert's
+            intermediate dim over ``dp_size / moe_ep_size`` ranks).
+        moe_a2a_backend: ``none`` (gather every rank's tokens, run the local experts, reduce-scatter back: the
+            all-reduce EP of ``fused_moe.py`` over the DP world) or an all-to-all token dispatcher's name.
+    """
+
+    dp_rank: int
+    dp_size: int
+    moe_ep_size: int = 1
+    moe_a2a_backend: str = "none"
+
+    def describe(self) -> str:
+        """Short form for the plan table."""
+        return f"dp {self.dp_rank}/{self.dp_size}, moe ep {self.moe_ep_size} ({self.moe_a2a_backend})"
+
+
+@dataclass(frozen=True)
 class MoeA2aSpec:
     """Expert parallelism by all-to-all of a worker's MoE layers (``--moe-a2a-backend``; see
     ``sglang.srt.expert_parallel``): the worker builds one token dispatcher and installs it on every MoE block.
@@ -160,6 +185,8 @@ class WorkerSpec:
         local_index: device slot on its node (``--base-gpu-id + local_index * --gpu-id-step``).
         device: explicit device (``cuda:3``, ``cpu``; under Ray ``cuda:0`` = the GPU Ray assigned).
         executor / communicator / connector: what the worker builds (connector None unless PD).
+        dp_attention: its :class:`DpAttentionSpec` under ``--enable-dp-attention`` (None otherwise); then ``group``
+            is the DP rank (its own scheduler sockets), ``rank`` / ``tp_size`` its place in the MoE world.
         moe_a2a: expert parallelism by all-to-all of its MoE layers (None: the all-reduce EP of ``--ep-size``).
         resources: what a placement-aware launcher reserves, e.g. ``{"CPU": 1, "GPU": 1}``.
         args: the frozen ServerArgs the worker sizes itself with (not printed).
@@ -178,6 +205,7 @@ class WorkerSpec:
     executor: ExecutorSpec = ExecutorSpec()
     communicator: CommunicatorSpec = CommunicatorSpec()
     connector: Optional[ConnectorSpec] = None
+    dp_attention: Optional[DpAttentionSpec] = None
     moe_a2a: Optional[MoeA2aSpec] = None
     resources: Mapping[str, float] = field(default_factory=dict, compare=False)
     args: Optional["ServerArgs"] = field(default=None, repr=False, compare=False)
@@ -239,5 +267,5 @@ class DeploymentPlan:
 
     @property
     def scheduler_groups(self) -> int:
-        """Data-parallel scheduler groups (AFD attention workers; 1 otherwise)."""
+        """Data-parallel scheduler groups (AFD attention workers, DP attention ranks; 1 otherwise)."""
         return 1 + max((w.group for w in self.schedulers), default=0)

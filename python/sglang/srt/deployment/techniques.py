@@ -27,6 +27,7 @@ TECHNIQUE_MODULES = (
     "sglang.srt.expert_parallel.deploy",
     "sglang.srt.ray.deploy",
     "sglang.srt.two_batch_overlap.deploy",
+    "sglang.srt.dp_attention.deploy",  # last: its hooks see (and override) the others' choices (moe_a2a's scope)
 )
 
 

@@ -49,9 +49,11 @@ WATCHDOG_INTERVAL_S = 0.5
 
 def describe_worker(spec) -> str:
     """How logs and errors name a worker: ``scheduler TP rank r`` (``attention worker a TP rank r`` with several
-    attention workers), or ``AFD FFN worker j``."""
+    attention workers, ``scheduler DP rank r`` under DP attention), or ``AFD FFN worker j``."""
     from sglang.srt.deployment.plan import WorkerRole
 
+    if getattr(spec, "dp_attention", None) is not None:
+        return f"scheduler DP rank {spec.dp_attention.dp_rank}"
     if spec.role is WorkerRole.FFN:
         return f"AFD FFN worker {spec.rank}"
     if spec.role is WorkerRole.ATTENTION and spec.group:
@@ -191,13 +193,16 @@ def _free_port() -> int:
     return free_tcp_ports(1)[0]
 
 
-def check_parallel_args(server_args: ServerArgs) -> None:
-    """Validate ``--tp-size/--ep-size/--nnodes`` against the model's config before any process starts.
+def check_parallel_args(server_args: ServerArgs, plan=None) -> None:
+    """Validate ``--tp-size/--ep-size/--nnodes`` against the model's config before any process starts (not for
+    DP-attention plans: their attention is replicated, the technique's ``check_model`` checks the MoE split).
 
     Raises:
         ValueError: e.g. ``--tp-size=3`` with 8 attention heads (the message lists valid sizes).
     """
     if server_args.tp_size == 1 and server_args.nnodes == 1 and server_args.ep_size == 1:
+        return
+    if plan is not None and any(w.dp_attention is not None for w in plan.schedulers):
         return
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.distributed.parallel_state import validate_tp_config
@@ -213,6 +218,8 @@ def _who(spec) -> str:
 
     if spec.role is WorkerRole.FFN:
         return f"FFN worker {spec.rank}"
+    if getattr(spec, "dp_attention", None) is not None:
+        return f"the scheduler process of DP rank {spec.dp_attention.dp_rank}"
     group = f"attention worker {spec.group} " if spec.role is WorkerRole.ATTENTION and spec.group else ""
     return f"the scheduler process of {group}TP rank {spec.rank}"
 
@@ -291,7 +298,7 @@ def launch_subprocesses(server_args: ServerArgs, port_args: PortArgs, in_process
     from sglang.srt.layers.quantization import check_quantization
 
     plan = plan or plan_deployment(server_args)
-    check_parallel_args(server_args)
+    check_parallel_args(server_args, plan)
     check_model(server_args)  # e.g. AFD refuses a dense model before anything is spawned
     check_quantization(server_args)  # --quantization / the checkpoint's quantization_config, before any spawn
     if plan.uses_ray:  # workers as Ray actors; the only path that imports ray

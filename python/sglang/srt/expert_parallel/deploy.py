@@ -61,10 +61,13 @@ def moe_a2a(args: Any, spec: Optional[MoeA2aSpec]) -> MoeA2aSpec:
 
 
 def notes(args: Any) -> list:
-    """One plan note: the backend, the EP size and the token scope."""
+    """One plan note: the backend, the EP size and the token scope (``tp_slice`` under TP attention, ``local`` under
+    ``--enable-dp-attention``, whose ``moe_a2a`` hook sets it)."""
+    scope = ("DP attention: each DP rank dispatches its own requests' tokens (token scope local)"
+             if args.enable_dp_attention else
+             f"TP attention: each rank dispatches 1/{args.tp_size} of the tokens (token scope tp_slice)")
     return [f"moe a2a: {args.moe_a2a_backend} all-to-all over EP {args.ep_size} (each expert on one rank); "
-            f"normal mode for prefill/mixed batches, low-latency for decode; TP attention: each rank dispatches "
-            f"1/{args.tp_size} of the tokens"]
+            f"normal mode for prefill/mixed batches, low-latency for decode; {scope}"]
 
 
 def check_model(args: Any) -> None:

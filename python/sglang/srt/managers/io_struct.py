@@ -56,6 +56,11 @@ class AbortReq(msgspec.Struct, tag=True):
     abort_all: bool = False
 
 
+class WakeUpReq(msgspec.Struct, tag=True):
+    """DP attention: the front end sent a request to another data-parallel scheduler; this one leaves its idle wait
+    at once (the ranks step together) instead of at its next poll timeout. Carries nothing; handling it is a no-op."""
+
+
 class FlushCacheReqInput(msgspec.Struct, tag=True):
     """Ask the scheduler to drop the prefix cache (only succeeds when idle).
 
@@ -178,6 +183,7 @@ class BatchStrOut(msgspec.Struct, tag=True):
 Message = Union[
     TokenizedGenerateReqInput,
     AbortReq,
+    WakeUpReq,
     FlushCacheReqInput,
     FlushCacheReqOutput,
     GetInternalStateReq,

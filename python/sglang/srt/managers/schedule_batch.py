@@ -218,6 +218,7 @@ class ScheduleBatch:
     future_slots: list[int] = field(default_factory=list)
     handle: Any = None
     result: Any = None
+    dp_step: Any = None  # DP attention: the agreed DpGlobalStep (sglang.srt.dp_attention.step_sync)
     forward_index: int = 0  # the scheduler's forward count at launch (1, 2, ...)
     trace: Optional[dict] = None  # the step-trace record while tracing (metrics/step_trace.py)
     trace_events: Any = None  # its (start, end) CUDA events
@@ -259,6 +260,7 @@ class ScheduleBatch:
             input_logprob_token_ids=ids_all,
             top_logprobs_nums=[r.top_logprobs_num for r in self.reqs],
             sampling_info=self.sampling_info,
+            dp_step=self.dp_step,
         )
 
 

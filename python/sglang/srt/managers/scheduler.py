@@ -42,6 +42,11 @@ overlaps the forward. Consequences, all handled here:
     the tree already holds some of those tokens under another request's slots (inserting would free this
     request's duplicates and rewrite its slot map under the running forward), the chunk waits for the result as
     before. ``SGLANG_CHUNK_CACHE_AT_LAUNCH=0`` always waits (the behaviour before).
+DP attention with a MoE model (``runner.dp_attention.lockstep``): every forward is a collective over the DP ranks, so
+each step, after this rank picked its batch, the ranks agree on the step (``sglang.srt.dp_attention``: one CPU
+all-gather of the batches' token counts); a rank without a batch runs an idle one (``ForwardMode.IDLE``) when another
+rank has tokens, and nobody runs a forward when nobody has. Each rank keeps its own queues, radix cache, chunked
+prefill, retraction and overlap.
 The ZMQ process loop around it lives in ``scheduler_process.py``; result processing in
 ``scheduler_output_processor.py``; the grammar queue in ``scheduler_grammar.py``; request intake
 (add, abort) in ``scheduler_intake.py``.
@@ -155,6 +160,7 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
         self.future_ct = 0
         self.worker = OverlapWorker(runner, self.future_ring_size, device_futures) if self.overlap else None
         self.control_group = self._make_control_group()
+        self.dp_sync = self._make_dp_sync()
         self.tracer = StepTracer.from_server_args(server_args, getattr(runner, "device", "cpu"),
                                                   getattr(runner, "tp_rank", 0) or 0)
         logger.info("overlap schedule %s, mixed chunk %s", "on" if self.overlap else "off",
@@ -181,6 +187,18 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
 
             return dist.new_group(backend="gloo")
         return ps.cpu_group
+
+    def _make_dp_sync(self):
+        """The DP step agreement (:class:`~sglang.srt.dp_attention.step_sync.DpStepSync`) when the runner is a DP
+        attention rank of a MoE model; None otherwise (ranks of a dense model never wait for each other)."""
+        dp = getattr(self.runner, "dp_attention", None)
+        if dp is None or not dp.lockstep:
+            return None
+        graphs = getattr(self.runner, "cuda_graph_runner", None)
+        self.dp_graph_max_bs = graphs.max_bs if graphs is not None else None
+        dispatcher = getattr(self.runner, "moe_dispatcher", None)  # --moe-a2a-backend: its low-latency capacity
+        capacity = dispatcher.config.max_tokens_low_latency if dispatcher is not None else None
+        return dp.step_sync(self.runner.dp_graph_size if graphs is not None else None, capacity)
 
     def close(self) -> None:
         """Process the in-flight batch and stop the overlap worker thread."""
@@ -224,6 +242,11 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
         if self.inflight is not None and self._needs_result_first(self.inflight):
             self.sync()
         batch = self.get_next_batch()
+        if self.dp_sync is not None:  # DP attention: every rank runs a forward (maybe idle) or none does
+            from sglang.srt.dp_attention.scheduler_hook import agree_batch
+
+            batch = agree_batch(self.dp_sync, batch, self.has_work(), self.dp_graph_max_bs, self.runner.device,
+                                getattr(getattr(self.runner, "executor", None), "dp_split_ok", None))
         prev, self.inflight = self.inflight, None
         if batch is not None:
             self._launch(batch)
@@ -311,7 +334,10 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
         return True
 
     def _trace_launch(self, batch: ScheduleBatch, mwb) -> None:
-        """Hand a batch about to launch to the step tracer (log lines; trace record and CUDA events when on)."""
+        """Hand a batch about to launch to the step tracer (log lines; trace record and CUDA events when on). A DP
+        attention idle batch (no requests) is not traced."""
+        if batch.forward_mode == ForwardMode.IDLE:
+            return
         graphs = getattr(self.runner, "cuda_graph_runner", None)
         graph = graphs is not None and graphs.can_run(mwb)
         total = max(self.kv.max_total_tokens, 1)
@@ -340,6 +366,11 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
         """True while requests are waiting, running, chunked, waiting for a grammar or in flight."""
         return bool(self.waiting or self.running or self.chunked_req or self.grammar_queue or self.inflight
                     or (self.disagg is not None and self.disagg.has_work()))
+
+    def may_block(self) -> bool:
+        """Whether the process loop may wait for messages: nothing to do here, and (DP attention) no rank had work at
+        the last step agreement (the ranks step together)."""
+        return not self.has_work() and (self.dp_sync is None or not self.dp_sync.peers_busy)
 
     def get_next_batch(self) -> Optional[ScheduleBatch]:
         """The next batch: running requests' decode tokens plus newly admitted prefills (EXTEND, DECODE or MIXED), with
@@ -514,6 +545,13 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
             self.grammar_backend.reset()
         return True, ""
 
+    def _dp_state(self) -> dict:
+        """DP attention: this scheduler's DP rank, whether the ranks step together, steps agreed and idle forwards."""
+        dp = self.runner.dp_attention
+        return {"dp_rank": dp.dp_rank, "dp_size": dp.dp_size, "dp_lockstep": self.dp_sync is not None,
+                "dp_steps": self.dp_sync.steps if self.dp_sync else 0,
+                "dp_idle_forwards": self.dp_sync.idle_forwards if self.dp_sync else 0}
+
     def internal_state(self) -> dict:
         """``/get_server_info`` internal state: the stats plus pool/cache sizes in tokens, limits and counters."""
         s = self.stats()
@@ -530,5 +568,6 @@ class Scheduler(SchedulerIntakeMixin, SchedulerGrammarMixin, SchedulerOutputProc
             "num_grammar_queue_reqs": len(self.grammar_queue),
             "overlap_schedule": self.overlap,
             **(self.disagg.internal_state() if self.disagg is not None else {}),
+            **(self._dp_state() if getattr(self.runner, "dp_attention", None) is not None else {}),
             **({"afd": ex.state()} if hasattr(ex := getattr(self.runner, "executor", None), "state") else {}),
         }

@@ -18,6 +18,11 @@ messages in the same order and runs the same deterministic :meth:`Scheduler.step
 identical batches and enter the model's collectives together (sampled tokens are made identical by the
 ModelRunner). Only rank 0 sends outputs, replies and stats. A rank whose peer died gets an error from
 the next collective and exits; the launcher notices any dead rank and stops the server.
+
+DP attention (``WorkerSpec.dp_attention``): every DP rank is a leader with its own sockets and requests; with MoE layers
+the ranks step together through the scheduler's per-step agreement (``sglang.srt.dp_attention``), so a rank blocks
+on its socket only while no rank has work, and the front end wakes the others (:class:`WakeUpReq`) when it sends a
+request to one.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from sglang.srt.managers.io_struct import (
     GetInternalStateReq,
     GetInternalStateReqOutput,
     TokenizedGenerateReqInput,
+    WakeUpReq,
     decode_msg,
     encode_msg,
 )
@@ -96,6 +102,8 @@ class SchedulerProcess:
                     stop_strs=[[]]))
         elif isinstance(msg, AbortReq):
             s.abort(msg)
+        elif isinstance(msg, WakeUpReq):  # DP attention: leaving the idle wait was the point
+            pass
         elif isinstance(msg, FlushCacheReqInput):
             ok, why = s.flush_cache()
             self.send_tokenizer(FlushCacheReqOutput(success=ok, message=why, dp_rank=msg.dp_rank, seq=msg.seq))
@@ -152,7 +160,7 @@ class SchedulerProcess:
         while True:
             if watchdog is not None:
                 watchdog.beat()
-            self.recv_all(block=not s.has_work())
+            self.recv_all(block=s.may_block())
             for out in self._step():
                 self.send_detok(out)
             now = time.monotonic()
@@ -194,6 +202,20 @@ def _start(spec, parent_watch):
     device_type = args.resolved_device
     device = spec.device or device_type
     mc = ModelConfig.from_path(args.model_path, args.context_length, args.dtype, device_type)
+    alive = parent_watch.parent_alive if parent_watch is not None else None
+    tokenizer = None if args.skip_tokenizer_init else get_tokenizer(args.resolved_tokenizer_path,
+                                                                    args.trust_remote_code)
+    if spec.dp_attention is not None:  # one DP rank: attention TP 1, its own requests; the MoE world over all ranks
+        from sglang.srt.dp_attention.rank import DpAttentionRank
+
+        dp = DpAttentionRank.join(spec.dp_attention, spec.wiring.dist_init or "", device_type,
+                                  torch_device_index(device), args.dist_timeout, share_gpu=args.tp_ranks_share_gpu)
+        if device_type == "cuda":
+            device = str(dp.parallel_state.torch_device())
+        make_device_current(device)
+        runner = ModelRunner(mc, args, device, worker=spec, alive=alive, dp_attention=dp)
+        scheduler = Scheduler(args, runner, tokenizer, connector=spec.connector)
+        return SchedulerProcess(args, spec.wiring.port_args, scheduler, None), runner, mc
     ps = None
     if tp_size > 1:
         from sglang.srt.distributed.parallel_state import DistConfig, init_parallel_state, validate_tp_config
@@ -208,9 +230,7 @@ def _start(spec, parent_watch):
             device = str(ps.torch_device())
     make_device_current(device)
     runner = ModelRunner(mc, args, device, tp_rank=tp_rank, tp_size=tp_size, parallel_state=ps, worker=spec,
-                         alive=parent_watch.parent_alive if parent_watch is not None else None)
-    tokenizer = None if args.skip_tokenizer_init else get_tokenizer(args.resolved_tokenizer_path,
-                                                                    args.trust_remote_code)
+                         alive=alive)
     scheduler = Scheduler(args, runner, tokenizer, connector=spec.connector)
     return SchedulerProcess(args, spec.wiring.port_args, scheduler, ps), runner, mc
 
@@ -227,8 +247,10 @@ def run_scheduler_process(spec, ready_pipe, parent_watch=None) -> None:
     watchdog reports the dead worker).
     """
     tp_rank, tp_size, args = spec.rank, spec.tp_size, spec.args
-    who = f"TP rank {tp_rank}" if tp_size > 1 else "scheduler"
-    configure_logger(args.log_level, f"Scheduler TP{tp_rank}" if tp_size > 1 else "Scheduler")
+    dp = spec.dp_attention
+    who = f"DP rank {dp.dp_rank}" if dp is not None else f"TP rank {tp_rank}" if tp_size > 1 else "scheduler"
+    configure_logger(args.log_level, f"Scheduler DP{dp.dp_rank}" if dp is not None else
+                     f"Scheduler TP{tp_rank}" if tp_size > 1 else "Scheduler")
     if threading.current_thread() is threading.main_thread():  # a Ray actor runs us on one of its threads
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent coordinates shutdown
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
@@ -236,7 +258,7 @@ def run_scheduler_process(spec, ready_pipe, parent_watch=None) -> None:
         proc, runner, mc = _start(spec, parent_watch)
     except Exception as e:  # report any startup failure to the launcher
         logger.error("scheduler (%s) failed to start: %s\n%s", who, e, traceback.format_exc())
-        ready_pipe.send({"status": "error", "message": f"TP rank {tp_rank}: {type(e).__name__}: {e}"
+        ready_pipe.send({"status": "error", "message": f"{who}: {type(e).__name__}: {e}"
                          if tp_size > 1 else f"{type(e).__name__}: {e}"})
         return
     ready_pipe.send(ready_info(runner, mc, tp_rank, tp_size))
@@ -271,4 +293,5 @@ def ready_info(runner, mc, tp_rank: int, tp_size: int) -> dict:
         "pid": os.getpid(),
         "kv_cache_layout_resolved": runner.token_to_kv_pool.layout if runner.kv_cache else None,
         "tokenweave_sharded_residual_resolved": bool(getattr(runner.executor, "sharded_residual", False)),
+        **(runner.dp_attention.ready_info() if getattr(runner, "dp_attention", None) is not None else {}),
     }

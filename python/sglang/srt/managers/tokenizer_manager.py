@@ -24,6 +24,7 @@ from typing import Any, AsyncIterator, Optional
 import zmq
 import zmq.asyncio
 
+from sglang.srt.managers.dp_router import DpRouter
 from sglang.srt.managers.generate_req import GenerateReqInput, SingleGenerateReq
 from sglang.srt.managers.io_struct import (
     AbortReq,
@@ -32,6 +33,7 @@ from sglang.srt.managers.io_struct import (
     GetInternalStateReqOutput,
     SchedulerStats,
     TokenizedGenerateReqInput,
+    WakeUpReq,
     decode_msg,
     encode_msg,
 )
@@ -122,11 +124,13 @@ class TokenizerManager(TokenizerControlMixin, TokenizerTextMixin):
             self._recv_sock = get_zmq_socket(self._recv_ctx, zmq.PULL, port_args.tokenizer_ipc, bind=True)
         self._send_ctx = zmq.Context()
         self._send_sock = get_zmq_socket(self._send_ctx, zmq.PUSH, port_args.scheduler_input_ipc, bind=False)
-        # data-parallel schedulers (AFD attention workers): a request goes to one, round robin; its aborts follow it
+        # data-parallel schedulers (AFD attention workers, DP-attention ranks): a request goes to the one the router
+        # picks (--load-balance-method); its aborts follow it; with DP attention the others are woken
         self._dp_socks = [get_zmq_socket(self._send_ctx, zmq.PUSH, a, bind=False)
                           for a in port_args.dp_scheduler_inputs]
-        self._dp_owner: dict[str, int] = {}
-        self._dp_next = 0
+        self._dp_router = DpRouter(max(len(self._dp_socks), 1), getattr(server_args, "load_balance_method",
+                                                                          "shortest_queue"))
+        self._dp_wake = encode_msg(WakeUpReq()) if getattr(port_args, "dp_wake_peers", False) else None
         self._states: dict[str, ReqState] = {}
         self._control_futs: dict[str, asyncio.Future] = {}
         self._control_locks: dict[str, asyncio.Lock] = {}
@@ -259,7 +263,7 @@ class TokenizerManager(TokenizerControlMixin, TokenizerTextMixin):
                     s.finished = True
                 if self._states.get(s.req.rid) is s:
                     del self._states[s.req.rid]
-                    self._dp_owner.pop(s.req.rid, None)
+                    self._dp_router.release(s.req.rid)
 
     def _prepare(self, req: SingleGenerateReq) -> TokenizedGenerateReqInput:
         """Tokenize and validate one request (ValueError naming the field on bad input); see
@@ -364,12 +368,15 @@ class TokenizerManager(TokenizerControlMixin, TokenizerTextMixin):
         if not self._dp_socks:
             self._send_sock.send(data)
             return
-        if isinstance(msg, TokenizedGenerateReqInput):  # data parallel: round robin, remembered for aborts
-            idx = self._dp_owner[msg.rid] = self._dp_next % len(self._dp_socks)
-            self._dp_next += 1
+        if isinstance(msg, TokenizedGenerateReqInput):  # data parallel: the router's pick, remembered for aborts
+            idx = self._dp_router.pick(msg.rid)
             self._dp_socks[idx].send(data)
-        elif isinstance(msg, AbortReq) and not msg.abort_all and msg.rid in self._dp_owner:
-            self._dp_socks[self._dp_owner[msg.rid]].send(data)
+            if self._dp_wake is not None:  # DP attention: the other ranks step with it
+                for i, sock in enumerate(self._dp_socks):
+                    if i != idx:
+                        sock.send(self._dp_wake)
+        elif isinstance(msg, AbortReq) and not msg.abort_all and self._dp_router.owner(msg.rid) is not None:
+            self._dp_socks[self._dp_router.owner(msg.rid)].send(data)
         elif isinstance(msg, AbortReq):  # abort_all, or a rid not (or no longer) placed: every scheduler
             for sock in self._dp_socks:
                 sock.send(data)

@@ -199,6 +199,7 @@ class CudaGraphRunner:
         t0 = time.perf_counter()
         free0 = torch.cuda.mem_get_info(self.device)[0]
         stream = torch.cuda.Stream(self.device)
+        dp = getattr(self.runner, "dp_attention", None)
         backend = self.runner.attn_backend
         # a backend that plans on the host per batch (FlashInfer) gives each graph its own metadata and re-plans it
         # before every replay (plan_graph_replay); the others' metadata only references the static buffers
@@ -206,6 +207,8 @@ class CudaGraphRunner:
         self.replan = getattr(backend, "plan_graph_replay", None)
         self.forward_batches: dict[int, ForwardBatch] = {}
         for bs in reversed(self.batch_sizes):  # largest first so smaller graphs reuse its memory pool
+            if dp is not None:  # DP attention: the MoE all-gathers of this graph carry bs rows per rank
+                dp.begin_forward_rows(bs)
             fb = self._forward_batch(bs)
             init_meta(fb)
             self.forward_batches[bs] = fb
@@ -247,14 +250,22 @@ class CudaGraphRunner:
                 and not any(batch.input_logprob_indices))
 
     @torch.inference_mode()
-    def replay(self, batch: ModelWorkerBatch) -> LogitsProcessorOutput:
+    def replay(self, batch: ModelWorkerBatch, padded: Optional[int] = None) -> LogitsProcessorOutput:
         """Run a decode batch through the captured graph of the next padded size (placeholder input ids resolved
         from ``batch.future_token_ids`` on the device when it is set).
 
+        ``padded``: the captured size to replay instead (DP attention: the size every DP rank agreed on, at least
+        ``batch_size``; an idle rank replays it with 0 rows, padding only).
         Returns logits for the real rows only: ``[batch_size, vocab]`` float32.
+        Raises:
+            ValueError: ``padded`` is not a captured size or is smaller than the batch.
         """
         bs = batch.batch_size
-        padded = self.padded_size(bs)
+        if padded is None:
+            padded = self.padded_size(bs)
+        elif padded not in self.graphs or padded < bs:
+            raise ValueError(f"replay: padded size {padded} is not a captured size >= batch size {bs} "
+                             f"(captured: {self.batch_sizes})")
         self.inputs.stage(batch, padded)  # padding rows: token 0 at position 0 of the pad row, KV slot 0
         ring = getattr(batch, "future_token_ids", None)
         if ring is not None:  # overlap with device futures: placeholders -> tokens of the previous batch
@@ -268,14 +279,15 @@ class CudaGraphRunner:
             self.staged.after_graph_replay()  # e.g. AFD: fail closed on a peer that did not answer
         return LogitsProcessorOutput(next_token_logits=self.outputs[padded][:bs])
 
-    def greedy_ids(self, batch: ModelWorkerBatch) -> Optional[torch.Tensor]:
+    def greedy_ids(self, batch: ModelWorkerBatch, padded: Optional[int] = None) -> Optional[torch.Tensor]:
         """After :meth:`replay` of ``batch``: its next token ids ``[batch_size]`` int64 on the device (a view of the
         graph's static argmax output, valid until the next replay, like the logits) when
-        :func:`graph_greedy_eligible` holds; else None (sample from the logits)."""
+        :func:`graph_greedy_eligible` holds; else None (sample from the logits). ``padded``: the size that
+        :meth:`replay` was given (DP attention's agreed size; None: the batch's own padded size)."""
         if not graph_greedy_eligible(batch):
             return None
         bs = batch.batch_size
-        return self.greedy_outputs[self.padded_size(bs)][:bs]
+        return self.greedy_outputs[padded if padded is not None else self.padded_size(bs)][:bs]
 
 
 def maybe_create_cuda_graph_runner(runner: "ModelRunner", server_args, pad_req_idx: Optional[int],

@@ -62,10 +62,11 @@ class DecodeInputStager:
     def stage(self, batch, padded: int) -> None:
         """Write ``batch`` (a decode ``ModelWorkerBatch`` of ``bs <= padded`` rows: list or CPU-tensor columns,
         ``out_cache_loc`` an int tensor on the host or on the device) into columns ``[:bs]`` and padding into
-        ``[bs:padded]`` of :attr:`static`, issued on the current stream without waiting for the device."""
+        ``[bs:padded]`` of :attr:`static`, issued on the current stream without waiting for the device. ``bs`` may be 0
+        (a DP-attention idle rank replays padding only)."""
         bs = batch.batch_size
-        if not 1 <= bs <= padded <= self.max_bs:
-            raise ValueError(f"DecodeInputStager.stage: need 1 <= bs ({bs}) <= padded ({padded}) <= {self.max_bs}")
+        if not (0 <= bs <= padded <= self.max_bs and padded >= 1):
+            raise ValueError(f"DecodeInputStager.stage: need 0 <= bs ({bs}) <= padded ({padded}) <= {self.max_bs}")
         i = self._turn
         self._turn = (i + 1) % len(self._host)
         if self._events[i] is not None and self._used[i]:

@@ -16,7 +16,8 @@ import torch.distributed as dist
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.attention import create_attention_backend
-from sglang.srt.forward_batch_info import ForwardBatch, ModelWorkerBatch
+from sglang.srt.forward_batch_info import ForwardBatch, ForwardMode, ModelWorkerBatch
+from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.sampler import Sampler, SamplerOutput
 from sglang.srt.mem_cache.kv_cache import KVCache
 from sglang.srt.mem_cache.memory_budget import measure_activation_reserve, req_to_token_bytes
@@ -87,6 +88,10 @@ class ModelRunner:
             (made by the executor registry after the model loads), communicator spec. Default: the spec a worker
             built from ``server_args`` gets (:func:`~sglang.srt.deployment.compose.single_worker_spec`).
         alive: the launcher's liveness, for executors that wait on remote peers (AFD).
+        dp_attention: the worker's :class:`~sglang.srt.dp_attention.rank.DpAttentionRank` under DP attention (then
+            ``tp_size`` is 1: attention, dense layers and logits are replicated; the loader shards the experts over
+            the DP world; the KV budget and CUDA-graph use are agreed over the DP ranks; a batch's ``dp_step`` sets
+            the MoE padding, picks the graph size every rank replays, and an ``IDLE`` batch runs the idle forward).
     Construction, one helper per job: CPU threads and seed; communicator; model load (role's weights);
     KV sizing (minimum over TP ranks); :class:`~sglang.srt.mem_cache.kv_cache.KVCache`; the CUDA-graph
     padding row; attention backend, sampler, executor; CUDA graphs.
@@ -109,7 +114,7 @@ class ModelRunner:
     def __init__(self, model_config: ModelConfig, server_args: "ServerArgs", device: str, tp_rank: int = 0,
                  tp_size: int = 1, parallel_state=None, comm=None, role: "WorkerRole | str" = WorkerRole.AGGREGATED,
                  executor: Optional[ModelExecutor] = None, worker: Optional["WorkerSpec"] = None,
-                 alive: Optional[Callable[[], bool]] = None):
+                 alive: Optional[Callable[[], bool]] = None, dp_attention=None):
         from sglang.srt.deployment.communicator import make_communicator
         from sglang.srt.deployment.compose import single_worker_spec
         from sglang.srt.distributed.parallel_state import local_kv_heads
@@ -121,6 +126,7 @@ class ModelRunner:
         self.worker = worker if worker is not None else single_worker_spec(server_args, self.role_spec.role)
         self.device = torch.device(device)
         self.tp_rank, self.tp_size, self.parallel_state = tp_rank, tp_size, parallel_state
+        self.dp_attention = dp_attention
         if self.device.type == "cpu":
             set_cpu_threads(model_config)
         self.page_size = server_args.page_size
@@ -170,20 +176,25 @@ class ModelRunner:
         """The model with this role's weights (see :func:`~sglang.srt.model_loader.loader.load_model`)."""
         from sglang.srt.model_loader.loader import load_model
 
+        dp = self.dp_attention
         return load_model(self.model_config, args.load_format, self.device, tp_rank=self.tp_rank,
-                          tp_size=self.tp_size, comm=self.comm if self.tp_size > 1 else None, ep_size=args.ep_size,
+                          tp_size=self.tp_size, comm=self.comm if self.tp_size > 1 else None,
+                          ep_size=1 if dp is not None else args.ep_size,
                           weight_filter=self.role_spec.weight_filter, holds_param=self.role_spec.holds_param,
-                          quantization=args.quantization)
+                          layout=dp.layout if dp is not None else None, quantization=args.quantization)
 
     def _install_moe_a2a(self, args: "ServerArgs"):
         """Expert parallelism by all-to-all when the plan asks for it (``worker.moe_a2a``): one token dispatcher for
         this rank, installed on every MoE block (:func:`~sglang.srt.expert_parallel.install.install_moe_a2a`;
-        collective over the EP group). Returns it, or None."""
+        collective over the EP group). Under DP attention the DP rank builds it over the DP world with the ``local``
+        token scope (:meth:`~sglang.srt.dp_attention.rank.DpAttentionRank.install_moe_a2a`). Returns it, or None."""
         if self.worker.moe_a2a is None:
             return None
+        rows = max_running_requests(args, self.device, self.model_config.context_len, GPU_MAX_DEFAULT_TOKENS)
+        if self.dp_attention is not None:
+            return self.dp_attention.install_moe_a2a(self.model, self.worker.moe_a2a, args, self.device, rows)
         from sglang.srt.expert_parallel.install import install_moe_a2a
 
-        rows = max_running_requests(args, self.device, self.model_config.context_len, GPU_MAX_DEFAULT_TOKENS)
         return install_moe_a2a(self.model, self.worker.moe_a2a, self.parallel_state, args, self.device, rows)
 
     def _create_kv_cache(self, args: "ServerArgs") -> KVCache:
@@ -208,6 +219,8 @@ class ModelRunner:
                                   req_to_token_bytes(rows + 2, mc.context_len))
         if self.tp_size > 1:
             tokens = all_reduce_min_int(tokens, self.parallel_state.cpu_group)
+        if self.dp_attention is not None:  # any DP rank can take any request the front end accepts
+            tokens = self.dp_attention.agree_min(tokens)
         if tokens < 2 * self.page_size:
             raise ValueError(f"the KV cache would hold only {tokens} tokens; raise --mem-fraction-static "
                              "or --max-total-tokens")
@@ -280,7 +293,17 @@ class ModelRunner:
             if all_reduce_min_int(int(runner is not None), self.parallel_state.cpu_group) == 0 and runner:
                 logger.warning("CUDA graphs off: another TP rank did not capture them; decode runs eagerly")
                 runner = None
+        if self.dp_attention is not None and self.dp_attention.lockstep:  # every DP rank replays, or none does
+            self.dp_attention.begin_forward_rows(None)  # the captures set it per size
+            if self.dp_attention.agree_min(int(runner is not None)) == 0 and runner:
+                logger.warning("CUDA graphs off: another DP rank did not capture them; decode runs eagerly")
+                runner = None
         return runner
+
+    def dp_graph_size(self, bs: int) -> Optional[int]:
+        """DP attention: the captured batch a decode batch of ``bs`` rows replays (None: no graph fits)."""
+        g = self.cuda_graph_runner
+        return g.padded_size(bs) if g is not None and 1 <= bs <= g.max_bs else None
 
     def make_sampling_info(self, reqs) -> SamplingBatchInfo:
         """Sampling tensors for the scheduler's requests (``Req`` objects), on this device.
@@ -330,14 +353,25 @@ class ModelRunner:
             timing[0].record()
         graphs = self.cuda_graph_runner
         greedy_ids = None
-        if graphs is not None and graphs.can_run(batch):
-            logits_out = graphs.replay(batch)
-            greedy_ids = graphs.greedy_ids(batch)  # an all-greedy batch: the argmax captured in the graph
+        step = getattr(batch, "dp_step", None)  # DP attention: what every rank does this step
+        if self.dp_attention is not None:
+            self.dp_attention.begin_forward(step)
+            if batch.forward_mode == ForwardMode.IDLE:
+                return self._forward_idle(batch, step)
+        if step is not None and graphs is not None:  # DP: every rank replays the agreed size, or none does
+            use_graph, padded = step.graph_bs > 0, step.graph_bs
+        else:
+            use_graph, padded = graphs is not None and graphs.can_run(batch), None
+        if use_graph:
+            logits_out = graphs.replay(batch, padded)
+            greedy_ids = graphs.greedy_ids(batch, padded)  # all-greedy: the argmax captured in the graph
         else:
             fb = ForwardBatch.init_new(batch, self.device, self.req_to_token_pool, self.token_to_kv_pool,
                                        self.attn_backend)
             if getattr(batch, "future_token_ids", None) is not None:  # overlap with device futures
                 fb.input_ids = resolve_future_ids(fb.input_ids, batch.future_token_ids)
+            if step is not None:  # DP attention: what every rank agreed on (MoE all-to-all mode, micro-batch split)
+                fb.moe_dispatch_mode, fb.dp_step = step.moe_dispatch_mode, step
             logits_out = self.executor.run(self.model, fb)
         if greedy_ids is not None:
             sample_out = SamplerOutput(next_token_ids=greedy_ids)
@@ -351,3 +385,16 @@ class ModelRunner:
         if timing is not None:
             timing[1].record()
         return logits_out, sample_out
+
+    def _forward_idle(self, batch: ModelWorkerBatch, step):
+        """DP attention, a rank without tokens this step: the agreed graph replayed with padding rows only, or the
+        eager idle forward (every MoE layer's collectives with no local rows). Returns empty results (nothing is
+        sampled)."""
+        graphs = self.cuda_graph_runner
+        if step is not None and step.graph_bs > 0 and graphs is not None:
+            graphs.replay(batch, step.graph_bs)
+        else:
+            self.dp_attention.run_idle(self.model, self.model_config.dtype, self.device, step)
+        empty = torch.empty(0, self.model_config.vocab_size, dtype=torch.float32, device=self.device)
+        return (LogitsProcessorOutput(next_token_logits=empty),
+                SamplerOutput(next_token_ids=torch.empty(0, dtype=torch.int64, device=self.device)))

@@ -168,7 +168,8 @@ def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
 def load_model(model_config: ModelConfig, load_format: str = "auto", device: Union[str, torch.device] = "cpu",
                seed: int = 0, tp_rank: int = 0, tp_size: int = 1, comm=None, ep_size: int = 1,
                weight_filter: Optional[Callable[[str], bool]] = None,
-               holds_param: Optional[Callable[[str], bool]] = None, quantization: Optional[str] = None) -> nn.Module:
+               holds_param: Optional[Callable[[str], bool]] = None,
+               layout: Optional[Callable[[nn.Module], None]] = None, quantization: Optional[str] = None) -> nn.Module:
     """Build ``model_config.architecture`` with ``model_config.dtype`` directly on ``device`` and fill its weights.
 
     Args:
@@ -184,6 +185,10 @@ def load_model(model_config: ModelConfig, load_format: str = "auto", device: Uni
         holds_param: our parameter name -> whether this worker's role holds it; given, the model is built on
             ``meta`` and only held parameters are allocated (:func:`~sglang.srt.model_loader.role_build.
             build_for_role`), e.g. an attention worker never allocates routed experts. None: build everything.
+        layout: applied to the freshly constructed model before any parameter is allocated (the model is then
+            built on ``meta`` first, as for ``holds_param``): a deployment's change of the model's parallel layout
+            without a model-file change, e.g. DP attention's expert sharding
+            (:meth:`~sglang.srt.dp_attention.rank.DpAttentionRank.layout`). None: the model as its class builds it.
         quantization: ``--quantization`` (None or ``"fp8"``). With it, or with a ``quantization_config`` in the
             checkpoint's config.json, the model is built on ``meta``, every linear / MoE layer gets its quantization
             method (:func:`~sglang.srt.layers.quantization.apply_quantization`: FP8 weights and scales replace the
@@ -209,17 +214,20 @@ def load_model(model_config: ModelConfig, load_format: str = "auto", device: Uni
 
     quant = resolve_quant_config(model_config.hf_config, quantization)
 
-    def construct_quantized() -> nn.Module:
+    def construct_for_build() -> nn.Module:
         built = construct()
-        apply_quantization(built, quant)
+        if layout is not None:  # the deployment's layout first: quantization methods go on the final modules
+            layout(built)
+        if quant is not None:
+            apply_quantization(built, quant)
         return built
 
-    if holds_param is not None or quant is not None:
+    if holds_param is not None or layout is not None or quant is not None:
         from sglang.srt.model_loader.role_build import build_for_role
 
         if quant is not None:
             logger.info("weights: %s", quant.describe())
-        model = build_for_role(construct_quantized, device, holds_param or (lambda name: True))
+        model = build_for_role(construct_for_build, device, holds_param or (lambda name: True))
     else:
         with torch.device(device):
             model = construct()
