@@ -175,11 +175,12 @@ class _FakeGraphs:
     def can_run(self, batch):
         return self.runs
 
-    def replay(self, batch):
+    def replay(self, batch, padded=None):
+        assert padded is None  # no DP attention: the runner lets the graph pick the padded size
         self.replayed.append(batch.batch_size)
         return LogitsProcessorOutput(next_token_logits=self.logits.clone())
 
-    def greedy_ids(self, batch):
+    def greedy_ids(self, batch, padded=None):
         return None
 
 
@@ -242,12 +243,12 @@ class _GreedyFakeGraphs(_FakeGraphs):
         padded = torch.cat([logits, torch.randn(2, logits.shape[1])])
         self.graph.greedy_outputs = {4: torch.argmax(padded, dim=-1)}
 
-    def greedy_ids(self, batch):
-        return CudaGraphRunner.greedy_ids(self.graph, batch)
+    def greedy_ids(self, batch, padded=None):
+        return CudaGraphRunner.greedy_ids(self.graph, batch, padded)
 
 
 def test_forward_takes_graph_greedy_ids_and_equals_the_sampler(runner, gen, monkeypatch):
-    """With the graph's argmax (always captured since issue 27) and an all-greedy batch, ModelRunner.forward returns
+    """With the graph's argmax (always captured) and an all-greedy batch, ModelRunner.forward returns
     those ids without calling the sampler, and they equal the sampler's ids on the same logits (the eager path);
     for a batch that asks for logprobs the sampler runs as before."""
     batch, cleanup = _prefill_then_decode(runner, gen)

@@ -1,4 +1,4 @@
-"""Push mode fails a room closed when one of its WRITEs fails (issue 24 item 6): the room's other WRITEs are cancelled
+"""Push mode fails a room closed when one of its WRITEs fails: the room's other WRITEs are cancelled
 (a cancelled one that had not started never lands on the decode side), the prefill KV stays held until no WRITE of the
 room is still in the transport, and only then is ``RoomFailed`` sent (the decode side frees its slots and errors the
 request) and the prefill request failed (its KV freed). Real in-process fake transfer agents move the bytes; the k-th
@@ -73,9 +73,9 @@ def agents():
     plan = [("decode", [torch.tensor([[dst.data_ptr() + i * LAYER_BYTES, src.data_ptr() + i * LAYER_BYTES,
                                        LAYER_BYTES]]).numpy() for i in range(LAYERS)])]
     yield SimpleNamespace(src=src, dst=dst, pre=pre, dec=dec, plan=plan)
+    dec.close()  # closed before the gate opens: a WRITE stalled at the gate is dropped, never lands in freed memory
     dec.gate.set()
     pre.close()
-    dec.close()
 
 
 def _held(agents) -> HeldTransferBackend:

@@ -252,6 +252,8 @@ class FakeTransferBackend(TransferBackend):
                     continue
                 ops = hdr.get("ops", [])
                 err = self._remote_ok(ops)
+                if self._closed:  # closed while checking: the registered memory may be gone, touch nothing
+                    break
                 if err is None and t == "write" and len(payload) != sum(n for _, n in ops):
                     err = f"write payload of {len(payload)} bytes does not match its ops"
                 if err is not None or t not in ("read", "write"):
