@@ -1,4 +1,4 @@
-"""AFD on ONE GPU (issue 14): the M2N CUDA-IPC transport between two processes on the same GPU (and the NIXL
+"""AFD on ONE GPU: the M2N CUDA-IPC transport between two processes on the same GPU (and the NIXL
 transport, VRAM READs over UCX, where nixl imports) equals a torch reference on random variable-size
 dispatch/combine round trips (stream-ordered: no host sync on the data), the NCCL-baseline transport too where
 NCCL allows it, and an AFD server whose attention and FFN workers are separate processes on the one GPU gives the

@@ -1,4 +1,4 @@
-"""GPU correctness of the issue-27 decode epilogue fusions (compiled Triton, bf16, Llama-3.1-8B shapes), fresh random
+"""GPU correctness of the decode epilogue fusions (compiled Triton, bf16, Llama-3.1-8B shapes), fresh random
 inputs each run, plain launches (SGLANG_DECODE_PDL=0) and programmatic dependent launch (=2):
 
 * split-K partials + :func:`~sgl_kernel.triton.decode_fuse.splitk_add_rmsnorm` equal the skinny GEMM (its split-K

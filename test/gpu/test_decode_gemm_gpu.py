@@ -1,4 +1,4 @@
-"""GPU correctness of the issue-27 decode-GEMM autotune (compiled Triton, bf16, Llama-3.1-8B qkv / o_proj shapes).
+"""GPU correctness of the decode-GEMM autotune (compiled Triton, bf16, Llama-3.1-8B qkv / o_proj shapes).
 
 Every candidate skinny config the tuner may pick equals F.linear on fresh random inputs, and after
 :func:`~sglang.srt.layers.decode_gemm.autotune` + :func:`~sglang.srt.layers.decode_gemm.install` each linear layer

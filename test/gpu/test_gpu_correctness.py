@@ -1,4 +1,4 @@
-"""Issue 3 correctness on one GPU: Triton backend + fused ops vs torch_native, CUDA graphs vs eager, GPU vs CPU.
+"""Correctness on one GPU: Triton backend + fused ops vs torch_native, CUDA graphs vs eager, GPU vs CPU.
 
 1. For every architecture (small random configs, bf16 on CUDA), a ModelRunner with the Triton attention backend
    and the fused Triton ops gives the logits of a ModelRunner with the torch_native backend and the torch
@@ -354,8 +354,8 @@ def test_cuda_graph_replay_equals_eager(arch, tmp_path):
 
 @pytest.mark.gpu
 def test_graph_greedy_ids_equal_the_sampler(tmp_path, monkeypatch):
-    """Decode steps of greedy batches (sizes 1..16, padded) take their ids from the argmax captured in the graph (the
-    default since issue 27), and those equal the sampler's argmax on the same logits; the sampler is not called."""
+    """Decode steps of greedy batches (sizes 1..16, padded) take their ids from the argmax captured in the graph (always
+    on), and those equal the sampler's argmax on the same logits; the sampler is not called."""
     runner = make_runner(write_config(tmp_path, "llama", "bfloat16"), "triton", "bfloat16", "cuda", graphs=True)
     gr = runner.cuda_graph_runner
     assert gr is not None and set(gr.greedy_outputs) == set(gr.batch_sizes)

@@ -1,4 +1,4 @@
-"""M2N between GPUs (issue 24, item 1): one rank per GPU (2 GPUs, or 4 when present; skipped with fewer).
+"""M2N between GPUs: one rank per GPU (2 GPUs, or 4 when present; skipped with fewer).
 
 * Every transport (CUDA IPC, inline ZMQ, NIXL) delivers exactly the bytes of a torch reference (what was sent, ids
   + 1) over random row counts incl. 0 and ``max_rows`` (rank 0 on cuda:0 exchanges with every peer on its own GPU;

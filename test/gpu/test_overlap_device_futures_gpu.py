@@ -1,4 +1,4 @@
-"""Overlap scheduling with device futures on CUDA (issue 27): the worker queues batch i+1 behind batch i on its
+"""Overlap scheduling with device futures on CUDA: the worker queues batch i+1 behind batch i on its
 stream, the CUDA-graph replay (and the eager path for mixed batches) resolves placeholder ids from the device ring,
 and a completer thread hands the ids to the scheduler one step late. On the real stories260K checkpoint (fp32,
 Triton backend, CUDA graphs), the overlap scheduler with device futures and with host futures gives the plain

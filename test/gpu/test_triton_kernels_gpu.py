@@ -28,7 +28,7 @@ TOL = {torch.float32: 5e-3, torch.float16: 4e-3, torch.bfloat16: 2e-2}  # fp32 d
 
 def set_pdl(monkeypatch, pdl: str) -> None:
     """``pdl`` "default": SGLANG_DECODE_PDL unset (the GPU model's default: programmatic dependent launch on H100s,
-    plain launches elsewhere; issue 27); else the variable's value ("0": plain launches, "2": PDL)."""
+    plain launches elsewhere); else the variable's value ("0": plain launches, "2": PDL)."""
     if pdl == "default":
         monkeypatch.delenv("SGLANG_DECODE_PDL", raising=False)
     else:
@@ -127,7 +127,7 @@ def test_extend_and_mixed_vs_torch_native(nh, nkv, hd):
                                                       ([0, 300, 17, 1000], [700, 129, 1, 5])], smoke=(1,),
                                                      ids=["decode", "mixed"]))
 def test_token_major_pool_vs_layer_major(prefix, extend):
-    """Issue 24: compiled decode/extend kernels over a token-major pool (K/V buffers strided by 32 layers x 2 x
+    """Compiled decode/extend kernels over a token-major pool (K/V buffers strided by 32 layers x 2 x
     8 heads x 128) equal the layer-major pool's output and the torch_native reference (Llama-3.1-8B heads, bf16)."""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
@@ -146,7 +146,7 @@ def test_token_major_pool_vs_layer_major(prefix, extend):
 @pytest.mark.parametrize("legacy", gpu_tiered([False, True]))
 @pytest.mark.parametrize("bs", [1, 40, 128])
 def test_decode_split_rules_vs_torch_native(bs, legacy):
-    """Issue 19: the default decode kernel + 'wave' split rule (bs 128 on 132 SMs: one split, direct output, no
+    """The default decode kernel + 'wave' split rule (bs 128 on 132 SMs: one split, direct output, no
     reduce) and the legacy kernel + rule (SGLANG_TRITON_DECODE_LEGACY=1) both match torch_native at Llama-8B heads."""
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
@@ -169,7 +169,7 @@ def test_decode_split_rules_vs_torch_native(bs, legacy):
 @pytest.mark.parametrize("tile,pdl", gpu_tiered([("128/8/3", "0"), ("256/8/3", "0"), ("", "0"), ("", "default")],
                                                 smoke=(3,)))
 def test_decode_small_grid_tile_vs_torch_native(tile, pdl, monkeypatch):
-    """Issue 27: SGLANG_DECODE_ATTN_SMALL_GRID_TILE at batch 32 (one split, 256 programs <= 2 per SM on an H100 or
+    """SGLANG_DECODE_ATTN_SMALL_GRID_TILE at batch 32 (one split, 256 programs <= 2 per SM on an H100 or
     H200), and the default tile with programmatic dependent launch (the default) and without it
     (SGLANG_DECODE_PDL=0), match torch_native at Llama-8B heads."""
     set_pdl(monkeypatch, pdl)
@@ -197,7 +197,7 @@ def test_rope_and_store_kv_equals_rope_then_store_on_gpu(pdl, monkeypatch):
     """The fused RoPE + KV-store kernel writes the same pool bytes and q as apply_rope + indexed stores (bf16, fp32
     compute with a bf16 pool, Neox and GPT-J, partial rotary), leaves k/v alone, and the backend path through
     RadixAttention gives bit-identical attention with fused_rope on and off; with and without programmatic
-    dependent launch (issue 27). The kernel has no early-load variant (it wrote different k bytes on an H200)."""
+    dependent launch. The kernel has no early-load variant (it wrote different k bytes on an H200)."""
     set_pdl(monkeypatch, pdl)
     from sglang.srt.layers.rotary_embedding import get_rope
     from sglang.srt.layers.triton_ops import rope, rope_kv_store
@@ -237,7 +237,7 @@ def _fused_backend_matches_unfused():
     emb = get_rope(128, 128, 4096, 500000.0).to(DEV)
     positions = torch.cat([torch.arange(p, p + e) for p, e in zip(prefix, extend)]).to(DEV)
     outs, pools = [], []
-    for layout in ("layer_major", "token_major"):  # token-major: strided K/V buffers (issue 24)
+    for layout in ("layer_major", "token_major"):  # token-major: strided K/V buffers
         for fused in (True, False):
             fb = make_batch(TritonAttnBackend(fused_rope=fused), layout)
             x = qkv.clone()
@@ -269,8 +269,8 @@ def test_sampling_columns_packed_copy_on_gpu():
 def test_skinny_gemm_vs_cublas(m, pdl, monkeypatch):
     """The decode-batch weight-streaming GEMM equals F.linear within bf16 rounding at the Llama-3.1-8B qkv and
     down-projection shapes, with and without bias, one-pass and split-K; also launched with programmatic dependent
-    launch and its L2 weight prefetch before the wait (SGLANG_DECODE_PDL=2; unset: the default, on for H100s since
-    issue 27, plain launches elsewhere) and with plain launches (=0)."""
+    launch and its L2 weight prefetch before the wait (SGLANG_DECODE_PDL=2; unset: the default, on for H100s,
+    plain launches elsewhere) and with plain launches (=0)."""
     from sgl_kernel.triton.skinny_gemm import skinny_gemm
 
     set_pdl(monkeypatch, pdl)
@@ -351,7 +351,7 @@ def test_decode_variable_lengths_policies_in_graph_vs_torch_native(bs, policy):
 def test_decode_cuda_graph_replay_equals_eager(bs, pdl, monkeypatch):
     """Graph replay equals eager at a multi-split size (16) and, on 132-SM parts, a one-split direct-output size
     (96); with the split kernel captured as a programmatic dependent launch (SGLANG_DECODE_PDL=2 on every GPU; the
-    default on H100s since issue 27), with the GPU model's default, and as a plain launch (=0)."""
+    default on H100s), with the GPU model's default, and as a plain launch (=0)."""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
     set_pdl(monkeypatch, pdl)
@@ -382,7 +382,7 @@ def test_decode_cuda_graph_replay_equals_eager(bs, pdl, monkeypatch):
 @pytest.mark.parametrize("pdl", ["0", "default"])
 @pytest.mark.parametrize("dtype", gpu_tiered([torch.bfloat16, torch.float16, torch.float32]))
 def test_fused_ops_vs_references(dtype, pdl, monkeypatch):
-    set_pdl(monkeypatch, pdl)  # RMSNorm, SiLU-and-mul: plain or programmatic dependent launch (issue 27)
+    set_pdl(monkeypatch, pdl)  # RMSNorm, SiLU-and-mul: plain or programmatic dependent launch
     from sglang.srt.layers import ops
     from sglang.srt.layers.activation import silu_and_mul_ref
     from sglang.srt.layers.layernorm import rmsnorm_ref
@@ -480,7 +480,7 @@ def _pdl_chain(pdl: str, m: int, monkeypatch):
 
 @pytest.mark.parametrize("m", gpu_tiered([1, 32]))
 def test_pdl_early_launch_chain_in_graph_equals_plain(m, monkeypatch):
-    """Issue 27 (programmatic dependent launch, the default): with griddepcontrol.launch_dependents right after each
+    """Programmatic dependent launch (the default): with griddepcontrol.launch_dependents right after each
     kernel's wait and the skinny GEMM's L2 weight prefetch before it, a graph of dependent kernels gives
     bit-identical outputs to plain launches (SGLANG_DECODE_PDL=0; no kernel reads its input before the previous
     kernel finished writing it)."""

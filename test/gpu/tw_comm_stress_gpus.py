@@ -1,4 +1,4 @@
-"""tw-comm stress, one process per GPU (issue 25 item 2; the one-GPU 2-rank case is ``tw_comm_stress_case.py``):
+"""tw-comm stress, one process per GPU (the one-GPU 2-rank case is ``tw_comm_stress_case.py``):
 ``--calls`` back-to-back fused AllReduce + residual add + RMSNorm calls, cycling through ``--variants`` on one
 pair of buffers, with a checked call of every variant against NCCL AllReduce in fp32 + fp32 RMSNorm (fresh
 random inputs, NaN-poisoned outputs, bit-identical on every rank) every ``--check-every`` calls and at the end.

@@ -7,7 +7,7 @@ workers' caches; an FFN worker SIGKILLed with plain and streamed requests in fli
 nothing hangs, and the attention workers (which stay up) fail what they held and free every KV slot; a dense model is
 refused.
 
-GPU (issue 24 item 6, ``scripts/gpu/issue24_afd_kill_4gpu.sh``): ``SGLANG_AFD_TEST_DEVICE=cuda`` runs the same tests
+GPU (``scripts/gpu/issue24_afd_kill_4gpu.sh``): ``SGLANG_AFD_TEST_DEVICE=cuda`` runs the same tests
 with one worker per GPU (attention worker a, TP rank r on ``cuda:a*tp+r``, FFN worker j on ``cuda:N_A*tp+j``:
 ``sglang.srt.afd.deploy.workers``; checked from the workers' logs), fp32 with the torch_native attention backend so
 greedy tokens equal the CPU reference; a test needing more GPUs than visible skips. ``SGLANG_AFD_TEST_TRANSPORT``
@@ -108,7 +108,7 @@ def test_afd_1_attention_2_ffn_greedy_equals_colocated(m):
 
 
 def test_afd_1_attention_3_ffn_uneven_experts_greedy_equals_colocated():
-    """3 FFN workers for 4 experts (the 1 + 3 layout of issue 24 on 4 GPUs): static blocks 2 / 1 / 1; each FFN worker
+    """3 FFN workers for 4 experts (the 1 + 3 layout on 4 GPUs): static blocks 2 / 1 / 1; each FFN worker
     logs its expert bytes and 0 KV bytes; greedy tokens equal the colocated engine's."""
     path = shared_path("models", "stories260K-moe")
     with ServerProcess(_afd_args(path, 1, 3, 2)) as s:

@@ -89,7 +89,7 @@ def test_generate_equals_aggregated(cluster):
         assert "prefill_queue_s" in info and "decode_queue_s" in info
         if prompt == PROMPTS[0]:  # <= 5 prompt tokens, so <= 5 slot runs on either side
             if cluster["mode"] == "pull":  # --kv-cache-layout auto = token_major on both sides: one READ per slot
-                assert info["transfer_reads"] < 2 * LAYERS, info  # run covers all layers (issue 24)
+                assert info["transfer_reads"] < 2 * LAYERS, info  # run covers all layers
             else:  # push: auto = layer_major, its layerwise WRITEs: >= one per (layer, K/V)
                 assert info["transfer_reads"] >= 2 * LAYERS, info
 
@@ -159,7 +159,7 @@ def test_prefill_prefix_hit_reports_cached_tokens(cluster):
 
 
 def test_mismatched_kv_layouts_equal_aggregated(cluster):
-    """Issue 24: both sides forced to different KV layouts (prefill token_major, decode layer_major) still give the
+    """Both sides forced to different KV layouts (prefill token_major, decode layer_major) still give the
     aggregated server's tokens (and pass --disaggregation-verify's checksums): the plan falls back to one READ
     per (layer, K/V, token), none of which continues on both sides."""
     if cluster["mode"] != "pull":

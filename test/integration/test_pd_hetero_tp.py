@@ -110,7 +110,7 @@ def test_hetero_tp_and_page_size(model, expected, p_tp, p_page, d_tp, d_page, mo
                     # the head ranges differ on every pair here, so each decode rank stages whole prefill rows
                     # (staging.py) in the source's order: pull mode's auto layout is token_major, so a whole row of
                     # every layer fills a slot on both sides and the plan already holds one row per run of
-                    # consecutive prefill slots, all layers and K/V in it (issue 24; layer_major: one per (layer,
+                    # consecutive prefill slots, all layers and K/V in it (token_major; layer_major: one per (layer,
                     # K/V, run)), and its READs are as many; a short prompt's slots form at most 2 runs (one page
                     # boundary), never one row or READ per token
                     reads, planned = info["transfer_reads"], info["transfer_ops_planned"]

@@ -1,4 +1,4 @@
-"""Two prefill servers : one decode server behind the mini_lb router (issue 24's 2P:1D layout): the router sends
+"""Two prefill servers : one decode server behind the mini_lb router (the 2P:1D layout): the router sends
 requests to the prefill servers round robin, the decode server connects lazily to each one's bootstrap server and
 pulls the KV from whichever prefilled the request; the greedy output equals the aggregated server's token for token
 (``--disaggregation-verify`` checksums the KV), both prefill servers handed rooms over (released on COMPLETE, none

@@ -1,6 +1,6 @@
 """Hostile and careless requests against the real HTTP server + TokenizerManager (fake scheduler, see
 ``fake_backend.py``): every one gets a fast 4xx naming the field, nothing blocks the event loop, a rejected
-request leaks nothing, and a shutdown ends open streams with an error event + ``[DONE]`` (issue 9).
+request leaks nothing, and a shutdown ends open streams with an error event + ``[DONE]``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ and its MoE twin, for long single prompts and batches whose prefill straddles th
 every prefill and mixed step is split), with chunked prefill and a cached prefix, at TP 2 and 4 on both models with
 the default sharded residual, and at TP 2 with ``--tokenweave-full-residual``.
 The server's log shows tw-comm's communicator chosen by default for the split halves, the plain (gloo) communicator
-for unsplit forwards (issue 25), and each batch size's split decision logged once per rank (decode batches:
+for unsplit forwards, and each batch size's split decision logged once per rank (decode batches:
 unsplit)."""
 
 from __future__ import annotations

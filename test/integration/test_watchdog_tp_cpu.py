@@ -1,5 +1,5 @@
 """A stalled TP rank under ``--watchdog-timeout`` (CPU, ``--tp 2``, stories260K), and the rendezvous store's
-listening address (issue 9, items 5 and 6).
+listening address.
 
 SIGSTOP on rank 1 (no crash, no closed socket: only a watchdog can notice): the in-flight stream gets a 503
 error event and ``[DONE]``, ``/health`` turns 503, and the server exits non-zero naming the watchdog.
@@ -43,7 +43,7 @@ def test_stalled_rank_stops_server_and_store_listens_on_loopback_only():
         log = open(s.log_path).read()
         pids = {int(r): int(p) for r, p in re.findall(r"scheduler TP rank (\d+) started \(pid (\d+)\)", log)}
         rank1 = pids[1]
-        for rank, pid in pids.items():  # item 6: nothing listens on every interface
+        for rank, pid in pids.items():  # nothing listens on every interface
             socks = _listening(pid)
             assert all(ip in ("127.0.0.1", "::1") for ip, _ in socks), (rank, socks)
         assert _listening(pids[0]), "rank 0 serves the rendezvous store"

@@ -1,5 +1,5 @@
 """AFD with several data-parallel attention workers and an FFN worker count that does not divide the experts
-(issue 24's 4-GPU layouts 2 attention + 2 FFN and 1 attention + 3 FFN, here on CPU threads): on the trained
+(the 4-GPU layouts 2 attention + 2 FFN and 1 attention + 3 FFN, here on CPU threads): on the trained
 stories260K-moe checkpoint (4 experts, top-2), every attention worker's greedy tokens and logits equal the
 single-process colocated model's for its own requests, while the FFN workers aggregate all workers' tokens."""
 

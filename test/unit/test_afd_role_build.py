@@ -1,4 +1,4 @@
-"""Role-aware model construction (issue 24, item 2): an attention worker builds no routed-expert parameter, an
+"""Role-aware model construction: an attention worker builds no routed-expert parameter, an
 FFN worker no attention and no KV cache -- on the real stories260K-moe checkpoint (CPU), and for the big MoE
 configs (Qwen3-30B-A3B, Mixtral-8x7B, dummy) on the ``meta`` device with byte counts computed from config.json."""
 

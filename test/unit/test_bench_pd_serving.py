@@ -111,7 +111,7 @@ def test_rows_table_ratios_against_the_agg2_row(tmp_path):
     assert pt.table([("x", str(tmp_path / "tok"))], "sharegpt")[-1] == "- x: not measured (no result file)"
 
 
-# ---- the warm-up phase before every timed run (issue 24: the first row of a call paid the JIT compiles) ----
+# ---- the warm-up phase before every timed run (without it the first row of a call paid the JIT compiles) ----
 
 def test_warmup_prompts_follow_the_workloads_rate_and_burst():
     args = ["--model-path", "m", "--num-prompts", "48"]

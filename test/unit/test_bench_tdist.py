@@ -63,7 +63,7 @@ def test_table_ratios_use_the_auto_op_when_measured():
     assert rs[6].strip() == "0.560 (symm)" and rs[11].strip() == "1.00x" and rs[10].strip() == "1.21x"
 
 
-def test_status_table_against_issue26_targets():
+def test_status_table_against_the_tdist_targets():
     from tdist_status import parse, status
 
     rows = [[{"op": "AG-GEMM", "shape": "gate_up K=8192 N=14336", "M": 8192, "tdist_decomp": 2.7, "tdist_auto": 2.65,
@@ -84,7 +84,7 @@ def test_status_table_against_issue26_targets():
 
 def test_status_reads_only_the_results_table():
     """The bench file also holds a profile table (same first columns op / shape / M) and notes broken over lines:
-    tdist_status must read only the results table's rows (issue 26, world 4: the profile rows came out as bogus
+    tdist_status must read only the results table's rows (at world 4 the profile rows came out as bogus
     targets), and the table writer keeps a note on one line."""
     from tdist_bench_lib import table
     from tdist_profile import profile_lines

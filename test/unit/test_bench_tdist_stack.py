@@ -1,4 +1,4 @@
-"""``benchmark/bench_tdist_stack.py`` (issue 26: ``--enable-tdist-overlap`` on a layer stack, on vs off): the smoke
+"""``benchmark/bench_tdist_stack.py`` (``--enable-tdist-overlap`` on a layer stack, on vs off): the smoke
 run on CPU (gloo, TP 2, tiny Llama) takes the sequence-parallel path in both SP variants (2 row-parallel calls per
 layer) and its outputs equal the plain TP forward's exactly (fp32, two-term sums commute); the pass rule rejects a
 distance beyond the tolerance and a lost greedy token. Times are not checked (they mean nothing on CPU)."""

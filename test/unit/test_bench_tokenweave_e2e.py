@@ -1,4 +1,4 @@
-"""bench_tokenweave_e2e.py (issue 25 item 4): the off/on alternation, the complete-pair medians, greedy equality
+"""bench_tokenweave_e2e.py: the off/on alternation, the complete-pair medians, greedy equality
 rows and the engine arguments, on fake runs; plus one real CPU run (stories260K, TP2 over gloo, TokenWeave on
 vs off) whose greedy ids must be equal and whose "on" log must show a split."""
 
@@ -83,7 +83,7 @@ def test_medians_use_complete_pairs_and_greedy_rows():
             {"side": "on", "round": 2, "error": "rc=timeout after 9s", "log_tail": "x", "wall_s": 9}]
     assert b.complete_rounds(runs) == {1}
     text = b.report(a, runs)
-    assert "| off | 100 | 100 | 1 |" in text and "| on | 150 | 150 | 1 |" in text  # round 2's off left out
+    assert "| off | 100 | 100 | 1 |" in text and "| on | 150 | 150 | 1 |" in text  # the second pair's off run left out
     assert "| on / off | 1.500 | 1.500 | |" in text
     assert "| on (round 1) vs off (round 1) | 1/2 | first diff: prompt 1 token 1 |" in text
     assert "| off (round 2) vs off (round 1) | 2/2 | all equal |" in text

@@ -106,7 +106,7 @@ def test_record_fields_ratios_and_validation():
     with pytest.raises(ValueError, match="subject"):
         _record(subject="misc")
     with pytest.raises(ValueError, match="what="):
-        _record(what="Round 3")
+        _record(what="Decode Sweep")
     with pytest.raises(ValueError, match="baselines"):
         _record(baselines=["nope"])
     with pytest.raises(ValueError, match="lacks"):

@@ -1,4 +1,4 @@
-"""CPU-testable parts of the GPU path (issue 3): capture sizes, the reserved padding row, the default attention
+"""CPU-testable parts of the GPU path: capture sizes, the reserved padding row, the default attention
 backend, when CUDA graphs are (not) created, ModelRunner.forward's graph/eager dispatch, and layers calling
 :mod:`sglang.srt.layers.ops` (CPU results are the torch references, bit for bit)."""
 
@@ -273,9 +273,9 @@ def test_forward_takes_graph_greedy_ids_and_equals_the_sampler(runner, gen, monk
 
 @pytest.mark.parametrize("loc_as_list", [False, True])
 def test_decode_input_stager_packs_rows_and_padding(gen, loc_as_list):
-    """DecodeInputStager (one packed copy per replay, issue 27): columns [:bs] hold the batch, [bs:padded] the padding
+    """DecodeInputStager (one packed copy per replay): columns [:bs] hold the batch, [bs:padded] the padding
     (token 0, position 0, the pad row, seq_len 1, KV slot 0), for batches of changing size through alternating host
-    buffers; it equals the pre-issue-27 staging on the same batches; bad sizes raise."""
+    buffers; it equals the legacy staging on the same batches; bad sizes raise."""
     from sglang.srt.model_executor.graph_inputs import DecodeInputStager, stage_decode_inputs_legacy
 
     st = DecodeInputStager(16, 7, "cpu")
@@ -344,7 +344,7 @@ def test_layers_call_ops_and_keep_cpu_references_bit_exact(monkeypatch, gen):
     assert all(calls), calls  # every layer went through ops
 
 
-# ------------------------------------------------------------------------------------- sampling-info reuse (issue 27)
+# ------------------------------------------------------------------------------------- sampling-info reuse
 def _reqs(n: int, **kw):
     from sglang.srt.managers.schedule_batch import Req
 

@@ -47,7 +47,7 @@ def test_roles_follow_the_layer_structure(layers, split_attention, skinny_down):
 
 
 def test_fused_epilogue_kernels_get_their_classes():
-    """Issue 27 fusions: the split-K reduce inside add + RMSNorm counts as ``norm`` and the gate_up skinny GEMM with
+    """Epilogue fusions: the split-K reduce inside add + RMSNorm counts as ``norm`` and the gate_up skinny GEMM with
     SiLU-and-mul as ``gate_up`` (no ``act`` kernel left); the roles of the other GEMMs are unchanged."""
     names = ["_rmsnorm_kernel", NVJET, "_rope_kv_store_kernel", "_decode_split_kernel", "_skinny_gemm_kernel",
              "_splitk_add_rmsnorm_kernel", "_skinny_silu_kernel", "_skinny_gemm_kernel", "_splitk_add_rmsnorm_kernel",

@@ -1,4 +1,4 @@
-"""Issue 27 decode epilogue fusions on CPU under the Triton interpreter (fresh random inputs each run): the split-K
+"""Decode epilogue fusions on CPU under the Triton interpreter (fresh random inputs each run): the split-K
 reduce inside the fused add + RMSNorm and the gate_up skinny GEMM with SiLU-and-mul, each against the unfused kernel
 pair (bit for bit) and the torch reference; the layer wiring (flags set by decode_fuse.mark_model from the table, a
 DenseMLP + RMSNorm chain bit-identical to the unfused path with 3 kernel launches fewer); the switch. The GPU

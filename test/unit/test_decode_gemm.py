@@ -1,4 +1,4 @@
-"""Issue 27 decode-GEMM autotune on CPU: the skinny GEMM's new configs (split-K, up to 128 rows, bias) vs F.linear
+"""Decode-GEMM autotune on CPU: the skinny GEMM's new configs (split-K, up to 128 rows, bias) vs F.linear
 under the Triton interpreter, the frozen table's lookup rules, the candidate/bucket rules, the dispatch through
 ops.linear and the linear layers, and the switch being off on CPU. The measured dispatch on a GPU is tested in
 test/gpu/test_triton_kernels_gpu.py::test_decode_gemm_autotuned_dispatch_vs_linear."""
@@ -90,7 +90,7 @@ def test_buckets_and_candidates():
     assert any(c.split_k > 1 for c in small) and all(c.block_k >= 64 for c in small)
     wide = decode_gemm.candidates(16, 28672, 4096, 132)
     assert all(c.split_k == 1 for c in wide if c.block_n >= 32)
-    qkv32 = decode_gemm.candidates(32, 6144, 4096, 132)  # issue 27: a one-kernel (split 1) config covering the SMs
+    qkv32 = decode_gemm.candidates(32, 6144, 4096, 132)  # a one-kernel (split 1) config covering the SMs
     assert any(c.split_k == 1 and 6144 // c.block_n >= 132 for c in qkv32)
     with pytest.raises(ValueError, match="SGLANG_DECODE_GEMM_MAX_M"):
         os.environ[decode_gemm.MAX_M_ENV] = "256"

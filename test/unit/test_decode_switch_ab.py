@@ -1,4 +1,4 @@
-"""benchmark/decode_switch_ab.py on CPU: the set spec of ``bench_decode_ab.py --switch-ab`` (issue 27) parses into
+"""benchmark/decode_switch_ab.py on CPU: the set spec of ``bench_decode_ab.py --switch-ab`` parses into
 (name, variables) pairs, rejects malformed or unknown entries with the offending set named, and the per-set
 environment is exactly the set's variables while it runs and restored afterwards."""
 
@@ -82,7 +82,7 @@ def test_capture_sets_tunes_once_per_pdl_mode(monkeypatch):
 
 
 def test_capture_sets_tunes_once_per_pdl_and_fuse_value(monkeypatch):
-    """Issue 27: SGLANG_DECODE_FUSE_EPILOGUE changes the GEMM table (fused forms are timed), so each (PDL, fuse) pair
+    """SGLANG_DECODE_FUSE_EPILOGUE changes the GEMM table (fused forms are timed), so each (PDL, fuse) pair
     tunes its own table, with the set's fuse value in the environment while it tunes; unset fuse counts as 0."""
     from sglang.srt.layers import decode_gemm
 

@@ -1,4 +1,4 @@
-"""The deployment plan (issue 23): every technique resolved once into frozen worker specs; ``--dry-run`` prints it;
+"""The deployment plan: every technique resolved once into frozen worker specs; ``--dry-run`` prints it;
 bad combinations and missing optional packages fail before any process starts; the technique flags are read
 nowhere in the core layers."""
 

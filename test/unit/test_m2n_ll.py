@@ -1,4 +1,4 @@
-"""Low-latency (LL) protocol of the ``cuda_push`` M2N transport (issue 24 item 5; :mod:`sgl_kernel.m2n.ll_kernels`)
+"""Low-latency (LL) protocol of the ``cuda_push`` M2N transport (:mod:`sgl_kernel.m2n.ll_kernels`)
 on CPU: the send and receive kernels under the Triton interpreter against the torch references (ring words ==
 ``ll_reference``, received bytes == ``relayout_reference``) over random row counts incl. 0 and ``max_rows``, host
 and device row counts, fixed-offset and packed destinations, more messages than slots (tags of reused slots),

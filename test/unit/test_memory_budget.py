@@ -1,4 +1,4 @@
-"""Issue 27, item 1: the KV budget keeps the activation memory of the largest forward free (fake memory numbers),
+"""The KV budget keeps the activation memory of the largest forward free (fake memory numbers),
 the profiling forward's shapes, and ``bench_one_batch``'s chunked prefill (equal tokens to one forward)."""
 
 from __future__ import annotations

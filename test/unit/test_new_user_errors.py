@@ -1,4 +1,4 @@
-"""A new user's first mistakes fail fast with one line naming the flag (issue 9, item 9): a busy port and a wrong
+"""A new user's first mistakes fail fast with one line naming the flag: a busy port and a wrong
 --model-path are caught by the launcher before anything loads, ``--device cuda`` without a GPU is one line,
 ``--help`` documents every option with its default, a detokenizer stopped during startup is quiet, and
 ``bench_one_batch``'s ``result.jsonl`` is ignored by git."""

@@ -1,4 +1,4 @@
-"""Overlap scheduling with device futures (issue 27): the worker launches batch i+1 before batch i's ids reach the
+"""Overlap scheduling with device futures: the worker launches batch i+1 before batch i's ids reach the
 host, and the runner resolves placeholders from a device ring. On CPU the same code path runs with a CPU "device"
 ring, so these tests check the logic: placeholder resolution against the host ring, worker order and error
 propagation, the scheduler's outputs equal to the plain loop's on the fake runner's mixed workload, and token

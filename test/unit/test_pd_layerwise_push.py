@@ -122,7 +122,7 @@ def _setup(n=7, fail_at_layer=None, src_layout="layer_major", dst_layout="layer_
     ("layer_major", "token_major", list(range(LAYERS))),
     ("token_major", "token_major", [LAYERS - 1])])  # rows cover every layer: posted once the last layer is stored
 def test_layerwise_push_with_token_major_pools(src_layout, dst_layout, post_layers):
-    """Issue 24: a forced token-major pool on either side of a layerwise push stays correct: every WRITE is posted
+    """A forced token-major pool on either side of a layerwise push stays correct: every WRITE is posted
     only after the last layer its rows touch was stored, and the decode side ends with the final KV."""
     s = _setup(src_layout=src_layout, dst_layout=dst_layout)
     listener = LayerwisePushListener(s.backend)

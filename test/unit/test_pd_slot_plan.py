@@ -121,7 +121,7 @@ def _filled(tp: int, layout: str, seed: int) -> MHATokenToKVPool:
 
 
 def test_token_major_run_is_one_copy_across_layers():
-    """Issue 24: token-major on both sides with the same heads: a run of consecutive slots on both sides is ONE
+    """Token-major on both sides with the same heads: a run of consecutive slots on both sides is ONE
     copy covering every layer and K/V (layer-major: one per (layer, K/V)); the bytes equal the reference gather."""
     src, dst = _filled(1, "token_major", 1), _pool(1, 1, layout="token_major")
     ref = src.kv_layer_view[:, :, [5, 6, 7, 8]].clone()

@@ -1,5 +1,5 @@
 """Unit tests of the request-limit helpers, the external-$ref check, stale IPC folder removal and the
-rendezvous store's listening address (issue 9)."""
+rendezvous store's listening address."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Every Triton-distributed kernel compiles ahead of time for sm_90a on this CPU machine (Triton + ptxas, no GPU),
 every global access of its data arguments is 16 bytes wide (``ld/st.global.v4.b32`` / ``.v2.b64``, ``cp.async``
 16-byte copies, with the launch's specialization: aot.launch_attrs, unit strides as constexprs; only the named
-flag/signal/metadata arguments of aot.SCALAR_ARGS may be accessed narrower; issue 26 item 3), deliberately scalar
+flag/signal/metadata arguments of aot.SCALAR_ARGS may be accessed narrower), deliberately scalar
 variants (aot.SCALAR_PROBES) are rejected, and its PTX has the scoped instructions the memory-ordering argument
 relies on (ld.acquire.sys, st.release.sys, red.release.sys, atom ... acq_rel.sys, fences) and never a
 ``multimem`` (NVLink multicast) instruction.

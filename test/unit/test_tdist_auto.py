@@ -83,8 +83,8 @@ def test_decomp_and_auto_import_no_triton():
     assert r.stdout.strip() == "False"
 
 
-def test_h100_table_holds_the_round2_measurements():
-    """Issue 26 round 2 (2 H100s, Llama-3.3-70B TP4 shapes): o_proj and down fall back to NCCL + cuBLAS at M 2048,
+def test_h100_table_holds_the_two_h100_measurements():
+    """2026-11-26 (2 H100s, Llama-3.3-70B TP4 shapes): o_proj and down fall back to NCCL + cuBLAS at M 2048,
     qkv and gate_up use the decomposition there; the piece count is the measured best per M."""
     from sgl_kernel.tdist.auto import H100_TABLE as t
 

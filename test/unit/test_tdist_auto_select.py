@@ -1,4 +1,4 @@
-"""``--enable-tdist-overlap`` turns its sequence-parallel layout off where it loses (issue 26): the threshold read
+"""``--enable-tdist-overlap`` turns its sequence-parallel layout off where it loses: the threshold read
 off the calibration tables (the 4 x H200 table puts Llama-3.3-70B TP4 at 8192 tokens, where the measured stack went
 from 0.992x at 4096 to 1.091x), the conservative defaults (GPUs without a table, torch collectives, Triton-kernel
 producers), and on gloo CPU ranks (stories260K, TP 2) the executor switching exactly at the threshold per forward

@@ -4,7 +4,7 @@ exist, and the protocol survives streams merged onto few hardware queues.
 
 CUDA maps every stream of a context onto ``CUDA_DEVICE_MAX_CONNECTIONS`` hardware queues (default 8); the streams of
 one queue run in the order the host submitted their work, so a blocked ``cuStreamWaitValue64`` holds back the other
-streams of its queue (false dependencies; with 1 queue the GPU runs everything in submission order). Issue 26 asked
+streams of its queue (false dependencies; with 1 queue the GPU runs everything in submission order). The question is
 whether that can deadlock the ranks once a process has many streams. Here every side stream of a rank is put on one
 of ``queues`` shared in-order workers (a wait blocks the whole worker): with 1 queue (everything in submission order)
 and 2, every schedule and layout must still give the torch results without a deadlock (a deadlock times out).

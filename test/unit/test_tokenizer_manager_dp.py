@@ -135,5 +135,5 @@ def test_a_late_reply_is_not_taken_for_the_next_round():
         return await tm.flush_cache()
 
     out, fake = _control(two_rounds, busy={1}, late={1})
-    assert out.success, out.message  # round 2: scheduler 1's fresh answer, not its stale refusal
+    assert out.success, out.message  # second flush: scheduler 1's fresh answer, not its stale refusal
     assert sorted(fake.flushed) == [0, 0, 1, 2, 2]

@@ -68,7 +68,7 @@ def _rank_select(ps) -> dict:
 
 def test_tokenweave_communicator_choice_tp2():
     for rank, got in enumerate(spawn_ranks(_rank_select, 2, timeout=120)):
-        # auto: unsplit calls on the plain server's communicator, split halves on tw-comm's (issue 25); tw: tw-comm only
+        # auto: unsplit calls on the plain server's communicator, split halves on tw-comm's; tw: tw-comm only
         assert (got["on_auto"], got["bench_on"], got["on_tw"]) == ("TokenWeaveCommunicator",) * 2 + ("TwCommunicator",)
         assert got["on_auto_plain"] == got["off_auto"] == "TorchCommunicator", (rank, got)
         assert got["sms"] == 24

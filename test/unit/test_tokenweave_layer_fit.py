@@ -1,4 +1,4 @@
-"""The fixed per-forward cost fit of the TokenWeave layer benchmark (issue 25 item 4): on synthetic timings with a
+"""The fixed per-forward cost fit of the TokenWeave layer benchmark: on synthetic timings with a
 known line per variant, ``tokenweave_report`` recovers the intercept (fixed ms per forward) and the slope (ms per
 layer), reports TokenWeave's fixed cost over NCCL against the 0.2 ms target, and refuses a single layer count."""
 

@@ -38,7 +38,7 @@ def test_plan_matches_brute_force(seed, max_skew):
 
 
 def test_split_stays_balanced_at_4096_on_116_sms():
-    """Issue 25 (4 x H200, TP4, Llama-3.3-70B, GEMMs capped to 116 SMs): the unbounded wave search cut 4096 tokens
+    """4 x H200, TP4, Llama-3.3-70B (GEMMs capped to 116 SMs): the unbounded wave search cut 4096 tokens
     384 + 3712, which left the suffix's AllReduce with nothing to hide behind; the bounded planner cuts at the half
     (one extra wave), and at equal balance gives the prefix the larger part (1024: 640 + 384)."""
     shape = GemmShape(128, 128, 116)
@@ -162,7 +162,7 @@ def test_executor_path_has_no_host_sync(monkeypatch, tmp_path):
 
 
 def test_old_and_new_split_give_the_same_logits(tmp_path):
-    """The balanced planner (issue 25) changes only where the batch is cut, never the result: a mixed batch of 16
+    """The balanced planner changes only where the batch is cut, never the result: a mixed batch of 16
     tokens (decode + chunk + prefill) that the legacy planner cuts 4 + 12 and the bounded one 8 + 8 gives the
     single-process logits either way (CPU, fp32); ``set_split_skew`` switches the planner and rejects bad values."""
     import os

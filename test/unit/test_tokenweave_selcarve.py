@@ -1,4 +1,4 @@
-"""TokenWeave's selective GEMM carveout (issue 25): which GEMMs run beside a communication stage, derived from the
+"""TokenWeave's selective GEMM carveout: which GEMMs run beside a communication stage, derived from the
 executor's schedule (``sglang.srt.tokenweave.overlap``), the planner's per-GEMM wave model, and that the executor
 with ``carveout_scope="overlap"`` enters the carveout exactly around those GEMMs (CPU: the carveout object is
 replaced by a recorder) while the logits stay those of the unsplit forward."""

@@ -1,4 +1,4 @@
-"""``benchmark/tokenweave_timeline.py`` (issue 25's overlap diagnosis) on a tiny synthetic kernel timeline whose
+"""``benchmark/tokenweave_timeline.py`` (the TokenWeave overlap diagnosis) on a tiny synthetic kernel timeline whose
 busy times, overlap and gap causes are known by construction."""
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ def test_tokenweave_splits_equal_single_process(checkpoints, world, names):  # n
 
 
 def test_unsplit_forward_runs_the_plain_communicator():
-    """Issue 25: a TokenWeave worker's unsplit forwards (below ``--tokenweave-min-tokens``, decode) make exactly the
+    """A TokenWeave worker's unsplit forwards (below ``--tokenweave-min-tokens``, decode) make exactly the
     plain server's calls: the server's communicator is the plain one composed with tw-comm's, the unsplit forward's
     calls all reach the plain part (spy) and its stories260K logits equal the non-TokenWeave model's bit for bit; a
     split forward's fused norm calls reach tw-comm's part, and its logits match within tolerance."""

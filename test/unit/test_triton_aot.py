@@ -1,4 +1,4 @@
-"""The decode-path Triton kernels (split-KV decode attention in its issue-19 and legacy variants, the reduce, fused
+"""The decode-path Triton kernels (split-KV decode attention in its default and legacy variants, the reduce, fused
 RoPE + KV-cache store) compile ahead of time for sm_90a on this CPU machine (Triton + ptxas, no GPU), and the decode
 kernels' K/V tiles are moved by 16-byte pipelined copies (never 2-byte scalar loads) without atomics.
 
@@ -54,7 +54,7 @@ def test_decode_kv_tiles_use_pipelined_16_byte_copies(aot_report, name):
     rep = aot_report[name]
     assert rep["cp_async16"] >= 16 and rep["scalar_b16_loads"] == 0, rep
     assert rep["shared"] <= 228 * 1024 // 5, rep  # 5 programs per SM: the premise of default_num_kv_splits
-    assert rep["atom_acq_rel_gpu"] == 0, rep  # the fused split reduce (an arrival counter) was removed in issue 27
+    assert rep["atom_acq_rel_gpu"] == 0, rep  # the fused split reduce (an arrival counter) was removed
 
 
 @pytest.mark.parametrize("name", ["decode_split_balanced_direct", "decode_split_balanced_4"])
@@ -69,7 +69,7 @@ def test_balanced_decode_variants_keep_pipelined_16_byte_copies(aot_report, name
 
 
 def test_extend_attention_streams_kv_with_pipelined_copies(aot_report):
-    """The prefill/extend kernel (issue 27: 8K prefill) moves K/V tiles by 16-byte asynchronous copies, never 2-byte
+    """The prefill/extend kernel (8K prefill) moves K/V tiles by 16-byte asynchronous copies, never 2-byte
     scalar loads, and its Hopper config (BLOCK_M 128, BLOCK_N 128, head_dim 128, 8 warps, 3 stages) fits the 227 KB
     of shared memory one program may use on sm_90."""
     rep = aot_report["extend"]
@@ -89,7 +89,7 @@ def test_skinny_gemm_streams_weights_with_pipelined_copies(aot_report):
 
 @pytest.mark.parametrize("name", ["rmsnorm_add", "rmsnorm_add_pdl"])
 def test_rmsnorm_issues_every_load_before_a_store(aot_report, name):
-    """Issue 27: add + RMSNorm issues every global load (the weight first) before its first global store, so no load
+    """Add + RMSNorm issues every global load (the weight first) before its first global store, so no load
     waits behind the residual store (the former SGLANG_DECODE_EARLY_LOADS=1 order, kept as the only one). RoPE + KV
     store keeps program order: a variant loading k and v before storing q wrote different k bytes on an H200."""
     assert aot_report[name]["loads_after_first_store"] == 0, aot_report[name]
@@ -97,7 +97,7 @@ def test_rmsnorm_issues_every_load_before_a_store(aot_report, name):
 
 @pytest.mark.parametrize("kernel", ["rmsnorm_add", "rope_kv_store_neox", "decode_split_rows_direct", "skinny_gemm"])
 def test_pdl_variants_wait_then_launch_dependents(aot_report, kernel):
-    """Issue 27 (programmatic dependent launch, the default on Hopper): the PDL variants execute griddepcontrol.wait
+    """Programmatic dependent launch (the default on Hopper): the PDL variants execute griddepcontrol.wait
     before any global load or async copy (nothing can read the previous kernel's outputs early), trigger the next
     kernel's launch (griddepcontrol.launch_dependents), and only the skinny GEMM issues L2 prefetches of its
     read-only weight lines before the wait; the plain variants (SGLANG_DECODE_PDL=0) have neither instruction."""
@@ -109,7 +109,7 @@ def test_pdl_variants_wait_then_launch_dependents(aot_report, kernel):
 
 @pytest.mark.parametrize("name", ["splitk_add_rmsnorm", "splitk_add_rmsnorm_pdl"])
 def test_splitk_add_rmsnorm_loads_before_its_stores(aot_report, name):
-    """Issue 27 fusion: the split-K partials, residual and weight are all loaded (16-byte vectors) before the first
+    """Epilogue fusion: the split-K partials, residual and weight are all loaded (16-byte vectors) before the first
     store, as in the unfused add + RMSNorm; under PDL nothing is read before griddepcontrol.wait."""
     rep = aot_report[name]
     assert rep["loads_after_first_store"] == 0 and rep["v4_loads"] > 0 and rep["scalar_b16_loads"] == 0, rep
@@ -118,7 +118,7 @@ def test_splitk_add_rmsnorm_loads_before_its_stores(aot_report, name):
 
 @pytest.mark.parametrize("name", ["skinny_silu", "skinny_silu_pdl"])
 def test_skinny_silu_streams_both_strips_with_pipelined_copies(aot_report, name):
-    """Issue 27 fusion: gate_up + SiLU streams its gate and up weight strips by 16-byte pipelined copies; under PDL
+    """Epilogue fusion: gate_up + SiLU streams its gate and up weight strips by 16-byte pipelined copies; under PDL
     it prefetches lines of both strips into L2 before griddepcontrol.wait and loads nothing before it."""
     rep = aot_report[name]
     assert rep["cp_async16"] > 0 and rep["scalar_b16_loads"] == 0, rep

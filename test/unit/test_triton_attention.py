@@ -260,7 +260,7 @@ def test_two_live_batches_on_the_triton_backend():
                                            ([40, 0, 17], [1, 12, 1])], ids=["decode", "extend", "mixed"])
 @pytest.mark.parametrize("backend", ["triton", "torch_native"])
 def test_token_major_pool_equals_layer_major(prefix, extend, backend):
-    """Issue 24: the token-major pool (``[slot, layer, K/V, head, head_dim]``: K/V buffers are strided views with a slot
+    """The token-major pool (``[slot, layer, K/V, head, head_dim]``: K/V buffers are strided views with a slot
     stride of layers x 2 x heads x head_dim) gives the same attention output as the layer-major pool, bit for bit
     (same kernels, same values, only the strides differ), and the same KV after the write; both equal the
     torch_native reference on the layer-major pool."""
@@ -290,7 +290,7 @@ def test_fused_rope_kv_store_through_radix_attention(monkeypatch, prefix, extend
     """RadixAttention with rotary_emb: the Triton backend's fused RoPE + KV store (kernel forced on CPU tensors under
     the interpreter) equals RoPE-then-attention on torch_native and on the Triton backend with fused_rope=False:
     outputs within rounding, pools equal (fp32: bit for bit up to RoPE rounding), q/k/v inputs usable as strided
-    views of one qkv tensor; also into a token-major pool (strided K/V buffers, issue 24)."""
+    views of one qkv tensor; also into a token-major pool (strided K/V buffers)."""
     from sglang.srt.layers import ops
     from sglang.srt.layers.rotary_embedding import get_rope
 

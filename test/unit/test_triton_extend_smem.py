@@ -1,5 +1,5 @@
-"""The extend-attention config chosen for Hopper fits the H100's shared memory (issue 27 round 3: the fp32 qwen3
-GPU test hit ``OutOfResources: Required 295936, limit 232448`` with the 128 x 128 x 3-stage tiles).
+"""The extend-attention config chosen for Hopper fits the H100's shared memory (the fp32 qwen3
+GPU test once hit ``OutOfResources: Required 295936, limit 232448`` with the 128 x 128 x 3-stage tiles).
 
 The chosen config of every head dim of the GPU test models (qwen3: 128, fp32) and of real Llama/Qwen models (64, 80,
 96, 128, 256 in bf16) is compiled ahead of time for sm_90a on this CPU machine (Triton + ptxas, no GPU) in one
@@ -121,7 +121,7 @@ print(json.dumps(out))
 def test_auto_configs_on_a_cuda_device_fit_its_shared_memory():
     """The CUDA branch of the automatic config choice (the path a GPU prefill takes; the CPU interpreter never
     reaches it) runs with the device queries stubbed as an H100: it returns the device index and candidates whose
-    first one fits 232448 B, for bf16 and fp32 (the round-3 fp32 OutOfResources case)."""
+    first one fits 232448 B, for bf16 and fp32 (the fp32 OutOfResources case)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "sgl-kernel" / "python"), str(REPO / "python"),
                                          env.get("PYTHONPATH", "")])

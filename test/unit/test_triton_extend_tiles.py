@@ -1,4 +1,4 @@
-"""The extend/prefill attention kernel (issue 27: unmasked off-diagonal tiles, masked diagonal tiles, exp2 softmax)
+"""The extend/prefill attention kernel (unmasked off-diagonal tiles, masked diagonal tiles, exp2 softmax)
 vs a torch reference on fresh random inputs, at every tile config it may run with.
 
 Cases: cached prefixes not aligned to any tile, decode rows (extend 1) mixed with long extends, GQA, head_dim a power

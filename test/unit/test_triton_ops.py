@@ -281,7 +281,7 @@ def test_decode_config_per_arch_and_hopper_tile_matches_reference():
 
 
 def test_pdl_and_small_grid_tile_switches(monkeypatch):
-    """Issue 27 switches: programmatic dependent launch is the default (unset or 2) and 0 opts out; malformed values,
+    """Decode switches: programmatic dependent launch is the default (unset or 2) and 0 opts out; malformed values,
     the removed wait-only mode 1 included, raise ValueError naming the variable and the fix; neither PDL nor the
     small-grid attention tile ever applies off CUDA or in the interpreter (the tile neither at several splits nor
     when unset)."""
@@ -387,7 +387,7 @@ def test_skinny_gemm_matches_linear(m, n, k, bias):
 
 @pytest.mark.parametrize("chunk,block_n", [(4096, 16), (4096, 32), (4096, 128), (768, 32), (3584, 64), (64, 16)])
 def test_skinny_prefetch_lines_stay_within_caps(chunk, block_n):
-    """Programmatic dependent launch (issue 27, default): the L2 prefetch per program is a power of two of 128-byte
+    """Programmatic dependent launch (the default): the L2 prefetch per program is a power of two of 128-byte
     lines per weight row (bf16), never past the program's K chunk, PREFETCH_K columns or PREFETCH_BYTES, and at least one line."""
     lines = skinny_gemm._prefetch_lines(chunk, block_n, 2)
     assert lines >= 1 and lines & (lines - 1) == 0

@@ -1,4 +1,4 @@
-"""CPU checks of the AllReduce-RMSNorm benchmark's main table (issue 25: the `auto` column is what a plain call
+"""CPU checks of the AllReduce-RMSNorm benchmark's main table (the `auto` column is what a plain call
 runs, `best full` never mixes in sharded-residual variants, the sharded best is reported apart) and of
 ``auto_pick`` (the communicator's backend / SM choice from a calibration table, or the built-in rules)."""
 

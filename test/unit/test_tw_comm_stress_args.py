@@ -1,4 +1,4 @@
-"""The CPU-runnable parts of ``test/gpu/tw_comm_stress_gpus.py`` (issue 25 item 2): the variant names it cycles --
+"""The CPU-runnable parts of ``test/gpu/tw_comm_stress_gpus.py``: the variant names it cycles --
 every tw-comm backend TokenWeave's calls can pick, including the bulk-copy two-shot and the residual-sharded calls of
 the split halves -- map to the right ``(backend, residual_sharded)`` call, argument errors name the bad value, and
 the default (the 100,000-call run) is unchanged."""

@@ -113,7 +113,7 @@ def _packaged_pick(gpu: str, world: int, T: int, overlap: bool, bulk=None) -> Tw
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_packaged_table_puts_tokenweave_overlap_on_bulk_twoshot_on_h200(world):
-    """Issue 25 (2026-11-27 4 x H200): TokenWeave's overlapped calls (16 CTAs) of >= 1024 tokens run the bulk-copy
+    """2026-11-27, 4 x H200: TokenWeave's overlapped calls (16 CTAs) of >= 1024 tokens run the bulk-copy
     two-shot; small overlapped calls keep one-shot / two-shot; ``bulk_twoshot=False`` restores the pre-bulk
     two-shot (the benchmark's old-comm baseline); the table's provenance names the measuring run."""
     for T in (1024, 2048, 4096, 8192):

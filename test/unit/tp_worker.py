@@ -175,7 +175,7 @@ def stale_rows_poisoned(base: type) -> type:
 
 
 def tokenweave_unsplit_vs_plain(ps, path: str) -> dict:
-    """Rank body (issue 25, unsplit forwards): the checkpoint at ``path`` with the communicator a ``--enable-tokenweave``
+    """Rank body (unsplit forwards): the checkpoint at ``path`` with the communicator a ``--enable-tokenweave``
     server builds (``build_communicator``) and with the plain server's (``--comm-backend auto`` without TokenWeave).
     Returns the communicator's class names, the :data:`STEPS` logits of TokenWeave's executor with no split
     (``min_tokens`` above every batch) and of the plain model, the logits of a forced split (cut at 2), and per run

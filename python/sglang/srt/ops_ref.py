@@ -5,7 +5,7 @@ This module sits at the bottom of the import graph: it imports only torch, so la
 use it without importing each other. Sources: RMSNorm (Zhang & Sennrich, NeurIPS 2019, eq. 4), SwiGLU
 (Shazeer 2020, eq. 6), top-k softmax routing (Shazeer et al. 2017, sec. 2.1; Mixtral renormalizes the
 top-k weights), MoE expert mixing (Shazeer et al. 2017, eq. 1); the deferred split-K sum of a projection that the
-next fused add + RMSNorm reduces (issue 27, :mod:`sglang.srt.layers.decode_fuse`).
+next fused add + RMSNorm reduces (decode epilogue fusion, :mod:`sglang.srt.layers.decode_fuse`).
 """
 
 from __future__ import annotations

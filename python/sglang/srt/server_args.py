@@ -404,7 +404,7 @@ class ServerArgs:
         """The KV pool's storage order (the one place it is chosen; both PD sides compute it alike):
         ``--kv-cache-layout``, or for ``auto`` ``token_major`` when this is a prefill or decode server in pull mode
         (the decode side reads a request's run of slots as ONE range across all layers: one transfer descriptor
-        per slot run instead of 2 x layers, KVDirect sec. 4.2, issue 24), else ``layer_major`` (aggregated
+        per slot run instead of 2 x layers, KVDirect sec. 4.2), else ``layer_major`` (aggregated
         serving; push mode, whose layerwise WRITEs want one contiguous range per layer). Sides with different
         layouts still move the right bytes (more descriptors). See
         :class:`~sglang.srt.mem_cache.memory_pool.MHATokenToKVPool`."""

@@ -144,7 +144,7 @@ class ExpertPlacement:
 def static_placement(num_experts: int, num_workers: int) -> ExpertPlacement:
     """Plain expert parallelism: contiguous blocks of experts per worker, no redundancy. When ``num_workers`` does
     not divide ``num_experts`` the first ``num_experts % num_workers`` workers hold one expert more (e.g. 128 experts
-    on 3 FFN workers: 43 / 43 / 42; the 1 attention + 3 FFN layout of issue 24).
+    on 3 FFN workers: 43 / 43 / 42; the 1 attention + 3 FFN layout on 4 GPUs).
 
     Raises:
         ValueError: ``num_workers`` is not in ``[1, num_experts]`` (a worker would hold no expert).

@@ -95,7 +95,7 @@ def plan_slot_copies(src: KVRegionDescriptor, src_heads: tuple[int, int], src_sl
     innermost first: K/V, then layer (by source stride), then runs of tokens whose slots continue on both sides
     (:func:`_token_runs`). Two token-major regions (``[slot, layer, kv, head, head_dim]``) moving all the heads
     of each slot therefore get ONE row per slot run covering every layer (a 1024-token Llama-3.1-8B prompt in
-    one slot run: 1 row instead of 64, issue 24: UCX handles NIXL descriptors serially at ~10 us each);
+    one slot run: 1 row instead of 64: UCX handles NIXL descriptors serially at ~10 us each);
     layer-major ones one row per (layer, K/V, slot run) (64); mixed layouts or a head sub-range one row per
     (layer, K/V, token) (correct, just more rows). Rows are ordered by the unmerged of (layer, K/V), layer
     outermost (all of layer 0 first, which push mode writes first), then by token; merging token runs before

@@ -9,7 +9,7 @@ taking tensors + workspace. The backend is chosen per call by size, world size a
 * ``p2p_lamport``  the one-shot with the flag in the data (empty slots hold negative zero, readers spin on the data;
   no barrier), world*T*H*2 <= world * 2 MiB: auto-selected for fused, non-overlapped calls that fit where no
   calibrated table decides (the packaged H200 tables pick it only up to ~5 tokens at hidden 8192). 2 H100s, hidden
-  8192, issue 25 round 2, chosen explicitly, before the 1b24565 rewrite: 7.2 / 9.9 / 15.9 us at T 1 / 32 / 128 vs
+  8192, 2026-11-26, chosen explicitly, before the 1b24565 rewrite: 7.2 / 9.9 / 15.9 us at T 1 / 32 / 128 vs
   one-shot 10.0 / 11.6 / 17.9, NCCL symmetric 9.4 / 19.6 / 26.5, torch symmetric memory 11.7 / 13.4 / 17.9;
 * ``p2p_twoshot``  large inputs: ReduceScatter by peer stores -> residual + RMSNorm on own 1/N rows ->
   AllGather by peer loads (line-rate traffic);
@@ -80,7 +80,7 @@ class TwCommConfig:
       chunk of p2p_twoshot_pipe (0: the library default, 32 KiB). crossovers: the calibrated table (empty: the
       built-in rules; filled by TwCommWorkspace from tw_comm_tuning.load_crossovers when use_calibrated).
       bulk_twoshot: None (default): the calibrated table decides where p2p_twoshot_bulk runs (on H200 at world
-      2/4 TokenWeave's overlapped two-shot calls, issue 25); True: every fused p2p_twoshot / p2p_twoshot_pipe
+      2/4 TokenWeave's overlapped two-shot calls); True: every fused p2p_twoshot / p2p_twoshot_pipe
       pick becomes p2p_twoshot_bulk (sm_90+ only; same result); False: never bulk (a table's bulk pick becomes
       p2p_twoshot, the pre-bulk choice).
     """
@@ -91,8 +91,8 @@ class TwCommConfig:
     oneshot_sms: int = 64
     twoshot_sms: int = 128  # the two-shot copy phases are latency-bound per SM: time falls with SMs up to ~128
     ce_sms: int = 8
-    # 0: never. CE on 8 SMs took 2-7x NCCL's time at every size measured (2 x H100 2026-11-26 round 2, 4 x H200
-    # 2026-11-26 23:49; issue 25), so overlapped calls
+    # 0: never. CE on 8 SMs took 2-7x NCCL's time at every size measured (2 x H100 2026-11-26 17:50, 4 x H200
+    # 2026-11-26 23:49), so overlapped calls
     # use the two-shot kernel on overlap_sms SMs unless a calibrated config turns CE on from this many bytes.
     ce_min_bytes: int = 0
     # overlapped calls (TokenWeave) without an explicit budget: few CTAs, so the other split's GEMMs keep the

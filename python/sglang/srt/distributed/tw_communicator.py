@@ -20,7 +20,7 @@ the previous call's; every backend then honours it (one-shot / Lamport picks bec
 fallback and the CPU path reduce to the owner and gather the normed rows only).
 
 A ``--enable-tokenweave`` worker (``--comm-backend auto``) runs :class:`TokenWeaveCommunicator`: this communicator for
-the split halves only, the plain server's communicator for every other call (issue 25: unsplit forwards are never
+the split halves only, the plain server's communicator for every other call (so unsplit forwards are never
 slower than without TokenWeave).
 """
 
@@ -181,7 +181,7 @@ class TwCommunicator(Communicator):
 
 class TokenWeaveCommunicator(Communicator):
     """A TokenWeave worker's communicator: the plain server's communicator for every unsplit call, tw-comm's only
-    for the split halves (issue 25: an unsplit forward under ``--enable-tokenweave`` runs exactly as without it).
+    for the split halves (so an unsplit forward under ``--enable-tokenweave`` runs exactly as without it).
 
     Contract (the one place that routes a TokenWeave worker's calls):
 

@@ -1,4 +1,4 @@
-"""Decode epilogue fusions (issue 27), host side: which layers may use them, the deferred split-K sum, references.
+"""Decode epilogue fusions, host side: which layers may use them, the deferred split-K sum, references.
 
 Switch: ``SGLANG_DECODE_FUSE_EPILOGUE=1`` (default OFF until a same-run GPU A/B shows a win; read once when the
 decode-GEMM table is tuned, :func:`sglang.srt.layers.decode_gemm.maybe_autotune`, and carried by the table, so a

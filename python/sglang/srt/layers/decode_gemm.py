@@ -1,4 +1,4 @@
-"""Decode-GEMM autotune (issue 27): per linear shape and decode batch bucket, cuBLAS or the fastest skinny config.
+"""Decode-GEMM autotune: per linear shape and decode batch bucket, cuBLAS or the fastest skinny config.
 
 At decode every linear layer reads its whole weight for a handful of rows, so its time is the weight bytes over the
 bandwidth it reaches. cuBLAS reaches ~0.9 of the copy bandwidth on the large Llama-3.1-8B projections but ~0.7 on
@@ -24,7 +24,7 @@ row-wise) and the candidates the weight-only streaming kernel :func:`sgl_kernel.
 same configs (activations in bf16); the layer's method consults the table per call
 (:func:`sglang.srt.layers.quantization.fp8_ops.linear_per_channel`). Block-wise FP8 layers are not tuned.
 
-Epilogue fusions (issue 27, ``SGLANG_DECODE_FUSE_EPILOGUE=1``, default OFF until a GPU A/B shows a win; see
+Epilogue fusions (``SGLANG_DECODE_FUSE_EPILOGUE=1``, default OFF until a GPU A/B shows a win; see
 :mod:`sglang.srt.layers.decode_fuse`): the table is then tuned with the fused forms where the model allows them
 (:func:`sglang.srt.layers.decode_fuse.mark_model`): the projections feeding a fused add + RMSNorm time their skinny
 configs without the split-K reduce kernel (the norm sums the partials; its extra read of ``S*M*N*4`` bytes is not
@@ -68,19 +68,19 @@ class GemmChoice:
     cublas_us: float
     skinny_us: Optional[float]
     skinny_config: Optional[object]
-    fused: str = ""  # issue 27: "" plain, "partials" (split-K reduce in the next norm), "silu" (gate_up + SiLU)
+    fused: str = ""  # epilogue fusion: "" plain, "partials" (split-K reduce in the next norm), "silu" (gate_up + SiLU)
 
 
 @dataclass(frozen=True)
 class DecodeGemmTable:
     """Frozen per-device dispatch table: ``entries`` maps ``(N, K, dtype name)`` to its :class:`GemmChoice` s,
     ascending ``m_max``. Built by :func:`autotune`; read by :meth:`lookup` (host side, at graph capture or eager
-    forward). ``fuse_epilogue``: tuned with the issue-27 epilogue fusions, which :func:`install` then switches on."""
+    forward). ``fuse_epilogue``: tuned with the decode epilogue fusions, which :func:`install` then switches on."""
 
     device_name: str
     entries: Tuple[Tuple[Shape, Tuple[GemmChoice, ...]], ...]
     tune_s: float = 0.0
-    fuse_epilogue: bool = False  # issue 27: tuned with (and installs) the decode epilogue fusions
+    fuse_epilogue: bool = False  # tuned with (and installs) the decode epilogue fusions
     _index: Dict[Shape, Tuple[GemmChoice, ...]] = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
@@ -162,7 +162,7 @@ def candidates(m: int, n: int, k: int, num_sms: int) -> List[object]:
         tiles = ((16, 512, 4, 4), (32, 256, 4, 4), (64, 128, 4, 4))
     elif m <= 32:  # + a wide strip: x (L2-resident) is re-read once per N strip, so fewer strips read less of it;
         # + small-footprint tiles (64 / 96 KiB of shared memory: 2-3 programs per SM), so qkv / o_proj (96-192
-        # strips, not a multiple of 132 SMs) run as one resident wave (issue 27: both at ~0.78 of bandwidth)
+        # strips, not a multiple of 132 SMs) run as one resident wave (measured: both at ~0.78 of bandwidth)
         tiles = ((32, 256, 4, 4), (64, 128, 4, 4), (64, 256, 4, 3), (128, 128, 4, 4), (32, 128, 4, 4),
                  (16, 256, 4, 4))
     elif m <= 64:
@@ -288,9 +288,9 @@ def autotune(weights_by_shape: Dict[Shape, List[torch.Tensor]], buckets: Sequenc
             cycled through per timing pass).
         buckets: bucket tops (rows), ascending, each <= 128.
         device: the CUDA device.
-        deferred, gated, fuse_epilogue: issue 27 (:mod:`sglang.srt.layers.decode_fuse`): with ``fuse_epilogue`` the
-            shapes in ``gated`` are timed as gate_up + SiLU-and-mul and those in ``deferred`` without the split-K
-            reduce; the table records ``fuse_epilogue``.
+        deferred, gated, fuse_epilogue: epilogue fusions (:mod:`sglang.srt.layers.decode_fuse`): with
+            ``fuse_epilogue`` the shapes in ``gated`` are timed as gate_up + SiLU-and-mul and those in ``deferred``
+            without the split-K reduce; the table records ``fuse_epilogue``.
     Raises:
         ValueError: a non-CUDA device or a bucket outside 1..128.
     """
@@ -338,7 +338,7 @@ def model_linear_weights(model: torch.nn.Module) -> Dict[Shape, List[torch.Tenso
 
 def install(model: torch.nn.Module, table: Optional[DecodeGemmTable]) -> int:
     """Hand ``table`` (None: remove) to every LinearBase and LogitsProcessor (the LM-head projection) of ``model``;
-    returns how many modules got it. Sets (or clears) the issue-27 epilogue-fusion flags from
+    returns how many modules got it. Sets (or clears) the decode epilogue-fusion flags from
     ``table.fuse_epilogue`` (:func:`sglang.srt.layers.decode_fuse.mark_model`)."""
     from sglang.srt.layers.decode_fuse import mark_model
     from sglang.srt.layers.linear import LinearBase
@@ -358,7 +358,7 @@ def maybe_autotune(model: torch.nn.Module, batch_sizes: Sequence[int], device: t
                    rank: int = 0, fuse_ok: bool = True) -> Optional[DecodeGemmTable]:
     """The runner's entry point: when :func:`enabled`, tune the model's linear shapes for the buckets covering
     ``batch_sizes``, log the table once (this rank) and return it; else None (every linear stays on cuBLAS).
-    ``fuse_ok``: the caller's executor runs the model's plain layer order (the sequential one), so the issue-27
+    ``fuse_ok``: the caller's executor runs the model's plain layer order (the sequential one), so the decode
     epilogue fusions may be tuned when ``SGLANG_DECODE_FUSE_EPILOGUE=1`` (ValueError for a bad value)."""
     from sglang.srt.layers.decode_fuse import fuse_enabled, mark_model
 

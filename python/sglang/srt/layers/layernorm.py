@@ -56,10 +56,10 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
         """x ``[..., H]`` -> normed x, or with ``residual`` -> ``(normed(x + residual), x + residual)`` (fused
         all-reduce first when ``comm`` is set); see the class docstring for in-place behaviour. ``x`` may also be a
-        :class:`~sglang.srt.layers.decode_fuse.SplitKPartials` (issue 27: a projection's deferred split-K reduce):
+        :class:`~sglang.srt.layers.decode_fuse.SplitKPartials` (a projection's deferred split-K reduce):
         with a residual and no comm it is summed inside the norm kernel (a new normed tensor, the residual updated
         in place), else materialized first."""
-        if not isinstance(x, torch.Tensor):  # issue 27: a projection's deferred split-K partials (decode_fuse)
+        if not isinstance(x, torch.Tensor):  # a projection's deferred split-K partials (decode_fuse)
             if residual is not None and self.comm is None and self.sequence_parallel is None:
                 return ops.splitk_add_rmsnorm(x, residual, self.weight, self.eps)
             x = x.materialize()

@@ -151,10 +151,10 @@ class LinearBase(nn.Module):
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.in_local, self.out_local = in_local, out_local
         self.weight = _new_param((out_local, in_local), params_dtype, self.weight_loader, shards)
-        # experimental (issue 19): decode batches of <= 16 rows through the skinny Triton GEMM; off by default,
+        # experimental: decode batches of <= 16 rows through the skinny Triton GEMM; off by default,
         # read once here (SGLANG_SKINNY_GEMM=1), see sglang.srt.layers.ops.linear
         self.skinny_gemm = os.environ.get(SKINNY_GEMM_ENV, "0") not in ("", "0")
-        # issue 27: the DecodeGemmTable the CUDA-graph runner measured on this device (decode_gemm.install), or None
+        # the DecodeGemmTable the CUDA-graph runner measured on this device (decode_gemm.install), or None
         self.decode_gemm: Optional[Any] = None
         # the SequenceParallelLayout a sequence-parallel executor installed (once); it is active only during its
         # forwards (see forward); None: never sequence-parallel
@@ -374,8 +374,8 @@ class RowParallelLinear(LinearBase):
         super().__init__(divide(input_size, tp_size, "input_size"), output_size, bias, params_dtype, tp_rank, tp_size)
         self.reduce_results = reduce_results
         self.comm = comm
-        # issue 27 (SGLANG_DECODE_FUSE_EPILOGUE): set by sglang.srt.layers.decode_fuse.mark_model where the output
-        # feeds a fused add + RMSNorm, which then sums a split-K skinny GEMM's partials itself
+        # epilogue fusion (SGLANG_DECODE_FUSE_EPILOGUE): set by sglang.srt.layers.decode_fuse.mark_model where the
+        # output feeds a fused add + RMSNorm, which then sums a split-K skinny GEMM's partials itself
         self.defer_splitk_reduce = False
 
     def shard_spec(self, shard_id=None) -> ShardSpec:
@@ -390,7 +390,7 @@ class RowParallelLinear(LinearBase):
         """x ``[..., in_local]`` -> ``[..., out]``: the local partial product (bias added on rank 0 only), all-reduced
         over TP when ``reduce_results``. Raises ValueError if tp_size > 1 and no ``comm`` is set. While the installed
         ``self.sequence_parallel`` layout is active: :meth:`forward_scattered` (this rank's token rows). With
-        ``defer_splitk_reduce`` (issue 27, one rank) the result may be a
+        ``defer_splitk_reduce`` (decode epilogue fusion, one rank) the result may be a
         :class:`~sglang.srt.layers.decode_fuse.SplitKPartials` for the next RMSNorm to reduce."""
         sp = self.sequence_parallel
         if sp is not None and sp.rows is not None:

@@ -53,7 +53,7 @@ class LogitsProcessor(nn.Module):
         self.vocab_size = vocab_size
         self.logit_scale = logit_scale
         self.tp_size, self.comm = tp_size, comm
-        # issue 27: the DecodeGemmTable the CUDA-graph runner measured on this device (decode_gemm.install), or None
+        # the DecodeGemmTable the CUDA-graph runner measured on this device (decode_gemm.install), or None
         self.decode_gemm = None
 
     def _project(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor,

@@ -154,7 +154,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     """``F.linear(x, weight, bias)``, or the weight-streaming Triton GEMM
     (:func:`sgl_kernel.triton.skinny_gemm.skinny_gemm`) for a 2-D CUDA bf16/fp16 ``x`` with contiguous rows when
     ``table`` (a :class:`~sglang.srt.layers.decode_gemm.DecodeGemmTable` measured on this device) names a config for
-    this (shape, row count), or with ``skinny=True`` (issue 19's fixed config, 1..16 rows). x ``[..., in]``, weight
+    this (shape, row count), or with ``skinny=True`` (the fixed default config, 1..16 rows). x ``[..., in]``, weight
     ``[out, in]``, bias ``[out]`` -> ``[..., out]`` in x's dtype."""
     if (skinny or table is not None) and x.dim() == 2 and x.dtype in (torch.bfloat16, torch.float16) \
             and x.dtype == weight.dtype and x.stride(-1) == 1 and weight.stride(-1) == 1:
@@ -172,7 +172,7 @@ def _skinny_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def linear_deferred(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], table):
-    """:func:`linear` for a projection whose output feeds a fused add + RMSNorm (issue 27,
+    """:func:`linear` for a projection whose output feeds a fused add + RMSNorm (decode epilogue fusion,
     :mod:`sglang.srt.layers.decode_fuse`): where ``table`` names a skinny config with split-K > 1 for this (shape,
     rows) on CUDA, the GEMM's fp32 partials come back as a
     :class:`~sglang.srt.layers.decode_fuse.SplitKPartials` (the reduce runs inside the norm); otherwise exactly
@@ -190,7 +190,7 @@ def linear_deferred(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.
 
 
 def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], table) -> Optional[torch.Tensor]:
-    """The gate_up projection with SiLU-and-mul in the skinny GEMM's epilogue (issue 27): x ``[M, K]``, weight
+    """The gate_up projection with SiLU-and-mul in the skinny GEMM's epilogue (a decode fusion): x ``[M, K]``, weight
     ``[2I, K]`` -> ``silu(gate) * up`` ``[M, I]`` in x's dtype, when ``table`` names a split-K 1 skinny config for
     this (shape, rows) on CUDA; else None (the caller runs the GEMM and :func:`silu_and_mul`)."""
     cfg = table.lookup(weight.shape[0], weight.shape[1], x.dtype, x.shape[0]) \

@@ -1,4 +1,4 @@
-"""KV-pool sizing that keeps room for the largest forward the engine will run (issue 27, item 1).
+"""KV-pool sizing that keeps room for the largest forward the engine will run.
 
 Before the KV pool is allocated, :func:`measure_activation_reserve` runs profiling forwards of the largest
 shapes the scheduler can form (:func:`forward_limits`) on a small temporary KV cache and reads the peak of

@@ -6,15 +6,15 @@ per padded batch size and replay it, copying the real batch into static
 input buffers first. Padding rows read and write only the reserved dummy KV
 slot 0 through a reserved ``req_to_token`` row, and their logits are dropped.
 
-Each graph also computes the argmax of its logits into a static int64 buffer (issue 19's
-``SGLANG_GRAPH_GREEDY``, the default since issue 27: on one H100 it cut the host time in
-``ModelRunner.forward`` at batch 1/32/128 with no cost in the replay; the switch is gone), and
+Each graph also computes the argmax of its logits into a static int64 buffer (always on,
+formerly the ``SGLANG_GRAPH_GREEDY`` switch: on one H100 it cut the host time in
+``ModelRunner.forward`` at batch 1/32/128 with no cost in the replay), and
 :meth:`CudaGraphRunner.greedy_ids` hands those ids to the runner for batches whose
 every row is plain greedy (:func:`graph_greedy_eligible`), so the sampler's launches
 are skipped for them; other batches are sampled eagerly from the logits.
 
 Inputs: one packed host-to-device copy per replay from a persistent pinned buffer
-(:class:`~sglang.srt.model_executor.graph_inputs.DecodeInputStager`, issue 27). The attention backend
+(:class:`~sglang.srt.model_executor.graph_inputs.DecodeInputStager`). The attention backend
 must be graph-safe for decode (no host syncs, metadata read from the static tensors): the Triton
 backend is, ``torch_native`` is not.
 """
@@ -166,7 +166,7 @@ class CudaGraphRunner:
             heads = runner.local_num_heads
             kv_heads = runner.token_to_kv_pool.head_num
             backend.init_cuda_graph_state(self.max_bs, heads, mc.head_dim, kv_heads, self.device)
-        # issue 27: per (linear shape, batch bucket) cuBLAS or a skinny GEMM config, measured here before capture
+        # GEMM autotune: per (linear shape, batch bucket) cuBLAS or a skinny GEMM config, measured here before capture
         # (SGLANG_DECODE_GEMM_AUTOTUNE=1); None leaves every linear on cuBLAS
         # (SGLANG_DECODE_FUSE_EPILOGUE=1 adds the epilogue fusions, only under the sequential executor: another
         # one may slice or ship a projection's output)

@@ -1,4 +1,4 @@
-"""Static decode inputs of the CUDA graphs, filled with ONE host-to-device copy per step (issue 27).
+"""Static decode inputs of the CUDA graphs, filled with ONE host-to-device copy per step.
 
 A decode step's per-row integers (input id, position, request row, sequence length, KV slot) go into a persistent
 pinned host buffer ``[5, max_bs]`` int64 through numpy views (no per-step tensor construction, no per-step pinned
@@ -6,7 +6,7 @@ allocation) and reach the graphs' static device buffer in one asynchronous copy.
 one is refilled, the event recorded after its previous copy is waited on (that copy was issued a step earlier, so
 the wait is normally already satisfied and the host never waits on the replay itself).
 
-Before issue 27 every replay cloned a pad tensor, built a ``[4, bs]`` tensor from Python lists, pinned it
+Formerly every replay cloned a pad tensor, built a ``[4, bs]`` tensor from Python lists, pinned it
 (a fresh pinned block per step) and issued a second copy for the KV slots: :func:`stage_decode_inputs_legacy`
 keeps that sequence for the host micro-benchmark (``benchmark/bench_decode_host.py``) only.
 """
@@ -91,7 +91,7 @@ class DecodeInputStager:
 
 
 def stage_decode_inputs_legacy(static: torch.Tensor, pad: torch.Tensor, batch, padded: int) -> None:
-    """The pre-issue-27 staging, kept only to measure it (``benchmark/bench_decode_host.py``): clone a pad tensor
+    """The former (legacy) staging, kept only to measure it (``benchmark/bench_decode_host.py``): clone a pad tensor
     ``pad`` ``[4, max_bs]`` int64 (CPU), fill ``[:, :bs]`` from a new tensor of the batch's lists, pin it when
     ``static`` (``[5, max_bs]`` int64, rows as :data:`ROWS`) is on CUDA, copy it, then copy the KV slots
     separately and zero the padding slots."""

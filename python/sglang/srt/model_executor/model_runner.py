@@ -213,7 +213,7 @@ class ModelRunner:
         per_token = MHATokenToKVPool.bytes_per_token(self.num_kv_heads, mc.head_dim, mc.num_hidden_layers,
                                                      self.kv_cache_dtype)
         rows = max_running_requests(args, self.device, mc.context_len, GPU_MAX_DEFAULT_TOKENS)  # before the KV cap
-        reserve = measure_activation_reserve(self, args, rows)  # issue 27: profiling forwards (0 off CUDA)
+        reserve = measure_activation_reserve(self, args, rows)  # profiling forwards (0 off CUDA)
         self.activation_reserve_bytes = reserve
         tokens = kv_budget_tokens(args, self.device, per_token, self.page_size, reserve,
                                   req_to_token_bytes(rows + 2, mc.context_len))
@@ -310,7 +310,7 @@ class ModelRunner:
 
         Requests with a grammar (``req.grammar``) contribute their allowed-token bitmask
         (``SamplingBatchInfo.vocab_mask``); batches without grammars get none.
-        Reuse (issue 27): when the same requests (``rid`` and ``sampling_params`` object, in order) ask again and the
+        Reuse: when the same requests (``rid`` and ``sampling_params`` object, in order) ask again and the
         last result does not depend on the step (:func:`step_independent`: no penalty, min_new_tokens ban, seeded row,
         grammar, custom processor or per-token logprob list), that object is returned as is; building it costs
         0.4-1.4 ms of host time at 128 rows (benchmark/bench_decode_host.py), and a decode batch keeps its requests

@@ -12,7 +12,7 @@ scheduler writes a *placeholder* instead, ``-(slot + 1)``, where ``slot`` indexe
 token ids. The ModelRunner's contract (``forward(ModelWorkerBatch) -> (LogitsProcessorOutput,
 SamplerOutput)``) is unchanged; the worker resolves placeholders in one of two ways:
 
-* device futures (default on CUDA; issue 27): the ring is a device tensor. After launching batch i the worker
+* device futures (default on CUDA): the ring is a device tensor. After launching batch i the worker
   scatters its sampled ids into the ring and starts their copy to pinned host memory, both on its stream, and
   goes straight on to batch i+1, whose ``ModelWorkerBatch.future_token_ids`` names the ring: the runner replaces
   the placeholders on the device (:func:`resolve_future_ids`) after staging the inputs. Batch i+1 is therefore

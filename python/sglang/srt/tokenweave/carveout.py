@@ -5,7 +5,7 @@ Why it is needed: cuBLAS picks persistent GEMM kernels on Hopper for prefill sha
 loops over its output tiles. When such a GEMM starts first it holds every SM until its last tile, so the
 communication kernel of the other split (high-priority stream or not) cannot start until the GEMM ends, and the
 next GEMM then waits for the communication kernel's SMs: communication and compute serialize, and the overlap
-hides nothing (issue 25 round 2 on 2 H100s: TokenWeave 1.03x / 1.00x of NCCL at 4096 / 8192 tokens while the
+hides nothing (2026-11-26 on 2 H100s: TokenWeave 1.03x / 1.00x of NCCL at 4096 / 8192 tokens while the
 split itself cost nothing). Capping the GEMMs to ``num_sms - carveout`` SMs while the split forward runs leaves
 the communication kernel's SMs free, so it starts as soon as its split's stage is done.
 

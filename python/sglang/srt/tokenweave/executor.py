@@ -48,7 +48,7 @@ class TokenWeaveConfig:
     flags are validated once, by ``ServerArgs``; raises ValueError when the GEMM widths are missing or the carveout
     is negative. ``split_skew``: how far (fraction of the batch) the planner's cut may be from the half
     (:func:`~sglang.srt.tokenweave.planner.plan_split`'s ``max_skew``; None: the unbounded legacy search, which cut
-    4096 tokens 384 + 3712 on 116 SMs and left the big split's AllReduce unhidden, issue 25); raises ValueError
+    4096 tokens 384 + 3712 on 116 SMs and left the big split's AllReduce unhidden); raises ValueError
     outside ``[0, 0.5]``. ``carveout_scope``: which GEMMs the carveout caps: ``"all"`` (every GEMM of the split
     forward, logits included; the default until a GPU A/B shows ``"overlap"`` wins) or ``"overlap"`` (only the GEMMs
     that run beside the other split's AllReduce in the executor's schedule,
@@ -146,7 +146,7 @@ class TokenWeaveExecutor(SubBatchExecutor):
 
     def set_carveout_scope(self, scope: str) -> None:
         """Cap every GEMM of a split forward (``"all"``) or only those beside a comm (``"overlap"``), see
-        :class:`TokenWeaveConfig`; for benchmarks (issue 25's selective-carveout A/B). Re-plans splits. Raises
+        :class:`TokenWeaveConfig`; for benchmarks (the selective-carveout A/B). Re-plans splits. Raises
         ValueError for another scope."""
         _check_scope(scope)
         self._scope = scope
@@ -156,7 +156,7 @@ class TokenWeaveExecutor(SubBatchExecutor):
 
     def set_split_skew(self, skew: Optional[float]) -> None:
         """Plan later splits with ``skew`` as the planner's ``max_skew`` (None: the unbounded legacy search); for
-        benchmarks (issue 25's old-vs-new split A/B). Raises ValueError outside ``[0, 0.5]``."""
+        benchmarks (the old-vs-new split A/B). Raises ValueError outside ``[0, 0.5]``."""
         _check_skew(skew)
         self._split_skew = skew
         self._plans = {}

@@ -1,4 +1,4 @@
-"""Which GEMMs of a TokenWeave split forward run while the other split's AllReduce is in flight (issue 25).
+"""Which GEMMs of a TokenWeave split forward run while the other split's AllReduce is in flight.
 
 TokenWeave (Gond et al. 2025, sec. 3.2) caps the GEMMs to ``num_sms - carveout`` SMs so the fused AllReduce +
 RMSNorm kernel of the other split finds free SMs (:mod:`.carveout`). A GEMM that runs with no communication kernel

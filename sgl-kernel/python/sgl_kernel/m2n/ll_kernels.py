@@ -1,4 +1,4 @@
-"""Low-latency (LL) device kernels of the ``cuda_push`` M2N transport (issue 24 item 5: one-way latency).
+"""Low-latency (LL) device kernels of the ``cuda_push`` M2N transport (one-way latency).
 
 MegaScale-Infer (Zhu et al. 2025, sec. 5) sends M2N messages as GPU-to-GPU writes followed by flags. The flag
 protocol of :mod:`sgl_kernel.m2n.push_kernels` pays, per message and after the payload, a system fence in every

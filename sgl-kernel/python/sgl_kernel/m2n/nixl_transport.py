@@ -14,7 +14,7 @@ receiver pulls from the sender's registered buffer; descriptors are exchanged on
   never a hang). Messages of 0 rows (0 bytes) move nothing.
 * :meth:`close` after a fault (a failed READ, a receive timeout or a failed liveness check of the endpoint: a peer
   may be dead) abandons the agent instead of tearing it down: NIXL/UCX teardown can wait without bound on a
-  SIGKILLed peer (issue 24 round 2: the 2-H100 killed-peer phase never returned from ``close``), so a dead peer
+  SIGKILLed peer (on 2 H100s the killed-peer phase never returned from ``close``), so a dead peer
   fails the group closed within the receive timeout and close returns at once.
 
 Slot reuse follows :mod:`~sgl_kernel.m2n.cuda_ipc`: ``slots`` must be >= the messages a peer may leave

@@ -4,7 +4,7 @@
 down to PTX and cubin (ptxas from the CUDA toolkit), so CI on a CPU machine proves the kernels build for the H100 /
 H200 and that the scoped instructions the memory-ordering argument relies on are really emitted. ``KERNELS`` maps
 each kernel to its signature (as the launcher specializes it), constexprs and the PTX fragments it must contain.
-``check_widths`` (issue 26 item 3) traces every global access to the arguments its address derives from
+``check_widths`` (full-width memory access) traces every global access to the arguments its address derives from
 (ptx_scan) and requires 16-byte accesses for all but the named flag/signal/metadata arguments (``SCALAR_ARGS``);
 ``SCALAR_PROBES`` are deliberately scalar variants it must reject.
 """

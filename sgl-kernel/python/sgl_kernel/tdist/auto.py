@@ -155,8 +155,8 @@ class CalibrationTable:
             raise ValueError(f"bad calibration table JSON: {e}") from e
 
 
-# Measured on 2 x H100 80GB HBM3 (NVLink, multicast off), 2026-11-26 round 2 of issue 26 (bench_tdist.py --world 2
-# --tp-shapes 4 --tokens 2048 8192, medians of CUDA events; notes/gpu6 issue26_bench.md), Llama-3.3-70B TP4 shapes,
+# Measured on 2 x H100 80GB HBM3 (NVLink, multicast off), 2026-11-26 (bench_tdist.py --world 2
+# --tp-shapes 4 --tokens 2048 8192, medians of CUDA events), Llama-3.3-70B TP4 shapes,
 # ms at M 2048 | 8192, best decomposition (pieces) vs NCCL + cuBLAS:
 #   AG qkv     K 8192 N 2560:  0.136 (1) vs 0.205 | 0.456 (2) vs 0.733 -> decomposition from M 2048
 #   AG gate_up K 8192 N 14336: 0.621 (1) vs 0.808 | 2.673 (2) vs 3.078 -> decomposition from M 2048

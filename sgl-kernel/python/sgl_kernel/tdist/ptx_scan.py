@@ -1,7 +1,7 @@
 """Global memory accesses of a Triton kernel's PTX, each traced back to the kernel arguments its address derives from.
 
-Used by :mod:`sgl_kernel.tdist.aot` to check that every *data* access of a tdist kernel is 16 bytes wide (issue 26
-item 3: full-width memory access). An address is attributed to the arguments reached by following the PTX
+Used by :mod:`sgl_kernel.tdist.aot` to check that every *data* access of a tdist kernel is 16 bytes wide (full-width
+memory access). An address is attributed to the arguments reached by following the PTX
 register definitions backwards (``add``/``mad``/``mov``/``cvt``/inline-asm ``mov`` of ``consume_token`` ...) until
 ``ld.param`` of an argument. A value loaded from global memory is attributed as ``"*arg"``, ``arg`` being what its
 load address derives from (a peer base or error-record pointer read from ``meta`` gives ``"*meta"``). Predicates

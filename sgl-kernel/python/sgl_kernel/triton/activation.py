@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 @triton.jit
 def _silu_and_mul_kernel(X, Y, stride_x, stride_y, I, BLOCK: tl.constexpr, USE_GDC: tl.constexpr = False):
-    if USE_GDC:  # programmatic dependent launch (issue 27): wait for the previous kernel, then let the next launch
+    if USE_GDC:  # programmatic dependent launch: wait for the previous kernel, then let the next launch
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)

@@ -3,7 +3,7 @@
 ``python -m sgl_kernel.triton.aot [arch]`` compiles every entry of :data:`KERNELS` with
 ``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))`` down to PTX and cubin (ptxas from the CUDA
 toolkit) and prints one JSON line ``{name: {"error", "cubin_bytes", "ptx_lines", "shared"}}``, so a CPU machine
-proves that each kernel variant the decode step launches (the issue 19 and the legacy decode kernel, the one-split
+proves that each kernel variant the decode step launches (the default and the legacy decode kernel, the one-split
 direct-output variant, the reduce, fused RoPE + KV store; the skinny GEMM under evaluation) builds for the
 H100/H200 at the Llama-3.1-8B shapes.
 Must run with ``TRITON_INTERPRET`` unset.
@@ -133,11 +133,11 @@ KERNELS = {
     "decode_split_balanced_direct": _with(_decode_split(True, True, 1), HAS_ORDER=True, BLOCK_N=128),
     "decode_split_balanced_4": _with(_decode_split(True, False, 4), HAS_ORDER=True, LEN_SPLITS=True),
     "decode_reduce_balanced": _decode_reduce(True),
-    "extend": _extend(),  # prefill / extend attention at the Llama-3.1-8B shapes (issue 27: 8K prefill)
+    "extend": _extend(),  # prefill / extend attention at the Llama-3.1-8B shapes (8K prefill)
     "rope_kv_store_neox": _rope_kv_store(True),
     "rope_kv_store_gptj": _rope_kv_store(False),
     "rmsnorm_add": _rmsnorm(),
-    # programmatic dependent launch (issue 27; the default on Hopper, SGLANG_DECODE_PDL=0 opts out):
+    # programmatic dependent launch (the default on Hopper, SGLANG_DECODE_PDL=0 opts out):
     # griddepcontrol.wait first, then launch_dependents; the skinny GEMM prefetches weight lines into L2 before both
     "rmsnorm_add_pdl": _with(_rmsnorm(), USE_GDC=True),
     "rope_kv_store_neox_pdl": _with(_rope_kv_store(True), USE_GDC=True),
@@ -153,7 +153,7 @@ KERNELS = {
     "decode_split_balanced_4_fp8": _fp8_kv(_decode_split(True, False, 4), HAS_ORDER=True, LEN_SPLITS=True),
     "rope_neox": _rope(True),  # the unfused kernel, for comparison
     "skinny_gemm": _skinny_gemm(),
-    # issue 27 epilogue fusions (SGLANG_DECODE_FUSE_EPILOGUE=1): split-K reduce in add + RMSNorm, gate_up + SiLU
+    # decode epilogue fusions (SGLANG_DECODE_FUSE_EPILOGUE=1): split-K reduce in add + RMSNorm, gate_up + SiLU
     "splitk_add_rmsnorm": _splitk_add_rmsnorm(),
     "splitk_add_rmsnorm_pdl": _with(_splitk_add_rmsnorm(), USE_GDC=True),
     "skinny_silu": _skinny_silu(),

@@ -15,12 +15,12 @@ of batch row ``b`` is ``req_to_token[req_pool_indices[b], p]``. The number of
 splits is fixed per launch (not derived from sequence lengths on the host), so
 a launch can be captured in a CUDA graph and replayed with other lengths.
 
-Issue 19 (decode step within 1.3x of the memory floor): the split count now follows the grid-size rule of
+Decode step within 1.3x of the memory floor: the split count follows the grid-size rule of
 :func:`default_num_kv_splits` (one wave of resident programs: long splits, few partials); at one split the split
 kernel normalises and writes the output itself (no partials, no reduce launch); K tiles are loaded as contiguous
 ``[BLOCK_N, head_dim]`` rows (16-byte vector loads, one offset tensor shared with V, both issued before the first
 product). ``legacy=True`` / ``policy="legacy"`` keep the previous kernel and rule for side-by-side benchmarks.
-Issue 27 removed the fused split reduce (``SGLANG_DECODE_FUSED_REDUCE``, last split program merges via an arrival
+The fused split reduce was removed (``SGLANG_DECODE_FUSED_REDUCE``, last split program merges via an arrival
 counter): on one H100 its graph replay was within noise of the two-launch reduce at batch 1/32/128
 (benchmark/results/2026-11-26_issue27_round1_h100.md), so the simpler path stays.
 
@@ -245,7 +245,7 @@ def default_num_kv_splits(batch_size: int, num_kv_heads: int, device: torch.devi
     0.68-0.70; at batch 128 one split is best (0.95). A split program uses ~39 KiB of shared memory and 80
     registers (sm_90a AOT build), so up to 5 could be resident per SM, but filling that many with short splits
     costs more in partial results and the reduce than it gains in occupancy.
-    ``policy="legacy"``: the rule before issue 19, ``next_pow2(ceil(8 * num_sms / (batch_size * num_kv_heads)))``
+    ``policy="legacy"``: the former rule, ``next_pow2(ceil(8 * num_sms / (batch_size * num_kv_heads)))``
     (several waves of short programs), kept for old-vs-new benchmarks.
     Args:
         num_sms: multiprocessor count (None: read from ``device``; CPU devices return ``min(4, max_splits)``).
@@ -298,7 +298,7 @@ def small_grid_tile(bs: int, num_kv_heads: int, num_kv_splits: int, device: torc
                     ) -> Optional[tuple[int, int, int]]:
     """``(BLOCK_N, num_warps, num_stages)`` from ``SGLANG_DECODE_ATTN_SMALL_GRID_TILE="BLOCK_N/warps/stages"`` for a
     one-split launch whose grid fits one wave at two programs per SM (``bs * num_kv_heads <= 2 * SMs``: batch 32 of
-    Llama-3.1-8B on an H100); None when unset or not such a launch (then :func:`_decode_config` decides). Issue 27:
+    Llama-3.1-8B on an H100); None when unset or not such a launch (then :func:`_decode_config` decides). Why:
     at batch 32 the 128 / 4 / 3 tile reads KV at 0.88 of copy bandwidth against 0.94 at batch 128, so this lets
     the GPU A/B (``scripts/gpu/issue27_3_1gpu.sh``) try other tiles for that grid only. Read at launch (a CUDA graph
     keeps the tile it captured).
@@ -351,7 +351,7 @@ def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tens
             ``[bs, num_heads, num_kv_splits]`` fp32 (see :func:`decode_attention_workspace`); only the
             leading ``[:bs, :, :num_kv_splits]`` part is used.
         block_n, num_warps, num_stages: tile/launch overrides for tuning sweeps (None: defaults per head_dim).
-        legacy: True runs the kernel as before issue 19 (K tiles gathered transposed, a reduce launch even
+        legacy: True runs the former kernel (K tiles gathered transposed, a reduce launch even
             at one split), for old-vs-new benchmarks; False (default) loads K rows contiguously and, at
             ``num_kv_splits == 1``, writes ``out`` directly without the reduce kernel.
         order: None (programs take rows in batch order) or a ``[bs]`` integer device tensor holding a permutation of
@@ -372,7 +372,7 @@ def decode_attention_fwd(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tens
             outside the Triton interpreter, ``order`` not ``[bs]``, a negative ``min_split_len``, or ``order`` /
             ``min_split_len`` with ``legacy``.
     Note: with fp32 inputs on a GPU the products run in TF32 (Triton's default dot precision).
-    Issue 27 switches, read at launch: ``SGLANG_DECODE_ATTN_SMALL_GRID_TILE`` (A/B, off by default; see
+    Tuning switches, read at launch: ``SGLANG_DECODE_ATTN_SMALL_GRID_TILE`` (A/B, off by default; see
     :func:`small_grid_tile`; explicit ``block_n`` / ``num_warps`` / ``num_stages`` still win) and
     ``SGLANG_DECODE_PDL`` (programmatic dependent launch of the split kernel, on by default where
     :func:`sgl_kernel.triton.common.use_pdl` allows; ``=0`` opts out; never with ``legacy``).

@@ -77,7 +77,7 @@ def _extend_kernel(
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
-    # heaviest query blocks first (issue 27): block m of a causal prefill reads m + 1 key tiles and the hardware
+    # heaviest query blocks first: block m of a causal prefill reads m + 1 key tiles and the hardware
     # launches programs in grid order, so the long blocks start in the first waves and the short ones fill the tail
     mblk = tl.num_programs(2) - 1 - tl.program_id(2)
     ext_len = tl.load(Extend_lens + b).to(tl.int32)
@@ -126,7 +126,7 @@ ExtendConfig = Tuple[int, int, int, int]
 SMEM_OPTIN_BY_ARCH: Dict[Tuple[int, int], int] = {(8, 0): 166912, (8, 6): 101376, (8, 7): 166912, (8, 9): 101376,
                                                    (9, 0): 232448, (10, 0): 232448, (12, 0): 101376}
 
-# candidates per head-dim class, fastest first (issue-27 round 2/3 sweeps on the H100 at head_dim 128, bf16), ending
+# candidates per head-dim class, fastest first (2026-11-26 tile sweeps on the H100 at head_dim 128, bf16), ending
 # with tiles that fit any listed GPU in fp32
 _HOPPER_D128 = ((128, 128, 8, 3), (128, 64, 8, 2), (64, 64, 4, 2), (32, 32, 4, 1))
 _AMPERE_D128 = ((128, 64, 8, 2), (64, 64, 4, 2), (32, 32, 4, 1))
@@ -179,9 +179,9 @@ def extend_config(head_dim: int, arch: Optional[Tuple[int, int]], dtype_bytes: i
         dtype_bytes: element size of q/K/V (2 for bf16/fp16, 4 for fp32).
         smem_limit: opt-in shared memory per program in bytes (default: by ``arch``, :data:`SMEM_OPTIN_BY_ARCH`).
     Returns the fastest of :func:`extend_configs` that fits the shared memory. Hopper/Blackwell at head_dim in
-    (64, 128], bf16: 128 x 128 tiles, 8 warps, 3 stages (issue-27 sweeps, 8K causal prefill, d 128, H100: fastest;
-    164 KB compiled for sm_90a); in fp32 that config needs 289 KB (> 227 KB, the OutOfResources of the issue-27
-    round-3 qwen3 test), so (128, 64, 8, 2) is chosen. Ampere/Ada and the other head dims keep the earlier tiles.
+    (64, 128], bf16: 128 x 128 tiles, 8 warps, 3 stages (tile sweeps, 8K causal prefill, d 128, H100: fastest;
+    164 KB compiled for sm_90a); in fp32 that config needs 289 KB (> 227 KB, the OutOfResources the fp32
+    qwen3 test hit), so (128, 64, 8, 2) is chosen. Ampere/Ada and the other head dims keep the earlier tiles.
     """
     return extend_configs(head_dim, arch, dtype_bytes, smem_limit)[0]
 

@@ -10,8 +10,8 @@ untouched (same slots, same ``[slot, head, dim]`` order), so everything that rea
 disaggregation descriptors, HiCache) sees the same bytes as after ``apply_rope`` + ``set_kv_buffer``: the rotated
 k is rounded to k's dtype first and only then cast to the pool dtype, exactly as the unfused path does. The
 caller's k tensor itself is not modified.
-Launched with programmatic dependent launch where :func:`sgl_kernel.triton.common.use_pdl` allows (default since
-issue 27; ``SGLANG_DECODE_PDL=0`` opts out). A variant that loaded k and v before storing q wrote different k bytes
+Launched with programmatic dependent launch where :func:`sgl_kernel.triton.common.use_pdl` allows (the default;
+``SGLANG_DECODE_PDL=0`` opts out). A variant that loaded k and v before storing q wrote different k bytes
 on an H200 (2026-11-27), so it was removed; the loads stay in program order.
 """
 

@@ -11,9 +11,9 @@ Technique: the classic GEMV / "skinny GEMM" weight-streaming schedule with split
 its split-K GEMM; Williams et al., "Roofline", CACM 2009, for the bandwidth bound).
 
 Which shapes and batch sizes use it is decided by measurement on the device
-(:mod:`sglang.srt.layers.decode_gemm`, issue 27); ``SGLANG_SKINNY_GEMM=1`` forces the issue-19 default config.
+(:mod:`sglang.srt.layers.decode_gemm`); ``SGLANG_SKINNY_GEMM=1`` forces the fixed default config.
 Both kernels launch with programmatic dependent launch where :func:`sgl_kernel.triton.common.use_pdl` allows
-(default since issue 27 round 4; ``SGLANG_DECODE_PDL=0`` opts out): each program pulls the first :data:`PREFETCH_K`
+(the default; ``SGLANG_DECODE_PDL=0`` opts out): each program pulls the first :data:`PREFETCH_K`
 columns of its weight strip into L2 (``prefetch.global.L2``) before ``griddepcontrol.wait``, so at a ~15 us qkv /
 o_proj call the weight stream overlaps the previous kernel instead of starting after the launch + first-load bubble.
 """
@@ -86,7 +86,7 @@ def _skinny_gemm_kernel(X, W, B, Y, M, N, K, K_CHUNK, stride_xm, stride_wn, stri
         pf = tl.where(mask_n[:, None] & (pf_k < k_hi)[None, :], pf, W)
         tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n mov.u32 $0, 0;", "=r,l", [pf], dtype=tl.int32,
                                   is_pure=False, pack=1)
-        tl.extra.cuda.gdc_wait()  # wait for the previous kernel (issue 27), then let the next one launch
+        tl.extra.cuda.gdc_wait()  # wait for the previous kernel, then let the next one launch
         tl.extra.cuda.gdc_launch_dependents()
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     x_ptr = X + offs_m[:, None] * stride_xm + offs_k[None, :]
@@ -209,7 +209,7 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] =
 def skinny_gemm_partials(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] = None, block_n: int = 16,
                          block_k: int = 512, num_warps: int = 4, num_stages: int = 4, split_k: int = 1
                          ) -> torch.Tensor:
-    """The GEMM kernel of :func:`skinny_gemm` without its split-K reduce (issue 27: the reduce runs inside the
+    """The GEMM kernel of :func:`skinny_gemm` without its split-K reduce (an epilogue fusion: the reduce runs in the
     next fused add + RMSNorm, :func:`sgl_kernel.triton.decode_fuse.splitk_add_rmsnorm`).
 
     Args: as :func:`skinny_gemm`.

@@ -31,7 +31,7 @@ class MoEModelSpec:
         num_moe_layers: layers with routed experts (others are dense MLP layers).
         dense_intermediate_size: intermediate size of the dense MLP layers (0 if none).
         shared_intermediate_size: total shared-expert intermediate size per MoE layer (0 if none);
-            shared experts are dense, so they stay with attention (issue 14, item 1).
+            shared experts are dense, so they stay with attention.
         vocab_size: vocabulary (embedding + LM head live with attention).
         tie_word_embeddings: LM head shares the embedding.
         dtype_bytes: bytes per weight/activation/KV element (2 = bf16).

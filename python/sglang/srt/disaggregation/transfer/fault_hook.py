@@ -1,6 +1,6 @@
 """Test-only fault hook: hold every transfer this process posts for a fixed time before the transport sees it.
 
-Issue 24 item 6 ("kill the decode server during a GPU transfer") needs a kill that lands *after* a READ (pull) or
+Killing the decode server during a GPU transfer (the PD fault tests) needs a kill that lands *after* a READ (pull) or
 WRITE (push) was posted and *before* it completed, deterministically on any transport: a NIXL transfer between two
 GPUs finishes in microseconds, so no test can aim a SIGKILL into it. With the environment variable
 :data:`FAULT_HOLD_ENV` set to ``S`` seconds (> 0) in a server process, :func:`maybe_hold_transfers` wraps that

@@ -108,12 +108,12 @@ class TritonAttnBackend(AttentionBackend):
 
     def __init__(self, legacy_decode: Optional[bool] = None, fused_rope: Optional[bool] = None,
                  split_policy: Optional[str] = None, extend_impl: Optional[str] = None) -> None:
-        """``legacy_decode``: run the decode kernel and split-count rule as before issue 19 (see
+        """``legacy_decode``: run the decode kernel and split-count rule of the legacy decode path (see
         :func:`~sgl_kernel.triton.decode_attention.decode_attention_fwd`); None reads the environment variable
         ``SGLANG_TRITON_DECODE_LEGACY`` (``1`` = legacy). ``fused_rope``: RoPE fused with the KV-cache store (see
         :meth:`forward`); None reads ``SGLANG_FUSED_ROPE_KV`` (``0`` = separate RoPE kernel and indexed stores, as
         before). Both are read once, here, so benchmarks can compare old and new in one run. (The fused split
-        reduce, ``SGLANG_DECODE_FUSED_REDUCE``, was removed in issue 27: no measurable gain on an H100.)
+        reduce, ``SGLANG_DECODE_FUSED_REDUCE``, was removed: no measurable gain on an H100.)
         ``split_policy``: the decode split rule (:data:`SPLIT_POLICIES`): ``balanced`` (default; the ``wave`` split
         count, rows launched longest first, short rows on fewer splits), ``wave`` (the rule before: rows in batch
         order, every row on every split) or ``legacy``; None reads ``SGLANG_DECODE_SPLIT_POLICY``; ``legacy_decode``

@@ -36,12 +36,12 @@ class DenseMLP(nn.Module):
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias, comm=comm,
                                            reduce_results=reduce_results, **tp)
         self.act_fn = SiluAndMul()
-        # issue 27 (SGLANG_DECODE_FUSE_EPILOGUE): set by sglang.srt.layers.decode_fuse.mark_model; where the
+        # epilogue fusion (SGLANG_DECODE_FUSE_EPILOGUE): set by sglang.srt.layers.decode_fuse.mark_model; where the
         # gate_up layer's decode-GEMM table picks the skinny kernel, SiLU-and-mul runs in its epilogue
         self.fuse_gate_silu = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x ``[N, H]`` -> ``[N, H]`` (a partial sum over TP ranks when ``reduce_results`` is False; with the issue-27
+        """x ``[N, H]`` -> ``[N, H]`` (a partial sum over TP ranks when ``reduce_results`` is False; with the epilogue
         fusion flags possibly a :class:`~sglang.srt.layers.decode_fuse.SplitKPartials`)."""
         gu = self.gate_up_proj
         if self.fuse_gate_silu and gu.decode_gemm is not None and gu.sequence_parallel is None:

@@ -1,5 +1,5 @@
 """Where ``--enable-tdist-overlap``'s sequence-parallel layout pays: the smallest batch (token count T) from which a
-worker runs it instead of the plain sequential executor (issue 26: "each technique turns itself off where it loses").
+worker runs it instead of the plain sequential executor (each technique turns itself off where it loses).
 
 The layout alone costs time: on 4 x H200 (2026-11-27, ``benchmark/bench_tdist_stack.py``, Llama-3.3-70B cut to 4
 layers, TP 4) the layout on plain NCCL collectives (all-gather + GEMM, GEMM + all-reduce + slice) took 16.8 / 33.8 ms
