@@ -156,7 +156,7 @@ def test_benchmarks_and_the_library_do_not_import_tests():
 
 def test_gpu_scripts_set_the_nvls_off_environment():
     """Every ``scripts/gpu/*.sh`` run sets NVLS/multicast off: through ``device_preamble.sh`` (the common start, sourced
-    by the script or by a ``scripts/gpu`` helper it sources first, e.g. ``issue27_common.sh``) or, for a script that
+    by the script or by a ``scripts/gpu`` helper it sources first) or, for a script that
     does not source it yet, by itself. ``lib_*.sh`` are helpers sourced after the preamble."""
     gpu = SRT.parents[2] / "scripts" / "gpu"
     preamble = (gpu / "device_preamble.sh").read_text()
