@@ -13,7 +13,7 @@
 #     no argument: the default list; NAME or glob (e.g. 'tokenweave_*'), several allowed, in the order declared;
 #     all: every step; --list: the steps with expected / limit seconds and what each answers; --help.
 #     Env: DRY_RUN=1 prints each step's command (an exported function: its body) and runs nothing;
-#     SUITE_BUDGET_S: the wall budget (default: the selected steps' limits summed + 30 s, at most 575 s, since one
+#     SUITE_BUDGET_S: the wall budget (default: the selected steps' limits summed + 45 s, at most 575 s, since one
 #     device call runs at most 600 s: steps past it are "not run (no time left)"); SUITE_WORK: where steps write
 #     (default /tmp/<suite>_work).
 # After every step: GPUs idle (wait_gpus_idle 20) and $OUT/<suite>.tgz packed again from $work (files over 4 MiB
@@ -78,7 +78,7 @@ suite_main() {
   esac
   suite_select "$@"
   (( ${#selected[@]} )) || { echo "no step selected"; exit 2; }
-  local n lim sum=30 rc all=0 cmd fn
+  local n lim sum=45 rc all=0 cmd fn
   for n in "${selected[@]}"; do sum=$(( sum + suite_limit[$n] )); done
   final="${OUT:-/tmp/${suite}_out}"; work="${SUITE_WORK:-/tmp/${suite}_work}"
   mkdir -p "$final"; rm -rf "$work"; mkdir -p "$work"

@@ -28,7 +28,7 @@ suite_step gpu_order 200 300 0 "$(g gpu_suite.sh order '$B')" \
 suite_step decode_tests 100 130 0 \
   '"$PY" -m pytest -q -p no:cacheprovider -m gpu test/gpu/test_decode_gemm_gpu.py test/gpu/test_decode_fuse_gpu.py test/gpu/test_overlap_device_futures_gpu.py test/gpu/test_gpu_correctness.py test/gpu/test_triton_kernels_gpu.py -k "decode_gemm or fuse or overlap or cuda_graph_replay_equals_eager or graph_greedy_ids or decode_split_rules or pdl_early_launch_chain or skinny"' \
   "decode path: skinny GEMMs + autotuned dispatch, fused epilogues, PDL chains, graph replay == eager, device futures"
-suite_step launch_plans 40 90 0 launch_plans \
+suite_step launch_plans 60 150 0 launch_plans \
   "launch_server --dry-run on cuda for every technique (TokenWeave, tdist, AFD, TP placement, PD)"
 suite_step watchdog 150 300 0 \
   'SGLANG_TEST_DEVICE=cuda "$PY" -m pytest -x -q -rs -p no:cacheprovider test/integration/test_watchdog_tp_cpu.py; a=$?; "$PY" -m pytest -x -q -p no:cacheprovider test/integration/test_request_limits.py test/unit/test_request_limit_helpers.py test/unit/test_new_user_errors.py; exit $(( a || $? ))' \

@@ -21,7 +21,12 @@ dry="${DRY_RUN:-}"; port="${SERVING_PORT:-31871}"; rate="${SERVING_RATE:-inf}"
 read -r -a loads <<< "${SERVING_WORKLOADS:-random:1024:128:256 sharegpt:256}"
 sharegpt=../shared/data/datasets/sharegpt/ShareGPT_V3_filtered_1000.json
 srv=""
-stop() { [ -n "$srv" ] && { kill -TERM -- "-$srv" 2>/dev/null; sleep 5; kill -KILL -- "-$srv" 2>/dev/null; }; srv=""; }
+stop() {  # the server's process group: SIGTERM, up to 15 s to exit, then SIGKILL
+  [ -n "$srv" ] || return 0
+  kill -TERM -- "-$srv" 2>/dev/null
+  for (( j = 0; j < 15; j++ )); do kill -0 "$srv" 2>/dev/null || break; sleep 1; done
+  kill -KILL -- "-$srv" 2>/dev/null; srv=""
+}
 trap stop EXIT INT TERM
 bench_args() {  # bench_args WORKLOAD: the bench_serving flags of one workload
   local w=$1 f; IFS=: read -r -a f <<< "$w"
@@ -41,7 +46,7 @@ for spec in "$@"; do
     for w in "${loads[@]}"; do echo "   bench_serving $(bench_args "$w" | tr '\n' ' ')--request-rate $rate"; done; continue
   fi
   rm -f "$out/$name.jsonl"
-  setsid "${cmd[@]}" > "$out/$name.server.log" 2>&1 & srv=$!
+  setsid "${cmd[@]}" > "$out/$name.server.log" 2>&1 & srv=$!; disown "$srv"
   ok=0
   for (( i = 0; i < ${SERVING_START_S:-300}; i++ )); do
     curl -sf "http://127.0.0.1:$port/health" > /dev/null && { ok=1; break; }
