@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build a slimmed NIXL wheel (UCX plugin only) small enough to travel with the other wheels in one 64 MiB
-# device call (issue 24, item 3). Run on a machine WITH network access (or pass a downloaded wheel):
+# device call. Run on a machine WITH network access (or pass a downloaded wheel):
 #
 #   scripts/gpu/build_nixl_slim_wheel.sh [-o DIR] [--wheel PATH] [--version 1.5.1]
 #

@@ -1,4 +1,4 @@
-"""Probe of CUDA-IPC strategies between two processes on two GPUs (issue 24; CLI, prints a table).
+"""Probe of CUDA-IPC strategies between two processes on two GPUs (CLI, prints a table).
 
 Rank 1 (sender, cuda:1) publishes a buffer and an inter-process event; rank 0 (receiver, cuda:0) opens them by
 one strategy, the sender then sleeps ~30 ms on its stream, writes a pattern and records the event (or, with

@@ -1,33 +1,27 @@
 #!/usr/bin/env bash
-# PD push mode's layerwise KV writes (issue 13) on ONE GPU:
+# PD push mode's layerwise KV writes on ONE GPU:
 #  1. the @gpu unit test: per-layer CUDA events order each layer's WRITE behind its KV store, the forward's host
 #     thread never blocks per layer (test/unit/test_pd_layerwise_push.py);
 #  2. the end-to-end layerwise / after-the-fact push test on cuda (prefill and decode servers on the same GPU,
-#     --mem-fraction-static 0.2) when nixl imports (the fake backend copies host memory only).
+#     --mem-fraction-static 0.2) when nixl imports (the fake backend copies host memory only);
+#  3. benchmark/bench_push_layerwise.py (layerwise vs after the forward, synthetic staged model), two shapes.
 # Usage (repo root, shared data at ../shared/data): bash scripts/gpu/pd_push_layerwise.sh [seconds, default 300]
+# DRY_RUN=1 prints the commands. Logs: $OUT/pd_push_*.log.
 set -uo pipefail
-root="$(cd "$(dirname "$0")/../.." && pwd)"
-cd "$root"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export PYTHONPATH="$root/python:$root/sgl-kernel/python${PYTHONPATH:+:$PYTHONPATH}"
-. "$root/scripts/gpu/lib_budget.sh"; budget_start "${1:-300}"  # left: seconds of it left
-out="${OUT:-/tmp}"
-echo "== layerwise push: CUDA event ordering (unit, @gpu)"
-timeout 120 python3 -m pytest -q -x test/unit/test_pd_layerwise_push.py -p no:cacheprovider 2>&1 \
-  | tee "$out/pd_push_layerwise_unit.log" | tail -15
-if python3 -c "from sglang.srt.disaggregation.transfer.base import nixl_available as a; import sys; sys.exit(0 if a()[0] else 1)"; then
-  echo "== layerwise push end to end on cuda (nixl)"
-  SGLANG_PD_TEST_DEVICE=cuda SGLANG_PD_TEST_BACKEND=nixl timeout $(( $(left) - 5 )) \
-    python3 -m pytest -q -x test/integration/test_pd_push_layerwise.py -p no:cacheprovider 2>&1 \
-    | tee "$out/pd_push_layerwise_e2e.log" | tail -20
-else
-  echo "== SKIP end to end on cuda: nixl does not import (pip install nixl-cu12 or nixl-cu13)"
-fi
-echo "== bench_push_layerwise (layerwise vs after the forward, synthetic staged model)"
+. "$(dirname "$0")/device_preamble.sh"
+. "$root/scripts/gpu/lib_budget.sh"; budget_start "${1:-300}"
+out="${OUT:-/tmp}" step_prefix=pd_push_ step_dry=${DRY_RUN:-} step_tail=20
+step unit 120 "$PY" -m pytest -q -x test/unit/test_pd_layerwise_push.py -p no:cacheprovider
 bk=fake; dev=cpu
-if python3 -c "from sglang.srt.disaggregation.transfer.base import nixl_available as a; import sys; sys.exit(0 if a()[0] else 1)"; then
+if "$PY" -c "from sglang.srt.disaggregation.transfer.base import nixl_available as a; import sys; sys.exit(0 if a()[0] else 1)"; then
   bk=nixl; dev=cuda
+  step e2e $(( $(left) - 60 )) env SGLANG_PD_TEST_DEVICE=cuda SGLANG_PD_TEST_BACKEND=nixl \
+    "$PY" -m pytest -q -x test/integration/test_pd_push_layerwise.py -p no:cacheprovider
+else
+  summary+=("e2e: not run (nixl does not import: pip install nixl-cu12 or nixl-cu13)")
 fi
-for cfg in "--tokens 2048 --hidden 1024 --mlp-iters 1" "--tokens 4096 --hidden 2048 --mlp-iters 1"; do
-  timeout 120 python3 benchmark/bench_push_layerwise.py --device $dev --backend $bk $cfg --out-dir "$out" 2>&1 | tail -12
-done
+step bench_2k 120 "$PY" benchmark/bench_push_layerwise.py --device $dev --backend $bk --tokens 2048 --hidden 1024 \
+  --mlp-iters 1 --out-dir "$out"
+step bench_4k 120 "$PY" benchmark/bench_push_layerwise.py --device $dev --backend $bk --tokens 4096 --hidden 2048 \
+  --mlp-iters 1 --out-dir "$out"
+echo; printf '%s\n' "${summary[@]}"

@@ -1,5 +1,5 @@
 """One markdown table of several ``bench_pd_serving.py`` runs (one setup each: a pd variant or agg2), with the pd rows'
-ratios against the agg2 row of the same call (issue 24 item 4 targets: transfer share of TTFT <= 2%, ITL p99 agg2 /
+ratios against the agg2 row of the same call (the PD targets: transfer share of TTFT <= 2%, ITL p99 agg2 /
 pd >= 1.5, output throughput pd / agg2 >= 0.9).
 
 Usage (CLI output only)::

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 10 (SGLang protocol parity) on one GPU: the sampler pieces (logit_bias, token_ids_logprob, grammar-masked
+# SGLang protocol parity on one GPU: the sampler pieces (logit_bias, token_ids_logprob, grammar-masked
 # top logprobs) on CUDA, then the client-parity integration tests against a stories260K server on cuda.
 # Usage (repo root): bash scripts/gpu/protocol_parity.sh     (logs under $OUT when set)
 set -uo pipefail

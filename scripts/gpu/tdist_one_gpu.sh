@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Triton-distributed on ONE GPU (issue 16), one device call of <= 9 minutes (H100 or H200; ranks are processes
+# Triton-distributed on ONE GPU, one device call of <= 9 minutes (H100 or H200; ranks are processes
 # sharing the GPU, the symmetric heap mapped through CUDA IPC within the device, contexts time-sliced):
 #   1. cpu_tests  AOT sm_90a compile + PTX checks (scoped acquire/release, bounded waits, no multimem) and the heap
 #                 bookkeeping tests (CPU, as in CI);

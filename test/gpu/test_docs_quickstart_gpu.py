@@ -5,7 +5,7 @@ under the doc's folder names: ``Qwen2.5-0.5B-Instruct`` -> stories260K, ``Qwen1.
 (from ../shared/data; the test skips without them). Each block's servers start on free ports (its ``export``
 line is the multicast-off environment every test process already has), then the README's request goes to the
 last one started (the router for PD) and must be answered with English text; then everything is stopped.
-Run: ``python3 -m pytest test/gpu/test_docs_quickstart_gpu.py`` (``scripts/gpu/issue28_quickstart_gpu.sh``).
+Run: ``python3 -m pytest test/gpu/test_docs_quickstart_gpu.py`` (``scripts/gpu/two_gpu.sh quickstart_docs``).
 """
 
 from __future__ import annotations

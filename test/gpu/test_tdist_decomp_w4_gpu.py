@@ -3,9 +3,9 @@ tdist_decomp_case.py): results vs torch references on fresh random inputs with e
 back-to-back reuse, both per-peer stream schedules ("ring": staggered steps, the world >= 3 default; "all") eager
 and captured in CUDA graphs, and the NCCL fallback of the Auto ops. Skips without 4 CUDA GPUs. Multicast stays off.
 
-Knobs for hang hunts (scripts/gpu/issue26_w4_hang.sh): TDIST_GPU_TIMEOUT (group seconds), TDIST_GPU_PROGRESS=1
-(print every rank's progress notes as they arrive; use with -s), TDIST_DECOMP_SHARED_STREAMS=0 (per-op side
-streams, HeapConfig.shared_streams=False: the layout before 2026-11-27). CUDA_DEVICE_MAX_CONNECTIONS set in the
+Run by ``scripts/gpu/four_gpu.sh tdist_w4_test``. Knobs for hang hunts: TDIST_GPU_TIMEOUT (group seconds),
+TDIST_GPU_PROGRESS=1 (print every rank's progress notes as they arrive; use with -s), TDIST_DECOMP_SHARED_STREAMS=0
+(per-op side streams, HeapConfig.shared_streams=False: the layout before 2026-11-27). CUDA_DEVICE_MAX_CONNECTIONS set in the
 environment is kept (spawn.run_ranks sets 32 otherwise).
 """
 

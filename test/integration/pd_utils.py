@@ -17,7 +17,7 @@ from server_utils import ENV, ServerProcess, free_port  # noqa: E402
 
 # SGLANG_PD_TEST_DEVICE=cuda SGLANG_PD_TEST_BACKEND=nixl run the same tests on a GPU (scripts/gpu/pd_disaggregation.sh);
 # SGLANG_PD_TEST_SPLIT_GPUS=1 in addition puts every prefill server on GPU 0 and every decode server on GPU 1
-# (--base-gpu-id), so the KV crosses GPUs (scripts/gpu/issue24_pd_2gpu.sh); the aggregated baseline stays on GPU 0
+# (--base-gpu-id), so the KV crosses GPUs (scripts/gpu/pd_2gpu.sh); the aggregated baseline stays on GPU 0
 DEVICE = os.environ.get("SGLANG_PD_TEST_DEVICE", "cpu")
 BACKEND = os.environ.get("SGLANG_PD_TEST_BACKEND", "fake")
 SPLIT_GPUS = DEVICE == "cuda" and os.environ.get("SGLANG_PD_TEST_SPLIT_GPUS", "") == "1"

@@ -7,7 +7,7 @@ workers' caches; an FFN worker SIGKILLed with plain and streamed requests in fli
 nothing hangs, and the attention workers (which stay up) fail what they held and free every KV slot; a dense model is
 refused.
 
-GPU (``scripts/gpu/issue24_afd_kill_4gpu.sh``): ``SGLANG_AFD_TEST_DEVICE=cuda`` runs the same tests
+GPU (``scripts/gpu/afd_kill_4gpu.sh``): ``SGLANG_AFD_TEST_DEVICE=cuda`` runs the same tests
 with one worker per GPU (attention worker a, TP rank r on ``cuda:a*tp+r``, FFN worker j on ``cuda:N_A*tp+j``:
 ``sglang.srt.afd.deploy.workers``; checked from the workers' logs), fp32 with the torch_native attention backend so
 greedy tokens equal the CPU reference; a test needing more GPUs than visible skips. ``SGLANG_AFD_TEST_TRANSPORT``

@@ -10,7 +10,7 @@
   (heartbeat timeout / failed WRITEs) and keeps serving.
 
 GPU: ``SGLANG_PD_TEST_DEVICE=cuda SGLANG_PD_TEST_BACKEND=nixl SGLANG_PD_TEST_SPLIT_GPUS=1`` (pd_utils.py) runs the same
-tests with prefill on GPU 0 and decode on GPU 1 (``scripts/gpu/issue24_pd_2gpu.sh``).
+tests with prefill on GPU 0 and decode on GPU 1 (``scripts/gpu/pd_2gpu.sh``).
 """
 
 from __future__ import annotations

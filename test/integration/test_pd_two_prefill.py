@@ -6,7 +6,7 @@ failed), and KV is back to zero everywhere. Pull mode, stories260K.
 
 GPU: ``SGLANG_PD_TEST_DEVICE=cuda SGLANG_PD_TEST_BACKEND=nixl SGLANG_PD_TEST_SPLIT_GPUS=1`` puts the decode server on
 GPU 1 and, with ``SGLANG_PD_TEST_PREFILL_GPUS=0,2``, prefill server i on the i-th GPU listed
-(``scripts/gpu/issue24_pd_4gpu.sh``). The aggregated server and the three PD servers start at once; run with ``-s``
+(``scripts/gpu/pd_layouts_4gpu.sh``). The aggregated server and the three PD servers start at once; run with ``-s``
 for timestamped progress lines (servers up, each request, tokens compared)."""
 
 from __future__ import annotations

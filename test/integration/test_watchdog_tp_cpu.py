@@ -30,7 +30,7 @@ def _listening(pid: int) -> list[tuple[str, int]]:
     return [(c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN]
 
 
-# SGLANG_TEST_DEVICE=cuda (scripts/gpu/watchdog_tp2.sh): both ranks on one GPU (--tp-ranks-share-gpu)
+# SGLANG_TEST_DEVICE=cuda (scripts/gpu/one_gpu.sh watchdog): both ranks on one GPU (--tp-ranks-share-gpu)
 DEVICE_ARGS = (["--device", "cuda", "--tp-ranks-share-gpu"] if os.environ.get("SGLANG_TEST_DEVICE") == "cuda"
                else ["--device", "cpu"])
 

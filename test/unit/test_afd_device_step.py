@@ -4,7 +4,7 @@ real M2N kernels under the Triton interpreter over the CPU stand-in of the CUDA 
 workers on threads, on the trained stories260K-moe checkpoint: greedy tokens and logits equal colocated for m = 1,
 2, 3 and N_E = 1, 2; a placement mismatch and a dead FFN worker fail the step (RuntimeError / TimeoutError), never
 return logits. The same over ``--afd-transport cuda_push_ll`` (the low-latency protocol, sgl_kernel.m2n.ll_kernels):
-equal colocated for m = 1, 2 and N_E = 1, 2; a dead FFN worker fails the step. The GPU run (graph capture, 2 GPUs): scripts/gpu/issue24_afd_graph_2gpu.sh."""
+equal colocated for m = 1, 2 and N_E = 1, 2; a dead FFN worker fails the step. The GPU run (graph capture, 2 GPUs): scripts/gpu/afd_graph_2gpu.sh."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 if torch.cuda.is_available():
-    pytest.skip("CUDA host: scripts/gpu/issue24_afd_2gpu.sh runs the compiled kernels", allow_module_level=True)
+    pytest.skip("CUDA host: scripts/gpu/afd_decode_2gpu.sh runs the compiled kernels", allow_module_level=True)
 if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.fail("triton was imported (by an earlier-collected test module) before TRITON_INTERPRET=1 was set, so its "
                 "library functions are compiled-mode; import triton lazily in that module", pytrace=False)

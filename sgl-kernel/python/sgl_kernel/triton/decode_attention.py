@@ -300,7 +300,7 @@ def small_grid_tile(bs: int, num_kv_heads: int, num_kv_splits: int, device: torc
     one-split launch whose grid fits one wave at two programs per SM (``bs * num_kv_heads <= 2 * SMs``: batch 32 of
     Llama-3.1-8B on an H100); None when unset or not such a launch (then :func:`_decode_config` decides). Why:
     at batch 32 the 128 / 4 / 3 tile reads KV at 0.88 of copy bandwidth against 0.94 at batch 128, so this lets
-    the GPU A/B (``scripts/gpu/issue27_3_1gpu.sh``) try other tiles for that grid only. Read at launch (a CUDA graph
+    the GPU A/B (``scripts/gpu/one_gpu.sh decode_switch_ab`` with ``DECODE_SETS``) try other tiles for that grid only. Read at launch (a CUDA graph
     keeps the tile it captured).
 
     Raises:

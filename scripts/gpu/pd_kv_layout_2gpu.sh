@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 24 item 4 on 2 GPUs: the KV pool layout A/B (token_major: one NIXL descriptor per slot run instead of
+# PD on 2 GPUs: the KV pool layout A/B (token_major: one NIXL descriptor per slot run instead of
 # 2 x layers), push (layerwise) at 8B, and the same-call agg2 baseline. Prefill GPU 0, decode GPU 1, NIXL (UCX,
 # CUDA IPC). Budget 420 s by default (every step under `timeout`, steps continue on failure, servers killed at exit):
 #   1. (<= 60 s) greedy equality, prefill GPU 0 / decode GPU 1 over NIXL, default (auto) layout, side by side:
@@ -14,27 +14,27 @@
 #      push = pd push (layerwise; auto = layer_major);  agg2 = two aggregated replicas (GPU 0, 1) behind mini_lb.
 #      Each row's limit leaves ~78 s for every later row (the warm-up phase adds ~7 s per dataset).
 #   3. ShareGPT (48 prompts at 8 req/s, output 128): tok and agg2 run it on the same servers right after random
-#      (~10 s each, no extra server start) when the budget is >= 400 s (ISSUE24_TOK_SHAREGPT=0/1 overrides).
+#      (~10 s each, no extra server start) when the budget is >= 400 s (PD_ROWS_SHAREGPT=0/1 overrides).
 # A server without --kv-cache-layout (a checkout before it): tok/lay collapse into one pull row without the flag
-# ("pull (server default layout)"), said in the summary; ISSUE24_TOK_FORCE_LAYOUT=1 passes it anyway (the rows then
+# ("pull (server default layout)"), said in the summary; PD_ROWS_FORCE_LAYOUT=1 passes it anyway (the rows then
 # fail at once with the server's "unrecognized arguments", also said).
-# Summary: $OUT/issue24_tok.md. Usage (repo root; data at ../shared/data or carried as .sd):
-#   OUT=/tmp/o bash scripts/gpu/issue24_tok_2gpu.sh [budget_s=420]
-# ISSUE24_TOK_ROWS="lay tok tok.2": the rows and their order (a ".N" suffix repeats a row into its own folder);
-# ISSUE24_TOK_EQ=par|seq|off (step 1's two tests side by side, one after the other, or not run), ISSUE24_TOK_EQ_S=60
+# Summary: $OUT/pd_kv_layout.md. Usage (repo root; data at ../shared/data or carried as .sd):
+#   OUT=/tmp/o bash scripts/gpu/pd_kv_layout_2gpu.sh [budget_s=420]
+# PD_ROWS="lay tok tok.2": the rows and their order (a ".N" suffix repeats a row into its own folder);
+# PD_ROWS_EQ=par|seq|off (step 1's two tests side by side, one after the other, or not run), PD_ROWS_EQ_S=60
 # (each test's limit).
-# DRY_RUN=1: print every step's command, run nothing. ISSUE24_TOK_CPU=1: the same flow on CPU (fake backend,
+# DRY_RUN=1: print every step's command, run nothing. PD_ROWS_CPU=1: the same flow on CPU (fake backend,
 # stories260K, 8 prompts of 64/16; step 1 skipped).
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"
 . "$root/scripts/gpu/lib_budget.sh"
-out="${OUT:-/tmp/issue24_tok}"; mkdir -p "$out"
+out="${OUT:-/tmp/pd_kv_layout}"; mkdir -p "$out"
 step_dry="${DRY_RUN:-}"
 pids="$out/bench_pids"; : > "$pids"; : > "$out/notes"
 trap 'pidfile_kill "$pids"' EXIT INT TERM
 start_run "$out/run.log" "${1:-420}"
 data=../shared/data
-if [ -n "${ISSUE24_TOK_CPU:-}" ]; then
+if [ -n "${PD_ROWS_CPU:-}" ]; then
   dev=cpu; backend=fake; model=$data/models/stories260K; tok=()
   wl=(--input-len 64 --output-len 16 --num-prompts 8 --request-rate 8 --warmup 2 --warmup-seconds 1)
   srv="--max-total-tokens 4096"; gp="" gd=""
@@ -46,23 +46,23 @@ else
 fi
 nixl=$("$PY" -c "from sglang.srt.disaggregation.transfer.base import nixl_available as a; print(a())" 2>&1 | tail -1)
 echo "nixl available: $nixl"
-# does this checkout's server take --kv-cache-layout (branch h24tok)?
+# does this checkout's server take --kv-cache-layout?
 has_layout=$("$PY" -c "import argparse
 from sglang.srt.server_args import ServerArgs
 p = argparse.ArgumentParser(); ServerArgs.add_cli_args(p); print(int('--kv-cache-layout' in p._option_string_actions))" \
   2>/dev/null | tail -1)
-[ -n "${ISSUE24_TOK_FORCE_LAYOUT:-}" ] && has_layout=1
+[ -n "${PD_ROWS_FORCE_LAYOUT:-}" ] && has_layout=1
 echo "server --kv-cache-layout: $([ "${has_layout:-0}" = 1 ] && echo yes || echo "NO (layout rows collapse into one)")"
-sg=${ISSUE24_TOK_SHAREGPT:-$(( budget >= 400 ? 1 : 0 ))}
+sg=${PD_ROWS_SHAREGPT:-$(( budget >= 400 ? 1 : 0 ))}
 
 # ---- 1. greedy equality, prefill GPU 0 -> decode GPU 1 (default layout), side by side ----
 stage "1. greedy equality (pull, push) on 2 GPUs"
 dis=test/integration/test_pd_disaggregation.py
-eqm=${ISSUE24_TOK_EQ:-par}
+eqm=${PD_ROWS_EQ:-par}
 if [ "$dev" = cuda ] && [ "$eqm" != off ]; then
-  t1=$(cap "${ISSUE24_TOK_EQ_S:-60}")
+  t1=$(cap "${PD_ROWS_EQ_S:-60}")
   for m in pull push; do
-    [ "$eqm" = seq ] && t1=$(cap "${ISSUE24_TOK_EQ_S:-60}")
+    [ "$eqm" = seq ] && t1=$(cap "${PD_ROWS_EQ_S:-60}")
     "$([ "$eqm" = seq ] && echo step || echo step_bg)" "eq_$m" "$t1" env SGLANG_PD_TEST_DEVICE=cuda SGLANG_PD_TEST_BACKEND=nixl SGLANG_PD_TEST_SPLIT_GPUS=1 \
       "$PY" -m pytest -s -q -p no:cacheprovider "$dis::test_generate_equals_aggregated[$m]"
   done
@@ -79,7 +79,7 @@ datasets=(random); [ "$sg" = 1 ] && datasets=(random sharegpt)
 if [ "${has_layout:-0}" = 1 ]; then rows=(tok lay push agg2); else rows=(pull push agg2); fi
 declare -A label=([tok]="pd pull token_major" [lay]="pd pull layer_major" [pull]="pd pull (server default layout)"
                   [push]="pd push layerwise (auto layout)" [agg2]="agg2 (2 replicas, mini_lb)")
-[ -n "${ISSUE24_TOK_ROWS:-}" ] && read -r -a rows <<< "$ISSUE24_TOK_ROWS"
+[ -n "${PD_ROWS:-}" ] && read -r -a rows <<< "$PD_ROWS"
 for r in "${rows[@]}"; do [ -z "${label[$r]:-}" ] && label[$r]="${label[${r%%.*}]} (${r##*.})"; done
 row_args() {  # row_args ROW: sets flags (bench_pd_serving's setup flags) and the PD servers' extra flags
   local lay=""
@@ -112,9 +112,9 @@ done
 # ---- summary ----
 stage "summary"
 {
-  echo "# Issue 24 item 4: KV layout A/B, push (layerwise) and agg2 on 2 GPUs ($(date -u +%F' '%H:%M) UTC)"
+  echo "# PD: KV layout A/B, push (layerwise) and agg2 on 2 GPUs ($(date -u +%F' '%H:%M) UTC)"
   echo; echo "- GPU: ${gpu:-unknown} ($(nvidia-smi -L 2>/dev/null | wc -l) visible); commit $commit; device $dev, backend $backend, nixl $nixl"
-  echo "- command: \`OUT=... bash scripts/gpu/issue24_tok_2gpu.sh $budget\` ($(elapsed) s); server --kv-cache-layout:" \
+  echo "- command: \`OUT=... bash scripts/gpu/pd_kv_layout_2gpu.sh $budget\` ($(elapsed) s); server --kv-cache-layout:" \
        "$([ "${has_layout:-0}" = 1 ] && echo yes || echo "no: one pull row with the server's default layout")"
   echo "- rows in call order (one server start each, prefill GPU 0 -> decode GPU 1; agg2 replicas on GPUs 0 and 1):" \
        "${rows[*]}; model $(basename "$model"), $srv"
@@ -137,5 +137,5 @@ stage "summary"
   echo "READs per request; a share of mean TTFT also moves with the run's queueing (earlier 1K runs: mean TTFT 67-333 ms)."
   echo; echo "Targets: transfer share of TTFT <= 2% (1K input); ITL p99 agg2 / pd >= 1.5; tok/s pd / agg2 >= 0.9."
   echo "Per-row reports (command, hand-off phases): $out/<row>/*_pd_serving_*.md; server logs: $out/<row>/pd_serving_logs/."
-} > "$out/issue24_tok.md"
-cat "$out/issue24_tok.md"
+} > "$out/pd_kv_layout.md"
+cat "$out/pd_kv_layout.md"

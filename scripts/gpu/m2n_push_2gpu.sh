@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 24 items 1 and 5 on >= 2 GPUs (whole script <= 78 s, compile included; ISSUE24_M2N_BUDGET overrides): the
-# device-counter M2N transport cuda_push (MegaScale-Infer sec. 5: one Triton send kernel, one receive kernel,
+# The device-counter M2N transport cuda_push on >= 2 GPUs (whole script <= 78 s, compile included; M2N_BUDGET
+# overrides; MegaScale-Infer sec. 5: one Triton send kernel, one receive kernel,
 # sequence numbers on the device, CUDA-graph capturable). Correctness first, then latency.
 #   1. test/gpu/test_m2n_multi_gpu.py -k cuda_push, rank r on cuda:r, -s (per-phase progress): [cuda_push-2gpu] and,
 #      with >= 4 GPUs, [cuda_push-4gpu]: bytes == torch reference over random row counts incl. 0 (host-header and
@@ -13,20 +13,20 @@
 #      K=20 round trips captured per graph for cuda_push-dev and for NCCL send/recv alike, replayed in lockstep
 #      (replay time / 2K, median of 20 replays); 32/128/512 KB; ratio vs the <= 0.5x NCCL target; per size as
 #      measured (a cut-short run keeps its finished sizes, marked [partial]).
-# Output: $OUT/issue24_m2n.md (summary + tables), $OUT/<step>.log. Usage: bash scripts/gpu/issue24_m2n_2gpu.sh
+# Output: $OUT/m2n_push.md (summary + tables), $OUT/<step>.log. Usage: bash scripts/gpu/m2n_push_2gpu.sh
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"
-# ISSUE24_M2N_PROTOCOL=ll (scripts/gpu/issue24_m2n_lat_2gpu.sh): the low-latency protocol cuda_push_ll instead, A/B'd
-# against the flag protocol's device path in the same bench run; its own test case, 90 s, $OUT/issue24_m2n_lat.md
-proto="${ISSUE24_M2N_PROTOCOL:-flag}"
+# M2N_PROTOCOL=ll: the low-latency protocol cuda_push_ll (tag + data in one 8-byte word; its own test case, 90 s,
+# $OUT/m2n_push_ll.md), A/B'd against the flag protocol's device path in the same bench run, with the raw LL floor
+proto="${M2N_PROTOCOL:-flag}"
 if [ "$proto" = ll ]; then
-  budget_s="${ISSUE24_M2N_LAT_BUDGET:-90}"; out="${OUT:-/tmp/issue24_m2n_lat}"; name=issue24_m2n_lat
+  budget_s="${M2N_BUDGET:-90}"; out="${OUT:-/tmp/m2n_push_ll}"; name=m2n_push_ll
   test_k="cuda_push_ll"; transports="cuda_push_ll-dev,cuda_push-dev"; iters=(--iters 20 --warmup 5)
-  title="Issue 24 item 5: M2N low-latency protocol (cuda_push_ll)"
+  title="M2N low-latency protocol (cuda_push_ll)"
 else
-  budget_s="${ISSUE24_M2N_BUDGET:-78}"; out="${OUT:-/tmp/issue24_m2n}"; name=issue24_m2n
+  budget_s="${M2N_BUDGET:-78}"; out="${OUT:-/tmp/m2n_push}"; name=m2n_push
   test_k="cuda_push and not ll"; transports="cuda_push-dev,cuda_push,cuda_ipc"; iters=(--iters 40 --warmup 10)
-  title="Issue 24 items 1 + 5: device-counter M2N (cuda_push)"
+  title="Device-counter M2N (cuda_push)"
 fi
 . "$(dirname "$0")/lib_budget.sh"; budget_start "$budget_s"
 mkdir -p "$out"

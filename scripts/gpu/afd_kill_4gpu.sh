@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 24 item 6 (AFD half): an FFN worker SIGKILLed during AFD decode on GPUs, one worker per GPU. Budget 150 s on
+# AFD fault handling: an FFN worker SIGKILLed during AFD decode on GPUs, one worker per GPU. Budget 150 s on
 # 4 GPUs (H100/H200), every step under `timeout`, steps continue on failure, every server stopped at exit.
 # test/integration/test_afd_server.py with SGLANG_AFD_TEST_DEVICE=cuda (fp32, torch_native attention; the test
 # checks from the workers' start-up lines that each worker sits on its own GPU), six jobs side by side (each server
@@ -16,14 +16,14 @@
 #      and free every KV slot (/get_server_info: available_tokens == max_total_tokens, nothing running, waiting,
 #      cached or locked), /flush_cache 200 and a new request 503, each within 10 s; a second "[afd-kill] attention
 #      workers freed every KV slot ... s after the kill" line.
-# Summary: $OUT/issue24_afd_kill.md (status per job, the [afd-kill] lines with each client's seconds to its error);
+# Summary: $OUT/afd_kill.md (status per job, the [afd-kill] lines with each client's seconds to its error);
 # the tails of the servers' logs of failed jobs: $OUT/server_logs_tail.txt.
-# Usage (repo root; data at ../shared/data or carried as .sd): bash scripts/gpu/issue24_afd_kill_4gpu.sh [budget_s=150]
+# Usage (repo root; data at ../shared/data or carried as .sd): bash scripts/gpu/afd_kill_4gpu.sh [budget_s=150]
 # CPU: the same tests run with the default device (SGLANG_AFD_TEST_DEVICE unset).
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"
 budget="${1:-150}"; start=$SECONDS
-out="${OUT:-/tmp/issue24_afd_kill}"; mkdir -p "$out"
+out="${OUT:-/tmp/afd_kill}"; mkdir -p "$out"
 mark="$out/.start"; : > "$mark"
 kill_all() { local p; for p in $(jobs -p); do kill -TERM "$p" 2>/dev/null; done; }
 trap kill_all EXIT INT TERM
@@ -71,10 +71,10 @@ for lf in $(find /tmp -maxdepth 1 -name 'sglang-test-server-*.log' -newer "$mark
 done
 
 {
-  echo "# Issue 24 item 6 (AFD): FFN worker killed during decode, one worker per GPU ($(date -u +%F' '%H:%M) UTC," \
+  echo "# AFD: FFN worker killed during decode, one worker per GPU ($(date -u +%F' '%H:%M) UTC," \
        "$("$PY" -c 'import torch
 n = torch.cuda.device_count(); print(f"{n} x {torch.cuda.get_device_name(0)}" if n else "no GPU")' 2>&1 | tail -1))"
-  echo; echo "command: bash scripts/gpu/issue24_afd_kill_4gpu.sh $budget; total $(( SECONDS - start )) s;" \
+  echo; echo "command: bash scripts/gpu/afd_kill_4gpu.sh $budget; total $(( SECONDS - start )) s;" \
     "stories260K-moe fp32, torch_native attention, m = 2, --afd-timeout-s 15 (kill test)"
   echo; echo "| job | transport | layout | checks | status |"; echo "|---|---|---|---|---|"
   for k in "${order[@]}"; do
@@ -93,5 +93,5 @@ n = torch.cuda.device_count(); print(f"{n} x {torch.cuda.get_device_name(0)}" if
   echo; for k in "${order[@]}"; do
     grep -h -E "^(FAILED|ERROR)|^E  .*(assert|Error)|[0-9]+ (passed|failed|skipped)" "$out/$k.log" 2>/dev/null \
       | sed "s/^/$k: /" | tail -4; done
-} > "$out/issue24_afd_kill.md"
-echo "== summary ($(( SECONDS - start )) s)"; cat "$out/issue24_afd_kill.md"
+} > "$out/afd_kill.md"
+echo "== summary ($(( SECONDS - start )) s)"; cat "$out/afd_kill.md"

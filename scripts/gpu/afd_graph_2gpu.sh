@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 24 item 5, the attention worker's decode step in ONE CUDA graph (device-driven M2N, cuda_push), 2 GPUs,
-# budget 240 s (first argument). Attention worker on GPU 0, 1 FFN worker on GPU 1 (1 + 1).
+# AFD (attention/FFN disaggregation): the attention worker's decode step in ONE CUDA graph (device-driven M2N,
+# cuda_push), 2 GPUs, budget 240 s (first argument). Attention worker on GPU 0, 1 FFN worker on GPU 1 (1 + 1).
 #   A (parallel): correctness first -- benchmark/bench_afd_graph.py --check on stories260K-moe (fp32, trained):
 #      greedy tokens of graphed AFD (prefill eager, every decode step a replay of one captured graph with the step's
 #      inputs copied in; the FFN worker replays its own step graph) equal the colocated model on GPU 0, m = 1 and 2.
@@ -12,13 +12,13 @@
 #   A2 / B2: the same check and timing over --transport cuda_push_ll (the low-latency M2N protocol), B2 if time left.
 #   C: if time is left: the host-path AFD of before (cuda_ipc, header per message, eager) with Ta / Tf / Tc
 #      (bench_afd.py --setups afd --micro-batches 2), the baseline the graph replaces.
-#   Summary: $OUT/issue24_afd_graph.md (per-GPU ratio graphed vs colocated computed from the two tables).
-# Usage (repo root, shared data at ../shared/data or carried as .sd): bash scripts/gpu/issue24_afd_graph_2gpu.sh [240]
+#   Summary: $OUT/afd_graph.md (per-GPU ratio graphed vs colocated computed from the two tables).
+# Usage (repo root, shared data at ../shared/data or carried as .sd): bash scripts/gpu/afd_graph_2gpu.sh [240]
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"
 budget="${1:-240}"; start=$SECONDS
 left() { echo $(( budget - (SECONDS - start) )); }
-out="${OUT:-/tmp/issue24_afd_graph}"; mkdir -p "$out"
+out="${OUT:-/tmp/afd_graph}"; mkdir -p "$out"
 qwen=../shared/data/configs/Qwen--Qwen3-30B-A3B
 declare -A status
 run() {  # run NAME TIMEOUT_S CMD... : log to $out/NAME.log, record exit status and seconds
@@ -60,9 +60,9 @@ run hostpath_qwen3 $(( $(left) - 5 )) "$PY" benchmark/bench_afd.py --mode decode
   --transport cuda_ipc --model-path $qwen --timeout 50 --results-dir "$out"
 
 {
-  echo "# Issue 24 item 5: AFD attention step in one CUDA graph, 1 + 1 on 2 GPUs ($(date -u +%F' '%H:%M) UTC)"
+  echo "# AFD attention step in one CUDA graph, 1 + 1 on 2 GPUs ($(date -u +%F' '%H:%M) UTC)"
   echo; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -2 | sed 's/^/- GPU: /'
-  echo "- command: scripts/gpu/issue24_afd_graph_2gpu.sh (logs beside this file)"
+  echo "- command: scripts/gpu/afd_graph_2gpu.sh (logs beside this file)"
   echo; echo "| step | status |"; echo "|---|---|"
   for k in check check_ll colo_qwen3 graph_qwen3 graph_qwen3_ll hostpath_qwen3; do echo "| $k | ${status[$k]:-not run} |"; done
   echo; echo "## Correctness (stories260K-moe)"; cat "$out/check.md" 2>/dev/null || grep -E "Error" "$out/check.log" | tail -3
@@ -98,5 +98,5 @@ for l in rows:
     base = colo.get(b)
     print(f"| {m} | {b} | {per:.0f} | {base if base else 'n/a'} | {f'{per / base:.2f}x' if base else 'n/a'} |")
 PYEOF
-} > "$out/issue24_afd_graph.md"
-echo; echo "===== summary ($(( SECONDS - start )) s)"; cat "$out/issue24_afd_graph.md"
+} > "$out/afd_graph.md"
+echo; echo "===== summary ($(( SECONDS - start )) s)"; cat "$out/afd_graph.md"

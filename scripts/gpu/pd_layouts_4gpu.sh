@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 24 item 4 on 4 GPUs: PD disaggregation (KVDirect, NIXL over UCX / CUDA IPC). Budget 220 s on 4 x H100/H200
+# PD layouts on 4 GPUs: PD disaggregation (KVDirect, NIXL over UCX / CUDA IPC). Budget 220 s on 4 x H100/H200
 # (every step under `timeout`, steps continue on failure, every server killed at exit). Steps run one after the
 # other (nothing side by side with the equality tests, so their timings are their own):
 #   1. equality (stories260K, pytest -s -v: timestamped progress lines; SGLANG_PD_TEST_TIMEOUT < the step's timeout,
@@ -14,16 +14,16 @@
 #   3. m_2p1d: the same with prefill GPUs 0 and 1 -> decode GPU 2.
 #   4. if time is left: ShareGPT on 2 GPUs, pd (prefill GPU 0 -> decode GPU 1) and its agg2 baseline (replicas on
 #      GPUs 2, 3 behind mini_lb), side by side (same card model, other two GPUs of the host).
-# Tables: $OUT/issue24_pd4_*.md; summary at the end. Usage (repo root; data at ../shared/data or carried as .sd):
-#   bash scripts/gpu/issue24_pd_4gpu.sh [budget_s=220]
-# ISSUE24_PD4_SKIP_EQ=1: no step 1; ISSUE24_PD4_EQ="e_tp12": only the named equality tests of step 1 (default both);
-# ISSUE24_PD4_ORDER="tp12 2p1d": the rows of steps 2-3; ISSUE24_PD4_SKIP_SG=1: no step 4 (its agg2 sits on other GPUs).
-# CPU dry run of the logic (fake backend, stories260K, tiny workload): ISSUE24_PD_CPU=1 bash <this> 900
+# Tables: $OUT/pd4_*.md; summary at the end. Usage (repo root; data at ../shared/data or carried as .sd):
+#   bash scripts/gpu/pd_layouts_4gpu.sh [budget_s=220]
+# PD4_SKIP_EQ=1: no step 1; PD4_EQ="e_tp12": only the named equality tests of step 1 (default both);
+# PD4_ORDER="tp12 2p1d": the rows of steps 2-3; PD4_SKIP_SG=1: no step 4 (its agg2 sits on other GPUs).
+# CPU dry run of the logic (fake backend, stories260K, tiny workload): PD_CPU=1 bash <this> 900
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"
 budget="${1:-220}"; start=0  # the preamble (wheel install) counts too
 left() { echo $(( budget - (SECONDS - start) )); }
-out="${OUT:-/tmp/issue24_pd4}"; mkdir -p "$out"
+out="${OUT:-/tmp/pd_layouts_4gpu}"; mkdir -p "$out"
 pids="$out/bench_pids"; : > "$pids"
 kill_all() {  # every process group bench_pd_serving started (its servers run in their own sessions), then ours
   local p; for p in $(cat "$pids" 2>/dev/null); do kill -KILL -- "-$p" 2>/dev/null; done
@@ -31,7 +31,7 @@ kill_all() {  # every process group bench_pd_serving started (its servers run in
 }
 trap kill_all EXIT INT TERM
 data=../shared/data
-if [ -n "${ISSUE24_PD_CPU:-}" ]; then
+if [ -n "${PD_CPU:-}" ]; then
   dev=cpu; backend=fake; model=$data/models/stories260K; tok=(); n_main=8; n_short=6; il=64; ol=16
   srv="--max-total-tokens 4096"; tp2="--tp 2"; cap=300; eq_tp12=300; eq_2p1d=300
 else
@@ -70,8 +70,8 @@ eq() {  # eq NAME CAP_S PYTEST_ARGS... (env set by the caller)
     echo "==== $f"; tail -25 "$f"; done > "$out/$name.servers.log"
 }
 export SGLANG_PD_TEST_DEVICE=$dev SGLANG_PD_TEST_BACKEND=$backend
-eqs=" ${ISSUE24_PD4_EQ:-e_tp12 e_2p1d} "
-if [ -z "${ISSUE24_PD4_SKIP_EQ:-}" ]; then  # ISSUE24_PD4_SKIP_EQ=1: benches only
+eqs=" ${PD4_EQ:-e_tp12 e_2p1d} "
+if [ -z "${PD4_SKIP_EQ:-}" ]; then  # PD4_SKIP_EQ=1: benches only
   [[ $eqs == *" e_tp12 "* ]] && SGLANG_PD_TEST_SPLIT_GPUS=1 eq e_tp12 "$eq_tp12" \
     "test/integration/test_pd_hetero_tp.py::test_hetero_tp_and_page_size[tp1p1-to-tp2p16-pull]"
   [[ $eqs == *" e_2p1d "* ]] && SGLANG_PD_TEST_SPLIT_GPUS=1 SGLANG_PD_TEST_PREFILL_GPUS=0,2 eq e_2p1d "$eq_2p1d" \
@@ -88,7 +88,7 @@ def load(d):
 pd, agg = load(pd_dir), load(agg_dir)
 r = {**agg.get("results", {}), **pd.get("results", {})}
 x = pd.get("transfer") or {}
-print(f"# Issue 24: {title}")
+print(f"# PD: {title}")
 print(f"\nhardware: {pd.get('hardware') or agg.get('hardware')}\n\ncommand (pd): `{' '.join(pd.get('command') or [])}`\n")
 if x:
     print(f"- pure KV transfer (first READ posted -> last READ DONE): {x['mean_ms']:.3f} ms/request, "
@@ -118,7 +118,7 @@ EOF
 }
 
 # ---- 2-3. 4-GPU layouts: short pd benches ----
-for row in ${ISSUE24_PD4_ORDER:-tp12 2p1d}; do
+for row in ${PD4_ORDER:-tp12 2p1d}; do
   t=$(( $(left) - 5 )); [ "$t" -gt "$cap" ] && t=$cap
   [ "$t" -lt 45 ] && { status[m_$row]="skipped (no time left)"; continue; }
   if [ "$row" = tp12 ]; then lay=(--prefill-extra "$(gpu 0)" --decode-extra "$(gpu 1) $tp2")
@@ -127,10 +127,10 @@ for row in ${ISSUE24_PD4_ORDER:-tp12 2p1d}; do
     "${lay[@]}" --out-dir "$out/$row"
   collect "m_$row"; kill_all; : > "$pids"
   table "$row" "" "PD layout $row (tp12: prefill TP1 GPU 0 -> decode TP2 GPUs 1,2; 2p1d: prefill GPUs 0,1 -> decode GPU 2)" \
-    > "$out/issue24_pd4_$row.md" 2>&1
+    > "$out/pd4_$row.md" 2>&1
 done
 # ---- 4. ShareGPT on 2 GPUs (pd) beside its agg2 baseline (GPUs 2, 3), if time is left ----
-t=$(( $(left) - 8 )); [ -n "${ISSUE24_PD4_SKIP_SG:-}" ] && t=0
+t=$(( $(left) - 8 )); [ -n "${PD4_SKIP_SG:-}" ] && t=0
 if [ "$t" -ge 60 ]; then
   sg=(--dataset sharegpt --num-prompts "$n_main" --output-len "$ol" --startup-timeout $(( t - 20 )))
   bg m_sg_pd "$t" "${bench[@]}" "${sg[@]}" --setups pd --prefill-extra "$(gpu 0)" --decode-extra "$(gpu 1)" \
@@ -138,19 +138,19 @@ if [ "$t" -ge 60 ]; then
   bg m_sg_agg2 "$t" "${bench[@]}" "${sg[@]}" --setups agg2 --replica-gpus 2 3 --out-dir "$out/sg_agg2"
   collect m_sg_pd m_sg_agg2; kill_all; : > "$pids"
   table sg_pd sg_agg2 "ShareGPT, PD on 2 GPUs (prefill GPU 0 -> decode GPU 1) vs agg2 (replicas on GPUs 2, 3), same call" \
-    > "$out/issue24_pd4_sharegpt.md" 2>&1
+    > "$out/pd4_sharegpt.md" 2>&1
 else status[m_sg_pd]="skipped (no time left)"; fi
 
 {
-  echo "# Issue 24 item 4 on 4 GPUs ($(date -u +%F' '%H:%M) UTC, $("$PY" -c 'import torch
+  echo "# PD layouts on 4 GPUs ($(date -u +%F' '%H:%M) UTC, $("$PY" -c 'import torch
 n = torch.cuda.device_count(); print(f"{n} x {torch.cuda.get_device_name(0)}" if n else "no GPU")' 2>&1 | tail -1))"
   echo; echo "device $dev, backend $backend, nixl available: $nixl; total $(( SECONDS - start )) s of $budget"
   echo; echo "| step | status |"; echo "|---|---|"
   for k in e_tp12 e_2p1d m_tp12 m_2p1d m_sg_pd m_sg_agg2; do echo "| $k | ${status[$k]:-not run} |"; done
   for k in e_tp12 e_2p1d; do grep -h -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)|Timeout" "$out/$k.log" 2>/dev/null \
     | sed "s/^/$k: /" | tail -3; done
-  for k in tp12 2p1d sharegpt; do [ -f "$out/issue24_pd4_$k.md" ] || continue; echo; echo "## $k"
-    grep -v "^command\|^# \|^hardware:\|^$" "$out/issue24_pd4_$k.md"; done
-} > "$out/issue24_pd4_summary.md"
+  for k in tp12 2p1d sharegpt; do [ -f "$out/pd4_$k.md" ] || continue; echo; echo "## $k"
+    grep -v "^command\|^# \|^hardware:\|^$" "$out/pd4_$k.md"; done
+} > "$out/pd4_summary.md"
 for k in m_tp12 m_2p1d m_sg_pd m_sg_agg2; do grep -h -E "Error|error" "$out/$k.log" 2>/dev/null | tail -3; done
-echo "== summary ($(( SECONDS - start )) s)"; cat "$out/issue24_pd4_summary.md"
+echo "== summary ($(( SECONDS - start )) s)"; cat "$out/pd4_summary.md"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 24 items 2 and 5 on 4 GPUs (budget 180 s): AFD (MegaScale-Infer attention/FFN disaggregation) in the 4-GPU
+# AFD decode vs colocated on 4 GPUs (budget 180 s): AFD (MegaScale-Infer attention/FFN disaggregation) in the 4-GPU
 # layouts 2 attention + 2 FFN and 1 attention + 3 FFN, Qwen3-30B-A3B and Mixtral-8x7B configs (dummy bf16).
 #   P (parallel, disjoint GPUs, the colocated baselines): GPU 0: colocated Qwen3 (ModelRunner, Triton attention,
 #      fused-MoE Triton, CUDA graphs) at batch 64 and 256 = one of 4 independent replicas. Mixtral: on GPU 1 when it
@@ -14,14 +14,14 @@
 #      the measured colocated per-GPU rate, with the measured Ta/Tf/Tc beside it (CPU only).
 # Every setup is its own process (bench_afd.py spawns one per measurement); each step has a timeout; OOM / errors are
 # logged per step. Each AFD role logs "role attention|ffn (worker i, cuda:x) holds N parameter bytes and K KV bytes".
-# Tables: $OUT/issue24_afd4_summary.md (status, role bytes, decode tables with Ta/Tf/Tc and the m >= 2(1+Tc/Tf)
-# check, best-vs-best per GPU vs the 1.3x target, crossover) and $OUT/issue24_afd4_<setup>.md per step.
-# Usage (repo root, shared data at ../shared/data or carried as .sd): bash scripts/gpu/issue24_afd_4gpu.sh [budget_s]
+# Tables: $OUT/afd4_summary.md (status, role bytes, decode tables with Ta/Tf/Tc and the m >= 2(1+Tc/Tf)
+# check, best-vs-best per GPU vs the 1.3x target, crossover) and $OUT/afd4_<setup>.md per step.
+# Usage (repo root, shared data at ../shared/data or carried as .sd): bash scripts/gpu/afd_decode_4gpu.sh [budget_s]
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"
 budget="${1:-180}"; start=$SECONDS
 left() { echo $(( budget - (SECONDS - start) )); }
-out="${OUT:-/tmp/issue24_afd4}"; mkdir -p "$out"
+out="${OUT:-/tmp/afd_decode_4gpu}"; mkdir -p "$out"
 cfg=../shared/data/configs; qwen=$cfg/Qwen--Qwen3-30B-A3B; mixtral=$cfg/mistralai--Mixtral-8x7B-v0.1
 common=(--mode decode --load-format dummy --device cuda --input-len 16 --steps 4 --decode-warmup 2)
 declare -A status
@@ -72,7 +72,7 @@ rs=[json.loads(l) for l in open(sys.argv[1])]; print(max(r['median_decode_throug
 xo() {  # xo MODEL_PATH NAME COLO_ARGS...
   local m="$1" n="$2"; shift 2
   timeout 60 "$PY" benchmark/afd_crossover.py --model-path "$m" --gpu "$gpu_kind" "$@" --totals 4 8 16 32 64 \
-    --max-micro-batch-size 256 > "$out/issue24_afd4_crossover_$n.md" 2>&1
+    --max-micro-batch-size 256 > "$out/afd4_crossover_$n.md" 2>&1
 }
 { [ -s "$out/colo_qwen3.json" ] && xo $qwen qwen3 --colocated-json "$out/colo_qwen3.json"
   if [ -s "$out/colo_mixtral.json" ]; then xo $mixtral mixtral --colocated-json "$out/colo_mixtral.json"
@@ -95,9 +95,9 @@ wait $px
 
 # summary
 {
-  echo "# Issue 24 items 2 + 5 on 4 GPUs: AFD 2 + 2 and 1 + 3 vs colocated ($(date -u +%F' '%H:%M) UTC)"
+  echo "# AFD on 4 GPUs: 2 + 2 and 1 + 3 vs colocated ($(date -u +%F' '%H:%M) UTC)"
   echo; nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/- GPU /'
-  echo "- code: $(git rev-parse --short HEAD 2>/dev/null); command: bash scripts/gpu/issue24_afd_4gpu.sh $budget"
+  echo "- code: $(git rev-parse --short HEAD 2>/dev/null); command: bash scripts/gpu/afd_decode_4gpu.sh $budget"
   echo "- dummy bf16, input 16 tokens, 2 untimed + 4 timed decode steps (median); AFD = bench_afd.py (eager attention"
   echo "  workers, Triton attention; FFN workers fused-MoE Triton; M2N cuda_ipc); colocated = ModelRunner + CUDA graphs"
   echo "- per GPU: colocated on 1 GPU = one of 4 independent replicas; TP 2 = one of 2 replicas (tok/s / 2)"
@@ -118,7 +118,7 @@ for l in open(sys.argv[1]):
     echo; echo "## $k"; echo
     if [ -s "$out/$k.json" ]; then
       "$PY" benchmark/bench_afd.py --mode decode --device cuda --merge "${js[@]}" --results-dir "$out/raw" 2>&1 \
-        | sed -n '/^- model:/d;/^- command:/d;/^- /p;/^|/p;/^Best/p;/^$/p' | cat -s | tee "$out/issue24_afd4_$k.md"
+        | sed -n '/^- model:/d;/^- command:/d;/^- /p;/^|/p;/^Best/p;/^$/p' | cat -s | tee "$out/afd4_$k.md"
       [ "$m" = mixtral ] && [ "${mix_tp2%.*}" -gt 0 ] 2>/dev/null && "$PY" -c "import json,sys
 a = json.load(open(sys.argv[1]))['afd']; g = a['attention_workers'] + a['ffn_workers']
 k, r = max(a['rows'].items(), key=lambda kv: kv[1]['tps'])
@@ -130,9 +130,9 @@ print(f'Best vs colocated TP 2 per GPU: AFD (m,batch)={k} {r[\"tps\"] / g:.1f} v
     fi
   done
   for n in qwen3 mixtral; do
-    [ -s "$out/issue24_afd4_crossover_$n.md" ] || continue
+    [ -s "$out/afd4_crossover_$n.md" ] || continue
     echo; echo "## Plan crossover, $n (python benchmark/afd_crossover.py; planner = sglang.srt.afd.planner.plan)"; echo
-    cat "$out/issue24_afd4_crossover_$n.md"
+    cat "$out/afd4_crossover_$n.md"
   done
-} > "$out/issue24_afd4_summary.md"
-echo; echo "===== summary ($(( SECONDS - start )) s)"; cat "$out/issue24_afd4_summary.md"
+} > "$out/afd4_summary.md"
+echo; echo "===== summary ($(( SECONDS - start )) s)"; cat "$out/afd4_summary.md"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 24 item 5 on 2 GPUs (budget 120 s; ~230 s on an H200 pair to include Mixtral): AFD decode vs the colocated
-# baseline, each against its memory floor.
+# AFD decode vs the colocated baseline on 2 GPUs, each against its memory floor (budget 120 s; ~230 s on an H200
+# pair to include Mixtral).
 #   A (parallel, one GPU each): GPU 1: colocated Qwen3-30B-A3B (dummy bf16) through the real ModelRunner (Triton
 #      attention, fused-MoE Triton, CUDA graphs), batch 32 and 128. GPU 0: test/gpu/test_afd_decode_paths_gpu.py
 #      (stories260K-moe: Triton harness and AFD m=2 equal the torch reference; ModelRunner+graphs tokens equal).
@@ -9,14 +9,14 @@
 #      colocated Mixtral on GPU 0, then AFD Mixtral as in B.
 #   Each setup is its own process; the tables (step ms, tok/s, tok/s per GPU, per-GPU ratio vs colocated at the same
 #   batch, memory floor from the copy bandwidth measured in that process, step/floor, Ta/Tf/Tc, m >= 2(1+Tc/Tf),
-#   best-vs-best against the 1.3x target) are merged into $OUT/issue24_afd.md. Per GPU: colocated on one GPU stands
+#   best-vs-best against the 1.3x target) are merged into $OUT/afd_decode.md. Per GPU: colocated on one GPU stands
 #   for 2 independent replicas on the 2 GPUs; AFD tok/s is divided by its 2 GPUs.
-# Usage (repo root, shared data at ../shared/data or carried as .sd): bash scripts/gpu/issue24_afd_2gpu.sh [budget_s]
+# Usage (repo root, shared data at ../shared/data or carried as .sd): bash scripts/gpu/afd_decode_2gpu.sh [budget_s]
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"
 budget="${1:-120}"; start=$SECONDS
 left() { echo $(( budget - (SECONDS - start) )); }
-out="${OUT:-/tmp/issue24_afd}"; mkdir -p "$out"
+out="${OUT:-/tmp/afd_decode_2gpu}"; mkdir -p "$out"
 cfg=../shared/data/configs
 common=(--mode decode --load-format dummy --device cuda --ffn-workers 1 --batch 32 128 --input-len 16 --steps 4
         --decode-warmup 2 --results-dir "$out")
@@ -60,13 +60,13 @@ else
   status[colo_mixtral]="skipped ($why)"; status[afd_mixtral]="skipped ($why)"
 fi
 
-# merge into $out/issue24_afd.md
+# merge into $out/afd_decode.md
 {
-  echo "# Issue 24 item 5: AFD decode vs colocated ($(date -u +%F' '%H:%M) UTC)"
+  echo "# AFD decode vs colocated ($(date -u +%F' '%H:%M) UTC)"
   echo; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -2 | sed 's/^/- GPU: /'
   echo "- shapes: dummy bf16, input 16 tokens, 2 untimed + 4 timed decode steps (median), batches 32 and 128"
   echo "- colocated Qwen3 ran on GPU 1 while the correctness test ran on GPU 0 (separate GPUs)"
-  echo "- commands: scripts/gpu/issue24_afd_2gpu.sh; benchmark/bench_afd.py ${common[*]} (see the logs)"
+  echo "- commands: scripts/gpu/afd_decode_2gpu.sh; benchmark/bench_afd.py ${common[*]} (see the logs)"
   echo; echo "| step | status |"; echo "|---|---|"
   for k in correctness colo_qwen3 colo_mixtral afd_qwen3 afd_mixtral; do echo "| $k | ${status[$k]:-not run} |"; done
   echo; grep -hE "passed|failed|Error" "$out/correctness.log" 2>/dev/null | tail -4
@@ -80,5 +80,5 @@ fi
   for k in colo_qwen3 colo_mixtral afd_qwen3 afd_mixtral; do
     grep -h "Error" "$out/$k.log" 2>/dev/null | tail -2 | sed "s/^/$k: /"
   done
-} > "$out/issue24_afd.md"
-echo; echo "===== summary ($(( SECONDS - start )) s)"; cat "$out/issue24_afd.md"
+} > "$out/afd_decode.md"
+echo; echo "===== summary ($(( SECONDS - start )) s)"; cat "$out/afd_decode.md"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 24: per-descriptor cost of NIXL/UCX transfers GPU 0 -> GPU 1 (round 3, 4 x H200: a 128 MiB READ is 0.58 ms as
+# Per-descriptor cost of NIXL/UCX transfers GPU 0 -> GPU 1 (2026-11-27, 4 x H200: a 128 MiB READ is 0.58 ms as
 # 1 descriptor, 1.21 ms as 64, 5.1 ms as 512; UCX's cuda_ipc zero-copy get, so ~10 us per descriptor, not bandwidth).
 # Budget 100 s on 2 GPUs (every step under `timeout`, steps continue on failure):
 #   0. GPU topology (NVLink?) and the carried nixl wheel (device_preamble.sh installs .whl/).
@@ -7,19 +7,19 @@
 #      1 / 8 / 64 / 512 descriptors in ONE NIXL request: READ ("ours", "repost") and WRITE ("write"; the written
 #      bytes are read back and checked, X if wrong). Settings: ours (the transport's defaults, now with
 #      NIXL_UCX_SGL_ENABLE=1: WRITEs as one UCX scatter-gather list), sgl_off (the same without it: the WRITE A/B),
-#      tls (UCX_TLS=cuda_ipc,cuda_copy,tcp,self: fastest READ at 512 in round 3), rails1 (UCX_MAX_RMA_RAILS=1),
-#      workers2 (a 2nd UCX worker, no threads) and threads4 (4 dedicated UCX threads; round 3 hung in its FIRST
+#      tls (UCX_TLS=cuda_ipc,cuda_copy,tcp,self: fastest READ at 512 on 2026-11-27), rails1 (UCX_MAX_RMA_RAILS=1),
+#      workers2 (a 2nd UCX worker, no threads) and threads4 (4 dedicated UCX threads; the 2026-11-27 run hung in its FIRST
 #      1-descriptor READ, which is not split: workers2 tells whether the multi-worker UCX context or the threads do
 #      it; a hang now prints the initiator's progress marks and Python stack in the ERROR row). Floor: torch copy_.
 #   2. only when >= 70 s are left: bench_pd_serving.py pd (1P1D, Llama-3.1-8B config, dummy bf16, random 1024/128,
 #      24 prompts at 8 req/s) under the best READ setting of step 1 (64 descriptors).
-# Summary: $OUT/issue24_nixl_bw.md. Usage (repo root): bash scripts/gpu/issue24_nixl_bw_2gpu.sh [budget_s=100]
-# CPU dry run of the same logic (host memory, 8 MiB, no floor, no serving row): ISSUE24_NIXL_BW_CPU=1 bash <this>
+# Summary: $OUT/nixl_bandwidth.md. Usage (repo root): bash scripts/gpu/nixl_bandwidth_2gpu.sh [budget_s=100]
+# CPU dry run of the same logic (host memory, 8 MiB, no floor, no serving row): NIXL_BW_CPU=1 bash <this>
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"
 budget="${1:-100}"; start=$SECONDS
 left() { echo $(( budget - (SECONDS - start) )); }
-out="${OUT:-/tmp/issue24_nixl_bw}"; mkdir -p "$out"
+out="${OUT:-/tmp/nixl_bandwidth}"; mkdir -p "$out"
 pids="$out/bench_pids"; : > "$pids"
 kill_all() {  # the process groups bench_pd_serving started (its servers run in their own sessions), then ours
   local p; for p in $(cat "$pids" 2>/dev/null); do kill -KILL -- "-$p" 2>/dev/null; done
@@ -40,7 +40,7 @@ step() {  # step NAME TIMEOUT_S CMD...: foreground, log to $out/NAME.log
 
 # ---- 1. NIXL READ/WRITE microbenchmark (the settings that hung before last) ----
 bw_t=$(( $(left) - 8 )); [ "$bw_t" -gt 90 ] && bw_t=90
-dev=(--device cuda --mib 128); [ -n "${ISSUE24_NIXL_BW_CPU:-}" ] && dev=(--device cpu --mib 8)
+dev=(--device cuda --mib 128); [ -n "${NIXL_BW_CPU:-}" ] && dev=(--device cpu --mib 8)
 step bw "$bw_t" "$PY" benchmark/bench_nixl_read.py "${dev[@]}" \
   --descs 1 8 64 512 --iters 12 --warmup 2 --write --timeout 16 --out-dir "$out" \
   --settings ours sgl_off tls rails1 workers2 threads4
@@ -48,10 +48,11 @@ grep -E "^\[bench|Error" "$out/bw.log" | head -20
 
 # ---- 2. PD serving row under the best setting ----
 data=../shared/data
-best=$("$PY" benchmark/bench_nixl_read.py --best-env "$out/issue24_nixl_read.json" 2>/dev/null)
-flags=$("$PY" benchmark/bench_nixl_read.py --best-env "$out/issue24_nixl_read.json" --best-flags 2>/dev/null)
+rows=$(ls "$out"/*_nixl_read.json 2>/dev/null | tail -1)  # the JSON bench_nixl_read.py wrote
+best=$("$PY" benchmark/bench_nixl_read.py --best-env "$rows" 2>/dev/null)
+flags=$("$PY" benchmark/bench_nixl_read.py --best-env "$rows" --best-flags 2>/dev/null)
 echo "best setting: env ${best:-<transport defaults>}, decode flags ${flags:-<none>}"
-t2=$(( $(left) - 6 )); [ "$t2" -lt 64 ] && t2=0; [ -n "${ISSUE24_NIXL_BW_CPU:-}" ] && t2=0
+t2=$(( $(left) - 6 )); [ "$t2" -lt 64 ] && t2=0; [ -n "${NIXL_BW_CPU:-}" ] && t2=0
 # shellcheck disable=SC2046
 step pd "$t2" env $best "$PY" benchmark/bench_pd_serving.py \
   --model-path $data/configs/meta-llama--Meta-Llama-3.1-8B --tokenizer-path $data/tokenizers/llama3 --device cuda \
@@ -62,13 +63,13 @@ step pd "$t2" env $best "$PY" benchmark/bench_pd_serving.py \
 kill_all
 
 {
-  echo "# Issue 24: NIXL READ bandwidth GPU 0 -> GPU 1 ($(date -u +%F' '%H:%M) UTC; total $(( SECONDS - start )) s)"
+  echo "# NIXL READ bandwidth GPU 0 -> GPU 1 ($(date -u +%F' '%H:%M) UTC; total $(( SECONDS - start )) s)"
   echo; echo '```'; cat "$out/env.log"; echo '```'
   echo; echo "| step | status |"; echo "|---|---|"
   for k in bw pd; do echo "| $k | ${status[$k]:-not run} |"; done
-  echo; sed -n '/^| setting/,$p' "$out/issue24_nixl_read.md" 2>/dev/null
+  echo; sed -n '/^| setting/,$p' "${rows%.json}.md" 2>/dev/null
   echo; echo "## PD serving, 1P1D, random 1024/128, 24 prompts at 8 req/s (env: ${best:-transport defaults}; decode ${flags:-default flags})"
   f=$(ls "$out"/pd/*_pd_serving_*.md 2>/dev/null | tail -1)
   [ -n "$f" ] && grep -v "^# \|^hardware:\|^$" "$f" || tail -n 8 "$out/pd.log" 2>/dev/null
-} > "$out/issue24_nixl_bw.md"
-echo "== summary ($(( SECONDS - start )) s)"; cat "$out/issue24_nixl_bw.md"
+} > "$out/nixl_bandwidth.md"
+echo "== summary ($(( SECONDS - start )) s)"; cat "$out/nixl_bandwidth.md"

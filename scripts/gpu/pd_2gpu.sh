@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 24 item 4 (+ item 6's decode kill): PD disaggregation (KVDirect) across 2 GPUs, NIXL (UCX, CUDA IPC).
+# PD disaggregation (KVDirect) across 2 GPUs, NIXL (UCX, CUDA IPC): correctness, the decode server killed mid-transfer,
+# and PD vs one aggregated server vs two replicas under load.
 # Budget 420 s on 2 x H100 (every step under `timeout`, steps continue on failure, every server killed at exit):
 #   0. nixl imports from the carried slim wheel (device_preamble.sh installs .whl/nixl_cu13-*.whl into /tmp/site).
 #   1. correctness (with test_scheduler_process_device.py: a worker on --base-gpu-id 1 makes cuda:1 current),
@@ -7,7 +8,7 @@
 #      a. test_pd_disaggregation.py [pull] (stories260K): greedy /generate and streaming == the aggregated server
 #         (GPU 0) token for token, logprobs included;  b. [push] (stories260K-moe) the same in push mode;
 #      c. test_pd_push_layerwise.py: push mode's layerwise WRITEs (and the after-the-fact path) == aggregated;
-#   1b. item 6, its own step (limit ISSUE24_PD_KILL_S, default 180 s): test_pd_faults.py::test_decode_killed_mid_transfer
+#   1b. decode killed mid-transfer, its own step (limit PD_KILL_S, default 180 s): test_pd_faults.py::test_decode_killed_mid_transfer
 #      [pull] and [push]: the decode server (GPU 1) SIGKILLed while the KV transfers of 3 requests are posted and not
 #      complete (pull: its NIXL READs; push: the prefill side's WRITEs into it), held there by the test-only
 #      SGLANG_PD_FAULT_HOLD_TRANSFER_S hook (disaggregation/transfer/fault_hook.py) and asserted in flight from
@@ -20,17 +21,17 @@
 #      (b) two aggregated replicas (GPU 0, GPU 1) behind mini_lb --workers; TTFT, TPOT, ITL p99, output
 #      throughput, KV transfer share of TTFT; targets: share <= 2%, ITL p99 (b) / P >= 1.5, throughput P / (b) >= 0.9.
 #   3. if time is left: P in push mode (layerwise) with the same workload.
-# Summary: $OUT/issue24_pd.md. Usage (repo root; data at ../shared/data or carried as .sd):
-#   bash scripts/gpu/issue24_pd_2gpu.sh [budget_s=420]
-# ISSUE24_PD_KILL_ONLY=1: step 1b alone, limit = the budget (300 is plenty); ISSUE24_PD_SKIP_KILL=1: without step 1b;
-# ISSUE24_PD_KILL_MODE=pull|push: step 1b for that mode only (two instances side by side on GPUs 0,1 and 2,3 via
+# Summary: $OUT/pd_2gpu.md. Usage (repo root; data at ../shared/data or carried as .sd):
+#   bash scripts/gpu/pd_2gpu.sh [budget_s=420]
+# PD_KILL_ONLY=1: step 1b alone, limit = the budget (300 is plenty); PD_SKIP_KILL=1: without step 1b;
+# PD_KILL_MODE=pull|push: step 1b for that mode only (two instances side by side on GPUs 0,1 and 2,3 via
 # CUDA_VISIBLE_DEVICES, each with its own OUT)
-# CPU dry run of the same logic (fake backend, stories260K, tiny workload): ISSUE24_PD_CPU=1 bash <this> 600
+# CPU dry run of the same logic (fake backend, stories260K, tiny workload): PD_CPU=1 bash <this> 600
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"
 budget="${1:-420}"; start=$SECONDS
 left() { echo $(( budget - (SECONDS - start) )); }
-out="${OUT:-/tmp/issue24_pd}"; mkdir -p "$out"
+out="${OUT:-/tmp/pd_2gpu}"; mkdir -p "$out"
 pids="$out/bench_pids"; : > "$pids"
 kill_all() {  # every process group bench_pd_serving started (its servers run in their own sessions), then ours
   local p; for p in $(cat "$pids" 2>/dev/null); do kill -KILL -- "-$p" 2>/dev/null; done
@@ -38,15 +39,15 @@ kill_all() {  # every process group bench_pd_serving started (its servers run in
 }
 trap kill_all EXIT INT TERM
 data=../shared/data
-if [ -n "${ISSUE24_PD_CPU:-}" ]; then
+if [ -n "${PD_CPU:-}" ]; then
   dev=cpu; backend=fake; model=$data/models/stories260K; tok=""; wl=(--input-len 64 --output-len 16 --num-prompts 8
     --request-rate 8 --warmup 2 --warmup-seconds 1); srv="--max-total-tokens 4096"; gpu_p=""; gpu_d=""; gpu_a=""
 else
   dev=cuda; backend=nixl; model=$data/configs/meta-llama--Meta-Llama-3.1-8B; tok="--tokenizer-path $data/tokenizers/llama3"
   wl=(--input-len 1024 --output-len 128 --num-prompts 48 --request-rate 8 --warmup 4)
-  # ISSUE24_PD_MAX_TOTAL_TOKENS=24576: a pool the 48 requests wrap (~1152 slots each), so the READs per request
+  # PD_MAX_TOTAL_TOKENS=24576: a pool the 48 requests wrap (~1152 slots each), so the READs per request
   # (printed beside the transfer share) show the allocator's placement after frees, not a fresh pool's
-  srv="--load-format dummy --dtype bfloat16 --max-total-tokens ${ISSUE24_PD_MAX_TOTAL_TOKENS:-131072} --cuda-graph-max-bs 64"
+  srv="--load-format dummy --dtype bfloat16 --max-total-tokens ${PD_MAX_TOTAL_TOKENS:-131072} --cuda-graph-max-bs 64"
   gpu_p="--base-gpu-id 0"; gpu_d="--base-gpu-id 1"; gpu_a="--base-gpu-id 0"
 fi
 declare -A status
@@ -63,10 +64,10 @@ nixl=$("$PY" -c "from sglang.srt.disaggregation.transfer.base import nixl_availa
 nixl_from=$("$PY" -c "import nixl_cu13, os; print(os.path.dirname(nixl_cu13.__file__))" 2>&1 | tail -1)
 echo "nixl available: $nixl ($nixl_from)"
 
-# ---- 1. correctness + item 6, side by side (small servers: --max-total-tokens 2048) ----
+# ---- 1. correctness, side by side (small servers: --max-total-tokens 2048) ----
 t1=$(( budget * 35 / 100 )); [ "$dev" = cuda ] && [ "$t1" -gt 85 ] && t1=85
-# ISSUE24_PD_SKIP_CORRECTNESS=1: measurement only (when step 1 already ran on this commit's code in an earlier call)
-[ -n "${ISSUE24_PD_SKIP_CORRECTNESS:-}${ISSUE24_PD_KILL_ONLY:-}" ] && t1=0
+# PD_SKIP_CORRECTNESS=1: measurement only (when step 1 already ran on this commit's code in an earlier call)
+[ -n "${PD_SKIP_CORRECTNESS:-}${PD_KILL_ONLY:-}" ] && t1=0
 export SGLANG_PD_TEST_DEVICE=$dev SGLANG_PD_TEST_BACKEND=$backend SGLANG_PD_TEST_SPLIT_GPUS=1
 pt=("$PY" -m pytest -s -q -p no:cacheprovider)
 dis=test/integration/test_pd_disaggregation.py
@@ -88,22 +89,22 @@ for k in "${!jobs_[@]}"; do wait "${jpid[$k]}"; read -r rc dt < "$out/$k.rc" 2>/
   finish "$k" "$rc" "$dt"; echo "-- $k: ${status[$k]}"; grep -h -E "passed|failed|error|\[pd-fault\]" "$out/$k.log" | tail -4
 done
 else
-  echo "== 1. skipped (ISSUE24_PD_SKIP_CORRECTNESS / ISSUE24_PD_KILL_ONLY)"
+  echo "== 1. skipped (PD_SKIP_CORRECTNESS / PD_KILL_ONLY)"
 fi
-# ---- 1b. item 6: decode killed mid-transfer, pull and push (3 servers each side by side; its own limit) ----
-if [ -z "${ISSUE24_PD_SKIP_KILL:-}" ]; then
-  tk=${ISSUE24_PD_KILL_S:-180}; [ -n "${ISSUE24_PD_KILL_ONLY:-}" ] && tk=${ISSUE24_PD_KILL_S:-$(( $(left) - 5 ))}
+# ---- 1b. decode killed mid-transfer, pull and push (3 servers each side by side; its own limit) ----
+if [ -z "${PD_SKIP_KILL:-}" ]; then
+  tk=${PD_KILL_S:-180}; [ -n "${PD_KILL_ONLY:-}" ] && tk=${PD_KILL_S:-$(( $(left) - 5 ))}
   [ "$tk" -gt $(( $(left) - 5 )) ] && tk=$(( $(left) - 5 ))
   kn=test/integration/test_pd_faults.py::test_decode_killed_mid_transfer
-  case "${ISSUE24_PD_KILL_MODE:-}" in pull|push) kn="$kn[$ISSUE24_PD_KILL_MODE]" ;; "") ;;
-    *) echo "ISSUE24_PD_KILL_MODE=$ISSUE24_PD_KILL_MODE: use pull, push or leave it unset (both)"; exit 2 ;; esac
+  case "${PD_KILL_MODE:-}" in pull|push) kn="$kn[$PD_KILL_MODE]" ;; "") ;;
+    *) echo "PD_KILL_MODE=$PD_KILL_MODE: use pull, push or leave it unset (both)"; exit 2 ;; esac
   step f_decode_kill "$tk" "${pt[@]}" "$kn"
   grep -h -E "\[pd-fault\]|passed|failed" "$out/f_decode_kill.log" | tail -4
 fi
 unset SGLANG_PD_TEST_SPLIT_GPUS
-[ -n "${ISSUE24_PD_KILL_ONLY:-}" ] && budget=0  # steps 2 and 3 are skipped (no time left)
+[ -n "${PD_KILL_ONLY:-}" ] && budget=0  # steps 2 and 3 are skipped (no time left)
 
-[ -n "${ISSUE24_PD_KILL_ONLY:-}" ] || for _ in $(seq 1 15); do  # the test servers' GPU memory is back before the measurement (at most 15 s)
+[ -n "${PD_KILL_ONLY:-}" ] || for _ in $(seq 1 15); do  # the test servers' GPU memory is back before the measurement (at most 15 s)
   [ "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | wc -l)" -eq 0 ] && break; sleep 1
 done
 # ---- 2. measurement: P (pull) first, then (b) and (a) on one pair of replicas ----
@@ -120,7 +121,7 @@ step m_push $(( $(left) - 5 )) "${bench[@]}" --transfer-mode push --setups pd --
 kill_all
 
 {
-  echo "# Issue 24 item 4: PD across 2 GPUs ($(date -u +%F' '%H:%M) UTC, $("$PY" -c 'import torch
+  echo "# PD across 2 GPUs ($(date -u +%F' '%H:%M) UTC, $("$PY" -c 'import torch
 n = torch.cuda.device_count(); print(f"{n} x {torch.cuda.get_device_name(0)}" if n else "no GPU")' 2>&1 | tail -1))"
   echo; echo "device $dev, transfer backend $backend, nixl available: $nixl ($nixl_from); total $(( SECONDS - start )) s"
   echo; echo "| step | status |"; echo "|---|---|"
@@ -143,6 +144,6 @@ if fs:
         print(f"- ITL p99 (b) / P = {i:.2f} (target >= 1.5): {'met' if i >= 1.5 else 'NOT met'}")
         print(f"- output throughput P / (b) = {t:.2f} (target >= 0.9): {'met' if t >= 0.9 else 'NOT met'}")
 EOF
-} > "$out/issue24_pd.md"
+} > "$out/pd_2gpu.md"
 for d in pull push; do tail -n 40 "$out/$d"/pd_serving_logs/*.log 2>/dev/null | grep -E "Error|error" | tail -5; done
-echo "== summary ($(( SECONDS - start )) s)"; cat "$out/issue24_pd.md"
+echo "== summary ($(( SECONDS - start )) s)"; cat "$out/pd_2gpu.md"
