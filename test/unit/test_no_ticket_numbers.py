@@ -129,6 +129,7 @@ def _summary(hits: dict[str, list[tuple[int, str]]], per_file: int = 2) -> str:
     "item 4 of a project issue", "issue2x_4gpu.sh",
 ])
 def test_matcher_finds_ticket_references(text):
+    """Every spelling of a ticket, work round or ticket item the tree has used is caught."""
     assert ticket_refs(text), text
 
 
@@ -139,10 +140,12 @@ def test_matcher_finds_ticket_references(text):
     "RMSNorm R2", "issued 4 loads", "a known issue: 2 copies", "round 2.5",
 ])
 def test_matcher_ignores_other_words(text):
+    """Ordinary words and upstream issue URLs are not ticket references."""
     assert not ticket_refs(text), text
 
 
 def test_archived_results_may_be_cited_by_name():
+    """A citation of an archived result file passes; the same name outside the archive, or prose, does not."""
     paths = ["benchmark/decode/results/archive/2026-11-27_issue27_round4_h100.md", "README.md"]
     archived = _archived_names(paths)
     assert not ticket_refs("see benchmark/decode/results/archive/2026-11-27_issue27_round4_h100.md.", archived)
@@ -153,6 +156,7 @@ def test_archived_results_may_be_cited_by_name():
 
 
 def test_no_ticket_numbers_in_the_tree():
+    """No tracked path or line outside the archive and ``ALLOWED`` carries a ticket reference."""
     hits = find_hits(_tracked())
     if hits:
         pytest.fail(_summary(hits), pytrace=False)
