@@ -43,10 +43,15 @@ suite_step tokenweave_layer_fit 160 180 0 "TW_LAYERS=\"1 4\" TW_SKIP_TP2_TEST=1 
 suite_step tokenweave_unsplit 120 150 0 tokenweave_unsplit \
   "TP4 forwards TokenWeave does not split: tokenweave vs custom all-reduce vs tw-comm for every call, both orders"
 suite_step tokenweave_engine 330 380 0 \
-  'build_twcomm && "$PY" benchmark/bench_tokenweave_e2e.py --model-path "$m70" --tp 4 --num-prompts 24 --input-len 4096 --output-len 4 --reps 2 --rounds 2 --chunked-prefill-size 16384 --max-total-tokens 40000 --disable-cuda-graph --budget $(( B - 10 )) --out "$OUT/tokenweave_engine_70b.md"' \
+  'build_twcomm && "$PY" benchmark/bench_tokenweave_e2e.py --model-path "$m70" --tp 4 --num-prompts 24 \
+     --input-len 4096 --output-len 4 --reps 2 --rounds 2 --chunked-prefill-size 16384 --max-total-tokens 40000 \
+     --disable-cuda-graph --budget $(( B - 10 )) --out "$OUT/tokenweave_engine_70b.md"' \
   "prefill-heavy sgl.Engine (70B TP4, 24 x 4096 tokens) TokenWeave off / on / off / on, greedy ids vs the first off run"
 suite_step tokenweave_greedy 60 70 0 \
-  '"$PY" benchmark/bench_tokenweave_e2e.py --model-path ../shared/data/models/stories260K --load-format auto --dtype bfloat16 --tp 4 --num-prompts 8 --input-len 200 --output-len 16 --reps 1 --rounds 1 --min-tokens 16 --chunked-prefill-size 1024 --max-total-tokens 8192 --cuda-graph-max-bs 8 --budget $(( B - 5 )) --out "$OUT/tokenweave_greedy.md"' \
+  '"$PY" benchmark/bench_tokenweave_e2e.py --model-path ../shared/data/models/stories260K --load-format auto \
+     --dtype bfloat16 --tp 4 --num-prompts 8 --input-len 200 --output-len 16 --reps 1 --rounds 1 --min-tokens 16 \
+     --chunked-prefill-size 1024 --max-total-tokens 8192 --cuda-graph-max-bs 8 --budget $(( B - 5 )) \
+     --out "$OUT/tokenweave_greedy.md"' \
   "stories260K (trained) TP4 greedy ids TokenWeave on == off, CUDA graphs on, prefills split"
 suite_step tw_comm_cta_sweep 100 150 0 tw_comm_cta_sweep \
   "bulk-copy vs other two-shots at 8-32 CTAs vs NCCL / symm baselines, worlds 4 and 2 (tests first)"
@@ -54,7 +59,8 @@ suite_step tw_comm_stress 70 90 0 tw_comm_stress \
   "tw-comm back-to-back calls: 100,000 at world 4 (every variant), 20,000 bulk / sharded at world 2, checked vs NCCL"
 suite_step tw_comm_racecheck 80 100 0 tw_comm_racecheck "compute-sanitizer racecheck of every tw-comm variant, 2 ranks"
 suite_step tdist_stack 100 130 0 \
-  '"$PY" benchmark/bench_tdist_stack.py --model-path "$m70" --tp 4 --layers 4 --tokens 4096 8192 --warmup 10 --iters 20 --results-dir "$OUT" --timeout $(( B - 5 ))' \
+  '"$PY" benchmark/bench_tdist_stack.py --model-path "$m70" --tp 4 --layers 4 --tokens 4096 8192 --warmup 10 \
+     --iters 20 --results-dir "$OUT" --timeout $(( B - 5 ))' \
   "--enable-tdist-overlap layer stack TP4 (70B, 4 layers) vs off and sp_nccl: time, hidden states, greedy tokens"
 suite_step tdist_sanitizers 65 80 0 tdist_sanitizers "compute-sanitizer memcheck (GPUs 0,1) and racecheck (GPUs 2,3) of the tdist cases"
 suite_step tp_comm_share 300 420 0 tp_comm_share \
@@ -76,7 +82,9 @@ suite_step afd_graph 175 240 1 "$(g afd_graph_2gpu.sh '$B')" \
 suite_step pd_layouts 220 280 0 "$(g pd_layouts_4gpu.sh '$B')" \
   "PD TP1 -> TP2 and 2P:1D: greedy == aggregated, transfer share of TTFT; ShareGPT pd beside agg2"
 suite_step pd_kill 125 140 0 \
-  'CUDA_VISIBLE_DEVICES=0,1 PD_KILL_ONLY=1 PD_KILL_MODE=pull OUT=$OUT/pull bash scripts/gpu/pd_2gpu.sh $B & CUDA_VISIBLE_DEVICES=2,3 PD_KILL_ONLY=1 PD_KILL_MODE=push OUT=$OUT/push bash scripts/gpu/pd_2gpu.sh $B; b=$?; wait $!; exit $(( $? || b ))' \
+  'CUDA_VISIBLE_DEVICES=0,1 PD_KILL_ONLY=1 PD_KILL_MODE=pull OUT=$OUT/pull bash scripts/gpu/pd_2gpu.sh $B &
+   CUDA_VISIBLE_DEVICES=2,3 PD_KILL_ONLY=1 PD_KILL_MODE=push OUT=$OUT/push bash scripts/gpu/pd_2gpu.sh $B
+   b=$?; wait $!; exit $(( $? || b ))' \
   "decode killed with READs (pull, GPUs 0,1) / WRITEs (push, GPUs 2,3) in flight: clients error, prefill KV freed"
 suite_step afd_kill 130 150 0 "$(g afd_kill_4gpu.sh '$B')" \
   "AFD FFN worker SIGKILLed during decode (3 transports): clients error, attention workers free every KV slot"

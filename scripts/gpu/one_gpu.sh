@@ -25,13 +25,24 @@ suite_step gpu_smoke 420 450 1 "$(g gpu_suite.sh smoke '$B')" \
   "pytest -m gpu: every GPU code path once (test/README.md tiers)"
 suite_step gpu_order 200 300 0 "$(g gpu_suite.sh order '$B')" \
   "the 8B memory-budget test, then the dummy-8B server test, in one pytest process"
-suite_step decode_tests 100 130 0 \
-  '"$PY" -m pytest -q -p no:cacheprovider -m gpu test/gpu/test_decode_gemm_gpu.py test/gpu/test_decode_fuse_gpu.py test/gpu/test_overlap_device_futures_gpu.py test/gpu/test_gpu_correctness.py test/gpu/test_triton_kernels_gpu.py -k "decode_gemm or fuse or overlap or cuda_graph_replay_equals_eager or graph_greedy_ids or decode_split_rules or pdl_early_launch_chain or skinny"' \
+decode_tests() {
+  "$PY" -m pytest -q -p no:cacheprovider -m gpu test/gpu/test_decode_gemm_gpu.py test/gpu/test_decode_fuse_gpu.py \
+    test/gpu/test_overlap_device_futures_gpu.py test/gpu/test_gpu_correctness.py test/gpu/test_triton_kernels_gpu.py \
+    -k "decode_gemm or fuse or overlap or cuda_graph_replay_equals_eager or graph_greedy_ids or decode_split_rules \
+        or pdl_early_launch_chain or skinny"
+}
+suite_step decode_tests 100 130 0 decode_tests \
   "decode path: skinny GEMMs + autotuned dispatch, fused epilogues, PDL chains, graph replay == eager, device futures"
 suite_step launch_plans 60 150 0 launch_plans \
   "launch_server --dry-run on cuda for every technique (TokenWeave, tdist, AFD, TP placement, PD)"
-suite_step watchdog 150 300 0 \
-  'SGLANG_TEST_DEVICE=cuda "$PY" -m pytest -x -q -rs -p no:cacheprovider test/integration/test_watchdog_tp_cpu.py; a=$?; "$PY" -m pytest -x -q -p no:cacheprovider test/integration/test_request_limits.py test/unit/test_request_limit_helpers.py test/unit/test_new_user_errors.py; exit $(( a || $? ))' \
+watchdog() {  # the watchdog test on the GPU, then the request-limit tests (CPU logic, CUDA torch installed)
+  SGLANG_TEST_DEVICE=cuda "$PY" -m pytest -x -q -rs -p no:cacheprovider test/integration/test_watchdog_tp_cpu.py
+  local a=$?
+  "$PY" -m pytest -x -q -p no:cacheprovider test/integration/test_request_limits.py \
+    test/unit/test_request_limit_helpers.py test/unit/test_new_user_errors.py
+  return $(( a || $? ))
+}
+suite_step watchdog 150 300 0 watchdog \
   "--watchdog-timeout with TP ranks sharing the GPU (SIGSTOP -> 503 + [DONE], non-zero exit); request limits"
 suite_step protocol_parity 200 560 0 "$(g protocol_parity.sh)" "SGLang protocol parity: sampler pieces on CUDA, client tests"
 suite_step ray 200 560 0 "$(g ray_gpu.sh)" "--use-ray TP1 / TP2 (ranks sharing the GPU) == the server without Ray"
@@ -48,11 +59,16 @@ decode_floor() {  # SGLang's CLI at the defaults, then the harness / serving-pat
 }
 suite_step decode_floor 140 170 1 decode_floor \
   "bench_one_batch at the defaults + decode step (harness, graph replay, served step: overlap off / host / device futures) vs the copy-bandwidth floor"
-suite_step decode_switch_ab 220 300 0 \
-  '"$PY" benchmark/bench_decode_ab.py --out "$OUT" --model-path "$m8b" --switch-ab "${DECODE_SETS:-default:;nopdl:SGLANG_DECODE_PDL=0;fuse:SGLANG_DECODE_FUSE_EPILOGUE=1}" --switch-breakdown 32 --batches 32,1,128 --prefill-tokens 0 --serving-steps 10 --serving-warmup 2 --serving-reps 2' \
+decode_switch_ab() {  # sets NAME:ENV;...: each set its own graphs (and GEMM table), captured in one process
+  "$PY" benchmark/bench_decode_ab.py --out "$OUT" --model-path "$m8b" \
+    --switch-ab "${DECODE_SETS:-default:;nopdl:SGLANG_DECODE_PDL=0;fuse:SGLANG_DECODE_FUSE_EPILOGUE=1}" \
+    --switch-breakdown 32 --batches 32,1,128 --prefill-tokens 0 --serving-steps 10 --serving-warmup 2 --serving-reps 2
+}
+suite_step decode_switch_ab 220 300 0 decode_switch_ab \
   "decode switches A/B in one process (PDL off, fused epilogues; DECODE_SETS replaces the sets): served step, replay, kernels per step, breakdown at 32"
 suite_step decode_gemm_ab 220 300 0 \
-  '"$PY" benchmark/bench_decode_ab.py --out "$OUT" --model-path "$m8b" --gemm-ab --batches 1,32,128 --settings none --prefill-tokens 0 --serving-steps 16 --serving-warmup 3 --serving-reps 2' \
+  '"$PY" benchmark/bench_decode_ab.py --out "$OUT" --model-path "$m8b" --gemm-ab --batches 1,32,128 --settings none \
+     --prefill-tokens 0 --serving-steps 16 --serving-warmup 3 --serving-reps 2' \
   "cuBLAS vs autotuned skinny decode GEMMs: served step and replay vs the floor, per-class breakdown"
 suite_step decode_gemm_tune 30 60 0 '"$PY" benchmark/bench_decode_gemm_tune.py --out "$OUT" --model-path "$m8b"' \
   "per 8B linear shape and M: cuBLAS vs the best skinny config, fraction of copy bandwidth"
@@ -63,7 +79,8 @@ suite_step decode_configs 30 45 0 '"$PY" benchmark/bench_decode_configs.py --out
 suite_step decode_memory 50 70 0 '"$PY" -m pytest -q -s -p no:cacheprovider -m gpu test/gpu/test_memory_budget_gpu.py' \
   "KV pool and largest step at the defaults (batch 128 x 1K)"
 suite_step decode_profile 60 90 0 \
-  '"$PY" benchmark/profile_decode.py --batches 1 32 128 --top 16 > "$OUT/profile_decode.txt"; r=$?; grep -E "^## batch|_decode_|rope|Memcpy" "$OUT/profile_decode.txt" | head -40; exit $r' \
+  '"$PY" benchmark/profile_decode.py --batches 1 32 128 --top 16 > "$OUT/profile_decode.txt"; r=$?
+   grep -E "^## batch|_decode_|rope|Memcpy" "$OUT/profile_decode.txt" | head -40; exit $r' \
   "kernel table and host ops per decode step (torch profiler)"
 suite_step gpu_targets 330 345 0 '"$PY" benchmark/bench_gpu_targets.py --out "$OUT" --time-budget-s $(( B - 10 ))' \
   "floors, decode attention 64 x 4K, decode steps, 8K prefill, bench_serving random 1024/256 at concurrency 64"
@@ -101,5 +118,5 @@ launch_plans() {  # the deployment plan of every launch path on cuda (--dry-run:
   done
   return $rc
 }
-export -f decode_floor launch_plans
+export -f decode_tests watchdog decode_floor decode_switch_ab launch_plans
 suite_main "$@"

@@ -55,7 +55,9 @@ suite_step tokenweave_tp2_tests 80 100 0 \
   "$pyt test/gpu/test_tokenweave_gpu.py -k \"tp2_one_rank_per_gpu and llama_bias_untied\"" \
   "TokenWeave executor TP2, one rank per GPU (full and sharded residual) vs the fp32 reference"
 suite_step tokenweave_layer_tp2 90 120 0 \
-  'build_twcomm && "$PY" benchmark/bench_tokenweave.py --tp 2 --layers 4 --model-path "$m70" --tokens 1024 2048 4096 8192 --variants nccl nccl_symm nocomm tokenweave --iters 5 --warmup 5 --cuda-graph --overlap-tokens 4096 --results-dir "$OUT" --profile-dir "$OUT" --timeout $(( B - 30 ))' \
+  'build_twcomm && "$PY" benchmark/bench_tokenweave.py --tp 2 --layers 4 --model-path "$m70" \
+     --tokens 1024 2048 4096 8192 --variants nccl nccl_symm nocomm tokenweave --iters 5 --warmup 5 --cuda-graph \
+     --overlap-tokens 4096 --results-dir "$OUT" --profile-dir "$OUT" --timeout $(( B - 30 ))' \
   "TokenWeave layer benchmark TP2 (Llama-3.3-70B, 4 layers), eager + graphed, comm overlap at 4096"
 suite_step tw_comm_auto_w2 70 90 0 'tw_comm_auto 2' "tw-comm auto pick vs NCCL + norm and torch symm at world 2"
 suite_step tdist_decomp 55 80 0 "TDIST_GPU_TIMEOUT=50 $pyt test/gpu/test_tdist_decomp_gpu.py" \
