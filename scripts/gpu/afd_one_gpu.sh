@@ -12,11 +12,11 @@ echo "== AFD GPU tests (M2N cuda_ipc/inline/nixl vs reference; AFD server on one
 timeout $(( $(left) * 60 / 100 )) python3 -m pytest -q test/gpu/test_afd_gpu.py -p no:cacheprovider 2>&1 \
   | tee "$out/afd_gpu_tests.log" | tail -30
 echo "== bench_afd decode (stories260K-moe, 1 attention + 2 FFN on this GPU vs colocated)"
-timeout $(( $(left) * 50 / 100 )) python3 benchmark/bench_afd.py --mode decode --device cuda --batch 32 --steps 16 \
+timeout $(( $(left) * 50 / 100 )) python3 benchmark/afd/bench.py --mode decode --device cuda --batch 32 --steps 16 \
   --results-dir "$out" 2>&1 | tail -14
 if python3 -c "import torch,sys; sys.exit(0 if torch.cuda.device_count() >= 2 else 1)"; then
   echo "== bench_afd m2n (cuda_ipc vs NCCL send/recv, 32-512 KB)"
-  timeout $(( $(left) - 10 )) python3 benchmark/bench_afd.py --mode m2n --device cuda --results-dir "$out" 2>&1 | tail -12
+  timeout $(( $(left) - 10 )) python3 benchmark/afd/bench.py --mode m2n --device cuda --results-dir "$out" 2>&1 | tail -12
 else
   echo "== bench_afd m2n skipped: NCCL send/recv needs two GPUs (one rank per GPU)"
 fi

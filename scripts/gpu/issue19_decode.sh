@@ -8,11 +8,11 @@
 #   3. bench_gpu_targets --only decode with the OLD paths (SGLANG_TRITON_DECODE_LEGACY=1 SGLANG_FUSED_ROPE_KV=0),
 #      then --only floors,attention,decode with the new defaults (same machine, same run).
 #      3c, only if time is left: decode at batch 1 / 16 with SGLANG_SKINNY_GEMM=1 (experimental, log only).
-#   4. profile_decode.py --batches 1 32 128 (new defaults): kernel table + host ops per step.
+#   4. benchmark/decode/profile_step.py --batches 1 32 128 (new defaults): kernel table + host ops per step.
 #   5. A summary: decode step old vs new, ratio to the floor measured in step 3 (target <= 1.30).
 # Usage (repo root): bash scripts/gpu/issue19_decode.sh      Every stage has its own timeout, so one hang cannot
 # eat the others. Writes at most 8 files under $OUT (default /tmp/out):
-#   issue19_run.log, issue19_pytest.log, <date>_issue19_kernels.md, legacy/<date>_gpu_targets.{md,json},
+#   issue19_run.log, issue19_pytest.log, <date>_decode_attention_rope_kernels.md, legacy/<date>_gpu_targets.{md,json},
 #   new/<date>_gpu_targets.{md,json}, issue19_profile.txt
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"  # cds to the repo root ($root), NVLS off, PYTHONPATH, $PY, carried wheels/data
@@ -40,22 +40,22 @@ tail -n 25 "$OUT/issue19_pytest.log"
 echo "kernel tests rc=$rc_kernels greedy_e2e rc=$rc_e2e"
 
 stage "2. kernel micro-benchmark (old vs new, one process)"
-timeout -k 10 90 $PY benchmark/bench_decode_issue19.py --out "$OUT"
+timeout -k 10 90 $PY benchmark/decode/attention_rope_kernels.py --out "$OUT"
 rc_micro=$?
 
 stage "3a. decode steps, OLD paths (legacy decode kernel + split rule, unfused RoPE/KV store)"
-SGLANG_TRITON_DECODE_LEGACY=1 SGLANG_FUSED_ROPE_KV=0 timeout -k 10 90 $PY benchmark/bench_gpu_targets.py \
+SGLANG_TRITON_DECODE_LEGACY=1 SGLANG_FUSED_ROPE_KV=0 timeout -k 10 90 $PY benchmark/serving/bench_gpu_targets.py \
   --only decode --skip-serving --out "$OUT/legacy" --time-budget-s 85 2>&1 | grep -v "^\s*$" | tail -n 15
 rc_old=${PIPESTATUS[0]}
 
 stage "3b. floors + attention + decode steps, NEW defaults"
-timeout -k 10 100 $PY benchmark/bench_gpu_targets.py --only floors,attention,decode --skip-serving \
+timeout -k 10 100 $PY benchmark/serving/bench_gpu_targets.py --only floors,attention,decode --skip-serving \
   --out "$OUT/new" --time-budget-s 95 2>&1 | grep -v "^\s*$" | tail -n 20
 rc_new=${PIPESTATUS[0]}
 
 stage "3c. (if time is left) decode steps at batch 1 and 16 with the experimental skinny GEMM (SGLANG_SKINNY_GEMM=1)"
 if (( $(elapsed) < 330 )); then
-  SGLANG_SKINNY_GEMM=1 timeout -k 10 80 $PY benchmark/bench_gpu_targets.py --only decode --decode-batches 1,16 \
+  SGLANG_SKINNY_GEMM=1 timeout -k 10 80 $PY benchmark/serving/bench_gpu_targets.py --only decode --decode-batches 1,16 \
     --skip-serving --out /tmp/issue19_skinny --time-budget-s 75 2>&1 | grep -E "decode bs=|decode step" | tail -n 6
 else
   echo "skipped: $(elapsed) s elapsed"
@@ -63,7 +63,7 @@ fi
 
 stage "4. profile_decode (new defaults)"
 timeout -k 10 $(( $(left) > 30 ? $(left) : 30 )) \
-  $PY benchmark/profile_decode.py --batches 1 32 128 --top 16 > "$OUT/issue19_profile.txt" 2>&1
+  $PY benchmark/decode/profile_step.py --batches 1 32 128 --top 16 > "$OUT/issue19_profile.txt" 2>&1
 rc_prof=$?
 grep -E "^## batch|_decode_|rope|index_elementwise|Memcpy|cudaMemcpyAsync" "$OUT/issue19_profile.txt" | head -n 40
 

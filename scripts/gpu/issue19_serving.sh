@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 19, item 3 + the GEMM choice, on ONE GPU in one device call (<= ~6 minutes):
-#   1. benchmark/bench_decode_gemms.py: decode-sized GEMMs timed inside CUDA graphs (cuBLAS, swapped cuBLAS, GEMV,
+#   1. benchmark/decode/gemm_kernels.py: decode-sized GEMMs timed inside CUDA graphs (cuBLAS, swapped cuBLAS, GEMV,
 #      the skinny Triton kernel) at 1/16/32 rows, as a share of the HBM copy bandwidth measured in the same run;
 #   2. one server (Llama-3.1-8B config, dummy bf16 weights, defaults: Triton attention, CUDA graphs, overlap) and
 #      two bench_serving runs against it: random 1024/256 at concurrency 64 (256 prompts, the 2026-11-20 command:
@@ -17,7 +17,7 @@ model="$data/configs/meta-llama--Meta-Llama-3.1-8B"; tok="$data/tokenizers/llama
 exec > >(tee -a "$OUT/issue19_serving.log") 2>&1
 
 echo "== 1. decode GEMMs inside CUDA graphs"
-timeout -k 5 120 python3 benchmark/bench_decode_gemms.py --out "$OUT" | grep -v "^<!--" || echo "gemm bench rc=$?"
+timeout -k 5 120 python3 benchmark/decode/gemm_kernels.py --out "$OUT" | grep -v "^<!--" || echo "gemm bench rc=$?"
 
 echo "== 2. server + bench_serving"
 port=30219

@@ -41,11 +41,11 @@ step ipc_probe 28 "$PY" scripts/gpu/m2n_ipc_probe.py --budget-s 22 --out "$out/i
 rec=$(grep -h "^RECOMMEND SGL" "$out/ipc_probe.log" 2>/dev/null | tail -1 | sed 's/^RECOMMEND //')
 [ -n "$rec" ] && export $rec  # the probe's best working strategy (own/own first) for the steps below
 echo "CUDA IPC strategy for the next steps: mem=${SGL_M2N_IPC_MEM:-own} event=${SGL_M2N_IPC_EVENT:-own}"
-step afd_qwen3 $(( $(left) * 60 / 100 )) "$PY" benchmark/bench_afd.py --mode decode --setups afd "${shape[@]}" \
+step afd_qwen3 $(( $(left) * 60 / 100 )) "$PY" benchmark/afd/bench.py --mode decode --setups afd "${shape[@]}" \
   --results-dir "$out"
-step m2n_latency $(( $(left) > 30 ? 30 : $(left) )) "$PY" benchmark/bench_afd.py --mode m2n --device cuda \
+step m2n_latency $(( $(left) > 30 ? 30 : $(left) )) "$PY" benchmark/afd/bench.py --mode m2n --device cuda \
   --iters 30 --warmup 5 --sizes-kb 32 128 512 --timeout 25 --results-dir "$out"
-step colocated_qwen3 $(( $(left) - 2 )) "$PY" benchmark/bench_afd.py --mode decode --setups colocated "${shape[@]}" \
+step colocated_qwen3 $(( $(left) - 2 )) "$PY" benchmark/afd/bench.py --mode decode --setups colocated "${shape[@]}" \
   --results-dir "$out"
 {
   echo "# Issue 24 round 2 ($(date -u +%F' '%H:%M) UTC, $("$PY" -c 'import torch; n = torch.cuda.device_count()

@@ -6,7 +6,7 @@
 #      cuda:r: bytes == torch reference over random row counts incl. 0 (host-header and device paths), 10,000
 #      back-to-back messages each way, CUDA-graph replays with device row counts (fresh random rows incl. 0 per
 #      replay), killed peer -> TimeoutError within the 3 s device budget.
-#   2. latency: benchmark/bench_afd.py --mode m2n, one-way = round trip / 2, rank r on cuda:r, same run: eager and
+#   2. latency: benchmark/afd/bench.py --mode m2n, one-way = round trip / 2, rank r on cuda:r, same run: eager and
 #      CUDA-graph (K=20 round trips per graph, median of 20 replays) rows of cuda_push_ll-dev and cuda_push-dev (the
 #      flag protocol, for A/B), NCCL send/recv eager and graphed, the raw LL floor (one store kernel + one spin kernel
 #      per hop, no M2N bookkeeping; graphed) and the copy-engine reference; 32/128/512 KB; ratio vs the 0.5x target.

@@ -3,7 +3,7 @@
 # 1 descriptor, 1.21 ms as 64, 5.1 ms as 512; UCX's cuda_ipc zero-copy get, so ~10 us per descriptor, not bandwidth).
 # Budget 100 s on 2 GPUs (every step under `timeout`, steps continue on failure):
 #   0. GPU topology (NVLink?) and the carried nixl wheel (device_preamble.sh installs .whl/).
-#   1. benchmark/bench_nixl_read.py: agent A (GPU 0) / agent B (GPU 1) in two processes per setting, 128 MiB as
+#   1. benchmark/disaggregation/bench_nixl_read.py: agent A (GPU 0) / agent B (GPU 1) in two processes per setting, 128 MiB as
 #      1 / 8 / 64 / 512 descriptors in ONE NIXL request: READ ("ours", "repost") and WRITE ("write"; the written
 #      bytes are read back and checked, X if wrong). Settings: ours (the transport's defaults, now with
 #      NIXL_UCX_SGL_ENABLE=1: WRITEs as one UCX scatter-gather list), sgl_off (the same without it: the WRITE A/B),
@@ -11,7 +11,7 @@
 #      workers2 (a 2nd UCX worker, no threads) and threads4 (4 dedicated UCX threads; round 3 hung in its FIRST
 #      1-descriptor READ, which is not split: workers2 tells whether the multi-worker UCX context or the threads do
 #      it; a hang now prints the initiator's progress marks and Python stack in the ERROR row). Floor: torch copy_.
-#   2. only when >= 70 s are left: bench_pd_serving.py pd (1P1D, Llama-3.1-8B config, dummy bf16, random 1024/128,
+#   2. only when >= 70 s are left: benchmark/disaggregation/bench_pd_serving.py pd (1P1D, Llama-3.1-8B config, dummy bf16, random 1024/128,
 #      24 prompts at 8 req/s) under the best READ setting of step 1 (64 descriptors).
 # Summary: $OUT/issue24_nixl_bw.md. Usage (repo root): bash scripts/gpu/issue24_nixl_bw_2gpu.sh [budget_s=100]
 # CPU dry run of the same logic (host memory, 8 MiB, no floor, no serving row): ISSUE24_NIXL_BW_CPU=1 bash <this>
@@ -41,19 +41,19 @@ step() {  # step NAME TIMEOUT_S CMD...: foreground, log to $out/NAME.log
 # ---- 1. NIXL READ/WRITE microbenchmark (the settings that hung before last) ----
 bw_t=$(( $(left) - 8 )); [ "$bw_t" -gt 90 ] && bw_t=90
 dev=(--device cuda --mib 128); [ -n "${ISSUE24_NIXL_BW_CPU:-}" ] && dev=(--device cpu --mib 8)
-step bw "$bw_t" "$PY" benchmark/bench_nixl_read.py "${dev[@]}" \
+step bw "$bw_t" "$PY" benchmark/disaggregation/bench_nixl_read.py "${dev[@]}" \
   --descs 1 8 64 512 --iters 12 --warmup 2 --write --timeout 16 --out-dir "$out" \
   --settings ours sgl_off tls rails1 workers2 threads4
 grep -E "^\[bench|Error" "$out/bw.log" | head -20
 
 # ---- 2. PD serving row under the best setting ----
 data=../shared/data
-best=$("$PY" benchmark/bench_nixl_read.py --best-env "$out/issue24_nixl_read.json" 2>/dev/null)
-flags=$("$PY" benchmark/bench_nixl_read.py --best-env "$out/issue24_nixl_read.json" --best-flags 2>/dev/null)
+best=$("$PY" benchmark/disaggregation/bench_nixl_read.py --best-env "$out/nixl_read.json" 2>/dev/null)
+flags=$("$PY" benchmark/disaggregation/bench_nixl_read.py --best-env "$out/nixl_read.json" --best-flags 2>/dev/null)
 echo "best setting: env ${best:-<transport defaults>}, decode flags ${flags:-<none>}"
 t2=$(( $(left) - 6 )); [ "$t2" -lt 64 ] && t2=0; [ -n "${ISSUE24_NIXL_BW_CPU:-}" ] && t2=0
 # shellcheck disable=SC2046
-step pd "$t2" env $best "$PY" benchmark/bench_pd_serving.py \
+step pd "$t2" env $best "$PY" benchmark/disaggregation/bench_pd_serving.py \
   --model-path $data/configs/meta-llama--Meta-Llama-3.1-8B --tokenizer-path $data/tokenizers/llama3 --device cuda \
   --transfer-backend nixl --transfer-mode pull --setups pd --prefill-extra "--base-gpu-id 0" \
   --decode-extra "--base-gpu-id 1 $flags" --server-extra "--load-format dummy --dtype bfloat16 --max-total-tokens 65536 \
@@ -66,7 +66,7 @@ kill_all
   echo; echo '```'; cat "$out/env.log"; echo '```'
   echo; echo "| step | status |"; echo "|---|---|"
   for k in bw pd; do echo "| $k | ${status[$k]:-not run} |"; done
-  echo; sed -n '/^| setting/,$p' "$out/issue24_nixl_read.md" 2>/dev/null
+  echo; sed -n '/^| setting/,$p' "$out/nixl_read.md" 2>/dev/null
   echo; echo "## PD serving, 1P1D, random 1024/128, 24 prompts at 8 req/s (env: ${best:-transport defaults}; decode ${flags:-default flags})"
   f=$(ls "$out"/pd/*_pd_serving_*.md 2>/dev/null | tail -1)
   [ -n "$f" ] && grep -v "^# \|^hardware:\|^$" "$f" || tail -n 8 "$out/pd.log" 2>/dev/null

@@ -8,7 +8,7 @@
 #  2. tw-comm GPU test at world 2, one rank per GPU (quick: every variant vs the torch reference)
 #  3. TokenWeave executor, TP2 with one rank per GPU (NCCL group, tw-comm over CUDA IPC, two streams, GEMM
 #     carveout), every cut of prefill / mixed / decode steps vs the single-process fp32 reference
-#  4. bench_tokenweave.py: Llama-3.3-70B config, TP2, 4 layers, T = 1024 2048 4096 8192; nccl / nccl_symm / nocomm
+#  4. benchmark/tokenweave/bench_layer.py: Llama-3.3-70B config, TP2, 4 layers, T = 1024 2048 4096 8192; nccl / nccl_symm / nocomm
 #     / tokenweave (carveout = 16 comm CTAs) / tokenweave_nocarve (round 2's behaviour) / split_nocomm (the split
 #     with the carveout and no collectives); targets table with the no-communication bound; one profiled forward
 #     per variant at 4096 tokens: communication time overlapped by compute kernels (+ rank 0 kernel timeline CSVs)
@@ -48,7 +48,7 @@ rc=$?; tail -3 "$out/issue25_tokenweave_gpu_test.log"; step tokenweave_executor_
 
 echo "== 4. TokenWeave layer benchmark, Llama-3.3-70B TP2, 4 layers (+ overlap profile at 4096)"
 mkdir -p "$out/layer"
-timeout "$(cap 55)" "$PY" benchmark/bench_tokenweave.py --tp 2 --layers 4 --model-path "$m70" \
+timeout "$(cap 55)" "$PY" benchmark/tokenweave/bench_layer.py --tp 2 --layers 4 --model-path "$m70" \
   --tokens 1024 2048 4096 8192 --variants nccl tokenweave tokenweave_nocarve nccl_symm nocomm split_nocomm \
   --iters 5 --warmup 5 --profile-tokens 1024 --overlap-tokens 4096 --results-dir "$out/layer" --profile-dir "$out" \
   --timeout 52 > "$out/issue25_tokenweave.log" 2>&1
@@ -61,7 +61,7 @@ step tokenweave_layer_bench "rc=$rc"
 echo "== 5. --comm-sms 8 (8 comm CTAs, 8 SMs carved out of the GEMMs)"
 if [ "$(left)" -lt 22 ]; then step comm_sms_8 "skipped (budget)"; else
   mkdir -p "$out/sms8"
-  timeout "$(cap 30)" "$PY" benchmark/bench_tokenweave.py --tp 2 --layers 4 --model-path "$m70" \
+  timeout "$(cap 30)" "$PY" benchmark/tokenweave/bench_layer.py --tp 2 --layers 4 --model-path "$m70" \
     --tokens 2048 4096 8192 --variants nccl nocomm tokenweave --iters 5 --warmup 5 --comm-sms 8 \
     --overlap-tokens 4096 --results-dir "$out/sms8" --profile-dir "$out/sms8" --timeout 28 \
     > "$out/issue25_tokenweave_sms8.log" 2>&1
@@ -73,7 +73,7 @@ fi
 
 echo "== 6. fused AllReduce + RMSNorm, world 2: twoshot CTA sweep at split sizes"
 if [ "$(left)" -lt 15 ]; then step ar_rmsnorm_sweep "skipped (budget)"; else
-  timeout "$(cap 30)" "$PY" benchmark/bench_tw_comm_allreduce_rmsnorm.py --worlds 2 --tokens 512,1024,2048,4096 \
+  timeout "$(cap 30)" "$PY" benchmark/comm/bench_allreduce_rmsnorm.py --worlds 2 --tokens 512,1024,2048,4096 \
     --sweep-min-tokens 512 --calls-per-graph 5 --replays 3 --out "$out" --tag _issue25 \
     > "$out/issue25_ar_rmsnorm.log" 2>&1
   rc=$?; grep -E "^\|" "$out/issue25_ar_rmsnorm.log"

@@ -6,7 +6,7 @@
 #      sharded residual, grids 1..128, several chunks per block, CUDA-graph replay, 600 back-to-back calls mixed
 #      with the old two-shot, bit-identical ranks), with Lamport one-shot checks in between (its push now spreads
 #      over a grid that may exceed T; the full Lamport test is test_tw_comm_lamport_gpu)
-#   3. bench_tw_comm_allreduce_rmsnorm.py at world 4 then 2: NCCL + fused norm, NCCL symmetric, torch symm-mem,
+#   3. benchmark/comm/bench_allreduce_rmsnorm.py at world 4 then 2: NCCL + fused norm, NCCL symmetric, torch symm-mem,
 #      every tw-comm variant, SM sweep at 16/32 CTAs, --calibrate (writes the crossover table)
 # At 70 s the world-2 half of step 3 may be cut (world 4 runs first and is written on its own); 95 s runs all.
 # Output: $OUT/issue25_ar_summary.md (every table), $OUT/issue25_ar_bench.md, $OUT/tw_comm_crossovers.json (commit it
@@ -37,7 +37,7 @@ step build 40 "$PY" -c "from sgl_kernel.tw_comm.build import build_library; prin
 TW_COMM_QUICK=1 step pipe_test_w4 30 "$PY" -m pytest -q -p no:cacheprovider \
   "test/gpu/test_tw_comm_gpu.py::test_tw_comm_pipe_gpu[4]"
 mkdir -p "$out/bench"
-step bench_w4_w2 "$(left)" "$PY" benchmark/bench_tw_comm_allreduce_rmsnorm.py --worlds 4,2 --lamport --no-ce \
+step bench_w4_w2 "$(left)" "$PY" benchmark/comm/bench_allreduce_rmsnorm.py --worlds 4,2 --lamport --no-ce \
   --tokens 1,32,128,1024,8192 --sweep-sms 16,32 --sweep-min-tokens 1024 --calibrate \
   --calls-per-graph 3 --replays 3 --out "$out/bench" --table "$out/tw_comm_crossovers.json" --tag _issue25
 

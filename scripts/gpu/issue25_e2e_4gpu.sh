@@ -12,7 +12,7 @@
 #     in, 4 greedy out, chunked prefill 16384 (forwards of 16384 tokens: TokenWeave's auto-off splits >= 8192 at
 #     TP4), no CUDA graphs; TokenWeave off / on / off / on (one engine start per run, 2 timed batches each, the
 #     second pair only if it fits), medians per side, on/off ratio, greedy ids of every run vs the first off run
-#     (benchmark/bench_tokenweave_e2e.py)
+#     (benchmark/tokenweave/bench_e2e.py)
 #  3. (if >= 50 s are left, e.g. when step 2's second pair did not fit) the same driver on the real stories260K checkpoint, TP4, --tokenweave-min-tokens 16:
 #     greedy ids on vs off on trained weights (dummy 70B weights are near-ties, so step 2's equality is strict)
 # Tables: $OUT/issue25_e2e_*.md. Usage (repo root): bash scripts/gpu/issue25_e2e_4gpu.sh [seconds, default 360]
@@ -79,7 +79,7 @@ if [ -n "${ISSUE25_E2E_STRESS_ONLY:-}" ]; then  # ISSUE25_E2E_STRESS_ONLY=1: ste
   step e2e_70b_tp4 "not run: ISSUE25_E2E_STRESS_ONLY"
 elif [ "$ngpu" -ge 4 ] || [ "$dry" = 1 ]; then
   s=$(( $(left) - 8 ))  # all that is left: a skipped second pair leaves its time to step 3
-  run "$out/issue25_e2e_70b.log" "$s" "$PY" benchmark/bench_tokenweave_e2e.py --model-path "$m70" --tp 4 \
+  run "$out/issue25_e2e_70b.log" "$s" "$PY" benchmark/tokenweave/bench_e2e.py --model-path "$m70" --tp 4 \
     --num-prompts 24 --input-len 4096 --output-len 4 --reps 2 --rounds 2 --chunked-prefill-size 16384 \
     --max-total-tokens 40000 --disable-cuda-graph --budget $(( s - 6 )) --out "$out/issue25_e2e_70b.md"
   rc=$?; grep "^\[e2e\]" "$out/issue25_e2e_70b.log"
@@ -92,7 +92,7 @@ fi
 echo "== 3. stories260K (trained) TP$world greedy ids, TokenWeave off/on"
 if [ -z "${ISSUE25_E2E_STRESS_ONLY:-}" ] && { [ "$(left)" -ge 50 ] || [ "$dry" = 1 ]; }; then
   s=$(cap 60)
-  run "$out/issue25_e2e_stories.log" "$s" "$PY" benchmark/bench_tokenweave_e2e.py \
+  run "$out/issue25_e2e_stories.log" "$s" "$PY" benchmark/tokenweave/bench_e2e.py \
     --model-path ../shared/data/models/stories260K --load-format auto --dtype bfloat16 --tp "$world" \
     --num-prompts 8 --input-len 200 --output-len 16 --reps 1 --rounds 1 --min-tokens 16 --chunked-prefill-size 1024 \
     --max-total-tokens 8192 --disable-cuda-graph --budget $(( s - 4 )) --out "$out/issue25_e2e_stories.md"

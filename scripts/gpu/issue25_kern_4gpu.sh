@@ -25,7 +25,7 @@ worlds=(); (( ngpu >= 4 )) && worlds+=(4); (( ngpu >= 2 )) && worlds+=(2)
 step build 50 "$PY" -c "from sgl_kernel.tw_comm.build import build_library; print(build_library())"
 bench() {  # bench WORLD SECONDS METHODS: the CTA sweep of one world size
   mkdir -p "$out/bench_w$1"
-  step "bench_w$1" "$2" "$PY" benchmark/bench_tw_comm_allreduce_rmsnorm.py --worlds "$1" --tokens 1024,4096,8192 \
+  step "bench_w$1" "$2" "$PY" benchmark/comm/bench_allreduce_rmsnorm.py --worlds "$1" --tokens 1024,4096,8192 \
     --variants "$3" --no-ce --sweep-min-tokens 100000000 --chunk-sweep '' --ctas 8,16,24,32,all --cta-variants "$3" \
     --calls-per-graph 3 --replays 5 --out "$out/bench_w$1" --tag _issue25kern
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 25: TokenWeave overlap. A/B of the split planner at TP4 (4 GPUs, one rank per GPU); budget 300 s including the
 # libtwcomm build (~25 s).
-# Diagnosis (benchmark/tokenweave_timeline.py over the 07:02 profile, docs/tokenweave.md): with the GEMMs capped to
+# Diagnosis (benchmark/tokenweave/overlap_timeline.py over the 07:02 profile, docs/tokenweave.md): with the GEMMs capped to
 # 116 SMs, the old planner cut T=4096 into 384 + 3712 tokens (0 extra waves). The 3712-token split's AllReduce took
 # 500-660 us. Only the 384-token split's compute (~100 us attention, ~340 us MLP) could hide it, so the compute
 # stream waited ~0.8 ms per layer. The new planner keeps the cut within [3/8, 5/8] of T (2048 + 2048 at 4096) and
@@ -12,7 +12,7 @@
 # tokenweave (every GEMM capped) in both orders; its timelines show the GEMM kernel sum (10.3 ms capped vs 9.4 nocomm).
 #  1. build libtwcomm (nvcc, sm_90a; cached by content hash)
 #  2. scripts/gpu/issue25_tw_4gpu.sh with TW_EXTRA_VARIANTS="tokenweave_oldsplit tokenweave_selcarve". It runs
-#     bench_tokenweave.py on the Llama-3.3-70B config cut to 4 layers, TP4, dummy bf16, T = 1024 2048 4096 8192.
+#     benchmark/tokenweave/bench_layer.py on the Llama-3.3-70B config cut to 4 layers, TP4, dummy bf16, T = 1024 2048 4096 8192.
 #     Variants: nccl nccl_symm nocomm tokenweave (new planner) tokenweave_oldsplit (old planner)
 #     tokenweave_selcarve (new planner, selective carveout). Eager and CUDA-graphed. The correctness
 #     section compares each variant's eager logits with nccl's. --overlap-tokens 1024 4096 profiles one eager
@@ -23,7 +23,7 @@
 #     forward with no collectives, was dropped from this step to make room for tokenweave_selcarve.)
 #  4. the new planner with --comm-sms 8 (8 comm CTAs and an 8-SM GEMM carveout instead of 16), against nccl.
 #     The carveout makes the split forward's GEMMs ~10% slower (GEMM sum 10.3 vs 9.4 ms for nocomm at 4K).
-#  5. tokenweave_timeline.py on every timeline CSV: busy time, overlap, and compute-stream gaps by cause
+#  5. benchmark/tokenweave/overlap_timeline.py on every timeline CSV: busy time, overlap, and compute-stream gaps by cause
 #     (wait-comm = the compute stream waited for a split's AllReduce).
 #  6. (time left; usually none since step 2 grew by the selcarve variant) the TP2 executor test with the sharded residual, one rank per GPU, vs the fp32 reference.
 # Tables: $OUT/issue25_ovl.md (steps 2-5). Usage (repo root): bash scripts/gpu/issue25_ovl_4gpu.sh [seconds, default 300]
@@ -44,14 +44,14 @@ OUT="$out" TW_EXTRA_VARIANTS="tokenweave_oldsplit tokenweave_selcarve" TW_RESULT
   bash "$(dirname "$0")/issue25_tw_4gpu.sh" "$(cap 185)" > "$out/issue25_ovl_step2.log" 2>&1
 rc=$?; step ab_new_first "rc=$rc"; grep -E "^-- " "$out/issue25_ovl_step2.log"
 
-run_bench() {  # $1 name, $2 seconds, rest: bench_tokenweave.py arguments
+run_bench() {  # $1 name, $2 seconds, rest: benchmark/tokenweave/bench_layer.py arguments
   local name=$1 secs; secs=$(cap "$2"); shift 2
   mkdir -p "$out/$name"
-  timeout --kill-after=5 "$secs" "$PY" benchmark/bench_tokenweave.py --tp 4 --layers 4 --model-path "$m70" \
+  timeout --kill-after=5 "$secs" "$PY" benchmark/tokenweave/bench_layer.py --tp 4 --layers 4 --model-path "$m70" \
     --tokens 1024 2048 4096 8192 --iters 5 --warmup 5 --cuda-graph --results-dir "$out/$name" \
     --profile-dir "$out/$name" --timeout $(( secs - 4 )) "$@" > "$out/issue25_ovl_$name.log" 2>&1
   local rc=$?
-  { echo; echo "# $name (bench_tokenweave.py $*)"; echo
+  { echo; echo "# $name (benchmark/tokenweave/bench_layer.py $*)"; echo
     sed -n '/^## CUDA graph/,/^- replay/p' "$out/$name"/*_tokenweave_layer.md 2>/dev/null \
       || grep "\[partial\]" "$out/issue25_ovl_$name.log"; } >> "$result"
   step "$name" "rc=$rc"
@@ -64,10 +64,10 @@ echo "== 4. new planner, 8 comm SMs / 8-SM carveout, vs nccl, graphed"
 [ "$(left)" -gt 28 ] && run_bench sms8 33 --variants nccl tokenweave --comm-sms 8
 
 echo "== 5. timelines (rank 0, T=4096 and 1024): busy, overlap, compute-stream gaps by cause"
-{ echo; echo "# timelines (benchmark/tokenweave_timeline.py, rank 0, T=4096 and 1024)"; echo; echo '```'
+{ echo; echo "# timelines (benchmark/tokenweave/overlap_timeline.py, rank 0, T=4096 and 1024)"; echo; echo '```'
   for f in "$out"/layer/tokenweave_graph_timeline_*_T4096.csv "$out"/layer/tokenweave_timeline_*_T4096.csv \
       "$out"/layer/tokenweave_graph_timeline_*_T1024.csv; do
-    [ -e "$f" ] && timeout 30 "$PY" benchmark/tokenweave_timeline.py "$f" --top 8 2>&1 \
+    [ -e "$f" ] && timeout 30 "$PY" benchmark/tokenweave/overlap_timeline.py "$f" --top 8 2>&1 \
       | grep -v "^  [0-9.]* | [0-9.]* | [0-9.]* | 1.00 |"  # fully overlapped comm kernels: not listed
   done; echo '```'; } >> "$result"
 step timelines "done"

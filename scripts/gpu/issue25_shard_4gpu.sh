@@ -5,13 +5,13 @@
 #  1. correctness first: test/gpu/test_tokenweave_gpu.py::test_tokenweave_tp2_one_rank_per_gpu_sharded_residual
 #     [llama_bias_untied] (2 ranks on 2 GPUs, every token cut of prefill / mixed / decode steps, every rank's
 #     non-owned residual rows NaN-filled after each sharded call, bf16 logits vs the fp32 reference)
-#  2. scripts/gpu/issue25_tw_4gpu.sh (it builds libtwcomm) with TW_EXTRA_VARIANTS=tokenweave_full: bench_tokenweave.py,
+#  2. scripts/gpu/issue25_tw_4gpu.sh (it builds libtwcomm) with TW_EXTRA_VARIANTS=tokenweave_full: benchmark/tokenweave/bench_layer.py,
 #     Llama-3.3-70B config cut to 4 layers, TP4, dummy bf16, T = 1024 2048 4096 8192, variants nccl nccl_symm nocomm
 #     tokenweave (sharded residual) tokenweave_full, same run and seeded weights, eager + every forward CUDA-graphed;
 #     ratios tokenweave / nccl, tokenweave_full / nccl, tokenweave / tokenweave_full (sharded / full); the correctness
 #     section has every variant's eager next-token logits vs nccl's (full should equal tokenweave's);
 #     --overlap-tokens 4096: the comm kernels' busy time per forward (sharded moves ~1/3 fewer bytes: kernel 803.7 vs
-#     1142.1 us at T=8K, benchmark/results/2026-11-27_issue25_kern_4xh200.md).
+#     1142.1 us at T=8K, benchmark/results/comm/2026-11-27_twoshot_bulk_kernel_4xh200.md).
 #     First run (at 40076df, variants tokenweave = full and tokenweave_sharded, before the default changed):
 #     benchmark/results/2026-11-27_issue25_shard_e2e_4xh200.md.
 # Tables: $OUT/issue25_shard.md. Usage (repo root): bash scripts/gpu/issue25_shard_4gpu.sh [seconds, default 150]

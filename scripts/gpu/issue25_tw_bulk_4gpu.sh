@@ -4,7 +4,7 @@
 #  0. which tw-comm kernel each TokenWeave call gets on this GPU at TP4 (the packaged crossover table,
 #     python/sglang/srt/distributed/tw_comm_crossovers.json; H200 x4: overlapped calls of >= ~360 tokens at hidden
 #     8192 on p2p_twoshot_bulk; a GPU without a table keeps p2p_twoshot, then tokenweave == tokenweave_oldcomm)
-#  1-2. scripts/gpu/issue25_tw_4gpu.sh with TW_EXTRA_VARIANTS=tokenweave_oldcomm: bench_tokenweave.py, Llama-3.3-70B
+#  1-2. scripts/gpu/issue25_tw_4gpu.sh with TW_EXTRA_VARIANTS=tokenweave_oldcomm: benchmark/tokenweave/bench_layer.py, Llama-3.3-70B
 #     config cut to 4 layers, dummy bf16, T = 1024 2048 4096 8192, variants nccl nccl_symm nocomm tokenweave (the
 #     server's default comm: bulk) tokenweave_oldcomm (TwCommConfig.bulk_twoshot=False: the pre-bulk two-shot),
 #     eager and every forward CUDA-graphed; eager next-token logits of every variant vs nccl's and every graph's vs

@@ -9,7 +9,7 @@
 #        killed (= hang) after its cap
 #     b. compute-sanitizer racecheck, 2 ranks, 4 calls of each of those 5 variants at T=16 x 1024, then a checked
 #        call of each
-#  2. A/B of a TP4 forward WITHOUT a split (bench_tokenweave.py layer mode, Llama-3.3-70B config cut to 4 layers,
+#  2. A/B of a TP4 forward WITHOUT a split (benchmark/tokenweave/bench_layer.py layer mode, Llama-3.3-70B config cut to 4 layers,
 #     dummy bf16, T = 1024 and 4096, --min-tokens 1000000 so TokenWeave never splits): `tokenweave` (the server's
 #     --enable-tokenweave communicator: unsplit calls on the plain communicator since this change) vs `custom` (the
 #     server without --enable-tokenweave: auto = custom all-reduce, NCCL above 8 MiB) vs `tokenweave_oldcomm`
@@ -78,7 +78,7 @@ ab() {  # ab TAG VARIANT...: one bench_tokenweave run, variants in the given ord
   local tag=$1; shift
   local s; s=$(cap 58)
   mkdir -p "$out/ab_$tag"
-  run "$out/issue25_unsplit_ab_$tag.log" "$s" "$PY" benchmark/bench_tokenweave.py --tp 4 --layers 4 \
+  run "$out/issue25_unsplit_ab_$tag.log" "$s" "$PY" benchmark/tokenweave/bench_layer.py --tp 4 --layers 4 \
     --model-path "$m70" --tokens 1024 4096 --variants "$@" --min-tokens 1000000 --iters 7 --warmup 5 --cuda-graph \
     --results-dir "$out/ab_$tag" --timeout $(( s - 4 ))
   local rc=$?
@@ -101,7 +101,7 @@ fi
 echo "== 3. stories260K TP4 greedy ids, TokenWeave off/on, CUDA graphs on"
 if [ "$(left)" -ge 50 ] || [ "$dry" = 1 ]; then
   s=$(cap 60)
-  run "$out/issue25_unsplit_stories.log" "$s" "$PY" benchmark/bench_tokenweave_e2e.py \
+  run "$out/issue25_unsplit_stories.log" "$s" "$PY" benchmark/tokenweave/bench_e2e.py \
     --model-path ../shared/data/models/stories260K --load-format auto --dtype bfloat16 --tp 4 \
     --num-prompts 8 --input-len 200 --output-len 16 --reps 1 --rounds 1 --min-tokens 16 --chunked-prefill-size 1024 \
     --max-total-tokens 8192 --cuda-graph-max-bs 8 --budget $(( s - 4 )) --out "$out/issue25_unsplit_stories.md"

@@ -5,12 +5,12 @@
 #                all-to-all (dispatch + combine, 50 rounds of random counts, 32 CTAs/peer default), the SM ops with
 #                cached metadata, 'bounded' (decomposition with bounded Triton wait kernels, eager + graph) and
 #                'deadpeer' (rank 1 never joins: rank 0's bounded wait must raise TdistWaitError in < 10 s, no hang);
-#   2. bench     benchmark/bench_tdist.py --world 2, Llama-3.3-70B TP4 shapes at M = 2048 / 8192: decomposition
+#   2. bench     benchmark/tdist/bench_kernels.py --world 2, Llama-3.3-70B TP4 shapes at M = 2048 / 8192: decomposition
 #                (planned pieces; 'pieces': 1/2/4 pieces, bulk, bounded waits in the notes), 'auto' (AutoAgGemm /
 #                AutoGemmRs with the table calibrated on the row's own timings: decomposition, NCCL + cuBLAS or
 #                torch's fused symm-mem op), NCCL + cuBLAS, torch symm-mem fused, cuBLAS alone; all-to-all 1024 x
 #                7168 vs NCCL all_to_all_single at 16/32/64 CTAs per peer, and as CUDA graphs ('graph');
-#   3. status    benchmark/tdist_status.py: issue26_status.md, one line per target (met / not met);
+#   3. status    benchmark/tdist/targets_status.py: issue26_status.md, one line per target (met / not met);
 #   4. memcheck  compute-sanitizer memcheck on the 2-rank one-copy all-to-all case, if >= 25 s are left.
 # Outputs in $OUT: issue26_summary.md, issue26_bench.md, issue26_status.md, one log per step.
 # Usage (repo root): bash scripts/gpu/issue26_2gpu.sh [seconds, default 150]
@@ -48,12 +48,12 @@ step() {  # step NAME SECONDS CMD...: run with a limit, keep the log, record the
 
 step decomp 55 env TDIST_GPU_TIMEOUT=50 python3 -m pytest -v -rA -p no:cacheprovider test/gpu/test_tdist_decomp_gpu.py
 
-step bench 70 python3 benchmark/bench_tdist.py --world 2 --tp-shapes 4 --tokens 2048 8192 \
+step bench 70 python3 benchmark/tdist/bench_kernels.py --world 2 --tp-shapes 4 --tokens 2048 8192 \
   --a2a-tokens 1024 --a2a-hidden 7168 --iters 20 --variants decomp pieces auto graph --results-dir "$out" --timeout 65
 for f in "$out"/*_tdist.md; do [ -f "$f" ] && mv "$f" "$out/issue26_bench.md"; done
 if [ -f "$out/issue26_bench.md" ]; then
-  python3 benchmark/tdist_status.py "$out/issue26_bench.md" "$out/issue26_status.md" > /dev/null 2>&1 \
-    || summary+=("- status: tdist_status.py failed")
+  python3 benchmark/tdist/targets_status.py "$out/issue26_bench.md" "$out/issue26_status.md" > /dev/null 2>&1 \
+    || summary+=("- status: benchmark/tdist/targets_status.py failed")
 fi
 
 if command -v compute-sanitizer >/dev/null && (( $(left) >= 25 )); then

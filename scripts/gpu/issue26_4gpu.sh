@@ -7,14 +7,14 @@
 #                CUDA graph, the Auto* NCCL fallback); the group's own timeout (110 s: the test needed ~110 s on
 #                4 x H200 before its inputs were drawn on the GPU) fires before the step's limit, so a slow or hung
 #                case is named in the log instead of an empty log;
-#   2. bench_w4  benchmark/bench_tdist.py --world 4, Llama-3.3-70B TP4 shapes, M = 2048 / 8192: the planned
+#   2. bench_w4  benchmark/tdist/bench_kernels.py --world 4, Llama-3.3-70B TP4 shapes, M = 2048 / 8192: the planned
 #                decomposition, notes: 1/2/4 pieces, the other schedule, bounded waits, split pushes, receive waits
 #                on the push streams (the layout before this fix: A/B of the schedule fix), CUDA-graph replay (=
 #                GPU time without host enqueue; failed at every M 8192 row before the join fix), NCCL + cuBLAS again
 #                after 'auto'; the auto op; NCCL + cuBLAS, torch symm-mem fused, cuBLAS alone; 'profile': one
 #                decomposition call per shape at M 8192 on rank 0, every rank's profiler running before any call
 #                starts (host enqueue ms, GPU span, GEMM / copy / overlap / idle ms, copy GB/s);
-#   3. status    benchmark/tdist_status.py on the world-4 table (results table only);
+#   3. status    benchmark/tdist/targets_status.py on the world-4 table (results table only);
 #   4. bench_w2  the same at world 2 on GPUs 0-1 (M 8192, o_proj only), only if >= 30 s are left.
 # Outputs in $OUT: issue26_w4_bench.md, issue26_w4_status.md, issue26_w2_bench.md, issue26_4gpu_summary.md, logs.
 # Usage (repo root): bash scripts/gpu/issue26_4gpu.sh [seconds, default 180]
@@ -44,13 +44,13 @@ echo "$ngpu x $gpu"
 
 TDIST_GPU_TIMEOUT=110 step test_w4 120 "$PY" -m pytest -q -p no:cacheprovider -rA test/gpu/test_tdist_decomp_w4_gpu.py
 mkdir -p "$out/w4" "$out/w2"
-step bench_w4 46 "$PY" benchmark/bench_tdist.py --world 4 --tp-shapes 4 --tokens 2048 8192 --a2a-tokens \
+step bench_w4 46 "$PY" benchmark/tdist/bench_kernels.py --world 4 --tp-shapes 4 --tokens 2048 8192 --a2a-tokens \
   --iters 20 --variants decomp pieces auto graph profile --results-dir "$out/w4" --timeout 42
 for f in "$out"/w4/*_tdist.md; do [ -f "$f" ] && mv "$f" "$out/issue26_w4_bench.md"; done
-[ -f "$out/issue26_w4_bench.md" ] && "$PY" benchmark/tdist_status.py "$out/issue26_w4_bench.md" \
+[ -f "$out/issue26_w4_bench.md" ] && "$PY" benchmark/tdist/targets_status.py "$out/issue26_w4_bench.md" \
   "$out/issue26_w4_status.md" > /dev/null 2>&1
 if (( $(left) >= 30 )); then
-  CUDA_VISIBLE_DEVICES=0,1 step bench_w2 "$(( $(left) - 2 ))" "$PY" benchmark/bench_tdist.py --world 2 \
+  CUDA_VISIBLE_DEVICES=0,1 step bench_w2 "$(( $(left) - 2 ))" "$PY" benchmark/tdist/bench_kernels.py --world 2 \
     --tp-shapes 4 --tokens 8192 --ops o_proj --a2a-tokens --iters 20 \
     --variants decomp pieces auto graph profile --results-dir "$out/w2" --timeout $(( $(left) - 6 ))
   for f in "$out"/w2/*_tdist.md; do [ -f "$f" ] && mv "$f" "$out/issue26_w2_bench.md"; done

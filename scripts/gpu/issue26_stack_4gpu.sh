@@ -6,7 +6,7 @@
 #                 SM and CE producers, GEMM-RS, all-to-all): memcheck on GPUs 0,1 and racecheck on GPUs 2,3 at the
 #                 same time (two independent 2-rank groups; racecheck checks shared-memory hazards inside kernels,
 #                 memcheck every device access incl. the peers' IPC-mapped heaps);
-#   2. stack      benchmark/bench_tdist_stack.py: Llama-3.3-70B-Instruct config cut to 4 decoder layers, dummy bf16
+#   2. stack      benchmark/tdist/bench_layer_stack.py: Llama-3.3-70B-Instruct config cut to 4 decoder layers, dummy bf16
 #                 weights, TP 4 (one rank per GPU), prefill of one request of T = 4096 and 8192 tokens through the
 #                 executor a worker gets with --enable-tdist-overlap ('tdist', built-in calibration table of the GPU
 #                 model) and without ('off'), plus 'sp_nccl' (the flag's layout on NCCL + cuBLAS: the reduction-order
@@ -71,7 +71,7 @@ if (( ngpu >= 4 && secs >= 30 )); then
   echo; echo "== stack (world 4, limit ${secs}s)"
   t0=$SECONDS
   mkdir -p "$out/stack"
-  timeout --kill-after=3 "$secs" "$PY" benchmark/bench_tdist_stack.py \
+  timeout --kill-after=3 "$secs" "$PY" benchmark/tdist/bench_layer_stack.py \
     --model-path ../shared/data/configs/meta-llama--Llama-3.3-70B-Instruct --tp 4 --layers 4 --tokens 4096 8192 \
     --warmup 10 --iters 20 --results-dir "$out/stack" --timeout $(( secs - 5 )) > "$out/issue26_stack.log" 2>&1 &
   ps_=$!

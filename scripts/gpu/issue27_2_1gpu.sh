@@ -3,7 +3,7 @@
 # Triton compile and the decode-GEMM autotune included), in priority order:
 #   1. GPU test: every skinny decode-GEMM candidate (incl. the two new tiles) and the autotuned dispatch == F.linear
 #      (test/gpu/test_decode_gemm_gpu.py); compiles the candidate kernels, so the tune in step 2 hits Triton's cache.
-#   2. benchmark/bench_decode_ab.py --gemm-ab, ONE process (Llama-3.1-8B config, dummy weights, batch 1/32/128 x 1024):
+#   2. benchmark/decode/step_ab.py --gemm-ab, ONE process (Llama-3.1-8B config, dummy weights, batch 1/32/128 x 1024):
 #      copy bandwidth (the floor) measured first; two CUDA-graph sets, the default (cuBLAS) and
 #      SGLANG_DECODE_GEMM_AUTOTUNE=1 (tuned before its capture; tune time reported); per batch the served step
 #      (Scheduler overlap loop with device futures, as the server runs) and the graph replay alone vs the floor,
@@ -12,7 +12,7 @@
 #      the bytes each must move, its bandwidth vs the copy bandwidth and its time above its own floor.
 #   3. summary -> $OUT/issue27_2_summary.md (GPU name, commit, rc of each step, the tables).
 # Usage (repo root; data at ../shared/data or carried as .sd/): bash scripts/gpu/issue27_2_1gpu.sh
-# Writes under $OUT: issue27_2_summary.md, issue27_decode_ab.{md,json}, issue27_2_{pytest,ab,run}.log.
+# Writes under $OUT: issue27_2_summary.md, decode_step_ab.{md,json}, issue27_2_{pytest,ab,run}.log.
 set -uo pipefail
 . "$(dirname "$0")/issue27_common.sh" issue27_2 240  # preamble, $OUT, tee, budget helpers, model, gpu
 rc[tests]=skipped; rc[ab]=skipped
@@ -28,7 +28,7 @@ rc[tests]=$?
 grep -E "passed|failed|skipped|Error|assert" "$OUT/issue27_2_pytest.log" | tail -n 6
 
 stage "2. one process: floor, cuBLAS vs autotune graph sets, served step + replay alternated, per-class breakdown"
-timeout -k 10 "$(cap 300)" $PY benchmark/bench_decode_ab.py --out "$OUT" --model-path "$model" --gemm-ab \
+timeout -k 10 "$(cap 300)" $PY benchmark/decode/step_ab.py --out "$OUT" --model-path "$model" --gemm-ab \
   --batches 1,32,128 --settings none --prefill-tokens 0 --serving-steps 16 --serving-warmup 3 --serving-reps 2 \
   > "$OUT/issue27_2_ab.log" 2>&1
 rc[ab]=$?
@@ -43,10 +43,10 @@ stage "3. summary"
   echo "rc: tests=${rc[tests]} gemm_ab=${rc[ab]} (124/137 = hit its timeout)"
   echo "tests: $(grep -E '[0-9]+ (passed|failed|skipped|error)' "$OUT/issue27_2_pytest.log" 2>/dev/null | tail -n 1)"
   echo
-  if [[ -s "$OUT/issue27_decode_ab.md" ]]; then
-    cat "$OUT/issue27_decode_ab.md"
+  if [[ -s "$OUT/decode_step_ab.md" ]]; then
+    cat "$OUT/decode_step_ab.md"
   else
-    echo "(no issue27_decode_ab.md; last log lines:)"; tail -n 20 "$OUT/issue27_2_ab.log" 2>/dev/null
+    echo "(no decode_step_ab.md; last log lines:)"; tail -n 20 "$OUT/issue27_2_ab.log" 2>/dev/null
   fi
 } > "$OUT/issue27_2_summary.md" 2>&1
 cat "$OUT/issue27_2_summary.md"

@@ -6,9 +6,9 @@
 #      kernel's wait + L2 weight prefetch before it) and with SGLANG_DECODE_PDL=0 vs their references, and a CUDA
 #      graph of dependent kernels (add+RMSNorm -> skinny -> SiLU -> split-K skinny) under PDL bit-identical to
 #      plain launches.
-#   2. (ISSUE27_TILES=1 only) decode-attention tiles at batch 32 in CUDA graphs (bench_decode_configs.py); the
+#   2. (ISSUE27_TILES=1 only) decode-attention tiles at batch 32 in CUDA graphs (benchmark/decode/attention_configs.py); the
 #      fastest one-split tile (error < 0.02) that beats the default by > 2% adds a set `tile` to step 3.
-#   3. benchmark/bench_decode_ab.py --switch-ab, ONE process (Llama-3.1-8B config, dummy weights, batch 32 first,
+#   3. benchmark/decode/step_ab.py --switch-ab, ONE process (Llama-3.1-8B config, dummy weights, batch 32 first,
 #      then 1 and 128, 1K context; autotuned GEMMs, one table per SGLANG_DECODE_PDL value: the skinny kernel's
 #      launch mode changes which config wins), sets ISSUE27_SETS (default: `default` = no switch set, PDL on;
 #      `nopdl` = SGLANG_DECODE_PDL=0, the opt-out); per batch the
@@ -17,7 +17,7 @@
 #      the M<=32 GEMM picks of each table.
 #   4. summary -> $OUT/issue27_3_summary.md (GPU name, commit, rc of each step, the tables).
 # Usage (repo root; data at ../shared/data or carried as .sd/): bash scripts/gpu/issue27_3_1gpu.sh
-# Writes under $OUT: issue27_3_summary.md, issue27_decode_ab.{md,json}, (issue27_decode_configs.{md,json}),
+# Writes under $OUT: issue27_3_summary.md, decode_step_ab.{md,json}, (decode_attention_configs.{md,json}),
 # issue27_3_{pytest,configs,ab,run}.log.
 set -uo pipefail
 . "$(dirname "$0")/issue27_common.sh" issue27_3 240  # preamble, $OUT, tee, budget helpers, model, gpu
@@ -40,12 +40,12 @@ grep -E "passed|failed|skipped|Error|assert" "$OUT/issue27_3_pytest.log" | tail 
 
 if [[ "${ISSUE27_TILES:-0}" == 1 ]]; then
   stage "2. decode-attention tiles at batch 32 (CUDA graphs, 32 calls per replay)"
-  timeout -k 5 "$(cap 20)" $PY benchmark/bench_decode_configs.py --out "$OUT" --batches 32 \
+  timeout -k 5 "$(cap 20)" $PY benchmark/decode/attention_configs.py --out "$OUT" --batches 32 \
     --alternatives 128/8/3,256/8/3 --split-counts "" > "$OUT/issue27_3_configs.log" 2>&1
   rc[configs]=$?
   grep -E "^\| 32" "$OUT/issue27_3_configs.log"
-  if [[ -s "$OUT/issue27_decode_configs.json" ]]; then
-    tile=$($PY - "$OUT/issue27_decode_configs.json" <<'EOF'
+  if [[ -s "$OUT/decode_attention_configs.json" ]]; then
+    tile=$($PY - "$OUT/decode_attention_configs.json" <<'EOF'
 import json, sys
 rows = [r for r in json.load(open(sys.argv[1])) if r["splits"] == 1 and r["err"] < 0.02]
 base = [r for r in rows if r["default"]]
@@ -61,7 +61,7 @@ echo "small-grid tile for step 3: ${tile:-none (the default stays best or no swe
 stage "3. one process: default (PDL) / SGLANG_DECODE_PDL=0, served step + replay alternated"
 sets="${ISSUE27_SETS:-default:;nopdl:SGLANG_DECODE_PDL=0}"
 [[ -n "$tile" ]] && sets="$sets;tile:SGLANG_DECODE_ATTN_SMALL_GRID_TILE=$tile"
-timeout -k 10 "$(cap 300)" $PY benchmark/bench_decode_ab.py --out "$OUT" --model-path "$model" \
+timeout -k 10 "$(cap 300)" $PY benchmark/decode/step_ab.py --out "$OUT" --model-path "$model" \
   --switch-ab "$sets" --switch-breakdown 32 --batches 32,1,128 --prefill-tokens 0 \
   --serving-steps 10 --serving-warmup 2 --serving-reps 2 > "$OUT/issue27_3_ab.log" 2>&1
 rc[ab]=$?
@@ -78,17 +78,17 @@ stage "4. summary"
   echo
   echo "## Decode attention tiles at batch 32"
   echo
-  grep -E "^(# |Copy|\| batch|\|---|\| 32)" "$OUT/issue27_decode_configs.md" 2>/dev/null || echo "(no sweep)"
+  grep -E "^(# |Copy|\| batch|\|---|\| 32)" "$OUT/decode_attention_configs.md" 2>/dev/null || echo "(no sweep)"
   echo
   echo "## Decode-GEMM picks at M<=32, one table per SGLANG_DECODE_PDL value (capture order: see the sets)"
   echo
   grep -E "autotune on .* in [0-9.]+ s|M<=32:" "$OUT/issue27_3_ab.log" 2>/dev/null | sed -e 's/^.*\(N=\)/- \1/' \
     -e 's/^.*\(decode GEMM autotune\)/\1/' | head -n 24 || echo "(no autotune log)"
   echo
-  if [[ -s "$OUT/issue27_decode_ab.md" ]]; then
-    cat "$OUT/issue27_decode_ab.md"
+  if [[ -s "$OUT/decode_step_ab.md" ]]; then
+    cat "$OUT/decode_step_ab.md"
   else
-    echo "(no issue27_decode_ab.md; last log lines:)"; tail -n 20 "$OUT/issue27_3_ab.log" 2>/dev/null
+    echo "(no decode_step_ab.md; last log lines:)"; tail -n 20 "$OUT/issue27_3_ab.log" 2>/dev/null
   fi
 } > "$OUT/issue27_3_summary.md" 2>&1
 cat "$OUT/issue27_3_summary.md"

@@ -6,14 +6,14 @@
 #      kernel + add + RMSNorm at the o_proj / down shapes (plain launches and PDL); gate_up + SiLU vs the torch
 #      reference and the unfused pair (the share of bitwise-equal elements is printed); the tuner in fused mode, the
 #      installed layers in a CUDA graph (replay == eager) vs the unfused layers.
-#   2. benchmark/bench_decode_ab.py --switch-ab, ONE process (Llama-3.1-8B config, dummy weights, batch 32 first, then
+#   2. benchmark/decode/step_ab.py --switch-ab, ONE process (Llama-3.1-8B config, dummy weights, batch 32 first, then
 #      1 and 128, 1K context), sets ISSUE27_SETS (default: `default` = no switch set; `fuse` =
 #      SGLANG_DECODE_FUSE_EPILOGUE=1, its own GEMM table tuned with the fused forms): served step and replay vs the
 #      floor, order alternated, graph node count (kernels per step), per-class breakdown of one replay per set at
 #      batch 32; the GEMM picks of both tables (fused ones tagged "[fused: ...]").
 #   3. summary -> $OUT/issue27_fuse.md (GPU, commit, rc of each step, the tables).
 # Usage (repo root; data at ../shared/data or carried as .sd/): bash scripts/gpu/issue27_fuse_1gpu.sh
-# Writes under $OUT: issue27_fuse.md, issue27_decode_ab.{md,json}, issue27_fuse_{pytest,ab,run}.log.
+# Writes under $OUT: issue27_fuse.md, decode_step_ab.{md,json}, issue27_fuse_{pytest,ab,run}.log.
 set -uo pipefail
 . "$(dirname "$0")/issue27_common.sh" issue27_fuse 250  # preamble, $OUT, tee, budget helpers, model, gpu
 rc[tests]=skipped; rc[ab]=skipped
@@ -31,7 +31,7 @@ grep -E "passed|failed|skipped|Error|assert|bitwise equal" "$OUT/issue27_fuse_py
 
 stage "2. one process: default / SGLANG_DECODE_FUSE_EPILOGUE=1, served step + replay alternated, breakdown at 32"
 sets="${ISSUE27_SETS:-default:;fuse:SGLANG_DECODE_FUSE_EPILOGUE=1}"
-timeout -k 10 "$(cap 300)" $PY benchmark/bench_decode_ab.py --out "$OUT" --model-path "$model" \
+timeout -k 10 "$(cap 300)" $PY benchmark/decode/step_ab.py --out "$OUT" --model-path "$model" \
   --switch-ab "$sets" --switch-breakdown 32 --batches 32,1,128 --prefill-tokens 0 \
   --serving-steps 10 --serving-warmup 2 --serving-reps 2 > "$OUT/issue27_fuse_ab.log" 2>&1
 rc[ab]=$?
@@ -55,10 +55,10 @@ stage "3. summary"
   echo
   echo "Expected: the fuse set's graph has (kernels removed at that batch's bucket, line above) fewer nodes."
   echo
-  if [[ -s "$OUT/issue27_decode_ab.md" ]]; then
-    cat "$OUT/issue27_decode_ab.md"
+  if [[ -s "$OUT/decode_step_ab.md" ]]; then
+    cat "$OUT/decode_step_ab.md"
   else
-    echo "(no issue27_decode_ab.md; last log lines:)"; tail -n 20 "$OUT/issue27_fuse_ab.log" 2>/dev/null
+    echo "(no decode_step_ab.md; last log lines:)"; tail -n 20 "$OUT/issue27_fuse_ab.log" 2>/dev/null
   fi
 } > "$OUT/issue27_fuse.md" 2>&1
 cat "$OUT/issue27_fuse.md"

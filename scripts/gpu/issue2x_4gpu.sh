@@ -6,11 +6,11 @@
 #   2. tw-comm GPU tests at world 4 (every variant + the Lamport one-shot vs the torch reference, quick mode)
 #   3. M2N one rank per GPU at world 4: cuda_ipc, inline, cuda_push (bytes vs torch reference, 10k messages,
 #      killed peer fails closed)
-#   4. bench_tokenweave.py, Llama-3.3-70B config, TP4, 4 layers, T = 1024 2048 4096 8192:
+#   4. benchmark/tokenweave/bench_layer.py, Llama-3.3-70B config, TP4, 4 layers, T = 1024 2048 4096 8192:
 #      nccl / nccl_symm / nocomm / tokenweave (+ overlap profile at 4096)
-#   5. bench_tw_comm_allreduce_rmsnorm.py --worlds 4 (T = 1 .. 16384, NCCL + fused norm, NCCL symmetric, torch
+#   5. benchmark/comm/bench_allreduce_rmsnorm.py --worlds 4 (T = 1 .. 16384, NCCL + fused norm, NCCL symmetric, torch
 #      symm-mem, every tw-comm variant incl. Lamport)
-#   6. bench_tdist.py --world 4, Llama-3.3-70B TP4 shapes, M = 2048 / 8192 (+ all-to-all 1024 x 7168, graphs)
+#   6. benchmark/tdist/bench_kernels.py --world 4, Llama-3.3-70B TP4 shapes, M = 2048 / 8192 (+ all-to-all 1024 x 7168, graphs)
 # Output: $OUT/issue2x_4gpu.md (every table) + one log per step. Usage: bash scripts/gpu/issue2x_4gpu.sh [budget s]
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"
@@ -30,15 +30,15 @@ TW_COMM_QUICK=1 step tw_comm_test 60 "$PY" -m pytest -q -p no:cacheprovider \
   "test/gpu/test_tw_comm_gpu.py::test_tw_comm_gpu[4]" "test/gpu/test_tw_comm_gpu.py::test_tw_comm_lamport_gpu[4]"
 step m2n_test 110 "$PY" -m pytest -q -p no:cacheprovider -k "4gpu" test/gpu/test_m2n_multi_gpu.py
 mkdir -p "$out/layer"
-step tokenweave_tp4 110 "$PY" benchmark/bench_tokenweave.py --tp 4 --layers 4 --model-path "$m70" \
+step tokenweave_tp4 110 "$PY" benchmark/tokenweave/bench_layer.py --tp 4 --layers 4 --model-path "$m70" \
   --tokens 1024 2048 4096 8192 --variants nccl nccl_symm nocomm tokenweave --iters 5 --warmup 5 \
   --overlap-tokens 4096 --results-dir "$out/layer" --profile-dir "$out/layer" --timeout 105
-step ar_rmsnorm_w4 80 "$PY" benchmark/bench_tw_comm_allreduce_rmsnorm.py --worlds 4 --lamport \
+step ar_rmsnorm_w4 80 "$PY" benchmark/comm/bench_allreduce_rmsnorm.py --worlds 4 --lamport \
   --calls-per-graph 5 --replays 5 --out "$out" --tag _w4
-step tdist_w4 100 "$PY" benchmark/bench_tdist.py --world 4 --tp-shapes 4 --tokens 2048 8192 \
+step tdist_w4 100 "$PY" benchmark/tdist/bench_kernels.py --world 4 --tp-shapes 4 --tokens 2048 8192 \
   --a2a-tokens 1024 --a2a-hidden 7168 --iters 20 --variants decomp auto graph --results-dir "$out" --timeout 95
 for f in "$out"/*_tdist.md; do [ -f "$f" ] && mv "$f" "$out/issue26_bench_w4.md"; done
-[ -f "$out/issue26_bench_w4.md" ] && "$PY" benchmark/tdist_status.py "$out/issue26_bench_w4.md" \
+[ -f "$out/issue26_bench_w4.md" ] && "$PY" benchmark/tdist/targets_status.py "$out/issue26_bench_w4.md" \
   "$out/issue26_status_w4.md" > /dev/null 2>&1
 
 res="$out/issue2x_4gpu.md"

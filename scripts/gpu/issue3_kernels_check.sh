@@ -16,7 +16,7 @@ log="$(mktemp)"
 python3 -m pytest -q -p no:cacheprovider test/gpu/test_triton_kernels_gpu.py -m gpu 2>&1 | tee "$log"
 test_rc=${PIPESTATUS[0]}
 
-python3 benchmark/bench_triton_attention.py --out benchmark/results "$@"
+python3 benchmark/attention/bench_triton_attention.py --out benchmark/results "$@"
 bench_rc=$?
 
 if [[ -n "${OUT:-}" ]]; then

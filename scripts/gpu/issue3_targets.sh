@@ -2,7 +2,7 @@
 # Issue 3 targets on one H200 (~3-5 minutes): floors (HBM copy, bf16 matmul), Triton decode attention
 # 64 x 4K, decode steps at batch 1/32/128 x 1K context, an 8K prefill, and bench_serving random
 # 1024/256 at concurrency 64 against a server started by the script; Llama-3.1-8B config, dummy bf16 weights.
-# Usage (repo root): bash scripts/gpu/issue3_targets.sh [extra bench_gpu_targets.py flags, e.g. --skip-serving]
+# Usage (repo root): bash scripts/gpu/issue3_targets.sh [extra benchmark/serving/bench_gpu_targets.py flags, e.g. --skip-serving]
 # Writes benchmark/results/<date>_gpu_targets.{md,json} (+ server / bench_serving logs and JSONL); every
 # part's result is written as soon as it is measured, so a failing or timed-out part loses nothing else.
 # With $OUT set (device runner) the results and the full log are copied there.
@@ -24,7 +24,7 @@ $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton
 
 # The script keeps its own time budget (serving timeouts shrink to fit); the outer timeout is a last resort
 # that still leaves the per-part results already written. SIGTERM first so the server child is stopped.
-timeout -k 15 345 $PY benchmark/bench_gpu_targets.py --out "$res" --time-budget-s 320 "$@" 2>&1 | tee -a "$log"
+timeout -k 15 345 $PY benchmark/serving/bench_gpu_targets.py --out "$res" --time-budget-s 320 "$@" 2>&1 | tee -a "$log"
 rc=${PIPESTATUS[0]}
 
 if [[ -n "${OUT:-}" ]]; then

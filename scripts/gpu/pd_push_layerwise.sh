@@ -29,5 +29,5 @@ if python3 -c "from sglang.srt.disaggregation.transfer.base import nixl_availabl
   bk=nixl; dev=cuda
 fi
 for cfg in "--tokens 2048 --hidden 1024 --mlp-iters 1" "--tokens 4096 --hidden 2048 --mlp-iters 1"; do
-  timeout 120 python3 benchmark/bench_push_layerwise.py --device $dev --backend $bk $cfg --out-dir "$out" 2>&1 | tail -12
+  timeout 120 python3 benchmark/disaggregation/bench_push_layerwise.py --device $dev --backend $bk $cfg --out-dir "$out" 2>&1 | tail -12
 done

@@ -21,6 +21,6 @@ else
   echo "compute-sanitizer not found: racecheck not run"
 fi
 echo "== bench_tokenweave one-GPU smoke (Llama-3.3-70B layer, 2 ranks sharing the GPU)"
-timeout $(( $(left) - 10 )) python3 benchmark/bench_tokenweave.py --share-gpu --tp 2 \
+timeout $(( $(left) - 10 )) python3 benchmark/tokenweave/bench_layer.py --share-gpu --tp 2 \
   --model-path ../shared/data/configs/meta-llama--Llama-3.3-70B-Instruct --tokens 1024 2048 --iters 3 \
   --results-dir "$out" 2>&1 | tail -14

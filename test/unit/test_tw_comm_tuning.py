@@ -89,7 +89,7 @@ def test_select_backend_follows_the_table_where_feasible():
 
 
 def test_packaged_table_parses_for_each_calibrated_gpu_and_world():
-    """The shipped ``tw_comm_crossovers.json`` (written by ``bench_tw_comm_allreduce_rmsnorm.py --calibrate`` on the
+    """The shipped ``tw_comm_crossovers.json`` (written by ``benchmark/comm/bench_allreduce_rmsnorm.py --calibrate`` on the
     GPUs it names) validates for every (GPU, world) key it holds, with a plain and an overlap list each."""
     import json
 

@@ -2,7 +2,7 @@
 
 Overlap pays only when the GEMM is long enough to hide the transfer and the extra launches: below a break-even M the
 sequence ``all_gather_into_tensor`` + GEMM (or GEMM + ``reduce_scatter_tensor``) wins. :class:`CalibrationTable` keeps
-the break-even M per (op kind, K, N, world), measured by ``benchmark/bench_tdist.py`` (:meth:`from_timings`), and
+the break-even M per (op kind, K, N, world), measured by ``benchmark/tdist/bench_kernels.py`` (:meth:`from_timings`), and
 the measured best piece count per M of the decomposition; :class:`AutoAgGemm` / :class:`AutoGemmRs` pick the path
 per call from it (NCCL + cuBLAS below the break-even M) and pass the table's piece count to the decomposition (its
 analytic :func:`~sgl_kernel.tdist.decomp.plan_chunks` for shapes the table lacks).
