@@ -7,7 +7,7 @@ Modes (both by default):
   ``--batch`` size for ``--steps`` timed steps (after a prefill of ``--input-len`` tokens and ``--decode-warmup``
   untimed steps) (a) colocated, through the server's ModelRunner with CUDA graphs, and (b) with AFD: the attention
   worker (:class:`~sglang.srt.afd.executor.AfdExecutor`, every m of ``--micro-batches``) and ``--ffn-workers`` FFN
-  worker processes holding the experts. Reported per row (:mod:`afd_decode`): median step time, tokens/s, per GPU and
+  worker processes holding the experts. Reported per row (:mod:`benchmark.afd.decode_throughput`): median step time, tokens/s, per GPU and
   the per-GPU ratio to colocated, the memory floor and step/floor, Ta/Tf/Tc and the m check. Each of (a) and (b) runs
   in its own process, so neither holds the other's memory; the attention worker constructs no experts.
   ``--json-out`` saves the raw results, ``--merge`` tables saved results of separate runs.
@@ -22,7 +22,7 @@ Modes (both by default):
   ``--graph-replays`` replays. The eager rows are dominated by host launch work per message; the graph rows show
   the transports themselves.
 
-Writes ``benchmark/results/<date>_afd_<mode>[_smoke].md`` with the date, hardware and command. ``--smoke``: CPU,
+Writes ``benchmark/results/afd/<date>_afd_<mode>[_smoke].md`` with the date, hardware and command. ``--smoke``: CPU,
 stories260K-moe-sized shapes, few iterations (for the CPU test; CPU numbers say nothing about GPUs).
 """
 
@@ -54,7 +54,7 @@ def _role_log(role: str, index: int, device: str, param_bytes: int, kv_bytes: in
     """The per-role start line (as the server's ``role ... holds ...`` line), logged in the worker process."""
     line = (f"role {role} (worker {index}, {device}) holds {param_bytes} parameter bytes ({param_bytes / 2**30:.2f} "
             f"GiB) and {kv_bytes} KV bytes ({kv_bytes / 2**30:.2f} GiB)")
-    logging.getLogger("bench_afd").info(line)
+    logging.getLogger("benchmark.afd.bench").info(line)
     return line
 
 
@@ -107,7 +107,7 @@ def _ffn_proc(path: str, load_format: str, device: str, topo, j: int, ready, tim
 
 def _measure(kind: str, a, q) -> None:
     """One measurement in its own process (so colocated and AFD never share memory): ``colocated`` decodes the
-    whole model on cuda:0 (:func:`afd_decode.measure_colocated`); ``afd`` runs attention worker 0 on cuda:0 (no
+    whole model on cuda:0 (:func:`benchmark.afd.decode_throughput.measure_colocated`); ``afd`` runs attention worker 0 on cuda:0 (no
     experts constructed), ``--attention-workers - 1`` more attention processes and ``--ffn-workers`` FFN worker
     processes on the next GPUs. Puts the result dict or ``{"error": ...}`` on ``q``."""
     sys.path.insert(0, str(ROOT))
@@ -124,7 +124,7 @@ def _attention_worker(a, index: int, dev: str, topo, get_ffn_info, barrier) -> d
     """Attention worker ``index`` (data parallel: its own requests, ``--batch`` of them) on ``dev``: build the
     attention role (no experts) while the FFN workers start, then ``get_ffn_info()`` (their ready reports), then time
     every (m, batch) with the other attention workers in step (``barrier`` before each configuration);
-    :func:`afd_decode.afd_rows`'s dict plus ``peak``, ``kv_bytes`` and its role line."""
+    :func:`benchmark.afd.decode_throughput.afd_rows`'s dict plus ``peak``, ``kv_bytes`` and its role line."""
     from benchmark.afd.decode_throughput import afd_rows, split_param_bytes
 
     from sglang.srt.afd.executor import AfdExecutor

@@ -11,7 +11,7 @@ occurrence.
   difference; exit status 1 on any token difference.
 * otherwise, per ``--micro-batches`` x ``--batch``: median decode step (host time of a step ending with the greedy ids
   on the host, as a server step) eager device-driven (``AfdExecutor.run`` per step: every launch from the host, no
-  per-layer host round trip) vs graphed (:class:`afd_graph.StepGraph` replays), and Ta (attention stages of one
+  per-layer host round trip) vs graphed (:class:`benchmark.afd.step_graph.StepGraph` replays), and Ta (attention stages of one
   layer and micro-batch, GPU time from the eager steps). Then (unless ``--no-stage-times``) the graphed step's own
   Ta / Tf / Tc and the ``m >= 2(1 + Tc/Tf)`` check (MegaScale-Infer sec. 4.1) from a second capture of the same step
   with :mod:`sglang.srt.afd.step_timing` stamps inside the graph (external timed CUDA events; ``--stage-steps``
@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-logger = logging.getLogger("bench_afd_graph")
+logger = logging.getLogger("benchmark.afd.bench_step_graph")
 
 
 def _decode_batch(h, batch: int, input_len: int, vocab: int, ex):

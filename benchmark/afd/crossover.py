@@ -27,7 +27,7 @@ TARGET = 1.3
 
 
 def colocated_per_gpu(path: str) -> tuple[float, int, float]:
-    """``(tokens/s per GPU, batch, step ms)`` of the best colocated row in a ``bench_afd --json-out`` file (colocated
+    """``(tokens/s per GPU, batch, step ms)`` of the best colocated row in a ``benchmark/afd/bench.py --json-out`` file (colocated
     on one GPU = per GPU of replicas). Raises ValueError when the file has no colocated rows."""
     with open(path) as f:
         rows = json.load(f).get("colocated", {}).get("rows", {})
@@ -101,9 +101,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model-path", required=True)
     p.add_argument("--gpu", required=True, help="GPU kind for both roles (planner names: H100, H200, ...)")
-    p.add_argument("--colocated-json", help="bench_afd --setups colocated --json-out file")
+    p.add_argument("--colocated-json", help="benchmark/afd/bench.py --setups colocated --json-out file")
     p.add_argument("--colocated-tps-per-gpu", type=float, default=0.0, help="instead of --colocated-json")
-    p.add_argument("--afd-json", nargs="*", default=[], help="bench_afd --setups afd --json-out files (measured T's)")
+    p.add_argument("--afd-json", nargs="*", default=[], help="benchmark/afd/bench.py --setups afd --json-out files (measured T's)")
     p.add_argument("--totals", type=int, nargs="+", default=[4, 8, 16, 32, 64, 128])
     p.add_argument("--tpot-slo-ms", type=float, default=100.0)
     p.add_argument("--avg-seq-len", type=int, default=32)

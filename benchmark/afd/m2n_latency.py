@@ -67,7 +67,7 @@ def _m2n_rank_body(rank: int, a, addrs, init: str, q) -> None:
 
 
 def _raw_ll_time(a, rank: int, kb: int, addrs, x, buf):
-    """Graphed one-way latency (s, per replay) of the raw LL floor (``afd_m2n_floor.RawLLFloor``) for ``x``'s bytes,
+    """Graphed one-way latency (s, per replay) of the raw LL floor (``benchmark.afd.m2n_floor.RawLLFloor``) for ``x``'s bytes,
     on a fresh ``cuda_push_ll`` endpoint of its own (no M2N message shares its ring)."""
     import torch.distributed as dist
     from benchmark.afd.m2n_floor import RawLLFloor
@@ -116,7 +116,7 @@ def _m2n_round_trip(rank: int, name: str, ep, x, buf) -> None:
     """One echo: rank 0 sends ``x`` and receives it back; rank 1 echoes. ``*-dev``: device-driven (no host message)."""
     import torch.distributed as dist
 
-    if name == "rawll":  # ep: an afd_m2n_floor.RawLLFloor
+    if name == "rawll":  # ep: a benchmark.afd.m2n_floor.RawLLFloor
         if rank == 0:
             ep.put(x)
             ep.wait()

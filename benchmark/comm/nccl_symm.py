@@ -175,6 +175,10 @@ if __name__ == "__main__":  # GPU self-check (NCCL_DEBUG=INFO shows whether the 
 
     import torch.multiprocessing as mp
 
+    if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
+        print("usage: python benchmark/comm/nccl_symm.py [WORLD]  (GPU self-check of the NCCL symmetric window; "
+              "WORLD defaults to every visible GPU)")
+        sys.exit(0)
     n = int(sys.argv[1]) if len(sys.argv) > 1 else torch.cuda.device_count()
     with tempfile.TemporaryDirectory() as d:
         mp.spawn(_self_check, args=(n, f"{d}/store"), nprocs=n, join=True)

@@ -2,7 +2,7 @@
 batch bucket, cuBLAS or the fastest skinny split-K GEMM, :mod:`sglang.srt.layers.decode_gemm`) in ONE process, on
 one runner: two CUDA-graph sets are captured (``cublas`` first, then ``autotune``, which tunes before its capture),
 and per batch size the served step (the Scheduler's overlap loop with device futures, as the server runs on CUDA),
-the graph replay alone and the per-class kernel breakdown (:mod:`decode_breakdown`) are measured for both, the order
+the graph replay alone and the per-class kernel breakdown (:mod:`benchmark.decode.breakdown`) are measured for both, the order
 alternating between repetitions; then one more profiled served run on the cuBLAS set gives the GPU busy / idle
 time per served step (the part of the served step that is not graph work). Called by ``benchmark/decode/step_ab.py
 --gemm-ab``.
@@ -23,7 +23,7 @@ from benchmark.decode.breakdown import (
 )
 from benchmark.common.floors import kv_bytes, memory_floor_s
 
-logger = logging.getLogger("decode_gemm_ab")
+logger = logging.getLogger("benchmark.decode.gemm_ab")
 SETS = ("cublas", "autotune")
 
 
@@ -133,7 +133,7 @@ def _breakdown(graphs, bs: int, name: str, dims: dict, bw: float) -> dict:
 
 
 def _timeline(runner, graphs, bs: int, prompts, cfg, bw: float, weight_bytes: int, breakdown: dict) -> dict:
-    """GPU busy / idle per served step (:func:`decode_breakdown.served_timeline`) of one profiled overlap run of
+    """GPU busy / idle per served step (:func:`benchmark.decode.breakdown.served_timeline`) of one profiled overlap run of
     ``prompts`` on ``graphs`` (2 warm-up + 8 steps; the profiler's own host cost makes this a lower bound on
     busy)."""
     from benchmark.decode.served_step import run_mode

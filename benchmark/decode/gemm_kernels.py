@@ -132,7 +132,7 @@ def main() -> int:
     p.add_argument("--out", default=str(REPO / "benchmark" / "results" / "decode"))
     ns = p.parse_args()
     if not torch.cuda.is_available():
-        sys.stderr.write("bench_decode_gemms: needs a CUDA GPU\n")
+        sys.stderr.write("benchmark/decode/gemm_kernels.py: needs a CUDA GPU\n")
         return 2
     bw = copy_bandwidth()
     now = datetime.datetime.now(datetime.timezone.utc)

@@ -21,6 +21,9 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+if __package__ in (None, ""):  # run as a file: the repository root makes the benchmark package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 TARGETS = {1: 1.3, 32: 1.2, 128: 1.2}  # the decode targets: decode step / memory floor
 PREFILL_TARGET = 0.70
 

@@ -32,8 +32,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO / "python") not in sys.path:
-    sys.path.insert(0, str(REPO / "python"))
+for _path in (REPO / "python", REPO):  # the sglang package; the benchmark package (records)
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+del _path
 
 import torch  # noqa: E402
 
@@ -141,6 +143,9 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=None)
+    p.add_argument("--record-dir", default=None, metavar="DIR",
+                   help="also write a benchmark record (benchmark.common.records) under DIR/decode/, e.g. "
+                        "benchmark/results")
     cfg = p.parse_args(argv)
     batches = [int(b) for b in cfg.batches.split(",") if b.strip()]
     if not batches or min(batches) < 1 or max(batches) > 160 or cfg.iters < 4:
@@ -172,7 +177,31 @@ def main(argv=None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / "decode_host.md").write_text(text)
         (out / "decode_host.json").write_text(json.dumps({"header": head, "rows": rows}, indent=1))
+    if cfg.record_dir:
+        write_host_record(rows, cfg, Path(cfg.record_dir))
     return 0
+
+
+def write_host_record(rows: list[dict], cfg, results_root: Path) -> Path:
+    """The rows as a :mod:`benchmark.common.records` record (``what`` = ``host_step``), with the old paths as the
+    same-run baselines and new / old ratios; returns the JSON path."""
+    from benchmark.common import records
+
+    rows = records.add_ratio(rows, "step_new_over_old", "step_host_new_us", "step_host_old_us")
+    rows = records.add_ratio(rows, "stage_packed_over_legacy", "stage_packed_us", "stage_legacy_us")
+    big = max(rows, key=lambda r: r["batch"])
+    rec = records.make_record(
+        subject="decode", benchmark="benchmark.decode.bench", mode="host", what="host_step", rows=rows,
+        params={"device": cfg.device, "iters": cfg.iters, "threads": 1},
+        baselines=("step_host_old_us", "stage_legacy_us", "sampling_build_us"),
+        units={k: "us" for k in rows[0] if k.endswith("_us")},
+        headline=[{"label": f"host time of a decode step around the replay, batch {big['batch']} ({cfg.device})",
+                   "value": round(big["step_host_new_us"], 1), "unit": "us",
+                   "baseline": round(big["step_host_old_us"], 1), "ratio": big["step_new_over_old"]}],
+        gpu_count=None if cfg.device.startswith("cuda") else 0)
+    js, _ = records.write_record(rec, results_root)
+    sys.stdout.write(f"record: {js}\n")
+    return js
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ from benchmark.common.floors import (  # noqa: E402
     kv_bytes, mean_decode_context, memory_floor_s, model_param_stats, prefill_flops,
 )
 
-logger = logging.getLogger("bench_decode_ab")
+logger = logging.getLogger("benchmark.decode.step_ab")
 DATA = REPO.parent / "shared" / "data"
 SETTINGS = ("old", "new")
 

@@ -12,7 +12,7 @@ and later captures of that value reuse its table, so sets of one launch mode dif
 Per batch size: the served step (the Scheduler's overlap loop with device futures, as the server runs on CUDA) and
 the graph replay alone vs the memory floor, the order reversed on every other repetition, the host time inside
 ``graph.replay()`` and the graph's node count, and the per-class kernel breakdown of one replay per set
-(:mod:`decode_breakdown`) at the batches of ``cfg.switch_breakdown``. Called by
+(:mod:`benchmark.decode.breakdown`) at the batches of ``cfg.switch_breakdown``. Called by
 ``benchmark/decode/step_ab.py --switch-ab SPEC``.
 """
 
@@ -31,7 +31,7 @@ from benchmark.decode.breakdown import model_dims, render_role_table
 from benchmark.decode.gemm_ab import _breakdown, staged_kv_tokens
 from benchmark.common.floors import kv_bytes, memory_floor_s
 
-logger = logging.getLogger("decode_switch_ab")
+logger = logging.getLogger("benchmark.decode.switch_ab")
 Sets = List[Tuple[str, Dict[str, str]]]
 SWITCHES = ("SGLANG_DECODE_ATTN_SMALL_GRID_TILE", "SGLANG_DECODE_PDL", "SGLANG_DECODE_FUSE_EPILOGUE")
 

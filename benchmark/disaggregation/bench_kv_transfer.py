@@ -16,7 +16,7 @@ tokens. Three methods, timed in the same run on the same pools:
 Pages are allocated in runs of ``--run-pages`` consecutive pages at random places on each side (0: all
 contiguous, as a fresh pool gives). Every method is checked byte for byte (CRC32 of the source blocks vs
 the destination blocks) before it is timed. Prints a table of median GB/s and the ratios
-``coalesced / per_block`` and ``coalesced / msg``, and writes ``benchmark/results/<date>_kv_transfer_<dev>
+``coalesced / per_block`` and ``coalesced / msg``, and writes ``benchmark/results/disaggregation/<date>_kv_transfer_<dev>
 .{md,json}`` (date, hardware, command).
 
 Examples::

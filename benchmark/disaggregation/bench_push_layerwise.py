@@ -13,7 +13,7 @@ UCX) move the rows ``plan_slot_copies`` + ``copies_by_layer`` plan. The ideal ra
 ``(F + X) / max(F, X)`` for forward time F and transfer time X (at most 2 when they are equal).
 
 Usage: python benchmark/disaggregation/bench_push_layerwise.py [--device cpu|cuda] [--backend fake|nixl] [--tokens 1024] ...
-Writes ``benchmark/results/<date>_push_layerwise.md`` (date, hardware, command, table).
+Writes ``benchmark/results/disaggregation/<date>_push_layerwise.md`` (``--out-dir``) (date, hardware, command, table).
 """
 
 from __future__ import annotations
@@ -97,7 +97,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (1: OpenMP workers spinning after a GEMM would starve the copy thread)")
-    ap.add_argument("--out-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    ap.add_argument("--out-dir", default=os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+        __file__)))), "benchmark", "results", "disaggregation"))
     args = ap.parse_args()
     dev = torch.device(args.device)
     torch.set_num_threads(args.threads)

@@ -2,7 +2,7 @@
 symmetric-memory ``fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter``; low-latency all-to-all vs NCCL
 ``all_to_all_single``. Shapes: one Llama layer at TP ``--tp-shapes`` (default 8) from a HF config (default
 Llama-3.3-70B-Instruct in ../shared/data/configs). Prints a ratio table (baseline ms / tdist ms, measured in the same
-run) and writes ``benchmark/results/<date>_tdist[_share_gpu].md`` with date, hardware and command.
+run) and writes ``benchmark/results/tdist/<date>_tdist[_share_gpu].md`` with date, hardware and command.
 
 Paper: Zheng et al., "Triton-distributed" (2025), sec. 3.2-3.3 (AG-GEMM 1.42x, GEMM-RS 1.28x on 8 H800); our
 targets on 8 H200: AG-GEMM >= 1.3x and GEMM-RS >= 1.2x the torch sequence.
@@ -80,7 +80,7 @@ def main(argv=None) -> Path:
     from benchmark.tdist.kernels_lib import calibration, llama_shapes, partial_rows, rank_body, table
 
     if not torch.cuda.is_available():
-        sys.exit("bench_tdist needs CUDA GPUs")
+        sys.exit("benchmark/tdist/bench_kernels.py needs CUDA GPUs")
     ngpu = torch.cuda.device_count()
     share = a.share_gpu or ngpu < a.world
     if not a.share_gpu and ngpu < a.world:

@@ -2,7 +2,7 @@
 
 The layer-stack target: a Llama-3.3-70B layer stack at TP 4, prefill of T >= 4096 tokens, faster with
 ``--enable-tdist-overlap`` than without, outputs equal. Every rank (one per GPU) builds the model once from a real
-``config.json`` cut to ``--layers`` decoder layers (:func:`bench_tokenweave._shrunk_config`, dummy bf16 weights) as a
+``config.json`` cut to ``--layers`` decoder layers (:func:`benchmark.tokenweave.bench_layer._shrunk_config`, dummy bf16 weights) as a
 server worker with the flag does (``ModelRunner`` with ``enable_tdist_overlap=True``: the ``tdist_sp`` executor of
 the executor registry, :class:`~sglang.srt.distributed.tdist_overlap.TdistSequenceParallelOps` with the built-in
 calibration table of the GPU model, no symmetric-memory group, as in the server). On the same weights it runs:

@@ -90,7 +90,7 @@ def row_tail(heap, note, res, variants, iters, seq, op_d, call, largest, try_fn)
     """After a row's jobs (and ``auto``): with ``auto``, NCCL + cuBLAS timed again (``torch_seq_again``, notes: the
     two NCCL times of a row show its run-to-run spread, the auto op's nccl path ran between them); with ``profile``
     at the largest M, :func:`profile_call` of one planned decomposition call (``profile``). ``try_fn``: the
-    bench's timer (``tdist_bench_lib._try``); collective like every timed job."""
+    bench's timer (``benchmark.tdist.kernels_lib._try``); collective like every timed job."""
     if "auto" in variants and seq is not None:
         res["torch_seq_again"], _ = try_fn(heap, note, "NCCL + cuBLAS again", seq, iters)
     if "profile" in variants and largest:

@@ -1,5 +1,5 @@
 """Status of the tdist targets from a ``benchmark/tdist/bench_kernels.py`` results table (markdown, as written by
-``tdist_bench_lib.table``): one line per target with the measured ratios and met / not met.
+``benchmark.tdist.kernels_lib.table``): one line per target with the measured ratios and met / not met.
 
 Targets (world 2 here): AG-GEMM >= 1.15x and GEMM-RS >= 1.1x NCCL + cuBLAS at M = 8192 on every shape;
 >= 1.0x or the automatic fallback (the auto op took NCCL + cuBLAS) at M = 2048; >= torch's fused symmetric-memory
@@ -71,8 +71,9 @@ def status(rows: List[Dict[str, str]]) -> List[str]:
 def main(argv=None) -> None:
     """CLI: print (and optionally write) the status table of a results file."""
     argv = sys.argv[1:] if argv is None else argv
-    if not argv:
-        sys.exit(__doc__)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        sys.exit(0 if argv else 2)
     with open(argv[0]) as f:
         text = "\n".join(status(parse(f.read()))) + "\n"
     print(text)

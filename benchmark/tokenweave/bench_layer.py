@@ -41,7 +41,7 @@ a third gives the auto-off decision per T (TokenWeave on only where it beats ``n
 ``--host-profile T``: cProfile of rank 0 over one forward per variant (``benchmark/tokenweave/layer_graph.py``).
 
 It prints one table (median ms per forward and ratios against ``nccl`` and ``nocomm`` of the same run) and
-writes ``benchmark/results/<date>_tokenweave_<mode>.md`` (date, hardware, command; layer mode also a ``.json``
+writes ``benchmark/results/tokenweave/<date>_tokenweave_<mode>.md`` (date, hardware, command; layer mode also a ``.json``
 of the timings: ``benchmark/tokenweave/layer_report.py --layer-fit`` fits the fixed per-forward cost over --layers). NVLink
 multicast stays off in every process. End-to-end mode (``--e2e``) runs ``sglang.bench_offline_throughput`` and
 ``sglang.bench_serving`` (against ``sglang.launch_server`` started here) with TokenWeave off and on alternated
@@ -156,8 +156,8 @@ def _rank_body(ps, path: str, tokens: list[int], variants: list[str], iters: int
     """Per rank: build each variant's runner, time a prefill forward of every token count (median ms of CUDA
     events); with ``profile_tokens``, rank 0 also writes a torch-profiler summary of one TokenWeave forward; at
     every T in ``overlap_tokens`` one profiled forward per variant gives the communication/compute overlap
-    (:func:`tokenweave_profile.overlap_stats`; rank 0 writes the TokenWeave kernel timeline CSV); ``extra``: the
-    ``--cuda-graph`` / ``--host-profile`` options (:func:`tokenweave_graph.graph_and_profile`)."""
+    (:func:`benchmark.tokenweave.layer_profile.overlap_stats`; rank 0 writes the TokenWeave kernel timeline CSV); ``extra``: the
+    ``--cuda-graph`` / ``--host-profile`` options (:func:`benchmark.tokenweave.layer_graph.graph_and_profile`)."""
     import torch
 
     from sglang.srt.configs.model_config import ModelConfig
@@ -278,7 +278,7 @@ def run_layer_mode(a) -> Path:
     print("\n".join(lines))
     out = _results_path(a, "layer")
     out.write_text("\n".join(lines) + "\n")
-    write_cases_json(out.with_suffix(".json"), a.layers, a.tokens, variants, cases)  # tokenweave_report --layer-fit
+    write_cases_json(out.with_suffix(".json"), a.layers, a.tokens, variants, cases)  # benchmark/tokenweave/layer_report.py --layer-fit
     return out
 
 

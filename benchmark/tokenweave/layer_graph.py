@@ -83,7 +83,7 @@ def time_graphed(runner, mwb, dev, ps, warmup: int, iters: int, ref,
     ``iters`` timed replays (ranks aligned by a barrier before each): ([(GPU ms, host ms of the replay call)], the
     largest |graphed - eager| of the next-token logits against ``ref`` (:func:`eager_logits` of the same batch), a
     check that the graph computes what the eager forward does, and with ``timeline`` not None the overlap stats of
-    one more, profiled replay (:func:`tokenweave_profile.profile_replay`; ``timeline`` the CSV path, "" for none:
+    one more, profiled replay (:func:`benchmark.tokenweave.layer_profile.profile_replay`; ``timeline`` the CSV path, "" for none:
     every rank must pass a str, the replay is collective), else None). Raises whatever the capture raises."""
     import torch
     import torch.distributed as dist

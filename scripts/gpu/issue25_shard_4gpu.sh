@@ -13,7 +13,7 @@
 #     --overlap-tokens 4096: the comm kernels' busy time per forward (sharded moves ~1/3 fewer bytes: kernel 803.7 vs
 #     1142.1 us at T=8K, benchmark/results/comm/2026-11-27_twoshot_bulk_kernel_4xh200.md).
 #     First run (at 40076df, variants tokenweave = full and tokenweave_sharded, before the default changed):
-#     benchmark/results/2026-11-27_issue25_shard_e2e_4xh200.md.
+#     benchmark/results/tokenweave/2026-11-27_sharded_residual_and_e2e_4xh200.md.
 # Tables: $OUT/issue25_shard.md. Usage (repo root): bash scripts/gpu/issue25_shard_4gpu.sh [seconds, default 150]
 set -uo pipefail
 . "$(dirname "$0")/device_preamble.sh"

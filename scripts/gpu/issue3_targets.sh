@@ -3,7 +3,7 @@
 # 64 x 4K, decode steps at batch 1/32/128 x 1K context, an 8K prefill, and bench_serving random
 # 1024/256 at concurrency 64 against a server started by the script; Llama-3.1-8B config, dummy bf16 weights.
 # Usage (repo root): bash scripts/gpu/issue3_targets.sh [extra benchmark/serving/bench_gpu_targets.py flags, e.g. --skip-serving]
-# Writes benchmark/results/<date>_gpu_targets.{md,json} (+ server / bench_serving logs and JSONL); every
+# Writes benchmark/results/serving/<date>_gpu_targets.{md,json} (+ server / bench_serving logs and JSONL); every
 # part's result is written as soon as it is measured, so a failing or timed-out part loses nothing else.
 # With $OUT set (device runner) the results and the full log are copied there.
 set -uo pipefail
@@ -14,7 +14,7 @@ export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
 PY="${PYTHON:-python3}"
-res="benchmark/results"
+res="benchmark/results/serving"
 mkdir -p "$res"
 log="$res/$(date +%Y-%m-%d)_gpu_targets.log"
 
@@ -28,8 +28,8 @@ timeout -k 15 345 $PY benchmark/serving/bench_gpu_targets.py --out "$res" --time
 rc=${PIPESTATUS[0]}
 
 if [[ -n "${OUT:-}" ]]; then
-  mkdir -p "$OUT/benchmark/results"
-  cp "$res"/*_gpu_targets* "$OUT/benchmark/results/" 2>/dev/null || true
+  mkdir -p "$OUT/benchmark/results/serving"
+  cp "$res"/*_gpu_targets* "$OUT/benchmark/results/serving/" 2>/dev/null || true
 fi
 echo "issue3 targets rc=$rc (0: every part ran; see the table for which targets are met)"
 exit $rc

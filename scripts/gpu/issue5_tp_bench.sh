@@ -6,7 +6,7 @@
 #   3. for TP in 2 4 8: bench_one_batch --profile-comm: one prefill forward of T = 1, 128, 1024, 4096, 8192
 #      tokens with the real communicator and with the no-comm counterfactual (same loaded model), plus a
 #      static batch (bs 1, in 1024, out 8) for context.
-# Writes benchmark/results/<date>_issue5_tp_comm_share.{md,jsonl} (+ server/generate logs); with $OUT set
+# Writes benchmark/results/comm/<date>_issue5_tp_comm_share.{md,jsonl} (+ server/generate logs); with $OUT set
 # (device runner) copies them there too.
 # Usage (repo root): bash scripts/gpu/issue5_tp_bench.sh      [TPS="2 4 8"] [PYTHON=python3]
 set -uo pipefail
@@ -16,7 +16,7 @@ DATA="$root/../shared/data"
 CFG="$DATA/configs/meta-llama--Llama-3.3-70B-Instruct"
 TOK="$DATA/tokenizers/llama3"
 stamp="$(date -u +%Y%m%d_%H%M)"
-res="benchmark/results"
+res="benchmark/results/comm"
 mkdir -p "$res"
 jsonl="$res/${stamp}_issue5_tp_comm_share.jsonl"
 md="$res/${stamp}_issue5_tp_comm_share.md"
@@ -117,8 +117,8 @@ print("\n".join(lines))
 EOF
 
 if [[ -n "${OUT:-}" ]]; then
-  mkdir -p "$OUT/benchmark/results"
-  cp "$res/${stamp}"_issue5_* "$OUT/benchmark/results/" 2>/dev/null || true
+  mkdir -p "$OUT/benchmark/results/comm"
+  cp "$res/${stamp}"_issue5_* "$OUT/benchmark/results/comm/" 2>/dev/null || true
 fi
 echo "issue5 tp bench rc=$rc (tests rc=$test_rc)"
 exit $rc

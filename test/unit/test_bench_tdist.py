@@ -1,4 +1,4 @@
-"""bench_tdist on CPU: argument validation, Llama TP shapes from the real config, and the ratio table (max over
+"""benchmark/tdist/bench_kernels.py on CPU: argument validation, Llama TP shapes from the real config, and the ratio table (max over
 ranks, baseline / best tdist, unavailable baselines shown as '-' with the reason)."""
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def test_status_table_against_issue26_targets():
 
 def test_status_reads_only_the_results_table():
     """The bench file also holds a profile table (same first columns op / shape / M) and notes broken over lines:
-    tdist_status must read only the results table's rows (issue 26, world 4: the profile rows came out as bogus
+    benchmark/tdist/targets_status.py must read only the results table's rows (issue 26, world 4: the profile rows came out as bogus
     targets), and the table writer keeps a note on one line."""
     from benchmark.tdist.kernels_lib import table
     from benchmark.tdist.call_profile import profile_lines
@@ -106,7 +106,7 @@ def test_status_reads_only_the_results_table():
 
 
 def test_profile_summary_intervals():
-    """tdist_profile.summarize: GEMM / copy unions, their overlap, idle time inside the span, copy bandwidth."""
+    """benchmark.tdist.call_profile.summarize: GEMM / copy unions, their overlap, idle time inside the span, copy bandwidth."""
     from benchmark.tdist.call_profile import intersect, profile_lines, summarize, union
 
     assert union([(5, 7), (0, 2), (1, 3)]) == [(0, 3), (5, 7)]

@@ -54,7 +54,7 @@ def test_layer_mode_smoke(tmp_path):
     assert "supported --tokenweave-min-tokens" in host_table
     overlap = host_table.split("## communication / compute overlap")[1]  # CPU: the profiled forwards, no kernels
     assert len(re.findall(r"^\| (nocomm|nccl|tokenweave) \| 16 \| ", overlap, re.M)) == 2 * 3, overlap
-    targets = host_table.split("## against issue 25's targets")[1]
+    targets = host_table.split("## against the TokenWeave targets")[1]
     assert len(re.findall(r"^\| \S+ \| 2 \| (16|40) \| [0-9.]+ \| n/a \| [0-9.]+ \| <= 1.0 \|", targets, re.M)) == 4
 
 

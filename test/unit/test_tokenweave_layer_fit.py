@@ -1,5 +1,5 @@
 """The fixed per-forward cost fit of the TokenWeave layer benchmark (issue 25 item 4): on synthetic timings with a
-known line per variant, ``tokenweave_report`` recovers the intercept (fixed ms per forward) and the slope (ms per
+known line per variant, ``benchmark/tokenweave/layer_report.py`` recovers the intercept (fixed ms per forward) and the slope (ms per
 layer), reports TokenWeave's fixed cost over NCCL against the 0.2 ms target, and refuses a single layer count."""
 
 from __future__ import annotations

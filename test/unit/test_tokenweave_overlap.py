@@ -1,4 +1,4 @@
-"""Issue 25: the overlap check of bench_tokenweave (communication kernel time overlapped by compute kernels, from
+"""Issue 25: the overlap check of benchmark/tokenweave/bench_layer.py (communication kernel time overlapped by compute kernels, from
 profiler kernel events) and TokenWeave's GEMM SM carveout (argument checks, CPU no-op, restored state)."""
 
 from __future__ import annotations

@@ -155,7 +155,7 @@ class CalibrationTable:
             raise ValueError(f"bad calibration table JSON: {e}") from e
 
 
-# Measured on 2 x H100 80GB HBM3 (NVLink, multicast off), 2026-11-26 round 2 of issue 26 (bench_tdist.py --world 2
+# Measured on 2 x H100 80GB HBM3 (NVLink, multicast off), 2026-11-26 round 2 of issue 26 (benchmark/tdist/bench_kernels.py --world 2
 # --tp-shapes 4 --tokens 2048 8192, medians of CUDA events; notes/gpu6 issue26_bench.md), Llama-3.3-70B TP4 shapes,
 # ms at M 2048 | 8192, best decomposition (pieces) vs NCCL + cuBLAS:
 #   AG qkv     K 8192 N 2560:  0.136 (1) vs 0.205 | 0.456 (2) vs 0.733 -> decomposition from M 2048
@@ -191,7 +191,7 @@ def _overlay(base: CalibrationTable, top: CalibrationTable) -> CalibrationTable:
                             merge(base.best, top.best, 5), merge(base.schedules, top.schedules, 5))
 
 
-# Measured on 4 x H200 (NVLink, multicast off), 2026-11-27 00:16Z (scripts/gpu/issue26_4gpu.sh 130: bench_tdist.py
+# Measured on 4 x H200 (NVLink, multicast off), 2026-11-27 00:16Z (scripts/gpu/issue26_4gpu.sh 130: benchmark/tdist/bench_kernels.py
 # --world 4 --tp-shapes 4 --tokens 2048 8192 --iters 20 --variants decomp pieces auto graph profile, medians of CUDA
 # events, max over ranks), Llama-3.3-70B TP4 shapes, ms at M 2048 | 8192: best decomposition (pieces, schedule) /
 # NCCL + cuBLAS / torch symm-mem fused:

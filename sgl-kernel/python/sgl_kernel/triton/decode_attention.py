@@ -279,7 +279,7 @@ def _decode_config(head_dim: int, group: int, num_kv_splits: int = 1, arch: int 
     """(BLOCK_N, num_warps, num_stages) for the split kernel.
 
     ``arch`` is ``major * 10 + minor`` of the GPU (0: unknown / interpreter). On sm_90+ (228 KB of shared memory
-    per SM) head_dim <= 128 runs a 3-stage pipeline: in CUDA graphs on an H200 (bench_decode_configs.py, context
+    per SM) head_dim <= 128 runs a 3-stage pipeline: in CUDA graphs on an H200 (benchmark/decode/attention_configs.py, context
     1024, 32 q / 8 KV heads, 2026-11-26, ``benchmark/results/decode/2026-11-26_step_round5_h200.md``) one split
     with BLOCK_N 128 / 3 stages read KV at 0.84 of copy bandwidth at batch 32 (0.46 with the 64 / 2-stage
     default) and 0.98 at batch 128 (0.78); at 16 splits (batch 1) 64 / 2 stages stayed best (5.7 vs 5.9 us).
