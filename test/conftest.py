@@ -46,19 +46,11 @@ def shared_path(*parts: str) -> str:
 
 
 def load_benchmark(name: str):
-    """Import ``benchmark/<name>.py`` by path (the folder is not a package), with ``benchmark/`` on ``sys.path`` for
-    its sibling imports; registered in ``sys.modules`` (dataclasses look their module up there)."""
-    import importlib.util
-    import sys
+    """Import the benchmark module ``benchmark.<name>`` (e.g. ``"comm.bench_allreduce_rmsnorm"``: a subject folder and a
+    file of it); the repository root is on ``sys.path`` (above), so the ``benchmark`` package resolves from here."""
+    import importlib
 
-    bench = os.path.join(REPO_ROOT, "benchmark")
-    if bench not in sys.path:
-        sys.path.insert(0, bench)
-    spec = importlib.util.spec_from_file_location(name, os.path.join(bench, f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module(f"benchmark.{name}")
 
 
 GPU_MARKERS = ("gpu", "gpu_extended")

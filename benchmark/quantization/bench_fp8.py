@@ -10,7 +10,7 @@ Sections (``--sections``, default all):
 * ``decode``: two runners (bf16, and ``--quantization fp8``) on the model config (dummy weights, CUDA graphs with the
   decode-GEMM table, as served), a static batch of 1 / 32 / 128 requests of ``--context`` tokens: the step through
   ``ModelRunner.forward`` (graph replay + sampling) and, with ``--serving``, the steady decode step of the overlap
-  scheduler (``bench_decode_serving.py``), each against its memory floor = (decode weight bytes of that runner + KV
+  scheduler (``benchmark/decode/served_step.py``), each against its memory floor = (decode weight bytes of that runner + KV
   bytes read) / copy bandwidth; the runners alternate which goes first per batch size;
 * ``prefill``: one ``--prefill-tokens`` prefill per runner (median of reps after a warm-up) against the matmul peak
   of its weight dtype (FLOPs: 2 x tokens x matmul params + the causal attention; attention runs in bf16 either way).
@@ -39,14 +39,14 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-for _p in (REPO / "python", REPO / "sgl-kernel" / "python", REPO / "benchmark", HERE):
+for _p in (REPO / "python", REPO / "sgl-kernel" / "python", REPO, HERE):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 del _p
 
 import torch  # noqa: E402
 
-from gpu_targets_lib import kv_bytes, memory_floor_s, model_param_stats, prefill_flops  # noqa: E402
+from benchmark.common.floors import kv_bytes, memory_floor_s, model_param_stats, prefill_flops  # noqa: E402
 
 logger = logging.getLogger("bench_fp8")
 DATA = REPO.parent / "shared" / "data"
@@ -108,7 +108,7 @@ def peaks(cfg) -> dict:
         x @ x
         mm = 2 * 256 ** 3 / (time.perf_counter() - t0)
         return {"hbm_bytes_per_s": bw, "matmul_bf16_flops_per_s": mm, "matmul_fp8_flops_per_s": {"peak": mm}}
-    bta = __import__("bench_triton_attention")
+    from benchmark.attention import bench_triton_attention as bta
     from fp8_gemm_rates import fp8_matmul_peaks
 
     return {"hbm_bytes_per_s": bta.hbm_bandwidth(4.0), "matmul_bf16_flops_per_s": bta.matmul_rate(8192),
@@ -138,7 +138,7 @@ def build_runner(cfg, quantization):
 
 def capture(runner, cfg):
     """The runner's CUDA graphs for the measured batch sizes (decode-GEMM table tuned on its weights, as served)."""
-    from bench_decode_ab import capture_graphs
+    from benchmark.decode.graphs import capture_graphs
 
     graphs = capture_graphs(runner, sorted(set(cfg.batches)))
     runner.cuda_graph_runner = graphs
@@ -181,11 +181,11 @@ def decode_rows(runners: dict, cfg, bw: float) -> list[dict]:
             if cfg.smoke:
                 got = [eager_decode(runner, bs, cfg, bw, wbytes)]
             else:
-                from bench_decode_ab import decode_ab
+                from benchmark.decode.step_ab import decode_ab
 
                 got = decode_ab(runner, graphs, bs, cfg, bw, wbytes)
                 if cfg.serving:
-                    from bench_decode_serving import serving_rows
+                    from benchmark.decode.served_step import serving_rows
 
                     for r in serving_rows(runner, [bs], cfg, bw, wbytes):
                         got.append({**r, "setting": f"served ({r['mode']} scheduler)"})

@@ -7,7 +7,7 @@ CUDA graph of that size (captured here for the listed sizes only) or, with ``:ea
 the eager forward. Per case: median step time (CUDA events around ``forward``, synchronized steps), the floor
 ``(weight bytes + bs x ctx x KV bytes per token) / copy bandwidth`` (the copy bandwidth measured in the same process;
 Williams et al., "Roofline", CACM 2009), and one profiled step's kernel time by category
-(``benchmark/kernel_breakdown.py``: attention, gemm, norm, act, rope, copy, other). Prints a markdown table; writes
+(``benchmark/common/kernel_breakdown.py``: attention, gemm, norm, act, rope, copy, other). Prints a markdown table; writes
 JSON with ``--json``. ``--policies balanced,wave`` times every case under each decode split policy of the Triton
 backend (``SGLANG_DECODE_SPLIT_POLICY``: rows longest first with length-aware splits, or the rule before), each
 with its own CUDA graphs, alternating which policy goes first from case to case, and prints the ratio. ``--device cpu`` runs the same flow on a tiny model (a dry run of the script; no graphs, no
@@ -27,7 +27,7 @@ import sys
 import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(_HERE))  # benchmark/ (kernel_breakdown)
+sys.path.insert(0, os.path.dirname(os.path.dirname(_HERE)))  # the repository root: benchmark.common.kernel_breakdown
 
 from sglang.srt.utils.nvls_env import NVLS_OFF_ENV  # noqa: E402  (pure Python)
 
@@ -160,7 +160,7 @@ def time_steps(runner, fb: FakeContextBatch, steps: int, warmup: int) -> dict:
 
 def profile_step(runner, fb: FakeContextBatch) -> dict:
     """Kernel time by category of one decode step (``kernel_breakdown``); CPU: the total of the profiled ops."""
-    import kernel_breakdown
+    from benchmark.common import kernel_breakdown
 
     b = fb.batch()
     if runner.device.type == "cuda":

@@ -37,7 +37,7 @@ mixtral=0; [ "$mem_gib" -ge 120 ] && mixtral=1  # colocated Mixtral holds 87 GiB
 echo "GPU memory ${mem_gib} GiB -> Mixtral-8x7B $([ $mixtral = 1 ] && echo runs || echo 'skipped (needs >= 120 GiB)')"
 
 # A: colocated Qwen3 on GPU 1 in the background while the correctness test runs on GPU 0
-CUDA_VISIBLE_DEVICES=1 run colo_qwen3 55 "$PY" benchmark/bench_afd.py "${common[@]}" --setups colocated \
+CUDA_VISIBLE_DEVICES=1 run colo_qwen3 55 "$PY" benchmark/afd/bench.py "${common[@]}" --setups colocated \
   --model-path $cfg/Qwen--Qwen3-30B-A3B --timeout 50 --json-out "$out/colo_qwen3.json" &
 pid=$!
 CUDA_VISIBLE_DEVICES=0 run correctness 40 "$PY" -m pytest -q test/gpu/test_afd_decode_paths_gpu.py -p no:cacheprovider
@@ -46,14 +46,14 @@ status[colo_qwen3]="$(grep -q '^| colocated' "$out/colo_qwen3.log" && echo ok ||
 
 # B: AFD Qwen3, attention on GPU 0 + FFN worker on GPU 1
 afd_t=$(( $(left) - 12 ))  # 12 s for the merge below
-run afd_qwen3 $(( afd_t > 50 ? 50 : afd_t )) "$PY" benchmark/bench_afd.py "${common[@]}" --setups afd \
+run afd_qwen3 $(( afd_t > 50 ? 50 : afd_t )) "$PY" benchmark/afd/bench.py "${common[@]}" --setups afd \
   --micro-batches 1 2 3 --model-path $cfg/Qwen--Qwen3-30B-A3B --timeout 50 --json-out "$out/afd_qwen3.json"
 
 # C: Mixtral (colocated on GPU 0, then AFD) when it fits and the budget allows (~100 s more)
 if [ $mixtral = 1 ] && [ "$(left)" -ge 100 ]; then
-  run colo_mixtral 45 "$PY" benchmark/bench_afd.py "${common[@]}" --setups colocated \
+  run colo_mixtral 45 "$PY" benchmark/afd/bench.py "${common[@]}" --setups colocated \
     --model-path $cfg/mistralai--Mixtral-8x7B-v0.1 --timeout 40 --json-out "$out/colo_mixtral.json"
-  run afd_mixtral $(( $(left) - 12 )) "$PY" benchmark/bench_afd.py "${common[@]}" --setups afd --micro-batches 1 2 3 \
+  run afd_mixtral $(( $(left) - 12 )) "$PY" benchmark/afd/bench.py "${common[@]}" --setups afd --micro-batches 1 2 3 \
     --model-path $cfg/mistralai--Mixtral-8x7B-v0.1 --timeout $(( $(left) - 16 )) --json-out "$out/afd_mixtral.json"
 else
   why=$([ $mixtral = 1 ] && echo "budget: pass ~230 as the first argument" || echo "does not fit one GPU")
@@ -66,7 +66,7 @@ fi
   echo; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -2 | sed 's/^/- GPU: /'
   echo "- shapes: dummy bf16, input 16 tokens, 2 untimed + 4 timed decode steps (median), batches 32 and 128"
   echo "- colocated Qwen3 ran on GPU 1 while the correctness test ran on GPU 0 (separate GPUs)"
-  echo "- commands: scripts/gpu/afd_decode_2gpu.sh; benchmark/bench_afd.py ${common[*]} (see the logs)"
+  echo "- commands: scripts/gpu/afd_decode_2gpu.sh; benchmark/afd/bench.py ${common[*]} (see the logs)"
   echo; echo "| step | status |"; echo "|---|---|"
   for k in correctness colo_qwen3 colo_mixtral afd_qwen3 afd_mixtral; do echo "| $k | ${status[$k]:-not run} |"; done
   echo; grep -hE "passed|failed|Error" "$out/correctness.log" 2>/dev/null | tail -4
@@ -74,7 +74,7 @@ fi
     js=(); for s in colo afd; do [ -s "$out/${s}_$m.json" ] && js+=("$out/${s}_$m.json"); done
     [ ${#js[@]} -eq 0 ] && continue
     echo; echo "## $m"; echo
-    "$PY" benchmark/bench_afd.py --mode decode --device cuda --ffn-workers 1 --merge "${js[@]}" \
+    "$PY" benchmark/afd/bench.py --mode decode --device cuda --ffn-workers 1 --merge "${js[@]}" \
       --results-dir "$out/merged" 2>&1 | sed -n '/^- colocated\|^- AFD\|^- floor\|^|\|^Best\|^$/p'
   done
   for k in colo_qwen3 colo_mixtral afd_qwen3 afd_mixtral; do

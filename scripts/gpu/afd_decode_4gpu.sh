@@ -10,9 +10,9 @@
 #      64 experts each), m = 1, 2, 3. C: Mixtral AFD 1 + 3 (experts 3/3/2, 28 GiB per FFN GPU), batch 256, m = 1, 2, 3.
 #   B: Qwen3 AFD 1 + 3 (43/43/42 experts), m = 1, 2, 3. D: Mixtral AFD 2 + 2 (42 GiB per FFN GPU), batch 256, m = 2.
 #   ~190 s when everything runs; steps past the budget are reported as skipped (pass 240 to be sure of all).
-#   X: the deployment-plan crossover (benchmark/afd_crossover.py, the planner of sglang.srt.afd.planner.plan) against
+#   X: the deployment-plan crossover (benchmark/afd/crossover.py, the planner of sglang.srt.afd.planner.plan) against
 #      the measured colocated per-GPU rate, with the measured Ta/Tf/Tc beside it (CPU only).
-# Every setup is its own process (bench_afd.py spawns one per measurement); each step has a timeout; OOM / errors are
+# Every setup is its own process (benchmark/afd/bench.py spawns one per measurement); each step has a timeout; OOM / errors are
 # logged per step. Each AFD role logs "role attention|ffn (worker i, cuda:x) holds N parameter bytes and K KV bytes".
 # Tables: $OUT/afd4_summary.md (status, role bytes, decode tables with Ta/Tf/Tc and the m >= 2(1+Tc/Tf)
 # check, best-vs-best per GPU vs the 1.3x target, crossover) and $OUT/afd4_<setup>.md per step.
@@ -45,11 +45,11 @@ echo "$ngpu GPUs, ${mem_gib} GiB each ($gpu_kind); colocated Mixtral on one GPU:
 [ "$ngpu" -lt 4 ] && echo "WARNING: fewer than 4 GPUs; the layouts wrap onto the GPUs present"
 
 # P: colocated baselines in parallel on disjoint GPUs
-CUDA_VISIBLE_DEVICES=0 run colo_qwen3 75 "$PY" benchmark/bench_afd.py "${common[@]}" --setups colocated \
+CUDA_VISIBLE_DEVICES=0 run colo_qwen3 75 "$PY" benchmark/afd/bench.py "${common[@]}" --setups colocated \
   --model-path $qwen --batch 64 256 --timeout 70 --json-out "$out/colo_qwen3.json" --results-dir "$out/raw" &
 p1=$!
 if [ $mix1 = 1 ]; then
-  CUDA_VISIBLE_DEVICES=1 run colo_mixtral 75 "$PY" benchmark/bench_afd.py "${common[@]}" --setups colocated \
+  CUDA_VISIBLE_DEVICES=1 run colo_mixtral 75 "$PY" benchmark/afd/bench.py "${common[@]}" --setups colocated \
     --model-path $mixtral --batch 64 256 --timeout 70 --json-out "$out/colo_mixtral.json" --results-dir "$out/raw" &
   p2=$!
 fi
@@ -71,7 +71,7 @@ rs=[json.loads(l) for l in open(sys.argv[1])]; print(max(r['median_decode_throug
   "$out/colo_mixtral_tp2.jsonl" 2>/dev/null || echo 0)
 xo() {  # xo MODEL_PATH NAME COLO_ARGS...
   local m="$1" n="$2"; shift 2
-  timeout 60 "$PY" benchmark/afd_crossover.py --model-path "$m" --gpu "$gpu_kind" "$@" --totals 4 8 16 32 64 \
+  timeout 60 "$PY" benchmark/afd/crossover.py --model-path "$m" --gpu "$gpu_kind" "$@" --totals 4 8 16 32 64 \
     --max-micro-batch-size 256 > "$out/afd4_crossover_$n.md" 2>&1
 }
 { [ -s "$out/colo_qwen3.json" ] && xo $qwen qwen3 --colocated-json "$out/colo_qwen3.json"
@@ -82,7 +82,7 @@ px=$!
 afd() {  # afd NAME MODEL N_A N_E TIMEOUT [extra bench args]
   local name="$1" model="$2" na="$3" ne="$4" t="$5"; shift 5
   [ "$t" -lt 25 ] && { status[$name]="skipped (no time left: ${t} s; pass a larger budget)"; return; }
-  run "$name" "$t" "$PY" benchmark/bench_afd.py "${common[@]}" --setups afd --model-path "$model" \
+  run "$name" "$t" "$PY" benchmark/afd/bench.py "${common[@]}" --setups afd --model-path "$model" \
     --attention-workers "$na" --ffn-workers "$ne" --timeout $(( t - 5 )) --json-out "$out/$name.json" \
     --results-dir "$out/raw" "$@"
 }
@@ -117,7 +117,7 @@ for l in open(sys.argv[1]):
     [ -s "$out/colo_$m.json" ] && js+=("$out/colo_$m.json"); [ -s "$out/$k.json" ] && js+=("$out/$k.json")
     echo; echo "## $k"; echo
     if [ -s "$out/$k.json" ]; then
-      "$PY" benchmark/bench_afd.py --mode decode --device cuda --merge "${js[@]}" --results-dir "$out/raw" 2>&1 \
+      "$PY" benchmark/afd/bench.py --mode decode --device cuda --merge "${js[@]}" --results-dir "$out/raw" 2>&1 \
         | sed -n '/^- model:/d;/^- command:/d;/^- /p;/^|/p;/^Best/p;/^$/p' | cat -s | tee "$out/afd4_$k.md"
       [ "$m" = mixtral ] && [ "${mix_tp2%.*}" -gt 0 ] 2>/dev/null && "$PY" -c "import json,sys
 a = json.load(open(sys.argv[1]))['afd']; g = a['attention_workers'] + a['ffn_workers']
@@ -131,7 +131,7 @@ print(f'Best vs colocated TP 2 per GPU: AFD (m,batch)={k} {r[\"tps\"] / g:.1f} v
   done
   for n in qwen3 mixtral; do
     [ -s "$out/afd4_crossover_$n.md" ] || continue
-    echo; echo "## Plan crossover, $n (python benchmark/afd_crossover.py; planner = sglang.srt.afd.planner.plan)"; echo
+    echo; echo "## Plan crossover, $n (python benchmark/afd/crossover.py; planner = sglang.srt.afd.planner.plan)"; echo
     cat "$out/afd4_crossover_$n.md"
   done
 } > "$out/afd4_summary.md"

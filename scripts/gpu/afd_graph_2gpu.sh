@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # AFD (attention/FFN disaggregation): the attention worker's decode step in ONE CUDA graph (device-driven M2N,
 # cuda_push), 2 GPUs, budget 240 s (first argument). Attention worker on GPU 0, 1 FFN worker on GPU 1 (1 + 1).
-#   A (parallel): correctness first -- benchmark/bench_afd_graph.py --check on stories260K-moe (fp32, trained):
+#   A (parallel): correctness first -- benchmark/afd/bench_step_graph.py --check on stories260K-moe (fp32, trained):
 #      greedy tokens of graphed AFD (prefill eager, every decode step a replay of one captured graph with the step's
 #      inputs copied in; the FFN worker replays its own step graph) equal the colocated model on GPU 0, m = 1 and 2.
 #      Beside it, on GPU 1 alone: colocated Qwen3-30B-A3B (dummy bf16) through the ModelRunner with CUDA graphs,
-#      batch 32 and 128 (bench_afd.py --setups colocated; the check's tiny FFN worker shares GPU 1 for ~20 s).
+#      batch 32 and 128 (benchmark/afd/bench.py --setups colocated; the check's tiny FFN worker shares GPU 1 for ~20 s).
 #   B: Qwen3-30B-A3B dummy 1 + 1, m = 1, 2 x batch 32, 128: decode step eager device-driven vs graphed
-#      (bench_afd_graph.py), tok/s per GPU, Ta; and per row the graphed step's Ta / Tf / Tc with the
+#      (benchmark/afd/bench_step_graph.py), tok/s per GPU, Ta; and per row the graphed step's Ta / Tf / Tc with the
 #      m >= 2(1 + Tc/Tf) check (afd.step_timing stamps inside a second capture, 3 replays; Tf from the FFN worker).
 #   A2 / B2: the same check and timing over --transport cuda_push_ll (the low-latency M2N protocol), B2 if time left.
 #   C: if time is left: the host-path AFD of before (cuda_ipc, header per message, eager) with Ta / Tf / Tc
@@ -34,28 +34,28 @@ run() {  # run NAME TIMEOUT_S CMD... : log to $out/NAME.log, record exit status 
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -2
 
 # A: correctness (GPU 0 + 1) beside colocated Qwen3 (GPU 1 only)
-CUDA_VISIBLE_DEVICES=1 run colo_qwen3 60 "$PY" benchmark/bench_afd.py --mode decode --load-format dummy --device cuda \
+CUDA_VISIBLE_DEVICES=1 run colo_qwen3 60 "$PY" benchmark/afd/bench.py --mode decode --load-format dummy --device cuda \
   --ffn-workers 1 --batch 32 128 --input-len 16 --steps 4 --decode-warmup 2 --setups colocated \
   --model-path $qwen --timeout 55 --results-dir "$out" &
 pid=$!
-run check 45 "$PY" benchmark/bench_afd_graph.py --check --micro-batches 1 2 --batch 4 --input-len 6 --steps 6 \
+run check 45 "$PY" benchmark/afd/bench_step_graph.py --check --micro-batches 1 2 --batch 4 --input-len 6 --steps 6 \
   --timeout 30 --md-out "$out/check.md"
 wait $pid
 status[colo_qwen3]=$(cat "$out/colo_qwen3.status" 2>/dev/null || echo "no status (see colo_qwen3.log)")
-run check_ll 45 "$PY" benchmark/bench_afd_graph.py --check --micro-batches 1 2 --batch 4 --input-len 6 --steps 6 \
+run check_ll 45 "$PY" benchmark/afd/bench_step_graph.py --check --micro-batches 1 2 --batch 4 --input-len 6 --steps 6 \
   --timeout 30 --transport cuda_push_ll --md-out "$out/check_ll.md"
 
 # B: Qwen3 1 + 1, eager device-driven vs graphed
 bt=$(( $(left) - 15 )); [ $bt -gt 70 ] && bt=70
-run graph_qwen3 $bt "$PY" benchmark/bench_afd_graph.py --model-path $qwen --load-format dummy --batch 32 128 \
+run graph_qwen3 $bt "$PY" benchmark/afd/bench_step_graph.py --model-path $qwen --load-format dummy --batch 32 128 \
   --micro-batches 1 2 --input-len 16 --steps 6 --warmup 2 --stage-steps 3 --timeout 40 --md-out "$out/graph_qwen3.md"
 bt=$(( $(left) - 45 )); [ $bt -gt 70 ] && bt=70
-run graph_qwen3_ll $bt "$PY" benchmark/bench_afd_graph.py --model-path $qwen --load-format dummy --batch 32 128 \
+run graph_qwen3_ll $bt "$PY" benchmark/afd/bench_step_graph.py --model-path $qwen --load-format dummy --batch 32 128 \
   --micro-batches 1 2 --input-len 16 --steps 6 --warmup 2 --stage-steps 3 --timeout 40 --transport cuda_push_ll \
   --md-out "$out/graph_qwen3_ll.md"
 
 # C: the host-path AFD (Ta / Tf / Tc) when time is left
-run hostpath_qwen3 $(( $(left) - 5 )) "$PY" benchmark/bench_afd.py --mode decode --load-format dummy --device cuda \
+run hostpath_qwen3 $(( $(left) - 5 )) "$PY" benchmark/afd/bench.py --mode decode --load-format dummy --device cuda \
   --ffn-workers 1 --batch 32 128 --input-len 16 --steps 3 --decode-warmup 1 --setups afd --micro-batches 2 \
   --transport cuda_ipc --model-path $qwen --timeout 50 --results-dir "$out"
 

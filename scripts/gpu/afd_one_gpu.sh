@@ -11,10 +11,10 @@ set -uo pipefail
 . "$root/scripts/gpu/lib_budget.sh"; budget_start "${1:-540}"
 out="${OUT:-/tmp}" step_prefix=afd_ step_dry=${DRY_RUN:-} step_tail=30
 step gpu_tests $(( $(left) * 60 / 100 )) "$PY" -m pytest -q test/gpu/test_afd_gpu.py -p no:cacheprovider
-step bench_decode $(( $(left) * 50 / 100 )) "$PY" benchmark/bench_afd.py --mode decode --device cuda --batch 32 \
+step bench_decode $(( $(left) * 50 / 100 )) "$PY" benchmark/afd/bench.py --mode decode --device cuda --batch 32 \
   --steps 16 --results-dir "$out"
 if "$PY" -c "import torch,sys; sys.exit(0 if torch.cuda.device_count() >= 2 else 1)" 2>/dev/null; then
-  step bench_m2n $(( $(left) - 10 )) "$PY" benchmark/bench_afd.py --mode m2n --device cuda --results-dir "$out"
+  step bench_m2n $(( $(left) - 10 )) "$PY" benchmark/afd/bench.py --mode m2n --device cuda --results-dir "$out"
 else
   summary+=("bench_m2n: not run (NCCL send/recv needs two GPUs, one rank per GPU)")
 fi

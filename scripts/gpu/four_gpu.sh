@@ -43,12 +43,12 @@ suite_step tokenweave_layer_fit 160 180 0 "TW_LAYERS=\"1 4\" TW_SKIP_TP2_TEST=1 
 suite_step tokenweave_unsplit 120 150 0 tokenweave_unsplit \
   "TP4 forwards TokenWeave does not split: tokenweave vs custom all-reduce vs tw-comm for every call, both orders"
 suite_step tokenweave_engine 330 380 0 \
-  'build_twcomm && "$PY" benchmark/bench_tokenweave_e2e.py --model-path "$m70" --tp 4 --num-prompts 24 \
+  'build_twcomm && "$PY" benchmark/tokenweave/bench_e2e.py --model-path "$m70" --tp 4 --num-prompts 24 \
      --input-len 4096 --output-len 4 --reps 2 --rounds 2 --chunked-prefill-size 16384 --max-total-tokens 40000 \
      --disable-cuda-graph --budget $(( B - 10 )) --out "$OUT/tokenweave_engine_70b.md"' \
   "prefill-heavy sgl.Engine (70B TP4, 24 x 4096 tokens) TokenWeave off / on / off / on, greedy ids vs the first off run"
 suite_step tokenweave_greedy 60 70 0 \
-  '"$PY" benchmark/bench_tokenweave_e2e.py --model-path ../shared/data/models/stories260K --load-format auto \
+  '"$PY" benchmark/tokenweave/bench_e2e.py --model-path ../shared/data/models/stories260K --load-format auto \
      --dtype bfloat16 --tp 4 --num-prompts 8 --input-len 200 --output-len 16 --reps 1 --rounds 1 --min-tokens 16 \
      --chunked-prefill-size 1024 --max-total-tokens 8192 --cuda-graph-max-bs 8 --budget $(( B - 5 )) \
      --out "$OUT/tokenweave_greedy.md"' \
@@ -59,7 +59,7 @@ suite_step tw_comm_stress 70 90 0 tw_comm_stress \
   "tw-comm back-to-back calls: 100,000 at world 4 (every variant), 20,000 bulk / sharded at world 2, checked vs NCCL"
 suite_step tw_comm_racecheck 80 100 0 tw_comm_racecheck "compute-sanitizer racecheck of every tw-comm variant, 2 ranks"
 suite_step tdist_stack 100 130 0 \
-  '"$PY" benchmark/bench_tdist_stack.py --model-path "$m70" --tp 4 --layers 4 --tokens 4096 8192 --warmup 10 \
+  '"$PY" benchmark/tdist/bench_layer_stack.py --model-path "$m70" --tp 4 --layers 4 --tokens 4096 8192 --warmup 10 \
      --iters 20 --results-dir "$OUT" --timeout $(( B - 5 ))' \
   "--enable-tdist-overlap layer stack TP4 (70B, 4 layers) vs off and sp_nccl: time, hidden states, greedy tokens"
 suite_step tdist_sanitizers 65 80 0 tdist_sanitizers "compute-sanitizer memcheck (GPUs 0,1) and racecheck (GPUs 2,3) of the tdist cases"
@@ -97,7 +97,7 @@ tokenweave_unsplit() {  # --min-tokens 1000000: TokenWeave never splits; both va
   for order in "tokenweave custom tokenweave_oldcomm" "tokenweave_oldcomm custom tokenweave"; do
     mkdir -p "$OUT/${order%% *}_first"
     # shellcheck disable=SC2086
-    "$PY" benchmark/bench_tokenweave.py --tp 4 --layers 4 --model-path "$m70" --tokens 1024 4096 --variants $order \
+    "$PY" benchmark/tokenweave/bench_layer.py --tp 4 --layers 4 --model-path "$m70" --tokens 1024 4096 --variants $order \
       --min-tokens 1000000 --iters 7 --warmup 5 --cuda-graph --results-dir "$OUT/${order%% *}_first" \
       --timeout $(( B / 2 - 10 )) || rc=1
   done
@@ -111,7 +111,7 @@ tw_comm_cta_sweep() {  # the bulk-copy two-shot at few CTAs; a failing bulk test
     TW_COMM_QUICK=1 "$PY" -m pytest -q -p no:cacheprovider "test/gpu/test_tw_comm_gpu.py::test_tw_comm_bulk_gpu[$w]" \
       || { rc=1; m=twoshot_sharded,twoshot_pipe_sharded; }
     mkdir -p "$OUT/w$w"
-    "$PY" benchmark/bench_tw_comm_allreduce_rmsnorm.py --worlds "$w" --tokens 1024,4096,8192 --variants "$m" --no-ce \
+    "$PY" benchmark/comm/bench_allreduce_rmsnorm.py --worlds "$w" --tokens 1024,4096,8192 --variants "$m" --no-ce \
       --sweep-min-tokens 100000000 --chunk-sweep '' --ctas 8,16,24,32,all --cta-variants "$m" --calls-per-graph 3 \
       --replays 5 --out "$OUT/w$w" || rc=1
   done

@@ -18,7 +18,7 @@
 #       With step_dry set (e.g. step_dry=${DRY_RUN:-}), CMD is printed, not run ("dry run"; returns 0).
 #   step_bg NAME S CMD...  `step` in the background (steps side by side); step_join waits for every step_bg and
 #       appends their summary lines in start order.
-#   pidfile_kill FILE      SIGKILL the process group of every pid listed in FILE (e.g. bench_pd_serving.py's
+#   pidfile_kill FILE      SIGKILL the process group of every pid listed in FILE (e.g. benchmark/disaggregation/bench_pd_serving.py's
 #       --pid-file: its servers run in their own sessions), then empty FILE.
 #   wait_gpus_idle S       wait (at most S seconds) until nvidia-smi lists no compute process (returns at once
 #       without nvidia-smi or with step_dry set).

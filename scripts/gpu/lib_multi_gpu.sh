@@ -28,18 +28,18 @@ tw_comm_tests() {
 }
 tw_comm_auto() {
   build_twcomm || return 1
-  "$PY" benchmark/bench_tw_comm_allreduce_rmsnorm.py --worlds "$1" --lamport --no-ce --tokens 1,32,128,1024,8192 \
+  "$PY" benchmark/comm/bench_allreduce_rmsnorm.py --worlds "$1" --lamport --no-ce --tokens 1,32,128,1024,8192 \
     --sweep-sms 16,32 --sweep-min-tokens 1024 --calibrate --calls-per-graph 3 --replays 3 --out "$OUT" \
     --table "$OUT/tw_comm_crossovers.json"
 }
 tdist_auto() {
   local w=$1 rc f toks; shift; toks=("$@"); (( ${#toks[@]} )) || toks=(2048 8192)
-  "$PY" benchmark/bench_tdist.py --world "$w" --tp-shapes 4 --tokens "${toks[@]}" --a2a-tokens 1024 \
+  "$PY" benchmark/tdist/bench_kernels.py --world "$w" --tp-shapes 4 --tokens "${toks[@]}" --a2a-tokens 1024 \
     --a2a-hidden 7168 --iters 20 --variants decomp pieces auto graph profile --results-dir "$OUT" \
     --timeout $(( B > 20 ? B - 10 : 10 ))
   rc=$?
   for f in "$OUT"/*_tdist.md; do
-    [ -f "$f" ] && "$PY" benchmark/tdist_status.py "$f" "$OUT/tdist_status_w$w.md" > /dev/null && cat "$OUT/tdist_status_w$w.md"
+    [ -f "$f" ] && "$PY" benchmark/tdist/targets_status.py "$f" "$OUT/tdist_status_w$w.md" > /dev/null && cat "$OUT/tdist_status_w$w.md"
   done
   return $rc
 }
@@ -63,7 +63,7 @@ ep_serving() {
 pd_saturated() {
   local pids="$OUT/bench_pids" rc
   : > "$pids"
-  "$PY" benchmark/bench_pd_serving.py --model-path "$m8b" --tokenizer-path "$tok" --device cuda \
+  "$PY" benchmark/disaggregation/bench_pd_serving.py --model-path "$m8b" --tokenizer-path "$tok" --device cuda \
     --transfer-backend nixl --transfer-mode pull --setups pd agg agg2 --prefill-extra "--base-gpu-id 0" \
     --decode-extra "--base-gpu-id 1" --agg-extra "--base-gpu-id 0" --replica-gpus 0 1 \
     --server-extra "--load-format dummy --dtype bfloat16 --max-total-tokens 131072" \

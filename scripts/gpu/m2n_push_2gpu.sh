@@ -7,7 +7,7 @@
 #      device-driven paths: row count from the flag word), 10,000 back-to-back messages each way, a CUDA-graph phase
 #      (both ranks capture 8 round trips with device row counts, 20 replays back to back, fresh random rows incl. 0
 #      per replay, compared on the device), killed peer fails closed (device wait budget 3 s, host 3 s).
-#   2. benchmark/bench_afd.py --mode m2n: one-way latency (round trip / 2, medians of CUDA events, rank r on
+#   2. benchmark/afd/bench.py --mode m2n: one-way latency (round trip / 2, medians of CUDA events, rank r on
 #      cuda:r), same run: eager rows cuda_push-dev (send(host_header=False) + recv_device), cuda_push (ZMQ header,
 #      as AFD uses it), cuda_ipc (what --afd-transport auto picks), each vs eager NCCL send/recv; CUDA-graph rows:
 #      K=20 round trips captured per graph for cuda_push-dev and for NCCL send/recv alike, replayed in lockstep
@@ -40,7 +40,7 @@ echo "GPUs: $gpus; commit $(git rev-parse --short HEAD 2>/dev/null || echo '?') 
 test_t=$(( ngpu >= 4 ? 50 : 38 ))
 step m2n_push_test "$test_t" "$PY" -m pytest -s -v test/gpu/test_m2n_multi_gpu.py -k "$test_k" -p no:cacheprovider
 bench_t=$(( $(left) - 1 ))
-cmd=(benchmark/bench_afd.py --mode m2n --device cuda --transport "$transports" "${iters[@]}" --graph-k 20
+cmd=(benchmark/afd/bench.py --mode m2n --device cuda --transport "$transports" "${iters[@]}" --graph-k 20
      --graph-replays 20 --sizes-kb 32 128 512)
 step m2n_latency "$bench_t" "$PY" "${cmd[@]}" --timeout $(( bench_t > 12 ? bench_t - 5 : 8 )) --results-dir "$out"
 {

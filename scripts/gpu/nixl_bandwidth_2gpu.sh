@@ -3,7 +3,7 @@
 # 1 descriptor, 1.21 ms as 64, 5.1 ms as 512; UCX's cuda_ipc zero-copy get, so ~10 us per descriptor, not bandwidth).
 # Budget 100 s on 2 GPUs (every step under `timeout`, steps continue on failure):
 #   0. GPU topology (NVLink?) and the carried nixl wheel (device_preamble.sh installs .whl/).
-#   1. benchmark/bench_nixl_read.py: agent A (GPU 0) / agent B (GPU 1) in two processes per setting, 128 MiB as
+#   1. benchmark/disaggregation/bench_nixl_read.py: agent A (GPU 0) / agent B (GPU 1) in two processes per setting, 128 MiB as
 #      1 / 8 / 64 / 512 descriptors in ONE NIXL request: READ ("ours", "repost") and WRITE ("write"; the written
 #      bytes are read back and checked, X if wrong). Settings: ours (the transport's defaults, now with
 #      NIXL_UCX_SGL_ENABLE=1: WRITEs as one UCX scatter-gather list), sgl_off (the same without it: the WRITE A/B),
@@ -11,7 +11,7 @@
 #      workers2 (a 2nd UCX worker, no threads) and threads4 (4 dedicated UCX threads; the 2026-11-27 run hung in its FIRST
 #      1-descriptor READ, which is not split: workers2 tells whether the multi-worker UCX context or the threads do
 #      it; a hang now prints the initiator's progress marks and Python stack in the ERROR row). Floor: torch copy_.
-#   2. only when >= 70 s are left: bench_pd_serving.py pd (1P1D, Llama-3.1-8B config, dummy bf16, random 1024/128,
+#   2. only when >= 70 s are left: benchmark/disaggregation/bench_pd_serving.py pd (1P1D, Llama-3.1-8B config, dummy bf16, random 1024/128,
 #      24 prompts at 8 req/s) under the best READ setting of step 1 (64 descriptors).
 # Summary: $OUT/nixl_bandwidth.md. Usage (repo root): bash scripts/gpu/nixl_bandwidth_2gpu.sh [budget_s=100]
 # CPU dry run of the same logic (host memory, 8 MiB, no floor, no serving row): NIXL_BW_CPU=1 bash <this>
@@ -41,7 +41,7 @@ step() {  # step NAME TIMEOUT_S CMD...: foreground, log to $out/NAME.log
 # ---- 1. NIXL READ/WRITE microbenchmark (the settings that hung before last) ----
 bw_t=$(( $(left) - 8 )); [ "$bw_t" -gt 90 ] && bw_t=90
 dev=(--device cuda --mib 128); [ -n "${NIXL_BW_CPU:-}" ] && dev=(--device cpu --mib 8)
-step bw "$bw_t" "$PY" benchmark/bench_nixl_read.py "${dev[@]}" \
+step bw "$bw_t" "$PY" benchmark/disaggregation/bench_nixl_read.py "${dev[@]}" \
   --descs 1 8 64 512 --iters 12 --warmup 2 --write --timeout 16 --out-dir "$out" \
   --settings ours sgl_off tls rails1 workers2 threads4
 grep -E "^\[bench|Error" "$out/bw.log" | head -20
@@ -49,12 +49,12 @@ grep -E "^\[bench|Error" "$out/bw.log" | head -20
 # ---- 2. PD serving row under the best setting ----
 data=../shared/data
 rows=$(ls "$out"/*_nixl_read.json 2>/dev/null | tail -1)  # the JSON bench_nixl_read.py wrote
-best=$("$PY" benchmark/bench_nixl_read.py --best-env "$rows" 2>/dev/null)
-flags=$("$PY" benchmark/bench_nixl_read.py --best-env "$rows" --best-flags 2>/dev/null)
+best=$("$PY" benchmark/disaggregation/bench_nixl_read.py --best-env "$rows" 2>/dev/null)
+flags=$("$PY" benchmark/disaggregation/bench_nixl_read.py --best-env "$rows" --best-flags 2>/dev/null)
 echo "best setting: env ${best:-<transport defaults>}, decode flags ${flags:-<none>}"
 t2=$(( $(left) - 6 )); [ "$t2" -lt 64 ] && t2=0; [ -n "${NIXL_BW_CPU:-}" ] && t2=0
 # shellcheck disable=SC2046
-step pd "$t2" env $best "$PY" benchmark/bench_pd_serving.py \
+step pd "$t2" env $best "$PY" benchmark/disaggregation/bench_pd_serving.py \
   --model-path $data/configs/meta-llama--Meta-Llama-3.1-8B --tokenizer-path $data/tokenizers/llama3 --device cuda \
   --transfer-backend nixl --transfer-mode pull --setups pd --prefill-extra "--base-gpu-id 0" \
   --decode-extra "--base-gpu-id 1 $flags" --server-extra "--load-format dummy --dtype bfloat16 --max-total-tokens 65536 \

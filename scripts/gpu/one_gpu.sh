@@ -53,38 +53,38 @@ decode_floor() {  # SGLang's CLI at the defaults, then the harness / serving-pat
     --dtype bfloat16 --device cuda --batch-size 1 32 128 --input-len 1024 --output-len 32 \
     --result-filename "$OUT/cli.jsonl" > "$OUT/cli.log" 2>&1
   local a=$?; grep -E "median|Error" "$OUT/cli.log" | tail -n 6
-  "$PY" benchmark/bench_decode_ab.py --out "$OUT" --settings new --steps 8 --reps 2 --prefill-tokens 0 --serving \
+  "$PY" benchmark/decode/step_ab.py --out "$OUT" --settings new --steps 8 --reps 2 --prefill-tokens 0 --serving \
     --serving-steps 24 --serving-warmup 4 --serving-reps 2 --cli-results "$OUT/cli.jsonl"
   return $(( a || $? ))
 }
 suite_step decode_floor 140 170 1 decode_floor \
   "bench_one_batch at the defaults + decode step (harness, graph replay, served step: overlap off / host / device futures) vs the copy-bandwidth floor"
 decode_switch_ab() {  # sets NAME:ENV;...: each set its own graphs (and GEMM table), captured in one process
-  "$PY" benchmark/bench_decode_ab.py --out "$OUT" --model-path "$m8b" \
+  "$PY" benchmark/decode/step_ab.py --out "$OUT" --model-path "$m8b" \
     --switch-ab "${DECODE_SETS:-default:;nopdl:SGLANG_DECODE_PDL=0;fuse:SGLANG_DECODE_FUSE_EPILOGUE=1}" \
     --switch-breakdown 32 --batches 32,1,128 --prefill-tokens 0 --serving-steps 10 --serving-warmup 2 --serving-reps 2
 }
 suite_step decode_switch_ab 220 300 0 decode_switch_ab \
   "decode switches A/B in one process (PDL off, fused epilogues; DECODE_SETS replaces the sets): served step, replay, kernels per step, breakdown at 32"
 suite_step decode_gemm_ab 220 300 0 \
-  '"$PY" benchmark/bench_decode_ab.py --out "$OUT" --model-path "$m8b" --gemm-ab --batches 1,32,128 --settings none \
+  '"$PY" benchmark/decode/step_ab.py --out "$OUT" --model-path "$m8b" --gemm-ab --batches 1,32,128 --settings none \
      --prefill-tokens 0 --serving-steps 16 --serving-warmup 3 --serving-reps 2' \
   "cuBLAS vs autotuned skinny decode GEMMs: served step and replay vs the floor, per-class breakdown"
-suite_step decode_gemm_tune 30 60 0 '"$PY" benchmark/bench_decode_gemm_tune.py --out "$OUT" --model-path "$m8b"' \
+suite_step decode_gemm_tune 30 60 0 '"$PY" benchmark/decode/gemm_tune.py --out "$OUT" --model-path "$m8b"' \
   "per 8B linear shape and M: cuBLAS vs the best skinny config, fraction of copy bandwidth"
-suite_step decode_gemms 60 120 0 '"$PY" benchmark/bench_decode_gemms.py --out "$OUT"' \
+suite_step decode_gemms 60 120 0 '"$PY" benchmark/decode/gemm_kernels.py --out "$OUT"' \
   "decode-sized GEMMs in CUDA graphs (cuBLAS, swapped, GEMV, skinny Triton) vs HBM copy bandwidth"
-suite_step decode_configs 30 45 0 '"$PY" benchmark/bench_decode_configs.py --out "$OUT"' \
+suite_step decode_configs 30 45 0 '"$PY" benchmark/decode/attention_configs.py --out "$OUT"' \
   "decode attention tile / split configs inside CUDA graphs, batch 1 / 32 / 128"
 suite_step decode_memory 50 70 0 '"$PY" -m pytest -q -s -p no:cacheprovider -m gpu test/gpu/test_memory_budget_gpu.py' \
   "KV pool and largest step at the defaults (batch 128 x 1K)"
 suite_step decode_profile 60 90 0 \
-  '"$PY" benchmark/profile_decode.py --batches 1 32 128 --top 16 > "$OUT/profile_decode.txt"; r=$?
+  '"$PY" benchmark/decode/profile_step.py --batches 1 32 128 --top 16 > "$OUT/profile_decode.txt"; r=$?
    grep -E "^## batch|_decode_|rope|Memcpy" "$OUT/profile_decode.txt" | head -40; exit $r' \
   "kernel table and host ops per decode step (torch profiler)"
-suite_step gpu_targets 330 345 0 '"$PY" benchmark/bench_gpu_targets.py --out "$OUT" --time-budget-s $(( B - 10 ))' \
+suite_step gpu_targets 330 345 0 '"$PY" benchmark/serving/bench_gpu_targets.py --out "$OUT" --time-budget-s $(( B - 10 ))' \
   "floors, decode attention 64 x 4K, decode steps, 8K prefill, bench_serving random 1024/256 at concurrency 64"
-suite_step triton_attention 60 120 0 '"$PY" benchmark/bench_triton_attention.py --out "$OUT"' \
+suite_step triton_attention 60 120 0 '"$PY" benchmark/attention/bench_triton_attention.py --out "$OUT"' \
   "Triton decode attention micro-benchmark (tile sweep)"
 
 # ---- serving ----

@@ -15,7 +15,7 @@
 #      /get_server_info at the kill: every client gets an error within 10 s (never 200 with tokens), the prefill side
 #      fails the rooms and frees their KV (back to the pre-request value), then serves through a second decode server.
 #   2. measurement, Llama-3.1-8B config, dummy bf16, llama3 tokenizer, random 1024 in / 128 out, 48 prompts at
-#      8 req/s (Poisson, no concurrency cap), warm-ups excluded (benchmark/bench_pd_serving.py: 4 requests per server
+#      8 req/s (Poisson, no concurrency cap), warm-ups excluded (benchmark/disaggregation/bench_pd_serving.py: 4 requests per server
 #      at its start, then a 5 s warm-up phase of the same workload before every timed run, --warmup-seconds):
 #      P = prefill GPU 0 + decode GPU 1 via mini_lb (pull), (a) one aggregated server on GPU 0,
 #      (b) two aggregated replicas (GPU 0, GPU 1) behind mini_lb --workers; TTFT, TPOT, ITL p99, output
@@ -108,7 +108,7 @@ unset SGLANG_PD_TEST_SPLIT_GPUS
   [ "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | wc -l)" -eq 0 ] && break; sleep 1
 done
 # ---- 2. measurement: P (pull) first, then (b) and (a) on one pair of replicas ----
-bench=("$PY" benchmark/bench_pd_serving.py --model-path "$model" $tok --device "$dev" --transfer-backend "$backend"
+bench=("$PY" benchmark/disaggregation/bench_pd_serving.py --model-path "$model" $tok --device "$dev" --transfer-backend "$backend"
        --server-extra "$srv" --dataset random "${wl[@]}" --max-concurrency 0 --startup-timeout 150
        --pid-file "$pids")
 t2=$(( $(left) - 8 )); [ "$t2" -gt 170 ] && t2=170

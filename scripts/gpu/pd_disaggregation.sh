@@ -16,7 +16,7 @@ fi
 echo "transfer backend: $backend"
 step gpu_tests $(( $(left) * 60 / 100 )) env SGLANG_PD_TEST_DEVICE=cuda SGLANG_PD_TEST_BACKEND=$backend \
   "$PY" -m pytest -q -x test/integration/test_pd_disaggregation.py -p no:cacheprovider
-step bench $(( $(left) - 10 )) "$PY" benchmark/bench_pd_serving.py --model-path ../shared/data/models/stories260K \
+step bench $(( $(left) - 10 )) "$PY" benchmark/disaggregation/bench_pd_serving.py --model-path ../shared/data/models/stories260K \
   --device cuda --transfer-backend $backend --server-extra "--mem-fraction-static 0.2" --num-prompts 64 \
   --max-concurrency 8 --out-dir "$out"
 echo; printf '%s\n' "${summary[@]}"

@@ -4,7 +4,7 @@
 # CUDA IPC). Budget 420 s by default (every step under `timeout`, steps continue on failure, servers killed at exit):
 #   1. (<= 60 s) greedy equality, prefill GPU 0 / decode GPU 1 over NIXL, default (auto) layout, side by side:
 #      test_pd_disaggregation.py::test_generate_equals_aggregated[pull] (stories260K) and [push] (stories260K-moe).
-#   2. benchmark/bench_pd_serving.py, Llama-3.1-8B config, dummy bf16, llama3 tokenizer, random 1024/128, 48 prompts
+#   2. benchmark/disaggregation/bench_pd_serving.py, Llama-3.1-8B config, dummy bf16, llama3 tokenizer, random 1024/128, 48 prompts
 #      at 8 req/s (Poisson, no concurrency cap), warm-ups excluded: 4 full-length requests per server at its start,
 #      then before every timed run (each row and dataset) a warm-up phase of the same workload at the same rate for
 #      5 s (--warmup-seconds: 40 requests, another seed, then a prefix-cache flush), so the first row of a call no
@@ -73,7 +73,7 @@ fi
 wait_gpus_idle 15  # the test servers' GPU memory is back before the first 8B server starts
 
 # ---- 2-3. one bench_pd_serving call per row ----
-bench=("$PY" benchmark/bench_pd_serving.py --model-path "$model" "${tok[@]}" --device "$dev" --transfer-backend "$backend"
+bench=("$PY" benchmark/disaggregation/bench_pd_serving.py --model-path "$model" "${tok[@]}" --device "$dev" --transfer-backend "$backend"
        --server-extra "$srv" "${wl[@]}" --max-concurrency 0 --pid-file "$pids")
 datasets=(random); [ "$sg" = 1 ] && datasets=(random sharegpt)
 if [ "${has_layout:-0}" = 1 ]; then rows=(tok lay push agg2); else rows=(pull push agg2); fi

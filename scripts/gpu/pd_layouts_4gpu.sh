@@ -54,7 +54,7 @@ collect() { local k rc dt; for k in "$@"; do wait "$(cat "$out/$k.pid")" 2>/dev/
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -4
 nixl=$("$PY" -c "from sglang.srt.disaggregation.transfer.base import nixl_available as a; print(a())" 2>&1 | tail -1)
 echo "nixl available: $nixl"
-bench=("$PY" benchmark/bench_pd_serving.py --model-path "$model" "${tok[@]}" --device "$dev" --transfer-backend "$backend"
+bench=("$PY" benchmark/disaggregation/bench_pd_serving.py --model-path "$model" "${tok[@]}" --device "$dev" --transfer-backend "$backend"
        --server-extra "$srv" --max-concurrency 0 --request-rate 8 --warmup 4 --pid-file "$pids")
 rnd=(--dataset random --input-len "$il" --output-len "$ol")
 

@@ -4,7 +4,7 @@
 #     thread never blocks per layer (test/unit/test_pd_layerwise_push.py);
 #  2. the end-to-end layerwise / after-the-fact push test on cuda (prefill and decode servers on the same GPU,
 #     --mem-fraction-static 0.2) when nixl imports (the fake backend copies host memory only);
-#  3. benchmark/bench_push_layerwise.py (layerwise vs after the forward, synthetic staged model), two shapes.
+#  3. benchmark/disaggregation/bench_push_layerwise.py (layerwise vs after the forward, synthetic staged model), two shapes.
 # Usage (repo root, shared data at ../shared/data): bash scripts/gpu/pd_push_layerwise.sh [seconds, default 300]
 # DRY_RUN=1 prints the commands. Logs: $OUT/pd_push_*.log.
 set -uo pipefail
@@ -20,8 +20,8 @@ if "$PY" -c "from sglang.srt.disaggregation.transfer.base import nixl_available 
 else
   summary+=("e2e: not run (nixl does not import: pip install nixl-cu12 or nixl-cu13)")
 fi
-step bench_2k 120 "$PY" benchmark/bench_push_layerwise.py --device $dev --backend $bk --tokens 2048 --hidden 1024 \
+step bench_2k 120 "$PY" benchmark/disaggregation/bench_push_layerwise.py --device $dev --backend $bk --tokens 2048 --hidden 1024 \
   --mlp-iters 1 --out-dir "$out"
-step bench_4k 120 "$PY" benchmark/bench_push_layerwise.py --device $dev --backend $bk --tokens 4096 --hidden 2048 \
+step bench_4k 120 "$PY" benchmark/disaggregation/bench_push_layerwise.py --device $dev --backend $bk --tokens 4096 --hidden 2048 \
   --mlp-iters 1 --out-dir "$out"
 echo; printf '%s\n' "${summary[@]}"

@@ -6,7 +6,7 @@ Usage (CLI output only)::
 
     python scripts/gpu/pd_rows_table.py --dataset random --row "pd pull token_major=OUT/tok" --row "agg2=OUT/agg2"
 
-Each ``--row LABEL=DIR`` names a ``--out-dir`` of bench_pd_serving.py; the row is its ``*_pd_serving_*.json`` whose
+Each ``--row LABEL=DIR`` names a ``--out-dir`` of benchmark/disaggregation/bench_pd_serving.py; the row is its ``*_pd_serving_*.json`` whose
 ``dataset`` is ``--dataset`` (files without that key count as their run's first dataset, given by the file name
 having no ``_sharegpt``/``_random`` suffix). A directory without such a file, or whose run failed, prints its error.
 """
@@ -93,7 +93,7 @@ def main(argv=None) -> None:
     """Print the table of ``--row`` runs for ``--dataset``."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="random")
-    ap.add_argument("--row", action="append", default=[], help="LABEL=DIR (a bench_pd_serving.py --out-dir)")
+    ap.add_argument("--row", action="append", default=[], help="LABEL=DIR (a benchmark/disaggregation/bench_pd_serving.py --out-dir)")
     a = ap.parse_args(argv)
     rows = []
     for spec in a.row:

@@ -10,7 +10,7 @@
 #                 TDIST_STALL_S;
 #   3. engine     the sequence-parallel executor on the fused AG-GEMM / GEMM-RS (TP 2 and 4 sharing the GPU) equals
 #                 the single process on stories260K;
-#   4. bench      benchmark/bench_tdist.py smoke (2 ranks sharing the GPU; writes its table under $OUT);
+#   4. bench      benchmark/tdist/bench_kernels.py smoke (2 ranks sharing the GPU; writes its table under $OUT);
 #   5. server     (if >= 100 s are left) HTTP --tp 2 --tp-ranks-share-gpu --enable-tdist-overlap equals TP 1;
 #   6. memcheck   (if >= 60 s are left) compute-sanitizer on the small 2-rank case; only its summary lines are kept.
 # Every step has a time limit and runs even when an earlier one failed; $OUT/tdist_summary.txt lists each step's exit
@@ -59,7 +59,7 @@ EOF
 step engine $(( $(left) > 300 ? 150 : $(left) / 2 )) python3 -m pytest -v -rA -p no:cacheprovider \
   test/gpu/test_tdist_gpu.py -k "test_sequence_parallel_executor"
 
-step bench $(( $(left) > 150 ? 75 : $(left) / 2 )) python3 benchmark/bench_tdist.py --world 2 --share-gpu \
+step bench $(( $(left) > 150 ? 75 : $(left) / 2 )) python3 benchmark/tdist/bench_kernels.py --world 2 --share-gpu \
   --tokens 1024 --a2a-tokens 256 --iters 3 --results-dir "$out" --timeout 60
 
 if (( $(left) >= 100 )); then

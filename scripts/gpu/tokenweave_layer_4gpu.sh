@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # TokenWeave layer benchmark at TP4 (4 GPUs, one rank per GPU), budget 100 s incl. the libtwcomm build (~25 s):
 #  1. build libtwcomm (nvcc, sm_90a; cached by content hash)
-#  2. bench_tokenweave.py, Llama-3.3-70B config cut to 4 layers, TP4, dummy bf16, T = 1024 2048 4096 8192:
+#  2. benchmark/tokenweave/bench_layer.py, Llama-3.3-70B config cut to 4 layers, TP4, dummy bf16, T = 1024 2048 4096 8192:
 #     nccl / nccl_symm / nocomm / tokenweave, eager (GPU and host ms per forward) AND each forward captured as one
 #     CUDA graph per (variant, T) and replayed (--cuda-graph: every variant graphed the same way); correctness in
 #     the same run: TokenWeave's eager next-token logits vs the nccl variant's (same seeded weights) and every
@@ -17,7 +17,7 @@
 # (default "4096") the T list of --overlap-tokens. TW_LAYERS (default "4"): decoder layer counts, e.g. "1 4": the
 # largest runs step 2 as above (result table, profiles); each other count then runs the same variants / T / graphs
 # without the profiles (cap TW_FIT_BENCH_S each, default 45 s) into $out/layer_L<N>, and
-# benchmark/tokenweave_report.py --layer-fit appends the fixed per-forward cost (intercept ms) and per-layer cost
+# benchmark/tokenweave/layer_report.py --layer-fit appends the fixed per-forward cost (intercept ms) and per-layer cost
 # (slope) per variant, T and mode (eager / graph / host) to the result table (target: fixed cost < 0.2 ms).
 # "1 4" needs about 50 s more budget (e.g. TW_LAYERS="1 4" TW_SKIP_TP2_TEST=1 bash ... 160).
 set -uo pipefail
@@ -45,7 +45,7 @@ main_layers=$(printf '%s\n' "${layer_counts[@]}" | sort -n | tail -1)
 echo "== 2. TokenWeave TP4 layer benchmark ($main_layers layers), eager + CUDA graph, host profile at 1024"
 mkdir -p "$out/layer"
 bench_s=$(cap "${TW_BENCH_S:-62}")
-timeout --kill-after=5 "$bench_s" "$PY" benchmark/bench_tokenweave.py --tp 4 --layers "$main_layers" --model-path "$m70" \
+timeout --kill-after=5 "$bench_s" "$PY" benchmark/tokenweave/bench_layer.py --tp 4 --layers "$main_layers" --model-path "$m70" \
   --tokens 1024 2048 4096 8192 --variants nccl nccl_symm nocomm tokenweave ${extra_variants[@]+"${extra_variants[@]}"} \
   --iters 5 --warmup 5 \
   --cuda-graph --host-profile 1024 --overlap-tokens ${TW_OVERLAP_TOKENS:-4096} --results-dir "$out/layer" --profile-dir "$out/layer" \
@@ -61,7 +61,7 @@ for n in "${layer_counts[@]}"; do
   [ "$n" = "$main_layers" ] && continue
   if [ "$(left)" -lt 25 ]; then step "tokenweave_tp4_L$n" "not run (no time left)"; continue; fi
   mkdir -p "$out/layer_L$n"; fit_s=$(cap "${TW_FIT_BENCH_S:-45}")
-  timeout --kill-after=5 "$fit_s" "$PY" benchmark/bench_tokenweave.py --tp 4 --layers "$n" --model-path "$m70" \
+  timeout --kill-after=5 "$fit_s" "$PY" benchmark/tokenweave/bench_layer.py --tp 4 --layers "$n" --model-path "$m70" \
     --tokens 1024 2048 4096 8192 --variants nccl nccl_symm nocomm tokenweave \
     ${extra_variants[@]+"${extra_variants[@]}"} --iters 5 --warmup 5 --cuda-graph --results-dir "$out/layer_L$n" \
     --timeout $(( fit_s - 4 )) \
@@ -71,7 +71,7 @@ for n in "${layer_counts[@]}"; do
 done
 if [ "${#layer_counts[@]}" -gt 1 ]; then
   # shellcheck disable=SC2046
-  timeout 30 "$PY" benchmark/tokenweave_report.py --layer-fit $(ls "$out"/layer/*_tokenweave_layer*.json \
+  timeout 30 "$PY" benchmark/tokenweave/layer_report.py --layer-fit $(ls "$out"/layer/*_tokenweave_layer*.json \
     "$out"/layer_L*/*_tokenweave_layer*.json 2>/dev/null) --out "$out/tw_layer_fit.md" \
     > "$out/tw_layer_fit.log" 2>&1
   rc=$?; step tokenweave_layer_fit "rc=$rc"

@@ -19,7 +19,7 @@ if command -v compute-sanitizer >/dev/null || [ -n "$step_dry" ]; then
 else
   summary+=("racecheck: not run (compute-sanitizer not found)")
 fi
-step bench_share_gpu $(( $(left) - 10 )) "$PY" benchmark/bench_tokenweave.py --share-gpu --tp 2 \
+step bench_share_gpu $(( $(left) - 10 )) "$PY" benchmark/tokenweave/bench_layer.py --share-gpu --tp 2 \
   --model-path ../shared/data/configs/meta-llama--Llama-3.3-70B-Instruct --tokens 1024 2048 --iters 3 \
   --results-dir "$out"
 echo; printf '%s\n' "${summary[@]}"

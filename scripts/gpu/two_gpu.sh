@@ -55,7 +55,7 @@ suite_step tokenweave_tp2_tests 80 100 0 \
   "$pyt test/gpu/test_tokenweave_gpu.py -k \"tp2_one_rank_per_gpu and llama_bias_untied\"" \
   "TokenWeave executor TP2, one rank per GPU (full and sharded residual) vs the fp32 reference"
 suite_step tokenweave_layer_tp2 90 120 0 \
-  'build_twcomm && "$PY" benchmark/bench_tokenweave.py --tp 2 --layers 4 --model-path "$m70" \
+  'build_twcomm && "$PY" benchmark/tokenweave/bench_layer.py --tp 2 --layers 4 --model-path "$m70" \
      --tokens 1024 2048 4096 8192 --variants nccl nccl_symm nocomm tokenweave --iters 5 --warmup 5 --cuda-graph \
      --overlap-tokens 4096 --results-dir "$OUT" --profile-dir "$OUT" --timeout $(( B - 30 ))' \
   "TokenWeave layer benchmark TP2 (Llama-3.3-70B, 4 layers), eager + graphed, comm overlap at 4096"

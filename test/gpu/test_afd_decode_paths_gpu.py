@@ -1,4 +1,4 @@
-"""The decode paths ``benchmark/bench_afd.py`` times, compiled on one GPU, on the trained stories260K-moe checkpoint:
+"""The decode paths ``benchmark/afd/bench.py`` times, compiled on one GPU, on the trained stories260K-moe checkpoint:
 the :class:`ModelHarness` on the Triton attention backend (real ``MHATokenToKVPool``) and the AFD attention worker
 on it (m = 2, the FFN worker on a thread, inline M2N) give the torch_native harness's greedy tokens and logits; the
 colocated ModelRunner (Triton attention, CUDA graphs) gives the same greedy tokens as the eager harness."""

@@ -8,7 +8,7 @@ inputs each run, plain launches (SGLANG_DECODE_PDL=0) and programmatic dependent
   unfused skinny GEMM + SiLU-and-mul within one rounding step (bitwise under the interpreter, test/unit);
 * the tuner in fused mode (``autotune(..., fuse_epilogue=True)``) tags its choices and the installed layers, run in a
   CUDA graph, replay what they compute eagerly and match the unfused layers.
-Speed: scripts/gpu/one_gpu.sh decode_switch_ab (benchmark/bench_decode_ab.py --switch-ab with SGLANG_DECODE_FUSE_EPILOGUE).
+Speed: scripts/gpu/one_gpu.sh decode_switch_ab (benchmark/decode/step_ab.py --switch-ab with SGLANG_DECODE_FUSE_EPILOGUE).
 """
 
 from __future__ import annotations

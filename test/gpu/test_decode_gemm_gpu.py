@@ -3,7 +3,7 @@
 Every candidate skinny config the tuner may pick equals F.linear on fresh random inputs, and after
 :func:`~sglang.srt.layers.decode_gemm.autotune` + :func:`~sglang.srt.layers.decode_gemm.install` each linear layer
 returns exactly what the table names (the skinny kernel with that config, or cuBLAS) for decode row counts inside and
-beyond the buckets. Speed is measured in benchmark/bench_decode_gemm_tune.py.
+beyond the buckets. Speed is measured in benchmark/decode/gemm_tune.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""benchmark/afd_crossover.py: the plan search per GPU budget against a colocated per-GPU rate -- rows per budget,
+"""benchmark/afd/crossover.py: the plan search per GPU budget against a colocated per-GPU rate -- rows per budget,
 the ratio consistent with the plan's own per-GPU throughput, the crossover line naming the first budget that meets
 1.3x (or none), and clear errors for a missing baseline."""
 
@@ -9,7 +9,7 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "benchmark"))
+sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from conftest import shared_path  # noqa: E402
@@ -20,7 +20,7 @@ def _rows(lines):
 
 
 def test_crossover_rows_and_line():
-    import afd_crossover
+    from benchmark.afd import crossover as afd_crossover
 
     cfg = shared_path("configs", "mistralai--Mixtral-8x7B-v0.1")
     low = afd_crossover.crossover_lines(cfg, "H100", 1.0, [4, 8], 100.0)  # a tiny baseline: AFD wins at once
@@ -35,7 +35,7 @@ def test_crossover_rows_and_line():
 
 
 def test_crossover_cli_reads_colocated_json(tmp_path, capsys):
-    import afd_crossover
+    from benchmark.afd import crossover as afd_crossover
 
     cfg = shared_path("configs", "mistralai--Mixtral-8x7B-v0.1")
     colo = tmp_path / "colo.json"

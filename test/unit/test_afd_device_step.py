@@ -40,7 +40,7 @@ def test_device_driven_afd_equals_colocated(m):
 
 @pytest.mark.parametrize("m", [1, 2])
 def test_device_driven_afd_step_timers_give_ta_tf_tc(m):
-    """afd.step_timing on the device path (what bench_afd_graph.py reads after each graph replay): per (layer,
+    """afd.step_timing on the device path (what benchmark/afd/bench_step_graph.py reads after each graph replay): per (layer,
     micro-batch) Ta and round trip on the attention side, Tf per step on the FFN side, logits unchanged."""
     _case("timing", str(m))
 
@@ -96,8 +96,8 @@ def test_graph_inputs_copied_into_the_captured_batch_give_the_new_steps_logits()
     tensors overwritten with the next decode step's give that step's logits; another batch size is refused."""
     import torch
 
-    sys.path.insert(0, str(REPO / "benchmark"))
-    from afd_graph import load_inputs
+    sys.path.insert(0, str(REPO))
+    from benchmark.afd.step_graph import load_inputs
 
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.model_loader.loader import load_model

@@ -1,4 +1,4 @@
-"""bench_afd.py smoke on CPU: both modes run end to end and write a results file with the date, hardware,
+"""benchmark/afd/bench.py smoke on CPU: both modes run end to end and write a results file with the date, hardware,
 command, the decode table (colocated vs AFD per worker, measured m bound) and the M2N latency table."""
 
 from __future__ import annotations
@@ -7,14 +7,14 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "benchmark"))
+sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from conftest import shared_path  # noqa: E402
 
 
 def test_bench_afd_smoke_writes_both_tables(tmp_path):
-    import bench_afd
+    from benchmark.afd import bench as bench_afd
 
     path = shared_path("models", "stories260K-moe")
     out = bench_afd.main(["--smoke", "--model-path", path, "--results-dir", str(tmp_path)])
@@ -32,7 +32,7 @@ def test_m2n_collect_keeps_finished_sizes_on_timeout_and_error():
     import queue
     import time
 
-    import afd_m2n
+    from benchmark.afd import m2n_latency as afd_m2n
 
     q = queue.Queue()
     q.put({"p2p|32": [1e-5]})
@@ -50,7 +50,7 @@ def test_m2n_collect_keeps_finished_sizes_on_timeout_and_error():
 def test_bench_afd_data_parallel_attention_and_uneven_ffn(tmp_path):
     """2 attention processes (data parallel) x 3 FFN processes (experts 2/1/1 of 4): the table names the layout and
     the 5 GPUs, every role logs its parameter and KV bytes (FFN: 0 KV), and the pipeline check is printed."""
-    import bench_afd
+    from benchmark.afd import bench as bench_afd
 
     path = shared_path("models", "stories260K-moe")
     out = bench_afd.main(["--smoke", "--mode", "decode", "--setups", "afd", "--attention-workers", "2",
@@ -76,7 +76,7 @@ def test_bench_afd_start_failure_is_reported_at_once(tmp_path):
 
     import pytest
 
-    import bench_afd
+    from benchmark.afd import bench as bench_afd
 
     path = shared_path("models", "stories260K-moe")
     t0 = time.monotonic()

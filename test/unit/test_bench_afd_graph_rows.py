@@ -1,4 +1,4 @@
-"""benchmark/bench_afd_graph.py's table on CPU: each graphed row carries Ta / Tf / Tc (graphed) and the
+"""benchmark/afd/bench_step_graph.py's table on CPU: each graphed row carries Ta / Tf / Tc (graphed) and the
 m >= 2(1 + Tc/Tf) check from the stamped capture and the FFN workers' Tf files, or says why a piece is missing."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ def _cells(line):
 
 
 def test_rows_carry_ta_tf_tc_and_the_check(tmp_path):
-    import bench_afd_graph as bag
+    from benchmark.afd import bench_step_graph as bag
 
     for j, tf in enumerate(({"32": [0.30, 0.31], "16,16": [0.2]}, {"32": [0.40, 0.42, 0.41]})):
         (tmp_path / f"tf{j}.json").write_text(json.dumps(tf))

@@ -14,7 +14,7 @@ from conftest import load_benchmark  # noqa: E402
 
 
 def test_report_has_nccl_symm_column_and_ratio():
-    b = load_benchmark("bench_tw_comm_allreduce_rmsnorm")
+    b = load_benchmark("comm.bench_allreduce_rmsnorm")
     rows = [dict(world=8, T=128, floor_us=10.0, baseline=40.0, nccl_symm=30.0, oneshot=15.0, twoshot=20.0,
                  twoshot_sharded=22.0, ce=50.0, auto="p2p_oneshot@64", auto_us=16.0),
             dict(world=8, T=4096, floor_us=100.0, baseline=300.0, oneshot=290.0, twoshot=150.0,
@@ -34,7 +34,7 @@ def test_cta_sweep_table_and_method_names():
     method names raise ValueError naming the choices."""
     import pytest
 
-    b = load_benchmark("bench_tw_comm_allreduce_rmsnorm")
+    b = load_benchmark("comm.bench_allreduce_rmsnorm")
     row = {"world": 4, "T": 1024, "floor_us": 50.0, "baseline": 140.0, "twoshot_bulk": 90.0, "auto": "p2p_twoshot",
            "cta:twoshot_bulk@8": 120.0, "cta:twoshot_bulk@16": 70.0, "cta:twoshot_bulk@all": 60.0}
     text = b.render([row], [], "cmd", "hw")
@@ -48,7 +48,7 @@ def test_cta_sweep_table_and_method_names():
 def test_nccl_window_records_why_on_gloo(tmp_path):
     import torch.distributed as dist
 
-    ns = load_benchmark("nccl_symm")
+    ns = load_benchmark("comm.nccl_symm")
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
     try:
         notes: set = set()

@@ -1,4 +1,4 @@
-"""benchmark/bench_decode_serving.py on CPU (stories260K): every mode serves the batch to a steady all-decode state,
+"""benchmark/decode/served_step.py on CPU (stories260K): every mode serves the batch to a steady all-decode state,
 times exactly the requested steps at the batch's context, and the rows' ratios are step / floor."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "benchmark"))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from conftest import shared_path  # noqa: E402
 
 
@@ -27,7 +27,7 @@ def runner():
 
 
 def test_serving_rows_time_steady_decode_steps(runner):
-    import bench_decode_serving as bds
+    from benchmark.decode import served_step as bds
 
     cfg = types.SimpleNamespace(seed=0, context=48, serving_reps=2, serving_warmup=2, serving_steps=5,
                                 model_path=shared_path("models", "stories260K"), chunked_prefill_size=64)
@@ -45,7 +45,7 @@ def test_serving_rows_time_steady_decode_steps(runner):
 
 
 def test_run_mode_fails_closed_when_the_batch_never_decodes(runner):
-    import bench_decode_serving as bds
+    from benchmark.decode import served_step as bds
 
     with pytest.raises(RuntimeError, match="steady decode steps"):
         bds.run_mode(runner, "overlap", [[5] * 20] * 2, 2, 5, 1e11, 1e6, "x",

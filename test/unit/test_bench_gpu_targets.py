@@ -1,4 +1,4 @@
-"""``benchmark/bench_gpu_targets.py``: floor formulas, FLOP counting, table formatting, argument parsing,
+"""``benchmark/serving/bench_gpu_targets.py``: floor formulas, FLOP counting, table formatting, argument parsing,
 and a tiny CPU smoke run of the floors/decode/prefill timing path (stories260K config, dummy weights)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from conftest import load_benchmark, shared_path  # noqa: E402
 
-bgt = load_benchmark("bench_gpu_targets")
+bgt = load_benchmark("serving.bench_gpu_targets")
 
 
 def _tiny_llama(tmp_path, rng: random.Random, tied: bool):

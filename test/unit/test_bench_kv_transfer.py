@@ -1,4 +1,4 @@
-"""bench_kv_transfer.py --smoke runs on CPU (fake backend, and nixl when it imports), verifies every method
+"""benchmark/disaggregation/bench_kv_transfer.py --smoke runs on CPU (fake backend, and nixl when it imports), verifies every method
 byte for byte (it raises otherwise) and reports one row per (block size, count) with consistent counts."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmark"))
+sys.path.insert(0, str(ROOT))
 
 from sglang.srt.disaggregation.transfer.base import nixl_available  # noqa: E402
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.timeout(300)
 @pytest.mark.parametrize("backend", ["fake", pytest.param("nixl", marks=pytest.mark.skipif(
     not nixl_available()[0], reason=f"nixl: {nixl_available()[1]}"))])
 def test_bench_kv_transfer_smoke(tmp_path, backend):
-    import bench_kv_transfer
+    from benchmark.disaggregation import bench_kv_transfer as bench_kv_transfer
 
     res = bench_kv_transfer.main(["--smoke", "--backend", backend, "--out-dir", str(tmp_path), "--tag", "_t"])
     rows = res["rows"]
@@ -32,5 +32,5 @@ def test_bench_kv_transfer_smoke(tmp_path, backend):
         for m in ("msg", "per_block", "coalesced"):
             assert r[f"{m}_gbps"] > 0
     written = json.loads(next(tmp_path.glob("*_kv_transfer_cpu_t.json")).read_text())
-    assert written["rows"] == rows and written["command"].startswith("python benchmark/bench_kv_transfer.py")
+    assert written["rows"] == rows and written["command"].startswith("python benchmark/disaggregation/bench_kv_transfer.py")
     assert "hardware" in written and "date" in written

@@ -1,4 +1,4 @@
-"""bench_nixl_read.py on CPU: its argument checks, the UCX protocol-table parser, the table and the best-setting
+"""benchmark/disaggregation/bench_nixl_read.py on CPU: its argument checks, the UCX protocol-table parser, the table and the best-setting
 choice (pure functions), and, when nixl imports, one tiny host-memory run whose READs are checked byte for byte."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmark"))
+sys.path.insert(0, str(ROOT))
 
-import bench_nixl_read as bn  # noqa: E402
+from benchmark.disaggregation import bench_nixl_read as bn  # noqa: E402
 from sglang.srt.disaggregation.transfer.base import nixl_available  # noqa: E402
 from sglang.srt.disaggregation.transfer.nixl_backend import UCX_ENV_DEFAULTS  # noqa: E402
 
@@ -72,7 +72,7 @@ def test_bad_arguments_exit(argv):
 def test_host_memory_run_reads_and_writes_the_pattern(tmp_path):
     bn.main(["--device", "cpu", "--mib", "1", "--descs", "1", "8", "--iters", "2", "--warmup", "1", "--settings",
              "ours", "--write", "--out-dir", str(tmp_path)])
-    rows = json.loads((tmp_path / "issue24_nixl_read.json").read_text())["rows"]
+    rows = json.loads((tmp_path / "nixl_read.json").read_text())["rows"]
     assert {(r["path"], r["descs"]) for r in rows} == {(p, k) for p in ("ours", "repost", "write") for k in (1, 8)}
     # write rows are correct only when the WRITTEN bytes read back (bench_nixl_read._write_lands)
     assert all(r["correct"] and r["gbps"] > 0 for r in rows)

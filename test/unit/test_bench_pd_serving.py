@@ -1,4 +1,4 @@
-"""bench_pd_serving.py without servers: several datasets per invocation (one report each), the transfer share of TTFT
+"""benchmark/disaggregation/bench_pd_serving.py without servers: several datasets per invocation (one report each), the transfer share of TTFT
 as the part the transfer adds (pull: the pure READ time; push: the WRITE time after the prefill forward, since
 layerwise WRITEs overlap it), the report's wording of both, and the warm-up phase before every timed run (its size,
 its order before the transfer counters are read, the same phase for pd, agg and agg2)."""
@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmark"))
+sys.path.insert(0, str(ROOT))
 
-import bench_pd_serving as bp  # noqa: E402
-import pd_serving_warmup as pw  # noqa: E402
+from benchmark.disaggregation import bench_pd_serving as bp  # noqa: E402
+from benchmark.disaggregation import pd_serving_warmup as pw  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -92,7 +92,7 @@ def test_rows_table_ratios_against_the_agg2_row(tmp_path):
     argv = sys.argv
     try:
         for name, (mode, res) in runs.items():
-            sys.argv = ["bench_pd_serving.py", "--transfer-mode", mode]  # the report's command names the mode
+            sys.argv = ["benchmark/disaggregation/bench_pd_serving.py", "--transfer-mode", mode]  # the report's command names the mode
             a = bp.parse_args(["--model-path", "m", "--dataset", "random", "--transfer-mode", mode,
                                "--out-dir", str(tmp_path / name)])
             (tmp_path / name).mkdir()

@@ -1,4 +1,4 @@
-"""bench_tdist on CPU: argument validation, Llama TP shapes from the real config, and the ratio table (max over
+"""benchmark/tdist/bench_kernels.py on CPU: argument validation, Llama TP shapes from the real config, and the ratio table (max over
 ranks, baseline / best tdist, unavailable baselines shown as '-' with the reason)."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmark"))
+sys.path.insert(0, str(ROOT))
 
-import bench_tdist  # noqa: E402
-from tdist_bench_lib import UNAVAILABLE_SHARED, llama_shapes, table  # noqa: E402
+from benchmark.tdist import bench_kernels as bench_tdist  # noqa: E402
+from benchmark.tdist.kernels_lib import UNAVAILABLE_SHARED, llama_shapes, table  # noqa: E402
 
 
 def test_llama_tp8_shapes(tmp_path):
@@ -86,9 +86,9 @@ def test_status_reads_only_the_results_table():
     """The bench file also holds a profile table (same first columns op / shape / M) and notes broken over lines:
     tdist_status must read only the results table's rows (at world 4 the profile rows came out as bogus
     targets), and the table writer keeps a note on one line."""
-    from tdist_bench_lib import table
-    from tdist_profile import profile_lines
-    from tdist_status import parse, status
+    from benchmark.tdist.kernels_lib import table
+    from benchmark.tdist.call_profile import profile_lines
+    from benchmark.tdist.targets_status import parse, status
 
     rows = [{"op": "AG-GEMM", "shape": "qkv K=8192 N=2560", "M": 8192, "tdist_decomp": 0.64, "tdist_auto": 0.50,
              "auto_path": "symm", "torch_seq": 0.78, "symm_fused": 0.495, "decomp_graph_note": "Err: a\nb | c",
@@ -106,8 +106,8 @@ def test_status_reads_only_the_results_table():
 
 
 def test_profile_summary_intervals():
-    """tdist_profile.summarize: GEMM / copy unions, their overlap, idle time inside the span, copy bandwidth."""
-    from tdist_profile import intersect, profile_lines, summarize, union
+    """benchmark.tdist.call_profile.summarize: GEMM / copy unions, their overlap, idle time inside the span, copy bandwidth."""
+    from benchmark.tdist.call_profile import intersect, profile_lines, summarize, union
 
     assert union([(5, 7), (0, 2), (1, 3)]) == [(0, 3), (5, 7)]
     assert intersect([(0, 3), (5, 7)], [(2, 6)]) == 2

@@ -1,4 +1,4 @@
-"""``benchmark/bench_tdist_stack.py`` (``--enable-tdist-overlap`` on a layer stack, on vs off): the smoke
+"""``benchmark/tdist/bench_layer_stack.py`` (``--enable-tdist-overlap`` on a layer stack, on vs off): the smoke
 run on CPU (gloo, TP 2, tiny Llama) takes the sequence-parallel path in both SP variants (2 row-parallel calls per
 layer) and its outputs equal the plain TP forward's exactly (fp32, two-term sums commute); the pass rule rejects a
 distance beyond the tolerance and a lost greedy token. Times are not checked (they mean nothing on CPU)."""
@@ -11,11 +11,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "benchmark")]
+sys.path[:0] = [str(ROOT)]
 
 
 def test_smoke_runs_sequence_parallel_and_matches_plain_tp(tmp_path):
-    p = subprocess.run([sys.executable, str(ROOT / "benchmark" / "bench_tdist_stack.py"), "--smoke", "--results-dir",
+    p = subprocess.run([sys.executable, str(ROOT / "benchmark" / "tdist" / "bench_layer_stack.py"), "--smoke", "--results-dir",
                         str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     (md,), (js,) = list(tmp_path.glob("*_tdist_stack_smoke.md")), list(tmp_path.glob("*_tdist_stack_smoke.json"))
@@ -45,7 +45,7 @@ def _per_rank(tdist_l2: float, sp_l2: float, tdist_equal: int = 10, ref_l2: floa
 
 
 def test_pass_rule():
-    from bench_tdist_stack import BF16_U, _worst
+    from benchmark.tdist.bench_layer_stack import BF16_U, _worst
 
     assert _worst(_per_rank(1e-3, 1e-3), 8)["check"]["pass"]
     assert _worst(_per_rank(1.9e-2, 1e-2), 8)["check"]["pass"]  # within 2x the reassociation floor

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(tmp_path, *args) -> str:
-    cmd = [sys.executable, str(ROOT / "benchmark" / "bench_tokenweave.py"), "--smoke", "--results-dir",
+    cmd = [sys.executable, str(ROOT / "benchmark" / "tokenweave" / "bench_layer.py"), "--smoke", "--results-dir",
            str(tmp_path), *args]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -54,7 +54,7 @@ def test_layer_mode_smoke(tmp_path):
     assert "supported --tokenweave-min-tokens" in host_table
     overlap = host_table.split("## communication / compute overlap")[1]  # CPU: the profiled forwards, no kernels
     assert len(re.findall(r"^\| (nocomm|nccl|tokenweave) \| 16 \| ", overlap, re.M)) == 2 * 3, overlap
-    targets = host_table.split("## against issue 25's targets")[1]
+    targets = host_table.split("## against the TokenWeave targets")[1]
     assert len(re.findall(r"^\| \S+ \| 2 \| (16|40) \| [0-9.]+ \| n/a \| [0-9.]+ \| <= 1.0 \|", targets, re.M)) == 4
 
 
@@ -92,8 +92,8 @@ def test_layer_mode_oldcomm_variant(tmp_path):
     the correctness check against nccl."""
     from conftest import shared_path
 
-    sys.path.insert(0, str(ROOT / "benchmark"))
-    from tokenweave_variants import OLDCOMM, ratio_pairs
+    sys.path.insert(0, str(ROOT))
+    from benchmark.tokenweave.layer_variants import OLDCOMM, ratio_pairs
 
     assert ratio_pairs(["nccl", "tokenweave", OLDCOMM]) == [("tokenweave", "nccl"), (OLDCOMM, "nccl"),
                                                             ("tokenweave", OLDCOMM)]
@@ -110,8 +110,8 @@ def test_layer_mode_oldsplit_variant(tmp_path):
     cut at the half)."""
     from conftest import shared_path
 
-    sys.path.insert(0, str(ROOT / "benchmark"))
-    from tokenweave_variants import OLDSPLIT, ratio_pairs
+    sys.path.insert(0, str(ROOT))
+    from benchmark.tokenweave.layer_variants import OLDSPLIT, ratio_pairs
 
     assert ratio_pairs(["nccl", "tokenweave", OLDSPLIT]) == [("tokenweave", "nccl"), (OLDSPLIT, "nccl"),
                                                              ("tokenweave", OLDSPLIT)]
@@ -128,8 +128,8 @@ def test_layer_mode_full_residual_variant(tmp_path):
     owned row) in the correctness check."""
     from conftest import shared_path
 
-    sys.path.insert(0, str(ROOT / "benchmark"))
-    from tokenweave_variants import FULL, ratio_pairs
+    sys.path.insert(0, str(ROOT))
+    from benchmark.tokenweave.layer_variants import FULL, ratio_pairs
 
     assert ratio_pairs(["nccl", "tokenweave", FULL]) == [("tokenweave", "nccl"), (FULL, "nccl"),
                                                          ("tokenweave", FULL)]
@@ -146,8 +146,8 @@ def test_layer_mode_selcarve_variant(tmp_path):
     at the half)."""
     from conftest import shared_path
 
-    sys.path.insert(0, str(ROOT / "benchmark"))
-    from tokenweave_variants import SELCARVE, ratio_pairs
+    sys.path.insert(0, str(ROOT))
+    from benchmark.tokenweave.layer_variants import SELCARVE, ratio_pairs
 
     assert ratio_pairs(["nccl", "tokenweave", SELCARVE]) == [("tokenweave", "nccl"), (SELCARVE, "nccl"),
                                                              (SELCARVE, "tokenweave")]

@@ -8,7 +8,7 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "benchmark"))
+sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pytest  # noqa: E402
@@ -17,13 +17,13 @@ from conftest import shared_path  # noqa: E402
 
 
 def _args(*extra):
-    import bench_tokenweave_e2e as b
+    from benchmark.tokenweave import bench_e2e as b
 
     return b.parse_args(["--model-path", shared_path("models", "stories260K"), *extra])
 
 
 def test_engine_kwargs_only_on_side_enables_tokenweave():
-    import bench_tokenweave_e2e as b
+    from benchmark.tokenweave import bench_e2e as b
 
     a = _args("--tp", "4", "--min-tokens", "64", "--comm-sms", "16", "--chunked-prefill-size", "8192",
               "--disable-cuda-graph")
@@ -41,7 +41,7 @@ def test_engine_kwargs_only_on_side_enables_tokenweave():
 
 
 def test_bad_flags_are_refused():
-    import bench_tokenweave_e2e as b
+    from benchmark.tokenweave import bench_e2e as b
 
     for bad in (["--reps", "0"], ["--budget", "-1"], ["--tp", "0"]):
         with pytest.raises(SystemExit):
@@ -51,7 +51,7 @@ def test_bad_flags_are_refused():
 
 
 def test_make_prompts_is_seeded_and_in_range():
-    import bench_tokenweave_e2e as b
+    from benchmark.tokenweave import bench_e2e as b
 
     p = b.make_prompts(3, 50, 512, seed=5)
     assert p == b.make_prompts(3, 50, 512, seed=5) and p != b.make_prompts(3, 50, 512, seed=6)
@@ -66,7 +66,7 @@ def _fake(side, rnd, tps, ids):
 
 
 def test_alternation_order_and_budget_stop():
-    import bench_tokenweave_e2e as b
+    from benchmark.tokenweave import bench_e2e as b
 
     a = _args("--rounds", "3", "--budget", "1000")
     order = []
@@ -75,7 +75,7 @@ def test_alternation_order_and_budget_stop():
 
 
 def test_medians_use_complete_pairs_and_greedy_rows():
-    import bench_tokenweave_e2e as b
+    from benchmark.tokenweave import bench_e2e as b
 
     a = _args("--reps", "1")
     runs = [_fake("off", 1, [100.0], [[1, 2], [3, 4]]), _fake("on", 1, [150.0], [[1, 2], [3, 9]]),
@@ -92,7 +92,7 @@ def test_medians_use_complete_pairs_and_greedy_rows():
 
 def test_cpu_gloo_tp2_on_off_greedy_equal(tmp_path):
     """Real engines (stories260K trained weights, CPU, TP2 over gloo): one off/on pair, equal greedy ids."""
-    import bench_tokenweave_e2e as b
+    from benchmark.tokenweave import bench_e2e as b
 
     out = tmp_path / "e2e.md"
     rc = b.main(["--model-path", shared_path("models", "stories260K"), "--load-format", "auto", "--device", "cpu",

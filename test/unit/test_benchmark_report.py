@@ -74,3 +74,20 @@ def test_module_entry_point_runs_from_the_repo_root(results):
                           "comm"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "### comm" in out.stdout and "### decode" not in out.stdout
+
+
+def test_readme_section_lists_markdown_only_results_and_skips_free_form_json(results, capsys):
+    root = results[0]
+    (root / "decode" / "2026-11-28_step_h100.md").write_text("# a markdown-only result\n")
+    (root / "decode" / "2026-11-28_profile_h100.json").write_text('{"rows": [1, 2]}')  # older free-form JSON
+    (root / "decode" / "2026-11-28_cost_h100.json").write_text('{"schema": "other-format/1"}')  # another schema
+    (root / "index.md").write_text("| [2026-11-28_step_h100.md](decode/2026-11-28_step_h100.md) | "
+                                   "decode step, second run | `old_name.md` |\n")
+    assert report.main(["--results", str(root), "--readme-section"]) == 0
+    out = capsys.readouterr().out
+    assert "1.219 x](" in out and "2026-11-27_floor_ratio_h100.md" in out  # the record's table comes first
+    assert "- [2026-11-28_step_h100.md](" in out and ": decode step, second run" in out
+    assert "2026-11-28_profile_h100.json" in out and "2026-11-28_cost_h100.json" in out
+    assert report.main(["--results", str(root), "--readme-section", "--limit", "1"]) == 0
+    listed = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("- [2026-11-28")]
+    assert listed == [ln for ln in listed[:1]]  # one markdown-only entry per subject

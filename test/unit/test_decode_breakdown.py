@@ -1,4 +1,4 @@
-"""benchmark/decode_breakdown.py on CPU: GEMM roles from kernel order (cuBLAS/nvjet names as profiled on the H200,
+"""benchmark/decode/breakdown.py on CPU: GEMM roles from kernel order (cuBLAS/nvjet names as profiled on the H200,
 skinny split-K with its reduce kernel), minimum bytes of Llama-3.1-8B, and the time/bandwidth arithmetic."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import sys
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "benchmark"))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
-import decode_breakdown as db  # noqa: E402
+from benchmark.decode import breakdown as db  # noqa: E402
 
 NVJET = "nvjet_sm90_tst_128x8_64x12_2x1_v_bz_TNT"
 SPLITK = "nvjet_sm90_tst_64x8_64x16_2x1_v_bz_splitK_TNT"

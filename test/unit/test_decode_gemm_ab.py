@@ -1,4 +1,4 @@
-"""benchmark/decode_gemm_ab.py on CPU (stories260K, eager): both graph sets are captured with the autotune switch
+"""benchmark/decode/gemm_ab.py on CPU (stories260K, eager): both graph sets are captured with the autotune switch
 0 then 1 (and the environment restored), each serving run uses its set with that set's table installed on every
 linear, the order alternates, rows carry served and replay ratios, and a failed profile is reported, not raised."""
 
@@ -13,7 +13,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "benchmark"))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from conftest import shared_path  # noqa: E402
 
 
@@ -59,7 +59,7 @@ def runner():
 
 
 def test_gemm_ab_alternates_sets_with_their_tables(runner, monkeypatch):
-    import decode_gemm_ab as ab
+    from benchmark.decode import gemm_ab as ab
 
     from sglang.srt.layers import decode_gemm
 

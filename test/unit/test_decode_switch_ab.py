@@ -1,4 +1,4 @@
-"""benchmark/decode_switch_ab.py on CPU: the set spec of ``bench_decode_ab.py --switch-ab`` parses into
+"""benchmark/decode/switch_ab.py on CPU: the set spec of ``bench_decode_ab.py --switch-ab`` parses into
 (name, variables) pairs, rejects malformed or unknown entries with the offending set named, and the per-set
 environment is exactly the set's variables while it runs and restored afterwards."""
 
@@ -10,9 +10,9 @@ import sys
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "benchmark"))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
-import decode_switch_ab as sw  # noqa: E402
+from benchmark.decode import switch_ab as sw  # noqa: E402
 
 TILE, PDL, FUSE = sw.SWITCHES
 

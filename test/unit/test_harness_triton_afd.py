@@ -1,4 +1,4 @@
-"""The paths ``benchmark/bench_afd.py --mode decode`` times on a GPU, checked on CPU under the Triton interpreter on the
+"""The paths ``benchmark/afd/bench.py --mode decode`` times on a GPU, checked on CPU under the Triton interpreter on the
 trained stories260K-moe checkpoint: :class:`ModelHarness` with the Triton attention backend (real
 ``MHATokenToKVPool``) gives the torch_native reference's logits and greedy tokens, and so does the AFD attention
 worker (ping-pong over m micro-batches, experts on an FFN worker) running on that backend. On a CUDA host this module

@@ -139,7 +139,7 @@ def test_benchmarks_and_the_library_do_not_import_tests():
     absent where the package is installed): no import of a ``test/`` module, no ``test`` folder path."""
     root = SRT.parents[2]
     test_modules = {p.stem for p in (root / "test").rglob("*.py")} - {"__init__"}
-    files = sorted((root / "benchmark").glob("*.py")) + sorted((root / "python" / "sglang").rglob("*.py"))
+    files = sorted((root / "benchmark").rglob("*.py")) + sorted((root / "python" / "sglang").rglob("*.py"))
     bad = {}
     for p in files:
         tree = ast.parse(p.read_text())
@@ -153,6 +153,41 @@ def test_benchmarks_and_the_library_do_not_import_tests():
             bad[p.relative_to(root).as_posix()] = sorted(names)
     assert not bad, f"imports from test/: {bad}"
 
+
+
+def test_benchmark_modules_form_no_import_cycle():
+    """Benchmarks import each other as ``benchmark.<subject>.<module>`` and only downwards: entry points import
+    libraries, never the other way round, so no module of ``benchmark/`` is imported while it is still loading (an
+    entry point run as a file would otherwise be loaded a second time under its package name)."""
+    root = SRT.parents[2]
+    mods = {".".join(p.relative_to(root).with_suffix("").parts): p for p in (root / "benchmark").rglob("*.py")
+            if p.name != "__init__.py"}
+    graph = {}
+    for name, p in mods.items():
+        deps = set()
+        for n in ast.walk(ast.parse(p.read_text())):
+            targets = []
+            if isinstance(n, ast.Import):
+                targets = [a.name for a in n.names]
+            elif isinstance(n, ast.ImportFrom) and n.level == 0 and n.module:
+                targets = [n.module] + [f"{n.module}.{a.name}" for a in n.names]
+            deps |= {t for t in targets if t in mods and t != name}
+        graph[name] = deps
+    state, cycles = {}, []
+
+    def visit(m, stack):
+        state[m] = 1
+        for d in sorted(graph[m]):
+            if state.get(d) == 1:
+                cycles.append(stack[stack.index(d):] + [d] if d in stack else [m, d])
+            elif d not in state:
+                visit(d, stack + [d])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, f"import cycles among benchmark modules: {cycles}"
 
 def test_gpu_scripts_set_the_nvls_off_environment():
     """Every ``scripts/gpu/*.sh`` run sets NVLS/multicast off: through ``device_preamble.sh`` (the common start, sourced

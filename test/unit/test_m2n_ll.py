@@ -238,7 +238,7 @@ FLOOR_CASE = textwrap.dedent("""
     import sys, tempfile
     import torch
     sys.path[:0] = [sys.argv[1], sys.argv[2]]
-    from afd_m2n_floor import RawLLFloor
+    from benchmark.afd.m2n_floor import RawLLFloor
     from m2n_push_sim_case import SimDriver, SimPlatform
     from sgl_kernel.m2n import M2NConfig, M2NEndpoint, RowLayout
     from sgl_kernel.m2n.cuda_push import CudaPushTransport
@@ -270,13 +270,13 @@ FLOOR_CASE = textwrap.dedent("""
 
 @needs_triton
 def test_raw_ll_floor_kernels_interpreter():
-    """benchmark/afd_m2n_floor.py (the latency table's floor): the put writes the LL words of the torch reference
+    """benchmark/afd/m2n_floor.py (the latency table's floor): the put writes the LL words of the torch reference
     into the peer's slot with the hop's tag, the wait accepts them, and a wait for a put that never came fails
     closed."""
     env = dict(os.environ, TRITON_INTERPRET="1")
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "sgl-kernel" / "python"), str(REPO / "python"),
                                          env.get("PYTHONPATH", "")])
-    r = subprocess.run([sys.executable, "-c", FLOOR_CASE, str(REPO / "benchmark"), str(Path(__file__).parent)],
+    r = subprocess.run([sys.executable, "-c", FLOOR_CASE, str(REPO), str(Path(__file__).parent)],
                        env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-1000:] + r.stderr[-3000:]
 

@@ -215,5 +215,5 @@ def test_builtin_table_per_gpu_model():
     assert H100_TABLE.choose("rs", 2048, 8192, 2, 8192, symm=True) == "symm"
     assert t.choose("ag", 8192, 14336, 2, 2048) == "decomp" and t.pieces_for("ag", 8192, 14336, 2, 8192) == 2
     assert t.min_m("ag", 8192, 2560, 2) == 2048
-    # the table round-trips through JSON (what bench_tdist.py prints)
+    # the table round-trips through JSON (what benchmark/tdist/bench_kernels.py prints)
     assert CalibrationTable.from_json(t.to_json()) == t

@@ -342,7 +342,7 @@ def test_ag_gemm_bulk_head_then_one_gemm(fake_cuda, monkeypatch, rows):
 
 @pytest.mark.parametrize("kind", ["ag", "rs"])
 def test_split_pushes_keep_the_protocol(fake_cuda, kind):
-    """Pushes cut in 3 parts on helper streams (_Handshake.split, what bench_tdist.py measures): same results."""
+    """Pushes cut in 3 parts on helper streams (_Handshake.split, what benchmark/tdist/bench_kernels.py measures): same results."""
     heaps = simulate_group(2, HeapConfig(data_bytes=1 << 20, signal_slots=64))
     rows = [40, 24]
     if kind == "ag":

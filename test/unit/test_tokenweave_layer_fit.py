@@ -15,7 +15,7 @@ from conftest import load_benchmark  # noqa: E402
 
 
 def _report():
-    return load_benchmark("tokenweave_report")
+    return load_benchmark("tokenweave.layer_report")
 
 
 # (fixed ms, ms per layer) per variant at T=1024, eager; graph mode: fixed costs 0.1 ms lower

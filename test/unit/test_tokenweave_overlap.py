@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def _k(name, ts, dur, stream):
@@ -17,7 +17,7 @@ def _k(name, ts, dur, stream):
 
 
 def test_overlap_stats_counts_only_concurrent_time():
-    from tokenweave_profile import overlap_stats
+    from benchmark.tokenweave.layer_profile import overlap_stats
 
     kernels = [dict(_k("nvjet_tst_gemm", 0, 100, 7), args={"stream": 7, "grid": [116, 1, 1]}), _k("flash_fwd", 100, 50, 7), _k("nvjet_tst_gemm", 200, 100, 7),
                _k("twoshot_kernel<bf16>", 80, 40, 20),   # 80..120: fully under compute (0..150)
@@ -32,7 +32,7 @@ def test_overlap_stats_counts_only_concurrent_time():
 
 
 def test_overlap_stats_serialized_and_empty():
-    from tokenweave_profile import overlap_stats, overlap_table
+    from benchmark.tokenweave.layer_profile import overlap_stats, overlap_table
 
     serial = overlap_stats([_k("gemm", 0, 100, 7), _k("ncclDevKernel_AllReduce", 100, 30, 7)])
     assert serial["overlap_us"] == 0 and serial["overlap_frac"] == 0 and serial["comm_us"] == pytest.approx(30)

@@ -1,4 +1,4 @@
-"""``benchmark/tokenweave_timeline.py`` (the TokenWeave overlap diagnosis) on a tiny synthetic kernel timeline whose
+"""``benchmark/tokenweave/overlap_timeline.py`` (the TokenWeave overlap diagnosis) on a tiny synthetic kernel timeline whose
 busy times, overlap and gap causes are known by construction."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmark"))
+sys.path.insert(0, str(ROOT))
 
-import tokenweave_timeline as tl  # noqa: E402
+from benchmark.tokenweave import overlap_timeline as tl  # noqa: E402
 
 # compute stream 7: GEMM [0, 100], attention [150, 250] (resumes 5 us after the comm kernel's end: wait-comm),
 # GEMM [400, 450] (nothing ran in [250, 400]: idle), GEMM [480, 600] ([450, 480] has comm running but no end

@@ -24,7 +24,7 @@ def _row():
 
 
 def test_best_full_and_sharded_kept_apart():
-    r = load_benchmark("tw_comm_ar_report")
+    r = load_benchmark("comm.allreduce_rmsnorm_report")
     row = _row()
     methods = ("twoshot", "twoshot_sharded", "twoshot_pipe")
     assert r.best(row, methods, sharded=False) == ("cal:p2p_twoshot_pipe@64", 145.0)
@@ -35,7 +35,7 @@ def test_best_full_and_sharded_kept_apart():
 
 
 def test_main_table_ratios_for_auto_full_and_sharded():
-    r = load_benchmark("tw_comm_ar_report")
+    r = load_benchmark("comm.allreduce_rmsnorm_report")
     lines = r.main_table([_row()], ("twoshot", "twoshot_sharded", "twoshot_pipe"))
     head = [x for x in lines if x.startswith("| world |")][0].split(" | ")
     line = [x for x in lines if x.startswith("| 4 | 1024 |")][0]
@@ -52,7 +52,7 @@ def test_main_table_ratios_for_auto_full_and_sharded():
 
 
 def test_main_table_without_auto_or_baselines_says_na():
-    r = load_benchmark("tw_comm_ar_report")
+    r = load_benchmark("comm.allreduce_rmsnorm_report")
     row = {"world": 2, "T": 8, "floor_us": 1.0, "baseline": 10.0, "oneshot": 5.0}
     line = [x for x in r.main_table([row], ("oneshot",)) if x.startswith("| 2 | 8 |")][0]
     assert "| n/a (?) | 5.0 (oneshot) | n/a | n/a | n/a | n/a | 2.00x | n/a | n/a | n/a | n/a | n/a | 5.00x |" in line
@@ -61,7 +61,7 @@ def test_main_table_without_auto_or_baselines_says_na():
 def test_auto_pick_follows_the_table_then_the_builtin_rules(tmp_path):
     """The pick a plain bf16 call gets: the calibrated table's backend and SMs where the GPU / world has one, the
     built-in rules otherwise, NCCL where the staging buffer is too small."""
-    b = load_benchmark("bench_tw_comm_allreduce_rmsnorm")
+    b = load_benchmark("comm.bench_allreduce_rmsnorm")
     from sglang.srt.distributed.tw_comm import TwBackend, TwCommConfig
     from sglang.srt.distributed.tw_comm_tuning import UNBOUNDED, write_table
 
@@ -82,7 +82,7 @@ def test_auto_pick_follows_the_table_then_the_builtin_rules(tmp_path):
 def test_auto_pick_packaged_h200_world4():
     """The packaged table (H200 x4, 2026-11-27): 8192 tokens (128 MiB) -> bulk two-shot on 128 SMs, 1024 tokens
     (16 MiB) -> pipelined two-shot on 128 SMs."""
-    b = load_benchmark("bench_tw_comm_allreduce_rmsnorm")
+    b = load_benchmark("comm.bench_allreduce_rmsnorm")
     from sglang.srt.distributed.tw_comm import TwBackend, TwCommConfig
     from sglang.srt.distributed.tw_comm_tuning import DEFAULT_TABLE_PATH
 

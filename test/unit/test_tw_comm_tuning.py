@@ -89,7 +89,7 @@ def test_select_backend_follows_the_table_where_feasible():
 
 
 def test_packaged_table_parses_for_each_calibrated_gpu_and_world():
-    """The shipped ``tw_comm_crossovers.json`` (written by ``bench_tw_comm_allreduce_rmsnorm.py --calibrate`` on the
+    """The shipped ``tw_comm_crossovers.json`` (written by ``benchmark/comm/bench_allreduce_rmsnorm.py --calibrate`` on the
     GPUs it names) validates for every (GPU, world) key it holds, with a plain and an overlap list each."""
     import json
 
@@ -122,7 +122,7 @@ def test_packaged_table_puts_tokenweave_overlap_on_bulk_twoshot_on_h200(world):
     assert _packaged_pick("NVIDIA H200", world, 32, True) == TwBackend.ONESHOT
     assert _packaged_pick("NVIDIA H200", world, 32, True, bulk=False) == TwBackend.ONESHOT
     source = json.loads(DEFAULT_TABLE_PATH.read_text())["tables"][f"NVIDIA H200|{world}"]["source"]
-    assert "2026-11-27 03:34 UTC" in source and "issue25_kern_4gpu.sh" in source
+    assert "2026-11-27 03:34 UTC" in source and "four_gpu.sh tw_comm_cta_sweep" in source
 
 
 def test_packaged_table_plain_bulk_only_where_measured_faster():

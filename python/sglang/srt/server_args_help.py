@@ -103,7 +103,7 @@ SERVER_ARGS_HELP: dict[str, str] = {
     "TokenWeave's split forwards keep the residual sharded (each TP rank updates only its 1/TP of each split's "
     "residual rows and all-gathers only the normed rows, TokenWeave sec. 3-4), about 30%% less communication than the "
     "full residual; same tokens. CUDA-graphed 4-layer Llama-3.3-70B TP4 on 4 x H200: 0.92-0.98x the full residual's "
-    "time at 1K-8K tokens (benchmark/results/2026-11-27_issue25_shard_e2e_4xh200.md).",
+    "time at 1K-8K tokens (benchmark/results/archive/tokenweave/2026-11-27_sharded_residual_and_e2e_4xh200.md).",
     "tokenweave_full_residual": "TokenWeave's split forwards keep the full residual on every TP rank (each fused "
     "AllReduce + add + RMSNorm all-gathers the residual rows too) instead of the default sharded residual.",
     "enable_two_batch_overlap": "Two-batch overlap (SGLang's flag): split each large enough batch into two "

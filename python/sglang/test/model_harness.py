@@ -1,5 +1,5 @@
 """A tiny stand-in runtime for model tests and benchmarks: KV pool, req->token table, and ForwardBatch
-construction (``benchmark/bench_afd.py`` times decode with it; the model tests compare against HF with it).
+construction (``benchmark/afd/bench.py`` times decode with it; the model tests compare against HF with it).
 
 It mirrors what the ModelRunner does (scheduler-side ``ModelWorkerBatch`` ->
 device ``ForwardBatch`` -> ``model.forward``) without the real pool/allocator

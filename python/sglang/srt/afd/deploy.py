@@ -62,7 +62,7 @@ def transport(args: Any, one_node: bool) -> str:
     ``cuda_push`` / ``cuda_push_ll`` (device-driven; flag / low-latency protocol) are explicit-only: AFD's host
     path sends its messages with the ZMQ header, and on that path ``cuda_push`` measured slower than ``cuda_ipc``
     (2 x H200, 2026-11-26, one-way 390-531 vs 252-395 us at 32-512 KB,
-    ``benchmark/results/2026-11-26_issue24_m2n_round3_2xh200.md``); their host-free path is AFD's device-driven
+    ``benchmark/results/archive/afd/2026-11-26_m2n_device_push_2xh200.md``); their host-free path is AFD's device-driven
     steps (``sglang.srt.afd.device_m2n``), not yet measured end to end against ``cuda_ipc`` in a server."""
     if args.afd_transport != "auto":
         return args.afd_transport

@@ -7,7 +7,7 @@ timed CUDA events (``torch.cuda.Event(enable_timing=True, external=True)``: capt
 replay re-records them) at fixed points of a step; after each replay (synchronized) :meth:`StepTimer.collect`
 turns the pairs into per-(layer, micro-batch) milliseconds. Off CUDA the stamps are host ``perf_counter`` times (the
 CPU simulation of the device path). Opt-in: the executor and the FFN worker record nothing unless a timer is set
-(``AfdExecutor.step_timer``, ``FfnDeviceSteps.timer``; ``benchmark/bench_afd_graph.py`` sets both).
+(``AfdExecutor.step_timer``, ``FfnDeviceSteps.timer``; ``benchmark/afd/bench_step_graph.py`` sets both).
 
 * attention worker: ``ta`` = attention stages of one (layer, micro-batch); ``rtt`` = from the end of those stages
   (dispatch next) to its results combined, on the attention worker's stream;

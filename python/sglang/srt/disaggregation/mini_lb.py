@@ -9,7 +9,7 @@ adds ``bootstrap_host`` / ``bootstrap_port`` (the prefill server's bootstrap ser
 once; the answer (JSON or SSE stream) is the decode server's. The prefill server's answer is drained.
 With ``--workers http://A http://B ...`` instead (aggregated replicas, no disaggregation) it is a plain
 round-robin load balancer: each request goes unchanged to the next worker and its answer is relayed (the
-same-GPU-count baseline of ``benchmark/bench_pd_serving.py``).
+same-GPU-count baseline of ``benchmark/disaggregation/bench_pd_serving.py``).
 Routes: ``/generate``, ``/v1/completions``, ``/v1/chat/completions`` (streaming and not), ``/v1/models``,
 ``/health``, ``/get_server_info``, and for dynamic workers ``POST /add_worker?url=U&role=prefill|decode``
 (``&bootstrap_port=N`` optional) and ``POST /remove_worker?url=U``: a removed worker gets no new requests

@@ -24,7 +24,7 @@ taking tensors + workspace. The backend is chosen per call by size, world size a
 * ``nccl``         fallback (world not in {2, 4, 8}, capacity exceeded, no P2P); ``torch`` on CPU (gloo);
   ``local``        world size 1.
 
-Where ``bench_tw_comm_allreduce_rmsnorm.py --calibrate`` measured this GPU model and world size, the workspace
+Where ``benchmark/comm/bench_allreduce_rmsnorm.py --calibrate`` measured this GPU model and world size, the workspace
 loads that table (:mod:`sglang.srt.distributed.tw_comm_tuning`) and the choice (and SM count) follows it.
 
 The caller's tensors are used in place (the kernels push x from wherever it lives and pull results straight into
@@ -86,7 +86,7 @@ class TwCommConfig:
     """
 
     max_bytes: int = 64 << 20
-    # crossovers measured on 8x H200 (benchmark/results/tw_comm_allreduce_rmsnorm_20261120_2306.md, hidden 8192)
+    # crossovers measured on 8x H200 (benchmark/results/comm/2026-11-20_allreduce_rmsnorm_8xh200.md, hidden 8192)
     oneshot_max_bytes: Tuple[Tuple[int, int], ...] = ((2, 4 << 20), (4, 1 << 20), (8, 1 << 20))
     oneshot_sms: int = 64
     twoshot_sms: int = 128  # the two-shot copy phases are latency-bound per SM: time falls with SMs up to ~128

@@ -1,6 +1,6 @@
 """Calibrated backend choice of tw-comm's fused AllReduce + RMSNorm, per (GPU model, world size).
 
-``benchmark/bench_tw_comm_allreduce_rmsnorm.py --calibrate`` times every candidate (variant, SM count) per token
+``benchmark/comm/bench_allreduce_rmsnorm.py --calibrate`` times every candidate (variant, SM count) per token
 count in one run and writes the fastest into a JSON table (default: ``tw_comm_crossovers.json`` next to this
 module; ``$TW_COMM_CROSSOVERS`` points elsewhere). :class:`~sglang.srt.distributed.tw_comm.TwCommWorkspace`
 loads the table of its GPU model and world size into its frozen config; ``select_backend`` then picks by payload

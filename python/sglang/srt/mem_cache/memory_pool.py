@@ -171,7 +171,7 @@ class MHATokenToKVPool:
       slot across **all** layers is one contiguous run of ``layer_num * 2 * head_num * head_dim`` elements, so a
       request's run of consecutive slots is ONE byte range: one transfer descriptor per slot run instead of
       ``2 * layer_num`` (64 for Llama-3.1-8B). Why: UCX handles NIXL descriptors one after the other at ~9-10 us
-      each (``benchmark/bench_nixl_read.py``); KVDirect (Chen et al. 2024, sec. 4.2) coalesces reads
+      each (``benchmark/disaggregation/bench_nixl_read.py``); KVDirect (Chen et al. 2024, sec. 4.2) coalesces reads
       for the same reason.
 
     :meth:`describe` publishes the storage order and strides (KVDirect's tensor-centric metadata), so a peer

@@ -8,7 +8,7 @@ the wait is normally already satisfied and the host never waits on the replay it
 
 Formerly every replay cloned a pad tensor, built a ``[4, bs]`` tensor from Python lists, pinned it
 (a fresh pinned block per step) and issued a second copy for the KV slots: :func:`stage_decode_inputs_legacy`
-keeps that sequence for the host micro-benchmark (``benchmark/bench_decode_host.py``) only.
+keeps that sequence for the host micro-benchmark (``benchmark/decode/host_step.py``) only.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ class DecodeInputStager:
 
 
 def stage_decode_inputs_legacy(static: torch.Tensor, pad: torch.Tensor, batch, padded: int) -> None:
-    """The former (legacy) staging, kept only to measure it (``benchmark/bench_decode_host.py``): clone a pad tensor
+    """The former (legacy) staging, kept only to measure it (``benchmark/decode/host_step.py``): clone a pad tensor
     ``pad`` ``[4, max_bs]`` int64 (CPU), fill ``[:, :bs]`` from a new tensor of the batch's lists, pin it when
     ``static`` (``[5, max_bs]`` int64, rows as :data:`ROWS`) is on CUDA, copy it, then copy the KV slots
     separately and zero the padding slots."""

@@ -313,7 +313,7 @@ class ModelRunner:
         Reuse: when the same requests (``rid`` and ``sampling_params`` object, in order) ask again and the
         last result does not depend on the step (:func:`step_independent`: no penalty, min_new_tokens ban, seeded row,
         grammar, custom processor or per-token logprob list), that object is returned as is; building it costs
-        0.4-1.4 ms of host time at 128 rows (benchmark/bench_decode_host.py), and a decode batch keeps its requests
+        0.4-1.4 ms of host time at 128 rows (benchmark/decode/host_step.py), and a decode batch keeps its requests
         for many steps. The sampler only reads it.
         """
         params = [r.sampling_params for r in reqs]

@@ -236,7 +236,7 @@ class TokenWeaveExecutor(SubBatchExecutor):
         Split from :meth:`run` so that the planning (host-to-device copies of the splits' request metadata) can
         happen outside a CUDA-graph capture: a prefill of fixed sub-batches issues no host synchronization and no
         host-to-device copy here, so ``run_subs`` of planned sub-batches can be captured (benchmarks graph the
-        split forward per token count; see ``benchmark/tokenweave_graph.py``)."""
+        split forward per token count; see ``benchmark/tokenweave/layer_graph.py``)."""
         if len(subs) <= 1:
             return self._sequential.run(model, forward_batch)
         if self.config.sharded_residual and self._checked_model != id(model):

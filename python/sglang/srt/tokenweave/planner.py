@@ -12,7 +12,7 @@ and ``T2 = T - T1`` (suffix split) that
 3. balances the halves (``|T1 - T/2|`` smallest), preferring cuts on tile boundaries and, at equal balance, the
    larger prefix.
 
-Why balance comes first (4 x H200 TP4, Llama-3.3-70B, ``benchmark/tokenweave_timeline.py`` over the
+Why balance comes first (4 x H200 TP4, Llama-3.3-70B, ``benchmark/tokenweave/overlap_timeline.py`` over the
 profiled forward at T=4096): with the GEMMs capped to 116 SMs the unbounded wave search cut 4096 tokens 384 + 3712
 (0 extra waves; the half cut has 1). The suffix split's AllReduce (500-660 us) then had only the 384-token prefix's
 compute (~100 us attention, ~340 us MLP) to hide behind, so the compute stream stood still ~0.8 ms per layer waiting

@@ -51,7 +51,7 @@ from sgl_kernel.tdist import primitives as P
 LL_SITE = 14  # tdist.layout.WAIT_SITES code of these kernels
 LL_BLOCK = 1024  # LL words (int64) per program and step: 4 KB of payload, 8 KB on the wire
 # most programs of one receiver's grid (SGLANG_M2N_LL_MAX_GRID overrides: ll_max_grid): 64 met <= 0.5x graphed NCCL
-# send/recv at 32-512 KB on 2 H200s, 32 missed at 512 KB (benchmark/results/2026-11-27_issue24_m2n_ll_4xh200.md)
+# send/recv at 32-512 KB on 2 H200s, 32 missed at 512 KB (benchmark/results/archive/afd/2026-11-27_m2n_low_latency_4xh200.md)
 LL_MAX_GRID = 64
 LL_MAX_GRID_ENV = "SGLANG_M2N_LL_MAX_GRID"
 MASK32 = tl.constexpr(0xFFFFFFFF)

@@ -131,7 +131,7 @@ class AllToAll:
     buffer (``world * capacity * hidden`` elements of ``dtype`` per rank); chunks: CTAs per destination (None:
     :func:`default_ctas` of the world size; must be equal on every rank); block / num_warps: elements one CTA copies
     per loop step and its warps (4096 / 4: 32 elements, four 16-byte loads in flight per thread; the 2 x H100 runs
-    measured 2048 / 4 before the one-copy kernel, and bench_tdist.py's 'pieces' variant sweeps both). Construction
+    measured 2048 / 4 before the one-copy kernel, and benchmark/tdist/bench_kernels.py's 'pieces' variant sweeps both). Construction
     allocates heap regions in
     the same order on every rank (call it on every rank). Usable as the same-node GPU transport of an M2N
     (many-to-many) exchange: one object per direction. Raises ValueError for sizes < 1.

@@ -2,7 +2,7 @@
 
 Overlap pays only when the GEMM is long enough to hide the transfer and the extra launches: below a break-even M the
 sequence ``all_gather_into_tensor`` + GEMM (or GEMM + ``reduce_scatter_tensor``) wins. :class:`CalibrationTable` keeps
-the break-even M per (op kind, K, N, world), measured by ``benchmark/bench_tdist.py`` (:meth:`from_timings`), and
+the break-even M per (op kind, K, N, world), measured by ``benchmark/tdist/bench_kernels.py`` (:meth:`from_timings`), and
 the measured best piece count per M of the decomposition; :class:`AutoAgGemm` / :class:`AutoGemmRs` pick the path
 per call from it (NCCL + cuBLAS below the break-even M) and pass the table's piece count to the decomposition (its
 analytic :func:`~sgl_kernel.tdist.decomp.plan_chunks` for shapes the table lacks).
@@ -191,7 +191,7 @@ def _overlay(base: CalibrationTable, top: CalibrationTable) -> CalibrationTable:
                             merge(base.best, top.best, 5), merge(base.schedules, top.schedules, 5))
 
 
-# Measured on 4 x H200 (NVLink, multicast off), 2026-11-27 00:16Z (scripts/gpu/issue26_4gpu.sh 130: bench_tdist.py
+# Measured on 4 x H200 (NVLink, multicast off), 2026-11-27 00:16Z (scripts/gpu/four_gpu.sh tdist_auto: benchmark/tdist/bench_kernels.py
 # --world 4 --tp-shapes 4 --tokens 2048 8192 --iters 20 --variants decomp pieces auto graph profile, medians of CUDA
 # events, max over ranks), Llama-3.3-70B TP4 shapes, ms at M 2048 | 8192: best decomposition (pieces, schedule) /
 # NCCL + cuBLAS / torch symm-mem fused:

@@ -183,7 +183,7 @@ class _Handshake:
         ring's previous step's pushes (lower steps only) and credits the peers' consumers gave at the end of the
         previous call; the receive waits only for peers' pushes. On the push stream a receive wait holds back
         this rank's next pushes (piece ``c + 1``, and under ``"ring"`` the next step) behind its sender's push of
-        piece ``c``, chaining the ranks' pieces around the ring (bench_tdist.py measures both layouts: notes
+        piece ``c``, chaining the ranks' pieces around the ring (benchmark/tdist/bench_kernels.py measures both layouts: notes
         "waits on push streams")."""
         h = self.heap
         peer = (h.rank + j) % h.world
@@ -227,7 +227,7 @@ class _Handshake:
         """``cuMemcpyAsync`` of ``n`` bytes ``src -> dst`` in stream order on ``s``. With ``self.split = k > 1``
         (and ``n >= self.split_min_bytes``) the copy is cut in ``k`` parts: parts 1.. run on helper streams forked
         from ``s`` (so on other copy engines, in parallel) and ``s`` waits for them before its next operation (the
-        piece's signal), so the protocol is unchanged. Opt-in: measured by bench_tdist.py (pieces notes)."""
+        piece's signal), so the protocol is unchanged. Opt-in: measured by benchmark/tdist/bench_kernels.py (pieces notes)."""
         k = self.split if n >= self.split_min_bytes else 1
         part = -(-n // max(k, 1) // 256) * 256
         if k <= 1 or part >= n:

@@ -1,6 +1,6 @@
 """Run a function on N ranks as N processes (one GPU shared, or one GPU per rank), with hang diagnostics.
 
-Used by the GPU tests and ``benchmark/bench_tdist.py``. Each rank: sets the caller's ``env`` (the multicast-off
+Used by the GPU tests and ``benchmark/tdist/bench_kernels.py``. Each rank: sets the caller's ``env`` (the multicast-off
 environment, ``sglang.srt.utils.nvls_env.NVLS_OFF_ENV``: passed in, since sgl_kernel never imports sglang), joins a gloo
 process group (host control only; several ranks may share one GPU, which NCCL refuses), builds the
 :class:`~sgl_kernel.tdist.heap.SymmetricHeap` on ``cuda:(rank % device_count)`` and calls

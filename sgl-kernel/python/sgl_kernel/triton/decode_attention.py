@@ -22,7 +22,7 @@ kernel normalises and writes the output itself (no partials, no reduce launch); 
 product). ``legacy=True`` / ``policy="legacy"`` keep the previous kernel and rule for side-by-side benchmarks.
 The fused split reduce was removed (``SGLANG_DECODE_FUSED_REDUCE``, last split program merges via an arrival
 counter): on one H100 its graph replay was within noise of the two-launch reduce at batch 1/32/128
-(benchmark/results/2026-11-26_issue27_round1_h100.md), so the simpler path stays.
+(benchmark/results/archive/decode/2026-11-26_step_round1_h100.md), so the simpler path stays.
 
 Variable-length batches (the ``balanced`` policy, the serving default): a serving batch mixes rows of 1 to several
 thousand keys, and one split program walks a whole row at large batch sizes, so a long row started late ends the
@@ -240,7 +240,7 @@ def default_num_kv_splits(batch_size: int, num_kv_heads: int, device: torch.devi
     one wave of resident programs, ``floor(programs_per_sm * num_sms / (batch_size * num_kv_heads))``, clamped to
     ``1..max_splits``: the grid fills the GPU about once, each program walks one long stretch of the sequence,
     and at one split there are no partial results and no reduce launch. ``programs_per_sm=2``: measured on one
-    H100 (132 SMs, Llama-3.1-8B decode, 1K context, 2026-11-25, ``benchmark/bench_decode_issue19.py``): at batch 32
+    H100 (132 SMs, Llama-3.1-8B decode, 1K context, 2026-11-25, ``benchmark/decode/attention_rope_kernels.py``): at batch 32
     one split (256 programs) reads KV at 0.80 of the HBM copy bandwidth, two splits at 0.67 and 3-16 splits at
     0.68-0.70; at batch 128 one split is best (0.95). A split program uses ~39 KiB of shared memory and 80
     registers (sm_90a AOT build), so up to 5 could be resident per SM, but filling that many with short splits
@@ -279,8 +279,8 @@ def _decode_config(head_dim: int, group: int, num_kv_splits: int = 1, arch: int 
     """(BLOCK_N, num_warps, num_stages) for the split kernel.
 
     ``arch`` is ``major * 10 + minor`` of the GPU (0: unknown / interpreter). On sm_90+ (228 KB of shared memory
-    per SM) head_dim <= 128 runs a 3-stage pipeline: in CUDA graphs on an H200 (bench_decode_configs.py, context
-    1024, 32 q / 8 KV heads, 2026-11-26, ``benchmark/results/2026-11-26_issue27_round5_h200.md``) one split
+    per SM) head_dim <= 128 runs a 3-stage pipeline: in CUDA graphs on an H200 (benchmark/decode/attention_configs.py, context
+    1024, 32 q / 8 KV heads, 2026-11-26, ``benchmark/results/archive/decode/2026-11-26_step_round5_h200.md``) one split
     with BLOCK_N 128 / 3 stages read KV at 0.84 of copy bandwidth at batch 32 (0.46 with the 64 / 2-stage
     default) and 0.98 at batch 128 (0.78); at 16 splits (batch 1) 64 / 2 stages stayed best (5.7 vs 5.9 us).
     """

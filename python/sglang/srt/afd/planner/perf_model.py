@@ -15,7 +15,7 @@ roofline over the GPU datasheet (``gpu_specs.py``): weight bytes / bandwidth go 
 bytes and GEMM FLOPs per token into the slopes (no overlap assumed: conservative near the ridge point).
 
 A profile may give the expert side per *node* instead of per expert (``"expert_nodes"``: measured FFN-worker
-times at several ``g`` and token counts, e.g. from ``bench_afd.py``'s Tf tables); it is fitted to
+times at several ``g`` and token counts, e.g. from ``benchmark/afd/bench.py``'s Tf tables); it is fitted to
 ``T_e = k3 * (g * b_e) + g * k4 + k0`` (our extension: ``k0`` is a per-node, per-layer-and-micro-batch time that
 does not shrink with fewer experts, such as launch or host overhead; 0 for the datasheet and per-expert profiles).
 """

@@ -42,14 +42,14 @@ UCX_ENV_DEFAULTS: dict[str, str] = {
     "UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "on",
     # NIXL's UCX plugin posts a WRITE request's descriptors as one UCX scatter-gather list (one batched cuda_ipc
     # copy) instead of one ucp_put per descriptor. It only changes WRITEs (push and layerwise push; the plugin
-    # ignores it for READs). 128 MiB GPU 0 -> GPU 1 on H200 (benchmark/results/2026-11-27_issue24_nixl_read_4xh200.md):
+    # ignores it for READs). 128 MiB GPU 0 -> GPU 1 on H200 (benchmark/results/archive/disaggregation/2026-11-27_nixl_read_4xh200.md):
     # 64 WRITE descriptors 0.58 ms instead of 1.05 ms, 512 descriptors 1.11 ms instead of 4.91 ms, READs unchanged.
     "NIXL_UCX_SGL_ENABLE": "1",
 }
 """UCX (and NIXL UCX plugin) settings a :class:`NixlTransferBackend` applies by default
 (``TransferConfig.nixl_ucx_defaults``): each only where the environment does not set that variable already. The NIXL
 UCX plugin itself already sets ``UCX_RNDV_THRESH=inf`` and ``UCX_MAX_RMA_RAILS=2`` the same way. Measured by
-``benchmark/bench_nixl_read.py``."""
+``benchmark/disaggregation/bench_nixl_read.py``."""
 
 
 def apply_ucx_env_defaults(environ: MutableMapping[str, str]) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """Where ``--enable-tdist-overlap``'s sequence-parallel layout pays: the smallest batch (token count T) from which a
 worker runs it instead of the plain sequential executor (each technique turns itself off where it loses).
 
-The layout alone costs time: on 4 x H200 (2026-11-27, ``benchmark/bench_tdist_stack.py``, Llama-3.3-70B cut to 4
+The layout alone costs time: on 4 x H200 (2026-11-27, ``benchmark/tdist/bench_layer_stack.py``, Llama-3.3-70B cut to 4
 layers, TP 4) the layout on plain NCCL collectives (all-gather + GEMM, GEMM + all-reduce + slice) took 16.8 / 33.8 ms
 at T 4096 / 8192 against 14.5 / 30.0 ms for the sequential all-reduce path. Only the overlapped decomposition
 (Wang et al., ASPLOS 2023, sec. 3; Zheng et al., "Triton-distributed", 2025, sec. 3.2-3.3) wins that back, and the

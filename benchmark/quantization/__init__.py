@@ -1,0 +1,1 @@
+"""Benchmarks of one subject; see README.md in this folder."""
