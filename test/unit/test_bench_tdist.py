@@ -64,7 +64,7 @@ def test_table_ratios_use_the_auto_op_when_measured():
 
 
 def test_status_table_against_the_tdist_targets():
-    from tdist_status import parse, status
+    from benchmark.tdist.targets_status import parse, status
 
     rows = [[{"op": "AG-GEMM", "shape": "gate_up K=8192 N=14336", "M": 8192, "tdist_decomp": 2.7, "tdist_auto": 2.65,
               "auto_path": "decomp", "auto_pieces": 2, "torch_seq": 3.08, "symm_fused": 2.8},
