@@ -5,7 +5,8 @@ Reads ``benchmark/results/<subject>/``: every JSON *record* (:mod:`benchmark.com
 by its ``date``, then by file name -- and prints one markdown table per subject: each headline number of a record with
 its same-run baseline, the ratio, the GPU, the date, and a link to the record. Below each table, the newest results that
 exist only as markdown (or a free-form JSON) are listed by link with their title, so every subject shows where its
-latest measurements are even before its benchmark writes records. ``archive/`` is history and is not read.
+latest measurements are even before its benchmark writes records. ``archive/<subject>/`` holds measured results whose
+names or texts keep the work-item labels they were written under; they are read like the others (:func:`subject_dirs`).
 
 ``--readme-section`` prints the README's performance section (links relative to the repository root);
 ``--readme FILE`` rewrites the generated section of a markdown file (between :data:`BEGIN` and :data:`END`);
@@ -46,12 +47,19 @@ _LISTED = (".md", ".json")
 END = "<!-- end of the generated performance section -->"
 
 
+def subject_dirs(results_root: Path, subject: str) -> list[Path]:
+    """The folders holding ``subject``'s results: ``<results_root>/<subject>/`` and ``<results_root>/archive/<subject>/``
+    (those that exist)."""
+    root = Path(results_root)
+    return [d for d in (root / subject, root / "archive" / subject) if d.is_dir()]
+
+
 def find_records(results_root: Path = RESULTS_ROOT) -> list[tuple[Path, dict]]:
-    """Every record under ``<results_root>/<subject>/`` (subjects of :data:`SUBJECTS`; ``archive/`` is skipped), as
-    (path, record). ValueError names a file that is not a valid record."""
+    """Every record under :func:`subject_dirs` of each subject in :data:`SUBJECTS`, as (path, record). ValueError
+    names a file that is not a valid record."""
     out = []
     for subject in SUBJECTS:
-        for p in sorted((Path(results_root) / subject).glob("*.json")):
+        for p in sorted(q for d in subject_dirs(results_root, subject) for q in d.glob("*.json")):
             if not _is_record(p):
                 continue
             try:
@@ -118,12 +126,14 @@ def render_current(current: dict[str, list[tuple[Path, dict]]], link_base: Path 
 
 def _index_descriptions(results_root: Path) -> dict[str, str]:
     """``{"<subject>/<file>": what it measured}`` from the rows ``| [file](<subject>/<file>) | what | ... |`` of
-    ``<results_root>/index.md`` (the map of results older than the records); empty without an index."""
-    index = Path(results_root) / "index.md"
-    if not index.exists():
+    ``<results_root>/archive/index.md`` or ``<results_root>/index.md`` (the map of results older than the records;
+    ``../`` of a link is dropped); empty without an index."""
+    root = Path(results_root)
+    index = next((i for i in (root / "archive" / "index.md", root / "index.md") if i.exists()), None)
+    if index is None:
         return {}
     rows = re.findall(r"^\| \[[^\]]+\]\(([^)]+)\) \| ([^|]+) \|", index.read_text(), re.M)
-    return {path: what.strip() for path, what in rows}
+    return {path.removeprefix("../"): what.strip() for path, what in rows}
 
 
 def _title(path: Path, described: dict[str, str]) -> str:
@@ -144,11 +154,8 @@ def other_results(results_root: Path = RESULTS_ROOT, limit: int = OTHER_PER_SUBJ
     with the date)."""
     out: dict[str, list[Path]] = {}
     for subject in SUBJECTS:
-        folder = Path(results_root) / subject
-        if not folder.is_dir():
-            continue
         files = []
-        for p in folder.iterdir():
+        for p in (q for d in subject_dirs(results_root, subject) for q in d.iterdir()):
             if p.suffix not in _LISTED:
                 continue
             twin_json, twin_md = p.with_suffix(".json"), p.with_suffix(".md")
@@ -184,8 +191,9 @@ def render_section(results_root: Path = RESULTS_ROOT, link_base: Path = REPO_ROO
         if readme.exists():
             lines += [f"How to run it, the baselines and the floor: [{_link(readme, link_base)}]"
                       f"({_link(readme, link_base)}).", ""]
-    index = Path(results_root) / "index.md"
-    if index.exists():
+    root = Path(results_root)
+    index = next((i for i in (root / "archive" / "index.md", root / "index.md") if i.exists()), None)
+    if index is not None:
         lines += [f"Every older result, with what it measured: [{_link(index, link_base)}]({_link(index, link_base)}).",
                   ""]
     return "\n".join(lines).rstrip() + "\n"
