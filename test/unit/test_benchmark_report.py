@@ -34,7 +34,7 @@ def results(tmp_path):
     h200 = _write(tmp_path, "2026-11-21T00:00:00+00:00", 1.33, gpu="NVIDIA H200")
     other = _write(tmp_path, "2026-11-01T00:00:00+00:00", 42.0, count=4, what="allreduce", subject="comm")
     (tmp_path / "archive").mkdir()
-    (tmp_path / "archive" / "old.json").write_text("{}")  # history: never read
+    (tmp_path / "archive" / "old.json").write_text("{}")  # not under a subject folder: never read
     return tmp_path, old, new, h200, other
 
 
@@ -46,6 +46,15 @@ def test_newest_record_per_gpu_wins(results):
     text = report.render_current(cur, root)
     assert "[1.219 x](decode/2026-11-27_floor_ratio_h100.md)" in text and "1.500" not in text
     assert "| h200 |" in text and "| 4xh100 |" in text and text.index("### comm") < text.index("### decode")
+
+
+def test_archived_subject_folder_is_read_like_the_current_one(results):
+    """A record under ``archive/<subject>/`` (kept under its old labels) competes with the current folder's: the
+    newest per GPU wins wherever it sits."""
+    root, old, new, h200, other = results
+    archived = _write(root / "archive", "2026-11-28T00:00:00+00:00", 1.2, gpu="NVIDIA H200")
+    cur = report.current_records(report.find_records(root))
+    assert [p for p, _ in cur["decode"]] == [new[0], archived[0]]
 
 
 def test_invalid_record_is_named(tmp_path):
