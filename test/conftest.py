@@ -72,7 +72,23 @@ def gpu_tiered(values, smoke=1, ids=None) -> list:
     return out
 
 
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # optional: a hook of pytest-xdist, absent without it
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` runs files (and the groups of files that must not overlap) heaviest first: see
+    ``test/parallel_plan.py``."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    import parallel_plan
+
+    return parallel_plan.make_scheduler(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the heaviest files first (test/parallel_plan.py)
+        import parallel_plan
+
+        parallel_plan.heavy_first(items)
     try:
         import torch
 

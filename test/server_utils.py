@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,9 +18,12 @@ ENV = {**os.environ, **NVLS_OFF_ENV, "PYTHONUNBUFFERED": "1"}
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port free on 127.0.0.1 a moment ago, picked below the kernel's ephemeral range (see
+    ``free_tcp_ports``): no outgoing ``connect()`` of another test process (parallel workers) can take it before the
+    server binds it, as it could take a kernel-assigned ``bind(0)`` port."""
+    from sglang.srt.utils.common import free_tcp_ports
+
+    return free_tcp_ports(1)[0]
 
 
 class ServerProcess:

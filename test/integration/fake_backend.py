@@ -9,7 +9,6 @@ are module-scoped server fixtures (the second with ``--api-key``).
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 
@@ -136,9 +135,9 @@ class FakeScheduler(threading.Thread):
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from sglang.srt.utils.common import free_tcp_ports  # below the ephemeral range: see server_utils.free_port
+
+    return free_tcp_ports(1)[0]
 
 
 class Server:

@@ -100,13 +100,25 @@ def cluster(tmp_path):
         c.close()
 
 
+@pytest.fixture(scope="module")
+def served_cluster(tmp_path_factory):
+    """One cluster for the greedy test and then the SIGTERM test, which ends it (two cluster start-ups were a
+    large part of this file's time on the 2-core CI machine)."""
+    c = Cluster(tmp_path_factory.mktemp("served"))
+    try:
+        yield c
+    finally:
+        c.close()
+
+
 def generate(url: str, payload: dict):
     r = requests.post(url + "/generate", json=payload, timeout=120)
     assert r.status_code == 200, r.text
     return r.json()
 
 
-def test_two_nodes_greedy_equals_hf_and_node1_is_worker(cluster):
+def test_two_nodes_greedy_equals_hf_and_node1_is_worker(served_cluster):
+    cluster = served_cluster
     outs = generate(cluster.node0.url, {"text": PROMPTS, "sampling_params": {"temperature": 0, "max_new_tokens": N_NEW}})
     assert [o["output_ids"] for o in outs] == [hf_greedy(cluster.model_path, p, N_NEW) for p in PROMPTS]
     assert outs[0]["text"].startswith(", there was a little girl named Lily")
@@ -122,7 +134,9 @@ def test_two_nodes_greedy_equals_hf_and_node1_is_worker(cluster):
     assert cluster.node1.poll() is None and cluster.node0.proc.poll() is None
 
 
-def test_sigterm_node0_ends_node1_without_orphans(cluster):
+def test_sigterm_node0_ends_node1_without_orphans(served_cluster):
+    """Runs after the greedy test on its cluster (or on a fresh one when selected alone) and ends it."""
+    cluster = served_cluster
     generate(cluster.node0.url, {"text": PROMPTS[0], "sampling_params": {"max_new_tokens": 4}})
     t0 = time.monotonic()
     assert cluster.node0.stop(signal.SIGTERM) == []

@@ -279,13 +279,11 @@ def _agree_worker(rank: int, port: int, flags: list[list[bool]], out) -> None:
 
 def test_tp_ranks_agree_on_ready_grammars():
     """A request leaves the grammar queue only when its grammar is ready on every TP rank."""
-    import socket
-
     import torch.multiprocessing as tmp
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    from sglang.srt.utils.common import free_tcp_ports
+
+    port = free_tcp_ports(1)[0]  # below the ephemeral range: no connect() of a parallel test worker takes it
     flags = [[True, False, True, True], [True, True, False, True]]
     ctx = tmp.get_context("spawn")
     out = ctx.Queue()

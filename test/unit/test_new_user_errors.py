@@ -21,9 +21,9 @@ ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from sglang.srt.utils.common import free_tcp_ports  # below the ephemeral range (parallel test workers)
+
+    return free_tcp_ports(1)[0]
 
 
 def _launch(args: list[str], timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:

@@ -6,7 +6,6 @@ back to torch where the fused Triton-distributed path cannot run (CPU)."""
 from __future__ import annotations
 
 import logging
-import socket
 
 import pytest
 import torch
@@ -18,9 +17,9 @@ from sglang.srt.distributed.sequence_parallel import (TorchSequenceParallelOps, 
 
 
 def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from sglang.srt.utils.common import free_tcp_ports  # below the ephemeral range (parallel test workers)
+
+    return free_tcp_ports(1)[0]
 
 
 def _worker(rank, world, port, total, q):

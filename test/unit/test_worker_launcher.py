@@ -7,7 +7,6 @@ import json
 import multiprocessing as mp
 import os
 import signal
-import socket
 import sys
 import time
 
@@ -97,9 +96,9 @@ def test_pipe_watch_sees_closed_writer():
 
 def test_process_groups_by_role(tmp_path):
     """Two roles of two ranks each: collectives stay inside a role; tp_rank/tp_size are role-local."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from sglang.srt.utils.common import free_tcp_ports
+
+    port = free_tcp_ports(1)[0]  # below the ephemeral range: no connect() of a parallel test worker takes it
     roles = [("attention", [0, 1]), ("ffn", [2, 3])]
     ctx = mp.get_context("spawn")
     outs = [str(tmp_path / f"r{r}.json") for r in range(4)]
