@@ -24,6 +24,9 @@ Modes (both by default):
 
 Writes ``benchmark/results/afd/<date>_afd_<mode>[_smoke].md`` with the date, hardware and command. ``--smoke``: CPU,
 stories260K-moe-sized shapes, few iterations (for the CPU test; CPU numbers say nothing about GPUs).
+``--record-dir DIR``: also the project's JSON record + markdown of the decode results under ``DIR/afd/``
+(:func:`benchmark.afd.decode_throughput.decode_record`; headline: best AFD vs best colocated tok/s per GPU); the M2N
+mode writes only its markdown table.
 """
 
 from __future__ import annotations
@@ -266,6 +269,7 @@ def run_decode(a) -> list[str]:
     res = load_results(a.merge) if a.merge else {k: _in_process(k, a) for k in a.setups}
     if a.json_out:
         dump_results(res, a.json_out)
+    a.decode_results = res  # for --record-dir
     return decode_table(a, res)
 
 
@@ -307,6 +311,8 @@ def parse_args(argv=None):
     p.add_argument("--smoke", action="store_true", help="CPU, few iterations (for the CPU test)")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--results-dir", default=str(ROOT / "benchmark" / "results" / "afd"))
+    p.add_argument("--record-dir", default=None, metavar="DIR", help="decode mode: also write a JSON benchmark "
+                   "record (benchmark.common.records) under DIR/afd/")
     a = p.parse_args(argv)
     if a.smoke:
         a.device, a.iters, a.warmup, a.batch, a.steps, a.input_len = "cpu", 5, 1, [4], 3, 4
@@ -346,6 +352,11 @@ def main(argv=None) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     out = d / f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d_%H%M}_afd_{a.mode}{'_smoke' if a.smoke else ''}.md"
     out.write_text(text + "\n")
+    if a.record_dir and getattr(a, "decode_results", None):  # this parent process is the one writer
+        from benchmark.afd.decode_throughput import decode_record
+        from benchmark.common.records import write_record
+
+        print(f"record: {write_record(decode_record(a, a.decode_results), Path(a.record_dir))[0]}")
     return out
 
 

@@ -25,7 +25,9 @@ occurrence.
 
 Usage: python benchmark/afd/bench_step_graph.py --model-path P [--load-format dummy] [--check] [--batch 32 128]
        [--micro-batches 1 2] [--steps 8] [--transport cuda_push|cuda_push_ll] [--stage-steps 4] [--no-stage-times]
-       [--md-out F]
+       [--md-out F] [--record-dir DIR]
+``--record-dir DIR`` (timing): also the project's JSON record + markdown (:func:`step_graph_record`) under
+``DIR/afd/``; headline: graphed vs eager step at the largest m and batch.
 """
 
 from __future__ import annotations
@@ -196,6 +198,34 @@ def format_rows(rows: list[dict], gpus: int, tf_by_sizes: dict) -> list[str]:
     return lines
 
 
+def step_graph_record(a, rows: list[dict], gpus: int, env: dict | None = None, command: str | None = None) -> dict:
+    """``--record-dir``: :func:`time_rows`'s rows as a :mod:`benchmark.common.records` record (``what`` =
+    ``afd_step_graph``): per (m, batch) the eager device-driven step (the same-run baseline) and the graphed step in
+    ms, ``eager_over_graphed`` (> 1: the graph faster), graphed tok/s (per GPU) and Ta (eager). Headline: graphed vs
+    eager step at the largest batch of the largest m that captured."""
+    from benchmark.common import records
+
+    out = [{"m": r["m"], "batch": r["b"], "eager_step_ms": r["eager"] * 1e3,
+            "graphed_step_ms": r["graphed"] * 1e3 if r.get("graphed") else None,
+            "tok_s_graphed": r["b"] / r["graphed"] if r.get("graphed") else None,
+            "tok_s_per_gpu_graphed": r["b"] / r["graphed"] / gpus if r.get("graphed") else None,
+            "ta_eager_ms": r.get("ta_eager"), "error": r.get("error")} for r in rows]
+    out = records.add_ratio(out, "eager_over_graphed", "eager_step_ms", "graphed_step_ms")
+    ok = [r for r in out if r["graphed_step_ms"] is not None]
+    top = max(ok, key=lambda r: (r["m"], r["batch"]), default=None)
+    headline = [] if top is None else [{"label": f"AFD decode step, attention step in one CUDA graph, m={top['m']}, "
+                                                 f"batch {top['batch']}, {gpus} GPUs", "unit": "ms",
+                                        "value": round(top["graphed_step_ms"], 3),
+                                        "baseline": round(top["eager_step_ms"], 3), "ratio": top["eager_over_graphed"]}]
+    return records.make_record(
+        subject="afd", benchmark="benchmark.afd.bench_step_graph", mode="timing", what="afd_step_graph", rows=out,
+        params={k: getattr(a, k) for k in ("model_path", "load_format", "batch", "micro_batches", "ffn_workers",
+                                           "input_len", "steps", "warmup", "transport")},
+        baselines=["eager_step_ms"] if out else [],
+        units={"eager_step_ms": "ms", "graphed_step_ms": "ms", "ta_eager_ms": "ms", "tok_s_graphed": "tok/s",
+               "tok_s_per_gpu_graphed": "tok/s"}, headline=headline, gpu_count=gpus, env=env, command=command)
+
+
 def _ffn_tf(paths: list[str]) -> dict:
     """Micro-batch sizes -> Tf samples (ms) of the slowest FFN worker (largest median), from the workers' files."""
     import json
@@ -250,7 +280,7 @@ def run(a) -> list[str]:
         lines = [f"- {i['log']}" for i in infos] + [""]
         if a.check:
             return lines + [x for m in a.micro_batches for x in check_tokens(a, mc, attn, ex, m)]
-        rows = time_rows(a, mc, attn, ex)
+        rows = a.time_rows = time_rows(a, mc, attn, ex)  # also for --record-dir
     finally:
         ex.ep.close(notify=[topo.ffn_rank(j) for j in range(n_e)])
         for p in procs:
@@ -283,6 +313,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-stage-times", dest="stage_times", action="store_false",
                    help="skip the stamped capture (no Ta / Tf / Tc of the graphed step)")
     p.add_argument("--md-out", default="")
+    p.add_argument("--record-dir", default=None, metavar="DIR",
+                   help="timing: also write a JSON benchmark record (benchmark.common.records) under DIR/afd/")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("needs CUDA (the CPU check of this path is test/unit/test_afd_device_step.py)")
@@ -298,6 +330,11 @@ def main(argv=None) -> int:
     print(text)
     if a.md_out:
         Path(a.md_out).write_text(text + "\n")
+    if a.record_dir and getattr(a, "time_rows", None):  # this process is the one writer
+        from benchmark.common.records import write_record
+
+        rec = step_graph_record(a, a.time_rows, 1 + a.ffn_workers)
+        print(f"record: {write_record(rec, Path(a.record_dir))[0]}")
     return 1 if "CHECK FAIL" in text else 0
 
 

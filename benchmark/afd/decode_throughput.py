@@ -252,6 +252,45 @@ def decode_table(a, res: dict) -> list[str]:
     return lines
 
 
+def decode_record(a, res: dict, env: dict | None = None, command: str | None = None) -> dict:
+    """``--record-dir``: the decode results ``res`` (see :func:`decode_table`) as a :mod:`benchmark.common.records`
+    record (``what`` = ``afd_decode``): one row per setup, m and batch with step ms, tok/s, tok/s per GPU, the
+    colocated per-GPU tok/s of the same batch (the same-run baseline), the per-GPU ratio (> 1: AFD faster), the
+    memory floor and step / floor. Headline: the table's best AFD vs best colocated tok/s per GPU."""
+    from benchmark.common import records
+
+    colo, afd = res.get("colocated") or {}, res.get("afd") or {}
+    gpus = afd.get("attention_workers", 1) + afd.get("ffn_workers", a.ffn_workers)
+    cols = {b: r["tps"] for b, r in colo.get("rows", {}).items()}
+    keyed = [("colocated", 1, None, b, r) for b, r in colo.get("rows", {}).items()]
+    keyed += [("afd", gpus, m, b, r) for (m, b), r in afd.get("rows", {}).items()]
+    rows = [{"setup": s, "gpus": g, "m": m, "batch": b, "step_ms": r["step_s"] * 1e3, "tok_s": r["tps"],
+             "tok_s_per_gpu": r["tps"] / g, "colocated_tok_s_per_gpu": cols.get(b), "floor_ms": r["floor_s"] * 1e3}
+            for s, g, m, b, r in keyed]
+    rows = records.add_ratio(records.add_ratio(rows, "per_gpu_ratio", "tok_s_per_gpu", "colocated_tok_s_per_gpu"),
+                             "step_over_floor", "step_ms", "floor_ms")
+    best = {s: max((r for r in rows if r["setup"] == s), key=lambda r: r["tok_s_per_gpu"], default=None)
+            for s in ("colocated", "afd")}
+    top = best["afd"] or best["colocated"]
+    headline = [] if top is None else [{
+        "label": f"decode tok/s per GPU, best {top['setup']} (m={top['m']}, batch {top['batch']})"
+                 + (f" vs best colocated (batch {best['colocated']['batch']})" if best["afd"] and best["colocated"]
+                    else ""), "value": round(top["tok_s_per_gpu"], 1), "unit": "tok/s",
+        "baseline": round(best["colocated"]["tok_s_per_gpu"], 1) if best["afd"] and best["colocated"] else None,
+        "ratio": round(top["tok_s_per_gpu"] / best["colocated"]["tok_s_per_gpu"], 3)
+        if best["afd"] and best["colocated"] else None}]
+    return records.make_record(
+        subject="afd", benchmark="benchmark.afd.bench", mode="decode",
+        what="afd_decode_smoke" if a.smoke else "afd_decode",
+        rows=rows, params={k: getattr(a, k) for k in ("model_path", "load_format", "device", "batch", "input_len",
+                                                      "steps", "ffn_workers", "attention_workers", "micro_batches")},
+        baselines=["colocated_tok_s_per_gpu"] if rows else [],
+        units={"step_ms": "ms", "floor_ms": "ms", "tok_s": "tok/s", "tok_s_per_gpu": "tok/s",
+               "colocated_tok_s_per_gpu": "tok/s"},
+        floor={"column": "floor_ms", "model": "parameter bytes a step reads / measured copy bandwidth"},
+        headline=headline, gpu_count=(gpus if afd else 1) if a.device == "cuda" else 0, env=env, command=command)
+
+
 def dump_results(res: dict, path: str) -> None:
     """Write ``res`` (see :func:`decode_table`) as JSON; AFD rows keyed ``"m,batch"``."""
     import json

@@ -86,3 +86,50 @@ def main_table(rows: Sequence[dict], tw_methods: Sequence[str]) -> list:
              *_speedups(r, auto_us), *_speedups(r, full and full[1]), *_speedups(r, shard and shard[1]),
              f"{full[1] / r['floor_us']:.2f}x" if full else "n/a"]) + " |")
     return lines
+
+
+FLOOR = {"column": "floor_us", "model": "line rate: 2(n-1)/n * S / 450 GB/s (S = T x hidden x 2 bytes)"}
+
+
+def record_rows(rows: Sequence[dict], tw_methods: Sequence[str]) -> list:
+    """The benchmark's rows with the main table's derived columns: ``best_full`` / ``best_full_us``,
+    ``best_sharded`` / ``best_sharded_us`` and the speed-ups ``nccl_over_auto`` / ``nccl_over_best_full`` /
+    ``nccl_symm_over_auto`` (baseline time / tw-comm time, > 1: tw-comm faster) and ``best_full_over_floor``."""
+    from benchmark.common.records import add_ratio
+
+    out = []
+    for r in rows:
+        full, shard = best(r, tw_methods, False), best(r, tw_methods, True)
+        out.append({**r, "best_full": full and full[0], "best_full_us": full and full[1],
+                    "best_sharded": shard and shard[0], "best_sharded_us": shard and shard[1]})
+    out = add_ratio(out, "nccl_over_auto", "baseline", "auto_us")
+    out = add_ratio(out, "nccl_over_best_full", "baseline", "best_full_us")
+    out = add_ratio(out, "nccl_symm_over_auto", "nccl_symm", "auto_us")
+    return add_ratio(out, "best_full_over_floor", "best_full_us", "floor_us")
+
+
+def build_record(rows: Sequence[dict], notes: Sequence[str], tw_methods: Sequence[str], *, params: dict,
+                 gpu_count: Optional[int] = None, env: Optional[dict] = None, command: Optional[str] = None) -> dict:
+    """The run as a :mod:`benchmark.common.records` record (``what`` = ``allreduce_rmsnorm``): rows from
+    :func:`record_rows`, NCCL + norm / nccl_symm / torch_symm as the same-run baselines, the line-rate floor;
+    headline: ``auto`` vs NCCL + fused norm at the largest world, at its smallest and its largest T."""
+    from benchmark.common import records
+
+    rows = record_rows(rows, tw_methods)
+    cols = {k for r in rows for k in r}
+    units = {k: "us" for k in cols if k.endswith("_us") or k in tw_methods or "@" in k
+             or k in ("baseline", "nccl_symm", "torch_symm")}
+    headline = []
+    timed = [r for r in rows if r.get("auto_us") and r.get("baseline")]
+    if timed:
+        world = max(r["world"] for r in timed)
+        at = sorted((r for r in timed if r["world"] == world), key=lambda r: r["T"])
+        for r in ([at[0], at[-1]] if len(at) > 1 else at):
+            headline.append({"label": f"fused AllReduce + RMSNorm (auto: {r.get('auto')}), world {world}, "
+                                      f"T={r['T']}", "value": round(r["auto_us"], 2), "unit": "us",
+                             "baseline": round(r["baseline"], 2), "ratio": r["nccl_over_auto"]})
+    return records.make_record(
+        subject="comm", benchmark="benchmark.comm.bench_allreduce_rmsnorm", mode="allreduce_rmsnorm",
+        what="allreduce_rmsnorm", rows=rows, params=params,
+        baselines=[b for b, _ in BASELINES if b in cols], units=units, floor=FLOOR, headline=headline,
+        notes=list(notes), gpu_count=gpu_count, env=env, command=command)

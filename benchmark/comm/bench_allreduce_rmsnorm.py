@@ -30,6 +30,8 @@ configuration (only TokenWeave's split calls may shard the residual), each with 
 NVLink multicast stays off (the script sets NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
 NVSHMEM_DISABLE_NVLS=1 for itself and its children). Usage:
   python benchmark/comm/bench_allreduce_rmsnorm.py --worlds 2,4,8 [--tokens 1,8,...] [--out benchmark/results]
+  --record-dir DIR  also write the project's JSON record + markdown (benchmark.common.records) under DIR/comm/
+                    (allreduce_rmsnorm_report.build_record; headline: auto vs NCCL + norm, largest world)
 """
 
 from __future__ import annotations
@@ -424,6 +426,8 @@ def main() -> None:
                    help="methods of the --ctas sweep (comma list)")
     p.add_argument("--calibrate", action="store_true", help="time the auto candidates and write --table")
     p.add_argument("--overlap-sms", type=int, default=16, help="SM budget of the overlapped candidates")
+    p.add_argument("--record-dir", default=None, metavar="DIR",
+                   help="also write a benchmark record (benchmark.common.records) under DIR/comm/")
     p.add_argument("--table", default=None,
                    help="crossover table to merge into (default: <out>/tw_comm_crossovers.json)")
     args = p.parse_args()
@@ -462,6 +466,14 @@ def main() -> None:
         (out / f"tw_comm_allreduce_rmsnorm_{stamp}{args.tag}.md").write_text(report)
         (out / f"tw_comm_allreduce_rmsnorm_{stamp}{args.tag}.json").write_text(json.dumps({"rows": rows}, indent=1))
     print(render(rows, sorted(notes), " ".join(sys.argv), hardware, tables))
+    if args.record_dir:  # the parent process gathers rank 0's rows: one writer
+        from benchmark.common.records import write_record
+        from benchmark.comm.allreduce_rmsnorm_report import build_record
+
+        params = {k: v for k, v in vars(args).items() if k != "record_dir"}
+        rec = build_record(rows, sorted(notes), TW_METHODS, params=params,
+                           gpu_count=max([r["world"] for r in rows], default=n_gpu))
+        print(f"record: {write_record(rec, Path(args.record_dir))[0]}")
 
 if __name__ == "__main__":
     main()

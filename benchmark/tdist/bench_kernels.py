@@ -11,6 +11,8 @@ Usage:
   python benchmark/tdist/bench_kernels.py --world 8                      # one GPU per rank (8 GPUs)
   python benchmark/tdist/bench_kernels.py --world 2 --share-gpu          # one-GPU smoke: ranks as processes on cuda:0;
                                                                  # NCCL baselines are unavailable there (said so)
+  --record-dir DIR   also write the project's JSON record + markdown under DIR/tdist/ (kernels_record; headline:
+                     AG-GEMM and GEMM-RS vs NCCL + cuBLAS at the largest M, worst shape)
 NVLink multicast stays off: every rank runs with NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
 NVSHMEM_DISABLE_NVLS=1.
 """
@@ -22,6 +24,7 @@ import datetime
 import os
 import sys
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 for p in (str(ROOT), str(ROOT / "sgl-kernel" / "python"), str(ROOT / "python")):
@@ -62,12 +65,56 @@ def parse_args(argv=None):
     p.add_argument("--heap-mib", type=int, default=0, help="heap data MiB per rank (default: sized from shapes)")
     p.add_argument("--timeout", type=float, default=1500)
     p.add_argument("--results-dir", default=str(ROOT / "benchmark" / "results" / "tdist"))
+    p.add_argument("--record-dir", default=None, metavar="DIR",
+                   help="also write a JSON benchmark record (benchmark.common.records) under DIR/tdist/")
     a = p.parse_args(argv)
     if a.world < 2 or a.iters < 1 or a.tp_shapes < 1 or any(t < a.world for t in a.tokens):
         p.error("--world must be >= 2, --iters/--tp-shapes >= 1, every --tokens value >= --world")
     if not Path(a.config).is_file():
         p.error(f"--config {a.config} not found (a HF config.json)")
     return a
+
+
+def kernels_record(per_rank: list, a, share: bool, env: Optional[dict] = None,
+                   command: Optional[str] = None) -> dict:
+    """``--record-dir``: the ratio table as a :mod:`benchmark.common.records` record (``what`` = ``tdist_kernels``):
+    per row the tdist times (max over ranks), ``tdist_ms`` (the auto op where measured, else the best of SM and
+    decomposition, as the table), NCCL + cuBLAS (``torch_seq_ms``) and symm-mem fused as same-run baselines,
+    ``cublas_only_ms`` (compute alone) as the floor, ratios ``nccl_over_tdist`` / ``symm_over_tdist`` (> 1: tdist
+    faster). Headline: AG-GEMM and GEMM-RS vs NCCL + cuBLAS at the largest M, the worst shape."""
+    from benchmark.common import records
+    from benchmark.tdist.kernels_lib import _mx
+
+    cols = {"tdist_sm": "tdist_sm_ms", "tdist_decomp": "tdist_decomp_ms", "tdist_auto": "tdist_auto_ms",
+            "torch_seq": "torch_seq_ms", "symm_fused": "symm_fused_ms", "cublas_only": "cublas_only_ms"}
+    rows = []
+    for i, row in enumerate(per_rank[0] if per_rank else []):
+        r = {"op": row["op"], "kind": row.get("kind"), "shape": row["shape"], "M": row["M"],
+             **{c: _mx(per_rank, i, k) for k, c in cols.items()}, "auto_path": row.get("auto_path")}
+        r["tdist_ms"] = r["tdist_auto_ms"] if r["tdist_auto_ms"] is not None else min(
+            [v for v in (r["tdist_sm_ms"], r["tdist_decomp_ms"]) if v is not None], default=None)
+        rows.append(r)
+    rows = records.add_ratio(records.add_ratio(rows, "nccl_over_tdist", "torch_seq_ms", "tdist_ms"),
+                             "symm_over_tdist", "symm_fused_ms", "tdist_ms")
+    headline = []
+    for kind in ("ag", "rs"):
+        at = [r for r in rows if r["kind"] == kind and r["nccl_over_tdist"] is not None]
+        if at:
+            m = max(r["M"] for r in at)
+            w = min((r for r in at if r["M"] == m), key=lambda r: r["nccl_over_tdist"])
+            headline.append({"label": f"{w['op']} vs NCCL + cuBLAS, M={m}, worst shape ({w['shape']}), world "
+                                      f"{a.world}", "value": w["tdist_ms"], "unit": "ms",
+                             "baseline": w["torch_seq_ms"], "ratio": w["nccl_over_tdist"]})
+    present = [c for c in ("torch_seq_ms", "symm_fused_ms") if any(r[c] is not None for r in rows)]
+    return records.make_record(
+        subject="tdist", benchmark="benchmark.tdist.bench_kernels", mode=",".join(a.variants),
+        what="tdist_kernels_share_gpu" if share else "tdist_kernels", rows=rows,
+        params={k: getattr(a, k) for k in ("world", "tp_shapes", "tokens", "a2a_tokens", "a2a_hidden", "ops",
+                                           "iters", "variants")} | {"config": Path(a.config).parent.name},
+        baselines=present, units={c: "ms" for c in [*cols.values(), "tdist_ms"]},
+        floor={"column": "cublas_only_ms", "model": "the GEMM alone on the gathered M (no communication)"},
+        headline=headline, notes=["ranks time-sliced on one GPU: not a speed measurement"] if share else [],
+        gpu_count=1 if share else a.world, env=env, command=command)
 
 
 def main(argv=None) -> Path:
@@ -135,6 +182,10 @@ def main(argv=None) -> Path:
     out = d / f"{stamp}_tdist{'_share_gpu' if share else ''}.md"
     out.write_text(text)
     print(f"wrote {out}")
+    if a.record_dir and results and results[0]:  # the parent holds every rank's rows: one writer
+        from benchmark.common.records import write_record
+
+        print(f"record: {write_record(kernels_record(results, a, share), Path(a.record_dir))[0]}")
     if problems:
         sys.exit(1)
     return out

@@ -38,6 +38,9 @@ Example::
     python benchmark/tdist/bench_layer_stack.py --model-path ../shared/data/configs/meta-llama--Llama-3.3-70B-Instruct \\
         --tp 4 --layers 4 --tokens 4096 8192
     python benchmark/tdist/bench_layer_stack.py --smoke          # CPU, gloo, TP 2, tiny dims (tests use this)
+
+``--record-dir DIR`` also writes the project's JSON record + markdown (:func:`stack_record`) under ``DIR/tdist/``:
+headline ``off`` / ``tdist`` at the largest T.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel" / "python"), str(ROOT)]
@@ -322,6 +326,37 @@ def _tables(per_rank: list, tokens: list, model: str, tp: int) -> list:
     return lines
 
 
+def stack_record(per_rank: list, a, env: Optional[dict] = None, command: Optional[str] = None) -> dict:
+    """``--record-dir``: the timing and output tables as a :mod:`benchmark.common.records` record (``what`` =
+    ``tdist_stack``): per T the slowest rank's GPU / host / first-forward ms of ``off`` (the same-run baseline),
+    ``tdist`` and ``sp_nccl``, the ratios ``off_over_tdist`` / ``sp_nccl_over_tdist`` (> 1: tdist faster) and the
+    output check (tdist's rel L2 vs off, its tolerance, greedy matches, pass). Headline: off / tdist at the largest T."""
+    from benchmark.common import records
+
+    model, rows = Path(a.model_path).name or "synthetic", []
+    for t in [t for t in a.tokens if str(t) in per_rank[0]]:
+        w = _worst(per_rank, t)
+        m, c = w["time"], w["check"]
+        rows.append({"model": model, "tp": a.tp, "tokens": t, **{f"{v}_ms": m[v]["gpu"] for v in VARIANTS},
+                     **{f"{v}_host_ms": m[v]["host"] for v in ("off", "tdist")},
+                     **{f"{v}_first_ms": m[v]["first"] for v in ("off", "tdist")},
+                     "tdist_rel_l2": c["tdist"]["rel_l2"], "tol_rel_l2": c["tol"],
+                     "greedy_equal": c["tdist"]["greedy_equal"], "greedy_n": c["tdist"]["greedy_n"],
+                     "pass": c["pass"]})
+    rows = records.add_ratio(records.add_ratio(rows, "off_over_tdist", "off_ms", "tdist_ms"),
+                             "sp_nccl_over_tdist", "sp_nccl_ms", "tdist_ms")
+    headline = [{"label": f"--enable-tdist-overlap layer stack, {model} {a.layers} layers TP{a.tp}, T={r['tokens']}"
+                          f" (outputs {'pass' if r['pass'] else 'FAIL'})", "value": r["tdist_ms"], "unit": "ms",
+                 "baseline": r["off_ms"], "ratio": r["off_over_tdist"]} for r in rows[-1:]]
+    return records.make_record(
+        subject="tdist", benchmark="benchmark.tdist.bench_layer_stack", mode="smoke" if a.smoke else "stack",
+        what="tdist_stack_smoke" if a.smoke else "tdist_stack", rows=rows,
+        params={k: getattr(a, k) for k in ("layers", "tp", "tokens", "warmup", "iters", "check_positions")},
+        baselines=["off_ms", "sp_nccl_ms"] if rows else [],
+        units={k: "ms" for r in rows[:1] for k in r if k.endswith("_ms")}, headline=headline,
+        gpu_count=0 if a.smoke else a.tp, env=env, command=command)
+
+
 def _auto_line(min_tokens: int, tokens: list) -> str:
     """What ``--enable-tdist-overlap`` runs per T without ``--tdist-overlap-min-tokens``: off's path (sequential)
     below its min_tokens, tdist's (the sequence-parallel layout) from there."""
@@ -380,6 +415,10 @@ def run(a) -> Path:
     out = d / f"{stamp}_tdist_stack{'_smoke' if a.smoke else ''}.md"
     out.write_text("\n".join(lines) + "\n")
     (d / out.name.replace(".md", ".json")).write_text(json.dumps(per_rank))
+    if a.record_dir:  # the parent holds every rank's results: one writer
+        from benchmark.common.records import write_record
+
+        print(f"record: {write_record(stack_record(per_rank, a), Path(a.record_dir))[0]}")
     return out
 
 
@@ -396,6 +435,8 @@ def parse_args(argv=None):
     p.add_argument("--smoke", action="store_true", help="CPU gloo, TP 2, tiny shapes (checks the harness only)")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--results-dir", default=str(ROOT / "benchmark" / "results" / "tdist"))
+    p.add_argument("--record-dir", default=None, metavar="DIR",
+                   help="also write a JSON benchmark record (benchmark.common.records) under DIR/tdist/")
     a = p.parse_args(argv)
     a.tp = a.tp or (2 if a.smoke else 4)
     if a.smoke:

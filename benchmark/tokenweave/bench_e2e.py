@@ -18,6 +18,9 @@ Usage::
         --tp 4 --num-prompts 32 --input-len 4096 --output-len 4 --budget 280 --out results.md
     python benchmark/tokenweave/bench_e2e.py --model-path ../shared/data/models/stories260K --load-format auto \\
         --device cpu --tp 2 --num-prompts 4 --input-len 64 --output-len 8 --min-tokens 8   # CPU gloo check
+
+``--record-dir DIR`` also writes the project's JSON record + markdown (:func:`e2e_record`) under ``DIR/tokenweave/``:
+headline TokenWeave on vs off, median prefill and total tok/s.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "python")]
@@ -290,6 +294,44 @@ def report(a, runs: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def e2e_record(a, runs: list[dict], env: Optional[dict] = None, command: Optional[str] = None) -> dict:
+    """``--record-dir``: the run as a :mod:`benchmark.common.records` record (``what`` = ``tokenweave_e2e``): one row
+    per complete off/on round (median prefill and total tok/s of each side's reps, TokenWeave off = the same-run
+    baseline, ``on_over_off_*`` ratios, > 1: on faster, and the on run's greedy prompts equal to the first off run's);
+    headline: the report's medians over all complete rounds, prefill and total tok/s, on vs off."""
+    from benchmark.common import records
+
+    done, ref = complete_rounds(runs), next((r for r in runs if r["side"] == "off" and "output_ids" in r), None)
+    side = {(r["round"], r["side"]): r for r in runs if "prefill_tok_s" in r}
+    rows = []
+    for rnd in sorted(done):
+        off, on = side[rnd, "off"], side[rnd, "on"]
+        rows.append({"round": rnd, **{f"{s}_{k}": statistics.median(x[k]) for s, x in (("off", off), ("on", on))
+                                      for k in ("prefill_tok_s", "total_tok_s")},
+                     "off_start_s": off["start_s"], "on_start_s": on["start_s"],
+                     "on_greedy_equal": sum(x == y for x, y in zip(on["output_ids"], ref["output_ids"])),
+                     "prompts": len(ref["output_ids"])})
+    for k in ("prefill_tok_s", "total_tok_s"):
+        rows = records.add_ratio(rows, f"on_over_off_{k[:-6]}", f"on_{k}", f"off_{k}")
+    headline = []
+    for k, label in (("prefill_tok_s", "prefill"), ("total_tok_s", "total")):
+        med = {s: [v for r in runs if r["side"] == s and r["round"] in done for v in r[k]] for s in ("off", "on")}
+        if med["off"] and med["on"]:
+            on, off = statistics.median(med["on"]), statistics.median(med["off"])
+            headline.append({"label": f"TokenWeave on, sgl.Engine {label} throughput, TP {a.tp}, {a.num_prompts} x "
+                                      f"{a.input_len} in", "value": round(on, 1), "unit": "tok/s",
+                             "baseline": round(off, 1), "ratio": round(on / off, 3)})
+    params = {k: getattr(a, k) for k in ("model_path", "tp", "load_format", "device", "num_prompts", "input_len",
+                                         "output_len", "reps", "rounds", "min_tokens", "comm_sms", "full_residual")}
+    return records.make_record(
+        subject="tokenweave", benchmark="benchmark.tokenweave.bench_e2e", mode="e2e", what="tokenweave_e2e",
+        rows=rows, params=params, baselines=["off_prefill_tok_s", "off_total_tok_s"] if rows else [],
+        units={k: "tok/s" if k.endswith("tok_s") else "s" for r in rows[:1] for k in r if k.endswith("_s")},
+        headline=headline, notes=[f"order: {', '.join(r['side'] for r in runs)}; failed runs: "
+                                  f"{sum('error' in r for r in runs)}"],
+        gpu_count=a.tp if a.device == "cuda" else 0, env=env, command=command)
+
+
 def _hardware(device: str) -> str:
     if device == "cpu":
         return f"CPU {platform.machine()} ({os.cpu_count()} cores)"
@@ -328,6 +370,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cuda-graph-max-bs", type=int, default=None)
     p.add_argument("--log-level", default="info", help="engine log level (info shows TokenWeave's split choices)")
     p.add_argument("--out", default="", help="markdown report path (default: benchmark/results/tokenweave/<date>_...md)")
+    p.add_argument("--record-dir", default=None, metavar="DIR",
+                   help="also write a JSON benchmark record (benchmark.common.records) under DIR/tokenweave/")
     p.add_argument("--dry-run", action="store_true", help="print the engine arguments of both sides and exit")
     p.add_argument("--worker", choices=("off", "on"), help=argparse.SUPPRESS)
     p.add_argument("--result-file", default="", help=argparse.SUPPRESS)
@@ -355,12 +399,18 @@ def main(argv=None) -> int:
             print(f"{side}: {json.dumps(engine_kwargs(a, side), sort_keys=True)}")
         print(f"child: {' '.join(_child_cmd(a, 'on', 'RESULT.json'))}")
         return 0
-    text = report(a, alternate(a))
+    runs = alternate(a)
+    text = report(a, runs)
     print(text)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d_%H%M")
     out = Path(a.out or ROOT / "benchmark" / "results" / "tokenweave" / f"{stamp}_tokenweave_e2e_engine.md")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
+    if a.record_dir:  # the parent process: one writer
+        sys.path.insert(0, str(ROOT))
+        from benchmark.common.records import write_record
+
+        print(f"record: {write_record(e2e_record(a, runs), Path(a.record_dir))[0]}")
     return 0 if "| on / off |" in text else 1
 
 

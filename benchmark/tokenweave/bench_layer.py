@@ -42,7 +42,8 @@ a third gives the auto-off decision per T (TokenWeave on only where it beats ``n
 
 It prints one table (median ms per forward and ratios against ``nccl`` and ``nocomm`` of the same run) and
 writes ``benchmark/results/tokenweave/<date>_tokenweave_<mode>.md`` (date, hardware, command; layer mode also a ``.json``
-of the timings: ``benchmark/tokenweave/layer_report.py --layer-fit`` fits the fixed per-forward cost over --layers). NVLink
+of the timings: ``benchmark/tokenweave/layer_report.py --layer-fit`` fits the fixed per-forward cost over --layers; ``--record-dir DIR``
+also writes the project's JSON record + markdown under ``DIR/tokenweave/``, headline TokenWeave vs NCCL). NVLink
 multicast stays off in every process. End-to-end mode (``--e2e``) runs ``sglang.bench_offline_throughput`` and
 ``sglang.bench_serving`` (against ``sglang.launch_server`` started here) with TokenWeave off and on alternated
 (off, on, off, on for ``--rounds 2``), same dataset, and reports the median of each side and the on/off ratios.
@@ -80,7 +81,7 @@ sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel" / "python"), str(R
 from sglang.srt.utils.nvls_env import NVLS_OFF_ENV  # noqa: E402  (pure Python)
 from benchmark.tokenweave.layer_graph import graph_and_profile, report_sections  # noqa: E402
 from benchmark.tokenweave.layer_profile import overlap_table, profile_forward, profile_overlap  # noqa: E402
-from benchmark.tokenweave.layer_report import auto_off_decision, host_table, targets_table, write_cases_json  # noqa: E402
+from benchmark.tokenweave.layer_report import auto_off_decision, host_table, targets_table, write_layer_record, write_cases_json  # noqa: E402
 from benchmark.tokenweave.layer_variants import (FULL, OLDCOMM, OLDSPLIT, SELCARVE, ratio_pairs, tune_executor,  # noqa: E402
                                  variant_comm)
 
@@ -279,6 +280,8 @@ def run_layer_mode(a) -> Path:
     out = _results_path(a, "layer")
     out.write_text("\n".join(lines) + "\n")
     write_cases_json(out.with_suffix(".json"), a.layers, a.tokens, variants, cases)  # benchmark/tokenweave/layer_report.py --layer-fit
+    if a.record_dir:  # the parent holds every rank's results: one writer
+        print(f"record: {write_layer_record(cases, a, variants, device)}")
     return out
 
 
@@ -462,6 +465,8 @@ def parse_args(argv=None):
                    help="one-GPU smoke: all ranks on cuda:0, gloo device group (checks the script, not speed)")
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--results-dir", default=str(ROOT / "benchmark" / "results" / "tokenweave"))
+    p.add_argument("--record-dir", default=None, metavar="DIR",
+                   help="layer mode: also write a JSON benchmark record under DIR/tokenweave/")
     a = p.parse_args(argv)
     a.model_paths, a.tps = a.model_path, a.tp
     if a.e2e and (len(a.model_paths) > 1 or len(a.tps) > 1):

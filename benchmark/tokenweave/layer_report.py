@@ -93,6 +93,43 @@ def write_cases_json(path: Path, layers: int, tokens: list[int], variants: list[
     return Path(path)
 
 
+def layer_record(cases: list[tuple[str, int, dict]], tokens: list[int], variants: list[str], *, params: dict,
+                 gpu_count: Optional[int] = None, env: Optional[dict] = None, command: Optional[str] = None) -> dict:
+    """The layer table as a :mod:`benchmark.common.records` record (``what`` = ``tokenweave_layer``): one row per
+    (model, TP, T) with every variant's ms (``<variant>_ms``; ``nocomm`` / ``nccl`` / ``nccl_symm`` / ``custom`` are
+    the same-run baselines) and the table's ratios ``<a>_over_<b>`` (< 1: ``a`` faster); ``nocomm_ms`` is the floor.
+    Headline: TokenWeave vs NCCL at the largest T of up to three (model, TP) cases."""
+    from benchmark.common import records
+    from benchmark.tokenweave.layer_variants import ratio_pairs
+
+    rows = [{"model": model, "tp": tp, "tokens": t, **{f"{v}_ms": res.get(f"{v}|{t}") for v in variants}}
+            for model, tp, res in cases for t in tokens]
+    for a, b in ratio_pairs(variants):
+        rows = records.add_ratio(rows, f"{a}_over_{b}", f"{a}_ms", f"{b}_ms")
+    big = max(tokens)
+    headline = [{"label": f"TokenWeave layer forward, {r['model']} TP{r['tp']}, T={big}",
+                 "value": r["tokenweave_ms"], "unit": "ms", "baseline": r["nccl_ms"],
+                 "ratio": r["tokenweave_over_nccl"]}
+                for r in rows if r["tokens"] == big and r.get("tokenweave_ms") and r.get("nccl_ms")][:3]
+    return records.make_record(
+        subject="tokenweave", benchmark="benchmark.tokenweave.bench_layer", mode="layer", what="tokenweave_layer",
+        rows=rows, params=params, baselines=[f"{b}_ms" for b in ("nocomm", "nccl", "nccl_symm", "custom")
+                                             if b in variants],
+        units={f"{v}_ms": "ms" for v in variants},
+        floor={"column": "nocomm_ms", "model": "every collective skipped: no overlap can beat it"}
+        if "nocomm" in variants else None, headline=headline, gpu_count=gpu_count, env=env, command=command)
+
+
+def write_layer_record(cases: list[tuple[str, int, dict]], a, variants: list[str], device: str) -> Path:
+    """``--record-dir``: :func:`layer_record` of the run written under ``a.record_dir``; returns the JSON path."""
+    from benchmark.common import records
+
+    params = {k: getattr(a, k) for k in ("layers", "min_tokens", "comm_sms", "iters", "warmup", "cuda_graph")}
+    rec = layer_record(cases, a.tokens, variants, params=dict(params, device=device),
+                       gpu_count=max(a.tps) if device == "cuda" else 0)
+    return records.write_record(rec, Path(a.record_dir))[0]
+
+
 def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float]:
     """Least-squares ``y = intercept + slope * x``: (intercept, slope, rms residual). Raises ValueError with
     fewer than two distinct x or unequal lengths."""

@@ -17,14 +17,46 @@ def test_bench_afd_smoke_writes_both_tables(tmp_path):
     from benchmark.afd import bench as bench_afd
 
     path = shared_path("models", "stories260K-moe")
-    out = bench_afd.main(["--smoke", "--model-path", path, "--results-dir", str(tmp_path)])
+    out = bench_afd.main(["--smoke", "--model-path", path, "--results-dir", str(tmp_path), "--record-dir",
+                          str(tmp_path / "rec")])
     text = out.read_text()
+    from benchmark.common.records import load_record
+
+    (rec,) = [load_record(f) for f in (tmp_path / "rec" / "afd").glob("*_afd_decode_smoke_cpu.json")]
+    assert {r["setup"] for r in rec["rows"]} == {"colocated", "afd"} and rec["headline"][0]["ratio"] is not None
     assert "- hardware: CPU" in text and "- command:" in text and "- date:" in text
     assert "| colocated | 1 |" in text and "| AFD m=2, 1 attention + 2 FFN | 3 |" in text
     assert "m >= 2(1+Tc/Tf) =" in text
     for kb in (32, 512):
         assert f"| {kb} | " in text
     assert "gloo send/recv median us" in text
+
+
+def test_decode_record_carries_baseline_ratio_headline(tmp_path):
+    """--record-dir: one row per setup / m / batch, colocated tok/s per GPU of the same batch as the baseline, the
+    per-GPU ratio, the memory floor, and the best AFD vs best colocated per GPU as the headline."""
+    from types import SimpleNamespace
+
+    from benchmark.afd.decode_throughput import decode_record
+    from benchmark.common import records
+
+    res = {"colocated": {"rows": {64: {"step_s": 0.01, "tps": 6400.0, "floor_s": 0.005},
+                                  128: {"step_s": 0.016, "tps": 8000.0, "floor_s": 0.006}}},
+           "afd": {"attention_workers": 1, "ffn_workers": 2,
+                   "rows": {(2, 64): {"step_s": 0.005, "tps": 12800.0, "floor_s": 0.004},
+                            (2, 128): {"step_s": 0.008, "tps": 16000.0, "floor_s": 0.004}}}}
+    a = SimpleNamespace(model_path="m", load_format="dummy", device="cuda", batch=[64, 128], input_len=32, steps=32,
+                        ffn_workers=2, attention_workers=1, micro_batches=[2], smoke=False)
+    env = {"git_commit": "abc", "git_dirty": False, "date": "2026-12-07T00:00:00+00:00",
+           "gpu": {"model": "NVIDIA H100 80GB HBM3", "count": 8, "driver": None}, "versions": {"python": "3"}}
+    js, _ = records.write_record(decode_record(a, res, env=env, command="python benchmark/afd/bench.py"), tmp_path)
+    rec = records.load_record(js)
+    assert js.name == "2026-12-07_afd_decode_3xh100.json" and rec["baselines"] == ["colocated_tok_s_per_gpu"]
+    afd64 = rec["rows"][2]
+    assert (afd64["setup"], afd64["m"], afd64["gpus"], afd64["colocated_tok_s_per_gpu"]) == ("afd", 2, 3, 6400.0)
+    assert afd64["per_gpu_ratio"] == round(12800 / 3 / 6400, 3) and afd64["step_over_floor"] == 1.25
+    (h,) = rec["headline"]
+    assert (h["value"], h["baseline"], h["ratio"]) == (5333.3, 8000.0, round(16000 / 3 / 8000, 3))
 
 
 def test_m2n_collect_keeps_finished_sizes_on_timeout_and_error():

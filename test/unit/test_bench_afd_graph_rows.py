@@ -36,3 +36,27 @@ def test_rows_carry_ta_tf_tc_and_the_check(tmp_path):
     assert body[2][3].startswith("capture failed")
     no_tf = _cells([x for x in bag.format_rows(rows[:1], 2, {}) if x.startswith("| 1")][0])
     assert no_tf[8].startswith("n/a (no stamps")
+
+
+def test_step_graph_record_carries_baseline_ratio_headline(tmp_path):
+    """--record-dir: eager device-driven step as the baseline, eager / graphed as the ratio, a failed capture kept as
+    a row with its error, the largest m and batch that captured as the headline."""
+    from types import SimpleNamespace
+
+    from benchmark.afd import bench_step_graph as bag
+    from benchmark.common import records
+
+    rows = [{"m": 1, "b": 32, "eager": 0.010, "ta_eager": 1.2, "graphed": 0.004},
+            {"m": 2, "b": 32, "eager": 0.012, "ta_eager": 1.1, "graphed": 0.005},
+            {"m": 2, "b": 64, "eager": 0.020, "ta_eager": None, "error": "RuntimeError: x"}]
+    a = SimpleNamespace(model_path="m", load_format="dummy", batch=[32, 64], micro_batches=[1, 2], ffn_workers=1,
+                        input_len=8, steps=8, warmup=3, transport="cuda_push")
+    env = {"git_commit": "abc", "git_dirty": False, "date": "2026-12-07T00:00:00+00:00",
+           "gpu": {"model": "NVIDIA H100 80GB HBM3", "count": 8, "driver": None}, "versions": {"python": "3"}}
+    js, _ = records.write_record(bag.step_graph_record(a, rows, 2, env=env, command="python x.py"), tmp_path)
+    rec = records.load_record(js)
+    assert js.name == "2026-12-07_afd_step_graph_2xh100.json" and rec["baselines"] == ["eager_step_ms"]
+    assert rec["rows"][0]["eager_over_graphed"] == 2.5 and rec["rows"][0]["tok_s_per_gpu_graphed"] == 4000.0
+    assert rec["rows"][2]["graphed_step_ms"] is None and rec["rows"][2]["error"] == "RuntimeError: x"
+    (h,) = rec["headline"]
+    assert (h["value"], h["baseline"], h["ratio"]) == (5.0, 12.0, 2.4) and "m=2, batch 32" in h["label"]

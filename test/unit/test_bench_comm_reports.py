@@ -56,3 +56,32 @@ def test_nccl_window_records_why_on_gloo(tmp_path):
         assert len(notes) == 1 and next(iter(notes)).startswith("nccl_symm unavailable:")
     finally:
         dist.destroy_process_group()
+
+
+def test_allreduce_rmsnorm_record_carries_baselines_ratios_headline(tmp_path):
+    """--record-dir: the rows become a valid benchmark record with the NCCL baselines, the speed-ups, the floor and a
+    headline of auto vs NCCL + norm at the largest world (smallest and largest T)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from benchmark.comm.allreduce_rmsnorm_report import build_record
+    from benchmark.common import records
+
+    rows = [dict(world=2, T=1, floor_us=0.1, baseline=20.0, oneshot=10.0, auto="p2p_oneshot@64", auto_us=10.0),
+            dict(world=4, T=1, floor_us=0.1, baseline=21.0, nccl_symm=18.0, oneshot=12.0, twoshot_sharded=11.0,
+                 auto="p2p_oneshot@64", auto_us=14.0),
+            dict(world=4, T=8192, floor_us=100.0, baseline=300.0, twoshot=150.0, **{"twoshot@64": 140.0},
+                 auto="p2p_twoshot@128", auto_us=150.0)]
+    env = {"git_commit": "abc", "git_dirty": False, "date": "2026-12-07T00:00:00+00:00",
+           "gpu": {"model": "NVIDIA H200", "count": 8, "driver": None}, "versions": {"python": "3"}}
+    rec = build_record(rows, ["a note"], ("oneshot", "twoshot", "twoshot_sharded"), params={"hidden": 8192},
+                       gpu_count=4, env=env, command="python benchmark/comm/bench_allreduce_rmsnorm.py --worlds 4")
+    js, md = records.write_record(rec, tmp_path)
+    rec = records.load_record(js)
+    assert js.name == "2026-12-07_allreduce_rmsnorm_4xh200.json" and md.exists()
+    assert rec["subject"] == "comm" and rec["benchmark"] == "benchmark.comm.bench_allreduce_rmsnorm"
+    assert rec["baselines"] == ["baseline", "nccl_symm"] and rec["floor"]["column"] == "floor_us"
+    r = rec["rows"][1]
+    assert r["best_full"] == "oneshot" and r["best_sharded_us"] == 11.0 and r["nccl_over_auto"] == 1.5
+    assert rec["rows"][2]["best_full"] == "twoshot@64" and rec["rows"][2]["best_full_over_floor"] == 1.4
+    assert [(h["value"], h["baseline"], h["ratio"]) for h in rec["headline"]] == [(14.0, 21.0, 1.5),
+                                                                                   (150.0, 300.0, 2.0)]
+    assert "world 4, T=8192" in rec["headline"][1]["label"] and rec["units"]["auto_us"] == "us"

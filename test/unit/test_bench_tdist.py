@@ -63,6 +63,39 @@ def test_table_ratios_use_the_auto_op_when_measured():
     assert rs[6].strip() == "0.560 (symm)" and rs[11].strip() == "1.00x" and rs[10].strip() == "1.21x"
 
 
+def test_kernels_record_carries_baselines_ratios_headline(tmp_path):
+    """--record-dir: slowest-rank times, tdist = the auto op where measured, NCCL + cuBLAS / symm-mem as baselines,
+    cuBLAS alone as the floor; headline per AG-GEMM / GEMM-RS: the worst shape at the largest M."""
+    from types import SimpleNamespace
+
+    from benchmark.common import records
+
+    def rank(scale):
+        return [{"op": "AG-GEMM", "kind": "ag", "shape": "qkv", "M": 8192, "tdist_sm": 2.0 * scale,
+                 "tdist_decomp": 1.0 * scale, "torch_seq": 1.3 * scale, "cublas_only": 0.8},
+                {"op": "AG-GEMM", "kind": "ag", "shape": "gate_up", "M": 8192, "tdist_decomp": 2.0 * scale,
+                 "torch_seq": 2.2 * scale, "symm_fused": 2.4, "cublas_only": 1.5},
+                {"op": "GEMM-RS", "kind": "rs", "shape": "o_proj", "M": 8192, "tdist_decomp": 0.57,
+                 "tdist_auto": 0.56, "torch_seq": 0.68, "symm_fused": 0.56, "auto_path": "symm"},
+                {"op": "all-to-all", "kind": "a2a", "shape": "H=7168", "M": 128, "tdist_sm": 0.2}]
+    a = SimpleNamespace(world=2, tp_shapes=8, tokens=[8192], a2a_tokens=[128], a2a_hidden=7168, ops=["qkv"],
+                        iters=30, variants=["sm", "decomp", "auto"], config="/x/Llama/config.json")
+    env = {"git_commit": "abc", "git_dirty": False, "date": "2026-12-07T00:00:00+00:00",
+           "gpu": {"model": "NVIDIA H100 80GB HBM3", "count": 8, "driver": None}, "versions": {"python": "3"}}
+    js, _ = records.write_record(bench_tdist.kernels_record([rank(1.0), rank(1.1)], a, False, env=env,
+                                                            command="python benchmark/tdist/bench_kernels.py"),
+                                 tmp_path)
+    rec = records.load_record(js)
+    assert js.name == "2026-12-07_tdist_kernels_2xh100.json" and rec["mode"] == "sm,decomp,auto"
+    assert rec["baselines"] == ["torch_seq_ms", "symm_fused_ms"] and rec["floor"]["column"] == "cublas_only_ms"
+    qkv, gate_up, rs, a2a = rec["rows"]
+    assert qkv["tdist_ms"] == 1.1 and qkv["nccl_over_tdist"] == 1.3 and rs["tdist_ms"] == 0.56
+    assert a2a["tdist_ms"] == 0.2 and a2a["nccl_over_tdist"] is None
+    ag, rsh = rec["headline"]
+    assert (ag["value"], round(ag["baseline"], 6), ag["ratio"]) == (2.2, 2.42, 1.1) and "gate_up" in ag["label"]
+    assert (rsh["value"], rsh["ratio"]) == (0.56, 1.214) and "GEMM-RS" in rsh["label"]
+
+
 def test_status_table_against_the_tdist_targets():
     from benchmark.tdist.targets_status import parse, status
 

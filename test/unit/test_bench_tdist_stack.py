@@ -16,8 +16,13 @@ sys.path[:0] = [str(ROOT)]
 
 def test_smoke_runs_sequence_parallel_and_matches_plain_tp(tmp_path):
     p = subprocess.run([sys.executable, str(ROOT / "benchmark" / "tdist" / "bench_layer_stack.py"), "--smoke", "--results-dir",
-                        str(tmp_path)], capture_output=True, text=True, timeout=600)
+                        str(tmp_path), "--record-dir", str(tmp_path / "rec")], capture_output=True, text=True,
+                       timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
+    from benchmark.common.records import load_record
+
+    (rec,) = [load_record(f) for f in (tmp_path / "rec" / "tdist").glob("*_tdist_stack_smoke_cpu.json")]
+    assert [r["tokens"] for r in rec["rows"]] == [64, 130] and rec["headline"][0]["ratio"] is not None
     (md,), (js,) = list(tmp_path.glob("*_tdist_stack_smoke.md")), list(tmp_path.glob("*_tdist_stack_smoke.json"))
     text = md.read_text()
     assert "- date: " in text and "- hardware: " in text and "- command: " in text
@@ -56,3 +61,28 @@ def test_pass_rule():
     assert not _worst(_per_rank(2.01 * BF16_U, 0.0), 8)["check"]["pass"]
     assert _worst(_per_rank(0.0, 0.0, tdist_equal=9), 8)["check"]["pass"]  # one flip more than the floor's
     assert not _worst(_per_rank(0.0, 0.0, tdist_equal=8), 8)["check"]["pass"]
+
+
+def test_stack_record_carries_baselines_ratios_headline(tmp_path):
+    """--record-dir: per T the slowest rank's times, off and sp_nccl as baselines, off / tdist as the ratio and the
+    headline at the largest T, with the output check."""
+    from types import SimpleNamespace
+
+    from benchmark.common import records
+    from benchmark.tdist.bench_layer_stack import stack_record
+
+    per_rank = _per_rank(1e-3, 1e-3)
+    per_rank[0]["16"] = json.loads(json.dumps(per_rank[0]["8"]))
+    per_rank[0]["16"]["time"] = {"off": {"gpu": 12.0, "host": 1.0}, "tdist": {"gpu": 10.0, "host": 2.0},
+                                 "sp_nccl": {"gpu": 11.0, "host": 1.5}}
+    a = SimpleNamespace(model_path="/c/meta-llama--Llama-3.3-70B-Instruct", tp=4, layers=4, tokens=[8, 16, 32],
+                        warmup=1, iters=2, check_positions=10, smoke=False)
+    env = {"git_commit": "abc", "git_dirty": False, "date": "2026-12-07T00:00:00+00:00",
+           "gpu": {"model": "NVIDIA H200", "count": 8, "driver": None}, "versions": {"python": "3"}}
+    js, _ = records.write_record(stack_record(per_rank, a, env=env, command="python x.py"), tmp_path)
+    rec = records.load_record(js)
+    assert js.name == "2026-12-07_tdist_stack_4xh200.json" and rec["baselines"] == ["off_ms", "sp_nccl_ms"]
+    assert [r["tokens"] for r in rec["rows"]] == [8, 16] and rec["rows"][0]["pass"] is True
+    assert rec["rows"][1]["off_over_tdist"] == 1.2 and rec["rows"][1]["sp_nccl_over_tdist"] == 1.1
+    (h,) = rec["headline"]
+    assert (h["value"], h["baseline"], h["ratio"]) == (10.0, 12.0, 1.2) and "T=16" in h["label"]

@@ -33,7 +33,12 @@ def test_layer_mode_smoke(tmp_path):
     models = [shared_path("configs", "meta-llama--Llama-3.3-70B-Instruct"),
               shared_path("configs", "mistralai--Mixtral-8x22B-v0.1")]
     text = _run(tmp_path, "--tokens", "16", "40", "--model-path", *models, "--overlap-tokens", "16",
-                "--host-profile", "40")
+                "--host-profile", "40", "--record-dir", str(tmp_path / "rec"))
+    sys.path.insert(0, str(ROOT))
+    from benchmark.common.records import load_record
+
+    (rec,) = [load_record(f) for f in (tmp_path / "rec" / "tokenweave").glob("*_tokenweave_layer_cpu.json")]
+    assert len(rec["rows"]) == 4 and len(rec["headline"]) == 2 and rec["baselines"][:2] == ["nocomm_ms", "nccl_ms"]
     # --host-profile: rank 0's cProfile of one forward per variant and model; the eager logits check vs nccl
     assert len(re.findall(r"^## host profile: (nocomm|nccl|tokenweave), T=40 ", text, re.M)) == 2 * 3, text
     assert re.search(r"^host [0-9.]+ ms under cProfile, \d+ Python calls", text, re.M)
@@ -155,3 +160,30 @@ def test_layer_mode_selcarve_variant(tmp_path):
     assert "| tokenweave_selcarve ms |" in header and "| tokenweave_selcarve / tokenweave |" in header, header
     m = re.search(r"^- T=16: tokenweave ([0-9.e+-]+), tokenweave_selcarve ([0-9.e+-]+)", check, re.M)
     assert m and float(m.group(1)) == float(m.group(2)), check
+
+
+def _env():
+    return {"git_commit": "abc", "git_dirty": False, "date": "2026-12-07T00:00:00+00:00",
+            "gpu": {"model": "NVIDIA H200", "count": 8, "driver": None}, "versions": {"python": "3"}}
+
+
+def test_layer_record_carries_baselines_ratios_headline(tmp_path):
+    """--record-dir (layer mode): one row per (model, TP, T) with each variant's ms, the baselines named, the
+    TokenWeave / baseline ratios, nocomm as the floor and TokenWeave vs NCCL at the largest T as the headline."""
+    sys.path.insert(0, str(ROOT))
+    from benchmark.common import records
+    from benchmark.tokenweave.layer_report import layer_record
+
+    variants = ["nocomm", "nccl", "nccl_symm", "tokenweave"]
+    res = {"nocomm|1024": 1.0, "nccl|1024": 1.5, "nccl_symm|1024": 1.4, "tokenweave|1024": 1.6,
+           "nocomm|4096": 4.0, "nccl|4096": 5.0, "nccl_symm|4096": 4.8, "tokenweave|4096": 4.5}
+    rec = layer_record([("Llama-3.3-70B-Instruct", 4, res)], [1024, 4096], variants, params={"layers": 4},
+                       gpu_count=4, env=_env(), command="python benchmark/tokenweave/bench_layer.py --tp 4")
+    js, _ = records.write_record(rec, tmp_path)
+    rec = records.load_record(js)
+    assert js.name == "2026-12-07_tokenweave_layer_4xh200.json"
+    assert rec["baselines"] == ["nocomm_ms", "nccl_ms", "nccl_symm_ms"] and rec["floor"]["column"] == "nocomm_ms"
+    assert [r["tokenweave_over_nccl"] for r in rec["rows"]] == [round(1.6 / 1.5, 3), 0.9]
+    assert rec["rows"][1]["tokenweave_over_nocomm"] == 1.125
+    (h,) = rec["headline"]
+    assert (h["value"], h["baseline"], h["ratio"], h["unit"]) == (4.5, 5.0, 0.9, "ms") and "T=4096" in h["label"]

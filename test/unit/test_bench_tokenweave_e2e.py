@@ -90,6 +90,28 @@ def test_medians_use_complete_pairs_and_greedy_rows():
     assert "FAILED: rc=timeout" in text
 
 
+def test_e2e_record_carries_baseline_ratio_headline(tmp_path):
+    """--record-dir: complete rounds only, TokenWeave off as the same-run baseline, on/off ratios, greedy equality
+    per row, and the report's medians (prefill, total) as the headline."""
+    from benchmark.common import records
+    from benchmark.tokenweave import bench_e2e as b
+
+    a = _args("--reps", "2", "--tp", "4")
+    runs = [_fake("off", 1, [100.0, 110.0], [[1, 2], [3, 4]]), _fake("on", 1, [150.0, 160.0], [[1, 2], [3, 9]]),
+            _fake("off", 2, [900.0, 900.0], [[1, 2], [3, 4]]),
+            {"side": "on", "round": 2, "error": "rc=timeout after 9s", "log_tail": "x", "wall_s": 9}]
+    env = {"git_commit": "abc", "git_dirty": False, "date": "2026-12-07T00:00:00+00:00",
+           "gpu": {"model": "NVIDIA H100 80GB HBM3", "count": 8, "driver": None}, "versions": {"python": "3"}}
+    js, md = records.write_record(b.e2e_record(a, runs, env=env, command="python x.py"), tmp_path)
+    rec = records.load_record(js)
+    assert js.name == "2026-12-07_tokenweave_e2e_4xh100.json" and md.exists()
+    (row,) = rec["rows"]
+    assert (row["off_prefill_tok_s"], row["on_prefill_tok_s"], row["on_over_off_prefill"]) == (105.0, 155.0, 1.476)
+    assert row["on_greedy_equal"] == 1 and row["prompts"] == 2 and rec["units"]["on_total_tok_s"] == "tok/s"
+    assert rec["baselines"] == ["off_prefill_tok_s", "off_total_tok_s"] and rec["units"]["on_start_s"] == "s"
+    assert [(h["value"], h["baseline"], h["ratio"]) for h in rec["headline"]] == [(155.0, 105.0, 1.476)] * 2
+
+
 def test_cpu_gloo_tp2_on_off_greedy_equal(tmp_path):
     """Real engines (stories260K trained weights, CPU, TP2 over gloo): one off/on pair, equal greedy ids."""
     from benchmark.tokenweave import bench_e2e as b
