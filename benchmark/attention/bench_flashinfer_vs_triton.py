@@ -15,6 +15,9 @@ the median over repetitions. The server's automatic choice (``--attention-backen
 
 Usage: python benchmark/attention/bench_flashinfer_vs_triton.py [--page-size 1] [--out benchmark/results]
 Writes <out>/<date>_attention_flashinfer_vs_triton_<gpu>.json (the record) and .md (the table rendered from it).
+``--record-dir DIR`` also writes a :mod:`benchmark.common.records` record (``what`` = ``flashinfer_vs_triton``) under
+``DIR/attention/``: the same rows, with Triton (the automatic choice) and torch SDPA as the same-run baselines and
+the floor column.
 """
 
 from __future__ import annotations
@@ -142,6 +145,8 @@ def main() -> None:
     ap.add_argument("--inner", type=int, default=8)
     ap.add_argument("--reps", type=int, default=2, help="repetitions, backend order alternated")
     ap.add_argument("--out", default=str(REPO / "benchmark" / "results"))
+    ap.add_argument("--record-dir", default=None, metavar="DIR",
+                    help="also write a benchmark record (benchmark.common.records) under DIR/attention/")
     args = ap.parse_args()
     try:
         import flashinfer
@@ -199,6 +204,45 @@ def main() -> None:
     stem.with_suffix(".json").write_text(json.dumps(record, indent=1))
     stem.with_suffix(".md").write_text(render(record))
     print(render(record))
+    if args.record_dir:
+        sys.path.insert(0, str(REPO))
+        from benchmark.common import records
+
+        js, _ = records.write_record(make_fi_record(rows, args, fi_version, bw, mm), Path(args.record_dir))
+        print(f"record: {js}")
+
+
+def make_fi_record(rows: list[dict], args, fi_version, bw: float, mm: float, env: dict | None = None) -> dict:
+    """The rows of :func:`main` as a :mod:`benchmark.common.records` record: ``triton_ms`` (the automatic choice) and
+    ``sdpa_ms`` are the same-run baselines, ``floor_ms`` the floor. Headline: FlashInfer vs Triton at the largest
+    decode batch and at the 8K prefill (Triton vs its floor where FlashInfer was not measured)."""
+    from benchmark.common import records
+
+    rows = records.add_ratio(rows, "triton_over_sdpa", "triton_ms", "sdpa_ms")
+    rows = [{k: v for k, v in r.items() if v is not None} for r in rows]
+    headline = []
+    for name in ([r["workload"] for r in rows if r["workload"].startswith("decode")][-1:]
+                 + [r["workload"] for r in rows if r["workload"] == "prefill 8K"]):
+        r = next(x for x in rows if x["workload"] == name)
+        if "flashinfer_ms" in r:
+            headline.append({"label": f"FlashInfer vs Triton attention layer, {name}, page size {args.page_size}",
+                             "value": round(r["flashinfer_ms"], 4), "unit": "ms",
+                             "baseline": round(r["triton_ms"], 4), "ratio": round(r["flashinfer_over_triton"], 3)})
+        else:
+            headline.append({"label": f"Triton attention layer vs its floor, {name}, page size {args.page_size}",
+                             "value": round(r["triton_ms"], 4), "unit": "ms", "baseline": round(r["floor_ms"], 4),
+                             "ratio": round(r["triton_over_floor"], 3)})
+    return records.make_record(
+        subject="attention", benchmark="benchmark.attention.bench_flashinfer_vs_triton",
+        mode=f"page-size-{args.page_size}", what="flashinfer_vs_triton", rows=rows, env=env,
+        params={"page_size": args.page_size, "decode_context": args.decode_context, "iters": args.iters,
+                "inner": args.inner, "reps": args.reps, "flashinfer": fi_version, "automatic_choice": "triton",
+                "copy_bandwidth_gbps": round(bw / 1e9, 1), "matmul_tflops": round(mm / 1e12, 1)},
+        baselines=[c for c in ("triton_ms", "sdpa_ms") if any(c in r for r in rows)],
+        units={k: "ms" for r in rows for k in r if k.endswith("_ms")},
+        floor={"column": "floor_ms", "what": "prefill: causal FLOPs at the bf16 matmul rate; decode: each K/V byte "
+                                             "read once at the device-to-device copy bandwidth; both same run"},
+        headline=headline, gpu_count=1)
 
 
 def render(record: dict) -> str:

@@ -12,10 +12,13 @@ compute-bound prefill kernel over both caches. The baseline is the same kernel o
 is the Triton backend's; FlashInfer's FP8 decode is not part of this comparison).
 
 ``--smoke``: the same flow on the CPU under ``TRITON_INTERPRET=1`` at toy shapes with wall-clock timing (checks the
-script, not the speed). Writes ``<out>/fp8_kv_decode.json`` and ``.md``.
+script, not the speed). Writes ``<out>/fp8_kv_decode.json`` and ``.md``. ``--record-dir DIR`` also writes a
+:mod:`benchmark.common.records` record (``what`` = ``fp8_kv_decode``) under ``DIR/attention/``: the decode and extend
+rows with the BF16 cache as the same-run baseline and the copy-bandwidth floor.
 
     python benchmark/attention/bench_fp8_kv_decode.py --out /tmp/fp8kv            # GPU, ~60 s on an H100
     python benchmark/attention/bench_fp8_kv_decode.py --smoke --out /tmp/fp8kv    # CPU, ~30 s
+    python benchmark/attention/bench_fp8_kv_decode.py --out /tmp/fp8kv --record-dir benchmark/results
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ def parse_args(argv):
     p.add_argument("--extend-tokens", default="4096", help="prefill (extend) rows: one request of N new tokens each "
                    "(comma separated; empty: none), to see what reading FP8 costs the compute-bound extend kernel")
     p.add_argument("--smoke", action="store_true", help="CPU + TRITON_INTERPRET at toy shapes (flow check)")
+    p.add_argument("--record-dir", default=None, metavar="DIR",
+                   help="also write a benchmark record (benchmark.common.records) under DIR/attention/")
     ns = p.parse_args(argv)
     ns.batches = [int(x) for x in ns.batches.split(",")]
     ns.contexts = [int(x) for x in ns.contexts.split(",")]
@@ -302,7 +307,48 @@ def main(argv=None) -> int:
     (out / "fp8_kv_decode.json").write_text(json.dumps(res, indent=1))
     (out / "fp8_kv_decode.md").write_text(render(res))
     print(render(res))
+    if ns.record_dir:
+        sys.path.insert(0, str(REPO))
+        from benchmark.common import records
+
+        js, _ = records.write_record(make_fp8_kv_record(res, ns), Path(ns.record_dir))
+        print(f"record: {js}")
     return 0
+
+
+def make_fp8_kv_record(res: dict, ns, env: dict | None = None) -> dict:
+    """``res`` of :func:`main` as a :mod:`benchmark.common.records` record: decode rows (``part`` = decode) and
+    extend rows (``part`` = extend), ``bf16_us`` the same-run baseline. Headline: FP8 vs BF16 decode at the largest
+    batch and context, and the first extend row."""
+    from benchmark.common import records
+
+    rows = ([{"part": "decode", **r} for r in res["rows"]]
+            + [{"part": "extend", **r} for r in res.get("extend_rows", [])])
+    headline = []
+    if res["rows"]:
+        big = max(res["rows"], key=lambda r: (r["batch"] * r["context"], r["batch"]))
+        headline.append({"label": f"decode attention, batch {big['batch']} x context {big['context']}, "
+                                  f"{res['kv_dtype']} vs BF16 KV cache", "value": round(big["fp8_us"], 2),
+                         "unit": "us", "baseline": round(big["bf16_us"], 2), "ratio": round(big["fp8_speedup"], 3)})
+        headline.append({"label": f"{res['kv_dtype']} decode attention vs its memory floor, batch {big['batch']} x "
+                                  f"context {big['context']}", "value": round(big["fp8_us"], 2), "unit": "us",
+                         "baseline": round(big["fp8_floor_us"], 2), "ratio": round(big["fp8_vs_floor"], 3)})
+    if res.get("extend_rows"):
+        e = res["extend_rows"][0]
+        headline.append({"label": f"extend attention, {e['extend_tokens']} new tokens, {res['kv_dtype']} vs BF16 "
+                                  "KV cache (time ratio)", "value": round(e["fp8_us"], 1), "unit": "us",
+                         "baseline": round(e["bf16_us"], 1), "ratio": round(e["fp8_vs_bf16"], 3)})
+    return records.make_record(
+        subject="attention", benchmark="benchmark.attention.bench_fp8_kv_decode",
+        mode=("smoke-" if ns.smoke else "") + f"{res['kv_dtype']}-{res['policy']}", what="fp8_kv_decode",
+        rows=rows, env=env, gpu_count=0 if ns.smoke else 1,
+        params={"shape": res["shape"], "kv_dtype": res["kv_dtype"], "policy": res["policy"], "reps": res["reps"],
+                "inner": res["inner"], "copy_bandwidth_gbs": round(res["copy_bandwidth_gbs"], 1)},
+        baselines=("bf16_us",), units={k: "us" for r in rows for k in r if k.endswith("_us")}
+        | {"bf16_tflops": "TFLOP/s", "fp8_tflops": "TFLOP/s"},
+        floor={"columns": ["bf16_floor_us", "fp8_floor_us"],
+               "what": "KV bytes / device-to-device copy bandwidth measured in the same run (4 GiB copy)"},
+        headline=headline, notes=["fp8_speedup = bf16_us / fp8_us; fp8_vs_bf16 (extend) = fp8_us / bf16_us"])
 
 
 if __name__ == "__main__":

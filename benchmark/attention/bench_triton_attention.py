@@ -10,7 +10,10 @@ visible (query, key) pair) against a bf16 8192^3 matmul measured in the same run
 
 Usage:
   python benchmark/attention/bench_triton_attention.py [--batch 64 --context 4096] [--out benchmark/results] [--no-sweep]
-Writes <out>/<date>_triton_attention.md (date, hardware, command, tables) and prints the tables.
+  python benchmark/attention/bench_triton_attention.py --record-dir benchmark/results   # + a benchmark record
+Writes <out>/<date>_triton_attention.md (date, hardware, command, tables) and prints the tables. ``--record-dir DIR``
+also writes a :mod:`benchmark.common.records` record (``what`` = ``triton_attention``) under ``DIR/attention/``:
+every decode and extend case with its same-run floor (HBM copy GB/s, bf16 matmul TFLOP/s) and the ratio to it.
 """
 
 from __future__ import annotations
@@ -82,9 +85,10 @@ def layout(kind: str, bs: int, ctx: int, gen: torch.Generator) -> torch.Tensor:
     return (slots + 1).view(bs, ctx).to(torch.int32).cuda()
 
 
-def bench_decode(args, bw: float) -> tuple[list[str], list[str]]:
+def bench_decode(args, bw: float, out_rows: list | None = None) -> tuple[list[str], list[str]]:
     """Time Triton decode attention (bf16, CUDA) on the three KV layouts, then sweep KV splits and BLOCK_N/warps/stages
-    on 16-token pages; returns the (main, sweep) markdown table lines, KV GB/s vs ``bw`` (HBM bytes/s)."""
+    on 16-token pages; returns the (main, sweep) markdown table lines, KV GB/s vs ``bw`` (HBM bytes/s). ``out_rows``:
+    a list that also gets each case as a dict (for the record)."""
     from sglang.srt.layers.attention.triton_ops.decode_attention import (decode_attention_fwd,
                                                                           decode_attention_workspace,
                                                                           default_num_kv_splits)
@@ -111,6 +115,9 @@ def bench_decode(args, bw: float) -> tuple[list[str], list[str]]:
     def row(name, t):
         """A markdown row: time in us, achieved KV GB/s, the HBM copy GB/s and their ratio."""
         achieved = kv_bytes / (t * 1e-3)
+        if out_rows is not None:
+            out_rows.append({"part": "decode", "case": name, "time_us": round(t * 1e3, 2),
+                             "kv_gbps": round(achieved / 1e9, 1), "hbm_copy_gbps": round(bw / 1e9, 1)})
         return f"| {name} | {t * 1e3:.1f} | {achieved / 1e9:.0f} | {bw / 1e9:.0f} | {achieved / bw:.2f} |"
 
     head = ["| layout / config | time (us) | KV GB/s | HBM copy GB/s | ratio |", "|---|---|---|---|---|"]
@@ -137,9 +144,9 @@ def bench_decode(args, bw: float) -> tuple[list[str], list[str]]:
     return main, sweep
 
 
-def bench_extend(args, mm: float) -> list[str]:
+def bench_extend(args, mm: float, out_rows: list | None = None) -> list[str]:
     """Time Triton extend attention (bf16, CUDA) for an 8K prefill and 4K new tokens after a 4K prefix; returns markdown
-    table lines, causal TFLOP/s vs ``mm`` (matmul FLOP/s)."""
+    table lines, causal TFLOP/s vs ``mm`` (matmul FLOP/s); ``out_rows`` as in :func:`bench_decode`."""
     from sglang.srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
 
     nh, nkv, hd = args.heads, args.kv_heads, args.head_dim
@@ -162,6 +169,9 @@ def bench_extend(args, mm: float) -> list[str]:
         pairs = new * prefix + new * (new + 1) / 2
         flops = 4 * nh * hd * pairs
         rate = flops / (ms * 1e-3)
+        if out_rows is not None:
+            out_rows.append({"part": "extend", "case": f"prefix {prefix} + new {new}", "time_ms": round(ms, 4),
+                             "tflops": round(rate / 1e12, 2), "matmul_tflops": round(mm / 1e12, 2)})
         lines.append(f"| prefix {prefix} + new {new} | {ms:.3f} | {rate / 1e12:.0f} | {mm / 1e12:.0f} | {rate / mm:.2f} |")
     return lines
 
@@ -177,6 +187,8 @@ def main() -> None:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--no-sweep", dest="sweep", action="store_false")
     p.add_argument("--out", default=str(REPO / "benchmark" / "results" / "attention"))
+    p.add_argument("--record-dir", default=None, metavar="DIR",
+                   help="also write a benchmark record (benchmark.common.records) under DIR/attention/")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if not torch.cuda.is_available():
@@ -186,8 +198,9 @@ def main() -> None:
     props = torch.cuda.get_device_properties(0)
     bw = hbm_bandwidth()
     mm = matmul_rate()
-    main_rows, sweep_rows = bench_decode(args, bw)
-    ext_rows = bench_extend(args, mm)
+    cases: list = []
+    main_rows, sweep_rows = bench_decode(args, bw, cases)
+    ext_rows = bench_extend(args, mm, cases)
     date = datetime.date.today().isoformat()
     cmd = "python " + " ".join([str(Path(sys.argv[0]))] + sys.argv[1:])
     text = "\n".join([
@@ -211,6 +224,48 @@ def main() -> None:
     path = out_dir / f"{date}_triton_attention.md"
     path.write_text(text)
     logger.info("wrote %s", path)
+    if args.record_dir:
+        if str(REPO) not in sys.path:
+            sys.path.insert(0, str(REPO))
+        from benchmark.common import records
+
+        js, _ = records.write_record(make_attention_record(cases, args), Path(args.record_dir))
+        logger.info("record: %s", js)
+
+
+def make_attention_record(cases: list[dict], args, env: dict | None = None) -> dict:
+    """The cases :func:`bench_decode` / :func:`bench_extend` collected as a :mod:`benchmark.common.records` record:
+    decode KV GB/s against the same-run HBM copy bandwidth (``kv_of_copy``), extend TFLOP/s against the same-run
+    bf16 matmul (``of_matmul``). Headline: the default-split paged (16-token pages) decode and the 8K prefill."""
+    from benchmark.common import records
+
+    rows = records.add_ratio(cases, "kv_of_copy", "kv_gbps", "hbm_copy_gbps")
+    rows = records.add_ratio(rows, "of_matmul", "tflops", "matmul_tflops")
+    rows = [{k: v for k, v in r.items() if v is not None} for r in rows]
+    headline = []
+    dec = next((r for r in rows if r["part"] == "decode" and r["case"].startswith("pages16")
+                and "(default)" in r["case"]), None)
+    if dec is not None:
+        headline.append({"label": f"Triton paged decode attention, batch {args.batch} x context {args.context}, "
+                                  "16-token pages, KV bandwidth vs HBM copy", "value": dec["kv_gbps"], "unit": "GB/s",
+                         "baseline": dec["hbm_copy_gbps"], "ratio": dec["kv_of_copy"]})
+    ext = next((r for r in rows if r["part"] == "extend"), None)
+    if ext is not None:
+        headline.append({"label": f"Triton extend attention, {ext['case']} (causal), vs bf16 matmul",
+                         "value": ext["tflops"], "unit": "TFLOP/s", "baseline": ext["matmul_tflops"],
+                         "ratio": ext["of_matmul"]})
+    return records.make_record(
+        subject="attention", benchmark="benchmark.attention.bench_triton_attention",
+        mode="decode+extend" + ("+sweep" if args.sweep else ""), what="triton_attention", rows=rows, env=env,
+        params={"batch": args.batch, "context": args.context, "heads": args.heads, "kv_heads": args.kv_heads,
+                "head_dim": args.head_dim, "dtype": "bfloat16"},
+        baselines=[c for c in ("hbm_copy_gbps", "matmul_tflops") if any(c in r for r in rows)],
+        units={"time_us": "us", "time_ms": "ms", "kv_gbps": "GB/s", "hbm_copy_gbps": "GB/s", "tflops": "TFLOP/s",
+               "matmul_tflops": "TFLOP/s"},
+        floor={"columns": ["hbm_copy_gbps", "matmul_tflops"],
+               "what": "decode: device-to-device copy of 4 GiB (read + write bytes / time); extend: bf16 8192^3 "
+                       "matmul; both measured in this run"},
+        headline=headline, gpu_count=1)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,11 @@ process. Usage (repo root, one GPU)::
     python benchmark/decode/step_ab.py --out /tmp/out [--batches 1,32,128] [--cli-results result.jsonl] [--breakdown]
         [--serving]  # + the serving path's decode step (benchmark/decode/served_step.py), same process
     python benchmark/decode/step_ab.py --out /tmp/out --gemm-ab  # cuBLAS vs decode-GEMM autotune, per-class split
+
+``--record-dir DIR`` also writes a :mod:`benchmark.common.records` record under ``DIR/decode/`` of the A/B rows
+(``decode_step_ab``: ``old`` is the baseline; ``--gemm-ab``: ``decode_gemm_ab``, ``cublas`` is; ``--switch-ab``:
+``decode_switch_ab``, the first set is), each row with its baseline's step (``base_step_ms``), ``vs_base`` = step /
+that, and the memory floor.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 REPO = Path(__file__).resolve().parents[2]
 for _path in (REPO / "python", REPO):
@@ -323,6 +329,8 @@ def parse_args(argv):
     p.add_argument("--cli-results", default=None, help="bench_one_batch result.jsonl to put beside the floor")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="/tmp/out")
+    p.add_argument("--record-dir", default=None, metavar="DIR",
+                   help="also write a benchmark record (benchmark.common.records) under DIR/decode/")
     ns = p.parse_args(argv)
     ns.batches = [int(b) for b in ns.batches.split(",") if b.strip()]
     ns.switch_breakdown = [int(b) for b in ns.switch_breakdown.split(",") if b.strip()]
@@ -372,6 +380,7 @@ def main(argv=None) -> int:
                                      replay_only_ms, cfg.switch_ab, progress_sw)
         write()
         sys.stdout.write(render(res))
+        write_step_record(res, cfg)
         return 0
     if cfg.gemm_ab:
         from benchmark.decode.gemm_ab import gemm_ab
@@ -384,6 +393,7 @@ def main(argv=None) -> int:
                                  progress)
         write()
         sys.stdout.write(render(res))
+        write_step_record(res, cfg)
         return 0
     t0 = time.monotonic()
     graphs = capture_graphs(runner, sorted(set(cfg.batches)))
@@ -409,7 +419,62 @@ def main(argv=None) -> int:
         res["breakdown"] = breakdowns(runner, graphs, cfg, res["matmul_flops_per_s"])
     write()
     sys.stdout.write(render(res))
+    write_step_record(res, cfg)
     return 0
+
+
+def write_step_record(res: dict, cfg) -> None:
+    """With ``--record-dir``: write :func:`make_step_record` of ``res`` and print its path."""
+    if not getattr(cfg, "record_dir", None):
+        return
+    from benchmark.common import records
+
+    rec = make_step_record(res, cfg)
+    if rec is not None:
+        js, _ = records.write_record(rec, Path(cfg.record_dir))
+        sys.stdout.write(f"record: {js}\n")
+
+
+def make_step_record(res: dict, cfg, env: Optional[dict] = None) -> Optional[dict]:
+    """The A/B rows of ``res`` (the host-path A/B, or ``gemm_ab`` / ``switch_ab``) as a
+    :mod:`benchmark.common.records` record; None when no row was measured. Each row gets the same-run baseline
+    setting's step at its batch (``base_step_ms``) and ``vs_base`` = step / that; the headline is the largest batch:
+    each other setting's step against the baseline (up to two) and the best step against the memory floor. The
+    ``benchmark`` is the decode entry point (``benchmark.decode.bench``, as the ``host`` mode's record), ``mode``
+    ``step``, ``step-gemm-ab`` or ``step-switch-ab``."""
+    from benchmark.common import records
+
+    if res.get("switch_ab"):
+        rows, key, what, mode = res["switch_ab"].get("rows", []), "set", "decode_switch_ab", "step-switch-ab"
+        base = (res["switch_ab"].get("sets") or [[None]])[0][0]
+    elif res.get("gemm_ab"):
+        rows, key, base, what, mode = res["gemm_ab"].get("rows", []), "set", "cublas", "decode_gemm_ab", "step-gemm-ab"
+    else:
+        rows, key, base, what, mode = res.get("decode", []), "setting", "old", "decode_step_ab", "step"
+    if not rows:
+        return None
+    base_step = {r["batch"]: r["step_ms"] for r in rows if r[key] == base}
+    rows = records.add_ratio([{**r, "base_step_ms": base_step.get(r["batch"])} for r in rows], "vs_base",
+                             "step_ms", "base_step_ms")
+    big = max(r["batch"] for r in rows)
+    at_big = [r for r in rows if r["batch"] == big]
+    headline = [{"label": f"decode step, batch {big}, {r[key]} vs {base}", "value": round(r["step_ms"], 4),
+                 "unit": "ms", "baseline": round(r["base_step_ms"], 4), "ratio": r["vs_base"]}
+                for r in at_big if r[key] != base and r["base_step_ms"] is not None][:2]
+    best = min(at_big, key=lambda r: r["step_ms"])
+    headline.append({"label": f"decode step vs memory floor, batch {big}, {best[key]}",
+                     "value": round(best["step_ms"], 4), "unit": "ms", "baseline": round(best["floor_ms"], 4),
+                     "ratio": round(best["ratio"], 3)})
+    units = {k: "ms" for r in rows for k in r if k.endswith("_ms")}
+    return records.make_record(
+        subject="decode", benchmark="benchmark.decode.bench", mode=mode, what=what, rows=rows, env=env,
+        params={"model_path": cfg.model_path, "batches": list(cfg.batches), "context": cfg.context,
+                "steps": cfg.steps, "reps": cfg.reps, "baseline_setting": base,
+                "hbm_bytes_per_s": res.get("hbm_bytes_per_s"), "matmul_flops_per_s": res.get("matmul_flops_per_s")},
+        baselines=("base_step_ms",), units=units,
+        floor={"column": "floor_ms", "what": "(weight bytes + KV bytes read per step) / device-to-device copy "
+                                             "bandwidth measured first in this process; ratio = step / floor"},
+        headline=headline, gpu_count=1)
 
 
 if __name__ == "__main__":

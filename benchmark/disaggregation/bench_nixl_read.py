@@ -23,6 +23,10 @@ writes ``<out-dir>/nixl_read.{md,json}``. ``--device cpu`` runs the same on host
 the logic where no GPU is present; no floor).
 
     python benchmark/disaggregation/bench_nixl_read.py --mib 128 --descs 1 8 64 512 --settings default ours tls
+
+``--record-dir DIR`` also writes a :mod:`benchmark.common.records` record (``what`` = ``nixl_read``) under
+``DIR/disaggregation/``: every row with the same-run peer-copy floor at its descriptor count (``floor_gbps``) and
+the share of it reached (``of_floor``).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "python")]
+sys.path[:0] = [str(ROOT / "python"), str(ROOT)]
 
 # name -> (UCX/NIXL environment, apply our transport's UCX defaults, --disaggregation-nixl-threads)
 SETTINGS: dict[str, tuple[dict, bool, int]] = {
@@ -368,6 +372,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--clean-env", action="store_true", help="drop inherited UCX_* variables per setting")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per setting (both processes)")
     ap.add_argument("--out-dir", default="", help="write nixl_read.{md,json} here")
+    ap.add_argument("--record-dir", default=None, metavar="DIR",
+                    help="also write a benchmark record (benchmark.common.records) under DIR/disaggregation/")
     ap.add_argument("--best-env", metavar="JSON", help="print K=V lines of the best setting in JSON and exit")
     ap.add_argument("--best-flags", action="store_true", help="with --best-env: print the server flags instead")
     ap.add_argument("--role", choices=("target", "initiator"), help=argparse.SUPPRESS)
@@ -412,6 +418,46 @@ def main(argv=None) -> None:
         rows += r
         print(f"[bench_nixl_read] {name}: {len(r)} rows in {time.monotonic() - t0:.1f} s", flush=True)
         report(args, rows, proto, final=name == args.settings[-1])
+    if args.record_dir:
+        from benchmark.common import records
+
+        js, _ = records.write_record(make_nixl_record(rows, args), Path(args.record_dir))
+        print(f"[bench_nixl_read] record: {js}")
+
+
+def make_nixl_record(rows: list[dict], args, env: dict | None = None) -> dict:
+    """The rows as a :mod:`benchmark.common.records` record: each with the same-run torch peer-copy floor at its
+    descriptor count (``floor_gbps``, when measured) and ``of_floor`` = GB/s / floor; the headline is the best correct
+    ``ours`` READ at 64 descriptors (or the most measured), against the floor and against NIXL's own defaults."""
+    from benchmark.common import records
+
+    floor = {r["descs"]: r["gbps"] for r in rows if r["path"] == "floor" and r["correct"]}
+    out = [{**{k: v for k, v in r.items() if k != "row"}, "floor_gbps": floor.get(r["descs"])} for r in rows]
+    out = records.add_ratio(out, "of_floor", "gbps", "floor_gbps")
+    ours = [r for r in out if r["path"] == "ours" and r["correct"]]
+    headline = []
+    if ours:
+        k = 64 if any(r["descs"] == 64 for r in ours) else max(r["descs"] for r in ours)
+        best = max((r for r in ours if r["descs"] == k), key=lambda r: r["gbps"])
+        where = "GPU 0 -> GPU 1" if args.device == "cuda" else "host -> host"
+        headline.append({"label": f"NIXL READ {args.mib} MiB {where}, {k} descriptors, best setting "
+                                  f"({best['setting']}) vs torch peer copy", "value": round(best["gbps"], 2),
+                         "unit": "GB/s", "baseline": best["floor_gbps"], "ratio": best["of_floor"]})
+        dflt = next((r for r in ours if r["setting"] == "default" and r["descs"] == k), None)
+        if dflt is not None and dflt is not best:
+            headline.append({"label": f"NIXL READ {k} descriptors, {best['setting']} vs NIXL/UCX defaults",
+                             "value": round(best["gbps"], 2), "unit": "GB/s", "baseline": round(dflt["gbps"], 2),
+                             "ratio": None if not dflt["gbps"] else round(best["gbps"] / dflt["gbps"], 3)})
+    return records.make_record(
+        subject="disaggregation", benchmark="benchmark.disaggregation.bench_nixl_read",
+        mode=f"{args.device}-{'+'.join(args.settings)}", what="nixl_read", rows=out, env=env,
+        params={"mib": args.mib, "descs": list(args.descs), "settings": list(args.settings), "iters": args.iters,
+                "warmup": args.warmup, "device": args.device, "write": bool(args.write)},
+        baselines=("floor_gbps",) if floor else (), units={"gbps": "GB/s", "floor_gbps": "GB/s", "median_ms": "ms",
+                                                           "min_ms": "ms"},
+        floor=({"column": "floor_gbps", "what": "torch copy_ GPU 0 -> GPU 1 of the same bytes (peer copy), "
+                                               "CUDA-event timed, same run"} if floor else None),
+        headline=headline, gpu_count=0 if args.device == "cpu" else 2)
 
 
 def report(args, rows: list[dict], proto: dict, final: bool) -> None:

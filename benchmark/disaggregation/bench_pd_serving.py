@@ -32,7 +32,8 @@ run of consecutive slots; ``token_major``: one per run of consecutive slots; a f
 slots reused by the prefill side and a wrapped pool give more).
 The report ``<out-dir>/<date>_pd_serving_<backend>_<mode>[_<dataset>].md`` and ``.json`` (date, hardware, command;
 the suffix for every dataset after the first) is rewritten after every setup, so a run cut short keeps what it
-measured. SIGTERM stops every server started.
+measured. SIGTERM stops every server started. ``--record-dir DIR`` also writes a :mod:`benchmark.common.records`
+record under ``DIR/disaggregation/`` at the end (:mod:`benchmark.disaggregation.pd_serving_record`).
 
 CPU smoke run::
 
@@ -454,6 +455,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--bench-timeout", type=float, default=3600)
     ap.add_argument("--pid-file", default="", help="append the pid of every process started (for a caller's trap)")
     ap.add_argument("--out-dir", default=os.path.join(ROOT, "benchmark", "results", "disaggregation"))
+    ap.add_argument("--record-dir", default=None, metavar="DIR",
+                    help="also write a benchmark record (benchmark.common.records) under DIR/disaggregation/")
     return ap.parse_args(argv)
 
 
@@ -491,6 +494,10 @@ def main(argv=None) -> None:
             errors[s] = f"{type(e).__name__}: {e}"
         print(f"[bench_pd_serving] {s} done in {time.time() - t0:.1f} s", flush=True)
         report()
+    if a.record_dir and any(results.values()):
+        from benchmark.disaggregation.pd_serving_record import write_pd_record
+
+        write_pd_record(a, results, xfer, errors, METRICS, SETUPS)
     if errors:
         sys.exit(1)
 

@@ -17,12 +17,15 @@ Sections (``--sections``, default all):
 
 Writes ``<out>/fp8_weights.json`` (benchmark, mode, commit, date, GPU, versions, command, every row with its
 same-run baseline and ratio) and ``<out>/fp8_weights.md``. ``--smoke`` runs the plumbing on CPU (stories260K,
-tiny shapes, torch reference paths, wall-clock timing; numbers meaningless) so CI covers it.
+tiny shapes, torch reference paths, wall-clock timing; numbers meaningless) so CI covers it. ``--record-dir DIR``
+also writes a :mod:`benchmark.common.records` record (``what`` = ``fp8_weights``) under ``DIR/quantization/``: the
+GEMM, decode and prefill rows (``part``), each with its same-run bf16 counterpart and ``fp8_vs_bf16`` (speed-up).
 
 Usage (repo root, one GPU)::
 
     python benchmark/quantization/bench_fp8.py --out /tmp/fp8 [--serving] [--sections peaks,gemm,decode,prefill]
     python benchmark/quantization/bench_fp8.py --out /tmp/fp8_smoke --smoke   # CPU
+    python benchmark/quantization/bench_fp8.py --out /tmp/fp8 --record-dir benchmark/results  # + a record
 """
 
 from __future__ import annotations
@@ -78,6 +81,8 @@ def parse_args(argv):
     p.add_argument("--serving-reps", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--smoke", action="store_true", help="CPU plumbing check (stories260K, tiny shapes)")
+    p.add_argument("--record-dir", default=None, metavar="DIR",
+                   help="also write a benchmark record (benchmark.common.records) under DIR/quantization/")
     ns = p.parse_args(argv)
     ns.sections = [s for s in ns.sections.split(",") if s]
     if any(s not in SECTIONS for s in ns.sections):
@@ -295,7 +300,68 @@ def main(argv=None) -> int:
             write()
     write()
     sys.stdout.write(render(res) + "\n")
+    if cfg.record_dir:
+        from benchmark.common import records
+
+        js, _ = records.write_record(make_fp8_record(res, cfg), Path(cfg.record_dir))
+        sys.stdout.write(f"record: {js}\n")
     return 0
+
+
+def make_fp8_record(res: dict, cfg, env: dict | None = None) -> dict:
+    """``res`` of :func:`main` as a :mod:`benchmark.common.records` record. Rows by ``part``: ``gemm`` (with the same
+    shape and M's bf16 cuBLAS time, ``base_us``), ``decode`` (the bf16 runner's step at the same batch and setting,
+    ``base_step_ms``), ``prefill`` (the bf16 runner's rate, ``base_tflops``); ``fp8_vs_bf16`` is the speed-up over
+    that baseline (> 1: FP8 faster). ``ratio`` keeps the benchmark's own meaning (time / floor, or rate / peak).
+    Headline: the decode step at the largest batch and the prefill, FP8 vs bf16."""
+    from benchmark.common import records
+
+    gemm = [dict(r) for r in res.get("gemm", [])]
+    gbase = {(r["shape"], r["m"]): r["us"] for r in gemm if r["method"] == "bf16 cuBLAS"}
+    gemm = records.add_ratio([{"part": "gemm", **r, "base_us": gbase.get((r["shape"], r["m"]))} for r in gemm],
+                             "fp8_vs_bf16", "base_us", "us")
+    dec = res.get("decode", [])
+    dbase = {(r["batch"], r["setting"]): r["step_ms"] for r in dec if r["weights"] == "bf16"}
+    dec = records.add_ratio([{"part": "decode", **r, "base_step_ms": dbase.get((r["batch"], r["setting"]))}
+                             for r in dec], "fp8_vs_bf16", "base_step_ms", "step_ms")
+    pre = res.get("prefill", [])
+    pbase = next((r["tflops"] for r in pre if r["weights"] == "bf16"), None)
+    pre = records.add_ratio([{"part": "prefill", **r, "base_tflops": pbase} for r in pre], "fp8_vs_bf16", "tflops",
+                            "base_tflops")
+    rows = gemm + dec + pre
+    headline = []
+    fdec = [r for r in dec if r["weights"] == "fp8" and r["base_step_ms"] is not None
+            and not str(r["setting"]).startswith("served")]
+    if fdec:
+        big = max(r["batch"] for r in fdec)
+        r = next(x for x in fdec if x["batch"] == big)
+        headline.append({"label": f"decode step, batch {big} ({r['setting']}), FP8 vs bf16 weights",
+                         "value": r["step_ms"], "unit": "ms", "baseline": r["base_step_ms"],
+                         "ratio": r["fp8_vs_bf16"]})
+    fpre = next((r for r in pre if r["weights"] == "fp8" and r["base_tflops"] is not None), None)
+    if fpre is not None:
+        headline.append({"label": f"prefill of {fpre['tokens']} tokens, FP8 vs bf16 weights",
+                         "value": fpre["tflops"], "unit": "TFLOP/s", "baseline": fpre["base_tflops"],
+                         "ratio": fpre["fp8_vs_bf16"]})
+    units = {"us": "us", "base_us": "us", "floor_us": "us", "tflops": "TFLOP/s", "peak_tflops": "TFLOP/s",
+             "base_tflops": "TFLOP/s", "step_ms": "ms", "floor_ms": "ms", "base_step_ms": "ms", "median_s": "s",
+             "weight_bytes": "B"}
+    p = res.get("peaks", {})
+    return records.make_record(
+        subject="quantization", benchmark="benchmark.quantization.bench_fp8",
+        mode=("smoke-" if cfg.smoke else "") + "+".join(s for s in SECTIONS if s in cfg.sections), what="fp8_weights",
+        rows=rows, env=env, gpu_count=0 if cfg.smoke else 1,
+        params={"model": cfg.model_path, "batches": list(cfg.batches), "context": cfg.context,
+                "prefill_tokens": cfg.prefill_tokens, "serving": bool(cfg.serving),
+                "hbm_bytes_per_s": p.get("hbm_bytes_per_s"),
+                "matmul_bf16_flops_per_s": p.get("matmul_bf16_flops_per_s"),
+                "matmul_fp8_flops_per_s": p.get("matmul_fp8_flops_per_s")},
+        baselines=[c for c in ("base_us", "base_step_ms", "base_tflops") if any(r.get(c) is not None for r in rows)],
+        units={k: v for k, v in units.items() if any(k in r for r in rows)},
+        floor={"columns": ["floor_us", "floor_ms", "peak_tflops"],
+               "what": "decode-sized GEMMs and the decode step: bytes read / copy bandwidth; M = 8192 GEMMs and the "
+                       "prefill: the weight dtype's matmul peak; all measured in this run"},
+        headline=headline)
 
 
 def smoke_gemm(cfg, bw: float) -> list[dict]:

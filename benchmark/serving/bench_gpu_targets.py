@@ -28,6 +28,8 @@ CPU smoke of the timing path:
   python benchmark/serving/bench_gpu_targets.py --device cpu --dtype float32 --smoke --only floors,decode,prefill \\
       --model-path ../shared/data/models/stories260K
 Writes <out>/<date>_gpu_targets.{md,json} after every part, so a failing part loses nothing else.
+``--record-dir DIR`` also writes a :mod:`benchmark.common.records` record (``what`` = ``gpu_targets``) under
+``DIR/serving/`` at the end: one row per measured target with its same-run floor, ratio, target and verdict.
 """
 
 from __future__ import annotations
@@ -106,6 +108,7 @@ class TargetsConfig:
     out_dir: str
     time_budget_s: float
     seed: int = 0
+    record_dir: Optional[str] = None
 
     def __post_init__(self) -> None:
         bad = [p for p in self.parts if p not in PARTS]
@@ -151,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=str(REPO / "benchmark" / "results" / "serving"))
     p.add_argument("--time-budget-s", type=float, default=330.0,
                    help="serving timeouts shrink so the whole run ends within this many seconds")
+    p.add_argument("--record-dir", default=None, metavar="DIR",
+                   help="also write a benchmark record (benchmark.common.records) under DIR/serving/")
     return p
 
 
@@ -167,7 +172,7 @@ def parse_args(argv: list[str]) -> TargetsConfig:
         parts = tuple(p for p in parts if p != "serving")
     return TargetsConfig(model_path=ns.model_path, tokenizer_path=ns.tokenizer_path, device=ns.device, dtype=ns.dtype,
                          attention_backend=ns.attention_backend, parts=parts, decode_batches=batches, out_dir=ns.out,
-                         time_budget_s=ns.time_budget_s, **size)
+                         time_budget_s=ns.time_budget_s, record_dir=ns.record_dir, **size)
 
 
 # ----------------------------------------------------------------------------- measurements
@@ -430,6 +435,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     cfg = dataclasses.replace(cfg, parts=tuple(p for p in PARTS if p in cfg.parts))
     res = run(cfg, "python benchmark/serving/bench_gpu_targets.py " + " ".join(argv))
     sys.stdout.write(format_table(table_rows(res)) + "\n")
+    if cfg.record_dir:
+        from benchmark.common import records
+        from benchmark.serving.gpu_targets_record import make_targets_record
+
+        goals = {"decode": DECODE_TARGET, "prefill": PREFILL_TARGET, "attention": ATTENTION_TARGET}
+        js, _ = records.write_record(make_targets_record(res, cfg, goals), Path(cfg.record_dir))
+        sys.stdout.write(f"record: {js}\n")
     failed = [n for n, p in res["parts"].items() if p["status"] != "ok"]
     if failed:
         logger.error("parts failed: %s", failed)

@@ -234,3 +234,35 @@ def test_cpu_smoke_run_writes_every_part(tmp_path):
     md = (tmp_path / files[1]).read_text()
     assert "cmd-under-test" in md and "| metric | floor / baseline |" in md
     assert "decode step, batch 3 x" in md and "prefill 96 tokens" in md and "attention: error" in md
+
+
+FAKE_ENV = {"git_commit": "0" * 40, "git_dirty": False, "date": "2026-12-07T12:00:00+00:00",
+            "gpu": {"model": "NVIDIA H100 80GB HBM3", "count": 1, "driver": "x"}, "platform": "test",
+            "versions": {"python": "3", "torch": None, "cuda": None, "nccl": None, "triton": None}}
+
+
+def test_targets_record_rows_floor_and_headline(tmp_path):
+    from benchmark.common import records
+    from benchmark.serving.gpu_targets_record import make_targets_record
+
+    cfg = bgt.parse_args(["--record-dir", str(tmp_path)])
+    assert cfg.record_dir == str(tmp_path) and bgt.parse_args([]).record_dir is None
+    res = {"command": "python benchmark/serving/bench_gpu_targets.py", "parts": {
+        "floors": {"status": "ok", "hbm_bytes_per_s": 4e12, "matmul_flops_per_s": 8e14},
+        "decode": {"status": "ok", "batches": [
+            {"batch": b, "context": 1024, "median_step_s": s, "floor_s": 0.005, "ratio": s / 0.005}
+            for b, s in ((1, 0.006), (128, 0.008))]},
+        "prefill": {"status": "ok", "tokens": 8192, "flops_per_s": 4e14, "ratio": 0.5},
+        "attention": {"status": "error", "error": "RuntimeError: x"},
+        "serving": {"status": "ok", "output_throughput": 5000.0, "mean_ttft_ms": 100.0, "p99_ttft_ms": 300.0,
+                    "mean_itl_ms": 10.0, "p99_itl_ms": 30.0}}}
+    goals = {"decode": bgt.DECODE_TARGET, "prefill": bgt.PREFILL_TARGET, "attention": bgt.ATTENTION_TARGET}
+    js, _ = records.write_record(make_targets_record(res, cfg, goals, env=FAKE_ENV), tmp_path)
+    rec = records.load_record(js)
+    assert rec["subject"] == "serving" and rec["what"] == "gpu_targets" and rec["floor"]["column"] == "floor"
+    assert [r["target"] for r in rec["rows"]] == ["decode step"] * 2 + ["prefill", "bench_serving output"]
+    assert [r["met"] for r in rec["rows"]] == [True, False, False, None]
+    h = rec["headline"]
+    assert "batch 128" in h[0]["label"] and (h[0]["value"], h[0]["baseline"], h[0]["ratio"]) == (8.0, 5.0, 1.6)
+    assert (h[1]["value"], h[1]["baseline"], h[1]["ratio"]) == (400.0, 800.0, 0.5) and h[2]["value"] == 5000.0
+    assert any("attention failed" in n for n in rec["notes"])

@@ -76,3 +76,32 @@ def test_host_memory_run_reads_and_writes_the_pattern(tmp_path):
     assert {(r["path"], r["descs"]) for r in rows} == {(p, k) for p in ("ours", "repost", "write") for k in (1, 8)}
     # write rows are correct only when the WRITTEN bytes read back (bench_nixl_read._write_lands)
     assert all(r["correct"] and r["gbps"] > 0 for r in rows)
+
+
+FAKE_ENV = {"git_commit": "0" * 40, "git_dirty": False, "date": "2026-12-07T12:00:00+00:00",
+            "gpu": {"model": "NVIDIA H100 80GB HBM3", "count": 2, "driver": "x"}, "platform": "test",
+            "versions": {"python": "3", "torch": None, "cuda": None, "nccl": None, "triton": None}}
+
+
+def test_nixl_record_puts_the_floor_beside_every_row(tmp_path):
+    from benchmark.common import records
+
+    def row(setting, path, k, gbps, ok=True):
+        return {"row": 1, "setting": setting, "path": path, "descs": k, "correct": ok, "median_ms": 1.0,
+                "gbps": gbps, "min_ms": 0.9, "env": {}}
+
+    rows = [row("torch_copy", "floor", 1, 200.0), row("torch_copy", "floor", 64, 160.0),
+            row("default", "ours", 64, 40.0), row("ours", "ours", 64, 120.0), row("ours", "repost", 64, 130.0),
+            row("tls", "ours", 64, 150.0, ok=False), row("ours", "ours", 1, 180.0)]
+    args = bn.parse_args(["--descs", "1", "64", "--settings", "default", "ours", "tls"])
+    js, _ = records.write_record(bn.make_nixl_record(rows, args, env=FAKE_ENV), tmp_path)
+    rec = records.load_record(js)
+    assert rec["what"] == "nixl_read" and rec["baselines"] == ["floor_gbps"] and rec["floor"]["column"] == "floor_gbps"
+    assert all("row" not in r for r in rec["rows"])
+    ours64 = next(r for r in rec["rows"] if (r["setting"], r["path"], r["descs"]) == ("ours", "ours", 64))
+    assert ours64["floor_gbps"] == 160.0 and ours64["of_floor"] == 0.75
+    h = rec["headline"]
+    assert "64 descriptors" in h[0]["label"] and "(ours)" in h[0]["label"]  # the wrong-bytes tls row is not a winner
+    assert (h[0]["value"], h[0]["baseline"], h[0]["ratio"]) == (120.0, 160.0, 0.75)
+    assert (h[1]["baseline"], h[1]["ratio"]) == (40.0, 3.0)
+    assert js.name.endswith("_nixl_read_2xh100.json")

@@ -260,3 +260,32 @@ def test_warm_up_sends_the_timed_runs_flags_but_its_count_and_seed(tmp_path):
         assert "--request-rate" in timed and timed[timed.index("--warmup-requests") + 1] == "0"
     with pytest.raises(RuntimeError, match="--request-rate"):  # bench_serving's own error, named
         pw.bench_in_process(["--request-rate", "-1", "--model", "m", "--tokenizer", str(tmp_path)])
+
+
+FAKE_ENV = {"git_commit": "0" * 40, "git_dirty": False, "date": "2026-12-07T12:00:00+00:00",
+            "gpu": {"model": "NVIDIA H100 80GB HBM3", "count": 2, "driver": "x"}, "platform": "test",
+            "versions": {"python": "3", "torch": None, "cuda": None, "nccl": None, "triton": None}}
+
+
+def test_pd_record_compares_pd_with_the_agg2_baseline(tmp_path):
+    from benchmark.common import records
+    from benchmark.disaggregation.pd_serving_record import make_pd_record
+
+    rec = {m: 1.0 for m in bp.METRICS}
+    results = {"random": {"agg": {**rec, "output_throughput": 600.0, "mean_ttft_ms": 40.0},
+                          "agg2": {**rec, "output_throughput": 1000.0, "mean_ttft_ms": 50.0},
+                          "pd": {**rec, "output_throughput": 1200.0, "mean_ttft_ms": 100.0}}}
+    a = bp.parse_args(["--model-path", "m", "--device", "cuda", "--dataset", "random", "--setups", "pd", "agg",
+                       "agg2", "--transfer-backend", "nixl"])
+    xfer = {"random": bp.transfer_summary("pull", DELTA, PD, 1)}
+    js, _ = records.write_record(make_pd_record(a, results, xfer, {}, bp.METRICS, bp.SETUPS,
+                                                env=FAKE_ENV), tmp_path)
+    r = records.load_record(js)
+    assert r["what"] == "pd_serving" and r["mode"] == "pd+agg+agg2-nixl-pull"
+    assert r["baselines"] == ["base_output_throughput", "base_mean_ttft_ms"]
+    assert [x["setup"] for x in r["rows"]] == ["agg", "agg2", "pd"] and {x["base"] for x in r["rows"]} == {"agg2"}
+    pd = r["rows"][-1]
+    assert pd["throughput_vs_base"] == 1.2 and pd["ttft_vs_base"] == 2.0 and pd["kv_share_of_ttft"] == 0.1
+    h = r["headline"]
+    assert [(x["value"], x["baseline"], x["ratio"]) for x in h[:2]] == [(1200.0, 1000.0, 1.2), (100.0, 50.0, 2.0)]
+    assert "vs agg2" in h[0]["label"] and h[2]["value"] == 0.1
