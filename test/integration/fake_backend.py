@@ -33,6 +33,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 MODEL = os.path.join(REPO, "..", "shared", "data", "models", "stories260K")
 CONTEXT_LEN = 512
 SLOW_MAX_NEW = 200  # requests asking for at least this many tokens are streamed slowly
+PACED_RID_PREFIX = "paced-"  # requests whose rid starts with this get one output every 50 ms (2 tokens each), so a
+# streaming client sees separate chunks even on a loaded machine (outputs that arrive together are coalesced)
 
 
 def fake_ids(input_ids: list[int], n: int) -> list[int]:
@@ -119,7 +121,8 @@ class FakeScheduler(threading.Thread):
         for rid, st in list(self.active.items()):
             if now < st["next"]:
                 continue
-            st["next"] = now + (0.05 if st["slow"] else 0.0)
+            paced = st["slow"] or str(st["req"].rid).startswith(PACED_RID_PREFIX)
+            st["next"] = now + (0.05 if paced else 0.0)
             k = 1 if st["slow"] else 2
             new = st["ids"][st["done"]: st["done"] + k]
             st["done"] += len(new)

@@ -16,6 +16,7 @@ import requests
 from fake_backend import (  # noqa: F401 (srv, auth_srv: fixtures)
     CONTEXT_LEN,
     MODEL,
+    PACED_RID_PREFIX,
     SLOW_MAX_NEW,
     _sse_events,
     _wait_idle,
@@ -49,7 +50,8 @@ def test_generate_single_matches_tokenizer(srv):
 def test_generate_stream_is_cumulative_and_equals_non_stream(srv):
     body = {"input_ids": [1, 403, 407, 261], "sampling_params": {"max_new_tokens": 7}}
     full = requests.post(srv.url + "/generate", json=body).json()
-    r = requests.post(srv.url + "/generate", json={**body, "stream": True})
+    # paced (one output per 50 ms): outputs that reach the TokenizerManager together are coalesced into one chunk
+    r = requests.post(srv.url + "/generate", json={**body, "stream": True, "rid": PACED_RID_PREFIX + "stream"})
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     chunks = [json.loads(e) for e in _sse_events(r)]
     assert len(chunks) >= 3
