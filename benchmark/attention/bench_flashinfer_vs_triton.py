@@ -40,20 +40,14 @@ DTYPE = torch.bfloat16
 
 
 def time_ms(fn, iters: int, inner: int, warmup: int = 3) -> float:
-    """Median milliseconds per ``fn()`` over ``iters`` CUDA-event timings of ``inner`` back-to-back calls."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(inner):
-            fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / inner)
-    return statistics.median(times)
+    """Milliseconds per ``fn()``: the median of ``iters`` CUDA-event samples of ``inner`` back-to-back calls after
+    ``warmup`` calls (:func:`benchmark.common.timing.time_cuda_events`; the host launch latency of the first call is
+    amortized). Raises RuntimeError without CUDA."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from benchmark.common.timing import time_cuda_events
+
+    return time_cuda_events(fn, iters=iters, warmup=warmup, inner=inner).median_ms
 
 
 def copy_bandwidth() -> float:

@@ -22,7 +22,6 @@ import argparse
 import datetime
 import logging
 import platform
-import statistics
 import sys
 from pathlib import Path
 
@@ -34,21 +33,14 @@ logger = logging.getLogger(__name__)
 
 
 def time_ms(fn, iters: int = 15, warmup: int = 3, inner: int = 8) -> float:
-    """Milliseconds per ``fn()``: median over ``iters`` CUDA-event timings of ``inner`` back-to-back calls
-    (so the host launch latency of the first call is amortized; calls queue ahead of the GPU)."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(inner):
-            fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / inner)
-    return statistics.median(times)
+    """Milliseconds per ``fn()``: the median of ``iters`` CUDA-event samples of ``inner`` back-to-back calls after
+    ``warmup`` calls (:func:`benchmark.common.timing.time_cuda_events`; the host launch latency of the first call is
+    amortized). Raises RuntimeError without CUDA."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from benchmark.common.timing import time_cuda_events
+
+    return time_cuda_events(fn, iters=iters, warmup=warmup, inner=inner).median_ms
 
 
 def hbm_bandwidth(gib: float = 4.0) -> float:
