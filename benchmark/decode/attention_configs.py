@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import statistics
 import sys
 from pathlib import Path
 from typing import Optional
@@ -53,17 +52,11 @@ def graph_us(fn) -> float:
     with torch.cuda.graph(g, stream=s):
         for _ in range(CALLS):
             fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(7):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / CALLS)
-    return statistics.median(times)
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from benchmark.common.timing import time_cuda_events
+
+    return time_cuda_events(g.replay, iters=7, warmup=1).median_ms * 1e3 / CALLS
 
 
 def rows_for(bs: int, ctx: int, bw: float, alternatives=ALTERNATIVES, split_counts=(1, 2, 4),

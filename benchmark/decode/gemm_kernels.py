@@ -64,15 +64,11 @@ def graph_time_us(fn, inner: int, copies: int = 1, replays: int = 20) -> float:
     with torch.cuda.graph(g, stream=stream):
         for j in range(inner):
             fn(j % copies)
-    times = []
-    for _ in range(replays):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.replay()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) * 1e3 / inner)
-    return sorted(times)[len(times) // 2]
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from benchmark.common.timing import time_cuda_events
+
+    return time_cuda_events(g.replay, iters=replays, warmup=0).median_ms * 1e3 / inner
 
 
 def rows_for(m: int, inner: int, bw: float, rotate_bytes: int) -> list[str]:

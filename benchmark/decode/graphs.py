@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import ctypes
 import logging
-import statistics
 from typing import Optional
 
 import torch
@@ -74,14 +73,8 @@ def capture_graphs(runner, sizes: list[int]):
 
 def replay_only_ms(graphs, bs: int, reps: int = 10) -> float:
     """GPU ms of the padded-``bs`` graph replayed back to back (inputs as last copied in), median of ``reps``."""
+    from benchmark.common.timing import time_cuda_events
+
     graph = graphs.graphs[graphs.padded_size(bs)]
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return time_cuda_events(graph.replay, iters=reps, warmup=0).median_ms
