@@ -311,8 +311,8 @@ def parse_args(argv=None):
     p.add_argument("--smoke", action="store_true", help="CPU, few iterations (for the CPU test)")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--results-dir", default=str(ROOT / "benchmark" / "results" / "afd"))
-    p.add_argument("--record-dir", default=None, metavar="DIR", help="decode mode: also write a JSON benchmark "
-                   "record (benchmark.common.records) under DIR/afd/")
+    from benchmark.common.records import add_record_dir_argument
+    add_record_dir_argument(p, "afd", "decode mode: ")
     a = p.parse_args(argv)
     if a.smoke:
         a.device, a.iters, a.warmup, a.batch, a.steps, a.input_len = "cpu", 5, 1, [4], 3, 4

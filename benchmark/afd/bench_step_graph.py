@@ -313,8 +313,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-stage-times", dest="stage_times", action="store_false",
                    help="skip the stamped capture (no Ta / Tf / Tc of the graphed step)")
     p.add_argument("--md-out", default="")
-    p.add_argument("--record-dir", default=None, metavar="DIR",
-                   help="timing: also write a JSON benchmark record (benchmark.common.records) under DIR/afd/")
+    from benchmark.common.records import add_record_dir_argument
+    add_record_dir_argument(p, "afd", "timing: ")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("needs CUDA (the CPU check of this path is test/unit/test_afd_device_step.py)")

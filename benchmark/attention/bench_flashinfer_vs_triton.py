@@ -139,8 +139,8 @@ def main() -> None:
     ap.add_argument("--inner", type=int, default=8)
     ap.add_argument("--reps", type=int, default=2, help="repetitions, backend order alternated")
     ap.add_argument("--out", default=str(REPO / "benchmark" / "results"))
-    ap.add_argument("--record-dir", default=None, metavar="DIR",
-                    help="also write a benchmark record (benchmark.common.records) under DIR/attention/")
+    from benchmark.common.records import add_record_dir_argument
+    add_record_dir_argument(ap, "attention")
     args = ap.parse_args()
     try:
         import flashinfer

@@ -50,8 +50,8 @@ def parse_args(argv):
     p.add_argument("--extend-tokens", default="4096", help="prefill (extend) rows: one request of N new tokens each "
                    "(comma separated; empty: none), to see what reading FP8 costs the compute-bound extend kernel")
     p.add_argument("--smoke", action="store_true", help="CPU + TRITON_INTERPRET at toy shapes (flow check)")
-    p.add_argument("--record-dir", default=None, metavar="DIR",
-                   help="also write a benchmark record (benchmark.common.records) under DIR/attention/")
+    from benchmark.common.records import add_record_dir_argument
+    add_record_dir_argument(p, "attention")
     ns = p.parse_args(argv)
     ns.batches = [int(x) for x in ns.batches.split(",")]
     ns.contexts = [int(x) for x in ns.contexts.split(",")]

@@ -179,8 +179,8 @@ def main() -> None:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--no-sweep", dest="sweep", action="store_false")
     p.add_argument("--out", default=str(REPO / "benchmark" / "results" / "attention"))
-    p.add_argument("--record-dir", default=None, metavar="DIR",
-                   help="also write a benchmark record (benchmark.common.records) under DIR/attention/")
+    from benchmark.common.records import add_record_dir_argument
+    add_record_dir_argument(p, "attention")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if not torch.cuda.is_available():

@@ -111,7 +111,8 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--record-dir", default=None)
+    from benchmark.common.records import add_record_dir_argument
+    add_record_dir_argument(p, "attention")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("extend_chunk: needs a CUDA GPU (the Triton kernel and FlashAttention run there)")

@@ -426,8 +426,8 @@ def main() -> None:
                    help="methods of the --ctas sweep (comma list)")
     p.add_argument("--calibrate", action="store_true", help="time the auto candidates and write --table")
     p.add_argument("--overlap-sms", type=int, default=16, help="SM budget of the overlapped candidates")
-    p.add_argument("--record-dir", default=None, metavar="DIR",
-                   help="also write a benchmark record (benchmark.common.records) under DIR/comm/")
+    from benchmark.common.records import add_record_dir_argument
+    add_record_dir_argument(p, "comm")
     p.add_argument("--table", default=None,
                    help="crossover table to merge into (default: <out>/tw_comm_crossovers.json)")
     args = p.parse_args()

@@ -30,8 +30,8 @@ from typing import Iterable, Optional, Sequence
 
 from benchmark.common.timing import ratio
 
-__all__ = ["SCHEMA_VERSION", "SUBJECTS", "RESULTS_ROOT", "REPO_ROOT", "environment", "gpu_slug", "make_record",
-           "add_ratio", "record_stem", "record_paths", "write_record", "load_record", "validate_record",
+__all__ = ["SCHEMA_VERSION", "SUBJECTS", "RESULTS_ROOT", "REPO_ROOT", "RECORD_DIR_ENV", "add_record_dir_argument",
+           "environment", "gpu_slug", "make_record", "add_ratio", "record_stem", "record_paths", "write_record", "load_record", "validate_record",
            "render_markdown", "format_value", "command_line"]
 
 SCHEMA_VERSION = 1
@@ -41,6 +41,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_ROOT = REPO_ROOT / "benchmark" / "results"
 REQUIRED = ("schema", "subject", "benchmark", "mode", "what", "git_commit", "date", "gpu", "versions", "command",
             "rows")
+#: The environment variable that gives ``--record-dir`` its default (the GPU suites set it for every step, so every
+#: benchmark a step runs writes its record into the suite's tarball; an explicit ``--record-dir`` wins).
+RECORD_DIR_ENV = "BENCHMARK_RECORD_DIR"
 _SLUG = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 _GPU_NAME = re.compile(r"\b([A-Z]{1,2}\d{2,4}[A-Z]?)\b")
 
@@ -102,6 +105,18 @@ def _versions() -> dict:
     except Exception:
         pass
     return v
+
+
+def add_record_dir_argument(parser, subject: str, scope: str = "") -> None:
+    """Add the ``--record-dir DIR`` option every benchmark shares to an argparse ``parser``: write the run's record
+    under ``DIR/<subject>/`` (:func:`write_record`). Its default is the environment variable :data:`RECORD_DIR_ENV`
+    (unset: no record). ``scope`` prefixes the help text (e.g. ``"decode mode: "``). ValueError for an unknown
+    ``subject``."""
+    if subject not in SUBJECTS:
+        raise ValueError(f"subject {subject!r} is not one of {SUBJECTS}")
+    parser.add_argument("--record-dir", default=os.environ.get(RECORD_DIR_ENV) or None, metavar="DIR",
+                        help=f"{scope}also write a JSON benchmark record (benchmark.common.records) under "
+                             f"DIR/{subject}/ (default: ${RECORD_DIR_ENV}, unset: none)")
 
 
 def environment(repo: Path = REPO_ROOT) -> dict:

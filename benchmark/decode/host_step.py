@@ -143,9 +143,8 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=None)
-    p.add_argument("--record-dir", default=None, metavar="DIR",
-                   help="also write a benchmark record (benchmark.common.records) under DIR/decode/, e.g. "
-                        "benchmark/results")
+    from benchmark.common.records import add_record_dir_argument
+    add_record_dir_argument(p, "decode")
     cfg = p.parse_args(argv)
     batches = [int(b) for b in cfg.batches.split(",") if b.strip()]
     if not batches or min(batches) < 1 or max(batches) > 160 or cfg.iters < 4:

@@ -329,8 +329,8 @@ def parse_args(argv):
     p.add_argument("--cli-results", default=None, help="bench_one_batch result.jsonl to put beside the floor")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="/tmp/out")
-    p.add_argument("--record-dir", default=None, metavar="DIR",
-                   help="also write a benchmark record (benchmark.common.records) under DIR/decode/")
+    from benchmark.common.records import add_record_dir_argument
+    add_record_dir_argument(p, "decode")
     ns = p.parse_args(argv)
     ns.batches = [int(b) for b in ns.batches.split(",") if b.strip()]
     ns.switch_breakdown = [int(b) for b in ns.switch_breakdown.split(",") if b.strip()]

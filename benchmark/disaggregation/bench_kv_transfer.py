@@ -287,8 +287,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes for tests (2 layers, 2 heads, 64 dim)")
     ap.add_argument("--out-dir", default=str(ROOT / "benchmark" / "results" / "disaggregation"))
     ap.add_argument("--tag", default="", help="suffix of the result file names")
-    ap.add_argument("--record-dir", default=None, metavar="DIR",
-                    help="also write a benchmark record (benchmark.common.records) under DIR/disaggregation/")
+    from benchmark.common.records import add_record_dir_argument
+    add_record_dir_argument(ap, "disaggregation")
     args = ap.parse_args(argv)
     import numpy as np
 

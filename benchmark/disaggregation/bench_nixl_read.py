@@ -372,8 +372,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--clean-env", action="store_true", help="drop inherited UCX_* variables per setting")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per setting (both processes)")
     ap.add_argument("--out-dir", default="", help="write nixl_read.{md,json} here")
-    ap.add_argument("--record-dir", default=None, metavar="DIR",
-                    help="also write a benchmark record (benchmark.common.records) under DIR/disaggregation/")
+    from benchmark.common.records import add_record_dir_argument
+    add_record_dir_argument(ap, "disaggregation")
     ap.add_argument("--best-env", metavar="JSON", help="print K=V lines of the best setting in JSON and exit")
     ap.add_argument("--best-flags", action="store_true", help="with --best-env: print the server flags instead")
     ap.add_argument("--role", choices=("target", "initiator"), help=argparse.SUPPRESS)

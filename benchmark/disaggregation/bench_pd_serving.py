@@ -455,8 +455,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--bench-timeout", type=float, default=3600)
     ap.add_argument("--pid-file", default="", help="append the pid of every process started (for a caller's trap)")
     ap.add_argument("--out-dir", default=os.path.join(ROOT, "benchmark", "results", "disaggregation"))
-    ap.add_argument("--record-dir", default=None, metavar="DIR",
-                    help="also write a benchmark record (benchmark.common.records) under DIR/disaggregation/")
+    from benchmark.common.records import add_record_dir_argument
+    add_record_dir_argument(ap, "disaggregation")
     return ap.parse_args(argv)
 
 

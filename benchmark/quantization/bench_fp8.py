@@ -81,8 +81,8 @@ def parse_args(argv):
     p.add_argument("--serving-reps", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--smoke", action="store_true", help="CPU plumbing check (stories260K, tiny shapes)")
-    p.add_argument("--record-dir", default=None, metavar="DIR",
-                   help="also write a benchmark record (benchmark.common.records) under DIR/quantization/")
+    from benchmark.common.records import add_record_dir_argument
+    add_record_dir_argument(p, "quantization")
     ns = p.parse_args(argv)
     ns.sections = [s for s in ns.sections.split(",") if s]
     if any(s not in SECTIONS for s in ns.sections):

@@ -154,8 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=str(REPO / "benchmark" / "results" / "serving"))
     p.add_argument("--time-budget-s", type=float, default=330.0,
                    help="serving timeouts shrink so the whole run ends within this many seconds")
-    p.add_argument("--record-dir", default=None, metavar="DIR",
-                   help="also write a benchmark record (benchmark.common.records) under DIR/serving/")
+    from benchmark.common.records import add_record_dir_argument
+    add_record_dir_argument(p, "serving")
     return p
 
 

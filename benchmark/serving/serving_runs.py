@@ -320,7 +320,8 @@ def main(argv=None) -> int:
     p.add_argument("--cpu-prompts", type=int, default=8)
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     p.add_argument("--md", default=None)
-    p.add_argument("--record-dir", default=None, help="write a benchmark.common.records record under this folder")
+    from benchmark.common.records import add_record_dir_argument
+    add_record_dir_argument(p, "serving")
     p.add_argument("--baseline-case", default=None, help="the case the record's ratios are taken against")
     a = p.parse_args(argv)
     try:

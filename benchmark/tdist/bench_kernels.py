@@ -65,8 +65,8 @@ def parse_args(argv=None):
     p.add_argument("--heap-mib", type=int, default=0, help="heap data MiB per rank (default: sized from shapes)")
     p.add_argument("--timeout", type=float, default=1500)
     p.add_argument("--results-dir", default=str(ROOT / "benchmark" / "results" / "tdist"))
-    p.add_argument("--record-dir", default=None, metavar="DIR",
-                   help="also write a JSON benchmark record (benchmark.common.records) under DIR/tdist/")
+    from benchmark.common.records import add_record_dir_argument
+    add_record_dir_argument(p, "tdist")
     a = p.parse_args(argv)
     if a.world < 2 or a.iters < 1 or a.tp_shapes < 1 or any(t < a.world for t in a.tokens):
         p.error("--world must be >= 2, --iters/--tp-shapes >= 1, every --tokens value >= --world")

@@ -435,8 +435,8 @@ def parse_args(argv=None):
     p.add_argument("--smoke", action="store_true", help="CPU gloo, TP 2, tiny shapes (checks the harness only)")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--results-dir", default=str(ROOT / "benchmark" / "results" / "tdist"))
-    p.add_argument("--record-dir", default=None, metavar="DIR",
-                   help="also write a JSON benchmark record (benchmark.common.records) under DIR/tdist/")
+    from benchmark.common.records import add_record_dir_argument
+    add_record_dir_argument(p, "tdist")
     a = p.parse_args(argv)
     a.tp = a.tp or (2 if a.smoke else 4)
     if a.smoke:

@@ -370,8 +370,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cuda-graph-max-bs", type=int, default=None)
     p.add_argument("--log-level", default="info", help="engine log level (info shows TokenWeave's split choices)")
     p.add_argument("--out", default="", help="markdown report path (default: benchmark/results/tokenweave/<date>_...md)")
-    p.add_argument("--record-dir", default=None, metavar="DIR",
-                   help="also write a JSON benchmark record (benchmark.common.records) under DIR/tokenweave/")
+    from benchmark.common.records import add_record_dir_argument
+    add_record_dir_argument(p, "tokenweave")
     p.add_argument("--dry-run", action="store_true", help="print the engine arguments of both sides and exit")
     p.add_argument("--worker", choices=("off", "on"), help=argparse.SUPPRESS)
     p.add_argument("--result-file", default="", help=argparse.SUPPRESS)

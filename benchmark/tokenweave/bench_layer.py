@@ -465,8 +465,8 @@ def parse_args(argv=None):
                    help="one-GPU smoke: all ranks on cuda:0, gloo device group (checks the script, not speed)")
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--results-dir", default=str(ROOT / "benchmark" / "results" / "tokenweave"))
-    p.add_argument("--record-dir", default=None, metavar="DIR",
-                   help="layer mode: also write a JSON benchmark record under DIR/tokenweave/")
+    from benchmark.common.records import add_record_dir_argument
+    add_record_dir_argument(p, "tokenweave", "layer mode: ")
     a = p.parse_args(argv)
     a.model_paths, a.tps = a.model_path, a.tp
     if a.e2e and (len(a.model_paths) > 1 or len(a.tps) > 1):

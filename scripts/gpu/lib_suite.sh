@@ -20,6 +20,8 @@
 # travel as their last 4000 lines; over 15 MiB only files under 512 KiB go in), so a call cut by its limit still
 # returns every step that finished. $OUT (default /tmp/<suite>_out) gets <suite>.tgz, <suite>.md (the summary and
 # each step's last lines) and <suite>.log; the exit code is 0 only when every selected step exited 0.
+# Records: BENCHMARK_RECORD_DIR=$work/records for every step (the default of each benchmark's --record-dir), so the
+# tarball carries every record a step wrote (records/<subject>/<date>_<what>_<gpu>.{json,md}).
 suite_names=(); declare -A suite_expect suite_limit suite_default suite_cmd suite_what
 suite_step() {
   [[ "$1" =~ ^[a-z0-9_]+$ ]] || { echo "suite_step: bad name '$1'"; exit 2; }
@@ -83,6 +85,9 @@ suite_main() {
   final="${OUT:-/tmp/${suite}_out}"; work="${SUITE_WORK:-/tmp/${suite}_work}"
   mkdir -p "$final"; rm -rf "$work"; mkdir -p "$work"
   out="$work" step_reserve=10 step_min=20 step_dry="${DRY_RUN:-}"
+  # every benchmark a step runs writes its JSON record here (benchmark.common.records), so the tarball carries them:
+  # land them with `python -m benchmark.import_records <suite>.tgz --readme README.md`
+  export BENCHMARK_RECORD_DIR="$work/records"
   (( sum > 575 )) && sum=575
   start_run "$work/$suite.log" "${SUITE_BUDGET_S:-$sum}"
   echo "$(nvidia-smi -L 2>/dev/null | wc -l) GPU(s) visible; steps: ${selected[*]}; budget ${budget}s"
@@ -108,6 +113,8 @@ suite_main() {
     echo; echo "- NVLink multicast off in every process (NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1)"
     echo "- $(elapsed) s of ${budget} s; every step's files: $suite.tgz ($(basename "$work")/<step>/, <step>.log)"
     echo; printf -- '- %s\n' "${summary[@]}"
+    local recs; recs=$(cd "$work" && find records -name '*.json' 2>/dev/null | sort)
+    echo; echo "- benchmark records: ${recs:-none} (python -m benchmark.import_records $suite.tgz --readme README.md)"
     for n in "${selected[@]}"; do
       [[ -f "$work/$n.log" ]] || continue
       echo; echo "## $n"; echo; echo '```'; tail -n 25 "$work/$n.log" | cut -c1-240; echo '```'
