@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO / "python"), str(REPO / "sgl-kernel" / "python")]
+sys.path[:0] = [str(REPO / "python"), str(REPO / "sgl-kernel" / "python"), str(REPO)]  # + the benchmark package
 
 NH, NKV, HD, LAYERS = 32, 8, 128, 1
 DTYPE = torch.bfloat16

@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # the benchmark package when run as a file
+    sys.path.insert(0, str(REPO))
 
 
 def parse_args(argv):

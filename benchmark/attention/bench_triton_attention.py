@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "python"))
+sys.path[:0] = [str(REPO / "python"), str(REPO)]  # sglang, and the benchmark package when run as a file
 logger = logging.getLogger(__name__)
 
 

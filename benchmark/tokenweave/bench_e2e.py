@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "python")]
+sys.path[:0] = [str(ROOT / "python"), str(ROOT)]  # sglang, and the benchmark package when run as a file
 from sglang.srt.utils.nvls_env import NVLS_OFF_ENV  # noqa: E402  (pure Python: no torch/CUDA import)
 
 

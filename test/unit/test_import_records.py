@@ -5,6 +5,7 @@ out; and every benchmark's ``--record-dir`` defaults to ``$BENCHMARK_RECORD_DIR`
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import subprocess
 import tarfile
@@ -125,3 +126,38 @@ def test_every_benchmark_with_a_record_dir_uses_the_shared_argument():
 def test_suites_export_the_record_dir():
     text = (REPO_ROOT / "scripts" / "gpu" / "lib_suite.sh").read_text()
     assert 'export BENCHMARK_RECORD_DIR="$work/records"' in text
+
+
+_RUN_AS_FILES = r"""
+import contextlib, io, runpy, sys
+base = [p for p in sys.path if p not in ("", ".", ROOT)]
+bad = []
+for f in FILES:
+    sys.path[:] = [f.rsplit("/", 1)[0]] + base  # what `python benchmark/<subject>/<file>.py` starts with
+    for m in [m for m in sys.modules if m == "benchmark" or m.startswith("benchmark.")]:
+        del sys.modules[m]
+    sys.argv = [f, "--help"]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            runpy.run_path(f, run_name="__main__")
+    except SystemExit as e:
+        if e.code not in (0, None):
+            bad.append(f"{f}: exit {e.code}")
+    except Exception as e:
+        bad.append(f"{f}: {type(e).__name__}: {e}")
+print("\n".join(bad))
+"""
+
+
+def test_benchmarks_with_records_run_as_files():
+    """The GPU suites run ``python benchmark/<subject>/<file>.py`` with only ``python/`` on PYTHONPATH: each
+    benchmark that takes ``--record-dir`` must find the ``benchmark`` package itself (``--help`` parses its flags)."""
+    files = sorted(str(p) for p in (REPO_ROOT / "benchmark").rglob("*.py")
+                   if "add_record_dir_argument(" in p.read_text() and p.name != "records.py")
+    assert len(files) >= 19
+    code = f"ROOT = {str(REPO_ROOT)!r}\nFILES = {files!r}\n" + _RUN_AS_FILES
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = f"{REPO_ROOT / 'python'}:{REPO_ROOT / 'sgl-kernel' / 'python'}"
+    out = subprocess.run(["python3", "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "", out.stdout
