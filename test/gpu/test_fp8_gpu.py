@@ -151,7 +151,23 @@ def test_fused_moe_fp8(mode, tokens):
             kw = dict(a13_scale=(x.float().abs().max() / 448).reshape(1), a2_scale=torch.tensor([4.0 / 448],
                                                                                                 device=DEV))
     args = (x, torch.stack(q13), torch.stack(s13), torch.stack(q2), torch.stack(s2), tw, ti)
-    _close(fused_moe_fp8(*args, **kw), fp8_ref.fused_moe_fp8_ref(*args, **kw))
+    got, want = fused_moe_fp8(*args, **kw), fp8_ref.fused_moe_fp8_ref(*args, **kw)
+    if mode != "block":
+        _close(got, want)
+        return
+    # Block-wise: the intermediate (silu(gate) * up in bf16) is re-quantized per 128-column group, so a one-ulp
+    # difference of the fp8 MMA's accumulation in one group's largest element moves that whole group's scale and
+    # re-rounds its e4m3 codes; kernel and reference then differ by a share of the quantization error itself (2.6%
+    # of the output's max on an H100). So: close to the reference at twice the GEMM tolerance, and no further from
+    # the unquantized experts than the reference is (a wrong scale index or expert costs many times that).
+    from sglang.srt.layers.moe.fused_moe import fused_moe_ref
+
+    _close(got, want, 2 * GEMM_TOL)
+    exact = fused_moe_ref(x.float(), w13, w2, tw, ti)
+    err_got, err_want = (got.float() - exact).abs(), (want.float() - exact).abs()
+    assert err_got.max() <= 1.25 * err_want.max() and err_got.mean() <= 1.2 * err_want.mean(), (
+        f"kernel vs unquantized: max {err_got.max():.4g} mean {err_got.mean():.4g}; reference: max "
+        f"{err_want.max():.4g} mean {err_want.mean():.4g}")
 
 
 # ---- layers and the decode-GEMM autotune ---------------------------------------------------------------------

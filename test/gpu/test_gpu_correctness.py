@@ -270,7 +270,9 @@ def compare_graphs(path: str, dtype: str = "float32", max_bs: int = 16, device: 
     g_runner = make_runner(path, "triton", dtype, device, graphs=True, max_bs=max_bs, kv_cache_dtype=kv_cache_dtype)
     assert g_runner.cuda_graph_runner is not None, "CUDA graphs were not captured (see the log)"
     gr = g_runner.cuda_graph_runner
-    assert gr.batch_sizes == [1, 2, 4, 8, 16][: len(gr.batch_sizes)] and gr.max_bs == max_bs
+    from sglang.srt.model_executor.cuda_graph_runner import capture_batch_sizes
+
+    assert gr.batch_sizes == capture_batch_sizes(max_bs) and gr.max_bs == max_bs
     replayed: list[int] = []
     real_replay = gr.replay
 

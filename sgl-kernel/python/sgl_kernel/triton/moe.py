@@ -98,7 +98,7 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int
     dev = flat.device
     key = torch.where(flat < 0, num_experts, flat)  # skipped pairs: one extra bin past the last expert
     counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=dev).scatter_add_(0, key, torch.ones_like(key))
-    counts[num_experts] = 0
+    counts.narrow(0, num_experts, 1).zero_()  # a kernel, not `counts[E] = 0` (a host copy: breaks graph capture)
     padded = (counts + block_m - 1) // block_m * block_m
     pad_end = torch.cumsum(padded, 0)
     pad_start = pad_end - padded

@@ -35,8 +35,11 @@ def quantize_with_scale(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 def amax_scale(amax: torch.Tensor) -> torch.Tensor:
-    """``max(amax, 1e-10) / 448`` in float32: the scale that maps ``amax`` to the largest e4m3 value."""
-    return amax.float().clamp(min=SCALE_FLOOR) / FP8_MAX
+    """``max(amax, 1e-10) / 448`` in float32 (IEEE division, as the kernels' ``div_rn``): the scale that maps
+    ``amax`` to the largest e4m3 value. The divisor is a tensor: CUDA torch turns division by a Python number into
+    a multiplication by its reciprocal, which differs from the quotient in the last bit."""
+    a = amax.float().clamp(min=SCALE_FLOOR)
+    return a / a.new_full((), FP8_MAX)
 
 
 def quant_per_token_ref(x: torch.Tensor, static_scale: Optional[torch.Tensor] = None
