@@ -24,9 +24,10 @@ Modes (both by default):
 
 Writes ``benchmark/results/afd/<date>_afd_<mode>[_smoke].md`` with the date, hardware and command. ``--smoke``: CPU,
 stories260K-moe-sized shapes, few iterations (for the CPU test; CPU numbers say nothing about GPUs).
-``--record-dir DIR``: also the project's JSON record + markdown of the decode results under ``DIR/afd/``
-(:func:`benchmark.afd.decode_throughput.decode_record`; headline: best AFD vs best colocated tok/s per GPU); the M2N
-mode writes only its markdown table.
+``--record-dir DIR``: also the project's JSON record + markdown of each mode's results under ``DIR/afd/``: decode
+(:func:`benchmark.afd.decode_throughput.decode_record`; headline: best AFD vs best colocated tok/s per GPU) and M2N
+(:func:`benchmark.afd.m2n_latency.m2n_record`; headline: the best M2N transport vs send/recv at the smallest and the
+largest size).
 """
 
 from __future__ import annotations
@@ -312,7 +313,7 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--results-dir", default=str(ROOT / "benchmark" / "results" / "afd"))
     from benchmark.common.records import add_record_dir_argument
-    add_record_dir_argument(p, "afd", "decode mode: ")
+    add_record_dir_argument(p, "afd", "each mode run (decode, m2n): ")
     a = p.parse_args(argv)
     if a.smoke:
         a.device, a.iters, a.warmup, a.batch, a.steps, a.input_len = "cpu", 5, 1, [4], 3, 4
@@ -345,18 +346,24 @@ def main(argv=None) -> Path:
     if a.mode in ("decode", "all"):
         lines += ["## Decode throughput", ""] + run_decode(a) + [""]
     if a.mode in ("m2n", "all"):
-        lines += ["## M2N latency (one way)", ""] + run_m2n(a) + [""]
+        m2n_lines, a.m2n_rows = run_m2n(a)  # the rows: for --record-dir
+        lines += ["## M2N latency (one way)", ""] + m2n_lines + [""]
     text = "\n".join(lines)
     print(text)
     d = Path(a.results_dir)
     d.mkdir(parents=True, exist_ok=True)
     out = d / f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d_%H%M}_afd_{a.mode}{'_smoke' if a.smoke else ''}.md"
     out.write_text(text + "\n")
-    if a.record_dir and getattr(a, "decode_results", None):  # this parent process is the one writer
+    if a.record_dir:  # this parent process is the one writer
         from benchmark.afd.decode_throughput import decode_record
+        from benchmark.afd.m2n_latency import m2n_record
         from benchmark.common.records import write_record
 
-        print(f"record: {write_record(decode_record(a, a.decode_results), Path(a.record_dir))[0]}")
+        if getattr(a, "decode_results", None):
+            print(f"record: {write_record(decode_record(a, a.decode_results), Path(a.record_dir))[0]}")
+        if getattr(a, "m2n_rows", None):
+            gpus = min(2, torch.cuda.device_count()) if a.device == "cuda" else 0
+            print(f"record: {write_record(m2n_record(a, a.m2n_rows, gpus), Path(a.record_dir))[0]}")
     return out
 
 

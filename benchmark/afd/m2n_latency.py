@@ -3,7 +3,7 @@ ranks, rank 0 sends each size to rank 1, which echoes it; one-way latency = roun
 ``torch.distributed`` send/recv of the same bytes in the same run (eager and, on GPU, CUDA-graph rows). With a
 ``cuda_push_ll`` transport on GPU, also the raw LL floor of ``benchmark/afd/m2n_floor.py`` (one store kernel + one spin
 kernel per hop, no M2N bookkeeping), graphed like the others. See benchmark/afd/bench.py's module docstring for the method;
-:func:`run_m2n` returns the markdown table lines.
+:func:`run_m2n` returns the markdown table lines and the rows :func:`m2n_record` makes a benchmark record of.
 """
 
 from __future__ import annotations
@@ -194,23 +194,36 @@ def _m2n_graph_time(a, rank: int, name: str, ep, x, buf):
     return lat
 
 
-def _m2n_rows(res, name: str, base: str, kb: int, label: str) -> str:
-    """One table row: ``name`` vs ``base`` at ``kb``. A capture error string is shown instead of ``name``'s numbers;
-    a baseline whose graph failed falls back to the eager baseline, named in the row."""
+def _m2n_data(res, name: str, base: str, kb: int) -> dict:
+    """One measured case as a flat dict: ``name`` vs ``base`` at ``kb`` -- median and p99 one-way microseconds of
+    both, ``baseline_fallback`` (the graph-capture error of a graphed baseline, replaced by the eager one) and
+    ``error`` (a capture error string, or "not measured") instead of numbers."""
     m, p = res.get(f"{name}|{kb}"), res.get(f"{base}|{kb}")
+    out = {"kb": kb, "transport": name, "baseline": base, "baseline_fallback": None, "error": None}
     if isinstance(p, str) and base.endswith("@graph") and not isinstance(m, str) and m is not None:
-        label += f"; vs EAGER baseline ({p[:120]})"
-        p, fallback = res.get(f"{base.removesuffix('@graph')}|{kb}"), True
-    else:
-        fallback = False
+        out.update(baseline=base.removesuffix("@graph"), baseline_fallback=p)
+        p = res.get(f"{base.removesuffix('@graph')}|{kb}")
     if isinstance(m, str) or isinstance(p, str) or m is None or p is None:
-        why = m if isinstance(m, str) else p if isinstance(p, str) else "not measured"
-        return f"| {kb} | {label} | {why} | | | | | |"
+        out["error"] = m if isinstance(m, str) else p if isinstance(p, str) else "not measured"
+        return out
     m, p = np.array(m) * 1e6, np.array(p) * 1e6
-    r = np.median(m) / np.median(p)
-    return (f"| {kb} | {label} | {np.median(m):.1f} | {np.percentile(m, 99):.1f} | {np.median(p):.1f} | "
-            f"{np.percentile(p, 99):.1f} | {r:.2f}x | "
-            f"{'n/a (baseline not graphed)' if fallback else 'met' if r <= 0.5 else 'not met'} |")
+    out.update(median_us=float(np.median(m)), p99_us=float(np.percentile(m, 99)),
+               baseline_median_us=float(np.median(p)), baseline_p99_us=float(np.percentile(p, 99)))
+    return out
+
+
+def _m2n_rows(res, name: str, base: str, kb: int, label: str) -> str:
+    """One table row: ``name`` vs ``base`` at ``kb`` (:func:`_m2n_data`). A capture error string is shown instead of
+    ``name``'s numbers; a baseline whose graph failed falls back to the eager baseline, named in the row."""
+    d = _m2n_data(res, name, base, kb)
+    if d["baseline_fallback"] is not None:
+        label += f"; vs EAGER baseline ({d['baseline_fallback'][:120]})"
+    if d["error"] is not None:
+        return f"| {kb} | {label} | {d['error']} | | | | | |"
+    r = d["median_us"] / d["baseline_median_us"]
+    target = "n/a (baseline not graphed)" if d["baseline_fallback"] is not None else "met" if r <= 0.5 else "not met"
+    return (f"| {kb} | {label} | {d['median_us']:.1f} | {d['p99_us']:.1f} | {d['baseline_median_us']:.1f} | "
+            f"{d['baseline_p99_us']:.1f} | {r:.2f}x | {target} |")
 
 
 def _collect_sizes(q, deadline: float) -> tuple[dict, str]:
@@ -229,8 +242,8 @@ def _collect_sizes(q, deadline: float) -> tuple[dict, str]:
         res.update(msg)
 
 
-def run_m2n(a) -> list[str]:
-    """Spawn two ranks, time M2N vs p2p per size; the markdown table lines."""
+def run_m2n(a) -> tuple[list[str], list[dict]]:
+    """Spawn two ranks, time M2N vs p2p per size; :func:`m2n_table` of their results (markdown lines, rows)."""
     import torch.multiprocessing as mp
 
     from sglang.srt.utils.common import free_tcp_ports
@@ -250,18 +263,39 @@ def run_m2n(a) -> list[str]:
             p.kill()
     if err and not res:
         raise RuntimeError(f"m2n: {err}")
+    return m2n_table(a, res, err)
+
+
+def m2n_table(a, res: dict, err: str = "") -> tuple[list[str], list[dict]]:
+    """The markdown table lines of rank 0's results ``res`` (``"<name>|<kb>"`` -> latencies in s, or an error
+    string) and the same cases as flat dicts for :func:`m2n_record` (:func:`_m2n_data` plus ``timing`` eager / graph,
+    ``graph_k`` and the copy-engine ``copy_floor_us`` of the size when measured); ``err``: why the run stopped early."""
     base = "NCCL send/recv" if a.device == "cuda" else "gloo send/recv"
     lines = [f"| KB per pair | M2N transport | median us | p99 us | {base} median us | p99 us | ratio | "
              "<= 0.5x target |", "|---|---|---|---|---|---|---|---|"]
+    rows: list[dict] = []
+
+    def add(name: str, base_key: str, kb: int, label: str) -> None:
+        lines.append(_m2n_rows(res, name, base_key, kb, label))
+        d = _m2n_data(res, name, base_key, kb)
+        graph = name.endswith("@graph")
+        floor = res.get(f"floor|{kb}")
+        rows.append({"kb": kb, "transport": "raw LL floor" if name == "rawll@graph" else name.removesuffix("@graph"),
+                     "timing": "graph" if graph else "eager", "graph_k": a.graph_k if graph else None,
+                     **{k: d.get(k) for k in ("median_us", "p99_us")},
+                     "baseline": base + (" (graph)" if d["baseline"].endswith("@graph") else " (eager)"),
+                     **{k: d.get(k) for k in ("baseline_median_us", "baseline_p99_us")},
+                     "copy_floor_us": None if floor is None else floor * 1e6,
+                     "baseline_fallback": d["baseline_fallback"], "error": d["error"]})
+
     for kb in a.sizes_kb:
         for name in a.transports:
-            lines.append(_m2n_rows(res, name, "p2p", kb, f"{name} (eager)"))
+            add(name, "p2p", kb, f"{name} (eager)")
             if f"{name}@graph|{kb}" in res:
-                lines.append(_m2n_rows(res, f"{name}@graph", "p2p@graph", kb,
-                                       f"{name} (CUDA graph, K={a.graph_k}; baseline graphed too)"))
+                add(f"{name}@graph", "p2p@graph", kb, f"{name} (CUDA graph, K={a.graph_k}; baseline graphed too)")
         if f"rawll@graph|{kb}" in res:
-            lines.append(_m2n_rows(res, "rawll@graph", "p2p@graph", kb,
-                                   f"floor: raw LL store + spin, no M2N bookkeeping (CUDA graph, K={a.graph_k})"))
+            add("rawll@graph", "p2p@graph", kb,
+                f"floor: raw LL store + spin, no M2N bookkeeping (CUDA graph, K={a.graph_k})")
     if err:  # the sizes measured before the error / time limit are above
         lines += ["", f"[partial] not every size was measured: {err.splitlines()[0][:300]}", "", "```",
                   err[-3000:], "```"]
@@ -269,4 +303,42 @@ def run_m2n(a) -> list[str]:
     if floors:
         lines += ["", "Physical reference (one copy-engine peer copy cuda:0 -> cuda:1, back-to-back, no signalling): "
                   + ", ".join(floors) + "."]
-    return lines
+    return lines, rows
+
+
+def m2n_record(a, rows: list[dict], gpu_count: int | None = None, env: dict | None = None,
+               command: str | None = None) -> dict:
+    """``--record-dir``: the M2N rows of :func:`m2n_table` as a :mod:`benchmark.common.records` record (``mode``
+    m2n, ``what`` = ``afd_m2n``): per size and transport (eager / graphed) the median and p99 one-way microseconds,
+    the same-run send/recv baseline's, ``vs_baseline`` = median / baseline median (the target is <= 0.5) and the
+    copy-engine peer copy (the physical reference, 2 GPUs only). Headline: at the smallest and the largest measured
+    size, the M2N row with the lowest ratio (a graphed one when the size has any; the raw LL floor and rows whose
+    graphed baseline fell back to the eager one excluded).
+    ``gpu_count`` defaults to 0 on CPU, 2 on GPU."""
+    from benchmark.common import records
+
+    rows = records.add_ratio(rows, "vs_baseline", "median_us", "baseline_median_us")
+    ok = [r for r in rows if r["vs_baseline"] is not None and r["transport"] != "raw LL floor"
+          and not r.get("baseline_fallback")]
+    headline = []
+    sizes = sorted({r["kb"] for r in ok})
+    for kb in dict.fromkeys(sizes[:1] + sizes[-1:]):  # the smallest and the largest (once when they are one)
+        at = [r for r in ok if r["kb"] == kb]
+        r = min([r for r in at if r["timing"] == "graph"] or at, key=lambda r: r["vs_baseline"])
+        headline.append({"label": f"M2N one-way latency, {kb} KB, {r['transport']} ({r['timing']}) vs {r['baseline']}",
+                         "value": round(r["median_us"], 2), "unit": "us", "baseline": round(r["baseline_median_us"], 2),
+                         "ratio": r["vs_baseline"]})
+    floor = ({"column": "copy_floor_us", "what": "one copy-engine peer copy cuda:0 -> cuda:1 of the same bytes, "
+                                                 "back-to-back, no signalling"}
+             if any(r.get("copy_floor_us") is not None for r in rows) else None)
+    notes = ["vs_baseline = M2N median / same-run send/recv median (lower is faster; target <= 0.5)."]
+    if any(r["error"] for r in rows):
+        notes.append("Rows with an error were not measured (capture failure or a run cut short).")
+    return records.make_record(
+        subject="afd", benchmark="benchmark.afd.bench", mode="m2n", what="afd_m2n_smoke" if a.smoke else "afd_m2n",
+        rows=rows, params={k: getattr(a, k) for k in ("device", "transports", "sizes_kb", "iters", "warmup",
+                                                      "graph_k", "graph_replays")},
+        baselines=["baseline_median_us"] if any("baseline_median_us" in r for r in rows) else [],
+        units={k: "us" for k in ("median_us", "p99_us", "baseline_median_us", "baseline_p99_us", "copy_floor_us")},
+        floor=floor, headline=headline, notes=notes,
+        gpu_count=gpu_count if gpu_count is not None else (2 if a.device == "cuda" else 0), env=env, command=command)

@@ -6,10 +6,12 @@ weight so none sits in L2) on random bf16 weights of the model's linear shapes (
 lm_head), and prints per (shape, M): cuBLAS and best-skinny microseconds per call, their fraction of the
 device-to-device copy bandwidth measured first in this process (bytes = weight + x + y), the table's choice, and the
 estimated GEMM time per decode step (projections x num_hidden_layers, LM head once) for cuBLAS only vs the table.
-Writes ``<out>/decode_gemm_tune.md``.
+Writes ``<out>/decode_gemm_tune.md``; with ``--record-dir DIR`` also the project's JSON record + markdown under
+``DIR/decode/`` (:func:`tune_record`).
 
 With ``--ab-off DIR --ab-on DIR`` (no GPU) it instead appends the served-step A/B of two
-``benchmark/decode/step_ab.py --serving`` runs (autotune off / on) to ``<out>/decode_gemm_tune.md``.
+``benchmark/decode/step_ab.py --serving`` runs (autotune off / on) to ``<out>/decode_gemm_tune.md`` (``--record-dir``:
+the record of :func:`ab_record`).
 
 Usage (repo root, one GPU)::
 
@@ -94,14 +96,65 @@ def render(table, names: dict, bw: float, head: list) -> str:
     return "\n".join(out) + "\n"
 
 
-def render_ab(off_dir: Path, on_dir: Path) -> str:
-    """Markdown A/B of two ``decode_step_ab.json`` (autotune off / on): graph replay, harness step, served step."""
+def tune_record(table, names: dict, bw: float, params: dict, env=None, command=None) -> dict:
+    """``--record-dir``: the autotune table as a :mod:`benchmark.common.records` record (subject decode, mode
+    ``gemm-tune``, ``what`` = ``decode_gemm_tune``), the same numbers as :func:`render`. One row per (shape, M): cuBLAS
+    microseconds per call (the same-run baseline ``cublas_us``), the best skinny config's, the table's choice and its
+    time (``chosen_us``), ``speedup`` = cuBLAS / chosen, and the copy-bandwidth floor ``floor_us`` (weight + x + y bytes
+    / the device-to-device copy bandwidth ``bw`` measured first) with ``cublas_over_floor`` and ``chosen_over_floor``;
+    then one row per M for the whole decode step (each shape x its calls per step). Headline: at the largest M, the
+    step's GEMM time autotuned vs cuBLAS only, and autotuned vs the floor."""
+    from benchmark.common import records
+
+    rows, per_m = [], {}
+    for (n, k, dt), choices in table.entries:
+        name, calls = names.get((n, k, dt), ("?", 1))
+        for c in choices:
+            nbytes = 2 * (n * k + c.m_max * (n + k))
+            chosen = c.skinny_us if c.config is not None else c.cublas_us
+            rows.append({"shape": name, "n": n, "k": k, "m": c.m_max, "calls_per_step": calls,
+                         "cublas_us": c.cublas_us, "skinny_us": c.skinny_us,
+                         "skinny_config": None if c.skinny_config is None else str(c.skinny_config),
+                         "chosen": "skinny" if c.config is not None else "cuBLAS", "chosen_us": chosen,
+                         "floor_us": nbytes / bw * 1e6})
+            acc = per_m.setdefault(c.m_max, [0.0, 0.0, 0.0])
+            acc[0] += c.cublas_us * calls
+            acc[1] += chosen * calls
+            acc[2] += nbytes / bw * 1e6 * calls
+    rows += [{"shape": "decode step (all GEMMs)", "m": m, "cublas_us": cub, "chosen": "table", "chosen_us": tuned,
+              "floor_us": floor} for m, (cub, tuned, floor) in sorted(per_m.items())]
+    rows = records.add_ratio(rows, "speedup", "cublas_us", "chosen_us")
+    rows = records.add_ratio(records.add_ratio(rows, "cublas_over_floor", "cublas_us", "floor_us"),
+                             "chosen_over_floor", "chosen_us", "floor_us")
+    steps = [r for r in rows if r["shape"] == "decode step (all GEMMs)"]
+    headline = []
+    if steps:
+        big = steps[-1]
+        headline = [{"label": f"decode-step GEMM time, M={big['m']}, autotuned table vs cuBLAS only",
+                     "value": round(big["chosen_us"] / 1e3, 4), "unit": "ms",
+                     "baseline": round(big["cublas_us"] / 1e3, 4), "ratio": big["speedup"]},
+                    {"label": f"decode-step GEMM time, M={big['m']}, autotuned table vs copy-bandwidth floor",
+                     "value": round(big["chosen_us"] / 1e3, 4), "unit": "ms",
+                     "baseline": round(big["floor_us"] / 1e3, 4), "ratio": big["chosen_over_floor"]}]
+    return records.make_record(
+        subject="decode", benchmark="benchmark.decode.bench", mode="gemm-tune", what="decode_gemm_tune", rows=rows,
+        params=dict(params, copy_bytes_per_s=bw, tune_s=table.tune_s, device_name=table.device_name),
+        baselines=["cublas_us"] if rows else [],
+        units={k: "us" for k in ("cublas_us", "skinny_us", "chosen_us", "floor_us")},
+        floor={"column": "floor_us", "what": "(weight + x + y bytes) / device-to-device copy bandwidth measured first "
+                                             "in this process"},
+        headline=headline, notes=["speedup = cuBLAS / chosen (> 1: the table beats cuBLAS alone)."],
+        gpu_count=1, env=env, command=command)
+
+
+def ab_rows(off_dir: Path, on_dir: Path) -> list[dict]:
+    """The rows of two ``decode_step_ab.json`` (autotune off / on), sorted by (batch, row): graph replay, harness step
+    and served step (per serving mode), each with ``off_ms`` / ``on_ms`` and the floor each run measured
+    (``off_floor_ms`` / ``on_floor_ms``); None for a side that lacks the row."""
     res = {}
     for tag, d in (("off", off_dir), ("on", on_dir)):
         f = Path(d) / "decode_step_ab.json"
         res[tag] = json.loads(f.read_text()) if f.exists() else {}
-    out = ["", "## Decode step, decode-GEMM autotune off vs on (two benchmark/decode/step_ab.py processes, same call)", "",
-           "| batch | row | off (ms) | on (ms) | off / floor | on / floor | on / off |", "|---:|---|---:|---:|---:|---:|---:|"]
     rows = {}
     for tag, r in res.items():
         for d in r.get("decode", []):
@@ -109,14 +162,54 @@ def render_ab(off_dir: Path, on_dir: Path) -> str:
             rows.setdefault((d["batch"], "harness step"), {})[tag] = (d["step_ms"], d["floor_ms"])
         for s in r.get("serving", []):
             rows.setdefault((s["batch"], f"served step ({s['mode']})"), {})[tag] = (s["step_ms"], s["floor_ms"])
-    for (bs, name), v in sorted(rows.items()):
-        if "off" in v and "on" in v:
-            (a, fa), (b, fb) = v["off"], v["on"]
+    return [{"batch": bs, "row": name, "off_ms": v.get("off", (None,))[0], "on_ms": v.get("on", (None,))[0],
+             "off_floor_ms": v.get("off", (None, None))[1], "on_floor_ms": v.get("on", (None, None))[1]}
+            for (bs, name), v in sorted(rows.items())]
+
+
+def render_ab(off_dir: Path, on_dir: Path) -> str:
+    """Markdown A/B of two ``decode_step_ab.json`` (autotune off / on): graph replay, harness step, served step."""
+    out = ["", "## Decode step, decode-GEMM autotune off vs on (two benchmark/decode/step_ab.py processes, same call)", "",
+           "| batch | row | off (ms) | on (ms) | off / floor | on / floor | on / off |", "|---:|---|---:|---:|---:|---:|---:|"]
+    for r in ab_rows(off_dir, on_dir):
+        bs, name = r["batch"], r["row"]
+        if r["off_ms"] is not None and r["on_ms"] is not None:
+            (a, fa), (b, fb) = (r["off_ms"], r["off_floor_ms"]), (r["on_ms"], r["on_floor_ms"])
             out.append(f"| {bs} | {name} | {a:.3f} | {b:.3f} | {a / fa:.3f} | {b / fb:.3f} | {b / a:.3f} |")
         else:
-            cell = {t: f"{v[t][0]:.3f}" if t in v else "missing" for t in ("off", "on")}
+            cell = {t: f"{r[t + '_ms']:.3f}" if r[t + "_ms"] is not None else "missing" for t in ("off", "on")}
             out.append(f"| {bs} | {name} | {cell['off']} | {cell['on']} | | | |")
     return "\n".join(out) + "\n"
+
+
+def ab_record(rows: list, params: dict, env=None, command=None) -> dict:
+    """``--record-dir`` with ``--ab-off/--ab-on``: :func:`ab_rows` as a :mod:`benchmark.common.records` record (subject
+    decode, mode ``gemm-tune-ab``, ``what`` = ``decode_gemm_tune_ab``): autotune off is the baseline (``off_ms``),
+    ``on_vs_off`` = on / off (< 1: the autotuned GEMMs are faster), each side over the memory floor its run measured.
+    Headline: at the largest batch, the served step (the first serving mode; else the harness step) on vs off."""
+    from benchmark.common import records
+
+    rows = records.add_ratio(rows, "on_vs_off", "on_ms", "off_ms")
+    rows = records.add_ratio(records.add_ratio(rows, "off_over_floor", "off_ms", "off_floor_ms"), "on_over_floor",
+                             "on_ms", "on_floor_ms")
+    done = [r for r in rows if r["on_vs_off"] is not None]
+    headline = []
+    if done:
+        big = max(r["batch"] for r in done)
+        at = [r for r in done if r["batch"] == big]
+        r = next((r for r in at if r["row"].startswith("served step")), None) or next(
+            (r for r in at if r["row"] == "harness step"), at[0])
+        headline.append({"label": f"decode {r['row']}, batch {big}, decode-GEMM autotune on vs off",
+                         "value": round(r["on_ms"], 4), "unit": "ms", "baseline": round(r["off_ms"], 4),
+                         "ratio": r["on_vs_off"]})
+    return records.make_record(
+        subject="decode", benchmark="benchmark.decode.bench", mode="gemm-tune-ab", what="decode_gemm_tune_ab",
+        rows=rows, params=params, baselines=["off_ms"] if rows else [],
+        units={k: "ms" for k in ("off_ms", "on_ms", "off_floor_ms", "on_floor_ms")},
+        floor={"column": "on_floor_ms", "what": "(weight bytes + KV bytes read per step) / device-to-device copy "
+                                                "bandwidth, measured by each step_ab.py run (off_floor_ms, on_floor_ms)"},
+        headline=headline, notes=["Two benchmark/decode/step_ab.py processes (autotune off / on) of the same call."],
+        gpu_count=1, env=env, command=command)
 
 
 def main(argv=None) -> int:
@@ -127,6 +220,8 @@ def main(argv=None) -> int:
     p.add_argument("--batches", default="1,8,16,32,64,128")
     p.add_argument("--ab-off", default=None)
     p.add_argument("--ab-on", default=None)
+    from benchmark.common.records import add_record_dir_argument
+    add_record_dir_argument(p, "decode")
     ns = p.parse_args(argv)
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -137,6 +232,11 @@ def main(argv=None) -> int:
         with md.open("a") as f:
             f.write(render_ab(Path(ns.ab_off), Path(ns.ab_on)))
         sys.stdout.write(md.read_text())
+        if ns.record_dir:
+            from benchmark.common.records import write_record
+
+            rec = ab_record(ab_rows(Path(ns.ab_off), Path(ns.ab_on)), {"ab_off": ns.ab_off, "ab_on": ns.ab_on})
+            sys.stdout.write(f"record: {write_record(rec, Path(ns.record_dir))[0]}\n")
         return 0
     batches = [int(b) for b in ns.batches.split(",") if b.strip()]
     if not batches or any(not 1 <= b <= 128 for b in batches) or batches != sorted(set(batches)):
@@ -154,6 +254,11 @@ def main(argv=None) -> int:
             "passes over distinct weight copies (us per call).", ""]
     md.write_text(render(table, names, bw, head))
     sys.stdout.write(md.read_text())
+    if ns.record_dir:
+        from benchmark.common.records import write_record
+
+        rec = tune_record(table, names, bw, {"model_path": ns.model_path, "batches": batches})
+        sys.stdout.write(f"record: {write_record(rec, Path(ns.record_dir))[0]}\n")
     return 0
 
 

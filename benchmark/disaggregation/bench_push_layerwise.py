@@ -13,7 +13,8 @@ UCX) move the rows ``plan_slot_copies`` + ``copies_by_layer`` plan. The ideal ra
 ``(F + X) / max(F, X)`` for forward time F and transfer time X (at most 2 when they are equal).
 
 Usage: python benchmark/disaggregation/bench_push_layerwise.py [--device cpu|cuda] [--backend fake|nixl] [--tokens 1024] ...
-Writes ``benchmark/results/disaggregation/<date>_push_layerwise.md`` (``--out-dir``) (date, hardware, command, table).
+Writes ``benchmark/results/disaggregation/<date>_push_layerwise.md`` (``--out-dir``) (date, hardware, command, table);
+``--record-dir DIR``: also the project's JSON record + markdown under ``DIR/disaggregation/`` (:func:`push_record`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ import statistics
 import sys
 import time
 from types import SimpleNamespace
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if _ROOT not in sys.path:  # run as a file: the repository root makes the benchmark package importable (--record-dir)
+    sys.path.insert(0, _ROOT)
 
 import torch
 
@@ -84,7 +89,39 @@ class SynthModel:
         return self.compute_logits(self.final_norm(st.hidden, st.residual), fb)
 
 
-def main() -> None:
+def push_record(res: dict, args, nbytes: int, nrows: int, kv_equal: bool, env=None, command=None) -> dict:
+    """``--record-dir``: the medians ``res`` (seconds: ``forward``, ``transfer``, ``after``, ``layerwise``) as a
+    :mod:`benchmark.common.records` record (subject disaggregation, ``mode`` = ``<backend>-<device>``, ``what`` =
+    ``push_layerwise``): one row per path with ``time_ms``; the after-the-forward push is the same-run baseline
+    (``after_ms`` on the after and layerwise rows, ``speedup`` = after / path); the layerwise row's floor is perfect
+    overlap, ``overlap_floor_ms`` = max(forward, transfer), with ``over_floor``. Headline: layerwise vs after, and the
+    ideal ratio (F + X) / max(F, X) it is bounded by."""
+    from benchmark.common import records
+
+    f, x, after, lw = (res[k] * 1e3 for k in ("forward", "transfer", "after", "layerwise"))
+    rows = [{"path": p, "time_ms": t, "after_ms": base, "overlap_floor_ms": floor}
+            for p, t, base, floor in (("forward only", f, None, None), ("transfer only", x, None, None),
+                                      ("after the forward", after, after, None),
+                                      ("layerwise", lw, after, max(f, x)))]
+    rows = records.add_ratio(records.add_ratio(rows, "speedup", "after_ms", "time_ms"), "over_floor", "time_ms",
+                             "overlap_floor_ms")
+    headline = [{"label": "forward start -> all KV WRITEs DONE, layerwise vs after the forward", "value": round(lw, 3),
+                 "unit": "ms", "baseline": round(after, 3), "ratio": rows[3]["speedup"]},
+                {"label": "ideal ratio (F + X) / max(F, X)", "value": round((f + x) / max(f, x), 3), "unit": "x"}]
+    params = {k: getattr(args, k) for k in ("device", "backend", "layers", "tokens", "kv_heads", "head_dim", "hidden",
+                                            "mlp_iters", "repeats", "threads")}
+    return records.make_record(
+        subject="disaggregation", benchmark="benchmark.disaggregation.bench_push_layerwise",
+        mode=f"{args.backend}-{args.device.split(':')[0]}", what="push_layerwise", rows=rows,
+        params=dict(params, kv_bytes=nbytes, copy_rows=nrows, kv_equal_after_runs=kv_equal),
+        baselines=["after_ms"], units={"time_ms": "ms", "after_ms": "ms", "overlap_floor_ms": "ms"},
+        floor={"column": "overlap_floor_ms", "what": "max(forward only, transfer only): the two fully overlapped"},
+        headline=headline, notes=[f"median of {args.repeats} runs per path; speedup = after / path"],
+        gpu_count=1 if args.device.startswith("cuda") else 0, env=env, command=command)
+
+
+def main(argv=None) -> None:
+    """CLI entry (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--backend", default="fake", choices=["fake", "nixl"])
@@ -99,7 +136,9 @@ def main() -> None:
                     help="torch CPU threads (1: OpenMP workers spinning after a GEMM would starve the copy thread)")
     ap.add_argument("--out-dir", default=os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
         __file__)))), "benchmark", "results", "disaggregation"))
-    args = ap.parse_args()
+    from benchmark.common.records import add_record_dir_argument
+    add_record_dir_argument(ap, "disaggregation")
+    args = ap.parse_args(argv)
     dev = torch.device(args.device)
     torch.set_num_threads(args.threads)
     hidden = args.hidden
@@ -206,6 +245,10 @@ def main() -> None:
     path = os.path.join(args.out_dir, f"{datetime.date.today().isoformat()}_push_layerwise_{args.device.split(':')[0]}.md")
     with open(path, "w") as f:
         f.write(text + "\n")
+    if args.record_dir:
+        from benchmark.common.records import write_record
+
+        print(f"record: {write_record(push_record(res, args, nbytes, len(copies), ok), args.record_dir)[0]}")
     listener.close()
     prefill.close()
     decode.close()

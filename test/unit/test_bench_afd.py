@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -24,6 +26,10 @@ def test_bench_afd_smoke_writes_both_tables(tmp_path):
 
     (rec,) = [load_record(f) for f in (tmp_path / "rec" / "afd").glob("*_afd_decode_smoke_cpu.json")]
     assert {r["setup"] for r in rec["rows"]} == {"colocated", "afd"} and rec["headline"][0]["ratio"] is not None
+    (m2n,) = [load_record(f) for f in (tmp_path / "rec" / "afd").glob("*_afd_m2n_smoke_cpu.json")]
+    assert m2n["mode"] == "m2n" and {r["kb"] for r in m2n["rows"]} == {32, 512}
+    assert all(r["transport"] == "inline" and r["baseline"] == "gloo send/recv (eager)" for r in m2n["rows"])
+    assert all(r["vs_baseline"] == round(r["median_us"] / r["baseline_median_us"], 3) for r in m2n["rows"])
     assert "- hardware: CPU" in text and "- command:" in text and "- date:" in text
     assert "| colocated | 1 |" in text and "| AFD m=2, 1 attention + 2 FFN | 3 |" in text
     assert "m >= 2(1+Tc/Tf) =" in text
@@ -57,6 +63,51 @@ def test_decode_record_carries_baseline_ratio_headline(tmp_path):
     assert afd64["per_gpu_ratio"] == round(12800 / 3 / 6400, 3) and afd64["step_over_floor"] == 1.25
     (h,) = rec["headline"]
     assert (h["value"], h["baseline"], h["ratio"]) == (5333.3, 8000.0, round(16000 / 3 / 8000, 3))
+
+
+def test_m2n_record_rows_baseline_ratio_headline(tmp_path):
+    """--record-dir for --mode m2n: one row per size / transport / eager or graphed with the one-way medians of M2N
+    and of the same-run send/recv, their ratio and the copy-engine floor; the markdown table is unchanged by it; the
+    headline is the best graphed row at the smallest and the largest size (a graphed row whose baseline fell back to
+    the eager one is not a headline)."""
+    from types import SimpleNamespace
+
+    from benchmark.afd.m2n_latency import m2n_record, m2n_table
+    from benchmark.common import records
+
+    res = {"cuda_push-dev|32": [12e-6, 13e-6, 14e-6], "p2p|32": [20e-6, 22e-6, 24e-6],
+           "cuda_push-dev@graph|32": [5.0e-6, 5.2e-6, 5.4e-6], "p2p@graph|32": [14e-6, 14.5e-6, 15e-6],
+           "rawll@graph|32": [4.0e-6, 4.1e-6], "floor|32": 2.5e-6,
+           "cuda_push-dev|512": [30e-6, 31e-6], "p2p|512": [40e-6, 41e-6],
+           "cuda_push-dev@graph|512": [9e-6, 9.5e-6], "p2p@graph|512": "capture failed on rank 1: RuntimeError: x",
+           "cuda_ipc|32": [16e-6], "cuda_ipc|512": "capture failed on rank 0: boom"}
+    a = SimpleNamespace(device="cuda", transports=["cuda_push-dev", "cuda_ipc"], sizes_kb=[32, 512], iters=200,
+                        warmup=10, graph_k=20, graph_replays=20, smoke=False)
+    lines, rows = m2n_table(a, res)
+    assert "| 32 | cuda_push-dev (eager) | 13.0 | 14.0 | 22.0 | 24.0 | 0.59x | not met |" in lines
+    assert any(x.startswith("| 512 | cuda_ipc (eager) | capture failed on rank 0: boom |") for x in lines)
+    env = {"git_commit": "abc", "git_dirty": False, "date": "2026-12-07T00:00:00+00:00",
+           "gpu": {"model": "NVIDIA H100 80GB HBM3", "count": 8, "driver": None}, "versions": {"python": "3"}}
+    rec = m2n_record(a, rows, gpu_count=2, env=env, command="python benchmark/afd/bench.py --mode m2n")
+    js, md = records.write_record(rec, tmp_path)
+    rec = records.load_record(js)
+    assert js.name == "2026-12-07_afd_m2n_2xh100.json" and rec["mode"] == "m2n"
+    assert rec["baselines"] == ["baseline_median_us"] and rec["floor"]["column"] == "copy_floor_us"
+    eager32 = rec["rows"][0]
+    assert (eager32["kb"], eager32["transport"], eager32["timing"]) == (32, "cuda_push-dev", "eager")
+    assert eager32["median_us"] == pytest.approx(13.0) and eager32["baseline_median_us"] == pytest.approx(22.0)
+    assert eager32["vs_baseline"] == round(13.0 / 22.0, 3) and eager32["copy_floor_us"] == pytest.approx(2.5)
+    by = {(r["kb"], r["transport"], r["timing"]): r for r in rec["rows"]}
+    assert by[(32, "raw LL floor", "graph")]["vs_baseline"] == round(4.05 / 14.5, 3)
+    fell_back = by[(512, "cuda_push-dev", "graph")]
+    assert fell_back["baseline"] == "NCCL send/recv (eager)" and fell_back["baseline_fallback"].startswith("capture")
+    assert by[(512, "cuda_ipc", "eager")]["error"] == "capture failed on rank 0: boom"
+    assert by[(512, "cuda_ipc", "eager")]["vs_baseline"] is None
+    h32, h512 = rec["headline"]
+    assert (h32["value"], h32["baseline"], h32["ratio"]) == (5.2, 14.5, round(5.2 / 14.5, 3))
+    assert "cuda_push-dev (graph)" in h32["label"] and "512 KB" in h512["label"]
+    assert h512["ratio"] == round(30.5 / 40.5, 3)  # the eager row: the graphed one has no graphed baseline
+    assert "| kb | transport |" in md.read_text() and records.render_markdown(rec).startswith("# benchmark.afd.bench")
 
 
 def test_m2n_collect_keeps_finished_sizes_on_timeout_and_error():
