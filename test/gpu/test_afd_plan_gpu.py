@@ -29,7 +29,9 @@ def test_profile_on_this_gpu_feeds_the_plan(tmp_path, capsys):
     for role in ("attention", "expert"):
         for tp, pts in prof[role].items():
             xs, ts = zip(*pts)
-            assert all(t > 0 for t in ts) and ts[-1] > ts[0], (role, tp, pts)  # more tokens take longer
+            # more tokens never take clearly less; small shards are launch-bound (attention at TP 8 measured
+            # 0.119 ms at 8 tokens and 0.116 ms at 256 on an H100), so equal within 10% is allowed
+            assert all(t > 0 for t in ts) and ts[-1] >= 0.9 * ts[0], (role, tp, pts)
     rc = plan_mod.main(["--model-path", cfg, "--attention-gpu", gpu, "--ffn-gpu", gpu, "--tpot-slo-ms", "150",
                         "--profile", str(out), "--json"])
     assert rc == 0

@@ -276,9 +276,9 @@ def compare_graphs(path: str, dtype: str = "float32", max_bs: int = 16, device: 
     replayed: list[int] = []
     real_replay = gr.replay
 
-    def spy(batch):
-        replayed.append(gr.padded_size(batch.batch_size))
-        return real_replay(batch)
+    def spy(batch, padded=None):  # padded: the size DP attention agreed on (None without DP attention)
+        replayed.append(gr.padded_size(batch.batch_size) if padded is None else padded)
+        return real_replay(batch, padded)
 
     gr.replay = spy
     drv = Driver(g_runner)

@@ -37,8 +37,8 @@ def test_stories260k_overlap_device_futures_equal_plain_loop_on_cuda():
     assert runner.cuda_graph_runner is not None, "CUDA graphs were not captured: the replay path is not tested"
     replays = []
     inner = runner.cuda_graph_runner.replay
-    runner.cuda_graph_runner.replay = lambda batch: (replays.append(batch.future_token_ids is not None),
-                                                     inner(batch))[1]
+    runner.cuda_graph_runner.replay = lambda batch, padded=None: (
+        replays.append(batch.future_token_ids is not None), inner(batch, padded))[1]
     results = serve_three_ways(runner, args)
     assert_three_ways_equal(results)
     assert any(replays), "no graph replay resolved device futures"
