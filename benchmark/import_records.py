@@ -10,6 +10,10 @@ then writes each as ``<results>/<subject>/<date>_<what>_<gpu>.{json,md}`` (the m
   writes nothing.
 * A record measured without a GPU (``gpu.count`` 0: a CPU smoke or a dry run) is skipped unless ``--allow-cpu``.
 * JSON files that are not records (no integer ``schema``: a benchmark's own raw output) are ignored.
+* ``--measured-commit SHA`` corrects the provenance of records whose run could not see its own commit (a device
+  machine's copy of the working tree can carry an older ``.git``; a record then names that commit, dirty): the
+  record's ``git_commit`` becomes SHA, ``git_dirty`` False, and a note keeps what the run itself recorded. Runs that
+  start with ``BENCHMARK_GIT_COMMIT=<sha>`` need no correction.
 * ``--readme README.md`` then regenerates the README's performance section (:mod:`benchmark.report`).
 
 Usage (from the repository root)::
@@ -32,7 +36,7 @@ if __package__ in (None, ""):  # run as a file: make the repository root importa
 
 from benchmark.common.records import RESULTS_ROOT, record_paths, render_markdown, validate_record  # noqa: E402
 
-__all__ = ["find_in", "plan_import", "import_records", "main"]
+__all__ = ["find_in", "with_commit", "plan_import", "import_records", "main"]
 
 
 def _as_record(text: str) -> Optional[dict]:
@@ -74,6 +78,19 @@ def find_in(path: Path) -> list[tuple[str, dict]]:
     return found
 
 
+def with_commit(rec: dict, commit: str) -> dict:
+    """A copy of ``rec`` that names ``commit`` as the code it measured (see ``--measured-commit``); a note keeps the
+    commit and dirty flag the run recorded. ValueError for an empty or non-hex ``commit``."""
+    if not commit or any(c not in "0123456789abcdef" for c in commit.lower()):
+        raise ValueError(f"measured commit {commit!r} is not a git commit id (hex)")
+    if rec.get("git_commit") == commit and not rec.get("git_dirty"):
+        return rec
+    note = (f"provenance corrected when landed: the run recorded git_commit {rec.get('git_commit')} "
+            f"(dirty={rec.get('git_dirty')}) from the device copy's git metadata; it measured the working tree of "
+            f"commit {commit}")
+    return {**rec, "git_commit": commit, "git_dirty": False, "notes": [*rec.get("notes", []), note]}
+
+
 def _landed(rec: dict, folder: Path) -> Optional[Path]:
     """The JSON in ``folder`` equal to ``rec``, if one is there."""
     for p in sorted(folder.glob("*.json")) if folder.is_dir() else []:
@@ -113,11 +130,14 @@ def plan_import(found: Iterable[tuple[str, dict]], results_root: Path = RESULTS_
 
 
 def import_records(paths: Sequence[Path], results_root: Path = RESULTS_ROOT, allow_cpu: bool = False,
-                   dry_run: bool = False) -> tuple[list[Path], list[str]]:
-    """Find, validate and land the records in ``paths`` (see the module docstring); returns (JSON paths written, or
-    that would be with ``dry_run``; skipped messages). Raises what :func:`find_in` and :func:`plan_import` raise,
-    before anything is written."""
+                   dry_run: bool = False, measured_commit: Optional[str] = None) -> tuple[list[Path], list[str]]:
+    """Find, validate and land the records in ``paths`` (see the module docstring; ``measured_commit``:
+    :func:`with_commit` on each); returns (JSON paths written, or that would be with ``dry_run``; skipped
+    messages). Raises what :func:`find_in`, :func:`with_commit` and :func:`plan_import` raise, before anything is
+    written."""
     found = [x for p in paths for x in find_in(Path(p))]
+    if measured_commit:
+        found = [(origin, with_commit(rec, measured_commit)) for origin, rec in found]
     write, skipped = plan_import(found, results_root, allow_cpu)
     written = []
     for _, rec in write:
@@ -137,11 +157,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--results", default=str(RESULTS_ROOT), help="results folder (default: benchmark/results)")
     ap.add_argument("--allow-cpu", action="store_true", help="also land records measured without a GPU")
     ap.add_argument("--dry-run", action="store_true", help="say what would be written; write nothing")
+    ap.add_argument("--measured-commit", metavar="SHA", help="the commit the run measured, when its records name "
+                    "an older one (a device copy's stale .git): see the module docstring")
     ap.add_argument("--readme", help="then regenerate the performance section of this markdown file")
     args = ap.parse_args(argv)
     try:
         written, skipped = import_records([Path(p) for p in args.paths], Path(args.results), args.allow_cpu,
-                                          args.dry_run)
+                                          args.dry_run, args.measured_commit)
     except (OSError, ValueError, tarfile.TarError) as e:
         print(f"import_records: {e}; nothing was written", file=sys.stderr)
         return 1

@@ -30,8 +30,8 @@ from typing import Iterable, Optional, Sequence
 
 from benchmark.common.timing import ratio
 
-__all__ = ["SCHEMA_VERSION", "SUBJECTS", "RESULTS_ROOT", "REPO_ROOT", "RECORD_DIR_ENV", "add_record_dir_argument",
-           "environment", "gpu_slug", "make_record", "add_ratio", "record_stem", "record_paths", "write_record", "load_record", "validate_record",
+__all__ = ["SCHEMA_VERSION", "SUBJECTS", "RESULTS_ROOT", "REPO_ROOT", "RECORD_DIR_ENV", "GIT_COMMIT_ENV",
+           "add_record_dir_argument", "environment", "gpu_slug", "make_record", "add_ratio", "record_stem", "record_paths", "write_record", "load_record", "validate_record",
            "render_markdown", "format_value", "command_line"]
 
 SCHEMA_VERSION = 1
@@ -56,7 +56,17 @@ def _run(argv: Sequence[str], cwd: Optional[Path] = None) -> Optional[str]:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+#: The commit a run measures, when the checkout's own git metadata cannot say it: a device machine runs on a copy of
+#: the working tree whose ``.git`` may be older than the files (``BENCHMARK_GIT_COMMIT=$(git rev-parse HEAD)`` at
+#: the start of the device command, evaluated where the commit was made). Set, it is the record's ``git_commit`` and
+#: ``git_dirty`` is False.
+GIT_COMMIT_ENV = "BENCHMARK_GIT_COMMIT"
+
+
 def _git(repo: Path) -> tuple[str, Optional[bool]]:
+    given = os.environ.get(GIT_COMMIT_ENV, "").strip()
+    if given:
+        return given, False
     commit = _run(["git", "rev-parse", "HEAD"], repo) or "unknown"
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"], repo)
     return commit, (None if status is None else bool(status))

@@ -352,6 +352,27 @@ def main(argv=None) -> int:
     return 0
 
 
+def _throughput_bar(workload_result: dict) -> Optional[float]:
+    """SGLang's CI output-throughput bar (tok/s) a workload result was held to, or None (the online test has none)."""
+    bar = (workload_result.get("bars") or {}).get("output_throughput")
+    return float(bar["sglang_bar"].split()[-1]) if bar else None
+
+
+def ci_headline(rows: list) -> list:
+    """The record's headline: each case's output throughput on a workload with a throughput bar, against SGLang's CI
+    bar for it (``value / bar``; above 1 passes SGLang's test)."""
+    out = []
+    for r in rows:
+        if r.get("output_throughput") is None or not r.get("sglang_ci_throughput_bar"):
+            continue
+        out.append({"label": f"SGLang CI {r['workload']} output throughput, {r['case']} "
+                             f"({r['flags'] or 'defaults'}) vs SGLang's bar",
+                    "value": round(r["output_throughput"], 1), "unit": "tok/s",
+                    "baseline": r["sglang_ci_throughput_bar"],
+                    "ratio": round(r["output_throughput"] / r["sglang_ci_throughput_bar"], 3)})
+    return out
+
+
 def write_serving_record(results: list, env: dict, root: str, baseline: Optional[str] = None) -> None:
     """The runs as a ``benchmark.common.records`` record (subject serving): one row per (case, workload); with
     ``baseline`` (a case name) each row also carries that case's same-workload output throughput and the ratio."""
@@ -370,13 +391,16 @@ def write_serving_record(results: list, env: dict, root: str, baseline: Optional
                          "kv_tokens": r.get("server", {}).get("kv_tokens"),
                          "graph_max_bs": r.get("server", {}).get("graph_max_bs"),
                          "meets_our_bars": all(b["meets_ours"] for b in wr.get("bars", {}).values()) if m else None,
+                         "sglang_ci_throughput_bar": _throughput_bar(wr),
                          **({"baseline_output_throughput": base.get(w)} if baseline else {})})
     if not rows:
         return
     if baseline:
         rows = add_ratio(rows, "throughput_vs_baseline", "output_throughput", "baseline_output_throughput")
+    rows = add_ratio(rows, "throughput_vs_sglang_ci_bar", "output_throughput", "sglang_ci_throughput_bar")
     rec = make_record(subject="serving", benchmark="benchmark.serving.serving_runs", mode="ci", what="sglang_ci_1gpu",
                       rows=rows, env=env, gpu_count=1, baselines=["baseline_output_throughput"] if baseline else [],
+                      headline=ci_headline(rows),
                       params={"baseline_case": baseline}, units={"output_throughput": "tok/s", "duration": "s",
                                                              "median_e2e_latency_ms": "ms", "median_ttft_ms": "ms",
                                                              "median_itl_ms": "ms", "p99_itl_ms": "ms"},

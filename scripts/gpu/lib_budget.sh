@@ -33,7 +33,9 @@ cap() {
   echo "$want"
 }
 log_to() { exec > >(tee -a "$1") 2>&1; }
-commit_id() { git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown; }
+# BENCHMARK_GIT_COMMIT (set at the start of a device command) wins: the device copy's .git can be older than its files
+commit_id() { [ -n "${BENCHMARK_GIT_COMMIT:-}" ] && { echo "${BENCHMARK_GIT_COMMIT:0:7}"; return; }
+  git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown; }
 gpu_name() { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1; }
 start_run() {
   log_to "$1"

@@ -161,3 +161,20 @@ def test_benchmarks_with_records_run_as_files():
     out = subprocess.run(["python3", "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "", out.stdout
+
+
+def test_measured_commit_corrects_provenance_and_keeps_what_the_run_said(tmp_path):
+    rec = dict(_rec(), git_commit="d853fe3", git_dirty=True)
+    written, _ = imp.import_records([_write_json(tmp_path / "a.json", rec)], tmp_path / "r",
+                                    measured_commit="611b70c")
+    landed = records.load_record(written[0])
+    assert landed["git_commit"] == "611b70c" and landed["git_dirty"] is False
+    assert "d853fe3" in landed["notes"][-1] and "611b70c" in landed["notes"][-1]
+    with pytest.raises(ValueError, match="not a git commit"):
+        imp.with_commit(rec, "main; rm")
+
+
+def test_git_commit_from_the_environment(monkeypatch):
+    monkeypatch.setenv(records.GIT_COMMIT_ENV, "abc1234")
+    env = records.environment()
+    assert env["git_commit"] == "abc1234" and env["git_dirty"] is False

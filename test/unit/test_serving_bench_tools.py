@@ -65,3 +65,16 @@ def test_small_simulation_runs_the_real_scheduler():
     assert a["waits"] > 0 and b["waits"] == 0 and b["s"] < a["s"]  # waiting for chunk results costs host gaps
     assert a["eager"] > 0 and 0 < a["prefill_share"] < 1 and a["tok_s"] > 0
 
+
+
+def test_ci_headline_holds_each_throughput_row_to_sglangs_bar():
+    wr = {"bars": serving_runs.check_bars("offline", {"output_throughput": 4535.4})}
+    bar = serving_runs._throughput_bar(wr)
+    assert bar == serving_runs.BARS["offline"]["output_throughput"][1]
+    rows = [{"case": "fp8", "workload": "offline", "flags": "--quantization fp8", "output_throughput": 4535.4,
+             "sglang_ci_throughput_bar": bar},
+            {"case": "new", "workload": "online", "flags": "", "output_throughput": 950.0,
+             "sglang_ci_throughput_bar": serving_runs._throughput_bar({"bars": serving_runs.check_bars("online", {})})}]
+    (h,) = serving_runs.ci_headline(rows)  # the online test has no throughput bar: no headline entry
+    assert h["value"] == 4535.4 and h["baseline"] == bar and h["ratio"] == round(4535.4 / bar, 3)
+    assert "fp8" in h["label"] and "--quantization fp8" in h["label"]
