@@ -10,6 +10,10 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bash "$root/scripts/install.sh"
 cd "$root"
+# Byte-compile this checkout once: with PYTHONDONTWRITEBYTECODE set (as on the CI machines) no process writes .pyc,
+# so every server process, rank and subprocess the tests start would compile the sglang sources again (about 0.25
+# CPU-s per process, over the thousand-odd processes a run starts). Reading .pyc is not affected by that variable.
+python3 -m compileall -q -j 0 python sgl-kernel/python test benchmark > /dev/null || true
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 workers="${SGLANG_TEST_WORKERS:-}"
 if [ -z "$workers" ]; then

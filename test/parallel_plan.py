@@ -24,37 +24,39 @@ SHARED_GROUPS = {
 """file -> group: the files of one group run on one worker, one after the other."""
 
 HEAVY_FIRST = (
-    "test/integration/test_afd_server.py",
     "ray-clusters",
+    "test/integration/test_afd_server.py",
     "test/integration/test_server_e2e.py",
-    "test/integration/test_pd_faults.py",
-    "test/integration/test_dp_attention_server.py",
-    "test/unit/test_ep_a2a.py",
-    "test/unit/test_tdist_interpret.py",
-    "test/integration/test_tp_cpu.py",
-    "test/integration/test_pd_disaggregation.py",
-    "test/unit/test_ep_dp_tbo_schedules.py",
-    "test/integration/test_multinode_cpu.py",
-    "test/integration/test_docs_quickstart.py",
-    "test/integration/test_sglang_client_parity.py",
-    "test/integration/test_tokenweave_server.py",
     "test/unit/test_afd_device_step.py",
-    "test/integration/test_pd_hetero_tp.py",
-    "test/integration/test_sglang_api_parity.py",
     "test/unit/test_bench_tokenweave.py",
+    "test/integration/test_tp_cpu.py",
+    "test/integration/test_pd_faults.py",
     "test/unit/test_two_batch_overlap_ep.py",
-    "test/integration/test_fp8_server.py",
-    "test/unit/test_tw_comm_compile.py",
-    "test/unit/test_tokenweave_tp.py",
-    "test/integration/test_pd_dynamic_workers.py",
-    "test/unit/test_tokenweave_sharded_residual.py",
-    "test/integration/test_seams_server.py",
-    "test/unit/test_bench_afd.py",
+    "test/unit/test_ep_a2a.py",
+    "test/integration/test_pd_hetero_tp.py",
+    "test/unit/test_ep_dp_tbo_schedules.py",
+    "test/integration/test_docs_quickstart.py",
+    "test/integration/test_tokenweave_server.py",
+    "test/integration/test_dp_attention_server.py",
     "test/integration/test_bench_serving.py",
-    "test/unit/test_sequence_parallel_executor.py",
+    "test/integration/test_pd_dynamic_workers.py",
+    "test/integration/test_pd_disaggregation.py",
+    "test/integration/test_overlap_server.py",
+    "test/integration/test_multinode_cpu.py",
+    "test/unit/test_tw_comm_compile.py",
+    "test/unit/test_bench_afd.py",
+    "test/unit/test_tdist_spawn.py",
+    "test/integration/test_fp8_server.py",
+    "test/integration/test_seams_server.py",
+    "test/unit/test_triton_attention.py",
+    "test/unit/test_tdist_interpret.py",
+    "test/integration/test_engine.py",
+    "test/integration/test_pd_two_nodes.py",
+    "test/integration/test_sglang_client_parity.py",
 )
 """The longest files (or groups), longest first: the per-file sum of a ``--junitxml`` report of a whole run on 3
-workers of a 2-core machine (every file above 100 s there); re-measure when a file grows past the last one here."""
+workers of a 2-core machine (2026-12-07; every file above 50 s there); re-measure when a file grows past the last one
+here."""
 
 
 def work_unit(nodeid: str) -> str:

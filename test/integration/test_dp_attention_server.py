@@ -78,8 +78,12 @@ def states(server) -> list:
 
 
 def test_batch_greedy_tokens_equal_tp1_and_server_info_lists_ranks(dp_server):
-    outs = generate(dp_server, {"text": PROMPTS, "sampling_params": GREEDY})
-    for prompt, out in zip(PROMPTS, outs):
+    # with two-batch overlap, twice the prompts: two running requests per rank make every decode step splittable
+    # (--tbo-min-tokens 2) on every rank at once, so the ranks agree to split whatever the arrival timing (with one
+    # request per rank only simultaneous prefills split, which a loaded CI machine may never produce)
+    prompts = PROMPTS * 2 if dp_server.tbo else PROMPTS
+    outs = generate(dp_server, {"text": prompts, "sampling_params": GREEDY})
+    for prompt, out in zip(prompts, outs):
         assert out["output_ids"] == want(dp_server, prompt), prompt
     info, st = states(dp_server)
     assert info["dp_size"] == dp_server.n and info["enable_dp_attention"] and info["dp_attention_lockstep_resolved"]

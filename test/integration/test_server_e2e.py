@@ -207,6 +207,8 @@ def _stream_client(url: str, seed: int, deadline: float) -> int:
 
 @pytest.mark.slow
 def test_64_concurrent_streaming_clients_for_a_minute(server):
+    """64 streaming clients, each starting a new stream as the last one ends, for SGLANG_TEST_SOAK_S seconds
+    (default 60; .ci/run sets 20): every client completes at least one stream and the KV cache drains to zero."""
     if server.model_path.endswith("moe"):
         pytest.skip("the soak runs once, on the dense checkpoint")
     deadline = time.time() + float(os.environ.get("SGLANG_TEST_SOAK_S", "60"))
