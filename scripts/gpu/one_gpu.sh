@@ -3,7 +3,7 @@
 # `--list`; the subject scripts beside this file (serving_ab_1gpu.sh, fp8_*.sh, tokenweave_one_gpu.sh, ...) are steps
 # too. Step framework and environment knobs: lib_suite.sh; which script answers which question: README.md.
 # Usage (repo root; carry .whl and .sd, see README.md):
-#   bash scripts/gpu/one_gpu.sh                      the default list (gpu_smoke decode_floor, ~560 s)
+#   bash scripts/gpu/one_gpu.sh                      the default list (gpu_smoke_a decode_floor, ~470 s)
 #   bash scripts/gpu/one_gpu.sh decode_switch_ab     named steps (or globs: 'decode_*'; all: every step)
 #   bash scripts/gpu/one_gpu.sh --list               the steps with expected / limit seconds
 #   DRY_RUN=1 bash scripts/gpu/one_gpu.sh [steps]    print the commands only
@@ -21,8 +21,23 @@ unset SGLANG_DECODE_ATTN_SMALL_GRID_TILE SGLANG_DECODE_PDL SGLANG_SKINNY_GEMM SG
 g() { echo "bash scripts/gpu/$*"; }  # a subject script beside this one
 
 # ---- correctness ----
-suite_step gpu_smoke 420 450 1 "$(g gpu_suite.sh smoke '$B')" \
-  "pytest -m gpu: every GPU code path once (test/README.md tiers)"
+suite_step gpu_smoke 420 450 0 "$(g gpu_suite.sh smoke '$B')" \
+  "pytest -m gpu: every GPU code path once (test/README.md tiers); on one H100 it outgrew one call: use _a and _b"
+# the smoke tier in two halves of about 55 tests each (on 2026-12-07 the whole tier passed 450 s on one H100)
+export smoke_a="test/gpu/test_afd_decode_paths_gpu.py test/gpu/test_afd_gpu.py test/gpu/test_afd_plan_gpu.py
+  test/gpu/test_benchmark_timing_gpu.py test/gpu/test_decode_fuse_gpu.py test/gpu/test_decode_gemm_gpu.py
+  test/gpu/test_dp_attention_gpu.py test/gpu/test_flashinfer_gpu.py test/gpu/test_fp8_gpu.py test/gpu/test_fp8_kv_gpu.py
+  test/gpu/test_gpu_correctness.py test/gpu/test_kv_transfer_gpu.py test/gpu/test_m2n_multi_gpu.py
+  test/gpu/test_overlap_device_futures_gpu.py test/gpu/test_server_dummy_llama8b.py"
+suite_step gpu_smoke_a 330 450 1 'PYTEST_ARGS="$smoke_a" bash scripts/gpu/gpu_suite.sh smoke $B' \
+  "pytest -m gpu, first half (AFD .. the dummy-8B server): decode, FP8, FlashInfer, graphs, KV transfer, M2N"
+smoke_b() {  # every other GPU test file: the tests -m gpu selects outside smoke_a
+  local f rest=()
+  for f in test/gpu/test_*.py; do [[ " $(echo $smoke_a) " == *" $f "* ]] || rest+=("$f"); done
+  PYTEST_ARGS="${rest[*]}" bash scripts/gpu/gpu_suite.sh smoke "$B"
+}
+suite_step gpu_smoke_b 300 450 0 smoke_b \
+  "pytest -m gpu, second half (tdist .. TBO): Triton kernels, Triton-distributed, TokenWeave, tw-comm, TP, dispatcher"
 suite_step gpu_order 200 300 0 "$(g gpu_suite.sh order '$B')" \
   "the 8B memory-budget test, then the dummy-8B server test, in one pytest process"
 decode_tests() {
@@ -118,5 +133,5 @@ launch_plans() {  # the deployment plan of every launch path on cuda (--dry-run:
   done
   return $rc
 }
-export -f decode_tests watchdog decode_floor decode_switch_ab launch_plans
+export -f decode_tests watchdog decode_floor decode_switch_ab launch_plans smoke_b
 suite_main "$@"
