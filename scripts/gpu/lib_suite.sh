@@ -85,7 +85,8 @@ suite_main() {
   final="${OUT:-/tmp/${suite}_out}"; work="${SUITE_WORK:-/tmp/${suite}_work}"
   mkdir -p "$final"; rm -rf "$work"; mkdir -p "$work"
   out="$work" step_reserve=10 step_min=20 step_dry="${DRY_RUN:-}"
-  # every benchmark a step runs writes its JSON record here (benchmark.common.records), so the tarball carries them:
+  # every record-writing benchmark a step runs writes its JSON record here (benchmark.common.records), so the tarball
+  # carries them:
   # land them with `python -m benchmark.import_records <suite>.tgz --readme README.md`
   export BENCHMARK_RECORD_DIR="$work/records"
   (( sum > 575 )) && sum=575
