@@ -1,0 +1,54 @@
+"""The benchmark records (``benchmark.common.records``) that ``--record-dir`` makes five CUDA-only benchmarks write,
+built on CPU from fake results shaped like what each benchmark collects: each record validates, carries a ratio equal
+to the one computed here from the inputs, and renders as markdown."""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from conftest import load_benchmark  # noqa: E402
+
+from benchmark.common import records  # noqa: E402
+
+FAKE_ENV = {"git_commit": "0" * 40, "git_dirty": False, "date": "2026-12-07T12:00:00+00:00",
+            "gpu": {"model": "NVIDIA H100 80GB HBM3", "count": 1, "driver": "x"}, "platform": "test",
+            "versions": {"python": "3", "torch": None, "cuda": None, "nccl": None, "triton": None}}
+
+
+def _check(rec, tmp_path):
+    """Validate, write and reload ``rec``; the markdown renders with its headline."""
+    records.validate_record(rec)
+    md = records.render_markdown(rec)
+    assert "Headline:" in md and rec["what"] in md
+    js, _ = records.write_record(rec, tmp_path)
+    return records.load_record(js)
+
+
+def test_gemm_kernels_record(tmp_path):
+    gk = load_benchmark("decode.gemm_kernels")
+    bw = 3.0e12
+    found = []
+    for m in (1, 16):
+        for name, (n, k) in (("lm_head", (128256, 4096)), ("down_proj", (4096, 14336))):
+            res = {"cublas": 400.0 + m, "cublas_t": 390.0 + m}
+            err = {"cublas_t": 0.001}
+            if m == 1:
+                res["mv"] = 380.0
+                err["mv"] = 0.002
+            res["skinny"] = 360.0 + m
+            err["skinny"] = 0.003
+            found.append({"rows": m, "projection": name, "n": n, "k": k, "weight_bytes": n * k * 2, "res": res,
+                          "skinny_tile": [16, 512, 4, 4], "rel_err": {kk: v / 2.0 for kk, v in err.items()}})
+    ns = types.SimpleNamespace(rows=[1, 16], inner=20, rotate_mib=256)
+    rec = _check(gk.gemm_kernels_record(found, bw, ns, env=FAKE_ENV), tmp_path)
+    assert rec["subject"] == "decode" and rec["what"] == "decode_gemms" and rec["baselines"] == ["cublas_us"]
+    lm1 = next(r for r in rec["rows"] if r["rows"] == 1 and r["projection"] == "lm_head")
+    assert lm1["best"] == "skinny" and lm1["cublas_vs_best"] == round(401.0 / 361.0, 3)
+    assert lm1["floor_us"] == round(128256 * 4096 * 2 / bw * 1e6, 2)
+    assert lm1["best_of_floor"] == round(lm1["floor_us"] / 361.0, 3)
+    assert next(r for r in rec["rows"] if r["rows"] == 16)["mv_us"] is None
+    h = rec["headline"]
+    assert len(h) == 2 and "lm_head" in h[0]["label"] and (h[0]["value"], h[0]["baseline"]) == (361.0, 401.0)
