@@ -9,7 +9,9 @@ replays / 32), KV bytes read per second over the device copy bandwidth measured 
 
 Usage: python benchmark/decode/attention_configs.py [--out DIR] [--batches 1 32 128] [--context 1024]
        [--alternatives 128/8/3,256/8/3] [--split-counts 1,2,4]
-Writes <out>/decode_attention_configs.{md,json} and prints the table. Needs CUDA.
+Writes <out>/decode_attention_configs.{md,json} and prints the table. Needs CUDA. ``--record-dir DIR`` also writes
+a :mod:`benchmark.common.records` record (``what`` = ``decode_attention_configs``) under ``DIR/decode/``
+(:func:`attention_configs_record`).
 """
 
 from __future__ import annotations
@@ -110,6 +112,8 @@ def main(argv=None) -> int:
     p.add_argument("--alternatives", default=None,
                    help="tiles to try beside the default, 'BLOCK_N/warps/stages,...' (default: the built-in list)")
     p.add_argument("--split-counts", default="1,2,4", help="split counts to try with the default tile ('' for none)")
+    from benchmark.common.records import add_record_dir_argument
+    add_record_dir_argument(p, "decode")
     cfg = p.parse_args(argv)
     alts = ALTERNATIVES if cfg.alternatives is None else tuple(
         tuple(int(x) for x in a.split("/")) for a in cfg.alternatives.split(",") if a.strip())
@@ -132,7 +136,59 @@ def main(argv=None) -> int:
         (out / "decode_attention_configs.md").write_text("\n".join(text) + "\n")
         (out / "decode_attention_configs.json").write_text(json.dumps(found, indent=1))
     sys.stdout.write("\n".join(text) + "\n")
+    if cfg.record_dir:
+        from benchmark.common import records
+
+        js, _ = records.write_record(attention_configs_record(found, bw, cfg), Path(cfg.record_dir))
+        sys.stdout.write(f"record: {js}\n")
     return 0
+
+
+def attention_configs_record(found: list[dict], bw: float, cfg, env: Optional[dict] = None) -> dict:
+    """The configs :func:`rows_for` measured (``found``) as a :mod:`benchmark.common.records` record. A row per
+    (batch, config): microseconds per call, the same batch's default config (``default_us``, the same-run baseline)
+    and ``vs_default`` (default time / this time: above 1 = faster than the default), the floor ``floor_us`` (the KV
+    bytes read at the same-run copy bandwidth ``bw`` bytes/s) and ``of_floor`` (floor / time). Headline per the
+    largest batch: the default config against the floor, and the fastest config against the default."""
+    from benchmark.common import records
+
+    default_us = {c["batch"]: c["us"] for c in found if c["default"]}
+    rows = []
+    for c in found:
+        bn, warps, stages = c["tile"]
+        kv_bytes = 2 * c["batch"] * cfg.context * NKV * HD * 2
+        rows.append({"batch": c["batch"], "splits": c["splits"], "block_n": bn, "warps": warps, "stages": stages,
+                     "default": c["default"], "us": round(c["us"], 2),
+                     "default_us": round(default_us[c["batch"]], 2) if c["batch"] in default_us else None,
+                     "floor_us": round(kv_bytes / bw * 1e6, 2), "kv_of_copy": round(c["bw_frac"], 3),
+                     "max_abs_err": c["err"]})
+    rows = records.add_ratio(rows, "vs_default", "default_us", "us")
+    rows = records.add_ratio(rows, "of_floor", "floor_us", "us")
+    headline = []
+    if rows:
+        top = max(r["batch"] for r in rows)
+        mine = [r for r in rows if r["batch"] == top]
+        dflt = next((r for r in mine if r["default"]), None)
+        if dflt is not None:
+            headline.append({"label": f"decode attention default config, batch {top} x context {cfg.context}, in a "
+                                      "CUDA graph, vs the KV-bytes-at-copy-bandwidth floor", "value": dflt["us"],
+                             "unit": "us", "baseline": dflt["floor_us"], "ratio": dflt["of_floor"]})
+        best = min(mine, key=lambda r: r["us"])
+        if best.get("default_us") is not None:
+            headline.append({"label": f"fastest decode attention config at batch {top} (splits={best['splits']} "
+                                      f"BLOCK_N={best['block_n']} warps={best['warps']} stages={best['stages']}) "
+                                      "vs the default", "value": best["us"], "unit": "us",
+                             "baseline": best["default_us"], "ratio": best["vs_default"]})
+    return records.make_record(
+        subject="decode", benchmark="benchmark.decode.attention_configs", mode="graph",
+        what="decode_attention_configs", rows=rows, env=env,
+        params={"batches": list(cfg.batches), "context": cfg.context, "q_heads": NH, "kv_heads": NKV, "head_dim": HD,
+                "dtype": "bfloat16", "calls_per_graph": CALLS, "copy_bandwidth_gbps": round(bw / 1e9, 1)},
+        baselines=["default_us"] if any(r.get("default_us") is not None for r in rows) else [],
+        units={"us": "us", "default_us": "us", "floor_us": "us", "max_abs_err": "abs"},
+        floor={"column": "floor_us", "what": "KV bytes read (2 * batch * context * kv_heads * head_dim * 2) / HBM "
+                                             "device-to-device copy bandwidth of 4 GiB measured in this run"},
+        headline=headline, gpu_count=1)
 
 
 if __name__ == "__main__":

@@ -52,3 +52,24 @@ def test_gemm_kernels_record(tmp_path):
     assert next(r for r in rec["rows"] if r["rows"] == 16)["mv_us"] is None
     h = rec["headline"]
     assert len(h) == 2 and "lm_head" in h[0]["label"] and (h[0]["value"], h[0]["baseline"]) == (361.0, 401.0)
+
+
+def test_attention_configs_record(tmp_path):
+    ac = load_benchmark("decode.attention_configs")
+    bw, ctx = 3.0e12, 1024
+    found = []
+    for bs in (1, 128):
+        kv = 2 * bs * ctx * 8 * 128 * 2
+        for sp, tile, us, dflt in ((4, [64, 4, 2], 20.0 * bs ** 0.5, True), (4, [128, 4, 3], 18.0 * bs ** 0.5, False),
+                                   (1, [64, 4, 2], 30.0 * bs ** 0.5, False)):
+            found.append({"batch": bs, "splits": sp, "tile": tile, "us": us, "err": 0.0039,
+                          "bw_frac": kv / (us * 1e-6) / bw, "default": dflt})
+    cfg = types.SimpleNamespace(batches=[1, 128], context=ctx)
+    rec = _check(ac.attention_configs_record(found, bw, cfg, env=FAKE_ENV), tmp_path)
+    assert rec["subject"] == "decode" and rec["baselines"] == ["default_us"] and rec["floor"]["column"] == "floor_us"
+    alt = next(r for r in rec["rows"] if r["batch"] == 128 and r["block_n"] == 128)
+    assert alt["vs_default"] == round(round(20.0 * 128 ** 0.5, 2) / round(18.0 * 128 ** 0.5, 2), 3)
+    floor = round(2 * 128 * ctx * 8 * 128 * 2 / bw * 1e6, 2)
+    assert alt["floor_us"] == floor and alt["of_floor"] == round(floor / alt["us"], 3)
+    h = rec["headline"]
+    assert len(h) == 2 and h[1]["ratio"] == alt["vs_default"] and "batch 128" in h[0]["label"]
