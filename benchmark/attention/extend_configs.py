@@ -9,6 +9,8 @@ and the max abs error vs SDPA (a config that is wrong is marked, never picked). 
 through ``extend_attention_fwd(config=...)``, as every other row).
 
 Usage (repo root, one GPU): ``python benchmark/attention/extend_configs.py [--tokens 8192] [--out DIR]``
+``--record-dir DIR`` also writes a :mod:`benchmark.common.records` record (``what`` = ``extend_configs``) under
+``DIR/attention/`` (:func:`extend_configs_record`).
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import json
 import statistics
 import sys
 from pathlib import Path
+from typing import Optional
 
 REPO = Path(__file__).resolve().parents[2]
-for _p in (REPO / "python", REPO / "sgl-kernel" / "python"):
+for _p in (REPO / "python", REPO / "sgl-kernel" / "python", REPO):  # REPO: the benchmark package as a file
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
@@ -52,6 +55,8 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=8192)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--out", default=None)
+    from benchmark.common.records import add_record_dir_argument
+    add_record_dir_argument(p, "attention")
     cfg = p.parse_args(argv)
     t, nh, nkv, hd, dev = cfg.tokens, 32, 8, 128, torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -113,7 +118,61 @@ def main(argv=None) -> int:
         Path(cfg.out).mkdir(parents=True, exist_ok=True)
         (Path(cfg.out) / "extend_configs.md").write_text(text)
         (Path(cfg.out) / "extend_configs.json").write_text(json.dumps(results, indent=1))
+    if cfg.record_dir:
+        from benchmark.common import records
+
+        js, _ = records.write_record(extend_configs_record(results, cfg, torch.cuda.get_device_name(0)),
+                                     Path(cfg.record_dir))
+        sys.stdout.write(f"record: {js}\n")
     return 0
+
+
+def extend_configs_record(results: list[dict], cfg, device_name: str = "", env: Optional[dict] = None) -> dict:
+    """The ``results`` :func:`main` collected (SDPA first, then each config, then the cached-prefix case) as a
+    :mod:`benchmark.common.records` record. A row per case: ms, causal TFLOP/s (the cached-prefix case counts its
+    3/4 of the work), the same-run SDPA baseline ``sdpa_tflops`` and ``of_sdpa`` (TFLOP/s / SDPA's: above 1 = faster
+    than SDPA), the error and whether it is within 0.05; a failed config keeps its error text. No physical floor:
+    this benchmark measures none. Headline: the default config against SDPA, and the fastest correct config."""
+    from benchmark.common import records
+
+    t = cfg.tokens
+    flops = 2 * 2 * t * t / 2 * 32 * 128
+    sdpa = next((r for r in results if r["config"].startswith("torch SDPA") and r["ms"] is not None), None)
+    sdpa_tflops = round(flops / sdpa["ms"] / 1e9, 2) if sdpa else None
+    rows = []
+    for r in results:
+        row = {"config": r["config"], "ms": None if r["ms"] is None else round(r["ms"], 4), "tflops": None,
+               "sdpa_tflops": sdpa_tflops, "max_abs_err": r["err"]}
+        if r["ms"] is not None:
+            row["tflops"] = round(flops * r.get("flop_scale", 1.0) / r["ms"] / 1e9, 2)
+            row["correct"] = r["err"] <= 0.05
+        if r.get("error"):
+            row["error"] = r["error"]
+        rows.append(row)
+    rows = records.add_ratio(rows, "of_sdpa", "tflops", "sdpa_tflops")
+    headline = []
+    dflt = next((r for r in rows if "(default, this arch)" in r["config"] and r["tflops"] is not None), None)
+    if dflt is not None:
+        headline.append({"label": f"Triton extend attention default config, {t}-token causal prefill, vs torch SDPA",
+                         "value": dflt["tflops"], "unit": "TFLOP/s", "baseline": sdpa_tflops,
+                         "ratio": dflt["of_sdpa"]})
+    ok = [r for r in rows
+          if r.get("correct") and not r["config"].startswith("torch SDPA") and "cached" not in r["config"]]
+    if ok:
+        best = max(ok, key=lambda r: r["tflops"])
+        headline.append({"label": f"fastest correct extend attention config {best['config']}, {t}-token prefill, "
+                                  "vs torch SDPA", "value": best["tflops"], "unit": "TFLOP/s",
+                         "baseline": sdpa_tflops, "ratio": best["of_sdpa"]})
+    return records.make_record(
+        subject="attention", benchmark="benchmark.attention.extend_configs", mode="prefill", what="extend_configs",
+        rows=rows, env=env,
+        params={"tokens": t, "reps": cfg.reps, "q_heads": 32, "kv_heads": 8, "head_dim": 128, "dtype": "bfloat16",
+                "device": device_name},
+        baselines=["sdpa_tflops"] if sdpa_tflops is not None else [],
+        units={"ms": "ms", "tflops": "TFLOP/s", "sdpa_tflops": "TFLOP/s", "max_abs_err": "abs"},
+        notes=["TFLOP/s counts causal attention FLOPs, 2 * 2 * T^2 / 2 * heads * head_dim; the cached-prefix case "
+               "does 3/4 of that work.", "correct: max abs error vs SDPA <= 0.05."],
+        headline=headline, gpu_count=1)
 
 
 if __name__ == "__main__":

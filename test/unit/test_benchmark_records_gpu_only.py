@@ -73,3 +73,28 @@ def test_attention_configs_record(tmp_path):
     assert alt["floor_us"] == floor and alt["of_floor"] == round(floor / alt["us"], 3)
     h = rec["headline"]
     assert len(h) == 2 and h[1]["ratio"] == alt["vs_default"] and "batch 128" in h[0]["label"]
+
+
+def test_extend_configs_record(tmp_path):
+    ec = load_benchmark("attention.extend_configs")
+    t = 8192
+    results = [{"config": "torch SDPA (causal, repeated KV heads)", "ms": 2.5, "err": 0.0},
+               {"config": "(128, 64, 8, 2) (default, this arch)", "ms": 2.0, "err": 0.0039},
+               {"config": "(128, 128, 8, 2)", "ms": 1.8, "err": 0.0039},
+               {"config": "(128, 128, 8, 4)", "ms": None, "err": None, "error": "OutOfResources: shared memory"},
+               {"config": "(64, 64, 4, 2)", "ms": 1.5, "err": 0.5},
+               {"config": "(128, 64, 8, 2) (default), 4096 cached prefix + 4096 new", "ms": 1.6, "err": 0.0039,
+                "flop_scale": 0.75}]
+    cfg = types.SimpleNamespace(tokens=t, reps=5)
+    rec = _check(ec.extend_configs_record(results, cfg, "NVIDIA H100 80GB HBM3", env=FAKE_ENV), tmp_path)
+    assert rec["subject"] == "attention" and rec["baselines"] == ["sdpa_tflops"]
+    flops = 2 * 2 * t * t / 2 * 32 * 128
+    sdpa, dflt = round(flops / 2.5 / 1e9, 2), round(flops / 2.0 / 1e9, 2)
+    row = next(r for r in rec["rows"] if "(default, this arch)" in r["config"])
+    assert row["tflops"] == dflt and row["of_sdpa"] == round(dflt / sdpa, 3)
+    cached = next(r for r in rec["rows"] if "cached" in r["config"])
+    assert cached["tflops"] == round(flops * 0.75 / 1.6 / 1e9, 2)
+    failed = next(r for r in rec["rows"] if r["config"] == "(128, 128, 8, 4)")
+    assert failed["of_sdpa"] is None and "OutOfResources" in failed["error"]
+    h = rec["headline"]
+    assert h[0]["ratio"] == row["of_sdpa"] and "(128, 128, 8, 2)" in h[1]["label"]  # the wrong fast tile is skipped
