@@ -13,6 +13,9 @@ backend (``SGLANG_DECODE_SPLIT_POLICY``: rows longest first with length-aware sp
 with its own CUDA graphs, alternating which policy goes first from case to case, and prints the ratio. ``--device cpu`` runs the same flow on a tiny model (a dry run of the script; no graphs, no
 profiler categories beyond what the CPU profiler reports).
 
+``--record-dir DIR`` also writes a :mod:`benchmark.common.records` record (``what`` = ``decode_step_profile``) under
+``DIR/serving/`` (:func:`decode_step_profile_record`).
+
 Usage: python benchmark/serving/decode_step_profile.py --model-path ../shared/data/configs/meta-llama--Meta-Llama-3.1-8B \\
     --cases 160x2560 160x2560:var 200x2048:var 200x2048:var:eager --json out.json
 """
@@ -212,6 +215,8 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--policies", default="", help="comma list of decode split policies to compare, e.g. "
                    "balanced,wave (empty: the backend's default only)")
+    from benchmark.common.records import add_record_dir_argument
+    add_record_dir_argument(p, "serving")
     a = p.parse_args(argv)
     policies = [x for x in a.policies.split(",") if x]
     try:
@@ -280,7 +285,63 @@ def main(argv=None) -> int:
         with open(a.json, "w", encoding="utf-8") as f:
             json.dump({"device": name, "copy_bw": bw, "weight_bytes": weight_bytes, "kv_bytes_per_token": kv_per_token,
                        "rows": rows, "seconds": time.perf_counter() - t_start}, f, indent=1)
+    if a.record_dir:
+        from benchmark.common import records
+
+        rec = decode_step_profile_record(rows, pols, a, name, bw, weight_bytes, kv_per_token)
+        js, _ = records.write_record(rec, a.record_dir)
+        print(f"record: {js}")
     return 0
+
+
+def decode_step_profile_record(rows: list, pols: list, a, device_name: str, bw: float, weight_bytes: int,
+                               kv_per_token: float, env=None) -> dict:
+    """The ``rows`` :func:`main` measured as a :mod:`benchmark.common.records` record: per case (and policy) the step
+    time, the memory floor ``floor_ms`` and ``step_over_floor`` (step / floor), the kernel time by category. With
+    several ``pols`` (``--policies``) the first policy's step time of the same case is the same-run baseline
+    ``base_step_ms`` and ``of_base`` = step / base (below 1 = faster than the first policy). Headline: the first
+    case's step time against its floor, and with policies the second policy against the first on that case."""
+    from benchmark.common import records
+
+    base = {r["case"]: r["step_ms"] for r in rows if r["policy"] == pols[0]} if len(pols) > 1 else {}
+    out = []
+    for r in rows:
+        row = {k: v for k, v in r.items() if k not in ("top", "ratio", "error")}
+        row["policy"] = r["policy"] if r["policy"] is None else str(r["policy"])
+        if base:
+            row["base_step_ms"] = base.get(r["case"])
+        if r.get("error"):
+            row["profile_error"] = str(r["error"])
+        out.append(row)
+    out = records.add_ratio(out, "step_over_floor", "step_ms", "floor_ms")
+    if base:
+        out = records.add_ratio(out, "of_base", "step_ms", "base_step_ms")
+    headline = []
+    first = next((r for r in out if r["case"] == 0 and (not base or r["policy"] == str(pols[0]))), None)
+    if first is not None:
+        headline.append({"label": f"decode step, batch {first['bs']} x context {first['ctx']} ({first['contexts']}), "
+                                  f"{'CUDA graph' if first['graph'] else 'eager'}, vs the weight + KV bytes floor",
+                         "value": round(first["step_ms"], 3), "unit": "ms", "baseline": round(first["floor_ms"], 3),
+                         "ratio": first["step_over_floor"]})
+    if base:
+        other = next((r for r in out if r["case"] == 0 and r["policy"] == str(pols[1])), None)
+        if other is not None:
+            headline.append({"label": f"decode split policy {pols[1]} vs {pols[0]}, batch {other['bs']} x context "
+                                      f"{other['ctx']} ({other['contexts']})", "value": round(other["step_ms"], 3),
+                             "unit": "ms", "baseline": round(other["base_step_ms"], 3), "ratio": other["of_base"]})
+    return records.make_record(
+        subject="serving", benchmark="benchmark.serving.decode_step_profile",
+        mode="policies" if base else "profile", what="decode_step_profile", rows=out, env=env,
+        params={"model_path": a.model_path, "cases": list(a.cases), "steps": a.steps, "warmup": a.warmup,
+                "device": a.device, "device_name": device_name, "dtype": a.dtype,
+                "policies": [str(p) for p in pols], "copy_bandwidth_gbps": round(bw / 1e9, 1),
+                "weight_bytes": weight_bytes, "kv_bytes_per_token": kv_per_token},
+        baselines=["base_step_ms"] if base else [],
+        units={c: "ms" for c in ("step_ms", "wall_ms", "floor_ms", "kernel_ms", "attention_ms", "gemm_ms",
+                                 "base_step_ms")},
+        floor={"column": "floor_ms", "what": "(weight bytes + KV tokens x KV bytes per token) / device copy bandwidth "
+                                             "measured in this process"},
+        headline=headline, gpu_count=1 if a.device == "cuda" else 0)
 
 
 if __name__ == "__main__":

@@ -98,3 +98,29 @@ def test_extend_configs_record(tmp_path):
     assert failed["of_sdpa"] is None and "OutOfResources" in failed["error"]
     h = rec["headline"]
     assert h[0]["ratio"] == row["of_sdpa"] and "(128, 128, 8, 2)" in h[1]["label"]  # the wrong fast tile is skipped
+
+
+def _step_row(case, bs, ctx, var, pol, step_ms, floor_ms):
+    """A row shaped like ``decode_step_profile.main`` builds it."""
+    return {"case": case, "bs": bs, "ctx": ctx, "contexts": "uniform 1..2ctx" if var else "all ctx", "policy": pol,
+            "graph": True, "step_ms": step_ms, "wall_ms": step_ms + 0.1, "floor_ms": floor_ms,
+            "ratio": step_ms / floor_ms, "kernel_ms": step_ms - 0.2, "attention_ms": 3.0, "gemm_ms": 5.0,
+            "attention_share": 3.0 / (step_ms - 0.2), "top": [("attn_kernel", 3.0, 32)], "error": None}
+
+
+def test_decode_step_profile_record(tmp_path):
+    dsp = load_benchmark("serving.decode_step_profile")
+    rows = [_step_row(0, 160, 2560, False, "balanced", 12.0, 8.0), _step_row(0, 160, 2560, False, "wave", 13.0, 8.0),
+            _step_row(1, 200, 2048, True, "wave", 14.0, 9.0), _step_row(1, 200, 2048, True, "balanced", 12.5, 9.0)]
+    a = types.SimpleNamespace(model_path="m", cases=["160x2560", "200x2048:var"], steps=10, warmup=3,
+                              device="cuda", dtype="bfloat16")
+    rec = _check(dsp.decode_step_profile_record(rows, ["balanced", "wave"], a, "NVIDIA H100", 3.0e12, 16 * 10**9,
+                                                131072.0, env=FAKE_ENV), tmp_path)
+    assert rec["subject"] == "serving" and rec["baselines"] == ["base_step_ms"] and rec["mode"] == "policies"
+    wave1 = next(r for r in rec["rows"] if r["case"] == 1 and r["policy"] == "wave")
+    assert wave1["base_step_ms"] == 12.5 and wave1["of_base"] == round(14.0 / 12.5, 3)
+    assert wave1["step_over_floor"] == round(14.0 / 9.0, 3) and "top" not in wave1
+    h = rec["headline"]
+    assert h[0]["ratio"] == round(12.0 / 8.0, 3) and h[1]["ratio"] == round(13.0 / 12.0, 3)
+    single = dsp.decode_step_profile_record(rows[:1], ["balanced"], a, "NVIDIA H100", 3.0e12, 1, 1.0, env=FAKE_ENV)
+    assert single["baselines"] == [] and len(single["headline"]) == 1 and "of_base" not in single["rows"][0]
