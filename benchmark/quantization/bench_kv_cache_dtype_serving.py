@@ -9,6 +9,8 @@ request, seed 1), stop the server. ``--repeats`` rounds alternate the order (rou
 
 ``--smoke``: the same flow on the CPU with stories260K and a toy workload (8 prompts of 32 / 8 tokens): checks the
 script, not the speed. Writes ``<out>/kv_cache_dtype_serving.json`` and ``.md`` (+ per-run server / bench logs).
+``--record-dir DIR`` also writes a :mod:`benchmark.common.records` record (``what`` = ``kv_cache_dtype_serving``)
+under ``DIR/quantization/`` (:func:`kv_cache_dtype_serving_record`).
 
     python benchmark/quantization/bench_kv_cache_dtype_serving.py --out /tmp/kvsrv            # GPU, ~6-8 min
     python benchmark/quantization/bench_kv_cache_dtype_serving.py --smoke --out /tmp/kvsrv    # CPU, ~2 min
@@ -32,6 +34,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO.parent / "shared" / "data"
 sys.path.insert(0, str(REPO / "python"))
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # the benchmark package when run as a file
 from sglang.srt.utils.nvls_env import NVLS_OFF_ENV  # noqa: E402  (pure Python: the multicast-off env, defined once)
 KEYS = ("completed", "failed", "duration", "output_throughput", "total_throughput", "request_throughput",
         "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
@@ -52,6 +56,8 @@ def parse_args(argv):
     p.add_argument("--server-args", default="", help="extra launch_server flags for every run (quoted)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run (start + benchmark)")
     p.add_argument("--smoke", action="store_true", help="CPU, stories260K, 8 prompts of 32/8 (flow check)")
+    from benchmark.common.records import add_record_dir_argument
+    add_record_dir_argument(p, "quantization")
     ns = p.parse_args(argv)
     ns.dtypes = [d.strip() for d in ns.dtypes.split(",") if d.strip()]
     if ns.smoke:
@@ -228,7 +234,54 @@ def main(argv=None) -> int:
             (out / "kv_cache_dtype_serving.json").write_text(json.dumps(res, indent=1))
             (out / "kv_cache_dtype_serving.md").write_text(render(res))
     print(render(res))
+    if ns.record_dir:
+        from benchmark.common import records
+
+        js, _ = records.write_record(kv_cache_dtype_serving_record(res, ns), Path(ns.record_dir))
+        print(f"record: {js}")
     return 1 if res["errors"] else 0
+
+
+def kv_cache_dtype_serving_record(res: dict, ns, env=None) -> dict:
+    """The result :func:`main` built (``res``: its ``rows`` from :func:`summarize`, ``order``, ``errors``) as a
+    :mod:`benchmark.common.records` record. A row per KV dtype: median output / total tok/s, TTFT, TPOT, KV capacity;
+    the first dtype's output tok/s and capacity are the same-run baselines (``base_output_tok_s``,
+    ``base_max_total_tokens``) with ``output_vs_first`` and ``capacity_vs_first`` (this / first). No physical floor.
+    Headline: the second dtype's output tok/s and KV capacity against the first's."""
+    from benchmark.common import records
+
+    rows = [{k: v for k, v in r.items() if k not in ("output_vs_first", "capacity_vs_first")}
+            for r in res.get("rows", [])]
+    first = rows[0] if rows and rows[0].get("runs") else {}
+    for r in rows:
+        if r.get("runs") and first:
+            r["base_output_tok_s"] = first["output_tok_s"]
+            r["base_max_total_tokens"] = first["max_total_tokens"]
+    rows = records.add_ratio(rows, "output_vs_first", "output_tok_s", "base_output_tok_s")
+    rows = records.add_ratio(rows, "capacity_vs_first", "max_total_tokens", "base_max_total_tokens")
+    headline = []
+    if first and len(rows) > 1 and rows[1].get("runs"):
+        r, base = rows[1], rows[0]["kv_cache_dtype"]
+        headline.append({"label": f"offline serving output throughput, --kv-cache-dtype {r['kv_cache_dtype']} vs "
+                                  f"{base} ({res.get('workload', '')})", "value": round(r["output_tok_s"], 1),
+                         "unit": "tok/s", "baseline": round(r["base_output_tok_s"], 1),
+                         "ratio": r["output_vs_first"]})
+        if r.get("max_total_tokens") is not None:
+            headline.append({"label": f"KV cache capacity (max_total_tokens), {r['kv_cache_dtype']} vs {base}",
+                             "value": r["max_total_tokens"], "unit": "tokens",
+                             "baseline": r["base_max_total_tokens"], "ratio": r["capacity_vs_first"]})
+    return records.make_record(
+        subject="quantization", benchmark="benchmark.quantization.bench_kv_cache_dtype_serving",
+        mode="smoke" if ns.smoke else "gpu", what="kv_cache_dtype_serving", rows=rows, env=env,
+        command=res.get("command"),
+        params={"dtypes": list(ns.dtypes), "repeats": ns.repeats, "model_path": ns.model_path,
+                "input_len": ns.input_len, "output_len": ns.output_len, "range_ratio": ns.range_ratio,
+                "num_prompts": ns.num_prompts, "server_args": ns.server_args, "order": list(res.get("order", []))},
+        baselines=[c for c in ("base_output_tok_s", "base_max_total_tokens") if any(c in r for r in rows)],
+        units={"output_tok_s": "tok/s", "total_tok_s": "tok/s", "base_output_tok_s": "tok/s",
+               "median_tpot_ms": "ms", "median_ttft_ms": "ms", "max_total_tokens": "tokens",
+               "base_max_total_tokens": "tokens"},
+        notes=[f"error: {e}" for e in res.get("errors", [])], headline=headline, gpu_count=0 if ns.smoke else 1)
 
 
 if __name__ == "__main__":

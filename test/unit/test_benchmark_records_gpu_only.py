@@ -124,3 +124,32 @@ def test_decode_step_profile_record(tmp_path):
     assert h[0]["ratio"] == round(12.0 / 8.0, 3) and h[1]["ratio"] == round(13.0 / 12.0, 3)
     single = dsp.decode_step_profile_record(rows[:1], ["balanced"], a, "NVIDIA H100", 3.0e12, 1, 1.0, env=FAKE_ENV)
     assert single["baselines"] == [] and len(single["headline"]) == 1 and "of_base" not in single["rows"][0]
+
+
+def test_kv_cache_dtype_serving_record(tmp_path):
+    kv = load_benchmark("quantization.bench_kv_cache_dtype_serving")
+    runs = []
+    for d, tok, cap in (("auto", 9000.0, 450000), ("fp8_e4m3", 10500.0, 900000), ("auto", 9200.0, 450000),
+                        ("fp8_e4m3", 10300.0, 900000)):
+        runs.append({"kv_cache_dtype": d, "server_startup_s": 30.0, "max_total_tokens": cap, "server_command": "s",
+                     "bench_command": "b", "completed": 500, "failed": 0, "duration": 200.0,
+                     "output_throughput": tok, "total_throughput": 3 * tok, "request_throughput": 2.5,
+                     "mean_ttft_ms": 900.0, "median_ttft_ms": 800.0, "p99_ttft_ms": 3000.0, "mean_tpot_ms": 40.0,
+                     "median_tpot_ms": 39.0, "p99_tpot_ms": 60.0, "mean_itl_ms": 39.0, "median_itl_ms": 38.0,
+                     "p99_itl_ms": 70.0})
+    dtypes = ["auto", "fp8_e4m3"]
+    res = {"command": "python benchmark/quantization/bench_kv_cache_dtype_serving.py --out /tmp/x --repeats 2",
+           "workload": "4096/2048, range ratio 0.0, 500 prompts, request rate inf",
+           "order": ["auto", "fp8_e4m3", "fp8_e4m3", "auto"], "runs": runs, "errors": [],
+           "rows": kv.summarize(runs, dtypes)}
+    ns = types.SimpleNamespace(dtypes=dtypes, repeats=2, model_path="m", input_len=4096, output_len=2048,
+                               range_ratio=0.0, num_prompts=500, server_args="", smoke=False)
+    rec = _check(kv.kv_cache_dtype_serving_record(res, ns, env=FAKE_ENV), tmp_path)
+    assert rec["subject"] == "quantization" and rec["baselines"] == ["base_output_tok_s", "base_max_total_tokens"]
+    fp8 = rec["rows"][1]
+    assert fp8["output_vs_first"] == round(10400.0 / 9100.0, 3) and fp8["capacity_vs_first"] == 2.0
+    assert rec["headline"][0]["ratio"] == fp8["output_vs_first"] and rec["command"] == res["command"]
+    res["rows"] = kv.summarize(runs[:1], dtypes)  # fp8 runs all failed: the record still validates
+    res["errors"] = ["round 0 fp8_e4m3: the server exited with code 1"]
+    rec = kv.kv_cache_dtype_serving_record(res, ns, env=FAKE_ENV)
+    assert rec["headline"] == [] and rec["notes"] and records.render_markdown(rec)
