@@ -37,11 +37,11 @@ def gemm_widths_of(model_config: "ModelConfig", tp_size: int) -> tuple[int, ...]
 
 # Auto-off: the smallest batch TokenWeave splits when --tokenweave-min-tokens is not given, per (GPU model, TP size),
 # from bench_tokenweave.py (4 layers of Llama-3.3-70B, dummy bf16, same-run NCCL / NCCL-symmetric baselines with the
-# same fused norm). H100 TP2 (2026-11-26, benchmark/results/archive/tokenweave/2026-11-26_allreduce_rmsnorm_and_layer_run1_2xh100.md):
+# same fused norm). H100 TP2 (2026-11-26, benchmark/results/archive/tokenweave/2026-11-26_allreduce_rmsnorm_and_layer_1712utc_2xh100.md):
 # TokenWeave / NCCL = 1.56 at 1024 tokens, 1.10 at 2048, 1.05 at 4096, 1.015 at 8192: it loses at every T measured,
 # so it stays off (TOKENWEAVE_OFF is above any prefill chunk). H100 TP4: NOT measured (no 4 x H100 run in
 # benchmark/results); 8192 copies the H200 TP4 row (the earlier 1-layer table, unfused-norm baselines, had 0.90 at
-# 8192). H200 TP2 (2026-11-26_allreduce_rmsnorm_and_layer_run3_2xh200.md): 1.33 / 1.15 / 1.07 / 1.05 at 1K / 2K / 4K / 8K: off. H200
+# 8192). H200 TP2 (2026-11-26_allreduce_rmsnorm_and_layer_2027utc_2xh200.md): 1.33 / 1.15 / 1.07 / 1.05 at 1K / 2K / 4K / 8K: off. H200
 # TP4 (2026-11-27_layer_tp4_and_allreduce_4xh200.md, eager): 1.61 / 1.14 / 1.24 / 0.965 (CUDA-graphed 1.11 / 1.005 / 1.16 / 0.99),
 # full residual, before the sharded-residual default. Unknown GPUs use the H100 row of their TP size; other TP sizes
 # keep the paper's 1024 (set on 8 H200s).

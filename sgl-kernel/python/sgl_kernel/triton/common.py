@@ -42,8 +42,8 @@ def check_cuda_or_interpret(*tensors: torch.Tensor, what: str) -> None:
 PDL_ENV = "SGLANG_DECODE_PDL"
 #: GPU models (substrings of ``torch.cuda.get_device_name``) where ``SGLANG_DECODE_PDL`` unset means on: the
 #: same-run A/Bs measured PDL faster than plain launches on an H100 (served step -0.113 / -0.070 ms at batch 32 /
-#: 128, ``benchmark/results/archive/decode/2026-11-27_switch_ab_run4_h100.md``) and slower on an H200 (+0.148 / +0.149 ms at batch
-#: 32 / 1, ``benchmark/results/archive/decode/2026-11-27_switch_ab_run5_h200.md``); unmeasured models keep plain launches.
+#: 128, ``benchmark/results/archive/decode/2026-11-27_switch_ab_0322utc_h100.md``) and slower on an H200 (+0.148 / +0.149 ms at batch
+#: 32 / 1, ``benchmark/results/archive/decode/2026-11-27_switch_ab_0336utc_h200.md``); unmeasured models keep plain launches.
 PDL_DEFAULT_ON_MODELS = ("H100",)
 
 
@@ -70,7 +70,7 @@ def use_pdl(device: torch.device) -> bool:
     and the skinny GEMM pulls the first K columns of its weight strip into L2 before its wait (weights are never
     written by an earlier kernel of the step), so the weight stream starts during the previous kernel (NVIDIA CUDA
     Programming Guide, "Programmatic Dependent Launch and Synchronization"). The one-GPU A/B
-    (``benchmark/results/archive/decode/2026-11-27_switch_ab_run4_h100.md``) measured the served decode step 0.113 / 0.070 ms
+    (``benchmark/results/archive/decode/2026-11-27_switch_ab_0322utc_h100.md``) measured the served decode step 0.113 / 0.070 ms
     faster at batch 32 / 128 than plain launches on an H100 (+0.027 ms at batch 1, within noise), and an H200 run
     (2026-11-27) measured it 0.15 ms slower at batch 1 and 32, hence the per-model default; the former
     ``=1`` mode (wait only, no early launch or prefetch) was dominated by this one and was removed.

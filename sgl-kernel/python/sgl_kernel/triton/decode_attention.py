@@ -22,7 +22,7 @@ kernel normalises and writes the output itself (no partials, no reduce launch); 
 product). ``legacy=True`` / ``policy="legacy"`` keep the previous kernel and rule for side-by-side benchmarks.
 The fused split reduce was removed (``SGLANG_DECODE_FUSED_REDUCE``, last split program merges via an arrival
 counter): on one H100 its graph replay was within noise of the two-launch reduce at batch 1/32/128
-(benchmark/results/archive/decode/2026-11-26_step_run1_h100.md), so the simpler path stays.
+(benchmark/results/archive/decode/2026-11-26_step_1652utc_h100.md), so the simpler path stays.
 
 Variable-length batches (the ``balanced`` policy, the serving default): a serving batch mixes rows of 1 to several
 thousand keys, and one split program walks a whole row at large batch sizes, so a long row started late ends the
@@ -280,7 +280,7 @@ def _decode_config(head_dim: int, group: int, num_kv_splits: int = 1, arch: int 
 
     ``arch`` is ``major * 10 + minor`` of the GPU (0: unknown / interpreter). On sm_90+ (228 KB of shared memory
     per SM) head_dim <= 128 runs a 3-stage pipeline: in CUDA graphs on an H200 (benchmark/decode/attention_configs.py, context
-    1024, 32 q / 8 KV heads, 2026-11-26, ``benchmark/results/archive/decode/2026-11-26_step_run5_h200.md``) one split
+    1024, 32 q / 8 KV heads, 2026-11-26, ``benchmark/results/archive/decode/2026-11-26_step_2029utc_h200.md``) one split
     with BLOCK_N 128 / 3 stages read KV at 0.84 of copy bandwidth at batch 32 (0.46 with the 64 / 2-stage
     default) and 0.98 at batch 128 (0.78); at 16 splits (batch 1) 64 / 2 stages stayed best (5.7 vs 5.9 us).
     """
