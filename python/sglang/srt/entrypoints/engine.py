@@ -113,7 +113,7 @@ class Engine:
         from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
         tm = TokenizerManager(self.server_args, self._procs.port_args or self.port_args, self._procs.scheduler_info,
-                              inbox=self._procs.take_tokenizer_inbox())
+                              inbox=self._procs.take_tokenizer_inbox(), tokenizer=self._procs.tokenizer)
         tm.start()
         return tm
 

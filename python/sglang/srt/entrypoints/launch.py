@@ -82,6 +82,7 @@ class Subprocesses:
     port_args: Any = None
     launcher: Any = None  # keeps the children's liveness pipe open for the server's lifetime
     tokenizer_inbox: Any = None
+    tokenizer: Any = None  # the HF tokenizer loaded here for the detokenizer's decode spec; the TokenizerManager reuses it
     _closing: threading.Event = field(default_factory=threading.Event)
     _shut_down: bool = False
 
@@ -269,10 +270,36 @@ def _start_local(plan, server_args: ServerArgs, port_args: PortArgs) -> tuple[Su
             logger.info("%s started (pid %d) on %s", describe_worker(w), handle.pid, w.device)
     # A child that crashes while serving does not SIGTERM us: the watchdog (:meth:`Subprocesses.watch`, which
     # both launch_server and the Engine start) notices the dead child, records why and stops the server.
-    detok = launcher.launch(detokenizer_spec(server_args, front)) if plan.detokenizer else None
-    procs = Subprocesses(handles, workers, detok, {}, launcher=launcher, port_args=front if front is not port_args
+    tokenizer, decode_spec = None, None
+    procs = Subprocesses(handles, workers, None, {}, launcher=launcher, port_args=front if front is not port_args
                          else None)
+    if plan.detokenizer:
+        try:
+            tokenizer, decode_spec = _front_tokenizer(server_args)
+        except BaseException:
+            procs.shutdown()
+            raise
+        procs.detokenizer = launcher.launch(detokenizer_spec(server_args, front, decode_spec))
+    procs.tokenizer = tokenizer
     return procs, readers
+
+
+def _front_tokenizer(server_args: ServerArgs) -> tuple:
+    """The front end's HF tokenizer (None with ``--skip-tokenizer-init``) and the decode spec the detokenizer
+    rebuilds it from without importing transformers or torch (None when the tokenizer does not fit one: the
+    detokenizer then loads it itself; see :mod:`sglang.srt.managers.decode_tokenizer`). Loaded while the workers
+    start, so the TokenizerManager does not load it again.
+
+    Raises:
+        ValueError: the tokenizer cannot be loaded (the message names ``--tokenizer-path``).
+    """
+    if server_args.skip_tokenizer_init:
+        return None, None
+    from sglang.srt.managers.decode_tokenizer import DecodeTokenizerSpec
+    from sglang.srt.utils.common import get_tokenizer
+
+    tokenizer = get_tokenizer(server_args.resolved_tokenizer_path, server_args.trust_remote_code)
+    return tokenizer, DecodeTokenizerSpec.from_hf(tokenizer)
 
 
 def launch_subprocesses(server_args: ServerArgs, port_args: PortArgs, in_process_engine: bool = False,
@@ -364,7 +391,7 @@ def launch_server(server_args: ServerArgs) -> None:
             _serve_worker_node(server_args, procs)
         else:
             tm = TokenizerManager(server_args, procs.port_args or port_args, procs.scheduler_info,
-                                  inbox=procs.take_tokenizer_inbox())
+                                  inbox=procs.take_tokenizer_inbox(), tokenizer=procs.tokenizer)
             app = create_app(tm, server_args)
 
             def on_child_death() -> None:

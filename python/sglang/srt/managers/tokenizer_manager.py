@@ -76,6 +76,8 @@ class TokenizerManager(TokenizerControlMixin, TokenizerTextMixin):
         control_timeout_s: how long (s) flush_cache/get_internal_state wait for the scheduler.
         inbox: ``(zmq.asyncio.Context, PULL socket)`` already bound on ``port_args.tokenizer_ipc`` by the launcher
             (``--use-ray`` binds it before any worker starts); owned and closed by this manager. None: bind here.
+        tokenizer: the HF tokenizer of ``server_args.resolved_tokenizer_path`` when the launcher already loaded it
+            (for the detokenizer's decode spec); None: load it here (unless ``skip_tokenizer_init``).
 
     Raises:
         ValueError: the tokenizer cannot be loaded, or ``scheduler_info`` lacks a key.
@@ -83,7 +85,7 @@ class TokenizerManager(TokenizerControlMixin, TokenizerTextMixin):
 
     def __init__(self, server_args, port_args, scheduler_info: dict, *,
                  disconnect_poll_s: float = 1.0, control_timeout_s: float = 30.0,
-                 inbox: Optional[tuple] = None) -> None:
+                 inbox: Optional[tuple] = None, tokenizer: Any = None) -> None:
         for key in ("context_len", "max_total_tokens", "vocab_size", "max_req_input_len"):
             if key not in scheduler_info:
                 raise ValueError(f"scheduler_info lacks {key!r}; the scheduler must report it at startup")
@@ -97,7 +99,9 @@ class TokenizerManager(TokenizerControlMixin, TokenizerTextMixin):
         self.disconnect_poll_s = disconnect_poll_s
         self.control_timeout_s = control_timeout_s
         self.tokenizer = None
-        if not server_args.skip_tokenizer_init:
+        if tokenizer is not None:
+            self.tokenizer = tokenizer
+        elif not server_args.skip_tokenizer_init:
             self.tokenizer = get_tokenizer(server_args.resolved_tokenizer_path, server_args.trust_remote_code)
         self.chat_template = load_chat_template(server_args.chat_template)
         self.grammar_enabled = (server_args.grammar_backend != "none"
