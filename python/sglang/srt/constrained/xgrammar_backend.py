@@ -36,6 +36,7 @@ from sglang.srt.constrained.base_grammar_backend import (
 )
 from sglang.srt.constrained.compile_cache import CompileCache
 from sglang.srt.constrained.schema_refs import check_schema_refs
+from sglang.srt.managers.backend_tokenizer import as_hf_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +150,9 @@ class XGrammarBackend(BaseGrammarBackend):
     """xgrammar compilation with a compile cache on a small thread pool.
 
     Args:
-        tokenizer: HF tokenizer of the served model.
+        tokenizer: HF tokenizer of the served model, or a worker's
+            :class:`~sglang.srt.managers.backend_tokenizer.BackendTokenizer` (its HF tokenizer is loaded when the
+            first grammar compiles).
         vocab_size: the model's logits width (>= the tokenizer's vocabulary; extra ids are never allowed).
         eos_token_ids: stop tokens that end a complete grammar.
         num_threads: compile threads.
@@ -176,8 +179,9 @@ class XGrammarBackend(BaseGrammarBackend):
             if self._compiler is None:
                 import xgrammar as xgr
 
-                info = xgr.TokenizerInfo.from_huggingface(
-                    self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.eos_token_ids or None)
+                info = xgr.TokenizerInfo.from_huggingface(  # a worker's backend tokenizer: the HF one, loaded now
+                    as_hf_tokenizer(self.tokenizer), vocab_size=self.vocab_size,
+                    stop_token_ids=self.eos_token_ids or None)
                 self._compiler = xgr.GrammarCompiler(info, max_threads=self.num_threads)
                 logger.info("xgrammar tokenizer info built (vocab %d, type %s, stop ids %s)",
                             info.vocab_size, info.vocab_type, list(info.stop_token_ids))

@@ -163,11 +163,14 @@ class Wiring:
         port_args: the ZMQ endpoints this worker binds / connects (scheduler workers).
         dist_init: the TP group's rendezvous (``tcp://HOST:PORT``), None without TP.
         afd_topology: the :class:`~sglang.srt.afd.protocol.AfdTopology` (M2N inboxes) of an AFD worker.
+        tokenizer: the front end's :class:`~sglang.srt.managers.backend_tokenizer.BackendTokenizerSpec` when the
+            launcher loaded one (a scheduler rebuilds its tokenizer from it); None: the worker loads the HF tokenizer.
     """
 
     port_args: Optional["PortArgs"] = None
     dist_init: Optional[str] = None
     afd_topology: Any = None
+    tokenizer: Any = None
 
 
 @dataclass(frozen=True)

@@ -253,13 +253,26 @@ def _wait_ready(procs: Subprocesses, readers: list, deadline: float) -> dict:
 
 def _start_local(plan, server_args: ServerArgs, port_args: PortArgs) -> tuple[Subprocesses, list]:
     """Start this node's workers of ``plan`` (wired by :func:`~sglang.srt.deployment.wiring.wire_local`) and, on
-    node 0, the detokenizer; returns at once with the ready pipes (one per worker)."""
+    node 0, the detokenizer; returns at once with the ready pipes (one per worker).
+
+    On node 0 the front end's tokenizer is loaded first (:func:`_front_tokenizer`): its
+    :class:`~sglang.srt.managers.backend_tokenizer.BackendTokenizerSpec` rides in every scheduler's wiring and the
+    detokenizer's arguments, so those processes skip loading it (and the detokenizer skips torch).
+
+    Raises:
+        ValueError: the tokenizer cannot be loaded (before anything is spawned).
+    """
+    import dataclasses
     import multiprocessing as mp
 
     from sglang.srt.deployment.wiring import wire_local
 
+    tokenizer, tokenizer_spec = _front_tokenizer(server_args) if plan.detokenizer else (None, None)
     launcher = MultiprocessingLauncher()
     workers, front = wire_local(plan, server_args, port_args, _free_port)
+    if tokenizer_spec is not None:
+        workers = [w.bind(dataclasses.replace(w.wiring, tokenizer=tokenizer_spec)) if w.is_scheduler else w
+                   for w in workers]
     handles, readers = [], []
     for w in workers:
         reader, writer = mp.get_context("spawn").Pipe(duplex=False)
@@ -270,36 +283,28 @@ def _start_local(plan, server_args: ServerArgs, port_args: PortArgs) -> tuple[Su
             logger.info("%s started (pid %d) on %s", describe_worker(w), handle.pid, w.device)
     # A child that crashes while serving does not SIGTERM us: the watchdog (:meth:`Subprocesses.watch`, which
     # both launch_server and the Engine start) notices the dead child, records why and stops the server.
-    tokenizer, decode_spec = None, None
-    procs = Subprocesses(handles, workers, None, {}, launcher=launcher, port_args=front if front is not port_args
-                         else None)
-    if plan.detokenizer:
-        try:
-            tokenizer, decode_spec = _front_tokenizer(server_args)
-        except BaseException:
-            procs.shutdown()
-            raise
-        procs.detokenizer = launcher.launch(detokenizer_spec(server_args, front, decode_spec))
-    procs.tokenizer = tokenizer
+    detok = launcher.launch(detokenizer_spec(server_args, front, tokenizer_spec)) if plan.detokenizer else None
+    procs = Subprocesses(handles, workers, detok, {}, launcher=launcher, port_args=front if front is not port_args
+                         else None, tokenizer=tokenizer)
     return procs, readers
 
 
 def _front_tokenizer(server_args: ServerArgs) -> tuple:
-    """The front end's HF tokenizer (None with ``--skip-tokenizer-init``) and the decode spec the detokenizer
-    rebuilds it from without importing transformers or torch (None when the tokenizer does not fit one: the
-    detokenizer then loads it itself; see :mod:`sglang.srt.managers.decode_tokenizer`). Loaded while the workers
-    start, so the TokenizerManager does not load it again.
+    """The front end's HF tokenizer (None with ``--skip-tokenizer-init``) and the spec the workers rebuild it from
+    without transformers (None when the tokenizer does not fit one: each worker then loads it itself; see
+    :mod:`sglang.srt.managers.backend_tokenizer`). The TokenizerManager reuses the tokenizer.
 
     Raises:
         ValueError: the tokenizer cannot be loaded (the message names ``--tokenizer-path``).
     """
     if server_args.skip_tokenizer_init:
         return None, None
-    from sglang.srt.managers.decode_tokenizer import DecodeTokenizerSpec
+    from sglang.srt.managers.backend_tokenizer import BackendTokenizerSpec
     from sglang.srt.utils.common import get_tokenizer
 
-    tokenizer = get_tokenizer(server_args.resolved_tokenizer_path, server_args.trust_remote_code)
-    return tokenizer, DecodeTokenizerSpec.from_hf(tokenizer)
+    path = server_args.resolved_tokenizer_path
+    tokenizer = get_tokenizer(path, server_args.trust_remote_code)
+    return tokenizer, BackendTokenizerSpec.from_hf(tokenizer, path, server_args.trust_remote_code)
 
 
 def launch_subprocesses(server_args: ServerArgs, port_args: PortArgs, in_process_engine: bool = False,

@@ -216,12 +216,12 @@ def worker_env(worker, environ: Optional[Mapping[str, str]] = None) -> dict:
     return stream_queue_env(os.environ if environ is None else environ)
 
 
-def detokenizer_spec(server_args, port_args, decode_spec=None) -> ProcessSpec:
+def detokenizer_spec(server_args, port_args, tokenizer_spec=None) -> ProcessSpec:
     """The :class:`ProcessSpec` of the detokenizer process (one CPU; node 0 / the driver's side only).
-    ``decode_spec``: a :class:`~sglang.srt.managers.decode_tokenizer.DecodeTokenizerSpec` of the front end's
+    ``tokenizer_spec``: a :class:`~sglang.srt.managers.backend_tokenizer.BackendTokenizerSpec` of the front end's
     tokenizer (the detokenizer then imports neither transformers nor torch); None: it loads the HF tokenizer."""
     from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
 
     return ProcessSpec(name="sglang::detokenizer", target=run_detokenizer_process,
-                       args=(server_args, port_args, None, False, decode_spec), slot=("detokenizer", 0),
+                       args=(server_args, port_args, None, False, tokenizer_spec), slot=("detokenizer", 0),
                        resources={"CPU": 1.0})

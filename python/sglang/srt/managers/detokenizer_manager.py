@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 import zmq
 
-from sglang.srt.managers.decode_tokenizer import DecodeTokenizerSpec
+from sglang.srt.managers.backend_tokenizer import BackendTokenizerSpec
 from sglang.srt.managers.io_struct import BatchStrOut, BatchTokenIDOut, decode_msg, encode_msg
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.utils.common import configure_logger, get_tokenizer, get_zmq_socket
@@ -237,8 +237,8 @@ class DetokenizerManager:
         parent_watch: the launcher's :class:`~sglang.srt.entrypoints.worker_launcher.ParentWatch`;
             :meth:`event_loop` returns once it reports the launcher gone (None: never).
         poll_interval_s: how often the loop checks for stop requests and parent liveness.
-        decode_spec: the front end's tokenizer as a
-            :class:`~sglang.srt.managers.decode_tokenizer.DecodeTokenizerSpec` (decoding then needs neither
+        tokenizer_spec: the front end's tokenizer as a
+            :class:`~sglang.srt.managers.backend_tokenizer.BackendTokenizerSpec` (decoding then needs neither
             transformers nor torch); None: load the HF tokenizer from ``server_args``.
     Raises:
         ValueError: the tokenizer cannot be loaded.
@@ -250,13 +250,13 @@ class DetokenizerManager:
         port_args: PortArgs,
         parent_watch: Any = None,
         poll_interval_s: float = 1.0,
-        decode_spec: Optional[DecodeTokenizerSpec] = None,
+        tokenizer_spec: Optional[BackendTokenizerSpec] = None,
     ) -> None:
         self.server_args = server_args
         if server_args.skip_tokenizer_init:
             self.tokenizer = None
-        elif decode_spec is not None:
-            self.tokenizer = decode_spec.load()
+        elif tokenizer_spec is not None:
+            self.tokenizer = tokenizer_spec.load()
         else:
             self.tokenizer = get_tokenizer(server_args.resolved_tokenizer_path, server_args.trust_remote_code)
         self.parent_watch = parent_watch
@@ -365,7 +365,7 @@ class DetokenizerManager:
 
 def run_detokenizer_process(
     server_args: ServerArgs, port_args: PortArgs, parent_pid: Optional[int] = None,
-    signal_parent_on_crash: bool = True, decode_spec: Optional[DecodeTokenizerSpec] = None,
+    signal_parent_on_crash: bool = True, tokenizer_spec: Optional[BackendTokenizerSpec] = None,
     parent_watch: Any = None,
 ) -> None:
     """Entry point of the detokenizer child process (``multiprocessing`` spawn target).
@@ -391,7 +391,7 @@ def run_detokenizer_process(
         signal.signal(signal.SIGINT, lambda *_: os._exit(0))
     manager: Optional[DetokenizerManager] = None
     try:
-        manager = DetokenizerManager(server_args, port_args, parent_watch=parent_watch, decode_spec=decode_spec)
+        manager = DetokenizerManager(server_args, port_args, parent_watch=parent_watch, tokenizer_spec=tokenizer_spec)
         if main_thread:
             signal.signal(signal.SIGTERM, _on_signal)
             signal.signal(signal.SIGINT, _on_signal)

@@ -203,8 +203,9 @@ def _start(spec, parent_watch):
     device = spec.device or device_type
     mc = ModelConfig.from_path(args.model_path, args.context_length, args.dtype, device_type)
     alive = parent_watch.parent_alive if parent_watch is not None else None
-    tokenizer = None if args.skip_tokenizer_init else get_tokenizer(args.resolved_tokenizer_path,
-                                                                    args.trust_remote_code)
+    tokenizer_spec = spec.wiring.tokenizer if spec.wiring is not None else None
+    tokenizer = (None if args.skip_tokenizer_init else tokenizer_spec.load() if tokenizer_spec is not None
+                 else get_tokenizer(args.resolved_tokenizer_path, args.trust_remote_code))
     if spec.dp_attention is not None:  # one DP rank: attention TP 1, its own requests; the MoE world over all ranks
         from sglang.srt.dp_attention.rank import DpAttentionRank
 

@@ -1,7 +1,8 @@
-"""The detokenizer's transformers-free tokenizer (``sglang.srt.managers.decode_tokenizer``) against the HF tokenizer
-it is taken from, on the real tokenizers in ``../shared/data`` and fresh random ids: same text with and without
-special tokens, same pieces, same special ids, same incremental stream; unfit tokenizers get no spec; the
-detokenizer process built from a spec imports neither transformers nor torch; a served request goes through it."""
+"""The worker processes' transformers-free tokenizer (``sglang.srt.managers.backend_tokenizer``) against the HF
+tokenizer it is taken from, on the real tokenizers in ``../shared/data`` and fresh random ids and texts: same text
+with and without special tokens, same ids for stop strings, same pieces, same special ids, same incremental
+stream; the HF tokenizer for grammars on demand; unfit tokenizers get no spec; the detokenizer built from a spec
+imports neither transformers nor torch; the launcher hands the spec to the detokenizer and every scheduler."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang.srt.managers.decode_tokenizer import DecodeTokenizer, DecodeTokenizerSpec
+from sglang.srt.managers.backend_tokenizer import BackendTokenizer, BackendTokenizerSpec, as_hf_tokenizer
 from sglang.srt.managers.detokenizer_manager import IncrementalDetokenizer
 
 DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
@@ -43,7 +44,7 @@ def _random_ids(rng: random.Random, hf, n: int) -> list[int]:
 def test_decode_equals_hf_on_random_ids(name):
     """Decoded text, pieces and special ids equal the HF tokenizer's, for fresh random ids."""
     hf = _hf(name)
-    spec = DecodeTokenizerSpec.from_hf(hf)
+    spec = BackendTokenizerSpec.from_hf(hf)
     assert spec is not None, f"{name}: {type(hf).__name__} keeps the library decode, so it should get a spec"
     spec = pickle.loads(pickle.dumps(spec))  # it travels to the detokenizer pickled
     tok = spec.load()
@@ -57,12 +58,39 @@ def test_decode_equals_hf_on_random_ids(name):
         assert tok.convert_ids_to_tokens(i) == hf.convert_ids_to_tokens(i), i
 
 
+@pytest.mark.parametrize("name", list(TOKENIZERS))
+def test_encode_equals_hf_on_random_texts(name):
+    """Stop strings are counted in tokens with ``encode(s, add_special_tokens=False)``: the same ids as HF's, for
+    random texts mixing words, spaces, punctuation, non-ASCII and the special tokens' own text (and with special
+    tokens added)."""
+    hf = _hf(name)
+    tok = BackendTokenizerSpec.from_hf(hf).load()
+    rng = random.Random(int.from_bytes(os.urandom(4), "little"))
+    pieces = ["Once", " upon", " a", " time", "\n", "  ", "!", "?!", ",", "é", "日本", "😀", "\t", "don't", "1234",
+              *hf.all_special_tokens]
+    for _ in range(150):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        for add in (False, True):
+            assert tok.encode(text, add_special_tokens=add) == hf.encode(text, add_special_tokens=add), (text, add)
+
+
+def test_hf_tokenizer_on_demand_for_grammars():
+    """A worker's backend tokenizer hands out the HF tokenizer of its folder (xgrammar needs it), loaded once."""
+    hf = _hf("stories260K")
+    tok = BackendTokenizerSpec.from_hf(hf, str(TOKENIZERS["stories260K"])).load()
+    full = as_hf_tokenizer(tok)
+    assert full is as_hf_tokenizer(tok) and full.get_vocab() == hf.get_vocab()
+    assert as_hf_tokenizer(hf) is hf
+    with pytest.raises(ValueError, match="without its folder"):
+        BackendTokenizerSpec.from_hf(hf).load().hf_tokenizer()
+
+
 @pytest.mark.parametrize("name", ["stories260K", "llama3"])
 def test_incremental_stream_equals_hf(name):
     """The detokenizer's incremental deltas (byte-fallback hold-back, special-token skipping) are the same over
     either tokenizer, chunk by chunk."""
     hf = _hf(name)
-    tok = DecodeTokenizerSpec.from_hf(hf).load()
+    tok = BackendTokenizerSpec.from_hf(hf).load()
     rng = random.Random(int.from_bytes(os.urandom(4), "little"))
     for _ in range(30):
         ids = _random_ids(rng, hf, rng.randint(5, 60))
@@ -88,20 +116,25 @@ def test_unfit_tokenizers_get_no_spec():
         def _decode(self, token_ids, skip_special_tokens=False, **kw):
             return "x"
 
-    own = OwnDecode.from_pretrained(str(TOKENIZERS["stories260K"]), local_files_only=True)
-    assert DecodeTokenizerSpec.from_hf(own) is None
-    assert DecodeTokenizerSpec.from_hf(object()) is None
+    class OwnEncode(type(hf)):
+        def encode(self, text, *a, **kw):
+            return [0]
+
+    for cls in (OwnDecode, OwnEncode):
+        own = cls.from_pretrained(str(TOKENIZERS["stories260K"]), local_files_only=True)
+        assert BackendTokenizerSpec.from_hf(own) is None, cls.__name__
+    assert BackendTokenizerSpec.from_hf(object()) is None
     forced = _hf("stories260K")
     forced.clean_up_tokenization_spaces = True
     forced.clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output = True
-    assert DecodeTokenizerSpec.from_hf(forced) is None
+    assert BackendTokenizerSpec.from_hf(forced) is None
     forced.clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output = False
-    assert DecodeTokenizerSpec.from_hf(forced) is not None  # the library skips clean-up on BPE: same text
+    assert BackendTokenizerSpec.from_hf(forced) is not None  # the library skips clean-up on BPE: same text
 
 
 def test_bad_backend_json_is_a_value_error():
-    with pytest.raises(ValueError, match="cannot rebuild the decode tokenizer"):
-        DecodeTokenizerSpec(backend_json="{not json", special_ids=()).load()
+    with pytest.raises(ValueError, match="cannot rebuild the server's tokenizer"):
+        BackendTokenizerSpec(backend_json="{not json", special_ids=()).load()
 
 
 def test_detokenizer_from_a_spec_imports_neither_transformers_nor_torch(tmp_path):
@@ -109,7 +142,7 @@ def test_detokenizer_from_a_spec_imports_neither_transformers_nor_torch(tmp_path
     rebuilt tokenizer: no transformers, no torch."""
     hf = _hf("stories260K")
     spec_file = tmp_path / "spec.pkl"
-    spec_file.write_bytes(pickle.dumps(DecodeTokenizerSpec.from_hf(hf)))
+    spec_file.write_bytes(pickle.dumps(BackendTokenizerSpec.from_hf(hf)))
     ids = hf.encode("Once upon a time, there was a dog.")
     code = (
         "import pickle, sys\n"
@@ -125,15 +158,35 @@ def test_detokenizer_from_a_spec_imports_neither_transformers_nor_torch(tmp_path
     assert out.stdout.strip() == hf.decode(ids, skip_special_tokens=True)
 
 
-def test_decode_tokenizer_is_what_the_launcher_hands_the_detokenizer():
-    """The launcher's front-end tokenizer gives the detokenizer a spec (stories260K), and none with
-    ``--skip-tokenizer-init``."""
+def test_launcher_hands_the_spec_to_the_detokenizer_and_every_scheduler(monkeypatch):
+    """The launcher loads the front end's tokenizer once, before spawning: the detokenizer's arguments and every
+    scheduler's wiring carry its spec (an FFN worker's does not), the TokenizerManager gets the tokenizer; with
+    ``--skip-tokenizer-init`` there is neither. Nothing is spawned (a recording launcher)."""
     if not (TOKENIZERS["stories260K"] / "tokenizer.json").exists():
         pytest.skip("shared test data absent")
-    from sglang.srt.entrypoints.launch import _front_tokenizer
-    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.deployment.compose import plan_deployment
+    from sglang.srt.entrypoints import launch
+    from sglang.srt.server_args import PortArgs, ServerArgs
 
-    tok, spec = _front_tokenizer(ServerArgs(model_path=str(TOKENIZERS["stories260K"])))
-    assert tok is not None and isinstance(spec.load(), DecodeTokenizer)
-    assert _front_tokenizer(ServerArgs(model_path=str(TOKENIZERS["stories260K"]), skip_tokenizer_init=True)) == (
-        None, None)
+    launched = []
+
+    class Recorder:
+        pid = 0
+
+        def launch(self, spec):
+            launched.append(spec)
+            return self
+
+    monkeypatch.setattr(launch, "MultiprocessingLauncher", Recorder)
+    for skip in (False, True):
+        launched.clear()
+        args = ServerArgs(model_path=str(TOKENIZERS["stories260K"]), device="cpu", tp_size=2, skip_tokenizer_init=skip)
+        procs, _ = launch._start_local(plan_deployment(args), args, PortArgs.init_new())
+        workers, detok = launched[:-1], launched[-1]
+        assert [w.args[0].tp_size for w in workers] == [2, 2]
+        specs = [w.args[0].wiring.tokenizer for w in workers] + [detok.args[4]]
+        if skip:
+            assert procs.tokenizer is None and specs == [None] * 3
+        else:
+            assert procs.tokenizer is not None and specs[0] is not None and all(s == specs[0] for s in specs)
+            assert specs[0].load().decode([1, 300]) == procs.tokenizer.decode([1, 300])
