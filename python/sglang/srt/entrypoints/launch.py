@@ -255,7 +255,7 @@ def _start_local(plan, server_args: ServerArgs, port_args: PortArgs) -> tuple[Su
     """Start this node's workers of ``plan`` (wired by :func:`~sglang.srt.deployment.wiring.wire_local`) and, on
     node 0, the detokenizer; returns at once with the ready pipes (one per worker).
 
-    On node 0 the front end's tokenizer is loaded first (:func:`_front_tokenizer`): its
+    On node 0 the front end's tokenizer is loaded first (:func:`front_tokenizer`): its
     :class:`~sglang.srt.managers.backend_tokenizer.BackendTokenizerSpec` rides in every scheduler's wiring and the
     detokenizer's arguments, so those processes skip loading it (and the detokenizer skips torch).
 
@@ -267,7 +267,7 @@ def _start_local(plan, server_args: ServerArgs, port_args: PortArgs) -> tuple[Su
 
     from sglang.srt.deployment.wiring import wire_local
 
-    tokenizer, tokenizer_spec = _front_tokenizer(server_args) if plan.detokenizer else (None, None)
+    tokenizer, tokenizer_spec = front_tokenizer(server_args) if plan.detokenizer else (None, None)
     launcher = MultiprocessingLauncher()
     workers, front = wire_local(plan, server_args, port_args, _free_port)
     if tokenizer_spec is not None:
@@ -289,7 +289,7 @@ def _start_local(plan, server_args: ServerArgs, port_args: PortArgs) -> tuple[Su
     return procs, readers
 
 
-def _front_tokenizer(server_args: ServerArgs) -> tuple:
+def front_tokenizer(server_args: ServerArgs) -> tuple:
     """The front end's HF tokenizer (None with ``--skip-tokenizer-init``) and the spec the workers rebuild it from
     without transformers (None when the tokenizer does not fit one: each worker then loads it itself; see
     :mod:`sglang.srt.managers.backend_tokenizer`). The TokenizerManager reuses the tokenizer.

@@ -19,6 +19,7 @@ import atexit
 import dataclasses
 import logging
 import time
+from typing import Any
 
 import ray
 import zmq
@@ -98,9 +99,11 @@ def _n_ports(w: WorkerSpec) -> int:
     return 1 if not w.is_scheduler else (3 if w.rank == 0 else 0)
 
 
-def _bind(plan: DeploymentPlan, args: ServerArgs, infos: list, detok: dict, inbox: str) -> tuple[list, PortArgs]:
+def _bind(plan: DeploymentPlan, args: ServerArgs, infos: list, detok: dict, inbox: str,
+          tokenizer_spec: Any = None) -> tuple[list, PortArgs]:
     """Wire every worker with the addresses its actors reported (``infos``, plan order), the detokenizer's and the
-    TokenizerManager's ``inbox`` (already bound here)."""
+    TokenizerManager's ``inbox`` (already bound here); schedulers also get ``tokenizer_spec`` (the front end's
+    :class:`~sglang.srt.managers.backend_tokenizer.BackendTokenizerSpec`, or None)."""
     lead = {w.group: i for w, i in zip(plan.workers, infos) if w.is_scheduler and w.rank == 0}
     inputs = {g: f"tcp://{i['ip']}:{i['ports'][0]}" for g, i in lead.items()}
     port_args = PortArgs(tokenizer_ipc=inbox,
@@ -122,7 +125,8 @@ def _bind(plan: DeploymentPlan, args: ServerArgs, infos: list, detok: dict, inbo
         init = f"tcp://{r0['ip']}:{r0['ports'][1]}" if w.tp_size > 1 else None
         pa = dataclasses.replace(port_args, scheduler_input_ipc=inputs[w.group], dp_scheduler_inputs=())
         # host: worker-side sockets (PD bootstrap server and KV transfer agents) bind the IP Ray knows the node by
-        bound.append(w.bind(Wiring(port_args=pa, dist_init=init, afd_topology=topo), host=info["ip"],
+        bound.append(w.bind(Wiring(port_args=pa, dist_init=init, afd_topology=topo, tokenizer=tokenizer_spec),
+                            host=info["ip"],
                             node_rank=w.node, dist_init_addr=init[len("tcp://"):] if init else None))
     return bound, port_args
 
@@ -138,17 +142,21 @@ def _launch(plan: DeploymentPlan, server_args: ServerArgs, launcher: RayLauncher
         + [ActorRequest("detokenizer", 0, "sglang::detokenizer", {"CPU": 1.0}, n_ports=1)])
     # the TokenizerManager's inbox is bound before any worker starts: a port only probed here could be taken by the
     # time the front end binds it, after every worker is up
+    from sglang.srt.entrypoints.launch import front_tokenizer
+
+    tokenizer, tokenizer_spec = front_tokenizer(server_args)  # the actors rebuild it from the spec
     ctx = zmq.asyncio.Context()
     sock, inbox = bind_zmq_tcp(ctx, zmq.PULL, ray.util.get_node_ip_address())
     try:
-        bound, port_args = _bind(plan, server_args, infos, detok_info, inbox)
+        bound, port_args = _bind(plan, server_args, infos, detok_info, inbox, tokenizer_spec)
         handles = [launcher.launch(process_spec(w, READY_CHANNEL, slot=slot_of(w))) for w in bound]
-        detok = launcher.launch(detokenizer_spec(server_args, port_args))
+        detok = launcher.launch(detokenizer_spec(server_args, port_args, tokenizer_spec))
     except BaseException:
         sock.close(linger=0)
         ctx.term()
         raise
-    procs = Subprocesses(handles, bound, detok, {}, launcher=launcher, port_args=port_args, tokenizer_inbox=(ctx, sock))
+    procs = Subprocesses(handles, bound, detok, {}, launcher=launcher, port_args=port_args, tokenizer_inbox=(ctx, sock),
+                         tokenizer=tokenizer)
     info = _wait_ready(launcher, handles, STARTUP_TIMEOUT_S)
     if info.get("status") == "ready" and bound[0].role is WorkerRole.PREFILL:
         info["disaggregation_bootstrap_host"] = infos[0]["ip"]  # the bootstrap server runs in rank 0's actor
