@@ -16,6 +16,27 @@ from sglang.srt.utils.nvls_env import NVLS_OFF_ENV  # noqa: E402  (pure Python: 
 
 ENV = {**os.environ, **NVLS_OFF_ENV, "PYTHONUNBUFFERED": "1"}
 
+#: ``SGLANG_TEST_SERVER_FORK=0`` starts every test server as a plain ``python -m sglang.launch_server`` subprocess;
+#: by default servers without extra environment are forked from a preloaded zygote (``server_zygote.py``) on
+#: machines without a GPU.
+FORK_ENV = "SGLANG_TEST_SERVER_FORK"
+_zygotes: dict = {}  # this test process's zygote (created on first use), keyed by its pid
+
+
+def _zygote():
+    """This process's server zygote, or None (disabled, a GPU machine, or it failed to start once)."""
+    if os.environ.get(FORK_ENV, "1") == "0" or os.path.exists("/dev/nvidia0"):
+        return None
+    key = os.getpid()
+    if key not in _zygotes:
+        from server_zygote import Zygote, ZygoteError
+
+        try:
+            _zygotes[key] = Zygote(ENV)
+        except (ZygoteError, OSError):
+            _zygotes[key] = None
+    return _zygotes[key]
+
 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 a moment ago, picked below the kernel's ephemeral range (see
@@ -27,7 +48,10 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """A server subprocess on a free port; ``url`` is its base URL.
+    """A server subprocess on a free port; ``url`` is its base URL. Without ``env`` it is forked from this test
+    process's preloaded zygote (``server_zygote.py``: the same ``python -m sglang.launch_server`` run without
+    re-importing torch and transformers; ``SGLANG_TEST_SERVER_FORK=0`` turns that off); ``proc`` then is a
+    :class:`server_zygote.ZygoteProcess` with the ``subprocess.Popen`` methods the tests use.
 
     Raises RuntimeError (with the server's log tail) if it exits or is not
     healthy within ``timeout`` seconds.
@@ -45,8 +69,18 @@ class ServerProcess:
             cmd += ["--api-key", api_key]
         self.log_path = f"/tmp/sglang-test-server-{self.port}.log"
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**ENV, **(env or {})})
+        self.proc = None
+        zygote = None if env else _zygote()  # extra environment: a fresh interpreter must see it from the start
+        if zygote is not None:
+            from server_zygote import ZygoteError
+
+            try:
+                self.proc = zygote.start(cmd[3:], ENV, self.log_path)
+            except ZygoteError:
+                self.proc = None
+        if self.proc is None:
+            self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                         env={**ENV, **(env or {})})
         if wait:
             self.wait_healthy(timeout)
 
