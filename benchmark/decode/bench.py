@@ -32,8 +32,8 @@ MODES = {
     "attention-configs": Mode("benchmark.decode.attention_configs",
                               "decode attention tile configs timed inside a CUDA graph"),
     "profile": Mode("benchmark.decode.profile_step", "where a decode step's time goes: kernels vs host, top kernels"),
-    "round-report": Mode("benchmark.decode.gpu_round_report",
-                         "lay one GPU round's outputs (step, host, extend configs, serving) into one markdown file"),
+    "run-report": Mode("benchmark.decode.gpu_run_report",
+                         "lay one GPU run's outputs (step, host, extend configs, serving) into one markdown file"),
 }
 
 

@@ -1,4 +1,4 @@
-"""Lay one decode GPU round's outputs into one results file ``<date>_decode_one_gpu.md``.
+"""Lay one decode GPU run's outputs into one results file ``<date>_decode_one_gpu.md``.
 
 Reads what the one-GPU decode script (``scripts/gpu/``) leaves under ``--out``: ``decode_step_ab.json``
 (``benchmark/decode/step_ab.py``: floors, ``bench_one_batch`` rows, decode old/new, the serving path's decode step
@@ -7,7 +7,7 @@ with overlap off/on, prefill, kernel breakdown; a status table against the decod
 (``benchmark/attention/extend_configs.py``), ``decode_serving_*.jsonl``
 (``bench_serving``), ``decode_gpu_test.log`` / ``decode_pytest.log``; any missing part is reported as missing.
 
-Usage: ``python benchmark/decode/gpu_round_report.py --out DIR --command "..." --commit SHA [--run 2]``; writes
+Usage: ``python benchmark/decode/gpu_run_report.py --out DIR --command "..." --commit SHA``; writes
 ``DIR/<YYYY-MM-DD>_decode_one_gpu.md`` and prints its path.
 """
 
@@ -157,11 +157,11 @@ def _serving(out_dir: Path) -> list[str]:
              "| workload | " + " | ".join(keys) + " |", "|---|" + "---:|" * len(keys)] + rows + [""])
 
 
-def render(out_dir: Path, command: str, commit: str, round_no: int) -> str:
+def render(out_dir: Path, command: str, commit: str) -> str:
     """The results file's text for the outputs under ``out_dir``."""
     res = _load(out_dir / "decode_step_ab.json") or {}
     date = res.get("date", "unknown date")
-    head = [f"# Decode, run {round_no} on one GPU ({date}, {res.get('gpu', 'GPU unknown')})", "",
+    head = [f"# Decode on one GPU ({date}, {res.get('gpu', 'GPU unknown')})", "",
             f"- GPU: {res.get('gpu', 'unknown')}; torch {res.get('torch', 'unknown')}; commit {commit}.",
             f"- Command: `{command}`.",
             "- Model: Llama-3.1-8B config, dummy bf16 weights, Llama-3 tokenizer; defaults unless stated."]
@@ -170,8 +170,8 @@ def render(out_dir: Path, command: str, commit: str, round_no: int) -> str:
                     f"bf16 matmul {res['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s; memory floor of a decode step = "
                     "(weight bytes + KV bytes read) / copy bandwidth.")
     else:
-        head.append("- decode_step_ab.json missing: no floors, decode or prefill numbers this round.")
-    body = head + ["", "## Correctness (GPU tests of this round)", ""] + _tests(out_dir) + [""]
+        head.append("- decode_step_ab.json missing: no floors, decode or prefill numbers in this run.")
+    body = head + ["", "## Correctness (GPU tests of this run)", ""] + _tests(out_dir) + [""]
     body += _status(res) + _cli(res) + _decode(res) + _serving_decode(res) + _host(out_dir) + _prefill(res)
     ext = out_dir / "extend_configs.md"
     body += (["## " + ext.read_text().strip(), ""] if ext.exists()
@@ -186,10 +186,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--command", required=True, help="the command that produced --out (recorded in the file)")
     p.add_argument("--commit", default="unknown")
-    p.add_argument("--run", type=int, default=2, help="the run number of the day (heading)")
     cfg = p.parse_args(argv)
     out = Path(cfg.out)
-    text = render(out, cfg.command, cfg.commit, cfg.run)
+    text = render(out, cfg.command, cfg.commit)
     res = _load(out / "decode_step_ab.json") or {}
     day = str(res.get("date") or datetime.date.today().isoformat())[:10]
     path = out / f"{day}_decode_one_gpu.md"
