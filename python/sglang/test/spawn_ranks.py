@@ -5,21 +5,15 @@ benchmarks of the tensor-parallel code).
 (through :func:`sglang.srt.distributed.parallel_state.init_parallel_state`; gloo on CPU, NCCL on CUDA) and call
 ``fn(parallel_state, *args)``; it returns the per-rank results (picklable) in rank order, and raises
 RuntimeError with the failing rank's traceback, or on timeout (all ranks are killed: no hang).
-
-CPU ranks are forked from a ``forkserver`` that has imported torch once (one per calling process, started on first
-use), so a rank does not pay torch's import again; each rank still is its own process and first takes the caller's
-current environment and ``sys.path`` (what ``spawn`` would have given it). CUDA ranks are ``spawn``-ed.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import pickle
 import sys
 import time
 import traceback
-from typing import Optional
 
 import torch
 
@@ -31,25 +25,8 @@ def free_port() -> int:
     return free_tcp_ports(1)[0]
 
 
-#: Modules the CPU ranks' forkserver imports before forking them (no CUDA context, no triton: a rank may still
-#: set ``TRITON_INTERPRET`` before importing its kernels).
-FORKSERVER_PRELOAD = ["torch", "torch.distributed"]
-
-
-def _context(device: str):
-    """``forkserver`` (torch preloaded) for CPU ranks, ``spawn`` for CUDA ranks."""
-    if device != "cpu":
-        return mp.get_context("spawn")
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(FORKSERVER_PRELOAD)  # takes effect when the server starts (first use)
-    return ctx
-
-
 def _entry(rank: int, world: int, init: str, fn, args, pipe, ep_size: int, device: str = "cpu",
-           share_gpu: bool = False, sys_path: tuple = (), environ: Optional[dict] = None) -> None:
-    if environ is not None:  # a forked rank: the caller's environment now, not the forkserver's from its start
-        os.environ.clear()
-        os.environ.update(environ)
+           share_gpu: bool = False, sys_path: tuple = ()) -> None:
     sys.path[:0] = [p for p in sys_path if p not in sys.path]
     torch.set_num_threads(1)
     from sglang.srt.distributed.parallel_state import DistConfig, destroy_parallel_state, init_parallel_state
@@ -79,15 +56,13 @@ def spawn_ranks(fn, world: int, *args, timeout: float = 180.0, ep_size: int = 1,
     Raises:
         RuntimeError: a rank raised (its traceback), died, or the ranks did not finish within ``timeout`` s.
     """
-    ctx = _context(device)
-    environ = dict(os.environ) if device == "cpu" else None
-    path = tuple(sys_path) + tuple(p for p in sys.path if p not in sys_path)
+    ctx = mp.get_context("spawn")
     init = f"tcp://127.0.0.1:{free_port()}"
     procs, pipes = [], []
     for rank in range(world):
         reader, writer = ctx.Pipe(duplex=False)
         p = ctx.Process(target=_entry, daemon=True,
-                        args=(rank, world, init, fn, args, writer, ep_size, device, share_gpu, path, environ))
+                        args=(rank, world, init, fn, args, writer, ep_size, device, share_gpu, tuple(sys_path)))
         p.start()
         procs.append(p)
         pipes.append(reader)
