@@ -26,12 +26,27 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from typing import Optional
 
 #: What the zygote imports before forking (third-party only; the order puts torch first).
 PRELOAD = ["torch", "numpy", "transformers", "transformers.models.llama.configuration_llama",
            "transformers.tokenization_utils_tokenizers", "fastapi", "uvicorn", "pydantic", "zmq", "msgspec",
            "jinja2", "requests", "psutil"]
+
+
+#: Exit code reported for a server whose zygote died before reaping it (its real code is unknown).
+LOST_CODE = -255
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` still exists and is not a zombie."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 class ZygoteError(RuntimeError):
@@ -102,13 +117,24 @@ class Zygote:
         return ZygoteProcess(self, msg["pid"], ["python", "-m", "sglang.launch_server", *argv])
 
     def returncode(self, pid: int) -> Optional[int]:
+        """The exit code of child ``pid`` (negative: killed by that signal); None while it runs. If the zygote
+        itself is gone, a child that no longer exists reports ``LOST_CODE`` (its real code died with the zygote)."""
         with self._cond:
-            return self._codes.get(pid)
+            code = self._codes.get(pid)
+            if code is None and not self._alive and not _running(pid):
+                code = LOST_CODE
+            return code
 
     def wait(self, pid: int, timeout: Optional[float]) -> Optional[int]:
+        """Block until child ``pid`` exits (its code) or ``timeout`` seconds pass (None)."""
         with self._cond:
             self._cond.wait_for(lambda: pid in self._codes or not self._alive, timeout=timeout)
-            return self._codes.get(pid)
+        if self._alive:
+            return self.returncode(pid)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode(pid) is None and (deadline is None or time.monotonic() < deadline):
+            time.sleep(0.1)  # the zygote is gone: watch the orphan until it disappears
+        return self.returncode(pid)
 
 
 class ZygoteProcess:
@@ -119,18 +145,22 @@ class ZygoteProcess:
 
     @property
     def returncode(self) -> Optional[int]:
+        """Exit code (negative: the signal that killed it), None while running (as ``Popen.returncode``)."""
         return self._zygote.returncode(self.pid)
 
     def poll(self) -> Optional[int]:
+        """``returncode`` (as ``Popen.poll``)."""
         return self.returncode
 
     def wait(self, timeout: Optional[float] = None) -> int:
+        """The exit code once the server exits. Raises ``subprocess.TimeoutExpired`` after ``timeout`` seconds."""
         code = self._zygote.wait(self.pid, timeout)
         if code is None:
             raise subprocess.TimeoutExpired(self.args, timeout)
         return code
 
     def send_signal(self, sig: int) -> None:
+        """Send ``sig`` unless it has already exited (its pid may be reused)."""
         if self.returncode is None:
             try:
                 os.kill(self.pid, sig)
@@ -138,9 +168,11 @@ class ZygoteProcess:
                 pass
 
     def terminate(self) -> None:
+        """SIGTERM."""
         self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
+        """SIGKILL."""
         self.send_signal(signal.SIGKILL)
 
 

@@ -73,3 +73,18 @@ def test_a_multi_threaded_zygote_refuses_to_fork(tmp_path):
     z._proc.wait(30)
     with pytest.raises(ZygoteError, match="gone"):
         z.start([], ENV, str(tmp_path / "x.log"))
+
+
+def test_a_lost_zygote_still_reports_its_exited_server(tmp_path):
+    """If the zygote dies, a server it forked is not waited on forever: once that process is gone, ``wait`` returns
+    ``LOST_CODE`` (its real code died with the zygote) and ``poll`` stops saying it runs."""
+    from server_zygote import LOST_CODE
+
+    z = Zygote(ENV)
+    log = tmp_path / "lost.log"
+    log.write_text("")
+    p = z.start(["--port", str(free_port()), "--model-path", str(tmp_path / "none"), "--device", "cpu"], ENV,
+                str(log))
+    z._proc.kill()  # the zygote dies before (or while) it reaps the child
+    z._proc.wait(30)
+    assert p.wait(120) in (LOST_CODE, 2) and p.poll() is not None
